@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Replay the shared serving trace against kvpools' allocators and the SGLang / vLLM peers.
+#   usage: bash benchmarks/run_bench.sh [extra bench_alloc.py args, e.g. --repeat 5 --quick]
+# Env: KVPOOLS_PEERS_VENV (default /tmp/kvpools-peers-venv), KVPOOLS_BENCH_DIR (default
+# ../shared/bench next to the repo, else /work/shared/bench), ADAPTERS, SCENARIOS,
+# ROUNDS (default 5; 0 skips benchmarks/compare.py, the interleaved ours-vs-peer rounds).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BENCH=${KVPOOLS_BENCH_DIR:-$ROOT/../shared/bench}
+[[ -f "$BENCH/bench_alloc.py" ]] || BENCH=/work/shared/bench
+VENV=${KVPOOLS_PEERS_VENV:-/tmp/kvpools-peers-venv}
+OURS=kvpools-token,kvpools-paged16-extend,kvpools-paged64-extend,kvpools-paged16-pages,kvpools-paged64-pages
+PEERS=sglang-token,sglang-paged16-extend,sglang-paged64-extend,vllm-blockpool16
+ADAPTERS=${ADAPTERS:-$OURS,$PEERS}
+SCENARIOS=${SCENARIOS:-unique_prompts}
+
+# 1. peers venv (torch 2.13 CPU, numpy, cbor2, sglang + vllm --no-deps); idempotent
+bash "$BENCH/setup_peers.sh" "$VENV"
+# 2. kvpools into the same venv. The adapter imports only kvpools_core.allocators (torch only)
+#    and falls back to this checkout when the install or the package's other imports fail.
+if ! "$VENV/bin/pip" install -q --no-deps -e "$ROOT"; then
+    echo "note: pip install -e $ROOT failed; the adapter imports the checkout directly" >&2
+fi
+# 3. replay; results (JSON + log) go to benchmarks/results/ (gitignored)
+OUT="$ROOT/benchmarks/results"
+mkdir -p "$OUT"
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+cd "$ROOT"
+PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" "$BENCH/bench_alloc.py" \
+    --plugin benchmarks.bench_adapter:register \
+    --adapters "$ADAPTERS" --scenarios "$SCENARIOS" \
+    --out "$OUT/bench_alloc_$STAMP.json" "$@" 2>&1 | tee "$OUT/bench_alloc_$STAMP.log"
+"$VENV/bin/python" "$ROOT/benchmarks/summarize.py" "$OUT/bench_alloc_$STAMP.json" | tee "$OUT/summary_$STAMP.md"
+# 4. interleaved rounds: per-round ratios ours / faster peer, robust to load changes
+ROUNDS=${ROUNDS:-5}
+if (( ROUNDS > 0 )); then
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" "$ROOT/benchmarks/compare.py" \
+        --bench-dir "$BENCH" --rounds "$ROUNDS" --scenario "${SCENARIOS%%,*}" \
+        --out "$OUT/compare_$STAMP.json" | tee -a "$OUT/summary_$STAMP.md"
+fi

@@ -1,0 +1,49 @@
+"""Which allocator a plan gets, and what it costs, decided in one place.
+
+The planner charges ``allocator_planned_nbytes`` and the builder constructs
+``allocator_for_plan``; both go through ``allocator_class`` so the bytes
+charged are the bytes held.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from kvpools_core.allocators.paged import PagedAllocator
+from kvpools_core.allocators.token import TokenAllocator
+
+if TYPE_CHECKING:
+    from kvpools_core.values import Plan
+
+__all__ = ["allocator_class", "allocator_for_plan", "allocator_planned_nbytes"]
+
+
+def allocator_class(page_size: int) -> type[TokenAllocator] | type[PagedAllocator]:
+    """SGLang's choice: the token allocator for page size 1, else the paged one."""
+    return TokenAllocator if page_size == 1 else PagedAllocator
+
+
+def allocator_planned_nbytes(tokens: int, page_size: int, debug: bool = False) -> int:
+    """Bytes the allocator of a ``tokens``-slot pool holds; 0 for an empty pool
+    (no allocator is built for it)."""
+    if tokens == 0:
+        return 0
+    return allocator_class(page_size).planned_nbytes(tokens, page_size, debug)
+
+
+def allocator_for_plan(
+    plan: Plan, device: str | torch.device, *, debug: bool = False
+) -> TokenAllocator | PagedAllocator:
+    """The allocator over the plan's ``max_total_num_tokens`` slots.
+
+    ``need_sort`` is on in PD disaggregation (prefill or decode), as in SGLang,
+    so KV transfers see ascending slot ids.
+    """
+    page_size = plan.serving.page_size
+    need_sort = plan.serving.disaggregation_mode in ("prefill", "decode")
+    tokens = plan.max_total_num_tokens
+    if page_size == 1:
+        return TokenAllocator(tokens, device=device, need_sort=need_sort, debug=debug)
+    return PagedAllocator(tokens, page_size, device=device, need_sort=need_sort, debug=debug)

@@ -1,0 +1,314 @@
+"""The ``kvpools`` command line: ``plan``, ``build``, ``plugins``, ``presets``.
+
+Serving options are generated from the fields of :class:`Serving`, under
+SGLang's server-arg names, so the CLI can never drift from the values.
+Errors a user can fix print one paragraph and exit 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import click
+from rich.console import Console
+
+from kvpools_core.dtypes import KV_DTYPE_CHOICES
+from kvpools_core.errors import ConfigError, KvpoolsError
+from kvpools_core.registry import get_registry
+from kvpools_core.values import ACCOUNTING_MODES, SPECULATIVE_ALGORITHMS, Serving
+
+_HELP = {
+    "kv_cache_dtype": "KV element type (auto follows the model dtype).",
+    "page_size": "Tokens per page.",
+    "tp_size": "Tensor-parallel size.",
+    "pp_size": "Pipeline-parallel size.",
+    "pp_rank": "Pipeline stage to plan.",
+    "pp_layer_partition": "Layers per stage, comma separated (SGLang's SGLANG_PP_LAYER_PARTITION).",
+    "dp_size": "Data-parallel size.",
+    "enable_dp_attention": "DP attention: attention TP = tp / dp, requests split over DP workers.",
+    "attn_cp_size": "Attention context-parallel size.",
+    "dcp_size": "Decode context-parallel size.",
+    "context_length": "Override the model's context length.",
+    "max_running_requests": "Cap on concurrent requests (split over DP-attention workers).",
+    "max_total_tokens": "Cap on KV tokens.",
+    "mem_fraction_static": "Static memory fraction (runtime slack = pre-load memory x (1 - this)).",
+    "chunked_prefill_size": "Chunked prefill size.",
+    "disable_radix_cache": "Radix (prefix) cache off.",
+    "disable_overlap_schedule": "Overlap schedule off.",
+    "vlm_cache_size_mb": "Multimodal embedding cache reserved from a profiled budget (SGLANG_VLM_CACHE_SIZE_MB).",
+    "speculative_algorithm": "Speculative decoding algorithm.",
+    "speculative_num_steps": "Draft steps.",
+    "speculative_eagle_topk": "Draft top-k.",
+    "speculative_num_draft_tokens": "Draft tokens verified per step.",
+    "speculative_draft_num_layers": "Draft model layers (instead of --speculative-draft-model-path).",
+    "disaggregation_mode": "Prefill/decode disaggregation role.",
+    "disaggregation_decode_extra_slots": "Pre-allocated request slots on a decode node.",
+    "swa_full_tokens_ratio": "Sliding-window tokens per full-attention token.",
+    "swa_eviction_interval": "Decode steps between sliding-window evictions (SGLANG_SWA_EVICTION_INTERVAL).",
+    "mamba_full_memory_ratio": "Mamba state memory / KV memory.",
+    "max_mamba_cache_size": "Mamba state slots.",
+    "mamba_ssm_dtype": "Mamba SSM state dtype.",
+    "enable_mamba_extra_buffer": "Mamba ping-pong extra buffer.",
+    "enable_mamba_extra_buffer_lazy": "Lazy mamba extra buffer.",
+    "mamba_skip_decode_lock": "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK.",
+    "dsa_prefill_backend": "DSA prefill attention backend.",
+    "dsa_decode_backend": "DSA decode attention backend.",
+    "enable_dsa_cache_layer_split": "Split the GLM DSA cache layers over context-parallel ranks.",
+    "accounting": "exact: charge every byte built; sglang: SGLang's numbers exactly.",
+}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "kv_cache_dtype": KV_DTYPE_CHOICES,
+    "speculative_algorithm": SPECULATIVE_ALGORITHMS,
+    "disaggregation_mode": ("null", "prefill", "decode"),
+    "accounting": ACCOUNTING_MODES,
+    "mamba_ssm_dtype": ("bfloat16", "float16", "float32"),
+}
+_SPECIAL = {"platform", "plugin_options", "pp_layer_partition"}
+
+
+def _serving_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add one option per Serving field (defaults None, so unset fields keep Serving's defaults)."""
+    hints = typing.get_type_hints(Serving)
+    for field in reversed(attrs.fields(Serving)):
+        if field.name in _SPECIAL:
+            continue
+        flag = "--" + field.name.replace("_", "-")
+        kind = hints[field.name]
+        help_text = _HELP.get(field.name, "")
+        if kind is bool:
+            command = click.option(flag, field.name, is_flag=True, default=None, help=help_text)(command)
+            continue
+        base = _base_type(kind)
+        click_type: Any = base
+        if field.name in _CHOICES:
+            click_type = click.Choice(_CHOICES[field.name], case_sensitive=False)
+        if field.default is not None and field.default is not attrs.NOTHING and not hasattr(field.default, "factory"):
+            help_text += f"  [default: {field.default}]"
+        command = click.option(flag, field.name, type=click_type, default=None, help=help_text)(command)
+    command = click.option(
+        "--pp-layer-partition", "pp_layer_partition", default=None, help=_HELP["pp_layer_partition"]
+    )(command)
+    command = click.option(
+        "--plugin-option",
+        "plugin_options",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="A plugin-specific option (repeatable).",
+    )(command)
+    command = click.option(
+        "--platform", "platform", default=None, help="Target platform (default: the --device's, else cuda)."
+    )(command)
+    command = click.option(
+        "--speculative-draft-model-path",
+        "draft_model",
+        default=None,
+        help="Draft model (preset, config.json or directory) whose layers are charged.",
+    )(command)
+    return command
+
+
+def _base_type(kind: Any) -> Any:
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    return args[0] if args else kind
+
+
+def _budget_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    command = click.option(
+        "--reserved-memory", default="0", help="Memory reserved out of the budget (multimodal caches)."
+    )(command)
+    command = click.option("--weights-memory", default="0", help="Memory the weights will take on the device.")(command)
+    command = click.option("--free-memory", default=None, help="State a device's free memory instead of measuring it.")(
+        command
+    )
+    command = click.option("--device", default=None, help="Measure the budget on this device: cpu, cuda, cuda:N.")(
+        command
+    )
+    command = click.option("--memory", default=None, help="The KV cache budget: bytes or e.g. 60GiB.")(command)
+    return command
+
+
+def _make_serving(options: dict[str, Any], device: str | None) -> Serving:
+    kwargs = {k: v for k, v in options.items() if v is not None and k not in _SPECIAL}
+    if options.get("pp_layer_partition"):
+        try:
+            kwargs["pp_layer_partition"] = tuple(int(x) for x in options["pp_layer_partition"].split(","))
+        except ValueError as exc:
+            raise ConfigError(
+                f"--pp-layer-partition must be integers separated by commas, got {options['pp_layer_partition']!r}."
+            ) from exc
+    plugin_options = {}
+    for item in options.get("plugin_options") or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--plugin-option must look like KEY=VALUE, got {item!r}.")
+        plugin_options[key] = value
+    kwargs["plugin_options"] = plugin_options
+    platform = options.get("platform") or (device.split(":")[0] if device and device != "meta" else "cuda")
+    kwargs["platform"] = platform
+    return Serving(**kwargs)
+
+
+def _fail(error: KvpoolsError) -> None:
+    click.echo(f"Error: {error}", err=True)
+    sys.exit(1)
+
+
+def _console() -> Console:
+    tty = sys.stdout.isatty()
+    return Console(file=sys.stdout, width=None if tty else 120, no_color=not tty, highlight=False, soft_wrap=not tty)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="kvpools")
+def main() -> None:
+    """Plan and build the KV-cache memory pools of an LLM serving engine."""
+
+
+@main.command()
+@click.argument("model")
+@_budget_options
+@_serving_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (loads back with Plan.from_json).")
+def plan(
+    model: str,
+    memory: str | None,
+    device: str | None,
+    free_memory: str | None,
+    weights_memory: str,
+    reserved_memory: str,
+    draft_model: str | None,
+    as_json: bool,
+    **options: Any,
+) -> None:
+    """Plan the KV-cache pools of MODEL (a preset, a config.json or a directory holding one)."""
+    from kvpools_core.pipeline import plan as make_plan
+    from kvpools_core.report import plan_summary, render_plan
+
+    try:
+        serving = _make_serving(options, device)
+        result = make_plan(
+            model,
+            serving,
+            memory=memory,
+            device=device,
+            free_memory=free_memory,
+            weights_memory=weights_memory,
+            reserved_memory=reserved_memory,
+            draft_model=draft_model,
+        )
+    except KvpoolsError as error:
+        _fail(error)
+        return
+    if as_json:
+        click.echo(json.dumps(plan_summary(result), indent=2))
+    else:
+        render_plan(result, _console())
+
+
+_BUILD_DEVICE_HELP = (
+    "Build the pools on this device: cpu, cuda, cuda:N, or meta (shapes and exact bytes, nothing allocated). "
+    "Without --memory/--free-memory the budget is measured on it too; meta needs one of them."
+)
+
+
+def _build_device(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Make ``--device`` of the budget options the (required) build device."""
+    for param in getattr(command, "__click_params__", []):
+        if param.name == "device":
+            param.help, param.required = _BUILD_DEVICE_HELP, True
+    return command
+
+
+@main.command()
+@click.argument("model")
+@_build_device
+@_budget_options
+@_serving_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: planned vs allocated bytes, the plan.")
+def build(
+    model: str,
+    memory: str | None,
+    device: str | None,
+    free_memory: str | None,
+    weights_memory: str,
+    reserved_memory: str,
+    draft_model: str | None,
+    as_json: bool,
+    **options: Any,
+) -> None:
+    """Plan MODEL, then allocate its pools on --device and compare every pool's bytes with the plan."""
+    from kvpools_core.building import build as build_pools
+    from kvpools_core.pipeline import plan as make_plan
+    from kvpools_core.pools.report import build_summary, render_build
+
+    try:
+        if device is None:  # click does not enforce `required` on an option declared with default=None
+            raise ConfigError("kvpools build needs --device: cpu, cuda, cuda:N or meta (nothing allocated).")
+        if device == "meta" and memory is None and free_memory is None:
+            raise ConfigError("--device meta measures no memory: pass the budget as --memory or --free-memory SIZE.")
+        serving = _make_serving(options, device)
+        result = make_plan(
+            model,
+            serving,
+            memory=memory,
+            device=None if device == "meta" else device,
+            free_memory=free_memory,
+            weights_memory=weights_memory,
+            reserved_memory=reserved_memory,
+            draft_model=draft_model,
+        )
+        pools = build_pools(result, device)
+        if as_json:
+            click.echo(json.dumps(build_summary(pools), indent=2))
+        else:
+            render_build(pools, _console())
+    except KvpoolsError as error:
+        _fail(error)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+def plugins(as_json: bool) -> None:
+    """List plugins: name, distribution, version, hooks, status."""
+    from rich.table import Table
+
+    try:
+        infos = get_registry().plugins()
+    except KvpoolsError as error:
+        _fail(error)
+        return
+    if as_json:
+        click.echo(json.dumps([attrs.asdict(info) for info in infos], indent=2))
+        return
+    table = Table(show_edge=False, pad_edge=False)
+    for column in ("name", "distribution", "version", "status", "hooks"):
+        table.add_column(column)
+    for info in infos:
+        detail = ", ".join(info.hooks) if info.status == "loaded" else (info.error or "")
+        table.add_row(info.name, info.distribution, info.version, info.status, detail)
+    _console().print(table)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object name -> {plugin, path}.")
+def presets(as_json: bool) -> None:
+    """List the bundled model presets and the plugin that ships each."""
+    from kvpools_core.config import registry_presets
+
+    try:
+        found = registry_presets(get_registry())
+    except KvpoolsError as error:
+        _fail(error)
+        return
+    if as_json:
+        click.echo(
+            json.dumps({name: {"plugin": p, "path": path} for name, (p, path) in sorted(found.items())}, indent=2)
+        )
+        return
+    for name, (plugin, _path) in sorted(found.items()):
+        click.echo(f"{name:32} {plugin}")

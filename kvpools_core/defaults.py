@@ -1,0 +1,77 @@
+"""The core's default hook implementations (plugin name ``core``), all ``trylast``.
+
+They answer only where no installed plugin does: single-token-space pool
+sizing, the plain request table, and the token / paged allocator.  The core
+cannot be disabled; every other plugin overrides it simply by answering.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvpools_core.registry import hookimpl
+from kvpools_core.sizing import default_size_pools
+from kvpools_core.values import Budget, CellSize, ModelSpec, PoolSizing, Serving
+
+
+@hookimpl(trylast=True)
+def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing:
+    return default_size_pools(model, serving, cell, budget, owner="core")
+
+
+@hookimpl(trylast=True)
+def validate(model: ModelSpec, serving: Serving) -> list[str]:
+    problems = []
+    problems += _empty_pipeline_stages(model, serving)
+    if (
+        serving.speculative_algorithm in ("EAGLE", "EAGLE3", "STANDALONE", "DFLASH")
+        and not serving.speculative_draft_num_layers
+    ):
+        problems.append(
+            f"--speculative-algorithm {serving.speculative_algorithm} charges the draft model's KV cache: "
+            f"pass --speculative-draft-model-path (a preset, config.json or directory) "
+            f"or --speculative-draft-num-layers N."
+        )
+    if serving.speculative_algorithm == "NEXTN" and not (
+        serving.speculative_draft_num_layers or model.num_nextn_predict_layers
+    ):
+        problems.append(
+            f"--speculative-algorithm NEXTN needs draft layers: {model.name} declares no num_nextn_predict_layers; "
+            f"pass --speculative-draft-model-path or --speculative-draft-num-layers N."
+        )
+    return problems
+
+
+def _empty_pipeline_stages(model: ModelSpec, serving: Serving) -> list[str]:
+    """A stage without layers cannot size anything (SGLang divides by a zero cell size)."""
+    from kvpools_core.parallel import pp_layer_range
+
+    ranges = [
+        pp_layer_range(model.num_layers, r, serving.pp_size, serving.pp_layer_partition) for r in range(serving.pp_size)
+    ]
+    empty = [rank for rank, (start, end) in enumerate(ranges) if start == end]
+    if not empty:
+        return []
+    return [
+        f"Pipeline stage(s) {empty} of --pp-size {serving.pp_size} hold no layer of {model.name} "
+        f"({model.num_layers} layers): give every stage at least one layer "
+        f"(--pp-layer-partition, or a smaller --pp-size)."
+    ]
+
+
+@hookimpl(trylast=True)
+def build_req_to_token_pool(plan: Any, device: str) -> Any:
+    from kvpools_core.pools.req_to_token import ReqToTokenPool
+
+    return ReqToTokenPool.from_plan(plan, device)
+
+
+@hookimpl(trylast=True)
+def build_allocator(plan: Any, pool: Any, device: str) -> Any:
+    from kvpools_core.sizing import default_allocator_class
+
+    cls = default_allocator_class(plan.serving.page_size)
+    need_sort = plan.serving.disaggregation_mode in ("prefill", "decode")
+    if plan.serving.page_size == 1:
+        return cls(plan.max_total_num_tokens, device=device, need_sort=need_sort)
+    return cls(plan.max_total_num_tokens, plan.serving.page_size, device=device, need_sort=need_sort)

@@ -1,0 +1,78 @@
+"""KV-cache element types: how many bytes SGLang charges, and how kvpools stores them.
+
+SGLang's ``kv_size`` is ``torch._utils._element_size(kv_cache_dtype)``; packed
+fp4 (``float4_e2m1fn_x2``) is one byte that holds two values, so formulas that
+charge fp4 halve the data term and add a scale term.  fp8 is stored as uint8
+because ``index_put`` is not implemented for fp8 tensors.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from kvpools_core.errors import ConfigError
+
+MODEL_DTYPES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
+"""Model (activation) dtypes a config may name, with their element size."""
+
+
+@attrs.frozen
+class KVDtype:
+    """One resolved ``--kv-cache-dtype``.
+
+    ``element_bytes`` is SGLang's ``kv_size``; ``values_per_element`` is 2 for
+    packed fp4; ``scale_block`` is how many values share one scale byte (fp4: 16,
+    mxfp8: 32), or ``None`` for unscaled types.
+    """
+
+    name: str
+    torch_dtype: str
+    element_bytes: int
+    storage_dtype: str
+    values_per_element: int = 1
+    scale_block: int | None = None
+
+    @property
+    def is_fp4(self) -> bool:
+        return self.name == "fp4_e2m1"
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.name in ("fp8_e4m3", "fp8_e5m2", "mxfp8")
+
+
+_FIXED: dict[str, KVDtype] = {
+    "bf16": KVDtype("bf16", "bfloat16", 2, "bfloat16"),
+    "fp16": KVDtype("fp16", "float16", 2, "float16"),
+    "fp32": KVDtype("fp32", "float32", 4, "float32"),
+    "fp8_e4m3": KVDtype("fp8_e4m3", "float8_e4m3fn", 1, "uint8"),
+    "fp8_e5m2": KVDtype("fp8_e5m2", "float8_e5m2", 1, "uint8"),
+    "fp4_e2m1": KVDtype("fp4_e2m1", "float4_e2m1fn_x2", 1, "uint8", values_per_element=2, scale_block=16),
+    "mxfp8": KVDtype("mxfp8", "float8_e4m3fn", 1, "uint8", scale_block=32),
+}
+_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "fp8": "fp8_e4m3"}
+_FROM_MODEL = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+KV_DTYPE_CHOICES: tuple[str, ...] = ("auto", *_FIXED)
+"""Every accepted ``--kv-cache-dtype`` spelling's canonical name."""
+
+
+def canonical_kv_dtype(name: str) -> str:
+    """Normalise a ``--kv-cache-dtype`` spelling, or raise a ConfigError listing the choices."""
+    key = _ALIASES.get(name.lower(), name.lower())
+    if key == "auto" or key in _FIXED:
+        return key
+    raise ConfigError(f"Unsupported --kv-cache-dtype {name!r}. Choose one of: {', '.join(KV_DTYPE_CHOICES)}.")
+
+
+def resolve_kv_dtype(name: str, model_dtype: str) -> KVDtype:
+    """The KV dtype actually stored: ``auto`` follows the model dtype."""
+    key = canonical_kv_dtype(name)
+    if key == "auto":
+        if model_dtype not in _FROM_MODEL:
+            raise ConfigError(
+                f"Model dtype {model_dtype!r} has no KV-cache counterpart; "
+                f"pass --kv-cache-dtype explicitly ({', '.join(_FIXED)})."
+            )
+        key = _FROM_MODEL[model_dtype]
+    return _FIXED[key]

@@ -1,0 +1,198 @@
+"""Token-indexed K/V buffers of a range of layers, addressed by global layer id.
+
+:class:`LayerKV` is the storage every attention pool is made of: one K and
+one V tensor per layer (plus scale tensors for block-scaled dtypes), each with
+``rows`` token slots, laid out ``(rows, heads, dim)`` as SGLang's NHD layout.
+Layer ids are the model's (a pipeline stage holding layers ``[16, 32)``
+answers ``get_key_buffer(16)``); ``end_layer`` is exclusive, like
+:func:`kvpools_core.parallel.rank_layer_range` (SGLang's ``KVCache.end_layer``
+is inclusive).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import torch
+from torch import Tensor
+
+from kvpools_core.errors import KvpoolsError
+from kvpools_core.pools.quant import KVCodec
+
+__all__ = ["LayerGeometry", "LayerKV", "PoolPlanMismatchError", "allocate", "check_planned_bytes", "tensor_nbytes"]
+
+
+class PoolPlanMismatchError(KvpoolsError):
+    """A pool would allocate other bytes than its plan charged (raised before anything is allocated)."""
+
+
+@attrs.frozen
+class LayerGeometry:
+    """What one layer stores per token on this rank: KV heads, K and V head dims."""
+
+    heads: int
+    head_dim: int
+    v_head_dim: int
+
+
+class LayerKV:
+    """K and V (and their scales) of layers ``[start_layer, start_layer + len(layers))`` in one KV dtype."""
+
+    def __init__(
+        self,
+        *,
+        rows: int,
+        layers: Sequence[LayerGeometry],
+        start_layer: int,
+        codec: KVCodec,
+        device: str | torch.device,
+        read_dtype: torch.dtype,
+        name: str = "kv",
+    ) -> None:
+        self.name = name
+        self.rows = rows
+        self.layers = tuple(layers)
+        self.start_layer = start_layer
+        self.end_layer = start_layer + len(self.layers)
+        self.codec = codec
+        self.read_dtype = read_dtype
+        self.k_buffer = [
+            allocate(codec.data_shape(rows, g.heads, g.head_dim), codec.store_dtype, device) for g in self.layers
+        ]
+        self.v_buffer = [
+            allocate(codec.data_shape(rows, g.heads, g.v_head_dim), codec.store_dtype, device) for g in self.layers
+        ]
+        self.k_scale_buffer: list[Tensor] = []
+        self.v_scale_buffer: list[Tensor] = []
+        if codec.scale_block is not None:
+            self.k_scale_buffer = [
+                allocate(_scale_shape(codec, rows, g.heads, g.head_dim), torch.uint8, device) for g in self.layers
+            ]
+            self.v_scale_buffer = [
+                allocate(_scale_shape(codec, rows, g.heads, g.v_head_dim), torch.uint8, device) for g in self.layers
+            ]
+        self.device = torch.device(device) if not self.k_buffer else self.k_buffer[0].device
+
+    @staticmethod
+    def planned_nbytes(rows: int, layers: Sequence[LayerGeometry], codec: KVCodec) -> int:
+        """The bytes :class:`LayerKV` would allocate, from shapes alone (nothing is allocated)."""
+        item = torch.empty((), dtype=codec.store_dtype).element_size()
+        total = 0
+        for g in layers:
+            for dim in (g.head_dim, g.v_head_dim):
+                total += _numel(codec.data_shape(rows, g.heads, dim)) * item
+                scale = codec.scale_shape(rows, g.heads, dim)
+                total += _numel(scale) if scale is not None else 0
+        return total
+
+    # -- sizes ---------------------------------------------------------------
+
+    @property
+    def layer_num(self) -> int:
+        return len(self.layers)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every tensor held, measured from the tensors."""
+        return tensor_nbytes(self.k_buffer, self.v_buffer, self.k_scale_buffer, self.v_scale_buffer)
+
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        """``(K bytes, V bytes)``, scales included, as SGLang's ``get_kv_size_bytes``."""
+        return tensor_nbytes(self.k_buffer, self.k_scale_buffer), tensor_nbytes(self.v_buffer, self.v_scale_buffer)
+
+    # -- buffers -------------------------------------------------------------
+
+    def local(self, layer_id: int) -> int:
+        """Index of a global layer id in this pool's buffers; a clear error for a layer held elsewhere."""
+        index = layer_id - self.start_layer
+        if not 0 <= index < len(self.layers):
+            raise IndexError(
+                f"Layer {layer_id} is not in the {self.name!r} pool: it holds layers "
+                f"[{self.start_layer}, {self.end_layer}) (global ids; another pipeline stage holds the rest)."
+            )
+        return index
+
+    def get_key_buffer(self, layer_id: int) -> Tensor:
+        return self.codec.view(self.k_buffer[self.local(layer_id)])
+
+    def get_value_buffer(self, layer_id: int) -> Tensor:
+        return self.codec.view(self.v_buffer[self.local(layer_id)])
+
+    def get_key_scale_buffer(self, layer_id: int) -> Tensor:
+        return self._scales(self.k_scale_buffer, layer_id)
+
+    def get_value_scale_buffer(self, layer_id: int) -> Tensor:
+        return self._scales(self.v_scale_buffer, layer_id)
+
+    # -- writes and reads ----------------------------------------------------
+
+    def set_kv_buffer(self, layer_id: int, loc: Tensor, cache_k: Tensor, cache_v: Tensor) -> None:
+        """Store ``(len(loc), heads, dim)`` K and V at slots ``loc``, quantising to the pool's dtype."""
+        i = self.local(layer_id)
+        g = self.layers[i]
+        n = loc.shape[0]
+        for what, value, dim in (("K", cache_k, g.head_dim), ("V", cache_v, g.v_head_dim)):
+            if tuple(value.shape) != (n, g.heads, dim):
+                raise ValueError(
+                    f"set_kv_buffer(layer {layer_id}): {what} has shape {tuple(value.shape)}, "
+                    f"expected ({n}, {g.heads}, {dim}) for {n} slot(s)."
+                )
+        k_data, k_scale = self.codec.encode(cache_k)
+        v_data, v_scale = self.codec.encode(cache_v)
+        self.k_buffer[i][loc] = k_data
+        self.v_buffer[i][loc] = v_data
+        if k_scale is not None and v_scale is not None:
+            self.k_scale_buffer[i][loc] = k_scale
+            self.v_scale_buffer[i][loc] = v_scale
+
+    def get_kv(self, layer_id: int, loc: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+        """K and V at slots ``loc``, dequantised to ``dtype`` (default: the model dtype)."""
+        i = self.local(layer_id)
+        out = dtype or self.read_dtype
+        k_scale = self.k_scale_buffer[i][loc] if self.k_scale_buffer else None
+        v_scale = self.v_scale_buffer[i][loc] if self.v_scale_buffer else None
+        return self.codec.decode(self.k_buffer[i][loc], k_scale, out), self.codec.decode(
+            self.v_buffer[i][loc], v_scale, out
+        )
+
+    def _scales(self, buffers: list[Tensor], layer_id: int) -> Tensor:
+        i = self.local(layer_id)
+        if not buffers:
+            raise ValueError(f"The {self.name!r} pool stores {self.codec.dtype} without scales.")
+        return buffers[i]
+
+
+def check_planned_bytes(pool: str, allocating: int, planned: int, detail: str) -> None:
+    """Refuse to build a pool whose shapes disagree with the plan's ``PoolSpec.bytes``."""
+    if allocating != planned:
+        raise PoolPlanMismatchError(
+            f"The {pool!r} pool would allocate {allocating} B but the plan charges {planned} B "
+            f"({detail}). The plan and the pool builder disagree: re-plan with this kvpools version, "
+            f"or report it as a bug of the plugin that sized the pool."
+        )
+
+
+def allocate(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> Tensor:
+    """A zeroed buffer (SGLang zeroes its pools); on ``meta`` only the shape exists."""
+    if torch.device(device).type == "meta":
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def tensor_nbytes(*groups: Sequence[Tensor]) -> int:
+    """Bytes of every tensor in the groups (works on ``meta``: shapes times element size)."""
+    return sum(t.numel() * t.element_size() for group in groups for t in group)
+
+
+def _scale_shape(codec: KVCodec, rows: int, heads: int, dim: int) -> tuple[int, ...]:
+    shape = codec.scale_shape(rows, heads, dim)
+    assert shape is not None
+    return shape
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total

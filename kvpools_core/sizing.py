@@ -1,0 +1,379 @@
+"""SGLang's sizing semantics, as reusable functions, plus kvpools' exact solve.
+
+The functions follow ``pool_configurator.py`` (``DefaultPoolConfigurator``)
+and ``kv_cache_configurator.py`` (``_profile_available_bytes``,
+``_apply_token_constraints``, ``resolve_max_num_reqs``, the request-table row
+width) of SGLang, re-expressed; architecture plugins that size their own pools
+reuse them.  ``--accounting sglang`` reproduces SGLang's numbers;
+``--accounting exact`` (the default) also charges what SGLang leaves outside its
+estimate — every pool's padding page, the request-to-token table and the
+allocator's free list — and finds the most tokens whose *whole* plan fits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from kvpools_core.errors import ConfigError, InsufficientMemoryError
+from kvpools_core.values import Budget, CellSize, ModelSpec, PoolSizing, PoolSpec, Serving
+
+GiB = 1 << 30
+REQ_TO_TOKEN_EXTRA = 4
+"""Headroom columns SGLang adds to every request-table row."""
+REQ_TO_TOKEN_ITEM_BYTES = 4  # int32 slot indices
+
+
+def fmt_gib(num_bytes: float) -> str:
+    return f"{num_bytes / GiB:.2f} GiB"
+
+
+# ---------------------------------------------------------------------------
+# budget
+# ---------------------------------------------------------------------------
+
+
+def explicit_budget(budget_bytes: int) -> Budget:
+    if budget_bytes < 0:
+        raise ConfigError(f"--memory must not be negative, got {budget_bytes} bytes.")
+    return Budget(
+        budget_bytes=budget_bytes,
+        source="explicit",
+        steps=(f"explicit budget {budget_bytes} B ({fmt_gib(budget_bytes)})",),
+    )
+
+
+def profile_budget(
+    *,
+    free_bytes: int,
+    pre_model_load_bytes: int,
+    mem_fraction_static: float,
+    weights_bytes: int = 0,
+    reserved_bytes: int = 0,
+    device: str | None = None,
+    source: str = "measured",
+) -> Budget:
+    """SGLang's ``_profile_available_bytes`` in its own float-GiB arithmetic.
+
+    ``free_bytes`` is the device's free memory before the weights load (what
+    kvpools can measure), ``weights_bytes`` what the weights will take, so
+    SGLang's post-load free memory is their difference.  The runtime slack is
+    ``pre_model_load * (1 - mem_fraction_static)``.
+    """
+    available_gb = (free_bytes - weights_bytes) / GiB
+    pre_gb = pre_model_load_bytes / GiB
+    slack_gb = pre_gb * (1 - mem_fraction_static)
+    reserved_gb = reserved_bytes / GiB
+    rest_gb = available_gb - slack_gb - reserved_gb
+    if rest_gb <= 0:
+        minimum = 1 - available_gb / pre_gb if pre_gb > 0 else 1.0
+        suggested = math.ceil(minimum * 1000) / 1000
+        raise InsufficientMemoryError(
+            f"Loaded weights leave no memory for the KV cache under --mem-fraction-static={mem_fraction_static}: "
+            f"{fmt_gib(free_bytes)} free, {fmt_gib(weights_bytes)} of weights, {slack_gb:.2f} GiB runtime slack"
+            f"{f', {reserved_gb:.2f} GiB reserved' if reserved_bytes else ''}. "
+            f"Raise --mem-fraction-static above {suggested:.3f} (minimum viable = 1 - available/pre = {minimum:.4f}), "
+            f"or lower --weights-memory / --reserved-memory."
+        )
+    budget_bytes = int(rest_gb * GiB)
+    steps = (
+        f"free memory {free_bytes} B ({fmt_gib(free_bytes)})" + (f" on {device}" if device else ""),
+        f"- weights {weights_bytes} B ({fmt_gib(weights_bytes)})",
+        f"- runtime slack = pre-load {fmt_gib(pre_model_load_bytes)} x (1 - mem_fraction_static {mem_fraction_static})"
+        f" = {slack_gb:.4f} GiB",
+        f"- reserved {reserved_bytes} B ({fmt_gib(reserved_bytes)})",
+        f"= KV budget {budget_bytes} B ({fmt_gib(budget_bytes)})",
+    )
+    return Budget(
+        budget_bytes=budget_bytes,
+        source=source,
+        device=device,
+        free_bytes=free_bytes,
+        weights_bytes=weights_bytes,
+        pre_model_load_bytes=pre_model_load_bytes,
+        mem_fraction_static=mem_fraction_static,
+        slack_bytes=int(slack_gb * GiB),
+        reserved_bytes=reserved_bytes,
+        steps=steps,
+    )
+
+
+# ---------------------------------------------------------------------------
+# tokens and requests (SGLang semantics)
+# ---------------------------------------------------------------------------
+
+
+def page_align(tokens: int, page_size: int) -> int:
+    return tokens // page_size * page_size
+
+
+def sglang_tokens(budget_bytes: int, cell_bytes: float, page_size: int) -> int:
+    """``DefaultPoolConfigurator.calculate_pool_sizes``: budget // cell, page aligned."""
+    return page_align(int(budget_bytes // cell_bytes), page_size)
+
+
+def apply_token_cap(token_capacity: int, max_total_tokens: int | None) -> tuple[int, str | None]:
+    """``_apply_token_constraints``' user cap, with SGLang's warning when the cap is above capacity."""
+    if max_total_tokens is None:
+        return token_capacity, None
+    note = None
+    if max_total_tokens > token_capacity:
+        note = (
+            f"max_total_tokens={max_total_tokens} is larger than the profiled value {token_capacity}. "
+            f"Use the profiled value instead."
+        )
+    return min(token_capacity, max_total_tokens), note
+
+
+@attrs.frozen
+class RequestLimit:
+    max_running_requests: int
+    requested_per_worker: int | None
+    note: str | None
+
+
+def resolve_max_num_reqs(token_capacity: int, context_len: int, serving: Serving) -> RequestLimit:
+    """``resolve_max_num_reqs`` without the mamba cap (the mamba plugin adds it).
+
+    Unset: ``clamp(int(tokens / context_len * 512), 2048, 4096)``; set: the
+    per-DP-worker share of ``--max-running-requests``; both at most tokens // 2.
+    """
+    estimated = max(min(int(token_capacity / context_len * 512), 4096), 2048)
+    requested = serving.max_running_requests
+    if requested is not None:
+        per_worker = requested // serving.attn_dp_size
+        limit = min(per_worker, token_capacity // 2)
+    else:
+        per_worker = None
+        limit = min(estimated, token_capacity // 2)
+    note = None
+    if per_worker is not None and limit < per_worker:
+        note = (
+            f"max_running_requests was reduced from the requested {per_worker} to {limit} "
+            f"(per dp worker) due to the available KV cache capacity."
+        )
+    return RequestLimit(limit, per_worker, note)
+
+
+def alloc_len_per_decode(serving: Serving) -> int:
+    """KV tokens one request may allocate in one decode step (``get_alloc_len_per_decode``)."""
+    if not serving.speculative:
+        return 1
+    steps = serving.speculative_num_steps or 1
+    topk = serving.speculative_eagle_topk or 1
+    draft_tokens = serving.speculative_num_draft_tokens or 0
+    page = serving.page_size * serving.dcp_size
+    if page == 1 or topk == 1 or serving.speculative_algorithm == "NGRAM":
+        return max(steps * topk, draft_tokens)
+    return max(-(-(page - 1 + steps) // page) * page * topk, draft_tokens)
+
+
+def req_to_token_row_len(context_len: int, serving: Serving) -> int:
+    """Columns of one request-table row: context + ``get_req_to_token_extra_context_len``."""
+    extra = REQ_TO_TOKEN_EXTRA + (serving.speculative_num_draft_tokens or 0)
+    page = serving.page_size * serving.dcp_size
+    if serving.speculative and page > 1:
+        extra = max(extra, 2 * alloc_len_per_decode(serving) + page - 1)
+    return context_len + extra
+
+
+def req_to_token_rows(max_running_requests: int, serving: Serving) -> tuple[int, int]:
+    """(usable rows, padding rows): row 0 pads; a decode node pre-allocates extra rows."""
+    extra = serving.disaggregation_decode_extra_slots if serving.disaggregation_mode == "decode" else 0
+    return max_running_requests + extra, 1
+
+
+# ---------------------------------------------------------------------------
+# pools
+# ---------------------------------------------------------------------------
+
+
+def token_pools(cell: CellSize, tokens: int, page_size: int, owner: str) -> list[PoolSpec]:
+    """One pool per storage group of the cell; each allocates ``tokens + page_size`` rows (page 0 pads).
+
+    A pool whose parts declare ``extra_slots`` allocates :func:`pool_rows` rows instead.
+    """
+    extra = cell.pool_extra_slots()
+    pools = []
+    for name, per_token in cell.pool_bytes_per_token().items():
+        rows = pool_rows(tokens, page_size, extra[name])
+        pools.append(
+            PoolSpec(
+                name=name,
+                kind="kv",
+                slots=tokens,
+                padding_slots=rows - tokens,
+                bytes_per_slot=per_token,
+                bytes=rows * per_token,
+                owner=owner,
+            )
+        )
+    return pools
+
+
+def pool_rows(tokens: int, page_size: int, extra_slots: int = 0) -> int:
+    """Rows a token pool allocates: ``tokens + page_size``, or with ``extra_slots``
+    ``(tokens + page_size + extra_slots) // page_size`` whole pages (SGLang's DSA indexer)."""
+    if not extra_slots:
+        return tokens + page_size
+    return (tokens + page_size + extra_slots) // page_size * page_size
+
+
+def request_table_pool(max_running_requests: int, context_len: int, serving: Serving) -> PoolSpec:
+    rows, padding = req_to_token_rows(max_running_requests, serving)
+    row_bytes = req_to_token_row_len(context_len, serving) * REQ_TO_TOKEN_ITEM_BYTES
+    return PoolSpec(
+        name="req_to_token",
+        kind="request",
+        slots=rows,
+        padding_slots=padding,
+        bytes_per_slot=row_bytes,
+        bytes=(rows + padding) * row_bytes,
+        sglang_charged=False,
+        owner="core",
+    )
+
+
+def default_allocator_class(page_size: int) -> type:
+    """SGLang's choice: the token allocator at page size 1, else the paged one."""
+    from kvpools_core.allocators import PagedAllocator, TokenAllocator
+
+    return TokenAllocator if page_size == 1 else PagedAllocator
+
+
+def allocator_pool(tokens: int, page_size: int) -> PoolSpec:
+    """The allocator's free list, a fixed device allocation SGLang leaves out of its estimate."""
+    num_bytes = int(default_allocator_class(page_size).planned_nbytes(tokens, page_size))  # type: ignore[attr-defined]
+    pages = tokens // page_size
+    return PoolSpec(
+        name="allocator",
+        kind="allocator",
+        slots=pages,
+        bytes_per_slot=num_bytes // pages if pages else 0,
+        bytes=num_bytes,
+        sglang_charged=False,
+        owner="core",
+    )
+
+
+def request_state_pools(cell: CellSize, max_running_requests: int, owner: str) -> list[PoolSpec]:
+    """Per-request and fixed bytes of a cell, as pools (row 0 of per-request state pads)."""
+    pools = []
+    if cell.bytes_per_request:
+        pools.append(
+            PoolSpec(
+                name="request_state",
+                kind="state",
+                slots=max_running_requests,
+                padding_slots=1,
+                bytes_per_slot=cell.bytes_per_request,
+                bytes=(max_running_requests + 1) * cell.bytes_per_request,
+                owner=owner,
+            )
+        )
+    if cell.fixed_bytes:
+        pools.append(
+            PoolSpec(
+                name="fixed",
+                kind="fixed",
+                slots=1,
+                bytes_per_slot=cell.fixed_bytes,
+                bytes=cell.fixed_bytes,
+                owner=owner,
+            )
+        )
+    return pools
+
+
+def largest_fitting_tokens(budget_bytes: int, page_size: int, upper_tokens: int, cost: Callable[[int], int]) -> int:
+    """The most page-aligned tokens in ``[0, upper_tokens]`` whose whole plan costs at most the budget.
+
+    ``cost`` must not decrease as tokens grow (more tokens never need fewer
+    bytes), which makes a binary search over pages exact.
+    """
+    low, high = 0, upper_tokens // page_size
+    while low < high:
+        mid = (low + high + 1) // 2
+        if cost(mid * page_size) <= budget_bytes:
+            low = mid
+        else:
+            high = mid - 1
+    return low * page_size
+
+
+# ---------------------------------------------------------------------------
+# the core default of ``size_pools``
+# ---------------------------------------------------------------------------
+
+
+def default_size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget, *, owner: str) -> PoolSizing:
+    """Single-token-space sizing: SGLang's ``DefaultPoolConfigurator`` or kvpools' exact solve."""
+    page = serving.page_size
+    context_len = serving.context_length or model.context_len
+    notes: list[str] = []
+
+    def layout(tokens: int) -> tuple[list[PoolSpec], RequestLimit]:
+        limit = resolve_max_num_reqs(tokens, context_len, serving)
+        pools = token_pools(cell, tokens, page, owner)
+        pools += request_state_pools(cell, limit.max_running_requests, owner)
+        pools.append(request_table_pool(limit.max_running_requests, context_len, serving))
+        pools.append(allocator_pool(tokens, page))
+        return pools, limit
+
+    if serving.accounting == "sglang":
+        profiled = sglang_tokens(budget.budget_bytes, cell.sglang_bytes_per_token, page)
+        tokens, cap_note = apply_token_cap(profiled, serving.max_total_tokens)
+        tokens = page_align(tokens, page)
+    else:
+        capped_upper = budget.budget_bytes // max(1, cell.bytes_per_token)
+        profiled = largest_fitting_tokens(
+            budget.budget_bytes, page, capped_upper, lambda t: sum(p.bytes for p in layout(t)[0])
+        )
+        tokens, cap_note = apply_token_cap(profiled, serving.max_total_tokens)
+        tokens = page_align(tokens, page)
+    if cap_note:
+        notes.append(cap_note)
+    if tokens <= 0:
+        raise not_enough_memory(model, serving, cell, budget)
+    pools, limit = layout(tokens)
+    if limit.note:
+        notes.append(limit.note)
+    if limit.max_running_requests <= 0:
+        raise InsufficientMemoryError(
+            f"{tokens} KV tokens leave room for no request (a request needs at least 2 tokens). "
+            f"Raise --memory or lower --page-size."
+        )
+    estimate = int(tokens * cell.sglang_bytes_per_token)
+    return PoolSizing(
+        max_total_num_tokens=tokens,
+        max_running_requests=limit.max_running_requests,
+        pools=pools,
+        sglang_config={"max_total_num_tokens": tokens, "max_running_requests": limit.max_running_requests},
+        sglang_estimate_bytes=estimate,
+        notes=notes,
+    )
+
+
+def not_enough_memory(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> InsufficientMemoryError:
+    """The error when not one page fits, with the numbers and the knobs to turn."""
+    page = serving.page_size
+    per_token = cell.sglang_bytes_per_token if serving.accounting == "sglang" else cell.bytes_per_token
+    need = page * per_token
+    return InsufficientMemoryError(
+        f"Not enough memory for the KV cache: {fmt_gib(budget.budget_bytes)} ({budget.budget_bytes} B) available, "
+        f"one page of {page} token(s) of {model.name} needs {need:.0f} B across {cell.num_layers} layer(s)"
+        f"{' plus the padding page, request table and allocator' if serving.accounting == 'exact' else ''}. "
+        f"Raise --memory (or --mem-fraction-static, current value {serving.mem_fraction_static}), "
+        f"lower --page-size, --context-length or --max-running-requests, or use a smaller --kv-cache-dtype."
+    )
+
+
+def summarize_notes(*groups: Sequence[str]) -> tuple[str, ...]:
+    seen: list[str] = []
+    for group in groups:
+        for note in group:
+            if note not in seen:
+                seen.append(note)
+    return tuple(seen)

@@ -1,0 +1,55 @@
+"""Byte sizes as people write them: ``64424509440``, ``60GiB``, ``1.5 TB``, ``80G``."""
+
+from __future__ import annotations
+
+import re
+
+from kvpools_core.errors import ConfigError
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    # single letters follow the binary convention of memory flags (docker -m 1g, ulimit)
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
+}
+_PATTERN = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(value: int | str, flag: str = "size") -> int:
+    """Parse a byte count; errors name the flag, the value and the accepted forms."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{flag} must be a byte count, got {value!r}.")
+    if isinstance(value, int):
+        number: float = value
+        unit = ""
+    else:
+        match = _PATTERN.match(value)
+        if not match or match.group(2).lower() not in _UNITS:
+            raise ConfigError(
+                f"{flag} {value!r} is not a size. Write bytes (64424509440) or a number with a unit: "
+                f"B, KB, MB, GB, TB (powers of 1000), KiB, MiB, GiB, TiB or K, M, G, T (powers of 1024)."
+            )
+        number = float(match.group(1)) if "." in match.group(1) else int(match.group(1))
+        unit = match.group(2).lower()
+    if number < 0:
+        raise ConfigError(f"{flag} must not be negative, got {value!r}.")
+    return int(number * _UNITS[unit])
+
+
+def format_bytes(num_bytes: float) -> str:
+    """Binary units with two decimals, e.g. ``60.00 GiB``."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(num_bytes) >= scale:
+            return f"{num_bytes / scale:.2f} {unit}"
+    return f"{int(num_bytes)} B"

@@ -1,0 +1,41 @@
+"""Sessions: tests (the CI command), lint, typing, bench.
+
+Every session installs from ``constraints.txt`` so torch stays the small CPU
+build on these machines.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.needs_version = ">=2024.3.2"
+nox.options.sessions = ["tests", "lint", "typing"]
+nox.options.error_on_missing_interpreters = True
+
+CONSTRAINTS = ("-c", "constraints.txt")
+EXAMPLE_PLUGIN = "./tests/plugins/example"
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The test suite, with the example out-of-tree plugin installed as a separate distribution."""
+    session.install(*CONSTRAINTS, "-e", ".[test]", EXAMPLE_PLUGIN)
+    session.run("pytest", *(session.posargs or ["-q"]))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", "kvpools_core", "plugins", "tests", "benchmarks", "noxfile.py")
+
+
+@nox.session
+def typing(session: nox.Session) -> None:
+    session.install(*CONSTRAINTS, "-e", ".", "mypy")
+    session.run("mypy")
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """Allocator trace replay against SGLang's and vLLM's real allocators (see benchmarks/README.md)."""
+    session.run("bash", "benchmarks/run_bench.sh", *session.posargs, external=True)

@@ -1,0 +1,47 @@
+"""The CPU platform: host RAM as the budget, and the KV dtypes SGLang's CPU backend accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvpools_core import hookimpl
+from kvpools_core.values import ModelSpec, Serving
+
+PLATFORM = "cpu"
+
+
+@hookimpl(tryfirst=True)
+def available_memory(device: str, serving: Serving) -> dict[str, int] | None:
+    if device != PLATFORM:
+        return None
+    import psutil
+
+    memory = psutil.virtual_memory()
+    return {"free_bytes": int(memory.available), "total_bytes": int(memory.total)}
+
+
+@hookimpl
+def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
+    if serving.platform != PLATFORM:
+        return None
+    kv = serving.kv_cache_dtype
+    if kv == "fp8_e4m3":
+        if not has_amx():
+            return [
+                "CPU FP8 KV cache requires Intel AMX support, which this host lacks. "
+                "Use --kv-cache-dtype auto, bf16 or fp16 on the CPU platform."
+            ]
+    elif kv in ("fp8_e5m2", "fp4_e2m1", "mxfp8"):
+        return [
+            f"--kv-cache-dtype {kv} is not supported on the CPU platform. "
+            f"Use auto, bf16, fp16, fp32 (or fp8_e4m3 with Intel AMX)."
+        ]
+    return None
+
+
+def has_amx() -> bool:
+    """Intel AMX tiles (``amx_tile`` in /proc/cpuinfo) back SGLang's CPU fp8 kernels."""
+    try:
+        return "amx_tile" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False

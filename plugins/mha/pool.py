@@ -1,0 +1,210 @@
+"""The MHA / GQA KV pool: SGLang's ``MHATokenToKVPool`` (and its FP4 / MXFP8 variants) built from a plan.
+
+Per layer of this rank's pipeline stage, K is ``(size + page_size,
+kv_heads_per_rank, head_dim)`` and V ``(size + page_size, kv_heads_per_rank,
+v_head_dim)`` (the first page pads: CUDA-graph dummy tokens write there);
+block-scaled dtypes add scale tensors (see :mod:`kvpools_core.pools.quant`).
+Unlike SGLang's FP4 pool, V is stored at its own ``v_head_dim``.  A speculative
+plan's draft model gets its own pool of the same per-layer geometry
+(``.draft``), with its own padding page, as SGLang's draft worker allocates.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
+from kvpools_core.pools.kv import LayerGeometry, LayerKV, PoolPlanMismatchError, check_planned_bytes
+from kvpools_core.pools.quant import KVCodec, codec_for
+from kvpools_core.values import Plan
+
+__all__ = ["MHATokenToKVPool", "plan_layer_geometry"]
+
+MAIN_POOL = "kv"
+DRAFT_POOL = "draft_kv"
+
+
+class MHATokenToKVPool:
+    """K and V of every full-attention layer of one rank, indexed by token slot and global layer id."""
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        layers: list[LayerGeometry],
+        start_layer: int,
+        codec: KVCodec,
+        device: str | torch.device,
+        model_dtype: torch.dtype,
+        name: str = MAIN_POOL,
+        draft: MHATokenToKVPool | None = None,
+    ) -> None:
+        self.size = size
+        self.page_size = page_size
+        self.codec = codec
+        self.name = name
+        self.draft = draft
+        self.kv = LayerKV(
+            rows=size + page_size,
+            layers=layers,
+            start_layer=start_layer,
+            codec=codec,
+            device=device,
+            read_dtype=model_dtype,
+            name=name,
+        )
+        self.device = self.kv.device
+
+    @classmethod
+    def from_plan(cls, plan: Plan, device: str | torch.device) -> MHATokenToKVPool:
+        """The pool (and its draft pool) a plan describes; refuses, before allocating, bytes the plan did not charge."""
+        serving = plan.serving
+        kv = resolve_kv_dtype(serving.kv_cache_dtype, plan.model.dtype)
+        codec = codec_for(kv)
+        model_dtype = getattr(torch, plan.model.dtype)
+        start, _end = rank_layer_range(plan.model, serving)
+        layers = plan_layer_geometry(plan)
+        size, page = plan.max_total_num_tokens, serving.page_size
+        rows = size + page
+        check_planned_bytes(
+            MAIN_POOL,
+            LayerKV.planned_nbytes(rows, layers, codec),
+            plan.pool(MAIN_POOL).bytes,
+            f"{len(layers)} layer(s) from {start}, {rows} rows of {kv.name}",
+        )
+        draft = None
+        if any(p.name == DRAFT_POOL for p in plan.pools):
+            draft_layers = _draft_geometry(plan, layers)
+            check_planned_bytes(
+                DRAFT_POOL,
+                LayerKV.planned_nbytes(rows, draft_layers, codec),
+                plan.pool(DRAFT_POOL).bytes,
+                f"{len(draft_layers)} draft layer(s) of the target's geometry, {rows} rows of {kv.name}",
+            )
+            draft = cls(
+                size=size,
+                page_size=page,
+                layers=draft_layers,
+                start_layer=0,
+                codec=codec,
+                device=device,
+                model_dtype=model_dtype,
+                name=DRAFT_POOL,
+            )
+        return cls(
+            size=size,
+            page_size=page,
+            layers=layers,
+            start_layer=start,
+            codec=codec,
+            device=device,
+            model_dtype=model_dtype,
+            draft=draft,
+        )
+
+    # -- what it is ----------------------------------------------------------
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The KV dtype (``torch.float8_e4m3fn``, ``torch.float4_e2m1fn_x2``, ``torch.bfloat16``, ...)."""
+        return self.codec.dtype
+
+    @property
+    def store_dtype(self) -> torch.dtype:
+        """The dtype of the stored K/V tensors (``uint8`` for 8- and 4-bit types)."""
+        return self.codec.store_dtype
+
+    @property
+    def start_layer(self) -> int:
+        return self.kv.start_layer
+
+    @property
+    def end_layer(self) -> int:
+        """One past the last layer held (exclusive; SGLang's ``KVCache.end_layer`` is inclusive)."""
+        return self.kv.end_layer
+
+    @property
+    def layer_num(self) -> int:
+        return self.kv.layer_num
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every tensor held, the draft pool's included, measured from the tensors."""
+        return sum(self.nbytes_by_pool().values())
+
+    def nbytes_by_pool(self) -> dict[str, int]:
+        """Measured bytes per plan pool name: ``kv`` and, with a draft, ``draft_kv``."""
+        measured = {self.name: self.kv.nbytes}
+        if self.draft is not None:
+            measured.update(self.draft.nbytes_by_pool())
+        return measured
+
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        """``(K bytes, V bytes)`` of this pool (scales included, draft excluded), as SGLang."""
+        return self.kv.get_kv_size_bytes()
+
+    # -- buffers ---------------------------------------------------------------
+
+    def get_key_buffer(self, layer_id: int) -> Tensor:
+        """Layer ``layer_id``'s K as kernels read it: native, fp8 views of uint8, packed uint8 for fp4."""
+        return self.kv.get_key_buffer(layer_id)
+
+    def get_value_buffer(self, layer_id: int) -> Tensor:
+        return self.kv.get_value_buffer(layer_id)
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[Tensor, Tensor]:
+        return self.kv.get_key_buffer(layer_id), self.kv.get_value_buffer(layer_id)
+
+    def get_key_scale_buffer(self, layer_id: int) -> Tensor:
+        """uint8 K scales: fp4 ``(rows, heads * head_dim // 16)`` e4m3; mxfp8 ``(rows, heads, head_dim // 32)`` e8m0."""
+        return self.kv.get_key_scale_buffer(layer_id)
+
+    def get_value_scale_buffer(self, layer_id: int) -> Tensor:
+        return self.kv.get_value_scale_buffer(layer_id)
+
+    def set_kv_buffer(self, layer_id: int, loc: Tensor, cache_k: Tensor, cache_v: Tensor) -> None:
+        """Store ``(len(loc), heads, dim)`` K and V at slots ``loc``, quantising when the pool's dtype asks."""
+        self.kv.set_kv_buffer(layer_id, loc, cache_k, cache_v)
+
+    def get_kv(self, layer_id: int, loc: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+        """K and V at slots ``loc``, dequantised to ``dtype`` (default: the model dtype)."""
+        return self.kv.get_kv(layer_id, loc, dtype)
+
+    def __repr__(self) -> str:
+        draft = f", draft={self.draft.layer_num} layers" if self.draft is not None else ""
+        return (
+            f"MHATokenToKVPool(size={self.size}, page_size={self.page_size}, dtype={self.dtype}, "
+            f"layers=[{self.start_layer}, {self.end_layer}), device={self.device}{draft})"
+        )
+
+
+def plan_layer_geometry(plan: Plan) -> list[LayerGeometry]:
+    """Per layer of the plan's pipeline stage: KV heads this rank stores, K and V head dims."""
+    serving = plan.serving
+    start, end = rank_layer_range(plan.model, serving)
+    return [
+        LayerGeometry(
+            heads=kv_heads_per_rank(layer.num_kv_heads, serving.attn_tp_size, serving.dcp_size),
+            head_dim=layer.head_dim,
+            v_head_dim=layer.v_head_dim,
+        )
+        for layer in plan.model.layers[start:end]
+    ]
+
+
+def _draft_geometry(plan: Plan, layers: list[LayerGeometry]) -> list[LayerGeometry]:
+    """The draft's layers: ``speculative_draft_num_layers`` copies of the target's layer geometry.
+
+    SGLang charges the draft as ``D / L`` of the target's cell, which is a
+    whole number of layers only when the stage's layers are alike.
+    """
+    num = plan.serving.speculative_draft_num_layers or 0
+    if not layers or len(set(layers)) > 1:
+        raise PoolPlanMismatchError(
+            f"The plan has a draft KV pool but this stage's layers have {len(set(layers))} different geometries; "
+            f"a draft of {num} layer(s) 'like the target's' is ambiguous. Give the draft its own pool sizing."
+        )
+    return [layers[0]] * num

@@ -1,0 +1,397 @@
+"""TokenAllocator: SGLang's token-allocator contract, checked against a set model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from kvpools_core.allocators import AllocatorState, TokenAllocator
+
+TokenModel = tuple[list[list[int]], list[int], set[int], bool]
+
+
+def fingerprint(a: TokenAllocator) -> tuple[object, ...]:
+    """Everything that defines the allocator's state (for "nothing changed")."""
+    allocated = None if a._allocated is None else a._allocated.tolist()
+    return (a._head, a._rel, a._pend, a._in_group, a._buf.tolist(), allocated)
+
+
+def i64(values: list[int], device: str = "cpu") -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+# ----------------------------------------------------------------- unit tests
+def test_fresh_allocator_sizes(device: str) -> None:
+    a = TokenAllocator(10, device=device)
+    assert (a.size, a.page_size, a.num_pages) == (10, 1, 10)
+    assert a.available_size() == 10
+    assert a.device.type == torch.device(device).type
+
+
+@pytest.mark.parametrize("debug", [False, True])
+@pytest.mark.parametrize("size", [1, 7, 4096])
+def test_nbytes_equals_planned(size: int, debug: bool, device: str) -> None:
+    a = TokenAllocator(size, device=device, debug=debug)
+    # int64 free stack: 8 B per slot; debug adds one bool per slot id 0..size
+    expected = 8 * size + (size + 1 if debug else 0)
+    assert TokenAllocator.planned_nbytes(size, 1, debug) == expected
+    assert a.nbytes == expected
+
+
+def test_rejects_bad_geometry() -> None:
+    with pytest.raises(ValueError, match="positive multiple"):
+        TokenAllocator(0)
+    with pytest.raises(ValueError, match="page_size 1"):
+        TokenAllocator.planned_nbytes(16, 4)
+
+
+def test_hands_out_every_slot_once_and_never_slot_0(device: str) -> None:
+    a = TokenAllocator(8, device=device)
+    out = a.alloc(8)
+    assert out is not None
+    assert sorted(out.tolist()) == list(range(1, 9))
+    assert out.dtype == torch.int64 and out.device.type == torch.device(device).type
+    assert a.alloc(1) is None
+    a.free(out)
+    assert a.available_size() == 8
+
+
+def test_oversized_alloc_returns_none_and_changes_nothing(device: str) -> None:
+    a = TokenAllocator(8, device=device)
+    held = a.alloc(5)
+    before = fingerprint(a)
+    assert a.alloc(4) is None
+    assert fingerprint(a) == before
+    assert a.available_size() == 3
+    assert held is not None
+
+
+def test_zero_alloc_is_empty_and_negative_is_an_error() -> None:
+    a = TokenAllocator(4)
+    out = a.alloc(0)
+    assert out is not None and out.numel() == 0
+    assert a.available_size() == 4
+    with pytest.raises(ValueError, match="non-negative"):
+        a.alloc(-1)
+
+
+def test_returned_slots_are_private_copies() -> None:
+    # the free stack is overwritten by later frees; a returned tensor must not change
+    a = TokenAllocator(8)
+    first = a.alloc(3)
+    assert first is not None
+    kept = first.tolist()
+    second = a.alloc(2)
+    assert second is not None
+    a.free(second)
+    a.free(i64([first.tolist()[0]]))
+    assert first.tolist() == kept
+
+
+def test_free_reuses_last_freed_first() -> None:
+    a = TokenAllocator(8)
+    out = a.alloc(3)
+    assert out is not None
+    a.free(out[1:2])
+    again = a.alloc(1)
+    assert again is not None and again.tolist() == out[1:2].tolist()
+
+
+def test_free_accepts_int32_and_2d_indices() -> None:
+    a = TokenAllocator(8)
+    out = a.alloc(4)
+    assert out is not None
+    a.free(out[:2].to(torch.int32))
+    a.free(out[2:].reshape(1, 2))
+    assert a.available_size() == 8
+
+
+def test_free_group_defers_until_end(device: str) -> None:
+    a = TokenAllocator(4, device=device)
+    out = a.alloc(4)
+    assert out is not None
+    a.free_group_begin()
+    a.free(out[:1])
+    a.free(out[1:3])
+    assert a.available_size() == 0
+    assert a.alloc(1) is None
+    a.free_group_end()
+    assert a.available_size() == 3
+    assert sorted(a.alloc(3).tolist()) == sorted(out[:3].tolist())  # type: ignore[union-attr]
+
+
+def test_free_group_nesting_is_an_error() -> None:
+    a = TokenAllocator(4)
+    with pytest.raises(RuntimeError, match="without free_group_begin"):
+        a.free_group_end()
+    a.free_group_begin()
+    with pytest.raises(RuntimeError, match="twice"):
+        a.free_group_begin()
+
+
+def test_need_sort_releases_then_merges_sorted(device: str) -> None:
+    a = TokenAllocator(6, device=device, need_sort=True)
+    out = a.alloc(6)
+    assert out is not None and out.tolist() == [1, 2, 3, 4, 5, 6]
+    a.free(i64([5, 2], device))
+    a.free(i64([4], device))
+    assert a.available_size() == 3
+    # short of free slots: the released ones are merged and handed out ascending
+    assert a.alloc(3).tolist() == [2, 4, 5]  # type: ignore[union-attr]
+
+
+def test_need_sort_prefers_the_sorted_free_region() -> None:
+    a = TokenAllocator(6, need_sort=True)
+    out = a.alloc(3)
+    assert out is not None
+    a.free(out)
+    # 3 free slots remain unmerged: they come first, the released 1..3 are not reused yet
+    assert a.alloc(3).tolist() == [4, 5, 6]  # type: ignore[union-attr]
+    assert a.alloc(2).tolist() == [1, 2]  # type: ignore[union-attr]
+
+
+def test_backup_restore_reverts_allocs_and_frees(device: str) -> None:
+    a = TokenAllocator(8, device=device)
+    held = a.alloc(3)
+    assert held is not None
+    before = fingerprint(a)
+    state = a.backup_state()
+    extra = a.alloc(4)
+    assert extra is not None
+    a.free(held)
+    a.free(extra[:2])
+    a.restore_state(state)
+    assert fingerprint(a) == before
+    # restoring the same state twice is fine, also after more changes
+    a.alloc(2)
+    a.restore_state(state)
+    assert fingerprint(a) == before
+
+
+def test_backup_without_writes_restores_without_copies() -> None:
+    a = TokenAllocator(8)
+    state = a.backup_state()
+    a.alloc(5)
+    a.restore_state(state)
+    assert state._buf is None  # copy-on-write: nothing was written, nothing copied
+    assert a.available_size() == 8
+
+
+def test_restore_rejects_foreign_state() -> None:
+    a, b = TokenAllocator(4), TokenAllocator(4)
+    with pytest.raises(ValueError, match="different allocator"):
+        a.restore_state(b.backup_state())
+
+
+def test_clear_frees_everything(device: str) -> None:
+    a = TokenAllocator(5, device=device, need_sort=True)
+    out = a.alloc(4)
+    assert out is not None
+    a.free(out[:2])
+    a.free_group_begin()
+    a.clear()
+    assert a.available_size() == 5
+    assert a.alloc(5).tolist() == [1, 2, 3, 4, 5]  # type: ignore[union-attr]
+    a.free_group_begin()  # clear() also closed the group
+
+
+def test_over_free_is_rejected_without_debug() -> None:
+    a = TokenAllocator(4)
+    out = a.alloc(1)
+    assert out is not None
+    with pytest.raises(ValueError, match="double free"):
+        a.free(i64([1, 2, 3]))
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ([0], r"foreign slot\(s\) \[0\]"),
+        ([9], r"foreign slot\(s\) \[9\]"),
+        ([-1], r"foreign slot\(s\) \[-1\]"),
+        ([6], r"never-allocated slot\(s\) \[6\]"),
+        ([1, 1], r"slot\(s\) \[1\] appear\(s\) twice"),
+    ],
+)
+def test_debug_rejects_bad_frees_and_keeps_state(bad: list[int], message: str, device: str) -> None:
+    a = TokenAllocator(8, device=device, debug=True)
+    out = a.alloc(3)
+    assert out is not None and out.tolist() == [1, 2, 3]
+    before = fingerprint(a)
+    with pytest.raises(ValueError, match=message):
+        a.free(i64(bad, device))
+    assert fingerprint(a) == before
+    a.free(out)
+    assert a.available_size() == 8
+
+
+def test_debug_catches_double_free(device: str) -> None:
+    a = TokenAllocator(8, device=device, debug=True)
+    out = a.alloc(3)
+    assert out is not None
+    a.free(out[:1])
+    before = fingerprint(a)
+    with pytest.raises(ValueError, match=r"double free .* \[1\]"):
+        a.free(out[:2])
+    assert fingerprint(a) == before
+    # also inside a free group: the first free already counts
+    a.free_group_begin()
+    a.free(out[1:2])
+    with pytest.raises(ValueError, match=r"double free .* \[2\]"):
+        a.free(out[1:2])
+    a.free_group_end()
+    assert a.available_size() == 7
+
+
+# -------------------------------------------------------------- state machine
+class TokenMachine(RuleBasedStateMachine):
+    """Random alloc/free/group/backup/restore/clear traffic against a set model."""
+
+    SIZE = 24
+    need_sort = False
+    debug = False
+    held: list[list[int]]
+    pending: list[int]
+    released: set[int]
+    in_group: bool
+    saved: tuple[AllocatorState, TokenModel, tuple[object, ...]] | None
+
+    @initialize()
+    def setup(self) -> None:
+        self.a = TokenAllocator(self.SIZE, need_sort=self.need_sort, debug=self.debug)
+        self.held = []  # live allocations
+        self.pending = []  # freed inside the open group
+        self.released = set()  # need_sort: freed, not merged yet
+        self.in_group = False
+        self.saved = None
+
+    def live(self) -> list[int]:
+        return [s for h in self.held for s in h]
+
+    def expected_available(self) -> int:
+        return self.SIZE - len(self.live()) - len(self.pending)
+
+    @rule(n=st.integers(0, SIZE + 2))
+    def alloc(self, n: int) -> None:
+        avail = self.expected_available()
+        before = fingerprint(self.a)
+        out = self.a.alloc(n)
+        if n > avail:
+            assert out is None
+            assert fingerprint(self.a) == before
+            return
+        assert out is not None
+        slots = out.tolist()
+        assert len(slots) == n == len(set(slots))
+        assert all(1 <= s <= self.SIZE for s in slots), slots
+        assert not set(slots) & set(self.live()), "slot handed out twice"
+        assert not set(slots) & set(self.pending), "slot of an open free group reused"
+        if self.need_sort:
+            assert slots == sorted(slots), "need_sort hands out ascending slots"
+            if n <= avail - len(self.released):
+                assert not set(slots) & self.released, "released slots reused before a merge"
+            else:
+                self.released.clear()
+        if slots:
+            self.held.append(slots)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), whole=st.booleans())
+    def free(self, data: st.DataObject, whole: bool) -> None:
+        i = data.draw(st.integers(0, len(self.held) - 1))
+        slots = self.held[i]
+        if whole:
+            part = data.draw(st.permutations(slots))
+        else:
+            part = data.draw(st.lists(st.sampled_from(slots), min_size=1, unique=True))
+        self.a.free(torch.tensor(part, dtype=torch.int64))
+        rest = [s for s in slots if s not in part]
+        if rest:
+            self.held[i] = rest
+        else:
+            del self.held[i]
+        if self.in_group:
+            self.pending += part
+        elif self.need_sort:
+            self.released |= set(part)
+
+    @precondition(lambda self: not self.in_group)
+    @rule()
+    def group_begin(self) -> None:
+        self.a.free_group_begin()
+        self.in_group = True
+
+    @precondition(lambda self: self.in_group)
+    @rule()
+    def group_end(self) -> None:
+        self.a.free_group_end()
+        self.in_group = False
+        if self.need_sort:
+            self.released |= set(self.pending)
+        self.pending = []
+
+    @rule()
+    def backup(self) -> None:
+        model: TokenModel = ([list(h) for h in self.held], list(self.pending), set(self.released), self.in_group)
+        self.saved = (self.a.backup_state(), model, fingerprint(self.a))
+
+    @precondition(lambda self: self.saved is not None)
+    @rule()
+    def restore(self) -> None:
+        assert self.saved is not None
+        state, model, before = self.saved
+        self.a.restore_state(state)
+        assert fingerprint(self.a) == before
+        held, pending, released, in_group = model
+        self.held = [list(h) for h in held]
+        self.pending, self.released, self.in_group = list(pending), set(released), in_group
+
+    @rule()
+    def clear(self) -> None:
+        self.a.clear()
+        self.held, self.pending, self.released, self.in_group = [], [], set(), False
+
+    @precondition(lambda self: self.debug)
+    @rule(data=st.data())
+    def bad_free_is_rejected(self, data: st.DataObject) -> None:
+        live = set(self.live())
+        bad = data.draw(st.integers(-2, self.SIZE + 2).filter(lambda s: s not in live))
+        before = fingerprint(self.a)
+        with pytest.raises(ValueError):
+            self.a.free(torch.tensor([bad], dtype=torch.int64))
+        assert fingerprint(self.a) == before
+
+    @invariant()
+    def available_matches_model(self) -> None:
+        if hasattr(self, "a"):
+            assert self.a.available_size() == self.expected_available()
+
+    def teardown(self) -> None:
+        if not hasattr(self, "a"):
+            return
+        if self.in_group:
+            self.group_end()
+        for slots in self.held:
+            self.a.free(torch.tensor(slots, dtype=torch.int64))
+        assert self.a.available_size() == self.SIZE
+        out = self.a.alloc(self.SIZE)
+        assert out is not None and sorted(out.tolist()) == list(range(1, self.SIZE + 1))
+
+
+class TokenSortedMachine(TokenMachine):
+    need_sort = True
+
+
+class TokenDebugMachine(TokenMachine):
+    debug = True
+
+
+TestToken = TokenMachine.TestCase
+TestToken.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestTokenNeedSort = TokenSortedMachine.TestCase
+TestTokenNeedSort.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestTokenDebug = TokenDebugMachine.TestCase
+TestTokenDebug.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)

@@ -1,0 +1,54 @@
+"""Shared fixtures: a fresh registry per test, so installed plugins never leak between tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvpools_core import Registry
+from kvpools_core.registry import reset_registry
+
+_CONTROLS = (
+    "KVPOOLS_DISABLE_PLUGIN_AUTOLOAD",
+    "KVPOOLS_PLUGINS",
+    "KVPOOLS_DISABLED_PLUGINS",
+    "KVPOOLS_TRACE_PLUGINS",
+    "KVPOOLS_PLUGIN_ERRORS",
+)
+
+
+@pytest.fixture(autouse=True)
+def _clean_plugin_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in _CONTROLS:
+        monkeypatch.delenv(name, raising=False)
+    reset_registry()
+    yield
+    reset_registry()
+
+
+@pytest.fixture(scope="session")
+def registry() -> Registry:
+    """The installed plugins (built-ins plus the example distribution), loaded once."""
+    return Registry(autoload=True, plugins=None, disabled=(), trace=False, on_plugin_error="raise")
+
+
+@pytest.fixture(scope="session")
+def kvpools_exe() -> str:
+    """The real console script of the environment running the tests."""
+    candidate = Path(sys.executable).parent / "kvpools"
+    found = str(candidate) if candidate.exists() else shutil.which("kvpools")
+    if not found:
+        pytest.fail("the kvpools console script is not installed in this environment (pip install -e .)")
+    return found
+
+
+@pytest.fixture
+def cli_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _CONTROLS}
+    env["COLUMNS"] = "160"
+    return env

@@ -1,0 +1,159 @@
+"""Hypothesis strategies: dense MHA/GQA models and the serving options SGLang sizes them under."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from hypothesis import strategies as st
+
+from kvpools_core.values import LayerSpec, ModelSpec, Serving
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+HEAD_DIMS = (64, 80, 96, 128, 192, 256)
+KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1")
+PAGE_SIZES = (1, 16, 64, 128)
+MODEL_DTYPES = ("bfloat16", "float16", "float32")  # the dtype a ModelSpec is served in
+
+SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NEXTN", "DFLASH", "NGRAM")
+ARCHITECTURES = (
+    ("LlamaForCausalLM", "llama"),
+    ("Qwen2ForCausalLM", "qwen2"),
+    ("Qwen3ForCausalLM", "qwen3"),
+    ("Qwen3MoeForCausalLM", "qwen3_moe"),
+    ("MistralForCausalLM", "mistral"),
+    ("MiniMaxM2ForCausalLM", "minimax_m2"),
+)
+
+# Any budget from 1 B to 200 GiB, log-uniform so every scale (and "not one page") shows up.
+budgets = st.sampled_from(range(38)).flatmap(lambda e: st.integers(1 << e, min(200 * GiB, (2 << e) - 1)))
+
+
+def log_integers(max_exponent: int) -> st.SearchStrategy[int]:
+    """Integers in [1, 2**(max_exponent + 1)), every binary order of magnitude equally likely."""
+    return st.sampled_from(range(max_exponent + 1)).flatmap(lambda e: st.integers(1 << e, (2 << e) - 1))
+
+
+def aimed_budgets(model: ModelSpec) -> st.SearchStrategy[int]:
+    """Budgets aimed at the model (1 to 8M tokens of its unsharded bf16 KV, ± a few bytes), any budget, 200 GiB."""
+    layer = model.layers[0]
+    rough = model.num_layers * layer.num_kv_heads * (layer.head_dim + layer.v_head_dim) * 2
+    tokens = log_integers(22)
+    aimed = st.tuples(tokens, st.integers(-64, 64)).map(lambda t: min(200 * GiB, max(0, t[0] * rough + t[1])))
+    return st.one_of(aimed, budgets, st.just(200 * GiB))
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@st.composite
+def dense_models(draw: st.DrawFn, *, min_layers: int = 1, max_layers: int = 128, multimodal: bool = False) -> ModelSpec:
+    """A uniform MHA/GQA model: 1–128 layers, 1–64 KV heads (attention heads a multiple), SGLang's head dims."""
+    num_layers = draw(st.integers(min_layers, max_layers))
+    kv_heads = draw(st.one_of(st.sampled_from((1, 2, 4, 8, 16, 32, 64)), st.integers(1, 64)))
+    group = draw(st.integers(1, 8))
+    head_dim = draw(st.sampled_from(HEAD_DIMS))
+    v_head_dim = draw(st.one_of(st.just(head_dim), st.sampled_from(HEAD_DIMS)))
+    arch, model_type = draw(st.sampled_from(ARCHITECTURES))
+    context_len = draw(st.one_of(st.sampled_from((2048, 4096, 32768, 40960, 131072, 196608)), st.integers(16, 1 << 21)))
+    layers = [
+        LayerSpec(index=i, kind="attention", num_kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_head_dim)
+        for i in range(num_layers)
+    ]
+    return ModelSpec(
+        name="hypothesis-dense",
+        architecture="mha",
+        layers=layers,
+        context_len=context_len,
+        dtype=draw(st.sampled_from(MODEL_DTYPES)),
+        num_attention_heads=kv_heads * group,
+        model_type=model_type,
+        hf_architectures=(arch,),
+        num_nextn_predict_layers=draw(st.integers(0, 3)),
+        is_multimodal=multimodal,
+    )
+
+
+@st.composite
+def parallel_options(draw: st.DrawFn) -> dict[str, Any]:
+    """TP 1–16 (TP above the KV heads included), DP attention 2/4/8, and now and then CP / DCP."""
+    if draw(st.booleans()):
+        dp = draw(st.sampled_from((2, 4, 8)))
+        tp = dp * draw(st.sampled_from([k for k in (1, 2, 4) if dp * k <= 16]))
+        dp_attention = True
+    else:
+        dp = draw(st.sampled_from((1, 1, 1, 2, 4)))  # plain DP: independent replicas
+        tp = draw(st.integers(1, 16))
+        dp_attention = False
+    rest = tp // (dp if dp_attention else 1)
+    cp = draw(st.one_of(st.just(1), st.sampled_from(divisors(rest))))
+    dcp = draw(st.one_of(st.just(1), st.sampled_from(divisors(rest // cp))))
+    return {"tp_size": tp, "dp_size": dp, "enable_dp_attention": dp_attention, "attn_cp_size": cp, "dcp_size": dcp}
+
+
+@st.composite
+def speculative_options(draw: st.DrawFn, model: ModelSpec, *, always: bool = False) -> dict[str, Any]:
+    algorithm = draw(
+        st.sampled_from(SPEC_ALGORITHMS) if always else st.one_of(st.none(), st.sampled_from(SPEC_ALGORITHMS))
+    )
+    if algorithm is None:
+        return {}
+    options: dict[str, Any] = {
+        "speculative_algorithm": algorithm,
+        "speculative_num_steps": draw(st.integers(1, 8)),
+        "speculative_eagle_topk": draw(st.sampled_from((1, 2, 4, 8))),
+        "speculative_num_draft_tokens": draw(st.integers(1, 16)),
+    }
+    draft = draw(st.integers(1, 8))
+    if algorithm == "NEXTN" and model.num_nextn_predict_layers and draw(st.booleans()):
+        draft = None  # the model's own MTP layers are the draft
+    if algorithm == "NGRAM" and draw(st.booleans()):
+        draft = None
+    options["speculative_draft_num_layers"] = draft
+    return options
+
+
+def pp_partitions(num_layers: int, pp_size: int) -> st.SearchStrategy[tuple[int, ...] | None]:
+    """None (SGLang's even split) or an explicit SGLANG_PP_LAYER_PARTITION with no empty stage."""
+
+    def to_sizes(cuts: list[int]) -> tuple[int, ...]:
+        bounds = [0, *sorted(cuts), num_layers]
+        return tuple(b - a for a, b in itertools.pairwise(bounds))
+
+    cuts = st.lists(st.integers(1, num_layers - 1), min_size=pp_size - 1, max_size=pp_size - 1, unique=True)
+    return st.one_of(st.none(), cuts.map(to_sizes))
+
+
+@st.composite
+def serving_options(
+    draw: st.DrawFn,
+    model: ModelSpec,
+    *,
+    pp: bool = False,
+    speculative: bool | None = None,
+    caps: bool = True,
+) -> Serving:
+    """Serving for ``model``: KV dtype, page, parallelism, caps, disaggregation, speculation."""
+    options: dict[str, Any] = {
+        "kv_cache_dtype": draw(st.sampled_from(KV_DTYPES)),
+        "page_size": draw(st.sampled_from(PAGE_SIZES)),
+        **draw(parallel_options()),
+    }
+    if pp:
+        pp_size = draw(st.integers(2, min(4, model.num_layers)))
+        options["pp_size"] = pp_size
+        options["pp_layer_partition"] = draw(pp_partitions(model.num_layers, pp_size))
+    if draw(st.integers(0, 4)) == 0:
+        options["context_length"] = draw(st.integers(16, 1 << 20))
+    if caps:
+        options["max_running_requests"] = draw(st.one_of(st.none(), log_integers(13)))
+        options["max_total_tokens"] = draw(st.one_of(st.none(), st.none(), log_integers(22)))
+    if draw(st.integers(0, 5)) == 0:
+        options["disaggregation_mode"] = draw(st.sampled_from(("prefill", "decode")))
+        options["disaggregation_decode_extra_slots"] = draw(st.integers(0, 64))
+    if speculative is not False:
+        options.update(draw(speculative_options(model, always=bool(speculative))))
+    return Serving(accounting="sglang", **options)

@@ -1,0 +1,45 @@
+"""A toy architecture: one latent vector of ``latent_dim`` bytes per token per layer.
+
+It shows the whole contract of an out-of-tree architecture plugin: claim the
+configs you recognise (``model_type: toy-latent``), describe their layers,
+and answer ``estimate_cell_size`` for them; the core sizes the pools.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvpools_core import CellPart, CellSize, LayerSpec, ModelSpec, Serving, hookimpl
+from kvpools_core.config import ConfigReader
+from kvpools_core.parallel import rank_layer_range
+
+MODEL_TYPE = "toy-latent"
+
+
+@hookimpl
+def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
+    reader = ConfigReader(config, source)
+    if reader.string("model_type") != MODEL_TYPE:
+        return None
+    latent = reader.integer("latent_dim")
+    layers = [
+        LayerSpec(index=i, kind="toy-latent", params={"latent_dim": latent})
+        for i in range(reader.integer("num_hidden_layers"))
+    ]
+    return ModelSpec(
+        name=source,
+        architecture="toy",
+        layers=layers,
+        context_len=reader.integer("max_position_embeddings"),
+        dtype="bfloat16",
+    )
+
+
+@hookimpl
+def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
+    if model.architecture != "toy":
+        return None
+    start, end = rank_layer_range(model, serving)
+    per_token = sum(layer.params["latent_dim"] for layer in model.layers[start:end])
+    return CellSize(parts=[CellPart("latent", per_token)], sglang_bytes_per_token=per_token, num_layers=end - start)
