@@ -2,8 +2,9 @@
 
 Recognises dense decoder configs (llama, mistral without a sliding window,
 qwen2/3 and their MoE variants, minimax_m2, mimo, ...); declines configs that
-have MLA latents, sliding windows or recurrent layers, which belong to other
-plugins.  Cell size follows SGLang's ``DefaultPoolConfigurator``: KV heads per
+have MLA latents, sliding windows, recurrent layers or a sparse-attention
+indexer (``sparse_attention_config``), which belong to other plugins.  Cell
+size follows SGLang's ``DefaultPoolConfigurator``: KV heads per
 rank × (head_dim + v_head_dim) × layers × element size, with the fp4 scale
 term; kvpools' exact figure also charges mxfp8 scales and DCP's head layout.
 """
@@ -54,6 +55,9 @@ _FOREIGN_MARKERS = (
     "hybrid_layer_pattern",
     "hybrid_override_pattern",
     "layers_block_type",
+    "sparse_attention_config",
+    "full_attention_interval",  # Qwen3-Next-style linear-attention hybrids (the mamba plugin)
+    "attn_layer_period",  # Jamba-style attention/Mamba interleaving (the mamba plugin)
 )
 
 PRESET_DIR = Path(__file__).parent / "presets"

@@ -1,0 +1,193 @@
+"""MiniMax sparse attention (MiniMax-M3): full K/V on every layer plus a lightning-indexer cache on sparse layers.
+
+Claims configs SGLang's ``is_minimax_sparse`` recognises (``architectures[0]``
+is ``MiniMaxM3SparseForCausalLM`` or ``MiniMaxM3SparseForConditionalGeneration``);
+the layer kinds come from ``sparse_attention_config`` (``text_config``'s,
+else the top level's): ``sparse_attention_freq`` marks sparse layers (0 =
+dense) and ``sparse_disable_index_value`` the sparse layers whose indexer
+keeps keys only.  As SGLang's ``MiniMaxSparseKVPool`` (mirrored by its
+configurator): a main pool with K and V of every layer (KV heads sharded by
+attention TP), and an indexer pool with one ``sparse_index_dim`` head in the
+model dtype — K and V on index-value layers, K only on the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kvpools_core import hookimpl
+from kvpools_core.config import ConfigReader, model_dtype
+from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
+from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Plan, Serving
+
+from ..mha import attention_cell_size
+
+ARCHITECTURE = "minimax_sparse"
+SPARSE_ARCHITECTURES = frozenset({"MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration"})
+DENSE = "attention"
+SPARSE = "sparse_attention"
+INDEX_POOL = "indexer"
+PRESET_DIR = Path(__file__).parent / "presets"
+
+_CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+
+
+@hookimpl
+def presets() -> dict[str, str]:
+    return {path.stem: str(path) for path in sorted(PRESET_DIR.glob("*.json"))}
+
+
+@hookimpl
+def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
+    outer = ConfigReader(config, source)
+    architectures = outer.string_list("architectures")
+    if not architectures or architectures[0] not in SPARSE_ARCHITECTURES:
+        return None
+    reader = outer.text()
+    sparse = _sparse_config(outer, reader)
+    num_layers = reader.integer("num_hidden_layers")
+    heads = reader.integer("num_attention_heads")
+    head_dim = reader.optional_integer("head_dim") or reader.integer("hidden_size") // heads
+    kv_heads = reader.integer("num_key_value_heads", heads)
+    index_dim = _integer(sparse, "sparse_index_dim", reader)
+    freq = _flags(sparse, "sparse_attention_freq", reader, required=True)
+    if len(freq) < num_layers:
+        raise reader.error(
+            "sparse_attention_config.sparse_attention_freq",
+            f"has {len(freq)} entries for {num_layers} layers",
+            "Give one flag per layer (0 = dense attention, 1 = sparse).",
+        )
+    k_only = _flags(sparse, "sparse_disable_index_value", reader, required=False)
+    layers = [
+        LayerSpec(
+            index=i,
+            kind=SPARSE if freq[i] else DENSE,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            v_head_dim=head_dim,
+            params=(
+                {"index_head_dim": index_dim, "index_value": not (i < len(k_only) and k_only[i])} if freq[i] else {}
+            ),
+        )
+        for i in range(num_layers)
+    ]
+    return ModelSpec(
+        name=source,
+        architecture=ARCHITECTURE,
+        layers=layers,
+        context_len=_context_len(reader),
+        dtype=model_dtype(reader) if reader.has("torch_dtype") or reader.has("dtype") else model_dtype(outer),
+        num_attention_heads=heads,
+        model_type=reader.string("model_type") or outer.string("model_type"),
+        hf_architectures=architectures,
+        source=source,
+        num_nextn_predict_layers=reader.integer("num_nextn_predict_layers", 0, minimum=0),
+        is_multimodal=reader is not outer,
+    )
+
+
+@hookimpl
+def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
+    if model.architecture != ARCHITECTURE:
+        return None
+    kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
+    dims = sorted({layer.head_dim for layer in model.layers})
+    if kv.scale_block is not None and any(d % kv.scale_block for d in dims):
+        return [
+            f"--kv-cache-dtype {kv.name} stores one scale per {kv.scale_block} values, but {model.name} has "
+            f"head dims {dims}. Use bf16, fp16 or fp8_e4m3."
+        ]
+    return []
+
+
+@hookimpl
+def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
+    if model.architecture != ARCHITECTURE:
+        return None
+    start, end = rank_layer_range(model, serving)
+    layers = model.layers[start:end]
+    cell = sparse_cell_size(layers, model, serving)
+    last = sparse_cell_size(model.layers[-1:], model, serving)
+    # The draft (MiniMax-M3's MTP module) is charged as layers shaped like the target's last layer.
+    return CellSize(
+        parts=cell.parts,
+        sglang_bytes_per_token=max(cell.sglang_bytes_per_token, 1),
+        num_layers=len(layers),
+        draft_layer_parts=last.parts,
+    )
+
+
+@hookimpl
+def build_pool(plan: Plan, device: str) -> Any | None:
+    if plan.model.architecture != ARCHITECTURE:
+        return None
+    from .pool import MiniMaxSparseKVPool
+
+    return MiniMaxSparseKVPool.from_plan(plan, device)
+
+
+def sparse_cell_size(layers: tuple[LayerSpec, ...], model: ModelSpec, serving: Serving) -> CellSize:
+    """Main K/V of every layer plus the indexer's keys (and values) on sparse layers.
+
+    SGLang's figure: ``layers × 2 × kv_heads × head_dim × kv_size`` plus
+    ``(2 × index-value layers + key-only layers) × sparse_index_dim × model
+    dtype size``, with no fp4 scale term; kvpools' parts also charge fp4/mxfp8
+    scales and DCP's head layout (as the MHA pool stores them).
+    """
+    kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
+    main = attention_cell_size(layers, model, serving) if layers else None
+    sglang = sum(
+        2 * kv_heads_per_rank(layer.num_kv_heads, serving.attn_tp_size) * layer.head_dim * kv.element_bytes
+        for layer in layers
+    )
+    index_k = index_v = 0
+    for layer in layers:
+        if layer.kind == SPARSE:
+            row = int(layer.params["index_head_dim"]) * model.dtype_bytes
+            index_k += row
+            index_v += row if layer.params["index_value"] else 0
+    parts = list(main.parts) if main is not None else []
+    if index_k:
+        parts.append(CellPart("index_k", index_k, INDEX_POOL))
+    if index_v:
+        parts.append(CellPart("index_v", index_v, INDEX_POOL))
+    return CellSize(parts=parts, sglang_bytes_per_token=max(sglang + index_k + index_v, 1), num_layers=len(layers))
+
+
+def _sparse_config(outer: ConfigReader, reader: ConfigReader) -> Mapping[str, Any]:
+    """``get_minimax_sparse_attention_config``: the text config's, else the top level's."""
+    for candidate in (reader, outer):
+        found = candidate.get("sparse_attention_config")
+        if isinstance(found, Mapping):
+            return found
+    raise reader.error(
+        "sparse_attention_config",
+        "is missing",
+        "A MiniMax-M3 sparse model needs it (sparse_attention_freq, sparse_index_dim, ...); check the config.",
+    )
+
+
+def _flags(sparse: Mapping[str, Any], key: str, reader: ConfigReader, *, required: bool) -> list[int]:
+    value = sparse.get(key)
+    if value is None and not required:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
+        raise reader.error(f"sparse_attention_config.{key}", f"must be a list of integers, got {value!r}", "Fix it.")
+    return value
+
+
+def _integer(sparse: Mapping[str, Any], key: str, reader: ConfigReader) -> int:
+    value = sparse.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise reader.error(f"sparse_attention_config.{key}", f"must be a positive integer, got {value!r}", "Fix it.")
+    return value
+
+
+def _context_len(reader: ConfigReader) -> int:
+    for key in _CONTEXT_KEYS:
+        if reader.has(key):
+            return reader.integer(key)
+    raise reader.error("max_position_embeddings", "is missing", "Add it to the config or pass --context-length.")

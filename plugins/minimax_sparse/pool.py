@@ -1,0 +1,232 @@
+"""The MiniMax sparse KV pool: SGLang's ``MiniMaxSparseKVPool`` built from a plan.
+
+A main pool (:class:`~kvpools_core.pools.kv.LayerKV`) holds K and V of every
+layer of this rank's stage, ``(size + page_size, kv_heads, head_dim)`` each in
+the KV dtype; the indexer pool holds, per sparse layer, one
+``(size + page_size, 1, sparse_index_dim)`` key buffer in the model dtype and,
+on index-value layers, a value buffer of the same shape.  Layers are
+addressed by global id.  A speculative plan's draft gets its own pool
+(``.draft``), layers shaped like the target's last layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+
+from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
+from kvpools_core.pools.kv import LayerGeometry, LayerKV, allocate, check_planned_bytes, tensor_nbytes
+from kvpools_core.pools.quant import KVCodec, codec_for
+from kvpools_core.values import LayerSpec, Plan, Serving
+
+from . import INDEX_POOL, SPARSE
+
+__all__ = ["MiniMaxSparseKVPool"]
+
+MAIN_POOL = "kv"
+DRAFT_POOL = "draft_kv"
+DRAFT_INDEX_POOL = f"draft_{INDEX_POOL}"
+
+
+class MiniMaxSparseKVPool:
+    """Main K/V of every layer and the indexer cache of the sparse layers of one rank."""
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        layers: list[LayerSpec],
+        start_layer: int,
+        serving: Serving,
+        codec: KVCodec,
+        device: str | torch.device,
+        model_dtype: torch.dtype,
+        names: tuple[str, str] = (MAIN_POOL, INDEX_POOL),
+        draft: MiniMaxSparseKVPool | None = None,
+    ) -> None:
+        self.size = size
+        self.page_size = page_size
+        self.name, self.index_name = names
+        self.draft = draft
+        self.model_dtype = model_dtype
+        rows = size + page_size
+        self.main = LayerKV(
+            rows=rows,
+            layers=main_geometry(layers, serving),
+            start_layer=start_layer,
+            codec=codec,
+            device=device,
+            read_dtype=model_dtype,
+            name=self.name,
+        )
+        self.index_k_buffer: dict[int, Tensor] = {}
+        self.index_v_buffer: dict[int, Tensor] = {}
+        for offset, layer in enumerate(layers):
+            if layer.kind != SPARSE:
+                continue
+            shape = (rows, 1, int(layer.params["index_head_dim"]))
+            self.index_k_buffer[start_layer + offset] = allocate(shape, model_dtype, device)
+            if layer.params["index_value"]:
+                self.index_v_buffer[start_layer + offset] = allocate(shape, model_dtype, device)
+        self.device = self.main.device
+
+    @classmethod
+    def from_plan(cls, plan: Plan, device: str | torch.device) -> MiniMaxSparseKVPool:
+        """The pool (and its draft pool) of a plan; refuses, before allocating, bytes the plan did not charge."""
+        model, serving = plan.model, plan.serving
+        codec = codec_for(resolve_kv_dtype(serving.kv_cache_dtype, model.dtype))
+        model_dtype = getattr(torch, model.dtype)
+        start, end = rank_layer_range(model, serving)
+        size, page = plan.max_total_num_tokens, serving.page_size
+        layers = list(model.layers[start:end])
+        _check(plan, (MAIN_POOL, INDEX_POOL), layers, serving, codec, size + page)
+        draft = None
+        if any(p.name == DRAFT_POOL for p in plan.pools):
+            draft_layers = [model.layers[-1]] * (serving.speculative_draft_num_layers or 0)
+            _check(plan, (DRAFT_POOL, DRAFT_INDEX_POOL), draft_layers, serving, codec, size + page)
+            draft = cls(
+                size=size,
+                page_size=page,
+                layers=draft_layers,
+                start_layer=0,
+                serving=serving,
+                codec=codec,
+                device=device,
+                model_dtype=model_dtype,
+                names=(DRAFT_POOL, DRAFT_INDEX_POOL),
+            )
+        return cls(
+            size=size,
+            page_size=page,
+            layers=layers,
+            start_layer=start,
+            serving=serving,
+            codec=codec,
+            device=device,
+            model_dtype=model_dtype,
+            draft=draft,
+        )
+
+    # -- what it is ----------------------------------------------------------
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.main.codec.dtype
+
+    @property
+    def start_layer(self) -> int:
+        return self.main.start_layer
+
+    @property
+    def end_layer(self) -> int:
+        return self.main.end_layer
+
+    @property
+    def layer_num(self) -> int:
+        return self.main.layer_num
+
+    @property
+    def sparse_layer_ids(self) -> list[int]:
+        return sorted(self.index_k_buffer)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.nbytes_by_pool().values())
+
+    def nbytes_by_pool(self) -> dict[str, int]:
+        """Measured bytes per plan pool name: ``kv``, ``indexer`` (if any sparse layer) and the draft's."""
+        measured = {self.name: self.main.nbytes}
+        if self.index_k_buffer:
+            measured[self.index_name] = tensor_nbytes(
+                list(self.index_k_buffer.values()), list(self.index_v_buffer.values())
+            )
+        if self.draft is not None:
+            measured.update(self.draft.nbytes_by_pool())
+        return measured
+
+    # -- main K/V ------------------------------------------------------------
+
+    def get_key_buffer(self, layer_id: int) -> Tensor:
+        return self.main.get_key_buffer(layer_id)
+
+    def get_value_buffer(self, layer_id: int) -> Tensor:
+        return self.main.get_value_buffer(layer_id)
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[Tensor, Tensor]:
+        return self.main.get_key_buffer(layer_id), self.main.get_value_buffer(layer_id)
+
+    def set_kv_buffer(self, layer_id: int, loc: Tensor, cache_k: Tensor, cache_v: Tensor) -> None:
+        self.main.set_kv_buffer(layer_id, loc, cache_k, cache_v)
+
+    def get_kv(self, layer_id: int, loc: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+        return self.main.get_kv(layer_id, loc, dtype)
+
+    # -- indexer -------------------------------------------------------------
+
+    def get_index_k_buffer(self, layer_id: int) -> Tensor:
+        return self._index(self.index_k_buffer, layer_id, "keys")
+
+    def get_index_v_buffer(self, layer_id: int) -> Tensor:
+        return self._index(self.index_v_buffer, layer_id, "values")
+
+    def set_index_kv(self, layer_id: int, loc: Tensor, index_k: Tensor, index_v: Tensor | None = None) -> None:
+        """Store ``(len(loc), 1, sparse_index_dim)`` index keys (and values on index-value layers)."""
+        self.get_index_k_buffer(layer_id)[loc] = index_k.to(self.model_dtype)
+        if index_v is not None:
+            self.get_index_v_buffer(layer_id)[loc] = index_v.to(self.model_dtype)
+        elif layer_id in self.index_v_buffer:
+            raise ValueError(f"Layer {layer_id} caches index values too: pass index_v.")
+
+    def _index(self, buffers: Mapping[int, Tensor], layer_id: int, what: str) -> Tensor:
+        if layer_id not in buffers:
+            raise IndexError(
+                f"Layer {layer_id} has no indexer {what} in the {self.index_name!r} pool: it holds "
+                f"{what} of layers {sorted(buffers)} (sparse layers of [{self.start_layer}, {self.end_layer}))."
+            )
+        return buffers[layer_id]
+
+    def __repr__(self) -> str:
+        draft = f", draft={self.draft.layer_num} layers" if self.draft is not None else ""
+        return (
+            f"MiniMaxSparseKVPool(size={self.size}, page_size={self.page_size}, dtype={self.dtype}, "
+            f"layers=[{self.start_layer}, {self.end_layer}), sparse={len(self.index_k_buffer)}, "
+            f"device={self.device}{draft})"
+        )
+
+
+def main_geometry(layers: list[LayerSpec], serving: Serving) -> list[LayerGeometry]:
+    """KV heads this rank stores (attention TP, DCP keeps more heads), K and V head dims."""
+    return [
+        LayerGeometry(
+            heads=kv_heads_per_rank(layer.num_kv_heads, serving.attn_tp_size, serving.dcp_size),
+            head_dim=layer.head_dim,
+            v_head_dim=layer.v_head_dim,
+        )
+        for layer in layers
+    ]
+
+
+def _check(
+    plan: Plan, names: tuple[str, str], layers: list[LayerSpec], serving: Serving, codec: KVCodec, rows: int
+) -> None:
+    main, index = names
+    check_planned_bytes(
+        main,
+        LayerKV.planned_nbytes(rows, main_geometry(layers, serving), codec),
+        plan.pool(main).bytes,
+        f"{len(layers)} layer(s), {rows} rows",
+    )
+    item = torch.empty((), dtype=getattr(torch, plan.model.dtype)).element_size()
+    index_bytes = sum(
+        rows * int(layer.params["index_head_dim"]) * item * (2 if layer.params["index_value"] else 1)
+        for layer in layers
+        if layer.kind == SPARSE
+    )
+    if index_bytes or any(p.name == index for p in plan.pools):
+        check_planned_bytes(
+            index, index_bytes, plan.pool(index).bytes, f"indexer of {len(layers)} layer(s), {rows} rows"
+        )

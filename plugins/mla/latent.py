@@ -1,0 +1,121 @@
+"""How one MLA layer stores one token, and what SGLang charges for it.
+
+An MLA layer caches one row per token shared by every attention head (so TP
+never shards it): the ``kv_lora_rank`` latent and the ``qk_rope_head_dim``
+rope key.  The row's bytes depend on the KV dtype:
+
+* bf16 / fp16 / fp32, fp8 (raw): ``(R + r) × element`` — SGLang's
+  ``MLATokenToKVPool``;
+* fp4: ``(R + r) / 2`` packed bytes plus one scale byte per 16 values —
+  ``MLATokenToKVPoolFP4``;
+* DSA's packed fp8 row (FlashMLA's layout, ``calculate_mla_kv_cache_dim``):
+  the latent in fp8, one fp32 scale per 128 latent values, the rope in bf16 —
+  ``R + R/128 × 4 + r × 2`` bytes (656 for DeepSeek-V3.2).
+
+SGLang's configurator (``DefaultPoolConfigurator._compute_cell_size``) always
+charges ``(R + r) × element`` per layer (fp4: halved plus the scale term),
+even for the packed row: :func:`sglang_latent_cell` keeps that figure beside
+the bytes really stored.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from kvpools_core.dtypes import KVDtype
+from kvpools_core.values import CellPart
+
+from .config import MLADims
+
+FP8_BLOCK = 128
+"""Latent values sharing one fp32 scale in DSA's packed fp8 row (``DSATokenToKVPool.quant_block_size``)."""
+FP4_BLOCK = 16
+"""Values sharing one scale byte in the fp4 row."""
+SCALE_BYTES = 4  # fp32 scales of the packed fp8 row
+ROPE_BYTES = 2  # the packed row keeps the rope in bf16 (DSATokenToKVPool.rope_storage_dtype)
+
+
+@attrs.frozen
+class LatentRow:
+    """The bytes one token takes in one MLA layer, by part, for one KV dtype and layout."""
+
+    dims: MLADims
+    kv: KVDtype
+    packed_fp8: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.packed_fp8 and self.kv.name != "fp8_e4m3":
+            raise ValueError(f"the packed fp8 MLA row stores fp8_e4m3, not {self.kv.name}")
+
+    @property
+    def kv_cache_dim(self) -> int:
+        """SGLang's ``kv_cache_dim``: the row length in KV-dtype elements (bytes for the packed row)."""
+        if self.packed_fp8:
+            return self.dims.kv_lora_rank + self.num_scales * SCALE_BYTES + self.dims.qk_rope_head_dim * ROPE_BYTES
+        return self.dims.kv_cache_dim
+
+    @property
+    def num_scales(self) -> int:
+        """Scales per row: fp32 per 128 latent values (packed fp8), bytes per 16 values (fp4), else 0."""
+        if self.packed_fp8:
+            return self.dims.kv_lora_rank // FP8_BLOCK
+        if self.kv.is_fp4:
+            return self.dims.kv_cache_dim // FP4_BLOCK
+        return 0
+
+    def parts(self) -> tuple[tuple[str, int], ...]:
+        """``(name, bytes)`` of one row: the latent, its scales (if any) and the rope key."""
+        rank, rope = self.dims.kv_lora_rank, self.dims.qk_rope_head_dim
+        if self.packed_fp8:
+            return ("latent", rank), ("latent_scale", self.num_scales * SCALE_BYTES), ("rope", rope * ROPE_BYTES)
+        if self.kv.is_fp4:  # one packed row of (R + r) / 2 bytes, then its scales
+            packed = self.dims.kv_cache_dim // 2
+            return ("latent", packed - rope // 2), ("rope", rope // 2), ("scale", self.num_scales)
+        e = self.kv.element_bytes
+        return ("latent", rank * e), ("rope", rope * e)
+
+    @property
+    def row_bytes(self) -> int:
+        return sum(size for _name, size in self.parts())
+
+    def cell_parts(self, num_layers: int, pool: str = "kv", extra_slots: int = 0) -> list[CellPart]:
+        """The row's parts over ``num_layers`` layers, as cell parts of ``pool``."""
+        return [CellPart(name, size * num_layers, pool, extra_slots) for name, size in self.parts()]
+
+
+def sglang_latent_cell(dims: MLADims, kv: KVDtype, num_layers: int) -> int:
+    """SGLang's MLA cell over ``num_layers`` layers: ``(R + r) × L × e``; fp4 halves it and adds the scale term."""
+    cell = dims.kv_cache_dim * num_layers * kv.element_bytes
+    if kv.is_fp4:
+        cell = cell // 2 + dims.kv_cache_dim // FP4_BLOCK * num_layers * kv.element_bytes
+    return cell
+
+
+def latent_dtype_problems(dims: MLADims, kv: KVDtype, model_name: str) -> list[str]:
+    """KV dtypes an MLA row cannot hold for these dims, with the supported alternatives."""
+    if kv.name == "mxfp8":
+        return [
+            f"--kv-cache-dtype mxfp8 is not supported for MLA models ({model_name}): SGLang's MLA pools have no "
+            f"mxfp8 layout. Use auto, bf16, fp16, fp8_e4m3, fp8_e5m2 or fp4_e2m1."
+        ]
+    if kv.is_fp4 and dims.kv_cache_dim % FP4_BLOCK:
+        return [
+            f"--kv-cache-dtype fp4_e2m1 stores one scale per {FP4_BLOCK} values, but {model_name}'s MLA row "
+            f"(kv_lora_rank + qk_rope_head_dim = {dims.kv_cache_dim}) is not a multiple of {FP4_BLOCK}. "
+            f"Use bf16, fp16 or fp8_e4m3."
+        ]
+    return []
+
+
+CPU_FP8_MLA_MESSAGE = "CPU FP8 KV cache is only supported for MHA."
+"""SGLang's ``KVCacheConfigurator.configure`` error for fp8 MLA KV on the CPU platform."""
+
+
+def platform_problems(kv: KVDtype, platform: str, model_name: str) -> list[str]:
+    """SGLang rejects fp8 MLA (and DSA) KV on the CPU before allocating anything."""
+    if platform == "cpu" and kv.name == "fp8_e4m3":
+        return [
+            f"{CPU_FP8_MLA_MESSAGE} {model_name} caches an MLA latent: on the CPU platform use "
+            f"--kv-cache-dtype auto, bf16, fp16 or fp32 (or plan for --platform cuda, where fp8_e4m3 works)."
+        ]
+    return []

@@ -1,0 +1,361 @@
+"""The MLA KV pool: SGLang's ``MLATokenToKVPool`` / ``MLATokenToKVPoolFP4`` built from a plan.
+
+Per layer of this rank's pipeline stage one buffer of ``(size + page_size, 1,
+kv_cache_dim)`` rows (the first page pads: CUDA-graph dummy tokens write
+there), addressed by the model's global layer id.  fp8 is stored as uint8;
+fp4 as packed pairs ``(rows, 1, dim / 2)`` plus a ``(rows, dim / 16)`` scale
+buffer; DSA's packed fp8 row keeps the latent in fp8 with fp32 block scales
+and the rope in bf16 (:func:`pack_fp8_rows`).  A speculative plan's draft
+model gets its own pool (``.draft``) of the same row, with its own padding page.
+
+Under DSA's cache layer split a rank owns only some layers: the others get
+0-row placeholders and reads of them go through one ``remote`` scratch buffer,
+which SGLang fills by broadcast from the owning rank.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.parallel import rank_layer_range
+from kvpools_core.pools.kv import allocate, check_planned_bytes, tensor_nbytes
+from kvpools_core.pools.quant import KVCodec, codec_for, fp8_quantize
+from kvpools_core.values import Plan
+
+from .config import MLADims
+from .latent import FP8_BLOCK, LatentRow
+
+__all__ = [
+    "DRAFT_POOL",
+    "MAIN_POOL",
+    "MLATokenToKVPool",
+    "check_latent_bytes",
+    "draft_num_layers",
+    "pack_fp8_rows",
+    "quantize_fp8_blocks",
+    "unpack_fp8_rows",
+]
+
+MAIN_POOL = "kv"
+DRAFT_POOL = "draft_kv"
+_E4M3_MAX = 448.0
+
+
+class MLATokenToKVPool:
+    """The latent rows of every MLA layer of one rank, indexed by token slot and global layer id."""
+
+    def __init__(
+        self,
+        *,
+        size: int,
+        page_size: int,
+        row: LatentRow,
+        start_layer: int,
+        num_layers: int,
+        device: str | torch.device,
+        model_dtype: torch.dtype,
+        name: str = MAIN_POOL,
+        owned: range | None = None,
+        draft: MLATokenToKVPool | None = None,
+    ) -> None:
+        self.size = size
+        self.page_size = page_size
+        self.row = row
+        self.name = name
+        self.start_layer = start_layer
+        self.end_layer = start_layer + num_layers
+        self.owned = owned
+        self.model_dtype = model_dtype
+        self.draft = draft
+        self.codec: KVCodec | None = None if row.packed_fp8 else codec_for(row.kv)
+        rows = size + page_size
+        data_shape, scale_shape = self._shapes(rows)
+        self.kv_buffer = [
+            allocate(data_shape if self.is_owned(layer) else (0, *data_shape[1:]), self.store_dtype, device)
+            for layer in range(self.start_layer, self.end_layer)
+        ]
+        self.kv_scale_buffer = [
+            allocate(scale_shape if self.is_owned(layer) else (0, *scale_shape[1:]), torch.uint8, device)
+            for layer in range(self.start_layer, self.end_layer)
+            if scale_shape is not None
+        ]
+        self.remote_kv_buffer = allocate(data_shape, self.store_dtype, device) if owned is not None else None
+        self.remote_kv_scale_buffer = (
+            allocate(scale_shape, torch.uint8, device) if owned is not None and scale_shape is not None else None
+        )
+        self.device = torch.device(device) if not self.kv_buffer else self.kv_buffer[0].device
+
+    @classmethod
+    def from_plan(cls, plan: Plan, device: str | torch.device) -> MLATokenToKVPool:
+        """The pool (and its draft pool) of an MLA plan; refuses, before allocating, bytes the plan did not charge."""
+        from . import model_dims
+
+        serving = plan.serving
+        row = LatentRow(model_dims(plan.model), resolve_kv_dtype(serving.kv_cache_dtype, plan.model.dtype))
+        start, end = rank_layer_range(plan.model, serving)
+        size, page = plan.max_total_num_tokens, serving.page_size
+        rows = size + page
+        check_latent_bytes(plan, MAIN_POOL, row, rows, end - start)
+        model_dtype = getattr(torch, plan.model.dtype)
+
+        def make(first: int, num: int, name: str, draft: MLATokenToKVPool | None = None) -> MLATokenToKVPool:
+            return cls(
+                size=size,
+                page_size=page,
+                row=row,
+                start_layer=first,
+                num_layers=num,
+                device=device,
+                model_dtype=model_dtype,
+                name=name,
+                draft=draft,
+            )
+
+        draft = None
+        layers = draft_num_layers(plan)
+        if layers is not None:
+            check_latent_bytes(plan, DRAFT_POOL, row, rows, layers)
+            draft = make(0, layers, DRAFT_POOL)
+        return make(start, end - start, MAIN_POOL, draft)
+
+    @staticmethod
+    def planned_nbytes(rows: int, row: LatentRow, num_layers: int) -> int:
+        """Bytes of ``num_layers`` latent buffers of ``rows`` rows, from their shapes (nothing is allocated)."""
+        if row.packed_fp8:
+            return rows * row.kv_cache_dim * num_layers  # uint8
+        codec = codec_for(row.kv)
+        item = torch.empty((), dtype=codec.store_dtype).element_size()
+        dim = row.dims.kv_cache_dim
+        data = math.prod(codec.data_shape(rows, 1, dim)) * item
+        scale = codec.scale_shape(rows, 1, dim)
+        return (data + (math.prod(scale) if scale is not None else 0)) * num_layers
+
+    # -- what it is ----------------------------------------------------------
+
+    @property
+    def dims(self) -> MLADims:
+        return self.row.dims
+
+    @property
+    def kv_lora_rank(self) -> int:
+        return self.row.dims.kv_lora_rank
+
+    @property
+    def qk_rope_head_dim(self) -> int:
+        return self.row.dims.qk_rope_head_dim
+
+    @property
+    def kv_cache_dim(self) -> int:
+        return self.row.kv_cache_dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The KV dtype (``torch.bfloat16``, ``torch.float8_e4m3fn``, ``torch.float4_e2m1fn_x2``, ...)."""
+        return torch.float8_e4m3fn if self.codec is None else self.codec.dtype
+
+    @property
+    def store_dtype(self) -> torch.dtype:
+        return torch.uint8 if self.codec is None else self.codec.store_dtype
+
+    @property
+    def layer_num(self) -> int:
+        return self.end_layer - self.start_layer
+
+    def is_owned(self, layer_id: int) -> bool:
+        """Whether this rank stores ``layer_id`` (always, unless the cache layer split is on)."""
+        return self.owned is None or layer_id in self.owned
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every tensor held, the draft pool's included, measured from the tensors."""
+        return sum(self.nbytes_by_pool().values())
+
+    def nbytes_by_pool(self) -> dict[str, int]:
+        """Measured bytes per plan pool name: ``kv`` and, with a draft, ``draft_kv``."""
+        measured = self._own_nbytes_by_pool()
+        if self.draft is not None:
+            measured.update(self.draft.nbytes_by_pool())
+        return measured
+
+    def get_kv_size_bytes(self) -> int:
+        """Bytes of this pool's buffers (draft excluded), as SGLang's ``get_kv_size_bytes``."""
+        return sum(self._own_nbytes_by_pool().values())
+
+    def latent_nbytes(self) -> int:
+        """Bytes of the latent buffers: rows, scales and the remote scratch."""
+        remote = [t for t in (self.remote_kv_buffer, self.remote_kv_scale_buffer) if t is not None]
+        return tensor_nbytes(self.kv_buffer, self.kv_scale_buffer, remote)
+
+    def _own_nbytes_by_pool(self) -> dict[str, int]:
+        return {self.name: self.latent_nbytes()}
+
+    # -- buffers ---------------------------------------------------------------
+
+    def get_key_buffer(self, layer_id: int) -> Tensor:
+        """Layer ``layer_id``'s rows as kernels read them (fp8 views of uint8; packed uint8 for fp4)."""
+        return self._view(self._data(layer_id))
+
+    def get_value_buffer(self, layer_id: int) -> Tensor:
+        """The latent part of the rows (``[..., :kv_lora_rank]``; packed fp4: its bytes)."""
+        width = self.kv_lora_rank // 2 if self.row.kv.is_fp4 else self.kv_lora_rank
+        return self.get_key_buffer(layer_id)[..., :width]
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[Tensor, Tensor]:
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    def get_scale_buffer(self, layer_id: int) -> Tensor:
+        """fp4: the ``(rows, kv_cache_dim // 16)`` e4m3 scale bytes of the layer."""
+        if not self.kv_scale_buffer:
+            raise ValueError(f"The {self.name!r} pool stores {self.row.kv.name} rows without a scale buffer.")
+        index = self.local(layer_id)
+        if not self.is_owned(layer_id):
+            assert self.remote_kv_scale_buffer is not None
+            return self.remote_kv_scale_buffer
+        return self.kv_scale_buffer[index]
+
+    # -- writes and reads ----------------------------------------------------
+
+    def set_kv_buffer(self, layer_id: int, loc: Tensor, cache_k: Tensor, cache_v: Tensor | None = None) -> None:
+        """Store whole rows ``(len(loc), 1, kv_lora_rank + qk_rope_head_dim)``; ``cache_v`` is ignored.
+
+        MLA's V is the latent part of K, as SGLang's ``MLATokenToKVPool.set_kv_buffer``.
+        """
+        index = self.local(layer_id)
+        if self.codec is None:
+            raise ValueError(
+                f"The {self.name!r} pool stores DSA's packed fp8 row: write latent and rope separately with "
+                f"set_mla_kv_buffer(layer_id, loc, k_nope, k_rope)."
+            )
+        self._check_shape(layer_id, "K", cache_k, loc, self.dims.kv_cache_dim)
+        if not self.is_owned(layer_id):
+            return  # another CP rank owns this layer
+        data, scale = self.codec.encode(cache_k)
+        self.kv_buffer[index][loc] = data
+        if scale is not None:
+            self.kv_scale_buffer[index][loc] = scale
+
+    def set_mla_kv_buffer(self, layer_id: int, loc: Tensor, k_nope: Tensor, k_rope: Tensor) -> None:
+        """Store the latent ``(n, 1, kv_lora_rank)`` and rope ``(n, 1, qk_rope_head_dim)`` parts of ``n`` rows."""
+        self._check_shape(layer_id, "k_nope", k_nope, loc, self.kv_lora_rank)
+        self._check_shape(layer_id, "k_rope", k_rope, loc, self.qk_rope_head_dim)
+        if self.codec is not None:
+            self.set_kv_buffer(layer_id, loc, torch.cat((k_nope, k_rope.to(k_nope.dtype)), dim=-1))
+            return
+        index = self.local(layer_id)
+        if self.is_owned(layer_id):
+            self.kv_buffer[index][loc] = pack_fp8_rows(k_nope, k_rope)
+
+    def get_mla_kv(self, layer_id: int, loc: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+        """The latent and rope parts at slots ``loc``, dequantised to ``dtype`` (default: the model dtype)."""
+        out = dtype or self.model_dtype
+        data = self._data(layer_id)[loc]
+        if self.codec is None:
+            return unpack_fp8_rows(data, self.dims, out)
+        scale = self.get_scale_buffer(layer_id)[loc] if self.kv_scale_buffer else None
+        rows = self.codec.decode(data, scale, out)
+        return rows[..., : self.kv_lora_rank], rows[..., self.kv_lora_rank :]
+
+    # -- helpers -------------------------------------------------------------
+
+    def local(self, layer_id: int) -> int:
+        """Index of a global layer id in this pool's buffers; a clear error for a layer held elsewhere."""
+        index = layer_id - self.start_layer
+        if not 0 <= index < self.layer_num:
+            raise IndexError(
+                f"Layer {layer_id} is not in the {self.name!r} pool: it holds layers "
+                f"[{self.start_layer}, {self.end_layer}) (global ids; another pipeline stage holds the rest)."
+            )
+        return index
+
+    def _data(self, layer_id: int) -> Tensor:
+        index = self.local(layer_id)
+        if not self.is_owned(layer_id):
+            assert self.remote_kv_buffer is not None
+            return self.remote_kv_buffer  # SGLang broadcasts the owner's rows into it before reading
+        return self.kv_buffer[index]
+
+    def _view(self, data: Tensor) -> Tensor:
+        return data.view(torch.float8_e4m3fn) if self.codec is None else self.codec.view(data)
+
+    def _shapes(self, rows: int) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+        if self.codec is None:
+            return (rows, 1, self.row.kv_cache_dim), None
+        dim = self.dims.kv_cache_dim
+        return self.codec.data_shape(rows, 1, dim), self.codec.scale_shape(rows, 1, dim)
+
+    def _check_shape(self, layer_id: int, what: str, value: Tensor, loc: Tensor, dim: int) -> None:
+        n = loc.shape[0]
+        if tuple(value.shape) != (n, 1, dim):
+            raise ValueError(
+                f"set_kv_buffer(layer {layer_id}): {what} has shape {tuple(value.shape)}, "
+                f"expected ({n}, 1, {dim}) for {n} slot(s)."
+            )
+
+    def __repr__(self) -> str:
+        draft = f", draft={self.draft.layer_num} layers" if self.draft is not None else ""
+        split = f", owned={self.owned.start}..{self.owned.stop - 1}" if self.owned is not None else ""
+        return (
+            f"{type(self).__name__}(size={self.size}, page_size={self.page_size}, kv={self.row.kv.name}, "
+            f"row={self.row.row_bytes} B, layers=[{self.start_layer}, {self.end_layer}){split}, "
+            f"device={self.device}{draft})"
+        )
+
+
+def draft_num_layers(plan: Plan) -> int | None:
+    """The draft model's layers when the plan has a draft KV pool, else None."""
+    if not any(p.name == DRAFT_POOL for p in plan.pools):
+        return None
+    return plan.serving.speculative_draft_num_layers or 0
+
+
+def check_latent_bytes(plan: Plan, pool: str, row: LatentRow, rows: int, num_layers: int) -> None:
+    """Refuse to build latent buffers whose bytes differ from the plan's ``pool``."""
+    check_planned_bytes(
+        pool,
+        MLATokenToKVPool.planned_nbytes(rows, row, num_layers),
+        plan.pool(pool).bytes,
+        f"{num_layers} layer(s) of {row.row_bytes} B rows ({row.kv.name}), {rows} rows",
+    )
+
+
+def pack_fp8_rows(k_nope: Tensor, k_rope: Tensor) -> Tensor:
+    """DSA's packed fp8 rows ``(n, 1, R + R/128*4 + r*2)`` uint8: fp8 latent, fp32 block scales, bf16 rope.
+
+    Each block of 128 latent values is divided by ``amax / 448`` (its fp32
+    scale, 1 for an all-zero block) and saturated to e4m3, as FlashMLA's
+    ``quantize_k_cache`` does.
+    """
+    n, _one, rank = k_nope.shape
+    latent, scale = quantize_fp8_blocks(k_nope.reshape(n, rank))
+    rope = k_rope.reshape(n, -1).to(torch.bfloat16).contiguous().view(torch.uint8)
+    return torch.cat((latent.view(torch.uint8), scale.view(torch.uint8), rope), dim=-1).reshape(n, 1, -1)
+
+
+def quantize_fp8_blocks(x: Tensor, block: int = FP8_BLOCK) -> tuple[Tensor, Tensor]:
+    """``(n, dim)`` → e4m3 values ``(n, dim)`` and one fp32 scale per ``block`` values ``(n, dim // block)``.
+
+    The scale is the block's ``amax / 448`` (1 for an all-zero block), so no value saturates.
+    """
+    n, dim = x.shape
+    blocks = x.float().reshape(n, dim // block, block)
+    scale = blocks.abs().amax(-1) / _E4M3_MAX
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    values = fp8_quantize(blocks / scale.unsqueeze(-1), torch.float8_e4m3fn).reshape(n, dim)
+    return values, scale.contiguous()
+
+
+def unpack_fp8_rows(rows: Tensor, dims: MLADims, out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Inverse of :func:`pack_fp8_rows`: ``(latent (n, 1, R), rope (n, 1, r))`` in ``out_dtype``."""
+    n = rows.shape[0]
+    flat = rows.reshape(n, -1)
+    rank, rope_dim = dims.kv_lora_rank, dims.qk_rope_head_dim
+    scales = rank // FP8_BLOCK
+    latent = flat[:, :rank].contiguous().view(torch.float8_e4m3fn).float().reshape(n, scales, FP8_BLOCK)
+    scale = flat[:, rank : rank + scales * 4].contiguous().view(torch.float32)
+    rope = flat[:, rank + scales * 4 :].contiguous().view(torch.bfloat16)
+    nope = (latent * scale.unsqueeze(-1)).reshape(n, 1, rank)
+    return nope.to(out_dtype), rope.reshape(n, 1, rope_dim).to(out_dtype)
