@@ -37,23 +37,25 @@ except ImportError:  # pragma: no cover - only when imported outside the harness
 
 
 def _import_allocators() -> Any:
-    """``kvpools_core.allocators`` -- it needs only torch.
+    """``kvpools_core.allocators``, which needs only torch.
 
-    Falls back to this checkout when kvpools is not installed, and to loading
-    the subpackage without ``kvpools_core/__init__`` (which pulls in the
-    planner and its dependencies) when that import fails.
+    Falls back to this checkout when kvpools is not installed in the venv, and
+    to loading the subpackage without running ``kvpools_core/__init__`` (the
+    planner and its dependencies) when importing the whole package fails.
     """
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         import kvpools_core.allocators as mod
-    except ImportError:
+    except Exception:
         if root not in sys.path:
             sys.path.insert(0, root)
         for name in [m for m in sys.modules if m == "kvpools_core" or m.startswith("kvpools_core.")]:
             del sys.modules[name]
         try:
             import kvpools_core.allocators as mod
-        except ImportError:
+        except Exception:
+            for name in [m for m in sys.modules if m == "kvpools_core" or m.startswith("kvpools_core.")]:
+                del sys.modules[name]
             bare = types.ModuleType("kvpools_core")
             bare.__path__ = [os.path.join(root, "kvpools_core")]
             sys.modules["kvpools_core"] = bare

@@ -1,14 +1,14 @@
-"""Interleaved rounds of the shared trace replay: our allocators against their peers.
+"""Paired rounds of the shared trace replay: our allocators against their peers.
 
 ``bench_alloc.py`` replays each adapter ``--repeat`` times back to back, so a
 load change on a shared VM can favour whichever adapter ran in the quiet
-minute.  This driver replays every adapter once per round, in rotating order,
-and reports per adapter the median core times and, per pair, the median of
-the *per-round* ratio ours / faster peer (both measured minutes apart at
-most).  It uses the harness's own ``replay`` (same trace, scheduler and
-verification).
+minute.  In every round this driver replays each of our adapters right next
+to its peers (order alternating between rounds) and reports the median core
+times and, per pair, the median of the per-round ratio ours / faster peer,
+each measured seconds apart.  It uses the harness's own ``replay`` (same
+trace, scheduler and verification).
 
-usage (peers venv, repo root on PYTHONPATH; run_bench.sh --rounds N does this):
+usage (peers venv, repo root on PYTHONPATH; run_bench.sh does this, ROUNDS=N):
     python benchmarks/compare.py --bench-dir /work/shared/bench --rounds 5 --out results/compare.json
 """
 
@@ -54,40 +54,42 @@ def main(argv: list[str] | None = None) -> int:
     scenario = next(s for s in cfg["scenarios"] if s["name"] == args.scenario)
     trace = b.Trace(cfg, scenario)
 
+    # per round and per pair: ours and its peers back to back, order alternating by round
     core: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+    pair_core: dict[str, list[dict[str, float]]] = {n: [] for n in ours}
     for rnd in range(args.rounds):
-        shift = rnd % len(names)
-        for name in names[shift:] + names[:shift]:
-            res = b.replay(trace, b.ADAPTERS[name](trace.capacity_tokens))
-            if not res["verified"]:
-                print(f"{name}: verification FAILED: {res['errors']}", file=sys.stderr)
-                return 1
-            core[name].append((res["core_alloc_s"], res["core_free_s"]))
+        for name in ours:
+            group = [name, *PAIRS[name]]
+            measured: dict[str, float] = {}
+            for adapter in group if rnd % 2 == 0 else group[::-1]:
+                res = b.replay(trace, b.ADAPTERS[adapter](trace.capacity_tokens))
+                if not res["verified"]:
+                    print(f"{adapter}: verification FAILED: {res['errors']}", file=sys.stderr)
+                    return 1
+                measured[adapter] = res["core_alloc_s"] + res["core_free_s"]
+                if adapter == name or len(core[adapter]) <= rnd:
+                    core[adapter].append((res["core_alloc_s"], res["core_free_s"]))
+            pair_core[name].append(measured)
         print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr, flush=True)
 
-    def total(name: str, rnd: int) -> float:
-        alloc, free = core[name][rnd]
-        return alloc + free
-
-    print(f"### `{args.scenario}`: median of {args.rounds} interleaved rounds\n")
+    print(f"### `{args.scenario}`: median of {args.rounds} rounds\n")
     print("| adapter | core alloc s | core free s | core alloc+free s |")
     print("|---|---|---|---|")
     for name in names:
         a = statistics.median(x[0] for x in core[name])
         f = statistics.median(x[1] for x in core[name])
-        t = statistics.median(total(name, r) for r in range(args.rounds))
+        t = statistics.median(x[0] + x[1] for x in core[name])
         print(f"| {name} | {a:.4f} | {f:.4f} | {t:.4f} |")
     print("\n| ours | faster peer (per round) | ratio alloc+free, median [min, max] | target <= 0.5 |")
     print("|---|---|---|---|")
-    report: dict[str, Any] = {"rounds": args.rounds, "scenario": args.scenario, "core_s": core, "ratios": {}}
+    report: dict[str, Any] = {"rounds": args.rounds, "scenario": args.scenario, "core_s": core, "pairs": pair_core}
     for name in ours:
         ratios, peers_used = [], set()
-        for r in range(args.rounds):
-            peer = min(PAIRS[name], key=lambda p, r=r: total(p, r))
+        for measured in pair_core[name]:
+            peer = min(PAIRS[name], key=measured.__getitem__)
             peers_used.add(peer)
-            ratios.append(total(name, r) / total(peer, r))
+            ratios.append(measured[name] / measured[peer])
         med = statistics.median(ratios)
-        report["ratios"][name] = ratios
         print(
             f"| {name} | {' / '.join(sorted(peers_used))} | {med:.2f} [{min(ratios):.2f}, {max(ratios):.2f}] "
             f"| {'yes' if med <= 0.5 else 'NO'} |"

@@ -3,7 +3,7 @@
 #   usage: bash benchmarks/run_bench.sh [extra bench_alloc.py args, e.g. --repeat 5 --quick]
 # Env: KVPOOLS_PEERS_VENV (default /tmp/kvpools-peers-venv), KVPOOLS_BENCH_DIR (default
 # ../shared/bench next to the repo, else /work/shared/bench), ADAPTERS, SCENARIOS,
-# ROUNDS (default 5; 0 skips benchmarks/compare.py, the interleaved ours-vs-peer rounds).
+# ROUNDS (default 5; 0 skips benchmarks/compare.py, the paired ours-vs-peer rounds).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BENCH=${KVPOOLS_BENCH_DIR:-$ROOT/../shared/bench}
@@ -31,7 +31,7 @@ PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" "$BENCH/bench_a
     --adapters "$ADAPTERS" --scenarios "$SCENARIOS" \
     --out "$OUT/bench_alloc_$STAMP.json" "$@" 2>&1 | tee "$OUT/bench_alloc_$STAMP.log"
 "$VENV/bin/python" "$ROOT/benchmarks/summarize.py" "$OUT/bench_alloc_$STAMP.json" | tee "$OUT/summary_$STAMP.md"
-# 4. interleaved rounds: per-round ratios ours / faster peer, robust to load changes
+# 4. paired rounds: per-round ratios ours / faster peer, robust to load changes
 ROUNDS=${ROUNDS:-5}
 if (( ROUNDS > 0 )); then
     PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" "$ROOT/benchmarks/compare.py" \

@@ -34,10 +34,20 @@ class Pools:
         return int(self.req_to_token_pool.nbytes) + int(self.kv_pool.nbytes) + int(self.allocator.nbytes)
 
     def allocated_by_pool(self) -> dict[str, int]:
-        """Measured bytes per plan pool name (the KV pool reports its own sub-pools)."""
+        """Measured bytes per plan pool name.
+
+        The KV pool reports its own sub-pools; so does an allocator made of
+        several free lists (``nbytes_by_pool``), else it is the ``allocator`` pool,
+        and a request table that owns per-request state (SGLang's
+        ``HybridReqToTokenPool`` owns the mamba state pool), else it is ``req_to_token``.
+        """
         measured: dict[str, int] = dict(self.kv_pool.nbytes_by_pool())
-        measured["req_to_token"] = int(self.req_to_token_pool.nbytes)
-        measured["allocator"] = int(self.allocator.nbytes)
+        req_by_pool = getattr(self.req_to_token_pool, "nbytes_by_pool", None)
+        measured.update(
+            req_by_pool() if req_by_pool is not None else {"req_to_token": int(self.req_to_token_pool.nbytes)}
+        )
+        by_pool = getattr(self.allocator, "nbytes_by_pool", None)
+        measured.update(by_pool() if by_pool is not None else {"allocator": int(self.allocator.nbytes)})
         return measured
 
 

@@ -68,10 +68,6 @@ def build_req_to_token_pool(plan: Any, device: str) -> Any:
 
 @hookimpl(trylast=True)
 def build_allocator(plan: Any, pool: Any, device: str) -> Any:
-    from kvpools_core.sizing import default_allocator_class
+    from kvpools_core.allocators import allocator_for_plan
 
-    cls = default_allocator_class(plan.serving.page_size)
-    need_sort = plan.serving.disaggregation_mode in ("prefill", "decode")
-    if plan.serving.page_size == 1:
-        return cls(plan.max_total_num_tokens, device=device, need_sort=need_sort)
-    return cls(plan.max_total_num_tokens, plan.serving.page_size, device=device, need_sort=need_sort)
+    return allocator_for_plan(plan, device)

@@ -66,7 +66,7 @@ def profile_budget(
     pre_gb = pre_model_load_bytes / GiB
     slack_gb = pre_gb * (1 - mem_fraction_static)
     reserved_gb = reserved_bytes / GiB
-    rest_gb = available_gb - slack_gb - reserved_gb
+    rest_gb = _rest_gib(free_bytes, weights_bytes, pre_model_load_bytes, mem_fraction_static, reserved_bytes)
     if rest_gb <= 0:
         minimum = 1 - available_gb / pre_gb if pre_gb > 0 else 1.0
         suggested = math.ceil(minimum * 1000) / 1000
@@ -98,6 +98,30 @@ def profile_budget(
         reserved_bytes=reserved_bytes,
         steps=steps,
     )
+
+
+def sglang_rest_gib(budget: Budget) -> float:
+    """SGLang's ``rest_memory`` behind a budget: float GiB, before ``int(rest * (1 << 30))`` makes it bytes.
+
+    A plugin that carves its own share out of the budget before the KV pools
+    (the mamba state cache: ``_handle_max_mamba_cache`` runs inside
+    ``_profile_available_bytes``) needs it to reproduce SGLang's float
+    arithmetic; an explicit budget is exactly ``budget_bytes / GiB``.
+    """
+    if budget.free_bytes is None or budget.pre_model_load_bytes is None or budget.mem_fraction_static is None:
+        return budget.budget_bytes / GiB
+    return _rest_gib(
+        budget.free_bytes,
+        budget.weights_bytes or 0,
+        budget.pre_model_load_bytes,
+        budget.mem_fraction_static,
+        budget.reserved_bytes or 0,
+    )
+
+
+def _rest_gib(free: int, weights: int, pre_model_load: int, mem_fraction_static: float, reserved: int) -> float:
+    """``available - slack - reserved`` in SGLang's order of float operations."""
+    return (free - weights) / GiB - (pre_model_load / GiB) * (1 - mem_fraction_static) - reserved / GiB
 
 
 # ---------------------------------------------------------------------------
@@ -236,16 +260,11 @@ def request_table_pool(max_running_requests: int, context_len: int, serving: Ser
     )
 
 
-def default_allocator_class(page_size: int) -> type:
-    """SGLang's choice: the token allocator at page size 1, else the paged one."""
-    from kvpools_core.allocators import PagedAllocator, TokenAllocator
-
-    return TokenAllocator if page_size == 1 else PagedAllocator
-
-
 def allocator_pool(tokens: int, page_size: int) -> PoolSpec:
     """The allocator's free list, a fixed device allocation SGLang leaves out of its estimate."""
-    num_bytes = int(default_allocator_class(page_size).planned_nbytes(tokens, page_size))  # type: ignore[attr-defined]
+    from kvpools_core.allocators import allocator_planned_nbytes
+
+    num_bytes = allocator_planned_nbytes(tokens, page_size)
     pages = tokens // page_size
     return PoolSpec(
         name="allocator",

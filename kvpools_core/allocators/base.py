@@ -44,8 +44,11 @@ class AllocatorState:
     """Opaque snapshot returned by ``backup_state()``.
 
     Copy-on-write: taking it copies nothing; the first later write to the
-    allocator's buffers copies them into the snapshot.  The common pattern
-    (backup, speculative allocations, restore) therefore costs O(1).
+    allocator's buffers (a free, a merge, debug bookkeeping) copies them into
+    the snapshot.  The common pattern -- backup, speculative allocations,
+    restore -- therefore costs O(1); a snapshot that outlives a write holds
+    one copy of the free stack (``planned_nbytes``), as SGLang's backup holds
+    its old free list.
     """
 
     __slots__ = ("__weakref__", "_allocated", "_buf", "_counters", "_owner", "_pending")
@@ -260,33 +263,15 @@ class BaseAllocator:
         return t.to(device=self.device, dtype=_I64).reshape(-1)
 
     def _release(self, units: Tensor, *, checked: bool = False) -> None:
-        """Give back distinct ``units`` (1-D int64 on ``device``): to the pending
-        region inside a group, the release region with ``need_sort``, else
-        just before ``head``."""
+        """Give back distinct ``units`` (1-D int64 on ``device``)."""
         m = units.numel()
         if not m:
             return
         if self._allocated is not None and not checked:
             self._check_release(units)
-        rel, pend, head = self._rel, self._pend, self._head
-        if m > head - rel - pend:
-            raise ValueError(
-                f"free of {m} {self._kind}s but only {head - rel - pend} are allocated; "
-                "a double free? (construct the allocator with debug=True to find it)"
-            )
-        if self._snaps:
-            self._materialize()
+        pos = self._park(m)
         if self._allocated is not None:
             self._allocated[units] = False
-        if self._in_group:
-            pos = rel + pend
-            self._pend = pend + m
-        elif self.need_sort:
-            pos = rel
-            self._rel = rel + m
-        else:
-            pos = head - m
-            self._head = pos
         if self._addr and units.is_cpu and units.is_contiguous():
             _memmove(self._addr + 8 * pos, units.data_ptr(), 8 * m)
         else:
@@ -296,9 +281,14 @@ class BaseAllocator:
         """``_release`` for distinct Python ints on the CPU fast path (no debug)."""
         mv = self._host_mv
         assert mv is not None
-        m = len(units)
-        if not m:
-            return
+        if units:
+            pos = self._park(len(units))
+            mv[pos : pos + len(units)] = array.array("q", units)
+
+    def _park(self, m: int) -> int:
+        """Make room for ``m`` freed units and return their buffer offset: the
+        pending region inside a group, the release region with ``need_sort``,
+        else just before ``head``.  The caller writes them there."""
         rel, pend, head = self._rel, self._pend, self._head
         if m > head - rel - pend:
             raise ValueError(
@@ -308,15 +298,13 @@ class BaseAllocator:
         if self._snaps:
             self._materialize()
         if self._in_group:
-            pos = rel + pend
             self._pend = pend + m
-        elif self.need_sort:
-            pos = rel
+            return rel + pend
+        if self.need_sort:
             self._rel = rel + m
-        else:
-            pos = head - m
-            self._head = pos
-        mv[pos : pos + m] = array.array("q", units)
+            return rel
+        self._head = head - m
+        return head - m
 
     def _check_release(self, units: Tensor) -> None:
         """Debug: reject out-of-range, padding, unallocated or repeated units

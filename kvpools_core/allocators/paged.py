@@ -270,7 +270,8 @@ class PagedAllocator(BaseAllocator):
         slots are the first ``seq - pre`` slots of its new pages, so one gather
         from the new pages' slot grid serves the whole batch."""
         p = self.page_size
-        new_pages = self._page_of(seq + self._pm1) - self._page_of(pre)
+        ext = seq - pre
+        new_pages = self._page_of(ext + self._pm1)  # prefixes are aligned: ceil(ext / p)
         cum_pages = new_pages.cumsum(0)
         k = int(cum_pages[-1]) if cum_pages.numel() else 0
         start = self._take(k)
@@ -278,13 +279,14 @@ class PagedAllocator(BaseAllocator):
             return None
         if not n_tok:
             return self._buf.new_empty(0)
-        ext = seq - pre
+        grid = torch.add(self._offsets, self._buf[start : start + k].unsqueeze(1), alpha=p)
+        if ext.numel() == 1:
+            return grid.view(-1)[:n_tok]
         # unused slots at the end of each request's last page shift the later requests
         slack = new_pages.mul_(p).sub_(ext)
         skip = slack.cumsum(0).sub_(slack)
         index = torch.arange(n_tok, device=self.device).add_(skip.repeat_interleave(ext, output_size=n_tok))
-        grid = torch.add(self._offsets, self._buf[start : start + k, None], alpha=p)
-        return grid.view(-1).index_select(0, index)
+        return torch.take(grid, index)
 
     def _tensors(self) -> list[Tensor]:
         return [*super()._tensors(), self._offsets]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 from torch import Tensor
 
@@ -10,6 +12,7 @@ from kvpools_core.allocators.base import BaseAllocator
 __all__ = ["TokenAllocator"]
 
 _I64 = torch.int64
+_memmove = ctypes.memmove
 
 
 class TokenAllocator(BaseAllocator):
@@ -63,5 +66,9 @@ class TokenAllocator(BaseAllocator):
 
     def free(self, indices: Tensor) -> None:
         """Return slots; inside a free group they come back at its end."""
-        if indices.numel():
+        if self._host_arr is not None and indices.dtype is _I64 and indices.is_cpu and indices.is_contiguous():
+            m = indices.numel()
+            if m:  # one memmove into the stack, no torch op
+                _memmove(self._addr + 8 * self._park(m), indices.data_ptr(), 8 * m)
+        elif indices.numel():
             self._release(self._as_index(indices))

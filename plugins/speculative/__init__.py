@@ -44,9 +44,7 @@ def with_draft(cell: CellSize, serving: Serving) -> CellSize:
     if cell.draft_layer_parts:  # the architecture says what one draft layer stores
         draft_parts = tuple(_draft_part(part, part.bytes_per_token * draft_layers) for part in cell.draft_layer_parts)
     else:
-        draft_parts = tuple(
-            _draft_part(part, -(-part.bytes_per_token * draft_layers // layers)) for part in cell.parts
-        )
+        draft_parts = tuple(_draft_part(part, -(-part.bytes_per_token * draft_layers // layers)) for part in cell.parts)
     return attrs.evolve(
         cell,
         parts=cell.parts + draft_parts,

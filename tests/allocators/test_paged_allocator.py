@@ -245,19 +245,32 @@ def test_backup_restore_is_exact_across_both_apis(device: str) -> None:
     assert fingerprint(a) == before
 
 
-def test_restore_brings_back_an_open_group() -> None:
-    a = PagedAllocator(64, 4)
+@pytest.mark.parametrize("debug", [False, True])
+def test_restore_brings_back_an_open_group(debug: bool) -> None:
+    a = PagedAllocator(64, 4, debug=debug)
     out = a.alloc(8)
     assert out is not None
     a.free_group_begin()
     a.free(out[:4])
+    a.free(out[4:].to(torch.int32))
     before = fingerprint(a)
     state = a.backup_state()
     a.free_group_end()
     a.restore_state(state)
     assert fingerprint(a) == before
     a.free_group_end()
-    assert a.available_size() == 60
+    assert a.available_size() == 64
+
+
+def test_rejected_group_flush_keeps_the_group() -> None:
+    a = PagedAllocator(64, 4)
+    assert a.alloc_pages(1) == [1]
+    a.free_group_begin()
+    a.free_pages([1, 5])  # page 5 was never handed out: caught when the group is flushed
+    before = fingerprint(a)
+    with pytest.raises(ValueError, match="free of 2 pages but only 1 are allocated"):
+        a.free_group_end()
+    assert fingerprint(a) == before
 
 
 @pytest.mark.parametrize(

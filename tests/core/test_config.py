@@ -76,11 +76,12 @@ def test_context_length_override(registry: Registry) -> None:
     assert result.max_running_requests == 4096
 
 
-def test_a_sliding_window_model_is_not_claimed_by_mha(registry: Registry, tmp_path: Path) -> None:
+def test_a_sliding_window_model_is_not_claimed_by_mha(tmp_path: Path) -> None:
+    mha_only = Registry(autoload=False, plugins=["mha"])
     with pytest.raises(NoProviderError, match="no architecture plugin recognises"):
-        load_model(write(tmp_path, dict(BASE, model_type="mistral", sliding_window=4096)), registry)
+        load_model(write(tmp_path, dict(BASE, model_type="mistral", sliding_window=4096)), mha_only)
     inert = dict(BASE, model_type="qwen2", sliding_window=131072, use_sliding_window=False)
-    assert load_model(write(tmp_path, inert), registry)[1] == "mha"
+    assert load_model(write(tmp_path, inert), mha_only)[1] == "mha"
 
 
 DENSE = [

@@ -1,0 +1,1 @@
+"""Benchmarks of kvpools (not part of the installed package)."""
