@@ -28,7 +28,9 @@ def test_plugin_folder_is_packaged_and_declared(name: str) -> None:
 
 
 def test_the_installed_distribution_declares_the_same_entry_points() -> None:
-    installed = {ep.name: ep.value for ep in importlib_metadata.entry_points(group="kvpools") if ep.dist.name == "kvpools"}
+    installed = {
+        ep.name: ep.value for ep in importlib_metadata.entry_points(group="kvpools") if ep.dist.name == "kvpools"
+    }
     assert installed == PYPROJECT["project"]["entry-points"]["kvpools"]
 
 

@@ -1,0 +1,158 @@
+"""Hybrid linear-attention models: full-attention KV plus a fixed-size recurrent state per request.
+
+Qwen3-Next and Qwen3.5 (Gated DeltaNet), Nemotron-H and Granite-4.0-H (Mamba2),
+Jamba (Mamba-1) and Falcon-H1 (every layer both) keep K and V only for their
+full-attention layers and, for the others, a conv + SSM state per request
+slot.  SGLang (``_handle_max_mamba_cache``) takes the state cache out of the
+budget first — ``max_mamba_cache_size`` K slots — and sizes the KV tokens from
+the rest; requests are capped by ``K // ratio`` state slots per request.
+
+The cell size is the full-attention layers' KV (the MHA plugin's
+:func:`~kvpools_plugins.mha.attention_cell_size`; the speculative wrapper adds
+the draft's) with ``bytes_per_request`` = one state slot on this rank;
+``size_pools`` does the split (:mod:`.sizing`), and the pools
+(:mod:`.pool`) hold the state in the request table, as SGLang's
+``HybridReqToTokenPool`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from kvpools_core import hookimpl
+from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.errors import UnsupportedCombinationError
+from kvpools_core.parallel import pp_layer_range
+from kvpools_core.values import Budget, CellSize, ModelSpec, Plan, PoolSizing, Serving
+
+from ..mha import attention_cell_size
+from .config import KV_KINDS, hybrid_family, hybrid_model_spec
+from .sizing import size_hybrid_pools
+from .state import rank_full_attention_layers, rank_state_layer_ids, state_bytes_per_slot, state_shape
+
+ARCHITECTURE = "mamba"
+PRESET_DIR = Path(__file__).parent / "presets"
+
+
+@hookimpl
+def presets() -> dict[str, str]:
+    return {path.stem: str(path) for path in sorted(PRESET_DIR.glob("*.json"))}
+
+
+@hookimpl
+def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
+    family = hybrid_family(config)
+    if family is None:
+        return None
+    return hybrid_model_spec(config, source, architecture=ARCHITECTURE, family=family)
+
+
+@hookimpl
+def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
+    if model.architecture != ARCHITECTURE:
+        return None
+    return hybrid_problems(model, serving)
+
+
+@hookimpl
+def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
+    if model.architecture != ARCHITECTURE:
+        return None
+    cell = attention_cell_size(rank_full_attention_layers(model, serving), model, serving)
+    shape = state_shape(model, serving)
+    layers = rank_state_layer_ids(model, serving)
+    return attrs.evolve(
+        cell,
+        bytes_per_request=state_bytes_per_slot(model, serving),
+        notes=(
+            *cell.notes,
+            f"recurrent state per slot: {len(layers)} {model.params['mixer']} layer(s) x ({shape.describe()}) = "
+            f"{shape.bytes * len(layers):,} B; KV over {cell.num_layers} full-attention layer(s) only",
+        ),
+    )
+
+
+@hookimpl
+def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing | None:
+    if model.architecture != ARCHITECTURE:
+        return None
+    return size_hybrid_pools(
+        model, serving, cell, budget, owner=ARCHITECTURE, state_layers=len(rank_state_layer_ids(model, serving))
+    )
+
+
+@hookimpl
+def build_req_to_token_pool(plan: Plan, device: str) -> Any | None:
+    if plan.model.architecture != ARCHITECTURE:
+        return None
+    from .pool import HybridReqToTokenPool
+
+    return HybridReqToTokenPool.from_plan(plan, device)
+
+
+@hookimpl
+def build_pool(plan: Plan, device: str) -> Any | None:
+    if plan.model.architecture != ARCHITECTURE:
+        return None
+    from .pool import HybridLinearKVPool
+
+    return HybridLinearKVPool.from_plan(plan, device)
+
+
+def hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:
+    """The combinations SGLang cannot size or kvpools does not model, one message each."""
+    problems = []
+    try:
+        state_shape(model, serving)
+    except UnsupportedCombinationError as error:
+        problems.append(str(error))
+    if serving.speculative:
+        missing = [
+            flag
+            for flag, value in (
+                ("--speculative-num-draft-tokens", serving.speculative_num_draft_tokens),
+                ("--max-running-requests", serving.max_running_requests),
+            )
+            if value is None
+        ]
+        if missing:
+            problems.append(
+                f"Speculative decoding on a hybrid model keeps each draft token's recurrent state, which SGLang "
+                f"sizes from {' and '.join(missing)}: pass {' and '.join(missing)}."
+            )
+    if serving.disaggregation_mode == "decode":
+        problems.append(
+            "--disaggregation-mode decode on a hybrid model pre-allocates mamba state for transfers "
+            "(SGLang's HybridMambaDecodeReqToTokenPool), which kvpools does not model; "
+            "use --disaggregation-mode null or prefill."
+        )
+    empty = [
+        rank
+        for rank in range(serving.pp_size)
+        if not any(
+            layer.kind in KV_KINDS
+            for layer in model.layers[
+                slice(*pp_layer_range(model.num_layers, rank, serving.pp_size, serving.pp_layer_partition))
+            ]
+        )
+    ]
+    if empty and serving.pp_size > 1:
+        problems.append(
+            f"Pipeline stage(s) {empty} of --pp-size {serving.pp_size} hold no full-attention layer of {model.name}, "
+            f"so SGLang's KV cell size there is 0: give every stage a full-attention layer (--pp-layer-partition, "
+            f"or a smaller --pp-size)."
+        )
+    kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
+    if kv.scale_block is not None:
+        dims = {layer.head_dim for layer in model.layers if layer.kind in KV_KINDS}
+        bad = sorted(d for d in dims if d % kv.scale_block)
+        if bad:
+            problems.append(
+                f"--kv-cache-dtype {kv.name} stores one scale per {kv.scale_block} values, but {model.name} has "
+                f"head dims {bad} that are not multiples of {kv.scale_block}. Use bf16, fp16 or fp8_e4m3."
+            )
+    return problems

@@ -1,0 +1,381 @@
+"""Reading hybrid linear-attention configs: which layers keep KV, which keep a recurrent state, its geometry.
+
+Five families, each read the way SGLang's config class reads it
+(``configs/qwen3_next.py``, ``qwen3_5.py``, ``nemotron_h.py``, ``jamba.py``,
+``falcon_h1.py``, ``granitemoehybrid.py``):
+
+* Gated DeltaNet (Qwen3-Next, Qwen3.5): ``layer_types`` (``linear_attention`` /
+  ``full_attention``, in ``text_config`` for the multimodal wrappers) or
+  ``full_attention_interval`` (layer ``i`` is full attention when
+  ``(i + 1) % interval == 0``); state from the ``linear_*`` fields.
+* Mamba2 (Nemotron-H): ``hybrid_override_pattern`` (``M`` mamba, ``*``
+  attention, ``-`` MLP and ``E`` MoE keep no cache) or ``layers_block_type``.
+* Mamba-1 (Jamba): attention where ``(i - attn_layer_offset) % attn_layer_period == 0``.
+* Falcon-H1: a parallel hybrid, every layer keeps attention KV *and* a Mamba2 state.
+* Granite-4.0-H: ``layer_types`` of ``mamba`` / ``attention``, Mamba2 state.
+
+A field that decides the state's size is never guessed: when it is missing the
+config is rejected with a message naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kvpools_core.config import ConfigReader, model_dtype
+from kvpools_core.values import LayerSpec, ModelSpec
+
+ATTENTION = "attention"
+"""A full-attention layer: K and V for every token."""
+LINEAR_ATTENTION = "linear_attention"
+"""A Gated DeltaNet layer: a fixed-size recurrent state per request."""
+MAMBA = "mamba"
+"""A Mamba2 or Mamba-1 layer: a fixed-size conv + SSM state per request."""
+ATTENTION_MAMBA = "attention_mamba"
+"""A parallel-hybrid layer (Falcon-H1): attention KV and a Mamba2 state."""
+NO_CACHE = "none"
+"""An MLP / MoE block that caches nothing (Nemotron-H ``-`` and ``E``)."""
+
+KV_KINDS = frozenset({ATTENTION, ATTENTION_MAMBA})
+STATE_KINDS = frozenset({LINEAR_ATTENTION, MAMBA, ATTENTION_MAMBA})
+
+GDN, MAMBA2, MAMBA1 = "gdn", "mamba2", "mamba1"
+"""The recurrent mixers: their state shapes are in :mod:`.state`."""
+
+_FAMILY_BY_MODEL_TYPE = {
+    "qwen3_next": "qwen_gdn",
+    "qwen3_5": "qwen_gdn",
+    "qwen3_5_text": "qwen_gdn",
+    "qwen3_5_moe": "qwen_gdn",
+    "qwen3_5_moe_text": "qwen_gdn",
+    "nemotron_h": "nemotron_h",
+    "jamba": "jamba",
+    "falcon_h1": "falcon_h1",
+    "granitemoehybrid": "granite",
+}
+_FAMILY_BY_ARCHITECTURE = {
+    "Qwen3NextForCausalLM": "qwen_gdn",
+    "Qwen3_5ForCausalLM": "qwen_gdn",
+    "Qwen3_5MoeForCausalLM": "qwen_gdn",
+    "Qwen3_5ForConditionalGeneration": "qwen_gdn",
+    "Qwen3_5MoeForConditionalGeneration": "qwen_gdn",
+    "NemotronHForCausalLM": "nemotron_h",
+    "JambaForCausalLM": "jamba",
+    "FalconH1ForCausalLM": "falcon_h1",
+    "GraniteMoeHybridForCausalLM": "granite",
+}
+_MIXER = {"qwen_gdn": GDN, "nemotron_h": MAMBA2, "jamba": MAMBA1, "falcon_h1": MAMBA2, "granite": MAMBA2}
+# Families whose SGLang config class passes itself to ``mamba2_state_dtype`` (so ``mamba_ssm_dtype`` counts).
+_READS_SSM_DTYPE = frozenset({"qwen_gdn", "nemotron_h", "jamba"})
+_SSM_DTYPES = ("float32", "bfloat16", "float16")
+
+_LAYER_TYPE_KINDS = {
+    "full_attention": ATTENTION,
+    "attention": ATTENTION,
+    "linear_attention": LINEAR_ATTENTION,
+    "mamba": MAMBA,
+    "mlp": NO_CACHE,
+    "moe": NO_CACHE,
+}
+_PATTERN_KINDS = {"M": MAMBA, "*": ATTENTION, "-": NO_CACHE, "E": NO_CACHE}
+_CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+_KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads")
+
+
+def hybrid_family(config: Mapping[str, Any]) -> str | None:
+    """The hybrid family a config belongs to, or ``None`` when it is not a hybrid this plugin owns.
+
+    Known model types and architectures first, then the unambiguous layout
+    fields (a ``layer_types`` with sliding-window entries is another plugin's).
+    """
+    outer = ConfigReader(config, "")
+    reader = outer.text()
+    kinds = _listed_kinds(reader)
+    if kinds is not None and not set(kinds) <= set(_LAYER_TYPE_KINDS):
+        return None  # sliding-window or other layer types: not a linear-attention hybrid
+    for candidate in (reader, outer):
+        family = _FAMILY_BY_MODEL_TYPE.get(str(candidate.get("model_type", "")))
+        if family:
+            return family
+    architectures = outer.get("architectures") or reader.get("architectures") or []
+    if isinstance(architectures, list) and architectures and architectures[0] in _FAMILY_BY_ARCHITECTURE:
+        return _FAMILY_BY_ARCHITECTURE[architectures[0]]
+    states = kinds is not None and bool({"linear_attention", "mamba"} & set(kinds))
+    if reader.has("linear_num_value_heads") and (states or reader.has("full_attention_interval")):
+        return "qwen_gdn"
+    if reader.has("hybrid_override_pattern") or (states and reader.has("mamba_num_heads")):
+        return "nemotron_h"
+    if reader.has("attn_layer_period") and reader.has("mamba_d_state"):
+        return "jamba"
+    if states and reader.has("mamba_n_heads"):
+        return "granite"
+    return None
+
+
+def hybrid_model_spec(config: Mapping[str, Any], source: str, *, architecture: str, family: str) -> ModelSpec:
+    """The :class:`ModelSpec` of a hybrid config: per-layer kinds, KV geometry, and the state geometry in ``params``."""
+    outer = ConfigReader(config, source)
+    reader = outer.text()
+    kinds = _layer_kinds(reader, family)
+    if not any(kind in STATE_KINDS for kind in kinds):
+        raise reader.error(
+            _layout_field(reader, family),
+            "names no linear-attention or mamba layer",
+            "A model without recurrent layers is not a hybrid; check the layer layout.",
+        )
+    if not any(kind in KV_KINDS for kind in kinds):
+        raise reader.error(
+            _layout_field(reader, family),
+            "names no full-attention layer",
+            "kvpools sizes hybrids by their full-attention KV (SGLang divides by it); pure recurrent models are "
+            "not supported.",
+        )
+    heads = reader.integer("num_attention_heads")
+    head_dim = _head_dim(reader, heads)
+    kv_heads = next((reader.integer(key) for key in _KV_HEAD_KEYS if reader.has(key)), heads)
+    layers = [
+        LayerSpec(
+            index=i,
+            kind=kind,
+            num_kv_heads=kv_heads if kind in KV_KINDS else 0,
+            head_dim=head_dim if kind in KV_KINDS else 0,
+            v_head_dim=head_dim if kind in KV_KINDS else 0,
+        )
+        for i, kind in enumerate(kinds)
+    ]
+    dtype_reader = reader if reader.has("torch_dtype") or reader.has("dtype") else outer
+    return ModelSpec(
+        name=source,
+        architecture=architecture,
+        layers=layers,
+        context_len=_context_len(reader),
+        dtype=model_dtype(dtype_reader),
+        num_attention_heads=heads,
+        model_type=reader.string("model_type") or outer.string("model_type"),
+        hf_architectures=outer.string_list("architectures") or reader.string_list("architectures"),
+        source=source,
+        num_nextn_predict_layers=_nextn_layers(reader),
+        is_multimodal=reader is not outer,
+        params={
+            "family": family,
+            "mixer": _MIXER[family],
+            "state": _state_geometry(reader, family),
+            "ssm_dtype": _ssm_dtype(reader, family),
+            # Falcon-H1 shards its state over the whole TP group, the others over attention TP.
+            "state_tp": "tensor" if family == "falcon_h1" else "attention",
+        },
+    )
+
+
+# ---------------------------------------------------------------------------
+# layer layout
+# ---------------------------------------------------------------------------
+
+
+def _listed_kinds(reader: ConfigReader) -> list[str] | None:
+    for key in ("layer_types", "layers_block_type"):
+        value = reader.get(key)
+        if value is not None:
+            return [str(v) for v in value] if isinstance(value, list) else []
+    return None
+
+
+def _layout_field(reader: ConfigReader, family: str) -> str:
+    for key in ("layer_types", "layers_block_type", "hybrid_override_pattern", "full_attention_interval"):
+        if reader.has(key):
+            return key
+    return "attn_layer_period" if family == "jamba" else "layer_types"
+
+
+def _layer_kinds(reader: ConfigReader, family: str) -> list[str]:
+    """Every layer's kind, from the first layout field the config has."""
+    if family == "falcon_h1":
+        if reader.get("attn_layer_indices") is not None:
+            raise reader.error(
+                "attn_layer_indices",
+                f"is {reader.get('attn_layer_indices')!r}",
+                "SGLang's Falcon-H1 keeps attention and a Mamba2 state in every layer; a partial attention "
+                "layout is not supported.",
+            )
+        return [ATTENTION_MAMBA] * reader.integer("num_hidden_layers")
+    state = LINEAR_ATTENTION if family == "qwen_gdn" else MAMBA
+    for key in ("layer_types", "layers_block_type"):
+        if reader.has(key):
+            return _kinds_from_list(reader, key, state)
+    if reader.has("hybrid_override_pattern"):
+        pattern = reader.string("hybrid_override_pattern")
+        bad = sorted(set(pattern) - set(_PATTERN_KINDS))
+        if bad or not pattern:
+            raise reader.error(
+                "hybrid_override_pattern",
+                f"is {pattern!r}" + (f" with unknown character(s) {bad}" if bad else ""),
+                "Use 'M' (mamba), '*' (attention), '-' (MLP) and 'E' (MoE), one per layer.",
+            )
+        return [_PATTERN_KINDS[c] for c in pattern]
+    if reader.has("full_attention_interval"):
+        interval = reader.integer("full_attention_interval")
+        return [ATTENTION if (i + 1) % interval == 0 else state for i in range(reader.integer("num_hidden_layers"))]
+    if reader.has("attn_layer_period"):
+        period = reader.integer("attn_layer_period")
+        offset = reader.integer("attn_layer_offset", minimum=0)
+        return [ATTENTION if (i - offset) % period == 0 else state for i in range(reader.integer("num_hidden_layers"))]
+    needed = "attn_layer_period" if family == "jamba" else "layer_types"
+    raise reader.error(
+        needed,
+        "is missing",
+        "kvpools cannot tell which layers keep KV and which keep a recurrent state without it "
+        "(layer_types, layers_block_type, hybrid_override_pattern, full_attention_interval or "
+        "attn_layer_period/attn_layer_offset).",
+    )
+
+
+def _kinds_from_list(reader: ConfigReader, key: str, state: str) -> list[str]:
+    values = reader.string_list(key)
+    unknown = sorted({v for v in values if v not in _LAYER_TYPE_KINDS})
+    if unknown or not values:
+        raise reader.error(
+            key,
+            f"has unknown layer type(s) {unknown}" if unknown else "is empty",
+            f"Use {', '.join(sorted(_LAYER_TYPE_KINDS))}.",
+        )
+    kinds = [_LAYER_TYPE_KINDS[v] for v in values]
+    kinds = [state if kind in (LINEAR_ATTENTION, MAMBA) else kind for kind in kinds]
+    if reader.has("num_hidden_layers") and key == "layer_types":
+        num_layers = reader.integer("num_hidden_layers")
+        if len(kinds) != num_layers:
+            raise reader.error(key, f"has {len(kinds)} entries for {num_layers} layers", "Give one entry per layer.")
+    return kinds
+
+
+# ---------------------------------------------------------------------------
+# the recurrent state's geometry (unsharded; :mod:`.state` shards it per TP rank)
+# ---------------------------------------------------------------------------
+
+
+def _state_geometry(reader: ConfigReader, family: str) -> dict[str, int]:
+    if family == "qwen_gdn":
+        return {
+            "num_k_heads": reader.integer("linear_num_key_heads"),
+            "num_v_heads": reader.integer("linear_num_value_heads"),
+            "k_head_dim": reader.integer("linear_key_head_dim"),
+            "v_head_dim": reader.integer("linear_value_head_dim"),
+            "conv_kernel": reader.integer("linear_conv_kernel_dim", minimum=2),
+        }
+    if family == "jamba":
+        return {
+            "intermediate_size": reader.integer("mamba_expand") * reader.integer("hidden_size"),
+            "state_size": reader.integer("mamba_d_state"),
+            "conv_kernel": reader.integer("mamba_d_conv", minimum=2),
+        }
+    if family == "nemotron_h":
+        heads = reader.integer("mamba_num_heads")
+        head_dim = reader.integer("mamba_head_dim")
+        return {
+            "intermediate_size": heads * head_dim,
+            "n_groups": _first_integer(reader, ("n_groups", "mamba_n_groups")),
+            "num_heads": heads,
+            "head_dim": head_dim,
+            "state_size": reader.integer("ssm_state_size"),
+            "conv_kernel": _first_integer(reader, ("conv_kernel", "mamba_d_conv"), minimum=2),
+        }
+    heads = reader.integer("mamba_n_heads")
+    if family == "falcon_h1":
+        intermediate, head_dim = _falcon_inner(reader, heads)
+    else:  # granite: the intermediate size is mamba_expand x hidden_size and must split into the heads
+        intermediate = reader.integer("mamba_expand") * reader.integer("hidden_size")
+        head_dim = reader.integer("mamba_d_head")
+        if head_dim * heads != intermediate:
+            raise reader.error(
+                "mamba_d_head",
+                f"is {head_dim}, but mamba_d_head x mamba_n_heads ({heads}) must equal mamba_expand x hidden_size "
+                f"({intermediate})",
+                "Fix the config.",
+            )
+    return {
+        "intermediate_size": intermediate,
+        "n_groups": reader.integer("mamba_n_groups"),
+        "num_heads": heads,
+        "head_dim": head_dim,
+        "state_size": reader.integer("mamba_d_state"),
+        "conv_kernel": reader.integer("mamba_d_conv", minimum=2),
+    }
+
+
+def _falcon_inner(reader: ConfigReader, heads: int) -> tuple[int, int]:
+    """Falcon-H1's Mamba2 inner size and head dim: ``mamba_d_ssm`` = heads x ``mamba_d_head``.
+
+    Either field gives the other exactly; ``mamba_expand x hidden_size`` does
+    not (Falcon-H1-0.5B: 24 x 64 = 1536, not 2 x 1024), so it is never used.
+    """
+    d_ssm = reader.optional_integer("mamba_d_ssm")
+    d_head = reader.get("mamba_d_head")
+    if d_head == "auto" or d_head is None:
+        if d_ssm is None:
+            raise reader.error(
+                "mamba_d_ssm",
+                "is missing (and mamba_d_head does not give it)",
+                "Add mamba_d_ssm (= mamba_n_heads x mamba_d_head) from the checkpoint's config.json; "
+                "kvpools does not derive it from mamba_expand x hidden_size.",
+            )
+        if d_ssm % heads:
+            raise reader.error("mamba_d_ssm", f"({d_ssm}) is not divisible by mamba_n_heads ({heads})", "Fix it.")
+        return d_ssm, d_ssm // heads
+    head_dim = reader.integer("mamba_d_head")
+    if d_ssm is not None and d_ssm != head_dim * heads:
+        raise reader.error(
+            "mamba_d_ssm",
+            f"is {d_ssm}, but mamba_n_heads x mamba_d_head is {heads} x {head_dim} = {heads * head_dim}",
+            "Fix the config.",
+        )
+    return head_dim * heads, head_dim
+
+
+def _ssm_dtype(reader: ConfigReader, family: str) -> str | None:
+    """The config's ``mamba_ssm_dtype`` where SGLang reads it (``mamba2_state_dtype(config)``), else ``None``."""
+    if family not in _READS_SSM_DTYPE or not reader.has("mamba_ssm_dtype"):
+        return None
+    value = reader.string("mamba_ssm_dtype")
+    if value not in _SSM_DTYPES:
+        raise reader.error("mamba_ssm_dtype", f"is {value!r}", f"Use one of {', '.join(_SSM_DTYPES)}.")
+    return value
+
+
+# ---------------------------------------------------------------------------
+# small readers
+# ---------------------------------------------------------------------------
+
+
+def _first_integer(reader: ConfigReader, keys: Sequence[str], *, minimum: int = 1) -> int:
+    for key in keys:
+        if reader.has(key):
+            return reader.integer(key, minimum=minimum)
+    raise reader.error(keys[0], "is missing", f"Add {keys[0]!r} (or {', '.join(map(repr, keys[1:]))}) to the config.")
+
+
+def _head_dim(reader: ConfigReader, heads: int) -> int:
+    for key in ("head_dim", "attention_head_dim"):
+        if reader.has(key):
+            return reader.integer(key)
+    hidden = reader.integer("hidden_size")
+    if hidden % heads:
+        raise reader.error(
+            "head_dim",
+            f"is missing and hidden_size {hidden} is not divisible by num_attention_heads {heads}",
+            "Add head_dim to the config.",
+        )
+    return hidden // heads
+
+
+def _context_len(reader: ConfigReader) -> int:
+    for key in _CONTEXT_KEYS:
+        if reader.has(key):
+            return reader.integer(key)
+    raise reader.error("max_position_embeddings", "is missing", "Add it to the config or pass --context-length.")
+
+
+def _nextn_layers(reader: ConfigReader) -> int:
+    for key in ("num_nextn_predict_layers", "mtp_num_hidden_layers"):
+        if reader.has(key):
+            return reader.integer(key, minimum=0)
+    return 0

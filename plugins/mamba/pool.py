@@ -1,0 +1,401 @@
+"""The hybrid pools built from a plan: SGLang's ``MambaPool``, ``HybridReqToTokenPool`` and ``HybridLinearKVPool``.
+
+* :class:`MambaStatePool` — per recurrent layer of this rank, conv tensors
+  ``(layers, K + 1, *conv_shape)`` and an SSM tensor ``(layers, K + 1, *ssm_shape)``
+  (slot 0 pads), with a slot allocator handing out ``1..K``.
+* :class:`HybridReqToTokenPool` — the request table (core
+  :class:`~kvpools_core.pools.ReqToTokenPool`) plus ``req_index_to_mamba_index_mapping``
+  (int32 per row) and, with the extra buffer, the ping-pong slot table
+  (int64, 2 columns with overlap, else 1); it owns the state pool, as in
+  SGLang, and the speculative intermediate state ``(layers, rows, D, *shape)``
+  (the dense layout, whose bytes are SGLang's charge).
+* :class:`HybridLinearKVPool` — K and V of the full-attention layers only,
+  addressed by global layer id (and the draft model's KV pool).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+from kvpools_core.allocators import TokenAllocator
+from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.parallel import kv_heads_per_rank
+from kvpools_core.pools import LayerGeometry, LayerKV, ReqToTokenPool, check_planned_bytes
+from kvpools_core.pools.kv import PoolPlanMismatchError, allocate, tensor_nbytes
+from kvpools_core.pools.quant import codec_for
+from kvpools_core.sizing import req_to_token_row_len, req_to_token_rows
+from kvpools_core.values import Plan
+
+from ..mha.pool import MHATokenToKVPool
+from .sizing import (
+    MAPPING_POOL,
+    SLOT_ALLOCATOR_POOL,
+    SPEC_STATE_POOL,
+    STATE_POOL,
+    draft_tokens,
+    ping_pong_size,
+    ping_pong_slots_per_request,
+)
+from .state import StateShape, rank_full_attention_layers, rank_state_layer_ids, state_shape
+
+__all__ = ["HybridLinearKVPool", "HybridReqToTokenPool", "MambaSpecState", "MambaStatePool"]
+
+KV_POOL = "kv"
+DRAFT_POOL = "draft_kv"
+
+
+class MambaStatePool:
+    """Conv and SSM state of this rank's recurrent layers for ``size`` slots (+ slot 0), and their allocator."""
+
+    def __init__(self, *, size: int, layer_ids: Sequence[int], shape: StateShape, device: str | torch.device) -> None:
+        self.size = size
+        self.shape = shape
+        self.layer_ids = tuple(layer_ids)
+        self._local = {layer_id: i for i, layer_id in enumerate(self.layer_ids)}
+        rows = (len(self.layer_ids), size + 1)
+        self.conv = [allocate(rows + conv, getattr(torch, shape.conv_dtype), device) for conv in shape.conv]
+        self.ssm = allocate(rows + shape.ssm, getattr(torch, shape.ssm_dtype), device)
+        self.allocator = TokenAllocator(size, device=device)
+        self.device = self.ssm.device
+
+    @staticmethod
+    def planned_nbytes(size: int, num_layers: int, shape: StateShape) -> int:
+        """The state tensors' bytes, from shapes alone: ``(K + 1) x layers x per-layer state``."""
+        return (size + 1) * num_layers * shape.bytes
+
+    @property
+    def nbytes(self) -> int:
+        return self.state_nbytes + int(self.allocator.nbytes)
+
+    @property
+    def state_nbytes(self) -> int:
+        """Bytes of the conv and SSM tensors (the allocator's free stack excluded)."""
+        return tensor_nbytes(self.conv, [self.ssm])
+
+    def available_size(self) -> int:
+        return int(self.allocator.available_size())
+
+    def alloc(self, need_size: int) -> Tensor | None:
+        """``need_size`` free state slots (int64), or ``None``, changing nothing, when too few are free."""
+        return self.allocator.alloc(need_size)
+
+    def free(self, slots: Tensor) -> None:
+        self.allocator.free(slots.to(torch.int64))
+
+    def clear_slots(self, slots: Tensor) -> None:
+        """Zero the state of ``slots`` in every layer (a new request starts from an empty state)."""
+        for tensor in (*self.conv, self.ssm):
+            tensor[:, slots] = 0
+
+    def copy_from(self, src: Tensor, dst: Tensor) -> None:
+        """Copy the state of slots ``src`` into ``dst`` in every layer (the radix cache's copy-on-write)."""
+        for tensor in (*self.conv, self.ssm):
+            tensor[:, dst] = tensor[:, src]
+
+    def layer_cache(self, layer_id: int) -> tuple[list[Tensor], Tensor]:
+        """``(conv tensors, SSM tensor)`` of one recurrent layer (global id), each indexed by slot."""
+        i = self._local_index(layer_id)
+        return [conv[i] for conv in self.conv], self.ssm[i]
+
+    def _local_index(self, layer_id: int) -> int:
+        if layer_id not in self._local:
+            raise IndexError(
+                f"Layer {layer_id} has no recurrent state on this rank; it holds layers {list(self.layer_ids)} "
+                f"(global ids)."
+            )
+        return self._local[layer_id]
+
+    def __repr__(self) -> str:
+        return (
+            f"MambaStatePool(slots={self.size} + 1 padding, layers={len(self.layer_ids)}, "
+            f"{self.shape.describe()}, free={self.available_size()}, device={self.device})"
+        )
+
+
+class MambaSpecState:
+    """Speculative verification's intermediate state: per request row, ``D`` draft tokens' conv and SSM state."""
+
+    def __init__(self, *, rows: int, draft_tokens: int, num_layers: int, shape: StateShape, device: str | torch.device):
+        lead = (num_layers, rows, draft_tokens)
+        self.draft_tokens = draft_tokens
+        self.intermediate_conv = [allocate(lead + c, getattr(torch, shape.conv_dtype), device) for c in shape.conv]
+        self.intermediate_ssm = allocate(lead + shape.ssm, getattr(torch, shape.ssm_dtype), device)
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.intermediate_conv, [self.intermediate_ssm])
+
+
+class HybridReqToTokenPool(ReqToTokenPool):
+    """The request table of a hybrid: each row also maps to its state slot (and ping-pong slots).
+
+    ``alloc`` takes, per new request, one row, one state slot and the
+    extra buffer's ping-pong slots, all or nothing; ``free`` gives back the
+    row and, unless the radix cache keeps it (``free_state=False``), its slots.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        max_context_len: int,
+        device: str | torch.device,
+        *,
+        mamba_pool: MambaStatePool,
+        ping_pong_size: int = 0,
+        ping_pong_slots: int = 0,
+        spec_state: MambaSpecState | None = None,
+    ) -> None:
+        super().__init__(size, max_context_len, device)
+        self.mamba_pool = mamba_pool
+        self.spec_state = spec_state
+        self.ping_pong_size = ping_pong_size
+        self.ping_pong_slots = ping_pong_slots
+        rows = self.req_to_token.shape[0]
+        self.req_index_to_mamba_index_mapping = allocate((rows,), torch.int32, device)
+        self.req_index_to_mamba_ping_pong_track_buffer_mapping: Tensor | None = None
+        if ping_pong_size:
+            self.req_index_to_mamba_ping_pong_track_buffer_mapping = allocate(
+                (rows, ping_pong_size), torch.int64, device
+            )
+
+    @classmethod
+    def from_plan(cls, plan: Plan, device: str | torch.device) -> HybridReqToTokenPool:
+        """The table, state pool and speculative state of a plan; checks every pool's bytes before allocating."""
+        model, serving = plan.model, plan.serving
+        shape = state_shape(model, serving)
+        layer_ids = rank_state_layer_ids(model, serving)
+        k = plan.sizing.sglang_config["max_mamba_cache_size"]
+        rows, padding = req_to_token_rows(plan.max_running_requests, serving)
+        row_len = req_to_token_row_len(serving.context_length or model.context_len, serving)
+        pp = ping_pong_size(serving)
+        d = draft_tokens(serving)
+        want = {
+            "req_to_token": ((rows + padding) * row_len * 4, f"{rows} + {padding} rows of {row_len} int32"),
+            MAPPING_POOL: ((rows + padding) * (4 + 8 * pp), f"{rows + padding} rows x (int32 + {pp} int64)"),
+            STATE_POOL: (
+                MambaStatePool.planned_nbytes(k, len(layer_ids), shape),
+                f"{k} + 1 slots x {len(layer_ids)} layers x ({shape.describe()})",
+            ),
+            SLOT_ALLOCATOR_POOL: (int(TokenAllocator.planned_nbytes(k)), f"int64 free stack of {k} slots"),
+        }
+        spec_rows = plan.max_running_requests + 1
+        has_spec = any(p.name == SPEC_STATE_POOL for p in plan.pools)
+        if has_spec:
+            want[SPEC_STATE_POOL] = (
+                spec_rows * d * len(layer_ids) * shape.bytes,
+                f"{spec_rows} rows x {d} draft tokens x {len(layer_ids)} layers",
+            )
+        for name, (allocating, detail) in want.items():
+            check_planned_bytes(name, allocating, plan.pool(name).bytes, detail)
+        mamba_pool = MambaStatePool(size=k, layer_ids=layer_ids, shape=shape, device=device)
+        spec = None
+        if has_spec:
+            spec = MambaSpecState(rows=spec_rows, draft_tokens=d, num_layers=len(layer_ids), shape=shape, device=device)
+        return cls(
+            rows,
+            row_len,
+            device,
+            mamba_pool=mamba_pool,
+            ping_pong_size=pp,
+            ping_pong_slots=ping_pong_slots_per_request(serving),
+            spec_state=spec,
+        )
+
+    # -- sizes ---------------------------------------------------------------
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.nbytes_by_pool().values())
+
+    def nbytes_by_pool(self) -> dict[str, int]:
+        """Measured bytes per plan pool name: the table, the slot mapping, the state pool and its allocator."""
+        mapping = [self.req_index_to_mamba_index_mapping]
+        if self.req_index_to_mamba_ping_pong_track_buffer_mapping is not None:
+            mapping.append(self.req_index_to_mamba_ping_pong_track_buffer_mapping)
+        measured = {
+            "req_to_token": super().nbytes,
+            MAPPING_POOL: tensor_nbytes(mapping),
+            STATE_POOL: self.mamba_pool.state_nbytes,
+            SLOT_ALLOCATOR_POOL: int(self.mamba_pool.allocator.nbytes),
+        }
+        if self.spec_state is not None:
+            measured[SPEC_STATE_POOL] = self.spec_state.nbytes
+        return measured
+
+    # -- rows and slots ------------------------------------------------------
+
+    def alloc(self, need_size: int) -> list[int] | None:
+        """``need_size`` rows, each with a fresh (zeroed) state slot and its ping-pong slots; ``None`` if short."""
+        rows = super().alloc(need_size)
+        if rows is None or not rows:
+            return rows
+        per_request = 1 + self.ping_pong_slots
+        slots = self.mamba_pool.alloc(need_size * per_request)
+        if slots is None:
+            super().free(rows)
+            return None
+        index = torch.tensor(rows, dtype=torch.int64, device=self.req_to_token.device)
+        slots = slots.to(self.req_to_token.device).view(need_size, per_request)
+        self.mamba_pool.clear_slots(slots[:, 0])
+        self.req_index_to_mamba_index_mapping[index] = slots[:, 0].to(torch.int32)
+        table = self.req_index_to_mamba_ping_pong_track_buffer_mapping
+        if table is not None:
+            columns = torch.full((need_size, self.ping_pong_size), -1, dtype=torch.int64, device=table.device)
+            columns[:, : self.ping_pong_slots] = slots[:, 1:]
+            table[index] = columns
+        return rows
+
+    def free(self, free_index: int | Iterable[int] | Tensor, *, free_state: bool = True) -> None:
+        """Return rows with their state and ping-pong slots (kept when ``free_state`` is false: a cached prefix)."""
+        rows = [free_index] if isinstance(free_index, int) else [int(i) for i in free_index]
+        super().free(rows)  # validates the rows (an unknown or free row raises, changing nothing)
+        index = torch.tensor(rows, dtype=torch.int64, device=self.req_to_token.device)
+        slots = self.req_index_to_mamba_index_mapping[index].to(torch.int64)
+        table = self.req_index_to_mamba_ping_pong_track_buffer_mapping
+        if free_state and table is not None and self.ping_pong_slots:
+            extra = table[index, : self.ping_pong_slots].reshape(-1)
+            slots = torch.cat([slots, extra[extra > 0]])
+        if free_state and slots.numel():
+            self.mamba_pool.free(slots.cpu() if self.mamba_pool.device.type == "cpu" else slots)
+        self.req_index_to_mamba_index_mapping[index] = 0
+        if table is not None:
+            table[index] = -1
+
+    def get_mamba_indices(self, req_indices: Tensor) -> Tensor:
+        """State slots of request rows."""
+        return self.req_index_to_mamba_index_mapping[req_indices]
+
+    def clear(self) -> None:
+        super().clear()
+        if hasattr(self, "mamba_pool"):
+            self.mamba_pool.allocator.clear()
+
+    def __repr__(self) -> str:
+        return f"HybridReqToTokenPool({super().__repr__()}, {self.mamba_pool!r})"
+
+
+class HybridLinearKVPool:
+    """K and V of this rank's full-attention layers, addressed by global layer id (state lives in the request table)."""
+
+    def __init__(self, *, full: MHATokenToKVPool, full_attention_layer_ids: Sequence[int]) -> None:
+        self.full = full
+        self.full_attention_layer_ids = tuple(full_attention_layer_ids)
+        self.full_attention_layer_id_mapping = {layer_id: i for i, layer_id in enumerate(self.full_attention_layer_ids)}
+        self.size = full.size
+        self.page_size = full.page_size
+        self.device = full.device
+
+    @classmethod
+    def from_plan(cls, plan: Plan, device: str | torch.device) -> HybridLinearKVPool:
+        model, serving = plan.model, plan.serving
+        kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
+        codec = codec_for(kv)
+        full_layers = rank_full_attention_layers(model, serving)
+        geometry = [
+            LayerGeometry(
+                heads=kv_heads_per_rank(layer.num_kv_heads, serving.attn_tp_size, serving.dcp_size),
+                head_dim=layer.head_dim,
+                v_head_dim=layer.v_head_dim,
+            )
+            for layer in full_layers
+        ]
+        size, page = plan.max_total_num_tokens, serving.page_size
+        rows = size + page
+        check_planned_bytes(
+            KV_POOL,
+            LayerKV.planned_nbytes(rows, geometry, codec),
+            plan.pool(KV_POOL).bytes,
+            f"{len(geometry)} full-attention layer(s), {rows} rows of {kv.name}",
+        )
+        model_dtype = getattr(torch, model.dtype)
+        draft = None
+        if any(p.name == DRAFT_POOL for p in plan.pools):
+            if not geometry or len(set(geometry)) > 1:
+                raise PoolPlanMismatchError(
+                    f"The plan has a draft KV pool but this stage's full-attention layers have "
+                    f"{len(set(geometry))} geometries; the draft's layer shape is ambiguous."
+                )
+            draft_layers = [geometry[0]] * (serving.speculative_draft_num_layers or 0)
+            check_planned_bytes(
+                DRAFT_POOL,
+                LayerKV.planned_nbytes(rows, draft_layers, codec),
+                plan.pool(DRAFT_POOL).bytes,
+                f"{len(draft_layers)} draft layer(s) shaped like a full-attention layer, {rows} rows of {kv.name}",
+            )
+            draft = MHATokenToKVPool(
+                size=size,
+                page_size=page,
+                layers=draft_layers,
+                start_layer=0,
+                codec=codec,
+                device=device,
+                model_dtype=model_dtype,
+                name=DRAFT_POOL,
+            )
+        full = MHATokenToKVPool(
+            size=size,
+            page_size=page,
+            layers=geometry,
+            start_layer=0,
+            codec=codec,
+            device=device,
+            model_dtype=model_dtype,
+            draft=draft,
+        )
+        return cls(full=full, full_attention_layer_ids=[layer.index for layer in full_layers])
+
+    @property
+    def draft(self) -> MHATokenToKVPool | None:
+        return self.full.draft
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.full.dtype
+
+    @property
+    def layer_num(self) -> int:
+        return len(self.full_attention_layer_ids)
+
+    @property
+    def nbytes(self) -> int:
+        return self.full.nbytes
+
+    def nbytes_by_pool(self) -> dict[str, int]:
+        """Measured bytes per plan pool name: ``kv`` and, with a draft, ``draft_kv``."""
+        return self.full.nbytes_by_pool()
+
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        return self.full.get_kv_size_bytes()
+
+    def get_key_buffer(self, layer_id: int) -> Tensor:
+        return self.full.get_key_buffer(self._local(layer_id))
+
+    def get_value_buffer(self, layer_id: int) -> Tensor:
+        return self.full.get_value_buffer(self._local(layer_id))
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[Tensor, Tensor]:
+        return self.full.get_kv_buffer(self._local(layer_id))
+
+    def set_kv_buffer(self, layer_id: int, loc: Tensor, cache_k: Tensor, cache_v: Tensor) -> None:
+        self.full.set_kv_buffer(self._local(layer_id), loc, cache_k, cache_v)
+
+    def get_kv(self, layer_id: int, loc: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+        return self.full.get_kv(self._local(layer_id), loc, dtype)
+
+    def _local(self, layer_id: int) -> int:
+        if layer_id not in self.full_attention_layer_id_mapping:
+            raise IndexError(
+                f"Layer {layer_id} keeps no KV on this rank: the full-attention layers here are "
+                f"{list(self.full_attention_layer_ids)} (global ids); recurrent layers keep their state in "
+                f"the request table's mamba_pool."
+            )
+        return self.full_attention_layer_id_mapping[layer_id]
+
+    def __repr__(self) -> str:
+        return (
+            f"HybridLinearKVPool(size={self.size}, page_size={self.page_size}, dtype={self.dtype}, "
+            f"full_attention_layers={list(self.full_attention_layer_ids)}, device={self.device})"
+        )

@@ -1,0 +1,354 @@
+"""Sizing a hybrid: the mamba state cache's share of the budget, its slots per request, then the KV tokens.
+
+SGLang's semantics (``kv_cache_configurator.py``): ``_handle_max_mamba_cache``
+takes the state cache out of the budget *before* the KV configurator sees it
+(``max_mamba_cache_size`` = K slots, one more for padding), in SGLang's float
+GiB arithmetic; ``_calculate_mamba_ratio`` says how many slots one running
+request needs; ``resolve_max_num_reqs`` caps the requests by ``K // ratio``.
+The KV tokens are then the core's (``DefaultPoolConfigurator`` over the
+full-attention layers only).  ``--accounting exact`` keeps SGLang's K and
+finds the most tokens whose whole plan fits, state pools included.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from kvpools_core.errors import InsufficientMemoryError
+from kvpools_core.sizing import (
+    GiB,
+    RequestLimit,
+    allocator_pool,
+    apply_token_cap,
+    fmt_gib,
+    largest_fitting_tokens,
+    not_enough_memory,
+    page_align,
+    req_to_token_rows,
+    request_table_pool,
+    resolve_max_num_reqs,
+    sglang_rest_gib,
+    sglang_tokens,
+    token_pools,
+)
+from kvpools_core.values import Budget, CellSize, ModelSpec, PoolSizing, PoolSpec, Serving
+
+from .state import sglang_stage_per_req
+
+# SGLang's ratios of state slots to running requests (module constants of kv_cache_configurator.py).
+MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO = 3
+MAMBA_CACHE_BASE_RATIO_DROP_ON_SKIP = 1
+MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP = 2
+MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP_LAZY = 1
+MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_OVERLAP = 1
+MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_BUFFER = 1
+
+STATE_POOL = "mamba_state"
+SPEC_STATE_POOL = "mamba_spec_state"
+MAPPING_POOL = "mamba_req_mapping"
+SLOT_ALLOCATOR_POOL = "mamba_allocator"
+MAPPING_ITEM_BYTES = 4  # int32 request row -> state slot
+PING_PONG_ITEM_BYTES = 8  # int64 request row -> ping-pong slots
+SLOT_ALLOCATOR_ITEM_BYTES = 8  # int64 free stack of state slots
+
+
+def mamba_ratio(serving: Serving) -> int:
+    """``_calculate_mamba_ratio``: state slots one running request may hold."""
+    if serving.disable_radix_cache:
+        return 1
+    skip = serving.mamba_skip_decode_lock
+    base = MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO - (MAMBA_CACHE_BASE_RATIO_DROP_ON_SKIP if skip else 0)
+    additional = 0
+    if serving.enable_mamba_extra_buffer:
+        if not serving.disable_overlap_schedule:
+            lazy = serving.enable_mamba_extra_buffer_lazy
+            additional = (
+                MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP_LAZY if lazy else MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP
+            )
+        else:
+            additional = MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_OVERLAP
+    elif skip:
+        additional = MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_BUFFER
+    return base + additional
+
+
+def ping_pong_size(serving: Serving) -> int:
+    """Columns of the request -> ping-pong slot table (``HybridReqToTokenPool``): 2 with overlap, else 1; 0 without."""
+    if not serving.enable_mamba_extra_buffer:
+        return 0
+    return 1 if serving.disable_overlap_schedule else 2
+
+
+def ping_pong_slots_per_request(serving: Serving) -> int:
+    """Ping-pong slots a new request takes beside its state slot (lazy mode takes one)."""
+    if not serving.enable_mamba_extra_buffer:
+        return 0
+    return 1 if serving.enable_mamba_extra_buffer_lazy else ping_pong_size(serving)
+
+
+def draft_tokens(serving: Serving) -> int:
+    """D: the draft tokens whose intermediate state speculative verification keeps (0 without speculation)."""
+    return (serving.speculative_num_draft_tokens or 0) if serving.speculative else 0
+
+
+@attrs.frozen
+class MambaSplit:
+    """What ``_handle_max_mamba_cache`` decides: K, and the GiB it leaves the KV cache.
+
+    ``rest_gib`` is the budget SGLang holds before the carve-out,
+    ``kv_rest_gib`` after it (still in float GiB, as SGLang converts only at
+    the end).  ``state_bytes`` and ``intermediate_bytes`` are SGLang's charges.
+    """
+
+    max_mamba_cache_size: int
+    ratio: int
+    source: str
+    stage_per_req: int
+    rest_gib: float
+    kv_rest_gib: float
+    mamba_budget_bytes: float | None = None
+    intermediate_bytes: int = 0
+    intermediate_requests: int = 0
+
+    @property
+    def state_bytes(self) -> int:
+        return (self.max_mamba_cache_size + 1) * self.stage_per_req
+
+    @property
+    def kv_budget_bytes(self) -> int:
+        """``int(rest_memory * (1 << 30))`` of ``_profile_available_bytes``, after the carve-out."""
+        return int(self.kv_rest_gib * GiB)
+
+
+def split_budget(rest_gib: float, serving: Serving, stage_per_req: int, model_name: str) -> MambaSplit:
+    """``_handle_max_mamba_cache``: K from ``--max-mamba-cache-size``, the request count, or the ratio budget."""
+    dp = serving.attn_dp_size
+    ratio = mamba_ratio(serving)
+    d = draft_tokens(serving)
+    requested = serving.max_running_requests
+    total = rest_gib
+    mamba_budget_bytes: float | None = None
+    intermediate = intermediate_requests = 0
+    if serving.max_mamba_cache_size is not None:
+        k = serving.max_mamba_cache_size // dp
+        source = f"--max-mamba-cache-size {serving.max_mamba_cache_size}" + (f" // DP {dp}" if dp > 1 else "")
+        if serving.speculative:
+            assert requested is not None  # validate() demands it with speculation, as SGLang asserts
+            intermediate_requests = min(requested // dp, k // ratio) + 1
+            intermediate = stage_per_req * intermediate_requests * d
+            total = total - (intermediate / GiB)
+    elif serving.disable_radix_cache and requested is not None:
+        k = requested // dp
+        source = "--max-running-requests with the radix cache off"
+        if serving.speculative:
+            intermediate_requests = k + 1
+            intermediate = stage_per_req * intermediate_requests * d
+            total = total - (intermediate / GiB)
+    else:
+        r = serving.mamba_full_memory_ratio
+        mamba_budget_bytes = total * r / (1 + r) * GiB
+        source = f"the mamba budget (rest x r / (1 + r), --mamba-full-memory-ratio r = {r})"
+        if serving.speculative:
+            assert requested is not None
+            k = int((mamba_budget_bytes - stage_per_req * (1 + d)) // (stage_per_req * (1 + d / ratio)))
+            intermediate_requests = min(requested // dp, k // ratio) + 1
+            intermediate = stage_per_req * intermediate_requests * d
+            total = total - (intermediate / GiB)
+        else:
+            k = int((mamba_budget_bytes - stage_per_req) // stage_per_req)
+    if k <= 0:
+        raise InsufficientMemoryError(
+            f"Not enough memory for the hybrid (mamba/linear-attention) state cache of {model_name}: "
+            f"max_mamba_cache_size={k} from {source} (budget {rest_gib:.2f} GiB, {stage_per_req / (1 << 20):.2f} MB "
+            f"of state per slot). Try: (1) reduce --max-running-requests, (2) raise --memory or "
+            f"--mem-fraction-static, (3) reduce --speculative-num-draft-tokens, or (4) use devices with more memory."
+        )
+    state_gib = (k + 1) * stage_per_req / GiB
+    return MambaSplit(
+        max_mamba_cache_size=k,
+        ratio=ratio,
+        source=source,
+        stage_per_req=stage_per_req,
+        rest_gib=rest_gib,
+        kv_rest_gib=total - state_gib,
+        mamba_budget_bytes=mamba_budget_bytes,
+        intermediate_bytes=intermediate,
+        intermediate_requests=intermediate_requests,
+    )
+
+
+def cap_requests(limit: RequestLimit, split: MambaSplit) -> tuple[int, str | None]:
+    """``resolve_max_num_reqs``' mamba cap, with SGLang's warning (which replaces the capacity warning)."""
+    cap = split.max_mamba_cache_size // split.ratio
+    if cap < limit.max_running_requests:
+        return cap, (
+            f"max_running_requests is capped to {cap} by the mamba state cache "
+            f"(max_mamba_cache_size={split.max_mamba_cache_size}, {split.ratio} state slots per request). "
+            f"To raise it: increase --mamba-full-memory-ratio or --max-mamba-cache-size, or halve the state size "
+            f"with --mamba-ssm-dtype bfloat16."
+        )
+    return limit.max_running_requests, limit.note
+
+
+def size_hybrid_pools(
+    model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget, *, owner: str, state_layers: int
+) -> PoolSizing:
+    """Split the budget (state cache first, SGLang's K), then size the KV tokens and every pool."""
+    page = serving.page_size
+    context_len = serving.context_length or model.context_len
+    per_slot = cell.bytes_per_request
+    split = split_budget(sglang_rest_gib(budget), serving, sglang_stage_per_req(model, serving), model.name)
+    k = split.max_mamba_cache_size
+    d = draft_tokens(serving)
+    spec_pool = d > 0 and serving.disaggregation_mode != "prefill"  # a prefill node never verifies drafts
+
+    def layout(tokens: int) -> tuple[list[PoolSpec], int, str | None]:
+        requests, note = cap_requests(resolve_max_num_reqs(tokens, context_len, serving), split)
+        requests = max(requests, 0)
+        pools = token_pools(cell, tokens, page, owner)
+        pools.append(_pool(STATE_POOL, "state", k, 1, per_slot, owner))
+        if spec_pool:
+            pools.append(_pool(SPEC_STATE_POOL, "state", requests, 1, d * per_slot, owner))
+        pools.append(request_table_pool(requests, context_len, serving))
+        rows, padding = req_to_token_rows(requests, serving)
+        row_bytes = MAPPING_ITEM_BYTES + PING_PONG_ITEM_BYTES * ping_pong_size(serving)
+        pools.append(_pool(MAPPING_POOL, "request", rows, padding, row_bytes, owner, charged=False))
+        pools.append(_pool(SLOT_ALLOCATOR_POOL, "allocator", k, 0, SLOT_ALLOCATOR_ITEM_BYTES, owner, charged=False))
+        pools.append(allocator_pool(tokens, page))
+        return pools, requests, note
+
+    notes = _split_notes(split, per_slot, state_layers, serving)
+    if serving.accounting == "sglang":
+        if split.kv_rest_gib <= 0:
+            raise _no_memory_left(model, split, budget)
+        kv_budget = split.kv_budget_bytes
+        profiled = sglang_tokens(kv_budget, cell.sglang_bytes_per_token, page)
+    else:
+        fixed = (k + 1) * per_slot + k * SLOT_ALLOCATOR_ITEM_BYTES  # what the state cache needs before any token
+        if fixed > budget.budget_bytes:
+            raise _no_memory_left(model, split, budget, exact_fixed=fixed)
+        kv_budget = budget.budget_bytes - fixed
+        upper = kv_budget // max(1, cell.bytes_per_token)
+        profiled = largest_fitting_tokens(
+            budget.budget_bytes, page, upper, lambda t: sum(p.bytes for p in layout(t)[0])
+        )
+    tokens, cap_note = apply_token_cap(profiled, serving.max_total_tokens)
+    tokens = page_align(tokens, page)
+    if cap_note:
+        notes.insert(0, cap_note)
+    if tokens <= 0:
+        raise not_enough_memory(model, serving, cell, attrs.evolve(budget, budget_bytes=max(0, kv_budget)))
+    pools, requests, note = layout(tokens)
+    if note:
+        notes.append(note)
+    if requests <= 0:
+        raise InsufficientMemoryError(
+            f"The hybrid (mamba/linear-attention) state cache of {model.name} is too small to serve any request: "
+            f"max_mamba_cache_size={k}, {split.ratio} state slot(s) per request, {tokens} KV tokens, resulting "
+            f"max_running_requests={requests}. Try: (1) reduce --max-running-requests, (2) raise --memory or "
+            f"--mem-fraction-static, or (3) use devices with more memory."
+        )
+    notes.append(
+        f"the state cache admits at most max_mamba_cache_size // ratio = {k} // {split.ratio} = "
+        f"{k // split.ratio} running requests"
+    )
+    return PoolSizing(
+        max_total_num_tokens=tokens,
+        max_running_requests=requests,
+        pools=pools,
+        sglang_config={
+            "max_total_num_tokens": tokens,
+            "max_running_requests": requests,
+            "max_mamba_cache_size": k,
+        },
+        sglang_estimate_bytes=int(tokens * cell.sglang_bytes_per_token) + split.state_bytes + split.intermediate_bytes,
+        notes=notes,
+    )
+
+
+def _pool(
+    name: str, kind: str, slots: int, padding: int, per_slot: int, owner: str, *, charged: bool = True
+) -> PoolSpec:
+    return PoolSpec(
+        name=name,
+        kind=kind,
+        slots=slots,
+        padding_slots=padding,
+        bytes_per_slot=per_slot,
+        bytes=(slots + padding) * per_slot,
+        sglang_charged=charged,
+        owner=owner,
+    )
+
+
+def _split_notes(split: MambaSplit, per_slot: int, state_layers: int, serving: Serving) -> list[str]:
+    k = split.max_mamba_cache_size
+    notes = []
+    if split.mamba_budget_bytes is not None:
+        notes.append(
+            f"mamba budget = {split.rest_gib * GiB:,.0f} B x {serving.mamba_full_memory_ratio} / "
+            f"(1 + {serving.mamba_full_memory_ratio}) = {split.mamba_budget_bytes:,.0f} B "
+            f"({fmt_gib(split.mamba_budget_bytes)})"
+        )
+    notes.append(
+        f"max_mamba_cache_size = {k} state slots (+1 padding) from {split.source}; "
+        f"{per_slot:,} B per slot over this rank's {state_layers} recurrent layer(s)"
+        + (
+            f", SGLang charges {split.stage_per_req:,} B (the largest stage's share)"
+            if split.stage_per_req != per_slot
+            else ""
+        )
+    )
+    if split.intermediate_bytes:
+        notes.append(
+            f"speculative verification keeps {draft_tokens(serving)} draft tokens' state for "
+            f"{split.intermediate_requests} request slot(s): {split.intermediate_bytes:,} B charged"
+        )
+    notes.append(
+        f"{split.ratio} state slot(s) per running request ({_ratio_reason(serving)}); "
+        f"the KV cache gets {split.kv_budget_bytes:,} B ({fmt_gib(split.kv_budget_bytes)}) under SGLang's split"
+    )
+    return notes
+
+
+def _ratio_reason(serving: Serving) -> str:
+    if serving.disable_radix_cache:
+        return "radix cache off"
+    parts = ["radix cache on"]
+    if serving.mamba_skip_decode_lock:
+        parts.append("skip-decode-lock")
+    if serving.enable_mamba_extra_buffer:
+        lazy = " lazy" if serving.enable_mamba_extra_buffer_lazy else ""
+        overlap = "no overlap" if serving.disable_overlap_schedule else "overlap"
+        parts.append(f"extra{lazy} ping-pong buffer, {overlap}")
+    return ", ".join(parts)
+
+
+def _no_memory_left(
+    model: ModelSpec, split: MambaSplit, budget: Budget, exact_fixed: int = 0
+) -> InsufficientMemoryError:
+    """The state cache leaves nothing for the KV cache (SGLang: ``rest_memory <= 0`` after the carve-out)."""
+    state = split.state_bytes + split.intermediate_bytes
+    what = (
+        f"the state pools ({exact_fixed:,} B with the request tables)"
+        if exact_fixed
+        else f"the mamba state cache ({split.max_mamba_cache_size} + 1 slots x {split.stage_per_req:,} B"
+        + (f" + {split.intermediate_bytes:,} B of speculative state" if split.intermediate_bytes else "")
+        + f" = {state:,} B)"
+    )
+    suggestion = ""
+    if budget.free_bytes is not None and budget.pre_model_load_bytes:
+        available = (budget.free_bytes - (budget.weights_bytes or 0)) / GiB
+        minimum = 1 - available / (budget.pre_model_load_bytes / GiB)
+        suggested = math.ceil(minimum * 1000) / 1000
+        suggestion = (
+            f" Raise --mem-fraction-static above {suggested:.3f} "
+            f"(minimum viable = 1 - available/pre = {minimum:.4f}), or"
+        )
+    return InsufficientMemoryError(
+        f"Not enough memory for the KV cache of {model.name}: {what} takes all of the {fmt_gib(budget.budget_bytes)} "
+        f"({budget.budget_bytes} B) budget.{suggestion} Raise --memory, lower --max-mamba-cache-size or "
+        f"--mamba-full-memory-ratio, or use --mamba-ssm-dtype bfloat16."
+    )

@@ -1,0 +1,141 @@
+"""The recurrent state one request slot holds per layer on one TP rank, and which layers a rank holds.
+
+Shapes follow SGLang's mamba cache params (``configs/mamba_utils.py``):
+
+* Mamba2 (Nemotron-H, Falcon-H1, Granite-4.0-H): ``n_groups`` is first padded to
+  the TP size when TP does not divide it (``extra_groups_for_head_shards``),
+  ``conv_dim = intermediate + 2 x n_groups x state_size``; conv state
+  ``(conv_dim / tp, conv_kernel - 1)``, SSM state ``(heads / tp, head_dim, state_size)``.
+* Gated DeltaNet (Qwen3-Next, Qwen3.5): the conv runs over the concatenated
+  query, key and value (``conv_dim = 2 x key_heads x key_head_dim + value_heads
+  x value_head_dim``, key groups padded like Mamba2's); SSM state
+  ``(value_heads / tp, key_head_dim, value_head_dim)``.
+* Mamba-1 (Jamba): conv ``(d_inner / tp, d_conv - 1)``, SSM ``(d_inner / tp, d_state)``.
+
+The conv state is stored in the model dtype (SGLang's default conv dtype is
+bfloat16, the same two bytes), the SSM state in float32 unless the config's
+``mamba_ssm_dtype`` or ``--mamba-ssm-dtype`` says otherwise.  TP is the
+attention TP size (Falcon-H1: the whole TP group).
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from kvpools_core.dtypes import MODEL_DTYPES
+from kvpools_core.errors import UnsupportedCombinationError
+from kvpools_core.parallel import pp_layer_range, rank_layer_range
+from kvpools_core.values import LayerSpec, ModelSpec, Serving
+
+from .config import GDN, KV_KINDS, MAMBA1, STATE_KINDS
+
+
+@attrs.frozen
+class StateShape:
+    """One layer's state in one slot on one rank: conv tensor shapes and the SSM tensor shape, with dtypes."""
+
+    conv: tuple[tuple[int, ...], ...]
+    ssm: tuple[int, ...]
+    conv_dtype: str
+    ssm_dtype: str
+
+    @property
+    def conv_bytes(self) -> int:
+        return sum(math.prod(shape) for shape in self.conv) * MODEL_DTYPES[self.conv_dtype]
+
+    @property
+    def ssm_bytes(self) -> int:
+        return math.prod(self.ssm) * MODEL_DTYPES[self.ssm_dtype]
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of one layer's state in one slot (SGLang's ``mamba_cache_per_req`` over one layer)."""
+        return self.conv_bytes + self.ssm_bytes
+
+    def describe(self) -> str:
+        conv = " + ".join(f"{'x'.join(map(str, c))}" for c in self.conv)
+        return f"conv {conv} {self.conv_dtype} + SSM {'x'.join(map(str, self.ssm))} {self.ssm_dtype}"
+
+
+def state_tp_size(model: ModelSpec, serving: Serving) -> int:
+    """The TP width the state is sharded over."""
+    return serving.tp_size if model.params.get("state_tp") == "tensor" else serving.attn_tp_size
+
+
+def state_shape(model: ModelSpec, serving: Serving) -> StateShape:
+    """The per-layer, per-slot state of this rank; raises when TP does not divide the state's heads."""
+    geometry = model.params["state"]
+    mixer = model.params["mixer"]
+    tp = state_tp_size(model, serving)
+    ssm_dtype = serving.mamba_ssm_dtype or model.params.get("ssm_dtype") or "float32"
+    if mixer == MAMBA1:
+        inner = _divide(geometry["intermediate_size"], tp, "the Mamba-1 inner size (mamba_expand x hidden_size)")
+        kernel = geometry["conv_kernel"] - 1
+        return StateShape(((inner, kernel),), (inner, geometry["state_size"]), model.dtype, ssm_dtype)
+    if mixer == GDN:
+        groups, heads = geometry["num_k_heads"], geometry["num_v_heads"]
+        inner, state_size, head_dim = heads * geometry["v_head_dim"], geometry["k_head_dim"], geometry["v_head_dim"]
+    else:
+        groups, heads = geometry["n_groups"], geometry["num_heads"]
+        inner, state_size, head_dim = geometry["intermediate_size"], geometry["state_size"], geometry["head_dim"]
+    local_heads = _divide(heads, tp, "the value heads" if mixer == GDN else "the mamba heads")
+    if groups % tp:  # SGLang's extra_groups_for_head_shards: replicate groups so each head shard has its own
+        groups += tp - groups
+    conv_dim = inner + 2 * groups * state_size
+    conv = (_divide(conv_dim, tp, f"the conv width ({conv_dim} after padding the groups)"), geometry["conv_kernel"] - 1)
+    ssm = (local_heads, state_size, head_dim) if mixer == GDN else (local_heads, head_dim, state_size)
+    return StateShape((conv,), ssm, model.dtype, ssm_dtype)
+
+
+def state_layer_ids(model: ModelSpec) -> list[int]:
+    """Global ids of every layer with a recurrent state (SGLang's ``mamba2_cache_params.layers``)."""
+    return [layer.index for layer in model.layers if layer.kind in STATE_KINDS]
+
+
+def rank_state_layer_ids(model: ModelSpec, serving: Serving) -> list[int]:
+    start, end = rank_layer_range(model, serving)
+    return [i for i in state_layer_ids(model) if start <= i < end]
+
+
+def rank_full_attention_layers(model: ModelSpec, serving: Serving) -> tuple[LayerSpec, ...]:
+    """This rank's layers with attention KV, in order (their ``index`` is the global layer id)."""
+    start, end = rank_layer_range(model, serving)
+    return tuple(layer for layer in model.layers[start:end] if layer.kind in KV_KINDS)
+
+
+def state_bytes_per_slot(model: ModelSpec, serving: Serving) -> int:
+    """What one state slot holds on this rank: every local state layer's conv and SSM state."""
+    return state_shape(model, serving).bytes * len(rank_state_layer_ids(model, serving))
+
+
+def sglang_stage_per_req(model: ModelSpec, serving: Serving) -> int:
+    """SGLang's per-slot charge: ``mamba_cache_per_req`` scaled to the *largest* pipeline stage's share.
+
+    ``int(total x (max_stage_layers / all_layers))`` in float, as
+    ``_handle_max_mamba_cache`` computes it, so every rank derives the same
+    ``max_mamba_cache_size`` without a collective.
+    """
+    layers = state_layer_ids(model)
+    total = state_shape(model, serving).bytes * len(layers)
+    if serving.pp_size > 1 and layers:
+        largest = max(
+            sum(1 for i in layers if start <= i < end)
+            for start, end in (
+                pp_layer_range(model.num_layers, rank, serving.pp_size, serving.pp_layer_partition)
+                for rank in range(serving.pp_size)
+            )
+        )
+    else:
+        largest = len(layers)
+    return int(total * (largest / max(len(layers), 1)))
+
+
+def _divide(value: int, tp: int, what: str) -> int:
+    if value % tp:
+        raise UnsupportedCombinationError(
+            f"The recurrent state cannot be sharded over TP {tp}: {what} is {value}, not a multiple of {tp}. "
+            f"Use a --tp-size (attention TP) that divides it."
+        )
+    return value // tp
