@@ -1,0 +1,145 @@
+"""Hybrid sliding-window attention: a full pool and an SWA pool (gpt-oss, Gemma-2/3/4, MiMo-V2-Flash, Mistral).
+
+Claims configs with sliding-window layers, in every form real configs use
+(:mod:`.config`), and declines the rest.  Full-attention layers keep every
+token; sliding layers only the window, so they get their own, smaller token
+pool, sized by SGLang's ``HybridSWAPoolConfigurator`` /
+``SWAChunkCapPoolConfigurator`` semantics (:mod:`.sizing`).  A model whose
+every layer slides (Mistral-7B-v0.1) has one SWA pool and no full pool.
+
+Built objects: :class:`.pool.SWAKVPool` (the two pools, the global→sub-pool
+layer mapping and the full→SWA index mapping) and the allocators of
+:mod:`.allocator` (a slot in both pools per token; the SWA slot is freed
+when the token slides out of the window).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from kvpools_core import hookimpl
+from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.parallel import rank_layer_range
+from kvpools_core.values import Budget, CellPart, CellSize, ModelSpec, Plan, PoolSizing, Serving
+
+from ..mha import attention_cell_size
+from .config import ARCHITECTURE, FULL, SLIDING, parse_swa_config
+from .sizing import DRAFT_POOL, FULL_POOL, SWA_POOL, draft_layer, draft_num_layers, sglang_shape, size_swa_pools
+
+__all__ = ["ARCHITECTURE", "swa_cell_size"]
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+
+@hookimpl
+def presets() -> dict[str, str]:
+    return {path.stem: str(path) for path in sorted(PRESET_DIR.glob("*.json"))}
+
+
+@hookimpl
+def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
+    return parse_swa_config(config, source)
+
+
+@hookimpl
+def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
+    if model.architecture != ARCHITECTURE:
+        return None
+    problems = []
+    if serving.dcp_size > 1:
+        problems.append(
+            f"--dcp-size {serving.dcp_size}: kvpools' SWA pools shard KV heads over attention TP, not tokens "
+            f"over decode context parallelism. Use --dcp-size 1 for {model.name}."
+        )
+    kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
+    if kv.scale_block is not None:
+        dims = {layer.head_dim for layer in model.layers} | {layer.v_head_dim for layer in model.layers}
+        bad = sorted(d for d in dims if d % kv.scale_block)
+        if bad:
+            problems.append(
+                f"--kv-cache-dtype {kv.name} stores one scale per {kv.scale_block} values, but {model.name} has "
+                f"head dims {bad} that are not multiples of {kv.scale_block}. Use bf16, fp16 or fp8_e4m3."
+            )
+    return problems
+
+
+@hookimpl
+def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
+    if model.architecture != ARCHITECTURE:
+        return None
+    return swa_cell_size(model, serving)
+
+
+@hookimpl
+def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing | None:
+    if model.architecture != ARCHITECTURE:
+        return None
+    return size_swa_pools(model, serving, cell, budget)
+
+
+@hookimpl
+def build_pool(plan: Plan, device: str) -> Any | None:
+    if plan.model.architecture != ARCHITECTURE:
+        return None
+    from .pool import SWAKVPool
+
+    return SWAKVPool.from_plan(plan, device)
+
+
+@hookimpl
+def build_allocator(plan: Plan, pool: Any, device: str) -> Any | None:
+    if plan.model.architecture != ARCHITECTURE:
+        return None
+    from .allocator import allocator_for_plan
+
+    return allocator_for_plan(plan, pool, device)
+
+
+def swa_cell_size(model: ModelSpec, serving: Serving) -> CellSize:
+    """Bytes per token of each pool on this rank, and SGLang's ``_cell_size`` beside them.
+
+    ``kv_full`` bytes are per full token, ``kv_swa`` per SWA token; the draft
+    model (EAGLE / EAGLE3 / STANDALONE / NEXTN / DFLASH) has its own
+    ``draft_kv`` pool of ``max_total_num_tokens`` rows, ``D`` layers of a full
+    layer's geometry, which this cell already includes (the speculative
+    wrapper leaves it alone).
+    """
+    start, end = rank_layer_range(model, serving)
+    layers = model.layers[start:end]
+    full = tuple(layer for layer in layers if layer.kind == FULL)
+    swa = tuple(layer for layer in layers if layer.kind == SLIDING)
+    parts: list[CellPart] = []
+    if any(layer.kind == FULL for layer in model.layers):
+        parts += _named(attention_cell_size(full, model, serving, pool=FULL_POOL).parts, "full_")
+    parts += _named(attention_cell_size(swa, model, serving, pool=SWA_POOL).parts, "swa_")
+    drafts = draft_num_layers(serving)
+    notes = list(model.params.get("notes", ()))
+    if drafts:
+        draft = (draft_layer(model),) * drafts
+        parts += _named(attention_cell_size(draft, model, serving, pool=DRAFT_POOL).parts, "draft_")
+        notes.append(
+            f"{serving.speculative_algorithm} draft: {drafts} layer(s) of a full layer's geometry, "
+            f"one draft_kv row per max_total_num_tokens token"
+        )
+    shape = sglang_shape(model, serving)
+    if shape.hybrid:
+        notes.append(
+            f"kv_full bytes are per full token ({len(full)} full layer(s) on this rank), kv_swa bytes per SWA token "
+            f"({len(swa)} SWA layer(s)); SGLang's cell size = full x (full + draft layers) + "
+            f"{shape.ratio} x swa x SWA layers"
+        )
+    return CellSize(
+        parts=parts,
+        sglang_bytes_per_token=shape.cell,
+        num_layers=end - start,
+        draft_included=True,
+        notes=notes,
+    )
+
+
+def _named(parts: tuple[CellPart, ...], prefix: str) -> list[CellPart]:
+    return [attrs.evolve(part, name=prefix + part.name) for part in parts]

@@ -1,0 +1,375 @@
+"""Slot allocators of the SWA pools, composed from the core's token / paged allocators.
+
+:class:`SWATokenToKVPoolAllocator` (SGLang's of the same name) hands every
+new token a slot in the full pool *and* one in the SWA pool, and records the
+pair in the pool's ``full_to_swa_index_mapping``; callers see full slot ids
+only.  ``free_swa`` gives back the SWA slots of tokens that slid out of the
+window (their full slots stay); ``free`` gives back both.  With ``page_size >
+1`` both sub-allocators run the same page-granular calls with the same
+lengths, so a full page and its SWA page hold the same positions at the same
+offsets: a full page maps to exactly one SWA page, and ``free_swa`` frees
+whole SWA pages.  :class:`PureSWAAllocator` serves a model whose every layer
+slides: one allocator over the SWA pool, whose slot ids are the token ids.
+
+Caller contract (as SGLang's): ``free_swa`` never frees the page holding a
+request's last token while the request still extends it (with ``debug=True``
+an extend from an evicted page is refused).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kvpools_core.allocators import AllocatorState, PagedAllocator, TokenAllocator, allocator_class
+from kvpools_core.values import Plan
+
+__all__ = ["PureSWAAllocator", "SWAState", "SWATokenToKVPoolAllocator", "allocator_for_plan"]
+
+_I64 = torch.int64
+
+
+class SWAState:
+    """Opaque snapshot of :meth:`SWATokenToKVPoolAllocator.backup_state`."""
+
+    __slots__ = ("full", "mapping", "swa")
+
+    def __init__(self, full: AllocatorState, swa: AllocatorState, mapping: Tensor) -> None:
+        self.full = full
+        self.swa = swa
+        self.mapping = mapping
+
+
+def allocator_for_plan(
+    plan: Plan, pool: object, device: str | torch.device
+) -> SWATokenToKVPoolAllocator | PureSWAAllocator:
+    """The allocator of a plan's SWA pool (``pool`` is its :class:`~.pool.SWAKVPool`).
+
+    The SWA sub-allocator pages the SWA pool as SGLang's does
+    (``size_swa // page_size`` pages); ``need_sort`` is on in PD disaggregation.
+    """
+    config = plan.sizing.sglang_config
+    page = plan.serving.page_size
+    need_sort = plan.serving.disaggregation_mode in ("prefill", "decode")
+    swa = int(config["swa_max_total_num_tokens"]) // page * page
+    mapping = getattr(pool, "full_to_swa_index_mapping", None)
+    if mapping is None:
+        return PureSWAAllocator(swa, page, device=device, need_sort=need_sort)
+    full = int(config["full_max_total_num_tokens"])
+    return SWATokenToKVPoolAllocator(full, swa, page, mapping=mapping, device=device, need_sort=need_sort)
+
+
+def _sub_allocator(
+    size: int, page_size: int, device: str | torch.device, need_sort: bool, debug: bool
+) -> TokenAllocator | PagedAllocator:
+    if allocator_class(page_size) is TokenAllocator:
+        return TokenAllocator(size, device=device, need_sort=need_sort, debug=debug)
+    return PagedAllocator(size, page_size, device=device, need_sort=need_sort, debug=debug)
+
+
+class SWATokenToKVPoolAllocator:
+    """A full slot and an SWA slot per token; the SWA slot can be freed alone."""
+
+    def __init__(
+        self,
+        size: int,
+        size_swa: int,
+        page_size: int = 1,
+        *,
+        mapping: Tensor | None = None,
+        device: str | torch.device = "cpu",
+        need_sort: bool = False,
+        debug: bool = False,
+    ) -> None:
+        self.page_size = page_size
+        self.debug = debug
+        self.full_attn_allocator = _sub_allocator(size, page_size, device, need_sort, debug)
+        self.swa_attn_allocator = _sub_allocator(size_swa, page_size, device, need_sort, debug)
+        self.device = self.full_attn_allocator.device
+        if mapping is None:
+            from .pool import new_mapping
+
+            mapping = new_mapping(size, page_size, self.device)
+        if mapping.shape != (size + page_size + 1,):
+            raise ValueError(
+                f"full_to_swa_index_mapping must have {size + page_size + 1} entries (size + page_size + the -1 "
+                f"sentinel), got shape {tuple(mapping.shape)}"
+            )
+        self.full_to_swa_index_mapping = mapping
+        self._offsets = torch.arange(page_size, dtype=_I64, device=self.device)
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def size(self) -> int:
+        """Tokens both pools can hold at once (SGLang: ``min(size_full, size_swa)``)."""
+        return min(self.size_full, self.size_swa)
+
+    @property
+    def size_full(self) -> int:
+        return self.full_attn_allocator.size
+
+    @property
+    def size_swa(self) -> int:
+        return self.swa_attn_allocator.size
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of both free lists (the mapping belongs to the pool)."""
+        return sum(self.nbytes_by_pool().values())
+
+    def nbytes_by_pool(self) -> dict[str, int]:
+        return {"allocator": self.full_attn_allocator.nbytes, "swa_allocator": self.swa_attn_allocator.nbytes}
+
+    def available_size(self) -> int:
+        return min(self.full_available_size(), self.swa_available_size())
+
+    def full_available_size(self) -> int:
+        return self.full_attn_allocator.available_size()
+
+    def swa_available_size(self) -> int:
+        return self.swa_attn_allocator.available_size()
+
+    def translate_loc_from_full_to_swa(self, loc: Tensor) -> Tensor:
+        return self.full_to_swa_index_mapping[loc]
+
+    # ------------------------------------------------------------- allocation
+    def alloc(self, need_size: int) -> Tensor | None:
+        """``need_size`` full slots (whole pages when paged), each paired with an SWA slot; None if either is short."""
+        if need_size > self.available_size():
+            return None
+        full = self.full_attn_allocator.alloc(need_size)
+        swa = self.swa_attn_allocator.alloc(need_size)
+        assert full is not None and swa is not None  # both had room
+        self.full_to_swa_index_mapping[full] = swa
+        return full
+
+    def alloc_extend(
+        self,
+        prefix_lens: Tensor,
+        seq_lens: Tensor,
+        last_loc: Tensor,
+        extend_num_tokens: int,
+        *,
+        num_new_pages: int | None = None,
+    ) -> Tensor | None:
+        """Slots for positions ``prefix_lens[i]..seq_lens[i]-1`` in both pools (full slot ids returned), or None."""
+        if self.page_size == 1:
+            return self.alloc(extend_num_tokens)
+        p = self.page_size
+        pre = prefix_lens.to(device=self.device, dtype=_I64)
+        seq = seq_lens.to(device=self.device, dtype=_I64)
+        last = last_loc.to(device=self.device, dtype=_I64)
+        if num_new_pages is None:
+            num_new_pages = int(((seq + p - 1) // p - (pre + p - 1) // p).sum())
+        if num_new_pages * p > self.available_size():
+            return None
+        swa_last = self.full_to_swa_index_mapping[last]
+        if self.debug:
+            evicted = (pre % p != 0) & (swa_last <= 0)
+            if bool(evicted.any()):
+                raise ValueError(
+                    f"alloc_extend continues the open page of last_loc {last[evicted][:8].tolist()} whose SWA page "
+                    f"was freed by free_swa; evict only pages before a request's last page"
+                )
+        full_alloc, swa_alloc = self._paged()
+        full = full_alloc.alloc_extend(pre, seq, last, extend_num_tokens, num_new_pages=num_new_pages)
+        swa = swa_alloc.alloc_extend(pre, seq, swa_last, extend_num_tokens, num_new_pages=num_new_pages)
+        assert full is not None and swa is not None  # both had the pages
+        self.full_to_swa_index_mapping[full] = swa
+        return full
+
+    def alloc_decode(self, seq_lens: Tensor, last_loc: Tensor, *, num_new_pages: int | None = None) -> Tensor | None:
+        """One slot per request in both pools for position ``seq_lens[i]-1`` (full slot ids returned), or None."""
+        if self.page_size == 1:
+            return self.alloc(seq_lens.numel())
+        p = self.page_size
+        seq = seq_lens.to(device=self.device, dtype=_I64)
+        last = last_loc.to(device=self.device, dtype=_I64)
+        if num_new_pages is None:
+            num_new_pages = int(torch.count_nonzero(seq % p == 1))
+        if num_new_pages * p > self.available_size():
+            return None
+        swa_last = self.full_to_swa_index_mapping[last]
+        if self.debug:
+            evicted = (seq % p != 1) & (swa_last <= 0)
+            if bool(evicted.any()):
+                raise ValueError(
+                    f"alloc_decode continues the page of last_loc {last[evicted][:8].tolist()} whose SWA page was "
+                    f"freed by free_swa; evict only pages before a request's last page"
+                )
+        full_alloc, swa_alloc = self._paged()
+        full = full_alloc.alloc_decode(seq, last, num_new_pages=num_new_pages)
+        swa = swa_alloc.alloc_decode(seq, swa_last, num_new_pages=num_new_pages)
+        assert full is not None and swa is not None
+        self.full_to_swa_index_mapping[full] = swa
+        return full
+
+    # ------------------------------------------------------------------ frees
+    def free(self, indices: Tensor) -> None:
+        """Free full slots ``indices`` and the SWA slots still mapped to them (a request ends)."""
+        if not indices.numel():
+            return
+        self.free_swa(indices)
+        self.full_attn_allocator.free(indices)
+
+    def free_swa(self, indices: Tensor) -> None:
+        """Free the SWA slots of full slots ``indices`` (tokens out of the window); their full slots stay.
+
+        Paged: the SWA page of every full page touched is freed whole.
+        Slots without an SWA slot (already evicted) are skipped.
+        """
+        if not indices.numel():
+            return
+        full = indices.to(device=self.device, dtype=_I64).reshape(-1)
+        if self.page_size > 1:
+            p = self.page_size
+            full = torch.add(self._offsets, (full // p)[:, None], alpha=p).reshape(-1)
+        swa = self.full_to_swa_index_mapping[full]
+        self.full_to_swa_index_mapping[full] = 0
+        swa = swa[swa > 0]
+        if swa.numel():
+            self.swa_attn_allocator.free(swa)
+
+    def free_full(self, indices: Tensor) -> None:
+        """Free full slots whose SWA slots are already gone."""
+        self.full_attn_allocator.free(indices)
+
+    def free_group_begin(self) -> None:
+        self.full_attn_allocator.free_group_begin()
+        self.swa_attn_allocator.free_group_begin()
+
+    def free_group_end(self) -> None:
+        self.full_attn_allocator.free_group_end()
+        self.swa_attn_allocator.free_group_end()
+
+    def merge_and_sort_free(self) -> None:
+        self.full_attn_allocator.merge_and_sort_free()
+        self.swa_attn_allocator.merge_and_sort_free()
+
+    # ------------------------------------------------------------ state/reset
+    def backup_state(self) -> SWAState:
+        """Snapshot of both allocators (copy-on-write) and of the mapping (one copy of it)."""
+        return SWAState(
+            self.full_attn_allocator.backup_state(),
+            self.swa_attn_allocator.backup_state(),
+            self.full_to_swa_index_mapping.clone(),
+        )
+
+    def restore_state(self, state: SWAState) -> None:
+        self.full_attn_allocator.restore_state(state.full)
+        self.swa_attn_allocator.restore_state(state.swa)
+        self.full_to_swa_index_mapping.copy_(state.mapping)
+
+    def clear(self) -> None:
+        """Everything free; every full slot unmapped (the −1 sentinel stays)."""
+        self.full_attn_allocator.clear()
+        self.swa_attn_allocator.clear()
+        self.full_to_swa_index_mapping[:-1] = 0
+
+    def _paged(self) -> tuple[PagedAllocator, PagedAllocator]:
+        full, swa = self.full_attn_allocator, self.swa_attn_allocator
+        assert isinstance(full, PagedAllocator) and isinstance(swa, PagedAllocator)  # page_size > 1
+        return full, swa
+
+    def __repr__(self) -> str:
+        return (
+            f"SWATokenToKVPoolAllocator(size_full={self.size_full}, size_swa={self.size_swa}, "
+            f"page_size={self.page_size}, free full={self.full_available_size()}, "
+            f"free swa={self.swa_available_size()}, device={self.device})"
+        )
+
+
+class PureSWAAllocator:
+    """Every layer slides: one allocator over the SWA pool; slot ids are token ids (no mapping)."""
+
+    def __init__(
+        self,
+        size_swa: int,
+        page_size: int = 1,
+        *,
+        device: str | torch.device = "cpu",
+        need_sort: bool = False,
+        debug: bool = False,
+    ) -> None:
+        self.page_size = page_size
+        self.swa_attn_allocator = _sub_allocator(size_swa, page_size, device, need_sort, debug)
+        self.full_attn_allocator = self.swa_attn_allocator
+        self.device = self.swa_attn_allocator.device
+
+    @property
+    def size(self) -> int:
+        return self.swa_attn_allocator.size
+
+    size_swa = size
+
+    @property
+    def nbytes(self) -> int:
+        return self.swa_attn_allocator.nbytes
+
+    def nbytes_by_pool(self) -> dict[str, int]:
+        return {"allocator": self.swa_attn_allocator.nbytes}
+
+    def available_size(self) -> int:
+        return self.swa_attn_allocator.available_size()
+
+    full_available_size = swa_available_size = available_size
+
+    def translate_loc_from_full_to_swa(self, loc: Tensor) -> Tensor:
+        return loc
+
+    def alloc(self, need_size: int) -> Tensor | None:
+        return self.swa_attn_allocator.alloc(need_size)
+
+    def alloc_extend(
+        self,
+        prefix_lens: Tensor,
+        seq_lens: Tensor,
+        last_loc: Tensor,
+        extend_num_tokens: int,
+        *,
+        num_new_pages: int | None = None,
+    ) -> Tensor | None:
+        inner = self.swa_attn_allocator
+        if isinstance(inner, TokenAllocator):
+            return inner.alloc(extend_num_tokens)
+        return inner.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens, num_new_pages=num_new_pages)
+
+    def alloc_decode(self, seq_lens: Tensor, last_loc: Tensor, *, num_new_pages: int | None = None) -> Tensor | None:
+        inner = self.swa_attn_allocator
+        if isinstance(inner, TokenAllocator):
+            return inner.alloc(seq_lens.numel())
+        return inner.alloc_decode(seq_lens, last_loc, num_new_pages=num_new_pages)
+
+    def free(self, indices: Tensor) -> None:
+        """Free slots (ids <= 0 are skipped); the caller frees a slot once, evicted or not."""
+        if indices.numel():
+            self.swa_attn_allocator.free(indices[indices > 0])
+
+    free_swa = free
+
+    def free_full(self, indices: Tensor) -> None:
+        """No full pool: nothing to free."""
+
+    def free_group_begin(self) -> None:
+        self.swa_attn_allocator.free_group_begin()
+
+    def free_group_end(self) -> None:
+        self.swa_attn_allocator.free_group_end()
+
+    def merge_and_sort_free(self) -> None:
+        self.swa_attn_allocator.merge_and_sort_free()
+
+    def backup_state(self) -> AllocatorState:
+        return self.swa_attn_allocator.backup_state()
+
+    def restore_state(self, state: AllocatorState) -> None:
+        self.swa_attn_allocator.restore_state(state)
+
+    def clear(self) -> None:
+        self.swa_attn_allocator.clear()
+
+    def __repr__(self) -> str:
+        return (
+            f"PureSWAAllocator(size_swa={self.size}, page_size={self.page_size}, "
+            f"free={self.available_size()}, device={self.device})"
+        )

@@ -1,0 +1,219 @@
+"""Reading which layers slide, and what each layer stores, from every form real configs use.
+
+Forms, in the order they are tried (the first that applies decides):
+
+* ``layer_types`` (gpt-oss, Gemma-3/4, Step-3.5): ``"sliding_attention"`` /
+  ``"full_attention"`` per layer; any other entry (``linear_attention``,
+  mamba) belongs to another plugin.
+* ``hybrid_layer_pattern`` (MiMo-V2-Flash): ``1`` = SWA, ``0`` = full.
+* ``sliding_window_pattern`` (Gemma-3), or the family's fixed pattern when
+  the config states none (transformers' defaults: Gemma-2 alternates, even
+  layers slide; Gemma-3 makes every 6th layer full): layer ``i`` is full when
+  ``(i + 1) % pattern == 0``.
+* Qwen-style ``use_sliding_window: true``: layers from ``max_window_layers`` on slide.
+* A ``sliding_window`` on a dense family with no layer list: every layer
+  slides (Mistral-7B-v0.1, "all-SWA").
+
+Geometry: full layers use ``num_key_value_heads`` / ``head_dim`` /
+``v_head_dim``; SWA layers use ``swa_num_key_value_heads`` / ``swa_head_dim`` /
+``swa_v_head_dim`` when present (MiMo-V2-Flash; absent ones follow the full
+layers' ``num_key_value_heads`` / ``head_dim`` / ``v_head_dim``, as MiMo's own config class).  Gemma-4's full layers
+use ``global_head_dim`` for K and V and, with ``attention_k_eq_v``,
+``num_global_key_value_heads``.  ``attention_k_eq_v`` ties the K and V
+*projections*, not the cached values: K is normed and rotated, V only
+normed, so both are cached and both are charged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from kvpools_core.config import ConfigReader, model_dtype
+from kvpools_core.errors import ConfigError
+from kvpools_core.values import LayerSpec, ModelSpec
+
+ARCHITECTURE = "swa"
+FULL = "attention"
+SLIDING = "sliding_attention"
+
+FAMILY_PATTERNS = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6}
+"""transformers' fixed sliding pattern of families whose configs may state none."""
+FAMILY_CONTEXT = {"gemma3": 131072, "gemma3_text": 131072}
+"""transformers' default ``max_position_embeddings`` of families whose sparse configs omit it."""
+WINDOW_LAYER_FAMILIES = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mimo"})
+"""Families whose ``use_sliding_window`` slides the layers from ``max_window_layers`` on."""
+ALL_SWA_FAMILIES = frozenset(
+    {"mistral", "mixtral", "llama", "phi3", "starcoder2", "gemma", "internlm2", "granite", "olmo2", "exaone", "glm4"}
+)
+"""Dense families where a ``sliding_window`` with no layer list slides every layer."""
+_FOREIGN = ("kv_lora_rank", "compress_ratios", "index_topk", "hybrid_override_pattern", "layers_block_type")
+"""Markers of configs other plugins own (MLA, DeepSeek-V4, DSA, mamba hybrids)."""
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
+_LAYER_TYPES = {"sliding_attention": True, "full_attention": False}
+
+SGLANG_HYBRID_SWA_ARCHITECTURES = frozenset(
+    {"GptOssForCausalLM", "MiMoV2FlashForCausalLM", "Llama4ForConditionalGeneration", "Step3p5ForCausalLM"}
+)
+"""Architectures SGLang itself serves with hybrid SWA pools (``is_hybrid_swa_model``)."""
+
+
+@attrs.frozen
+class Pattern:
+    """Which layers slide, and the words that say where that came from."""
+
+    sliding: tuple[bool, ...]
+    source: str
+
+
+def parse_swa_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
+    """The model of a sliding-window config, or ``None`` when the config is not one."""
+    outer = ConfigReader(config, source)
+    reader = outer.text()
+    if any(reader.has(key) or outer.has(key) for key in _FOREIGN):
+        return None
+    model_type = reader.string("model_type") or outer.string("model_type")
+    pattern = sliding_pattern(reader, model_type)
+    if pattern is None:
+        return None
+    num_layers = reader.integer("num_hidden_layers")
+    if len(pattern.sliding) != num_layers:
+        raise reader.error(
+            "num_hidden_layers",
+            f"is {num_layers} but the layer pattern ({pattern.source}) has {len(pattern.sliding)} entries",
+            "Make the layer list one entry per layer.",
+        )
+    if not any(pattern.sliding):
+        return None  # nothing slides: a plain attention model
+    if reader.integer("num_kv_shared_layers", 0, minimum=0):
+        raise reader.error(
+            "num_kv_shared_layers",
+            f"is {reader.get('num_kv_shared_layers')}: later layers reuse earlier layers' KV",
+            "kvpools cannot size cross-layer KV sharing exactly; it supports configs with num_kv_shared_layers 0.",
+        )
+    window = sliding_window(reader)
+    full, swa = layer_geometries(reader)
+    layers = [
+        LayerSpec(index=i, kind=SLIDING, num_kv_heads=swa[0], head_dim=swa[1], v_head_dim=swa[2], sliding_window=window)
+        if slides
+        else LayerSpec(index=i, kind=FULL, num_kv_heads=full[0], head_dim=full[1], v_head_dim=full[2])
+        for i, slides in enumerate(pattern.sliding)
+    ]
+    context_len, context_note = context_length(reader, model_type)
+    dtype_reader = reader if reader.has("torch_dtype") or reader.has("dtype") else outer
+    return ModelSpec(
+        name=source,
+        architecture=ARCHITECTURE,
+        layers=layers,
+        context_len=context_len,
+        dtype=model_dtype(dtype_reader),
+        num_attention_heads=reader.integer("num_attention_heads"),
+        model_type=model_type,
+        hf_architectures=outer.string_list("architectures"),
+        source=source,
+        num_nextn_predict_layers=reader.integer("num_nextn_predict_layers", 0, minimum=0),
+        is_multimodal=reader is not outer,
+        params={
+            "sliding_window": window,
+            "layer_pattern": pattern.source,
+            "attention_k_eq_v": bool(reader.get("attention_k_eq_v", False)),
+            "notes": [n for n in (context_note,) if n],
+        },
+    )
+
+
+def sliding_pattern(reader: ConfigReader, model_type: str) -> Pattern | None:
+    """Which layers slide, by the first form of the module docstring that applies; None for other models."""
+    if reader.has("layer_types"):
+        types = reader.string_list("layer_types")
+        if not types or any(t not in _LAYER_TYPES for t in types):
+            return None  # linear attention, mamba, ...: another plugin's hybrid
+        return Pattern(tuple(_LAYER_TYPES[t] for t in types), "layer_types")
+    if reader.has("hybrid_layer_pattern"):
+        values = reader.get("hybrid_layer_pattern")
+        if not isinstance(values, list) or any(v not in (0, 1) or isinstance(v, bool) for v in values):
+            raise reader.error(
+                "hybrid_layer_pattern", f"must be a list of 0 (full) and 1 (SWA), got {values!r}", "Fix the config."
+            )
+        return Pattern(tuple(v == 1 for v in values), "hybrid_layer_pattern (1 = SWA)")
+    if not window_active(reader):
+        return None
+    num_layers = reader.integer("num_hidden_layers")
+    stated = reader.optional_integer("sliding_window_pattern") or reader.optional_integer("_sliding_window_pattern")
+    if stated is not None or model_type in FAMILY_PATTERNS:
+        every = stated or FAMILY_PATTERNS[model_type]
+        how = f"sliding_window_pattern {every}" if stated else f"{model_type}'s fixed pattern {every} (transformers)"
+        return Pattern(
+            tuple((i + 1) % every != 0 for i in range(num_layers)), f"{how}: layer i is full when (i+1)%{every}==0"
+        )
+    if model_type in WINDOW_LAYER_FAMILIES:
+        if reader.get("use_sliding_window") is not True:
+            return None  # transformers ignores the window unless use_sliding_window is true
+        first = reader.integer("max_window_layers", minimum=0)
+        return Pattern(tuple(i >= first for i in range(num_layers)), f"use_sliding_window: layers >= {first} slide")
+    if model_type in ALL_SWA_FAMILIES:
+        return Pattern((True,) * num_layers, "sliding_window on every layer (all-SWA)")
+    return None
+
+
+def window_active(reader: ConfigReader) -> bool:
+    """``sliding_window`` is stated and not switched off by ``use_sliding_window: false`` (Qwen2-style inert field).
+
+    The same test as the MHA plugin's, so a config is claimed by exactly one of the two.
+    """
+    if not reader.has("sliding_window"):
+        return False
+    return reader.get("use_sliding_window", True) is not False
+
+
+def sliding_window(reader: ConfigReader) -> int:
+    """The window of the sliding layers (``sliding_window``, or ``sliding_window_size``)."""
+    key = "sliding_window" if reader.has("sliding_window") else "sliding_window_size"
+    if not reader.has(key):
+        raise reader.error(
+            "sliding_window", "is missing but the config has sliding layers", "Add the window size (tokens)."
+        )
+    return reader.integer(key)
+
+
+def layer_geometries(reader: ConfigReader) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(full layer, SWA layer) ``(num_kv_heads, head_dim, v_head_dim)``."""
+    heads = reader.integer("num_attention_heads")
+    kv_heads = reader.integer("num_key_value_heads", heads)
+    head_dim = reader.optional_integer("head_dim") or _derived_head_dim(reader, heads)
+    v_head_dim = reader.optional_integer("v_head_dim") or head_dim
+    swa = (
+        reader.integer("swa_num_key_value_heads", kv_heads),
+        reader.optional_integer("swa_head_dim") or head_dim,
+        reader.optional_integer("swa_v_head_dim") or v_head_dim,
+    )
+    full_heads, full_dim, full_v_dim = kv_heads, head_dim, v_head_dim
+    global_dim = reader.optional_integer("global_head_dim")
+    if global_dim is not None:  # Gemma-4: full layers have their own head dim, for K and V alike
+        full_dim = full_v_dim = global_dim
+    if reader.get("attention_k_eq_v", False) is True and reader.has("num_global_key_value_heads"):
+        full_heads = reader.integer("num_global_key_value_heads")
+    return (full_heads, full_dim, full_v_dim), swa
+
+
+def context_length(reader: ConfigReader, model_type: str) -> tuple[int, str | None]:
+    """The context length, or the family's transformers default (with a note saying so)."""
+    for key in _CONTEXT_KEYS:
+        if reader.has(key):
+            return reader.integer(key), None
+    if model_type in FAMILY_CONTEXT:
+        value = FAMILY_CONTEXT[model_type]
+        return value, f"max_position_embeddings is absent; {model_type}'s transformers default {value} is used"
+    raise reader.error("max_position_embeddings", "is missing", "Add it to the config or pass --context-length.")
+
+
+def _derived_head_dim(reader: ConfigReader, num_heads: int) -> int:
+    hidden = reader.integer("hidden_size")
+    if hidden % num_heads:
+        raise ConfigError(
+            f"{reader.source}: head_dim is missing and hidden_size {hidden} is not divisible by "
+            f"num_attention_heads {num_heads}. Add head_dim to the config."
+        )
+    return hidden // num_heads

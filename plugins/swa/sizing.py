@@ -1,0 +1,416 @@
+"""Two token spaces from one budget: SGLang's ``HybridSWAPoolConfigurator`` / ``SWAChunkCapPoolConfigurator``.
+
+A hybrid model keeps a full pool (every token of every request, full
+layers) and an SWA pool (only the window, sliding layers); every token holds
+a slot in both until it slides out of the window.  SGLang's semantics:
+
+* **ratio** (default): bytes per full token = full × (full layers + draft
+  layers) + ``swa_full_tokens_ratio`` × swa × SWA layers; full tokens =
+  budget // that, page aligned; SWA tokens = ``int(full × ratio)``, page aligned.
+* **all-SWA** (no full layer): one SWA pool; tokens = budget // (swa × SWA
+  layers + full × draft layers); the ratio does not apply.
+* **chunk cap** (explicit ``--max-running-requests``, radix cache off,
+  chunked prefill on, full layers present): the SWA pool holds each
+  request's worst case — window + eviction interval × draft tokens + page,
+  plus the decode allocation of the speculative mode — for every request,
+  plus the chunks in flight (on a decode node: the pre-allocated slots); the
+  rest of the budget goes to the full pool.
+
+``--accounting sglang`` reproduces those numbers.  ``--accounting exact``
+keeps the semantics (the ratio, the cap) and finds the most full tokens
+whose whole plan — both pools with their padding pages, the draft pool, the
+full→SWA index mapping, the request table and both allocators' free lists —
+fits the budget; under the chunk cap it never gives the SWA pool more slots
+than the full pool (an SWA slot always belongs to a live full slot).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.errors import InsufficientMemoryError
+from kvpools_core.sizing import (
+    RequestLimit,
+    alloc_len_per_decode,
+    allocator_pool,
+    apply_token_cap,
+    fmt_gib,
+    largest_fitting_tokens,
+    not_enough_memory,
+    page_align,
+    request_table_pool,
+    resolve_max_num_reqs,
+    sglang_tokens,
+)
+from kvpools_core.values import Budget, CellSize, LayerSpec, ModelSpec, PoolSizing, PoolSpec, Serving
+
+from .config import FULL, SGLANG_HYBRID_SWA_ARCHITECTURES, SLIDING
+
+FULL_POOL = "kv_full"
+SWA_POOL = "kv_swa"
+DRAFT_POOL = "draft_kv"
+MAPPING_POOL = "full_to_swa"
+SWA_ALLOCATOR = "swa_allocator"
+MAPPING_ITEM_BYTES = 8  # int64 SWA slot per full slot
+SGLANG_DRAFT_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE", "NEXTN"})
+"""Drafts SGLang's SWA configurator budgets into the full term (``is_eagle() or is_standalone()``)."""
+DRAFT_KV_ALGORITHMS = SGLANG_DRAFT_ALGORITHMS | {"DFLASH"}
+"""Drafts whose worker allocates a KV pool of max_total_num_tokens (NGRAM writes none)."""
+OWNER = "swa"
+
+
+@attrs.frozen
+class SGLangShape:
+    """The numbers SGLang's SWA configurator reads: per-layer bytes per token, layer counts, the ratio.
+
+    Layer counts are the whole model's (SGLang's configurator does not look
+    at the pipeline stage); heads are per attention-TP rank, ``max(1, heads // tp)``.
+    """
+
+    full_per_token: int
+    swa_per_token: int
+    num_full: int
+    num_swa: int
+    num_draft: int
+    ratio: float
+
+    @property
+    def hybrid(self) -> bool:
+        return self.num_full > 0
+
+    @property
+    def cell(self) -> float:
+        """``_cell_size``: bytes per ``max_total_num_tokens`` token, SGLang's float arithmetic."""
+        if not self.hybrid:
+            return float(self.swa_per_token * self.num_swa + self.full_per_token * self.num_draft)
+        return self.full_per_token * (self.num_full + self.num_draft) + self.ratio * self.swa_per_token * self.num_swa
+
+    @property
+    def full_cell(self) -> int:
+        """Bytes per full token of the full term alone (the chunk cap's divisor)."""
+        return self.full_per_token * (self.num_full + self.num_draft)
+
+    def estimate(self, full_tokens: int, swa_tokens: int) -> int:
+        """What SGLang's coefficients charge for pools of these sizes."""
+        if not self.hybrid:
+            return swa_tokens * (self.swa_per_token * self.num_swa + self.full_per_token * self.num_draft)
+        return full_tokens * self.full_cell + swa_tokens * self.swa_per_token * self.num_swa
+
+
+@attrs.frozen
+class ChunkCap:
+    """SGLang's ``SWAChunkCapPoolConfigurator._swa_cap`` and the terms it adds up."""
+
+    window: int
+    eviction_interval: int
+    draft_tokens: int
+    page_size: int
+    decode_alloc: int
+    requests: int
+    tail: int
+    tail_what: str
+
+    @property
+    def per_request(self) -> int:
+        return self.window + self.eviction_interval * self.draft_tokens + self.page_size + self.decode_alloc
+
+    @property
+    def tokens(self) -> int:
+        return self.per_request * self.requests + self.tail
+
+    @property
+    def aligned(self) -> int:
+        return -(-self.tokens // self.page_size) * self.page_size
+
+    def describe(self) -> str:
+        return (
+            f"{self.requests} request(s) x (window {self.window} + eviction interval {self.eviction_interval} x "
+            f"{self.draft_tokens} draft token(s) + page {self.page_size} + decode {self.decode_alloc}) + "
+            f"{self.tail_what} (= {self.tail:,}) = {self.tokens:,} tokens"
+        )
+
+
+def draft_layer(model: ModelSpec) -> LayerSpec:
+    """The geometry of one draft-model layer: a full layer of the target (SGLang's assumption), else its SWA layer."""
+    return next((layer for layer in model.layers if layer.kind == FULL), model.layers[0])
+
+
+def draft_num_layers(serving: Serving) -> int:
+    """Draft layers whose KV the draft worker allocates (0 without draft KV)."""
+    if serving.speculative_algorithm not in DRAFT_KV_ALGORITHMS:
+        return 0
+    return serving.speculative_draft_num_layers or 0
+
+
+def sglang_shape(model: ModelSpec, serving: Serving) -> SGLangShape:
+    """SGLang's coefficients for this model and serving (whole-model layer counts)."""
+    e = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype).element_bytes
+    tp = serving.attn_tp_size
+    full = [layer for layer in model.layers if layer.kind == FULL]
+    swa = [layer for layer in model.layers if layer.kind == SLIDING]
+
+    def per_token(layer: LayerSpec) -> int:
+        return max(1, layer.num_kv_heads // tp) * (layer.head_dim + layer.v_head_dim) * e
+
+    drafts = serving.speculative_draft_num_layers or 0
+    return SGLangShape(
+        full_per_token=per_token(draft_layer(model)),
+        swa_per_token=per_token(swa[0]) if swa else 0,
+        num_full=len(full),
+        num_swa=len(swa),
+        num_draft=drafts if serving.speculative_algorithm in SGLANG_DRAFT_ALGORITHMS else 0,
+        ratio=serving.swa_full_tokens_ratio,
+    )
+
+
+def chunk_cap(model: ModelSpec, serving: Serving) -> ChunkCap | None:
+    """The SWA cap when ``SWAChunkCapPoolConfigurator.is_applicable``; None otherwise."""
+    if (
+        serving.max_running_requests is None
+        or not serving.disable_radix_cache
+        or serving.chunked_prefill_size is None
+        or not any(layer.kind == FULL for layer in model.layers)
+    ):
+        return None
+    page = serving.page_size
+    if not serving.speculative:
+        decode = page
+    elif serving.disable_overlap_schedule:
+        decode = spec_decode_alloc_len_per_request(serving)  # spec-v1
+    else:
+        decode = 2 * alloc_len_per_decode(serving)  # spec-v2 keeps 2 x alloc_len outstanding
+    window = int(model.params["sliding_window"])
+    if serving.disaggregation_mode == "decode":
+        extra = serving.disaggregation_decode_extra_slots
+        tail, what = (window + page) * extra, f"{extra} pre-allocated decode slot(s) x (window {window} + page {page})"
+    else:
+        chunks = 1 if serving.disable_overlap_schedule else 2
+        tail = chunks * serving.chunked_prefill_size + page
+        what = f"{chunks} chunk(s) in flight x {serving.chunked_prefill_size} + page {page}"
+    return ChunkCap(
+        window=window,
+        eviction_interval=max(1, serving.swa_eviction_interval),
+        draft_tokens=serving.speculative_num_draft_tokens or 1,
+        page_size=page,
+        decode_alloc=decode,
+        requests=serving.max_running_requests // serving.attn_dp_size,
+        tail=tail,
+        tail_what=what,
+    )
+
+
+def spec_decode_alloc_len_per_request(serving: Serving) -> int:
+    """KV tokens one request may take in a spec-v1 decode step (SGLang's ``spec_decode_alloc_len_per_request``).
+
+    Each of the ``topk`` branches drafts ``num_steps`` tokens, verify takes
+    ``num_draft_tokens``; paged, each rounds up to whole pages (a branch of a
+    tree draft one page more).
+    """
+    page = serving.page_size
+    branch = serving.speculative_num_steps or 1
+    topk = serving.speculative_eagle_topk or 1
+    verify = serving.speculative_num_draft_tokens or 1
+    if page > 1:
+        branch = _ceil_align(branch + page, page) if topk > 1 else _ceil_align(branch, page)
+        verify = _ceil_align(verify, page)
+    return max(branch * topk, verify)
+
+
+def size_swa_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing:
+    """The ``size_pools`` answer for a sliding-window model (both accounting modes)."""
+    shape = sglang_shape(model, serving)
+    cap = chunk_cap(model, serving)
+    page = serving.page_size
+    context_len = serving.context_length or model.context_len
+    exact = serving.accounting == "exact"
+    per_token = cell.pool_bytes_per_token()
+    notes: list[str] = []
+
+    def split(tokens: int, constrained: bool) -> tuple[int, int]:
+        """(full, SWA) tokens for ``max_total_num_tokens`` = tokens.
+
+        SGLang's ``_solve_pool_sizes``; under the chunk cap the profiling path
+        keeps the capped SWA pool and the constraint path caps it at ``tokens``
+        (unaligned, as SGLang); the exact plan keeps it within the full pool.
+        """
+        if not shape.hybrid:
+            return 0, page_align(tokens, page)
+        full = page_align(tokens, page)
+        if cap is None:
+            return full, page_align(int(full * shape.ratio), page)
+        if exact:
+            return full, min(cap.aligned, full)
+        return full, min(cap.aligned, tokens) if constrained else cap.aligned
+
+    def layout(tokens: int, constrained: bool = False) -> tuple[list[PoolSpec], RequestLimit, int, int]:
+        full, swa = split(tokens, constrained)
+        total = full if shape.hybrid else swa
+        limit = resolve_max_num_reqs(total, context_len, serving)
+        return (
+            _pools(per_token, shape, full, swa, total, limit.max_running_requests, context_len, serving),
+            limit,
+            full,
+            swa,
+        )
+
+    if exact:
+        sized_by_total = [name for name in per_token if name != (SWA_POOL if shape.hybrid else FULL_POOL)]
+        per_total_token = sum(per_token[name] for name in sized_by_total) + (MAPPING_ITEM_BYTES if shape.hybrid else 0)
+        upper = budget.budget_bytes // max(1, per_total_token)
+        profiled = largest_fitting_tokens(budget.budget_bytes, page, upper, lambda t: _cost(layout(t)[0]))
+    elif cap is not None:
+        fixed = cap.aligned * shape.swa_per_token * shape.num_swa
+        profiled = (budget.budget_bytes - fixed) // shape.full_cell // page * page
+        if profiled <= 0:
+            raise _cap_error(cap, fixed, budget.budget_bytes)
+    else:
+        profiled = sglang_tokens(budget.budget_bytes, shape.cell, page)
+    tokens, cap_note = apply_token_cap(profiled, serving.max_total_tokens)
+    if cap_note:
+        notes.append(cap_note)
+    constrained = tokens != profiled
+    full, swa = split(tokens, constrained)
+    total = full if shape.hybrid else swa
+    if total <= 0:
+        raise not_enough_memory(model, serving, cell, budget)
+    if page_align(swa, page) <= 0:
+        raise InsufficientMemoryError(
+            f"The SWA pool of {model.name} would get {swa} tokens, less than one page of {page}: "
+            f"int({full} full tokens x --swa-full-tokens-ratio {shape.ratio}) rounds to nothing. "
+            f"Raise --memory or --swa-full-tokens-ratio, or lower --page-size."
+        )
+    pools, limit, _, _ = layout(tokens, constrained)
+    if limit.note:
+        notes.append(limit.note)
+    if limit.max_running_requests <= 0:
+        raise InsufficientMemoryError(
+            f"{total} KV tokens leave room for no request (a request needs at least 2 tokens). "
+            f"Raise --memory or lower --page-size."
+        )
+    notes.append(split_note(shape, cap, pools, full, swa, page))
+    if serving.accounting == "sglang" and not SGLANG_HYBRID_SWA_ARCHITECTURES & set(model.hf_architectures):
+        arch = ", ".join(model.hf_architectures) or model.model_type
+        notes.append(
+            f"stock SGLang does not serve {arch} with hybrid SWA pools (it is not in is_hybrid_swa_model); "
+            f"these numbers are SGLang's HybridSWAPoolConfigurator applied to its layer pattern."
+        )
+    return PoolSizing(
+        max_total_num_tokens=total,
+        max_running_requests=limit.max_running_requests,
+        pools=pools,
+        sglang_config={
+            "max_total_num_tokens": total,
+            "max_running_requests": limit.max_running_requests,
+            "full_max_total_num_tokens": full,
+            "swa_max_total_num_tokens": swa,
+        },
+        sglang_estimate_bytes=shape.estimate(full, swa),
+        notes=notes,
+    )
+
+
+def mapping_pool(full_tokens: int, page_size: int) -> PoolSpec:
+    """The full→SWA index mapping: one int64 per full slot (padding page included) and the trailing −1."""
+    rows = full_tokens + page_size + 1
+    return PoolSpec(
+        name=MAPPING_POOL,
+        kind="mapping",
+        slots=full_tokens,
+        padding_slots=page_size + 1,
+        bytes_per_slot=MAPPING_ITEM_BYTES,
+        bytes=rows * MAPPING_ITEM_BYTES,
+        sglang_charged=False,
+        owner=OWNER,
+    )
+
+
+def split_note(shape: SGLangShape, cap: ChunkCap | None, pools: list[PoolSpec], full: int, swa: int, page: int) -> str:
+    """How the budget was split between the pools (the report prints it)."""
+    by_name = {p.name: p for p in pools}
+    swa_pool = by_name[SWA_POOL]
+    if not shape.hybrid:
+        return (
+            f"all {shape.num_swa} layers slide: one SWA pool of {swa:,} tokens "
+            f"({swa_pool.bytes_per_slot:,} B/token, {fmt_gib(swa_pool.bytes)}); --swa-full-tokens-ratio does not apply."
+        )
+    full_pool = by_name[FULL_POOL]
+    kv = full_pool.bytes + swa_pool.bytes
+    share = (
+        f"full pool {full:,} tokens x {full_pool.bytes_per_slot:,} B ({shape.num_full} full layer(s)) = "
+        f"{fmt_gib(full_pool.bytes)} ({_pct(full_pool.bytes, kv)} of the KV bytes); SWA pool {swa:,} tokens x "
+        f"{swa_pool.bytes_per_slot:,} B ({shape.num_swa} SWA layer(s)) = {fmt_gib(swa_pool.bytes)} "
+        f"({_pct(swa_pool.bytes, kv)})"
+    )
+    if cap is not None:
+        return (
+            f"SWA chunk cap (explicit --max-running-requests, radix cache off, chunked prefill): the SWA pool holds "
+            f"{cap.describe()}, page aligned {cap.aligned:,}; the rest of the budget goes to the full pool: {share}."
+        )
+    return (
+        f"--swa-full-tokens-ratio {shape.ratio} split the budget: SWA tokens = int(full x {shape.ratio}) page aligned "
+        f"(page {page}); {share}."
+    )
+
+
+def _token_pool(name: str, tokens: int, page: int, bytes_per_token: int, charged: bool) -> PoolSpec:
+    return PoolSpec(
+        name=name,
+        kind="kv",
+        slots=tokens,
+        padding_slots=page,
+        bytes_per_slot=bytes_per_token,
+        bytes=(tokens + page) * bytes_per_token,
+        sglang_charged=charged,
+        owner=OWNER,
+    )
+
+
+def _pools(
+    per_token: dict[str, int],
+    shape: SGLangShape,
+    full: int,
+    swa: int,
+    total: int,
+    requests: int,
+    context_len: int,
+    serving: Serving,
+) -> list[PoolSpec]:
+    """Every allocation of the plan: KV pools, the mapping, the request table, the allocators' free lists."""
+    page = serving.page_size
+    pools = []
+    for name, bytes_per_token in per_token.items():
+        slots = {FULL_POOL: full, SWA_POOL: swa}.get(name, total)
+        charged = name in (FULL_POOL, SWA_POOL) or (name == DRAFT_POOL and shape.num_draft > 0)
+        pools.append(_token_pool(name, slots, page, bytes_per_token, charged))
+    if shape.hybrid:
+        pools.append(mapping_pool(full, page))
+    pools.append(request_table_pool(requests, context_len, serving))
+    swa_pages = page_align(swa, page)  # SGLang's allocator pages the pool: size // page_size
+    if shape.hybrid:
+        pools.append(allocator_pool(full, page))
+        if swa_pages:
+            pools.append(attrs.evolve(allocator_pool(swa_pages, page), name=SWA_ALLOCATOR, owner=OWNER))
+    elif swa_pages:
+        pools.append(allocator_pool(swa_pages, page))
+    return pools
+
+
+def _cap_error(cap: ChunkCap, fixed_bytes: int, budget_bytes: int) -> InsufficientMemoryError:
+    return InsufficientMemoryError(
+        f"SWA pool cap ({cap.aligned} tokens, {fixed_bytes / (1 << 30):.2f} GiB) leaves no room for the full KV pool "
+        f"within the available {budget_bytes / (1 << 30):.2f} GiB (the cap is {cap.describe()}). "
+        f"Lower --max-running-requests or --swa-eviction-interval, or raise --memory / --mem-fraction-static."
+    )
+
+
+def _cost(pools: list[PoolSpec]) -> int:
+    return sum(p.bytes for p in pools)
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{part / whole * 100:.1f} %" if whole else "-"
+
+
+def _ceil_align(value: int, align: int) -> int:
+    return -(-value // align) * align
