@@ -26,6 +26,7 @@ Every function is vectorised over tokens, heads and blocks; none runs on
 from __future__ import annotations
 
 import functools
+from abc import ABC, abstractmethod
 from typing import ClassVar
 
 import torch
@@ -63,7 +64,7 @@ _E4M3_MAX_BITS = 0x7E  # 448; 0x7F is NaN
 _E8M0_BIAS = 127
 
 
-class KVCodec:
+class KVCodec(ABC):
     """Storage of one KV dtype: shapes of a ``(rows, heads, dim)`` buffer and its scales, encode, decode."""
 
     #: values per scale byte, or None without scales
@@ -85,13 +86,13 @@ class KVCodec:
         """The stored buffer as the kernels read it (fp8 buffers as fp8)."""
         return data
 
+    @abstractmethod
     def encode(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """``(n, heads, dim)`` activations → stored data (and scales) for ``n`` rows."""
-        raise NotImplementedError
 
+    @abstractmethod
     def decode(self, data: Tensor, scale: Tensor | None, out_dtype: torch.dtype) -> Tensor:
         """Stored rows (and their scales) → ``(n, heads, dim)`` values in ``out_dtype``."""
-        raise NotImplementedError
 
 
 class NativeCodec(KVCodec):

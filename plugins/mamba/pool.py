@@ -21,11 +21,8 @@ import torch
 from torch import Tensor
 
 from kvpools_core.allocators import TokenAllocator
-from kvpools_core.dtypes import resolve_kv_dtype
-from kvpools_core.parallel import kv_heads_per_rank
-from kvpools_core.pools import LayerGeometry, LayerKV, ReqToTokenPool, check_planned_bytes
-from kvpools_core.pools.kv import PoolPlanMismatchError, allocate, tensor_nbytes
-from kvpools_core.pools.quant import codec_for
+from kvpools_core.pools import ReqToTokenPool, check_planned_bytes
+from kvpools_core.pools.kv import allocate, tensor_nbytes
 from kvpools_core.sizing import req_to_token_row_len, req_to_token_rows
 from kvpools_core.values import Plan
 
@@ -290,61 +287,8 @@ class HybridLinearKVPool:
 
     @classmethod
     def from_plan(cls, plan: Plan, device: str | torch.device) -> HybridLinearKVPool:
-        model, serving = plan.model, plan.serving
-        kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
-        codec = codec_for(kv)
-        full_layers = rank_full_attention_layers(model, serving)
-        geometry = [
-            LayerGeometry(
-                heads=kv_heads_per_rank(layer.num_kv_heads, serving.attn_tp_size, serving.dcp_size),
-                head_dim=layer.head_dim,
-                v_head_dim=layer.v_head_dim,
-            )
-            for layer in full_layers
-        ]
-        size, page = plan.max_total_num_tokens, serving.page_size
-        rows = size + page
-        check_planned_bytes(
-            KV_POOL,
-            LayerKV.planned_nbytes(rows, geometry, codec),
-            plan.pool(KV_POOL).bytes,
-            f"{len(geometry)} full-attention layer(s), {rows} rows of {kv.name}",
-        )
-        model_dtype = getattr(torch, model.dtype)
-        draft = None
-        if any(p.name == DRAFT_POOL for p in plan.pools):
-            if not geometry or len(set(geometry)) > 1:
-                raise PoolPlanMismatchError(
-                    f"The plan has a draft KV pool but this stage's full-attention layers have "
-                    f"{len(set(geometry))} geometries; the draft's layer shape is ambiguous."
-                )
-            draft_layers = [geometry[0]] * (serving.speculative_draft_num_layers or 0)
-            check_planned_bytes(
-                DRAFT_POOL,
-                LayerKV.planned_nbytes(rows, draft_layers, codec),
-                plan.pool(DRAFT_POOL).bytes,
-                f"{len(draft_layers)} draft layer(s) shaped like a full-attention layer, {rows} rows of {kv.name}",
-            )
-            draft = MHATokenToKVPool(
-                size=size,
-                page_size=page,
-                layers=draft_layers,
-                start_layer=0,
-                codec=codec,
-                device=device,
-                model_dtype=model_dtype,
-                name=DRAFT_POOL,
-            )
-        full = MHATokenToKVPool(
-            size=size,
-            page_size=page,
-            layers=geometry,
-            start_layer=0,
-            codec=codec,
-            device=device,
-            model_dtype=model_dtype,
-            draft=draft,
-        )
+        full_layers = rank_full_attention_layers(plan.model, plan.serving)
+        full = MHATokenToKVPool.from_layers(plan, full_layers, device, start_layer=0, pool_name=KV_POOL)
         return cls(full=full, full_attention_layer_ids=[layer.index for layer in full_layers])
 
     @property

@@ -11,6 +11,8 @@ plan's draft model gets its own pool of the same per-layer geometry
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -18,9 +20,9 @@ from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
 from kvpools_core.pools.kv import LayerGeometry, LayerKV, PoolPlanMismatchError, check_planned_bytes
 from kvpools_core.pools.quant import KVCodec, codec_for
-from kvpools_core.values import Plan
+from kvpools_core.values import LayerSpec, Plan, Serving
 
-__all__ = ["MHATokenToKVPool", "plan_layer_geometry"]
+__all__ = ["MHATokenToKVPool", "layer_geometry", "plan_layer_geometry"]
 
 MAIN_POOL = "kv"
 DRAFT_POOL = "draft_kv"
@@ -61,23 +63,40 @@ class MHATokenToKVPool:
     @classmethod
     def from_plan(cls, plan: Plan, device: str | torch.device) -> MHATokenToKVPool:
         """The pool (and its draft pool) a plan describes; refuses, before allocating, bytes the plan did not charge."""
+        start, end = rank_layer_range(plan.model, plan.serving)
+        return cls.from_layers(plan, plan.model.layers[start:end], device, start_layer=start)
+
+    @classmethod
+    def from_layers(
+        cls,
+        plan: Plan,
+        layers: Sequence[LayerSpec],
+        device: str | torch.device,
+        *,
+        start_layer: int,
+        pool_name: str = MAIN_POOL,
+    ) -> MHATokenToKVPool:
+        """A pool of ``layers`` (full attention, this rank) and the plan's draft pool, if it has one.
+
+        Hybrid plugins that keep MHA KV for some layers only (mamba) build it
+        here too, so the bytes checks and the draft's shape live in one place.
+        """
         serving = plan.serving
         kv = resolve_kv_dtype(serving.kv_cache_dtype, plan.model.dtype)
         codec = codec_for(kv)
         model_dtype = getattr(torch, plan.model.dtype)
-        start, _end = rank_layer_range(plan.model, serving)
-        layers = plan_layer_geometry(plan)
+        geometry = layer_geometry(layers, serving)
         size, page = plan.max_total_num_tokens, serving.page_size
         rows = size + page
         check_planned_bytes(
-            MAIN_POOL,
-            LayerKV.planned_nbytes(rows, layers, codec),
-            plan.pool(MAIN_POOL).bytes,
-            f"{len(layers)} layer(s) from {start}, {rows} rows of {kv.name}",
+            pool_name,
+            LayerKV.planned_nbytes(rows, geometry, codec),
+            plan.pool(pool_name).bytes,
+            f"{len(geometry)} layer(s) from {start_layer}, {rows} rows of {kv.name}",
         )
         draft = None
         if any(p.name == DRAFT_POOL for p in plan.pools):
-            draft_layers = _draft_geometry(plan, layers)
+            draft_layers = _draft_geometry(plan, geometry)
             check_planned_bytes(
                 DRAFT_POOL,
                 LayerKV.planned_nbytes(rows, draft_layers, codec),
@@ -97,11 +116,12 @@ class MHATokenToKVPool:
         return cls(
             size=size,
             page_size=page,
-            layers=layers,
-            start_layer=start,
+            layers=geometry,
+            start_layer=start_layer,
             codec=codec,
             device=device,
             model_dtype=model_dtype,
+            name=pool_name,
             draft=draft,
         )
 
@@ -181,18 +201,22 @@ class MHATokenToKVPool:
         )
 
 
-def plan_layer_geometry(plan: Plan) -> list[LayerGeometry]:
-    """Per layer of the plan's pipeline stage: KV heads this rank stores, K and V head dims."""
-    serving = plan.serving
-    start, end = rank_layer_range(plan.model, serving)
+def layer_geometry(layers: Sequence[LayerSpec], serving: Serving) -> list[LayerGeometry]:
+    """Per layer: the KV heads this rank stores (attention TP, DCP), K and V head dims."""
     return [
         LayerGeometry(
             heads=kv_heads_per_rank(layer.num_kv_heads, serving.attn_tp_size, serving.dcp_size),
             head_dim=layer.head_dim,
             v_head_dim=layer.v_head_dim,
         )
-        for layer in plan.model.layers[start:end]
+        for layer in layers
     ]
+
+
+def plan_layer_geometry(plan: Plan) -> list[LayerGeometry]:
+    """Per layer of the plan's pipeline stage: KV heads this rank stores, K and V head dims."""
+    start, end = rank_layer_range(plan.model, plan.serving)
+    return layer_geometry(plan.model.layers[start:end], plan.serving)
 
 
 def _draft_geometry(plan: Plan, layers: list[LayerGeometry]) -> list[LayerGeometry]:
