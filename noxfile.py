@@ -25,7 +25,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    session.install(*CONSTRAINTS, "ruff")
     session.run("ruff", "check", "kvpools_core", "plugins", "tests", "benchmarks", "noxfile.py")
 
 
