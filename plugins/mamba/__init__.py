@@ -3,13 +3,15 @@
 Qwen3-Next and Qwen3.5 (Gated DeltaNet), Nemotron-H and Granite-4.0-H (Mamba2),
 Jamba (Mamba-1) and Falcon-H1 (every layer both) keep K and V only for their
 full-attention layers and, for the others, a conv + SSM state per request
-slot.  SGLang (``_handle_max_mamba_cache``) takes the state cache out of the
-budget first — ``max_mamba_cache_size`` K slots — and sizes the KV tokens from
-the rest; requests are capped by ``K // ratio`` state slots per request.
+slot; Kimi-Linear (KDA) keeps an MLA latent row for its full-attention layers.
+SGLang (``_handle_max_mamba_cache``) takes the state cache out of the budget
+first — ``max_mamba_cache_size`` K slots — and sizes the KV tokens from the
+rest; requests are capped by ``K // ratio`` state slots per request.
 
 The cell size is the full-attention layers' KV (the MHA plugin's
-:func:`~kvpools_plugins.mha.attention_cell_size`; the speculative wrapper adds
-the draft's) with ``bytes_per_request`` = one state slot on this rank;
+:func:`~kvpools_plugins.mha.attention_cell_size`, or the MLA plugin's latent row
+for MLA-based hybrids, :mod:`.latent`; the speculative wrapper adds the
+draft's) with ``bytes_per_request`` = one state slot on this rank;
 ``size_pools`` does the split (:mod:`.sizing`), and the pools
 (:mod:`.pool`) hold the state in the request table, as SGLang's
 ``HybridReqToTokenPool`` does.
@@ -31,6 +33,7 @@ from kvpools_core.values import Budget, CellSize, ModelSpec, Plan, PoolSizing, S
 
 from ..mha import attention_cell_size
 from .config import KV_KINDS, hybrid_family, hybrid_model_spec
+from .latent import is_mla_hybrid, latent_cell_size, latent_problems
 from .sizing import size_hybrid_pools
 from .state import rank_full_attention_layers, rank_state_layer_ids, state_bytes_per_slot, state_shape
 
@@ -62,7 +65,11 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
     if model.architecture != ARCHITECTURE:
         return None
-    cell = attention_cell_size(rank_full_attention_layers(model, serving), model, serving)
+    full_layers = rank_full_attention_layers(model, serving)
+    if is_mla_hybrid(model):
+        cell = latent_cell_size(full_layers, model, serving)
+    else:
+        cell = attention_cell_size(full_layers, model, serving)
     shape = state_shape(model, serving)
     layers = rank_state_layer_ids(model, serving)
     return attrs.evolve(
@@ -146,6 +153,8 @@ def hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:
             f"so SGLang's KV cell size there is 0: give every stage a full-attention layer (--pp-layer-partition, "
             f"or a smaller --pp-size)."
         )
+    if is_mla_hybrid(model):
+        return problems + latent_problems(model, serving)
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
     if kv.scale_block is not None:
         dims = {layer.head_dim for layer in model.layers if layer.kind in KV_KINDS}

@@ -13,6 +13,11 @@ Five families, each read the way SGLang's config class reads it
 * Mamba-1 (Jamba): attention where ``(i - attn_layer_offset) % attn_layer_period == 0``.
 * Falcon-H1: a parallel hybrid, every layer keeps attention KV *and* a Mamba2 state.
 * Granite-4.0-H: ``layer_types`` of ``mamba`` / ``attention``, Mamba2 state.
+* Kimi-Linear (``configs/kimi_linear.py``): KDA layers and MLA full-attention
+  layers; ``linear_attn_config.kda_layers`` lists the KDA layers *1-based*
+  (layer ``i`` is KDA when ``i + 1`` is listed, every other layer is MLA), the
+  state from ``linear_attn_config``'s ``num_heads``, ``head_dim`` and
+  ``short_conv_kernel_size``, the latent from ``kv_lora_rank`` and ``qk_rope_head_dim``.
 
 A field that decides the state's size is never guessed: when it is missing the
 config is rejected with a message naming it.
@@ -26,6 +31,8 @@ from typing import Any
 from kvpools_core.config import ConfigReader, model_dtype
 from kvpools_core.values import LayerSpec, ModelSpec
 
+from ..mla.config import MLADims
+
 ATTENTION = "attention"
 """A full-attention layer: K and V for every token."""
 LINEAR_ATTENTION = "linear_attention"
@@ -34,13 +41,15 @@ MAMBA = "mamba"
 """A Mamba2 or Mamba-1 layer: a fixed-size conv + SSM state per request."""
 ATTENTION_MAMBA = "attention_mamba"
 """A parallel-hybrid layer (Falcon-H1): attention KV and a Mamba2 state."""
+MLA_ATTENTION = "mla_attention"
+"""A full-attention MLA layer (Kimi-Linear): one latent row per token, whatever the TP."""
 NO_CACHE = "none"
 """An MLP / MoE block that caches nothing (Nemotron-H ``-`` and ``E``)."""
 
-KV_KINDS = frozenset({ATTENTION, ATTENTION_MAMBA})
+KV_KINDS = frozenset({ATTENTION, ATTENTION_MAMBA, MLA_ATTENTION})
 STATE_KINDS = frozenset({LINEAR_ATTENTION, MAMBA, ATTENTION_MAMBA})
 
-GDN, MAMBA2, MAMBA1 = "gdn", "mamba2", "mamba1"
+GDN, MAMBA2, MAMBA1, KDA = "gdn", "mamba2", "mamba1", "kda"
 """The recurrent mixers: their state shapes are in :mod:`.state`."""
 
 _FAMILY_BY_MODEL_TYPE = {
@@ -53,6 +62,7 @@ _FAMILY_BY_MODEL_TYPE = {
     "jamba": "jamba",
     "falcon_h1": "falcon_h1",
     "granitemoehybrid": "granite",
+    "kimi_linear": "kimi_linear",
 }
 _FAMILY_BY_ARCHITECTURE = {
     "Qwen3NextForCausalLM": "qwen_gdn",
@@ -64,8 +74,18 @@ _FAMILY_BY_ARCHITECTURE = {
     "JambaForCausalLM": "jamba",
     "FalconH1ForCausalLM": "falcon_h1",
     "GraniteMoeHybridForCausalLM": "granite",
+    "KimiLinearForCausalLM": "kimi_linear",
 }
-_MIXER = {"qwen_gdn": GDN, "nemotron_h": MAMBA2, "jamba": MAMBA1, "falcon_h1": MAMBA2, "granite": MAMBA2}
+_MIXER = {
+    "qwen_gdn": GDN,
+    "nemotron_h": MAMBA2,
+    "jamba": MAMBA1,
+    "falcon_h1": MAMBA2,
+    "granite": MAMBA2,
+    "kimi_linear": KDA,
+}
+# Families whose full-attention layers are MLA (SGLang's ``use_mla_backend``): one latent row per token.
+MLA_FAMILIES = frozenset({"kimi_linear"})
 # Families whose SGLang config class passes itself to ``mamba2_state_dtype`` (so ``mamba_ssm_dtype`` counts).
 _READS_SSM_DTYPE = frozenset({"qwen_gdn", "nemotron_h", "jamba"})
 _SSM_DTYPES = ("float32", "bfloat16", "float16")
@@ -110,6 +130,8 @@ def hybrid_family(config: Mapping[str, Any]) -> str | None:
         return "jamba"
     if states and reader.has("mamba_n_heads"):
         return "granite"
+    if reader.has("linear_attn_config"):
+        return "kimi_linear"
     return None
 
 
@@ -132,18 +154,7 @@ def hybrid_model_spec(config: Mapping[str, Any], source: str, *, architecture: s
             "not supported.",
         )
     heads = reader.integer("num_attention_heads")
-    head_dim = _head_dim(reader, heads)
-    kv_heads = next((reader.integer(key) for key in _KV_HEAD_KEYS if reader.has(key)), heads)
-    layers = [
-        LayerSpec(
-            index=i,
-            kind=kind,
-            num_kv_heads=kv_heads if kind in KV_KINDS else 0,
-            head_dim=head_dim if kind in KV_KINDS else 0,
-            v_head_dim=head_dim if kind in KV_KINDS else 0,
-        )
-        for i, kind in enumerate(kinds)
-    ]
+    layers = _mla_layers(reader, kinds) if family in MLA_FAMILIES else _mha_layers(reader, kinds, heads)
     dtype_reader = reader if reader.has("torch_dtype") or reader.has("dtype") else outer
     return ModelSpec(
         name=source,
@@ -168,6 +179,35 @@ def hybrid_model_spec(config: Mapping[str, Any], source: str, *, architecture: s
     )
 
 
+def _mha_layers(reader: ConfigReader, kinds: Sequence[str], heads: int) -> list[LayerSpec]:
+    head_dim = _head_dim(reader, heads)
+    kv_heads = next((reader.integer(key) for key in _KV_HEAD_KEYS if reader.has(key)), heads)
+    return [
+        LayerSpec(
+            index=i,
+            kind=kind,
+            num_kv_heads=kv_heads if kind in KV_KINDS else 0,
+            head_dim=head_dim if kind in KV_KINDS else 0,
+            v_head_dim=head_dim if kind in KV_KINDS else 0,
+        )
+        for i, kind in enumerate(kinds)
+    ]
+
+
+def _mla_layers(reader: ConfigReader, kinds: Sequence[str]) -> list[LayerSpec]:
+    """MLA full-attention layers as the ``mla`` plugin describes them (key row = latent + rope, value = latent)."""
+    dims = MLADims(reader.integer("kv_lora_rank"), reader.integer("qk_rope_head_dim"))
+    params = {"kv_lora_rank": dims.kv_lora_rank, "qk_rope_head_dim": dims.qk_rope_head_dim}
+    return [
+        LayerSpec(
+            index=i, kind=kind, num_kv_heads=1, head_dim=dims.kv_cache_dim, v_head_dim=dims.kv_lora_rank, params=params
+        )
+        if kind in KV_KINDS
+        else LayerSpec(index=i, kind=kind, num_kv_heads=0, head_dim=0, v_head_dim=0)
+        for i, kind in enumerate(kinds)
+    ]
+
+
 # ---------------------------------------------------------------------------
 # layer layout
 # ---------------------------------------------------------------------------
@@ -182,6 +222,8 @@ def _listed_kinds(reader: ConfigReader) -> list[str] | None:
 
 
 def _layout_field(reader: ConfigReader, family: str) -> str:
+    if family == "kimi_linear":
+        return "linear_attn_config"
     for key in ("layer_types", "layers_block_type", "hybrid_override_pattern", "full_attention_interval"):
         if reader.has(key):
             return key
@@ -199,6 +241,8 @@ def _layer_kinds(reader: ConfigReader, family: str) -> list[str]:
                 "layout is not supported.",
             )
         return [ATTENTION_MAMBA] * reader.integer("num_hidden_layers")
+    if family == "kimi_linear":
+        return _kimi_linear_kinds(reader)
     state = LINEAR_ATTENTION if family == "qwen_gdn" else MAMBA
     for key in ("layer_types", "layers_block_type"):
         if reader.has(key):
@@ -230,6 +274,48 @@ def _layer_kinds(reader: ConfigReader, family: str) -> list[str]:
     )
 
 
+def _kimi_linear_kinds(reader: ConfigReader) -> list[str]:
+    """``KimiLinearConfig.is_kda_layer``: layer ``i`` is KDA when ``i + 1`` is in ``kda_layers``, else MLA."""
+    linear = _linear_attn_config(reader)
+    num_layers = reader.integer("num_hidden_layers")
+    kda, full = (_one_based_layers(linear, key, num_layers) for key in ("kda_layers", "full_attn_layers"))
+    if kda & full:
+        raise linear.error(
+            "kda_layers",
+            f"and full_attn_layers both list layer(s) {sorted(kda & full)}",
+            "A layer is either KDA or full attention; fix the config.",
+        )
+    return [LINEAR_ATTENTION if i + 1 in kda else MLA_ATTENTION for i in range(num_layers)]
+
+
+def _linear_attn_config(reader: ConfigReader) -> ConfigReader:
+    value = reader.get("linear_attn_config")
+    if not isinstance(value, Mapping):
+        raise reader.error(
+            "linear_attn_config",
+            "is missing" if value is None else f"must be an object, got {value!r}",
+            "Kimi-Linear's KDA layers and state geometry are read from it (kda_layers, full_attn_layers, "
+            "num_heads, head_dim, short_conv_kernel_size).",
+        )
+    return ConfigReader(value, reader.source, prefix=f"{reader.prefix}linear_attn_config.")
+
+
+def _one_based_layers(linear: ConfigReader, key: str, num_layers: int) -> set[int]:
+    values = linear.get(key)
+    if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise linear.error(
+            key,
+            "is missing" if values is None else f"must be a list of layer numbers, got {values!r}",
+            f"List the layers 1-based (1..{num_layers}), as Kimi-Linear's config.json does.",
+        )
+    bad = sorted(v for v in values if not 1 <= v <= num_layers)
+    if bad:
+        raise linear.error(
+            key, f"has layer number(s) {bad} outside 1..{num_layers}", "Layers are numbered from 1 (1-based)."
+        )
+    return set(values)
+
+
 def _kinds_from_list(reader: ConfigReader, key: str, state: str) -> list[str]:
     values = reader.string_list(key)
     unknown = sorted({v for v in values if v not in _LAYER_TYPE_KINDS})
@@ -254,6 +340,13 @@ def _kinds_from_list(reader: ConfigReader, key: str, state: str) -> list[str]:
 
 
 def _state_geometry(reader: ConfigReader, family: str) -> dict[str, int]:
+    if family == "kimi_linear":  # KimiLinearConfig.mamba2_cache_params: K heads and dims default to V's
+        linear = _linear_attn_config(reader)
+        return {
+            "num_heads": linear.integer("num_heads"),
+            "head_dim": linear.integer("head_dim"),
+            "conv_kernel": linear.integer("short_conv_kernel_size", minimum=2),
+        }
     if family == "qwen_gdn":
         return {
             "num_k_heads": reader.integer("linear_num_key_heads"),

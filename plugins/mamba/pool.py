@@ -9,8 +9,9 @@
   (int64, 2 columns with overlap, else 1); it owns the state pool, as in
   SGLang, and the speculative intermediate state ``(layers, rows, D, *shape)``
   (the dense layout, whose bytes are SGLang's charge).
-* :class:`HybridLinearKVPool` — K and V of the full-attention layers only,
-  addressed by global layer id (and the draft model's KV pool).
+* :class:`HybridLinearKVPool` — K and V of the full-attention layers only
+  (an MLA latent row for MLA-based hybrids: the ``mla`` plugin's
+  ``MLATokenToKVPool``), addressed by global layer id (and the draft model's KV pool).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from kvpools_core.sizing import req_to_token_row_len, req_to_token_rows
 from kvpools_core.values import Plan
 
 from ..mha.pool import MHATokenToKVPool
+from ..mla.pool import MLATokenToKVPool, check_latent_bytes, draft_num_layers
+from .latent import is_mla_hybrid, latent_row
 from .sizing import (
     MAPPING_POOL,
     SLOT_ALLOCATOR_POOL,
@@ -275,9 +278,13 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
 
 class HybridLinearKVPool:
-    """K and V of this rank's full-attention layers, addressed by global layer id (state lives in the request table)."""
+    """KV of this rank's full-attention layers, addressed by global layer id (state lives in the request table).
 
-    def __init__(self, *, full: MHATokenToKVPool, full_attention_layer_ids: Sequence[int]) -> None:
+    ``full`` is an MHA pool (K and V) or, for MLA-based hybrids, an MLA pool
+    (one latent row; ``use_mla`` in SGLang), of the full-attention layers only.
+    """
+
+    def __init__(self, *, full: MHATokenToKVPool | MLATokenToKVPool, full_attention_layer_ids: Sequence[int]) -> None:
         self.full = full
         self.full_attention_layer_ids = tuple(full_attention_layer_ids)
         self.full_attention_layer_id_mapping = {layer_id: i for i, layer_id in enumerate(self.full_attention_layer_ids)}
@@ -288,11 +295,19 @@ class HybridLinearKVPool:
     @classmethod
     def from_plan(cls, plan: Plan, device: str | torch.device) -> HybridLinearKVPool:
         full_layers = rank_full_attention_layers(plan.model, plan.serving)
-        full = MHATokenToKVPool.from_layers(plan, full_layers, device, start_layer=0, pool_name=KV_POOL)
+        full: MHATokenToKVPool | MLATokenToKVPool
+        if is_mla_hybrid(plan.model):
+            full = _build_latent_pool(plan, len(full_layers), device)
+        else:
+            full = MHATokenToKVPool.from_layers(plan, full_layers, device, start_layer=0, pool_name=KV_POOL)
         return cls(full=full, full_attention_layer_ids=[layer.index for layer in full_layers])
 
     @property
-    def draft(self) -> MHATokenToKVPool | None:
+    def use_mla(self) -> bool:
+        return isinstance(self.full, MLATokenToKVPool)
+
+    @property
+    def draft(self) -> MHATokenToKVPool | MLATokenToKVPool | None:
         return self.full.draft
 
     @property
@@ -311,7 +326,8 @@ class HybridLinearKVPool:
         """Measured bytes per plan pool name: ``kv`` and, with a draft, ``draft_kv``."""
         return self.full.nbytes_by_pool()
 
-    def get_kv_size_bytes(self) -> tuple[int, int]:
+    def get_kv_size_bytes(self) -> tuple[int, int] | int:
+        """The full pool's ``get_kv_size_bytes``: ``(K bytes, V bytes)`` for MHA, the latent bytes for MLA."""
         return self.full.get_kv_size_bytes()
 
     def get_key_buffer(self, layer_id: int) -> Tensor:
@@ -323,11 +339,33 @@ class HybridLinearKVPool:
     def get_kv_buffer(self, layer_id: int) -> tuple[Tensor, Tensor]:
         return self.full.get_kv_buffer(self._local(layer_id))
 
-    def set_kv_buffer(self, layer_id: int, loc: Tensor, cache_k: Tensor, cache_v: Tensor) -> None:
+    def set_kv_buffer(self, layer_id: int, loc: Tensor, cache_k: Tensor, cache_v: Tensor | None = None) -> None:
+        """Store K and V (MHA) or whole latent rows in ``cache_k`` (MLA, ``cache_v`` ignored) at slots ``loc``."""
+        if isinstance(self.full, MLATokenToKVPool):
+            self.full.set_kv_buffer(self._local(layer_id), loc, cache_k, cache_v)
+            return
+        if cache_v is None:
+            raise ValueError(f"set_kv_buffer(layer {layer_id}): an MHA full-attention layer needs cache_v.")
         self.full.set_kv_buffer(self._local(layer_id), loc, cache_k, cache_v)
 
     def get_kv(self, layer_id: int, loc: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+        """K and V (MHA), or the latent and rope parts (MLA), at slots ``loc`` in ``dtype``."""
+        if isinstance(self.full, MLATokenToKVPool):
+            return self.full.get_mla_kv(self._local(layer_id), loc, dtype)
         return self.full.get_kv(self._local(layer_id), loc, dtype)
+
+    def set_mla_kv_buffer(self, layer_id: int, loc: Tensor, k_nope: Tensor, k_rope: Tensor) -> None:
+        """MLA-based hybrids: store the latent and rope parts of rows at slots ``loc``."""
+        self._latent_pool(layer_id).set_mla_kv_buffer(self._local(layer_id), loc, k_nope, k_rope)
+
+    def get_mla_kv(self, layer_id: int, loc: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+        """MLA-based hybrids: the latent and rope parts at slots ``loc``."""
+        return self._latent_pool(layer_id).get_mla_kv(self._local(layer_id), loc, dtype)
+
+    def _latent_pool(self, layer_id: int) -> MLATokenToKVPool:
+        if not isinstance(self.full, MLATokenToKVPool):
+            raise TypeError(f"Layer {layer_id} keeps MHA K and V, not an MLA latent row: use set_kv_buffer / get_kv.")
+        return self.full
 
     def _local(self, layer_id: int) -> int:
         if layer_id not in self.full_attention_layer_id_mapping:
@@ -341,5 +379,43 @@ class HybridLinearKVPool:
     def __repr__(self) -> str:
         return (
             f"HybridLinearKVPool(size={self.size}, page_size={self.page_size}, dtype={self.dtype}, "
-            f"full_attention_layers={list(self.full_attention_layer_ids)}, device={self.device})"
+            f"use_mla={self.use_mla}, full_attention_layers={list(self.full_attention_layer_ids)}, "
+            f"device={self.device})"
         )
+
+
+def _build_latent_pool(plan: Plan, num_layers: int, device: str | torch.device) -> MLATokenToKVPool:
+    """The MLA pool of an MLA-based hybrid's full-attention layers (local ids 0..n-1) and the draft's latent pool.
+
+    Checks both against the plan before allocating, as ``MLATokenToKVPool.from_plan``
+    does for a plain MLA model (whose layers are a contiguous range).
+    """
+    row = latent_row(plan.model, plan.serving)
+    size, page = plan.max_total_num_tokens, plan.serving.page_size
+    model_dtype = getattr(torch, plan.model.dtype)
+    check_latent_bytes(plan, KV_POOL, row, size + page, num_layers)
+    draft = None
+    layers = draft_num_layers(plan)
+    if layers is not None:
+        check_latent_bytes(plan, DRAFT_POOL, row, size + page, layers)
+        draft = MLATokenToKVPool(
+            size=size,
+            page_size=page,
+            row=row,
+            start_layer=0,
+            num_layers=layers,
+            device=device,
+            model_dtype=model_dtype,
+            name=DRAFT_POOL,
+        )
+    return MLATokenToKVPool(
+        size=size,
+        page_size=page,
+        row=row,
+        start_layer=0,
+        num_layers=num_layers,
+        device=device,
+        model_dtype=model_dtype,
+        name=KV_POOL,
+        draft=draft,
+    )

@@ -11,6 +11,11 @@ Shapes follow SGLang's mamba cache params (``configs/mamba_utils.py``):
   x value_head_dim``, key groups padded like Mamba2's); SSM state
   ``(value_heads / tp, key_head_dim, value_head_dim)``.
 * Mamba-1 (Jamba): conv ``(d_inner / tp, d_conv - 1)``, SSM ``(d_inner / tp, d_state)``.
+* KDA (Kimi-Linear, ``KimiLinearStateShape.create``): the short conv over q, k
+  and v, each ``heads x head_dim`` sharded on its own, stored window-first as
+  one ``(conv_kernel - 1, 3 x heads x head_dim / tp)`` tensor; SSM state
+  ``(heads / tp, head_dim, head_dim)``.  SGLang does not pass the config to
+  ``mamba2_state_dtype`` here, so a config's ``mamba_ssm_dtype`` does not count.
 
 The conv state is stored in the model dtype (SGLang's default conv dtype is
 bfloat16, the same two bytes), the SSM state in float32 unless the config's
@@ -29,7 +34,7 @@ from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.parallel import pp_layer_range, rank_layer_range
 from kvpools_core.values import LayerSpec, ModelSpec, Serving
 
-from .config import GDN, KV_KINDS, MAMBA1, STATE_KINDS
+from .config import GDN, KDA, KV_KINDS, MAMBA1, STATE_KINDS
 
 
 @attrs.frozen
@@ -74,6 +79,12 @@ def state_shape(model: ModelSpec, serving: Serving) -> StateShape:
         inner = _divide(geometry["intermediate_size"], tp, "the Mamba-1 inner size (mamba_expand x hidden_size)")
         kernel = geometry["conv_kernel"] - 1
         return StateShape(((inner, kernel),), (inner, geometry["state_size"]), model.dtype, ssm_dtype)
+    if mixer == KDA:
+        heads, head_dim = geometry["num_heads"], geometry["head_dim"]
+        local_heads = _divide(heads, tp, "the KDA heads (linear_attn_config.num_heads)")
+        proj = _divide(heads * head_dim, tp, "the KDA projection (num_heads x head_dim)")
+        conv = (geometry["conv_kernel"] - 1, 3 * proj)  # q, k and v channels, window axis first
+        return StateShape((conv,), (local_heads, head_dim, head_dim), model.dtype, ssm_dtype)
     if mixer == GDN:
         groups, heads = geometry["num_k_heads"], geometry["num_v_heads"]
         inner, state_size, head_dim = heads * geometry["v_head_dim"], geometry["k_head_dim"], geometry["v_head_dim"]

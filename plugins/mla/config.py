@@ -36,8 +36,16 @@ DSV4_ARCHITECTURES = frozenset({"DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMN
 
 # SGLang's ModelConfig.get_context_length order.
 _CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
-# Hybrid layouts (sliding-window or recurrent layers beside MLA) belong to hybrid plugins.
-_HYBRID_MARKERS = ("swa_kv_lora_rank", "hybrid_layer_pattern", "hybrid_override_pattern", "layers_block_type")
+# Hybrid layouts (sliding-window or recurrent layers beside MLA) belong to hybrid plugins
+# (Kimi-Linear's ``linear_attn_config`` names its KDA layers: the ``mamba`` plugin's).
+_HYBRID_MARKERS = (
+    "swa_kv_lora_rank",
+    "hybrid_layer_pattern",
+    "hybrid_override_pattern",
+    "layers_block_type",
+    "linear_attn_config",
+)
+_HYBRID_MODEL_TYPES = frozenset({"kimi_linear"})
 
 
 @attrs.frozen
@@ -78,7 +86,7 @@ def has_mla_latent(reader: ConfigReader) -> bool:
     """An MLA latent and no hybrid layout: the configs the MLA family may claim."""
     if not (reader.has("kv_lora_rank") and reader.has("qk_rope_head_dim")):
         return False
-    if any(reader.has(key) for key in _HYBRID_MARKERS):
+    if any(reader.has(key) for key in _HYBRID_MARKERS) or reader.get("model_type") in _HYBRID_MODEL_TYPES:
         return False
     layer_types = reader.get("layer_types")
     return not (isinstance(layer_types, list) and any(kind != "full_attention" for kind in layer_types))

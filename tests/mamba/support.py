@@ -126,8 +126,13 @@ def sglang_hybrid(config: Mapping[str, Any], serving: Serving) -> SGLangHybrid:
         "jamba": "jamba",
         "falcon_h1": "falcon_h1",
         "granitemoehybrid": "granite",
+        "kimi_linear": "kda",
     }[model_type]
-    if family == "nemotron_h":
+    if family == "kda":  # KimiLinearConfig.is_kda_layer: 1-based kda_layers, every other layer full (MLA)
+        n = text["num_hidden_layers"]
+        mamba = [i for i in range(n) if i + 1 in text["linear_attn_config"]["kda_layers"]]
+        full = [i for i in range(n) if i not in mamba]
+    elif family == "nemotron_h":
         pattern = text["hybrid_override_pattern"]
         n = len(pattern)
         full = [i for i, c in enumerate(pattern) if c == "*"]
@@ -148,7 +153,9 @@ def sglang_hybrid(config: Mapping[str, Any], serving: Serving) -> SGLangHybrid:
         full = [i for i in range(n) if (i + 1) % text["full_attention_interval"] == 0]
         mamba = [i for i in range(n) if i not in full]
     tp = serving.tp_size if family == "falcon_h1" else serving.attn_tp_size
-    if family == "gdn":
+    if family == "kda":
+        conv, ssm = _kda_shape(tp, **text["linear_attn_config"])
+    elif family == "gdn":
         conv, ssm = _mamba2_shape(
             tp,
             intermediate=text["linear_value_head_dim"] * text["linear_num_value_heads"],
@@ -203,6 +210,10 @@ def sglang_hybrid(config: Mapping[str, Any], serving: Serving) -> SGLangHybrid:
         "dtype": sglang_model_dtype(dtype),  # a config without a dtype is float32: served in float16
         "is_multimodal": text is not config,
     }
+    if family == "kda":  # ModelConfig: KimiLinearForCausalLM is MLA; the oracle's MLA list lacks it
+        params.update(
+            kv_lora_rank=text["kv_lora_rank"], qk_rope_head_dim=text["qk_rope_head_dim"], use_mla_backend=True
+        )
     return SGLangHybrid(
         family=family,
         num_layers=n,
@@ -226,6 +237,15 @@ def _mamba2_shape(
     return (conv_dim // tp, kernel - 1), (heads // tp, head_dim, state)
 
 
+def _kda_shape(
+    tp: int, *, num_heads: int, head_dim: int, short_conv_kernel_size: int, **_: Any
+) -> tuple[tuple[int, int], tuple[int, int, int]]:
+    """``KimiLinearStateShape.create`` (K heads and dims default to V's): conv ``(K - 1, q + k + v)`` per TP rank."""
+    proj = num_heads * head_dim
+    assert proj % tp == 0 and num_heads % tp == 0, (num_heads, head_dim, tp)
+    return (short_conv_kernel_size - 1, proj // tp + 2 * (proj // tp)), (num_heads // tp, head_dim, head_dim)
+
+
 def oracle_model(config: Mapping[str, Any], serving: Serving) -> Any:
     """The oracle's ``model`` for ``serving`` (the state bytes depend on TP)."""
     from tests.oracle.adapter import OracleModel
@@ -234,7 +254,7 @@ def oracle_model(config: Mapping[str, Any], serving: Serving) -> Any:
     text = config["text_config"] if isinstance(config.get("text_config"), Mapping) else config
     params = dict(hybrid.params)
     params["mamba"] = {
-        "kind": "gdn" if hybrid.family == "gdn" else "mamba2",
+        "kind": hybrid.family if hybrid.family in ("gdn", "kda") else "mamba2",
         "layer_ids": list(hybrid.mamba_layer_ids),
         "full_attention_layer_ids": list(hybrid.full_attention_layer_ids),
         "cache_per_req_bytes": hybrid.mamba_cache_per_req,
