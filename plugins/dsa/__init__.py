@@ -65,6 +65,11 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
     if model.architecture != ARCHITECTURE:
         return None
+    return dsa_problems(model, serving)
+
+
+def dsa_problems(model: ModelSpec, serving: Serving) -> list[str]:
+    """What SGLang's DSA pools cannot hold (shared with the swa plugin's hybrid MLA-SWA full layers)."""
     problems = mla_problems(model, serving)
     index_dim = model.layers[0].params["index_head_dim"]
     if index_dim != INDEX_HEAD_DIM:

@@ -11,6 +11,10 @@ Built objects: :class:`.pool.SWAKVPool` (the two pools, the global→sub-pool
 layer mapping and the full→SWA index mapping) and the allocators of
 :mod:`.allocator` (a slot in both pools per token; the SWA slot is freed
 when the token slides out of the window).
+
+Hybrid MLA-SWA models (full layers MLA or DSA, sliding layers MLA with their
+own latent dims, :mod:`.mla`) keep the same two token spaces, sizing and
+allocator; their pools store latent rows (:class:`.mla_pool.SWAMLAKVPool`).
 """
 
 from __future__ import annotations
@@ -26,9 +30,20 @@ from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.values import Budget, CellPart, CellSize, ModelSpec, Plan, PoolSizing, Serving
 
+from ..dsa import INDEX_EXTRA_SLOTS, INDEX_POOL
 from ..mha import attention_cell_size
 from .config import ARCHITECTURE, FULL, SLIDING, parse_swa_config
-from .sizing import DRAFT_POOL, FULL_POOL, SWA_POOL, draft_layer, draft_num_layers, sglang_shape, size_swa_pools
+from .mla import full_row, index_bytes, is_dsa, is_latent, latent_problems, swa_row
+from .sizing import (
+    DRAFT_KV_ALGORITHMS,
+    DRAFT_POOL,
+    FULL_POOL,
+    SWA_POOL,
+    draft_layer,
+    draft_num_layers,
+    sglang_shape,
+    size_swa_pools,
+)
 
 __all__ = ["ARCHITECTURE", "swa_cell_size"]
 
@@ -55,6 +70,8 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
             f"--dcp-size {serving.dcp_size}: kvpools' SWA pools shard KV heads over attention TP, not tokens "
             f"over decode context parallelism. Use --dcp-size 1 for {model.name}."
         )
+    if is_latent(model):
+        return problems + latent_problems(model, serving, serving.speculative_algorithm in DRAFT_KV_ALGORITHMS)
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
     if kv.scale_block is not None:
         dims = {layer.head_dim for layer in model.layers} | {layer.v_head_dim for layer in model.layers}
@@ -85,6 +102,10 @@ def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budge
 def build_pool(plan: Plan, device: str) -> Any | None:
     if plan.model.architecture != ARCHITECTURE:
         return None
+    if is_latent(plan.model):
+        from .mla_pool import SWAMLAKVPool
+
+        return SWAMLAKVPool.from_plan(plan, device)
     from .pool import SWAKVPool
 
     return SWAKVPool.from_plan(plan, device)
@@ -112,12 +133,14 @@ def swa_cell_size(model: ModelSpec, serving: Serving) -> CellSize:
     layers = model.layers[start:end]
     full = tuple(layer for layer in layers if layer.kind == FULL)
     swa = tuple(layer for layer in layers if layer.kind == SLIDING)
+    notes = list(model.params.get("notes", ()))
+    if is_latent(model):
+        return _latent_cell_size(model, serving, len(full), len(swa), end - start, notes)
     parts: list[CellPart] = []
     if any(layer.kind == FULL for layer in model.layers):
         parts += _named(attention_cell_size(full, model, serving, pool=FULL_POOL).parts, "full_")
     parts += _named(attention_cell_size(swa, model, serving, pool=SWA_POOL).parts, "swa_")
     drafts = draft_num_layers(serving)
-    notes = list(model.params.get("notes", ()))
     if drafts:
         draft = (draft_layer(model),) * drafts
         parts += _named(attention_cell_size(draft, model, serving, pool=DRAFT_POOL).parts, "draft_")
@@ -136,6 +159,40 @@ def swa_cell_size(model: ModelSpec, serving: Serving) -> CellSize:
         parts=parts,
         sglang_bytes_per_token=shape.cell,
         num_layers=end - start,
+        draft_included=True,
+        notes=notes,
+    )
+
+
+def _latent_cell_size(
+    model: ModelSpec, serving: Serving, num_full: int, num_swa: int, num_layers: int, notes: list[str]
+) -> CellSize:
+    """Hybrid MLA-SWA: the full layers' latent rows (and DSA indexer keys), the sliding layers' own rows.
+
+    MLA rows are shared by all heads, so TP does not shard them; the draft KV
+    is refused in ``validate``.
+    """
+    parts: list[CellPart] = []
+    row = full_row(model, serving)
+    if row is not None:
+        parts += _named(tuple(row.cell_parts(num_full, pool=FULL_POOL)), "full_")
+        if is_dsa(model):
+            parts.append(CellPart("full_indexer", index_bytes(model) * num_full, INDEX_POOL, INDEX_EXTRA_SLOTS))
+    srow = swa_row(model, serving)
+    parts += _named(tuple(srow.cell_parts(num_swa, pool=SWA_POOL)), "swa_")
+    shape = sglang_shape(model, serving)
+    storage = "a DSA row + indexer key" if is_dsa(model) else "an MLA latent row"
+    if row is not None:
+        notes.append(
+            f"hybrid MLA-SWA: {num_full} full layer(s) on this rank store {storage} of {shape.full_per_token} B "
+            f"per full token, {num_swa} SWA layer(s) an MLA row of {srow.row_bytes} B "
+            f"(swa_kv_lora_rank {srow.dims.kv_lora_rank} + swa_qk_rope_head_dim {srow.dims.qk_rope_head_dim}) "
+            f"per SWA token; the cell size shown as SGLang's uses these rows (SGLang's own is not established)"
+        )
+    return CellSize(
+        parts=parts,
+        sglang_bytes_per_token=max(shape.cell, 1),
+        num_layers=num_layers,
         draft_included=True,
         notes=notes,
     )

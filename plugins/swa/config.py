@@ -22,6 +22,17 @@ use ``global_head_dim`` for K and V and, with ``attention_k_eq_v``,
 ``num_global_key_value_heads``.  ``attention_k_eq_v`` ties the K and V
 *projections*, not the cached values: K is normed and rotated, V only
 normed, so both are cached and both are charged.
+
+Hybrid MLA-SWA (SGLang's ``_build_hybrid_mla_swa_kv_pool``): a config with an
+MLA latent (``kv_lora_rank``, ``qk_rope_head_dim``) and an explicit layer list
+(``layer_types`` or ``hybrid_layer_pattern``).  Full layers cache the MLA
+latent row, or DSA's row and indexer key when SGLang's ``is_deepseek_dsa``
+says so; sliding layers cache an MLA row of their own dims
+(``swa_kv_lora_rank`` / ``swa_qk_rope_head_dim``, absent ones follow the full
+layers', as the Dots3 config classes do).  Layers follow the MLA plugin's
+convention (one "head" of ``kv_lora_rank + qk_rope_head_dim``, the latent dims
+in ``params``); ``params["latent"]`` names the full layers' storage.  The
+``mla`` and ``dsa`` plugins decline these configs (``has_mla_latent``).
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ import attrs
 from kvpools_core.config import ConfigReader, model_dtype
 from kvpools_core.errors import ConfigError
 from kvpools_core.values import LayerSpec, ModelSpec
+
+from ..mla.config import MLADims, is_deepseek_dsa, is_deepseek_v4
 
 ARCHITECTURE = "swa"
 FULL = "attention"
@@ -49,8 +62,13 @@ ALL_SWA_FAMILIES = frozenset(
     {"mistral", "mixtral", "llama", "phi3", "starcoder2", "gemma", "internlm2", "granite", "olmo2", "exaone", "glm4"}
 )
 """Dense families where a ``sliding_window`` with no layer list slides every layer."""
-_FOREIGN = ("kv_lora_rank", "compress_ratios", "index_topk", "hybrid_override_pattern", "layers_block_type")
-"""Markers of configs other plugins own (MLA, DeepSeek-V4, DSA, mamba hybrids)."""
+_FOREIGN = ("compress_ratios", "hybrid_override_pattern", "layers_block_type", "linear_attn_config")
+"""Markers of configs other plugins own (DeepSeek-V4, mamba and Kimi-Linear hybrids)."""
+_LATENT = "kv_lora_rank"
+"""An MLA latent: the hybrid MLA-SWA form with an explicit layer list, else the ``mla`` / ``dsa`` plugins'."""
+_EXPLICIT_PATTERNS = ("layer_types", "hybrid_layer_pattern")
+LATENT = "latent"
+"""``ModelSpec.params`` key of a hybrid MLA-SWA model: the full layers' storage, ``"mla"`` or ``"dsa"``."""
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
 _LAYER_TYPES = {"sliding_attention": True, "full_attention": False}
 
@@ -72,8 +90,19 @@ def parse_swa_config(config: Mapping[str, Any], source: str) -> ModelSpec | None
     """The model of a sliding-window config, or ``None`` when the config is not one."""
     outer = ConfigReader(config, source)
     reader = outer.text()
-    if any(reader.has(key) or outer.has(key) for key in _FOREIGN):
+    if any(reader.has(key) or outer.has(key) for key in _FOREIGN) or is_deepseek_v4(config):
         return None
+    latent = reader.has(_LATENT)
+    if latent and not any(reader.has(key) for key in _EXPLICIT_PATTERNS):
+        if reader.has("swa_kv_lora_rank"):
+            raise reader.error(
+                "swa_kv_lora_rank",
+                "is set but the config has no layer_types or hybrid_layer_pattern saying which layers slide",
+                "Add layer_types (full_attention / sliding_attention per layer).",
+            )
+        return None  # a plain MLA / DSA model: the mla or dsa plugin's
+    if not latent and reader.has("index_topk"):
+        return None  # DSA without a latent is no sliding-window model
     model_type = reader.string("model_type") or outer.string("model_type")
     pattern = sliding_pattern(reader, model_type)
     if pattern is None:
@@ -94,13 +123,12 @@ def parse_swa_config(config: Mapping[str, Any], source: str) -> ModelSpec | None
             "kvpools cannot size cross-layer KV sharing exactly; it supports configs with num_kv_shared_layers 0.",
         )
     window = sliding_window(reader)
-    full, swa = layer_geometries(reader)
-    layers = [
-        LayerSpec(index=i, kind=SLIDING, num_kv_heads=swa[0], head_dim=swa[1], v_head_dim=swa[2], sliding_window=window)
-        if slides
-        else LayerSpec(index=i, kind=FULL, num_kv_heads=full[0], head_dim=full[1], v_head_dim=full[2])
-        for i, slides in enumerate(pattern.sliding)
-    ]
+    storage = ("dsa" if is_deepseek_dsa(config) else "mla") if latent else None
+    layers = (
+        latent_layers(reader, pattern, window, storage == "dsa")
+        if latent
+        else attention_layers(reader, pattern, window)
+    )
     context_len, context_note = context_length(reader, model_type)
     dtype_reader = reader if reader.has("torch_dtype") or reader.has("dtype") else outer
     return ModelSpec(
@@ -120,8 +148,55 @@ def parse_swa_config(config: Mapping[str, Any], source: str) -> ModelSpec | None
             "layer_pattern": pattern.source,
             "attention_k_eq_v": bool(reader.get("attention_k_eq_v", False)),
             "notes": [n for n in (context_note,) if n],
+            **({LATENT: storage} if storage else {}),
         },
     )
+
+
+def attention_layers(reader: ConfigReader, pattern: Pattern, window: int) -> list[LayerSpec]:
+    """MHA/GQA layers: each kind with its own KV heads and head dims (:func:`layer_geometries`)."""
+    full, swa = layer_geometries(reader)
+    return [
+        LayerSpec(index=i, kind=SLIDING, num_kv_heads=swa[0], head_dim=swa[1], v_head_dim=swa[2], sliding_window=window)
+        if slides
+        else LayerSpec(index=i, kind=FULL, num_kv_heads=full[0], head_dim=full[1], v_head_dim=full[2])
+        for i, slides in enumerate(pattern.sliding)
+    ]
+
+
+def latent_layers(reader: ConfigReader, pattern: Pattern, window: int, dsa: bool) -> list[LayerSpec]:
+    """Hybrid MLA-SWA layers: full layers with the MLA latent (and DSA's indexer dims), sliding ones with their own."""
+    full = MLADims(reader.integer("kv_lora_rank"), reader.integer("qk_rope_head_dim"))
+    swa = MLADims(
+        reader.integer("swa_kv_lora_rank", full.kv_lora_rank),
+        reader.integer("swa_qk_rope_head_dim", full.qk_rope_head_dim),
+    )
+    indexer = (
+        {
+            "index_head_dim": reader.integer("index_head_dim"),
+            "index_topk": reader.integer("index_topk"),
+            "index_n_heads": reader.integer("index_n_heads", 0, minimum=0),
+        }
+        if dsa
+        else {}
+    )
+
+    def layer(i: int, kind: str, dims: MLADims, extra: dict[str, int], slide: int | None) -> LayerSpec:
+        params = {"kv_lora_rank": dims.kv_lora_rank, "qk_rope_head_dim": dims.qk_rope_head_dim, **extra}
+        return LayerSpec(
+            index=i,
+            kind=kind,
+            num_kv_heads=1,
+            head_dim=dims.kv_cache_dim,
+            v_head_dim=dims.kv_lora_rank,
+            sliding_window=slide,
+            params=params,
+        )
+
+    return [
+        layer(i, SLIDING, swa, {}, window) if slides else layer(i, FULL, full, indexer, None)
+        for i, slides in enumerate(pattern.sliding)
+    ]
 
 
 def sliding_pattern(reader: ConfigReader, model_type: str) -> Pattern | None:

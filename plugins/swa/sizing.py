@@ -39,13 +39,16 @@ from kvpools_core.sizing import (
     largest_fitting_tokens,
     not_enough_memory,
     page_align,
+    pool_rows,
     request_table_pool,
     resolve_max_num_reqs,
     sglang_tokens,
 )
 from kvpools_core.values import Budget, CellSize, LayerSpec, ModelSpec, PoolSizing, PoolSpec, Serving
 
+from ..dsa import INDEX_POOL
 from .config import FULL, SGLANG_HYBRID_SWA_ARCHITECTURES, SLIDING
+from .mla import is_latent, latent_bytes_per_layer
 
 FULL_POOL = "kv_full"
 SWA_POOL = "kv_swa"
@@ -144,7 +147,12 @@ def draft_num_layers(serving: Serving) -> int:
 
 
 def sglang_shape(model: ModelSpec, serving: Serving) -> SGLangShape:
-    """SGLang's coefficients for this model and serving (whole-model layer counts)."""
+    """SGLang's coefficients for this model and serving (whole-model layer counts).
+
+    A hybrid MLA-SWA model gets the latent rows it stores per layer instead:
+    SGLang's own coefficients for it are not established (``--accounting
+    sglang`` is refused), so its "SGLang estimate" is the KV rows without padding.
+    """
     e = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype).element_bytes
     tp = serving.attn_tp_size
     full = [layer for layer in model.layers if layer.kind == FULL]
@@ -153,10 +161,14 @@ def sglang_shape(model: ModelSpec, serving: Serving) -> SGLangShape:
     def per_token(layer: LayerSpec) -> int:
         return max(1, layer.num_kv_heads // tp) * (layer.head_dim + layer.v_head_dim) * e
 
+    if is_latent(model):
+        full_per_token, swa_per_token = latent_bytes_per_layer(model, serving)
+    else:
+        full_per_token, swa_per_token = per_token(draft_layer(model)), per_token(swa[0]) if swa else 0
     drafts = serving.speculative_draft_num_layers or 0
     return SGLangShape(
-        full_per_token=per_token(draft_layer(model)),
-        swa_per_token=per_token(swa[0]) if swa else 0,
+        full_per_token=full_per_token,
+        swa_per_token=swa_per_token,
         num_full=len(full),
         num_swa=len(swa),
         num_draft=drafts if serving.speculative_algorithm in SGLANG_DRAFT_ALGORITHMS else 0,
@@ -225,6 +237,7 @@ def size_swa_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: B
     context_len = serving.context_length or model.context_len
     exact = serving.accounting == "exact"
     per_token = cell.pool_bytes_per_token()
+    extra_slots = cell.pool_extra_slots()
     notes: list[str] = []
 
     def split(tokens: int, constrained: bool) -> tuple[int, int]:
@@ -248,7 +261,7 @@ def size_swa_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: B
         total = full if shape.hybrid else swa
         limit = resolve_max_num_reqs(total, context_len, serving)
         return (
-            _pools(per_token, shape, full, swa, total, limit.max_running_requests, context_len, serving),
+            _pools(per_token, extra_slots, shape, full, swa, total, limit.max_running_requests, context_len, serving),
             limit,
             full,
             swa,
@@ -353,14 +366,15 @@ def split_note(shape: SGLangShape, cap: ChunkCap | None, pools: list[PoolSpec], 
     )
 
 
-def _token_pool(name: str, tokens: int, page: int, bytes_per_token: int, charged: bool) -> PoolSpec:
+def _token_pool(name: str, tokens: int, page: int, bytes_per_token: int, charged: bool, extra: int) -> PoolSpec:
+    rows = pool_rows(tokens, page, extra)
     return PoolSpec(
         name=name,
         kind="kv",
         slots=tokens,
-        padding_slots=page,
+        padding_slots=rows - tokens,
         bytes_per_slot=bytes_per_token,
-        bytes=(tokens + page) * bytes_per_token,
+        bytes=rows * bytes_per_token,
         sglang_charged=charged,
         owner=OWNER,
     )
@@ -368,6 +382,7 @@ def _token_pool(name: str, tokens: int, page: int, bytes_per_token: int, charged
 
 def _pools(
     per_token: dict[str, int],
+    extra_slots: dict[str, int],
     shape: SGLangShape,
     full: int,
     swa: int,
@@ -376,13 +391,16 @@ def _pools(
     context_len: int,
     serving: Serving,
 ) -> list[PoolSpec]:
-    """Every allocation of the plan: KV pools, the mapping, the request table, the allocators' free lists."""
+    """Every allocation of the plan: KV pools, the mapping, the request table, the allocators' free lists.
+
+    A DSA full layer's indexer keys (``indexer``) have one slot per full token, paged with SGLang's extra slot.
+    """
     page = serving.page_size
     pools = []
     for name, bytes_per_token in per_token.items():
         slots = {FULL_POOL: full, SWA_POOL: swa}.get(name, total)
-        charged = name in (FULL_POOL, SWA_POOL) or (name == DRAFT_POOL and shape.num_draft > 0)
-        pools.append(_token_pool(name, slots, page, bytes_per_token, charged))
+        charged = name in (FULL_POOL, SWA_POOL, INDEX_POOL) or (name == DRAFT_POOL and shape.num_draft > 0)
+        pools.append(_token_pool(name, slots, page, bytes_per_token, charged, extra_slots.get(name, 0)))
     if shape.hybrid:
         pools.append(mapping_pool(full, page))
     pools.append(request_table_pool(requests, context_len, serving))

@@ -11,7 +11,7 @@ import pytest
 
 from kvpools_core import Plan, Registry, Serving, UnsupportedCombinationError, build, plan
 from kvpools_core.config import parse_config, resolve_model_source
-from kvpools_core.errors import NoProviderError
+from kvpools_core.errors import ConfigError, NoProviderError
 
 MODEL_CONFIGS = Path(__file__).parents[2] / ".." / "shared" / "model-configs"
 MLA_PRESETS = ("deepseek-v3", "deepseek-r1", "deepseek-v2-lite", "kimi-k2-instruct")
@@ -59,6 +59,7 @@ def test_mla_claims_latent_configs_and_describes_every_layer(registry: Registry)
         (deepseek_like(architectures=["DeepseekV2ForCausalLM"], index_topk=2048, index_head_dim=128), "mla"),
         (deepseek_like(architectures=["Glm4MoeLiteForCausalLM"]), "mla"),
         (deepseek_like(layer_types=["full_attention"] * 4), "mla"),
+        (deepseek_like(layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=128), "swa"),  # MLA-SWA
     ],
 )
 def test_exactly_one_plugin_claims_each_latent_config(
@@ -72,13 +73,17 @@ def test_exactly_one_plugin_claims_each_latent_config(
     "config",
     [
         deepseek_like(architectures=["DeepseekV4ForCausalLM"]),  # DeepSeek-V4 compressed attention
-        deepseek_like(layer_types=["sliding_attention", "full_attention"] * 2),  # a hybrid MLA-SWA model
-        deepseek_like(swa_kv_lora_rank=256),
     ],
 )
 def test_other_families_are_declined(registry: Registry, config: dict[str, Any]) -> None:
     with pytest.raises(NoProviderError, match="no architecture plugin recognises"):
         parse_config(config, "test", registry)
+
+
+def test_sliding_latent_dims_without_a_layer_list_are_an_error(registry: Registry) -> None:
+    """``swa_kv_lora_rank`` makes it hybrid MLA-SWA (not MLA), but nothing says which layers slide."""
+    with pytest.raises(ConfigError, match="no layer_types or hybrid_layer_pattern"):
+        parse_config(deepseek_like(swa_kv_lora_rank=256), "test", registry)
 
 
 def test_mha_keeps_declining_latent_configs(registry: Registry) -> None:
