@@ -17,11 +17,12 @@ import torch
 from torch import Tensor
 
 from kvpools_core.dtypes import resolve_kv_dtype
-from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
-from kvpools_core.pools.kv import LayerGeometry, LayerKV, allocate, check_planned_bytes, tensor_nbytes
+from kvpools_core.parallel import rank_layer_range
+from kvpools_core.pools.kv import LayerKV, allocate, check_planned_bytes, tensor_nbytes
 from kvpools_core.pools.quant import KVCodec, codec_for
 from kvpools_core.values import LayerSpec, Plan, Serving
 
+from ..mha.pool import layer_geometry
 from . import INDEX_POOL, SPARSE
 
 __all__ = ["MiniMaxSparseKVPool"]
@@ -56,7 +57,7 @@ class MiniMaxSparseKVPool:
         rows = size + page_size
         self.main = LayerKV(
             rows=rows,
-            layers=main_geometry(layers, serving),
+            layers=layer_geometry(layers, serving),
             start_layer=start_layer,
             codec=codec,
             device=device,
@@ -198,25 +199,13 @@ class MiniMaxSparseKVPool:
         )
 
 
-def main_geometry(layers: list[LayerSpec], serving: Serving) -> list[LayerGeometry]:
-    """KV heads this rank stores (attention TP, DCP keeps more heads), K and V head dims."""
-    return [
-        LayerGeometry(
-            heads=kv_heads_per_rank(layer.num_kv_heads, serving.attn_tp_size, serving.dcp_size),
-            head_dim=layer.head_dim,
-            v_head_dim=layer.v_head_dim,
-        )
-        for layer in layers
-    ]
-
-
 def _check(
     plan: Plan, names: tuple[str, str], layers: list[LayerSpec], serving: Serving, codec: KVCodec, rows: int
 ) -> None:
     main, index = names
     check_planned_bytes(
         main,
-        LayerKV.planned_nbytes(rows, main_geometry(layers, serving), codec),
+        LayerKV.planned_nbytes(rows, layer_geometry(layers, serving), codec),
         plan.pool(main).bytes,
         f"{len(layers)} layer(s), {rows} rows",
     )

@@ -27,13 +27,13 @@ from ..mla.latent import LatentRow
 from ..mla.pool import MLATokenToKVPool, check_latent_bytes
 from .config import FULL, SLIDING
 from .mla import full_row, index_bytes, is_dsa, latent_view, swa_row
-from .pool import new_mapping
+from .pool import SWARouting, new_mapping
 from .sizing import FULL_POOL, MAPPING_ITEM_BYTES, MAPPING_POOL, SWA_POOL
 
 __all__ = ["SWAMLAKVPool"]
 
 
-class SWAMLAKVPool:
+class SWAMLAKVPool(SWARouting[MLATokenToKVPool]):
     """Latent rows of the full and the sliding layers of one rank, addressed by global layer id and full slot id."""
 
     def __init__(
@@ -53,12 +53,7 @@ class SWAMLAKVPool:
         self.size = size
         self.size_swa = size_swa
         self.page_size = page_size
-        self.full_attention_layer_ids = sorted(full_layer_ids)
-        self.swa_attention_layer_ids = sorted(swa_layer_ids)
-        self.layers_mapping: dict[int, tuple[int, bool]] = {
-            **{layer: (i, False) for i, layer in enumerate(self.full_attention_layer_ids)},
-            **{layer: (i, True) for i, layer in enumerate(self.swa_attention_layer_ids)},
-        }
+        self._route_layers(full_layer_ids, swa_layer_ids)
         self.full_kv_pool: MLATokenToKVPool | None = None
         self.full_to_swa_index_mapping: Tensor | None = None
         if full_row is not None:
@@ -145,15 +140,6 @@ class SWAMLAKVPool:
 
     # -- what it is ----------------------------------------------------------
 
-    @property
-    def layer_num(self) -> int:
-        return len(self.layers_mapping)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of every tensor held (both stores, the indexer keys, the mapping), measured from the tensors."""
-        return sum(self.nbytes_by_pool().values())
-
     def nbytes_by_pool(self) -> dict[str, int]:
         """Measured bytes per plan pool name (``kv_full``, ``indexer``, ``full_to_swa``, ``kv_swa``)."""
         measured = {}
@@ -163,26 +149,7 @@ class SWAMLAKVPool:
         measured.update(self.swa_kv_pool.nbytes_by_pool())
         return measured
 
-    def is_swa_layer(self, layer_id: int) -> bool:
-        return self._locate(layer_id)[1]
-
-    # -- slots -----------------------------------------------------------------
-
-    def translate_loc_from_full_to_swa(self, loc: Tensor) -> Tensor:
-        """SWA slots of full slots ``loc`` (0: none; −1 stays −1); the identity without full layers."""
-        if self.full_to_swa_index_mapping is None:
-            return loc
-        return self.full_to_swa_index_mapping[loc]
-
     # -- latent rows -----------------------------------------------------------
-
-    def get_key_buffer(self, layer_id: int) -> Tensor:
-        store, index = self._store(layer_id)
-        return store.get_key_buffer(index)
-
-    def get_value_buffer(self, layer_id: int) -> Tensor:
-        store, index = self._store(layer_id)
-        return store.get_value_buffer(index)
 
     def set_kv_buffer(self, layer_id: int, loc: Tensor, cache_k: Tensor, cache_v: Tensor | None = None) -> None:
         """Store whole rows at full slots ``loc`` (translated to SWA slots for a sliding layer)."""
@@ -216,24 +183,6 @@ class SWAMLAKVPool:
         return pool.get_index_k_with_scale_buffer(index)
 
     # -- helpers ---------------------------------------------------------------
-
-    def _locate(self, layer_id: int) -> tuple[int, bool]:
-        try:
-            return self.layers_mapping[layer_id]
-        except KeyError:
-            raise IndexError(
-                f"Layer {layer_id} is not in this SWA pool: it holds full layers {self.full_attention_layer_ids} "
-                f"and SWA layers {self.swa_attention_layer_ids} (another pipeline stage holds the rest)."
-            ) from None
-
-    def _store(self, layer_id: int) -> tuple[MLATokenToKVPool, int]:
-        index, is_swa = self._locate(layer_id)
-        store = self.swa_kv_pool if is_swa else self.full_kv_pool
-        assert store is not None
-        return store, index
-
-    def _loc(self, layer_id: int, loc: Tensor) -> Tensor:
-        return self.translate_loc_from_full_to_swa(loc) if self._locate(layer_id)[1] else loc
 
     def _indexer(self, layer_id: int) -> tuple[DSATokenToKVPool, int]:
         store, index = self._store(layer_id)

@@ -15,22 +15,107 @@ model gets its own store (``.draft``) of ``max_total_num_tokens + page_size`` ro
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Generic, Protocol, TypeVar
+
 import torch
 from torch import Tensor
 
 from kvpools_core.dtypes import resolve_kv_dtype
-from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
+from kvpools_core.parallel import rank_layer_range
 from kvpools_core.pools.kv import LayerGeometry, LayerKV, allocate, check_planned_bytes, tensor_nbytes
 from kvpools_core.pools.quant import KVCodec, codec_for
 from kvpools_core.values import LayerSpec, Plan, Serving
 
+from ..mha.pool import layer_geometry
 from .config import FULL, SLIDING
 from .sizing import DRAFT_POOL, FULL_POOL, MAPPING_ITEM_BYTES, MAPPING_POOL, SWA_POOL, draft_layer, draft_num_layers
 
-__all__ = ["SWAKVPool"]
+__all__ = ["SWAKVPool", "SWARouting"]
 
 
-class SWAKVPool:
+class _LayerStore(Protocol):
+    def get_key_buffer(self, layer_id: int) -> Tensor: ...
+    def get_value_buffer(self, layer_id: int) -> Tensor: ...
+
+
+Store = TypeVar("Store", bound=_LayerStore)
+
+
+class SWARouting(ABC, Generic[Store]):
+    """What both hybrid SWA pools share: which store holds a global layer, and full → SWA slots.
+
+    A global layer id is looked up in ``layers_mapping`` (``layer id → (index
+    in its store, is_swa)``); kernels address every layer with full slot ids,
+    which a sliding layer translates through ``full_to_swa_index_mapping``.
+    Subclasses set ``full_kv_pool`` (None without full layers), ``swa_kv_pool``
+    and ``full_to_swa_index_mapping``.
+    """
+
+    full_kv_pool: Store | None
+    swa_kv_pool: Store
+    full_to_swa_index_mapping: Tensor | None
+
+    def _route_layers(self, full_layer_ids: Iterable[int], swa_layer_ids: Iterable[int]) -> None:
+        self.full_attention_layer_ids = sorted(full_layer_ids)
+        self.swa_attention_layer_ids = sorted(swa_layer_ids)
+        self.layers_mapping: dict[int, tuple[int, bool]] = {
+            **{layer: (i, False) for i, layer in enumerate(self.full_attention_layer_ids)},
+            **{layer: (i, True) for i, layer in enumerate(self.swa_attention_layer_ids)},
+        }
+
+    @property
+    def layer_num(self) -> int:
+        return len(self.layers_mapping)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every tensor held, measured from the tensors."""
+        return sum(self.nbytes_by_pool().values())
+
+    @abstractmethod
+    def nbytes_by_pool(self) -> dict[str, int]:
+        """Measured bytes per plan pool name."""
+
+    def is_swa_layer(self, layer_id: int) -> bool:
+        return self._locate(layer_id)[1]
+
+    def translate_loc_from_full_to_swa(self, loc: Tensor) -> Tensor:
+        """SWA slots of full slots ``loc`` (0: none; −1 stays −1); the identity without full layers."""
+        if self.full_to_swa_index_mapping is None:
+            return loc
+        return self.full_to_swa_index_mapping[loc]
+
+    def get_key_buffer(self, layer_id: int) -> Tensor:
+        store, index = self._store(layer_id)
+        return store.get_key_buffer(index)
+
+    def get_value_buffer(self, layer_id: int) -> Tensor:
+        store, index = self._store(layer_id)
+        return store.get_value_buffer(index)
+
+    def _locate(self, layer_id: int) -> tuple[int, bool]:
+        try:
+            return self.layers_mapping[layer_id]
+        except KeyError:
+            raise IndexError(
+                f"Layer {layer_id} is not in this SWA pool: it holds full layers {self.full_attention_layer_ids} "
+                f"and SWA layers {self.swa_attention_layer_ids} (another pipeline stage holds the rest)."
+            ) from None
+
+    def _store(self, layer_id: int) -> tuple[Store, int]:
+        index, is_swa = self._locate(layer_id)
+        store = self.swa_kv_pool if is_swa else self.full_kv_pool
+        assert store is not None
+        return store, index
+
+    def _loc(self, layer_id: int, loc: Tensor) -> Tensor:
+        """Full slots ``loc`` as the store of ``layer_id`` addresses them."""
+        return self.translate_loc_from_full_to_swa(loc) if self._locate(layer_id)[1] else loc
+
+
+class SWAKVPool(SWARouting[LayerKV]):
     """K and V of the full and the sliding layers of one rank, addressed by global layer id and full slot id."""
 
     def __init__(
@@ -53,12 +138,7 @@ class SWAKVPool:
         self.page_size = page_size
         self.codec = codec
         self.hybrid = hybrid
-        self.full_attention_layer_ids = sorted(full_layers)
-        self.swa_attention_layer_ids = sorted(swa_layers)
-        self.layers_mapping: dict[int, tuple[int, bool]] = {
-            **{layer: (i, False) for i, layer in enumerate(self.full_attention_layer_ids)},
-            **{layer: (i, True) for i, layer in enumerate(self.swa_attention_layer_ids)},
-        }
+        self._route_layers(full_layers, swa_layers)
 
         def store(rows: int, layers: list[LayerGeometry], name: str) -> LayerKV:
             return LayerKV(
@@ -145,17 +225,8 @@ class SWAKVPool:
     def dtype(self) -> torch.dtype:
         return self.codec.dtype
 
-    @property
-    def layer_num(self) -> int:
-        return len(self.layers_mapping)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of every tensor held (both stores, the mapping, the draft store), measured from the tensors."""
-        return sum(self.nbytes_by_pool().values())
-
     def nbytes_by_pool(self) -> dict[str, int]:
-        """Measured bytes per plan pool name."""
+        """Measured bytes per plan pool name (both stores, the mapping, the draft store)."""
         measured = {}
         if self.full_kv_pool is not None and self.full_to_swa_index_mapping is not None:
             measured[FULL_POOL] = self.full_kv_pool.nbytes
@@ -173,26 +244,7 @@ class SWAKVPool:
             k, v = k + fk, v + fv
         return k, v
 
-    def is_swa_layer(self, layer_id: int) -> bool:
-        return self._locate(layer_id)[1]
-
-    # -- slots -----------------------------------------------------------------
-
-    def translate_loc_from_full_to_swa(self, loc: Tensor) -> Tensor:
-        """SWA slots of full slots ``loc`` (0: none; −1 stays −1); the identity without full layers."""
-        if self.full_to_swa_index_mapping is None:
-            return loc
-        return self.full_to_swa_index_mapping[loc]
-
     # -- buffers ---------------------------------------------------------------
-
-    def get_key_buffer(self, layer_id: int) -> Tensor:
-        store, index = self._store(layer_id)
-        return store.get_key_buffer(index)
-
-    def get_value_buffer(self, layer_id: int) -> Tensor:
-        store, index = self._store(layer_id)
-        return store.get_value_buffer(index)
 
     def get_kv_buffer(self, layer_id: int) -> tuple[Tensor, Tensor]:
         return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
@@ -200,31 +252,12 @@ class SWAKVPool:
     def set_kv_buffer(self, layer_id: int, loc: Tensor, cache_k: Tensor, cache_v: Tensor) -> None:
         """Store K and V of full slots ``loc`` (translated to SWA slots for a sliding layer)."""
         store, index = self._store(layer_id)
-        if self._locate(layer_id)[1]:
-            loc = self.translate_loc_from_full_to_swa(loc)
-        store.set_kv_buffer(index, loc, cache_k, cache_v)
+        store.set_kv_buffer(index, self._loc(layer_id, loc), cache_k, cache_v)
 
     def get_kv(self, layer_id: int, loc: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
         """K and V of full slots ``loc``, dequantised to ``dtype`` (default: the model dtype)."""
         store, index = self._store(layer_id)
-        if self._locate(layer_id)[1]:
-            loc = self.translate_loc_from_full_to_swa(loc)
-        return store.get_kv(index, loc, dtype)
-
-    def _locate(self, layer_id: int) -> tuple[int, bool]:
-        try:
-            return self.layers_mapping[layer_id]
-        except KeyError:
-            raise IndexError(
-                f"Layer {layer_id} is not in this SWA pool: it holds full layers {self.full_attention_layer_ids} "
-                f"and SWA layers {self.swa_attention_layer_ids} (another pipeline stage holds the rest)."
-            ) from None
-
-    def _store(self, layer_id: int) -> tuple[LayerKV, int]:
-        index, is_swa = self._locate(layer_id)
-        store = self.swa_kv_pool if is_swa else self.full_kv_pool
-        assert store is not None
-        return store, index
+        return store.get_kv(index, self._loc(layer_id, loc), dtype)
 
     def __repr__(self) -> str:
         return (
@@ -243,9 +276,5 @@ def new_mapping(size: int, page_size: int, device: str | torch.device) -> Tensor
 
 
 def geometry(layer: LayerSpec, serving: Serving) -> LayerGeometry:
-    """What one layer stores per token on this rank (KV heads sharded by attention TP)."""
-    return LayerGeometry(
-        heads=kv_heads_per_rank(layer.num_kv_heads, serving.attn_tp_size, serving.dcp_size),
-        head_dim=layer.head_dim,
-        v_head_dim=layer.v_head_dim,
-    )
+    """What one layer stores per token on this rank (the MHA plugin's head sharding)."""
+    return layer_geometry([layer], serving)[0]
