@@ -52,3 +52,12 @@ def cli_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _CONTROLS}
     env["COLUMNS"] = "160"
     return env
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _oracle_process_group() -> Iterator[None]:
+    """Tear down the one-process gloo group (and its file store) that PP oracle emulation creates."""
+    yield
+    adapter = sys.modules.get("tests.oracle.adapter")
+    if adapter is not None:
+        adapter.shutdown()

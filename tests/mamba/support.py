@@ -13,14 +13,11 @@ that both fail.
 from __future__ import annotations
 
 import math
-import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import attrs
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
@@ -29,8 +26,8 @@ from kvpools_core.errors import InsufficientMemoryError
 from kvpools_core.pipeline import plan as kvpools_plan
 from kvpools_core.registry import get_registry
 from kvpools_core.values import ModelSpec, Plan, Serving
+from tests.oracle.locate import ORACLE_DIR
 
-ORACLE_DIR = (Path(__file__).parents[2] / ".." / "shared" / "oracle").resolve()
 MODEL_CONFIGS = ORACLE_DIR.parent / "model-configs"
 GiB = 1 << 30
 
@@ -55,26 +52,6 @@ PRESETS = (
 )
 _CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
 _SSM_ITEM = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def require_oracle() -> None:
-    """Put the oracle on ``sys.path``; fail collection, saying where it was looked for, when it is missing."""
-    if not (ORACLE_DIR / "sglang_oracle" / "oracle.py").is_file():
-        pytest.fail(
-            f"this module needs SGLang's sizing oracle at {ORACLE_DIR} (the shared checkout beside the repository "
-            f"root). Mount ../shared next to the repo, or deselect it with -m 'not oracle'.",
-            pytrace=False,
-        )
-    if str(ORACLE_DIR) not in sys.path:
-        sys.path.insert(0, str(ORACLE_DIR))
-
-
-@pytest.fixture(scope="session", autouse=True)
-def oracle_process_group() -> Iterator[None]:
-    """Tear down the gloo group (and its file store) that pipeline-parallel oracle runs create."""
-    yield
-    if "tests.oracle.adapter" in sys.modules:
-        sys.modules["tests.oracle.adapter"].shutdown()
 
 
 def parse(config: Mapping[str, Any], source: str = "hypothesis") -> ModelSpec:

@@ -40,8 +40,9 @@ from kvpools_core import Serving, build, plan
 from kvpools_core.config import parse_config
 from kvpools_core.errors import ConfigError, InsufficientMemoryError
 from kvpools_core.registry import get_registry
+from tests.oracle.locate import require_oracle
 
-from .support import CHECKS, GiB, compare_hybrid, hybrid_budgets, hybrid_serving, parse, preset_config, require_oracle
+from .support import CHECKS, GiB, compare_hybrid, hybrid_budgets, hybrid_serving, parse, preset_config
 
 KIMI = "kimi-linear-48b-a3b-instruct-nvfp4"
 FULL_LAYERS = (3, 7, 11, 15, 19, 23, 26)  # full_attn_layers [4, 8, ..., 24, 27], 0-based

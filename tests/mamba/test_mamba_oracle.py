@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from kvpools_plugins.mamba import hybrid_problems
 
 from kvpools_core import Serving
+from tests.oracle.locate import require_oracle
 
 from .support import (
     CHECKS,
@@ -30,7 +31,6 @@ from .support import (
     hybrid_serving,
     parse,
     preset_config,
-    require_oracle,
 )
 
 require_oracle()

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from kvpools_core import Serving
 from kvpools_core.config import resolve_model_source
 from kvpools_core.registry import get_registry
+from tests.oracle.locate import require_oracle
 
-from ..mla.oracle_support import CHECKS, minimax_sparse_configs, oracle_model, parse, require_oracle
+from ..mla.oracle_support import CHECKS, minimax_sparse_configs, oracle_model, parse
 
 require_oracle()
 

@@ -10,20 +10,15 @@ one-process gloo group pipeline-parallel oracle runs create.
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from kvpools_core.config import parse_config
 from kvpools_core.registry import get_registry
 from kvpools_core.values import ModelSpec
-
-ORACLE_DIR = (Path(__file__).parents[2] / ".." / "shared" / "oracle").resolve()
 
 # Deterministic in CI: the same examples every run (no example database, no wall-clock deadline).
 CHECKS = settings(
@@ -50,26 +45,6 @@ DSA_ARCHITECTURES = (
 )
 """``is_deepseek_dsa`` architectures that SGLang also serves with its MLA backend."""
 _CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
-
-
-def require_oracle() -> None:
-    """Put the oracle on ``sys.path``; fail collection, saying where it was looked for, when it is missing."""
-    if not (ORACLE_DIR / "sglang_oracle" / "oracle.py").is_file():
-        pytest.fail(
-            f"this module needs SGLang's sizing oracle at {ORACLE_DIR} (the shared checkout beside the repository "
-            f"root). Mount ../shared next to the repo, or deselect it with -m 'not oracle'.",
-            pytrace=False,
-        )
-    if str(ORACLE_DIR) not in sys.path:
-        sys.path.insert(0, str(ORACLE_DIR))
-
-
-@pytest.fixture(scope="session", autouse=True)
-def oracle_process_group() -> Iterator[None]:
-    """Tear down the gloo group (and its file store) that pipeline-parallel oracle runs create."""
-    yield
-    if "tests.oracle.adapter" in sys.modules:
-        sys.modules["tests.oracle.adapter"].shutdown()
 
 
 def parse(config: Mapping[str, Any], source: str = "hypothesis") -> ModelSpec:

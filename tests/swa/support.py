@@ -11,13 +11,11 @@ it, Gemma-4 included), the comparison of every ``MemoryPoolConfig`` field
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
@@ -28,7 +26,6 @@ from kvpools_core.registry import get_registry
 from kvpools_core.values import ModelSpec, Plan, Serving
 
 GiB = 1 << 30
-ORACLE_DIR = (Path(__file__).parents[2] / ".." / "shared" / "oracle").resolve()
 CHECKS = settings(
     deadline=None,
     derandomize=True,
@@ -37,18 +34,6 @@ CHECKS = settings(
 )
 _CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
 SWA_FIELDS = ("max_total_num_tokens", "max_running_requests", "full_max_total_num_tokens", "swa_max_total_num_tokens")
-
-
-def require_oracle() -> None:
-    """Put the oracle on ``sys.path``; fail collection, saying where it was looked for, when it is missing."""
-    if not (ORACLE_DIR / "sglang_oracle" / "oracle.py").is_file():
-        pytest.fail(
-            f"this module needs SGLang's sizing oracle at {ORACLE_DIR} (the shared checkout beside the repository "
-            f"root). Mount ../shared next to the repo, or deselect it with -m 'not oracle'.",
-            pytrace=False,
-        )
-    if str(ORACLE_DIR) not in sys.path:
-        sys.path.insert(0, str(ORACLE_DIR))
 
 
 def preset_config(name: str) -> dict[str, Any]:

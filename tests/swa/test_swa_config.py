@@ -15,8 +15,9 @@ from kvpools_core.errors import ConfigError, NoProviderError
 from kvpools_core.pipeline import plan
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.values import ModelSpec, Plan, Serving
+from tests.oracle.locate import ORACLE_DIR
 
-from .support import CHECKS, ORACLE_DIR, hybrid_configs, parse, preset_config, sliding_layer_ids
+from .support import CHECKS, hybrid_configs, parse, preset_config, sliding_layer_ids
 
 PRESETS = (
     "gpt-oss-20b",

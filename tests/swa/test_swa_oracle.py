@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from kvpools_core.errors import InsufficientMemoryError
 from kvpools_core.pipeline import plan
 from kvpools_core.values import Serving
+from tests.oracle.locate import require_oracle
 
 from .support import (
     CHECKS,
@@ -32,7 +33,6 @@ from .support import (
     oracle_model,
     parse,
     preset_config,
-    require_oracle,
     swa_servings,
     write_config,
 )

@@ -1,3 +1,0 @@
-"""The oracle's process-group teardown for this folder's differential tests."""
-
-from tests.mla.oracle_support import oracle_process_group  # noqa: F401  (a session fixture)
