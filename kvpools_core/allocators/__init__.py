@@ -2,13 +2,23 @@
 
 ``TokenAllocator`` (page size 1) and ``PagedAllocator`` follow SGLang's
 allocator interface; their bookkeeping is one preallocated free stack whose
-size ``planned_nbytes(size, page_size, debug)`` gives in advance.
+size ``allocator_planned_nbytes(size, page_size, debug)`` gives in advance.
+The byte formulas import without torch (planning never needs it); the
+allocator classes load on first use.
 """
 
-from kvpools_core.allocators.base import AllocatorState, BaseAllocator
-from kvpools_core.allocators.factory import allocator_class, allocator_for_plan, allocator_planned_nbytes
-from kvpools_core.allocators.paged import PagedAllocator
-from kvpools_core.allocators.token import TokenAllocator
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from kvpools_core.allocators.sizes import allocator_planned_nbytes
+
+if TYPE_CHECKING:
+    from kvpools_core.allocators.base import AllocatorState, BaseAllocator
+    from kvpools_core.allocators.factory import allocator_class, allocator_for_plan
+    from kvpools_core.allocators.paged import PagedAllocator
+    from kvpools_core.allocators.token import TokenAllocator
 
 __all__ = [
     "AllocatorState",
@@ -19,3 +29,18 @@ __all__ = [
     "allocator_for_plan",
     "allocator_planned_nbytes",
 ]
+
+_LAZY = {
+    "AllocatorState": "base",
+    "BaseAllocator": "base",
+    "PagedAllocator": "paged",
+    "TokenAllocator": "token",
+    "allocator_class": "factory",
+    "allocator_for_plan": "factory",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

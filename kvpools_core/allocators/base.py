@@ -34,6 +34,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from kvpools_core.allocators.sizes import check_geometry, free_stack_nbytes
+
 __all__ = ["AllocatorState", "BaseAllocator"]
 
 _I64 = torch.int64
@@ -80,7 +82,7 @@ class BaseAllocator:
         need_sort: bool = False,
         debug: bool = False,
     ) -> None:
-        _check_geometry(size, page_size)
+        check_geometry(size, page_size)
         self.size = size
         self.page_size = page_size
         self.num_pages = n = size // page_size
@@ -122,9 +124,7 @@ class BaseAllocator:
     def planned_nbytes(cls, size: int, page_size: int, debug: bool = False) -> int:
         """Bytes of every tensor the allocator holds: the int64 free stack
         (one entry per unit) plus, in debug mode, a bool "allocated" map."""
-        _check_geometry(size, page_size)
-        n = size // page_size
-        return 8 * n + (n + 1 if debug else 0)
+        return free_stack_nbytes(size, page_size, debug)
 
     @property
     def nbytes(self) -> int:
@@ -328,13 +328,3 @@ class BaseAllocator:
     def _describe(self, units: Tensor) -> str:
         """Name offending units in an error message (first 8)."""
         return f"{self._kind}(s) {units[:8].tolist()}"
-
-
-def _check_geometry(size: int, page_size: int) -> None:
-    if page_size < 1:
-        raise ValueError(f"page_size must be >= 1, got {page_size}")
-    if size < page_size or size % page_size:
-        raise ValueError(
-            f"size must be a positive multiple of page_size={page_size}, got {size}; "
-            f"round it down to {size // page_size * page_size or page_size}"
-        )

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvpools_core.allocators.paged import PagedAllocator
+from kvpools_core.allocators.sizes import allocator_planned_nbytes
 from kvpools_core.allocators.token import TokenAllocator
 
 if TYPE_CHECKING:
@@ -23,14 +24,6 @@ __all__ = ["allocator_class", "allocator_for_plan", "allocator_planned_nbytes"]
 def allocator_class(page_size: int) -> type[TokenAllocator] | type[PagedAllocator]:
     """SGLang's choice: the token allocator for page size 1, else the paged one."""
     return TokenAllocator if page_size == 1 else PagedAllocator
-
-
-def allocator_planned_nbytes(tokens: int, page_size: int, debug: bool = False) -> int:
-    """Bytes the allocator of a ``tokens``-slot pool holds; 0 for an empty pool
-    (no allocator is built for it)."""
-    if tokens == 0:
-        return 0
-    return allocator_class(page_size).planned_nbytes(tokens, page_size, debug)
 
 
 def allocator_for_plan(

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from kvpools_core.allocators.base import BaseAllocator
+from kvpools_core.allocators.sizes import paged_extra_nbytes
 
 __all__ = ["PagedAllocator"]
 
@@ -67,7 +68,7 @@ class PagedAllocator(BaseAllocator):
     def planned_nbytes(cls, size: int, page_size: int, debug: bool = False) -> int:
         """``8 * num_pages`` (free stack) ``+ 8 * page_size`` (in-page offsets)
         ``+ (num_pages + 1)`` (allocated map) in debug mode."""
-        return super().planned_nbytes(size, page_size, debug) + 8 * page_size
+        return super().planned_nbytes(size, page_size, debug) + paged_extra_nbytes(page_size)
 
     # ------------------------------------------------------------ tensor API
     def alloc(self, need_size: int) -> Tensor | None:
