@@ -2,12 +2,16 @@
 # Replay the shared serving trace against kvpools' allocators and the SGLang / vLLM peers.
 #   usage: bash benchmarks/run_bench.sh [extra bench_alloc.py args, e.g. --repeat 5 --quick]
 # Env: KVPOOLS_PEERS_VENV (default /tmp/kvpools-peers-venv), KVPOOLS_BENCH_DIR (default
-# ../shared/bench next to the repo, else /work/shared/bench), ADAPTERS, SCENARIOS,
+# ../shared/bench beside the checkout), ADAPTERS, SCENARIOS,
 # ROUNDS (default 5; 0 skips benchmarks/compare.py, the paired ours-vs-peer rounds).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BENCH=${KVPOOLS_BENCH_DIR:-$ROOT/../shared/bench}
-[[ -f "$BENCH/bench_alloc.py" ]] || BENCH=/work/shared/bench
+if [[ ! -f "$BENCH/bench_alloc.py" ]]; then
+    echo "error: the benchmark driver $BENCH/bench_alloc.py is missing. It ships in the shared checkout" \
+         "(../shared/bench beside the repository root); put it there or set KVPOOLS_BENCH_DIR." >&2
+    exit 2
+fi
 VENV=${KVPOOLS_PEERS_VENV:-/tmp/kvpools-peers-venv}
 OURS=kvpools-token,kvpools-paged16-extend,kvpools-paged64-extend,kvpools-paged16-pages,kvpools-paged64-pages
 PEERS=sglang-token,sglang-paged16-extend,sglang-paged64-extend,vllm-blockpool16

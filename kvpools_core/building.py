@@ -4,7 +4,8 @@
 ``npu`` or ``meta`` (shapes and bytes without memory, so any plan can be
 measured exactly on a laptop).  Every built object reports ``nbytes``
 measured from its tensors; ``allocated_bytes`` is their sum, which the exact
-accounting promises equals ``plan.planned_bytes``.
+accounting promises equals ``plan.planned_bytes`` (``checked=True`` adds the
+checked allocators' maps on top, reported apart: see ``build``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,15 @@ class Pools:
     kv_pool: Any
     allocator: Any
     provenance: dict[str, tuple[str, ...]]
+    checked: bool = False
+
+    CHECKED_SUFFIX = "_checked"
+    """Pools named ``<free list>_checked`` are a checked allocator's maps: built on request, never planned."""
+
+    @property
+    def checking_bytes(self) -> int:
+        """Bytes of the checked-mode maps (0 unless built with ``checked=True``)."""
+        return sum(n for name, n in self.allocated_by_pool().items() if name.endswith(self.CHECKED_SUFFIX))
 
     @property
     def allocated_bytes(self) -> int:
@@ -51,9 +61,21 @@ class Pools:
         return measured
 
 
-def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None) -> Pools:
-    """Allocate the pools and allocator a plan describes on ``device``."""
+def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None, checked: bool = False) -> Pools:
+    """Allocate the pools and allocator a plan describes on ``device``.
+
+    Every allocator refuses frees of out-of-range ids (padding 0, -1, past the
+    pool).  ``checked=True`` asks the ``build_allocator`` hook for checked
+    allocators, which also refuse double frees and frees of never-allocated ids:
+    for tests and debugging (slower; synchronises on an accelerator).  Their
+    "allocated" map is not in the plan: it adds ``pages + 1`` bytes per free
+    list (``pages`` = the slots or pages it hands out; the SWA allocator has
+    two), reported as pools of their own (``allocator_checked``,
+    ``swa_allocator_checked``) in ``allocated_by_pool()``, so ``allocated_bytes``
+    then exceeds ``plan.planned_bytes`` by exactly those bytes.
+    """
     registry = registry or get_registry()
+    check_build_device(plan, device, registry)
     name = plan.model.name
     req_pool, req_by = registry.call_first(
         "build_req_to_token_pool", f"no plugin builds the request table of {name}.", plan=plan, device=device
@@ -70,6 +92,49 @@ def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None) 
         plan=plan,
         pool=kv_pool,
         device=device,
+        checked=checked,
     )
     provenance = {"build_req_to_token_pool": req_by, "build_pool": pool_by, "build_allocator": alloc_by}
-    return Pools(plan, device, req_pool, kv_pool, allocator, provenance)
+    return Pools(plan, device, req_pool, kv_pool, allocator, provenance, checked=checked)
+
+
+def check_build_device(plan: Plan, device: str, registry: Registry) -> None:
+    """Refuse a device torch cannot name, one that is not there, or one without room for the plan.
+
+    Checked before the first tensor, so the answer is an error with the
+    numbers rather than torch's assertion or the kernel's OOM killer.  The
+    platform plugin that owns the device measures its free memory
+    (``available_memory``); a device no plugin measures is built unchecked.
+    ``meta`` allocates nothing and is always fine.
+    """
+    import torch
+
+    from kvpools_core.errors import ConfigError, InsufficientMemoryError, NoProviderError
+    from kvpools_core.options import option
+    from kvpools_core.pipeline import measure_free_bytes
+    from kvpools_core.units import format_bytes
+
+    if not isinstance(device, (str, torch.device)):
+        raise ConfigError(
+            f"{option('device')} must be a device string such as 'cpu', 'cuda:0' or 'meta', got {device!r}."
+        )
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(
+            f"{option('device')} {device!r} is not a torch device. Use cpu, cuda, cuda:N, meta or a device type "
+            f"an installed platform plugin provides."
+        ) from exc
+    if kind == "meta":
+        return
+    try:
+        free, by = measure_free_bytes(str(device), plan.serving, registry)
+    except NoProviderError:
+        return
+    need = plan.planned_bytes
+    if need > free:
+        raise InsufficientMemoryError(
+            f"Building the plan on {device} needs {need:,} B ({format_bytes(need)}), but {by[0]} measures only "
+            f"{free:,} B ({format_bytes(free)}) free there; allocating it would fail or be killed by the kernel. "
+            f"Lower {option('memory')}, or build on 'meta' to measure the exact bytes without allocating."
+        )

@@ -7,7 +7,9 @@ Errors a user can fix print one paragraph and exit 1, never a traceback.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import sys
 import typing
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from rich.console import Console
 
 from kvpools_core.dtypes import KV_DTYPE_CHOICES
 from kvpools_core.errors import ConfigError, KvpoolsError
+from kvpools_core.options import cli_surface
 from kvpools_core.registry import get_registry
 from kvpools_core.values import ACCOUNTING_MODES, SPECULATIVE_ALGORITHMS, Serving
 
@@ -119,9 +122,15 @@ def _base_type(kind: Any) -> Any:
 
 def _budget_options(command: Callable[..., Any]) -> Callable[..., Any]:
     command = click.option(
-        "--reserved-memory", default="0", help="Memory reserved out of the budget (multimodal caches)."
+        "--reserved-memory",
+        default=None,
+        help="Memory reserved out of a profiled budget (multimodal caches). Not with --memory.",
     )(command)
-    command = click.option("--weights-memory", default="0", help="Memory the weights will take on the device.")(command)
+    command = click.option(
+        "--weights-memory",
+        default=None,
+        help="Memory the weights will take on the device, out of a profiled budget. Not with --memory.",
+    )(command)
     command = click.option("--free-memory", default=None, help="State a device's free memory instead of measuring it.")(
         command
     )
@@ -158,6 +167,40 @@ def _fail(error: KvpoolsError) -> None:
     sys.exit(1)
 
 
+TRACEBACK_ENV = "KVPOOLS_TRACEBACK"
+
+
+def _user_facing(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a command with options named as flags; errors become one paragraph, never a traceback.
+
+    A ``KvpoolsError`` is the user's to fix (exit 1).  Anything else is a bug
+    in kvpools (plugin failures arrive as ``PluginHookError``, naming the
+    plugin): it is reported in one line (exit 2), with the traceback only
+    under ``KVPOOLS_TRACEBACK=1``.
+    """
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with cli_surface():
+            try:
+                return command(*args, **kwargs)
+            except KvpoolsError as error:
+                _fail(error)
+            except (click.exceptions.Exit, click.ClickException, KeyboardInterrupt):
+                raise
+            except Exception as error:
+                if os.environ.get(TRACEBACK_ENV):
+                    raise
+                click.echo(
+                    f"Error: internal error, a bug in kvpools: {type(error).__name__}: {error}. "
+                    f"Please report it with the output of the same command run with {TRACEBACK_ENV}=1.",
+                    err=True,
+                )
+                sys.exit(2)
+
+    return run
+
+
 def _console() -> Console:
     tty = sys.stdout.isatty()
     return Console(file=sys.stdout, width=None if tty else 120, no_color=not tty, highlight=False, soft_wrap=not tty)
@@ -174,13 +217,14 @@ def main() -> None:
 @_budget_options
 @_serving_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (loads back with Plan.from_json).")
+@_user_facing
 def plan(
     model: str,
     memory: str | None,
     device: str | None,
     free_memory: str | None,
-    weights_memory: str,
-    reserved_memory: str,
+    weights_memory: str | None,
+    reserved_memory: str | None,
     draft_model: str | None,
     as_json: bool,
     **options: Any,
@@ -189,21 +233,17 @@ def plan(
     from kvpools_core.pipeline import plan as make_plan
     from kvpools_core.report import plan_summary, render_plan
 
-    try:
-        serving = _make_serving(options, device)
-        result = make_plan(
-            model,
-            serving,
-            memory=memory,
-            device=device,
-            free_memory=free_memory,
-            weights_memory=weights_memory,
-            reserved_memory=reserved_memory,
-            draft_model=draft_model,
-        )
-    except KvpoolsError as error:
-        _fail(error)
-        return
+    serving = _make_serving(options, device)
+    result = make_plan(
+        model,
+        serving,
+        memory=memory,
+        device=device,
+        free_memory=free_memory,
+        weights_memory=weights_memory,
+        reserved_memory=reserved_memory,
+        draft_model=draft_model,
+    )
     if as_json:
         click.echo(json.dumps(plan_summary(result), indent=2))
     else:
@@ -230,15 +270,23 @@ def _build_device(command: Callable[..., Any]) -> Callable[..., Any]:
 @_budget_options
 @_serving_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: planned vs allocated bytes, the plan.")
+@click.option(
+    "--checked-allocators",
+    is_flag=True,
+    help="Allocators that also refuse double frees and frees of never-allocated slots (for tests and debugging; "
+    "their maps are reported apart from the plan).",
+)
+@_user_facing
 def build(
     model: str,
     memory: str | None,
     device: str | None,
     free_memory: str | None,
-    weights_memory: str,
-    reserved_memory: str,
+    weights_memory: str | None,
+    reserved_memory: str | None,
     draft_model: str | None,
     as_json: bool,
+    checked_allocators: bool,
     **options: Any,
 ) -> None:
     """Plan MODEL, then allocate its pools on --device and compare every pool's bytes with the plan."""
@@ -246,42 +294,36 @@ def build(
     from kvpools_core.pipeline import plan as make_plan
     from kvpools_core.pools.report import build_summary, render_build
 
-    try:
-        if device is None:  # click does not enforce `required` on an option declared with default=None
-            raise ConfigError("kvpools build needs --device: cpu, cuda, cuda:N or meta (nothing allocated).")
-        if device == "meta" and memory is None and free_memory is None:
-            raise ConfigError("--device meta measures no memory: pass the budget as --memory or --free-memory SIZE.")
-        serving = _make_serving(options, device)
-        result = make_plan(
-            model,
-            serving,
-            memory=memory,
-            device=None if device == "meta" else device,
-            free_memory=free_memory,
-            weights_memory=weights_memory,
-            reserved_memory=reserved_memory,
-            draft_model=draft_model,
-        )
-        pools = build_pools(result, device)
-        if as_json:
-            click.echo(json.dumps(build_summary(pools), indent=2))
-        else:
-            render_build(pools, _console())
-    except KvpoolsError as error:
-        _fail(error)
+    if device is None:  # click does not enforce `required` on an option declared with default=None
+        raise ConfigError("kvpools build needs --device: cpu, cuda, cuda:N or meta (nothing allocated).")
+    if device == "meta" and memory is None and free_memory is None:
+        raise ConfigError("--device meta measures no memory: pass the budget as --memory or --free-memory SIZE.")
+    serving = _make_serving(options, device)
+    result = make_plan(
+        model,
+        serving,
+        memory=memory,
+        device=None if device == "meta" else device,
+        free_memory=free_memory,
+        weights_memory=weights_memory,
+        reserved_memory=reserved_memory,
+        draft_model=draft_model,
+    )
+    pools = build_pools(result, device, checked=checked_allocators)
+    if as_json:
+        click.echo(json.dumps(build_summary(pools), indent=2))
+    else:
+        render_build(pools, _console())
 
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@_user_facing
 def plugins(as_json: bool) -> None:
     """List plugins: name, distribution, version, hooks, status."""
     from rich.table import Table
 
-    try:
-        infos = get_registry().plugins()
-    except KvpoolsError as error:
-        _fail(error)
-        return
+    infos = get_registry().plugins()
     if as_json:
         click.echo(json.dumps([attrs.asdict(info) for info in infos], indent=2))
         return
@@ -296,15 +338,12 @@ def plugins(as_json: bool) -> None:
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object name -> {plugin, path}.")
+@_user_facing
 def presets(as_json: bool) -> None:
     """List the bundled model presets and the plugin that ships each."""
     from kvpools_core.config import registry_presets
 
-    try:
-        found = registry_presets(get_registry())
-    except KvpoolsError as error:
-        _fail(error)
-        return
+    found = registry_presets(get_registry())
     if as_json:
         click.echo(
             json.dumps({name: {"plugin": p, "path": path} for name, (p, path) in sorted(found.items())}, indent=2)

@@ -23,6 +23,7 @@ def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budge
 def validate(model: ModelSpec, serving: Serving) -> list[str]:
     problems = []
     problems += _empty_pipeline_stages(model, serving)
+    problems += _unsplittable_heads(model, serving)
     if (
         serving.speculative_algorithm in ("EAGLE", "EAGLE3", "STANDALONE", "DFLASH")
         and not serving.speculative_draft_num_layers
@@ -40,6 +41,42 @@ def validate(model: ModelSpec, serving: Serving) -> list[str]:
             f"pass --speculative-draft-model-path or --speculative-draft-num-layers N."
         )
     return problems
+
+
+def _unsplittable_heads(model: ModelSpec, serving: Serving) -> list[str]:
+    """Attention TP must split the heads as the engines' QKV projections do.
+
+    SGLang's ``QKVParallelLinear`` divides the query heads by the attention-TP
+    size exactly, and the KV heads either divide over the ranks or are
+    replicated to them (the ranks a multiple of the KV heads); anything else
+    fails at model load, so a plan for it would promise a server that never starts.
+    """
+    from kvpools_core.options import option
+
+    tp = serving.attn_tp_size
+    if tp == 1:
+        return []
+    what = f"{option('tp_size')} {serving.tp_size}" + (f" (attention TP {tp})" if tp != serving.tp_size else "")
+    problems = []
+    heads = model.num_attention_heads
+    if heads and heads % tp:
+        problems.append(
+            f"{what} cannot split the {heads} attention heads of {model.name} evenly. "
+            f"Use an attention TP size that divides {heads}: {_divisors(heads)}."
+        )
+    kv_heads = sorted({layer.num_kv_heads for layer in model.layers if layer.num_kv_heads > 1})
+    bad = [kv for kv in kv_heads if kv % tp and tp % kv]
+    if bad and not problems:
+        problems.append(
+            f"{what} can neither split nor replicate the {', '.join(map(str, bad))} KV heads of {model.name}: "
+            f"the attention TP size must divide the KV heads or be a multiple of them."
+        )
+    return problems
+
+
+def _divisors(n: int) -> str:
+    small = [d for d in range(1, min(n, 1024) + 1) if n % d == 0]
+    return ", ".join(map(str, small[:12])) + (", ..." if len(small) > 12 else "")
 
 
 def _empty_pipeline_stages(model: ModelSpec, serving: Serving) -> list[str]:
@@ -67,7 +104,7 @@ def build_req_to_token_pool(plan: Any, device: str) -> Any:
 
 
 @hookimpl(trylast=True)
-def build_allocator(plan: Any, pool: Any, device: str) -> Any:
+def build_allocator(plan: Any, pool: Any, device: str, checked: bool) -> Any:
     from kvpools_core.allocators import allocator_for_plan
 
-    return allocator_for_plan(plan, device)
+    return allocator_for_plan(plan, device, checked=checked)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import attrs
 
 from kvpools_core.errors import ConfigError
+from kvpools_core.options import option
 
 MODEL_DTYPES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
 """Model (activation) dtypes a config may name, with their element size."""
@@ -59,10 +60,14 @@ KV_DTYPE_CHOICES: tuple[str, ...] = ("auto", *_FIXED)
 
 def canonical_kv_dtype(name: str) -> str:
     """Normalise a ``--kv-cache-dtype`` spelling, or raise a ConfigError listing the choices."""
+    if not isinstance(name, str):
+        raise ConfigError(f"{option('kv_cache_dtype')} must be a string, got {name!r}.")
     key = _ALIASES.get(name.lower(), name.lower())
     if key == "auto" or key in _FIXED:
         return key
-    raise ConfigError(f"Unsupported --kv-cache-dtype {name!r}. Choose one of: {', '.join(KV_DTYPE_CHOICES)}.")
+    raise ConfigError(
+        f"Unsupported {option('kv_cache_dtype')} {name!r}. Choose one of: {', '.join(KV_DTYPE_CHOICES)}."
+    )
 
 
 def resolve_kv_dtype(name: str, model_dtype: str) -> KVDtype:
@@ -72,7 +77,7 @@ def resolve_kv_dtype(name: str, model_dtype: str) -> KVDtype:
         if model_dtype not in _FROM_MODEL:
             raise ConfigError(
                 f"Model dtype {model_dtype!r} has no KV-cache counterpart; "
-                f"pass --kv-cache-dtype explicitly ({', '.join(_FIXED)})."
+                f"pass {option('kv_cache_dtype')} explicitly ({', '.join(_FIXED)})."
             )
         key = _FROM_MODEL[model_dtype]
     return _FIXED[key]

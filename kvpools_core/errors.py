@@ -17,6 +17,16 @@ class ConfigError(KvpoolsError, ValueError):
     """A model config, preset or serving option is missing, malformed or out of range."""
 
 
+class InvalidValueError(ConfigError):
+    """A frozen value (``CellPart``, ``LayerSpec``, ``PoolSpec`` ...) was built with a field out of range.
+
+    Raised inside a hook implementation it is the plugin's bug, and the registry
+    re-raises it as a :class:`PluginResultError` naming that plugin; raised by a
+    caller's own code it stays a ``ConfigError``.  ``Serving`` options a user
+    gives are plain ``ConfigError``s.
+    """
+
+
 class UnsupportedCombinationError(KvpoolsError, ValueError):
     """The model, serving options and platform cannot be combined (checked before allocation)."""
 
@@ -57,3 +67,17 @@ class PluginConflictError(PluginError):
 
 class UnknownPluginError(PluginError):
     """An allow-list or block-list names a plugin that is not installed."""
+
+
+class PluginResultError(PluginHookError):
+    """A hook implementation or wrapper returned a value that breaks the hook's contract.
+
+    Checked where the value leaves the plugin, so the plugin that returned it is
+    named, not the next plugin or core step that trips over it.
+    """
+
+
+class AllocatorError(KvpoolsError, ValueError):
+    """A KV-slot allocator refused a call and changed nothing: a free of ids it never hands out (padding 0, -1,
+    past the pool), of ids not given as integers, of more ids than are allocated or, in checked mode, of ids not
+    allocated now (a double free); or a ``restore_state`` with a state that is not its own."""

@@ -10,8 +10,12 @@ are new-style wrappers (``wrapper=True``) owned by the plugin of that concern.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+import itertools
+import numbers
+import os
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pluggy
 
@@ -45,6 +49,30 @@ def presets() -> Mapping[str, str] | None:
     offering the same preset name is a conflict naming both.
 
     :returns: preset name → path of a ``config.json`` file.
+    """
+
+
+@_spec
+def platforms() -> Mapping[str, str] | None:
+    """Name the platforms a plugin provides, so a platform nobody provides is an error.
+
+    Every implementation is called; the results are collected.  Two plugins
+    providing the same platform name is a conflict naming both.  A platform
+    plugin answers ``available_memory`` and the build hooks for its devices.
+
+    :returns: platform name (``cpu``, ``cuda``, ``npu``, ...) → one-line description.
+    """
+
+
+@_spec
+def plugin_options() -> Mapping[str, str] | None:
+    """Declare the ``--plugin-option KEY=VALUE`` keys a plugin reads from ``Serving.plugin_options``.
+
+    Every implementation is called; the results are collected.  A key that no
+    plugin declares is an error (a typo must not be silently ignored); two
+    plugins declaring the same key is a conflict naming both.
+
+    :returns: key → one-line help.
     """
 
 
@@ -135,7 +163,7 @@ def build_pool(plan: Plan, device: str) -> Any | None:
 
 
 @_spec(firstresult=True)
-def build_allocator(plan: Plan, pool: Any, device: str) -> Any | None:
+def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | None:
     """Build the slot allocator of a plan's KV pool.
 
     Stops at the first non-None result; return None to decline.  Platform
@@ -145,5 +173,196 @@ def build_allocator(plan: Plan, pool: Any, device: str) -> Any | None:
     :param plan: the plan.
     :param pool: the KV pool built by :func:`build_pool`.
     :param device: torch device string.
+    :param checked: build the allocator in checked mode (``build(..., checked=True)``):
+        it also refuses double frees and frees of never-allocated ids, at the cost
+        of an "allocated" map it reports apart (``<pool>_checked`` in
+        ``nbytes_by_pool()``) since the plan does not charge it.  Every allocator
+        refuses out-of-range ids either way.  An implementation may leave the
+        argument out of its signature (and then builds unchecked allocators).
     :returns: the allocator object.
     """
+
+
+# ---------------------------------------------------------------------------
+# Result contracts: what each hook's answer must be, declared once, here.
+#
+# The registry checks every implementation's own non-None answer, and every
+# wrapper's replacement of it, against the hook's contract where the value
+# leaves the plugin, so a wrong value is blamed on the plugin that returned it
+# (``PluginResultError``), not on the wrapper or core step that trips over it.
+# The frozen values validate their fields when constructed; a contract checks
+# what they cannot: the type of the answer and of its items.
+# ``tests/core/test_plugin_answers.py`` keeps the table complete.
+# ---------------------------------------------------------------------------
+
+
+class ResultContract(NamedTuple):
+    """What one answer of a hook must be; ``problem(value)`` says what is wrong with it, or None."""
+
+    expected: str
+    problem: Callable[[Any], str | None]
+
+
+def describe_value(value: Any, limit: int = 60) -> str:
+    """A short description of a returned value for error messages (never a tensor dump)."""
+    if value is None or isinstance(value, numbers.Number):
+        return _clip(repr(value), limit)
+    if isinstance(value, (str, bytes)):
+        return f"{type(value).__name__} {_clip(repr(value), limit)}"
+    if isinstance(value, Mapping):
+        keys = [_clip(repr(key), 24) for key in itertools.islice(value, 4)]
+        more = ", ..." if len(value) > 4 else ""
+        if not keys:
+            return f"empty {type(value).__name__}"
+        return f"{type(value).__name__} with keys [{', '.join(keys)}{more}]"
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return f"{type(value).__name__} of {len(value)} item(s)"
+    cls = type(value)
+    where = "" if cls.__module__ == "builtins" or cls.__module__.startswith("kvpools_core.") else f"{cls.__module__}."
+    return f"{where}{cls.__qualname__} object"
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_count(value: Any) -> bool:
+    """An integer >= 0 (numpy integers too, not bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return False
+    return int(value) >= 0
+
+
+def _items_of(items: Any, cls: type, field: str) -> str | None:
+    for index, item in enumerate(items):
+        if not isinstance(item, cls):
+            return f"its {field}[{index}] is {describe_value(item)}, not a {cls.__name__}"
+    return None
+
+
+def _model_spec(value: Any) -> str | None:
+    from kvpools_core.values import LayerSpec, ModelSpec
+
+    if not isinstance(value, ModelSpec):
+        return "not a ModelSpec"
+    return _items_of(value.layers, LayerSpec, "layers")
+
+
+def _cell_size(value: Any) -> str | None:
+    from kvpools_core.values import CellPart, CellSize
+
+    if not isinstance(value, CellSize):
+        return "not a CellSize"
+    return _items_of(value.parts, CellPart, "parts") or _items_of(
+        value.draft_layer_parts, CellPart, "draft_layer_parts"
+    )
+
+
+def _pool_sizing(value: Any) -> str | None:
+    from kvpools_core.values import PoolSizing, PoolSpec
+
+    if not isinstance(value, PoolSizing):
+        return "not a PoolSizing"
+    return _items_of(value.pools, PoolSpec, "pools")
+
+
+def _name_mapping(value_types: tuple[type, ...], value_name: str) -> Callable[[Any], str | None]:
+    def problem(value: Any) -> str | None:
+        if not isinstance(value, Mapping):
+            return "not a mapping"
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"key {describe_value(key)} is not a str"
+            if not isinstance(item, value_types):
+                return f"{_clip(repr(key), 40)} maps to {describe_value(item)}, not {value_name}"
+        return None
+
+    return problem
+
+
+def _messages(value: Any) -> str | None:
+    if isinstance(value, (str, bytes)):
+        return "one string, not a list of messages (it would be read one character at a time)"
+    if not isinstance(value, (list, tuple)):
+        return "not a list of messages"
+    for index, message in enumerate(value):
+        if not isinstance(message, str):
+            return f"item {index} is {describe_value(message)}, not a str"
+    return None
+
+
+def _memory_reading(value: Any) -> str | None:
+    if not isinstance(value, Mapping):
+        return "not a mapping"
+    for key in ("free_bytes", "total_bytes"):
+        if key not in value:
+            return f"{key!r} is missing"
+        if not _is_count(value[key]):
+            return f"{key!r} is {describe_value(value[key])}, not an int >= 0"
+    return None
+
+
+def _measured(*, by_pool: bool) -> Callable[[Any], str | None]:
+    """A built object as ``kvpools_core.building.Pools`` measures it: ``nbytes``, maybe ``nbytes_by_pool()``."""
+
+    def problem(value: Any) -> str | None:
+        nbytes = getattr(value, "nbytes", None)
+        if nbytes is None:
+            return "it has no nbytes (the bytes of its tensors)"
+        if not _is_count(nbytes):
+            return f"its nbytes is {describe_value(nbytes)}, not an int >= 0"
+        method = getattr(value, "nbytes_by_pool", None)
+        if method is None:
+            return "it has no nbytes_by_pool() (measured bytes per plan pool)" if by_pool else None
+        if not callable(method):
+            return f"its nbytes_by_pool is {describe_value(method)}, not a method"
+        measured = method()
+        if not isinstance(measured, Mapping) or not all(
+            isinstance(k, str) and _is_count(v) for k, v in measured.items()
+        ):
+            return f"its nbytes_by_pool() returned {describe_value(measured)}, not a mapping of pool name to int >= 0"
+        return None
+
+    return problem
+
+
+RESULTS: Mapping[str, ResultContract] = MappingProxyType(
+    {
+        "parse_model_config": ResultContract(
+            "a ModelSpec whose layers are LayerSpecs (or None to decline the config)", _model_spec
+        ),
+        "presets": ResultContract(
+            "a mapping of preset name (str) to config.json path (str or os.PathLike), or None",
+            _name_mapping((str, os.PathLike), "a path"),
+        ),
+        "platforms": ResultContract(
+            "a mapping of platform name (str) to a one-line description (str), or None",
+            _name_mapping((str,), "a str"),
+        ),
+        "plugin_options": ResultContract(
+            "a mapping of option key (str) to one-line help (str), or None", _name_mapping((str,), "a str")
+        ),
+        "validate": ResultContract(
+            "a list (or tuple) of problem messages (str); [] or None when there are none", _messages
+        ),
+        "available_memory": ResultContract(
+            'a mapping with ints "free_bytes" and "total_bytes" >= 0 (or None to decline the device)',
+            _memory_reading,
+        ),
+        "estimate_cell_size": ResultContract("a CellSize whose parts are CellParts (or None to decline)", _cell_size),
+        "size_pools": ResultContract("a PoolSizing whose pools are PoolSpecs (or None to decline)", _pool_sizing),
+        "build_req_to_token_pool": ResultContract(
+            "a request table with nbytes (int >= 0) and optionally nbytes_by_pool() (or None to decline)",
+            _measured(by_pool=False),
+        ),
+        "build_pool": ResultContract(
+            "a KV pool with nbytes (int >= 0) and nbytes_by_pool() -> {pool name: int} (or None to decline)",
+            _measured(by_pool=True),
+        ),
+        "build_allocator": ResultContract(
+            "an allocator with nbytes (int >= 0) and optionally nbytes_by_pool() (or None to decline)",
+            _measured(by_pool=False),
+        ),
+    }
+)
+"""Hook name → the contract of its answers (the registry checks each non-None answer)."""

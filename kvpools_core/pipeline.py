@@ -5,10 +5,13 @@ One direction only; each step is one hook call, dispatched once per plan.
 
 from __future__ import annotations
 
+import difflib
+
 import attrs
 
 from kvpools_core.config import load_model
-from kvpools_core.errors import ConfigError, UnsupportedCombinationError
+from kvpools_core.errors import ConfigError, PluginConflictError, UnsupportedCombinationError
+from kvpools_core.options import option
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.sizing import explicit_budget, profile_budget, summarize_notes
 from kvpools_core.units import parse_bytes
@@ -22,8 +25,8 @@ def plan(
     memory: int | str | None = None,
     device: str | None = None,
     free_memory: int | str | None = None,
-    weights_memory: int | str = 0,
-    reserved_memory: int | str = 0,
+    weights_memory: int | str | None = None,
+    reserved_memory: int | str | None = None,
     draft_model: str | ModelSpec | None = None,
     registry: Registry | None = None,
 ) -> Plan:
@@ -32,11 +35,16 @@ def plan(
     The budget is ``memory`` (bytes or ``"60GiB"``: the KV cache's own budget),
     or SGLang's profile arithmetic over ``free_memory`` (stated) or the free
     memory of ``device`` (measured by the platform plugin), minus
-    ``weights_memory``, the runtime slack and ``reserved_memory``.
+    ``weights_memory``, the runtime slack and ``reserved_memory``.  Sizes are
+    bytes (int or float) or strings with a unit.
     """
     registry = registry or get_registry()
     serving = serving or Serving()
+    if not isinstance(serving, Serving):
+        raise ConfigError(f"serving must be a kvpools_core.Serving, got {type(serving).__name__}.")
     provenance: dict[str, tuple[str, ...]] = {}
+    check_platform(serving, registry)
+    check_plugin_options(serving, registry)
 
     spec = _resolve_model(model, registry, provenance)
     if serving.context_length is not None:
@@ -61,6 +69,7 @@ def plan(
         sizing = _sync_pipeline_stages(spec, serving, budget, sizing, registry)
     provenance["estimate_cell_size"] = cell_by
     provenance["size_pools"] = sizing_by
+    sizing = _note_unreachable_context(spec, serving, sizing)
     return Plan(model=spec, serving=serving, budget=budget, cell=cell, sizing=sizing, provenance=provenance)
 
 
@@ -68,11 +77,11 @@ def resolve_budget(
     serving: Serving,
     registry: Registry,
     *,
-    memory: int | str | None = None,
+    memory: int | float | str | None = None,
     device: str | None = None,
-    free_memory: int | str | None = None,
-    weights_memory: int | str = 0,
-    reserved_memory: int | str = 0,
+    free_memory: int | float | str | None = None,
+    weights_memory: int | float | str | None = None,
+    reserved_memory: int | float | str | None = None,
     multimodal: bool = False,
     provenance: dict[str, tuple[str, ...]] | None = None,
 ) -> Budget:
@@ -80,18 +89,30 @@ def resolve_budget(
 
     A profiled budget of a multimodal model also reserves SGLang's VLM cache
     (``mm_runtime_reservation_gb``: ``vlm_cache_size_mb``) beside ``reserved_memory``.
+    An explicit ``memory`` is the KV cache's own budget, so weights and
+    reservations given beside it would be silently ignored: that is an error.
     """
-    given = [name for name, value in (("--memory", memory), ("--free-memory", free_memory)) if value is not None]
+    o = option
+    given = [name for name, value in (("memory", memory), ("free_memory", free_memory)) if value is not None]
     if len(given) > 1:
-        raise ConfigError("Pass either --memory (the KV budget) or --free-memory (a device's free memory), not both.")
+        raise ConfigError(
+            f"Pass either {o('memory')} (the KV budget) or {o('free_memory')} (a device's free memory), not both."
+        )
     if memory is not None:
-        return explicit_budget(parse_bytes(memory, "--memory"))
-    weights = parse_bytes(weights_memory, "--weights-memory")
-    reserved = parse_bytes(reserved_memory, "--reserved-memory")
+        ignored = [o(n) for n, v in (("weights_memory", weights_memory), ("reserved_memory", reserved_memory)) if v]
+        if ignored:
+            verb = "apply" if len(ignored) > 1 else "applies"
+            raise ConfigError(
+                f"{' and '.join(ignored)} only {verb} to a profiled budget ({o('free_memory')} or a measured "
+                f"{o('device')}); {o('memory')} is already the KV cache's own budget. Drop one of them."
+            )
+        return explicit_budget(parse_bytes(memory, o("memory")))
+    weights = parse_bytes(weights_memory or 0, o("weights_memory"))
+    reserved = parse_bytes(reserved_memory or 0, o("reserved_memory"))
     if multimodal:
         reserved += serving.vlm_cache_size_mb << 20
     if free_memory is not None:
-        free = parse_bytes(free_memory, "--free-memory")
+        free = parse_bytes(free_memory, o("free_memory"))
         return profile_budget(
             free_bytes=free,
             pre_model_load_bytes=free,
@@ -103,17 +124,12 @@ def resolve_budget(
         )
     if device is None:
         raise ConfigError(
-            "No memory budget: pass --memory SIZE (e.g. 60GiB), --free-memory SIZE or --device cpu|cuda[:N]."
+            f"No memory budget: pass {o('memory')} (the KV budget, e.g. '60GiB'), {o('free_memory')} "
+            f"(a device's free memory) or {o('device')} (measure cpu, cuda or cuda:N)."
         )
-    reading, by = registry.call_first(
-        "available_memory",
-        f"no platform plugin measures memory of device {device!r}.",
-        device=device,
-        serving=serving,
-    )
+    free, by = measure_free_bytes(device, serving, registry)
     if provenance is not None:
         provenance["available_memory"] = by
-    free = int(reading["free_bytes"])
     return profile_budget(
         free_bytes=free,
         pre_model_load_bytes=free,
@@ -123,6 +139,81 @@ def resolve_budget(
         device=device,
         source=f"measured by {by[0]}",
     )
+
+
+def measure_free_bytes(device: str, serving: Serving, registry: Registry) -> tuple[int, tuple[str, ...]]:
+    """The free bytes of ``device``, measured by the platform plugin that owns it, and who measured them."""
+    reading, by = registry.call_first(
+        "available_memory",
+        f"no platform plugin measures memory of device {device!r}; installed platforms: "
+        f"{', '.join(sorted(installed_platforms(registry))) or 'none'}.",
+        device=device,
+        serving=serving,
+    )
+    return int(reading["free_bytes"]), by
+
+
+def installed_platforms(registry: Registry) -> dict[str, str]:
+    """Platform name → the plugin that provides it; two providers of one name is a conflict."""
+    owners: dict[str, str] = {}
+    for plugin, offered in registry.call_collect("platforms"):
+        for name in offered:
+            if name in owners and owners[name] != plugin:
+                raise PluginConflictError(
+                    f"Platform {name!r} is provided by two plugins: {registry.plugin(owners[name]).label} and "
+                    f"{registry.plugin(plugin).label}. Disable one with KVPOOLS_DISABLED_PLUGINS."
+                )
+            owners[name] = plugin
+    return owners
+
+
+def check_platform(serving: Serving, registry: Registry) -> None:
+    """The serving platform must be one an installed plugin provides (a typo must not plan for cuda)."""
+    known = installed_platforms(registry)
+    if serving.platform not in known:
+        close = difflib.get_close_matches(serving.platform, list(known), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"Unknown platform {serving.platform!r} ({option('platform')}, or the type of {option('device')}): "
+            f"installed platform plugins provide {', '.join(sorted(known)) or 'none'}.{hint} "
+            f"A vendor's platform (npu, rocm, ...) comes with its kvpools plugin distribution. "
+            f"{registry.loading_hint()}".rstrip()
+        )
+
+
+def check_plugin_options(serving: Serving, registry: Registry) -> None:
+    """Every ``plugin_options`` key must be declared by an installed plugin (a typo must not be ignored)."""
+    if not serving.plugin_options:
+        return
+    declared: dict[str, str] = {}
+    for plugin, offered in registry.call_collect("plugin_options"):
+        for key in offered:
+            if key in declared and declared[key] != plugin:
+                raise PluginConflictError(
+                    f"Plugin option {key!r} is declared by two plugins: {registry.plugin(declared[key]).label} "
+                    f"and {registry.plugin(plugin).label}. Disable one with KVPOOLS_DISABLED_PLUGINS."
+                )
+            declared[key] = plugin
+    unknown = sorted(set(serving.plugin_options) - set(declared))
+    if unknown:
+        known = ", ".join(f"{key} ({plugin})" for key, plugin in sorted(declared.items())) or "none"
+        raise ConfigError(
+            f"No installed plugin reads the plugin option(s) {', '.join(map(repr, unknown))} "
+            f"({option('plugin_options')}). Declared options: {known}."
+        )
+
+
+def _note_unreachable_context(spec: ModelSpec, serving: Serving, sizing: PoolSizing) -> PoolSizing:
+    """Say so when the pool cannot hold one request at full context (SGLang starts anyway, silently)."""
+    context_len = serving.context_length or spec.context_len
+    tokens = sizing.max_total_num_tokens
+    if tokens >= context_len:
+        return sizing
+    note = (
+        f"the KV pool holds {tokens:,} tokens, fewer than one request at the context length {context_len:,}: "
+        f"no request can reach its full context. Raise the budget or lower {option('context_length')}."
+    )
+    return attrs.evolve(sizing, notes=summarize_notes(sizing.notes, [note]))
 
 
 def _resolve_model(model: str | ModelSpec, registry: Registry, provenance: dict[str, tuple[str, ...]]) -> ModelSpec:

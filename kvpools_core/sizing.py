@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from kvpools_core.errors import ConfigError, InsufficientMemoryError
+from kvpools_core.options import option
 from kvpools_core.values import Budget, CellSize, ModelSpec, PoolSizing, PoolSpec, Serving
 
 GiB = 1 << 30
@@ -37,7 +38,7 @@ def fmt_gib(num_bytes: float) -> str:
 
 def explicit_budget(budget_bytes: int) -> Budget:
     if budget_bytes < 0:
-        raise ConfigError(f"--memory must not be negative, got {budget_bytes} bytes.")
+        raise ConfigError(f"{option('memory')} must not be negative, got {budget_bytes} bytes.")
     return Budget(
         budget_bytes=budget_bytes,
         source="explicit",
@@ -62,21 +63,11 @@ def profile_budget(
     SGLang's post-load free memory is their difference.  The runtime slack is
     ``pre_model_load * (1 - mem_fraction_static)``.
     """
-    available_gb = (free_bytes - weights_bytes) / GiB
     pre_gb = pre_model_load_bytes / GiB
     slack_gb = pre_gb * (1 - mem_fraction_static)
-    reserved_gb = reserved_bytes / GiB
     rest_gb = _rest_gib(free_bytes, weights_bytes, pre_model_load_bytes, mem_fraction_static, reserved_bytes)
     if rest_gb <= 0:
-        minimum = 1 - available_gb / pre_gb if pre_gb > 0 else 1.0
-        suggested = math.ceil(minimum * 1000) / 1000
-        raise InsufficientMemoryError(
-            f"Loaded weights leave no memory for the KV cache under --mem-fraction-static={mem_fraction_static}: "
-            f"{fmt_gib(free_bytes)} free, {fmt_gib(weights_bytes)} of weights, {slack_gb:.2f} GiB runtime slack"
-            f"{f', {reserved_gb:.2f} GiB reserved' if reserved_bytes else ''}. "
-            f"Raise --mem-fraction-static above {suggested:.3f} (minimum viable = 1 - available/pre = {minimum:.4f}), "
-            f"or lower --weights-memory / --reserved-memory."
-        )
+        raise _no_room_for_kv(free_bytes, weights_bytes, pre_model_load_bytes, mem_fraction_static, reserved_bytes)
     budget_bytes = int(rest_gb * GiB)
     steps = (
         f"free memory {free_bytes} B ({fmt_gib(free_bytes)})" + (f" on {device}" if device else ""),
@@ -97,6 +88,44 @@ def profile_budget(
         slack_bytes=int(slack_gb * GiB),
         reserved_bytes=reserved_bytes,
         steps=steps,
+    )
+
+
+def _no_room_for_kv(
+    free_bytes: int, weights_bytes: int, pre_model_load_bytes: int, mem_fraction_static: float, reserved_bytes: int
+) -> InsufficientMemoryError:
+    """Why a profiled budget is empty, with only advice that can be followed.
+
+    The KV budget is ``free - weights - pre_load * (1 - fraction) - reserved``;
+    a fraction can reach at most 1, so when weights and reservations alone fill
+    the free memory no fraction helps, and the error says so.
+    """
+    o = option
+    slack_gb = pre_model_load_bytes / GiB * (1 - mem_fraction_static)
+    seen = (
+        f"{fmt_gib(free_bytes)} free, {fmt_gib(weights_bytes)} of weights, {slack_gb:.2f} GiB runtime slack"
+        f"{f', {fmt_gib(reserved_bytes)} reserved' if reserved_bytes else ''}"
+    )
+    left_gb = (free_bytes - weights_bytes - reserved_bytes) / GiB
+    pre_gb = pre_model_load_bytes / GiB
+    minimum = 1 - left_gb / pre_gb if pre_gb > 0 else 1.0
+    if left_gb <= 0 or minimum >= 1:
+        return InsufficientMemoryError(
+            f"The weights{' and reservations' if reserved_bytes else ''} do not fit in the free memory ({seen}): "
+            f"no {o('mem_fraction_static')} can leave room for the KV cache. Shard the weights over more ranks "
+            f"({o('tp_size')}, {o('pp_size')}), quantise them, or use a device with more free memory."
+        )
+    suggested = math.ceil(minimum * 1000) / 1000
+    advice = (
+        f"Raise {o('mem_fraction_static')} above {suggested:.3f} (minimum viable = 1 - available/pre = "
+        f"{minimum:.4f}, where available is the free memory less the weights"
+        f"{' and the reservations' if reserved_bytes else ''})"
+        if suggested < 1
+        else f"Set {o('mem_fraction_static')} to 1.0 (minimum viable = {minimum:.4f})"
+    )
+    return InsufficientMemoryError(
+        f"Loaded weights leave no memory for the KV cache under {o('mem_fraction_static')}={mem_fraction_static}: "
+        f"{seen}. {advice}, or lower {o('weights_memory')} / {o('reserved_memory')}."
     )
 
 
@@ -362,7 +391,7 @@ def default_size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budge
     if limit.max_running_requests <= 0:
         raise InsufficientMemoryError(
             f"{tokens} KV tokens leave room for no request (a request needs at least 2 tokens). "
-            f"Raise --memory or lower --page-size."
+            f"Raise {option('memory')} or lower {option('page_size')}."
         )
     estimate = int(tokens * cell.sglang_bytes_per_token)
     return PoolSizing(
@@ -377,6 +406,7 @@ def default_size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budge
 
 def not_enough_memory(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> InsufficientMemoryError:
     """The error when not one page fits, with the numbers and the knobs to turn."""
+    o = option
     page = serving.page_size
     per_token = cell.sglang_bytes_per_token if serving.accounting == "sglang" else cell.bytes_per_token
     need = page * per_token
@@ -384,8 +414,9 @@ def not_enough_memory(model: ModelSpec, serving: Serving, cell: CellSize, budget
         f"Not enough memory for the KV cache: {fmt_gib(budget.budget_bytes)} ({budget.budget_bytes} B) available, "
         f"one page of {page} token(s) of {model.name} needs {need:.0f} B across {cell.num_layers} layer(s)"
         f"{' plus the padding page, request table and allocator' if serving.accounting == 'exact' else ''}. "
-        f"Raise --memory (or --mem-fraction-static, current value {serving.mem_fraction_static}), "
-        f"lower --page-size, --context-length or --max-running-requests, or use a smaller --kv-cache-dtype."
+        f"Raise {o('memory')} (or {o('mem_fraction_static')}, current value {serving.mem_fraction_static}), "
+        f"lower {o('page_size')}, {o('context_length')} or {o('max_running_requests')}, "
+        f"or use a smaller {o('kv_cache_dtype')}."
     )
 
 

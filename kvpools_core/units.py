@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from kvpools_core.errors import ConfigError
@@ -26,13 +27,24 @@ _UNITS = {
 _PATTERN = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_bytes(value: int | str, flag: str = "size") -> int:
-    """Parse a byte count; errors name the flag, the value and the accepted forms."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{flag} must be a byte count, got {value!r}.")
-    if isinstance(value, int):
-        number: float = value
-        unit = ""
+MAX_BYTES = 1 << 60
+"""1 EiB: far above any device or node, low enough that a mistyped exponent is caught, not planned."""
+
+
+def parse_bytes(value: int | float | str, flag: str = "size") -> int:
+    """Parse a byte count (an int, a float such as ``1.5e9``, or a string with a unit).
+
+    Errors name the option, the value and the accepted forms; a fractional
+    byte count is rounded down.
+    """
+    number: float
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(
+            f"{flag} must be a byte count (an int, a float, or a string such as '60GiB'), "
+            f"got {type(value).__name__} {value!r}."
+        )
+    if isinstance(value, (int, float)):
+        number, unit = value, ""
     else:
         match = _PATTERN.match(value)
         if not match or match.group(2).lower() not in _UNITS:
@@ -42,9 +54,14 @@ def parse_bytes(value: int | str, flag: str = "size") -> int:
             )
         number = float(match.group(1)) if "." in match.group(1) else int(match.group(1))
         unit = match.group(2).lower()
+    if isinstance(number, float) and not math.isfinite(number):
+        raise ConfigError(f"{flag} must be a finite byte count, got {value!r}.")
     if number < 0:
         raise ConfigError(f"{flag} must not be negative, got {value!r}.")
-    return int(number * _UNITS[unit])
+    size = int(number * _UNITS[unit])
+    if size > MAX_BYTES:
+        raise ConfigError(f"{flag} {value!r} is {size:.3g} bytes, beyond any device (at most 1 EiB). Check the value.")
+    return size
 
 
 def format_bytes(num_bytes: float) -> str:

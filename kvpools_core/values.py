@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 import attrs
 
 from kvpools_core.dtypes import MODEL_DTYPES, canonical_kv_dtype
-from kvpools_core.errors import ConfigError
+from kvpools_core.errors import ConfigError, InvalidValueError
+from kvpools_core.options import option
 
 T = TypeVar("T")
 
@@ -26,22 +27,32 @@ JSONScalar = int | float | str | bool | None
 
 
 # ---------------------------------------------------------------------------
-# validators and converters (errors name the CLI flag, the value and the fix)
+# validators and converters (errors name the option, the value and the fix)
 # ---------------------------------------------------------------------------
 
 
-def _flag(attribute: attrs.Attribute[Any]) -> str:
-    return "--" + attribute.name.replace("_", "-")
+def _flag(inst: object, attribute: attrs.Attribute[Any]) -> str:
+    """A serving option as the caller typed it (``--tp-size`` / ``tp_size``); any other value's field
+    qualified by its class (``CellPart.bytes_per_token``), since a plugin, not the user, built it."""
+    if isinstance(inst, Serving):
+        return option(attribute.name)
+    return f"{type(inst).__name__}.{attribute.name}"
 
 
-def positive(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
+def _invalid(inst: object, message: str) -> ConfigError:
+    """A user's serving option is a ``ConfigError``; any other value's field is an ``InvalidValueError``,
+    which the registry blames on the plugin that built the value."""
+    return ConfigError(message) if isinstance(inst, Serving) else InvalidValueError(message)
+
+
+def positive(inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{_flag(attribute)} must be a positive integer, got {value!r}.")
+        raise _invalid(inst, f"{_flag(inst, attribute)} must be a positive integer, got {value!r}.")
 
 
-def non_negative(_inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
+def non_negative(inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{_flag(attribute)} must be a non-negative integer, got {value!r}.")
+        raise _invalid(inst, f"{_flag(inst, attribute)} must be a non-negative integer, got {value!r}.")
 
 
 def optional_positive(inst: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
@@ -49,22 +60,22 @@ def optional_positive(inst: object, attribute: attrs.Attribute[Any], value: int 
         positive(inst, attribute, value)
 
 
-def fraction(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
+def fraction(inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
     """A ratio in (0, 1]."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ConfigError(f"{_flag(attribute)} must be a number in (0, 1], got {value!r}.")
+        raise _invalid(inst, f"{_flag(inst, attribute)} must be a number in (0, 1], got {value!r}.")
 
 
-def positive_ratio(_inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
+def positive_ratio(inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-        raise ConfigError(f"{_flag(attribute)} must be a positive finite number, got {value!r}.")
+        raise _invalid(inst, f"{_flag(inst, attribute)} must be a positive finite number, got {value!r}.")
 
 
 def one_of(*choices: object) -> Callable[[object, attrs.Attribute[Any], object], None]:
-    def check(_inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    def check(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
         if value not in choices:
             shown = ", ".join("none" if c is None else str(c) for c in choices)
-            raise ConfigError(f"{_flag(attribute)} must be one of {shown}; got {value!r}.")
+            raise _invalid(inst, f"{_flag(inst, attribute)} must be one of {shown}; got {value!r}.")
 
     return check
 
@@ -272,7 +283,7 @@ class Serving:
     disaggregation_mode: str = attrs.field(default="null", validator=one_of("null", "prefill", "decode"))
     disaggregation_decode_extra_slots: int = attrs.field(default=0, validator=non_negative)
     # hybrid sliding window / mamba / sparse knobs (read by their plugins)
-    swa_full_tokens_ratio: float = attrs.field(default=0.8, validator=fraction)
+    swa_full_tokens_ratio: float = attrs.field(default=0.8, validator=positive_ratio)
     swa_eviction_interval: int = attrs.field(default=128, validator=positive)
     mamba_full_memory_ratio: float = attrs.field(default=0.9, validator=positive_ratio)
     max_mamba_cache_size: int | None = attrs.field(default=None, validator=optional_positive)
@@ -289,25 +300,34 @@ class Serving:
     plugin_options: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
 
     def __attrs_post_init__(self) -> None:
+        o = option
         if self.pp_rank >= self.pp_size:
-            raise ConfigError(f"--pp-rank must be below --pp-size ({self.pp_size}), got {self.pp_rank}.")
+            raise ConfigError(f"{o('pp_rank')} must be below {o('pp_size')} ({self.pp_size}), got {self.pp_rank}.")
         attn_dp = self.attn_dp_size
         if self.tp_size % (attn_dp * self.attn_cp_size):
             raise ConfigError(
-                f"--tp-size {self.tp_size} must be divisible by the attention DP size ({attn_dp}) "
-                f"times --attn-cp-size ({self.attn_cp_size})."
+                f"{o('tp_size')} {self.tp_size} must be divisible by the attention DP size ({attn_dp}) "
+                f"times {o('attn_cp_size')} ({self.attn_cp_size})."
             )
         if self.attn_tp_size % self.dcp_size:
-            raise ConfigError(f"--dcp-size {self.dcp_size} must divide the attention TP size ({self.attn_tp_size}).")
+            raise ConfigError(
+                f"{o('dcp_size')} {self.dcp_size} must divide the attention TP size ({self.attn_tp_size})."
+            )
         if self.pp_layer_partition is not None and len(self.pp_layer_partition) != self.pp_size:
             raise ConfigError(
-                f"--pp-layer-partition has {len(self.pp_layer_partition)} entries; "
-                f"it needs one per pipeline stage (--pp-size {self.pp_size})."
+                f"{o('pp_layer_partition')} has {len(self.pp_layer_partition)} entries; "
+                f"it needs one per pipeline stage ({o('pp_size')} {self.pp_size})."
+            )
+        if self.max_running_requests is not None and self.max_running_requests < attn_dp:
+            raise ConfigError(
+                f"{o('max_running_requests')} {self.max_running_requests} is split over {attn_dp} DP-attention "
+                f"workers, so each would run {self.max_running_requests // attn_dp} requests. Allow at least "
+                f"{attn_dp} (one per worker), or lower {o('dp_size')}."
             )
         if self.enable_mamba_extra_buffer_lazy and self.disable_overlap_schedule:
             raise ConfigError(
-                "--enable-mamba-extra-buffer-lazy requires the overlap schedule; "
-                "drop --disable-overlap-schedule or the lazy extra buffer."
+                f"{o('enable_mamba_extra_buffer_lazy')} requires the overlap schedule; "
+                f"drop {o('disable_overlap_schedule')} or the lazy extra buffer."
             )
 
     @property

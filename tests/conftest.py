@@ -61,3 +61,27 @@ def _oracle_process_group() -> Iterator[None]:
     adapter = sys.modules.get("tests.oracle.adapter")
     if adapter is not None:
         adapter.shutdown()
+
+
+class _RocmStandIn:
+    """Provides the platform name ``rocm`` only, until a ROCm platform plugin ships.
+
+    The DSA plugin's ROCm page rules are tested through the real pipeline,
+    which refuses a platform nobody provides.
+    """
+
+    @staticmethod
+    def platforms() -> dict[str, str]:
+        return {"rocm": "stand-in for the vendor's ROCm plugin (tests only)"}
+
+
+@pytest.fixture
+def rocm_platform() -> Iterator[None]:
+    """The default registry, plus a stand-in provider of the ``rocm`` platform."""
+    from kvpools_core import hookimpl, registry
+
+    stand_in = _RocmStandIn()
+    stand_in.platforms = hookimpl(_RocmStandIn.platforms)  # type: ignore[method-assign]
+    registry._DEFAULT = Registry(extra_plugins={"rocm_stand_in": stand_in})
+    yield
+    reset_registry()

@@ -25,7 +25,8 @@ def mha_models(draw: st.DrawFn) -> ModelSpec:
         layers=layers,
         context_len=draw(st.sampled_from([512, 4096, 32768, 131072])),
         dtype=draw(st.sampled_from(["bfloat16", "float16", "float32"])),
-        num_attention_heads=kv_heads * draw(st.sampled_from([1, 2, 4, 8])),
+        # powers of two from 16: every TP size of ``servings`` splits them, as real deployments do
+        num_attention_heads=max(16, kv_heads * draw(st.sampled_from([1, 2, 4, 8]))),
         num_nextn_predict_layers=draw(st.integers(0, 2)),
     )
 
@@ -44,7 +45,8 @@ def servings(draw: st.DrawFn, accounting: str | None = None) -> Serving:
         pp_rank=draw(st.integers(0, pp - 1)),
         dp_size=tp if dp_attention else 1,
         enable_dp_attention=dp_attention,
-        max_running_requests=draw(st.one_of(st.none(), st.integers(1, 8192))),
+        # at least one request per DP-attention worker (fewer is refused)
+        max_running_requests=draw(st.one_of(st.none(), st.integers(tp if dp_attention else 1, 8192))),
         max_total_tokens=draw(st.one_of(st.none(), st.integers(1, 5_000_000))),
         speculative_algorithm=spec,
         speculative_draft_num_layers=draw(st.integers(1, 4)) if spec else None,

@@ -2,7 +2,9 @@
 
 ``TokenAllocator`` (page size 1) and ``PagedAllocator`` follow SGLang's
 allocator interface; their bookkeeping is one preallocated free stack whose
-size ``allocator_planned_nbytes(size, page_size, debug)`` gives in advance.
+size ``allocator_planned_nbytes(size, page_size, checked)`` gives in advance.
+Every free is range checked (``AllocatorError``, nothing changed); checked
+mode (``checked=True``) also refuses double frees (see ``base``).
 The byte formulas import without torch (planning never needs it); the
 allocator classes load on first use.
 """

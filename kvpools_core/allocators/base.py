@@ -18,6 +18,22 @@ is a fixed function of ``(size, page_size)`` and a free never reallocates
   end; that space cannot collide with the free region because parked units
   still count as in use (``rel + pend <= head``).
 
+Frees are checked before anything changes, so a refused free (``AllocatorError``)
+leaves the allocator exactly as it was:
+
+* always: the ids are integers and in ``1..num_pages`` (padding 0 and -1
+  are never handed out, so freeing them is a caller bug), and no more units
+  are freed than are allocated (a paged free group counts its pages when it
+  ends).  The range check is one ``torch.aminmax`` per free of a tensor, or
+  ``min``/``max`` of a Python list of page ids: O(1) Python work, but on the
+  CPU token path that op costs as much as the free did before (~3 us, ~8 us
+  with cold caches), and on an accelerator it synchronises once per free;
+* ``checked=True`` (``build(plan, device, checked=True)``): also a bool
+  "allocated" map of ``num_pages + 1`` bytes, which catches double frees,
+  frees of never-allocated ids and repeats within one free.  Every call then
+  takes the tensor path (and on an accelerator synchronises), so it is for
+  tests and debugging, not for a benchmark.
+
 On a CPU device the buffer is an ``array('q')`` shared with a torch tensor:
 Python-int page calls index it directly and index tensors are copied in and
 out with one ``memmove`` -- a torch op costs ~2-5 us here, which would
@@ -29,12 +45,14 @@ from __future__ import annotations
 import array
 import ctypes
 import weakref
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from kvpools_core.allocators.sizes import check_geometry, free_stack_nbytes
+from kvpools_core.errors import AllocatorError
 
 __all__ = ["AllocatorState", "BaseAllocator"]
 
@@ -46,7 +64,7 @@ class AllocatorState:
     """Opaque snapshot returned by ``backup_state()``.
 
     Copy-on-write: taking it copies nothing; the first later write to the
-    allocator's buffers (a free, a merge, debug bookkeeping) copies them into
+    allocator's buffers (a free, a merge, checked-mode bookkeeping) copies them into
     the snapshot.  The common pattern -- backup, speculative allocations,
     restore -- therefore costs O(1); a snapshot that outlives a write holds
     one copy of the free stack (``planned_nbytes``), as SGLang's backup holds
@@ -80,6 +98,7 @@ class BaseAllocator:
         *,
         device: str | torch.device = "cpu",
         need_sort: bool = False,
+        checked: bool = False,
         debug: bool = False,
     ) -> None:
         check_geometry(size, page_size)
@@ -87,13 +106,17 @@ class BaseAllocator:
         self.page_size = page_size
         self.num_pages = n = size // page_size
         self.need_sort = need_sort
-        self.debug = debug
+        self.checked = checked = checked or debug  # ``debug`` is the old name of checked mode
         self._n = n
         self._token = object()  # identifies snapshots taken from this instance
         self._snaps: list[weakref.ref[AllocatorState]] = []
         self._arr: array.array[int] | None = None
         self._mv: memoryview | None = None
         self._addr = 0
+        # the range check's aminmax writes into host memory read as Python ints: no .item() per free
+        self._minmax = array.array("q", [0, 0])
+        minmax = torch.frombuffer(self._minmax, dtype=_I64)
+        self._minmax_out = (minmax[0], minmax[1])
         if torch.device(device).type == "cpu":
             self._arr = array.array("q", [0]) * n
             self._mv = memoryview(self._arr)
@@ -103,11 +126,11 @@ class BaseAllocator:
             self._buf = torch.empty(n, dtype=_I64, device=device)
         self.device = self._buf.device  # normalised ("cuda" -> "cuda:0")
         self._cpu = self.device.type == "cpu"
-        # Python-int fast paths; debug keeps every call on the checked path
-        self._host_arr = None if debug else self._arr
-        self._host_mv = None if debug else self._mv
+        # Python-int fast paths; checked mode keeps every call on the tensor path
+        self._host_arr = None if checked else self._arr
+        self._host_mv = None if checked else self._mv
         self._allocated: Tensor | None = None
-        if debug:
+        if checked:
             self._allocated = torch.zeros(n + 1, dtype=torch.bool, device=self.device)
         self._head = 0
         self._rel = 0
@@ -119,17 +142,30 @@ class BaseAllocator:
         self._pending_bytes: list[bytes] = []
         self.clear()
 
+    @property
+    def debug(self) -> bool:
+        """Old name of :attr:`checked`."""
+        return self.checked
+
     # ------------------------------------------------------------------ sizes
     @classmethod
-    def planned_nbytes(cls, size: int, page_size: int, debug: bool = False) -> int:
+    def planned_nbytes(cls, size: int, page_size: int, checked: bool = False) -> int:
         """Bytes of every tensor the allocator holds: the int64 free stack
-        (one entry per unit) plus, in debug mode, a bool "allocated" map."""
-        return free_stack_nbytes(size, page_size, debug)
+        (one entry per unit) plus, in checked mode, a bool "allocated" map."""
+        return free_stack_nbytes(size, page_size, checked)
 
     @property
     def nbytes(self) -> int:
         """Bytes of the tensors actually held (equals ``planned_nbytes``)."""
         return sum(t.numel() * t.element_size() for t in self._tensors())
+
+    def nbytes_by_pool(self, name: str = "allocator") -> dict[str, int]:
+        """Measured bytes by plan pool name: the plan charges the unchecked
+        allocator, so checked mode's map is reported apart, as ``<name>_checked``."""
+        if self._allocated is None:
+            return {name: self.nbytes}
+        extra = self._allocated.numel()
+        return {name: self.nbytes - extra, f"{name}_checked": extra}
 
     def available_size(self) -> int:
         """Free slots (released units count: they are merged on demand)."""
@@ -196,9 +232,13 @@ class BaseAllocator:
         return state
 
     def restore_state(self, state: AllocatorState) -> None:
-        """Return exactly to the state of ``backup_state()``."""
+        """Return exactly to the state of ``backup_state()`` (of this allocator only)."""
+        if not isinstance(state, AllocatorState):
+            raise AllocatorError(
+                f"restore_state() takes what this allocator's backup_state() returned; got {type(state).__name__}"
+            )
         if state._owner is not self._token:
-            raise ValueError("restore_state() got a state taken from a different allocator")
+            raise AllocatorError("restore_state() got a state taken from a different allocator; nothing was restored")
         if state._buf is not None:
             # the buffers changed since the backup: copy its contents back
             if self._snaps:
@@ -221,6 +261,94 @@ class BaseAllocator:
         self._in_group = False
         self._pending = []
         self._pending_bytes = []
+
+    # ------------------------------------------------------------ validation
+    def check_free(self, indices: Tensor | Sequence[int], *, count: bool = True) -> None:
+        """Raise ``AllocatorError`` where ``free(indices)`` would; change nothing.
+
+        For a caller that must act on several allocators all or nothing (the
+        SWA allocator checks its full slots before touching its mapping).
+        ``count=False`` skips the count against the allocated units, for ids
+        that are read, not freed.
+        """
+        units = self._free_units(self.to_ids(indices))
+        if not units.numel():
+            return
+        if self._allocated is not None:
+            self._check_release(units)
+        else:
+            self._check_range(units)
+        if count and self._counts_now():
+            self._check_count(units.numel())
+
+    def _free_units(self, ids: Tensor) -> Tensor:
+        """The distinct units a free of ``ids`` gives back (the token allocator: the ids themselves)."""
+        return ids
+
+    def _counts_now(self) -> bool:
+        """Whether a free is counted against the allocated units now (else at ``free_group_end``)."""
+        return True
+
+    def to_ids(self, indices: object) -> Tensor:
+        """Ids to free as 1-D int64 on ``device`` (not range checked: ``free`` does that).
+
+        Takes a tensor of an integer dtype, or anything ``torch.as_tensor`` makes
+        one of (a list, tuple or numpy array of ints; a lone int).  Floats and
+        bools are refused, not rounded: they are a caller bug, not ids.
+        """
+        if not isinstance(indices, Tensor):
+            try:
+                converted = torch.as_tensor(indices)
+            except (TypeError, ValueError, RuntimeError) as exc:
+                raise AllocatorError(
+                    f"free() takes integer {self._kind} ids (a tensor, or a list or tuple of ints); "
+                    f"got {type(indices).__name__} ({exc})"
+                ) from None
+            if not converted.numel():
+                return self._buf.new_empty(0)
+            indices = converted
+        dtype = indices.dtype
+        if dtype.is_floating_point or dtype.is_complex or dtype is torch.bool:
+            raise AllocatorError(f"free() takes integer {self._kind} ids; got a {dtype} tensor")
+        return self._as_index(indices)
+
+    def _check_range(self, units: Tensor) -> None:
+        """Refuse units outside ``1..num_pages`` with one ``aminmax`` (``units`` non-empty)."""
+        if units.is_cpu:
+            torch.aminmax(units, out=self._minmax_out)
+            lo, hi = self._minmax
+        else:  # one device -> host transfer for both
+            lo, hi = torch.stack(torch.aminmax(units)).tolist()
+        if lo < 1 or hi > self._n:
+            raise self._range_error(units)
+
+    def _ints(self, units: Sequence[int]) -> array.array[int]:
+        """Python ints as an ``array('q')``, checked against ``1..num_pages`` with ``min``/``max``."""
+        try:
+            data = array.array("q", units)
+        except (TypeError, OverflowError) as exc:
+            raise AllocatorError(f"free_pages() takes integer page ids in 1..{self._n}; got {exc}") from None
+        if data and (min(units) < 1 or max(units) > self._n):
+            raise self._range_error(torch.frombuffer(data, dtype=_I64))
+        return data
+
+    def _range_error(self, units: Tensor) -> AllocatorError:
+        """The error naming the units outside ``1..num_pages`` (first 8)."""
+        bad = units[(units < 1) | (units > self._n)]
+        return AllocatorError(f"free of foreign {self._describe(bad)}: {self._valid_ids()}; nothing was freed")
+
+    def _valid_ids(self) -> str:
+        k = self._kind
+        return f"valid {k} ids are 1..{self._n} ({k} 0 is padding and never allocated)"
+
+    def _check_count(self, m: int) -> None:
+        """Refuse freeing more units than are allocated (a double free, caught without the map)."""
+        allocated = self._head - self._rel - self._pend
+        if m > allocated:
+            raise AllocatorError(
+                f"free of {m} {self._kind}s but only {allocated} are allocated; "
+                "a double free? (build the allocator with checked=True to find it)"
+            )
 
     # --------------------------------------------------------------- helpers
     def _tensors(self) -> list[Tensor]:
@@ -262,13 +390,17 @@ class BaseAllocator:
             return t if t.dim() == 1 else t.reshape(-1)
         return t.to(device=self.device, dtype=_I64).reshape(-1)
 
-    def _release(self, units: Tensor, *, checked: bool = False) -> None:
-        """Give back distinct ``units`` (1-D int64 on ``device``)."""
+    def _release(self, units: Tensor, *, validated: bool = False) -> None:
+        """Give back distinct ``units`` (1-D int64 on ``device``), checked unless ``validated``."""
         m = units.numel()
         if not m:
             return
-        if self._allocated is not None and not checked:
+        if validated:
+            pass
+        elif self._allocated is not None:
             self._check_release(units)
+        else:
+            self._check_range(units)
         pos = self._park(m)
         if self._allocated is not None:
             self._allocated[units] = False
@@ -278,12 +410,13 @@ class BaseAllocator:
             self._buf[pos : pos + m] = units
 
     def _release_ints(self, units: list[int]) -> None:
-        """``_release`` for distinct Python ints on the CPU fast path (no debug)."""
+        """``_release`` for distinct Python ints on the CPU fast path (unchecked mode)."""
         mv = self._host_mv
         assert mv is not None
         if units:
-            pos = self._park(len(units))
-            mv[pos : pos + len(units)] = array.array("q", units)
+            data = self._ints(units)
+            pos = self._park(len(data))
+            mv[pos : pos + len(data)] = data
 
     def _park(self, m: int) -> int:
         """Make room for ``m`` freed units and return their buffer offset: the
@@ -291,10 +424,7 @@ class BaseAllocator:
         else just before ``head``.  The caller writes them there."""
         rel, pend, head = self._rel, self._pend, self._head
         if m > head - rel - pend:
-            raise ValueError(
-                f"free of {m} {self._kind}s but only {head - rel - pend} are allocated; "
-                "a double free? (construct the allocator with debug=True to find it)"
-            )
+            self._check_count(m)
         if self._snaps:
             self._materialize()
         if self._in_group:
@@ -307,23 +437,20 @@ class BaseAllocator:
         return head - m
 
     def _check_release(self, units: Tensor) -> None:
-        """Debug: reject out-of-range, padding, unallocated or repeated units
-        before anything changes, naming them."""
+        """Checked mode: refuse out-of-range, padding, unallocated or repeated
+        units before anything changes, naming them."""
         assert self._allocated is not None
-        bad_range = (units < 1) | (units > self._n)
-        if bool(bad_range.any()):
-            raise ValueError(
-                f"free of foreign {self._describe(units[bad_range])}: valid {self._kind} ids are "
-                f"1..{self._n} ({self._kind} 0 is padding and never allocated)"
-            )
+        self._check_range(units)
         not_live = ~self._allocated[units]
         if bool(not_live.any()):
-            raise ValueError(f"double free or free of never-allocated {self._describe(units[not_live])}")
+            raise AllocatorError(
+                f"double free or free of never-allocated {self._describe(units[not_live])}; nothing was freed"
+            )
         if units.numel() > 1:
             srt = units.sort().values
             dup = srt[1:] == srt[:-1]
             if bool(dup.any()):
-                raise ValueError(f"{self._describe(srt[1:][dup])} appear(s) twice in one free")
+                raise AllocatorError(f"{self._describe(srt[1:][dup])} appear(s) twice in one free; nothing was freed")
 
     def _describe(self, units: Tensor) -> str:
         """Name offending units in an error message (first 8)."""

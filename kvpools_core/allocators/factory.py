@@ -27,16 +27,17 @@ def allocator_class(page_size: int) -> type[TokenAllocator] | type[PagedAllocato
 
 
 def allocator_for_plan(
-    plan: Plan, device: str | torch.device, *, debug: bool = False
+    plan: Plan, device: str | torch.device, *, checked: bool = False
 ) -> TokenAllocator | PagedAllocator:
     """The allocator over the plan's ``max_total_num_tokens`` slots.
 
     ``need_sort`` is on in PD disaggregation (prefill or decode), as in SGLang,
-    so KV transfers see ascending slot ids.
+    so KV transfers see ascending slot ids.  ``checked`` builds it in checked
+    mode (double frees refused; ``pages + 1`` bytes beyond the plan).
     """
     page_size = plan.serving.page_size
     need_sort = plan.serving.disaggregation_mode in ("prefill", "decode")
     tokens = plan.max_total_num_tokens
     if page_size == 1:
-        return TokenAllocator(tokens, device=device, need_sort=need_sort, debug=debug)
-    return PagedAllocator(tokens, page_size, device=device, need_sort=need_sort, debug=debug)
+        return TokenAllocator(tokens, device=device, need_sort=need_sort, checked=checked)
+    return PagedAllocator(tokens, page_size, device=device, need_sort=need_sort, checked=checked)

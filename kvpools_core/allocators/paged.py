@@ -15,6 +15,9 @@ Two interfaces share one free-page stack (see ``base``):
   one torch op costs ~2-5 us).  On an accelerator they go through the tensor
   and synchronise; a host-side scheduler builds its allocator with
   ``device="cpu"`` (the allocator holds page ids, not KV data).
+
+Frees are range checked (page 0 and pages past the pool are refused) and, with
+``checked=True``, checked against an "allocated" map (see ``base``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from kvpools_core.allocators.sizes import paged_extra_nbytes
 __all__ = ["PagedAllocator"]
 
 _I64 = torch.int64
+_aminmax = torch.aminmax
 
 
 class PagedAllocator(BaseAllocator):
@@ -47,11 +51,13 @@ class PagedAllocator(BaseAllocator):
         *,
         device: str | torch.device = "cpu",
         need_sort: bool = False,
+        checked: bool = False,
         debug: bool = False,
     ) -> None:
-        super().__init__(size, page_size, device=device, need_sort=need_sort, debug=debug)
+        super().__init__(size, page_size, device=device, need_sort=need_sort, checked=checked, debug=debug)
         p = page_size
         self._pm1 = p - 1
+        self._slot_end = (self.num_pages + 1) * p  # slots of pages 1..num_pages are p.._slot_end-1
         # C-level callables: no Python frame per use on the hot paths
         self._page_of: Callable[[Tensor], Tensor]
         self._in_page: Callable[[Tensor], Tensor]
@@ -65,10 +71,10 @@ class PagedAllocator(BaseAllocator):
         self._offsets = torch.arange(p, dtype=_I64, device=self.device)
 
     @classmethod
-    def planned_nbytes(cls, size: int, page_size: int, debug: bool = False) -> int:
+    def planned_nbytes(cls, size: int, page_size: int, checked: bool = False) -> int:
         """``8 * num_pages`` (free stack) ``+ 8 * page_size`` (in-page offsets)
-        ``+ (num_pages + 1)`` (allocated map) in debug mode."""
-        return super().planned_nbytes(size, page_size, debug) + paged_extra_nbytes(page_size)
+        ``+ (num_pages + 1)`` (allocated map) in checked mode."""
+        return super().planned_nbytes(size, page_size, checked) + paged_extra_nbytes(page_size)
 
     # ------------------------------------------------------------ tensor API
     def alloc(self, need_size: int) -> Tensor | None:
@@ -170,25 +176,46 @@ class PagedAllocator(BaseAllocator):
             out.masked_scatter_(needs, self._buf[start : start + k] * p)
         return out
 
-    def free(self, indices: Tensor) -> None:
+    def free(self, indices: Tensor | Sequence[int]) -> None:
         """Free the pages of slot ``indices`` (any order, repeats allowed);
-        inside a free group they come back at its end."""
-        m = indices.numel()
-        if not m:
-            return
-        if self._host_mv is not None and indices.dtype is _I64 and indices.is_cpu and indices.is_contiguous():
+        inside a free group they come back at its end.
+
+        ``indices``: an integer tensor (any shape), or a list / tuple of ints.
+        Refused with ``AllocatorError``, changing nothing: slots outside pages
+        ``1..num_pages``, non-integer ids, more pages than are allocated, and
+        in checked mode pages not allocated now.
+        """
+        if (
+            self._host_mv is not None
+            and isinstance(indices, Tensor)
+            and indices.dtype is _I64
+            and indices.is_cpu
+            and indices.is_contiguous()
+        ):
+            m = indices.numel()
+            if not m:
+                return
             if self._in_group:
                 # a private byte copy of the slots; pages are worked out once per group
+                _aminmax(indices, out=self._minmax_out)
+                lo, hi = self._minmax
+                if lo < self.page_size or hi >= self._slot_end:
+                    raise self._range_error(self._page_of(indices.view(-1)))
                 self._pending_bytes.append(ctypes.string_at(indices.data_ptr(), 8 * m))
-            else:
+            else:  # range checked on the distinct pages, as Python ints
                 self._release_ints(_distinct_ints(self._page_of(indices.view(-1))))
             return
-        pages = self._page_of(self._as_index(indices))  # a new tensor: safe to keep
+        slots = self.to_ids(indices)
+        if not slots.numel():
+            return
+        pages = self._page_of(slots)  # a new tensor: safe to keep
         if self._in_group:
             if self._allocated is not None:
                 pages = _distinct(pages)
                 self._check_release(pages)
                 self._mark_freed(pages)
+            else:
+                self._check_range(pages)
             self._pending.append(pages)
             return
         self._release(_distinct(pages))
@@ -207,8 +234,8 @@ class PagedAllocator(BaseAllocator):
                 pages = parts[0] if len(parts) == 1 else torch.cat(parts)
                 if self._host_mv is not None:
                     self._release_ints(_distinct_ints(pages))
-                else:
-                    self._release(_distinct(pages), checked=True)
+                else:  # checked when each free joined the group
+                    self._release(_distinct(pages), validated=True)
         except BaseException:
             self._in_group = True  # a rejected flush leaves the group as it was
             raise
@@ -241,26 +268,39 @@ class PagedAllocator(BaseAllocator):
         return out
 
     def free_pages(self, pages: Sequence[int] | Tensor) -> None:
-        """Return whole pages by id; inside a free group they come back at its end."""
+        """Return whole pages by id; inside a free group they come back at its end.
+
+        ``pages``: a list or tuple of ints, or an integer tensor.  Refused with
+        ``AllocatorError``, changing nothing: ids outside ``1..num_pages``,
+        non-integers, more pages than are allocated, and in checked mode pages
+        not allocated now or repeated.
+        """
         mv = self._host_mv
         if mv is not None and type(pages) is list and not (self._in_group or self.need_sort or self._snaps):
             m = len(pages)
             head = self._head - m
             if m > 0 and head >= 0:  # (rel == pend == 0 here)
-                mv[head : head + m] = array.array("q", pages)
+                try:
+                    data = array.array("q", pages)
+                except (TypeError, OverflowError):
+                    data = self._ints(pages)  # raises, naming the problem
+                if min(pages) < 1 or max(pages) > self._n:  # the range check
+                    self._ints(pages)  # raises, naming the ids
+                mv[head : head + m] = data
                 self._head = head
                 return
         if mv is not None and type(pages) is list and not self._in_group:
             self._release_ints(pages)
             return
-        t = pages if isinstance(pages, Tensor) else torch.tensor(list(pages), dtype=_I64)
+        t = self.to_ids(pages)
         if not t.numel():
             return
-        t = self._as_index(t)
         if self._in_group:
             if self._allocated is not None:
                 self._check_release(t)
                 self._mark_freed(t)
+            else:
+                self._check_range(t)
             self._pending.append(t.clone())
             return
         self._release(t)
@@ -292,6 +332,19 @@ class PagedAllocator(BaseAllocator):
     def _tensors(self) -> list[Tensor]:
         return [*super()._tensors(), self._offsets]
 
+    def _free_units(self, ids: Tensor) -> Tensor:
+        return _distinct(self._page_of(ids))
+
+    def _counts_now(self) -> bool:
+        return not self._in_group  # a group's pages are counted, de-duplicated, at its end
+
+    def _valid_ids(self) -> str:
+        p, n = self.page_size, self._n
+        return (
+            f"valid page ids are 1..{n}, i.e. slots {p}..{(n + 1) * p - 1} "
+            f"(page 0, slots 0..{p - 1}, is padding and never allocated)"
+        )
+
     def _mark_freed(self, pages: Tensor) -> None:
         assert self._allocated is not None
         if self._snaps:
@@ -305,7 +358,7 @@ class PagedAllocator(BaseAllocator):
         return f"page(s) {pages} (slots {spans})"
 
     def _check_extend(self, pre: Tensor, seq: Tensor, last: Tensor, n_tok: int, k: int) -> None:
-        """Debug: validate an ``alloc_extend`` batch before anything changes."""
+        """Checked mode: validate an ``alloc_extend`` batch before anything changes."""
         if not (pre.numel() == seq.numel() == last.numel()):
             raise ValueError("prefix_lens, seq_lens and last_loc need one entry per request")
         if bool((pre < 0).any()) or bool((seq < pre).any()):
@@ -319,7 +372,7 @@ class PagedAllocator(BaseAllocator):
         self._check_open_pages(pre, last)
 
     def _check_decode(self, seq: Tensor, last: Tensor, k: int) -> None:
-        """Debug: validate an ``alloc_decode`` batch before anything changes."""
+        """Checked mode: validate an ``alloc_decode`` batch before anything changes."""
         if seq.numel() != last.numel():
             raise ValueError("seq_lens and last_loc need one entry per request")
         if bool((seq < 1).any()):

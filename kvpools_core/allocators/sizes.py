@@ -22,11 +22,11 @@ def check_geometry(size: int, page_size: int) -> None:
         )
 
 
-def free_stack_nbytes(size: int, page_size: int, debug: bool = False) -> int:
-    """The int64 free stack (one entry per unit) plus, in debug mode, a bool "allocated" map."""
+def free_stack_nbytes(size: int, page_size: int, checked: bool = False) -> int:
+    """The int64 free stack (one entry per unit) plus, in checked mode, a bool "allocated" map of unit ids 0..units."""
     check_geometry(size, page_size)
     units = size // page_size
-    return 8 * units + (units + 1 if debug else 0)
+    return 8 * units + (units + 1 if checked else 0)
 
 
 def paged_extra_nbytes(page_size: int) -> int:
@@ -34,12 +34,15 @@ def paged_extra_nbytes(page_size: int) -> int:
     return 8 * page_size
 
 
-def allocator_planned_nbytes(tokens: int, page_size: int, debug: bool = False) -> int:
+def allocator_planned_nbytes(tokens: int, page_size: int, checked: bool = False) -> int:
     """Bytes the allocator of a ``tokens``-slot pool holds; 0 for an empty pool (none is built).
 
     SGLang's choice of allocator: the token allocator at page size 1, else the paged one.
+    The planner charges the default (unchecked) allocator; ``checked=True`` adds the
+    ``pages + 1`` bytes of checked mode's "allocated" map, which ``build(..., checked=True)``
+    reports as a pool of its own (``allocator_checked``).
     """
     if tokens == 0:
         return 0
     extra = 0 if page_size == 1 else paged_extra_nbytes(page_size)
-    return free_stack_nbytes(tokens, page_size, debug) + extra
+    return free_stack_nbytes(tokens, page_size, checked) + extra

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -13,14 +14,16 @@ __all__ = ["TokenAllocator"]
 
 _I64 = torch.int64
 _memmove = ctypes.memmove
+_aminmax = torch.aminmax
 
 
 class TokenAllocator(BaseAllocator):
     """Hands out any distinct KV slots from ``1..size`` (slot 0 is padding).
 
     ``alloc`` copies a slice of the preallocated free stack out, ``free``
-    copies the slots back in: no reallocation, no device sync.  Freed slots
-    are reused first (LIFO).
+    copies the slots back in: no reallocation.  Freed slots are reused first
+    (LIFO).  ``checked=True`` also keeps an "allocated" map that catches
+    double frees (see ``base``).
     """
 
     _kind = "slot"
@@ -31,16 +34,17 @@ class TokenAllocator(BaseAllocator):
         *,
         device: str | torch.device = "cpu",
         need_sort: bool = False,
+        checked: bool = False,
         debug: bool = False,
     ) -> None:
-        super().__init__(size, 1, device=device, need_sort=need_sort, debug=debug)
+        super().__init__(size, 1, device=device, need_sort=need_sort, checked=checked, debug=debug)
 
     @classmethod
-    def planned_nbytes(cls, size: int, page_size: int = 1, debug: bool = False) -> int:
-        """``8 * size`` (the int64 free stack) ``+ (size + 1)`` in debug mode."""
+    def planned_nbytes(cls, size: int, page_size: int = 1, checked: bool = False) -> int:
+        """``8 * size`` (the int64 free stack) ``+ (size + 1)`` in checked mode."""
         if page_size != 1:
             raise ValueError(f"TokenAllocator has page_size 1, got {page_size}")
-        return super().planned_nbytes(size, 1, debug)
+        return super().planned_nbytes(size, 1, checked)
 
     def alloc(self, need_size: int) -> Tensor | None:
         """``need_size`` free slots as a new int64 tensor, or None (nothing changes)."""
@@ -64,11 +68,43 @@ class TokenAllocator(BaseAllocator):
             self._mark_allocated(out)
         return out
 
-    def free(self, indices: Tensor) -> None:
-        """Return slots; inside a free group they come back at its end."""
-        if self._host_arr is not None and indices.dtype is _I64 and indices.is_cpu and indices.is_contiguous():
+    def free(self, indices: Tensor | Sequence[int]) -> None:
+        """Return slots; inside a free group they come back at its end.
+
+        ``indices``: an integer tensor (any shape), or a list / tuple of ints.
+        Refused with ``AllocatorError``, changing nothing: ids outside
+        ``1..size``, non-integer ids, more slots than are allocated, and in
+        checked mode slots not allocated now or repeated.
+        """
+        if (
+            self._host_arr is not None
+            and isinstance(indices, Tensor)
+            and indices.dtype is _I64
+            and indices.is_cpu
+            and indices.is_contiguous()
+        ):
             m = indices.numel()
-            if m:  # one memmove into the stack, no torch op
-                _memmove(self._addr + 8 * self._park(m), indices.data_ptr(), 8 * m)
-        elif indices.numel():
-            self._release(self._as_index(indices))
+            if m:  # one aminmax for the range, one memmove into the stack
+                _aminmax(indices, out=self._minmax_out)
+                lo, hi = self._minmax
+                if lo < 1 or hi > self._n:
+                    raise self._range_error(indices.view(-1))
+                # _park, inlined: this is the hot path of a scheduler's frees
+                rel, pend, head = self._rel, self._pend, self._head
+                if m > head - rel - pend:
+                    self._check_count(m)
+                if self._snaps:
+                    self._materialize()
+                if self._in_group:
+                    pos = rel + pend
+                    self._pend = pend + m
+                elif self.need_sort:
+                    pos = rel
+                    self._rel = rel + m
+                else:
+                    pos = self._head = head - m
+                _memmove(self._addr + 8 * pos, indices.data_ptr(), 8 * m)
+            return
+        units = self.to_ids(indices)
+        if units.numel():
+            self._release(units)

@@ -35,6 +35,8 @@ def build_summary(pools: Pools, registry: Registry | None = None) -> dict[str, A
     allocated = pools.allocated_bytes
     allocated_by_pool = pools.allocated_by_pool()
     planned_by_pool = {p.name: p.bytes for p in plan.pools}
+    checking = pools.checking_bytes
+    planned_kinds = {name: n for name, n in allocated_by_pool.items() if not name.endswith(Pools.CHECKED_SUFFIX)}
     used = allocated / budget if budget else 1.0
     return {
         "model_name": plan.model.name,
@@ -47,7 +49,10 @@ def build_summary(pools: Pools, registry: Registry | None = None) -> dict[str, A
         "budget_used": used,
         "budget_unused_bytes": budget - allocated,
         "budget_explanation": [] if FULL_USE <= used <= 1 else explain_unused_budget(plan, registry),
-        "matches_plan": allocated_by_pool == planned_by_pool and allocated == plan.planned_bytes,
+        # checked-mode maps are requested extras, reported apart and outside the comparison
+        "matches_plan": planned_kinds == planned_by_pool and allocated - checking == plan.planned_bytes,
+        "checked_allocators": pools.checked,
+        "checking_bytes": checking,
         "allocated_by_pool": allocated_by_pool,
         "planned_by_pool": planned_by_pool,
         "accounting": plan.serving.accounting,
@@ -114,6 +119,9 @@ def render_build(pools: Pools, console: Console, registry: Registry | None = Non
     for name in names:
         planned = summary["planned_by_pool"].get(name)
         allocated = allocated_by_pool.get(name)
+        if planned is None and name.endswith(Pools.CHECKED_SUFFIX):
+            table.add_row(name, "-", _bytes(allocated), "checked mode, not planned")
+            continue
         table.add_row(name, _bytes(planned), _bytes(allocated), "ok" if planned == allocated else "MISMATCH")
     table.add_row(
         "total",

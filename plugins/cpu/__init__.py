@@ -5,9 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvpools_core import hookimpl
+from kvpools_core.options import option
 from kvpools_core.values import ModelSpec, Serving
 
 PLATFORM = "cpu"
+
+
+@hookimpl
+def platforms() -> dict[str, str]:
+    return {PLATFORM: "host CPU and RAM (SGLang's CPU backend)"}
 
 
 @hookimpl(tryfirst=True)
@@ -29,11 +35,11 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
         if not has_amx():
             return [
                 "CPU FP8 KV cache requires Intel AMX support, which this host lacks. "
-                "Use --kv-cache-dtype auto, bf16 or fp16 on the CPU platform."
+                f"Use {option('kv_cache_dtype')} auto, bf16 or fp16 on the CPU platform."
             ]
     elif kv in ("fp8_e5m2", "fp4_e2m1", "mxfp8"):
         return [
-            f"--kv-cache-dtype {kv} is not supported on the CPU platform. "
+            f"{option('kv_cache_dtype')} {kv} is not supported on the CPU platform. "
             f"Use auto, bf16, fp16, fp32 (or fp8_e4m3 with Intel AMX)."
         ]
     return None

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from kvpools_core import hookimpl
 from kvpools_core.errors import ConfigError
+from kvpools_core.options import option
 from kvpools_core.values import Serving
+
+PLATFORM = "cuda"
+
+
+@hookimpl
+def platforms() -> dict[str, str]:
+    return {PLATFORM: "NVIDIA GPUs through torch.cuda"}
 
 
 @hookimpl(tryfirst=True)
@@ -15,11 +23,13 @@ def available_memory(device: str, serving: Serving) -> dict[str, int] | None:
 
     if not torch.cuda.is_available():
         raise ConfigError(
-            f"--device {device}: no CUDA device is visible to torch here. "
-            f"Pass --memory SIZE or --free-memory SIZE to plan without a GPU."
+            f"{option('device')} {device}: no CUDA device is visible to torch here"
+            f"{' (this torch is a CPU-only build)' if torch.version.cuda is None else ''}. "
+            f"Plan without a GPU by passing {option('memory')} or {option('free_memory')}, "
+            f"and build on 'meta' (exact bytes, nothing allocated) or 'cpu'."
         )
     index = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
     if index >= torch.cuda.device_count():
-        raise ConfigError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible.")
+        raise ConfigError(f"{option('device')} {device}: only {torch.cuda.device_count()} CUDA device(s) are visible.")
     free, total = torch.cuda.mem_get_info(index)
     return {"free_bytes": int(free), "total_bytes": int(total)}

@@ -50,8 +50,9 @@ def presets() -> dict[str, str]:
 
 @hookimpl
 def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
-    reader = ConfigReader(config, source).text()
-    if not is_deepseek_dsa(config) or not has_mla_latent(reader):
+    outer = ConfigReader(config, source)
+    reader = outer.text()
+    if not is_deepseek_dsa(outer) or not has_mla_latent(reader):
         return None
     indexer = {
         "index_head_dim": reader.integer("index_head_dim"),

@@ -48,7 +48,7 @@ def presets() -> dict[str, str]:
 
 @hookimpl
 def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
-    family = hybrid_family(config)
+    family = hybrid_family(config, source)
     if family is None:
         return None
     return hybrid_model_spec(config, source, architecture=ARCHITECTURE, family=family)

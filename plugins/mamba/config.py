@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvpools_core.config import ConfigReader, model_dtype
+from kvpools_core.config import LAYERS, ConfigReader, context_length, describe, model_dtype
 from kvpools_core.values import LayerSpec, ModelSpec
 
 from ..mla.config import MLADims
@@ -98,29 +98,36 @@ _LAYER_TYPE_KINDS = {
     "mlp": NO_CACHE,
     "moe": NO_CACHE,
 }
+_SWA_LAYER_TYPE = "sliding_attention"
+_LINEAR_ATTN_FIX = (
+    "Kimi-Linear's KDA layers and state geometry are read from it (kda_layers, full_attn_layers, num_heads, "
+    "head_dim, short_conv_kernel_size)."
+)
 _PATTERN_KINDS = {"M": MAMBA, "*": ATTENTION, "-": NO_CACHE, "E": NO_CACHE}
 _CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
 _KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads")
 
 
-def hybrid_family(config: Mapping[str, Any]) -> str | None:
+def hybrid_family(config: Mapping[str, Any], source: str) -> str | None:
     """The hybrid family a config belongs to, or ``None`` when it is not a hybrid this plugin owns.
 
     Known model types and architectures first, then the unambiguous layout
     fields (a ``layer_types`` with sliding-window entries is another plugin's).
     """
-    outer = ConfigReader(config, "")
+    outer = ConfigReader(config, source)
     reader = outer.text()
     kinds = _listed_kinds(reader)
-    if kinds is not None and not set(kinds) <= set(_LAYER_TYPE_KINDS):
-        return None  # sliding-window or other layer types: not a linear-attention hybrid
+    if kinds is not None and _SWA_LAYER_TYPE in kinds:
+        return None  # a sliding-window layer list: the swa plugin's
     for candidate in (reader, outer):
-        family = _FAMILY_BY_MODEL_TYPE.get(str(candidate.get("model_type", "")))
+        family = _FAMILY_BY_MODEL_TYPE.get(candidate.string("model_type"))
         if family:
             return family
-    architectures = outer.get("architectures") or reader.get("architectures") or []
-    if isinstance(architectures, list) and architectures and architectures[0] in _FAMILY_BY_ARCHITECTURE:
+    architectures = outer.string_list("architectures") or reader.string_list("architectures")
+    if architectures and architectures[0] in _FAMILY_BY_ARCHITECTURE:
         return _FAMILY_BY_ARCHITECTURE[architectures[0]]
+    if kinds is not None and not set(kinds) <= set(_LAYER_TYPE_KINDS):
+        return None  # layer types no hybrid family here knows, in a config no family here claims
     states = kinds is not None and bool({"linear_attention", "mamba"} & set(kinds))
     if reader.has("linear_num_value_heads") and (states or reader.has("full_attention_interval")):
         return "qwen_gdn"
@@ -153,6 +160,12 @@ def hybrid_model_spec(config: Mapping[str, Any], source: str, *, architecture: s
             "kvpools sizes hybrids by their full-attention KV (SGLang divides by it); pure recurrent models are "
             "not supported.",
         )
+    if reader.has("num_hidden_layers") and len(kinds) != reader.integer("num_hidden_layers"):
+        raise reader.error(
+            _layout_field(reader, family),
+            f"describes {len(kinds)} layers but num_hidden_layers is {reader.integer('num_hidden_layers')}",
+            "Give one entry per layer.",
+        )
     heads = reader.integer("num_attention_heads")
     layers = _mla_layers(reader, kinds) if family in MLA_FAMILIES else _mha_layers(reader, kinds, heads)
     dtype_reader = reader if reader.has("torch_dtype") or reader.has("dtype") else outer
@@ -160,7 +173,7 @@ def hybrid_model_spec(config: Mapping[str, Any], source: str, *, architecture: s
         name=source,
         architecture=architecture,
         layers=layers,
-        context_len=_context_len(reader),
+        context_len=context_length(reader, _CONTEXT_KEYS),
         dtype=model_dtype(dtype_reader),
         num_attention_heads=heads,
         model_type=reader.string("model_type") or outer.string("model_type"),
@@ -213,11 +226,10 @@ def _mla_layers(reader: ConfigReader, kinds: Sequence[str]) -> list[LayerSpec]:
 # ---------------------------------------------------------------------------
 
 
-def _listed_kinds(reader: ConfigReader) -> list[str] | None:
+def _listed_kinds(reader: ConfigReader) -> tuple[str, ...] | None:
     for key in ("layer_types", "layers_block_type"):
-        value = reader.get(key)
-        if value is not None:
-            return [str(v) for v in value] if isinstance(value, list) else []
+        if reader.has(key):
+            return reader.string_list(key)
     return None
 
 
@@ -233,10 +245,10 @@ def _layout_field(reader: ConfigReader, family: str) -> str:
 def _layer_kinds(reader: ConfigReader, family: str) -> list[str]:
     """Every layer's kind, from the first layout field the config has."""
     if family == "falcon_h1":
-        if reader.get("attn_layer_indices") is not None:
+        if reader.has("attn_layer_indices"):
             raise reader.error(
                 "attn_layer_indices",
-                f"is {reader.get('attn_layer_indices')!r}",
+                f"is {describe(reader.get('attn_layer_indices'))}",
                 "SGLang's Falcon-H1 keeps attention and a Mamba2 state in every layer; a partial attention "
                 "layout is not supported.",
             )
@@ -249,6 +261,12 @@ def _layer_kinds(reader: ConfigReader, family: str) -> list[str]:
             return _kinds_from_list(reader, key, state)
     if reader.has("hybrid_override_pattern"):
         pattern = reader.string("hybrid_override_pattern")
+        if len(pattern) > LAYERS.maximum:
+            raise reader.error(
+                "hybrid_override_pattern",
+                f"has {len(pattern):,} characters, above {LAYERS.maximum:,}, kvpools' bound for a layer count",
+                "Fix the value in the config.",
+            )
         bad = sorted(set(pattern) - set(_PATTERN_KINDS))
         if bad or not pattern:
             raise reader.error(
@@ -276,7 +294,7 @@ def _layer_kinds(reader: ConfigReader, family: str) -> list[str]:
 
 def _kimi_linear_kinds(reader: ConfigReader) -> list[str]:
     """``KimiLinearConfig.is_kda_layer``: layer ``i`` is KDA when ``i + 1`` is in ``kda_layers``, else MLA."""
-    linear = _linear_attn_config(reader)
+    linear = reader.child("linear_attn_config", _LINEAR_ATTN_FIX)
     num_layers = reader.integer("num_hidden_layers")
     kda, full = (_one_based_layers(linear, key, num_layers) for key in ("kda_layers", "full_attn_layers"))
     if kda & full:
@@ -288,50 +306,22 @@ def _kimi_linear_kinds(reader: ConfigReader) -> list[str]:
     return [LINEAR_ATTENTION if i + 1 in kda else MLA_ATTENTION for i in range(num_layers)]
 
 
-def _linear_attn_config(reader: ConfigReader) -> ConfigReader:
-    value = reader.get("linear_attn_config")
-    if not isinstance(value, Mapping):
-        raise reader.error(
-            "linear_attn_config",
-            "is missing" if value is None else f"must be an object, got {value!r}",
-            "Kimi-Linear's KDA layers and state geometry are read from it (kda_layers, full_attn_layers, "
-            "num_heads, head_dim, short_conv_kernel_size).",
-        )
-    return ConfigReader(value, reader.source, prefix=f"{reader.prefix}linear_attn_config.")
-
-
 def _one_based_layers(linear: ConfigReader, key: str, num_layers: int) -> set[int]:
-    values = linear.get(key)
-    if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise linear.error(
-            key,
-            "is missing" if values is None else f"must be a list of layer numbers, got {values!r}",
-            f"List the layers 1-based (1..{num_layers}), as Kimi-Linear's config.json does.",
-        )
-    bad = sorted(v for v in values if not 1 <= v <= num_layers)
+    fix = f"List the layers 1-based (1..{num_layers}), as Kimi-Linear's config.json does."
+    if not linear.has(key):
+        raise linear.error(key, "is missing", fix)
+    values = linear.integer_list(key, minimum=-LAYERS.maximum, maximum=LAYERS.maximum, fix=fix)
+    bad = sorted({v for v in values if not 1 <= v <= num_layers})
     if bad:
-        raise linear.error(
-            key, f"has layer number(s) {bad} outside 1..{num_layers}", "Layers are numbered from 1 (1-based)."
-        )
+        raise linear.error(key, f"has layer number(s) {describe(bad)} outside 1..{num_layers}", fix)
     return set(values)
 
 
 def _kinds_from_list(reader: ConfigReader, key: str, state: str) -> list[str]:
-    values = reader.string_list(key)
-    unknown = sorted({v for v in values if v not in _LAYER_TYPE_KINDS})
-    if unknown or not values:
-        raise reader.error(
-            key,
-            f"has unknown layer type(s) {unknown}" if unknown else "is empty",
-            f"Use {', '.join(sorted(_LAYER_TYPE_KINDS))}.",
-        )
-    kinds = [_LAYER_TYPE_KINDS[v] for v in values]
-    kinds = [state if kind in (LINEAR_ATTENTION, MAMBA) else kind for kind in kinds]
-    if reader.has("num_hidden_layers") and key == "layer_types":
-        num_layers = reader.integer("num_hidden_layers")
-        if len(kinds) != num_layers:
-            raise reader.error(key, f"has {len(kinds)} entries for {num_layers} layers", "Give one entry per layer.")
-    return kinds
+    values = reader.string_list(key, choices=_LAYER_TYPE_KINDS)
+    if not values:
+        raise reader.error(key, "is empty", "Give one layer type per layer.")
+    return [state if _LAYER_TYPE_KINDS[v] in (LINEAR_ATTENTION, MAMBA) else _LAYER_TYPE_KINDS[v] for v in values]
 
 
 # ---------------------------------------------------------------------------
@@ -341,7 +331,7 @@ def _kinds_from_list(reader: ConfigReader, key: str, state: str) -> list[str]:
 
 def _state_geometry(reader: ConfigReader, family: str) -> dict[str, int]:
     if family == "kimi_linear":  # KimiLinearConfig.mamba2_cache_params: K heads and dims default to V's
-        linear = _linear_attn_config(reader)
+        linear = reader.child("linear_attn_config", _LINEAR_ATTN_FIX)
         return {
             "num_heads": linear.integer("num_heads"),
             "head_dim": linear.integer("head_dim"),
@@ -458,13 +448,6 @@ def _head_dim(reader: ConfigReader, heads: int) -> int:
             "Add head_dim to the config.",
         )
     return hidden // heads
-
-
-def _context_len(reader: ConfigReader) -> int:
-    for key in _CONTEXT_KEYS:
-        if reader.has(key):
-            return reader.integer(key)
-    raise reader.error("max_position_embeddings", "is missing", "Add it to the config or pass --context-length.")
 
 
 def _nextn_layers(reader: ConfigReader) -> int:

@@ -31,6 +31,7 @@ import attrs
 
 from kvpools_core.dtypes import MODEL_DTYPES
 from kvpools_core.errors import UnsupportedCombinationError
+from kvpools_core.options import option
 from kvpools_core.parallel import pp_layer_range, rank_layer_range
 from kvpools_core.values import LayerSpec, ModelSpec, Serving
 
@@ -147,6 +148,6 @@ def _divide(value: int, tp: int, what: str) -> int:
     if value % tp:
         raise UnsupportedCombinationError(
             f"The recurrent state cannot be sharded over TP {tp}: {what} is {value}, not a multiple of {tp}. "
-            f"Use a --tp-size (attention TP) that divides it."
+            f"Use a {option('tp_size')} (attention TP) that divides it."
         )
     return value // tp

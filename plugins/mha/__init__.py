@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpools_core import hookimpl
-from kvpools_core.config import ConfigReader, model_dtype
+from kvpools_core.config import ConfigReader, context_length, model_dtype
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
 from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Plan, Serving
@@ -78,7 +78,7 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
         return None
     num_layers = reader.integer("num_hidden_layers")
     num_heads = reader.integer("num_attention_heads")
-    head_dim = reader.optional_integer("head_dim") or _derived_head_dim(reader, num_heads)
+    head_dim = reader.optional_integer("head_dim") or derived_head_dim(reader, num_heads)
     v_head_dim = reader.optional_integer("v_head_dim") or head_dim
     kv_heads = next((reader.integer(key) for key in _KV_HEAD_KEYS if reader.has(key)), num_heads)
     layers = [
@@ -89,7 +89,7 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
         name=source,
         architecture=ARCHITECTURE,
         layers=layers,
-        context_len=_context_len(reader),
+        context_len=context_length(reader, _CONTEXT_KEYS),
         dtype=model_dtype(reader),
         num_attention_heads=num_heads,
         model_type=reader.string("model_type") or outer.string("model_type"),
@@ -183,13 +183,15 @@ def _sglang_fp4_cell(layers: tuple[LayerSpec, ...], serving: Serving, e: int) ->
 
 
 def sliding_window_active(reader: ConfigReader) -> bool:
-    """A ``sliding_window`` counts unless ``use_sliding_window`` is false (Qwen2-style inert field)."""
-    if not reader.has("sliding_window"):
-        return False
-    return reader.get("use_sliding_window", True) is not False
+    """A ``sliding_window`` counts unless ``use_sliding_window`` is false (Qwen2-style inert field).
+
+    The swa plugin claims exactly the configs this says slide, so it uses this test too.
+    """
+    return reader.has("sliding_window") and reader.boolean("use_sliding_window", True)
 
 
-def _derived_head_dim(reader: ConfigReader, num_heads: int) -> int:
+def derived_head_dim(reader: ConfigReader, num_heads: int) -> int:
+    """``hidden_size / num_attention_heads`` when a config states no ``head_dim`` (transformers' default)."""
     hidden = reader.integer("hidden_size")
     if hidden % num_heads:
         raise reader.error(
@@ -198,10 +200,3 @@ def _derived_head_dim(reader: ConfigReader, num_heads: int) -> int:
             "Add head_dim to the config.",
         )
     return hidden // num_heads
-
-
-def _context_len(reader: ConfigReader) -> int:
-    for key in _CONTEXT_KEYS:
-        if reader.has(key):
-            return reader.integer(key)
-    raise reader.error("max_position_embeddings", "is missing", "Add it to the config or pass --context-length.")

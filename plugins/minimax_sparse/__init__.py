@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from kvpools_core import hookimpl
-from kvpools_core.config import ConfigReader, model_dtype
+from kvpools_core.config import DIM, ConfigReader, context_length, model_dtype
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
 from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Plan, Serving
 
-from ..mha import attention_cell_size
+from ..mha import attention_cell_size, derived_head_dim
 
 ARCHITECTURE = "minimax_sparse"
 SPARSE_ARCHITECTURES = frozenset({"MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration"})
@@ -50,17 +50,19 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
     sparse = _sparse_config(outer, reader)
     num_layers = reader.integer("num_hidden_layers")
     heads = reader.integer("num_attention_heads")
-    head_dim = reader.optional_integer("head_dim") or reader.integer("hidden_size") // heads
+    head_dim = reader.optional_integer("head_dim") or derived_head_dim(reader, heads)
     kv_heads = reader.integer("num_key_value_heads", heads)
-    index_dim = _integer(sparse, "sparse_index_dim", reader)
-    freq = _flags(sparse, "sparse_attention_freq", reader, required=True)
+    index_dim = sparse.integer("sparse_index_dim")
+    if not sparse.has("sparse_attention_freq"):
+        raise sparse.error("sparse_attention_freq", "is missing", "Give one flag per layer (0 = dense, 1 = sparse).")
+    freq = _flags(sparse, "sparse_attention_freq")
     if len(freq) < num_layers:
-        raise reader.error(
-            "sparse_attention_config.sparse_attention_freq",
+        raise sparse.error(
+            "sparse_attention_freq",
             f"has {len(freq)} entries for {num_layers} layers",
             "Give one flag per layer (0 = dense attention, 1 = sparse).",
         )
-    k_only = _flags(sparse, "sparse_disable_index_value", reader, required=False)
+    k_only = _flags(sparse, "sparse_disable_index_value")
     layers = [
         LayerSpec(
             index=i,
@@ -78,7 +80,7 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
         name=source,
         architecture=ARCHITECTURE,
         layers=layers,
-        context_len=_context_len(reader),
+        context_len=context_length(reader, _CONTEXT_KEYS),
         dtype=model_dtype(reader) if reader.has("torch_dtype") or reader.has("dtype") else model_dtype(outer),
         num_attention_heads=heads,
         model_type=reader.string("model_type") or outer.string("model_type"),
@@ -157,12 +159,11 @@ def sparse_cell_size(layers: tuple[LayerSpec, ...], model: ModelSpec, serving: S
     return CellSize(parts=parts, sglang_bytes_per_token=max(sglang + index_k + index_v, 1), num_layers=len(layers))
 
 
-def _sparse_config(outer: ConfigReader, reader: ConfigReader) -> Mapping[str, Any]:
+def _sparse_config(outer: ConfigReader, reader: ConfigReader) -> ConfigReader:
     """``get_minimax_sparse_attention_config``: the text config's, else the top level's."""
     for candidate in (reader, outer):
-        found = candidate.get("sparse_attention_config")
-        if isinstance(found, Mapping):
-            return found
+        if candidate.has("sparse_attention_config"):
+            return candidate.child("sparse_attention_config")
     raise reader.error(
         "sparse_attention_config",
         "is missing",
@@ -170,24 +171,6 @@ def _sparse_config(outer: ConfigReader, reader: ConfigReader) -> Mapping[str, An
     )
 
 
-def _flags(sparse: Mapping[str, Any], key: str, reader: ConfigReader, *, required: bool) -> list[int]:
-    value = sparse.get(key)
-    if value is None and not required:
-        return []
-    if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
-        raise reader.error(f"sparse_attention_config.{key}", f"must be a list of integers, got {value!r}", "Fix it.")
-    return value
-
-
-def _integer(sparse: Mapping[str, Any], key: str, reader: ConfigReader) -> int:
-    value = sparse.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise reader.error(f"sparse_attention_config.{key}", f"must be a positive integer, got {value!r}", "Fix it.")
-    return value
-
-
-def _context_len(reader: ConfigReader) -> int:
-    for key in _CONTEXT_KEYS:
-        if reader.has(key):
-            return reader.integer(key)
-    raise reader.error("max_position_embeddings", "is missing", "Add it to the config or pass --context-length.")
+def _flags(sparse: ConfigReader, key: str) -> tuple[int, ...]:
+    """Per-layer flags, SGLang-style: 0 is off, any other value on (empty when absent)."""
+    return sparse.integer_list(key, minimum=0, maximum=DIM.maximum)

@@ -35,8 +35,8 @@ def presets() -> dict[str, str]:
 
 @hookimpl
 def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
-    reader = ConfigReader(config, source).text()
-    if not has_mla_latent(reader) or is_deepseek_dsa(config) or is_deepseek_v4(config):
+    outer = ConfigReader(config, source)
+    if not has_mla_latent(outer.text()) or is_deepseek_dsa(outer) or is_deepseek_v4(outer):
         return None
     return mla_model_spec(config, source, architecture=ARCHITECTURE, kind="mla")
 

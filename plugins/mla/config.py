@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from kvpools_core.config import ConfigReader, model_dtype
+from kvpools_core.config import ConfigReader, context_length, model_dtype
 from kvpools_core.values import LayerSpec, ModelSpec
 
 DSA_ARCHITECTURES = frozenset(
@@ -65,31 +65,30 @@ class MLADims:
         return cls(layer.params["kv_lora_rank"], layer.params["qk_rope_head_dim"])
 
 
-def first_architecture(config: Mapping[str, Any]) -> str | None:
-    archs = config.get("architectures")
-    return str(archs[0]) if isinstance(archs, list) and archs else None
+def first_architecture(outer: ConfigReader) -> str | None:
+    """``architectures[0]`` of the top-level config (``None`` when it lists none)."""
+    architectures = outer.string_list("architectures")
+    return architectures[0] if architectures else None
 
 
-def is_deepseek_dsa(config: Mapping[str, Any]) -> bool:
+def is_deepseek_dsa(outer: ConfigReader) -> bool:
     """SGLang's ``is_deepseek_dsa``: a DSA architecture with ``index_topk`` set (top level or ``text_config``)."""
-    if first_architecture(config) not in DSA_ARCHITECTURES:
+    if first_architecture(outer) not in DSA_ARCHITECTURES:
         return False
-    text = ConfigReader(config, "").text()
-    return config.get("index_topk") is not None or text.has("index_topk")
+    return outer.has("index_topk") or outer.text().has("index_topk")
 
 
-def is_deepseek_v4(config: Mapping[str, Any]) -> bool:
-    return first_architecture(config) in DSV4_ARCHITECTURES
+def is_deepseek_v4(outer: ConfigReader) -> bool:
+    return first_architecture(outer) in DSV4_ARCHITECTURES
 
 
 def has_mla_latent(reader: ConfigReader) -> bool:
     """An MLA latent and no hybrid layout: the configs the MLA family may claim."""
     if not (reader.has("kv_lora_rank") and reader.has("qk_rope_head_dim")):
         return False
-    if any(reader.has(key) for key in _HYBRID_MARKERS) or reader.get("model_type") in _HYBRID_MODEL_TYPES:
+    if any(reader.has(key) for key in _HYBRID_MARKERS) or reader.string("model_type") in _HYBRID_MODEL_TYPES:
         return False
-    layer_types = reader.get("layer_types")
-    return not (isinstance(layer_types, list) and any(kind != "full_attention" for kind in layer_types))
+    return all(kind == "full_attention" for kind in reader.string_list("layer_types"))
 
 
 def mla_model_spec(
@@ -117,16 +116,17 @@ def mla_model_spec(
         )
         for i in range(num_layers)
     ]
+    # Attention dims the pools do not store but reports show (absent ones are left out).
     attention = {
-        key: reader.get(key)
+        key: value
         for key in ("qk_nope_head_dim", "v_head_dim", "q_lora_rank")
-        if isinstance(reader.get(key), int) and not isinstance(reader.get(key), bool)
+        if (value := reader.optional_integer(key)) is not None
     }
     return ModelSpec(
         name=source,
         architecture=architecture,
         layers=layers,
-        context_len=_context_len(reader),
+        context_len=context_length(reader, _CONTEXT_KEYS),
         dtype=model_dtype(reader),
         num_attention_heads=reader.integer("num_attention_heads", 0, minimum=0),
         model_type=reader.string("model_type") or outer.string("model_type"),
@@ -136,10 +136,3 @@ def mla_model_spec(
         is_multimodal=reader is not outer,
         params=attention,
     )
-
-
-def _context_len(reader: ConfigReader) -> int:
-    for key in _CONTEXT_KEYS:
-        if reader.has(key):
-            return reader.integer(key)
-    raise reader.error("max_position_embeddings", "is missing", "Add it to the config or pass --context-length.")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import attrs
 
 from kvpools_core.dtypes import KVDtype
+from kvpools_core.options import option
 from kvpools_core.values import CellPart
 
 from .config import MLADims
@@ -95,12 +96,13 @@ def latent_dtype_problems(dims: MLADims, kv: KVDtype, model_name: str) -> list[s
     """KV dtypes an MLA row cannot hold for these dims, with the supported alternatives."""
     if kv.name == "mxfp8":
         return [
-            f"--kv-cache-dtype mxfp8 is not supported for MLA models ({model_name}): SGLang's MLA pools have no "
+            f"{option('kv_cache_dtype')} mxfp8 is not supported for MLA models ({model_name}): SGLang's MLA pools "
+            f"have no "
             f"mxfp8 layout. Use auto, bf16, fp16, fp8_e4m3, fp8_e5m2 or fp4_e2m1."
         ]
     if kv.is_fp4 and dims.kv_cache_dim % FP4_BLOCK:
         return [
-            f"--kv-cache-dtype fp4_e2m1 stores one scale per {FP4_BLOCK} values, but {model_name}'s MLA row "
+            f"{option('kv_cache_dtype')} fp4_e2m1 stores one scale per {FP4_BLOCK} values, but {model_name}'s MLA row "
             f"(kv_lora_rank + qk_rope_head_dim = {dims.kv_cache_dim}) is not a multiple of {FP4_BLOCK}. "
             f"Use bf16, fp16 or fp8_e4m3."
         ]
@@ -116,6 +118,7 @@ def platform_problems(kv: KVDtype, platform: str, model_name: str) -> list[str]:
     if platform == "cpu" and kv.name == "fp8_e4m3":
         return [
             f"{CPU_FP8_MLA_MESSAGE} {model_name} caches an MLA latent: on the CPU platform use "
-            f"--kv-cache-dtype auto, bf16, fp16 or fp32 (or plan for --platform cuda, where fp8_e4m3 works)."
+            f"{option('kv_cache_dtype')} auto, bf16, fp16 or fp32 (or plan for {option('platform')} cuda, where "
+            f"fp8_e4m3 works)."
         ]
     return []

@@ -112,12 +112,12 @@ def build_pool(plan: Plan, device: str) -> Any | None:
 
 
 @hookimpl
-def build_allocator(plan: Plan, pool: Any, device: str) -> Any | None:
+def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | None:
     if plan.model.architecture != ARCHITECTURE:
         return None
     from .allocator import allocator_for_plan
 
-    return allocator_for_plan(plan, pool, device)
+    return allocator_for_plan(plan, pool, device, checked=checked)
 
 
 def swa_cell_size(model: ModelSpec, serving: Serving) -> CellSize:

@@ -12,16 +12,23 @@ whole SWA pages.  :class:`PureSWAAllocator` serves a model whose every layer
 slides: one allocator over the SWA pool, whose slot ids are the token ids.
 
 Caller contract (as SGLang's): ``free_swa`` never frees the page holding a
-request's last token while the request still extends it (with ``debug=True``
+request's last token while the request still extends it (with ``checked=True``
 an extend from an evicted page is refused).
+
+Frees are checked as the core allocators check theirs, before the mapping or
+either pool changes (``AllocatorError``, nothing changed): full slot ids out of
+range always, and with ``checked=True`` full slots not allocated now.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from kvpools_core.allocators import AllocatorState, PagedAllocator, TokenAllocator, allocator_class
+from kvpools_core.errors import AllocatorError
 from kvpools_core.values import Plan
 
 __all__ = ["PureSWAAllocator", "SWAState", "SWATokenToKVPoolAllocator", "allocator_for_plan"]
@@ -32,21 +39,23 @@ _I64 = torch.int64
 class SWAState:
     """Opaque snapshot of :meth:`SWATokenToKVPoolAllocator.backup_state`."""
 
-    __slots__ = ("full", "mapping", "swa")
+    __slots__ = ("_owner", "full", "mapping", "swa")
 
-    def __init__(self, full: AllocatorState, swa: AllocatorState, mapping: Tensor) -> None:
+    def __init__(self, owner: object, full: AllocatorState, swa: AllocatorState, mapping: Tensor) -> None:
+        self._owner = owner
         self.full = full
         self.swa = swa
         self.mapping = mapping
 
 
 def allocator_for_plan(
-    plan: Plan, pool: object, device: str | torch.device
+    plan: Plan, pool: object, device: str | torch.device, *, checked: bool = False
 ) -> SWATokenToKVPoolAllocator | PureSWAAllocator:
     """The allocator of a plan's SWA pool (``pool`` is its :class:`~.pool.SWAKVPool`).
 
     The SWA sub-allocator pages the SWA pool as SGLang's does
     (``size_swa // page_size`` pages); ``need_sort`` is on in PD disaggregation.
+    ``checked`` builds both sub-allocators in checked mode (double frees refused).
     """
     config = plan.sizing.sglang_config
     page = plan.serving.page_size
@@ -54,17 +63,19 @@ def allocator_for_plan(
     swa = int(config["swa_max_total_num_tokens"]) // page * page
     mapping = getattr(pool, "full_to_swa_index_mapping", None)
     if mapping is None:
-        return PureSWAAllocator(swa, page, device=device, need_sort=need_sort)
+        return PureSWAAllocator(swa, page, device=device, need_sort=need_sort, checked=checked)
     full = int(config["full_max_total_num_tokens"])
-    return SWATokenToKVPoolAllocator(full, swa, page, mapping=mapping, device=device, need_sort=need_sort)
+    return SWATokenToKVPoolAllocator(
+        full, swa, page, mapping=mapping, device=device, need_sort=need_sort, checked=checked
+    )
 
 
 def _sub_allocator(
-    size: int, page_size: int, device: str | torch.device, need_sort: bool, debug: bool
+    size: int, page_size: int, device: str | torch.device, need_sort: bool, checked: bool
 ) -> TokenAllocator | PagedAllocator:
     if allocator_class(page_size) is TokenAllocator:
-        return TokenAllocator(size, device=device, need_sort=need_sort, debug=debug)
-    return PagedAllocator(size, page_size, device=device, need_sort=need_sort, debug=debug)
+        return TokenAllocator(size, device=device, need_sort=need_sort, checked=checked)
+    return PagedAllocator(size, page_size, device=device, need_sort=need_sort, checked=checked)
 
 
 class SWATokenToKVPoolAllocator:
@@ -79,13 +90,15 @@ class SWATokenToKVPoolAllocator:
         mapping: Tensor | None = None,
         device: str | torch.device = "cpu",
         need_sort: bool = False,
+        checked: bool = False,
         debug: bool = False,
     ) -> None:
         self.page_size = page_size
-        self.debug = debug
-        self.full_attn_allocator = _sub_allocator(size, page_size, device, need_sort, debug)
-        self.swa_attn_allocator = _sub_allocator(size_swa, page_size, device, need_sort, debug)
+        self.checked = checked = checked or debug  # ``debug`` is the old name of checked mode
+        self.full_attn_allocator = _sub_allocator(size, page_size, device, need_sort, checked)
+        self.swa_attn_allocator = _sub_allocator(size_swa, page_size, device, need_sort, checked)
         self.device = self.full_attn_allocator.device
+        self._token = object()  # identifies snapshots taken from this instance
         if mapping is None:
             from .pool import new_mapping
 
@@ -97,6 +110,11 @@ class SWATokenToKVPoolAllocator:
             )
         self.full_to_swa_index_mapping = mapping
         self._offsets = torch.arange(page_size, dtype=_I64, device=self.device)
+
+    @property
+    def debug(self) -> bool:
+        """Old name of :attr:`checked`."""
+        return self.checked
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -118,7 +136,11 @@ class SWATokenToKVPoolAllocator:
         return sum(self.nbytes_by_pool().values())
 
     def nbytes_by_pool(self) -> dict[str, int]:
-        return {"allocator": self.full_attn_allocator.nbytes, "swa_allocator": self.swa_attn_allocator.nbytes}
+        """Plan pools ``allocator`` and ``swa_allocator`` (plus ``*_checked`` in checked mode)."""
+        return {
+            **self.full_attn_allocator.nbytes_by_pool("allocator"),
+            **self.swa_attn_allocator.nbytes_by_pool("swa_allocator"),
+        }
 
     def available_size(self) -> int:
         return min(self.full_available_size(), self.swa_available_size())
@@ -164,7 +186,7 @@ class SWATokenToKVPoolAllocator:
         if num_new_pages * p > self.available_size():
             return None
         swa_last = self.full_to_swa_index_mapping[last]
-        if self.debug:
+        if self.checked:
             evicted = (pre % p != 0) & (swa_last <= 0)
             if bool(evicted.any()):
                 raise ValueError(
@@ -190,7 +212,7 @@ class SWATokenToKVPoolAllocator:
         if num_new_pages * p > self.available_size():
             return None
         swa_last = self.full_to_swa_index_mapping[last]
-        if self.debug:
+        if self.checked:
             evicted = (seq % p != 1) & (swa_last <= 0)
             if bool(evicted.any()):
                 raise ValueError(
@@ -205,32 +227,44 @@ class SWATokenToKVPoolAllocator:
         return full
 
     # ------------------------------------------------------------------ frees
-    def free(self, indices: Tensor) -> None:
-        """Free full slots ``indices`` and the SWA slots still mapped to them (a request ends)."""
-        if not indices.numel():
-            return
-        self.free_swa(indices)
-        self.full_attn_allocator.free(indices)
+    def free(self, indices: Tensor | Sequence[int]) -> None:
+        """Free full slots ``indices`` and the SWA slots still mapped to them (a request ends).
 
-    def free_swa(self, indices: Tensor) -> None:
+        All or nothing: the full allocator checks the slots (as its own
+        ``free`` would) before the mapping or either pool changes.
+        """
+        full = self.full_attn_allocator.to_ids(indices)
+        if not full.numel():
+            return
+        self.full_attn_allocator.check_free(full)
+        self._free_swa(full)
+        self.full_attn_allocator.free(full)
+
+    def free_swa(self, indices: Tensor | Sequence[int]) -> None:
         """Free the SWA slots of full slots ``indices`` (tokens out of the window); their full slots stay.
 
         Paged: the SWA page of every full page touched is freed whole.
-        Slots without an SWA slot (already evicted) are skipped.
+        Slots without an SWA slot (already evicted) are skipped.  Full slot
+        ids out of range (and, checked, not allocated) are refused first.
         """
-        if not indices.numel():
+        full = self.full_attn_allocator.to_ids(indices)
+        if not full.numel():
             return
-        full = indices.to(device=self.device, dtype=_I64).reshape(-1)
+        self.full_attn_allocator.check_free(full, count=False)
+        self._free_swa(full)
+
+    def _free_swa(self, full: Tensor) -> None:
+        """``free_swa`` of checked 1-D int64 full slots."""
         if self.page_size > 1:
             p = self.page_size
             full = torch.add(self._offsets, (full // p)[:, None], alpha=p).reshape(-1)
         swa = self.full_to_swa_index_mapping[full]
-        self.full_to_swa_index_mapping[full] = 0
         swa = swa[swa > 0]
-        if swa.numel():
+        if swa.numel():  # first: the SWA allocator may still refuse (a corrupted mapping)
             self.swa_attn_allocator.free(swa)
+        self.full_to_swa_index_mapping[full] = 0
 
-    def free_full(self, indices: Tensor) -> None:
+    def free_full(self, indices: Tensor | Sequence[int]) -> None:
         """Free full slots whose SWA slots are already gone."""
         self.full_attn_allocator.free(indices)
 
@@ -250,12 +284,21 @@ class SWATokenToKVPoolAllocator:
     def backup_state(self) -> SWAState:
         """Snapshot of both allocators (copy-on-write) and of the mapping (one copy of it)."""
         return SWAState(
+            self._token,
             self.full_attn_allocator.backup_state(),
             self.swa_attn_allocator.backup_state(),
             self.full_to_swa_index_mapping.clone(),
         )
 
     def restore_state(self, state: SWAState) -> None:
+        """Return exactly to the state of ``backup_state()`` (of this allocator only)."""
+        if not isinstance(state, SWAState):
+            raise AllocatorError(
+                f"restore_state() takes what this allocator's backup_state() returned (an SWAState); "
+                f"got {type(state).__name__}"
+            )
+        if state._owner is not self._token:
+            raise AllocatorError("restore_state() got a state taken from a different allocator; nothing was restored")
         self.full_attn_allocator.restore_state(state.full)
         self.swa_attn_allocator.restore_state(state.swa)
         self.full_to_swa_index_mapping.copy_(state.mapping)
@@ -289,10 +332,12 @@ class PureSWAAllocator:
         *,
         device: str | torch.device = "cpu",
         need_sort: bool = False,
+        checked: bool = False,
         debug: bool = False,
     ) -> None:
         self.page_size = page_size
-        self.swa_attn_allocator = _sub_allocator(size_swa, page_size, device, need_sort, debug)
+        self.checked = checked = checked or debug  # ``debug`` is the old name of checked mode
+        self.swa_attn_allocator = _sub_allocator(size_swa, page_size, device, need_sort, checked)
         self.full_attn_allocator = self.swa_attn_allocator
         self.device = self.swa_attn_allocator.device
 
@@ -307,7 +352,8 @@ class PureSWAAllocator:
         return self.swa_attn_allocator.nbytes
 
     def nbytes_by_pool(self) -> dict[str, int]:
-        return {"allocator": self.swa_attn_allocator.nbytes}
+        """Plan pool ``allocator`` (plus ``allocator_checked`` in checked mode)."""
+        return self.swa_attn_allocator.nbytes_by_pool("allocator")
 
     def available_size(self) -> int:
         return self.swa_attn_allocator.available_size()
@@ -340,14 +386,17 @@ class PureSWAAllocator:
             return inner.alloc(seq_lens.numel())
         return inner.alloc_decode(seq_lens, last_loc, num_new_pages=num_new_pages)
 
-    def free(self, indices: Tensor) -> None:
-        """Free slots (ids <= 0 are skipped); the caller frees a slot once, evicted or not."""
-        if indices.numel():
-            self.swa_attn_allocator.free(indices[indices > 0])
+    def free(self, indices: Tensor | Sequence[int]) -> None:
+        """Free slots: the caller frees a slot once, evicted or not (there is no mapping to skip evicted ones).
+
+        Checked as the core allocator checks (``AllocatorError``, nothing
+        changed): 0 and -1 are not slot ids and are refused, not skipped.
+        """
+        self.swa_attn_allocator.free(indices)
 
     free_swa = free
 
-    def free_full(self, indices: Tensor) -> None:
+    def free_full(self, indices: Tensor | Sequence[int]) -> None:
         """No full pool: nothing to free."""
 
     def free_group_begin(self) -> None:
@@ -363,6 +412,7 @@ class PureSWAAllocator:
         return self.swa_attn_allocator.backup_state()
 
     def restore_state(self, state: AllocatorState) -> None:
+        """Return exactly to the state of ``backup_state()``; another allocator's state is refused."""
         self.swa_attn_allocator.restore_state(state)
 
     def clear(self) -> None:

@@ -42,10 +42,10 @@ from typing import Any
 
 import attrs
 
-from kvpools_core.config import ConfigReader, model_dtype
-from kvpools_core.errors import ConfigError
+from kvpools_core.config import ConfigReader, context_length, describe, model_dtype
 from kvpools_core.values import LayerSpec, ModelSpec
 
+from ..mha import derived_head_dim, sliding_window_active
 from ..mla.config import MLADims, is_deepseek_dsa, is_deepseek_v4
 
 ARCHITECTURE = "swa"
@@ -90,7 +90,7 @@ def parse_swa_config(config: Mapping[str, Any], source: str) -> ModelSpec | None
     """The model of a sliding-window config, or ``None`` when the config is not one."""
     outer = ConfigReader(config, source)
     reader = outer.text()
-    if any(reader.has(key) or outer.has(key) for key in _FOREIGN) or is_deepseek_v4(config):
+    if any(reader.has(key) or outer.has(key) for key in _FOREIGN) or is_deepseek_v4(outer):
         return None
     latent = reader.has(_LATENT)
     if latent and not any(reader.has(key) for key in _EXPLICIT_PATTERNS):
@@ -116,20 +116,21 @@ def parse_swa_config(config: Mapping[str, Any], source: str) -> ModelSpec | None
         )
     if not any(pattern.sliding):
         return None  # nothing slides: a plain attention model
-    if reader.integer("num_kv_shared_layers", 0, minimum=0):
+    shared = reader.integer("num_kv_shared_layers", 0, minimum=0)
+    if shared:
         raise reader.error(
             "num_kv_shared_layers",
-            f"is {reader.get('num_kv_shared_layers')}: later layers reuse earlier layers' KV",
+            f"is {shared}: later layers reuse earlier layers' KV",
             "kvpools cannot size cross-layer KV sharing exactly; it supports configs with num_kv_shared_layers 0.",
         )
     window = sliding_window(reader)
-    storage = ("dsa" if is_deepseek_dsa(config) else "mla") if latent else None
+    storage = ("dsa" if is_deepseek_dsa(outer) else "mla") if latent else None
     layers = (
         latent_layers(reader, pattern, window, storage == "dsa")
         if latent
         else attention_layers(reader, pattern, window)
     )
-    context_len, context_note = context_length(reader, model_type)
+    context_len, context_note = family_context_length(reader, model_type)
     dtype_reader = reader if reader.has("torch_dtype") or reader.has("dtype") else outer
     return ModelSpec(
         name=source,
@@ -146,7 +147,7 @@ def parse_swa_config(config: Mapping[str, Any], source: str) -> ModelSpec | None
         params={
             "sliding_window": window,
             "layer_pattern": pattern.source,
-            "attention_k_eq_v": bool(reader.get("attention_k_eq_v", False)),
+            "attention_k_eq_v": reader.boolean("attention_k_eq_v", False),
             "notes": [n for n in (context_note,) if n],
             **({LATENT: storage} if storage else {}),
         },
@@ -203,15 +204,22 @@ def sliding_pattern(reader: ConfigReader, model_type: str) -> Pattern | None:
     """Which layers slide, by the first form of the module docstring that applies; None for other models."""
     if reader.has("layer_types"):
         types = reader.string_list("layer_types")
-        if not types or any(t not in _LAYER_TYPES for t in types):
+        if not types:
+            raise reader.error("layer_types", "is an empty list", "Give one layer type per layer, or remove it.")
+        unknown = sorted(set(types) - set(_LAYER_TYPES))
+        if unknown and "sliding_attention" in types:
+            raise reader.error(
+                "layer_types",
+                f"has layer type(s) {describe(unknown)} beside sliding_attention",
+                "kvpools sizes sliding-window models whose layers are full_attention or sliding_attention.",
+            )
+        if unknown:
             return None  # linear attention, mamba, ...: another plugin's hybrid
         return Pattern(tuple(_LAYER_TYPES[t] for t in types), "layer_types")
     if reader.has("hybrid_layer_pattern"):
-        values = reader.get("hybrid_layer_pattern")
-        if not isinstance(values, list) or any(v not in (0, 1) or isinstance(v, bool) for v in values):
-            raise reader.error(
-                "hybrid_layer_pattern", f"must be a list of 0 (full) and 1 (SWA), got {values!r}", "Fix the config."
-            )
+        values = reader.integer_list(
+            "hybrid_layer_pattern", minimum=0, maximum=1, fix="Use 0 (full) and 1 (SWA), one per layer."
+        )
         return Pattern(tuple(v == 1 for v in values), "hybrid_layer_pattern (1 = SWA)")
     if not window_active(reader):
         return None
@@ -224,7 +232,7 @@ def sliding_pattern(reader: ConfigReader, model_type: str) -> Pattern | None:
             tuple((i + 1) % every != 0 for i in range(num_layers)), f"{how}: layer i is full when (i+1)%{every}==0"
         )
     if model_type in WINDOW_LAYER_FAMILIES:
-        if reader.get("use_sliding_window") is not True:
+        if not reader.boolean("use_sliding_window", False):
             return None  # transformers ignores the window unless use_sliding_window is true
         first = reader.integer("max_window_layers", minimum=0)
         return Pattern(tuple(i >= first for i in range(num_layers)), f"use_sliding_window: layers >= {first} slide")
@@ -236,11 +244,9 @@ def sliding_pattern(reader: ConfigReader, model_type: str) -> Pattern | None:
 def window_active(reader: ConfigReader) -> bool:
     """``sliding_window`` is stated and not switched off by ``use_sliding_window: false`` (Qwen2-style inert field).
 
-    The same test as the MHA plugin's, so a config is claimed by exactly one of the two.
+    The MHA plugin's test, so a config is claimed by exactly one of the two.
     """
-    if not reader.has("sliding_window"):
-        return False
-    return reader.get("use_sliding_window", True) is not False
+    return sliding_window_active(reader)
 
 
 def sliding_window(reader: ConfigReader) -> int:
@@ -257,7 +263,7 @@ def layer_geometries(reader: ConfigReader) -> tuple[tuple[int, int, int], tuple[
     """(full layer, SWA layer) ``(num_kv_heads, head_dim, v_head_dim)``."""
     heads = reader.integer("num_attention_heads")
     kv_heads = reader.integer("num_key_value_heads", heads)
-    head_dim = reader.optional_integer("head_dim") or _derived_head_dim(reader, heads)
+    head_dim = reader.optional_integer("head_dim") or derived_head_dim(reader, heads)
     v_head_dim = reader.optional_integer("v_head_dim") or head_dim
     swa = (
         reader.integer("swa_num_key_value_heads", kv_heads),
@@ -268,27 +274,14 @@ def layer_geometries(reader: ConfigReader) -> tuple[tuple[int, int, int], tuple[
     global_dim = reader.optional_integer("global_head_dim")
     if global_dim is not None:  # Gemma-4: full layers have their own head dim, for K and V alike
         full_dim = full_v_dim = global_dim
-    if reader.get("attention_k_eq_v", False) is True and reader.has("num_global_key_value_heads"):
+    if reader.boolean("attention_k_eq_v", False) and reader.has("num_global_key_value_heads"):
         full_heads = reader.integer("num_global_key_value_heads")
     return (full_heads, full_dim, full_v_dim), swa
 
 
-def context_length(reader: ConfigReader, model_type: str) -> tuple[int, str | None]:
+def family_context_length(reader: ConfigReader, model_type: str) -> tuple[int, str | None]:
     """The context length, or the family's transformers default (with a note saying so)."""
-    for key in _CONTEXT_KEYS:
-        if reader.has(key):
-            return reader.integer(key), None
-    if model_type in FAMILY_CONTEXT:
+    if model_type in FAMILY_CONTEXT and not any(reader.has(key) for key in _CONTEXT_KEYS):
         value = FAMILY_CONTEXT[model_type]
         return value, f"max_position_embeddings is absent; {model_type}'s transformers default {value} is used"
-    raise reader.error("max_position_embeddings", "is missing", "Add it to the config or pass --context-length.")
-
-
-def _derived_head_dim(reader: ConfigReader, num_heads: int) -> int:
-    hidden = reader.integer("hidden_size")
-    if hidden % num_heads:
-        raise ConfigError(
-            f"{reader.source}: head_dim is missing and hidden_size {hidden} is not divisible by "
-            f"num_attention_heads {num_heads}. Add head_dim to the config."
-        )
-    return hidden // num_heads
+    return context_length(reader, _CONTEXT_KEYS), None

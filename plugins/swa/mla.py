@@ -21,6 +21,7 @@ from __future__ import annotations
 import attrs
 
 from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.options import option
 from kvpools_core.values import LayerSpec, ModelSpec, Serving
 
 from ..dsa import dsa_problems, index_row_bytes, latent_row, layer_split
@@ -117,20 +118,22 @@ def latent_problems(model: ModelSpec, serving: Serving, draft_kv: bool) -> list[
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
     if kv.is_fp4:
         problems.append(
-            f"--kv-cache-dtype {kv.name} is not supported for hybrid MLA-SWA models ({model.name}): SGLang's "
+            f"{option('kv_cache_dtype')} {kv.name} is not supported for hybrid MLA-SWA models ({model.name}): SGLang's "
             f"hybrid MLA-SWA pool builds plain MLATokenToKVPool sub-pools, not MLATokenToKVPoolFP4 (the fp4 row and "
             f"its scales), so what it stores is not established. Use auto, bf16, fp16, fp8_e4m3 or fp8_e5m2."
         )
     if draft_kv:
         problems.append(
-            f"--speculative-algorithm {serving.speculative_algorithm} allocates a draft KV pool, which kvpools "
+            f"{option('speculative_algorithm')} {serving.speculative_algorithm} allocates a draft KV pool, which "
+            f"kvpools "
             f"cannot size exactly for hybrid MLA-SWA models ({model.name}): the draft's layer geometry (full or "
             f"sliding latent, MLA or DSA) is the draft model's own. Use NGRAM or no speculative decoding."
         )
     if is_dsa(model) and layer_split(serving):
         problems.append(
-            f"--enable-dsa-cache-layer-split is not supported for hybrid MLA-SWA models ({model.name}): SGLang's "
-            f"hybrid pool builds the full DSA pool without the split. Drop the flag or use --attn-cp-size 1."
+            f"{option('enable_dsa_cache_layer_split')} is not supported for hybrid MLA-SWA models ({model.name}): "
+            f"SGLang's "
+            f"hybrid pool builds the full DSA pool without the split. Drop the flag or use {option('attn_cp_size')} 1."
         )
     return list(dict.fromkeys(problems))
 

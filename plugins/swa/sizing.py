@@ -30,6 +30,7 @@ import attrs
 
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.errors import InsufficientMemoryError
+from kvpools_core.options import option
 from kvpools_core.sizing import (
     RequestLimit,
     alloc_len_per_decode,
@@ -290,8 +291,8 @@ def size_swa_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: B
     if page_align(swa, page) <= 0:
         raise InsufficientMemoryError(
             f"The SWA pool of {model.name} would get {swa} tokens, less than one page of {page}: "
-            f"int({full} full tokens x --swa-full-tokens-ratio {shape.ratio}) rounds to nothing. "
-            f"Raise --memory or --swa-full-tokens-ratio, or lower --page-size."
+            f"int({full} full tokens x {option('swa_full_tokens_ratio')} {shape.ratio}) rounds to nothing. "
+            f"Raise {option('memory')} or {option('swa_full_tokens_ratio')}, or lower {option('page_size')}."
         )
     pools, limit, _, _ = layout(tokens, constrained)
     if limit.note:
@@ -299,7 +300,7 @@ def size_swa_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: B
     if limit.max_running_requests <= 0:
         raise InsufficientMemoryError(
             f"{total} KV tokens leave room for no request (a request needs at least 2 tokens). "
-            f"Raise --memory or lower --page-size."
+            f"Raise {option('memory')} or lower {option('page_size')}."
         )
     notes.append(split_note(shape, cap, pools, full, swa, page))
     if serving.accounting == "sglang" and not SGLANG_HYBRID_SWA_ARCHITECTURES & set(model.hf_architectures):
@@ -345,7 +346,8 @@ def split_note(shape: SGLangShape, cap: ChunkCap | None, pools: list[PoolSpec], 
     if not shape.hybrid:
         return (
             f"all {shape.num_swa} layers slide: one SWA pool of {swa:,} tokens "
-            f"({swa_pool.bytes_per_slot:,} B/token, {fmt_gib(swa_pool.bytes)}); --swa-full-tokens-ratio does not apply."
+            f"({swa_pool.bytes_per_slot:,} B/token, {fmt_gib(swa_pool.bytes)}); {option('swa_full_tokens_ratio')} "
+            f"does not apply."
         )
     full_pool = by_name[FULL_POOL]
     kv = full_pool.bytes + swa_pool.bytes
@@ -357,11 +359,13 @@ def split_note(shape: SGLangShape, cap: ChunkCap | None, pools: list[PoolSpec], 
     )
     if cap is not None:
         return (
-            f"SWA chunk cap (explicit --max-running-requests, radix cache off, chunked prefill): the SWA pool holds "
+            f"SWA chunk cap (explicit {option('max_running_requests')}, radix cache off, chunked prefill): the SWA "
+            f"pool holds "
             f"{cap.describe()}, page aligned {cap.aligned:,}; the rest of the budget goes to the full pool: {share}."
         )
     return (
-        f"--swa-full-tokens-ratio {shape.ratio} split the budget: SWA tokens = int(full x {shape.ratio}) page aligned "
+        f"{option('swa_full_tokens_ratio')} {shape.ratio} split the budget: SWA tokens = int(full x {shape.ratio}) "
+        f"page aligned "
         f"(page {page}); {share}."
     )
 
@@ -418,7 +422,8 @@ def _cap_error(cap: ChunkCap, fixed_bytes: int, budget_bytes: int) -> Insufficie
     return InsufficientMemoryError(
         f"SWA pool cap ({cap.aligned} tokens, {fixed_bytes / (1 << 30):.2f} GiB) leaves no room for the full KV pool "
         f"within the available {budget_bytes / (1 << 30):.2f} GiB (the cap is {cap.describe()}). "
-        f"Lower --max-running-requests or --swa-eviction-interval, or raise --memory / --mem-fraction-static."
+        f"Lower {option('max_running_requests')} or {option('swa_eviction_interval')}, or raise {option('memory')} / "
+        f"{option('mem_fraction_static')}."
     )
 
 

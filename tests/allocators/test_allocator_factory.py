@@ -5,7 +5,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
+from kvpools_core import Registry, Serving, build, hookimpl, plan
 from kvpools_core.allocators import (
     PagedAllocator,
     TokenAllocator,
@@ -13,6 +15,9 @@ from kvpools_core.allocators import (
     allocator_for_plan,
     allocator_planned_nbytes,
 )
+from kvpools_core.building import Pools
+from kvpools_core.errors import AllocatorError
+from kvpools_core.values import Plan
 
 
 def fake_plan(tokens: int, page_size: int, disaggregation_mode: str = "null") -> SimpleNamespace:
@@ -44,3 +49,68 @@ def test_allocator_for_plan_holds_what_was_planned(page_size: int, mode: str) ->
     assert a.available_size() == 4096
     assert a.need_sort is (mode != "null")  # PD disaggregation wants ascending slot ids
     assert a.nbytes == allocator_planned_nbytes(4096, page_size)
+
+
+# ------------------------------------------------------------ build(checked)
+def _units(pools: Pools) -> dict[str, int]:
+    """Unit ids each planned allocator pool holds (its checked map has one bool per id 0..units)."""
+    return {p.name: p.slots for p in pools.plan.pools if p.kind == "allocator"}
+
+
+@pytest.mark.parametrize(
+    ("preset", "serving"),
+    [
+        ("llama-3.1-8b", Serving(context_length=256, max_running_requests=4)),
+        ("llama-3.1-8b", Serving(context_length=256, max_running_requests=4, page_size=16)),
+        ("gpt-oss-20b", Serving(context_length=256, max_running_requests=4, page_size=4)),
+        ("mistral-7b-v0.1", Serving(context_length=256, max_running_requests=4, page_size=16)),
+    ],
+)
+def test_build_checked_gives_checked_allocators_and_reports_their_map(preset: str, serving: Serving) -> None:
+    p = plan(preset, serving, memory=48 << 20)
+    default = build(p, "cpu")
+    planned = {pool.name: pool.bytes for pool in p.pools}
+    assert default.allocated_by_pool() == planned and default.allocated_bytes == p.planned_bytes
+    allocator = default.allocator
+    assert not allocator.checked
+    with pytest.raises(AllocatorError, match="padding"):  # unchecked, but range checked
+        allocator.free(torch.tensor([0]))
+
+    checked = build(p, "cpu", checked=True)
+    assert checked.allocator.checked and type(checked.allocator) is type(allocator)
+    extra = {f"{name}_checked": units + 1 for name, units in _units(checked).items()}
+    assert checked.allocated_by_pool() == planned | extra  # the planned pools unchanged, the maps apart
+    assert checked.allocated_bytes == p.planned_bytes + sum(extra.values())
+    slots = checked.allocator.alloc(serving.page_size)
+    assert slots is not None
+    checked.allocator.free(slots)
+    with pytest.raises(AllocatorError, match="double free"):
+        checked.allocator.free(slots)
+
+
+def test_build_allocator_hook_gets_checked() -> None:
+    """A plugin that names ``checked`` in its build_allocator gets it; the default is False."""
+    seen: list[bool] = []
+
+    class Spy:
+        @hookimpl(tryfirst=True)
+        def build_allocator(self, plan: Plan, pool: object, device: str, checked: bool) -> None:
+            seen.append(checked)
+
+    p = plan("llama-3.1-8b", Serving(context_length=256, max_running_requests=4), memory=48 << 20)
+    local = Registry(autoload=True, plugins=None, disabled=(), extra_plugins={"spy": Spy()})
+    build(p, "meta", registry=local)
+    build(p, "meta", registry=local, checked=True)
+    assert seen == [False, True]
+
+
+def test_mamba_state_slots_are_range_checked() -> None:
+    """The recurrent-state pool hands out slots through a core TokenAllocator: padding slot 0 is refused."""
+    p = plan("falcon-h1-0.5b", Serving(context_length=256, max_running_requests=2), memory=256 << 20)
+    req = build(p, "cpu").req_to_token_pool
+    free = req.mamba_pool.allocator.available_size()
+    rows = req.alloc(1)
+    with pytest.raises(AllocatorError, match=r"foreign slot\(s\) \[0\]"):
+        req.mamba_pool.free(torch.tensor([0]))
+    req.free(rows)
+    assert req.mamba_pool.allocator.available_size() == free

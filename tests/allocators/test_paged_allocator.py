@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -10,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvpools_core.allocators import AllocatorState, PagedAllocator
+from kvpools_core.errors import AllocatorError
 
 PagedModel = tuple[list[list[int]], list[list[int]], set[int], set[int], bool]
 
@@ -75,14 +79,14 @@ def test_fresh_allocator_sizes(device: str) -> None:
     assert a.available_size() == 64
 
 
-@pytest.mark.parametrize("debug", [False, True])
+@pytest.mark.parametrize("checked", [False, True])
 @pytest.mark.parametrize(("size", "page_size"), [(16, 1), (64, 16), (6, 3), (131072, 64)])
-def test_nbytes_equals_planned(size: int, page_size: int, debug: bool, device: str) -> None:
-    a = PagedAllocator(size, page_size, device=device, debug=debug)
+def test_nbytes_equals_planned(size: int, page_size: int, checked: bool, device: str) -> None:
+    a = PagedAllocator(size, page_size, device=device, checked=checked)
     pages = size // page_size
-    # free stack 8 B/page + in-page offsets 8 B/slot of one page (+ 1 B/page id 0..pages in debug)
-    expected = 8 * pages + 8 * page_size + (pages + 1 if debug else 0)
-    assert PagedAllocator.planned_nbytes(size, page_size, debug) == expected
+    # free stack 8 B/page + in-page offsets 8 B/slot of one page (+ 1 B/page id 0..pages when checked)
+    expected = 8 * pages + 8 * page_size + (pages + 1 if checked else 0)
+    assert PagedAllocator.planned_nbytes(size, page_size, checked) == expected
     assert a.nbytes == expected
 
 
@@ -148,7 +152,7 @@ def test_free_pages_accepts_tensors_and_tuples() -> None:
 
 
 @pytest.mark.parametrize("need_sort", [False, True])
-def test_over_free_is_rejected_without_debug(need_sort: bool) -> None:
+def test_over_free_is_rejected_unchecked(need_sort: bool) -> None:
     # the cheap count check keeps a bad free from writing outside the stack
     a = PagedAllocator(64, 16, need_sort=need_sort)
     a.alloc_pages(1)
@@ -245,9 +249,9 @@ def test_backup_restore_is_exact_across_both_apis(device: str) -> None:
     assert fingerprint(a) == before
 
 
-@pytest.mark.parametrize("debug", [False, True])
-def test_restore_brings_back_an_open_group(debug: bool) -> None:
-    a = PagedAllocator(64, 4, debug=debug)
+@pytest.mark.parametrize("checked", [False, True])
+def test_restore_brings_back_an_open_group(checked: bool) -> None:
+    a = PagedAllocator(64, 4, checked=checked)
     out = a.alloc(8)
     assert out is not None
     a.free_group_begin()
@@ -281,8 +285,8 @@ def test_rejected_group_flush_keeps_the_group() -> None:
         ([40], r"never-allocated page\(s\) \[10\] \(slots 40\.\.43\)"),
     ],
 )
-def test_debug_rejects_bad_frees_and_keeps_state(bad: list[int], message: str, device: str) -> None:
-    a = PagedAllocator(60, 4, device=device, debug=True)
+def test_checked_rejects_bad_frees_and_keeps_state(bad: list[int], message: str, device: str) -> None:
+    a = PagedAllocator(60, 4, device=device, checked=True)
     out = a.alloc(8)
     assert out is not None
     before = fingerprint(a)
@@ -291,8 +295,8 @@ def test_debug_rejects_bad_frees_and_keeps_state(bad: list[int], message: str, d
     assert fingerprint(a) == before
 
 
-def test_debug_catches_double_free_on_both_apis(device: str) -> None:
-    a = PagedAllocator(64, 4, device=device, debug=True)
+def test_checked_catches_double_free_on_both_apis(device: str) -> None:
+    a = PagedAllocator(64, 4, device=device, checked=True)
     pages = a.alloc_pages(2)
     assert pages == [1, 2]
     a.free_pages([1])
@@ -312,8 +316,8 @@ def test_debug_catches_double_free_on_both_apis(device: str) -> None:
     assert a.available_size() == 64
 
 
-def test_debug_validates_extend_and_decode_batches(device: str) -> None:
-    a = PagedAllocator(64, 4, device=device, debug=True)
+def test_checked_validates_extend_and_decode_batches(device: str) -> None:
+    a = PagedAllocator(64, 4, device=device, checked=True)
     out = a.alloc_extend(i64([0], device), i64([3], device), i64([-1], device), 3)
     assert out is not None and out.tolist() == [4, 5, 6]
     before = fingerprint(a)
@@ -329,12 +333,71 @@ def test_debug_validates_extend_and_decode_batches(device: str) -> None:
 
 
 def test_clear_frees_everything(device: str) -> None:
-    a = PagedAllocator(32, 4, device=device, need_sort=True, debug=True)
+    a = PagedAllocator(32, 4, device=device, need_sort=True, checked=True)
     a.alloc_pages(5)
     a.free_pages([3])
     a.clear()
     assert a.available_size() == 32
     assert a.alloc_pages(8) == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+# ------------------------------------------------------ default-mode checks
+@pytest.mark.parametrize("slot", [0, 3, -1, -4, 60, 63, 1 << 40])
+@pytest.mark.parametrize("in_group", [False, True])
+def test_default_mode_refuses_slots_outside_pages_1_to_n(slot: int, in_group: bool, device: str) -> None:
+    """Slots 0..3 (padding page 0), negatives, and 60.. (past page 14) are refused on every path."""
+    a = PagedAllocator(56, 4, device=device)  # pages 1..14: slots 4..59
+    out = a.alloc(8)
+    assert out is not None
+    if in_group:
+        a.free_group_begin()
+    before = fingerprint(a)
+    page = slot // 4
+    span = re.escape(f"foreign page(s) [{page}] (slots {page * 4}..{page * 4 + 3}): valid page ids are 1..14")
+    with pytest.raises(AllocatorError, match=span):
+        a.free(i64([int(out[0]), slot], device))
+    with pytest.raises(AllocatorError, match=r"page 0, slots 0\.\.3, is padding and never allocated"):
+        a.free([slot, int(out[-1])])
+    if 0 <= page <= 15:
+        with pytest.raises(AllocatorError, match=r"foreign page"):
+            a.free_pages([1, page])
+        with pytest.raises(AllocatorError, match=r"foreign page"):
+            a.free_pages(i64([page], device))
+    assert fingerprint(a) == before
+    a.free(out)
+    if in_group:
+        a.free_group_end()
+    assert a.available_size() == 56
+
+
+def test_free_pages_refuses_non_integers_and_free_takes_lists() -> None:
+    a = PagedAllocator(64, 16)
+    assert a.alloc_pages(3) == [1, 2, 3]
+    before = fingerprint(a)
+    for bad in ([1.0], [1, "2"], [1 << 70]):
+        with pytest.raises(AllocatorError, match="integer page ids"):
+            a.free_pages(bad)  # type: ignore[arg-type]
+    for bad_slots in (torch.tensor([16.0]), [16.5], None):
+        with pytest.raises(AllocatorError, match="integer page ids"):
+            a.free(bad_slots)  # type: ignore[arg-type]
+    assert fingerprint(a) == before
+    a.free([16, 17])  # any slots of a page free the page
+    a.free((32,))
+    a.free_pages(np.array([3]))  # type: ignore[arg-type]
+    assert a.available_size() == 64
+
+
+def test_restore_rejects_a_foreign_or_non_state() -> None:
+    a, b = PagedAllocator(64, 4), PagedAllocator(64, 4)
+    for state in (b.backup_state(), None, object()):
+        with pytest.raises(AllocatorError, match="restore_state"):
+            a.restore_state(state)  # type: ignore[arg-type]
+
+
+def test_checked_map_is_reported_apart_from_the_planned_allocator() -> None:
+    unchecked, checked = PagedAllocator(64, 4), PagedAllocator(64, 4, checked=True)
+    assert unchecked.nbytes_by_pool() == {"allocator": 8 * 16 + 8 * 4}
+    assert checked.nbytes_by_pool() == {"allocator": 8 * 16 + 8 * 4, "allocator_checked": 17}
 
 
 # ------------------------------------------------- reference extend / decode
@@ -348,10 +411,10 @@ def extend_batches(draw: st.DrawFn) -> tuple[int, list[int], list[int]]:
 
 
 @settings(max_examples=150, deadline=None)
-@given(batch=extend_batches(), debug=st.booleans(), taken=st.integers(0, 5))
-def test_alloc_extend_matches_reference(batch: tuple[int, list[int], list[int]], debug: bool, taken: int) -> None:
+@given(batch=extend_batches(), checked=st.booleans(), taken=st.integers(0, 5))
+def test_alloc_extend_matches_reference(batch: tuple[int, list[int], list[int]], checked: bool, taken: int) -> None:
     page_size, prefix, seq = batch
-    a = PagedAllocator(512 * page_size, page_size, debug=debug)
+    a = PagedAllocator(512 * page_size, page_size, checked=checked)
     a.alloc_pages(taken)  # start from a used stack, not 1, 2, 3, ...
     # give every prefix real slots (its own pages), so last_loc is the slot of position prefix-1
     last = []
@@ -371,10 +434,10 @@ def test_alloc_extend_matches_reference(batch: tuple[int, list[int], list[int]],
 @given(
     page_size=st.sampled_from([1, 2, 4, 16]),
     lens=st.lists(st.integers(0, 40), min_size=0, max_size=6),
-    debug=st.booleans(),
+    checked=st.booleans(),
 )
-def test_alloc_decode_matches_reference(page_size: int, lens: list[int], debug: bool) -> None:
-    a = PagedAllocator(512 * page_size, page_size, debug=debug)
+def test_alloc_decode_matches_reference(page_size: int, lens: list[int], checked: bool) -> None:
+    a = PagedAllocator(512 * page_size, page_size, checked=checked)
     last = []
     for n in lens:
         kv = a.alloc_extend(i64([0]), i64([n]), i64([-1]), n)
@@ -398,7 +461,7 @@ class PagedMachine(RuleBasedStateMachine):
     PAGES = 12
     page_size = 4
     need_sort = False
-    debug = False
+    checked = False
     seqs: list[list[int]]
     blocks: list[list[int]]
     pending: set[int]
@@ -409,7 +472,7 @@ class PagedMachine(RuleBasedStateMachine):
     @initialize()
     def setup(self) -> None:
         self.size = self.PAGES * self.page_size
-        self.a = PagedAllocator(self.size, self.page_size, need_sort=self.need_sort, debug=self.debug)
+        self.a = PagedAllocator(self.size, self.page_size, need_sort=self.need_sort, checked=self.checked)
         self.seqs = []  # slots by position
         self.blocks = []  # page ids
         self.pending = set()  # pages freed inside the open group
@@ -590,7 +653,7 @@ class PagedMachine(RuleBasedStateMachine):
         self.a.clear()
         self.seqs, self.blocks, self.pending, self.released, self.in_group = [], [], set(), set(), False
 
-    @precondition(lambda self: self.debug)
+    @precondition(lambda self: self.checked)
     @rule(data=st.data())
     def bad_free_is_rejected(self, data: st.DataObject) -> None:
         owned = set(self.live()) - self.pending
@@ -646,15 +709,15 @@ class Paged4SortedMachine(PagedMachine):
     need_sort = True
 
 
-class Paged4DebugMachine(PagedMachine):
-    debug = True
+class Paged4CheckedMachine(PagedMachine):
+    checked = True
 
 
-class Paged16SortedDebugMachine(PagedMachine):
+class Paged16SortedCheckedMachine(PagedMachine):
     page_size = 16
     PAGES = 6
     need_sort = True
-    debug = True
+    checked = True
 
 
 def _machine_test(machine: type[RuleBasedStateMachine], examples: int) -> type:
@@ -667,5 +730,5 @@ TestPaged4 = _machine_test(PagedMachine, 60)
 TestPaged1 = _machine_test(Paged1Machine, 40)
 TestPaged16 = _machine_test(Paged16Machine, 40)
 TestPaged4NeedSort = _machine_test(Paged4SortedMachine, 40)
-TestPaged4Debug = _machine_test(Paged4DebugMachine, 30)
-TestPaged16NeedSortDebug = _machine_test(Paged16SortedDebugMachine, 30)
+TestPaged4Checked = _machine_test(Paged4CheckedMachine, 30)
+TestPaged16NeedSortChecked = _machine_test(Paged16SortedCheckedMachine, 30)

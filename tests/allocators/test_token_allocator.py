@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 import torch
 from hypothesis import settings
@@ -9,6 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvpools_core.allocators import AllocatorState, TokenAllocator
+from kvpools_core.errors import AllocatorError
 
 TokenModel = tuple[list[list[int]], list[int], set[int], bool]
 
@@ -31,13 +35,13 @@ def test_fresh_allocator_sizes(device: str) -> None:
     assert a.device.type == torch.device(device).type
 
 
-@pytest.mark.parametrize("debug", [False, True])
+@pytest.mark.parametrize("checked", [False, True])
 @pytest.mark.parametrize("size", [1, 7, 4096])
-def test_nbytes_equals_planned(size: int, debug: bool, device: str) -> None:
-    a = TokenAllocator(size, device=device, debug=debug)
-    # int64 free stack: 8 B per slot; debug adds one bool per slot id 0..size
-    expected = 8 * size + (size + 1 if debug else 0)
-    assert TokenAllocator.planned_nbytes(size, 1, debug) == expected
+def test_nbytes_equals_planned(size: int, checked: bool, device: str) -> None:
+    a = TokenAllocator(size, device=device, checked=checked)
+    # int64 free stack: 8 B per slot; checked mode adds one bool per slot id 0..size
+    expected = 8 * size + (size + 1 if checked else 0)
+    assert TokenAllocator.planned_nbytes(size, 1, checked) == expected
     assert a.nbytes == expected
 
 
@@ -198,7 +202,7 @@ def test_clear_frees_everything(device: str) -> None:
     a.free_group_begin()  # clear() also closed the group
 
 
-def test_over_free_is_rejected_without_debug() -> None:
+def test_over_free_is_rejected_unchecked() -> None:
     a = TokenAllocator(4)
     out = a.alloc(1)
     assert out is not None
@@ -216,8 +220,8 @@ def test_over_free_is_rejected_without_debug() -> None:
         ([1, 1], r"slot\(s\) \[1\] appear\(s\) twice"),
     ],
 )
-def test_debug_rejects_bad_frees_and_keeps_state(bad: list[int], message: str, device: str) -> None:
-    a = TokenAllocator(8, device=device, debug=True)
+def test_checked_rejects_bad_frees_and_keeps_state(bad: list[int], message: str, device: str) -> None:
+    a = TokenAllocator(8, device=device, checked=True)
     out = a.alloc(3)
     assert out is not None and out.tolist() == [1, 2, 3]
     before = fingerprint(a)
@@ -228,8 +232,8 @@ def test_debug_rejects_bad_frees_and_keeps_state(bad: list[int], message: str, d
     assert a.available_size() == 8
 
 
-def test_debug_catches_double_free(device: str) -> None:
-    a = TokenAllocator(8, device=device, debug=True)
+def test_checked_catches_double_free(device: str) -> None:
+    a = TokenAllocator(8, device=device, checked=True)
     out = a.alloc(3)
     assert out is not None
     a.free(out[:1])
@@ -252,7 +256,7 @@ class TokenMachine(RuleBasedStateMachine):
 
     SIZE = 24
     need_sort = False
-    debug = False
+    checked = False
     held: list[list[int]]
     pending: list[int]
     released: set[int]
@@ -261,7 +265,7 @@ class TokenMachine(RuleBasedStateMachine):
 
     @initialize()
     def setup(self) -> None:
-        self.a = TokenAllocator(self.SIZE, need_sort=self.need_sort, debug=self.debug)
+        self.a = TokenAllocator(self.SIZE, need_sort=self.need_sort, checked=self.checked)
         self.held = []  # live allocations
         self.pending = []  # freed inside the open group
         self.released = set()  # need_sort: freed, not merged yet
@@ -354,7 +358,7 @@ class TokenMachine(RuleBasedStateMachine):
         self.a.clear()
         self.held, self.pending, self.released, self.in_group = [], [], set(), False
 
-    @precondition(lambda self: self.debug)
+    @precondition(lambda self: self.checked)
     @rule(data=st.data())
     def bad_free_is_rejected(self, data: st.DataObject) -> None:
         live = set(self.live())
@@ -385,13 +389,86 @@ class TokenSortedMachine(TokenMachine):
     need_sort = True
 
 
-class TokenDebugMachine(TokenMachine):
-    debug = True
+class TokenCheckedMachine(TokenMachine):
+    checked = True
 
 
 TestToken = TokenMachine.TestCase
 TestToken.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
 TestTokenNeedSort = TokenSortedMachine.TestCase
 TestTokenNeedSort.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
-TestTokenDebug = TokenDebugMachine.TestCase
-TestTokenDebug.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
+TestTokenChecked = TokenCheckedMachine.TestCase
+TestTokenChecked.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
+
+
+# ------------------------------------------------------ default-mode checks
+@pytest.mark.parametrize("bad", [[0], [9], [-1], [2, 0], [1, 2**40]])
+@pytest.mark.parametrize("in_group", [False, True])
+def test_default_mode_refuses_ids_outside_the_pool(bad: list[int], in_group: bool, device: str) -> None:
+    a = TokenAllocator(8, device=device)
+    out = a.alloc(3)
+    assert out is not None and out.tolist() == [1, 2, 3]
+    if in_group:
+        a.free_group_begin()
+    before = fingerprint(a)
+    outside = [s for s in bad if not 1 <= s <= 8]
+    message = re.escape(f"foreign slot(s) {outside}: valid slot ids are 1..8 ")
+    with pytest.raises(AllocatorError, match=message):
+        a.free(i64(bad, device))
+    with pytest.raises(AllocatorError, match="slot 0 is padding and never allocated"):
+        a.free(bad)
+    assert fingerprint(a) == before  # slot 2 of [2, 0] was not freed either
+    a.free(out)
+    if in_group:
+        a.free_group_end()
+    assert a.alloc(8).tolist() == list(range(1, 9))  # type: ignore[union-attr]
+
+
+def test_free_takes_int_sequences_and_refuses_non_integers() -> None:
+    a = TokenAllocator(8)
+    out = a.alloc(6)
+    assert out is not None
+    a.free([1, 2])
+    a.free((3,))
+    a.free(np.array([4], dtype=np.int32))  # type: ignore[arg-type]
+    a.free([])
+    assert a.available_size() == 6
+    before = fingerprint(a)
+    for bad in (torch.tensor([5.0]), torch.tensor([True]), [5.5], ["5"], None):
+        with pytest.raises(AllocatorError, match="integer slot ids"):
+            a.free(bad)  # type: ignore[arg-type]
+    assert fingerprint(a) == before
+
+
+def test_restore_rejects_what_is_not_a_state() -> None:
+    a = TokenAllocator(4)
+    for state in (None, object(), (0, 0, 0, False)):
+        with pytest.raises(AllocatorError, match="backup_state"):
+            a.restore_state(state)  # type: ignore[arg-type]
+
+
+def test_check_free_changes_nothing() -> None:
+    a = TokenAllocator(8, checked=True)
+    out = a.alloc(2)
+    assert out is not None
+    before = fingerprint(a)
+    a.check_free(out)
+    with pytest.raises(AllocatorError, match="never-allocated"):
+        a.check_free([5])
+    with pytest.raises(AllocatorError, match="foreign"):
+        a.check_free([0])
+    assert fingerprint(a) == before
+
+
+def test_checked_mode_reports_its_map_apart() -> None:
+    # the plan charges the unchecked allocator; the checked map is an extra pool
+    assert TokenAllocator(8).nbytes_by_pool() == {"allocator": 64}
+    checked = TokenAllocator(8, checked=True)
+    assert checked.nbytes_by_pool("mamba_allocator") == {"mamba_allocator": 64, "mamba_allocator_checked": 9}
+    assert checked.nbytes == 73
+
+
+def test_debug_is_the_old_name_of_checked() -> None:
+    a = TokenAllocator(8, debug=True)
+    assert a.checked and a.debug
+    assert not TokenAllocator(8).debug

@@ -97,3 +97,21 @@ def test_device_is_required(run: Run) -> None:
     result = run("build", "llama-3.1-8b", "--memory", "1GiB")
     assert result.returncode != 0
     assert "--device" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_checked_allocators_are_reported_apart_from_the_plan(kvpools_exe: str, cli_env: dict[str, str]) -> None:
+    """--checked-allocators adds the allocated-map (slots + 1 bytes); the plan still matches pool by pool."""
+    args = ("build", "llama-3.1-8b", "--memory", "1GiB", "--device", "meta", "--checked-allocators", "--json")
+    out = subprocess.run(
+        [kvpools_exe, *args],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["checked_allocators"] is True and data["matches_plan"] is True
+    assert data["checking_bytes"] == data["max_total_num_tokens"] + 1
+    assert data["allocated_by_pool"]["allocator_checked"] == data["checking_bytes"]
+    assert data["allocated_bytes"] == data["planned_bytes"] + data["checking_bytes"]

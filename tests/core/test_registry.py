@@ -17,6 +17,8 @@ import pytest
 
 from kvpools_core import (
     ConfigError,
+    LayerSpec,
+    ModelSpec,
     NoProviderError,
     PluginConflictError,
     PluginHookError,
@@ -27,6 +29,7 @@ from kvpools_core import (
     UnknownPluginError,
     plan,
 )
+from kvpools_core.config import registry_presets
 from kvpools_core.registry import KvpoolsPluginWarning, get_registry
 
 MakeDist = Callable[..., None]
@@ -194,6 +197,59 @@ def test_blocking_resolves_a_conflict(make_dist: MakeDist, monkeypatch: pytest.M
     )
 
 
+MHA_FORK = """
+    from kvpools_core import hookimpl
+
+    @hookimpl
+    def presets():
+        return {"fork-only": "/nowhere/config.json"}
+"""
+
+
+def test_two_distributions_declaring_one_name_say_how_to_resolve_it(make_dist: MakeDist) -> None:
+    make_dist("mha", MHA_FORK, dist="kvpools-mha-fork", version="2.0", module="fake_mha_fork")
+    with pytest.raises(PluginConflictError, match='2 distributions declare the kvpools plugin "mha"') as info:
+        Registry()
+    text = str(info.value)
+    assert "kvpools 0.1.0 (kvpools_plugins.mha)" in text and "kvpools-mha-fork 2.0 (fake_mha_fork)" in text
+    assert "Uninstall all but one, or disable the others by distribution: KVPOOLS_DISABLED_PLUGINS=" in text
+    assert 'a plain mha disables every "mha"' in text
+
+
+def test_disabling_a_conflicting_name_resolves_the_conflict(
+    make_dist: MakeDist, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_dist("mha", MHA_FORK, dist="kvpools-mha-fork", version="2.0", module="fake_mha_fork")
+    monkeypatch.setenv("KVPOOLS_DISABLED_PLUGINS", "mha")
+    both = Registry()
+    assert sorted((i.distribution, i.status) for i in both.plugins() if i.name == "mha") == [
+        ("kvpools", "blocked"),
+        ("kvpools-mha-fork", "blocked"),
+    ]
+
+    monkeypatch.setenv("KVPOOLS_DISABLED_PLUGINS", "kvpools_mha_fork:mha")  # distribution names compare normalised
+    builtin = Registry()
+    assert (builtin.plugin("mha").distribution, builtin.plugin("mha").status) == ("kvpools", "loaded")
+    assert builtin.plugin("kvpools-mha-fork:mha").status == "blocked"
+    assert plan("llama-3.1-8b", Serving(), memory="1GiB", registry=builtin).provenance["parse_model_config"] == ("mha",)
+
+    monkeypatch.setenv("KVPOOLS_DISABLED_PLUGINS", "kvpools:mha")
+    fork = Registry()
+    assert (fork.plugin("mha").distribution, fork.plugin("mha").status) == ("kvpools-mha-fork", "loaded")
+    assert fork.plugin("kvpools:mha").status == "blocked"
+    assert "fork-only" in registry_presets(fork) and "llama-3.1-8b" not in registry_presets(fork)
+
+
+def test_a_conflict_between_plugins_that_do_not_load_is_no_error(
+    make_dist: MakeDist, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_dist("mha", MHA_FORK, dist="kvpools-mha-fork", version="2.0", module="fake_mha_fork")
+    monkeypatch.setenv("KVPOOLS_DISABLE_PLUGIN_AUTOLOAD", "1")
+    registry = Registry()
+    assert (registry.plugin("mha").distribution, registry.plugin("mha").status) == ("kvpools", "loaded")
+    assert registry.plugin("kvpools-mha-fork:mha").status == "not-loaded"
+
+
 def test_preset_name_conflict(make_dist: MakeDist) -> None:
     make_dist(
         "shadow",
@@ -209,19 +265,49 @@ def test_preset_name_conflict(make_dist: MakeDist) -> None:
         plan("llama-3.1-8b", Serving(), memory="1GiB", registry=Registry())
 
 
-def test_autoload_off_loads_only_the_allow_list(monkeypatch: pytest.MonkeyPatch) -> None:
+TOY_LATENT = ModelSpec(
+    name="toy",
+    architecture="toy",
+    layers=[LayerSpec(index=i, kind="toy-latent", params={"latent_dim": 8}) for i in range(2)],
+    context_len=64,
+    dtype="bfloat16",
+)
+
+
+def test_autoload_off_still_loads_the_builtins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVPOOLS_DISABLE_PLUGIN_AUTOLOAD", "1")
-    bare = Registry()
-    assert [i.name for i in bare.plugins() if i.status == "loaded"] == ["core"]
-    preset = Path(__file__).parents[2] / "plugins" / "mha" / "presets" / "llama-3.1-8b.json"
+    registry = Registry()
+    loaded = {i.name for i in registry.plugins() if i.status == "loaded"}
+    assert {"core", "mha", "mla", "speculative", "cpu", "cuda"} <= loaded
+    assert all(i.distribution == "kvpools" for i in registry.plugins() if i.status == "loaded")
+    assert registry.plugin("example").status == "not-loaded"
+    result = plan("llama-3.1-8b", Serving(), memory="1GiB", registry=registry)
+    assert result.provenance["parse_model_config"] == ("mha",)
+
+
+def test_nothing_answered_under_autoload_off_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVPOOLS_DISABLE_PLUGIN_AUTOLOAD", "1")
     with pytest.raises(
-        NoProviderError, match=r"No plugin answered parse_model_config: no architecture plugin recognises"
+        NoProviderError,
+        match=r"No plugin answered estimate_cell_size: .*Plugins asked: .*\. Plugin autoload is off "
+        r"\(KVPOOLS_DISABLE_PLUGIN_AUTOLOAD=1\), so only the built-in plugins load; installed but not loaded: "
+        r'"example" \(kvpools-example 0\.3\.0\)\. Unset it, or name every plugin to load in KVPOOLS_PLUGINS',
     ):
-        plan(str(preset), Serving(), memory="1GiB", registry=bare)
-    monkeypatch.setenv("KVPOOLS_PLUGINS", "mha")
-    allowed = Registry()
-    assert sorted(i.name for i in allowed.plugins() if i.status == "loaded") == ["core", "mha"]
-    assert allowed.plugin("speculative").status == "not-loaded"
+        plan(TOY_LATENT, Serving(), memory="1MiB", registry=Registry())
+    monkeypatch.setenv("KVPOOLS_PLUGINS", "example,mha,cpu,cuda")
+    assert plan(TOY_LATENT, Serving(), memory="1MiB", registry=Registry()).provenance["estimate_cell_size"] == (
+        "example",
+    )
+
+
+def test_the_allow_list_is_exact_builtins_included(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVPOOLS_PLUGINS", "mha,cpu,cuda")
+    registry = Registry()
+    assert sorted(i.name for i in registry.plugins() if i.status == "loaded") == ["core", "cpu", "cuda", "mha"]
+    assert registry.plugin("speculative").status == "not-loaded"
+    assert registry.plugin("example").status == "not-loaded"
+    with pytest.raises(NoProviderError, match=r"KVPOOLS_PLUGINS loads only mha, cpu, cuda \(and core\); .*example"):
+        plan(TOY_LATENT, Serving(), memory="1MiB", registry=registry)
 
 
 def test_the_same_controls_as_arguments() -> None:
@@ -231,9 +317,36 @@ def test_the_same_controls_as_arguments() -> None:
     assert registry.plugin("cpu").status == "blocked"
 
 
-def test_allow_list_naming_a_missing_plugin() -> None:
+def test_allow_list_naming_a_missing_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(UnknownPluginError, match="not installed: nosuch"):
         Registry(plugins=["nosuch"])
+    monkeypatch.setenv("KVPOOLS_PLUGINS", "mhaa")
+    with pytest.raises(
+        UnknownPluginError, match=r"KVPOOLS_PLUGINS names .* not installed: mhaa \(did you mean mha or mamba\?\)"
+    ):
+        Registry()
+
+
+def test_disabling_an_unknown_plugin_names_the_installed_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVPOOLS_DISABLED_PLUGINS", "mah")
+    with pytest.raises(
+        UnknownPluginError,
+        match=r"KVPOOLS_DISABLED_PLUGINS names plugin\(s\) that are not installed: mah \(did you mean mla or mha\?\)\. "
+        r"Installed: cpu, cuda, .*example, .*mha, .*speculative",
+    ):
+        Registry()
+    with pytest.raises(UnknownPluginError, match=r"Registry\(disabled=...\) names .*: nosuch\. Installed: "):
+        Registry(disabled=["nosuch"])
+    with pytest.raises(
+        UnknownPluginError,
+        match=r"kvpools:mah \(did you mean [^)]*kvpools:mha[^)]*\?\).*by distribution: .*kvpools-example:example",
+    ):
+        Registry(disabled=["kvpools:mah"])
+
+
+def test_an_in_process_plugin_can_be_disabled_by_name() -> None:
+    registry = Registry(disabled=["extra"], extra_plugins={"extra": object()})
+    assert registry.plugin("extra").status == "blocked"
 
 
 def test_core_cannot_be_disabled() -> None:
@@ -242,8 +355,8 @@ def test_core_cannot_be_disabled() -> None:
 
 
 def test_no_answer_lists_the_plugins_asked() -> None:
-    registry = Registry(autoload=False, plugins=["mha"])
-    with pytest.raises(NoProviderError, match=r"No plugin answered available_memory.*Plugins asked: none"):
+    registry = Registry(autoload=False)
+    with pytest.raises(NoProviderError, match=r"No plugin answered available_memory.*Plugins asked: cuda, cpu\."):
         plan("llama-3.1-8b", Serving(), device="tpu:0", registry=registry)
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import attrs
 import pytest
 
 from kvpools_core import CellPart, CellSize, ConfigError, LayerSpec, ModelSpec, Serving
 from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.options import cli_surface
 from kvpools_core.parallel import kv_heads_per_rank, pp_layer_range
 from kvpools_core.units import parse_bytes
 
@@ -29,7 +32,11 @@ from kvpools_core.units import parse_bytes
     ],
 )
 def test_serving_rejects_bad_options(kwargs: dict[str, object], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+    """Flags on the command line; the same message names the Python arguments from the API."""
+    with cli_surface(), pytest.raises(ConfigError, match=message):
+        Serving(**kwargs)  # type: ignore[arg-type]
+    as_python = re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), message)
+    with pytest.raises(ConfigError, match=as_python):
         Serving(**kwargs)  # type: ignore[arg-type]
 
 

@@ -134,6 +134,7 @@ def test_other_kv_dtypes(kv: str, stored_row: int, sglang_row: int) -> None:
         ({"platform": "rocm", "page_size": 16}, True),
     ],
 )
+@pytest.mark.usefixtures("rocm_platform")
 def test_calculate_mla_kv_cache_dim_backends(options: dict[str, Any], packed: bool) -> None:
     cell = plan("deepseek-v3.2", attrs.evolve(FP8, **options), memory="8GiB").cell
     row = PACKED_ROW if packed else RAW_FP8_ROW
@@ -141,6 +142,7 @@ def test_calculate_mla_kv_cache_dim_backends(options: dict[str, Any], packed: bo
     assert cell.sglang_bytes_per_token == (RAW_FP8_ROW + INDEX_ROW) * L  # SGLang's estimate ignores the layout
 
 
+@pytest.mark.usefixtures("rocm_platform")
 def test_indexer_pages_hold_one_extra_slot() -> None:
     """``((tokens + page + 1) // page)`` pages: at page size 1 two slots pad; at 64 one page does."""
     for page, padding in ((1, 2), (16, 16), (64, 64)):
@@ -211,6 +213,7 @@ def test_cuda_needs_page_size_64() -> None:
         plan("deepseek-v3.2", Serving(), memory="8GiB")
 
 
+@pytest.mark.usefixtures("rocm_platform")
 def test_rocm_needs_page_1_or_a_multiple_of_16() -> None:
     with pytest.raises(UnsupportedCombinationError, match=r"--page-size 1, or a multiple of 16.*got --page-size 8"):
         plan("deepseek-v3.2", Serving(platform="rocm", page_size=8), memory="8GiB")

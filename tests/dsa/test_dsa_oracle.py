@@ -80,6 +80,7 @@ def test_cache_layer_split(cp: int) -> None:
                 compare("deepseek-v3.2", model, attrs.evolve(serving, pp_rank=rank), memory=30 * GiB)
 
 
+@pytest.mark.usefixtures("rocm_platform")
 @settings(CHECKS, max_examples=250)
 @given(st.data())
 def test_generated_dsa_models(data: st.DataObject) -> None:

@@ -64,6 +64,7 @@ def dsa_plans(draw: st.DrawFn) -> Plan:
         raise
 
 
+@pytest.mark.usefixtures("rocm_platform")
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(dsa_plans())
 def test_meta_build_matches_the_plan_pool_by_pool(planned: Plan) -> None:

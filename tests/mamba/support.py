@@ -338,7 +338,8 @@ def compare_hybrid(
     case = f"model={model if isinstance(model, str) else model.name} serving={_changed(serving)} budget={budget}"
     if want.error:
         assert isinstance(got, InsufficientMemoryError), f"SGLang fails ({want.error}) but kvpools plans {got}\n{case}"
-        if want.error.startswith("ValueError") and "above" in str(got):
+        if want.error.startswith("ValueError") and "above" in str(got) and "and the reservations" not in str(got):
+            # (kvpools' figure counts the multimodal reservation SGLang's leaves out: tests/oracle/adapter.py)
             assert suggested_fraction(str(got)) == suggested_fraction(want.error), f"{got}\n{want.error}\n{case}"
         return want, got
     assert isinstance(got, Plan), f"kvpools raised {got}; SGLang gives {want}\n{case}"
@@ -388,7 +389,7 @@ def hybrid_configs(draw: st.DrawFn) -> dict[str, Any]:
     family = draw(st.sampled_from(("qwen3_next", "qwen3_5", "nemotron_h", "jamba", "falcon_h1", "granite")))
     kv_heads = draw(st.sampled_from((1, 2, 4, 8)))
     attention = {
-        "num_attention_heads": kv_heads * draw(st.sampled_from((1, 2, 4, 8))),
+        "num_attention_heads": max(8, kv_heads * draw(st.sampled_from((1, 2, 4, 8)))),  # TP up to 8 splits them
         "num_key_value_heads": kv_heads,
         "head_dim": draw(st.sampled_from((64, 128, 256))),
         "max_position_embeddings": draw(st.sampled_from((4096, 8192, 32768, 131072, 262144))),
@@ -521,7 +522,8 @@ def hybrid_serving(draw: st.DrawFn, spec: ModelSpec, *, pp: bool = False) -> Ser
         options["disable_overlap_schedule"] = True
     if draw(st.integers(0, 3)) == 0:
         options["max_mamba_cache_size"] = draw(st.integers(1, 2048))
-    options["max_running_requests"] = draw(st.one_of(st.none(), st.integers(1, 4096)))
+    width = options.get("dp_size", 1) if options.get("enable_dp_attention") else 1  # >= one per DP-attention worker
+    options["max_running_requests"] = draw(st.one_of(st.none(), st.integers(width, 4096)))
     if draw(st.integers(0, 4)) == 0:
         options["max_total_tokens"] = draw(st.integers(1, 1 << 22))
     if draw(st.integers(0, 4)) == 0:
@@ -537,7 +539,7 @@ def hybrid_serving(draw: st.DrawFn, spec: ModelSpec, *, pp: bool = False) -> Ser
             speculative_num_draft_tokens=draw(st.integers(1, 8)),
             speculative_num_steps=draw(st.integers(1, 4)),
             speculative_eagle_topk=1,
-            max_running_requests=options["max_running_requests"] or draw(st.integers(1, 512)),
+            max_running_requests=options["max_running_requests"] or draw(st.integers(width, 512)),
         )
         if algorithm != "NGRAM" and not (algorithm == "NEXTN" and spec.num_nextn_predict_layers):
             options["speculative_draft_num_layers"] = draw(st.integers(1, 2))

@@ -19,6 +19,7 @@ from kvpools_core import Serving
 from kvpools_core.errors import ConfigError, UnsupportedCombinationError
 from kvpools_core.registry import get_registry
 from kvpools_core.values import ModelSpec
+from tests.oracle.locate import require_model_configs
 
 from .support import MODEL_CONFIGS, PRESETS, parse, preset_config
 
@@ -233,8 +234,7 @@ def test_granite_excerpt_is_rejected_naming_layer_types() -> None:
     """Granite-4.0-H-Small: only a partial excerpt exists (no layer_types, no mamba heads) — not a preset."""
     from kvpools_core.config import read_config_file
 
-    if not GRANITE.is_file():
-        pytest.skip(f"{GRANITE} (the shared model configs) is not mounted")
+    require_model_configs()
     with pytest.raises(ConfigError, match=r"field 'layer_types' is missing"):
         parse(read_config_file(GRANITE), str(GRANITE))
 
@@ -253,7 +253,7 @@ def test_granite_excerpt_is_rejected_naming_layer_types() -> None:
     ],
 )
 def test_missing_state_fields_are_named(preset: str, field: str, text: bool) -> None:
-    with pytest.raises(ConfigError, match=rf"field {'text_config.' if text else ''}'{field}' is missing"):
+    with pytest.raises(ConfigError, match=rf"field '{'text_config.' if text else ''}{field}' is missing"):
         parse(_without(preset_config(preset), field, text=text))
 
 

@@ -113,7 +113,7 @@ def minimax_sparse_configs(draw: st.DrawFn) -> dict[str, Any]:
     text: dict[str, Any] = {
         "architectures": ["MiniMaxM3SparseForCausalLM"],
         "num_hidden_layers": layers,
-        "num_attention_heads": kv_heads * draw(st.sampled_from((1, 4, 16))),
+        "num_attention_heads": max(8, kv_heads * draw(st.sampled_from((1, 4, 16)))),  # TP up to 8 splits them
         "num_key_value_heads": kv_heads,
         "head_dim": draw(st.sampled_from((64, 128, 256))),
         "max_position_embeddings": draw(st.sampled_from((8192, 131072, 1048576))),

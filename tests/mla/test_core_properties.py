@@ -43,7 +43,7 @@ def cases(draw: st.DrawFn) -> tuple[ModelSpec, Serving, int]:
         enable_dp_attention=tp > 1 and draw(st.booleans()),
         pp_size=pp,
         pp_rank=draw(st.integers(0, pp - 1)),
-        max_running_requests=draw(st.none() | st.integers(1, 8192)),
+        max_running_requests=draw(st.none() | st.integers(tp, 8192)),  # >= one per DP-attention worker
         max_total_tokens=draw(st.none() | st.integers(1, 5_000_000)),
     )
     spec_algorithm = draw(st.sampled_from((None, None, "EAGLE", "NEXTN", "DFLASH")))

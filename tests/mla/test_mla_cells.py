@@ -197,7 +197,7 @@ def test_cpu_fp8_mla_is_rejected_before_anything_is_sized_or_allocated() -> None
         plan("deepseek-v2-lite", serving, memory=1)
     message = str(raised.value)
     assert "CPU FP8 KV cache is only supported for MHA." in message
-    assert "--kv-cache-dtype auto, bf16, fp16 or fp32" in message and "[mla]" in message
+    assert "kv_cache_dtype auto, bf16, fp16 or fp32" in message and "[mla]" in message
     assert isinstance(plan("deepseek-v2-lite", attrs.evolve(serving, kv_cache_dtype="bf16"), memory="4GiB"), Plan)
 
 

@@ -77,19 +77,29 @@ def dense_models(draw: st.DrawFn, *, min_layers: int = 1, max_layers: int = 128,
     )
 
 
+def splits_heads(model: ModelSpec, attn_tp: int) -> bool:
+    """The engines' QKV projections: query heads divide evenly; KV heads divide or are replicated."""
+    if model.num_attention_heads and model.num_attention_heads % attn_tp:
+        return False
+    kv_heads = {layer.num_kv_heads for layer in model.layers if layer.num_kv_heads > 1}
+    return all(kv % attn_tp == 0 or attn_tp % kv == 0 for kv in kv_heads)
+
+
 @st.composite
-def parallel_options(draw: st.DrawFn) -> dict[str, Any]:
-    """TP 1–16 (TP above the KV heads included), DP attention 2/4/8, and now and then CP / DCP."""
+def parallel_options(draw: st.DrawFn, model: ModelSpec) -> dict[str, Any]:
+    """TP 1–16 (TP above the KV heads included), DP attention 2/4/8, and now and then CP / DCP;
+    the attention-TP size always splits the model's heads (other sizes fail at model load)."""
     if draw(st.booleans()):
         dp = draw(st.sampled_from((2, 4, 8)))
         tp = dp * draw(st.sampled_from([k for k in (1, 2, 4) if dp * k <= 16]))
         dp_attention = True
     else:
         dp = draw(st.sampled_from((1, 1, 1, 2, 4)))  # plain DP: independent replicas
-        tp = draw(st.integers(1, 16))
+        tp = draw(st.sampled_from([t for t in range(1, 17) if any(splits_heads(model, t // c) for c in divisors(t))]))
         dp_attention = False
     rest = tp // (dp if dp_attention else 1)
-    cp = draw(st.one_of(st.just(1), st.sampled_from(divisors(rest))))
+    cps = [c for c in divisors(rest) if splits_heads(model, rest // c)]  # never empty: rest // rest == 1
+    cp = draw(st.sampled_from(cps)) if 1 not in cps else draw(st.one_of(st.just(1), st.sampled_from(cps)))
     dcp = draw(st.one_of(st.just(1), st.sampled_from(divisors(rest // cp))))
     return {"tp_size": tp, "dp_size": dp, "enable_dp_attention": dp_attention, "attn_cp_size": cp, "dcp_size": dcp}
 
@@ -140,7 +150,7 @@ def serving_options(
     options: dict[str, Any] = {
         "kv_cache_dtype": draw(st.sampled_from(KV_DTYPES)),
         "page_size": draw(st.sampled_from(PAGE_SIZES)),
-        **draw(parallel_options()),
+        **draw(parallel_options(model)),
     }
     if pp:
         pp_size = draw(st.integers(2, min(4, model.num_layers)))
@@ -149,7 +159,9 @@ def serving_options(
     if draw(st.integers(0, 4)) == 0:
         options["context_length"] = draw(st.integers(16, 1 << 20))
     if caps:
-        options["max_running_requests"] = draw(st.one_of(st.none(), log_integers(13)))
+        requests = draw(st.one_of(st.none(), log_integers(13)))
+        width = options["dp_size"] if options["enable_dp_attention"] else 1
+        options["max_running_requests"] = None if requests is None else max(requests, width)
         options["max_total_tokens"] = draw(st.one_of(st.none(), st.none(), log_integers(22)))
     if draw(st.integers(0, 5)) == 0:
         options["disaggregation_mode"] = draw(st.sampled_from(("prefill", "decode")))

@@ -12,13 +12,16 @@ from typing import Any
 
 import pytest
 
-from kvpools_core.errors import InsufficientMemoryError, KvpoolsError
+from kvpools_core.errors import ConfigError, InsufficientMemoryError, KvpoolsError
 from kvpools_core.pipeline import plan
 from kvpools_core.values import Serving
 
 from .adapter import compare, model_from_config, oracle_params, preset_model, run_oracle
+from .locate import require_oracle
 
 pytestmark = pytest.mark.oracle
+
+require_oracle()
 
 GiB = 1 << 30
 
@@ -79,18 +82,22 @@ def test_empty_pipeline_stage_is_rejected() -> None:
         plan("llama-3.1-8b", serving, memory=10 * GiB)
 
 
-@pytest.mark.parametrize(
-    ("serving", "memory"),
-    [
-        # One token of budget: SGLang caps requests at tokens // 2 = 0.
-        (Serving(), 2 * 128 * 2 * 32 * 8),
-        # 3 requests over DP attention 4: 0 per DP worker.
-        (Serving(tp_size=4, dp_size=4, enable_dp_attention=True, max_running_requests=3), 40 * GiB),
-    ],
-)
-def test_zero_requests_sglang_starts_kvpools_refuses(serving: Serving, memory: int) -> None:
-    """Deliberate divergence: SGLang resolves max_running_requests=0 and carries on; kvpools raises."""
-    want, got = compare("llama-3.1-8b", preset_model("llama-3.1-8b"), serving, memory=memory)
+def test_zero_requests_sglang_starts_kvpools_refuses() -> None:
+    """Deliberate divergence: with one token of budget SGLang caps requests at tokens // 2 = 0 and
+    carries on; kvpools raises."""
+    want, got = compare("llama-3.1-8b", preset_model("llama-3.1-8b"), Serving(), memory=2 * 128 * 2 * 32 * 8)
     assert want.error is None and want.max_running_requests == 0
     assert isinstance(got, InsufficientMemoryError)
     assert "no request" in str(got)
+
+
+def test_requests_below_the_dp_attention_width_sglang_starts_kvpools_refuses() -> None:
+    """Deliberate divergence: 3 requests over 4 DP-attention workers is 0 per worker; SGLang starts a
+    server that serves nothing, kvpools refuses the option itself (the cause, not an empty pool)."""
+    fits = Serving(accounting="sglang", tp_size=4, dp_size=4, enable_dp_attention=True, max_running_requests=4)
+    params = oracle_params(preset_model("llama-3.1-8b"), fits, memory=40 * GiB)
+    params["server_args"]["max_running_requests"] = 3
+    oracle = run_oracle(params)
+    assert oracle.get("error") is None and oracle["memory_pool_config"]["max_running_requests"] == 0
+    with pytest.raises(ConfigError, match=r"max_running_requests 3 is split over 4 DP-attention workers"):
+        Serving(tp_size=4, dp_size=4, enable_dp_attention=True, max_running_requests=3)

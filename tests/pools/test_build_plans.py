@@ -49,7 +49,7 @@ def mha_plans(draw: st.DrawFn, mha_model: Callable[..., ModelSpec]) -> Plan:
         pp_size=pp_size,
         pp_rank=draw(st.integers(0, pp_size - 1)),
         max_total_tokens=draw(st.none() | st.integers(1, 1_000_000)),
-        max_running_requests=draw(st.none() | st.integers(1, 8192)),
+        max_running_requests=draw(st.none() | st.integers(dp, 8192)),  # at least one per DP-attention worker
         accounting=draw(st.sampled_from(["exact", "exact", "sglang"])),
     )
     if draw(st.booleans()):

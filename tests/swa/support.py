@@ -194,7 +194,7 @@ def hybrid_configs(draw: st.DrawFn) -> dict[str, Any]:
     head_dim = draw(st.sampled_from(HEAD_DIMS))
     config: dict[str, Any] = {
         "num_hidden_layers": n,
-        "num_attention_heads": kv * draw(st.sampled_from((1, 2, 8))),
+        "num_attention_heads": max(8, kv * draw(st.sampled_from((1, 2, 8)))),  # TP up to 8 splits them
         "num_key_value_heads": kv,
         "head_dim": head_dim,
         "sliding_window": draw(st.sampled_from((128, 512, 1024, 4096))),
@@ -255,11 +255,12 @@ def swa_servings(draw: st.DrawFn) -> Serving:
         tp_size=tp,
         dp_size=tp if dp_attention else 1,
         enable_dp_attention=dp_attention,
-        swa_full_tokens_ratio=draw(st.sampled_from((0.8, 0.25, 0.5, 1.0, 0.1, 0.333))),
+        swa_full_tokens_ratio=draw(st.sampled_from((0.8, 0.25, 0.5, 1.0, 0.1, 0.333, 1.5, 4.0))),
         swa_eviction_interval=draw(st.sampled_from((128, 1, 16, 512))),
-        max_running_requests=draw(st.one_of(st.none(), st.integers(1, 4096)))
+        # at least one request per DP-attention worker (fewer is refused)
+        max_running_requests=draw(st.one_of(st.none(), st.integers(tp if dp_attention else 1, 4096)))
         if not chunk_cap
-        else draw(st.integers(1, 512)),
+        else draw(st.integers(tp if dp_attention else 1, 512)),
         disable_radix_cache=chunk_cap or draw(st.booleans()),
         disable_overlap_schedule=draw(st.booleans()),
         chunked_prefill_size=draw(st.sampled_from((8192, 2048, 16384, 512))),

@@ -28,6 +28,7 @@ from hypothesis.stateful import (
 from kvpools_plugins.swa.allocator import PureSWAAllocator, SWAState, SWATokenToKVPoolAllocator
 
 from kvpools_core.allocators import AllocatorState, PagedAllocator, TokenAllocator
+from kvpools_core.errors import AllocatorError
 
 FULL_PAGES = 12
 SWA_PAGES = 6
@@ -48,7 +49,7 @@ class DualAllocatorMachine(RuleBasedStateMachine):
     def start(self, page: int, need_sort: bool) -> None:
         self.page = page
         self.alloc = SWATokenToKVPoolAllocator(
-            FULL_PAGES * page, SWA_PAGES * page, page, need_sort=need_sort, debug=True
+            FULL_PAGES * page, SWA_PAGES * page, page, need_sort=need_sort, checked=True
         )
         self.live: dict[int, Request] = {}
         self.next_id = 0
@@ -249,8 +250,8 @@ def test_dual_allocator_reuses_core_allocators() -> None:
     assert isinstance(SWATokenToKVPoolAllocator(8, 4, 4).full_attn_allocator, PagedAllocator)
 
 
-def test_debug_refuses_to_extend_an_evicted_page() -> None:
-    alloc = SWATokenToKVPoolAllocator(16, 8, 4, debug=True)
+def test_checked_refuses_to_extend_an_evicted_page() -> None:
+    alloc = SWATokenToKVPoolAllocator(16, 8, 4, checked=True)
     slots = alloc.alloc_extend(t([0]), t([6]), t([-1]), 6)
     assert slots is not None
     alloc.free_swa(slots[4:])  # the page of the last token: breaks the caller contract
@@ -260,7 +261,7 @@ def test_debug_refuses_to_extend_an_evicted_page() -> None:
 
 @pytest.mark.parametrize("page", (1, 4))
 def test_pure_swa_allocator(page: int) -> None:
-    alloc = PureSWAAllocator(3 * page, page, debug=True)
+    alloc = PureSWAAllocator(3 * page, page, checked=True)
     assert alloc.translate_loc_from_full_to_swa(t([5, -1])).tolist() == [5, -1]
     first = alloc.alloc_extend(t([0]), t([page + 1]), t([-1]), page + 1)
     assert first is not None and alloc.available_size() == page
@@ -276,12 +277,13 @@ def test_pure_swa_allocator(page: int) -> None:
     assert alloc.alloc(page) is not None
     alloc.restore_state(state)
     assert alloc.available_size() == 3 * page
-    assert alloc.nbytes_by_pool() == {"allocator": alloc.nbytes}
+    assert alloc.nbytes_by_pool() == {"allocator": 8 * 3 + (8 * page if page > 1 else 0), "allocator_checked": 4}
+    assert alloc.nbytes == sum(alloc.nbytes_by_pool().values())
 
 
 def test_free_swa_frees_whole_swa_pages() -> None:
     """Paged: freeing the SWA slot of one token frees its whole SWA page (SGLang's free_swa expands to pages)."""
-    alloc = SWATokenToKVPoolAllocator(16, 8, 4, debug=True)
+    alloc = SWATokenToKVPoolAllocator(16, 8, 4, checked=True)
     slots = alloc.alloc_extend(t([0]), t([7]), t([-1]), 7)
     assert slots is not None and alloc.swa_available_size() == 0
     alloc.free_swa(slots[1:2])
@@ -290,3 +292,72 @@ def test_free_swa_frees_whole_swa_pages() -> None:
     assert all(s > 0 for s in alloc.translate_loc_from_full_to_swa(slots[4:]).tolist())
     alloc.free(slots)
     assert (alloc.full_available_size(), alloc.swa_available_size()) == (16, 8)
+
+
+def _state(alloc: SWATokenToKVPoolAllocator) -> tuple[object, ...]:
+    full, swa = alloc.full_attn_allocator, alloc.swa_attn_allocator
+    return (full._head, full._buf.tolist(), swa._head, swa._buf.tolist(), alloc.full_to_swa_index_mapping.tolist())
+
+
+@pytest.mark.parametrize("page", (1, 4))
+@pytest.mark.parametrize("bad", (-1, 0, "past"))
+def test_dual_refuses_foreign_full_slots_before_touching_the_mapping(page: int, bad: int | str) -> None:
+    """-1 would index the mapping's sentinel, page 0 the padding: refused before the mapping or a pool changes."""
+    alloc = SWATokenToKVPoolAllocator(4 * page, 2 * page, page)
+    slots = alloc.alloc(page)
+    assert slots is not None
+    slot = 5 * page if bad == "past" else int(bad)
+    before = _state(alloc)
+    for call in (alloc.free, alloc.free_swa, alloc.free_full):
+        with pytest.raises(AllocatorError, match="foreign"):
+            call(torch.cat((slots, t([slot]))))
+    assert _state(alloc) == before
+    alloc.free(slots.tolist())  # a list of ints is taken too
+    assert (alloc.full_available_size(), alloc.swa_available_size()) == (4 * page, 2 * page)
+
+
+@pytest.mark.parametrize("page", (1, 4))
+def test_checked_dual_refuses_a_double_free_before_touching_the_mapping(page: int) -> None:
+    alloc = SWATokenToKVPoolAllocator(4 * page, 2 * page, page, checked=True)
+    first, second = alloc.alloc(page), alloc.alloc(page)
+    assert first is not None and second is not None
+    alloc.free(first)
+    before = _state(alloc)
+    with pytest.raises(AllocatorError, match="double free"):
+        alloc.free(torch.cat((second, first)))
+    with pytest.raises(AllocatorError, match="double free"):
+        alloc.free_swa(first)
+    assert _state(alloc) == before
+    assert alloc.nbytes_by_pool() == {
+        "allocator": alloc.full_attn_allocator.nbytes - 5,
+        "allocator_checked": 5,
+        "swa_allocator": alloc.swa_attn_allocator.nbytes - 3,
+        "swa_allocator_checked": 3,
+    }
+
+
+def test_restore_state_refuses_another_allocators_state() -> None:
+    alloc, other = SWATokenToKVPoolAllocator(8, 4, 1), SWATokenToKVPoolAllocator(8, 4, 1)
+    pure = PureSWAAllocator(8, 4)
+    before = _state(alloc)
+    for state in (other.backup_state(), alloc.full_attn_allocator.backup_state(), None, object()):
+        with pytest.raises(AllocatorError, match="restore_state"):
+            alloc.restore_state(state)  # type: ignore[arg-type]
+    for foreign in (PureSWAAllocator(8, 4).backup_state(), alloc.backup_state(), None):
+        with pytest.raises(AllocatorError, match="restore_state"):
+            pure.restore_state(foreign)  # type: ignore[arg-type]
+    assert _state(alloc) == before
+
+
+@pytest.mark.parametrize("page", (1, 4))
+def test_pure_swa_refuses_padding_and_minus_one(page: int) -> None:
+    """No mapping to skip evicted slots by: 0 and -1 are not slot ids, so they are refused, not skipped."""
+    alloc = PureSWAAllocator(3 * page, page)
+    slots = alloc.alloc(page)
+    assert slots is not None
+    for bad in (0, -1, 4 * page):
+        with pytest.raises(AllocatorError, match="foreign"):
+            alloc.free(torch.cat((slots, t([bad]))))
+    assert alloc.available_size() == 2 * page
+    alloc.free(slots)
+    assert alloc.available_size() == 3 * page

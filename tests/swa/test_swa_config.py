@@ -15,7 +15,7 @@ from kvpools_core.errors import ConfigError, NoProviderError
 from kvpools_core.pipeline import plan
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.values import ModelSpec, Plan, Serving
-from tests.oracle.locate import ORACLE_DIR
+from tests.oracle.locate import require_model_configs
 
 from .support import CHECKS, hybrid_configs, parse, preset_config, sliding_layer_ids
 
@@ -193,9 +193,7 @@ def test_generated_configs_are_claimed_once_and_read_as_written(config: dict[str
 
 
 def test_of_the_shared_model_configs_swa_claims_exactly_the_sliding_ones() -> None:
-    configs = sorted((ORACLE_DIR.parent / "model-configs").glob("*.json"))
-    if not configs:
-        pytest.skip("../shared/model-configs is not mounted")
+    configs = sorted(require_model_configs().glob("*.json"))
     claimed = set()
     for path in configs:
         config = json.loads(path.read_text())

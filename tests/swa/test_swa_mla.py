@@ -24,6 +24,7 @@ from kvpools_plugins.swa.mla_pool import SWAMLAKVPool
 
 from kvpools_core.building import build
 from kvpools_core.errors import ConfigError, UnsupportedCombinationError
+from kvpools_core.options import cli_surface
 from kvpools_core.pipeline import plan
 from kvpools_core.pools.quant import fp8_quantize
 from kvpools_core.registry import get_registry
@@ -193,7 +194,7 @@ def test_sglang_accounting_is_refused_with_the_reason(dsa: bool) -> None:
     ),
 )
 def test_unsupported_combinations_are_refused(dsa: bool, serving: Serving, text: str) -> None:
-    with pytest.raises(UnsupportedCombinationError, match=re.escape(text)):
+    with cli_surface(), pytest.raises(UnsupportedCombinationError, match=re.escape(text)):
         plan(hybrid(dsa), serving, memory=8 * GiB)
 
 

@@ -56,7 +56,7 @@ def check(preset: str, serving: Serving, memory: int) -> tuple[int, ...] | None:
     return compare_swa(preset, oracle_model(preset_config(preset)), serving, memory).fields
 
 
-@pytest.mark.parametrize("ratio", (0.8, 0.25))
+@pytest.mark.parametrize("ratio", (0.8, 0.25, 1.5, 4.0))
 @pytest.mark.parametrize("preset", ("gpt-oss-20b", "gpt-oss-120b"))
 def test_gpt_oss_ratio_at_page_16(preset: str, ratio: float) -> None:
     for memory in (3 * GiB + 12345, 40 * GiB, 60 * GiB, 140 * GiB):

@@ -217,4 +217,4 @@ def test_accessors_and_the_hooks_decline_other_models() -> None:
     assert swa.estimate_cell_size(dense.model, dense.serving) is None
     assert swa.size_pools(dense.model, dense.serving, dense.cell, dense.budget) is None
     assert swa.build_pool(dense, "meta") is None
-    assert swa.build_allocator(dense, None, "meta") is None
+    assert swa.build_allocator(dense, None, "meta", False) is None
