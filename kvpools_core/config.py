@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from kvpools_core.errors import ConfigError, NoProviderError, PluginConflictError
+from kvpools_core.errors import ConfigError, PluginConflictError
 
 if TYPE_CHECKING:
     from kvpools_core.registry import Registry
@@ -370,7 +370,7 @@ def resolve_model_source(model: str, registry: Registry) -> tuple[dict[str, Any]
         )
     close = difflib.get_close_matches(model.lower(), sorted(presets), n=3, cutoff=0.6)
     hint = f"Did you mean {' or '.join(map(repr, close))}? " if close else ""
-    known = ", ".join(sorted(presets)) or "none installed"
+    known = ", ".join(sorted(presets)) or f"none installed. {registry.loading_hint()}".rstrip()
     raise ConfigError(
         f"Unknown model {model!r}: it is neither a preset nor an existing config.json path or directory. "
         f"{hint}Presets: {known}."
@@ -385,7 +385,8 @@ def registry_presets(registry: Registry) -> dict[str, tuple[str, str]]:
             if name in merged and merged[name][0] != plugin:
                 raise PluginConflictError(
                     f"Preset {name!r} is offered by two plugins: {registry.plugin(merged[name][0]).label} "
-                    f"and {registry.plugin(plugin).label}. Disable one with KVPOOLS_DISABLED_PLUGINS."
+                    f"and {registry.plugin(plugin).label}. Disable one with KVPOOLS_DISABLED_PLUGINS (NAME, or "
+                    f"DIST:NAME)."
                 )
             merged[name] = (plugin, str(path))
     return merged
@@ -395,9 +396,8 @@ def parse_config(config: Mapping[str, Any], source: str, registry: Registry) -> 
     """Ask every architecture to claim the config; exactly one must."""
     claims = registry.call_collect("parse_model_config", config=MappingProxyType(dict(config)), source=source)
     if not claims:
-        raise NoProviderError(
+        raise registry.no_provider_error(
             "parse_model_config",
-            registry.implementers("parse_model_config"),
             f"no architecture plugin recognises {source} (model_type {describe(config.get('model_type', '?'))}, "
             f"architectures {describe(config.get('architectures'))}). Install a plugin for it or check the config.",
         )
@@ -405,7 +405,7 @@ def parse_config(config: Mapping[str, Any], source: str, registry: Registry) -> 
         labels = " and ".join(registry.plugin(plugin).label for plugin, _ in claims)
         raise PluginConflictError(
             f"Two plugins claim the model {source}: {labels}. A model must have exactly one architecture; "
-            f"disable one with KVPOOLS_DISABLED_PLUGINS."
+            f"disable one with KVPOOLS_DISABLED_PLUGINS (NAME, or DIST:NAME)."
         )
     plugin, spec = claims[0]
     return spec, plugin

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvpools_core.options import option
 from kvpools_core.registry import hookimpl
 from kvpools_core.sizing import default_size_pools
 from kvpools_core.values import Budget, CellSize, ModelSpec, PoolSizing, Serving
@@ -29,16 +30,17 @@ def validate(model: ModelSpec, serving: Serving) -> list[str]:
         and not serving.speculative_draft_num_layers
     ):
         problems.append(
-            f"--speculative-algorithm {serving.speculative_algorithm} charges the draft model's KV cache: "
-            f"pass --speculative-draft-model-path (a preset, config.json or directory) "
-            f"or --speculative-draft-num-layers N."
+            f"{option('speculative_algorithm')} {serving.speculative_algorithm} charges the draft model's KV cache: "
+            f"pass {option('draft_model')} (a preset, config.json or directory) "
+            f"or {option('speculative_draft_num_layers')} N."
         )
     if serving.speculative_algorithm == "NEXTN" and not (
         serving.speculative_draft_num_layers or model.num_nextn_predict_layers
     ):
         problems.append(
-            f"--speculative-algorithm NEXTN needs draft layers: {model.name} declares no num_nextn_predict_layers; "
-            f"pass --speculative-draft-model-path or --speculative-draft-num-layers N."
+            f"{option('speculative_algorithm')} NEXTN needs draft layers: {model.name} declares no "
+            f"num_nextn_predict_layers; "
+            f"pass {option('draft_model')} or {option('speculative_draft_num_layers')} N."
         )
     return problems
 
@@ -51,8 +53,6 @@ def _unsplittable_heads(model: ModelSpec, serving: Serving) -> list[str]:
     replicated to them (the ranks a multiple of the KV heads); anything else
     fails at model load, so a plan for it would promise a server that never starts.
     """
-    from kvpools_core.options import option
-
     tp = serving.attn_tp_size
     if tp == 1:
         return []
@@ -90,9 +90,9 @@ def _empty_pipeline_stages(model: ModelSpec, serving: Serving) -> list[str]:
     if not empty:
         return []
     return [
-        f"Pipeline stage(s) {empty} of --pp-size {serving.pp_size} hold no layer of {model.name} "
+        f"Pipeline stage(s) {empty} of {option('pp_size')} {serving.pp_size} hold no layer of {model.name} "
         f"({model.num_layers} layers): give every stage at least one layer "
-        f"(--pp-layer-partition, or a smaller --pp-size)."
+        f"({option('pp_layer_partition')}, or a smaller {option('pp_size')})."
     ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvpools_core.errors import ConfigError
+from kvpools_core.options import option
 from kvpools_core.values import ModelSpec, Serving
 
 
@@ -18,7 +19,7 @@ def pp_layer_range(
     if pp_size > 1 and partition is not None:
         if len(partition) != pp_size or sum(partition) != num_layers or min(partition) < 0:
             raise ConfigError(
-                f"--pp-layer-partition {','.join(map(str, partition))} must have {pp_size} non-negative "
+                f"{option('pp_layer_partition')} {','.join(map(str, partition))} must have {pp_size} non-negative "
                 f"entries summing to the model's {num_layers} layers."
             )
         start = sum(partition[:pp_rank])

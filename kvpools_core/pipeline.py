@@ -161,7 +161,7 @@ def installed_platforms(registry: Registry) -> dict[str, str]:
             if name in owners and owners[name] != plugin:
                 raise PluginConflictError(
                     f"Platform {name!r} is provided by two plugins: {registry.plugin(owners[name]).label} and "
-                    f"{registry.plugin(plugin).label}. Disable one with KVPOOLS_DISABLED_PLUGINS."
+                    f"{registry.plugin(plugin).label}. Disable one with KVPOOLS_DISABLED_PLUGINS (NAME, or DIST:NAME)."
                 )
             owners[name] = plugin
     return owners
@@ -191,7 +191,8 @@ def check_plugin_options(serving: Serving, registry: Registry) -> None:
             if key in declared and declared[key] != plugin:
                 raise PluginConflictError(
                     f"Plugin option {key!r} is declared by two plugins: {registry.plugin(declared[key]).label} "
-                    f"and {registry.plugin(plugin).label}. Disable one with KVPOOLS_DISABLED_PLUGINS."
+                    f"and {registry.plugin(plugin).label}. Disable one with KVPOOLS_DISABLED_PLUGINS (NAME, or "
+                    f"DIST:NAME)."
                 )
             declared[key] = plugin
     unknown = sorted(set(serving.plugin_options) - set(declared))

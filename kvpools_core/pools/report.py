@@ -16,6 +16,7 @@ from rich.table import Table
 
 from kvpools_core.building import Pools
 from kvpools_core.errors import KvpoolsError
+from kvpools_core.options import option
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.units import format_bytes
 from kvpools_core.values import Budget, Plan
@@ -81,7 +82,7 @@ def explain_unused_budget(plan: Plan, registry: Registry | None = None) -> list[
     if serving.accounting == "sglang":
         if not capped and not pipeline:
             reasons.append(
-                f"--accounting sglang sizes tokens as budget // SGLang's cell size "
+                f"{option('accounting')} sglang sizes tokens as budget // SGLang's cell size "
                 f"({plan.cell.sglang_bytes_per_token:g} B/token), page aligned, and leaves the padding page, "
                 f"request table and allocator out of it: the pools "
                 + (f"exceed the budget by {-remain:,} B." if remain < 0 else f"leave {remain:,} B of it unused.")

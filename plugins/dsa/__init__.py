@@ -22,6 +22,7 @@ from typing import Any
 from kvpools_core import hookimpl
 from kvpools_core.config import ConfigReader
 from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Plan, Serving
 
@@ -82,7 +83,7 @@ def dsa_problems(model: ModelSpec, serving: Serving) -> list[str]:
     if row.packed_fp8 and row.dims.kv_lora_rank % FP8_BLOCK:
         problems.append(
             f"DSA's fp8 latent row stores one scale per {FP8_BLOCK} values, but {model.name} has kv_lora_rank "
-            f"{row.dims.kv_lora_rank}. Use --kv-cache-dtype bf16, or a trtllm DSA backend (raw fp8 layout)."
+            f"{row.dims.kv_lora_rank}. Use {option('kv_cache_dtype')} bf16, or a trtllm DSA backend (raw fp8 layout)."
         )
     problems += page_size_problems(serving)
     return problems
@@ -187,12 +188,13 @@ def page_size_problems(serving: Serving) -> list[str]:
     page = serving.page_size
     if serving.platform == "cuda" and page != CUDA_PAGE_SIZE:
         return [
-            f"DSA models need --page-size {CUDA_PAGE_SIZE} on CUDA (SGLang's DSA pool and FlashMLA's sparse "
-            f"kernels page the cache by {CUDA_PAGE_SIZE} tokens); got --page-size {page}."
+            f"DSA models need {option('page_size')} {CUDA_PAGE_SIZE} on CUDA (SGLang's DSA pool and FlashMLA's sparse "
+            f"kernels page the cache by {CUDA_PAGE_SIZE} tokens); got {option('page_size')} {page}."
         ]
     if serving.platform in ROCM_PLATFORMS and page != 1 and page % 16:
         return [
-            f"DSA models need --page-size 1, or a multiple of 16 with AITER's preshuffled paged MQA, on ROCm; "
-            f"got --page-size {page}."
+            f"DSA models need {option('page_size')} 1, or a multiple of 16 with AITER's preshuffled paged MQA, on "
+            f"ROCm; "
+            f"got {option('page_size')} {page}."
         ]
     return []

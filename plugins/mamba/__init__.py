@@ -28,6 +28,7 @@ import attrs
 from kvpools_core import hookimpl
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.errors import UnsupportedCombinationError
+from kvpools_core.options import option
 from kvpools_core.parallel import pp_layer_range
 from kvpools_core.values import Budget, CellSize, ModelSpec, Plan, PoolSizing, Serving
 
@@ -121,8 +122,8 @@ def hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:
         missing = [
             flag
             for flag, value in (
-                ("--speculative-num-draft-tokens", serving.speculative_num_draft_tokens),
-                ("--max-running-requests", serving.max_running_requests),
+                (option("speculative_num_draft_tokens"), serving.speculative_num_draft_tokens),
+                (option("max_running_requests"), serving.max_running_requests),
             )
             if value is None
         ]
@@ -133,9 +134,9 @@ def hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:
             )
     if serving.disaggregation_mode == "decode":
         problems.append(
-            "--disaggregation-mode decode on a hybrid model pre-allocates mamba state for transfers "
+            f"{option('disaggregation_mode')} decode on a hybrid model pre-allocates mamba state for transfers "
             "(SGLang's HybridMambaDecodeReqToTokenPool), which kvpools does not model; "
-            "use --disaggregation-mode null or prefill."
+            f"use {option('disaggregation_mode')} null or prefill."
         )
     empty = [
         rank
@@ -149,9 +150,11 @@ def hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:
     ]
     if empty and serving.pp_size > 1:
         problems.append(
-            f"Pipeline stage(s) {empty} of --pp-size {serving.pp_size} hold no full-attention layer of {model.name}, "
-            f"so SGLang's KV cell size there is 0: give every stage a full-attention layer (--pp-layer-partition, "
-            f"or a smaller --pp-size)."
+            f"Pipeline stage(s) {empty} of {option('pp_size')} {serving.pp_size} hold no full-attention layer of "
+            f"{model.name}, "
+            f"so SGLang's KV cell size there is 0: give every stage a full-attention layer "
+            f"({option('pp_layer_partition')}, "
+            f"or a smaller {option('pp_size')})."
         )
     if is_mla_hybrid(model):
         return problems + latent_problems(model, serving)
@@ -161,7 +164,8 @@ def hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:
         bad = sorted(d for d in dims if d % kv.scale_block)
         if bad:
             problems.append(
-                f"--kv-cache-dtype {kv.name} stores one scale per {kv.scale_block} values, but {model.name} has "
+                f"{option('kv_cache_dtype')} {kv.name} stores one scale per {kv.scale_block} values, but "
+                f"{model.name} has "
                 f"head dims {bad} that are not multiples of {kv.scale_block}. Use bf16, fp16 or fp8_e4m3."
             )
     return problems

@@ -18,6 +18,7 @@ from typing import Any
 from kvpools_core import hookimpl
 from kvpools_core.config import ConfigReader, context_length, model_dtype
 from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.options import option
 from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
 from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Plan, Serving
 
@@ -119,7 +120,8 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
         bad = sorted(d for d in dims if d % kv.scale_block)
         if bad:
             problems.append(
-                f"--kv-cache-dtype {kv.name} stores one scale per {kv.scale_block} values, but {model.name} has "
+                f"{option('kv_cache_dtype')} {kv.name} stores one scale per {kv.scale_block} values, but "
+                f"{model.name} has "
                 f"head dims {bad} that are not multiples of {kv.scale_block}. Use bf16, fp16 or fp8_e4m3."
             )
     return problems

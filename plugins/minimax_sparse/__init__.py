@@ -20,6 +20,7 @@ from typing import Any
 from kvpools_core import hookimpl
 from kvpools_core.config import DIM, ConfigReader, context_length, model_dtype
 from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.options import option
 from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
 from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Plan, Serving
 
@@ -99,7 +100,7 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
     dims = sorted({layer.head_dim for layer in model.layers})
     if kv.scale_block is not None and any(d % kv.scale_block for d in dims):
         return [
-            f"--kv-cache-dtype {kv.name} stores one scale per {kv.scale_block} values, but {model.name} has "
+            f"{option('kv_cache_dtype')} {kv.name} stores one scale per {kv.scale_block} values, but {model.name} has "
             f"head dims {dims}. Use bf16, fp16 or fp8_e4m3."
         ]
     return []

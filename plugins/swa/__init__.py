@@ -27,6 +27,7 @@ import attrs
 
 from kvpools_core import hookimpl
 from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.values import Budget, CellPart, CellSize, ModelSpec, Plan, PoolSizing, Serving
 
@@ -67,8 +68,8 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
     problems = []
     if serving.dcp_size > 1:
         problems.append(
-            f"--dcp-size {serving.dcp_size}: kvpools' SWA pools shard KV heads over attention TP, not tokens "
-            f"over decode context parallelism. Use --dcp-size 1 for {model.name}."
+            f"{option('dcp_size')} {serving.dcp_size}: kvpools' SWA pools shard KV heads over attention TP, not tokens "
+            f"over decode context parallelism. Use {option('dcp_size')} 1 for {model.name}."
         )
     if is_latent(model):
         return problems + latent_problems(model, serving, serving.speculative_algorithm in DRAFT_KV_ALGORITHMS)
@@ -78,7 +79,8 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
         bad = sorted(d for d in dims if d % kv.scale_block)
         if bad:
             problems.append(
-                f"--kv-cache-dtype {kv.name} stores one scale per {kv.scale_block} values, but {model.name} has "
+                f"{option('kv_cache_dtype')} {kv.name} stores one scale per {kv.scale_block} values, but "
+                f"{model.name} has "
                 f"head dims {bad} that are not multiples of {kv.scale_block}. Use bf16, fp16 or fp8_e4m3."
             )
     return problems

@@ -80,7 +80,7 @@ def test_builtins_and_example_distribution_are_discovered(registry: Registry) ->
     assert {"core", "mha", "speculative", "cpu", "cuda", "example"} <= set(infos)
     example = infos["example"]
     assert (example.distribution, example.version, example.status) == ("kvpools-example", "0.3.0", "loaded")
-    assert set(example.hooks) == {"parse_model_config", "estimate_cell_size"}
+    assert set(example.hooks) == {"parse_model_config", "estimate_cell_size", "plugin_options"}
     assert infos["mha"].distribution == "kvpools"
 
 
@@ -94,6 +94,20 @@ def test_example_distribution_answers_estimate_cell_size(registry: Registry, tmp
     assert result.provenance["parse_model_config"] == ("example",)
     assert result.provenance["estimate_cell_size"] == ("example",)
     assert result.provenance["size_pools"] == ("core",)
+
+
+def test_example_distribution_declares_its_plugin_option(registry: Registry, tmp_path: Path) -> None:
+    """The out-of-tree plugin's own knob reaches it; a misspelt key is refused, naming the declared ones."""
+    config = tmp_path / "config.json"
+    config.write_text(
+        '{"model_type": "toy-latent", "num_hidden_layers": 4, "latent_dim": 64, "max_position_embeddings": 4096}'
+    )
+    doubled = plan(str(config), Serving(plugin_options={"toy.latent_bytes": "2"}), memory="1MiB", registry=registry)
+    assert doubled.cell.bytes_per_token == 2 * 4 * 64
+    with pytest.raises(ConfigError, match=r"'toy\.latent_byte'.*toy\.latent_bytes \(example\)"):
+        plan(str(config), Serving(plugin_options={"toy.latent_byte": "2"}), memory="1MiB", registry=registry)
+    with pytest.raises(ConfigError, match=r"plugin_options toy\.latent_bytes=zero: must be a positive integer"):
+        plan(str(config), Serving(plugin_options={"toy.latent_bytes": "zero"}), memory="1MiB", registry=registry)
 
 
 def test_a_plugin_that_fails_to_import_is_named(make_dist: MakeDist) -> None:
@@ -413,7 +427,7 @@ def test_dispatch_order_platform_first_core_last(make_dist: MakeDist) -> None:
 
 
 def test_unsupported_combinations_are_collected_before_sizing(registry: Registry) -> None:
-    with pytest.raises(Exception, match=r"--speculative-algorithm EAGLE charges the draft model's KV cache.*\[core\]"):
+    with pytest.raises(Exception, match=r"speculative_algorithm EAGLE charges the draft model's KV cache.*\[core\]"):
         plan("llama-3.1-8b", Serving(speculative_algorithm="EAGLE"), memory="8GiB", registry=registry)
     with pytest.raises(Exception, match=r"not supported on the CPU platform.*\[cpu\]"):
         plan("llama-3.1-8b", Serving(kv_cache_dtype="fp4_e2m1", platform="cpu"), memory="8GiB", registry=registry)

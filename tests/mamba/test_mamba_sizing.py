@@ -207,7 +207,7 @@ def test_profiled_budget_exhausted_by_the_state_suggests_a_fraction() -> None:
     [
         (
             {"speculative_algorithm": "EAGLE", "speculative_draft_num_layers": 1},
-            r"pass --speculative-num-draft-tokens and --max-running-requests",
+            r"pass speculative_num_draft_tokens and max_running_requests",
         ),
         ({"tp_size": 3}, r"cannot be sharded over TP 3"),
         ({"disaggregation_mode": "decode"}, r"HybridMambaDecodeReqToTokenPool"),

@@ -54,7 +54,7 @@ def test_sglang_accounting_over_budget(small_plan: Callable[..., Plan]) -> None:
     assert summary["max_total_num_tokens"] == 2048
     assert summary["budget_used"] > 1 and summary["matches_plan"]
     (reason,) = summary["budget_explanation"]
-    assert reason.startswith("--accounting sglang sizes tokens as budget // SGLang's cell size (4096 B/token)")
+    assert reason.startswith("accounting sglang sizes tokens as budget // SGLang's cell size (4096 B/token)")
     assert reason.endswith(f"exceed the budget by {-summary['budget_unused_bytes']:,} B.")
 
 

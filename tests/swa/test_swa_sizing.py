@@ -157,7 +157,7 @@ def test_swa_pool_rounding_to_nothing_is_refused() -> None:
 
 
 def test_dcp_is_rejected_before_sizing() -> None:
-    with pytest.raises(UnsupportedCombinationError, match="--dcp-size"):
+    with pytest.raises(UnsupportedCombinationError, match="dcp_size 2"):
         plan("gpt-oss-20b", Serving(tp_size=2, dcp_size=2), memory=20 * GiB)
 
 

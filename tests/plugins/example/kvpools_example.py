@@ -2,7 +2,9 @@
 
 It shows the whole contract of an out-of-tree architecture plugin: claim the
 configs you recognise (``model_type: toy-latent``), describe their layers,
-and answer ``estimate_cell_size`` for them; the core sizes the pools.
+and answer ``estimate_cell_size`` for them; the core sizes the pools.  It also
+declares one ``--plugin-option`` (``toy.latent_bytes``), as a plugin with knobs
+of its own does: undeclared keys are refused by the core.
 """
 
 from __future__ import annotations
@@ -12,9 +14,17 @@ from typing import Any
 
 from kvpools_core import CellPart, CellSize, LayerSpec, ModelSpec, Serving, hookimpl
 from kvpools_core.config import ConfigReader
+from kvpools_core.errors import ConfigError
+from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
 
 MODEL_TYPE = "toy-latent"
+LATENT_BYTES = "toy.latent_bytes"
+
+
+@hookimpl
+def plugin_options() -> dict[str, str]:
+    return {LATENT_BYTES: "bytes per latent element of toy-latent models (a positive integer; default 1)"}
 
 
 @hookimpl
@@ -41,5 +51,8 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
     if model.architecture != "toy":
         return None
     start, end = rank_layer_range(model, serving)
-    per_token = sum(layer.params["latent_dim"] for layer in model.layers[start:end])
+    element = str(serving.plugin_options.get(LATENT_BYTES, "1"))
+    if not element.isdigit() or int(element) < 1:
+        raise ConfigError(f"{option('plugin_options')} {LATENT_BYTES}={element}: must be a positive integer.")
+    per_token = int(element) * sum(layer.params["latent_dim"] for layer in model.layers[start:end])
     return CellSize(parts=[CellPart("latent", per_token)], sglang_bytes_per_token=per_token, num_layers=end - start)
