@@ -78,7 +78,11 @@ def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None, 
     check_build_device(plan, device, registry)
     name = plan.model.name
     req_pool, req_by = registry.call_first(
-        "build_req_to_token_pool", f"no plugin builds the request table of {name}.", plan=plan, device=device
+        "build_req_to_token_pool",
+        f"no plugin builds the request table of {name}.",
+        plan=plan,
+        device=device,
+        checked=checked,
     )
     kv_pool, pool_by = registry.call_first(
         "build_pool",

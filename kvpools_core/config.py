@@ -379,17 +379,7 @@ def resolve_model_source(model: str, registry: Registry) -> tuple[dict[str, Any]
 
 def registry_presets(registry: Registry) -> dict[str, tuple[str, str]]:
     """Preset name → (plugin, path) across plugins; the same name from two plugins is a conflict."""
-    merged: dict[str, tuple[str, str]] = {}
-    for plugin, offered in registry.call_collect("presets"):
-        for name, path in offered.items():
-            if name in merged and merged[name][0] != plugin:
-                raise PluginConflictError(
-                    f"Preset {name!r} is offered by two plugins: {registry.plugin(merged[name][0]).label} "
-                    f"and {registry.plugin(plugin).label}. Disable one with KVPOOLS_DISABLED_PLUGINS (NAME, or "
-                    f"DIST:NAME)."
-                )
-            merged[name] = (plugin, str(path))
-    return merged
+    return {name: (plugin, str(path)) for name, (plugin, path) in registry.call_named("presets", "Preset").items()}
 
 
 def parse_config(config: Mapping[str, Any], source: str, registry: Registry) -> tuple[ModelSpec, str]:

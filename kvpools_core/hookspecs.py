@@ -135,7 +135,7 @@ def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budge
 
 
 @_spec(firstresult=True)
-def build_req_to_token_pool(plan: Plan, device: str) -> Any | None:
+def build_req_to_token_pool(plan: Plan, device: str, checked: bool) -> Any | None:
     """Build the request-to-token table of a plan.
 
     Stops at the first non-None result; return None to decline.  Hybrid and
@@ -144,6 +144,9 @@ def build_req_to_token_pool(plan: Plan, device: str) -> Any | None:
 
     :param plan: the plan.
     :param device: torch device string (``cpu``, ``cuda:0``, ``meta``, ...).
+    :param checked: as for :func:`build_allocator`: a table that owns per-request
+        state slots (the mamba state pool) builds their allocator in checked mode.
+        An implementation may leave it out of its signature.
     :returns: the request table object.
     """
 

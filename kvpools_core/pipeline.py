@@ -10,7 +10,7 @@ import difflib
 import attrs
 
 from kvpools_core.config import load_model
-from kvpools_core.errors import ConfigError, PluginConflictError, UnsupportedCombinationError
+from kvpools_core.errors import ConfigError, UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.sizing import explicit_budget, profile_budget, summarize_notes
@@ -155,16 +155,7 @@ def measure_free_bytes(device: str, serving: Serving, registry: Registry) -> tup
 
 def installed_platforms(registry: Registry) -> dict[str, str]:
     """Platform name → the plugin that provides it; two providers of one name is a conflict."""
-    owners: dict[str, str] = {}
-    for plugin, offered in registry.call_collect("platforms"):
-        for name in offered:
-            if name in owners and owners[name] != plugin:
-                raise PluginConflictError(
-                    f"Platform {name!r} is provided by two plugins: {registry.plugin(owners[name]).label} and "
-                    f"{registry.plugin(plugin).label}. Disable one with KVPOOLS_DISABLED_PLUGINS (NAME, or DIST:NAME)."
-                )
-            owners[name] = plugin
-    return owners
+    return {name: plugin for name, (plugin, _) in registry.call_named("platforms", "Platform").items()}
 
 
 def check_platform(serving: Serving, registry: Registry) -> None:
@@ -185,16 +176,7 @@ def check_plugin_options(serving: Serving, registry: Registry) -> None:
     """Every ``plugin_options`` key must be declared by an installed plugin (a typo must not be ignored)."""
     if not serving.plugin_options:
         return
-    declared: dict[str, str] = {}
-    for plugin, offered in registry.call_collect("plugin_options"):
-        for key in offered:
-            if key in declared and declared[key] != plugin:
-                raise PluginConflictError(
-                    f"Plugin option {key!r} is declared by two plugins: {registry.plugin(declared[key]).label} "
-                    f"and {registry.plugin(plugin).label}. Disable one with KVPOOLS_DISABLED_PLUGINS (NAME, or "
-                    f"DIST:NAME)."
-                )
-            declared[key] = plugin
+    declared = {key: plugin for key, (plugin, _) in registry.call_named("plugin_options", "Plugin option").items()}
     unknown = sorted(set(serving.plugin_options) - set(declared))
     if unknown:
         known = ", ".join(f"{key} ({plugin})" for key, plugin in sorted(declared.items())) or "none"

@@ -486,6 +486,24 @@ class Registry:
         results, record = self._invoke(hook, kwargs)
         return list(zip(record.answered, results, strict=True))
 
+    def call_named(self, hook: str, what: str, **kwargs: Any) -> dict[str, tuple[str, Any]]:
+        """Call a collecting hook whose answers map names to values (presets, platforms, plugin options).
+
+        Returns name → (plugin, value); one name from two plugins is a
+        :class:`PluginConflictError` naming both (``what`` says what the name is,
+        e.g. ``"Preset"``).
+        """
+        merged: dict[str, tuple[str, Any]] = {}
+        for plugin, offered in self.call_collect(hook, **kwargs):
+            for name, value in offered.items():
+                if name in merged and merged[name][0] != plugin:
+                    raise PluginConflictError(
+                        f"{what} {name!r} comes from two plugins: {self._label(merged[name][0])} and "
+                        f"{self._label(plugin)}. Disable one with KVPOOLS_DISABLED_PLUGINS (NAME, or DIST:NAME)."
+                    )
+                merged[name] = (plugin, value)
+        return merged
+
     def call_first(self, hook: str, what: str, **kwargs: Any) -> tuple[Any, tuple[str, ...]]:
         """Call a firstresult hook that must be answered; no answer is a NoProviderError."""
         result, shaped = self.call(hook, **kwargs)

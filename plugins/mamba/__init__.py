@@ -94,12 +94,12 @@ def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budge
 
 
 @hookimpl
-def build_req_to_token_pool(plan: Plan, device: str) -> Any | None:
+def build_req_to_token_pool(plan: Plan, device: str, checked: bool) -> Any | None:
     if plan.model.architecture != ARCHITECTURE:
         return None
     from .pool import HybridReqToTokenPool
 
-    return HybridReqToTokenPool.from_plan(plan, device)
+    return HybridReqToTokenPool.from_plan(plan, device, checked=checked)
 
 
 @hookimpl

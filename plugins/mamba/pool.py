@@ -50,7 +50,15 @@ DRAFT_POOL = "draft_kv"
 class MambaStatePool:
     """Conv and SSM state of this rank's recurrent layers for ``size`` slots (+ slot 0), and their allocator."""
 
-    def __init__(self, *, size: int, layer_ids: Sequence[int], shape: StateShape, device: str | torch.device) -> None:
+    def __init__(
+        self,
+        *,
+        size: int,
+        layer_ids: Sequence[int],
+        shape: StateShape,
+        device: str | torch.device,
+        checked: bool = False,
+    ) -> None:
         self.size = size
         self.shape = shape
         self.layer_ids = tuple(layer_ids)
@@ -58,7 +66,7 @@ class MambaStatePool:
         rows = (len(self.layer_ids), size + 1)
         self.conv = [allocate(rows + conv, getattr(torch, shape.conv_dtype), device) for conv in shape.conv]
         self.ssm = allocate(rows + shape.ssm, getattr(torch, shape.ssm_dtype), device)
-        self.allocator = TokenAllocator(size, device=device)
+        self.allocator = TokenAllocator(size, device=device, checked=checked)
         self.device = self.ssm.device
 
     @staticmethod
@@ -162,7 +170,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
             )
 
     @classmethod
-    def from_plan(cls, plan: Plan, device: str | torch.device) -> HybridReqToTokenPool:
+    def from_plan(cls, plan: Plan, device: str | torch.device, *, checked: bool = False) -> HybridReqToTokenPool:
         """The table, state pool and speculative state of a plan; checks every pool's bytes before allocating."""
         model, serving = plan.model, plan.serving
         shape = state_shape(model, serving)
@@ -190,7 +198,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
             )
         for name, (allocating, detail) in want.items():
             check_planned_bytes(name, allocating, plan.pool(name).bytes, detail)
-        mamba_pool = MambaStatePool(size=k, layer_ids=layer_ids, shape=shape, device=device)
+        mamba_pool = MambaStatePool(size=k, layer_ids=layer_ids, shape=shape, device=device, checked=checked)
         spec = None
         if has_spec:
             spec = MambaSpecState(rows=spec_rows, draft_tokens=d, num_layers=len(layer_ids), shape=shape, device=device)
@@ -219,7 +227,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
             "req_to_token": super().nbytes,
             MAPPING_POOL: tensor_nbytes(mapping),
             STATE_POOL: self.mamba_pool.state_nbytes,
-            SLOT_ALLOCATOR_POOL: int(self.mamba_pool.allocator.nbytes),
+            **self.mamba_pool.allocator.nbytes_by_pool(SLOT_ALLOCATOR_POOL),
         }
         if self.spec_state is not None:
             measured[SPEC_STATE_POOL] = self.spec_state.nbytes

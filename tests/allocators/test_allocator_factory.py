@@ -114,3 +114,22 @@ def test_mamba_state_slots_are_range_checked() -> None:
         req.mamba_pool.free(torch.tensor([0]))
     req.free(rows)
     assert req.mamba_pool.allocator.available_size() == free
+
+
+def test_mamba_state_slots_are_checked_in_checked_builds() -> None:
+    """build(checked=True) reaches the state-slot allocator the request table owns (build_req_to_token_pool)."""
+    p = plan("falcon-h1-0.5b", Serving(context_length=256, max_running_requests=2), memory=256 << 20)
+    unchecked = build(p, "cpu")
+    assert not unchecked.req_to_token_pool.mamba_pool.allocator.checked
+    assert "mamba_allocator_checked" not in unchecked.allocated_by_pool()
+    pools = build(p, "cpu", checked=True)
+    slots = pools.req_to_token_pool.mamba_pool.allocator
+    assert slots.checked
+    k = p.sizing.sglang_config["max_mamba_cache_size"]
+    assert pools.allocated_by_pool()["mamba_allocator_checked"] == k + 1
+    assert pools.allocated_by_pool()["mamba_allocator"] == p.pool("mamba_allocator").bytes
+    got = slots.alloc(1)
+    assert got is not None
+    slots.free(got)
+    with pytest.raises(AllocatorError, match="double free"):
+        slots.free(got)

@@ -173,8 +173,16 @@ def test_a_platform_plugin_makes_its_platform_known() -> None:
 
 def test_two_providers_of_one_platform_conflict() -> None:
     registry = Registry(extra_plugins={"cuda_clone": _plugin(platforms=lambda: {"cuda": "another CUDA"})})
-    with pytest.raises(PluginConflictError, match=r"'cuda' is provided by two plugins"):
+    with pytest.raises(PluginConflictError, match=r"'cuda' comes from two plugins"):
         plan("llama-3.1-8b", memory="1GiB", registry=registry)
+
+
+def test_two_plugins_declaring_one_option_conflict() -> None:
+    declares = {"tuner.level": "how hard to tune"}
+    twins = {name: _plugin(plugin_options=lambda: declares) for name in ("tuner", "tuner2")}
+    registry = Registry(extra_plugins=twins)
+    with pytest.raises(PluginConflictError, match=r"Plugin option 'tuner\.level' comes from two plugins"):
+        plan("llama-3.1-8b", Serving(plugin_options={"tuner.level": "1"}), memory="1GiB", registry=registry)
 
 
 def test_plugin_options_must_be_declared() -> None:

@@ -275,7 +275,7 @@ def test_preset_name_conflict(make_dist: MakeDist) -> None:
             return {"llama-3.1-8b": "/nowhere/config.json"}
     """,
     )
-    with pytest.raises(PluginConflictError, match=r"Preset 'llama-3\.1-8b' is offered by two plugins"):
+    with pytest.raises(PluginConflictError, match=r"Preset 'llama-3\.1-8b' comes from two plugins"):
         plan("llama-3.1-8b", Serving(), memory="1GiB", registry=Registry())
 
 
