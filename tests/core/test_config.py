@@ -12,8 +12,7 @@ import pytest
 from kvpools_core import ConfigError, NoProviderError, Registry, Serving, plan
 from kvpools_core import config as config_module
 from kvpools_core.config import DIM, FIELD_LIMITS, ConfigReader, Limit, limit_for, load_model, resolve_model_source
-
-SHARED_CONFIGS = Path(__file__).parents[2].parent / "shared" / "model-configs"
+from tests.oracle.locate import require_model_configs
 
 
 def write(tmp_path: Path, config: dict[str, Any]) -> str:
@@ -101,7 +100,7 @@ DENSE = [
 @pytest.mark.parametrize("name", DENSE)
 def test_dense_presets_are_the_shared_configs(registry: Registry, name: str) -> None:
     spec, plugin = load_model(name, registry)
-    shared = json.loads((SHARED_CONFIGS / f"{name}.json").read_text())
+    shared = json.loads((require_model_configs() / f"{name}.json").read_text())
     assert plugin == "mha"
     assert spec.num_layers == shared["num_hidden_layers"]
     assert spec.layers[0].num_kv_heads == shared["num_key_value_heads"]

@@ -11,8 +11,8 @@ import pytest
 
 from kvpools_core import Registry, Serving, UnsupportedCombinationError, build, plan
 from kvpools_core.config import parse_config, resolve_model_source
+from tests.oracle.locate import MODEL_CONFIGS
 
-MODEL_CONFIGS = Path(__file__).parents[2] / ".." / "shared" / "model-configs"
 DSA_PRESETS = ("deepseek-v3.2", "deepseek-v3.2-exp")
 L = 61  # DeepSeek-V3.2 layers
 CUDA = Serving(page_size=64)

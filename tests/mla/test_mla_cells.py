@@ -12,8 +12,8 @@ import pytest
 from kvpools_core import Plan, Registry, Serving, UnsupportedCombinationError, build, plan
 from kvpools_core.config import parse_config, resolve_model_source
 from kvpools_core.errors import ConfigError, NoProviderError
+from tests.oracle.locate import MODEL_CONFIGS
 
-MODEL_CONFIGS = Path(__file__).parents[2] / ".." / "shared" / "model-configs"
 MLA_PRESETS = ("deepseek-v3", "deepseek-r1", "deepseek-v2-lite", "kimi-k2-instruct")
 
 V3_LAYERS = 61
