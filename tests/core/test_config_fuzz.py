@@ -58,22 +58,13 @@ SECONDS = 1.0
 HANG_SECONDS = 10
 """A hang is cut short here (and fails) instead of stalling the run."""
 
-settings.register_profile(
-    "kvpools-fuzz-ci",
-    max_examples=1000,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
-)
-settings.register_profile(
-    "kvpools-fuzz-deep",
-    max_examples=20_000,
-    derandomize=False,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
-)
+_COMMON = {
+    "database": None,
+    "deadline": None,  # the module's own per-example limit (SECONDS) applies instead
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+}
+settings.register_profile("kvpools-fuzz-ci", max_examples=1000, derandomize=True, **_COMMON)  # same examples each run
+settings.register_profile("kvpools-fuzz-deep", max_examples=20_000, derandomize=False, **_COMMON)
 _PROFILE = settings.get_profile(f"kvpools-fuzz-{os.environ.get('KVPOOLS_FUZZ_PROFILE', 'ci')}")
 FUZZ = settings(_PROFILE, max_examples=int(os.environ.get("KVPOOLS_FUZZ_EXAMPLES", _PROFILE.max_examples)))
 
