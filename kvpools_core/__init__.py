@@ -23,8 +23,9 @@ from kvpools_core.errors import (
     UnknownPluginError,
     UnsupportedCombinationError,
 )
+from kvpools_core.hookspecs import hookimpl
 from kvpools_core.pipeline import plan
-from kvpools_core.registry import Registry, get_registry, hookimpl
+from kvpools_core.registry import Registry, get_registry
 from kvpools_core.values import (
     Budget,
     CellPart,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvpools_core.hookspecs import hookimpl
 from kvpools_core.options import option
-from kvpools_core.registry import hookimpl
 from kvpools_core.sizing import default_size_pools
 from kvpools_core.values import Budget, CellSize, ModelSpec, PoolSizing, Serving
 

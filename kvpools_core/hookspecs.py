@@ -26,6 +26,12 @@ PROJECT = "kvpools"
 
 _spec = pluggy.HookspecMarker(PROJECT)
 
+hookimpl = pluggy.HookimplMarker(PROJECT)
+"""Decorator marking a plugin function as a kvpools hook implementation (``from kvpools_core import hookimpl``).
+
+Defined beside the specifications, so the core's own implementations (``defaults``) and the
+registry both depend on this module and not on each other."""
+
 
 @_spec
 def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:

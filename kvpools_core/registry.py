@@ -33,7 +33,7 @@ import attrs
 import importlib_metadata
 import pluggy
 
-from kvpools_core import hookspecs
+from kvpools_core import defaults, hookspecs
 from kvpools_core.errors import (
     InvalidValueError,
     KvpoolsError,
@@ -53,8 +53,6 @@ CORE_PLUGIN = "core"
 BUILTIN_DISTRIBUTION = "kvpools"
 """Entry points declared by this distribution are the built-in plugins (loaded even with autoload off)."""
 
-hookimpl = pluggy.HookimplMarker(hookspecs.PROJECT)
-"""Decorator marking a plugin function as a kvpools hook implementation."""
 
 
 class KvpoolsPluginWarning(UserWarning):
@@ -172,8 +170,6 @@ class Registry:
     # -- loading ------------------------------------------------------------
 
     def _register_core(self) -> None:
-        from kvpools_core import defaults
-
         self._register(CORE_PLUGIN, defaults, "kvpools", _kvpools_version(), module=defaults.__name__)
 
     @staticmethod
