@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from kvpools_core.errors import ConfigError, PluginConflictError
+from kvpools_core.errors import ConfigError, PluginConflictError, short_repr
 
 if TYPE_CHECKING:
     from kvpools_core.registry import Registry
@@ -121,10 +121,7 @@ def limit_for(key: str) -> Limit:
 
 def describe(value: Any) -> str:
     """A short ``repr`` of a config value for an error message (a pasted list can be long)."""
-    if isinstance(value, int) and value.bit_length() > 256:  # repr of a 10**5000 would raise, not just be long
-        return f"an integer of {value.bit_length():,} bits"
-    shown = repr(value)
-    return shown if len(shown) <= 80 else f"{shown[:77]}..."
+    return short_repr(value)
 
 
 class ConfigReader:

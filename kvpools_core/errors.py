@@ -7,6 +7,16 @@ them as one paragraph without a traceback.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr`` for an error message: clipped to ``limit``, and safe for an integer too long to print
+    (``repr(10**5000)`` raises), since bad input and buggy plugins produce both."""
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"an integer of {value.bit_length():,} bits"
+    shown = repr(value)
+    return shown if len(shown) <= limit else f"{shown[: limit - 3]}..."
 
 
 class KvpoolsError(Exception):

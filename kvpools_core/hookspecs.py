@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pluggy
 
+from kvpools_core.errors import short_repr
+
 if TYPE_CHECKING:
     from kvpools_core.values import Budget, CellSize, ModelSpec, Plan, PoolSizing, Serving
 
@@ -215,11 +217,11 @@ class ResultContract(NamedTuple):
 def describe_value(value: Any, limit: int = 60) -> str:
     """A short description of a returned value for error messages (never a tensor dump)."""
     if value is None or isinstance(value, numbers.Number):
-        return _clip(repr(value), limit)
+        return short_repr(value, limit)
     if isinstance(value, (str, bytes)):
-        return f"{type(value).__name__} {_clip(repr(value), limit)}"
+        return f"{type(value).__name__} {short_repr(value, limit)}"
     if isinstance(value, Mapping):
-        keys = [_clip(repr(key), 24) for key in itertools.islice(value, 4)]
+        keys = [short_repr(key, 24) for key in itertools.islice(value, 4)]
         more = ", ..." if len(value) > 4 else ""
         if not keys:
             return f"empty {type(value).__name__}"
@@ -229,10 +231,6 @@ def describe_value(value: Any, limit: int = 60) -> str:
     cls = type(value)
     where = "" if cls.__module__ == "builtins" or cls.__module__.startswith("kvpools_core.") else f"{cls.__module__}."
     return f"{where}{cls.__qualname__} object"
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _is_count(value: Any) -> bool:
@@ -249,30 +247,23 @@ def _items_of(items: Any, cls: type, field: str) -> str | None:
     return None
 
 
-def _model_spec(value: Any) -> str | None:
-    from kvpools_core.values import LayerSpec, ModelSpec
+def _value_of(cls_name: str, **item_fields: str) -> Callable[[Any], str | None]:
+    """The contract of a frozen value (``values.<cls_name>``) whose tuple fields hold frozen values
+    (``field=item class name``); the classes are looked up when checked, so importing the specs
+    imports no values."""
 
-    if not isinstance(value, ModelSpec):
-        return "not a ModelSpec"
-    return _items_of(value.layers, LayerSpec, "layers")
+    def problem(value: Any) -> str | None:
+        from kvpools_core import values
 
+        if not isinstance(value, getattr(values, cls_name)):
+            return f"not a {cls_name}"
+        for field, item_cls in item_fields.items():
+            found = _items_of(getattr(value, field), getattr(values, item_cls), field)
+            if found:
+                return found
+        return None
 
-def _cell_size(value: Any) -> str | None:
-    from kvpools_core.values import CellPart, CellSize
-
-    if not isinstance(value, CellSize):
-        return "not a CellSize"
-    return _items_of(value.parts, CellPart, "parts") or _items_of(
-        value.draft_layer_parts, CellPart, "draft_layer_parts"
-    )
-
-
-def _pool_sizing(value: Any) -> str | None:
-    from kvpools_core.values import PoolSizing, PoolSpec
-
-    if not isinstance(value, PoolSizing):
-        return "not a PoolSizing"
-    return _items_of(value.pools, PoolSpec, "pools")
+    return problem
 
 
 def _name_mapping(value_types: tuple[type, ...], value_name: str) -> Callable[[Any], str | None]:
@@ -283,7 +274,7 @@ def _name_mapping(value_types: tuple[type, ...], value_name: str) -> Callable[[A
             if not isinstance(key, str):
                 return f"key {describe_value(key)} is not a str"
             if not isinstance(item, value_types):
-                return f"{_clip(repr(key), 40)} maps to {describe_value(item)}, not {value_name}"
+                return f"{short_repr(key, 40)} maps to {describe_value(item)}, not {value_name}"
         return None
 
     return problem
@@ -338,7 +329,8 @@ def _measured(*, by_pool: bool) -> Callable[[Any], str | None]:
 RESULTS: Mapping[str, ResultContract] = MappingProxyType(
     {
         "parse_model_config": ResultContract(
-            "a ModelSpec whose layers are LayerSpecs (or None to decline the config)", _model_spec
+            "a ModelSpec whose layers are LayerSpecs (or None to decline the config)",
+            _value_of("ModelSpec", layers="LayerSpec"),
         ),
         "presets": ResultContract(
             "a mapping of preset name (str) to config.json path (str or os.PathLike), or None",
@@ -358,8 +350,13 @@ RESULTS: Mapping[str, ResultContract] = MappingProxyType(
             'a mapping with ints "free_bytes" and "total_bytes" >= 0 (or None to decline the device)',
             _memory_reading,
         ),
-        "estimate_cell_size": ResultContract("a CellSize whose parts are CellParts (or None to decline)", _cell_size),
-        "size_pools": ResultContract("a PoolSizing whose pools are PoolSpecs (or None to decline)", _pool_sizing),
+        "estimate_cell_size": ResultContract(
+            "a CellSize whose parts are CellParts (or None to decline)",
+            _value_of("CellSize", parts="CellPart", draft_layer_parts="CellPart"),
+        ),
+        "size_pools": ResultContract(
+            "a PoolSizing whose pools are PoolSpecs (or None to decline)", _value_of("PoolSizing", pools="PoolSpec")
+        ),
         "build_req_to_token_pool": ResultContract(
             "a request table with nbytes (int >= 0) and optionally nbytes_by_pool() (or None to decline)",
             _measured(by_pool=False),

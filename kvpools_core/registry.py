@@ -45,6 +45,7 @@ from kvpools_core.errors import (
     PluginResultError,
     PluginValidationError,
     UnknownPluginError,
+    short_repr,
 )
 from kvpools_core.hookspecs import ResultContract, describe_value
 
@@ -707,8 +708,7 @@ def _summary(value: Any) -> str:
     if isinstance(name, str):
         return f"{type(value).__name__}({name})"
     if isinstance(value, (int, float, str, bool)) or value is None:
-        text = repr(value)
-        return text if len(text) <= 80 else text[:77] + "..."
+        return short_repr(value)
     if isinstance(value, (list, tuple)):
         return f"{type(value).__name__}[{len(value)}]"
     return type(value).__name__

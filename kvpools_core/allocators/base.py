@@ -274,10 +274,7 @@ class BaseAllocator:
         units = self._free_units(self.to_ids(indices))
         if not units.numel():
             return
-        if self._allocated is not None:
-            self._check_release(units)
-        else:
-            self._check_range(units)
+        self._check_units(units)
         if count and self._counts_now():
             self._check_count(units.numel())
 
@@ -311,6 +308,13 @@ class BaseAllocator:
         if dtype.is_floating_point or dtype.is_complex or dtype is torch.bool:
             raise AllocatorError(f"free() takes integer {self._kind} ids; got a {dtype} tensor")
         return self._as_index(indices)
+
+    def _check_units(self, units: Tensor) -> None:
+        """The check a free of ``units`` gets: the map in checked mode, else the range."""
+        if self._allocated is not None:
+            self._check_release(units)
+        else:
+            self._check_range(units)
 
     def _check_range(self, units: Tensor) -> None:
         """Refuse units outside ``1..num_pages`` with one ``aminmax`` (``units`` non-empty)."""
@@ -395,12 +399,8 @@ class BaseAllocator:
         m = units.numel()
         if not m:
             return
-        if validated:
-            pass
-        elif self._allocated is not None:
-            self._check_release(units)
-        else:
-            self._check_range(units)
+        if not validated:
+            self._check_units(units)
         pos = self._park(m)
         if self._allocated is not None:
             self._allocated[units] = False
