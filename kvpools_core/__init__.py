@@ -23,7 +23,7 @@ from kvpools_core.errors import (
     UnknownPluginError,
     UnsupportedCombinationError,
 )
-from kvpools_core.hookspecs import hookimpl
+from kvpools_core.hookspecs import for_architecture, hookimpl
 from kvpools_core.pipeline import plan
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.values import (
@@ -63,6 +63,7 @@ __all__ = [
     "UnknownPluginError",
     "UnsupportedCombinationError",
     "build",
+    "for_architecture",
     "get_registry",
     "hookimpl",
     "plan",

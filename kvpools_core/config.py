@@ -311,6 +311,65 @@ def model_dtype(reader: ConfigReader) -> str:
     return "bfloat16"
 
 
+# ---------------------------------------------------------------------------
+# facts about Hugging Face configs that more than one architecture reads
+# ---------------------------------------------------------------------------
+
+
+def derived_head_dim(reader: ConfigReader, num_heads: int) -> int:
+    """``hidden_size / num_attention_heads`` when a config states no ``head_dim`` (transformers' default)."""
+    hidden = reader.integer("hidden_size")
+    if hidden % num_heads:
+        raise reader.error(
+            "head_dim",
+            f"is missing and hidden_size {hidden} is not divisible by num_attention_heads {num_heads}",
+            "Add head_dim to the config.",
+        )
+    return hidden // num_heads
+
+
+def sliding_window_active(reader: ConfigReader) -> bool:
+    """A ``sliding_window`` counts unless ``use_sliding_window`` is false (Qwen2-style inert field).
+
+    Dense plugins decline exactly the configs this says slide, and sliding-window plugins claim them.
+    """
+    return reader.has("sliding_window") and reader.boolean("use_sliding_window", True)
+
+
+DSA_ARCHITECTURES = frozenset(
+    {
+        "DeepseekV3ForCausalLM",
+        "DeepseekV32ForCausalLM",
+        "DeepseekV3ForCausalLMNextN",
+        "MistralLarge3ForCausalLM",
+        "PixtralForConditionalGeneration",
+        "GlmMoeDsaForCausalLM",
+    }
+)
+"""``is_deepseek_dsa``'s architectures: DSA when the config also sets ``index_topk``."""
+
+DSV4_ARCHITECTURES = frozenset({"DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN"})
+"""DeepSeek-V4 compressed attention: another family (``is_deepseek_v4``)."""
+
+
+def first_architecture(outer: ConfigReader) -> str | None:
+    """``architectures[0]`` of the top-level config (``None`` when it lists none), which SGLang dispatches on."""
+    architectures = outer.string_list("architectures")
+    return architectures[0] if architectures else None
+
+
+def is_deepseek_dsa(outer: ConfigReader) -> bool:
+    """SGLang's ``is_deepseek_dsa``: a DSA architecture with ``index_topk`` set (top level or ``text_config``)."""
+    if first_architecture(outer) not in DSA_ARCHITECTURES:
+        return False
+    return outer.has("index_topk") or outer.text().has("index_topk")
+
+
+def is_deepseek_v4(outer: ConfigReader) -> bool:
+    """SGLang's ``is_deepseek_v4``: DeepSeek-V4's compressed attention, a family of its own."""
+    return first_architecture(outer) in DSV4_ARCHITECTURES
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     """Read a ``config.json`` (UTF-8 JSON holding an object); errors name the file and the fix."""
     try:

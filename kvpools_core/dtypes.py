@@ -65,9 +65,7 @@ def canonical_kv_dtype(name: str) -> str:
     key = _ALIASES.get(name.lower(), name.lower())
     if key == "auto" or key in _FIXED:
         return key
-    raise ConfigError(
-        f"Unsupported {option('kv_cache_dtype')} {name!r}. Choose one of: {', '.join(KV_DTYPE_CHOICES)}."
-    )
+    raise ConfigError(f"Unsupported {option('kv_cache_dtype')} {name!r}. Choose one of: {', '.join(KV_DTYPE_CHOICES)}.")
 
 
 def resolve_kv_dtype(name: str, model_dtype: str) -> KVDtype:

@@ -10,12 +10,14 @@ are new-style wrappers (``wrapper=True``) owned by the plugin of that concern.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
 import numbers
 import os
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import pluggy
 
@@ -33,6 +35,60 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 Defined beside the specifications, so the core's own implementations (``defaults``) and the
 registry both depend on this module and not on each other."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def for_architecture(*architectures: str) -> Callable[[F], F]:
+    """Let a hook implementation answer only for models of its own architecture(s); ``None`` for any other.
+
+    Architecture plugins answer for the models they parsed (``ModelSpec.architecture``)
+    and decline the rest; this says it once instead of an ``if`` in every hook::
+
+        @hookimpl
+        @for_architecture("mha")
+        def estimate_cell_size(model, serving): ...
+
+    The implementation must take ``model`` (a ``ModelSpec``) or ``plan`` (a
+    ``Plan``); pluggy still sees its own argument names (the wrapper keeps
+    them, via ``functools.wraps``), so it may take only the arguments it uses.
+    """
+    if not architectures or not all(isinstance(name, str) and name for name in architectures):
+        raise TypeError(f"for_architecture needs one or more architecture names, got {architectures!r}.")
+    owned = frozenset(architectures)
+
+    def decorate(func: F) -> F:
+        names = list(inspect.signature(func).parameters)
+        architecture_of: Callable[[Any], str]
+        if "model" in names:
+            key, architecture_of = "model", _model_architecture
+        elif "plan" in names:
+            key, architecture_of = "plan", _plan_architecture
+        else:
+            raise TypeError(
+                f"@for_architecture: {func.__qualname__} takes neither 'model' nor 'plan', so it has no model to "
+                f"check; decline other architectures in the function itself."
+            )
+        position = names.index(key)
+
+        @functools.wraps(func)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            value = args[position] if position < len(args) else kwargs[key]
+            if architecture_of(value) not in owned:
+                return None
+            return func(*args, **kwargs)
+
+        return guarded  # type: ignore[return-value]
+
+    return decorate
+
+
+def _model_architecture(model: ModelSpec) -> str:
+    return model.architecture
+
+
+def _plan_architecture(plan: Plan) -> str:
+    return plan.model.architecture
 
 
 @_spec

@@ -55,7 +55,6 @@ BUILTIN_DISTRIBUTION = "kvpools"
 """Entry points declared by this distribution are the built-in plugins (loaded even with autoload off)."""
 
 
-
 class KvpoolsPluginWarning(UserWarning):
     """A plugin failed to load and was skipped (``KVPOOLS_PLUGIN_ERRORS=warn``)."""
 

@@ -1,21 +1,30 @@
-"""Real pools built from a plan: the request table, token-indexed K/V buffers, KV quantisation.
+"""The stores of the parts library: real pools built from a plan.
 
-Architecture plugins compose their pools from these pieces
-(:class:`~kvpools_core.pools.kv.LayerKV` per group of layers,
-:func:`~kvpools_core.pools.quant.codec_for` per KV dtype) and check, before
+Each storage kind of :mod:`kvpools_core.parts` has its store here — K/V rows
+(:class:`~kvpools_core.pools.mha.MHATokenToKVPool`, made of
+:class:`~kvpools_core.pools.kv.LayerKV` per group of layers), latent rows
+(:class:`~kvpools_core.pools.mla.MLATokenToKVPool`), latent rows plus indexer
+keys (:class:`~kvpools_core.pools.dsa.DSATokenToKVPool`) — and the request
+table.  Architecture plugins compose their pools from these and check, before
 allocating, that the bytes they are about to allocate are the bytes the plan
 charged (:func:`~kvpools_core.pools.kv.check_planned_bytes`).
 """
 
 from __future__ import annotations
 
+from kvpools_core.pools.dsa import DSATokenToKVPool
 from kvpools_core.pools.kv import LayerGeometry, LayerKV, PoolPlanMismatchError, check_planned_bytes
+from kvpools_core.pools.mha import MHATokenToKVPool
+from kvpools_core.pools.mla import MLATokenToKVPool
 from kvpools_core.pools.req_to_token import DecodeReqToTokenPool, ReqToTokenPool
 
 __all__ = [
+    "DSATokenToKVPool",
     "DecodeReqToTokenPool",
     "LayerGeometry",
     "LayerKV",
+    "MHATokenToKVPool",
+    "MLATokenToKVPool",
     "PoolPlanMismatchError",
     "ReqToTokenPool",
     "check_planned_bytes",

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import attrs
 import torch
 from torch import Tensor
 
 from kvpools_core.errors import KvpoolsError
+from kvpools_core.parts.attention import LayerGeometry
 from kvpools_core.pools.quant import KVCodec
 
 __all__ = ["LayerGeometry", "LayerKV", "PoolPlanMismatchError", "allocate", "check_planned_bytes", "tensor_nbytes"]
@@ -25,15 +25,6 @@ __all__ = ["LayerGeometry", "LayerKV", "PoolPlanMismatchError", "allocate", "che
 
 class PoolPlanMismatchError(KvpoolsError):
     """A pool would allocate other bytes than its plan charged (raised before anything is allocated)."""
-
-
-@attrs.frozen
-class LayerGeometry:
-    """What one layer stores per token on this rank: KV heads, K and V head dims."""
-
-    heads: int
-    head_dim: int
-    v_head_dim: int
 
 
 class LayerKV:

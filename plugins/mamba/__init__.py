@@ -8,8 +8,8 @@ SGLang (``_handle_max_mamba_cache``) takes the state cache out of the budget
 first — ``max_mamba_cache_size`` K slots — and sizes the KV tokens from the
 rest; requests are capped by ``K // ratio`` state slots per request.
 
-The cell size is the full-attention layers' KV (the MHA plugin's
-:func:`~kvpools_plugins.mha.attention_cell_size`, or the MLA plugin's latent row
+The cell size is the full-attention layers' KV (the parts library's
+:func:`~kvpools_core.parts.attention.attention_cell_size`, or its latent row
 for MLA-based hybrids, :mod:`.latent`; the speculative wrapper adds the
 draft's) with ``bytes_per_request`` = one state slot on this rank;
 ``size_pools`` does the split (:mod:`.sizing`), and the pools
@@ -25,14 +25,14 @@ from typing import Any
 
 import attrs
 
-from kvpools_core import hookimpl
+from kvpools_core import for_architecture, hookimpl
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parallel import pp_layer_range
+from kvpools_core.parts.attention import attention_cell_size, scale_block_problems
 from kvpools_core.values import Budget, CellSize, ModelSpec, Plan, PoolSizing, Serving
 
-from ..mha import attention_cell_size
 from .config import KV_KINDS, hybrid_family, hybrid_model_spec
 from .latent import is_mla_hybrid, latent_cell_size, latent_problems
 from .sizing import size_hybrid_pools
@@ -56,16 +56,14 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
 
 
 @hookimpl
+@for_architecture(ARCHITECTURE)
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
-    if model.architecture != ARCHITECTURE:
-        return None
     return hybrid_problems(model, serving)
 
 
 @hookimpl
+@for_architecture(ARCHITECTURE)
 def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
-    if model.architecture != ARCHITECTURE:
-        return None
     full_layers = rank_full_attention_layers(model, serving)
     if is_mla_hybrid(model):
         cell = latent_cell_size(full_layers, model, serving)
@@ -85,27 +83,24 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 
 
 @hookimpl
+@for_architecture(ARCHITECTURE)
 def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing | None:
-    if model.architecture != ARCHITECTURE:
-        return None
     return size_hybrid_pools(
         model, serving, cell, budget, owner=ARCHITECTURE, state_layers=len(rank_state_layer_ids(model, serving))
     )
 
 
 @hookimpl
+@for_architecture(ARCHITECTURE)
 def build_req_to_token_pool(plan: Plan, device: str, checked: bool) -> Any | None:
-    if plan.model.architecture != ARCHITECTURE:
-        return None
     from .pool import HybridReqToTokenPool
 
     return HybridReqToTokenPool.from_plan(plan, device, checked=checked)
 
 
 @hookimpl
+@for_architecture(ARCHITECTURE)
 def build_pool(plan: Plan, device: str) -> Any | None:
-    if plan.model.architecture != ARCHITECTURE:
-        return None
     from .pool import HybridLinearKVPool
 
     return HybridLinearKVPool.from_plan(plan, device)
@@ -159,13 +154,5 @@ def hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:
     if is_mla_hybrid(model):
         return problems + latent_problems(model, serving)
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
-    if kv.scale_block is not None:
-        dims = {layer.head_dim for layer in model.layers if layer.kind in KV_KINDS}
-        bad = sorted(d for d in dims if d % kv.scale_block)
-        if bad:
-            problems.append(
-                f"{option('kv_cache_dtype')} {kv.name} stores one scale per {kv.scale_block} values, but "
-                f"{model.name} has "
-                f"head dims {bad} that are not multiples of {kv.scale_block}. Use bf16, fp16 or fp8_e4m3."
-            )
-    return problems
+    dims = [layer.head_dim for layer in model.layers if layer.kind in KV_KINDS]
+    return problems + scale_block_problems(dims, kv, model.name)

@@ -29,9 +29,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvpools_core.config import LAYERS, ConfigReader, context_length, describe, model_dtype
+from kvpools_core.parts.latent import MLADims
 from kvpools_core.values import LayerSpec, ModelSpec
-
-from ..mla.config import MLADims
 
 ATTENTION = "attention"
 """A full-attention layer: K and V for every token."""

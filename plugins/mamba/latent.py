@@ -3,17 +3,17 @@
 SGLang sizes them with ``use_mla_backend`` (``DefaultPoolConfigurator._compute_cell_size``
 over the rank's ``full_attention_layer_ids``) and builds ``HybridLinearKVPool(use_mla=True)``,
 whose full pool is an ``MLATokenToKVPool`` of those layers only.  The row, its
-bytes per KV dtype and SGLang's charge are the ``mla`` plugin's
-(:mod:`kvpools_plugins.mla.latent`); this module only picks the layers.
+bytes per KV dtype and SGLang's charge are the parts library's
+(:mod:`kvpools_core.parts.latent`); this module only picks the layers.
 """
 
 from __future__ import annotations
 
 from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.parts.latent import LatentRow, MLADims, latent_dtype_problems, platform_problems
+from kvpools_core.parts.latent import latent_cell_size as _latent_cell_size
 from kvpools_core.values import CellSize, LayerSpec, ModelSpec, Serving
 
-from ..mla.config import MLADims
-from ..mla.latent import LatentRow, latent_dtype_problems, platform_problems, sglang_latent_cell
 from .config import MLA_ATTENTION
 
 
@@ -30,12 +30,10 @@ def latent_row(model: ModelSpec, serving: Serving) -> LatentRow:
 
 def latent_cell_size(layers: tuple[LayerSpec, ...], model: ModelSpec, serving: Serving) -> CellSize:
     """Cell size of this rank's MLA full-attention layers: one latent row per layer, whatever the TP."""
-    row = latent_row(model, serving)
-    sglang = sglang_latent_cell(row.dims, row.kv, len(layers))
-    return CellSize(parts=row.cell_parts(len(layers)), sglang_bytes_per_token=max(sglang, 1), num_layers=len(layers))
+    return _latent_cell_size(latent_row(model, serving), len(layers))
 
 
 def latent_problems(model: ModelSpec, serving: Serving) -> list[str]:
-    """KV dtypes the latent row cannot hold, and SGLang's CPU fp8 MLA rejection (the ``mla`` plugin's rules)."""
+    """KV dtypes the latent row cannot hold, and SGLang's CPU fp8 MLA rejection (the parts library's rules)."""
     row = latent_row(model, serving)
     return latent_dtype_problems(row.dims, row.kv, model.name) + platform_problems(row.kv, serving.platform, model.name)

@@ -10,7 +10,7 @@
   SGLang, and the speculative intermediate state ``(layers, rows, D, *shape)``
   (the dense layout, whose bytes are SGLang's charge).
 * :class:`HybridLinearKVPool` — K and V of the full-attention layers only
-  (an MLA latent row for MLA-based hybrids: the ``mla`` plugin's
+  (an MLA latent row for MLA-based hybrids: the parts library's
   ``MLATokenToKVPool``), addressed by global layer id (and the draft model's KV pool).
 """
 
@@ -22,13 +22,14 @@ import torch
 from torch import Tensor
 
 from kvpools_core.allocators import TokenAllocator
+from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL, draft_num_layers
 from kvpools_core.pools import ReqToTokenPool, check_planned_bytes
 from kvpools_core.pools.kv import allocate, tensor_nbytes
+from kvpools_core.pools.mha import MHATokenToKVPool
+from kvpools_core.pools.mla import MLATokenToKVPool, check_latent_bytes
 from kvpools_core.sizing import req_to_token_row_len, req_to_token_rows
 from kvpools_core.values import Plan
 
-from ..mha.pool import MHATokenToKVPool
-from ..mla.pool import MLATokenToKVPool, check_latent_bytes, draft_num_layers
 from .latent import is_mla_hybrid, latent_row
 from .sizing import (
     MAPPING_POOL,
@@ -43,8 +44,7 @@ from .state import StateShape, rank_full_attention_layers, rank_state_layer_ids,
 
 __all__ = ["HybridLinearKVPool", "HybridReqToTokenPool", "MambaSpecState", "MambaStatePool"]
 
-KV_POOL = "kv"
-DRAFT_POOL = "draft_kv"
+DRAFT_POOL = DRAFT_KV_POOL
 
 
 class MambaStatePool:

@@ -17,20 +17,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvpools_core import hookimpl
-from kvpools_core.config import DIM, ConfigReader, context_length, model_dtype
+from kvpools_core import for_architecture, hookimpl
+from kvpools_core.config import DIM, ConfigReader, context_length, derived_head_dim, model_dtype
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.options import option
 from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
+from kvpools_core.parts.attention import attention_cell_size
+from kvpools_core.parts.names import INDEX_POOL
 from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Plan, Serving
-
-from ..mha import attention_cell_size, derived_head_dim
 
 ARCHITECTURE = "minimax_sparse"
 SPARSE_ARCHITECTURES = frozenset({"MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration"})
 DENSE = "attention"
 SPARSE = "sparse_attention"
-INDEX_POOL = "indexer"
 PRESET_DIR = Path(__file__).parent / "presets"
 
 _CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
@@ -93,9 +92,8 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
 
 
 @hookimpl
+@for_architecture(ARCHITECTURE)
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
-    if model.architecture != ARCHITECTURE:
-        return None
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
     dims = sorted({layer.head_dim for layer in model.layers})
     if kv.scale_block is not None and any(d % kv.scale_block for d in dims):
@@ -107,9 +105,8 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 
 
 @hookimpl
+@for_architecture(ARCHITECTURE)
 def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
-    if model.architecture != ARCHITECTURE:
-        return None
     start, end = rank_layer_range(model, serving)
     layers = model.layers[start:end]
     cell = sparse_cell_size(layers, model, serving)
@@ -124,9 +121,8 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 
 
 @hookimpl
+@for_architecture(ARCHITECTURE)
 def build_pool(plan: Plan, device: str) -> Any | None:
-    if plan.model.architecture != ARCHITECTURE:
-        return None
     from .pool import MiniMaxSparseKVPool
 
     return MiniMaxSparseKVPool.from_plan(plan, device)

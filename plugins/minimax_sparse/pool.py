@@ -18,18 +18,18 @@ from torch import Tensor
 
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
+from kvpools_core.parts.attention import layer_geometry
+from kvpools_core.parts.names import DRAFT_INDEX_POOL, DRAFT_KV_POOL, INDEX_POOL, KV_POOL
 from kvpools_core.pools.kv import LayerKV, allocate, check_planned_bytes, tensor_nbytes
 from kvpools_core.pools.quant import KVCodec, codec_for
 from kvpools_core.values import LayerSpec, Plan, Serving
 
-from ..mha.pool import layer_geometry
-from . import INDEX_POOL, SPARSE
+from . import SPARSE
 
 __all__ = ["MiniMaxSparseKVPool"]
 
-MAIN_POOL = "kv"
-DRAFT_POOL = "draft_kv"
-DRAFT_INDEX_POOL = f"draft_{INDEX_POOL}"
+MAIN_POOL = KV_POOL
+DRAFT_POOL = DRAFT_KV_POOL
 
 
 class MiniMaxSparseKVPool:

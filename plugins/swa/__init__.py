@@ -25,14 +25,14 @@ from typing import Any
 
 import attrs
 
-from kvpools_core import hookimpl
+from kvpools_core import for_architecture, hookimpl
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
+from kvpools_core.parts.attention import attention_cell_size, scale_block_problems
+from kvpools_core.parts.indexer import INDEX_EXTRA_SLOTS, INDEX_POOL
 from kvpools_core.values import Budget, CellPart, CellSize, ModelSpec, Plan, PoolSizing, Serving
 
-from ..dsa import INDEX_EXTRA_SLOTS, INDEX_POOL
-from ..mha import attention_cell_size
 from .config import ARCHITECTURE, FULL, SLIDING, parse_swa_config
 from .mla import full_row, index_bytes, is_dsa, is_latent, latent_problems, swa_row
 from .sizing import (
@@ -62,9 +62,8 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
 
 
 @hookimpl
+@for_architecture(ARCHITECTURE)
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
-    if model.architecture != ARCHITECTURE:
-        return None
     problems = []
     if serving.dcp_size > 1:
         problems.append(
@@ -74,36 +73,25 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
     if is_latent(model):
         return problems + latent_problems(model, serving, serving.speculative_algorithm in DRAFT_KV_ALGORITHMS)
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
-    if kv.scale_block is not None:
-        dims = {layer.head_dim for layer in model.layers} | {layer.v_head_dim for layer in model.layers}
-        bad = sorted(d for d in dims if d % kv.scale_block)
-        if bad:
-            problems.append(
-                f"{option('kv_cache_dtype')} {kv.name} stores one scale per {kv.scale_block} values, but "
-                f"{model.name} has "
-                f"head dims {bad} that are not multiples of {kv.scale_block}. Use bf16, fp16 or fp8_e4m3."
-            )
-    return problems
+    dims = [layer.head_dim for layer in model.layers] + [layer.v_head_dim for layer in model.layers]
+    return problems + scale_block_problems(dims, kv, model.name)
 
 
 @hookimpl
+@for_architecture(ARCHITECTURE)
 def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
-    if model.architecture != ARCHITECTURE:
-        return None
     return swa_cell_size(model, serving)
 
 
 @hookimpl
+@for_architecture(ARCHITECTURE)
 def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing | None:
-    if model.architecture != ARCHITECTURE:
-        return None
     return size_swa_pools(model, serving, cell, budget)
 
 
 @hookimpl
+@for_architecture(ARCHITECTURE)
 def build_pool(plan: Plan, device: str) -> Any | None:
-    if plan.model.architecture != ARCHITECTURE:
-        return None
     if is_latent(plan.model):
         from .mla_pool import SWAMLAKVPool
 
@@ -114,9 +102,8 @@ def build_pool(plan: Plan, device: str) -> Any | None:
 
 
 @hookimpl
+@for_architecture(ARCHITECTURE)
 def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | None:
-    if plan.model.architecture != ARCHITECTURE:
-        return None
     from .allocator import allocator_for_plan
 
     return allocator_for_plan(plan, pool, device, checked=checked)

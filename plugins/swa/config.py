@@ -42,11 +42,18 @@ from typing import Any
 
 import attrs
 
-from kvpools_core.config import ConfigReader, context_length, describe, model_dtype
+from kvpools_core.config import (
+    ConfigReader,
+    context_length,
+    derived_head_dim,
+    describe,
+    is_deepseek_dsa,
+    is_deepseek_v4,
+    model_dtype,
+    sliding_window_active,
+)
+from kvpools_core.parts.latent import MLADims
 from kvpools_core.values import LayerSpec, ModelSpec
-
-from ..mha import derived_head_dim, sliding_window_active
-from ..mla.config import MLADims, is_deepseek_dsa, is_deepseek_v4
 
 ARCHITECTURE = "swa"
 FULL = "attention"

@@ -4,10 +4,10 @@ SGLang's ``_build_hybrid_mla_swa_kv_pool`` keeps the full layers in an
 ``MLATokenToKVPool`` (or a ``DSATokenToKVPool`` when ``is_deepseek_dsa``: the
 row in ``calculate_mla_kv_cache_dim``'s layout plus the paged indexer key) and
 the sliding layers in an ``MLATokenToKVPool`` of their own latent dims, inside
-one ``SWAKVPool``.  The rows are the :mod:`kvpools_plugins.mla` /
-:mod:`kvpools_plugins.dsa` math, applied to the layers of each kind
-(:func:`latent_view`); the swa plugin's two-pool sizing, mapping and dual
-allocator are unchanged.
+one ``SWAKVPool``.  The rows are the parts library's
+(:mod:`kvpools_core.parts.latent`, :mod:`kvpools_core.parts.indexer`), applied
+to the layers of each kind (:func:`latent_view`); the swa plugin's two-pool
+sizing, mapping and dual allocator are unchanged.
 
 ``--accounting sglang`` is refused (:data:`SGLANG_ACCOUNTING_PROBLEM`): the
 reference ``HybridSWAPoolConfigurator`` charges MHA geometry
@@ -22,11 +22,10 @@ import attrs
 
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.options import option
+from kvpools_core.parts.indexer import dsa_problems, index_row_bytes, latent_row, layer_split
+from kvpools_core.parts.latent import LatentRow, mla_problems, model_dims
 from kvpools_core.values import LayerSpec, ModelSpec, Serving
 
-from ..dsa import dsa_problems, index_row_bytes, latent_row, layer_split
-from ..mla import mla_problems, model_dims
-from ..mla.latent import LatentRow
 from .config import FULL, LATENT, SLIDING
 
 __all__ = [
@@ -64,9 +63,9 @@ def is_dsa(model: ModelSpec) -> bool:
 
 
 def latent_view(model: ModelSpec, kind: str) -> ModelSpec | None:
-    """The layers of one kind as a model of their own (re-indexed), for the MLA / DSA plugins' helpers.
+    """The layers of one kind as a model of their own (re-indexed), for the latent / indexer parts.
 
-    Those helpers read a model's latent dims from its first layer; a view
+    Those parts read a model's latent dims from its first layer; a view
     gives them the full (or the sliding) layers only.  None when the model
     has no layer of that kind.
     """

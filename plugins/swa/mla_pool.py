@@ -1,9 +1,9 @@
 """The hybrid MLA-SWA KV pool: SGLang's ``SWAKVPool`` over MLA / DSA sub-pools, built from a plan.
 
-As ``_build_hybrid_mla_swa_kv_pool``: the full layers' store is the MLA
-plugin's :class:`~kvpools_plugins.mla.pool.MLATokenToKVPool` (or the DSA
-plugin's :class:`~kvpools_plugins.dsa.pool.DSATokenToKVPool`, with the
-indexer keys) of ``full + page_size`` rows; the sliding layers' store is an
+As ``_build_hybrid_mla_swa_kv_pool``: the full layers' store is the parts
+library's :class:`~kvpools_core.pools.mla.MLATokenToKVPool` (or
+:class:`~kvpools_core.pools.dsa.DSATokenToKVPool`, with the indexer keys)
+of ``full + page_size`` rows; the sliding layers' store is an
 ``MLATokenToKVPool`` of their own latent dims with ``swa + page_size`` rows.
 Each sub-pool numbers its layers 0..n-1; a global layer id is looked up in
 ``layers_mapping`` (``layer id → (index in its store, is_swa)``).  Kernels
@@ -18,13 +18,13 @@ import torch
 from torch import Tensor
 
 from kvpools_core.parallel import rank_layer_range
+from kvpools_core.parts.indexer import INDEX_POOL
+from kvpools_core.parts.latent import LatentRow
+from kvpools_core.pools.dsa import DSATokenToKVPool, check_index_bytes
 from kvpools_core.pools.kv import check_planned_bytes, tensor_nbytes
+from kvpools_core.pools.mla import MLATokenToKVPool, check_latent_bytes
 from kvpools_core.values import Plan
 
-from ..dsa import INDEX_POOL
-from ..dsa.pool import DSATokenToKVPool, check_index_bytes
-from ..mla.latent import LatentRow
-from ..mla.pool import MLATokenToKVPool, check_latent_bytes
 from .config import FULL, SLIDING
 from .mla import full_row, index_bytes, is_dsa, latent_view, swa_row
 from .pool import SWARouting, new_mapping

@@ -24,11 +24,11 @@ from torch import Tensor
 
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
-from kvpools_core.pools.kv import LayerGeometry, LayerKV, allocate, check_planned_bytes, tensor_nbytes
+from kvpools_core.parts.attention import LayerGeometry, layer_geometry
+from kvpools_core.pools.kv import LayerKV, allocate, check_planned_bytes, tensor_nbytes
 from kvpools_core.pools.quant import KVCodec, codec_for
 from kvpools_core.values import LayerSpec, Plan, Serving
 
-from ..mha.pool import layer_geometry
 from .config import FULL, SLIDING
 from .sizing import DRAFT_POOL, FULL_POOL, MAPPING_ITEM_BYTES, MAPPING_POOL, SWA_POOL, draft_layer, draft_num_layers
 
@@ -276,5 +276,5 @@ def new_mapping(size: int, page_size: int, device: str | torch.device) -> Tensor
 
 
 def geometry(layer: LayerSpec, serving: Serving) -> LayerGeometry:
-    """What one layer stores per token on this rank (the MHA plugin's head sharding)."""
+    """What one layer stores per token on this rank (the parts library's head sharding)."""
     return layer_geometry([layer], serving)[0]

@@ -31,6 +31,8 @@ import attrs
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.errors import InsufficientMemoryError
 from kvpools_core.options import option
+from kvpools_core.parts.indexer import INDEX_POOL
+from kvpools_core.parts.names import DRAFT_KV_POOL
 from kvpools_core.sizing import (
     RequestLimit,
     alloc_len_per_decode,
@@ -47,13 +49,12 @@ from kvpools_core.sizing import (
 )
 from kvpools_core.values import Budget, CellSize, LayerSpec, ModelSpec, PoolSizing, PoolSpec, Serving
 
-from ..dsa import INDEX_POOL
 from .config import FULL, SGLANG_HYBRID_SWA_ARCHITECTURES, SLIDING
 from .mla import is_latent, latent_bytes_per_layer
 
 FULL_POOL = "kv_full"
 SWA_POOL = "kv_swa"
-DRAFT_POOL = "draft_kv"
+DRAFT_POOL = DRAFT_KV_POOL
 MAPPING_POOL = "full_to_swa"
 SWA_ALLOCATOR = "swa_allocator"
 MAPPING_ITEM_BYTES = 8  # int64 SWA slot per full slot

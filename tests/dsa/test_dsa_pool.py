@@ -8,9 +8,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from kvpools_plugins.dsa.pool import DSATokenToKVPool
 
 from kvpools_core import InsufficientMemoryError, Plan, Serving, build, plan
+from kvpools_core.pools.dsa import DSATokenToKVPool
 from kvpools_core.pools.quant import fp8_quantize
 
 from ..mla.oracle_support import latent_configs, parse

@@ -34,11 +34,11 @@ from hypothesis import strategies as st
 from kvpools_plugins import dsa, mamba, mla
 from kvpools_plugins.mamba import hybrid_problems
 from kvpools_plugins.mamba.pool import HybridLinearKVPool, HybridReqToTokenPool
-from kvpools_plugins.mla.pool import MLATokenToKVPool
 
 from kvpools_core import Serving, build, plan
 from kvpools_core.config import parse_config
 from kvpools_core.errors import ConfigError, InsufficientMemoryError
+from kvpools_core.pools.mla import MLATokenToKVPool
 from kvpools_core.registry import get_registry
 from tests.oracle.locate import require_oracle
 

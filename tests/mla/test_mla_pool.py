@@ -9,10 +9,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from kvpools_plugins.mla.pool import MLATokenToKVPool
 
 from kvpools_core import InsufficientMemoryError, Plan, Serving, build, plan
 from kvpools_core.pools import PoolPlanMismatchError
+from kvpools_core.pools.mla import MLATokenToKVPool
 from kvpools_core.pools.quant import fp4_dequantize, fp4_quantize, fp8_quantize
 from kvpools_core.values import ModelSpec
 

@@ -8,10 +8,10 @@ import attrs
 import pytest
 import torch
 from kvpools_plugins.mha import build_pool
-from kvpools_plugins.mha.pool import MHATokenToKVPool
 
 from kvpools_core import ModelSpec, Plan, build
 from kvpools_core.pools import PoolPlanMismatchError
+from kvpools_core.pools.mha import MHATokenToKVPool
 
 MODEL_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 

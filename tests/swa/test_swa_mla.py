@@ -17,8 +17,6 @@ from typing import Any
 
 import pytest
 import torch
-from kvpools_plugins.dsa.pool import DSATokenToKVPool
-from kvpools_plugins.mla.pool import MLATokenToKVPool
 from kvpools_plugins.swa.allocator import SWATokenToKVPoolAllocator
 from kvpools_plugins.swa.mla_pool import SWAMLAKVPool
 
@@ -26,6 +24,8 @@ from kvpools_core.building import build
 from kvpools_core.errors import ConfigError, UnsupportedCombinationError
 from kvpools_core.options import cli_surface
 from kvpools_core.pipeline import plan
+from kvpools_core.pools.dsa import DSATokenToKVPool
+from kvpools_core.pools.mla import MLATokenToKVPool
 from kvpools_core.pools.quant import fp8_quantize
 from kvpools_core.registry import get_registry
 from kvpools_core.values import ModelSpec, Serving

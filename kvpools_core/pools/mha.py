@@ -17,15 +17,17 @@ import torch
 from torch import Tensor
 
 from kvpools_core.dtypes import resolve_kv_dtype
-from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
-from kvpools_core.pools.kv import LayerGeometry, LayerKV, PoolPlanMismatchError, check_planned_bytes
+from kvpools_core.parallel import rank_layer_range
+from kvpools_core.parts.attention import LayerGeometry, layer_geometry
+from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL
+from kvpools_core.pools.kv import LayerKV, PoolPlanMismatchError, check_planned_bytes
 from kvpools_core.pools.quant import KVCodec, codec_for
-from kvpools_core.values import LayerSpec, Plan, Serving
+from kvpools_core.values import LayerSpec, Plan
 
-__all__ = ["MHATokenToKVPool", "layer_geometry", "plan_layer_geometry"]
+__all__ = ["MHATokenToKVPool", "plan_layer_geometry"]
 
-MAIN_POOL = "kv"
-DRAFT_POOL = "draft_kv"
+MAIN_POOL = KV_POOL
+DRAFT_POOL = DRAFT_KV_POOL
 
 
 class MHATokenToKVPool:
@@ -78,8 +80,9 @@ class MHATokenToKVPool:
     ) -> MHATokenToKVPool:
         """A pool of ``layers`` (full attention, this rank) and the plan's draft pool, if it has one.
 
-        Hybrid plugins that keep MHA KV for some layers only (mamba) build it
-        here too, so the bytes checks and the draft's shape live in one place.
+        Architectures that keep K/V for some layers only (linear-attention
+        hybrids) build it here too, so the bytes checks and the draft's shape
+        live in one place.
         """
         serving = plan.serving
         kv = resolve_kv_dtype(serving.kv_cache_dtype, plan.model.dtype)
@@ -199,18 +202,6 @@ class MHATokenToKVPool:
             f"MHATokenToKVPool(size={self.size}, page_size={self.page_size}, dtype={self.dtype}, "
             f"layers=[{self.start_layer}, {self.end_layer}), device={self.device}{draft})"
         )
-
-
-def layer_geometry(layers: Sequence[LayerSpec], serving: Serving) -> list[LayerGeometry]:
-    """Per layer: the KV heads this rank stores (attention TP, DCP), K and V head dims."""
-    return [
-        LayerGeometry(
-            heads=kv_heads_per_rank(layer.num_kv_heads, serving.attn_tp_size, serving.dcp_size),
-            head_dim=layer.head_dim,
-            v_head_dim=layer.v_head_dim,
-        )
-        for layer in layers
-    ]
 
 
 def plan_layer_geometry(plan: Plan) -> list[LayerGeometry]:

@@ -22,26 +22,24 @@ from torch import Tensor
 
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
+from kvpools_core.parts.latent import FP8_BLOCK, LatentRow, MLADims, model_dims
+from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL, draft_num_layers
 from kvpools_core.pools.kv import allocate, check_planned_bytes, tensor_nbytes
 from kvpools_core.pools.quant import KVCodec, codec_for, fp8_quantize
 from kvpools_core.values import Plan
-
-from .config import MLADims
-from .latent import FP8_BLOCK, LatentRow
 
 __all__ = [
     "DRAFT_POOL",
     "MAIN_POOL",
     "MLATokenToKVPool",
     "check_latent_bytes",
-    "draft_num_layers",
     "pack_fp8_rows",
     "quantize_fp8_blocks",
     "unpack_fp8_rows",
 ]
 
-MAIN_POOL = "kv"
-DRAFT_POOL = "draft_kv"
+MAIN_POOL = KV_POOL
+DRAFT_POOL = DRAFT_KV_POOL
 _E4M3_MAX = 448.0
 
 
@@ -92,8 +90,6 @@ class MLATokenToKVPool:
     @classmethod
     def from_plan(cls, plan: Plan, device: str | torch.device) -> MLATokenToKVPool:
         """The pool (and its draft pool) of an MLA plan; refuses, before allocating, bytes the plan did not charge."""
-        from . import model_dims
-
         serving = plan.serving
         row = LatentRow(model_dims(plan.model), resolve_kv_dtype(serving.kv_cache_dtype, plan.model.dtype))
         start, end = rank_layer_range(plan.model, serving)
@@ -303,13 +299,6 @@ class MLATokenToKVPool:
             f"row={self.row.row_bytes} B, layers=[{self.start_layer}, {self.end_layer}){split}, "
             f"device={self.device}{draft})"
         )
-
-
-def draft_num_layers(plan: Plan) -> int | None:
-    """The draft model's layers when the plan has a draft KV pool, else None."""
-    if not any(p.name == DRAFT_POOL for p in plan.pools):
-        return None
-    return plan.serving.speculative_draft_num_layers or 0
 
 
 def check_latent_bytes(plan: Plan, pool: str, row: LatentRow, rows: int, num_layers: int) -> None:

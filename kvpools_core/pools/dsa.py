@@ -1,6 +1,6 @@
 """The DSA KV pool: SGLang's ``DSATokenToKVPool`` (and its cache-layer-split variant) built from a plan.
 
-The MLA latent rows (:class:`~kvpools_plugins.mla.pool.MLATokenToKVPool`,
+The MLA latent rows (:class:`~kvpools_core.pools.mla.MLATokenToKVPool`,
 packed 656-byte fp8 rows when the plan says so) plus, per layer, the
 indexer's key cache: ``((size + page_size + 1) // page_size, page_size ×
 132)`` uint8 pages.  Within a page the fp8 keys of its ``page_size`` tokens
@@ -15,24 +15,23 @@ import torch
 from torch import Tensor
 
 from kvpools_core.parallel import rank_layer_range
+from kvpools_core.parts.indexer import (
+    INDEX_BLOCK,
+    INDEX_SCALE_BYTES,
+    index_pages,
+    index_row_bytes,
+    latent_row,
+    owned_layers,
+)
+from kvpools_core.parts.latent import LatentRow
+from kvpools_core.parts.names import DRAFT_INDEX_POOL, INDEX_POOL, draft_num_layers
 from kvpools_core.pools.kv import allocate, check_planned_bytes, tensor_nbytes
+from kvpools_core.pools.mla import DRAFT_POOL, MAIN_POOL, MLATokenToKVPool, check_latent_bytes, quantize_fp8_blocks
 from kvpools_core.values import Plan
 
-from ..mla.latent import LatentRow
-from ..mla.pool import (
-    DRAFT_POOL,
-    MAIN_POOL,
-    MLATokenToKVPool,
-    check_latent_bytes,
-    draft_num_layers,
-    quantize_fp8_blocks,
-)
-from . import INDEX_BLOCK, INDEX_POOL, index_row_bytes, latent_row, owned_layers
+__all__ = ["DSATokenToKVPool", "check_index_bytes"]
 
-__all__ = ["DRAFT_INDEX_POOL", "DSATokenToKVPool", "index_pages"]
-
-DRAFT_INDEX_POOL = f"draft_{INDEX_POOL}"
-_SCALE_BYTES = 4
+_SCALE_BYTES = INDEX_SCALE_BYTES
 
 
 class DSATokenToKVPool(MLATokenToKVPool):
@@ -193,11 +192,6 @@ class DSATokenToKVPool(MLATokenToKVPool):
         scale_bytes = self.index_scales * _SCALE_BYTES
         scale_cols = page * self.index_head_dim + offset * scale_bytes + torch.arange(scale_bytes, device=loc.device)
         return pages, key_cols, scale_cols
-
-
-def index_pages(size: int, page_size: int) -> int:
-    """Pages of one layer's indexer buffer: ``(size + page_size + 1) // page_size`` (page 0 pads)."""
-    return (size + page_size + 1) // page_size
 
 
 def check_index_bytes(plan: Plan, pool: str, size: int, page_size: int, index_row: int, num_layers: int) -> None:

@@ -1,0 +1,109 @@
+"""Attention K/V rows: what one full- or sliding-attention layer stores per token on one rank.
+
+Each layer keeps K (``head_dim``) and V (``v_head_dim``) for the KV heads this
+rank stores: attention TP shards heads, decode context parallelism (DCP)
+shards tokens, so a DCP rank stores ``kv_heads_per_rank(heads, attn_tp, dcp)``
+heads while SGLang charges heads sharded by attention TP only.  The bytes per
+KV dtype: ``element × dim`` per head; fp4 packs two values per byte and adds
+one uint8 scale per 16 values; mxfp8 adds one e8m0 scale per 32 values (which
+SGLang's estimate omits).  Every architecture that keeps K and V (MHA/GQA,
+sliding window, MiniMax sparse, linear-attention hybrids) composes these; the
+store that allocates them is :class:`kvpools_core.pools.mha.MHATokenToKVPool`
+(one :class:`kvpools_core.pools.kv.LayerKV` per group of layers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+from kvpools_core.dtypes import KVDtype, resolve_kv_dtype
+from kvpools_core.options import option
+from kvpools_core.parallel import kv_heads_per_rank
+from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Serving
+
+__all__ = ["LayerGeometry", "attention_cell_size", "layer_geometry", "scale_block_problems", "sglang_fp4_cell"]
+
+
+@attrs.frozen
+class LayerGeometry:
+    """What one layer stores per token on this rank: KV heads, K and V head dims."""
+
+    heads: int
+    head_dim: int
+    v_head_dim: int
+
+
+def layer_geometry(layers: Sequence[LayerSpec], serving: Serving) -> list[LayerGeometry]:
+    """Per layer: the KV heads this rank stores (attention TP, DCP), K and V head dims."""
+    return [
+        LayerGeometry(
+            heads=kv_heads_per_rank(layer.num_kv_heads, serving.attn_tp_size, serving.dcp_size),
+            head_dim=layer.head_dim,
+            v_head_dim=layer.v_head_dim,
+        )
+        for layer in layers
+    ]
+
+
+def attention_cell_size(
+    layers: tuple[LayerSpec, ...], model: ModelSpec, serving: Serving, pool: str = "kv"
+) -> CellSize:
+    """K and V (and their scales) of full-attention ``layers`` on this rank, as parts of ``pool``.
+
+    SGLang charges heads sharded by attention TP only; the pool really stores
+    ``kv_heads_per_rank(heads, attn_tp, dcp)`` heads (DCP shards tokens, not heads).
+    """
+    kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
+    e = kv.element_bytes
+    sglang = 0
+    k_bytes = v_bytes = k_scale = v_scale = 0
+    for layer in layers:
+        heads = kv_heads_per_rank(layer.num_kv_heads, serving.attn_tp_size)
+        stored = kv_heads_per_rank(layer.num_kv_heads, serving.attn_tp_size, serving.dcp_size)
+        d, dv = layer.head_dim, layer.v_head_dim
+        if kv.is_fp4:
+            # Packed data (two values per byte) + one uint8 scale per 16 values.
+            k_bytes += stored * d // 2
+            v_bytes += stored * dv // 2
+            k_scale += stored * d // 16
+            v_scale += stored * dv // 16
+        else:
+            sglang += heads * (d + dv) * e
+            k_bytes += stored * d * e
+            v_bytes += stored * dv * e
+            if kv.scale_block:  # mxfp8: one e8m0 scale per 32 values, which SGLang's estimate omits
+                k_scale += stored * (d // kv.scale_block)
+                v_scale += stored * (dv // kv.scale_block)
+    if kv.is_fp4:
+        # SGLang applies the fp4 formula to the whole cell, not layer by layer.
+        sglang = sglang_fp4_cell(layers, serving, e)
+    parts = [CellPart("k", k_bytes, pool), CellPart("v", v_bytes, pool)]
+    if k_scale or v_scale:
+        parts += [CellPart("k_scale", k_scale, pool), CellPart("v_scale", v_scale, pool)]
+    return CellSize(parts=parts, sglang_bytes_per_token=max(sglang, 1), num_layers=len(layers))
+
+
+def sglang_fp4_cell(layers: tuple[LayerSpec, ...], serving: Serving, e: int) -> int:
+    """SGLang's fp4 MHA cell: its formula over the first layer's geometry times the layer count."""
+    if not layers:
+        return 0
+    first = layers[0]
+    n = kv_heads_per_rank(first.num_kv_heads, serving.attn_tp_size)
+    num = len(layers)
+    cell = n * (first.head_dim + first.v_head_dim) * num * e
+    return cell // 2 + (n * first.head_dim * num * 2 * e) // 16
+
+
+def scale_block_problems(head_dims: Iterable[int], kv: KVDtype, model_name: str) -> list[str]:
+    """A block-scaled KV dtype (mxfp8) needs every stored head dim to be a multiple of its block."""
+    if kv.scale_block is None:
+        return []
+    bad = sorted(d for d in set(head_dims) if d % kv.scale_block)
+    if not bad:
+        return []
+    return [
+        f"{option('kv_cache_dtype')} {kv.name} stores one scale per {kv.scale_block} values, but {model_name} has "
+        f"head dims {bad} that are not multiples of {kv.scale_block}. Use bf16, fp16 or fp8_e4m3."
+    ]

@@ -1,0 +1,139 @@
+"""DeepSeek sparse attention's storage: the lightning indexer's key row and the DSA latent row.
+
+Every DSA layer (DeepSeek-V3.2, GLM-5, and the DSA full layers of hybrid
+MLA-SWA models) caches an MLA latent row (:mod:`kvpools_core.parts.latent`)
+and, in a separate paged buffer, the indexer key: ``index_head_dim`` fp8 values
+and one fp32 scale per 128 of them (132 bytes for ``index_head_dim`` 128).
+With fp8 KV the latent row is FlashMLA's packed layout
+(``calculate_mla_kv_cache_dim``) unless a backend of the local role reads the
+raw row.  The indexer buffer holds ``(tokens + page_size + 1) // page_size``
+pages, so its parts declare ``extra_slots=1``.  GLM's cache layer split
+stores ``ceil(L / cp) + 1`` layers per CP rank.  The store that allocates
+these is :class:`kvpools_core.pools.dsa.DSATokenToKVPool`.
+
+SGLang's DSA rules name platforms (CUDA's page size 64, ROCm's raw-layout
+backends and paging); they are SGLang's facts about its own DSA kernels, kept
+here beside the row they decide, keyed on ``Serving.platform``.
+"""
+
+from __future__ import annotations
+
+from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.options import option
+from kvpools_core.parts.latent import FP8_BLOCK, LatentRow, mla_problems, model_dims
+from kvpools_core.parts.names import INDEX_POOL
+from kvpools_core.values import ModelSpec, Serving
+
+__all__ = [
+    "CUDA_PAGE_SIZE",
+    "INDEX_BLOCK",
+    "INDEX_EXTRA_SLOTS",
+    "INDEX_HEAD_DIM",
+    "INDEX_POOL",
+    "INDEX_SCALE_BYTES",
+    "RAW_LAYOUT_ROCM_BACKENDS",
+    "ROCM_PLATFORMS",
+    "dsa_problems",
+    "index_pages",
+    "index_row_bytes",
+    "latent_row",
+    "layer_split",
+    "owned_layers",
+    "page_size_problems",
+    "reads_raw_latent",
+    "stored_layers",
+]
+
+INDEX_BLOCK = 128
+"""Index-key values sharing one fp32 scale (``DSATokenToKVPool.quant_block_size``)."""
+INDEX_SCALE_BYTES = 4
+"""fp32 scales of the index keys."""
+INDEX_HEAD_DIM = 128
+"""The only index head dim SGLang's DSA pool accepts."""
+INDEX_EXTRA_SLOTS = 1
+"""The indexer buffer holds ``(tokens + page_size + 1) // page_size`` pages (two padding slots at page size 1)."""
+CUDA_PAGE_SIZE = 64
+RAW_LAYOUT_ROCM_BACKENDS = frozenset({"tilelang", "triton", "aiter"})
+ROCM_PLATFORMS = frozenset({"rocm", "hip"})
+
+
+def dsa_problems(model: ModelSpec, serving: Serving) -> list[str]:
+    """What SGLang's DSA pools cannot hold for this model (its MLA latent, its indexer, the page size)."""
+    problems = mla_problems(model, serving)
+    index_dim = model.layers[0].params["index_head_dim"]
+    if index_dim != INDEX_HEAD_DIM:
+        problems.append(
+            f"{model.name} has index_head_dim {index_dim}; SGLang's DSA pool (and its indexer kernels) "
+            f"support index_head_dim {INDEX_HEAD_DIM} only."
+        )
+    row = latent_row(model, serving)
+    if row.packed_fp8 and row.dims.kv_lora_rank % FP8_BLOCK:
+        problems.append(
+            f"DSA's fp8 latent row stores one scale per {FP8_BLOCK} values, but {model.name} has kv_lora_rank "
+            f"{row.dims.kv_lora_rank}. Use {option('kv_cache_dtype')} bf16, or a trtllm DSA backend (raw fp8 layout)."
+        )
+    problems += page_size_problems(serving)
+    return problems
+
+
+def latent_row(model: ModelSpec, serving: Serving) -> LatentRow:
+    """SGLang's ``calculate_mla_kv_cache_dim``: the packed fp8 row unless the local role reads raw MLA rows."""
+    kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
+    packed = kv.name == "fp8_e4m3" and not reads_raw_latent(serving)
+    return LatentRow(model_dims(model), kv, packed_fp8=packed)
+
+
+def reads_raw_latent(serving: Serving) -> bool:
+    """TRTLLM backends of the local role (and ROCm's tilelang/triton/aiter) read the raw 576-element MLA row."""
+    prefill, decode = serving.dsa_prefill_backend, serving.dsa_decode_backend
+    role = {"decode": (decode,), "prefill": (prefill,)}.get(serving.disaggregation_mode, (prefill, decode))
+    if "trtllm" in role:
+        return True
+    return serving.platform in ROCM_PLATFORMS and bool({prefill, decode} & RAW_LAYOUT_ROCM_BACKENDS)
+
+
+def layer_split(serving: Serving) -> bool:
+    """The GLM DSA cache layer split: ``--enable-dsa-cache-layer-split`` with ``--attn-cp-size`` above 1."""
+    return serving.enable_dsa_cache_layer_split and serving.attn_cp_size > 1
+
+
+def stored_layers(num_layers: int, serving: Serving) -> int:
+    """``get_glm_dsa_layer_split_effective_num_layers``: ``ceil(L / cp) + 1`` under the split, else ``L``."""
+    if not layer_split(serving):
+        return num_layers
+    return max(1, -(-num_layers // serving.attn_cp_size) + 1)
+
+
+def owned_layers(start: int, end: int, serving: Serving) -> range | None:
+    """Global layers CP rank 0 owns under the split (SGLang's contiguous split; rank 0's share is the largest)."""
+    if not layer_split(serving):
+        return None
+    return range(start, start + -(-(end - start) // serving.attn_cp_size))
+
+
+def index_row_bytes(model: ModelSpec) -> int:
+    """Indexer bytes per token per layer: fp8 keys and one fp32 scale per 128 (132 for index_head_dim 128)."""
+    dim = int(model.layers[0].params["index_head_dim"])
+    return dim + dim // INDEX_BLOCK * INDEX_SCALE_BYTES
+
+
+def page_size_problems(serving: Serving) -> list[str]:
+    """SGLang's DSA pool asserts page size 64 on CUDA, and 1 or a multiple of 16 on ROCm."""
+    page = serving.page_size
+    if serving.platform == "cuda" and page != CUDA_PAGE_SIZE:
+        return [
+            f"DSA models need {option('page_size')} {CUDA_PAGE_SIZE} on CUDA (SGLang's DSA pool and FlashMLA's sparse "
+            f"kernels page the cache by {CUDA_PAGE_SIZE} tokens); got {option('page_size')} {page}."
+        ]
+    if serving.platform in ROCM_PLATFORMS and page != 1 and page % 16:
+        return [
+            f"DSA models need {option('page_size')} 1, or a multiple of 16 with AITER's preshuffled paged MQA, on "
+            f"ROCm; "
+            f"got {option('page_size')} {page}."
+        ]
+    return []
+
+
+def index_pages(size: int, page_size: int) -> int:
+    """Pages of one layer's indexer buffer: ``(size + page_size + 1) // page_size`` (page 0 pads)."""
+    return (size + page_size + 1) // page_size

@@ -1,0 +1,35 @@
+"""The plan pool names more than one architecture uses, and the draft model's share of them.
+
+A plan names each physically separate allocation (``PoolSpec.name``); builders
+look their bytes up by these names, so a name is part of the contract between
+the plugin that sizes a pool and the store that allocates it.  A speculative
+plan's draft model keeps its KV in a pool of its own, ``draft_<name>``.
+"""
+
+from __future__ import annotations
+
+from kvpools_core.values import Plan
+
+__all__ = ["DRAFT_INDEX_POOL", "DRAFT_KV_POOL", "INDEX_POOL", "KV_POOL", "draft_name", "draft_num_layers"]
+
+KV_POOL = "kv"
+"""The token-indexed KV of a single-token-space model (K/V rows or latent rows)."""
+INDEX_POOL = "indexer"
+"""A sparse-attention indexer's key cache (DSA, MiniMax sparse)."""
+DRAFT_PREFIX = "draft_"
+
+
+def draft_name(pool: str) -> str:
+    """The draft model's pool of the same kind: ``kv`` → ``draft_kv``."""
+    return DRAFT_PREFIX + pool
+
+
+DRAFT_KV_POOL = draft_name(KV_POOL)
+DRAFT_INDEX_POOL = draft_name(INDEX_POOL)
+
+
+def draft_num_layers(plan: Plan, pool: str = DRAFT_KV_POOL) -> int | None:
+    """The draft model's layers when the plan has the draft pool ``pool``, else None (no draft KV to build)."""
+    if not any(p.name == pool for p in plan.pools):
+        return None
+    return plan.serving.speculative_draft_num_layers or 0
