@@ -30,6 +30,8 @@ from kvpools_core.values import (
     Budget,
     CellPart,
     CellSize,
+    CostModel,
+    GroupCost,
     LayerSpec,
     ModelSpec,
     Plan,
@@ -38,11 +40,50 @@ from kvpools_core.values import (
     Serving,
 )
 
+PUBLIC_MODULES: tuple[str, ...] = (
+    "kvpools_core",
+    "kvpools_core.allocators",
+    "kvpools_core.allocators.*",
+    "kvpools_core.config",
+    "kvpools_core.dtypes",
+    "kvpools_core.errors",
+    "kvpools_core.options",
+    "kvpools_core.parallel",
+    "kvpools_core.parts",
+    "kvpools_core.parts.*",
+    "kvpools_core.pools",
+    "kvpools_core.pools.*",
+    "kvpools_core.sizing",
+    "kvpools_core.units",
+    "kvpools_core.values",
+)
+"""The modules a plugin may import; every other ``kvpools_core`` module is internal and may change.
+
+Written here, beside ``__all__``, because the facade is the contract (as ``pytest``'s
+``__init__`` is over ``_pytest``): ``__all__`` lists the public names of this package,
+``PUBLIC_MODULES`` the public modules.  ``"pkg.*"`` makes every submodule of ``pkg``
+public, so a store or part added there is public at once.  Internal: ``registry``,
+``pipeline``, ``building``, ``defaults``, ``cli``, ``report``, ``build_report`` and ``hookspecs`` (plugins
+take ``hookimpl`` and ``for_architecture`` from ``kvpools_core``).  Plugins reach other
+plugins only through hooks, never by import.  ``tests/plugins/test_boundaries.py``
+enforces both rules on every built-in plugin and on the example distribution;
+``is_public_module`` reads this list.
+"""
+
+
+def is_public_module(name: str) -> bool:
+    """Whether a plugin may import module ``name`` (an entry of :data:`PUBLIC_MODULES`, or under a ``.*`` one)."""
+    return any(name == entry or (entry.endswith(".*") and name.startswith(entry[:-1])) for entry in PUBLIC_MODULES)
+
+
 __all__ = [
+    "PUBLIC_MODULES",
     "Budget",
     "CellPart",
     "CellSize",
     "ConfigError",
+    "CostModel",
+    "GroupCost",
     "InsufficientMemoryError",
     "InvalidValueError",
     "KvpoolsError",
@@ -66,5 +107,6 @@ __all__ = [
     "for_architecture",
     "get_registry",
     "hookimpl",
+    "is_public_module",
     "plan",
 ]

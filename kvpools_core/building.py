@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from kvpools_core.registry import Registry, get_registry
+from kvpools_core.registry import CORE_PLUGIN, Registry, get_registry
 from kvpools_core.values import Plan
 
 
@@ -29,6 +29,8 @@ class Pools:
     allocator: Any
     provenance: dict[str, tuple[str, ...]]
     checked: bool = False
+    layout: Any = None
+    """The buffer layout the KV pool was built through (``buffer_layout``; the core's is ``per_layer``)."""
 
     CHECKED_SUFFIX = "_checked"
     """Pools named ``<free list>_checked`` are a checked allocator's maps: built on request, never planned."""
@@ -73,6 +75,10 @@ def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None, 
     two), reported as pools of their own (``allocator_checked``,
     ``swa_allocator_checked``) in ``allocated_by_pool()``, so ``allocated_bytes``
     then exceeds ``plan.planned_bytes`` by exactly those bytes.
+
+    The KV pool's buffers are carved by the layout the ``buffer_layout`` hook
+    answers for ``device`` (resolved once, passed to ``build_pool``); the
+    provenance names the plugin that chose it unless it is the core's default.
     """
     registry = registry or get_registry()
     check_build_device(plan, device, registry)
@@ -84,11 +90,15 @@ def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None, 
         device=device,
         checked=checked,
     )
+    layout, layout_by = registry.call_first(
+        "buffer_layout", f"no plugin chooses a buffer layout for {name} on {device}.", plan=plan, device=device
+    )
     kv_pool, pool_by = registry.call_first(
         "build_pool",
         f"no plugin builds the KV pool of {name} (architecture {plan.model.architecture!r}) on {device}.",
         plan=plan,
         device=device,
+        layout=layout,
     )
     allocator, alloc_by = registry.call_first(
         "build_allocator",
@@ -98,8 +108,11 @@ def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None, 
         device=device,
         checked=checked,
     )
-    provenance = {"build_req_to_token_pool": req_by, "build_pool": pool_by, "build_allocator": alloc_by}
-    return Pools(plan, device, req_pool, kv_pool, allocator, provenance, checked=checked)
+    provenance = {"build_req_to_token_pool": req_by}
+    if layout_by != (CORE_PLUGIN,):  # the default per-layer layout is left out, so such builds report as before
+        provenance["buffer_layout"] = layout_by
+    provenance.update(build_pool=pool_by, build_allocator=alloc_by)
+    return Pools(plan, device, req_pool, kv_pool, allocator, provenance, checked=checked, layout=layout)
 
 
 def check_build_device(plan: Plan, device: str, registry: Registry) -> None:

@@ -290,9 +290,9 @@ def build(
     **options: Any,
 ) -> None:
     """Plan MODEL, then allocate its pools on --device and compare every pool's bytes with the plan."""
+    from kvpools_core.build_report import build_summary, render_build
     from kvpools_core.building import build as build_pools
     from kvpools_core.pipeline import plan as make_plan
-    from kvpools_core.pools.report import build_summary, render_build
 
     if device is None:  # click does not enforce `required` on an option declared with default=None
         raise ConfigError("kvpools build needs --device: cpu, cuda, cuda:N or meta (nothing allocated).")

@@ -1,7 +1,8 @@
 """The core's default hook implementations (plugin name ``core``), all ``trylast``.
 
 They answer only where no installed plugin does: single-token-space pool
-sizing, the plain request table, and the token / paged allocator.  The core
+sizing, the plain request table, the per-layer buffer layout, and the token /
+paged allocator.  The core
 cannot be disabled; every other plugin overrides it simply by answering.
 """
 
@@ -101,6 +102,13 @@ def build_req_to_token_pool(plan: Any, device: str) -> Any:
     from kvpools_core.pools.req_to_token import ReqToTokenPool
 
     return ReqToTokenPool.from_plan(plan, device)
+
+
+@hookimpl(trylast=True)
+def buffer_layout(plan: Any, device: str) -> Any:
+    from kvpools_core.pools.layout import PER_LAYER
+
+    return PER_LAYER
 
 
 @hookimpl(trylast=True)

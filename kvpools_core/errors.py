@@ -87,6 +87,15 @@ class PluginResultError(PluginHookError):
     """
 
 
+class PoolPlanMismatchError(KvpoolsError):
+    """A pool would allocate other bytes than its plan charged (raised before anything is allocated)."""
+
+
+class BufferLayoutError(PoolPlanMismatchError):
+    """A buffer layout (``kvpools_core.pools.layout``) failed, or returned other buffers than the core asked for:
+    not one view per layer, or a view of another shape, dtype or device, or views that overlap."""
+
+
 class AllocatorError(KvpoolsError, ValueError):
     """A KV-slot allocator refused a call and changed nothing: a free of ids it never hands out (padding 0, -1,
     past the pool), of ids not given as integers, of more ids than are allocated or, in checked mode, of ids not

@@ -24,6 +24,7 @@ import pluggy
 from kvpools_core.errors import short_repr
 
 if TYPE_CHECKING:
+    from kvpools_core.pools.layout import BufferLayout
     from kvpools_core.values import Budget, CellSize, ModelSpec, Plan, PoolSizing, Serving
 
 PROJECT = "kvpools"
@@ -216,7 +217,25 @@ def build_req_to_token_pool(plan: Plan, device: str, checked: bool) -> Any | Non
 
 
 @_spec(firstresult=True)
-def build_pool(plan: Plan, device: str) -> Any | None:
+def buffer_layout(plan: Plan, device: str) -> BufferLayout | None:
+    """Choose how the KV pool's buffers are carved on a device: the platform's buffer layout.
+
+    Stops at the first non-None result; return None to decline.  Platform
+    plugins (``tryfirst``) answer for their own platform or device and decline
+    the rest; the core's default (``trylast``) answers the per-layer layout
+    (one tensor per layer).  ``build`` resolves it once and passes it to
+    :func:`build_pool` as ``layout``.  A layout only carves: it returns
+    per-layer views of the canonical shape and may not change the bytes the
+    plan charged (the stores check both, before and after allocating).
+
+    :param plan: the plan.
+    :param device: torch device string.
+    :returns: a :class:`kvpools_core.pools.layout.BufferLayout`.
+    """
+
+
+@_spec(firstresult=True)
+def build_pool(plan: Plan, device: str, layout: BufferLayout) -> Any | None:
     """Build the KV pool (the token-indexed tensors) of a plan.
 
     Stops at the first non-None result; return None to decline.  Platform
@@ -225,6 +244,10 @@ def build_pool(plan: Plan, device: str) -> Any | None:
 
     :param plan: the plan.
     :param device: torch device string.
+    :param layout: the build's buffer layout (from :func:`buffer_layout`): pass it to the
+        stores of :mod:`kvpools_core.pools` (``from_plan(plan, device, layout=layout)``),
+        which allocate every token-indexed buffer through it.  An implementation may leave
+        it out of its signature (its pool then ignores the platform's layout).
     :returns: the KV pool object.
     """
 
@@ -347,6 +370,17 @@ def _messages(value: Any) -> str | None:
     return None
 
 
+def _buffer_layout(value: Any) -> str | None:
+    from kvpools_core.pools.layout import BufferLayout  # imports torch: only once a plugin answers, at build
+
+    if not isinstance(value, BufferLayout):
+        return "not a BufferLayout (kvpools_core.pools.layout)"
+    name = getattr(value, "name", None)
+    if not isinstance(name, str) or not name:
+        return f"its name is {describe_value(name)}, not a non-empty str"
+    return None
+
+
 def _memory_reading(value: Any) -> str | None:
     if not isinstance(value, Mapping):
         return "not a mapping"
@@ -416,6 +450,10 @@ RESULTS: Mapping[str, ResultContract] = MappingProxyType(
         "build_req_to_token_pool": ResultContract(
             "a request table with nbytes (int >= 0) and optionally nbytes_by_pool() (or None to decline)",
             _measured(by_pool=False),
+        ),
+        "buffer_layout": ResultContract(
+            "a kvpools_core.pools.layout.BufferLayout with a non-empty name (or None to decline the device)",
+            _buffer_layout,
         ),
         "build_pool": ResultContract(
             "a KV pool with nbytes (int >= 0) and nbytes_by_pool() -> {pool name: int} (or None to decline)",

@@ -42,6 +42,9 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         ],
         provenance={hook: list(plugins) for hook, plugins in plan.provenance.items()},
         notes=list(plan.sizing.notes),
+        cost_model=plan.cost.to_dict(),
+        cost_counts=plan.counts,
+        cost_lines=list(plan.cost.lines()),
         plan=plan.to_dict(),
     )
     return summary
@@ -71,13 +74,15 @@ def render_plan(plan: Plan, console: Console) -> None:
     )
     for i, step in enumerate(plan.budget.steps or (f"{plan.budget.budget_bytes} B",)):
         facts.add_row("budget" if i == 0 else "", step)
-    breakdown = " + ".join(f"{p.name} {p.bytes_per_token}" for p in cell.parts)
+    breakdown = " + ".join(f"{p.name} {p.bytes_per_token}" for p in cell.parts_of("token"))
     facts.add_row(
         "bytes/token",
         f"{cell.bytes_per_token} B = {breakdown}   (SGLang's cell size: {_num(cell.sglang_bytes_per_token)} B)",
     )
     if cell.bytes_per_request or cell.fixed_bytes:
         facts.add_row("bytes/request", f"{cell.bytes_per_request} B; fixed {cell.fixed_bytes} B")
+    if cell.bytes_per_state_slot:
+        facts.add_row("bytes/state slot", f"{cell.bytes_per_state_slot} B")
     facts.add_row("tokens", f"max_total_num_tokens = {plan.max_total_num_tokens:,}")
     for key, value in sizing.sglang_config.items():
         if key not in ("max_total_num_tokens", "max_running_requests"):
@@ -99,6 +104,19 @@ def render_plan(plan: Plan, console: Console) -> None:
             "yes" if p.sglang_charged else "no",
         )
     console.print(pools)
+
+    cost = Table.grid(padding=(0, 2))
+    cost.add_column(style="bold")
+    cost.add_column()
+    counts = plan.counts
+    sized = ", ".join(f"{n:,} {space} tokens" for space, n in counts["tokens"].items())
+    sized += f", {counts['requests']:,} requests" + (
+        f", {counts['state_slots']:,} state slots" if counts["state_slots"] else ""
+    )
+    for i, group in enumerate(plan.cost.groups):
+        cost.add_row("cost" if i == 0 else "", f"{group.group}: {group.describe()}")
+    cost.add_row("", f"sized for {sized}: {plan.cost.bytes_for(**counts):,} B")
+    console.print(cost)
 
     budget = plan.budget.budget_bytes
     used = plan.planned_bytes / budget * 100 if budget else 0.0

@@ -17,9 +17,22 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from kvpools_core.errors import ConfigError, InsufficientMemoryError
+from kvpools_core.errors import ConfigError, InsufficientMemoryError, UnsupportedCombinationError
 from kvpools_core.options import option
-from kvpools_core.values import Budget, CellSize, ModelSpec, PoolSizing, PoolSpec, Serving
+from kvpools_core.values import (
+    FIXED,
+    FULL_TOKENS,
+    REQUEST,
+    STATE_SLOT,
+    TOKEN,
+    Budget,
+    CellSize,
+    GroupCost,
+    ModelSpec,
+    PoolSizing,
+    PoolSpec,
+    Serving,
+)
 
 GiB = 1 << 30
 REQ_TO_TOKEN_EXTRA = 4
@@ -244,26 +257,70 @@ def req_to_token_rows(max_running_requests: int, serving: Serving) -> tuple[int,
 
 
 def token_pools(cell: CellSize, tokens: int, page_size: int, owner: str) -> list[PoolSpec]:
-    """One pool per storage group of the cell; each allocates ``tokens + page_size`` rows (page 0 pads).
+    """One pool per token storage group of the cell; each allocates ``tokens + page_size`` rows (page 0 pads).
 
     A pool whose parts declare ``extra_slots`` allocates :func:`pool_rows` rows instead.
     """
     extra = cell.pool_extra_slots()
-    pools = []
-    for name, per_token in cell.pool_bytes_per_token().items():
-        rows = pool_rows(tokens, page_size, extra[name])
-        pools.append(
-            PoolSpec(
-                name=name,
-                kind="kv",
-                slots=tokens,
-                padding_slots=rows - tokens,
-                bytes_per_slot=per_token,
-                bytes=rows * per_token,
-                owner=owner,
-            )
-        )
-    return pools
+    return [
+        token_pool(name, tokens, page_size, per_token, owner, extra_slots=extra[name])
+        for name, per_token in cell.pool_bytes_per_token().items()
+    ]
+
+
+def token_pool(
+    name: str,
+    tokens: int,
+    page_size: int,
+    bytes_per_token: int,
+    owner: str,
+    *,
+    extra_slots: int = 0,
+    token_space: str = FULL_TOKENS,
+    charged: bool = True,
+    kind: str = "kv",
+) -> PoolSpec:
+    """A pool of ``tokens`` slots of ``token_space`` with :func:`pool_rows` rows, and its cost.
+
+    Without ``extra_slots`` it costs ``bytes_per_token`` per token plus its
+    padding page, for any token count.  With them it is laid out in whole
+    pages: its cost is per page of ``page_size`` tokens, and the slack pages
+    are fixed bytes (exact for page-aligned token counts, which every plan's are).
+    """
+    rows = pool_rows(tokens, page_size, extra_slots)
+    pool = PoolSpec(
+        name=name,
+        kind=kind,
+        slots=tokens,
+        padding_slots=rows - tokens,
+        bytes_per_slot=bytes_per_token,
+        bytes=rows * bytes_per_token,
+        sglang_charged=charged,
+        owner=owner,
+        unit=TOKEN,
+        token_space=token_space,
+    )
+    if not extra_slots:
+        return pool
+    return with_cost(
+        pool,
+        GroupCost(
+            group=name,
+            token_space=token_space,
+            token_bytes=bytes_per_token * page_size,
+            token_block=page_size,
+            fixed_bytes=bytes_per_token * pool_rows(0, page_size, extra_slots),
+        ),
+    )
+
+
+def with_cost(pool: PoolSpec, cost: GroupCost) -> PoolSpec:
+    """``pool`` recording ``cost``, where its fields alone (``bytes_per_slot`` per ``slots``) would not say it."""
+    try:
+        derived = pool.group_cost
+    except ConfigError:
+        derived = None
+    return pool if derived == cost else attrs.evolve(pool, cost=cost)
 
 
 def pool_rows(tokens: int, page_size: int, extra_slots: int = 0) -> int:
@@ -275,9 +332,10 @@ def pool_rows(tokens: int, page_size: int, extra_slots: int = 0) -> int:
 
 
 def request_table_pool(max_running_requests: int, context_len: int, serving: Serving) -> PoolSpec:
+    """The request-to-token table: one row per request (its bytes per request hold for ``context_len``)."""
     rows, padding = req_to_token_rows(max_running_requests, serving)
     row_bytes = req_to_token_row_len(context_len, serving) * REQ_TO_TOKEN_ITEM_BYTES
-    return PoolSpec(
+    pool = PoolSpec(
         name="req_to_token",
         kind="request",
         slots=rows,
@@ -286,52 +344,77 @@ def request_table_pool(max_running_requests: int, context_len: int, serving: Ser
         bytes=(rows + padding) * row_bytes,
         sglang_charged=False,
         owner="core",
+        unit=REQUEST,
+    )
+    return with_cost(pool, request_rows_cost(pool, max_running_requests))
+
+
+def request_rows_cost(pool: PoolSpec, requests: int) -> GroupCost:
+    """A per-request pool's cost when its rows exceed the requests (a decode node's pre-allocated rows):
+    ``bytes_per_slot`` per request, every other row fixed."""
+    return GroupCost(
+        group=pool.name,
+        bytes_per_request=pool.bytes_per_slot,
+        fixed_bytes=pool.bytes - pool.bytes_per_slot * requests,
     )
 
 
-def allocator_pool(tokens: int, page_size: int) -> PoolSpec:
-    """The allocator's free list, a fixed device allocation SGLang leaves out of its estimate."""
+def allocator_pool(
+    tokens: int, page_size: int, *, token_space: str = FULL_TOKENS, name: str = "allocator", owner: str = "core"
+) -> PoolSpec:
+    """The allocator's free list, a fixed device allocation SGLang leaves out of its estimate.
+
+    Its slots are pages; it costs one free-list entry per page of ``token_space``
+    tokens plus, when paged, the in-page offsets table (fixed), for at least one page.
+    """
     from kvpools_core.allocators import allocator_planned_nbytes
 
     num_bytes = allocator_planned_nbytes(tokens, page_size)
     pages = tokens // page_size
-    return PoolSpec(
-        name="allocator",
+    one_page = allocator_planned_nbytes(page_size, page_size)
+    per_page = allocator_planned_nbytes(2 * page_size, page_size) - one_page
+    pool = PoolSpec(
+        name=name,
         kind="allocator",
         slots=pages,
         bytes_per_slot=num_bytes // pages if pages else 0,
         bytes=num_bytes,
         sglang_charged=False,
-        owner="core",
+        owner=owner,
+        unit=TOKEN,
+        token_space=token_space,
     )
+    cost = GroupCost(
+        group=pool.name,
+        token_space=token_space,
+        token_bytes=per_page,
+        token_block=page_size,
+        fixed_bytes=one_page - per_page,
+    )
+    return with_cost(pool, cost)
 
 
 def request_state_pools(cell: CellSize, max_running_requests: int, owner: str) -> list[PoolSpec]:
-    """Per-request and fixed bytes of a cell, as pools (row 0 of per-request state pads)."""
-    pools = []
-    if cell.bytes_per_request:
-        pools.append(
-            PoolSpec(
-                name="request_state",
-                kind="state",
-                slots=max_running_requests,
-                padding_slots=1,
-                bytes_per_slot=cell.bytes_per_request,
-                bytes=(max_running_requests + 1) * cell.bytes_per_request,
-                owner=owner,
-            )
+    """The cell's request and fixed parts, one pool per ``CellPart.pool`` (row 0 of per-request state pads)."""
+    pools = [
+        PoolSpec(
+            name=name,
+            kind="state",
+            slots=max_running_requests,
+            padding_slots=1,
+            bytes_per_slot=per_request,
+            bytes=(max_running_requests + 1) * per_request,
+            owner=owner,
+            unit=REQUEST,
         )
-    if cell.fixed_bytes:
-        pools.append(
-            PoolSpec(
-                name="fixed",
-                kind="fixed",
-                slots=1,
-                bytes_per_slot=cell.fixed_bytes,
-                bytes=cell.fixed_bytes,
-                owner=owner,
-            )
-        )
+        for name, per_request in cell.pool_bytes(REQUEST).items()
+        if per_request
+    ]
+    pools += [
+        PoolSpec(name=name, kind="fixed", slots=1, bytes_per_slot=fixed, bytes=fixed, owner=owner, unit=FIXED)
+        for name, fixed in cell.pool_bytes(FIXED).items()
+        if fixed
+    ]
     return pools
 
 
@@ -358,6 +441,13 @@ def largest_fitting_tokens(budget_bytes: int, page_size: int, upper_tokens: int,
 
 def default_size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget, *, owner: str) -> PoolSizing:
     """Single-token-space sizing: SGLang's ``DefaultPoolConfigurator`` or kvpools' exact solve."""
+    state_parts = cell.parts_of(STATE_SLOT)
+    if state_parts:
+        raise UnsupportedCombinationError(
+            f"The cell size of {model.name} has state-slot parts ({', '.join(p.name for p in state_parts)}), which "
+            "the core's size_pools cannot count: the plugin that estimates such a cell must answer size_pools "
+            "and say how many state slots to allocate."
+        )
     page = serving.page_size
     context_len = serving.context_length or model.context_len
     notes: list[str] = []

@@ -1,8 +1,10 @@
 """The frozen values that flow through the pipeline, one direction only.
 
 ``ModelSpec`` + ``Serving`` + ``Budget`` → ``CellSize`` → ``PoolSizing`` →
-``Plan``.  Every value is an ``attrs.frozen`` class with validators, so no
-plugin can mutate what another plugin sees; change one with ``attrs.evolve``.
+``Plan``, whose ``cost`` (a ``CostModel`` of one ``GroupCost`` per pool) says
+what its bytes are per token, per request, per state slot and fixed.
+Every value is an ``attrs.frozen`` class with validators, so no plugin can
+mutate what another plugin sees; change one with ``attrs.evolve``.
 Every value converts to plain JSON (``to_dict``) and back (``from_dict``) so a
 plan computed on one rank can be broadcast and loaded into an equal plan.
 """
@@ -133,6 +135,10 @@ def _part_tuple(items: Iterable[CellPart]) -> tuple[CellPart, ...]:
 
 
 def _pool_tuple(items: Iterable[PoolSpec]) -> tuple[PoolSpec, ...]:
+    return tuple(items)
+
+
+def _group_tuple(items: Iterable[GroupCost]) -> tuple[GroupCost, ...]:
     return tuple(items)
 
 
@@ -385,21 +391,58 @@ class Budget:
 # ---------------------------------------------------------------------------
 
 
+TOKEN = "token"
+REQUEST = "request"
+STATE_SLOT = "state_slot"
+FIXED = "fixed"
+COST_UNITS = (TOKEN, REQUEST, STATE_SLOT, FIXED)
+"""What a cell part's bytes (and a pool's slots) are paid per: a token, a running request, a state slot, or once."""
+FULL_TOKENS = "full"
+"""The token space of every token a request holds for its whole context (``max_total_num_tokens``)."""
+
+_LEGACY_REQUEST_POOL = "request_state"
+_LEGACY_FIXED_POOL = "fixed"
+
+
 @attrs.frozen
 class CellPart:
-    """One named share of the bytes per token, and the pool that stores it.
+    """One named share of the cell's bytes, the pool that stores it, and what it is paid per.
+
+    ``unit`` says what ``bytes_per_token`` is paid per: ``"token"`` (the
+    default: bytes every cached token stores), ``"request"`` (state one running
+    request holds whatever its length), ``"state_slot"`` (one slot of a state
+    cache whose size the sizing plugin decides, e.g. SGLang's
+    ``max_mamba_cache_size`` recurrent-state slots, about ratio x requests) or
+    ``"fixed"`` (bytes the plan holds once).  The field keeps the name
+    ``bytes_per_token`` whatever the unit, as plans on disk spell it;
+    :attr:`bytes_per_unit` reads it by its meaning.  The parts of one pool
+    share one unit.
 
     A token pool allocates ``tokens + page_size`` slots (page 0 pads).  A pool
     laid out in whole pages with more slack names it in ``extra_slots``: it
     then allocates ``(tokens + page_size + extra_slots) // page_size`` pages
     (SGLang's DSA indexer: ``extra_slots=1``, two padding slots at page size 1).
     The parts of one pool share one layout (the pool takes their largest value).
+    Only token parts have ``extra_slots``.
     """
 
     name: str
     bytes_per_token: int = attrs.field(validator=non_negative)
     pool: str = "kv"
     extra_slots: int = attrs.field(default=0, validator=non_negative)
+    unit: str = attrs.field(default=TOKEN, validator=one_of(*COST_UNITS))
+
+    def __attrs_post_init__(self) -> None:
+        if self.extra_slots and self.unit != TOKEN:
+            raise InvalidValueError(
+                f"CellPart.extra_slots applies to token parts only; part {self.name!r} is paid per {self.unit} "
+                f"and has extra_slots={self.extra_slots}."
+            )
+
+    @property
+    def bytes_per_unit(self) -> int:
+        """The bytes paid per one ``unit`` (the ``bytes_per_token`` field, read by its meaning)."""
+        return self.bytes_per_token
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CellPart:
@@ -408,25 +451,28 @@ class CellPart:
 
 @attrs.frozen(kw_only=True)
 class CellSize:
-    """What one token (and one request) costs.
+    """What one token, one request and one state slot cost, and what is fixed.
 
-    ``parts`` are the bytes kvpools really stores per token, grouped by the
-    pool they live in; ``sglang_bytes_per_token`` is SGLang's cell size for the
+    ``parts`` are the bytes kvpools really stores, grouped by the pool they
+    live in and paid per their ``unit``: ``bytes_per_token``,
+    ``bytes_per_request``, ``bytes_per_state_slot`` and ``fixed_bytes`` are the
+    sums of the parts of each unit (the last three were constructor fields
+    before parts had units; :meth:`from_dict` still reads them from an older
+    plan, as parts of pools ``request_state`` and ``fixed``).
+    ``sglang_bytes_per_token`` is SGLang's cell size for the
     same model (its configurator's ``cell_size``, a float for hybrid pools),
     which ``--accounting sglang`` divides the budget by.  ``num_layers`` is the
     number of layers the token cost covers on this rank, so wrappers (draft
     scaling) can derive a per-layer cost; ``draft_included`` tells them an
     architecture already charged the draft model itself.  ``draft_layer_parts``
     is what one draft-model layer stores per token, for architectures whose
-    draft layer is not the average of ``parts`` over ``num_layers`` (mixed
+    draft layer is not the average of the token ``parts`` over ``num_layers`` (mixed
     layer kinds, layer-split storage); empty means that average.
     """
 
     parts: tuple[CellPart, ...] = attrs.field(converter=_part_tuple)
     sglang_bytes_per_token: float = attrs.field()
     num_layers: int = attrs.field(validator=non_negative)
-    bytes_per_request: int = attrs.field(default=0, validator=non_negative)
-    fixed_bytes: int = attrs.field(default=0, validator=non_negative)
     draft_included: bool = False
     notes: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     draft_layer_parts: tuple[CellPart, ...] = attrs.field(default=(), converter=_part_tuple)
@@ -436,28 +482,288 @@ class CellSize:
         if not value > 0:
             raise ConfigError(f"A cell size must be positive, got {value!r} bytes per token.")
 
+    @parts.validator
+    def _check_units(self, _attribute: attrs.Attribute[Any], parts: tuple[object, ...]) -> None:
+        units: dict[str, str] = {}
+        for part in parts:
+            if not isinstance(part, CellPart):
+                return  # not a part at all: the hook contract names the plugin that built it
+            seen = units.setdefault(part.pool, part.unit)
+            if seen != part.unit:
+                raise InvalidValueError(
+                    f"CellSize.parts: pool {part.pool!r} mixes parts paid per {seen} and per {part.unit} "
+                    f"(part {part.name!r}); give parts of another unit a pool of their own."
+                )
+
+    def parts_of(self, unit: str) -> tuple[CellPart, ...]:
+        """The parts paid per ``unit`` (``"token"``, ``"request"``, ``"state_slot"`` or ``"fixed"``)."""
+        return tuple(part for part in self.parts if part.unit == unit)
+
     @property
     def bytes_per_token(self) -> int:
-        return sum(part.bytes_per_token for part in self.parts)
+        """Bytes per token: the sum of the token parts."""
+        return sum(part.bytes_per_token for part in self.parts_of(TOKEN))
 
-    def pool_bytes_per_token(self) -> dict[str, int]:
-        """Bytes per token of each pool, in first-seen order."""
+    @property
+    def bytes_per_request(self) -> int:
+        """Bytes per running request: the sum of the request parts."""
+        return sum(part.bytes_per_token for part in self.parts_of(REQUEST))
+
+    @property
+    def bytes_per_state_slot(self) -> int:
+        """Bytes per state slot: the sum of the state-slot parts (how many slots, the sizing plugin decides)."""
+        return sum(part.bytes_per_token for part in self.parts_of(STATE_SLOT))
+
+    @property
+    def fixed_bytes(self) -> int:
+        """Bytes held once: the sum of the fixed parts."""
+        return sum(part.bytes_per_token for part in self.parts_of(FIXED))
+
+    def pool_bytes(self, unit: str) -> dict[str, int]:
+        """Bytes per ``unit`` of each pool whose parts are paid per it, in first-seen order."""
         pools: dict[str, int] = {}
-        for part in self.parts:
+        for part in self.parts_of(unit):
             pools[part.pool] = pools.get(part.pool, 0) + part.bytes_per_token
         return pools
 
+    def pool_bytes_per_token(self) -> dict[str, int]:
+        """Bytes per token of each token pool, in first-seen order."""
+        return self.pool_bytes(TOKEN)
+
     def pool_extra_slots(self) -> dict[str, int]:
-        """Each pool's ``extra_slots`` (the largest of its parts'), in first-seen order."""
+        """Each token pool's ``extra_slots`` (the largest of its parts'), in first-seen order."""
         extra: dict[str, int] = {}
-        for part in self.parts:
+        for part in self.parts_of(TOKEN):
             extra[part.pool] = max(extra.get(part.pool, 0), part.extra_slots)
         return extra
 
+    @property
+    def cost(self) -> CostModel:
+        """The cell's own cost, one group per pool of its parts: what the parts store, before any padding.
+
+        A plan's :attr:`Plan.cost` adds what the pools allocate beyond the
+        parts (padding pages and rows, the request table, the allocators).
+        """
+        groups: dict[str, dict[str, int]] = {}
+        for part in self.parts:
+            paid = groups.setdefault(part.pool, dict.fromkeys(COST_UNITS, 0))
+            paid[part.unit] += part.bytes_per_token
+        return CostModel(
+            GroupCost(
+                group=pool,
+                token_bytes=paid[TOKEN],
+                bytes_per_request=paid[REQUEST],
+                bytes_per_state_slot=paid[STATE_SLOT],
+                fixed_bytes=paid[FIXED],
+            )
+            for pool, paid in groups.items()
+        )
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CellSize:
+        data = dict(data)
+        legacy = [
+            {"name": pool, "bytes_per_token": data.pop(field), "pool": pool, "unit": unit}
+            for field, pool, unit in (
+                ("bytes_per_request", _LEGACY_REQUEST_POOL, REQUEST),
+                ("fixed_bytes", _LEGACY_FIXED_POOL, FIXED),
+            )
+            if field in data
+        ]
+        legacy = [part for part in legacy if part["bytes_per_token"] != 0]
+        if legacy:  # a plan written before parts had units
+            data["parts"] = [*data.get("parts", ()), *legacy]
         parts = _tuple_of(CellPart.from_dict)
         return _from_dict(cls, data, {"parts": parts, "draft_layer_parts": parts})
+
+
+# ---------------------------------------------------------------------------
+# cost model
+# ---------------------------------------------------------------------------
+
+
+def _token_space(inst: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidValueError(f"{_flag(inst, attribute)} must name a token space (e.g. 'full'), got {value!r}.")
+
+
+@attrs.frozen(kw_only=True)
+class GroupCost:
+    """What one group of a plan (one pool) costs, as an affine function of the counts it scales with::
+
+        bytes = token_bytes * (tokens // token_block) + bytes_per_request * requests
+                + bytes_per_state_slot * state_slots + fixed_bytes
+
+    ``tokens`` is the count of the token space ``token_space`` names:
+    ``"full"`` (:data:`FULL_TOKENS`) is every token a request holds for its
+    whole context (``max_total_num_tokens``); the SWA plugin adds ``"swa"``,
+    the tokens inside the sliding window.  A group that grows in whole pages
+    says so with ``token_block``: it pays ``token_bytes`` per page of
+    ``token_block`` tokens (the allocator's free list: 8 B per page), so
+    :attr:`bytes_per_token` may be a fraction.  A pool laid out in whole pages
+    with slack (the DSA indexer, ``CellPart.extra_slots``) is charged per page
+    too, and its slack pages are in ``fixed_bytes``: exact for page-aligned
+    token counts, which every plan's are (a count between pages is charged for
+    its whole pages only).  ``requests`` are the running requests of one DP
+    worker (``max_running_requests``); ``state_slots`` the slots of a state
+    cache (the mamba plugin's ``max_mamba_cache_size``).  The request table's
+    row is the context length's, so its bytes per request hold for the plan's
+    context length.
+    """
+
+    group: str
+    token_space: str = attrs.field(default=FULL_TOKENS, validator=_token_space)
+    token_bytes: int = attrs.field(default=0, validator=non_negative)
+    token_block: int = attrs.field(default=1, validator=positive)
+    bytes_per_request: int = attrs.field(default=0, validator=non_negative)
+    bytes_per_state_slot: int = attrs.field(default=0, validator=non_negative)
+    fixed_bytes: int = attrs.field(default=0, validator=non_negative)
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Bytes per token: ``token_bytes / token_block`` (an integer unless the group is paged)."""
+        per = self.token_bytes / self.token_block
+        return int(per) if per.is_integer() else per
+
+    def bytes_for(self, *, tokens: int = 0, requests: int = 0, state_slots: int = 0) -> int:
+        """The group's bytes for ``tokens`` of its token space, ``requests`` and ``state_slots``."""
+        return (
+            self.token_bytes * (tokens // self.token_block)
+            + self.bytes_per_request * requests
+            + self.bytes_per_state_slot * state_slots
+            + self.fixed_bytes
+        )
+
+    def __add__(self, other: GroupCost) -> GroupCost:
+        """Two costs of one group summed (target + draft parts of the same pool)."""
+        if not isinstance(other, GroupCost):
+            return NotImplemented
+        if (self.group, self.token_space, self.token_block) != (other.group, other.token_space, other.token_block):
+            raise InvalidValueError(
+                f"GroupCost: cannot add group {other.group!r} ({other.token_space} tokens in blocks of "
+                f"{other.token_block}) to {self.group!r} ({self.token_space} tokens in blocks of {self.token_block})."
+            )
+        return attrs.evolve(
+            self,
+            token_bytes=self.token_bytes + other.token_bytes,
+            bytes_per_request=self.bytes_per_request + other.bytes_per_request,
+            bytes_per_state_slot=self.bytes_per_state_slot + other.bytes_per_state_slot,
+            fixed_bytes=self.fixed_bytes + other.fixed_bytes,
+        )
+
+    def describe(self) -> str:
+        """One affine line: ``N B/token + M B/request + S B/state slot + F B fixed`` (zero terms left out)."""
+        space = "" if self.token_space == FULL_TOKENS else f" {self.token_space}"
+        terms = []
+        if self.token_bytes:
+            per = self.bytes_per_token
+            shown = f"{per:,}" if isinstance(per, int) else f"{per:,.4g}"
+            paged = f" ({self.token_bytes:,} B per {self.token_block}-token page)" if self.token_block > 1 else ""
+            terms.append(f"{shown} B/{space.strip() + ' ' if space else ''}token{paged}")
+        if self.bytes_per_request:
+            terms.append(f"{self.bytes_per_request:,} B/request")
+        if self.bytes_per_state_slot:
+            terms.append(f"{self.bytes_per_state_slot:,} B/state slot")
+        if self.fixed_bytes or not terms:
+            terms.append(f"{self.fixed_bytes:,} B fixed")
+        return " + ".join(terms)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GroupCost:
+        return _from_dict(cls, data)
+
+
+@attrs.frozen
+class CostModel:
+    """What a plan costs as a function of its counts: one :class:`GroupCost` per group (pool).
+
+    ``bytes_for(tokens=..., requests=..., state_slots=...)`` answers "how many
+    bytes would these counts take" for any counts, whichever plugin sized the
+    plan; ``a + b`` composes two models (target and draft), summing the groups
+    they share by name.  Every plan carries one (:attr:`Plan.cost`), derived
+    from its pools.
+    """
+
+    groups: tuple[GroupCost, ...] = attrs.field(default=(), converter=_group_tuple)
+
+    @groups.validator
+    def _check_groups(self, _attribute: attrs.Attribute[Any], groups: tuple[GroupCost, ...]) -> None:
+        names = [group.group for group in groups]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise InvalidValueError(f"CostModel.groups names group(s) {repeated} more than once; add them instead.")
+
+    def __add__(self, other: CostModel) -> CostModel:
+        if not isinstance(other, CostModel):
+            return NotImplemented
+        merged = {group.group: group for group in self.groups}
+        for group in other.groups:
+            merged[group.group] = merged[group.group] + group if group.group in merged else group
+        return CostModel(merged.values())
+
+    @property
+    def token_spaces(self) -> tuple[str, ...]:
+        """The token spaces the groups scale with, in first-seen order."""
+        return tuple(dict.fromkeys(g.token_space for g in self.groups if g.token_bytes))
+
+    @property
+    def bytes_per_request(self) -> int:
+        return sum(g.bytes_per_request for g in self.groups)
+
+    @property
+    def bytes_per_state_slot(self) -> int:
+        return sum(g.bytes_per_state_slot for g in self.groups)
+
+    @property
+    def fixed_bytes(self) -> int:
+        return sum(g.fixed_bytes for g in self.groups)
+
+    def group(self, name: str) -> GroupCost:
+        for group in self.groups:
+            if group.group == name:
+                return group
+        raise KeyError(f"cost model has no group named {name!r}; groups: {[g.group for g in self.groups]}")
+
+    def bytes_for(self, *, tokens: int | Mapping[str, int] = 0, requests: int = 0, state_slots: int = 0) -> int:
+        """Bytes of every group for these counts.
+
+        ``tokens`` is one count for every token space, or a mapping from each
+        token space (``{"full": ..., "swa": ...}``) to its count; a space the
+        model scales with must be in it.
+        """
+        counts = tokens if isinstance(tokens, Mapping) else dict.fromkeys(self.token_spaces, tokens)
+        missing = [space for space in self.token_spaces if space not in counts]
+        if missing:
+            raise ConfigError(f"CostModel.bytes_for: no token count for token space(s) {missing}.")
+        for what, value in (*((f"tokens[{k!r}]", v) for k, v in counts.items()), ("requests", requests)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"CostModel.bytes_for: {what} must be a non-negative integer, got {value!r}.")
+        if isinstance(state_slots, bool) or not isinstance(state_slots, int) or state_slots < 0:
+            raise ConfigError(f"CostModel.bytes_for: state_slots must be a non-negative integer, got {state_slots!r}.")
+        return sum(
+            g.bytes_for(tokens=counts.get(g.token_space, 0), requests=requests, state_slots=state_slots)
+            for g in self.groups
+        )
+
+    def lines(self) -> tuple[str, ...]:
+        """One affine line per group: ``name: N B/token + M B/request + S B/state slot + F B fixed``."""
+        return tuple(f"{g.group}: {g.describe()}" for g in self.groups)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CostModel:
+        return _from_dict(cls, data, {"groups": _tuple_of(GroupCost.from_dict)})
+
+
+def _unit_of_kind(pool: PoolSpec) -> str:
+    """What a slot of a pool without a recorded unit is, from its kind (plans written before units)."""
+    return {"request": REQUEST, "state": REQUEST, "fixed": FIXED}.get(pool.kind, TOKEN)
+
+
+def _group_cost_or_none(value: GroupCost | Mapping[str, Any] | None) -> GroupCost | None:
+    return GroupCost.from_dict(value) if isinstance(value, Mapping) else value
 
 
 @attrs.frozen(kw_only=True)
@@ -468,6 +774,17 @@ class PoolSpec:
     ``padding_slots`` are allocated but never handed out (SGLang's page 0 and
     request row 0).  ``bytes`` is exactly what ``build`` allocates for it.
     ``sglang_charged`` says whether SGLang's own estimate counts it.
+
+    ``unit`` is what the pool's size scales with (``"token"``, ``"request"``,
+    ``"state_slot"`` or ``"fixed"``; unset, it follows ``kind``: request and
+    state pools per request, fixed pools fixed, any other per token), and
+    ``token_space`` which token count a token pool scales with (``"full"``;
+    the SWA plugin's window pool ``"swa"``).  Its cost (:attr:`group_cost`)
+    is then ``bytes_per_slot`` per unit plus the rest of ``bytes`` fixed, with
+    ``slots`` counting units.  A pool whose bytes do not follow that (an
+    allocator paying per page, a pool of whole pages with slack, a request
+    table with rows beyond the requests) records its :class:`GroupCost` in
+    ``cost``.
     """
 
     name: str
@@ -478,6 +795,45 @@ class PoolSpec:
     padding_slots: int = attrs.field(default=0, validator=non_negative)
     sglang_charged: bool = True
     owner: str = ""
+    unit: str = attrs.field(default=attrs.Factory(_unit_of_kind, takes_self=True), validator=one_of(*COST_UNITS))
+    token_space: str = attrs.field(default=FULL_TOKENS, validator=_token_space)
+    cost: GroupCost | None = attrs.field(default=None, converter=_group_cost_or_none)
+
+    @cost.validator
+    def _check_cost(self, _attribute: attrs.Attribute[Any], cost: GroupCost | None) -> None:
+        if cost is None:
+            return
+        if not isinstance(cost, GroupCost):
+            raise InvalidValueError(f"PoolSpec.cost of pool {self.name!r} must be a GroupCost, got {cost!r}.")
+        if cost.group != self.name:
+            raise InvalidValueError(f"PoolSpec.cost of pool {self.name!r} is named {cost.group!r}.")
+        paid = {
+            TOKEN: cost.token_bytes,
+            REQUEST: cost.bytes_per_request,
+            STATE_SLOT: cost.bytes_per_state_slot,
+        }
+        other = [unit for unit, value in paid.items() if value and unit != self.unit]
+        if other or (self.unit == TOKEN and cost.token_space != self.token_space):
+            raise InvalidValueError(
+                f"PoolSpec.cost of pool {self.name!r} (unit {self.unit}, token space {self.token_space}) "
+                f"pays per {', '.join(other) or 'token of space ' + cost.token_space}."
+            )
+
+    @property
+    def group_cost(self) -> GroupCost:
+        """The pool's bytes as a function of its unit's count (see :class:`GroupCost`)."""
+        if self.cost is not None:
+            return self.cost
+        if self.unit == FIXED:
+            return GroupCost(group=self.name, fixed_bytes=self.bytes)
+        fixed = self.bytes - self.bytes_per_slot * self.slots
+        if fixed < 0:
+            raise InvalidValueError(
+                f"PoolSpec {self.name!r}: {self.bytes} B is less than {self.slots} slots x {self.bytes_per_slot} B; "
+                f"record its cost (PoolSpec.cost)."
+            )
+        per = {TOKEN: "token_bytes", REQUEST: "bytes_per_request", STATE_SLOT: "bytes_per_state_slot"}[self.unit]
+        return GroupCost(group=self.name, token_space=self.token_space, fixed_bytes=fixed, **{per: self.bytes_per_slot})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolSpec:
@@ -489,7 +845,12 @@ class PoolSizing:
     """The answer of ``size_pools``: token and request counts, and every pool.
 
     ``sglang_config`` holds SGLang's ``MemoryPoolConfig`` fields under their
-    SGLang names (only those the model has).
+    SGLang names (only those the model has).  ``token_counts`` are the tokens
+    of each token space the pools scale with (unset: ``max_total_num_tokens``
+    full tokens; the SWA plugin names ``"full"`` and ``"swa"``) and
+    ``state_slots`` the slots of a state cache (the mamba plugin's
+    ``max_mamba_cache_size``): with ``max_running_requests`` they are the
+    :attr:`counts` the :attr:`cost` model reproduces the pools' bytes from.
     """
 
     max_total_num_tokens: int = attrs.field(validator=non_negative)
@@ -498,10 +859,44 @@ class PoolSizing:
     sglang_config: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
     sglang_estimate_bytes: int = attrs.field(default=0, validator=non_negative)
     notes: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    token_counts: Mapping[str, int] = attrs.field(
+        default=attrs.Factory(lambda self: {FULL_TOKENS: self.max_total_num_tokens}, takes_self=True),
+        converter=frozen_mapping,
+    )
+    state_slots: int = attrs.field(default=0, validator=non_negative)
+
+    @token_counts.validator
+    def _check_token_counts(self, _attribute: attrs.Attribute[Any], counts: Mapping[str, int]) -> None:
+        for space, count in counts.items():
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise InvalidValueError(
+                    f"PoolSizing.token_counts[{space!r}] must be a non-negative integer, got {count!r}."
+                )
+        for pool in self.pools:
+            if isinstance(pool, PoolSpec) and pool.unit == TOKEN and pool.token_space not in counts:
+                raise InvalidValueError(
+                    f"PoolSizing.token_counts has no count for token space {pool.token_space!r} of pool "
+                    f"{pool.name!r}; it counts {sorted(counts)}."
+                )
 
     @property
     def planned_bytes(self) -> int:
         return sum(pool.bytes for pool in self.pools)
+
+    @property
+    def counts(self) -> dict[str, Any]:
+        """The counts the pools were sized for, as :meth:`CostModel.bytes_for` takes them."""
+        return {
+            "tokens": dict(self.token_counts),
+            "requests": self.max_running_requests,
+            "state_slots": self.state_slots,
+        }
+
+    @property
+    def cost(self) -> CostModel:
+        """The plan's cost model, one group per pool (:attr:`PoolSpec.group_cost`):
+        ``cost.bytes_for(**counts) == planned_bytes``, and other counts give other plans' bytes."""
+        return CostModel(pool.group_cost for pool in self.pools)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolSizing:
@@ -546,6 +941,16 @@ class Plan:
     @property
     def planned_bytes(self) -> int:
         return self.sizing.planned_bytes
+
+    @property
+    def cost(self) -> CostModel:
+        """What the plan costs per token (of each token space), per request, per state slot, and fixed."""
+        return self.sizing.cost
+
+    @property
+    def counts(self) -> dict[str, Any]:
+        """Tokens (per token space), requests and state slots the plan was sized for."""
+        return self.sizing.counts
 
     def pool(self, name: str) -> PoolSpec:
         for pool in self.pools:

@@ -7,9 +7,17 @@ indexer's key cache: ``((size + page_size + 1) // page_size, page_size ×
 come first, then their fp32 scales: token ``loc`` keeps its key at byte
 ``(loc % page) × D`` of page ``loc // page`` and its scale at
 ``page × D + (loc % page) × 4`` (``index_buf_accessor``'s layout).
+
+The owned layers' index pages (role ``index_k``: a request whose rows are
+pages, ``(pages, page_size × 132)``) are allocated through the build's buffer
+layout, as the latent rows are (:mod:`kvpools_core.pools.layout`); the cache
+layer split's 0-row placeholders and its one ``remote`` scratch are allocated
+here directly (no memory / not per layer).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -26,10 +34,17 @@ from kvpools_core.parts.indexer import (
 from kvpools_core.parts.latent import LatentRow
 from kvpools_core.parts.names import DRAFT_INDEX_POOL, INDEX_POOL, draft_num_layers
 from kvpools_core.pools.kv import allocate, check_planned_bytes, tensor_nbytes
+from kvpools_core.pools.layout import (
+    PER_LAYER,
+    BufferLayout,
+    BufferRequest,
+    allocate_by_layer,
+    check_layout_bytes,
+)
 from kvpools_core.pools.mla import DRAFT_POOL, MAIN_POOL, MLATokenToKVPool, check_latent_bytes, quantize_fp8_blocks
 from kvpools_core.values import Plan
 
-__all__ = ["DSATokenToKVPool", "check_index_bytes"]
+__all__ = ["DSATokenToKVPool", "check_index_bytes", "index_request"]
 
 _SCALE_BYTES = INDEX_SCALE_BYTES
 
@@ -54,7 +69,14 @@ class DSATokenToKVPool(MLATokenToKVPool):
         index_name: str = INDEX_POOL,
         owned: range | None = None,
         draft: DSATokenToKVPool | None = None,
+        layout: BufferLayout | None = None,
     ) -> None:
+        self.index_head_dim = index_head_dim
+        self.index_name = index_name
+        layer_ids = range(start_layer, start_layer + num_layers)
+        mine = [layer for layer in layer_ids if owned is None or layer in owned]
+        request = index_request(index_name, size, page_size, self.index_row_bytes, mine, device)
+        check_layout_bytes(layout or PER_LAYER, [request])  # with the latent rows', before the first tensor
         super().__init__(
             size=size,
             page_size=page_size,
@@ -66,19 +88,24 @@ class DSATokenToKVPool(MLATokenToKVPool):
             name=name,
             owned=owned,
             draft=draft,
+            layout=layout,
         )
-        self.index_head_dim = index_head_dim
-        self.index_name = index_name
-        shape = (index_pages(size, page_size), page_size * self.index_row_bytes)
+        pages = allocate_by_layer(self.layout, [request]).get("index_k", {})
+        shape = request.shape
         self.index_k_with_scale_buffer = [
-            allocate(shape if self.is_owned(layer) else (0, shape[1]), torch.uint8, device)
-            for layer in range(self.start_layer, self.end_layer)
+            pages[layer] if self.is_owned(layer) else allocate((0, shape[1]), torch.uint8, device)
+            for layer in layer_ids
         ]
         self.remote_index_k_with_scale_buffer = allocate(shape, torch.uint8, device) if owned is not None else None
 
     @classmethod
-    def from_plan(cls, plan: Plan, device: str | torch.device) -> DSATokenToKVPool:
-        """The pool (and its draft pool) of a DSA plan; refuses, before allocating, bytes the plan did not charge."""
+    def from_plan(
+        cls, plan: Plan, device: str | torch.device, *, layout: BufferLayout | None = None
+    ) -> DSATokenToKVPool:
+        """The pool (and its draft pool) of a DSA plan; refuses, before allocating, bytes the plan did not charge.
+
+        ``layout`` carves the buffers (the ``buffer_layout`` hook's answer; one tensor per layer when None).
+        """
         model, serving = plan.model, plan.serving
         row = latent_row(model, serving)
         start, end = rank_layer_range(model, serving)
@@ -89,6 +116,22 @@ class DSATokenToKVPool(MLATokenToKVPool):
         index_row = index_row_bytes(model)
         check_latent_bytes(plan, MAIN_POOL, row, size + page, stored)
         check_index_bytes(plan, INDEX_POOL, size, page, index_row, stored)
+        layers = draft_num_layers(plan)
+        if layers is not None:  # the draft worker keeps every layer (no split)
+            check_latent_bytes(plan, DRAFT_POOL, row, size + page, layers)
+            check_index_bytes(plan, DRAFT_INDEX_POOL, size, page, index_row, layers)
+        if layout is not None:  # every pool's bytes, before the first tensor
+            mine = [layer for layer in range(start, end) if owned is None or layer in owned]
+            pools = [(MAIN_POOL, INDEX_POOL, mine)]
+            if layers is not None:
+                pools.append((DRAFT_POOL, DRAFT_INDEX_POOL, list(range(layers))))
+            requests = []
+            for latent, index, ids in pools:
+                requests += cls.latent_requests(
+                    name=latent, rows=size + page, row=row, layers=ids, page_size=page, device=device
+                )
+                requests.append(index_request(index, size, page, index_row, ids, device))
+            check_layout_bytes(layout, requests)
         model_dtype = getattr(torch, model.dtype)
 
         def make(
@@ -107,13 +150,11 @@ class DSATokenToKVPool(MLATokenToKVPool):
                 index_name=names[1],
                 owned=part,
                 draft=draft,
+                layout=layout,
             )
 
         draft = None
-        layers = draft_num_layers(plan)
-        if layers is not None:  # the draft worker keeps every layer (no split)
-            check_latent_bytes(plan, DRAFT_POOL, row, size + page, layers)
-            check_index_bytes(plan, DRAFT_INDEX_POOL, size, page, index_row, layers)
+        if layers is not None:
             draft = make(0, layers, (DRAFT_POOL, DRAFT_INDEX_POOL), None)
         return make(start, end - start, (MAIN_POOL, INDEX_POOL), owned, draft)
 
@@ -192,6 +233,22 @@ class DSATokenToKVPool(MLATokenToKVPool):
         scale_bytes = self.index_scales * _SCALE_BYTES
         scale_cols = page * self.index_head_dim + offset * scale_bytes + torch.arange(scale_bytes, device=loc.device)
         return pages, key_cols, scale_cols
+
+
+def index_request(
+    pool: str, size: int, page_size: int, index_row: int, layers: Sequence[int], device: str | torch.device
+) -> BufferRequest:
+    """The indexer's request: per layer, ``(pages, page_size × index row)`` uint8 (its rows are pages)."""
+    return BufferRequest(
+        pool=pool,
+        role="index_k",
+        rows=index_pages(size, page_size),
+        page_size=page_size,
+        layers=layers,
+        row_shape=(page_size * index_row,),
+        dtype=torch.uint8,
+        device=device,
+    )
 
 
 def check_index_bytes(plan: Plan, pool: str, size: int, page_size: int, index_row: int, num_layers: int) -> None:

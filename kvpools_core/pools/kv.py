@@ -7,24 +7,26 @@ Layer ids are the model's (a pipeline stage holding layers ``[16, 32)``
 answers ``get_key_buffer(16)``); ``end_layer`` is exclusive, like
 :func:`kvpools_core.parallel.rank_layer_range` (SGLang's ``KVCache.end_layer``
 is inclusive).
+
+The buffers are allocated through a :class:`~kvpools_core.pools.layout.BufferLayout`
+(one request per role — ``k``, ``v``, ``k_scale``, ``v_scale`` — and row shape):
+one tensor per layer by default, or however the build's platform carves them;
+reads and writes stay here, on the per-layer views.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from kvpools_core.errors import KvpoolsError
+from kvpools_core.errors import PoolPlanMismatchError
 from kvpools_core.parts.attention import LayerGeometry
+from kvpools_core.pools.layout import PER_LAYER, BufferLayout, BufferRequest, allocate, allocate_by_layer
 from kvpools_core.pools.quant import KVCodec
 
 __all__ = ["LayerGeometry", "LayerKV", "PoolPlanMismatchError", "allocate", "check_planned_bytes", "tensor_nbytes"]
-
-
-class PoolPlanMismatchError(KvpoolsError):
-    """A pool would allocate other bytes than its plan charged (raised before anything is allocated)."""
 
 
 class LayerKV:
@@ -40,6 +42,8 @@ class LayerKV:
         device: str | torch.device,
         read_dtype: torch.dtype,
         name: str = "kv",
+        page_size: int = 1,
+        layout: BufferLayout | None = None,
     ) -> None:
         self.name = name
         self.rows = rows
@@ -48,22 +52,73 @@ class LayerKV:
         self.end_layer = start_layer + len(self.layers)
         self.codec = codec
         self.read_dtype = read_dtype
-        self.k_buffer = [
-            allocate(codec.data_shape(rows, g.heads, g.head_dim), codec.store_dtype, device) for g in self.layers
-        ]
-        self.v_buffer = [
-            allocate(codec.data_shape(rows, g.heads, g.v_head_dim), codec.store_dtype, device) for g in self.layers
-        ]
-        self.k_scale_buffer: list[Tensor] = []
-        self.v_scale_buffer: list[Tensor] = []
-        if codec.scale_block is not None:
-            self.k_scale_buffer = [
-                allocate(_scale_shape(codec, rows, g.heads, g.head_dim), torch.uint8, device) for g in self.layers
-            ]
-            self.v_scale_buffer = [
-                allocate(_scale_shape(codec, rows, g.heads, g.v_head_dim), torch.uint8, device) for g in self.layers
-            ]
+        self.layout = layout or PER_LAYER
+        requests = self.buffer_requests(
+            name=name,
+            rows=rows,
+            layers=self.layers,
+            start_layer=start_layer,
+            codec=codec,
+            device=device,
+            page_size=page_size,
+        )
+        buffers = allocate_by_layer(self.layout, requests)
+        ids = range(start_layer, self.end_layer)
+
+        def per_layer(role: str) -> list[Tensor]:
+            by_id = buffers.get(role)
+            return [by_id[i] for i in ids] if by_id else []
+
+        self.k_buffer = per_layer("k")
+        self.v_buffer = per_layer("v")
+        self.k_scale_buffer: list[Tensor] = per_layer("k_scale")
+        self.v_scale_buffer: list[Tensor] = per_layer("v_scale")
         self.device = torch.device(device) if not self.k_buffer else self.k_buffer[0].device
+
+    @staticmethod
+    def buffer_requests(
+        *,
+        name: str,
+        rows: int,
+        layers: Sequence[LayerGeometry],
+        start_layer: int,
+        codec: KVCodec,
+        device: str | torch.device,
+        page_size: int = 1,
+    ) -> list[BufferRequest]:
+        """What :class:`LayerKV` asks its layout for: per role, one request per row shape (alike layers share one)."""
+        device = torch.device(device)
+        roles: list[tuple[str, torch.dtype, Callable[[LayerGeometry], tuple[int, ...]]]] = [
+            ("k", codec.store_dtype, lambda g: codec.data_shape(rows, g.heads, g.head_dim)),
+            ("v", codec.store_dtype, lambda g: codec.data_shape(rows, g.heads, g.v_head_dim)),
+        ]
+        if codec.scale_block is not None:
+            roles += [
+                ("k_scale", torch.uint8, lambda g: _scale_shape(codec, rows, g.heads, g.head_dim)),
+                ("v_scale", torch.uint8, lambda g: _scale_shape(codec, rows, g.heads, g.v_head_dim)),
+            ]
+        by_geometry: dict[LayerGeometry, list[int]] = {}
+        for i, g in enumerate(layers):
+            by_geometry.setdefault(g, []).append(start_layer + i)
+        requests = []
+        for role, dtype, shape_of in roles:
+            groups: dict[tuple[int, ...], list[int]] = {}
+            for g, ids in by_geometry.items():
+                groups.setdefault(shape_of(g)[1:], []).extend(ids)
+            requests += [
+                BufferRequest(
+                    pool=name,
+                    role=role,
+                    rows=rows,
+                    page_size=page_size,
+                    layers=sorted(ids),
+                    row_shape=row_shape,
+                    dtype=dtype,
+                    device=device,
+                )
+                for row_shape, ids in groups.items()
+            ]
+        return requests
 
     @staticmethod
     def planned_nbytes(rows: int, layers: Sequence[LayerGeometry], codec: KVCodec) -> int:
@@ -162,13 +217,6 @@ def check_planned_bytes(pool: str, allocating: int, planned: int, detail: str) -
             f"({detail}). The plan and the pool builder disagree: re-plan with this kvpools version, "
             f"or report it as a bug of the plugin that sized the pool."
         )
-
-
-def allocate(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> Tensor:
-    """A zeroed buffer (SGLang zeroes its pools); on ``meta`` only the shape exists."""
-    if torch.device(device).type == "meta":
-        return torch.empty(shape, dtype=dtype, device=device)
-    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 def tensor_nbytes(*groups: Sequence[Tensor]) -> int:

@@ -7,6 +7,8 @@ block-scaled dtypes add scale tensors (see :mod:`kvpools_core.pools.quant`).
 Unlike SGLang's FP4 pool, V is stored at its own ``v_head_dim``.  A speculative
 plan's draft model gets its own pool of the same per-layer geometry
 (``.draft``), with its own padding page, as SGLang's draft worker allocates.
+Every K / V / scale buffer is allocated through the build's buffer layout
+(:mod:`kvpools_core.pools.layout`; one tensor per layer by default).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.attention import LayerGeometry, layer_geometry
 from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL
 from kvpools_core.pools.kv import LayerKV, PoolPlanMismatchError, check_planned_bytes
+from kvpools_core.pools.layout import BufferLayout, check_layout_bytes
 from kvpools_core.pools.quant import KVCodec, codec_for
 from kvpools_core.values import LayerSpec, Plan
 
@@ -45,6 +48,7 @@ class MHATokenToKVPool:
         model_dtype: torch.dtype,
         name: str = MAIN_POOL,
         draft: MHATokenToKVPool | None = None,
+        layout: BufferLayout | None = None,
     ) -> None:
         self.size = size
         self.page_size = page_size
@@ -59,14 +63,26 @@ class MHATokenToKVPool:
             device=device,
             read_dtype=model_dtype,
             name=name,
+            page_size=page_size,
+            layout=layout,
         )
         self.device = self.kv.device
 
+    @property
+    def layout(self) -> BufferLayout:
+        """The buffer layout the K / V buffers were allocated through."""
+        return self.kv.layout
+
     @classmethod
-    def from_plan(cls, plan: Plan, device: str | torch.device) -> MHATokenToKVPool:
-        """The pool (and its draft pool) a plan describes; refuses, before allocating, bytes the plan did not charge."""
+    def from_plan(
+        cls, plan: Plan, device: str | torch.device, *, layout: BufferLayout | None = None
+    ) -> MHATokenToKVPool:
+        """The pool (and its draft pool) a plan describes; refuses, before allocating, bytes the plan did not charge.
+
+        ``layout`` carves the buffers (the ``buffer_layout`` hook's answer; one tensor per layer when None).
+        """
         start, end = rank_layer_range(plan.model, plan.serving)
-        return cls.from_layers(plan, plan.model.layers[start:end], device, start_layer=start)
+        return cls.from_layers(plan, plan.model.layers[start:end], device, start_layer=start, layout=layout)
 
     @classmethod
     def from_layers(
@@ -77,6 +93,7 @@ class MHATokenToKVPool:
         *,
         start_layer: int,
         pool_name: str = MAIN_POOL,
+        layout: BufferLayout | None = None,
     ) -> MHATokenToKVPool:
         """A pool of ``layers`` (full attention, this rank) and the plan's draft pool, if it has one.
 
@@ -97,7 +114,16 @@ class MHATokenToKVPool:
             plan.pool(pool_name).bytes,
             f"{len(geometry)} layer(s) from {start_layer}, {rows} rows of {kv.name}",
         )
-        draft = None
+        requests = LayerKV.buffer_requests(
+            name=pool_name,
+            rows=rows,
+            layers=geometry,
+            start_layer=start_layer,
+            codec=codec,
+            device=device,
+            page_size=page,
+        )
+        draft_layers = None
         if any(p.name == DRAFT_POOL for p in plan.pools):
             draft_layers = _draft_geometry(plan, geometry)
             check_planned_bytes(
@@ -106,6 +132,19 @@ class MHATokenToKVPool:
                 plan.pool(DRAFT_POOL).bytes,
                 f"{len(draft_layers)} draft layer(s) of the target's geometry, {rows} rows of {kv.name}",
             )
+            requests += LayerKV.buffer_requests(
+                name=DRAFT_POOL,
+                rows=rows,
+                layers=draft_layers,
+                start_layer=0,
+                codec=codec,
+                device=device,
+                page_size=page,
+            )
+        if layout is not None:
+            check_layout_bytes(layout, requests)  # every pool's, before the first tensor
+        draft = None
+        if draft_layers is not None:
             draft = cls(
                 size=size,
                 page_size=page,
@@ -115,6 +154,7 @@ class MHATokenToKVPool:
                 device=device,
                 model_dtype=model_dtype,
                 name=DRAFT_POOL,
+                layout=layout,
             )
         return cls(
             size=size,
@@ -126,6 +166,7 @@ class MHATokenToKVPool:
             model_dtype=model_dtype,
             name=pool_name,
             draft=draft,
+            layout=layout,
         )
 
     # -- what it is ----------------------------------------------------------

@@ -11,11 +11,19 @@ model gets its own pool (``.draft``) of the same row, with its own padding page.
 Under DSA's cache layer split a rank owns only some layers: the others get
 0-row placeholders and reads of them go through one ``remote`` scratch buffer,
 which SGLang fills by broadcast from the owning rank.
+
+The owned layers' rows (role ``latent``) and fp4 scales (``latent_scale``)
+are allocated through the build's buffer layout
+(:mod:`kvpools_core.pools.layout`; one tensor per layer by default).  The
+0-row placeholders hold no memory and the ``remote`` scratch is one buffer
+shared by every non-owned layer, not a per-layer buffer, so both are
+allocated here directly, whatever the layout.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -25,6 +33,7 @@ from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.latent import FP8_BLOCK, LatentRow, MLADims, model_dims
 from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL, draft_num_layers
 from kvpools_core.pools.kv import allocate, check_planned_bytes, tensor_nbytes
+from kvpools_core.pools.layout import PER_LAYER, BufferLayout, BufferRequest, allocate_by_layer, check_layout_bytes
 from kvpools_core.pools.quant import KVCodec, codec_for, fp8_quantize
 from kvpools_core.values import Plan
 
@@ -59,6 +68,7 @@ class MLATokenToKVPool:
         name: str = MAIN_POOL,
         owned: range | None = None,
         draft: MLATokenToKVPool | None = None,
+        layout: BufferLayout | None = None,
     ) -> None:
         self.size = size
         self.page_size = page_size
@@ -70,15 +80,27 @@ class MLATokenToKVPool:
         self.model_dtype = model_dtype
         self.draft = draft
         self.codec: KVCodec | None = None if row.packed_fp8 else codec_for(row.kv)
+        self.layout = layout or PER_LAYER
         rows = size + page_size
         data_shape, scale_shape = self._shapes(rows)
+        layer_ids = range(self.start_layer, self.end_layer)
+        requests = self.latent_requests(
+            name=name,
+            rows=rows,
+            row=row,
+            layers=[layer for layer in layer_ids if self.is_owned(layer)],
+            page_size=page_size,
+            device=device,
+        )
+        buffers = allocate_by_layer(self.layout, requests)
+        latent, scales = buffers.get("latent", {}), buffers.get("latent_scale", {})
         self.kv_buffer = [
-            allocate(data_shape if self.is_owned(layer) else (0, *data_shape[1:]), self.store_dtype, device)
-            for layer in range(self.start_layer, self.end_layer)
+            latent[layer] if self.is_owned(layer) else allocate((0, *data_shape[1:]), self.store_dtype, device)
+            for layer in layer_ids
         ]
         self.kv_scale_buffer = [
-            allocate(scale_shape if self.is_owned(layer) else (0, *scale_shape[1:]), torch.uint8, device)
-            for layer in range(self.start_layer, self.end_layer)
+            scales[layer] if self.is_owned(layer) else allocate((0, *scale_shape[1:]), torch.uint8, device)
+            for layer in layer_ids
             if scale_shape is not None
         ]
         self.remote_kv_buffer = allocate(data_shape, self.store_dtype, device) if owned is not None else None
@@ -88,14 +110,31 @@ class MLATokenToKVPool:
         self.device = torch.device(device) if not self.kv_buffer else self.kv_buffer[0].device
 
     @classmethod
-    def from_plan(cls, plan: Plan, device: str | torch.device) -> MLATokenToKVPool:
-        """The pool (and its draft pool) of an MLA plan; refuses, before allocating, bytes the plan did not charge."""
+    def from_plan(
+        cls, plan: Plan, device: str | torch.device, *, layout: BufferLayout | None = None
+    ) -> MLATokenToKVPool:
+        """The pool (and its draft pool) of an MLA plan; refuses, before allocating, bytes the plan did not charge.
+
+        ``layout`` carves the buffers (the ``buffer_layout`` hook's answer; one tensor per layer when None).
+        """
         serving = plan.serving
         row = LatentRow(model_dims(plan.model), resolve_kv_dtype(serving.kv_cache_dtype, plan.model.dtype))
         start, end = rank_layer_range(plan.model, serving)
         size, page = plan.max_total_num_tokens, serving.page_size
         rows = size + page
         check_latent_bytes(plan, MAIN_POOL, row, rows, end - start)
+        layers = draft_num_layers(plan)
+        if layers is not None:
+            check_latent_bytes(plan, DRAFT_POOL, row, rows, layers)
+        if layout is not None:  # every pool's bytes, before the first tensor
+            requests = cls.latent_requests(
+                name=MAIN_POOL, rows=rows, row=row, layers=range(start, end), page_size=page, device=device
+            )
+            if layers is not None:
+                requests += cls.latent_requests(
+                    name=DRAFT_POOL, rows=rows, row=row, layers=range(layers), page_size=page, device=device
+                )
+            check_layout_bytes(layout, requests)
         model_dtype = getattr(torch, plan.model.dtype)
 
         def make(first: int, num: int, name: str, draft: MLATokenToKVPool | None = None) -> MLATokenToKVPool:
@@ -109,14 +148,49 @@ class MLATokenToKVPool:
                 model_dtype=model_dtype,
                 name=name,
                 draft=draft,
+                layout=layout,
             )
 
         draft = None
-        layers = draft_num_layers(plan)
         if layers is not None:
-            check_latent_bytes(plan, DRAFT_POOL, row, rows, layers)
             draft = make(0, layers, DRAFT_POOL)
         return make(start, end - start, MAIN_POOL, draft)
+
+    @staticmethod
+    def latent_requests(
+        *,
+        name: str,
+        rows: int,
+        row: LatentRow,
+        layers: Sequence[int],
+        page_size: int,
+        device: str | torch.device,
+    ) -> list[BufferRequest]:
+        """What the store asks its layout for: the ``latent`` rows (and fp4's ``latent_scale``) of ``layers``."""
+        shapes: list[tuple[str, torch.dtype, tuple[int, ...]]]
+        if row.packed_fp8:
+            shapes = [("latent", torch.uint8, (1, row.kv_cache_dim))]
+        else:
+            codec = codec_for(row.kv)
+            dim = row.dims.kv_cache_dim
+            shapes = [("latent", codec.store_dtype, codec.data_shape(rows, 1, dim)[1:])]
+            scale = codec.scale_shape(rows, 1, dim)
+            if scale is not None:
+                shapes.append(("latent_scale", torch.uint8, scale[1:]))
+        device = torch.device(device)
+        return [
+            BufferRequest(
+                pool=name,
+                role=role,
+                rows=rows,
+                page_size=page_size,
+                layers=layers,
+                row_shape=row_shape,
+                dtype=dtype,
+                device=device,
+            )
+            for role, dtype, row_shape in shapes
+        ]
 
     @staticmethod
     def planned_nbytes(rows: int, row: LatentRow, num_layers: int) -> int:

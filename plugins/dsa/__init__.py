@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpools_core import for_architecture, hookimpl
 from kvpools_core.config import ConfigReader, is_deepseek_dsa
@@ -34,6 +34,9 @@ from kvpools_core.parts.indexer import (
 )
 from kvpools_core.parts.latent import has_mla_latent, latent_model_spec, sglang_latent_cell
 from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Plan, Serving
+
+if TYPE_CHECKING:
+    from kvpools_core.pools.layout import BufferLayout
 
 ARCHITECTURE = "dsa"
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -73,10 +76,10 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
-def build_pool(plan: Plan, device: str) -> Any | None:
+def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
     from kvpools_core.pools.dsa import DSATokenToKVPool
 
-    return DSATokenToKVPool.from_plan(plan, device)
+    return DSATokenToKVPool.from_plan(plan, device, layout=layout)
 
 
 def dsa_cell_size(layers: tuple[LayerSpec, ...], model: ModelSpec, serving: Serving) -> CellSize:

@@ -11,7 +11,9 @@ rest; requests are capped by ``K // ratio`` state slots per request.
 The cell size is the full-attention layers' KV (the parts library's
 :func:`~kvpools_core.parts.attention.attention_cell_size`, or its latent row
 for MLA-based hybrids, :mod:`.latent`; the speculative wrapper adds the
-draft's) with ``bytes_per_request`` = one state slot on this rank;
+draft's) plus one state slot on this rank, a ``unit="state_slot"`` part of
+the ``mamba_state`` pool (``CellSize.bytes_per_state_slot``: slots are not
+requests, there are ``max_mamba_cache_size`` of them);
 ``size_pools`` does the split (:mod:`.sizing`), and the pools
 (:mod:`.pool`) hold the state in the request table, as SGLang's
 ``HybridReqToTokenPool`` does.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -31,12 +33,15 @@ from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parallel import pp_layer_range
 from kvpools_core.parts.attention import attention_cell_size, scale_block_problems
-from kvpools_core.values import Budget, CellSize, ModelSpec, Plan, PoolSizing, Serving
+from kvpools_core.values import STATE_SLOT, Budget, CellPart, CellSize, ModelSpec, Plan, PoolSizing, Serving
 
 from .config import KV_KINDS, hybrid_family, hybrid_model_spec
 from .latent import is_mla_hybrid, latent_cell_size, latent_problems
-from .sizing import size_hybrid_pools
+from .sizing import STATE_POOL, size_hybrid_pools
 from .state import rank_full_attention_layers, rank_state_layer_ids, state_bytes_per_slot, state_shape
+
+if TYPE_CHECKING:
+    from kvpools_core.pools.layout import BufferLayout
 
 ARCHITECTURE = "mamba"
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -73,7 +78,7 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
     layers = rank_state_layer_ids(model, serving)
     return attrs.evolve(
         cell,
-        bytes_per_request=state_bytes_per_slot(model, serving),
+        parts=(*cell.parts, CellPart("state", state_bytes_per_slot(model, serving), STATE_POOL, unit=STATE_SLOT)),
         notes=(
             *cell.notes,
             f"recurrent state per slot: {len(layers)} {model.params['mixer']} layer(s) x ({shape.describe()}) = "
@@ -100,10 +105,10 @@ def build_req_to_token_pool(plan: Plan, device: str, checked: bool) -> Any | Non
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
-def build_pool(plan: Plan, device: str) -> Any | None:
+def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
     from .pool import HybridLinearKVPool
 
-    return HybridLinearKVPool.from_plan(plan, device)
+    return HybridLinearKVPool.from_plan(plan, device, layout=layout)
 
 
 def hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:

@@ -207,7 +207,7 @@ def _mha_layers(reader: ConfigReader, kinds: Sequence[str], heads: int) -> list[
 
 
 def _mla_layers(reader: ConfigReader, kinds: Sequence[str]) -> list[LayerSpec]:
-    """MLA full-attention layers as the ``mla`` plugin describes them (key row = latent + rope, value = latent)."""
+    """MLA full-attention layers in the parts library's latent convention (key row = latent + rope, value = latent)."""
     dims = MLADims(reader.integer("kv_lora_rank"), reader.integer("qk_rope_head_dim"))
     params = {"kv_lora_rank": dims.kv_lora_rank, "qk_rope_head_dim": dims.qk_rope_head_dim}
     return [

@@ -12,6 +12,12 @@
 * :class:`HybridLinearKVPool` — K and V of the full-attention layers only
   (an MLA latent row for MLA-based hybrids: the parts library's
   ``MLATokenToKVPool``), addressed by global layer id (and the draft model's KV pool).
+
+The full-attention K/V (or latent rows) are allocated through the build's
+buffer layout (:mod:`kvpools_core.pools.layout`).  The state tensors are not:
+they are indexed by state slot, not token slot, already one ``(layers, K + 1,
+...)`` tensor per state kind, and built by ``build_req_to_token_pool`` (the
+request table owns them), which the layout is not passed to.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from kvpools_core.allocators import TokenAllocator
 from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL, draft_num_layers
 from kvpools_core.pools import ReqToTokenPool, check_planned_bytes
 from kvpools_core.pools.kv import allocate, tensor_nbytes
+from kvpools_core.pools.layout import BufferLayout, check_layout_bytes
 from kvpools_core.pools.mha import MHATokenToKVPool
 from kvpools_core.pools.mla import MLATokenToKVPool, check_latent_bytes
 from kvpools_core.sizing import req_to_token_row_len, req_to_token_rows
@@ -301,13 +308,18 @@ class HybridLinearKVPool:
         self.device = full.device
 
     @classmethod
-    def from_plan(cls, plan: Plan, device: str | torch.device) -> HybridLinearKVPool:
+    def from_plan(
+        cls, plan: Plan, device: str | torch.device, *, layout: BufferLayout | None = None
+    ) -> HybridLinearKVPool:
+        """The full-attention layers' pool; ``layout`` carves its buffers (one tensor per layer when None)."""
         full_layers = rank_full_attention_layers(plan.model, plan.serving)
         full: MHATokenToKVPool | MLATokenToKVPool
         if is_mla_hybrid(plan.model):
-            full = _build_latent_pool(plan, len(full_layers), device)
+            full = _build_latent_pool(plan, len(full_layers), device, layout)
         else:
-            full = MHATokenToKVPool.from_layers(plan, full_layers, device, start_layer=0, pool_name=KV_POOL)
+            full = MHATokenToKVPool.from_layers(
+                plan, full_layers, device, start_layer=0, pool_name=KV_POOL, layout=layout
+            )
         return cls(full=full, full_attention_layer_ids=[layer.index for layer in full_layers])
 
     @property
@@ -392,7 +404,9 @@ class HybridLinearKVPool:
         )
 
 
-def _build_latent_pool(plan: Plan, num_layers: int, device: str | torch.device) -> MLATokenToKVPool:
+def _build_latent_pool(
+    plan: Plan, num_layers: int, device: str | torch.device, layout: BufferLayout | None = None
+) -> MLATokenToKVPool:
     """The MLA pool of an MLA-based hybrid's full-attention layers (local ids 0..n-1) and the draft's latent pool.
 
     Checks both against the plan before allocating, as ``MLATokenToKVPool.from_plan``
@@ -406,6 +420,16 @@ def _build_latent_pool(plan: Plan, num_layers: int, device: str | torch.device) 
     layers = draft_num_layers(plan)
     if layers is not None:
         check_latent_bytes(plan, DRAFT_POOL, row, size + page, layers)
+    if layout is not None:  # both pools' bytes, before the first tensor
+        requests = MLATokenToKVPool.latent_requests(
+            name=KV_POOL, rows=size + page, row=row, layers=range(num_layers), page_size=page, device=device
+        )
+        if layers is not None:
+            requests += MLATokenToKVPool.latent_requests(
+                name=DRAFT_POOL, rows=size + page, row=row, layers=range(layers), page_size=page, device=device
+            )
+        check_layout_bytes(layout, requests)
+    if layers is not None:
         draft = MLATokenToKVPool(
             size=size,
             page_size=page,
@@ -415,6 +439,7 @@ def _build_latent_pool(plan: Plan, num_layers: int, device: str | torch.device) 
             device=device,
             model_dtype=model_dtype,
             name=DRAFT_POOL,
+            layout=layout,
         )
     return MLATokenToKVPool(
         size=size,
@@ -426,4 +451,5 @@ def _build_latent_pool(plan: Plan, num_layers: int, device: str | torch.device) 
         model_dtype=model_dtype,
         name=KV_POOL,
         draft=draft,
+        layout=layout,
     )

@@ -27,13 +27,15 @@ from kvpools_core.sizing import (
     not_enough_memory,
     page_align,
     req_to_token_rows,
+    request_rows_cost,
     request_table_pool,
     resolve_max_num_reqs,
     sglang_rest_gib,
     sglang_tokens,
     token_pools,
+    with_cost,
 )
-from kvpools_core.values import Budget, CellSize, ModelSpec, PoolSizing, PoolSpec, Serving
+from kvpools_core.values import REQUEST, STATE_SLOT, Budget, CellSize, ModelSpec, PoolSizing, PoolSpec, Serving
 
 from .state import sglang_stage_per_req
 
@@ -198,7 +200,7 @@ def size_hybrid_pools(
     """Split the budget (state cache first, SGLang's K), then size the KV tokens and every pool."""
     page = serving.page_size
     context_len = serving.context_length or model.context_len
-    per_slot = cell.bytes_per_request
+    per_slot = cell.bytes_per_state_slot
     split = split_budget(sglang_rest_gib(budget), serving, sglang_stage_per_req(model, serving), model.name)
     k = split.max_mamba_cache_size
     d = draft_tokens(serving)
@@ -208,14 +210,19 @@ def size_hybrid_pools(
         requests, note = cap_requests(resolve_max_num_reqs(tokens, context_len, serving), split)
         requests = max(requests, 0)
         pools = token_pools(cell, tokens, page, owner)
-        pools.append(_pool(STATE_POOL, "state", k, 1, per_slot, owner))
+        pools.append(_pool(STATE_POOL, "state", k, 1, per_slot, owner, unit=STATE_SLOT))
         if spec_pool:
-            pools.append(_pool(SPEC_STATE_POOL, "state", requests, 1, d * per_slot, owner))
+            pools.append(_pool(SPEC_STATE_POOL, "state", requests, 1, d * per_slot, owner, unit=REQUEST))
         pools.append(request_table_pool(requests, context_len, serving))
         rows, padding = req_to_token_rows(requests, serving)
         row_bytes = MAPPING_ITEM_BYTES + PING_PONG_ITEM_BYTES * ping_pong_size(serving)
-        pools.append(_pool(MAPPING_POOL, "request", rows, padding, row_bytes, owner, charged=False))
-        pools.append(_pool(SLOT_ALLOCATOR_POOL, "allocator", k, 0, SLOT_ALLOCATOR_ITEM_BYTES, owner, charged=False))
+        mapping = _pool(MAPPING_POOL, "request", rows, padding, row_bytes, owner, charged=False, unit=REQUEST)
+        pools.append(with_cost(mapping, request_rows_cost(mapping, requests)))
+        pools.append(
+            _pool(
+                SLOT_ALLOCATOR_POOL, "allocator", k, 0, SLOT_ALLOCATOR_ITEM_BYTES, owner, charged=False, unit=STATE_SLOT
+            )
+        )
         pools.append(allocator_pool(tokens, page))
         return pools, requests, note
 
@@ -265,12 +272,14 @@ def size_hybrid_pools(
         },
         sglang_estimate_bytes=int(tokens * cell.sglang_bytes_per_token) + split.state_bytes + split.intermediate_bytes,
         notes=notes,
+        state_slots=k,
     )
 
 
 def _pool(
-    name: str, kind: str, slots: int, padding: int, per_slot: int, owner: str, *, charged: bool = True
+    name: str, kind: str, slots: int, padding: int, per_slot: int, owner: str, *, unit: str, charged: bool = True
 ) -> PoolSpec:
+    """A pool of ``slots`` (+ ``padding``) slots of ``per_slot`` bytes, each one ``unit`` (request, state slot)."""
     return PoolSpec(
         name=name,
         kind=kind,
@@ -280,6 +289,7 @@ def _pool(
         bytes=(slots + padding) * per_slot,
         sglang_charged=charged,
         owner=owner,
+        unit=unit,
     )
 
 

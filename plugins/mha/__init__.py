@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpools_core import for_architecture, hookimpl
 from kvpools_core.config import ConfigReader, context_length, derived_head_dim, model_dtype, sliding_window_active
@@ -22,6 +22,9 @@ from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.attention import attention_cell_size, scale_block_problems
 from kvpools_core.values import CellSize, LayerSpec, ModelSpec, Plan, Serving
+
+if TYPE_CHECKING:
+    from kvpools_core.pools.layout import BufferLayout
 
 ARCHITECTURE = "mha"
 
@@ -119,7 +122,7 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
-def build_pool(plan: Plan, device: str) -> Any | None:
+def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
     from kvpools_core.pools.mha import MHATokenToKVPool
 
-    return MHATokenToKVPool.from_plan(plan, device)
+    return MHATokenToKVPool.from_plan(plan, device, layout=layout)

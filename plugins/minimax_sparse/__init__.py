@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpools_core import for_architecture, hookimpl
 from kvpools_core.config import DIM, ConfigReader, context_length, derived_head_dim, model_dtype
@@ -25,6 +25,9 @@ from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
 from kvpools_core.parts.attention import attention_cell_size
 from kvpools_core.parts.names import INDEX_POOL
 from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Plan, Serving
+
+if TYPE_CHECKING:
+    from kvpools_core.pools.layout import BufferLayout
 
 ARCHITECTURE = "minimax_sparse"
 SPARSE_ARCHITECTURES = frozenset({"MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration"})
@@ -122,10 +125,10 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
-def build_pool(plan: Plan, device: str) -> Any | None:
+def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
     from .pool import MiniMaxSparseKVPool
 
-    return MiniMaxSparseKVPool.from_plan(plan, device)
+    return MiniMaxSparseKVPool.from_plan(plan, device, layout=layout)
 
 
 def sparse_cell_size(layers: tuple[LayerSpec, ...], model: ModelSpec, serving: Serving) -> CellSize:

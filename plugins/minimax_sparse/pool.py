@@ -6,7 +6,9 @@ the KV dtype; the indexer pool holds, per sparse layer, one
 ``(size + page_size, 1, sparse_index_dim)`` key buffer in the model dtype and,
 on index-value layers, a value buffer of the same shape.  Layers are
 addressed by global id.  A speculative plan's draft gets its own pool
-(``.draft``), layers shaped like the target's last layer.
+(``.draft``), layers shaped like the target's last layer.  Both the main K/V
+and the indexer buffers (roles ``index_k`` / ``index_v``) are allocated
+through the build's buffer layout (:mod:`kvpools_core.pools.layout`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.attention import layer_geometry
 from kvpools_core.parts.names import DRAFT_INDEX_POOL, DRAFT_KV_POOL, INDEX_POOL, KV_POOL
-from kvpools_core.pools.kv import LayerKV, allocate, check_planned_bytes, tensor_nbytes
+from kvpools_core.pools.kv import LayerKV, check_planned_bytes, tensor_nbytes
+from kvpools_core.pools.layout import PER_LAYER, BufferLayout, BufferRequest, allocate_by_layer, check_layout_bytes
 from kvpools_core.pools.quant import KVCodec, codec_for
 from kvpools_core.values import LayerSpec, Plan, Serving
 
@@ -48,6 +51,7 @@ class MiniMaxSparseKVPool:
         model_dtype: torch.dtype,
         names: tuple[str, str] = (MAIN_POOL, INDEX_POOL),
         draft: MiniMaxSparseKVPool | None = None,
+        layout: BufferLayout | None = None,
     ) -> None:
         self.size = size
         self.page_size = page_size
@@ -55,6 +59,9 @@ class MiniMaxSparseKVPool:
         self.draft = draft
         self.model_dtype = model_dtype
         rows = size + page_size
+        layout = layout or PER_LAYER
+        index_requests = self.index_requests(self.index_name, rows, page_size, layers, start_layer, model_dtype, device)
+        check_layout_bytes(layout, index_requests)  # with the main K/V's, before the first tensor
         self.main = LayerKV(
             rows=rows,
             layers=layer_geometry(layers, serving),
@@ -63,32 +70,53 @@ class MiniMaxSparseKVPool:
             device=device,
             read_dtype=model_dtype,
             name=self.name,
+            page_size=page_size,
+            layout=layout,
         )
-        self.index_k_buffer: dict[int, Tensor] = {}
-        self.index_v_buffer: dict[int, Tensor] = {}
-        for offset, layer in enumerate(layers):
-            if layer.kind != SPARSE:
-                continue
-            shape = (rows, 1, int(layer.params["index_head_dim"]))
-            self.index_k_buffer[start_layer + offset] = allocate(shape, model_dtype, device)
-            if layer.params["index_value"]:
-                self.index_v_buffer[start_layer + offset] = allocate(shape, model_dtype, device)
+        index = allocate_by_layer(layout, index_requests)
+        self.index_k_buffer: dict[int, Tensor] = dict(sorted(index.get("index_k", {}).items()))
+        self.index_v_buffer: dict[int, Tensor] = dict(sorted(index.get("index_v", {}).items()))
         self.device = self.main.device
 
     @classmethod
-    def from_plan(cls, plan: Plan, device: str | torch.device) -> MiniMaxSparseKVPool:
-        """The pool (and its draft pool) of a plan; refuses, before allocating, bytes the plan did not charge."""
+    def from_plan(
+        cls, plan: Plan, device: str | torch.device, *, layout: BufferLayout | None = None
+    ) -> MiniMaxSparseKVPool:
+        """The pool (and its draft pool) of a plan; refuses, before allocating, bytes the plan did not charge.
+
+        ``layout`` carves the buffers (the ``buffer_layout`` hook's answer; one tensor per layer when None).
+        """
         model, serving = plan.model, plan.serving
         codec = codec_for(resolve_kv_dtype(serving.kv_cache_dtype, model.dtype))
         model_dtype = getattr(torch, model.dtype)
         start, end = rank_layer_range(model, serving)
         size, page = plan.max_total_num_tokens, serving.page_size
         layers = list(model.layers[start:end])
-        _check(plan, (MAIN_POOL, INDEX_POOL), layers, serving, codec, size + page)
-        draft = None
+        rows = size + page
+        _check(plan, (MAIN_POOL, INDEX_POOL), layers, serving, codec, rows)
+        draft_layers = None
         if any(p.name == DRAFT_POOL for p in plan.pools):
             draft_layers = [model.layers[-1]] * (serving.speculative_draft_num_layers or 0)
-            _check(plan, (DRAFT_POOL, DRAFT_INDEX_POOL), draft_layers, serving, codec, size + page)
+            _check(plan, (DRAFT_POOL, DRAFT_INDEX_POOL), draft_layers, serving, codec, rows)
+        if layout is not None:  # every pool's bytes, before the first tensor
+
+            def requests(names: tuple[str, str], of: list[LayerSpec], first: int) -> list[BufferRequest]:
+                main = LayerKV.buffer_requests(
+                    name=names[0],
+                    rows=rows,
+                    layers=layer_geometry(of, serving),
+                    start_layer=first,
+                    codec=codec,
+                    device=device,
+                    page_size=page,
+                )
+                return main + cls.index_requests(names[1], rows, page, of, first, model_dtype, device)
+
+            check_layout_bytes(layout, requests((MAIN_POOL, INDEX_POOL), layers, start))
+            if draft_layers is not None:
+                check_layout_bytes(layout, requests((DRAFT_POOL, DRAFT_INDEX_POOL), draft_layers, 0))
+        draft = None
+        if draft_layers is not None:
             draft = cls(
                 size=size,
                 page_size=page,
@@ -99,6 +127,7 @@ class MiniMaxSparseKVPool:
                 device=device,
                 model_dtype=model_dtype,
                 names=(DRAFT_POOL, DRAFT_INDEX_POOL),
+                layout=layout,
             )
         return cls(
             size=size,
@@ -110,7 +139,45 @@ class MiniMaxSparseKVPool:
             device=device,
             model_dtype=model_dtype,
             draft=draft,
+            layout=layout,
         )
+
+    @staticmethod
+    def index_requests(
+        pool: str,
+        rows: int,
+        page_size: int,
+        layers: list[LayerSpec],
+        start_layer: int,
+        model_dtype: torch.dtype,
+        device: str | torch.device,
+    ) -> list[BufferRequest]:
+        """The indexer's requests: ``index_k`` of every sparse layer, ``index_v`` of index-value layers.
+
+        Each ``(rows, 1, index_head_dim)`` in the model dtype; layers of one index dim share a request.
+        """
+        groups: dict[tuple[str, int], list[int]] = {}
+        for offset, layer in enumerate(layers):
+            if layer.kind != SPARSE:
+                continue
+            dim = int(layer.params["index_head_dim"])
+            groups.setdefault(("index_k", dim), []).append(start_layer + offset)
+            if layer.params["index_value"]:
+                groups.setdefault(("index_v", dim), []).append(start_layer + offset)
+        device = torch.device(device)
+        return [
+            BufferRequest(
+                pool=pool,
+                role=role,
+                rows=rows,
+                page_size=page_size,
+                layers=ids,
+                row_shape=(1, dim),
+                dtype=model_dtype,
+                device=device,
+            )
+            for (role, dim), ids in groups.items()
+        ]
 
     # -- what it is ----------------------------------------------------------
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpools_core import for_architecture, hookimpl
 from kvpools_core.config import ConfigReader, is_deepseek_dsa, is_deepseek_v4
@@ -30,6 +30,9 @@ from kvpools_core.parts.latent import (
     model_dims,
 )
 from kvpools_core.values import CellSize, ModelSpec, Plan, Serving
+
+if TYPE_CHECKING:
+    from kvpools_core.pools.layout import BufferLayout
 
 ARCHITECTURE = "mla"
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -64,7 +67,7 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
-def build_pool(plan: Plan, device: str) -> Any | None:
+def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
     from kvpools_core.pools.mla import MLATokenToKVPool
 
-    return MLATokenToKVPool.from_plan(plan, device)
+    return MLATokenToKVPool.from_plan(plan, device, layout=layout)

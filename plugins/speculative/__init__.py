@@ -6,7 +6,9 @@ it.  SGLang scales the target's cell: EAGLE / EAGLE3 / STANDALONE / NEXTN by
 writes no draft KV.  kvpools' exact parts add a separate ``draft_kv`` pool of
 ``D`` layers of the target's per-layer geometry (SGLang's own assumption; an
 architecture may name one draft layer's parts in ``CellSize.draft_layer_parts``),
-which the draft worker allocates with its own padding page.
+which the draft worker allocates with its own padding page.  Only token parts
+are scaled: the target's per-request, per-state-slot and fixed parts stay as
+they are (the draft keeps no recurrent state of its own).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Generator
 import attrs
 
 from kvpools_core import hookimpl
-from kvpools_core.values import CellPart, CellSize, ModelSpec, Serving
+from kvpools_core.values import TOKEN, CellPart, CellSize, ModelSpec, Serving
 
 EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "STANDALONE", "NEXTN"})
 DFLASH_FAMILY = frozenset({"DFLASH"})
@@ -42,9 +44,12 @@ def with_draft(cell: CellSize, serving: Serving) -> CellSize:
     else:
         sglang = float(-(-int(cell.sglang_bytes_per_token) * (layers + draft_layers) // layers))
     if cell.draft_layer_parts:  # the architecture says what one draft layer stores
-        draft_parts = tuple(_draft_part(part, part.bytes_per_token * draft_layers) for part in cell.draft_layer_parts)
+        one_layer = tuple(part for part in cell.draft_layer_parts if part.unit == TOKEN)
+        draft_parts = tuple(_draft_part(part, part.bytes_per_token * draft_layers) for part in one_layer)
     else:
-        draft_parts = tuple(_draft_part(part, -(-part.bytes_per_token * draft_layers // layers)) for part in cell.parts)
+        draft_parts = tuple(
+            _draft_part(part, -(-part.bytes_per_token * draft_layers // layers)) for part in cell.parts_of(TOKEN)
+        )
     return attrs.evolve(
         cell,
         parts=cell.parts + draft_parts,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -45,6 +45,9 @@ from .sizing import (
     sglang_shape,
     size_swa_pools,
 )
+
+if TYPE_CHECKING:
+    from kvpools_core.pools.layout import BufferLayout
 
 __all__ = ["ARCHITECTURE", "swa_cell_size"]
 
@@ -91,14 +94,14 @@ def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budge
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
-def build_pool(plan: Plan, device: str) -> Any | None:
+def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
     if is_latent(plan.model):
         from .mla_pool import SWAMLAKVPool
 
-        return SWAMLAKVPool.from_plan(plan, device)
+        return SWAMLAKVPool.from_plan(plan, device, layout=layout)
     from .pool import SWAKVPool
 
-    return SWAKVPool.from_plan(plan, device)
+    return SWAKVPool.from_plan(plan, device, layout=layout)
 
 
 @hookimpl

@@ -29,9 +29,10 @@ MLA latent (``kv_lora_rank``, ``qk_rope_head_dim``) and an explicit layer list
 latent row, or DSA's row and indexer key when SGLang's ``is_deepseek_dsa``
 says so; sliding layers cache an MLA row of their own dims
 (``swa_kv_lora_rank`` / ``swa_qk_rope_head_dim``, absent ones follow the full
-layers', as the Dots3 config classes do).  Layers follow the MLA plugin's
-convention (one "head" of ``kv_lora_rank + qk_rope_head_dim``, the latent dims
-in ``params``); ``params["latent"]`` names the full layers' storage.  The
+layers', as the Dots3 config classes do).  Layers follow the parts library's
+latent convention (:func:`kvpools_core.parts.latent.latent_model_spec`: one
+"head" of ``kv_lora_rank + qk_rope_head_dim``, the latent dims in
+``params``); ``params["latent"]`` names the full layers' storage.  The
 ``mla`` and ``dsa`` plugins decline these configs (``has_mla_latent``).
 """
 
@@ -251,7 +252,8 @@ def sliding_pattern(reader: ConfigReader, model_type: str) -> Pattern | None:
 def window_active(reader: ConfigReader) -> bool:
     """``sliding_window`` is stated and not switched off by ``use_sliding_window: false`` (Qwen2-style inert field).
 
-    The MHA plugin's test, so a config is claimed by exactly one of the two.
+    The core's test (:func:`kvpools_core.config.sliding_window_active`), which dense plugins decline by,
+    so a config is claimed by exactly one plugin.
     """
     return sliding_window_active(reader)
 

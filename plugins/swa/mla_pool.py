@@ -9,7 +9,9 @@ Each sub-pool numbers its layers 0..n-1; a global layer id is looked up in
 ``layers_mapping`` (``layer id → (index in its store, is_swa)``).  Kernels
 address every layer with *full* slot ids, and a sliding layer translates them
 through ``full_to_swa_index_mapping`` (as :class:`~.pool.SWAKVPool`: 0 for no
-SWA slot, a trailing −1), which the dual allocator writes.
+SWA slot, a trailing −1), which the dual allocator writes.  The sub-pools allocate their rows through
+the build's buffer layout (:mod:`kvpools_core.pools.layout`); the mapping is
+one table per pool, allocated directly (see :mod:`.pool`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from torch import Tensor
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.indexer import INDEX_POOL
 from kvpools_core.parts.latent import LatentRow
-from kvpools_core.pools.dsa import DSATokenToKVPool, check_index_bytes
+from kvpools_core.pools.dsa import DSATokenToKVPool, check_index_bytes, index_request
 from kvpools_core.pools.kv import check_planned_bytes, tensor_nbytes
+from kvpools_core.pools.layout import BufferLayout, BufferRequest, check_layout_bytes
 from kvpools_core.pools.mla import MLATokenToKVPool, check_latent_bytes
 from kvpools_core.values import Plan
 
@@ -49,6 +52,7 @@ class SWAMLAKVPool(SWARouting[MLATokenToKVPool]):
         device: str | torch.device,
         model_dtype: torch.dtype,
         index_head_dim: int | None = None,
+        layout: BufferLayout | None = None,
     ) -> None:
         self.size = size
         self.size_swa = size_swa
@@ -70,6 +74,7 @@ class SWAMLAKVPool(SWARouting[MLATokenToKVPool]):
                     start_layer=0,
                     device=device,
                     model_dtype=model_dtype,
+                    layout=layout,
                 )
             else:
                 self.full_kv_pool = MLATokenToKVPool(
@@ -81,6 +86,7 @@ class SWAMLAKVPool(SWARouting[MLATokenToKVPool]):
                     start_layer=0,
                     device=device,
                     model_dtype=model_dtype,
+                    layout=layout,
                 )
             self.full_to_swa_index_mapping = new_mapping(size, page_size, device)
         self.swa_kv_pool = MLATokenToKVPool(
@@ -92,12 +98,16 @@ class SWAMLAKVPool(SWARouting[MLATokenToKVPool]):
             start_layer=0,
             device=device,
             model_dtype=model_dtype,
+            layout=layout,
         )
         self.device = self.swa_kv_pool.device
 
     @classmethod
-    def from_plan(cls, plan: Plan, device: str | torch.device) -> SWAMLAKVPool:
-        """The pools a plan describes; refuses, before allocating, bytes the plan did not charge."""
+    def from_plan(cls, plan: Plan, device: str | torch.device, *, layout: BufferLayout | None = None) -> SWAMLAKVPool:
+        """The pools a plan describes; refuses, before allocating, bytes the plan did not charge.
+
+        ``layout`` carves the sub-pools' buffers (the ``buffer_layout`` hook's answer; one tensor per layer when None).
+        """
         model, serving = plan.model, plan.serving
         config = plan.sizing.sglang_config
         full, swa, page = (
@@ -125,6 +135,18 @@ class SWAMLAKVPool(SWARouting[MLATokenToKVPool]):
                 index_head_dim = int(view.layers[0].params["index_head_dim"])
                 check_index_bytes(plan, INDEX_POOL, full, page, index_bytes(model), len(full_ids))
         check_latent_bytes(plan, SWA_POOL, srow, swa + page, len(swa_ids))
+        if layout is not None:  # every sub-pool's bytes, before the first tensor
+            requests: list[BufferRequest] = MLATokenToKVPool.latent_requests(
+                name=SWA_POOL, rows=swa + page, row=srow, layers=range(len(swa_ids)), page_size=page, device=device
+            )
+            if row is not None:
+                full_local = range(len(full_ids))
+                requests += MLATokenToKVPool.latent_requests(
+                    name=FULL_POOL, rows=full + page, row=row, layers=full_local, page_size=page, device=device
+                )
+                if index_head_dim is not None:
+                    requests.append(index_request(INDEX_POOL, full, page, index_bytes(model), full_local, device))
+            check_layout_bytes(layout, requests)
         return cls(
             size=full,
             size_swa=swa,
@@ -136,6 +158,7 @@ class SWAMLAKVPool(SWARouting[MLATokenToKVPool]):
             device=device,
             model_dtype=getattr(torch, model.dtype),
             index_head_dim=index_head_dim,
+            layout=layout,
         )
 
     # -- what it is ----------------------------------------------------------

@@ -11,6 +11,11 @@ that ``last_loc = -1`` translates to −1.  The allocator writes the mapping;
 the pool owns it.  A model without full layers has no full store and no
 mapping: its SWA slot ids are the token ids.  A speculative plan's draft
 model gets its own store (``.draft``) of ``max_total_num_tokens + page_size`` rows.
+
+The stores' K / V buffers are allocated through the build's buffer layout
+(:mod:`kvpools_core.pools.layout`).  ``full_to_swa_index_mapping`` is not:
+it is one int64 table per pool (not a per-layer buffer) that the allocator
+writes, so it is allocated here directly.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.attention import LayerGeometry, layer_geometry
 from kvpools_core.pools.kv import LayerKV, allocate, check_planned_bytes, tensor_nbytes
+from kvpools_core.pools.layout import BufferLayout, BufferRequest, check_layout_bytes
 from kvpools_core.pools.quant import KVCodec, codec_for
 from kvpools_core.values import LayerSpec, Plan, Serving
 
@@ -132,6 +138,7 @@ class SWAKVPool(SWARouting[LayerKV]):
         hybrid: bool = True,
         draft_layers: list[LayerGeometry] | None = None,
         draft_size: int | None = None,
+        layout: BufferLayout | None = None,
     ) -> None:
         self.size = size
         self.size_swa = size_swa
@@ -142,7 +149,15 @@ class SWAKVPool(SWARouting[LayerKV]):
 
         def store(rows: int, layers: list[LayerGeometry], name: str) -> LayerKV:
             return LayerKV(
-                rows=rows, layers=layers, start_layer=0, codec=codec, device=device, read_dtype=model_dtype, name=name
+                rows=rows,
+                layers=layers,
+                start_layer=0,
+                codec=codec,
+                device=device,
+                read_dtype=model_dtype,
+                name=name,
+                page_size=page_size,
+                layout=layout,
             )
 
         self.full_kv_pool: LayerKV | None = None
@@ -160,8 +175,11 @@ class SWAKVPool(SWARouting[LayerKV]):
         self.device = self.swa_kv_pool.device
 
     @classmethod
-    def from_plan(cls, plan: Plan, device: str | torch.device) -> SWAKVPool:
-        """The pools a plan describes; refuses, before allocating, bytes the plan did not charge."""
+    def from_plan(cls, plan: Plan, device: str | torch.device, *, layout: BufferLayout | None = None) -> SWAKVPool:
+        """The pools a plan describes; refuses, before allocating, bytes the plan did not charge.
+
+        ``layout`` carves the K / V buffers (the ``buffer_layout`` hook's answer; one tensor per layer when None).
+        """
         serving = plan.serving
         kv = resolve_kv_dtype(serving.kv_cache_dtype, plan.model.dtype)
         codec = codec_for(kv)
@@ -205,6 +223,18 @@ class SWAKVPool(SWARouting[LayerKV]):
                 plan.pool(DRAFT_POOL).bytes,
                 f"{drafts} draft layer(s) of a full layer's geometry, {rows} rows of {kv.name}",
             )
+        if layout is not None:  # every store's bytes, before the first tensor
+            stores = [(SWA_POOL, swa + page, list(swa_layers.values()))]
+            if hybrid:
+                stores.append((FULL_POOL, full + page, list(full_layers.values())))
+            if drafts:
+                stores.append((DRAFT_POOL, plan.max_total_num_tokens + page, draft))
+            requests: list[BufferRequest] = []
+            for name, rows, store_layers in stores:
+                requests += LayerKV.buffer_requests(
+                    name=name, rows=rows, layers=store_layers, start_layer=0, codec=codec, device=device, page_size=page
+                )
+            check_layout_bytes(layout, requests)
         return cls(
             size=full,
             size_swa=swa,
@@ -217,6 +247,7 @@ class SWAKVPool(SWARouting[LayerKV]):
             hybrid=hybrid,
             draft_layers=draft,
             draft_size=plan.max_total_num_tokens,
+            layout=layout,
         )
 
     # -- what it is ----------------------------------------------------------

@@ -42,12 +42,22 @@ from kvpools_core.sizing import (
     largest_fitting_tokens,
     not_enough_memory,
     page_align,
-    pool_rows,
     request_table_pool,
     resolve_max_num_reqs,
     sglang_tokens,
+    token_pool,
 )
-from kvpools_core.values import Budget, CellSize, LayerSpec, ModelSpec, PoolSizing, PoolSpec, Serving
+from kvpools_core.values import (
+    FULL_TOKENS,
+    TOKEN,
+    Budget,
+    CellSize,
+    LayerSpec,
+    ModelSpec,
+    PoolSizing,
+    PoolSpec,
+    Serving,
+)
 
 from .config import FULL, SGLANG_HYBRID_SWA_ARCHITECTURES, SLIDING
 from .mla import is_latent, latent_bytes_per_layer
@@ -58,6 +68,8 @@ DRAFT_POOL = DRAFT_KV_POOL
 MAPPING_POOL = "full_to_swa"
 SWA_ALLOCATOR = "swa_allocator"
 MAPPING_ITEM_BYTES = 8  # int64 SWA slot per full slot
+SWA_TOKENS = "swa"
+"""The token space of the sliding-window pool: tokens inside the window (``swa_max_total_num_tokens``)."""
 SGLANG_DRAFT_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE", "NEXTN"})
 """Drafts SGLang's SWA configurator budgets into the full term (``is_eagle() or is_standalone()``)."""
 DRAFT_KV_ALGORITHMS = SGLANG_DRAFT_ALGORITHMS | {"DFLASH"}
@@ -322,6 +334,7 @@ def size_swa_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: B
         },
         sglang_estimate_bytes=shape.estimate(full, swa),
         notes=notes,
+        token_counts={FULL_TOKENS: full, SWA_TOKENS: swa} if shape.hybrid else {SWA_TOKENS: swa},
     )
 
 
@@ -337,6 +350,8 @@ def mapping_pool(full_tokens: int, page_size: int) -> PoolSpec:
         bytes=rows * MAPPING_ITEM_BYTES,
         sglang_charged=False,
         owner=OWNER,
+        unit=TOKEN,
+        token_space=FULL_TOKENS,
     )
 
 
@@ -371,18 +386,10 @@ def split_note(shape: SGLangShape, cap: ChunkCap | None, pools: list[PoolSpec], 
     )
 
 
-def _token_pool(name: str, tokens: int, page: int, bytes_per_token: int, charged: bool, extra: int) -> PoolSpec:
-    rows = pool_rows(tokens, page, extra)
-    return PoolSpec(
-        name=name,
-        kind="kv",
-        slots=tokens,
-        padding_slots=rows - tokens,
-        bytes_per_slot=bytes_per_token,
-        bytes=rows * bytes_per_token,
-        sglang_charged=charged,
-        owner=OWNER,
-    )
+def _token_pool(
+    name: str, tokens: int, page: int, bytes_per_token: int, charged: bool, extra: int, space: str
+) -> PoolSpec:
+    return token_pool(name, tokens, page, bytes_per_token, OWNER, extra_slots=extra, token_space=space, charged=charged)
 
 
 def _pools(
@@ -399,13 +406,16 @@ def _pools(
     """Every allocation of the plan: KV pools, the mapping, the request table, the allocators' free lists.
 
     A DSA full layer's indexer keys (``indexer``) have one slot per full token, paged with SGLang's extra slot.
+    The window pool and its allocator scale with SWA tokens, every other token pool with the
+    ``max_total_num_tokens`` tokens: full tokens, or SWA tokens when no layer is full.
     """
     page = serving.page_size
+    total_space = FULL_TOKENS if shape.hybrid else SWA_TOKENS
     pools = []
     for name, bytes_per_token in per_token.items():
-        slots = {FULL_POOL: full, SWA_POOL: swa}.get(name, total)
+        slots, space = {FULL_POOL: (full, FULL_TOKENS), SWA_POOL: (swa, SWA_TOKENS)}.get(name, (total, total_space))
         charged = name in (FULL_POOL, SWA_POOL, INDEX_POOL) or (name == DRAFT_POOL and shape.num_draft > 0)
-        pools.append(_token_pool(name, slots, page, bytes_per_token, charged, extra_slots.get(name, 0)))
+        pools.append(_token_pool(name, slots, page, bytes_per_token, charged, extra_slots.get(name, 0), space))
     if shape.hybrid:
         pools.append(mapping_pool(full, page))
     pools.append(request_table_pool(requests, context_len, serving))
@@ -413,9 +423,9 @@ def _pools(
     if shape.hybrid:
         pools.append(allocator_pool(full, page))
         if swa_pages:
-            pools.append(attrs.evolve(allocator_pool(swa_pages, page), name=SWA_ALLOCATOR, owner=OWNER))
+            pools.append(allocator_pool(swa_pages, page, token_space=SWA_TOKENS, name=SWA_ALLOCATOR, owner=OWNER))
     elif swa_pages:
-        pools.append(allocator_pool(swa_pages, page))
+        pools.append(allocator_pool(swa_pages, page, token_space=SWA_TOKENS))
     return pools
 
 

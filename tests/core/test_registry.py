@@ -305,7 +305,8 @@ def test_nothing_answered_under_autoload_off_says_what_to_do(monkeypatch: pytest
         NoProviderError,
         match=r"No plugin answered estimate_cell_size: .*Plugins asked: .*\. Plugin autoload is off "
         r"\(KVPOOLS_DISABLE_PLUGIN_AUTOLOAD=1\), so only the built-in plugins load; installed but not loaded: "
-        r'"example" \(kvpools-example 0\.3\.0\)\. Unset it, or name every plugin to load in KVPOOLS_PLUGINS',
+        r'"example" \(kvpools-example 0\.3\.0\), "example_parts" \(kvpools-example 0\.3\.0\)\. '
+        r"Unset it, or name every plugin to load in KVPOOLS_PLUGINS",
     ):
         plan(TOY_LATENT, Serving(), memory="1MiB", registry=Registry())
     monkeypatch.setenv("KVPOOLS_PLUGINS", "example,mha,cpu,cuda")

@@ -189,7 +189,7 @@ def test_real_log_qwen35_397b_at_tp2() -> None:
     cell, _ = registry().call_first("estimate_cell_size", "", model=spec, serving=tp2)
     full = len(rank_full_attention_layers(spec, tp2))
     assert full == 15
-    assert {p.name: p.bytes_per_token // full for p in cell.parts} == {"k": 512, "v": 512}
+    assert {p.name: p.bytes_per_token // full for p in cell.parts_of("token")} == {"k": 512, "v": 512}
 
 
 def test_ssm_dtype_from_the_config_and_the_flag() -> None:

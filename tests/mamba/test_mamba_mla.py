@@ -159,7 +159,7 @@ def test_cell_and_state_bytes_by_hand(tp: int, state_per_slot: int, kv: str, cel
     assert result.cell.sglang_bytes_per_token == cell
     assert result.cell.bytes_per_token == cell
     assert result.cell.num_layers == 7
-    assert result.cell.bytes_per_request == state_per_slot
+    assert result.cell.bytes_per_state_slot == state_per_slot
     state = result.pool("mamba_state")
     assert state.bytes_per_slot == state_per_slot
     assert state.bytes == (result.sizing.sglang_config["max_mamba_cache_size"] + 1) * state_per_slot
@@ -168,11 +168,11 @@ def test_cell_and_state_bytes_by_hand(tp: int, state_per_slot: int, kv: str, cel
 def test_ssm_dtype_flag_halves_the_ssm_state_and_the_config_field_does_not_count() -> None:
     # --mamba-ssm-dtype bfloat16: SSM 32 x 128 x 128 x 2 = 1,048,576; (73,728 + 1,048,576) x 20 = 22,446,080.
     serving = Serving(mamba_ssm_dtype="bfloat16")
-    assert plan(KIMI, serving, memory="60GiB").cell.bytes_per_request == 22_446_080
+    assert plan(KIMI, serving, memory="60GiB").cell.bytes_per_state_slot == 22_446_080
     config = kimi_config()
     config["mamba_ssm_dtype"] = "bfloat16"  # KimiLinearCacheParams never passes the config to mamba2_state_dtype
     model = parse(config, KIMI)
-    assert plan(model, Serving(), memory="60GiB").cell.bytes_per_request == 43_417_600
+    assert plan(model, Serving(), memory="60GiB").cell.bytes_per_state_slot == 43_417_600
 
 
 def test_unsupported_combinations_are_rejected_before_sizing() -> None:

@@ -199,4 +199,4 @@ def test_hook_declines_other_architectures(small_plan: Callable[..., Plan]) -> N
     plan = small_plan()
     other = attrs.evolve(plan, model=attrs.evolve(plan.model, architecture="mla"))
     assert build_pool(plan=other, device="meta") is None
-    assert isinstance(build_pool(plan=plan, device="meta"), MHATokenToKVPool)
+    assert isinstance(build_pool(plan=plan, device="meta", layout=None), MHATokenToKVPool)

@@ -209,7 +209,7 @@ def test_exact_plans_fit_and_build_exactly(case: tuple[dict[str, Any], Serving, 
     assert config_["swa_max_total_num_tokens"] <= max(config_["full_max_total_num_tokens"], p.max_total_num_tokens)
     stopped = serving.max_total_tokens is not None or serving.pp_size > 1
     if not stopped:
-        from kvpools_core.pools.report import explain_unused_budget
+        from kvpools_core.build_report import explain_unused_budget
 
         reasons = explain_unused_budget(p)
         assert not any("for a reason of its own" in r for r in reasons), reasons

@@ -1,0 +1,383 @@
+"""The ``buffer_layout`` hook: one override point for how a platform carves every store's buffers.
+
+A stand-in platform plugin (registered in-process) answers ``LAYER_MAJOR``:
+every built-in preset then builds on ``meta`` with exactly the plan's bytes,
+every token-indexed pool asks the layout for its buffers, and on the CPU the
+stores read back bit for bit what the default per-layer layout reads back,
+while the per-layer views share one tensor.  A layout that would change the
+bytes is refused before anything is allocated; a plugin answering garbage is
+named.
+"""
+
+from __future__ import annotations
+
+import types
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from kvpools_core import Plan, Registry, Serving, build, get_registry, hookimpl, plan
+from kvpools_core.config import registry_presets
+from kvpools_core.errors import BufferLayoutError, KvpoolsError, PluginResultError, PoolPlanMismatchError
+from kvpools_core.pools import MHATokenToKVPool
+from kvpools_core.pools.layout import (
+    CORE_LAYOUTS,
+    LAYER_MAJOR,
+    PER_LAYER,
+    BufferLayout,
+    BufferRequest,
+    LayerMajorLayout,
+    allocate,
+)
+
+from ..mla.oracle_support import parse
+from .conftest import build_small_plan
+
+MiB = 1 << 20
+MAPPING_POOL = "full_to_swa"  # the SWA index table: one table written by the allocator, not a layout buffer
+PRESETS = sorted(registry_presets(get_registry()))
+
+
+class RecordingLayout(LayerMajorLayout):
+    """``layer_major``, remembering every request and the views it returned."""
+
+    name = "layer_major"
+
+    def __init__(self) -> None:
+        self.allocated: list[tuple[BufferRequest, list[Tensor]]] = []
+
+    def allocate(self, request: BufferRequest) -> list[Tensor]:
+        views = super().allocate(request)
+        self.allocated.append((request, views))
+        return views
+
+
+def platform_registry(layout: BufferLayout, devices: Sequence[str] = ("meta", "cpu")) -> Registry:
+    """The installed plugins plus a stand-in platform that answers ``layout`` for its devices only."""
+
+    @hookimpl(tryfirst=True)
+    def buffer_layout(plan: Plan, device: str) -> BufferLayout | None:
+        return layout if torch.device(device).type in devices else None
+
+    return _registry("vendor", buffer_layout)
+
+
+def _registry(name: str, *impls: Callable[..., Any]) -> Registry:
+    module = types.ModuleType(f"{name}_plugin")
+    for impl in impls:
+        setattr(module, impl.__name__, impl)
+    return Registry(autoload=True, plugins=None, disabled=(), extra_plugins={name: module})
+
+
+def _servings() -> list[Serving]:
+    return [
+        Serving(page_size=64),
+        Serving(
+            page_size=64,
+            kv_cache_dtype="fp8_e4m3",
+            max_running_requests=32,
+            speculative_algorithm="EAGLE",
+            speculative_draft_num_layers=1,
+            speculative_num_steps=2,
+            speculative_num_draft_tokens=3,
+        ),
+    ]
+
+
+# -- every preset, layer-major, on meta ----------------------------------------
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_builds_layer_major_on_meta_with_the_planned_bytes(preset: str) -> None:
+    built = 0
+    for serving in _servings():
+        try:
+            planned = plan(preset, serving, memory="20GiB")
+        except KvpoolsError:
+            continue  # a combination the preset's plugin refuses (the first serving always plans)
+        layout = RecordingLayout()
+        pools = build(planned, "meta", registry=platform_registry(layout))
+        built += 1
+        assert pools.layout is layout and pools.provenance["buffer_layout"] == ("vendor",)
+        by_pool = pools.kv_pool.nbytes_by_pool()
+        assert by_pool == {name: planned.pool(name).bytes for name in by_pool}
+        assert pools.allocated_by_pool() == {p.name: p.bytes for p in planned.pools}
+        # every token-indexed KV buffer went through the layout, and nothing else did
+        requested: Counter[str] = Counter()
+        for request, views in layout.allocated:
+            requested[request.pool] += request.nbytes
+            assert [tuple(v.shape) for v in views] == [request.shape] * request.num_layers
+            if views:
+                assert len({id(v._base) for v in views}) == 1 and views[0]._base.shape[0] == request.num_layers
+        assert +requested == +Counter({k: v for k, v in by_pool.items() if k != MAPPING_POOL})
+    assert built >= 1
+
+
+def test_the_core_answers_per_layer_and_stays_out_of_provenance() -> None:
+    planned = build_small_plan()
+    pools = build(planned, "cpu")
+    assert pools.layout is PER_LAYER and "buffer_layout" not in pools.provenance
+    buffers = pools.kv_pool.kv.k_buffer
+    assert len({t.untyped_storage().data_ptr() for t in buffers}) == len(buffers) == 4
+    assert CORE_LAYOUTS == {"per_layer": PER_LAYER, "layer_major": LAYER_MAJOR}
+
+
+def test_a_platform_declines_other_devices() -> None:
+    registry = platform_registry(LAYER_MAJOR, devices=("npu",))
+    pools = build(build_small_plan(), "meta", registry=registry)
+    assert pools.layout is PER_LAYER and "buffer_layout" not in pools.provenance
+
+
+# -- bit for bit on the CPU ----------------------------------------------------
+
+
+def _small_mla(kv: str) -> Plan:
+    config = {
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "kv_lora_rank": 32,
+        "qk_rope_head_dim": 16,
+        "max_position_embeddings": 128,
+        "torch_dtype": "bfloat16",
+    }
+    return plan(parse(config), Serving(kv_cache_dtype=kv, page_size=16), memory=1 * MiB)
+
+
+def _small_dsa() -> Plan:
+    config = {
+        "architectures": ["GlmMoeDsaForCausalLM"],
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "kv_lora_rank": 128,
+        "qk_rope_head_dim": 32,
+        "index_topk": 64,
+        "index_head_dim": 128,
+        "max_position_embeddings": 256,
+        "torch_dtype": "bfloat16",
+    }
+    return plan(parse(config), Serving(page_size=64, kv_cache_dtype="fp8_e4m3"), memory=4 * MiB)
+
+
+def _swa() -> Plan:
+    serving = Serving(page_size=4, kv_cache_dtype="fp8_e4m3", max_running_requests=4, context_length=64)
+    return plan("gpt-oss-20b", serving, memory=64 * MiB)
+
+
+def _random(*shape: int, seed: int) -> Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+def _slots(pool: Any, n: int = 8) -> Tensor:
+    return torch.randperm(pool.size, generator=torch.Generator().manual_seed(0))[:n] + pool.page_size
+
+
+def _raw(t: Tensor) -> Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def _mha_round_trip(pools: Any) -> tuple[list[Tensor], list[Tensor]]:
+    pool = pools.kv_pool
+    loc, reads = _slots(pool), []
+    for layer in range(pool.start_layer, pool.end_layer):
+        g = pool.kv.layers[layer - pool.start_layer]
+        k, v = _random(8, g.heads, g.head_dim, seed=layer), _random(8, g.heads, g.v_head_dim, seed=-layer)
+        pool.set_kv_buffer(layer, loc, k, v)
+        reads += pool.get_kv(layer, loc)
+    return reads, pool.kv.k_buffer + pool.kv.v_buffer + pool.kv.k_scale_buffer
+
+
+def _mla_round_trip(pools: Any) -> tuple[list[Tensor], list[Tensor]]:
+    pool = pools.kv_pool
+    loc, reads = _slots(pool), []
+    for layer in range(pool.start_layer, pool.end_layer):
+        pool.set_kv_buffer(layer, loc, _random(8, 1, pool.dims.kv_cache_dim, seed=layer))
+        reads += pool.get_mla_kv(layer, loc)
+    return reads, pool.kv_buffer + pool.kv_scale_buffer
+
+
+def _dsa_round_trip(pools: Any) -> tuple[list[Tensor], list[Tensor]]:
+    pool = pools.kv_pool
+    loc, reads = _slots(pool), []
+    for layer in range(pool.start_layer, pool.end_layer):
+        pool.set_mla_kv_buffer(layer, loc, _random(8, 1, 128, seed=layer), _random(8, 1, 32, seed=-layer))
+        pool.set_index_k(layer, loc, _random(8, 128, seed=100 + layer))
+        reads += [*pool.get_mla_kv(layer, loc), pool.get_index_k(layer, loc).view(torch.uint8)]
+        reads.append(pool.get_index_k_scale(layer, loc))
+    return reads, pool.kv_buffer + pool.index_k_with_scale_buffer
+
+
+def _swa_round_trip(pools: Any) -> tuple[list[Tensor], list[Tensor]]:
+    pool, alloc = pools.kv_pool, pools.allocator
+    loc = alloc.alloc_extend(torch.tensor([0]), torch.tensor([6]), torch.tensor([-1]), 6)
+    reads = []
+    for layer in sorted(pool.layers_mapping):
+        pool.set_kv_buffer(layer, loc, _random(6, 8, 64, seed=layer), _random(6, 8, 64, seed=-layer))
+        reads += pool.get_kv(layer, loc)
+    full, swa = pool.full_kv_pool, pool.swa_kv_pool
+    return reads, full.k_buffer + full.v_buffer + swa.k_buffer + swa.v_buffer
+
+
+CPU_CASES: dict[str, tuple[Callable[[], Plan], Callable[[Any], tuple[list[Tensor], list[Tensor]]]]] = {
+    "mha-bf16": (build_small_plan, _mha_round_trip),
+    "mha-fp4_e2m1": (lambda: build_small_plan(kv_cache_dtype="fp4_e2m1"), _mha_round_trip),
+    "mla-bf16": (lambda: _small_mla("bf16"), _mla_round_trip),
+    "mla-fp8_e4m3": (lambda: _small_mla("fp8_e4m3"), _mla_round_trip),
+    "mla-fp4_e2m1": (lambda: _small_mla("fp4_e2m1"), _mla_round_trip),
+    "dsa-fp8_e4m3": (_small_dsa, _dsa_round_trip),
+    "swa-fp8_e4m3": (_swa, _swa_round_trip),
+}
+
+
+@pytest.mark.parametrize("case", CPU_CASES)
+def test_layer_major_reads_back_bit_for_bit_what_per_layer_does(case: str) -> None:
+    make_plan, round_trip = CPU_CASES[case]
+    planned = make_plan()
+    layout = RecordingLayout()
+    per_layer, layer_major = build(planned, "cpu"), build(planned, "cpu", registry=platform_registry(layout))
+    assert per_layer.layout is PER_LAYER and layer_major.layout is layout
+    assert layer_major.allocated_by_pool() == per_layer.allocated_by_pool() == {p.name: p.bytes for p in planned.pools}
+    expected, plain_buffers = round_trip(per_layer)
+    got, major_buffers = round_trip(layer_major)
+    assert len(got) == len(expected) > 0
+    for a, b in zip(got, expected, strict=True):
+        assert a.dtype == b.dtype and torch.equal(_raw(a), _raw(b))
+    for a, b in zip(major_buffers, plain_buffers, strict=True):  # the stored bytes, padding page and all
+        assert torch.equal(_raw(a), _raw(b))
+    # per layer: one tensor each; layer-major: one tensor per request, the layers' buffers are views of it
+    assert len({t.untyped_storage().data_ptr() for t in plain_buffers}) == len(plain_buffers)
+    storages = []
+    for request, views in layout.allocated:
+        assert len({v.untyped_storage().data_ptr() for v in views}) == 1, request.describe()
+        assert views[0]._base is not None and views[0].untyped_storage().nbytes() == request.nbytes
+        storages.append(views[0].untyped_storage().data_ptr())
+    assert len(set(storages)) == len(storages)  # one tensor per request, none shared between requests
+    viewed = {id(v) for _, views in layout.allocated for v in views}
+    assert all(id(t) in viewed for t in major_buffers if t.shape[0])  # the stores keep the layout's views
+
+
+# -- refusals ------------------------------------------------------------------
+
+
+class PaddedLayout(LayerMajorLayout):
+    """A layout that would pad each request by one page of rows: bytes the plan never charged."""
+
+    name = "padded_pages"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def nbytes(self, request: BufferRequest) -> int:
+        return request.nbytes + request.page_size * request.layer_nbytes // max(request.rows, 1)
+
+    def allocate(self, request: BufferRequest) -> list[Tensor]:
+        self.calls += 1
+        return super().allocate(request)
+
+
+@pytest.mark.parametrize("case", ["mha-bf16", "mla-fp4_e2m1", "dsa-fp8_e4m3", "swa-fp8_e4m3"])
+def test_a_layout_that_changes_the_bytes_is_refused_before_allocating(case: str) -> None:
+    planned = CPU_CASES[case][0]()
+    layout = PaddedLayout()
+    with pytest.raises(PoolPlanMismatchError, match=r"pool would allocate \d+ B for its '\w+' buffers") as info:
+        build(planned, "cpu", registry=platform_registry(layout))
+    assert "'padded_pages' (tests.pools.test_buffer_layout.PaddedLayout)" in str(info.value)
+    assert any(f"The {p.name!r} pool" in str(info.value) for p in planned.pools)
+    assert layout.calls == 0  # not one tensor
+
+
+def test_the_refusal_comes_before_the_draft_pool_is_allocated() -> None:
+    planned = build_small_plan(speculative_algorithm="EAGLE", speculative_draft_num_layers=1)
+    assert any(p.name == "draft_kv" for p in planned.pools)
+    layout = PaddedLayout()
+    with pytest.raises(PoolPlanMismatchError, match="'padded_pages'"):
+        MHATokenToKVPool.from_plan(planned, "cpu", layout=layout)
+    assert layout.calls == 0
+
+
+class _Wrong(BufferLayout):
+    name = "wrong"
+
+    def __init__(self, answer: Callable[[BufferRequest], Any]) -> None:
+        self.answer = answer
+
+    def allocate(self, request: BufferRequest) -> Any:
+        return self.answer(request)
+
+
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        (lambda r: allocate(r.shape, r.dtype, r.device), "a Tensor, not a list of tensors"),
+        (lambda r: [allocate(r.shape, r.dtype, r.device)], r"1 buffer\(s\) for 4 layer\(s\)"),
+        (lambda r: [allocate((r.rows + 1, *r.row_shape), r.dtype, r.device)] * 4, r"a \(\d+, 4, 64\)"),
+        (lambda r: [allocate(r.shape, torch.float32, r.device) for _ in r.layers], "torch.float32 buffer"),
+        (lambda r: [allocate(r.shape, r.dtype, "meta") for _ in r.layers], "a buffer on meta"),
+        (lambda r: [allocate(r.shape, r.dtype, r.device)] * 4, "overlapping buffers for layers 0 and 1"),
+        (lambda r: 1 / 0, "failed to allocate .* ZeroDivisionError"),
+    ],
+)
+def test_what_a_layout_returns_is_checked(answer: Callable[[BufferRequest], Any], problem: str) -> None:
+    with pytest.raises(BufferLayoutError, match=rf"Buffer layout 'wrong' \(tests\..*_Wrong\).*{problem}"):
+        build(build_small_plan(), "cpu", registry=platform_registry(_Wrong(answer)))
+
+
+def test_a_plugin_answering_garbage_for_buffer_layout_is_named() -> None:
+    @hookimpl(tryfirst=True)
+    def buffer_layout(plan: Plan, device: str) -> Any:
+        return "layer_major"
+
+    with pytest.raises(PluginResultError, match=r'"garbage" \(<in-process> -\).*\bbuffer_layout\b') as info:
+        build(build_small_plan(), "meta", registry=_registry("garbage", buffer_layout))
+    assert "str 'layer_major': not a BufferLayout" in str(info.value)
+
+    nameless = LayerMajorLayout()
+    nameless.name = ""
+
+    @hookimpl(tryfirst=True)
+    def buffer_layout_nameless(plan: Plan, device: str) -> Any:
+        return nameless
+
+    buffer_layout_nameless.__name__ = "buffer_layout"
+    with pytest.raises(PluginResultError, match=r'"nameless".*buffer_layout.*its name is'):
+        build(build_small_plan(), "meta", registry=_registry("nameless", buffer_layout_nameless))
+
+
+def test_a_build_pool_without_the_layout_argument_still_builds() -> None:
+    """pluggy passes only the arguments an implementation names: third-party ``build_pool``s keep working."""
+
+    @hookimpl(tryfirst=True)
+    def build_pool(plan: Plan, device: str) -> Any:
+        return MHATokenToKVPool.from_plan(plan, device)
+
+    planned = build_small_plan()
+    pools = build(planned, "meta", registry=_registry("old_builder", build_pool))
+    assert pools.provenance["build_pool"] == ("old_builder",)
+    assert pools.allocated_by_pool() == {p.name: p.bytes for p in planned.pools}
+
+
+def test_a_buffer_request_is_typed_data() -> None:
+    request = BufferRequest(
+        pool="kv",
+        role="k",
+        rows=17,
+        page_size=16,
+        layers=range(2),
+        row_shape=[4, 64],
+        dtype=torch.bfloat16,
+        device="cpu",
+    )
+    assert request.layers == (0, 1) and request.shape == (17, 4, 64) and request.device == torch.device("cpu")
+    assert request.nbytes == 2 * 17 * 4 * 64 * 2 and LAYER_MAJOR.nbytes(request) == request.nbytes
+    with pytest.raises(KvpoolsError, match="rows and row_shape must be integers >= 0"):
+        BufferRequest(
+            pool="kv", role="k", rows=-1, page_size=1, layers=(), row_shape=(), dtype=torch.uint8, device="cpu"
+        )
+    with pytest.raises(KvpoolsError, match="page_size must be a positive integer"):
+        BufferRequest(
+            pool="kv", role="k", rows=1, page_size=0, layers=(), row_shape=(), dtype=torch.uint8, device="cpu"
+        )
