@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvpools_core.config import LAYERS, ConfigReader, context_length, describe, model_dtype
+from kvpools_core.config import LAYERS, ConfigReader, context_length, derived_head_dim, describe, model_dtype
 from kvpools_core.parts.latent import MLADims
 from kvpools_core.values import LayerSpec, ModelSpec
 
@@ -439,14 +439,7 @@ def _head_dim(reader: ConfigReader, heads: int) -> int:
     for key in ("head_dim", "attention_head_dim"):
         if reader.has(key):
             return reader.integer(key)
-    hidden = reader.integer("hidden_size")
-    if hidden % heads:
-        raise reader.error(
-            "head_dim",
-            f"is missing and hidden_size {hidden} is not divisible by num_attention_heads {heads}",
-            "Add head_dim to the config.",
-        )
-    return hidden // heads
+    return derived_head_dim(reader, heads)
 
 
 def _nextn_layers(reader: ConfigReader) -> int:
