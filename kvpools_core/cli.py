@@ -23,7 +23,7 @@ from kvpools_core.dtypes import KV_DTYPE_CHOICES
 from kvpools_core.errors import ConfigError, KvpoolsError
 from kvpools_core.options import cli_surface
 from kvpools_core.registry import get_registry
-from kvpools_core.values import ACCOUNTING_MODES, SPECULATIVE_ALGORITHMS, Serving
+from kvpools_core.values import ACCOUNTING_MODES, DSV4_COMPRESS_STATE_DTYPES, SPECULATIVE_ALGORITHMS, Serving
 
 _HELP = {
     "kv_cache_dtype": "KV element type (auto follows the model dtype).",
@@ -62,6 +62,12 @@ _HELP = {
     "dsa_prefill_backend": "DSA prefill attention backend.",
     "dsa_decode_backend": "DSA decode attention backend.",
     "enable_dsa_cache_layer_split": "Split the GLM DSA cache layers over context-parallel ranks.",
+    "enable_hisparse": "HiSparse: keep a 1/host_to_device_ratio share of the DeepSeek-V4 c4 KV on the device.",
+    "hisparse_config": "HiSparse config, a JSON object (SGLang's), e.g. '{\"host_to_device_ratio\": 4}'.",
+    "dsv4_compress_state_dtype": "DeepSeek-V4 compressor state dtype (SGLANG_DSV4_COMPRESS_STATE_DTYPE).",
+    "enable_online_compress": "DeepSeek-V4 online c128 compression: one (max, sum, kv) state row "
+    "(SGLANG_OPT_USE_ONLINE_COMPRESS).",
+    "enable_online_c128_mtp": "Allow online c128 with EAGLE top-k 1 MTP (SGLANG_EXPERIMENTAL_ONLINE_C128_MTP).",
     "accounting": "exact: charge every byte built; sglang: SGLang's numbers exactly.",
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -70,6 +76,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "disaggregation_mode": ("null", "prefill", "decode"),
     "accounting": ACCOUNTING_MODES,
     "mamba_ssm_dtype": ("bfloat16", "float16", "float32"),
+    "dsv4_compress_state_dtype": (*DSV4_COMPRESS_STATE_DTYPES, "fp32", "bf16"),
 }
 _SPECIAL = {"platform", "plugin_options", "pp_layer_partition"}
 

@@ -243,6 +243,62 @@ def _canonical_kv(value: str) -> str:
     return canonical_kv_dtype(value)
 
 
+DSV4_COMPRESS_STATE_DTYPES = ("float32", "bfloat16")
+"""``SGLANG_DSV4_COMPRESS_STATE_DTYPE``'s values (SGLang also spells them ``fp32`` and ``bf16``)."""
+_STATE_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def _canonical_state_dtype(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    name = value.strip().lower()
+    return _STATE_DTYPE_ALIASES.get(name, name)
+
+
+def parse_hisparse_config(text: str | None) -> dict[str, Any]:
+    """SGLang's ``--hisparse-config``: a JSON object (``{}`` when unset).
+
+    Raises ``ValueError`` with the reason when it is not one; the ``Serving``
+    validator turns that into an error naming the option.
+    """
+    if text is None or not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"is not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a JSON object such as '{{\"host_to_device_ratio\": 4}}', got {short_json(value)}")
+    ratio = value.get("host_to_device_ratio", 2)
+    if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 1:
+        raise ValueError(f"has host_to_device_ratio {short_json(ratio)}; it must be an integer >= 1")
+    top_k = value.get("top_k", 2048)
+    buffer = value.get("device_buffer_size", None)
+    numbers = isinstance(top_k, (int, float)) and not isinstance(top_k, bool)
+    if buffer is not None and numbers and isinstance(buffer, (int, float)) and buffer < top_k:
+        raise ValueError(
+            f"has device_buffer_size {buffer} below top_k {top_k}: device_buffer_size must be no smaller than top_k"
+        )
+    return value
+
+
+def short_json(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _hisparse_json(inst: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and not isinstance(value, str):
+        raise _invalid(inst, f"{_flag(inst, attribute)} must be a JSON string, got {value!r}.")
+    try:
+        parse_hisparse_config(value)
+    except ValueError as exc:
+        raise _invalid(
+            inst,
+            f"{_flag(inst, attribute)} {value!r} {exc}. Pass a JSON object, e.g. '{{\"host_to_device_ratio\": 4}}'.",
+        ) from None
+
+
 @attrs.frozen(kw_only=True)
 class Serving:
     """Serving options that change sizing, under SGLang's server-arg names.
@@ -251,8 +307,13 @@ class Serving:
     (``swa_eviction_interval`` is ``SGLANG_SWA_EVICTION_INTERVAL``,
     ``vlm_cache_size_mb`` is ``SGLANG_VLM_CACHE_SIZE_MB``,
     ``pp_layer_partition`` is ``SGLANG_PP_LAYER_PARTITION``,
-    ``mamba_skip_decode_lock`` is ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``);
-    kvpools never reads the environment for sizing.
+    ``mamba_skip_decode_lock`` is ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``,
+    ``dsv4_compress_state_dtype`` is ``SGLANG_DSV4_COMPRESS_STATE_DTYPE``,
+    ``enable_online_compress`` is ``SGLANG_OPT_USE_ONLINE_COMPRESS``,
+    ``enable_online_c128_mtp`` is ``SGLANG_EXPERIMENTAL_ONLINE_C128_MTP``);
+    kvpools never reads the environment for sizing.  ``enable_hisparse`` and
+    ``hisparse_config`` are SGLang's server args of those names (the config a
+    JSON object string such as ``'{"host_to_device_ratio": 4}'``).
     """
 
     kv_cache_dtype: str = attrs.field(default="auto", converter=_canonical_kv)
@@ -300,6 +361,14 @@ class Serving:
     dsa_prefill_backend: str = "flashmla_sparse"
     dsa_decode_backend: str = "flashmla_kv"
     enable_dsa_cache_layer_split: bool = False
+    # DeepSeek-V4 compressed attention (read by the dsv4 plugin)
+    enable_hisparse: bool = False
+    hisparse_config: str | None = attrs.field(default=None, validator=_hisparse_json)
+    dsv4_compress_state_dtype: str = attrs.field(
+        default="float32", converter=_canonical_state_dtype, validator=one_of(*DSV4_COMPRESS_STATE_DTYPES)
+    )
+    enable_online_compress: bool = False
+    enable_online_c128_mtp: bool = False
     # kvpools
     accounting: str = attrs.field(default="exact", validator=one_of(*ACCOUNTING_MODES))
     platform: str = "cuda"

@@ -1,6 +1,7 @@
 """Slot allocators of the SWA pools, composed from the core's token / paged allocators.
 
-:class:`SWATokenToKVPoolAllocator` (SGLang's of the same name) hands every
+:class:`SWATokenToKVPoolAllocator` (SGLang's of the same name; it lives in
+:mod:`kvpools_core.allocators.swa`, shared with DeepSeek-V4's pool) hands every
 new token a slot in the full pool *and* one in the SWA pool, and records the
 pair in the pool's ``full_to_swa_index_mapping``; callers see full slot ids
 only.  ``free_swa`` gives back the SWA slots of tokens that slid out of the
@@ -27,25 +28,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from kvpools_core.allocators import AllocatorState, PagedAllocator, TokenAllocator, allocator_class
-from kvpools_core.errors import AllocatorError
+from kvpools_core.allocators import AllocatorState, TokenAllocator
+from kvpools_core.allocators.swa import SWAState, SWATokenToKVPoolAllocator, sub_allocator
 from kvpools_core.values import Plan
 
 __all__ = ["PureSWAAllocator", "SWAState", "SWATokenToKVPoolAllocator", "allocator_for_plan"]
 
 _I64 = torch.int64
-
-
-class SWAState:
-    """Opaque snapshot of :meth:`SWATokenToKVPoolAllocator.backup_state`."""
-
-    __slots__ = ("_owner", "full", "mapping", "swa")
-
-    def __init__(self, owner: object, full: AllocatorState, swa: AllocatorState, mapping: Tensor) -> None:
-        self._owner = owner
-        self.full = full
-        self.swa = swa
-        self.mapping = mapping
 
 
 def allocator_for_plan(
@@ -70,258 +59,6 @@ def allocator_for_plan(
     )
 
 
-def _sub_allocator(
-    size: int, page_size: int, device: str | torch.device, need_sort: bool, checked: bool
-) -> TokenAllocator | PagedAllocator:
-    if allocator_class(page_size) is TokenAllocator:
-        return TokenAllocator(size, device=device, need_sort=need_sort, checked=checked)
-    return PagedAllocator(size, page_size, device=device, need_sort=need_sort, checked=checked)
-
-
-class SWATokenToKVPoolAllocator:
-    """A full slot and an SWA slot per token; the SWA slot can be freed alone."""
-
-    def __init__(
-        self,
-        size: int,
-        size_swa: int,
-        page_size: int = 1,
-        *,
-        mapping: Tensor | None = None,
-        device: str | torch.device = "cpu",
-        need_sort: bool = False,
-        checked: bool = False,
-        debug: bool = False,
-    ) -> None:
-        self.page_size = page_size
-        self.checked = checked = checked or debug  # ``debug`` is the old name of checked mode
-        self.full_attn_allocator = _sub_allocator(size, page_size, device, need_sort, checked)
-        self.swa_attn_allocator = _sub_allocator(size_swa, page_size, device, need_sort, checked)
-        self.device = self.full_attn_allocator.device
-        self._token = object()  # identifies snapshots taken from this instance
-        if mapping is None:
-            from .pool import new_mapping
-
-            mapping = new_mapping(size, page_size, self.device)
-        if mapping.shape != (size + page_size + 1,):
-            raise ValueError(
-                f"full_to_swa_index_mapping must have {size + page_size + 1} entries (size + page_size + the -1 "
-                f"sentinel), got shape {tuple(mapping.shape)}"
-            )
-        self.full_to_swa_index_mapping = mapping
-        self._offsets = torch.arange(page_size, dtype=_I64, device=self.device)
-
-    @property
-    def debug(self) -> bool:
-        """Old name of :attr:`checked`."""
-        return self.checked
-
-    # ------------------------------------------------------------------ sizes
-    @property
-    def size(self) -> int:
-        """Tokens both pools can hold at once (SGLang: ``min(size_full, size_swa)``)."""
-        return min(self.size_full, self.size_swa)
-
-    @property
-    def size_full(self) -> int:
-        return self.full_attn_allocator.size
-
-    @property
-    def size_swa(self) -> int:
-        return self.swa_attn_allocator.size
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of both free lists (the mapping belongs to the pool)."""
-        return sum(self.nbytes_by_pool().values())
-
-    def nbytes_by_pool(self) -> dict[str, int]:
-        """Plan pools ``allocator`` and ``swa_allocator`` (plus ``*_checked`` in checked mode)."""
-        return {
-            **self.full_attn_allocator.nbytes_by_pool("allocator"),
-            **self.swa_attn_allocator.nbytes_by_pool("swa_allocator"),
-        }
-
-    def available_size(self) -> int:
-        return min(self.full_available_size(), self.swa_available_size())
-
-    def full_available_size(self) -> int:
-        return self.full_attn_allocator.available_size()
-
-    def swa_available_size(self) -> int:
-        return self.swa_attn_allocator.available_size()
-
-    def translate_loc_from_full_to_swa(self, loc: Tensor) -> Tensor:
-        return self.full_to_swa_index_mapping[loc]
-
-    # ------------------------------------------------------------- allocation
-    def alloc(self, need_size: int) -> Tensor | None:
-        """``need_size`` full slots (whole pages when paged), each paired with an SWA slot; None if either is short."""
-        if need_size > self.available_size():
-            return None
-        full = self.full_attn_allocator.alloc(need_size)
-        swa = self.swa_attn_allocator.alloc(need_size)
-        assert full is not None and swa is not None  # both had room
-        self.full_to_swa_index_mapping[full] = swa
-        return full
-
-    def alloc_extend(
-        self,
-        prefix_lens: Tensor,
-        seq_lens: Tensor,
-        last_loc: Tensor,
-        extend_num_tokens: int,
-        *,
-        num_new_pages: int | None = None,
-    ) -> Tensor | None:
-        """Slots for positions ``prefix_lens[i]..seq_lens[i]-1`` in both pools (full slot ids returned), or None."""
-        if self.page_size == 1:
-            return self.alloc(extend_num_tokens)
-        p = self.page_size
-        pre = prefix_lens.to(device=self.device, dtype=_I64)
-        seq = seq_lens.to(device=self.device, dtype=_I64)
-        last = last_loc.to(device=self.device, dtype=_I64)
-        if num_new_pages is None:
-            num_new_pages = int(((seq + p - 1) // p - (pre + p - 1) // p).sum())
-        if num_new_pages * p > self.available_size():
-            return None
-        swa_last = self.full_to_swa_index_mapping[last]
-        if self.checked:
-            evicted = (pre % p != 0) & (swa_last <= 0)
-            if bool(evicted.any()):
-                raise ValueError(
-                    f"alloc_extend continues the open page of last_loc {last[evicted][:8].tolist()} whose SWA page "
-                    f"was freed by free_swa; evict only pages before a request's last page"
-                )
-        full_alloc, swa_alloc = self._paged()
-        full = full_alloc.alloc_extend(pre, seq, last, extend_num_tokens, num_new_pages=num_new_pages)
-        swa = swa_alloc.alloc_extend(pre, seq, swa_last, extend_num_tokens, num_new_pages=num_new_pages)
-        assert full is not None and swa is not None  # both had the pages
-        self.full_to_swa_index_mapping[full] = swa
-        return full
-
-    def alloc_decode(self, seq_lens: Tensor, last_loc: Tensor, *, num_new_pages: int | None = None) -> Tensor | None:
-        """One slot per request in both pools for position ``seq_lens[i]-1`` (full slot ids returned), or None."""
-        if self.page_size == 1:
-            return self.alloc(seq_lens.numel())
-        p = self.page_size
-        seq = seq_lens.to(device=self.device, dtype=_I64)
-        last = last_loc.to(device=self.device, dtype=_I64)
-        if num_new_pages is None:
-            num_new_pages = int(torch.count_nonzero(seq % p == 1))
-        if num_new_pages * p > self.available_size():
-            return None
-        swa_last = self.full_to_swa_index_mapping[last]
-        if self.checked:
-            evicted = (seq % p != 1) & (swa_last <= 0)
-            if bool(evicted.any()):
-                raise ValueError(
-                    f"alloc_decode continues the page of last_loc {last[evicted][:8].tolist()} whose SWA page was "
-                    f"freed by free_swa; evict only pages before a request's last page"
-                )
-        full_alloc, swa_alloc = self._paged()
-        full = full_alloc.alloc_decode(seq, last, num_new_pages=num_new_pages)
-        swa = swa_alloc.alloc_decode(seq, swa_last, num_new_pages=num_new_pages)
-        assert full is not None and swa is not None
-        self.full_to_swa_index_mapping[full] = swa
-        return full
-
-    # ------------------------------------------------------------------ frees
-    def free(self, indices: Tensor | Sequence[int]) -> None:
-        """Free full slots ``indices`` and the SWA slots still mapped to them (a request ends).
-
-        All or nothing: the full allocator checks the slots (as its own
-        ``free`` would) before the mapping or either pool changes.
-        """
-        full = self.full_attn_allocator.to_ids(indices)
-        if not full.numel():
-            return
-        self.full_attn_allocator.check_free(full)
-        self._free_swa(full)
-        self.full_attn_allocator.free(full)
-
-    def free_swa(self, indices: Tensor | Sequence[int]) -> None:
-        """Free the SWA slots of full slots ``indices`` (tokens out of the window); their full slots stay.
-
-        Paged: the SWA page of every full page touched is freed whole.
-        Slots without an SWA slot (already evicted) are skipped.  Full slot
-        ids out of range (and, checked, not allocated) are refused first.
-        """
-        full = self.full_attn_allocator.to_ids(indices)
-        if not full.numel():
-            return
-        self.full_attn_allocator.check_free(full, count=False)
-        self._free_swa(full)
-
-    def _free_swa(self, full: Tensor) -> None:
-        """``free_swa`` of checked 1-D int64 full slots."""
-        if self.page_size > 1:
-            p = self.page_size
-            full = torch.add(self._offsets, (full // p)[:, None], alpha=p).reshape(-1)
-        swa = self.full_to_swa_index_mapping[full]
-        swa = swa[swa > 0]
-        if swa.numel():  # first: the SWA allocator may still refuse (a corrupted mapping)
-            self.swa_attn_allocator.free(swa)
-        self.full_to_swa_index_mapping[full] = 0
-
-    def free_full(self, indices: Tensor | Sequence[int]) -> None:
-        """Free full slots whose SWA slots are already gone."""
-        self.full_attn_allocator.free(indices)
-
-    def free_group_begin(self) -> None:
-        self.full_attn_allocator.free_group_begin()
-        self.swa_attn_allocator.free_group_begin()
-
-    def free_group_end(self) -> None:
-        self.full_attn_allocator.free_group_end()
-        self.swa_attn_allocator.free_group_end()
-
-    def merge_and_sort_free(self) -> None:
-        self.full_attn_allocator.merge_and_sort_free()
-        self.swa_attn_allocator.merge_and_sort_free()
-
-    # ------------------------------------------------------------ state/reset
-    def backup_state(self) -> SWAState:
-        """Snapshot of both allocators (copy-on-write) and of the mapping (one copy of it)."""
-        return SWAState(
-            self._token,
-            self.full_attn_allocator.backup_state(),
-            self.swa_attn_allocator.backup_state(),
-            self.full_to_swa_index_mapping.clone(),
-        )
-
-    def restore_state(self, state: SWAState) -> None:
-        """Return exactly to the state of ``backup_state()`` (of this allocator only)."""
-        if not isinstance(state, SWAState):
-            raise AllocatorError(
-                f"restore_state() takes what this allocator's backup_state() returned (an SWAState); "
-                f"got {type(state).__name__}"
-            )
-        if state._owner is not self._token:
-            raise AllocatorError("restore_state() got a state taken from a different allocator; nothing was restored")
-        self.full_attn_allocator.restore_state(state.full)
-        self.swa_attn_allocator.restore_state(state.swa)
-        self.full_to_swa_index_mapping.copy_(state.mapping)
-
-    def clear(self) -> None:
-        """Everything free; every full slot unmapped (the −1 sentinel stays)."""
-        self.full_attn_allocator.clear()
-        self.swa_attn_allocator.clear()
-        self.full_to_swa_index_mapping[:-1] = 0
-
-    def _paged(self) -> tuple[PagedAllocator, PagedAllocator]:
-        full, swa = self.full_attn_allocator, self.swa_attn_allocator
-        assert isinstance(full, PagedAllocator) and isinstance(swa, PagedAllocator)  # page_size > 1
-        return full, swa
-
-    def __repr__(self) -> str:
-        return (
-            f"SWATokenToKVPoolAllocator(size_full={self.size_full}, size_swa={self.size_swa}, "
-            f"page_size={self.page_size}, free full={self.full_available_size()}, "
-            f"free swa={self.swa_available_size()}, device={self.device})"
-        )
-
-
 class PureSWAAllocator:
     """Every layer slides: one allocator over the SWA pool; slot ids are token ids (no mapping)."""
 
@@ -337,7 +74,7 @@ class PureSWAAllocator:
     ) -> None:
         self.page_size = page_size
         self.checked = checked = checked or debug  # ``debug`` is the old name of checked mode
-        self.swa_attn_allocator = _sub_allocator(size_swa, page_size, device, need_sort, checked)
+        self.swa_attn_allocator = sub_allocator(size_swa, page_size, device, need_sort, checked)
         self.full_attn_allocator = self.swa_attn_allocator
         self.device = self.swa_attn_allocator.device
 

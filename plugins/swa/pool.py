@@ -27,10 +27,11 @@ from typing import Generic, Protocol, TypeVar
 import torch
 from torch import Tensor
 
+from kvpools_core.allocators.swa import new_full_to_swa_mapping
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.attention import LayerGeometry, layer_geometry
-from kvpools_core.pools.kv import LayerKV, allocate, check_planned_bytes, tensor_nbytes
+from kvpools_core.pools.kv import LayerKV, check_planned_bytes, tensor_nbytes
 from kvpools_core.pools.layout import BufferLayout, BufferRequest, check_layout_bytes
 from kvpools_core.pools.quant import KVCodec, codec_for
 from kvpools_core.values import LayerSpec, Plan, Serving
@@ -299,11 +300,8 @@ class SWAKVPool(SWARouting[LayerKV]):
 
 
 def new_mapping(size: int, page_size: int, device: str | torch.device) -> Tensor:
-    """``full_to_swa_index_mapping``: ``size + page_size`` zeros and the trailing −1 sentinel."""
-    mapping = allocate((size + page_size + 1,), torch.int64, device)
-    if mapping.device.type != "meta":
-        mapping[-1] = -1
-    return mapping
+    """``full_to_swa_index_mapping``: ``size + page_size`` zeros and the trailing −1 sentinel (the core's)."""
+    return new_full_to_swa_mapping(size, page_size, device)
 
 
 def geometry(layer: LayerSpec, serving: Serving) -> LayerGeometry:

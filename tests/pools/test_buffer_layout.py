@@ -85,6 +85,7 @@ def _servings() -> list[Serving]:
             speculative_num_steps=2,
             speculative_num_draft_tokens=3,
         ),
+        Serving(page_size=256, tp_size=8),  # DeepSeek-V4 pages its SWA rows by 256 (SGLang asserts it)
     ]
 
 

@@ -1,0 +1,57 @@
+"""DeepSeek-V4 compressed attention (V4-Flash, V4-Pro): SWA, c4 + indexer, c128 and compressor-state pools.
+
+Claims exactly the configs SGLang's ``is_deepseek_v4`` recognises (the mla,
+dsa and swa plugins decline them) and reads each layer's kind from
+``compress_ratios`` (:mod:`.config`).  Sizing is SGLang's
+``DSV4PoolConfigurator`` (``--accounting sglang``, token-exact) or kvpools'
+exact solve over every buffer the pool allocates (:mod:`.sizing`,
+:mod:`.buffers`).  SGLang's DeepSeek-V4 environment switches are typed
+``Serving`` options here (``dsv4_compress_state_dtype``,
+``enable_online_compress``, ``enable_online_c128_mtp``), beside its HiSparse
+server args (``enable_hisparse``, ``hisparse_config``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kvpools_core import for_architecture, hookimpl
+from kvpools_core.values import Budget, CellSize, ModelSpec, PoolSizing, Serving
+
+from .building import build_allocator, build_pool
+from .config import ARCHITECTURE, parse_dsv4_config
+from .sizing import dsv4_cell_size, dsv4_problems, size_dsv4_pools
+
+__all__ = ["ARCHITECTURE", "build_allocator", "build_pool"]
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+
+@hookimpl
+def presets() -> dict[str, str]:
+    return {path.stem: str(path) for path in sorted(PRESET_DIR.glob("*.json"))}
+
+
+@hookimpl
+def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
+    return parse_dsv4_config(config, source)
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
+    return dsv4_problems(model, serving)
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
+    return dsv4_cell_size(model, serving)
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing | None:
+    return size_dsv4_pools(model, serving, cell, budget)

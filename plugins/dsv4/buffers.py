@@ -1,0 +1,510 @@
+"""Every buffer SGLang's DeepSeek-V4 KV pool allocates, and its exact bytes (torch-free).
+
+What this describes is SGLang's ``DeepSeekV4TokenToKVPool`` on CUDA in its
+separate-KV layout (``python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py``,
+the pool ``_build_dsv4_kv_pool`` in ref-000 builds, around its line 1334), with
+its compressor states (``python/sglang/srt/mem_cache/deepseek_v4_compress_state.py``,
+``CompressStatePool``), the full→SWA index mapping and the free lists of the
+allocator ref-000's ``_build_token_to_kv_pool_allocator`` pairs with it, and the
+stock request table (``_build_default_req_pool``: no DSV4 variant off NPU).
+
+Per PP stage (``compress_ratios[start:end]``), with ``P`` the page size and
+``L``, ``L4``, ``L128`` the stage's layers, c4 layers and c128 layers:
+
+* ``kv_swa`` — every layer's SWA rows (``swa_kv_pool``, a ``DeepSeekV4SingleKVPool``
+  of ``swa_size`` tokens paged by ``swa_page_size`` = the schedule's page size,
+  ref-000 ``_build_dsv4_kv_pool``).  One row per token is FlashMLA's packed DSV4
+  layout: ``qk_nope_head_dim`` fp8 values, ``qk_rope_head_dim`` bf16 values, one
+  ue8m0 scale byte per 64 nope values and one pad byte (448 + 128 + 7 + 1 = 584 B,
+  ``get_bytes_per_token``).  A page keeps its ``P`` tokens' nope+rope first
+  (576 B each), then their 8 scale bytes, and is padded to a multiple of 576 B
+  (``create_buffer``: ``ceil_div(P × 584, 576) × 576``); a layer holds
+  ``(size + P + 1) // P`` pages of uint8.  There are no rows per *full* token:
+  full token ids exist only in the allocator and the mapping.
+* ``kv_c4`` / ``kv_c128`` — the compressed rows of the c4 / c128 layers, the same
+  packed layout paged by ``P // 4`` / ``P // 128`` tokens (``_init_compressed_pools``),
+  ``c4_size`` / ``c128_size`` tokens (a compressed slot is ``full slot // ratio``,
+  so no allocator of their own).  Under HiSparse the c4 pool is
+  ``HiSparseC4DevicePool`` (same buffers, ``c4_size`` shrunk) plus one uint64
+  data pointer per c4 layer (``c4_hisparse_ptrs``).
+* ``indexer_c4`` — the c4 layers' lightning-indexer keys (``DeepSeekV4IndexerPool``):
+  per layer ``(size + p + 1) // p`` pages of ``p × 132`` uint8 (``p = P // 4``;
+  fp8 keys then fp32 scales per 128, the DSA indexer's page layout), sized by the
+  *logical* c4 count ``c4_logical_size = c128_size × 32`` — HiSparse does not
+  shrink it.
+* ``c4_state`` / ``c4_indexer_state`` / ``c128_state`` — ``CompressStatePool``
+  per compressed layer: ``(rows, last_dim)`` in the state dtype
+  (``SGLANG_DSV4_COMPRESS_STATE_DTYPE``, ``_get_dsv4_compress_state_dtypes``),
+  ``rows = ceil((size + ring + 1) / ratio) × ratio`` (c4 rounds to 4, c128 to 128),
+  ``last_dim = 2 × (1 + overlap) × head_dim`` (c4 overlaps: ``4 × head_dim``;
+  c128: ``2 × head_dim``).  c4 attention states use ``qk_nope + qk_rope`` as
+  head_dim, the c4 indexer states ``index_head_dim``.  The c4 size is the
+  caller's (SWA-addressed: ``swa // window × ring``); the c128 size is
+  request-scoped, ``max(c128_state_pool_size, num_req_slots × ring)`` where
+  ``num_req_slots`` is the request table's row count.  Online c128
+  (``--enable-online-compress``): ``ring = 1``, ``size = max(c128_state_pool_size,
+  num_req_slots)``, rows ``(size + 2) × (1 + draft tokens)`` unrounded,
+  ``last_dim = 3 × head_dim``; with ``--enable-online-c128-mtp`` also one int64
+  pending sequence length per state slot (``c128_mtp_seq_lens``).
+* ``draft_kv_swa`` — the speculative draft worker's own DSV4 pool: its layers are
+  all SWA-only NextN layers, with the target's SWA size and no c4/c128/state
+  buffers (ref-000 zeroes them for a draft worker).
+* ``full_to_swa`` — the mapping ``SWATokenToKVPoolAllocator`` keeps (int64,
+  ``full + P + 1``); ``req_to_token``; ``allocator`` (full pages) and
+  ``swa_allocator`` (SWA pages) free lists.
+
+The token spaces the pools scale with are ``full``, ``swa``, ``c4`` and ``c128``
+(:data:`TOKEN_SPACES`); the c128 state and the request table scale per request.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from kvpools_core.parallel import rank_layer_range
+from kvpools_core.sizing import allocator_pool, page_align, req_to_token_rows, request_table_pool, with_cost
+from kvpools_core.values import FIXED, FULL_TOKENS, REQUEST, TOKEN, GroupCost, LayerSpec, ModelSpec, PoolSpec, Serving
+
+__all__ = [
+    "C4_INDEXER_STATE_POOL",
+    "C4_KV_POOL",
+    "C4_STATE_POOL",
+    "C4_TOKENS",
+    "C128_KV_POOL",
+    "C128_MTP_SEQ_LENS_POOL",
+    "C128_STATE_POOL",
+    "C128_TOKENS",
+    "DRAFT_SWA_KV_POOL",
+    "HISPARSE_PTRS_POOL",
+    "INDEXER_POOL",
+    "MAPPING_POOL",
+    "SWA_ALLOCATOR",
+    "SWA_KV_POOL",
+    "SWA_TOKENS",
+    "TOKEN_SPACES",
+    "DSV4Buffers",
+    "DSV4Sizes",
+    "KVRowGeometry",
+    "StateGeometry",
+    "dsv4_buffers",
+    "pool_specs",
+    "ring_size",
+]
+
+OWNER = "dsv4"
+
+SWA_TOKENS = "swa"
+C4_TOKENS = "c4"
+C128_TOKENS = "c128"
+TOKEN_SPACES = (FULL_TOKENS, SWA_TOKENS, C4_TOKENS, C128_TOKENS)
+
+SWA_KV_POOL = "kv_swa"
+C4_KV_POOL = "kv_c4"
+C128_KV_POOL = "kv_c128"
+INDEXER_POOL = "indexer_c4"
+C4_STATE_POOL = "c4_state"
+C4_INDEXER_STATE_POOL = "c4_indexer_state"
+C128_STATE_POOL = "c128_state"
+C128_MTP_SEQ_LENS_POOL = "c128_mtp_seq_lens"
+HISPARSE_PTRS_POOL = "c4_hisparse_ptrs"
+DRAFT_SWA_KV_POOL = "draft_kv_swa"
+MAPPING_POOL = "full_to_swa"
+SWA_ALLOCATOR = "swa_allocator"
+
+# The packed DSV4 row (DeepSeekV4SingleKVPool.get_bytes_per_token / create_buffer).
+NOPE_QUANT_BLOCK = 64  # nope values sharing one ue8m0 scale byte (quantize_block_size)
+SCALE_PAD = 1  # one pad byte after the scales (scale_pad)
+ROPE_BYTES = 2  # the rope stays bf16 (rope_storage_dtype)
+PAGE_ALIGN = 576  # a page is padded to a multiple of 576 B
+# The indexer row (get_dsv4_indexer_bytes_per_token, fp8): keys + one fp32 scale per 128.
+INDEX_QUANT_BLOCK = 128
+INDEX_SCALE_BYTES = 4
+C4_LOGICAL_PER_C128 = 32  # c4_logical_size = c128_size * 32
+STATE_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2}
+MAPPING_ITEM_BYTES = 8  # int64
+PTR_BYTES = 8  # uint64 data pointers
+
+
+@attrs.frozen
+class DSV4Sizes:
+    """SGLang's DSV4 ``MemoryPoolConfig`` sizes of one rank (``DSV4PoolConfigurator``, ref-002)."""
+
+    full_tokens: int
+    swa_tokens: int
+    c4_tokens: int
+    c128_tokens: int
+    c4_state_size: int
+    c128_state_size: int
+
+
+def ring_size(ratio: int, serving: Serving) -> int:
+    """``get_compress_state_ring_size``: 8 / 128 (16 / 256 speculative); online c128 keeps 1."""
+    if ratio == 128 and serving.enable_online_compress:
+        return 1
+    if serving.speculative:
+        return 16 if ratio == 4 else 256
+    return 8 if ratio == 4 else 128
+
+
+def _ceil_to(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+@attrs.frozen
+class KVRowGeometry:
+    """One packed-row pool (SWA, c4 or c128): ``layers`` × ``pages`` pages of ``page_bytes`` uint8."""
+
+    name: str
+    tokens: int
+    page_size: int
+    layers: tuple[int, ...]
+    row_bytes: int
+
+    @property
+    def pages(self) -> int:
+        """``(size + page_size + 1) // page_size``: page 0 pads, and one more slot."""
+        return (self.tokens + self.page_size + 1) // self.page_size
+
+    @property
+    def page_bytes(self) -> int:
+        return _ceil_to(self.page_size * self.row_bytes, PAGE_ALIGN)
+
+    @property
+    def nbytes(self) -> int:
+        return self.pages * self.page_bytes * len(self.layers)
+
+
+@attrs.frozen
+class IndexerGeometry:
+    """The c4 indexer: ``layers`` × ``pages`` pages of ``page_size × row_bytes`` uint8."""
+
+    tokens: int
+    page_size: int
+    layers: tuple[int, ...]
+    head_dim: int
+
+    @property
+    def row_bytes(self) -> int:
+        return self.head_dim + self.head_dim // INDEX_QUANT_BLOCK * INDEX_SCALE_BYTES
+
+    @property
+    def pages(self) -> int:
+        return (self.tokens + self.page_size + 1) // self.page_size
+
+    @property
+    def page_bytes(self) -> int:
+        return self.page_size * self.row_bytes
+
+    @property
+    def nbytes(self) -> int:
+        return self.pages * self.page_bytes * len(self.layers)
+
+
+@attrs.frozen
+class StateGeometry:
+    """One kind of compressor state: per layer a ``(rows, last_dim)`` buffer of ``dtype``."""
+
+    name: str
+    ratio: int
+    size: int
+    ring: int
+    rows: int
+    last_dim: int
+    dtype: str
+    layers: tuple[int, ...]
+    online: bool = False
+
+    @property
+    def item_bytes(self) -> int:
+        return STATE_DTYPE_BYTES[self.dtype]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.last_dim * self.item_bytes
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.row_bytes * len(self.layers)
+
+
+@attrs.frozen
+class DSV4Buffers:
+    """Every buffer of one rank's DSV4 pool, from a plan's model, serving and sizes."""
+
+    page_size: int
+    start_layer: int
+    end_layer: int
+    ratios: tuple[int, ...]
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    index_head_dim: int
+    window_size: int
+    swa: KVRowGeometry
+    c4: KVRowGeometry
+    c128: KVRowGeometry
+    indexer: IndexerGeometry
+    c4_state: StateGeometry
+    c4_indexer_state: StateGeometry
+    c128_state: StateGeometry
+    draft_swa: KVRowGeometry | None
+    num_req_slots: int
+    c128_mtp_seq_lens: int
+    hisparse_ptrs: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def layers_of(self, ratio: int) -> tuple[int, ...]:
+        return tuple(self.start_layer + i for i, r in enumerate(self.ratios) if r == ratio)
+
+
+def packed_row_bytes(qk_nope_head_dim: int, qk_rope_head_dim: int) -> int:
+    """Bytes of one packed DSV4 row: fp8 nope, bf16 rope, ue8m0 scale per 64 nope, one pad (584 for 448/64)."""
+    return qk_nope_head_dim + qk_rope_head_dim * ROPE_BYTES + qk_nope_head_dim // NOPE_QUANT_BLOCK + SCALE_PAD
+
+
+def _ratio(layer: LayerSpec) -> int:
+    return int(layer.params.get("compress_ratio", 0))
+
+
+def draft_layers(model: ModelSpec, serving: Serving) -> int:
+    """Layers of the draft worker's DSV4 pool (NextN layers; none without speculative decoding)."""
+    if not serving.speculative:
+        return 0
+    return serving.speculative_draft_num_layers or model.num_nextn_predict_layers or 1
+
+
+def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_running_requests: int) -> DSV4Buffers:
+    """The shapes of every buffer ``DeepSeekV4TokenToKVPool`` (and its draft pool) allocates on this rank."""
+    start, end = rank_layer_range(model, serving)
+    stage = model.layers[start:end]
+    ratios = tuple(_ratio(layer) for layer in stage)
+    first = model.layers[0].params
+    nope, rope = int(first["qk_nope_head_dim"]), int(first["qk_rope_head_dim"])
+    c4_params = next((layer.params for layer in model.layers if _ratio(layer) == 4), {})
+    index_dim = int(c4_params.get("index_head_dim", 0))
+    window = int(first.get("window_size", 0))
+    page = serving.page_size
+    row = packed_row_bytes(nope, rope)
+    ids = tuple(range(start, end))
+    c4_ids = tuple(i for i, r in zip(ids, ratios, strict=True) if r == 4)
+    c128_ids = tuple(i for i, r in zip(ids, ratios, strict=True) if r == 128)
+
+    rows, padding = req_to_token_rows(max_running_requests, serving)
+    num_req_slots = rows + padding
+    state_dtype = serving.dsv4_compress_state_dtype
+    online = serving.enable_online_compress
+    draft_tokens = (serving.speculative_num_draft_tokens or 0) if serving.speculative else 0
+
+    ring4 = ring_size(4, serving)
+    c4_rows = _ceil_to(sizes.c4_state_size + ring4 + 1, 4)
+    ring128 = ring_size(128, serving)
+    if online:
+        c128_size = max(sizes.c128_state_size, num_req_slots)
+        c128_rows = (c128_size + ring128 + 1) * (1 + draft_tokens)
+        c128_last = 3 * (nope + rope)
+    else:
+        c128_size = max(sizes.c128_state_size, num_req_slots * ring128)
+        c128_rows = _ceil_to(c128_size + ring128 + 1, 128)
+        c128_last = 2 * (nope + rope)
+    mtp_seq_lens = c128_size if online and serving.enable_online_c128_mtp else 0
+
+    num_draft = draft_layers(model, serving)
+    draft_swa = (
+        KVRowGeometry(DRAFT_SWA_KV_POOL, sizes.swa_tokens, page, tuple(range(num_draft)), row) if num_draft else None
+    )
+    return DSV4Buffers(
+        page_size=page,
+        start_layer=start,
+        end_layer=end,
+        ratios=ratios,
+        qk_nope_head_dim=nope,
+        qk_rope_head_dim=rope,
+        index_head_dim=index_dim,
+        window_size=window,
+        swa=KVRowGeometry(SWA_KV_POOL, sizes.swa_tokens, page, ids, row),
+        c4=KVRowGeometry(C4_KV_POOL, sizes.c4_tokens, max(page // 4, 1), c4_ids, row),
+        c128=KVRowGeometry(C128_KV_POOL, sizes.c128_tokens, max(page // 128, 1), c128_ids, row),
+        indexer=IndexerGeometry(sizes.c128_tokens * C4_LOGICAL_PER_C128, max(page // 4, 1), c4_ids, index_dim),
+        c4_state=StateGeometry(
+            C4_STATE_POOL, 4, sizes.c4_state_size, ring4, c4_rows, 4 * (nope + rope), state_dtype, c4_ids
+        ),
+        c4_indexer_state=StateGeometry(
+            C4_INDEXER_STATE_POOL, 4, sizes.c4_state_size, ring4, c4_rows, 4 * index_dim, state_dtype, c4_ids
+        ),
+        c128_state=StateGeometry(
+            C128_STATE_POOL, 128, c128_size, ring128, c128_rows, c128_last, state_dtype, c128_ids, online
+        ),
+        draft_swa=draft_swa,
+        num_req_slots=num_req_slots,
+        c128_mtp_seq_lens=mtp_seq_lens if c128_ids else 0,
+        hisparse_ptrs=len(c4_ids) if serving.enable_hisparse else 0,
+    )
+
+
+def pool_specs(
+    model: ModelSpec,
+    serving: Serving,
+    sizes: DSV4Sizes,
+    *,
+    max_running_requests: int,
+    context_len: int,
+    owner: str = OWNER,
+) -> list[PoolSpec]:
+    """Every pool ``build`` allocates for a DSV4 plan of these sizes, with exact bytes and costs.
+
+    Pools of zero bytes (a stage without c128 layers, no draft) are left out.
+    """
+    b = dsv4_buffers(model, serving, sizes, max_running_requests=max_running_requests)
+    page = serving.page_size
+    pools: list[PoolSpec] = []
+    for geo, space in ((b.swa, SWA_TOKENS), (b.c4, C4_TOKENS), (b.c128, C128_TOKENS)):
+        if geo.layers:
+            pools.append(
+                _paged_pool(
+                    geo.name, geo.tokens, geo.page_size, geo.page_bytes * len(geo.layers), geo.nbytes, space, owner
+                )
+            )
+    if b.draft_swa is not None:
+        geo = b.draft_swa
+        pools.append(
+            _paged_pool(
+                geo.name, geo.tokens, geo.page_size, geo.page_bytes * len(geo.layers), geo.nbytes, SWA_TOKENS, owner
+            )
+        )
+    if b.indexer.layers:
+        # c4_logical_size = 32 x c128 tokens: it scales with c128 tokens (HiSparse shrinks c4, not this).
+        ix = b.indexer
+        c128_per_page = max(ix.page_size // C4_LOGICAL_PER_C128, 1)
+        pools.append(
+            _paged_pool(
+                INDEXER_POOL,
+                sizes.c128_tokens,
+                c128_per_page,
+                ix.page_bytes * len(ix.layers),
+                ix.nbytes,
+                C128_TOKENS,
+                owner,
+                slots=ix.tokens,
+                bytes_per_slot=ix.row_bytes * len(ix.layers),
+            )
+        )
+    if b.hisparse_ptrs:
+        pools.append(_fixed_pool(HISPARSE_PTRS_POOL, b.hisparse_ptrs * PTR_BYTES, owner))
+    for state in (b.c4_state, b.c4_indexer_state):
+        if state.layers:
+            # c4_state_pool_size = swa // window x ring: ring rows per window of SWA tokens.
+            per_block = state.ring * state.row_bytes * len(state.layers)
+            pools.append(
+                _paged_pool(
+                    state.name,
+                    sizes.swa_tokens,
+                    max(b.window_size, 1),
+                    per_block,
+                    state.nbytes,
+                    SWA_TOKENS,
+                    owner,
+                    slots=state.size,
+                    bytes_per_slot=state.row_bytes * len(state.layers),
+                    kind="state",
+                )
+            )
+    st = b.c128_state
+    if st.layers:
+        rows_per_request = (
+            (1 + ((serving.speculative_num_draft_tokens or 0) if serving.speculative else 0)) if st.online else st.ring
+        )
+        pools.append(
+            _request_pool(
+                C128_STATE_POOL,
+                max_running_requests,
+                rows_per_request * st.row_bytes * len(st.layers),
+                st.nbytes,
+                owner,
+            )
+        )
+        if b.c128_mtp_seq_lens:
+            pools.append(_request_pool(C128_MTP_SEQ_LENS_POOL, max_running_requests, 8, b.c128_mtp_seq_lens * 8, owner))
+    pools.append(mapping_pool(sizes.full_tokens, page, owner))
+    pools.append(request_table_pool(max_running_requests, context_len, serving))
+    pools.append(allocator_pool(sizes.full_tokens, page))
+    swa_pages = page_align(sizes.swa_tokens, page)
+    if swa_pages:
+        pools.append(allocator_pool(swa_pages, page, token_space=SWA_TOKENS, name=SWA_ALLOCATOR, owner=owner))
+    return pools
+
+
+def mapping_pool(full_tokens: int, page_size: int, owner: str = OWNER) -> PoolSpec:
+    """The full→SWA index mapping: one int64 per full slot (padding page included) and the trailing −1."""
+    rows = full_tokens + page_size + 1
+    return PoolSpec(
+        name=MAPPING_POOL,
+        kind="mapping",
+        slots=full_tokens,
+        padding_slots=page_size + 1,
+        bytes_per_slot=MAPPING_ITEM_BYTES,
+        bytes=rows * MAPPING_ITEM_BYTES,
+        sglang_charged=False,
+        owner=owner,
+        unit=TOKEN,
+        token_space=FULL_TOKENS,
+    )
+
+
+def _paged_pool(
+    name: str,
+    tokens: int,
+    block: int,
+    bytes_per_block: int,
+    nbytes: int,
+    space: str,
+    owner: str,
+    *,
+    slots: int | None = None,
+    bytes_per_slot: int | None = None,
+    kind: str = "kv",
+) -> PoolSpec:
+    """A pool growing in blocks of ``block`` tokens of ``space``; the rest of ``nbytes`` is fixed (exact at tokens)."""
+    fixed = nbytes - bytes_per_block * (tokens // block)
+    per_token = bytes_per_block // block if bytes_per_slot is None else bytes_per_slot
+    count = tokens if slots is None else slots
+    pool = PoolSpec(
+        name=name,
+        kind=kind,
+        slots=count,
+        padding_slots=0,
+        bytes_per_slot=per_token,
+        bytes=nbytes,
+        sglang_charged=kind != "mapping",
+        owner=owner,
+        unit=TOKEN,
+        token_space=space,
+    )
+    if fixed < 0:  # cannot happen for the pools above; keep the plan exact anyway
+        return attrs.evolve(pool, unit=FIXED, cost=None)
+    return with_cost(
+        pool,
+        GroupCost(group=name, token_space=space, token_bytes=bytes_per_block, token_block=block, fixed_bytes=fixed),
+    )
+
+
+def _request_pool(name: str, requests: int, per_request: int, nbytes: int, owner: str) -> PoolSpec:
+    """A pool of ``per_request`` bytes per running request; the rest of ``nbytes`` (slot padding, rounding) fixed."""
+    fixed = nbytes - per_request * requests
+    pool = PoolSpec(
+        name=name,
+        kind="state",
+        slots=requests,
+        bytes_per_slot=per_request,
+        bytes=nbytes,
+        owner=owner,
+        unit=REQUEST,
+    )
+    if fixed < 0:
+        return _fixed_pool(name, nbytes, owner)
+    return with_cost(pool, GroupCost(group=name, bytes_per_request=per_request, fixed_bytes=fixed))
+
+
+def _fixed_pool(name: str, nbytes: int, owner: str) -> PoolSpec:
+    return PoolSpec(name=name, kind="fixed", slots=1, bytes_per_slot=nbytes, bytes=nbytes, owner=owner, unit=FIXED)

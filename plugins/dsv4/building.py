@@ -1,0 +1,51 @@
+"""DeepSeek-V4's build hooks: its KV pool and the dual full / SWA allocator SGLang pairs with it.
+
+ref-000 ``_build_token_to_kv_pool_allocator`` (CUDA): a ``DeepSeekV4TokenToKVPool``
+whose SWA rows are paged (``needs_paged_swa_allocator``, the separate-KV layout
+built here) gets ``SWATokenToKVPoolAllocator(full, swa, page_size, ...)``; the
+compressed pools need no allocator (a c4 / c128 slot is ``full slot // ratio``).
+The request table is the core's (``_build_default_req_pool``: DSV4 has its own
+only on NPU), so no ``build_req_to_token_pool`` here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kvpools_core import for_architecture, hookimpl
+from kvpools_core.values import Plan
+
+if TYPE_CHECKING:
+    from kvpools_core.pools.layout import BufferLayout
+
+__all__ = ["build_allocator", "build_pool"]
+
+ARCHITECTURE = "dsv4"
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
+    from .pool import DSV4TokenToKVPool
+
+    return DSV4TokenToKVPool.from_plan(plan, device, layout=layout)
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | None:
+    from kvpools_core.allocators.swa import SWATokenToKVPoolAllocator
+
+    from .pool import sizes_of
+
+    sizes = sizes_of(plan)
+    page = plan.serving.page_size
+    return SWATokenToKVPoolAllocator(
+        sizes.full_tokens,
+        sizes.swa_tokens // page * page,
+        page,
+        mapping=pool.full_to_swa_index_mapping,
+        device=device,
+        need_sort=plan.serving.disaggregation_mode in ("prefill", "decode"),
+        checked=checked,
+    )

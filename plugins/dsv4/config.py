@@ -1,0 +1,156 @@
+"""Reading DeepSeek-V4 configs: which layer compresses how, and the dims its pools need.
+
+Claims exactly the configs SGLang's ``is_deepseek_v4`` recognises
+(``DeepseekV4ForCausalLM`` / ``…NextN`` first in ``architectures``), reading
+the language model from ``text_config`` where a config nests one.
+
+``compress_ratios`` names each layer's kind: ``0`` a sliding-window-only layer
+(``"swa"``), ``4`` a c4 layer (one compressed row per 4 tokens, with the
+lightning indexer), ``128`` a c128 layer.  Real configs list one ratio per
+decoder layer *and* per MTP layer (DeepSeek-V4-Flash: 43 layers + 1 MTP = 44
+ratios); SGLang slices ``compress_ratios[start_layer:end_layer]``, so the
+decoder layers are the first ``num_hidden_layers`` entries.
+
+The contract the pool side reads (keep it): ``ModelSpec.architecture ==
+"dsv4"``; each ``LayerSpec.kind`` is ``"swa"``, ``"c4"`` or ``"c128"``; each
+layer's ``params`` holds ``compress_ratio``, ``qk_nope_head_dim``,
+``qk_rope_head_dim``, ``window_size`` (the SWA page) and, on c4 layers,
+``index_head_dim`` and ``index_n_heads``; ``ModelSpec.num_nextn_predict_layers``
+the MTP layers.
+
+SGLang's ``ModelConfig`` derives ``qk_nope_head_dim = head_dim -
+qk_rope_head_dim`` (``head_dim`` includes the rope part) and takes the SWA
+window from ``sliding_window`` (the inference-format config calls it
+``window_size``); a config that states ``qk_nope_head_dim`` / ``window_size``
+itself is read as stated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvpools_core.config import ConfigReader, context_length, is_deepseek_v4, model_dtype
+from kvpools_core.values import LayerSpec, ModelSpec
+
+ARCHITECTURE = "dsv4"
+SWA, C4, C128 = "swa", "c4", "c128"
+KIND_OF_RATIO = {0: SWA, 4: C4, 128: C128}
+"""``compress_ratios`` entry → layer kind."""
+_CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+
+
+def parse_dsv4_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
+    """The ``ModelSpec`` of a DeepSeek-V4 config; ``None`` for any other config."""
+    outer = ConfigReader(config, source)
+    if not is_deepseek_v4(outer):
+        return None
+    reader = outer.text()
+    num_layers = reader.integer("num_hidden_layers")
+    nextn = reader.integer("num_nextn_predict_layers", 0, minimum=0)
+    ratios = _compress_ratios(reader, num_layers, nextn)
+    rope = reader.integer("qk_rope_head_dim")
+    nope = _qk_nope_head_dim(reader, rope)
+    window_key = "window_size" if reader.has("window_size") else "sliding_window"
+    if not reader.has(window_key):
+        raise reader.error(
+            "sliding_window",
+            "is missing (and so is 'window_size')",
+            "Add 'sliding_window' (the DeepSeek-V4 SWA window in tokens, 128 for V4-Flash/Pro) to the config.",
+        )
+    window = reader.integer(window_key)
+    index: dict[str, int] = {}
+    if C4 in (KIND_OF_RATIO[r] for r in ratios[:num_layers]):
+        index = {
+            "index_head_dim": reader.integer("index_head_dim"),
+            "index_n_heads": reader.integer("index_n_heads", 0, minimum=0),
+        }
+    common = {"qk_nope_head_dim": nope, "qk_rope_head_dim": rope, "window_size": window}
+    layers = []
+    for i, ratio in enumerate(ratios[:num_layers]):
+        kind = KIND_OF_RATIO[ratio]
+        params: dict[str, Any] = {"compress_ratio": ratio, **common}
+        if kind == C4:
+            params.update(index)
+        layers.append(
+            LayerSpec(
+                index=i,
+                kind=kind,
+                num_kv_heads=reader.integer("num_key_value_heads", 1),
+                head_dim=nope + rope,
+                v_head_dim=nope + rope,
+                sliding_window=window,
+                params=params,
+            )
+        )
+    return ModelSpec(
+        name=source,
+        architecture=ARCHITECTURE,
+        layers=layers,
+        context_len=context_length(reader, _CONTEXT_KEYS),
+        dtype=model_dtype(reader),
+        num_attention_heads=reader.integer("num_attention_heads", 0, minimum=0),
+        model_type=reader.string("model_type") or outer.string("model_type"),
+        hf_architectures=outer.string_list("architectures"),
+        source=source,
+        num_nextn_predict_layers=nextn,
+        params={
+            "compress_ratios": list(ratios),
+            "window_size": window,
+            "qk_nope_head_dim": nope,
+            "qk_rope_head_dim": rope,
+            "index_topk": reader.integer("index_topk", 0, minimum=0),
+            **index,
+        },
+    )
+
+
+def _compress_ratios(reader: ConfigReader, num_layers: int, nextn: int) -> tuple[int, ...]:
+    """``compress_ratios``: one of 0, 4, 128 per decoder layer (plus one per MTP layer, as real configs list)."""
+    if not reader.has("compress_ratios"):
+        raise reader.error(
+            "compress_ratios",
+            "is missing",
+            "Add 'compress_ratios' (0, 4 or 128 per layer: SWA-only, c4 or c128) to the DeepSeek-V4 config.",
+        )
+    raw = reader.get("compress_ratios")
+    if not isinstance(raw, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in raw):
+        raise reader.error("compress_ratios", "must be a list of integers", "Use 0, 4 or 128 per layer.")
+    bad = sorted({v for v in raw if v not in KIND_OF_RATIO})
+    if bad:
+        raise reader.error(
+            "compress_ratios",
+            f"has ratio(s) {bad}; SGLang's DeepSeek-V4 pools know 0 (SWA only), 4 (c4) and 128 (c128)",
+            "Fix the value in the config.",
+        )
+    allowed = sorted({num_layers, num_layers + nextn})
+    if len(raw) not in allowed:
+        shown = " or ".join(str(n) for n in allowed)
+        raise reader.error(
+            "compress_ratios",
+            f"has {len(raw)} entries; 'num_hidden_layers' is {num_layers} (+ {nextn} MTP layer(s)), so it needs "
+            f"{shown}",
+            "Give one ratio per decoder layer (and per MTP layer, as the released configs do).",
+        )
+    return tuple(raw)
+
+
+def _qk_nope_head_dim(reader: ConfigReader, rope: int) -> int:
+    """``qk_nope_head_dim`` as stated, else SGLang's ``head_dim - qk_rope_head_dim``."""
+    if reader.has("qk_nope_head_dim"):
+        return reader.integer("qk_nope_head_dim")
+    if not reader.has("head_dim"):
+        raise reader.error(
+            "head_dim",
+            "is missing (and so is 'qk_nope_head_dim')",
+            "Add 'head_dim' (nope + rope dims, 512 for DeepSeek-V4) or 'qk_nope_head_dim' to the config.",
+        )
+    head_dim = reader.integer("head_dim")
+    if head_dim <= rope:
+        raise reader.error(
+            "head_dim",
+            f"is {head_dim}, not above 'qk_rope_head_dim' {rope}: SGLang's qk_nope_head_dim = head_dim - "
+            f"qk_rope_head_dim would be {head_dim - rope}",
+            "Fix 'head_dim' (it includes the rope dims) or state 'qk_nope_head_dim'.",
+        )
+    return head_dim - rope

@@ -1,0 +1,545 @@
+"""DeepSeek-V4's pools from one budget: SGLang's ``DSV4PoolConfigurator``, and kvpools' exact solve.
+
+DeepSeek-V4 keeps six token-indexed stores per stage, all sized from one
+count, the full tokens ``F`` (``max_total_num_tokens``):
+
+* the SWA KV of every layer: ``int(F x swa_full_tokens_ratio)`` page aligned;
+* the c4 compressed KV (one row per 4 tokens) and its lightning-indexer keys:
+  ``F // (4 x HiSparse host_to_device_ratio)``;
+* the c128 compressed KV: ``F // 128``;
+* the c4 compressor states (KV and indexer): ``swa // window x c4 ring``;
+* the c128 compressor state, per request slot: ``(requests + 1 [+ decode
+  extra slots]) x c128 ring`` (online c128: one slot per request).
+
+SGLang's configurator (``--accounting sglang``, reproduced token-exactly)
+divides the budget, less the c128 state's fixed bytes, by its bytes per full
+token (:meth:`DSV4Shape.bytes_per_full_token`) and derives the rest.
+``--accounting exact`` (the default) keeps those derivations and finds the
+most page-aligned full tokens whose *whole* plan — every pool ``build``
+allocates for those sizes (:func:`kvpools_plugins.dsv4.buffers.pool_specs`) —
+fits the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from kvpools_core.errors import InsufficientMemoryError
+from kvpools_core.options import option
+from kvpools_core.parallel import rank_layer_range
+from kvpools_core.sizing import (
+    apply_token_cap,
+    fmt_gib,
+    largest_fitting_tokens,
+    not_enough_memory,
+    resolve_max_num_reqs,
+)
+from kvpools_core.values import (
+    FULL_TOKENS,
+    STATE_SLOT,
+    Budget,
+    CellPart,
+    CellSize,
+    ModelSpec,
+    PoolSizing,
+    PoolSpec,
+    Serving,
+    parse_hisparse_config,
+)
+
+from .config import C4, C128
+
+OWNER = "dsv4"
+SWA_TOKENS, C4_TOKENS, C128_TOKENS = "swa", "c4", "c128"
+"""Token spaces of the sub-pools beside ``"full"``: SWA tokens, c4 rows, c128 rows."""
+QUANT_BLOCK = 128
+"""The indexer's fp8 quantisation block: one fp32 scale per 128 values."""
+EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "NEXTN"})
+"""Drafts SGLang's ``spec_algorithm.is_eagle()`` accepts (NEXTN is EAGLE's alias)."""
+SGLANG_PAGE_MESSAGE = "page_size must be multiple of 128 for compressed attention"
+SGLANG_BUILD_PAGE_MESSAGE = "In paged swa mode, page_size must be 256."
+SGLANG_BF16_ONLINE_MESSAGE = (
+    "SGLANG_DSV4_COMPRESS_STATE_DTYPE=bf16 is not supported when SGLANG_OPT_USE_ONLINE_COMPRESS=1; "
+    "online c128 state must stay float32."
+)
+SGLANG_ONLINE_MTP_MESSAGE = (
+    "SGLANG_OPT_USE_ONLINE_COMPRESS does not support speculative decode (MTP) yet, except the experimental "
+    "EAGLE topk=1 path gated by SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=1"
+)
+STATE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def ring_size(ratio: int, serving: Serving) -> int:
+    """``get_compress_state_ring_size``: c4 8 (16 speculative); c128 128 (256 speculative), online c128 1."""
+    if ratio == 128 and serving.enable_online_compress:
+        return 1
+    if ratio == 4:
+        return 16 if serving.speculative else 8
+    return 256 if serving.speculative else 128
+
+
+def hisparse_shrink(serving: Serving) -> int:
+    """The c4 pool's HiSparse shrink: ``host_to_device_ratio`` (SGLang's default 2) when HiSparse is on, else 1."""
+    if not serving.enable_hisparse:
+        return 1
+    return int(parse_hisparse_config(serving.hisparse_config).get("host_to_device_ratio", 2))
+
+
+@attrs.frozen
+class DSV4Shape:
+    """What SGLang's ``DSV4PoolConfigurator`` reads, for one pipeline stage (``compress_ratios[start:end]``)."""
+
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    index_head_dim: int
+    window: int
+    """The SWA page (``window_size``), the c4 state ratio's divisor."""
+    num_layers: int
+    num_c4: int
+    num_c128: int
+    swa_ratio: float
+    speculative: bool
+    draft_tokens: int
+    """``max_speculative_num_draft_tokens or 0``: online c128's MTP banks."""
+    online: bool
+    state_bytes: int
+    """Bytes of one c4 / c128 compressor-state element (float32 4, bfloat16 2)."""
+    c4_ring: int
+    c128_ring: int
+    shrink: int
+    context_len: int
+    requested_per_worker: int | None
+    decode_extra_slots: int | None
+    """``disaggregation_decode_extra_slots`` on a decode node, else None."""
+
+    @property
+    def kv_bytes(self) -> int:
+        """One SWA / c4 / c128 row per layer: nope fp8 + rope bf16 + 8 B of scales (SGLang's figure)."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim * 2 + 8
+
+    @property
+    def indexer_bytes(self) -> int:
+        """One c4 indexer key per layer: fp8 values + one fp32 scale per 128 (132 B at 128 dims)."""
+        return self.index_head_dim + self.index_head_dim // QUANT_BLOCK * 4
+
+    @property
+    def attn_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def c4_state_bytes(self) -> int:
+        return 2 * 2 * self.attn_head_dim * self.state_bytes
+
+    @property
+    def c4_indexer_state_bytes(self) -> int:
+        return 2 * 2 * self.index_head_dim * self.state_bytes
+
+    @property
+    def c128_state_bytes(self) -> int:
+        return (3 if self.online else 2 * 1) * self.attn_head_dim * self.state_bytes
+
+    @property
+    def raw_bytes_per_full_token(self) -> float:
+        """``_get_bytes_per_full_token``, in SGLang's float operations and order."""
+        c4_state_ratio = self.c4_ring / self.window
+        c128_state_ratio = 0
+        c4_frac = 1 / (4 * self.shrink)
+        return (
+            self.swa_ratio * self.kv_bytes * self.num_layers
+            + c4_frac * self.kv_bytes * self.num_c4
+            + 1 / 128 * self.kv_bytes * self.num_c128
+            + 1 / 4 * self.indexer_bytes * self.num_c4
+            + self.swa_ratio * c4_state_ratio * self.c4_state_bytes * self.num_c4
+            + c128_state_ratio * self.c128_state_bytes * self.num_c128
+            + self.swa_ratio * c4_state_ratio * self.c4_indexer_state_bytes * self.num_c4
+        )
+
+    @property
+    def bytes_per_full_token(self) -> float:
+        """SGLang's coefficient: the raw figure, times ``(T + 1) / T`` when a draft worker is reserved."""
+        value = self.raw_bytes_per_full_token
+        if self.speculative:
+            draft_layers = 1
+            value *= (self.num_layers + draft_layers) / self.num_layers
+        return value
+
+    def req_slots(self, max_running_requests: int) -> int:
+        """``_get_num_req_slots``: requests + 1 padding row (+ a decode node's pre-allocated slots)."""
+        if self.decode_extra_slots is not None:
+            return max_running_requests + self.decode_extra_slots + 1
+        return max_running_requests + 1
+
+    def c128_state_pool_size(self, max_running_requests: int) -> int:
+        """``finalize_with_max_running_requests``: request slots x ring (online: one per slot)."""
+        slots = self.req_slots(max_running_requests)
+        return slots if self.online else slots * self.c128_ring
+
+    def c128_state_fixed_bytes(self, max_running_requests: int) -> int:
+        """``_get_c128_state_fixed_bytes``: what SGLang sets aside for the c128 state before the tokens."""
+        if self.num_c128 == 0:
+            return 0
+        slots = self.req_slots(max_running_requests)
+        if self.online:
+            rows = (slots + self.c128_ring + 1) * (1 + self.draft_tokens)
+            last = 3 * self.attn_head_dim
+        else:
+            rows = -(-(slots * self.c128_ring + self.c128_ring + 1) // 128) * 128
+            last = 2 * self.attn_head_dim
+        return rows * last * self.state_bytes * self.num_c128
+
+    def estimated_requests(self, token_capacity: int) -> int:
+        """``_get_c128_state_fixed_bytes_for_token_capacity``'s request estimate."""
+        estimated = max(min(int(token_capacity / self.context_len * 512), 4096), 2048)
+        return min(estimated, token_capacity // 2)
+
+    def sizes(self, full_token: int, page: int) -> dict[str, int]:
+        """``_compute_dsv4_sizes`` (``c128_state_pool_size`` is set once requests are known)."""
+        full = full_token // page * page
+        swa = int(full * self.swa_ratio) // page * page
+        return {
+            "full_max_total_num_tokens": full,
+            "swa_max_total_num_tokens": swa,
+            "c4_max_total_num_tokens": full // (4 * self.shrink),
+            "c128_max_total_num_tokens": full // 128,
+            "c4_state_pool_size": swa // self.window * self.c4_ring,
+            "c128_state_pool_size": 0,
+        }
+
+
+def dsv4_shape(model: ModelSpec, serving: Serving) -> DSV4Shape:
+    start, end = rank_layer_range(model, serving)
+    layers = model.layers[start:end]
+    first = model.layers[0].params
+    requested = serving.max_running_requests
+    return DSV4Shape(
+        qk_nope_head_dim=int(first["qk_nope_head_dim"]),
+        qk_rope_head_dim=int(first["qk_rope_head_dim"]),
+        index_head_dim=int(model.params.get("index_head_dim", 0)),
+        window=int(first["window_size"]),
+        num_layers=len(layers),
+        num_c4=sum(1 for layer in layers if layer.kind == C4),
+        num_c128=sum(1 for layer in layers if layer.kind == C128),
+        swa_ratio=serving.swa_full_tokens_ratio,
+        speculative=serving.speculative,
+        draft_tokens=serving.speculative_num_draft_tokens or 0,
+        online=serving.enable_online_compress,
+        state_bytes=STATE_DTYPE_BYTES[serving.dsv4_compress_state_dtype],
+        c4_ring=ring_size(4, serving),
+        c128_ring=ring_size(128, serving),
+        shrink=hisparse_shrink(serving),
+        context_len=serving.context_length or model.context_len,
+        requested_per_worker=None if requested is None else requested // serving.attn_dp_size,
+        decode_extra_slots=serving.disaggregation_decode_extra_slots
+        if serving.disaggregation_mode == "decode"
+        else None,
+    )
+
+
+# ---------------------------------------------------------------------------
+# validate
+# ---------------------------------------------------------------------------
+
+
+def dsv4_problems(model: ModelSpec, serving: Serving) -> list[str]:
+    """What SGLang refuses for a DeepSeek-V4 model (and what kvpools' build cannot hold), before sizing."""
+    o = option
+    problems = []
+    page = serving.page_size
+    if page % 128:
+        problems.append(
+            f"{o('page_size')} {page}: SGLang asserts '{SGLANG_PAGE_MESSAGE}' for {model.name}. "
+            f"Use {o('page_size')} 256 (a multiple of 128; SGLang's CUDA DeepSeek-V4 pool takes 256)."
+        )
+    elif serving.accounting == "exact" and page != 256:
+        problems.append(
+            f"{o('page_size')} {page}: SGLang's DeepSeek-V4 pool asserts '{SGLANG_BUILD_PAGE_MESSAGE}' "
+            f"(_build_dsv4_kv_pool on CUDA), and the exact accounting charges the pools build makes. Use "
+            f"{o('page_size')} 256, or {o('accounting')} sglang for the configurator's numbers alone."
+        )
+    online = serving.enable_online_compress
+    if online and serving.dsv4_compress_state_dtype == "bfloat16":
+        problems.append(
+            f"{o('dsv4_compress_state_dtype')} bfloat16 with {o('enable_online_compress')}: SGLang raises "
+            f"'{SGLANG_BF16_ONLINE_MESSAGE}' Drop one of them."
+        )
+    if online and serving.speculative:
+        algorithm = serving.speculative_algorithm
+        if not serving.enable_online_c128_mtp or algorithm not in EAGLE_FAMILY:
+            why = (
+                f"{o('enable_online_c128_mtp')} is not set"
+                if serving.enable_online_c128_mtp is False
+                else f"{algorithm} is not an EAGLE draft"
+            )
+            problems.append(
+                f"{o('enable_online_compress')} with {o('speculative_algorithm')} {algorithm} ({why}): SGLang "
+                f"fails ('online c128 does not support MTP' in get_compress_state_ring_size; the configurator "
+                f"asserts '{SGLANG_ONLINE_MTP_MESSAGE}'). Drop {o('enable_online_compress')} or the speculative "
+                f"decoding, or use EAGLE with {o('speculative_eagle_topk')} 1 and {o('enable_online_c128_mtp')}."
+            )
+        else:
+            if (serving.speculative_eagle_topk or 1) != 1:
+                problems.append(
+                    f"{o('enable_online_c128_mtp')} supports EAGLE top-k 1 only (SGLang: 'EAGLE topk=1 only'); got "
+                    f"{o('speculative_eagle_topk')} {serving.speculative_eagle_topk}. Use "
+                    f"{o('speculative_eagle_topk')} 1."
+                )
+            if not serving.speculative_num_draft_tokens:
+                problems.append(
+                    f"{o('enable_online_c128_mtp')} needs {o('speculative_num_draft_tokens')}: SGLang asserts "
+                    f"'SGLANG_EXPERIMENTAL_ONLINE_C128_MTP requires speculative_num_draft_tokens to be set.' Set "
+                    f"{o('speculative_num_draft_tokens')}."
+                )
+    if serving.hisparse_config is not None and not serving.enable_hisparse:
+        problems.append(
+            f"{o('hisparse_config')} is set but {o('enable_hisparse')} is not: SGLang reads the config only with "
+            f"HiSparse on. Add {o('enable_hisparse')} or drop {o('hisparse_config')}."
+        )
+    start, end = rank_layer_range(model, serving)
+    if end <= start:
+        problems.append(f"pipeline stage {serving.pp_rank} of {model.name} holds no layer; lower {o('pp_size')}.")
+    return problems
+
+
+# ---------------------------------------------------------------------------
+# the cell
+# ---------------------------------------------------------------------------
+
+
+def dsv4_cell_size(model: ModelSpec, serving: Serving) -> CellSize:
+    """Bytes per row of each store on this stage, and SGLang's bytes per full token beside them.
+
+    Each token part is paid per row of its own token space (SWA tokens, c4
+    rows, c128 rows); compressor states per state row.  SGLang's figure
+    already includes the speculative draft's share, so the speculative
+    wrapper leaves this cell alone (``draft_included``).
+    """
+    shape = dsv4_shape(model, serving)
+    kv = shape.kv_bytes
+    parts = [CellPart("swa_kv", kv * shape.num_layers, "kv_swa")]
+    if shape.num_c4:
+        parts += [
+            CellPart("c4_kv", kv * shape.num_c4, "kv_c4"),
+            CellPart("c4_indexer", shape.indexer_bytes * shape.num_c4, "c4_indexer"),
+            CellPart("c4_state", shape.c4_state_bytes * shape.num_c4, "c4_state", unit=STATE_SLOT),
+            CellPart(
+                "c4_indexer_state", shape.c4_indexer_state_bytes * shape.num_c4, "c4_indexer_state", unit=STATE_SLOT
+            ),
+        ]
+    if shape.num_c128:
+        parts += [
+            CellPart("c128_kv", kv * shape.num_c128, "kv_c128"),
+            CellPart("c128_state", shape.c128_state_bytes * shape.num_c128, "c128_state", unit=STATE_SLOT),
+        ]
+    notes = [bytes_per_full_token_note(shape)]
+    return CellSize(
+        parts=parts,
+        sglang_bytes_per_token=shape.bytes_per_full_token,
+        num_layers=shape.num_layers,
+        draft_included=True,
+        notes=notes,
+    )
+
+
+def bytes_per_full_token_note(shape: DSV4Shape) -> str:
+    r = shape.swa_ratio
+    terms = [f"{r} x {shape.kv_bytes} B x {shape.num_layers} layer(s) (SWA)"]
+    if shape.num_c4:
+        frac = f"1/{4 * shape.shrink}"
+        terms += [
+            f"{frac} x {shape.kv_bytes} B x {shape.num_c4} (c4)",
+            f"1/4 x {shape.indexer_bytes} B x {shape.num_c4} (c4 indexer)",
+            f"{r} x {shape.c4_ring}/{shape.window} x ({shape.c4_state_bytes} + {shape.c4_indexer_state_bytes}) B x "
+            f"{shape.num_c4} (c4 KV and indexer states, ring {shape.c4_ring} per SWA page)",
+        ]
+    if shape.num_c128:
+        terms.append(f"1/128 x {shape.kv_bytes} B x {shape.num_c128} (c128)")
+    text = f"SGLang's bytes per full token = {' + '.join(terms)} = {shape.raw_bytes_per_full_token:,.4f} B"
+    if shape.speculative:
+        text += (
+            f", x ({shape.num_layers} + 1 draft layer) / {shape.num_layers} for the draft worker = "
+            f"{shape.bytes_per_full_token:,.4f} B"
+        )
+    return text + "; the c128 state is per request slot, fixed bytes outside this figure."
+
+
+# ---------------------------------------------------------------------------
+# size_pools
+# ---------------------------------------------------------------------------
+
+
+def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing:
+    """The ``size_pools`` answer for DeepSeek-V4 (both accounting modes)."""
+    shape = dsv4_shape(model, serving)
+    page = serving.page_size
+    notes: list[str] = []
+    if shape.online and serving.speculative:
+        notes.append(  # SGLang's start-up warning, word for word
+            "DSV4 compressed attention: experimental online c128 + MTP enabled "
+            f"(EAGLE topk=1 only, draft_banks={shape.draft_tokens}). Validate correctness carefully."
+        )
+    if serving.accounting == "sglang":
+        full, fixed, how = _sglang_full_tokens(shape, budget.budget_bytes, page)
+        notes.append(how)
+    else:
+        full = _exact_full_tokens(model, serving, shape, budget.budget_bytes)
+        fixed = None
+    sizes = shape.sizes(full, page)
+    capped, cap_note = apply_token_cap(sizes["full_max_total_num_tokens"], serving.max_total_tokens)
+    if cap_note:
+        notes.append(cap_note)
+    if capped != sizes["full_max_total_num_tokens"]:
+        # SGLang's constraint path: calculate_pool_sizes_from_max_tokens re-derives every sub-pool.
+        sizes = shape.sizes(capped, page)
+        notes.append(
+            f"{option('max_total_tokens')} {serving.max_total_tokens:,} (or the pipeline stages' minimum) lowered "
+            f"the full pool: every sub-pool re-derived from {sizes['full_max_total_num_tokens']:,} full tokens."
+        )
+    full = sizes["full_max_total_num_tokens"]
+    if full <= 0:
+        raise not_enough_memory(model, serving, cell, budget)
+    context_len = serving.context_length or model.context_len
+    limit = resolve_max_num_reqs(full, context_len, serving)
+    if limit.note:
+        notes.append(limit.note)
+    requests = limit.max_running_requests
+    if requests <= 0:
+        raise InsufficientMemoryError(
+            f"{full} KV tokens leave room for no request (a request needs at least 2 tokens). Raise {option('memory')}."
+        )
+    if sizes["swa_max_total_num_tokens"] < page:
+        raise InsufficientMemoryError(
+            f"The SWA pool of {model.name} would get {sizes['swa_max_total_num_tokens']} tokens, less than one page "
+            f"of {page}: int({full} full tokens x {option('swa_full_tokens_ratio')} {shape.swa_ratio}) rounds to "
+            f"nothing. Raise {option('memory')} or {option('swa_full_tokens_ratio')}."
+        )
+    sizes["c128_state_pool_size"] = shape.c128_state_pool_size(requests)
+    notes.extend(sub_pool_notes(shape, sizes, requests, serving, fixed))
+    pools = _pools(model, serving, sizes, requests, context_len)
+    return PoolSizing(
+        max_total_num_tokens=full,
+        max_running_requests=requests,
+        pools=pools,
+        sglang_config={"max_total_num_tokens": full, "max_running_requests": requests, **sizes},
+        sglang_estimate_bytes=int(full * shape.bytes_per_full_token) + shape.c128_state_fixed_bytes(requests),
+        notes=notes,
+        token_counts=token_counts(sizes),
+    )
+
+
+def token_counts(sizes: dict[str, int]) -> dict[str, int]:
+    """The count of each token space the pools scale with."""
+    return {
+        FULL_TOKENS: sizes["full_max_total_num_tokens"],
+        SWA_TOKENS: sizes["swa_max_total_num_tokens"],
+        C4_TOKENS: sizes["c4_max_total_num_tokens"],
+        C128_TOKENS: sizes["c128_max_total_num_tokens"],
+    }
+
+
+def _sglang_full_tokens(shape: DSV4Shape, budget_bytes: int, page: int) -> tuple[int, int, str]:
+    """``calculate_pool_sizes``' full tokens, the c128 state's fixed bytes, and how they were decided."""
+    bpft = shape.bytes_per_full_token
+    if shape.requested_per_worker is not None:
+        requests = shape.requested_per_worker
+        source = f"the requested {requests} request(s) per DP worker"
+    else:
+        capacity = int(budget_bytes / bpft)
+        requests = shape.estimated_requests(capacity)
+        source = (
+            f"{requests} request(s) estimated from a capacity of {capacity:,} tokens "
+            f"(clamp(int(tokens / context {shape.context_len} x 512), 2048, 4096), at most tokens // 2)"
+        )
+    fixed = shape.c128_state_fixed_bytes(requests)
+    full_token = int(max(budget_bytes - fixed, 0) / bpft)
+    how = (
+        f"SGLang's DSV4PoolConfigurator: c128 state fixed bytes {fixed:,} ({fmt_gib(fixed)}) for {source}; "
+        f"full tokens = int((budget {budget_bytes:,} - {fixed:,}) / {bpft:,.4f}) = {full_token:,}, page aligned."
+    )
+    return full_token, fixed, how
+
+
+def _exact_full_tokens(model: ModelSpec, serving: Serving, shape: DSV4Shape, budget_bytes: int) -> int:
+    """The most page-aligned full tokens whose every pool (``buffers.pool_specs``) fits the budget."""
+    page = serving.page_size
+
+    def cost(tokens: int) -> int:
+        return sum(p.bytes for p in exact_pools(model, serving, shape, tokens))
+
+    upper = page
+    while cost(upper) <= budget_bytes:
+        upper *= 2
+    return largest_fitting_tokens(budget_bytes, page, upper, cost)
+
+
+def exact_pools(model: ModelSpec, serving: Serving, shape: DSV4Shape, tokens: int) -> list[PoolSpec]:
+    """Every pool for ``tokens`` full tokens, with SGLang's derivation of the sub-pools and requests."""
+    sizes = shape.sizes(tokens, serving.page_size)
+    context_len = serving.context_length or model.context_len
+    requests = resolve_max_num_reqs(sizes["full_max_total_num_tokens"], context_len, serving).max_running_requests
+    sizes["c128_state_pool_size"] = shape.c128_state_pool_size(max(requests, 0))
+    return _pools(model, serving, sizes, max(requests, 0), context_len)
+
+
+def _pools(
+    model: ModelSpec, serving: Serving, sizes: dict[str, int], requests: int, context_len: int
+) -> list[PoolSpec]:
+    """Every allocation ``build`` makes for these sizes (the pool side's ``pool_specs``)."""
+    build_pool_specs = _pool_specs()
+    from .buffers import DSV4Sizes
+
+    value = DSV4Sizes(
+        full_tokens=sizes["full_max_total_num_tokens"],
+        swa_tokens=sizes["swa_max_total_num_tokens"],
+        c4_tokens=sizes["c4_max_total_num_tokens"],
+        c128_tokens=sizes["c128_max_total_num_tokens"],
+        c4_state_size=sizes["c4_state_pool_size"],
+        c128_state_size=sizes["c128_state_pool_size"],
+    )
+    return list(
+        build_pool_specs(model, serving, value, max_running_requests=requests, context_len=context_len, owner=OWNER)
+    )
+
+
+def _pool_specs() -> Callable[..., Any]:
+    from .buffers import pool_specs
+
+    return pool_specs
+
+
+def sub_pool_notes(
+    shape: DSV4Shape, sizes: dict[str, int], requests: int, serving: Serving, fixed: int | None
+) -> list[str]:
+    """What decided each sub-pool (the report prints them)."""
+    o = option
+    full, swa = sizes["full_max_total_num_tokens"], sizes["swa_max_total_num_tokens"]
+    notes = [
+        f"SWA pool: int({full:,} full tokens x {o('swa_full_tokens_ratio')} {shape.swa_ratio}) page aligned = "
+        f"{swa:,} tokens, for all {shape.num_layers} layer(s) of this stage."
+    ]
+    if shape.num_c4:
+        divisor = (
+            f"(4 x HiSparse host_to_device_ratio {shape.shrink}; {o('enable_hisparse')} keeps the rest on the host)"
+            if shape.shrink > 1
+            else "4"
+        )
+        notes.append(
+            f"c4 pool (KV and indexer, {shape.num_c4} layer(s)): full // {divisor} = "
+            f"{sizes['c4_max_total_num_tokens']:,} rows; c4 states: SWA {swa:,} // window {shape.window} x ring "
+            f"{shape.c4_ring}{' (speculative)' if shape.speculative else ''} = {sizes['c4_state_pool_size']:,} rows."
+        )
+    if shape.num_c128:
+        slots = shape.req_slots(requests)
+        extra = f" + {shape.decode_extra_slots} decode pre-allocated" if shape.decode_extra_slots is not None else ""
+        ring = "1 slot each (online c128)" if shape.online else f"x ring {shape.c128_ring}"
+        line = (
+            f"c128 pool ({shape.num_c128} layer(s)): full // 128 = {sizes['c128_max_total_num_tokens']:,} rows; c128 "
+            f"state: ({requests} request(s) + 1{extra} = {slots} slot(s)) {ring} = "
+            f"{sizes['c128_state_pool_size']:,} rows"
+        )
+        if fixed is not None:
+            line += f" (SGLang set {fixed:,} B aside for it before dividing the budget)"
+        notes.append(line + ".")
+    return notes

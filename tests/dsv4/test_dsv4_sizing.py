@@ -1,0 +1,209 @@
+"""DeepSeek-V4 sizing: bytes per full token by hand, sub-pool derivations, validate, exact accounting, CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import attrs
+import pytest
+from kvpools_plugins.dsv4.sizing import dsv4_shape, exact_pools
+
+from kvpools_core.errors import ConfigError, UnsupportedCombinationError
+from kvpools_core.pipeline import plan
+from kvpools_core.values import Serving
+
+GiB = 1 << 30
+PAGE = Serving(page_size=256, tp_size=8)
+SGLANG = attrs.evolve(PAGE, accounting="sglang")
+
+
+def test_flash_bytes_per_full_token_by_hand() -> None:
+    """kv row 448 + 2 x 64 + 8 = 584 B; indexer 128 + 4 = 132 B; c4 state 2 x 2 x 512 x 4 = 8192 B, its
+    indexer state 2 x 2 x 128 x 4 = 2048 B, ring 8 per SWA page of 128:
+    0.8 x 584 x 43 = 20089.6; 1/4 x 584 x 21 = 3066; 1/128 x 584 x 20 = 91.25; 1/4 x 132 x 21 = 693;
+    0.8 x 8/128 x 8192 x 21 = 8601.6; 0.8 x 8/128 x 2048 x 21 = 2150.4; sum 34691.85 B."""
+    p = plan("deepseek-v4-flash", SGLANG, memory=60 * GiB)
+    assert p.cell.sglang_bytes_per_token == pytest.approx(34691.85)
+    shape = dsv4_shape(p.model, p.serving)
+    assert (shape.kv_bytes, shape.indexer_bytes, shape.c4_state_bytes, shape.c4_indexer_state_bytes) == (
+        584,
+        132,
+        8192,
+        2048,
+    )
+    # EAGLE: rings 16 / 256, and (43 + 1) / 43: 0.8 x 16/128 x 10240 x 21 = 21504 replaces 10752
+    eagle = attrs.evolve(
+        SGLANG,
+        speculative_algorithm="EAGLE",
+        speculative_num_steps=3,
+        speculative_eagle_topk=1,
+        speculative_draft_num_layers=1,
+        speculative_num_draft_tokens=4,
+    )
+    cell = plan("deepseek-v4-flash", eagle, memory=60 * GiB).cell.sglang_bytes_per_token
+    assert cell == pytest.approx((34691.85 - 10752 + 21504) * 44 / 43)
+    # bf16 compressor states halve both state terms
+    bf16 = attrs.evolve(SGLANG, dsv4_compress_state_dtype="bf16")
+    assert plan("deepseek-v4-flash", bf16, memory=60 * GiB).cell.sglang_bytes_per_token == pytest.approx(
+        34691.85 - 10752 / 2
+    )
+
+
+def test_the_numbers_at_60_gib() -> None:
+    """c128 state: 2048 estimated requests (capacity 1,857,050 tokens of a 1M context) -> 2049 slots x ring 128
+    = 262272, + 129 rows, to 262528 rows x 1024 x 4 B x 20 layers = 21,506,293,760 B; full =
+    int((64424509440 - 21506293760) / 34691.85) = 1237126 -> 1236992 (page 256)."""
+    s = plan("deepseek-v4-flash", SGLANG, memory=60 * GiB).sizing.sglang_config
+    assert dict(s) == {
+        "max_total_num_tokens": 1236992,
+        "max_running_requests": 2048,
+        "full_max_total_num_tokens": 1236992,
+        "swa_max_total_num_tokens": 989440,
+        "c4_max_total_num_tokens": 309248,
+        "c128_max_total_num_tokens": 9664,
+        "c4_state_pool_size": 61840,
+        "c128_state_pool_size": 262272,
+    }
+
+
+@pytest.mark.parametrize("accounting", ["sglang", "exact"])
+@pytest.mark.parametrize("memory", [40 * GiB, 60 * GiB, 123 * GiB + 4567])
+def test_sub_pools_follow_full_tokens(accounting: str, memory: int) -> None:
+    """c4 = full // 4 and c128 = full // 128 (before HiSparse), SWA = int(full x ratio) page aligned,
+    c4 state = SWA // 128 x ring 8; HiSparse ratio 4 shrinks c4 alone to full // 16."""
+    for preset in ("deepseek-v4-flash", "deepseek-v4-pro"):
+        p = plan(preset, attrs.evolve(PAGE, accounting=accounting), memory=memory)
+        c = p.sizing.sglang_config
+        full = c["full_max_total_num_tokens"]
+        assert full % 256 == 0 and full == p.max_total_num_tokens
+        assert c["c4_max_total_num_tokens"] == full // 4
+        assert c["c128_max_total_num_tokens"] == full // 128
+        assert c["swa_max_total_num_tokens"] == int(full * 0.8) // 256 * 256
+        assert c["c4_state_pool_size"] == c["swa_max_total_num_tokens"] // 128 * 8
+        assert c["c128_state_pool_size"] == (p.max_running_requests + 1) * 128
+        hisparse = attrs.evolve(
+            PAGE, accounting=accounting, enable_hisparse=True, hisparse_config='{"host_to_device_ratio": 4}'
+        )
+        h = plan(preset, hisparse, memory=memory).sizing.sglang_config
+        assert h["c4_max_total_num_tokens"] == h["full_max_total_num_tokens"] // 16
+        assert h["c128_max_total_num_tokens"] == h["full_max_total_num_tokens"] // 128
+
+
+@pytest.mark.parametrize("memory", [12 * GiB, 60 * GiB])
+def test_exact_plan_fits_and_is_the_largest(memory: int) -> None:
+    """Exact accounting: every pool build allocates fits the budget, and one page more would not."""
+    for serving in (PAGE, attrs.evolve(PAGE, max_running_requests=64), attrs.evolve(PAGE, enable_online_compress=True)):
+        p = plan("deepseek-v4-flash", serving, memory=memory)
+        assert p.planned_bytes <= memory
+        shape = dsv4_shape(p.model, p.serving)
+        more = sum(x.bytes for x in exact_pools(p.model, p.serving, shape, p.max_total_num_tokens + 256))
+        assert more > memory
+        assert p.cost.bytes_for(**p.counts) == p.planned_bytes
+
+
+def test_validate_rejects_before_sizing() -> None:
+    cases = [
+        (Serving(page_size=64, accounting="sglang"), "page_size must be multiple of 128 for compressed attention"),
+        (Serving(page_size=128), "In paged swa mode, page_size must be 256"),
+        (
+            attrs.evolve(PAGE, enable_online_compress=True, dsv4_compress_state_dtype="bfloat16"),
+            "online c128 state must stay float32",
+        ),
+        (
+            attrs.evolve(
+                PAGE,
+                enable_online_compress=True,
+                speculative_algorithm="EAGLE",
+                speculative_eagle_topk=1,
+                speculative_num_draft_tokens=4,
+            ),
+            "does not support speculative decode (MTP) yet",
+        ),
+        (
+            attrs.evolve(
+                PAGE,
+                enable_online_compress=True,
+                enable_online_c128_mtp=True,
+                speculative_algorithm="EAGLE",
+                speculative_eagle_topk=2,
+                speculative_num_draft_tokens=4,
+            ),
+            "EAGLE top-k 1 only",
+        ),
+        (
+            attrs.evolve(
+                PAGE,
+                enable_online_compress=True,
+                enable_online_c128_mtp=True,
+                speculative_algorithm="EAGLE",
+                speculative_eagle_topk=1,
+            ),
+            "requires speculative_num_draft_tokens",
+        ),
+        (attrs.evolve(PAGE, hisparse_config='{"host_to_device_ratio": 4}'), "or drop hisparse_config"),
+    ]
+    for serving, message in cases:
+        with pytest.raises(UnsupportedCombinationError) as error:
+            plan("deepseek-v4-flash", serving, memory=60 * GiB)
+        assert message in str(error.value), str(error.value)
+    # the experimental path is accepted with EAGLE top-k 1 and draft tokens; at 128 with sglang accounting too
+    ok = attrs.evolve(
+        PAGE,
+        enable_online_compress=True,
+        enable_online_c128_mtp=True,
+        speculative_algorithm="EAGLE",
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=4,
+        speculative_num_steps=3,
+        speculative_draft_num_layers=1,
+    )
+    plan("deepseek-v4-flash", ok, memory=60 * GiB)
+    plan("deepseek-v4-flash", Serving(page_size=128, accounting="sglang"), memory=60 * GiB)
+
+
+def test_serving_options_validate_and_alias() -> None:
+    assert Serving(dsv4_compress_state_dtype="bf16").dsv4_compress_state_dtype == "bfloat16"
+    assert Serving(dsv4_compress_state_dtype="FP32").dsv4_compress_state_dtype == "float32"
+    for bad in (
+        "{",
+        "[4]",
+        '{"host_to_device_ratio": 0}',
+        '{"host_to_device_ratio": 2.5}',
+        '{"top_k": 100, "device_buffer_size": 10}',
+    ):
+        with pytest.raises(ConfigError, match="hisparse_config"):
+            Serving(hisparse_config=bad)
+    with pytest.raises(ConfigError, match="dsv4_compress_state_dtype"):
+        Serving(dsv4_compress_state_dtype="float16")
+
+
+def run(exe: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([exe, *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_cli_plan_end_to_end(kvpools_exe: str, cli_env: dict[str, str]) -> None:
+    args = ("plan", "deepseek-v4-flash", "--tp-size", "8", "--page-size", "256", "--memory", "60GiB")
+    out = run(kvpools_exe, cli_env, *args, "--accounting", "sglang")
+    assert out.returncode == 0, out.stderr
+    assert "c128_state_pool_size = 262,272" in out.stdout
+    assert "SGLang's DSV4PoolConfigurator: c128 state fixed bytes 21,506,293,760" in out.stdout
+    assert "decided by parse_model_config: dsv4; estimate_cell_size: dsv4; size_pools: dsv4" in out.stdout
+    out = run(
+        kvpools_exe,
+        cli_env,
+        *args,
+        "--json",
+        "--dsv4-compress-state-dtype",
+        "bf16",
+        "--enable-hisparse",
+        "--hisparse-config",
+        '{"host_to_device_ratio": 4}',
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    config = data["plan"]["sizing"]["sglang_config"]
+    assert config["c4_max_total_num_tokens"] == config["full_max_total_num_tokens"] // 16
+    assert data["plan"]["serving"]["dsv4_compress_state_dtype"] == "bfloat16"
+    out = run(kvpools_exe, cli_env, "plan", "deepseek-v4-flash", "--memory", "60GiB", "--page-size", "64")
+    assert out.returncode != 0 and "page_size must be multiple of 128" in out.stderr + out.stdout
