@@ -334,6 +334,12 @@ def dsv4_cell_size(model: ModelSpec, serving: Serving) -> CellSize:
             CellPart("c128_state", shape.c128_state_bytes * shape.num_c128, "c128_state", unit=STATE_SLOT),
         ]
     notes = [bytes_per_full_token_note(shape)]
+    if serving.kv_cache_dtype not in ("auto", "fp8_e4m3"):
+        notes.append(
+            f"{option('kv_cache_dtype')} {serving.kv_cache_dtype} does not change DeepSeek-V4's rows: SGLang's "
+            f"DeepSeekV4TokenToKVPool stores every SWA / c4 / c128 row in its packed fp8 layout "
+            f"({kv} B per token per layer: fp8 nope, bf16 rope, ue8m0 scales)"
+        )
     return CellSize(
         parts=parts,
         sglang_bytes_per_token=shape.bytes_per_full_token,
