@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 from kvpools_core import for_architecture, hookimpl
 from kvpools_core.values import Plan
 
+from .config import ARCHITECTURE
+
 if TYPE_CHECKING:
     from kvpools_core.pools.layout import BufferLayout
 
 __all__ = ["build_allocator", "build_pool"]
-
-ARCHITECTURE = "dsv4"
 
 
 @hookimpl
