@@ -14,12 +14,13 @@ nox.options.error_on_missing_interpreters = True
 
 CONSTRAINTS = ("-c", "constraints.txt")
 EXAMPLE_PLUGIN = "./tests/plugins/example"
+VENDOR_PLUGINS = ("./plugins/kvpools-rocm", "./plugins/kvpools-ascend")
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The test suite, with the example out-of-tree plugin installed as a separate distribution."""
-    session.install(*CONSTRAINTS, "-e", ".[test]", EXAMPLE_PLUGIN)
+    """The test suite, with the example plugin and the vendor platforms installed as separate distributions."""
+    session.install(*CONSTRAINTS, "-e", ".[test]", EXAMPLE_PLUGIN, *VENDOR_PLUGINS)
     session.run("pytest", *(session.posargs or ["-q"]))
 
 

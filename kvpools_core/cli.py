@@ -111,7 +111,11 @@ def _serving_options(command: Callable[..., Any]) -> Callable[..., Any]:
         help="A plugin-specific option (repeatable).",
     )(command)
     command = click.option(
-        "--platform", "platform", default=None, help="Target platform (default: the --device's, else cuda)."
+        "--platform",
+        "platform",
+        default=None,
+        help="Target platform, or an alias of one (default: the one a platform plugin detects, "
+        "else the --device's type, else cuda).",
     )(command)
     command = click.option(
         "--speculative-draft-model-path",
@@ -164,8 +168,10 @@ def _make_serving(options: dict[str, Any], device: str | None) -> Serving:
             raise ConfigError(f"--plugin-option must look like KEY=VALUE, got {item!r}.")
         plugin_options[key] = value
     kwargs["plugin_options"] = plugin_options
-    platform = options.get("platform") or (device.split(":")[0] if device and device != "meta" else "cuda")
-    kwargs["platform"] = platform
+    from kvpools_core.pipeline import select_platform
+    from kvpools_core.registry import get_registry
+
+    kwargs["platform"] = select_platform(options.get("platform"), device, get_registry())
     return Serving(**kwargs)
 
 

@@ -130,6 +130,39 @@ def platforms() -> Mapping[str, str] | None:
 
 
 @_spec
+def platform_aliases() -> Mapping[str, str] | None:
+    """Name other spellings of the platforms a plugin provides (a device type, SGLang's name).
+
+    Every implementation is called; the results are collected.  Each alias
+    maps to a platform name the same plugin provides (``platforms``); the core
+    resolves ``--platform ALIAS`` and a device type equal to an alias to that
+    platform, so ``Serving.platform`` always holds the canonical name.  An alias
+    offered by two plugins, one equal to a platform name, or one naming a
+    platform its plugin does not provide is an error naming the plugin.
+
+    :returns: alias (``npu``, ``hip``, ...) → platform name (``ascend``, ``rocm``, ...).
+    """
+
+
+@_spec
+def detect_platform(device: str | None) -> str | None:
+    """Claim the platform of a device, or of this host, when no platform was requested.
+
+    Every implementation is called; the results are collected.  A platform
+    plugin returns the name of a platform it provides when it owns ``device``
+    (for example a device type only it names, or ``cuda`` devices on a HIP
+    build of torch), or, with ``device`` ``None`` (no device, or ``meta``),
+    when its vendor runtime is importable here; otherwise ``None``.  Asked only
+    when no platform was requested (``--platform``).  One claim selects the
+    platform; two different claims are an error naming both; none leaves the
+    type of ``device`` (or the default platform).
+
+    :param device: the device string given by the user, or ``None``.
+    :returns: the name of a platform the plugin provides, or ``None``.
+    """
+
+
+@_spec
 def plugin_options() -> Mapping[str, str] | None:
     """Declare the ``--plugin-option KEY=VALUE`` keys a plugin reads from ``Serving.plugin_options``.
 
@@ -359,6 +392,12 @@ def _name_mapping(value_types: tuple[type, ...], value_name: str) -> Callable[[A
     return problem
 
 
+def _platform_name(value: Any) -> str | None:
+    if not isinstance(value, str) or not value:
+        return "not a non-empty str"
+    return None
+
+
 def _messages(value: Any) -> str | None:
     if isinstance(value, (str, bytes)):
         return "one string, not a list of messages (it would be read one character at a time)"
@@ -430,6 +469,11 @@ RESULTS: Mapping[str, ResultContract] = MappingProxyType(
             "a mapping of platform name (str) to a one-line description (str), or None",
             _name_mapping((str,), "a str"),
         ),
+        "platform_aliases": ResultContract(
+            "a mapping of alias (str) to a platform name (str) the same plugin provides, or None",
+            _name_mapping((str,), "a str"),
+        ),
+        "detect_platform": ResultContract("a platform name (str) the plugin provides, or None", _platform_name),
         "plugin_options": ResultContract(
             "a mapping of option key (str) to one-line help (str), or None", _name_mapping((str,), "a str")
         ),

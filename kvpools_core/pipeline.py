@@ -10,7 +10,7 @@ import difflib
 import attrs
 
 from kvpools_core.config import load_model
-from kvpools_core.errors import ConfigError, UnsupportedCombinationError
+from kvpools_core.errors import ConfigError, PluginResultError, UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.sizing import explicit_budget, profile_budget, summarize_notes
@@ -43,7 +43,7 @@ def plan(
     if not isinstance(serving, Serving):
         raise ConfigError(f"serving must be a kvpools_core.Serving, got {type(serving).__name__}.")
     provenance: dict[str, tuple[str, ...]] = {}
-    check_platform(serving, registry)
+    serving = resolve_platform(serving, registry)
     check_plugin_options(serving, registry)
 
     spec = _resolve_model(model, registry, provenance)
@@ -158,18 +158,110 @@ def installed_platforms(registry: Registry) -> dict[str, str]:
     return {name: plugin for name, (plugin, _) in registry.call_named("platforms", "Platform").items()}
 
 
+VENDOR_DISTRIBUTIONS: dict[str, str] = {
+    "ascend": "kvpools-ascend",
+    "npu": "kvpools-ascend",
+    "rocm": "kvpools-rocm",
+    "hip": "kvpools-rocm",
+}
+"""Install hints only: the distribution that provides a platform (or alias) when it is not installed.
+
+Dispatch never reads this table (which platform a device or host is on comes
+from the plugins' ``platform_aliases`` and ``detect_platform``); it only words
+the error for a platform nobody provides, so that ``--platform ascend`` without
+the plugin says what to install rather than a guessed name.
+"""
+
+
+def platform_aliases(registry: Registry) -> dict[str, str]:
+    """Alias → platform name, from the plugins; each alias must name a platform its own plugin provides."""
+    known = installed_platforms(registry)
+    aliases: dict[str, str] = {}
+    for alias, (plugin, target) in registry.call_named("platform_aliases", "Platform alias").items():
+        label = registry.plugin(plugin).label
+        if alias in known:
+            raise PluginResultError(
+                f"Plugin {label} declares the platform alias {alias!r}, which is already the name of a platform "
+                f"(provided by {known[alias]!r}); an alias is another spelling, not a platform."
+            )
+        if known.get(target) != plugin:
+            raise PluginResultError(
+                f"Plugin {label} declares the platform alias {alias!r} for {target!r}, a platform it does not "
+                f"provide (its platforms hook must name it)."
+            )
+        aliases[alias] = target
+    return aliases
+
+
+def select_platform(requested: str | None, device: str | None, registry: Registry) -> str:
+    """The serving platform, as SGLang users choose it.
+
+    ``requested`` (``--platform``, an alias resolved) wins; otherwise the
+    platform plugins' claims (``detect_platform``) for ``device`` (``None`` and
+    ``meta`` ask about this host): one claim selects it, two different ones are
+    a ``ConfigError`` naming both; with no claim, the type of ``device``
+    (an alias resolved), else the default ``Serving.platform``.
+    """
+    if requested:
+        return platform_aliases(registry).get(requested, requested)
+    probe = None if device is None or device == "meta" else str(device)
+    known = installed_platforms(registry)
+    claims: dict[str, str] = {}
+    for plugin, name in registry.call_collect("detect_platform", device=probe):
+        if known.get(name) != plugin:
+            raise PluginResultError(
+                f"Plugin {registry.plugin(plugin).label} claimed the platform {name!r} in detect_platform, "
+                f"which it does not provide (its platforms hook must name it)."
+            )
+        claims.setdefault(name, plugin)
+    if len(claims) > 1:
+        found = " and ".join(f"{name!r} (plugin {registry.plugin(plugin).label})" for name, plugin in claims.items())
+        where = f"device {probe!r}" if probe else "this host"
+        raise ConfigError(
+            f"Two platforms claim {where}: {found}. Choose one with {option('platform')} "
+            f"({', '.join(sorted(claims))}), or disable the other's plugin with KVPOOLS_DISABLED_PLUGINS."
+        )
+    if claims:
+        return next(iter(claims))
+    if probe:
+        kind = probe.split(":", 1)[0]
+        return platform_aliases(registry).get(kind, kind)
+    return str(attrs.fields(Serving).platform.default)
+
+
+def resolve_platform(serving: Serving, registry: Registry) -> Serving:
+    """``serving`` with its platform under its canonical name (an alias resolved), checked to be installed."""
+    canonical = platform_aliases(registry).get(serving.platform, serving.platform)
+    if canonical != serving.platform:
+        serving = attrs.evolve(serving, platform=canonical)
+    check_platform(serving, registry)
+    return serving
+
+
 def check_platform(serving: Serving, registry: Registry) -> None:
     """The serving platform must be one an installed plugin provides (a typo must not plan for cuda)."""
     known = installed_platforms(registry)
     if serving.platform not in known:
-        close = difflib.get_close_matches(serving.platform, list(known), n=1)
+        candidates = sorted(set(known) | set(platform_aliases(registry)))
+        close = difflib.get_close_matches(serving.platform, candidates, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
+        install = _install_hint(serving.platform, registry)
         raise ConfigError(
             f"Unknown platform {serving.platform!r} ({option('platform')}, or the type of {option('device')}): "
-            f"installed platform plugins provide {', '.join(sorted(known)) or 'none'}.{hint} "
-            f"A vendor's platform (npu, rocm, ...) comes with its kvpools plugin distribution. "
+            f"installed platform plugins provide {', '.join(sorted(known)) or 'none'}.{hint} {install}"
             f"{registry.loading_hint()}".rstrip()
         )
+
+
+def _install_hint(platform: str, registry: Registry) -> str:
+    """What to install for a vendor's platform (when installed but not loaded, the loading hint says why)."""
+    dist = VENDOR_DISTRIBUTIONS.get(platform)
+    if dist is None:
+        return "A vendor's platform (npu, rocm, ...) comes with its kvpools plugin distribution. "
+    installed = {info.distribution.lower().replace("_", "-") for info in registry.plugins()}
+    if dist in installed:
+        return f"Its distribution {dist} is installed but its plugin is not loaded. "
+    return f"The {platform!r} platform comes with the {dist} distribution: pip install {dist}. "
 
 
 def check_plugin_options(serving: Serving, registry: Registry) -> None:

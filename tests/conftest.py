@@ -63,25 +63,19 @@ def _oracle_process_group() -> Iterator[None]:
         adapter.shutdown()
 
 
-class _RocmStandIn:
-    """Provides the platform name ``rocm`` only, until a ROCm platform plugin ships.
+@pytest.fixture
+def rocm_platform() -> Iterator[None]:
+    """The default registry, with the real ``rocm`` platform of the kvpools-rocm distribution loaded.
 
     The DSA plugin's ROCm page rules are tested through the real pipeline,
     which refuses a platform nobody provides.
     """
+    from kvpools_core import registry
 
-    @staticmethod
-    def platforms() -> dict[str, str]:
-        return {"rocm": "stand-in for the vendor's ROCm plugin (tests only)"}
-
-
-@pytest.fixture
-def rocm_platform() -> Iterator[None]:
-    """The default registry, plus a stand-in provider of the ``rocm`` platform."""
-    from kvpools_core import hookimpl, registry
-
-    stand_in = _RocmStandIn()
-    stand_in.platforms = hookimpl(_RocmStandIn.platforms)  # type: ignore[method-assign]
-    registry._DEFAULT = Registry(extra_plugins={"rocm_stand_in": stand_in})
+    loaded = Registry()
+    info = {i.name: i for i in loaded.plugins()}.get("rocm")
+    if info is None or info.status != "loaded" or info.distribution != "kvpools-rocm":
+        pytest.fail(f"kvpools-rocm is not installed and loaded ({info}): pip install ./plugins/kvpools-rocm")
+    registry._DEFAULT = loaded
     yield
     reset_registry()

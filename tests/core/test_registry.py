@@ -305,7 +305,8 @@ def test_nothing_answered_under_autoload_off_says_what_to_do(monkeypatch: pytest
         NoProviderError,
         match=r"No plugin answered estimate_cell_size: .*Plugins asked: .*\. Plugin autoload is off "
         r"\(KVPOOLS_DISABLE_PLUGIN_AUTOLOAD=1\), so only the built-in plugins load; installed but not loaded: "
-        r'"example" \(kvpools-example 0\.3\.0\), "example_parts" \(kvpools-example 0\.3\.0\)\. '
+        r'"ascend" \(kvpools-ascend 0\.1\.0\), "example" \(kvpools-example 0\.3\.0\), '
+        r'"example_parts" \(kvpools-example 0\.3\.0\), "rocm" \(kvpools-rocm 0\.1\.0\)\. '
         r"Unset it, or name every plugin to load in KVPOOLS_PLUGINS",
     ):
         plan(TOY_LATENT, Serving(), memory="1MiB", registry=Registry())
@@ -347,7 +348,7 @@ def test_disabling_an_unknown_plugin_names_the_installed_ones(monkeypatch: pytes
     with pytest.raises(
         UnknownPluginError,
         match=r"KVPOOLS_DISABLED_PLUGINS names plugin\(s\) that are not installed: mah \(did you mean mla or mha\?\)\. "
-        r"Installed: cpu, cuda, .*example, .*mha, .*speculative",
+        r"Installed: ascend, cpu, cuda, .*example, .*mha, .*speculative",
     ):
         Registry()
     with pytest.raises(UnknownPluginError, match=r"Registry\(disabled=...\) names .*: nosuch\. Installed: "):

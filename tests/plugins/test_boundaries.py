@@ -1,7 +1,9 @@
 """Plugins depend on the core alone: no plugin imports another, and none imports an internal core module.
 
-An AST scan of every ``plugins/**/*.py`` and of the example distribution
-(``tests/plugins/example/kvpools_example.py``) refuses, naming ``file:line``:
+An AST scan of every built-in ``plugins/<name>/**/*.py``, of the example distribution
+(``tests/plugins/example/kvpools_example.py``) and of the vendor distributions
+(``plugins/kvpools-rocm/kvpools_rocm``, ``plugins/kvpools-ascend/kvpools_ascend``, under
+the example's rules) refuses, naming ``file:line``:
 
 * a relative import of level >= 2 (``from ..mha import x``): it leaves the plugin's package;
 * an import of ``kvpools_plugins.<other>`` / ``plugins.<other>`` outside the plugin's own package;
@@ -29,6 +31,8 @@ from kvpools_core import PUBLIC_MODULES, is_public_module
 ROOT = Path(__file__).parents[2]
 PLUGINS = ROOT / "plugins"
 EXAMPLE = ROOT / "tests" / "plugins" / "example" / "kvpools_example.py"
+VENDOR_PACKAGES = {"kvpools-rocm": "kvpools_rocm", "kvpools-ascend": "kvpools_ascend"}
+"""Vendor distributions shipped from ``plugins/<distribution>/<package>`` (scanned as the example is)."""
 PLUGIN_ROOTS = ("kvpools_plugins", "plugins")
 """The built-ins' import package (``kvpools_plugins``) and their folder, should anyone import it by path."""
 INTERNAL = ("registry", "pipeline", "building", "defaults", "cli", "report", "hookspecs")
@@ -113,8 +117,12 @@ def plugin_files() -> list[tuple[Path, str | None]]:
     files: list[tuple[Path, str | None]] = []
     for path in sorted(PLUGINS.rglob("*.py")):
         relative = path.relative_to(PLUGINS)
+        if relative.parts[0] in VENDOR_PACKAGES:
+            continue
         files.append((path, relative.parts[0] if len(relative.parts) > 1 else None))
     files.append((EXAMPLE, None))
+    for dist, package in VENDOR_PACKAGES.items():
+        files += [(path, None) for path in sorted((PLUGINS / dist / package).rglob("*.py"))]
     return files
 
 
@@ -131,6 +139,9 @@ def test_the_scan_sees_every_plugin() -> None:
     owners = {own for _, own in files if own}
     assert {"mha", "mla", "dsa", "minimax_sparse", "mamba", "swa", "speculative", "cpu", "cuda"} <= owners
     assert EXAMPLE in {path for path, _ in files}
+    for dist, package in VENDOR_PACKAGES.items():
+        assert PLUGINS / dist / package / "__init__.py" in {path for path, _ in files}
+        assert not any(dist in path.parts for path, own in files if own)  # not scanned as a built-in package
     seen = set()
     for path, _ in files:
         for node in ast.walk(ast.parse(path.read_text())):

@@ -1,0 +1,74 @@
+"""The Ascend platform: Huawei Ascend NPUs through ``torch_npu``.
+
+A separate distribution (``kvpools-ascend``), installed as a vendor ships it;
+the core and the built-in plugins import nothing from it.  Devices are
+``npu`` / ``npu:N`` (torch_npu's device type), which is also the platform's
+alias: ``--device npu:0`` or ``--platform npu`` select ``ascend``, as SGLang's
+``is_npu()`` does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from kvpools_core import hookimpl
+from kvpools_core.errors import ConfigError
+from kvpools_core.options import option
+from kvpools_core.values import Serving
+
+PLATFORM = "ascend"
+DEVICE_TYPE = "npu"
+ALIASES = {DEVICE_TYPE: PLATFORM}
+RUNTIME = "torch_npu"
+
+
+@hookimpl
+def platforms() -> dict[str, str]:
+    return {PLATFORM: "Huawei Ascend NPUs through torch_npu (device npu, npu:N)"}
+
+
+@hookimpl
+def platform_aliases() -> dict[str, str]:
+    return dict(ALIASES)
+
+
+@hookimpl
+def detect_platform(device: str | None) -> str | None:
+    """``npu`` devices; with no device, a host where ``torch_npu`` is importable."""
+    if device is None:
+        return PLATFORM if runtime_importable() else None
+    return PLATFORM if device.split(":", 1)[0] == DEVICE_TYPE else None
+
+
+@hookimpl(tryfirst=True)
+def available_memory(device: str, serving: Serving) -> dict[str, int] | None:
+    kind, _, index_text = device.partition(":")
+    if kind != DEVICE_TYPE:
+        return None
+    try:
+        import torch_npu
+    except ImportError as exc:
+        raise ConfigError(
+            f"{option('device')} {device}: {RUNTIME} is not importable here ({exc}), so no NPU can be measured. "
+            f"Install Ascend's torch_npu, or plan without an NPU by passing {option('memory')} or "
+            f"{option('free_memory')} (and build on 'meta')."
+        ) from exc
+    npu = torch_npu.npu  # what ``torch.npu`` is once torch_npu is imported
+    if not npu.is_available():
+        raise ConfigError(f"{option('device')} {device}: torch_npu sees no NPU here.")
+    index = int(index_text) if index_text else int(npu.current_device())
+    if index >= npu.device_count():
+        raise ConfigError(f"{option('device')} {device}: only {npu.device_count()} NPU(s) are visible.")
+    free, total = npu.mem_get_info(index)
+    return {"free_bytes": int(free), "total_bytes": int(total)}
+
+
+def runtime_importable() -> bool:
+    """Whether ``torch_npu`` can be imported here (found without importing it)."""
+    if RUNTIME in sys.modules:  # imported already (or blocked: None)
+        return sys.modules[RUNTIME] is not None
+    try:
+        return importlib.util.find_spec(RUNTIME) is not None
+    except (ImportError, ValueError):
+        return False
