@@ -359,6 +359,33 @@ def request_rows_cost(pool: PoolSpec, requests: int) -> GroupCost:
     )
 
 
+SWA_MAPPING_POOL = "full_to_swa"
+"""The pool of a sliding-window model's full→SWA index mapping (SGLang's ``full_to_swa_index_mapping``)."""
+SWA_MAPPING_ITEM_BYTES = 8
+"""The mapping holds one int64 SWA slot id per full slot."""
+
+
+def swa_mapping_pool(full_tokens: int, page_size: int, owner: str) -> PoolSpec:
+    """The full→SWA index mapping: one int64 per full slot (padding page included) and the trailing −1.
+
+    Every architecture with a sliding-window token space beside the full one allocates it
+    (the dual allocator of :mod:`kvpools_core.allocators.swa` writes it); SGLang leaves it out of its estimate.
+    """
+    rows = full_tokens + page_size + 1
+    return PoolSpec(
+        name=SWA_MAPPING_POOL,
+        kind="mapping",
+        slots=full_tokens,
+        padding_slots=page_size + 1,
+        bytes_per_slot=SWA_MAPPING_ITEM_BYTES,
+        bytes=rows * SWA_MAPPING_ITEM_BYTES,
+        sglang_charged=False,
+        owner=owner,
+        unit=TOKEN,
+        token_space=FULL_TOKENS,
+    )
+
+
 def allocator_pool(
     tokens: int, page_size: int, *, token_space: str = FULL_TOKENS, name: str = "allocator", owner: str = "core"
 ) -> PoolSpec:

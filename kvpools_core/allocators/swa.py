@@ -33,6 +33,7 @@ from kvpools_core.allocators.paged import PagedAllocator
 from kvpools_core.allocators.token import TokenAllocator
 from kvpools_core.errors import AllocatorError
 from kvpools_core.pools.layout import allocate
+from kvpools_core.sizing import SWA_MAPPING_ITEM_BYTES
 
 __all__ = [
     "MAPPING_ITEM_BYTES",
@@ -44,7 +45,7 @@ __all__ = [
 ]
 
 _I64 = torch.int64
-MAPPING_ITEM_BYTES = 8
+MAPPING_ITEM_BYTES = SWA_MAPPING_ITEM_BYTES
 """The mapping holds int64 SWA slot ids."""
 
 

@@ -62,7 +62,16 @@ from __future__ import annotations
 import attrs
 
 from kvpools_core.parallel import rank_layer_range
-from kvpools_core.sizing import allocator_pool, page_align, req_to_token_rows, request_table_pool, with_cost
+from kvpools_core.sizing import (
+    SWA_MAPPING_ITEM_BYTES,
+    SWA_MAPPING_POOL,
+    allocator_pool,
+    page_align,
+    req_to_token_rows,
+    request_table_pool,
+    swa_mapping_pool,
+    with_cost,
+)
 from kvpools_core.values import FIXED, FULL_TOKENS, REQUEST, TOKEN, GroupCost, LayerSpec, ModelSpec, PoolSpec, Serving
 
 __all__ = [
@@ -108,7 +117,7 @@ C128_STATE_POOL = "c128_state"
 C128_MTP_SEQ_LENS_POOL = "c128_mtp_seq_lens"
 HISPARSE_PTRS_POOL = "c4_hisparse_ptrs"
 DRAFT_SWA_KV_POOL = "draft_kv_swa"
-MAPPING_POOL = "full_to_swa"
+MAPPING_POOL = SWA_MAPPING_POOL
 SWA_ALLOCATOR = "swa_allocator"
 
 # The packed DSV4 row (DeepSeekV4SingleKVPool.get_bytes_per_token / create_buffer).
@@ -121,7 +130,7 @@ INDEX_QUANT_BLOCK = 128
 INDEX_SCALE_BYTES = 4
 C4_LOGICAL_PER_C128 = 32  # c4_logical_size = c128_size * 32
 STATE_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2}
-MAPPING_ITEM_BYTES = 8  # int64
+MAPPING_ITEM_BYTES = SWA_MAPPING_ITEM_BYTES
 PTR_BYTES = 8  # uint64 data pointers
 
 
@@ -426,30 +435,13 @@ def pool_specs(
         )
         if b.c128_mtp_seq_lens:
             pools.append(_request_pool(C128_MTP_SEQ_LENS_POOL, max_running_requests, 8, b.c128_mtp_seq_lens * 8, owner))
-    pools.append(mapping_pool(sizes.full_tokens, page, owner))
+    pools.append(swa_mapping_pool(sizes.full_tokens, page, owner))
     pools.append(request_table_pool(max_running_requests, context_len, serving))
     pools.append(allocator_pool(sizes.full_tokens, page))
     swa_pages = page_align(sizes.swa_tokens, page)
     if swa_pages:
         pools.append(allocator_pool(swa_pages, page, token_space=SWA_TOKENS, name=SWA_ALLOCATOR, owner=owner))
     return pools
-
-
-def mapping_pool(full_tokens: int, page_size: int, owner: str = OWNER) -> PoolSpec:
-    """The full→SWA index mapping: one int64 per full slot (padding page included) and the trailing −1."""
-    rows = full_tokens + page_size + 1
-    return PoolSpec(
-        name=MAPPING_POOL,
-        kind="mapping",
-        slots=full_tokens,
-        padding_slots=page_size + 1,
-        bytes_per_slot=MAPPING_ITEM_BYTES,
-        bytes=rows * MAPPING_ITEM_BYTES,
-        sglang_charged=False,
-        owner=owner,
-        unit=TOKEN,
-        token_space=FULL_TOKENS,
-    )
 
 
 def _paged_pool(

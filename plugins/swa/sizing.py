@@ -34,6 +34,8 @@ from kvpools_core.options import option
 from kvpools_core.parts.indexer import INDEX_POOL
 from kvpools_core.parts.names import DRAFT_KV_POOL
 from kvpools_core.sizing import (
+    SWA_MAPPING_ITEM_BYTES,
+    SWA_MAPPING_POOL,
     RequestLimit,
     alloc_len_per_decode,
     allocator_pool,
@@ -45,11 +47,11 @@ from kvpools_core.sizing import (
     request_table_pool,
     resolve_max_num_reqs,
     sglang_tokens,
+    swa_mapping_pool,
     token_pool,
 )
 from kvpools_core.values import (
     FULL_TOKENS,
-    TOKEN,
     Budget,
     CellSize,
     LayerSpec,
@@ -65,9 +67,9 @@ from .mla import is_latent, latent_bytes_per_layer
 FULL_POOL = "kv_full"
 SWA_POOL = "kv_swa"
 DRAFT_POOL = DRAFT_KV_POOL
-MAPPING_POOL = "full_to_swa"
+MAPPING_POOL = SWA_MAPPING_POOL
 SWA_ALLOCATOR = "swa_allocator"
-MAPPING_ITEM_BYTES = 8  # int64 SWA slot per full slot
+MAPPING_ITEM_BYTES = SWA_MAPPING_ITEM_BYTES
 SWA_TOKENS = "swa"
 """The token space of the sliding-window pool: tokens inside the window (``swa_max_total_num_tokens``)."""
 SGLANG_DRAFT_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE", "NEXTN"})
@@ -338,23 +340,6 @@ def size_swa_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: B
     )
 
 
-def mapping_pool(full_tokens: int, page_size: int) -> PoolSpec:
-    """The full→SWA index mapping: one int64 per full slot (padding page included) and the trailing −1."""
-    rows = full_tokens + page_size + 1
-    return PoolSpec(
-        name=MAPPING_POOL,
-        kind="mapping",
-        slots=full_tokens,
-        padding_slots=page_size + 1,
-        bytes_per_slot=MAPPING_ITEM_BYTES,
-        bytes=rows * MAPPING_ITEM_BYTES,
-        sglang_charged=False,
-        owner=OWNER,
-        unit=TOKEN,
-        token_space=FULL_TOKENS,
-    )
-
-
 def split_note(shape: SGLangShape, cap: ChunkCap | None, pools: list[PoolSpec], full: int, swa: int, page: int) -> str:
     """How the budget was split between the pools (the report prints it)."""
     by_name = {p.name: p for p in pools}
@@ -417,7 +402,7 @@ def _pools(
         charged = name in (FULL_POOL, SWA_POOL, INDEX_POOL) or (name == DRAFT_POOL and shape.num_draft > 0)
         pools.append(_token_pool(name, slots, page, bytes_per_token, charged, extra_slots.get(name, 0), space))
     if shape.hybrid:
-        pools.append(mapping_pool(full, page))
+        pools.append(swa_mapping_pool(full, page, OWNER))
     pools.append(request_table_pool(requests, context_len, serving))
     swa_pages = page_align(swa, page)  # SGLang's allocator pages the pool: size // page_size
     if shape.hybrid:
