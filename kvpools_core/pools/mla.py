@@ -120,19 +120,40 @@ class MLATokenToKVPool:
         serving = plan.serving
         row = LatentRow(model_dims(plan.model), resolve_kv_dtype(serving.kv_cache_dtype, plan.model.dtype))
         start, end = rank_layer_range(plan.model, serving)
-        size, page = plan.max_total_num_tokens, serving.page_size
+        return cls.from_layers(plan, row, device, start_layer=start, num_layers=end - start, layout=layout)
+
+    @classmethod
+    def from_layers(
+        cls,
+        plan: Plan,
+        row: LatentRow,
+        device: str | torch.device,
+        *,
+        start_layer: int,
+        num_layers: int,
+        pool_name: str = MAIN_POOL,
+        layout: BufferLayout | None = None,
+    ) -> MLATokenToKVPool:
+        """``num_layers`` latent layers addressed from ``start_layer`` and the plan's draft pool, if it has one.
+
+        Architectures that keep latent rows for some layers only (MLA-based linear
+        hybrids, addressed by local index) build here too, so the bytes checks and
+        the draft's shape live in one place.
+        """
+        size, page = plan.max_total_num_tokens, plan.serving.page_size
         rows = size + page
-        check_latent_bytes(plan, MAIN_POOL, row, rows, end - start)
-        layers = draft_num_layers(plan)
-        if layers is not None:
-            check_latent_bytes(plan, DRAFT_POOL, row, rows, layers)
+        check_latent_bytes(plan, pool_name, row, rows, num_layers)
+        drafts = draft_num_layers(plan)
+        if drafts is not None:
+            check_latent_bytes(plan, DRAFT_POOL, row, rows, drafts)
         if layout is not None:  # every pool's bytes, before the first tensor
+            layer_ids = range(start_layer, start_layer + num_layers)
             requests = cls.latent_requests(
-                name=MAIN_POOL, rows=rows, row=row, layers=range(start, end), page_size=page, device=device
+                name=pool_name, rows=rows, row=row, layers=layer_ids, page_size=page, device=device
             )
-            if layers is not None:
+            if drafts is not None:
                 requests += cls.latent_requests(
-                    name=DRAFT_POOL, rows=rows, row=row, layers=range(layers), page_size=page, device=device
+                    name=DRAFT_POOL, rows=rows, row=row, layers=range(drafts), page_size=page, device=device
                 )
             check_layout_bytes(layout, requests)
         model_dtype = getattr(torch, plan.model.dtype)
@@ -151,10 +172,8 @@ class MLATokenToKVPool:
                 layout=layout,
             )
 
-        draft = None
-        if layers is not None:
-            draft = make(0, layers, DRAFT_POOL)
-        return make(start, end - start, MAIN_POOL, draft)
+        draft = make(0, drafts, DRAFT_POOL) if drafts is not None else None
+        return make(start_layer, num_layers, pool_name, draft)
 
     @staticmethod
     def latent_requests(

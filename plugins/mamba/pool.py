@@ -28,12 +28,12 @@ import torch
 from torch import Tensor
 
 from kvpools_core.allocators import TokenAllocator
-from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL, draft_num_layers
+from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL
 from kvpools_core.pools import ReqToTokenPool, check_planned_bytes
 from kvpools_core.pools.kv import allocate, tensor_nbytes
-from kvpools_core.pools.layout import BufferLayout, check_layout_bytes
+from kvpools_core.pools.layout import BufferLayout
 from kvpools_core.pools.mha import MHATokenToKVPool
-from kvpools_core.pools.mla import MLATokenToKVPool, check_latent_bytes
+from kvpools_core.pools.mla import MLATokenToKVPool
 from kvpools_core.sizing import req_to_token_row_len, req_to_token_rows
 from kvpools_core.values import Plan
 
@@ -407,49 +407,8 @@ class HybridLinearKVPool:
 def _build_latent_pool(
     plan: Plan, num_layers: int, device: str | torch.device, layout: BufferLayout | None = None
 ) -> MLATokenToKVPool:
-    """The MLA pool of an MLA-based hybrid's full-attention layers (local ids 0..n-1) and the draft's latent pool.
-
-    Checks both against the plan before allocating, as ``MLATokenToKVPool.from_plan``
-    does for a plain MLA model (whose layers are a contiguous range).
-    """
+    """The MLA pool of an MLA-based hybrid's full-attention layers (local ids 0..n-1) and the draft's latent pool."""
     row = latent_row(plan.model, plan.serving)
-    size, page = plan.max_total_num_tokens, plan.serving.page_size
-    model_dtype = getattr(torch, plan.model.dtype)
-    check_latent_bytes(plan, KV_POOL, row, size + page, num_layers)
-    draft = None
-    layers = draft_num_layers(plan)
-    if layers is not None:
-        check_latent_bytes(plan, DRAFT_POOL, row, size + page, layers)
-    if layout is not None:  # both pools' bytes, before the first tensor
-        requests = MLATokenToKVPool.latent_requests(
-            name=KV_POOL, rows=size + page, row=row, layers=range(num_layers), page_size=page, device=device
-        )
-        if layers is not None:
-            requests += MLATokenToKVPool.latent_requests(
-                name=DRAFT_POOL, rows=size + page, row=row, layers=range(layers), page_size=page, device=device
-            )
-        check_layout_bytes(layout, requests)
-    if layers is not None:
-        draft = MLATokenToKVPool(
-            size=size,
-            page_size=page,
-            row=row,
-            start_layer=0,
-            num_layers=layers,
-            device=device,
-            model_dtype=model_dtype,
-            name=DRAFT_POOL,
-            layout=layout,
-        )
-    return MLATokenToKVPool(
-        size=size,
-        page_size=page,
-        row=row,
-        start_layer=0,
-        num_layers=num_layers,
-        device=device,
-        model_dtype=model_dtype,
-        name=KV_POOL,
-        draft=draft,
-        layout=layout,
+    return MLATokenToKVPool.from_layers(
+        plan, row, device, start_layer=0, num_layers=num_layers, pool_name=KV_POOL, layout=layout
     )
