@@ -18,6 +18,7 @@ from kvpools_core.building import Pools
 from kvpools_core.errors import KvpoolsError
 from kvpools_core.options import option
 from kvpools_core.registry import Registry, get_registry
+from kvpools_core.report import platform_line
 from kvpools_core.units import format_bytes
 from kvpools_core.values import Budget, Plan
 
@@ -140,6 +141,9 @@ def render_build(pools: Pools, console: Console, registry: Registry | None = Non
         console.print(f"  because {reason}")
     built = "; ".join(f"{hook}: {', '.join(by)}" for hook, by in pools.provenance.items())
     console.print(f"[bold]built by[/bold] {built}")
+    console.print(f"[bold]platform[/bold] {platform_line(plan)}")
+    for note in plan.cell.notes:
+        console.print(f"[yellow]note[/yellow]: {note}")
 
 
 def _next_page_cost(plan: Plan, registry: Registry | None) -> tuple[int, dict[str, int]] | None:

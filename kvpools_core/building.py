@@ -31,6 +31,8 @@ class Pools:
     checked: bool = False
     layout: Any = None
     """The buffer layout the KV pool was built through (``buffer_layout``; the core's is ``per_layer``)."""
+    workspaces: dict[str, Any] = attrs.field(factory=dict)
+    """The platform workspaces of the plan (``Serving.workspaces``), one tensor each, by pool name."""
 
     CHECKED_SUFFIX = "_checked"
     """Pools named ``<free list>_checked`` are a checked allocator's maps: built on request, never planned."""
@@ -43,7 +45,8 @@ class Pools:
     @property
     def allocated_bytes(self) -> int:
         """Bytes of every tensor built, measured from the tensors themselves."""
-        return int(self.req_to_token_pool.nbytes) + int(self.kv_pool.nbytes) + int(self.allocator.nbytes)
+        built = int(self.req_to_token_pool.nbytes) + int(self.kv_pool.nbytes) + int(self.allocator.nbytes)
+        return built + sum(int(t.nbytes) for t in self.workspaces.values())
 
     def allocated_by_pool(self) -> dict[str, int]:
         """Measured bytes per plan pool name.
@@ -60,6 +63,7 @@ class Pools:
         )
         by_pool = getattr(self.allocator, "nbytes_by_pool", None)
         measured.update(by_pool() if by_pool is not None else {"allocator": int(self.allocator.nbytes)})
+        measured.update({name: int(tensor.nbytes) for name, tensor in self.workspaces.items()})
         return measured
 
 
@@ -83,15 +87,16 @@ def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None, 
     registry = registry or get_registry()
     check_build_device(plan, device, registry)
     name = plan.model.name
+    layout, layout_by = registry.call_first(
+        "buffer_layout", f"no plugin chooses a buffer layout for {name} on {device}.", plan=plan, device=device
+    )
     req_pool, req_by = registry.call_first(
         "build_req_to_token_pool",
         f"no plugin builds the request table of {name}.",
         plan=plan,
         device=device,
         checked=checked,
-    )
-    layout, layout_by = registry.call_first(
-        "buffer_layout", f"no plugin chooses a buffer layout for {name} on {device}.", plan=plan, device=device
+        layout=layout,
     )
     kv_pool, pool_by = registry.call_first(
         "build_pool",
@@ -108,11 +113,38 @@ def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None, 
         device=device,
         checked=checked,
     )
+    workspaces = build_workspaces(plan, device)
     provenance = {"build_req_to_token_pool": req_by}
     if layout_by != (CORE_PLUGIN,):  # the default per-layer layout is left out, so such builds report as before
         provenance["buffer_layout"] = layout_by
     provenance.update(build_pool=pool_by, build_allocator=alloc_by)
-    return Pools(plan, device, req_pool, kv_pool, allocator, provenance, checked=checked, layout=layout)
+    return Pools(
+        plan, device, req_pool, kv_pool, allocator, provenance, checked=checked, layout=layout, workspaces=workspaces
+    )
+
+
+def build_workspaces(plan: Plan, device: str) -> dict[str, Any]:
+    """One tensor per workspace pool of the plan, of the workspace's dtype and the pool's planned bytes.
+
+    The core builds them (no hook): a workspace is a plain buffer the
+    platform's kernels fill, and building it makes the exact plan's promise
+    (allocated == planned) cover it; an engine hands it to its backend.
+    """
+    import torch
+
+    from kvpools_core.pools.layout import allocate
+    from kvpools_core.sizing import WORKSPACE_KIND
+    from kvpools_core.values import WORKSPACE_DTYPES
+
+    declared = {w.name: w for w in plan.serving.workspaces}
+    built: dict[str, Any] = {}
+    for pool in plan.pools:
+        if pool.kind != WORKSPACE_KIND:
+            continue
+        workspace = declared[pool.name]
+        elements = pool.bytes // WORKSPACE_DTYPES[workspace.dtype]
+        built[pool.name] = allocate((elements,), getattr(torch, workspace.dtype), device)
+    return built
 
 
 def check_build_device(plan: Plan, device: str, registry: Registry) -> None:

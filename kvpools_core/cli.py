@@ -79,13 +79,15 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "dsv4_compress_state_dtype": (*DSV4_COMPRESS_STATE_DTYPES, "fp32", "bf16"),
 }
 _SPECIAL = {"platform", "plugin_options", "pp_layer_partition"}
+_RESOLVED = {"platform_traits", "workspaces"}
+"""Serving fields the pipeline resolves from the plugins: never command-line options."""
 
 
 def _serving_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Add one option per Serving field (defaults None, so unset fields keep Serving's defaults)."""
     hints = typing.get_type_hints(Serving)
     for field in reversed(attrs.fields(Serving)):
-        if field.name in _SPECIAL:
+        if field.name in _SPECIAL or field.name in _RESOLVED:
             continue
         flag = "--" + field.name.replace("_", "-")
         kind = hints[field.name]
@@ -153,7 +155,7 @@ def _budget_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _make_serving(options: dict[str, Any], device: str | None) -> Serving:
-    kwargs = {k: v for k, v in options.items() if v is not None and k not in _SPECIAL}
+    kwargs = {k: v for k, v in options.items() if v is not None and k not in _SPECIAL and k not in _RESOLVED}
     if options.get("pp_layer_partition"):
         try:
             kwargs["pp_layer_partition"] = tuple(int(x) for x in options["pp_layer_partition"].split(","))
@@ -219,6 +221,46 @@ def _console() -> Console:
     return Console(file=sys.stdout, width=None if tty else 120, no_color=not tty, highlight=False, soft_wrap=not tty)
 
 
+def _compare_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--compare-platform",
+        default=None,
+        metavar="PLATFORM",
+        help="Also plan the same request on PLATFORM (e.g. cuda) and report where the plans differ, and why.",
+    )(command)
+
+
+def _compare(
+    model: str, serving: Serving, budget: dict[str, Any], platform: str | None
+) -> tuple[str, Any, str | None] | None:
+    """``(platform, its plan or None, its refusal)``: the same request under another platform's rules."""
+    if platform is None:
+        return None
+    from kvpools_core.pipeline import plan as make_plan
+
+    other = attrs.evolve(serving, platform=platform, platform_traits=None, workspaces=())
+    try:
+        return platform, make_plan(model, other, **budget), None
+    except KvpoolsError as error:
+        return platform, None, str(error)
+
+
+def _comparison_json(result: Any, comparison: tuple[str, Any, str | None]) -> dict[str, Any]:
+    from kvpools_core.report import comparison_summary
+
+    platform, other, error = comparison
+    return comparison_summary(result, other, error, platform)
+
+
+def _render_comparison(result: Any, comparison: tuple[str, Any, str | None] | None) -> None:
+    if comparison is None:
+        return
+    from kvpools_core.report import render_comparison
+
+    platform, other, error = comparison
+    render_comparison(result, other, error, platform, _console())
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="kvpools")
 def main() -> None:
@@ -230,6 +272,7 @@ def main() -> None:
 @_budget_options
 @_serving_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (loads back with Plan.from_json).")
+@_compare_option
 @_user_facing
 def plan(
     model: str,
@@ -240,6 +283,7 @@ def plan(
     reserved_memory: str | None,
     draft_model: str | None,
     as_json: bool,
+    compare_platform: str | None,
     **options: Any,
 ) -> None:
     """Plan the KV-cache pools of MODEL (a preset, a config.json or a directory holding one)."""
@@ -247,9 +291,7 @@ def plan(
     from kvpools_core.report import plan_summary, render_plan
 
     serving = _make_serving(options, device)
-    result = make_plan(
-        model,
-        serving,
+    budget: dict[str, Any] = dict(
         memory=memory,
         device=device,
         free_memory=free_memory,
@@ -257,10 +299,16 @@ def plan(
         reserved_memory=reserved_memory,
         draft_model=draft_model,
     )
+    result = make_plan(model, serving, **budget)
+    comparison = _compare(model, serving, budget, compare_platform)
     if as_json:
-        click.echo(json.dumps(plan_summary(result), indent=2))
+        summary = plan_summary(result)
+        if comparison is not None:
+            summary["comparison"] = _comparison_json(result, comparison)
+        click.echo(json.dumps(summary, indent=2))
     else:
         render_plan(result, _console())
+        _render_comparison(result, comparison)
 
 
 _BUILD_DEVICE_HELP = (
@@ -289,6 +337,7 @@ def _build_device(command: Callable[..., Any]) -> Callable[..., Any]:
     help="Allocators that also refuse double frees and frees of never-allocated slots (for tests and debugging; "
     "their maps are reported apart from the plan).",
 )
+@_compare_option
 @_user_facing
 def build(
     model: str,
@@ -300,6 +349,7 @@ def build(
     draft_model: str | None,
     as_json: bool,
     checked_allocators: bool,
+    compare_platform: str | None,
     **options: Any,
 ) -> None:
     """Plan MODEL, then allocate its pools on --device and compare every pool's bytes with the plan."""
@@ -312,9 +362,7 @@ def build(
     if device == "meta" and memory is None and free_memory is None:
         raise ConfigError("--device meta measures no memory: pass the budget as --memory or --free-memory SIZE.")
     serving = _make_serving(options, device)
-    result = make_plan(
-        model,
-        serving,
+    budget: dict[str, Any] = dict(
         memory=memory,
         device=None if device == "meta" else device,
         free_memory=free_memory,
@@ -322,11 +370,17 @@ def build(
         reserved_memory=reserved_memory,
         draft_model=draft_model,
     )
+    result = make_plan(model, serving, **budget)
     pools = build_pools(result, device, checked=checked_allocators)
+    comparison = _compare(model, serving, budget, compare_platform)
     if as_json:
-        click.echo(json.dumps(build_summary(pools), indent=2))
+        summary = build_summary(pools)
+        if comparison is not None:
+            summary["comparison"] = _comparison_json(result, comparison)
+        click.echo(json.dumps(summary, indent=2))
     else:
         render_build(pools, _console())
+        _render_comparison(result, comparison)
 
 
 @main.command()

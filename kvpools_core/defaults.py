@@ -1,7 +1,7 @@
 """The core's default hook implementations (plugin name ``core``), all ``trylast``.
 
 They answer only where no installed plugin does: single-token-space pool
-sizing, the plain request table, the per-layer buffer layout, and the token /
+sizing, neutral platform traits, the plain request table, the per-layer buffer layout, and the token /
 paged allocator.  The core
 cannot be disabled; every other plugin overrides it simply by answering.
 """
@@ -13,12 +13,18 @@ from typing import Any
 from kvpools_core.hookspecs import hookimpl
 from kvpools_core.options import option
 from kvpools_core.sizing import default_size_pools
-from kvpools_core.values import Budget, CellSize, ModelSpec, PoolSizing, Serving
+from kvpools_core.values import Budget, CellSize, ModelSpec, PlatformTraits, PoolSizing, Serving
 
 
 @hookimpl(trylast=True)
 def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing:
     return default_size_pools(model, serving, cell, budget, owner="core")
+
+
+@hookimpl(trylast=True)
+def platform_traits(serving: Serving) -> PlatformTraits:
+    """A platform whose plugin says nothing of its kernels: no page rules, no raw-row backends, int64 slots."""
+    return PlatformTraits(platform=serving.platform)
 
 
 @hookimpl(trylast=True)

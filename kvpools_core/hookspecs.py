@@ -25,7 +25,7 @@ from kvpools_core.errors import short_repr
 
 if TYPE_CHECKING:
     from kvpools_core.pools.layout import BufferLayout
-    from kvpools_core.values import Budget, CellSize, ModelSpec, Plan, PoolSizing, Serving
+    from kvpools_core.values import Budget, CellSize, ModelSpec, Plan, PlatformTraits, PoolSizing, Serving, Workspace
 
 PROJECT = "kvpools"
 
@@ -162,6 +162,39 @@ def detect_platform(device: str | None) -> str | None:
     """
 
 
+@_spec(firstresult=True)
+def platform_traits(serving: Serving) -> PlatformTraits | None:
+    """Say what the serving platform's kernels decide about the KV cache: page sizes, raw MLA rows, index dtype.
+
+    Stops at the first non-None result; return None to decline.  The plugin
+    that provides ``serving.platform`` answers (``tryfirst``) for it only; the
+    core's default (``trylast``) answers neutral traits.  The pipeline stores
+    the answer in ``Serving.platform_traits`` before anything else is asked,
+    so architectures read the platform's facts (``serving.traits``) instead of
+    its name, and the core checks its page-size rules.
+
+    :param serving: the serving options (``platform`` is the canonical name).
+    :returns: a :class:`kvpools_core.values.PlatformTraits` whose ``platform`` is ``serving.platform``.
+    """
+
+
+@_spec
+def workspaces(model: ModelSpec, serving: Serving) -> list[Workspace] | None:
+    """Declare device memory the platform's kernels keep beside the KV cache, per request and once.
+
+    Every implementation is called; the results are collected.  A platform
+    plugin answers for its own platform, an attention backend's plugin for its
+    backend.  Every sizing plugin charges them through
+    :func:`kvpools_core.sizing.request_pools`, which the pipeline checks, and
+    ``build`` allocates them, so an exact plan leaves room for them.  Names
+    must be unique.
+
+    :param model: the parsed model.
+    :param serving: the serving options (``serving.traits`` resolved).
+    :returns: a list of :class:`kvpools_core.values.Workspace`, or ``None``/``[]``.
+    """
+
+
 @_spec
 def plugin_options() -> Mapping[str, str] | None:
     """Declare the ``--plugin-option KEY=VALUE`` keys a plugin reads from ``Serving.plugin_options``.
@@ -233,7 +266,7 @@ def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budge
 
 
 @_spec(firstresult=True)
-def build_req_to_token_pool(plan: Plan, device: str, checked: bool) -> Any | None:
+def build_req_to_token_pool(plan: Plan, device: str, checked: bool, layout: BufferLayout) -> Any | None:
     """Build the request-to-token table of a plan.
 
     Stops at the first non-None result; return None to decline.  Hybrid and
@@ -244,6 +277,10 @@ def build_req_to_token_pool(plan: Plan, device: str, checked: bool) -> Any | Non
     :param device: torch device string (``cpu``, ``cuda:0``, ``meta``, ...).
     :param checked: as for :func:`build_allocator`: a table that owns per-request
         state slots (the mamba state pool) builds their allocator in checked mode.
+        An implementation may leave it out of its signature.
+    :param layout: the build's buffer layout (from :func:`buffer_layout`, resolved before the
+        table): a table that owns per-request state tensors (mamba's conv and SSM state)
+        allocates them through it, so a platform carves them as it carves the KV pool.
         An implementation may leave it out of its signature.
     :returns: the request table object.
     """
@@ -409,6 +446,14 @@ def _messages(value: Any) -> str | None:
     return None
 
 
+def _workspaces(value: Any) -> str | None:
+    from kvpools_core.values import Workspace
+
+    if not isinstance(value, (list, tuple)):
+        return "not a list of Workspace values"
+    return _items_of(value, Workspace, "item")
+
+
 def _buffer_layout(value: Any) -> str | None:
     from kvpools_core.pools.layout import BufferLayout  # imports torch: only once a plugin answers, at build
 
@@ -474,6 +519,13 @@ RESULTS: Mapping[str, ResultContract] = MappingProxyType(
             _name_mapping((str,), "a str"),
         ),
         "detect_platform": ResultContract("a platform name (str) the plugin provides, or None", _platform_name),
+        "platform_traits": ResultContract(
+            "a PlatformTraits whose page_size_rules are PageSizeRules (or None to decline the platform)",
+            _value_of("PlatformTraits", page_size_rules="PageSizeRule"),
+        ),
+        "workspaces": ResultContract(
+            "a list (or tuple) of Workspace values; [] or None when there are none", _workspaces
+        ),
         "plugin_options": ResultContract(
             "a mapping of option key (str) to one-line help (str), or None", _name_mapping((str,), "a str")
         ),

@@ -15,7 +15,7 @@ from kvpools_core.options import option
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.sizing import explicit_budget, profile_budget, summarize_notes
 from kvpools_core.units import parse_bytes
-from kvpools_core.values import Budget, CellSize, ModelSpec, Plan, PoolSizing, Serving
+from kvpools_core.values import Budget, CellSize, ModelSpec, Plan, PoolSizing, Serving, Workspace
 
 
 def plan(
@@ -45,12 +45,14 @@ def plan(
     provenance: dict[str, tuple[str, ...]] = {}
     serving = resolve_platform(serving, registry)
     check_plugin_options(serving, registry)
+    serving = resolve_platform_traits(serving, registry, provenance)
 
     spec = _resolve_model(model, registry, provenance)
     if serving.context_length is not None:
         spec = attrs.evolve(spec, context_len=serving.context_length)
     serving = _resolve_draft(spec, serving, draft_model, registry)
-    _validate(spec, serving, registry)
+    _validate(spec, serving, registry, traits_by=provenance.get("platform_traits", ("core",))[0])
+    serving = resolve_workspaces(spec, serving, registry, provenance)
     budget = resolve_budget(
         serving,
         registry,
@@ -69,6 +71,7 @@ def plan(
         sizing = _sync_pipeline_stages(spec, serving, budget, sizing, registry)
     provenance["estimate_cell_size"] = cell_by
     provenance["size_pools"] = sizing_by
+    _check_workspaces_charged(serving, sizing, sizing_by, registry)
     sizing = _note_unreachable_context(spec, serving, sizing)
     return Plan(model=spec, serving=serving, budget=budget, cell=cell, sizing=sizing, provenance=provenance)
 
@@ -264,6 +267,55 @@ def _install_hint(platform: str, registry: Registry) -> str:
     return f"The {platform!r} platform comes with the {dist} distribution: pip install {dist}. "
 
 
+def resolve_platform_traits(
+    serving: Serving, registry: Registry, provenance: dict[str, tuple[str, ...]] | None = None
+) -> Serving:
+    """``serving`` with ``platform_traits`` answered by the platform's plugin (the core's neutral ones otherwise)."""
+    traits, by = registry.call_first(
+        "platform_traits", f"no plugin answers the traits of platform {serving.platform!r}.", serving=serving
+    )
+    if traits.platform != serving.platform:
+        raise PluginResultError(
+            f"Plugin {registry.plugin(by[0]).label} answered platform_traits for {traits.platform!r} when asked "
+            f"about {serving.platform!r}; a platform plugin answers for its own platform only and declines others."
+        )
+    if provenance is not None and by != ("core",):
+        provenance["platform_traits"] = by
+    return attrs.evolve(serving, platform_traits=traits)
+
+
+def resolve_workspaces(
+    model: ModelSpec, serving: Serving, registry: Registry, provenance: dict[str, tuple[str, ...]] | None = None
+) -> Serving:
+    """``serving`` with the workspaces every plugin declares for this model (each owned by its plugin)."""
+    found: dict[str, Workspace] = {}
+    for plugin, declared in registry.call_collect("workspaces", model=model, serving=serving):
+        for workspace in declared:
+            if workspace.name in found:
+                raise PluginResultError(
+                    f"Workspace {workspace.name!r} is declared twice: by {found[workspace.name].owner!r} and by "
+                    f"plugin {registry.plugin(plugin).label}; workspace names must be unique."
+                )
+            found[workspace.name] = attrs.evolve(workspace, owner=plugin)
+    if provenance is not None and found:
+        provenance["workspaces"] = tuple(dict.fromkeys(w.owner for w in found.values()))
+    return attrs.evolve(serving, workspaces=tuple(found.values()))
+
+
+def _check_workspaces_charged(
+    serving: Serving, sizing: PoolSizing, sizing_by: tuple[str, ...], registry: Registry
+) -> None:
+    """Every declared workspace must be a pool of the sizing: a plugin that forgets them would overfill memory."""
+    pools = {pool.name: pool for pool in sizing.pools}
+    missing = [w.name for w in serving.workspaces if pools.get(w.name) is None or pools[w.name].kind != "workspace"]
+    if missing:
+        raise PluginResultError(
+            f"Plugin {registry.plugin(sizing_by[0]).label} sized the pools without the workspace(s) "
+            f"{', '.join(map(repr, missing))} that {', '.join(sorted({w.owner for w in serving.workspaces}))} "
+            f"declared; a size_pools implementation charges them with kvpools_core.sizing.request_pools."
+        )
+
+
 def check_plugin_options(serving: Serving, registry: Registry) -> None:
     """Every ``plugin_options`` key must be declared by an installed plugin (a typo must not be ignored)."""
     if not serving.plugin_options:
@@ -318,8 +370,10 @@ def _resolve_draft(
     return serving
 
 
-def _validate(spec: ModelSpec, serving: Serving, registry: Registry) -> None:
-    problems = [
+def _validate(spec: ModelSpec, serving: Serving, registry: Registry, *, traits_by: str = "core") -> None:
+    """The platform's page-size rules (answered by ``traits_by``), then every plugin's ``validate`` problems."""
+    problems = [f"{message} [{traits_by}]" for message in serving.traits.page_size_problems(serving.page_size)]
+    problems += [
         f"{message} [{plugin}]"
         for plugin, messages in registry.call_collect("validate", model=spec, serving=serving)
         for message in messages

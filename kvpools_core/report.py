@@ -72,6 +72,7 @@ def render_plan(plan: Plan, console: Console) -> None:
         f"{_speculative(serving)}"
         f" · accounting {serving.accounting}",
     )
+    facts.add_row("platform", platform_line(plan))
     for i, step in enumerate(plan.budget.steps or (f"{plan.budget.budget_bytes} B",)):
         facts.add_row("budget" if i == 0 else "", step)
     breakdown = " + ".join(f"{p.name} {p.bytes_per_token}" for p in cell.parts_of("token"))
@@ -129,6 +130,73 @@ def render_plan(plan: Plan, console: Console) -> None:
         console.print(f"[yellow]note[/yellow]: {note}")
     decided = "; ".join(f"{hook}: {', '.join(plugins)}" for hook, plugins in plan.provenance.items())
     console.print(f"[bold]decided by[/bold] {decided}")
+
+
+def platform_line(plan: Plan) -> str:
+    """``ascend (by ascend): every model page 128; int32 slots; workspaces ...``: what the platform decided."""
+    serving = plan.serving
+    traits = serving.traits
+    by = ", ".join(plan.provenance.get("platform_traits", ("core",)))
+    facts = [
+        f"{'every model' if not r.kernels else '/'.join(r.kernels)} page {r.describe()}" for r in traits.page_size_rules
+    ]
+    if traits.raw_mla_row_backends:
+        facts.append(f"raw MLA rows for {', '.join(sorted(traits.raw_mla_row_backends))}")
+    facts.append(f"{traits.slot_index_dtype} slots")
+    facts += [f"workspace {w.name} ({w.owner}): {w.purpose}" for w in serving.workspaces]
+    return f"{serving.platform} (traits by {by}): {'; '.join(facts)}"
+
+
+def comparison_summary(plan: Plan, other: Plan | None, error: str | None, platform: str) -> dict[str, Any]:
+    """The ``--compare-platform`` JSON: the same request planned on ``platform``, pool by pool, or why it fails."""
+    if other is None:
+        return {"platform": platform, "error": error}
+    names = list(dict.fromkeys([p.name for p in plan.pools] + [p.name for p in other.pools]))
+    mine, theirs = {p.name: p.bytes for p in plan.pools}, {p.name: p.bytes for p in other.pools}
+    return {
+        "platform": platform,
+        "max_total_num_tokens": other.max_total_num_tokens,
+        "max_running_requests": other.max_running_requests,
+        "bytes_per_token": other.cell.bytes_per_token,
+        "planned_bytes": other.planned_bytes,
+        "pools": {n: {"this": mine.get(n), platform: theirs.get(n)} for n in names if mine.get(n) != theirs.get(n)},
+        "notes_only_here": [n for n in _notes(plan) if n not in _notes(other)],
+        "notes_only_there": [n for n in _notes(other) if n not in _notes(plan)],
+    }
+
+
+def render_comparison(plan: Plan, other: Plan | None, error: str | None, platform: str, console: Console) -> None:
+    """Where this plan differs from the same request on ``platform`` (``--compare-platform``), and why."""
+    here = plan.serving.platform
+    console.print(f"[bold]versus {platform}[/bold] (the same model, serving options and budget):")
+    if other is None:
+        console.print(f"  {platform} refuses it: {error}")
+        return
+    console.print(f"  platform {platform}: {platform_line(other).split(': ', 1)[1]}")
+    rows = [
+        ("bytes/token", plan.cell.bytes_per_token, other.cell.bytes_per_token),
+        ("tokens", plan.max_total_num_tokens, other.max_total_num_tokens),
+        ("requests", plan.max_running_requests, other.max_running_requests),
+    ]
+    table = Table(show_edge=False, pad_edge=False)
+    for column in ("", here, platform, "difference"):
+        table.add_column(column, justify="left" if not column else "right")
+    for name, mine, theirs in rows:
+        table.add_row(name, f"{mine:,}", f"{theirs:,}", f"{mine - theirs:+,}")
+    diff = comparison_summary(plan, other, None, platform)["pools"]
+    for name, both in diff.items():
+        mine, theirs = both["this"] or 0, both[platform] or 0
+        table.add_row(f"pool {name}", f"{mine:,}", f"{theirs:,}", f"{mine - theirs:+,}")
+    if len(table.rows) == len(rows) and not diff and plan.cell == other.cell:
+        console.print("  identical pools and counts.")
+    else:
+        console.print(table)
+    for note in comparison_summary(plan, other, None, platform)["notes_only_here"]:
+        console.print(f"  why: {note}")
+
+
+def _notes(plan: Plan) -> list[str]:
+    return [*plan.cell.notes, *plan.sizing.notes]
 
 
 def _speculative(serving: Serving) -> str:

@@ -32,6 +32,7 @@ from kvpools_core.values import (
     PoolSizing,
     PoolSpec,
     Serving,
+    Workspace,
 )
 
 GiB = 1 << 30
@@ -349,6 +350,43 @@ def request_table_pool(max_running_requests: int, context_len: int, serving: Ser
     return with_cost(pool, request_rows_cost(pool, max_running_requests))
 
 
+def request_pools(max_running_requests: int, context_len: int, serving: Serving) -> list[PoolSpec]:
+    """Everything a plan holds per running request beside the KV: the request table and the platform's workspaces.
+
+    Every ``size_pools`` charges these (the pipeline checks the workspaces are
+    there), so a platform's per-request buffers reach every architecture's
+    sizing without it naming the platform.
+    """
+    return [
+        request_table_pool(max_running_requests, context_len, serving),
+        *(workspace_pool(w, max_running_requests) for w in serving.workspaces),
+    ]
+
+
+def workspace_pool(workspace: Workspace, requests: int) -> PoolSpec:
+    """A platform workspace as a plan pool: ``requests x bytes_per_request + fixed_bytes``, no padding row."""
+    pool = PoolSpec(
+        name=workspace.name,
+        kind=WORKSPACE_KIND,
+        slots=requests,
+        bytes_per_slot=workspace.bytes_per_request,
+        bytes=workspace.bytes_for(requests),
+        sglang_charged=False,
+        owner=workspace.owner or "core",
+        unit=REQUEST,
+    )
+    return with_cost(
+        pool,
+        GroupCost(
+            group=workspace.name, bytes_per_request=workspace.bytes_per_request, fixed_bytes=workspace.fixed_bytes
+        ),
+    )
+
+
+WORKSPACE_KIND = "workspace"
+"""The ``PoolSpec.kind`` of a platform workspace (``build`` allocates those pools itself)."""
+
+
 def request_rows_cost(pool: PoolSpec, requests: int) -> GroupCost:
     """A per-request pool's cost when its rows exceed the requests (a decode node's pre-allocated rows):
     ``bytes_per_slot`` per request, every other row fixed."""
@@ -483,7 +521,7 @@ def default_size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budge
         limit = resolve_max_num_reqs(tokens, context_len, serving)
         pools = token_pools(cell, tokens, page, owner)
         pools += request_state_pools(cell, limit.max_running_requests, owner)
-        pools.append(request_table_pool(limit.max_running_requests, context_len, serving))
+        pools += request_pools(limit.max_running_requests, context_len, serving)
         pools.append(allocator_pool(tokens, page))
         return pools, limit
 

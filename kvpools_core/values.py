@@ -100,6 +100,8 @@ def _thaw(value: Any) -> Any:
         return {k: _thaw(v) for k, v in value.items()}
     if isinstance(value, tuple):
         return [_thaw(v) for v in value]
+    if isinstance(value, frozenset):
+        return sorted(_thaw(v) for v in value)
     if attrs.has(type(value)):
         return to_dict(value)
     return value
@@ -139,6 +141,14 @@ def _pool_tuple(items: Iterable[PoolSpec]) -> tuple[PoolSpec, ...]:
 
 
 def _group_tuple(items: Iterable[GroupCost]) -> tuple[GroupCost, ...]:
+    return tuple(items)
+
+
+def _int_tuple(items: Iterable[int]) -> tuple[int, ...]:
+    return tuple(items)
+
+
+def _workspace_tuple(items: Iterable[Workspace]) -> tuple[Workspace, ...]:
     return tuple(items)
 
 
@@ -299,6 +309,158 @@ def _hisparse_json(inst: object, attribute: attrs.Attribute[Any], value: str | N
         ) from None
 
 
+# ---------------------------------------------------------------------------
+# platform traits and workspaces
+# ---------------------------------------------------------------------------
+
+
+def _positive_ints(inst: object, attribute: attrs.Attribute[Any], value: tuple[int, ...]) -> None:
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+        raise InvalidValueError(f"{_flag(inst, attribute)} must be positive integers, got {value!r}.")
+
+
+@attrs.frozen(kw_only=True)
+class PageSizeRule:
+    """A page size a platform's kernels need: for every model, or for the models that use some kernels.
+
+    A page size passes if it is one of ``sizes`` or a multiple of
+    ``multiple_of``.  ``kernels`` (empty: every model) names the kernel
+    families the rule is about (``"dsa"``: the DSA pool and its sparse
+    kernels); an architecture that uses such kernels asks for their rules by
+    that name (``serving.traits.page_size_problems(page, kernel="dsa")``), the
+    core checks the rules for every model before sizing.  So platforms and
+    architectures share a vocabulary of kernels, and neither names the other.
+    ``reason`` says why; ``engine_message`` is the engine's own words, when
+    its users know them.
+    """
+
+    reason: str
+    sizes: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple, validator=_positive_ints)
+    multiple_of: int | None = attrs.field(default=None, validator=optional_positive)
+    kernels: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    engine_message: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if not self.sizes and self.multiple_of is None:
+            raise InvalidValueError("A PageSizeRule needs sizes, multiple_of or both; it allows no page size.")
+
+    def allows(self, page_size: int) -> bool:
+        return page_size in self.sizes or (self.multiple_of is not None and page_size % self.multiple_of == 0)
+
+    def describe(self) -> str:
+        """``64``, ``1 or a multiple of 16``, ``a multiple of 16``."""
+        choices = [" or ".join(str(s) for s in self.sizes)] if self.sizes else []
+        if self.multiple_of is not None:
+            choices.append(f"a multiple of {self.multiple_of}")
+        return " or ".join(choices)
+
+    def problem(self, page_size: int, platform: str) -> str | None:
+        """The error message when ``page_size`` breaks the rule, else None."""
+        if self.allows(page_size):
+            return None
+        kinds = "/".join(k.upper() for k in self.kernels)
+        subject = f"{kinds} models need" if kinds else "Every model needs"
+        quoted = f" (SGLang: {self.engine_message!r})" if self.engine_message else ""
+        return (
+            f"{subject} {option('page_size')} {self.describe()} on {platform}: {self.reason}{quoted}; "
+            f"got {option('page_size')} {page_size}."
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PageSizeRule:
+        return _from_dict(cls, data)
+
+
+def _frozen_strs(items: Iterable[str]) -> frozenset[str]:
+    return frozenset(items)
+
+
+def _rule_tuple(items: Iterable[PageSizeRule]) -> tuple[PageSizeRule, ...]:
+    return tuple(items)
+
+
+@attrs.frozen(kw_only=True)
+class PlatformTraits:
+    """What a platform's kernels decide about the KV cache, answered by its plugin (``platform_traits`` hook).
+
+    The pipeline resolves it once per plan into ``Serving.platform_traits``, so
+    every hook reads it from the serving options it already gets, a plan on
+    disk records the rules it was made under, and no plugin (nor the core) ever
+    branches on a platform's name: an architecture asks the traits.
+
+    * ``page_size_rules``: page sizes its kernels need (:class:`PageSizeRule`;
+      the core checks the rules for every model before sizing, an
+      architecture the rules about the kernels it uses).
+    * ``raw_mla_row_backends``: attention backends of this platform that read
+      MLA latent rows raw (``kv_lora_rank + rope`` elements of the KV dtype)
+      where others read FlashMLA's packed fp8 row (SGLang's
+      ``calculate_mla_kv_cache_dim``; ROCm's tilelang/triton/aiter).
+    * ``slot_index_dtype``: the dtype of the slot indices its allocators hand
+      out (``int64``; ``int32`` on Ascend NPUs), which engines need to size
+      their own index tensors.
+    """
+
+    platform: str
+    page_size_rules: tuple[PageSizeRule, ...] = attrs.field(default=(), converter=_rule_tuple)
+    raw_mla_row_backends: frozenset[str] = attrs.field(default=frozenset(), converter=_frozen_strs)
+    slot_index_dtype: str = attrs.field(default="int64", validator=one_of("int64", "int32"))
+
+    def page_size_problems(self, page_size: int, kernel: str | None = None) -> list[str]:
+        """What ``page_size`` breaks: the rules for every model (``kernel=None``), or those about ``kernel``."""
+        rules = [r for r in self.page_size_rules if (kernel in r.kernels if kernel else not r.kernels)]
+        return [p for rule in rules if (p := rule.problem(page_size, self.platform))]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PlatformTraits:
+        data = dict(data)
+        if "raw_mla_row_backends" in data:
+            data["raw_mla_row_backends"] = frozenset(data["raw_mla_row_backends"])
+        return _from_dict(cls, data, {"page_size_rules": _tuple_of(PageSizeRule.from_dict)})
+
+
+WORKSPACE_DTYPES: Mapping[str, int] = MappingProxyType(
+    {"uint8": 1, "int32": 4, "int64": 8, "float32": 4, "bfloat16": 2}
+)
+"""Element types a workspace may be built as, with their size in bytes."""
+
+
+@attrs.frozen(kw_only=True)
+class Workspace:
+    """Device memory a platform's kernels keep beside the KV cache, paid per running request and once.
+
+    Declared by the ``workspaces`` hook (a platform's attention backend: ROCm
+    AITER MLA's int32 page-index buffer of ``requests x context_len``); every
+    sizing plugin charges it through :func:`kvpools_core.sizing.request_pools`
+    (a pool of ``requests x bytes_per_request + fixed_bytes``, no padding row),
+    so an exact plan leaves room for it, and ``build`` allocates it as one
+    ``dtype`` tensor.  SGLang allocates such buffers after sizing the KV cache,
+    out of its runtime slack: ``--accounting sglang`` does not charge them.
+    """
+
+    name: str
+    purpose: str
+    bytes_per_request: int = attrs.field(default=0, validator=non_negative)
+    fixed_bytes: int = attrs.field(default=0, validator=non_negative)
+    dtype: str = attrs.field(default="uint8", validator=one_of(*WORKSPACE_DTYPES))
+    owner: str = ""
+    """The plugin that declared it (set by the pipeline)."""
+
+    def __attrs_post_init__(self) -> None:
+        size = WORKSPACE_DTYPES[self.dtype]
+        if self.bytes_per_request % size or self.fixed_bytes % size:
+            raise InvalidValueError(
+                f"Workspace {self.name!r}: bytes_per_request ({self.bytes_per_request}) and fixed_bytes "
+                f"({self.fixed_bytes}) must be whole {self.dtype} elements ({size} B each)."
+            )
+
+    def bytes_for(self, requests: int) -> int:
+        return requests * self.bytes_per_request + self.fixed_bytes
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Workspace:
+        return _from_dict(cls, data)
+
+
 @attrs.frozen(kw_only=True)
 class Serving:
     """Serving options that change sizing, under SGLang's server-arg names.
@@ -373,6 +535,11 @@ class Serving:
     accounting: str = attrs.field(default="exact", validator=one_of(*ACCOUNTING_MODES))
     platform: str = "cuda"
     plugin_options: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
+    platform_traits: PlatformTraits | None = None
+    """Resolved by the pipeline from the platform's plugin (``platform_traits`` hook), not given by users;
+    ``None`` (unresolved) reads as a platform with no page rules and no raw-row backends."""
+    workspaces: tuple[Workspace, ...] = attrs.field(default=(), converter=_workspace_tuple)
+    """Resolved by the pipeline (``workspaces`` hook): what the platform's kernels keep beside the KV cache."""
 
     def __attrs_post_init__(self) -> None:
         o = option
@@ -419,9 +586,16 @@ class Serving:
     def speculative(self) -> bool:
         return self.speculative_algorithm is not None
 
+    @property
+    def traits(self) -> PlatformTraits:
+        """The platform's traits (``platform_traits``), or the neutral ones before the pipeline resolved them."""
+        return self.platform_traits or PlatformTraits(platform=self.platform)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Serving:
-        return _from_dict(cls, data)
+        return _from_dict(
+            cls, data, {"platform_traits": PlatformTraits.from_dict, "workspaces": _tuple_of(Workspace.from_dict)}
+        )
 
 
 # ---------------------------------------------------------------------------

@@ -18,6 +18,12 @@ Two interfaces share one free-page stack (see ``base``):
 
 Frees are range checked (page 0 and pages past the pool are refused) and, with
 ``checked=True``, checked against an "allocated" map (see ``base``).
+
+Two class-level extension points let a platform's subclass keep SGLang's
+semantics of its own allocator without copying these paths:
+``index_dtype`` (the dtype of the returned slot indices) and ``fill_extend``
+(another way to compute an extend batch's slots, e.g. a per-request loop for
+batches its kernel does not take).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import array
 import ctypes
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -43,6 +50,17 @@ class PagedAllocator(BaseAllocator):
     """Page-granular KV-slot allocator over ``size // page_size`` pages."""
 
     _kind = "page"
+
+    index_dtype: ClassVar[torch.dtype] = torch.int64
+    """Dtype of the slot tensors ``alloc``, ``alloc_extend`` and ``alloc_decode`` return.
+
+    SGLang's allocators return int64; a platform whose kernels take another
+    integer dtype sets this in a subclass (SGLang's NPU allocator returns
+    int32, what ``torch_npu``'s cache writes take) and every tensor path
+    honours it.  The free stack stays int64 (the planned bytes do not change),
+    ``free`` takes slots of any integer dtype, and ``alloc_pages`` keeps
+    returning Python ints.
+    """
 
     def __init__(
         self,
@@ -92,7 +110,7 @@ class PagedAllocator(BaseAllocator):
         pages = self._buf[start : start + k]
         if self._allocated is not None:
             self._mark_allocated(pages)
-        return torch.add(self._offsets, pages[:, None], alpha=p).view(-1)
+        return self._as_slots(torch.add(self._offsets, pages[:, None], alpha=p).view(-1))
 
     def alloc_extend(
         self,
@@ -116,7 +134,7 @@ class PagedAllocator(BaseAllocator):
         last = self._as_index(last_loc)
         if num_new_pages is None and self._allocated is None and not torch.count_nonzero(self._in_page(pre)):
             # the common case, fresh or page-aligned prefixes: no open page to continue
-            return self._extend_aligned(pre, seq, extend_num_tokens)
+            return self._extend_aligned(pre, seq, last, extend_num_tokens)
         p, page_of = self.page_size, self._page_of
         pages_pre = page_of(pre + self._pm1)  # pages already (partly) filled
         pages_seq = page_of(seq + self._pm1)
@@ -132,7 +150,10 @@ class PagedAllocator(BaseAllocator):
         if self._allocated is not None:
             self._mark_allocated(self._buf[start : start + k])
         if not extend_num_tokens:
-            return self._buf.new_empty(0)
+            return self._buf.new_empty(0, dtype=self.index_dtype)
+        filled = self.fill_extend(pre, seq, last, self._buf[start : start + k], extend_num_tokens)
+        if filled is not None:
+            return self._as_slots(filled)
         ext = seq - pre
         # Per request, for new token t (flat index): its position is t + shift_pos,
         # its page is buf[pos // p + page_base]; open-page positions (< open_end)
@@ -143,7 +164,7 @@ class PagedAllocator(BaseAllocator):
         pos = torch.arange(extend_num_tokens, device=self.device).add_(shift_pos)
         # open-page tokens index one page before their first new page (maybe -1): unused
         fresh = self._buf[page_of(pos).add_(page_base)].mul_(p).add_(self._in_page(pos))
-        return torch.where(pos < open_end, pos + open_off, fresh)
+        return self._as_slots(torch.where(pos < open_end, pos + open_off, fresh))
 
     def alloc_decode(
         self,
@@ -174,7 +195,28 @@ class PagedAllocator(BaseAllocator):
                 self._mark_allocated(self._buf[start : start + k])
             # the i-th request that needs a page takes the i-th new page
             out.masked_scatter_(needs, self._buf[start : start + k] * p)
-        return out
+        return self._as_slots(out)
+
+    def fill_extend(
+        self, prefix_lens: Tensor, seq_lens: Tensor, last_loc: Tensor, new_pages: Tensor, extend_num_tokens: int
+    ) -> Tensor | None:
+        """Hook for a subclass: the slots of an ``alloc_extend`` batch, or None to
+        let the vectorised gather compute them (the default, always None).
+
+        Called once the batch's pages are taken, before the gather, with
+        ``prefix_lens``, ``seq_lens`` and ``last_loc`` as 1-D int64 on
+        ``device``, ``extend_num_tokens > 0``, and ``new_pages`` (1-D int64)
+        in the order the batch takes them: request by request, each in
+        position order.  An answer must be the gather's slots (position ``t``
+        of request ``i``: ``last_loc[i] + 1 + t - prefix_lens[i]`` in the open
+        page, else ``page * page_size + t % page_size`` of the page holding
+        it), in any integer dtype (returned as ``index_dtype``), and change
+        nothing: ``new_pages`` is a view of the free stack, valid only during
+        the call.  A platform whose kernel computes some batches another way
+        overrides it (SGLang's NPU allocator fills batches of 200 or more new
+        pages with a per-request loop).
+        """
+        return None
 
     def free(self, indices: Tensor | Sequence[int]) -> None:
         """Free the pages of slot ``indices`` (any order, repeats allowed);
@@ -306,7 +348,7 @@ class PagedAllocator(BaseAllocator):
         self._release(t)
 
     # --------------------------------------------------------------- helpers
-    def _extend_aligned(self, pre: Tensor, seq: Tensor, n_tok: int) -> Tensor | None:
+    def _extend_aligned(self, pre: Tensor, seq: Tensor, last: Tensor, n_tok: int) -> Tensor | None:
         """``alloc_extend`` when every prefix ends on a page boundary: request i's
         slots are the first ``seq - pre`` slots of its new pages, so one gather
         from the new pages' slot grid serves the whole batch."""
@@ -319,15 +361,24 @@ class PagedAllocator(BaseAllocator):
         if start is None:
             return None
         if not n_tok:
-            return self._buf.new_empty(0)
-        grid = torch.add(self._offsets, self._buf[start : start + k].unsqueeze(1), alpha=p)
+            return self._buf.new_empty(0, dtype=self.index_dtype)
+        taken = self._buf[start : start + k]
+        filled = self.fill_extend(pre, seq, last, taken, n_tok)
+        if filled is not None:
+            return self._as_slots(filled)
+        grid = torch.add(self._offsets, taken.unsqueeze(1), alpha=p)
         if ext.numel() == 1:
-            return grid.view(-1)[:n_tok]
+            return self._as_slots(grid.view(-1)[:n_tok])
         # unused slots at the end of each request's last page shift the later requests
         slack = new_pages.mul_(p).sub_(ext)
         skip = slack.cumsum(0).sub_(slack)
         index = torch.arange(n_tok, device=self.device).add_(skip.repeat_interleave(ext, output_size=n_tok))
-        return torch.take(grid, index)
+        return self._as_slots(torch.take(grid, index))
+
+    def _as_slots(self, slots: Tensor) -> Tensor:
+        """Returned slots in ``index_dtype`` (no copy when they are already)."""
+        dtype = self.index_dtype
+        return slots if slots.dtype is dtype else slots.to(dtype)
 
     def _tensors(self) -> list[Tensor]:
         return [*super()._tensors(), self._offsets]

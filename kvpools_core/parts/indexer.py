@@ -11,9 +11,11 @@ pages, so its parts declare ``extra_slots=1``.  GLM's cache layer split
 stores ``ceil(L / cp) + 1`` layers per CP rank.  The store that allocates
 these is :class:`kvpools_core.pools.dsa.DSATokenToKVPool`.
 
-SGLang's DSA rules name platforms (CUDA's page size 64, ROCm's raw-layout
-backends and paging); they are SGLang's facts about its own DSA kernels, kept
-here beside the row they decide, keyed on ``Serving.platform``.
+What a platform's DSA kernels need comes from the platform's plugin, never
+from its name here: its page-size rules for the ``"dsa"`` kernels
+(:data:`DSA_KERNEL`; CUDA's 64, ROCm's 1 or a multiple of 16) and the
+backends that read raw latent rows (``PlatformTraits.raw_mla_row_backends``;
+ROCm's tilelang/triton/aiter), both read from ``serving.traits``.
 """
 
 from __future__ import annotations
@@ -25,14 +27,12 @@ from kvpools_core.parts.names import INDEX_POOL
 from kvpools_core.values import ModelSpec, Serving
 
 __all__ = [
-    "CUDA_PAGE_SIZE",
+    "DSA_KERNEL",
     "INDEX_BLOCK",
     "INDEX_EXTRA_SLOTS",
     "INDEX_HEAD_DIM",
     "INDEX_POOL",
     "INDEX_SCALE_BYTES",
-    "RAW_LAYOUT_ROCM_BACKENDS",
-    "ROCM_PLATFORMS",
     "dsa_problems",
     "index_pages",
     "index_row_bytes",
@@ -52,9 +52,10 @@ INDEX_HEAD_DIM = 128
 """The only index head dim SGLang's DSA pool accepts."""
 INDEX_EXTRA_SLOTS = 1
 """The indexer buffer holds ``(tokens + page_size + 1) // page_size`` pages (two padding slots at page size 1)."""
-CUDA_PAGE_SIZE = 64
-RAW_LAYOUT_ROCM_BACKENDS = frozenset({"tilelang", "triton", "aiter"})
-ROCM_PLATFORMS = frozenset({"rocm", "hip"})
+DSA_KERNEL = "dsa"
+"""The kernel family whose page-size rules (``PageSizeRule.kernels``) a DSA model must obey."""
+TRTLLM_BACKEND = "trtllm"
+"""SGLang's TRTLLM DSA backends read the raw latent row on every platform."""
 
 
 def dsa_problems(model: ModelSpec, serving: Serving) -> list[str]:
@@ -84,12 +85,17 @@ def latent_row(model: ModelSpec, serving: Serving) -> LatentRow:
 
 
 def reads_raw_latent(serving: Serving) -> bool:
-    """TRTLLM backends of the local role (and ROCm's tilelang/triton/aiter) read the raw 576-element MLA row."""
+    """A TRTLLM backend of the local role, or any backend the platform says reads raw rows, reads the raw row.
+
+    ``calculate_mla_kv_cache_dim``: the TRTLLM check looks at the local role's
+    backend only; the platform's raw-row backends (ROCm: tilelang, triton,
+    aiter) at either backend.
+    """
     prefill, decode = serving.dsa_prefill_backend, serving.dsa_decode_backend
     role = {"decode": (decode,), "prefill": (prefill,)}.get(serving.disaggregation_mode, (prefill, decode))
-    if "trtllm" in role:
+    if TRTLLM_BACKEND in role:
         return True
-    return serving.platform in ROCM_PLATFORMS and bool({prefill, decode} & RAW_LAYOUT_ROCM_BACKENDS)
+    return bool({prefill, decode} & serving.traits.raw_mla_row_backends)
 
 
 def layer_split(serving: Serving) -> bool:
@@ -118,20 +124,8 @@ def index_row_bytes(model: ModelSpec) -> int:
 
 
 def page_size_problems(serving: Serving) -> list[str]:
-    """SGLang's DSA pool asserts page size 64 on CUDA, and 1 or a multiple of 16 on ROCm."""
-    page = serving.page_size
-    if serving.platform == "cuda" and page != CUDA_PAGE_SIZE:
-        return [
-            f"DSA models need {option('page_size')} {CUDA_PAGE_SIZE} on CUDA (SGLang's DSA pool and FlashMLA's sparse "
-            f"kernels page the cache by {CUDA_PAGE_SIZE} tokens); got {option('page_size')} {page}."
-        ]
-    if serving.platform in ROCM_PLATFORMS and page != 1 and page % 16:
-        return [
-            f"DSA models need {option('page_size')} 1, or a multiple of 16 with AITER's preshuffled paged MQA, on "
-            f"ROCm; "
-            f"got {option('page_size')} {page}."
-        ]
-    return []
+    """The serving platform's page-size rules for the DSA kernels (``PlatformTraits.page_size_rules``)."""
+    return serving.traits.page_size_problems(serving.page_size, kernel=DSA_KERNEL)
 
 
 def index_pages(size: int, page_size: int) -> int:

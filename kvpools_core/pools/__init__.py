@@ -25,6 +25,7 @@ from kvpools_core.pools.layout import (
     BufferLayoutError,
     BufferRequest,
     LayerMajorLayout,
+    PageMajorLayout,
     PerLayerLayout,
 )
 from kvpools_core.pools.mha import MHATokenToKVPool
@@ -45,6 +46,7 @@ __all__ = [
     "LayerMajorLayout",
     "MHATokenToKVPool",
     "MLATokenToKVPool",
+    "PageMajorLayout",
     "PerLayerLayout",
     "PoolPlanMismatchError",
     "ReqToTokenPool",

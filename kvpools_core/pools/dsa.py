@@ -13,21 +13,39 @@ pages, ``(pages, page_size × 132)``) are allocated through the build's buffer
 layout, as the latent rows are (:mod:`kvpools_core.pools.layout`); the cache
 layer split's 0-row placeholders and its one ``remote`` scratch are allocated
 here directly (no memory / not per layer).
+
+The plan says how the indexer keys are stored, by the name of its ``indexer``
+pool's cell part (:func:`index_storage`), and :class:`IndexStorage` carries it:
+
+* :data:`PAGED_INDEX_PART` (``"indexer"``): the pages above (SGLang's
+  ``DSATokenToKVPool``; the part declares ``extra_slots=1``);
+* :data:`INDEX_ROWS_PART` (``"index_k"``): one plain ``(1, index_head_dim)``
+  row per token slot of the KV store dtype, ``size + page_size`` rows
+  (``(size // P + 1) × P`` for the page-aligned sizes of every plan), no
+  scales — SGLang's Ascend NPU ``NPUMLATokenToKVPool.index_k_buffer``
+  (256 B per token per layer in bf16, 128 in fp8, against CUDA's 132).
+
+The latent row's layout (DSA's packed fp8 row or the plain one) is the plan's
+too (:func:`plan_latent_row`), so a platform that stores fp8 latent rows
+unpacked plans them unpacked and gets them built so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
 import torch
 from torch import Tensor
 
+from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.errors import ConfigError, PoolPlanMismatchError
+from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.indexer import (
     INDEX_BLOCK,
     INDEX_SCALE_BYTES,
     index_pages,
-    index_row_bytes,
     latent_row,
     owned_layers,
 )
@@ -42,11 +60,118 @@ from kvpools_core.pools.layout import (
     check_layout_bytes,
 )
 from kvpools_core.pools.mla import DRAFT_POOL, MAIN_POOL, MLATokenToKVPool, check_latent_bytes, quantize_fp8_blocks
-from kvpools_core.values import Plan
+from kvpools_core.pools.quant import KVCodec, codec_for
+from kvpools_core.values import TOKEN, Plan
 
-__all__ = ["DSATokenToKVPool", "check_index_bytes", "index_request"]
+__all__ = [
+    "INDEX_ROWS_PART",
+    "PAGED_INDEX_PART",
+    "DSATokenToKVPool",
+    "IndexStorage",
+    "check_index_bytes",
+    "index_request",
+    "index_storage",
+    "plan_latent_row",
+]
 
 _SCALE_BYTES = INDEX_SCALE_BYTES
+PAGED_INDEX_PART = "indexer"
+"""The indexer part of a plan whose keys are CUDA's pages: fp8 keys and fp32 scales (132 B per token per layer)."""
+INDEX_ROWS_PART = "index_k"
+"""The indexer part of a plan whose keys are plain rows of the KV store dtype (SGLang NPU's ``index_k_buffer``)."""
+
+
+@attrs.frozen
+class IndexStorage:
+    """How a DSA store keeps the indexer keys: CUDA's fp8 pages, or plain rows of ``rows_dtype``."""
+
+    index_head_dim: int
+    rows_dtype: torch.dtype | None = None
+    """None: paged fp8 keys and fp32 scales (:data:`PAGED_INDEX_PART`); else one row per slot of this dtype."""
+
+    @property
+    def paged(self) -> bool:
+        return self.rows_dtype is None
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes per token per layer: 132 paged (index_head_dim 128), ``index_head_dim × element`` as rows."""
+        if self.rows_dtype is None:
+            return self.index_head_dim + self.index_head_dim // INDEX_BLOCK * _SCALE_BYTES
+        return self.index_head_dim * self.rows_dtype.itemsize
+
+    def request(
+        self, pool: str, size: int, page_size: int, layers: Sequence[int], device: str | torch.device
+    ) -> BufferRequest:
+        """The owned layers' request: pages of ``page_size × 132`` bytes, or ``size + page_size`` plain rows."""
+        if self.rows_dtype is None:
+            return index_request(pool, size, page_size, self.row_bytes, layers, device)
+        return BufferRequest(
+            pool=pool,
+            role="index_k",
+            rows=size + page_size,
+            page_size=page_size,
+            layers=layers,
+            row_shape=(1, self.index_head_dim),
+            dtype=self.rows_dtype,
+            device=device,
+        )
+
+    def check(self, plan: Plan, pool: str, size: int, page_size: int, num_layers: int) -> None:
+        """Refuse to build indexer buffers whose bytes differ from the plan's ``pool``."""
+        if self.rows_dtype is None:
+            check_index_bytes(plan, pool, size, page_size, self.row_bytes, num_layers)
+            return
+        rows = size + page_size
+        check_planned_bytes(
+            pool,
+            rows * self.row_bytes * num_layers,
+            plan.pool(pool).bytes,
+            f"{num_layers} layer(s) of {rows} rows × {self.index_head_dim} {self.rows_dtype}",
+        )
+
+
+def index_storage(plan: Plan) -> IndexStorage:
+    """The indexer storage the plan's ``indexer`` pool part names (:data:`PAGED_INDEX_PART` or :data:`INDEX_ROWS_PART`).
+
+    Rows are stored in the KV store dtype (uint8 for fp8), so a KV dtype with
+    block scales (fp4, mxfp8) has no plain index row and is refused.
+    """
+    model = plan.model
+    dim = int(model.layers[0].params["index_head_dim"])
+    names = sorted({part.name for part in plan.cell.parts_of(TOKEN) if part.pool == INDEX_POOL})
+    if names == [PAGED_INDEX_PART]:
+        return IndexStorage(dim)
+    if names == [INDEX_ROWS_PART]:
+        kv = resolve_kv_dtype(plan.serving.kv_cache_dtype, model.dtype)
+        codec = codec_for(kv)
+        if codec.scale_shape(1, 1, dim) is not None:
+            raise ConfigError(
+                f"The plan stores DSA index keys as plain rows ({INDEX_ROWS_PART!r}) of the KV dtype, but "
+                f"{kv.name} has block scales, so it has no plain row: plan with {option('kv_cache_dtype')} bf16 or "
+                f"fp8_e4m3."
+            )
+        return IndexStorage(dim, codec.store_dtype)
+    raise PoolPlanMismatchError(
+        f"The plan's {INDEX_POOL!r} pool has the part(s) {names}, but a DSA store keeps its index keys as "
+        f"{PAGED_INDEX_PART!r} (fp8 keys and fp32 scales per page) or {INDEX_ROWS_PART!r} (plain rows of the KV "
+        f"dtype). Re-plan with this kvpools version, or report it to the plugin that sized the pool."
+    )
+
+
+def plan_latent_row(plan: Plan) -> LatentRow:
+    """The latent row the plan's ``kv`` pool parts describe: DSA's packed fp8 row or the plain one.
+
+    SGLang's rule (:func:`~kvpools_core.parts.indexer.latent_row`) unless the
+    plan's parts are those of the other layout (a platform that stores fp8
+    rows unpacked); the bytes are checked against the plan afterwards.
+    """
+    row = latent_row(plan.model, plan.serving)
+    names = [part.name for part in plan.cell.parts_of(TOKEN) if part.pool == MAIN_POOL]
+    if row.kv.name != "fp8_e4m3" or names == [name for name, _bytes in row.parts()]:
+        return row
+    other = attrs.evolve(row, packed_fp8=not row.packed_fp8)
+    return other if names == [name for name, _bytes in other.parts()] else row
 
 
 class DSATokenToKVPool(MLATokenToKVPool):
@@ -70,12 +195,17 @@ class DSATokenToKVPool(MLATokenToKVPool):
         owned: range | None = None,
         draft: DSATokenToKVPool | None = None,
         layout: BufferLayout | None = None,
+        index: IndexStorage | None = None,
     ) -> None:
+        """``index`` says how the index keys are stored (CUDA's fp8 pages of ``index_head_dim`` when None)."""
         self.index_head_dim = index_head_dim
         self.index_name = index_name
+        self.index = index or IndexStorage(index_head_dim)
+        if self.index.index_head_dim != index_head_dim:
+            raise ValueError(f"index storage of index_head_dim {self.index.index_head_dim}, not {index_head_dim}")
         layer_ids = range(start_layer, start_layer + num_layers)
         mine = [layer for layer in layer_ids if owned is None or layer in owned]
-        request = index_request(index_name, size, page_size, self.index_row_bytes, mine, device)
+        request = self.index.request(index_name, size, page_size, mine, device)
         check_layout_bytes(layout or PER_LAYER, [request])  # with the latent rows', before the first tensor
         super().__init__(
             size=size,
@@ -90,13 +220,18 @@ class DSATokenToKVPool(MLATokenToKVPool):
             draft=draft,
             layout=layout,
         )
-        pages = allocate_by_layer(self.layout, [request]).get("index_k", {})
-        shape = request.shape
-        self.index_k_with_scale_buffer = [
-            pages[layer] if self.is_owned(layer) else allocate((0, shape[1]), torch.uint8, device)
-            for layer in layer_ids
+        keys = allocate_by_layer(self.layout, [request]).get("index_k", {})
+        shape, dtype = request.shape, request.dtype
+        per_layer = [
+            keys[layer] if self.is_owned(layer) else allocate((0, *shape[1:]), dtype, device) for layer in layer_ids
         ]
-        self.remote_index_k_with_scale_buffer = allocate(shape, torch.uint8, device) if owned is not None else None
+        self.index_k_with_scale_buffer: list[Tensor] = per_layer if self.index.paged else []
+        """Paged storage: per layer ``(pages, page_size × 132)`` uint8 (empty for plain rows)."""
+        self.index_k_buffer: list[Tensor] = [] if self.index.paged else per_layer
+        """Plain-row storage: per layer ``(size + page_size, 1, index_head_dim)`` of the KV store dtype."""
+        remote = allocate(shape, dtype, device) if owned is not None else None
+        self.remote_index_k_with_scale_buffer = remote if self.index.paged else None
+        self.remote_index_k_buffer = None if self.index.paged else remote
 
     @classmethod
     def from_plan(
@@ -107,30 +242,29 @@ class DSATokenToKVPool(MLATokenToKVPool):
         ``layout`` carves the buffers (the ``buffer_layout`` hook's answer; one tensor per layer when None).
         """
         model, serving = plan.model, plan.serving
-        row = latent_row(model, serving)
+        row, index = plan_latent_row(plan), index_storage(plan)
         start, end = rank_layer_range(model, serving)
         size, page = plan.max_total_num_tokens, serving.page_size
         owned = owned_layers(start, end, serving)
         stored = end - start if owned is None else len(owned) + 1  # owned layers + the remote scratch
-        index_dim = int(model.layers[0].params["index_head_dim"])
-        index_row = index_row_bytes(model)
+        index_dim = index.index_head_dim
         check_latent_bytes(plan, MAIN_POOL, row, size + page, stored)
-        check_index_bytes(plan, INDEX_POOL, size, page, index_row, stored)
+        index.check(plan, INDEX_POOL, size, page, stored)
         layers = draft_num_layers(plan)
         if layers is not None:  # the draft worker keeps every layer (no split)
             check_latent_bytes(plan, DRAFT_POOL, row, size + page, layers)
-            check_index_bytes(plan, DRAFT_INDEX_POOL, size, page, index_row, layers)
+            index.check(plan, DRAFT_INDEX_POOL, size, page, layers)
         if layout is not None:  # every pool's bytes, before the first tensor
             mine = [layer for layer in range(start, end) if owned is None or layer in owned]
             pools = [(MAIN_POOL, INDEX_POOL, mine)]
             if layers is not None:
                 pools.append((DRAFT_POOL, DRAFT_INDEX_POOL, list(range(layers))))
             requests = []
-            for latent, index, ids in pools:
+            for latent, index_pool, ids in pools:
                 requests += cls.latent_requests(
                     name=latent, rows=size + page, row=row, layers=ids, page_size=page, device=device
                 )
-                requests.append(index_request(index, size, page, index_row, ids, device))
+                requests.append(index.request(index_pool, size, page, ids, device))
             check_layout_bytes(layout, requests)
         model_dtype = getattr(torch, model.dtype)
 
@@ -151,6 +285,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
                 owned=part,
                 draft=draft,
                 layout=layout,
+                index=index,
             )
 
         draft = None
@@ -162,16 +297,16 @@ class DSATokenToKVPool(MLATokenToKVPool):
 
     @property
     def index_row_bytes(self) -> int:
-        """Bytes of one token's index key and scales (132 for index_head_dim 128)."""
-        return self.index_head_dim + self.index_scales * _SCALE_BYTES
+        """Bytes of one token's index key per layer: key and scales (132 for index_head_dim 128), or the plain row."""
+        return self.index.row_bytes
 
     @property
     def index_scales(self) -> int:
         return self.index_head_dim // INDEX_BLOCK
 
     def index_nbytes(self) -> int:
-        remote = [self.remote_index_k_with_scale_buffer] if self.remote_index_k_with_scale_buffer is not None else []
-        return tensor_nbytes(self.index_k_with_scale_buffer, remote)
+        remote = [t for t in (self.remote_index_k_with_scale_buffer, self.remote_index_k_buffer) if t is not None]
+        return tensor_nbytes(self.index_k_with_scale_buffer, self.index_k_buffer, remote)
 
     def _own_nbytes_by_pool(self) -> dict[str, int]:
         return {self.name: self.latent_nbytes(), self.index_name: self.index_nbytes()}
@@ -180,25 +315,45 @@ class DSATokenToKVPool(MLATokenToKVPool):
 
     def get_index_k_with_scale_buffer(self, layer_id: int) -> Tensor:
         """The layer's ``(pages, page_size × index row)`` uint8 pages (the remote scratch for another rank's layer)."""
+        self._need_paged("get_index_k_with_scale_buffer")
         index = self.local(layer_id)
         if not self.is_owned(layer_id):
             assert self.remote_index_k_with_scale_buffer is not None
             return self.remote_index_k_with_scale_buffer
         return self.index_k_with_scale_buffer[index]
 
+    def get_index_k_buffer(self, layer_id: int) -> Tensor:
+        """Plain rows: the layer's ``(size + page_size, 1, index_head_dim)`` keys, as kernels read them (NPU's name)."""
+        if self.index.paged:
+            raise ValueError(
+                f"The {self.index_name!r} pool keeps fp8 index keys and scales in pages: read "
+                f"get_index_k_with_scale_buffer (or get_index_k / get_index_k_scale)."
+            )
+        index = self.local(layer_id)
+        if not self.is_owned(layer_id):
+            assert self.remote_index_k_buffer is not None
+            return self._index_codec.view(self.remote_index_k_buffer)
+        return self._index_codec.view(self.index_k_buffer[index])
+
     def set_index_k(self, layer_id: int, loc: Tensor, index_k: Tensor) -> None:
-        """Quantise ``(len(loc), index_head_dim)`` index keys to fp8 (one fp32 scale per 128) and store them."""
+        """Store ``(len(loc), index_head_dim)`` index keys: fp8 with one fp32 scale per 128 (pages), or cast (rows)."""
         n = loc.shape[0]
         if tuple(index_k.shape) != (n, self.index_head_dim):
             raise ValueError(
                 f"set_index_k(layer {layer_id}): index_k has shape {tuple(index_k.shape)}, "
                 f"expected ({n}, {self.index_head_dim})."
             )
+        if not self.index.paged:
+            index = self.local(layer_id)
+            if self.is_owned(layer_id):
+                self.index_k_buffer[index][loc] = self._index_codec.encode(index_k.reshape(n, 1, -1))[0]
+            return
         keys, scale = quantize_fp8_blocks(index_k, INDEX_BLOCK)
         self.set_index_k_and_scale(layer_id, loc, keys, scale)
 
     def set_index_k_and_scale(self, layer_id: int, loc: Tensor, keys: Tensor, scale: Tensor) -> None:
         """Store fp8 keys ``(n, index_head_dim)`` and fp32 scales ``(n, index_head_dim // 128)`` at slots ``loc``."""
+        self._need_paged("set_index_k_and_scale")
         if not self.is_owned(layer_id):
             self.local(layer_id)
             return  # another CP rank owns this layer
@@ -208,20 +363,41 @@ class DSATokenToKVPool(MLATokenToKVPool):
         buffer[pages, scale_cols] = scale.to(torch.float32).contiguous().view(torch.uint8)
 
     def get_index_k(self, layer_id: int, loc: Tensor) -> Tensor:
-        """The fp8 index keys ``(n, index_head_dim)`` at slots ``loc``."""
+        """The index keys ``(n, index_head_dim)`` at slots ``loc``: fp8 (pages), or the KV dtype (rows)."""
+        if not self.index.paged:
+            return self.get_index_k_buffer(layer_id)[loc].reshape(loc.shape[0], self.index_head_dim)
         pages, key_cols, _ = self._index_columns(loc)
         return self.get_index_k_with_scale_buffer(layer_id)[pages, key_cols].view(torch.float8_e4m3fn)
 
     def get_index_k_scale(self, layer_id: int, loc: Tensor) -> Tensor:
-        """The fp32 scales ``(n, index_head_dim // 128)`` at slots ``loc``."""
+        """The fp32 scales ``(n, index_head_dim // 128)`` at slots ``loc`` (paged storage only)."""
+        self._need_paged("get_index_k_scale")
         pages, _, scale_cols = self._index_columns(loc)
         return self.get_index_k_with_scale_buffer(layer_id)[pages, scale_cols].contiguous().view(torch.float32)
 
     def get_index_k_dequant(self, layer_id: int, loc: Tensor, dtype: torch.dtype | None = None) -> Tensor:
         """The index keys at slots ``loc``, dequantised to ``dtype`` (default: the model dtype)."""
+        if not self.index.paged:
+            rows = self.index_k_buffer[self.local(layer_id)] if self.is_owned(layer_id) else self.remote_index_k_buffer
+            assert rows is not None
+            keys = self._index_codec.decode(rows[loc], None, dtype or self.model_dtype)
+            return keys.reshape(loc.shape[0], self.index_head_dim)
         keys = self.get_index_k(layer_id, loc).float().reshape(loc.shape[0], self.index_scales, INDEX_BLOCK)
         values = keys * self.get_index_k_scale(layer_id, loc).unsqueeze(-1)
         return values.reshape(loc.shape[0], self.index_head_dim).to(dtype or self.model_dtype)
+
+    @property
+    def _index_codec(self) -> KVCodec:
+        """The KV dtype's codec, which plain index rows are stored in (they are rows of the KV store dtype)."""
+        assert self.codec is not None and not self.index.paged
+        return self.codec
+
+    def _need_paged(self, method: str) -> None:
+        if not self.index.paged:
+            raise ValueError(
+                f"{method}: the {self.index_name!r} pool keeps index keys as plain rows of {self.index.rows_dtype} "
+                f"without scales (the plan's {INDEX_ROWS_PART!r} part): read get_index_k_buffer / get_index_k."
+            )
 
     def _index_columns(self, loc: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(page, key byte columns, scale byte columns) of every slot: the paged layout, vectorised."""

@@ -26,6 +26,19 @@ The core checks every layout where it is used:
   (skipped for the core's own two layouts, so the default path costs what
   allocating did before layouts).
 
+A request may declare named **column groups** of its last dimension
+(``column_groups=(("nope", 512), ("rope", 64))``: the MLA latent row).  A
+layout may then return, for every layer, a **column split** instead of the
+canonical view: a tuple of one tensor per group, ``(rows, *row_shape[:-1],
+width)`` each, in the declared order (SGLang's Ascend NPU stores the latent
+and the rope key of an MLA row as two tensors, which no view of one
+``(rows, 1, 576)`` tensor can be).  The bytes are the canonical bytes; the
+core checks the split's shapes, dtype, device and overlap as it checks views.
+Only stores that declare groups read splits (:func:`allocate_split_by_layer`);
+a request without groups is never split (:func:`allocate_buffers`).
+:class:`PageMajorLayout` is the core's carving for a platform that pages its
+buffers ``(layers, pages, page_size, ...)`` and splits grouped requests.
+
 Core layouts: :data:`PER_LAYER` (``"per_layer"``: one tensor per layer,
 SGLang's NHD lists; the default) and :data:`LAYER_MAJOR` (``"layer_major"``:
 one ``(layers, rows, *row_shape)`` tensor per request with per-layer views —
@@ -40,6 +53,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
+from typing import TypeAlias, cast
 
 import attrs
 import torch
@@ -54,18 +68,33 @@ __all__ = [
     "BufferLayout",
     "BufferLayoutError",
     "BufferRequest",
+    "ColumnSplit",
+    "LayerBuffer",
     "LayerMajorLayout",
+    "PageMajorLayout",
     "PerLayerLayout",
     "allocate",
     "allocate_buffers",
     "allocate_by_layer",
+    "allocate_layer_buffers",
+    "allocate_page_major",
+    "allocate_split_by_layer",
     "check_layout_bytes",
     "describe_layout",
 ]
 
+ColumnSplit: TypeAlias = tuple[Tensor, ...]
+"""One layer's buffer as one tensor per column group of its request, ``(rows, *row_shape[:-1], width)`` each."""
+LayerBuffer: TypeAlias = Tensor | ColumnSplit
+"""What a layout returns per layer: the canonical ``(rows, *row_shape)`` view, or (grouped requests) a column split."""
+
 
 def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
     return tuple(values)
+
+
+def _group_tuple(groups: Iterable[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    return tuple((name, width) for name, width in groups)
 
 
 @attrs.frozen(kw_only=True)
@@ -77,6 +106,10 @@ class BufferRequest:
     (DSA's indexer, whose row is one page of keys and scales).  ``layers`` are
     the ids the store addresses the layers by (global layer ids, or a
     sub-pool's local indices), in the order of the returned views.
+    ``column_groups`` (optional) names consecutive column ranges of the last
+    dimension, ``(name, width)`` in order, summing to ``row_shape[-1]``: a
+    store that declares them reads a layout's column split (see
+    :class:`BufferLayout`); one that does not is never given one.
     """
 
     pool: str
@@ -90,6 +123,7 @@ class BufferRequest:
     row_shape: tuple[int, ...] = attrs.field(converter=_int_tuple)
     dtype: torch.dtype
     device: torch.device = attrs.field(converter=torch.device)
+    column_groups: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_group_tuple)
 
     def __attrs_post_init__(self) -> None:
         sizes = (self.rows, *self.row_shape)
@@ -101,11 +135,31 @@ class BufferRequest:
             raise InvalidValueError(f"BufferRequest.page_size must be a positive integer, got {self.page_size!r}.")
         if not isinstance(self.dtype, torch.dtype):
             raise InvalidValueError(f"BufferRequest.dtype must be a torch.dtype, got {self.dtype!r}.")
+        if self.column_groups:
+            self._check_groups()
+
+    def _check_groups(self) -> None:
+        names = [name for name, _width in self.column_groups]
+        widths = [width for _name, width in self.column_groups]
+        if not all(isinstance(name, str) and name for name in names) or len(set(names)) != len(names):
+            raise InvalidValueError(f"BufferRequest.column_groups need distinct non-empty names, got {names!r}.")
+        if not all(isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in widths):
+            raise InvalidValueError(f"BufferRequest.column_groups widths must be integers >= 1, got {widths!r}.")
+        if not self.row_shape or sum(widths) != self.row_shape[-1]:
+            raise InvalidValueError(
+                f"BufferRequest.column_groups {self.column_groups!r} must split the last dimension of row_shape "
+                f"{self.row_shape!r}: their widths sum to {sum(widths)}."
+            )
 
     @property
     def shape(self) -> tuple[int, ...]:
         """The canonical shape of each layer's view: ``(rows, *row_shape)``."""
         return (self.rows, *self.row_shape)
+
+    @property
+    def group_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shape of each group's tensor in a column split: ``(rows, *row_shape[:-1], width)``."""
+        return tuple((self.rows, *self.row_shape[:-1], width) for _name, width in self.column_groups)
 
     @property
     def num_layers(self) -> int:
@@ -136,7 +190,11 @@ class BufferLayout(ABC):
     shape ``(rows, *row_shape)``, ``request.dtype`` and ``request.device``,
     zeroed unless on ``meta`` (:func:`allocate` does that), the views not
     overlapping; how the views lie in memory (one tensor per layer, one per
-    role, interleaved, page-major, aligned) is the layout's business.
+    role, interleaved, page-major, aligned) is the layout's business.  For a
+    request with ``column_groups`` it may instead return, for every layer (all
+    or none), a column split: a tuple of one tensor per group, shapes
+    ``request.group_shapes``, in group order — the same bytes, stored as
+    separate tensors (:class:`PageMajorLayout` does).
     ``nbytes`` says what ``allocate`` would allocate; it must equal the
     canonical ``request.nbytes`` (the bytes the plan charged), which the core
     checks before allocating anything.
@@ -154,8 +212,8 @@ class BufferLayout(ABC):
         return request.nbytes
 
     @abstractmethod
-    def allocate(self, request: BufferRequest) -> Sequence[Tensor]:
-        """One zeroed view per layer of ``request.layers``, each ``(rows, *row_shape)``, in layer order."""
+    def allocate(self, request: BufferRequest) -> Sequence[LayerBuffer]:
+        """One zeroed view per layer of ``request.layers``, each ``(rows, *row_shape)`` (or a column split)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
@@ -187,6 +245,45 @@ class LayerMajorLayout(BufferLayout):
             return []
         whole = allocate((request.num_layers, *request.shape), request.dtype, request.device)
         return list(whole.unbind(0))
+
+
+class PageMajorLayout(BufferLayout):
+    """One ``(layers, rows // page_size, page_size, *row_shape)`` tensor per request, split by column group.
+
+    SGLang's Ascend NPU carving (``NPUMHATokenToKVPool``, ``NPUMLATokenToKVPool``):
+    the memory of :class:`LayerMajorLayout`, paged, and a request with
+    ``column_groups`` gets one such tensor per group (the NPU's MLA
+    ``k_buffer`` latent and ``v_buffer`` rope) and a column split per layer.
+    A platform subclasses it (setting ``name``) or calls
+    :func:`allocate_page_major` from its own ``allocate``.
+    """
+
+    name = "page_major"
+
+    def allocate(self, request: BufferRequest) -> list[LayerBuffer]:
+        return allocate_page_major(request)
+
+
+def allocate_page_major(request: BufferRequest, *, split_columns: bool = True) -> list[LayerBuffer]:
+    """Per layer, a view of one ``(layers, pages, page_size, *row_shape)`` tensor (one per group when split).
+
+    A request with ``column_groups`` (and ``split_columns``) gets one tensor per
+    group, ``(layers, pages, page_size, *row_shape[:-1], width)``, and a column
+    split per layer.  Rows that are not a whole number of pages are not paged:
+    ``(layers, rows, ...)``, the same memory.
+    """
+    if not request.layers:
+        return []
+    rows, page = request.rows, request.page_size
+    lead = (request.num_layers, rows // page, page) if rows % page == 0 else (request.num_layers, rows)
+    if not (split_columns and request.column_groups):
+        whole = allocate((*lead, *request.row_shape), request.dtype, request.device)
+        return list(whole.reshape(request.num_layers, *request.shape).unbind(0))
+    groups = [
+        allocate((*lead, *shape[1:]), request.dtype, request.device).reshape(request.num_layers, *shape).unbind(0)
+        for shape in request.group_shapes
+    ]
+    return [tuple(views) for views in zip(*groups, strict=True)]
 
 
 PER_LAYER = PerLayerLayout()
@@ -238,8 +335,20 @@ def check_layout_bytes(layout: BufferLayout, requests: Iterable[BufferRequest]) 
 def allocate_buffers(layout: BufferLayout, request: BufferRequest) -> list[Tensor]:
     """``layout.allocate(request)``, checked: one view per layer of the canonical shape, dtype and device.
 
+    For stores that read whole rows: a column split is refused (a request without groups never gets one).
     The views of :data:`PER_LAYER` and :data:`LAYER_MAJOR` (exactly those classes) are not re-checked.
     """
+    buffers = allocate_layer_buffers(layout, request)
+    if any(isinstance(buffer, tuple) for buffer in buffers):
+        raise BufferLayoutError(
+            f"Buffer layout {describe_layout(layout)} split the {request.describe()} by column group, but its "
+            f"store reads whole rows: allocate it with allocate_split_by_layer (a store that reads splits)."
+        )
+    return cast("list[Tensor]", buffers)
+
+
+def allocate_layer_buffers(layout: BufferLayout, request: BufferRequest) -> list[LayerBuffer]:
+    """``layout.allocate(request)``, checked: per layer a canonical view or (grouped requests) a column split."""
     try:
         views = layout.allocate(request)
     except KvpoolsError:
@@ -253,10 +362,11 @@ def allocate_buffers(layout: BufferLayout, request: BufferRequest) -> list[Tenso
         return list(views)
     problem = _problem(views, request)
     if problem is not None:
+        split = f", or (all layers) a split of {request.group_shapes}" if request.column_groups else ""
         raise BufferLayoutError(
             f"Buffer layout {describe_layout(layout)} returned {problem} for the {request.describe()}; "
-            f"a layout returns one view per layer, each {request.shape} {request.dtype} on {request.device}, "
-            f"not overlapping."
+            f"a layout returns one view per layer, each {request.shape} {request.dtype} on {request.device}"
+            f"{split}, not overlapping."
         )
     return list(views)
 
@@ -271,31 +381,67 @@ def allocate_by_layer(layout: BufferLayout, requests: Iterable[BufferRequest]) -
     return buffers
 
 
+def allocate_split_by_layer(
+    layout: BufferLayout, requests: Iterable[BufferRequest]
+) -> dict[str, dict[int, LayerBuffer]]:
+    """As :func:`allocate_by_layer`, for a store that reads column splits of its grouped requests."""
+    requests = list(requests)
+    check_layout_bytes(layout, requests)
+    buffers: dict[str, dict[int, LayerBuffer]] = {}
+    for request in requests:
+        allocated = allocate_layer_buffers(layout, request)
+        buffers.setdefault(request.role, {}).update(zip(request.layers, allocated, strict=True))
+    return buffers
+
+
 def _problem(views: object, request: BufferRequest) -> str | None:
     if not isinstance(views, (list, tuple)):
         return f"a {type(views).__name__}, not a list of tensors"
     if len(views) != request.num_layers:
         return f"{len(views)} buffer(s) for {request.num_layers} layer(s)"
-    shape, dtype, device = request.shape, request.dtype, request.device
+    splits = [isinstance(view, tuple) for view in views]
+    if any(splits) and not request.column_groups:
+        return "a column split (a tuple of tensors) for a request without column groups"
+    if any(splits) and not all(splits):
+        return "a column split for some layers only"
+    tensors: list[tuple[int, Tensor]] = []  # (layer id, buffer): every group's of a split
     for i, view in enumerate(views):
-        if not isinstance(view, Tensor):
-            return f"a {type(view).__name__} for layer {request.layers[i]}"
-        if view.shape != shape or view.dtype != dtype:
-            return f"a {tuple(view.shape)} {view.dtype} buffer for layer {request.layers[i]}"
-        if view.device.type != device.type or (device.index is not None and view.device.index != device.index):
-            return f"a buffer on {view.device} for layer {request.layers[i]}"
-    if device.type != "meta" and len(views) > 1 and request.layer_nbytes:
-        return _overlap(views, request)
+        layer = request.layers[i]
+        parts = view if isinstance(view, tuple) else (view,)
+        shapes = request.group_shapes if isinstance(view, tuple) else (request.shape,)
+        if len(parts) != len(shapes):
+            return f"a split of {len(parts)} tensor(s) for layer {layer}, not one per group of {request.column_groups}"
+        for part, shape in zip(parts, shapes, strict=True):
+            problem = _tensor_problem(part, shape, request, layer)
+            if problem is not None:
+                return problem
+        tensors += [(layer, part) for part in parts]
+    if request.device.type != "meta" and len(tensors) > 1 and request.layer_nbytes:
+        return _overlap(tensors)
     return None
 
 
-def _overlap(views: Sequence[Tensor], request: BufferRequest) -> str | None:
-    """Two layers sharing memory would overwrite each other's rows: exact for contiguous views, else distinct starts."""
-    if all(view.is_contiguous() for view in views):
-        spans = sorted((view.data_ptr(), i) for i, view in enumerate(views))
-        for (start, i), (next_start, j) in itertools.pairwise(spans):
-            if next_start < start + request.layer_nbytes:
-                return f"overlapping buffers for layers {request.layers[i]} and {request.layers[j]}"
+def _tensor_problem(view: object, shape: tuple[int, ...], request: BufferRequest, layer: int) -> str | None:
+    if not isinstance(view, Tensor):
+        return f"a {type(view).__name__} for layer {layer}"
+    if view.shape != shape or view.dtype != request.dtype:
+        return f"a {tuple(view.shape)} {view.dtype} buffer for layer {layer}"
+    device = request.device
+    if view.device.type != device.type or (device.index is not None and view.device.index != device.index):
+        return f"a buffer on {view.device} for layer {layer}"
+    return None
+
+
+def _overlap(tensors: Sequence[tuple[int, Tensor]]) -> str | None:
+    """Two buffers sharing memory would overwrite each other's rows: exact for contiguous ones, else distinct starts.
+
+    ``tensors`` are ``(layer id, buffer)`` of every layer (each group's buffer of a column split).
+    """
+    if all(view.is_contiguous() for _layer, view in tensors):
+        spans = sorted((view.data_ptr(), view.data_ptr() + view.nbytes, layer) for layer, view in tensors)
+        for (_start, end, layer), (next_start, _end, other) in itertools.pairwise(spans):
+            if next_start < end:
+                return f"overlapping buffers for layers {layer} and {other}"
         return None
-    starts = {view.data_ptr() for view in views}
-    return None if len(starts) == len(views) else "buffers that share memory"
+    starts = {view.data_ptr() for _layer, view in tensors}
+    return None if len(starts) == len(tensors) else "buffers that share memory"

@@ -18,6 +18,17 @@ are allocated through the build's buffer layout
 0-row placeholders hold no memory and the ``remote`` scratch is one buffer
 shared by every non-owned layer, not a per-layer buffer, so both are
 allocated here directly, whatever the layout.
+
+A plain row (``kv_lora_rank + qk_rope_head_dim`` elements of the KV store
+dtype: not fp4, not DSA's packed fp8) declares two column groups, ``nope``
+(the latent) and ``rope``, so a layout may store it split
+(:data:`~kvpools_core.pools.layout.ColumnSplit`): SGLang's Ascend NPU keeps
+them as two tensors, ``k_buffer (…, kv_lora_rank)`` and ``v_buffer (…,
+qk_rope_head_dim)``.  Writes and dequantised reads go to each part in place;
+:meth:`MLATokenToKVPool.get_nope_rope_buffers` returns both as views either
+way; only :meth:`MLATokenToKVPool.get_key_buffer` of a split store (the whole
+row) concatenates, a copy of the layer's rows (``rows × row bytes``) made at
+every call, which writes to it never reach.
 """
 
 from __future__ import annotations
@@ -33,7 +44,14 @@ from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.latent import FP8_BLOCK, LatentRow, MLADims, model_dims
 from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL, draft_num_layers
 from kvpools_core.pools.kv import allocate, check_planned_bytes, tensor_nbytes
-from kvpools_core.pools.layout import PER_LAYER, BufferLayout, BufferRequest, allocate_by_layer, check_layout_bytes
+from kvpools_core.pools.layout import (
+    PER_LAYER,
+    BufferLayout,
+    BufferRequest,
+    LayerBuffer,
+    allocate_split_by_layer,
+    check_layout_bytes,
+)
 from kvpools_core.pools.quant import KVCodec, codec_for, fp8_quantize
 from kvpools_core.values import Plan
 
@@ -49,6 +67,10 @@ __all__ = [
 
 MAIN_POOL = KV_POOL
 DRAFT_POOL = DRAFT_KV_POOL
+NOPE_GROUP = "nope"
+"""The latent columns of a plain row (``kv_lora_rank``): SGLang NPU's ``k_buffer``."""
+ROPE_GROUP = "rope"
+"""The rope key columns of a plain row (``qk_rope_head_dim``): SGLang NPU's ``v_buffer``."""
 _E4M3_MAX = 448.0
 
 
@@ -92,12 +114,28 @@ class MLATokenToKVPool:
             page_size=page_size,
             device=device,
         )
-        buffers = allocate_by_layer(self.layout, requests)
-        latent, scales = buffers.get("latent", {}), buffers.get("latent_scale", {})
-        self.kv_buffer = [
-            latent[layer] if self.is_owned(layer) else allocate((0, *data_shape[1:]), self.store_dtype, device)
-            for layer in layer_ids
-        ]
+        buffers = allocate_split_by_layer(self.layout, requests)
+        latent = buffers.get("latent", {})
+        # fp4 scales declare no column groups, so the core never lets a layout split them
+        scales = {layer: t for layer, t in buffers.get("latent_scale", {}).items() if isinstance(t, Tensor)}
+        self.split = any(isinstance(buffer, tuple) for buffer in latent.values())
+        """Whether the layout stores the rows split (``nope_buffer`` / ``rope_buffer``) instead of ``kv_buffer``."""
+        self.kv_buffer: list[Tensor] = []
+        """Whole rows per layer (empty when split)."""
+        self.nope_buffer: list[Tensor] = []
+        """The latent columns per layer, ``(rows, 1, kv_lora_rank)``, when split (else empty)."""
+        self.rope_buffer: list[Tensor] = []
+        """The rope columns per layer, ``(rows, 1, qk_rope_head_dim)``, when split (else empty)."""
+        for layer in layer_ids:
+            buffer: LayerBuffer = (
+                latent[layer] if self.is_owned(layer) else self._placeholder(data_shape, device, self.split)
+            )
+            if isinstance(buffer, tuple):
+                nope, rope = buffer
+                self.nope_buffer.append(nope)
+                self.rope_buffer.append(rope)
+            else:
+                self.kv_buffer.append(buffer)
         self.kv_scale_buffer = [
             scales[layer] if self.is_owned(layer) else allocate((0, *scale_shape[1:]), torch.uint8, device)
             for layer in layer_ids
@@ -107,7 +145,8 @@ class MLATokenToKVPool:
         self.remote_kv_scale_buffer = (
             allocate(scale_shape, torch.uint8, device) if owned is not None and scale_shape is not None else None
         )
-        self.device = torch.device(device) if not self.kv_buffer else self.kv_buffer[0].device
+        held = self.kv_buffer or self.nope_buffer
+        self.device = torch.device(device) if not held else held[0].device
 
     @classmethod
     def from_plan(
@@ -185,8 +224,12 @@ class MLATokenToKVPool:
         page_size: int,
         device: str | torch.device,
     ) -> list[BufferRequest]:
-        """What the store asks its layout for: the ``latent`` rows (and fp4's ``latent_scale``) of ``layers``."""
+        """What the store asks its layout for: the ``latent`` rows (and fp4's ``latent_scale``) of ``layers``.
+
+        A plain row declares its ``nope`` and ``rope`` column groups (a layout may split it).
+        """
         shapes: list[tuple[str, torch.dtype, tuple[int, ...]]]
+        groups: tuple[tuple[str, int], ...] = ()
         if row.packed_fp8:
             shapes = [("latent", torch.uint8, (1, row.kv_cache_dim))]
         else:
@@ -196,6 +239,8 @@ class MLATokenToKVPool:
             scale = codec.scale_shape(rows, 1, dim)
             if scale is not None:
                 shapes.append(("latent_scale", torch.uint8, scale[1:]))
+            else:  # one element per value: the row's columns are the latent, then the rope
+                groups = ((NOPE_GROUP, row.dims.kv_lora_rank), (ROPE_GROUP, row.dims.qk_rope_head_dim))
         device = torch.device(device)
         return [
             BufferRequest(
@@ -207,6 +252,7 @@ class MLATokenToKVPool:
                 row_shape=row_shape,
                 dtype=dtype,
                 device=device,
+                column_groups=groups if role == "latent" else (),
             )
             for role, dtype, row_shape in shapes
         ]
@@ -275,9 +321,9 @@ class MLATokenToKVPool:
         return sum(self._own_nbytes_by_pool().values())
 
     def latent_nbytes(self) -> int:
-        """Bytes of the latent buffers: rows, scales and the remote scratch."""
+        """Bytes of the latent buffers: rows (whole or split), scales and the remote scratch."""
         remote = [t for t in (self.remote_kv_buffer, self.remote_kv_scale_buffer) if t is not None]
-        return tensor_nbytes(self.kv_buffer, self.kv_scale_buffer, remote)
+        return tensor_nbytes(self.kv_buffer, self.nope_buffer, self.rope_buffer, self.kv_scale_buffer, remote)
 
     def _own_nbytes_by_pool(self) -> dict[str, int]:
         return {self.name: self.latent_nbytes()}
@@ -285,13 +331,45 @@ class MLATokenToKVPool:
     # -- buffers ---------------------------------------------------------------
 
     def get_key_buffer(self, layer_id: int) -> Tensor:
-        """Layer ``layer_id``'s rows as kernels read them (fp8 views of uint8; packed uint8 for fp4)."""
-        return self._view(self._data(layer_id))
+        """Layer ``layer_id``'s rows as kernels read them (fp8 views of uint8; packed uint8 for fp4).
+
+        A split store concatenates its two parts: a copy of the layer (writes to it are lost), made at each call;
+        read :meth:`get_nope_rope_buffers` instead.
+        """
+        data = self._data(layer_id)
+        if isinstance(data, tuple):
+            data = torch.cat(data, dim=-1)
+        return self._view(data)
 
     def get_value_buffer(self, layer_id: int) -> Tensor:
-        """The latent part of the rows (``[..., :kv_lora_rank]``; packed fp4: its bytes)."""
+        """The latent part of the rows (``[..., :kv_lora_rank]``; packed fp4: its bytes); a view, split or not."""
+        data = self._data(layer_id)
+        if isinstance(data, tuple):
+            return self._view(data[0])
         width = self.kv_lora_rank // 2 if self.row.kv.is_fp4 else self.kv_lora_rank
-        return self.get_key_buffer(layer_id)[..., :width]
+        return self._view(data)[..., :width]
+
+    def get_nope_rope_buffers(self, layer_id: int) -> tuple[Tensor, Tensor]:
+        """Views of the layer's latent ``(rows, 1, kv_lora_rank)`` and rope ``(rows, 1, qk_rope_head_dim)`` columns.
+
+        SGLang NPU's ``get_kv_buffer`` (``k_buffer``, ``v_buffer``); on a whole-row store, slices of the rows.
+        Plain rows only (not fp4, not DSA's packed fp8 row).
+        """
+        if not self.plain_row:
+            raise ValueError(
+                f"The {self.name!r} pool stores {self.row.kv.name} rows{' packed' if self.row.packed_fp8 else ''}: "
+                f"they have no separate latent and rope columns; read get_key_buffer."
+            )
+        data = self._data(layer_id)
+        if isinstance(data, tuple):
+            return self._view(data[0]), self._view(data[1])
+        rows = self._view(data)
+        return rows[..., : self.kv_lora_rank], rows[..., self.kv_lora_rank :]
+
+    @property
+    def plain_row(self) -> bool:
+        """Whether a row is ``kv_lora_rank + qk_rope_head_dim`` elements (not fp4, not packed): it may be split."""
+        return self.codec is not None and self.codec.scale_shape(1, 1, self.dims.kv_cache_dim) is None
 
     def get_kv_buffer(self, layer_id: int) -> tuple[Tensor, Tensor]:
         return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
@@ -323,6 +401,10 @@ class MLATokenToKVPool:
         if not self.is_owned(layer_id):
             return  # another CP rank owns this layer
         data, scale = self.codec.encode(cache_k)
+        if self.split:
+            self.nope_buffer[index][loc] = data[..., : self.kv_lora_rank]
+            self.rope_buffer[index][loc] = data[..., self.kv_lora_rank :]
+            return
         self.kv_buffer[index][loc] = data
         if scale is not None:
             self.kv_scale_buffer[index][loc] = scale
@@ -331,6 +413,13 @@ class MLATokenToKVPool:
         """Store the latent ``(n, 1, kv_lora_rank)`` and rope ``(n, 1, qk_rope_head_dim)`` parts of ``n`` rows."""
         self._check_shape(layer_id, "k_nope", k_nope, loc, self.kv_lora_rank)
         self._check_shape(layer_id, "k_rope", k_rope, loc, self.qk_rope_head_dim)
+        if self.split:  # each part into its own tensor, no concatenation: plain rows' codecs are elementwise
+            assert self.codec is not None
+            index = self.local(layer_id)
+            if self.is_owned(layer_id):  # the rope cast as the whole-row path casts it, so both store the same bits
+                self.nope_buffer[index][loc] = self.codec.encode(k_nope)[0]
+                self.rope_buffer[index][loc] = self.codec.encode(k_rope.to(k_nope.dtype))[0]
+            return
         if self.codec is not None:
             self.set_kv_buffer(layer_id, loc, torch.cat((k_nope, k_rope.to(k_nope.dtype)), dim=-1))
             return
@@ -341,7 +430,12 @@ class MLATokenToKVPool:
     def get_mla_kv(self, layer_id: int, loc: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
         """The latent and rope parts at slots ``loc``, dequantised to ``dtype`` (default: the model dtype)."""
         out = dtype or self.model_dtype
-        data = self._data(layer_id)[loc]
+        stored = self._data(layer_id)
+        if isinstance(stored, tuple):
+            assert self.codec is not None
+            nope, rope = stored
+            return self.codec.decode(nope[loc], None, out), self.codec.decode(rope[loc], None, out)
+        data = stored[loc]
         if self.codec is None:
             return unpack_fp8_rows(data, self.dims, out)
         scale = self.get_scale_buffer(layer_id)[loc] if self.kv_scale_buffer else None
@@ -360,12 +454,24 @@ class MLATokenToKVPool:
             )
         return index
 
-    def _data(self, layer_id: int) -> Tensor:
+    def _data(self, layer_id: int) -> Tensor | tuple[Tensor, Tensor]:
+        """The layer's whole rows, or its ``(nope, rope)`` parts when split."""
         index = self.local(layer_id)
         if not self.is_owned(layer_id):
             assert self.remote_kv_buffer is not None
             return self.remote_kv_buffer  # SGLang broadcasts the owner's rows into it before reading
+        if self.split:
+            return self.nope_buffer[index], self.rope_buffer[index]
         return self.kv_buffer[index]
+
+    def _placeholder(self, data_shape: tuple[int, ...], device: str | torch.device, split: bool) -> LayerBuffer:
+        """A non-owned layer's 0 rows (no memory), in the owned layers' form."""
+        if not split:
+            return allocate((0, *data_shape[1:]), self.store_dtype, device)
+        return tuple(
+            allocate((0, *data_shape[1:-1], width), self.store_dtype, device)
+            for width in (self.kv_lora_rank, self.qk_rope_head_dim)
+        )
 
     def _view(self, data: Tensor) -> Tensor:
         return data.view(torch.float8_e4m3fn) if self.codec is None else self.codec.view(data)

@@ -1,18 +1,35 @@
-"""The CUDA platform: free device memory from ``torch.cuda.mem_get_info``."""
+"""The CUDA platform: free device memory from ``torch.cuda.mem_get_info``, and CUDA kernels' page rules."""
 
 from __future__ import annotations
 
 from kvpools_core import hookimpl
 from kvpools_core.errors import ConfigError
 from kvpools_core.options import option
-from kvpools_core.values import Serving
+from kvpools_core.values import PageSizeRule, PlatformTraits, Serving
 
 PLATFORM = "cuda"
+
+TRAITS = PlatformTraits(
+    platform=PLATFORM,
+    page_size_rules=(
+        PageSizeRule(
+            kernels=("dsa",),
+            sizes=(64,),
+            reason="SGLang's DSA pool and FlashMLA's sparse kernels page the cache by 64 tokens",
+        ),
+    ),
+)
+"""What CUDA's kernels decide: SGLang's DSA pool asserts ``page_size == 64`` on CUDA (``DSATokenToKVPool``)."""
 
 
 @hookimpl
 def platforms() -> dict[str, str]:
     return {PLATFORM: "NVIDIA GPUs through torch.cuda"}
+
+
+@hookimpl(tryfirst=True)
+def platform_traits(serving: Serving) -> PlatformTraits | None:
+    return TRAITS if serving.platform == PLATFORM else None
 
 
 @hookimpl(tryfirst=True)

@@ -12,6 +12,11 @@ DeepSeek-V3.2 (``calculate_mla_kv_cache_dim``), unless a TRTLLM DSA backend
 (or a raw-layout ROCm backend) serves the local role; SGLang's configurator
 still charges 576 for it, so ``--accounting sglang`` keeps that figure and
 the exact accounting charges the 656 bytes the pool stores.
+
+The indexer part is named :data:`INDEX_PART`, which tells the core's DSA
+store to build CUDA's pages (``kvpools_core.pools.dsa.PAGED_INDEX_PART``); a
+platform that stores the keys otherwise rewrites the part by wrapping
+``estimate_cell_size`` for its plans (kvpools-ascend: plain ``index_k`` rows).
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ if TYPE_CHECKING:
     from kvpools_core.pools.layout import BufferLayout
 
 ARCHITECTURE = "dsa"
+INDEX_PART = "indexer"
+"""The indexer's cell part: CUDA's fp8 keys and fp32 scales per page (``kvpools_core.pools.dsa.PAGED_INDEX_PART``)."""
+PACKED_ROW_NOTE = "fp8 DSA latent row:"
+"""How the note on the packed fp8 row begins (a platform without that row drops it)."""
 PRESET_DIR = Path(__file__).parent / "presets"
 
 
@@ -94,12 +103,12 @@ def dsa_cell_size(layers: tuple[LayerSpec, ...], model: ModelSpec, serving: Serv
     row = latent_row(model, serving)
     index_bytes = index_row_bytes(model)
     sglang = sglang_latent_cell(row.dims, row.kv, stored) + index_bytes * stored
-    parts = [*row.cell_parts(stored), CellPart("indexer", index_bytes * stored, INDEX_POOL, INDEX_EXTRA_SLOTS)]
-    one_layer = (*row.cell_parts(1), CellPart("indexer", index_bytes, INDEX_POOL, INDEX_EXTRA_SLOTS))
+    parts = [*row.cell_parts(stored), CellPart(INDEX_PART, index_bytes * stored, INDEX_POOL, INDEX_EXTRA_SLOTS)]
+    one_layer = (*row.cell_parts(1), CellPart(INDEX_PART, index_bytes, INDEX_POOL, INDEX_EXTRA_SLOTS))
     notes = []
     if row.packed_fp8:
         notes.append(
-            f"fp8 DSA latent row: {row.row_bytes} B per layer (FlashMLA's packed layout); SGLang's cell size "
+            f"{PACKED_ROW_NOTE} {row.row_bytes} B per layer (FlashMLA's packed layout); SGLang's cell size "
             f"charges {row.dims.kv_cache_dim} B for it"
         )
     if row.kv.is_fp4:

@@ -68,7 +68,7 @@ from kvpools_core.sizing import (
     allocator_pool,
     page_align,
     req_to_token_rows,
-    request_table_pool,
+    request_pools,
     swa_mapping_pool,
     with_cost,
 )
@@ -436,7 +436,7 @@ def pool_specs(
         if b.c128_mtp_seq_lens:
             pools.append(_request_pool(C128_MTP_SEQ_LENS_POOL, max_running_requests, 8, b.c128_mtp_seq_lens * 8, owner))
     pools.append(swa_mapping_pool(sizes.full_tokens, page, owner))
-    pools.append(request_table_pool(max_running_requests, context_len, serving))
+    pools += request_pools(max_running_requests, context_len, serving)
     pools.append(allocator_pool(sizes.full_tokens, page))
     swa_pages = page_align(sizes.swa_tokens, page)
     if swa_pages:

@@ -97,10 +97,11 @@ def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budge
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
-def build_req_to_token_pool(plan: Plan, device: str, checked: bool) -> Any | None:
+def build_req_to_token_pool(plan: Plan, device: str, checked: bool, layout: BufferLayout | None) -> Any | None:
+    """The request table with the recurrent state, carved by the platform's buffer layout (as the KV pool is)."""
     from .pool import HybridReqToTokenPool
 
-    return HybridReqToTokenPool.from_plan(plan, device, checked=checked)
+    return HybridReqToTokenPool.from_plan(plan, device, checked=checked, layout=layout)
 
 
 @hookimpl

@@ -14,10 +14,17 @@
   ``MLATokenToKVPool``), addressed by global layer id (and the draft model's KV pool).
 
 The full-attention K/V (or latent rows) are allocated through the build's
-buffer layout (:mod:`kvpools_core.pools.layout`).  The state tensors are not:
-they are indexed by state slot, not token slot, already one ``(layers, K + 1,
-...)`` tensor per state kind, and built by ``build_req_to_token_pool`` (the
-request table owns them), which the layout is not passed to.
+buffer layout (:mod:`kvpools_core.pools.layout`), and so are the state
+tensors, so a platform can carve them too (SGLang's NPU keeps the conv window
+before the channels): one request per state kind, rows = the ``K + 1`` state
+slots (``page_size`` 1), in the roles ``conv`` (rows of ``(channels, window)``),
+``conv_window_first`` (KDA's ``(window, channels)``) and ``ssm``.  The pool
+exposes each kind as one ``(layers, K + 1, *shape)`` view (SGLang's
+``MambaPool.conv[i]`` / ``temporal``), so a layout must carve a state request's
+layers from one tensor at an even stride; under the core's per-layer default
+the state is carved layer-major, which is SGLang's CUDA ``MambaPool`` memory.
+The speculative intermediate state is not routed: SGLang allocates it dense in
+the canonical shape on every platform (CUDA's dedup view aside).
 """
 
 from __future__ import annotations
@@ -28,10 +35,19 @@ import torch
 from torch import Tensor
 
 from kvpools_core.allocators import TokenAllocator
+from kvpools_core.errors import BufferLayoutError
 from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL
 from kvpools_core.pools import ReqToTokenPool, check_planned_bytes
 from kvpools_core.pools.kv import allocate, tensor_nbytes
-from kvpools_core.pools.layout import BufferLayout
+from kvpools_core.pools.layout import (
+    LAYER_MAJOR,
+    BufferLayout,
+    BufferRequest,
+    PerLayerLayout,
+    allocate_buffers,
+    check_layout_bytes,
+    describe_layout,
+)
 from kvpools_core.pools.mha import MHATokenToKVPool
 from kvpools_core.pools.mla import MLATokenToKVPool
 from kvpools_core.sizing import req_to_token_row_len, req_to_token_rows
@@ -49,9 +65,34 @@ from .sizing import (
 )
 from .state import StateShape, rank_full_attention_layers, rank_state_layer_ids, state_shape
 
-__all__ = ["HybridLinearKVPool", "HybridReqToTokenPool", "MambaSpecState", "MambaStatePool"]
+__all__ = [
+    "CONV_ROLE",
+    "SSM_ROLE",
+    "WINDOW_FIRST_CONV_ROLE",
+    "HybridLinearKVPool",
+    "HybridReqToTokenPool",
+    "MambaSpecState",
+    "MambaStatePool",
+    "state_layout",
+]
 
 DRAFT_POOL = DRAFT_KV_POOL
+CONV_ROLE = "conv"
+"""The conv state's buffer role: rows of ``(channels, window)`` (SGLang's ``(conv_dim / tp, K - 1)``)."""
+WINDOW_FIRST_CONV_ROLE = "conv_window_first"
+"""The conv state's role when its rows are already ``(window, channels)`` (KDA's ``(K - 1, 3 x heads x dim)``)."""
+SSM_ROLE = "ssm"
+"""The SSM state's buffer role (SGLang's ``temporal``)."""
+
+
+def state_layout(layout: BufferLayout | None) -> BufferLayout:
+    """The layout the state is carved by: the platform's, or layer-major under the per-layer default.
+
+    The core's per-layer default is SGLang's CUDA carving of token pools; its
+    CUDA ``MambaPool`` keeps one ``(layers, K + 1, ...)`` tensor per state kind,
+    which is :data:`~kvpools_core.pools.layout.LAYER_MAJOR`.
+    """
+    return LAYER_MAJOR if layout is None or isinstance(layout, PerLayerLayout) else layout
 
 
 class MambaStatePool:
@@ -65,16 +106,40 @@ class MambaStatePool:
         shape: StateShape,
         device: str | torch.device,
         checked: bool = False,
+        layout: BufferLayout | None = None,
     ) -> None:
+        """``layout`` carves the state tensors (:func:`state_layout`: layer-major when None or per-layer)."""
         self.size = size
         self.shape = shape
         self.layer_ids = tuple(layer_ids)
         self._local = {layer_id: i for i, layer_id in enumerate(self.layer_ids)}
-        rows = (len(self.layer_ids), size + 1)
-        self.conv = [allocate(rows + conv, getattr(torch, shape.conv_dtype), device) for conv in shape.conv]
-        self.ssm = allocate(rows + shape.ssm, getattr(torch, shape.ssm_dtype), device)
+        self.layout = state_layout(layout)
+        requests = self.buffer_requests(size=size, layer_ids=self.layer_ids, shape=shape, device=device)
+        check_layout_bytes(self.layout, requests)  # every kind's bytes, before the first tensor
+        *self.conv, self.ssm = [_stacked(self.layout, allocate_buffers(self.layout, r), r) for r in requests]
         self.allocator = TokenAllocator(size, device=device, checked=checked)
         self.device = self.ssm.device
+
+    @staticmethod
+    def buffer_requests(
+        *, size: int, layer_ids: Sequence[int], shape: StateShape, device: str | torch.device
+    ) -> list[BufferRequest]:
+        """What the pool asks its layout for: each conv kind, then the SSM state, ``size + 1`` slot rows each."""
+        conv_role = WINDOW_FIRST_CONV_ROLE if shape.conv_window_first else CONV_ROLE
+        kinds = [(conv_role, conv, shape.conv_dtype) for conv in shape.conv] + [(SSM_ROLE, shape.ssm, shape.ssm_dtype)]
+        return [
+            BufferRequest(
+                pool=STATE_POOL,
+                role=role,
+                rows=size + 1,
+                page_size=1,
+                layers=layer_ids,
+                row_shape=row_shape,
+                dtype=getattr(torch, dtype),
+                device=device,
+            )
+            for role, row_shape, dtype in kinds
+        ]
 
     @staticmethod
     def planned_nbytes(size: int, num_layers: int, shape: StateShape) -> int:
@@ -177,8 +242,13 @@ class HybridReqToTokenPool(ReqToTokenPool):
             )
 
     @classmethod
-    def from_plan(cls, plan: Plan, device: str | torch.device, *, checked: bool = False) -> HybridReqToTokenPool:
-        """The table, state pool and speculative state of a plan; checks every pool's bytes before allocating."""
+    def from_plan(
+        cls, plan: Plan, device: str | torch.device, *, checked: bool = False, layout: BufferLayout | None = None
+    ) -> HybridReqToTokenPool:
+        """The table, state pool and speculative state of a plan; checks every pool's bytes before allocating.
+
+        ``layout`` carves the state tensors (the ``buffer_layout`` hook's answer; layer-major when None).
+        """
         model, serving = plan.model, plan.serving
         shape = state_shape(model, serving)
         layer_ids = rank_state_layer_ids(model, serving)
@@ -205,7 +275,9 @@ class HybridReqToTokenPool(ReqToTokenPool):
             )
         for name, (allocating, detail) in want.items():
             check_planned_bytes(name, allocating, plan.pool(name).bytes, detail)
-        mamba_pool = MambaStatePool(size=k, layer_ids=layer_ids, shape=shape, device=device, checked=checked)
+        mamba_pool = MambaStatePool(
+            size=k, layer_ids=layer_ids, shape=shape, device=device, checked=checked, layout=layout
+        )
         spec = None
         if has_spec:
             spec = MambaSpecState(rows=spec_rows, draft_tokens=d, num_layers=len(layer_ids), shape=shape, device=device)
@@ -412,3 +484,29 @@ def _build_latent_pool(
     return MLATokenToKVPool.from_layers(
         plan, row, device, start_layer=0, num_layers=num_layers, pool_name=KV_POOL, layout=layout
     )
+
+
+def _stacked(layout: BufferLayout, views: list[Tensor], request: BufferRequest) -> Tensor:
+    """The per-layer views of one state kind as one ``(layers, rows, *row_shape)`` view of their tensor.
+
+    SGLang's kernels index ``conv[i][layer]``, so the layers must lie in one
+    tensor at an even stride; a layout that carves them otherwise is refused.
+    """
+    if not views:
+        return allocate((0, *request.shape), request.dtype, request.device)
+    first = views[0]
+    if len(views) == 1:
+        return first.unsqueeze(0)
+    base, step = first._base, views[1].storage_offset() - first.storage_offset()
+    if base is None or any(
+        view._base is not base
+        or view.stride() != first.stride()
+        or view.storage_offset() != first.storage_offset() + i * step
+        for i, view in enumerate(views)
+    ):
+        raise BufferLayoutError(
+            f"Buffer layout {describe_layout(layout)} carved the {request.describe()} as separate tensors; "
+            f"the recurrent state is one (layers, slots, ...) tensor per kind (SGLang's MambaPool.conv[i] / "
+            f"temporal), so a layout must return views of one tensor, one layer every same number of elements."
+        )
+    return base.as_strided((len(views), *first.shape), (step, *first.stride()), first.storage_offset())

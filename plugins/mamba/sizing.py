@@ -27,8 +27,8 @@ from kvpools_core.sizing import (
     not_enough_memory,
     page_align,
     req_to_token_rows,
+    request_pools,
     request_rows_cost,
-    request_table_pool,
     resolve_max_num_reqs,
     sglang_rest_gib,
     sglang_tokens,
@@ -213,7 +213,7 @@ def size_hybrid_pools(
         pools.append(_pool(STATE_POOL, "state", k, 1, per_slot, owner, unit=STATE_SLOT))
         if spec_pool:
             pools.append(_pool(SPEC_STATE_POOL, "state", requests, 1, d * per_slot, owner, unit=REQUEST))
-        pools.append(request_table_pool(requests, context_len, serving))
+        pools += request_pools(requests, context_len, serving)
         rows, padding = req_to_token_rows(requests, serving)
         row_bytes = MAPPING_ITEM_BYTES + PING_PONG_ITEM_BYTES * ping_pong_size(serving)
         mapping = _pool(MAPPING_POOL, "request", rows, padding, row_bytes, owner, charged=False, unit=REQUEST)

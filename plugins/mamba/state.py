@@ -46,6 +46,9 @@ class StateShape:
     ssm: tuple[int, ...]
     conv_dtype: str
     ssm_dtype: str
+    conv_window_first: bool = attrs.field(default=False, kw_only=True)
+    """Whether the conv rows are ``(window, channels)`` (KDA) rather than ``(channels, window)``: a
+    platform that stores the window first (SGLang's NPU) must know which axis is which."""
 
     @property
     def conv_bytes(self) -> int:
@@ -85,7 +88,7 @@ def state_shape(model: ModelSpec, serving: Serving) -> StateShape:
         local_heads = _divide(heads, tp, "the KDA heads (linear_attn_config.num_heads)")
         proj = _divide(heads * head_dim, tp, "the KDA projection (num_heads x head_dim)")
         conv = (geometry["conv_kernel"] - 1, 3 * proj)  # q, k and v channels, window axis first
-        return StateShape((conv,), (local_heads, head_dim, head_dim), model.dtype, ssm_dtype)
+        return StateShape((conv,), (local_heads, head_dim, head_dim), model.dtype, ssm_dtype, conv_window_first=True)
     if mixer == GDN:
         groups, heads = geometry["num_k_heads"], geometry["num_v_heads"]
         inner, state_size, head_dim = heads * geometry["v_head_dim"], geometry["k_head_dim"], geometry["v_head_dim"]

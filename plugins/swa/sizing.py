@@ -44,7 +44,7 @@ from kvpools_core.sizing import (
     largest_fitting_tokens,
     not_enough_memory,
     page_align,
-    request_table_pool,
+    request_pools,
     resolve_max_num_reqs,
     sglang_tokens,
     swa_mapping_pool,
@@ -403,7 +403,7 @@ def _pools(
         pools.append(_token_pool(name, slots, page, bytes_per_token, charged, extra_slots.get(name, 0), space))
     if shape.hybrid:
         pools.append(swa_mapping_pool(full, page, OWNER))
-    pools.append(request_table_pool(requests, context_len, serving))
+    pools += request_pools(requests, context_len, serving)
     swa_pages = page_align(swa, page)  # SGLang's allocator pages the pool: size // page_size
     if shape.hybrid:
         pools.append(allocator_pool(full, page))

@@ -73,9 +73,7 @@ def test_bad_input_is_one_clear_paragraph(case: str, kvpools_exe: str, cli_env: 
     _fails(run(kvpools_exe, cli_env, *args), *phrases)
 
 
-def test_build_larger_than_host_memory_is_refused_before_allocating(
-    kvpools_exe: str, cli_env: dict[str, str]
-) -> None:
+def test_build_larger_than_host_memory_is_refused_before_allocating(kvpools_exe: str, cli_env: dict[str, str]) -> None:
     """A plan of twice the host's RAM on cpu: refused with the numbers, not killed by the kernel."""
     too_big = 2 * psutil.virtual_memory().total
     out = run(kvpools_exe, cli_env, "build", "llama-3.1-8b", "--memory", str(too_big), "--device", "cpu")

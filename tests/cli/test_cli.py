@@ -23,7 +23,9 @@ def test_plan_human_report(kvpools_exe: str, cli_env: dict[str, str]) -> None:
     assert "max_running_requests = 2,048" in text
     assert "131072 B = k 65536 + v 65536" in text
     assert "req_to_token" in text and "allocator" in text
-    assert "decided by parse_model_config: mha; estimate_cell_size: mha; size_pools: core" in text
+    assert (
+        "decided by platform_traits: cuda; parse_model_config: mha; estimate_cell_size: mha; size_pools: core" in text
+    )
 
 
 def test_plan_json_carries_sglang_names_and_round_trips(kvpools_exe: str, cli_env: dict[str, str]) -> None:

@@ -161,7 +161,7 @@ def test_pluggy_passes_exactly_the_declared_arguments() -> None:
     assert [name for name, _ in recording.calls] == ["validate", "estimate_cell_size"]
     validate_args, cell_args = (kwargs for _, kwargs in recording.calls)
     assert set(validate_args) == {"serving", "model"} and validate_args["model"].architecture == "toy"
-    assert validate_args["serving"] == serving
+    assert validate_args["serving"] == toy.serving  # the serving options as resolved (platform traits)
     assert set(cell_args) == {"model"}
 
     recording.calls.clear()

@@ -209,13 +209,13 @@ def test_every_dsa_preset_parses_plans_and_builds(preset: str, registry: Registr
 
 
 def test_cuda_needs_page_size_64() -> None:
-    with pytest.raises(UnsupportedCombinationError, match=r"DSA models need page_size 64 on CUDA.*got page_size 1"):
+    with pytest.raises(UnsupportedCombinationError, match=r"DSA models need page_size 64 on cuda.*got page_size 1"):
         plan("deepseek-v3.2", Serving(), memory="8GiB")
 
 
 @pytest.mark.usefixtures("rocm_platform")
 def test_rocm_needs_page_1_or_a_multiple_of_16() -> None:
-    with pytest.raises(UnsupportedCombinationError, match=r"page_size 1, or a multiple of 16.*got page_size 8"):
+    with pytest.raises(UnsupportedCombinationError, match=r"page_size 1 or a multiple of 16 on rocm.*got page_size 8"):
         plan("deepseek-v3.2", Serving(platform="rocm", page_size=8), memory="8GiB")
 
 

@@ -4,13 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from kvpools_plugins.dsa import INDEX_PART
 
-from kvpools_core import InsufficientMemoryError, Plan, Serving, build, plan
-from kvpools_core.pools.dsa import DSATokenToKVPool
+from kvpools_core import CellPart, InsufficientMemoryError, Plan, Serving, build, plan
+from kvpools_core.errors import ConfigError, PoolPlanMismatchError
+from kvpools_core.parts.names import INDEX_POOL
+from kvpools_core.pools.dsa import (
+    INDEX_ROWS_PART,
+    PAGED_INDEX_PART,
+    DSATokenToKVPool,
+    IndexStorage,
+    index_storage,
+    plan_latent_row,
+)
 from kvpools_core.pools.quant import fp8_quantize
 
 from ..mla.oracle_support import latent_configs, parse
@@ -148,3 +159,46 @@ def test_layer_split_owns_a_contiguous_share_and_one_remote_scratch() -> None:
     assert not pool.remote_kv_buffer.any()
     pool.set_mla_kv_buffer(1, torch.tensor([5]), nope, rope)
     assert pool.kv_buffer[1][5].any()
+
+
+# -- the indexer storage is the plan's -------------------------------------------------
+
+
+def _with_index_parts(planned: Plan, *parts: CellPart) -> Plan:
+    kept = [part for part in planned.cell.parts if part.pool != INDEX_POOL]
+    return attrs.evolve(planned, cell=attrs.evolve(planned.cell, parts=(*kept, *parts)))
+
+
+def test_the_plans_indexer_part_names_the_storage() -> None:
+    """``indexer`` → CUDA's pages (132 B per token per layer); ``index_k`` → rows of the KV store dtype."""
+    planned = small_dsa_plan()
+    assert index_storage(planned) == IndexStorage(128) and IndexStorage(128).row_bytes == 132
+    assert INDEX_PART == PAGED_INDEX_PART  # the DSA plugin names the part the store reads
+    rows = _with_index_parts(planned, CellPart(INDEX_ROWS_PART, 4 * 256, INDEX_POOL))
+    assert index_storage(rows) == IndexStorage(128, torch.bfloat16) and index_storage(rows).row_bytes == 256
+    fp8 = small_dsa_plan(kv_cache_dtype="fp8_e4m3")
+    assert index_storage(_with_index_parts(fp8, CellPart(INDEX_ROWS_PART, 4 * 128, INDEX_POOL))).rows_dtype == (
+        torch.uint8
+    )
+    with pytest.raises(PoolPlanMismatchError, match=r"has the part\(s\) \['keys'\].*'indexer'.*'index_k'"):
+        index_storage(_with_index_parts(planned, CellPart("keys", 4 * 256, INDEX_POOL)))
+    fp4 = small_dsa_plan(kv_cache_dtype="fp4_e2m1")
+    with pytest.raises(ConfigError, match="fp4_e2m1 has block scales, so it has no plain row"):
+        index_storage(_with_index_parts(fp4, CellPart(INDEX_ROWS_PART, 4 * 128, INDEX_POOL)))
+
+
+def test_a_plan_whose_index_rows_disagree_with_its_bytes_is_refused() -> None:
+    """Plain rows of 128 bf16 are 256 B per layer: a part of another size is caught before allocating."""
+    planned = _with_index_parts(small_dsa_plan(), CellPart(INDEX_ROWS_PART, 4 * 132, INDEX_POOL))
+    with pytest.raises(PoolPlanMismatchError, match=r"'indexer' pool would allocate \d+ B .*128 torch.bfloat16"):
+        DSATokenToKVPool.from_plan(planned, "meta")
+
+
+def test_the_latent_row_is_the_plans() -> None:
+    """fp8 on CUDA plans DSA's packed row (656 B for 512 + 64); a plan of the plain row's parts builds it plain."""
+    packed = small_dsa_plan(kv_cache_dtype="fp8_e4m3")
+    assert plan_latent_row(packed).packed_fp8
+    plain_parts = (CellPart("latent", 128 * 4), CellPart("rope", 32 * 4))  # fp8: a byte per value, 4 layers
+    indexer = [part for part in packed.cell.parts if part.pool == INDEX_POOL]
+    plain = attrs.evolve(packed, cell=attrs.evolve(packed.cell, parts=(*plain_parts, *indexer)))
+    assert not plan_latent_row(plain).packed_fp8

@@ -188,7 +188,10 @@ def test_cli_plan_end_to_end(kvpools_exe: str, cli_env: dict[str, str]) -> None:
     assert out.returncode == 0, out.stderr
     assert "c128_state_pool_size = 262,272" in out.stdout
     assert "SGLang's DSV4PoolConfigurator: c128 state fixed bytes 21,506,293,760" in out.stdout
-    assert "decided by parse_model_config: dsv4; estimate_cell_size: dsv4; size_pools: dsv4" in out.stdout
+    assert (
+        "decided by platform_traits: cuda; parse_model_config: dsv4; estimate_cell_size: dsv4; size_pools: dsv4"
+        in out.stdout
+    )
     out = run(
         kvpools_exe,
         cli_env,

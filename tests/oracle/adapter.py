@@ -495,6 +495,7 @@ def _check_fraction_advice(
     SGLang's minimum ignores reservations (the VLM cache) and may exceed 1; kvpools counts them and
     says when no fraction helps. Each kvpools claim is checked by planning with what it advises.
     """
+
     def profiled_with(fraction: float) -> str | None:
         """None when ``fraction`` leaves memory for the KV cache (however little), else kvpools' error."""
         try:

@@ -150,7 +150,9 @@ def test_ascend_without_torch_npu_says_so(registry: Registry) -> None:
 
 
 def test_a_profiled_budget_on_an_npu(fake_torch_npu: Any) -> None:
-    result = plan("llama-3.1-8b", device="npu:0", serving=Serving(platform="npu"), weights_memory="16GiB")
+    result = plan(
+        "llama-3.1-8b", device="npu:0", serving=Serving(platform="npu", page_size=128), weights_memory="16GiB"
+    )
     assert result.serving.platform == "ascend"
     assert result.provenance["available_memory"] == ("ascend",)
 
@@ -195,16 +197,17 @@ def test_two_detected_platforms_is_an_error_naming_both(registry: Registry) -> N
 
 
 def test_an_alias_is_resolved_in_the_api(registry: Registry) -> None:
-    result = plan("llama-3.1-8b", Serving(platform="npu"), memory="8GiB", registry=registry)
+    result = plan("llama-3.1-8b", Serving(platform="npu", page_size=128), memory="8GiB", registry=registry)
     assert result.serving.platform == "ascend"
     assert plan("llama-3.1-8b", Serving(platform="hip"), memory="8GiB", registry=registry).serving.platform == "rocm"
 
 
-def test_plans_elsewhere_are_those_of_cuda(registry: Registry) -> None:
-    """The platform plugins change no sizing yet: an Ascend or ROCm plan of llama equals the CUDA one."""
-    cuda = plan("llama-3.1-8b", Serving(), memory="8GiB", registry=registry)
+def test_mha_plans_elsewhere_are_those_of_cuda(registry: Registry) -> None:
+    """An MHA model stores the same rows everywhere (the NPU's page-major tensor holds the same ``S + P`` rows):
+    an Ascend or ROCm plan of llama at page 128 equals the CUDA one."""
+    cuda = plan("llama-3.1-8b", Serving(page_size=128), memory="8GiB", registry=registry)
     for platform in ("ascend", "rocm"):
-        other = plan("llama-3.1-8b", Serving(platform=platform), memory="8GiB", registry=registry)
+        other = plan("llama-3.1-8b", Serving(platform=platform, page_size=128), memory="8GiB", registry=registry)
         assert other.max_total_num_tokens == cuda.max_total_num_tokens
 
 
@@ -253,9 +256,16 @@ def test_the_cli_selects_and_refuses(kvpools_exe: str, cli_env: dict[str, str]) 
             timeout=120,
         )
 
-    out = run("--device", "npu:0", "--json")
+    out = run("--device", "npu:0", "--page-size", "128", "--json")
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["plan"]["serving"]["platform"] == "ascend"
+    serving = json.loads(out.stdout)["plan"]["serving"]
+    assert serving["platform"] == "ascend"
+    assert serving["platform_traits"]["slot_index_dtype"] == "int32"  # the plan records the rules it was made under
+    out = run("--device", "npu:0")
+    assert out.returncode == 1
+    assert "Every model needs --page-size 128 on ascend" in out.stderr
+    assert "At this moment Ascend attention backend only supports a page_size of 128" in out.stderr
+    assert "Traceback" not in out.stderr
     out = run("--platform", "ascend", KVPOOLS_DISABLED_PLUGINS="ascend")
     assert out.returncode == 1
     assert "Unknown platform 'ascend'" in out.stderr and "Disabled by KVPOOLS_DISABLED_PLUGINS" in out.stderr

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import pytest
 import torch
 from torch import Tensor
@@ -31,7 +32,12 @@ from kvpools_core.pools.layout import (
     BufferLayout,
     BufferRequest,
     LayerMajorLayout,
+    PageMajorLayout,
     allocate,
+    allocate_buffers,
+    allocate_layer_buffers,
+    allocate_page_major,
+    allocate_split_by_layer,
 )
 
 from ..mla.oracle_support import parse
@@ -107,14 +113,18 @@ def test_every_preset_builds_layer_major_on_meta_with_the_planned_bytes(preset: 
         by_pool = pools.kv_pool.nbytes_by_pool()
         assert by_pool == {name: planned.pool(name).bytes for name in by_pool}
         assert pools.allocated_by_pool() == {p.name: p.bytes for p in planned.pools}
-        # every token-indexed KV buffer went through the layout, and nothing else did
+        # every token-indexed KV buffer went through the layout, and the request table's state tensors
+        # (mamba's conv and SSM state), and nothing else did
+        state_pools = {"mamba_state"} & set(pools.allocated_by_pool())
+        carved = {k: v for k, v in by_pool.items() if k != MAPPING_POOL}
+        carved |= {name: planned.pool(name).bytes for name in state_pools}
         requested: Counter[str] = Counter()
         for request, views in layout.allocated:
             requested[request.pool] += request.nbytes
             assert [tuple(v.shape) for v in views] == [request.shape] * request.num_layers
             if views:
                 assert len({id(v._base) for v in views}) == 1 and views[0]._base.shape[0] == request.num_layers
-        assert +requested == +Counter({k: v for k, v in by_pool.items() if k != MAPPING_POOL})
+        assert +requested == +Counter(carved)
     assert built >= 1
 
 
@@ -382,3 +392,168 @@ def test_a_buffer_request_is_typed_data() -> None:
         BufferRequest(
             pool="kv", role="k", rows=1, page_size=0, layers=(), row_shape=(), dtype=torch.uint8, device="cpu"
         )
+
+
+# -- column groups: a layout may store a grouped row as one tensor per group ------
+
+
+def _grouped(rows: int = 8, layers: int = 2, device: str = "cpu") -> BufferRequest:
+    """An MLA latent request (``nope`` 12 + ``rope`` 4 columns of bf16), as ``MLATokenToKVPool`` declares it."""
+    return BufferRequest(
+        pool="kv",
+        role="latent",
+        rows=rows,
+        page_size=4,
+        layers=range(layers),
+        row_shape=(1, 16),
+        dtype=torch.bfloat16,
+        device=device,
+        column_groups=(("nope", 12), ("rope", 4)),
+    )
+
+
+def test_column_groups_are_checked_and_give_each_group_its_shape() -> None:
+    request = _grouped()
+    assert request.column_groups == (("nope", 12), ("rope", 4))
+    assert request.group_shapes == ((8, 1, 12), (8, 1, 4)) and request.nbytes == 2 * 8 * 16 * 2
+    base = dict(pool="kv", role="latent", rows=8, page_size=4, layers=(0,), dtype=torch.bfloat16, device="cpu")
+    for shape, groups, problem in [
+        ((1, 16), (("nope", 12), ("rope", 5)), "widths sum to 17"),
+        ((1, 16), (("nope", 12), ("nope", 4)), "distinct non-empty names"),
+        ((1, 16), (("nope", 16), ("rope", 0)), "integers >= 1"),
+        ((), (("nope", 1),), "must split the last dimension"),
+    ]:
+        with pytest.raises(KvpoolsError, match=problem):
+            BufferRequest(row_shape=shape, column_groups=groups, **base)  # type: ignore[arg-type]
+
+
+def test_page_major_splits_grouped_requests_and_pages_the_rest() -> None:
+    """SGLang NPU: ``k_buffer (L, S//P + 1, P, 1, R)`` and ``v_buffer (L, S//P + 1, P, 1, r)`` (§3.3)."""
+    layout = PageMajorLayout()
+    split = allocate_layer_buffers(layout, _grouped())
+    assert all(isinstance(layer, tuple) and len(layer) == 2 for layer in split)
+    nope, rope = zip(*split, strict=True)
+    assert [tuple(t.shape) for t in nope] == [(8, 1, 12)] * 2 and [tuple(t.shape) for t in rope] == [(8, 1, 4)] * 2
+    assert tuple(nope[0]._base.shape) == (2, 2, 4, 1, 12) and tuple(rope[1]._base.shape) == (2, 2, 4, 1, 4)
+    assert nope[0]._base is nope[1]._base and nope[0]._base is not rope[0]._base
+    whole = allocate_buffers(layout, attrs.evolve(_grouped(), column_groups=()))  # no groups: one view per layer
+    assert [tuple(t.shape) for t in whole] == [(8, 1, 16)] * 2 and tuple(whole[0]._base.shape) == (2, 2, 4, 1, 16)
+    unpaged = allocate_page_major(attrs.evolve(_grouped(rows=6), column_groups=()))  # rows that are not whole pages
+    assert tuple(unpaged[0]._base.shape) == (2, 6, 1, 16)
+    assert allocate_page_major(_grouped(), split_columns=False)[0]._base.shape == (2, 2, 4, 1, 16)
+
+
+def test_a_split_is_refused_where_the_store_reads_whole_rows() -> None:
+    with pytest.raises(BufferLayoutError, match=r"split the 'latent' buffers .* allocate_split_by_layer"):
+        allocate_buffers(PageMajorLayout(), _grouped())
+    assert set(allocate_split_by_layer(PageMajorLayout(), [_grouped()])["latent"]) == {0, 1}
+
+
+def _split_of(request: BufferRequest, widths: Sequence[int]) -> tuple[Tensor, ...]:
+    return tuple(allocate((request.rows, 1, w), request.dtype, request.device) for w in widths)
+
+
+def _aliased_split(request: BufferRequest) -> tuple[Tensor, ...]:
+    """A split whose rope is the first columns of its nope: writes to one would overwrite the other."""
+    nope = allocate((request.rows, 1, 12), request.dtype, request.device)
+    return nope, nope[..., :4]
+
+
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        (lambda r: [_split_of(r, (12, 4)) for _ in r.layers], None),
+        (lambda r: [_split_of(r, (12, 4)), allocate(r.shape, r.dtype, r.device)], "a column split for some layers"),
+        (lambda r: [_split_of(r, (16,)) for _ in r.layers], r"a split of 1 tensor\(s\) for layer 0"),
+        (lambda r: [_split_of(r, (4, 12)) for _ in r.layers], r"a \(8, 1, 4\) torch.bfloat16 buffer for layer 0"),
+        (lambda r: [_split_of(r, (12, 4))] * 2, "overlapping buffers for layers 0 and 1"),
+        (lambda r: [_aliased_split(r) for _ in r.layers], "buffers that share memory"),
+    ],
+)
+def test_what_a_splitting_layout_returns_is_checked(
+    answer: Callable[[BufferRequest], Any], problem: str | None
+) -> None:
+    layout, request = _Wrong(answer), _grouped()
+    if problem is None:
+        assert len(allocate_layer_buffers(layout, request)) == 2
+        return
+    with pytest.raises(BufferLayoutError, match=rf"'wrong' .*{problem}.*or \(all layers\) a split of"):
+        allocate_layer_buffers(layout, request)
+
+
+def test_a_request_without_groups_is_never_split() -> None:
+    request = attrs.evolve(_grouped(), column_groups=())
+    with pytest.raises(BufferLayoutError, match=r"a column split .* for a request without column groups"):
+        allocate_layer_buffers(_Wrong(lambda r: [_split_of(r, (12, 4)) for _ in r.layers]), request)
+
+
+class SplittingLayout(PageMajorLayout):
+    """A stand-in platform's page-major layout that splits the stores' grouped rows (SGLang NPU's carving)."""
+
+    name = "npu_like"
+
+    def __init__(self) -> None:
+        self.allocated: list[tuple[BufferRequest, list[Any]]] = []
+
+    def allocate(self, request: BufferRequest) -> list[Any]:
+        buffers = super().allocate(request)
+        self.allocated.append((request, buffers))
+        return buffers
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_builds_page_major_and_split_on_meta_with_the_planned_bytes(preset: str) -> None:
+    planned = None
+    for serving in (Serving(page_size=64), Serving(page_size=256, tp_size=8)):  # DeepSeek-V4 pages by 256
+        try:
+            planned = plan(preset, serving, memory="20GiB")
+            break
+        except KvpoolsError:
+            continue
+    assert planned is not None
+    layout = SplittingLayout()
+    pools = build(planned, "meta", registry=platform_registry(layout))
+    assert pools.allocated_by_pool() == {p.name: p.bytes for p in planned.pools}
+    for request, buffers in layout.allocated:
+        if request.column_groups:  # the MLA stores' plain rows: split, as SGLang NPU's k_buffer / v_buffer
+            assert request.role == "latent" and [name for name, _ in request.column_groups] == ["nope", "rope"]
+            assert all(tuple(tuple(t.shape) for t in b) == request.group_shapes for b in buffers)
+        else:
+            assert all(tuple(b.shape) == request.shape for b in buffers)
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3"])
+def test_a_split_mla_store_reads_back_bit_for_bit_what_a_whole_row_store_does(kv: str) -> None:
+    planned = _small_mla(kv)
+    whole, split = build(planned, "cpu"), build(planned, "cpu", registry=platform_registry(SplittingLayout()))
+    a, b = whole.kv_pool, split.kv_pool
+    assert not a.split and b.split and b.kv_buffer == [] and len(b.nope_buffer) == len(b.rope_buffer) == 3
+    assert split.allocated_by_pool() == whole.allocated_by_pool() == {p.name: p.bytes for p in planned.pools}
+    loc = _slots(a)
+    for layer in range(3):
+        rows = _random(8, 1, 48, seed=layer)
+        nope, rope = _random(8, 1, 32, seed=10 + layer), _random(8, 1, 16, seed=20 + layer).float()
+        for pool in (a, b):
+            pool.set_kv_buffer(layer, loc, rows)
+            pool.set_mla_kv_buffer(layer, loc + 1, nope, rope)  # the rope cast as the whole-row path casts it
+        for x, y in zip((*a.get_mla_kv(layer, loc), *a.get_mla_kv(layer, loc + 1)),
+                        (*b.get_mla_kv(layer, loc), *b.get_mla_kv(layer, loc + 1)), strict=True):  # fmt: skip
+            assert x.dtype == y.dtype and torch.equal(_raw(x), _raw(y))
+        # the stored bytes, padding page and all; the whole row of a split store is a concatenated copy
+        assert torch.equal(_raw(b.get_key_buffer(layer)), _raw(a.get_key_buffer(layer)))
+        assert torch.equal(_raw(b.get_value_buffer(layer)), _raw(a.get_value_buffer(layer)))
+        got, expected = b.get_nope_rope_buffers(layer), a.get_nope_rope_buffers(layer)
+        assert all(torch.equal(_raw(x), _raw(y)) for x, y in zip(got, expected, strict=True))
+        assert got[0].untyped_storage().data_ptr() == b.nope_buffer[layer].untyped_storage().data_ptr()
+    b.get_nope_rope_buffers(0)[1][loc[0]] = 0  # the parts are views: a write through them is stored
+    assert not b.get_mla_kv(0, loc[:1])[1].any()
+
+
+def test_rows_with_scales_or_packed_are_never_grouped() -> None:
+    """fp4 rows (packed pairs + scales) and DSA's packed fp8 row have no latent / rope columns to split."""
+    for planned in (_small_mla("fp4_e2m1"), _small_dsa()):
+        layout = SplittingLayout()
+        pools = build(planned, "cpu", registry=platform_registry(layout))
+        assert not any(request.column_groups for request, _ in layout.allocated) and not pools.kv_pool.split
+        with pytest.raises(ValueError, match="no separate latent and rope columns"):
+            pools.kv_pool.get_nope_rope_buffers(0)

@@ -12,15 +12,34 @@ from __future__ import annotations
 import importlib.util
 import sys
 
+# Hooks of the plugin's other modules are attributes of this module, which is what the entry point registers.
+from kvpools_ascend.allocator import *  # noqa: F403
+from kvpools_ascend.dsa import *  # noqa: F403
+from kvpools_ascend.layout_hooks import *  # noqa: F403
+from kvpools_ascend.names import DEVICE_TYPE, PLATFORM, RUNTIME
 from kvpools_core import hookimpl
 from kvpools_core.errors import ConfigError
 from kvpools_core.options import option
-from kvpools_core.values import Serving
+from kvpools_core.values import PageSizeRule, PlatformTraits, Serving
 
-PLATFORM = "ascend"
-DEVICE_TYPE = "npu"
 ALIASES = {DEVICE_TYPE: PLATFORM}
-RUNTIME = "torch_npu"
+ASCEND_PAGE_SIZE = 128
+
+TRAITS = PlatformTraits(
+    platform=PLATFORM,
+    page_size_rules=(
+        PageSizeRule(
+            sizes=(ASCEND_PAGE_SIZE,),
+            reason="SGLang's Ascend attention backend pages its KV cache by 128 tokens",
+            engine_message="At this moment Ascend attention backend only supports a page_size of 128, "
+            "change page_size to 128.",
+        ),
+    ),
+    slot_index_dtype="int32",
+)
+"""What Ascend's kernels decide: page size 128 for every model (SGLang's server args force it for the ``ascend``
+attention backend, with that warning), and int32 slot indices (``NPUPagedTokenToKVPoolAllocator`` returns
+``out.int()``; ``_npu_reshape_and_cache`` takes int32 slots)."""
 
 
 @hookimpl
@@ -39,6 +58,11 @@ def detect_platform(device: str | None) -> str | None:
     if device is None:
         return PLATFORM if runtime_importable() else None
     return PLATFORM if device.split(":", 1)[0] == DEVICE_TYPE else None
+
+
+@hookimpl(tryfirst=True)
+def platform_traits(serving: Serving) -> PlatformTraits | None:
+    return TRAITS if serving.platform == PLATFORM else None
 
 
 @hookimpl(tryfirst=True)

@@ -17,12 +17,27 @@ from typing import Any
 from kvpools_core import hookimpl
 from kvpools_core.errors import ConfigError
 from kvpools_core.options import option
-from kvpools_core.values import Serving
+from kvpools_core.values import ModelSpec, PageSizeRule, PlatformTraits, Serving, Workspace
 
 PLATFORM = "rocm"
 ALIASES = {"hip": PLATFORM}
 DEVICE_TYPE = "cuda"
 """torch's device type for HIP devices on a ROCm build."""
+
+TRAITS = PlatformTraits(
+    platform=PLATFORM,
+    page_size_rules=(
+        PageSizeRule(
+            kernels=("dsa",),
+            sizes=(1,),
+            multiple_of=16,
+            reason="SGLang's DSA pool on HIP pages by 1, or by a multiple of 16 with AITER's preshuffled paged MQA",
+        ),
+    ),
+    raw_mla_row_backends=frozenset({"tilelang", "triton", "aiter"}),
+)
+"""What ROCm's kernels decide (SGLang's ``DSATokenToKVPool`` HIP branch and ``calculate_mla_kv_cache_dim``):
+DSA pages of 1 or a multiple of 16, and the DSA backends that read raw latent rows (no FlashMLA fp8 packing)."""
 
 
 @hookimpl
@@ -43,6 +58,60 @@ def detect_platform(device: str | None) -> str | None:
     if device.split(":", 1)[0] == DEVICE_TYPE and hip_build(import_torch=True):
         return PLATFORM
     return None
+
+
+@hookimpl(tryfirst=True)
+def platform_traits(serving: Serving) -> PlatformTraits | None:
+    return TRAITS if serving.platform == PLATFORM else None
+
+
+ATTENTION_BACKEND_OPTION = "rocm.attention_backend"
+AITER = "aiter"
+AITER_MLA_WORKSPACE = "aiter_mla_kv_indices"
+AITER_INDEX_BYTES = 4
+"""AITER's page indices are int32."""
+
+
+@hookimpl
+def plugin_options() -> dict[str, str]:
+    return {
+        ATTENTION_BACKEND_OPTION: f"SGLang's --attention-backend on ROCm (default {AITER}); {AITER} keeps an MLA "
+        f"page-index workspace of requests x context_len int32 that the plan charges."
+    }
+
+
+def attention_backend(serving: Serving) -> str:
+    return str(serving.plugin_options.get(ATTENTION_BACKEND_OPTION, AITER))
+
+
+@hookimpl
+def workspaces(model: ModelSpec, serving: Serving) -> list[Workspace] | None:
+    """AITER's MLA backend: an int32 page-index buffer of ``max_running_requests x context_len`` entries.
+
+    SGLang's ``AiterAttnBackend`` (``init_cuda_graph_state``) allocates
+    ``cuda_graph_kv_indices = zeros(max_bs * max_context_len, int32)`` for MLA
+    models beside the KV cache, out of the memory the KV pool leaves; kvpools
+    charges it per running request so an exact plan leaves room for it.
+    """
+    if serving.platform != PLATFORM or attention_backend(serving) != AITER or not _reads_mla_latents(model):
+        return None
+    context_len = serving.context_length or model.context_len
+    return [
+        Workspace(
+            name=AITER_MLA_WORKSPACE,
+            purpose="AITER MLA decode's page indices (int32, one per context token of each running request)",
+            bytes_per_request=context_len * AITER_INDEX_BYTES,
+            dtype="int32",
+        )
+    ]
+
+
+def _reads_mla_latents(model: ModelSpec) -> bool:
+    """An MLA model served by the MLA attention backend (DSA models use the DSA backends, which keep their own)."""
+    layers = model.layers
+    return bool(layers) and all(
+        "kv_lora_rank" in layer.params and "index_head_dim" not in layer.params for layer in layers
+    )
 
 
 @hookimpl(tryfirst=True)
