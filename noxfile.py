@@ -1,4 +1,5 @@
-"""Sessions: tests (the CI command), lint, typing, bench.
+"""Sessions: tests (the CI command: the suite, then the conformance suite on every built-in plugin), lint, typing,
+bench.
 
 Every session installs from ``constraints.txt`` so torch stays the small CPU
 build on these machines.
@@ -17,11 +18,22 @@ EXAMPLE_PLUGIN = "./tests/plugins/example"
 VENDOR_PLUGINS = ("./plugins/kvpools-rocm", "./plugins/kvpools-ascend")
 
 
+ARCHITECTURES = ("mha", "mla", "dsa", "minimax_sparse", "mamba", "swa", "dsv4")
+"""The built-in architecture plugins the plugin authors' conformance suite runs on, per platform."""
+PLATFORMS = ("cpu", "ascend", "rocm")
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The test suite, with the example plugin and the vendor platforms installed as separate distributions."""
+    """The test suite, with the example plugin and the vendor platforms installed as separate distributions,
+    then the conformance suite (``pytest --kvpools-conformance``) on every built-in architecture, per platform."""
     session.install(*CONSTRAINTS, "-e", ".[test]", EXAMPLE_PLUGIN, *VENDOR_PLUGINS)
     session.run("pytest", *(session.posargs or ["-q"]))
+    if session.posargs:
+        return  # a chosen subset of the tests: no conformance run
+    names = [f"--kvpools-conformance={name}" for name in ARCHITECTURES]
+    for platform in PLATFORMS:
+        session.run("pytest", "-q", "-p", "no:cacheprovider", *names, f"--kvpools-conformance-platform={platform}")
 
 
 @nox.session

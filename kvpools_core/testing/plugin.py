@@ -1,0 +1,87 @@
+"""The kit's pytest plugin (entry point ``pytest11: kvpools``): fixtures and ``--kvpools-conformance``.
+
+``pytest --kvpools-conformance=NAME`` (repeatable) runs the conformance
+suite on the installed plugin ``NAME`` instead of the tests the arguments
+name; ``--kvpools-conformance-platform`` plans for another platform (its
+page rules and layouts), ``--kvpools-conformance-examples`` sets how many
+generated cases each property check tries, and
+``--kvpools-conformance-config PATH`` adds seed configs (for a plugin that
+ships no presets).  ``-p no:kvpools`` turns the whole plugin off.
+
+Nothing here imports hypothesis or torch until a fixture or the suite asks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+__all__ = ["kvpools_fake_device", "kvpools_registry"]
+
+OPTION = "--kvpools-conformance"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvpools", "kvpools plugin conformance (kvpools_core.testing)")
+    group.addoption(
+        OPTION,
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="Run the kvpools conformance suite on the installed plugin NAME (repeatable) instead of the tests "
+        "the arguments name.",
+    )
+    group.addoption(
+        "--kvpools-conformance-platform",
+        default="cpu",
+        metavar="PLATFORM",
+        help="Plan the conformance cases for this platform (its page rules, layouts and allocators). Default: cpu.",
+    )
+    group.addoption(
+        "--kvpools-conformance-examples",
+        type=int,
+        default=25,
+        metavar="N",
+        help="Generated cases per property check (hypothesis max_examples). Default: 25.",
+    )
+    group.addoption(
+        "--kvpools-conformance-config",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="A config.json (or a directory holding one) to seed the suite with, beside the plugin's presets.",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("kvpools_conformance", default=None):
+        from kvpools_core.testing import suite
+
+        config.args[:] = [str(Path(suite.__file__))]
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    names = config.getoption("kvpools_conformance", default=None)
+    if not names:
+        return None
+    platform = config.getoption("kvpools_conformance_platform")
+    return f"kvpools conformance: {', '.join(names)} on platform {platform}"
+
+
+@pytest.fixture
+def kvpools_registry() -> Callable[..., Any]:
+    """``kvpools_registry("mha", objects={...})``: a registry of only those plugins (no entry-point autoload)."""
+    from kvpools_core.testing.registries import isolated_registry
+
+    return isolated_registry
+
+
+@pytest.fixture
+def kvpools_fake_device() -> Iterator[Callable[..., Any]]:
+    """``kvpools_fake_device("toy", free=8 << 30)``: a platform object whose devices report that memory."""
+    from kvpools_core.testing.registries import FakeDeviceMemory
+
+    yield FakeDeviceMemory

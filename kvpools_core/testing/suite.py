@@ -1,0 +1,210 @@
+"""The conformance suite ``pytest --kvpools-conformance=NAME`` runs on an installed architecture plugin.
+
+Seeds are the plugin's presets (and ``--kvpools-conformance-config`` files);
+every check is one of :mod:`kvpools_core.testing.conformance`.  Property
+checks draw serving options and budgets with hypothesis and shrink a failure
+to a case printed as a ``kvpools plan`` command line.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvpools_core.config import resolve_model_source
+from kvpools_core.pipeline import resolve_platform, resolve_platform_traits
+from kvpools_core.registry import Registry
+from kvpools_core.testing import conformance as c
+from kvpools_core.testing import strategies as s
+from kvpools_core.testing.registries import isolated_registry
+from kvpools_core.values import PlatformTraits, Serving
+
+LARGE_BUDGET = 80 * s.GiB
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "plugin" in metafunc.fixturenames:
+        names = metafunc.config.getoption("kvpools_conformance") or []
+        metafunc.parametrize("plugin", names)
+
+
+@pytest.fixture(scope="session")
+def registry() -> Registry:
+    return Registry()
+
+
+@pytest.fixture(scope="session")
+def platform(request: pytest.FixtureRequest, registry: Registry) -> tuple[str, PlatformTraits]:
+    name = request.config.getoption("kvpools_conformance_platform")
+    serving = resolve_platform(Serving(platform=name), registry)
+    traits = resolve_platform_traits(serving, registry).traits
+    return serving.platform, traits
+
+
+@pytest.fixture
+def own(plugin: str, registry: Registry) -> Registry:
+    """The plugin alone (and the core), for what only its own answers may show: claims and declines."""
+    if plugin not in {info.name for info in registry.plugins() if info.status == "loaded"}:
+        pytest.fail(f"no loaded plugin is named {plugin!r}; `kvpools plugins` lists the installed ones")
+    return isolated_registry([plugin], platforms=())
+
+
+@pytest.fixture
+def seeds(plugin: str, registry: Registry, request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
+    """The plugin's presets and the ``--kvpools-conformance-config`` configs it claims."""
+    configs = s.plugin_presets(plugin, registry)
+    for path in request.config.getoption("kvpools_conformance_config"):
+        config, _, name = resolve_model_source(path, registry)
+        configs[name] = dict(config)
+    own_registry = isolated_registry([plugin], platforms=())
+    claimed = {name: config for name, config in configs.items() if _claims(own_registry, name, config)}
+    if not claimed:
+        pytest.fail(
+            f"plugin {plugin!r} ships no preset and no --kvpools-conformance-config it claims: the suite needs at "
+            f"least one config to start from (ship presets with the presets hook, or pass a config.json)."
+        )
+    return claimed
+
+
+def _claims(own: Registry, name: str, config: dict[str, Any]) -> bool:
+    try:
+        return c.parse_alone(own, config, name) is not None
+    except Exception:
+        return True  # a crash on its own config is reported by test_claims_its_configs
+
+
+# -- parsing ------------------------------------------------------------------------------
+
+
+def test_claims_its_configs(plugin: str, own: Registry, seeds: dict[str, dict[str, Any]]) -> None:
+    for name, config in seeds.items():
+        c.check_claims(plugin, name, config, own)
+
+
+def test_declines_configs_it_does_not_own(plugin: str, own: Registry, registry: Registry) -> None:
+    others = {
+        name: config
+        for info in registry.plugins()
+        if info.name != plugin and info.status == "loaded"
+        for name, config in s.plugin_presets(info.name, registry).items()
+    }
+    for name, config in others.items():
+        c.check_declines(plugin, name, config, own)
+
+
+def test_names_malformed_fields(plugin: str, own: Registry, seeds: dict[str, dict[str, Any]]) -> None:
+    for name, config in seeds.items():
+        for field in c.MALFORMABLE_FIELDS:
+            if field in config:
+                c.check_malformed_field(plugin, name, config, field, own)
+
+
+# -- planning and building --------------------------------------------------------------
+
+
+def _settings(request: pytest.FixtureRequest) -> settings:
+    return settings(
+        max_examples=request.config.getoption("kvpools_conformance_examples"),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
+        derandomize=True,
+        database=None,
+    )
+
+
+@functools.cache
+def _model(registry: Registry, name: str, text: str) -> Any:
+    from kvpools_core.config import parse_config
+
+    return parse_config(json.loads(text), f"preset:{name}", registry)[0]
+
+
+def _cases(plugin: str, seeds: dict[str, dict[str, Any]], registry: Registry, platform: tuple[str, PlatformTraits]):  # type: ignore[no-untyped-def]
+    name, traits = platform
+
+    @st.composite
+    def cases(draw: st.DrawFn) -> c.Case:
+        preset, config = draw(s.preset_configs(seeds), label="config")
+        model = _model(registry, preset, json.dumps(config, sort_keys=True))
+        serving = draw(s.servings(model, platform=name, traits=traits), label="serving")
+        return c.Case(plugin, preset, config, serving, draw(s.budgets(), label="memory"))
+
+    return cases()
+
+
+def test_plans_fit_build_exactly_and_grow_with_memory(
+    plugin: str, seeds: dict[str, dict[str, Any]], registry: Registry, platform: Any, request: pytest.FixtureRequest
+) -> None:
+    planned_cases = []
+
+    @_settings(request)
+    @given(_cases(plugin, seeds, registry, platform))
+    def check(case: c.Case) -> None:
+        planned = c.check_plan(case, registry)
+        if planned is None:
+            return
+        planned_cases.append(case)
+        c.check_build(case, planned, registry)
+        c.check_more_memory(case, planned, registry)
+
+    check()
+    if not planned_cases:
+        if _seed_cases(plugin, seeds, platform, registry):
+            pytest.fail(f"every generated case of {plugin!r} was refused or out of memory: the check proved nothing")
+        pytest.skip(f"plugin {plugin!r} refuses every seed config on platform {platform[0]!r}")
+
+
+def test_a_larger_tp_never_stores_more_per_rank(
+    plugin: str, seeds: dict[str, dict[str, Any]], registry: Registry, platform: Any, request: pytest.FixtureRequest
+) -> None:
+    @_settings(request)
+    @given(_cases(plugin, seeds, registry, platform))
+    def check(case: c.Case) -> None:
+        c.check_tp_monotone(case, s.tp_sizes(c.model_of(case, registry)), registry)
+
+    check()
+
+
+def _seed_cases(
+    plugin: str, seeds: dict[str, dict[str, Any]], platform: tuple[str, PlatformTraits], registry: Registry
+) -> list[c.Case]:
+    """Each seed at the first page size the platform and the plugin accept (none: the seed is left out)."""
+    name, traits = platform
+    cases = []
+    for preset, config in seeds.items():
+        for page in s.page_sizes(traits):
+            case = c.Case(plugin, preset, config, Serving(platform=name, page_size=page), LARGE_BUDGET)
+            if c.check_plan(case, registry) is not None:
+                cases.append(case)
+                break
+    return cases
+
+
+def test_honours_the_kv_dtype_and_tp(
+    plugin: str, seeds: dict[str, dict[str, Any]], registry: Registry, platform: Any
+) -> None:
+    for case in _seed_cases(plugin, seeds, platform, registry):
+        c.check_honours_kv_dtype_and_tp(case, registry)
+
+
+def test_fills_a_large_budget(plugin: str, seeds: dict[str, dict[str, Any]], registry: Registry, platform: Any) -> None:
+    for case in _seed_cases(plugin, seeds, platform, registry):
+        for page in (case.serving.page_size, *[p for p in (64, 256) if p in s.page_sizes(platform[1])]):
+            c.check_fills_a_large_budget(
+                attrs.evolve(case, serving=attrs.evolve(case.serving, page_size=page)), registry
+            )
+
+
+def test_seed_configs_exist_on_disk_for_replay(
+    plugin: str, seeds: dict[str, dict[str, Any]], platform: Any, registry: Registry
+) -> None:
+    """Every case can be replayed: its config is written where the printed command line points."""
+    for case in _seed_cases(plugin, seeds, platform, registry):
+        assert Path(case.config_path()).is_file()
