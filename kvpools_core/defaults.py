@@ -1,8 +1,8 @@
 """The core's default hook implementations (plugin name ``core``), all ``trylast``.
 
 They answer only where no installed plugin does: single-token-space pool
-sizing, neutral platform traits, the plain request table, the per-layer buffer layout, and the token /
-paged allocator.  The core
+sizing, neutral platform traits, the plain request table, byte-row storage
+pools, the per-layer buffer layout, and the token / paged allocator.  The core
 cannot be disabled; every other plugin overrides it simply by answering.
 """
 
@@ -115,6 +115,14 @@ def buffer_layout(plan: Any, device: str) -> Any:
     from kvpools_core.pools.layout import PER_LAYER
 
     return PER_LAYER
+
+
+@hookimpl(trylast=True)
+def build_pool(plan: Any, device: str, layout: Any) -> Any:
+    """Pools no architecture builds: every planned storage pool as byte rows (``pools.bytes.BytePool``)."""
+    from kvpools_core.pools.bytes import BytePool
+
+    return BytePool.from_plan(plan, device, layout=layout)
 
 
 @hookimpl(trylast=True)
