@@ -21,6 +21,8 @@ VENDOR_PLUGINS = ("./plugins/kvpools-rocm", "./plugins/kvpools-ascend")
 ARCHITECTURES = ("mha", "mla", "dsa", "minimax_sparse", "mamba", "swa", "dsv4")
 """The built-in architecture plugins the plugin authors' conformance suite runs on, per platform."""
 PLATFORMS = ("cpu", "ascend", "rocm")
+EXAMPLE_CONFORMANCE = {"example": "toy-latent.json", "example_parts": "toy-hybrid.json"}
+"""The example distribution's plugins and the config each is proven on."""
 
 
 @nox.session
@@ -34,6 +36,15 @@ def tests(session: nox.Session) -> None:
     names = [f"--kvpools-conformance={name}" for name in ARCHITECTURES]
     for platform in PLATFORMS:
         session.run("pytest", "-q", "-p", "no:cacheprovider", *names, f"--kvpools-conformance-platform={platform}")
+    for name, config in EXAMPLE_CONFORMANCE.items():  # out-of-tree plugins without presets: seeded by a config
+        session.run(
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--kvpools-conformance={name}",
+            f"--kvpools-conformance-config={EXAMPLE_PLUGIN}/configs/{config}",
+        )
 
 
 @nox.session

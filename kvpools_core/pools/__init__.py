@@ -27,6 +27,7 @@ from kvpools_core.pools.layout import (
     LayerMajorLayout,
     PageMajorLayout,
     PerLayerLayout,
+    RowIndexedBuffer,
 )
 from kvpools_core.pools.mha import MHATokenToKVPool
 from kvpools_core.pools.mla import MLATokenToKVPool
@@ -50,5 +51,6 @@ __all__ = [
     "PerLayerLayout",
     "PoolPlanMismatchError",
     "ReqToTokenPool",
+    "RowIndexedBuffer",
     "check_planned_bytes",
 ]

@@ -11,19 +11,33 @@ is inclusive).
 The buffers are allocated through a :class:`~kvpools_core.pools.layout.BufferLayout`
 (one request per role — ``k``, ``v``, ``k_scale``, ``v_scale`` — and row shape):
 one tensor per layer by default, or however the build's platform carves them;
-reads and writes stay here, on the per-layer views.
+reads and writes stay here, on the per-layer views.  K and V are only ever
+addressed by row index, so their requests are ``row_indexed_ok``: a layout may
+hand them :class:`~kvpools_core.pools.layout.RowIndexedBuffer` s (rows permuted
+within a native tensor, ROCm AITER's vectorized 5-d K / V), which the writes
+and reads below index like tensors; ``get_key_buffer`` then returns the native
+tensor, what kernels read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 from torch import Tensor
 
 from kvpools_core.errors import PoolPlanMismatchError
 from kvpools_core.parts.attention import LayerGeometry
-from kvpools_core.pools.layout import PER_LAYER, BufferLayout, BufferRequest, allocate, allocate_by_layer
+from kvpools_core.pools.layout import (
+    PER_LAYER,
+    BufferLayout,
+    BufferRequest,
+    RowBuffer,
+    RowIndexedBuffer,
+    allocate,
+    allocate_rows_by_layer,
+)
 from kvpools_core.pools.quant import KVCodec
 
 __all__ = ["LayerGeometry", "LayerKV", "PoolPlanMismatchError", "allocate", "check_planned_bytes", "tensor_nbytes"]
@@ -62,17 +76,19 @@ class LayerKV:
             device=device,
             page_size=page_size,
         )
-        buffers = allocate_by_layer(self.layout, requests)
+        buffers = allocate_rows_by_layer(self.layout, requests)
         ids = range(start_layer, self.end_layer)
 
-        def per_layer(role: str) -> list[Tensor]:
+        def per_layer(role: str) -> list[RowBuffer]:
             by_id = buffers.get(role)
             return [by_id[i] for i in ids] if by_id else []
 
         self.k_buffer = per_layer("k")
+        """Per layer, the K rows: a ``(rows, heads, dim)`` tensor, or a row-indexed buffer (see the module)."""
         self.v_buffer = per_layer("v")
-        self.k_scale_buffer: list[Tensor] = per_layer("k_scale")
-        self.v_scale_buffer: list[Tensor] = per_layer("v_scale")
+        # scale requests are not row_indexed_ok, so the core gave them tensors (a row-indexed one is refused)
+        self.k_scale_buffer = cast("list[Tensor]", per_layer("k_scale"))
+        self.v_scale_buffer = cast("list[Tensor]", per_layer("v_scale"))
         self.device = torch.device(device) if not self.k_buffer else self.k_buffer[0].device
 
     @staticmethod
@@ -88,20 +104,21 @@ class LayerKV:
     ) -> list[BufferRequest]:
         """What :class:`LayerKV` asks its layout for: per role, one request per row shape (alike layers share one)."""
         device = torch.device(device)
-        roles: list[tuple[str, torch.dtype, Callable[[LayerGeometry], tuple[int, ...]]]] = [
-            ("k", codec.store_dtype, lambda g: codec.data_shape(rows, g.heads, g.head_dim)),
-            ("v", codec.store_dtype, lambda g: codec.data_shape(rows, g.heads, g.v_head_dim)),
+        # (role, dtype, row shape of a layer, row_indexed_ok): K / V are read and written by row index only
+        roles: list[tuple[str, torch.dtype, Callable[[LayerGeometry], tuple[int, ...]], bool]] = [
+            ("k", codec.store_dtype, lambda g: codec.data_shape(rows, g.heads, g.head_dim), True),
+            ("v", codec.store_dtype, lambda g: codec.data_shape(rows, g.heads, g.v_head_dim), True),
         ]
         if codec.scale_block is not None:
             roles += [
-                ("k_scale", torch.uint8, lambda g: _scale_shape(codec, rows, g.heads, g.head_dim)),
-                ("v_scale", torch.uint8, lambda g: _scale_shape(codec, rows, g.heads, g.v_head_dim)),
+                ("k_scale", torch.uint8, lambda g: _scale_shape(codec, rows, g.heads, g.head_dim), False),
+                ("v_scale", torch.uint8, lambda g: _scale_shape(codec, rows, g.heads, g.v_head_dim), False),
             ]
         by_geometry: dict[LayerGeometry, list[int]] = {}
         for i, g in enumerate(layers):
             by_geometry.setdefault(g, []).append(start_layer + i)
         requests = []
-        for role, dtype, shape_of in roles:
+        for role, dtype, shape_of, row_indexed_ok in roles:
             groups: dict[tuple[int, ...], list[int]] = {}
             for g, ids in by_geometry.items():
                 groups.setdefault(shape_of(g)[1:], []).extend(ids)
@@ -115,6 +132,7 @@ class LayerKV:
                     row_shape=row_shape,
                     dtype=dtype,
                     device=device,
+                    row_indexed_ok=row_indexed_ok,
                 )
                 for row_shape, ids in groups.items()
             ]
@@ -160,10 +178,12 @@ class LayerKV:
         return index
 
     def get_key_buffer(self, layer_id: int) -> Tensor:
-        return self.codec.view(self.k_buffer[self.local(layer_id)])
+        """Layer ``layer_id``'s K as kernels read it: the ``(rows, heads, dim)`` view, or a row-indexed
+        buffer's native tensor (AITER's 5-d K, as SGLang's ``get_key_buffer`` returns it); rows: ``k_buffer``."""
+        return self.codec.view(_native(self.k_buffer[self.local(layer_id)]))
 
     def get_value_buffer(self, layer_id: int) -> Tensor:
-        return self.codec.view(self.v_buffer[self.local(layer_id)])
+        return self.codec.view(_native(self.v_buffer[self.local(layer_id)]))
 
     def get_key_scale_buffer(self, layer_id: int) -> Tensor:
         return self._scales(self.k_scale_buffer, layer_id)
@@ -219,9 +239,14 @@ def check_planned_bytes(pool: str, allocating: int, planned: int, detail: str) -
         )
 
 
-def tensor_nbytes(*groups: Sequence[Tensor]) -> int:
-    """Bytes of every tensor in the groups (works on ``meta``: shapes times element size)."""
+def tensor_nbytes(*groups: Sequence[Tensor | RowIndexedBuffer]) -> int:
+    """Bytes of every tensor in the groups (works on ``meta``: shapes times element size; native bytes of
+    row-indexed buffers)."""
     return sum(t.numel() * t.element_size() for group in groups for t in group)
+
+
+def _native(buffer: RowBuffer) -> Tensor:
+    return buffer.native if isinstance(buffer, RowIndexedBuffer) else buffer
 
 
 def _scale_shape(codec: KVCodec, rows: int, heads: int, dim: int) -> tuple[int, ...]:

@@ -36,6 +36,17 @@ and the rope key of an MLA row as two tensors, which no view of one
 core checks the split's shapes, dtype, device and overlap as it checks views.
 Only stores that declare groups read splits (:func:`allocate_split_by_layer`);
 a request without groups is never split (:func:`allocate_buffers`).
+
+A request may declare ``row_indexed_ok=True`` (the MHA store's ``k`` / ``v``):
+a layout may then return, per layer, a :class:`RowIndexedBuffer` instead of a
+view — a native tensor whose rows are permuted within it (ROCm AITER's
+vectorized 5-d K ``(blocks, heads, dim // X, page, X)`` interleaves the
+tokens of a page, so no ``(rows, heads, dim)`` view of it exists), read and
+written by row through a locator that maps canonical rows to native indices.
+The core checks it like a view (canonical shape, dtype, device, the native
+tensor's bytes are the canonical ones, no two layers share storage) and
+refuses it for every other request.  Only stores that address rows by
+index and never slice them read such buffers (:func:`allocate_rows_by_layer`).
 :class:`PageMajorLayout` is the core's carving for a platform that pages its
 buffers ``(layers, pages, page_size, ...)`` and splits grouped requests.
 
@@ -51,9 +62,9 @@ from __future__ import annotations
 import itertools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TypeAlias, cast
+from typing import Any, TypeAlias, cast
 
 import attrs
 import torch
@@ -71,13 +82,18 @@ __all__ = [
     "ColumnSplit",
     "LayerBuffer",
     "LayerMajorLayout",
+    "LayoutBuffer",
     "PageMajorLayout",
     "PerLayerLayout",
+    "RowBuffer",
+    "RowIndexedBuffer",
+    "RowLocator",
     "allocate",
     "allocate_buffers",
     "allocate_by_layer",
     "allocate_layer_buffers",
     "allocate_page_major",
+    "allocate_rows_by_layer",
     "allocate_split_by_layer",
     "check_layout_bytes",
     "describe_layout",
@@ -85,8 +101,97 @@ __all__ = [
 
 ColumnSplit: TypeAlias = tuple[Tensor, ...]
 """One layer's buffer as one tensor per column group of its request, ``(rows, *row_shape[:-1], width)`` each."""
+RowLocator: TypeAlias = Callable[[Tensor], tuple[Any, ...]]
+"""Canonical row ids ``(n,)`` (int64) -> the index of the native tensor that selects those rows, row by row."""
+
+
+class RowIndexedBuffer:
+    """One layer's buffer whose rows lie permuted in a native tensor: addressed by row index, never viewed.
+
+    ``native`` is the storage (what kernels read, e.g. AITER's 5-d
+    ``(blocks, heads, dim // X, page, X)`` K); ``shape`` the canonical
+    ``(rows, *row_shape)`` the store addresses.  ``locate(rows)`` maps ``n``
+    canonical row ids to an index of ``native`` (ints, slices, index tensors)
+    such that ``native[locate(rows)]`` holds those rows as ``(n,
+    *native_row_shape)``, element-for-element the canonical ``(n, *row_shape)``
+    once reshaped.  So one function serves reads (``buffer[loc]`` gathers
+    rows) and writes (``buffer[loc] = rows`` scatters them), and both agree by
+    construction.  Gathers are copies, as any advanced indexing is.
+    """
+
+    __slots__ = ("_locate", "_native_row_shape", "native", "shape")
+
+    def __init__(
+        self, native: Tensor, shape: Sequence[int], locate: RowLocator, native_row_shape: Sequence[int]
+    ) -> None:
+        self.native = native
+        self.shape = tuple(shape)
+        self._locate = locate
+        self._native_row_shape = tuple(native_row_shape)
+        if not self.shape or math.prod(self._native_row_shape) != math.prod(self.shape[1:]):
+            raise InvalidValueError(
+                f"RowIndexedBuffer: native rows of {self._native_row_shape} do not hold canonical rows of "
+                f"{self.shape[1:]} element for element; give the locator's row shape with as many elements."
+            )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.native.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.native.device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the native storage (on ``meta`` too)."""
+        return self.native.numel() * self.native.element_size()
+
+    def numel(self) -> int:
+        return self.native.numel()
+
+    def element_size(self) -> int:
+        return self.native.element_size()
+
+    def view(self, dtype: torch.dtype) -> RowIndexedBuffer:
+        """The same bytes as another dtype of the same size (uint8-stored fp8 read as fp8), rows located alike."""
+        if dtype.itemsize != self.native.element_size():
+            raise InvalidValueError(
+                f"RowIndexedBuffer.view({dtype}): the rows are located per element of {self.dtype}, so only a "
+                f"dtype of the same size ({self.native.element_size()} B) reinterprets them; view the native tensor."
+            )
+        return RowIndexedBuffer(self.native.view(dtype), self.shape, self._locate, self._native_row_shape)
+
+    def __getitem__(self, index: Any) -> Tensor:
+        """The rows at ``index`` (int64 / bool tensor, int, slice), gathered as ``(*index_shape, *row_shape)``."""
+        rows = self._rows(index)
+        gathered = self.native[self._locate(rows.reshape(-1))]
+        return gathered.reshape(*rows.shape, *self.shape[1:])
+
+    def __setitem__(self, index: Any, value: Tensor | float) -> None:
+        """Scatter ``value`` (broadcast to ``(*index_shape, *row_shape)``) into the rows at ``index``."""
+        rows = self._rows(index)
+        flat = rows.reshape(-1)
+        data = torch.as_tensor(value, dtype=self.dtype, device=self.device)
+        self.native[self._locate(flat)] = data.expand(*rows.shape, *self.shape[1:]).reshape(
+            flat.shape[0], *self._native_row_shape
+        )
+
+    def _rows(self, index: Any) -> Tensor:
+        if isinstance(index, Tensor) and index.dtype != torch.bool:
+            return index.to(device=self.device, dtype=torch.int64)
+        return torch.arange(self.shape[0], device=self.device)[index]
+
+    def __repr__(self) -> str:
+        return f"RowIndexedBuffer(shape={self.shape}, dtype={self.dtype}, native={tuple(self.native.shape)})"
+
+
 LayerBuffer: TypeAlias = Tensor | ColumnSplit
-"""What a layout returns per layer: the canonical ``(rows, *row_shape)`` view, or (grouped requests) a column split."""
+"""What a store reading column splits gets per layer: the canonical ``(rows, *row_shape)`` view, or a split."""
+RowBuffer: TypeAlias = Tensor | RowIndexedBuffer
+"""What a store reading rows by index gets per layer: the canonical view, or a :class:`RowIndexedBuffer`."""
+LayoutBuffer: TypeAlias = Tensor | ColumnSplit | RowIndexedBuffer
+"""What a layout may return per layer (the split and the row-indexed buffer only where the request allows)."""
 
 
 def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
@@ -124,6 +229,9 @@ class BufferRequest:
     dtype: torch.dtype
     device: torch.device = attrs.field(converter=torch.device)
     column_groups: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_group_tuple)
+    row_indexed_ok: bool = False
+    """Whether the store reads these buffers only by row index (``buf[loc]``, ``buf[loc] = x``), so a layout may
+    return :class:`RowIndexedBuffer` s for them; a store that slices or views its buffers leaves it False."""
 
     def __attrs_post_init__(self) -> None:
         sizes = (self.rows, *self.row_shape)
@@ -135,6 +243,8 @@ class BufferRequest:
             raise InvalidValueError(f"BufferRequest.page_size must be a positive integer, got {self.page_size!r}.")
         if not isinstance(self.dtype, torch.dtype):
             raise InvalidValueError(f"BufferRequest.dtype must be a torch.dtype, got {self.dtype!r}.")
+        if not isinstance(self.row_indexed_ok, bool):
+            raise InvalidValueError(f"BufferRequest.row_indexed_ok must be a bool, got {self.row_indexed_ok!r}.")
         if self.column_groups:
             self._check_groups()
 
@@ -194,7 +304,10 @@ class BufferLayout(ABC):
     request with ``column_groups`` it may instead return, for every layer (all
     or none), a column split: a tuple of one tensor per group, shapes
     ``request.group_shapes``, in group order — the same bytes, stored as
-    separate tensors (:class:`PageMajorLayout` does).
+    separate tensors (:class:`PageMajorLayout` does).  For a request with
+    ``row_indexed_ok`` it may return, for any layer, a
+    :class:`RowIndexedBuffer` of the canonical shape whose native tensor holds
+    the canonical bytes.
     ``nbytes`` says what ``allocate`` would allocate; it must equal the
     canonical ``request.nbytes`` (the bytes the plan charged), which the core
     checks before allocating anything.
@@ -212,8 +325,8 @@ class BufferLayout(ABC):
         return request.nbytes
 
     @abstractmethod
-    def allocate(self, request: BufferRequest) -> Sequence[LayerBuffer]:
-        """One zeroed view per layer of ``request.layers``, each ``(rows, *row_shape)`` (or a column split)."""
+    def allocate(self, request: BufferRequest) -> Sequence[LayoutBuffer]:
+        """One zeroed view per layer of ``request.layers``, each ``(rows, *row_shape)`` (or a split / row-indexed)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
@@ -344,11 +457,25 @@ def allocate_buffers(layout: BufferLayout, request: BufferRequest) -> list[Tenso
             f"Buffer layout {describe_layout(layout)} split the {request.describe()} by column group, but its "
             f"store reads whole rows: allocate it with allocate_split_by_layer (a store that reads splits)."
         )
+    _refuse_row_indexed(layout, request, buffers, "views")
     return cast("list[Tensor]", buffers)
 
 
-def allocate_layer_buffers(layout: BufferLayout, request: BufferRequest) -> list[LayerBuffer]:
-    """``layout.allocate(request)``, checked: per layer a canonical view or (grouped requests) a column split."""
+def _refuse_row_indexed(layout: BufferLayout, request: BufferRequest, buffers: Sequence[object], reads: str) -> None:
+    """A store that set ``row_indexed_ok`` but reads its buffers through a function for stores that do not."""
+    if any(isinstance(buffer, RowIndexedBuffer) for buffer in buffers):
+        raise BufferLayoutError(
+            f"Buffer layout {describe_layout(layout)} returned row-indexed buffers for the {request.describe()}, "
+            f"but its store reads {reads}: allocate it with allocate_rows_by_layer (a store that reads rows by "
+            f"index), or leave row_indexed_ok False in its requests."
+        )
+
+
+def allocate_layer_buffers(layout: BufferLayout, request: BufferRequest) -> list[LayoutBuffer]:
+    """``layout.allocate(request)``, checked: per layer a canonical view, a column split or a row-indexed buffer.
+
+    Splits only for requests with ``column_groups``, row-indexed buffers only for ``row_indexed_ok`` ones.
+    """
     try:
         views = layout.allocate(request)
     except KvpoolsError:
@@ -363,10 +490,11 @@ def allocate_layer_buffers(layout: BufferLayout, request: BufferRequest) -> list
     problem = _problem(views, request)
     if problem is not None:
         split = f", or (all layers) a split of {request.group_shapes}" if request.column_groups else ""
+        rows = ", or a RowIndexedBuffer of that shape holding its bytes" if request.row_indexed_ok else ""
         raise BufferLayoutError(
             f"Buffer layout {describe_layout(layout)} returned {problem} for the {request.describe()}; "
             f"a layout returns one view per layer, each {request.shape} {request.dtype} on {request.device}"
-            f"{split}, not overlapping."
+            f"{split}{rows}, not overlapping."
         )
     return list(views)
 
@@ -390,7 +518,29 @@ def allocate_split_by_layer(
     buffers: dict[str, dict[int, LayerBuffer]] = {}
     for request in requests:
         allocated = allocate_layer_buffers(layout, request)
-        buffers.setdefault(request.role, {}).update(zip(request.layers, allocated, strict=True))
+        _refuse_row_indexed(layout, request, allocated, "views and column splits")
+        buffers.setdefault(request.role, {}).update(
+            zip(request.layers, cast("list[LayerBuffer]", allocated), strict=True)
+        )
+    return buffers
+
+
+def allocate_rows_by_layer(layout: BufferLayout, requests: Iterable[BufferRequest]) -> dict[str, dict[int, RowBuffer]]:
+    """As :func:`allocate_by_layer`, for a store that reads rows by index: its ``row_indexed_ok`` requests may get
+    :class:`RowIndexedBuffer` s (the others views).  Column splits are refused, as :func:`allocate_buffers` does."""
+    requests = list(requests)
+    check_layout_bytes(layout, requests)
+    buffers: dict[str, dict[int, RowBuffer]] = {}
+    for request in requests:
+        allocated = allocate_layer_buffers(layout, request)
+        if any(isinstance(buffer, tuple) for buffer in allocated):
+            raise BufferLayoutError(
+                f"Buffer layout {describe_layout(layout)} split the {request.describe()} by column group, but its "
+                f"store reads whole rows: allocate it with allocate_split_by_layer (a store that reads splits)."
+            )
+        buffers.setdefault(request.role, {}).update(
+            zip(request.layers, cast("list[RowBuffer]", allocated), strict=True)
+        )
     return buffers
 
 
@@ -399,6 +549,14 @@ def _problem(views: object, request: BufferRequest) -> str | None:
         return f"a {type(views).__name__}, not a list of tensors"
     if len(views) != request.num_layers:
         return f"{len(views)} buffer(s) for {request.num_layers} layer(s)"
+    row_indexed = [
+        layer for layer, view in zip(request.layers, views, strict=True) if isinstance(view, RowIndexedBuffer)
+    ]
+    if row_indexed and not request.row_indexed_ok:
+        return (
+            f"a row-indexed buffer for layer {row_indexed[0]}, whose store reads views (the request's "
+            f"row_indexed_ok is False)"
+        )
     splits = [isinstance(view, tuple) for view in views]
     if any(splits) and not request.column_groups:
         return "a column split (a tuple of tensors) for a request without column groups"
@@ -407,6 +565,12 @@ def _problem(views: object, request: BufferRequest) -> str | None:
     tensors: list[tuple[int, Tensor]] = []  # (layer id, buffer): every group's of a split
     for i, view in enumerate(views):
         layer = request.layers[i]
+        if isinstance(view, RowIndexedBuffer):
+            problem = _row_indexed_problem(view, request, layer)
+            if problem is not None:
+                return problem
+            tensors.append((layer, view.native))
+            continue
         parts = view if isinstance(view, tuple) else (view,)
         shapes = request.group_shapes if isinstance(view, tuple) else (request.shape,)
         if len(parts) != len(shapes):
@@ -422,13 +586,25 @@ def _problem(views: object, request: BufferRequest) -> str | None:
 
 
 def _tensor_problem(view: object, shape: tuple[int, ...], request: BufferRequest, layer: int) -> str | None:
-    if not isinstance(view, Tensor):
+    if not isinstance(view, (Tensor, RowIndexedBuffer)):
         return f"a {type(view).__name__} for layer {layer}"
     if view.shape != shape or view.dtype != request.dtype:
         return f"a {tuple(view.shape)} {view.dtype} buffer for layer {layer}"
     device = request.device
     if view.device.type != device.type or (device.index is not None and view.device.index != device.index):
         return f"a buffer on {view.device} for layer {layer}"
+    return None
+
+
+def _row_indexed_problem(buffer: RowIndexedBuffer, request: BufferRequest, layer: int) -> str | None:
+    problem = _tensor_problem(buffer, request.shape, request, layer)
+    if problem is not None:
+        return f"row-indexed {problem.removeprefix('a ')}"
+    if buffer.nbytes != request.layer_nbytes:
+        return (
+            f"a row-indexed buffer for layer {layer} whose native {tuple(buffer.native.shape)} tensor holds "
+            f"{buffer.nbytes} B, not the {request.layer_nbytes} B of its canonical shape"
+        )
     return None
 
 

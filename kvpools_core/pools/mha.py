@@ -8,7 +8,9 @@ Unlike SGLang's FP4 pool, V is stored at its own ``v_head_dim``.  A speculative
 plan's draft model gets its own pool of the same per-layer geometry
 (``.draft``), with its own padding page, as SGLang's draft worker allocates.
 Every K / V / scale buffer is allocated through the build's buffer layout
-(:mod:`kvpools_core.pools.layout`; one tensor per layer by default).
+(:mod:`kvpools_core.pools.layout`; one tensor per layer by default); K and V
+may come back as row-indexed buffers (rows permuted in a native tensor), which
+the writes and reads address by row.
 """
 
 from __future__ import annotations
@@ -213,7 +215,12 @@ class MHATokenToKVPool:
     # -- buffers ---------------------------------------------------------------
 
     def get_key_buffer(self, layer_id: int) -> Tensor:
-        """Layer ``layer_id``'s K as kernels read it: native, fp8 views of uint8, packed uint8 for fp4."""
+        """Layer ``layer_id``'s K as kernels read it: native, fp8 views of uint8, packed uint8 for fp4.
+
+        Under a layout that gives K row-indexed buffers (ROCm ``vectorized_5d``) it is the layout's native
+        tensor (AITER's ``(blocks, H, D // X, page, X)``), as SGLang returns it; address rows through
+        :meth:`set_kv_buffer` / :meth:`get_kv` (or ``kv.k_buffer[i]``, the row-indexed buffer).
+        """
         return self.kv.get_key_buffer(layer_id)
 
     def get_value_buffer(self, layer_id: int) -> Tensor:

@@ -33,10 +33,12 @@ from kvpools_core.pools.layout import (
     BufferRequest,
     LayerMajorLayout,
     PageMajorLayout,
+    RowIndexedBuffer,
     allocate,
     allocate_buffers,
     allocate_layer_buffers,
     allocate_page_major,
+    allocate_rows_by_layer,
     allocate_split_by_layer,
 )
 
@@ -557,3 +559,169 @@ def test_rows_with_scales_or_packed_are_never_grouped() -> None:
         assert not any(request.column_groups for request, _ in layout.allocated) and not pools.kv_pool.split
         with pytest.raises(ValueError, match="no separate latent and rope columns"):
             pools.kv_pool.get_nope_rope_buffers(0)
+
+
+# -- row-indexed buffers: rows permuted within a native tensor, for stores that read rows by index ------
+
+
+def _reversed_rows(request: BufferRequest, *, rows: int | None = None, dtype: torch.dtype | None = None) -> Any:
+    """A layer's rows stored last-first: row ``r`` is ``native[rows - 1 - r]`` (no tensor view reverses rows)."""
+    total = request.rows if rows is None else rows
+    native = allocate((total, *request.row_shape), dtype or request.dtype, request.device)
+    return RowIndexedBuffer(native, request.shape, lambda r: (total - 1 - r,), request.row_shape)
+
+
+class RowReversingLayout(BufferLayout):
+    """A toy platform layout: every ``row_indexed_ok`` request's rows reversed per layer, the rest per layer."""
+
+    name = "row_reversing"
+
+    def allocate(self, request: BufferRequest) -> list[Any]:
+        if not request.row_indexed_ok:
+            return list(PER_LAYER.allocate(request))
+        return [_reversed_rows(request) for _ in request.layers]
+
+
+def _native(buffers: Sequence[Any]) -> list[Tensor]:
+    return [b.native if isinstance(b, RowIndexedBuffer) else b for b in buffers]
+
+
+@pytest.mark.parametrize("case", ["mha-bf16", "mha-fp4_e2m1", "swa-fp8_e4m3", "mla-bf16"])
+def test_a_row_indexed_layout_serves_the_k_v_stores_and_reads_back_what_per_layer_does(case: str) -> None:
+    """K / V (``row_indexed_ok``) get row-indexed buffers; scales and the MLA latent (not ok) get views."""
+    make_plan, round_trip = CPU_CASES[case]
+    planned = make_plan()
+    per_layer, reversing = (
+        build(planned, "cpu"),
+        build(planned, "cpu", registry=platform_registry(RowReversingLayout())),
+    )
+    assert reversing.allocated_by_pool() == per_layer.allocated_by_pool() == {p.name: p.bytes for p in planned.pools}
+    expected, plain_buffers = round_trip(per_layer)
+    got, reversed_buffers = round_trip(reversing)
+    assert len(got) == len(expected) > 0
+    for a, b in zip(got, expected, strict=True):
+        assert a.dtype == b.dtype and torch.equal(_raw(a), _raw(b))
+    row_indexed = [b for b in reversed_buffers if isinstance(b, RowIndexedBuffer)]
+    assert len(row_indexed) == (0 if case.startswith("mla") else len(planned_kv_buffers(per_layer)))
+    for a, b in zip(_native(reversed_buffers), plain_buffers, strict=True):  # the same bytes, rows last-first
+        assert torch.equal(_raw(a.flip(0) if any(a is r.native for r in row_indexed) else a), _raw(b))
+    if case == "mha-fp4_e2m1":
+        assert reversing.kv_pool.kv.k_scale_buffer and all(
+            type(t) is Tensor for t in reversing.kv_pool.kv.k_scale_buffer
+        )
+
+
+def planned_kv_buffers(pools: Any) -> list[Tensor]:
+    """The K / V buffers of an MHA or SWA pool (not the scales)."""
+    kv = pools.kv_pool
+    stores = [kv.kv] if hasattr(kv, "kv") else [s for s in (kv.full_kv_pool, kv.swa_kv_pool) if s is not None]
+    return [t for store in stores for t in (*store.k_buffer, *store.v_buffer)]
+
+
+def test_get_key_buffer_returns_the_native_tensor_kernels_read() -> None:
+    pools = build(build_small_plan(kv_cache_dtype="fp8_e4m3"), "cpu", registry=platform_registry(RowReversingLayout()))
+    kv = pools.kv_pool.kv
+    assert isinstance(kv.k_buffer[0], RowIndexedBuffer)
+    key = pools.kv_pool.get_key_buffer(0)
+    assert key.dtype == torch.float8_e4m3fn and key.data_ptr() == kv.k_buffer[0].native.data_ptr()
+
+
+def test_the_default_layout_keeps_plain_tensors_and_marks_only_k_v_row_indexed() -> None:
+    pools = build(build_small_plan(kv_cache_dtype="fp4_e2m1"), "cpu")
+    kv = pools.kv_pool.kv
+    assert all(type(t) is Tensor for t in (*kv.k_buffer, *kv.v_buffer, *kv.k_scale_buffer, *kv.v_scale_buffer))
+    requests = kv.buffer_requests(
+        name="kv", rows=kv.rows, layers=kv.layers, start_layer=0, codec=kv.codec, device="cpu", page_size=16
+    )
+    assert {(r.role, r.row_indexed_ok) for r in requests} == {
+        ("k", True),
+        ("v", True),
+        ("k_scale", False),
+        ("v_scale", False),
+    }
+
+
+@pytest.mark.parametrize(
+    ("make_plan", "role"),
+    [(lambda: build_small_plan(kv_cache_dtype="fp4_e2m1"), "k_scale"), (lambda: _small_mla("bf16"), "latent")],
+)
+def test_a_row_indexed_buffer_is_refused_for_requests_that_read_views(make_plan: Callable[[], Plan], role: str) -> None:
+    everything = _Wrong(lambda r: [_reversed_rows(r) for _ in r.layers])
+    with pytest.raises(
+        BufferLayoutError, match=rf"a row-indexed buffer for layer 0, whose store reads views.*'{role}'"
+    ):
+        build(make_plan(), "cpu", registry=platform_registry(everything))
+
+
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        (lambda r: [_reversed_rows(r, rows=r.rows + 1) for _ in r.layers], r"native \(\d+, 4, 64\) tensor holds"),
+        (lambda r: [_reversed_rows(r, dtype=torch.float16) for _ in r.layers], "row-indexed .* torch.float16 buffer"),
+        (
+            lambda r: [
+                RowIndexedBuffer(
+                    allocate((r.rows - 1, *r.row_shape), r.dtype, r.device),
+                    (r.rows - 1, *r.row_shape),
+                    lambda x: (x,),
+                    r.row_shape,
+                )
+                for _ in r.layers
+            ],
+            r"row-indexed \(\d+, 4, 64\) torch.bfloat16 buffer for layer 0",
+        ),
+        (lambda r: [_reversed_rows(r)] * r.num_layers, "overlapping buffers for layers 0 and 1"),
+    ],
+)
+def test_what_a_row_indexed_layout_returns_is_checked(answer: Callable[[BufferRequest], Any], problem: str) -> None:
+    with pytest.raises(BufferLayoutError, match=rf"Buffer layout 'wrong' .*{problem}.*or a RowIndexedBuffer"):
+        build(build_small_plan(), "cpu", registry=platform_registry(_Wrong(answer)))
+
+
+def _row_request(**changes: Any) -> BufferRequest:
+    request = BufferRequest(
+        pool="kv",
+        role="k",
+        rows=8,
+        page_size=4,
+        layers=(0, 1),
+        row_shape=(2, 4),
+        dtype=torch.bfloat16,
+        device="cpu",
+        row_indexed_ok=True,
+    )
+    return attrs.evolve(request, **changes)
+
+
+def test_row_indexed_buffers_go_only_to_stores_that_read_rows() -> None:
+    request = _row_request()
+    with pytest.raises(BufferLayoutError, match=r"returned row-indexed buffers .* allocate_rows_by_layer"):
+        allocate_buffers(RowReversingLayout(), request)
+    with pytest.raises(BufferLayoutError, match=r"reads views and column splits: allocate it with allocate_rows"):
+        allocate_split_by_layer(RowReversingLayout(), [request])
+    rows = allocate_rows_by_layer(RowReversingLayout(), [request, _row_request(role="k_scale", row_indexed_ok=False)])
+    assert all(isinstance(b, RowIndexedBuffer) for b in rows["k"].values())
+    assert all(type(b) is Tensor for b in rows["k_scale"].values())
+    with pytest.raises(KvpoolsError, match="row_indexed_ok must be a bool"):
+        _row_request(row_indexed_ok="yes")
+
+
+def test_a_row_indexed_buffer_indexes_like_a_tensor() -> None:
+    """Reads gather canonical rows, writes scatter them, whatever the index; ``view`` keeps the row order."""
+    buffer = _reversed_rows(_row_request())
+    canonical = torch.arange(8 * 2 * 4, dtype=torch.bfloat16).reshape(8, 2, 4)
+    buffer[torch.arange(8)] = canonical
+    assert torch.equal(buffer.native, canonical.flip(0))  # row r stored at native[7 - r]
+    assert torch.equal(buffer[3], canonical[3]) and torch.equal(buffer[2:5], canonical[2:5])
+    mask = torch.tensor([True, False] * 4)
+    assert torch.equal(buffer[mask], canonical[mask])
+    assert torch.equal(buffer[torch.tensor([[1, 6], [0, 7]])], canonical[torch.tensor([[1, 6], [0, 7]])])
+    buffer[torch.tensor([5])] = 0.0  # broadcast, like a tensor
+    assert not buffer.native[2].any() and buffer.native[1].all()
+    as_int = buffer.view(torch.int16)
+    assert isinstance(as_int, RowIndexedBuffer) and torch.equal(as_int[6], canonical[6].view(torch.int16))
+    assert (buffer.shape, buffer.nbytes, buffer.numel(), buffer.element_size()) == ((8, 2, 4), 128, 64, 2)
+    with pytest.raises(KvpoolsError, match=r"view\(torch.float32\).* same size \(2 B\)"):
+        buffer.view(torch.float32)
+    with pytest.raises(KvpoolsError, match=r"native rows of \(3,\) do not hold canonical rows of \(2, 4\)"):
+        RowIndexedBuffer(buffer.native, (8, 2, 4), lambda r: (r,), (3,))

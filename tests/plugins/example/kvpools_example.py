@@ -55,4 +55,12 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
     if not element.isdigit() or int(element) < 1:
         raise ConfigError(f"{option('plugin_options')} {LATENT_BYTES}={element}: must be a positive integer.")
     per_token = int(element) * sum(layer.params["latent_dim"] for layer in model.layers[start:end])
-    return CellSize(parts=[CellPart("latent", per_token)], sglang_bytes_per_token=per_token, num_layers=end - start)
+    notes = []
+    if serving.kv_cache_dtype != "auto":  # say so, not ignore it silently (the conformance suite checks)
+        notes.append(
+            f"{option('kv_cache_dtype')} {serving.kv_cache_dtype} does not apply to toy-latent models: "
+            f"{option('plugin_options')} {LATENT_BYTES} sets their element size ({element} B)"
+        )
+    return CellSize(
+        parts=[CellPart("latent", per_token)], sglang_bytes_per_token=per_token, num_layers=end - start, notes=notes
+    )
