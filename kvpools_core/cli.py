@@ -21,7 +21,7 @@ from rich.console import Console
 
 from kvpools_core.dtypes import KV_DTYPE_CHOICES
 from kvpools_core.errors import ConfigError, KvpoolsError
-from kvpools_core.options import cli_surface
+from kvpools_core.options import cli_surface, option
 from kvpools_core.registry import get_registry
 from kvpools_core.values import ACCOUNTING_MODES, DSV4_COMPRESS_STATE_DTYPES, SPECULATIVE_ALGORITHMS, Serving
 
@@ -233,14 +233,37 @@ def _compare_option(command: Callable[..., Any]) -> Callable[..., Any]:
 def _compare(
     model: str, serving: Serving, budget: dict[str, Any], platform: str | None
 ) -> tuple[str, Any, str | None] | None:
-    """``(platform, its plan or None, its refusal)``: the same request under another platform's rules."""
+    """``(platform, its plan or None, why)``: the same request under another platform's rules.
+
+    When that platform's page-size rules refuse this page size, the request is
+    compared at the nearest page size its rules accept, and ``why`` says so.
+    """
     if platform is None:
         return None
+    from kvpools_core.errors import UnsupportedCombinationError
     from kvpools_core.pipeline import plan as make_plan
+    from kvpools_core.pipeline import resolve_platform, resolve_platform_traits
+    from kvpools_core.registry import get_registry
 
     other = attrs.evolve(serving, platform=platform, platform_traits=None, workspaces=())
     try:
         return platform, make_plan(model, other, **budget), None
+    except UnsupportedCombinationError as error:
+        refusal = str(error)
+        try:
+            traits = resolve_platform_traits(resolve_platform(other, get_registry()), get_registry()).traits
+        except KvpoolsError:
+            return platform, None, refusal
+        pages = sorted({1, 16, 32, 64, 128, 256} | {size for rule in traits.page_size_rules for size in rule.sizes})
+        for page in sorted(pages, key=lambda p: abs(p - serving.page_size)):
+            if page == serving.page_size or not all(rule.allows(page) for rule in traits.page_size_rules):
+                continue
+            try:
+                again = make_plan(model, attrs.evolve(other, page_size=page), **budget)
+            except KvpoolsError:
+                continue
+            return platform, again, f"{refusal} Compared at {option('page_size')} {page}, which {platform} accepts."
+        return platform, None, refusal
     except KvpoolsError as error:
         return platform, None, str(error)
 

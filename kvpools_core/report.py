@@ -151,6 +151,7 @@ def comparison_summary(plan: Plan, other: Plan | None, error: str | None, platfo
     """The ``--compare-platform`` JSON: the same request planned on ``platform``, pool by pool, or why it fails."""
     if other is None:
         return {"platform": platform, "error": error}
+    adjusted = {"adjusted": error} if error else {}
     names = list(dict.fromkeys([p.name for p in plan.pools] + [p.name for p in other.pools]))
     mine, theirs = {p.name: p.bytes for p in plan.pools}, {p.name: p.bytes for p in other.pools}
     return {
@@ -162,6 +163,7 @@ def comparison_summary(plan: Plan, other: Plan | None, error: str | None, platfo
         "pools": {n: {"this": mine.get(n), platform: theirs.get(n)} for n in names if mine.get(n) != theirs.get(n)},
         "notes_only_here": [n for n in _notes(plan) if n not in _notes(other)],
         "notes_only_there": [n for n in _notes(other) if n not in _notes(plan)],
+        **adjusted,
     }
 
 
@@ -172,6 +174,8 @@ def render_comparison(plan: Plan, other: Plan | None, error: str | None, platfor
     if other is None:
         console.print(f"  {platform} refuses it: {error}")
         return
+    if error:
+        console.print(f"  {platform} refuses it as it is: {error}")
     console.print(f"  platform {platform}: {platform_line(other).split(': ', 1)[1]}")
     rows = [
         ("bytes/token", plan.cell.bytes_per_token, other.cell.bytes_per_token),

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 
-import pytest
-
 
 def run(kvpools_exe: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([kvpools_exe, *args], capture_output=True, text=True, env=env, timeout=180)
@@ -38,18 +36,26 @@ def test_the_json_comparison(kvpools_exe: str, cli_env: dict[str, str]) -> None:
     assert summary["plan"]["serving"]["workspaces"][0]["owner"] == "rocm"
 
 
-@pytest.mark.parametrize(
-    ("platform", "refusal"),
-    [
-        ("cuda", "DSA models need --page-size 64 on cuda"),
-        ("tpu", "Unknown platform 'tpu'"),
-    ],
-)
-def test_a_refusal_is_the_difference(kvpools_exe: str, cli_env: dict[str, str], platform: str, refusal: str) -> None:
+def test_a_page_rule_refusal_is_compared_at_a_page_the_other_platform_accepts(
+    kvpools_exe: str, cli_env: dict[str, str]
+) -> None:
     args = ["plan", "deepseek-v3.2", "--platform", "rocm", "--page-size", "16", "--memory", "8GiB"]
-    out = run(kvpools_exe, cli_env, *args, "--compare-platform", platform)
+    out = run(kvpools_exe, cli_env, *args, "--compare-platform", "cuda")
     assert out.returncode == 0, out.stderr
-    assert f"{platform} refuses it: {refusal}" in " ".join(out.stdout.split())
+    text = " ".join(out.stdout.split())
+    assert "cuda refuses it as it is: DSA models need --page-size 64 on cuda" in text
+    assert "Compared at --page-size 64, which cuda accepts." in text
+    summary = json.loads(run(kvpools_exe, cli_env, *args, "--compare-platform", "cuda", "--json").stdout)
+    assert "Compared at --page-size 64" in summary["comparison"]["adjusted"]
+
+
+def test_a_platform_that_refuses_outright(kvpools_exe: str, cli_env: dict[str, str]) -> None:
+    args = ["plan", "deepseek-v3.2", "--platform", "rocm", "--page-size", "16", "--memory", "8GiB"]
+    out = run(kvpools_exe, cli_env, *args, "--compare-platform", "tpu")
+    assert out.returncode == 0, out.stderr
+    assert "tpu refuses it: Unknown platform 'tpu'" in " ".join(out.stdout.split())
+    summary = json.loads(run(kvpools_exe, cli_env, *args, "--compare-platform", "tpu", "--json").stdout)
+    assert "Unknown platform 'tpu'" in summary["comparison"]["error"]
 
 
 def test_identical_plans_say_so(kvpools_exe: str, cli_env: dict[str, str]) -> None:

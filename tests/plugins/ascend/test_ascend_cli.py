@@ -56,7 +56,10 @@ def test_the_dsa_report_says_why_it_differs(kvpools_exe: str, cli_env: dict[str,
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     assert "note: Ascend NPU" in text and "256 B per token per layer" in text and "CUDA stores 132 B" in text
-    assert "cuda refuses it: DSA models need --page-size 64 on cuda" in text
+    assert "cuda refuses it as it is: DSA models need --page-size 64 on cuda" in text
+    assert "Compared at --page-size 64, which cuda accepts." in text
+    bytes_per_token = next(line for line in out.stdout.splitlines() if line.startswith("bytes/token"))
+    assert bytes_per_token.split()[-1] == "+7,564"  # (256 - 132) B x 61 layers: the NPU's indexer rows
 
 
 def test_the_mha_report_finds_no_difference(kvpools_exe: str, cli_env: dict[str, str]) -> None:
