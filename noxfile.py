@@ -55,7 +55,9 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typing(session: nox.Session) -> None:
-    session.install(*CONSTRAINTS, "-e", ".", "mypy")
+    session.install(
+        *CONSTRAINTS, "-e", ".[test]", "mypy"
+    )  # the kit (kvpools_core.testing) imports pytest and hypothesis
     session.run("mypy")
 
 
