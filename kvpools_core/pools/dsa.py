@@ -23,7 +23,11 @@ pool's cell part (:func:`index_storage`), and :class:`IndexStorage` carries it:
   row per token slot of the KV store dtype, ``size + page_size`` rows
   (``(size // P + 1) × P`` for the page-aligned sizes of every plan), no
   scales — SGLang's Ascend NPU ``NPUMLATokenToKVPool.index_k_buffer``
-  (256 B per token per layer in bf16, 128 in fp8, against CUDA's 132).
+  (256 B per token per layer in bf16, 128 in fp8, against CUDA's 132);
+* :data:`INDEX_ROWS_PART` and :data:`INDEX_SCALES_PART` (``"index_k_scale"``):
+  those rows (fp8) plus one fp32 scale per token slot in a buffer of its own,
+  ``(size + page_size, 1)`` per layer — SGLang NPU's quantised lightning
+  indexer (``index_k_scale_buffer``, 128 + 4 B per token per layer).
 
 The latent row's layout (DSA's packed fp8 row or the plain one) is the plan's
 too (:func:`plan_latent_row`), so a platform that stores fp8 latent rows
@@ -65,6 +69,7 @@ from kvpools_core.values import TOKEN, Plan
 
 __all__ = [
     "INDEX_ROWS_PART",
+    "INDEX_SCALES_PART",
     "PAGED_INDEX_PART",
     "DSATokenToKVPool",
     "IndexStorage",
@@ -79,15 +84,25 @@ PAGED_INDEX_PART = "indexer"
 """The indexer part of a plan whose keys are CUDA's pages: fp8 keys and fp32 scales (132 B per token per layer)."""
 INDEX_ROWS_PART = "index_k"
 """The indexer part of a plan whose keys are plain rows of the KV store dtype (SGLang NPU's ``index_k_buffer``)."""
+INDEX_SCALES_PART = "index_k_scale"
+"""Beside :data:`INDEX_ROWS_PART`: one fp32 scale per token slot, its own buffer (NPU's ``index_k_scale_buffer``)."""
+INDEX_SCALE_ROLE = "index_k_scale"
+"""The buffer role of those scales: rows of one fp32 (a layout carves it as it carves the key rows)."""
 
 
 @attrs.frozen
 class IndexStorage:
-    """How a DSA store keeps the indexer keys: CUDA's fp8 pages, or plain rows of ``rows_dtype``."""
+    """How a DSA store keeps the indexer keys: CUDA's fp8 pages, or plain rows of ``rows_dtype`` (and scale rows)."""
 
     index_head_dim: int
     rows_dtype: torch.dtype | None = None
     """None: paged fp8 keys and fp32 scales (:data:`PAGED_INDEX_PART`); else one row per slot of this dtype."""
+    scale_dtype: torch.dtype | None = None
+    """Plain rows only: one scale of this dtype per slot in a buffer of its own (:data:`INDEX_SCALES_PART`)."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.scale_dtype is not None and self.rows_dtype is None:
+            raise ValueError("index scale rows need plain key rows (rows_dtype); paged keys carry their scales")
 
     @property
     def paged(self) -> bool:
@@ -99,6 +114,20 @@ class IndexStorage:
         if self.rows_dtype is None:
             return self.index_head_dim + self.index_head_dim // INDEX_BLOCK * _SCALE_BYTES
         return self.index_head_dim * self.rows_dtype.itemsize
+
+    @property
+    def scale_bytes(self) -> int:
+        """Bytes per token per layer of the separate scale rows (0 without them)."""
+        return 0 if self.scale_dtype is None else self.scale_dtype.itemsize
+
+    def requests(
+        self, pool: str, size: int, page_size: int, layers: Sequence[int], device: str | torch.device
+    ) -> list[BufferRequest]:
+        """The key request (:meth:`request`), then the scale rows' (``size + page_size`` rows of one scale)."""
+        keys = self.request(pool, size, page_size, layers, device)
+        if self.scale_dtype is None:
+            return [keys]
+        return [keys, attrs.evolve(keys, role=INDEX_SCALE_ROLE, row_shape=(1,), dtype=self.scale_dtype)]
 
     def request(
         self, pool: str, size: int, page_size: int, layers: Sequence[int], device: str | torch.device
@@ -123,26 +152,30 @@ class IndexStorage:
             check_index_bytes(plan, pool, size, page_size, self.row_bytes, num_layers)
             return
         rows = size + page_size
+        scales = "" if self.scale_dtype is None else f" and {rows} {self.scale_dtype} scales"
         check_planned_bytes(
             pool,
-            rows * self.row_bytes * num_layers,
+            rows * (self.row_bytes + self.scale_bytes) * num_layers,
             plan.pool(pool).bytes,
-            f"{num_layers} layer(s) of {rows} rows × {self.index_head_dim} {self.rows_dtype}",
+            f"{num_layers} layer(s) of {rows} rows × {self.index_head_dim} {self.rows_dtype}{scales}",
         )
 
 
 def index_storage(plan: Plan) -> IndexStorage:
-    """The indexer storage the plan's ``indexer`` pool part names (:data:`PAGED_INDEX_PART` or :data:`INDEX_ROWS_PART`).
+    """The indexer storage the plan's ``indexer`` pool parts name.
 
+    :data:`PAGED_INDEX_PART`, :data:`INDEX_ROWS_PART`, or :data:`INDEX_ROWS_PART`
+    with :data:`INDEX_SCALES_PART` (fp32 scale rows beside fp8 key rows).
     Rows are stored in the KV store dtype (uint8 for fp8), so a KV dtype with
-    block scales (fp4, mxfp8) has no plain index row and is refused.
+    block scales (fp4, mxfp8) has no plain index row and is refused; scale
+    rows need fp8 keys (they are the scales of the fp8 values).
     """
     model = plan.model
     dim = int(model.layers[0].params["index_head_dim"])
     names = sorted({part.name for part in plan.cell.parts_of(TOKEN) if part.pool == INDEX_POOL})
     if names == [PAGED_INDEX_PART]:
         return IndexStorage(dim)
-    if names == [INDEX_ROWS_PART]:
+    if names in ([INDEX_ROWS_PART], [INDEX_ROWS_PART, INDEX_SCALES_PART]):
         kv = resolve_kv_dtype(plan.serving.kv_cache_dtype, model.dtype)
         codec = codec_for(kv)
         if codec.scale_shape(1, 1, dim) is not None:
@@ -151,11 +184,19 @@ def index_storage(plan: Plan) -> IndexStorage:
                 f"{kv.name} has block scales, so it has no plain row: plan with {option('kv_cache_dtype')} bf16 or "
                 f"fp8_e4m3."
             )
-        return IndexStorage(dim, codec.store_dtype)
+        if INDEX_SCALES_PART not in names:
+            return IndexStorage(dim, codec.store_dtype)
+        if kv.name != "fp8_e4m3":
+            raise ConfigError(
+                f"The plan stores fp32 scales beside the DSA index key rows ({INDEX_SCALES_PART!r}), but the rows "
+                f"are {kv.name}, which has no fp8 values to scale: plan with {option('kv_cache_dtype')} fp8_e4m3."
+            )
+        return IndexStorage(dim, codec.store_dtype, torch.float32)
     raise PoolPlanMismatchError(
         f"The plan's {INDEX_POOL!r} pool has the part(s) {names}, but a DSA store keeps its index keys as "
-        f"{PAGED_INDEX_PART!r} (fp8 keys and fp32 scales per page) or {INDEX_ROWS_PART!r} (plain rows of the KV "
-        f"dtype). Re-plan with this kvpools version, or report it to the plugin that sized the pool."
+        f"{PAGED_INDEX_PART!r} (fp8 keys and fp32 scales per page), {INDEX_ROWS_PART!r} (plain rows of the KV "
+        f"dtype) or both {INDEX_ROWS_PART!r} and {INDEX_SCALES_PART!r} (fp8 rows, fp32 scale rows). "
+        f"Re-plan with this kvpools version, or report it to the plugin that sized the pool."
     )
 
 
@@ -205,8 +246,9 @@ class DSATokenToKVPool(MLATokenToKVPool):
             raise ValueError(f"index storage of index_head_dim {self.index.index_head_dim}, not {index_head_dim}")
         layer_ids = range(start_layer, start_layer + num_layers)
         mine = [layer for layer in layer_ids if owned is None or layer in owned]
-        request = self.index.request(index_name, size, page_size, mine, device)
-        check_layout_bytes(layout or PER_LAYER, [request])  # with the latent rows', before the first tensor
+        index_requests = self.index.requests(index_name, size, page_size, mine, device)
+        request = index_requests[0]
+        check_layout_bytes(layout or PER_LAYER, index_requests)  # with the latent rows', before the first tensor
         super().__init__(
             size=size,
             page_size=page_size,
@@ -220,11 +262,25 @@ class DSATokenToKVPool(MLATokenToKVPool):
             draft=draft,
             layout=layout,
         )
-        keys = allocate_by_layer(self.layout, [request]).get("index_k", {})
+        buffers = allocate_by_layer(self.layout, index_requests)
+        keys = buffers.get("index_k", {})
         shape, dtype = request.shape, request.dtype
         per_layer = [
             keys[layer] if self.is_owned(layer) else allocate((0, *shape[1:]), dtype, device) for layer in layer_ids
         ]
+        scale_request = index_requests[1] if len(index_requests) > 1 else None
+        self.index_k_scale_buffer: list[Tensor] = []
+        """Scale rows (:data:`INDEX_SCALES_PART`): per layer ``(size + page_size, 1)`` fp32 (else empty)."""
+        self.remote_index_k_scale_buffer: Tensor | None = None
+        if scale_request is not None:
+            scales = buffers.get(INDEX_SCALE_ROLE, {})
+            scale_shape, scale_dtype = scale_request.shape, scale_request.dtype
+            self.index_k_scale_buffer = [
+                scales[layer] if self.is_owned(layer) else allocate((0, *scale_shape[1:]), scale_dtype, device)
+                for layer in layer_ids
+            ]
+            if owned is not None:
+                self.remote_index_k_scale_buffer = allocate(scale_shape, scale_dtype, device)
         self.index_k_with_scale_buffer: list[Tensor] = per_layer if self.index.paged else []
         """Paged storage: per layer ``(pages, page_size × 132)`` uint8 (empty for plain rows)."""
         self.index_k_buffer: list[Tensor] = [] if self.index.paged else per_layer
@@ -264,7 +320,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
                 requests += cls.latent_requests(
                     name=latent, rows=size + page, row=row, layers=ids, page_size=page, device=device
                 )
-                requests.append(index.request(index_pool, size, page, ids, device))
+                requests += index.requests(index_pool, size, page, ids, device)
             check_layout_bytes(layout, requests)
         model_dtype = getattr(torch, model.dtype)
 
@@ -305,8 +361,16 @@ class DSATokenToKVPool(MLATokenToKVPool):
         return self.index_head_dim // INDEX_BLOCK
 
     def index_nbytes(self) -> int:
-        remote = [t for t in (self.remote_index_k_with_scale_buffer, self.remote_index_k_buffer) if t is not None]
-        return tensor_nbytes(self.index_k_with_scale_buffer, self.index_k_buffer, remote)
+        remote = [
+            t
+            for t in (
+                self.remote_index_k_with_scale_buffer,
+                self.remote_index_k_buffer,
+                self.remote_index_k_scale_buffer,
+            )
+            if t is not None
+        ]
+        return tensor_nbytes(self.index_k_with_scale_buffer, self.index_k_buffer, self.index_k_scale_buffer, remote)
 
     def _own_nbytes_by_pool(self) -> dict[str, int]:
         return {self.name: self.latent_nbytes(), self.index_name: self.index_nbytes()}
@@ -335,31 +399,51 @@ class DSATokenToKVPool(MLATokenToKVPool):
             return self._index_codec.view(self.remote_index_k_buffer)
         return self._index_codec.view(self.index_k_buffer[index])
 
+    def get_index_k_scale_buffer(self, layer_id: int) -> Tensor:
+        """Scale rows: the layer's ``(size + page_size, 1)`` fp32 scales, as kernels read them (NPU's name)."""
+        self._need_scale_rows("get_index_k_scale_buffer")
+        if not self.is_owned(layer_id):
+            self.local(layer_id)
+            assert self.remote_index_k_scale_buffer is not None
+            return self.remote_index_k_scale_buffer
+        return self.index_k_scale_buffer[self.local(layer_id)]
+
     def set_index_k(self, layer_id: int, loc: Tensor, index_k: Tensor) -> None:
-        """Store ``(len(loc), index_head_dim)`` index keys: fp8 with one fp32 scale per 128 (pages), or cast (rows)."""
+        """Store ``(len(loc), index_head_dim)`` index keys: fp8 with fp32 scales (pages: one per 128; scale rows: one
+        per token), or cast to the KV dtype (rows without scales)."""
         n = loc.shape[0]
         if tuple(index_k.shape) != (n, self.index_head_dim):
             raise ValueError(
                 f"set_index_k(layer {layer_id}): index_k has shape {tuple(index_k.shape)}, "
                 f"expected ({n}, {self.index_head_dim})."
             )
-        if not self.index.paged:
+        if not self.index.paged and self.index.scale_dtype is None:
             index = self.local(layer_id)
             if self.is_owned(layer_id):
                 self.index_k_buffer[index][loc] = self._index_codec.encode(index_k.reshape(n, 1, -1))[0]
             return
-        keys, scale = quantize_fp8_blocks(index_k, INDEX_BLOCK)
+        keys, scale = quantize_fp8_blocks(index_k, INDEX_BLOCK if self.index.paged else self.index_head_dim)
         self.set_index_k_and_scale(layer_id, loc, keys, scale)
 
     def set_index_k_and_scale(self, layer_id: int, loc: Tensor, keys: Tensor, scale: Tensor) -> None:
-        """Store fp8 keys ``(n, index_head_dim)`` and fp32 scales ``(n, index_head_dim // 128)`` at slots ``loc``."""
-        self._need_paged("set_index_k_and_scale")
+        """Store fp8 keys ``(n, index_head_dim)`` and fp32 scales at slots ``loc``.
+
+        Scales are ``(n, index_head_dim // 128)`` in pages, ``(n, 1)`` in scale rows (one per token).
+        """
+        if self.index.scale_dtype is None:
+            self._need_paged("set_index_k_and_scale")
         if not self.is_owned(layer_id):
             self.local(layer_id)
             return  # another CP rank owns this layer
+        key_bytes = keys.view(torch.uint8) if keys.dtype != torch.uint8 else keys
+        if not self.index.paged:
+            index = self.local(layer_id)
+            self.index_k_buffer[index][loc] = key_bytes.reshape(loc.shape[0], 1, self.index_head_dim)
+            self.index_k_scale_buffer[index][loc] = scale.to(torch.float32).reshape(loc.shape[0], 1)
+            return
         buffer = self.get_index_k_with_scale_buffer(layer_id)
         pages, key_cols, scale_cols = self._index_columns(loc)
-        buffer[pages, key_cols] = keys.view(torch.uint8) if keys.dtype != torch.uint8 else keys
+        buffer[pages, key_cols] = key_bytes
         buffer[pages, scale_cols] = scale.to(torch.float32).contiguous().view(torch.uint8)
 
     def get_index_k(self, layer_id: int, loc: Tensor) -> Tensor:
@@ -370,13 +454,18 @@ class DSATokenToKVPool(MLATokenToKVPool):
         return self.get_index_k_with_scale_buffer(layer_id)[pages, key_cols].view(torch.float8_e4m3fn)
 
     def get_index_k_scale(self, layer_id: int, loc: Tensor) -> Tensor:
-        """The fp32 scales ``(n, index_head_dim // 128)`` at slots ``loc`` (paged storage only)."""
+        """The fp32 scales at slots ``loc``: ``(n, index_head_dim // 128)`` (pages) or ``(n, 1)`` (scale rows)."""
+        if self.index.scale_dtype is not None:
+            return self.get_index_k_scale_buffer(layer_id)[loc]
         self._need_paged("get_index_k_scale")
         pages, _, scale_cols = self._index_columns(loc)
         return self.get_index_k_with_scale_buffer(layer_id)[pages, scale_cols].contiguous().view(torch.float32)
 
     def get_index_k_dequant(self, layer_id: int, loc: Tensor, dtype: torch.dtype | None = None) -> Tensor:
         """The index keys at slots ``loc``, dequantised to ``dtype`` (default: the model dtype)."""
+        if self.index.scale_dtype is not None:
+            keys = self.get_index_k(layer_id, loc).float() * self.get_index_k_scale(layer_id, loc)
+            return keys.to(dtype or self.model_dtype)
         if not self.index.paged:
             rows = self.index_k_buffer[self.local(layer_id)] if self.is_owned(layer_id) else self.remote_index_k_buffer
             assert rows is not None
@@ -388,15 +477,29 @@ class DSATokenToKVPool(MLATokenToKVPool):
 
     @property
     def _index_codec(self) -> KVCodec:
-        """The KV dtype's codec, which plain index rows are stored in (they are rows of the KV store dtype)."""
-        assert self.codec is not None and not self.index.paged
-        return self.codec
+        """The KV dtype's codec, which plain index rows are stored in (also beside a packed fp8 latent row)."""
+        assert not self.index.paged
+        return codec_for(self.row.kv)
 
     def _need_paged(self, method: str) -> None:
-        if not self.index.paged:
+        if self.index.paged:
+            return
+        if self.index.scale_dtype is None:
             raise ValueError(
                 f"{method}: the {self.index_name!r} pool keeps index keys as plain rows of {self.index.rows_dtype} "
                 f"without scales (the plan's {INDEX_ROWS_PART!r} part): read get_index_k_buffer / get_index_k."
+            )
+        raise ValueError(
+            f"{method}: the {self.index_name!r} pool keeps index keys as plain rows of {self.index.rows_dtype} with "
+            f"{self.index.scale_dtype} scale rows beside them (the plan's {INDEX_ROWS_PART!r} and "
+            f"{INDEX_SCALES_PART!r} parts): read get_index_k_buffer / get_index_k_scale_buffer."
+        )
+
+    def _need_scale_rows(self, method: str) -> None:
+        if self.index.scale_dtype is None:
+            raise ValueError(
+                f"{method}: the {self.index_name!r} pool has no separate index scale rows (the plan has no "
+                f"{INDEX_SCALES_PART!r} part): read get_index_k_scale."
             )
 
     def _index_columns(self, loc: Tensor) -> tuple[Tensor, Tensor, Tensor]:

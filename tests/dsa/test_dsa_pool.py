@@ -23,6 +23,7 @@ from kvpools_core.pools.dsa import (
     plan_latent_row,
 )
 from kvpools_core.pools.quant import fp8_quantize
+from tests.dsa.support import SMALL_DSA
 
 from ..mla.oracle_support import latent_configs, parse
 
@@ -31,18 +32,7 @@ KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1")
 
 def small_dsa_plan(memory: int = 4 << 20, **serving: Any) -> Plan:
     """4 DSA layers of a 128 + 32 latent row and the 128-dim indexer, short context."""
-    config = {
-        "architectures": ["GlmMoeDsaForCausalLM"],
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "kv_lora_rank": 128,
-        "qk_rope_head_dim": 32,
-        "index_topk": 64,
-        "index_head_dim": 128,
-        "max_position_embeddings": 256,
-        "torch_dtype": "bfloat16",
-        "num_nextn_predict_layers": 1,
-    }
+    config = {**SMALL_DSA, "num_nextn_predict_layers": 1}
     return plan(parse(config), Serving(**{"page_size": 64, **serving}), memory=memory)
 
 

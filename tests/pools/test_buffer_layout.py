@@ -41,6 +41,7 @@ from kvpools_core.pools.layout import (
     allocate_rows_by_layer,
     allocate_split_by_layer,
 )
+from tests.dsa.support import SMALL_DSA
 
 from ..mla.oracle_support import parse
 from .conftest import build_small_plan
@@ -162,17 +163,7 @@ def _small_mla(kv: str) -> Plan:
 
 
 def _small_dsa() -> Plan:
-    config = {
-        "architectures": ["GlmMoeDsaForCausalLM"],
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "kv_lora_rank": 128,
-        "qk_rope_head_dim": 32,
-        "index_topk": 64,
-        "index_head_dim": 128,
-        "max_position_embeddings": 256,
-        "torch_dtype": "bfloat16",
-    }
+    config = dict(SMALL_DSA)
     return plan(parse(config), Serving(page_size=64, kv_cache_dtype="fp8_e4m3"), memory=4 * MiB)
 
 

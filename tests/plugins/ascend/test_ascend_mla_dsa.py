@@ -28,6 +28,7 @@ from kvpools_core.pools import dsa as core_dsa
 from kvpools_core.pools.dsa import INDEX_ROWS_PART, DSATokenToKVPool, IndexStorage, index_storage
 from kvpools_core.pools.layout import PageMajorLayout
 from kvpools_core.pools.mla import MLATokenToKVPool
+from tests.dsa.support import SMALL_DSA
 
 from ...mla.oracle_support import parse
 
@@ -190,17 +191,7 @@ def test_dsa_with_a_draft_model_on_ascend_in_either_wrapper_order(kv: str) -> No
 
 
 def _small_dsa(kv: str) -> Plan:
-    config = {
-        "architectures": ["GlmMoeDsaForCausalLM"],
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "kv_lora_rank": 128,
-        "qk_rope_head_dim": 32,
-        "index_topk": 64,
-        "index_head_dim": 128,
-        "max_position_embeddings": 256,
-        "torch_dtype": "bfloat16",
-    }
+    config = dict(SMALL_DSA)
     return plan(parse(config), Serving(platform="ascend", page_size=PAGE, kv_cache_dtype=kv), memory=4 * MiB)
 
 
