@@ -18,7 +18,7 @@ from kvpools_core.allocators.token import TokenAllocator
 if TYPE_CHECKING:
     from kvpools_core.values import Plan
 
-__all__ = ["allocator_class", "allocator_for_plan", "allocator_planned_nbytes"]
+__all__ = ["allocator_class", "allocator_for_plan", "allocator_planned_nbytes", "slot_index_dtype"]
 
 
 def allocator_class(page_size: int) -> type[TokenAllocator] | type[PagedAllocator]:
@@ -40,4 +40,12 @@ def allocator_for_plan(
     tokens = plan.max_total_num_tokens
     if page_size == 1:
         return TokenAllocator(tokens, device=device, need_sort=need_sort, checked=checked)
-    return PagedAllocator(tokens, page_size, device=device, need_sort=need_sort, checked=checked)
+    return PagedAllocator(
+        tokens, page_size, device=device, need_sort=need_sort, checked=checked, index_dtype=slot_index_dtype(plan)
+    )
+
+
+def slot_index_dtype(plan: Plan) -> torch.dtype:
+    """The dtype of the slot ids the plan's platform takes (``PlatformTraits.slot_index_dtype``): paged
+    allocators hand them out in it (SGLang's NPU allocators return int32)."""
+    return getattr(torch, plan.serving.traits.slot_index_dtype)  # type: ignore[no-any-return]

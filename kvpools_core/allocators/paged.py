@@ -32,7 +32,6 @@ import array
 import ctypes
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -51,7 +50,7 @@ class PagedAllocator(BaseAllocator):
 
     _kind = "page"
 
-    index_dtype: ClassVar[torch.dtype] = torch.int64
+    index_dtype: torch.dtype = torch.int64
     """Dtype of the slot tensors ``alloc``, ``alloc_extend`` and ``alloc_decode`` return.
 
     SGLang's allocators return int64; a platform whose kernels take another
@@ -59,7 +58,8 @@ class PagedAllocator(BaseAllocator):
     int32, what ``torch_npu``'s cache writes take) and every tensor path
     honours it.  The free stack stays int64 (the planned bytes do not change),
     ``free`` takes slots of any integer dtype, and ``alloc_pages`` keeps
-    returning Python ints.
+    returning Python ints.  The constructor's ``index_dtype`` sets it for one
+    allocator (what the builders pass from ``PlatformTraits.slot_index_dtype``).
     """
 
     def __init__(
@@ -71,8 +71,11 @@ class PagedAllocator(BaseAllocator):
         need_sort: bool = False,
         checked: bool = False,
         debug: bool = False,
+        index_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(size, page_size, device=device, need_sort=need_sort, checked=checked, debug=debug)
+        if index_dtype is not None:
+            self.index_dtype = index_dtype
         p = page_size
         self._pm1 = p - 1
         self._slot_end = (self.num_pages + 1) * p  # slots of pages 1..num_pages are p.._slot_end-1

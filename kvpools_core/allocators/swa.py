@@ -75,11 +75,16 @@ class SWAState:
 
 
 def sub_allocator(
-    size: int, page_size: int, device: str | torch.device, need_sort: bool, checked: bool
+    size: int,
+    page_size: int,
+    device: str | torch.device,
+    need_sort: bool,
+    checked: bool,
+    index_dtype: torch.dtype | None = None,
 ) -> TokenAllocator | PagedAllocator:
     if allocator_class(page_size) is TokenAllocator:
         return TokenAllocator(size, device=device, need_sort=need_sort, checked=checked)
-    return PagedAllocator(size, page_size, device=device, need_sort=need_sort, checked=checked)
+    return PagedAllocator(size, page_size, device=device, need_sort=need_sort, checked=checked, index_dtype=index_dtype)
 
 
 class SWATokenToKVPoolAllocator:
@@ -96,10 +101,12 @@ class SWATokenToKVPoolAllocator:
         need_sort: bool = False,
         checked: bool = False,
         debug: bool = False,
+        index_dtype: torch.dtype | None = None,
     ) -> None:
         self.page_size = page_size
         self.checked = checked = checked or debug  # ``debug`` is the old name of checked mode
-        self.full_attn_allocator = sub_allocator(size, page_size, device, need_sort, checked)
+        self.full_attn_allocator = sub_allocator(size, page_size, device, need_sort, checked, index_dtype)
+        # SWA slots live in the int64 full->SWA mapping (as SGLang's): only full slots take the platform's dtype
         self.swa_attn_allocator = sub_allocator(size_swa, page_size, device, need_sort, checked)
         self.device = self.full_attn_allocator.device
         self._token = object()  # identifies snapshots taken from this instance

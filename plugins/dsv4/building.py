@@ -34,6 +34,7 @@ def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | No
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | None:
+    from kvpools_core.allocators.factory import slot_index_dtype
     from kvpools_core.allocators.swa import SWATokenToKVPoolAllocator
 
     from .pool import sizes_of
@@ -48,4 +49,5 @@ def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | 
         device=device,
         need_sort=plan.serving.disaggregation_mode in ("prefill", "decode"),
         checked=checked,
+        index_dtype=slot_index_dtype(plan),
     )

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from kvpools_core.allocators import AllocatorState, TokenAllocator
+from kvpools_core.allocators.factory import slot_index_dtype
 from kvpools_core.allocators.swa import SWAState, SWATokenToKVPoolAllocator, sub_allocator
 from kvpools_core.values import Plan
 
@@ -55,7 +56,14 @@ def allocator_for_plan(
         return PureSWAAllocator(swa, page, device=device, need_sort=need_sort, checked=checked)
     full = int(config["full_max_total_num_tokens"])
     return SWATokenToKVPoolAllocator(
-        full, swa, page, mapping=mapping, device=device, need_sort=need_sort, checked=checked
+        full,
+        swa,
+        page,
+        mapping=mapping,
+        device=device,
+        need_sort=need_sort,
+        checked=checked,
+        index_dtype=slot_index_dtype(plan),
     )
 
 

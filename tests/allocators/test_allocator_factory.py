@@ -17,11 +17,13 @@ from kvpools_core.allocators import (
 )
 from kvpools_core.building import Pools
 from kvpools_core.errors import AllocatorError
-from kvpools_core.values import Plan
+from kvpools_core.values import Plan, PlatformTraits
 
 
 def fake_plan(tokens: int, page_size: int, disaggregation_mode: str = "null") -> SimpleNamespace:
-    serving = SimpleNamespace(page_size=page_size, disaggregation_mode=disaggregation_mode)
+    serving = SimpleNamespace(
+        page_size=page_size, disaggregation_mode=disaggregation_mode, traits=PlatformTraits(platform="cpu")
+    )
     return SimpleNamespace(max_total_num_tokens=tokens, serving=serving)
 
 

@@ -59,7 +59,7 @@ def npu_paged_allocator_class() -> type[PagedAllocator]:
     class NPUPagedAllocator(PagedAllocator):
         """Paged KV-slot allocator with SGLang's NPU semantics (see the module): int32 slots."""
 
-        index_dtype: ClassVar[torch.dtype] = torch.int32
+        index_dtype: torch.dtype = torch.int32
         naive_extend_pages: ClassVar[int] = NAIVE_EXTEND_PAGES
 
         def fill_extend(
