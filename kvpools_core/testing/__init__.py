@@ -14,6 +14,10 @@ Shipped in the wheel and registered as a pytest plugin (entry point
   presets.  Composable, and shrinking to readable cases.
 * :mod:`kvpools_core.testing.conformance` — the checks themselves, as plain
   functions, and the command line that reproduces a failing case.
+* :mod:`kvpools_core.testing.platform_conformance` — the checks a platform
+  plugin passes on its own: traits that leave a page, declining other
+  platforms, every installed architecture planned and built exactly on it,
+  planning without torch.
 * ``pytest --kvpools-conformance=NAME`` runs the conformance suite
   (:mod:`kvpools_core.testing.suite`) on the plugin ``NAME``.
 
@@ -23,4 +27,4 @@ that need them do.
 
 from __future__ import annotations
 
-__all__ = ["conformance", "registries", "strategies", "suite"]
+__all__ = ["conformance", "platform_conformance", "registries", "strategies", "suite"]

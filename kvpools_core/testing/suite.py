@@ -1,7 +1,10 @@
-"""The conformance suite ``pytest --kvpools-conformance=NAME`` runs on an installed architecture plugin.
+"""The conformance suite ``pytest --kvpools-conformance=NAME`` runs on an installed plugin.
 
-Seeds are the plugin's presets (and ``--kvpools-conformance-config`` files);
-every check is one of :mod:`kvpools_core.testing.conformance`.  Property
+An architecture plugin is checked from seeds: its presets (and
+``--kvpools-conformance-config`` files); every check is one of
+:mod:`kvpools_core.testing.conformance`.  A platform plugin is checked on its
+own contract against every installed architecture
+(:mod:`kvpools_core.testing.platform_conformance`).  Property
 checks draw serving options and budgets with hypothesis and shrink a failure
 to a case printed as a ``kvpools plan`` command line.
 """
@@ -22,6 +25,7 @@ from kvpools_core.config import resolve_model_source
 from kvpools_core.pipeline import resolve_platform, resolve_platform_traits
 from kvpools_core.registry import Registry
 from kvpools_core.testing import conformance as c
+from kvpools_core.testing import platform_conformance as pc
 from kvpools_core.testing import strategies as s
 from kvpools_core.testing.registries import isolated_registry
 from kvpools_core.values import PlatformTraits, Serving
@@ -30,9 +34,23 @@ LARGE_BUDGET = 80 * s.GiB
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``plugin``: the named architecture plugins; ``platform_plugin``: the named platform plugins.
+
+    A plugin is an architecture when it implements ``parse_model_config`` and a
+    platform when it answers ``platforms`` (one plugin may be both); a name
+    that is neither, or not loaded, is checked (and failed) as an architecture.
+    """
+    names = metafunc.config.getoption("kvpools_conformance") or []
+    if "plugin" not in metafunc.fixturenames and "platform_plugin" not in metafunc.fixturenames:
+        return
+    registry = Registry()
+    platforms = pc.platform_plugins(registry)
+    hooks = {info.name: info.hooks for info in registry.plugins() if info.status == "loaded"}
     if "plugin" in metafunc.fixturenames:
-        names = metafunc.config.getoption("kvpools_conformance") or []
-        metafunc.parametrize("plugin", names)
+        architectures = [n for n in names if "parse_model_config" in hooks.get(n, ()) or n not in platforms]
+        metafunc.parametrize("plugin", architectures)
+    if "platform_plugin" in metafunc.fixturenames:
+        metafunc.parametrize("platform_plugin", [n for n in names if n in platforms])
 
 
 @pytest.fixture(scope="session")
@@ -208,3 +226,42 @@ def test_seed_configs_exist_on_disk_for_replay(
     """Every case can be replayed: its config is written where the printed command line points."""
     for case in _seed_cases(plugin, seeds, platform, registry):
         assert Path(case.config_path()).is_file()
+
+
+# -- platform plugins ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def provided(platform_plugin: str, registry: Registry) -> list[str]:
+    """The platforms the plugin provides, checked to be named and described consistently."""
+    return pc.check_names_its_platforms(platform_plugin, registry)
+
+
+def test_platform_traits_leave_a_page_for_every_model_and_kernel(
+    platform_plugin: str, provided: list[str], registry: Registry
+) -> None:
+    for name in provided:
+        pc.check_traits_leave_a_page(platform_plugin, name, registry)
+
+
+def test_platform_answers_only_for_its_own_platforms(platform_plugin: str, registry: Registry) -> None:
+    pc.check_answers_only_for_its_platforms(platform_plugin, registry)
+
+
+def test_every_architecture_plans_and_builds_exactly_on_the_platform(
+    platform_plugin: str, provided: list[str], registry: Registry
+) -> None:
+    for name in provided:
+        traits = pc.check_traits_leave_a_page(platform_plugin, name, registry)
+        built = pc.check_architectures_plan_and_build(
+            platform_plugin, name, traits, registry, kv_dtypes=("auto", "fp8_e4m3")
+        )
+        if not built:
+            pytest.fail(f"no installed architecture's preset plans on platform {name!r}: the check proved nothing")
+
+
+def test_planning_for_the_platform_imports_no_torch(
+    platform_plugin: str, provided: list[str], registry: Registry
+) -> None:
+    for name in provided:
+        pc.check_plans_without_torch(platform_plugin, name, pc.resolved_traits(name, registry))

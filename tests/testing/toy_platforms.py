@@ -1,0 +1,104 @@
+"""A toy platform plugin for the kit's own tests; each ``defect`` breaks one platform invariant.
+
+A module of its own (and free of torch at import) so that the torch-import
+check can load the toys in a fresh interpreter by path
+(``tests.testing.toy_platforms:SOUND``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvpools_core import hookimpl
+from kvpools_core.values import PageSizeRule, PlatformTraits, Serving, Workspace
+
+PLATFORM = "toyhw"
+ALIAS = "toy-accelerator"
+
+
+class ToyPlatform:
+    """An accelerator ``toyhw`` (devices ``toyhw:N``): pages of 16 or 64, int32 slots, a small workspace."""
+
+    def __init__(self, defect: str | None = None) -> None:
+        self.defect = defect
+
+    def _mine(self, platform: str) -> bool:
+        return platform == PLATFORM or self.defect == "answers_everywhere"
+
+    @hookimpl
+    def platforms(self) -> dict[str, str]:
+        return {PLATFORM: "" if self.defect == "undescribed" else "a toy accelerator (kvpools' kit tests)"}
+
+    @hookimpl
+    def platform_aliases(self) -> dict[str, str]:
+        return {ALIAS: PLATFORM}
+
+    @hookimpl
+    def detect_platform(self, device: str | None) -> str | None:
+        if device is not None and (device.split(":")[0] == PLATFORM or self.defect == "detects_every_device"):
+            return PLATFORM
+        return None
+
+    @hookimpl(tryfirst=True)
+    def platform_traits(self, serving: Serving) -> PlatformTraits | None:
+        if self.defect == "imports_torch":
+            import torch  # noqa: F401  (the defect: planning pulls in torch)
+        if not self._mine(serving.platform):
+            return None
+        if self.defect == "no_page":
+            rules = (PageSizeRule(reason="toy kernels", sizes=(3,)), PageSizeRule(reason="toy tiles", multiple_of=2))
+        elif self.defect == "no_page_for_kernel":
+            rules = (
+                PageSizeRule(reason="toy kernels", sizes=(16, 64)),
+                PageSizeRule(reason="toy sparse kernels", sizes=(32,), kernels=("dsa",)),
+            )
+        else:
+            rules = (
+                PageSizeRule(reason="toy kernels", sizes=(16, 64)),
+                PageSizeRule(reason="toy sparse kernels", sizes=(64,), kernels=("dsa",)),
+            )
+        return PlatformTraits(platform=serving.platform, page_size_rules=rules, slot_index_dtype="int32")
+
+    @hookimpl
+    def workspaces(self, model: Any, serving: Serving) -> list[Workspace] | None:
+        if serving.platform != PLATFORM and self.defect != "workspace_everywhere":
+            return None
+        return [Workspace(name="toy-scratch", purpose="toy kernel scratch", bytes_per_request=64, fixed_bytes=4096)]
+
+    @hookimpl(tryfirst=True)
+    def available_memory(self, device: str, serving: Serving) -> dict[str, int] | None:
+        if device.split(":")[0] != PLATFORM and self.defect != "probes_every_device":
+            return None
+        return {"free_bytes": 64 << 30, "total_bytes": 80 << 30}
+
+    @hookimpl(tryfirst=True)
+    def buffer_layout(self, plan: Any, device: str) -> Any:
+        if plan.serving.platform != PLATFORM and self.defect != "layout_everywhere":
+            return None
+        from kvpools_core.pools.layout import PerLayerLayout
+
+        defect = self.defect
+
+        class ToyLayout(PerLayerLayout):
+            name = "toy"
+
+            def nbytes(self, request: Any) -> int:  # the defect pads every buffer by an uncharged page
+                return request.nbytes + (4096 if defect == "pads_buffers" else 0)
+
+        return ToyLayout()
+
+    @hookimpl(tryfirst=True)
+    def build_allocator(self, plan: Any, pool: Any, device: str, checked: bool) -> Any:
+        if plan.serving.platform != PLATFORM or self.defect != "int64_slots" or plan.serving.page_size == 1:
+            return None
+        import torch
+
+        from kvpools_core.allocators import PagedAllocator
+
+        return PagedAllocator(
+            plan.max_total_num_tokens, plan.serving.page_size, device=device, checked=checked, index_dtype=torch.int64
+        )
+
+
+SOUND = ToyPlatform()
+IMPORTS_TORCH = ToyPlatform("imports_torch")
