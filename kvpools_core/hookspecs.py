@@ -164,14 +164,14 @@ def detect_platform(device: str | None) -> str | None:
 
 @_spec(firstresult=True)
 def platform_traits(serving: Serving) -> PlatformTraits | None:
-    """Say what the serving platform's kernels decide about the KV cache: page sizes, raw MLA rows, index dtype.
+    """Say what the serving platform's kernels decide about the KV cache: page sizes, KV dtypes, MLA rows, slot dtype.
 
     Stops at the first non-None result; return None to decline.  The plugin
     that provides ``serving.platform`` answers (``tryfirst``) for it only; the
     core's default (``trylast``) answers neutral traits.  The pipeline stores
     the answer in ``Serving.platform_traits`` before anything else is asked,
     so architectures read the platform's facts (``serving.traits``) instead of
-    its name, and the core checks its page-size rules.
+    its name, and the core checks its rules for every model (page sizes, KV dtypes).
 
     :param serving: the serving options (``platform`` is the canonical name).
     :returns: a :class:`kvpools_core.values.PlatformTraits` whose ``platform`` is ``serving.platform``.

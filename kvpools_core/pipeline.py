@@ -10,6 +10,7 @@ import difflib
 import attrs
 
 from kvpools_core.config import load_model
+from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.errors import ConfigError, PluginResultError, UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.registry import Registry, get_registry
@@ -371,8 +372,11 @@ def _resolve_draft(
 
 
 def _validate(spec: ModelSpec, serving: Serving, registry: Registry, *, traits_by: str = "core") -> None:
-    """The platform's page-size rules (answered by ``traits_by``), then every plugin's ``validate`` problems."""
-    problems = [f"{message} [{traits_by}]" for message in serving.traits.page_size_problems(serving.page_size)]
+    """The platform's every-model rules (answered by ``traits_by``), then every plugin's ``validate`` problems."""
+    traits = serving.traits
+    kv = resolve_kv_dtype(serving.kv_cache_dtype, spec.dtype).name
+    rules = [*traits.page_size_problems(serving.page_size), *traits.kv_dtype_problems(kv)]
+    problems = [f"{message} [{traits_by}]" for message in rules]
     problems += [
         f"{message} [{plugin}]"
         for plugin, messages in registry.call_collect("validate", model=spec, serving=serving)

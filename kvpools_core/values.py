@@ -371,6 +371,52 @@ class PageSizeRule:
         return _from_dict(cls, data)
 
 
+def _non_empty(inst: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    if not value:
+        raise InvalidValueError(f"{_flag(inst, attribute)} must name at least one value.")
+
+
+@attrs.frozen(kw_only=True)
+class KVDtypeRule:
+    """KV cache dtypes a platform's kernels cannot store: for every model, or for those using some kernels.
+
+    ``refused`` names KV dtypes as resolved (``fp8_e4m3``, not ``auto``);
+    ``kernels`` (empty: every model, checked by the core before sizing) names
+    the kernel families the rule is about (``"mla"``: MLA latent rows; an
+    architecture caching them asks ``serving.traits.kv_dtype_problems(kv,
+    kernel="mla")``), so the refusal stays the architecture's, in the
+    platform's words, and neither names the other.  ``instead`` lists what
+    works (the message's fix); ``engine_message`` is the engine's own words.
+    """
+
+    reason: str
+    refused: tuple[str, ...] = attrs.field(converter=_str_tuple, validator=_non_empty)
+    kernels: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    instead: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    engine_message: str | None = None
+
+    def problem(self, kv_cache_dtype: str, platform: str) -> str | None:
+        """The error message when the rule refuses ``kv_cache_dtype`` (resolved), else None."""
+        if kv_cache_dtype not in self.refused:
+            return None
+        kinds = "/".join(k.upper() for k in self.kernels)
+        subject = f"{kinds} models cannot" if kinds else "No model can"
+        quoted = f" (SGLang: {self.engine_message!r})" if self.engine_message else ""
+        fix = ""
+        if self.instead:
+            choices = ", ".join(self.instead[:-1]) + (" or " if len(self.instead) > 1 else "") + self.instead[-1]
+            fix = f"; use {option('kv_cache_dtype')} {choices}"
+        return f"{subject} store {option('kv_cache_dtype')} {kv_cache_dtype} on {platform}: {self.reason}{quoted}{fix}."
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> KVDtypeRule:
+        return _from_dict(cls, data)
+
+
+def _kv_rule_tuple(items: Iterable[KVDtypeRule]) -> tuple[KVDtypeRule, ...]:
+    return tuple(items)
+
+
 def _frozen_strs(items: Iterable[str]) -> frozenset[str]:
     return frozenset(items)
 
@@ -391,6 +437,10 @@ class PlatformTraits:
     * ``page_size_rules``: page sizes its kernels need (:class:`PageSizeRule`;
       the core checks the rules for every model before sizing, an
       architecture the rules about the kernels it uses).
+    * ``kv_dtype_rules``: KV dtypes its kernels cannot store
+      (:class:`KVDtypeRule`; the core checks the rules for every model, an
+      architecture those about the kernels it uses: SGLang's CPU backend has
+      no fp8 MLA kernels).
     * ``raw_mla_row_backends``: attention backends of this platform that read
       MLA latent rows raw (``kv_lora_rank + rope`` elements of the KV dtype)
       where others read FlashMLA's packed fp8 row (SGLang's
@@ -402,6 +452,7 @@ class PlatformTraits:
 
     platform: str
     page_size_rules: tuple[PageSizeRule, ...] = attrs.field(default=(), converter=_rule_tuple)
+    kv_dtype_rules: tuple[KVDtypeRule, ...] = attrs.field(default=(), converter=_kv_rule_tuple)
     raw_mla_row_backends: frozenset[str] = attrs.field(default=frozenset(), converter=_frozen_strs)
     slot_index_dtype: str = attrs.field(default="int64", validator=one_of("int64", "int32"))
 
@@ -410,12 +461,24 @@ class PlatformTraits:
         rules = [r for r in self.page_size_rules if (kernel in r.kernels if kernel else not r.kernels)]
         return [p for rule in rules if (p := rule.problem(page_size, self.platform))]
 
+    def kv_dtype_problems(self, kv_cache_dtype: str, kernel: str | None = None) -> list[str]:
+        """What the resolved KV dtype breaks: the rules for every model, or those about ``kernel``."""
+        rules = [r for r in self.kv_dtype_rules if (kernel in r.kernels if kernel else not r.kernels)]
+        return [p for rule in rules if (p := rule.problem(kv_cache_dtype, self.platform))]
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PlatformTraits:
         data = dict(data)
         if "raw_mla_row_backends" in data:
             data["raw_mla_row_backends"] = frozenset(data["raw_mla_row_backends"])
-        return _from_dict(cls, data, {"page_size_rules": _tuple_of(PageSizeRule.from_dict)})
+        return _from_dict(
+            cls,
+            data,
+            {
+                "page_size_rules": _tuple_of(PageSizeRule.from_dict),
+                "kv_dtype_rules": _tuple_of(KVDtypeRule.from_dict),
+            },
+        )
 
 
 WORKSPACE_DTYPES: Mapping[str, int] = MappingProxyType(

@@ -23,6 +23,7 @@ CLASSES = (
     "Serving",
     "PlatformTraits",
     "PageSizeRule",
+    "KVDtypeRule",
     "Workspace",
     "Budget",
     "CellSize",

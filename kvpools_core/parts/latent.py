@@ -33,9 +33,9 @@ from kvpools_core.options import option
 from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Serving
 
 __all__ = [
-    "CPU_FP8_MLA_MESSAGE",
     "FP4_BLOCK",
     "FP8_BLOCK",
+    "MLA_KERNEL",
     "LatentRow",
     "MLADims",
     "has_mla_latent",
@@ -148,19 +148,20 @@ def latent_dtype_problems(dims: MLADims, kv: KVDtype, model_name: str) -> list[s
     return []
 
 
-CPU_FP8_MLA_MESSAGE = "CPU FP8 KV cache is only supported for MHA."
-"""SGLang's ``KVCacheConfigurator.configure`` error for fp8 MLA KV on the CPU platform."""
+MLA_KERNEL = "mla"
+"""The kernel family of MLA latent rows, as platforms' :class:`~kvpools_core.values.KVDtypeRule` name it."""
 
 
-def platform_problems(kv: KVDtype, platform: str, model_name: str) -> list[str]:
-    """SGLang rejects fp8 MLA (and DSA) KV on the CPU before allocating anything."""
-    if platform == "cpu" and kv.name == "fp8_e4m3":
-        return [
-            f"{CPU_FP8_MLA_MESSAGE} {model_name} caches an MLA latent: on the CPU platform use "
-            f"{option('kv_cache_dtype')} auto, bf16, fp16 or fp32 (or plan for {option('platform')} cuda, where "
-            f"fp8_e4m3 works)."
-        ]
-    return []
+def platform_problems(kv: KVDtype, serving: Serving, model_name: str) -> list[str]:
+    """What the platform's kernels refuse to store in an MLA latent row (``serving.traits``' KV dtype rules).
+
+    SGLang's CPU backend rejects fp8 MLA (and DSA) KV before allocating
+    anything; the ``cpu`` plugin states it as a rule about ``"mla"`` kernels.
+    """
+    return [
+        f"{model_name} caches an MLA latent. {problem}"
+        for problem in serving.traits.kv_dtype_problems(kv.name, kernel=MLA_KERNEL)
+    ]
 
 
 def model_dims(model: ModelSpec) -> MLADims:
@@ -179,9 +180,7 @@ def latent_cell_size(row: LatentRow, num_layers: int, pool: str = "kv") -> CellS
 def mla_problems(model: ModelSpec, serving: Serving) -> list[str]:
     """What SGLang's MLA pools cannot hold for this model's latent dims under these serving options."""
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
-    return latent_dtype_problems(model_dims(model), kv, model.name) + platform_problems(
-        kv, serving.platform, model.name
-    )
+    return latent_dtype_problems(model_dims(model), kv, model.name) + platform_problems(kv, serving, model.name)
 
 
 # ---------------------------------------------------------------------------

@@ -6,14 +6,33 @@ from pathlib import Path
 
 from kvpools_core import hookimpl
 from kvpools_core.options import option
-from kvpools_core.values import ModelSpec, Serving
+from kvpools_core.values import KVDtypeRule, ModelSpec, PlatformTraits, Serving
 
 PLATFORM = "cpu"
+TRAITS = PlatformTraits(
+    platform=PLATFORM,
+    kv_dtype_rules=(
+        # KVCacheConfigurator.configure refuses it before any pool exists (the reference's configure)
+        KVDtypeRule(
+            reason="SGLang's CPU backend has fp8 KV kernels for MHA only",
+            refused=("fp8_e4m3",),
+            kernels=("mla",),
+            instead=("auto", "bf16", "fp16", "fp32"),
+            engine_message="CPU FP8 KV cache is only supported for MHA.",
+        ),
+    ),
+)
+"""What SGLang's CPU backend decides about the KV cache: no fp8 MLA latent rows."""
 
 
 @hookimpl
 def platforms() -> dict[str, str]:
     return {PLATFORM: "host CPU and RAM (SGLang's CPU backend)"}
+
+
+@hookimpl(tryfirst=True)
+def platform_traits(serving: Serving) -> PlatformTraits | None:
+    return TRAITS if serving.platform == PLATFORM else None
 
 
 @hookimpl(tryfirst=True)

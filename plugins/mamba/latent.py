@@ -36,4 +36,4 @@ def latent_cell_size(layers: tuple[LayerSpec, ...], model: ModelSpec, serving: S
 def latent_problems(model: ModelSpec, serving: Serving) -> list[str]:
     """KV dtypes the latent row cannot hold, and SGLang's CPU fp8 MLA rejection (the parts library's rules)."""
     row = latent_row(model, serving)
-    return latent_dtype_problems(row.dims, row.kv, model.name) + platform_problems(row.kv, serving.platform, model.name)
+    return latent_dtype_problems(row.dims, row.kv, model.name) + platform_problems(row.kv, serving, model.name)

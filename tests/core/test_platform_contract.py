@@ -15,7 +15,7 @@ import pytest
 from kvpools_core import Plan, Serving, build, hookimpl, plan
 from kvpools_core.errors import InvalidValueError, PluginResultError, UnsupportedCombinationError
 from kvpools_core.registry import Registry
-from kvpools_core.values import ModelSpec, PageSizeRule, PlatformTraits, PoolSizing, Workspace, to_dict
+from kvpools_core.values import KVDtypeRule, ModelSpec, PageSizeRule, PlatformTraits, PoolSizing, Workspace, to_dict
 
 GiB = 1 << 30
 TOY = "toy"
@@ -129,6 +129,54 @@ def test_a_page_rule_about_dsa_kernels_binds_dsa_models_only() -> None:
     assert plan(
         "deepseek-v3.2", Serving(platform=TOY, page_size=16), memory="8GiB", registry=registry_with(ToyPlatform())
     )
+
+
+def test_kv_dtype_rules_describe_and_check() -> None:
+    rule = KVDtypeRule(
+        reason="no fp8 latent kernels",
+        refused=("fp8_e4m3",),
+        kernels=("mla",),
+        instead=("bf16", "fp32"),
+        engine_message="fp8 MLA unsupported.",
+    )
+    assert rule.problem("bf16", TOY) is None
+    assert rule.problem("fp8_e4m3", TOY) == (
+        "MLA models cannot store kv_cache_dtype fp8_e4m3 on toy: no fp8 latent kernels "
+        "(SGLang: 'fp8 MLA unsupported.'); use kv_cache_dtype bf16 or fp32."
+    )
+    assert KVDtypeRule(reason="r", refused=["fp4_e2m1"]).problem("fp4_e2m1", TOY) == (
+        "No model can store kv_cache_dtype fp4_e2m1 on toy: r."
+    )
+    with pytest.raises(InvalidValueError, match="at least one"):
+        KVDtypeRule(reason="refuses nothing", refused=())
+    traits = PlatformTraits(platform=TOY, kv_dtype_rules=[rule])
+    assert traits.kv_dtype_problems("fp8_e4m3") == []  # a rule about MLA kernels binds no other model
+    assert traits.kv_dtype_problems("fp8_e4m3", kernel="mla") == [rule.problem("fp8_e4m3", TOY)]
+    assert PlatformTraits.from_dict(to_dict(traits)) == traits
+
+
+def test_a_kv_dtype_rule_for_every_model_is_checked_by_the_core() -> None:
+    rule = KVDtypeRule(reason="no fp8 kernels at all", refused=("fp8_e4m3",), instead=("bf16",))
+    registry = registry_with(ToyPlatform(PlatformTraits(platform=TOY, kv_dtype_rules=[rule])))
+    with pytest.raises(UnsupportedCombinationError, match=r"No model can store .*fp8_e4m3 on toy.*\[toyplat\]"):
+        plan("llama-3.1-8b", Serving(platform=TOY, kv_cache_dtype="fp8_e4m3"), memory="8GiB", registry=registry)
+    assert plan("llama-3.1-8b", Serving(platform=TOY, kv_cache_dtype="bf16"), memory="8GiB", registry=registry)
+
+
+def test_a_kv_dtype_rule_about_mla_kernels_is_asked_by_every_latent_architecture() -> None:
+    """MLA, DSA and the MLA-latent hybrids refuse it, attributed to themselves; MHA models are untouched."""
+    rule = KVDtypeRule(reason="no fp8 latent kernels", refused=("fp8_e4m3",), kernels=("mla",))
+    registry = registry_with(ToyPlatform(PlatformTraits(platform=TOY, kv_dtype_rules=[rule])))
+    fp8 = Serving(platform=TOY, kv_cache_dtype="fp8_e4m3", page_size=64)
+    for preset, plugin in (
+        ("deepseek-v3", "mla"),
+        ("deepseek-v3.2", "dsa"),
+        ("kimi-linear-48b-a3b-instruct-nvfp4", "mamba"),
+    ):
+        with pytest.raises(UnsupportedCombinationError, match=rf"MLA models cannot store .* on toy.*\[{plugin}\]"):
+            plan(preset, fp8, memory="80GiB", registry=registry)
+    assert plan("llama-3.1-8b", fp8, memory="8GiB", registry=registry)
+    assert plan("deepseek-v3", fp8, memory="80GiB", registry=registry_with(ToyPlatform()))  # no rule, no refusal
 
 
 def test_raw_row_backends_come_from_the_platform() -> None:

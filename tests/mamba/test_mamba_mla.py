@@ -38,8 +38,9 @@ from kvpools_plugins.mamba.pool import HybridLinearKVPool, HybridReqToTokenPool
 from kvpools_core import Serving, build, plan
 from kvpools_core.config import parse_config
 from kvpools_core.errors import ConfigError, InsufficientMemoryError
+from kvpools_core.pipeline import resolve_platform_traits
 from kvpools_core.pools.mla import MLATokenToKVPool
-from kvpools_core.registry import get_registry
+from kvpools_core.registry import Registry, get_registry
 from tests.oracle.locate import require_oracle
 
 from .support import CHECKS, GiB, compare_hybrid, hybrid_budgets, hybrid_serving, parse, preset_config
@@ -179,7 +180,8 @@ def test_unsupported_combinations_are_rejected_before_sizing() -> None:
     model = parse(kimi_config(), KIMI)
     assert any("TP 3" in p for p in hybrid_problems(model, Serving(tp_size=3)))  # 32 KDA heads over TP 3
     assert any("mxfp8" in p for p in hybrid_problems(model, Serving(kv_cache_dtype="mxfp8")))
-    cpu_fp8 = hybrid_problems(model, Serving(kv_cache_dtype="fp8_e4m3", platform="cpu"))
+    on_cpu = resolve_platform_traits(Serving(kv_cache_dtype="fp8_e4m3", platform="cpu"), Registry())
+    cpu_fp8 = hybrid_problems(model, on_cpu)  # the cpu plugin's traits refuse fp8 MLA latent rows
     assert any("CPU FP8 KV cache is only supported for MHA." in p for p in cpu_fp8)
     assert hybrid_problems(model, Serving(tp_size=8, kv_cache_dtype="fp8_e4m3")) == []
 
