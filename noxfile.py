@@ -1,5 +1,6 @@
-"""Sessions: tests (the CI command: the suite, then the conformance suite on every built-in plugin), lint, typing,
-bench.
+"""Sessions: tests (the README's test command: the suite, then the conformance suite on every built-in plugin),
+tutorials, lint, typing (the defaults); docs (the site, --strict), build (sdists and wheels, installed and run
+from a fresh venv), bench.
 
 Every session installs from ``constraints.txt`` so torch stays the small CPU
 build on these machines.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import nox
 
 nox.needs_version = ">=2024.3.2"
-nox.options.sessions = ["tests", "lint", "typing"]
+nox.options.sessions = ["tests", "tutorials", "lint", "typing"]
 nox.options.error_on_missing_interpreters = True
 
 CONSTRAINTS = ("-c", "constraints.txt")
@@ -21,8 +22,13 @@ VENDOR_PLUGINS = ("./plugins/kvpools-rocm", "./plugins/kvpools-ascend")
 ARCHITECTURES = ("mha", "mla", "dsa", "minimax_sparse", "mamba", "swa", "dsv4")
 """The built-in architecture plugins the plugin authors' conformance suite runs on, per platform."""
 PLATFORMS = ("cpu", "ascend", "rocm")
+PLATFORM_PLUGINS = ("cpu", "cuda", "ascend", "rocm")
+"""The platform plugins the conformance suite proves on their own (traits, declines, builds, no torch to plan)."""
 EXAMPLE_CONFORMANCE = {"example": "toy-latent.json", "example_parts": "toy-hybrid.json"}
 """The example distribution's plugins and the config each is proven on."""
+CLA_TUTORIAL = "./tutorials/architecture-plugin"
+XPU_TUTORIAL = "./tutorials/platform-plugin"
+"""The tutorials' distributions (docs/tutorials/): CI installs and runs them, so the pages cannot rot."""
 
 
 @nox.session
@@ -36,6 +42,8 @@ def tests(session: nox.Session) -> None:
     names = [f"--kvpools-conformance={name}" for name in ARCHITECTURES]
     for platform in PLATFORMS:
         session.run("pytest", "-q", "-p", "no:cacheprovider", *names, f"--kvpools-conformance-platform={platform}")
+    # the platform plugins on their own contract, against every installed architecture's presets
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *[f"--kvpools-conformance={p}" for p in PLATFORM_PLUGINS])
     for name, config in EXAMPLE_CONFORMANCE.items():  # out-of-tree plugins without presets: seeded by a config
         session.run(
             "pytest",
@@ -48,9 +56,29 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
+def tutorials(session: nox.Session) -> None:
+    """The two tutorials' distributions, installed as a reader installs them (beside the vendor platforms, in a
+    venv of their own: the main suite counts exactly the distributions it installs): their own tests (the CLA
+    one replays every command its page shows), then the conformance suite on them — ``cla`` on every platform,
+    ``xpu`` as a platform plugin and under every built-in architecture."""
+    session.install(*CONSTRAINTS, "-e", ".[test]", CLA_TUTORIAL, XPU_TUTORIAL, *VENDOR_PLUGINS)
+    quiet = ("-q", "-p", "no:cacheprovider")
+    for tutorial in (CLA_TUTORIAL, XPU_TUTORIAL):
+        session.run("pytest", *quiet, f"{tutorial}/tests")
+    cla = ("--kvpools-conformance=cla", f"--kvpools-conformance-config={CLA_TUTORIAL}/configs/cla-3b-factor3.json")
+    for platform in (*PLATFORMS, "xpu"):
+        session.run("pytest", *quiet, *cla, f"--kvpools-conformance-platform={platform}")
+    session.run("pytest", *quiet, "--kvpools-conformance=xpu")
+    names = [f"--kvpools-conformance={name}" for name in ARCHITECTURES]
+    session.run("pytest", *quiet, *names, "--kvpools-conformance-platform=xpu")
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     session.install(*CONSTRAINTS, "ruff")
-    session.run("ruff", "check", "kvpools_core", "plugins", "tests", "benchmarks", "noxfile.py")
+    paths = ("kvpools_core", "plugins", "tests", "tutorials", "benchmarks", "docs/_hooks", "noxfile.py")
+    session.run("ruff", "check", *paths)
+    session.run("ruff", "format", "--check", *paths)
 
 
 @nox.session
@@ -62,6 +90,74 @@ def typing(session: nox.Session) -> None:
 
 
 @nox.session(default=False)
+def docs(session: nox.Session) -> None:
+    """The documentation site (mkdocs.yml) into site/, every warning an error: broken links and anchors, a
+    missing snippet, a malformed docstring in the generated references. Builds offline: nothing is fetched."""
+    session.install(*CONSTRAINTS, "-e", ".[docs]")
+    session.run("mkdocs", "build", "--strict", *session.posargs, env={"NO_MKDOCS_2_WARNING": "1"})
+
+
+@nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Allocator trace replay against SGLang's and vLLM's real allocators (see benchmarks/README.md)."""
     session.run("bash", "benchmarks/run_bench.sh", *session.posargs, external=True)
+
+
+RELEASED = (
+    (".", "kvpools", "kvpools_core", ()),
+    ("./plugins/kvpools-rocm", "kvpools-rocm", "kvpools_rocm", ("--platform", "rocm")),
+    ("./plugins/kvpools-ascend", "kvpools-ascend", "kvpools_ascend", ("--platform", "ascend", "--page-size", "128")),
+)
+"""What this repository releases: project, distribution, the package whose ``__version__`` is its version, and how
+the wheel's smoke plan selects its platform (Ascend pages by 128 for every model)."""
+SMOKE_PLAN = ("plan", "llama-3.1-8b", "--memory", "60GiB")
+
+
+@nox.session(default=False)
+def build(session: nox.Session) -> None:
+    """The sdist and wheel of kvpools and of each vendor platform into dist/ and ``twine check --strict``; then
+    the wheels, installed one by one into a fresh venv, plan a bundled preset on each platform: what a user gets
+    from ``pip install``, not what the checkout provides."""
+    import re
+    import shutil
+    import sys
+    from pathlib import Path
+
+    session.install(*CONSTRAINTS, "build", "twine")
+    dist = Path("dist")
+    shutil.rmtree(dist, ignore_errors=True)
+    wheels, versions = [], []
+    for project, name, package, _ in RELEASED:
+        session.run("python", "-m", "build", "--outdir", str(dist), project)  # the wheel is built from the sdist
+        found = re.search(r'^__version__ = "([^"]+)"', Path(project, package, "__init__.py").read_text(), re.M)
+        if found is None:
+            session.error(f"{project}: {package}/__init__.py has no literal __version__")
+        stem = f"{name.replace('-', '_')}-{found.group(1)}"
+        if not (dist / f"{stem}.tar.gz").is_file() or not (dist / f"{stem}-py3-none-any.whl").is_file():
+            session.error(f"{project}: no sdist and wheel of {package}.__version__ {found.group(1)} in dist/")
+        wheels.append(str(dist / f"{stem}-py3-none-any.whl"))
+        versions += [name, package, found.group(1)]
+    session.run("twine", "check", "--strict", *sorted(str(path) for path in dist.iterdir()))
+
+    venv = Path(session.create_tmp()).resolve() / "wheel-venv"
+    shutil.rmtree(venv, ignore_errors=True)
+    session.run("python", "-m", "venv", str(venv))
+    bin_dir = venv / ("Scripts" if sys.platform == "win32" else "bin")
+    pip, python, kvpools = (str(bin_dir / tool) for tool in ("pip", "python", "kvpools"))
+    for (_, _, _, platform), wheel in zip(RELEASED, wheels, strict=True):
+        # the vendor wheels with --no-index: their kvpools requirement must accept the kvpools wheel just installed
+        index = ["--no-index"] if platform else list(CONSTRAINTS)
+        session.run(pip, "install", "--quiet", *index, wheel, external=True)
+        session.run(kvpools, *SMOKE_PLAN, *platform, external=True)
+    printed, core_version = session.run(kvpools, "--version", external=True, silent=True) or "", versions[2]
+    if f"version {core_version}\n" not in printed:
+        session.error(f"kvpools --version printed {printed.strip()!r}, not kvpools_core.__version__ {core_version}")
+    check = (  # python -I: the installed wheels, never the checkout's packages in the current directory
+        "import importlib, importlib.metadata as metadata, sys\n"
+        "for name, package, version in zip(sys.argv[1::3], sys.argv[2::3], sys.argv[3::3]):\n"
+        "    module = importlib.import_module(package)\n"
+        "    assert module.__file__.startswith(sys.prefix), module.__file__\n"
+        "    assert metadata.version(name) == module.__version__ == version, (name, metadata.version(name), version)\n"
+        "    print(name, version, 'installed from its wheel')\n"
+    )
+    session.run(python, "-I", "-c", check, *versions, external=True)

@@ -40,6 +40,8 @@ from kvpools_core.values import (
     Serving,
 )
 
+__version__ = "0.2.0"  # the one place it is written: pyproject.toml reads this literal
+
 PUBLIC_MODULES: tuple[str, ...] = (
     "kvpools_core",
     "kvpools_core.allocators",

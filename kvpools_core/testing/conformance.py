@@ -283,7 +283,8 @@ def check_tp_monotone(case: Case, tp_sizes: list[int], registry: Registry) -> No
 
 
 def check_honours_kv_dtype_and_tp(case: Case, registry: Registry) -> None:
-    """fp8 stores fewer bytes per token than bf16, and TP 2 fewer than TP 1 when every layer's KV heads split."""
+    """fp8 stores fewer bytes per token than bf16, and TP 2 fewer than TP 1 when the KV heads of every layer that
+    stores them split (layers that store no K/V — recurrent, or reading another layer's cache — do not count)."""
     from kvpools_core.pipeline import plan
 
     spec = _spec(case, registry)
@@ -318,8 +319,11 @@ def check_honours_kv_dtype_and_tp(case: Case, registry: Registry) -> None:
             f"({bf16.bytes_per_token:,} B), and no note says why: the plugin ignores the kv dtype silently",
             kv_cache_dtype="fp8_e4m3",
         )
-    splits = model.num_attention_heads % 2 == 0 and all(
-        layer.num_kv_heads >= 2 and layer.num_kv_heads % 2 == 0 for layer in model.layers
+    kv_layers = [layer for layer in model.layers if layer.num_kv_heads]  # recurrent or shared layers store none
+    splits = (
+        model.num_attention_heads % 2 == 0
+        and bool(kv_layers)
+        and all(layer.num_kv_heads >= 2 and layer.num_kv_heads % 2 == 0 for layer in kv_layers)
     )
     if splits:
         one, two = cell(tp_size=1), cell(tp_size=2)

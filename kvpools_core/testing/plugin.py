@@ -63,6 +63,24 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args[:] = [str(Path(suite.__file__))]
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the suite's checks for a kind of plugin none of the named ones is (a platform's architecture
+    checks): not skips, which would read as checks that could not run."""
+    if not config.getoption("kvpools_conformance", default=None):
+        return
+    from kvpools_core.testing import suite
+
+    def unused(item: pytest.Item) -> bool:
+        marker = item.get_closest_marker("skip")
+        reason = str(marker.kwargs.get("reason", "")) if marker else ""
+        return str(item.path) == suite.__file__ and reason.startswith("got empty parameter set")
+
+    dropped = [item for item in items if unused(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not unused(item)]
+
+
 def pytest_report_header(config: pytest.Config) -> str | None:
     names = config.getoption("kvpools_conformance", default=None)
     if not names:

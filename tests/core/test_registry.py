@@ -8,13 +8,16 @@ installed vendor plugin.
 from __future__ import annotations
 
 import io
+import re
 import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+import importlib_metadata
 import pytest
 
+import kvpools_core
 from kvpools_core import (
     ConfigError,
     LayerSpec,
@@ -197,7 +200,8 @@ def test_a_raising_wrapper_is_blamed_on_its_plugin(make_dist: MakeDist) -> None:
 def test_two_plugins_claiming_one_model_are_both_named(make_dist: MakeDist) -> None:
     make_dist("rival", TOY_CLAIM)
     registry = Registry()
-    with pytest.raises(PluginConflictError, match=r'"rival" \(kvpools-rival 1\.2\.3\) and "mha" \(kvpools 0\.1\.0\)'):
+    core = re.escape(kvpools_core.__version__)
+    with pytest.raises(PluginConflictError, match=rf'"rival" \(kvpools-rival 1\.2\.3\) and "mha" \(kvpools {core}\)'):
         plan("llama-3.1-8b", Serving(), memory="1GiB", registry=registry)
 
 
@@ -225,7 +229,8 @@ def test_two_distributions_declaring_one_name_say_how_to_resolve_it(make_dist: M
     with pytest.raises(PluginConflictError, match='2 distributions declare the kvpools plugin "mha"') as info:
         Registry()
     text = str(info.value)
-    assert "kvpools 0.1.0 (kvpools_plugins.mha)" in text and "kvpools-mha-fork 2.0 (fake_mha_fork)" in text
+    assert f"kvpools {kvpools_core.__version__} (kvpools_plugins.mha)" in text
+    assert "kvpools-mha-fork 2.0 (fake_mha_fork)" in text
     assert "Uninstall all but one, or disable the others by distribution: KVPOOLS_DISABLED_PLUGINS=" in text
     assert 'a plain mha disables every "mha"' in text
 
@@ -301,12 +306,13 @@ def test_autoload_off_still_loads_the_builtins(monkeypatch: pytest.MonkeyPatch) 
 
 def test_nothing_answered_under_autoload_off_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVPOOLS_DISABLE_PLUGIN_AUTOLOAD", "1")
+    ascend, rocm = (re.escape(importlib_metadata.version(dist)) for dist in ("kvpools-ascend", "kvpools-rocm"))
     with pytest.raises(
         NoProviderError,
         match=r"No plugin answered estimate_cell_size: .*Plugins asked: .*\. Plugin autoload is off "
         r"\(KVPOOLS_DISABLE_PLUGIN_AUTOLOAD=1\), so only the built-in plugins load; installed but not loaded: "
-        r'"ascend" \(kvpools-ascend 0\.1\.0\), "example" \(kvpools-example 0\.3\.0\), '
-        r'"example_parts" \(kvpools-example 0\.3\.0\), "rocm" \(kvpools-rocm 0\.1\.0\)\. '
+        rf'"ascend" \(kvpools-ascend {ascend}\), "example" \(kvpools-example 0\.3\.0\), '
+        rf'"example_parts" \(kvpools-example 0\.3\.0\), "rocm" \(kvpools-rocm {rocm}\)\. '
         r"Unset it, or name every plugin to load in KVPOOLS_PLUGINS",
     ):
         plan(TOY_LATENT, Serving(), memory="1MiB", registry=Registry())

@@ -6,6 +6,7 @@ module and fake HIP attributes of torch that the tests install.
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -76,10 +77,11 @@ def plain_host(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_each_vendor_is_its_own_installed_distribution(name: str, registry: Registry) -> None:
     dist, package = VENDORS[name]
     project = tomllib.loads((ROOT / "plugins" / dist / "pyproject.toml").read_text())["project"]
-    assert (project["name"], project["version"], project["dependencies"]) == (dist, "0.1.0", ["kvpools"])
+    version = importlib.import_module(package).__version__  # its one source (tests/test_packaging.py)
+    assert (project["name"], project["dynamic"], project["dependencies"]) == (dist, ["version"], ["kvpools>=0.2,<0.3"])
     assert project["entry-points"]["kvpools"] == {name: package}
     info = registry.plugin(name)
-    assert (info.distribution, info.version, info.status) == (dist, "0.1.0", "loaded")
+    assert (info.distribution, info.version, info.status) == (dist, version, "loaded")
     assert {"platforms", "platform_aliases", "detect_platform", "available_memory"} <= set(info.hooks)
     assert importlib_metadata.packages_distributions()[package] == [dist]
     root = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -99,10 +101,10 @@ def test_kvpools_plugins_lists_them(kvpools_exe: str, cli_env: dict[str, str]) -
     out = subprocess.run([kvpools_exe, "plugins", "--json"], capture_output=True, text=True, env=cli_env, timeout=120)
     assert out.returncode == 0, out.stderr
     by_name = {p["name"]: p for p in json.loads(out.stdout)}
-    for name, (dist, _) in VENDORS.items():
+    for name, (dist, package) in VENDORS.items():
         assert (by_name[name]["distribution"], by_name[name]["version"], by_name[name]["status"]) == (
             dist,
-            "0.1.0",
+            importlib.import_module(package).__version__,
             "loaded",
         )
 
@@ -242,7 +244,8 @@ def test_a_disabled_platform_says_it_is_disabled() -> None:
         plan("llama-3.1-8b", Serving(platform="ascend"), memory="8GiB", registry=Registry(disabled=("ascend",)))
     message = str(error.value)
     assert "kvpools-ascend is installed but its plugin is not loaded" in message
-    assert 'Disabled by Registry(disabled=...): "ascend" (kvpools-ascend 0.1.0)' in message
+    version = importlib.import_module("kvpools_ascend").__version__
+    assert f'Disabled by Registry(disabled=...): "ascend" (kvpools-ascend {version})' in message
     assert "pip install" not in message
 
 

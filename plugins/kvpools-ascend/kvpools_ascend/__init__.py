@@ -22,6 +22,8 @@ from kvpools_core.errors import ConfigError
 from kvpools_core.options import option
 from kvpools_core.values import PageSizeRule, PlatformTraits, Serving
 
+__version__ = "0.2.0"  # the one place it is written: pyproject.toml reads this literal
+
 ALIASES = {DEVICE_TYPE: PLATFORM}
 ASCEND_PAGE_SIZE = 128
 

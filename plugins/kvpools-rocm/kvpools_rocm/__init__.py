@@ -21,6 +21,8 @@ from kvpools_core.values import ModelSpec, PageSizeRule, PlatformTraits, Serving
 from kvpools_rocm.layout_hooks import *  # noqa: F403
 from kvpools_rocm.layout_hooks import KV_CACHE_LAYOUT_OPTION, KV_CACHE_LAYOUTS
 
+__version__ = "0.2.0"  # the one place it is written: pyproject.toml reads this literal
+
 PLATFORM = "rocm"
 ALIASES = {"hip": PLATFORM}
 DEVICE_TYPE = "cuda"
