@@ -65,7 +65,8 @@ Written here, beside ``__all__``, because the facade is the contract (as ``pytes
 ``__init__`` is over ``_pytest``): ``__all__`` lists the public names of this package,
 ``PUBLIC_MODULES`` the public modules.  ``"pkg.*"`` makes every submodule of ``pkg``
 public, so a store or part added there is public at once.  Internal: ``registry``,
-``pipeline``, ``building``, ``defaults``, ``cli``, ``report``, ``build_report`` and ``hookspecs`` (plugins
+``pipeline``, ``building``, ``defaults``, ``cli``, ``report``, ``build_report``, ``capacity``,
+``capacity_report`` and ``hookspecs`` (plugins
 take ``hookimpl`` and ``for_architecture`` from ``kvpools_core``).  Plugins reach other
 plugins only through hooks, never by import.  ``tests/plugins/test_boundaries.py``
 enforces both rules on every built-in plugin and on the example distribution;

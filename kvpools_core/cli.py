@@ -334,6 +334,95 @@ def plan(
         _render_comparison(result, comparison)
 
 
+@main.command()
+@click.argument("model")
+@_budget_options
+@_serving_options
+@click.option(
+    "--context",
+    "contexts",
+    multiple=True,
+    metavar="L",
+    help="Context lengths to ask about (repeatable or comma separated; 32768, 32k, 1M) instead of the default "
+    "ladder 1k ... 1M.",
+)
+@click.option(
+    "--requests",
+    "requests",
+    type=int,
+    default=None,
+    help="Also print the largest context this many concurrent requests all reach.",
+)
+@click.option(
+    "--headroom",
+    type=float,
+    default=0.1,
+    show_default=True,
+    help="Fraction of the binding pool the recommended SGLang flags leave free.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_user_facing
+def capacity(
+    model: str,
+    memory: str | None,
+    device: str | None,
+    free_memory: str | None,
+    weights_memory: str | None,
+    reserved_memory: str | None,
+    draft_model: str | None,
+    contexts: tuple[str, ...],
+    requests: int | None,
+    headroom: float,
+    as_json: bool,
+    **options: Any,
+) -> None:
+    """How many concurrent requests of each context length fit MODEL's planned pools, and what binds.
+
+    Also the largest context N requests all reach (--requests N), the largest single-request context, and
+    --max-running-requests / --context-length flags for SGLang with --headroom of the binding pool free.
+    """
+    from kvpools_core.capacity import CONTEXT_LADDER, concurrency, engine_flags, limits_of, max_context
+    from kvpools_core.capacity import parse_context_len as parse
+    from kvpools_core.capacity_report import CapacityReport, capacity_summary, render_capacity
+    from kvpools_core.pipeline import plan as make_plan
+
+    asked = [parse(item) for text in contexts for item in text.split(",")]
+    if requests is not None and requests < 1:
+        raise ConfigError(f"--requests must be at least 1, got {requests}.")
+    if not 0 <= headroom < 1:
+        raise ConfigError(f"--headroom must be a fraction in [0, 1), e.g. 0.1 for 10%; got {headroom}.")
+    serving = _make_serving(options, device)
+    result = make_plan(
+        model,
+        serving,
+        memory=memory,
+        device=device,
+        free_memory=free_memory,
+        weights_memory=weights_memory,
+        reserved_memory=reserved_memory,
+        draft_model=draft_model,
+    )
+    limits = limits_of(result)
+    flags_context = max([c for c in asked if c <= limits.context_len], default=limits.context_len)
+    try:
+        flags, flags_error = engine_flags(result, flags_context, headroom), None
+    except KvpoolsError as error:
+        flags, flags_error = None, str(error)
+    report = CapacityReport(
+        plan=result,
+        limits=limits,
+        ladder=tuple(concurrency(result, length) for length in (asked or CONTEXT_LADDER)),
+        single_request=max_context(result, 1),
+        concurrent=max_context(result, requests) if requests is not None else None,
+        flags=flags,
+        flags_error=flags_error,
+    )
+    if as_json:
+        click.echo(json.dumps(capacity_summary(report), indent=2))
+    else:
+        render_capacity(report, _console())
+
+
 _BUILD_DEVICE_HELP = (
     "Build the pools on this device: cpu, cuda, cuda:N, or meta (shapes and exact bytes, nothing allocated). "
     "Without --memory/--free-memory the budget is measured on it too; meta needs one of them."

@@ -1,0 +1,485 @@
+"""Capacity answers for a plan as sized: how many requests of a length fit, and what context N requests reach.
+
+A KV planner is asked "how many concurrent requests of my lengths fit, and
+what context can I promise", not "how many tokens".  On hybrid models part of
+the cost is per request rather than per token (a sliding-window request holds
+at most its window, a recurrent request a state slot whatever its length), so
+the answer is a minimum over every limit of the plan, each in closed form
+(integer division, never a search), read from :attr:`Plan.counts` and the
+serving options — no plugin is named:
+
+* **full tokens** — a request of context ``L`` holds ``ceil(L / page) * page``
+  slots of the ``"full"`` token space: SGLang's paged allocator hands out whole
+  pages and keeps nothing else per request (page 0, the padding page, is
+  outside the plan's token count; ``alloc_extend`` takes ``ceil(seq / P) -
+  ceil(prefix / P)`` new pages per request, ``sglang-pools.md`` §2.3).
+* **<space> tokens** of a windowed space (a model whose layers carry a
+  ``sliding_window``, and its one token space beside ``"full"``) — a request
+  holds its tokens up to SGLang's worst case per request,
+  ``window + eviction_interval * draft_tokens + page + decode_alloc``
+  (``SWAChunkCapPoolConfigurator``, ``002_50706b73e02ffb67.txt`` lines 429-445:
+  out-of-window tokens are freed every ``SGLANG_SWA_EVICTION_INTERVAL`` decode
+  steps, a page of padding keeps the eviction point page aligned, and the
+  next decode step's allocation is outstanding).  Once requests outgrow that,
+  the prefill chunks in flight come on top, as SGLang's cap charges them
+  (lines 447-458: ``chunks * chunked_prefill_size + page``, two chunks with the
+  overlap schedule, one without): a request being prefilled holds a chunk
+  beyond its worst case, no more of them than there are requests, and no
+  chunk longer than the rest of its prompt (without chunked prefill the whole
+  prompt is one chunk).  On a decode node nothing is prefilled; its
+  pre-allocated slots hold ``(window + page)`` each instead.
+* **state slots** — ``state_slots // slots_per_request``, where a running
+  request holds SGLang's ``_calculate_mamba_ratio`` slots
+  (``000_fbd4f47288598fb9.txt`` lines 2271-2300: 1 with the radix cache off,
+  else 3 — the prefill-to-decode peak — less 1 with
+  ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK`` (added back without an extra buffer),
+  plus the extra buffer's ping-pong slots); SGLang caps ``max_running_requests`` by the same quotient (lines
+  2348-2362).
+* **request cap** — ``max_running_requests`` of the plan (per DP worker).
+* **context length** — no request is longer than the plan's context length.
+
+Every count is per DP-attention worker, as the plan's are.  What is not
+modelled yet: a token space that is neither full nor windowed (DeepSeek-V4's
+compressed ``c4`` / ``c128`` spaces) is refused, and the split of one budget
+by a workload's mix of lengths is a later question.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from kvpools_core.errors import ConfigError, InsufficientMemoryError, UnsupportedCombinationError
+from kvpools_core.options import option
+from kvpools_core.sizing import alloc_len_per_decode
+from kvpools_core.values import FULL_TOKENS, Plan, Serving, frozen_mapping
+
+__all__ = [
+    "CONTEXT_LADDER",
+    "CONTEXT_LIMIT",
+    "REQUEST_CAP",
+    "STATE_SLOTS",
+    "Capacity",
+    "ContextAnswer",
+    "EngineFlags",
+    "Limits",
+    "WindowedSpace",
+    "concurrency",
+    "engine_flags",
+    "limits_of",
+    "max_context",
+    "parse_context_len",
+    "state_slots_per_request",
+    "token_limit",
+]
+
+CONTEXT_LADDER = tuple(1024 * 2**k for k in range(11))
+"""The default context lengths asked about: 1k, 2k, 4k, ... 512k, 1M (powers of two, as models state them)."""
+STATE_SLOTS = "state slots"
+REQUEST_CAP = "request cap"
+CONTEXT_LIMIT = "context length"
+
+# SGLang's ratios of state slots to running requests (kv_cache_configurator.py module constants, ref-000).
+_MAMBA_BASE_RATIO = 3
+_MAMBA_BASE_DROP_ON_SKIP = 1
+_MAMBA_EXTRA_OVERLAP = 2
+_MAMBA_EXTRA_OVERLAP_LAZY = 1
+_MAMBA_EXTRA_NO_OVERLAP = 1
+_MAMBA_EXTRA_NO_BUFFER = 1
+
+
+def token_limit(space: str) -> str:
+    """The name of a token space's limit, as tables and JSON show it: ``"full tokens"``, ``"swa tokens"``."""
+    return f"{space} tokens"
+
+
+@attrs.frozen(kw_only=True)
+class WindowedSpace:
+    """A token space a request fills only up to ``per_request`` tokens (a sliding window and its slack)."""
+
+    window: int
+    per_request: int
+    """SGLang's worst case per request: window + eviction interval x draft tokens + page + decode allocation."""
+    prefill_chunk: int | None
+    """``--chunked-prefill-size``; None: a prompt is prefilled whole."""
+    prefills_in_flight: int
+    """Requests prefilled at once: 2 with the overlap schedule, 1 without, 0 on a decode node."""
+    reserve: int
+    """Slots held whatever the requests: SGLang's page of alignment, or a decode node's pre-allocated slots."""
+
+    def prefill_extra(self, held: int) -> int:
+        """What a request of ``held`` slots holds beyond ``per_request`` while a chunk of it is prefilled."""
+        beyond = max(0, held - self.per_request)
+        return beyond if self.prefill_chunk is None else min(beyond, self.prefill_chunk)
+
+    def requests_past_window(self, count: int, held: int) -> int:
+        """The most requests n with ``n x per_request + min(n, prefills) x extra + reserve <= count``."""
+        room = count - self.reserve
+        if room < 0:
+            return 0
+        busy = self.per_request + self.prefill_extra(held)
+        prefilling = self.prefills_in_flight
+        if prefilling * busy <= room:
+            return prefilling + (room - prefilling * busy) // self.per_request
+        return room // busy
+
+    def largest_past_window(self, count: int, requests: int, page: int, ceiling: int) -> int:
+        """The longest context (past the worst case) at which ``requests`` fit; 0 if none does.
+
+        With ``k = min(requests, prefills)`` it takes ``requests x per_request + k x extra + reserve <= count``:
+        any length when ``extra`` is capped by a chunk that fits (or nothing is prefilled), else
+        ``pages(L) <= per_request + room // k``.
+        """
+        room = count - self.reserve - requests * self.per_request
+        if room < 0:
+            return 0
+        prefilling = min(requests, self.prefills_in_flight)
+        if not prefilling or (self.prefill_chunk is not None and prefilling * self.prefill_chunk <= room):
+            return ceiling
+        return min(ceiling, (self.per_request + room // prefilling) // page * page)
+
+
+@attrs.frozen(kw_only=True)
+class Limits:
+    """The counts one plan's capacity is computed from (per DP worker), with any headroom already taken off."""
+
+    page_size: int
+    context_len: int
+    tokens: Mapping[str, int] = attrs.field(converter=frozen_mapping)
+    windowed: Mapping[str, WindowedSpace] = attrs.field(converter=frozen_mapping)
+    state_slots: int
+    slots_per_request: int
+    request_cap: int
+
+    def scaled(self, keep: float) -> Limits:
+        """The same limits with only ``keep`` of every pool usable (tokens page aligned, slots floored).
+
+        The request cap is no pool (its table is sized for it), so it stays.
+        """
+        page = self.page_size
+        return attrs.evolve(
+            self,
+            tokens={space: int(count * keep) // page * page for space, count in self.tokens.items()},
+            state_slots=int(self.state_slots * keep),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class Capacity:
+    """How many requests of ``context_len`` tokens run at once, and which limit binds.
+
+    ``limits`` holds each limit's own answer (``"full tokens"``, ``"swa tokens"``,
+    ``"state slots"``, ``"request cap"``); ``tokens_per_request`` the slots one
+    request holds in each token space.  ``binding`` is ``"context length"``
+    (and ``concurrent_requests`` 0) when ``context_len`` exceeds the plan's.
+    """
+
+    context_len: int
+    concurrent_requests: int
+    binding: str
+    limits: Mapping[str, int] = attrs.field(converter=frozen_mapping)
+    tokens_per_request: Mapping[str, int] = attrs.field(converter=frozen_mapping)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "context_len": self.context_len,
+            "concurrent_requests": self.concurrent_requests,
+            "binding": self.binding,
+            "limits": dict(self.limits),
+            "tokens_per_request": dict(self.tokens_per_request),
+        }
+
+
+@attrs.frozen(kw_only=True)
+class ContextAnswer:
+    """The largest context ``requests`` concurrent requests all reach, and which limit binds.
+
+    ``limits`` holds the largest context each limit alone allows (a limit that
+    does not depend on the length — state slots, the request cap, a window the
+    requests outgrow — allows the plan's context length, or 0 when it cannot
+    hold ``requests`` at all).  ``context_len`` 0: not even one page fits.
+    """
+
+    requests: int
+    context_len: int
+    binding: str
+    limits: Mapping[str, int] = attrs.field(converter=frozen_mapping)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "context_len": self.context_len,
+            "binding": self.binding,
+            "limits": dict(self.limits),
+        }
+
+
+@attrs.frozen(kw_only=True)
+class EngineFlags:
+    """SGLang flags that serve ``context_length`` with ``headroom`` of the binding pool left free.
+
+    ``max_running_requests`` is SGLang's server arg: the total over the
+    DP-attention workers (SGLang divides it by them), so it is the per-worker
+    answer times their number.
+    """
+
+    max_running_requests: int
+    context_length: int
+    headroom: float
+    binding: str
+
+    def args(self) -> tuple[str, ...]:
+        return ("--max-running-requests", str(self.max_running_requests), "--context-length", str(self.context_length))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_running_requests": self.max_running_requests,
+            "context_length": self.context_length,
+            "headroom": self.headroom,
+            "binding": self.binding,
+            "args": " ".join(self.args()),
+        }
+
+
+def state_slots_per_request(serving: Serving) -> int:
+    """State slots SGLang keeps per running request (``_calculate_mamba_ratio``, ref-000 lines 2271-2300).
+
+    With the radix cache off a request holds its own slot only; with it, 3
+    (the prefill-to-decode peak), 2 under ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``,
+    plus the extra buffer's ping-pong slots (2 with the overlap schedule, 1
+    lazy or without it; skip-decode-lock without a buffer adds the 1 back).
+    """
+    if serving.disable_radix_cache:
+        return 1
+    skip = serving.mamba_skip_decode_lock
+    base = _MAMBA_BASE_RATIO - (_MAMBA_BASE_DROP_ON_SKIP if skip else 0)
+    if serving.enable_mamba_extra_buffer:
+        if serving.disable_overlap_schedule:
+            return base + _MAMBA_EXTRA_NO_OVERLAP
+        return base + (_MAMBA_EXTRA_OVERLAP_LAZY if serving.enable_mamba_extra_buffer_lazy else _MAMBA_EXTRA_OVERLAP)
+    return base + (_MAMBA_EXTRA_NO_BUFFER if skip else 0)
+
+
+def _decode_alloc(serving: Serving) -> int:
+    """Tokens of the next decode step a request has allocated (the ``decode_alloc`` of SGLang's SWA cap).
+
+    A page without speculation; spec-v1 (overlap off) ``spec_decode_alloc_len_per_request``: every draft
+    branch and the verify tokens, each in whole pages; spec-v2 keeps ``2 x alloc_len_per_decode`` outstanding.
+    """
+    page = serving.page_size
+    if not serving.speculative:
+        return page
+    if not serving.disable_overlap_schedule:
+        return 2 * alloc_len_per_decode(serving)
+    branch = serving.speculative_num_steps or 1
+    topk = serving.speculative_eagle_topk or 1
+    verify = serving.speculative_num_draft_tokens or 1
+    if page > 1:
+        branch = math.ceil((branch + page if topk > 1 else branch) / page) * page
+        verify = math.ceil(verify / page) * page
+    return max(branch * topk, verify)
+
+
+def _windowed_space(plan: Plan, window: int) -> WindowedSpace:
+    serving = plan.serving
+    page = serving.page_size
+    draft_tokens = serving.speculative_num_draft_tokens or 1
+    per_request = window + max(1, serving.swa_eviction_interval) * draft_tokens + page + _decode_alloc(serving)
+    if serving.disaggregation_mode == "decode":
+        prefills, reserve = 0, (window + page) * serving.disaggregation_decode_extra_slots
+    else:
+        prefills, reserve = (1 if serving.disable_overlap_schedule else 2), page
+    return WindowedSpace(
+        window=window,
+        per_request=per_request,
+        prefill_chunk=serving.chunked_prefill_size,
+        prefills_in_flight=prefills,
+        reserve=reserve,
+    )
+
+
+def limits_of(plan: Plan) -> Limits:
+    """The counts a plan's capacity answers come from; refuses a token space it cannot model.
+
+    A token space other than ``"full"`` is a sliding window's when the model's
+    layers carry a ``sliding_window`` and it is the only other space.
+    """
+    counts = plan.counts
+    tokens: dict[str, int] = dict(counts["tokens"])
+    others = [space for space in tokens if space != FULL_TOKENS]
+    windows = [layer.sliding_window for layer in plan.model.layers if layer.sliding_window]
+    windowed: dict[str, WindowedSpace] = {}
+    if others:
+        if len(others) > 1 or not windows:
+            raise UnsupportedCombinationError(
+                f"kvpools capacity models the full token space and one sliding-window space; the plan of "
+                f"{plan.model.name} also counts token space(s) {others} (how many tokens of each a request holds "
+                f"is not modelled yet). `kvpools plan` gives its pools."
+            )
+        windowed[others[0]] = _windowed_space(plan, max(windows))
+    state_slots = int(counts["state_slots"])
+    return Limits(
+        page_size=plan.serving.page_size,
+        context_len=plan.model.context_len,
+        tokens=tokens,
+        windowed=windowed,
+        state_slots=state_slots,
+        slots_per_request=state_slots_per_request(plan.serving) if state_slots else 0,
+        request_cap=plan.max_running_requests,
+    )
+
+
+def _check_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{option(name)} must be a positive integer, got {value!r}.")
+
+
+def _pick(limits: Mapping[str, int]) -> str:
+    """The binding limit: the smallest; on a tie the first named — token spaces, state slots, the request cap,
+    the context length — so a resource is named before the cap SGLang derives from it."""
+    low = min(limits.values())
+    return next(name for name, value in limits.items() if value == low)
+
+
+def _pages(tokens: int, page: int) -> int:
+    """Slots ``tokens`` tokens hold: whole pages."""
+    return -(-tokens // page) * page
+
+
+def _concurrency(limits: Limits, context_len: int) -> Capacity:
+    page = limits.page_size
+    held = _pages(context_len, page)
+    by_limit: dict[str, int] = {}
+    per_request: dict[str, int] = {}
+    for space, count in limits.tokens.items():
+        window = limits.windowed.get(space)
+        if window is None or held <= window.per_request:
+            per_request[space] = held
+            by_limit[token_limit(space)] = count // held
+        else:  # outgrown the window: the worst case per request, and the prefill chunks in flight on top
+            per_request[space] = window.per_request
+            by_limit[token_limit(space)] = window.requests_past_window(count, held)
+    if limits.slots_per_request:
+        by_limit[STATE_SLOTS] = limits.state_slots // limits.slots_per_request
+    by_limit[REQUEST_CAP] = limits.request_cap
+    if context_len > limits.context_len:
+        return Capacity(
+            context_len=context_len,
+            concurrent_requests=0,
+            binding=CONTEXT_LIMIT,
+            limits=by_limit,
+            tokens_per_request=per_request,
+        )
+    binding = _pick(by_limit)
+    return Capacity(
+        context_len=context_len,
+        concurrent_requests=by_limit[binding],
+        binding=binding,
+        limits=by_limit,
+        tokens_per_request=per_request,
+    )
+
+
+def concurrency(plan: Plan, context_len: int) -> Capacity:
+    """How many requests of ``context_len`` tokens the plan's pools hold at once, and what binds.
+
+    Each limit is one integer division (see the module docstring): full tokens
+    ``tokens // (ceil(L / page) * page)``; a windowed space the same until a
+    request outgrows SGLang's per-request worst case, then that worst case per
+    request with the prefill chunks in flight on top
+    (:meth:`WindowedSpace.requests_past_window`); ``state_slots // slots per
+    request``; the request cap.
+    """
+    _check_positive("context_len", context_len)
+    return _concurrency(limits_of(plan), context_len)
+
+
+def _max_context(limits: Limits, requests: int) -> ContextAnswer:
+    page, ceiling = limits.page_size, limits.context_len
+    by_limit: dict[str, int] = {}
+    for space, count in limits.tokens.items():
+        # n requests of L fit while n * ceil(L / page) * page <= count, i.e. L <= page_floor(count // n)
+        largest = count // requests // page * page
+        window = limits.windowed.get(space)
+        if window is not None:
+            # within the worst case a request holds its own pages; past it (where fewer fit: the prefill
+            # chunks come on top), its worst case and the chunks
+            within = min(largest, window.per_request // page * page)
+            past = window.largest_past_window(count, requests, page, ceiling)
+            largest = past if past > window.per_request // page * page else within
+        by_limit[token_limit(space)] = min(largest, ceiling)
+    if limits.slots_per_request:
+        by_limit[STATE_SLOTS] = ceiling if requests * limits.slots_per_request <= limits.state_slots else 0
+    by_limit[REQUEST_CAP] = ceiling if requests <= limits.request_cap else 0
+    by_limit[CONTEXT_LIMIT] = ceiling
+    # every limit was capped at the context length: one that reaches it does not bind, the context length does
+    binding = _pick(by_limit) if min(by_limit.values()) < ceiling else CONTEXT_LIMIT
+    return ContextAnswer(requests=requests, context_len=by_limit[binding], binding=binding, limits=by_limit)
+
+
+def max_context(plan: Plan, requests: int) -> ContextAnswer:
+    """The largest context ``requests`` concurrent requests can all reach; ``requests=1``: one request alone.
+
+    Closed form per limit: a full token space allows ``page_floor(tokens //
+    requests)``; a windowed space, past its per-request worst case, the bound
+    :meth:`WindowedSpace.largest_past_window` gives (the context length once a
+    whole prefill chunk fits beside the requests), else the same page floor
+    within the worst case; state slots and the request cap allow the context
+    length or nothing; the context length caps them all.
+    """
+    _check_positive("requests", requests)
+    return _max_context(limits_of(plan), requests)
+
+
+def engine_flags(plan: Plan, context_len: int, headroom: float) -> EngineFlags:
+    """``--max-running-requests`` and ``--context-length`` that leave ``headroom`` of the binding pool free.
+
+    The plan's pools are cut to ``1 - headroom`` (tokens page aligned, state
+    slots floored; the request cap is no pool and stays); the context length is ``context_len`` or, when
+    not even one such request fits, the largest context one request reaches;
+    the requests are how many of that context fit.  Both flags keep the
+    request table no larger than the plan's, so an engine given them starts
+    within the plan's memory.
+    """
+    _check_positive("context_len", context_len)
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
+        raise ConfigError(f"{option('headroom')} must be a fraction in [0, 1), got {headroom!r}.")
+    limits = limits_of(plan).scaled(1 - headroom)
+    context = min(context_len, limits.context_len)
+    if _concurrency(limits, context).concurrent_requests < 1:
+        context = _max_context(limits, 1).context_len
+    if context < 1:
+        raise InsufficientMemoryError(
+            f"With {option('headroom')} {headroom} not even one request of one page fits the plan's pools; "
+            f"lower the headroom or raise the budget."
+        )
+    answer = _concurrency(limits, context)
+    return EngineFlags(
+        max_running_requests=answer.concurrent_requests * plan.serving.attn_dp_size,
+        context_length=context,
+        headroom=float(headroom),
+        binding=answer.binding,
+    )
+
+
+_CONTEXT_TEXT = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
+
+
+def parse_context_len(text: str | int) -> int:
+    """A context length as people write it: ``32768``, ``32k`` (x 1024) or ``1M`` (x 1024 x 1024)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        match = _CONTEXT_TEXT.match(str(text))
+        if not match:
+            raise ConfigError(
+                f"{option('context')} takes a context length in tokens such as 32768, 32k or 1M, got {text!r}."
+            )
+        value = int(match.group(1)) * {"": 1, "k": 1024, "m": 1024 * 1024}[match.group(2).lower()]
+    if value < 1:
+        raise ConfigError(f"{option('context')} must be at least one token, got {text!r}.")
+    return value
