@@ -28,13 +28,11 @@ serving options — no plugin is named:
   chunk longer than the rest of its prompt (without chunked prefill the whole
   prompt is one chunk).  On a decode node nothing is prefilled; its
   pre-allocated slots hold ``(window + page)`` each instead.
-* **state slots** — ``state_slots // slots_per_request``, where a running
-  request holds SGLang's ``_calculate_mamba_ratio`` slots
-  (``000_fbd4f47288598fb9.txt`` lines 2271-2300: 1 with the radix cache off,
-  else 3 — the prefill-to-decode peak — less 1 with
-  ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK`` (added back without an extra buffer),
-  plus the extra buffer's ping-pong slots); SGLang caps ``max_running_requests`` by the same quotient (lines
-  2348-2362).
+* **state slots** — ``state_slots // state_slots_per_request``, the slots a
+  running request may hold at its peak as the sizing plugin recorded them
+  (``PoolSizing.state_slots_per_request``; the mamba plugin's SGLang
+  ``_calculate_mamba_ratio``, ``000_fbd4f47288598fb9.txt`` lines 2271-2300);
+  SGLang caps ``max_running_requests`` by the same quotient (lines 2348-2362).
 * **request cap** — ``max_running_requests`` of the plan (per DP worker).
 * **context length** — no request is longer than the plan's context length.
 
@@ -82,14 +80,6 @@ CONTEXT_LADDER = tuple(1024 * 2**k for k in range(11))
 STATE_SLOTS = "state slots"
 REQUEST_CAP = "request cap"
 CONTEXT_LIMIT = "context length"
-
-# SGLang's ratios of state slots to running requests (kv_cache_configurator.py module constants, ref-000).
-_MAMBA_BASE_RATIO = 3
-_MAMBA_BASE_DROP_ON_SKIP = 1
-_MAMBA_EXTRA_OVERLAP = 2
-_MAMBA_EXTRA_OVERLAP_LAZY = 1
-_MAMBA_EXTRA_NO_OVERLAP = 1
-_MAMBA_EXTRA_NO_BUFFER = 1
 
 
 def token_limit(space: str) -> str:
@@ -245,23 +235,13 @@ class EngineFlags:
         }
 
 
-def state_slots_per_request(serving: Serving) -> int:
-    """State slots SGLang keeps per running request (``_calculate_mamba_ratio``, ref-000 lines 2271-2300).
+def state_slots_per_request(plan: Plan) -> int:
+    """State slots one running request may hold at its peak, as the sizing plugin recorded it
+    (``PoolSizing.state_slots_per_request``: SGLang's ``_calculate_mamba_ratio`` for the mamba plugin).
 
-    With the radix cache off a request holds its own slot only; with it, 3
-    (the prefill-to-decode peak), 2 under ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``,
-    plus the extra buffer's ping-pong slots (2 with the overlap schedule, 1
-    lazy or without it; skip-decode-lock without a buffer adds the 1 back).
+    A plan with state slots but no figure (written before plugins recorded it) counts one slot a request.
     """
-    if serving.disable_radix_cache:
-        return 1
-    skip = serving.mamba_skip_decode_lock
-    base = _MAMBA_BASE_RATIO - (_MAMBA_BASE_DROP_ON_SKIP if skip else 0)
-    if serving.enable_mamba_extra_buffer:
-        if serving.disable_overlap_schedule:
-            return base + _MAMBA_EXTRA_NO_OVERLAP
-        return base + (_MAMBA_EXTRA_OVERLAP_LAZY if serving.enable_mamba_extra_buffer_lazy else _MAMBA_EXTRA_OVERLAP)
-    return base + (_MAMBA_EXTRA_NO_BUFFER if skip else 0)
+    return max(1, plan.sizing.state_slots_per_request)
 
 
 def _decode_alloc(serving: Serving) -> int:
@@ -328,7 +308,7 @@ def limits_of(plan: Plan) -> Limits:
         tokens=tokens,
         windowed=windowed,
         state_slots=state_slots,
-        slots_per_request=state_slots_per_request(plan.serving) if state_slots else 0,
+        slots_per_request=state_slots_per_request(plan) if state_slots else 0,
         request_cap=plan.max_running_requests,
     )
 

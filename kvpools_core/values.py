@@ -1157,6 +1157,10 @@ class PoolSizing:
     ``state_slots`` the slots of a state cache (the mamba plugin's
     ``max_mamba_cache_size``): with ``max_running_requests`` they are the
     :attr:`counts` the :attr:`cost` model reproduces the pools' bytes from.
+    ``state_slots_per_request`` is how many of those slots one running
+    request may hold at its peak (SGLang's ``_calculate_mamba_ratio``: 3 with
+    the radix cache, 1 without), so capacity answers divide by the sizing
+    plugin's own figure instead of re-deriving the engine's rule.
     """
 
     max_total_num_tokens: int = attrs.field(validator=non_negative)
@@ -1170,6 +1174,7 @@ class PoolSizing:
         converter=frozen_mapping,
     )
     state_slots: int = attrs.field(default=0, validator=non_negative)
+    state_slots_per_request: int = attrs.field(default=0, validator=non_negative)
 
     @token_counts.validator
     def _check_token_counts(self, _attribute: attrs.Attribute[Any], counts: Mapping[str, int]) -> None:

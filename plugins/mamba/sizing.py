@@ -273,6 +273,7 @@ def size_hybrid_pools(
         sglang_estimate_bytes=int(tokens * cell.sglang_bytes_per_token) + split.state_bytes + split.intermediate_bytes,
         notes=notes,
         state_slots=k,
+        state_slots_per_request=split.ratio,
     )
 
 

@@ -262,7 +262,7 @@ def test_qwen3_next_binds_on_state_slots() -> None:
     (SGLang's ratio), so 393 // 3 = 131 requests — the cap SGLang derives from them; short requests bind there."""
     p = plan("qwen3-next-80b-a3b-thinking", Serving(), memory="60GiB")
     slots, full = p.counts["state_slots"], p.counts["tokens"]["full"]
-    assert state_slots_per_request(p.serving) == 3
+    assert state_slots_per_request(p) == 3
     answer = concurrency(p, 4_096)
     assert (answer.concurrent_requests, answer.binding) == (slots // 3, STATE_SLOTS)
     assert answer.limits["full tokens"] == full // 4_096 > slots // 3
@@ -287,7 +287,9 @@ def test_qwen3_next_binds_on_state_slots() -> None:
     ],
 )
 def test_state_slots_per_request_is_sglangs_ratio(changes: dict[str, bool], expected: int) -> None:
-    assert state_slots_per_request(attrs.evolve(Serving(), **changes)) == expected
+    """The mamba plugin records SGLang's ``_calculate_mamba_ratio`` on the plan; capacity divides by it."""
+    p = plan("qwen3-next-80b-a3b-thinking", attrs.evolve(Serving(), **changes), memory="60GiB")
+    assert p.sizing.state_slots_per_request == state_slots_per_request(p) == expected
 
 
 def test_deepseek_v4_compressed_spaces_are_refused() -> None:
