@@ -13,21 +13,19 @@ serving options — no plugin is named:
   pages and keeps nothing else per request (page 0, the padding page, is
   outside the plan's token count; ``alloc_extend`` takes ``ceil(seq / P) -
   ceil(prefix / P)`` new pages per request, ``sglang-pools.md`` §2.3).
-* **<space> tokens** of a windowed space (a model whose layers carry a
-  ``sliding_window``, and its one token space beside ``"full"``) — a request
-  holds its tokens up to SGLang's worst case per request,
-  ``window + eviction_interval * draft_tokens + page + decode_alloc``
-  (``SWAChunkCapPoolConfigurator``, ``002_50706b73e02ffb67.txt`` lines 429-445:
-  out-of-window tokens are freed every ``SGLANG_SWA_EVICTION_INTERVAL`` decode
-  steps, a page of padding keeps the eviction point page aligned, and the
-  next decode step's allocation is outstanding).  Once requests outgrow that,
-  the prefill chunks in flight come on top, as SGLang's cap charges them
-  (lines 447-458: ``chunks * chunked_prefill_size + page``, two chunks with the
-  overlap schedule, one without): a request being prefilled holds a chunk
-  beyond its worst case, no more of them than there are requests, and no
-  chunk longer than the rest of its prompt (without chunked prefill the whole
-  prompt is one chunk).  On a decode node nothing is prefilled; its
-  pre-allocated slots hold ``(window + page)`` each instead.
+* **<space> tokens** of a windowed space (one the sizing plugin recorded a
+  :class:`~kvpools_core.values.TokenWindow` for, ``Plan.windows``; the swa
+  plugin's ``"swa"``) — a request holds its tokens up to the engine's worst
+  case per request, ``TokenWindow.per_request`` (SGLang's
+  ``window + eviction_interval * draft_tokens + page + decode_alloc``,
+  ``SWAChunkCapPoolConfigurator``, ``002_50706b73e02ffb67.txt`` lines 425-445).
+  Once requests outgrow that, the prefill chunks in flight come on top, as
+  SGLang's cap charges them (lines 453-458: ``chunks * chunked_prefill_size +
+  page``): a request being prefilled holds a chunk beyond its worst case, no
+  more of them than there are requests, and no chunk longer than the rest of
+  its prompt (without chunked prefill the whole prompt is one chunk).  On a
+  decode node nothing is prefilled and the reserve is its pre-allocated slots.
+  The terms are the plugin's; only their inversion is here.
 * **state slots** — ``state_slots // state_slots_per_request``, the slots a
   running request may hold at its peak as the sizing plugin recorded them
   (``PoolSizing.state_slots_per_request``; the mamba plugin's SGLang
@@ -38,13 +36,18 @@ serving options — no plugin is named:
 
 Every count is per DP-attention worker, as the plan's are.  What is not
 modelled yet: a token space that is neither full nor windowed (DeepSeek-V4's
-compressed ``c4`` / ``c128`` spaces) is refused, and the split of one budget
-by a workload's mix of lengths is a later question.
+compressed ``c4`` / ``c128`` spaces: no window recorded) is refused, and the
+split of one budget by a workload's mix of lengths is a later question.
+
+``tests/replay/test_replay_matches_capacity.py`` replays fixed-length
+workloads through the plan's allocators (:mod:`kvpools_core.replay`): the
+peak concurrency equals these answers where full tokens, the request cap,
+state slots, an unoutgrown window or SGLang's chunk cap bind, and past a
+window the replay reaches more (these answers are the engine's worst case).
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -53,8 +56,7 @@ import attrs
 
 from kvpools_core.errors import ConfigError, InsufficientMemoryError, UnsupportedCombinationError
 from kvpools_core.options import option
-from kvpools_core.sizing import alloc_len_per_decode
-from kvpools_core.values import FULL_TOKENS, Plan, Serving, frozen_mapping
+from kvpools_core.values import FULL_TOKENS, Plan, TokenWindow, frozen_mapping
 
 __all__ = [
     "CONTEXT_LADDER",
@@ -65,12 +67,13 @@ __all__ = [
     "ContextAnswer",
     "EngineFlags",
     "Limits",
-    "WindowedSpace",
     "concurrency",
     "engine_flags",
+    "largest_past_window",
     "limits_of",
     "max_context",
     "parse_context_len",
+    "requests_past_window",
     "state_slots_per_request",
     "token_limit",
 ]
@@ -87,50 +90,39 @@ def token_limit(space: str) -> str:
     return f"{space} tokens"
 
 
-@attrs.frozen(kw_only=True)
-class WindowedSpace:
-    """A token space a request fills only up to ``per_request`` tokens (a sliding window and its slack)."""
+def _prefill_extra(window: TokenWindow, held: int) -> int:
+    """What a request of ``held`` slots holds beyond ``per_request`` while a chunk of it is prefilled."""
+    beyond = max(0, held - window.per_request)
+    return beyond if window.prefill_chunk is None else min(beyond, window.prefill_chunk)
 
-    window: int
-    per_request: int
-    """SGLang's worst case per request: window + eviction interval x draft tokens + page + decode allocation."""
-    prefill_chunk: int | None
-    """``--chunked-prefill-size``; None: a prompt is prefilled whole."""
-    prefills_in_flight: int
-    """Requests prefilled at once: 2 with the overlap schedule, 1 without, 0 on a decode node."""
-    reserve: int
-    """Slots held whatever the requests: SGLang's page of alignment, or a decode node's pre-allocated slots."""
 
-    def prefill_extra(self, held: int) -> int:
-        """What a request of ``held`` slots holds beyond ``per_request`` while a chunk of it is prefilled."""
-        beyond = max(0, held - self.per_request)
-        return beyond if self.prefill_chunk is None else min(beyond, self.prefill_chunk)
+def requests_past_window(window: TokenWindow, count: int, held: int) -> int:
+    """The most requests n of ``held`` slots (past the worst case) with
+    ``n x per_request + min(n, prefills_in_flight) x extra + reserved <= count``."""
+    room = count - window.reserved
+    if room < 0:
+        return 0
+    busy = window.per_request + _prefill_extra(window, held)
+    prefilling = window.prefills_in_flight
+    if prefilling * busy <= room:
+        return prefilling + (room - prefilling * busy) // window.per_request
+    return room // busy
 
-    def requests_past_window(self, count: int, held: int) -> int:
-        """The most requests n with ``n x per_request + min(n, prefills) x extra + reserve <= count``."""
-        room = count - self.reserve
-        if room < 0:
-            return 0
-        busy = self.per_request + self.prefill_extra(held)
-        prefilling = self.prefills_in_flight
-        if prefilling * busy <= room:
-            return prefilling + (room - prefilling * busy) // self.per_request
-        return room // busy
 
-    def largest_past_window(self, count: int, requests: int, page: int, ceiling: int) -> int:
-        """The longest context (past the worst case) at which ``requests`` fit; 0 if none does.
+def largest_past_window(window: TokenWindow, count: int, requests: int, page: int, ceiling: int) -> int:
+    """The longest context (past the worst case) at which ``requests`` fit ``count`` slots; 0 if none does.
 
-        With ``k = min(requests, prefills)`` it takes ``requests x per_request + k x extra + reserve <= count``:
-        any length when ``extra`` is capped by a chunk that fits (or nothing is prefilled), else
-        ``pages(L) <= per_request + room // k``.
-        """
-        room = count - self.reserve - requests * self.per_request
-        if room < 0:
-            return 0
-        prefilling = min(requests, self.prefills_in_flight)
-        if not prefilling or (self.prefill_chunk is not None and prefilling * self.prefill_chunk <= room):
-            return ceiling
-        return min(ceiling, (self.per_request + room // prefilling) // page * page)
+    With ``k = min(requests, prefills_in_flight)`` it takes ``requests x per_request + k x extra + reserved <=
+    count``: any length when ``extra`` is capped by a chunk that fits (or nothing is prefilled), else
+    ``pages(L) <= per_request + room // k``.
+    """
+    room = count - window.reserved - requests * window.per_request
+    if room < 0:
+        return 0
+    prefilling = min(requests, window.prefills_in_flight)
+    if not prefilling or (window.prefill_chunk is not None and prefilling * window.prefill_chunk <= room):
+        return ceiling
+    return min(ceiling, (window.per_request + room // prefilling) // page * page)
 
 
 @attrs.frozen(kw_only=True)
@@ -140,7 +132,8 @@ class Limits:
     page_size: int
     context_len: int
     tokens: Mapping[str, int] = attrs.field(converter=frozen_mapping)
-    windowed: Mapping[str, WindowedSpace] = attrs.field(converter=frozen_mapping)
+    windowed: Mapping[str, TokenWindow] = attrs.field(converter=frozen_mapping)
+    """The worst-case window terms of each windowed token space, as the plan records them."""
     state_slots: int
     slots_per_request: int
     request_cap: int
@@ -244,63 +237,23 @@ def state_slots_per_request(plan: Plan) -> int:
     return max(1, plan.sizing.state_slots_per_request)
 
 
-def _decode_alloc(serving: Serving) -> int:
-    """Tokens of the next decode step a request has allocated (the ``decode_alloc`` of SGLang's SWA cap).
-
-    A page without speculation; spec-v1 (overlap off) ``spec_decode_alloc_len_per_request``: every draft
-    branch and the verify tokens, each in whole pages; spec-v2 keeps ``2 x alloc_len_per_decode`` outstanding.
-    """
-    page = serving.page_size
-    if not serving.speculative:
-        return page
-    if not serving.disable_overlap_schedule:
-        return 2 * alloc_len_per_decode(serving)
-    branch = serving.speculative_num_steps or 1
-    topk = serving.speculative_eagle_topk or 1
-    verify = serving.speculative_num_draft_tokens or 1
-    if page > 1:
-        branch = math.ceil((branch + page if topk > 1 else branch) / page) * page
-        verify = math.ceil(verify / page) * page
-    return max(branch * topk, verify)
-
-
-def _windowed_space(plan: Plan, window: int) -> WindowedSpace:
-    serving = plan.serving
-    page = serving.page_size
-    draft_tokens = serving.speculative_num_draft_tokens or 1
-    per_request = window + max(1, serving.swa_eviction_interval) * draft_tokens + page + _decode_alloc(serving)
-    if serving.disaggregation_mode == "decode":
-        prefills, reserve = 0, (window + page) * serving.disaggregation_decode_extra_slots
-    else:
-        prefills, reserve = (1 if serving.disable_overlap_schedule else 2), page
-    return WindowedSpace(
-        window=window,
-        per_request=per_request,
-        prefill_chunk=serving.chunked_prefill_size,
-        prefills_in_flight=prefills,
-        reserve=reserve,
-    )
-
-
 def limits_of(plan: Plan) -> Limits:
     """The counts a plan's capacity answers come from; refuses a token space it cannot model.
 
-    A token space other than ``"full"`` is a sliding window's when the model's
-    layers carry a ``sliding_window`` and it is the only other space.
+    A token space other than ``"full"`` is modelled when the plan records its
+    worst-case window (:attr:`Plan.windows`, a :class:`TokenWindow` its sizing
+    plugin filled in); any other is refused, naming it.
     """
     counts = plan.counts
     tokens: dict[str, int] = dict(counts["tokens"])
-    others = [space for space in tokens if space != FULL_TOKENS]
-    windows = [layer.sliding_window for layer in plan.model.layers if layer.sliding_window]
-    windowed: dict[str, WindowedSpace] = {}
-    if others:
-        if len(others) > 1 or not windows:
-            raise UnsupportedCombinationError(
-                f"kvpools capacity models the full token space and one sliding-window space; the plan of "
-                f"{plan.model.name} also counts token space(s) {others} (how many tokens of each a request holds "
-                f"is not modelled yet). `kvpools plan` gives its pools."
-            )
-        windowed[others[0]] = _windowed_space(plan, max(windows))
+    windowed = {window.token_space: window for window in plan.windows}
+    unmodelled = [space for space in tokens if space != FULL_TOKENS and space not in windowed]
+    if unmodelled:
+        raise UnsupportedCombinationError(
+            f"kvpools capacity models the full token space and windowed ones (a sliding window the plan records "
+            f"the worst case of); the plan of {plan.model.name} also counts token space(s) {unmodelled} (how many "
+            f"tokens of each a request holds is not modelled yet). `kvpools plan` gives its pools."
+        )
     state_slots = int(counts["state_slots"])
     return Limits(
         page_size=plan.serving.page_size,
@@ -342,7 +295,7 @@ def _concurrency(limits: Limits, context_len: int) -> Capacity:
             by_limit[token_limit(space)] = count // held
         else:  # outgrown the window: the worst case per request, and the prefill chunks in flight on top
             per_request[space] = window.per_request
-            by_limit[token_limit(space)] = window.requests_past_window(count, held)
+            by_limit[token_limit(space)] = requests_past_window(window, count, held)
     if limits.slots_per_request:
         by_limit[STATE_SLOTS] = limits.state_slots // limits.slots_per_request
     by_limit[REQUEST_CAP] = limits.request_cap
@@ -371,7 +324,7 @@ def concurrency(plan: Plan, context_len: int) -> Capacity:
     ``tokens // (ceil(L / page) * page)``; a windowed space the same until a
     request outgrows SGLang's per-request worst case, then that worst case per
     request with the prefill chunks in flight on top
-    (:meth:`WindowedSpace.requests_past_window`); ``state_slots // slots per
+    (:func:`requests_past_window`); ``state_slots // slots per
     request``; the request cap.
     """
     _check_positive("context_len", context_len)
@@ -389,7 +342,7 @@ def _max_context(limits: Limits, requests: int) -> ContextAnswer:
             # within the worst case a request holds its own pages; past it (where fewer fit: the prefill
             # chunks come on top), its worst case and the chunks
             within = min(largest, window.per_request // page * page)
-            past = window.largest_past_window(count, requests, page, ceiling)
+            past = largest_past_window(window, count, requests, page, ceiling)
             largest = past if past > window.per_request // page * page else within
         by_limit[token_limit(space)] = min(largest, ceiling)
     if limits.slots_per_request:
@@ -406,7 +359,7 @@ def max_context(plan: Plan, requests: int) -> ContextAnswer:
 
     Closed form per limit: a full token space allows ``page_floor(tokens //
     requests)``; a windowed space, past its per-request worst case, the bound
-    :meth:`WindowedSpace.largest_past_window` gives (the context length once a
+    :func:`largest_past_window` gives (the context length once a
     whole prefill chunk fits beside the requests), else the same page floor
     within the worst case; state slots and the request cap allow the context
     length or nothing; the context length caps them all.

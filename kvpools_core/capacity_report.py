@@ -16,7 +16,7 @@ from kvpools_core.capacity import (
     Limits,
     token_limit,
 )
-from kvpools_core.values import Plan
+from kvpools_core.values import Plan, to_dict
 
 
 @attrs.frozen(kw_only=True)
@@ -44,7 +44,8 @@ def context_label(tokens: int) -> str:
 def capacity_summary(report: CapacityReport) -> dict[str, Any]:
     """The ``--json`` object: per context length the concurrent requests and the binding limit.
 
-    Counts and answers are per DP-attention worker (``dp_workers`` of them); ``flags`` are SGLang's totals.
+    Counts and answers are per DP-attention worker (``dp_workers`` of them); ``flags`` are SGLang's totals;
+    ``windows`` the worst-case window terms the windowed token spaces were answered with (``Plan.windows``).
     """
     plan = report.plan
     return {
@@ -52,6 +53,7 @@ def capacity_summary(report: CapacityReport) -> dict[str, Any]:
         "accounting": plan.serving.accounting,
         "dp_workers": plan.serving.attn_dp_size,
         "counts": plan.counts,
+        "windows": [{**to_dict(window), "per_request": window.per_request} for window in plan.windows],
         "context_length": report.limits.context_len,
         "ladder": [answer.to_dict() for answer in report.ladder],
         "max_context": {
@@ -71,7 +73,7 @@ def _limits_line(limits: Limits, dp: int) -> str:
             chunk = f"{window.prefill_chunk:,}" if window.prefill_chunk is not None else "a whole prompt"
             text += (
                 f" (window {window.window:,}: at most {window.per_request:,} per request, + up to {chunk} for each "
-                f"of {window.prefills_in_flight} prefill(s) in flight, {window.reserve:,} reserved)"
+                f"of {window.prefills_in_flight} prefill(s) in flight, {window.reserved:,} reserved)"
             )
         parts.append(text)
     if limits.slots_per_request:

@@ -9,11 +9,15 @@ from rich.table import Table
 
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.units import format_bytes
-from kvpools_core.values import Plan, Serving
+from kvpools_core.values import Plan, Serving, to_dict
 
 
 def plan_summary(plan: Plan) -> dict[str, Any]:
-    """The ``--json`` object: SGLang's ``MemoryPoolConfig`` names at top level, the full plan under ``plan``."""
+    """The ``--json`` object: SGLang's ``MemoryPoolConfig`` names at top level, the full plan under ``plan``.
+
+    ``cost_model`` / ``cost_lines`` are the cost per group; ``windows`` the worst-case window terms of each
+    windowed token space (:class:`~kvpools_core.values.TokenWindow`, with its ``per_request`` total).
+    """
     sizing = plan.sizing
     charged = sum(p.bytes for p in plan.pools if p.sglang_charged)
     summary: dict[str, Any] = dict(sizing.sglang_config)
@@ -45,6 +49,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         cost_model=plan.cost.to_dict(),
         cost_counts=plan.counts,
         cost_lines=list(plan.cost.lines()),
+        windows=[{**to_dict(window), "per_request": window.per_request} for window in plan.windows],
         plan=plan.to_dict(),
     )
     return summary
@@ -117,6 +122,8 @@ def render_plan(plan: Plan, console: Console) -> None:
     for i, group in enumerate(plan.cost.groups):
         cost.add_row("cost" if i == 0 else "", f"{group.group}: {group.describe()}")
     cost.add_row("", f"sized for {sized}: {plan.cost.bytes_for(**counts):,} B")
+    for i, window in enumerate(plan.windows):
+        cost.add_row("worst case" if i == 0 else "", window.describe())
     console.print(cost)
 
     budget = plan.budget.budget_bytes

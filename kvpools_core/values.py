@@ -1146,6 +1146,76 @@ class PoolSpec:
         return _from_dict(cls, data)
 
 
+def _token_window_or_dict(value: TokenWindow | Mapping[str, Any]) -> TokenWindow:
+    return TokenWindow.from_dict(value) if isinstance(value, Mapping) else value
+
+
+def _window_tuple(items: Iterable[TokenWindow | Mapping[str, Any]]) -> tuple[TokenWindow, ...]:
+    return tuple(_token_window_or_dict(item) for item in items)
+
+
+@attrs.frozen(kw_only=True)
+class TokenWindow:
+    """The most tokens of one token space a request holds, whatever its length: a sliding window's worst case.
+
+    SGLang frees a request's out-of-window tokens of a sliding-window pool as it
+    decodes, so past the window a request costs that pool the same however long
+    it grows.  The terms are those of SGLang's ``SWAChunkCapPoolConfigurator``
+    (``002_50706b73e02ffb67.txt`` lines 412-458), recorded by the sizing plugin
+    that knows the engine (the swa plugin for its ``"swa"`` space) so readers of
+    a plan (``kvpools capacity``) need not re-derive them::
+
+        per_request = window + eviction_interval x draft_tokens + page_size + decode_alloc   (lines 435, 445)
+
+    Beyond that, ``prefills_in_flight`` requests are being prefilled at once,
+    each holding up to ``prefill_chunk`` more (lines 454-458: two chunks with the
+    overlap schedule, one without, none on a decode node), and ``reserved``
+    tokens stay held whatever the requests (a page; on a decode node
+    ``(window + page) x disaggregation_decode_extra_slots``, lines 448-452).
+    SGLang's chunk cap sizes the pool as ``per_request x requests +
+    prefills_in_flight x prefill_chunk + reserved``.
+    """
+
+    token_space: str = attrs.field(validator=_token_space)
+    window: int = attrs.field(validator=positive)
+    """The sliding window (``mr.sliding_window_size``, line 427)."""
+    eviction_interval: int = attrs.field(validator=positive)
+    """``max(1, SGLANG_SWA_EVICTION_INTERVAL)`` (line 429): out-of-window tokens wait this many decode steps."""
+    draft_tokens: int = attrs.field(validator=positive)
+    """``speculative_num_draft_tokens or 1`` (line 428): tokens one decode step writes."""
+    page_size: int = attrs.field(validator=positive)
+    """The page that keeps the eviction point page aligned (line 435)."""
+    decode_alloc: int = attrs.field(validator=positive)
+    """The next decode step's outstanding allocation (lines 436-444): a page; spec-v1
+    ``spec_decode_alloc_len_per_request``; spec-v2 ``2 x get_alloc_len_per_decode``."""
+    prefill_chunk: int | None = attrs.field(validator=optional_positive)
+    """``--chunked-prefill-size``; None: a prompt is prefilled whole (one chunk as long as the prompt)."""
+    prefills_in_flight: int = attrs.field(validator=non_negative)
+    """Requests prefilled at once: 2 with the overlap schedule, 1 without, 0 on a decode node (line 454)."""
+    reserved: int = attrs.field(validator=non_negative)
+    """Tokens held whatever the requests: a page, or a decode node's pre-allocated slots (lines 448-458)."""
+
+    @property
+    def per_request(self) -> int:
+        """The most tokens one decoding request holds: ``window + eviction_interval x draft_tokens + page_size +
+        decode_alloc`` (SGLang's ``per_request``, lines 435 and 445)."""
+        return self.window + self.eviction_interval * self.draft_tokens + self.page_size + self.decode_alloc
+
+    def describe(self) -> str:
+        """One line: the worst case per request and its terms, the prefills in flight, the reserve."""
+        chunk = f"{self.prefill_chunk:,}" if self.prefill_chunk is not None else "a whole prompt"
+        return (
+            f"{self.token_space}: at most {self.per_request:,} tokens/request past the window (window {self.window:,} "
+            f"+ eviction interval {self.eviction_interval:,} x {self.draft_tokens} draft token(s) + page "
+            f"{self.page_size:,} + decode {self.decode_alloc:,}); + up to {chunk} for each of "
+            f"{self.prefills_in_flight} prefill(s) in flight; {self.reserved:,} reserved"
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TokenWindow:
+        return _from_dict(cls, data)
+
+
 @attrs.frozen(kw_only=True)
 class PoolSizing:
     """The answer of ``size_pools``: token and request counts, and every pool.
@@ -1161,6 +1231,9 @@ class PoolSizing:
     request may hold at its peak (SGLang's ``_calculate_mamba_ratio``: 3 with
     the radix cache, 1 without), so capacity answers divide by the sizing
     plugin's own figure instead of re-deriving the engine's rule.
+    ``windows`` are the :class:`TokenWindow` terms of each token space a
+    request holds only up to a worst case (the swa plugin's ``"swa"``), for
+    the same reason: capacity answers read them, no reader re-derives them.
     """
 
     max_total_num_tokens: int = attrs.field(validator=non_negative)
@@ -1175,6 +1248,21 @@ class PoolSizing:
     )
     state_slots: int = attrs.field(default=0, validator=non_negative)
     state_slots_per_request: int = attrs.field(default=0, validator=non_negative)
+    windows: tuple[TokenWindow, ...] = attrs.field(default=(), converter=_window_tuple)
+
+    @windows.validator
+    def _check_windows(self, _attribute: attrs.Attribute[Any], windows: tuple[TokenWindow, ...]) -> None:
+        spaces = [window.token_space for window in windows]
+        for space in spaces:
+            if space not in self.token_counts or spaces.count(space) > 1:
+                raise InvalidValueError(
+                    f"PoolSizing.windows: token space {space!r} must be counted (token_counts has "
+                    f"{sorted(self.token_counts)}) and given one window, got {spaces}."
+                )
+
+    def window(self, token_space: str) -> TokenWindow | None:
+        """The worst-case window of ``token_space``, or None when a request holds every token it has there."""
+        return next((window for window in self.windows if window.token_space == token_space), None)
 
     @token_counts.validator
     def _check_token_counts(self, _attribute: attrs.Attribute[Any], counts: Mapping[str, int]) -> None:
@@ -1211,7 +1299,9 @@ class PoolSizing:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolSizing:
-        return _from_dict(cls, data, {"pools": _tuple_of(PoolSpec.from_dict)})
+        return _from_dict(
+            cls, data, {"pools": _tuple_of(PoolSpec.from_dict), "windows": _tuple_of(TokenWindow.from_dict)}
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -1262,6 +1352,11 @@ class Plan:
     def counts(self) -> dict[str, Any]:
         """Tokens (per token space), requests and state slots the plan was sized for."""
         return self.sizing.counts
+
+    @property
+    def windows(self) -> tuple[TokenWindow, ...]:
+        """The worst-case window terms of each windowed token space (:attr:`PoolSizing.windows`)."""
+        return self.sizing.windows
 
     def pool(self, name: str) -> PoolSpec:
         for pool in self.pools:

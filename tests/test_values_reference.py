@@ -30,6 +30,7 @@ CLASSES = (
     "CellPart",
     "PoolSizing",
     "PoolSpec",
+    "TokenWindow",
     "GroupCost",
     "CostModel",
     "Plan",

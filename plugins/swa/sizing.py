@@ -59,6 +59,7 @@ from kvpools_core.values import (
     PoolSizing,
     PoolSpec,
     Serving,
+    TokenWindow,
 )
 
 from .config import FULL, SGLANG_HYBRID_SWA_ARCHITECTURES, SLIDING
@@ -119,20 +120,24 @@ class SGLangShape:
 
 @attrs.frozen
 class ChunkCap:
-    """SGLang's ``SWAChunkCapPoolConfigurator._swa_cap`` and the terms it adds up."""
+    """SGLang's ``SWAChunkCapPoolConfigurator._swa_cap``: ``requests`` worst cases, the chunks in flight, the reserve.
 
-    window: int
-    eviction_interval: int
-    draft_tokens: int
-    page_size: int
-    decode_alloc: int
+    ``terms`` are the window terms the plan records (:func:`token_window`), so
+    the cap the pool is sized by and the worst case capacity answers invert
+    are one figure.
+    """
+
+    terms: TokenWindow
     requests: int
-    tail: int
-    tail_what: str
 
     @property
     def per_request(self) -> int:
-        return self.window + self.eviction_interval * self.draft_tokens + self.page_size + self.decode_alloc
+        return self.terms.per_request
+
+    @property
+    def tail(self) -> int:
+        """``chunks_in_flight x chunked_prefill_size + page``, or a decode node's ``(window + page) x extra slots``."""
+        return self.terms.prefills_in_flight * (self.terms.prefill_chunk or 0) + self.terms.reserved
 
     @property
     def tokens(self) -> int:
@@ -140,13 +145,19 @@ class ChunkCap:
 
     @property
     def aligned(self) -> int:
-        return -(-self.tokens // self.page_size) * self.page_size
+        return -(-self.tokens // self.terms.page_size) * self.terms.page_size
 
     def describe(self) -> str:
+        t = self.terms
+        if t.prefills_in_flight:
+            what = f"{t.prefills_in_flight} chunk(s) in flight x {t.prefill_chunk} + page {t.page_size}"
+        else:
+            extra = t.reserved // (t.window + t.page_size)
+            what = f"{extra} pre-allocated decode slot(s) x (window {t.window} + page {t.page_size})"
         return (
-            f"{self.requests} request(s) x (window {self.window} + eviction interval {self.eviction_interval} x "
-            f"{self.draft_tokens} draft token(s) + page {self.page_size} + decode {self.decode_alloc}) + "
-            f"{self.tail_what} (= {self.tail:,}) = {self.tokens:,} tokens"
+            f"{self.requests} request(s) x (window {t.window} + eviction interval {t.eviction_interval} x "
+            f"{t.draft_tokens} draft token(s) + page {t.page_size} + decode {t.decode_alloc}) + "
+            f"{what} (= {self.tail:,}) = {self.tokens:,} tokens"
         )
 
 
@@ -192,15 +203,21 @@ def sglang_shape(model: ModelSpec, serving: Serving) -> SGLangShape:
     )
 
 
-def chunk_cap(model: ModelSpec, serving: Serving) -> ChunkCap | None:
-    """The SWA cap when ``SWAChunkCapPoolConfigurator.is_applicable``; None otherwise."""
-    if (
-        serving.max_running_requests is None
-        or not serving.disable_radix_cache
-        or serving.chunked_prefill_size is None
-        or not any(layer.kind == FULL for layer in model.layers)
-    ):
-        return None
+def token_window(model: ModelSpec, serving: Serving) -> TokenWindow:
+    """The worst-case window terms of the ``"swa"`` token space, as ``SWAChunkCapPoolConfigurator.__init__`` adds
+    them up (``002_50706b73e02ffb67.txt`` lines 425-458).
+
+    A request holds at most ``window + eviction interval x draft tokens +
+    page + decode allocation`` SWA tokens (lines 427-445; the decode
+    allocation is a page, spec-v1's ``spec_decode_alloc_len_per_request``,
+    or spec-v2's ``2 x get_alloc_len_per_decode``), beyond which each of the
+    chunks in flight holds up to ``--chunked-prefill-size`` more (2 with the
+    overlap schedule, 1 without) and a page stays reserved (lines 453-458); a
+    decode node prefills nothing and keeps ``(window + page)`` per
+    pre-allocated slot (lines 448-452).  Every SWA plan records these terms,
+    whether or not the chunk cap sizes its pool: they describe the engine's
+    eviction, not the pool's split.
+    """
     page = serving.page_size
     if not serving.speculative:
         decode = page
@@ -210,22 +227,32 @@ def chunk_cap(model: ModelSpec, serving: Serving) -> ChunkCap | None:
         decode = 2 * alloc_len_per_decode(serving)  # spec-v2 keeps 2 x alloc_len outstanding
     window = int(model.params["sliding_window"])
     if serving.disaggregation_mode == "decode":
-        extra = serving.disaggregation_decode_extra_slots
-        tail, what = (window + page) * extra, f"{extra} pre-allocated decode slot(s) x (window {window} + page {page})"
+        prefills, reserved = 0, (window + page) * serving.disaggregation_decode_extra_slots
     else:
-        chunks = 1 if serving.disable_overlap_schedule else 2
-        tail = chunks * serving.chunked_prefill_size + page
-        what = f"{chunks} chunk(s) in flight x {serving.chunked_prefill_size} + page {page}"
-    return ChunkCap(
+        prefills, reserved = (1 if serving.disable_overlap_schedule else 2), page
+    return TokenWindow(
+        token_space=SWA_TOKENS,
         window=window,
         eviction_interval=max(1, serving.swa_eviction_interval),
         draft_tokens=serving.speculative_num_draft_tokens or 1,
         page_size=page,
         decode_alloc=decode,
-        requests=serving.max_running_requests // serving.attn_dp_size,
-        tail=tail,
-        tail_what=what,
+        prefill_chunk=serving.chunked_prefill_size,
+        prefills_in_flight=prefills,
+        reserved=reserved,
     )
+
+
+def chunk_cap(model: ModelSpec, serving: Serving) -> ChunkCap | None:
+    """The SWA cap when ``SWAChunkCapPoolConfigurator.is_applicable`` (lines 461-473); None otherwise."""
+    if (
+        serving.max_running_requests is None
+        or not serving.disable_radix_cache
+        or serving.chunked_prefill_size is None
+        or not any(layer.kind == FULL for layer in model.layers)
+    ):
+        return None
+    return ChunkCap(terms=token_window(model, serving), requests=serving.max_running_requests // serving.attn_dp_size)
 
 
 def spec_decode_alloc_len_per_request(serving: Serving) -> int:
@@ -337,6 +364,7 @@ def size_swa_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: B
         sglang_estimate_bytes=shape.estimate(full, swa),
         notes=notes,
         token_counts={FULL_TOKENS: full, SWA_TOKENS: swa} if shape.hybrid else {SWA_TOKENS: swa},
+        windows=(token_window(model, serving),),
     )
 
 

@@ -117,3 +117,31 @@ def test_an_unmodelled_token_space_is_refused_cleanly() -> None:
     assert out.exit_code == 1
     assert "c4" in out.stderr and "not modelled yet" in out.stderr
     assert isinstance(out.exception, SystemExit)
+
+
+def test_the_window_terms_capacity_reads_are_on_the_plan() -> None:
+    """``kvpools plan`` prints the worst case beside the cost lines and ``--json`` carries it; ``kvpools capacity
+    --json`` carries the same terms (gpt-oss-20b, page 16: 128 + 128 x 1 + 16 + 16 = 288 per request)."""
+    args = ("gpt-oss-20b", "--memory", "4GiB", "--page-size", "16")
+    shown = CliRunner().invoke(main, ["plan", *args])
+    assert shown.exit_code == 0, shown.output
+    assert "worst case  swa: at most 288 tokens/request past the window (window 128 + eviction interval 128" in (
+        shown.output
+    )
+    expected = {
+        "token_space": "swa",
+        "window": 128,
+        "eviction_interval": 128,
+        "draft_tokens": 1,
+        "page_size": 16,
+        "decode_alloc": 16,
+        "prefill_chunk": 8_192,
+        "prefills_in_flight": 2,
+        "reserved": 16,
+    }
+    planned = json.loads(CliRunner().invoke(main, ["plan", *args, "--json"]).output)
+    assert planned["windows"] == [{**expected, "per_request": 288}]
+    assert planned["plan"]["sizing"]["windows"] == [expected]
+    answered = json.loads(run(*args, "--context", "1k", "--json").output)
+    assert answered["windows"] == planned["windows"]
+    assert answered["ladder"][0]["tokens_per_request"] == {"full": 1_024, "swa": 288}

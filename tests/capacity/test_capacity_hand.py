@@ -17,7 +17,8 @@ from kvpools_core.capacity import (
     parse_context_len,
     state_slots_per_request,
 )
-from kvpools_core.errors import ConfigError, UnsupportedCombinationError
+from kvpools_core.errors import ConfigError, InvalidValueError, UnsupportedCombinationError
+from kvpools_core.values import TokenWindow
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +169,7 @@ def test_gemma_requests_past_the_window_hold_sglangs_worst_case() -> None:
     swa = p.counts["tokens"]["swa"]
     window = limits_of(p).windowed["swa"]
     assert (window.window, window.per_request, window.prefill_chunk) == (4_096, 4_256, 8_192)
-    assert (window.prefills_in_flight, window.reserve) == (2, 16)
+    assert (window.prefills_in_flight, window.reserved) == (2, 16)
     answer = concurrency(p, 8_192)
     assert answer.tokens_per_request == {"full": 8_192, "swa": 4_256}
     assert swa - 16 >= 2 * 8_192
@@ -214,7 +215,7 @@ def test_a_decode_node_prefills_nothing_and_keeps_its_preallocated_slots() -> No
     serving = Serving(page_size=16, disaggregation_mode="decode", disaggregation_decode_extra_slots=2)
     p = plan("gemma-2-9b", serving, memory="8GiB")
     window = limits_of(p).windowed["swa"]
-    assert (window.prefills_in_flight, window.reserve) == (0, 8_224)
+    assert (window.prefills_in_flight, window.reserved) == (0, 8_224)
     swa = p.counts["tokens"]["swa"]
     assert concurrency(p, 8_192).limits["swa tokens"] == (swa - 8_224) // 4_256
     assert max_context(p, (swa - 8_224) // 4_256).limits["swa tokens"] == p.model.context_len
@@ -290,6 +291,47 @@ def test_state_slots_per_request_is_sglangs_ratio(changes: dict[str, bool], expe
     """The mamba plugin records SGLang's ``_calculate_mamba_ratio`` on the plan; capacity divides by it."""
     p = plan("qwen3-next-80b-a3b-thinking", attrs.evolve(Serving(), **changes), memory="60GiB")
     assert p.sizing.state_slots_per_request == state_slots_per_request(p) == expected
+
+
+def test_a_windowed_space_is_whatever_the_plan_records() -> None:
+    """Capacity names no plugin: the window terms come from ``Plan.windows``.  Gemma-2's plan without them has an
+    ``swa`` space capacity cannot model (refused, naming it); any token space given a ``TokenWindow`` is modelled
+    by the same inversion — here a made-up ``ring`` space of 10,000 tokens beside Llama's full tokens, a worst
+    case of 100 + 28 + 16 + 16 = 160 per request, one prefill of up to 64 in flight and 16 reserved:
+    past 160, n = 1 + (10,000 - 16 - 224) // 160 = 62."""
+    gemma = plan("gemma-2-9b", Serving(page_size=16), memory="8GiB")
+    bare = attrs.evolve(gemma, sizing=attrs.evolve(gemma.sizing, windows=()))
+    with pytest.raises(UnsupportedCombinationError, match="'swa'"):
+        concurrency(bare, 1_024)
+    llama = plan("llama-3.1-8b", Serving(page_size=16, accounting="sglang"), memory="4GiB")
+    ring = TokenWindow(
+        token_space="ring",
+        window=100,
+        eviction_interval=28,
+        draft_tokens=1,
+        page_size=16,
+        decode_alloc=16,
+        prefill_chunk=64,
+        prefills_in_flight=1,
+        reserved=16,
+    )
+    sizing = attrs.evolve(llama.sizing, token_counts={"full": 32_768, "ring": 10_000}, windows=(ring,))
+    ringed = attrs.evolve(llama, sizing=sizing)
+    answer = concurrency(ringed, 1_024)
+    assert answer.tokens_per_request == {"full": 1_024, "ring": 160}
+    assert answer.limits["ring tokens"] == 1 + (10_000 - 16 - 224) // 160 == 62
+    assert answer.limits["full tokens"] == 32
+    assert concurrency(ringed, 160).limits["ring tokens"] == 10_000 // 160
+    assert Plan.from_json(ringed.to_json()).windows == (ring,)
+
+
+def test_a_window_must_name_a_counted_space() -> None:
+    llama = plan("llama-3.1-8b", Serving(page_size=16, accounting="sglang"), memory="4GiB")
+    gemma = plan("gemma-2-9b", Serving(page_size=16), memory="8GiB")
+    with pytest.raises(InvalidValueError, match="windows"):
+        attrs.evolve(llama.sizing, windows=gemma.windows)
+    with pytest.raises(InvalidValueError, match="windows"):
+        attrs.evolve(gemma.sizing, windows=gemma.windows * 2)
 
 
 def test_deepseek_v4_compressed_spaces_are_refused() -> None:

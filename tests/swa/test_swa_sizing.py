@@ -18,7 +18,8 @@ from kvpools_core.errors import InsufficientMemoryError, UnsupportedCombinationE
 from kvpools_core.pipeline import plan
 from kvpools_core.pools.kv import LayerGeometry
 from kvpools_core.pools.quant import codec_for
-from kvpools_core.values import Serving
+from kvpools_core.sizing import alloc_len_per_decode
+from kvpools_core.values import Plan, Serving, TokenWindow
 
 from .support import CHECKS, GiB, aimed_budgets, hybrid_configs, parse, swa_servings
 
@@ -149,6 +150,81 @@ def test_spec_decode_alloc_len_matches_sglangs_test() -> None:
         speculative_num_draft_tokens=5,
     )
     assert spec_decode_alloc_len_per_request(serving) == 16
+
+
+def test_the_plan_records_sglangs_window_terms() -> None:
+    """gpt-oss-120b, page 64, 64 requests, radix cache off: ``SWAChunkCapPoolConfigurator.__init__``
+    (``002_50706b73e02ffb67.txt`` lines 427-458) adds window 128 (line 427) + max(1, interval 128) x 1 draft
+    token (428-429) + page 64 (435) + decode page 64 (436-437) = 384 per request (445), and 2 chunks of 8,192 in
+    flight + page 64 (454-458): 64 x 384 + 2 x 8,192 + 64 = 41,024, the oracle-tested cap.  The plan records
+    those very terms, and its SWA pool is their sum."""
+    serving = Serving(page_size=64, max_running_requests=64, disable_radix_cache=True)
+    p = plan("gpt-oss-120b", serving, memory=60 * GiB)
+    (window,) = p.windows
+    assert window == TokenWindow(
+        token_space="swa",
+        window=128,
+        eviction_interval=128,
+        draft_tokens=1,
+        page_size=64,
+        decode_alloc=64,
+        prefill_chunk=8_192,
+        prefills_in_flight=2,
+        reserved=64,
+    )
+    assert window.per_request == 128 + 128 * 1 + 64 + 64 == 384
+    cap = 64 * window.per_request + window.prefills_in_flight * 8_192 + window.reserved
+    assert cap == 41_024 == p.counts["tokens"]["swa"]
+    assert p.sizing.window("swa") == window and p.sizing.window("full") is None
+    assert Plan.from_json(p.to_json()) == p
+
+
+@pytest.mark.parametrize(
+    ("changes", "decode_alloc", "prefills", "reserved"),
+    [
+        ({}, 16, 2, 16),  # a page decoded, 2 chunks with the overlap schedule, a page reserved
+        ({"disable_overlap_schedule": True}, 16, 1, 16),  # one chunk without it (line 454)
+        # a decode node prefills nothing and pre-allocates 3 slots of window + page (lines 448-452)
+        ({"disaggregation_mode": "decode", "disaggregation_decode_extra_slots": 3}, 16, 0, 3 * (128 + 16)),
+        # spec-v1 (overlap off): spec_decode_alloc_len_per_request, max(ceil16(3 + 16) x 2, ceil16(8)) = 64
+        (
+            {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 2, "disable_overlap_schedule": True},
+            64,
+            1,
+            16,
+        ),
+        # spec-v2: 2 x get_alloc_len_per_decode
+        ({"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1}, -1, 2, 16),
+    ],
+    ids=["plain", "no-overlap", "decode-node", "spec-v1", "spec-v2"],
+)
+def test_every_swa_plan_records_the_window_terms(
+    changes: dict[str, Any], decode_alloc: int, prefills: int, reserved: int
+) -> None:
+    """Whether or not the chunk cap sizes the pool (here the ratio does), the plan records SGLang's terms: they are
+    the engine's eviction, read by ``kvpools capacity``; the draft tokens multiply the eviction interval."""
+    speculative = {"speculative_num_steps": 3, "speculative_num_draft_tokens": 8, "speculative_draft_num_layers": 1}
+    serving = attrs.evolve(
+        Serving(page_size=16), **changes, **(speculative if "speculative_algorithm" in changes else {})
+    )
+    p = plan("gpt-oss-20b", serving, memory=8 * GiB)
+    (window,) = p.windows
+    draft_tokens = 8 if serving.speculative else 1
+    expected_decode = 2 * alloc_len_per_decode(serving) if decode_alloc < 0 else decode_alloc
+    assert (window.window, window.eviction_interval, window.draft_tokens, window.page_size) == (
+        128,
+        128,
+        draft_tokens,
+        16,
+    )
+    assert (window.decode_alloc, window.prefills_in_flight, window.reserved) == (expected_decode, prefills, reserved)
+    assert window.per_request == 128 + 128 * draft_tokens + 16 + expected_decode
+
+
+def test_an_all_swa_model_records_its_window() -> None:
+    """Mistral-7B-v0.1 slides on every layer: its one token space is windowed (window 4,096, page 1)."""
+    p = plan("mistral-7b-v0.1", Serving(), memory=2 * GiB)
+    assert [(w.token_space, w.window, w.per_request) for w in p.windows] == [("swa", 4_096, 4_096 + 128 + 1 + 1)]
 
 
 def test_swa_pool_rounding_to_nothing_is_refused() -> None:
