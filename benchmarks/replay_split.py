@@ -5,9 +5,10 @@
 
 Both variants are planned with the same model, budget and serving options (``--serve FIELD=VALUE``,
 ``kvpools_core.values.Serving`` field names), each with its own ``--split-a`` / ``--split-b`` fields on
-top (SGLang's default split when a side names none); the same trace is replayed through each
-(``kvpools_core.replay``), and one table compares them: the pools, peak and mean concurrency, tokens
-served, steps, retractions, and B / A.
+top (SGLang's default split when a side names none; ``--split-b auto``: the split
+``kvpools_core.split.choose_split`` chooses for the trace's workload, on top of A's fields); the same trace
+is replayed through each (``kvpools_core.replay``), and one table compares them: the pools, peak and mean
+concurrency, tokens served, steps, retractions, and B / A.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from kvpools_core.replay import (
     replay,
     uniform_trace,
 )
+from kvpools_core.split import SplitChoice, Workload, choose_split
 from kvpools_core.values import Plan, Serving
 
 
@@ -140,7 +142,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--memory", required=True, help="the KV budget, e.g. 40GiB")
     parser.add_argument("--serve", action="append", default=[], metavar="FIELD=VALUE", help="serving option (both)")
     parser.add_argument("--split-a", action="append", default=[], metavar="FIELD=VALUE", help="A's own fields")
-    parser.add_argument("--split-b", action="append", default=[], metavar="FIELD=VALUE", help="B's own fields")
+    parser.add_argument(
+        "--split-b",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="B's own fields; 'auto': the split kvpools_core.split.choose_split chooses for the trace",
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", help="JSONL file of {'input_len': ..., 'output_len': ...} records")
     source.add_argument("--fixed", metavar="IN:OUT", help="--requests identical requests")
@@ -154,10 +162,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     common = serving_fields(args.serve, "--serve")
-    sides = (serving_fields(args.split_a, "--split-a"), serving_fields(args.split_b, "--split-b"))
-    labels = tuple(", ".join(f"{k}={v}" for k, v in side.items()) or "SGLang's default" for side in sides)
+    auto = args.split_b == ["auto"]
+    side_a = serving_fields(args.split_a, "--split-a")
+    sides = (side_a, {} if auto else serving_fields(args.split_b, "--split-b"))
+    choice: SplitChoice | None = None
     try:
         trace = make_trace(args)
+        if auto:  # the split kvpools chooses for this trace's workload, on top of A's serving
+            choice = choose_split(
+                args.model, Serving(**{**common, **side_a}), {"memory": args.memory}, Workload.from_trace(trace)
+            )
+            sides = (side_a, {choice.knob: choice.value} if choice.knob is not None else {})
+        labels = tuple(", ".join(f"{k}={v}" for k, v in side.items()) or "SGLang's default" for side in sides)
+        if choice is not None:
+            labels = (labels[0], f"auto: {labels[1]}")
         plans = tuple(plan(args.model, Serving(**{**common, **side}), memory=args.memory) for side in sides)
         results = []
         seconds = []
@@ -174,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "memory": args.memory,
             "trace": trace.source,
             "admission": args.admission,
+            "chosen_split": choice.to_dict() if choice is not None else None,
             "splits": [
                 {"label": label, "pools": p.counts, "stats": s.to_dict(), "seconds": t}
                 for label, p, s, t in zip(labels, plans, results, seconds, strict=True)
@@ -185,6 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"admission: {args.admission}; serving: {', '.join(f'{k}={v}' for k, v in common.items()) or 'defaults'}")
     for name, label, p in zip("AB", labels, plans, strict=True):
         print(f"{name} ({label}): {describe_pools(p)}")
+    if choice is not None:
+        print(
+            f"auto split ({choice.knob or 'none'}): predicted concurrent requests "
+            f"{choice.default.concurrent_requests:,} -> {choice.chosen.concurrent_requests:,} (x{choice.gain:.3f}); "
+            f"SGLang flags: {' '.join(choice.flags())}"
+        )
     print()
     print(table((labels[0], labels[1]), (plans[0], plans[1]), (results[0], results[1])))
     print(f"\nreplay time: A {seconds[0]:.1f} s, B {seconds[1]:.1f} s")

@@ -73,6 +73,7 @@ __all__ = [
     "limits_of",
     "max_context",
     "parse_context_len",
+    "prefill_extra",
     "requests_past_window",
     "state_slots_per_request",
     "token_limit",
@@ -90,7 +91,7 @@ def token_limit(space: str) -> str:
     return f"{space} tokens"
 
 
-def _prefill_extra(window: TokenWindow, held: int) -> int:
+def prefill_extra(window: TokenWindow, held: int) -> int:
     """What a request of ``held`` slots holds beyond ``per_request`` while a chunk of it is prefilled."""
     beyond = max(0, held - window.per_request)
     return beyond if window.prefill_chunk is None else min(beyond, window.prefill_chunk)
@@ -102,7 +103,7 @@ def requests_past_window(window: TokenWindow, count: int, held: int) -> int:
     room = count - window.reserved
     if room < 0:
         return 0
-    busy = window.per_request + _prefill_extra(window, held)
+    busy = window.per_request + prefill_extra(window, held)
     prefilling = window.prefills_in_flight
     if prefilling * busy <= room:
         return prefilling + (room - prefilling * busy) // window.per_request

@@ -16,6 +16,7 @@ from kvpools_core.capacity import (
     Limits,
     token_limit,
 )
+from kvpools_core.split import SplitChoice
 from kvpools_core.values import Plan, to_dict
 
 
@@ -30,6 +31,8 @@ class CapacityReport:
     concurrent: ContextAnswer | None
     flags: EngineFlags | None
     flags_error: str | None = None
+    split: SplitChoice | None = None
+    """The workload-aware split (``--workload``), or None."""
 
 
 def context_label(tokens: int) -> str:
@@ -61,6 +64,7 @@ def capacity_summary(report: CapacityReport) -> dict[str, Any]:
             "concurrent": report.concurrent.to_dict() if report.concurrent is not None else None,
         },
         "flags": report.flags.to_dict() if report.flags is not None else {"error": report.flags_error},
+        **({"split": report.split.to_dict()} if report.split is not None else {}),
     }
 
 
@@ -123,3 +127,22 @@ def render_capacity(report: CapacityReport, console: Console) -> None:
         )
     else:
         console.print(f"SGLang flags: none — {report.flags_error}")
+    if report.split is not None:
+        render_split(report.split, console)
+
+
+def render_split(split: SplitChoice, console: Console) -> None:
+    """The ``--workload`` block: the chosen value, requests default -> chosen, the gain, what binds, the flags."""
+    console.print(f"[bold]workload-aware split[/bold] — workload {split.workload}")
+    if split.knob is None:
+        console.print(f"  no split to choose: {split.reason}; {split.default.concurrent_requests:,} requests at once")
+        return
+    default_value = "SGLang's default" if split.default_value is None else f"{split.default_value}"
+    console.print(f"  {split.knob}: {default_value} -> {split.value}")
+    console.print(
+        f"  concurrent requests: {split.default.concurrent_requests:,} -> {split.chosen.concurrent_requests:,} "
+        f"(x{split.gain:.2f})"
+    )
+    limits = " · ".join(f"{name} {value:,}" for name, value in split.chosen.limits.items())
+    console.print(f"  binding: {split.default.binding} -> {split.chosen.binding} ({limits})")
+    console.print(f"  SGLang flags: {' '.join(split.flags())}")

@@ -360,6 +360,14 @@ def plan(
     show_default=True,
     help="Fraction of the binding pool the recommended SGLang flags leave free.",
 )
+@click.option(
+    "--workload",
+    default=None,
+    metavar="SPEC",
+    help="Also choose the split of the budget that runs the most requests of this workload at once: a context "
+    "length (8k), 'lognormal:median=4096,p99=32768', 'uniform:1k..32k', or a JSONL trace of "
+    '{"input_len": ..., "output_len": ...} records.',
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_user_facing
 def capacity(
@@ -373,6 +381,7 @@ def capacity(
     contexts: tuple[str, ...],
     requests: int | None,
     headroom: float,
+    workload: str | None,
     as_json: bool,
     **options: Any,
 ) -> None:
@@ -380,28 +389,31 @@ def capacity(
 
     Also the largest context N requests all reach (--requests N), the largest single-request context, and
     --max-running-requests / --context-length flags for SGLang with --headroom of the binding pool free.
+    With --workload, the split of the budget (SWA ratio, mamba state slots) that runs the most requests of
+    that workload at once, against SGLang's default split, and the flags that realise it.
     """
     from kvpools_core.capacity import CONTEXT_LADDER, concurrency, engine_flags, limits_of, max_context
     from kvpools_core.capacity import parse_context_len as parse
     from kvpools_core.capacity_report import CapacityReport, capacity_summary, render_capacity
     from kvpools_core.pipeline import plan as make_plan
+    from kvpools_core.split import choose_split, parse_workload
 
     asked = [parse(item) for text in contexts for item in text.split(",")]
     if requests is not None and requests < 1:
         raise ConfigError(f"--requests must be at least 1, got {requests}.")
     if not 0 <= headroom < 1:
         raise ConfigError(f"--headroom must be a fraction in [0, 1), e.g. 0.1 for 10%; got {headroom}.")
+    parsed_workload = parse_workload(workload) if workload is not None else None
     serving = _make_serving(options, device)
-    result = make_plan(
-        model,
-        serving,
-        memory=memory,
-        device=device,
-        free_memory=free_memory,
-        weights_memory=weights_memory,
-        reserved_memory=reserved_memory,
-        draft_model=draft_model,
-    )
+    budget: dict[str, Any] = {
+        "memory": memory,
+        "device": device,
+        "free_memory": free_memory,
+        "weights_memory": weights_memory,
+        "reserved_memory": reserved_memory,
+        "draft_model": draft_model,
+    }
+    result = make_plan(model, serving, **budget)
     limits = limits_of(result)
     flags_context = max([c for c in asked if c <= limits.context_len], default=limits.context_len)
     try:
@@ -416,6 +428,7 @@ def capacity(
         concurrent=max_context(result, requests) if requests is not None else None,
         flags=flags,
         flags_error=flags_error,
+        split=choose_split(model, serving, budget, parsed_workload) if parsed_workload is not None else None,
     )
     if as_json:
         click.echo(json.dumps(capacity_summary(report), indent=2))

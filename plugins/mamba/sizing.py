@@ -63,7 +63,7 @@ def mamba_ratio(serving: Serving) -> int:
     skip = serving.mamba_skip_decode_lock
     base = MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO - (MAMBA_CACHE_BASE_RATIO_DROP_ON_SKIP if skip else 0)
     additional = 0
-    if serving.enable_mamba_extra_buffer:
+    if extra_buffer(serving):
         if not serving.disable_overlap_schedule:
             lazy = serving.enable_mamba_extra_buffer_lazy
             additional = (
@@ -76,16 +76,26 @@ def mamba_ratio(serving: Serving) -> int:
     return base + additional
 
 
+def extra_buffer(serving: Serving) -> bool:
+    """Whether SGLang keeps the extra (ping-pong) buffer: asked for, and the radix cache on.
+
+    SGLang resolves ``get_exec().mamba.enable_mamba_extra_buffer`` (what ref-000 reads, e.g. line 2281) with
+    ``mamba_extra_buffer_of``: ``disable_radix_cache is False`` and an ``extra_buffer`` strategy
+    (``sglang/srt/arg_groups/model_override_base.py``), so the buffer is inert without the radix cache.
+    """
+    return serving.enable_mamba_extra_buffer and not serving.disable_radix_cache
+
+
 def ping_pong_size(serving: Serving) -> int:
     """Columns of the request -> ping-pong slot table (``HybridReqToTokenPool``): 2 with overlap, else 1; 0 without."""
-    if not serving.enable_mamba_extra_buffer:
+    if not extra_buffer(serving):
         return 0
     return 1 if serving.disable_overlap_schedule else 2
 
 
 def ping_pong_slots_per_request(serving: Serving) -> int:
     """Ping-pong slots a new request takes beside its state slot (lazy mode takes one)."""
-    if not serving.enable_mamba_extra_buffer:
+    if not extra_buffer(serving):
         return 0
     return 1 if serving.enable_mamba_extra_buffer_lazy else ping_pong_size(serving)
 

@@ -186,16 +186,11 @@ def test_mamba_with_the_radix_cache_off(page: int, input_len: int, output_len: i
     assert stats.free_state_slots_at_end == p.counts["state_slots"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the mamba plugin builds the extra buffer's ping-pong slots with the radix cache off; SGLang has none "
-    "there (its enable_mamba_extra_buffer is mamba_extra_buffer_of: radix cache on and an extra_buffer strategy, "
-    "sglang/srt/arg_groups/model_override_base.py and fields/exec_.py), so plugins/mamba ping_pong_size must be 0",
-)
 def test_mamba_extra_buffer_is_inert_with_the_radix_cache_off() -> None:
     """``--enable-mamba-extra-buffer --disable-radix-cache``: SGLang resolves the extra buffer off, its ratio is 1
-    (``_calculate_mamba_ratio`` returns before the buffer's term) and capacity says one slot per request — but the
-    built request table takes 2 ping-pong slots per request, so the replay runs a third as many."""
+    (``_calculate_mamba_ratio`` returns before the buffer's term) and the built request table takes no ping-pong
+    slots (``mamba_extra_buffer_of``: the buffer needs the radix cache), so capacity's one slot per request is
+    what the replay runs."""
     serving = Serving(page_size=16, context_length=8_192, disable_radix_cache=True, enable_mamba_extra_buffer=True)
     p = plan("qwen3-next-80b-a3b-thinking", serving, memory="6GiB")
     answer = concurrency(p, 128)

@@ -41,3 +41,20 @@ def test_serving_fields_are_typed_and_checked() -> None:
         serving_fields(["no_such_field=1"], "--serve")
     with pytest.raises(SystemExit, match="cannot read 'x' as int"):
         serving_fields(["page_size=x"], "--serve")
+
+
+def test_auto_split_replays_the_chosen_split(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--split-b auto``: B is the split choose_split picks for the trace, and it serves more at once than A."""
+    argv = ["gpt-oss-20b", "--memory", "2GiB", "--fixed", "3072:1024", "--requests", "40", "--split-b", "auto"]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    chosen = out["chosen_split"]
+    a, b = out["splits"]
+    assert chosen["knob"] == "swa_full_tokens_ratio" and chosen["value"] < 0.8
+    assert b["label"] == f"auto: swa_full_tokens_ratio={chosen['value']}"
+    assert b["pools"] == chosen["counts"]["chosen"] and a["pools"] == chosen["counts"]["default"]
+    # the replay reaches at least the predicted concurrency under each split
+    assert a["stats"]["peak_concurrency"] >= chosen["default"]["concurrent_requests"]
+    assert b["stats"]["peak_concurrency"] >= chosen["chosen"]["concurrent_requests"]
+    assert b["stats"]["peak_concurrency"] > a["stats"]["peak_concurrency"]
+    assert b["stats"]["completed"] == a["stats"]["completed"] == 40
