@@ -15,23 +15,47 @@ loop, in its simplest faithful form, against the allocators ``build`` constructs
   extra buffer), as SGLang's ``HybridReqToTokenPool.alloc``.  A plan of only SWA tokens (every
   layer slides) is refused: SGLang's ``PureSWATokenToKVPoolAllocator`` is not modelled.
 * **Requests.** All arrive at step 0 in trace order (an offline, closed-loop benchmark).  A request
-  of ``input_len`` I and ``output_len`` O is prefilled whole (chunked prefill is not modelled) and
-  then takes O decode steps, one token each, and holds I + O tokens at the end (SGLang writes the
-  KV of O - 1 of them: the one-token difference keeps a request's final length its context length
-  L = I + O, the length a capacity answer is about).
+  of ``input_len`` I and ``output_len`` O is prefilled (whole, or in chunks: below) and then takes O
+  decode steps, one token each, and holds I + O tokens at the end (SGLang writes the KV of O - 1 of
+  them: the one-token difference keeps a request's final length its context length L = I + O, the
+  length a capacity answer is about).
+* **Chunked prefill** (``Serving.chunked_prefill_size`` C, SGLang's default 8,192 here; ``None``
+  prefills every prompt whole in one step, with no per-step limit).  Each step is one prefill pass
+  with a budget of C prompt tokens (``PrefillAdder.rem_chunk_tokens``): first the chunked request,
+  if any, takes its next chunk (``Scheduler.get_new_batch_prefill`` → ``PrefillAdder.add_chunked_req``;
+  one chunked request at a time, ``Scheduler.chunked_req``); then, FCFS, a prompt within what is left
+  is admitted whole and charged its page-aligned length, and the first prompt past it takes the rest
+  as its first chunk and becomes the chunked request, which ends the pass (``add_one_req_ignore_eos``,
+  ``budget_state``).  No request is admitted while a chunked request is unfinished.  A chunk's pages
+  are allocated as its tokens arrive, in both pools of an SWA plan (``alloc_extend`` per pass); a
+  continuing chunk is capped by the pages free (``available_chunk_tokens``: the full pool's, and the
+  SWA pool's less a page) and waits a step when none are.  Between chunks the chunked request's SWA
+  tokens that slid out of its window are freed (``_Engine._evict_chunked``: with the radix cache the
+  tree locks only the trailing ``ceil_page(window)`` of the prefilled prompt, the rest being
+  evictable cache; with the chunk cache ``maybe_evict_swa`` frees below ``pre_len - window`` at each
+  extend, ``pre_len`` lagging one chunk under the overlap schedule), so it holds its window and one
+  chunk (two with the chunk cache under overlap) while the full pool holds its whole prompt.  Its last
+  chunk makes it a running request that decodes in the same step.  Running requests decode in every
+  step, prefill pass or not: the modelling choice of SGLang's ``--enable-mixed-chunk`` (without its
+  budget cut of one token per running request), where SGLang by default runs a prefill pass as its
+  own batch and decodes only in steps without one.  That choice changes only the step count (the
+  default adds one decode-free step per prefill pass), not what the pools hold at once: memory moves
+  only when a pass allocates or a request decodes, evicts or completes, in either schedule.
 * **Admission** (FCFS, as SGLang's ``fcfs`` policy, which keeps the queue in arrival order): the head
   of the queue is admitted while a request-table row is free (``max_running_requests``), its state
-  slots are free, and its prompt's pages allocate (page aligned: ``ceil(I / page)`` pages, in both
-  pools of an SWA plan, as ``alloc_extend`` takes them).  ``admission="reserve"`` (the default)
-  also keeps every running request's remaining decode pages free in the full pool, so a request is
-  only admitted when all can reach their final length: this is SGLang's ``PrefillAdder`` for
-  requests whose output length is known (``ignore_eos``: new-token ratio 1.0), with exact page
-  counts where SGLang reserves ``ceil(I / page) + page + O`` tokens per new request and compares
-  strictly (``schedule_policy.py``, ``prefill_budget.py`` ``PrefillBudget.reserve``) — SGLang's rule
-  admits at most this many.  In an SWA plan a newcomer also needs its prompt and first decode page
-  free in the SWA pool, beyond what each running request still needs to reach its steady SWA
-  holding (``swa_window_bound``, or its final length if shorter); a prompt's transient SWA pages are
-  not reserved (SGLang reserves none for running requests either; a shortfall retracts).
+  slots are free, and its prompt's (or first chunk's) pages allocate (page aligned: ``ceil(I / page)``
+  pages, in both pools of an SWA plan, as ``alloc_extend`` takes them).  ``admission="reserve"`` (the
+  default) also keeps every running request's remaining pages free in the full pool (a chunked
+  request's prompt included), so a request is only admitted when all can reach their final length:
+  this is SGLang's ``PrefillAdder`` for requests whose output length is known (``ignore_eos``:
+  new-token ratio 1.0), with exact page counts where SGLang reserves ``ceil(I / page) + page + O``
+  tokens per new request and compares strictly (``schedule_policy.py``, ``prefill_budget.py``
+  ``PrefillBudget.reserve``) — SGLang's rule admits at most this many.  In an SWA plan a newcomer
+  also needs its prompt and first decode page free in the SWA pool (a chunked newcomer: its window
+  beside its largest chunk, ``_Engine._prefill_swa``), beyond what each running request still needs
+  to reach its steady SWA holding (``swa_window_bound``, or its final length if shorter); a
+  prompt's transient SWA pages are not reserved (SGLang reserves none for running requests either;
+  a shortfall retracts).
   ``admission="greedy"`` admits while the prompt allocates (SGLang with a new-token ratio near 0):
   decode then runs out and retracts.
 * **Decode** (every step, every running request): SGLang's ``ScheduleBatch.check_decode_mem``
@@ -53,12 +77,12 @@ loop, in its simplest faithful form, against the allocators ``build`` constructs
   ``floor_page(L - keep)``, with ``keep = ceil_page(max(window, page))`` under the radix cache
   (prefix sharing) and ``keep = window`` with ``--disable-radix-cache`` (the chunk cache); the freed
   pages go back through ``free_swa`` (their full pages stay).  The window is the largest
-  ``sliding_window`` of the model's layers.  A prompt prefilled in one pass evicts nothing (SGLang
-  evicts during extend only with the chunk cache, behind a chunked prompt's prefix).  A request past
-  its first decode therefore holds at most ``swa_window_bound`` SWA tokens.
+  ``sliding_window`` of the model's layers.  A prompt prefilled in one pass evicts nothing before its
+  first decode; a chunked one evicts between its chunks (above).  A request past its first decode
+  therefore holds at most ``swa_window_bound`` SWA tokens.
 
-Not modelled: chunked prefill, prefix reuse, arrival times, speculative decoding's extra slots,
-DP attention (one worker's pools are replayed), and a plan whose only token space is SWA.
+Not modelled: prefix reuse, arrival times, speculative decoding's extra slots, ``--enable-mixed-chunk``'s
+smaller chunk budget, DP attention (one worker's pools are replayed), and a plan whose only token space is SWA.
 
 Cost: Python per running request per step plus a few allocator calls per step: ~3 us per
 request-step for plain paged plans, 25-50 us for SWA plans (the dual allocator's tensor ops on every
@@ -247,6 +271,10 @@ class ReplayStats:
     peak_swa_tokens_per_request: int = 0
     """Most SWA tokens one request held after a decode step it could evict in (past its first decode)."""
     admission: str = "reserve"
+    prefill_chunks: int = 0
+    """Prefill passes of a prompt cut by ``chunked_prefill_size`` (0: every prompt was prefilled whole)."""
+    peak_swa_tokens_chunked_request: int = 0
+    """Most SWA tokens the chunked request held right after a chunk's allocation."""
 
     @property
     def tokens_served(self) -> int:
@@ -318,14 +346,28 @@ def _ceil_to(value: int, page: int) -> int:
 class _Running:
     """A request while it holds memory: its length, pages, SWA eviction cursor and state slots."""
 
-    __slots__ = ("decodes", "evicted", "generated", "index", "input_len", "length", "output_len", "pages", "slots")
+    __slots__ = (
+        "decodes",
+        "evicted",
+        "extends",
+        "generated",
+        "index",
+        "input_len",
+        "length",
+        "output_len",
+        "pages",
+        "slots",
+        "target",
+    )
 
     def __init__(self, index: int, request: Request, generated: int) -> None:
         self.index = index
         self.input_len = request.input_len
         self.output_len = request.output_len
         self.generated = generated
-        self.length = request.input_len + generated  # tokens whose slots it holds
+        self.target = request.input_len + generated  # the prompt it prefills (a retracted request: with its output)
+        self.length = self.target  # tokens whose slots it holds (fewer while its prompt is prefilled in chunks)
+        self.extends = 0  # SGLang's extend_batch_idx: prefill passes (chunks) run so far
         self.pages: list[int] = []
         self.evicted = 0  # SWA tokens freed (page aligned)
         self.decodes = 0  # SGLang's decode_batch_idx
@@ -442,6 +484,12 @@ class _Engine:
             self.keep = _ceil_to(max(self.window, page), page) if prefix_sharing else self.window
             bound = swa_window_bound(self.window, page, self.interval)
             self.swa_bound_pages = bound // page
+        self.chunk = serving.chunked_prefill_size  # None: prompts are prefilled whole
+        self.overlap = not serving.disable_overlap_schedule
+        self.prefix_sharing = not serving.disable_radix_cache
+        self.chunked: _Running | None = None  # SGLang's Scheduler.chunked_req: at most one at a time
+        self.prefill_chunks = 0
+        self.peak_swa_chunked = 0
         self.state_slots = int(plan.counts.get("state_slots", 0))
         self.slots_per_request = 0
         self.slot_allocator: Any = None
@@ -475,10 +523,29 @@ class _Engine:
             )
 
     def _swa_peak_pages(self, request: Request) -> int:
-        """SWA pages a request needs at some point alone: its prompt and first decode, or the window bound."""
-        final = -(-request.context_len // self.page)
-        first_decode = -(-(request.input_len + 1) // self.page)
-        return min(max(first_decode, self.swa_bound_pages + 1), final)  # + the page a step may ask before evicting
+        """SWA pages a request needs at some point alone: its prompt or chunks, first decode, or the window bound."""
+        page = self.page
+        final = -(-request.context_len // page)
+        prefill_peak, evicted = self._prefill_swa(request.input_len, self.chunk or request.input_len)
+        if self.chunk and request.input_len > self.chunk:
+            prefill_peak += 1  # a continuing chunk leaves a page of the SWA pool free (available_chunk_tokens)
+        first_decode = -(-(request.input_len + 1) // page) - evicted // page
+        return min(max(prefill_peak, first_decode, self.swa_bound_pages + 1), final)  # + a step's page before evicting
+
+    def _prefill_swa(self, prompt: int, first_chunk: int) -> tuple[int, int]:
+        """SWA pages a prompt holds at most while prefilled alone (first chunk ``first_chunk``, then whole chunks),
+        and the tokens its chunks evicted by its end: the chunked request's schedule, without other requests."""
+        r = _Running(-1, Request(prompt, 1), 0)
+        r.length = 0
+        peak = 0
+        chunk = first_chunk
+        while r.length < prompt:
+            self._evict_chunked(r)
+            r.length = min(prompt, r.length + chunk)
+            r.extends += 1
+            peak = max(peak, -(-r.length // self.page) - r.evicted // self.page)
+            chunk = self.chunk or prompt
+        return peak, r.evicted
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -492,9 +559,13 @@ class _Engine:
         steps = peak = total_running = retractions = completed = 0
         prompt_tokens = generated_tokens = 0
         peak_slots = peak_swa_request = 0
-        while waiting or running:
-            self._admit(requests, waiting, running)
-            if not running:
+        while waiting or running or self.chunked is not None:
+            budget = self.chunk  # SGLang's rem_chunk_tokens: prompt tokens one prefill pass takes
+            if self.chunked is not None:
+                budget = self._continue_chunk(running, budget)
+            if self.chunked is None:
+                self._admit(requests, waiting, running, budget)
+            if not running and self.chunked is None:
                 index, _ = waiting[0]
                 raise ConfigError(f"replay: request {index} cannot be admitted into empty pools.")  # check_fits
             retractions += self._make_room(running, waiting)
@@ -544,6 +615,8 @@ class _Engine:
             free_state_slots_at_end=int(self.slot_allocator.available_size()) if self.slot_allocator else 0,
             peak_swa_tokens_per_request=peak_swa_request,
             admission=self.admission,
+            prefill_chunks=self.prefill_chunks,
+            peak_swa_tokens_chunked_request=self.peak_swa_chunked if self.pages.swa else 0,
         )
 
     def _admit(
@@ -551,8 +624,15 @@ class _Engine:
         requests: Sequence[Request],
         waiting: deque[tuple[int, int]],
         running: list[_Running],
+        budget: int | None,
     ) -> None:
-        """FCFS: admit the head of the queue while it fits; the first that does not stops admission."""
+        """FCFS: admit the head of the queue while it fits; the first that does not stops admission.
+
+        With chunked prefill (``budget``: the pass's ``rem_chunk_tokens``) a prompt within the budget is
+        prefilled whole and charged its page-aligned length; the first prompt past it takes the rest of the
+        budget as its first chunk and becomes the chunked request, ending the pass (``PrefillAdder
+        .add_one_req_ignore_eos``; ``budget_state`` stops at ``rem_chunk_tokens <= 0``).
+        """
         page = self.page
         reserve = self.admission == "reserve"
         if not waiting or len(running) >= self.max_requests:
@@ -566,14 +646,16 @@ class _Engine:
                     max(0, min(bound, -(-(r.input_len + r.output_len) // page)) - len(r.pages) + r.evicted // page)
                     for r in running
                 )
-        while waiting and len(running) < self.max_requests:
+        while waiting and len(running) < self.max_requests and (budget is None or budget > 0):
             index, generated = waiting[0]
             request = requests[index]
-            prompt_pages = -(-(request.input_len + generated) // page)
+            prompt = request.input_len + generated
+            first_chunk = prompt if budget is None else min(prompt, budget)
+            prompt_pages = -(-first_chunk // page)
             if reserve:
                 free = self.pages.free_pages()
                 newcomer = _Running(index, request, generated)
-                newcomer_needs = self._future_pages(newcomer, prompt_pages=prompt_pages)
+                newcomer_needs = self._future_pages(newcomer, prompt_pages=prompt_pages, first_chunk=first_chunk)
                 if any(free[space] - reserved[space] < need for space, need in newcomer_needs.items()):
                     return
             slots: list[int] = []
@@ -591,13 +673,29 @@ class _Engine:
             r = _Running(index, request, generated)
             r.pages = new_pages
             r.slots = slots
+            r.extends = 1
+            if first_chunk < prompt:  # the first chunk of a longer prompt: the pass ends here
+                r.length = first_chunk
+                self.chunked = r
+                self.prefill_chunks += 1
+                self.peak_swa_chunked = max(self.peak_swa_chunked, len(r.pages) * page)
+                return
             running.append(r)
+            if budget is not None:
+                budget -= prompt_pages * page  # _update_prefill_budget charges the page-ceiled extend
             if reserve:
                 for space, need in self._future_pages(r).items():
                     reserved[space] += need
 
-    def _future_pages(self, r: _Running, *, prompt_pages: int | None = None) -> dict[str, int]:
-        """Pages ``r`` still needs beyond what it holds (all it needs when ``prompt_pages`` is given: a newcomer)."""
+    def _future_pages(
+        self, r: _Running, *, prompt_pages: int | None = None, first_chunk: int | None = None
+    ) -> dict[str, int]:
+        """Pages ``r`` still needs beyond what it holds (all it needs when ``prompt_pages`` is given: a newcomer).
+
+        A newcomer's SWA need is its steady holding or its prefill's peak and first decode page, whichever is
+        larger: its whole prompt, or, prefilled in chunks (``first_chunk`` below the prompt), its largest
+        chunk beside the window it keeps (``_prefill_swa``).
+        """
         page = self.page
         final = -(-(r.input_len + r.output_len) // page)
         held = len(r.pages) if prompt_pages is None else 0
@@ -606,9 +704,77 @@ class _Engine:
             steady = min(self.swa_bound_pages, final)
             if prompt_pages is None:
                 needs[SWA] = max(0, steady - (held - r.evicted // page))
-            else:
+            elif first_chunk is None or first_chunk >= r.target:
                 needs[SWA] = max(steady, min(prompt_pages + (r.length % page == 0), final))
+            else:
+                peak, evicted = self._prefill_swa(r.target, first_chunk)
+                first_decode = -(-(r.target + 1) // page) - evicted // page
+                needs[SWA] = max(steady, min(max(peak, first_decode), final))
         return needs
+
+    def _continue_chunk(self, running: list[_Running], budget: int | None) -> int | None:
+        """The chunked request's next pass (``PrefillAdder.add_chunked_req``): free what slid out of its window,
+        then allocate up to ``budget`` more prompt tokens in every pool, capped by the pages free
+        (``available_chunk_tokens``: the full and SWA pools' free tokens, a page kept in the SWA pool); with
+        none free the chunk waits a step (the hybrid-SWA early return) while running requests decode.  Its
+        last chunk makes it a running request, decoding this step.  Returns the budget left to admission.
+        """
+        r = self.chunked
+        assert r is not None and budget is not None
+        page = self.page
+        if self.pages.swa:
+            self._evict_chunked(r)
+        free = self.pages.free_pages()
+        room_pages = min(free[FULL], free[SWA] - 1) if self.pages.swa else free[FULL]
+        room = room_pages * page + len(r.pages) * page - r.length  # the partly filled last page is room too
+        tokens = min(budget, r.target - r.length, room)
+        if tokens <= 0:
+            if not running:  # nothing will free pages for it: check_fits rules this out
+                raise ConfigError("replay: the chunked request cannot take its next chunk in otherwise empty pools.")
+            return 0
+        new_pages = self.pages.alloc(-(-(r.length + tokens) // page) - len(r.pages))
+        assert new_pages is not None, "the chunk was capped by the free pages"
+        r.pages.extend(new_pages)
+        r.length += tokens
+        r.extends += 1
+        self.prefill_chunks += 1
+        self.peak_swa_chunked = max(self.peak_swa_chunked, len(r.pages) * page - r.evicted)
+        if r.length < r.target:
+            return 0
+        self.chunked = None
+        running.append(r)
+        return budget - _ceil_to(tokens, page)
+
+    def _evict_chunked(self, r: _Running) -> None:
+        """Free the SWA pages of a chunked request's prompt that slid out of its window, before its next chunk.
+
+        With the radix cache, ``Scheduler.stash_chunked_request`` → ``checkpoint_kv_cache`` inserts the
+        prefilled prompt into the tree before the next pass is scheduled, and the SWA component locks only
+        the trailing ``ceil_page(window)`` tokens of it (``unified_cache/components/swa.py``
+        ``_maybe_split_leaf_for_swa_lock`` and the window lock; ``prefill_budget.py``: "only the sliding
+        window stays locked between chunks"): the rest is evictable tree cache, which the replay frees.
+        With the chunk cache, ``ScheduleBatch.maybe_evict_swa`` frees ``[evicted, floor_page(pre_len -
+        window))`` at each extend (``free_swa_out_of_window_slots``, interval 1), ``pre_len`` the prefilled
+        length, or under the overlap schedule one chunk less and only from the third pass on (the previous
+        chunk is still running).  Either way the request holds its window plus the chunk being prefilled
+        (two chunks with the chunk cache under overlap).
+        """
+        page = self.page
+        if self.prefix_sharing:
+            threshold = r.length - _ceil_to(max(self.window, page), page)
+        else:
+            pre_len = r.length
+            if self.overlap:
+                if r.extends < 2 or not self.chunk:
+                    return
+                pre_len -= self.chunk
+            if pre_len - self.window < r.evicted + 1:
+                return
+            threshold = pre_len - self.window
+        new_evicted = max(r.evicted, threshold) // page * page
+        if new_evicted > r.evicted:
+            self.pages.free_swa(r.pages[r.evicted // page : new_evicted // page])
+            r.evicted = new_evicted
 
     def _make_room(self, running: list[_Running], waiting: deque[tuple[int, int]]) -> int:
         """SGLang's ``check_decode_mem`` / ``retract_decode``: retract until this step's new pages fit."""

@@ -22,9 +22,9 @@ one step at a time, holds at most ``swa_window_bound = max(ceil_page(window + in
 page)``.  (2) Capacity charges ``min(N, chunks in flight)`` requests a prefill chunk beyond that, as long as the
 context allows (``min(pages(L) - w, chunk)``: it cannot know how much of ``L`` is prompt), while the replay
 holds a prompt of ``I < L`` tokens whole only until its first eviction and admits a newcomer whenever its prompt
-fits beside the running requests' steady holdings.  The replay prefills a prompt in one pass (it does not model
-chunked prefill), so the comparison keeps every prompt within ``--chunked-prefill-size``: SGLang then prefills
-each prompt as one chunk too.
+fits beside the running requests' steady holdings.  Every prompt here is within ``--chunked-prefill-size``, so
+the replay and SGLang prefill each in one pass; prompts of several chunks, where the replay holds one chunk beside
+the chunked request's window only while it is prefilled, are compared in ``test_replay_chunked.py``.
 """
 
 from __future__ import annotations
