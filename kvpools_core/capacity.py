@@ -15,7 +15,7 @@ serving options — no plugin is named:
   ceil(prefix / P)`` new pages per request, ``sglang-pools.md`` §2.3).
 * **<space> tokens** of a windowed space (one the sizing plugin recorded a
   :class:`~kvpools_core.values.TokenWindow` for, ``Plan.windows``; the swa
-  plugin's ``"swa"``) — a request holds its tokens up to the engine's worst
+  and dsv4 plugins' ``"swa"``) — a request holds its tokens up to the engine's worst
   case per request, ``TokenWindow.per_request`` (SGLang's
   ``window + eviction_interval * draft_tokens + page + decode_alloc``,
   ``SWAChunkCapPoolConfigurator``, ``002_50706b73e02ffb67.txt`` lines 425-445).
@@ -26,6 +26,14 @@ serving options — no plugin is named:
   its prompt (without chunked prefill the whole prompt is one chunk).  On a
   decode node nothing is prefilled and the reserve is its pre-allocated slots.
   The terms are the plugin's; only their inversion is here.
+* **<space> tokens** of a compressed space (one the sizing plugin recorded a
+  ratio ``r`` for, ``Plan.compression``; DeepSeek-V4's ``"c4"`` 4 and
+  ``"c128"`` 128) — its slot of full slot ``s`` is ``s // r`` (SGLang has no
+  allocator for it), so a request of ``ceil(L / page)`` full pages holds
+  ``ceil(L / page) * page / r`` of its slots: page rounding is in full pages
+  (``r`` divides the page).  With the space counting ``full / r`` slots (the
+  dsv4 plugin's) its limit equals the full limit, and the full tokens are
+  named on the tie.
 * **state slots** — ``state_slots // state_slots_per_request``, the slots a
   running request may hold at its peak as the sizing plugin recorded them
   (``PoolSizing.state_slots_per_request``; the mamba plugin's SGLang
@@ -34,10 +42,9 @@ serving options — no plugin is named:
 * **request cap** — ``max_running_requests`` of the plan (per DP worker).
 * **context length** — no request is longer than the plan's context length.
 
-Every count is per DP-attention worker, as the plan's are.  What is not
-modelled yet: a token space that is neither full nor windowed (DeepSeek-V4's
-compressed ``c4`` / ``c128`` spaces: no window recorded) is refused, and the
-split of one budget by a workload's mix of lengths is a later question.
+Every count is per DP-attention worker, as the plan's are.  A token space
+that is neither full, windowed nor compressed (DeepSeek-V4's ``c4`` under
+HiSparse, whose device pool has an allocator of its own) is refused, naming it.
 
 ``tests/replay/test_replay_matches_capacity.py`` replays fixed-length
 workloads through the plan's allocators (:mod:`kvpools_core.replay`): the
@@ -135,19 +142,28 @@ class Limits:
     tokens: Mapping[str, int] = attrs.field(converter=frozen_mapping)
     windowed: Mapping[str, TokenWindow] = attrs.field(converter=frozen_mapping)
     """The worst-case window terms of each windowed token space, as the plan records them."""
+    compressed: Mapping[str, int] = attrs.field(factory=dict, converter=frozen_mapping)
+    """Full tokens per slot of each compressed token space (``Plan.compression``)."""
     state_slots: int
     slots_per_request: int
     request_cap: int
 
+    def space_page(self, space: str) -> int:
+        """Slots of ``space`` one full page holds: the page, or ``page / ratio`` of a compressed space."""
+        return self.page_size // self.compressed.get(space, 1)
+
     def scaled(self, keep: float) -> Limits:
         """The same limits with only ``keep`` of every pool usable (tokens page aligned, slots floored).
 
-        The request cap is no pool (its table is sized for it), so it stays.
+        The request cap is no pool (its table is sized for it), so it stays.  A compressed space's page is
+        ``page / ratio`` of its slots.
         """
-        page = self.page_size
         return attrs.evolve(
             self,
-            tokens={space: int(count * keep) // page * page for space, count in self.tokens.items()},
+            tokens={
+                space: int(count * keep) // self.space_page(space) * self.space_page(space)
+                for space, count in self.tokens.items()
+            },
             state_slots=int(self.state_slots * keep),
         )
 
@@ -243,17 +259,29 @@ def limits_of(plan: Plan) -> Limits:
 
     A token space other than ``"full"`` is modelled when the plan records its
     worst-case window (:attr:`Plan.windows`, a :class:`TokenWindow` its sizing
-    plugin filled in); any other is refused, naming it.
+    plugin filled in) or its compression ratio (:attr:`Plan.compression`, one
+    that divides the page); any other is refused, naming it.
     """
     counts = plan.counts
     tokens: dict[str, int] = dict(counts["tokens"])
     windowed = {window.token_space: window for window in plan.windows}
-    unmodelled = [space for space in tokens if space != FULL_TOKENS and space not in windowed]
+    page = plan.serving.page_size
+    compressed = {space: ratio for space, ratio in plan.compression.items() if space in tokens}
+    unmodelled = [
+        space for space in tokens if space != FULL_TOKENS and space not in windowed and space not in compressed
+    ]
     if unmodelled:
         raise UnsupportedCombinationError(
-            f"kvpools capacity models the full token space and windowed ones (a sliding window the plan records "
-            f"the worst case of); the plan of {plan.model.name} also counts token space(s) {unmodelled} (how many "
-            f"tokens of each a request holds is not modelled yet). `kvpools plan` gives its pools."
+            f"kvpools capacity models the full token space, windowed ones (a sliding window the plan records "
+            f"the worst case of) and compressed ones (a ratio of full tokens the plan records); the plan of "
+            f"{plan.model.name} also counts token space(s) {unmodelled} (how many tokens of each a request holds "
+            f"is not modelled yet). `kvpools plan` gives its pools."
+        )
+    unpaged = {space: ratio for space, ratio in compressed.items() if page % ratio}
+    if unpaged:
+        raise UnsupportedCombinationError(
+            f"kvpools capacity models a compressed token space whose ratio divides the page (a full page holds a "
+            f"whole number of its slots); the plan of {plan.model.name} has page {page} and ratios {unpaged}."
         )
     state_slots = int(counts["state_slots"])
     return Limits(
@@ -261,6 +289,7 @@ def limits_of(plan: Plan) -> Limits:
         context_len=plan.model.context_len,
         tokens=tokens,
         windowed=windowed,
+        compressed=compressed,
         state_slots=state_slots,
         slots_per_request=state_slots_per_request(plan) if state_slots else 0,
         request_cap=plan.max_running_requests,
@@ -291,7 +320,11 @@ def _concurrency(limits: Limits, context_len: int) -> Capacity:
     per_request: dict[str, int] = {}
     for space, count in limits.tokens.items():
         window = limits.windowed.get(space)
-        if window is None or held <= window.per_request:
+        ratio = limits.compressed.get(space)
+        if ratio is not None:  # slot s // ratio of each full slot: whole full pages, compressed
+            per_request[space] = held // ratio
+            by_limit[token_limit(space)] = count // per_request[space]
+        elif window is None or held <= window.per_request:
             per_request[space] = held
             by_limit[token_limit(space)] = count // held
         else:  # outgrown the window: the worst case per request, and the prefill chunks in flight on top
@@ -322,7 +355,8 @@ def concurrency(plan: Plan, context_len: int) -> Capacity:
     """How many requests of ``context_len`` tokens the plan's pools hold at once, and what binds.
 
     Each limit is one integer division (see the module docstring): full tokens
-    ``tokens // (ceil(L / page) * page)``; a windowed space the same until a
+    ``tokens // (ceil(L / page) * page)``; a compressed space of ratio ``r``
+    ``tokens // (ceil(L / page) * page / r)``; a windowed space the same until a
     request outgrows SGLang's per-request worst case, then that worst case per
     request with the prefill chunks in flight on top
     (:func:`requests_past_window`); ``state_slots // slots per
@@ -336,8 +370,9 @@ def _max_context(limits: Limits, requests: int) -> ContextAnswer:
     page, ceiling = limits.page_size, limits.context_len
     by_limit: dict[str, int] = {}
     for space, count in limits.tokens.items():
-        # n requests of L fit while n * ceil(L / page) * page <= count, i.e. L <= page_floor(count // n)
-        largest = count // requests // page * page
+        # n requests of L fit while n * ceil(L / page) * page <= count, i.e. L <= page_floor(count // n);
+        # a compressed space holds 1 / ratio of that: L <= page_floor(count // n * ratio)
+        largest = count // requests * limits.compressed.get(space, 1) // page * page
         window = limits.windowed.get(space)
         if window is not None:
             # within the worst case a request holds its own pages; past it (where fewer fit: the prefill
@@ -359,7 +394,8 @@ def max_context(plan: Plan, requests: int) -> ContextAnswer:
     """The largest context ``requests`` concurrent requests can all reach; ``requests=1``: one request alone.
 
     Closed form per limit: a full token space allows ``page_floor(tokens //
-    requests)``; a windowed space, past its per-request worst case, the bound
+    requests)``, a compressed one of ratio ``r`` ``page_floor(tokens // requests
+    * r)``; a windowed space, past its per-request worst case, the bound
     :func:`largest_past_window` gives (the context length once a
     whole prefill chunk fits beside the requests), else the same page floor
     within the worst case; state slots and the request cap allow the context

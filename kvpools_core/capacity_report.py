@@ -48,7 +48,8 @@ def capacity_summary(report: CapacityReport) -> dict[str, Any]:
     """The ``--json`` object: per context length the concurrent requests and the binding limit.
 
     Counts and answers are per DP-attention worker (``dp_workers`` of them); ``flags`` are SGLang's totals;
-    ``windows`` the worst-case window terms the windowed token spaces were answered with (``Plan.windows``).
+    ``windows`` the worst-case window terms the windowed token spaces were answered with (``Plan.windows``),
+    ``compression`` the full tokens per slot of each compressed token space (``Plan.compression``).
     """
     plan = report.plan
     return {
@@ -57,6 +58,7 @@ def capacity_summary(report: CapacityReport) -> dict[str, Any]:
         "dp_workers": plan.serving.attn_dp_size,
         "counts": plan.counts,
         "windows": [{**to_dict(window), "per_request": window.per_request} for window in plan.windows],
+        "compression": dict(report.limits.compressed),
         "context_length": report.limits.context_len,
         "ladder": [answer.to_dict() for answer in report.ladder],
         "max_context": {
@@ -79,6 +81,9 @@ def _limits_line(limits: Limits, dp: int) -> str:
                 f" (window {window.window:,}: at most {window.per_request:,} per request, + up to {chunk} for each "
                 f"of {window.prefills_in_flight} prefill(s) in flight, {window.reserved:,} reserved)"
             )
+        ratio = limits.compressed.get(space)
+        if ratio is not None:
+            text += f" (1 per {ratio} full tokens)"
         parts.append(text)
     if limits.slots_per_request:
         parts.append(f"state slots {limits.state_slots:,} ({limits.slots_per_request} per request)")

@@ -32,6 +32,7 @@ from kvpools_core.values import (
     PoolSizing,
     PoolSpec,
     Serving,
+    TokenWindow,
     Workspace,
 )
 
@@ -235,6 +236,61 @@ def alloc_len_per_decode(serving: Serving) -> int:
     if page == 1 or topk == 1 or serving.speculative_algorithm == "NGRAM":
         return max(steps * topk, draft_tokens)
     return max(-(-(page - 1 + steps) // page) * page * topk, draft_tokens)
+
+
+def spec_decode_alloc_len_per_request(serving: Serving) -> int:
+    """KV tokens one request may take in a spec-v1 decode step (SGLang's ``spec_decode_alloc_len_per_request``).
+
+    Each of the ``topk`` branches drafts ``num_steps`` tokens, verify takes
+    ``num_draft_tokens``; paged, each rounds up to whole pages (a branch of a
+    tree draft one page more).
+    """
+    page = serving.page_size
+    branch = serving.speculative_num_steps or 1
+    topk = serving.speculative_eagle_topk or 1
+    verify = serving.speculative_num_draft_tokens or 1
+    if page > 1:
+        branch = -(-(branch + page) // page) * page if topk > 1 else -(-branch // page) * page
+        verify = -(-verify // page) * page
+    return max(branch * topk, verify)
+
+
+def sliding_window_terms(token_space: str, window: int, serving: Serving) -> TokenWindow:
+    """The worst-case window terms of a token space SGLang's scheduler evicts out-of-window tokens from, as
+    ``SWAChunkCapPoolConfigurator.__init__`` adds them up (``002_50706b73e02ffb67.txt`` lines 425-458).
+
+    SGLang's eviction (``ScheduleBatch.maybe_evict_swa``) is the same for every hybrid-SWA model — the
+    ``SWATokenToKVPoolAllocator`` pair of a sliding-window hybrid and of DeepSeek-V4 alike — so the plugins of
+    both record these terms for their SWA space with the model's window.  A request holds at most ``window +
+    eviction interval x draft tokens + page + decode allocation`` tokens (lines 427-445; the decode allocation
+    is a page, spec-v1's :func:`spec_decode_alloc_len_per_request`, or spec-v2's ``2 x
+    get_alloc_len_per_decode``), beyond which each of the chunks in flight holds up to
+    ``--chunked-prefill-size`` more (2 with the overlap schedule, 1 without) and a page stays reserved (lines
+    453-458); a decode node prefills nothing and keeps ``(window + page)`` per pre-allocated slot (lines
+    448-452).
+    """
+    page = serving.page_size
+    if not serving.speculative:
+        decode = page
+    elif serving.disable_overlap_schedule:
+        decode = spec_decode_alloc_len_per_request(serving)  # spec-v1
+    else:
+        decode = 2 * alloc_len_per_decode(serving)  # spec-v2 keeps 2 x alloc_len outstanding
+    if serving.disaggregation_mode == "decode":
+        prefills, reserved = 0, (window + page) * serving.disaggregation_decode_extra_slots
+    else:
+        prefills, reserved = (1 if serving.disable_overlap_schedule else 2), page
+    return TokenWindow(
+        token_space=token_space,
+        window=window,
+        eviction_interval=max(1, serving.swa_eviction_interval),
+        draft_tokens=serving.speculative_num_draft_tokens or 1,
+        page_size=page,
+        decode_alloc=decode,
+        prefill_chunk=serving.chunked_prefill_size,
+        prefills_in_flight=prefills,
+        reserved=reserved,
+    )
 
 
 def req_to_token_row_len(context_len: int, serving: Serving) -> int:

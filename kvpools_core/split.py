@@ -14,12 +14,15 @@ field that sizes that resource is the knob: ``swa_full_tokens_ratio`` for a wind
 ``000_fbd4f47288598fb9.txt`` lines 2271-2362) — an integer, so it lands exactly where a float ratio would not.
 No plugin is named: the resource is read from the plan's counts, and a knob that does not move it (the plan
 of a model the field does not apply to) is reported as no split.  A plan with neither resource (dense
-models), or an all-SWA model (one token space, nothing to split), gets no split.  DeepSeek-V4 is left out:
-``capacity.limits_of`` refuses its compressed token spaces.
+models), or an all-SWA model (one token space, nothing to split), gets no split.  Compressed token spaces
+(``Plan.compression``: DeepSeek-V4's ``c4`` / ``c128``, a fixed fraction of the full tokens) are no resource of
+their own: they move with the full tokens, so DeepSeek-V4's knob is the ratio that sizes its windowed SWA
+space (``swa_full_tokens_ratio``, read by its ``DSV4PoolConfigurator`` as by the hybrid-SWA one).
 
 **A workload's concurrency.**  A workload is the context lengths (prompt + output) of its requests.  "Requests
 of that workload that run at once" is the largest n such that n requests of the workload's *mean footprint*
-fit every limit: a full token space holds ``mean(ceil(L / page) x page)`` per request; a windowed space
+fit every limit: a full token space holds ``mean(ceil(L / page) x page)`` per request (a compressed one
+``1 / ratio`` of that); a windowed space
 ``mean(min(pages(L), per_request))`` plus, while requests outgrow the window, the mean prefill chunk in flight
 for each of the prefills the engine runs at once and its reserve (the plan's ``TokenWindow``); state slots and
 the request cap do not depend on the length.  For one length this is exactly ``capacity.concurrency(plan, L)``
@@ -30,7 +33,8 @@ is a sample of it, so its holdings sum to n x the mean.
 limit rises, so the best split is where both hold the same n: the resource needs ``need(n) = n x e_x + c``
 (``e_x`` the mean per-request holding, ``c`` the prefill chunks and reserve of a windowed space), and the full
 tokens follow the plan's affine cost model (:attr:`Plan.cost`): each resource unit costs ``q`` full tokens
-(bytes per resource unit / bytes per full token), ``F(X) = F0 - q (X - X0)``.  Then
+(bytes per resource unit / bytes per full token, a full token's bytes including its share of every compressed
+space), ``F(X) = F0 - q (X - X0)``.  Then
 ``n* = floor((F0 + q X0 - q c) / (e_full + q e_x))``.  The knob is set to give ``need(n*)`` (a ratio: that
 over the full tokens it leaves, rounded up to 4 decimals and re-solved once against the planned full tokens),
 and n* - 1, n*, n* + 1 and SGLang's default are planned (a ratio re-solved once) and measured; the best of
@@ -220,7 +224,10 @@ def _footprint(limits: Limits, lengths: tuple[int, ...]) -> _Footprint:
     chunk: dict[str, Fraction] = {}
     for space in limits.tokens:
         window = limits.windowed.get(space)
-        if window is None or all(h <= window.per_request for h in held):
+        ratio = limits.compressed.get(space)
+        if ratio is not None:
+            per_space[space] = _mean(held) / ratio
+        elif window is None or all(h <= window.per_request for h in held):
             per_space[space] = _mean(held)
         else:
             per_space[space] = _mean(min(h, window.per_request) for h in held)
@@ -351,15 +358,21 @@ def _resource_count(p: Plan, resource: str) -> int:
 
 
 def _unit_bytes(p: Plan, resource: str) -> tuple[Fraction, Fraction]:
-    """Bytes per full token and per resource unit, read off the plan's affine cost model at its counts."""
+    """Bytes per full token and per resource unit, read off the plan's affine cost model at its counts.
+
+    A full token brings its compressed spaces' slots with it (``1 / ratio`` of each, ``Plan.compression``).
+    """
     counts = p.counts
     tokens = dict(counts["tokens"])
-    step = p.serving.page_size * 1024
+    compressed = {space: ratio for space, ratio in p.compression.items() if space in tokens}
+    step = math.lcm(p.serving.page_size * 1024, *compressed.values())
     cost = p.cost
 
     def at(full: int = 0, extra: int = 0) -> int:
         spaces = dict(tokens)
         spaces[FULL_TOKENS] += full
+        for space, ratio in compressed.items():
+            spaces[space] += full // ratio
         slots = int(counts["state_slots"])
         if resource == STATE_SLOTS:
             slots += extra

@@ -1162,8 +1162,10 @@ class TokenWindow:
     decodes, so past the window a request costs that pool the same however long
     it grows.  The terms are those of SGLang's ``SWAChunkCapPoolConfigurator``
     (``002_50706b73e02ffb67.txt`` lines 412-458), recorded by the sizing plugin
-    that knows the engine (the swa plugin for its ``"swa"`` space) so readers of
-    a plan (``kvpools capacity``) need not re-derive them::
+    that knows the engine (through ``kvpools_core.sizing.sliding_window_terms``:
+    the swa plugin for its ``"swa"`` space, the dsv4 plugin for DeepSeek-V4's,
+    whose SWA rows SGLang's scheduler evicts alike) so readers of a plan
+    (``kvpools capacity``) need not re-derive them::
 
         per_request = window + eviction_interval x draft_tokens + page_size + decode_alloc   (lines 435, 445)
 
@@ -1232,8 +1234,15 @@ class PoolSizing:
     the radix cache, 1 without), so capacity answers divide by the sizing
     plugin's own figure instead of re-deriving the engine's rule.
     ``windows`` are the :class:`TokenWindow` terms of each token space a
-    request holds only up to a worst case (the swa plugin's ``"swa"``), for
+    request holds only up to a worst case (the swa and dsv4 plugins' ``"swa"``), for
     the same reason: capacity answers read them, no reader re-derives them.
+    ``compression`` maps each *compressed* token space to its ratio ``r``:
+    the space's slot of full-token slot ``s`` is ``s // r``, so it has no
+    allocator of its own and a request holding ``k`` full pages holds
+    ``k x page / r`` of its slots (``r`` divides the page; the dsv4 plugin's
+    ``"c4"`` 4 and ``"c128"`` 128, SGLang's ``full slot // compress_ratio``).
+    A token space other than ``"full"`` that is neither windowed nor
+    compressed is one readers cannot say a request's holding of.
     """
 
     max_total_num_tokens: int = attrs.field(validator=non_negative)
@@ -1249,6 +1258,19 @@ class PoolSizing:
     state_slots: int = attrs.field(default=0, validator=non_negative)
     state_slots_per_request: int = attrs.field(default=0, validator=non_negative)
     windows: tuple[TokenWindow, ...] = attrs.field(default=(), converter=_window_tuple)
+    compression: Mapping[str, int] = attrs.field(factory=dict, converter=frozen_mapping)
+
+    @compression.validator
+    def _check_compression(self, _attribute: attrs.Attribute[Any], compression: Mapping[str, int]) -> None:
+        windowed = {window.token_space for window in self.windows}
+        for space, ratio in compression.items():
+            if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 1:
+                raise InvalidValueError(f"PoolSizing.compression[{space!r}] must be a positive integer, got {ratio!r}.")
+            if space == FULL_TOKENS or space not in self.token_counts or space in windowed:
+                raise InvalidValueError(
+                    f"PoolSizing.compression: token space {space!r} must be counted (token_counts has "
+                    f"{sorted(self.token_counts)}), not {FULL_TOKENS!r} and not windowed."
+                )
 
     @windows.validator
     def _check_windows(self, _attribute: attrs.Attribute[Any], windows: tuple[TokenWindow, ...]) -> None:
@@ -1357,6 +1379,11 @@ class Plan:
     def windows(self) -> tuple[TokenWindow, ...]:
         """The worst-case window terms of each windowed token space (:attr:`PoolSizing.windows`)."""
         return self.sizing.windows
+
+    @property
+    def compression(self) -> Mapping[str, int]:
+        """Full tokens per token of each compressed token space (:attr:`PoolSizing.compression`)."""
+        return self.sizing.compression
 
     def pool(self, name: str) -> PoolSpec:
         for pool in self.pools:

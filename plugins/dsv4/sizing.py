@@ -18,6 +18,16 @@ token (:meth:`DSV4Shape.bytes_per_full_token`) and derives the rest.
 most page-aligned full tokens whose *whole* plan — every pool ``build``
 allocates for those sizes (:func:`kvpools_plugins.dsv4.buffers.pool_specs`) —
 fits the budget.
+
+Beside the counts, the plan records what a request holds of each token space, for ``kvpools capacity``:
+the ``"c4"`` / ``"c128"`` ratios (:func:`compression`: rows indexed by full slot) and the ``"swa"``
+space's worst-case window terms (the core's ``sliding_window_terms`` with ``window_size``).  SGLang
+evicts DeepSeek-V4's SWA rows as any hybrid-SWA model's: ``is_hybrid_swa_model`` lists
+``DeepseekV4ForCausalLM`` (``configs/model_config.py``), ``create_memory_pool_configurator`` picks
+``DSV4PoolConfigurator`` only when ``mr.is_hybrid_swa`` (``002_50706b73e02ffb67.txt`` lines 789-790),
+the scheduler's ``sliding_window_size`` is the config's ``sliding_window`` / ``window_size``
+(``ModelConfig._get_sliding_window_size``), and ``ScheduleBatch.maybe_evict_swa`` frees a running
+request's out-of-window SWA pages for every tree cache that ``supports_swa()``.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from kvpools_core.sizing import (
     largest_fitting_tokens,
     not_enough_memory,
     resolve_max_num_reqs,
+    sliding_window_terms,
 )
 from kvpools_core.values import (
     FULL_TOKENS,
@@ -440,7 +451,28 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
         sglang_estimate_bytes=int(full * shape.bytes_per_full_token) + shape.c128_state_fixed_bytes(requests),
         notes=notes,
         token_counts=token_counts(sizes),
+        windows=(sliding_window_terms(SWA_TOKENS, shape.window, serving),),
+        compression=compression(shape),
     )
+
+
+def compression(shape: DSV4Shape) -> dict[str, int]:
+    """Full tokens per token of each compressed space: SGLang indexes them by full slot, never allocates them.
+
+    SGLang writes a c4 / c128 layer's compressed row of full slot ``s`` at ``s // ratio`` (its DSV4 attention
+    backend, ``layers/attention/deepseek_v4_backend.py`` ``_low_ratio_compression_metadata``: ``raw_out_loc //
+    compress_ratio`` when a position completes a group; a full page of ``P`` is ``P // compress_ratio``
+    compressed slots, ``layers/attention/dsv4/metadata.py``), and ``_build_token_to_kv_pool_allocator`` gives
+    them no allocator of their own (only the full / SWA pair, :mod:`.building`).  So a request of ``k`` full
+    pages holds ``k x P / ratio`` rows: page rounding is in full pages, and ``P`` is a multiple of 128
+    (``calculate_pool_sizes`` asserts it, ``002_50706b73e02ffb67.txt`` lines 748-750).  Under
+    HiSparse the c4 device pool is a shrunk pool with an allocator and mapping of its own
+    (``DeepSeekV4HiSparseTokenToKVPoolAllocator``), whose holding per request is not this: c4 is left out then.
+    """
+    ratios = {C128_TOKENS: 128}
+    if shape.shrink == 1:
+        ratios[C4_TOKENS] = 4
+    return ratios
 
 
 def token_counts(sizes: dict[str, int]) -> dict[str, int]:

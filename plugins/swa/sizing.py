@@ -37,7 +37,6 @@ from kvpools_core.sizing import (
     SWA_MAPPING_ITEM_BYTES,
     SWA_MAPPING_POOL,
     RequestLimit,
-    alloc_len_per_decode,
     allocator_pool,
     apply_token_cap,
     fmt_gib,
@@ -47,9 +46,11 @@ from kvpools_core.sizing import (
     request_pools,
     resolve_max_num_reqs,
     sglang_tokens,
+    sliding_window_terms,
     swa_mapping_pool,
     token_pool,
 )
+from kvpools_core.sizing import spec_decode_alloc_len_per_request as spec_decode_alloc_len_per_request
 from kvpools_core.values import (
     FULL_TOKENS,
     Budget,
@@ -205,42 +206,13 @@ def sglang_shape(model: ModelSpec, serving: Serving) -> SGLangShape:
 
 def token_window(model: ModelSpec, serving: Serving) -> TokenWindow:
     """The worst-case window terms of the ``"swa"`` token space, as ``SWAChunkCapPoolConfigurator.__init__`` adds
-    them up (``002_50706b73e02ffb67.txt`` lines 425-458).
+    them up (``002_50706b73e02ffb67.txt`` lines 425-458; the core's :func:`sliding_window_terms`, shared with
+    DeepSeek-V4's SWA space).
 
-    A request holds at most ``window + eviction interval x draft tokens +
-    page + decode allocation`` SWA tokens (lines 427-445; the decode
-    allocation is a page, spec-v1's ``spec_decode_alloc_len_per_request``,
-    or spec-v2's ``2 x get_alloc_len_per_decode``), beyond which each of the
-    chunks in flight holds up to ``--chunked-prefill-size`` more (2 with the
-    overlap schedule, 1 without) and a page stays reserved (lines 453-458); a
-    decode node prefills nothing and keeps ``(window + page)`` per
-    pre-allocated slot (lines 448-452).  Every SWA plan records these terms,
-    whether or not the chunk cap sizes its pool: they describe the engine's
-    eviction, not the pool's split.
+    Every SWA plan records these terms, whether or not the chunk cap sizes its
+    pool: they describe the engine's eviction, not the pool's split.
     """
-    page = serving.page_size
-    if not serving.speculative:
-        decode = page
-    elif serving.disable_overlap_schedule:
-        decode = spec_decode_alloc_len_per_request(serving)  # spec-v1
-    else:
-        decode = 2 * alloc_len_per_decode(serving)  # spec-v2 keeps 2 x alloc_len outstanding
-    window = int(model.params["sliding_window"])
-    if serving.disaggregation_mode == "decode":
-        prefills, reserved = 0, (window + page) * serving.disaggregation_decode_extra_slots
-    else:
-        prefills, reserved = (1 if serving.disable_overlap_schedule else 2), page
-    return TokenWindow(
-        token_space=SWA_TOKENS,
-        window=window,
-        eviction_interval=max(1, serving.swa_eviction_interval),
-        draft_tokens=serving.speculative_num_draft_tokens or 1,
-        page_size=page,
-        decode_alloc=decode,
-        prefill_chunk=serving.chunked_prefill_size,
-        prefills_in_flight=prefills,
-        reserved=reserved,
-    )
+    return sliding_window_terms(SWA_TOKENS, int(model.params["sliding_window"]), serving)
 
 
 def chunk_cap(model: ModelSpec, serving: Serving) -> ChunkCap | None:
@@ -253,23 +225,6 @@ def chunk_cap(model: ModelSpec, serving: Serving) -> ChunkCap | None:
     ):
         return None
     return ChunkCap(terms=token_window(model, serving), requests=serving.max_running_requests // serving.attn_dp_size)
-
-
-def spec_decode_alloc_len_per_request(serving: Serving) -> int:
-    """KV tokens one request may take in a spec-v1 decode step (SGLang's ``spec_decode_alloc_len_per_request``).
-
-    Each of the ``topk`` branches drafts ``num_steps`` tokens, verify takes
-    ``num_draft_tokens``; paged, each rounds up to whole pages (a branch of a
-    tree draft one page more).
-    """
-    page = serving.page_size
-    branch = serving.speculative_num_steps or 1
-    topk = serving.speculative_eagle_topk or 1
-    verify = serving.speculative_num_draft_tokens or 1
-    if page > 1:
-        branch = _ceil_align(branch + page, page) if topk > 1 else _ceil_align(branch, page)
-        verify = _ceil_align(verify, page)
-    return max(branch * topk, verify)
 
 
 def size_swa_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing:
@@ -457,7 +412,3 @@ def _cost(pools: list[PoolSpec]) -> int:
 
 def _pct(part: int, whole: int) -> str:
     return f"{part / whole * 100:.1f} %" if whole else "-"
-
-
-def _ceil_align(value: int, align: int) -> int:
-    return -(-value // align) * align

@@ -334,10 +334,13 @@ def test_a_window_must_name_a_counted_space() -> None:
         attrs.evolve(gemma.sizing, windows=gemma.windows * 2)
 
 
-def test_deepseek_v4_compressed_spaces_are_refused() -> None:
+def test_a_space_neither_windowed_nor_compressed_is_refused() -> None:
+    """DeepSeek-V4's plan records ratios for c4 / c128 and a window for swa; without the ratios c4 is refused."""
     p = plan("deepseek-v4-flash", Serving(page_size=256), memory="60GiB")
-    with pytest.raises(UnsupportedCombinationError, match="c4"):
-        concurrency(p, 1_024)
+    assert concurrency(p, 1_024).concurrent_requests >= 1
+    bare = attrs.evolve(p, sizing=attrs.evolve(p.sizing, compression={"c128": 128}))
+    with pytest.raises(UnsupportedCombinationError, match=r"\['c4'\]"):
+        concurrency(bare, 1_024)
 
 
 @pytest.mark.parametrize(("text", "value"), [("32k", 32_768), ("1M", 1_048_576), ("8192", 8_192), (" 2K ", 2_048)])
