@@ -9,10 +9,16 @@ loop, in its simplest faithful form, against the allocators ``build`` constructs
   (they hold page ids, not KV: a few MB even for a 60 GiB plan): the core's token / paged allocator
   over ``max_total_num_tokens`` (``allocator_for_plan``), or, when the plan has an ``"swa"`` token
   space beside ``"full"`` (``Plan.counts``), the core's dual ``SWATokenToKVPoolAllocator`` over
-  both counts.  A plan with state slots (``Plan.counts["state_slots"]``, SGLang's
-  ``max_mamba_cache_size``) gets a token allocator over them; a request takes one slot plus the
-  ping-pong slots its request table takes (``ping_pong_slots`` of the built table, 0 without the
-  extra buffer), as SGLang's ``HybridReqToTokenPool.alloc``.  A plan of only SWA tokens (every
+  both counts (SGLang's and the dsv4 plugin's allocator for DeepSeek-V4 too: ``build_allocator`` builds
+  it over the same full and page-aligned SWA counts).  A compressed token space (``Plan.compression``:
+  DeepSeek-V4's ``c4`` and ``c128``, ratio ``r``) has no allocator in SGLang: its DSV4 attention backend
+  writes row ``raw_out_loc // compress_ratio`` of the full slot, so it follows the full allocator's pages
+  and the replay counts its rows held as the full tokens held ``// r`` (``r`` must divide the page
+  size; DeepSeek-V4 asserts ``page % 128 == 0``).  Any other token space is refused.  A plan with
+  state slots (``Plan.counts["state_slots"]``, SGLang's ``max_mamba_cache_size``) gets a token
+  allocator over them; a request takes one slot plus the ping-pong slots its request table takes
+  (``ping_pong_slots`` of the built table, 0 without the extra buffer), as SGLang's
+  ``HybridReqToTokenPool.alloc``.  A plan of only SWA tokens (every
   layer slides) is refused: SGLang's ``PureSWATokenToKVPoolAllocator`` is not modelled.
 * **Requests.** All arrive at step 0 in trace order (an offline, closed-loop benchmark).  A request
   of ``input_len`` I and ``output_len`` O is prefilled (whole, or in chunks: below) and then takes O
@@ -260,11 +266,12 @@ class ReplayStats:
     generated_tokens: int
     retractions: int
     peak_tokens_held: Mapping[str, int]
-    """Most tokens (whole pages) the allocator had handed out at once, per token space."""
+    """Most tokens (whole pages) the allocator had handed out at once, per token space; for a compressed space
+    (``Plan.compression``), the most rows its requests held at once (the full tokens held ``// ratio``)."""
     token_capacity: Mapping[str, int]
-    """Tokens each token space's allocator can hand out."""
+    """Tokens each token space's allocator can hand out (a compressed space: the rows the plan counts)."""
     free_tokens_at_end: Mapping[str, int] = attrs.field(factory=dict)
-    """What each token space's allocator has free once the trace is done (its capacity: nothing leaks)."""
+    """What each token space has free once the trace is done (its capacity: nothing leaks)."""
     peak_state_slots_held: int = 0
     state_slots: int = 0
     free_state_slots_at_end: int = 0
@@ -392,13 +399,24 @@ class _Pages:
         self._torch = torch
         self.page = page = plan.serving.page_size
         tokens = dict(plan.counts["tokens"])
-        unknown = sorted(set(tokens) - {FULL, SWA})
+        self.compression = {space: ratio for space, ratio in plan.compression.items() if space in tokens}
+        unknown = sorted(set(tokens) - {FULL, SWA} - set(self.compression))
         if unknown or FULL not in tokens or not tokens[FULL]:
             raise ConfigError(
                 f"replay: {plan.model.name} keeps token spaces {sorted(tokens)}; the replay models a full pool, "
-                f"optionally with an SWA pool beside it (a model whose every layer slides is not modelled)."
+                f"optionally with an SWA pool and compressed spaces (Plan.compression) beside it (a model whose "
+                f"every layer slides is not modelled)."
             )
-        self.capacity = {space: count // page * page for space, count in tokens.items()}
+        uneven = sorted(space for space, ratio in self.compression.items() if page % ratio)
+        if uneven:
+            raise ConfigError(
+                f"replay: the compressed token spaces {uneven} of {plan.model.name} have ratios "
+                f"{[self.compression[space] for space in uneven]} that do not divide the page size {page}: a page's "
+                f"rows would be shared with its neighbours'."
+            )
+        allocated = {space: count for space, count in tokens.items() if space not in self.compression}
+        self.capacity = {space: count // page * page for space, count in allocated.items()}
+        self.compressed_rows = {space: int(tokens[space]) for space in self.compression}
         self.swa = SWA in tokens
         self._dual: SWATokenToKVPoolAllocator | None = None
         self._paged: PagedAllocator | None = None
@@ -420,6 +438,19 @@ class _Pages:
                 SWA: self._dual.swa_available_size() // self.page,
             }
         return {FULL: self.allocator.available_size() // self.page}
+
+    def held(self) -> dict[str, int]:
+        """Tokens each allocator has handed out, and the rows each compressed space holds with them.
+
+        A compressed space has no allocator: SGLang's DSV4 attention backend indexes it by the full slot,
+        ``raw_out_loc // compress_ratio`` (SGLang 0.5.23 ``layers/attention/deepseek_v4_backend.py`` line 359;
+        docs/capacity.md "Compressed space"), so each full page of ``P`` slots holds ``P / r`` rows of it and the
+        rows held are the full tokens held ``/ r``.
+        """
+        held = {space: self.capacity[space] - free * self.page for space, free in self.free_pages().items()}
+        for space, ratio in self.compression.items():
+            held[space] = held[FULL] // ratio
+        return held
 
     def available(self) -> int:
         """SGLang's ``available_size()`` in pages: the smaller pool's for SWA."""
@@ -512,7 +543,11 @@ class _Engine:
         pages = -(-length // self.page)
         capacity = self.pages.capacity
         too_long_for_swa = SWA in capacity and self._swa_peak_pages(request) > capacity[SWA] // self.page
-        if pages * self.page > capacity[FULL] or too_long_for_swa:
+        too_long_compressed = any(
+            pages * self.page // ratio > self.pages.compressed_rows[space]
+            for space, ratio in self.pages.compression.items()
+        )
+        if pages * self.page > capacity[FULL] or too_long_for_swa or too_long_compressed:
             raise ConfigError(
                 f"replay: request {index} ({length:,} tokens) does not fit the plan's pools alone "
                 f"({', '.join(f'{space} {count:,} tokens' for space, count in capacity.items())})."
@@ -554,7 +589,7 @@ class _Engine:
         pages = self.pages
         waiting: deque[tuple[int, int]] = deque((i, 0) for i in range(len(requests)))  # (index, generated)
         running: list[_Running] = []
-        capacity = pages.capacity
+        capacity = {**pages.capacity, **pages.compressed_rows}
         peak_held = dict.fromkeys(capacity, 0)
         steps = peak = total_running = retractions = completed = 0
         prompt_tokens = generated_tokens = 0
@@ -579,8 +614,8 @@ class _Engine:
             assert new_pages is not None, "check_decode_mem passed, so the decode allocation fits"
             for r, new_page in zip(needing, new_pages, strict=True):
                 r.pages.append(new_page)
-            for space, free in pages.free_pages().items():
-                peak_held[space] = max(peak_held[space], capacity[space] - free * page)
+            for space, held in pages.held().items():
+                peak_held[space] = max(peak_held[space], held)
             if self.slot_allocator is not None:
                 peak_slots = max(peak_slots, self.state_slots - int(self.slot_allocator.available_size()))
             still: list[_Running] = []
@@ -609,7 +644,7 @@ class _Engine:
             retractions=retractions,
             peak_tokens_held=peak_held,
             token_capacity=dict(capacity),
-            free_tokens_at_end={space: free * page for space, free in pages.free_pages().items()},
+            free_tokens_at_end={space: capacity[space] - held for space, held in pages.held().items()},
             peak_state_slots_held=peak_slots,
             state_slots=self.state_slots,
             free_state_slots_at_end=int(self.slot_allocator.available_size()) if self.slot_allocator else 0,
