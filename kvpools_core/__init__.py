@@ -39,6 +39,7 @@ from kvpools_core.values import (
     PoolSpec,
     Serving,
 )
+from kvpools_core.weights import WeightsEstimate, estimate_weights
 
 __version__ = "0.2.0"  # the one place it is written: pyproject.toml reads this literal
 
@@ -66,7 +67,7 @@ Written here, beside ``__all__``, because the facade is the contract (as ``pytes
 ``PUBLIC_MODULES`` the public modules.  ``"pkg.*"`` makes every submodule of ``pkg``
 public, so a store or part added there is public at once.  Internal: ``registry``,
 ``pipeline``, ``building``, ``defaults``, ``cli``, ``report``, ``build_report``, ``capacity``,
-``capacity_report`` and ``hookspecs`` (plugins
+``capacity_report``, ``weights`` and ``hookspecs`` (plugins
 take ``hookimpl`` and ``for_architecture`` from ``kvpools_core``).  Plugins reach other
 plugins only through hooks, never by import.  ``tests/plugins/test_boundaries.py``
 enforces both rules on every built-in plugin and on the example distribution;
@@ -106,7 +107,9 @@ __all__ = [
     "Serving",
     "UnknownPluginError",
     "UnsupportedCombinationError",
+    "WeightsEstimate",
     "build",
+    "estimate_weights",
     "for_architecture",
     "get_registry",
     "hookimpl",
