@@ -230,8 +230,8 @@ def check_plan(case: Case, registry: Registry) -> Plan | None:
     return result
 
 
-def check_build(case: Case, planned: Plan, registry: Registry) -> None:
-    """``build(plan, "meta")`` allocates exactly the planned bytes, pool by pool."""
+def check_build(case: Case, planned: Plan, registry: Registry) -> Any:
+    """``build(plan, "meta")`` allocates exactly the planned bytes, pool by pool; returns the built ``Pools``."""
     from kvpools_core.building import build
 
     try:
@@ -242,6 +242,7 @@ def check_build(case: Case, planned: Plan, registry: Registry) -> None:
     if built != want:
         differ = {n: (want.get(n), built.get(n)) for n in set(built) | set(want) if built.get(n) != want.get(n)}
         raise case.fail(f"built bytes differ from the plan (pool: planned, built): {differ}")
+    return pools
 
 
 def check_more_memory(case: Case, planned: Plan, registry: Registry) -> None:

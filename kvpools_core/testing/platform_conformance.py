@@ -207,8 +207,6 @@ def check_architectures_plan_and_build(
     allocator hands out the traits' ``slot_index_dtype``.  Returns how many
     plans were built (zero proves nothing: the suite fails on it).
     """
-    from kvpools_core.building import build
-
     pages = [p for p in (1, 16, 64, 128, 256) if not traits.page_size_problems(p)]
     built = 0
     for preset, (owner, config) in sorted(architecture_presets(registry).items()):
@@ -220,10 +218,9 @@ def check_architectures_plan_and_build(
                     planned = check_plan(case, registry)
                     if planned is None:
                         continue
-                    check_build(case, planned, registry)
+                    pools = check_build(case, planned, registry)
                 except ConformanceFailure as exc:
                     raise ConformanceFailure(f"platform {platform!r} (plugin {plugin!r}): {exc}") from exc
-                pools = build(planned, "meta", registry=registry)
                 dtype = getattr(pools.allocator, "index_dtype", None)
                 if dtype is not None and str(dtype).removeprefix("torch.") != traits.slot_index_dtype:
                     raise ConformanceFailure(
