@@ -296,6 +296,12 @@ def main() -> None:
 @_serving_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (loads back with Plan.from_json).")
 @_compare_option
+@click.option(
+    "--all-ranks",
+    is_flag=True,
+    help="Plan every (PP, TP) rank and show what they agree on; --memory, --free-memory and --weights-memory "
+    "then take one value or one per pipeline stage (comma separated).",
+)
 @_user_facing
 def plan(
     model: str,
@@ -307,6 +313,7 @@ def plan(
     draft_model: str | None,
     as_json: bool,
     compare_platform: str | None,
+    all_ranks: bool,
     **options: Any,
 ) -> None:
     """Plan the KV-cache pools of MODEL (a preset, a config.json or a directory holding one)."""
@@ -314,6 +321,20 @@ def plan(
     from kvpools_core.report import plan_summary, render_plan
 
     serving = _make_serving(options, device)
+    if all_ranks:
+        _plan_all_ranks(
+            model,
+            serving,
+            memory,
+            device,
+            free_memory,
+            weights_memory,
+            reserved_memory,
+            draft_model,
+            as_json,
+            compare_platform,
+        )
+        return
     budget: dict[str, Any] = dict(
         memory=memory,
         device=device,
@@ -332,6 +353,49 @@ def plan(
     else:
         render_plan(result, _console())
         _render_comparison(result, comparison)
+
+
+def _per_stage(value: str | None) -> str | list[str] | None:
+    """``--all-ranks`` sizes: one value for every rank, or a comma-separated list with one per stage."""
+    if value is None or "," not in value:
+        return value
+    return [item.strip() for item in value.split(",")]
+
+
+def _plan_all_ranks(
+    model: str,
+    serving: Serving,
+    memory: str | None,
+    device: str | None,
+    free_memory: str | None,
+    weights_memory: str | None,
+    reserved_memory: str | None,
+    draft_model: str | None,
+    as_json: bool,
+    compare_platform: str | None,
+) -> None:
+    from kvpools_core.distributed import plan_all_ranks
+    from kvpools_core.ranks_report import ranks_summary, render_ranks
+
+    if device is not None or compare_platform is not None:
+        flag = "--device" if device is not None else "--compare-platform"
+        raise ConfigError(
+            f"{flag} does not combine with --all-ranks: state each stage's memory with --memory or --free-memory "
+            f"(one value, or one per stage); a process group measures its own (kvpools_core.distributed.plan_on_group)."
+        )
+    result = plan_all_ranks(
+        model,
+        serving,
+        memory=_per_stage(memory),
+        free_memory=_per_stage(free_memory),
+        weights_memory=_per_stage(weights_memory),
+        reserved_memory=_per_stage(reserved_memory),
+        draft_model=draft_model,
+    )
+    if as_json:
+        click.echo(json.dumps(ranks_summary(result), indent=2))
+    else:
+        render_ranks(result, _console())
 
 
 @main.command()

@@ -30,6 +30,8 @@ def plan(
     reserved_memory: int | str | None = None,
     draft_model: str | ModelSpec | None = None,
     registry: Registry | None = None,
+    budget: Budget | None = None,
+    sync_stages: bool = True,
 ) -> Plan:
     """Plan the KV-cache pools of ``model`` under ``serving`` within a budget.
 
@@ -37,7 +39,15 @@ def plan(
     or SGLang's profile arithmetic over ``free_memory`` (stated) or the free
     memory of ``device`` (measured by the platform plugin), minus
     ``weights_memory``, the runtime slack and ``reserved_memory``.  Sizes are
-    bytes (int or float) or strings with a unit.
+    bytes (int or float) or strings with a unit.  ``budget`` is a budget
+    already resolved (:func:`resolve_budget`, or one agreed across ranks),
+    given instead of all of those.
+
+    Under pipeline parallelism every stage keeps the smallest stage's tokens,
+    each stage assumed to have this same budget.  ``sync_stages=False`` plans
+    the stage ``serving.pp_rank`` alone, as one rank does before the
+    cross-rank MIN: :mod:`kvpools_core.distributed` agrees on the tokens of
+    ranks whose budgets differ.
     """
     registry = registry or get_registry()
     serving = serving or Serving()
@@ -54,21 +64,36 @@ def plan(
     serving = _resolve_draft(spec, serving, draft_model, registry)
     _validate(spec, serving, registry, traits_by=provenance.get("platform_traits", ("core",))[0])
     serving = resolve_workspaces(spec, serving, registry, provenance)
-    budget = resolve_budget(
-        serving,
-        registry,
-        multimodal=spec.is_multimodal,
-        memory=memory,
-        device=device,
-        free_memory=free_memory,
-        weights_memory=weights_memory,
-        reserved_memory=reserved_memory,
-        provenance=provenance,
-    )
+    if budget is not None:
+        passed = [
+            option(name)
+            for name, value in (
+                ("memory", memory),
+                ("free_memory", free_memory),
+                ("device", device),
+                ("weights_memory", weights_memory),
+                ("reserved_memory", reserved_memory),
+            )
+            if value is not None
+        ]
+        if passed:
+            raise ConfigError(f"Pass a resolved budget or {', '.join(passed)}, not both.")
+    else:
+        budget = resolve_budget(
+            serving,
+            registry,
+            multimodal=spec.is_multimodal,
+            memory=memory,
+            device=device,
+            free_memory=free_memory,
+            weights_memory=weights_memory,
+            reserved_memory=reserved_memory,
+            provenance=provenance,
+        )
 
     cell, cell_by = _cell(spec, serving, registry)
     sizing, sizing_by = _size(spec, serving, cell, budget, registry)
-    if serving.pp_size > 1:
+    if serving.pp_size > 1 and sync_stages:
         sizing = _sync_pipeline_stages(spec, serving, budget, sizing, registry)
     provenance["estimate_cell_size"] = cell_by
     provenance["size_pools"] = sizing_by
@@ -86,6 +111,7 @@ def resolve_budget(
     free_memory: int | float | str | None = None,
     weights_memory: int | float | str | None = None,
     reserved_memory: int | float | str | None = None,
+    pre_model_load_memory: int | None = None,
     multimodal: bool = False,
     provenance: dict[str, tuple[str, ...]] | None = None,
 ) -> Budget:
@@ -95,6 +121,9 @@ def resolve_budget(
     (``mm_runtime_reservation_gb``: ``vlm_cache_size_mb``) beside ``reserved_memory``.
     An explicit ``memory`` is the KV cache's own budget, so weights and
     reservations given beside it would be silently ignored: that is an error.
+    ``pre_model_load_memory`` (bytes) is the free memory the runtime slack is
+    taken from when it differs from ``free_memory`` (SGLang reduces both over
+    the ranks separately: :mod:`kvpools_core.distributed`).
     """
     o = option
     given = [name for name, value in (("memory", memory), ("free_memory", free_memory)) if value is not None]
@@ -119,7 +148,7 @@ def resolve_budget(
         free = parse_bytes(free_memory, o("free_memory"))
         return profile_budget(
             free_bytes=free,
-            pre_model_load_bytes=free,
+            pre_model_load_bytes=free if pre_model_load_memory is None else pre_model_load_memory,
             mem_fraction_static=serving.mem_fraction_static,
             weights_bytes=weights,
             reserved_bytes=reserved,
