@@ -290,11 +290,54 @@ def main() -> None:
     """Plan and build the KV-cache memory pools of an LLM serving engine."""
 
 
+FORMATS = ("table", "json", "capacity-json")
+"""Output formats: the human report, the command's JSON object, the capacity record for orchestrators."""
+
+
+def _format_option(json_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--format table|json|capacity-json`` and ``--json``, its alias for ``--format json``."""
+
+    def add(command: Callable[..., Any]) -> Callable[..., Any]:
+        command = click.option("--json", "as_json", is_flag=True, help=f"{json_help} Same as --format json.")(command)
+        return click.option(
+            "--format",
+            "output_format",
+            type=click.Choice(FORMATS, case_sensitive=False),
+            default=None,
+            help="table: the report; json: one JSON object; capacity-json: the capacity record for orchestrators "
+            "(one record per GPU rank, every pipeline stage planned; docs/capacity-record.md).  [default: table]",
+        )(command)
+
+    return add
+
+
+def _output_format(output_format: str | None, as_json: bool) -> str:
+    """The format asked for; ``--json`` beside another ``--format`` is a contradiction."""
+    if as_json and output_format not in (None, "json"):
+        raise ConfigError(f"--json is --format json; it cannot be combined with --format {output_format}. Drop one.")
+    return "json" if as_json else (output_format or "table").lower()
+
+
+def _capacity_json(model: str, serving: Serving, budget: dict[str, Any], context_len: int | None) -> None:
+    """Print the capacity document of every pipeline stage of the deployment (``--format capacity-json``)."""
+    from kvpools_core.capacity_record import capacity_document, stage_plans
+
+    click.echo(json.dumps(capacity_document(stage_plans(model, serving, **budget), context_len=context_len), indent=2))
+
+
 @main.command()
 @click.argument("model")
 @_budget_options
 @_serving_options
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (loads back with Plan.from_json).")
+@_format_option("Print one JSON object (loads back with Plan.from_json).")
+@click.option(
+    "--context",
+    "context",
+    default=None,
+    metavar="L",
+    help="The context length the capacity record states its concurrency at (32768, 32k, 1M); only with "
+    "--format capacity-json.  [default: the model's context length]",
+)
 @_compare_option
 @click.option(
     "--all-ranks",
@@ -311,15 +354,23 @@ def plan(
     weights_memory: str | None,
     reserved_memory: str | None,
     draft_model: str | None,
+    output_format: str | None,
     as_json: bool,
+    context: str | None,
     compare_platform: str | None,
     all_ranks: bool,
     **options: Any,
 ) -> None:
     """Plan the KV-cache pools of MODEL (a preset, a config.json or a directory holding one)."""
+    from kvpools_core.capacity import parse_context_len
     from kvpools_core.pipeline import plan as make_plan
     from kvpools_core.report import plan_summary, render_plan
 
+    fmt = _output_format(output_format, as_json)
+    if context is not None and fmt != "capacity-json":
+        raise ConfigError("--context states the context of the capacity record: use it with --format capacity-json.")
+    if compare_platform is not None and fmt == "capacity-json":
+        raise ConfigError("--compare-platform reports on the plan: use it with --format table or json.")
     serving = _make_serving(options, device)
     if all_ranks:
         _plan_all_ranks(
@@ -331,7 +382,8 @@ def plan(
             weights_memory,
             reserved_memory,
             draft_model,
-            as_json,
+            fmt,
+            parse_context_len(context) if context is not None else None,
             compare_platform,
         )
         return
@@ -343,6 +395,10 @@ def plan(
         reserved_memory=reserved_memory,
         draft_model=draft_model,
     )
+    if fmt == "capacity-json":
+        _capacity_json(model, serving, budget, parse_context_len(context) if context is not None else None)
+        return
+    as_json = fmt == "json"
     result = make_plan(model, serving, **budget)
     comparison = _compare(model, serving, budget, compare_platform)
     if as_json:
@@ -371,9 +427,11 @@ def _plan_all_ranks(
     weights_memory: str | None,
     reserved_memory: str | None,
     draft_model: str | None,
-    as_json: bool,
+    fmt: str,
+    context_len: int | None,
     compare_platform: str | None,
 ) -> None:
+    """``--all-ranks``: the rank table, its JSON, or the capacity record of the agreed stage plans."""
     from kvpools_core.distributed import plan_all_ranks
     from kvpools_core.ranks_report import ranks_summary, render_ranks
 
@@ -392,7 +450,12 @@ def _plan_all_ranks(
         reserved_memory=_per_stage(reserved_memory),
         draft_model=draft_model,
     )
-    if as_json:
+    if fmt == "capacity-json":
+        from kvpools_core.capacity_record import capacity_document
+
+        stages = {p.serving.pp_rank: p for p in result.plans}
+        click.echo(json.dumps(capacity_document(list(stages.values()), context_len=context_len), indent=2))
+    elif fmt == "json":
         click.echo(json.dumps(ranks_summary(result), indent=2))
     else:
         render_ranks(result, _console())
@@ -432,7 +495,7 @@ def _plan_all_ranks(
     "length (8k), 'lognormal:median=4096,p99=32768', 'uniform:1k..32k', or a JSONL trace of "
     '{"input_len": ..., "output_len": ...} records.',
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_format_option("Print one JSON object.")
 @_user_facing
 def capacity(
     model: str,
@@ -446,6 +509,7 @@ def capacity(
     requests: int | None,
     headroom: float,
     workload: str | None,
+    output_format: str | None,
     as_json: bool,
     **options: Any,
 ) -> None:
@@ -463,6 +527,13 @@ def capacity(
     from kvpools_core.split import choose_split, parse_workload
 
     asked = [parse(item) for text in contexts for item in text.split(",")]
+    fmt = _output_format(output_format, as_json)
+    if fmt == "capacity-json" and (len(asked) > 1 or requests is not None or workload is not None):
+        raise ConfigError(
+            "--format capacity-json states one context (--context L, default the model's context length); "
+            "--requests and --workload belong to the table and --json."
+        )
+    as_json = fmt == "json"
     if requests is not None and requests < 1:
         raise ConfigError(f"--requests must be at least 1, got {requests}.")
     if not 0 <= headroom < 1:
@@ -477,6 +548,9 @@ def capacity(
         "reserved_memory": reserved_memory,
         "draft_model": draft_model,
     }
+    if fmt == "capacity-json":
+        _capacity_json(model, serving, budget, asked[0] if asked else None)
+        return
     result = make_plan(model, serving, **budget)
     limits = limits_of(result)
     flags_context = max([c for c in asked if c <= limits.context_len], default=limits.context_len)

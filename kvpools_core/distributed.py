@@ -319,7 +319,8 @@ def _agreed_plan(
     )
     extra = [n for n in capped.sizing.notes if not n.startswith("max_total_tokens=")]
     sizing = attrs.evolve(capped.sizing, notes=summarize_notes(own.sizing.notes, [note], extra))
-    return attrs.evolve(capped, sizing=sizing)
+    # the cap is the agreement's, not an option the engine is started with: the plan keeps the rank's own serving
+    return attrs.evolve(capped, serving=own.serving, sizing=sizing)
 
 
 def _row(rank: RankId, own: Plan, final: Plan) -> RankRow:
