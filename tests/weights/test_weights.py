@@ -170,8 +170,8 @@ def test_unknown_architecture_is_refused_naming_the_field() -> None:
 
 
 def test_unknown_quantisation_is_refused_naming_the_field() -> None:
-    llama = {**_read("meta-llama--Meta-Llama-3.1-8B"), "quantization_config": {"quant_method": "awq"}}
-    with pytest.raises(ConfigError, match=r"'quantization_config.quant_method' is 'awq'"):
+    llama = {**_read("meta-llama--Meta-Llama-3.1-8B"), "quantization_config": {"quant_method": "hqq"}}
+    with pytest.raises(ConfigError, match=r"'quantization_config.quant_method' is 'hqq'"):
         estimate_weights(llama)
 
 
