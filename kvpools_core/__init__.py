@@ -23,6 +23,7 @@ from kvpools_core.errors import (
     UnknownPluginError,
     UnsupportedCombinationError,
 )
+from kvpools_core.gpus import GPU, GPUS, find_gpu
 from kvpools_core.hookspecs import for_architecture, hookimpl
 from kvpools_core.pipeline import plan
 from kvpools_core.registry import Registry, get_registry
@@ -50,6 +51,7 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "kvpools_core.config",
     "kvpools_core.dtypes",
     "kvpools_core.errors",
+    "kvpools_core.gpus",
     "kvpools_core.options",
     "kvpools_core.parallel",
     "kvpools_core.parts",
@@ -67,7 +69,7 @@ Written here, beside ``__all__``, because the facade is the contract (as ``pytes
 ``PUBLIC_MODULES`` the public modules.  ``"pkg.*"`` makes every submodule of ``pkg``
 public, so a store or part added there is public at once.  Internal: ``registry``,
 ``pipeline``, ``building``, ``defaults``, ``cli``, ``report``, ``build_report``, ``capacity``,
-``capacity_report``, ``weights`` and ``hookspecs`` (plugins
+``capacity_report``, ``fit``, ``fit_report``, ``weights`` and ``hookspecs`` (plugins
 take ``hookimpl`` and ``for_architecture`` from ``kvpools_core``).  Plugins reach other
 plugins only through hooks, never by import.  ``tests/plugins/test_boundaries.py``
 enforces both rules on every built-in plugin and on the example distribution;
@@ -81,6 +83,8 @@ def is_public_module(name: str) -> bool:
 
 
 __all__ = [
+    "GPU",
+    "GPUS",
     "PUBLIC_MODULES",
     "Budget",
     "CellPart",
@@ -110,6 +114,7 @@ __all__ = [
     "WeightsEstimate",
     "build",
     "estimate_weights",
+    "find_gpu",
     "for_architecture",
     "get_registry",
     "hookimpl",

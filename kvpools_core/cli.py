@@ -1,4 +1,4 @@
-"""The ``kvpools`` command line: ``plan``, ``build``, ``plugins``, ``presets``.
+"""The ``kvpools`` command line: ``plan``, ``capacity``, ``build``, ``fit``, ``plugins``, ``presets``.
 
 Serving options are generated from the fields of :class:`Serving`, under
 SGLang's server-arg names, so the CLI can never drift from the values.
@@ -135,6 +135,24 @@ def _base_type(kind: Any) -> Any:
 
 def _budget_options(command: Callable[..., Any]) -> Callable[..., Any]:
     command = click.option(
+        "--runtime-memory",
+        default=None,
+        help="With --gpu/--gpu-memory: what the runtime holds before the weights load (CUDA context, NCCL) "
+        "[default: 1GiB on one GPU, 3GiB with TP/PP].",
+    )(command)
+    command = click.option(
+        "--gpu-memory",
+        default=None,
+        help="Plan on a whole GPU of this total memory (e.g. 96GiB), like --gpu for one not in the catalogue.",
+    )(command)
+    command = click.option(
+        "--gpu",
+        default=None,
+        metavar="NAME",
+        help="Plan on a whole GPU from the catalogue (h100, h200, b200, mi300x, ...): total - runtime - weights - "
+        "slack, with SGLang's default --mem-fraction-static and --chunked-prefill-size for it unless given.",
+    )(command)
+    command = click.option(
         "--reserved-memory",
         default=None,
         help="Memory reserved out of a profiled budget (multimodal caches). Not with --memory.",
@@ -152,6 +170,23 @@ def _budget_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )
     command = click.option("--memory", default=None, help="The KV cache budget: bytes or e.g. 60GiB.")(command)
     return command
+
+
+def _gpu_defaults(options: dict[str, Any], gpu: str | None, gpu_memory: str | None) -> None:
+    """On a GPU, what SGLang resolves from its memory and the user did not give: the platform and the chunk.
+
+    ``mem_fraction_static`` stays unset (``None``) so the plan computes SGLang's default;
+    ``chunked_prefill_size`` takes SGLang's GPU tier (``sglang_chunked_prefill_size``).
+    """
+    if gpu is None and gpu_memory is None:
+        return
+    from kvpools_core.gpus import custom_gpu, find_gpu, sglang_chunked_prefill_size
+
+    chosen = find_gpu(gpu) if gpu is not None else custom_gpu(gpu_memory or 0, options.get("platform") or "cuda")
+    if gpu is not None and options.get("platform") is None:
+        options["platform"] = chosen.platform
+    if options.get("chunked_prefill_size") is None:
+        options["chunked_prefill_size"] = sglang_chunked_prefill_size(chosen.total_mib, chosen.platform)
 
 
 def _make_serving(options: dict[str, Any], device: str | None) -> Serving:
@@ -353,6 +388,9 @@ def plan(
     free_memory: str | None,
     weights_memory: str | None,
     reserved_memory: str | None,
+    gpu: str | None,
+    gpu_memory: str | None,
+    runtime_memory: str | None,
     draft_model: str | None,
     output_format: str | None,
     as_json: bool,
@@ -371,6 +409,7 @@ def plan(
         raise ConfigError("--context states the context of the capacity record: use it with --format capacity-json.")
     if compare_platform is not None and fmt == "capacity-json":
         raise ConfigError("--compare-platform reports on the plan: use it with --format table or json.")
+    _gpu_defaults(options, gpu, gpu_memory)
     serving = _make_serving(options, device)
     if all_ranks:
         _plan_all_ranks(
@@ -385,6 +424,9 @@ def plan(
             fmt,
             parse_context_len(context) if context is not None else None,
             compare_platform,
+            gpu=gpu,
+            gpu_memory=gpu_memory,
+            runtime_memory=runtime_memory,
         )
         return
     budget: dict[str, Any] = dict(
@@ -394,6 +436,9 @@ def plan(
         weights_memory=weights_memory,
         reserved_memory=reserved_memory,
         draft_model=draft_model,
+        gpu=gpu,
+        gpu_memory=gpu_memory,
+        runtime_memory=runtime_memory,
     )
     if fmt == "capacity-json":
         _capacity_json(model, serving, budget, parse_context_len(context) if context is not None else None)
@@ -430,6 +475,10 @@ def _plan_all_ranks(
     fmt: str,
     context_len: int | None,
     compare_platform: str | None,
+    *,
+    gpu: str | None,
+    gpu_memory: str | None,
+    runtime_memory: str | None,
 ) -> None:
     """``--all-ranks``: the rank table, its JSON, or the capacity record of the agreed stage plans."""
     from kvpools_core.distributed import plan_all_ranks
@@ -449,6 +498,9 @@ def _plan_all_ranks(
         weights_memory=_per_stage(weights_memory),
         reserved_memory=_per_stage(reserved_memory),
         draft_model=draft_model,
+        gpu=gpu,
+        gpu_memory=gpu_memory,
+        runtime_memory=runtime_memory,
     )
     if fmt == "capacity-json":
         from kvpools_core.capacity_record import capacity_document
@@ -504,6 +556,9 @@ def capacity(
     free_memory: str | None,
     weights_memory: str | None,
     reserved_memory: str | None,
+    gpu: str | None,
+    gpu_memory: str | None,
+    runtime_memory: str | None,
     draft_model: str | None,
     contexts: tuple[str, ...],
     requests: int | None,
@@ -539,6 +594,7 @@ def capacity(
     if not 0 <= headroom < 1:
         raise ConfigError(f"--headroom must be a fraction in [0, 1), e.g. 0.1 for 10%; got {headroom}.")
     parsed_workload = parse_workload(workload) if workload is not None else None
+    _gpu_defaults(options, gpu, gpu_memory)
     serving = _make_serving(options, device)
     budget: dict[str, Any] = {
         "memory": memory,
@@ -547,6 +603,9 @@ def capacity(
         "weights_memory": weights_memory,
         "reserved_memory": reserved_memory,
         "draft_model": draft_model,
+        "gpu": gpu,
+        "gpu_memory": gpu_memory,
+        "runtime_memory": runtime_memory,
     }
     if fmt == "capacity-json":
         _capacity_json(model, serving, budget, asked[0] if asked else None)
@@ -576,7 +635,8 @@ def capacity(
 
 _BUILD_DEVICE_HELP = (
     "Build the pools on this device: cpu, cuda, cuda:N, or meta (shapes and exact bytes, nothing allocated). "
-    "Without --memory/--free-memory the budget is measured on it too; meta needs one of them."
+    "Without --memory/--free-memory/--gpu the budget is measured on it too; meta needs one of them (with --gpu NAME "
+    "it is planned as on that GPU)."
 )
 
 
@@ -609,6 +669,9 @@ def build(
     free_memory: str | None,
     weights_memory: str | None,
     reserved_memory: str | None,
+    gpu: str | None,
+    gpu_memory: str | None,
+    runtime_memory: str | None,
     draft_model: str | None,
     as_json: bool,
     checked_allocators: bool,
@@ -622,16 +685,23 @@ def build(
 
     if device is None:  # click does not enforce `required` on an option declared with default=None
         raise ConfigError("kvpools build needs --device: cpu, cuda, cuda:N or meta (nothing allocated).")
-    if device == "meta" and memory is None and free_memory is None:
-        raise ConfigError("--device meta measures no memory: pass the budget as --memory or --free-memory SIZE.")
-    serving = _make_serving(options, device)
+    on_gpu = gpu is not None or gpu_memory is not None
+    if device == "meta" and memory is None and free_memory is None and not on_gpu:
+        raise ConfigError(
+            "--device meta measures no memory: pass the budget as --memory, --free-memory SIZE, or --gpu NAME."
+        )
+    _gpu_defaults(options, gpu, gpu_memory)
+    serving = _make_serving(options, None if on_gpu else device)
     budget: dict[str, Any] = dict(
         memory=memory,
-        device=None if device == "meta" else device,
+        device=None if device == "meta" or on_gpu else device,
         free_memory=free_memory,
         weights_memory=weights_memory,
         reserved_memory=reserved_memory,
         draft_model=draft_model,
+        gpu=gpu,
+        gpu_memory=gpu_memory,
+        runtime_memory=runtime_memory,
     )
     result = make_plan(model, serving, **budget)
     pools = build_pools(result, device, checked=checked_allocators)
@@ -644,6 +714,105 @@ def build(
     else:
         render_build(pools, _console())
         _render_comparison(result, comparison)
+
+
+@main.command()
+@click.argument("model")
+@click.option("--requests", "requests", type=int, required=True, help="Concurrent requests to hold.")
+@click.option("--context", "context", required=True, metavar="L", help="Their context length (32768, 32k, 1M).")
+@click.option("--gpu", default=None, metavar="NAME", help="The GPU model from the catalogue (h100, h200, mi300x, ...).")
+@click.option("--gpu-memory", default=None, help="Or a GPU known by its total memory (e.g. 96GiB).")
+@click.option(
+    "--max-gpus",
+    type=int,
+    default=8,
+    show_default=True,
+    help="The most GPUs a configuration may use (8: one node).",
+)
+@click.option(
+    "--kv-cache-dtype",
+    type=click.Choice(KV_DTYPE_CHOICES, case_sensitive=False),
+    default=None,
+    help="Only this KV dtype [default: try auto and fp8_e4m3].",
+)
+@click.option("--page-size", type=int, default=None, help="Only this page size [default: the smallest that plans].")
+@click.option(
+    "--mem-fraction-static",
+    type=float,
+    default=None,
+    help="Launch with this fraction [default: SGLang's own default for the GPU and configuration].",
+)
+@click.option(
+    "--chunked-prefill-size",
+    type=int,
+    default=None,
+    help="Launch with this chunk [default: SGLang's default for the GPU's memory].",
+)
+@click.option(
+    "--runtime-memory",
+    default=None,
+    help="What the runtime holds before the weights (default: 1GiB on one GPU, 3GiB with TP/PP).",
+)
+@click.option(
+    "--accounting",
+    type=click.Choice(ACCOUNTING_MODES, case_sensitive=False),
+    default=None,
+    help=_HELP["accounting"],
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_user_facing
+def fit(
+    model: str,
+    requests: int,
+    context: str,
+    gpu: str | None,
+    gpu_memory: str | None,
+    max_gpus: int,
+    kv_cache_dtype: str | None,
+    page_size: int | None,
+    mem_fraction_static: float | None,
+    chunked_prefill_size: int | None,
+    runtime_memory: str | None,
+    accounting: str | None,
+    as_json: bool,
+) -> None:
+    """The configurations on the fewest GPUs that hold --requests N concurrent requests of --context L tokens.
+
+    Tries TP and PP (powers of two), DP attention, replicas behind SGLang's router, KV dtypes and page sizes on
+    one GPU model, each planned with SGLang's profile arithmetic (weights estimated from MODEL's config.json),
+    and ranks those holding N by GPUs, then headroom (requests held / N). Exit 1 when nothing fits on
+    --max-gpus, saying what would.
+    """
+    from kvpools_core.capacity import parse_context_len
+    from kvpools_core.fit import fit as find_fits
+    from kvpools_core.fit_report import render_fit
+
+    options: dict[str, Any] = {
+        "mem_fraction_static": mem_fraction_static,
+        "chunked_prefill_size": chunked_prefill_size,
+        "accounting": accounting,
+        "platform": None,
+    }
+    _gpu_defaults(options, gpu, gpu_memory)
+    serving = Serving(**{k: v for k, v in options.items() if v is not None})
+    result = find_fits(
+        model,
+        requests,
+        parse_context_len(context),
+        gpu=gpu,
+        gpu_memory=gpu_memory,
+        max_gpus=max_gpus,
+        kv_cache_dtype=kv_cache_dtype,
+        page_size=page_size,
+        serving=serving,
+        runtime_memory=runtime_memory,
+    )
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        render_fit(result, _console())
+    if not result.fits:
+        sys.exit(1)
 
 
 @main.command()

@@ -38,6 +38,7 @@ import attrs
 
 from kvpools_core.config import load_model
 from kvpools_core.errors import ConfigError, KvpoolsError
+from kvpools_core.gpus import GPU
 from kvpools_core.options import option
 from kvpools_core.parallel import pp_layer_range
 from kvpools_core.pipeline import measure_free_bytes, plan, resolve_budget
@@ -222,10 +223,10 @@ def float32(value: int) -> int:
 
 @attrs.frozen
 class _Inputs:
-    memory: Any
-    free_memory: Any
-    weights_memory: Any
-    reserved_memory: Any
+    memory: Any = None
+    free_memory: Any = None
+    weights_memory: Any = None
+    reserved_memory: Any = None
 
 
 def _inputs(rank: RankId, pp_size: int, **values: PerRank) -> _Inputs:
@@ -348,18 +349,34 @@ def plan_all_ranks(
     weights_memory: PerRank = None,
     reserved_memory: PerRank = None,
     draft_model: str | ModelSpec | None = None,
+    gpu: str | GPU | None = None,
+    gpu_memory: int | str | None = None,
+    runtime_memory: int | str | None = None,
     registry: Registry | None = None,
     suggest: bool = True,
 ) -> RankPlans:
     """Plan every rank of one engine from its own inputs, and agree as the ranks would.
 
     Each budget input is one value for all ranks, a sequence with one value per
-    pipeline stage, or a mapping from global rank to value.  Ranks with the same
-    stage and inputs are planned once.  Under pipeline parallelism the result
-    carries the layer split that would hold the most tokens (``suggest``).
+    pipeline stage, or a mapping from global rank to value.  On a ``gpu`` (or
+    ``gpu_memory``) every rank profiles that GPU with its own weights (estimated
+    per stage unless ``weights_memory`` says).  Ranks with the same stage and
+    inputs are planned once.  Under pipeline parallelism the result carries the
+    layer split that would hold the most tokens (``suggest``).
     """
     registry = registry or get_registry()
     serving = serving or Serving()
+    if gpu is not None or gpu_memory is not None:
+        if memory is not None or free_memory is not None:
+            raise ConfigError(
+                f"Plan the ranks on {option('gpu')} or on stated memory ({option('memory')}, {option('free_memory')}), "
+                f"not both."
+            )
+        serving, free_memory, weights_memory = _on_gpu(
+            model, serving, gpu, gpu_memory, runtime_memory, weights_memory, reserved_memory, draft_model, registry
+        )
+    elif runtime_memory is not None:
+        raise ConfigError(f"{option('runtime_memory')} applies to a GPU budget only: pass {option('gpu')} too.")
     ranks = rank_ids(serving)
     inputs = [
         _inputs(
@@ -418,6 +435,46 @@ def plan_all_ranks(
         suggestion=suggestion,
     )
     return RankPlans(plans=tuple(finals), agreement=agreement)
+
+
+def _on_gpu(
+    model: str | ModelSpec,
+    serving: Serving,
+    gpu: str | GPU | None,
+    gpu_memory: int | str | None,
+    runtime_memory: int | str | None,
+    weights_memory: PerRank,
+    reserved_memory: PerRank,
+    draft_model: str | ModelSpec | None,
+    registry: Registry,
+) -> tuple[Serving, list[int], list[int]]:
+    """Every stage's GPU profile as stated memory: the serving on the GPU's platform with the fraction SGLang
+    would use there, each stage's free memory (total less the runtime) and its weights (per stage)."""
+    free, weights = [], []
+    fraction = platform = None
+    for stage in range(serving.pp_size):
+        rank = RankId.of(stage * serving.tp_size, serving)
+        inputs = _inputs(rank, serving.pp_size, weights_memory=weights_memory, reserved_memory=reserved_memory)
+        own = plan(
+            model,
+            attrs.evolve(serving, pp_rank=stage),
+            gpu=gpu,
+            gpu_memory=gpu_memory,
+            runtime_memory=runtime_memory,
+            weights_memory=inputs.weights_memory,
+            reserved_memory=inputs.reserved_memory,
+            draft_model=draft_model,
+            registry=registry,
+            sync_stages=False,
+        )
+        budget = own.budget
+        assert budget.free_bytes is not None and budget.weights_bytes is not None
+        free.append(budget.free_bytes)
+        weights.append(budget.weights_bytes)
+        fraction, platform = budget.mem_fraction_static, own.serving.platform
+    assert platform is not None  # pp_size >= 1: at least one stage was planned
+    on_gpu = attrs.evolve(serving, platform=platform, mem_fraction_static=fraction, platform_traits=None, workspaces=())
+    return on_gpu, free, weights
 
 
 def _spec(model: str | ModelSpec, registry: Registry) -> ModelSpec:

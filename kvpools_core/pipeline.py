@@ -6,15 +6,23 @@ One direction only; each step is one hook call, dispatched once per plan.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 
 import attrs
 
 from kvpools_core.config import load_model
 from kvpools_core.dtypes import resolve_kv_dtype
-from kvpools_core.errors import ConfigError, PluginResultError, UnsupportedCombinationError
+from kvpools_core.errors import ConfigError, KvpoolsError, PluginResultError, UnsupportedCombinationError
+from kvpools_core.gpus import GPU, custom_gpu, default_runtime_bytes, find_gpu, sglang_memory_defaults
 from kvpools_core.options import option
 from kvpools_core.registry import Registry, get_registry
-from kvpools_core.sizing import explicit_budget, profile_budget, summarize_notes
+from kvpools_core.sizing import (
+    DEFAULT_MEM_FRACTION_STATIC,
+    explicit_budget,
+    gpu_budget,
+    profile_budget,
+    summarize_notes,
+)
 from kvpools_core.units import parse_bytes
 from kvpools_core.values import Budget, CellSize, ModelSpec, Plan, PoolSizing, Serving, Workspace
 
@@ -29,6 +37,9 @@ def plan(
     weights_memory: int | str | None = None,
     reserved_memory: int | str | None = None,
     draft_model: str | ModelSpec | None = None,
+    gpu: str | GPU | None = None,
+    gpu_memory: int | str | None = None,
+    runtime_memory: int | str | None = None,
     registry: Registry | None = None,
     budget: Budget | None = None,
     sync_stages: bool = True,
@@ -36,24 +47,33 @@ def plan(
     """Plan the KV-cache pools of ``model`` under ``serving`` within a budget.
 
     The budget is ``memory`` (bytes or ``"60GiB"``: the KV cache's own budget),
-    or SGLang's profile arithmetic over ``free_memory`` (stated) or the free
-    memory of ``device`` (measured by the platform plugin), minus
-    ``weights_memory``, the runtime slack and ``reserved_memory``.  Sizes are
-    bytes (int or float) or strings with a unit.  ``budget`` is a budget
-    already resolved (:func:`resolve_budget`, or one agreed across ranks),
-    given instead of all of those.
+    or SGLang's profile arithmetic over ``free_memory`` (stated), the free
+    memory of ``device`` (measured by the platform plugin), or a whole ``gpu``
+    (a catalogue name, see :mod:`kvpools_core.gpus`, or ``gpu_memory``: a total)
+    less ``runtime_memory`` (the runtime's footprint before the weights), minus
+    ``weights_memory`` (on a GPU: estimated from the model's config unless
+    given), the runtime slack and ``reserved_memory``.  On a GPU an unset
+    ``mem_fraction_static`` is SGLang's default for that GPU and the GPU's
+    platform is planned for.  Sizes are bytes (int or float) or strings with a unit.
+    ``budget`` is a budget already resolved (:func:`resolve_budget`, or one
+    agreed across ranks), given instead of all of those.
 
     Under pipeline parallelism every stage keeps the smallest stage's tokens,
-    each stage assumed to have this same budget.  ``sync_stages=False`` plans
-    the stage ``serving.pp_rank`` alone, as one rank does before the
-    cross-rank MIN: :mod:`kvpools_core.distributed` agrees on the tokens of
-    ranks whose budgets differ.
+    each stage profiled alike (on a GPU, each with its own weights).
+    ``sync_stages=False`` plans the stage ``serving.pp_rank`` alone, as one
+    rank does before the cross-rank MIN: :mod:`kvpools_core.distributed`
+    agrees on the tokens of ranks whose budgets differ.
     """
     registry = registry or get_registry()
     serving = serving or Serving()
     if not isinstance(serving, Serving):
         raise ConfigError(f"serving must be a kvpools_core.Serving, got {type(serving).__name__}.")
     provenance: dict[str, tuple[str, ...]] = {}
+    chosen_gpu = _resolve_gpu(gpu, gpu_memory, serving, memory=memory, device=device, free_memory=free_memory)
+    if chosen_gpu is not None:
+        serving = _gpu_platform(serving, chosen_gpu)
+    elif runtime_memory is not None:
+        raise ConfigError(f"{option('runtime_memory')} applies to a GPU budget only: pass {option('gpu')} too.")
     serving = resolve_platform(serving, registry)
     check_plugin_options(serving, registry)
     serving = resolve_platform_traits(serving, registry, provenance)
@@ -64,10 +84,12 @@ def plan(
     serving = _resolve_draft(spec, serving, draft_model, registry)
     _validate(spec, serving, registry, traits_by=provenance.get("platform_traits", ("core",))[0])
     serving = resolve_workspaces(spec, serving, registry, provenance)
+    stage_budget: Callable[[int], Budget] | None = None
     if budget is not None:
         passed = [
             option(name)
             for name, value in (
+                ("gpu", chosen_gpu),
                 ("memory", memory),
                 ("free_memory", free_memory),
                 ("device", device),
@@ -78,6 +100,15 @@ def plan(
         ]
         if passed:
             raise ConfigError(f"Pass a resolved budget or {', '.join(passed)}, not both.")
+    elif chosen_gpu is not None:
+        gpu_used = chosen_gpu
+
+        def stage_budget(rank: int) -> Budget:
+            """Each pipeline stage profiles its own GPU: its own weights, the same total and fraction."""
+            stage = attrs.evolve(serving, pp_rank=rank)
+            return _gpu_budget(model, spec, stage, gpu_used, weights_memory, reserved_memory, runtime_memory)
+
+        budget = stage_budget(serving.pp_rank)
     else:
         budget = resolve_budget(
             serving,
@@ -94,7 +125,7 @@ def plan(
     cell, cell_by = _cell(spec, serving, registry)
     sizing, sizing_by = _size(spec, serving, cell, budget, registry)
     if serving.pp_size > 1 and sync_stages:
-        sizing = _sync_pipeline_stages(spec, serving, budget, sizing, registry)
+        sizing = _sync_pipeline_stages(spec, serving, budget, sizing, registry, stage_budget)
     provenance["estimate_cell_size"] = cell_by
     provenance["size_pools"] = sizing_by
     _check_workspaces_charged(serving, sizing, sizing_by, registry)
@@ -149,7 +180,7 @@ def resolve_budget(
         return profile_budget(
             free_bytes=free,
             pre_model_load_bytes=free if pre_model_load_memory is None else pre_model_load_memory,
-            mem_fraction_static=serving.mem_fraction_static,
+            mem_fraction_static=_fraction(serving),
             weights_bytes=weights,
             reserved_bytes=reserved,
             device=device,
@@ -166,12 +197,122 @@ def resolve_budget(
     return profile_budget(
         free_bytes=free,
         pre_model_load_bytes=free,
-        mem_fraction_static=serving.mem_fraction_static,
+        mem_fraction_static=_fraction(serving),
         weights_bytes=weights,
         reserved_bytes=reserved,
         device=device,
         source=f"measured by {by[0]}",
     )
+
+
+def _fraction(serving: Serving) -> float:
+    """The fraction a stated or measured budget uses: the given one, else kvpools' default."""
+    return serving.mem_fraction_static if serving.mem_fraction_static is not None else DEFAULT_MEM_FRACTION_STATIC
+
+
+def _resolve_gpu(
+    gpu: str | GPU | None,
+    gpu_memory: int | str | None,
+    serving: Serving,
+    *,
+    memory: object,
+    device: object,
+    free_memory: object,
+) -> GPU | None:
+    """The GPU a budget is planned on (a catalogue entry or a stated total), refusing a second budget source."""
+    o = option
+    if gpu is None and gpu_memory is None:
+        return None
+    if gpu is not None and gpu_memory is not None:
+        raise ConfigError(f"Pass either {o('gpu')} (a catalogue GPU) or {o('gpu_memory')} (its total), not both.")
+    others = [
+        o(name) for name, value in (("memory", memory), ("device", device), ("free_memory", free_memory)) if value
+    ]
+    if others:
+        raise ConfigError(
+            f"{o('gpu') if gpu is not None else o('gpu_memory')} plans the budget of a whole GPU; "
+            f"{' and '.join(others)} state another budget. Drop one of them."
+        )
+    if isinstance(gpu, GPU):
+        return gpu
+    if gpu is not None:
+        return find_gpu(gpu)
+    assert gpu_memory is not None
+    return custom_gpu(gpu_memory, platform=serving.platform)
+
+
+def _gpu_platform(serving: Serving, gpu: GPU) -> Serving:
+    """``serving`` on the GPU's platform: the default platform gives way to it, another one conflicts."""
+    if serving.platform == gpu.platform:
+        return serving
+    if serving.platform != attrs.fields(Serving).platform.default:
+        raise ConfigError(
+            f"{gpu.label} runs on the {gpu.platform!r} platform, not {serving.platform!r} "
+            f"({option('platform')}): drop {option('platform')} or choose another {option('gpu')}."
+        )
+    return attrs.evolve(serving, platform=gpu.platform, platform_traits=None, workspaces=())
+
+
+def _gpu_budget(
+    model: str | ModelSpec,
+    spec: ModelSpec,
+    serving: Serving,
+    gpu: GPU,
+    weights_memory: int | float | str | None,
+    reserved_memory: int | float | str | None,
+    runtime_memory: int | float | str | None,
+) -> Budget:
+    """The KV budget of one rank on ``gpu``: total - runtime - weights - slack - reserved (see ``gpu_budget``)."""
+    o = option
+    if weights_memory is not None:
+        weights = parse_bytes(weights_memory, o("weights_memory"))
+    else:
+        weights = _estimated_weights(model, spec, serving)
+    reserved = parse_bytes(reserved_memory or 0, o("reserved_memory"))
+    if spec.is_multimodal:
+        reserved += serving.vlm_cache_size_mb << 20
+    runtime = (
+        parse_bytes(runtime_memory, o("runtime_memory"))
+        if runtime_memory is not None
+        else default_runtime_bytes(serving)
+    )
+    if serving.mem_fraction_static is not None:
+        fraction, why = serving.mem_fraction_static, "given"
+    else:
+        defaults = sglang_memory_defaults(gpu.total_mib, spec, serving)
+        fraction = defaults.mem_fraction_static
+        why = (
+            f"SGLang 0.5.23's default for {gpu.total_mib:g} MiB = round((G - reserved) / G, 3), "
+            f"reserved {defaults.reserved_mb:g} MiB = {' + '.join(defaults.terms)}"
+        )
+    return gpu_budget(
+        gpu=gpu.name,
+        gpu_total_bytes=gpu.total_bytes,
+        runtime_bytes=runtime,
+        mem_fraction_static=fraction,
+        mem_fraction_source=why,
+        weights_bytes=weights,
+        reserved_bytes=reserved,
+    )
+
+
+def _estimated_weights(model: str | ModelSpec, spec: ModelSpec, serving: Serving) -> int:
+    """One rank's weights from the model's config (``estimate_weights``), or an error asking for them."""
+    o = option
+    if isinstance(model, ModelSpec):
+        raise ConfigError(
+            f"A GPU budget needs the weights' size: {spec.name} was given as a ModelSpec, which carries no "
+            f"weight shapes. Pass {o('weights_memory')} (one rank's weights)."
+        )
+    from kvpools_core.weights import estimate_weights
+
+    try:
+        return estimate_weights(model, serving).bytes_per_rank
+    except KvpoolsError as error:
+        raise ConfigError(
+            f"A GPU budget needs the weights' size and kvpools cannot estimate them for {spec.name}: {error} "
+            f"Pass {o('weights_memory')} (one rank's weights), or a full config.json."
+        ) from error
 
 
 def measure_free_bytes(device: str, serving: Serving, registry: Registry) -> tuple[int, tuple[str, ...]]:
@@ -440,9 +581,18 @@ def _size(
 
 
 def _sync_pipeline_stages(
-    spec: ModelSpec, serving: Serving, budget: Budget, own: PoolSizing, registry: Registry
+    spec: ModelSpec,
+    serving: Serving,
+    budget: Budget,
+    own: PoolSizing,
+    registry: Registry,
+    stage_budget: Callable[[int], Budget] | None = None,
 ) -> PoolSizing:
-    """Every stage keeps the smallest stage's token count (SGLang's MIN all-reduce), then re-solves."""
+    """Every stage keeps the smallest stage's token count (SGLang's MIN all-reduce), then re-solves.
+
+    ``stage_budget(rank)`` is a stage's own budget where the stages' budgets differ (a GPU plan: each
+    stage holds other weights); otherwise every stage has ``budget``.
+    """
     stage_tokens = []
     for rank in range(serving.pp_size):
         if rank == serving.pp_rank:
@@ -450,7 +600,8 @@ def _sync_pipeline_stages(
             continue
         stage = attrs.evolve(serving, pp_rank=rank)
         stage_cell, _ = _cell(spec, stage, registry)
-        stage_tokens.append(_size(spec, stage, stage_cell, budget, registry)[0].max_total_num_tokens)
+        other = stage_budget(rank) if stage_budget is not None else budget
+        stage_tokens.append(_size(spec, stage, stage_cell, other, registry)[0].max_total_num_tokens)
     synced = min(stage_tokens)
     if synced >= own.max_total_num_tokens:
         return own

@@ -37,6 +37,10 @@ from kvpools_core.values import (
 )
 
 GiB = 1 << 30
+DEFAULT_MEM_FRACTION_STATIC = 0.9
+"""The fraction a stated or measured budget uses when ``Serving.mem_fraction_static`` is unset: kvpools' choice,
+kept from earlier versions (SGLang computes its default from the GPU's total memory, 0.95 when it cannot read
+it). A GPU budget uses SGLang's own default for that GPU (:func:`kvpools_core.gpus.sglang_memory_defaults`)."""
 REQ_TO_TOKEN_EXTRA = 4
 """Headroom columns SGLang adds to every request-table row."""
 REQ_TO_TOKEN_ITEM_BYTES = 4  # int32 slot indices
@@ -103,6 +107,54 @@ def profile_budget(
         slack_bytes=int(slack_gb * GiB),
         reserved_bytes=reserved_bytes,
         steps=steps,
+    )
+
+
+def gpu_budget(
+    *,
+    gpu: str,
+    gpu_total_bytes: int,
+    runtime_bytes: int,
+    mem_fraction_static: float,
+    mem_fraction_source: str,
+    weights_bytes: int,
+    reserved_bytes: int = 0,
+) -> Budget:
+    """SGLang's profile arithmetic on a whole GPU: pre-load memory = total - runtime footprint.
+
+    SGLang measures ``pre_model_load_memory`` when the weights start loading, so
+    both the free memory and the pre-load memory of ``_profile_available_bytes``
+    are the GPU's total less what the runtime (CUDA context, communicators)
+    already holds; the rest is :func:`profile_budget`.
+    """
+    if runtime_bytes >= gpu_total_bytes:
+        raise ConfigError(
+            f"{option('runtime_memory')} ({fmt_gib(runtime_bytes)}) must be below the GPU's total memory "
+            f"({fmt_gib(gpu_total_bytes)})."
+        )
+    pre_load = gpu_total_bytes - runtime_bytes
+    profiled = profile_budget(
+        free_bytes=pre_load,
+        pre_model_load_bytes=pre_load,
+        mem_fraction_static=mem_fraction_static,
+        weights_bytes=weights_bytes,
+        reserved_bytes=reserved_bytes,
+        source=f"GPU {gpu}",
+    )
+    steps = (
+        f"GPU {gpu} total {gpu_total_bytes} B ({fmt_gib(gpu_total_bytes)}, {gpu_total_bytes / (1 << 20):g} MiB)",
+        f"- runtime before the weights {runtime_bytes} B ({fmt_gib(runtime_bytes)})",
+        f"= pre-load free {pre_load} B ({fmt_gib(pre_load)})",
+        f"mem_fraction_static {mem_fraction_static}: {mem_fraction_source}",
+        *profiled.steps[1:],
+    )
+    return attrs.evolve(
+        profiled,
+        steps=steps,
+        gpu=gpu,
+        gpu_total_bytes=gpu_total_bytes,
+        runtime_bytes=runtime_bytes,
+        mem_fraction_source=mem_fraction_source,
     )
 
 
@@ -621,11 +673,12 @@ def not_enough_memory(model: ModelSpec, serving: Serving, cell: CellSize, budget
     page = serving.page_size
     per_token = cell.sglang_bytes_per_token if serving.accounting == "sglang" else cell.bytes_per_token
     need = page * per_token
+    fraction = budget.mem_fraction_static or serving.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC
     return InsufficientMemoryError(
         f"Not enough memory for the KV cache: {fmt_gib(budget.budget_bytes)} ({budget.budget_bytes} B) available, "
         f"one page of {page} token(s) of {model.name} needs {need:.0f} B across {cell.num_layers} layer(s)"
         f"{' plus the padding page, request table and allocator' if serving.accounting == 'exact' else ''}. "
-        f"Raise {o('memory')} (or {o('mem_fraction_static')}, current value {serving.mem_fraction_static}), "
+        f"Raise {o('memory')} (or {o('mem_fraction_static')}, current value {fraction}), "
         f"lower {o('page_size')}, {o('context_length')} or {o('max_running_requests')}, "
         f"or use a smaller {o('kv_cache_dtype')}."
     )

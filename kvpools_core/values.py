@@ -556,7 +556,9 @@ class Serving:
     context_length: int | None = attrs.field(default=None, validator=optional_positive)
     max_running_requests: int | None = attrs.field(default=None, validator=optional_positive)
     max_total_tokens: int | None = attrs.field(default=None, validator=optional_positive)
-    mem_fraction_static: float = attrs.field(default=0.9, validator=fraction)
+    mem_fraction_static: float | None = attrs.field(default=None, validator=attrs.validators.optional(fraction))
+    """``None``: SGLang's default, as the budget resolves it (a GPU's ``handle_gpu_memory_settings`` value with
+    ``gpu``, else ``DEFAULT_MEM_FRACTION_STATIC`` 0.9); the fraction used is ``Plan.budget.mem_fraction_static``."""
     chunked_prefill_size: int | None = attrs.field(default=8192, validator=optional_positive)
     disable_radix_cache: bool = False
     disable_overlap_schedule: bool = False
@@ -686,6 +688,14 @@ class Budget:
     slack_bytes: int | None = None
     reserved_bytes: int | None = None
     steps: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    gpu: str | None = None
+    """The catalogue GPU (``kvpools_core.gpus``) the budget was planned on, or ``"custom"``; ``None`` otherwise."""
+    gpu_total_bytes: int | None = None
+    """That GPU's total memory as SGLang reads it (``get_device_memory_capacity``, MiB x 2^20)."""
+    runtime_bytes: int | None = None
+    """What the runtime holds before the weights load (CUDA context, communicators): total - runtime = pre-load."""
+    mem_fraction_source: str | None = None
+    """Why ``mem_fraction_static`` has its value: ``"given"``, or SGLang's default and the terms behind it."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Budget:

@@ -88,7 +88,7 @@ def test_meta_needs_a_stated_budget(run: Run) -> None:
     result = run("build", "llama-3.1-8b", "--device", "meta")
     assert result.returncode == 1
     assert result.stderr.strip() == (
-        "Error: --device meta measures no memory: pass the budget as --memory or --free-memory SIZE."
+        "Error: --device meta measures no memory: pass the budget as --memory, --free-memory SIZE, or --gpu NAME."
     )
     assert result.stdout == ""
 

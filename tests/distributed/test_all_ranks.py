@@ -134,3 +134,24 @@ def test_bad_inputs_name_the_option() -> None:
         plan_all_ranks("llama-3.1-8b", Serving(tp_size=2), memory={0: "10GiB"})
     with pytest.raises(ConfigError, match="not a mix"):
         plan_all_ranks("llama-3.1-8b", Serving(tp_size=2), memory={0: "10GiB"}, free_memory={1: "20GiB"})
+
+
+LLAMA_70B = "tests/weights/configs/meta-llama--Meta-Llama-3.1-70B.json"
+
+
+def test_ranks_on_a_gpu_profile_each_stage_with_its_own_weights() -> None:
+    """On a GPU every stage profiles the same total with its own weights: the first stage holds the embedding and
+    the last the LM head (each 128,256 x 8,192 bf16) and the final norm (8,192 bf16), so the last binds."""
+    from pathlib import Path
+
+    config = Path(__file__).parents[2] / LLAMA_70B
+    result = plan_all_ranks(str(config), Serving(pp_size=4), gpu="h100")
+    rows = result.agreement.ranks
+    alone = [plan(str(config), Serving(pp_size=4, pp_rank=s), gpu="h100", sync_stages=False) for s in range(4)]
+    assert [row.budget_bytes for row in rows] == [p.budget.budget_bytes for p in alone]
+    assert rows[3].budget_bytes < rows[0].budget_bytes < rows[1].budget_bytes == rows[2].budget_bytes
+    assert rows[0].budget_bytes - rows[3].budget_bytes == 8_192 * 2
+    assert result.agreement.tokens == min(p.max_total_num_tokens for p in alone)
+    assert {p.max_total_num_tokens for p in result.plans} == {result.agreement.tokens}
+    with pytest.raises(ConfigError, match="not both"):
+        plan_all_ranks(str(config), Serving(pp_size=4), gpu="h100", memory="10GiB")

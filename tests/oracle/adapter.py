@@ -50,6 +50,7 @@ from kvpools_core.config import resolve_model_source
 from kvpools_core.errors import InsufficientMemoryError
 from kvpools_core.pipeline import plan as kvpools_plan
 from kvpools_core.registry import get_registry
+from kvpools_core.sizing import DEFAULT_MEM_FRACTION_STATIC
 from kvpools_core.values import ModelSpec, Plan, Serving
 
 from .locate import require_oracle
@@ -230,7 +231,8 @@ def oracle_params(
         "server_args": {
             "max_running_requests": serving.max_running_requests,
             "max_total_tokens": serving.max_total_tokens,
-            "mem_fraction_static": serving.mem_fraction_static,
+            # unset: the 0.9 a stated or measured kvpools budget uses
+            "mem_fraction_static": serving.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC,
             "chunked_prefill_size": serving.chunked_prefill_size,
             "disable_radix_cache": serving.disable_radix_cache,
             "disable_overlap_schedule": serving.disable_overlap_schedule,
