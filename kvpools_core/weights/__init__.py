@@ -26,12 +26,20 @@ rather than guessed.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
-from kvpools_core.config import ConfigReader, describe, model_dtype, resolve_model_source
+from kvpools_core.config import (
+    ConfigReader,
+    describe,
+    model_dtype,
+    read_config_file,
+    registry_presets,
+    resolve_model_source,
+)
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.parallel import pp_layer_range
 from kvpools_core.values import Serving
@@ -127,8 +135,22 @@ def _load_config(model: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[Map
         return model, "config"
     from kvpools_core.registry import get_registry
 
-    config, source, _ = resolve_model_source(os.fspath(model), get_registry())
+    registry = get_registry()
+    config, source, name = resolve_model_source(os.fspath(model), registry)
+    pointer = config.get(WEIGHTS_CONFIG_KEY)
+    if source.startswith("preset:") and pointer:
+        full = Path(registry_presets(registry)[name][1]).parent / str(pointer)
+        return read_config_file(full), f"{source} ({WEIGHTS_CONFIG_KEY} {pointer})"
     return config, source
+
+
+WEIGHTS_CONFIG_KEY = "_weights_config"
+"""A preset's pointer to the complete ``config.json`` it was excerpted from (a path beside the preset).
+
+Presets keep only what the KV cache needs; the weights estimate reads the
+complete config this key names, so ``estimate_weights("llama-3.1-8b")`` and
+``kvpools plan llama-3.1-8b --gpu h100`` need no ``--weights-memory``.
+"""
 
 
 def _sharding(serving: Serving, ep_size: int) -> _Sharding:
@@ -151,9 +173,10 @@ def estimate_weights(
 
     ``model`` is what :func:`kvpools_core.plan` takes by name or path (a preset, a
     ``config.json`` or its directory) or the config mapping itself; the config must
-    carry the full shapes (``intermediate_size``, ``vocab_size``, expert counts):
-    the bundled presets keep only the KV fields, so they are refused naming the
-    first missing field.  ``ep_size`` is SGLang's ``--ep-size``.
+    carry the full shapes (``intermediate_size``, ``vocab_size``, expert counts).
+    A preset keeps only the KV fields and names the complete config it came from
+    (``_weights_config``); a preset without one is refused naming the first
+    missing field.  ``ep_size`` is SGLang's ``--ep-size``.
     """
     serving = serving or Serving()
     config, source = _load_config(model)

@@ -176,9 +176,29 @@ def test_unknown_quantisation_is_refused_naming_the_field() -> None:
 
 
 def test_a_kv_only_preset_is_refused_naming_the_missing_shape() -> None:
-    """The bundled presets keep only KV fields: the estimate names the first shape it lacks instead of guessing."""
-    with pytest.raises(ConfigError, match=r"preset:llama-3.1-8b: field 'intermediate_size' is missing"):
-        estimate_weights("llama-3.1-8b")
+    """A preset that keeps only KV fields and names no complete config: the estimate names the first shape it
+    lacks instead of guessing."""
+    with pytest.raises(ConfigError, match=r"preset:qwen2.5-7b-instruct: field 'intermediate_size' is missing"):
+        estimate_weights("qwen2.5-7b-instruct")
+
+
+@pytest.mark.parametrize(
+    ("preset", "full"),
+    [
+        ("llama-3.1-8b", "meta-llama--Meta-Llama-3.1-8B"),
+        ("deepseek-v3", "deepseek-ai--DeepSeek-V3"),
+        ("gpt-oss-120b", "openai--gpt-oss-120b"),
+        ("qwen3-next-80b-a3b-thinking", "Qwen--Qwen3-Next-80B-A3B-Thinking"),
+    ],
+)
+def test_a_preset_reads_the_complete_config_it_names(preset: str, full: str) -> None:
+    """``_weights_config`` points a KV-only preset at the complete config.json it was excerpted from."""
+    serving = Serving(tp_size=4)
+    by_preset = estimate_weights(preset, serving)
+    by_config = estimate_weights(_read(full), serving)
+    assert by_preset.parameters == by_config.parameters
+    assert by_preset.bytes_per_rank == by_config.bytes_per_rank
+    assert by_preset.model.startswith(f"preset:{preset}")
 
 
 def test_dp_attention_is_refused() -> None:
