@@ -39,6 +39,80 @@ def plan(
     ``weights_memory``, the runtime slack and ``reserved_memory``.  Sizes are
     bytes (int or float) or strings with a unit.
     """
+    return plan_basis(model, serving, draft_model=draft_model, registry=registry).plan(
+        memory=memory,
+        device=device,
+        free_memory=free_memory,
+        weights_memory=weights_memory,
+        reserved_memory=reserved_memory,
+    )
+
+
+@attrs.define
+class PlanBasis:
+    """Everything of a plan that does not depend on its budget: the model, the resolved serving, its cell size.
+
+    :func:`plan` is ``plan_basis(...).plan(budget...)``; a caller planning one
+    model and serving under many budgets (``kvpools sweep``) resolves the
+    platform, validates and prices the cell once, then sizes per budget.
+    The cell is estimated on the first :meth:`plan`, after the budget was
+    resolved, so a plan reports the same first error as before.
+    """
+
+    spec: ModelSpec
+    serving: Serving
+    registry: Registry
+    provenance: dict[str, tuple[str, ...]]
+    _cell: tuple[CellSize, tuple[str, ...]] | None = attrs.field(default=None, init=False)
+
+    def cell(self) -> tuple[CellSize, tuple[str, ...]]:
+        """The cell size and the plugins that shaped it (``estimate_cell_size``), estimated once."""
+        if self._cell is None:
+            self._cell = _cell(self.spec, self.serving, self.registry)
+        return self._cell
+
+    def plan(
+        self,
+        *,
+        memory: int | str | None = None,
+        device: str | None = None,
+        free_memory: int | str | None = None,
+        weights_memory: int | str | None = None,
+        reserved_memory: int | str | None = None,
+    ) -> Plan:
+        """The plan within one budget (the keywords of :func:`plan`)."""
+        spec, serving, registry = self.spec, self.serving, self.registry
+        provenance = dict(self.provenance)
+        budget = resolve_budget(
+            serving,
+            registry,
+            multimodal=spec.is_multimodal,
+            memory=memory,
+            device=device,
+            free_memory=free_memory,
+            weights_memory=weights_memory,
+            reserved_memory=reserved_memory,
+            provenance=provenance,
+        )
+        cell, cell_by = self.cell()
+        sizing, sizing_by = _size(spec, serving, cell, budget, registry)
+        if serving.pp_size > 1:
+            sizing = _sync_pipeline_stages(spec, serving, budget, sizing, registry)
+        provenance["estimate_cell_size"] = cell_by
+        provenance["size_pools"] = sizing_by
+        _check_workspaces_charged(serving, sizing, sizing_by, registry)
+        sizing = _note_unreachable_context(spec, serving, sizing)
+        return Plan(model=spec, serving=serving, budget=budget, cell=cell, sizing=sizing, provenance=provenance)
+
+
+def plan_basis(
+    model: str | ModelSpec,
+    serving: Serving | None = None,
+    *,
+    draft_model: str | ModelSpec | None = None,
+    registry: Registry | None = None,
+) -> PlanBasis:
+    """The budget-independent steps of :func:`plan`: platform, traits, model, draft, validation, workspaces."""
     registry = registry or get_registry()
     serving = serving or Serving()
     if not isinstance(serving, Serving):
@@ -54,27 +128,7 @@ def plan(
     serving = _resolve_draft(spec, serving, draft_model, registry)
     _validate(spec, serving, registry, traits_by=provenance.get("platform_traits", ("core",))[0])
     serving = resolve_workspaces(spec, serving, registry, provenance)
-    budget = resolve_budget(
-        serving,
-        registry,
-        multimodal=spec.is_multimodal,
-        memory=memory,
-        device=device,
-        free_memory=free_memory,
-        weights_memory=weights_memory,
-        reserved_memory=reserved_memory,
-        provenance=provenance,
-    )
-
-    cell, cell_by = _cell(spec, serving, registry)
-    sizing, sizing_by = _size(spec, serving, cell, budget, registry)
-    if serving.pp_size > 1:
-        sizing = _sync_pipeline_stages(spec, serving, budget, sizing, registry)
-    provenance["estimate_cell_size"] = cell_by
-    provenance["size_pools"] = sizing_by
-    _check_workspaces_charged(serving, sizing, sizing_by, registry)
-    sizing = _note_unreachable_context(spec, serving, sizing)
-    return Plan(model=spec, serving=serving, budget=budget, cell=cell, sizing=sizing, provenance=provenance)
+    return PlanBasis(spec=spec, serving=serving, registry=registry, provenance=provenance)
 
 
 def resolve_budget(
