@@ -1,6 +1,6 @@
 """Sessions: tests (the README's test command: the suite, then the conformance suite on every built-in plugin),
-tutorials, lint, typing (the defaults); docs (the site, --strict), build (sdists and wheels, installed and run
-from a fresh venv), bench.
+tutorials, lint, typing (the defaults); plots (the sweep's tests with matplotlib), docs (the site, --strict),
+build (sdists and wheels, installed and run from a fresh venv), bench.
 
 Every session installs from ``constraints.txt`` so torch stays the small CPU
 build on these machines.
@@ -71,6 +71,14 @@ def tutorials(session: nox.Session) -> None:
     session.run("pytest", *quiet, "--kvpools-conformance=xpu")
     names = [f"--kvpools-conformance={name}" for name in ARCHITECTURES]
     session.run("pytest", *quiet, *names, "--kvpools-conformance-platform=xpu")
+
+
+@nox.session(default=False)
+def plots(session: nox.Session) -> None:
+    """The sweep with its optional plot extra (matplotlib): ``tests/sweep`` with the plot tests, which the
+    tests session skips (``pytest.importorskip``) where matplotlib is not installed."""
+    session.install(*CONSTRAINTS, "-e", ".[test,plot]")
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or ["tests/sweep"]))
 
 
 @nox.session

@@ -75,6 +75,7 @@ __all__ = [
     "EngineFlags",
     "Limits",
     "concurrency",
+    "concurrency_within",
     "engine_flags",
     "largest_past_window",
     "limits_of",
@@ -364,6 +365,12 @@ def concurrency(plan: Plan, context_len: int) -> Capacity:
     """
     _check_positive("context_len", context_len)
     return _concurrency(limits_of(plan), context_len)
+
+
+def concurrency_within(limits: Limits, context_len: int) -> Capacity:
+    """:func:`concurrency` over limits already read from a plan (:func:`limits_of`): one read for many lengths."""
+    _check_positive("context_len", context_len)
+    return _concurrency(limits, context_len)
 
 
 def _max_context(limits: Limits, requests: int) -> ContextAnswer:

@@ -64,16 +64,130 @@ def plan(
     rank does before the cross-rank MIN: :mod:`kvpools_core.distributed`
     agrees on the tokens of ranks whose budgets differ.
     """
-    registry = registry or get_registry()
     serving = serving or Serving()
     if not isinstance(serving, Serving):
         raise ConfigError(f"serving must be a kvpools_core.Serving, got {type(serving).__name__}.")
-    provenance: dict[str, tuple[str, ...]] = {}
     chosen_gpu = _resolve_gpu(gpu, gpu_memory, serving, memory=memory, device=device, free_memory=free_memory)
     if chosen_gpu is not None:
         serving = _gpu_platform(serving, chosen_gpu)
     elif runtime_memory is not None:
         raise ConfigError(f"{option('runtime_memory')} applies to a GPU budget only: pass {option('gpu')} too.")
+    return plan_basis(model, serving, draft_model=draft_model, registry=registry).plan(
+        memory=memory,
+        device=device,
+        free_memory=free_memory,
+        weights_memory=weights_memory,
+        reserved_memory=reserved_memory,
+        gpu=chosen_gpu,
+        runtime_memory=runtime_memory,
+        budget=budget,
+        sync_stages=sync_stages,
+    )
+
+
+@attrs.define
+class PlanBasis:
+    """Everything of a plan that does not depend on its budget: the model, the resolved serving, its cell size.
+
+    :func:`plan` is ``plan_basis(...).plan(budget...)``; a caller planning one
+    model and serving under many budgets (``kvpools sweep``) resolves the
+    platform, validates and prices the cell once, then sizes per budget.
+    The cell is estimated on the first :meth:`plan`, after the budget was
+    resolved, so a plan reports the same first error as before.
+    """
+
+    spec: ModelSpec
+    serving: Serving
+    registry: Registry
+    provenance: dict[str, tuple[str, ...]]
+    model: str | ModelSpec
+    """The model as given (a name or path lets a GPU budget estimate the weights from the complete config)."""
+    _cell: tuple[CellSize, tuple[str, ...]] | None = attrs.field(default=None, init=False)
+
+    def cell(self) -> tuple[CellSize, tuple[str, ...]]:
+        """The cell size and the plugins that shaped it (``estimate_cell_size``), estimated once."""
+        if self._cell is None:
+            self._cell = _cell(self.spec, self.serving, self.registry)
+        return self._cell
+
+    def plan(
+        self,
+        *,
+        memory: int | str | None = None,
+        device: str | None = None,
+        free_memory: int | str | None = None,
+        weights_memory: int | str | None = None,
+        reserved_memory: int | str | None = None,
+        gpu: GPU | None = None,
+        runtime_memory: int | str | None = None,
+        budget: Budget | None = None,
+        sync_stages: bool = True,
+    ) -> Plan:
+        """The plan within one budget (the keywords of :func:`plan`; ``gpu`` already resolved to a catalogue
+        entry, whose platform the basis was resolved for)."""
+        spec, serving, registry = self.spec, self.serving, self.registry
+        provenance = dict(self.provenance)
+        stage_budget: Callable[[int], Budget] | None = None
+        if budget is not None:
+            passed = [
+                option(name)
+                for name, value in (
+                    ("gpu", gpu),
+                    ("memory", memory),
+                    ("free_memory", free_memory),
+                    ("device", device),
+                    ("weights_memory", weights_memory),
+                    ("reserved_memory", reserved_memory),
+                )
+                if value is not None
+            ]
+            if passed:
+                raise ConfigError(f"Pass a resolved budget or {', '.join(passed)}, not both.")
+        elif gpu is not None:
+            gpu_used = gpu
+
+            def stage_budget(rank: int) -> Budget:
+                """Each pipeline stage profiles its own GPU: its own weights, the same total and fraction."""
+                stage = attrs.evolve(serving, pp_rank=rank)
+                return _gpu_budget(self.model, spec, stage, gpu_used, weights_memory, reserved_memory, runtime_memory)
+
+            budget = stage_budget(serving.pp_rank)
+        else:
+            budget = resolve_budget(
+                serving,
+                registry,
+                multimodal=spec.is_multimodal,
+                memory=memory,
+                device=device,
+                free_memory=free_memory,
+                weights_memory=weights_memory,
+                reserved_memory=reserved_memory,
+                provenance=provenance,
+            )
+        cell, cell_by = self.cell()
+        sizing, sizing_by = _size(spec, serving, cell, budget, registry)
+        if serving.pp_size > 1 and sync_stages:
+            sizing = _sync_pipeline_stages(spec, serving, budget, sizing, registry, stage_budget)
+        provenance["estimate_cell_size"] = cell_by
+        provenance["size_pools"] = sizing_by
+        _check_workspaces_charged(serving, sizing, sizing_by, registry)
+        sizing = _note_unreachable_context(spec, serving, sizing)
+        return Plan(model=spec, serving=serving, budget=budget, cell=cell, sizing=sizing, provenance=provenance)
+
+
+def plan_basis(
+    model: str | ModelSpec,
+    serving: Serving | None = None,
+    *,
+    draft_model: str | ModelSpec | None = None,
+    registry: Registry | None = None,
+) -> PlanBasis:
+    """The budget-independent steps of :func:`plan`: platform, traits, model, draft, validation, workspaces."""
+    registry = registry or get_registry()
+    serving = serving or Serving()
+    if not isinstance(serving, Serving):
+        raise ConfigError(f"serving must be a kvpools_core.Serving, got {type(serving).__name__}.")
+    provenance: dict[str, tuple[str, ...]] = {}
     serving = resolve_platform(serving, registry)
     check_plugin_options(serving, registry)
     serving = resolve_platform_traits(serving, registry, provenance)
@@ -84,53 +198,7 @@ def plan(
     serving = _resolve_draft(spec, serving, draft_model, registry)
     _validate(spec, serving, registry, traits_by=provenance.get("platform_traits", ("core",))[0])
     serving = resolve_workspaces(spec, serving, registry, provenance)
-    stage_budget: Callable[[int], Budget] | None = None
-    if budget is not None:
-        passed = [
-            option(name)
-            for name, value in (
-                ("gpu", chosen_gpu),
-                ("memory", memory),
-                ("free_memory", free_memory),
-                ("device", device),
-                ("weights_memory", weights_memory),
-                ("reserved_memory", reserved_memory),
-            )
-            if value is not None
-        ]
-        if passed:
-            raise ConfigError(f"Pass a resolved budget or {', '.join(passed)}, not both.")
-    elif chosen_gpu is not None:
-        gpu_used = chosen_gpu
-
-        def stage_budget(rank: int) -> Budget:
-            """Each pipeline stage profiles its own GPU: its own weights, the same total and fraction."""
-            stage = attrs.evolve(serving, pp_rank=rank)
-            return _gpu_budget(model, spec, stage, gpu_used, weights_memory, reserved_memory, runtime_memory)
-
-        budget = stage_budget(serving.pp_rank)
-    else:
-        budget = resolve_budget(
-            serving,
-            registry,
-            multimodal=spec.is_multimodal,
-            memory=memory,
-            device=device,
-            free_memory=free_memory,
-            weights_memory=weights_memory,
-            reserved_memory=reserved_memory,
-            provenance=provenance,
-        )
-
-    cell, cell_by = _cell(spec, serving, registry)
-    sizing, sizing_by = _size(spec, serving, cell, budget, registry)
-    if serving.pp_size > 1 and sync_stages:
-        sizing = _sync_pipeline_stages(spec, serving, budget, sizing, registry, stage_budget)
-    provenance["estimate_cell_size"] = cell_by
-    provenance["size_pools"] = sizing_by
-    _check_workspaces_charged(serving, sizing, sizing_by, registry)
-    sizing = _note_unreachable_context(spec, serving, sizing)
-    return Plan(model=spec, serving=serving, budget=budget, cell=cell, sizing=sizing, provenance=provenance)
+    return PlanBasis(spec=spec, serving=serving, registry=registry, provenance=provenance, model=model)
 
 
 def resolve_budget(

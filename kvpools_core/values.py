@@ -48,11 +48,15 @@ def _invalid(inst: object, message: str) -> ConfigError:
 
 
 def positive(inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if type(value) is int and value >= 1:  # the common case first: every plan builds thousands of these
+        return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise _invalid(inst, f"{_flag(inst, attribute)} must be a positive integer, got {value!r}.")
 
 
 def non_negative(inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if type(value) is int and value >= 0:  # the common case first: every plan builds thousands of these
+        return
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise _invalid(inst, f"{_flag(inst, attribute)} must be a non-negative integer, got {value!r}.")
 

@@ -26,8 +26,8 @@ rather than guessed.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
