@@ -129,4 +129,4 @@ def build_pool(plan: Any, device: str, layout: Any) -> Any:
 def build_allocator(plan: Any, pool: Any, device: str, checked: bool) -> Any:
     from kvpools_core.allocators import allocator_for_plan
 
-    return allocator_for_plan(plan, device, checked=checked)
+    return allocator_for_plan(plan, device, checked=checked, kvcache=pool)

@@ -331,7 +331,9 @@ def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | 
     core's token / paged allocator (``trylast``).
 
     :param plan: the plan.
-    :param pool: the KV pool built by :func:`build_pool`.
+    :param pool: the KV pool built by :func:`build_pool`; the allocator holds it, as
+        SGLang's does (``kvcache=pool``: ``get_kvcache()`` returns it and
+        ``get_cpu_copy`` / ``load_cpu_copy`` go through it).
     :param device: torch device string.
     :param checked: build the allocator in checked mode (``build(..., checked=True)``):
         it also refuses double frees and frees of never-allocated ids, at the cost

@@ -1,8 +1,10 @@
 """KV-slot allocators: hand out and take back slots of the KV-cache pools.
 
 ``TokenAllocator`` (page size 1) and ``PagedAllocator`` follow SGLang's
-allocator interface; their bookkeeping is one preallocated free stack whose
-size ``allocator_planned_nbytes(size, page_size, checked)`` gives in advance.
+allocator contract (``BaseTokenToKVPoolAllocator``: constructor, ``get_kvcache``,
+host copies, reference counts; the divergences are in ``docs/allocators.md``);
+their bookkeeping is one preallocated free stack whose size
+``allocator_planned_nbytes(size, page_size, checked)`` gives in advance.
 Every free is range checked (``AllocatorError``, nothing changed); checked
 mode (``checked=True``) also refuses double frees (see ``base``).
 The byte formulas import without torch (planning never needs it); the
@@ -18,6 +20,7 @@ from kvpools_core.allocators.sizes import allocator_planned_nbytes
 
 if TYPE_CHECKING:
     from kvpools_core.allocators.base import AllocatorState, BaseAllocator
+    from kvpools_core.allocators.contract import BaseTokenToKVPoolAllocator
     from kvpools_core.allocators.factory import allocator_class, allocator_for_plan
     from kvpools_core.allocators.paged import PagedAllocator
     from kvpools_core.allocators.token import TokenAllocator
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AllocatorState",
     "BaseAllocator",
+    "BaseTokenToKVPoolAllocator",
     "PagedAllocator",
     "TokenAllocator",
     "allocator_class",
@@ -35,6 +39,7 @@ __all__ = [
 _LAZY = {
     "AllocatorState": "base",
     "BaseAllocator": "base",
+    "BaseTokenToKVPoolAllocator": "contract",
     "PagedAllocator": "paged",
     "TokenAllocator": "token",
     "allocator_class": "factory",

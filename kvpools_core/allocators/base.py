@@ -51,6 +51,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from kvpools_core.allocators.contract import BaseTokenToKVPoolAllocator, host_copy_of, load_host_copy_into
 from kvpools_core.allocators.sizes import check_geometry, free_stack_nbytes
 from kvpools_core.errors import AllocatorError
 
@@ -71,7 +72,7 @@ class AllocatorState:
     its old free list.
     """
 
-    __slots__ = ("__weakref__", "_allocated", "_buf", "_counters", "_owner", "_pending")
+    __slots__ = ("__weakref__", "_allocated", "_buf", "_counters", "_owner", "_pending", "_refs")
 
     def __init__(
         self,
@@ -84,10 +85,15 @@ class AllocatorState:
         self._pending = pending
         self._buf: Tensor | None = None
         self._allocated: Tensor | None = None
+        self._refs: Tensor | None = None
 
 
-class BaseAllocator:
-    """Free-unit bookkeeping common to ``TokenAllocator`` and ``PagedAllocator``."""
+class BaseAllocator(BaseTokenToKVPoolAllocator):
+    """Free-unit bookkeeping common to ``TokenAllocator`` and ``PagedAllocator``.
+
+    The constructor is SGLang's, ``(size, page_size, dtype, device, kvcache,
+    need_sort)``, positional or by keyword, plus kvpools' keyword-only ``checked``.
+    """
 
     _kind: ClassVar[str] = "unit"
 
@@ -95,17 +101,17 @@ class BaseAllocator:
         self,
         size: int,
         page_size: int,
-        *,
+        dtype: torch.dtype | None = None,
         device: str | torch.device = "cpu",
+        kvcache: object = None,
         need_sort: bool = False,
+        *,
         checked: bool = False,
         debug: bool = False,
     ) -> None:
         check_geometry(size, page_size)
-        self.size = size
-        self.page_size = page_size
+        super().__init__(size, page_size, dtype, device, kvcache, need_sort)
         self.num_pages = n = size // page_size
-        self.need_sort = need_sort
         self.checked = checked = checked or debug  # ``debug`` is the old name of checked mode
         self._n = n
         self._token = object()  # identifies snapshots taken from this instance
@@ -132,6 +138,7 @@ class BaseAllocator:
         self._allocated: Tensor | None = None
         if checked:
             self._allocated = torch.zeros(n + 1, dtype=torch.bool, device=self.device)
+        self._refs: Tensor | None = None  # int32 reference counts by unit id, from the first retain() on
         self._head = 0
         self._rel = 0
         self._pend = 0
@@ -160,16 +167,127 @@ class BaseAllocator:
         return sum(t.numel() * t.element_size() for t in self._tensors())
 
     def nbytes_by_pool(self, name: str = "allocator") -> dict[str, int]:
-        """Measured bytes by plan pool name: the plan charges the unchecked
-        allocator, so checked mode's map is reported apart, as ``<name>_checked``."""
-        if self._allocated is None:
-            return {name: self.nbytes}
-        extra = self._allocated.numel()
-        return {name: self.nbytes - extra, f"{name}_checked": extra}
+        """Measured bytes by plan pool name: the plan charges the unchecked allocator without
+        reference counts, so checked mode's map is reported apart, as ``<name>_checked``, and
+        the counts ``retain`` made, as ``<name>_refcounts``."""
+        out = {name: self.nbytes}
+        for suffix, extra in (("checked", self._allocated), ("refcounts", self._refs)):
+            if extra is not None:
+                out[name] -= extra.numel() * extra.element_size()
+                out[f"{name}_{suffix}"] = extra.numel() * extra.element_size()
+        return out
 
     def available_size(self) -> int:
         """Free slots (released units count: they are merged on demand)."""
         return (self._n - self._head + self._rel) * self.page_size
+
+    @property
+    def release_pages(self) -> Tensor:
+        """Units freed with ``need_sort`` and not merged yet (SGLang's ``release_pages``; a copy)."""
+        return self._buf[: self._rel].clone()
+
+    def get_all_free_pages(self) -> Tensor:
+        """Every free unit: the free region, then the released ones (SGLang's debug census; a copy)."""
+        return torch.cat((self._buf[self._head :], self._buf[: self._rel]))
+
+    # ------------------------------------------------------------ host copies
+    def get_cpu_copy(self, indices: Tensor) -> object:
+        """The KV of slots ``indices`` in host memory, from the KV pool (SGLang retracts a request with it).
+
+        Delegates to the pool's ``get_cpu_copy``; an allocator built without a pool,
+        or over one without host copies, raises ``AllocatorError`` saying so.
+        """
+        return host_copy_of(self, indices)
+
+    def load_cpu_copy(self, kv_cache_cpu: object, indices: Tensor) -> None:
+        """Write a ``get_cpu_copy`` result into slots ``indices`` (new slots of the resumed request)."""
+        load_host_copy_into(self, kv_cache_cpu, indices)
+
+    # ------------------------------------------------------- reference counts
+    @property
+    def ref_counts(self) -> Tensor:
+        """Holders of every unit (a slot; a page for the paged allocator), int32, indexed by unit id ``0..num_pages``.
+
+        An allocated unit has one holder, one more per ``retain``; a free takes one
+        away and the unit is reused only when none is left (SGLang's ``ref_counts``,
+        ``test_allocator_refcount.py`` at sglang 9c458129).  Before the first
+        ``retain`` the counts are not kept: reading them then builds them from the
+        free list (every unit not free has one holder).
+        """
+        return self._refs if self._refs is not None else self._census()
+
+    def retain(self, indices: Tensor | Sequence[int]) -> None:
+        """One more holder for the units of ``indices`` (slots; a paged allocator counts each page once per call).
+
+        Each retained unit must then be freed once more before it is reused.  The
+        first call makes the counts (``4 * (num_pages + 1)`` bytes, reported as
+        ``allocator_refcounts``) and moves every later call onto the tensor paths
+        (the Python-int fast paths do not count).  Refused with ``AllocatorError``,
+        nothing changed: units out of range, or not allocated now.
+        """
+        units = self._free_units(self.to_ids(indices))
+        if not units.numel():
+            return
+        self._check_range(units)
+        refs = self._counting()
+        idle = refs[units] <= 0
+        if bool(idle.any()):
+            raise AllocatorError(
+                f"retain of {self._describe(units[idle])} that are not allocated; retain only what alloc handed out "
+                "and is not freed; nothing was retained"
+            )
+        if self._snaps:
+            self._materialize()
+        refs.index_put_((units,), torch.ones_like(units, dtype=torch.int32), accumulate=True)
+
+    def _counting(self) -> Tensor:
+        """The reference counts, made on first use (and the host fast paths switched off: they do not count)."""
+        if self._refs is None:
+            if self._snaps:
+                self._materialize()
+            self._refs = self._census()
+            self._host_arr = None
+            self._host_mv = None
+        return self._refs
+
+    def _census(self) -> Tensor:
+        """Counts from the free list: 1 for every unit not free (nor freed in an open group), else 0."""
+        n = self._n
+        refs = torch.ones(n + 1, dtype=torch.int32, device=self.device)
+        refs[0] = 0
+        free = [self._buf[self._head :], self._buf[: self._rel + self._pend], *self._pending_units()]
+        refs[torch.cat(free)] = 0
+        return refs
+
+    def _pending_units(self) -> list[Tensor]:
+        """Units freed inside an open group and not yet on the stack (the paged allocator keeps some apart)."""
+        return []
+
+    def _free_counted(self, units: Tensor) -> None:
+        """A free once counts are kept: one holder less per occurrence; units left with none are released.
+
+        Checked before anything changes: a unit freed more often than it is held is a
+        double free (``AllocatorError``; SGLang raises ``ValueError``, which this is too).
+        """
+        refs = self._refs
+        assert refs is not None
+        uniq, times = torch.unique(units, return_counts=True)
+        self._check_range(uniq)
+        left = refs[uniq] - times.to(torch.int32)
+        over = left < 0
+        if bool(over.any()):
+            raise AllocatorError(
+                f"double free of {self._describe(uniq[over])}: freed more often than held (see ref_counts); "
+                "nothing was freed"
+            )
+        if self._snaps:
+            self._materialize()
+        refs[uniq] = left
+        self._release_unheld(uniq[left == 0])
+
+    def _release_unheld(self, units: Tensor) -> None:
+        """Release distinct, checked units whose last holder freed them (inside a group: at its end)."""
+        self._release(units, validated=True)
 
     # ------------------------------------------------------------ free groups
     def free_group_begin(self) -> None:
@@ -226,6 +344,8 @@ class BaseAllocator:
             (self._head, self._rel, self._pend, self._in_group),
             (tuple(self._pending), tuple(self._pending_bytes)),
         )
+        if self._refs is not None:  # counts change on every alloc: one copy, not copy-on-write
+            state._refs = self._refs.clone()
         if len(self._snaps) >= 8:
             self._snaps = [r for r in self._snaps if r() is not None]
         self._snaps.append(weakref.ref(state))
@@ -249,6 +369,8 @@ class BaseAllocator:
         self._head, self._rel, self._pend, self._in_group = state._counters
         self._pending = list(state._pending[0])
         self._pending_bytes = list(state._pending[1])
+        if self._refs is not None:  # counts kept now: the backup's, or (taken before any retain) the census
+            self._refs.copy_(state._refs if state._refs is not None else self._census())
 
     def clear(self) -> None:
         """Everything free again; units handed out first in ascending order."""
@@ -257,6 +379,8 @@ class BaseAllocator:
         torch.arange(1, self._n + 1, dtype=_I64, device=self.device, out=self._buf)
         if self._allocated is not None:
             self._allocated.zero_()
+        if self._refs is not None:
+            self._refs.zero_()
         self._head = self._rel = self._pend = 0
         self._in_group = False
         self._pending = []
@@ -356,10 +480,7 @@ class BaseAllocator:
 
     # --------------------------------------------------------------- helpers
     def _tensors(self) -> list[Tensor]:
-        out = [self._buf]
-        if self._allocated is not None:
-            out.append(self._allocated)
-        return out
+        return [t for t in (self._buf, self._allocated, self._refs) if t is not None]
 
     def _materialize(self) -> None:
         """Copy the buffers into outstanding copy-on-write snapshots before a write."""
@@ -380,6 +501,8 @@ class BaseAllocator:
             self.merge_and_sort_free()
             head = self._head
         self._head = head + k
+        if self._refs is not None:
+            self._refs[self._buf[head : head + k]] = 1
         return head
 
     def _mark_allocated(self, units: Tensor) -> None:

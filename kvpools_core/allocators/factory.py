@@ -27,21 +27,29 @@ def allocator_class(page_size: int) -> type[TokenAllocator] | type[PagedAllocato
 
 
 def allocator_for_plan(
-    plan: Plan, device: str | torch.device, *, checked: bool = False
+    plan: Plan, device: str | torch.device, *, checked: bool = False, kvcache: object = None
 ) -> TokenAllocator | PagedAllocator:
-    """The allocator over the plan's ``max_total_num_tokens`` slots.
+    """The allocator over the plan's ``max_total_num_tokens`` slots, holding the KV pool ``kvcache``.
 
     ``need_sort`` is on in PD disaggregation (prefill or decode), as in SGLang,
     so KV transfers see ascending slot ids.  ``checked`` builds it in checked
-    mode (double frees refused; ``pages + 1`` bytes beyond the plan).
+    mode (double frees refused; ``pages + 1`` bytes beyond the plan).  The
+    allocator's ``get_kvcache`` returns ``kvcache`` and its ``get_cpu_copy`` /
+    ``load_cpu_copy`` go through it (``build`` passes the pool it built).
     """
     page_size = plan.serving.page_size
     need_sort = plan.serving.disaggregation_mode in ("prefill", "decode")
     tokens = plan.max_total_num_tokens
     if page_size == 1:
-        return TokenAllocator(tokens, device=device, need_sort=need_sort, checked=checked)
+        return TokenAllocator(tokens, device=device, kvcache=kvcache, need_sort=need_sort, checked=checked)
     return PagedAllocator(
-        tokens, page_size, device=device, need_sort=need_sort, checked=checked, index_dtype=slot_index_dtype(plan)
+        tokens,
+        page_size,
+        device=device,
+        kvcache=kvcache,
+        need_sort=need_sort,
+        checked=checked,
+        index_dtype=slot_index_dtype(plan),
     )
 
 

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from kvpools_core.allocators.base import BaseAllocator
 from kvpools_core.allocators.sizes import paged_extra_nbytes
+from kvpools_core.errors import AllocatorError
 
 __all__ = ["PagedAllocator"]
 
@@ -66,14 +67,18 @@ class PagedAllocator(BaseAllocator):
         self,
         size: int,
         page_size: int,
-        *,
+        dtype: torch.dtype | None = None,
         device: str | torch.device = "cpu",
+        kvcache: object = None,
         need_sort: bool = False,
+        *,
         checked: bool = False,
         debug: bool = False,
         index_dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(size, page_size, device=device, need_sort=need_sort, checked=checked, debug=debug)
+        """SGLang's ``PagedTokenToKVPoolAllocator(size, page_size, dtype, device, kvcache, need_sort)``,
+        plus ``checked`` and ``index_dtype``."""
+        super().__init__(size, page_size, dtype, device, kvcache, need_sort, checked=checked, debug=debug)
         if index_dtype is not None:
             self.index_dtype = index_dtype
         p = page_size
@@ -99,12 +104,19 @@ class PagedAllocator(BaseAllocator):
 
     # ------------------------------------------------------------ tensor API
     def alloc(self, need_size: int) -> Tensor | None:
-        """Slots of ``need_size // page_size`` whole pages, or None (nothing changes)."""
+        """Slots of ``need_size // page_size`` whole pages, or None (nothing changes).
+
+        ``need_size`` must be a non-negative multiple of ``page_size``, else
+        ``AllocatorError`` (a ``ValueError``): SGLang rounds it down and hands out
+        fewer slots than asked (none below a page), which a caller indexing
+        ``need_size`` slots finds only later.
+        """
         p = self.page_size
         if need_size < 0 or need_size % p:
-            raise ValueError(
+            raise AllocatorError(
                 f"alloc({need_size}): a paged allocator hands out whole pages; "
-                f"ask for a non-negative multiple of page_size={p}"
+                f"ask for a non-negative multiple of page_size={p} (SGLang's rounds down: ask for "
+                f"{need_size // p * p} for that)"
             )
         k = need_size // p
         start = self._take(k)
@@ -254,6 +266,9 @@ class PagedAllocator(BaseAllocator):
         if not slots.numel():
             return
         pages = self._page_of(slots)  # a new tensor: safe to keep
+        if self._refs is not None:  # one holder less per page touched
+            self._free_counted(_distinct(pages))
+            return
         if self._in_group:
             if self._allocated is not None:
                 pages = _distinct(pages)
@@ -340,6 +355,9 @@ class PagedAllocator(BaseAllocator):
         t = self.to_ids(pages)
         if not t.numel():
             return
+        if self._refs is not None:
+            self._free_counted(t)
+            return
         if self._in_group:
             if self._allocated is not None:
                 self._check_release(t)
@@ -388,6 +406,20 @@ class PagedAllocator(BaseAllocator):
 
     def _free_units(self, ids: Tensor) -> Tensor:
         return _distinct(self._page_of(ids))
+
+    def _pending_units(self) -> list[Tensor]:
+        out = list(self._pending)
+        if self._pending_bytes:
+            out.append(self._page_of(torch.frombuffer(bytearray().join(self._pending_bytes), dtype=_I64)))
+        return out
+
+    def _release_unheld(self, units: Tensor) -> None:
+        if self._in_group:  # the group's pages are released at its end
+            if self._allocated is not None:
+                self._mark_freed(units)
+            self._pending.append(units)
+        else:
+            self._release(units, validated=True)
 
     def _counts_now(self) -> bool:
         return not self._in_group  # a group's pages are counted, de-duplicated, at its end
@@ -459,10 +491,10 @@ class PagedAllocator(BaseAllocator):
 
 
 def _distinct_ints(pages: Tensor) -> list[int]:
-    """``_distinct`` for CPU tensors, as Python ints in first-seen order: after
-    collapsing runs only ~n/page_size ids are left, which a dict de-duplicates
-    faster than one more torch op."""
-    return list(dict.fromkeys(torch.unique_consecutive(pages).tolist()))
+    """``_distinct`` for CPU tensors, as Python ints, ascending (as SGLang's ``torch.unique``, so freed
+    pages are reused in the same order): after collapsing runs only ~n/page_size ids are left, which
+    ``set`` and ``sorted`` handle faster than one more torch op."""
+    return sorted(set(torch.unique_consecutive(pages).tolist()))
 
 
 def _distinct(pages: Tensor) -> Tensor:

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from kvpools_core.allocators.base import AllocatorState
+from kvpools_core.allocators.contract import BaseTokenToKVPoolAllocator, host_copy_of, load_host_copy_into
 from kvpools_core.allocators.factory import allocator_class
 from kvpools_core.allocators.paged import PagedAllocator
 from kvpools_core.allocators.token import TokenAllocator
@@ -81,35 +82,51 @@ def sub_allocator(
     need_sort: bool,
     checked: bool,
     index_dtype: torch.dtype | None = None,
+    kvcache: object = None,
 ) -> TokenAllocator | PagedAllocator:
+    """One side's allocator (SGLang's choice by page size), over that side's KV store ``kvcache``."""
     if allocator_class(page_size) is TokenAllocator:
-        return TokenAllocator(size, device=device, need_sort=need_sort, checked=checked)
-    return PagedAllocator(size, page_size, device=device, need_sort=need_sort, checked=checked, index_dtype=index_dtype)
+        return TokenAllocator(size, device=device, kvcache=kvcache, need_sort=need_sort, checked=checked)
+    return PagedAllocator(
+        size, page_size, device=device, kvcache=kvcache, need_sort=need_sort, checked=checked, index_dtype=index_dtype
+    )
 
 
-class SWATokenToKVPoolAllocator:
-    """A full slot and an SWA slot per token; the SWA slot can be freed alone."""
+class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
+    """A full slot and an SWA slot per token; the SWA slot can be freed alone.
+
+    The constructor is SGLang's, ``(size, size_swa, page_size, dtype, device,
+    kvcache, need_sort)``; the mapping is the pool's ``full_to_swa_index_mapping``
+    when ``kvcache`` has one (kvpools' pool owns it; SGLang's allocator makes it
+    and registers it with the pool), else ``mapping``, else a new one.
+    """
 
     def __init__(
         self,
         size: int,
         size_swa: int,
         page_size: int = 1,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device = "cpu",
+        kvcache: object = None,
+        need_sort: bool = False,
         *,
         mapping: Tensor | None = None,
-        device: str | torch.device = "cpu",
-        need_sort: bool = False,
         checked: bool = False,
         debug: bool = False,
         index_dtype: torch.dtype | None = None,
     ) -> None:
-        self.page_size = page_size
+        super().__init__(size, page_size, dtype, device, kvcache, need_sort)
         self.checked = checked = checked or debug  # ``debug`` is the old name of checked mode
-        self.full_attn_allocator = sub_allocator(size, page_size, device, need_sort, checked, index_dtype)
+        full_pool, swa_pool = (getattr(kvcache, name, None) for name in ("full_kv_pool", "swa_kv_pool"))
+        self.full_attn_allocator = sub_allocator(size, page_size, device, need_sort, checked, index_dtype, full_pool)
         # SWA slots live in the int64 full->SWA mapping (as SGLang's): only full slots take the platform's dtype
-        self.swa_attn_allocator = sub_allocator(size_swa, page_size, device, need_sort, checked)
+        self.swa_attn_allocator = sub_allocator(size_swa, page_size, device, need_sort, checked, kvcache=swa_pool)
         self.device = self.full_attn_allocator.device
         self._token = object()  # identifies snapshots taken from this instance
+        pool_mapping = getattr(kvcache, "full_to_swa_index_mapping", None)
+        if mapping is None and isinstance(pool_mapping, Tensor):
+            mapping = pool_mapping
         if mapping is None:
             mapping = new_full_to_swa_mapping(size, page_size, self.device)
         if mapping.shape != (size + page_size + 1,):
@@ -130,6 +147,10 @@ class SWATokenToKVPoolAllocator:
     def size(self) -> int:
         """Tokens both pools can hold at once (SGLang: ``min(size_full, size_swa)``)."""
         return min(self.size_full, self.size_swa)
+
+    @size.setter
+    def size(self, value: int) -> None:
+        """The base constructor's assignment; the sizes are the sub-allocators'."""
 
     @property
     def size_full(self) -> int:
@@ -162,6 +183,15 @@ class SWATokenToKVPoolAllocator:
 
     def translate_loc_from_full_to_swa(self, loc: Tensor) -> Tensor:
         return self.full_to_swa_index_mapping[loc]
+
+    # ------------------------------------------------------------ host copies
+    def get_cpu_copy(self, indices: Tensor) -> object:
+        """The KV of full slots ``indices`` (full and, where mapped, SWA rows) in host memory, from the pool."""
+        return host_copy_of(self, indices)
+
+    def load_cpu_copy(self, kv_cache_cpu: object, indices: Tensor) -> None:
+        """Write a ``get_cpu_copy`` result into full slots ``indices`` and the SWA slots they map to."""
+        load_host_copy_into(self, kv_cache_cpu, indices)
 
     # ------------------------------------------------------------- allocation
     def alloc(self, need_size: int) -> Tensor | None:
@@ -207,6 +237,70 @@ class SWATokenToKVPoolAllocator:
         swa = swa_alloc.alloc_extend(pre, seq, swa_last, extend_num_tokens, num_new_pages=num_new_pages)
         assert full is not None and swa is not None  # both had the pages
         self.full_to_swa_index_mapping[full] = swa
+        return full
+
+    def alloc_extend_swa_tail(
+        self,
+        prefix_lens: Tensor,
+        seq_lens: Tensor,
+        last_loc: Tensor,
+        extend_num_tokens: int,
+        swa_tail_len: int,
+        *,
+        num_new_pages: int | None = None,
+    ) -> Tensor | None:
+        """Full slots for the whole extend of one request, SWA slots only for its last ``swa_tail_len`` tokens.
+
+        SGLang's ``alloc_extend_swa_tail`` (``allocator/swa.py`` L356-428 of 0.5.23): a long prefill whose
+        earlier tokens fall out of the window before they are read needs no SWA KV for them.  The tail gets
+        fresh SWA pages (as a request with no prefix: ``ceil(swa_tail_len / page_size)`` pages) mapped to the
+        last ``swa_tail_len`` full slots; the extend's other full slots are left unmapped (0).  One request
+        per call (``AllocatorError`` otherwise, where SGLang asserts); None, nothing changed, when either pool
+        is short.  ``num_new_pages``: the full side's new pages, as ``alloc_extend`` takes it.
+
+        Caller contract (as SGLang's): start the tail on a page boundary, ``(seq_len - swa_tail_len) %
+        page_size == 0``, so that each full page maps to one SWA page at the same offsets, which later decodes
+        and ``free_swa`` rely on; ``checked=True`` refuses a tail that does not.
+        """
+        if self.page_size == 1:
+            raise AllocatorError("alloc_extend_swa_tail() is for a paged SWA allocator (page_size > 1), as SGLang's")
+        p = self.page_size
+        pre = prefix_lens.to(device=self.device, dtype=_I64).reshape(-1)
+        seq = seq_lens.to(device=self.device, dtype=_I64).reshape(-1)
+        last = last_loc.to(device=self.device, dtype=_I64).reshape(-1)
+        if pre.numel() != 1 or seq.numel() != 1 or last.numel() != 1:
+            raise AllocatorError(
+                f"alloc_extend_swa_tail() allocates for one request (SGLang's supports bs=1); got {seq.numel()}"
+            )
+        if not 0 <= swa_tail_len <= extend_num_tokens:
+            raise AllocatorError(
+                f"alloc_extend_swa_tail(): need 0 <= swa_tail_len <= extend_num_tokens, got {swa_tail_len} / "
+                f"{extend_num_tokens}"
+            )
+        if self.checked and swa_tail_len and (int(seq[0]) - swa_tail_len) % p:
+            raise AllocatorError(
+                f"alloc_extend_swa_tail(): the tail of {swa_tail_len} tokens starts mid-page (seq_len {int(seq[0])}, "
+                f"page_size {p}), so its SWA pages would not line up with the full pages that later decodes and "
+                "free_swa assume; choose swa_tail_len with (seq_len - swa_tail_len) % page_size == 0"
+            )
+        if num_new_pages is None:
+            num_new_pages = int(((seq + p - 1) // p - (pre + p - 1) // p).sum())
+        swa_pages = -(-swa_tail_len // p)
+        full_alloc, swa_alloc = self._paged()
+        if num_new_pages * p > full_alloc.available_size() or swa_pages * p > swa_alloc.available_size():
+            return None
+        full = full_alloc.alloc_extend(pre, seq, last, extend_num_tokens, num_new_pages=num_new_pages)
+        assert full is not None  # it had the pages
+        if swa_tail_len == 0:
+            return full
+        tail = torch.tensor([swa_tail_len], dtype=_I64, device=self.device)
+        none = torch.zeros(1, dtype=_I64, device=self.device)
+        swa = swa_alloc.alloc_extend(none, tail, none - 1, swa_tail_len, num_new_pages=swa_pages)
+        assert swa is not None
+        full_slots = full.to(_I64)
+        self.full_to_swa_index_mapping[full_slots[-swa_tail_len:]] = swa.to(_I64)
+        if swa_tail_len < extend_num_tokens:
+            self.full_to_swa_index_mapping[full_slots[:-swa_tail_len]] = 0
         return full
 
     def alloc_decode(self, seq_lens: Tensor, last_loc: Tensor, *, num_new_pages: int | None = None) -> Tensor | None:

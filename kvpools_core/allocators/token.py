@@ -22,7 +22,8 @@ class TokenAllocator(BaseAllocator):
 
     ``alloc`` copies a slice of the preallocated free stack out, ``free``
     copies the slots back in: no reallocation.  Freed slots are reused first
-    (LIFO).  ``checked=True`` also keeps an "allocated" map that catches
+    (LIFO, where SGLang's reuses them last: see "Allocator contract" in
+    ``docs/allocators.md``).  ``checked=True`` also keeps an "allocated" map that catches
     double frees (see ``base``).
     """
 
@@ -31,13 +32,16 @@ class TokenAllocator(BaseAllocator):
     def __init__(
         self,
         size: int,
-        *,
+        dtype: torch.dtype | None = None,
         device: str | torch.device = "cpu",
+        kvcache: object = None,
         need_sort: bool = False,
+        *,
         checked: bool = False,
         debug: bool = False,
     ) -> None:
-        super().__init__(size, 1, device=device, need_sort=need_sort, checked=checked, debug=debug)
+        """SGLang's ``TokenToKVPoolAllocator(size, dtype, device, kvcache, need_sort)``, plus ``checked``."""
+        super().__init__(size, 1, dtype, device, kvcache, need_sort, checked=checked, debug=debug)
 
     @classmethod
     def planned_nbytes(cls, size: int, page_size: int = 1, checked: bool = False) -> int:
@@ -45,6 +49,12 @@ class TokenAllocator(BaseAllocator):
         if page_size != 1:
             raise ValueError(f"TokenAllocator has page_size 1, got {page_size}")
         return super().planned_nbytes(size, 1, checked)
+
+    @property
+    def free_pages(self) -> Tensor:
+        """The free slots in the order ``alloc`` hands them out, released ones left out (SGLang's
+        ``free_pages``; a copy).  The paged allocator's ``free_pages`` is its page API's free call."""
+        return self._buf[self._head :].clone()
 
     def alloc(self, need_size: int) -> Tensor | None:
         """``need_size`` free slots as a new int64 tensor, or None (nothing changes)."""
@@ -107,4 +117,7 @@ class TokenAllocator(BaseAllocator):
             return
         units = self.to_ids(indices)
         if units.numel():
-            self._release(units)
+            if self._refs is not None:
+                self._free_counted(units)
+            else:
+                self._release(units)

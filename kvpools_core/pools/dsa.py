@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from kvpools_core.dtypes import resolve_kv_dtype
-from kvpools_core.errors import ConfigError, PoolPlanMismatchError
+from kvpools_core.errors import AllocatorError, ConfigError, PoolPlanMismatchError
 from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.indexer import (
@@ -219,6 +219,17 @@ class DSATokenToKVPool(MLATokenToKVPool):
     """MLA latent rows plus the paged indexer keys of every DSA layer of one rank."""
 
     quant_block_size = INDEX_BLOCK
+
+    def get_cpu_copy(self, indices: Tensor) -> dict[str, object]:
+        """Refused: the MLA rows alone would leave the indexer keys behind (they are paged, not per slot)."""
+        raise AllocatorError(
+            "get_cpu_copy(): the DSA pool has no host copies (its indexer keys are stored by page, and a copy of "
+            "the latent rows alone would resume a request without them); retract by recomputing instead"
+        )
+
+    def load_cpu_copy(self, kv_cache_cpu: dict[str, object], indices: Tensor) -> None:
+        """Refused, as :meth:`get_cpu_copy`."""
+        self.get_cpu_copy(indices)
 
     def __init__(
         self,

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from kvpools_core.errors import PoolPlanMismatchError
 from kvpools_core.parts.attention import LayerGeometry
+from kvpools_core.pools.host_copy import copy_rows_to_host, load_rows_from_host
 from kvpools_core.pools.layout import (
     PER_LAYER,
     BufferLayout,
@@ -221,6 +222,20 @@ class LayerKV:
         return self.codec.decode(self.k_buffer[i][loc], k_scale, out), self.codec.decode(
             self.v_buffer[i][loc], v_scale, out
         )
+
+    # -- host copies (retraction) ---------------------------------------------
+
+    def get_cpu_copy(self, indices: Tensor) -> list[list[Tensor]]:
+        """Rows ``indices`` of every K, V and scale buffer, copied to host memory (SGLang's ``get_cpu_copy``)."""
+        return copy_rows_to_host(self.row_buffers(), indices)
+
+    def load_cpu_copy(self, kv_cache_cpu: list[list[Tensor]], indices: Tensor) -> None:
+        """Write a :meth:`get_cpu_copy` result into rows ``indices`` (SGLang's ``load_cpu_copy``)."""
+        load_rows_from_host(self.row_buffers(), kv_cache_cpu, indices)
+
+    def row_buffers(self) -> list[RowBuffer]:
+        """Every row-indexed buffer held, layer by layer: K, V, then the scales."""
+        return [*self.k_buffer, *self.v_buffer, *self.k_scale_buffer, *self.v_scale_buffer]
 
     def _scales(self, buffers: list[Tensor], layer_id: int) -> Tensor:
         i = self.local(layer_id)

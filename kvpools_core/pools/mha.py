@@ -16,6 +16,7 @@ the writes and reads address by row.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -243,6 +244,25 @@ class MHATokenToKVPool:
     def get_kv(self, layer_id: int, loc: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
         """K and V at slots ``loc``, dequantised to ``dtype`` (default: the model dtype)."""
         return self.kv.get_kv(layer_id, loc, dtype)
+
+    # -- host copies (retraction) ------------------------------------------------
+
+    def get_cpu_copy(self, indices: Tensor) -> dict[str, object]:
+        """The KV of slots ``indices`` (every layer, scales included, and the draft pool's) in host memory.
+
+        SGLang's ``MHATokenToKVPool.get_cpu_copy`` (``memory_pool.py`` L2791): per layer, chunks of
+        8,192 slots; opaque to the caller, who hands it back to :meth:`load_cpu_copy`.
+        """
+        return {
+            "kv": self.kv.get_cpu_copy(indices),
+            "draft": None if self.draft is None else self.draft.get_cpu_copy(indices),
+        }
+
+    def load_cpu_copy(self, kv_cache_cpu: dict[str, Any], indices: Tensor) -> None:
+        """Write a :meth:`get_cpu_copy` result into slots ``indices`` (the resumed request's new slots)."""
+        self.kv.load_cpu_copy(kv_cache_cpu["kv"], indices)
+        if self.draft is not None:
+            self.draft.load_cpu_copy(kv_cache_cpu["draft"], indices)
 
     def __repr__(self) -> str:
         draft = f", draft={self.draft.layer_num} layers" if self.draft is not None else ""

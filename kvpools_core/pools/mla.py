@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -43,6 +44,7 @@ from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.latent import FP8_BLOCK, LatentRow, MLADims, model_dims
 from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL, draft_num_layers
+from kvpools_core.pools.host_copy import copy_rows_to_host, load_rows_from_host
 from kvpools_core.pools.kv import allocate, check_planned_bytes, tensor_nbytes
 from kvpools_core.pools.layout import (
     PER_LAYER,
@@ -489,6 +491,29 @@ class MLATokenToKVPool:
                 f"set_kv_buffer(layer {layer_id}): {what} has shape {tuple(value.shape)}, "
                 f"expected ({n}, 1, {dim}) for {n} slot(s)."
             )
+
+    # -- host copies (retraction) ------------------------------------------------
+
+    def get_cpu_copy(self, indices: Tensor) -> dict[str, object]:
+        """The latent rows (and scales) of slots ``indices`` in every layer this rank stores, and the draft
+        pool's, in host memory: SGLang's ``get_cpu_copy`` (``memory_pool.py`` L2791, per layer in chunks of 8,192
+        slots); opaque to the caller, who hands it back to :meth:`load_cpu_copy`."""
+        return {
+            "kv": copy_rows_to_host(self._row_buffers(), indices),
+            "draft": None if self.draft is None else self.draft.get_cpu_copy(indices),
+        }
+
+    def load_cpu_copy(self, kv_cache_cpu: dict[str, Any], indices: Tensor) -> None:
+        """Write a :meth:`get_cpu_copy` result into slots ``indices`` (the resumed request's new slots)."""
+        load_rows_from_host(self._row_buffers(), kv_cache_cpu["kv"], indices)
+        if self.draft is not None:
+            self.draft.load_cpu_copy(kv_cache_cpu["draft"], indices)
+
+    def _row_buffers(self) -> list[Tensor]:
+        """The row buffers of the layers this rank stores (others hold 0-row placeholders)."""
+        owned = [i for i, layer in enumerate(range(self.start_layer, self.end_layer)) if self.is_owned(layer)]
+        groups = (self.kv_buffer, self.nope_buffer, self.rope_buffer, self.kv_scale_buffer)
+        return [group[i] for group in groups if group for i in owned]
 
     def __repr__(self) -> str:
         draft = f", draft={self.draft.layer_num} layers" if self.draft is not None else ""

@@ -46,6 +46,7 @@ def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | 
         sizes.swa_tokens // page * page,
         page,
         mapping=pool.full_to_swa_index_mapping,
+        kvcache=pool,
         device=device,
         need_sort=plan.serving.disaggregation_mode in ("prefill", "decode"),
         checked=checked,

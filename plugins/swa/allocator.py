@@ -53,13 +53,14 @@ def allocator_for_plan(
     swa = int(config["swa_max_total_num_tokens"]) // page * page
     mapping = getattr(pool, "full_to_swa_index_mapping", None)
     if mapping is None:
-        return PureSWAAllocator(swa, page, device=device, need_sort=need_sort, checked=checked)
+        return PureSWAAllocator(swa, page, device=device, need_sort=need_sort, checked=checked, kvcache=pool)
     full = int(config["full_max_total_num_tokens"])
     return SWATokenToKVPoolAllocator(
         full,
         swa,
         page,
         mapping=mapping,
+        kvcache=pool,
         device=device,
         need_sort=need_sort,
         checked=checked,
@@ -79,10 +80,12 @@ class PureSWAAllocator:
         need_sort: bool = False,
         checked: bool = False,
         debug: bool = False,
+        kvcache: object = None,
     ) -> None:
         self.page_size = page_size
         self.checked = checked = checked or debug  # ``debug`` is the old name of checked mode
-        self.swa_attn_allocator = sub_allocator(size_swa, page_size, device, need_sort, checked)
+        # slot ids are the SWA store's rows: the one allocator holds the whole pool (its host copies go through it)
+        self.swa_attn_allocator = sub_allocator(size_swa, page_size, device, need_sort, checked, kvcache=kvcache)
         self.full_attn_allocator = self.swa_attn_allocator
         self.device = self.swa_attn_allocator.device
 
@@ -104,6 +107,18 @@ class PureSWAAllocator:
         return self.swa_attn_allocator.available_size()
 
     full_available_size = swa_available_size = available_size
+
+    def get_kvcache(self) -> object:
+        """The SWA pool (every layer slides)."""
+        return self.swa_attn_allocator.get_kvcache()
+
+    def get_cpu_copy(self, indices: Tensor) -> object:
+        """The KV of slots ``indices`` in host memory, from the pool."""
+        return self.swa_attn_allocator.get_cpu_copy(indices)
+
+    def load_cpu_copy(self, kv_cache_cpu: object, indices: Tensor) -> None:
+        """Write a ``get_cpu_copy`` result into slots ``indices``."""
+        self.swa_attn_allocator.load_cpu_copy(kv_cache_cpu, indices)
 
     def translate_loc_from_full_to_swa(self, loc: Tensor) -> Tensor:
         return loc

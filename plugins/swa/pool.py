@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -290,6 +290,50 @@ class SWAKVPool(SWARouting[LayerKV]):
         """K and V of full slots ``loc``, dequantised to ``dtype`` (default: the model dtype)."""
         store, index = self._store(layer_id)
         return store.get_kv(index, self._loc(layer_id, loc), dtype)
+
+    # -- host copies (retraction) ------------------------------------------------
+
+    def get_cpu_copy(self, indices: Tensor) -> dict[str, Any]:
+        """The KV of full slots ``indices`` in host memory: full layers' rows, and the sliding layers' rows of the
+        slots that still have an SWA slot (a tail-only extend or ``free_swa`` leaves the others unmapped), with the
+        mask of which; SGLang's ``SWAKVPool.get_cpu_copy`` (``swa_memory_pool.py`` L368).  Opaque: hand it back
+        to :meth:`load_cpu_copy`."""
+        index = torch.as_tensor(indices).to(device=self.device, dtype=torch.int64).reshape(-1)
+        draft = None if self.draft is None else self.draft.get_cpu_copy(index)
+        if self.full_kv_pool is None or self.full_to_swa_index_mapping is None:  # every layer slides: slot = SWA slot
+            return {"full": None, "swa": self.swa_kv_pool.get_cpu_copy(index), "swa_mask": None, "draft": draft}
+        swa = self.full_to_swa_index_mapping[index]
+        mask = swa > 0
+        return {
+            "full": self.full_kv_pool.get_cpu_copy(index),
+            "swa": self.swa_kv_pool.get_cpu_copy(swa[mask]),
+            "swa_mask": mask.cpu(),
+            "draft": draft,
+        }
+
+    def load_cpu_copy(self, kv_cache_cpu: dict[str, Any], indices: Tensor) -> None:
+        """Write a :meth:`get_cpu_copy` result into full slots ``indices``; the SWA rows go to the SWA slots they
+        map to now, which must exist wherever the copy has SWA rows (allocate the same window tail)."""
+        index = torch.as_tensor(indices).to(device=self.device, dtype=torch.int64).reshape(-1)
+        if self.draft is not None:
+            self.draft.load_cpu_copy(kv_cache_cpu["draft"], index)
+        if self.full_kv_pool is None or self.full_to_swa_index_mapping is None:
+            self.swa_kv_pool.load_cpu_copy(kv_cache_cpu["swa"], index)
+            return
+        mask = kv_cache_cpu["swa_mask"].to(self.device)
+        if mask.shape != index.shape:
+            raise ValueError(
+                f"load_cpu_copy(): the copy is of {mask.numel()} slots but {index.numel()} indices were given; "
+                "pass as many new slots as were copied"
+            )
+        swa = self.full_to_swa_index_mapping[index][mask]
+        if bool((swa <= 0).any()):
+            raise ValueError(
+                "load_cpu_copy(): some new slots have no SWA slot where the copy holds sliding-window KV; "
+                "allocate the new slots with at least the window tail that was copied (alloc_extend_swa_tail)"
+            )
+        self.full_kv_pool.load_cpu_copy(kv_cache_cpu["full"], index)
+        self.swa_kv_pool.load_cpu_copy(kv_cache_cpu["swa"], swa)
 
     def __repr__(self) -> str:
         return (

@@ -52,6 +52,20 @@ def require_oracle() -> None:
         sys.path.insert(0, str(ORACLE_DIR))
 
 
+PEERS_VENV = Path(os.environ.get("KVPOOLS_PEERS_VENV", "/tmp/kvpools-peers-venv"))
+"""SGLang 0.5.23 installed by the shared ``bench/setup_peers.sh`` (``benchmarks/run_bench.sh`` builds it)."""
+
+
+def require_sglang_peer() -> tuple[Path, Path]:
+    """The peers venv's python and the shared ``bench`` folder (its ``peer_imports.py`` imports SGLang's
+    allocators), or skip/fail the caller when either is missing."""
+    python, bench = PEERS_VENV / "bin" / "python", SHARED_DIR / "bench"
+    sglang = list(PEERS_VENV.glob("lib/python*/site-packages/sglang/srt/mem_cache/allocator"))
+    if not python.is_file() or not sglang or not (bench / "peer_imports.py").is_file():
+        _missing()
+    return python, bench
+
+
 def require_model_configs() -> Path:
     """The real ``config.json`` excerpts, or skip/fail the caller when they are missing."""
     if not MODEL_CONFIGS.is_dir() or not any(MODEL_CONFIGS.glob("*.json")):

@@ -185,6 +185,7 @@ def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> PagedA
         plan.max_total_num_tokens,
         plan.serving.page_size,
         device=device,
+        kvcache=pool,
         need_sort=plan.serving.disaggregation_mode in ("prefill", "decode"),
         checked=checked,
     )

@@ -1,0 +1,143 @@
+"""SGLang's allocator contract: the abstract base that scheduler code and engine subclasses are written against.
+
+An engine that hands its scheduler kvpools' allocators in place of its own needs
+them to be what SGLang's ``BaseTokenToKVPoolAllocator`` is (``srt/mem_cache/
+allocator/base.py`` of SGLang 0.5.23): the constructor ``(size, page_size,
+dtype, device, kvcache, need_sort)``; the KV pool held and returned by
+``get_kvcache``; ``get_cpu_copy`` / ``load_cpu_copy`` and ``alloc_extend`` /
+``alloc_decode`` that raise ``NotImplementedError`` until a subclass provides
+them (SGLang's token allocator relies on the latter two raising); ``clear``,
+``alloc`` and ``free`` left abstract; and ``available_size``,
+``merge_and_sort_free`` and the free group over the ``free_pages`` /
+``release_pages`` tensors a subclass written for SGLang keeps.
+
+:class:`~kvpools_core.allocators.TokenAllocator`,
+:class:`~kvpools_core.allocators.PagedAllocator` and
+:class:`~kvpools_core.allocators.swa.SWATokenToKVPoolAllocator` derive from it;
+``docs/allocators.md`` ("Allocator contract") lists where they differ from SGLang's.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import torch
+
+from kvpools_core.errors import AllocatorError
+
+__all__ = ["BaseTokenToKVPoolAllocator", "host_copy_of", "load_host_copy_into"]
+
+
+class BaseTokenToKVPoolAllocator(abc.ABC):
+    """SGLang's allocator interface (``BaseTokenToKVPoolAllocator``), with its constructor and defaults."""
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device = "cpu",
+        kvcache: Any = None,
+        need_sort: bool = False,
+    ) -> None:
+        self.size = size
+        self.page_size = page_size
+        self.dtype = dtype
+        """The KV dtype of the pool the slots index (SGLang keeps it; the allocator itself never reads it)."""
+        self.device: torch.device | str = device
+        self._kvcache = kvcache
+        self.need_sort = need_sort
+
+    @property
+    def size_full(self) -> int:
+        """Full-attention slots (SGLang: ``size`` for a single pool)."""
+        return self.size
+
+    def get_kvcache(self) -> Any:
+        """The KV pool whose slots this allocator hands out (``None`` when built without one)."""
+        return self._kvcache
+
+    def debug_print(self) -> str:
+        return ""
+
+    # -- what SGLang's base leaves to subclasses --------------------------------------------------------
+
+    def get_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
+        """The KV of slots ``indices`` copied to host memory (a subclass delegates to its pool)."""
+        raise NotImplementedError()
+
+    def load_cpu_copy(self, *args: Any, **kwargs: Any) -> None:
+        """Write a :meth:`get_cpu_copy` result back into slots ``indices`` (a subclass delegates to its pool)."""
+        raise NotImplementedError()
+
+    def alloc_extend(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("alloc_extend is only for paged allocator")
+
+    def alloc_decode(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("alloc_decode is only for paged allocator")
+
+    @abc.abstractmethod
+    def clear(self) -> None:
+        """Everything free again."""
+
+    @abc.abstractmethod
+    def alloc(self, need_size: int) -> Any:
+        """``need_size`` slots, or None when they are not free."""
+
+    @abc.abstractmethod
+    def free(self, free_index: Any) -> None:
+        """Give slots back."""
+
+    # -- SGLang's defaults over ``free_pages`` / ``release_pages`` tensors (for subclasses that keep them) ----
+
+    def available_size(self) -> int:
+        """Free slots: SGLang's default counts the subclass's ``free_pages`` and ``release_pages`` tensors."""
+        free, released = getattr(self, "free_pages"), getattr(self, "release_pages")  # noqa: B009
+        return (len(free) + len(released)) * self.page_size
+
+    def merge_and_sort_free(self) -> None:
+        """SGLang's default: fold ``release_pages`` into ``free_pages``, sorted."""
+        free, released = getattr(self, "free_pages"), getattr(self, "release_pages")  # noqa: B009
+        if len(released):
+            setattr(self, "free_pages", torch.sort(torch.cat((free, released))).values)  # noqa: B010
+            setattr(self, "release_pages", released[:0])  # noqa: B010
+
+    def free_group_begin(self) -> None:
+        """SGLang's default: collect frees in ``free_group`` until :meth:`free_group_end`."""
+        if getattr(self, "free_group", None) is not None:
+            raise RuntimeError("free_group_begin() called twice without free_group_end()")
+        self.free_group: list[Any] | None = []
+
+    def free_group_end(self) -> None:
+        """SGLang's default: free what the group collected, in one call."""
+        pending, self.free_group = getattr(self, "free_group", None), None
+        if pending:
+            self.free(torch.cat(pending))
+
+
+def host_copy_of(allocator: BaseTokenToKVPoolAllocator, indices: Any) -> Any:
+    """``allocator``'s pool's ``get_cpu_copy(indices)``, or a clear error naming what is missing."""
+    return _pool_method(allocator, "get_cpu_copy")(indices)
+
+
+def load_host_copy_into(allocator: BaseTokenToKVPoolAllocator, kv_cache_cpu: Any, indices: Any) -> None:
+    """``allocator``'s pool's ``load_cpu_copy(kv_cache_cpu, indices)``, or a clear error naming what is missing."""
+    _pool_method(allocator, "load_cpu_copy")(kv_cache_cpu, indices)
+
+
+def _pool_method(allocator: BaseTokenToKVPoolAllocator, name: str) -> Any:
+    pool = allocator.get_kvcache()
+    if pool is None:
+        raise AllocatorError(
+            f"{name}() copies the KV of slots through the allocator's KV pool, and this "
+            f"{type(allocator).__name__} was built without one: pass kvcache=<the pool> to its constructor "
+            "(kvpools_core.build(plan, device) does)"
+        )
+    method = getattr(pool, name, None)
+    if method is None:
+        raise AllocatorError(
+            f"{name}(): the KV pool {type(pool).__name__} has no host copies (kvpools' MHA, MLA and SWA pools "
+            "have them); retract requests by recomputing their KV instead"
+        )
+    return method
