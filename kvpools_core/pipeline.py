@@ -12,6 +12,7 @@ import attrs
 from kvpools_core.config import load_model
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.errors import ConfigError, PluginResultError, UnsupportedCombinationError
+from kvpools_core.host import host_reserve_flag_check, plan_host_tier
 from kvpools_core.options import option
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.sizing import explicit_budget, profile_budget, summarize_notes
@@ -30,6 +31,8 @@ def plan(
     reserved_memory: int | str | None = None,
     draft_model: str | ModelSpec | None = None,
     registry: Registry | None = None,
+    host_memory: int | str | None = None,
+    host_reserve: int | str | None = None,
 ) -> Plan:
     """Plan the KV-cache pools of ``model`` under ``serving`` within a budget.
 
@@ -38,12 +41,18 @@ def plan(
     memory of ``device`` (measured by the platform plugin), minus
     ``weights_memory``, the runtime slack and ``reserved_memory``.  Sizes are
     bytes (int or float) or strings with a unit.
+
+    With ``serving.enable_hierarchical_cache`` the plan also gets its host
+    tier (``Plan.host``, :func:`kvpools_core.host.plan_host_tier`), checked
+    against ``host_memory`` (the node's available host memory; measured here
+    when None) minus ``host_reserve`` (SGLang's 10 GiB when None).
     """
     registry = registry or get_registry()
     serving = serving or Serving()
     if not isinstance(serving, Serving):
         raise ConfigError(f"serving must be a kvpools_core.Serving, got {type(serving).__name__}.")
     provenance: dict[str, tuple[str, ...]] = {}
+    host_reserve_flag_check(host_memory, host_reserve, serving)
     serving = resolve_platform(serving, registry)
     check_plugin_options(serving, registry)
     serving = resolve_platform_traits(serving, registry, provenance)
@@ -74,7 +83,11 @@ def plan(
     provenance["size_pools"] = sizing_by
     _check_workspaces_charged(serving, sizing, sizing_by, registry)
     sizing = _note_unreachable_context(spec, serving, sizing)
-    return Plan(model=spec, serving=serving, budget=budget, cell=cell, sizing=sizing, provenance=provenance)
+    result = Plan(model=spec, serving=serving, budget=budget, cell=cell, sizing=sizing, provenance=provenance)
+    if serving.enable_hierarchical_cache:
+        host, host_by = plan_host_tier(result, host_memory=host_memory, host_reserve=host_reserve, registry=registry)
+        result = attrs.evolve(result, host=host, provenance={**provenance, "host_mirrors": host_by})
+    return result
 
 
 def resolve_budget(
