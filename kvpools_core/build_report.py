@@ -60,7 +60,24 @@ def build_summary(pools: Pools, registry: Registry | None = None) -> dict[str, A
         "accounting": plan.serving.accounting,
         "provenance": {hook: list(plugins) for hook, plugins in pools.provenance.items()},
         "plan_provenance": {hook: list(plugins) for hook, plugins in plan.provenance.items()},
+        "host": _host_build(pools),
         "plan": plan.to_dict(),
+    }
+
+
+def _host_build(pools: Pools) -> dict[str, Any] | None:
+    """The host tier built: planned vs allocated bytes per host pool (None without a tier)."""
+    host = pools.plan.host
+    if host is None:
+        return None
+    planned = {pool.name: pool.bytes for pool in host.pools}
+    allocated = pools.host_by_pool()
+    return {
+        "planned_by_pool": planned,
+        "allocated_by_pool": allocated,
+        "planned_bytes": host.bytes_per_rank,
+        "allocated_bytes": pools.host_bytes,
+        "matches_plan": planned == allocated,
     }
 
 
@@ -133,6 +150,22 @@ def render_build(pools: Pools, console: Console, registry: Registry | None = Non
         style="bold",
     )
     console.print(table)
+    host = summary["host"]
+    if host is not None:
+        hosted = Table(title="Host tier (HiCache)", title_justify="left", show_edge=False, pad_edge=False)
+        for column in ("host pool", "planned", "allocated", "match"):
+            hosted.add_column(column, justify="left" if column == "host pool" else "right")
+        for name, planned in host["planned_by_pool"].items():
+            allocated = host["allocated_by_pool"].get(name)
+            hosted.add_row(name, _bytes(planned), _bytes(allocated), "ok" if planned == allocated else "MISMATCH")
+        hosted.add_row(
+            "total",
+            _bytes(host["planned_bytes"]),
+            _bytes(host["allocated_bytes"]),
+            "ok" if host["matches_plan"] else "MISMATCH",
+            style="bold",
+        )
+        console.print(hosted)
     console.print(
         f"[bold]budget[/bold] {summary['budget_bytes']:,} B ({format_bytes(summary['budget_bytes'])}): "
         f"{summary['budget_used'] * 100:.3f}% used, {summary['budget_unused_bytes']:,} B left"

@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from kvpools_core.host import build_host_pools
 from kvpools_core.registry import CORE_PLUGIN, Registry, get_registry
 from kvpools_core.values import Plan
 
@@ -33,6 +34,18 @@ class Pools:
     """The buffer layout the KV pool was built through (``buffer_layout``; the core's is ``per_layer``)."""
     workspaces: dict[str, Any] = attrs.field(factory=dict)
     """The platform workspaces of the plan (``Serving.workspaces``), one tensor each, by pool name."""
+    host: dict[str, Any] = attrs.field(factory=dict)
+    """The host tier's pools (``plan.host``), one CPU tensor each (pinned where CUDA is available; ``meta`` on a
+    meta build), by host pool name: outside the device's ``allocated_bytes``, measured by :attr:`host_bytes`."""
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of the host pools built, measured from their tensors (``plan.host.bytes_per_rank`` when exact)."""
+        return sum(int(t.nbytes) for t in self.host.values())
+
+    def host_by_pool(self) -> dict[str, int]:
+        """Measured bytes per host pool name."""
+        return {name: int(tensor.nbytes) for name, tensor in self.host.items()}
 
     CHECKED_SUFFIX = "_checked"
     """Pools named ``<free list>_checked`` are a checked allocator's maps: built on request, never planned."""
@@ -80,6 +93,9 @@ def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None, 
     ``swa_allocator_checked``) in ``allocated_by_pool()``, so ``allocated_bytes``
     then exceeds ``plan.planned_bytes`` by exactly those bytes.
 
+    A plan with a host tier (``plan.host``) also gets its host pools, as CPU
+    tensors (``meta`` ones on ``meta``) of the planned bytes (``Pools.host``).
+
     The KV pool's buffers are carved by the layout the ``buffer_layout`` hook
     answers for ``device`` (resolved once, passed to ``build_pool``); the
     provenance names the plugin that chose it unless it is the core's default.
@@ -114,12 +130,22 @@ def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None, 
         checked=checked,
     )
     workspaces = build_workspaces(plan, device)
+    host = build_host_pools(plan, "meta" if str(device) == "meta" else "cpu")
     provenance = {"build_req_to_token_pool": req_by}
     if layout_by != (CORE_PLUGIN,):  # the default per-layer layout is left out, so such builds report as before
         provenance["buffer_layout"] = layout_by
     provenance.update(build_pool=pool_by, build_allocator=alloc_by)
     return Pools(
-        plan, device, req_pool, kv_pool, allocator, provenance, checked=checked, layout=layout, workspaces=workspaces
+        plan,
+        device,
+        req_pool,
+        kv_pool,
+        allocator,
+        provenance,
+        checked=checked,
+        layout=layout,
+        workspaces=workspaces,
+        host=host,
     )
 
 

@@ -197,8 +197,8 @@ def _stage_record(plan: Plan, context_len: int) -> dict[str, Any]:
         "max_running_requests": plan.max_running_requests,
         "gpu_kv_bytes": plan.planned_bytes,
         "budget": _budget(plan),
-        "host_kv_bytes": None,
-        "host_tokens": None,
+        "host_kv_bytes": plan.host_kv_bytes,
+        "host_tokens": plan.host_tokens,
     }
 
 

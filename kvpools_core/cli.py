@@ -24,7 +24,14 @@ from kvpools_core.dtypes import KV_DTYPE_CHOICES
 from kvpools_core.errors import ConfigError, KvpoolsError
 from kvpools_core.options import cli_surface, option
 from kvpools_core.registry import get_registry
-from kvpools_core.values import ACCOUNTING_MODES, DSV4_COMPRESS_STATE_DTYPES, SPECULATIVE_ALGORITHMS, Serving
+from kvpools_core.values import (
+    ACCOUNTING_MODES,
+    DSV4_COMPRESS_STATE_DTYPES,
+    HICACHE_MEM_LAYOUTS,
+    HICACHE_WRITE_POLICIES,
+    SPECULATIVE_ALGORITHMS,
+    Serving,
+)
 
 _HELP = {
     "kv_cache_dtype": "KV element type (auto follows the model dtype).",
@@ -70,6 +77,15 @@ _HELP = {
     "(SGLANG_OPT_USE_ONLINE_COMPRESS).",
     "enable_online_c128_mtp": "Allow online c128 with EAGLE top-k 1 MTP (SGLANG_EXPERIMENTAL_ONLINE_C128_MTP).",
     "accounting": "exact: charge every byte built; sglang: SGLang's numbers exactly.",
+    "enable_hierarchical_cache": "HiCache: plan the host KV tier (pinned CPU mirrors of the device pools).",
+    "hicache_ratio": "Host pool slots per device pool slot (SGLang's --hicache-ratio).",
+    "hicache_size": "Host tier size per rank in GB (1e9 B), split over the host pools by device bytes; "
+    "0 uses --hicache-ratio.",
+    "hicache_mamba_ratio": "Mamba host state slots per device state slot (SGLang PR #39851); unset: --hicache-ratio, "
+    "or a share of --hicache-size.",
+    "hicache_mem_layout": "Host pool layout (SGLang's --hicache-mem-layout).",
+    "hicache_write_policy": "HiCache write policy (SGLang's --hicache-write-policy).",
+    "nnodes": "Nodes the ranks (tp x pp) are spread over: ranks per node share its host memory.",
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "kv_cache_dtype": KV_DTYPE_CHOICES,
@@ -78,6 +94,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "accounting": ACCOUNTING_MODES,
     "mamba_ssm_dtype": ("bfloat16", "float16", "float32"),
     "dsv4_compress_state_dtype": (*DSV4_COMPRESS_STATE_DTYPES, "fp32", "bf16"),
+    "hicache_mem_layout": HICACHE_MEM_LAYOUTS,
+    "hicache_write_policy": HICACHE_WRITE_POLICIES,
 }
 _SPECIAL = {"platform", "plugin_options", "pp_layer_partition"}
 _RESOLVED = {"platform_traits", "workspaces"}
@@ -134,7 +152,26 @@ def _base_type(kind: Any) -> Any:
     return args[0] if args else kind
 
 
+_HOST_OPTIONS = ("host_memory", "host_reserve")
+"""``plan()`` arguments that check the host tier against a node (``--enable-hierarchical-cache``)."""
+
+
+def _host_args(options: dict[str, Any]) -> dict[str, Any]:
+    return {name: options.pop(name, None) for name in _HOST_OPTIONS}
+
+
 def _budget_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    command = click.option(
+        "--host-reserve",
+        default=None,
+        help="Host memory the host tier leaves to the OS and others (default: SGLang's 10 GiB).",
+    )(command)
+    command = click.option(
+        "--host-memory",
+        default=None,
+        help="The node's available host memory the host tier must fit (default: measured here, "
+        "/proc/meminfo MemAvailable).",
+    )(command)
     command = click.option(
         "--runtime-memory",
         default=None,
@@ -411,6 +448,7 @@ def plan(
     if compare_platform is not None and fmt == "capacity-json":
         raise ConfigError("--compare-platform reports on the plan: use it with --format table or json.")
     _gpu_defaults(options, gpu, gpu_memory)
+    host = _host_args(options)
     serving = _make_serving(options, device)
     if all_ranks:
         _plan_all_ranks(
@@ -442,11 +480,11 @@ def plan(
         runtime_memory=runtime_memory,
     )
     if fmt == "capacity-json":
-        _capacity_json(model, serving, budget, parse_context_len(context) if context is not None else None)
+        _capacity_json(model, serving, {**budget, **host}, parse_context_len(context) if context is not None else None)
         return
     as_json = fmt == "json"
-    result = make_plan(model, serving, **budget)
-    comparison = _compare(model, serving, budget, compare_platform)
+    result = make_plan(model, serving, **budget, **host)
+    comparison = _compare(model, serving, {**budget, **host}, compare_platform)
     if as_json:
         summary = plan_summary(result)
         if comparison is not None:
@@ -596,6 +634,7 @@ def capacity(
         raise ConfigError(f"--headroom must be a fraction in [0, 1), e.g. 0.1 for 10%; got {headroom}.")
     parsed_workload = parse_workload(workload) if workload is not None else None
     _gpu_defaults(options, gpu, gpu_memory)
+    host = _host_args(options)
     serving = _make_serving(options, device)
     budget: dict[str, Any] = {
         "memory": memory,
@@ -609,9 +648,9 @@ def capacity(
         "runtime_memory": runtime_memory,
     }
     if fmt == "capacity-json":
-        _capacity_json(model, serving, budget, asked[0] if asked else None)
+        _capacity_json(model, serving, {**budget, **host}, asked[0] if asked else None)
         return
-    result = make_plan(model, serving, **budget)
+    result = make_plan(model, serving, **budget, **host)
     limits = limits_of(result)
     flags_context = max([c for c in asked if c <= limits.context_len], default=limits.context_len)
     try:
@@ -692,6 +731,7 @@ def build(
             "--device meta measures no memory: pass the budget as --memory, --free-memory SIZE, or --gpu NAME."
         )
     _gpu_defaults(options, gpu, gpu_memory)
+    host = _host_args(options)
     serving = _make_serving(options, None if on_gpu else device)
     budget: dict[str, Any] = dict(
         memory=memory,
@@ -704,9 +744,9 @@ def build(
         gpu_memory=gpu_memory,
         runtime_memory=runtime_memory,
     )
-    result = make_plan(model, serving, **budget)
+    result = make_plan(model, serving, **budget, **host)
     pools = build_pools(result, device, checked=checked_allocators)
-    comparison = _compare(model, serving, budget, compare_platform)
+    comparison = _compare(model, serving, {**budget, **host}, compare_platform)
     if as_json:
         summary = build_summary(pools)
         if comparison is not None:

@@ -13,12 +13,33 @@ from typing import Any
 from kvpools_core.hookspecs import hookimpl
 from kvpools_core.options import option
 from kvpools_core.sizing import default_size_pools
-from kvpools_core.values import Budget, CellSize, ModelSpec, PlatformTraits, PoolSizing, Serving
+from kvpools_core.values import (
+    STATE_SLOT,
+    TOKEN,
+    Budget,
+    CellSize,
+    ModelSpec,
+    Plan,
+    PlatformTraits,
+    PoolSizing,
+    Serving,
+)
 
 
 @hookimpl(trylast=True)
 def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing:
     return default_size_pools(model, serving, cell, budget, owner="core")
+
+
+@hookimpl(trylast=True)
+def host_mirrors(plan: Plan) -> dict[str, str | None]:
+    """SGLang's generic host pools: one per K/V-like token pool (``kind="kv"``), one per state-slot pool
+    (``kind="state"``: ``MambaPoolHost``), each sized from its own device slots."""
+    return {
+        pool.name: None
+        for pool in plan.pools
+        if (pool.unit == TOKEN and pool.kind == "kv") or (pool.unit == STATE_SLOT and pool.kind == "state")
+    }
 
 
 @hookimpl(trylast=True)
@@ -30,6 +51,7 @@ def platform_traits(serving: Serving) -> PlatformTraits:
 @hookimpl(trylast=True)
 def validate(model: ModelSpec, serving: Serving) -> list[str]:
     problems = []
+    problems += _unmodelled_host_tier(serving)
     problems += _empty_pipeline_stages(model, serving)
     problems += _unsplittable_heads(model, serving)
     if (
@@ -48,6 +70,31 @@ def validate(model: ModelSpec, serving: Serving) -> list[str]:
             f"{option('speculative_algorithm')} NEXTN needs draft layers: {model.name} declares no "
             f"num_nextn_predict_layers; "
             f"pass {option('draft_model')} or {option('speculative_draft_num_layers')} N."
+        )
+    return problems
+
+
+def _unmodelled_host_tier(serving: Serving) -> list[str]:
+    """Host-tier setups whose host pools kvpools does not size (``docs/host-tier.md``): refused, not guessed.
+
+    SGLang 0.5.23 packs MTP draft layers into the target's host pool or keeps a
+    sidecar (``hicache_draft_plan``), and widens the MLA host page over DCP
+    ranks (``HostKVCache``: ``page_size // dcp_size``); neither is modelled.
+    """
+    if not serving.enable_hierarchical_cache:
+        return []
+    o = option
+    problems = []
+    if serving.speculative:
+        problems.append(
+            f"{o('enable_hierarchical_cache')} with {o('speculative_algorithm')} {serving.speculative_algorithm}: "
+            f"kvpools does not model SGLang's draft host pools (MTP layers packed into the KV host pool, or a "
+            f"sidecar); plan the host tier without speculative decoding."
+        )
+    if serving.dcp_size > 1:
+        problems.append(
+            f"{o('enable_hierarchical_cache')} with {o('dcp_size')} {serving.dcp_size}: kvpools does not model "
+            f"SGLang's DCP-widened host pages; plan the host tier with {o('dcp_size')} 1."
         )
     return problems
 

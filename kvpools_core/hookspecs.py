@@ -266,6 +266,28 @@ def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budge
 
 
 @_spec(firstresult=True)
+def host_mirrors(plan: Plan) -> Mapping[str, str | None] | None:
+    """Say which device pools of a plan have a host (HiCache) mirror, and which ride on another's host slots.
+
+    Stops at the first non-None result; return None to decline.  Asked only
+    for plans with ``serving.enable_hierarchical_cache``, after sizing, by
+    :func:`kvpools_core.host.plan_host_tier`.  The architecture that owns
+    ``plan.model.architecture`` answers where SGLang's host pools differ from
+    the core's default (``trylast``: every token pool of kind ``"kv"`` and every
+    state-slot pool of kind ``"state"``, each a host pool of its own).  A pool
+    whose value is ``None`` is sized from its own device slots (``--hicache-ratio``,
+    or its share of ``--hicache-size``); one whose value names another mirrored
+    pool rides on that pool's host slots and takes no share (SGLang's DSA and
+    MiniMax indexer host pools share the KV host pool's slots).  Pools not
+    named have no mirror.  An architecture whose host pools kvpools does not
+    model refuses ``enable_hierarchical_cache`` in :func:`validate` instead.
+
+    :param plan: the device plan (``plan.host`` is still None).
+    :returns: device pool name → ``None`` (own host pool) or the name of the pool it rides on.
+    """
+
+
+@_spec(firstresult=True)
 def build_req_to_token_pool(plan: Plan, device: str, checked: bool, layout: BufferLayout) -> Any | None:
     """Build the request-to-token table of a plan.
 
@@ -437,6 +459,17 @@ def _platform_name(value: Any) -> str | None:
     return None
 
 
+def _host_mirrors(value: Any) -> str | None:
+    if not isinstance(value, Mapping):
+        return f"got {describe_value(value)}, not a mapping"
+    for key, anchor in value.items():
+        if not isinstance(key, str) or not (anchor is None or isinstance(anchor, str)):
+            return f"entry {describe_value(key)}: {describe_value(anchor)} is not pool name -> None or a pool name"
+        if anchor is not None and (anchor not in value or value[anchor] is not None):
+            return f"pool {key!r} rides on {anchor!r}, which is not a mirrored pool of its own"
+    return None
+
+
 def _messages(value: Any) -> str | None:
     if isinstance(value, (str, bytes)):
         return "one string, not a list of messages (it would be read one character at a time)"
@@ -544,6 +577,10 @@ RESULTS: Mapping[str, ResultContract] = MappingProxyType(
         ),
         "size_pools": ResultContract(
             "a PoolSizing whose pools are PoolSpecs (or None to decline)", _value_of("PoolSizing", pools="PoolSpec")
+        ),
+        "host_mirrors": ResultContract(
+            "a mapping of device pool name to None (its own host pool) or the mirrored pool it rides on",
+            _host_mirrors,
         ),
         "build_req_to_token_pool": ResultContract(
             "a request table with nbytes (int >= 0) and optionally nbytes_by_pool() (or None to decline)",

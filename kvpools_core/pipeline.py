@@ -14,6 +14,7 @@ from kvpools_core.config import load_model
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.errors import ConfigError, KvpoolsError, PluginResultError, UnsupportedCombinationError
 from kvpools_core.gpus import GPU, custom_gpu, default_runtime_bytes, find_gpu, sglang_memory_defaults
+from kvpools_core.host import host_reserve_flag_check, plan_host_tier
 from kvpools_core.options import option
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.sizing import (
@@ -43,6 +44,8 @@ def plan(
     registry: Registry | None = None,
     budget: Budget | None = None,
     sync_stages: bool = True,
+    host_memory: int | str | None = None,
+    host_reserve: int | str | None = None,
 ) -> Plan:
     """Plan the KV-cache pools of ``model`` under ``serving`` within a budget.
 
@@ -63,6 +66,11 @@ def plan(
     ``sync_stages=False`` plans the stage ``serving.pp_rank`` alone, as one
     rank does before the cross-rank MIN: :mod:`kvpools_core.distributed`
     agrees on the tokens of ranks whose budgets differ.
+
+    With ``serving.enable_hierarchical_cache`` the plan also gets its host
+    tier (``Plan.host``, :func:`kvpools_core.host.plan_host_tier`), checked
+    against ``host_memory`` (the node's available host memory; measured here
+    when None) minus ``host_reserve`` (SGLang's 10 GiB when None).
     """
     serving = serving or Serving()
     if not isinstance(serving, Serving):
@@ -72,6 +80,7 @@ def plan(
         serving = _gpu_platform(serving, chosen_gpu)
     elif runtime_memory is not None:
         raise ConfigError(f"{option('runtime_memory')} applies to a GPU budget only: pass {option('gpu')} too.")
+    host_reserve_flag_check(host_memory, host_reserve, serving)
     return plan_basis(model, serving, draft_model=draft_model, registry=registry).plan(
         memory=memory,
         device=device,
@@ -82,6 +91,8 @@ def plan(
         runtime_memory=runtime_memory,
         budget=budget,
         sync_stages=sync_stages,
+        host_memory=host_memory,
+        host_reserve=host_reserve,
     )
 
 
@@ -122,9 +133,11 @@ class PlanBasis:
         runtime_memory: int | str | None = None,
         budget: Budget | None = None,
         sync_stages: bool = True,
+        host_memory: int | str | None = None,
+        host_reserve: int | str | None = None,
     ) -> Plan:
         """The plan within one budget (the keywords of :func:`plan`; ``gpu`` already resolved to a catalogue
-        entry, whose platform the basis was resolved for)."""
+        entry, whose platform the basis was resolved for), with its host tier when the serving asks for one."""
         spec, serving, registry = self.spec, self.serving, self.registry
         provenance = dict(self.provenance)
         stage_budget: Callable[[int], Budget] | None = None
@@ -172,7 +185,13 @@ class PlanBasis:
         provenance["size_pools"] = sizing_by
         _check_workspaces_charged(serving, sizing, sizing_by, registry)
         sizing = _note_unreachable_context(spec, serving, sizing)
-        return Plan(model=spec, serving=serving, budget=budget, cell=cell, sizing=sizing, provenance=provenance)
+        result = Plan(model=spec, serving=serving, budget=budget, cell=cell, sizing=sizing, provenance=provenance)
+        if serving.enable_hierarchical_cache:
+            host, host_by = plan_host_tier(
+                result, host_memory=host_memory, host_reserve=host_reserve, registry=registry
+            )
+            result = attrs.evolve(result, host=host, provenance={**provenance, "host_mirrors": host_by})
+        return result
 
 
 def plan_basis(

@@ -50,9 +50,76 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         cost_counts=plan.counts,
         cost_lines=list(plan.cost.lines()),
         windows=[{**to_dict(window), "per_request": window.per_request} for window in plan.windows],
+        host=host_summary(plan),
         plan=plan.to_dict(),
     )
     return summary
+
+
+def host_summary(plan: Plan) -> dict[str, Any] | None:
+    """The host tier in ``--json``: its pools, what one rank and one node pin, the node check (None without)."""
+    host = plan.host
+    if host is None:
+        return None
+    return {
+        "pools": [{**to_dict(pool), "pages": pool.pages} for pool in host.pools],
+        "bytes_per_rank": host.bytes_per_rank,
+        "ranks_per_node": host.ranks_per_node,
+        "bytes_per_node": host.bytes_per_node,
+        "host_tokens": host.tokens,
+        "pinned": host.pinned,
+        "memory": None if host.memory is None else {**to_dict(host.memory), "usable_bytes": host.memory.usable_bytes},
+        "notes": list(host.notes),
+    }
+
+
+def render_host(plan: Plan, console: Console) -> None:
+    """The "Host tier" section: one row per host pool, then per rank, per node, and the node check."""
+    host = plan.host
+    if host is None:
+        return
+    serving = plan.serving
+    table = Table(title="Host tier (HiCache)", title_justify="left", show_edge=False, pad_edge=False)
+    for column in ("host pool", "device slots", "host slots", "page", "bytes/slot", "bytes", "sized by"):
+        table.add_column(column, justify="left" if column in ("host pool", "sized by") else "right")
+    for pool in host.pools:
+        table.add_row(
+            pool.name,
+            f"{pool.device_slots:,}",
+            f"{pool.slots:,}",
+            f"{pool.page_size}",
+            f"{pool.bytes_per_slot:,}",
+            f"{pool.bytes:,} ({format_bytes(pool.bytes)})",
+            pool.sized_by,
+        )
+    console.print(table)
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold")
+    facts.add_column()
+    facts.add_row(
+        "host tier",
+        f"layout {serving.hicache_mem_layout} · write policy {serving.hicache_write_policy} · "
+        f"{host.tokens:,} host tokens per rank"
+        if host.tokens is not None
+        else f"layout {serving.hicache_mem_layout}",
+    )
+    facts.add_row(
+        "pinned",
+        f"{host.bytes_per_rank:,} B ({format_bytes(host.bytes_per_rank)}) per rank x {host.ranks_per_node} rank(s) "
+        f"= {host.bytes_per_node:,} B ({format_bytes(host.bytes_per_node)}) per node",
+    )
+    if host.memory is not None:
+        memory = host.memory
+        share = host.bytes_per_node / memory.usable_bytes * 100 if memory.usable_bytes else 0.0
+        facts.add_row(
+            "node",
+            f"{format_bytes(memory.available_bytes)} available ({memory.source}) - "
+            f"{format_bytes(memory.reserve_bytes)} reserve = {format_bytes(memory.usable_bytes)}; "
+            f"the tier uses {share:.1f}%",
+        )
+    console.print(facts)
+    for note in host.notes:
+        console.print(f"[yellow]note[/yellow]: {note}")
 
 
 def render_plan(plan: Plan, console: Console) -> None:
@@ -135,6 +202,7 @@ def render_plan(plan: Plan, console: Console) -> None:
     )
     for note in list(cell.notes) + list(sizing.notes):
         console.print(f"[yellow]note[/yellow]: {note}")
+    render_host(plan, console)
     decided = "; ".join(f"{hook}: {', '.join(plugins)}" for hook, plugins in plan.provenance.items())
     console.print(f"[bold]decided by[/bold] {decided}")
 

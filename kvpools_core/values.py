@@ -249,6 +249,17 @@ SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NEXTN", "DFLASH", "N
 ACCOUNTING_MODES = ("exact", "sglang")
 
 
+HICACHE_MEM_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+"""``--hicache-mem-layout`` values kvpools models (SGLang's ``page_first_kv_split`` and ``page_head`` are
+NPU / head-sharded layouts it does not)."""
+HICACHE_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+
+
+def _optional_positive_ratio(inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None:
+        positive_ratio(inst, attribute, value)
+
+
 def _canonical_spec_algorithm(value: str | None) -> str | None:
     return None if value is None else value.upper()
 
@@ -543,6 +554,11 @@ class Serving:
     kvpools never reads the environment for sizing.  ``enable_hisparse`` and
     ``hisparse_config`` are SGLang's server args of those names (the config a
     JSON object string such as ``'{"host_to_device_ratio": 4}'``).
+    ``enable_hierarchical_cache``, ``hicache_ratio``, ``hicache_size`` (GB),
+    ``hicache_mem_layout``, ``hicache_write_policy`` and ``nnodes`` are SGLang's
+    server args; ``hicache_mamba_ratio`` is the Mamba host ratio of SGLang PR
+    #39851 (not in 0.5.23; unset it follows ``hicache_ratio``).  They size the
+    host tier (:class:`HostTier`, ``docs/host-tier.md``), never the device pools.
     """
 
     kv_cache_dtype: str = attrs.field(default="auto", converter=_canonical_kv)
@@ -600,6 +616,14 @@ class Serving:
     )
     enable_online_compress: bool = False
     enable_online_c128_mtp: bool = False
+    # hierarchical cache: the host KV tier (SGLang HiCache; read by kvpools_core.host)
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = attrs.field(default=2.0, validator=positive_ratio)
+    hicache_size: int = attrs.field(default=0, validator=non_negative)
+    hicache_mamba_ratio: float | None = attrs.field(default=None, validator=_optional_positive_ratio)
+    hicache_mem_layout: str = attrs.field(default="page_first", validator=one_of(*HICACHE_MEM_LAYOUTS))
+    hicache_write_policy: str = attrs.field(default="write_through", validator=one_of(*HICACHE_WRITE_POLICIES))
+    nnodes: int = attrs.field(default=1, validator=positive)
     # kvpools
     accounting: str = attrs.field(default="exact", validator=one_of(*ACCOUNTING_MODES))
     platform: str = "cuda"
@@ -635,6 +659,25 @@ class Serving:
                 f"workers, so each would run {self.max_running_requests // attn_dp} requests. Allow at least "
                 f"{attn_dp} (one per worker), or lower {o('dp_size')}."
             )
+        changed = [
+            o(name)
+            for name, value, default in (
+                ("hicache_ratio", self.hicache_ratio, 2.0),
+                ("hicache_size", self.hicache_size, 0),
+                ("hicache_mamba_ratio", self.hicache_mamba_ratio, None),
+            )
+            if value != default
+        ]
+        if changed and not self.enable_hierarchical_cache:
+            raise ConfigError(
+                f"The host KV tier that {' and '.join(changed)} sizes exists only with "
+                f"{o('enable_hierarchical_cache')}; add it, or drop {' and '.join(changed)}."
+            )
+        if self.launched_ranks % self.nnodes:
+            raise ConfigError(
+                f"{o('nnodes')} {self.nnodes} must divide the {self.launched_ranks} ranks ({o('tp_size')} x "
+                f"{o('pp_size')}, x {o('dp_size')} without DP attention), as SGLang places them evenly."
+            )
         if self.enable_mamba_extra_buffer_lazy and self.disable_overlap_schedule:
             raise ConfigError(
                 f"{o('enable_mamba_extra_buffer_lazy')} requires the overlap schedule; "
@@ -654,6 +697,17 @@ class Serving:
     @property
     def speculative(self) -> bool:
         return self.speculative_algorithm is not None
+
+    @property
+    def launched_ranks(self) -> int:
+        """Every rank the launch starts: ``tp_size x pp_size``, times ``dp_size`` replicas without DP attention."""
+        return self.tp_size * self.pp_size * (1 if self.enable_dp_attention else self.dp_size)
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks that share one node's host memory: :attr:`launched_ranks` ``// nnodes`` (SGLang's
+        ``ranks_per_host``: ``launch_world_size // nnodes``, ``pool_host/base.py``, counted over DP replicas too)."""
+        return self.launched_ranks // self.nnodes
 
     @property
     def traits(self) -> PlatformTraits:
@@ -1341,6 +1395,130 @@ class PoolSizing:
 
 
 # ---------------------------------------------------------------------------
+# host tier (SGLang HiCache)
+# ---------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class HostPool:
+    """The host (CPU, pinned) mirror of one device pool, as SGLang's HiCache sizes it (``kvpools_core.host``).
+
+    ``slots`` are the host slots allocated (tokens, or state slots for a state
+    pool): SGLang's ``size = (requested // page_size + 1) x page_size``, every one
+    of them usable (its host allocator hands out all of ``size``);
+    ``device_slots`` the device pool's capacity it was sized from
+    (``device_capacity_tokens``).  ``bytes`` is what ``build`` allocates:
+    ``rows x bytes_per_slot`` with ``rows`` = ``slots``, or, for a pool riding
+    on another's slots (``rides_on``: the DSA indexer rides on the latent
+    pool), its paged rows with slack.  ``sized_by`` says which rule sized it.
+    """
+
+    name: str
+    device_pool: str
+    unit: str = attrs.field(validator=one_of(TOKEN, STATE_SLOT))
+    token_space: str = attrs.field(default=FULL_TOKENS, validator=_token_space)
+    device_slots: int = attrs.field(validator=non_negative)
+    page_size: int = attrs.field(validator=positive)
+    slots: int = attrs.field(validator=non_negative)
+    rows: int = attrs.field(validator=non_negative)
+    bytes_per_slot: int = attrs.field(validator=non_negative)
+    bytes: int = attrs.field(validator=non_negative)
+    layout: str = attrs.field(validator=one_of(*HICACHE_MEM_LAYOUTS))
+    sized_by: str = ""
+    rides_on: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.bytes != self.rows * self.bytes_per_slot:
+            raise InvalidValueError(
+                f"HostPool {self.name!r}: bytes {self.bytes} != rows {self.rows} x bytes_per_slot "
+                f"{self.bytes_per_slot}."
+            )
+
+    @property
+    def pages(self) -> int:
+        return self.rows // self.page_size
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HostPool:
+        return _from_dict(cls, data)
+
+
+@attrs.frozen(kw_only=True)
+class HostMemory:
+    """The node's host memory the host tier was checked against, and how it was known.
+
+    ``available_bytes`` is measured (``psutil.virtual_memory().available``, or
+    ``MemAvailable`` of ``/proc/meminfo`` without psutil) or stated
+    (``--host-memory``); ``reserve_bytes`` is left to the OS and other processes
+    (SGLang's ``HICACHE_HOST_MEMORY_RESERVE_BYTES``, 10 GiB, unless ``--host-reserve``).
+    What the ranks of a node may pin is ``available - reserve``, each rank
+    ``(available - reserve) // ranks_per_node`` (SGLang's ``host_memory_budget_bytes``).
+    """
+
+    available_bytes: int = attrs.field(validator=non_negative)
+    reserve_bytes: int = attrs.field(validator=non_negative)
+    source: str
+
+    @property
+    def usable_bytes(self) -> int:
+        return max(self.available_bytes - self.reserve_bytes, 0)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HostMemory:
+        return _from_dict(cls, data)
+
+
+def _host_pool_tuple(items: Iterable[HostPool | Mapping[str, Any]]) -> tuple[HostPool, ...]:
+    return tuple(HostPool.from_dict(item) if isinstance(item, Mapping) else item for item in items)
+
+
+def _host_memory_or_none(value: HostMemory | Mapping[str, Any] | None) -> HostMemory | None:
+    return HostMemory.from_dict(value) if isinstance(value, Mapping) else value
+
+
+@attrs.frozen(kw_only=True)
+class HostTier:
+    """The plan's host KV tier: every host pool of one rank, what one rank and one node pin, the check.
+
+    Derived from the device plan by :func:`kvpools_core.host.plan_host_tier`
+    (SGLang's rules, ``docs/host-tier.md``).  ``ranks_per_node`` is
+    :attr:`Serving.ranks_per_node`; ``memory`` the node check (None when the
+    tier was sized without one).
+    """
+
+    pools: tuple[HostPool, ...] = attrs.field(converter=_host_pool_tuple)
+    ranks_per_node: int = attrs.field(validator=positive)
+    pinned: bool = True
+    memory: HostMemory | None = attrs.field(default=None, converter=_host_memory_or_none)
+    notes: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+
+    @property
+    def bytes_per_rank(self) -> int:
+        """Host bytes one rank allocates (pins where CUDA is there): the sum of its host pools."""
+        return sum(pool.bytes for pool in self.pools)
+
+    @property
+    def bytes_per_node(self) -> int:
+        """Host bytes the node's ranks allocate together: ``bytes_per_rank x ranks_per_node``."""
+        return self.bytes_per_rank * self.ranks_per_node
+
+    @property
+    def tokens(self) -> int | None:
+        """The full tokens the host tier holds per rank (its first full-token pool's slots), or None."""
+        return next((p.slots for p in self.pools if p.unit == TOKEN and p.token_space == FULL_TOKENS), None)
+
+    def pool(self, name: str) -> HostPool:
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise KeyError(f"host tier has no pool named {name!r}; pools: {[p.name for p in self.pools]}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HostTier:
+        return _from_dict(cls, data)
+
+
+# ---------------------------------------------------------------------------
 # plan
 # ---------------------------------------------------------------------------
 
@@ -1362,6 +1540,18 @@ class Plan:
     sizing: PoolSizing
     provenance: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict, converter=frozen_mapping)
     format: int = PLAN_FORMAT
+    host: HostTier | None = None
+    """The host KV tier (``--enable-hierarchical-cache``), or None without one."""
+
+    @property
+    def host_kv_bytes(self) -> int | None:
+        """Host bytes one rank pins for the host tier (:attr:`HostTier.bytes_per_rank`), None without a tier."""
+        return None if self.host is None else self.host.bytes_per_rank
+
+    @property
+    def host_tokens(self) -> int | None:
+        """Full tokens one rank's host tier holds (:attr:`HostTier.tokens`), None without a tier."""
+        return None if self.host is None else self.host.tokens
 
     @property
     def max_total_num_tokens(self) -> int:
@@ -1427,6 +1617,7 @@ class Plan:
                 "cell": CellSize.from_dict,
                 "sizing": PoolSizing.from_dict,
                 "provenance": lambda p: {k: tuple(v) for k, v in p.items()},
+                "host": HostTier.from_dict,
             },
         )
 

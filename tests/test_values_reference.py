@@ -33,6 +33,9 @@ CLASSES = (
     "TokenWindow",
     "GroupCost",
     "CostModel",
+    "HostPool",
+    "HostMemory",
+    "HostTier",
     "Plan",
 )
 HEADER = """# Values: the field reference

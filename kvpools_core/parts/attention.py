@@ -96,6 +96,27 @@ def sglang_fp4_cell(layers: tuple[LayerSpec, ...], serving: Serving, e: int) -> 
     return cell // 2 + (n * first.head_dim * num * 2 * e) // 16
 
 
+def host_row_width_problems(layers: Iterable[LayerSpec], serving: Serving, model_name: str) -> list[str]:
+    """K/V layers whose V rows are narrower than their K rows, under ``--enable-hierarchical-cache``: refused.
+
+    SGLang 0.5.23's ``MHATokenToKVPoolHost`` sizes the host pool by
+    ``(head_dim + v_head_dim) x heads x layers`` bytes per token but allocates
+    ``(2, layers, size, heads, head_dim)`` (``pool_host/mha.py`` ``init_kv_buffer``): V at the K width.  kvpools
+    does not model that mismatch, so it plans no host tier for such models rather than a wrong one.
+    """
+    if not serving.enable_hierarchical_cache:
+        return []
+    widths = sorted({(layer.head_dim, layer.v_head_dim) for layer in layers if layer.v_head_dim != layer.head_dim})
+    if not widths:
+        return []
+    shown = ", ".join(f"K {k} / V {v}" for k, v in widths)
+    return [
+        f"{option('enable_hierarchical_cache')}: {model_name} has V rows narrower than K rows ({shown}); SGLang's MHA "
+        f"host pool sizes them as K + V but allocates V at the K width, which kvpools does not model. Plan the "
+        f"device pools without the host tier."
+    ]
+
+
 def scale_block_problems(head_dims: Iterable[int], kv: KVDtype, model_name: str) -> list[str]:
     """A block-scaled KV dtype (mxfp8) needs every stored head dim to be a multiple of its block."""
     if kv.scale_block is None:

@@ -85,6 +85,19 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def host_mirrors(plan: Plan) -> dict[str, str | None] | None:
+    """SGLang's DSA host pools: the latent rows' own (``MLATokenToKVPoolHost``), and the indexer keys riding on
+    its slots in whole pages with slack (``DSAIndexerPoolHost``: ``indexer_page_num = (size + page + 1) // page``,
+    ``pool_host/dsa.py``; ``make_dsa_indexer_pool_decl`` declares ``indices_from_pool=KV``)."""
+    names = [pool.name for pool in plan.pools]
+    mirrors: dict[str, str | None] = {"kv": None} if "kv" in names else {}
+    if INDEX_POOL in names and mirrors:
+        mirrors[INDEX_POOL] = "kv"
+    return mirrors or None
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
     from kvpools_core.pools.dsa import DSATokenToKVPool
 

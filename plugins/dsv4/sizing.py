@@ -259,6 +259,12 @@ def dsv4_problems(model: ModelSpec, serving: Serving) -> list[str]:
     o = option
     problems = []
     page = serving.page_size
+    if serving.enable_hierarchical_cache:
+        problems.append(
+            f"{o('enable_hierarchical_cache')}: kvpools does not model DeepSeek-V4's host pools (SGLang's "
+            f"LogicalHostPool anchor and DeepSeekV4PagedHostPool mirrors of the SWA, c4, c128 and indexer pools, "
+            f"each sized in its own pages); plan the device pools without it."
+        )
     if page % 128:
         problems.append(
             f"{o('page_size')} {page}: SGLang asserts '{SGLANG_PAGE_MESSAGE}' for {model.name}. "

@@ -20,7 +20,7 @@ from kvpools_core import for_architecture, hookimpl
 from kvpools_core.config import ConfigReader, context_length, derived_head_dim, model_dtype, sliding_window_active
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
-from kvpools_core.parts.attention import attention_cell_size, scale_block_problems
+from kvpools_core.parts.attention import attention_cell_size, host_row_width_problems, scale_block_problems
 from kvpools_core.values import CellSize, LayerSpec, ModelSpec, Plan, Serving
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
     dims = [layer.head_dim for layer in model.layers] + [layer.v_head_dim for layer in model.layers]
-    return scale_block_problems(dims, kv, model.name)
+    return scale_block_problems(dims, kv, model.name) + host_row_width_problems(model.layers, serving, model.name)
 
 
 @hookimpl

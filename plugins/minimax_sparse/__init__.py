@@ -104,7 +104,24 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
             f"{option('kv_cache_dtype')} {kv.name} stores one scale per {kv.scale_block} values, but {model.name} has "
             f"head dims {dims}. Use bf16, fp16 or fp8_e4m3."
         ]
+    if serving.enable_hierarchical_cache and serving.pp_size > 1:
+        return [
+            f"{option('enable_hierarchical_cache')} with {option('pp_size')} {serving.pp_size}: SGLang raises "
+            f"'MiniMax-M3 sparse HiCache does not support pipeline parallelism (pp_size>1) yet.' Drop one of them."
+        ]
     return []
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def host_mirrors(plan: Plan) -> dict[str, str | None] | None:
+    """SGLang's MiniMax sparse host stack (``build_minimax_sparse_hicache_stack``): the KV host pool takes all of
+    ``--hicache-size`` (or the ratio), and the indexer's K-only host pool (``MHATokenToKOnlyPoolHost``) has
+    exactly its slots (``self.size = anchor_host.size``)."""
+    names = [pool.name for pool in plan.pools]
+    if "kv" not in names:
+        return None
+    return {"kv": None, **({"indexer": "kv"} if "indexer" in names else {})}
 
 
 @hookimpl

@@ -29,7 +29,7 @@ from kvpools_core import for_architecture, hookimpl
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
-from kvpools_core.parts.attention import attention_cell_size, scale_block_problems
+from kvpools_core.parts.attention import attention_cell_size, host_row_width_problems, scale_block_problems
 from kvpools_core.parts.indexer import INDEX_EXTRA_SLOTS, INDEX_POOL
 from kvpools_core.values import Budget, CellPart, CellSize, ModelSpec, Plan, PoolSizing, Serving
 
@@ -77,7 +77,8 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
         return problems + latent_problems(model, serving, serving.speculative_algorithm in DRAFT_KV_ALGORITHMS)
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
     dims = [layer.head_dim for layer in model.layers] + [layer.v_head_dim for layer in model.layers]
-    return problems + scale_block_problems(dims, kv, model.name)
+    widths = host_row_width_problems(model.layers, serving, model.name)
+    return problems + scale_block_problems(dims, kv, model.name) + widths
 
 
 @hookimpl

@@ -412,3 +412,17 @@ def test_cli_refusals_are_one_line(args: list[str], message: str) -> None:
     out = _run(*args)
     assert out.exit_code == 1
     assert message in out.output and "Traceback" not in out.output
+
+
+def test_the_host_tier_reaches_the_record() -> None:
+    """With --enable-hierarchical-cache the record carries what one rank pins and the host tokens it holds."""
+    from kvpools_core import Serving, plan
+    from kvpools_core.capacity_record import capacity_records
+
+    serving = Serving(enable_hierarchical_cache=True, hicache_ratio=2.0)
+    p = plan("llama-3.1-8b", serving, memory="20GiB", host_memory="1TiB")
+    assert p.host is not None
+    record = capacity_records(p, context_len=8192)[0]
+    assert record["host_kv_bytes"] == p.host.bytes_per_rank > 0
+    assert record["host_tokens"] == p.host.tokens >= 2 * p.max_total_num_tokens
+    assert capacity_records(plan("llama-3.1-8b", memory="20GiB"), context_len=8192)[0]["host_tokens"] is None

@@ -1,0 +1,378 @@
+"""The host KV tier (SGLang HiCache): host pools derived from the device plan, checked against the node.
+
+A pure step after sizing: every host pool mirrors one device pool of the plan
+and is sized from that pool's slots and bytes per slot, as SGLang 0.5.23 does
+(``srt/mem_cache/pool_host/base.py`` ``HostKVCache.__init__``,
+``pool_host/mamba.py`` ``MambaPoolHost.__init__``, ``pool_host/dsa.py``
+``DSAIndexerPoolHost``, ``hybrid_cache/hybrid_pool_assembler.py``
+``_split_hicache_size``):
+
+* requested slots: ``int(device_slots x ratio)``, or with ``--hicache-size S``
+  (GB) ``int(share x 1e9 // bytes_per_slot)``, ``share`` the pool's part of
+  ``S`` in proportion to its device bytes (``_split_hicache_size``; one pool
+  alone takes all of ``S``);
+* allocated slots: ``(requested // page_size + 1) x page_size`` (a Mamba state
+  pool's page is 1), all usable; bytes ``slots x bytes_per_slot``;
+* a pool laid out in whole pages with slack (the DSA indexer) rides on the
+  latent pool's host slots: ``(slots + page + extra) // page`` pages
+  (``DSAIndexerPoolHost.indexer_page_num``) and takes no share of ``S``.
+
+Which device pools have a mirror, and which ride on another's host slots, the
+``host_mirrors`` hook answers (the core's default: token pools of kind ``"kv"``
+(K/V, latent, SWA) and state-slot pools of kind ``"state"`` (Mamba conv + SSM
+state), each its own; the dsa and minimax_sparse plugins' indexers ride on the
+KV host pool).  An architecture whose host pools kvpools does not model
+refuses ``--enable-hierarchical-cache`` in its ``validate`` hook (DeepSeek-V4).
+``--hicache-mamba-ratio`` (SGLang PR #39851, not in 0.5.23) sizes the state
+pools by their own ratio; the KV pools then share all of ``--hicache-size``.
+
+The node check follows ``host_memory_budget_bytes``: a rank may pin
+``(available - reserve) // ranks_per_node``; the reserve is SGLang's
+``HICACHE_HOST_MEMORY_RESERVE_BYTES`` (10 GiB).  ``available`` is
+``MemAvailable`` of ``/proc/meminfo`` (what ``psutil.virtual_memory().available``
+reports on Linux), bounded by the cgroup v2 ``memory.max - memory.current``
+when one is set; no dependency is needed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import attrs
+
+from kvpools_core.errors import ConfigError, InsufficientMemoryError
+from kvpools_core.options import option
+from kvpools_core.registry import Registry, get_registry
+from kvpools_core.sizing import pool_rows
+from kvpools_core.units import format_bytes, parse_bytes
+from kvpools_core.values import STATE_SLOT, TOKEN, HostMemory, HostPool, HostTier, Plan, PoolSpec, Serving
+
+HICACHE_HOST_MEMORY_RESERVE_BYTES = 10 * 1024**3
+"""SGLang's ``HICACHE_HOST_MEMORY_RESERVE_BYTES`` (``pool_host/base.py``): host RAM left to the OS and others."""
+
+STATE_HOST_LAYOUTS = ("page_first", "page_first_direct")
+"""The layouts ``MambaPoolHost`` accepts (it asserts them)."""
+
+
+@attrs.frozen
+class _Mirror:
+    device: PoolSpec
+    page_size: int
+    extra_slots: int
+    rides_on: str | None
+
+
+def mirrored_pools(plan: Plan, mirrors: Mapping[str, str | None]) -> list[_Mirror]:
+    """The device pools ``mirrors`` (the ``host_mirrors`` answer) names, in plan order, with their host page.
+
+    A token pool's host page is ``--page-size`` (a riding pool laid out in whole
+    pages with slack keeps its ``extra_slots``); a state pool's is 1.
+    """
+    names = {pool.name for pool in plan.pools}
+    unknown = sorted(set(mirrors) - names)
+    if unknown:
+        raise ConfigError(f"host_mirrors names pool(s) {unknown} the plan does not have; it has {sorted(names)}.")
+    extra = plan.cell.pool_extra_slots()
+    found = []
+    for pool in plan.pools:
+        if pool.name not in mirrors:
+            continue
+        if pool.unit not in (TOKEN, STATE_SLOT):
+            raise ConfigError(
+                f"Host pool {pool.name!r} mirrors a pool paid per {pool.unit}; only token and state-slot "
+                f"pools have host mirrors."
+            )
+        page = plan.serving.page_size if pool.unit == TOKEN else 1
+        found.append(_Mirror(pool, page, extra.get(pool.name, 0) if pool.unit == TOKEN else 0, mirrors[pool.name]))
+    return found
+
+
+def _requested_slots(device_slots: int, bytes_per_slot: int, ratio: float, share: float) -> int:
+    """SGLang's requested host slots: ``int(host_size * 1e9 // size_per_token)`` or ``int(capacity * ratio)``."""
+    if share > 0:
+        return int(share * 1e9 // bytes_per_slot)
+    return int(device_slots * ratio)
+
+
+def size_host_pools(
+    plan: Plan,
+    *,
+    ratio: float | None = None,
+    size_gb: int | None = None,
+    mamba_ratio: float | None = None,
+    answer: Mapping[str, str | None] | None = None,
+) -> tuple[HostPool, ...]:
+    """Every host pool of one rank for ``ratio`` / ``size_gb`` (the serving options' unless given).
+
+    ``answer`` is the ``host_mirrors`` hook's (asked of the default registry when None).
+    """
+    serving = plan.serving
+    ratio = serving.hicache_ratio if ratio is None else ratio
+    size_gb = serving.hicache_size if size_gb is None else size_gb
+    mamba_ratio = serving.hicache_mamba_ratio if mamba_ratio is None else mamba_ratio
+    layout = serving.hicache_mem_layout
+    mirrors = mirrored_pools(plan, host_mirrors(plan) if answer is None else answer)
+    own_ratio = mamba_ratio is not None
+
+    def splits(mirror: _Mirror) -> bool:
+        return mirror.rides_on is None and not (own_ratio and mirror.device.unit == STATE_SLOT)
+
+    total = sum(m.device.bytes for m in mirrors if splits(m))
+    built: dict[str, HostPool] = {}
+    for mirror in sorted(mirrors, key=lambda m: m.rides_on is not None):  # anchors first, riders on their slots
+        device = mirror.device
+        per_slot = device.bytes_per_slot
+        if mirror.rides_on is not None:
+            anchor = built[mirror.rides_on]
+            slots = anchor.slots
+            rows = pool_rows(slots, mirror.page_size, mirror.extra_slots) if mirror.extra_slots else slots
+            slack = f", {rows // mirror.page_size:,} pages with slack" if mirror.extra_slots else ""
+            sized_by = f"rides on {anchor.name}'s {slots:,} host slots{slack}"
+        else:
+            state = device.unit == STATE_SLOT
+            pool_ratio = mamba_ratio if state and mamba_ratio is not None else ratio
+            share = size_gb * device.bytes / total if size_gb > 0 and splits(mirror) and total else 0.0
+            requested = _requested_slots(device.slots, per_slot, pool_ratio, share)
+            slots = rows = (requested // mirror.page_size + 1) * mirror.page_size
+            if share > 0:
+                sized_by = f"{option('hicache_size')} share {share:.4g} GB of {size_gb} GB (by device bytes)"
+            else:
+                flag = option("hicache_mamba_ratio" if state and mamba_ratio is not None else "hicache_ratio")
+                sized_by = f"{flag} {pool_ratio:g} x {device.slots:,} device slots"
+        built[device.name] = HostPool(
+            name=device.name,
+            device_pool=device.name,
+            unit=device.unit,
+            token_space=device.token_space,
+            device_slots=device.slots,
+            page_size=mirror.page_size,
+            slots=slots,
+            rows=rows,
+            bytes_per_slot=per_slot,
+            bytes=rows * per_slot,
+            layout=layout,
+            sized_by=sized_by,
+            rides_on=mirror.rides_on,
+        )
+    return tuple(built[m.device.name] for m in mirrors)
+
+
+def host_mirrors(plan: Plan, registry: Registry | None = None) -> Mapping[str, str | None]:
+    """The ``host_mirrors`` hook's answer for ``plan`` (the architecture's, else the core's generic rule)."""
+    answer, _ = _ask_mirrors(plan, registry or get_registry())
+    return answer
+
+
+def _ask_mirrors(plan: Plan, registry: Registry) -> tuple[Mapping[str, str | None], tuple[str, ...]]:
+    result: tuple[Mapping[str, str | None], tuple[str, ...]] = registry.call_first(
+        "host_mirrors", f"no plugin says which pools of {plan.model.name} have a host mirror.", plan=plan
+    )
+    return result
+
+
+def plan_host_tier(
+    plan: Plan,
+    *,
+    host_memory: int | float | str | None = None,
+    host_reserve: int | float | str | None = None,
+    check: bool = True,
+    registry: Registry | None = None,
+) -> tuple[HostTier, tuple[str, ...]]:
+    """The host tier of ``plan`` (``serving.enable_hierarchical_cache``), checked against the node, and who
+    answered ``host_mirrors``.
+
+    ``host_memory`` states the node's available host memory (else it is
+    measured here); ``host_reserve`` what to leave (SGLang's 10 GiB).  A tier
+    that does not fit raises :class:`InsufficientMemoryError` naming both
+    numbers and the largest ``--hicache-ratio`` / ``--hicache-size`` that fits.
+    """
+    serving = plan.serving
+    if not serving.enable_hierarchical_cache:
+        raise ConfigError(f"The host tier needs {option('enable_hierarchical_cache')}.")
+    answer, by = _ask_mirrors(plan, registry or get_registry())
+    mirrors = mirrored_pools(plan, answer)
+    if not mirrors:
+        raise ConfigError(f"{plan.model.name}: the plan has no pool with a host mirror.")
+    if any(m.device.unit == STATE_SLOT for m in mirrors) and serving.hicache_mem_layout not in STATE_HOST_LAYOUTS:
+        raise ConfigError(
+            f"{option('hicache_mem_layout')} {serving.hicache_mem_layout}: SGLang's Mamba host pool "
+            f"(MambaPoolHost) supports {' and '.join(STATE_HOST_LAYOUTS)} only; {plan.model.name} has state pools. "
+            f"Use {option('hicache_mem_layout')} page_first."
+        )
+    pools = size_host_pools(plan, answer=answer)
+    tier = HostTier(pools=pools, ranks_per_node=serving.ranks_per_node, notes=_notes(pools, serving))
+    if check:
+        tier = attrs.evolve(tier, memory=node_memory(host_memory, host_reserve))
+        check_fits(plan, tier, answer)
+    return tier, by
+
+
+def _notes(pools: Sequence[HostPool], serving: Serving) -> tuple[str, ...]:
+    """SGLang's warning for host pools no larger than their device pool, and what write-through implies."""
+    notes = []
+    small = [p for p in pools if p.rides_on is None and p.slots <= p.device_slots]
+    for pool in small:
+        notes.append(
+            f"host pool {pool.name} ({pool.slots:,} slots) is not larger than its device pool "
+            f"({pool.device_slots:,}): SGLang warns that L2 effectiveness is reduced."
+        )
+    if serving.pp_size > 1 and serving.hicache_size > 0:
+        notes.append(
+            f"with {option('pp_size')} {serving.pp_size} SGLang keeps the smallest host token capacity of the "
+            f"pipeline stages for a fixed {option('hicache_size')} (sync_fixed_hicache_size); these are stage "
+            f"{serving.pp_rank}'s own, an upper bound when another stage stores more bytes per token."
+        )
+    if small and serving.hicache_write_policy.startswith("write_through"):
+        notes.append(
+            f"{option('hicache_write_policy')} {serving.hicache_write_policy} copies every device page to the host "
+            f"tier; a host tier smaller than the device pool evicts host pages still held on the device."
+        )
+    return tuple(notes)
+
+
+def node_memory(host_memory: int | float | str | None, host_reserve: int | float | str | None) -> HostMemory:
+    """The node's available host memory (stated, or measured here) and the reserve to leave."""
+    reserve = (
+        HICACHE_HOST_MEMORY_RESERVE_BYTES if host_reserve is None else parse_bytes(host_reserve, option("host_reserve"))
+    )
+    if host_memory is not None:
+        return HostMemory(
+            available_bytes=parse_bytes(host_memory, option("host_memory")), reserve_bytes=reserve, source="stated"
+        )
+    available, source = measure_host_available()
+    return HostMemory(available_bytes=available, reserve_bytes=reserve, source=source)
+
+
+def measure_host_available(proc: Path = Path("/proc"), cgroup: Path = Path("/sys/fs/cgroup")) -> tuple[int, str]:
+    """``MemAvailable`` of ``/proc/meminfo``, bounded by the cgroup v2 headroom (``memory.max - memory.current``)."""
+    try:
+        lines = (proc / "meminfo").read_text().splitlines()
+    except OSError:
+        raise ConfigError(
+            f"Cannot measure this machine's host memory (no /proc/meminfo); state it with {option('host_memory')} "
+            f"(e.g. 2TiB)."
+        ) from None
+    fields = {line.split(":", 1)[0]: line.split(":", 1)[1].split() for line in lines if ":" in line}
+    if "MemAvailable" not in fields:
+        raise ConfigError(f"/proc/meminfo has no MemAvailable; state the host memory with {option('host_memory')}.")
+    available = int(fields["MemAvailable"][0]) * 1024
+    source = "measured: /proc/meminfo MemAvailable"
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        current = int((cgroup / "memory.current").read_text().strip())
+    except (OSError, ValueError):
+        return available, source
+    if limit != "max" and limit.isdigit() and int(limit) - current < available:
+        return max(int(limit) - current, 0), "measured: cgroup v2 memory.max - memory.current"
+    return available, source
+
+
+def check_fits(plan: Plan, tier: HostTier, answer: Mapping[str, str | None]) -> None:
+    """Refuse a tier whose ranks on one node pin more than the node's available memory minus the reserve."""
+    memory = tier.memory
+    if memory is None:
+        return
+    need = tier.bytes_per_node
+    usable = memory.usable_bytes
+    if need <= usable:
+        return
+    ranks = tier.ranks_per_node
+    per_rank = usable // ranks
+    available, reserve = memory.available_bytes, memory.reserve_bytes
+    raise InsufficientMemoryError(
+        f"The host tier needs {need:,} B ({format_bytes(need)}) on the node: {tier.bytes_per_rank:,} B "
+        f"({format_bytes(tier.bytes_per_rank)}) per rank x {ranks} rank(s); the node has {available:,} B "
+        f"({format_bytes(available)}) available ({memory.source}) minus the {format_bytes(reserve)} reserve "
+        f"({option('host_reserve')}) = {usable:,} B ({format_bytes(usable)}), {per_rank:,} B per rank. "
+        f"{_what_fits(plan, per_rank, answer)}"
+    )
+
+
+def _what_fits(plan: Plan, per_rank: int, answer: Mapping[str, str | None]) -> str:
+    """The largest ``--hicache-size`` (GB) or ``--hicache-ratio`` (to 0.01) whose pools fit ``per_rank`` bytes."""
+    serving = plan.serving
+
+    def need(ratio: float | None = None, size_gb: int | None = None) -> int:
+        return sum(p.bytes for p in size_host_pools(plan, ratio=ratio, size_gb=size_gb, answer=answer))
+
+    if serving.hicache_size > 0:
+        size = min(serving.hicache_size - 1, per_rank // 10**9)
+        while size >= 1 and need(size_gb=size) > per_rank:
+            size -= 1
+        if size >= 1:
+            return f"{option('hicache_size')} {size} (GB) fits."
+        return f"No {option('hicache_size')} of 1 GB or more fits; fewer ranks per node or more host memory would."
+    current = need()
+    ratio = math.floor(serving.hicache_ratio * per_rank / current * 100) / 100 if current else 0.0
+    while ratio > 0 and need(ratio=ratio) > per_rank:
+        ratio = round(ratio - 0.01, 2)
+    if ratio > 0:
+        return f"{option('hicache_ratio')} {ratio:g} fits."
+    return f"No {option('hicache_ratio')} of 0.01 or more fits; fewer ranks per node or more host memory would."
+
+
+def check_room_to_build(tier: HostTier) -> None:
+    """Refuse to allocate host pools this machine has no room for (a plan may come from another node's JSON)."""
+    try:
+        available, source = measure_host_available()
+    except ConfigError:
+        return  # nothing to measure here: built unchecked, as a device no plugin measures
+    need = tier.bytes_per_rank
+    if need > available:
+        raise InsufficientMemoryError(
+            f"Building the host tier needs {need:,} B ({format_bytes(need)}) of host memory, but this machine has "
+            f"{available:,} B ({format_bytes(available)}) available ({source}). Build on 'meta' to measure the "
+            f"exact bytes without allocating, or lower {option('hicache_ratio')} / {option('hicache_size')}."
+        )
+
+
+def build_host_pools(plan: Plan, device: str = "cpu") -> dict[str, object]:
+    """One uint8 tensor per host pool of ``plan.host``, of the pool's exact bytes, page-major rows.
+
+    On ``meta`` the tensors have shapes and bytes and no memory; otherwise they
+    are CPU tensors, pinned where CUDA is available (SGLang pins its host pools
+    for the copy engines), plain otherwise.  Each is ``(pages, page_size x
+    bytes_per_slot)``: one page contiguous, as SGLang's ``page_first`` layouts
+    keep it; the per-layer views SGLang's transfer kernels carve are not made.
+    """
+    import torch
+
+    if plan.host is None:
+        return {}
+    meta = str(device) == "meta"
+    if not meta:
+        check_room_to_build(plan.host)
+    pin = not meta and torch.cuda.is_available()
+    built: dict[str, object] = {}
+    for pool in plan.host.pools:
+        shape = (pool.pages, pool.page_size * pool.bytes_per_slot)
+        if meta:
+            built[pool.name] = torch.empty(shape, dtype=torch.uint8, device="meta")
+        else:
+            built[pool.name] = torch.empty(shape, dtype=torch.uint8, device="cpu", pin_memory=pin)
+    return built
+
+
+def host_reserve_flag_check(host_memory: object, host_reserve: object, serving: Serving) -> None:
+    """``host_memory`` / ``host_reserve`` describe the host tier's node: without the tier they would be ignored."""
+    given = [option(n) for n, v in (("host_memory", host_memory), ("host_reserve", host_reserve)) if v is not None]
+    if given and not serving.enable_hierarchical_cache:
+        raise ConfigError(
+            f"{' and '.join(given)} check the host KV tier against a node, which only exists with "
+            f"{option('enable_hierarchical_cache')}; add it, or drop {' and '.join(given)}."
+        )
+
+
+__all__ = [
+    "HICACHE_HOST_MEMORY_RESERVE_BYTES",
+    "build_host_pools",
+    "check_fits",
+    "host_mirrors",
+    "measure_host_available",
+    "mirrored_pools",
+    "node_memory",
+    "plan_host_tier",
+    "size_host_pools",
+]
