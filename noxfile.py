@@ -1,6 +1,6 @@
 """Sessions: tests (the README's test command: the suite, then the conformance suite on every built-in plugin),
-tutorials, lint, typing (the defaults); plots (the sweep's tests with matplotlib), docs (the site, --strict),
-build (sdists and wheels, installed and run from a fresh venv), bench.
+tutorials, lint, typing (the defaults); plots (the sweep's tests with matplotlib), hf (the transformers
+integration), docs (the site, --strict), build (sdists and wheels, installed and run from a fresh venv), bench.
 
 Every session installs from ``constraints.txt`` so torch stays the small CPU
 build on these machines.
@@ -84,7 +84,7 @@ def plots(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install(*CONSTRAINTS, "ruff")
-    paths = ("kvpools_core", "plugins", "tests", "tutorials", "benchmarks", "docs/_hooks", "noxfile.py")
+    paths = ("kvpools_core", "plugins", "tests", "tutorials", "benchmarks", "examples", "docs/_hooks", "noxfile.py")
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)
 
@@ -95,6 +95,14 @@ def typing(session: nox.Session) -> None:
         *CONSTRAINTS, "-e", ".[test]", "mypy"
     )  # the kit (kvpools_core.testing) imports pytest and hypothesis
     session.run("mypy")
+
+
+@nox.session(default=False)
+def hf(session: nox.Session) -> None:
+    """Real models through kvpools pools: tiny random-weight transformers models generate through a
+    ``KvpoolsCache`` and must match transformers' own cache token for token (extra ``hf``, ``tests/integrations``)."""
+    session.install(*CONSTRAINTS, "-e", ".[test,hf]")
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or ["tests/integrations"]))
 
 
 @nox.session(default=False)

@@ -70,7 +70,8 @@ Written here, beside ``__all__``, because the facade is the contract (as ``pytes
 public, so a store or part added there is public at once.  Internal: ``registry``,
 ``pipeline``, ``building``, ``defaults``, ``cli``, ``report``, ``build_report``, ``capacity``,
 ``capacity_report``, ``fit``, ``fit_report``, ``weights`` and ``hookspecs`` (plugins
-take ``hookimpl`` and ``for_architecture`` from ``kvpools_core``).  Plugins reach other
+take ``hookimpl`` and ``for_architecture`` from ``kvpools_core``); ``integrations`` bridges the
+pools to other tools and model runtimes for users (optional extras), never for plugins.  Plugins reach other
 plugins only through hooks, never by import.  ``tests/plugins/test_boundaries.py``
 enforces both rules on every built-in plugin and on the example distribution;
 ``is_public_module`` reads this list.

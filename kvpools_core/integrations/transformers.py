@@ -1,0 +1,570 @@
+"""A Hugging Face transformers ``Cache`` whose K/V live in kvpools pools (extra ``kvpools[hf]``).
+
+Why: every number kvpools prints is checked against SGLang's arithmetic, but a plan is only proven when a real
+model writes and reads the pools it builds.  :class:`KvpoolsCache` is that proof for transformers (5.x ``Cache``
+API): each attention layer's new K/V go to the pool with ``set_kv_buffer`` at slots the kvpools allocator hands
+out (SGLang's ``alloc_extend`` / ``alloc_decode`` for paged pools, ``alloc`` for page size 1), their slot ids are
+written into the request-to-token table, and attention reads every cached token back through that table
+(``get_kv`` of ``req_to_token[row, :len]``).  Only real tokens are stored: left padding is skipped (the prompt's
+attention mask says which columns are real), so a request holds a slot for each token it fed the model.
+
+Layout of what ``update`` returns: request ``i``'s ``n_i`` cached tokens are right-aligned in a
+``(batch, heads, width, head_dim)`` tensor, zeros to their left; ``width`` is :meth:`KvpoolsCache.get_seq_length`
+plus the step's query length.  That is exactly the layout left padding gives, so ``model.generate`` with a
+left-padded batch needs nothing more, and a continuous-batching loop builds its attention mask the same way
+(see ``examples/continuous_batching.py``).  Zeros sit only where the mask is 0, so attention sees the same
+scores as with transformers' own cache: greedy tokens are identical when the pool stores the model's dtype.
+
+Families: plans whose layers are full attention (the ``mha`` pool: Llama, Qwen, ...), full and sliding-window
+attention (the ``swa`` plugin's two pools, full→SWA mapping and dual allocator; the SWA slots of tokens that slid
+out of the window are freed as SGLang evicts them), or MLA latents (the ``mla`` pool: DeepSeek-V3), beside
+recurrent layers whose conv and SSM state live in a state slot per request (the ``mamba`` plugin's
+``HybridReqToTokenPool``: Qwen3-Next).  Which families are tested is in ``docs/integrations/transformers.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from kvpools_core.errors import ConfigError, InsufficientMemoryError, UnsupportedCombinationError
+
+if TYPE_CHECKING:
+    from kvpools_core.building import Pools
+    from kvpools_core.values import Plan, Serving
+
+try:
+    from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionLayer
+except ImportError as exc:  # pragma: no cover - the message is the point
+    raise ImportError(
+        "kvpools_core.integrations.transformers needs Hugging Face transformers 5.x: pip install 'kvpools[hf]'."
+    ) from exc
+
+__all__ = ["KvpoolsCache", "PoolFullError", "plan_for_config"]
+
+_QUANTISED_KV = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
+_FULL, _SLIDING, _LATENT = "attention", "sliding_attention", "mla"
+"""The ``LayerSpec.kind`` s whose K/V this cache stores (the core's, the ``swa`` and ``mla`` plugins' names)."""
+
+
+class PoolFullError(InsufficientMemoryError):
+    """The allocator or the request table has no room for what a forward step needs."""
+
+
+def plan_for_config(
+    config: Any, serving: Serving | None = None, *, memory: int | str = "64MiB", name: str | None = None
+) -> Plan:
+    """Plan a transformers config's KV pools through kvpools, exactly as for a ``config.json`` on disk.
+
+    ``config`` is a ``PretrainedConfig`` or its ``to_dict()``; the architecture plugins claim it by its fields
+    as they claim a checkpoint's config.  ``serving`` defaults to ``Serving(platform="cpu")``.
+    """
+    import attrs
+
+    from kvpools_core.config import parse_config
+    from kvpools_core.pipeline import plan
+    from kvpools_core.registry import get_registry
+    from kvpools_core.values import Serving
+
+    as_dict = config.to_dict() if hasattr(config, "to_dict") else config
+    if not isinstance(as_dict, Mapping):
+        raise ConfigError(f"config must be a transformers PretrainedConfig or a dict, got {type(config).__name__}.")
+    label = name or f"transformers:{as_dict.get('model_type', 'model')}"
+    registry = get_registry()
+    spec, _ = parse_config(as_dict, label, registry)
+    spec = attrs.evolve(spec, name=label)
+    return plan(spec, serving or Serving(platform="cpu"), memory=memory, registry=registry)
+
+
+class _Request:
+    """One request's row in the request-to-token table and how many of its tokens the pool holds."""
+
+    __slots__ = ("length", "row")
+
+    def __init__(self, row: int) -> None:
+        self.row = row
+        self.length = 0
+
+
+class _Step:
+    """What one forward step decided once, at its first KV layer, for every layer to use.
+
+    ``write_mask`` picks the real new tokens out of ``(batch, q)``, request by request; ``locs`` are their
+    slots; ``gather_src`` / ``gather_dst`` map every cached token's slot to its place in the returned
+    ``(batch * width)`` rows (right-aligned), for full and for sliding layers.
+    """
+
+    __slots__ = ("batch", "full", "locs", "sliding", "width", "write_mask")
+
+    def __init__(
+        self,
+        batch: int,
+        width: int,
+        write_mask: Tensor,
+        locs: Tensor,
+        full: tuple[Tensor, Tensor],
+        sliding: tuple[Tensor, Tensor],
+    ) -> None:
+        self.batch = batch
+        self.width = width
+        self.write_mask = write_mask
+        self.locs = locs
+        self.full = full
+        """(slots, destination rows) of every cached token: what a full-attention layer reads."""
+        self.sliding = sliding
+        """The same, less the tokens evicted from the SWA pool: what a sliding layer reads."""
+
+
+class _PoolLayer(CacheLayerMixin):  # type: ignore[misc]
+    """One model layer's view of the shared :class:`KvpoolsCache` state (transformers' per-layer interface)."""
+
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, cache: KvpoolsCache, layer_id: int, sliding_window: int | None = None) -> None:
+        super().__init__()
+        self._cache = cache
+        self.layer_id = layer_id
+        self.sliding_window = sliding_window
+        self.is_sliding = sliding_window is not None
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        return self._cache._update_layer(self.layer_id, key_states, value_states)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """The whole layout for a full layer; for a sliding one, what transformers' ``DynamicSlidingWindowLayer``
+        advertises (the last ``window - 1`` cached columns and the step's), so the mask and the keys agree."""
+        width = self._cache.width
+        if self.sliding_window is None:
+            return width + query_length, 0
+        return min(width, self.sliding_window - 1) + query_length, max(width - self.sliding_window + 1, 0)
+
+    def get_seq_length(self) -> int:
+        return self._cache.width
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self._cache.release()
+
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        raise UnsupportedCombinationError(
+            "KvpoolsCache does not reorder requests (beam search): generate with num_beams=1."
+        )
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise UnsupportedCombinationError(
+            "KvpoolsCache does not repeat requests (num_return_sequences > 1 or beam search): one sequence per prompt."
+        )
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        raise UnsupportedCombinationError("KvpoolsCache does not drop requests mid-generation: free them with release.")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise UnsupportedCombinationError("KvpoolsCache cannot crop (assisted decoding): generate without it.")
+
+
+class _StateLayer(LinearAttentionLayer):  # type: ignore[misc]
+    """A recurrent (linear-attention / Mamba) layer whose conv and SSM state live in the plan's state slots.
+
+    transformers' mixers read ``conv_states[0]`` / ``recurrent_states[0]`` of their layer directly and update
+    the conv state in place on decode, so this layer keeps the batch's state as working tensors: loaded from the
+    requests' slots when the mixer asks ``has_previous_state`` (its first cache call each forward), written back
+    when it hands over the new recurrent state (its last).  transformers keeps ``kernel`` conv columns, SGLang's
+    pool ``kernel - 1``: the oldest column is shifted out before the next convolution reads the window, so the
+    pool keeps the ``kernel - 1`` that matter and a zero column stands in for the other.
+    """
+
+    def __init__(self, cache: KvpoolsCache, layer_id: int) -> None:
+        super().__init__()
+        self._cache = cache
+        self.layer_id = layer_id
+        self.rows_with_state: set[int] = set()
+        """Request rows whose state this layer has written (their prompt went through it)."""
+
+    def load(self) -> bool:
+        """Copy the selected requests' state into the working tensors; whether they all have a previous state."""
+        cache = self._cache
+        if not cache._batch:
+            raise ConfigError(
+                "A recurrent layer runs before the cache knows its requests: pass KvpoolsCache(..., "
+                "attention_mask=...) to generate, or select() the requests before the forward."
+            )
+        rows = [r.row for r in cache._batch]
+        have = [row in self.rows_with_state for row in rows]
+        if any(have) and not all(have):
+            raise ConfigError(
+                "A forward mixes requests with and without a recurrent state (prefill and decode): the state layers "
+                "run one or the other per batch; prefill new requests in a batch of their own."
+            )
+        conv_pools, ssm_pool = cache._state_pool.layer_cache(self.layer_id)
+        slots = cache._state_slots(rows)
+        conv = conv_pools[0][slots]
+        zero = conv.new_zeros(*conv.shape[:-1], 1)
+        self.conv_states[0] = torch.cat([zero, conv], dim=-1)
+        self.recurrent_states[0] = ssm_pool[slots].clone()
+        self.conv_kernel_size[0] = conv.shape[-1] + 1
+        self.is_conv_states_initialized[0] = self.is_recurrent_states_initialized[0] = True
+        self.device, self.dtype = conv.device, conv.dtype
+        self.has_previous_state[0] = bool(rows) and all(have)
+        return bool(self.has_previous_state[0])
+
+    def update_recurrent_state(self, recurrent_states: Tensor, state_idx: int = 0, **kwargs: Any) -> Tensor:
+        out: Tensor = super().update_recurrent_state(recurrent_states, state_idx, **kwargs)
+        cache = self._cache
+        rows = [r.row for r in cache._batch]
+        conv_pools, ssm_pool = cache._state_pool.layer_cache(self.layer_id)
+        slots = cache._state_slots(rows)
+        window = conv_pools[0].shape[-1]
+        conv_pools[0][slots] = self.conv_states[0][..., -window:].to(conv_pools[0].dtype)
+        ssm_pool[slots] = out.to(ssm_pool.dtype)
+        self.rows_with_state.update(rows)
+        return out
+
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        raise UnsupportedCombinationError(
+            "KvpoolsCache does not reorder requests (beam search): generate with num_beams=1."
+        )
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise UnsupportedCombinationError("KvpoolsCache cannot crop (assisted decoding): generate without it.")
+
+
+class KvpoolsCache(Cache):  # type: ignore[misc]
+    """A transformers ``Cache`` backed by a kvpools build: pool for K/V, allocator for slots, table for requests.
+
+    ``pools`` is ``kvpools_core.build(plan, device)`` of the model's plan (:func:`plan_for_config`).  With
+    ``model.generate``, pass the prompt's ``attention_mask`` (left padding): its zeros are not stored.  Without
+    it every input column of the first step is a real token.  A continuous-batching loop drives the cache
+    directly: :meth:`add_request`, :meth:`select` before each forward, :meth:`release` when a request ends.
+    """
+
+    def __init__(self, pools: Pools, *, attention_mask: Tensor | None = None) -> None:
+        self.pools = pools
+        self.pool = pools.kv_pool
+        self.req_to_token = pools.req_to_token_pool
+        self.allocator = pools.allocator
+        self.page_size = int(pools.plan.serving.page_size)
+        layers = pools.plan.model.layers
+        self._state_pool: Any = getattr(self.req_to_token, "mamba_pool", None)
+        state_ids = set(self._state_pool.layer_ids) if self._state_pool is not None else set()
+        """Recurrent layers: their state lives in the request table's state pool (``HybridReqToTokenPool``)."""
+        kinds = {spec.kind for spec in layers if spec.index not in state_ids}
+        self.latent = kinds == {_LATENT} and hasattr(self.pool, "set_mla_kv_buffer")
+        """MLA: transformers hands the cache the latent and the rope key (``kv_nope``, ``k_rot``), one "head"
+        each, which the pool stores as SGLang's latent row (``set_mla_kv_buffer`` / ``get_mla_kv``)."""
+        if not (self.latent or kinds <= {_FULL, _SLIDING}) or not hasattr(self.pool, "set_kv_buffer"):
+            raise UnsupportedCombinationError(
+                f"KvpoolsCache stores the K/V of full and sliding-window attention layers, or MLA latents (beside "
+                f"recurrent layers' state slots); the plan of {pools.plan.model.name} (architecture "
+                f"{pools.plan.model.architecture!r}) has layers of kind {sorted(kinds)}, which it does not store alike."
+            )
+        kv_layers = [spec.index for spec in layers if spec.index not in state_ids]
+        self._first_layer, self._last_layer = kv_layers[0], kv_layers[-1]
+        self._sliding_layers = frozenset(spec.index for spec in layers if spec.kind == _SLIDING)
+        windows = {spec.sliding_window for spec in layers if spec.kind == _SLIDING}
+        self.window: int | None = max(w for w in windows if w is not None) if windows - {None} else None
+        """The widest sliding window (transformers' semantics: a query sees itself and the ``window - 1`` tokens
+        before it); the SWA slots of older tokens, which no sliding layer reads again, are freed (``free_swa``),
+        as SGLang evicts them."""
+        self._evicted: dict[int, int] = {}
+        self._only_sliding = kinds == {_SLIDING}
+        """Every layer slides (Mistral-7B-v0.1 style): one SWA pool, its slot ids are the token ids, so an evicted
+        slot is already free when its request ends."""
+        super().__init__(
+            layers=[
+                _StateLayer(self, spec.index)
+                if spec.index in state_ids
+                else _PoolLayer(self, spec.index, spec.sliding_window if spec.kind == _SLIDING else None)
+                for spec in layers
+            ]
+        )
+        self.width = 0
+        """Columns of the right-aligned layout before the next step (transformers' ``past_seen_tokens``)."""
+        self.requests: dict[int, _Request] = {}
+        """Live requests by request-table row."""
+        self._batch: list[_Request] = []
+        self._first_counts: list[int] | None = None
+        self._step: _Step | None = None
+        if attention_mask is not None:
+            self._start_batch(attention_mask)
+
+    # -- the request lifecycle -------------------------------------------------------------------------------------
+
+    def add_request(self) -> int | None:
+        """A new request's row in the request-to-token table, or ``None`` when every row is taken."""
+        rows = self.req_to_token.alloc(1)
+        if rows is None:
+            return None
+        row = int(rows[0])
+        self.requests[row] = _Request(row)
+        return row
+
+    def select(self, rows: Sequence[int], new_tokens: Sequence[int] | None = None) -> None:
+        """Run the next forward on these requests (one batch row each, in this order).
+
+        ``new_tokens[i]`` is how many of the step's input columns are request ``i``'s real tokens, right-aligned
+        (default: every column).  The layout's width becomes the longest selected request, so the caller's
+        attention mask is ``[0] * (width - length) + [1] * (length + q)`` per request (:meth:`attention_mask`).
+        """
+        missing = [row for row in rows if row not in self.requests]
+        if missing:
+            raise ConfigError(f"select: rows {missing} are not live requests of this cache (add_request first).")
+        self._batch = [self.requests[row] for row in rows]
+        self._first_counts = list(new_tokens) if new_tokens is not None else None
+        self.width = max((r.length for r in self._batch), default=0)
+
+    def attention_mask(self, query_length: int) -> Tensor:
+        """The 2-D attention mask of the selected batch for a step of ``query_length`` right-aligned columns."""
+        counts = self._first_counts or [query_length] * len(self._batch)
+        columns = torch.arange(self.width + query_length)
+        ends = torch.tensor([self.width + query_length] * len(self._batch))
+        starts = torch.tensor(
+            [self.width - r.length + (query_length - c) for r, c in zip(self._batch, counts, strict=True)]
+        )
+        return ((columns >= starts[:, None]) & (columns < ends[:, None])).long()
+
+    def length(self, row: int) -> int:
+        """Tokens request ``row`` holds in the pool."""
+        return int(self.requests[row].length)
+
+    def release(self, rows: Sequence[int] | None = None) -> None:
+        """Free the slots and table rows of these requests (default: all), as SGLang frees a finished request."""
+        chosen = list(self.requests) if rows is None else list(rows)
+        missing = [row for row in chosen if row not in self.requests]
+        if missing:
+            raise ConfigError(f"release: rows {missing} are not live requests of this cache.")
+        self.allocator.free_group_begin()
+        try:
+            for row in chosen:
+                for layer in self.layers:
+                    if isinstance(layer, _StateLayer):
+                        layer.rows_with_state.discard(row)
+                request = self.requests.pop(row)
+                evicted = self._evicted.pop(row, 0)
+                first = evicted if self._only_sliding else 0  # the dual allocator skips evicted SWA slots itself
+                if request.length > first:
+                    slots = self.req_to_token.req_to_token[row, first : request.length].to(torch.int64)
+                    self.allocator.free(slots.to(self.allocator.device))
+        finally:
+            self.allocator.free_group_end()
+        if chosen:
+            self.req_to_token.free(chosen)
+        self._batch = [r for r in self._batch if r.row in self.requests]
+        if not self._batch:
+            self.width = 0
+
+    # -- transformers' Cache -----------------------------------------------------------------------------------------
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.width
+
+    def has_previous_state(self, layer_idx: int | None = None, state_idx: int | None = None) -> bool:
+        """A recurrent layer's first cache call each forward: load the selected requests' state from their slots."""
+        states = [i for i, layer in enumerate(self.layers) if isinstance(layer, _StateLayer)]
+        if not states:
+            raise UnsupportedCombinationError("has_previous_state asks about a recurrent layer; this model has none.")
+        layer = self.layers[states[-1] if layer_idx is None else layer_idx]
+        if not isinstance(layer, _StateLayer):
+            raise UnsupportedCombinationError(f"Layer {layer_idx} is an attention layer, it has no recurrent state.")
+        return layer.load()
+
+    def _state_slots(self, rows: Sequence[int]) -> Tensor:
+        """The state-pool slots of request rows (``HybridReqToTokenPool.get_mamba_indices``)."""
+        index = torch.tensor(list(rows), dtype=torch.int64, device=self.req_to_token.req_to_token.device)
+        slots: Tensor = self.req_to_token.get_mamba_indices(index).to(torch.int64)
+        return slots
+
+    @property
+    def batch_size(self) -> int:
+        return len(self._batch) if self._batch else -1
+
+    def _start_batch(self, attention_mask: Tensor) -> None:
+        """One request per mask row; the mask must be left-padded (zeros, then ones)."""
+        mask = attention_mask.to("cpu", torch.int64)
+        counts = mask.sum(dim=-1)
+        columns = torch.arange(mask.shape[-1])
+        expected = (columns >= (mask.shape[-1] - counts)[..., None]).long()
+        if mask.dim() != 2 or not torch.equal(mask, expected):
+            raise ConfigError(
+                "KvpoolsCache needs a left-padded attention_mask (each row zeros, then ones): "
+                "set tokenizer.padding_side = 'left' or pad the prompts on the left."
+            )
+        rows = self.req_to_token.alloc(mask.shape[0])
+        if rows is None:
+            raise PoolFullError(
+                f"The request table has {self.req_to_token.available_size()} free rows, the batch needs "
+                f"{mask.shape[0]}: plan with a larger max_running_requests or generate in smaller batches."
+            )
+        for row in rows:
+            self.requests[row] = _Request(row)
+        self.select(rows, [int(c) for c in counts])
+
+    def _begin_step(self, key_states: Tensor) -> _Step:
+        """Allocate the step's slots, record them in the request table, and precompute the gather."""
+        batch, _, query, _ = key_states.shape
+        stored = self.pool.dtype
+        if stored not in _QUANTISED_KV and stored != key_states.dtype:
+            raise ConfigError(
+                f"The pool stores {stored} but the model runs in {key_states.dtype}: the cache would round every "
+                f"K/V. Load the model in {stored}, or plan with Serving(kv_cache_dtype=...) of the model's dtype "
+                f"(SGLang serves a float32 checkpoint in float16, so kvpools plans float16 for it by default)."
+            )
+        if not self._batch:
+            rows = self.req_to_token.alloc(batch)
+            if rows is None:
+                raise PoolFullError(
+                    f"The request table has {self.req_to_token.available_size()} free rows, the batch needs {batch}."
+                )
+            for row in rows:
+                self.requests[row] = _Request(row)
+            self._batch = [self.requests[row] for row in rows]
+        if len(self._batch) != batch:
+            raise ConfigError(
+                f"The forward has {batch} batch rows but the cache holds {len(self._batch)} selected requests: one "
+                f"row per request (num_beams=1, num_return_sequences=1; a loop selects its batch with select())."
+            )
+        counts = self._first_counts or [query] * batch
+        self._first_counts = None
+        if any(not 0 <= c <= query for c in counts):
+            raise ConfigError(f"new_tokens {counts} must each lie in 0..{query} (the step's query length).")
+        prefix = [r.length for r in self._batch]
+        width = self.width + query
+        longest = max((p + c for p, c in zip(prefix, counts, strict=True)), default=0)
+        if longest > width:  # checked before anything is allocated or written
+            raise ConfigError(f"A request would hold {longest} tokens, more than the layout's width {width}.")
+        self._evict_out_of_window()
+        locs = self._allocate(prefix, counts)
+        rows = torch.tensor([r.row for r in self._batch], dtype=torch.int64)
+        count_t = torch.tensor(counts, dtype=torch.int64)
+        prefix_t = torch.tensor(prefix, dtype=torch.int64)
+        if locs.numel():
+            row_of = torch.repeat_interleave(rows, count_t)
+            col_of = _ranges(prefix_t, count_t)
+            self.req_to_token.write((row_of, col_of), locs.to(torch.int32))
+        for request, count in zip(self._batch, counts, strict=True):
+            request.length += count
+        lengths = prefix_t + count_t
+        src_rows = torch.repeat_interleave(rows, lengths)
+        src_cols = _ranges(torch.zeros_like(lengths), lengths)
+        gather_src = self.req_to_token.req_to_token[src_rows, src_cols].to(torch.int64)
+        starts = torch.arange(batch, dtype=torch.int64) * width + (width - lengths)
+        gather_dst = _ranges(starts, lengths)
+        write_mask = torch.arange(query)[None, :] >= (query - count_t)[:, None]
+        device = key_states.device
+        swa_src, swa_dst = gather_src, gather_dst
+        if self._sliding_layers:
+            # tokens evicted from the SWA pool have no SWA slot any more: their columns stay zero, never read
+            evicted = torch.tensor([self._evicted.get(r.row, 0) for r in self._batch], dtype=torch.int64)
+            kept = src_cols >= torch.repeat_interleave(evicted, lengths)
+            swa_src, swa_dst = gather_src[kept], gather_dst[kept]
+        pool_device = self.pool.device
+        return _Step(
+            batch,
+            width,
+            write_mask.to(device),
+            locs.to(pool_device),
+            (gather_src.to(pool_device), gather_dst.to(device)),
+            (swa_src.to(pool_device), swa_dst.to(device)),
+        )
+
+    def _evict_out_of_window(self) -> None:
+        """Free the SWA slots of the batch's tokens no query will see again (``free_swa``; full slots stay).
+
+        The next query of a request holding ``n`` tokens is position ``n``; it sees positions above
+        ``n - window``, so positions ``0..n - window`` are out.  Whole pages only, never the page of the last
+        token (SGLang's caller contract for ``free_swa``), so an extend never continues an evicted page.
+        """
+        if self.window is None:
+            return
+        page = self.page_size
+        for request in self._batch:
+            out_end = max(0, request.length - self.window + 1) // page * page
+            done = self._evicted.get(request.row, 0)
+            if out_end > done:
+                slots = self.req_to_token.req_to_token[request.row, done:out_end].to(torch.int64)
+                self.allocator.free_swa(slots.to(self.allocator.device))
+                self._evicted[request.row] = out_end
+
+    def _allocate(self, prefix: list[int], counts: list[int]) -> Tensor:
+        """Slots for positions ``prefix[i]..prefix[i]+counts[i]-1`` of every request, flat, request by request."""
+        total = sum(counts)
+        locs: Tensor | None
+        if self.page_size == 1:
+            locs = self.allocator.alloc(total)
+        else:
+            prefix_t = torch.tensor(prefix, dtype=torch.int64)
+            seq_t = prefix_t + torch.tensor(counts, dtype=torch.int64)
+            rows = torch.tensor([r.row for r in self._batch], dtype=torch.int64)
+            last = torch.full_like(prefix_t, -1)
+            held = prefix_t > 0
+            if bool(held.any()):
+                table = self.req_to_token.req_to_token
+                last[held] = table[rows[held], prefix_t[held] - 1].to(torch.int64)
+            device = self.allocator.device
+            if all(c == 1 for c in counts) and bool(held.all()):
+                locs = self.allocator.alloc_decode(seq_t.to(device), last.to(device))
+            else:
+                locs = self.allocator.alloc_extend(prefix_t.to(device), seq_t.to(device), last.to(device), total)
+        if locs is None:
+            raise PoolFullError(
+                f"The allocator has {self.allocator.available_size()} free slots (page size {self.page_size}); this "
+                f"step needs {total} more tokens. Plan with more memory, or admit fewer or shorter requests."
+            )
+        return locs.to(torch.int64)
+
+    def _update_layer(self, layer_id: int, key_states: Tensor, value_states: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the step's real K/V of ``layer_id`` to the pool, read every cached token back, right-aligned."""
+        if layer_id == self._first_layer or self._step is None:
+            self._step = self._begin_step(key_states)
+            self.width = self._step.width
+        step = self._step
+        keys = self._through_pool(layer_id, step, key_states, value_states)
+        if layer_id == self._last_layer:
+            self._step = None
+        return keys
+
+    def _through_pool(self, layer_id: int, step: _Step, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        batch, heads, _, head_dim = keys.shape
+        v_dim = values.shape[-1]
+        new_k = keys.transpose(1, 2)[step.write_mask]
+        new_v = values.transpose(1, 2)[step.write_mask]
+        device = self.pool.device
+        write = self.pool.set_mla_kv_buffer if self.latent else self.pool.set_kv_buffer
+        if new_k.shape[0]:
+            write(layer_id, step.locs, new_k.to(device), new_v.to(device))
+        window = self.layers[layer_id].sliding_window
+        src, dst = step.full if window is None else step.sliding
+        read = self.pool.get_mla_kv if self.latent else self.pool.get_kv
+        cached_k, cached_v = read(layer_id, src, keys.dtype)
+        out_k = keys.new_zeros(batch * step.width, heads, head_dim)
+        out_v = values.new_zeros(batch * step.width, heads, v_dim)
+        out_k[dst] = cached_k.to(keys.device)
+        out_v[dst] = cached_v.to(keys.device)
+        k = out_k.view(batch, step.width, heads, head_dim).transpose(1, 2)
+        v = out_v.view(batch, step.width, heads, v_dim).transpose(1, 2)
+        if window is None:
+            return k, v
+        query = keys.shape[2]
+        visible = min(step.width - query, window - 1) + query  # get_mask_sizes' kv_length, before this step
+        return k[:, :, -visible:], v[:, :, -visible:]
+
+
+def _ranges(starts: Tensor, counts: Tensor) -> Tensor:
+    """``cat([arange(s, s + c) for s, c in zip(starts, counts)])`` without a Python loop."""
+    total = int(counts.sum())
+    if not total:
+        return torch.zeros(0, dtype=torch.int64)
+    offsets = torch.cumsum(counts, 0) - counts
+    within = torch.arange(total, dtype=torch.int64) - torch.repeat_interleave(offsets, counts)
+    return torch.repeat_interleave(starts, counts) + within
