@@ -249,6 +249,24 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 
 
 @_spec(firstresult=True)
+def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> Mapping[str, Any] | None:
+    """The per-layer KV-cache specs vLLM 0.33 builds for this model on one TP rank (``--accounting vllm``).
+
+    Stops at the first non-None result; return None to decline.  The architecture that parsed the model
+    answers with what its vLLM model class's attention layers return from ``get_kv_cache_spec`` (a
+    ``kvpools_core.vllm`` spec per layer: full, sliding window, chunked local, MLA, the DSA indexer, Mamba);
+    the core groups, unifies and sizes them as vLLM does (``kvpools_core.vllm.planning``).
+
+    :param model: the parsed model.
+    :param serving: the serving options (``tp_size`` shards the heads, ``kv_cache_dtype`` the bytes).
+    :param block_size: vLLM's ``--block-size`` (tokens per block) for the attention layers.
+    :returns: layer name -> spec for every layer with a cache, named as vLLM names them: exactly one dotted
+        part of each name is an integer, the layer index (vLLM's ``extract_layer_index``), which places the
+        layer on its pipeline stage.
+    """
+
+
+@_spec(firstresult=True)
 def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing | None:
     """Split a budget into token counts, request count and pools.
 
@@ -535,6 +553,20 @@ def _measured(*, by_pool: bool) -> Callable[[Any], str | None]:
     return problem
 
 
+def _vllm_specs(value: Any) -> str | None:
+    from kvpools_core.vllm.model import layer_index
+    from kvpools_core.vllm.specs import KVCacheSpec
+
+    if not isinstance(value, Mapping) or not value:
+        return f"got {describe_value(value)}"
+    for name, spec in value.items():
+        if not isinstance(name, str) or layer_index(name) is None:
+            return f"layer name {describe_value(name)} has no single integer part (the layer index)"
+        if not isinstance(spec, KVCacheSpec):
+            return f"{name!r} maps to {describe_value(spec)}, not a KVCacheSpec"
+    return None
+
+
 RESULTS: Mapping[str, ResultContract] = MappingProxyType(
     {
         "parse_model_config": ResultContract(
@@ -574,6 +606,11 @@ RESULTS: Mapping[str, ResultContract] = MappingProxyType(
         "estimate_cell_size": ResultContract(
             "a CellSize whose parts are CellParts (or None to decline)",
             _value_of("CellSize", parts="CellPart", draft_layer_parts="CellPart"),
+        ),
+        "vllm_kv_cache_specs": ResultContract(
+            "a mapping of vLLM layer name (str with exactly one integer dotted part) to a kvpools_core.vllm "
+            "KVCacheSpec (or None to decline)",
+            _vllm_specs,
         ),
         "size_pools": ResultContract(
             "a PoolSizing whose pools are PoolSpecs (or None to decline)", _value_of("PoolSizing", pools="PoolSpec")

@@ -78,6 +78,21 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
+    """vLLM's DeepSeek-V3.2 layer: the MLA latent (``MLAAttention``) and, beside it, the indexer's key cache
+    (``DeepseekV32IndexerCache``), two ``MLAAttentionSpec`` per layer."""
+    from kvpools_core.vllm.model import indexer_kv_cache_spec, latent_kv_cache_spec
+
+    specs: dict[str, Any] = {}
+    for layer in model.layers:
+        prefix = f"model.layers.{layer.index}.self_attn"
+        specs[f"{prefix}.attn"] = latent_kv_cache_spec(layer, model, serving, block_size)
+        specs[f"{prefix}.indexer.k_cache"] = indexer_kv_cache_spec(int(layer.params["index_head_dim"]), block_size)
+    return specs
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
     start, end = rank_layer_range(model, serving)
     return dsa_cell_size(model.layers[start:end], model, serving)

@@ -114,6 +114,27 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
+    """vLLM's ``Attention.get_kv_cache_spec`` for a decoder layer: one ``FullAttentionSpec`` per layer, the heads
+    of one TP rank (``vllm/model_executor/layers/attention/attention.py``)."""
+    from kvpools_core.vllm.model import kv_element_bytes, kv_heads_per_rank
+    from kvpools_core.vllm.specs import FullAttentionSpec
+
+    dtype_bytes = kv_element_bytes(model, serving)
+    return {
+        f"model.layers.{layer.index}.self_attn.attn": FullAttentionSpec(
+            block_size=block_size,
+            num_kv_heads=kv_heads_per_rank(layer.num_kv_heads, serving.tp_size),
+            head_size=layer.head_dim,
+            head_size_v=layer.v_head_dim,
+            dtype_bytes=dtype_bytes,
+        )
+        for layer in model.layers
+    }
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
     dims = [layer.head_dim for layer in model.layers] + [layer.v_head_dim for layer in model.layers]

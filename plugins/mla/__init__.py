@@ -59,6 +59,18 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
+    """vLLM's ``MLAAttention.get_kv_cache_spec``: one ``MLAAttentionSpec`` latent row per layer."""
+    from kvpools_core.vllm.model import latent_kv_cache_spec
+
+    return {
+        f"model.layers.{layer.index}.self_attn.attn": latent_kv_cache_spec(layer, model, serving, block_size)
+        for layer in model.layers
+    }
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
     start, end = rank_layer_range(model, serving)
     row = LatentRow(model_dims(model), resolve_kv_dtype(serving.kv_cache_dtype, model.dtype))

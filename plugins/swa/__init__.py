@@ -83,6 +83,46 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
+    """vLLM's ``Attention.get_kv_cache_spec``: a ``SlidingWindowSpec`` for a layer with a window, a
+    ``FullAttentionSpec`` otherwise, the heads of one TP rank (``vllm/model_executor/layers/attention/
+    attention.py``; gpt-oss, Gemma 2/3, Mistral build exactly these)."""
+    from kvpools_core.errors import UnsupportedCombinationError
+    from kvpools_core.vllm.model import kv_element_bytes, kv_heads_per_rank
+    from kvpools_core.vllm.specs import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+
+    if is_latent(model):
+        raise UnsupportedCombinationError(
+            f"{model.name}: vLLM's sliding-window MLA layers (SlidingWindowMLASpec) are not modelled for "
+            "--accounting vllm yet; use --accounting sglang or exact."
+        )
+    dtype_bytes = kv_element_bytes(model, serving)
+    specs: dict[str, KVCacheSpec] = {}
+    for layer in model.layers:
+        heads = kv_heads_per_rank(layer.num_kv_heads, serving.tp_size)
+        name = f"model.layers.{layer.index}.self_attn.attn"
+        if layer.kind == SLIDING and layer.sliding_window is not None:
+            specs[name] = SlidingWindowSpec(
+                block_size=block_size,
+                num_kv_heads=heads,
+                head_size=layer.head_dim,
+                head_size_v=layer.v_head_dim,
+                dtype_bytes=dtype_bytes,
+                sliding_window=layer.sliding_window,
+            )
+        else:
+            specs[name] = FullAttentionSpec(
+                block_size=block_size,
+                num_kv_heads=heads,
+                head_size=layer.head_dim,
+                head_size_v=layer.v_head_dim,
+                dtype_bytes=dtype_bytes,
+            )
+    return specs
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
     return swa_cell_size(model, serving)
 

@@ -1,0 +1,60 @@
+"""vLLM 0.33's KV-cache planning, modelled exactly: per-layer specs, groups, blocks, the memory check, capacity.
+
+A small core package (no vLLM or torch import): :mod:`kvpools_core.vllm.specs` holds vLLM's per-layer
+``KVCacheSpec`` classes as frozen values, :mod:`kvpools_core.vllm.planning` the planner that turns them and a
+memory budget into ``num_gpu_blocks``, ``max_concurrency`` and ``kv_cache_size_tokens``.  See ``docs/vllm.md``.
+"""
+
+from kvpools_core.vllm.budget import DEFAULT_GPU_MEMORY_UTILIZATION, VllmMemoryBudget, available_kv_cache_memory
+from kvpools_core.vllm.planning import (
+    KVCacheGroupSpec,
+    VllmKVCachePlan,
+    VllmLimits,
+    VllmMemoryError,
+    align_hybrid_block_size,
+    bytes_per_block,
+    check_enough_kv_cache_memory,
+    estimate_max_model_len,
+    get_kv_cache_groups,
+    max_memory_usage_bytes,
+    plan_kv_cache,
+    pp_layer_ranges,
+    unify_kv_cache_spec_page_size,
+)
+from kvpools_core.vllm.specs import (
+    AttentionSpec,
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
+)
+
+__all__ = [
+    "DEFAULT_GPU_MEMORY_UTILIZATION",
+    "AttentionSpec",
+    "ChunkedLocalAttentionSpec",
+    "FullAttentionSpec",
+    "KVCacheGroupSpec",
+    "KVCacheSpec",
+    "MLAAttentionSpec",
+    "MambaSpec",
+    "SlidingWindowSpec",
+    "UniformTypeKVCacheSpecs",
+    "VllmKVCachePlan",
+    "VllmLimits",
+    "VllmMemoryBudget",
+    "VllmMemoryError",
+    "align_hybrid_block_size",
+    "available_kv_cache_memory",
+    "bytes_per_block",
+    "check_enough_kv_cache_memory",
+    "estimate_max_model_len",
+    "get_kv_cache_groups",
+    "max_memory_usage_bytes",
+    "plan_kv_cache",
+    "pp_layer_ranges",
+    "unify_kv_cache_spec_page_size",
+]

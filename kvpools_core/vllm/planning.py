@@ -1,0 +1,528 @@
+"""vLLM 0.33's KV-cache planning: grouping, page-size unification, blocks, the memory check, capacity.
+
+Mirrors ``vllm/v1/core/kv_cache_planning.py`` and ``kv_cache_utils.py`` of vLLM 0.33.0 (line numbers below
+are that release's), for the default ``DefaultKVCacheConfigBuilder`` and a layer-outermost KV-cache layout
+(``LBNHC``/``LBHNC``, where a block's bytes are the sum of its layers' pages).  Left out, and refused by name
+where a model would need them: block-outermost packing (``_get_packed_kv_cache_groups``), HiSparse,
+hidden-state layers, ``--disable-hybrid-kv-cache-manager`` and a model's own ``get_kv_cache_groups``.
+
+The differential tests (``tests/vllm/test_differential.py``) run vLLM's own functions on the same specs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+
+from kvpools_core.errors import ConfigError, InsufficientMemoryError, UnsupportedCombinationError
+from kvpools_core.vllm.specs import (
+    AttentionSpec,
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
+    cdiv,
+)
+
+GiB = 1 << 30
+CONSERVING_MEMORY_URL = "https://docs.vllm.ai/en/latest/configuration/conserving_memory/"
+MAMBA_CACHE_MODES = ("none", "align", "all")
+
+GroupSpec = KVCacheSpec | UniformTypeKVCacheSpecs
+
+
+class VllmMemoryError(InsufficientMemoryError):
+    """vLLM would refuse to start: its ``ValueError`` text, word for word, with the numbers it would print."""
+
+
+@attrs.frozen(kw_only=True)
+class VllmLimits:
+    """The ``VllmConfig`` numbers the sizing formulas read.
+
+    ``max_in_flight_tokens`` is ``VllmConfig.max_in_flight_tokens`` (``config/vllm.py`` L601):
+    ``max_concurrent_batches * max_num_batched_tokens``, where ``max_concurrent_batches`` is the
+    pipeline-parallel size (``pp + 1`` with async scheduling on the V2 runner, 2 with async scheduling at
+    PP 1; L588).  ``mamba_cache_mode`` is ``CacheConfig.mamba_cache_mode``.
+    """
+
+    max_model_len: int
+    max_num_batched_tokens: int = 2048
+    max_concurrent_batches: int = 1
+    decode_context_parallel_size: int = 1
+    mamba_cache_mode: str = "none"
+
+    def __attrs_post_init__(self) -> None:
+        for name in (
+            "max_model_len",
+            "max_num_batched_tokens",
+            "max_concurrent_batches",
+            "decode_context_parallel_size",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}.")
+        if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            raise ConfigError(f"--mamba-cache-mode must be one of {MAMBA_CACHE_MODES}, got {self.mamba_cache_mode!r}.")
+
+    @property
+    def max_in_flight_tokens(self) -> int:
+        return self.max_concurrent_batches * self.max_num_batched_tokens
+
+    def with_max_model_len(self, max_model_len: int) -> VllmLimits:
+        return attrs.evolve(self, max_model_len=max_model_len)
+
+
+def _str_tuple(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(items)
+
+
+@attrs.frozen
+class KVCacheGroupSpec:
+    """``KVCacheGroupSpec``: layers sharing one block table; ``kv_cache_spec`` is their merged spec."""
+
+    layer_names: tuple[str, ...] = attrs.field(converter=_str_tuple)
+    kv_cache_spec: GroupSpec
+
+    def layer_spec(self, layer_name: str) -> KVCacheSpec:
+        """``_get_per_layer_spec`` (L559)."""
+        spec = self.kv_cache_spec
+        if isinstance(spec, UniformTypeKVCacheSpecs):
+            return spec.kv_cache_specs[layer_name]
+        return spec
+
+    def blocks_per_request(self, limits: VllmLimits) -> int:
+        """Blocks one request at ``max_model_len`` holds in this group: ``cdiv(max_memory_usage, page)``."""
+        spec = self.kv_cache_spec
+        if isinstance(spec, UniformTypeKVCacheSpecs):
+            return spec.max_memory_usage_pages(limits)
+        return cdiv(spec.max_memory_usage_bytes(limits), spec.page_size_bytes)
+
+
+# ---------------------------------------------------------------------------
+# block size resolution for Mamba hybrids (Platform._align_hybrid_block_size, platforms/interface.py L940)
+# ---------------------------------------------------------------------------
+
+
+def align_hybrid_block_size(
+    *,
+    block_size: int,
+    attn_page_size_1_token: int,
+    mamba_page_size: int,
+    kernel_block_size: int,
+    backend_block_alignment: int = 1,
+    use_mla: bool = False,
+    prefill_checkpoint_alignment: int | None = None,
+) -> tuple[int, int | None]:
+    """``Platform._align_hybrid_block_size``: the attention block size of a Mamba hybrid, and the padded Mamba page.
+
+    The attention block grows until one attention page holds a Mamba state: ``align * cdiv(mamba_page, align *
+    attn_page_per_token)`` tokens, ``align`` = the backend's smallest kernel block (at least the configured block
+    size; at least 128 for MLA; a multiple of the prefill checkpoint alignment in ``align`` mode), then rounded up to
+    ``backend_block_alignment`` (the lcm of every attention backend's smallest kernel block).  The Mamba page is then
+    padded to the attention page ("Padding mamba page size by X% ..."); ``None`` when they are already equal.
+    Returns ``(block_size, mamba_page_size_padded)``.
+    """
+    for name, value in (
+        ("block_size", block_size),
+        ("attn_page_size_1_token", attn_page_size_1_token),
+        ("kernel_block_size", kernel_block_size),
+        ("backend_block_alignment", backend_block_alignment),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}.")
+    if mamba_page_size <= 0:
+        return block_size, None
+    align = max(kernel_block_size, block_size)
+    if use_mla:
+        align = max(align, 128)
+    if prefill_checkpoint_alignment is not None:
+        align = math.lcm(align, prefill_checkpoint_alignment or 1)
+    attn_block_size = align * cdiv(mamba_page_size, align * attn_page_size_1_token)
+    attn_block_size = backend_block_alignment * cdiv(attn_block_size, backend_block_alignment)
+    block_size = max(block_size, attn_block_size)
+    attn_page_size = block_size * attn_page_size_1_token
+    return block_size, None if attn_page_size == mamba_page_size else attn_page_size
+
+
+# ---------------------------------------------------------------------------
+# grouping (get_kv_cache_groups, L1113)
+# ---------------------------------------------------------------------------
+
+
+def _mergeable(first: KVCacheSpec, specs: Sequence[KVCacheSpec]) -> bool:
+    """``KVCacheSpec.merge`` succeeds: for the modelled specs, exactly when they are all equal."""
+    return all(spec == first for spec in specs)
+
+
+def is_uniform_type(specs: Mapping[str, KVCacheSpec]) -> bool:
+    """``UniformTypeKVCacheSpecs.is_uniform_type`` (``kv_cache_interface.py`` L1343): one block size, one
+    ``dcp_sharded``, and the first spec's ``is_uniform_with_collection`` (the registry's base classes:
+    MLA groups with full attention, L2708 of ``single_type_kv_cache_manager.py``)."""
+    values = list(specs.values())
+    if len({spec.block_size for spec in values}) > 1:
+        return False
+    if len({getattr(spec, "dcp_sharded", False) for spec in values}) > 1:
+        return False
+    first = values[0]
+    if isinstance(first, FullAttentionSpec):
+        return all(isinstance(spec, FullAttentionSpec) for spec in values)
+    if isinstance(first, SlidingWindowSpec):
+        return all(isinstance(s, SlidingWindowSpec) and s.sliding_window == first.sliding_window for s in values)
+    if isinstance(first, ChunkedLocalAttentionSpec):
+        return all(
+            isinstance(s, ChunkedLocalAttentionSpec) and s.attention_chunk_size == first.attention_chunk_size
+            for s in values
+        )
+    if isinstance(first, MambaSpec):
+        return all(
+            isinstance(s, MambaSpec)
+            and s.num_speculative_blocks == first.num_speculative_blocks
+            and s.num_prefill_checkpoint_blocks == first.num_prefill_checkpoint_blocks
+            and s.page_size_bytes == first.page_size_bytes
+            for s in values
+        )
+    raise UnsupportedCombinationError(f"vLLM accounting does not model {type(first).__name__} layers.")
+
+
+def unify_kv_cache_spec_page_size(specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
+    """``unify_kv_cache_spec_page_size`` (L346): every page raised to the largest one.
+
+    Attention pages that divide the largest grow their block size by the ratio; Mamba pages, and non-MLA
+    attention pages that do not divide it, are padded (``page_size_padded``); an MLA page that does not divide
+    it cannot be padded, and vLLM raises ``NotImplementedError`` (:class:`_CannotUnify` here).
+    """
+    page_sizes = {spec.page_size_bytes for spec in specs.values()}
+    if len(page_sizes) <= 1:
+        return dict(specs)
+    max_page = max(page_sizes)
+    unified: dict[str, KVCacheSpec] = {}
+    for name, spec in specs.items():
+        page = spec.page_size_bytes
+        if page == max_page:
+            unified[name] = spec
+        elif isinstance(spec, MambaSpec):
+            unified[name] = attrs.evolve(spec, page_size_padded=max_page)
+        elif max_page % page == 0:
+            unified[name] = spec.with_block_size(spec.block_size * (max_page // page))
+        elif isinstance(spec, AttentionSpec) and not isinstance(spec, MLAAttentionSpec):
+            unified[name] = attrs.evolve(spec, page_size_padded=max_page)
+        else:
+            raise _CannotUnify(
+                f"Layer {name}: page size is not divisible by the maximum page size and cannot be padded. "
+                "Padding is only supported for non-MLA attention layers."
+            )
+    return unified
+
+
+class _CannotUnify(UnsupportedCombinationError):
+    """vLLM's ``NotImplementedError`` from ``unify_kv_cache_spec_page_size``."""
+
+
+def _full_allocation_fallback(specs: Mapping[str, KVCacheSpec]) -> list[KVCacheGroupSpec] | None:
+    """``_try_get_full_allocation_fallback_groups`` (L819): MLA beside regular sliding-window layers whose pages
+    cannot be unified: the sliding-window layers are allocated as full attention (``_promote_local_kv_cache_specs``,
+    L744), all in one uniform-type group."""
+    values = list(specs.values())
+    if any(isinstance(spec, ChunkedLocalAttentionSpec) for spec in values):
+        return None
+    if not (
+        any(isinstance(s, MLAAttentionSpec) for s in values) and any(isinstance(s, SlidingWindowSpec) for s in values)
+    ):
+        return None
+    full_block_sizes = {spec.block_size for spec in values if isinstance(spec, FullAttentionSpec)}
+    full_block_size = next(iter(full_block_sizes)) if len(full_block_sizes) == 1 else None
+    promoted: dict[str, KVCacheSpec] = {}
+    for name, spec in specs.items():
+        if isinstance(spec, SlidingWindowSpec):
+            block_size = full_block_size or spec.block_size
+            padded = None
+            if spec.page_size_padded is not None:
+                padded = max(spec.page_size_padded, spec.unpadded_page_size_bytes * block_size // spec.block_size)
+            promoted[name] = FullAttentionSpec(
+                block_size=block_size,
+                num_kv_heads=spec.num_kv_heads,
+                head_size=spec.head_size,
+                head_size_v=spec.head_size_v,
+                dtype_bytes=spec.dtype_bytes,
+                page_size_padded=padded,
+                state_content_bytes=spec.state_content_bytes,
+                dcp_sharded=spec.dcp_sharded,
+                max_tp_shards=spec.max_tp_shards,
+            )
+        else:
+            promoted[name] = spec
+    if not is_uniform_type(promoted):
+        return None
+    return [KVCacheGroupSpec(tuple(promoted), _uniform_type(promoted))]
+
+
+def _uniform_type(specs: Mapping[str, KVCacheSpec]) -> UniformTypeKVCacheSpecs:
+    return UniformTypeKVCacheSpecs(block_size=next(iter(specs.values())).block_size, kv_cache_specs=dict(specs))
+
+
+def _groups_uniform_page_size(specs: Mapping[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
+    """``_get_kv_cache_groups_uniform_page_size`` (L416): bucket equal specs (first-seen order), split each bucket
+    into groups of ``min`` layers (``max`` when ``max < 1.5 * min``), taking ``layers[i::num_groups]``."""
+    buckets: dict[KVCacheSpec, list[str]] = {}
+    for name, spec in specs.items():
+        buckets.setdefault(spec, []).append(name)
+    sizes = [len(names) for names in buckets.values()]
+    group_size = min(sizes)
+    if max(sizes) < min(sizes) * 1.5:
+        group_size = max(sizes)
+    groups: list[KVCacheGroupSpec] = []
+    for spec, names in buckets.items():
+        num_groups = cdiv(len(names), group_size)
+        groups.extend(KVCacheGroupSpec(tuple(names[i::num_groups]), spec) for i in range(num_groups))
+    return groups
+
+
+def get_kv_cache_groups(specs: Mapping[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
+    """``get_kv_cache_groups`` (L1113) for the default builder and a layer-outermost layout.
+
+    One group when every spec is the same; one ``UniformTypeKVCacheSpecs`` group when they are one type;
+    otherwise pages unified (falling back to full allocation for MLA beside sliding-window layers) and split
+    into groups of equal layer counts.
+    """
+    if not specs:
+        return []
+    values = list(specs.values())
+    if _mergeable(values[0], values):
+        return [KVCacheGroupSpec(tuple(specs), values[0])]
+    if is_uniform_type(specs):
+        return [KVCacheGroupSpec(tuple(specs), _uniform_type(specs))]
+    try:
+        unified = unify_kv_cache_spec_page_size(specs)
+    except _CannotUnify:
+        fallback = _full_allocation_fallback(specs)
+        if fallback is None:
+            raise
+        return fallback
+    return _groups_uniform_page_size(unified)
+
+
+# ---------------------------------------------------------------------------
+# blocks, memory check, max_model_len (L574, L1253, L1288, L50)
+# ---------------------------------------------------------------------------
+
+
+def bytes_per_block(groups: Sequence[KVCacheGroupSpec]) -> int:
+    """``_get_kv_cache_bytes_per_block`` (L574), layer-outer: the largest group's sum of its layers' pages.
+
+    Every group draws block ids from one pool whose block spans all groups' layers (they alias from byte 0),
+    so the widest group sets the block's bytes: a group with fewer layers wastes the difference (the
+    "padding layers" vLLM warns about).
+    """
+    return max(sum(group.layer_spec(name).page_size_bytes for name in group.layer_names) for group in groups)
+
+
+def max_memory_usage_bytes(groups: Sequence[KVCacheGroupSpec], limits: VllmLimits) -> int:
+    """``_max_memory_usage_bytes_from_groups`` (L1253): one request's blocks over all groups x bytes per block."""
+    if not groups:
+        return 0
+    return bytes_per_block(groups) * sum(group.blocks_per_request(limits) for group in groups)
+
+
+def estimate_max_model_len(groups: Sequence[KVCacheGroupSpec], limits: VllmLimits, available_memory: int) -> int:
+    """``_estimate_max_model_len_from_groups`` (L1288): the largest ``max_model_len`` in ``[1, limits.max_model_len]``
+    whose one-request need fits ``available_memory``, by vLLM's binary search; 0 when one token does not fit."""
+
+    def fits(model_len: int) -> bool:
+        return max_memory_usage_bytes(groups, limits.with_max_model_len(model_len)) <= available_memory
+
+    left, right = 1, limits.max_model_len
+    if not fits(left):
+        return 0
+    result = 1
+    while left <= right:
+        mid = (left + right) // 2
+        if fits(mid):
+            result = mid
+            left = mid + 1
+        else:
+            right = mid - 1
+    return result
+
+
+def format_gib(num_bytes: int) -> str:
+    """``vllm.utils.mem_utils.format_gib``: GiB rounded to 2 places, as Python prints the float."""
+    return f"{round(num_bytes / GiB, 2)}"
+
+
+def check_enough_kv_cache_memory(groups: Sequence[KVCacheGroupSpec], limits: VllmLimits, available_memory: int) -> None:
+    """``_check_enough_kv_cache_memory`` (L50): raise vLLM's error when one request at ``max_model_len`` does not
+    fit ``available_memory`` (the memory after the null block); the text is vLLM's, word for word."""
+    if available_memory <= 0:
+        raise VllmMemoryError(
+            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing "
+            "the engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). "
+            f"See {CONSERVING_MEMORY_URL} for more details."
+        )
+    needed = max_memory_usage_bytes(groups, limits)
+    if needed > available_memory:
+        estimated = estimate_max_model_len(groups, limits, available_memory)
+        estimated_msg = (
+            f"Based on the available memory, the estimated maximum model length is {estimated}. "
+            if estimated > 0
+            else ""
+        )
+        raise VllmMemoryError(
+            f"To serve at least one request with the model's max seq len ({limits.max_model_len}), "
+            f"({format_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({format_gib(available_memory)} GiB). {estimated_msg}Try increasing `gpu_memory_utilization` (which "
+            "also controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the "
+            f"engine. See {CONSERVING_MEMORY_URL} for more details."
+        )
+
+
+# ---------------------------------------------------------------------------
+# pipeline parallel and the whole plan (get_kv_cache_configs, L1461)
+# ---------------------------------------------------------------------------
+
+
+def pp_layer_ranges(num_layers: int, pp_size: int, partition: Sequence[int] | None = None) -> list[range]:
+    """``vllm.distributed.utils.get_pp_indices`` for every rank: layers split evenly, the remainder given to the
+    ranks before the last one (``VLLM_PP_LAYER_PARTITION`` when ``partition`` is given)."""
+    if pp_size <= 0:
+        raise ConfigError(f"--pipeline-parallel-size must be positive, got {pp_size}.")
+    if partition is not None:
+        if len(partition) != pp_size or sum(partition) != num_layers:
+            raise ConfigError(
+                f"VLLM_PP_LAYER_PARTITION {list(partition)} must have {pp_size} entries summing to {num_layers}."
+            )
+        sizes = list(partition)
+    else:
+        sizes = [num_layers // pp_size] * pp_size
+        for i in range(2, num_layers % pp_size + 2):
+            sizes[-i] += 1
+    starts = [sum(sizes[:rank]) for rank in range(pp_size)]
+    return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
+
+
+def project_groups_to_worker(groups: Sequence[KVCacheGroupSpec], worker_layers: set[str]) -> list[KVCacheGroupSpec]:
+    """``_project_kv_cache_groups_to_worker`` (L1413): each global group restricted to one worker's layers
+    (a group may end up empty on a worker; it still counts in a request's blocks)."""
+    projected = []
+    for group in groups:
+        names = tuple(name for name in group.layer_names if name in worker_layers)
+        spec = group.kv_cache_spec
+        if names and len(names) != len(group.layer_names) and isinstance(spec, UniformTypeKVCacheSpecs):
+            spec = UniformTypeKVCacheSpecs(
+                block_size=spec.block_size, kv_cache_specs={name: spec.kv_cache_specs[name] for name in names}
+            )
+        projected.append(KVCacheGroupSpec(names, spec))
+    return projected
+
+
+@attrs.frozen(kw_only=True)
+class VllmKVCachePlan:
+    """What vLLM 0.33 computes at start-up, under its own names.
+
+    ``num_gpu_blocks`` counts the permanent null block (``BlockPool`` pops block 0 and never frees it), so
+    ``num_gpu_blocks - 1`` are usable; ``max_concurrency`` and ``kv_cache_size_tokens`` are what the engine
+    logs as "GPU KV cache size: N tokens, Maximum concurrency for L tokens per request: X.XXx"
+    (``kv_cache_utils.py`` L1061-1154): ``num_gpu_blocks / Σ_groups cdiv(max_memory_usage, page)`` and
+    ``int(max_concurrency * max_model_len)`` -- for hybrid models a block count times ``max_model_len``, not
+    tokens any pool holds.  ``max_model_len`` is the auto-fitted value under ``--max-model-len auto``.
+    """
+
+    groups: tuple[KVCacheGroupSpec, ...]
+    num_gpu_blocks: int
+    bytes_per_block: tuple[int, ...]
+    available_kv_cache_memory: tuple[int, ...]
+    max_model_len: int
+    blocks_per_request: int
+    max_concurrency: float
+    kv_cache_size_tokens: int
+    auto_fit: bool = False
+
+    @property
+    def block_sizes(self) -> tuple[int, ...]:
+        """Each group's block size (tokens per block)."""
+        return tuple(group.kv_cache_spec.block_size for group in self.groups)
+
+    @property
+    def page_sizes(self) -> tuple[int, ...]:
+        """Each group's page bytes (``page_size_bytes`` of the group spec)."""
+        return tuple(group.kv_cache_spec.page_size_bytes for group in self.groups)
+
+    @property
+    def log_line(self) -> str:
+        """The line vLLM logs at start-up (``update_kv_cache_capacity``, ``kv_cache_utils.py`` L1136)."""
+        return (
+            f"GPU KV cache size: {self.kv_cache_size_tokens:,} tokens, Maximum concurrency for "
+            f"{self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x"
+        )
+
+    @property
+    def kv_cache_tensor_bytes(self) -> tuple[int, ...]:
+        """Each worker's KV-cache allocation: ``bytes_per_block * num_gpu_blocks``."""
+        return tuple(per_block * self.num_gpu_blocks for per_block in self.bytes_per_block)
+
+
+def plan_kv_cache(
+    worker_specs: Sequence[Mapping[str, KVCacheSpec]],
+    available_memory: Sequence[int],
+    limits: VllmLimits,
+    *,
+    num_gpu_blocks_override: int | None = None,
+    auto_fit_max_model_len: bool = False,
+) -> VllmKVCachePlan:
+    """``get_global_kv_cache_groups`` + ``get_kv_cache_configs`` (L1607, L1461) + ``update_kv_cache_capacity``.
+
+    ``worker_specs`` holds each worker's layers (one mapping per pipeline stage; TP ranks of a stage are
+    identical), ``available_memory`` each worker's ``available_kv_cache_memory`` in bytes.  With
+    ``auto_fit_max_model_len`` (``--max-model-len auto``), ``limits.max_model_len`` is the model's derived
+    maximum, lowered to the largest length every worker fits.  Raises :class:`VllmMemoryError` where vLLM
+    raises its ``ValueError``.
+    """
+    if len(worker_specs) != len(available_memory) or not worker_specs:
+        raise ConfigError("plan_kv_cache needs one available-memory figure per worker.")
+    if num_gpu_blocks_override is not None and num_gpu_blocks_override <= 0:
+        raise ConfigError(f"--num-gpu-blocks-override must be positive, got {num_gpu_blocks_override}.")
+    merged: dict[str, KVCacheSpec] = {}
+    for worker in worker_specs:
+        for name, spec in worker.items():
+            if name in merged and merged[name] != spec:
+                raise ConfigError(f"layer {name!r} has different KV-cache specs on two workers.")
+            merged.setdefault(name, spec)
+    global_groups = get_kv_cache_groups(merged)
+    if not global_groups:
+        raise UnsupportedCombinationError("an attention-free model has no KV cache to plan (vLLM uses 1 block).")
+    projected = [project_groups_to_worker(global_groups, set(worker)) for worker in worker_specs]
+    per_block = [bytes_per_block(groups) for groups in projected]
+    memory = list(available_memory)
+    if num_gpu_blocks_override is not None:
+        memory = [num_gpu_blocks_override * block for block in per_block]
+    check_memory = [avail - block for avail, block in zip(memory, per_block, strict=True)]
+    if auto_fit_max_model_len:
+        fitted = min(
+            estimate_max_model_len(groups, limits, avail) for groups, avail in zip(projected, check_memory, strict=True)
+        )
+        if fitted <= 0:
+            raise VllmMemoryError(
+                "Cannot auto-fit max_model_len: not enough GPU memory available to serve even a single token. "
+                "Try increasing `gpu_memory_utilization`."
+            )
+        limits = limits.with_max_model_len(min(fitted, limits.max_model_len))
+    for groups, avail in zip(projected, check_memory, strict=True):
+        check_enough_kv_cache_memory(groups, limits, avail)
+    num_blocks = min(avail // block for avail, block in zip(memory, per_block, strict=True))
+    blocks_per_request = sum(group.blocks_per_request(limits) for group in global_groups)
+    max_concurrency = num_blocks / blocks_per_request
+    return VllmKVCachePlan(
+        groups=tuple(global_groups),
+        num_gpu_blocks=num_blocks,
+        bytes_per_block=tuple(per_block),
+        available_kv_cache_memory=tuple(memory),
+        max_model_len=limits.max_model_len,
+        blocks_per_request=blocks_per_request,
+        max_concurrency=max_concurrency,
+        kv_cache_size_tokens=int(max_concurrency * limits.max_model_len),
+        auto_fit=auto_fit_max_model_len,
+    )

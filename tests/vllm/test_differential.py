@@ -1,0 +1,344 @@
+"""kvpools' vLLM planner against vLLM 0.33's own planning code (issue 18), on generated models.
+
+Every case builds the per-layer specs of a generated model (full attention, sliding window, chunked local,
+MLA with or without DeepSeek-V3.2's indexer, Mamba, and hybrids of them), split over pipeline stages and
+sharded by TP, with a budget, block size and scheduler limits; kvpools and vLLM (``vllm_runner.py`` in the
+peers venv) plan it, and must agree on the groups (layers, block size, page bytes), bytes per block,
+``estimate_max_model_len``, ``num_gpu_blocks``, ``max_model_len`` (auto-fitted or not), ``max_concurrency``
+and ``kv_cache_size_tokens`` -- or fail together, with the same error text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from kvpools_core.config import load_model
+from kvpools_core.errors import UnsupportedCombinationError
+from kvpools_core.registry import Registry
+from kvpools_core.values import Serving
+from kvpools_core.vllm import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+    VllmLimits,
+    VllmMemoryError,
+    bytes_per_block,
+    estimate_max_model_len,
+    get_kv_cache_groups,
+    max_memory_usage_bytes,
+    plan_kv_cache,
+    pp_layer_ranges,
+)
+from kvpools_core.vllm.model import worker_kv_cache_specs
+from kvpools_core.vllm.planning import project_groups_to_worker
+
+from .peer import VllmPlanner, require_vllm
+
+GiB = 1 << 30
+KINDS = ("full", "sliding_window", "chunked_local", "mla", "dsa", "mamba")
+"""Layer kinds a generated model mixes; ``dsa`` is an MLA layer with the DeepSeek-V3.2 indexer beside it."""
+
+
+@pytest.fixture(scope="module")
+def vllm_planner() -> Iterator[VllmPlanner]:
+    planner = VllmPlanner(require_vllm())
+    yield planner
+    planner.close()
+
+
+def _attention(kind: str, draw: Any, block_size: int, tp: int) -> dict[str, Any]:
+    heads = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    head_size = draw(st.sampled_from([64, 80, 128, 256]))
+    spec = {
+        "kind": kind,
+        "block_size": block_size,
+        "num_kv_heads": max(1, heads // tp),
+        "head_size": head_size,
+        "head_size_v": draw(st.sampled_from([head_size, 128])),
+        "dtype_bytes": draw(st.sampled_from([1, 2, 4])),
+    }
+    if kind == "sliding_window":
+        spec["sliding_window"] = draw(st.sampled_from([1, 128, 1024, 4096]))
+    if kind == "chunked_local":
+        spec["attention_chunk_size"] = draw(st.sampled_from([256, 8192]))
+    return spec
+
+
+def _mla(draw: Any, block_size: int, fp8_ds_mla: bool) -> dict[str, Any]:
+    """MLA latent (``kv_lora_rank + qk_rope_head_dim``), or FlashMLA-sparse's 656-byte fp8 row."""
+    spec = {
+        "kind": "mla",
+        "block_size": block_size,
+        "num_kv_heads": 1,
+        "head_size": draw(st.sampled_from([576, 192])),
+        "dtype_bytes": 1 if fp8_ds_mla else draw(st.sampled_from([1, 2])),
+    }
+    if fp8_ds_mla:
+        spec.update(state_content_bytes=656, cache_dtype_str="fp8_ds_mla")
+    return spec
+
+
+def _indexer(block_size: int) -> dict[str, Any]:
+    """DeepseekV32IndexerCache (``deepseek_v2.py`` L658-666): head 128 + 128 // 128 * 4 bytes of scale, uint8."""
+    return {
+        "kind": "mla",
+        "block_size": block_size,
+        "num_kv_heads": 1,
+        "head_size": 128 + 128 // 128 * 4,
+        "dtype_bytes": 1,
+        "cache_role": "indexer",
+    }
+
+
+def _mamba(draw: Any, block_size: int, tp: int) -> dict[str, Any]:
+    """Mamba2 conv + SSM state shapes per TP rank (``(k-1, conv_dim)``, ``(heads, head_dim, d_state)``)."""
+    heads = draw(st.sampled_from([8, 32, 64, 128])) // tp or 1
+    head_dim = draw(st.sampled_from([64, 128]))
+    d_state = draw(st.sampled_from([16, 64, 128]))
+    conv_dim = heads * head_dim + 2 * d_state
+    return {
+        "kind": "mamba",
+        "block_size": block_size,
+        "shapes": [[3, conv_dim], [heads, head_dim, d_state]],
+        "dtype_bytes": [2, draw(st.sampled_from([2, 4]))],
+        "num_speculative_blocks": draw(st.sampled_from([0, 0, 1])),
+    }
+
+
+@st.composite
+def cases(draw: Any) -> dict[str, Any]:
+    """A generated model's per-layer specs per worker, its limits and budget, in ``vllm_runner`` form."""
+    kinds = draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=3, unique=True))
+    num_layers = draw(st.integers(1, 40))
+    # every chosen kind appears in the repeating pattern, in a drawn order and proportion
+    pattern = draw(st.permutations(kinds)) + draw(st.lists(st.sampled_from(kinds), max_size=4))
+    block_size = draw(st.sampled_from([16, 32, 64, 128]))
+    tp = draw(st.sampled_from([1, 2, 4, 8]))
+    fp8_ds_mla = draw(st.booleans())
+    variants: dict[str, list[dict[str, Any]]] = {}
+    for kind in kinds:  # one or two shapes per kind: two give uniform-type groups (per-layer head sizes)
+        count = draw(st.integers(1, 2))
+        if kind in ("full", "sliding_window", "chunked_local"):
+            first = _attention(kind, draw, block_size, tp)
+            extra = [dict(first, head_size=first["head_size"] * 2)] if count == 2 else []
+            variants[kind] = [first, *extra]
+        elif kind in ("mla", "dsa"):
+            variants[kind] = [_mla(draw, block_size, fp8_ds_mla)]
+        else:
+            variants[kind] = [_mamba(draw, block_size, tp) for _ in range(count)]
+    layers: list[dict[str, dict[str, Any]]] = []
+    for index in range(num_layers):
+        kind = pattern[index % len(pattern)]
+        spec = variants[kind][(index // len(pattern)) % len(variants[kind])]
+        entries = {f"model.layers.{index}.attn": spec}
+        if kind == "dsa":
+            entries[f"model.layers.{index}.indexer"] = _indexer(block_size)
+        layers.append(entries)
+    pp = draw(st.integers(1, min(4, num_layers)))
+    workers = [
+        {name: spec for index in stage for name, spec in layers[index].items()}
+        for stage in pp_layer_ranges(num_layers, pp)
+    ]
+    limits = {
+        "max_model_len": draw(st.integers(1, 262144)),
+        "max_num_batched_tokens": draw(st.sampled_from([512, 2048, 8192])),
+        "max_concurrent_batches": draw(st.sampled_from([1, pp, pp + 1])),
+        # vLLM asserts that sliding-window layers are not DCP-sharded: DCP only for models without them
+        "decode_context_parallel_size": 1 if "sliding_window" in kinds else draw(st.sampled_from([1, 1, 2, 4])),
+        "mamba_cache_mode": draw(st.sampled_from(["none", "align"])),
+    }
+    return {
+        "workers": workers,
+        "limits": limits,
+        "tp_size": tp,
+        "num_gpu_blocks_override": draw(st.one_of(st.none(), st.integers(1, 200_000))),
+        "auto_fit": draw(st.booleans()),
+        "budget_scale": draw(st.floats(0.0, 40.0)),
+        "budget_raw": draw(st.integers(-(1 << 20), 80 * GiB)),
+    }
+
+
+def kvpools_spec(data: dict[str, Any]) -> KVCacheSpec:
+    """The kvpools value for one ``vllm_runner`` spec dict."""
+    kind = data["kind"]
+    if kind == "mamba":
+        return MambaSpec(
+            block_size=data["block_size"],
+            shapes=data["shapes"],
+            dtype_bytes=data["dtype_bytes"],
+            num_speculative_blocks=data["num_speculative_blocks"],
+        )
+    common = {
+        "block_size": data["block_size"],
+        "num_kv_heads": data["num_kv_heads"],
+        "head_size": data["head_size"],
+        "dtype_bytes": data["dtype_bytes"],
+        "state_content_bytes": data.get("state_content_bytes"),
+    }
+    if kind == "mla":
+        return MLAAttentionSpec(
+            cache_dtype_str=data.get("cache_dtype_str"), cache_role=data.get("cache_role", "sparse"), **common
+        )
+    common["head_size_v"] = data["head_size_v"]
+    if kind == "full":
+        return FullAttentionSpec(**common)
+    if kind == "sliding_window":
+        return SlidingWindowSpec(sliding_window=data["sliding_window"], **common)
+    return ChunkedLocalAttentionSpec(attention_chunk_size=data["attention_chunk_size"], **common)
+
+
+def _budget(case: dict[str, Any], workers: list[dict[str, KVCacheSpec]], limits: VllmLimits) -> list[int]:
+    """Budgets aimed around one request's need (both sides of the check), or a raw figure."""
+    merged = {name: spec for worker in workers for name, spec in worker.items()}
+    groups = get_kv_cache_groups(merged)
+    budgets = []
+    for worker in workers:
+        projected = project_groups_to_worker(groups, set(worker))
+        need = max_memory_usage_bytes(projected, limits) + bytes_per_block(projected)
+        budgets.append(int(need * case["budget_scale"]) if case["budget_scale"] > 0 else case["budget_raw"])
+    return budgets
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=cases())
+def test_plan_equals_vllm(vllm_planner: VllmPlanner, case: dict[str, Any]) -> None:
+    workers = [{name: kvpools_spec(spec) for name, spec in worker.items()} for worker in case["workers"]]
+    limits = VllmLimits(**case["limits"])
+    merged = {name: spec for worker in workers for name, spec in worker.items()}
+    try:
+        groups = get_kv_cache_groups(merged)
+    except UnsupportedCombinationError as error:  # vLLM must refuse the same case
+        answer = vllm_planner.plan({**case, "available_memory": [0] * len(workers)})
+        assert answer.get("error") == "NotImplementedError", (error, answer)
+        assert str(error) == answer["message"]
+        event("both refuse to unify pages")
+        return
+    memory = _budget(case, workers, limits)
+    answer = vllm_planner.plan({**case, "available_memory": memory})
+    got_groups = [
+        {
+            "layers": list(g.layer_names),
+            "block_size": g.kv_cache_spec.block_size,
+            "page": g.kv_cache_spec.page_size_bytes,
+        }
+        for g in groups
+    ]
+    assert got_groups == answer["groups"]
+    projected = [project_groups_to_worker(groups, set(worker)) for worker in workers]
+    per_block = [bytes_per_block(g) for g in projected]
+    assert per_block == answer["bytes_per_block"]
+    estimates = [estimate_max_model_len(g, limits, m - b) for g, m, b in zip(projected, memory, per_block, strict=True)]
+    assert estimates == answer["estimates"]
+    event(f"{len(groups)} group(s)")
+    try:
+        plan = plan_kv_cache(
+            workers,
+            memory,
+            limits,
+            num_gpu_blocks_override=case["num_gpu_blocks_override"],
+            auto_fit_max_model_len=case["auto_fit"],
+        )
+    except VllmMemoryError as error:
+        assert answer.get("error") == "ValueError", (str(error), answer)
+        assert str(error) == answer["message"]
+        event("both refuse: not enough KV cache memory")
+        return
+    assert "error" not in answer, answer
+    assert plan.num_gpu_blocks == answer["num_gpu_blocks"]
+    assert plan.max_model_len == answer["max_model_len"]
+    assert plan.max_concurrency == answer["max_concurrency"]
+    assert plan.kv_cache_size_tokens == answer["kv_cache_size_tokens"]
+    assert list(plan.kv_cache_tensor_bytes[:1]) == answer["tensor_bytes"][:1]
+    event("both plan")
+
+
+def runner_spec(spec: KVCacheSpec) -> dict[str, Any]:
+    """The ``vllm_runner`` form of a kvpools spec (the inverse of :func:`kvpools_spec`)."""
+    if isinstance(spec, MambaSpec):
+        return {
+            "kind": "mamba",
+            "block_size": spec.block_size,
+            "shapes": [list(shape) for shape in spec.shapes],
+            "dtype_bytes": list(spec.dtype_bytes),
+            "num_speculative_blocks": spec.num_speculative_blocks,
+        }
+    assert isinstance(spec, (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec))
+    data: dict[str, Any] = {
+        "block_size": spec.block_size,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_size": spec.head_size,
+        "head_size_v": spec.head_size_v,
+        "dtype_bytes": spec.dtype_bytes,
+        "state_content_bytes": spec.state_content_bytes,
+    }
+    if isinstance(spec, MLAAttentionSpec):
+        return {**data, "kind": "mla", "cache_dtype_str": spec.cache_dtype_str, "cache_role": spec.cache_role}
+    if isinstance(spec, SlidingWindowSpec):
+        return {**data, "kind": "sliding_window", "sliding_window": spec.sliding_window}
+    if isinstance(spec, ChunkedLocalAttentionSpec):
+        return {**data, "kind": "chunked_local", "attention_chunk_size": spec.attention_chunk_size}
+    return {**data, "kind": "full"}
+
+
+PRESET_CASES = [
+    ("llama-3.1-8b", 1, 1, 16),
+    ("qwen3-235b-a22b", 4, 1, 16),
+    ("qwen3-235b-a22b", 8, 2, 32),
+    ("gpt-oss-120b", 1, 1, 16),
+    ("gpt-oss-20b", 2, 2, 16),
+    ("gemma-3-27b-it", 2, 1, 16),
+    ("mistral-7b-v0.1", 1, 3, 16),
+    ("deepseek-v3", 8, 1, 64),
+    ("deepseek-v3.2", 8, 2, 64),
+]
+
+
+@pytest.mark.parametrize(("preset", "tp", "pp", "block_size"), PRESET_CASES)
+@pytest.mark.parametrize("budget_gib", [4, 40])
+def test_preset_plans_equal_vllm(
+    vllm_planner: VllmPlanner, registry: Registry, preset: str, tp: int, pp: int, block_size: int, budget_gib: int
+) -> None:
+    """The specs the architecture plugins answer for real models, planned by kvpools and by vLLM."""
+    model, _ = load_model(preset, registry)
+    workers = worker_kv_cache_specs(model, Serving(tp_size=tp, pp_size=pp), registry, block_size=block_size)
+    limits = VllmLimits(max_model_len=model.context_len, max_num_batched_tokens=8192, max_concurrent_batches=pp)
+    memory = [budget_gib * GiB] * pp
+    case = {
+        "workers": [{name: runner_spec(spec) for name, spec in worker.items()} for worker in workers],
+        "limits": attrs.asdict(limits),
+        "tp_size": tp,
+        "num_gpu_blocks_override": None,
+        "auto_fit": False,
+        "available_memory": memory,
+    }
+    answer = vllm_planner.plan(case)
+    try:
+        plan = plan_kv_cache(workers, memory, limits)
+    except VllmMemoryError as error:
+        assert answer.get("error") == "ValueError" and str(error) == answer["message"], answer
+        return
+    assert "error" not in answer, answer
+    got = [
+        {
+            "layers": list(g.layer_names),
+            "block_size": g.kv_cache_spec.block_size,
+            "page": g.kv_cache_spec.page_size_bytes,
+        }
+        for g in plan.groups
+    ]
+    assert got == answer["groups"]
+    assert list(plan.bytes_per_block) == answer["bytes_per_block"]
+    assert (plan.num_gpu_blocks, plan.max_concurrency, plan.kv_cache_size_tokens) == (
+        answer["num_gpu_blocks"],
+        answer["max_concurrency"],
+        answer["kv_cache_size_tokens"],
+    )
