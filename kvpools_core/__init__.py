@@ -61,6 +61,8 @@ PUBLIC_MODULES: tuple[str, ...] = (
     "kvpools_core.sizing",
     "kvpools_core.units",
     "kvpools_core.values",
+    "kvpools_core.vllm.layers",
+    "kvpools_core.vllm.specs",
 )
 """The modules a plugin may import; every other ``kvpools_core`` module is internal and may change.
 
@@ -69,7 +71,7 @@ Written here, beside ``__all__``, because the facade is the contract (as ``pytes
 ``PUBLIC_MODULES`` the public modules.  ``"pkg.*"`` makes every submodule of ``pkg``
 public, so a store or part added there is public at once.  Internal: ``registry``,
 ``pipeline``, ``building``, ``defaults``, ``cli``, ``report``, ``build_report``, ``capacity``,
-``capacity_report``, ``fit``, ``fit_report``, ``weights`` and ``hookspecs`` (plugins
+``capacity_report``, ``fit``, ``fit_report``, ``weights``, the rest of ``vllm`` and ``hookspecs`` (plugins
 take ``hookimpl`` and ``for_architecture`` from ``kvpools_core``); ``integrations`` bridges the
 pools to other tools and model runtimes for users (optional extras), never for plugins.  Plugins reach other
 plugins only through hooks, never by import.  ``tests/plugins/test_boundaries.py``

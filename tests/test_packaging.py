@@ -148,7 +148,8 @@ def test_every_preset_and_the_type_marker_ship_in_the_wheel() -> None:
     presets = sorted((ROOT / "plugins").glob("*/presets/**/*.json"))
     assert presets
     for preset in presets:
-        plugin, relative = preset.relative_to(ROOT / "plugins").parts[0], preset.relative_to(preset.parents[1])
+        plugin = preset.relative_to(ROOT / "plugins").parts[0]
+        relative = preset.relative_to(ROOT / "plugins" / plugin)
         globs = package_data.get(f"kvpools_plugins.{plugin}", [])
         # setuptools matches package-data globs against the path below the package; "*" stops at "/"
         path = relative.as_posix()
