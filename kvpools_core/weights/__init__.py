@@ -10,6 +10,9 @@ module name (so a ``quantization_config``'s ``modules_to_not_convert`` /
 * tensor parallelism splits attention heads (column-parallel ``q/k/v``,
   row-parallel ``o``; KV heads are replicated once TP exceeds them), the dense
   MLP and the shared experts, and the vocabulary of the embedding and LM head;
+* DP attention (``enable_dp_attention``, for :data:`DP_ATTENTION_ARCHITECTURES`)
+  splits the attention heads and the embedding's vocabulary over the
+  attention-TP group of ``tp / dp_size`` ranks instead; everything else keeps TP/EP;
 * expert parallelism (``ep_size``) gives each rank ``E / ep`` experts whose
   intermediate size splits over the remaining ``tp / ep`` ranks (SGLang's
   ``moe_tp_size``); with ``ep_size=1`` every expert is TP-sharded;
@@ -58,7 +61,14 @@ from kvpools_core.weights._hybrids import _jamba, _nemotron_h, _qwen3_next
 from kvpools_core.weights._model import _Builder, _Sharding, _Tensor, vocab_rows_per_rank
 from kvpools_core.weights._quantisation import _Quantisation, _quantisation
 
-__all__ = ["ARCHITECTURES", "FAMILIES", "WeightsEstimate", "estimate_weights", "vocab_rows_per_rank"]
+__all__ = [
+    "ARCHITECTURES",
+    "DP_ATTENTION_ARCHITECTURES",
+    "FAMILIES",
+    "WeightsEstimate",
+    "estimate_weights",
+    "vocab_rows_per_rank",
+]
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 FAMILIES = (
@@ -153,17 +163,54 @@ complete config this key names, so ``estimate_weights("llama-3.1-8b")`` and
 """
 
 
-def _sharding(serving: Serving, ep_size: int) -> _Sharding:
-    if serving.enable_dp_attention or serving.attn_cp_size > 1:
+DP_ATTENTION_ARCHITECTURES = {
+    "deepseek_v2": "sglang/srt/models/deepseek_v2.py DeepseekV2AttentionMLA",
+    "deepseek_v3": "sglang/srt/models/deepseek_v2.py DeepseekV2AttentionMLA",
+    "kimi_k2": "sglang/srt/models/deepseek_v2.py DeepseekV2AttentionMLA",
+    "deepseek_v32": "sglang/srt/models/deepseek_v2.py DeepseekV2AttentionMLA",
+    "qwen3": "sglang/srt/models/qwen3.py Qwen3Attention",
+    "qwen3_moe": "sglang/srt/models/qwen3_moe.py Qwen3MoeAttention",
+    "gpt_oss": "sglang/srt/models/gpt_oss.py GptOssAttention",
+}
+"""The architectures whose weights are modelled under DP attention, and the SGLang module that builds their
+attention on the attention-TP group (``parallel_group="attn_tp"``, heads over ``attn_tp_size``).
+
+Only these were checked against SGLang 0.5.23: each shards its attention and input embedding over attention TP and
+keeps its MLP, experts and LM head on TP/EP.  Other model files either build attention on the full TP group (Llama's
+``LlamaAttention``) or were not checked, so they are refused under DP attention rather than guessed.
+"""
+
+
+def _sharding(serving: Serving, ep_size: int, model_type: str) -> _Sharding:
+    """The ranks each tensor splits over; DP attention only for :data:`DP_ATTENTION_ARCHITECTURES`.
+
+    Attention context parallelism (``attn_cp_size > 1``) is refused: it shares the attention-TP group with
+    context-parallel ranks (``attn_tp_size = tp // dp // cp``) and its per-model paths (DeepSeek's DCP,
+    ``dcp_size``) are not modelled.
+    """
+    if serving.attn_cp_size > 1:
         raise UnsupportedCombinationError(
-            "The weights estimate models plain TP/EP/PP sharding; enable_dp_attention and attn_cp_size > 1 "
-            "(which replicate or regroup attention and embeddings) are not modelled."
+            f"The weights estimate does not model attn_cp_size {serving.attn_cp_size} (attention context "
+            "parallelism regroups the attention ranks); give the weights' size yourself, or use attn_cp_size 1."
+        )
+    if serving.enable_dp_attention and model_type not in DP_ATTENTION_ARCHITECTURES:
+        raise UnsupportedCombinationError(
+            f"The weights estimate models enable_dp_attention only for {', '.join(sorted(DP_ATTENTION_ARCHITECTURES))}"
+            f" (whose SGLang attention shards over attn_tp_size); model_type {model_type!r} is not checked. Give the "
+            "weights' size yourself, or serve without DP attention."
         )
     if ep_size < 1 or serving.tp_size % ep_size:
         raise UnsupportedCombinationError(
             f"ep_size {ep_size} must divide tp_size {serving.tp_size} (SGLang's experts split over ep, then tp / ep)."
         )
-    return _Sharding(serving.tp_size, ep_size, serving.pp_size, serving.pp_rank, serving.pp_layer_partition)
+    return _Sharding(
+        serving.tp_size,
+        ep_size,
+        serving.pp_size,
+        serving.pp_rank,
+        serving.pp_layer_partition,
+        attn_dp=serving.attn_dp_size,
+    )
 
 
 def estimate_weights(
@@ -190,7 +237,7 @@ def estimate_weights(
             f"is {describe(model_type or None)}",
             f"The weights estimate models {', '.join(sorted(ARCHITECTURES))}; other architectures are not guessed.",
         )
-    sharding = _sharding(serving, ep_size)
+    sharding = _sharding(serving, ep_size, model_type)
     builder = _Builder(reader, sharding, outer)
     notes = architecture(builder, model_type)
     dtype = model_dtype(reader)

@@ -155,7 +155,8 @@ def _gpt_oss(builder: _Builder, model_type: str) -> list[str]:
     for layer in range(layers):
         prefix = f"model.layers.{layer}"
         builder.gqa_attention(f"{prefix}.self_attn", layer, head_dim, bias=True, out_bias=True)
-        builder.add("attention", f"{prefix}.self_attn.sinks", heads, rank_out=_split(heads, sharding.tp), layer=layer)
+        sinks = f"{prefix}.self_attn.sinks"  # one per local head (GptOssAttention.sinks, sglang/srt/models/gpt_oss.py)
+        builder.add("attention", sinks, heads, rank_out=_split(heads, sharding.attn_tp), layer=layer)
         builder.norm(f"{prefix}.input_layernorm", layer)
         builder.norm(f"{prefix}.post_attention_layernorm", layer)
         builder.replicated("moe_router", f"{prefix}.mlp.router", experts, hidden, layer, linear=False)

@@ -47,15 +47,32 @@ class _Tensor:
 
 @attrs.frozen
 class _Sharding:
+    """How SGLang splits the model over one engine's ranks.
+
+    ``attn_dp`` is the DP-attention width (``Serving.attn_dp_size``): the attention layers (and, in the models that
+    support DP attention, the input embedding) shard over the attention-TP group of ``tp / attn_dp`` ranks
+    (``derive_attn_tp_size``, sglang/srt/runtime_context.py), while experts, dense MLPs and the LM head keep TP/EP.
+    """
+
     tp: int
     ep: int
     pp: int
     pp_rank: int
     partition: tuple[int, ...] | None
+    attn_dp: int = 1
 
     @property
     def moe_tp(self) -> int:
         return self.tp // self.ep
+
+    @property
+    def attn_tp(self) -> int:
+        """SGLang's ``attn_tp_size = tp_size // attn_dp_size // attn_cp_size`` (attention CP is not modelled)."""
+        return self.tp // self.attn_dp
+
+    def group(self, family: str) -> int:
+        """The ranks a ``family``'s column/row-parallel Linears split over: attention's over attention TP."""
+        return self.attn_tp if family == "attention" else self.tp
 
 
 def _split(total: int, parts: int) -> int:
@@ -103,15 +120,18 @@ class _Builder:
         self.add("norms", module, size or self.hidden, layer=layer, **kwargs)
 
     def column(self, family: str, module: str, out: int, inner: int, layer: int, bias: bool = False, **kw: Any) -> None:
-        """A column-parallel Linear: output features split over TP (a bias splits with them)."""
-        rank_out = _split(out, self.sharding.tp)
+        """A column-parallel Linear: output features split over TP, attention TP for ``family`` ``attention``
+        (``parallel_group="attn_tp"`` in SGLang's attention modules); a bias splits with them."""
+        rank_out = _split(out, self.sharding.group(family))
         self.add(family, module, out, inner, rank_out=rank_out, layer=layer, linear=True, **kw)
         if bias:
             self.add(family, f"{module}.bias", out, rank_out=rank_out, layer=layer, **kw)
 
     def row(self, family: str, module: str, out: int, inner: int, layer: int, bias: bool = False, **kw: Any) -> None:
-        """A row-parallel Linear: input features split over TP (the bias is whole on every rank)."""
-        self.add(family, module, out, inner, rank_inner=_split(inner, self.sharding.tp), layer=layer, linear=True, **kw)
+        """A row-parallel Linear: input features split over TP, or attention TP as :meth:`column` (the bias is whole
+        on every rank)."""
+        rank_inner = _split(inner, self.sharding.group(family))
+        self.add(family, module, out, inner, rank_inner=rank_inner, layer=layer, linear=True, **kw)
         if bias:
             self.add(family, f"{module}.bias", out, layer=layer, **kw)
 
@@ -120,9 +140,18 @@ class _Builder:
         self.add(family, module, out, inner, layer=layer, **{"linear": True, **kw})
 
     def embeddings(self, tied: bool) -> None:
+        """The input embedding, final norm and LM head.
+
+        Under DP attention the embedding splits its vocabulary over attention TP (``use_attn_tp_group=
+        is_dp_attention_enabled()``: ``get_embedding_tp_kwargs`` in sglang/srt/layers/vocab_parallel_embedding.py for
+        DeepSeek, ``Qwen2Model`` / ``Qwen2MoeModel`` / ``GptOssModel`` in sglang/srt/models/qwen2.py, qwen2_moe.py,
+        gpt_oss.py); the LM head keeps full TP (``use_attn_tp_group=enable_dp_lm_head``, off by default and not a
+        ``Serving`` field).  A tied head on one stage is the embedding itself.
+        """
         vocab = self.reader.integer("vocab_size")
         rank_vocab = vocab_rows_per_rank(vocab, self.sharding.tp)
-        self.add("embedding", "model.embed_tokens", vocab, self.hidden, rank_out=rank_vocab, stage="first")
+        embedding_rows = vocab_rows_per_rank(vocab, self.sharding.attn_tp)
+        self.add("embedding", "model.embed_tokens", vocab, self.hidden, rank_out=embedding_rows, stage="first")
         self.norm("model.norm", None, stage="last")
         if not tied:
             self.add("lm_head", "lm_head", vocab, self.hidden, rank_out=rank_vocab, stage="last")
@@ -145,14 +174,16 @@ class _Builder:
         v_head_dim: int | None = None,
         **kw: Any,
     ) -> None:
-        """Grouped-query attention; KV heads replicate once TP exceeds them (SGLang's ``QKVParallelLinear``).
+        """Grouped-query attention over attention TP; KV heads replicate once it exceeds them (SGLang's
+        ``QKVParallelLinear(parallel_group="attn_tp")``, ``num_kv_heads = max(1, total_num_kv_heads // attn_tp_size)``
+        in sglang/srt/models/qwen3_moe.py ``Qwen3MoeAttention.__init__`` and gpt_oss.py ``GptOssAttention``).
 
         ``gated`` doubles ``q_proj`` for the per-head output gate of Qwen3-Next / Qwen3.5 (``attn_output_gate``);
         ``v_head_dim`` narrows ``v_proj`` and ``o_proj`` (MiMo-V2-Flash's 128 against its 192 q/k head).
         """
         heads = heads or self.reader.integer("num_attention_heads")
         kv_heads = kv_heads or self.reader.integer("num_key_value_heads", heads)
-        tp = self.sharding.tp
+        tp = self.sharding.attn_tp
         q_out = heads * head_dim * (2 if gated else 1)
         self.column("attention", f"{prefix}.q_proj", q_out, self.hidden, layer, bias, **kw)
         v_dim = v_head_dim or head_dim

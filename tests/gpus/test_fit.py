@@ -16,6 +16,7 @@ from kvpools_core.fit import fit
 CONFIGS = Path(__file__).parents[1] / "weights" / "configs"
 LLAMA_8B = str(CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json")
 LLAMA_70B = str(CONFIGS / "meta-llama--Meta-Llama-3.1-70B.json")
+DEEPSEEK_V3 = str(CONFIGS / "deepseek-ai--DeepSeek-V3.json")
 
 
 def test_llama_8b_at_32k_fits_one_h100_with_what_the_plan_holds() -> None:
@@ -104,6 +105,33 @@ def test_every_fit_holds_n_and_nothing_on_fewer_gpus_does(requests: int, context
                     continue
                 replicas = gpus // (tp * pp)
                 assert concurrency(engine, context_len).concurrent_requests * replicas < requests
+
+
+def test_deepseek_v3_on_h200_ranks_dp_attention_configurations() -> None:
+    """DP-attention engines are planned now that the weights estimate models them: on eight H200s DeepSeek-V3's
+    TP 8 / DP attention 8 engine is ranked, with its launch flags, its weights as the DP-attention estimate (whole
+    attention and embedding a rank, heavier than plain TP 8) and its requests as one worker's times the eight."""
+    from kvpools_core.weights import estimate_weights
+
+    requests, context_len = 64, 8192
+    result = fit(DEEPSEEK_V3, requests, context_len, gpu="h200", kv_cache_dtype="auto")
+    assert not any("enable_dp_attention" in reason for reason in result.skipped)
+    by_shape = {
+        (f.plan.serving.tp_size, f.plan.serving.pp_size, f.plan.serving.enable_dp_attention): f for f in result.fits
+    }
+    dp8, plain = by_shape[(8, 1, True)], by_shape[(8, 1, False)]
+    assert "--tp-size 8 --dp-size 8 --enable-dp-attention" in dp8.launch_line
+    assert "--enable-dp-attention" not in plain.launch_line
+    dp_weights = estimate_weights(DEEPSEEK_V3, dp8.plan.serving).bytes_per_rank
+    assert dp8.plan.budget is not None and plain.plan.budget is not None
+    assert dp8.plan.budget.weights_bytes == dp_weights > plain.plan.budget.weights_bytes
+    worker = concurrency(dp8.plan, context_len).concurrent_requests
+    assert dp8.requests_held == worker * 8 > plain.requests_held
+    assert [f.headroom for f in result.fits] == sorted((f.headroom for f in result.fits), reverse=True)
+    for found in result.fits:
+        engine = found.plan
+        held = concurrency(engine, context_len).concurrent_requests * engine.serving.attn_dp_size
+        assert held * found.replicas >= requests
 
 
 def test_bad_requests_and_models() -> None:

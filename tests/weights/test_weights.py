@@ -201,9 +201,77 @@ def test_a_preset_reads_the_complete_config_it_names(preset: str, full: str) -> 
     assert by_preset.model.startswith(f"preset:{preset}")
 
 
-def test_dp_attention_is_refused() -> None:
-    with pytest.raises(UnsupportedCombinationError, match="enable_dp_attention"):
-        estimate_weights(config("Qwen--Qwen3-8B"), Serving(tp_size=2, dp_size=2, enable_dp_attention=True))
+def _fp8(out: int, inner: int) -> int:
+    """DeepSeek-V3's fp8 Linear: a byte a weight and a float32 scale per started 128x128 block."""
+    return out * inner + 4 * -(-out // 128) * -(-inner // 128)
+
+
+def _deepseek_v3_attention_and_embedding(attn_tp: int) -> int:
+    """The bytes of DeepSeek-V3 that DP attention moves onto attention TP: per layer ``q_b_proj`` (128 heads x 192
+    from the 1536 latent), ``kv_b_proj`` (128 x (128 + 128) from 512) and ``o_proj`` (7168 from 128 x 128), all
+    fp8, over ``attn_tp``; and the bf16 embedding, 129280 rows (a multiple of 64 that splits evenly) over it."""
+    heads, hidden, vocab, layers = 128, 7168, 129280, 61
+    layer = (
+        _fp8(heads * 192 // attn_tp, 1536) + _fp8(heads * 256 // attn_tp, 512) + _fp8(hidden, heads * 128 // attn_tp)
+    )
+    return layers * layer + 2 * vocab // attn_tp * hidden
+
+
+@pytest.mark.parametrize("dp_size", [8, 2])
+def test_deepseek_v3_dp_attention_shards_attention_and_embedding_over_attention_tp(dp_size: int) -> None:
+    """DeepSeek-V3 at TP 8 with DP attention: MLA's q_b/kv_b/o and the embedding split over ``attn_tp = 8 / dp``
+    (whole at DP 8); the replicated q_a/kv_a projections, experts, dense MLPs and the LM head are as at plain TP 8."""
+    model = config("deepseek-ai--DeepSeek-V3")
+    plain = estimate_weights(model, Serving(tp_size=8), ep_size=8).bytes_per_rank
+    dp = Serving(tp_size=8, dp_size=dp_size, enable_dp_attention=True)
+    estimate = estimate_weights(model, dp, ep_size=8)
+    attn_tp = 8 // dp_size
+    expected = plain - _deepseek_v3_attention_and_embedding(8) + _deepseek_v3_attention_and_embedding(attn_tp)
+    assert estimate.bytes_per_rank == expected
+
+
+def test_qwen3_235b_dp_attention_8_by_hand() -> None:
+    """Qwen3-235B-A22B at TP 8, DP attention 8 (Qwen3MoeAttention on attn_tp 1): every rank holds whole attention
+    (64 q heads, 4 KV heads of 128) and the whole 151936-row embedding (a multiple of 64), an eighth of each of the
+    128 experts' 1536 intermediate and of the LM head, all bf16."""
+    hidden, layers, head_dim, experts, inter, vocab = 4096, 94, 128, 128, 1536, 151936
+    attention = 2 * 64 * head_dim * hidden + 2 * 4 * head_dim * hidden + 2 * head_dim
+    layer = attention + 2 * hidden + experts * hidden + experts * 3 * (inter // 8) * hidden
+    serving = Serving(tp_size=8, dp_size=8, enable_dp_attention=True)
+    estimate = estimate_weights(config("Qwen--Qwen3-235B-A22B"), serving)
+    assert estimate.bytes_per_rank == 2 * (layers * layer + vocab * hidden + vocab // 8 * hidden + hidden)
+
+
+@pytest.mark.parametrize("name", ["deepseek-ai--DeepSeek-V3", "Qwen--Qwen3-235B-A22B", "openai--gpt-oss-120b"])
+def test_dp_attention_1_is_the_plain_estimate(name: str) -> None:
+    plain = estimate_weights(config(name), Serving(tp_size=8))
+    one = estimate_weights(config(name), Serving(tp_size=8, dp_size=1, enable_dp_attention=True))
+    assert one == plain
+
+
+def test_gpt_oss_sinks_follow_attention_tp() -> None:
+    """gpt-oss keeps one sink per local head (GptOssAttention.sinks): at attn_tp 1 all 64, at TP 8 eight."""
+    model = config("openai--gpt-oss-120b")
+    whole = estimate_weights(model, Serving(tp_size=8, dp_size=8, enable_dp_attention=True), ep_size=8)
+    plain = estimate_weights(model, Serving(tp_size=8), ep_size=8)
+    hidden, head_dim, layers, vocab = 2880, 64, 36, 201088
+    # q (64 heads) and o grow from an eighth to whole; k/v (8 heads) from one head to eight; biases and sinks too.
+    per_layer_growth = 7 * (2 * 8 * head_dim * hidden + 8 * head_dim + 2 * head_dim * hidden + 2 * head_dim + 8)
+    embedding_growth = 7 * vocab // 8 * hidden
+    assert whole.bytes_per_rank - plain.bytes_per_rank == 2 * (layers * per_layer_growth + embedding_growth)
+
+
+def test_dp_attention_is_refused_where_sglang_attention_is_not_on_attention_tp() -> None:
+    """Llama's SGLang attention (LlamaAttention) builds q/k/v on the full TP group: not modelled, refused."""
+    with pytest.raises(UnsupportedCombinationError, match="enable_dp_attention only for"):
+        estimate_weights(
+            config("meta-llama--Meta-Llama-3.1-8B"), Serving(tp_size=2, dp_size=2, enable_dp_attention=True)
+        )
+
+
+def test_attention_context_parallelism_is_refused() -> None:
+    with pytest.raises(UnsupportedCombinationError, match="attn_cp_size 2"):
+        estimate_weights(config("Qwen--Qwen3-8B"), Serving(tp_size=2, attn_cp_size=2))
 
 
 def _read(name: str) -> dict[str, object]:
