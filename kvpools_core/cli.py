@@ -29,6 +29,7 @@ from kvpools_core.values import (
     DSV4_COMPRESS_STATE_DTYPES,
     HICACHE_MEM_LAYOUTS,
     HICACHE_WRITE_POLICIES,
+    SGLANG_ACCOUNTING_MODES,
     SPECULATIVE_ALGORITHMS,
     Serving,
 )
@@ -76,7 +77,8 @@ _HELP = {
     "enable_online_compress": "DeepSeek-V4 online c128 compression: one (max, sum, kv) state row "
     "(SGLANG_OPT_USE_ONLINE_COMPRESS).",
     "enable_online_c128_mtp": "Allow online c128 with EAGLE top-k 1 MTP (SGLANG_EXPERIMENTAL_ONLINE_C128_MTP).",
-    "accounting": "exact: charge every byte built; sglang: SGLang's numbers exactly.",
+    "accounting": "exact: charge every byte built; sglang: SGLang's numbers exactly; vllm: vLLM 0.33's KV cache "
+    "(plan and capacity only, with vLLM's flags; docs/vllm.md).",
     "enable_hierarchical_cache": "HiCache: plan the host KV tier (pinned CPU mirrors of the device pools).",
     "hicache_ratio": "Host pool slots per device pool slot (SGLang's --hicache-ratio).",
     "hicache_size": "Host tier size per rank in GB (1e9 B), split over the host pools by device bytes; "
@@ -250,6 +252,86 @@ def _make_serving(options: dict[str, Any], device: str | None) -> Serving:
     return Serving(**kwargs)
 
 
+_VLLM_OPTIONS = (
+    "gpu_memory_utilization",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "num_gpu_blocks_override",
+)
+"""vLLM's own option names, accepted by ``plan`` and ``capacity`` under ``--accounting vllm`` only."""
+
+
+def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """vLLM's flags (``vllm serve``'s names), meaningful with ``--accounting vllm`` only."""
+    only = " Only with --accounting vllm."
+    for flag, kind, help_text in reversed(
+        (
+            (
+                "--gpu-memory-utilization",
+                float,
+                "vLLM's fraction of the GPU's TOTAL memory for the instance [default: 0.92].",
+            ),
+            ("--max-model-len", int, "vLLM's maximum tokens per request [default: the model's context length]."),
+            ("--max-num-seqs", int, "vLLM's cap on running requests [default: vllm serve's for the GPU]."),
+            ("--max-num-batched-tokens", int, "vLLM's tokens per step [default: vllm serve's for the GPU]."),
+            ("--block-size", int, "vLLM's tokens per KV block [default: 16]."),
+            ("--num-gpu-blocks-override", int, "vLLM's fixed block count instead of the memory's."),
+        )
+    ):
+        command = click.option(flag, type=kind, default=None, help=help_text + only)(command)
+    return command
+
+
+def _vllm_args(options: dict[str, Any]) -> dict[str, Any]:
+    """Take vLLM's flags out of ``options``: refused unless ``--accounting vllm``, which refuses SGLang's."""
+    args = {name: options.pop(name, None) for name in _VLLM_OPTIONS}
+    if (options.get("accounting") or "").lower() != "vllm":
+        given = [f"--{name.replace('_', '-')}" for name, value in args.items() if value is not None]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} vLLM's: only with --accounting vllm "
+                "(SGLang's names are --mem-fraction-static, --context-length, --max-running-requests, --page-size)."
+            )
+        return args
+    from kvpools_core.vllm.deployment import VLLM_READ_FIELDS, sglang_option_refused
+
+    options["accounting"] = "vllm"
+    for name, value in options.items():
+        if value is None or value == () or name in VLLM_READ_FIELDS:
+            continue
+        raise ConfigError(sglang_option_refused(name))
+    return args
+
+
+def _refuse_with_vllm(**given: Any) -> None:
+    """Budget and report flags of SGLang's pipeline that ``--accounting vllm`` has no counterpart for."""
+    named = [f"--{name.replace('_', '-')}" for name, value in given.items() if value]
+    if named:
+        raise ConfigError(
+            f"{', '.join(named)} {'belongs' if len(named) == 1 else 'belong'} to SGLang's planning, not to "
+            "--accounting vllm, whose budget is --memory SIZE (vLLM's --kv-cache-memory-bytes) or --gpu NAME / "
+            "--gpu-memory SIZE with --gpu-memory-utilization and --weights-memory (docs/vllm.md)."
+        )
+
+
+def _vllm_plan(
+    model: str,
+    serving: Serving,
+    memory: str | None,
+    gpu: str | None,
+    gpu_memory: str | None,
+    weights_memory: str | None,
+    args: dict[str, Any],
+) -> Any:
+    from kvpools_core.vllm.deployment import plan_vllm
+
+    return plan_vllm(
+        model, serving, memory=memory, gpu=gpu, gpu_memory=gpu_memory, weights_memory=weights_memory, **args
+    )
+
+
 def _fail(error: KvpoolsError) -> None:
     click.echo(f"Error: {error}", err=True)
     sys.exit(1)
@@ -412,6 +494,7 @@ def _capacity_json(model: str, serving: Serving, budget: dict[str, Any], context
     "--format capacity-json.  [default: the model's context length]",
 )
 @_compare_option
+@_vllm_options
 @click.option(
     "--all-ranks",
     is_flag=True,
@@ -443,6 +526,30 @@ def plan(
     from kvpools_core.report import plan_summary, render_plan
 
     fmt = _output_format(output_format, as_json)
+    vllm_args = _vllm_args(options)
+    if options["accounting"] == "vllm":
+        _refuse_with_vllm(
+            device=device,
+            free_memory=free_memory,
+            reserved_memory=reserved_memory,
+            runtime_memory=runtime_memory,
+            speculative_draft_model_path=draft_model,
+            host_memory=options.get("host_memory"),
+            host_reserve=options.get("host_reserve"),
+            context=context,
+            compare_platform=compare_platform,
+            all_ranks=all_ranks,
+            format_capacity_json=fmt == "capacity-json",
+        )
+        _host_args(options)
+        result = _vllm_plan(model, _make_serving(options, None), memory, gpu, gpu_memory, weights_memory, vllm_args)
+        if fmt == "json":
+            click.echo(json.dumps(result.to_dict(), indent=2))
+        else:
+            from kvpools_core.vllm.report import render_vllm_plan
+
+            render_vllm_plan(result, _console())
+        return
     if context is not None and fmt != "capacity-json":
         raise ConfigError("--context states the context of the capacity record: use it with --format capacity-json.")
     if compare_platform is not None and fmt == "capacity-json":
@@ -587,6 +694,7 @@ def _plan_all_ranks(
     '{"input_len": ..., "output_len": ...} records.',
 )
 @_format_option("Print one JSON object.")
+@_vllm_options
 @_user_facing
 def capacity(
     model: str,
@@ -632,6 +740,25 @@ def capacity(
         raise ConfigError(f"--requests must be at least 1, got {requests}.")
     if not 0 <= headroom < 1:
         raise ConfigError(f"--headroom must be a fraction in [0, 1), e.g. 0.1 for 10%; got {headroom}.")
+    vllm_args = _vllm_args(options)
+    if options["accounting"] == "vllm":
+        _refuse_with_vllm(
+            device=device,
+            free_memory=free_memory,
+            reserved_memory=reserved_memory,
+            runtime_memory=runtime_memory,
+            speculative_draft_model_path=draft_model,
+            host_memory=options.get("host_memory"),
+            host_reserve=options.get("host_reserve"),
+            requests=requests,
+            workload=workload,
+            format_capacity_json=fmt == "capacity-json",
+        )
+        _host_args(options)
+        _vllm_capacity(
+            model, _make_serving(options, None), memory, gpu, gpu_memory, weights_memory, vllm_args, asked, as_json
+        )
+        return
     parsed_workload = parse_workload(workload) if workload is not None else None
     _gpu_defaults(options, gpu, gpu_memory)
     host = _host_args(options)
@@ -671,6 +798,30 @@ def capacity(
         click.echo(json.dumps(capacity_summary(report), indent=2))
     else:
         render_capacity(report, _console())
+
+
+def _vllm_capacity(
+    model: str,
+    serving: Serving,
+    memory: str | None,
+    gpu: str | None,
+    gpu_memory: str | None,
+    weights_memory: str | None,
+    args: dict[str, Any],
+    asked: list[int],
+    as_json: bool,
+) -> None:
+    """``kvpools capacity --accounting vllm``: vLLM's ``max_concurrency`` at each context length."""
+    from kvpools_core.capacity import CONTEXT_LADDER
+    from kvpools_core.vllm.deployment import capacity_dict
+    from kvpools_core.vllm.report import render_vllm_capacity
+
+    result = _vllm_plan(model, serving, memory, gpu, gpu_memory, weights_memory, args)
+    contexts = asked or [length for length in CONTEXT_LADDER if length <= result.max_model_len]
+    if as_json:
+        click.echo(json.dumps(capacity_dict(result, contexts), indent=2))
+    else:
+        render_vllm_capacity(result, contexts, _console())
 
 
 _BUILD_DEVICE_HELP = (
@@ -796,7 +947,7 @@ def build(
 )
 @click.option(
     "--accounting",
-    type=click.Choice(ACCOUNTING_MODES, case_sensitive=False),
+    type=click.Choice(SGLANG_ACCOUNTING_MODES, case_sensitive=False),
     default=None,
     help=_HELP["accounting"],
 )

@@ -25,7 +25,16 @@ from kvpools_core.sizing import (
     summarize_notes,
 )
 from kvpools_core.units import parse_bytes
-from kvpools_core.values import Budget, CellSize, ModelSpec, Plan, PoolSizing, Serving, Workspace
+from kvpools_core.values import (
+    SGLANG_ACCOUNTING_MODES,
+    Budget,
+    CellSize,
+    ModelSpec,
+    Plan,
+    PoolSizing,
+    Serving,
+    Workspace,
+)
 
 
 def plan(
@@ -206,6 +215,12 @@ def plan_basis(
     serving = serving or Serving()
     if not isinstance(serving, Serving):
         raise ConfigError(f"serving must be a kvpools_core.Serving, got {type(serving).__name__}.")
+    if serving.accounting not in SGLANG_ACCOUNTING_MODES:
+        raise UnsupportedCombinationError(
+            f"{option('accounting')} {serving.accounting} plans vLLM's KV cache, not SGLang's pools: use "
+            "kvpools_core.vllm.plan_vllm (kvpools plan / kvpools capacity --accounting vllm); "
+            f"this command takes {option('accounting')} {' or '.join(SGLANG_ACCOUNTING_MODES)}."
+        )
     provenance: dict[str, tuple[str, ...]] = {}
     serving = resolve_platform(serving, registry)
     check_plugin_options(serving, registry)

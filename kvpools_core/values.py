@@ -246,7 +246,11 @@ class ModelSpec:
 # ---------------------------------------------------------------------------
 
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NEXTN", "DFLASH", "NGRAM")
-ACCOUNTING_MODES = ("exact", "sglang")
+ACCOUNTING_MODES = ("exact", "sglang", "vllm")
+"""``exact`` and ``sglang`` size SGLang's pools (:func:`kvpools_core.plan`); ``vllm`` plans ``vllm serve``'s KV
+cache instead (:func:`kvpools_core.vllm.plan_vllm`, ``docs/vllm.md``), which the SGLang pipeline refuses."""
+SGLANG_ACCOUNTING_MODES = ("exact", "sglang")
+"""The accounting modes of SGLang's pipeline (``plan``, ``build``, ``fit``, ``sweep``)."""
 
 
 HICACHE_MEM_LAYOUTS = ("layer_first", "page_first", "page_first_direct")

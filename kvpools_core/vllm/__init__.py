@@ -2,10 +2,12 @@
 
 A small core package (no vLLM or torch import): :mod:`kvpools_core.vllm.specs` holds vLLM's per-layer
 ``KVCacheSpec`` classes as frozen values, :mod:`kvpools_core.vllm.planning` the planner that turns them and a
-memory budget into ``num_gpu_blocks``, ``max_concurrency`` and ``kv_cache_size_tokens``.  See ``docs/vllm.md``.
+memory budget into ``num_gpu_blocks``, ``max_concurrency`` and ``kv_cache_size_tokens``;
+:func:`~kvpools_core.vllm.deployment.plan_vllm` is what ``--accounting vllm`` runs.  See ``docs/vllm.md``.
 """
 
 from kvpools_core.vllm.budget import DEFAULT_GPU_MEMORY_UTILIZATION, VllmMemoryBudget, available_kv_cache_memory
+from kvpools_core.vllm.deployment import VllmPlanResult, concurrency_at, plan_vllm
 from kvpools_core.vllm.planning import (
     KVCacheGroupSpec,
     VllmKVCachePlan,
@@ -47,14 +49,17 @@ __all__ = [
     "VllmLimits",
     "VllmMemoryBudget",
     "VllmMemoryError",
+    "VllmPlanResult",
     "align_hybrid_block_size",
     "available_kv_cache_memory",
     "bytes_per_block",
     "check_enough_kv_cache_memory",
+    "concurrency_at",
     "estimate_max_model_len",
     "get_kv_cache_groups",
     "max_memory_usage_bytes",
     "plan_kv_cache",
+    "plan_vllm",
     "pp_layer_ranges",
     "unify_kv_cache_spec_page_size",
 ]

@@ -1,0 +1,275 @@
+"""``--accounting vllm`` through ``plan_vllm``, ``kvpools plan`` and ``kvpools capacity`` (issue 18).
+
+Expected numbers are worked out beside each assertion from the vLLM formulas ``kvpools_core/vllm`` cites; the
+last test plans through vLLM's own code (``peer.py``) where the peers venv exists, skipping as the other
+differential tests do.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import pytest
+from click.testing import CliRunner
+
+from kvpools_core import plan
+from kvpools_core.cli import main
+from kvpools_core.errors import ConfigError, UnsupportedCombinationError
+from kvpools_core.gpus import find_gpu
+from kvpools_core.registry import Registry
+from kvpools_core.values import Serving
+from kvpools_core.vllm import VllmMemoryError, concurrency_at, plan_kv_cache, plan_vllm
+from kvpools_core.vllm.deployment import server_defaults
+from kvpools_core.vllm.model import worker_kv_cache_specs
+from kvpools_core.weights import estimate_weights
+
+GiB = 1 << 30
+LLAMA_BLOCK = 32 * 16 * 8 * 128 * 2 * 2
+"""llama-3.1-8b, one block: 32 layers x 16 tokens x 8 KV heads x 128 x (K + V) x 2 B (bf16) = 2 MiB."""
+
+
+def cli(*args: str) -> Any:
+    return CliRunner().invoke(main, list(args))
+
+
+def cli_json(*args: str) -> dict[str, Any]:
+    result = cli(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_llama_at_40gib_by_hand() -> None:
+    data = cli_json(
+        "plan", "llama-3.1-8b", "--accounting", "vllm", "--memory", "40GiB", "--block-size", "16",
+        "--max-model-len", "32768",
+    )  # fmt: skip
+    assert LLAMA_BLOCK == 2 << 20
+    # 40 GiB // 2 MiB = 20480 blocks; block 0 is the null block, and the memory check leaves room for it
+    assert data["num_gpu_blocks"] == 40 * GiB // LLAMA_BLOCK == 20480
+    assert data["kv_cache_groups"][0] | {"layer_names": None} == {
+        "spec": "FullAttentionSpec",
+        "num_layers": 32,
+        "block_size": 16,
+        "page_size_bytes": 16 * 8 * 128 * 2 * 2,
+        "layer_names": None,
+    }
+    assert data["blocks_per_request"] == 32768 // 16
+    assert data["max_concurrency"] == 20480 / 2048 == 10.0
+    assert data["kv_cache_size_tokens"] == 10 * 32768
+    assert data["budget"][0]["available_kv_cache_memory"] == data["kv_cache_memory_bytes"] == 40 * GiB
+    assert data["serve_command"] == (
+        "vllm serve llama-3.1-8b --tensor-parallel-size 1 --max-model-len 32768 --kv-cache-memory-bytes "
+        f"{40 * GiB} --block-size 16 --kv-cache-dtype auto --max-num-seqs 256 --max-num-batched-tokens 2048"
+    )
+    text = cli(
+        "plan", "llama-3.1-8b", "--accounting", "vllm", "--memory", "40GiB", "--max-model-len", "32768"
+    ).stdout  # fmt: skip
+    assert "num_gpu_blocks: 20480 (block 0 is vLLM's null block: 20479 usable)" in text
+    assert "GPU KV cache size: 327,680 tokens, Maximum concurrency for 32,768 tokens per request: 10.00x" in text
+    assert "vllm serve llama-3.1-8b --tensor-parallel-size 1 --max-model-len 32768" in text
+
+
+def test_gpt_oss_has_a_sliding_and_a_full_group() -> None:
+    data = cli_json("plan", "gpt-oss-120b", "--accounting", "vllm", "--memory", "40GiB", "--max-model-len", "131072")
+    # 36 layers alternate window-128 / full, 8 KV heads x 64, bf16: page 16 x 8 x (64 + 64) x 2 = 32768 for both
+    groups = [
+        {k: g[k] for k in ("spec", "num_layers", "block_size", "page_size_bytes")} for g in data["kv_cache_groups"]
+    ]
+    assert groups == [
+        {"spec": "SlidingWindowSpec", "num_layers": 18, "block_size": 16, "page_size_bytes": 32768},
+        {"spec": "FullAttentionSpec", "num_layers": 18, "block_size": 16, "page_size_bytes": 32768},
+    ]
+    assert data["bytes_per_block"] == [18 * 32768]
+    # in flight: (PP 1 + 1) batches x 2048 tokens (vllm serve's default without a >= 70 GiB GPU) = 4096;
+    # sliding: cdiv(min(128 - 1 + 4096, L), 16) + 1 = 264 + 1 blocks; full: 131072 / 16 = 8192
+    assert (data["max_num_batched_tokens"], data["max_concurrent_batches"]) == (2048, 2)
+    assert data["blocks_per_request"] == 265 + 8192
+    blocks = 40 * GiB // (18 * 32768)
+    assert data["num_gpu_blocks"] == blocks == 72817
+    assert data["max_concurrency"] == blocks / 8457
+    assert data["kv_cache_size_tokens"] == int(blocks / 8457 * 131072)
+
+
+def test_h100_budget_terms() -> None:
+    data = cli_json("plan", "llama-3.1-8b", "--accounting", "vllm", "--gpu", "h100", "--max-model-len", "32768")
+    total = find_gpu("h100").total_bytes
+    weights = estimate_weights("llama-3.1-8b", Serving()).bytes_per_rank
+    requested = math.ceil(total * 0.92)  # vLLM's request_memory: ceil(total x util)
+    (budget,) = data["budget"]
+    assert budget == {
+        "pp_rank": 0,
+        "source": "gpu_memory_utilization",
+        "total_memory": total,
+        "requested_memory": requested,
+        "weights_memory": weights,
+        "non_kv_cache_memory": weights,
+        "cudagraph_memory": 0,
+        "available_kv_cache_memory": requested - weights,
+    }
+    assert data["num_gpu_blocks"] == (requested - weights) // LLAMA_BLOCK
+    # vllm serve's defaults on a >= 70 GiB GPU (not an A100): 8192 batched tokens, 1024 sequences
+    assert (data["max_num_batched_tokens"], data["max_num_seqs"], data["gpu_memory_utilization"]) == (8192, 1024, 0.92)
+    assert "--gpu-memory-utilization 0.92 --block-size 16" in data["serve_command"]
+    given = cli_json(
+        "plan", "llama-3.1-8b", "--accounting", "vllm", "--gpu", "h100", "--gpu-memory-utilization", "0.5",
+        "--weights-memory", "16GiB", "--max-model-len", "8192", "--max-num-seqs", "64",
+    )  # fmt: skip
+    assert given["budget"][0]["available_kv_cache_memory"] == math.ceil(total * 0.5) - 16 * GiB
+    assert "--gpu-memory-utilization 0.5" in given["serve_command"] and "--max-num-seqs 64" in given["serve_command"]
+
+
+def test_memory_check_is_vllms_one_line_error(kvpools_exe: str, cli_env: dict[str, str]) -> None:
+    out = subprocess.run(
+        [kvpools_exe, "plan", "llama-3.1-8b", "--accounting", "vllm", "--memory", "1GiB"],
+        capture_output=True,
+        text=True,
+        env=cli_env,
+        timeout=120,
+    )
+    assert out.returncode == 1 and out.stdout == ""
+    # 131072 tokens x 32 layers x 2 KiB = 16 GiB; 1 GiB less the null block holds 511 blocks = 8176 tokens
+    assert out.stderr.startswith(
+        "Error: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is needed"
+    )
+    assert "the estimated maximum model length is 8176." in out.stderr
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+
+
+def test_unmodelled_architectures_are_refused_by_plugin() -> None:
+    result = cli("plan", "falcon-h1-7b", "--accounting", "vllm", "--memory", "10GiB")
+    assert result.exit_code == 1
+    assert "parsed by the 'mamba' plugin, which does not answer vllm_kv_cache_specs" in result.stderr
+    assert "not modelled for it yet" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--block-size", "16"), "--block-size is vLLM's: only with --accounting vllm"),
+        (("--accounting", "sglang", "--max-model-len", "4096"), "--max-model-len is vLLM's"),
+        (
+            ("--accounting", "vllm", "--context-length", "4096"),
+            "--context-length is SGLang's option; --accounting vllm does not read it: use --max-model-len.",
+        ),
+        (("--accounting", "vllm", "--max-running-requests", "8"), "use --max-num-seqs"),
+        (("--accounting", "vllm", "--page-size", "16"), "use --block-size"),
+        (("--accounting", "vllm", "--mem-fraction-static", "0.8"), "use --gpu-memory-utilization"),
+        (("--accounting", "vllm", "--free-memory", "80GiB"), "--free-memory belongs to SGLang's planning"),
+    ],
+)
+@pytest.mark.parametrize("command", ["plan", "capacity"])
+def test_flags_belong_to_their_engine(command: str, args: tuple[str, ...], message: str) -> None:
+    memory = () if "--free-memory" in args else ("--memory", "10GiB")
+    result = cli(command, "llama-3.1-8b", *memory, *args)
+    assert result.exit_code == 1, result.output
+    assert message in result.stderr
+
+
+def test_one_budget_and_sglangs_pipeline_refuses_vllm() -> None:
+    result = cli("plan", "llama-3.1-8b", "--accounting", "vllm")
+    assert result.exit_code == 1 and "--accounting vllm needs one budget" in result.stderr
+    requests = cli("capacity", "llama-3.1-8b", "--accounting", "vllm", "--memory", "4GiB", "--requests", "4")
+    assert requests.exit_code == 1 and "--requests belongs to SGLang's planning" in requests.stderr
+    with pytest.raises(UnsupportedCombinationError, match="accounting vllm plans vLLM's KV cache"):
+        plan("llama-3.1-8b", Serving(accounting="vllm"), memory="10GiB")
+    build = cli("build", "llama-3.1-8b", "--accounting", "vllm", "--memory", "1GiB", "--device", "meta")
+    assert build.exit_code == 1 and "use kvpools_core.vllm.plan_vllm" in build.stderr
+    with pytest.raises(
+        ConfigError, match=r"context_length is SGLang's option; accounting vllm does not read it: use max_model_len\."
+    ):
+        plan_vllm("llama-3.1-8b", Serving(context_length=4096), memory="10GiB")
+    with pytest.raises(ConfigError, match="apply to a --gpu budget only"):
+        plan_vllm("llama-3.1-8b", memory="10GiB", gpu_memory_utilization=0.5)
+
+
+def test_capacity_in_vllms_terms() -> None:
+    data = cli_json(
+        "capacity", "llama-3.1-8b", "--accounting", "vllm", "--memory", "40GiB", "--max-model-len", "32768",
+        "--context", "8k,32k,64k",
+    )  # fmt: skip
+    # 20480 blocks; a request of L tokens holds L / 16 blocks of the one group
+    assert data["capacity"] == [
+        {"context_len": 8192, "max_concurrency": 20480 / 512},
+        {"context_len": 32768, "max_concurrency": 10.0},
+        {"context_len": 65536, "max_concurrency": None},
+    ]
+    text = cli("capacity", "llama-3.1-8b", "--accounting", "vllm", "--memory", "40GiB", "--max-model-len", "32768")
+    assert text.exit_code == 0, text.output
+    assert "40.00x" in text.stdout and "10.00x" in text.stdout and "1024 " in text.stdout
+
+
+def test_plan_vllm_equals_plan_kv_cache_on_the_same_specs(registry: Registry) -> None:
+    serving = Serving(tp_size=2, pp_size=2)
+    result = plan_vllm("gpt-oss-120b", serving, gpu="h200", registry=registry)
+    workers = worker_kv_cache_specs(result.model, serving, registry, block_size=16)
+    # each stage holds its own weights (vLLM's split: 18 + 18 layers), so each has its own budget
+    assert len(result.budgets) == 2
+    memory = [budget.available_kv_cache_memory for budget in result.budgets]
+    assert result.plan == plan_kv_cache(workers, memory, result.limits)
+    # PP 2 + 1 batches in flight (async scheduling, Model Runner V2); H200's 140 GiB < 160 GiB: 8192 tokens per step
+    assert result.limits.max_concurrent_batches == 3 and result.limits.max_num_batched_tokens == 8192
+    assert plan_vllm("llama-3.1-8b", gpu="b200", registry=registry).limits.max_num_batched_tokens == 16384
+    assert concurrency_at(result, result.max_model_len) == result.plan.max_concurrency
+    with pytest.raises(VllmMemoryError):
+        plan_vllm("gpt-oss-120b", memory="100MiB", registry=registry)
+    override = plan_vllm("llama-3.1-8b", memory="40GiB", num_gpu_blocks_override=1000, max_model_len=8192)
+    assert override.plan.num_gpu_blocks == 1000 and "--num-gpu-blocks-override 1000" in override.serve_command()
+
+
+@pytest.fixture(scope="module")
+def vllm_planner() -> Iterator[Any]:
+    from .peer import VllmPlanner, require_vllm
+
+    planner = VllmPlanner(require_vllm())
+    yield planner
+    planner.close()
+
+
+@pytest.mark.parametrize(
+    ("preset", "tp", "pp", "gpu"), [("gpt-oss-120b", 2, 2, "h200"), ("llama-3.1-8b", 1, 1, "h100")]
+)
+def test_plan_vllm_equals_vllm(vllm_planner: Any, registry: Registry, preset: str, tp: int, pp: int, gpu: str) -> None:
+    from .test_differential import runner_spec
+
+    serving = Serving(tp_size=tp, pp_size=pp)
+    result = plan_vllm(preset, serving, gpu=gpu, registry=registry)
+    workers = worker_kv_cache_specs(result.model, serving, registry, block_size=result.block_size)
+    answer = vllm_planner.plan(
+        {
+            "workers": [{name: runner_spec(spec) for name, spec in worker.items()} for worker in workers],
+            "limits": attrs.asdict(result.limits),
+            "tp_size": tp,
+            "num_gpu_blocks_override": None,
+            "auto_fit": False,
+            "available_memory": [budget.available_kv_cache_memory for budget in result.budgets],
+        }
+    )
+    assert "error" not in answer, answer
+    data = result.to_dict()
+    got = [
+        {"layers": group["layer_names"], "block_size": group["block_size"], "page": group["page_size_bytes"]}
+        for group in data["kv_cache_groups"]
+    ]
+    assert got == answer["groups"]
+    assert data["bytes_per_block"] == answer["bytes_per_block"]
+    assert (data["num_gpu_blocks"], data["max_concurrency"], data["kv_cache_size_tokens"]) == (
+        answer["num_gpu_blocks"],
+        answer["max_concurrency"],
+        answer["kv_cache_size_tokens"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("gpu", "defaults"),
+    [("b200", (16384, 1024)), ("h100", (8192, 1024)), ("a100-80gb", (2048, 256)), ("l40s", (2048, 256))],
+)
+def test_vllm_serve_defaults_follow_the_gpu(gpu: str, defaults: tuple[int, int]) -> None:
+    # arg_utils.py L2973-3006: >= 160 GiB; >= 70 GiB unless an A100 (80 GiB, still the small tier); the rest
+    chosen = find_gpu(gpu)
+    assert server_defaults(chosen.total_bytes, chosen.label) == defaults
+    assert server_defaults(None) == (2048, 256)  # no device known: vLLM's except branch
