@@ -61,15 +61,18 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
     def debug_print(self) -> str:
         return ""
 
-    # -- what SGLang's base leaves to subclasses --------------------------------------------------------
+    # -- what SGLang's base leaves to subclasses (raising here is the contract, not a gap) ---------------
+    # SGLang's base raises for these, and scheduler code tells allocator kinds apart by it: a token allocator
+    # must refuse alloc_extend / alloc_decode.  Every kvpools allocator overrides get_cpu_copy / load_cpu_copy
+    # (through its pool); the base keeps SGLang's behaviour for an engine's own subclass that does not.
 
     def get_cpu_copy(self, *args: Any, **kwargs: Any) -> Any:
         """The KV of slots ``indices`` copied to host memory (a subclass delegates to its pool)."""
-        raise NotImplementedError()
+        raise NotImplementedError(f"{type(self).__name__} does not copy KV to host memory (get_cpu_copy)")
 
     def load_cpu_copy(self, *args: Any, **kwargs: Any) -> None:
         """Write a :meth:`get_cpu_copy` result back into slots ``indices`` (a subclass delegates to its pool)."""
-        raise NotImplementedError()
+        raise NotImplementedError(f"{type(self).__name__} does not load KV back from host memory (load_cpu_copy)")
 
     def alloc_extend(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("alloc_extend is only for paged allocator")
