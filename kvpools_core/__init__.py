@@ -23,7 +23,7 @@ from kvpools_core.errors import (
     UnknownPluginError,
     UnsupportedCombinationError,
 )
-from kvpools_core.gpus import GPU, GPUS, find_gpu
+from kvpools_core.gpus import GPU, find_gpu
 from kvpools_core.hookspecs import for_architecture, hookimpl
 from kvpools_core.pipeline import plan
 from kvpools_core.registry import Registry, get_registry
@@ -78,6 +78,16 @@ plugins only through hooks, never by import.  ``tests/plugins/test_boundaries.py
 enforces both rules on every built-in plugin and on the example distribution;
 ``is_public_module`` reads this list.
 """
+
+
+def __getattr__(name: str) -> object:
+    """``GPUS``: the default registry's GPU catalogue (its platform plugins' accelerators), read when asked,
+    since importing this package loads no plugin."""
+    if name == "GPUS":
+        from kvpools_core.gpus import accelerators
+
+        return accelerators()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_public_module(name: str) -> bool:

@@ -1,206 +1,130 @@
-"""A catalogue of accelerators, and SGLang's memory defaults for a whole GPU.
+"""The GPU catalogue (the accelerators the platform plugins contribute), and SGLang's memory defaults on it.
 
-Each :class:`GPU` carries the total memory **as SGLang reads it**:
-``get_device_memory_capacity`` (``srt/utils/common.py`` of SGLang 0.5.23) takes
-``nvidia-smi --query-gpu=memory.total`` in MiB on CUDA, the ``rocminfo`` "Pool 1"
-size in KB / 1024 on ROCm, and the platform's total on out-of-tree platforms
-(Ascend).  So ``total_bytes`` is that MiB figure x 2^20, never the marketing
-"80 GB".  :func:`sglang_memory_defaults` reproduces SGLang 0.5.23's
-``handle_gpu_memory_settings`` (``srt/arg_groups/memory_hook.py``): the
-GPU-tiered ``chunked_prefill_size`` and decode CUDA-graph ``max_bs``, and the
-``mem_fraction_static`` SGLang picks when it is not set.
+Each platform plugin lists its devices through the ``accelerators`` hook
+(:class:`~kvpools_core.values.GPU`: the total memory **as SGLang reads it**,
+``get_device_memory_capacity`` of SGLang 0.5.23, with its source); this module
+keeps the generic machinery: lookup by name or alias with typo suggestions
+(:func:`find_gpu`), totals given by the user (:func:`custom_gpu`), and
+:func:`sglang_memory_defaults`, SGLang 0.5.23's ``handle_gpu_memory_settings``
+(``srt/arg_groups/memory_hook.py``): the GPU-tiered ``chunked_prefill_size``
+and decode CUDA-graph ``max_bs``, and the ``mem_fraction_static`` SGLang picks
+when it is not set.  What differs by platform comes from the platform's traits
+(:class:`~kvpools_core.values.PlatformTraits`): its own memory tiers, set
+before the GPU tiers (Ascend's NPU tiers), and whether SGLang captures
+breakable prefill graphs there (CUDA only).  The core names no device and no
+platform.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from kvpools_core.errors import ConfigError
+from kvpools_core.errors import ConfigError, PluginConflictError, PluginResultError
 from kvpools_core.options import option
 from kvpools_core.units import parse_bytes
-from kvpools_core.values import ModelSpec, Serving
+from kvpools_core.values import GPU as GPU  # re-exported: the catalogue's value, defined with the others
+from kvpools_core.values import ModelSpec, PlatformTraits, Serving
+
+if TYPE_CHECKING:
+    from kvpools_core.registry import Registry
 
 MiB = 1 << 20
 GiB = 1 << 30
-
-
-@attrs.frozen
-class GPU:
-    """One accelerator model: its total memory as the driver reports it, and the platform it runs on.
-
-    ``platform`` is the kvpools platform name that plans for it (``cuda``,
-    ``rocm``, ``ascend``); ``source`` says where ``total_bytes`` comes from.
-    """
-
-    name: str
-    label: str
-    total_bytes: int
-    platform: str = "cuda"
-    aliases: tuple[str, ...] = ()
-    source: str = ""
-
-    @property
-    def total_mib(self) -> float:
-        """SGLang's ``gpu_mem``: the total in MiB, the unit ``handle_gpu_memory_settings`` compares."""
-        return self.total_bytes / MiB
-
-
-_SMI = "nvidia-smi memory.total"
-
-
-def _mib(value: float) -> int:
-    return int(value * MiB)
-
-
-GPUS: tuple[GPU, ...] = (
-    GPU(
-        "h100",
-        "NVIDIA H100 80GB HBM3 (SXM)",
-        _mib(81559),
-        aliases=("h100-sxm", "h100-80gb", "h100-sxm5"),
-        source=f"{_SMI} 81559 MiB ('NVIDIA H100 80GB HBM3 ... 1MiB / 81559MiB', "
-        "github.com/sgl-project/sglang/issues/7478)",
-    ),
-    GPU(
-        "h100-pcie",
-        "NVIDIA H100 PCIe 80GB",
-        _mib(81559),
-        aliases=("h100pcie",),
-        source=f"{_SMI} 81559 MiB (same 80 GB HBM2e total as the SXM part)",
-    ),
-    GPU(
-        "h100-nvl",
-        "NVIDIA H100 NVL 94GB",
-        _mib(95830),
-        aliases=("h100nvl", "h100-94gb"),
-        source=f"{_SMI} 95830 MiB (public nvidia-smi captures of 'NVIDIA H100 NVL')",
-    ),
-    GPU(
-        "h200",
-        "NVIDIA H200 141GB HBM3e",
-        _mib(143771),
-        aliases=("h200-sxm", "h200-141gb"),
-        source=f"{_SMI} 143771 MiB (public nvidia-smi captures of 'NVIDIA H200'; 140.4 GiB as in "
-        "github.com/SemiAnalysisAI/InferenceX/issues/2128)",
-    ),
-    GPU(
-        "gh200",
-        "NVIDIA GH200 96GB",
-        _mib(97871),
-        aliases=("gh200-96gb",),
-        source=f"{_SMI} 97871 MiB (public nvidia-smi captures of GH200 at 900 W)",
-    ),
-    GPU(
-        "b200",
-        "NVIDIA B200 180GB HBM3e",
-        _mib(183359),
-        aliases=("b200-sxm", "hgx-b200", "dgx-b200"),
-        source=f"{_SMI} 183359 MiB (public nvidia-smi captures of 'NVIDIA B200')",
-    ),
-    GPU(
-        "gb200",
-        "NVIDIA GB200 (one Blackwell GPU, 186GB)",
-        _mib(189471),
-        aliases=("gb200-nvl72",),
-        source=f"{_SMI} 189471 MiB (public nvidia-smi captures of 'NVIDIA GB200')",
-    ),
-    GPU(
-        "a100-80gb",
-        "NVIDIA A100 80GB (SXM4 or PCIe)",
-        _mib(81920),
-        aliases=("a100", "a100-80g", "a100-sxm4-80gb", "a800", "a800-80gb"),
-        source=f"{_SMI} 81920 MiB (public nvidia-smi captures of 'A100-SXM4-80GB' and 'A100 80GB PCIe')",
-    ),
-    GPU(
-        "a100-40gb",
-        "NVIDIA A100 40GB (SXM4 or PCIe)",
-        _mib(40960),
-        aliases=("a100-40g", "a100-sxm4-40gb", "a100-pcie-40gb"),
-        source=f"{_SMI} 40960 MiB (public nvidia-smi captures of 'A100-SXM4-40GB' and 'A100-PCIE-40GB')",
-    ),
-    GPU(
-        "l40s",
-        "NVIDIA L40S 48GB",
-        _mib(46068),
-        aliases=("l40",),
-        source=f"{_SMI} 46068 MiB (public nvidia-smi captures of 'NVIDIA L40S')",
-    ),
-    GPU(
-        "rtx-6000-ada",
-        "NVIDIA RTX 6000 Ada Generation 48GB",
-        _mib(49140),
-        aliases=("rtx6000-ada", "rtx6000ada", "6000-ada"),
-        source=f"{_SMI} 49140 MiB (public nvidia-smi captures of 'NVIDIA RTX 6000 Ada Gene...')",
-    ),
-    GPU(
-        "l4",
-        "NVIDIA L4 24GB",
-        _mib(23034),
-        source=f"{_SMI} 23034 MiB (public nvidia-smi captures of 'NVIDIA L4')",
-    ),
-    GPU(
-        "a10g",
-        "NVIDIA A10G 24GB",
-        _mib(23028),
-        source=f"{_SMI} 23028 MiB (public nvidia-smi captures of 'NVIDIA A10G', AWS g5)",
-    ),
-    GPU(
-        "mi300x",
-        "AMD Instinct MI300X 192GB",
-        201310208 * 1024,
-        platform="rocm",
-        aliases=("mi300",),
-        source="rocminfo 'Pool 1' Size 201310208 KB (0xbffc000), which SGLang's get_amdgpu_memory_capacity "
-        "reads as 196592 MiB",
-    ),
-    GPU(
-        "mi325x",
-        "AMD Instinct MI325X 256GB",
-        256 * GiB,
-        platform="rocm",
-        aliases=("mi325",),
-        source="AMD MI325X specification: 256 GB HBM3E, taken as 256 GiB (no rocminfo reading cited; pass "
-        "--gpu-memory with your rocminfo figure to be exact)",
-    ),
-    GPU(
-        "ascend-910b",
-        "Huawei Ascend 910B 64GB",
-        64 * GiB,
-        platform="ascend",
-        aliases=("910b", "ascend910b", "ascend-910b3", "910b3", "atlas-800t-a2"),
-        source="Ascend 910B (Atlas 800T A2) specification: 64 GB HBM, npu-smi HBM capacity 65536 MB",
-    ),
-)
-"""The catalogue: every entry's total as SGLang reads it, with its source."""
 
 
 def _key(name: str) -> str:
     return re.sub(r"[\s_\-]+", "", name.strip().lower())
 
 
-def _index() -> dict[str, GPU]:
-    index: dict[str, GPU] = {}
-    for gpu in GPUS:
-        for spelling in (gpu.name, *gpu.aliases):
-            index[_key(spelling)] = gpu
-    return index
+def _registry(registry: Registry | None) -> Registry:
+    from kvpools_core.registry import get_registry
+
+    return registry or get_registry()
 
 
-def find_gpu(name: str) -> GPU:
-    """The catalogue entry called ``name`` or one of its aliases (case, spaces, ``-`` and ``_`` ignored)."""
-    index = _index()
+def accelerators(registry: Registry | None = None) -> tuple[GPU, ...]:
+    """The catalogue: every loaded plugin's accelerators (``accelerators`` hook), built-in plugins first.
+
+    Checked as it is read: a name or alias two entries share (case, spaces,
+    ``-`` and ``_`` ignored) is an error naming the plugins, and so is an
+    accelerator of a platform no loaded plugin provides.
+    """
+    registry = _registry(registry)
+    providers = {name: plugin for name, (plugin, _) in registry.call_named("platforms", "Platform").items()}
+    owners: dict[str, tuple[str, GPU]] = {}
+    catalogue: list[GPU] = []
+    # pluggy asks the last-registered plugin first; the catalogue lists them as registered (built-ins first)
+    for plugin, offered in reversed(registry.call_collect("accelerators")):
+        label = registry.plugin(plugin).label
+        for gpu in offered:
+            if gpu.platform not in providers:
+                raise PluginResultError(
+                    f"Plugin {label} contributes the accelerator {gpu.name!r} of platform {gpu.platform!r}, which "
+                    f"no loaded plugin provides (installed platforms: {', '.join(sorted(providers)) or 'none'}); "
+                    f"an accelerator names a platform by its canonical name, one a platforms hook answers."
+                )
+            for spelling in (gpu.name, *gpu.aliases):
+                key = _key(spelling)
+                if not key:
+                    raise PluginResultError(f"Plugin {label}: accelerator {gpu.name!r} has an empty spelling.")
+                if key in owners and owners[key][1] is not gpu:  # an entry may spell itself twice
+                    other_plugin, other = owners[key]
+                    if other_plugin == plugin:
+                        raise PluginResultError(
+                            f"Plugin {label} offers the GPU spelling {spelling!r} twice ({other.name!r} and "
+                            f"{gpu.name!r}); names and aliases must be unique (case, spaces, - and _ ignored)."
+                        )
+                    raise PluginConflictError(
+                        f"GPU {spelling!r} comes from two plugins: {registry.plugin(other_plugin).label} "
+                        f"({other.name!r}) and {label} ({gpu.name!r}). Disable one with KVPOOLS_DISABLED_PLUGINS "
+                        f"(NAME, or DIST:NAME)."
+                    )
+                owners[key] = (plugin, gpu)
+            catalogue.append(gpu)
+    return tuple(catalogue)
+
+
+def __getattr__(name: str) -> Any:
+    """``GPUS``: the default registry's catalogue, read when asked (importing this module loads no plugin)."""
+    if name == "GPUS":
+        return accelerators()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def find_gpu(name: str, registry: Registry | None = None) -> GPU:
+    """The catalogue entry called ``name`` or one of its aliases (case, spaces, ``-`` and ``_`` ignored).
+
+    The catalogue is ``registry``'s (the default registry's when None): the
+    accelerators its platform plugins contribute.
+    """
+    registry = _registry(registry)
+    catalogue = accelerators(registry)
+    index = {_key(spelling): gpu for gpu in catalogue for spelling in (gpu.name, *gpu.aliases)}
     found = index.get(_key(name))
     if found is not None:
         return found
     close = difflib.get_close_matches(_key(name), list(index), n=1)
     hint = f" Did you mean {index[close[0]].name!r}?" if close else ""
     raise ConfigError(
-        f"Unknown GPU {name!r} ({option('gpu')}).{hint} Known: {', '.join(g.name for g in GPUS)}; "
+        f"Unknown GPU {name!r} ({option('gpu')}).{hint} Known: {', '.join(g.name for g in catalogue) or 'none'}; "
         f"for another accelerator pass {option('gpu_memory')} SIZE (its total memory, e.g. 96GiB)."
+        f"{_vendor_hint(registry)} {registry.loading_hint()}".rstrip()
     )
+
+
+def _vendor_hint(registry: Registry) -> str:
+    """Where the accelerators of vendor platforms not installed here come from (install hints only)."""
+    from kvpools_core.pipeline import VENDOR_DISTRIBUTIONS
+
+    installed = {info.distribution.lower().replace("_", "-") for info in registry.plugins()}
+    missing = sorted(set(VENDOR_DISTRIBUTIONS.values()) - installed)
+    if not missing:
+        return ""
+    return f" Vendor platforms bring their accelerators with their plugins: pip install {' / '.join(missing)}."
 
 
 def custom_gpu(memory: int | float | str, platform: str = "cuda") -> GPU:
@@ -209,6 +133,17 @@ def custom_gpu(memory: int | float | str, platform: str = "cuda") -> GPU:
     if total <= 0:
         raise ConfigError(f"{option('gpu_memory')} must be positive, got {memory!r}.")
     return GPU("custom", f"custom GPU, {total / GiB:.2f} GiB", total, platform=platform, source="user-supplied")
+
+
+def platform_traits_of(platform: str | PlatformTraits, registry: Registry | None = None) -> PlatformTraits:
+    """The traits of ``platform`` (a name or alias) as a plan for it resolves them; traits are returned as given."""
+    if isinstance(platform, PlatformTraits):
+        return platform
+    from kvpools_core.pipeline import resolve_platform, resolve_platform_traits
+
+    registry = _registry(registry)
+    serving = resolve_platform_traits(resolve_platform(Serving(platform=platform), registry), registry)
+    return serving.traits
 
 
 # ---------------------------------------------------------------------------
@@ -277,21 +212,17 @@ class MemoryDefaults:
     terms: tuple[str, ...]
 
 
-def _npu_tier(gpu_mib: float, tp_size: int) -> tuple[int, int] | None:
-    """Ascend's own ``(chunked_prefill_size, decode max_bs)``, set before the GPU tiers are read
-    (``srt/hardware_backend/npu/utils.py`` lines 103-160 of SGLang 0.5.23); above 64 GiB the GPU tiers apply."""
-    if gpu_mib <= 32 * 1024:
-        return 4096, 16 if tp_size < 4 else 64
-    if gpu_mib <= 64 * 1024:
-        return 8192, 64 if tp_size < 4 else 256
-    return None
+def sglang_chunked_prefill_size(
+    gpu_mib: float, platform: str | PlatformTraits = "cuda", *, registry: Registry | None = None
+) -> int:
+    """SGLang's ``chunked_prefill_size`` when unset, by GPU memory (``memory_hook.py`` lines 89-170).
 
-
-def sglang_chunked_prefill_size(gpu_mib: float, platform: str = "cuda") -> int:
-    """SGLang's ``chunked_prefill_size`` when unset, by GPU memory (``memory_hook.py`` lines 89-170)."""
-    npu = _npu_tier(gpu_mib, 1) if platform == "ascend" else None
-    if npu is not None:
-        return npu[0]
+    A platform with memory tiers of its own (:attr:`PlatformTraits.memory_tiers`, Ascend's) sets it first;
+    ``platform`` is its name (its traits resolved through ``registry``) or its traits.
+    """
+    tier = platform_traits_of(platform, registry).memory_tier(gpu_mib)
+    if tier is not None:
+        return tier.chunked_prefill_size
     if gpu_mib < 20 * 1024:
         return 2048
     if gpu_mib < 60 * 1024:
@@ -301,11 +232,14 @@ def sglang_chunked_prefill_size(gpu_mib: float, platform: str = "cuda") -> int:
     return 16384
 
 
-def sglang_decode_max_bs(gpu_mib: float, tp_size: int, platform: str = "cuda") -> int:
-    """SGLang's decode CUDA-graph ``max_bs`` when unset, by GPU memory and TP (``memory_hook.py`` lines 89-170)."""
-    npu = _npu_tier(gpu_mib, tp_size) if platform == "ascend" else None
-    if npu is not None:
-        return npu[1]
+def sglang_decode_max_bs(
+    gpu_mib: float, tp_size: int, platform: str | PlatformTraits = "cuda", *, registry: Registry | None = None
+) -> int:
+    """SGLang's decode CUDA-graph ``max_bs`` when unset, by GPU memory and TP (``memory_hook.py`` lines 89-170),
+    after the platform's own memory tiers (as :func:`sglang_chunked_prefill_size`)."""
+    tier = platform_traits_of(platform, registry).memory_tier(gpu_mib)
+    if tier is not None:
+        return tier.decode_max_bs_for(tp_size)
     if gpu_mib < 20 * 1024:
         return 8
     if gpu_mib < 35 * 1024:
@@ -330,17 +264,23 @@ def _prefill_graph_sizes(max_bs: int) -> int:
     return sum(1 for size in sizes if size <= max_bs)
 
 
-def prefill_graph_enabled(model: ModelSpec, serving: Serving) -> tuple[bool, str]:
+def prefill_graph_enabled(model: ModelSpec, serving: Serving, *, registry: Registry | None = None) -> tuple[bool, str]:
     """Whether SGLang captures the breakable prefill graph before sizing, and why not.
 
-    Breakable prefill graphs are the default on CUDA only (``cuda_graph_config.py``
-    ``default_prefill_backend``); ``apply_cuda_graph_compatibility`` turns them off for
+    Breakable prefill graphs are a platform's default or not (``cuda_graph_config.py``
+    ``default_prefill_backend``: CUDA only), which its traits say
+    (:attr:`PlatformTraits.breakable_prefill_graphs`; ``serving.platform_traits``, else resolved
+    through ``registry``); ``apply_cuda_graph_compatibility`` turns them off for
     pipeline parallelism, decode context parallelism, attention context parallelism,
     multimodal models and DeepSeek-V4 (``cuda_graph_hook.py`` lines 136-240), and a
     PD decode node has none (lines 560-577).
     """
+    traits = serving.platform_traits or platform_traits_of(serving.platform, registry)
     reasons = [
-        (serving.platform != "cuda", f"platform {serving.platform} (breakable prefill graphs are CUDA-only)"),
+        (
+            not traits.breakable_prefill_graphs,
+            f"platform {serving.platform} (SGLang captures no breakable prefill graph there by default)",
+        ),
         (serving.pp_size > 1, "pipeline parallelism"),
         (serving.dcp_size > 1, "decode context parallelism"),
         (serving.attn_cp_size > 1, "attention context parallelism"),
@@ -354,8 +294,14 @@ def prefill_graph_enabled(model: ModelSpec, serving: Serving) -> tuple[bool, str
     return True, ""
 
 
-def sglang_memory_defaults(gpu_mib: float, model: ModelSpec, serving: Serving) -> MemoryDefaults:
+def sglang_memory_defaults(
+    gpu_mib: float, model: ModelSpec, serving: Serving, *, registry: Registry | None = None
+) -> MemoryDefaults:
     """SGLang 0.5.23's ``handle_gpu_memory_settings`` for a GPU of ``gpu_mib`` MiB (``memory_hook.py``).
+
+    The platform's part comes from its traits (``serving.platform_traits`` once
+    the pipeline resolved them, else through ``registry``, the default one when None):
+    its own memory tiers and whether prefill graphs are captured.
 
     ``serving.chunked_prefill_size`` is the chunk the server runs with (``None``:
     chunked prefill off, SGLang's ``-1``).  Post-capture KV sizing is off by default
@@ -370,8 +316,9 @@ def sglang_memory_defaults(gpu_mib: float, model: ModelSpec, serving: Serving) -
             f"tower's size (adjust_mem_fraction_for_vlm), which kvpools does not model: pass "
             f"{option('mem_fraction_static')} for {model.name} on a GPU."
         )
+    traits = serving.platform_traits or platform_traits_of(serving.platform, registry)
     tp, pp = serving.tp_size, serving.pp_size
-    max_bs = sglang_decode_max_bs(gpu_mib, tp, serving.platform)
+    max_bs = sglang_decode_max_bs(gpu_mib, tp, traits)
     # lines 182-188: a smaller --max-running-requests caps the default decode max_bs
     if serving.max_running_requests is not None and max_bs > serving.max_running_requests:
         max_bs = serving.max_running_requests
@@ -406,6 +353,8 @@ def sglang_memory_defaults(gpu_mib: float, model: ModelSpec, serving: Serving) -
             extra = max_bs * dp * 3 + (max_bs * dp * 1.5 if max_bs > 300 else 0)
             graph += extra
             terms.append(f"DP attention 3{' + 1.5' if max_bs > 300 else ''} x max_bs x dp {dp} = {extra:g} MiB")
+    if serving.platform_traits is None:
+        serving = attrs.evolve(serving, platform_traits=traits)
     prefill_on, prefill_off_why = prefill_graph_enabled(model, serving)
     if prefill_on:
         if mla:

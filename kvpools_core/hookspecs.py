@@ -15,7 +15,7 @@ import inspect
 import itertools
 import numbers
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -25,7 +25,17 @@ from kvpools_core.errors import short_repr
 
 if TYPE_CHECKING:
     from kvpools_core.pools.layout import BufferLayout
-    from kvpools_core.values import Budget, CellSize, ModelSpec, Plan, PlatformTraits, PoolSizing, Serving, Workspace
+    from kvpools_core.values import (
+        GPU,
+        Budget,
+        CellSize,
+        ModelSpec,
+        Plan,
+        PlatformTraits,
+        PoolSizing,
+        Serving,
+        Workspace,
+    )
 
 PROJECT = "kvpools"
 
@@ -175,6 +185,24 @@ def platform_traits(serving: Serving) -> PlatformTraits | None:
 
     :param serving: the serving options (``platform`` is the canonical name).
     :returns: a :class:`kvpools_core.values.PlatformTraits` whose ``platform`` is ``serving.platform``.
+    """
+
+
+@_spec
+def accelerators() -> Sequence[GPU] | None:
+    """Contribute accelerator models to the GPU catalogue (``--gpu NAME``, :mod:`kvpools_core.gpus`).
+
+    Every implementation is called; the results are collected.  A platform
+    plugin lists the devices of its platforms, each a :class:`kvpools_core.values.GPU`
+    with its total memory as SGLang reads it on that platform and the source of
+    the figure; any plugin may add devices of a platform an installed plugin
+    provides.  A name or alias (compared without case, spaces, ``-`` or ``_``)
+    offered twice, or a device of a platform nobody provides, is an error
+    naming the plugin.  The platform's :class:`~kvpools_core.values.PlatformTraits`
+    (``memory_tiers``, ``breakable_prefill_graphs``) say how SGLang's memory
+    defaults treat its devices.
+
+    :returns: the plugin's accelerators, or ``None``/``[]``.
     """
 
 
@@ -507,6 +535,14 @@ def _workspaces(value: Any) -> str | None:
     return _items_of(value, Workspace, "item")
 
 
+def _accelerators(value: Any) -> str | None:
+    from kvpools_core.values import GPU
+
+    if not isinstance(value, (list, tuple)):
+        return "not a list of GPU values"
+    return _items_of(value, GPU, "item")
+
+
 def _buffer_layout(value: Any) -> str | None:
     from kvpools_core.pools.layout import BufferLayout  # imports torch: only once a plugin answers, at build
 
@@ -589,6 +625,9 @@ RESULTS: Mapping[str, ResultContract] = MappingProxyType(
         "platform_traits": ResultContract(
             "a PlatformTraits whose page_size_rules are PageSizeRules (or None to decline the platform)",
             _value_of("PlatformTraits", page_size_rules="PageSizeRule"),
+        ),
+        "accelerators": ResultContract(
+            "a list (or tuple) of kvpools_core.values.GPU values; [] or None when there are none", _accelerators
         ),
         "workspaces": ResultContract(
             "a list (or tuple) of Workspace values; [] or None when there are none", _workspaces

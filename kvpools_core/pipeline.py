@@ -84,7 +84,9 @@ def plan(
     serving = serving or Serving()
     if not isinstance(serving, Serving):
         raise ConfigError(f"serving must be a kvpools_core.Serving, got {type(serving).__name__}.")
-    chosen_gpu = _resolve_gpu(gpu, gpu_memory, serving, memory=memory, device=device, free_memory=free_memory)
+    chosen_gpu = _resolve_gpu(
+        gpu, gpu_memory, serving, memory=memory, device=device, free_memory=free_memory, registry=registry
+    )
     if chosen_gpu is not None:
         serving = _gpu_platform(serving, chosen_gpu)
     elif runtime_memory is not None:
@@ -320,8 +322,10 @@ def _resolve_gpu(
     memory: object,
     device: object,
     free_memory: object,
+    registry: Registry | None = None,
 ) -> GPU | None:
-    """The GPU a budget is planned on (a catalogue entry or a stated total), refusing a second budget source."""
+    """The GPU a budget is planned on (an entry of ``registry``'s catalogue or a stated total), refusing a
+    second budget source."""
     o = option
     if gpu is None and gpu_memory is None:
         return None
@@ -338,7 +342,7 @@ def _resolve_gpu(
     if isinstance(gpu, GPU):
         return gpu
     if gpu is not None:
-        return find_gpu(gpu)
+        return find_gpu(gpu, registry)
     assert gpu_memory is not None
     return custom_gpu(gpu_memory, platform=serving.platform)
 
@@ -381,7 +385,7 @@ def _gpu_budget(
     if serving.mem_fraction_static is not None:
         fraction, why = serving.mem_fraction_static, "given"
     else:
-        defaults = sglang_memory_defaults(gpu.total_mib, spec, serving)
+        defaults = sglang_memory_defaults(gpu.total_mib, spec, serving)  # serving's traits: resolved for the GPU
         fraction = defaults.mem_fraction_static
         why = (
             f"SGLang 0.5.23's default for {gpu.total_mib:g} MiB = round((G - reserved) / G, 3), "

@@ -445,6 +445,50 @@ def _rule_tuple(items: Iterable[PageSizeRule]) -> tuple[PageSizeRule, ...]:
 
 
 @attrs.frozen(kw_only=True)
+class MemoryTier:
+    """A platform's own SGLang defaults for a device of up to ``max_mib`` MiB, set before the GPU tiers.
+
+    SGLang's server args give an Ascend NPU of at most 32 GiB ``chunked_prefill_size`` 4096 and decode
+    CUDA-graph ``max_bs`` 16 (64 at TP >= 4), of at most 64 GiB 8192 and 64 (256)
+    (``set_default_server_args``, ``srt/hardware_backend/npu/utils.py`` lines 103-160 of SGLang 0.5.23);
+    larger devices fall through to ``handle_gpu_memory_settings``'s GPU tiers.  A platform plugin states
+    such tiers in :attr:`PlatformTraits.memory_tiers`, so the core's memory defaults never name a platform.
+    """
+
+    max_mib: int = attrs.field(validator=positive)
+    """The largest device total (MiB, as SGLang reads it) the tier covers: SGLang compares ``<=``."""
+    chunked_prefill_size: int = attrs.field(validator=positive)
+    decode_max_bs: int = attrs.field(validator=positive)
+    """The decode CUDA-graph ``max_bs`` below TP 4."""
+    decode_max_bs_at_tp4: int = attrs.field(validator=positive)
+    """The decode CUDA-graph ``max_bs`` at ``tp_size >= 4`` (SGLang's ``tp_size < 4`` branch)."""
+
+    def decode_max_bs_for(self, tp_size: int) -> int:
+        return self.decode_max_bs if tp_size < 4 else self.decode_max_bs_at_tp4
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MemoryTier:
+        return _from_dict(cls, data)
+
+
+def _boolean(inst: object, attribute: attrs.Attribute[Any], value: bool) -> None:
+    if not isinstance(value, bool):
+        raise _invalid(inst, f"{_flag(inst, attribute)} must be True or False, got {value!r}.")
+
+
+def _tier_tuple(items: Iterable[MemoryTier]) -> tuple[MemoryTier, ...]:
+    return tuple(items)
+
+
+def _ascending_tiers(inst: object, attribute: attrs.Attribute[Any], value: tuple[MemoryTier, ...]) -> None:
+    bounds = [tier.max_mib for tier in value if isinstance(tier, MemoryTier)]
+    if len(bounds) != len(value) or bounds != sorted(set(bounds)):
+        raise InvalidValueError(
+            f"{_flag(inst, attribute)} must be MemoryTier values with strictly ascending max_mib, got {value!r}."
+        )
+
+
+@attrs.frozen(kw_only=True)
 class PlatformTraits:
     """What a platform's kernels decide about the KV cache, answered by its plugin (``platform_traits`` hook).
 
@@ -467,6 +511,15 @@ class PlatformTraits:
     * ``slot_index_dtype``: the dtype of the slot indices its allocators hand
       out (``int64``; ``int32`` on Ascend NPUs), which engines need to size
       their own index tensors.
+    * ``memory_tiers``: the platform's own defaults of ``chunked_prefill_size``
+      and decode ``max_bs`` by device memory (:class:`MemoryTier`, ascending),
+      which SGLang sets before its GPU tiers (Ascend's NPU tiers); none: the
+      GPU tiers alone (:mod:`kvpools_core.gpus`).
+    * ``breakable_prefill_graphs``: whether SGLang captures its breakable
+      prefill CUDA graph by default here, so the default ``mem_fraction_static``
+      reserves memory for it (``default_prefill_backend``,
+      ``srt/model_executor/cuda_graph_config.py`` lines 119-123 of SGLang
+      0.5.23: ``BREAKABLE if is_cuda() else DISABLED``; CUDA only).
     """
 
     platform: str
@@ -474,6 +527,12 @@ class PlatformTraits:
     kv_dtype_rules: tuple[KVDtypeRule, ...] = attrs.field(default=(), converter=_kv_rule_tuple)
     raw_mla_row_backends: frozenset[str] = attrs.field(default=frozenset(), converter=_frozen_strs)
     slot_index_dtype: str = attrs.field(default="int64", validator=one_of("int64", "int32"))
+    memory_tiers: tuple[MemoryTier, ...] = attrs.field(default=(), converter=_tier_tuple, validator=_ascending_tiers)
+    breakable_prefill_graphs: bool = attrs.field(default=False, validator=_boolean)
+
+    def memory_tier(self, gpu_mib: float) -> MemoryTier | None:
+        """The platform's own tier for a device of ``gpu_mib`` MiB (the first whose ``max_mib`` covers it)."""
+        return next((tier for tier in self.memory_tiers if gpu_mib <= tier.max_mib), None)
 
     def page_size_problems(self, page_size: int, kernel: str | None = None) -> list[str]:
         """What ``page_size`` breaks: the rules for every model (``kernel=None``), or those about ``kernel``."""
@@ -496,6 +555,7 @@ class PlatformTraits:
             {
                 "page_size_rules": _tuple_of(PageSizeRule.from_dict),
                 "kv_dtype_rules": _tuple_of(KVDtypeRule.from_dict),
+                "memory_tiers": _tuple_of(MemoryTier.from_dict),
             },
         )
 
@@ -540,6 +600,53 @@ class Workspace:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Workspace:
+        return _from_dict(cls, data)
+
+
+# ---------------------------------------------------------------------------
+# accelerators
+# ---------------------------------------------------------------------------
+
+
+def _text(inst: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise _invalid(inst, f"{_flag(inst, attribute)} must be a non-empty string, got {value!r}.")
+
+
+def _texts(inst: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    if not all(isinstance(item, str) and item.strip() for item in value):
+        raise _invalid(inst, f"{_flag(inst, attribute)} must be non-empty strings, got {value!r}.")
+
+
+@attrs.frozen
+class GPU:
+    """One accelerator model: its total memory as the driver reports it, and the platform it runs on.
+
+    Platform plugins contribute them (``accelerators`` hook); :mod:`kvpools_core.gpus` looks them up by
+    ``name`` or one of ``aliases`` (case, spaces, ``-`` and ``_`` ignored).  ``total_bytes`` is the total
+    **as SGLang reads it** (``get_device_memory_capacity``, ``srt/utils/common.py`` of SGLang 0.5.23:
+    ``nvidia-smi`` MiB on CUDA, ``rocminfo`` "Pool 1" KB / 1024 on ROCm, the platform's own total
+    elsewhere), since SGLang's memory defaults compare that figure.  ``platform`` is the kvpools platform
+    that plans for it (a plan on this GPU is made for it); ``source`` says where ``total_bytes`` comes from.
+    """
+
+    name: str = attrs.field(validator=_text)
+    label: str = attrs.field(validator=_text)
+    total_bytes: int = attrs.field(validator=positive)
+    platform: str = attrs.field(default="cuda", validator=_text)
+    aliases: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple, validator=_texts)
+    source: str = attrs.field(default="", validator=_text)
+
+    @property
+    def total_mib(self) -> float:
+        """SGLang's ``gpu_mem``: the total in MiB, the unit ``handle_gpu_memory_settings`` compares."""
+        return self.total_bytes / (1 << 20)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GPU:
         return _from_dict(cls, data)
 
 

@@ -24,7 +24,9 @@ CLASSES = (
     "PlatformTraits",
     "PageSizeRule",
     "KVDtypeRule",
+    "MemoryTier",
     "Workspace",
+    "GPU",
     "Budget",
     "CellSize",
     "CellPart",
@@ -43,7 +45,8 @@ HEADER = """# Values: the field reference
 Every value that flows through the pipeline is a frozen `attrs` class in `kvpools_core.values`
 (also exported from `kvpools_core`): plugins build `ModelSpec`/`LayerSpec` (`parse_model_config`),
 `CellSize`/`CellPart` (`estimate_cell_size`), `PoolSizing`/`PoolSpec` (`size_pools`),
-`PlatformTraits`/`PageSizeRule` (`platform_traits`) and `Workspace` (`workspaces`); they read
+`PlatformTraits`/`PageSizeRule`/`MemoryTier` (`platform_traits`), `GPU` (`accelerators`) and `Workspace`
+(`workspaces`); they read
 `Serving`, `Budget` and `Plan`. Each converts to plain JSON (`to_dict`) and back (`from_dict`).
 A field given a wrong value raises the project's error naming the field (`ConfigError` for a
 user's serving option, `InvalidValueError` for a value a plugin built).

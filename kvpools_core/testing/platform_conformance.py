@@ -2,7 +2,8 @@
 
 A platform plugin (one that answers the ``platforms`` hook) is proven on its
 own contract, not through one architecture: it names its platforms and their
-aliases consistently; its traits leave at least one page size for every
+aliases consistently; the accelerators it contributes (if any) are well
+formed, uniquely named and planned on with its traits; its traits leave at least one page size for every
 model and for every kernel family its rules name; it answers for its own
 platforms and devices only (traits, workspaces, memory probes, layouts,
 allocators, validation); every installed architecture's presets either plan
@@ -33,11 +34,12 @@ from kvpools_core.registry import Registry
 from kvpools_core.testing.conformance import Case, ConformanceFailure, check_build, check_plan
 from kvpools_core.testing.registries import FakeDeviceMemory, isolated_registry
 from kvpools_core.testing.strategies import GiB, plugin_presets
-from kvpools_core.values import PlatformTraits, Serving
+from kvpools_core.values import GPU, PlatformTraits, Serving
 
 __all__ = [
     "FOREIGN_PLATFORM",
     "PAGE_CANDIDATES",
+    "check_accelerators",
     "check_answers_only_for_its_platforms",
     "check_architectures_plan_and_build",
     "check_names_its_platforms",
@@ -83,6 +85,55 @@ def check_names_its_platforms(plugin: str, registry: Registry) -> list[str]:
     except KvpoolsError as exc:
         raise ConformanceFailure(f"plugin {plugin!r}: its platform names are inconsistent: {exc}") from exc
     return sorted(names)
+
+
+def check_accelerators(plugin: str, registry: Registry) -> list[GPU]:
+    """The plugin's accelerators (``accelerators`` hook; none is fine) are well formed and usable.
+
+    Each is a :class:`~kvpools_core.values.GPU` (the registry refuses anything
+    else, naming the plugin) with a positive total and a source; of a platform a
+    loaded plugin provides; named and aliased uniquely in the whole catalogue;
+    found by :func:`~kvpools_core.gpus.find_gpu` under every spelling; and SGLang's
+    memory defaults resolve on it with its platform's traits (memory tiers,
+    prefill graphs) into a fraction below 1.
+    """
+    from kvpools_core.config import load_model
+    from kvpools_core.gpus import accelerators, find_gpu, sglang_chunked_prefill_size, sglang_memory_defaults
+
+    try:
+        answers = [gpus for name, gpus in registry.call_collect("accelerators") if name == plugin]
+        catalogue = accelerators(registry)
+    except KvpoolsError as exc:
+        raise ConformanceFailure(f"plugin {plugin!r}: its accelerators are refused: {exc}") from exc
+    own = [gpu for answer in answers for gpu in answer]
+    if REFERENCE_PRESET not in plugin_presets("mha", registry) and own:
+        raise ConformanceFailure(f"the accelerator check plans {REFERENCE_PRESET!r}: install kvpools' mha plugin")
+    for gpu in own:
+        where = f"plugin {plugin!r}: accelerator {gpu.name!r}"
+        if gpu not in catalogue:
+            raise ConformanceFailure(f"{where} is missing from the catalogue")
+        if not gpu.source.strip() or gpu.total_bytes <= 0:
+            raise ConformanceFailure(f"{where} needs a positive total_bytes and a source, got {gpu!r}")
+        for spelling in (gpu.name, *gpu.aliases):
+            try:
+                found = find_gpu(spelling, registry)
+            except KvpoolsError as exc:
+                raise ConformanceFailure(f"{where}: --gpu {spelling!r} is not found: {exc}") from exc
+            if found != gpu:
+                raise ConformanceFailure(f"{where}: --gpu {spelling!r} finds {found.name!r} instead")
+        try:
+            spec = load_model(REFERENCE_PRESET, registry)[0]
+            chunk = sglang_chunked_prefill_size(gpu.total_mib, gpu.platform, registry=registry)
+            serving = Serving(platform=gpu.platform, chunked_prefill_size=chunk)
+            defaults = sglang_memory_defaults(gpu.total_mib, spec, serving, registry=registry)
+        except KvpoolsError as exc:
+            raise ConformanceFailure(f"{where}: SGLang's memory defaults fail on it: {exc}") from exc
+        if not 0 < defaults.mem_fraction_static < 1:
+            raise ConformanceFailure(
+                f"{where}: SGLang's default mem_fraction_static on its {gpu.total_mib:g} MiB is "
+                f"{defaults.mem_fraction_static} (reserved {defaults.reserved_mb:g} MiB): no KV cache would fit"
+            )
+    return own
 
 
 def resolved_traits(platform: str, registry: Registry) -> PlatformTraits:

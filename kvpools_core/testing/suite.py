@@ -237,6 +237,10 @@ def provided(platform_plugin: str, registry: Registry) -> list[str]:
     return pc.check_names_its_platforms(platform_plugin, registry)
 
 
+def test_platform_accelerators_are_well_formed(platform_plugin: str, provided: list[str], registry: Registry) -> None:
+    pc.check_accelerators(platform_plugin, registry)
+
+
 def test_platform_traits_leave_a_page_for_every_model_and_kernel(
     platform_plugin: str, provided: list[str], registry: Registry
 ) -> None:

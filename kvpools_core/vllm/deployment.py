@@ -306,7 +306,7 @@ def plan_vllm(
     else:
         spec, plugin = load_model(model, registry)
         model_ref = model
-    chosen = _resolve_device(memory, gpu, gpu_memory, serving)
+    chosen = _resolve_device(memory, gpu, gpu_memory, serving, registry)
     if memory is not None and (gpu_memory_utilization is not None or weights_memory is not None):
         raise ConfigError(
             "--memory is vLLM's --kv-cache-memory-bytes (the KV cache itself): --gpu-memory-utilization and "
@@ -370,9 +370,9 @@ def plan_vllm(
 
 
 def _resolve_device(
-    memory: int | str | None, gpu: str | GPU | None, gpu_memory: int | str | None, serving: Serving
+    memory: int | str | None, gpu: str | GPU | None, gpu_memory: int | str | None, serving: Serving, registry: Registry
 ) -> GPU | None:
-    """The GPU planned on, or None for an explicit KV budget; exactly one budget source."""
+    """The GPU planned on (from ``registry``'s catalogue), or None for an explicit KV budget; one budget source."""
     given = [flag for flag, value in (("--memory", memory), ("--gpu", gpu), ("--gpu-memory", gpu_memory)) if value]
     if len(given) != 1:
         what = f"got {' and '.join(given)}" if given else "got none"
@@ -383,7 +383,7 @@ def _resolve_device(
     if isinstance(gpu, GPU):
         return gpu
     if gpu is not None:
-        return find_gpu(gpu)
+        return find_gpu(gpu, registry)
     if gpu_memory is not None:
         return custom_gpu(gpu_memory, platform=serving.platform)
     return None

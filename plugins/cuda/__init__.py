@@ -1,11 +1,12 @@
-"""The CUDA platform: free device memory from ``torch.cuda.mem_get_info``, and CUDA kernels' page rules."""
+"""The CUDA platform: free device memory from ``torch.cuda.mem_get_info``, CUDA kernels' page rules, and the
+NVIDIA GPUs of the catalogue (``--gpu``) with their totals as SGLang reads them."""
 
 from __future__ import annotations
 
 from kvpools_core import hookimpl
 from kvpools_core.errors import ConfigError
 from kvpools_core.options import option
-from kvpools_core.values import PageSizeRule, PlatformTraits, Serving
+from kvpools_core.values import GPU, PageSizeRule, PlatformTraits, Serving
 
 PLATFORM = "cuda"
 
@@ -18,13 +19,127 @@ TRAITS = PlatformTraits(
             reason="SGLang's DSA pool and FlashMLA's sparse kernels page the cache by 64 tokens",
         ),
     ),
+    breakable_prefill_graphs=True,
 )
-"""What CUDA's kernels decide: SGLang's DSA pool asserts ``page_size == 64`` on CUDA (``DSATokenToKVPool``)."""
+"""What CUDA's kernels decide: SGLang's DSA pool asserts ``page_size == 64`` on CUDA (``DSATokenToKVPool``);
+SGLang captures breakable prefill graphs by default on CUDA only (``default_prefill_backend``,
+``srt/model_executor/cuda_graph_config.py`` lines 119-123 of SGLang 0.5.23), so its default
+``mem_fraction_static`` reserves memory for them."""
+
+MiB = 1 << 20
+_SMI = "nvidia-smi memory.total"
+
+
+def _mib(value: int) -> int:
+    return value * MiB
+
+
+ACCELERATORS: tuple[GPU, ...] = (
+    GPU(
+        "h100",
+        "NVIDIA H100 80GB HBM3 (SXM)",
+        _mib(81559),
+        aliases=("h100-sxm", "h100-80gb", "h100-sxm5"),
+        source=f"{_SMI} 81559 MiB ('NVIDIA H100 80GB HBM3 ... 1MiB / 81559MiB', "
+        "github.com/sgl-project/sglang/issues/7478)",
+    ),
+    GPU(
+        "h100-pcie",
+        "NVIDIA H100 PCIe 80GB",
+        _mib(81559),
+        aliases=("h100pcie",),
+        source=f"{_SMI} 81559 MiB (same 80 GB HBM2e total as the SXM part)",
+    ),
+    GPU(
+        "h100-nvl",
+        "NVIDIA H100 NVL 94GB",
+        _mib(95830),
+        aliases=("h100nvl", "h100-94gb"),
+        source=f"{_SMI} 95830 MiB (public nvidia-smi captures of 'NVIDIA H100 NVL')",
+    ),
+    GPU(
+        "h200",
+        "NVIDIA H200 141GB HBM3e",
+        _mib(143771),
+        aliases=("h200-sxm", "h200-141gb"),
+        source=f"{_SMI} 143771 MiB (public nvidia-smi captures of 'NVIDIA H200'; 140.4 GiB as in "
+        "github.com/SemiAnalysisAI/InferenceX/issues/2128)",
+    ),
+    GPU(
+        "gh200",
+        "NVIDIA GH200 96GB",
+        _mib(97871),
+        aliases=("gh200-96gb",),
+        source=f"{_SMI} 97871 MiB (public nvidia-smi captures of GH200 at 900 W)",
+    ),
+    GPU(
+        "b200",
+        "NVIDIA B200 180GB HBM3e",
+        _mib(183359),
+        aliases=("b200-sxm", "hgx-b200", "dgx-b200"),
+        source=f"{_SMI} 183359 MiB (public nvidia-smi captures of 'NVIDIA B200')",
+    ),
+    GPU(
+        "gb200",
+        "NVIDIA GB200 (one Blackwell GPU, 186GB)",
+        _mib(189471),
+        aliases=("gb200-nvl72",),
+        source=f"{_SMI} 189471 MiB (public nvidia-smi captures of 'NVIDIA GB200')",
+    ),
+    GPU(
+        "a100-80gb",
+        "NVIDIA A100 80GB (SXM4 or PCIe)",
+        _mib(81920),
+        aliases=("a100", "a100-80g", "a100-sxm4-80gb", "a800", "a800-80gb"),
+        source=f"{_SMI} 81920 MiB (public nvidia-smi captures of 'A100-SXM4-80GB' and 'A100 80GB PCIe')",
+    ),
+    GPU(
+        "a100-40gb",
+        "NVIDIA A100 40GB (SXM4 or PCIe)",
+        _mib(40960),
+        aliases=("a100-40g", "a100-sxm4-40gb", "a100-pcie-40gb"),
+        source=f"{_SMI} 40960 MiB (public nvidia-smi captures of 'A100-SXM4-40GB' and 'A100-PCIE-40GB')",
+    ),
+    GPU(
+        "l40s",
+        "NVIDIA L40S 48GB",
+        _mib(46068),
+        aliases=("l40",),
+        source=f"{_SMI} 46068 MiB (public nvidia-smi captures of 'NVIDIA L40S')",
+    ),
+    GPU(
+        "rtx-6000-ada",
+        "NVIDIA RTX 6000 Ada Generation 48GB",
+        _mib(49140),
+        aliases=("rtx6000-ada", "rtx6000ada", "6000-ada"),
+        source=f"{_SMI} 49140 MiB (public nvidia-smi captures of 'NVIDIA RTX 6000 Ada Gene...')",
+    ),
+    GPU(
+        "l4",
+        "NVIDIA L4 24GB",
+        _mib(23034),
+        source=f"{_SMI} 23034 MiB (public nvidia-smi captures of 'NVIDIA L4')",
+    ),
+    GPU(
+        "a10g",
+        "NVIDIA A10G 24GB",
+        _mib(23028),
+        source=f"{_SMI} 23028 MiB (public nvidia-smi captures of 'NVIDIA A10G', AWS g5)",
+    ),
+)
+"""NVIDIA GPUs, each with ``nvidia-smi --query-gpu=memory.total`` in MiB: what SGLang's
+``get_device_memory_capacity`` reads on CUDA (``srt/utils/common.py`` of SGLang 0.5.23), never the marketing
+"80 GB"."""
 
 
 @hookimpl
 def platforms() -> dict[str, str]:
     return {PLATFORM: "NVIDIA GPUs through torch.cuda"}
+
+
+@hookimpl
+def accelerators() -> list[GPU]:
+    return list(ACCELERATORS)
 
 
 @hookimpl(tryfirst=True)

@@ -30,6 +30,7 @@ def registry_of(toy: ToyPlatform) -> Registry:
 def run_checks(toy: ToyPlatform) -> int:
     registry = registry_of(toy)
     names = pc.check_names_its_platforms("toy", registry)
+    pc.check_accelerators("toy", registry)
     pc.check_answers_only_for_its_platforms("toy", registry)
     built = 0
     for name in names:
@@ -70,11 +71,37 @@ def test_the_toy_platform_traits_and_workspace_reach_the_plan() -> None:
         ("layout_everywhere", "answered buffer_layout"),
         ("pads_buffers", "build(plan, 'meta') failed"),
         ("int64_slots", "int64 slot indices"),
+        ("accelerator_not_a_gpu", r'accelerators are refused: Plugin "toy" .*accelerators.*item\[0\] is str'),
+        ("accelerator_without_source", r'Plugin "toy" .*invalid value in hook accelerators: GPU.source'),
+        ("accelerator_twice", r"Plugin \"toy\" .*offers the GPU spelling 'toy24' twice"),
+        ("accelerator_elsewhere", r"platform 'nowhere', which no loaded plugin provides"),
     ],
 )
 def test_each_platform_defect_is_caught(defect: str, caught: str) -> None:
-    with pytest.raises(ConformanceFailure, match=caught.replace("(", r"\(").replace(")", r"\)")):
+    pattern = caught if defect.startswith("accelerator") else caught.replace("(", r"\(").replace(")", r"\)")
+    with pytest.raises(ConformanceFailure, match=pattern):
         run_checks(ToyPlatform(defect))
+
+
+def test_the_toy_accelerators_are_checked_and_plan_with_the_toy_memory_tier() -> None:
+    """What check_accelerators relies on: the toy's devices are in the catalogue, and a plan on the 24 GiB one
+    takes the toy's own tier (chunk 2048, max_bs 8), the 48 GiB one the GPU tier (4096, 32); no prefill graph."""
+    from kvpools_core.gpus import sglang_chunked_prefill_size
+    from kvpools_core.pipeline import plan
+
+    registry = registry_of(ToyPlatform())
+    assert [gpu.name for gpu in pc.check_accelerators("toy", registry)] == ["toy-24g", "toy-48g"]
+    chunk = sglang_chunked_prefill_size(24 * 1024, PLATFORM, registry=registry)
+    assert chunk == 2048 and sglang_chunked_prefill_size(48 * 1024, PLATFORM, registry=registry) == 4096
+    serving = Serving(page_size=16, chunked_prefill_size=chunk)
+    small = plan("llama-3.1-8b", serving, gpu="toy24", weights_memory="15GiB", registry=registry)
+    assert small.serving.platform == PLATFORM
+    # 512 + 1.5 x 2048 + 128 + 2 x 8 = 3728 MiB; round((24576 - 3728) / 24576, 3) = 0.848
+    assert "decode graph 2 x max_bs 8 = 16 MiB" in (small.budget.mem_fraction_source or "")
+    assert "no prefill graph (platform toyhw" in (small.budget.mem_fraction_source or "")
+    assert small.budget.mem_fraction_static == 0.848
+    large = plan("llama-3.1-8b", Serving(page_size=16), gpu="toy-48g", weights_memory="15GiB", registry=registry)
+    assert "decode graph 2 x max_bs 32 = 64 MiB" in (large.budget.mem_fraction_source or "")
 
 
 def test_a_platform_plan_that_imports_torch_is_caught() -> None:

@@ -10,14 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from kvpools_core import hookimpl
-from kvpools_core.values import PageSizeRule, PlatformTraits, Serving, Workspace
+from kvpools_core.values import GPU, MemoryTier, PageSizeRule, PlatformTraits, Serving, Workspace
 
 PLATFORM = "toyhw"
 ALIAS = "toy-accelerator"
+TOY_TIER = MemoryTier(max_mib=32 * 1024, chunked_prefill_size=2048, decode_max_bs=8, decode_max_bs_at_tp4=32)
+"""The toy's own SGLang memory tier (as Ascend's NPU tiers): devices of up to 32 GiB take it, larger the GPU tiers."""
 
 
 class ToyPlatform:
-    """An accelerator ``toyhw`` (devices ``toyhw:N``): pages of 16 or 64, int32 slots, a small workspace."""
+    """An accelerator ``toyhw`` (devices ``toyhw:N``): pages of 16 or 64, int32 slots, a small workspace, two
+    catalogue devices (``toy-24g`` under its own memory tier, ``toy-48g`` under the GPU tiers)."""
 
     def __init__(self, defect: str | None = None) -> None:
         self.defect = defect
@@ -32,6 +35,18 @@ class ToyPlatform:
     @hookimpl
     def platform_aliases(self) -> dict[str, str]:
         return {ALIAS: PLATFORM}
+
+    @hookimpl
+    def accelerators(self) -> Any:
+        if self.defect == "accelerator_not_a_gpu":
+            return ["toy-24g"]
+        source = "" if self.defect == "accelerator_without_source" else "kvpools' kit tests: a made-up device"
+        platform = "nowhere" if self.defect == "accelerator_elsewhere" else PLATFORM
+        second_alias = "toy24" if self.defect == "accelerator_twice" else "toy48"
+        return [
+            GPU("toy-24g", "Toy accelerator 24GB", 24 << 30, platform=platform, aliases=("toy24",), source=source),
+            GPU("toy-48g", "Toy accelerator 48GB", 48 << 30, platform=PLATFORM, aliases=(second_alias,), source="kit"),
+        ]
 
     @hookimpl
     def detect_platform(self, device: str | None) -> str | None:
@@ -57,7 +72,9 @@ class ToyPlatform:
                 PageSizeRule(reason="toy kernels", sizes=(16, 64)),
                 PageSizeRule(reason="toy sparse kernels", sizes=(64,), kernels=("dsa",)),
             )
-        return PlatformTraits(platform=serving.platform, page_size_rules=rules, slot_index_dtype="int32")
+        return PlatformTraits(
+            platform=serving.platform, page_size_rules=rules, slot_index_dtype="int32", memory_tiers=(TOY_TIER,)
+        )
 
     @hookimpl
     def workspaces(self, model: Any, serving: Serving) -> list[Workspace] | None:

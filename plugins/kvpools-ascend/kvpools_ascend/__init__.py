@@ -20,7 +20,7 @@ from kvpools_ascend.names import DEVICE_TYPE, PLATFORM, RUNTIME
 from kvpools_core import hookimpl
 from kvpools_core.errors import ConfigError
 from kvpools_core.options import option
-from kvpools_core.values import PageSizeRule, PlatformTraits, Serving
+from kvpools_core.values import GPU, MemoryTier, PageSizeRule, PlatformTraits, Serving
 
 __version__ = "0.2.0"  # the one place it is written: pyproject.toml reads this literal
 
@@ -38,10 +38,29 @@ TRAITS = PlatformTraits(
         ),
     ),
     slot_index_dtype="int32",
+    memory_tiers=(
+        MemoryTier(max_mib=32 * 1024, chunked_prefill_size=4096, decode_max_bs=16, decode_max_bs_at_tp4=64),
+        MemoryTier(max_mib=64 * 1024, chunked_prefill_size=8192, decode_max_bs=64, decode_max_bs_at_tp4=256),
+    ),
 )
 """What Ascend's kernels decide: page size 128 for every model (SGLang's server args force it for the ``ascend``
 attention backend, with that warning), and int32 slot indices (``NPUPagedTokenToKVPoolAllocator`` returns
-``out.int()``; ``_npu_reshape_and_cache`` takes int32 slots)."""
+``out.int()``; ``_npu_reshape_and_cache`` takes int32 slots).  SGLang's NPU memory settings come before the GPU
+tiers (``set_default_server_args``, ``srt/hardware_backend/npu/utils.py`` lines 103-160 of SGLang 0.5.23):
+at most 32 GiB ``chunked_prefill_size`` 4096 and decode ``max_bs`` 16 (64 at TP >= 4), at most 64 GiB 8192 and
+64 (256); larger NPUs take the GPU tiers.  No breakable prefill graph (CUDA only)."""
+
+ACCELERATORS: tuple[GPU, ...] = (
+    GPU(
+        "ascend-910b",
+        "Huawei Ascend 910B 64GB",
+        64 << 30,
+        platform=PLATFORM,
+        aliases=("910b", "ascend910b", "ascend-910b3", "910b3", "atlas-800t-a2"),
+        source="Ascend 910B (Atlas 800T A2) specification: 64 GB HBM, npu-smi HBM capacity 65536 MB",
+    ),
+)
+"""Ascend NPUs, each with the total SGLang reads on NPUs (``get_npu_memory_capacity``, the platform's total)."""
 
 
 @hookimpl
@@ -52,6 +71,11 @@ def platforms() -> dict[str, str]:
 @hookimpl
 def platform_aliases() -> dict[str, str]:
     return dict(ALIASES)
+
+
+@hookimpl
+def accelerators() -> list[GPU]:
+    return list(ACCELERATORS)
 
 
 @hookimpl

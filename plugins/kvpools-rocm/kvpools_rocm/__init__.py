@@ -17,7 +17,7 @@ from typing import Any
 from kvpools_core import hookimpl
 from kvpools_core.errors import ConfigError
 from kvpools_core.options import option
-from kvpools_core.values import ModelSpec, PageSizeRule, PlatformTraits, Serving, Workspace
+from kvpools_core.values import GPU, ModelSpec, PageSizeRule, PlatformTraits, Serving, Workspace
 from kvpools_rocm.layout_hooks import *  # noqa: F403
 from kvpools_rocm.layout_hooks import KV_CACHE_LAYOUT_OPTION, KV_CACHE_LAYOUTS
 
@@ -44,9 +44,38 @@ TRAITS = PlatformTraits(
 DSA pages of 1 or a multiple of 16, and the DSA backends that read raw latent rows (no FlashMLA fp8 packing)."""
 
 
+ACCELERATORS: tuple[GPU, ...] = (
+    GPU(
+        "mi300x",
+        "AMD Instinct MI300X 192GB",
+        201310208 * 1024,
+        platform=PLATFORM,
+        aliases=("mi300",),
+        source="rocminfo 'Pool 1' Size 201310208 KB (0xbffc000), which SGLang's get_amdgpu_memory_capacity "
+        "reads as 196592 MiB",
+    ),
+    GPU(
+        "mi325x",
+        "AMD Instinct MI325X 256GB",
+        256 << 30,
+        platform=PLATFORM,
+        aliases=("mi325",),
+        source="AMD MI325X specification: 256 GB HBM3E, taken as 256 GiB (no rocminfo reading cited; pass "
+        "--gpu-memory with your rocminfo figure to be exact)",
+    ),
+)
+"""AMD Instinct GPUs, each with its total as SGLang reads it on ROCm: ``get_amdgpu_memory_capacity``
+(``srt/utils/common.py`` of SGLang 0.5.23) takes ``rocminfo``'s "Pool 1" size in KB / 1024 as MiB."""
+
+
 @hookimpl
 def platforms() -> dict[str, str]:
     return {PLATFORM: "AMD GPUs through a HIP build of torch (torch.cuda on ROCm)"}
+
+
+@hookimpl
+def accelerators() -> list[GPU]:
+    return list(ACCELERATORS)
 
 
 @hookimpl
