@@ -59,7 +59,10 @@ _HELP = {
     "speculative_num_draft_tokens": "Draft tokens verified per step.",
     "speculative_draft_num_layers": "Draft model layers (instead of --speculative-draft-model-path).",
     "disaggregation_mode": "Prefill/decode disaggregation role.",
-    "disaggregation_decode_extra_slots": "Pre-allocated request slots on a decode node.",
+    "disaggregation_decode_extra_slots": (
+        "Request rows a decode node pre-allocates for transfers (unset: SGLang's default, twice the requests per "
+        "DP worker when --max-running-requests leaves at most 32 per worker, else 0)."
+    ),
     "swa_full_tokens_ratio": "Sliding-window tokens per full-attention token.",
     "swa_eviction_interval": "Decode steps between sliding-window evictions (SGLANG_SWA_EVICTION_INTERVAL).",
     "mamba_full_memory_ratio": "Mamba state memory / KV memory.",

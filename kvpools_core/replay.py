@@ -511,13 +511,13 @@ class _Engine:
             if not windows:
                 raise ConfigError(f"replay: {plan.model.name} has an SWA pool but no layer with a sliding window.")
             self.window = max(windows)
-            prefix_sharing = not serving.disable_radix_cache
+            prefix_sharing = not serving.radix_cache_disabled
             self.keep = _ceil_to(max(self.window, page), page) if prefix_sharing else self.window
             bound = swa_window_bound(self.window, page, self.interval)
             self.swa_bound_pages = bound // page
         self.chunk = serving.chunked_prefill_size  # None: prompts are prefilled whole
         self.overlap = not serving.disable_overlap_schedule
-        self.prefix_sharing = not serving.disable_radix_cache
+        self.prefix_sharing = not serving.radix_cache_disabled
         self.chunked: _Running | None = None  # SGLang's Scheduler.chunked_req: at most one at a time
         self.prefill_chunks = 0
         self.peak_swa_chunked = 0

@@ -330,7 +330,7 @@ def sliding_window_terms(token_space: str, window: int, serving: Serving) -> Tok
     else:
         decode = 2 * alloc_len_per_decode(serving)  # spec-v2 keeps 2 x alloc_len outstanding
     if serving.disaggregation_mode == "decode":
-        prefills, reserved = 0, (window + page) * serving.disaggregation_decode_extra_slots
+        prefills, reserved = 0, (window + page) * serving.decode_extra_slots
     else:
         prefills, reserved = (1 if serving.disable_overlap_schedule else 2), page
     return TokenWindow(
@@ -356,9 +356,9 @@ def req_to_token_row_len(context_len: int, serving: Serving) -> int:
 
 
 def req_to_token_rows(max_running_requests: int, serving: Serving) -> tuple[int, int]:
-    """(usable rows, padding rows): row 0 pads; a decode node pre-allocates extra rows."""
-    extra = serving.disaggregation_decode_extra_slots if serving.disaggregation_mode == "decode" else 0
-    return max_running_requests + extra, 1
+    """(usable rows, padding rows): row 0 pads; a decode node pre-allocates :attr:`Serving.decode_extra_slots`
+    more (``DecodeReqToTokenPool``: ``size + pre_alloc_size + 1`` rows, ref-000 lines 1003-1022)."""
+    return max_running_requests + serving.decode_extra_slots, 1
 
 
 # ---------------------------------------------------------------------------

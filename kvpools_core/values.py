@@ -66,6 +66,11 @@ def optional_positive(inst: object, attribute: attrs.Attribute[Any], value: int 
         positive(inst, attribute, value)
 
 
+def optional_non_negative(inst: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None:
+        non_negative(inst, attribute, value)
+
+
 def fraction(inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
     """A ratio in (0, 1]."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
@@ -706,7 +711,9 @@ class Serving:
     speculative_draft_num_layers: int | None = attrs.field(default=None, validator=optional_positive)
     # disaggregation
     disaggregation_mode: str = attrs.field(default="null", validator=one_of("null", "prefill", "decode"))
-    disaggregation_decode_extra_slots: int = attrs.field(default=0, validator=non_negative)
+    disaggregation_decode_extra_slots: int | None = attrs.field(default=None, validator=optional_non_negative)
+    """Request rows a decode node pre-allocates for transfers; ``None``: SGLang's default
+    (:attr:`decode_extra_slots`)."""
     # hybrid sliding window / mamba / sparse knobs (read by their plugins)
     swa_full_tokens_ratio: float = attrs.field(default=0.8, validator=positive_ratio)
     swa_eviction_interval: int = attrs.field(default=128, validator=positive)
@@ -808,6 +815,35 @@ class Serving:
     @property
     def speculative(self) -> bool:
         return self.speculative_algorithm is not None
+
+    @property
+    def decode_extra_slots(self) -> int:
+        """Rows a PD decode node pre-allocates beyond ``max_running_requests`` (``pre_alloc_size``); 0 off one.
+
+        Unset, SGLang 0.5.23's default (``handle_pd_disaggregation``, ``arg_groups/pd_disaggregation_hook.py``
+        lines 123-143): twice the requests per DP worker (``max(1, max_running_requests // num_dp_ranks)``,
+        ``num_dp_ranks`` = ``dp_size``, replicas or DP attention alike) when that is at most 32, else none.
+        Only a decode launch computes it (ref-000 lines 1003-1022).
+        """
+        if self.disaggregation_mode != "decode":
+            return 0
+        if self.disaggregation_decode_extra_slots is not None:
+            return self.disaggregation_decode_extra_slots
+        if self.max_running_requests is None:
+            return 0
+        per_worker = max(1, self.max_running_requests // self.dp_size)
+        return 2 * per_worker if per_worker <= 32 else 0
+
+    @property
+    def radix_cache_disabled(self) -> bool:
+        """Whether the server runs without the radix cache: ``--disable-radix-cache``, or a PD decode node.
+
+        SGLang resolves ``disable_radix_cache=True`` on every decode node (``handle_pd_disaggregation``,
+        ``arg_groups/pd_disaggregation_hook.py`` lines 98-121) unless the experimental
+        ``--disaggregation-decode-enable-radix-cache`` is given, which kvpools does not model.  Sizing that
+        depends on the radix cache (the mamba state ratio, the SWA chunk cap) reads this, never the flag.
+        """
+        return self.disable_radix_cache or self.disaggregation_mode == "decode"
 
     @property
     def launched_ranks(self) -> int:

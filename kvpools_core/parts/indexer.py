@@ -74,6 +74,36 @@ def dsa_problems(model: ModelSpec, serving: Serving) -> list[str]:
             f"{row.dims.kv_lora_rank}. Use {option('kv_cache_dtype')} bf16, or a trtllm DSA backend (raw fp8 layout)."
         )
     problems += page_size_problems(serving)
+    return problems + disaggregation_problems(serving)
+
+
+def disaggregation_problems(serving: Serving) -> list[str]:
+    """SGLang 0.5.23's PD refusals for a DSA model (``arg_groups/model_hook.py`` lines 362-380, the
+    ``is_deepseek_dsa`` branch of ``handle_model_specific_adjustments``).
+
+    DSA context parallelism is prefill CP (``--enable-prefill-cp`` sets ``attn_cp_size``,
+    ``model_overrides/deepseek_v2.py`` lines 105-134), which a decode node refuses; the cache layer split is a
+    prefill-CP optimisation that only a PD prefill node may run.
+    """
+    mode, flag = serving.disaggregation_mode, option("disaggregation_mode")
+    problems = []
+    if mode == "decode" and serving.attn_cp_size > 1:
+        problems.append(
+            f"{option('attn_cp_size')} {serving.attn_cp_size} on a PD decode node ({flag} decode): SGLang runs DSA "
+            f"context parallelism only for prefill under PD disaggregation (CP is only supported for prefill when "
+            f"PD disaggregation, please remove --enable-prefill-cp). Use {option('attn_cp_size')} 1 on the decode node."
+        )
+    split = option("enable_dsa_cache_layer_split")
+    if serving.enable_dsa_cache_layer_split and mode == "decode":
+        problems.append(
+            f"{split} is not supported on decode workers ({flag} decode): it is a prefill-CP optimization; decode "
+            f"receives full cache shards through PD transfer (SGLang). Drop {split}."
+        )
+    elif serving.enable_dsa_cache_layer_split and mode != "prefill":
+        problems.append(
+            f"{split} is only supported on PD prefill workers: non-PD workers also run decode and require ordinary "
+            f"local decode cache semantics (SGLang). Add {flag} prefill, or drop {split}."
+        )
     return problems
 
 

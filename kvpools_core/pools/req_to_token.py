@@ -58,7 +58,7 @@ class ReqToTokenPool:
             )
         if serving.disaggregation_mode == "decode":
             return DecodeReqToTokenPool(
-                plan.max_running_requests, row_len, device, pre_alloc_size=serving.disaggregation_decode_extra_slots
+                plan.max_running_requests, row_len, device, pre_alloc_size=serving.decode_extra_slots
             )
         return cls(rows, row_len, device)
 

@@ -124,7 +124,7 @@ class DSV4Shape:
     context_len: int
     requested_per_worker: int | None
     decode_extra_slots: int | None
-    """``disaggregation_decode_extra_slots`` on a decode node, else None."""
+    """``Serving.decode_extra_slots`` on a decode node (SGLang's default when unset), else None."""
 
     @property
     def kv_bytes(self) -> int:
@@ -243,9 +243,7 @@ def dsv4_shape(model: ModelSpec, serving: Serving) -> DSV4Shape:
         shrink=hisparse_shrink(serving),
         context_len=serving.context_length or model.context_len,
         requested_per_worker=None if requested is None else requested // serving.attn_dp_size,
-        decode_extra_slots=serving.disaggregation_decode_extra_slots
-        if serving.disaggregation_mode == "decode"
-        else None,
+        decode_extra_slots=serving.decode_extra_slots if serving.disaggregation_mode == "decode" else None,
     )
 
 

@@ -16,7 +16,11 @@ the ``mamba_state`` pool (``CellSize.bytes_per_state_slot``: slots are not
 requests, there are ``max_mamba_cache_size`` of them);
 ``size_pools`` does the split (:mod:`.sizing`), and the pools
 (:mod:`.pool`) hold the state in the request table, as SGLang's
-``HybridReqToTokenPool`` does.
+``HybridReqToTokenPool`` does.  A PD decode node (``--disaggregation-mode decode``)
+runs without the radix cache (one state slot per request, K from
+``--max-running-requests``), pre-allocates request rows for transfers and
+raises the state pool to cover them, SGLang's ``HybridMambaDecodeReqToTokenPool``
+(:func:`.sizing.decode_state_slots`).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from kvpools_core.values import STATE_SLOT, Budget, CellPart, CellSize, ModelSpe
 
 from .config import KV_KINDS, hybrid_family, hybrid_model_spec
 from .latent import is_mla_hybrid, latent_cell_size, latent_problems
-from .sizing import STATE_POOL, size_hybrid_pools
+from .sizing import STATE_POOL, extra_buffer, size_hybrid_pools
 from .state import rank_full_attention_layers, rank_state_layer_ids, state_bytes_per_slot, state_shape
 
 if TYPE_CHECKING:
@@ -133,11 +137,14 @@ def hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:
                 f"Speculative decoding on a hybrid model keeps each draft token's recurrent state, which SGLang "
                 f"sizes from {' and '.join(missing)}: pass {' and '.join(missing)}."
             )
-    if serving.disaggregation_mode == "decode":
+    if serving.disaggregation_mode != "null" and extra_buffer(serving) and serving.enable_mamba_extra_buffer_lazy:
+        # SGLang 0.5.23 validate_mamba_extra_buffer (arg_groups/mamba_hook.py lines 123-128), run while the
+        # extra buffer is live (radix cache on: a prefill node; a decode node runs without the radix cache)
         problems.append(
-            f"{option('disaggregation_mode')} decode on a hybrid model pre-allocates mamba state for transfers "
-            "(SGLang's HybridMambaDecodeReqToTokenPool), which kvpools does not model; "
-            f"use {option('disaggregation_mode')} null or prefill."
+            f"{option('enable_mamba_extra_buffer_lazy')} is unsupported under PD disaggregation "
+            f"({option('disaggregation_mode')} {serving.disaggregation_mode}): SGLang's PD decode pool is not wired "
+            f"for lazy slots (extra_buffer_lazy unsupported under PD disaggregation). Drop "
+            f"{option('enable_mamba_extra_buffer_lazy')} and keep {option('enable_mamba_extra_buffer')}."
         )
     empty = [
         rank

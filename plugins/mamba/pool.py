@@ -9,6 +9,9 @@
   (int64, 2 columns with overlap, else 1); it owns the state pool, as in
   SGLang, and the speculative intermediate state ``(layers, rows, D, *shape)``
   (the dense layout, whose bytes are SGLang's charge).
+* :class:`HybridMambaDecodeReqToTokenPool` — a PD decode node's table: the
+  running requests' rows plus ``pre_alloc_size`` rows for transfers, each
+  with its state slot (SGLang's ``HybridMambaDecodeReqToTokenPool``).
 * :class:`HybridLinearKVPool` — K and V of the full-attention layers only
   (an MLA latent row for MLA-based hybrids: the parts library's
   ``MLATokenToKVPool``), addressed by global layer id (and the draft model's KV pool).
@@ -30,6 +33,7 @@ the canonical shape on every platform (CUDA's dedup view aside).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -62,6 +66,7 @@ from .sizing import (
     draft_tokens,
     ping_pong_size,
     ping_pong_slots_per_request,
+    spec_state_rows,
 )
 from .state import StateShape, rank_full_attention_layers, rank_state_layer_ids, state_shape
 
@@ -70,6 +75,7 @@ __all__ = [
     "SSM_ROLE",
     "WINDOW_FIRST_CONV_ROLE",
     "HybridLinearKVPool",
+    "HybridMambaDecodeReqToTokenPool",
     "HybridReqToTokenPool",
     "MambaSpecState",
     "MambaStatePool",
@@ -252,7 +258,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         model, serving = plan.model, plan.serving
         shape = state_shape(model, serving)
         layer_ids = rank_state_layer_ids(model, serving)
-        k = plan.sizing.sglang_config["max_mamba_cache_size"]
+        k = plan.sizing.state_slots  # SGLang's K; on a PD decode node raised to cover every row
         rows, padding = req_to_token_rows(plan.max_running_requests, serving)
         row_len = req_to_token_row_len(serving.context_length or model.context_len, serving)
         pp = ping_pong_size(serving)
@@ -266,7 +272,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
             ),
             SLOT_ALLOCATOR_POOL: (int(TokenAllocator.planned_nbytes(k)), f"int64 free stack of {k} slots"),
         }
-        spec_rows = plan.max_running_requests + 1
+        spec_rows = spec_state_rows(plan.max_running_requests, serving) + 1
         has_spec = any(p.name == SPEC_STATE_POOL for p in plan.pools)
         if has_spec:
             want[SPEC_STATE_POOL] = (
@@ -281,15 +287,17 @@ class HybridReqToTokenPool(ReqToTokenPool):
         spec = None
         if has_spec:
             spec = MambaSpecState(rows=spec_rows, draft_tokens=d, num_layers=len(layer_ids), shape=shape, device=device)
-        return cls(
-            rows,
-            row_len,
-            device,
-            mamba_pool=mamba_pool,
-            ping_pong_size=pp,
-            ping_pong_slots=ping_pong_slots_per_request(serving),
-            spec_state=spec,
-        )
+        parts: dict[str, Any] = {
+            "mamba_pool": mamba_pool,
+            "ping_pong_size": pp,
+            "ping_pong_slots": ping_pong_slots_per_request(serving),
+            "spec_state": spec,
+        }
+        if serving.disaggregation_mode == "decode":
+            return HybridMambaDecodeReqToTokenPool(
+                plan.max_running_requests, row_len, device, pre_alloc_size=serving.decode_extra_slots, **parts
+            )
+        return cls(rows, row_len, device, **parts)
 
     # -- sizes ---------------------------------------------------------------
 
@@ -362,6 +370,35 @@ class HybridReqToTokenPool(ReqToTokenPool):
 
     def __repr__(self) -> str:
         return f"HybridReqToTokenPool({super().__repr__()}, {self.mamba_pool!r})"
+
+
+class HybridMambaDecodeReqToTokenPool(HybridReqToTokenPool):
+    """A PD decode node's hybrid table: ``size`` running requests plus ``pre_alloc_size`` rows for transfers.
+
+    SGLang's ``HybridMambaDecodeReqToTokenPool`` (``disaggregation/decode.py``): the rows of
+    ``DecodeReqToTokenPool`` (``size + pre_alloc_size + 1``, every one but row 0 handed out, each hand-out
+    counted in ``req_generation``), each with its state slot; the plan's state pool already holds
+    ``max(K, (size + pre_alloc_size) x slots per request)`` slots (:func:`.sizing.decode_state_slots`).
+    """
+
+    def __init__(
+        self, size: int, max_context_len: int, device: str | torch.device, *, pre_alloc_size: int, **parts: Any
+    ) -> None:
+        if pre_alloc_size < 0:
+            raise ValueError(f"pre_alloc_size must be non-negative, got {pre_alloc_size}.")
+        self.pre_alloc_size = pre_alloc_size
+        self.req_generation: list[int] = [0] * (size + pre_alloc_size + 1)
+        super().__init__(size, max_context_len, device, **parts)
+
+    @property
+    def usable_rows(self) -> int:
+        return self.size + self.pre_alloc_size
+
+    def alloc(self, need_size: int) -> list[int] | None:
+        taken = super().alloc(need_size)
+        for row in taken or ():
+            self.req_generation[row] += 1
+        return taken
 
 
 class HybridLinearKVPool:

@@ -7,7 +7,9 @@ GiB arithmetic; ``_calculate_mamba_ratio`` says how many slots one running
 request needs; ``resolve_max_num_reqs`` caps the requests by ``K // ratio``.
 The KV tokens are then the core's (``DefaultPoolConfigurator`` over the
 full-attention layers only).  ``--accounting exact`` keeps SGLang's K and
-finds the most tokens whose whole plan fits, state pools included.
+finds the most tokens whose whole plan fits, state pools included.  A PD
+decode node sizes K the same way (without the radix cache) but its table
+raises the state pool past K (:func:`decode_state_slots`).
 """
 
 from __future__ import annotations
@@ -57,8 +59,9 @@ SLOT_ALLOCATOR_ITEM_BYTES = 8  # int64 free stack of state slots
 
 
 def mamba_ratio(serving: Serving) -> int:
-    """``_calculate_mamba_ratio``: state slots one running request may hold."""
-    if serving.disable_radix_cache:
+    """``_calculate_mamba_ratio``: state slots one running request may hold (1 without the radix cache, which
+    a PD decode node never has: :attr:`~kvpools_core.values.Serving.radix_cache_disabled`)."""
+    if serving.radix_cache_disabled:
         return 1
     skip = serving.mamba_skip_decode_lock
     base = MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO - (MAMBA_CACHE_BASE_RATIO_DROP_ON_SKIP if skip else 0)
@@ -81,9 +84,10 @@ def extra_buffer(serving: Serving) -> bool:
 
     SGLang resolves ``get_exec().mamba.enable_mamba_extra_buffer`` (what ref-000 reads, e.g. line 2281) with
     ``mamba_extra_buffer_of``: ``disable_radix_cache is False`` and an ``extra_buffer`` strategy
-    (``sglang/srt/arg_groups/model_override_base.py``), so the buffer is inert without the radix cache.
+    (``sglang/srt/arg_groups/model_override_base.py``), so the buffer is inert without the radix cache (and on
+    a PD decode node, which runs without it).
     """
-    return serving.enable_mamba_extra_buffer and not serving.disable_radix_cache
+    return serving.enable_mamba_extra_buffer and not serving.radix_cache_disabled
 
 
 def ping_pong_size(serving: Serving) -> int:
@@ -98,6 +102,31 @@ def ping_pong_slots_per_request(serving: Serving) -> int:
     if not extra_buffer(serving):
         return 0
     return 1 if serving.enable_mamba_extra_buffer_lazy else ping_pong_size(serving)
+
+
+def decode_state_slots(k: int, requests: int, serving: Serving) -> int:
+    """The state slots the request table's ``MambaPool`` holds: K, or on a PD decode node enough for every row.
+
+    SGLang builds a decode node's table as ``HybridMambaDecodeReqToTokenPool`` (ref-000 lines 1003-1022 and
+    1063-1102, passing ``mamba_size=max_mamba_cache_size``), which raises the pool to
+    ``max(K, (max_running_requests + pre_alloc_size) x (1 + tracking slots))`` so that every running and
+    pre-allocated request holds its slots (``disaggregation/decode.py`` ``HybridMambaDecodeReqToTokenPool.__init__``,
+    SGLang 0.5.23; tracking slots = ``get_mamba_tracking_slots(extra_buffer, overlap, lazy=False)``, 0 without
+    the extra buffer, which a decode node never has: its radix cache is off).  ``_handle_max_mamba_cache`` charged
+    only ``K + 1`` slots: the raise is memory SGLang's budget does not count.
+    """
+    if serving.disaggregation_mode != "decode":
+        return k
+    return max(k, (requests + serving.decode_extra_slots) * (1 + ping_pong_size(serving)))
+
+
+def spec_state_rows(requests: int, serving: Serving) -> int:
+    """Request rows of the speculative intermediate state (``mamba_spec_state_size``; a padding row more).
+
+    ``max_running_requests``, plus the pre-allocated rows on a PD decode node (``size + pre_alloc_size``,
+    ``HybridMambaDecodeReqToTokenPool``).
+    """
+    return requests + serving.decode_extra_slots
 
 
 def draft_tokens(serving: Serving) -> int:
@@ -151,7 +180,7 @@ def split_budget(rest_gib: float, serving: Serving, stage_per_req: int, model_na
             intermediate_requests = min(requested // dp, k // ratio) + 1
             intermediate = stage_per_req * intermediate_requests * d
             total = total - (intermediate / GiB)
-    elif serving.disable_radix_cache and requested is not None:
+    elif serving.radix_cache_disabled and requested is not None:
         k = requested // dp
         source = "--max-running-requests with the radix cache off"
         if serving.speculative:
@@ -219,10 +248,13 @@ def size_hybrid_pools(
     def layout(tokens: int) -> tuple[list[PoolSpec], int, str | None]:
         requests, note = cap_requests(resolve_max_num_reqs(tokens, context_len, serving), split)
         requests = max(requests, 0)
+        slots = decode_state_slots(k, requests, serving)
         pools = token_pools(cell, tokens, page, owner)
-        pools.append(_pool(STATE_POOL, "state", k, 1, per_slot, owner, unit=STATE_SLOT))
+        pools.append(_pool(STATE_POOL, "state", slots, 1, per_slot, owner, unit=STATE_SLOT))
         if spec_pool:
-            pools.append(_pool(SPEC_STATE_POOL, "state", requests, 1, d * per_slot, owner, unit=REQUEST))
+            spec_rows = spec_state_rows(requests, serving)
+            spec = _pool(SPEC_STATE_POOL, "state", spec_rows, 1, d * per_slot, owner, unit=REQUEST)
+            pools.append(with_cost(spec, request_rows_cost(spec, requests)) if spec_rows != requests else spec)
         pools += request_pools(requests, context_len, serving)
         rows, padding = req_to_token_rows(requests, serving)
         row_bytes = MAPPING_ITEM_BYTES + PING_PONG_ITEM_BYTES * ping_pong_size(serving)
@@ -230,7 +262,14 @@ def size_hybrid_pools(
         pools.append(with_cost(mapping, request_rows_cost(mapping, requests)))
         pools.append(
             _pool(
-                SLOT_ALLOCATOR_POOL, "allocator", k, 0, SLOT_ALLOCATOR_ITEM_BYTES, owner, charged=False, unit=STATE_SLOT
+                SLOT_ALLOCATOR_POOL,
+                "allocator",
+                slots,
+                0,
+                SLOT_ALLOCATOR_ITEM_BYTES,
+                owner,
+                charged=False,
+                unit=STATE_SLOT,
             )
         )
         pools.append(allocator_pool(tokens, page))
@@ -271,6 +310,9 @@ def size_hybrid_pools(
         f"the state cache admits at most max_mamba_cache_size // ratio = {k} // {split.ratio} = "
         f"{k // split.ratio} running requests"
     )
+    slots = decode_state_slots(k, requests, serving)
+    if serving.disaggregation_mode == "decode":
+        notes.append(_decode_note(k, slots, requests, per_slot, serving))
     return PoolSizing(
         max_total_num_tokens=tokens,
         max_running_requests=requests,
@@ -282,7 +324,7 @@ def size_hybrid_pools(
         },
         sglang_estimate_bytes=int(tokens * cell.sglang_bytes_per_token) + split.state_bytes + split.intermediate_bytes,
         notes=notes,
-        state_slots=k,
+        state_slots=slots,
         state_slots_per_request=split.ratio,
     )
 
@@ -334,9 +376,29 @@ def _split_notes(split: MambaSplit, per_slot: int, state_layers: int, serving: S
     return notes
 
 
+def _decode_note(k: int, slots: int, requests: int, per_slot: int, serving: Serving) -> str:
+    """What a PD decode node's ``HybridMambaDecodeReqToTokenPool`` allocates beyond SGLang's K."""
+    extra = serving.decode_extra_slots
+    per_request = 1 + ping_pong_size(serving)
+    given = "" if serving.disaggregation_decode_extra_slots is not None else " (SGLang's default)"
+    need = (requests + extra) * per_request
+    head = (
+        f"PD decode node: {requests} running + {extra} pre-allocated request rows{given}; the state pool holds "
+        f"max(max_mamba_cache_size {k}, ({requests} + {extra}) x {per_request}) = {slots} slots"
+    )
+    if slots > k:
+        return (
+            f"{head}, {slots - k} more than SGLang's budget charged ({(slots - k) * per_slot:,} B uncharged, "
+            f"HybridMambaDecodeReqToTokenPool raises mamba_size to {need})"
+        )
+    return f"{head} (K covers every row)"
+
+
 def _ratio_reason(serving: Serving) -> str:
     if serving.disable_radix_cache:
         return "radix cache off"
+    if serving.radix_cache_disabled:
+        return "radix cache off on a PD decode node"
     parts = ["radix cache on"]
     if serving.mamba_skip_decode_lock:
         parts.append("skip-decode-lock")

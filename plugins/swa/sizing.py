@@ -216,10 +216,14 @@ def token_window(model: ModelSpec, serving: Serving) -> TokenWindow:
 
 
 def chunk_cap(model: ModelSpec, serving: Serving) -> ChunkCap | None:
-    """The SWA cap when ``SWAChunkCapPoolConfigurator.is_applicable`` (lines 461-473); None otherwise."""
+    """The SWA cap when ``SWAChunkCapPoolConfigurator.is_applicable`` (lines 461-473); None otherwise.
+
+    The radix cache is off as the server resolves it (:attr:`Serving.radix_cache_disabled`): a PD decode node
+    runs without it, so its explicit ``--max-running-requests`` turns the cap on.
+    """
     if (
         serving.max_running_requests is None
-        or not serving.disable_radix_cache
+        or not serving.radix_cache_disabled
         or serving.chunked_prefill_size is None
         or not any(layer.kind == FULL for layer in model.layers)
     ):

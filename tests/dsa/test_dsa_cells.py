@@ -154,22 +154,25 @@ def test_indexer_pages_hold_one_extra_slot() -> None:
         assert result.planned_bytes <= result.budget.budget_bytes
 
 
+PREFILL = {"disaggregation_mode": "prefill"}  # SGLang runs the cache layer split on a PD prefill node only
+
+
 def test_cache_layer_split_over_context_parallel_ranks() -> None:
     """61 layers over 4 CP ranks: ceil(61 / 4) + 1 = 17 layers stored (16 owned + the remote scratch)."""
-    serving = attrs.evolve(FP8, tp_size=4, attn_cp_size=4, enable_dsa_cache_layer_split=True)
+    serving = attrs.evolve(FP8, tp_size=4, attn_cp_size=4, enable_dsa_cache_layer_split=True, **PREFILL)
     cell = plan("deepseek-v3.2", serving, memory="8GiB").cell
     assert cell.bytes_per_token == 788 * 17
     assert cell.sglang_bytes_per_token == 708 * 17 == 12036
     assert cell.num_layers == L
     # The flag alone (one CP rank) changes nothing.
-    alone = plan("deepseek-v3.2", attrs.evolve(FP8, enable_dsa_cache_layer_split=True), memory="8GiB").cell
+    alone = plan("deepseek-v3.2", attrs.evolve(FP8, enable_dsa_cache_layer_split=True, **PREFILL), memory="8GiB").cell
     assert alone.bytes_per_token == 788 * L
 
 
 def test_layer_split_draft_keeps_every_layer() -> None:
     """SGLang scales by the stage's 61 layers: int(12036 × (1 + 1/61)) = 12233; the draft stores one whole layer."""
     serving = attrs.evolve(
-        FP8, tp_size=4, attn_cp_size=4, enable_dsa_cache_layer_split=True, speculative_algorithm="NEXTN"
+        FP8, tp_size=4, attn_cp_size=4, enable_dsa_cache_layer_split=True, speculative_algorithm="NEXTN", **PREFILL
     )
     result = plan("deepseek-v3.2", serving, memory="8GiB")
     assert result.cell.sglang_bytes_per_token == int(12036 * (1 + 1 / 61)) == 12233

@@ -113,7 +113,9 @@ def test_keys_and_scales_round_trip_on_the_cpu() -> None:
 
 def test_the_cache_layer_split_keeps_scale_rows_for_its_own_layers_and_one_remote_scratch() -> None:
     """4 layers over 2 CP ranks: rank 0 stores layers 0 and 1 plus one scratch, so 3 × (128 + 4) B per token."""
-    planned = _scale_row_plan(tp_size=2, attn_cp_size=2, enable_dsa_cache_layer_split=True)
+    planned = _scale_row_plan(
+        tp_size=2, attn_cp_size=2, enable_dsa_cache_layer_split=True, disaggregation_mode="prefill"
+    )
     store = DSATokenToKVPool.from_plan(planned, "cpu")
     rows = planned.max_total_num_tokens + planned.serving.page_size
     assert store.index_nbytes() == rows * (DIM + 4) * 3 == planned.pool(INDEX_POOL).bytes

@@ -55,6 +55,8 @@ def dsa_plans(draw: st.DrawFn) -> Plan:
         accounting=draw(st.sampled_from(("exact", "exact", "sglang"))),
     )
     options["page_size"] = 64 if options["platform"] == "cuda" else draw(st.sampled_from((1, 16, 64)))
+    if options["enable_dsa_cache_layer_split"]:
+        options["disaggregation_mode"] = "prefill"  # SGLang runs the split on a PD prefill node only
     if draw(st.booleans()):
         options.update(speculative_algorithm="EAGLE", speculative_draft_num_layers=draw(st.integers(1, 2)))
     budget = draw(st.integers(22, 38).flatmap(lambda e: st.integers(1 << e, 1 << (e + 1))))
@@ -135,7 +137,13 @@ def test_indexer_keys_are_paged_keys_first_then_scales() -> None:
 
 def test_layer_split_owns_a_contiguous_share_and_one_remote_scratch() -> None:
     """4 layers over 2 CP ranks: rank 0 owns layers 0 and 1, layers 2 and 3 read through the scratch buffers."""
-    serving = {"tp_size": 2, "attn_cp_size": 2, "enable_dsa_cache_layer_split": True, "kv_cache_dtype": "fp8_e4m3"}
+    serving = {
+        "tp_size": 2,
+        "attn_cp_size": 2,
+        "enable_dsa_cache_layer_split": True,
+        "kv_cache_dtype": "fp8_e4m3",
+        "disaggregation_mode": "prefill",
+    }
     planned = small_dsa_plan(**serving)
     pools = build(planned, "cpu")
     pool = pools.kv_pool

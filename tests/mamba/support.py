@@ -352,11 +352,21 @@ def compare_hybrid(
     theirs = (want.max_total_num_tokens, want.max_running_requests, want.cell_size, want.max_mamba_cache_size)
     assert ours == theirs, f"(tokens, requests, cell, K) kvpools {ours} != SGLang {theirs}\n{case}"
     state = got.pool("mamba_state")
-    assert (state.slots, state.padding_slots) == (want.max_mamba_cache_size, 1)
+    assert (state.slots, state.padding_slots) == (decode_pool_slots(want.max_mamba_cache_size, got), 1)
     if serving.pp_size == 1:
         missing = [w for w in want.warnings if w not in got.sizing.notes]
         assert not missing, f"SGLang warns {missing}; kvpools notes {list(got.sizing.notes)}\n{case}"
     return want, got
+
+
+def decode_pool_slots(k: int, got: Plan) -> int:
+    """The slots SGLang's request table gives the state pool: K, or on a PD decode node
+    ``max(K, (max_running_requests + pre_alloc_size) x 1)`` (``HybridMambaDecodeReqToTokenPool.__init__``,
+    ``disaggregation/decode.py``; one slot per request: a decode node has no radix cache, so no extra buffer)."""
+    serving = got.serving
+    if serving.disaggregation_mode != "decode":
+        return k
+    return max(k, got.max_running_requests + serving.decode_extra_slots)
 
 
 def _changed(serving: Serving) -> dict[str, Any]:
@@ -528,8 +538,13 @@ def hybrid_serving(draw: st.DrawFn, spec: ModelSpec, *, pp: bool = False) -> Ser
         options["max_total_tokens"] = draw(st.integers(1, 1 << 22))
     if draw(st.integers(0, 4)) == 0:
         options["mamba_ssm_dtype"] = draw(st.sampled_from(("bfloat16", "float32", "float16")))
-    if draw(st.integers(0, 7)) == 0:
+    role = draw(st.sampled_from(("null",) * 6 + ("prefill", "decode")))
+    if role == "prefill":
         options["disaggregation_mode"] = "prefill"  # no verification on a prefill node: no speculative state pool
+        options["enable_mamba_extra_buffer_lazy"] = False  # SGLang refuses the lazy buffer under PD
+    elif role == "decode":  # no radix cache; pre-allocated rows (unset: SGLang's default) raise the state pool
+        options["disaggregation_mode"] = "decode"
+        options["disaggregation_decode_extra_slots"] = draw(st.one_of(st.none(), st.integers(0, 64)))
     if draw(st.integers(0, 5)) == 0:
         options["context_length"] = draw(st.integers(1024, 1 << 20))
     if draw(st.integers(0, 2)) == 0:

@@ -154,6 +154,29 @@ def test_presets_profiling_path(preset: str) -> None:
                 )
 
 
+@pytest.mark.parametrize("preset", [QWEN3_NEXT, "nemotron-h-56b-base-8k", "jamba-1.5-mini"])
+def test_disaggregated_nodes(preset: str) -> None:
+    """Prefill and decode nodes: the decode node's radix cache off and its pre-allocated rows (SGLang's default
+    or given) as ``handle_pd_disaggregation`` resolves them (the adapter passes the resolved server args), with
+    and without --max-running-requests, speculation and an explicit K; the state pool checked by compare_hybrid."""
+    variants: list[dict[str, Any]] = [
+        {"disaggregation_mode": "prefill"},
+        {"disaggregation_mode": "prefill", **EAGLE_128},
+        {"disaggregation_mode": "decode"},
+        {"disaggregation_mode": "decode", "max_running_requests": 16},
+        {"disaggregation_mode": "decode", "max_running_requests": 16, "disaggregation_decode_extra_slots": 0},
+        {"disaggregation_mode": "decode", "max_running_requests": 256, "disaggregation_decode_extra_slots": 64},
+        {"disaggregation_mode": "decode", "max_mamba_cache_size": 40, "max_running_requests": 24},
+        {"disaggregation_mode": "decode", "enable_mamba_extra_buffer": True},
+        {"disaggregation_mode": "decode", **EAGLE_128},
+        {"disaggregation_mode": "decode", **EAGLE_128, "disaggregation_decode_extra_slots": 8},
+    ]
+    for variant in variants:
+        for tp in (1, 4):
+            for memory in BUDGETS:
+                check(preset, Serving(tp_size=tp, **variant), memory=memory)
+
+
 @settings(CHECKS, max_examples=1000)
 @given(st.data())
 def test_generated_hybrids(data: st.DataObject) -> None:

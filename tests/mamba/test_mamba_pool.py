@@ -16,7 +16,7 @@ from kvpools_core import Serving, build, plan
 from kvpools_core.errors import InsufficientMemoryError
 from kvpools_core.pools import PoolPlanMismatchError
 
-from .support import CHECKS, PRESETS, hybrid_budgets, hybrid_configs, hybrid_serving, parse
+from .support import CHECKS, PRESETS, decode_pool_slots, hybrid_budgets, hybrid_configs, hybrid_serving, parse
 
 GiB = 1 << 30
 EAGLE = {
@@ -187,8 +187,10 @@ def test_generated_exact_plans_fit_and_build_on_meta(data: st.DataObject) -> Non
     assert result.planned_bytes <= memory
     pools = build(result, "meta")
     assert pools.allocated_by_pool() == {p.name: p.bytes for p in result.pools}
-    assert result.pool("mamba_state").slots == result.sizing.sglang_config["max_mamba_cache_size"]
-    event("planned")
+    assert result.pool("mamba_state").slots == decode_pool_slots(
+        result.sizing.sglang_config["max_mamba_cache_size"], result
+    )
+    event(f"planned ({serving.disaggregation_mode})")
 
 
 def test_copy_on_write_between_state_slots() -> None:

@@ -210,7 +210,14 @@ def test_profiled_budget_exhausted_by_the_state_suggests_a_fraction() -> None:
             r"pass speculative_num_draft_tokens and max_running_requests",
         ),
         ({"tp_size": 3}, r"cannot be sharded over TP 3"),
-        ({"disaggregation_mode": "decode"}, r"HybridMambaDecodeReqToTokenPool"),
+        (
+            {
+                "disaggregation_mode": "prefill",
+                "enable_mamba_extra_buffer": True,
+                "enable_mamba_extra_buffer_lazy": True,
+            },
+            r"enable_mamba_extra_buffer_lazy is unsupported under PD disaggregation \(disaggregation_mode prefill\)",
+        ),
         ({"pp_size": 4, "pp_layer_partition": (2, 2, 2, 42)}, r"stage\(s\) \[0, 2\] .* no full-attention layer"),
     ],
 )

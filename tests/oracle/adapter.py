@@ -234,14 +234,15 @@ def oracle_params(
             # unset: the 0.9 a stated or measured kvpools budget uses
             "mem_fraction_static": serving.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC,
             "chunked_prefill_size": serving.chunked_prefill_size,
-            "disable_radix_cache": serving.disable_radix_cache,
+            # SGLang's server args as handle_pd_disaggregation resolves them on a decode node
+            "disable_radix_cache": serving.radix_cache_disabled,
             "disable_overlap_schedule": serving.disable_overlap_schedule,
             "speculative_algorithm": algorithm,
             "speculative_num_steps": serving.speculative_num_steps,
             "speculative_eagle_topk": serving.speculative_eagle_topk,
             "speculative_num_draft_tokens": serving.speculative_num_draft_tokens,
             "disaggregation_mode": serving.disaggregation_mode,
-            "disaggregation_decode_extra_slots": serving.disaggregation_decode_extra_slots,
+            "disaggregation_decode_extra_slots": serving.decode_extra_slots,
             "swa_full_tokens_ratio": serving.swa_full_tokens_ratio,
             "mamba_full_memory_ratio": serving.mamba_full_memory_ratio,
             "max_mamba_cache_size": serving.max_mamba_cache_size,

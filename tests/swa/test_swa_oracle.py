@@ -168,6 +168,20 @@ def test_chunk_cap_numbers_of_each_mode() -> None:
         assert fields is not None and fields[3] == swa
 
 
+def test_a_decode_node_is_chunk_capped_without_the_flag() -> None:
+    """A decode node runs without the radix cache (SGLang resolves it so: ``Serving.radix_cache_disabled``), so 64
+    explicit requests cap the SWA pool there without --disable-radix-cache: 64 x 384 + 32 x (128 + 64) = 30720
+    SWA tokens, the same plan as with the flag; 16 requests take SGLang's default 2 x 16 extra slots."""
+    decode = {"page_size": 64, "max_running_requests": 64, "disaggregation_mode": "decode"}
+    fields = check("gpt-oss-120b", Serving(**decode, disaggregation_decode_extra_slots=32), 60 * GiB)
+    assert fields is not None and fields[3] == 30720
+    assert fields == check(
+        "gpt-oss-120b", Serving(**decode, disaggregation_decode_extra_slots=32, disable_radix_cache=True), 60 * GiB
+    )
+    small = check("gpt-oss-120b", Serving(**{**decode, "max_running_requests": 16}), 60 * GiB)
+    assert small is not None and small[3] == 16 * 384 + 32 * (128 + 64)
+
+
 def test_chunk_cap_leaves_no_room() -> None:
     """SGLang's RuntimeError when the capped SWA pool eats the budget; kvpools raises the same, naming the cap."""
     serving = Serving(page_size=64, max_running_requests=6400, disable_radix_cache=True)
@@ -211,7 +225,7 @@ def test_generated_hybrid_models(case: tuple[dict[str, Any], Serving, int]) -> N
         event("SGLang starts a server that cannot serve; kvpools refuses")
     else:
         shape = "all-SWA" if want.fields[2] == 0 else "hybrid"
-        capped = serving.max_running_requests is not None and serving.disable_radix_cache and shape == "hybrid"
+        capped = serving.max_running_requests is not None and serving.radix_cache_disabled and shape == "hybrid"
         event(f"planned: {shape}{', chunk cap' if capped else ''}")
     event(f"page {serving.page_size}")
 

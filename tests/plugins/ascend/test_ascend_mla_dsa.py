@@ -247,7 +247,7 @@ def test_a_round_trip_through_split_buffers_on_the_cpu(kv: str) -> None:
             {"kv": 50641688576, "indexer": 10190095872, "draft_kv": 830191616, "draft_indexer": 167050752},
         ),
         (
-            {"enable_dsa_cache_layer_split": True, "attn_cp_size": 2, "tp_size": 2},
+            {"enable_dsa_cache_layer_split": True, "attn_cp_size": 2, "tp_size": 2, "disaggregation_mode": "prefill"},
             1502528,
             {"kv": 55391551488, "indexer": 6346948608},
         ),
