@@ -28,6 +28,8 @@ CLASSES = (
     "Budget",
     "CellSize",
     "CellPart",
+    "DraftModel",
+    "DraftCharge",
     "PoolSizing",
     "PoolSpec",
     "TokenWindow",
