@@ -15,8 +15,9 @@ from typing import Any
 import attrs
 
 from kvpools_core.host import build_host_pools
+from kvpools_core.parts.names import DRAFT_PREFIX, draft_name
 from kvpools_core.registry import CORE_PLUGIN, Registry, get_registry
-from kvpools_core.values import Plan
+from kvpools_core.values import Plan, PoolSizing, PoolSpec
 
 
 @attrs.define
@@ -34,6 +35,10 @@ class Pools:
     """The buffer layout the KV pool was built through (``buffer_layout``; the core's is ``per_layer``)."""
     workspaces: dict[str, Any] = attrs.field(factory=dict)
     """The platform workspaces of the plan (``Serving.workspaces``), one tensor each, by pool name."""
+    draft_pool: Any = None
+    """The KV pool of a draft model of its own (``plan.cell.draft``), built by the draft architecture's
+    ``build_pool`` from :func:`draft_plan`; its pools are the plan's ``draft_*`` pools.  None without one (a
+    draft in the target's geometry is part of ``kv_pool``)."""
     host: dict[str, Any] = attrs.field(factory=dict)
     """The host tier's pools (``plan.host``), one CPU tensor each (pinned where CUDA is available; ``meta`` on a
     meta build), by host pool name: outside the device's ``allocated_bytes``, measured by :attr:`host_bytes`."""
@@ -59,7 +64,8 @@ class Pools:
     def allocated_bytes(self) -> int:
         """Bytes of every tensor built, measured from the tensors themselves."""
         built = int(self.req_to_token_pool.nbytes) + int(self.kv_pool.nbytes) + int(self.allocator.nbytes)
-        return built + sum(int(t.nbytes) for t in self.workspaces.values())
+        draft = 0 if self.draft_pool is None else int(self.draft_pool.nbytes)
+        return built + draft + sum(int(t.nbytes) for t in self.workspaces.values())
 
     def allocated_by_pool(self) -> dict[str, int]:
         """Measured bytes per plan pool name.
@@ -70,6 +76,8 @@ class Pools:
         ``HybridReqToTokenPool`` owns the mamba state pool), else it is ``req_to_token``.
         """
         measured: dict[str, int] = dict(self.kv_pool.nbytes_by_pool())
+        if self.draft_pool is not None:
+            measured.update({draft_name(name): int(n) for name, n in self.draft_pool.nbytes_by_pool().items()})
         req_by_pool = getattr(self.req_to_token_pool, "nbytes_by_pool", None)
         measured.update(
             req_by_pool() if req_by_pool is not None else {"req_to_token": int(self.req_to_token_pool.nbytes)}
@@ -129,12 +137,15 @@ def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None, 
         device=device,
         checked=checked,
     )
+    draft_pool, draft_by = build_draft_pool(plan, device, registry)
     workspaces = build_workspaces(plan, device)
     host = build_host_pools(plan, "meta" if str(device) == "meta" else "cpu")
     provenance = {"build_req_to_token_pool": req_by}
     if layout_by != (CORE_PLUGIN,):  # the default per-layer layout is left out, so such builds report as before
         provenance["buffer_layout"] = layout_by
     provenance.update(build_pool=pool_by, build_allocator=alloc_by)
+    if draft_by:
+        provenance["draft_build_pool"] = draft_by
     return Pools(
         plan,
         device,
@@ -146,7 +157,78 @@ def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None, 
         layout=layout,
         workspaces=workspaces,
         host=host,
+        draft_pool=draft_pool,
     )
+
+
+def draft_plan(plan: Plan) -> Plan | None:
+    """The plan of a draft model of its own as its draft worker sees it, or None when the plan has none.
+
+    SGLang's draft worker sizes its token pool for the draft's model config
+    with the target's ``max_total_num_tokens`` and ``max_running_requests``
+    (``000_fbd4f47288598fb9.txt`` lines 361-366) and shares the target's
+    request table and allocator (lines 577-583, 2178): so the draft's plan has
+    the target's counts and budget, the draft's model, serving
+    (:func:`~kvpools_core.pipeline.draft_worker_serving`) and cell, and only
+    the draft's token pools, under the draft architecture's own names (the
+    target's plan calls them ``draft_<name>``).
+    """
+    from kvpools_core.pipeline import draft_worker_serving
+
+    draft = plan.serving.speculative_draft
+    if plan.cell.draft is None or draft is None:
+        return None
+    own = set(draft.cell.pool_bytes_per_token())
+    pools = [_own_name(p) for p in plan.pools if is_draft_pool(p.name, own)]
+    sizing = PoolSizing(
+        max_total_num_tokens=plan.max_total_num_tokens,
+        max_running_requests=plan.max_running_requests,
+        pools=pools,
+    )
+    return Plan(
+        model=draft.model,
+        serving=draft_worker_serving(plan.serving),
+        budget=plan.budget,
+        cell=draft.cell,
+        sizing=sizing,
+        provenance={"estimate_cell_size": draft.estimated_by},
+    )
+
+
+def _own_name(pool: PoolSpec) -> PoolSpec:
+    """A ``draft_<name>`` pool under the draft's own name (its recorded cost's group renamed alike)."""
+    name = pool.name[len(DRAFT_PREFIX) :]
+    cost = None if pool.cost is None else attrs.evolve(pool.cost, group=name)
+    return attrs.evolve(pool, name=name, cost=cost)
+
+
+def is_draft_pool(name: str, own_pools: set[str]) -> bool:
+    """Whether plan pool ``name`` is the ``draft_``-named copy of one of the draft's own pools."""
+    return name.startswith(DRAFT_PREFIX) and name[len(DRAFT_PREFIX) :] in own_pools
+
+
+def build_draft_pool(plan: Plan, device: str, registry: Registry) -> tuple[Any, tuple[str, ...]]:
+    """The draft model's own KV pool, built by its architecture's ``build_pool`` (``(None, ())`` without one).
+
+    The draft's plan gets the buffer layout its own plan asks for; the pool's
+    bytes are checked against the plan's ``draft_*`` pools by the builder itself.
+    """
+    sub = draft_plan(plan)
+    if sub is None:
+        return None, ()
+    name = sub.model.name
+    layout, _ = registry.call_first(
+        "buffer_layout", f"no plugin chooses a buffer layout for the draft {name} on {device}.", plan=sub, device=device
+    )
+    pool, by = registry.call_first(
+        "build_pool",
+        f"no plugin builds the KV pool of the draft model {name} (architecture {sub.model.architecture!r}) "
+        f"on {device}.",
+        plan=sub,
+        device=device,
+        layout=layout,
+    )
+    return pool, by
 
 
 def build_workspaces(plan: Plan, device: str) -> dict[str, Any]:

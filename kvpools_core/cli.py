@@ -147,7 +147,8 @@ def _serving_options(command: Callable[..., Any]) -> Callable[..., Any]:
         "--speculative-draft-model-path",
         "draft_model",
         default=None,
-        help="Draft model (preset, config.json or directory) whose layers are charged.",
+        help="Draft model (preset, config.json or directory): its own architecture plugin sizes its draft_* pools "
+        "(--accounting sglang keeps SGLang's layer-count scaling for the token count).",
     )(command)
     return command
 

@@ -268,7 +268,9 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 
     Stops at the first non-None result; return None to decline.  The
     architecture that parsed the model answers; wrappers of cross-cutting
-    concerns (draft KV for speculative decoding) adjust the answer.
+    concerns (draft KV for speculative decoding) adjust the answer.  A draft
+    model of its own is asked about too, as ``model`` under the draft worker's
+    serving (``kvpools_core.pipeline.resolve_draft_model``): answer it as any model.
 
     :param model: the parsed model.
     :param serving: the serving options (parallelism decides the rank's share).
@@ -378,7 +380,10 @@ def build_pool(plan: Plan, device: str, layout: BufferLayout) -> Any | None:
 
     Stops at the first non-None result; return None to decline.  Platform
     plugins (``tryfirst``) answer first for their devices, then the
-    architecture that owns ``plan.model.architecture``.
+    architecture that owns ``plan.model.architecture``.  A plan with a draft
+    model of its own (``plan.cell.draft``) calls it again with the draft's plan
+    (``kvpools_core.building.draft_plan``), for the draft's architecture to
+    build the ``draft_*`` pools; the target's builder leaves them alone.
 
     :param plan: the plan.
     :param device: torch device string.

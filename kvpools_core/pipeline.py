@@ -26,9 +26,12 @@ from kvpools_core.sizing import (
 )
 from kvpools_core.units import parse_bytes
 from kvpools_core.values import (
+    FULL_TOKENS,
     SGLANG_ACCOUNTING_MODES,
+    TOKEN,
     Budget,
     CellSize,
+    DraftModel,
     ModelSpec,
     Plan,
     PoolSizing,
@@ -232,6 +235,9 @@ def plan_basis(
     if serving.context_length is not None:
         spec = attrs.evolve(spec, context_len=serving.context_length)
     serving = _resolve_draft(spec, serving, draft_model, registry)
+    if serving.speculative_draft is not None:
+        provenance["draft_parse_model_config"] = (serving.speculative_draft.parsed_by,)
+        provenance["draft_estimate_cell_size"] = serving.speculative_draft.estimated_by
     _validate(spec, serving, registry, traits_by=provenance.get("platform_traits", ("core",))[0])
     serving = resolve_workspaces(spec, serving, registry, provenance)
     return PlanBasis(spec=spec, serving=serving, registry=registry, provenance=provenance, model=model)
@@ -632,12 +638,13 @@ def _resolve_model(model: str | ModelSpec, registry: Registry, provenance: dict[
 def _resolve_draft(
     spec: ModelSpec, serving: Serving, draft_model: str | ModelSpec | None, registry: Registry
 ) -> Serving:
-    """Fill the draft's layer count: the draft model's, else a NEXTN model's own MTP layers."""
+    """Fill the draft's layer count (the draft model's, else a NEXTN model's own MTP layers) and, with a draft
+    model of its own, :attr:`Serving.speculative_draft` (:func:`resolve_draft_model`)."""
     if draft_model is not None:
         if not serving.speculative:
-            raise ConfigError("--speculative-draft-model-path needs --speculative-algorithm.")
-        draft = draft_model if isinstance(draft_model, ModelSpec) else load_model(draft_model, registry)[0]
-        return attrs.evolve(serving, speculative_draft_num_layers=draft.num_layers)
+            raise ConfigError(f"{option('draft_model')} needs {option('speculative_algorithm')}.")
+        draft = resolve_draft_model(draft_model, serving, registry)
+        return attrs.evolve(serving, speculative_draft_num_layers=draft.model.num_layers, speculative_draft=draft)
     if (
         serving.speculative_algorithm == "NEXTN"
         and serving.speculative_draft_num_layers is None
@@ -645,6 +652,87 @@ def _resolve_draft(
     ):
         return attrs.evolve(serving, speculative_draft_num_layers=spec.num_nextn_predict_layers)
     return serving
+
+
+DRAFT_MODEL_PROBE_BUDGET = 1 << 40
+"""The explicit budget the draft's own ``size_pools`` is asked under, only to learn its token spaces (1 TiB)."""
+
+
+def draft_worker_serving(serving: Serving) -> Serving:
+    """The serving SGLang's draft worker sizes its own pools under: the target's, without speculation of its own.
+
+    The draft worker's ``KVCacheConfigurator`` (``is_draft_worker``) takes the
+    target's ``MemoryPoolConfig`` (``000_fbd4f47288598fb9.txt`` lines 361-366:
+    the same ``max_total_num_tokens`` and ``max_running_requests``) and builds
+    its token pool for the draft's model config with the same page size, KV
+    dtype and attention TP; the target's request table and allocator are
+    shared (lines 577-583, 2178), so nothing here asks for them again.  The
+    draft model drafts for the target rather than speculating itself, and it
+    is not pipeline-split (kvpools refuses PP with a draft model of its own).
+    """
+    return attrs.evolve(
+        serving,
+        speculative_algorithm=None,
+        speculative_num_steps=None,
+        speculative_eagle_topk=None,
+        speculative_num_draft_tokens=None,
+        speculative_draft_num_layers=None,
+        speculative_draft=None,
+    )
+
+
+def resolve_draft_model(draft_model: str | ModelSpec, serving: Serving, registry: Registry) -> DraftModel:
+    """The draft model parsed, validated and priced by its OWN architecture plugin (the registry's normal dispatch).
+
+    Refused, with the reason, where SGLang's draft worker has no pools for it or kvpools does not model them:
+
+    * a draft with per-request, state-slot or fixed parts (a Mamba / linear-attention hybrid): the draft worker
+      shares the target's request table (``000_fbd4f47288598fb9.txt`` lines 577-583) and only an MTP head of a
+      hybrid-SWA target clones a state pool of its own (lines 587-600); a separate draft model gets none;
+    * a draft whose own sizing keeps a token space beside the full one (a sliding-window hybrid): its SWA pool
+      reads the target allocator's full→SWA mapping (lines 2186-2220), which a target of another kind has not;
+    * pipeline parallelism, and DCP, where SGLang's draft pools span the allocator's whole virtual slot space
+      (``loc_space_scale``, lines 407-413, 426-432): not modelled.
+    """
+    o = option
+    if isinstance(draft_model, ModelSpec):
+        spec, parsed_by = draft_model, "given"
+    else:
+        spec, parsed_by = load_model(draft_model, registry)
+    if serving.pp_size > 1 or serving.dcp_size > 1:
+        knob = o("pp_size") if serving.pp_size > 1 else o("dcp_size")
+        raise UnsupportedCombinationError(
+            f"{o('draft_model')} {spec.name} with {knob} > 1: kvpools does not model where SGLang places a draft "
+            f"model's own pools under pipeline parallelism or decode context parallelism (DCP draft pools span "
+            f"the allocator's virtual slots, loc_space_scale). Pass {o('speculative_draft_num_layers')} "
+            f"{spec.num_layers} instead, which charges the draft in the target's per-layer geometry."
+        )
+    worker = draft_worker_serving(serving)
+    if serving.context_length is not None:
+        spec = attrs.evolve(spec, context_len=serving.context_length)
+    try:
+        _validate(spec, worker, registry)
+    except UnsupportedCombinationError as error:
+        raise UnsupportedCombinationError(f"The draft model {spec.name} ({o('draft_model')}): {error}") from error
+    cell, estimated_by = _cell(spec, worker, registry)
+    other = [part.name for part in cell.parts if part.unit != TOKEN]
+    if other:
+        raise UnsupportedCombinationError(
+            f"The draft model {spec.name} ({o('draft_model')}, architecture {spec.architecture!r}) keeps "
+            f"per-request or recurrent state ({', '.join(other)}); SGLang's draft worker shares the target's "
+            f"request table and allocates no such state for a separate draft model, so SGLang cannot serve it "
+            f"as one. Use a draft of attention layers only."
+        )
+    probe, _ = _size(spec, worker, cell, explicit_budget(DRAFT_MODEL_PROBE_BUDGET), registry)
+    spaces = [space for space in probe.cost.token_spaces if space != FULL_TOKENS]
+    if spaces:
+        raise UnsupportedCombinationError(
+            f"The draft model {spec.name} ({o('draft_model')}, architecture {spec.architecture!r}) keeps token "
+            f"space(s) {', '.join(spaces)} beside the full one; SGLang's draft worker indexes them through the "
+            f"target allocator's mapping, which kvpools models only for a draft the target's own plugin sizes. "
+            f"Pass {o('speculative_draft_num_layers')} {spec.num_layers} instead."
+        )
+    return DraftModel(model=spec, cell=cell, parsed_by=parsed_by, estimated_by=estimated_by)
 
 
 def _validate(spec: ModelSpec, serving: Serving, registry: Registry, *, traits_by: str = "core") -> None:

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.parts.names import DRAFT_PREFIX
 from kvpools_core.units import format_bytes
 from kvpools_core.values import Plan, Serving, to_dict
 
@@ -51,9 +52,55 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         cost_lines=list(plan.cost.lines()),
         windows=[{**to_dict(window), "per_request": window.per_request} for window in plan.windows],
         host=host_summary(plan),
+        draft=draft_summary(plan),
         plan=plan.to_dict(),
     )
     return summary
+
+
+def draft_summary(plan: Plan) -> dict[str, Any] | None:
+    """A draft model of its own in ``--json``: who sized it, its exact bytes per token beside what SGLang's
+    layer-count scaling charges, and the tokens each gives under this budget (None without one)."""
+    charge, draft = plan.cell.draft, plan.serving.speculative_draft
+    if charge is None or draft is None:
+        return None
+    sglang_tokens, own_tokens = charge.tokens(plan.budget.budget_bytes, plan.serving.page_size)
+    return {
+        "model": charge.model,
+        "architecture": charge.architecture,
+        "num_layers": charge.num_layers,
+        "parsed_by": draft.parsed_by,
+        "estimated_by": list(draft.estimated_by),
+        "pools": [p.name for p in plan.pools if p.name.startswith(DRAFT_PREFIX)],
+        "exact_bytes_per_token": charge.exact_bytes_per_token,
+        "sglang_draft_bytes_per_token": charge.sglang_draft_bytes_per_token,
+        "target_cell_size_bytes": charge.target_sglang_bytes_per_token,
+        "own_cell_size_bytes": charge.own_sglang_bytes_per_token,
+        "sglang_tokens": sglang_tokens,
+        "own_cell_tokens": own_tokens,
+        "token_difference": own_tokens - sglang_tokens,
+    }
+
+
+def render_draft(plan: Plan, facts: Table) -> None:
+    """The "draft" rows: the draft model, the plugin that sized it, exact vs SGLang's scaling, and the tokens."""
+    summary = draft_summary(plan)
+    if summary is None:
+        return
+    facts.add_row(
+        "draft",
+        f"{summary['model']} ({summary['architecture']}; parsed by {summary['parsed_by']}, cell by "
+        f"{', '.join(summary['estimated_by'])}): {summary['num_layers']} layers in "
+        f"{', '.join(summary['pools'])}, {summary['exact_bytes_per_token']:,} B/token of its own geometry; "
+        f"SGLang's layer-count scaling charges {_grouped(summary['sglang_draft_bytes_per_token'])} B/token",
+    )
+    facts.add_row(
+        "",
+        f"SGLang's count under this budget: {summary['sglang_tokens']:,} tokens (cell "
+        f"{_grouped(plan.cell.sglang_bytes_per_token)} B); with the draft's own cell "
+        f"({_grouped(summary['target_cell_size_bytes'])} + {_grouped(summary['own_cell_size_bytes'])} B): "
+        f"{summary['own_cell_tokens']:,} tokens ({summary['token_difference']:+,})",
+    )
 
 
 def host_summary(plan: Plan) -> dict[str, Any] | None:
@@ -161,6 +208,7 @@ def render_plan(plan: Plan, console: Console) -> None:
         if key not in ("max_total_num_tokens", "max_running_requests"):
             facts.add_row("", f"{key} = {value:,}" if isinstance(value, int) else f"{key} = {value}")
     facts.add_row("requests", f"max_running_requests = {plan.max_running_requests:,} (per DP worker)")
+    render_draft(plan, facts)
     console.print(facts)
 
     pools = Table(title="pools", title_justify="left", show_edge=False, pad_edge=False)
@@ -195,10 +243,11 @@ def render_plan(plan: Plan, console: Console) -> None:
 
     budget = plan.budget.budget_bytes
     used = plan.planned_bytes / budget * 100 if budget else 0.0
+    left_out = plan.planned_bytes - sizing.sglang_estimate_bytes
+    gap = f"leaves out {left_out:,} B" if left_out >= 0 else f"overcharges {-left_out:,} B"
     console.print(
         f"[bold]planned[/bold] {plan.planned_bytes:,} B ({format_bytes(plan.planned_bytes)}) of the "
-        f"{budget:,} B budget ({used:.2f}%); SGLang's estimate ({sizing.sglang_estimate_bytes:,} B) leaves out "
-        f"{plan.planned_bytes - sizing.sglang_estimate_bytes:,} B."
+        f"{budget:,} B budget ({used:.2f}%); SGLang's estimate ({sizing.sglang_estimate_bytes:,} B) {gap}."
     )
     for note in list(cell.notes) + list(sizing.notes):
         console.print(f"[yellow]note[/yellow]: {note}")
@@ -281,8 +330,14 @@ def _notes(plan: Plan) -> list[str]:
 def _speculative(serving: Serving) -> str:
     if not serving.speculative:
         return ""
-    return f" · {serving.speculative_algorithm} ({serving.speculative_draft_num_layers} draft layers)"
+    draft = serving.speculative_draft
+    own = f": {draft.model.name}, {draft.model.architecture}" if draft is not None else ""
+    return f" · {serving.speculative_algorithm} ({serving.speculative_draft_num_layers} draft layers{own})"
 
 
 def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.4f}"
+
+
+def _grouped(value: float) -> str:
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:,.4f}"

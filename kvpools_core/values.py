@@ -751,6 +751,9 @@ class Serving:
     ``None`` (unresolved) reads as a platform with no page rules and no raw-row backends."""
     workspaces: tuple[Workspace, ...] = attrs.field(default=(), converter=_workspace_tuple)
     """Resolved by the pipeline (``workspaces`` hook): what the platform's kernels keep beside the KV cache."""
+    speculative_draft: DraftModel | None = None
+    """Resolved by the pipeline from ``--speculative-draft-model-path`` (:class:`DraftModel`): the draft model
+    and its own cell, which the speculative plugin composes into the target's; ``None`` without a draft model."""
 
     def __attrs_post_init__(self) -> None:
         o = option
@@ -864,7 +867,13 @@ class Serving:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Serving:
         return _from_dict(
-            cls, data, {"platform_traits": PlatformTraits.from_dict, "workspaces": _tuple_of(Workspace.from_dict)}
+            cls,
+            data,
+            {
+                "platform_traits": PlatformTraits.from_dict,
+                "workspaces": _tuple_of(Workspace.from_dict),
+                "speculative_draft": DraftModel.from_dict,
+            },
         )
 
 
@@ -970,6 +979,10 @@ class CellPart:
         return _from_dict(cls, data)
 
 
+def _draft_charge_or_none(value: DraftCharge | Mapping[str, Any] | None) -> DraftCharge | None:
+    return DraftCharge.from_dict(value) if isinstance(value, Mapping) else value
+
+
 @attrs.frozen(kw_only=True)
 class CellSize:
     """What one token, one request and one state slot cost, and what is fixed.
@@ -997,6 +1010,9 @@ class CellSize:
     draft_included: bool = False
     notes: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     draft_layer_parts: tuple[CellPart, ...] = attrs.field(default=(), converter=_part_tuple)
+    draft: DraftCharge | None = attrs.field(default=None, converter=_draft_charge_or_none)
+    """Set by the speculative plugin when it composed a draft model of its own (``Serving.speculative_draft``):
+    the draft's exact bytes per token beside what SGLang's layer-count scaling charges for it."""
 
     @sglang_bytes_per_token.validator
     def _check_sglang(self, _attribute: attrs.Attribute[Any], value: float) -> None:
@@ -1095,7 +1111,82 @@ class CellSize:
         if legacy:  # a plan written before parts had units
             data["parts"] = [*data.get("parts", ()), *legacy]
         parts = _tuple_of(CellPart.from_dict)
-        return _from_dict(cls, data, {"parts": parts, "draft_layer_parts": parts})
+        return _from_dict(cls, data, {"parts": parts, "draft_layer_parts": parts, "draft": DraftCharge.from_dict})
+
+
+def _page_tokens(budget_bytes: int, cell_bytes: float, page_size: int) -> int:
+    """SGLang's ``budget // cell``, page aligned (``kvpools_core.sizing.sglang_tokens``, which imports this module)."""
+    return int(budget_bytes // cell_bytes) // page_size * page_size
+
+
+@attrs.frozen(kw_only=True)
+class DraftCharge:
+    """A speculative draft model of its own, composed into a cell: what it stores, and what SGLang charges for it.
+
+    SGLang sizes its token count with the target's cell scaled by the draft's
+    layer count (``pool_configurator.py``: ``int(cell * (1 + D / L))`` for the
+    EAGLE family, ``ceil(cell * (L + D) / L)`` for DFLASH), "assuming the draft
+    shares the target's per-layer KV size"; its draft worker then allocates the
+    draft's *own* pools (``KVCacheConfigurator`` with ``is_draft_worker``, the
+    draft's model config), of ``exact_bytes_per_token``.  ``sglang_bytes_per_token``
+    is the scaled cell SGLang divides its budget by; :meth:`tokens` compares
+    the count it gives with the count the draft's own cell would give.
+    """
+
+    model: str
+    """The draft model's name (``ModelSpec.name``)."""
+    architecture: str
+    """The draft's architecture family (``ModelSpec.architecture``): the plugin family that sized its pools."""
+    num_layers: int = attrs.field(validator=positive)
+    """``D``: the draft's layers, SGLang's ``eagle_draft_num_layers`` / ``dflash_draft_num_layers``."""
+    exact_bytes_per_token: int = attrs.field(validator=non_negative)
+    """What the draft's own pools store per token (its cell's token parts, the ``draft_*`` parts of the cell)."""
+    own_sglang_bytes_per_token: float
+    """The draft's own SGLang cell size (its configurator's ``cell_size`` were it the served model)."""
+    target_sglang_bytes_per_token: float
+    """The target's SGLang cell size before the draft was added."""
+    sglang_bytes_per_token: float
+    """The composed cell SGLang computes from the layer-count scaling (``CellSize.sglang_bytes_per_token``)."""
+
+    @property
+    def sglang_draft_bytes_per_token(self) -> float:
+        """What SGLang's scaling charges for the draft per token: the scaled cell less the target's."""
+        return self.sglang_bytes_per_token - self.target_sglang_bytes_per_token
+
+    def tokens(self, budget_bytes: int, page_size: int) -> tuple[int, int]:
+        """(SGLang's token count under its scaling, the count under the draft's own cell), for one budget."""
+        own = self.target_sglang_bytes_per_token + self.own_sglang_bytes_per_token
+        return (
+            _page_tokens(budget_bytes, self.sglang_bytes_per_token, page_size),
+            _page_tokens(budget_bytes, own, page_size),
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DraftCharge:
+        return _from_dict(cls, data)
+
+
+@attrs.frozen(kw_only=True)
+class DraftModel:
+    """A speculative draft model of its own (``--speculative-draft-model-path``), as the pipeline resolved it.
+
+    ``model`` is parsed by the architecture plugin that claims its config
+    (``parsed_by``), exactly as a served model is; ``cell`` is that
+    architecture's ``estimate_cell_size`` answer under the draft worker's
+    serving (:func:`kvpools_core.pipeline.draft_worker_serving`), by
+    ``estimated_by``.  The speculative plugin composes its token parts into the
+    target's cell as ``draft_*`` pools; ``build`` builds them through the
+    draft's own ``build_pool``.
+    """
+
+    model: ModelSpec
+    cell: CellSize
+    parsed_by: str = ""
+    estimated_by: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DraftModel:
+        return _from_dict(cls, data, {"model": ModelSpec.from_dict, "cell": CellSize.from_dict})
 
 
 # ---------------------------------------------------------------------------

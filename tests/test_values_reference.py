@@ -30,6 +30,8 @@ CLASSES = (
     "Budget",
     "CellSize",
     "CellPart",
+    "DraftModel",
+    "DraftCharge",
     "PoolSizing",
     "PoolSpec",
     "TokenWindow",

@@ -29,7 +29,12 @@ DRAFT_INDEX_POOL = draft_name(INDEX_POOL)
 
 
 def draft_num_layers(plan: Plan, pool: str = DRAFT_KV_POOL) -> int | None:
-    """The draft model's layers when the plan has the draft pool ``pool``, else None (no draft KV to build)."""
-    if not any(p.name == pool for p in plan.pools):
+    """The draft model's layers when the target's pool builder builds the draft pool ``pool``, else None.
+
+    None when the plan has no such pool, and when the draft is a model of its own (``plan.cell.draft``): the
+    core's ``build`` then builds the draft's pools through the draft architecture's own ``build_pool``
+    (:func:`kvpools_core.building.draft_plan`), so the target's builder leaves them alone.
+    """
+    if plan.cell.draft is not None or not any(p.name == pool for p in plan.pools):
         return None
     return plan.serving.speculative_draft_num_layers or 0

@@ -24,7 +24,7 @@ from torch import Tensor
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.attention import LayerGeometry, layer_geometry
-from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL
+from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL, draft_num_layers
 from kvpools_core.pools.kv import LayerKV, PoolPlanMismatchError, check_planned_bytes
 from kvpools_core.pools.layout import BufferLayout, check_layout_bytes
 from kvpools_core.pools.quant import KVCodec, codec_for
@@ -127,7 +127,7 @@ class MHATokenToKVPool:
             page_size=page,
         )
         draft_layers = None
-        if any(p.name == DRAFT_POOL for p in plan.pools):
+        if draft_num_layers(plan) is not None:
             draft_layers = _draft_geometry(plan, geometry)
             check_planned_bytes(
                 DRAFT_POOL,
@@ -284,7 +284,7 @@ def _draft_geometry(plan: Plan, layers: list[LayerGeometry]) -> list[LayerGeomet
     SGLang charges the draft as ``D / L`` of the target's cell, which is a
     whole number of layers only when the stage's layers are alike.
     """
-    num = plan.serving.speculative_draft_num_layers or 0
+    num = draft_num_layers(plan) or 0
     if not layers or len(set(layers)) > 1:
         raise PoolPlanMismatchError(
             f"The plan has a draft KV pool but this stage's layers have {len(set(layers))} different geometries; "

@@ -21,7 +21,7 @@ from torch import Tensor
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.attention import layer_geometry
-from kvpools_core.parts.names import DRAFT_INDEX_POOL, DRAFT_KV_POOL, INDEX_POOL, KV_POOL
+from kvpools_core.parts.names import DRAFT_INDEX_POOL, DRAFT_KV_POOL, INDEX_POOL, KV_POOL, draft_num_layers
 from kvpools_core.pools.kv import LayerKV, check_planned_bytes, tensor_nbytes
 from kvpools_core.pools.layout import PER_LAYER, BufferLayout, BufferRequest, allocate_by_layer, check_layout_bytes
 from kvpools_core.pools.quant import KVCodec, codec_for
@@ -95,8 +95,9 @@ class MiniMaxSparseKVPool:
         rows = size + page
         _check(plan, (MAIN_POOL, INDEX_POOL), layers, serving, codec, rows)
         draft_layers = None
-        if any(p.name == DRAFT_POOL for p in plan.pools):
-            draft_layers = [model.layers[-1]] * (serving.speculative_draft_num_layers or 0)
+        drafts = draft_num_layers(plan)
+        if drafts is not None:
+            draft_layers = [model.layers[-1]] * drafts
             _check(plan, (DRAFT_POOL, DRAFT_INDEX_POOL), draft_layers, serving, codec, rows)
         if layout is not None:  # every pool's bytes, before the first tensor
 

@@ -527,8 +527,13 @@ def compare(
     memory: int | None = None,
     free_memory: int | None = None,
     weights_memory: int = 0,
+    draft_model: str | ModelSpec | None = None,
 ) -> tuple[OracleAnswer, Plan | InsufficientMemoryError]:
     """Plan with kvpools (``accounting="sglang"``) and ask the oracle; assert they agree.
+
+    ``draft_model`` is kvpools' ``--speculative-draft-model-path``; the oracle is
+    asked with ``serving.speculative_draft_num_layers`` (SGLang's
+    ``eagle_draft_num_layers``: the draft's layer count, all it reads of the draft).
 
     Agreement: the same ``max_total_num_tokens``, ``max_running_requests`` and
     cell size; SGLang's capacity warnings among kvpools' notes (single stage);
@@ -540,7 +545,7 @@ def compare(
     want = oracle_plan(oracle_model, serving, **budget)
     got: Plan | InsufficientMemoryError
     try:
-        got = kvpools_plan(model, serving, **budget)
+        got = kvpools_plan(model, serving, **budget, draft_model=draft_model)
     except InsufficientMemoryError as exc:
         got = exc
     case = describe(got.model if isinstance(got, Plan) else model, serving, budget)
