@@ -34,6 +34,7 @@ CLASSES = (
     "GroupCost",
     "CostModel",
     "HostPool",
+    "PackedInto",
     "HostMemory",
     "HostTier",
     "Plan",
