@@ -170,7 +170,8 @@ def _budget_options(command: Callable[..., Any]) -> Callable[..., Any]:
     command = click.option(
         "--host-reserve",
         default=None,
-        help="Host memory the host tier leaves to the OS and others (default: SGLang's 10 GiB).",
+        help="Host memory the host tier leaves to the OS and others (default: SGLang's 10 GiB; 0 for vLLM's "
+        "--kv-offloading-size, which reserves none).",
     )(command)
     command = click.option(
         "--host-memory",
@@ -263,6 +264,8 @@ _VLLM_OPTIONS = (
     "max_num_batched_tokens",
     "block_size",
     "num_gpu_blocks_override",
+    "kv_offloading_size",
+    "kv_offloading_backend",
 )
 """vLLM's own option names, accepted by ``plan`` and ``capacity`` under ``--accounting vllm`` only."""
 
@@ -282,6 +285,17 @@ def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
             ("--max-num-batched-tokens", int, "vLLM's tokens per step [default: vllm serve's for the GPU]."),
             ("--block-size", int, "vLLM's tokens per KV block [default: 16]."),
             ("--num-gpu-blocks-override", int, "vLLM's fixed block count instead of the memory's."),
+            (
+                "--kv-offloading-size",
+                float,
+                "vLLM's CPU KV offload in GiB, for the whole engine (all TP x PP workers together); checked "
+                "against --host-memory (default: measured) less --host-reserve (default 0).",
+            ),
+            (
+                "--kv-offloading-backend",
+                click.Choice(["native", "lmcache"]),
+                "vLLM's offload backend with --kv-offloading-size [default: native].",
+            ),
         )
     ):
         command = click.option(flag, type=kind, default=None, help=help_text + only)(command)
@@ -302,6 +316,7 @@ def _vllm_args(options: dict[str, Any]) -> dict[str, Any]:
     from kvpools_core.vllm.deployment import VLLM_READ_FIELDS, sglang_option_refused
 
     options["accounting"] = "vllm"
+    args.update(_host_args(options))  # the node vLLM's CPU offload (--kv-offloading-size) is checked against
     for name, value in options.items():
         if value is None or value == () or name in VLLM_READ_FIELDS:
             continue
@@ -538,14 +553,11 @@ def plan(
             reserved_memory=reserved_memory,
             runtime_memory=runtime_memory,
             speculative_draft_model_path=draft_model,
-            host_memory=options.get("host_memory"),
-            host_reserve=options.get("host_reserve"),
             context=context,
             compare_platform=compare_platform,
             all_ranks=all_ranks,
             format_capacity_json=fmt == "capacity-json",
         )
-        _host_args(options)
         result = _vllm_plan(model, _make_serving(options, None), memory, gpu, gpu_memory, weights_memory, vllm_args)
         if fmt == "json":
             click.echo(json.dumps(result.to_dict(), indent=2))
@@ -752,13 +764,10 @@ def capacity(
             reserved_memory=reserved_memory,
             runtime_memory=runtime_memory,
             speculative_draft_model_path=draft_model,
-            host_memory=options.get("host_memory"),
-            host_reserve=options.get("host_reserve"),
             requests=requests,
             workload=workload,
             format_capacity_json=fmt == "capacity-json",
         )
-        _host_args(options)
         _vllm_capacity(
             model, _make_serving(options, None), memory, gpu, gpu_memory, weights_memory, vllm_args, asked, as_json
         )

@@ -51,7 +51,7 @@ def platform_traits(serving: Serving) -> PlatformTraits:
 @hookimpl(trylast=True)
 def validate(model: ModelSpec, serving: Serving) -> list[str]:
     problems = []
-    problems += _unmodelled_host_tier(serving)
+    problems += _unmodelled_host_tier(model, serving)
     problems += _empty_pipeline_stages(model, serving)
     problems += _unsplittable_heads(model, serving)
     if (
@@ -74,29 +74,26 @@ def validate(model: ModelSpec, serving: Serving) -> list[str]:
     return problems
 
 
-def _unmodelled_host_tier(serving: Serving) -> list[str]:
-    """Host-tier setups whose host pools kvpools does not size (``docs/host-tier.md``): refused, not guessed.
+def _unmodelled_host_tier(model: ModelSpec, serving: Serving) -> list[str]:
+    """Host-tier setups SGLang refuses: HiCache with DCP on a host pool that is not MLA's.
 
-    SGLang 0.5.23 packs MTP draft layers into the target's host pool or keeps a
-    sidecar (``hicache_draft_plan``), and widens the MLA host page over DCP
-    ranks (``HostKVCache``: ``page_size // dcp_size``); neither is modelled.
+    SGLang 0.5.23 wires DCP only into the MLA host pool
+    (``hybrid_cache/hybrid_pool_assembler.py`` ``build_kv_host_pool`` asserts
+    ``use_mla`` when ``dcp_enabled``): a model whose cache layers are not MLA
+    latent rows (the parts library's ``kv_lora_rank`` layers) fails there.
     """
-    if not serving.enable_hierarchical_cache:
+    if not serving.enable_hierarchical_cache or serving.dcp_size == 1:
+        return []
+    cached = [layer for layer in model.layers if layer.kind != "none"]
+    if cached and all("kv_lora_rank" in layer.params for layer in cached):
         return []
     o = option
-    problems = []
-    if serving.speculative:
-        problems.append(
-            f"{o('enable_hierarchical_cache')} with {o('speculative_algorithm')} {serving.speculative_algorithm}: "
-            f"kvpools does not model SGLang's draft host pools (MTP layers packed into the KV host pool, or a "
-            f"sidecar); plan the host tier without speculative decoding."
-        )
-    if serving.dcp_size > 1:
-        problems.append(
-            f"{o('enable_hierarchical_cache')} with {o('dcp_size')} {serving.dcp_size}: kvpools does not model "
-            f"SGLang's DCP-widened host pages; plan the host tier with {o('dcp_size')} 1."
-        )
-    return problems
+    return [
+        f"{o('enable_hierarchical_cache')} with {o('dcp_size')} {serving.dcp_size}: SGLang asserts 'HiCache + DCP "
+        f"is only wired for the MLA host pool; the MHA host pool has no DCP index translation.' "
+        f"(build_kv_host_pool), and {model.name} does not cache MLA latent rows. Use {o('dcp_size')} 1, or drop "
+        f"{o('enable_hierarchical_cache')}."
+    ]
 
 
 def _unsplittable_heads(model: ModelSpec, serving: Serving) -> list[str]:

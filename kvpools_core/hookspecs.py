@@ -29,7 +29,9 @@ if TYPE_CHECKING:
         GPU,
         Budget,
         CellSize,
+        HostPool,
         ModelSpec,
+        PackedInto,
         Plan,
         PlatformTraits,
         PoolSizing,
@@ -314,7 +316,7 @@ def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budge
 
 
 @_spec(firstresult=True)
-def host_mirrors(plan: Plan) -> Mapping[str, str | None] | None:
+def host_mirrors(plan: Plan) -> Mapping[str, str | PackedInto | None] | None:
     """Say which device pools of a plan have a host (HiCache) mirror, and which ride on another's host slots.
 
     Stops at the first non-None result; return None to decline.  Asked only
@@ -326,12 +328,36 @@ def host_mirrors(plan: Plan) -> Mapping[str, str | None] | None:
     whose value is ``None`` is sized from its own device slots (``--hicache-ratio``,
     or its share of ``--hicache-size``); one whose value names another mirrored
     pool rides on that pool's host slots and takes no share (SGLang's DSA and
-    MiniMax indexer host pools share the KV host pool's slots).  Pools not
-    named have no mirror.  An architecture whose host pools kvpools does not
+    MiniMax indexer host pools share the KV host pool's slots); a
+    :class:`~kvpools_core.values.PackedInto` value packs the pool's rows into
+    that mirrored pool's host rows (SGLang's packed MTP draft layers: the host
+    pool's bytes per slot grow, its slots do not).  Pools not named have no
+    mirror.  The speculative plugin wraps this hook to place the ``draft_*``
+    pools (packed, or a sidecar riding on the target's host slots).  An architecture whose host pools kvpools does not
     model refuses ``enable_hierarchical_cache`` in :func:`validate` instead.
 
     :param plan: the device plan (``plan.host`` is still None).
     :returns: device pool name → ``None`` (own host pool) or the name of the pool it rides on.
+    """
+
+
+@_spec(firstresult=True)
+def host_pools(plan: Plan) -> Sequence[HostPool] | None:
+    """Size every host (HiCache) pool of one rank of a plan, for an architecture SGLang sizes by rules of its own.
+
+    Stops at the first non-None result; return None to decline.  The core then
+    mirrors pools by :func:`host_mirrors` and sizes them by ``HostKVCache``'s
+    rule.  Asked only for plans with ``serving.enable_hierarchical_cache``,
+    before ``host_mirrors``, by :func:`kvpools_core.host.plan_host_tier`, also
+    for other ``--hicache-ratio`` / ``--hicache-size`` values (``plan.serving``
+    evolved) when the node check looks for what fits.  DeepSeek-V4 answers:
+    its ``DeepSeekV4PagedHostPool`` / ``DeepSeekV4StateHostPool`` mirrors are
+    counted in whole padded pages (:attr:`HostPool.page_bytes`) from the device
+    page counts, not in rows from the device slots.  Every pool's ``bytes`` is
+    what ``build`` allocates for it.
+
+    :param plan: the device plan (``plan.host`` is still None).
+    :returns: the host pools, in the order SGLang builds them.
     """
 
 
@@ -511,13 +537,32 @@ def _platform_name(value: Any) -> str | None:
 
 
 def _host_mirrors(value: Any) -> str | None:
+    from kvpools_core.values import PackedInto
+
     if not isinstance(value, Mapping):
         return f"got {describe_value(value)}, not a mapping"
     for key, anchor in value.items():
-        if not isinstance(key, str) or not (anchor is None or isinstance(anchor, str)):
-            return f"entry {describe_value(key)}: {describe_value(anchor)} is not pool name -> None or a pool name"
-        if anchor is not None and (anchor not in value or value[anchor] is not None):
+        if not isinstance(key, str) or not (anchor is None or isinstance(anchor, (str, PackedInto))):
+            return (
+                f"entry {describe_value(key)}: {describe_value(anchor)} is not pool name -> None, a pool name or "
+                f"PackedInto"
+            )
+        if isinstance(anchor, PackedInto):
+            if anchor.pool not in value or isinstance(value[anchor.pool], PackedInto):
+                return f"pool {key!r} is packed into {anchor.pool!r}, which is not a mirrored pool with host rows"
+        elif anchor is not None and (anchor not in value or value[anchor] is not None):
             return f"pool {key!r} rides on {anchor!r}, which is not a mirrored pool of its own"
+    return None
+
+
+def _host_pools(value: Any) -> str | None:
+    from kvpools_core.values import HostPool
+
+    if not isinstance(value, (list, tuple)):
+        return f"got {describe_value(value)}, not a list of HostPool"
+    for index, pool in enumerate(value):
+        if not isinstance(pool, HostPool):
+            return f"item {index} is {describe_value(pool)}, not a HostPool"
     return None
 
 
@@ -660,9 +705,11 @@ RESULTS: Mapping[str, ResultContract] = MappingProxyType(
             "a PoolSizing whose pools are PoolSpecs (or None to decline)", _value_of("PoolSizing", pools="PoolSpec")
         ),
         "host_mirrors": ResultContract(
-            "a mapping of device pool name to None (its own host pool) or the mirrored pool it rides on",
+            "a mapping of device pool name to None (its own host pool), the mirrored pool it rides on, or "
+            "PackedInto(pool) (its rows packed into that pool's host rows)",
             _host_mirrors,
         ),
+        "host_pools": ResultContract("a list (or tuple) of HostPool values (or None to decline)", _host_pools),
         "build_req_to_token_pool": ResultContract(
             "a request table with nbytes (int >= 0) and optionally nbytes_by_pool() (or None to decline)",
             _measured(by_pool=False),

@@ -21,8 +21,14 @@ Which device pools have a mirror, and which ride on another's host slots, the
 ``host_mirrors`` hook answers (the core's default: token pools of kind ``"kv"``
 (K/V, latent, SWA) and state-slot pools of kind ``"state"`` (Mamba conv + SSM
 state), each its own; the dsa and minimax_sparse plugins' indexers ride on the
-KV host pool).  An architecture whose host pools kvpools does not model
-refuses ``--enable-hierarchical-cache`` in its ``validate`` hook (DeepSeek-V4).
+KV host pool); a :class:`PackedInto` answer packs a pool's rows into another
+host pool's rows (the ``speculative`` plugin's MTP drafts).  An architecture
+SGLang sizes by rules of its own answers ``host_pools`` with every host pool
+sized (DeepSeek-V4's paged mirrors, ``plugins/dsv4/host.py``); one whose host
+pools kvpools does not model refuses ``--enable-hierarchical-cache`` in its
+``validate`` hook.  With ``--dcp-size D`` the (MLA) host pool keeps physical
+rows sized as without DCP (``HostKVCache``: ``page_size // dcp_size`` of the
+widened page), ``D`` logical tokens each (:attr:`HostTier.dcp_size`).
 ``--hicache-mamba-ratio`` (SGLang PR #39851, not in 0.5.23) sizes the state
 pools by their own ratio; the KV pools then share all of ``--hicache-size``.
 
@@ -39,6 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import attrs
 
@@ -47,7 +54,17 @@ from kvpools_core.options import option
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.sizing import pool_rows
 from kvpools_core.units import format_bytes, parse_bytes
-from kvpools_core.values import STATE_SLOT, TOKEN, HostMemory, HostPool, HostTier, Plan, PoolSpec, Serving
+from kvpools_core.values import (
+    STATE_SLOT,
+    TOKEN,
+    HostMemory,
+    HostPool,
+    HostTier,
+    PackedInto,
+    Plan,
+    PoolSpec,
+    Serving,
+)
 
 HICACHE_HOST_MEMORY_RESERVE_BYTES = 10 * 1024**3
 """SGLang's ``HICACHE_HOST_MEMORY_RESERVE_BYTES`` (``pool_host/base.py``): host RAM left to the OS and others."""
@@ -62,22 +79,48 @@ class _Mirror:
     page_size: int
     extra_slots: int
     rides_on: str | None
+    packed: tuple[PoolSpec, ...] = ()
+
+    @property
+    def bytes_per_slot(self) -> int:
+        """The host row: the device pool's, plus the rows packed into it (SGLang's ``get_size_per_token`` over
+        ``layer_num = target_layer_num + drafts``)."""
+        return self.device.bytes_per_slot + sum(pool.bytes_per_slot for pool in self.packed)
 
 
-def mirrored_pools(plan: Plan, mirrors: Mapping[str, str | None]) -> list[_Mirror]:
+Mirrors = Mapping[str, str | PackedInto | None]
+"""A ``host_mirrors`` answer: device pool name → None (own host pool), the pool it rides on, or ``PackedInto``."""
+
+
+def mirrored_pools(plan: Plan, mirrors: Mirrors) -> list[_Mirror]:
     """The device pools ``mirrors`` (the ``host_mirrors`` answer) names, in plan order, with their host page.
 
     A token pool's host page is ``--page-size`` (a riding pool laid out in whole
-    pages with slack keeps its ``extra_slots``); a state pool's is 1.
+    pages with slack keeps its ``extra_slots``); a state pool's is 1.  Pools
+    packed into another (:class:`PackedInto`) add their rows to its host row.
     """
     names = {pool.name for pool in plan.pools}
     unknown = sorted(set(mirrors) - names)
     if unknown:
         raise ConfigError(f"host_mirrors names pool(s) {unknown} the plan does not have; it has {sorted(names)}.")
     extra = plan.cell.pool_extra_slots()
+    by_name = {pool.name: pool for pool in plan.pools}
+    packed: dict[str, list[PoolSpec]] = {}
+    for name, value in mirrors.items():
+        if isinstance(value, PackedInto):
+            pool, into = by_name[name], by_name[value.pool]
+            if (pool.unit, pool.token_space) != (into.unit, into.token_space):
+                raise ConfigError(
+                    f"host_mirrors packs {name!r} ({pool.unit}, {pool.token_space} space) into {into.name!r} "
+                    f"({into.unit}, {into.token_space} space): packed rows must share the host pool's slots."
+                )
+            packed.setdefault(value.pool, []).append(pool)
     found = []
     for pool in plan.pools:
         if pool.name not in mirrors:
+            continue
+        value = mirrors[pool.name]
+        if isinstance(value, PackedInto):
             continue
         if pool.unit not in (TOKEN, STATE_SLOT):
             raise ConfigError(
@@ -85,7 +128,8 @@ def mirrored_pools(plan: Plan, mirrors: Mapping[str, str | None]) -> list[_Mirro
                 f"pools have host mirrors."
             )
         page = plan.serving.page_size if pool.unit == TOKEN else 1
-        found.append(_Mirror(pool, page, extra.get(pool.name, 0) if pool.unit == TOKEN else 0, mirrors[pool.name]))
+        extra_slots = extra.get(pool.name, 0) if pool.unit == TOKEN else 0
+        found.append(_Mirror(pool, page, extra_slots, value, tuple(packed.get(pool.name, ()))))
     return found
 
 
@@ -102,7 +146,7 @@ def size_host_pools(
     ratio: float | None = None,
     size_gb: int | None = None,
     mamba_ratio: float | None = None,
-    answer: Mapping[str, str | None] | None = None,
+    answer: Mirrors | None = None,
 ) -> tuple[HostPool, ...]:
     """Every host pool of one rank for ``ratio`` / ``size_gb`` (the serving options' unless given).
 
@@ -123,7 +167,7 @@ def size_host_pools(
     built: dict[str, HostPool] = {}
     for mirror in sorted(mirrors, key=lambda m: m.rides_on is not None):  # anchors first, riders on their slots
         device = mirror.device
-        per_slot = device.bytes_per_slot
+        per_slot = mirror.bytes_per_slot
         if mirror.rides_on is not None:
             anchor = built[mirror.rides_on]
             slots = anchor.slots
@@ -153,20 +197,28 @@ def size_host_pools(
             bytes_per_slot=per_slot,
             bytes=rows * per_slot,
             layout=layout,
-            sized_by=sized_by,
+            sized_by=sized_by + _packed_note(mirror),
             rides_on=mirror.rides_on,
+            packed=tuple(pool.name for pool in mirror.packed),
         )
     return tuple(built[m.device.name] for m in mirrors)
 
 
-def host_mirrors(plan: Plan, registry: Registry | None = None) -> Mapping[str, str | None]:
+def _packed_note(mirror: _Mirror) -> str:
+    if not mirror.packed:
+        return ""
+    rows = " + ".join(f"{pool.name} {pool.bytes_per_slot:,} B" for pool in mirror.packed)
+    return f"; host row {mirror.device.bytes_per_slot:,} B + packed {rows}"
+
+
+def host_mirrors(plan: Plan, registry: Registry | None = None) -> Mirrors:
     """The ``host_mirrors`` hook's answer for ``plan`` (the architecture's, else the core's generic rule)."""
     answer, _ = _ask_mirrors(plan, registry or get_registry())
     return answer
 
 
-def _ask_mirrors(plan: Plan, registry: Registry) -> tuple[Mapping[str, str | None], tuple[str, ...]]:
-    result: tuple[Mapping[str, str | None], tuple[str, ...]] = registry.call_first(
+def _ask_mirrors(plan: Plan, registry: Registry) -> tuple[Mirrors, tuple[str, ...]]:
+    result: tuple[Mirrors, tuple[str, ...]] = registry.call_first(
         "host_mirrors", f"no plugin says which pools of {plan.model.name} have a host mirror.", plan=plan
     )
     return result
@@ -179,9 +231,10 @@ def plan_host_tier(
     host_reserve: int | float | str | None = None,
     check: bool = True,
     registry: Registry | None = None,
-) -> tuple[HostTier, tuple[str, ...]]:
-    """The host tier of ``plan`` (``serving.enable_hierarchical_cache``), checked against the node, and who
-    answered ``host_mirrors``.
+) -> tuple[HostTier, dict[str, tuple[str, ...]]]:
+    """The host tier of ``plan`` (``serving.enable_hierarchical_cache``), checked against the node, and the
+    provenance of the hook that placed its pools: ``{"host_pools": ...}`` (an architecture sizing its own) or
+    ``{"host_mirrors": ...}``.
 
     ``host_memory`` states the node's available host memory (else it is
     measured here); ``host_reserve`` what to leave (SGLang's 10 GiB).  A tier
@@ -191,28 +244,69 @@ def plan_host_tier(
     serving = plan.serving
     if not serving.enable_hierarchical_cache:
         raise ConfigError(f"The host tier needs {option('enable_hierarchical_cache')}.")
-    answer, by = _ask_mirrors(plan, registry or get_registry())
-    mirrors = mirrored_pools(plan, answer)
-    if not mirrors:
-        raise ConfigError(f"{plan.model.name}: the plan has no pool with a host mirror.")
-    if any(m.device.unit == STATE_SLOT for m in mirrors) and serving.hicache_mem_layout not in STATE_HOST_LAYOUTS:
-        raise ConfigError(
-            f"{option('hicache_mem_layout')} {serving.hicache_mem_layout}: SGLang's Mamba host pool "
-            f"(MambaPoolHost) supports {' and '.join(STATE_HOST_LAYOUTS)} only; {plan.model.name} has state pools. "
-            f"Use {option('hicache_mem_layout')} page_first."
-        )
-    pools = size_host_pools(plan, answer=answer)
-    tier = HostTier(pools=pools, ranks_per_node=serving.ranks_per_node, notes=_notes(pools, serving))
+    registry = registry or get_registry()
+    own, own_by = registry.call("host_pools", plan=plan)
+    sizer: _Sizer
+    if own is not None:
+        pools, by = tuple(own), {"host_pools": own_by}
+        _check_own_pools(plan, pools)
+
+        def sizer(ratio: float | None = None, size_gb: int | None = None) -> tuple[HostPool, ...]:
+            changes: dict[str, float | int] = {}
+            if ratio is not None:
+                changes["hicache_ratio"] = ratio
+            if size_gb is not None:
+                changes["hicache_size"] = size_gb
+            other = attrs.evolve(plan, serving=attrs.evolve(serving, **changes))  # type: ignore[arg-type]
+            answer, _ = registry.call("host_pools", plan=other)
+            return tuple(answer or ())
+
+    else:
+        answer, mirrors_by = _ask_mirrors(plan, registry)
+        by = {"host_mirrors": mirrors_by}
+        mirrors = mirrored_pools(plan, answer)
+        if not mirrors:
+            raise ConfigError(f"{plan.model.name}: the plan has no pool with a host mirror.")
+        if any(m.device.unit == STATE_SLOT for m in mirrors) and serving.hicache_mem_layout not in STATE_HOST_LAYOUTS:
+            raise ConfigError(
+                f"{option('hicache_mem_layout')} {serving.hicache_mem_layout}: SGLang's Mamba host pool "
+                f"(MambaPoolHost) supports {' and '.join(STATE_HOST_LAYOUTS)} only; {plan.model.name} has state "
+                f"pools. Use {option('hicache_mem_layout')} page_first."
+            )
+        pools = size_host_pools(plan, answer=answer)
+
+        def sizer(ratio: float | None = None, size_gb: int | None = None) -> tuple[HostPool, ...]:
+            return size_host_pools(plan, ratio=ratio, size_gb=size_gb, answer=answer)
+
+    tier = HostTier(
+        pools=pools, ranks_per_node=serving.ranks_per_node, dcp_size=serving.dcp_size, notes=_notes(pools, serving)
+    )
     if check:
         tier = attrs.evolve(tier, memory=node_memory(host_memory, host_reserve))
-        check_fits(plan, tier, answer)
+        check_fits(plan, tier, sizer)
     return tier, by
+
+
+class _Sizer(Protocol):
+    def __call__(self, ratio: float | None = None, size_gb: int | None = None) -> tuple[HostPool, ...]: ...
+
+
+def _check_own_pools(plan: Plan, pools: Sequence[HostPool]) -> None:
+    """An architecture's own host pools mirror pools of the plan, each named once."""
+    names = {pool.name for pool in plan.pools}
+    unknown = sorted({pool.device_pool for pool in pools} - names)
+    if unknown:
+        raise ConfigError(f"host_pools mirrors pool(s) {unknown} the plan does not have; it has {sorted(names)}.")
+    seen = [pool.name for pool in pools]
+    if len(set(seen)) != len(seen):
+        raise ConfigError(f"host_pools names a host pool twice: {seen}.")
 
 
 def _notes(pools: Sequence[HostPool], serving: Serving) -> tuple[str, ...]:
     """SGLang's warning for host pools no larger than their device pool, and what write-through implies."""
     notes = []
-    small = [p for p in pools if p.rides_on is None and p.slots <= p.device_slots]
+    # HostKVCache._allocate_host_buffer's warning; DeepSeek-V4's paged pools (page_bytes) and anchor never give it.
+    small = [p for p in pools if p.rides_on is None and not p.page_bytes and p.bytes and p.slots <= p.device_slots]
     for pool in small:
         notes.append(
             f"host pool {pool.name} ({pool.slots:,} slots) is not larger than its device pool "
@@ -269,7 +363,7 @@ def measure_host_available(proc: Path = Path("/proc"), cgroup: Path = Path("/sys
     return available, source
 
 
-def check_fits(plan: Plan, tier: HostTier, answer: Mapping[str, str | None]) -> None:
+def check_fits(plan: Plan, tier: HostTier, sizer: _Sizer) -> None:
     """Refuse a tier whose ranks on one node pin more than the node's available memory minus the reserve."""
     memory = tier.memory
     if memory is None:
@@ -286,16 +380,16 @@ def check_fits(plan: Plan, tier: HostTier, answer: Mapping[str, str | None]) -> 
         f"({format_bytes(tier.bytes_per_rank)}) per rank x {ranks} rank(s); the node has {available:,} B "
         f"({format_bytes(available)}) available ({memory.source}) minus the {format_bytes(reserve)} reserve "
         f"({option('host_reserve')}) = {usable:,} B ({format_bytes(usable)}), {per_rank:,} B per rank. "
-        f"{_what_fits(plan, per_rank, answer)}"
+        f"{_what_fits(plan, per_rank, sizer)}"
     )
 
 
-def _what_fits(plan: Plan, per_rank: int, answer: Mapping[str, str | None]) -> str:
+def _what_fits(plan: Plan, per_rank: int, sizer: _Sizer) -> str:
     """The largest ``--hicache-size`` (GB) or ``--hicache-ratio`` (to 0.01) whose pools fit ``per_rank`` bytes."""
     serving = plan.serving
 
     def need(ratio: float | None = None, size_gb: int | None = None) -> int:
-        return sum(p.bytes for p in size_host_pools(plan, ratio=ratio, size_gb=size_gb, answer=answer))
+        return sum(p.bytes for p in sizer(ratio=ratio, size_gb=size_gb))
 
     if serving.hicache_size > 0:
         size = min(serving.hicache_size - 1, per_rank // 10**9)
@@ -347,11 +441,12 @@ def build_host_pools(plan: Plan, device: str = "cpu") -> dict[str, object]:
     pin = not meta and torch.cuda.is_available()
     built: dict[str, object] = {}
     for pool in plan.host.pools:
-        shape = (pool.pages, pool.page_size * pool.bytes_per_slot)
+        shape = (pool.pages, pool.bytes_per_page)
         if meta:
             built[pool.name] = torch.empty(shape, dtype=torch.uint8, device="meta")
         else:
-            built[pool.name] = torch.empty(shape, dtype=torch.uint8, device="cpu", pin_memory=pin)
+            # DeepSeek-V4's LogicalHostPool anchor has no bytes: nothing to pin (SGLang makes no tensor for it).
+            built[pool.name] = torch.empty(shape, dtype=torch.uint8, device="cpu", pin_memory=pin and pool.bytes > 0)
     return built
 
 

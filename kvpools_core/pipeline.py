@@ -204,7 +204,7 @@ class PlanBasis:
             host, host_by = plan_host_tier(
                 result, host_memory=host_memory, host_reserve=host_reserve, registry=registry
             )
-            result = attrs.evolve(result, host=host, provenance={**provenance, "host_mirrors": host_by})
+            result = attrs.evolve(result, host=host, provenance={**provenance, **host_by})
         return result
 
 

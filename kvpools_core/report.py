@@ -114,6 +114,8 @@ def host_summary(plan: Plan) -> dict[str, Any] | None:
         "ranks_per_node": host.ranks_per_node,
         "bytes_per_node": host.bytes_per_node,
         "host_tokens": host.tokens,
+        "dcp_size": host.dcp_size,
+        "unused_bytes_per_rank": host.unused_bytes_per_rank,
         "pinned": host.pinned,
         "memory": None if host.memory is None else {**to_dict(host.memory), "usable_bytes": host.memory.usable_bytes},
         "notes": list(host.notes),
@@ -135,7 +137,7 @@ def render_host(plan: Plan, console: Console) -> None:
             f"{pool.device_slots:,}",
             f"{pool.slots:,}",
             f"{pool.page_size}",
-            f"{pool.bytes_per_slot:,}",
+            f"{pool.page_bytes:,}/page" if pool.page_bytes else f"{pool.bytes_per_slot:,}",
             f"{pool.bytes:,} ({format_bytes(pool.bytes)})",
             pool.sized_by,
         )
@@ -155,6 +157,18 @@ def render_host(plan: Plan, console: Console) -> None:
         f"{host.bytes_per_rank:,} B ({format_bytes(host.bytes_per_rank)}) per rank x {host.ranks_per_node} rank(s) "
         f"= {host.bytes_per_node:,} B ({format_bytes(host.bytes_per_node)}) per node",
     )
+    if host.unused_bytes_per_rank:
+        facts.add_row(
+            "unreachable",
+            f"{host.unused_bytes_per_rank:,} B ({format_bytes(host.unused_bytes_per_rank)}) per rank are pinned but "
+            f"never hold data (padding of the padded host pages)",
+        )
+    if host.dcp_size > 1:
+        facts.add_row(
+            "DCP",
+            f"host tokens are logical (HostKVCache.logical_size): each rank's host row holds its 1/{host.dcp_size} "
+            f"of a token, {host.dcp_size} tokens per physical row",
+        )
     if host.memory is not None:
         memory = host.memory
         share = host.bytes_per_node / memory.usable_bytes * 100 if memory.usable_bytes else 0.0

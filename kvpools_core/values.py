@@ -1664,21 +1664,59 @@ class HostPool:
     layout: str = attrs.field(validator=one_of(*HICACHE_MEM_LAYOUTS))
     sized_by: str = ""
     rides_on: str | None = None
+    packed: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    """Device pools whose rows SGLang packs into this host pool's rows (MTP draft layers, :class:`PackedInto`):
+    ``bytes_per_slot`` is this pool's device row plus theirs."""
+    page_bytes: int = attrs.field(default=0, validator=non_negative)
+    """Bytes of one host page over all its layers, for a pool SGLang lays out in whole padded pages, not rows
+    (DeepSeek-V4's ``DeepSeekV4PagedHostPool`` / ``DeepSeekV4StateHostPool``): then ``bytes = pages x page_bytes``
+    and ``bytes_per_slot`` is 0.  0 for a row pool (a page is ``page_size x bytes_per_slot``)."""
+    unused_bytes: int = attrs.field(default=0, validator=non_negative)
+    """Bytes of ``bytes`` that are pinned but never hold data (a padded page's padding), part of ``bytes``."""
 
     def __attrs_post_init__(self) -> None:
-        if self.bytes != self.rows * self.bytes_per_slot:
+        if self.page_bytes:
+            if self.bytes_per_slot or self.rows % self.page_size or self.bytes != self.pages * self.page_bytes:
+                raise InvalidValueError(
+                    f"HostPool {self.name!r}: a paged host pool needs bytes_per_slot 0, rows {self.rows} in whole "
+                    f"pages of {self.page_size} and bytes {self.bytes} = pages {self.pages} x page_bytes "
+                    f"{self.page_bytes}."
+                )
+        elif self.bytes != self.rows * self.bytes_per_slot:
             raise InvalidValueError(
                 f"HostPool {self.name!r}: bytes {self.bytes} != rows {self.rows} x bytes_per_slot "
                 f"{self.bytes_per_slot}."
             )
+        if self.unused_bytes > self.bytes:
+            raise InvalidValueError(f"HostPool {self.name!r}: unused_bytes {self.unused_bytes} > bytes {self.bytes}.")
 
     @property
     def pages(self) -> int:
         return self.rows // self.page_size
 
+    @property
+    def bytes_per_page(self) -> int:
+        """One host page's bytes: ``page_bytes``, or ``page_size x bytes_per_slot`` for a row pool."""
+        return self.page_bytes or self.page_size * self.bytes_per_slot
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> HostPool:
         return _from_dict(cls, data)
+
+
+@attrs.frozen
+class PackedInto:
+    """A ``host_mirrors`` answer for a device pool whose rows SGLang packs into another pool's host rows.
+
+    SGLang's packed MTP drafts (``HiCacheDraftMode.PACKED``,
+    ``speculative/base_spec_worker.py`` ``_build_hicache_draft_plan``) hand the
+    draft worker's one-layer KV pools to the target's host pool as extra layers
+    (``draft_buffer_infos``: ``layer_num = target_layer_num + drafts``), so the
+    host pool's bytes per token grow by the draft rows and no host pool of the
+    draft's own exists.  ``pool`` names the mirrored pool it is packed into.
+    """
+
+    pool: str
 
 
 @attrs.frozen(kw_only=True)
@@ -1726,6 +1764,9 @@ class HostTier:
 
     pools: tuple[HostPool, ...] = attrs.field(converter=_host_pool_tuple)
     ranks_per_node: int = attrs.field(validator=positive)
+    dcp_size: int = attrs.field(default=1, validator=positive)
+    """Decode-context-parallel ranks sharing each token (``--dcp-size``): a host slot is one physical row of
+    one rank, ``dcp_size`` logical tokens share it (``HostKVCache.logical_size = size x dcp_size``)."""
     pinned: bool = True
     memory: HostMemory | None = attrs.field(default=None, converter=_host_memory_or_none)
     notes: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
@@ -1741,9 +1782,16 @@ class HostTier:
         return self.bytes_per_rank * self.ranks_per_node
 
     @property
+    def unused_bytes_per_rank(self) -> int:
+        """Bytes one rank pins that never hold data (:attr:`HostPool.unused_bytes`, summed)."""
+        return sum(pool.unused_bytes for pool in self.pools)
+
+    @property
     def tokens(self) -> int | None:
-        """The full tokens the host tier holds per rank (its first full-token pool's slots), or None."""
-        return next((p.slots for p in self.pools if p.unit == TOKEN and p.token_space == FULL_TOKENS), None)
+        """The full tokens the host tier holds (its first full-token pool's slots x ``dcp_size``: the radix
+        tree's logical host tokens, ``HostKVCache.logical_size``), or None."""
+        slots = next((p.slots for p in self.pools if p.unit == TOKEN and p.token_space == FULL_TOKENS), None)
+        return None if slots is None else slots * self.dcp_size
 
     def pool(self, name: str) -> HostPool:
         for pool in self.pools:

@@ -38,6 +38,7 @@ CLASSES = (
     "GroupCost",
     "CostModel",
     "HostPool",
+    "PackedInto",
     "HostMemory",
     "HostTier",
     "Plan",

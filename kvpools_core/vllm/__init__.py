@@ -8,6 +8,7 @@ memory budget into ``num_gpu_blocks``, ``max_concurrency`` and ``kv_cache_size_t
 
 from kvpools_core.vllm.budget import DEFAULT_GPU_MEMORY_UTILIZATION, VllmMemoryBudget, available_kv_cache_memory
 from kvpools_core.vllm.deployment import VllmPlanResult, concurrency_at, plan_vllm
+from kvpools_core.vllm.offload import VllmCpuOffload, plan_cpu_offload
 from kvpools_core.vllm.planning import (
     KVCacheGroupSpec,
     VllmKVCachePlan,
@@ -45,6 +46,7 @@ __all__ = [
     "MambaSpec",
     "SlidingWindowSpec",
     "UniformTypeKVCacheSpecs",
+    "VllmCpuOffload",
     "VllmKVCachePlan",
     "VllmLimits",
     "VllmMemoryBudget",
@@ -58,6 +60,7 @@ __all__ = [
     "estimate_max_model_len",
     "get_kv_cache_groups",
     "max_memory_usage_bytes",
+    "plan_cpu_offload",
     "plan_kv_cache",
     "plan_vllm",
     "pp_layer_ranges",

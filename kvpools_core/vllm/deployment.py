@@ -23,6 +23,7 @@ from kvpools_core.units import parse_bytes
 from kvpools_core.values import ModelSpec, Serving
 from kvpools_core.vllm.budget import DEFAULT_GPU_MEMORY_UTILIZATION, VllmMemoryBudget, available_kv_cache_memory
 from kvpools_core.vllm.model import DEFAULT_BLOCK_SIZE, worker_kv_cache_specs
+from kvpools_core.vllm.offload import VllmCpuOffload, plan_cpu_offload
 from kvpools_core.vllm.planning import (
     KVCacheGroupSpec,
     VllmKVCachePlan,
@@ -93,6 +94,8 @@ class VllmPlanResult:
     max_num_seqs: int
     num_gpu_blocks_override: int | None
     plan: VllmKVCachePlan
+    offload: VllmCpuOffload | None = None
+    """vLLM's CPU offload tier (``--kv-offloading-size``), or None without one."""
 
     @property
     def max_model_len(self) -> int:
@@ -128,6 +131,9 @@ class VllmPlanResult:
         parts.append(f"--max-num-batched-tokens {self.limits.max_num_batched_tokens}")
         if self.num_gpu_blocks_override is not None:
             parts.append(f"--num-gpu-blocks-override {self.num_gpu_blocks_override}")
+        if self.offload is not None:
+            parts.append(f"--kv-offloading-size {self.offload.kv_offloading_size:g}")
+            parts.append(f"--kv-offloading-backend {self.offload.backend}")
         prefix = ""
         if self.serving.pp_layer_partition is not None:
             prefix = f"VLLM_PP_LAYER_PARTITION={','.join(map(str, self.serving.pp_layer_partition))} "
@@ -175,6 +181,7 @@ class VllmPlanResult:
             "kv_cache_size_tokens": plan.kv_cache_size_tokens,
             "kv_cache_tensor_bytes": list(plan.kv_cache_tensor_bytes),
             "log_line": plan.log_line,
+            "kv_offloading": None if self.offload is None else self.offload.to_dict(),
             "serve_command": self.serve_command(),
             "notes": list(self.notes),
         }
@@ -276,6 +283,10 @@ def plan_vllm(
     max_num_batched_tokens: int | None = None,
     block_size: int | None = None,
     num_gpu_blocks_override: int | None = None,
+    kv_offloading_size: float | None = None,
+    kv_offloading_backend: str | None = None,
+    host_memory: int | float | str | None = None,
+    host_reserve: int | float | str | None = None,
     registry: Registry | None = None,
 ) -> VllmPlanResult:
     """Plan ``model`` as ``vllm serve`` 0.33 sizes its KV cache (``Worker.determine_available_memory`` +
@@ -288,6 +299,8 @@ def plan_vllm(
     does not run the model, so with a GPU the KV memory is an upper bound (``VllmPlanResult.notes``).
     ``max_model_len`` defaults to the model's context length; ``max_num_seqs`` / ``max_num_batched_tokens`` to
     ``vllm serve``'s defaults for the GPU (:func:`server_defaults`); ``block_size`` to 16.
+    ``kv_offloading_size`` (GiB, the whole engine's) adds vLLM's CPU offload tier (:mod:`kvpools_core.vllm.offload`),
+    checked against the node's ``host_memory`` (stated, else measured) less ``host_reserve`` (0 unless given).
     Raises :class:`~kvpools_core.vllm.planning.VllmMemoryError` with vLLM's text where vLLM refuses to start.
     """
     registry = registry or get_registry()
@@ -312,6 +325,22 @@ def plan_vllm(
             "--memory is vLLM's --kv-cache-memory-bytes (the KV cache itself): --gpu-memory-utilization and "
             "--weights-memory apply to a --gpu budget only. Drop one of them."
         )
+    if kv_offloading_size is None:
+        given = [
+            option(name)
+            for name, value in (
+                ("kv_offloading_backend", kv_offloading_backend),
+                ("host_memory", host_memory),
+                ("host_reserve", host_reserve),
+            )
+            if value is not None
+        ]
+        if given:
+            raise ConfigError(
+                f"{' and '.join(given)} {'describes' if len(given) == 1 else 'describe'} vLLM's CPU offload, which "
+                f"only exists with "
+                f"{option('kv_offloading_size')} (GiB); add it, or drop {' and '.join(given)}."
+            )
     block = DEFAULT_BLOCK_SIZE if block_size is None else block_size
     workers = _specs(spec, plugin, serving, registry, block)
     default_batched, default_seqs = server_defaults(
@@ -350,6 +379,19 @@ def plan_vllm(
         limits,
         num_gpu_blocks_override=num_gpu_blocks_override,
     )
+    offload = None
+    if kv_offloading_size is not None:
+        offload = plan_cpu_offload(
+            plan,
+            kv_offloading_size=kv_offloading_size,
+            backend=kv_offloading_backend or "native",
+            tp_size=serving.tp_size,
+            pp_size=serving.pp_size,
+            block_size=block,
+            platform=serving.platform,
+            host_memory=host_memory,
+            host_reserve=host_reserve,
+        )
     return VllmPlanResult(
         model=spec,
         model_ref=model_ref,
@@ -366,6 +408,7 @@ def plan_vllm(
         max_num_seqs=max_num_seqs or default_seqs,
         num_gpu_blocks_override=num_gpu_blocks_override,
         plan=plan,
+        offload=offload,
     )
 
 

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from kvpools_core.units import format_bytes
 from kvpools_core.vllm.deployment import VLLM_VERSION, VllmPlanResult, concurrency_at, group_spec_kind
+from kvpools_core.vllm.offload import VllmCpuOffload
 
 
 def _header(result: VllmPlanResult, command: str, console: Console) -> None:
@@ -67,8 +68,35 @@ def render_vllm_plan(result: VllmPlanResult, console: Console) -> None:
     console.print(f"  vLLM logs: {plan.log_line}")
     for note in result.notes:
         console.print(f"  note: {note}")
+    if result.offload is not None:
+        _render_offload(result.offload, console)
     console.print("[bold]flags[/bold]")
     console.print(f"  {result.serve_command()}")
+
+
+def _render_offload(offload: VllmCpuOffload, console: Console) -> None:
+    """vLLM's CPU offload tier: its blocks, tokens, pinned bytes per worker and per node, the node check, the rule."""
+    console.print("[bold]CPU offload (--kv-offloading-size, OffloadingConnector)[/bold]")
+    layout = "replicated (one copy shared by the TP ranks)" if offload.replicated_layout else "one slice per worker"
+    console.print(
+        f"  host block: {offload.worker_kv_bytes_per_block:,} B per worker x {offload.num_copies} "
+        f"({layout}) = {offload.kv_bytes_per_chunk:,} B, page aligned {offload.aligned_kv_bytes_per_chunk:,} B"
+    )
+    console.print(
+        f"  num_cpu_blocks: {offload.num_cpu_blocks:,} = {offload.host_tokens:,} host tokens "
+        f"(block_size {offload.block_size})"
+    )
+    console.print(
+        f"  pinned: {offload.bytes_per_rank:,} B ({format_bytes(offload.bytes_per_rank)}) per worker; "
+        f"{offload.region_bytes:,} B ({format_bytes(offload.region_bytes)}) per node (the /dev/shm region)"
+    )
+    if offload.memory is not None:
+        memory = offload.memory
+        console.print(
+            f"  node: {memory.available_bytes:,} B available ({memory.source}) - reserve {memory.reserve_bytes:,} B "
+            f"= {memory.usable_bytes:,} B usable: fits"
+        )
+    console.print(f"  rule: {offload.rule}")
 
 
 def render_vllm_capacity(result: VllmPlanResult, contexts: Sequence[int], console: Console) -> None:

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from kvpools_core import for_architecture, hookimpl
-from kvpools_core.values import Budget, CellSize, ModelSpec, PoolSizing, Serving
+from kvpools_core.values import Budget, CellSize, HostPool, ModelSpec, Plan, PoolSizing, Serving
 
 from .building import build_allocator, build_pool
 from .config import ARCHITECTURE, parse_dsv4_config
+from .host import dsv4_host_pools
 from .sizing import dsv4_cell_size, dsv4_problems, size_dsv4_pools
 
 __all__ = ["ARCHITECTURE", "build_allocator", "build_pool"]
@@ -55,3 +56,10 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 @for_architecture(ARCHITECTURE)
 def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing | None:
     return size_dsv4_pools(model, serving, cell, budget)
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def host_pools(plan: Plan) -> list[HostPool] | None:
+    """DeepSeek-V4's paged host mirrors (:mod:`.host`): SGLang's ``build_deepseek_v4_hicache_stack``."""
+    return dsv4_host_pools(plan)

@@ -62,6 +62,7 @@ from kvpools_core.values import (
 )
 
 from .config import C4, C128
+from .host import host_problems
 
 OWNER = "dsv4"
 SWA_TOKENS, C4_TOKENS, C128_TOKENS = "swa", "c4", "c128"
@@ -257,12 +258,7 @@ def dsv4_problems(model: ModelSpec, serving: Serving) -> list[str]:
     o = option
     problems = []
     page = serving.page_size
-    if serving.enable_hierarchical_cache:
-        problems.append(
-            f"{o('enable_hierarchical_cache')}: kvpools does not model DeepSeek-V4's host pools (SGLang's "
-            f"LogicalHostPool anchor and DeepSeekV4PagedHostPool mirrors of the SWA, c4, c128 and indexer pools, "
-            f"each sized in its own pages); plan the device pools without it."
-        )
+    problems += host_problems(serving)
     if page % 128:
         problems.append(
             f"{o('page_size')} {page}: SGLang asserts '{SGLANG_PAGE_MESSAGE}' for {model.name}. "

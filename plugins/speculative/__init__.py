@@ -18,21 +18,29 @@ assumption; an architecture may name one draft layer's parts in
 ``CellSize.draft_layer_parts``).  Only token parts are added: the target's
 per-request, per-state-slot and fixed parts stay as they are (the draft worker
 shares the target's request table and keeps no recurrent state of its own).
+Under ``--enable-hierarchical-cache`` it also places the ``draft_*`` pools in
+the host tier as SGLang's draft plan does (:func:`host_mirrors`): packed into
+the target's host rows for an MTP draft, a sidecar on the target's host slots
+otherwise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 
 import attrs
 
 from kvpools_core import hookimpl
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
-from kvpools_core.values import TOKEN, CellPart, CellSize, DraftCharge, ModelSpec, Serving
+from kvpools_core.parallel import rank_layer_range
+from kvpools_core.values import TOKEN, CellPart, CellSize, DraftCharge, ModelSpec, PackedInto, Plan, Serving
 
 EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "STANDALONE", "NEXTN"})
 DFLASH_FAMILY = frozenset({"DFLASH"})
+PACKED_MTP_FAMILY = frozenset({"EAGLE", "NEXTN"})
+"""Drafts SGLang may pack into the target's host pool: ``is_eagle()`` but not EAGLE3 (NEXTN becomes EAGLE)."""
+DRAFT_PREFIX = "draft_"
 
 
 @hookimpl(wrapper=True)
@@ -111,3 +119,101 @@ def with_draft(cell: CellSize, serving: Serving) -> CellSize:
 def _draft_part(part: CellPart, bytes_per_token: int) -> CellPart:
     """The draft pool's copy of a part (same layout, ``draft_`` names)."""
     return attrs.evolve(part, name=f"draft_{part.name}", bytes_per_token=bytes_per_token, pool=f"draft_{part.pool}")
+
+
+def packs_draft_into_host(model: ModelSpec, serving: Serving) -> bool:
+    """Whether SGLang packs the draft's KV layers into the target's host pool (``HiCacheDraftMode.PACKED``).
+
+    ``_can_pack_hicache_mtp`` (``speculative/base_spec_worker.py``): an EAGLE
+    draft (NEXTN is EAGLE, ``arg_groups/speculative_hook.py``), not EAGLE3,
+    whose config declares ``num_nextn_predict_layers``, i.e. an MTP model's own
+    next-token layers.  SGLang reads the draft runner's config: kvpools reads the
+    draft model's own (``--speculative-draft-model-path``) when there is one,
+    else the target's, whose MTP layers the draft loads.  Every other draft with
+    KV is a sidecar (``SIDECAR``).
+    """
+    draft_config = serving.speculative_draft.model if serving.speculative_draft is not None else model
+    return serving.speculative_algorithm in PACKED_MTP_FAMILY and bool(draft_config.num_nextn_predict_layers)
+
+
+@hookimpl(wrapper=True)
+def host_mirrors(plan: Plan) -> Generator[None, Mapping[str, str | PackedInto | None] | None, object]:
+    """Place the draft worker's pools (``draft_<pool>``) in the host tier as SGLang's ``_build_hicache_draft_plan``.
+
+    Packed (:func:`packs_draft_into_host`): each draft pool's rows join its
+    target pool's host rows (``MHATokenToKVPoolHost`` / ``MLATokenToKVPoolHost``
+    / ``DSAIndexerPoolHost`` ``draft_buffer_infos``, ``layer_num = target +
+    drafts``), so the host pool's bytes per token grow and its slots keep the
+    target's sizing.  Sidecar (``build_full_draft_pools``,
+    ``hybrid_cache/hybrid_pool_assembler.py``): a draft host pool of its own
+    with ``host_token_capacity`` = the target's host slots (no share of
+    ``--hicache-size``, no padding page), i.e. riding on the target's host pool;
+    a draft indexer lays out whole pages with slack on those slots.  Only
+    token pools are placed: the draft keeps no recurrent state of its own.
+    """
+    answer = yield
+    if answer is None or not plan.serving.speculative:
+        return answer
+    mirrors = dict(answer)
+    pools = {pool.name: pool for pool in plan.pools}
+    packed = packs_draft_into_host(plan.model, plan.serving)
+    for name, pool in pools.items():
+        if not name.startswith(DRAFT_PREFIX) or pool.unit != TOKEN:
+            continue
+        mirrors.pop(name, None)
+        target = _draft_target(name.removeprefix(DRAFT_PREFIX), pool.token_space, plan, mirrors)
+        if target is None:
+            continue
+        if packed:
+            mirrors[name] = PackedInto(target)
+        else:
+            anchor = mirrors[target]
+            mirrors[name] = anchor if isinstance(anchor, str) else target
+    return mirrors
+
+
+def _draft_target(
+    target: str, token_space: str, plan: Plan, mirrors: Mapping[str, str | PackedInto | None]
+) -> str | None:
+    """The mirrored pool a draft pool follows: its namesake, else the first own host pool of its token space."""
+    if target in mirrors and not isinstance(mirrors[target], PackedInto):
+        return target
+    return next(
+        (
+            pool.name
+            for pool in plan.pools
+            if pool.name in mirrors
+            and mirrors[pool.name] is None
+            and pool.unit == TOKEN
+            and pool.token_space == token_space
+        ),
+        None,
+    )
+
+
+@hookimpl
+def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
+    """What SGLang refuses of a sidecar draft host pool (``build_full_draft_pools``): more draft layers than the
+    target's stage transfers ('Draft HiCache layers exceed the target transfer stages'), and, under DCP, a draft
+    sized over the target's *logical* host slots (replicated over the DCP ranks), which kvpools does not model."""
+    if not (serving.enable_hierarchical_cache and serving.speculative) or serving.speculative_algorithm == "NGRAM":
+        return None
+    if packs_draft_into_host(model, serving):
+        return None
+    problems = []
+    start, end = rank_layer_range(model, serving)
+    draft_layers = serving.speculative_draft_num_layers or 0
+    if draft_layers > end - start:
+        problems.append(
+            f"{option('enable_hierarchical_cache')} with {draft_layers} draft layer(s) on a stage of {end - start}: "
+            f"SGLang raises 'Draft HiCache layers exceed the target transfer stages' (build_full_draft_pools). "
+            f"Lower {option('pp_size')} or drop {option('enable_hierarchical_cache')}."
+        )
+    if serving.dcp_size > 1:
+        problems.append(
+            f"{option('enable_hierarchical_cache')} with {option('dcp_size')} {serving.dcp_size} and "
+            f"{option('speculative_algorithm')} {serving.speculative_algorithm}: SGLang's sidecar draft host pool "
+            f"spans the target's logical host slots (replicated over the DCP ranks), which kvpools does not model. "
+            f"Use {option('dcp_size')} 1, or a NEXTN draft (packed into the target's host pool)."
+        )
+    return problems

@@ -194,11 +194,6 @@ def test_host_flags_need_the_hierarchical_cache() -> None:
         Serving(tp_size=4, nnodes=3)
 
 
-def test_deepseek_v4_refuses_the_host_tier() -> None:
-    with pytest.raises(UnsupportedCombinationError, match="DeepSeek-V4's host pools"):
-        plan("deepseek-v4-flash", hicache(page_size=256), memory="60GiB", host_memory=NODE)
-
-
 def test_nodes_share_the_ranks() -> None:
     one = plan("llama-3.1-8b", hicache(tp_size=8), memory="20GiB", host_memory=NODE).host
     two = plan("llama-3.1-8b", hicache(tp_size=8, nnodes=2), memory="20GiB", host_memory=NODE).host
@@ -285,18 +280,6 @@ def test_a_host_mirrors_answer_is_checked_and_an_architecture_answer_wins() -> N
     assert mirrored.provenance["host_mirrors"] == ("fake_mirrors",)
     default = plan("llama-3.1-8b", serving, memory="20GiB", host_memory=NODE)
     assert mirrored.host == default.host and default.provenance["host_mirrors"] == ("core",)
-
-
-def test_unmodelled_host_setups_are_refused() -> None:
-    with pytest.raises(UnsupportedCombinationError, match="draft host pools"):
-        plan(
-            "llama-3.1-8b",
-            hicache(speculative_algorithm="EAGLE", speculative_draft_num_layers=1),
-            memory="20GiB",
-            host_memory=NODE,
-        )
-    with pytest.raises(UnsupportedCombinationError, match="DCP-widened"):
-        plan("deepseek-v3", hicache(tp_size=8, dcp_size=8), memory="20GiB", host_memory=NODE)
 
 
 def test_dp_replicas_without_dp_attention_share_the_node() -> None:

@@ -1,0 +1,210 @@
+"""DeepSeek-V4's host (HiCache) pools, as SGLang 0.5.23's ``build_deepseek_v4_hicache_stack`` sizes them.
+
+``srt/mem_cache/hybrid_cache/hybrid_pool_assembler.py`` (``_deepseek_v4_num_host_pages`` L647-676,
+``build_deepseek_v4_hicache_stack`` L946-1248) and ``srt/mem_cache/memory_pool_host.py``
+(``LogicalHostPool`` L87, ``DeepSeekV4PagedHostPool`` L236, ``DeepSeekV4StateHostPool`` L770), for the CUDA
+separate-KV layout :mod:`.buffers` describes.  Host pages are counted from the *device pages*, with
+``--hicache-ratio`` only (``--hicache-size`` raises) and no padding page::
+
+    full_host_pages = int(ceil(full tokens / P) x ratio)
+    swa_host_pages  = int(ceil(SWA tokens / P) x ratio)
+
+* ``kv`` — the ``LogicalHostPool`` anchor: ``full_host_pages x P`` full-token slots, no bytes; the c4, indexer
+  and c128 mirrors take their page indices from it (``indices_from_pool=KV``);
+* ``kv_swa`` — a ``DeepSeekV4PagedHostPool`` of ``swa_host_pages`` pages x (stage layers + packed MTP draft
+  layers) x the SWA page's padded bytes (``bytes_per_page_padded``);
+* ``kv_c4`` / ``indexer_c4`` / ``kv_c128`` — paged mirrors of ``full_host_pages`` pages (one full page of
+  ``P`` tokens is ``P / 4`` c4 rows, ``P / 128`` c128 rows) x their layers x the padded page bytes (the fused
+  fp8 indexer page is ``P / 4 x 132`` B, unpadded);
+* ``c4_state`` / ``c4_indexer_state`` — ``DeepSeekV4StateHostPool`` of ``swa_host_pages`` pages x the c4
+  layers x ``ring x`` the state row (``state_page_bytes``); the c128 state has no mirror ("intentionally not
+  registered with hicache").
+
+A packed DSV4 row is 584 B but a page is padded to a multiple of 576 B, so every host page pins bytes no
+transfer ever writes or reads (:attr:`HostPool.unused_bytes`): at ``P = 256`` a c128 page holds 2 rows
+(1,168 B) in 1,728 B.  The draft worker's SWA layers are packed into ``kv_swa`` (an MTP draft) or mirrored
+by a sidecar of the same host pages (``build_swa_draft_pools``: ``num_host_pages`` = the target's).
+"""
+
+from __future__ import annotations
+
+from kvpools_core.options import option
+from kvpools_core.values import FULL_TOKENS, TOKEN, HostPool, Plan, Serving
+
+from .buffers import (
+    C4_KV_POOL,
+    C128_KV_POOL,
+    DRAFT_SWA_KV_POOL,
+    INDEXER_POOL,
+    SWA_KV_POOL,
+    SWA_TOKENS,
+    DSV4Buffers,
+    DSV4Sizes,
+    KVRowGeometry,
+    StateGeometry,
+    dsv4_buffers,
+)
+
+ANCHOR_POOL = "kv"
+"""The ``LogicalHostPool`` anchor's name (SGLang's ``PoolName.KV``); it mirrors the full-token allocator."""
+FULL_ALLOCATOR = "allocator"
+PACKED_MTP_FAMILY = frozenset({"EAGLE", "NEXTN"})
+SGLANG_HICACHE_SIZE_MESSAGE = (
+    "DeepSeek V4 HiCache currently does not support --hicache-size; use --hicache-ratio instead."
+)
+
+
+def host_problems(serving: Serving) -> list[str]:
+    """What SGLang refuses (``--hicache-size``) or kvpools does not model (HiSparse, DCP) for DSV4's host tier."""
+    if not serving.enable_hierarchical_cache:
+        return []
+    o = option
+    problems = []
+    if serving.hicache_size > 0:
+        problems.append(
+            f"{o('hicache_size')} {serving.hicache_size}: SGLang raises '{SGLANG_HICACHE_SIZE_MESSAGE}' "
+            f"(_deepseek_v4_num_host_pages). Size the host tier by {o('hicache_ratio')}."
+        )
+    if serving.enable_hisparse:
+        problems.append(
+            f"{o('enable_hierarchical_cache')} with {o('enable_hisparse')}: kvpools does not model HiSparse's own "
+            f"c4 host copy beside the HiCache mirrors. Drop one of them."
+        )
+    if serving.dcp_size > 1:
+        problems.append(
+            f"{o('enable_hierarchical_cache')} with {o('dcp_size')} {serving.dcp_size}: SGLang's DeepSeek-V4 host "
+            f"pools have no DCP geometry (LogicalHostPool: 'DCP never widens it'), which kvpools does not model. "
+            f"Use {o('dcp_size')} 1."
+        )
+    return problems
+
+
+def host_pages(device_tokens: int, page: int, ratio: float) -> int:
+    """``int(ceil(device tokens / page) x ratio)`` (``_deepseek_v4_num_host_pages``): no padding page."""
+    return int(-(-device_tokens // page) * ratio)
+
+
+def dsv4_host_pools(plan: Plan) -> list[HostPool]:
+    """Every host pool of one rank of a DeepSeek-V4 plan (``build_deepseek_v4_hicache_stack``), in SGLang's order."""
+    serving, sizing = plan.serving, plan.sizing
+    config = sizing.sglang_config
+    sizes = DSV4Sizes(
+        full_tokens=config["full_max_total_num_tokens"],
+        swa_tokens=config["swa_max_total_num_tokens"],
+        c4_tokens=config["c4_max_total_num_tokens"],
+        c128_tokens=config["c128_max_total_num_tokens"],
+        c4_state_size=config["c4_state_pool_size"],
+        c128_state_size=config["c128_state_pool_size"],
+    )
+    b = dsv4_buffers(plan.model, serving, sizes, max_running_requests=sizing.max_running_requests)
+    page, ratio = serving.page_size, serving.hicache_ratio
+    full_pages = host_pages(sizes.full_tokens, page, ratio)
+    swa_pages = host_pages(sizes.swa_tokens, page, ratio)
+    by_full = f"int(ceil({sizes.full_tokens:,} full tokens / {page}) x {option('hicache_ratio')} {ratio:g})"
+    by_swa = f"int(ceil({sizes.swa_tokens:,} SWA tokens / {page}) x {option('hicache_ratio')} {ratio:g})"
+    pools = [
+        HostPool(
+            name=ANCHOR_POOL,
+            device_pool=FULL_ALLOCATOR,
+            unit=TOKEN,
+            token_space=FULL_TOKENS,
+            device_slots=sizes.full_tokens,
+            page_size=page,
+            slots=full_pages * page,
+            rows=full_pages * page,
+            bytes_per_slot=0,
+            bytes=0,
+            layout=serving.hicache_mem_layout,
+            sized_by=f"LogicalHostPool anchor: {by_full} = {full_pages:,} pages, no tensor",
+        )
+    ]
+    if b.draft_swa is None:
+        pools.append(_paged(plan, SWA_KV_POOL, (b.swa,), swa_pages, SWA_TOKENS, by_swa))
+    elif serving.speculative_algorithm in PACKED_MTP_FAMILY and plan.model.num_nextn_predict_layers:
+        pools.append(_paged(plan, SWA_KV_POOL, (b.swa, b.draft_swa), swa_pages, SWA_TOKENS, by_swa))
+    else:
+        sidecar = f"build_swa_draft_pools: the target's {swa_pages:,} SWA host pages"
+        pools.append(_paged(plan, SWA_KV_POOL, (b.swa,), swa_pages, SWA_TOKENS, by_swa))
+        pools.append(_paged(plan, DRAFT_SWA_KV_POOL, (b.draft_swa,), swa_pages, SWA_TOKENS, sidecar))
+    if b.c4.layers:
+        pools.append(_paged(plan, C4_KV_POOL, (b.c4,), full_pages, FULL_TOKENS, by_full))
+        pools.append(_indexer_pool(b, plan, full_pages, by_full))
+        pools += [_state(plan, geo, swa_pages, by_swa) for geo in (b.c4_state, b.c4_indexer_state)]
+    if b.c128.layers:
+        pools.append(_paged(plan, C128_KV_POOL, (b.c128,), full_pages, FULL_TOKENS, by_full))
+    return pools
+
+
+def _device_slots(plan: Plan, name: str) -> int:
+    return next(pool.slots for pool in plan.pools if pool.name == name)
+
+
+def _paged(plan: Plan, name: str, geometries: tuple[KVRowGeometry, ...], pages: int, space: str, how: str) -> HostPool:
+    """A ``DeepSeekV4PagedHostPool``: ``pages`` x the layers (draft layers packed after the target's) x
+    ``bytes_per_page_padded``; the padding of each page is pinned and never read (``unused_bytes``)."""
+    page = plan.serving.page_size
+    geo = geometries[0]
+    layers = sum(len(g.layers) for g in geometries)
+    return HostPool(
+        name=name,
+        device_pool=name,
+        unit=TOKEN,
+        token_space=space,
+        device_slots=_device_slots(plan, name),
+        page_size=page,
+        slots=pages * page,
+        rows=pages * page,
+        bytes_per_slot=0,
+        bytes=pages * layers * geo.page_bytes,
+        layout=plan.serving.hicache_mem_layout,
+        sized_by=f"{how} = {pages:,} pages x {layers} layer(s) x {geo.page_bytes:,} B",
+        packed=tuple(g.name for g in geometries[1:]),
+        page_bytes=layers * geo.page_bytes,
+        unused_bytes=pages * layers * (geo.page_bytes - geo.page_size * geo.row_bytes),
+    )
+
+
+def _state(plan: Plan, geo: StateGeometry, pages: int, how: str) -> HostPool:
+    """A ``DeepSeekV4StateHostPool``: ``pages`` x the c4 layers x ``state_page_bytes = ring x`` one state row."""
+    page = plan.serving.page_size
+    state_page = geo.ring * geo.row_bytes
+    layers = len(geo.layers)
+    return HostPool(
+        name=geo.name,
+        device_pool=geo.name,
+        unit=TOKEN,
+        token_space=SWA_TOKENS,
+        device_slots=_device_slots(plan, geo.name),
+        page_size=page,
+        slots=pages * page,
+        rows=pages * page,
+        bytes_per_slot=0,
+        bytes=pages * layers * state_page,
+        layout=plan.serving.hicache_mem_layout,
+        sized_by=f"{how} = {pages:,} pages x {layers} layer(s) x ring {geo.ring} x {geo.row_bytes:,} B",
+        page_bytes=layers * state_page,
+    )
+
+
+def _indexer_pool(b: DSV4Buffers, plan: Plan, pages: int, how: str) -> HostPool:
+    """The fused fp8 indexer mirror (``_dsv4_indexer_regions``): ``P / 4 x 132`` B per page and layer, unpadded."""
+    ix = b.indexer
+    page, layers = plan.serving.page_size, len(ix.layers)
+    return HostPool(
+        name=INDEXER_POOL,
+        device_pool=INDEXER_POOL,
+        unit=TOKEN,
+        token_space=FULL_TOKENS,
+        device_slots=_device_slots(plan, INDEXER_POOL),
+        page_size=page,
+        slots=pages * page,
+        rows=pages * page,
+        bytes_per_slot=0,
+        bytes=pages * layers * ix.page_bytes,
+        layout=plan.serving.hicache_mem_layout,
+        sized_by=f"{how} = {pages:,} pages x {layers} layer(s) x {ix.page_bytes:,} B",
+        page_bytes=layers * ix.page_bytes,
+    )
+
+
+__all__ = ["dsv4_host_pools", "host_pages", "host_problems"]
