@@ -291,10 +291,13 @@ def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> 
 
     :param model: the parsed model.
     :param serving: the serving options (``tp_size`` shards the heads, ``kv_cache_dtype`` the bytes).
-    :param block_size: vLLM's ``--block-size`` (tokens per block) for the attention layers.
+    :param block_size: vLLM's ``--block-size`` (tokens per block) for the attention layers; 16 is vLLM's
+        default, which an answer may replace by the size vLLM's platform settles on (a Mamba hybrid's aligned
+        block, a backend's kernel block: ``kvpools_core.vllm.layers``).
     :returns: layer name -> spec for every layer with a cache, named as vLLM names them: exactly one dotted
         part of each name is an integer, the layer index (vLLM's ``extract_layer_index``), which places the
-        layer on its pipeline stage.
+        layer on its pipeline stage; an index ``num_layers + i`` (a decoder layer's second cache, as vLLM names
+        Falcon-H1's SSM branch) is placed with layer ``i``.
     """
 
 

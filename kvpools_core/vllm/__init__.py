@@ -9,16 +9,17 @@ memory budget into ``num_gpu_blocks``, ``max_concurrency`` and ``kv_cache_size_t
 from kvpools_core.vllm.budget import DEFAULT_GPU_MEMORY_UTILIZATION, VllmMemoryBudget, available_kv_cache_memory
 from kvpools_core.vllm.deployment import VllmPlanResult, concurrency_at, plan_vllm
 from kvpools_core.vllm.offload import VllmCpuOffload, plan_cpu_offload
+from kvpools_core.vllm.layers import align_hybrid_block_size
 from kvpools_core.vllm.planning import (
     KVCacheGroupSpec,
     VllmKVCachePlan,
     VllmLimits,
     VllmMemoryError,
-    align_hybrid_block_size,
     bytes_per_block,
     check_enough_kv_cache_memory,
     estimate_max_model_len,
     get_kv_cache_groups,
+    mamba_cache_mode_of,
     max_memory_usage_bytes,
     plan_kv_cache,
     pp_layer_ranges,
@@ -59,6 +60,7 @@ __all__ = [
     "concurrency_at",
     "estimate_max_model_len",
     "get_kv_cache_groups",
+    "mamba_cache_mode_of",
     "max_memory_usage_bytes",
     "plan_cpu_offload",
     "plan_kv_cache",

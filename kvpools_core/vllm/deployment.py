@@ -28,6 +28,7 @@ from kvpools_core.vllm.planning import (
     KVCacheGroupSpec,
     VllmKVCachePlan,
     VllmLimits,
+    mamba_cache_mode_of,
     plan_kv_cache,
     pp_layer_ranges,
 )
@@ -350,6 +351,7 @@ def plan_vllm(
         max_model_len=max_model_len or spec.context_len,
         max_num_batched_tokens=max_num_batched_tokens or default_batched,
         max_concurrent_batches=max_concurrent_batches(serving.pp_size),
+        mamba_cache_mode=mamba_cache_mode_of(workers),
     )
     utilization: float | None = None
     kv_bytes: int | None = None

@@ -1,20 +1,98 @@
 """What an architecture plugin uses to answer ``vllm_kv_cache_specs``: vLLM's per-layer arithmetic.
 
-A public module (:data:`kvpools_core.PUBLIC_MODULES`): heads per TP rank, bytes per cache element and the
-latent / indexer specs vLLM's MLA and DSA layers build, so every plugin answers with the same formulas.
+A public module (:data:`kvpools_core.PUBLIC_MODULES`): heads per TP rank, bytes per cache element, the
+latent / indexer specs vLLM's MLA and DSA layers build, the block size a platform settles on for kernels that need
+one (:func:`backend_block_size`) and for a Mamba hybrid (:func:`align_hybrid_block_size`), so every plugin answers
+with the same formulas.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvpools_core.dtypes import resolve_kv_dtype
-from kvpools_core.errors import UnsupportedCombinationError
+from kvpools_core.errors import ConfigError, UnsupportedCombinationError
 from kvpools_core.options import option
-from kvpools_core.vllm.specs import MLAAttentionSpec
+from kvpools_core.vllm.specs import MLAAttentionSpec, cdiv
 
 if TYPE_CHECKING:
     from kvpools_core.values import LayerSpec, ModelSpec, Serving
+
+
+DEFAULT_BLOCK_SIZE = 16
+"""``vllm.config.cache.DEFAULT_BLOCK_SIZE``: ``--block-size`` when neither the user nor the backend picks one."""
+
+
+def backend_block_size(block_size: int, kernel_block_sizes: Sequence[Sequence[int]], backends: str) -> int:
+    """The attention block size vLLM settles on for backends with these kernel block sizes (a ``MultipleOf(n)``
+    given as ``n``, one sequence per backend).
+
+    ``--block-size`` 16 (vLLM's default, which kvpools cannot tell from an explicit 16) is the backends'
+    preferred size (``Platform._preferred_block_size_for_backends``, ``platforms/interface.py`` L700-747: the
+    default when every backend supports it, else the smallest lcm of one size per backend that all support);
+    any other size must be a multiple of one kernel size of every backend (``supports_block_size``,
+    ``v1/attention/backend.py`` L122-138), or vLLM cannot run the kernels on it.
+    """
+
+    def supported(size: int) -> bool:
+        return all(any(size % kernel == 0 for kernel in sizes) for sizes in kernel_block_sizes if sizes)
+
+    if supported(block_size):
+        return block_size
+    if block_size == DEFAULT_BLOCK_SIZE:
+        for candidate in sorted({math.lcm(*combo) for combo in itertools.product(*kernel_block_sizes)}):
+            if supported(candidate):
+                return candidate
+    kernels = " and ".join(str(sorted(set(sizes))) for sizes in kernel_block_sizes)
+    raise UnsupportedCombinationError(
+        f"--block-size {block_size} is not a multiple of the kernel block sizes {kernels} of {backends}, which vLLM "
+        "requires; pass a multiple of them (or leave --block-size out for the backends' choice)."
+    )
+
+
+def align_hybrid_block_size(
+    *,
+    block_size: int,
+    attn_page_size_1_token: int,
+    mamba_page_size: int,
+    kernel_block_size: int,
+    backend_block_alignment: int = 1,
+    use_mla: bool = False,
+    prefill_checkpoint_alignment: int | None = None,
+) -> tuple[int, int | None]:
+    """``Platform._align_hybrid_block_size`` (``platforms/interface.py`` L940-1132): the attention block size of a
+    Mamba hybrid, and the padded Mamba page.
+
+    The attention block grows until one attention page holds a Mamba state: ``align * cdiv(mamba_page, align *
+    attn_page_per_token)`` tokens, ``align`` = the backend's smallest kernel block (at least the configured block
+    size; at least 128 for MLA; a multiple of the prefill checkpoint alignment in ``align`` mode), then rounded up to
+    ``backend_block_alignment`` (the lcm of every attention backend's smallest kernel block).  The Mamba page is then
+    padded to the attention page ("Padding mamba page size by X% ..."); ``None`` when they are already equal.
+    Returns ``(block_size, mamba_page_size_padded)``.
+    """
+    for name, value in (
+        ("block_size", block_size),
+        ("attn_page_size_1_token", attn_page_size_1_token),
+        ("kernel_block_size", kernel_block_size),
+        ("backend_block_alignment", backend_block_alignment),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}.")
+    if mamba_page_size <= 0:
+        return block_size, None
+    align = max(kernel_block_size, block_size)
+    if use_mla:
+        align = max(align, 128)
+    if prefill_checkpoint_alignment is not None:
+        align = math.lcm(align, prefill_checkpoint_alignment or 1)
+    attn_block_size = align * cdiv(mamba_page_size, align * attn_page_size_1_token)
+    attn_block_size = backend_block_alignment * cdiv(attn_block_size, backend_block_alignment)
+    block_size = max(block_size, attn_block_size)
+    attn_page_size = block_size * attn_page_size_1_token
+    return block_size, None if attn_page_size == mamba_page_size else attn_page_size
 
 
 def layer_index(name: str) -> int | None:

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 
 from kvpools_core.errors import ConfigError, UnsupportedCombinationError
 from kvpools_core.vllm.layers import (
+    DEFAULT_BLOCK_SIZE,
     INDEXER_QUANT_BLOCK,
+    backend_block_size,
     indexer_kv_cache_spec,
     kv_element_bytes,
     kv_heads_per_rank,
@@ -24,9 +26,6 @@ from kvpools_core.vllm.specs import KVCacheSpec
 if TYPE_CHECKING:
     from kvpools_core.registry import Registry
     from kvpools_core.values import ModelSpec, Serving
-
-DEFAULT_BLOCK_SIZE = 16
-"""``vllm.config.cache.DEFAULT_BLOCK_SIZE``: ``--block-size`` when neither the user nor the backend picks one."""
 
 
 def worker_kv_cache_specs(
@@ -42,6 +41,9 @@ def worker_kv_cache_specs(
     workers: list[dict[str, KVCacheSpec]] = [{} for _ in ranges]
     for name, spec in specs.items():
         index = layer_index(name)
+        if index is not None and index >= model.num_layers:
+            # a decoder layer's second cache, named num_layers + i (Falcon-H1's SSM branch, falcon_h1.py L343-345)
+            index -= model.num_layers
         stage = next((rank for rank, layers in enumerate(ranges) if index in layers), None)
         if stage is None:
             raise UnsupportedCombinationError(f"vLLM layer {name!r} is outside the model's {model.num_layers} layers.")
@@ -52,6 +54,7 @@ def worker_kv_cache_specs(
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "INDEXER_QUANT_BLOCK",
+    "backend_block_size",
     "indexer_kv_cache_spec",
     "kv_element_bytes",
     "kv_heads_per_rank",

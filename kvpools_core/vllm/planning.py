@@ -11,7 +11,6 @@ The differential tests (``tests/vllm/test_differential.py``) run vLLM's own func
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
@@ -103,50 +102,15 @@ class KVCacheGroupSpec:
         return cdiv(spec.max_memory_usage_bytes(limits), spec.page_size_bytes)
 
 
-# ---------------------------------------------------------------------------
-# block size resolution for Mamba hybrids (Platform._align_hybrid_block_size, platforms/interface.py L940)
-# ---------------------------------------------------------------------------
-
-
-def align_hybrid_block_size(
-    *,
-    block_size: int,
-    attn_page_size_1_token: int,
-    mamba_page_size: int,
-    kernel_block_size: int,
-    backend_block_alignment: int = 1,
-    use_mla: bool = False,
-    prefill_checkpoint_alignment: int | None = None,
-) -> tuple[int, int | None]:
-    """``Platform._align_hybrid_block_size``: the attention block size of a Mamba hybrid, and the padded Mamba page.
-
-    The attention block grows until one attention page holds a Mamba state: ``align * cdiv(mamba_page, align *
-    attn_page_per_token)`` tokens, ``align`` = the backend's smallest kernel block (at least the configured block
-    size; at least 128 for MLA; a multiple of the prefill checkpoint alignment in ``align`` mode), then rounded up to
-    ``backend_block_alignment`` (the lcm of every attention backend's smallest kernel block).  The Mamba page is then
-    padded to the attention page ("Padding mamba page size by X% ..."); ``None`` when they are already equal.
-    Returns ``(block_size, mamba_page_size_padded)``.
-    """
-    for name, value in (
-        ("block_size", block_size),
-        ("attn_page_size_1_token", attn_page_size_1_token),
-        ("kernel_block_size", kernel_block_size),
-        ("backend_block_alignment", backend_block_alignment),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}.")
-    if mamba_page_size <= 0:
-        return block_size, None
-    align = max(kernel_block_size, block_size)
-    if use_mla:
-        align = max(align, 128)
-    if prefill_checkpoint_alignment is not None:
-        align = math.lcm(align, prefill_checkpoint_alignment or 1)
-    attn_block_size = align * cdiv(mamba_page_size, align * attn_page_size_1_token)
-    attn_block_size = backend_block_alignment * cdiv(attn_block_size, backend_block_alignment)
-    block_size = max(block_size, attn_block_size)
-    attn_page_size = block_size * attn_page_size_1_token
-    return block_size, None if attn_page_size == mamba_page_size else attn_page_size
+def mamba_cache_mode_of(worker_specs: Iterable[Mapping[str, KVCacheSpec]]) -> str:
+    """The ``cache_config.mamba_cache_mode`` the layer specs were built under: every ``MambaSpec`` records it
+    (``MambaBase.get_kv_cache_spec``, ``mamba/abstract.py`` L83); ``"none"`` for a model without Mamba layers."""
+    modes = {
+        spec.mamba_cache_mode for worker in worker_specs for spec in worker.values() if isinstance(spec, MambaSpec)
+    }
+    if len(modes) > 1:
+        raise ConfigError(f"the Mamba layers were built under different mamba_cache_mode values {sorted(modes)}.")
+    return modes.pop() if modes else "none"
 
 
 # ---------------------------------------------------------------------------
@@ -183,6 +147,7 @@ def is_uniform_type(specs: Mapping[str, KVCacheSpec]) -> bool:
             isinstance(s, MambaSpec)
             and s.num_speculative_blocks == first.num_speculative_blocks
             and s.num_prefill_checkpoint_blocks == first.num_prefill_checkpoint_blocks
+            and s.prefill_checkpoint_alignment == first.prefill_checkpoint_alignment
             and s.page_size_bytes == first.page_size_bytes
             for s in values
         )

@@ -7,7 +7,8 @@ class-exact, as vLLM's dataclass equality is, because grouping buckets layers by
 
 Modelled: one state per token (``tokens_per_state == 1``, i.e. no DeepSeek-V4 compression), dense or
 ``state_content_bytes``-packed content, ``page_size_padded``, no ``block_stride_alignment`` (the default
-``None``, i.e. 1).  Dtypes are carried as their byte size (``get_dtype_size``).
+``None``, i.e. 1).  Dtypes are carried as their byte size (``get_dtype_size``); a ``MambaSpec`` also records
+vLLM's ``mamba_type``, so two mixers with equal byte sizes still group apart, as in vLLM.
 """
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ def _positive(_instance: Any, attribute: attrs.Attribute[Any], value: int) -> No
 def _non_negative(_instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidValueError(f"{attribute.name} must be a non-negative integer, got {value!r}.")
+
+
+def _one_of(choices: tuple[str, ...]) -> Any:
+    def check(_instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+        if value not in choices:
+            raise InvalidValueError(f"{attribute.name} must be one of {', '.join(choices)}, got {value!r}.")
+
+    return check
 
 
 def _optional_positive(instance: Any, attribute: attrs.Attribute[Any], value: int | None) -> None:
@@ -166,16 +175,29 @@ def _int_tuple(values: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in values)
 
 
+MAMBA_TYPES = ("mamba1", "mamba2", "short_conv", "linear", "gdn_attn")
+"""``MambaAttentionBackendEnum`` members (``v1/attention/backends/registry.py`` L290-294), lower-cased: the mixer
+kind a ``MambaSpec`` records (part of its equality, so two mixers never share a group)."""
+
+
 @attrs.frozen(kw_only=True)
 class MambaSpec(KVCacheSpec):
     """``MambaSpec`` (L1094): one state per request, page = ``Σ prod(shape) * dtype_bytes`` whatever the block
-    size; ``mamba_cache_mode == "align"`` holds ``2 + spec + checkpoint`` pages, otherwise ``1 + spec``."""
+    size; ``mamba_cache_mode == "align"`` holds ``2 + spec + checkpoint`` pages, otherwise ``1 + spec``.
+
+    ``mamba_type``, ``mamba_cache_mode`` and ``prefill_checkpoint_alignment`` change no size but are fields of
+    vLLM's dataclass, so they take part in equality (grouping) as there; the size formulas read the mode from
+    ``VllmLimits``, as vLLM reads ``cache_config.mamba_cache_mode``.
+    """
 
     shapes: tuple[tuple[int, ...], ...] = attrs.field(converter=_shape_tuple)
     dtype_bytes: tuple[int, ...] = attrs.field(converter=_int_tuple)
     page_size_padded: int | None = attrs.field(default=None, validator=_optional_positive)
+    mamba_type: str = attrs.field(default="mamba2", validator=_one_of(MAMBA_TYPES))
+    mamba_cache_mode: str = attrs.field(default="none", validator=_one_of(("none", "align", "all")))
     num_speculative_blocks: int = attrs.field(default=0, validator=_non_negative)
     num_prefill_checkpoint_blocks: int = attrs.field(default=0, validator=_non_negative)
+    prefill_checkpoint_alignment: int | None = attrs.field(default=None, validator=_optional_positive)
 
     def __attrs_post_init__(self) -> None:
         if not self.shapes or len(self.shapes) != len(self.dtype_bytes):

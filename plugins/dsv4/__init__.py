@@ -48,6 +48,22 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
+    """Refused by name: vLLM 0.33 serves DeepSeek-V4 (``vllm/models/deepseek_v4``), but its layers build specs
+    kvpools' vLLM planner does not model: compressed ``MLAAttentionSpec`` states (``tokens_per_state`` =
+    ``compress_ratio``, 512/576-byte ``alignment`` padding, ``attention.py`` L860-883), the compressors'
+    ``SlidingWindowMLASpec`` (``compressor.py`` L175-192) and the SWA cache."""
+    from kvpools_core.errors import UnsupportedCombinationError
+
+    raise UnsupportedCombinationError(
+        f"{model.name}: --accounting vllm does not model DeepSeek-V4 yet: vLLM 0.33.0 builds its compressed MLA "
+        "caches (MLAAttentionSpec with tokens_per_state = compress_ratio and alignment padding, the compressors' "
+        "SlidingWindowMLASpec), which kvpools' vLLM planner does not have; use --accounting sglang or exact."
+    )
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
     return dsv4_cell_size(model, serving)
 

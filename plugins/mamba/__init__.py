@@ -93,6 +93,16 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
+    """vLLM 0.33's specs: a ``MambaSpec`` per recurrent layer, a ``FullAttentionSpec`` per attention layer, the
+    block size aligned to the state (:mod:`.vllm`)."""
+    from .vllm import hybrid_vllm_specs
+
+    return dict(hybrid_vllm_specs(model, serving, block_size))
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing | None:
     return size_hybrid_pools(
         model, serving, cell, budget, owner=ARCHITECTURE, state_layers=len(rank_state_layer_ids(model, serving))

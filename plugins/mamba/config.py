@@ -187,6 +187,7 @@ def hybrid_model_spec(config: Mapping[str, Any], source: str, *, architecture: s
             "ssm_dtype": _ssm_dtype(reader, family),
             # Falcon-H1 shards its state over the whole TP group, the others over attention TP.
             "state_tp": "tensor" if family == "falcon_h1" else "attention",
+            "vllm": _vllm_readings(outer, reader, family),
         },
     )
 
@@ -421,6 +422,44 @@ def _ssm_dtype(reader: ConfigReader, family: str) -> str | None:
     if value not in _SSM_DTYPES:
         raise reader.error("mamba_ssm_dtype", f"is {value!r}", f"Use one of {', '.join(_SSM_DTYPES)}.")
     return value
+
+
+# Where vLLM 0.33 reads the SSM state dtype (``model_executor/models/config.py``): NemotronH's
+# ``mamba_ssm_cache_dtype`` (default float32, L812-839), Qwen3.5's ``mamba_ssm_dtype`` (L953-978); the other
+# families keep ``--mamba-ssm-cache-dtype auto``, the conv state's (model) dtype.
+_VLLM_SSM_DTYPE_KEYS = {"nemotron_h": ("mamba_ssm_cache_dtype", "float32")}
+_QWEN3_5_ARCHITECTURES = frozenset(
+    {
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5MoeForCausalLM",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
+    }
+)
+_VLLM_SSM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _vllm_readings(outer: ConfigReader, reader: ConfigReader, family: str) -> dict[str, Any]:
+    """The config fields vLLM reads differently from SGLang, for ``--accounting vllm`` (``plugins/mamba/vllm.py``).
+
+    ``ssm_dtype``: the ``mamba_ssm_cache_dtype`` vLLM's config hooks set (``"auto"``: the conv state's dtype).
+    ``d_ssm``: Falcon-H1's ``mamba_d_ssm`` as given (``None`` when absent: vLLM then reads transformers'
+    default, which kvpools does not guess).
+    """
+    architectures = outer.string_list("architectures") or reader.string_list("architectures")
+    key, default = _VLLM_SSM_DTYPE_KEYS.get(family, ("", "auto"))
+    if family == "qwen_gdn" and architectures and architectures[0] in _QWEN3_5_ARCHITECTURES:
+        key, default = "mamba_ssm_dtype", "auto"
+    ssm_dtype = default
+    if key and reader.has(key):
+        ssm_dtype = reader.string(key)
+        if ssm_dtype not in _VLLM_SSM_DTYPES:
+            raise reader.error(key, f"is {ssm_dtype!r}", f"Use one of {', '.join(_VLLM_SSM_DTYPES)}.")
+    return {
+        "ssm_dtype": ssm_dtype,
+        "d_ssm": reader.optional_integer("mamba_d_ssm") if family == "falcon_h1" else None,
+        "architecture": architectures[0] if architectures else "",
+    }
 
 
 # ---------------------------------------------------------------------------

@@ -112,6 +112,56 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
     return []
 
 
+MINIMAX_M3_KERNEL_BLOCK = 128
+"""``MiniMaxM3SparseBackend`` and ``MiniMaxM3IndexerBackend.get_supported_kernel_block_sizes``: ``[128]``, one
+sparse block per page (vLLM 0.33 ``models/minimax_m3/common/sparse_attention.py`` L165-167, ``indexer.py``
+L94-95)."""
+FLASH_ATTENTION_KERNEL_BLOCK = 16
+"""CUDA's FlashAttention (the dense layers' ``Attention``): ``MultipleOf(16)`` (``flash_attn.py`` L367)."""
+INDEXER_KV_BYTES = 2
+"""``attention_config.resolve_indexer_kv_dtype("bf16")`` (``nvidia/model.py`` L505-509): a bf16 index key unless
+``--attention-config`` sets ``indexer_kv_dtype``, whatever ``--kv-cache-dtype`` says."""
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
+    """vLLM 0.33's MiniMax-M3 (``vllm/models/minimax_m3/nvidia/model.py``): a dense layer's ``Attention`` builds a
+    ``FullAttentionSpec``; a sparse layer (``sparse_attention_freq`` != 0, L99-107, L708-726) registers its
+    indexer's key cache first, ``MiniMaxM3IndexerCache.get_kv_cache_spec`` (``common/indexer.py`` L145-153: an
+    ``MLAAttentionSpec`` with one ``sparse_index_dim`` key per token, role indexer; M3 never creates the index
+    value, L392-407), then its main K/V, a ``FullAttentionSpec`` (L562-571).  KV heads per rank are
+    ``max(1, heads // tp)``.  The block size is the backends' common one: 128 (:func:`backend_block_size`)."""
+    from kvpools_core.vllm.layers import backend_block_size, kv_element_bytes, kv_heads_per_rank
+    from kvpools_core.vllm.specs import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec
+
+    sparse = any(layer.kind == SPARSE for layer in model.layers)
+    kernels = [[FLASH_ATTENTION_KERNEL_BLOCK]] if any(layer.kind == DENSE for layer in model.layers) else []
+    if sparse:
+        kernels += [[MINIMAX_M3_KERNEL_BLOCK], [MINIMAX_M3_KERNEL_BLOCK]]
+    block = backend_block_size(block_size, kernels, "MiniMax-M3's attention backends")
+    dtype_bytes = kv_element_bytes(model, serving)
+    specs: dict[str, KVCacheSpec] = {}
+    for layer in model.layers:
+        name = f"model.layers.{layer.index}.self_attn.attn"
+        if layer.kind == SPARSE:
+            specs[f"{name}.index_cache"] = MLAAttentionSpec(
+                block_size=block,
+                num_kv_heads=1,
+                head_size=int(layer.params["index_head_dim"]),
+                dtype_bytes=INDEXER_KV_BYTES,
+                cache_role="indexer",
+            )
+        specs[name] = FullAttentionSpec(
+            block_size=block,
+            num_kv_heads=kv_heads_per_rank(layer.num_kv_heads, serving.tp_size),
+            head_size=layer.head_dim,
+            head_size_v=layer.v_head_dim,
+            dtype_bytes=dtype_bytes,
+        )
+    return specs
+
+
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def host_mirrors(plan: Plan) -> dict[str, str | None] | None:

@@ -140,11 +140,51 @@ def test_memory_check_is_vllms_one_line_error(kvpools_exe: str, cli_env: dict[st
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
 
 
+def test_jamba_hybrid_at_40gib_by_hand() -> None:
+    """jamba-1.5-mini: 32 layers, attention at 4, 12, 20, 28 (8 KV heads x 128), 28 Mamba-1 layers (inner 2 x
+    4096, d_state 16, d_conv 4), bf16, vLLM's default prefix caching (mamba_cache_mode align)."""
+    data = cli_json(
+        "plan", "jamba-1.5-mini", "--accounting", "vllm", "--memory", "40GiB", "--max-model-len", "32768"
+    )  # fmt: skip
+    conv, ssm = 3 * 8192 * 2, 8192 * 16 * 2  # (d_conv - 1, inner) and (inner, d_state), both bf16 (ssm dtype auto)
+    state = conv + ssm
+    assert state == 311_296
+    attention_per_token = 8 * (128 + 128) * 2
+    # _align_hybrid_block_size: 16 x cdiv(state, 16 x 4096) = 80 tokens, the state padded to the 80-token page
+    block_size = 16 * math.ceil(state / (16 * attention_per_token))
+    page = block_size * attention_per_token
+    assert (block_size, page) == (80, 327_680)
+    groups = data["kv_cache_groups"]
+    # 28 Mamba layers and 4 attention layers, one page size: groups of 4 layers, Mamba first (layer 0 is Mamba)
+    assert [(g["spec"], g["num_layers"], g["block_size"], g["page_size_bytes"]) for g in groups] == [
+        ("MambaSpec", 4, 80, page)
+    ] * 7 + [("FullAttentionSpec", 4, 80, page)]
+    assert groups[-1]["layer_names"] == [f"model.layers.{i}.attn" for i in (4, 12, 20, 28)]
+    mamba_layers = [i for i in range(32) if i not in (4, 12, 20, 28)]
+    assert (
+        groups[0]["layer_names"]
+        == [f"model.layers.{i}.mixer" for i in mamba_layers[0::7]]
+        == [f"model.layers.{i}.mixer" for i in (0, 8, 16, 24)]
+    )
+    assert data["bytes_per_block"] == [4 * page]
+    assert data["num_gpu_blocks"] == 40 * GiB // (4 * page) == 32768
+    # a request: cdiv(32768, 80) attention blocks + 7 Mamba groups x 2 blocks (align: running + cached state)
+    assert data["blocks_per_request"] == math.ceil(32768 / 80) + 7 * 2 == 424
+    assert data["max_concurrency"] == 32768 / 424
+    assert data["kv_cache_size_tokens"] == int(32768 / 424 * 32768)
+
+
 def test_unmodelled_architectures_are_refused_by_plugin() -> None:
-    result = cli("plan", "falcon-h1-7b", "--accounting", "vllm", "--memory", "10GiB")
+    result = cli("plan", "deepseek-v4-flash", "--accounting", "vllm", "--memory", "10GiB")
     assert result.exit_code == 1
-    assert "parsed by the 'mamba' plugin, which does not answer vllm_kv_cache_specs" in result.stderr
-    assert "not modelled for it yet" in result.stderr
+    assert "--accounting vllm does not model DeepSeek-V4 yet: vLLM 0.33.0 builds" in result.stderr
+    result = cli("plan", "kimi-linear-48b-a3b-instruct-nvfp4", "--accounting", "vllm", "--memory", "10GiB")
+    assert result.exit_code == 1
+    assert "vllm.models.kimi_k3, whose MLA backend block sizes and KDA prefill checkpoints" in result.stderr
+    result = cli("plan", "falcon-h1-0.5b", "--accounting", "vllm", "--memory", "10GiB")
+    assert result.exit_code == 1
+    assert "sizes Falcon-H1's Mamba2 state from mamba_d_ssm, which this config lacks" in result.stderr
+    assert "Traceback" not in result.output + result.stderr
 
 
 @pytest.mark.parametrize(
@@ -231,7 +271,14 @@ def vllm_planner() -> Iterator[Any]:
 
 
 @pytest.mark.parametrize(
-    ("preset", "tp", "pp", "gpu"), [("gpt-oss-120b", 2, 2, "h200"), ("llama-3.1-8b", 1, 1, "h100")]
+    ("preset", "tp", "pp", "gpu"),
+    [
+        ("gpt-oss-120b", 2, 2, "h200"),
+        ("llama-3.1-8b", 1, 1, "h100"),
+        ("qwen3-next-80b-a3b-thinking", 4, 1, "h100"),
+        ("nemotron-3-nano-30b-a3b", 1, 1, "h100"),
+        ("qwen3.5-397b-a17b", 8, 2, "h200"),
+    ],
 )
 def test_plan_vllm_equals_vllm(vllm_planner: Any, registry: Registry, preset: str, tp: int, pp: int, gpu: str) -> None:
     from .test_differential import runner_spec

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from kvpools_core.config import load_model
+from kvpools_core.config import load_model, parse_config
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.registry import Registry
 from kvpools_core.values import Serving
@@ -39,7 +39,7 @@ from kvpools_core.vllm import (
     pp_layer_ranges,
 )
 from kvpools_core.vllm.model import worker_kv_cache_specs
-from kvpools_core.vllm.planning import project_groups_to_worker
+from kvpools_core.vllm.planning import mamba_cache_mode_of, project_groups_to_worker
 
 from .peer import VllmPlanner, require_vllm
 
@@ -99,18 +99,38 @@ def _indexer(block_size: int) -> dict[str, Any]:
     }
 
 
-def _mamba(draw: Any, block_size: int, tp: int) -> dict[str, Any]:
-    """Mamba2 conv + SSM state shapes per TP rank (``(k-1, conv_dim)``, ``(heads, head_dim, d_state)``)."""
+def _mamba(draw: Any, block_size: int, tp: int, mode: str) -> dict[str, Any]:
+    """A recurrent layer's state per TP rank, as ``MambaStateShapeCalculator`` shapes it: Mamba2 / Gated DeltaNet
+    conv + SSM (``(k-1, conv_dim)``, ``(heads, head_dim, d_state)``), Mamba-1 (``(k-1, inner)``, ``(inner,
+    d_state)``), short conv (one ``(k-1, dim)``) or linear attention (one ``(heads, dim, dim)``); in ``align``
+    mode, sometimes the GDN prefill checkpoint block on the block grid."""
+    mamba_type = draw(st.sampled_from(["mamba2", "gdn_attn", "mamba1", "short_conv", "linear"]))
     heads = draw(st.sampled_from([8, 32, 64, 128])) // tp or 1
     head_dim = draw(st.sampled_from([64, 128]))
     d_state = draw(st.sampled_from([16, 64, 128]))
     conv_dim = heads * head_dim + 2 * d_state
+    ssm_bytes = draw(st.sampled_from([2, 4]))
+    shapes: list[list[int]]
+    dtype_bytes: list[int]
+    if mamba_type == "mamba1":
+        shapes, dtype_bytes = [[3, heads * head_dim], [heads * head_dim, d_state]], [2, ssm_bytes]
+    elif mamba_type == "short_conv":
+        shapes, dtype_bytes = [[2, heads * head_dim]], [2]
+    elif mamba_type == "linear":
+        shapes, dtype_bytes = [[heads, head_dim, head_dim]], [ssm_bytes]
+    else:
+        shapes, dtype_bytes = [[3, conv_dim], [heads, head_dim, d_state]], [2, ssm_bytes]
+    checkpoint = mode == "align" and mamba_type == "gdn_attn" and draw(st.booleans())
     return {
         "kind": "mamba",
         "block_size": block_size,
-        "shapes": [[3, conv_dim], [heads, head_dim, d_state]],
-        "dtype_bytes": [2, draw(st.sampled_from([2, 4]))],
+        "shapes": shapes,
+        "dtype_bytes": dtype_bytes,
+        "mamba_type": mamba_type,
+        "mamba_cache_mode": mode,
         "num_speculative_blocks": draw(st.sampled_from([0, 0, 1])),
+        "num_prefill_checkpoint_blocks": 1 if checkpoint else 0,
+        "prefill_checkpoint_alignment": block_size if checkpoint else None,
     }
 
 
@@ -124,6 +144,7 @@ def cases(draw: Any) -> dict[str, Any]:
     block_size = draw(st.sampled_from([16, 32, 64, 128]))
     tp = draw(st.sampled_from([1, 2, 4, 8]))
     fp8_ds_mla = draw(st.booleans())
+    mamba_cache_mode = draw(st.sampled_from(["none", "align"]))
     variants: dict[str, list[dict[str, Any]]] = {}
     for kind in kinds:  # one or two shapes per kind: two give uniform-type groups (per-layer head sizes)
         count = draw(st.integers(1, 2))
@@ -134,7 +155,7 @@ def cases(draw: Any) -> dict[str, Any]:
         elif kind in ("mla", "dsa"):
             variants[kind] = [_mla(draw, block_size, fp8_ds_mla)]
         else:
-            variants[kind] = [_mamba(draw, block_size, tp) for _ in range(count)]
+            variants[kind] = [_mamba(draw, block_size, tp, mamba_cache_mode) for _ in range(count)]
     layers: list[dict[str, dict[str, Any]]] = []
     for index in range(num_layers):
         kind = pattern[index % len(pattern)]
@@ -154,7 +175,7 @@ def cases(draw: Any) -> dict[str, Any]:
         "max_concurrent_batches": draw(st.sampled_from([1, pp, pp + 1])),
         # vLLM asserts that sliding-window layers are not DCP-sharded: DCP only for models without them
         "decode_context_parallel_size": 1 if "sliding_window" in kinds else draw(st.sampled_from([1, 1, 2, 4])),
-        "mamba_cache_mode": draw(st.sampled_from(["none", "align"])),
+        "mamba_cache_mode": mamba_cache_mode,
     }
     return {
         "workers": workers,
@@ -175,7 +196,12 @@ def kvpools_spec(data: dict[str, Any]) -> KVCacheSpec:
             block_size=data["block_size"],
             shapes=data["shapes"],
             dtype_bytes=data["dtype_bytes"],
+            page_size_padded=data.get("page_size_padded"),
+            mamba_type=data["mamba_type"],
+            mamba_cache_mode=data["mamba_cache_mode"],
             num_speculative_blocks=data["num_speculative_blocks"],
+            num_prefill_checkpoint_blocks=data["num_prefill_checkpoint_blocks"],
+            prefill_checkpoint_alignment=data["prefill_checkpoint_alignment"],
         )
     common = {
         "block_size": data["block_size"],
@@ -269,7 +295,12 @@ def runner_spec(spec: KVCacheSpec) -> dict[str, Any]:
             "block_size": spec.block_size,
             "shapes": [list(shape) for shape in spec.shapes],
             "dtype_bytes": list(spec.dtype_bytes),
+            "page_size_padded": spec.page_size_padded,
+            "mamba_type": spec.mamba_type,
+            "mamba_cache_mode": spec.mamba_cache_mode,
             "num_speculative_blocks": spec.num_speculative_blocks,
+            "num_prefill_checkpoint_blocks": spec.num_prefill_checkpoint_blocks,
+            "prefill_checkpoint_alignment": spec.prefill_checkpoint_alignment,
         }
     assert isinstance(spec, (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec))
     data: dict[str, Any] = {
@@ -299,6 +330,19 @@ PRESET_CASES = [
     ("mistral-7b-v0.1", 1, 3, 16),
     ("deepseek-v3", 8, 1, 64),
     ("deepseek-v3.2", 8, 2, 64),
+    ("qwen3-next-80b-a3b-thinking", 1, 1, 16),
+    ("qwen3-next-80b-a3b-thinking", 4, 2, 16),
+    ("qwen3.5-35b-a3b", 2, 1, 16),
+    ("qwen3.5-397b-a17b", 8, 2, 32),
+    ("qwen3.6-35b-a3b-nvfp4", 1, 1, 16),
+    ("nemotron-3-nano-30b-a3b", 1, 1, 16),
+    ("nemotron-h-56b-base-8k", 8, 4, 16),
+    ("jamba-1.5-mini", 2, 1, 16),
+    ("jamba-1.5-mini", 1, 2, 64),
+    ("falcon-h1-7b", 1, 1, 16),
+    ("falcon-h1-7b", 2, 3, 16),
+    ("minimax-m3", 4, 1, 16),
+    ("minimax-m3", 8, 2, 256),
 ]
 
 
@@ -310,8 +354,19 @@ def test_preset_plans_equal_vllm(
     """The specs the architecture plugins answer for real models, planned by kvpools and by vLLM."""
     model, _ = load_model(preset, registry)
     workers = worker_kv_cache_specs(model, Serving(tp_size=tp, pp_size=pp), registry, block_size=block_size)
-    limits = VllmLimits(max_model_len=model.context_len, max_num_batched_tokens=8192, max_concurrent_batches=pp)
-    memory = [budget_gib * GiB] * pp
+    limits = VllmLimits(
+        max_model_len=model.context_len,
+        max_num_batched_tokens=8192,
+        max_concurrent_batches=pp,
+        mamba_cache_mode=mamba_cache_mode_of(workers),
+    )
+    _assert_plans_equal(vllm_planner, workers, limits, [budget_gib * GiB] * pp, tp)
+
+
+def _assert_plans_equal(
+    vllm_planner: VllmPlanner, workers: list[dict[str, KVCacheSpec]], limits: VllmLimits, memory: list[int], tp: int
+) -> None:
+    """kvpools' plan of real layer specs and vLLM's: groups, bytes per block, blocks, concurrency (or one refusal)."""
     case = {
         "workers": [{name: runner_spec(spec) for name, spec in worker.items()} for worker in workers],
         "limits": attrs.asdict(limits),
@@ -342,3 +397,153 @@ def test_preset_plans_equal_vllm(
         answer["max_concurrency"],
         answer["kv_cache_size_tokens"],
     )
+
+
+# ---------------------------------------------------------------------------
+# Mamba / linear-attention hybrids: the plugin's specs against vLLM's own calculators and block alignment
+# ---------------------------------------------------------------------------
+
+HYBRID_FAMILIES = ("qwen3_next", "qwen3_5", "nemotron_h", "jamba", "falcon_h1", "granite")
+
+
+@st.composite
+def hybrid_configs(draw: Any) -> dict[str, Any]:
+    """A generated config.json of one hybrid family the mamba plugin parses, the keys vLLM's model class reads."""
+    family = draw(st.sampled_from(HYBRID_FAMILIES))
+    num_layers = draw(st.integers(2, 24))
+    heads = draw(st.sampled_from([8, 16, 32]))
+    config: dict[str, Any] = {
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": draw(st.sampled_from([1, 2, 4, 8])),
+        "head_dim": draw(st.sampled_from([64, 128, 256])),
+        "hidden_size": draw(st.sampled_from([1024, 2048, 4096])),
+        "max_position_embeddings": draw(st.sampled_from([4096, 131072])),
+        "torch_dtype": draw(st.sampled_from(["bfloat16", "float16"])),
+    }
+    attention_at = draw(st.integers(0, num_layers - 1))  # every family keeps at least this attention layer
+    pattern = [draw(st.booleans()) or i == attention_at for i in range(num_layers)]
+    if all(pattern):
+        pattern[(attention_at + 1) % num_layers] = False
+    if family in ("qwen3_next", "qwen3_5"):
+        config.update(
+            architectures=["Qwen3NextForCausalLM" if family == "qwen3_next" else "Qwen3_5MoeForCausalLM"],
+            model_type="qwen3_next" if family == "qwen3_next" else "qwen3_5_moe_text",
+            layer_types=["full_attention" if full else "linear_attention" for full in pattern],
+            linear_num_key_heads=draw(st.sampled_from([8, 16])),
+            linear_num_value_heads=draw(st.sampled_from([16, 32, 64])),
+            linear_key_head_dim=draw(st.sampled_from([64, 128])),
+            linear_value_head_dim=draw(st.sampled_from([64, 128])),
+            linear_conv_kernel_dim=draw(st.sampled_from([2, 4])),
+        )
+        if family == "qwen3_5" and draw(st.booleans()):
+            config["mamba_ssm_dtype"] = draw(st.sampled_from(["float32", "bfloat16"]))
+    elif family == "nemotron_h":
+        config.update(
+            architectures=["NemotronHForCausalLM"],
+            model_type="nemotron_h",
+            hybrid_override_pattern="".join("*" if full else draw(st.sampled_from("MM-E")) for full in pattern),
+            mamba_num_heads=draw(st.sampled_from([32, 64, 128])),
+            mamba_head_dim=draw(st.sampled_from([64, 128])),
+            n_groups=draw(st.sampled_from([1, 2, 8])),
+            ssm_state_size=draw(st.sampled_from([64, 128, 256])),
+            conv_kernel=4,
+        )
+        if "M" not in config["hybrid_override_pattern"]:
+            config["hybrid_override_pattern"] = config["hybrid_override_pattern"].replace("-", "M").replace("E", "M")
+        if draw(st.booleans()):
+            config["mamba_ssm_cache_dtype"] = draw(st.sampled_from(["float32", "bfloat16", "auto"]))
+    elif family == "jamba":
+        period = draw(st.integers(2, 8))
+        config.update(
+            architectures=["JambaForCausalLM"],
+            model_type="jamba",
+            num_hidden_layers=max(num_layers, period),
+            attn_layer_period=period,
+            attn_layer_offset=draw(st.integers(0, period - 1)),
+            mamba_expand=2,
+            mamba_d_state=16,
+            mamba_d_conv=4,
+        )
+    else:
+        mamba_heads = draw(st.sampled_from([16, 24, 32, 64]))
+        d_head = draw(st.sampled_from([32, 64, 128]))
+        config.update(
+            mamba_n_heads=mamba_heads,
+            mamba_d_head=d_head,
+            mamba_n_groups=draw(st.sampled_from([1, 2, 4])),
+            mamba_d_state=draw(st.sampled_from([16, 128, 256])),
+            mamba_d_conv=4,
+        )
+        if family == "falcon_h1":
+            config.update(
+                architectures=["FalconH1ForCausalLM"],
+                model_type="falcon_h1",
+                mamba_d_ssm=mamba_heads * d_head,
+                mamba_expand=2,
+            )
+        else:  # granite: mamba_expand x hidden_size is the heads' width
+            config.update(
+                architectures=["GraniteMoeHybridForCausalLM"],
+                model_type="granitemoehybrid",
+                layer_types=["attention" if full else "mamba" for full in pattern],
+                mamba_expand=1,
+                hidden_size=mamba_heads * d_head,
+            )
+    return config
+
+
+_MAMBA_TYPES = {"qwen_gdn": "gdn_attn", "jamba": "mamba1"}
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(
+    config=hybrid_configs(),
+    tp=st.sampled_from([1, 2, 3, 4, 8]),  # 3 rarely divides a state: vLLM's divide() refuses
+    block_size=st.sampled_from([16, 32, 64, 128, 256, 2048]),
+    kv_cache_dtype=st.sampled_from(["auto", "fp8"]),
+)
+def test_hybrid_specs_equal_vllm(
+    vllm_planner: VllmPlanner, registry: Registry, config: dict[str, Any], tp: int, block_size: int, kv_cache_dtype: str
+) -> None:
+    """The mamba plugin's ``vllm_kv_cache_specs`` against vLLM's own code: ``MambaStateShapeCalculator`` /
+    ``MambaStateDtypeCalculator``, the models' config hooks for the SSM dtype, ``Platform._align_hybrid_block_size``
+    and ``MambaBase.get_kv_cache_spec`` (``vllm_runner._Hybrid``) -- then both plans of those specs."""
+    model, _ = parse_config(config, "generated", registry)
+    family = model.params["family"]
+    serving = Serving(tp_size=tp, kv_cache_dtype=kv_cache_dtype)
+    answer = vllm_planner.plan(
+        {
+            "op": "hybrid_specs",
+            "family": family,
+            "hf": config,
+            "tp_size": tp,
+            "block_size": block_size,
+            "model_dtype_bytes": 2,
+            "num_kv_heads": config["num_key_value_heads"],
+            "head_size": config["head_dim"],
+            "cache_dtype": kv_cache_dtype,
+            "mamba_type": _MAMBA_TYPES.get(family, "mamba2"),
+            "checkpoint_alignment": 64 if family == "qwen_gdn" else None,
+        }
+    )
+    try:
+        (worker,) = worker_kv_cache_specs(model, serving, registry, block_size=block_size)
+    except UnsupportedCombinationError as error:  # the state does not split over TP: vLLM's divide() asserts
+        assert answer.get("error") == "AssertionError", (str(error), answer)
+        event("both refuse the TP split")
+        return
+    assert "error" not in answer, answer
+    expected_mamba = kvpools_spec(answer["mamba"])
+    mambas = [spec for spec in worker.values() if isinstance(spec, MambaSpec)]
+    attentions = [spec for spec in worker.values() if isinstance(spec, FullAttentionSpec)]
+    assert mambas and attentions and len(mambas) + len(attentions) == len(worker)
+    assert all(spec == expected_mamba for spec in mambas), (mambas[0], expected_mamba)
+    assert {(spec.block_size, spec.page_size_bytes) for spec in attentions} == {
+        (answer["block_size"], answer["attention_page"])
+    }
+    event(f"{family}: block {answer['block_size']}, padded {answer['mamba']['page_size_padded'] is not None}")
+    limits = VllmLimits(
+        max_model_len=model.context_len, max_num_batched_tokens=2048, mamba_cache_mode=mamba_cache_mode_of([worker])
+    )
+    _assert_plans_equal(vllm_planner, [worker], limits, [4 * GiB], tp)

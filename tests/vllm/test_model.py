@@ -12,8 +12,15 @@ from kvpools_core.config import load_model
 from kvpools_core.errors import PluginResultError, UnsupportedCombinationError
 from kvpools_core.registry import Registry
 from kvpools_core.values import Serving
-from kvpools_core.vllm import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec, VllmLimits, plan_kv_cache
-from kvpools_core.vllm.model import kv_heads_per_rank, layer_index, worker_kv_cache_specs
+from kvpools_core.vllm import (
+    FullAttentionSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+    VllmLimits,
+    plan_kv_cache,
+)
+from kvpools_core.vllm.model import backend_block_size, kv_heads_per_rank, layer_index, worker_kv_cache_specs
 
 GiB = 1 << 30
 
@@ -87,3 +94,78 @@ def test_dsa_layers_add_the_indexer_key_cache(registry: Registry) -> None:
     plan = plan_kv_cache([specs], [20 * GiB], VllmLimits(max_model_len=163840))
     # latent and indexer are both full-attention typed with one block size: one uniform-type group
     assert len(plan.groups) == 1 and plan.page_sizes == (61 * 64 * (576 * 2 + 132),)
+
+
+def test_gated_deltanet_hybrid_state_block_and_checkpoint(registry: Registry) -> None:
+    """qwen3-next: 48 layers, full attention every 4th (2 KV heads x 256), GDN 16 key / 32 value heads x 128,
+    conv kernel 4, bf16; vLLM keeps the SSM state in the conv's dtype (no mamba_ssm_dtype hook for Qwen3-Next)."""
+    model, _ = load_model("qwen3-next-80b-a3b-thinking", registry)
+    (specs,) = worker_kv_cache_specs(model, Serving(tp_size=2), registry)
+    mamba = specs["model.layers.0.linear_attn"]
+    assert isinstance(mamba, MambaSpec)
+    conv_dim = 2 * 16 * 128 + 32 * 128  # q and k over the key heads, v over the value heads
+    assert mamba.shapes == ((3, conv_dim // 2), (16, 128, 128)) and mamba.dtype_bytes == (2, 2)
+    state = 3 * 4096 * 2 + 16 * 128 * 128 * 2
+    attention = specs["model.layers.3.self_attn.attn"]
+    assert isinstance(attention, FullAttentionSpec)
+    per_token = 1 * (256 + 256) * 2  # 2 KV heads over TP 2
+    # FlashInfer's GDN checkpoint makes blocks multiples of lcm(16, 64) = 64 tokens
+    block = 64 * -(-state // (64 * per_token))
+    assert (attention.block_size, mamba.block_size, mamba.page_size_bytes) == (block, block, block * per_token)
+    assert mamba.page_size_padded == block * per_token > state
+    assert (mamba.mamba_type, mamba.mamba_cache_mode) == ("gdn_attn", "align")
+    assert (mamba.num_prefill_checkpoint_blocks, mamba.prefill_checkpoint_alignment) == (1, block)
+    assert sum(isinstance(spec, MambaSpec) for spec in specs.values()) == 36
+
+
+def test_ssm_dtype_follows_vllms_config_hooks(registry: Registry) -> None:
+    qwen35, _ = load_model("qwen3.5-35b-a3b", registry)  # text_config.mamba_ssm_dtype float32
+    nemotron, _ = load_model("nemotron-3-nano-30b-a3b", registry)  # mamba_ssm_cache_dtype float32
+    jamba, _ = load_model("jamba-1.5-mini", registry)  # no hook: the conv's bf16
+    for model, dtypes in ((qwen35, (2, 4)), (nemotron, (2, 4)), (jamba, (2, 2))):
+        (specs,) = worker_kv_cache_specs(model, Serving(), registry)
+        assert {spec.dtype_bytes for spec in specs.values() if isinstance(spec, MambaSpec)} == {dtypes}
+    # --kv-cache-dtype changes the attention pages, not the state
+    (specs,) = worker_kv_cache_specs(jamba, Serving(kv_cache_dtype="fp8"), registry)
+    states = {spec.state_bytes for spec in specs.values() if isinstance(spec, MambaSpec)}
+    assert states == {3 * 8192 * 2 + 8192 * 16 * 2}
+
+
+def test_falcon_h1_ssm_branch_is_named_past_the_layers_and_placed_with_its_layer(registry: Registry) -> None:
+    model, _ = load_model("falcon-h1-7b", registry)  # 44 parallel-hybrid layers
+    workers = worker_kv_cache_specs(model, Serving(pp_size=2), registry)
+    first, second = (set(worker) for worker in workers)
+    # falcon_h1.py: the SSM branch of layer i registers as model.{44 + i}.mixer, after the layer's attention
+    assert list(workers[0])[:2] == ["model.layers.0.attn", "model.44.mixer"]
+    assert {"model.layers.21.attn", "model.65.mixer"} <= first and {"model.layers.22.attn", "model.66.mixer"} <= second
+    assert len(first) == len(second) == 44
+
+
+def test_state_that_tp_does_not_divide_is_refused(registry: Registry) -> None:
+    model, _ = load_model("qwen3-next-80b-a3b-thinking", registry)
+    with pytest.raises(UnsupportedCombinationError, match="cannot shard the recurrent state over TP 3"):
+        worker_kv_cache_specs(model, Serving(tp_size=3), registry)
+
+
+def test_minimax_m3_indexer_and_backend_block_size(registry: Registry) -> None:
+    model, _ = load_model("minimax-m3", registry)  # 60 layers: 3 dense, 57 sparse; 4 KV heads x 128; index 128
+    (specs,) = worker_kv_cache_specs(model, Serving(tp_size=4, kv_cache_dtype="fp8"), registry)
+    index = specs["model.layers.3.self_attn.attn.index_cache"]
+    assert isinstance(index, MLAAttentionSpec) and index.cache_role == "indexer"
+    # the index key stays bf16 whatever --kv-cache-dtype: 128 tokens x 128 x 2 B; the main K/V is fp8
+    assert (index.block_size, index.page_size_bytes) == (128, 128 * 128 * 2)
+    assert specs["model.layers.3.self_attn.attn"].page_size_bytes == 128 * 1 * (128 + 128) * 1
+    assert "model.layers.0.self_attn.attn.index_cache" not in specs and len(specs) == 60 + 57
+    # an explicit block size must be a multiple of the sparse kernels' 128
+    (specs,) = worker_kv_cache_specs(model, Serving(tp_size=4), registry, block_size=256)
+    assert {spec.block_size for spec in specs.values()} == {256}
+    with pytest.raises(UnsupportedCombinationError, match="--block-size 64 is not a multiple of the kernel block"):
+        worker_kv_cache_specs(model, Serving(tp_size=4), registry, block_size=64)
+
+
+@pytest.mark.parametrize(
+    ("block_size", "kernels", "expected"),
+    [(16, [[16]], 16), (16, [[16], [128]], 128), (32, [[16]], 32), (16, [[64, 32], [48]], 96), (256, [[128]], 256)],
+)
+def test_backend_block_size(block_size: int, kernels: list[list[int]], expected: int) -> None:
+    assert backend_block_size(block_size, kernels, "test backends") == expected

@@ -7,6 +7,7 @@ Each expected number is worked out in the comment beside it from the vLLM formul
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ from kvpools_core.vllm import (
     align_hybrid_block_size,
     available_kv_cache_memory,
     get_kv_cache_groups,
+    mamba_cache_mode_of,
     plan_kv_cache,
     pp_layer_ranges,
     unify_kv_cache_spec_page_size,
@@ -173,6 +175,27 @@ def test_bad_values_name_the_field() -> None:
         full(block_size=0)
     with pytest.raises(ConfigError, match="--num-gpu-blocks-override"):
         plan_kv_cache([{"a": full()}], [GiB], VllmLimits(max_model_len=16), num_gpu_blocks_override=0)
+
+
+def test_mamba_cache_mode_comes_from_the_specs_and_checkpoints_keep_groups_apart() -> None:
+    def state(**fields: Any) -> MambaSpec:
+        return MambaSpec(block_size=64, shapes=[(3, 256), (8, 64, 64)], dtype_bytes=[2, 2], **fields)
+
+    aligned = state(mamba_cache_mode="align")
+    assert mamba_cache_mode_of([{"a": full()}]) == "none"
+    assert mamba_cache_mode_of([{"a": full(), "m": aligned}, {"n": aligned}]) == "align"
+    with pytest.raises(ConfigError, match="different mamba_cache_mode values"):
+        mamba_cache_mode_of([{"m": aligned, "n": state()}])
+    with pytest.raises(InvalidValueError, match="mamba_type"):
+        state(mamba_type="kda")
+    # a checkpoint block costs one more page per request in align mode: 2 + 1 pages of 3 x 256 x 2 + 8 x 64 x 64 x 2
+    page = 3 * 256 * 2 + 8 * 64 * 64 * 2
+    checkpoint = state(mamba_cache_mode="align", num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=64)
+    assert checkpoint.max_memory_usage_bytes(VllmLimits(max_model_len=16, mamba_cache_mode="align")) == 3 * page
+    # specs differing only in their checkpoint alignment are not one uniform-type group (vLLM's is_uniform_with_...)
+    other = state(mamba_cache_mode="align", num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=128)
+    groups = get_kv_cache_groups({"a": checkpoint, "b": other})
+    assert [group.layer_names for group in groups] == [("a",), ("b",)]
 
 
 def test_mamba_hybrid_block_size_is_raised_to_hold_a_state() -> None:

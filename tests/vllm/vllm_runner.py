@@ -4,13 +4,17 @@ Started by ``tests/vllm/peer.py`` as ``python vllm_runner.py SHARED_BENCH_DIR``;
 line and writes one JSON answer per stdout line.  The planning functions, spec classes, spec registry and
 layout enum are vLLM's installed code, imported with ``peer_imports`` (``../shared/bench``) as the benchmarks
 do; the stand-ins are only for what planning never reaches on this path (listed in ``_install``) and for
-``VllmConfig`` (a namespace holding exactly the fields the planner reads).  Nothing of vLLM is copied here.
+``VllmConfig`` (a namespace holding exactly the fields the planner reads).  A case with ``"op": "hybrid_specs"``
+asks instead for a Mamba hybrid's layer specs from vLLM's own state calculators, config hooks and block alignment
+(:class:`_Hybrid`, whose docstring lists its stand-ins).  Nothing of vLLM is copied here.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
+import math
 import sys
 import traceback
 from types import SimpleNamespace
@@ -119,10 +123,17 @@ def _spec(interface, data):
     kind = data["kind"]
     common = {"block_size": data["block_size"]}
     if kind == "mamba":
+        from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+
         return interface.MambaSpec(
             shapes=tuple(tuple(s) for s in data["shapes"]),
             dtypes=tuple(getattr(torch, DTYPE_NAMES[b]) for b in data["dtype_bytes"]),
+            page_size_padded=data.get("page_size_padded"),
+            mamba_type=MambaAttentionBackendEnum[data.get("mamba_type", "mamba2").upper()],
+            mamba_cache_mode=data.get("mamba_cache_mode", "none"),
             num_speculative_blocks=data.get("num_speculative_blocks", 0),
+            num_prefill_checkpoint_blocks=data.get("num_prefill_checkpoint_blocks", 0),
+            prefill_checkpoint_alignment=data.get("prefill_checkpoint_alignment"),
             **common,
         )
     attention = dict(
@@ -189,12 +200,266 @@ def _plan(planning, interface, utils, case):
     return answer
 
 
+# ---------------------------------------------------------------------------
+# a Mamba hybrid's layer specs: vLLM's state calculators, block alignment and MambaBase.get_kv_cache_spec
+# ---------------------------------------------------------------------------
+
+
+def _compile_function(path: str, function: ast.FunctionDef, namespace: dict):
+    function.decorator_list = []
+    glb = dict(namespace)
+    exec(compile(ast.Module(body=[function], type_ignores=[]), path, "exec"), glb)
+    return glb[function.name]
+
+
+def _parsed(path: str) -> ast.Module:
+    with open(path) as handle:
+        return ast.parse(handle.read(), path)
+
+
+def _method_from_installed(path: str, class_name: str, method: str, namespace: dict):
+    """Compile one method of a class out of an installed vLLM file (decorators dropped: called as a function with
+    the class or instance passed explicitly).  Nothing is copied: the source is read at run time."""
+    cls = next(node for node in _parsed(path).body if isinstance(node, ast.ClassDef) and node.name == class_name)
+    function = next(node for node in cls.body if isinstance(node, ast.FunctionDef) and node.name == method)
+    return _compile_function(path, function, namespace)
+
+
+def _function_from_installed(path: str, name: str, namespace: dict):
+    """Compile one top-level function out of an installed vLLM file (whose module is too heavy to import here)."""
+    function = next(node for node in _parsed(path).body if isinstance(node, ast.FunctionDef) and node.name == name)
+    return _compile_function(path, function, namespace)
+
+
+class _Hybrid:
+    """vLLM's code for a hybrid's specs: ``MambaStateShapeCalculator`` / ``MambaStateDtypeCalculator``
+    (``mamba_utils.py``), ``Platform._align_hybrid_block_size`` (``platforms/interface.py`` L940),
+    ``MambaBase.get_kv_cache_spec`` (``mamba/abstract.py`` L72) and ``get_mamba_prefill_checkpoint_grid`` (L116).
+
+    Stand-ins: the model class's two classmethods (``get_mamba_state_shape_from_config`` / ``..._dtype_...``, each
+    family's argument mapping as its vLLM model file writes it, calling the real calculators), the attention
+    backend (CUDA's FlashAttention: kernel blocks ``MultipleOf(16)``, ``customize_spec`` the identity) and the
+    Mamba layers' ``get_prefill_checkpoint_alignment`` (the case's: 64 for FlashInfer's GDN prefill, else None).
+    """
+
+    def __init__(self, bench_dir: str) -> None:
+        import contextlib
+        import logging
+        import os
+
+        import peer_imports as p
+
+        self.case: dict = {}
+        checkpoint = lambda vllm_config: self.case.get("checkpoint_alignment")  # noqa: E731
+        p._STUB.add("vllm.config.vllm", set_current_vllm_config=lambda config: contextlib.nullcontext())
+        p._STUB.add("vllm.config.cache", get_kv_cache_dtype_handler=lambda dtype: None)
+        p._STUB.add("vllm.model_executor.layers.mamba.abstract", get_mamba_prefill_checkpoint_alignment=checkpoint)
+        p._STUB.add("vllm.model_executor.models", ModelRegistry=SimpleNamespace(resolve_model_cls=self._model_cls))
+        for package in ("vllm.model_executor", "vllm.model_executor.layers", "vllm.model_executor.layers.mamba"):
+            p._BARE.add(package)
+        distributed = importlib.import_module("vllm.distributed")
+        distributed.divide = p.functions_from_installed_module(
+            "vllm.distributed.utils", ["divide", "ensure_divisibility"], {}
+        )["divide"]
+        self.mamba_utils = importlib.import_module("vllm.model_executor.layers.mamba.mamba_utils")
+        self.interface = importlib.import_module("vllm.v1.kv_cache_interface")
+        root = sys.modules["vllm"].__path__[0]
+        self.align = _method_from_installed(
+            os.path.join(root, "platforms", "interface.py"),
+            "Platform",
+            "_align_hybrid_block_size",
+            {"logger": logging.getLogger("vllm_runner")},
+        )
+        self.get_kv_cache_spec = _method_from_installed(
+            os.path.join(root, "model_executor", "layers", "mamba", "abstract.py"),
+            "MambaBase",
+            "get_kv_cache_spec",
+            {"MambaSpec": self.interface.MambaSpec, "KVCacheSpec": self.interface.KVCacheSpec},
+        )
+        models_config = os.path.join(root, "model_executor", "models", "config.py")
+        namespace = {"logger": logging.getLogger("vllm_runner")}
+        self.nemotron_ssm_dtype = _method_from_installed(
+            models_config, "NemotronHForCausalLMConfig", "update_mamba_ssm_cache_dtype", namespace
+        )
+        self.qwen3_5_ssm_dtype = _method_from_installed(
+            models_config, "Qwen3_5ForConditionalGenerationConfig", "verify_and_update_config", namespace
+        )
+        self.checkpoint_grid = _function_from_installed(
+            os.path.join(root, "model_executor", "layers", "mamba", "abstract.py"),
+            "get_mamba_prefill_checkpoint_grid",
+            {"get_mamba_prefill_checkpoint_alignment": checkpoint, "lcm": math.lcm},
+        )
+
+    def _model_cls(self, architecture, model_config=None):
+        return self, architecture
+
+    def get_mamba_state_shape_from_config(self, vllm_config):
+        """Each family's classmethod: qwen3_next.py L893-912, nemotron_h.py L780-820, jamba.py L470-483,
+        falcon_h1.py L538-571, granitemoehybrid.py L617-645."""
+        hf = SimpleNamespace(**self.case["hf"])
+        tp = vllm_config.parallel_config.tensor_parallel_size
+        calc = self.mamba_utils.MambaStateShapeCalculator
+        family = self.case["family"]
+        if family == "qwen_gdn":
+            return calc.gated_delta_net_state_shape(
+                tp,
+                hf.linear_num_key_heads,
+                hf.linear_num_value_heads,
+                hf.linear_key_head_dim,
+                hf.linear_value_head_dim,
+                hf.linear_conv_kernel_dim,
+                0,
+            )
+        if family == "jamba":
+            return calc.mamba1_state_shape(
+                tp_world_size=tp,
+                intermediate_size=hf.mamba_expand * hf.hidden_size,
+                state_size=hf.mamba_d_state,
+                conv_kernel=hf.mamba_d_conv,
+            )
+        if family == "nemotron_h":
+            return calc.mamba2_state_shape(
+                intermediate_size=hf.mamba_num_heads * hf.mamba_head_dim,
+                tp_world_size=tp,
+                n_groups=hf.n_groups,
+                num_heads=hf.mamba_num_heads,
+                head_dim=hf.mamba_head_dim,
+                state_size=hf.ssm_state_size,
+                conv_kernel=hf.conv_kernel,
+                num_spec=0,
+            )
+        intermediate = hf.mamba_expand * hf.hidden_size
+        if family == "falcon_h1" and hf.mamba_d_ssm is not None:
+            intermediate = hf.mamba_d_ssm
+        return calc.mamba2_state_shape(
+            intermediate_size=intermediate,
+            tp_world_size=tp,
+            n_groups=hf.mamba_n_groups,
+            num_heads=hf.mamba_n_heads,
+            head_dim=hf.mamba_d_head,
+            state_size=hf.mamba_d_state,
+            conv_kernel=hf.mamba_d_conv,
+            num_spec=0,
+        )
+
+    def get_mamba_state_dtype_from_config(self, vllm_config):
+        calc = self.mamba_utils.MambaStateDtypeCalculator
+        cache = vllm_config.cache_config
+        return calc._mamba_state_dtype(
+            vllm_config.model_config.dtype, cache.mamba_cache_dtype, cache.mamba_ssm_cache_dtype
+        )
+
+    def specs(self, case):
+        """The hybrid's attention block size, its Mamba layer's spec and its attention layer's page."""
+        import torch
+
+        self.case = case
+        tp = case["tp_size"]
+        model_dtype = getattr(torch, DTYPE_NAMES[case["model_dtype_bytes"]])
+        model_config = SimpleNamespace(
+            dtype=model_dtype,
+            use_mla=False,
+            architecture=case["family"],
+            get_num_kv_heads=lambda parallel: max(1, case["num_kv_heads"] // parallel.tensor_parallel_size),
+            get_head_size=lambda: case["head_size"],
+        )
+        cache_config = SimpleNamespace(
+            cache_dtype=case["cache_dtype"],
+            block_size=case["block_size"],
+            mamba_cache_mode="align",
+            mamba_block_size=case["block_size"],  # MambaModelConfig with prefix caching (models/config.py L778)
+            mamba_page_size_padded=None,
+            mamba_cache_dtype="auto",
+            mamba_ssm_cache_dtype="auto",
+            kv_cache_dtype_skip_layers=None,
+            prefix_match_unit=None,
+            use_replayssm=False,
+        )
+        hf_config = SimpleNamespace(**case["hf"])
+        architecture = case["hf"]["architectures"][0]
+        if architecture.startswith("NemotronH"):  # MODELS_CONFIG_MAP (models/config.py L1251)
+            nemotron = SimpleNamespace(DEFAULT_MAMBA_SSM_CACHE_DTYPE="float32")
+            self.nemotron_ssm_dtype(nemotron, cache_config=cache_config, hf_config=hf_config)
+        elif architecture.startswith("Qwen3_5"):  # L1259-1262
+            config = SimpleNamespace(cache_config=cache_config, model_config=SimpleNamespace(hf_text_config=hf_config))
+            self.qwen3_5_ssm_dtype(config)
+        multiple_of = importlib.import_module("vllm.v1.attention.backend").MultipleOf()
+        multiple_of.base = 16
+
+        class FlashAttention:
+            @staticmethod
+            def get_supported_kernel_block_sizes():
+                return [multiple_of]
+
+            @staticmethod
+            def customize_spec(spec):
+                return spec
+
+        platform = SimpleNamespace(_find_non_ssm_backends=lambda config: [FlashAttention])
+        vllm_config = SimpleNamespace(
+            model_config=model_config,
+            cache_config=cache_config,
+            parallel_config=SimpleNamespace(tensor_parallel_size=tp),
+            num_speculative_tokens=0,
+        )
+        self.align(platform, vllm_config, FlashAttention)
+        layer = SimpleNamespace(
+            get_state_shape=lambda: self.get_mamba_state_shape_from_config(vllm_config),
+            get_state_dtype=lambda: self.get_mamba_state_dtype_from_config(vllm_config),
+            mamba_type=self.mamba_utils.MambaAttentionBackendEnum[case["mamba_type"].upper()],
+            is_kv_cache_tp_replicated=False,
+        )
+        vllm_config.cache_config.use_replayssm = False
+        mamba = self.get_kv_cache_spec(layer, vllm_config)
+        if case.get("checkpoint_alignment") is not None:  # QwenGatedDeltaNetAttention.get_kv_cache_spec L739-750
+            import dataclasses
+
+            mamba = dataclasses.replace(
+                mamba,
+                num_prefill_checkpoint_blocks=1,
+                prefill_checkpoint_alignment=self.checkpoint_grid(vllm_config),
+            )
+        kv_dtype = model_dtype if case["cache_dtype"] == "auto" else getattr(torch, DTYPE_NAMES[1])
+        attention = self.interface.FullAttentionSpec(
+            block_size=cache_config.block_size,
+            num_kv_heads=model_config.get_num_kv_heads(vllm_config.parallel_config),
+            head_size=case["head_size"],
+            dtype=kv_dtype,
+        )
+        from vllm.utils.torch_utils import get_dtype_size
+
+        return {
+            "block_size": cache_config.block_size,
+            "attention_page": attention.page_size_bytes,
+            "mamba": {
+                "kind": "mamba",
+                "block_size": mamba.block_size,
+                "shapes": [list(shape) for shape in mamba.shapes],
+                "dtype_bytes": [get_dtype_size(dtype) for dtype in mamba.dtypes],
+                "page_size_padded": mamba.page_size_padded,
+                "mamba_type": mamba.mamba_type.name.lower(),
+                "mamba_cache_mode": mamba.mamba_cache_mode,
+                "num_speculative_blocks": mamba.num_speculative_blocks,
+                "num_prefill_checkpoint_blocks": mamba.num_prefill_checkpoint_blocks,
+                "prefill_checkpoint_alignment": mamba.prefill_checkpoint_alignment,
+            },
+        }
+
+
 def main() -> None:
     planning, interface, utils = _install(sys.argv[1])
+    hybrid = _Hybrid(sys.argv[1])
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         try:
-            answer = _plan(planning, interface, utils, json.loads(line))
+            case = json.loads(line)
+            if case.get("op") == "hybrid_specs":
+                try:
+                    print(json.dumps(hybrid.specs(case)), flush=True)
+                except AssertionError as error:  # vLLM's divide(): the state does not split over this TP size
+                    print(json.dumps({"error": "AssertionError", "message": str(error)}), flush=True)
+                continue
+            answer = _plan(planning, interface, utils, case)
         except Exception as error:  # reported to the test, which fails with vLLM's traceback
             answer = {"error": type(error).__name__, "message": str(error), "traceback": traceback.format_exc()}
         print(json.dumps(answer), flush=True)

@@ -1,0 +1,187 @@
+"""The layer specs vLLM 0.33 builds for a Mamba / linear-attention hybrid (``--accounting vllm``).
+
+Line numbers are vLLM 0.33.0's.  Each recurrent layer's ``MambaBase.get_kv_cache_spec``
+(``model_executor/layers/mamba/abstract.py`` L72-91) answers a ``MambaSpec`` of its state shapes and dtypes
+(``mamba_utils.py``: ``MambaStateShapeCalculator`` L152-319, ``MambaStateDtypeCalculator`` L53-149), each
+attention layer a ``FullAttentionSpec``.  What the engine decides before the specs are built:
+
+* ``vllm serve`` enables prefix caching for hybrid models (``ModelConfig.is_prefix_caching_supported``,
+  ``config/model.py`` L2277), so ``MambaModelConfig.verify_and_update_config`` (``models/config.py`` L750-787)
+  sets ``mamba_cache_mode = "align"`` and ``mamba_block_size = block_size``.
+* ``Platform._align_hybrid_block_size`` (``platforms/interface.py`` L940-1132) grows the attention block until
+  an attention page holds a Mamba state and pads the Mamba page to it
+  (:func:`kvpools_core.vllm.layers.align_hybrid_block_size`).  The backend is CUDA's default on Hopper:
+  FlashAttention for the attention layers (kernel blocks ``MultipleOf(16)``, ``flash_attn.py`` L357-367) and,
+  for Gated DeltaNet, FlashInfer's prefill (``qwen_gdn_linear_attn.py`` L246-267), which in ``align`` mode
+  exports one prefill checkpoint per request on a 64-token grid (L688-750, ``gdn_attn.py`` L34): one more
+  Mamba block per request and blocks a multiple of 64 tokens.  On a GPU without FlashInfer's GDN kernel
+  (before Hopper) vLLM runs Triton instead and the checkpoint is absent.
+* The conv state's dtype is the model dtype (``--mamba-cache-dtype auto``), the SSM state's the config's
+  where vLLM reads one (``config.py`` ``_vllm_readings``), else the conv's.  ``--kv-cache-dtype`` does not
+  change the state.
+* The state is sharded over the whole TP group (``tensor_parallel_size``; vLLM's ``divide`` asserts it
+  divides); no speculative decoding under ``--accounting vllm``, so ``num_speculative_blocks`` is 0.
+
+Kimi-Linear (KDA beside MLA) is refused: vLLM 0.33 builds it from ``vllm.models.kimi_k3``, whose MLA backend
+(``nvidia/mla.py`` L421-436) and KDA prefill checkpoint (``nvidia/kda.py`` L901-909) depend on kernel choices
+kvpools does not model yet.  On Blackwell, vLLM's attention backend and FA4's 128-token hd256 pages differ from
+Hopper's: not modelled either.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from kvpools_core.dtypes import MODEL_DTYPES, resolve_kv_dtype
+from kvpools_core.errors import ConfigError, UnsupportedCombinationError
+from kvpools_core.options import option
+from kvpools_core.vllm.layers import align_hybrid_block_size, kv_element_bytes, kv_heads_per_rank
+from kvpools_core.vllm.specs import FullAttentionSpec, KVCacheSpec, MambaSpec
+
+from .config import GDN, KDA, KV_KINDS, MAMBA1, STATE_KINDS
+
+if TYPE_CHECKING:
+    from kvpools_core.values import LayerSpec, ModelSpec, Serving
+
+VLLM_VERSION = "0.33.0"
+MAMBA_CACHE_MODE = "align"
+"""``mamba_cache_mode`` under ``vllm serve``'s default prefix caching (``models/config.py`` L763-779)."""
+ATTENTION_KERNEL_BLOCK = 16
+"""Smallest kernel block of CUDA's FlashAttention backend (``MultipleOf(16)``, ``flash_attn.py`` L367)."""
+GDN_CHECKPOINT_ALIGNMENT = 64
+"""``FLASHINFER_GDN_CHECKPOINT_ALIGNMENT`` (``v1/attention/backends/gdn_attn.py`` L34)."""
+
+_MAMBA_TYPE = {MAMBA1: "mamba1", GDN: "gdn_attn"}
+
+
+def _divide(value: int, tp: int, what: str) -> int:
+    """``vllm.distributed.divide``: vLLM asserts the TP size divides the state."""
+    if value % tp:
+        raise UnsupportedCombinationError(
+            f"vLLM {VLLM_VERSION} cannot shard the recurrent state over TP {tp}: {what} is {value}, not a multiple "
+            f"of {tp}. Use a {option('tp_size')} that divides it."
+        )
+    return value // tp
+
+
+def state_shapes(model: ModelSpec, tp: int) -> tuple[tuple[int, ...], ...]:
+    """``MambaStateShapeCalculator`` (``mamba_utils.py``) for one layer on one TP rank, conv window first (the
+    default ``SD`` layout, L28-45): Mamba-1 L171-183, Mamba2 L186-211, Gated DeltaNet L272-293."""
+    geometry = model.params["state"]
+    mixer = model.params["mixer"]
+    window = geometry["conv_kernel"] - 1
+    if mixer == MAMBA1:
+        inner = _divide(geometry["intermediate_size"], tp, "the Mamba-1 inner size (mamba_expand x hidden_size)")
+        return (window, inner), (inner, geometry["state_size"])
+    if mixer == GDN:
+        k_heads, v_heads = geometry["num_k_heads"], geometry["num_v_heads"]
+        k_dim, v_dim = geometry["k_head_dim"], geometry["v_head_dim"]
+        conv_dim = k_dim * k_heads * 2 + v_dim * v_heads
+        return (
+            (window, _divide(conv_dim, tp, "the conv width (2 x key heads x key dim + value heads x value dim)")),
+            (_divide(v_heads, tp, "linear_num_value_heads"), v_dim, k_dim),
+        )
+    groups = geometry["n_groups"]
+    if groups % tp:  # extra_groups_for_head_shards (L261-269)
+        groups = tp
+    intermediate = geometry["intermediate_size"]
+    if model.params["family"] == "falcon_h1":
+        intermediate = _falcon_d_ssm(model)
+    conv_dim = intermediate + 2 * groups * geometry["state_size"]
+    return (
+        (window, _divide(conv_dim, tp, f"the conv width ({conv_dim} after replicating the groups)")),
+        (_divide(geometry["num_heads"], tp, "the mamba heads"), geometry["head_dim"], geometry["state_size"]),
+    )
+
+
+def _falcon_d_ssm(model: ModelSpec) -> int:
+    """``FalconH1SSMDecoderLayer``: ``mamba_d_ssm``, read from the config (``falcon_h1.py`` L112-117, L556-560)."""
+    d_ssm = model.params["vllm"]["d_ssm"]
+    if d_ssm is None:
+        raise ConfigError(
+            f"{model.name}: vLLM {VLLM_VERSION} sizes Falcon-H1's Mamba2 state from mamba_d_ssm, which this config "
+            "lacks (vLLM would take transformers' FalconH1Config default, not mamba_n_heads x mamba_d_head). Add "
+            "mamba_d_ssm from the checkpoint's config.json."
+        )
+    return int(d_ssm)
+
+
+def state_dtype_bytes(model: ModelSpec) -> tuple[int, int]:
+    """``MambaStateDtypeCalculator._mamba_state_dtype`` (L98-110): conv in the model dtype
+    (``--mamba-cache-dtype auto``), SSM in ``mamba_ssm_cache_dtype`` or, when ``auto``, the conv's."""
+    conv = resolve_kv_dtype("auto", model.dtype).element_bytes
+    ssm_dtype = model.params["vllm"]["ssm_dtype"]
+    return conv, conv if ssm_dtype == "auto" else MODEL_DTYPES[ssm_dtype]
+
+
+def _attention_spec(layer: LayerSpec, model: ModelSpec, serving: Serving, block_size: int) -> FullAttentionSpec:
+    return FullAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=kv_heads_per_rank(layer.num_kv_heads, serving.tp_size),
+        head_size=layer.head_dim,
+        head_size_v=layer.v_head_dim,
+        dtype_bytes=kv_element_bytes(model, serving),
+    )
+
+
+def hybrid_vllm_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, KVCacheSpec]:
+    """Every cache layer's spec on one TP rank, named as vLLM's model classes register them."""
+    family = model.params["family"]
+    if model.params["mixer"] == KDA:
+        raise UnsupportedCombinationError(
+            f"{model.name}: vLLM {VLLM_VERSION} serves Kimi-Linear (KDA beside MLA) through vllm.models.kimi_k3, "
+            "whose MLA backend block sizes and KDA prefill checkpoints kvpools does not model yet; use "
+            "--accounting sglang or exact."
+        )
+    shapes = state_shapes(model, serving.tp_size)
+    conv_bytes, ssm_bytes = state_dtype_bytes(model)
+    mamba_page = sum(math.prod(shape) * size for shape, size in zip(shapes, (conv_bytes, ssm_bytes), strict=True))
+    attention = next(layer for layer in model.layers if layer.kind in KV_KINDS)
+    attn_page_1_token = _attention_spec(attention, model, serving, 1).page_size_bytes
+    gdn = model.params["mixer"] == GDN
+    aligned, padded = align_hybrid_block_size(
+        block_size=block_size,
+        attn_page_size_1_token=attn_page_1_token,
+        mamba_page_size=mamba_page,
+        kernel_block_size=ATTENTION_KERNEL_BLOCK,
+        backend_block_alignment=ATTENTION_KERNEL_BLOCK,
+        prefill_checkpoint_alignment=GDN_CHECKPOINT_ALIGNMENT if gdn else None,
+    )
+    mamba = MambaSpec(
+        block_size=aligned,
+        shapes=shapes,
+        dtype_bytes=(conv_bytes, ssm_bytes),
+        page_size_padded=padded,
+        mamba_type=_MAMBA_TYPE.get(model.params["mixer"], "mamba2"),
+        mamba_cache_mode=MAMBA_CACHE_MODE,
+        # the GDN layer's prefill checkpoint on the prefix-cache grid (mamba_block_size), L739-750
+        num_prefill_checkpoint_blocks=1 if gdn else 0,
+        prefill_checkpoint_alignment=aligned if gdn else None,
+    )
+    specs: dict[str, KVCacheSpec] = {}
+    for layer in model.layers:
+        prefix = f"model.layers.{layer.index}"
+        if family == "falcon_h1":
+            # attention first, then the SSM branch under index num_layers + i (falcon_h1.py L335-354)
+            specs[f"{prefix}.attn"] = _attention_spec(layer, model, serving, aligned)
+            specs[f"model.{model.num_layers + layer.index}.mixer"] = mamba
+        elif layer.kind in KV_KINDS:
+            specs[_ATTENTION_NAME[family].format(prefix)] = _attention_spec(layer, model, serving, aligned)
+        elif layer.kind in STATE_KINDS:
+            specs[_STATE_NAME[family].format(prefix)] = mamba
+    return specs
+
+
+_ATTENTION_NAME = {
+    "qwen_gdn": "{}.self_attn.attn",  # qwen3_next.py L353-360, L509-515
+    "nemotron_h": "{}.mixer.attn",  # nemotron_h.py L480-487, L520-526
+    "jamba": "{}.attn",  # jamba.py L182, L231-237
+    "granite": "{}.self_attn.attn",  # granitemoehybrid.py L159-163, L286-293
+}
+_STATE_NAME = {
+    "qwen_gdn": "{}.linear_attn",  # qwen3_next.py L501-504
+    "nemotron_h": "{}.mixer",  # nemotron_h.py L390-405
+    "jamba": "{}.mixer",  # jamba.py L127-141
+    "granite": "{}.mixer",  # granitemoehybrid.py L72-87
+}
