@@ -69,13 +69,13 @@ PUBLIC_MODULES: tuple[str, ...] = (
 Written here, beside ``__all__``, because the facade is the contract (as ``pytest``'s
 ``__init__`` is over ``_pytest``): ``__all__`` lists the public names of this package,
 ``PUBLIC_MODULES`` the public modules.  ``"pkg.*"`` makes every submodule of ``pkg``
-public, so a store or part added there is public at once.  Internal: ``registry``,
-``pipeline``, ``building``, ``defaults``, ``cli``, ``report``, ``build_report``, ``capacity``,
-``capacity_report``, ``fit``, ``fit_report``, ``weights``, the rest of ``vllm`` and ``hookspecs`` (plugins
-take ``hookimpl`` and ``for_architecture`` from ``kvpools_core``); ``integrations`` bridges the
-pools to other tools and model runtimes for users (optional extras), never for plugins.  Plugins reach other
-plugins only through hooks, never by import.  ``tests/plugins/test_boundaries.py``
-enforces both rules on every built-in plugin and on the example distribution;
+public, so a store or part added there is public at once. Internal: ``registry``, ``pipeline``, ``building``,
+``defaults``, ``cli``, ``report``, ``build_report``, ``capacity``, ``capacity_report``, ``compare``,
+``compare_report``, ``fit``, ``fit_report``, ``weights``, the rest of ``vllm`` and ``hookspecs`` (plugins take
+``hookimpl`` and ``for_architecture`` from ``kvpools_core``); ``integrations`` bridges the pools to other
+tools and model runtimes for users (optional extras), never for plugins. Plugins reach other plugins only
+through hooks, never by import. ``tests/plugins/test_boundaries.py`` enforces both rules on every built-in
+plugin and on the example distribution;
 ``is_public_module`` reads this list.
 """
 

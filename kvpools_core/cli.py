@@ -1,4 +1,5 @@
-"""The ``kvpools`` command line: ``plan``, ``capacity``, ``build``, ``fit``, ``sweep``, ``plugins``, ``presets``.
+"""The ``kvpools`` command line: ``plan``, ``capacity``, ``compare``, ``build``, ``fit``, ``sweep``, ``plugins``,
+``presets``.
 
 Serving options are generated from the fields of :class:`Serving`, under
 SGLang's server-arg names, so the CLI can never drift from the values.
@@ -280,7 +281,12 @@ def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 float,
                 "vLLM's fraction of the GPU's TOTAL memory for the instance [default: 0.92].",
             ),
-            ("--max-model-len", int, "vLLM's maximum tokens per request [default: the model's context length]."),
+            (
+                "--max-model-len",
+                str,
+                "vLLM's maximum tokens per request, or auto (-1): the largest the KV cache fits, at most the "
+                "model's [default: the model's context length].",
+            ),
             ("--max-num-seqs", int, "vLLM's cap on running requests [default: vllm serve's for the GPU]."),
             ("--max-num-batched-tokens", int, "vLLM's tokens per step [default: vllm serve's for the GPU]."),
             ("--block-size", int, "vLLM's tokens per KV block [default: 16]."),
@@ -835,6 +841,93 @@ def _vllm_capacity(
         click.echo(json.dumps(capacity_dict(result, contexts), indent=2))
     else:
         render_vllm_capacity(result, contexts, _console())
+
+
+@main.command()
+@click.argument("model")
+@click.option(
+    "--memory",
+    default=None,
+    help="The KV cache's bytes for both engines (SGLang's budget, vLLM's --kv-cache-memory-bytes), e.g. 40GiB.",
+)
+@click.option(
+    "--gpu",
+    default=None,
+    metavar="NAME",
+    help="A catalogue GPU: each engine's own budget on it "
+    "(SGLang's default --mem-fraction-static, vLLM's --gpu-memory-utilization 0.92), both shown.",
+)
+@click.option("--gpu-memory", default=None, help="A GPU of this total memory, like --gpu.")
+@click.option("--weights-memory", default=None, help="With --gpu: one rank's weights [default: kvpools' estimate].")
+@click.option(
+    "--context",
+    "contexts",
+    multiple=True,
+    metavar="L",
+    help="Context lengths to compare concurrency at (repeatable or comma separated; 32768, 32k) "
+    "[default: the context length].",
+)
+@click.option("--tp-size", type=int, default=None, help="Tensor-parallel size (both engines).")
+@click.option(
+    "--kv-cache-dtype",
+    type=click.Choice(KV_DTYPE_CHOICES, case_sensitive=False),
+    default=None,
+    help="KV element type (both engines; auto follows the model dtype).",
+)
+@click.option(
+    "--context-length",
+    type=int,
+    default=None,
+    help="SGLang's --context-length and vLLM's --max-model-len [default: the model's].",
+)
+@click.option("--page-size", type=int, default=None, help="SGLang's tokens per page [default: 1].")
+@click.option("--block-size", type=int, default=None, help="vLLM's tokens per block [default: 16].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_user_facing
+def compare(
+    model: str,
+    memory: str | None,
+    gpu: str | None,
+    gpu_memory: str | None,
+    weights_memory: str | None,
+    contexts: tuple[str, ...],
+    tp_size: int | None,
+    kv_cache_dtype: str | None,
+    context_length: int | None,
+    page_size: int | None,
+    block_size: int | None,
+    as_json: bool,
+) -> None:
+    """MODEL through SGLang's accounting and vLLM's, side by side, from the same budget.
+
+    Per layer group (full attention / MLA, sliding window, state): bytes per token, tokens, vLLM's blocks, and
+    where the engines differ; then the concurrent requests of each --context L in both (docs/compare.md).
+    """
+    from kvpools_core.capacity import parse_context_len
+    from kvpools_core.compare import compare_engines
+    from kvpools_core.compare_report import render_engine_comparison
+
+    fields: dict[str, Any] = {}
+    if tp_size is not None:
+        fields["tp_size"] = tp_size
+    if kv_cache_dtype is not None:
+        fields["kv_cache_dtype"] = kv_cache_dtype.lower()
+    comparison = compare_engines(
+        model,
+        Serving(**fields),
+        contexts=[parse_context_len(item) for text in contexts for item in text.split(",")],
+        memory=memory,
+        gpu=gpu,
+        gpu_memory=gpu_memory,
+        weights_memory=weights_memory,
+        context_length=context_length,
+        page_size=page_size,
+        block_size=block_size,
+    )
+    if as_json:
+        click.echo(json.dumps(comparison.to_dict(), indent=2))
+    else:
+        render_engine_comparison(comparison, _console())
 
 
 _BUILD_DEVICE_HELP = (

@@ -29,6 +29,7 @@ from kvpools_core.vllm.planning import (
     VllmKVCachePlan,
     VllmLimits,
     mamba_cache_mode_of,
+    format_gib,
     plan_kv_cache,
     pp_layer_ranges,
 )
@@ -97,10 +98,31 @@ class VllmPlanResult:
     plan: VllmKVCachePlan
     offload: VllmCpuOffload | None = None
     """vLLM's CPU offload tier (``--kv-offloading-size``), or None without one."""
+    max_model_len_auto: bool = False
+    """``--max-model-len auto`` (or -1): ``plan.max_model_len`` is the auto-fitted length, at most the model's."""
 
     @property
     def max_model_len(self) -> int:
+        """The resolved ``max_model_len``: the one given, the model's, or under ``auto`` the auto-fitted one."""
         return self.plan.max_model_len
+
+    @property
+    def auto_fit_log_line(self) -> str | None:
+        """vLLM's ``_auto_fit_max_model_len`` info line (``kv_cache_planning.py`` L1386-1409, a CUDA device),
+        None without ``auto``."""
+        if not self.max_model_len_auto or self.plan.auto_fit_memory is None:
+            return None
+        derived = self.limits.max_model_len
+        memory = f"{format_gib(self.plan.auto_fit_memory)} GiB GPU"
+        if self.plan.max_model_len >= derived:
+            return (
+                f"Auto-fit max_model_len: full model context length {derived} fits in available KV cache memory "
+                f"({memory})"
+            )
+        return (
+            f"Auto-fit max_model_len: reduced from {derived} to {self.plan.max_model_len} to fit in available KV "
+            f"cache memory ({memory})"
+        )
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -155,6 +177,8 @@ class VllmPlanResult:
             "kv_cache_dtype": self.serving.kv_cache_dtype,
             "block_size": self.block_size,
             "max_model_len": plan.max_model_len,
+            "max_model_len_auto": self.max_model_len_auto,
+            "max_model_len_before_auto_fit": self.limits.max_model_len if self.max_model_len_auto else None,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.limits.max_num_batched_tokens,
             "max_concurrent_batches": self.limits.max_concurrent_batches,
@@ -183,6 +207,7 @@ class VllmPlanResult:
             "kv_cache_tensor_bytes": list(plan.kv_cache_tensor_bytes),
             "log_line": plan.log_line,
             "kv_offloading": None if self.offload is None else self.offload.to_dict(),
+            "auto_fit_log_line": self.auto_fit_log_line,
             "serve_command": self.serve_command(),
             "notes": list(self.notes),
         }
@@ -225,6 +250,30 @@ def sglang_option_refused(name: str) -> str:
     if name == "mem_fraction_static":
         fix += " (a fraction of the TOTAL memory, not of the memory left after the weights)"
     return f"{option(name)} is SGLang's option; {option('accounting')} vllm does not read it: {fix}."
+
+
+AUTO_MAX_MODEL_LEN = -1
+"""``--max-model-len auto`` (or ``-1``): vLLM's ``human_readable_int_or_auto`` (``utils/argparse_utils.py`` L77)
+turns both into -1, ``ModelConfig`` starts from the model's derived length (``config/model.py`` L2642) and
+``get_kv_cache_configs`` lowers it to what fits (``_auto_fit_max_model_len``, ``kv_cache_planning.py`` L1545)."""
+
+
+def parse_max_model_len(value: int | str | None) -> int | None:
+    """``--max-model-len``: a positive integer, ``auto`` or ``-1`` (:data:`AUTO_MAX_MODEL_LEN`), or None."""
+    if value is None:
+        return None
+    parsed: object = value
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() == "auto":
+            return AUTO_MAX_MODEL_LEN
+        parsed = int(text) if text.lstrip("-").isdigit() else text
+    if isinstance(parsed, bool) or not isinstance(parsed, int) or (parsed <= 0 and parsed != AUTO_MAX_MODEL_LEN):
+        raise ConfigError(
+            f"{option('max_model_len')} must be a positive integer, or auto (-1: the largest length the KV cache "
+            f"fits, at most the model's), got {value!r}."
+        )
+    return parsed
 
 
 def _positive(flag: str, value: int | None) -> None:
@@ -279,7 +328,7 @@ def plan_vllm(
     gpu_memory: int | str | None = None,
     gpu_memory_utilization: float | None = None,
     weights_memory: int | str | None = None,
-    max_model_len: int | None = None,
+    max_model_len: int | str | None = None,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     block_size: int | None = None,
@@ -298,7 +347,9 @@ def plan_vllm(
     ``config/cache.py`` L215) minus each stage's weights (``weights_memory``, else kvpools' estimate of the
     stage's layers).  The profile's activation peak, non-torch memory and CUDA-graph estimate are 0: kvpools
     does not run the model, so with a GPU the KV memory is an upper bound (``VllmPlanResult.notes``).
-    ``max_model_len`` defaults to the model's context length; ``max_num_seqs`` / ``max_num_batched_tokens`` to
+    ``max_model_len`` defaults to the model's context length; ``"auto"`` or -1 is vLLM's ``--max-model-len auto``:
+    the model's context length lowered to the largest that every stage's KV cache fits
+    (``VllmPlanResult.max_model_len_auto``); ``max_num_seqs`` / ``max_num_batched_tokens`` to
     ``vllm serve``'s defaults for the GPU (:func:`server_defaults`); ``block_size`` to 16.
     ``kv_offloading_size`` (GiB, the whole engine's) adds vLLM's CPU offload tier (:mod:`kvpools_core.vllm.offload`),
     checked against the node's ``host_memory`` (stated, else measured) less ``host_reserve`` (0 unless given).
@@ -307,8 +358,9 @@ def plan_vllm(
     registry = registry or get_registry()
     serving = attrs.evolve(serving or Serving(), accounting="vllm")
     _check_serving(serving)
+    model_len = parse_max_model_len(max_model_len)
+    auto = model_len == AUTO_MAX_MODEL_LEN
     for name, value in (
-        ("max_model_len", max_model_len),
         ("max_num_seqs", max_num_seqs),
         ("max_num_batched_tokens", max_num_batched_tokens),
         ("block_size", block_size),
@@ -348,7 +400,7 @@ def plan_vllm(
         chosen.total_bytes if chosen else None, chosen.label if chosen else ""
     )
     limits = VllmLimits(
-        max_model_len=max_model_len or spec.context_len,
+        max_model_len=spec.context_len if auto or model_len is None else model_len,
         max_num_batched_tokens=max_num_batched_tokens or default_batched,
         max_concurrent_batches=max_concurrent_batches(serving.pp_size),
         mamba_cache_mode=mamba_cache_mode_of(workers),
@@ -380,6 +432,7 @@ def plan_vllm(
         [budget.available_kv_cache_memory for budget in budgets],
         limits,
         num_gpu_blocks_override=num_gpu_blocks_override,
+        auto_fit_max_model_len=auto,
     )
     offload = None
     if kv_offloading_size is not None:
@@ -411,6 +464,7 @@ def plan_vllm(
         num_gpu_blocks_override=num_gpu_blocks_override,
         plan=plan,
         offload=offload,
+        max_model_len_auto=auto,
     )
 
 
@@ -455,6 +509,7 @@ def capacity_dict(result: VllmPlanResult, contexts: Sequence[int]) -> dict[str, 
 
 
 __all__ = [
+    "AUTO_MAX_MODEL_LEN",
     "VLLM_READ_FIELDS",
     "VLLM_VERSION",
     "VllmPlanResult",
@@ -462,6 +517,7 @@ __all__ = [
     "concurrency_at",
     "group_dict",
     "max_concurrent_batches",
+    "parse_max_model_len",
     "plan_vllm",
     "server_defaults",
 ]

@@ -405,6 +405,8 @@ class VllmKVCachePlan:
     max_concurrency: float
     kv_cache_size_tokens: int
     auto_fit: bool = False
+    auto_fit_memory: int | None = None
+    """Under auto-fit, the limiting worker's memory after the null block, which vLLM's auto-fit line names."""
 
     @property
     def block_sizes(self) -> tuple[int, ...]:
@@ -465,16 +467,19 @@ def plan_kv_cache(
     if num_gpu_blocks_override is not None:
         memory = [num_gpu_blocks_override * block for block in per_block]
     check_memory = [avail - block for avail, block in zip(memory, per_block, strict=True)]
+    auto_fit_memory: int | None = None
     if auto_fit_max_model_len:
-        fitted = min(
-            estimate_max_model_len(groups, limits, avail) for groups, avail in zip(projected, check_memory, strict=True)
-        )
+        fitted, auto_fit_memory = limits.max_model_len, check_memory[0]
+        for groups, avail in zip(projected, check_memory, strict=True):
+            worker_max = estimate_max_model_len(groups, limits, avail)
+            if worker_max < fitted:  # ``_auto_fit_max_model_len`` (L1367-1378): the first worker to set the min
+                fitted, auto_fit_memory = worker_max, avail
         if fitted <= 0:
             raise VllmMemoryError(
                 "Cannot auto-fit max_model_len: not enough GPU memory available to serve even a single token. "
                 "Try increasing `gpu_memory_utilization`."
             )
-        limits = limits.with_max_model_len(min(fitted, limits.max_model_len))
+        limits = limits.with_max_model_len(fitted)
     for groups, avail in zip(projected, check_memory, strict=True):
         check_enough_kv_cache_memory(groups, limits, avail)
     num_blocks = min(avail // block for avail, block in zip(memory, per_block, strict=True))
@@ -490,4 +495,5 @@ def plan_kv_cache(
         max_concurrency=max_concurrency,
         kv_cache_size_tokens=int(max_concurrency * limits.max_model_len),
         auto_fit=auto_fit_max_model_len,
+        auto_fit_memory=auto_fit_memory,
     )

@@ -65,6 +65,8 @@ def render_vllm_plan(result: VllmPlanResult, console: Console) -> None:
     console.print(f"  blocks per request at max_model_len {plan.max_model_len}: {plan.blocks_per_request}")
     console.print(f"  kv_cache_size_tokens: {plan.kv_cache_size_tokens}")
     console.print(f"  max_concurrency: {plan.max_concurrency:.2f}x at {plan.max_model_len} tokens per request")
+    if result.auto_fit_log_line is not None:
+        console.print(f"  vLLM logs: {result.auto_fit_log_line}")
     console.print(f"  vLLM logs: {plan.log_line}")
     for note in result.notes:
         console.print(f"  note: {note}")
@@ -104,9 +106,10 @@ def render_vllm_capacity(result: VllmPlanResult, contexts: Sequence[int], consol
     _header(result, "capacity", console)
     for line in _budget_lines(result):
         console.print(f"  budget: {line}")
+    auto = " (--max-model-len auto)" if result.max_model_len_auto else ""
     console.print(
         f"  num_gpu_blocks {result.plan.num_gpu_blocks} in {len(result.plan.groups)} group(s); "
-        f"max_model_len {result.max_model_len}"
+        f"max_model_len {result.max_model_len}{auto}"
     )
     table = Table(title="max_concurrency = num_gpu_blocks / Σ_groups cdiv(max_memory_usage_bytes(L), page)")
     table.add_column("context L", justify="right")

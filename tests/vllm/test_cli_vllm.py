@@ -320,3 +320,75 @@ def test_vllm_serve_defaults_follow_the_gpu(gpu: str, defaults: tuple[int, int])
     chosen = find_gpu(gpu)
     assert server_defaults(chosen.total_bytes, chosen.label) == defaults
     assert server_defaults(None) == (2048, 256)  # no device known: vLLM's except branch
+
+
+def test_max_model_len_auto_by_hand() -> None:
+    """``--max-model-len auto`` on llama-3.1-8b at 8 GiB: 8 GiB // 2 MiB = 4096 blocks; the fit leaves the null
+    block out, so one request may hold 4095 blocks = 65,520 tokens (< the model's 131,072)."""
+    data = cli_json("plan", "llama-3.1-8b", "--accounting", "vllm", "--memory", "8GiB", "--max-model-len", "auto")
+    assert data["num_gpu_blocks"] == 8 * GiB // LLAMA_BLOCK == 4096
+    assert data["max_model_len"] == (4096 - 1) * 16 == 65520
+    assert (data["max_model_len_auto"], data["max_model_len_before_auto_fit"]) == (True, 131072)
+    # max_concurrency = 4096 / cdiv(65520, 16) = 4096 / 4095; kv_cache_size_tokens = int(that x 65520) = 65536
+    assert data["max_concurrency"] == 4096 / 4095
+    assert data["kv_cache_size_tokens"] == 65536
+    assert "--max-model-len 65520 " in data["serve_command"]  # the resolved length, not "auto"
+    assert data["auto_fit_log_line"] == (
+        "Auto-fit max_model_len: reduced from 131072 to 65520 to fit in available KV cache memory (8.0 GiB GPU)"
+    )  # format_gib(8 GiB - 2 MiB) = round(7.998, 2) = 8.0
+    assert cli_json("plan", "llama-3.1-8b", "--accounting", "vllm", "--memory", "8GiB", "--max-model-len", "-1") == data
+
+
+def test_max_model_len_auto_keeps_the_model_length_when_it_fits() -> None:
+    # 40 GiB = 20480 blocks; one 131,072-token request needs 8192 of the 20479 usable: the model's length stays
+    data = cli_json("plan", "llama-3.1-8b", "--accounting", "vllm", "--memory", "40GiB", "--max-model-len", "auto")
+    assert (data["max_model_len"], data["num_gpu_blocks"]) == (131072, 20480)
+    assert data["auto_fit_log_line"] == (
+        "Auto-fit max_model_len: full model context length 131072 fits in available KV cache memory (40.0 GiB GPU)"
+    )
+    fixed = cli_json("plan", "llama-3.1-8b", "--accounting", "vllm", "--memory", "40GiB")
+    assert (fixed["max_model_len_auto"], fixed["auto_fit_log_line"]) == (False, None)
+    assert fixed["kv_cache_size_tokens"] == data["kv_cache_size_tokens"] == 327680
+
+
+def test_max_model_len_auto_in_capacity_and_refusals() -> None:
+    data = cli_json("capacity", "llama-3.1-8b", "--accounting", "vllm", "--memory", "8GiB", "--max-model-len", "auto")
+    assert data["max_model_len"] == 65520
+    # the default ladder stops at the auto-fitted length: 1k ... 64k (65,536 > 65,520)
+    assert [row["context_len"] for row in data["capacity"]][-1] == 65536 // 2
+    assert data["capacity"][0] == {"context_len": 1024, "max_concurrency": 4096 / 64}
+    refused = cli("plan", "llama-3.1-8b", "--accounting", "vllm", "--memory", "8GiB", "--max-model-len", "0")
+    assert refused.exit_code == 1 and "or auto (-1" in refused.output
+    with pytest.raises(VllmMemoryError, match=r"^Cannot auto-fit max_model_len"):
+        plan_vllm("llama-3.1-8b", memory=LLAMA_BLOCK + 1, max_model_len="auto")
+
+
+@pytest.mark.parametrize(
+    ("preset", "tp", "pp", "memory"), [("llama-3.1-8b", 1, 1, "8GiB"), ("gpt-oss-120b", 2, 2, "512MiB")]
+)
+def test_max_model_len_auto_equals_vllm(
+    vllm_planner: Any, registry: Registry, preset: str, tp: int, pp: int, memory: str
+) -> None:
+    """vLLM's own ``get_kv_cache_configs`` with ``original_max_model_len == -1`` auto-fits to the same length."""
+    from .test_differential import runner_spec
+
+    serving = Serving(tp_size=tp, pp_size=pp)
+    result = plan_vllm(preset, serving, memory=memory, max_model_len="auto", registry=registry)
+    assert result.max_model_len < result.model.context_len  # these budgets do lower it
+    workers = worker_kv_cache_specs(result.model, serving, registry, block_size=result.block_size)
+    answer = vllm_planner.plan(
+        {
+            "workers": [{name: runner_spec(spec) for name, spec in worker.items()} for worker in workers],
+            "limits": attrs.asdict(result.limits),
+            "tp_size": tp,
+            "num_gpu_blocks_override": None,
+            "auto_fit": True,
+            "available_memory": [budget.available_kv_cache_memory for budget in result.budgets],
+        }
+    )
+    assert "error" not in answer, answer
+    assert (result.max_model_len, result.plan.num_gpu_blocks) == (answer["max_model_len"], answer["num_gpu_blocks"])
+    assert (result.plan.max_concurrency, result.plan.kv_cache_size_tokens) == (
+        answer["max_concurrency"],
+        answer["kv_cache_size_tokens"],
+    )
