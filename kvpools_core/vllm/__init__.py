@@ -8,8 +8,8 @@ memory budget into ``num_gpu_blocks``, ``max_concurrency`` and ``kv_cache_size_t
 
 from kvpools_core.vllm.budget import DEFAULT_GPU_MEMORY_UTILIZATION, VllmMemoryBudget, available_kv_cache_memory
 from kvpools_core.vllm.deployment import VllmPlanResult, concurrency_at, plan_vllm
-from kvpools_core.vllm.offload import VllmCpuOffload, plan_cpu_offload
 from kvpools_core.vllm.layers import align_hybrid_block_size
+from kvpools_core.vllm.offload import VllmCpuOffload, plan_cpu_offload
 from kvpools_core.vllm.planning import (
     KVCacheGroupSpec,
     VllmKVCachePlan,

@@ -28,8 +28,8 @@ from kvpools_core.vllm.planning import (
     KVCacheGroupSpec,
     VllmKVCachePlan,
     VllmLimits,
-    mamba_cache_mode_of,
     format_gib,
+    mamba_cache_mode_of,
     plan_kv_cache,
     pp_layer_ranges,
 )
