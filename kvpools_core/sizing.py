@@ -725,8 +725,14 @@ def default_size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budge
     )
 
 
-def not_enough_memory(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> InsufficientMemoryError:
-    """The error when not one page fits, with the numbers and the knobs to turn."""
+def not_enough_memory(
+    model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget, *, fixed: tuple[int, str] | None = None
+) -> InsufficientMemoryError:
+    """The error when not one page fits, with the numbers and the knobs to turn.
+
+    ``fixed`` is ``(bytes, what)`` a sizing reserved before dividing by the cell (per-request state sized by
+    the request count): without it the message would blame the page when the reservation ate the budget.
+    """
     o = option
     page = serving.page_size
     per_token = cell.sglang_bytes_per_token if serving.accounting == "sglang" else cell.bytes_per_token
@@ -735,7 +741,8 @@ def not_enough_memory(model: ModelSpec, serving: Serving, cell: CellSize, budget
     return InsufficientMemoryError(
         f"Not enough memory for the KV cache: {fmt_gib(budget.budget_bytes)} ({budget.budget_bytes} B) available, "
         f"one page of {page} token(s) of {model.name} needs {need:.0f} B across {cell.num_layers} layer(s)"
-        f"{' plus the padding page, request table and allocator' if serving.accounting == 'exact' else ''}. "
+        f"{' plus the padding page, request table and allocator' if serving.accounting == 'exact' else ''}"
+        f"{'' if fixed is None else f', after {fixed[0]:,} B ({fmt_gib(fixed[0])}) of {fixed[1]}'}. "
         f"Raise {o('memory')} (or {o('mem_fraction_static')}, current value {fraction}), "
         f"lower {o('page_size')}, {o('context_length')} or {o('max_running_requests')}, "
         f"or use a smaller {o('kv_cache_dtype')}."

@@ -33,7 +33,7 @@ from kvpools_core.vllm.planning import (
     plan_kv_cache,
     pp_layer_ranges,
 )
-from kvpools_core.vllm.specs import UniformTypeKVCacheSpecs
+from kvpools_core.vllm.specs import MambaSpec, UniformTypeKVCacheSpecs
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -93,6 +93,7 @@ class VllmPlanResult:
     budgets: tuple[VllmMemoryBudget, ...]
     limits: VllmLimits
     block_size: int
+    """``--block-size`` as asked (16, vLLM's default, when not given)."""
     max_num_seqs: int
     num_gpu_blocks_override: int | None
     plan: VllmKVCachePlan
@@ -100,6 +101,15 @@ class VllmPlanResult:
     """vLLM's CPU offload tier (``--kv-offloading-size``), or None without one."""
     max_model_len_auto: bool = False
     """``--max-model-len auto`` (or -1): ``plan.max_model_len`` is the auto-fitted length, at most the model's."""
+
+    @property
+    def effective_block_size(self) -> int:
+        """The attention block size vLLM runs with (``cache_config.block_size`` after start-up).
+
+        The backends' kernels (MiniMax sparse's indexer: 128) and a Mamba hybrid's page alignment raise the
+        asked ``--block-size``; the serve line and ``--json`` name the size vLLM really uses.
+        """
+        return attention_block_size(self.plan, self.block_size)
 
     @property
     def max_model_len(self) -> int:
@@ -148,7 +158,7 @@ class VllmPlanResult:
             parts.append(f"--kv-cache-memory-bytes {self.kv_cache_memory_bytes}")
         else:
             parts.append(f"--gpu-memory-utilization {self.gpu_memory_utilization:g}")
-        parts.append(f"--block-size {self.block_size}")
+        parts.append(f"--block-size {self.effective_block_size}")
         parts.append(f"--kv-cache-dtype {self.serving.kv_cache_dtype}")
         parts.append(f"--max-num-seqs {self.max_num_seqs}")
         parts.append(f"--max-num-batched-tokens {self.limits.max_num_batched_tokens}")
@@ -175,7 +185,8 @@ class VllmPlanResult:
             "tensor_parallel_size": self.serving.tp_size,
             "pipeline_parallel_size": self.serving.pp_size,
             "kv_cache_dtype": self.serving.kv_cache_dtype,
-            "block_size": self.block_size,
+            "block_size": self.effective_block_size,
+            "block_size_requested": self.block_size,
             "max_model_len": plan.max_model_len,
             "max_model_len_auto": self.max_model_len_auto,
             "max_model_len_before_auto_fit": self.limits.max_model_len if self.max_model_len_auto else None,
@@ -442,7 +453,7 @@ def plan_vllm(
             backend=kv_offloading_backend or "native",
             tp_size=serving.tp_size,
             pp_size=serving.pp_size,
-            block_size=block,
+            block_size=attention_block_size(plan, block),
             platform=serving.platform,
             host_memory=host_memory,
             host_reserve=host_reserve,
@@ -521,3 +532,11 @@ __all__ = [
     "plan_vllm",
     "server_defaults",
 ]
+
+
+def attention_block_size(plan: VllmKVCachePlan, asked: int) -> int:
+    """The block size vLLM resolved for the attention layers: the smallest attention group's (page-size
+    unification only grows a group's block from it; a Mamba group's block is its state, not a size vLLM was
+    asked for); ``asked`` for a model of Mamba layers only."""
+    sizes = {group.kv_cache_spec.block_size for group in plan.groups if not isinstance(group.kv_cache_spec, MambaSpec)}
+    return min(sizes) if sizes else asked

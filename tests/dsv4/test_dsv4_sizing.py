@@ -9,7 +9,7 @@ import attrs
 import pytest
 from kvpools_plugins.dsv4.sizing import dsv4_shape, exact_pools
 
-from kvpools_core.errors import ConfigError, UnsupportedCombinationError
+from kvpools_core.errors import ConfigError, InsufficientMemoryError, UnsupportedCombinationError
 from kvpools_core.pipeline import plan
 from kvpools_core.values import Serving
 
@@ -220,3 +220,18 @@ def test_hisparse_refused_under_exact_accounting() -> None:
     with pytest.raises(UnsupportedCombinationError, match=r"enable_hisparse with accounting exact: .*\[dsv4\]"):
         plan("deepseek-v4-flash", hisparse, memory=60 * GiB)
     assert plan("deepseek-v4-flash", attrs.evolve(hisparse, accounting="sglang"), memory=60 * GiB).max_total_num_tokens
+
+
+def test_budget_eaten_by_the_c128_state_says_so() -> None:
+    """SGLang reserves the c128 state for its estimated request count before dividing by the full-token bytes:
+    at 20 GiB on TP 8 that reservation alone is over the budget, and the error must name it, not the page."""
+    serving = Serving(tp_size=8, page_size=256, accounting="sglang")
+    shape = dsv4_shape(plan("deepseek-v4-flash", serving, memory="40GiB").model, serving)
+    with pytest.raises(InsufficientMemoryError) as failure:
+        plan("deepseek-v4-flash", serving, memory="20GiB")
+    message = str(failure.value)
+    fixed = int(message.split("after ")[1].split(" B")[0].replace(",", ""))
+    assert fixed > 20 * (1 << 30)
+    # the reservation for SGLang's estimated request count (clamped to 2048..4096)
+    assert fixed in {shape.c128_state_fixed_bytes(requests) for requests in range(2048, 4097)}
+    assert "of c128 state reserved for the request count first" in message

@@ -282,7 +282,13 @@ def test_exact_plans_fit_and_build_exactly(case: tuple[dict[str, Any], Serving, 
     assert pools.allocated_by_pool() == {pool.name: pool.bytes for pool in p.pools}
     assert pools.allocated_bytes == p.planned_bytes
     config_ = p.sizing.sglang_config
-    assert config_["swa_max_total_num_tokens"] <= max(config_["full_max_total_num_tokens"], p.max_total_num_tokens)
+    # SWA tokens are int(full x ratio) page aligned (a ratio above 1 makes them more than full), or on SGLang's
+    # chunk-cap constraint path min(cap, --max-total-tokens), which may exceed the page-aligned full tokens
+    full = config_["full_max_total_num_tokens"]
+    ceiling = max(
+        int(full * serving.swa_full_tokens_ratio), full, p.max_total_num_tokens, serving.max_total_tokens or 0
+    )
+    assert config_["swa_max_total_num_tokens"] <= ceiling
     stopped = serving.max_total_tokens is not None or serving.pp_size > 1
     if not stopped:
         from kvpools_core.build_report import explain_unused_budget

@@ -172,6 +172,18 @@ def test_jamba_hybrid_at_40gib_by_hand() -> None:
     assert data["blocks_per_request"] == math.ceil(32768 / 80) + 7 * 2 == 424
     assert data["max_concurrency"] == 32768 / 424
     assert data["kv_cache_size_tokens"] == int(32768 / 424 * 32768)
+    # vLLM runs with the aligned block, so the flags that realise the plan say 80, and --json keeps what was asked
+    assert (data["block_size"], data["block_size_requested"]) == (80, 16)
+    assert "--block-size 80 " in data["serve_command"]
+
+
+def test_raised_block_size_is_what_the_serve_line_passes() -> None:
+    """MiniMax-M3's indexer kernels take blocks of 128, so vLLM resolves the default 16 to 128: a serve line
+    passing 16 would describe a different deployment from the plan printed above it."""
+    data = cli_json("plan", "minimax-m3", "--accounting", "vllm", "--memory", "80GiB", "--tp-size", "8")
+    assert {group["block_size"] for group in data["kv_cache_groups"]} == {128}
+    assert (data["block_size"], data["block_size_requested"]) == (128, 16)
+    assert "--block-size 128 " in data["serve_command"]
 
 
 def test_unmodelled_architectures_are_refused_by_plugin() -> None:
