@@ -84,7 +84,10 @@ _HELP = {
     "accounting": "exact: charge every byte built; sglang: SGLang's numbers exactly; vllm: vLLM 0.33's KV cache "
     "(plan and capacity only, with vLLM's flags; docs/vllm.md).",
     "enable_hierarchical_cache": "HiCache: plan the host KV tier (pinned CPU mirrors of the device pools).",
-    "hicache_ratio": "Host pool slots per device pool slot (SGLang's --hicache-ratio).",
+    "hicache_ratio": "Host pool slots per device pool slot (SGLang's --hicache-ratio); unset with no --hicache-size: "
+    "2.0, lowered to what the node holds (SGLang's auto-sizing).",
+    "hicache_host_memory_fraction": "Share of the node's host memory (after --host-reserve, per rank) that auto-sized "
+    "host pools may take (SGLang's --hicache-host-memory-fraction).",
     "hicache_size": "Host tier size per rank in GB (1e9 B), split over the host pools by device bytes; "
     "0 uses --hicache-ratio.",
     "hicache_mamba_ratio": "Mamba host state slots per device state slot (SGLang PR #39851); unset: --hicache-ratio, "

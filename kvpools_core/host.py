@@ -49,12 +49,13 @@ from typing import Protocol
 
 import attrs
 
-from kvpools_core.errors import ConfigError, InsufficientMemoryError
+from kvpools_core.errors import ConfigError, InsufficientMemoryError, UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.sizing import pool_rows
 from kvpools_core.units import format_bytes, parse_bytes
 from kvpools_core.values import (
+    DEFAULT_HICACHE_RATIO,
     STATE_SLOT,
     TOKEN,
     HostMemory,
@@ -153,7 +154,7 @@ def size_host_pools(
     ``answer`` is the ``host_mirrors`` hook's (asked of the default registry when None).
     """
     serving = plan.serving
-    ratio = serving.hicache_ratio if ratio is None else ratio
+    ratio = serving.hicache_ratio_or_default if ratio is None else ratio
     size_gb = serving.hicache_size if size_gb is None else size_gb
     mamba_ratio = serving.hicache_mamba_ratio if mamba_ratio is None else mamba_ratio
     layout = serving.hicache_mem_layout
@@ -278,13 +279,76 @@ def plan_host_tier(
         def sizer(ratio: float | None = None, size_gb: int | None = None) -> tuple[HostPool, ...]:
             return size_host_pools(plan, ratio=ratio, size_gb=size_gb, answer=answer)
 
+    memory = node_memory(host_memory, host_reserve) if check or serving.hicache_auto_sized else None
+    ratio: float | None = None if serving.hicache_size > 0 else serving.hicache_ratio_or_default
+    auto_note: tuple[str, ...] = ()
+    if serving.hicache_auto_sized:
+        if own is not None:
+            raise UnsupportedCombinationError(
+                f"{plan.model.name}: SGLang's HiCache auto-sizing (no {option('hicache_ratio')} and no "
+                f"{option('hicache_size')}) does not support this model's host pools (sized by "
+                f"{', '.join(by['host_pools'])}): SGLang raises 'HiCache auto-sizing does not support ...; set "
+                f"--hicache-ratio or --hicache-size explicitly.' Pass {option('hicache_ratio')} "
+                f"{DEFAULT_HICACHE_RATIO:g} (the default before auto-sizing) or {option('hicache_size')}."
+            )
+        assert memory is not None
+        ratio, line = auto_sized_ratio(plan, mirrors, memory)
+        pools = tuple(
+            pool if pool.rides_on else attrs.evolve(pool, sized_by=f"auto-sized {pool.sized_by}")
+            for pool in size_host_pools(plan, ratio=ratio, answer=answer)
+        )
+        auto_note = (line,)
     tier = HostTier(
-        pools=pools, ranks_per_node=serving.ranks_per_node, dcp_size=serving.dcp_size, notes=_notes(pools, serving)
+        pools=pools,
+        ranks_per_node=serving.ranks_per_node,
+        dcp_size=serving.dcp_size,
+        notes=auto_note + _notes(pools, serving),
+        hicache_ratio=ratio,
+        auto_sized=serving.hicache_auto_sized,
     )
     if check:
-        tier = attrs.evolve(tier, memory=node_memory(host_memory, host_reserve))
+        tier = attrs.evolve(tier, memory=memory)
         check_fits(plan, tier, sizer)
     return tier, by
+
+
+AUTO_SIZE_SLACK_FRACTION = 0.05
+"""SGLang's ``_ALLOCATION_SLACK_FRACTION``: page rounding, allocator metadata and staging buffers the device
+bytes leave out (``mem_cache/hicache_auto_size.py``)."""
+
+
+def auto_sized_ratio(plan: Plan, mirrors: Sequence[_Mirror], memory: HostMemory) -> tuple[float, str]:
+    """SGLang 0.5.23's ``auto_size_hicache``: the default ratio lowered until one rank's host pools fit its share.
+
+    ``ratio = min(2.0, budget x (1 - 0.05) / device_bytes)`` where ``budget = int((available - reserve) //
+    ranks_per_host x hicache_host_memory_fraction)`` (``host_memory_budget_bytes(auto_size=True)``,
+    ``mem_cache/pool_host/base.py``) and ``device_bytes`` are the bytes of every device pool with a host mirror
+    (``_estimate_hicache_bytes``: the KV pools with their indexer, both SWA pools, the Mamba state pool, the
+    draft pools packed or beside them).  Every rank takes the minimum (one all-reduce); kvpools' ranks are alike.
+    Returns the ratio and SGLang's log line.
+    """
+    serving = plan.serving
+    device_bytes = sum(m.device.bytes + sum(p.bytes for p in m.packed) for m in mirrors)
+    ranks = serving.ranks_per_node
+    per_rank = (memory.available_bytes - memory.reserve_bytes) // ranks
+    fraction = serving.hicache_host_memory_fraction
+    budget = int(per_rank * fraction)
+    requested = DEFAULT_HICACHE_RATIO
+    ratio = min(requested, budget * (1 - AUTO_SIZE_SLACK_FRACTION) / device_bytes)
+    if ratio <= 0:
+        raise InsufficientMemoryError(
+            f"No host memory is left for HiCache after the {format_bytes(memory.reserve_bytes)} reserve "
+            f"({option('host_reserve')}): the node has {memory.available_bytes:,} B available ({memory.source}) "
+            f"for {ranks} rank(s). SGLang raises 'No host memory is left for HiCache after the 10 GiB reserve; set "
+            f"--hicache-ratio or --hicache-size explicitly.'"
+        )
+    line = (
+        f"HiCache auto-sizing: ratio {requested:.3f} -> {ratio:.3f}; {budget / 1024**3:.1f} GiB host memory per "
+        f"rank (fraction {fraction:.2f}, {ranks} ranks on this host), host pools {device_bytes * ratio / 1024**3:.1f} "
+        f"GiB. (SGLang's log line: {option('hicache_ratio')} and {option('hicache_size')} unset, so the default "
+        f"ratio is lowered to fit {option('hicache_host_memory_fraction')} of the node.)"
+    )
+    return ratio, line
 
 
 class _Sizer(Protocol):
@@ -399,7 +463,7 @@ def _what_fits(plan: Plan, per_rank: int, sizer: _Sizer) -> str:
             return f"{option('hicache_size')} {size} (GB) fits."
         return f"No {option('hicache_size')} of 1 GB or more fits; fewer ranks per node or more host memory would."
     current = need()
-    ratio = math.floor(serving.hicache_ratio * per_rank / current * 100) / 100 if current else 0.0
+    ratio = math.floor(serving.hicache_ratio_or_default * per_rank / current * 100) / 100 if current else 0.0
     while ratio > 0 and need(ratio=ratio) > per_rank:
         ratio = round(ratio - 0.01, 2)
     if ratio > 0:

@@ -117,6 +117,8 @@ def host_summary(plan: Plan) -> dict[str, Any] | None:
         "dcp_size": host.dcp_size,
         "unused_bytes_per_rank": host.unused_bytes_per_rank,
         "pinned": host.pinned,
+        "hicache_ratio": host.hicache_ratio,
+        "auto_sized": host.auto_sized,
         "memory": None if host.memory is None else {**to_dict(host.memory), "usable_bytes": host.memory.usable_bytes},
         "notes": list(host.notes),
     }
@@ -147,10 +149,13 @@ def render_host(plan: Plan, console: Console) -> None:
     facts.add_column()
     facts.add_row(
         "host tier",
-        f"layout {serving.hicache_mem_layout} · write policy {serving.hicache_write_policy} · "
-        f"{host.tokens:,} host tokens per rank"
-        if host.tokens is not None
-        else f"layout {serving.hicache_mem_layout}",
+        (
+            f"layout {serving.hicache_mem_layout} · write policy {serving.hicache_write_policy} · "
+            f"{host.tokens:,} host tokens per rank"
+            if host.tokens is not None
+            else f"layout {serving.hicache_mem_layout}"
+        )
+        + (f" · ratio {host.hicache_ratio:.6g} (auto-sized to the node)" if host.auto_sized else ""),
     )
     facts.add_row(
         "pinned",

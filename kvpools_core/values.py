@@ -258,6 +258,8 @@ SGLANG_ACCOUNTING_MODES = ("exact", "sglang")
 """The accounting modes of SGLang's pipeline (``plan``, ``build``, ``fit``, ``sweep``)."""
 
 
+DEFAULT_HICACHE_RATIO = 2.0
+"""SGLang's ``--hicache-ratio`` when neither it nor ``--hicache-size`` is given (cache mode)."""
 HICACHE_MEM_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 """``--hicache-mem-layout`` values kvpools models (SGLang's ``page_first_kv_split`` and ``page_head`` are
 NPU / head-sharded layouts it does not)."""
@@ -736,8 +738,13 @@ class Serving:
     enable_online_c128_mtp: bool = False
     # hierarchical cache: the host KV tier (SGLang HiCache; read by kvpools_core.host)
     enable_hierarchical_cache: bool = False
-    hicache_ratio: float = attrs.field(default=2.0, validator=positive_ratio)
+    hicache_ratio: float | None = attrs.field(default=None, validator=_optional_positive_ratio)
+    """``None``: SGLang's default, 2.0, lowered to what the node holds when ``hicache_size`` is 0 too
+    (:attr:`hicache_auto_sized`); the ratio used is ``Plan.host.hicache_ratio``."""
     hicache_size: int = attrs.field(default=0, validator=non_negative)
+    hicache_host_memory_fraction: float = attrs.field(default=0.8, validator=fraction)
+    """SGLang's ``--hicache-host-memory-fraction``: the share of the node's host memory (after the reserve,
+    split over its ranks) that auto-sized host pools may take; read only when :attr:`hicache_auto_sized`."""
     hicache_mamba_ratio: float | None = attrs.field(default=None, validator=_optional_positive_ratio)
     hicache_mem_layout: str = attrs.field(default="page_first", validator=one_of(*HICACHE_MEM_LAYOUTS))
     hicache_write_policy: str = attrs.field(default="write_through", validator=one_of(*HICACHE_WRITE_POLICIES))
@@ -783,9 +790,10 @@ class Serving:
         changed = [
             o(name)
             for name, value, default in (
-                ("hicache_ratio", self.hicache_ratio, 2.0),
+                ("hicache_ratio", self.hicache_ratio, None),
                 ("hicache_size", self.hicache_size, 0),
                 ("hicache_mamba_ratio", self.hicache_mamba_ratio, None),
+                ("hicache_host_memory_fraction", self.hicache_host_memory_fraction, 0.8),
             )
             if value != default
         ]
@@ -836,6 +844,18 @@ class Serving:
             return 0
         per_worker = max(1, self.max_running_requests // self.dp_size)
         return 2 * per_worker if per_worker <= 32 else 0
+
+    @property
+    def hicache_auto_sized(self) -> bool:
+        """Whether SGLang auto-sizes the host tier: hierarchical cache on, neither ``--hicache-ratio`` nor
+        ``--hicache-size`` given (``handle_hicache_ratio_default`` keeps ``hicache_host_memory_fraction`` only
+        then, ``arg_groups/hicache_hook.py``; ``auto_size_hicache``, ``mem_cache/hicache_auto_size.py``)."""
+        return self.enable_hierarchical_cache and self.hicache_ratio is None and self.hicache_size == 0
+
+    @property
+    def hicache_ratio_or_default(self) -> float:
+        """``hicache_ratio``, else SGLang's default 2.0 (cache mode), before any auto-sizing."""
+        return DEFAULT_HICACHE_RATIO if self.hicache_ratio is None else self.hicache_ratio
 
     @property
     def radix_cache_disabled(self) -> bool:
@@ -1770,6 +1790,11 @@ class HostTier:
     pinned: bool = True
     memory: HostMemory | None = attrs.field(default=None, converter=_host_memory_or_none)
     notes: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    hicache_ratio: float | None = None
+    """The ratio the host pools were sized by: ``--hicache-ratio``, SGLang's default 2.0, or the auto-sized
+    ratio (:attr:`auto_sized`); None under ``--hicache-size``."""
+    auto_sized: bool = False
+    """Whether SGLang's auto-sizing chose :attr:`hicache_ratio` (:attr:`Serving.hicache_auto_sized`)."""
 
     @property
     def bytes_per_rank(self) -> int:

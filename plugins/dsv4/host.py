@@ -97,7 +97,7 @@ def dsv4_host_pools(plan: Plan) -> list[HostPool]:
         c128_state_size=config["c128_state_pool_size"],
     )
     b = dsv4_buffers(plan.model, serving, sizes, max_running_requests=sizing.max_running_requests)
-    page, ratio = serving.page_size, serving.hicache_ratio
+    page, ratio = serving.page_size, serving.hicache_ratio_or_default
     full_pages = host_pages(sizes.full_tokens, page, ratio)
     swa_pages = host_pages(sizes.swa_tokens, page, ratio)
     by_full = f"int(ceil({sizes.full_tokens:,} full tokens / {page}) x {option('hicache_ratio')} {ratio:g})"

@@ -79,8 +79,10 @@ def test_deepseek_v4_host_pools_hand_computed() -> None:
 
 
 def test_deepseek_v4_mtp_draft_is_packed_into_the_swa_host_pool() -> None:
-    plain = plan(V4, hicache(page_size=256), memory="60GiB", host_memory=NODE)
-    drafted = plan(V4, hicache(page_size=256, speculative_algorithm="NEXTN"), memory="60GiB", host_memory=NODE)
+    plain = plan(V4, hicache(hicache_ratio=2.0, page_size=256), memory="60GiB", host_memory=NODE)
+    drafted = plan(
+        V4, hicache(hicache_ratio=2.0, page_size=256, speculative_algorithm="NEXTN"), memory="60GiB", host_memory=NODE
+    )
     assert plain.host is not None and drafted.host is not None
     swa = drafted.host.pool("kv_swa")
     pages = int(-(-drafted.sizing.sglang_config["swa_max_total_num_tokens"] // 256) * 2.0)
@@ -100,7 +102,7 @@ def test_deepseek_v4_refuses_hicache_size_with_sglangs_reason() -> None:
 
 
 def test_deepseek_v4_meta_build_and_json_round_trip() -> None:
-    result = plan(V4, hicache(page_size=256), memory="60GiB", host_memory=NODE)
+    result = plan(V4, hicache(hicache_ratio=2.0, page_size=256), memory="60GiB", host_memory=NODE)
     assert result.host is not None
     pools = build(result, "meta")
     assert pools.host_by_pool() == {pool.name: pool.bytes for pool in result.host.pools}
@@ -108,7 +110,9 @@ def test_deepseek_v4_meta_build_and_json_round_trip() -> None:
 
 
 def test_deepseek_v4_cpu_build_allocates_the_paged_host_pools() -> None:
-    serving = hicache(page_size=256, max_total_tokens=2048, max_running_requests=2, context_length=2048)
+    serving = hicache(
+        hicache_ratio=2.0, page_size=256, max_total_tokens=2048, max_running_requests=2, context_length=2048
+    )
     result = plan(V4, serving, memory="60GiB", host_memory=NODE)
     assert result.host is not None
     pools = build(result, "cpu")
@@ -276,6 +280,8 @@ def test_cli_plan_deepseek_v4_host_tier() -> None:
             "--memory",
             "60GiB",
             "--enable-hierarchical-cache",
+            "--hicache-ratio",
+            "2",
             "--host-memory",
             "4TiB",
             "--json",
@@ -288,10 +294,20 @@ def test_cli_plan_deepseek_v4_host_tier() -> None:
     assert {pool["name"] for pool in host["pools"]} >= {"kv", "kv_swa", "kv_c4", "kv_c128"}
     text = CliRunner().invoke(
         main,
-        ["plan", V4, "--page-size", "256", "--memory", "60GiB", "--enable-hierarchical-cache", "--host-memory", "4TiB"],
+        [
+            *("plan", V4, "--page-size", "256", "--memory", "60GiB", "--enable-hierarchical-cache"),
+            *("--hicache-ratio", "2", "--host-memory", "4TiB"),
+        ],
     )
     assert text.exit_code == 0, text.output
     assert "never hold data" in text.output
+    auto = CliRunner().invoke(
+        main,
+        ["plan", V4, "--page-size", "256", "--memory", "60GiB", "--enable-hierarchical-cache", "--host-memory", "4TiB"],
+    )
+    # SGLang's auto-sizing (no --hicache-ratio, no --hicache-size) refuses DeepSeek-V4's host pools
+    assert auto.exit_code == 1 and "HiCache auto-sizing does not support" in auto.output
+    assert "--hicache-ratio 2" in auto.output and "Traceback" not in auto.output
     refused = CliRunner().invoke(
         main,
         ["plan", V4, "--page-size", "256", "--memory", "60GiB", "--enable-hierarchical-cache", "--hicache-size", "9"],

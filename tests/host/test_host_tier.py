@@ -325,3 +325,77 @@ def test_cli_build_meta_reports_the_host_pools() -> None:
     host = json.loads(out.output)["host"]
     assert host["matches_plan"] and host["allocated_bytes"] == host["planned_bytes"]
     assert set(host["allocated_by_pool"]) == {"kv", "mamba_state"}
+
+
+GiB = 1 << 30
+
+
+def test_auto_sizing_lowers_the_default_ratio_to_the_node_hand_computed() -> None:
+    """SGLang 0.5.23 with --enable-hierarchical-cache alone (``auto_size_hicache``): ratio = min(2.0, budget x 0.95
+    / device bytes), budget = int((available - 10 GiB) // ranks_per_host x 0.8)."""
+    serving = hicache(page_size=64, max_total_tokens=64000, tp_size=8)
+    result = plan("llama-3.1-8b", serving, memory="40GiB", host_memory="25GiB")
+    host = result.host
+    assert host is not None and host.auto_sized
+    per_rank_token = 2 * 32 * 1 * 128 * 2  # one KV head per rank at TP 8
+    device_bytes = (64000 + 64) * per_rank_token
+    assert result.pool("kv").bytes == device_bytes
+    budget = int((25 * GiB - 10 * GiB) // 8 * 0.8)
+    ratio = min(2.0, budget * (1 - 0.05) / device_bytes)
+    assert 1 < ratio < 2  # the node, not the default, decides
+    assert host.hicache_ratio == ratio
+    (kv,) = host.pools
+    assert kv.slots == (int(64000 * ratio) // 64 + 1) * 64
+    assert host.bytes_per_node <= 25 * GiB - 10 * GiB
+    assert host.notes[0].startswith(f"HiCache auto-sizing: ratio 2.000 -> {ratio:.3f}; ")
+    # the same node refuses SGLang's default ratio when it is asked for explicitly
+    with pytest.raises(InsufficientMemoryError, match=r"hicache_ratio 1\.91 fits"):
+        plan("llama-3.1-8b", hicache(page_size=64, max_total_tokens=64000, tp_size=8, hicache_ratio=2.0),
+             memory="40GiB", host_memory="25GiB")  # fmt: skip
+    # a roomy node keeps 2.0; a lower fraction lowers the ratio in proportion
+    roomy = plan("llama-3.1-8b", serving, memory="40GiB", host_memory=NODE).host
+    assert roomy is not None and roomy.hicache_ratio == 2.0 and roomy.auto_sized
+    half = plan(
+        "llama-3.1-8b",
+        hicache(page_size=64, max_total_tokens=64000, tp_size=8, hicache_host_memory_fraction=0.4),
+        memory="40GiB",
+        host_memory="25GiB",
+    ).host
+    assert half is not None and half.hicache_ratio == int((25 * GiB - 10 * GiB) // 8 * 0.4) * 0.95 / device_bytes
+
+
+def test_auto_sizing_counts_every_mirrored_device_pool() -> None:
+    """``_estimate_hicache_bytes``: the SWA hybrid's full and SWA pools both scale with the ratio."""
+    result = plan("gpt-oss-20b", hicache(page_size=64), memory="20GiB", host_memory="30GiB")
+    host = result.host
+    assert host is not None and host.auto_sized
+    device_bytes = sum(result.pool(pool.device_pool).bytes for pool in host.pools)
+    assert len(host.pools) == 2
+    assert host.hicache_ratio == min(2.0, int((30 * GiB - 10 * GiB) * 0.8) * 0.95 / device_bytes)
+
+
+def test_auto_sizing_without_host_memory_is_sglangs_error() -> None:
+    with pytest.raises(InsufficientMemoryError, match="No host memory is left for HiCache"):
+        plan("llama-3.1-8b", hicache(), memory="40GiB", host_memory="8GiB")
+
+
+def test_explicit_ratio_or_size_turns_auto_sizing_off() -> None:
+    by_ratio = plan("llama-3.1-8b", hicache(hicache_ratio=1.5), memory="40GiB", host_memory=NODE).host
+    by_size = plan("llama-3.1-8b", hicache(hicache_size=10), memory="40GiB", host_memory=NODE).host
+    assert by_ratio is not None and (by_ratio.hicache_ratio, by_ratio.auto_sized) == (1.5, False)
+    assert by_size is not None and (by_size.hicache_ratio, by_size.auto_sized) == (None, False)
+    with pytest.raises(ConfigError, match="hicache_host_memory_fraction"):
+        Serving(hicache_host_memory_fraction=0.5)
+
+
+def test_auto_sized_ratio_in_the_report_and_json() -> None:
+    args = ["plan", "llama-3.1-8b", "--tp-size", "8", "--enable-hierarchical-cache", "--memory", "40GiB"]
+    args += ["--host-memory", "25GiB"]
+    text = CliRunner().invoke(main, args)
+    assert text.exit_code == 0, text.output
+    words = " ".join(text.output.split())  # rich wraps at the test console's width
+    assert "HiCache auto-sizing: ratio 2.000 -> " in words and "auto-sized to the node" in words
+    data = json.loads(CliRunner().invoke(main, [*args, "--json"]).stdout)["host"]
+    assert data["auto_sized"] is True and 0 < data["hicache_ratio"] < 2
+    (pool,) = data["pools"]
+    assert pool["slots"] == int(pool["device_slots"] * data["hicache_ratio"]) + 1
