@@ -99,10 +99,19 @@ def explain_unused_budget(plan: Plan, registry: Registry | None = None) -> list[
     pipeline = [n for n in plan.sizing.notes if n.startswith("pipeline stages")] if serving.pp_size > 1 else []
     if serving.accounting == "sglang":
         if not capped and not pipeline:
+            scaled = [p for p in plan.cell.parts_of("token") if p.slot_scale > 1]
+            replicated = sum(p.bytes_per_token * (p.slot_scale - 1) for p in scaled)
             reasons.append(
                 f"{option('accounting')} sglang sizes tokens as budget // SGLang's cell size "
                 f"({plan.cell.sglang_bytes_per_token:g} B/token), page aligned, and leaves the padding page, "
-                f"request table and allocator out of it: the pools "
+                f"request table and allocator out of it"
+                + (
+                    f", and the {replicated:,} B/token by which pools spanning several slots per token (the DCP "
+                    f"draft pools) exceed it"
+                    if replicated
+                    else ""
+                )
+                + ": the pools "
                 + (f"exceed the budget by {-remain:,} B." if remain < 0 else f"leave {remain:,} B of it unused.")
             )
         return reasons + pipeline

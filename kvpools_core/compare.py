@@ -28,7 +28,7 @@ from kvpools_core.capacity import concurrency
 from kvpools_core.errors import ConfigError, UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.units import format_bytes
-from kvpools_core.values import FULL_TOKENS, STATE_SLOT, TOKEN, Plan, Serving
+from kvpools_core.values import FULL_TOKENS, STATE_SLOT, TOKEN, Plan, PoolSpec, Serving
 from kvpools_core.vllm.specs import (
     ChunkedLocalAttentionSpec,
     MambaSpec,
@@ -338,6 +338,15 @@ def _rows(plan: Plan, vllm: VllmPlanResult | None, lengths: Sequence[int]) -> tu
     return tuple(_row(key, keys[key], plan, vllm, lengths) for key in order)
 
 
+def _bytes_per_unit(pool: PoolSpec) -> int:
+    """A pool's bytes per token (or state slot) of the plan: a token pool spanning ``k`` slots per token (a draft
+    pool under DCP, ``CellPart.slot_scale``) pays ``k`` slots' bytes, which its recorded cost says."""
+    if pool.unit != TOKEN:
+        return pool.bytes_per_slot
+    cost = pool.group_cost
+    return cost.token_bytes // cost.token_block
+
+
 def _default_label(unit: str, space: str | None) -> str:
     if unit == STATE_SLOT:
         return "state"
@@ -358,7 +367,7 @@ def _row(
         slots = plan.sizing.token_counts.get(space, 0) if space is not None else plan.sizing.state_slots
         row.update(
             sglang_pools=tuple(pool.name for pool in pools),
-            sglang_bytes_per_unit=sum(pool.bytes_per_slot for pool in pools),
+            sglang_bytes_per_unit=sum(_bytes_per_unit(pool) for pool in pools),
             sglang_slots=slots,
             sglang_bytes=sum(pool.bytes for pool in pools),
         )

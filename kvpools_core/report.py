@@ -213,7 +213,10 @@ def render_plan(plan: Plan, console: Console) -> None:
     facts.add_row("platform", platform_line(plan))
     for i, step in enumerate(plan.budget.steps or (f"{plan.budget.budget_bytes} B",)):
         facts.add_row("budget" if i == 0 else "", step)
-    breakdown = " + ".join(f"{p.name} {p.bytes_per_token}" for p in cell.parts_of("token"))
+    breakdown = " + ".join(
+        f"{p.name} {p.bytes_per_token}" + (f" x {p.slot_scale} slots" if p.slot_scale > 1 else "")
+        for p in cell.parts_of("token")
+    )
     facts.add_row(
         "bytes/token",
         f"{cell.bytes_per_token} B = {breakdown}   (SGLang's cell size: {_num(cell.sglang_bytes_per_token)} B)",

@@ -369,11 +369,13 @@ def req_to_token_rows(max_running_requests: int, serving: Serving) -> tuple[int,
 def token_pools(cell: CellSize, tokens: int, page_size: int, owner: str) -> list[PoolSpec]:
     """One pool per token storage group of the cell; each allocates ``tokens + page_size`` rows (page 0 pads).
 
-    A pool whose parts declare ``extra_slots`` allocates :func:`pool_rows` rows instead.
+    A pool whose parts declare ``extra_slots`` allocates :func:`pool_rows` rows instead, and one whose parts
+    declare ``slot_scale`` that many times the slots (:func:`token_pool`).
     """
     extra = cell.pool_extra_slots()
+    scale = cell.pool_slot_scale()
     return [
-        token_pool(name, tokens, page_size, per_token, owner, extra_slots=extra[name])
+        token_pool(name, tokens, page_size, per_token, owner, extra_slots=extra[name], slot_scale=scale[name])
         for name, per_token in cell.pool_bytes_per_token().items()
     ]
 
@@ -389,6 +391,7 @@ def token_pool(
     token_space: str = FULL_TOKENS,
     charged: bool = True,
     kind: str = "kv",
+    slot_scale: int = 1,
 ) -> PoolSpec:
     """A pool of ``tokens`` slots of ``token_space`` with :func:`pool_rows` rows, and its cost.
 
@@ -396,13 +399,25 @@ def token_pool(
     padding page, for any token count.  With them it is laid out in whole
     pages: its cost is per page of ``page_size`` tokens, and the slack pages
     are fixed bytes (exact for page-aligned token counts, which every plan's are).
+
+    ``slot_scale`` ``k`` makes a pool spanning ``k`` slots per plan token, paged
+    by ``page_size x k``: ``tokens x k`` slots, ``page_size x k`` padding
+    (:func:`pool_rows` of the scaled counts), ``bytes_per_token`` per slot, so
+    ``(tokens + page_size) x k x bytes_per_token`` bytes; its recorded cost is
+    ``k x bytes_per_token`` per plan token.  SGLang's draft worker under DCP
+    builds its pools so (``loc_space_scale`` = dcp and ``pool_page_size`` = page
+    x dcp scale ``max_total_num_tokens`` and the page, ``000_fbd4f47288598fb9.txt``
+    lines 405-433, the pool constructors at 1398-1663).
     """
-    rows = pool_rows(tokens, page_size, extra_slots)
+    if slot_scale < 1:
+        raise ConfigError(f"token_pool {name!r}: slot_scale must be at least 1, got {slot_scale}.")
+    slots, page = tokens * slot_scale, page_size * slot_scale
+    rows = pool_rows(slots, page, extra_slots)
     pool = PoolSpec(
         name=name,
         kind=kind,
-        slots=tokens,
-        padding_slots=rows - tokens,
+        slots=slots,
+        padding_slots=rows - slots,
         bytes_per_slot=bytes_per_token,
         bytes=rows * bytes_per_token,
         sglang_charged=charged,
@@ -410,18 +425,24 @@ def token_pool(
         unit=TOKEN,
         token_space=token_space,
     )
-    if not extra_slots:
+    if not extra_slots and slot_scale == 1:
         return pool
-    return with_cost(
-        pool,
-        GroupCost(
+    if not extra_slots:
+        cost = GroupCost(
             group=name,
             token_space=token_space,
-            token_bytes=bytes_per_token * page_size,
+            token_bytes=bytes_per_token * slot_scale,
+            fixed_bytes=bytes_per_token * page,
+        )
+    else:
+        cost = GroupCost(
+            group=name,
+            token_space=token_space,
+            token_bytes=bytes_per_token * page,
             token_block=page_size,
-            fixed_bytes=bytes_per_token * pool_rows(0, page_size, extra_slots),
-        ),
-    )
+            fixed_bytes=bytes_per_token * pool_rows(0, page, extra_slots),
+        )
+    return with_cost(pool, cost)
 
 
 def with_cost(pool: PoolSpec, cost: GroupCost) -> PoolSpec:

@@ -974,6 +974,15 @@ class CellPart:
     (SGLang's DSA indexer: ``extra_slots=1``, two padding slots at page size 1).
     The parts of one pool share one layout (the pool takes their largest value).
     Only token parts have ``extra_slots``.
+
+    A pool whose slots are not the plan's tokens one for one says how many it
+    spans per plan token in ``slot_scale``: it then holds ``tokens x
+    slot_scale`` slots in pages of ``page_size x slot_scale``, i.e. ``(tokens +
+    page_size) x slot_scale`` rows (SGLang's draft worker under decode context
+    parallelism: its replicated draft pools address the shared allocator's
+    virtual slots ``[0, max_total x dcp)`` untranslated, ``loc_space_scale``,
+    ``000_fbd4f47288598fb9.txt`` lines 405-433).  The parts of one pool share
+    one ``slot_scale``; only token parts have one other than 1.
     """
 
     name: str
@@ -981,13 +990,15 @@ class CellPart:
     pool: str = "kv"
     extra_slots: int = attrs.field(default=0, validator=non_negative)
     unit: str = attrs.field(default=TOKEN, validator=one_of(*COST_UNITS))
+    slot_scale: int = attrs.field(default=1, validator=positive)
 
     def __attrs_post_init__(self) -> None:
-        if self.extra_slots and self.unit != TOKEN:
-            raise InvalidValueError(
-                f"CellPart.extra_slots applies to token parts only; part {self.name!r} is paid per {self.unit} "
-                f"and has extra_slots={self.extra_slots}."
-            )
+        for field, value, default in (("extra_slots", self.extra_slots, 0), ("slot_scale", self.slot_scale, 1)):
+            if value != default and self.unit != TOKEN:
+                raise InvalidValueError(
+                    f"CellPart.{field} applies to token parts only; part {self.name!r} is paid per {self.unit} "
+                    f"and has {field}={value}."
+                )
 
     @property
     def bytes_per_unit(self) -> int:
@@ -1042,6 +1053,7 @@ class CellSize:
     @parts.validator
     def _check_units(self, _attribute: attrs.Attribute[Any], parts: tuple[object, ...]) -> None:
         units: dict[str, str] = {}
+        scales: dict[str, int] = {}
         for part in parts:
             if not isinstance(part, CellPart):
                 return  # not a part at all: the hook contract names the plugin that built it
@@ -1051,6 +1063,12 @@ class CellSize:
                     f"CellSize.parts: pool {part.pool!r} mixes parts paid per {seen} and per {part.unit} "
                     f"(part {part.name!r}); give parts of another unit a pool of their own."
                 )
+            scale = scales.setdefault(part.pool, part.slot_scale)
+            if scale != part.slot_scale:
+                raise InvalidValueError(
+                    f"CellSize.parts: pool {part.pool!r} mixes parts of slot_scale {scale} and {part.slot_scale} "
+                    f"(part {part.name!r}); the parts of one pool span one number of slots per token."
+                )
 
     def parts_of(self, unit: str) -> tuple[CellPart, ...]:
         """The parts paid per ``unit`` (``"token"``, ``"request"``, ``"state_slot"`` or ``"fixed"``)."""
@@ -1058,8 +1076,8 @@ class CellSize:
 
     @property
     def bytes_per_token(self) -> int:
-        """Bytes per token: the sum of the token parts."""
-        return sum(part.bytes_per_token for part in self.parts_of(TOKEN))
+        """Bytes per plan token: the sum of the token parts, each times the slots it spans (``slot_scale``)."""
+        return sum(part.bytes_per_token * part.slot_scale for part in self.parts_of(TOKEN))
 
     @property
     def bytes_per_request(self) -> int:
@@ -1094,6 +1112,10 @@ class CellSize:
             extra[part.pool] = max(extra.get(part.pool, 0), part.extra_slots)
         return extra
 
+    def pool_slot_scale(self) -> dict[str, int]:
+        """Each token pool's slots per plan token (its parts' ``slot_scale``), in first-seen order."""
+        return {part.pool: part.slot_scale for part in self.parts_of(TOKEN)}
+
     @property
     def cost(self) -> CostModel:
         """The cell's own cost, one group per pool of its parts: what the parts store, before any padding.
@@ -1104,7 +1126,7 @@ class CellSize:
         groups: dict[str, dict[str, int]] = {}
         for part in self.parts:
             paid = groups.setdefault(part.pool, dict.fromkeys(COST_UNITS, 0))
-            paid[part.unit] += part.bytes_per_token
+            paid[part.unit] += part.bytes_per_token * part.slot_scale
         return CostModel(
             GroupCost(
                 group=pool,

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from kvpools_core.values import Plan
 
-__all__ = ["DRAFT_INDEX_POOL", "DRAFT_KV_POOL", "INDEX_POOL", "KV_POOL", "draft_name", "draft_num_layers"]
+__all__ = [
+    "DRAFT_INDEX_POOL",
+    "DRAFT_KV_POOL",
+    "INDEX_POOL",
+    "KV_POOL",
+    "draft_name",
+    "draft_num_layers",
+    "draft_pool_geometry",
+]
 
 KV_POOL = "kv"
 """The token-indexed KV of a single-token-space model (K/V rows or latent rows)."""
@@ -38,3 +46,14 @@ def draft_num_layers(plan: Plan, pool: str = DRAFT_KV_POOL) -> int | None:
     if plan.cell.draft is not None or not any(p.name == pool for p in plan.pools):
         return None
     return plan.serving.speculative_draft_num_layers or 0
+
+
+def draft_pool_geometry(plan: Plan, pool: str = DRAFT_KV_POOL) -> tuple[int, int]:
+    """``(size, page_size)`` the draft pool ``pool`` is built with: the plan's, times its ``slot_scale``.
+
+    SGLang's draft worker under DCP builds its replicated pools over ``max_total_num_tokens x dcp`` slots in
+    pages of ``page_size x dcp`` (``loc_space_scale`` and ``pool_page_size``, ``000_fbd4f47288598fb9.txt``
+    lines 405-433); the speculative plugin records that factor as the parts' ``CellPart.slot_scale``.
+    """
+    scale = plan.cell.pool_slot_scale().get(pool, 1)
+    return plan.max_total_num_tokens * scale, plan.serving.page_size * scale

@@ -54,7 +54,7 @@ from kvpools_core.parts.indexer import (
     owned_layers,
 )
 from kvpools_core.parts.latent import LatentRow
-from kvpools_core.parts.names import DRAFT_INDEX_POOL, INDEX_POOL, draft_num_layers
+from kvpools_core.parts.names import DRAFT_INDEX_POOL, INDEX_POOL, draft_num_layers, draft_pool_geometry
 from kvpools_core.pools.kv import allocate, check_planned_bytes, tensor_nbytes
 from kvpools_core.pools.layout import (
     PER_LAYER,
@@ -318,29 +318,36 @@ class DSATokenToKVPool(MLATokenToKVPool):
         check_latent_bytes(plan, MAIN_POOL, row, size + page, stored)
         index.check(plan, INDEX_POOL, size, page, stored)
         layers = draft_num_layers(plan)
+        draft_size, draft_page = draft_pool_geometry(plan, DRAFT_POOL)  # dcp x the target's under DCP
         if layers is not None:  # the draft worker keeps every layer (no split)
-            check_latent_bytes(plan, DRAFT_POOL, row, size + page, layers)
-            index.check(plan, DRAFT_INDEX_POOL, size, page, layers)
+            if draft_pool_geometry(plan, DRAFT_INDEX_POOL) != (draft_size, draft_page):
+                raise ConfigError(
+                    f"The plan's {DRAFT_POOL} and {DRAFT_INDEX_POOL} pools span different slots per token; "
+                    f"SGLang's draft worker builds both over one slot space."
+                )
+            check_latent_bytes(plan, DRAFT_POOL, row, draft_size + draft_page, layers)
+            index.check(plan, DRAFT_INDEX_POOL, draft_size, draft_page, layers)
         if layout is not None:  # every pool's bytes, before the first tensor
             mine = [layer for layer in range(start, end) if owned is None or layer in owned]
-            pools = [(MAIN_POOL, INDEX_POOL, mine)]
+            pools = [(MAIN_POOL, INDEX_POOL, mine, size, page)]
             if layers is not None:
-                pools.append((DRAFT_POOL, DRAFT_INDEX_POOL, list(range(layers))))
+                pools.append((DRAFT_POOL, DRAFT_INDEX_POOL, list(range(layers)), draft_size, draft_page))
             requests = []
-            for latent, index_pool, ids in pools:
+            for latent, index_pool, ids, slots, slot_page in pools:
                 requests += cls.latent_requests(
-                    name=latent, rows=size + page, row=row, layers=ids, page_size=page, device=device
+                    name=latent, rows=slots + slot_page, row=row, layers=ids, page_size=slot_page, device=device
                 )
-                requests += index.requests(index_pool, size, page, ids, device)
+                requests += index.requests(index_pool, slots, slot_page, ids, device)
             check_layout_bytes(layout, requests)
         model_dtype = getattr(torch, model.dtype)
 
         def make(
             first: int, num: int, names: tuple[str, str], part: range | None, draft: DSATokenToKVPool | None = None
         ) -> DSATokenToKVPool:
+            drafted = names[0] == DRAFT_POOL
             return cls(
-                size=size,
-                page_size=page,
+                size=draft_size if drafted else size,
+                page_size=draft_page if drafted else page,
                 row=row,
                 start_layer=first,
                 num_layers=num,

@@ -6,7 +6,8 @@ v_head_dim)`` (the first page pads: CUDA-graph dummy tokens write there);
 block-scaled dtypes add scale tensors (see :mod:`kvpools_core.pools.quant`).
 Unlike SGLang's FP4 pool, V is stored at its own ``v_head_dim``.  A speculative
 plan's draft model gets its own pool of the same per-layer geometry
-(``.draft``), with its own padding page, as SGLang's draft worker allocates.
+(``.draft``), with its own padding page, as SGLang's draft worker allocates (under DCP over ``dcp`` times
+the slots, in pages of ``dcp x page``: :func:`~kvpools_core.parts.names.draft_pool_geometry`).
 Every K / V / scale buffer is allocated through the build's buffer layout
 (:mod:`kvpools_core.pools.layout`; one tensor per layer by default); K and V
 may come back as row-indexed buffers (rows permuted in a native tensor), which
@@ -24,7 +25,7 @@ from torch import Tensor
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.attention import LayerGeometry, layer_geometry
-from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL, draft_num_layers
+from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL, draft_num_layers, draft_pool_geometry
 from kvpools_core.pools.kv import LayerKV, PoolPlanMismatchError, check_planned_bytes
 from kvpools_core.pools.layout import BufferLayout, check_layout_bytes
 from kvpools_core.pools.quant import KVCodec, codec_for
@@ -127,30 +128,32 @@ class MHATokenToKVPool:
             page_size=page,
         )
         draft_layers = None
+        draft_size, draft_page = draft_pool_geometry(plan, DRAFT_POOL)  # dcp x the target's under DCP
         if draft_num_layers(plan) is not None:
             draft_layers = _draft_geometry(plan, geometry)
+            draft_rows = draft_size + draft_page
             check_planned_bytes(
                 DRAFT_POOL,
-                LayerKV.planned_nbytes(rows, draft_layers, codec),
+                LayerKV.planned_nbytes(draft_rows, draft_layers, codec),
                 plan.pool(DRAFT_POOL).bytes,
-                f"{len(draft_layers)} draft layer(s) of the target's geometry, {rows} rows of {kv.name}",
+                f"{len(draft_layers)} draft layer(s) of the target's geometry, {draft_rows} rows of {kv.name}",
             )
             requests += LayerKV.buffer_requests(
                 name=DRAFT_POOL,
-                rows=rows,
+                rows=draft_rows,
                 layers=draft_layers,
                 start_layer=0,
                 codec=codec,
                 device=device,
-                page_size=page,
+                page_size=draft_page,
             )
         if layout is not None:
             check_layout_bytes(layout, requests)  # every pool's, before the first tensor
         draft = None
         if draft_layers is not None:
             draft = cls(
-                size=size,
-                page_size=page,
+                size=draft_size,
+                page_size=draft_page,
                 layers=draft_layers,
                 start_layer=0,
                 codec=codec,

@@ -6,7 +6,8 @@ there), addressed by the model's global layer id.  fp8 is stored as uint8;
 fp4 as packed pairs ``(rows, 1, dim / 2)`` plus a ``(rows, dim / 16)`` scale
 buffer; DSA's packed fp8 row keeps the latent in fp8 with fp32 block scales
 and the rope in bf16 (:func:`pack_fp8_rows`).  A speculative plan's draft
-model gets its own pool (``.draft``) of the same row, with its own padding page.
+model gets its own pool (``.draft``) of the same row, with its own padding page (under DCP ``dcp`` times the
+slots and the page, :func:`~kvpools_core.parts.names.draft_pool_geometry`).
 
 Under DSA's cache layer split a rank owns only some layers: the others get
 0-row placeholders and reads of them go through one ``remote`` scratch buffer,
@@ -43,7 +44,7 @@ from torch import Tensor
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.latent import FP8_BLOCK, LatentRow, MLADims, model_dims
-from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL, draft_num_layers
+from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL, draft_num_layers, draft_pool_geometry
 from kvpools_core.pools.host_copy import copy_rows_to_host, load_rows_from_host
 from kvpools_core.pools.kv import allocate, check_planned_bytes, tensor_nbytes
 from kvpools_core.pools.layout import (
@@ -185,8 +186,9 @@ class MLATokenToKVPool:
         rows = size + page
         check_latent_bytes(plan, pool_name, row, rows, num_layers)
         drafts = draft_num_layers(plan)
+        draft_size, draft_page = draft_pool_geometry(plan, DRAFT_POOL)  # dcp x the target's under DCP
         if drafts is not None:
-            check_latent_bytes(plan, DRAFT_POOL, row, rows, drafts)
+            check_latent_bytes(plan, DRAFT_POOL, row, draft_size + draft_page, drafts)
         if layout is not None:  # every pool's bytes, before the first tensor
             layer_ids = range(start_layer, start_layer + num_layers)
             requests = cls.latent_requests(
@@ -194,15 +196,21 @@ class MLATokenToKVPool:
             )
             if drafts is not None:
                 requests += cls.latent_requests(
-                    name=DRAFT_POOL, rows=rows, row=row, layers=range(drafts), page_size=page, device=device
+                    name=DRAFT_POOL,
+                    rows=draft_size + draft_page,
+                    row=row,
+                    layers=range(drafts),
+                    page_size=draft_page,
+                    device=device,
                 )
             check_layout_bytes(layout, requests)
         model_dtype = getattr(torch, plan.model.dtype)
 
         def make(first: int, num: int, name: str, draft: MLATokenToKVPool | None = None) -> MLATokenToKVPool:
+            drafted = name == DRAFT_POOL
             return cls(
-                size=size,
-                page_size=page,
+                size=draft_size if drafted else size,
+                page_size=draft_page if drafted else page,
                 row=row,
                 start_layer=first,
                 num_layers=num,

@@ -259,6 +259,13 @@ def dsv4_problems(model: ModelSpec, serving: Serving) -> list[str]:
     problems = []
     page = serving.page_size
     problems += host_problems(serving)
+    if serving.dcp_size > 1 and serving.speculative and serving.speculative_algorithm != "NGRAM":
+        problems.append(
+            f"{o('dcp_size')} {serving.dcp_size} with {o('speculative_algorithm')} {serving.speculative_algorithm}: "
+            f"SGLang's DeepSeek-V4 draft worker then sizes its SWA pool over {serving.dcp_size} x the full and "
+            f"SWA token counts in pages of {serving.dcp_size} x {o('page_size')} (loc_space_scale), which kvpools' "
+            f"DeepSeek-V4 pools do not model. Use {o('dcp_size')} 1 or drop the speculative decoding."
+        )
     if page % 128:
         problems.append(
             f"{o('page_size')} {page}: SGLang asserts '{SGLANG_PAGE_MESSAGE}' for {model.name}. "

@@ -6,7 +6,8 @@ the KV dtype; the indexer pool holds, per sparse layer, one
 ``(size + page_size, 1, sparse_index_dim)`` key buffer in the model dtype and,
 on index-value layers, a value buffer of the same shape.  Layers are
 addressed by global id.  A speculative plan's draft gets its own pool
-(``.draft``), layers shaped like the target's last layer.  Both the main K/V
+(``.draft``), layers shaped like the target's last layer (under DCP over ``dcp`` times the slots, in pages of
+``dcp x page``: :func:`~kvpools_core.parts.names.draft_pool_geometry`).  Both the main K/V
 and the indexer buffers (roles ``index_k`` / ``index_v``) are allocated
 through the build's buffer layout (:mod:`kvpools_core.pools.layout`).
 """
@@ -21,7 +22,14 @@ from torch import Tensor
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.attention import layer_geometry
-from kvpools_core.parts.names import DRAFT_INDEX_POOL, DRAFT_KV_POOL, INDEX_POOL, KV_POOL, draft_num_layers
+from kvpools_core.parts.names import (
+    DRAFT_INDEX_POOL,
+    DRAFT_KV_POOL,
+    INDEX_POOL,
+    KV_POOL,
+    draft_num_layers,
+    draft_pool_geometry,
+)
 from kvpools_core.pools.kv import LayerKV, check_planned_bytes, tensor_nbytes
 from kvpools_core.pools.layout import PER_LAYER, BufferLayout, BufferRequest, allocate_by_layer, check_layout_bytes
 from kvpools_core.pools.quant import KVCodec, codec_for
@@ -96,31 +104,36 @@ class MiniMaxSparseKVPool:
         _check(plan, (MAIN_POOL, INDEX_POOL), layers, serving, codec, rows)
         draft_layers = None
         drafts = draft_num_layers(plan)
+        draft_size, draft_page = draft_pool_geometry(plan, DRAFT_POOL)  # dcp x the target's under DCP
         if drafts is not None:
             draft_layers = [model.layers[-1]] * drafts
-            _check(plan, (DRAFT_POOL, DRAFT_INDEX_POOL), draft_layers, serving, codec, rows)
+            _check(plan, (DRAFT_POOL, DRAFT_INDEX_POOL), draft_layers, serving, codec, draft_size + draft_page)
         if layout is not None:  # every pool's bytes, before the first tensor
 
-            def requests(names: tuple[str, str], of: list[LayerSpec], first: int) -> list[BufferRequest]:
+            def requests(
+                names: tuple[str, str], of: list[LayerSpec], first: int, slots: int, slot_page: int
+            ) -> list[BufferRequest]:
                 main = LayerKV.buffer_requests(
                     name=names[0],
-                    rows=rows,
+                    rows=slots + slot_page,
                     layers=layer_geometry(of, serving),
                     start_layer=first,
                     codec=codec,
                     device=device,
-                    page_size=page,
+                    page_size=slot_page,
                 )
-                return main + cls.index_requests(names[1], rows, page, of, first, model_dtype, device)
+                return main + cls.index_requests(names[1], slots + slot_page, slot_page, of, first, model_dtype, device)
 
-            check_layout_bytes(layout, requests((MAIN_POOL, INDEX_POOL), layers, start))
+            check_layout_bytes(layout, requests((MAIN_POOL, INDEX_POOL), layers, start, size, page))
             if draft_layers is not None:
-                check_layout_bytes(layout, requests((DRAFT_POOL, DRAFT_INDEX_POOL), draft_layers, 0))
+                check_layout_bytes(
+                    layout, requests((DRAFT_POOL, DRAFT_INDEX_POOL), draft_layers, 0, draft_size, draft_page)
+                )
         draft = None
         if draft_layers is not None:
             draft = cls(
-                size=size,
-                page_size=page,
+                size=draft_size,
+                page_size=draft_page,
                 layers=draft_layers,
                 start_layer=0,
                 serving=serving,

@@ -15,8 +15,11 @@ cell records the difference from SGLang's scaling (``CellSize.draft``).
 Without one (EAGLE heads, NEXTN MTP layers, ``--speculative-draft-num-layers``)
 they are ``D`` layers of the target's per-layer geometry (SGLang's own
 assumption; an architecture may name one draft layer's parts in
-``CellSize.draft_layer_parts``).  Only token parts are added: the target's
-per-request, per-state-slot and fixed parts stay as they are (the draft worker
+``CellSize.draft_layer_parts``).  Under ``--dcp-size k`` > 1 the
+draft parts span ``k`` slots per token (``CellPart.slot_scale``): SGLang's draft worker keeps replicated pools
+over the allocator's ``k x max_total`` virtual slots in pages of ``k x page`` (``loc_space_scale``,
+``000_fbd4f47288598fb9.txt`` lines 405-433), which its cell size never counts.  Only token parts are added: the
+target's per-request, per-state-slot and fixed parts stay as they are (the draft worker
 shares the target's request table and keeps no recurrent state of its own).
 Under ``--enable-hierarchical-cache`` it also places the ``draft_*`` pools in
 the host tier as SGLang's draft plan does (:func:`host_mirrors`): packed into
@@ -106,13 +109,30 @@ def with_draft(cell: CellSize, serving: Serving) -> CellSize:
             _draft_part(part, -(-part.bytes_per_token * draft_layers // layers)) for part in cell.parts_of(TOKEN)
         )
         note = f"{algorithm} draft: {draft_layers} layer(s) beside the target's {layers}"
+    notes = (*cell.notes, note)
+    if serving.dcp_size > 1:
+        draft_parts = tuple(attrs.evolve(part, slot_scale=serving.dcp_size) for part in draft_parts)
+        notes += (_dcp_note(draft_parts, serving),)
     return attrs.evolve(
         cell,
         parts=cell.parts + draft_parts,
         sglang_bytes_per_token=sglang,
         draft_included=True,
         draft=charge,
-        notes=(*cell.notes, note),
+        notes=notes,
+    )
+
+
+def _dcp_note(draft_parts: tuple[CellPart, ...], serving: Serving) -> str:
+    """Why the draft pools hold ``dcp`` times the tokens, and what SGLang's estimate misses of them."""
+    dcp = serving.dcp_size
+    per_token = sum(part.bytes_per_token for part in draft_parts)
+    return (
+        f"{option('dcp_size')} {dcp}: the draft worker's pools are replicated, not DCP-sharded, and address the "
+        f"shared allocator's {dcp} x max_total_num_tokens virtual slots untranslated (SGLang's loc_space_scale), "
+        f"so they hold {dcp} x (tokens + page) rows in pages of {dcp} x {option('page_size')}: "
+        f"{per_token * dcp:,} B per token where SGLang's cell size counts {per_token:,} B; its estimate leaves the "
+        f"other {per_token * (dcp - 1):,} B/token out"
     )
 
 
