@@ -161,7 +161,7 @@ class EngineComparison:
                 "available_kv_cache_memory": self.vllm_budget,
                 "num_gpu_blocks": vllm.plan.num_gpu_blocks,
                 "bytes_per_block": vllm.plan.bytes_per_block[0],
-                "block_size": vllm.block_size,
+                "block_size": vllm.effective_block_size,
                 "max_model_len": vllm.max_model_len,
                 "max_num_seqs": vllm.max_num_seqs,
                 "max_concurrency": vllm.plan.max_concurrency,
@@ -436,7 +436,12 @@ def _why(row: LayerGroupComparison, plan: Plan, vllm: VllmPlanResult | None) -> 
         )
         return tuple(why)
     stored, charged = row.vllm_bytes_per_token, row.vllm_charged_bytes_per_token
-    if stored == row.sglang_bytes_per_unit:
+    if stored is None:
+        why.append(
+            f"vLLM's groups of this kind use different block sizes (pages {row.vllm_page_size_bytes}), so they have no "
+            "single bytes per token"
+        )
+    elif stored == row.sglang_bytes_per_unit:
         why.append(f"same bytes per token: {row.sglang_bytes_per_unit:,} B")
     else:
         why.append(f"bytes per token: SGLang {row.sglang_bytes_per_unit:,} B, vLLM {stored:,} B")
@@ -457,9 +462,10 @@ def _why(row: LayerGroupComparison, plan: Plan, vllm: VllmPlanResult | None) -> 
             f"SGLang: a pool of its own, {row.sglang_slots:,} tokens{share}; a request past the window holds at most "
             f"{window.per_request} of them"
         )
+        block = row.vllm_block_size if row.vllm_block_size is not None else "the group's block size"
         why.append(
             "vLLM: the window's blocks come from the one shared pool: cdiv(min(window - 1 + "
-            f"{vllm.limits.max_in_flight_tokens} in-flight tokens, L), {row.vllm_block_size}) + 1 per request"
+            f"{vllm.limits.max_in_flight_tokens} in-flight tokens, L), {block}) + 1 per request"
         )
         return tuple(why)
     others = [space for space in plan.sizing.token_counts if space != row.token_space]

@@ -59,7 +59,7 @@ def render_engine_comparison(comparison: EngineComparison, console: Console) -> 
     if vllm is not None:
         console.print(
             f"  vLLM: num_gpu_blocks {vllm.plan.num_gpu_blocks:,} of {format_bytes(vllm.plan.bytes_per_block[0])}, "
-            f"block {vllm.block_size}, max_model_len {vllm.max_model_len:,}, max_num_seqs {vllm.max_num_seqs}"
+            f"block {vllm.effective_block_size}, max_model_len {vllm.max_model_len:,}, max_num_seqs {vllm.max_num_seqs}"
         )
         console.print(f"  vLLM logs: {vllm.plan.log_line}")
     table = Table(title="Per layer group (one rank's bytes; vLLM tokens: its usable blocks, were all this group's)")

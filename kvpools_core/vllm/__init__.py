@@ -21,8 +21,10 @@ from kvpools_core.vllm.planning import (
     get_kv_cache_groups,
     mamba_cache_mode_of,
     max_memory_usage_bytes,
+    packed_kv_cache_groups,
     plan_kv_cache,
     pp_layer_ranges,
+    resolve_kv_cache_layout,
     unify_kv_cache_spec_page_size,
 )
 from kvpools_core.vllm.specs import (
@@ -32,6 +34,7 @@ from kvpools_core.vllm.specs import (
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
 )
@@ -45,6 +48,7 @@ __all__ = [
     "KVCacheSpec",
     "MLAAttentionSpec",
     "MambaSpec",
+    "SlidingWindowMLASpec",
     "SlidingWindowSpec",
     "UniformTypeKVCacheSpecs",
     "VllmCpuOffload",
@@ -62,9 +66,11 @@ __all__ = [
     "get_kv_cache_groups",
     "mamba_cache_mode_of",
     "max_memory_usage_bytes",
+    "packed_kv_cache_groups",
     "plan_cpu_offload",
     "plan_kv_cache",
     "plan_vllm",
     "pp_layer_ranges",
+    "resolve_kv_cache_layout",
     "unify_kv_cache_spec_page_size",
 ]

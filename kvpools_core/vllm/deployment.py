@@ -33,7 +33,7 @@ from kvpools_core.vllm.planning import (
     plan_kv_cache,
     pp_layer_ranges,
 )
-from kvpools_core.vllm.specs import MambaSpec, UniformTypeKVCacheSpecs
+from kvpools_core.vllm.specs import MambaSpec, SlidingWindowMLASpec, UniformTypeKVCacheSpecs
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -535,8 +535,14 @@ __all__ = [
 
 
 def attention_block_size(plan: VllmKVCachePlan, asked: int) -> int:
-    """The block size vLLM resolved for the attention layers: the smallest attention group's (page-size
-    unification only grows a group's block from it; a Mamba group's block is its state, not a size vLLM was
-    asked for); ``asked`` for a model of Mamba layers only."""
-    sizes = {group.kv_cache_spec.block_size for group in plan.groups if not isinstance(group.kv_cache_spec, MambaSpec)}
+    """The block size vLLM resolved for the attention layers (``cache_config.block_size`` after start-up): the
+    smallest attention group's (page-size unification only grows a group's block from it).  Groups of Mamba
+    states and of ``SlidingWindowMLASpec`` caches are left out: their blocks are not sizes vLLM was asked for (a
+    Mamba block is its state; DeepSeek-V4's SWA and compressor-state caches fix their own, ``sparse_swa.py`` L85,
+    ``compressor.py`` L168-171); ``asked`` for a model of such layers only."""
+    sizes = {
+        group.kv_cache_spec.block_size
+        for group in plan.groups
+        if not any(isinstance(group.layer_spec(name), (MambaSpec, SlidingWindowMLASpec)) for name in group.layer_names)
+    }
     return min(sizes) if sizes else asked

@@ -34,7 +34,7 @@ from kvpools_core.host import node_memory
 from kvpools_core.options import option
 from kvpools_core.units import format_bytes
 from kvpools_core.values import HostMemory
-from kvpools_core.vllm.planning import KVCacheGroupSpec, VllmKVCachePlan
+from kvpools_core.vllm.planning import KVCacheGroupSpec, VllmKVCachePlan, is_block_outermost
 from kvpools_core.vllm.specs import AttentionSpec, MLAAttentionSpec, UniformTypeKVCacheSpecs
 
 GiB = 1 << 30
@@ -168,6 +168,12 @@ def plan_cpu_offload(
             f"{option('kv_offloading_backend')} lmcache: vLLM 0.33 connects to a standalone LMCache server "
             f"(LMCacheMPConnector) and does not pass {flag} on (config/vllm.py L1176-1182), so the host cache is that "
             f"server's to size, not this engine's. Plan with {option('kv_offloading_backend')} native."
+        )
+    if is_block_outermost(plan.kv_cache_layout):
+        raise UnsupportedCombinationError(
+            f"{flag} with the {plan.kv_cache_layout} KV-cache layout: vLLM offloads packed (block-outermost) caches, "
+            "DeepSeek-V4's compressed ones, through per-group chunk and hash-block alignment kvpools does not model "
+            f"(offloading/config.py L88-160); plan without {flag}."
         )
     if platform not in OFFLOAD_PLATFORMS:
         raise UnsupportedCombinationError(

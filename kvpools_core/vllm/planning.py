@@ -1,31 +1,38 @@
 """vLLM 0.33's KV-cache planning: grouping, page-size unification, blocks, the memory check, capacity.
 
 Mirrors ``vllm/v1/core/kv_cache_planning.py`` and ``kv_cache_utils.py`` of vLLM 0.33.0 (line numbers below
-are that release's), for the default ``DefaultKVCacheConfigBuilder`` and a layer-outermost KV-cache layout
-(``LBNHC``/``LBHNC``, where a block's bytes are the sum of its layers' pages).  Left out, and refused by name
-where a model would need them: block-outermost packing (``_get_packed_kv_cache_groups``), HiSparse,
-hidden-state layers, ``--disable-hybrid-kv-cache-manager`` and a model's own ``get_kv_cache_groups``.
+are that release's), for the default ``DefaultKVCacheConfigBuilder``.  The KV-cache layout is resolved from the
+layers' backends as vLLM's engine core does (:func:`resolve_kv_cache_layout`): ``LBNHC`` unless a backend
+declares its layouts (DeepSeek-V4's indexer: ``BLHNC``); a block-outermost layout packs mixed page sizes side by
+side in each block (:func:`packed_kv_cache_groups`).  Left out, and refused by name where a model would need
+them: HiSparse, hidden-state layers, ``--disable-hybrid-kv-cache-manager``, a model's own
+``get_kv_cache_groups``, ``VLLM_KV_CACHE_LAYOUT`` and a KV connector's layout.
 
 The differential tests (``tests/vllm/test_differential.py``) run vLLM's own functions on the same specs.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
 from kvpools_core.errors import ConfigError, InsufficientMemoryError, UnsupportedCombinationError
 from kvpools_core.vllm.specs import (
+    KV_CACHE_LAYOUTS,
+    SLIDING_WINDOW_MLA_MERGE_FIELDS,
     AttentionSpec,
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
     cdiv,
+    round_up,
 )
 
 GiB = 1 << 30
@@ -119,8 +126,99 @@ def mamba_cache_mode_of(worker_specs: Iterable[Mapping[str, KVCacheSpec]]) -> st
 
 
 def _mergeable(first: KVCacheSpec, specs: Sequence[KVCacheSpec]) -> bool:
-    """``KVCacheSpec.merge`` succeeds: for the modelled specs, exactly when they are all equal."""
+    """``first.merge(specs)`` succeeds: for the modelled specs, exactly when they are all equal, except
+    ``SlidingWindowMLASpec.merge`` (L1036-1080), which compares only :data:`SLIDING_WINDOW_MLA_MERGE_FIELDS`."""
+    if isinstance(first, SlidingWindowMLASpec):
+        return all(
+            isinstance(spec, SlidingWindowMLASpec)
+            and all(getattr(spec, name) == getattr(first, name) for name in SLIDING_WINDOW_MLA_MERGE_FIELDS)
+            for spec in specs
+        )
     return all(spec == first for spec in specs)
+
+
+def merged_spec(specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
+    """``specs[0].merge(specs)`` (``create_kv_cache_group_specs``, L187-215): the group's spec is its first layer's,
+    except that ``MLAAttentionSpec.merge`` / ``SlidingWindowMLASpec.merge`` (L750-806, L1036-1080) rebuild it without
+    ``alignment``, keeping the padded page (so a later block-size copy is no longer re-padded)."""
+    first = specs[0]
+    if isinstance(first, (MLAAttentionSpec, SlidingWindowMLASpec)) and first.alignment is not None:
+        return attrs.evolve(first, alignment=None)
+    return first
+
+
+# ---------------------------------------------------------------------------
+# the KV-cache layout (resolve_kv_cache_layout, v1/attention/backends/utils.py L243-383)
+# ---------------------------------------------------------------------------
+
+DEFAULT_LAYOUT_PREFERENCE = ("LBNHC", "LBHNC", "BLNHC", "BLHNC", "BHLNC", "LHBNC")
+"""``_DEFAULT_LAYOUT_PREFERENCE`` (``v1/attention/backends/utils.py`` L229-236): the order when no backend declares."""
+
+
+def is_block_outermost(layout: str) -> bool:
+    """``KVCacheLayout.is_block_outermost``: the block axis first."""
+    return layout[0] == "B"
+
+
+def _is_block_compact(layout: str) -> bool:
+    """``KVCacheLayout.is_block_compact``: the layer and block axes outermost."""
+    return set(layout[:2]) == {"L", "B"}
+
+
+def declared_layouts(specs: Iterable[KVCacheSpec]) -> list[str]:
+    """``get_supported_kv_cache_layouts`` (L243-280) over the layers' backends: the distinct declarations (a spec's
+    ``supported_layouts``), intersected, ordered by how many declarations put a layout first (ties in enum order);
+    the default preference when nothing declares.  Distinct declarations stand for distinct backends."""
+    declarations: list[tuple[str, ...]] = []
+    for spec in specs:
+        if spec.supported_layouts is not None and spec.supported_layouts not in declarations:
+            declarations.append(spec.supported_layouts)
+    if not declarations:
+        return list(DEFAULT_LAYOUT_PREFERENCE)
+    if len(declarations) == 1:
+        return list(declarations[0])
+    firsts = [declaration[0] for declaration in declarations]
+    common = set.intersection(*map(set, declarations))
+    candidates = sorted((name for name in KV_CACHE_LAYOUTS if name in common), key=firsts.count, reverse=True)
+    if not candidates:
+        raise UnsupportedCombinationError(
+            f"vLLM's attention backends share no KV-cache layout (they declare {declarations})."
+        )
+    return candidates
+
+
+def resolve_kv_cache_layout(worker_specs: Sequence[Mapping[str, KVCacheSpec]]) -> str:
+    """``resolve_kv_cache_layout`` (L293-383) without ``VLLM_KV_CACHE_LAYOUT`` or a KV connector: every worker's
+    declared layouts (they must agree), narrowed to block-compact layouts when the layers' ``(H, N, page)`` shapes
+    differ, and to block-outermost ones when DCP-sharded and replicated attention caches mix page sizes."""
+    per_worker = [declared_layouts(worker.values()) for worker in worker_specs]
+    if any(layouts != per_worker[0] for layouts in per_worker[1:]):
+        raise UnsupportedCombinationError(
+            f"Workers disagree on supported KV cache layouts: {per_worker} (vLLM asserts this): the pipeline stages "
+            "run different attention backends; choose a --pipeline-parallel-size or VLLM_PP_LAYER_PARTITION that "
+            "gives every stage the same kinds of layers."
+        )
+    candidates = per_worker[0]
+    specs = [spec for worker in worker_specs for spec in worker.values()]
+    attention = [spec for spec in specs if isinstance(spec, AttentionSpec)]
+    if len(attention) != len(specs) and candidates != list(DEFAULT_LAYOUT_PREFERENCE):
+        raise UnsupportedCombinationError(
+            "vLLM accounting does not model a declared KV-cache layout beside Mamba layers."
+        )
+    shapes = {(spec.num_kv_heads, spec.num_states, spec.page_size_bytes) for spec in attention}
+    if len(shapes) > 1:
+        candidates = [name for name in candidates if _is_block_compact(name)]
+        if not candidates:
+            raise UnsupportedCombinationError(
+                "Specs with mixed HNC shapes need a block-compact layout, but none is in every supported set."
+            )
+    if len({spec.dcp_sharded for spec in attention}) > 1 and len({spec.page_size_bytes for spec in specs}) > 1:
+        candidates = [name for name in candidates if is_block_outermost(name)]
+        if not candidates:
+            raise UnsupportedCombinationError(
+                "DCP with a replicated draft and mixed KV page sizes requires a block-outer KV cache layout."
+            )
+    return candidates[0]
 
 
 def is_uniform_type(specs: Mapping[str, KVCacheSpec]) -> bool:
@@ -133,6 +231,8 @@ def is_uniform_type(specs: Mapping[str, KVCacheSpec]) -> bool:
     if len({getattr(spec, "dcp_sharded", False) for spec in values}) > 1:
         return False
     first = values[0]
+    if isinstance(first, SlidingWindowMLASpec):  # L1082-1090
+        return all(isinstance(s, SlidingWindowMLASpec) and s.sliding_window == first.sliding_window for s in values)
     if isinstance(first, FullAttentionSpec):
         return all(isinstance(spec, FullAttentionSpec) for spec in values)
     if isinstance(first, SlidingWindowSpec):
@@ -181,6 +281,12 @@ def unify_kv_cache_spec_page_size(specs: Mapping[str, KVCacheSpec]) -> dict[str,
                 f"Layer {name}: page size is not divisible by the maximum page size and cannot be padded. "
                 "Padding is only supported for non-MLA attention layers."
             )
+        if unified[name].page_size_bytes != max_page:  # a spec with an alignment re-pads itself when rebuilt
+            raise UnsupportedCombinationError(
+                f"Layer {name}: its page becomes {unified[name].page_size_bytes} bytes, not the maximum {max_page}, "
+                "when unified (its alignment padding is applied again); vLLM asserts they are equal and fails to "
+                "start."
+            )
     return unified
 
 
@@ -193,7 +299,7 @@ def _full_allocation_fallback(specs: Mapping[str, KVCacheSpec]) -> list[KVCacheG
     cannot be unified: the sliding-window layers are allocated as full attention (``_promote_local_kv_cache_specs``,
     L744), all in one uniform-type group."""
     values = list(specs.values())
-    if any(isinstance(spec, ChunkedLocalAttentionSpec) for spec in values):
+    if any(isinstance(spec, (ChunkedLocalAttentionSpec, SlidingWindowMLASpec)) for spec in values):
         return None
     if not (
         any(isinstance(s, MLAAttentionSpec) for s in values) and any(isinstance(s, SlidingWindowSpec) for s in values)
@@ -218,6 +324,8 @@ def _full_allocation_fallback(specs: Mapping[str, KVCacheSpec]) -> list[KVCacheG
                 state_content_bytes=spec.state_content_bytes,
                 dcp_sharded=spec.dcp_sharded,
                 max_tp_shards=spec.max_tp_shards,
+                tokens_per_state=spec.tokens_per_state,
+                block_stride_alignment=spec.block_stride_alignment,
             )
         else:
             promoted[name] = spec
@@ -233,34 +341,135 @@ def _uniform_type(specs: Mapping[str, KVCacheSpec]) -> UniformTypeKVCacheSpecs:
 def _groups_uniform_page_size(specs: Mapping[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
     """``_get_kv_cache_groups_uniform_page_size`` (L416): bucket equal specs (first-seen order), split each bucket
     into groups of ``min`` layers (``max`` when ``max < 1.5 * min``), taking ``layers[i::num_groups]``."""
-    buckets: dict[KVCacheSpec, list[str]] = {}
+    same_spec: dict[KVCacheSpec, list[str]] = {}
     for name, spec in specs.items():
-        buckets.setdefault(spec, []).append(name)
+        same_spec.setdefault(spec, []).append(name)
+    merged: list[tuple[list[KVCacheSpec], list[str]]] = []  # L498-516: join buckets whose specs merge
+    for spec, names in same_spec.items():
+        for bucket_specs, bucket_names in merged:
+            if _mergeable(bucket_specs[0], [*bucket_specs, spec]):
+                bucket_specs.append(spec)
+                bucket_names.extend(names)
+                break
+        else:
+            merged.append(([spec], list(names)))
+    buckets = {bucket_specs[0]: names for bucket_specs, names in merged}
     sizes = [len(names) for names in buckets.values()]
     group_size = min(sizes)
     if max(sizes) < min(sizes) * 1.5:
         group_size = max(sizes)
     groups: list[KVCacheGroupSpec] = []
-    for spec, names in buckets.items():
+    for names in buckets.values():
         num_groups = cdiv(len(names), group_size)
-        groups.extend(KVCacheGroupSpec(tuple(names[i::num_groups]), spec) for i in range(num_groups))
+        for i in range(num_groups):
+            group_names = names[i::num_groups]
+            groups.append(KVCacheGroupSpec(tuple(group_names), merged_spec([specs[n] for n in group_names])))
     return groups
 
 
-def get_kv_cache_groups(specs: Mapping[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
-    """``get_kv_cache_groups`` (L1113) for the default builder and a layer-outermost layout.
+def approximate_gcd(values: Sequence[int], lower_bound: int) -> int:
+    """``_approximate_gcd`` (L879-911): the chunk ``d`` in ``[max(1, lower_bound), max(values)]`` that pads the values
+    least when each is rounded up to a multiple of it (ties: the larger ``d``)."""
+    min_d = max(1, lower_bound)
+    best_d, best_pad = min_d, None
+    for d in range(min_d, max(values) + 1):
+        pad = sum((d - value % d) % d for value in values)
+        if best_pad is None or pad < best_pad or (pad == best_pad and d > best_d):
+            best_d, best_pad = d, pad
+    return best_d
 
-    One group when every spec is the same; one ``UniformTypeKVCacheSpecs`` group when they are one type;
-    otherwise pages unified (falling back to full allocation for MLA beside sliding-window layers) and split
-    into groups of equal layer counts.
+
+def packed_kv_cache_groups(specs: Mapping[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
+    """``_get_packed_kv_cache_groups`` (L914-1041), for a block-outermost layout and mixed page sizes.
+
+    Layers are bucketed greedily into uniform types (first-seen order); a bucket whose page sizes each have the
+    same layer count is a repeating pattern, split into groups of ``repeats_per_group`` pattern repeats
+    (:func:`approximate_gcd` of the balanced buckets' repeat counts, at least the largest mixed-page bucket's);
+    any other bucket stays one group.  Unsplit sliding-window buckets are state buckets, split until a group fits
+    the block the others need.  Every group is a ``UniformTypeKVCacheSpecs``: the layers' pages side by side.
+    """
+    buckets: list[dict[str, KVCacheSpec]] = []
+    for name, layer in specs.items():
+        for bucket in buckets:
+            if is_uniform_type({**bucket, name: layer}):
+                bucket[name] = layer
+                break
+        else:
+            buckets.append({name: layer})
+    bucketed = []
+    for bucket in buckets:
+        page_size_layers: dict[int, list[str]] = {}
+        for name, layer in bucket.items():
+            page_size_layers.setdefault(layer.page_size_bytes, []).append(name)
+        balanced = len({len(names) for names in page_size_layers.values()}) == 1
+        bucketed.append((_uniform_type(bucket), page_size_layers, balanced))
+    min_repeats = max(
+        (spec.get_max_layers_per_page_size() for spec, pages, balanced in bucketed if balanced and len(pages) > 1),
+        default=0,
+    )
+    repeats = (
+        approximate_gcd(
+            [spec.get_max_layers_per_page_size() for spec, _, balanced in bucketed if balanced], min_repeats
+        )
+        if min_repeats
+        else None
+    )
+
+    def num_groups_for(spec: UniformTypeKVCacheSpecs, balanced: bool) -> int:
+        return cdiv(spec.get_max_layers_per_page_size(), repeats) if balanced and repeats is not None else 1
+
+    def widest_group_bytes(pages: Mapping[int, list[str]], count: int) -> int:
+        return sum(cdiv(len(names), count) * page for page, names in pages.items())
+
+    def is_state_bucket(spec: UniformTypeKVCacheSpecs) -> bool:
+        first = next(iter(spec.kv_cache_specs.values()))
+        return isinstance(first, MambaSpec) or (repeats is None and isinstance(first, SlidingWindowSpec))
+
+    anchor = max(
+        widest_group_bytes(pages, len(spec.kv_cache_specs) if is_state_bucket(spec) else num_groups_for(spec, balanced))
+        for spec, pages, balanced in bucketed
+    )
+    groups: list[KVCacheGroupSpec] = []
+    for spec, pages, balanced in bucketed:
+        count = num_groups_for(spec, balanced)
+        if anchor and is_state_bucket(spec):
+            states_per_block = max(anchor // next(iter(spec.kv_cache_specs.values())).page_size_bytes, 1)
+            count = max(count, cdiv(len(spec.kv_cache_specs), states_per_block))
+        if count == 1:
+            groups.append(KVCacheGroupSpec(tuple(spec.kv_cache_specs), spec))
+            continue
+        pattern_repeats = list(zip(*pages.values(), strict=False))
+        for i in range(count):
+            names = [name for repeat in pattern_repeats[i::count] for name in repeat]
+            groups.append(KVCacheGroupSpec(tuple(names), _uniform_type({n: spec.kv_cache_specs[n] for n in names})))
+    grouped = [name for group in groups for name in group.layer_names]
+    if len(grouped) != len(specs):  # _check_exact_partition (L1218-1230)
+        raise UnsupportedCombinationError(
+            f"KV cache groups miss layers: {sorted(set(specs) - set(grouped))} (vLLM asserts this when packing an "
+            "unbalanced bucket of mixed page sizes)."
+        )
+    return groups
+
+
+def get_kv_cache_groups(specs: Mapping[str, KVCacheSpec], layout: str | None = None) -> list[KVCacheGroupSpec]:
+    """``get_kv_cache_groups`` (L1113) for the default builder, in ``layout`` (resolved from the specs when None).
+
+    One group when every spec is the same; one ``UniformTypeKVCacheSpecs`` group when they are one type; in a
+    block-outermost layout, mixed pages packed side by side (:func:`packed_kv_cache_groups`); otherwise pages
+    unified (falling back to full allocation for MLA beside sliding-window layers) and split into groups of equal
+    layer counts.
     """
     if not specs:
         return []
     values = list(specs.values())
     if _mergeable(values[0], values):
-        return [KVCacheGroupSpec(tuple(specs), values[0])]
+        return [KVCacheGroupSpec(tuple(specs), merged_spec(values))]
     if is_uniform_type(specs):
         return [KVCacheGroupSpec(tuple(specs), _uniform_type(specs))]
+    if layout is None:
+        layout = resolve_kv_cache_layout([specs])
+    if is_block_outermost(layout) and len({spec.page_size_bytes for spec in values}) > 1:
+        return packed_kv_cache_groups(specs)
     try:
         unified = unify_kv_cache_spec_page_size(specs)
     except _CannotUnify:
@@ -276,29 +485,51 @@ def get_kv_cache_groups(specs: Mapping[str, KVCacheSpec]) -> list[KVCacheGroupSp
 # ---------------------------------------------------------------------------
 
 
-def bytes_per_block(groups: Sequence[KVCacheGroupSpec]) -> int:
-    """``_get_kv_cache_bytes_per_block`` (L574), layer-outer: the largest group's sum of its layers' pages.
+def _group_layer_specs(groups: Sequence[KVCacheGroupSpec]) -> dict[str, KVCacheSpec]:
+    return {name: group.layer_spec(name) for group in groups for name in group.layer_names}
+
+
+def bytes_per_block(groups: Sequence[KVCacheGroupSpec], layout: str | None = None) -> int:
+    """``_get_kv_cache_bytes_per_block`` (L574-605): the largest group's sum of its layers' pages.
 
     Every group draws block ids from one pool whose block spans all groups' layers (they alias from byte 0),
     so the widest group sets the block's bytes: a group with fewer layers wastes the difference (the
-    "padding layers" vLLM warns about).
+    "padding layers" vLLM warns about).  Layer-outer layouts round each layer's page up to its
+    ``get_block_stride_alignment``; block-outer ones round the block up to the lcm of them all.  ``layout`` is
+    resolved from the groups' layer specs when None.
     """
-    return max(sum(group.layer_spec(name).page_size_bytes for name in group.layer_names) for group in groups)
+    if layout is None:
+        layout = resolve_kv_cache_layout([_group_layer_specs(groups)])
+    if not is_block_outermost(layout):
+        return max(
+            sum(
+                round_up(spec.page_size_bytes, spec.get_block_stride_alignment())
+                for spec in (group.layer_spec(name) for name in group.layer_names)
+            )
+            for group in groups
+        )
+    widest = max(sum(group.layer_spec(name).page_size_bytes for name in group.layer_names) for group in groups)
+    alignments = [group.layer_spec(name).get_block_stride_alignment() for group in groups for name in group.layer_names]
+    return round_up(widest, math.lcm(*alignments))
 
 
-def max_memory_usage_bytes(groups: Sequence[KVCacheGroupSpec], limits: VllmLimits) -> int:
+def max_memory_usage_bytes(groups: Sequence[KVCacheGroupSpec], limits: VllmLimits, layout: str | None = None) -> int:
     """``_max_memory_usage_bytes_from_groups`` (L1253): one request's blocks over all groups x bytes per block."""
     if not groups:
         return 0
-    return bytes_per_block(groups) * sum(group.blocks_per_request(limits) for group in groups)
+    return bytes_per_block(groups, layout) * sum(group.blocks_per_request(limits) for group in groups)
 
 
-def estimate_max_model_len(groups: Sequence[KVCacheGroupSpec], limits: VllmLimits, available_memory: int) -> int:
+def estimate_max_model_len(
+    groups: Sequence[KVCacheGroupSpec], limits: VllmLimits, available_memory: int, layout: str | None = None
+) -> int:
     """``_estimate_max_model_len_from_groups`` (L1288): the largest ``max_model_len`` in ``[1, limits.max_model_len]``
     whose one-request need fits ``available_memory``, by vLLM's binary search; 0 when one token does not fit."""
+    if layout is None and groups:
+        layout = resolve_kv_cache_layout([_group_layer_specs(groups)])
 
     def fits(model_len: int) -> bool:
-        return max_memory_usage_bytes(groups, limits.with_max_model_len(model_len)) <= available_memory
+        return max_memory_usage_bytes(groups, limits.with_max_model_len(model_len), layout) <= available_memory
 
     left, right = 1, limits.max_model_len
     if not fits(left):
@@ -319,7 +550,9 @@ def format_gib(num_bytes: int) -> str:
     return f"{round(num_bytes / GiB, 2)}"
 
 
-def check_enough_kv_cache_memory(groups: Sequence[KVCacheGroupSpec], limits: VllmLimits, available_memory: int) -> None:
+def check_enough_kv_cache_memory(
+    groups: Sequence[KVCacheGroupSpec], limits: VllmLimits, available_memory: int, layout: str | None = None
+) -> None:
     """``_check_enough_kv_cache_memory`` (L50): raise vLLM's error when one request at ``max_model_len`` does not
     fit ``available_memory`` (the memory after the null block); the text is vLLM's, word for word."""
     if available_memory <= 0:
@@ -328,9 +561,9 @@ def check_enough_kv_cache_memory(groups: Sequence[KVCacheGroupSpec], limits: Vll
             "the engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). "
             f"See {CONSERVING_MEMORY_URL} for more details."
         )
-    needed = max_memory_usage_bytes(groups, limits)
+    needed = max_memory_usage_bytes(groups, limits, layout)
     if needed > available_memory:
-        estimated = estimate_max_model_len(groups, limits, available_memory)
+        estimated = estimate_max_model_len(groups, limits, available_memory, layout)
         estimated_msg = (
             f"Based on the available memory, the estimated maximum model length is {estimated}. "
             if estimated > 0
@@ -407,6 +640,8 @@ class VllmKVCachePlan:
     auto_fit: bool = False
     auto_fit_memory: int | None = None
     """Under auto-fit, the limiting worker's memory after the null block, which vLLM's auto-fit line names."""
+    kv_cache_layout: str = "LBNHC"
+    """The layout vLLM resolves (:func:`resolve_kv_cache_layout`; it logs "Using BLHNC KV cache layout.")."""
 
     @property
     def block_sizes(self) -> tuple[int, ...]:
@@ -458,11 +693,12 @@ def plan_kv_cache(
             if name in merged and merged[name] != spec:
                 raise ConfigError(f"layer {name!r} has different KV-cache specs on two workers.")
             merged.setdefault(name, spec)
-    global_groups = get_kv_cache_groups(merged)
+    layout = resolve_kv_cache_layout(worker_specs)
+    global_groups = get_kv_cache_groups(merged, layout)
     if not global_groups:
         raise UnsupportedCombinationError("an attention-free model has no KV cache to plan (vLLM uses 1 block).")
     projected = [project_groups_to_worker(global_groups, set(worker)) for worker in worker_specs]
-    per_block = [bytes_per_block(groups) for groups in projected]
+    per_block = [bytes_per_block(groups, layout) for groups in projected]
     memory = list(available_memory)
     if num_gpu_blocks_override is not None:
         memory = [num_gpu_blocks_override * block for block in per_block]
@@ -471,7 +707,7 @@ def plan_kv_cache(
     if auto_fit_max_model_len:
         fitted, auto_fit_memory = limits.max_model_len, check_memory[0]
         for groups, avail in zip(projected, check_memory, strict=True):
-            worker_max = estimate_max_model_len(groups, limits, avail)
+            worker_max = estimate_max_model_len(groups, limits, avail, layout)
             if worker_max < fitted:  # ``_auto_fit_max_model_len`` (L1367-1378): the first worker to set the min
                 fitted, auto_fit_memory = worker_max, avail
         if fitted <= 0:
@@ -481,7 +717,7 @@ def plan_kv_cache(
             )
         limits = limits.with_max_model_len(fitted)
     for groups, avail in zip(projected, check_memory, strict=True):
-        check_enough_kv_cache_memory(groups, limits, avail)
+        check_enough_kv_cache_memory(groups, limits, avail, layout)
     num_blocks = min(avail // block for avail, block in zip(memory, per_block, strict=True))
     blocks_per_request = sum(group.blocks_per_request(limits) for group in global_groups)
     max_concurrency = num_blocks / blocks_per_request
@@ -496,4 +732,5 @@ def plan_kv_cache(
         kv_cache_size_tokens=int(max_concurrency * limits.max_model_len),
         auto_fit=auto_fit_max_model_len,
         auto_fit_memory=auto_fit_memory,
+        kv_cache_layout=layout,
     )

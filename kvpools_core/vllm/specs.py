@@ -5,15 +5,19 @@ fields that change a page's bytes or a request's worst-case blocks, and the two 
 spec implements, ``page_size_bytes`` and ``max_memory_usage_bytes``.  Equality is field-wise and
 class-exact, as vLLM's dataclass equality is, because grouping buckets layers by equal specs.
 
-Modelled: one state per token (``tokens_per_state == 1``, i.e. no DeepSeek-V4 compression), dense or
-``state_content_bytes``-packed content, ``page_size_padded``, no ``block_stride_alignment`` (the default
-``None``, i.e. 1).  Dtypes are carried as their byte size (``get_dtype_size``); a ``MambaSpec`` also records
-vLLM's ``mamba_type``, so two mixers with equal byte sizes still group apart, as in vLLM.
+Modelled: whole-token states (``tokens_per_state`` a positive integer: 1, or DeepSeek-V4's compression ratio;
+vLLM's fractional states, Whisper's block pooling, are not), dense or ``state_content_bytes``-packed content,
+``page_size_padded`` (and the DeepSeek-V4 row ``alignment`` that sets it at construction),
+``block_stride_alignment`` in its ``MultipleOf(n)`` form (what ``customize_attention_spec`` gives a backend with
+fixed kernel block sizes), and the KV-cache layouts a layer's backend declares (``supported_layouts``, which
+``resolve_kv_cache_layout`` reads).  Dtypes are carried as their byte size (``get_dtype_size``); a ``MambaSpec``
+also records vLLM's ``mamba_type``, so two mixers with equal byte sizes still group apart, as in vLLM.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -54,15 +58,54 @@ def _optional_positive(instance: Any, attribute: attrs.Attribute[Any], value: in
         _positive(instance, attribute, value)
 
 
+def round_up(value: int, multiple: int) -> int:
+    """``vllm.utils.math_utils.round_up``."""
+    return cdiv(value, multiple) * multiple
+
+
+KV_CACHE_LAYOUTS = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
+"""``KVCacheLayout`` members (``v1/kv_cache_layout.py`` L15-28), in the enum's order: each name spells the physical
+order of the logical ``[L, B, H, N, C]`` axes (layer, block, head, state, content)."""
+
+
+def _layouts(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    layouts = tuple(value)
+    bad = [name for name in layouts if name not in KV_CACHE_LAYOUTS]
+    if not layouts or bad:
+        raise InvalidValueError(f"supported_layouts must name KV-cache layouts of {KV_CACHE_LAYOUTS}, got {value!r}.")
+    return layouts
+
+
 @attrs.frozen(kw_only=True)
 class KVCacheSpec:
-    """``KVCacheSpec`` (``kv_cache_interface.py`` L202): one layer's cache; ``block_size`` tokens per block."""
+    """``KVCacheSpec`` (``kv_cache_interface.py`` L202): one layer's cache; ``block_size`` tokens per block.
+
+    ``block_stride_alignment`` is ``n`` of vLLM's ``MultipleOf(n)`` (``None``: no alignment): blocks are split into
+    kernel blocks of ``n`` tokens, so a block's stride must hold whole kernel pages (``get_block_stride_alignment``,
+    L224-234).  ``supported_layouts`` is not vLLM's spec field but its layer's backend's
+    ``supported_kv_cache_layouts()`` (``None``: any layout), carried here so the planner resolves the layout from the
+    specs alone; it takes no part in equality.
+    """
 
     block_size: int = attrs.field(validator=_positive)
+    block_stride_alignment: int | None = attrs.field(default=None, validator=_optional_positive)
+    supported_layouts: tuple[str, ...] | None = attrs.field(default=None, converter=_layouts, eq=False)
 
     @property
     def page_size_bytes(self) -> int:
         raise NotImplementedError
+
+    def get_block_stride_alignment(self) -> int:
+        """``get_block_stride_alignment`` (L224): 1 when the block is one kernel block, else one kernel block's page
+        (kernel block = ``gcd(n, block_size)``)."""
+        if self.block_stride_alignment is None:
+            return 1
+        kernel_block_size = math.gcd(self.block_stride_alignment, self.block_size)
+        if kernel_block_size == self.block_size:
+            return 1
+        return self.with_block_size(kernel_block_size).page_size_bytes
 
     def max_memory_usage_bytes(self, limits: VllmLimits) -> int:
         raise NotImplementedError
@@ -74,11 +117,13 @@ class KVCacheSpec:
 
 @attrs.frozen(kw_only=True)
 class AttentionSpec(KVCacheSpec):
-    """``AttentionSpec`` (L552): page = ``num_kv_heads * block_size * (head_size + head_size_v) * dtype_bytes``.
+    """``AttentionSpec`` (L552): page = ``num_kv_heads * num_states * (head_size + head_size_v) * dtype_bytes``,
+    ``num_states = block_size // tokens_per_state`` (``get_num_kernel_states``, L268-275).
 
     ``state_content_bytes`` replaces ``(head_size + head_size_v) * dtype_bytes`` for packed layouts
-    (``fp8_ds_mla``: 656 bytes per token, set by ``mla_attention.py`` L1386).  ``dcp_sharded`` defaults to
-    True for attention, as in vLLM; ``max_tp_shards`` records how many distinct TP shards exist.
+    (``fp8_ds_mla``: 656 bytes per token, set by ``mla_attention.py`` L1386; DeepSeek-V4's 584).  ``dcp_sharded``
+    defaults to True for attention, as in vLLM; ``max_tp_shards`` records how many distinct TP shards exist.
+    ``tokens_per_state`` > 1 compresses that many tokens into one stored state (DeepSeek-V4's c4 / c128 caches).
     """
 
     num_kv_heads: int = attrs.field(validator=_positive)
@@ -89,6 +134,7 @@ class AttentionSpec(KVCacheSpec):
     state_content_bytes: int | None = attrs.field(default=None, validator=_optional_positive)
     dcp_sharded: bool = True
     max_tp_shards: int | None = attrs.field(default=None, validator=_optional_positive)
+    tokens_per_state: int = attrs.field(default=1, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if self.page_size_padded is not None and self.page_size_padded < self.unpadded_page_size_bytes:
@@ -105,8 +151,13 @@ class AttentionSpec(KVCacheSpec):
         return (self.head_size + self.head_size_v) * self.dtype_bytes
 
     @property
+    def num_states(self) -> int:
+        """States one block stores (``num_states``, L264): ``block_size // tokens_per_state``."""
+        return self.block_size // self.tokens_per_state
+
+    @property
     def unpadded_page_size_bytes(self) -> int:
-        return self.num_kv_heads * self.block_size * self.state_content_size_bytes
+        return self.num_kv_heads * self.num_states * self.state_content_size_bytes
 
     @property
     def page_size_bytes(self) -> int:
@@ -125,14 +176,36 @@ class FullAttentionSpec(AttentionSpec):
         return cdiv(max_model_len, self.block_size) * self.page_size_bytes
 
 
+def _apply_alignment_padding(spec: MLAAttentionSpec | SlidingWindowMLASpec) -> None:
+    """``_apply_alignment_padding`` (L719-726), run at construction: the page rounded up to ``alignment`` bytes.
+
+    As in vLLM, a page that is already aligned keeps whatever ``page_size_padded`` it was built with (a copy made by
+    ``copy_with_new_block_size`` carries the old one)."""
+    if spec.alignment is not None:
+        actual = spec.unpadded_page_size_bytes
+        padded = round_up(actual, spec.alignment)
+        if padded != actual:
+            object.__setattr__(spec, "page_size_padded", padded)
+    AttentionSpec.__attrs_post_init__(spec)
+
+
 @attrs.frozen(kw_only=True)
 class MLAAttentionSpec(FullAttentionSpec):
-    """``MLAAttentionSpec`` (L729): one latent per token (``head_size_v = 0``); ``cache_role`` is
-    ``"indexer"`` for DeepSeek-V3.2's indexer cache (``deepseek_v2.py`` L658-666), ``"sparse"`` otherwise."""
+    """``MLAAttentionSpec`` (L729): one latent per state (``head_size_v = 0``); ``cache_role`` is
+    ``"indexer"`` for DeepSeek-V3.2's indexer cache (``deepseek_v2.py`` L658-666), ``"sparse"`` otherwise.
+
+    DeepSeek-V4's fields: ``alignment`` pads the page to a multiple of it at construction (576 bytes for FlashMLA's
+    ``fp8_ds_mla`` rows), ``model_version`` (``"deepseek_v4"`` on its latent caches) only takes part in equality.
+    """
 
     head_size_v: int = attrs.field(default=0, validator=_non_negative)
     cache_dtype_str: str | None = None
     cache_role: str = attrs.field(default="sparse", validator=attrs.validators.in_(("sparse", "indexer")))
+    alignment: int | None = attrs.field(default=None, validator=_optional_positive)
+    model_version: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        _apply_alignment_padding(self)
 
 
 @attrs.frozen(kw_only=True)
@@ -165,6 +238,38 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
     def max_memory_usage_bytes(self, limits: VllmLimits) -> int:
         num_tokens = min(self.attention_chunk_size + limits.max_in_flight_tokens, limits.max_model_len)
         return cdiv(num_tokens, self.block_size) * self.page_size_bytes
+
+
+@attrs.frozen(kw_only=True)
+class SlidingWindowMLASpec(SlidingWindowSpec):
+    """``SlidingWindowMLASpec`` (L1008): a sliding window over MLA rows (``head_size_v = 0``), padded to
+    ``alignment`` like :class:`MLAAttentionSpec`: DeepSeek-V4's SWA cache (``sparse_swa.py`` L120-147) and its
+    compressors' state caches (``compressor.py`` L179-192).  ``bounded_replay`` (DeepSeek-V4.1) is not modelled.
+
+    vLLM's ``merge`` of these compares only the fields listed in :data:`SLIDING_WINDOW_MLA_MERGE_FIELDS`, so layers
+    that differ elsewhere still share a group (:func:`kvpools_core.vllm.planning.get_kv_cache_groups` models it).
+    """
+
+    head_size_v: int = attrs.field(default=0, validator=_non_negative)
+    cache_dtype_str: str | None = None
+    alignment: int | None = attrs.field(default=None, validator=_optional_positive)
+    model_version: str | None = attrs.field(default=None, validator=attrs.validators.in_((None, "deepseek_v4")))
+
+    def __attrs_post_init__(self) -> None:
+        _apply_alignment_padding(self)
+
+
+SLIDING_WINDOW_MLA_MERGE_FIELDS = (
+    "cache_dtype_str",
+    "tokens_per_state",
+    "model_version",
+    "sliding_window",
+    "extra_retained_tokens",
+    "block_stride_alignment",
+    "dcp_sharded",
+    "max_tp_shards",
+)
+"""The fields ``SlidingWindowMLASpec.merge`` (L1036-1080) requires equal across a group."""
 
 
 def _shape_tuple(shapes: Any) -> tuple[tuple[int, ...], ...]:
@@ -224,8 +329,15 @@ class MambaSpec(KVCacheSpec):
         return self.page_size_bytes * (1 + self.num_speculative_blocks)
 
 
-LAYER_SPEC_TYPES = (FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec)
-"""The per-layer spec classes kvpools models (vLLM registers more: cross-attention, HiSparse, DeepSeek-V4's)."""
+LAYER_SPEC_TYPES = (
+    FullAttentionSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+    SlidingWindowMLASpec,
+    ChunkedLocalAttentionSpec,
+    MambaSpec,
+)
+"""The per-layer spec classes kvpools models (vLLM registers more: cross-attention, HiSparse, circular buffers)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -247,3 +359,7 @@ class UniformTypeKVCacheSpecs:
 
     def max_memory_usage_bytes(self, limits: VllmLimits) -> int:
         return self.max_memory_usage_pages(limits) * self.page_size_bytes
+
+    def get_max_layers_per_page_size(self) -> int:
+        """``get_max_layers_per_page_size`` (L1378): the most layers sharing one page size."""
+        return max(Counter(spec.page_size_bytes for spec in self.kv_cache_specs.values()).values())

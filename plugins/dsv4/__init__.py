@@ -49,17 +49,11 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
-    """Refused by name: vLLM 0.33 serves DeepSeek-V4 (``vllm/models/deepseek_v4``), but its layers build specs
-    kvpools' vLLM planner does not model: compressed ``MLAAttentionSpec`` states (``tokens_per_state`` =
-    ``compress_ratio``, 512/576-byte ``alignment`` padding, ``attention.py`` L860-883), the compressors'
-    ``SlidingWindowMLASpec`` (``compressor.py`` L175-192) and the SWA cache."""
-    from kvpools_core.errors import UnsupportedCombinationError
+    """vLLM 0.33's DeepSeek-V4 caches (:mod:`.vllm`): the compressed MLA latents and indexer keys
+    (``tokens_per_state`` = compress ratio), the SWA cache and the compressors' states, padded to 576 bytes."""
+    from .vllm import dsv4_vllm_specs
 
-    raise UnsupportedCombinationError(
-        f"{model.name}: --accounting vllm does not model DeepSeek-V4 yet: vLLM 0.33.0 builds its compressed MLA "
-        "caches (MLAAttentionSpec with tokens_per_state = compress_ratio and alignment padding, the compressors' "
-        "SlidingWindowMLASpec), which kvpools' vLLM planner does not have; use --accounting sglang or exact."
-    )
+    return dsv4_vllm_specs(model, serving, block_size)
 
 
 @hookimpl

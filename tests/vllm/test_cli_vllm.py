@@ -187,9 +187,9 @@ def test_raised_block_size_is_what_the_serve_line_passes() -> None:
 
 
 def test_unmodelled_architectures_are_refused_by_plugin() -> None:
-    result = cli("plan", "deepseek-v4-flash", "--accounting", "vllm", "--memory", "10GiB")
+    result = cli("plan", "deepseek-v4-flash", "--accounting", "vllm", "--memory", "10GiB", "--kv-cache-dtype", "bf16")
     assert result.exit_code == 1
-    assert "--accounting vllm does not model DeepSeek-V4 yet: vLLM 0.33.0 builds" in result.stderr
+    assert "DeepseekV4 fp8_ds_mla layout only supports fp8 kv-cache, got bf16" in result.stderr
     result = cli("plan", "kimi-linear-48b-a3b-instruct-nvfp4", "--accounting", "vllm", "--memory", "10GiB")
     assert result.exit_code == 1
     assert "vllm.models.kimi_k3, whose MLA backend block sizes and KDA prefill checkpoints" in result.stderr

@@ -28,7 +28,9 @@ from kvpools_core.vllm import (
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
+    VllmKVCachePlan,
     VllmLimits,
     VllmMemoryError,
     bytes_per_block,
@@ -37,6 +39,7 @@ from kvpools_core.vllm import (
     max_memory_usage_bytes,
     plan_kv_cache,
     pp_layer_ranges,
+    resolve_kv_cache_layout,
 )
 from kvpools_core.vllm.model import worker_kv_cache_specs
 from kvpools_core.vllm.planning import mamba_cache_mode_of, project_groups_to_worker
@@ -209,10 +212,26 @@ def kvpools_spec(data: dict[str, Any]) -> KVCacheSpec:
         "head_size": data["head_size"],
         "dtype_bytes": data["dtype_bytes"],
         "state_content_bytes": data.get("state_content_bytes"),
+        "max_tp_shards": data.get("max_tp_shards"),
+        "tokens_per_state": data.get("tokens_per_state", 1),
+        "block_stride_alignment": data.get("block_stride_alignment"),
+        "supported_layouts": data.get("supported_layouts"),
     }
     if kind == "mla":
         return MLAAttentionSpec(
-            cache_dtype_str=data.get("cache_dtype_str"), cache_role=data.get("cache_role", "sparse"), **common
+            cache_dtype_str=data.get("cache_dtype_str"),
+            cache_role=data.get("cache_role", "sparse"),
+            alignment=data.get("alignment"),
+            model_version=data.get("model_version"),
+            **common,
+        )
+    if kind == "sliding_window_mla":
+        return SlidingWindowMLASpec(
+            sliding_window=data["sliding_window"],
+            cache_dtype_str=data.get("cache_dtype_str"),
+            alignment=data.get("alignment"),
+            model_version=data.get("model_version"),
+            **common,
         )
     common["head_size_v"] = data["head_size_v"]
     if kind == "full":
@@ -310,9 +329,16 @@ def runner_spec(spec: KVCacheSpec) -> dict[str, Any]:
         "head_size_v": spec.head_size_v,
         "dtype_bytes": spec.dtype_bytes,
         "state_content_bytes": spec.state_content_bytes,
+        "max_tp_shards": spec.max_tp_shards,
+        "tokens_per_state": spec.tokens_per_state,
+        "block_stride_alignment": spec.block_stride_alignment,
     }
+    if isinstance(spec, (MLAAttentionSpec, SlidingWindowMLASpec)):
+        data.update(cache_dtype_str=spec.cache_dtype_str, alignment=spec.alignment, model_version=spec.model_version)
     if isinstance(spec, MLAAttentionSpec):
-        return {**data, "kind": "mla", "cache_dtype_str": spec.cache_dtype_str, "cache_role": spec.cache_role}
+        return {**data, "kind": "mla", "cache_role": spec.cache_role}
+    if isinstance(spec, SlidingWindowMLASpec):
+        return {**data, "kind": "sliding_window_mla", "sliding_window": spec.sliding_window}
     if isinstance(spec, SlidingWindowSpec):
         return {**data, "kind": "sliding_window", "sliding_window": spec.sliding_window}
     if isinstance(spec, ChunkedLocalAttentionSpec):
@@ -364,9 +390,15 @@ def test_preset_plans_equal_vllm(
 
 
 def _assert_plans_equal(
-    vllm_planner: VllmPlanner, workers: list[dict[str, KVCacheSpec]], limits: VllmLimits, memory: list[int], tp: int
-) -> None:
-    """kvpools' plan of real layer specs and vLLM's: groups, bytes per block, blocks, concurrency (or one refusal)."""
+    vllm_planner: VllmPlanner,
+    workers: list[dict[str, KVCacheSpec]],
+    limits: VllmLimits,
+    memory: list[int],
+    tp: int,
+    kv_cache_layout: str = "LBNHC",
+) -> VllmKVCachePlan | None:
+    """kvpools' plan of real layer specs and vLLM's: groups, bytes per block, ``estimate_max_model_len``, blocks,
+    concurrency (or one refusal).  ``kv_cache_layout`` is the layout vLLM's engine core resolved for these layers."""
     case = {
         "workers": [{name: runner_spec(spec) for name, spec in worker.items()} for worker in workers],
         "limits": attrs.asdict(limits),
@@ -374,14 +406,21 @@ def _assert_plans_equal(
         "num_gpu_blocks_override": None,
         "auto_fit": False,
         "available_memory": memory,
+        "kv_cache_layout": kv_cache_layout,
     }
     answer = vllm_planner.plan(case)
+    merged = {name: spec for worker in workers for name, spec in worker.items()}
+    projected = [project_groups_to_worker(get_kv_cache_groups(merged), set(worker)) for worker in workers]
+    per_block = [bytes_per_block(groups) for groups in projected]
+    estimates = [estimate_max_model_len(g, limits, m - b) for g, m, b in zip(projected, memory, per_block, strict=True)]
+    assert estimates == answer["estimates"]
     try:
         plan = plan_kv_cache(workers, memory, limits)
     except VllmMemoryError as error:
         assert answer.get("error") == "ValueError" and str(error) == answer["message"], answer
-        return
+        return None
     assert "error" not in answer, answer
+    assert plan.kv_cache_layout == kv_cache_layout
     got = [
         {
             "layers": list(g.layer_names),
@@ -397,6 +436,7 @@ def _assert_plans_equal(
         answer["max_concurrency"],
         answer["kv_cache_size_tokens"],
     )
+    return plan
 
 
 # ---------------------------------------------------------------------------
@@ -547,3 +587,242 @@ def test_hybrid_specs_equal_vllm(
         max_model_len=model.context_len, max_num_batched_tokens=2048, mamba_cache_mode=mamba_cache_mode_of([worker])
     )
     _assert_plans_equal(vllm_planner, [worker], limits, [4 * GiB], tp)
+
+
+# ---------------------------------------------------------------------------
+# DeepSeek-V4: the plugin's specs against its layers' own get_kv_cache_spec, then both plans
+# ---------------------------------------------------------------------------
+
+
+def _dsv4_answer(vllm_planner: VllmPlanner, registry: Registry, preset: str, kv_cache_dtype: str) -> dict[str, Any]:
+    """vLLM's specs for ``preset`` (``vllm_runner._DeepseekV4``), from the config keys its model reads."""
+    model, _ = load_model(preset, registry)
+    return vllm_planner.plan(
+        {
+            "op": "dsv4_specs",
+            "block_size": 16,  # --block-size left out
+            "cache_dtype": kv_cache_dtype,
+            "compress_ratios": model.params["compress_ratios"],
+            "num_hidden_layers": model.num_layers,
+            "index_head_dim": model.params["index_head_dim"],
+            "head_dim": model.params["qk_nope_head_dim"] + model.params["qk_rope_head_dim"],
+            "sliding_window": model.params["window_size"],
+        }
+    )
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v4-flash", "deepseek-v4-pro"])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8", "bf16"])
+def test_dsv4_specs_equal_vllm(vllm_planner: VllmPlanner, registry: Registry, preset: str, kv_cache_dtype: str) -> None:
+    """Every cache layer the dsv4 plugin answers -- name, order, fields, page bytes -- is the spec vLLM's DeepSeek-V4
+    layers build at the block size its backends settle on (or both refuse the dtype), with the same layout."""
+    answer = _dsv4_answer(vllm_planner, registry, preset, kv_cache_dtype)
+    model, _ = load_model(preset, registry)
+    serving = Serving(tp_size=8, kv_cache_dtype=kv_cache_dtype)
+    if kv_cache_dtype == "bf16":
+        assert answer.get("error") == "ValueError", answer
+        with pytest.raises(UnsupportedCombinationError, match="fp8_ds_mla layout only supports fp8 kv-cache, got bf16"):
+            worker_kv_cache_specs(model, serving, registry)
+        return
+    (worker,) = worker_kv_cache_specs(model, serving, registry)
+    expected = [(name, {k: v for k, v in spec.items() if k != "page_size_bytes"}) for name, spec in answer["specs"]]
+    assert [(name, runner_spec(spec)) for name, spec in worker.items()] == expected
+    assert [spec.page_size_bytes for spec in worker.values()] == [
+        spec["page_size_bytes"] for _, spec in answer["specs"]
+    ]
+    assert answer["block_size"] == 256 and answer["kv_cache_dtype"] == "fp8_ds_mla"
+    plan = plan_kv_cache([worker], [40 * GiB], VllmLimits(max_model_len=model.context_len))
+    assert plan.kv_cache_layout == answer["kv_cache_layout"] == "BLHNC"
+
+
+DSV4_CASES = [
+    ("deepseek-v4-flash", 1, 1, 4, None),
+    ("deepseek-v4-flash", 1, 1, 40, 131072),
+    ("deepseek-v4-flash", 8, 2, 20, None),
+    ("deepseek-v4-pro", 8, 1, 60, None),
+    ("deepseek-v4-pro", 8, 1, 2, 65536),
+    ("deepseek-v4-pro", 8, 2, 30, 8192),
+]
+
+
+@pytest.mark.parametrize(("preset", "tp", "pp", "budget_gib", "max_model_len"), DSV4_CASES)
+def test_dsv4_plans_equal_vllm(
+    vllm_planner: VllmPlanner,
+    registry: Registry,
+    preset: str,
+    tp: int,
+    pp: int,
+    budget_gib: int,
+    max_model_len: int | None,
+) -> None:
+    """DeepSeek-V4's specs planned by kvpools and by vLLM's own planner in the layout vLLM resolves (BLHNC: packed
+    groups): groups, bytes per block, ``estimate_max_model_len``, ``num_gpu_blocks``, ``max_concurrency``."""
+    model, _ = load_model(preset, registry)
+    workers = worker_kv_cache_specs(model, Serving(tp_size=tp, pp_size=pp), registry)
+    limits = VllmLimits(
+        max_model_len=max_model_len or model.context_len, max_num_batched_tokens=8192, max_concurrent_batches=pp + 1
+    )
+    layout = _dsv4_answer(vllm_planner, registry, preset, "auto")["kv_cache_layout"]
+    plan = _assert_plans_equal(vllm_planner, workers, limits, [budget_gib * GiB] * pp, tp, layout)
+    if budget_gib >= 20:
+        assert plan is not None and plan.num_gpu_blocks > 0
+
+
+# ---------------------------------------------------------------------------
+# generated models of compressed / aligned MLA and sliding-window MLA caches: vLLM's block-outermost packing
+# ---------------------------------------------------------------------------
+
+
+def _packed_variant(kind: str, draw: Any, block_size: int) -> dict[str, Any]:
+    """One cache of a DeepSeek-V4-like layer: compressed latent, indexer keys, SWA rows, compressor states, or a
+    plain full-attention cache; pages aligned to 576 B (or not)."""
+    alignment = draw(st.sampled_from([576, 576, None]))
+    mla = {"kind": "mla", "block_size": block_size, "num_kv_heads": 1, "max_tp_shards": 1, "alignment": alignment}
+    swa = {"kind": "sliding_window_mla", "num_kv_heads": 1, "max_tp_shards": 1, "alignment": alignment}
+    if kind == "latent":
+        return {
+            **mla,
+            "head_size": 512,
+            "dtype_bytes": 1,
+            "state_content_bytes": 584,
+            "tokens_per_state": draw(st.sampled_from([4, 128])),
+            "cache_dtype_str": "fp8_ds_mla",
+            "model_version": "deepseek_v4",
+            "block_stride_alignment": draw(st.sampled_from([None, 256])),
+        }
+    if kind == "indexer":
+        return {**mla, "head_size": 132, "dtype_bytes": 1, "tokens_per_state": 4, "block_stride_alignment": 256}
+    if kind == "swa":
+        return {
+            **swa,
+            "block_size": draw(st.sampled_from([32, 64])),
+            "head_size": 512,
+            "dtype_bytes": 1,
+            "state_content_bytes": 584,
+            "sliding_window": draw(st.sampled_from([128, 512])),
+            "cache_dtype_str": "fp8_ds_mla",
+            "model_version": "deepseek_v4",
+        }
+    if kind == "state":
+        ratio = draw(st.sampled_from([4, 128]))
+        coff = 1 + (ratio == 4)
+        return {
+            **swa,
+            "block_size": 4 if ratio == 4 else 8,
+            "head_size": 2 * coff * draw(st.sampled_from([128, 512])),
+            "dtype_bytes": 4,
+            "sliding_window": coff * ratio,
+        }
+    return {
+        "kind": "full",
+        "block_size": block_size,
+        "num_kv_heads": draw(st.sampled_from([1, 2, 8])),
+        "head_size": 128,
+        "head_size_v": 128,
+        "dtype_bytes": 2,
+    }
+
+
+@st.composite
+def packed_cases(draw: Any) -> dict[str, Any]:
+    """Layers registering one to four caches each, in a repeating pattern; the indexer's backend declares
+    ``BLHNC``/``BLNHC`` when present (then one pipeline stage, as every stage must declare alike)."""
+    block_size = draw(st.sampled_from([128, 256, 512]))
+    kinds = ("latent", "indexer", "swa", "state", "full")
+    pattern = draw(
+        st.lists(st.lists(st.sampled_from(kinds), min_size=1, max_size=4, unique=True), min_size=1, max_size=4)
+    )
+    declared = draw(st.booleans())
+    variants: dict[str, dict[str, Any]] = {}
+    for kind in {k for caches in pattern for k in caches}:
+        variants[kind] = _packed_variant(kind, draw, block_size)
+        if kind == "indexer" and declared:
+            variants[kind]["supported_layouts"] = ["BLHNC", "BLNHC"]
+    num_layers = draw(st.integers(1, 48))
+    layers = [
+        {f"model.layers.{index}.{kind}": variants[kind] for kind in pattern[index % len(pattern)]}
+        for index in range(num_layers)
+    ]
+    has_layouts = any("supported_layouts" in spec for spec in variants.values())
+    pp = 1 if has_layouts else draw(st.integers(1, min(3, num_layers)))
+    workers = [
+        {name: spec for index in stage for name, spec in layers[index].items()}
+        for stage in pp_layer_ranges(num_layers, pp)
+    ]
+    limits = {
+        "max_model_len": draw(st.integers(1, 1 << 20)),
+        "max_num_batched_tokens": draw(st.sampled_from([2048, 8192])),
+        "max_concurrent_batches": draw(st.sampled_from([1, pp + 1])),
+        "decode_context_parallel_size": 1,
+        "mamba_cache_mode": "none",
+    }
+    return {
+        "workers": workers,
+        "limits": limits,
+        "tp_size": 1,
+        "num_gpu_blocks_override": None,
+        "auto_fit": draw(st.booleans()),
+        "budget_scale": draw(st.floats(0.0, 40.0)),
+        "budget_raw": draw(st.integers(0, 80 * GiB)),
+    }
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=packed_cases())
+def test_packed_plan_equals_vllm(vllm_planner: VllmPlanner, case: dict[str, Any]) -> None:
+    """Compressed (``tokens_per_state``), 576-aligned MLA and sliding-window MLA caches beside full attention, in the
+    layout kvpools resolves (``BLHNC`` when the indexer declares it: vLLM's packed groups; else ``LBNHC``): groups,
+    bytes per block, estimates, blocks and concurrency equal vLLM's -- or both refuse."""
+    workers = [{name: kvpools_spec(spec) for name, spec in worker.items()} for worker in case["workers"]]
+    limits = VllmLimits(**case["limits"])
+    layout = resolve_kv_cache_layout(workers)
+    case = {**case, "kv_cache_layout": layout}
+    merged = {name: spec for worker in workers for name, spec in worker.items()}
+    try:
+        groups = get_kv_cache_groups(merged, layout)
+    except UnsupportedCombinationError as error:
+        try:
+            answer = vllm_planner.plan({**case, "available_memory": [0] * len(workers)})
+        except AssertionError as vllm_error:  # vLLM asserts (the re-padded page, a missed layer)
+            assert "asserts" in str(error), (error, vllm_error)
+            event("both fail: vLLM asserts")
+            return
+        assert answer.get("error") == "NotImplementedError", (error, answer)
+        assert str(error) == answer["message"]
+        event("both refuse to unify pages")
+        return
+    memory = _budget(case, workers, limits)
+    answer = vllm_planner.plan({**case, "available_memory": memory})
+    got_groups = [
+        {
+            "layers": list(g.layer_names),
+            "block_size": g.kv_cache_spec.block_size,
+            "page": g.kv_cache_spec.page_size_bytes,
+        }
+        for g in groups
+    ]
+    assert got_groups == answer["groups"]
+    projected = [project_groups_to_worker(groups, set(worker)) for worker in workers]
+    per_block = [bytes_per_block(g, layout) for g in projected]
+    assert per_block == answer["bytes_per_block"]
+    estimates = [
+        estimate_max_model_len(g, limits, m - b, layout) for g, m, b in zip(projected, memory, per_block, strict=True)
+    ]
+    assert estimates == answer["estimates"]
+    event(f"{layout}: {len(groups)} group(s)")
+    try:
+        plan = plan_kv_cache(workers, memory, limits, auto_fit_max_model_len=case["auto_fit"])
+    except VllmMemoryError as error:
+        assert answer.get("error") == "ValueError", (str(error), answer)
+        assert str(error) == answer["message"]
+        event("both refuse: not enough KV cache memory")
+        return
+    assert "error" not in answer, answer
+    assert plan.kv_cache_layout == layout
+    assert (plan.num_gpu_blocks, plan.max_model_len, plan.max_concurrency, plan.kv_cache_size_tokens) == (
+        answer["num_gpu_blocks"],
+        answer["max_model_len"],
+        answer["max_concurrency"],
+        answer["kv_cache_size_tokens"],
+    )
+    event("both plan")

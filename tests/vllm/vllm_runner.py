@@ -6,7 +6,9 @@ layout enum are vLLM's installed code, imported with ``peer_imports`` (``../shar
 do; the stand-ins are only for what planning never reaches on this path (listed in ``_install``) and for
 ``VllmConfig`` (a namespace holding exactly the fields the planner reads).  A case with ``"op": "hybrid_specs"``
 asks instead for a Mamba hybrid's layer specs from vLLM's own state calculators, config hooks and block alignment
-(:class:`_Hybrid`, whose docstring lists its stand-ins).  Nothing of vLLM is copied here.
+(:class:`_Hybrid`, whose docstring lists its stand-ins); one with ``"op": "dsv4_specs"`` for DeepSeek-V4's layer
+specs, block size and KV-cache layout from its layers' own ``get_kv_cache_spec`` methods, backends and vLLM's layout
+resolution (:class:`_DeepseekV4`).  Nothing of vLLM is copied here.
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ def _install(bench_dir: str):
     # ``logger.info_once`` asks whether this is the first local rank (one process here: it is).
     p._STUB.add("vllm.distributed.parallel_state", is_local_first_rank=lambda: True)
     # The attention backends' module (quantization, transformers) is read only for the ``MultipleOf`` class of
-    # ``block_stride_alignment``; no spec here sets one (``None`` -> alignment 1), so a bare class stands in.
-    p._STUB.add("vllm.v1.attention.backend", MultipleOf=type("MultipleOf", (), {}))
+    # ``block_stride_alignment``: the installed class definition, compiled alone.
+    p._STUB.add("vllm.v1.attention.backend", MultipleOf=_multiple_of_class(p._installed_dir("vllm")))
     # pydantic config tree (replaced by the namespace below), request/multimodal/metrics types, HiSparse
     # runtime (HiSparse off), and third-party modules imported by utilities planning does not call.
     for name in (
@@ -81,18 +83,31 @@ def _install(bench_dir: str):
     return planning, interface, utils
 
 
+def _multiple_of_class(root: str):
+    """``MultipleOf`` (``v1/attention/backend.py`` L51-56), compiled out of the installed file."""
+    import dataclasses
+    import os
+
+    path = os.path.join(root, "v1", "attention", "backend.py")
+    node = next(n for n in _parsed(path).body if isinstance(n, ast.ClassDef) and n.name == "MultipleOf")
+    namespace = {"dataclass": dataclasses.dataclass}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), path, "exec"), namespace)
+    return namespace["MultipleOf"]
+
+
 def _config(case):
     limits = case["limits"]
     max_concurrent_batches = limits["max_concurrent_batches"]
     max_num_batched_tokens = limits["max_num_batched_tokens"]
     from vllm.v1.kv_cache_layout import KVCacheLayout
 
+    layout = KVCacheLayout[case.get("kv_cache_layout", "LBNHC")]  # resolved by the engine core before planning
     cache_config = SimpleNamespace(
         num_gpu_blocks_override=case.get("num_gpu_blocks_override"),
-        kv_cache_layout="LBNHC",
+        kv_cache_layout=layout.name,
         prefix_cache_retention_interval=None,
         mamba_cache_mode=limits["mamba_cache_mode"],
-        get_resolved_kv_cache_layout=lambda: KVCacheLayout.LBNHC,
+        get_resolved_kv_cache_layout=lambda: layout,
     )
     return SimpleNamespace(
         model_config=SimpleNamespace(
@@ -142,11 +157,26 @@ def _spec(interface, data):
         head_size=data["head_size"],
         dtype=getattr(torch, DTYPE_NAMES[data["dtype_bytes"]]),
         state_content_bytes=data.get("state_content_bytes"),
+        max_tp_shards=data.get("max_tp_shards"),
+        tokens_per_state=data.get("tokens_per_state", 1),
     )
+    if data.get("block_stride_alignment") is not None:
+        multiple_of = importlib.import_module("vllm.v1.attention.backend").MultipleOf
+        attention["block_stride_alignment"] = multiple_of(data["block_stride_alignment"])
     if kind == "mla":
         return interface.MLAAttentionSpec(
             cache_dtype_str=data.get("cache_dtype_str"),
             cache_role=interface.SparseCacheRole(data.get("cache_role", "sparse")),
+            alignment=data.get("alignment"),
+            model_version=data.get("model_version"),
+            **attention,
+        )
+    if kind == "sliding_window_mla":
+        return interface.SlidingWindowMLASpec(
+            sliding_window=data["sliding_window"],
+            cache_dtype_str=data.get("cache_dtype_str"),
+            alignment=data.get("alignment"),
+            model_version=data.get("model_version"),
             **attention,
         )
     attention["head_size_v"] = data["head_size_v"]
@@ -383,8 +413,7 @@ class _Hybrid:
         elif architecture.startswith("Qwen3_5"):  # L1259-1262
             config = SimpleNamespace(cache_config=cache_config, model_config=SimpleNamespace(hf_text_config=hf_config))
             self.qwen3_5_ssm_dtype(config)
-        multiple_of = importlib.import_module("vllm.v1.attention.backend").MultipleOf()
-        multiple_of.base = 16
+        multiple_of = importlib.import_module("vllm.v1.attention.backend").MultipleOf(16)
 
         class FlashAttention:
             @staticmethod
@@ -446,9 +475,258 @@ class _Hybrid:
         }
 
 
+# ---------------------------------------------------------------------------
+# DeepSeek-V4's layer specs: its layers' get_kv_cache_spec, the backends' block sizes and layouts
+# ---------------------------------------------------------------------------
+
+
+def _init_defaults(path: str, class_name: str) -> dict:
+    """The keyword defaults of an installed class's ``__init__`` (literals only), read from its source."""
+    cls = next(node for node in _parsed(path).body if isinstance(node, ast.ClassDef) and node.name == class_name)
+    init = next(node for node in cls.body if isinstance(node, ast.FunctionDef) and node.name == "__init__")
+    args = init.args.args[len(init.args.args) - len(init.args.defaults) :]
+    return {arg.arg: ast.literal_eval(default) for arg, default in zip(args, init.args.defaults, strict=True)}
+
+
+def _assignment_from_installed(path: str, name: str, namespace: dict):
+    """One module-level constant of an installed file, evaluated in ``namespace``."""
+    node = next(
+        n
+        for n in _parsed(path).body
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
+    )
+    glb = dict(namespace)
+    exec(compile(ast.Module(body=[node], type_ignores=[]), path, "exec"), glb)
+    return glb[name]
+
+
+class _DeepseekV4:
+    """vLLM's code for DeepSeek-V4's specs on CUDA with the default FlashMLA class (``nvidia/model.py`` L537-568):
+    ``_resolve_dsv4_kv_cache_dtype`` and the ``get_kv_cache_spec`` of ``DeepseekV4Attention``,
+    ``DeepseekV4IndexerCache`` (``attention.py`` L94, L860, L911), ``CompressorStateCache`` (``compressor.py`` L179)
+    and ``DeepseekV4SWACache`` (``sparse_swa.py`` L120, with its ``__init__`` defaults); the four backends'
+    ``get_supported_kernel_block_sizes`` (``sparse_mla.py`` L60, ``indexer.py`` L355, ``sparse_swa.py`` L161,
+    ``compressor.py`` L69) and the indexer's ``supported_kv_cache_layouts`` (``indexer.py`` L349);
+    ``AttentionBackend.supports_block_size``, ``Platform._preferred_block_size_for_backends``
+    (``platforms/interface.py`` L700), ``customize_attention_spec`` (``v1/worker/utils.py`` L476),
+    ``get_supported_kv_cache_layouts`` and
+    ``resolve_kv_cache_layout`` (``v1/attention/backends/utils.py`` L243, L293).
+
+    Stand-ins (building the layers needs a GPU): each layer is a namespace holding what its ``__init__`` computes
+    before the spec is asked -- ``compress_ratio = max(1, ratio)`` (``attention.py`` L236-242), the indexer key width
+    ``index_head_dim + index_head_dim // 128 * 4`` (L1007, L1024-1029), the compressor state ``2 x coff x head_dim``
+    float32 with ``coff = 1 + (ratio == 4)`` (``compressor.py`` L239-240, L261, L282-287) in blocks of 4 (c4) or 8
+    (c128) tokens, window ``coff x ratio`` (L155-171) -- registered in ``DeepseekV4Attention.__init__``'s order
+    (indexer L309-320, SWA cache L349-356, the attention itself L363, its compressor L368-377); the backend classes
+    are namespaces carrying those methods; no ``VLLM_KV_CACHE_LAYOUT`` nor KV connector.
+    """
+
+    def __init__(self, interface) -> None:
+        import collections
+        import dataclasses
+        import itertools
+        import logging
+        import os
+        from collections.abc import Iterable
+
+        import torch
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+
+        root = sys.modules["vllm"].__path__[0]
+        self.interface = interface
+        self.multiple_of = importlib.import_module("vllm.v1.attention.backend").MultipleOf
+        logger = logging.getLogger("vllm_runner")
+        logger.info_once = logger.info  # type: ignore[attr-defined]
+        common = {
+            "torch": torch,
+            "MultipleOf": self.multiple_of,
+            "KVCacheSpec": interface.KVCacheSpec,
+            "AttentionSpec": interface.AttentionSpec,
+            "MLAAttentionSpec": interface.MLAAttentionSpec,
+            "SlidingWindowMLASpec": interface.SlidingWindowMLASpec,
+            "get_kv_quant_mode": interface.get_kv_quant_mode,
+            "KVCacheLayout": KVCacheLayout,
+            "VllmConfig": object,
+            "CacheConfig": object,
+            "AttentionBackend": object,
+            "Iterable": Iterable,
+            "logger": logger,
+            "math": math,
+            "itertools": itertools,
+            "replace": dataclasses.replace,
+            "defaultdict": collections.defaultdict,
+        }
+        path = os.path.join
+        attention = path(root, "models", "deepseek_v4", "attention.py")
+        compressor = path(root, "models", "deepseek_v4", "compressor.py")
+        sparse_swa = path(root, "v1", "attention", "backends", "mla", "sparse_swa.py")
+        indexer = path(root, "v1", "attention", "backends", "mla", "indexer.py")
+        utils = path(root, "v1", "attention", "backends", "utils.py")
+        self.resolve_dtype = _function_from_installed(attention, "_resolve_dsv4_kv_cache_dtype", common)
+        self.attention_spec = _method_from_installed(attention, "DeepseekV4Attention", "get_kv_cache_spec", common)
+        self.indexer_spec = _method_from_installed(attention, "DeepseekV4IndexerCache", "get_kv_cache_spec", common)
+        self.state_spec = _method_from_installed(compressor, "CompressorStateCache", "get_kv_cache_spec", common)
+        self.swa_spec = _method_from_installed(sparse_swa, "DeepseekV4SWACache", "get_kv_cache_spec", common)
+        self.swa_defaults = _init_defaults(sparse_swa, "DeepseekV4SWACache")
+        supports = _method_from_installed(
+            path(root, "v1", "attention", "backend.py"), "AttentionBackend", "supports_block_size", common
+        )
+
+        def backend(name, file, class_name, layouts=None):
+            sizes = _method_from_installed(file, class_name, "get_supported_kernel_block_sizes", common)
+            namespace = SimpleNamespace(name=name, get_supported_kernel_block_sizes=sizes, customize_spec=lambda s: s)
+            namespace.supports_block_size = lambda size: supports(namespace, size)
+            namespace.get_name = lambda: name
+            namespace.supported_kv_cache_layouts = (lambda: layouts(None)) if layouts else (lambda: None)
+            return namespace
+
+        self.flashmla = backend(
+            "FLASHMLA_SPARSE_DSV4", path(root, "models", "deepseek_v4", "sparse_mla.py"), "DeepseekV4SparseMLABackend"
+        )
+        indexer_layouts = _method_from_installed(
+            indexer, "DeepseekV4IndexerBackend", "supported_kv_cache_layouts", common
+        )
+        self.indexer = backend("DEEPSEEK_V4_INDEXER", indexer, "DeepseekV4IndexerBackend", indexer_layouts)
+        self.swa = backend("DEEPSEEK_SPARSE_SWA", sparse_swa, "DeepseekSparseSWABackend")
+        self.compressor = backend("CompressorBackend", compressor, "CompressorBackend")
+        self.preferred_block_size = _method_from_installed(
+            path(root, "platforms", "interface.py"), "Platform", "_preferred_block_size_for_backends", common
+        )
+        self.customize = _function_from_installed(
+            path(root, "v1", "worker", "utils.py"), "customize_attention_spec", common
+        )
+        cache = path(root, "config", "cache.py")
+        layouts = dict(common)
+        layouts["_LAYOUT_COMPAT_ALIASES"] = _assignment_from_installed(cache, "_LAYOUT_COMPAT_ALIASES", common)
+        layouts["_layout_from_name"] = _function_from_installed(cache, "_layout_from_name", layouts)
+        layouts["_layout_names"] = _function_from_installed(utils, "_layout_names", layouts)
+        layouts["_DEFAULT_LAYOUT_PREFERENCE"] = _assignment_from_installed(utils, "_DEFAULT_LAYOUT_PREFERENCE", layouts)
+        layouts["envs"] = SimpleNamespace(VLLM_KV_CACHE_LAYOUT=None)
+        layouts["get_kv_connector_cache_layout"] = lambda vllm_config: None
+        self.supported_layouts = _function_from_installed(utils, "get_supported_kv_cache_layouts", layouts)
+        self.resolve_layout = _function_from_installed(utils, "resolve_kv_cache_layout", layouts)
+
+    def specs(self, case):
+        """The layer specs one worker reports (``get_kv_cache_spec`` of the runner), the block size, the layout."""
+        import torch
+
+        cache_config = SimpleNamespace(
+            block_size=case["block_size"], cache_dtype=case["cache_dtype"], kv_cache_layout=None
+        )
+        vllm_config = SimpleNamespace(cache_config=cache_config)
+        try:
+            kv_cache_dtype, torch_dtype = self.resolve_dtype(True, cache_config.cache_dtype, cache_config)
+        except ValueError as error:
+            return {"error": "ValueError", "message": str(error)}
+        ratios = [max(1, ratio) for ratio in case["compress_ratios"][: case["num_hidden_layers"]]]
+        registered = []  # (name, layer, get_kv_cache_spec, backend) in static_forward_context order
+        for index, ratio in enumerate(ratios):
+            prefix = f"model.layers.{index}.attn"
+            if ratio == 4:
+                key_dim = case["index_head_dim"] + case["index_head_dim"] // 128 * 4
+                key = SimpleNamespace(cache_config=cache_config, head_dim=key_dim, dtype=torch.uint8, compress_ratio=4)
+                registered.append((f"{prefix}.indexer.k_cache", key, self.indexer_spec, self.indexer))
+                registered.append(
+                    (
+                        f"{prefix}.indexer.compressor.state_cache",
+                        self._state(4, case["index_head_dim"]),
+                        self.state_spec,
+                        self.compressor,
+                    )
+                )
+            swa = SimpleNamespace(
+                cache_config=cache_config,
+                head_dim=case["head_dim"],
+                window_size=case["sliding_window"],
+                dtype=torch_dtype,
+                block_size=self.swa_defaults["block_size"],
+                packed_bytes_per_token=self.swa_defaults["packed_bytes_per_token"],
+                packed_page_alignment=self.swa_defaults["packed_page_alignment"],
+                packed_block_stride_alignment=self.swa_defaults["packed_block_stride_alignment"],
+                bounded_replay=self.swa_defaults["bounded_replay"],
+            )
+            registered.append((f"{prefix}.swa_cache", swa, self.swa_spec, self.swa))
+            attn = SimpleNamespace(
+                compress_ratio=ratio,
+                kv_cache_dtype=kv_cache_dtype,
+                kv_cache_torch_dtype=torch_dtype,
+                head_dim=case["head_dim"],
+            )
+            registered.append((prefix, attn, self.attention_spec, self.flashmla))
+            if ratio > 1:
+                registered.append(
+                    (
+                        f"{prefix}.compressor.state_cache",
+                        self._state(ratio, case["head_dim"]),
+                        self.state_spec,
+                        self.compressor,
+                    )
+                )
+        backends = []
+        for _, _, _, backend in registered:
+            if backend not in backends:
+                backends.append(backend)
+        if case["block_size"] == 16:  # not user-specified: update_block_size_for_backend (interface.py L750-778)
+            cache_config.block_size = self.preferred_block_size(None, backends, 16, vllm_config)
+        specs = {}
+        for name, layer, get_spec, backend in registered:
+            spec = get_spec(layer, vllm_config)
+            if spec:
+                specs[name] = self.customize(backend, spec)
+        names = [layout.name for layout in self.supported_layouts(backends)]
+        layout = self.resolve_layout(vllm_config, [names], specs.values())
+        return {
+            "block_size": cache_config.block_size,
+            "kv_cache_dtype": cache_config.cache_dtype,
+            "kv_cache_layout": layout.name,
+            "specs": [[name, _spec_dict(spec)] for name, spec in specs.items()],
+        }
+
+    @staticmethod
+    def _state(ratio: int, head_dim: int):
+        import torch
+
+        coff = 1 + (ratio == 4)
+        return SimpleNamespace(
+            state_dim=2 * coff * head_dim,
+            dtype=torch.float32,
+            sliding_window=coff * ratio,
+            block_size=4 if ratio == 4 else 8,
+        )
+
+
+def _spec_dict(spec) -> dict:
+    """A vLLM attention spec in ``vllm_runner`` form, with the page vLLM computes."""
+    from vllm.utils.torch_utils import get_dtype_size
+
+    kind = "sliding_window_mla" if type(spec).__name__ == "SlidingWindowMLASpec" else "mla"
+    data = {
+        "kind": kind,
+        "block_size": spec.block_size,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_size": spec.head_size,
+        "head_size_v": spec.head_size_v,
+        "dtype_bytes": get_dtype_size(spec.dtype),
+        "state_content_bytes": spec.state_content_bytes,
+        "max_tp_shards": spec.max_tp_shards,
+        "tokens_per_state": spec.tokens_per_state,
+        "block_stride_alignment": None if spec.block_stride_alignment is None else spec.block_stride_alignment.base,
+        "cache_dtype_str": spec.cache_dtype_str,
+        "alignment": spec.alignment,
+        "model_version": spec.model_version,
+        "page_size_bytes": spec.page_size_bytes,
+    }
+    if kind == "mla":
+        data["cache_role"] = spec.cache_role.value
+    else:
+        data["sliding_window"] = spec.sliding_window
+    return data
+
+
 def main() -> None:
     planning, interface, utils = _install(sys.argv[1])
     hybrid = _Hybrid(sys.argv[1])
+    deepseek_v4 = _DeepseekV4(interface)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         try:
@@ -458,6 +736,9 @@ def main() -> None:
                     print(json.dumps(hybrid.specs(case)), flush=True)
                 except AssertionError as error:  # vLLM's divide(): the state does not split over this TP size
                     print(json.dumps({"error": "AssertionError", "message": str(error)}), flush=True)
+                continue
+            if case.get("op") == "dsv4_specs":
+                print(json.dumps(deepseek_v4.specs(case)), flush=True)
                 continue
             answer = _plan(planning, interface, utils, case)
         except Exception as error:  # reported to the test, which fails with vLLM's traceback
