@@ -27,6 +27,7 @@ from kvpools_core.options import cli_surface, option
 from kvpools_core.registry import get_registry
 from kvpools_core.values import (
     ACCOUNTING_MODES,
+    DECODE_RETRACTION_BACKUPS,
     DSV4_COMPRESS_STATE_DTYPES,
     HICACHE_MEM_LAYOUTS,
     HICACHE_WRITE_POLICIES,
@@ -60,6 +61,8 @@ _HELP = {
     "speculative_num_draft_tokens": "Draft tokens verified per step.",
     "speculative_draft_num_layers": "Draft model layers (instead of --speculative-draft-model-path).",
     "disaggregation_mode": "Prefill/decode disaggregation role.",
+    "disaggregation_decode_retraction_backup": "Where a decode node keeps retracted requests' KV (SGLang's flag); "
+    "host_pool plans its HiCache host pool. Unset: SGLang infers it, stated in a note.",
     "disaggregation_decode_extra_slots": (
         "Request rows a decode node pre-allocates for transfers (unset: SGLang's default, twice the requests per "
         "DP worker when --max-running-requests leaves at most 32 per worker, else 0)."
@@ -105,6 +108,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "dsv4_compress_state_dtype": (*DSV4_COMPRESS_STATE_DTYPES, "fp32", "bf16"),
     "hicache_mem_layout": HICACHE_MEM_LAYOUTS,
     "hicache_write_policy": HICACHE_WRITE_POLICIES,
+    "disaggregation_decode_retraction_backup": DECODE_RETRACTION_BACKUPS,
 }
 _SPECIAL = {"platform", "plugin_options", "pp_layer_partition"}
 _RESOLVED = {"platform_traits", "workspaces"}

@@ -43,6 +43,12 @@ def host_mirrors(plan: Plan) -> dict[str, str | None]:
 
 
 @hookimpl(trylast=True)
+def retraction_host_pool(plan: Plan) -> bool:
+    """A KV pool no architecture vouches for is not one SGLang's decode retraction backs up on the host."""
+    return False
+
+
+@hookimpl(trylast=True)
 def platform_traits(serving: Serving) -> PlatformTraits:
     """A platform whose plugin says nothing of its kernels: no page rules, no raw-row backends, int64 slots."""
     return PlatformTraits(platform=serving.platform)
@@ -82,7 +88,7 @@ def _unmodelled_host_tier(model: ModelSpec, serving: Serving) -> list[str]:
     ``use_mla`` when ``dcp_enabled``): a model whose cache layers are not MLA
     latent rows (the parts library's ``kv_lora_rank`` layers) fails there.
     """
-    if not serving.enable_hierarchical_cache or serving.dcp_size == 1:
+    if not serving.host_tier or serving.dcp_size == 1:
         return []
     cached = [layer for layer in model.layers if layer.kind != "none"]
     if cached and all("kv_lora_rank" in layer.params for layer in cached):

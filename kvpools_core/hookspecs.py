@@ -323,7 +323,7 @@ def host_mirrors(plan: Plan) -> Mapping[str, str | PackedInto | None] | None:
     """Say which device pools of a plan have a host (HiCache) mirror, and which ride on another's host slots.
 
     Stops at the first non-None result; return None to decline.  Asked only
-    for plans with ``serving.enable_hierarchical_cache``, after sizing, by
+    for plans with a host tier (``serving.host_tier``), after sizing, by
     :func:`kvpools_core.host.plan_host_tier`.  The architecture that owns
     ``plan.model.architecture`` answers where SGLang's host pools differ from
     the core's default (``trylast``: every token pool of kind ``"kv"`` and every
@@ -350,7 +350,7 @@ def host_pools(plan: Plan) -> Sequence[HostPool] | None:
 
     Stops at the first non-None result; return None to decline.  The core then
     mirrors pools by :func:`host_mirrors` and sizes them by ``HostKVCache``'s
-    rule.  Asked only for plans with ``serving.enable_hierarchical_cache``,
+    rule.  Asked only for plans with a host tier (``serving.host_tier``),
     before ``host_mirrors``, by :func:`kvpools_core.host.plan_host_tier`, also
     for other ``--hicache-ratio`` / ``--hicache-size`` values (``plan.serving``
     evolved) when the node check looks for what fits.  DeepSeek-V4 answers:
@@ -361,6 +361,24 @@ def host_pools(plan: Plan) -> Sequence[HostPool] | None:
 
     :param plan: the device plan (``plan.host`` is still None).
     :returns: the host pools, in the order SGLang builds them.
+    """
+
+
+@_spec(firstresult=True)
+def retraction_host_pool(plan: Plan) -> bool | None:
+    """Say whether SGLang's PD decode retraction can back a request's KV up in a host pool for this plan.
+
+    Stops at the first non-None result; return None to decline.  SGLang 0.5.23
+    (``resolve_decode_retraction_backup``, ``mem_cache/kv_cache_builder.py``)
+    allows the ``host_pool`` backup for an ``MHATokenToKVPool`` or an
+    ``SWAKVPool`` with full-attention layers, on a model without recurrent
+    state; the architecture that builds such a pool answers True.  The core's
+    default (``trylast``) is False.  Asked for decode plans only, by the
+    pipeline: an explicit ``--disaggregation-decode-retraction-backup host_pool``
+    on a plan answered False is refused with SGLang's message, and the unset
+    option's resolution is stated in a note.
+
+    :param plan: the device plan (``plan.host`` is still None).
     """
 
 
@@ -558,6 +576,10 @@ def _host_mirrors(value: Any) -> str | None:
     return None
 
 
+def _boolean_answer(value: Any) -> str | None:
+    return None if isinstance(value, bool) else f"got {describe_value(value)}, not True or False"
+
+
 def _host_pools(value: Any) -> str | None:
     from kvpools_core.values import HostPool
 
@@ -713,6 +735,7 @@ RESULTS: Mapping[str, ResultContract] = MappingProxyType(
             _host_mirrors,
         ),
         "host_pools": ResultContract("a list (or tuple) of HostPool values (or None to decline)", _host_pools),
+        "retraction_host_pool": ResultContract("True or False (or None to decline)", _boolean_answer),
         "build_req_to_token_pool": ResultContract(
             "a request table with nbytes (int >= 0) and optionally nbytes_by_pool() (or None to decline)",
             _measured(by_pool=False),

@@ -52,7 +52,7 @@ import attrs
 from kvpools_core.errors import ConfigError, InsufficientMemoryError, UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.registry import Registry, get_registry
-from kvpools_core.sizing import pool_rows
+from kvpools_core.sizing import pool_rows, req_to_token_row_len
 from kvpools_core.units import format_bytes, parse_bytes
 from kvpools_core.values import (
     DEFAULT_HICACHE_RATIO,
@@ -154,7 +154,8 @@ def size_host_pools(
     ``answer`` is the ``host_mirrors`` hook's (asked of the default registry when None).
     """
     serving = plan.serving
-    ratio = serving.hicache_ratio_or_default if ratio is None else ratio
+    if ratio is None:
+        ratio = default_hicache_ratio(plan) if serving.hicache_ratio is None else serving.hicache_ratio
     size_gb = serving.hicache_size if size_gb is None else size_gb
     mamba_ratio = serving.hicache_mamba_ratio if mamba_ratio is None else mamba_ratio
     layout = serving.hicache_mem_layout
@@ -243,8 +244,11 @@ def plan_host_tier(
     numbers and the largest ``--hicache-ratio`` / ``--hicache-size`` that fits.
     """
     serving = plan.serving
-    if not serving.enable_hierarchical_cache:
-        raise ConfigError(f"The host tier needs {option('enable_hierarchical_cache')}.")
+    if not serving.host_tier:
+        raise ConfigError(
+            f"The host tier needs {option('enable_hierarchical_cache')} (or a decode node's "
+            f"{option('disaggregation_decode_retraction_backup')} host_pool)."
+        )
     registry = registry or get_registry()
     own, own_by = registry.call("host_pools", plan=plan)
     sizer: _Sizer
@@ -280,7 +284,8 @@ def plan_host_tier(
             return size_host_pools(plan, ratio=ratio, size_gb=size_gb, answer=answer)
 
     memory = node_memory(host_memory, host_reserve) if check or serving.hicache_auto_sized else None
-    ratio: float | None = None if serving.hicache_size > 0 else serving.hicache_ratio_or_default
+    default_ratio = default_hicache_ratio(plan)
+    ratio: float | None = None if serving.hicache_size > 0 else (serving.hicache_ratio or default_ratio)
     auto_note: tuple[str, ...] = ()
     if serving.hicache_auto_sized:
         if own is not None:
@@ -292,7 +297,7 @@ def plan_host_tier(
                 f"{DEFAULT_HICACHE_RATIO:g} (the default before auto-sizing) or {option('hicache_size')}."
             )
         assert memory is not None
-        ratio, line = auto_sized_ratio(plan, mirrors, memory)
+        ratio, line = auto_sized_ratio(plan, mirrors, memory, default_ratio)
         pools = tuple(
             pool if pool.rides_on else attrs.evolve(pool, sized_by=f"auto-sized {pool.sized_by}")
             for pool in size_host_pools(plan, ratio=ratio, answer=answer)
@@ -305,6 +310,7 @@ def plan_host_tier(
         notes=auto_note + _notes(pools, serving),
         hicache_ratio=ratio,
         auto_sized=serving.hicache_auto_sized,
+        retraction_backup=serving.retraction_host_pool and not serving.enable_hierarchical_cache,
     )
     if check:
         tier = attrs.evolve(tier, memory=memory)
@@ -317,7 +323,93 @@ AUTO_SIZE_SLACK_FRACTION = 0.05
 bytes leave out (``mem_cache/hicache_auto_size.py``)."""
 
 
-def auto_sized_ratio(plan: Plan, mirrors: Sequence[_Mirror], memory: HostMemory) -> tuple[float, str]:
+def default_hicache_ratio(plan: Plan) -> float:
+    """The ratio SGLang resolves when ``--hicache-ratio`` is unset, before auto-sizing.
+
+    2.0 for HiCache; a decode node's retraction-only host pool takes ``BACKUP_ONLY_HICACHE_RATIO`` 0.2, raised
+    (without ``--hicache-size``) to one maximum-length request: ``ceil_align(min(max_context_len - 1, size),
+    page) / size`` with ``size`` the device KV pool's (full) tokens and ``max_context_len`` the request table's
+    row (``resolve_decode_retraction_backup`` / ``decode_retraction_max_tokens``, ``mem_cache/kv_cache_builder.py``).
+    """
+    serving = plan.serving
+    if serving.enable_hierarchical_cache or not serving.retraction_host_pool:
+        return DEFAULT_HICACHE_RATIO
+    ratio = BACKUP_ONLY_HICACHE_RATIO
+    if serving.hicache_size == 0:
+        size, page = plan.max_total_num_tokens, serving.page_size
+        row = req_to_token_row_len(serving.context_length or plan.model.context_len, serving)
+        one_request = -(-min(row - 1, size) // page) * page
+        ratio = max(ratio, one_request / size)
+    return ratio
+
+
+def resolve_retraction_backup(plan: Plan, registry: Registry | None = None) -> Plan:
+    """A decode plan's retraction backup, as SGLang 0.5.23's ``resolve_decode_retraction_backup`` decides it.
+
+    An explicit ``host_pool`` on a plan whose KV pool SGLang cannot back up (the ``retraction_host_pool``
+    hook answers False) is refused with SGLang's message; the pipeline then plans that host pool as the host
+    tier.  Unset, SGLang picks ``host_pool`` on a platform that allows it by default
+    (:attr:`PlatformTraits.decode_retraction_host_pool`), without DCP, for such a KV pool (and without decode
+    radix cache, decode KV offload or priority preemption, which kvpools does not model), else ``cpu_tensor``;
+    kvpools states the choice in a note and plans no host memory for it.
+    """
+    serving = plan.serving
+    registry = registry or get_registry()
+    supported, by = registry.call_first(
+        "retraction_host_pool",
+        f"no plugin says whether {plan.model.name}'s pool has a retraction host pool.",
+        plan=plan,
+    )
+    flag = option("disaggregation_decode_retraction_backup")
+    asked = serving.disaggregation_decode_retraction_backup
+    if asked == "host_pool" and not supported:
+        raise UnsupportedCombinationError(
+            f"{flag} host_pool: SGLang raises '--disaggregation-decode-retraction-backup=host_pool requires an MHA "
+            f"or hybrid-SWA HiCache host stack.' ({plan.model.name}'s pool, by {', '.join(by)}, is neither). Use "
+            f"{flag} cpu_tensor."
+        )
+    if asked is not None:
+        return plan
+    traits = serving.platform_traits
+    reasons = [
+        why
+        for why, applies in (
+            (
+                f"the {serving.platform} platform keeps host_pool opt-in",
+                traits is not None and not traits.decode_retraction_host_pool,
+            ),
+            (f"{option('dcp_size')} {serving.dcp_size}", serving.dcp_size > 1),
+            (f"{plan.model.name}'s pool is not an MHA or hybrid-SWA pool without recurrent state", not supported),
+        )
+        if applies
+    ]
+    if reasons:
+        note = (
+            f"decode retraction backup: SGLang picks cpu_tensor here ({'; '.join(reasons)}): a retracted request's "
+            f"KV goes to per-request CPU tensors, no pinned host pool."
+        )
+    elif serving.enable_hierarchical_cache:
+        note = "decode retraction backup: SGLang picks host_pool here, sharing the HiCache host pools planned below."
+    else:
+        ratio = default_hicache_ratio(
+            attrs.evolve(plan, serving=attrs.evolve(serving, disaggregation_decode_retraction_backup="host_pool"))
+        )
+        note = (
+            f"decode retraction backup: SGLang 0.5.23 picks host_pool here ({flag} unset) and pins a HiCache host "
+            f"pool of ratio {ratio:.4g} (max(0.2, one request at the context length)), lowered to fit "
+            f"{option('hicache_host_memory_fraction')} of the node, beside this plan. kvpools plans it with {flag} "
+            f"host_pool (and {option('host_memory')} for the node); {flag} cpu_tensor keeps SGLang from pinning it."
+        )
+    return attrs.evolve(plan, sizing=attrs.evolve(plan.sizing, notes=(*plan.sizing.notes, note)))
+
+
+BACKUP_ONLY_HICACHE_RATIO = 0.2
+"""SGLang's host slots per device slot for a retraction-only decode host pool (``kv_cache_builder.py``)."""
+
+
+def auto_sized_ratio(
+    plan: Plan, mirrors: Sequence[_Mirror], memory: HostMemory, requested: float = DEFAULT_HICACHE_RATIO
+) -> tuple[float, str]:
     """SGLang 0.5.23's ``auto_size_hicache``: the default ratio lowered until one rank's host pools fit its share.
 
     ``ratio = min(2.0, budget x (1 - 0.05) / device_bytes)`` where ``budget = int((available - reserve) //
@@ -333,7 +425,6 @@ def auto_sized_ratio(plan: Plan, mirrors: Sequence[_Mirror], memory: HostMemory)
     per_rank = (memory.available_bytes - memory.reserve_bytes) // ranks
     fraction = serving.hicache_host_memory_fraction
     budget = int(per_rank * fraction)
-    requested = DEFAULT_HICACHE_RATIO
     ratio = min(requested, budget * (1 - AUTO_SIZE_SLACK_FRACTION) / device_bytes)
     if ratio <= 0:
         raise InsufficientMemoryError(
@@ -367,7 +458,8 @@ def _check_own_pools(plan: Plan, pools: Sequence[HostPool]) -> None:
 
 
 def _notes(pools: Sequence[HostPool], serving: Serving) -> tuple[str, ...]:
-    """SGLang's warning for host pools no larger than their device pool, and what write-through implies."""
+    """SGLang's warning for host pools no larger than their device pool, and what write-through implies (for
+    HiCache: a decode node's retraction-only pool is written when a request is retracted, not per page)."""
     notes = []
     # HostKVCache._allocate_host_buffer's warning; DeepSeek-V4's paged pools (page_bytes) and anchor never give it.
     small = [p for p in pools if p.rides_on is None and not p.page_bytes and p.bytes and p.slots <= p.device_slots]
@@ -382,7 +474,7 @@ def _notes(pools: Sequence[HostPool], serving: Serving) -> tuple[str, ...]:
             f"pipeline stages for a fixed {option('hicache_size')} (sync_fixed_hicache_size); these are stage "
             f"{serving.pp_rank}'s own, an upper bound when another stage stores more bytes per token."
         )
-    if small and serving.hicache_write_policy.startswith("write_through"):
+    if small and serving.hicache_write_policy.startswith("write_through") and serving.enable_hierarchical_cache:
         notes.append(
             f"{option('hicache_write_policy')} {serving.hicache_write_policy} copies every device page to the host "
             f"tier; a host tier smaller than the device pool evicts host pages still held on the device."
@@ -463,7 +555,8 @@ def _what_fits(plan: Plan, per_rank: int, sizer: _Sizer) -> str:
             return f"{option('hicache_size')} {size} (GB) fits."
         return f"No {option('hicache_size')} of 1 GB or more fits; fewer ranks per node or more host memory would."
     current = need()
-    ratio = math.floor(serving.hicache_ratio_or_default * per_rank / current * 100) / 100 if current else 0.0
+    asked = default_hicache_ratio(plan) if serving.hicache_ratio is None else serving.hicache_ratio
+    ratio = math.floor(asked * per_rank / current * 100) / 100 if current else 0.0
     while ratio > 0 and need(ratio=ratio) > per_rank:
         ratio = round(ratio - 0.01, 2)
     if ratio > 0:
@@ -517,10 +610,11 @@ def build_host_pools(plan: Plan, device: str = "cpu") -> dict[str, object]:
 def host_reserve_flag_check(host_memory: object, host_reserve: object, serving: Serving) -> None:
     """``host_memory`` / ``host_reserve`` describe the host tier's node: without the tier they would be ignored."""
     given = [option(n) for n, v in (("host_memory", host_memory), ("host_reserve", host_reserve)) if v is not None]
-    if given and not serving.enable_hierarchical_cache:
+    if given and not serving.host_tier:
         raise ConfigError(
             f"{' and '.join(given)} check the host KV tier against a node, which only exists with "
-            f"{option('enable_hierarchical_cache')}; add it, or drop {' and '.join(given)}."
+            f"{option('enable_hierarchical_cache')} (or a decode node's "
+            f"{option('disaggregation_decode_retraction_backup')} host_pool); add it, or drop {' and '.join(given)}."
         )
 
 

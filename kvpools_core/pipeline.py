@@ -14,7 +14,7 @@ from kvpools_core.config import load_model
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.errors import ConfigError, KvpoolsError, PluginResultError, UnsupportedCombinationError
 from kvpools_core.gpus import GPU, custom_gpu, default_runtime_bytes, find_gpu, sglang_memory_defaults
-from kvpools_core.host import host_reserve_flag_check, plan_host_tier
+from kvpools_core.host import host_reserve_flag_check, plan_host_tier, resolve_retraction_backup
 from kvpools_core.options import option
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.sizing import (
@@ -200,7 +200,9 @@ class PlanBasis:
         _check_workspaces_charged(serving, sizing, sizing_by, registry)
         sizing = _note_unreachable_context(spec, serving, sizing)
         result = Plan(model=spec, serving=serving, budget=budget, cell=cell, sizing=sizing, provenance=provenance)
-        if serving.enable_hierarchical_cache:
+        if serving.disaggregation_mode == "decode":
+            result = resolve_retraction_backup(result, registry)
+        if serving.host_tier:
             host, host_by = plan_host_tier(
                 result, host_memory=host_memory, host_reserve=host_reserve, registry=registry
             )

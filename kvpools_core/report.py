@@ -119,6 +119,7 @@ def host_summary(plan: Plan) -> dict[str, Any] | None:
         "pinned": host.pinned,
         "hicache_ratio": host.hicache_ratio,
         "auto_sized": host.auto_sized,
+        "retraction_backup": host.retraction_backup,
         "memory": None if host.memory is None else {**to_dict(host.memory), "usable_bytes": host.memory.usable_bytes},
         "notes": list(host.notes),
     }
@@ -130,7 +131,8 @@ def render_host(plan: Plan, console: Console) -> None:
     if host is None:
         return
     serving = plan.serving
-    table = Table(title="Host tier (HiCache)", title_justify="left", show_edge=False, pad_edge=False)
+    title = "Host tier (decode retraction backup, a HiCache pool)" if host.retraction_backup else "Host tier (HiCache)"
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for column in ("host pool", "device slots", "host slots", "page", "bytes/slot", "bytes", "sized by"):
         table.add_column(column, justify="left" if column in ("host pool", "sized by") else "right")
     for pool in host.pools:

@@ -264,6 +264,8 @@ HICACHE_MEM_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 """``--hicache-mem-layout`` values kvpools models (SGLang's ``page_first_kv_split`` and ``page_head`` are
 NPU / head-sharded layouts it does not)."""
 HICACHE_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+DECODE_RETRACTION_BACKUPS = ("cpu_tensor", "host_pool", "none")
+"""``--disaggregation-decode-retraction-backup`` choices (SGLang 0.5.23 ``arg_groups/fields/disagg.py``)."""
 
 
 def _optional_positive_ratio(inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
@@ -527,6 +529,10 @@ class PlatformTraits:
       reserves memory for it (``default_prefill_backend``,
       ``srt/model_executor/cuda_graph_config.py`` lines 119-123 of SGLang
       0.5.23: ``BREAKABLE if is_cuda() else DISABLED``; CUDA only).
+    * ``decode_retraction_host_pool``: whether SGLang backs a PD decode node's
+      retracted requests up in a HiCache host pool by default here
+      (``resolve_decode_retraction_backup``, ``mem_cache/kv_cache_builder.py``:
+      not on HIP, where large restores can fault the GPU process).
     """
 
     platform: str
@@ -536,6 +542,7 @@ class PlatformTraits:
     slot_index_dtype: str = attrs.field(default="int64", validator=one_of("int64", "int32"))
     memory_tiers: tuple[MemoryTier, ...] = attrs.field(default=(), converter=_tier_tuple, validator=_ascending_tiers)
     breakable_prefill_graphs: bool = attrs.field(default=False, validator=_boolean)
+    decode_retraction_host_pool: bool = attrs.field(default=True, validator=_boolean)
 
     def memory_tier(self, gpu_mib: float) -> MemoryTier | None:
         """The platform's own tier for a device of ``gpu_mib`` MiB (the first whose ``max_mib`` covers it)."""
@@ -716,6 +723,13 @@ class Serving:
     disaggregation_decode_extra_slots: int | None = attrs.field(default=None, validator=optional_non_negative)
     """Request rows a decode node pre-allocates for transfers; ``None``: SGLang's default
     (:attr:`decode_extra_slots`)."""
+    disaggregation_decode_retraction_backup: str | None = attrs.field(
+        default=None, validator=one_of(None, *DECODE_RETRACTION_BACKUPS)
+    )
+    """SGLang's ``--disaggregation-decode-retraction-backup`` (a decode node only): ``host_pool`` backs retracted
+    requests' KV up in a HiCache host pool, which kvpools then plans as the host tier; ``cpu_tensor`` /
+    ``none`` keep none.  Unset, SGLang infers it (``resolve_decode_retraction_backup``), which kvpools states in
+    a note without planning the host memory (see ``docs/host-tier.md``)."""
     # hybrid sliding window / mamba / sparse knobs (read by their plugins)
     swa_full_tokens_ratio: float = attrs.field(default=0.8, validator=positive_ratio)
     swa_eviction_interval: int = attrs.field(default=128, validator=positive)
@@ -797,10 +811,16 @@ class Serving:
             )
             if value != default
         ]
-        if changed and not self.enable_hierarchical_cache:
+        if changed and not (self.enable_hierarchical_cache or self.retraction_host_pool):
             raise ConfigError(
                 f"The host KV tier that {' and '.join(changed)} sizes exists only with "
-                f"{o('enable_hierarchical_cache')}; add it, or drop {' and '.join(changed)}."
+                f"{o('enable_hierarchical_cache')} (or a decode node's "
+                f"{o('disaggregation_decode_retraction_backup')} host_pool); add it, or drop {' and '.join(changed)}."
+            )
+        if self.disaggregation_decode_retraction_backup is not None and self.disaggregation_mode != "decode":
+            raise ConfigError(
+                f"{o('disaggregation_decode_retraction_backup')} applies to a decode node only (only it retracts "
+                f"requests whose KV came from a prefill node); add {o('disaggregation_mode')} decode, or drop it."
             )
         if self.launched_ranks % self.nnodes:
             raise ConfigError(
@@ -846,11 +866,23 @@ class Serving:
         return 2 * per_worker if per_worker <= 32 else 0
 
     @property
+    def retraction_host_pool(self) -> bool:
+        """Whether a decode node backs retractions up in a HiCache host pool (asked for explicitly)."""
+        return self.disaggregation_decode_retraction_backup == "host_pool"
+
+    @property
+    def host_tier(self) -> bool:
+        """Whether SGLang builds host KV pools: ``--enable-hierarchical-cache``, or a decode node's ``host_pool``
+        retraction backup (``enabled=enable_hierarchical_cache or retraction_backup == "host_pool"``,
+        ``mem_cache/kv_cache_builder.py``)."""
+        return self.enable_hierarchical_cache or self.retraction_host_pool
+
+    @property
     def hicache_auto_sized(self) -> bool:
-        """Whether SGLang auto-sizes the host tier: hierarchical cache on, neither ``--hicache-ratio`` nor
+        """Whether SGLang auto-sizes the host tier: host pools built, neither ``--hicache-ratio`` nor
         ``--hicache-size`` given (``handle_hicache_ratio_default`` keeps ``hicache_host_memory_fraction`` only
         then, ``arg_groups/hicache_hook.py``; ``auto_size_hicache``, ``mem_cache/hicache_auto_size.py``)."""
-        return self.enable_hierarchical_cache and self.hicache_ratio is None and self.hicache_size == 0
+        return self.host_tier and self.hicache_ratio is None and self.hicache_size == 0
 
     @property
     def hicache_ratio_or_default(self) -> float:
@@ -1817,6 +1849,8 @@ class HostTier:
     ratio (:attr:`auto_sized`); None under ``--hicache-size``."""
     auto_sized: bool = False
     """Whether SGLang's auto-sizing chose :attr:`hicache_ratio` (:attr:`Serving.hicache_auto_sized`)."""
+    retraction_backup: bool = False
+    """Whether the pools are a decode node's retraction backup alone (``host_pool`` without HiCache)."""
 
     @property
     def bytes_per_rank(self) -> int:

@@ -143,6 +143,13 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def retraction_host_pool(plan: Plan) -> bool:
+    """A dense MHA pool (``MHATokenToKVPool``) is one SGLang's decode retraction backs up in a host pool."""
+    return True
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
     from kvpools_core.pools.mha import MHATokenToKVPool
 

@@ -135,6 +135,15 @@ def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budge
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def retraction_host_pool(plan: Plan) -> bool:
+    """An ``SWAKVPool`` (MHA or MLA sub-pools) with full-attention tokens is one SGLang's decode retraction backs
+    up in a host pool (``full_tokens_per_layer > 0``; ``UnifiedRadixCache.supports_retraction_backup`` wants its
+    KV and SWA host pools, which every SWA host stack has)."""
+    return int(plan.sizing.sglang_config.get("full_max_total_num_tokens", 0)) > 0
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
     if is_latent(plan.model):
         from .mla_pool import SWAMLAKVPool

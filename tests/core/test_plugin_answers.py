@@ -129,6 +129,30 @@ def test_a_wrong_pool_sizing_is_blamed_on_its_plugin_not_on_core() -> None:
     assert_mentions(info.value, "with 42: not a PoolSizing", "Expected a PoolSizing", absent=('"core"',))
 
 
+def test_a_retraction_host_pool_answer_that_is_not_a_bool_is_blamed_on_its_plugin() -> None:
+    @hookimpl(tryfirst=True)
+    def retraction_host_pool(plan: Any) -> Any:
+        return "yes"
+
+    serving = Serving(disaggregation_mode="decode")
+    with raises_blaming("backup", "retraction_host_pool") as info:
+        plan("llama-3.1-8b", serving, memory="1GiB", registry=registry_with("backup", retraction_host_pool))
+    assert_mentions(info.value, "not True or False", absent=('"core"',))
+
+
+def test_a_plugin_vouching_for_its_pool_gets_the_retraction_host_pool() -> None:
+    """The contract, not a name: a third-party answer True makes an MLA plan's host_pool backup plannable."""
+
+    @hookimpl(tryfirst=True)
+    def retraction_host_pool(plan: Any) -> bool:
+        return True
+
+    serving = Serving(disaggregation_mode="decode", disaggregation_decode_retraction_backup="host_pool", tp_size=8)
+    registry = registry_with("vouch", retraction_host_pool)
+    result = plan("deepseek-v3", serving, memory="40GiB", host_memory="1TiB", registry=registry)
+    assert result.host is not None and result.host.retraction_backup
+
+
 def test_a_claim_that_is_not_a_model_spec_is_blamed_on_its_plugin() -> None:
     @hookimpl
     def parse_model_config(config: Any, source: str) -> Any:

@@ -39,6 +39,7 @@ TRAITS = PlatformTraits(
         ),
     ),
     raw_mla_row_backends=frozenset({"tilelang", "triton", "aiter"}),
+    decode_retraction_host_pool=False,
 )
 """What ROCm's kernels decide (SGLang's ``DSATokenToKVPool`` HIP branch and ``calculate_mla_kv_cache_dim``):
 DSA pages of 1 or a multiple of 16, and the DSA backends that read raw latent rows (no FlashMLA fp8 packing)."""
