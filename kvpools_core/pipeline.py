@@ -127,6 +127,8 @@ class PlanBasis:
     provenance: dict[str, tuple[str, ...]]
     model: str | ModelSpec
     """The model as given (a name or path lets a GPU budget estimate the weights from the complete config)."""
+    draft_model: str | ModelSpec | None = None
+    """The draft model as given (``--speculative-draft-model-path``), for its weights beside a profiled budget."""
     _cell: tuple[CellSize, tuple[str, ...]] | None = attrs.field(default=None, init=False)
 
     def cell(self) -> tuple[CellSize, tuple[str, ...]]:
@@ -199,6 +201,9 @@ class PlanBasis:
         provenance["size_pools"] = sizing_by
         _check_workspaces_charged(serving, sizing, sizing_by, registry)
         sizing = _note_unreachable_context(spec, serving, sizing)
+        draft_note = _draft_weights_note(self.draft_model, serving, budget)
+        if draft_note:
+            sizing = attrs.evolve(sizing, notes=(*sizing.notes, draft_note))
         result = Plan(model=spec, serving=serving, budget=budget, cell=cell, sizing=sizing, provenance=provenance)
         if serving.disaggregation_mode == "decode":
             result = resolve_retraction_backup(result, registry)
@@ -242,7 +247,9 @@ def plan_basis(
         provenance["draft_estimate_cell_size"] = serving.speculative_draft.estimated_by
     _validate(spec, serving, registry, traits_by=provenance.get("platform_traits", ("core",))[0])
     serving = resolve_workspaces(spec, serving, registry, provenance)
-    return PlanBasis(spec=spec, serving=serving, registry=registry, provenance=provenance, model=model)
+    return PlanBasis(
+        spec=spec, serving=serving, registry=registry, provenance=provenance, model=model, draft_model=draft_model
+    )
 
 
 def resolve_budget(
@@ -408,6 +415,34 @@ def _gpu_budget(
         weights_bytes=weights,
         reserved_bytes=reserved,
     )
+
+
+def _draft_weights_note(draft_model: str | ModelSpec | None, serving: Serving, budget: Budget) -> str | None:
+    """Where a draft model's weights go under a profiled budget: SGLang starts the draft worker after the
+    target's pools are sized (the draft reuses the target's ``memory_pool_config``, ref-000 lines 361-366), so
+    its weights come out of the slack ``mem_fraction_static`` left, not out of the KV budget; the note says how
+    much of that slack they take (SGLang's ``handle_gpu_memory_settings`` reserves nothing for them)."""
+    if serving.speculative_draft is None or budget.slack_bytes is None:
+        return None
+    name = serving.speculative_draft.model.name
+    slack = budget.slack_bytes
+    where = f"the draft model {name}'s weights load after the KV budget was sized, out of the {slack:,} B slack"
+    if not isinstance(draft_model, str):
+        return f"{where} (not estimated: the draft was given as a ModelSpec, which carries no weight shapes)."
+    from kvpools_core.weights import estimate_weights
+
+    try:
+        weights = estimate_weights(draft_model, draft_worker_serving(serving)).bytes_per_rank
+    except KvpoolsError as error:
+        return f"{where}; kvpools cannot estimate them ({error})"
+    share = weights / slack * 100 if slack else float("inf")
+    note = (
+        f"the draft model {name}'s weights (~{weights:,} B a rank) load after the KV budget was sized, out of the "
+        f"{slack:,} B slack (1 - mem_fraction_static) that also holds activations and CUDA graphs: {share:.0f}% of it."
+    )
+    if weights >= slack:
+        note += f" They do not fit: lower {option('mem_fraction_static')} so the slack holds them."
+    return note
 
 
 def _estimated_weights(model: str | ModelSpec, spec: ModelSpec, serving: Serving) -> int:

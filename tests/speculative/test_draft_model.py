@@ -298,3 +298,28 @@ def test_sglang_mode_and_exact_mode_share_the_draft(draft_config: str) -> None:
     sglang = plan("llama-3.1-70b", standalone(accounting="sglang"), memory=BUDGET, draft_model=draft_config)
     assert exact.cell == sglang.cell
     assert attrs.evolve(exact.serving, accounting="sglang") == sglang.serving
+
+
+def test_draft_weights_are_measured_against_the_slack_they_load_into(draft_config: str) -> None:
+    """SGLang sizes the target's pools first and starts the draft worker after (ref-000 lines 361-366), so under
+    a GPU budget the draft's weights come out of the (1 - mem_fraction_static) slack, not the KV budget."""
+    from kvpools_core.weights import estimate_weights
+
+    serving = standalone()
+    result = plan("llama-3.1-70b", serving, gpu="h200", draft_model="llama-3.1-8b")
+    slack = result.budget.slack_bytes
+    assert slack is not None and slack > 0
+    weights = estimate_weights("llama-3.1-8b", draft_worker_serving(result.serving)).bytes_per_rank
+    assert 3 * GiB < weights < 5 * GiB  # 8B bf16 params over 4 ranks
+    (note,) = [n for n in result.sizing.notes if n.startswith("the draft model")]
+    assert f"~{weights:,} B a rank" in note and f"{slack:,} B slack" in note
+    assert f"{weights / slack * 100:.0f}% of it" in note
+    assert ("do not fit" in note) == (weights >= slack)
+    # the same budget as without the draft: SGLang reserves nothing for its weights
+    alone = plan("llama-3.1-70b", Serving(tp_size=4), gpu="h200")
+    assert result.budget.budget_bytes == alone.budget.budget_bytes
+    # a draft config without the weight shapes says so; an explicit KV budget has no slack to speak of
+    partial = plan("llama-3.1-70b", serving, gpu="h200", draft_model=draft_config)
+    assert any("cannot estimate them" in n for n in partial.sizing.notes)
+    explicit = plan("llama-3.1-70b", serving, memory=BUDGET, draft_model=draft_config)
+    assert not any(n.startswith("the draft model") for n in explicit.sizing.notes)
