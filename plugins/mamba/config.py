@@ -445,6 +445,9 @@ def _vllm_readings(outer: ConfigReader, reader: ConfigReader, family: str) -> di
     ``ssm_dtype``: the ``mamba_ssm_cache_dtype`` vLLM's config hooks set (``"auto"``: the conv state's dtype).
     ``d_ssm``: Falcon-H1's ``mamba_d_ssm`` as given (``None`` when absent: vLLM then reads transformers'
     default, which kvpools does not guess).
+    ``mla_use_nope`` / ``use_full_rank_gate``: Kimi-Linear's switches that pick (or refuse) vLLM's layer classes
+    (``KimiLinearConfig`` default ``mla_use_nope=False``; ``linear_attn_config.use_full_rank_gate`` default False,
+    ``models/kimi_k3/nvidia/model.py`` L716-742).
     """
     architectures = outer.string_list("architectures") or reader.string_list("architectures")
     key, default = _VLLM_SSM_DTYPE_KEYS.get(family, ("", "auto"))
@@ -455,11 +458,16 @@ def _vllm_readings(outer: ConfigReader, reader: ConfigReader, family: str) -> di
         ssm_dtype = reader.string(key)
         if ssm_dtype not in _VLLM_SSM_DTYPES:
             raise reader.error(key, f"is {ssm_dtype!r}", f"Use one of {', '.join(_VLLM_SSM_DTYPES)}.")
-    return {
+    readings: dict[str, Any] = {
         "ssm_dtype": ssm_dtype,
         "d_ssm": reader.optional_integer("mamba_d_ssm") if family == "falcon_h1" else None,
         "architecture": architectures[0] if architectures else "",
     }
+    if family == "kimi_linear":
+        linear = reader.child("linear_attn_config", _LINEAR_ATTN_FIX)
+        readings["mla_use_nope"] = reader.boolean("mla_use_nope", False)
+        readings["use_full_rank_gate"] = linear.boolean("use_full_rank_gate", False)
+    return readings
 
 
 # ---------------------------------------------------------------------------

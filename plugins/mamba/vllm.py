@@ -22,10 +22,22 @@ attention layer a ``FullAttentionSpec``.  What the engine decides before the spe
 * The state is sharded over the whole TP group (``tensor_parallel_size``; vLLM's ``divide`` asserts it
   divides); no speculative decoding under ``--accounting vllm``, so ``num_speculative_blocks`` is 0.
 
-Kimi-Linear (KDA beside MLA) is refused: vLLM 0.33 builds it from ``vllm.models.kimi_k3``, whose MLA backend
-(``nvidia/mla.py`` L421-436) and KDA prefill checkpoint (``nvidia/kda.py`` L901-909) depend on kernel choices
-kvpools does not model yet.  On Blackwell, vLLM's attention backend and FA4's 128-token hd256 pages differ from
-Hopper's: not modelled either.
+Kimi-Linear (``KimiLinearForCausalLM``) is served by ``vllm.models.kimi_k3`` (``registry.py`` L148-151), whose
+CUDA entry is ``nvidia/model.py`` (``kimi_k3/__init__.py`` L35-36): each KDA layer is
+``KimiGatedDeltaNetAttention`` (``layers/mamba/gdn/kimi_gdn_linear_attn.py``, ``KimiDecoderLayer`` L716-732), a
+``gdn_attn`` Mamba layer of ``kda_state_shape`` (``mamba_utils.py`` L296-319: conv ``3 x num_heads x head_dim / TP``
+wide, recurrent ``(num_heads / TP, head_dim, head_dim)``) in ``kda_state_dtype`` (L133-149: conv in the model dtype,
+recurrent float32), with a Triton prefill only (``kimi_gdn_linear_attn.py`` L279-288), so no prefill checkpoint;
+each other layer is ``MultiHeadLatentAttention`` (``nvidia/mla.py`` L421-436), an ``MLAAttentionSpec`` of one
+``kv_lora_rank + qk_rope_head_dim`` latent row per token.
+``ModelConfig.use_mla`` holds (``kimi_linear`` in ``is_deepseek_mla``), so ``_align_hybrid_block_size`` sizes the
+attention page from the latent row and keeps blocks a multiple of 128 tokens; the MLA backend on Hopper is
+FlashAttention-MLA (``MultipleOf(16)``) for a 16-bit cache or FlashMLA (64) for fp8 (``platforms/cuda.py``
+L149-155), both dividing 128, so the kernel choice never moves the block size.  Refused with the reason:
+``use_full_rank_gate`` configs (Kimi-K3's ``KimiK3DeltaAttention``, whose FlashKDA prefill checkpoint depends on
+the GPU, ``nvidia/kda.py`` L363-379, L901-909), ``mla_use_nope`` false (vLLM asserts it), caches no Hopper MLA
+backend takes, and non-CUDA platforms (ROCm / XPU build ``kimi_k3/amd/linear.py``).  On Blackwell, vLLM's
+attention backend and FA4's 128-token hd256 pages differ from Hopper's: not modelled either.
 """
 
 from __future__ import annotations
@@ -36,7 +48,12 @@ from typing import TYPE_CHECKING
 from kvpools_core.dtypes import MODEL_DTYPES, resolve_kv_dtype
 from kvpools_core.errors import ConfigError, UnsupportedCombinationError
 from kvpools_core.options import option
-from kvpools_core.vllm.layers import align_hybrid_block_size, kv_element_bytes, kv_heads_per_rank
+from kvpools_core.vllm.layers import (
+    align_hybrid_block_size,
+    kv_element_bytes,
+    kv_heads_per_rank,
+    latent_kv_cache_spec,
+)
 from kvpools_core.vllm.specs import FullAttentionSpec, KVCacheSpec, MambaSpec
 
 from .config import GDN, KDA, KV_KINDS, MAMBA1, STATE_KINDS
@@ -51,6 +68,12 @@ ATTENTION_KERNEL_BLOCK = 16
 """Smallest kernel block of CUDA's FlashAttention backend (``MultipleOf(16)``, ``flash_attn.py`` L367)."""
 GDN_CHECKPOINT_ALIGNMENT = 64
 """``FLASHINFER_GDN_CHECKPOINT_ALIGNMENT`` (``v1/attention/backends/gdn_attn.py`` L34)."""
+KDA_RECURRENT_STATE_BYTES = 4
+"""``kda_state_dtype`` under ``--mamba-ssm-cache-dtype auto``: float32 (``mamba_utils.py`` L140-141)."""
+MLA_KERNEL_BLOCK = {"bf16": 16, "fp16": 16, "fp8_e4m3": 64}
+"""The smallest kernel block of the MLA backend Hopper picks for each cache dtype (``platforms/cuda.py`` L149-155):
+FlashAttention-MLA (``auto``/``float16``/``bfloat16``, ``MultipleOf(16)``, ``flashattn_mla.py`` L42-50), else
+FlashMLA (``fp8``/``fp8_e4m3``, 64, ``flashmla.py`` L48-58)."""
 
 _MAMBA_TYPE = {MAMBA1: "mamba1", GDN: "gdn_attn"}
 
@@ -129,11 +152,7 @@ def hybrid_vllm_specs(model: ModelSpec, serving: Serving, block_size: int) -> di
     """Every cache layer's spec on one TP rank, named as vLLM's model classes register them."""
     family = model.params["family"]
     if model.params["mixer"] == KDA:
-        raise UnsupportedCombinationError(
-            f"{model.name}: vLLM {VLLM_VERSION} serves Kimi-Linear (KDA beside MLA) through vllm.models.kimi_k3, "
-            "whose MLA backend block sizes and KDA prefill checkpoints kvpools does not model yet; use "
-            "--accounting sglang or exact."
-        )
+        return kimi_linear_vllm_specs(model, serving, block_size)
     shapes = state_shapes(model, serving.tp_size)
     conv_bytes, ssm_bytes = state_dtype_bytes(model)
     mamba_page = sum(math.prod(shape) * size for shape, size in zip(shapes, (conv_bytes, ssm_bytes), strict=True))
@@ -185,3 +204,71 @@ _STATE_NAME = {
     "jamba": "{}.mixer",  # jamba.py L127-141
     "granite": "{}.mixer",  # granitemoehybrid.py L72-87
 }
+
+
+def kimi_linear_vllm_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, KVCacheSpec]:
+    """Kimi-Linear's specs on one TP rank: ``KimiGatedDeltaNetAttention`` (a ``gdn_attn`` Mamba layer) at every KDA
+    layer and ``MultiHeadLatentAttention.get_kv_cache_spec`` (``nvidia/mla.py`` L421-436) at the others, both
+    registered as ``model.layers.<i>.self_attn`` (``nvidia/model.py`` L716-762), block size from
+    ``Platform._align_hybrid_block_size`` with ``use_mla`` (``platforms/interface.py`` L977-985, L1083-1088)."""
+    name = f"{model.name}: vLLM {VLLM_VERSION}'s Kimi-Linear"
+    readings = model.params["vllm"]
+    if serving.platform != "cuda":
+        raise UnsupportedCombinationError(
+            f"{name} is modelled on CUDA only (on {serving.platform} vLLM builds kimi_k3/amd/linear.py); use "
+            f"{option('platform')} cuda or --accounting sglang / exact."
+        )
+    if readings["use_full_rank_gate"]:
+        raise UnsupportedCombinationError(
+            f"{name}: linear_attn_config.use_full_rank_gate selects Kimi-K3's KimiK3DeltaAttention, whose prefill "
+            "backend (FlashKDA on SM90/SM10x/SM12x, Triton elsewhere) decides a prefill checkpoint block per request "
+            "(nvidia/kda.py L363-379, L901-909); kvpools does not model that choice. Use --accounting sglang or exact."
+        )
+    if not readings["mla_use_nope"]:
+        raise UnsupportedCombinationError(
+            f"{name} asserts mla_use_nope ('Kimi-K3 MLA (MultiHeadLatentAttention) is NoPE-only', nvidia/model.py "
+            "L744); this config leaves it false. Set mla_use_nope true if the checkpoint is NoPE, else use "
+            "--accounting sglang or exact."
+        )
+    kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
+    if kv.name not in MLA_KERNEL_BLOCK:
+        raise UnsupportedCombinationError(
+            f"{name}: no MLA backend vLLM picks on Hopper (FlashAttention-MLA, FlashMLA) takes a {kv.name} KV cache, "
+            f"and the fallback is not modelled; use {option('kv_cache_dtype')} auto (a 16-bit model), bf16, fp16 "
+            "or fp8."
+        )
+    geometry = model.params["state"]
+    heads, head_dim, window = geometry["num_heads"], geometry["head_dim"], geometry["conv_kernel"] - 1
+    tp = serving.tp_size
+    shapes = (
+        (window, _divide(3 * heads * head_dim, tp, "the KDA conv width (3 x num_heads x head_dim)")),
+        (_divide(heads, tp, "linear_attn_config.num_heads"), head_dim, head_dim),
+    )
+    conv_bytes = resolve_kv_dtype("auto", model.dtype).element_bytes
+    dtype_bytes = (conv_bytes, KDA_RECURRENT_STATE_BYTES)
+    mamba_page = sum(math.prod(shape) * size for shape, size in zip(shapes, dtype_bytes, strict=True))
+    latent = next(layer for layer in model.layers if layer.kind in KV_KINDS)
+    kernel = MLA_KERNEL_BLOCK[kv.name]
+    aligned, padded = align_hybrid_block_size(
+        block_size=block_size,
+        attn_page_size_1_token=latent_kv_cache_spec(latent, model, serving, 1).page_size_bytes,
+        mamba_page_size=mamba_page,
+        kernel_block_size=kernel,
+        backend_block_alignment=kernel,
+        use_mla=True,
+    )
+    kda = MambaSpec(
+        block_size=aligned,
+        shapes=shapes,
+        dtype_bytes=dtype_bytes,
+        page_size_padded=padded,
+        mamba_type="gdn_attn",
+        mamba_cache_mode=MAMBA_CACHE_MODE,
+    )
+    return {
+        f"model.layers.{layer.index}.self_attn": kda
+        if layer.kind in STATE_KINDS
+        else latent_kv_cache_spec(layer, model, serving, aligned)
+        for layer in model.layers
+        if layer.kind in STATE_KINDS or layer.kind in KV_KINDS
+    }

@@ -186,13 +186,23 @@ def test_raised_block_size_is_what_the_serve_line_passes() -> None:
     assert "--block-size 128 " in data["serve_command"]
 
 
+def test_kimi_linear_plans_with_the_mla_aligned_block() -> None:
+    """KDA states of 2,170,880 B beside 1,152-B latent rows: 128 x cdiv(2,170,880, 128 x 1152) = 1920-token blocks."""
+    data = cli_json("plan", "kimi-linear-48b-a3b-instruct-nvfp4", "--accounting", "vllm", "--memory", "40GiB")
+    assert {group["block_size"] for group in data["kv_cache_groups"]} == {1920}
+    assert data["block_size"] == 1920 and "--block-size 1920 " in data["serve_command"]
+    assert data["num_gpu_blocks"] == 40 * GiB // (7 * 1920 * 1152) == 2774
+
+
 def test_unmodelled_architectures_are_refused_by_plugin() -> None:
     result = cli("plan", "deepseek-v4-flash", "--accounting", "vllm", "--memory", "10GiB", "--kv-cache-dtype", "bf16")
     assert result.exit_code == 1
     assert "DeepseekV4 fp8_ds_mla layout only supports fp8 kv-cache, got bf16" in result.stderr
-    result = cli("plan", "kimi-linear-48b-a3b-instruct-nvfp4", "--accounting", "vllm", "--memory", "10GiB")
+    result = cli(
+        "plan", "kimi-linear-48b-a3b-instruct-nvfp4", "--accounting", "vllm", "--memory", "10GiB", "--platform", "rocm"
+    )
     assert result.exit_code == 1
-    assert "vllm.models.kimi_k3, whose MLA backend block sizes and KDA prefill checkpoints" in result.stderr
+    assert "Kimi-Linear is modelled on CUDA only (on rocm vLLM builds kimi_k3/amd/linear.py)" in result.stderr
     result = cli("plan", "falcon-h1-0.5b", "--accounting", "vllm", "--memory", "10GiB")
     assert result.exit_code == 1
     assert "sizes Falcon-H1's Mamba2 state from mamba_d_ssm, which this config lacks" in result.stderr

@@ -126,9 +126,11 @@ def test_gpu_budgets_are_each_engines_own() -> None:
 
 
 def test_unmodelled_architecture_is_reported_not_crashed() -> None:
-    comparison = compare_engines("kimi-linear-48b-a3b-instruct-nvfp4", Serving(tp_size=4), memory="20GiB")
+    model = "kimi-linear-48b-a3b-instruct-nvfp4"
+    assert compare_engines(model, Serving(tp_size=4), memory="20GiB").vllm is not None
+    comparison = compare_engines(model, Serving(tp_size=4, kv_cache_dtype="fp8_e5m2"), memory="20GiB")
     assert comparison.vllm is None
-    assert comparison.vllm_refusal is not None and "Kimi-Linear" in comparison.vllm_refusal
+    assert comparison.vllm_refusal is not None and "takes a fp8_e5m2 KV cache" in comparison.vllm_refusal
     assert {group.unit for group in comparison.groups} == {"token", "state_slot"}
     assert all(group.vllm_groups == () for group in comparison.groups)
     assert comparison.contexts[0].vllm_max_concurrency is None

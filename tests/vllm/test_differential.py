@@ -10,7 +10,9 @@ and ``kv_cache_size_tokens`` -- or fail together, with the same error text.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -18,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from kvpools_core.config import load_model, parse_config
+from kvpools_core.config import load_model, parse_config, registry_presets
+from kvpools_core.dtypes import canonical_kv_dtype
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.registry import Registry
 from kvpools_core.values import Serving
@@ -587,6 +590,173 @@ def test_hybrid_specs_equal_vllm(
         max_model_len=model.context_len, max_num_batched_tokens=2048, mamba_cache_mode=mamba_cache_mode_of([worker])
     )
     _assert_plans_equal(vllm_planner, [worker], limits, [4 * GiB], tp)
+
+
+# ---------------------------------------------------------------------------
+# Kimi-Linear: KDA states beside MLA latents, against KimiDecoderLayer's own layers' get_kv_cache_spec
+# ---------------------------------------------------------------------------
+
+KIMI_PRESET = "kimi-linear-48b-a3b-instruct-nvfp4"
+
+
+def _preset_config(registry: Registry, preset: str) -> dict[str, Any]:
+    """A bundled preset's config excerpt without kvpools' provenance keys: what vLLM's config class reads."""
+    path = Path(registry_presets(registry)[preset][1])
+    return {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith("_")}
+
+
+@st.composite
+def kimi_linear_configs(draw: Any) -> dict[str, Any]:
+    """A generated Kimi-Linear config.json: a KDA / MLA layer pattern (1-based lists, as ``KimiLinearConfig`` reads
+    them), the KDA geometry and the MLA latent."""
+    num_layers = draw(st.integers(2, 30))
+    mla_at = draw(st.integers(0, num_layers - 1))  # at least one MLA layer
+    kda = [draw(st.booleans()) and i != mla_at for i in range(num_layers)]
+    if not any(kda):
+        kda[(mla_at + 1) % num_layers] = True
+    heads = draw(st.sampled_from([16, 32, 64]))
+    return {
+        "architectures": ["KimiLinearForCausalLM"],
+        "model_type": "kimi_linear",
+        "torch_dtype": draw(st.sampled_from(["bfloat16", "float16"])),
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "hidden_size": 2304,
+        "kv_lora_rank": draw(st.sampled_from([256, 512])),
+        "qk_rope_head_dim": draw(st.sampled_from([32, 64])),
+        "qk_nope_head_dim": 128,
+        "q_lora_rank": None,
+        "mla_use_nope": True,
+        "model_max_length": draw(st.sampled_from([4096, 131072, 1048576])),
+        "linear_attn_config": {
+            "kda_layers": [i + 1 for i in range(num_layers) if kda[i]],
+            "full_attn_layers": [i + 1 for i in range(num_layers) if not kda[i]],
+            "num_heads": draw(st.sampled_from([8, 16, 32, 64])),
+            "head_dim": draw(st.sampled_from([64, 128])),
+            "short_conv_kernel_size": draw(st.sampled_from([2, 4])),
+        },
+    }
+
+
+def _kimi_answer(
+    vllm_planner: VllmPlanner, config: dict[str, Any], tp: int, block_size: int, kv_cache_dtype: str
+) -> dict[str, Any]:
+    """vLLM's specs for a Kimi-Linear config (``vllm_runner._Hybrid.kimi_linear_specs``)."""
+    return vllm_planner.plan(
+        {
+            "op": "hybrid_specs",
+            "family": "kimi_linear",
+            "hf": config,
+            "tp_size": tp,
+            "block_size": block_size,
+            "model_dtype_bytes": 2,
+            "cache_dtype": kv_cache_dtype,
+        }
+    )
+
+
+def _assert_kimi_specs_equal(answer: dict[str, Any], worker: dict[str, KVCacheSpec]) -> None:
+    """Every layer kvpools answers -- name, order, fields, page bytes -- is the spec vLLM's layer builds (a latent's
+    ``cache_dtype_str`` under kvpools' canonical name: ``fp8`` is ``fp8_e4m3``)."""
+    assert "error" not in answer, answer
+    expected = [
+        (
+            name,
+            {
+                key: canonical_kv_dtype(value) if key == "cache_dtype_str" else value
+                for key, value in spec.items()
+                if key != "page_size_bytes"
+            },
+        )
+        for name, spec in answer["specs"]
+    ]
+    assert [(name, runner_spec(spec)) for name, spec in worker.items()] == expected
+    pages = {name: spec["page_size_bytes"] for name, spec in answer["specs"] if "page_size_bytes" in spec}
+    assert {name: worker[name].page_size_bytes for name in pages} == pages
+    assert {spec.block_size for spec in worker.values()} == {answer["block_size"]}
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(
+    config=kimi_linear_configs(),
+    tp=st.sampled_from([1, 2, 3, 4, 8]),  # 3 never divides the power-of-two heads: both refuse
+    block_size=st.sampled_from([16, 64, 128, 256, 2048]),
+    kv_cache_dtype=st.sampled_from(["auto", "fp8"]),
+    budget_gib=st.sampled_from([1, 4, 40]),
+    max_model_len=st.sampled_from([None, 8192, 131072]),
+)
+def test_kimi_linear_specs_and_plans_equal_vllm(
+    vllm_planner: VllmPlanner,
+    registry: Registry,
+    config: dict[str, Any],
+    tp: int,
+    block_size: int,
+    kv_cache_dtype: str,
+    budget_gib: int,
+    max_model_len: int | None,
+) -> None:
+    """The mamba plugin's Kimi-Linear specs against ``KimiGatedDeltaNetAttention`` / ``MultiHeadLatentAttention``
+    and ``Platform._align_hybrid_block_size`` (``vllm_runner._Hybrid.kimi_linear_specs``), then both plans."""
+    model, _ = parse_config(config, "generated", registry)
+    answer = _kimi_answer(vllm_planner, config, tp, block_size, kv_cache_dtype)
+    serving = Serving(tp_size=tp, kv_cache_dtype=kv_cache_dtype)
+    try:
+        (worker,) = worker_kv_cache_specs(model, serving, registry, block_size=block_size)
+    except UnsupportedCombinationError as error:  # the KDA heads do not split over TP: vLLM's divide() asserts
+        assert answer.get("error") == "AssertionError", (str(error), answer)
+        event("both refuse the TP split")
+        return
+    _assert_kimi_specs_equal(answer, worker)
+    event(f"block {answer['block_size']} ({answer['backend']})")
+    limits = VllmLimits(
+        max_model_len=max_model_len or model.context_len,
+        max_num_batched_tokens=2048,
+        mamba_cache_mode=mamba_cache_mode_of([worker]),
+    )
+    _assert_plans_equal(vllm_planner, [worker], limits, [budget_gib * GiB], tp)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("block_size", [16, 256, 2048])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_kimi_linear_preset_specs_equal_vllm(
+    vllm_planner: VllmPlanner, registry: Registry, tp: int, block_size: int, kv_cache_dtype: str
+) -> None:
+    model, _ = load_model(KIMI_PRESET, registry)
+    answer = _kimi_answer(vllm_planner, _preset_config(registry, KIMI_PRESET), tp, block_size, kv_cache_dtype)
+    serving = Serving(tp_size=tp, kv_cache_dtype=kv_cache_dtype)
+    (worker,) = worker_kv_cache_specs(model, serving, registry, block_size=block_size)
+    _assert_kimi_specs_equal(answer, worker)
+
+
+KIMI_CASES = [
+    (1, 1, 40, None),
+    (1, 1, 4, 131072),
+    (2, 1, 20, 1048576),
+    (2, 3, 10, 8192),
+    (4, 1, 2, None),
+    (4, 2, 60, 262144),
+]
+
+
+@pytest.mark.parametrize(("tp", "pp", "budget_gib", "max_model_len"), KIMI_CASES)
+def test_kimi_linear_preset_plans_equal_vllm(
+    vllm_planner: VllmPlanner, registry: Registry, tp: int, pp: int, budget_gib: int, max_model_len: int | None
+) -> None:
+    """The preset over TP / PP stages: groups, bytes per block, ``estimate_max_model_len``, ``num_gpu_blocks``,
+    ``max_concurrency`` from kvpools and from vLLM's planner."""
+    model, _ = load_model(KIMI_PRESET, registry)
+    workers = worker_kv_cache_specs(model, Serving(tp_size=tp, pp_size=pp), registry)
+    limits = VllmLimits(
+        max_model_len=max_model_len or model.context_len,
+        max_num_batched_tokens=8192,
+        max_concurrent_batches=pp,
+        mamba_cache_mode=mamba_cache_mode_of(workers),
+    )
+    plan = _assert_plans_equal(vllm_planner, workers, limits, [budget_gib * GiB] * pp, tp)
+    if budget_gib >= 20:
+        assert plan is not None and plan.num_gpu_blocks > 0
 
 
 # ---------------------------------------------------------------------------

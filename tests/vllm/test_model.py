@@ -5,6 +5,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
+import attrs
 import pytest
 
 from kvpools_core import hookimpl
@@ -116,6 +117,49 @@ def test_gated_deltanet_hybrid_state_block_and_checkpoint(registry: Registry) ->
     assert (mamba.mamba_type, mamba.mamba_cache_mode) == ("gdn_attn", "align")
     assert (mamba.num_prefill_checkpoint_blocks, mamba.prefill_checkpoint_alignment) == (1, block)
     assert sum(isinstance(spec, MambaSpec) for spec in specs.values()) == 36
+
+
+def test_kimi_linear_kda_state_beside_mla_latent(registry: Registry) -> None:
+    """kimi-linear-48b: 27 layers, MLA at 1-based 4, 8, ..., 24, 27, KDA elsewhere; 32 KDA heads x 128, conv 4, bf16;
+    latent 512 + rope 64.  Hand-computed from kda_state_shape / kda_state_dtype and _align_hybrid_block_size."""
+    model, _ = load_model("kimi-linear-48b-a3b-instruct-nvfp4", registry)
+    (specs,) = worker_kv_cache_specs(model, Serving(tp_size=2), registry)
+    assert list(specs) == [f"model.layers.{i}.self_attn" for i in range(27)]
+    kda, latent = specs["model.layers.0.self_attn"], specs["model.layers.3.self_attn"]
+    assert isinstance(kda, MambaSpec) and isinstance(latent, MLAAttentionSpec)
+    # conv: 3 (kernel - 1) x (3 x 32 x 128) / 2 in bf16; recurrent: 16 heads x 128 x 128 in float32
+    assert kda.shapes == ((3, 6144), (16, 128, 128)) and kda.dtype_bytes == (2, 4)
+    state = 3 * 6144 * 2 + 16 * 128 * 128 * 4  # 1,085,440 B
+    per_token = 576 * 2  # one latent row, whatever the TP
+    # MLA hybrids align to 128 tokens: 128 x cdiv(1,085,440, 128 x 1152) = 128 x 8 = 1024
+    assert (kda.block_size, latent.block_size) == (1024, 1024)
+    assert kda.page_size_padded == latent.page_size_bytes == 1024 * per_token > state
+    assert (kda.mamba_type, kda.mamba_cache_mode, kda.num_prefill_checkpoint_blocks) == ("gdn_attn", "align", 0)
+    assert sum(isinstance(spec, MambaSpec) for spec in specs.values()) == 20
+    plan = plan_kv_cache([specs], [10 * GiB], VllmLimits(max_model_len=131072, mamba_cache_mode="align"))
+    # one group of the 7 MLA layers, the 20 KDA layers in groups of 7, 7 and 6: a block holds 7 pages
+    assert [len(group.layer_names) for group in plan.groups] == [7, 7, 6, 7]
+    assert plan.page_sizes == (1024 * per_token,) * 4 and plan.bytes_per_block == (7 * 1024 * per_token,)
+    assert plan.num_gpu_blocks == 10 * GiB // (7 * 1024 * per_token) == 1300
+
+
+@pytest.mark.parametrize(
+    ("change", "serving", "message"),
+    [
+        ({"use_full_rank_gate": True}, Serving(), "use_full_rank_gate selects Kimi-K3's KimiK3DeltaAttention"),
+        ({"mla_use_nope": False}, Serving(), "asserts mla_use_nope"),
+        ({}, Serving(kv_cache_dtype="fp32"), "takes a fp32 KV cache"),
+        ({}, Serving(tp_size=64), "cannot shard the recurrent state over TP 64"),
+    ],
+)
+def test_kimi_linear_paths_vllm_does_not_take_are_refused(
+    registry: Registry, change: dict[str, Any], serving: Serving, message: str
+) -> None:
+    model, _ = load_model("kimi-linear-48b-a3b-instruct-nvfp4", registry)
+    readings = {**model.params["vllm"], **change}
+    model = attrs.evolve(model, params={**model.params, "vllm": readings})
+    with pytest.raises(UnsupportedCombinationError, match=message):
+        worker_kv_cache_specs(model, serving, registry)
 
 
 def test_ssm_dtype_follows_vllms_config_hooks(registry: Registry) -> None:

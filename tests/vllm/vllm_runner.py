@@ -6,7 +6,8 @@ layout enum are vLLM's installed code, imported with ``peer_imports`` (``../shar
 do; the stand-ins are only for what planning never reaches on this path (listed in ``_install``) and for
 ``VllmConfig`` (a namespace holding exactly the fields the planner reads).  A case with ``"op": "hybrid_specs"``
 asks instead for a Mamba hybrid's layer specs from vLLM's own state calculators, config hooks and block alignment
-(:class:`_Hybrid`, whose docstring lists its stand-ins); one with ``"op": "dsv4_specs"`` for DeepSeek-V4's layer
+(:class:`_Hybrid`, whose docstring lists its stand-ins; Kimi-Linear's from its layers' own methods,
+``_Hybrid.kimi_linear_specs``); one with ``"op": "dsv4_specs"`` for DeepSeek-V4's layer
 specs, block size and KV-cache layout from its layers' own ``get_kv_cache_spec`` methods, backends and vLLM's layout
 resolution (:class:`_DeepseekV4`).  Nothing of vLLM is copied here.
 """
@@ -320,6 +321,48 @@ class _Hybrid:
             {"get_mamba_prefill_checkpoint_alignment": checkpoint, "lcm": math.lcm},
         )
 
+        # Kimi-Linear (registry.py L148-151: vllm.models.kimi_k3, CUDA: nvidia/model.py)
+        import torch
+
+        kimi = os.path.join(root, "models", "kimi_k3", "nvidia")
+        kimi_gdn = os.path.join(root, "model_executor", "layers", "mamba", "gdn", "kimi_gdn_linear_attn.py")
+        torch_utils = importlib.import_module("vllm.utils.torch_utils")
+        calculators = {
+            "torch": torch,
+            "VllmConfig": object,
+            "KVCacheSpec": self.interface.KVCacheSpec,
+            "MambaStateShapes": tuple,
+            "MambaStateShapeCalculator": self.mamba_utils.MambaStateShapeCalculator,
+            "MambaStateDtypeCalculator": self.mamba_utils.MambaStateDtypeCalculator,
+            "MLAAttentionSpec": self.interface.MLAAttentionSpec,
+            "get_kv_quant_mode": self.interface.get_kv_quant_mode,
+            "kv_cache_dtype_str_to_dtype": torch_utils.kv_cache_dtype_str_to_dtype,
+        }
+        self.kimi = {
+            method: _method_from_installed(os.path.join(kimi, "model.py"), "KimiLinearForCausalLM", method, calculators)
+            for method in ("get_mamba_state_shape_from_config", "get_mamba_state_dtype_from_config")
+        }
+        self.kimi.update(
+            {
+                method: _method_from_installed(kimi_gdn, "KimiGatedDeltaNetAttention", method, calculators)
+                for method in ("get_state_shape", "get_state_dtype")
+            }
+        )
+        self.kimi["mla_spec"] = _method_from_installed(
+            os.path.join(kimi, "mla.py"), "MultiHeadLatentAttention", "get_kv_cache_spec", calculators
+        )
+        configs = os.path.join(root, "transformers_utils", "configs", "kimi_linear.py")
+        self.kimi["is_kda_layer"] = _method_from_installed(configs, "KimiLinearConfig", "is_kda_layer", {})
+        mla = os.path.join(root, "v1", "attention", "backends", "mla")
+        multiple_of = {"MultipleOf": importlib.import_module("vllm.v1.attention.backend").MultipleOf}
+        self.kimi_backends = {
+            name: _method_from_installed(os.path.join(mla, file), cls, "get_supported_kernel_block_sizes", multiple_of)
+            for name, file, cls in (
+                ("FLASH_ATTN_MLA", "flashattn_mla.py", "FlashAttnMLABackend"),
+                ("FLASHMLA", "flashmla.py", "FlashMLABackend"),
+            )
+        }
+
     def _model_cls(self, architecture, model_config=None):
         return self, architecture
 
@@ -330,6 +373,8 @@ class _Hybrid:
         tp = vllm_config.parallel_config.tensor_parallel_size
         calc = self.mamba_utils.MambaStateShapeCalculator
         family = self.case["family"]
+        if family == "kimi_linear":  # the installed classmethod itself (nvidia/model.py L1505-1524)
+            return self.kimi["get_mamba_state_shape_from_config"](None, vllm_config)
         if family == "qwen_gdn":
             return calc.gated_delta_net_state_shape(
                 tp,
@@ -373,16 +418,100 @@ class _Hybrid:
         )
 
     def get_mamba_state_dtype_from_config(self, vllm_config):
+        if self.case["family"] == "kimi_linear":  # nvidia/model.py L1494-1503
+            return self.kimi["get_mamba_state_dtype_from_config"](None, vllm_config)
         calc = self.mamba_utils.MambaStateDtypeCalculator
         cache = vllm_config.cache_config
         return calc._mamba_state_dtype(
             vllm_config.model_config.dtype, cache.mamba_cache_dtype, cache.mamba_ssm_cache_dtype
         )
 
+    def kimi_linear_specs(self, case):
+        """Kimi-Linear's layer specs, in layer order, as ``KimiDecoderLayer`` builds them on Hopper.
+
+        Real code: ``KimiLinearConfig.is_kda_layer``, ``KimiLinearForCausalLM``'s two state classmethods,
+        ``KimiGatedDeltaNetAttention.get_state_shape`` / ``get_state_dtype``, ``MambaBase.get_kv_cache_spec``,
+        ``MultiHeadLatentAttention.get_kv_cache_spec``, ``Platform._align_hybrid_block_size`` and the MLA backends'
+        ``get_supported_kernel_block_sizes``.  Stand-ins (building the layers needs a GPU): each layer is a namespace
+        of what its ``__init__`` sets before the spec is asked (``kimi_gdn_linear_attn.py`` L177-195: ``tp_size``,
+        ``num_heads``, ``head_dim``, ``conv_size``; ``num_spec`` 0 without speculative decoding; ``mla.py`` L160 and
+        L318-322: ``head_size = kv_lora_rank + qk_rope_head_dim``, ``kv_cache_dtype`` is ``--kv-cache-dtype``),
+        named ``model.layers.<i>.self_attn`` (``nvidia/model.py`` L716-762); ``ModelConfig.use_mla`` true with one
+        KV head and ``kv_lora_rank + qk_rope_head_dim`` (``model_arch_config_convertor.py`` L91-98, L294-326); the
+        MLA backend Hopper's priority list picks (``platforms/cuda.py`` L149-155): FlashAttention-MLA for ``auto`` /
+        16-bit caches, FlashMLA for fp8 (``supported_kv_cache_dtypes``, ``flashattn_mla.py`` L42-46,
+        ``flashmla.py`` L48-54).
+        """
+        import torch
+
+        self.case = case
+        tp = case["tp_size"]
+        hf = SimpleNamespace(**case["hf"])
+        model_dtype = getattr(torch, DTYPE_NAMES[case["model_dtype_bytes"]])
+        model_config = SimpleNamespace(
+            dtype=model_dtype,
+            use_mla=True,
+            architecture=case["hf"]["architectures"][0],
+            hf_config=hf,
+            get_num_kv_heads=lambda parallel: 1,
+            get_head_size=lambda: hf.kv_lora_rank + hf.qk_rope_head_dim,
+        )
+        cache_config = SimpleNamespace(
+            cache_dtype=case["cache_dtype"],
+            block_size=case["block_size"],
+            mamba_cache_mode="align",
+            mamba_block_size=case["block_size"],
+            mamba_page_size_padded=None,
+            mamba_cache_dtype="auto",
+            mamba_ssm_cache_dtype="auto",
+            kv_cache_dtype_skip_layers=None,
+            prefix_match_unit=None,
+            use_replayssm=False,
+        )
+        name = "FLASH_ATTN_MLA" if case["cache_dtype"] in ("auto", "float16", "bfloat16") else "FLASHMLA"
+        backend = SimpleNamespace(get_supported_kernel_block_sizes=self.kimi_backends[name])
+        platform = SimpleNamespace(_find_non_ssm_backends=lambda config: [backend])
+        vllm_config = SimpleNamespace(
+            model_config=model_config,
+            cache_config=cache_config,
+            parallel_config=SimpleNamespace(tensor_parallel_size=tp),
+            speculative_config=None,
+            num_speculative_tokens=0,
+        )
+        self.align(platform, vllm_config, backend)
+        linear = case["hf"]["linear_attn_config"]
+        kda = SimpleNamespace(
+            tp_size=tp,
+            num_heads=linear["num_heads"],
+            head_dim=linear["head_dim"],
+            conv_size=linear["short_conv_kernel_size"],
+            num_spec=0,
+            model_config=model_config,
+            cache_config=cache_config,
+            is_kv_cache_tp_replicated=False,
+            mamba_type=self.mamba_utils.MambaAttentionBackendEnum.GDN_ATTN,  # GatedDeltaNetAttention (base.py L49-51)
+        )
+        kda.get_state_shape = lambda: self.kimi["get_state_shape"](kda)
+        kda.get_state_dtype = lambda: self.kimi["get_state_dtype"](kda)
+        mla = SimpleNamespace(
+            kv_cache_dtype=case["cache_dtype"],
+            head_size=hf.kv_lora_rank + hf.qk_rope_head_dim,  # the latent "head" (mla.py L160)
+            non_causal_multi_token_decode=False,
+        )
+        specs = []
+        for index in range(hf.num_hidden_layers):
+            if self.kimi["is_kda_layer"](hf, index):
+                specs.append([f"model.layers.{index}.self_attn", _mamba_dict(self.get_kv_cache_spec(kda, vllm_config))])
+            else:
+                specs.append([f"model.layers.{index}.self_attn", _spec_dict(self.kimi["mla_spec"](mla, vllm_config))])
+        return {"block_size": cache_config.block_size, "backend": name, "specs": specs}
+
     def specs(self, case):
         """The hybrid's attention block size, its Mamba layer's spec and its attention layer's page."""
         import torch
 
+        if case["family"] == "kimi_linear":
+            return self.kimi_linear_specs(case)
         self.case = case
         tp = case["tp_size"]
         model_dtype = getattr(torch, DTYPE_NAMES[case["model_dtype_bytes"]])
@@ -455,24 +584,29 @@ class _Hybrid:
             head_size=case["head_size"],
             dtype=kv_dtype,
         )
-        from vllm.utils.torch_utils import get_dtype_size
-
         return {
             "block_size": cache_config.block_size,
             "attention_page": attention.page_size_bytes,
-            "mamba": {
-                "kind": "mamba",
-                "block_size": mamba.block_size,
-                "shapes": [list(shape) for shape in mamba.shapes],
-                "dtype_bytes": [get_dtype_size(dtype) for dtype in mamba.dtypes],
-                "page_size_padded": mamba.page_size_padded,
-                "mamba_type": mamba.mamba_type.name.lower(),
-                "mamba_cache_mode": mamba.mamba_cache_mode,
-                "num_speculative_blocks": mamba.num_speculative_blocks,
-                "num_prefill_checkpoint_blocks": mamba.num_prefill_checkpoint_blocks,
-                "prefill_checkpoint_alignment": mamba.prefill_checkpoint_alignment,
-            },
+            "mamba": _mamba_dict(mamba),
         }
+
+
+def _mamba_dict(mamba) -> dict:
+    """A vLLM ``MambaSpec`` in the runner's form."""
+    from vllm.utils.torch_utils import get_dtype_size
+
+    return {
+        "kind": "mamba",
+        "block_size": mamba.block_size,
+        "shapes": [list(shape) for shape in mamba.shapes],
+        "dtype_bytes": [get_dtype_size(dtype) for dtype in mamba.dtypes],
+        "page_size_padded": mamba.page_size_padded,
+        "mamba_type": mamba.mamba_type.name.lower(),
+        "mamba_cache_mode": mamba.mamba_cache_mode,
+        "num_speculative_blocks": mamba.num_speculative_blocks,
+        "num_prefill_checkpoint_blocks": mamba.num_prefill_checkpoint_blocks,
+        "prefill_checkpoint_alignment": mamba.prefill_checkpoint_alignment,
+    }
 
 
 # ---------------------------------------------------------------------------
