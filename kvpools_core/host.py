@@ -334,6 +334,12 @@ def default_hicache_ratio(plan: Plan) -> float:
     serving = plan.serving
     if serving.enable_hierarchical_cache or not serving.retraction_host_pool:
         return DEFAULT_HICACHE_RATIO
+    return retraction_backup_ratio(plan)
+
+
+def retraction_backup_ratio(plan: Plan) -> float:
+    """A retraction-only decode host pool's ratio (see :func:`default_hicache_ratio`)."""
+    serving = plan.serving
     ratio = BACKUP_ONLY_HICACHE_RATIO
     if serving.hicache_size == 0:
         size, page = plan.max_total_num_tokens, serving.page_size
@@ -391,9 +397,7 @@ def resolve_retraction_backup(plan: Plan, registry: Registry | None = None) -> P
     elif serving.enable_hierarchical_cache:
         note = "decode retraction backup: SGLang picks host_pool here, sharing the HiCache host pools planned below."
     else:
-        ratio = default_hicache_ratio(
-            attrs.evolve(plan, serving=attrs.evolve(serving, disaggregation_decode_retraction_backup="host_pool"))
-        )
+        ratio = retraction_backup_ratio(plan)
         note = (
             f"decode retraction backup: SGLang 0.5.23 picks host_pool here ({flag} unset) and pins a HiCache host "
             f"pool of ratio {ratio:.4g} (max(0.2, one request at the context length)), lowered to fit "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -79,3 +80,26 @@ def rocm_platform() -> Iterator[None]:
     registry._DEFAULT = loaded
     yield
     reset_registry()
+
+
+LLAMA_3_2_1B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "num_hidden_layers": 16,
+    "hidden_size": 2048,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
+"""meta-llama/Llama-3.2-1B's KV-relevant config.json fields: the standalone draft the draft-model tests use."""
+
+
+@pytest.fixture(scope="session")
+def draft_config(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A config.json of :data:`LLAMA_3_2_1B` in a directory named ``llama-3.2-1b`` (the draft's model name)."""
+    path = tmp_path_factory.mktemp("drafts") / "llama-3.2-1b" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(LLAMA_3_2_1B))
+    return str(path)

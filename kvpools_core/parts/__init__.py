@@ -62,6 +62,7 @@ from kvpools_core.parts.names import (
     KV_POOL,
     draft_name,
     draft_num_layers,
+    packs_draft_into_host,
 )
 
 __all__ = [
@@ -92,6 +93,7 @@ __all__ = [
     "mla_problems",
     "model_dims",
     "owned_layers",
+    "packs_draft_into_host",
     "scale_block_problems",
     "sglang_fp4_cell",
     "sglang_latent_cell",

@@ -8,7 +8,7 @@ plan's draft model keeps its KV in a pool of its own, ``draft_<name>``.
 
 from __future__ import annotations
 
-from kvpools_core.values import Plan
+from kvpools_core.values import ModelSpec, Plan, Serving
 
 __all__ = [
     "DRAFT_INDEX_POOL",
@@ -18,6 +18,7 @@ __all__ = [
     "draft_name",
     "draft_num_layers",
     "draft_pool_geometry",
+    "packs_draft_into_host",
 ]
 
 KV_POOL = "kv"
@@ -57,3 +58,22 @@ def draft_pool_geometry(plan: Plan, pool: str = DRAFT_KV_POOL) -> tuple[int, int
     """
     scale = plan.cell.pool_slot_scale().get(pool, 1)
     return plan.max_total_num_tokens * scale, plan.serving.page_size * scale
+
+
+PACKED_MTP_FAMILY = frozenset({"EAGLE", "NEXTN"})
+"""Drafts SGLang may pack into the target's host pool: ``is_eagle()`` but not EAGLE3 (NEXTN becomes EAGLE)."""
+
+
+def packs_draft_into_host(model: ModelSpec, serving: Serving) -> bool:
+    """Whether SGLang packs the draft's KV layers into the target's host pool (``HiCacheDraftMode.PACKED``).
+
+    ``_can_pack_hicache_mtp`` (``speculative/base_spec_worker.py``): an EAGLE
+    draft (NEXTN is EAGLE, ``arg_groups/speculative_hook.py``), not EAGLE3,
+    whose config declares ``num_nextn_predict_layers``, i.e. an MTP model's own
+    next-token layers.  SGLang reads the draft runner's config: kvpools reads the
+    draft model's own (``--speculative-draft-model-path``) when there is one,
+    else the target's, whose MTP layers the draft loads.  Every other draft with
+    KV is a sidecar (``SIDECAR``).
+    """
+    draft_config = serving.speculative_draft.model if serving.speculative_draft is not None else model
+    return serving.speculative_algorithm in PACKED_MTP_FAMILY and bool(draft_config.num_nextn_predict_layers)

@@ -21,7 +21,7 @@ from kvpools_core.pools.kv import PoolPlanMismatchError, allocate
 from kvpools_core.sizing import REQ_TO_TOKEN_ITEM_BYTES, req_to_token_row_len, req_to_token_rows
 from kvpools_core.values import Plan
 
-__all__ = ["DecodeReqToTokenPool", "ReqToTokenPool"]
+__all__ = ["DecodeReqToTokenPool", "DecodeRows", "ReqToTokenPool"]
 
 PADDING_ROWS = 1
 
@@ -113,8 +113,8 @@ class ReqToTokenPool:
         )
 
 
-class DecodeReqToTokenPool(ReqToTokenPool):
-    """The decode node's table: ``size`` running requests plus ``pre_alloc_size`` rows for transfers.
+class DecodeRows:
+    """What a PD decode node adds to a request table (mixed in before it): ``pre_alloc_size`` rows for transfers.
 
     ``size`` stays the running-request limit, as in SGLang; every row
     (``size + pre_alloc_size`` of them) can be handed out.  ``req_generation``
@@ -122,21 +122,33 @@ class DecodeReqToTokenPool(ReqToTokenPool):
     reused row can be told apart.
     """
 
+    size: int
+
     def __init__(
-        self, size: int, max_context_len: int, device: str | torch.device = "cpu", *, pre_alloc_size: int = 0
+        self,
+        size: int,
+        max_context_len: int,
+        device: str | torch.device = "cpu",
+        *,
+        pre_alloc_size: int = 0,
+        **table: Any,
     ) -> None:
         if pre_alloc_size < 0:
             raise ValueError(f"pre_alloc_size must be non-negative, got {pre_alloc_size}.")
         self.pre_alloc_size = pre_alloc_size
         self.req_generation: list[int] = [0] * (size + pre_alloc_size + PADDING_ROWS)
-        super().__init__(size, max_context_len, device)
+        super().__init__(size, max_context_len, device, **table)  # type: ignore[call-arg]
 
     @property
     def usable_rows(self) -> int:
         return self.size + self.pre_alloc_size
 
     def alloc(self, need_size: int) -> list[int] | None:
-        taken = super().alloc(need_size)
+        taken: list[int] | None = super().alloc(need_size)  # type: ignore[misc]
         for row in taken or ():
             self.req_generation[row] += 1
         return taken
+
+
+class DecodeReqToTokenPool(DecodeRows, ReqToTokenPool):
+    """The decode node's table (SGLang's ``DecodeReqToTokenPool``): :class:`DecodeRows` over the plain table."""

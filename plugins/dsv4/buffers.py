@@ -59,6 +59,9 @@ The token spaces the pools scale with are ``full``, ``swa``, ``c4`` and ``c128``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import attrs
 
 from kvpools_core.parallel import rank_layer_range
@@ -144,6 +147,18 @@ class DSV4Sizes:
     c128_tokens: int
     c4_state_size: int
     c128_state_size: int
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> DSV4Sizes:
+        """The sizes under SGLang's ``MemoryPoolConfig`` names (a plan's ``sglang_config``)."""
+        return cls(
+            full_tokens=int(config["full_max_total_num_tokens"]),
+            swa_tokens=int(config["swa_max_total_num_tokens"]),
+            c4_tokens=int(config["c4_max_total_num_tokens"]),
+            c128_tokens=int(config["c128_max_total_num_tokens"]),
+            c4_state_size=int(config["c4_state_pool_size"]),
+            c128_state_size=int(config["c128_state_pool_size"]),
+        )
 
 
 def ring_size(ratio: int, serving: Serving) -> int:

@@ -29,6 +29,7 @@ by a sidecar of the same host pages (``build_swa_draft_pools``: ``num_host_pages
 from __future__ import annotations
 
 from kvpools_core.options import option
+from kvpools_core.parts.names import packs_draft_into_host
 from kvpools_core.values import FULL_TOKENS, TOKEN, HostPool, Plan, Serving
 
 from .buffers import (
@@ -48,7 +49,6 @@ from .buffers import (
 ANCHOR_POOL = "kv"
 """The ``LogicalHostPool`` anchor's name (SGLang's ``PoolName.KV``); it mirrors the full-token allocator."""
 FULL_ALLOCATOR = "allocator"
-PACKED_MTP_FAMILY = frozenset({"EAGLE", "NEXTN"})
 SGLANG_HICACHE_SIZE_MESSAGE = (
     "DeepSeek V4 HiCache currently does not support --hicache-size; use --hicache-ratio instead."
 )
@@ -87,15 +87,7 @@ def host_pages(device_tokens: int, page: int, ratio: float) -> int:
 def dsv4_host_pools(plan: Plan) -> list[HostPool]:
     """Every host pool of one rank of a DeepSeek-V4 plan (``build_deepseek_v4_hicache_stack``), in SGLang's order."""
     serving, sizing = plan.serving, plan.sizing
-    config = sizing.sglang_config
-    sizes = DSV4Sizes(
-        full_tokens=config["full_max_total_num_tokens"],
-        swa_tokens=config["swa_max_total_num_tokens"],
-        c4_tokens=config["c4_max_total_num_tokens"],
-        c128_tokens=config["c128_max_total_num_tokens"],
-        c4_state_size=config["c4_state_pool_size"],
-        c128_state_size=config["c128_state_pool_size"],
-    )
+    sizes = DSV4Sizes.from_config(sizing.sglang_config)
     b = dsv4_buffers(plan.model, serving, sizes, max_running_requests=sizing.max_running_requests)
     page, ratio = serving.page_size, serving.hicache_ratio_or_default
     full_pages = host_pages(sizes.full_tokens, page, ratio)
@@ -120,7 +112,7 @@ def dsv4_host_pools(plan: Plan) -> list[HostPool]:
     ]
     if b.draft_swa is None:
         pools.append(_paged(plan, SWA_KV_POOL, (b.swa,), swa_pages, SWA_TOKENS, by_swa))
-    elif serving.speculative_algorithm in PACKED_MTP_FAMILY and plan.model.num_nextn_predict_layers:
+    elif packs_draft_into_host(plan.model, serving):
         pools.append(_paged(plan, SWA_KV_POOL, (b.swa, b.draft_swa), swa_pages, SWA_TOKENS, by_swa))
     else:
         sidecar = f"build_swa_draft_pools: the target's {swa_pages:,} SWA host pages"
@@ -142,9 +134,59 @@ def _device_slots(plan: Plan, name: str) -> int:
 def _paged(plan: Plan, name: str, geometries: tuple[KVRowGeometry, ...], pages: int, space: str, how: str) -> HostPool:
     """A ``DeepSeekV4PagedHostPool``: ``pages`` x the layers (draft layers packed after the target's) x
     ``bytes_per_page_padded``; the padding of each page is pinned and never read (``unused_bytes``)."""
-    page = plan.serving.page_size
     geo = geometries[0]
     layers = sum(len(g.layers) for g in geometries)
+    return _host_pool(
+        plan,
+        name,
+        space,
+        pages,
+        layers * geo.page_bytes,
+        f"{how} = {pages:,} pages x {layers} layer(s) x {geo.page_bytes:,} B",
+        packed=tuple(g.name for g in geometries[1:]),
+        unused_per_page=layers * (geo.page_bytes - geo.page_size * geo.row_bytes),
+    )
+
+
+def _state(plan: Plan, geo: StateGeometry, pages: int, how: str) -> HostPool:
+    """A ``DeepSeekV4StateHostPool``: ``pages`` x the c4 layers x ``state_page_bytes = ring x`` one state row."""
+    layers = len(geo.layers)
+    return _host_pool(
+        plan,
+        geo.name,
+        SWA_TOKENS,
+        pages,
+        layers * geo.ring * geo.row_bytes,
+        f"{how} = {pages:,} pages x {layers} layer(s) x ring {geo.ring} x {geo.row_bytes:,} B",
+    )
+
+
+def _indexer_pool(b: DSV4Buffers, plan: Plan, pages: int, how: str) -> HostPool:
+    """The fused fp8 indexer mirror (``_dsv4_indexer_regions``): ``P / 4 x 132`` B per page and layer, unpadded."""
+    ix, layers = b.indexer, len(b.indexer.layers)
+    return _host_pool(
+        plan,
+        INDEXER_POOL,
+        FULL_TOKENS,
+        pages,
+        layers * ix.page_bytes,
+        f"{how} = {pages:,} pages x {layers} layer(s) x {ix.page_bytes:,} B",
+    )
+
+
+def _host_pool(
+    plan: Plan,
+    name: str,
+    space: str,
+    pages: int,
+    page_bytes: int,
+    sized_by: str,
+    *,
+    packed: tuple[str, ...] = (),
+    unused_per_page: int = 0,
+) -> HostPool:
+    """One paged DSV4 host pool mirroring the device pool ``name``: ``pages`` whole pages of ``page_bytes``."""
+    page = plan.serving.page_size
     return HostPool(
         name=name,
         device_pool=name,
@@ -155,55 +197,12 @@ def _paged(plan: Plan, name: str, geometries: tuple[KVRowGeometry, ...], pages: 
         slots=pages * page,
         rows=pages * page,
         bytes_per_slot=0,
-        bytes=pages * layers * geo.page_bytes,
+        bytes=pages * page_bytes,
         layout=plan.serving.hicache_mem_layout,
-        sized_by=f"{how} = {pages:,} pages x {layers} layer(s) x {geo.page_bytes:,} B",
-        packed=tuple(g.name for g in geometries[1:]),
-        page_bytes=layers * geo.page_bytes,
-        unused_bytes=pages * layers * (geo.page_bytes - geo.page_size * geo.row_bytes),
-    )
-
-
-def _state(plan: Plan, geo: StateGeometry, pages: int, how: str) -> HostPool:
-    """A ``DeepSeekV4StateHostPool``: ``pages`` x the c4 layers x ``state_page_bytes = ring x`` one state row."""
-    page = plan.serving.page_size
-    state_page = geo.ring * geo.row_bytes
-    layers = len(geo.layers)
-    return HostPool(
-        name=geo.name,
-        device_pool=geo.name,
-        unit=TOKEN,
-        token_space=SWA_TOKENS,
-        device_slots=_device_slots(plan, geo.name),
-        page_size=page,
-        slots=pages * page,
-        rows=pages * page,
-        bytes_per_slot=0,
-        bytes=pages * layers * state_page,
-        layout=plan.serving.hicache_mem_layout,
-        sized_by=f"{how} = {pages:,} pages x {layers} layer(s) x ring {geo.ring} x {geo.row_bytes:,} B",
-        page_bytes=layers * state_page,
-    )
-
-
-def _indexer_pool(b: DSV4Buffers, plan: Plan, pages: int, how: str) -> HostPool:
-    """The fused fp8 indexer mirror (``_dsv4_indexer_regions``): ``P / 4 x 132`` B per page and layer, unpadded."""
-    ix = b.indexer
-    page, layers = plan.serving.page_size, len(ix.layers)
-    return HostPool(
-        name=INDEXER_POOL,
-        device_pool=INDEXER_POOL,
-        unit=TOKEN,
-        token_space=FULL_TOKENS,
-        device_slots=_device_slots(plan, INDEXER_POOL),
-        page_size=page,
-        slots=pages * page,
-        rows=pages * page,
-        bytes_per_slot=0,
-        bytes=pages * layers * ix.page_bytes,
-        layout=plan.serving.hicache_mem_layout,
-        sized_by=f"{how} = {pages:,} pages x {layers} layer(s) x {ix.page_bytes:,} B",
-        page_bytes=layers * ix.page_bytes,
+        sized_by=sized_by,
+        packed=packed,
+        page_bytes=page_bytes,
+        unused_bytes=pages * unused_per_page,
     )
 
 

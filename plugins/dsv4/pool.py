@@ -64,15 +64,7 @@ _UE8M0_BIAS = 127
 
 def sizes_of(plan: Plan) -> DSV4Sizes:
     """The DSV4 sizes of a plan, from SGLang's ``MemoryPoolConfig`` names in ``sglang_config``."""
-    config = plan.sizing.sglang_config
-    return DSV4Sizes(
-        full_tokens=int(config["full_max_total_num_tokens"]),
-        swa_tokens=int(config["swa_max_total_num_tokens"]),
-        c4_tokens=int(config["c4_max_total_num_tokens"]),
-        c128_tokens=int(config["c128_max_total_num_tokens"]),
-        c4_state_size=int(config["c4_state_pool_size"]),
-        c128_state_size=int(config["c128_state_pool_size"]),
-    )
+    return DSV4Sizes.from_config(plan.sizing.sglang_config)
 
 
 class PackedRows:

@@ -544,16 +544,15 @@ def _pools(
     build_pool_specs = _pool_specs()
     from .buffers import DSV4Sizes
 
-    value = DSV4Sizes(
-        full_tokens=sizes["full_max_total_num_tokens"],
-        swa_tokens=sizes["swa_max_total_num_tokens"],
-        c4_tokens=sizes["c4_max_total_num_tokens"],
-        c128_tokens=sizes["c128_max_total_num_tokens"],
-        c4_state_size=sizes["c4_state_pool_size"],
-        c128_state_size=sizes["c128_state_pool_size"],
-    )
     return list(
-        build_pool_specs(model, serving, value, max_running_requests=requests, context_len=context_len, owner=OWNER)
+        build_pool_specs(
+            model,
+            serving,
+            DSV4Sizes.from_config(sizes),
+            max_running_requests=requests,
+            context_len=context_len,
+            owner=OWNER,
+        )
     )
 
 

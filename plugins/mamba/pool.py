@@ -54,6 +54,7 @@ from kvpools_core.pools.layout import (
 )
 from kvpools_core.pools.mha import MHATokenToKVPool
 from kvpools_core.pools.mla import MLATokenToKVPool
+from kvpools_core.pools.req_to_token import DecodeRows
 from kvpools_core.sizing import req_to_token_row_len, req_to_token_rows
 from kvpools_core.values import Plan
 
@@ -372,7 +373,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
         return f"HybridReqToTokenPool({super().__repr__()}, {self.mamba_pool!r})"
 
 
-class HybridMambaDecodeReqToTokenPool(HybridReqToTokenPool):
+class HybridMambaDecodeReqToTokenPool(DecodeRows, HybridReqToTokenPool):
     """A PD decode node's hybrid table: ``size`` running requests plus ``pre_alloc_size`` rows for transfers.
 
     SGLang's ``HybridMambaDecodeReqToTokenPool`` (``disaggregation/decode.py``): the rows of
@@ -380,25 +381,6 @@ class HybridMambaDecodeReqToTokenPool(HybridReqToTokenPool):
     counted in ``req_generation``), each with its state slot; the plan's state pool already holds
     ``max(K, (size + pre_alloc_size) x slots per request)`` slots (:func:`.sizing.decode_state_slots`).
     """
-
-    def __init__(
-        self, size: int, max_context_len: int, device: str | torch.device, *, pre_alloc_size: int, **parts: Any
-    ) -> None:
-        if pre_alloc_size < 0:
-            raise ValueError(f"pre_alloc_size must be non-negative, got {pre_alloc_size}.")
-        self.pre_alloc_size = pre_alloc_size
-        self.req_generation: list[int] = [0] * (size + pre_alloc_size + 1)
-        super().__init__(size, max_context_len, device, **parts)
-
-    @property
-    def usable_rows(self) -> int:
-        return self.size + self.pre_alloc_size
-
-    def alloc(self, need_size: int) -> list[int] | None:
-        taken = super().alloc(need_size)
-        for row in taken or ():
-            self.req_generation[row] += 1
-        return taken
 
 
 class HybridLinearKVPool:

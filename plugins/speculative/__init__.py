@@ -37,13 +37,11 @@ from kvpools_core import hookimpl
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
+from kvpools_core.parts.names import DRAFT_PREFIX, packs_draft_into_host
 from kvpools_core.values import TOKEN, CellPart, CellSize, DraftCharge, ModelSpec, PackedInto, Plan, Serving
 
 EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "STANDALONE", "NEXTN"})
 DFLASH_FAMILY = frozenset({"DFLASH"})
-PACKED_MTP_FAMILY = frozenset({"EAGLE", "NEXTN"})
-"""Drafts SGLang may pack into the target's host pool: ``is_eagle()`` but not EAGLE3 (NEXTN becomes EAGLE)."""
-DRAFT_PREFIX = "draft_"
 
 
 @hookimpl(wrapper=True)
@@ -139,21 +137,6 @@ def _dcp_note(draft_parts: tuple[CellPart, ...], serving: Serving) -> str:
 def _draft_part(part: CellPart, bytes_per_token: int) -> CellPart:
     """The draft pool's copy of a part (same layout, ``draft_`` names)."""
     return attrs.evolve(part, name=f"draft_{part.name}", bytes_per_token=bytes_per_token, pool=f"draft_{part.pool}")
-
-
-def packs_draft_into_host(model: ModelSpec, serving: Serving) -> bool:
-    """Whether SGLang packs the draft's KV layers into the target's host pool (``HiCacheDraftMode.PACKED``).
-
-    ``_can_pack_hicache_mtp`` (``speculative/base_spec_worker.py``): an EAGLE
-    draft (NEXTN is EAGLE, ``arg_groups/speculative_hook.py``), not EAGLE3,
-    whose config declares ``num_nextn_predict_layers``, i.e. an MTP model's own
-    next-token layers.  SGLang reads the draft runner's config: kvpools reads the
-    draft model's own (``--speculative-draft-model-path``) when there is one,
-    else the target's, whose MTP layers the draft loads.  Every other draft with
-    KV is a sidecar (``SIDECAR``).
-    """
-    draft_config = serving.speculative_draft.model if serving.speculative_draft is not None else model
-    return serving.speculative_algorithm in PACKED_MTP_FAMILY and bool(draft_config.num_nextn_predict_layers)
 
 
 @hookimpl(wrapper=True)

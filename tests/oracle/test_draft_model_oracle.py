@@ -9,8 +9,6 @@ tokens, requests and cell size while the pools carry the draft's own bytes.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from kvpools_core.values import Serving
@@ -22,26 +20,6 @@ from .strategies import GiB
 pytestmark = pytest.mark.oracle
 
 require_oracle()
-
-LLAMA_3_2_1B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "num_hidden_layers": 16,
-    "hidden_size": 2048,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 64,
-    "max_position_embeddings": 131072,
-    "torch_dtype": "bfloat16",
-}
-
-
-@pytest.fixture(scope="module")
-def draft_config(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("drafts") / "llama-3.2-1b" / "config.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(LLAMA_3_2_1B))
-    return str(path)
 
 
 @pytest.mark.parametrize("algorithm", ("EAGLE", "EAGLE3", "STANDALONE", "DFLASH"))

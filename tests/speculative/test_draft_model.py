@@ -24,32 +24,12 @@ from kvpools_core.pipeline import draft_worker_serving
 GiB = 1 << 30
 BUDGET = 40 * GiB  # 42,949,672,960 B
 
-LLAMA_3_2_1B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "num_hidden_layers": 16,
-    "hidden_size": 2048,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 64,
-    "max_position_embeddings": 131072,
-    "torch_dtype": "bfloat16",
-}
-"""meta-llama/Llama-3.2-1B's KV-relevant config.json fields."""
 
-# Per token at TP 4 (8 KV heads / 4 = 2 per rank), K and V, bf16 (2 B):
+# The draft is conftest.py's LLAMA_3_2_1B. Per token at TP 4 (8 KV heads / 4 = 2 per rank), K and V, bf16 (2 B):
 TARGET_BYTES = 2 * 128 * 2 * 2 * 80  # 81,920: llama-3.1-70b's 80 layers of head_dim 128
 DRAFT_BYTES = 2 * 64 * 2 * 2 * 16  # 8,192: the draft's 16 layers of head_dim 64
 SGLANG_CELL = int(TARGET_BYTES * (1 + 16 / 80))  # 98,304: SGLang's int(cell * (1 + D / L))
 SGLANG_DRAFT_CHARGE = SGLANG_CELL - TARGET_BYTES  # 16,384: 16 layers of the target's geometry, 2x the draft's
-
-
-@pytest.fixture(scope="module")
-def draft_config(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("drafts") / "llama-3.2-1b" / "config.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(LLAMA_3_2_1B))
-    return str(path)
 
 
 def standalone(**options: Any) -> Serving:
