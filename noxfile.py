@@ -19,6 +19,9 @@ EXAMPLE_PLUGIN = "./tests/plugins/example"
 VENDOR_PLUGINS = ("./plugins/kvpools-rocm", "./plugins/kvpools-ascend")
 
 
+PARALLEL = ("-n", "auto", "--dist", "worksteal")
+"""pytest-xdist: one worker per core, idle workers taking queued tests from busy ones (the slowest run minutes)."""
+
 ARCHITECTURES = ("mha", "mla", "dsa", "minimax_sparse", "mamba", "swa", "dsv4")
 """The built-in architecture plugins the plugin authors' conformance suite runs on, per platform."""
 PLATFORMS = ("cpu", "ascend", "rocm")
@@ -36,20 +39,19 @@ def tests(session: nox.Session) -> None:
     """The test suite, with the example plugin and the vendor platforms installed as separate distributions,
     then the conformance suite (``pytest --kvpools-conformance``) on every built-in architecture, per platform."""
     session.install(*CONSTRAINTS, "-e", ".[test]", EXAMPLE_PLUGIN, *VENDOR_PLUGINS)
-    session.run("pytest", *(session.posargs or ["-q"]))
+    session.run("pytest", *(session.posargs or ["-q", *PARALLEL]))
     if session.posargs:
         return  # a chosen subset of the tests: no conformance run
+    quiet = ("-q", "-p", "no:cacheprovider", *PARALLEL)
     names = [f"--kvpools-conformance={name}" for name in ARCHITECTURES]
     for platform in PLATFORMS:
-        session.run("pytest", "-q", "-p", "no:cacheprovider", *names, f"--kvpools-conformance-platform={platform}")
+        session.run("pytest", *quiet, *names, f"--kvpools-conformance-platform={platform}")
     # the platform plugins on their own contract, against every installed architecture's presets
-    session.run("pytest", "-q", "-p", "no:cacheprovider", *[f"--kvpools-conformance={p}" for p in PLATFORM_PLUGINS])
+    session.run("pytest", *quiet, *[f"--kvpools-conformance={p}" for p in PLATFORM_PLUGINS])
     for name, config in EXAMPLE_CONFORMANCE.items():  # out-of-tree plugins without presets: seeded by a config
         session.run(
             "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
+            *quiet,
             f"--kvpools-conformance={name}",
             f"--kvpools-conformance-config={EXAMPLE_PLUGIN}/configs/{config}",
         )
@@ -62,7 +64,7 @@ def tutorials(session: nox.Session) -> None:
     one replays every command its page shows), then the conformance suite on them — ``cla`` on every platform,
     ``xpu`` as a platform plugin and under every built-in architecture."""
     session.install(*CONSTRAINTS, "-e", ".[test]", CLA_TUTORIAL, XPU_TUTORIAL, *VENDOR_PLUGINS)
-    quiet = ("-q", "-p", "no:cacheprovider")
+    quiet = ("-q", "-p", "no:cacheprovider", *PARALLEL)
     for tutorial in (CLA_TUTORIAL, XPU_TUTORIAL):
         session.run("pytest", *quiet, f"{tutorial}/tests")
     cla = ("--kvpools-conformance=cla", f"--kvpools-conformance-config={CLA_TUTORIAL}/configs/cla-3b-factor3.json")

@@ -32,6 +32,19 @@ def _clean_plugin_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
     reset_registry()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """Report every shared-checkout skip at one location, so the summary prints its reason once."""
+    report = yield
+    if call.excinfo is not None and getattr(call.excinfo.value, "kvpools_shared_skip", False):
+        assert isinstance(report.longrepr, tuple)
+        raised = call.excinfo.tb
+        while raised.tb_next is not None:
+            raised = raised.tb_next
+        report.longrepr = (raised.tb_frame.f_code.co_filename, raised.tb_lineno, report.longrepr[2])
+    return report
+
+
 @pytest.fixture(scope="session")
 def registry() -> Registry:
     """The installed plugins (built-ins plus the example distribution), loaded once."""

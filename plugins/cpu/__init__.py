@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from kvpools_core import hookimpl
+from kvpools_core.errors import ConfigError
 from kvpools_core.options import option
 from kvpools_core.values import KVDtypeRule, ModelSpec, PlatformTraits, Serving
 
@@ -54,7 +56,8 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
         if not has_amx():
             return [
                 "CPU FP8 KV cache requires Intel AMX support, which this host lacks. "
-                f"Use {option('kv_cache_dtype')} auto, bf16 or fp16 on the CPU platform."
+                f"Use {option('kv_cache_dtype')} auto, bf16 or fp16 on the CPU platform, or set {AMX_ENV}=1 "
+                "to plan for a serving host that has AMX."
             ]
     elif kv in ("fp8_e5m2", "fp4_e2m1", "mxfp8"):
         return [
@@ -64,8 +67,28 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
     return None
 
 
+AMX_ENV = "KVPOOLS_CPU_AMX"
+"""Whether the CPU that will serve has Intel AMX: ``1`` / ``0`` (and yes/no, true/false, on/off); unset, probe."""
+
+
 def has_amx() -> bool:
-    """Intel AMX tiles (``amx_tile`` in /proc/cpuinfo) back SGLang's CPU fp8 kernels."""
+    """Intel AMX tiles back SGLang's CPU fp8 kernels: does the host that will serve have them?
+
+    :data:`AMX_ENV` answers for a host other than this one (planning offline for another server, or a test
+    pinning the answer so it cannot depend on the machine running it); unset, this host's ``/proc/cpuinfo``
+    decides (``amx_tile``).
+    """
+    told = os.environ.get(AMX_ENV)
+    if told is not None and told.strip():
+        answer = told.strip().lower()
+        if answer in ("1", "true", "yes", "on"):
+            return True
+        if answer in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(
+            f"{AMX_ENV}={told!r} is neither yes nor no: set it to 1 (the serving CPU has Intel AMX) or 0 (it has "
+            f"not), or unset it to probe this host"
+        )
     try:
         return "amx_tile" in Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -30,18 +30,30 @@ def oracle_available() -> bool:
     return (ORACLE_DIR / "sglang_oracle" / "oracle.py").is_file()
 
 
-def _missing() -> None:
-    """Skip (a user's clone) or fail (CI) the current test or module, with one shared reason.
+MISSING_REASON = (
+    f"the shared checkout (SGLang's sizing oracle, real model configs) is not at {SHARED_DIR}; "
+    f"the differential tests need it: put ../shared beside the clone to run them"
+)
+"""The one reason every differential test skips with on a clone without ``../shared``."""
 
-    One reason for every caller, so pytest's summary folds all these skips into one line.
+
+def _missing() -> None:
+    """Skip (a user's clone) or fail (CI) the current test or module, with one shared reason."""
+    skip_or_fail(MISSING_REASON)
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip with ``reason`` (a user's clone), or fail under ``KVPOOLS_REQUIRE_SHARED`` (CI).
+
+    pytest's summary folds skips by (file, line, reason) and reports a skip raised inside a test at the test's
+    own line: ``tests/conftest.py`` moves every skip raised here back to the ``raise`` below, where a module-level
+    skip is reported anyway, so a clone without ``../shared`` prints the reason once, with its count.
     """
-    reason = (
-        f"the shared checkout (SGLang's sizing oracle, real model configs) is not at {SHARED_DIR}; "
-        f"the differential tests need it: put ../shared beside the clone to run them"
-    )
     if shared_required():
         pytest.fail(f"{reason}. {REQUIRE_ENV} is set, so its absence is a failure.", pytrace=False)
-    pytest.skip(reason, allow_module_level=True)
+    exc = pytest.skip.Exception(reason, allow_module_level=True)
+    exc.kvpools_shared_skip = True  # type: ignore[attr-defined]  # read by tests/conftest.py
+    raise exc
 
 
 def require_oracle() -> None:

@@ -15,8 +15,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.oracle import locate
 
 VLLM_VERSION = "0.33.0"
@@ -47,9 +45,7 @@ def require_vllm() -> Path:
             f"vLLM {VLLM_VERSION} is not installed in the peers venv {peers_venv()} (found {version}); the vLLM "
             f"differential tests need it: run `bash {BENCH_DIR}/setup_peers.sh` (or set KVPOOLS_PEERS_VENV)"
         )
-        if locate.shared_required():
-            pytest.fail(f"{reason}. {locate.REQUIRE_ENV} is set, so its absence is a failure.", pytrace=False)
-        pytest.skip(reason, allow_module_level=True)
+        locate.skip_or_fail(reason)
     return python
 
 
