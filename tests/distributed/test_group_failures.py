@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -36,7 +37,8 @@ REPORT_WITHIN_S = 25.0
 
 def _rank_main(rank: int, world: int, init_file: str, out_dir: str, case: dict[str, Any]) -> None:
     """One process: join the gloo group, behave as the case says, and write what plan_on_group returned or raised."""
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    init_method = case.get("init_method", f"file://{init_file}")
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     behaviour = case.get("behaviour", {}).get(str(rank), "ok")
     record: dict[str, Any] = {"rank": rank}
     start = time.monotonic()
@@ -161,6 +163,19 @@ def test_ranks_planning_other_models_or_serving_are_refused(tmp_path: Path) -> N
         assert record["ranks"] == [1, 2]
         assert "rank 1 at serving.page_size (rank 0: 1, rank 1: 16)" in record["message"]
         assert "rank 2 at model.layers (rank 0: 32 entries, rank 2: 80 entries)" in record["message"]
+
+
+def test_when_the_rank_hosting_the_store_exits_the_others_say_so(tmp_path: Path) -> None:
+    """Under tcp:// the store lives in rank 0: when rank 0 exits mid-plan, rank 1 does not wait out its timeout
+    (nor the group's 30 minutes) but reports at once that the store failed and which rank hosts it."""
+    with socket.socket() as probe:  # a free port; the small race with other processes is the usual one
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    case = _case(2, behaviour={"0": "exit"}, init_method=f"tcp://127.0.0.1:{port}", timeout=15.0)
+    record = _run(tmp_path, 2, case, survivors=[1])[1]
+    assert record["error"] == "DistributedPlanError" and record["kvpools"], record
+    assert "the group's key-value store failed" in record["message"] and "rank 0 under tcp://" in record["message"]
+    assert record["elapsed_s"] < 15.0
 
 
 # ---------------------------------------------------------------------------
