@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import socket
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -75,8 +76,11 @@ def _run(tmp_path: Path, world: int, case: dict[str, Any], survivors: list[int])
         context.Process(target=_rank_main, args=(rank, world, str(tmp_path / "init"), str(tmp_path), case))
         for rank in range(world)
     ]
-    for process in processes:
-        process.start()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns on fork once torch has started a thread; the children only plan and exchange
+        warnings.filterwarnings("ignore", r".*use of fork\(\) may lead to deadlocks", DeprecationWarning)
+        for process in processes:
+            process.start()
     deadline = time.monotonic() + REPORT_WITHIN_S
     try:
         while time.monotonic() < deadline and not all((tmp_path / f"{r}.json").exists() for r in survivors):
