@@ -23,10 +23,11 @@ process group (every rank's inputs given, for a report of all of them:
 ``torch.distributed`` group (any backend), whose ranks exchange their values
 through the group's key-value store in bounded time, so that a rank that
 fails, exits, lags or plans other inputs stops every rank within seconds with
-an error naming it (:mod:`kvpools_core.rank_exchange`).  Under pipeline parallelism the binding stage is the
-one with the least memory *per layer*; :func:`suggest_partition` finds the
-layer split (``--pp-layer-partition``, SGLang's ``SGLANG_PP_LAYER_PARTITION``)
-that holds the most tokens with every stage's budget as it is.
+an error naming it (:mod:`kvpools_core.rank_exchange`).  Under pipeline
+parallelism the binding stage is the one with the least memory *per layer*;
+:func:`suggest_partition` finds the layer split (``--pp-layer-partition``,
+SGLang's ``SGLANG_PP_LAYER_PARTITION``) that holds the most tokens with every
+stage's budget as it is.
 """
 
 from __future__ import annotations
@@ -745,8 +746,9 @@ def _check_same_budget_kind(exchange: RankExchange, profiled: Sequence[bool]) ->
         return
     measured = [r for r, p in enumerate(profiled) if p]
     explicit = [r for r, p in enumerate(profiled) if not p]
+    verb = "gives" if len(measured) == 1 else "give"
     raise RankMismatchError(
-        f"{exchange.where()}: {describe_ranks(measured)} give a profiled budget ({option('free_memory')} or "
+        f"{exchange.where()}: {describe_ranks(measured)} {verb} a profiled budget ({option('free_memory')} or "
         f"{option('device')}) and {describe_ranks(explicit)} an explicit one ({option('memory')}). "
         f"Give every rank the same kind: the engine profiles all ranks alike.",
         ranks=[r for r, p in enumerate(profiled) if p != profiled[0]],

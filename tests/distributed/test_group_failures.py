@@ -52,6 +52,7 @@ def _rank_main(rank: int, world: int, init_file: str, out_dir: str, case: dict[s
             case["models"][rank],
             Serving(**case["servings"][rank]),
             free_memory=case["free"][rank],
+            memory=case.get("memory", {}).get(str(rank)),
             weights_memory="8GiB",
             timeout=case["timeout"],
         )
@@ -167,6 +168,17 @@ def test_ranks_planning_other_models_or_serving_are_refused(tmp_path: Path) -> N
         assert record["ranks"] == [1, 2]
         assert "rank 1 at serving.page_size (rank 0: 1, rank 1: 16)" in record["message"]
         assert "rank 2 at model.layers (rank 0: 32 entries, rank 2: 80 entries)" in record["message"]
+
+
+def test_a_mix_of_profiled_and_explicit_budgets_is_refused_on_every_rank(tmp_path: Path) -> None:
+    """Defect: the mix check raised on the profiled ranks only, and left the explicit rank in the next
+    all_reduce.  Now every rank raises RankMismatchError naming the ranks of each kind."""
+    case = _case(2, memory={"1": "30GiB"}, timeout=15.0)
+    records = _run(tmp_path, 2, case, survivors=[0, 1])
+    for record in records.values():
+        assert record["error"] == "RankMismatchError" and record["kvpools"], record
+        assert record["ranks"] == [1]
+        assert "rank 0 gives a profiled budget (free_memory or device) and rank 1 an explicit one" in record["message"]
 
 
 def test_when_the_rank_hosting_the_store_exits_the_others_say_so(tmp_path: Path) -> None:
