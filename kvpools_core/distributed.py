@@ -20,11 +20,14 @@ on every rank), so they agree on the smallest:
 Two entry points compute the same agreement: :func:`plan_all_ranks` without a
 process group (every rank's inputs given, for a report of all of them:
 ``kvpools plan --all-ranks``), and :func:`plan_on_group` on each rank of a
-``torch.distributed`` group (gloo on CPU, nccl on CUDA), which reduces with
-the group's collectives.  Under pipeline parallelism the binding stage is the
-one with the least memory *per layer*; :func:`suggest_partition` finds the
-layer split (``--pp-layer-partition``, SGLang's ``SGLANG_PP_LAYER_PARTITION``)
-that holds the most tokens with every stage's budget as it is.
+``torch.distributed`` group (any backend), whose ranks exchange their values
+through the group's key-value store in bounded time, so that a rank that
+fails, exits, lags or plans other inputs stops every rank within seconds with
+an error naming it (:mod:`kvpools_core.rank_exchange`).  Under pipeline
+parallelism the binding stage is the one with the least memory *per layer*;
+:func:`suggest_partition` finds the layer split (``--pp-layer-partition``,
+SGLang's ``SGLANG_PP_LAYER_PARTITION``) that holds the most tokens with every
+stage's budget as it is.
 """
 
 from __future__ import annotations
@@ -37,11 +40,19 @@ from typing import Any
 import attrs
 
 from kvpools_core.config import load_model
-from kvpools_core.errors import ConfigError, KvpoolsError
+from kvpools_core.errors import ConfigError, KvpoolsError, RankMismatchError
 from kvpools_core.gpus import GPU
 from kvpools_core.options import option
 from kvpools_core.parallel import pp_layer_range
 from kvpools_core.pipeline import measure_free_bytes, plan, resolve_budget
+from kvpools_core.rank_exchange import (
+    DEFAULT_TIMEOUT_S,
+    RankExchange,
+    describe_ranks,
+    fingerprint,
+    fingerprint_document,
+    mismatch_error,
+)
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.sizing import summarize_notes
 from kvpools_core.units import parse_bytes
@@ -593,6 +604,13 @@ def _largest(holds: Callable[[int], bool], most: int) -> int:
 # ---------------------------------------------------------------------------
 
 
+_ROUNDS = {
+    "inputs": "their budget inputs and the fingerprint of the model and serving options",
+    "own": "the token count each rank holds alone",
+    "agreed": "the bytes each rank plans at the agreed token count",
+}
+
+
 def plan_on_group(
     model: str | ModelSpec,
     serving: Serving | None = None,
@@ -605,6 +623,7 @@ def plan_on_group(
     reserved_memory: int | float | str | None = None,
     draft_model: str | ModelSpec | None = None,
     registry: Registry | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
 ) -> RankPlan:
     """Plan this process's rank of a ``torch.distributed`` group and agree with the others.
 
@@ -613,78 +632,92 @@ def plan_on_group(
     by its platform plugin, ``weights_memory`` its own weights — and the same
     model and serving options.  Its rank in the group places it
     (:class:`RankId`); the group must have ``tp_size * pp_size`` ranks.  The
-    reductions are the group's collectives on int64 tensors (float32 only
-    where ``--accounting sglang`` reproduces SGLang's own); every rank returns
-    the same token count and the same :class:`Agreement`.
+    ranks exchange their values through the group's key-value store in three
+    rounds (:mod:`kvpools_core.rank_exchange`), each rank's own work run inside
+    a ``try`` and every wait bounded by ``timeout`` seconds; every rank returns
+    the same token count and the same :class:`Agreement`, or raises the same
+    :class:`~kvpools_core.errors.DistributedPlanError`, naming the ranks at
+    fault: :class:`~kvpools_core.errors.RankFailedError` (a rank raised: its
+    error type and message), :class:`~kvpools_core.errors.RankTimeoutError` (a
+    rank exited, hangs or never called) or
+    :class:`~kvpools_core.errors.RankMismatchError` (a rank plans another model
+    or other serving options: the first field that differs).
     """
-    import torch
-    import torch.distributed as dist
-
     registry = registry or get_registry()
     serving = serving or Serving()
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    if world != serving.tp_size * serving.pp_size:
-        raise ConfigError(
-            f"The process group has {world} ranks, but {option('tp_size')} {serving.tp_size} x {option('pp_size')} "
-            f"{serving.pp_size} places {serving.tp_size * serving.pp_size}: plan on the engine's own group."
-        )
-    on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
-    me = RankId.of(rank, serving)
-    stage = attrs.evolve(serving, pp_rank=me.pp_rank)
+    exchange = RankExchange.on_group(group, timeout, _ROUNDS)
+    world, rank = exchange.world, exchange.rank
 
-    def reduce_min(value: int, dtype: Any) -> int:
-        tensor = torch.tensor([value], dtype=dtype, device=on)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=group)
-        return int(tensor.item())
-
-    def gather(values: Sequence[int]) -> list[list[int]]:
-        mine = torch.tensor(list(values), dtype=torch.int64, device=on)
-        everyone = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(everyone, mine, group=group)
-        return [[int(x) for x in t.tolist()] for t in everyone]
-
-    free = None
-    if memory is None:
-        if free_memory is not None:
-            free = parse_bytes(free_memory, option("free_memory"))
-        elif device is not None:
-            free, _ = measure_free_bytes(device, stage, registry)
-    weights = parse_bytes(weights_memory or 0, option("weights_memory"))
-    profiled = reduce_min(int(free is not None), torch.int64) == 1
-    if profiled != (free is not None):
-        raise ConfigError(
-            f"Rank {rank}: give every rank a profiled budget ({option('free_memory')} or {option('device')}) or "
-            f"every rank an explicit one ({option('memory')}), not a mix."
-        )
-    reduced_free = reduced_pre = None
-    multimodal = _spec(model, registry).is_multimodal
-    if free is None:
-        if memory is None:
+    def inputs() -> tuple[tuple[Serving, bool, int | None], dict[str, Any]]:
+        if world != serving.tp_size * serving.pp_size:
             raise ConfigError(
-                f"Rank {rank} has no budget: give it {option('memory')}, {option('free_memory')} or {option('device')}."
+                f"The process group has {world} ranks, but {option('tp_size')} {serving.tp_size} x "
+                f"{option('pp_size')} {serving.pp_size} places {serving.tp_size * serving.pp_size}: plan on the "
+                f"engine's own group."
             )
-        budget = resolve_budget(stage, registry, memory=memory, multimodal=multimodal)
-    else:
-        pre = free
-        if serving.accounting == "sglang":  # SGLang's float32 MINs of the free memory, before and after loading
-            reduced_pre = int(_reduce_float32(free, reduce_min, torch))
-            reduced_free = int(_reduce_float32(free - weights, reduce_min, torch))
-            free, pre = reduced_free + weights, reduced_pre
-        budget = resolve_budget(
-            stage,
-            registry,
-            free_memory=free,
-            weights_memory=weights,
-            reserved_memory=reserved_memory,
-            pre_model_load_memory=pre,
-            multimodal=multimodal,
-        )
-    own = _stage_plan(model, stage, budget, draft_model, registry)
-    agreed = reduce_min(own.max_total_num_tokens, torch.int64)
-    rows = gather([own.max_total_num_tokens, own.budget.budget_bytes, own.cell.bytes_per_token])
-    bound_by = _bound_by([row[0] for row in rows])
-    final = _agreed_plan(own, agreed, model, stage, budget, draft_model, registry, bound_by)
-    planned = gather([final.planned_bytes])
+        stage = attrs.evolve(serving, pp_rank=RankId.of(rank, serving).pp_rank)
+        free = None
+        if memory is None:
+            if free_memory is not None:
+                free = parse_bytes(free_memory, option("free_memory"))
+            elif device is not None:
+                free, _ = measure_free_bytes(device, stage, registry)
+            else:
+                raise ConfigError(
+                    f"Rank {rank} has no budget: give it {option('memory')}, {option('free_memory')} or "
+                    f"{option('device')}."
+                )
+        weights = parse_bytes(weights_memory or 0, option("weights_memory"))
+        spec = _spec(model, registry)
+        document = fingerprint_document(spec, serving, None if draft_model is None else _spec(draft_model, registry))
+        exchange.share("inputs", document)
+        return (stage, spec.is_multimodal, free), {
+            "fingerprint": fingerprint(document),
+            "free": free,
+            "weights": weights,
+        }
+
+    (stage, multimodal, free), shared = exchange.round("inputs", inputs)
+    mismatch = mismatch_error(exchange, [s["fingerprint"] for s in shared], lambda r: exchange.shared("inputs", r))
+    if mismatch is not None:
+        raise mismatch
+    _check_same_budget_kind(exchange, [s["free"] is not None for s in shared])
+    reduced_free = reduced_pre = None
+    if free is not None and serving.accounting == "sglang":  # SGLang's float32 MINs, before and after loading
+        reduced_pre = min(float32(s["free"]) for s in shared)
+        reduced_free = min(float32(s["free"] - s["weights"]) for s in shared)
+
+    def own_plan() -> tuple[tuple[Budget, Plan], dict[str, int]]:
+        if free is None:
+            budget = resolve_budget(stage, registry, memory=memory, multimodal=multimodal)
+        else:
+            weights = shared[rank]["weights"]
+            budget = resolve_budget(
+                stage,
+                registry,
+                free_memory=free if reduced_free is None else reduced_free + weights,
+                weights_memory=weights,
+                reserved_memory=reserved_memory,
+                pre_model_load_memory=free if reduced_pre is None else reduced_pre,
+                multimodal=multimodal,
+            )
+        own = _stage_plan(model, stage, budget, draft_model, registry)
+        row = {
+            "tokens": own.max_total_num_tokens,
+            "budget_bytes": own.budget.budget_bytes,
+            "bytes_per_token": own.cell.bytes_per_token,
+        }
+        return (budget, own), row
+
+    (budget, own), rows = exchange.round("own", own_plan)
+    agreed = min(row["tokens"] for row in rows)
+    bound_by = _bound_by([row["tokens"] for row in rows])
+
+    def agreed_plan() -> tuple[Plan, int]:
+        final = _agreed_plan(own, agreed, model, stage, budget, draft_model, registry, bound_by)
+        return final, final.planned_bytes
+
+    final, planned = exchange.round("agreed", agreed_plan)
     spec = own.model
     agreement = Agreement(
         accounting=serving.accounting,
@@ -694,10 +727,10 @@ def plan_on_group(
             RankRow(
                 id=(who := RankId.of(r, serving)),
                 layers=pp_layer_range(spec.num_layers, who.pp_rank, serving.pp_size, serving.pp_layer_partition),
-                bytes_per_token=rows[r][2],
-                budget_bytes=rows[r][1],
-                own_tokens=rows[r][0],
-                planned_bytes=planned[r][0],
+                bytes_per_token=rows[r]["bytes_per_token"],
+                budget_bytes=rows[r]["budget_bytes"],
+                own_tokens=rows[r]["tokens"],
+                planned_bytes=planned[r],
             )
             for r in range(world)
         ),
@@ -707,6 +740,16 @@ def plan_on_group(
     return RankPlan(rank=rank, plan=final, agreement=agreement)
 
 
-def _reduce_float32(value: int, reduce_min: Callable[[int, Any], int], torch: Any) -> int:
-    """SGLang's reduction: ``torch.tensor(bytes, dtype=float32)`` all-reduced with MIN."""
-    return reduce_min(float32(value), torch.float32)
+def _check_same_budget_kind(exchange: RankExchange, profiled: Sequence[bool]) -> None:
+    """Every rank profiled (free memory stated or measured) or every rank on explicit memory: never a mix."""
+    if all(profiled) or not any(profiled):
+        return
+    measured = [r for r, p in enumerate(profiled) if p]
+    explicit = [r for r, p in enumerate(profiled) if not p]
+    verb = "gives" if len(measured) == 1 else "give"
+    raise RankMismatchError(
+        f"{exchange.where()}: {describe_ranks(measured)} {verb} a profiled budget ({option('free_memory')} or "
+        f"{option('device')}) and {describe_ranks(explicit)} an explicit one ({option('memory')}). "
+        f"Give every rank the same kind: the engine profiles all ranks alike.",
+        ranks=[r for r, p in enumerate(profiled) if p != profiled[0]],
+    )

@@ -100,3 +100,31 @@ class AllocatorError(KvpoolsError, ValueError):
     """A KV-slot allocator refused a call and changed nothing: a free of ids it never hands out (padding 0, -1,
     past the pool), of ids not given as integers, of more ids than are allocated or, in checked mode, of ids not
     allocated now (a double free); or a ``restore_state`` with a state that is not its own."""
+
+
+class DistributedPlanError(KvpoolsError, RuntimeError):
+    """The ranks of a process group could not agree on a plan (``kvpools_core.distributed.plan_on_group``).
+
+    Every rank raises it with the same message: ``ranks`` are the ranks at fault, ``errors`` maps each rank that
+    reported a failure to its ``(error type, message)``.
+    """
+
+    def __init__(
+        self, message: str, ranks: Sequence[int] = (), errors: dict[int, tuple[str, str]] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+        self.errors = dict(errors or {})
+
+
+class RankFailedError(DistributedPlanError):
+    """One or more ranks raised while planning; ``ranks`` names them and ``errors`` says what they raised."""
+
+
+class RankTimeoutError(DistributedPlanError):
+    """One or more ranks did not report within the timeout (exited, hung, or never called); ``ranks`` names them."""
+
+
+class RankMismatchError(DistributedPlanError):
+    """Ranks plan different models or serving options (or mix budget kinds); ``ranks`` names those that differ
+    from the group's first rank."""
