@@ -36,13 +36,15 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import attrs
 
 from kvpools_core.capacity import Capacity, concurrency, engine_flags, max_context
-from kvpools_core.config import load_model
+from kvpools_core.config import load_model, read_config_file, registry_presets
 from kvpools_core.errors import ConfigError, InsufficientMemoryError, KvpoolsError
 from kvpools_core.gpus import GPU, custom_gpu, find_gpu
 from kvpools_core.options import option
@@ -57,6 +59,9 @@ DEFAULT_KV_DTYPES = ("auto", "fp8_e4m3")
 GiB = 1 << 30
 LARGEST_GPU_SEARCHED = 16 << 40
 """The bisection for the memory that would fit gives up above 16 TiB a GPU."""
+
+HF_ID_KEY = "_hf_id"
+"""The preset key naming the Hugging Face model id the preset was taken from: the launch line's ``--model-path``."""
 
 GPUS_PER_NODE = 8
 """Replicas that fit one node launch as one server with ``--dp-size`` (SGLang's DP controller, a scheduler each
@@ -78,7 +83,7 @@ class Fit:
 
     @property
     def launch_line(self) -> str:
-        return " ".join(self.launch)
+        return shlex.join(self.launch)
 
     def describe(self, *, replicas: bool = True) -> str:
         """The configuration in SGLang's words: TP, PP, DP attention, replicas, KV dtype and page."""
@@ -351,7 +356,8 @@ def _rank(f: Fit) -> tuple[int, float, int, int]:
 def launch_command(model: str, engine: Plan, replicas: int, context_len: int) -> tuple[str, ...]:
     """``python -m sglang.launch_server`` with the flags that make SGLang size this plan.
 
-    Replicas that fit one node are ``--dp-size``; more are that many launches of the line without it.
+    ``--model-path`` is :func:`launch_model_path` of ``model``. Replicas that fit one node are ``--dp-size``;
+    more are that many launches of the line without it.
 
     The request cap comes from :func:`kvpools_core.capacity.engine_flags` with no headroom
     (the requests the plan holds at ``context_len``, over the DP-attention workers);
@@ -359,7 +365,8 @@ def launch_command(model: str, engine: Plan, replicas: int, context_len: int) ->
     """
     s = engine.serving
     flags = engine_flags(engine, context_len, 0.0)
-    line = ["python", "-m", "sglang.launch_server", "--model-path", model, "--tp-size", str(s.tp_size)]
+    line = ["python", "-m", "sglang.launch_server", "--model-path", launch_model_path(model)]
+    line += ["--tp-size", str(s.tp_size)]
     if s.pp_size > 1:
         line += ["--pp-size", str(s.pp_size)]
     if s.enable_dp_attention:
@@ -374,6 +381,23 @@ def launch_command(model: str, engine: Plan, replicas: int, context_len: int) ->
         line += ["--mem-fraction-static", str(s.mem_fraction_static)]
     line += [*flags.args()]
     return tuple(line)
+
+
+def launch_model_path(model: str) -> str:
+    """What SGLang's ``--model-path`` takes for ``model`` as kvpools was given it.
+
+    A preset is a name SGLang does not know: its Hugging Face id (the preset's ``_hf_id``, the model its config
+    was taken from), or the preset's name when a plugin's preset carries none. A ``config.json`` is its
+    directory (where SGLang looks for the config and weights); a directory or another file is the path given.
+    """
+    presets = registry_presets(get_registry())
+    if model in presets:
+        hf_id = read_config_file(Path(presets[model][1])).get(HF_ID_KEY)
+        return hf_id if isinstance(hf_id, str) and hf_id else model
+    path = Path(model)
+    if path.name == "config.json" and path.is_file():
+        return str(path.parent)
+    return model
 
 
 def _what_would_fit(
