@@ -38,13 +38,13 @@ import math
 import re
 import shlex
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import attrs
 
 from kvpools_core.capacity import Capacity, concurrency, engine_flags, max_context
-from kvpools_core.config import load_model, read_config_file, registry_presets
+from kvpools_core.config import launch_model_path as _launch_model_path
+from kvpools_core.config import load_model
 from kvpools_core.errors import ConfigError, InsufficientMemoryError, KvpoolsError
 from kvpools_core.gpus import GPU, custom_gpu, find_gpu
 from kvpools_core.options import option
@@ -59,9 +59,6 @@ DEFAULT_KV_DTYPES = ("auto", "fp8_e4m3")
 GiB = 1 << 30
 LARGEST_GPU_SEARCHED = 16 << 40
 """The bisection for the memory that would fit gives up above 16 TiB a GPU."""
-
-HF_ID_KEY = "_hf_id"
-"""The preset key naming the Hugging Face model id the preset was taken from: the launch line's ``--model-path``."""
 
 GPUS_PER_NODE = 8
 """Replicas that fit one node launch as one server with ``--dp-size`` (SGLang's DP controller, a scheduler each
@@ -384,20 +381,8 @@ def launch_command(model: str, engine: Plan, replicas: int, context_len: int) ->
 
 
 def launch_model_path(model: str) -> str:
-    """What SGLang's ``--model-path`` takes for ``model`` as kvpools was given it.
-
-    A preset is a name SGLang does not know: its Hugging Face id (the preset's ``_hf_id``, the model its config
-    was taken from), or the preset's name when a plugin's preset carries none. A ``config.json`` is its
-    directory (where SGLang looks for the config and weights); a directory or another file is the path given.
-    """
-    presets = registry_presets(get_registry())
-    if model in presets:
-        hf_id = read_config_file(Path(presets[model][1])).get(HF_ID_KEY)
-        return hf_id if isinstance(hf_id, str) and hf_id else model
-    path = Path(model)
-    if path.name == "config.json" and path.is_file():
-        return str(path.parent)
-    return model
+    """What SGLang's ``--model-path`` takes for ``model``: :func:`kvpools_core.config.launch_model_path`."""
+    return _launch_model_path(model, get_registry())
 
 
 def _what_would_fit(

@@ -178,7 +178,7 @@ def test_cli_table_and_json() -> None:
     assert data["contexts"][0]["vllm_requests"] == 93 and data["contexts"][0]["sglang_requests"] == 79
     table = runner.invoke(main, ["compare", "deepseek-v3", "--tp-size", "8", "--memory", "40GiB"])
     assert table.exit_code == 0, table.output
-    assert "where the difference comes from" in table.output and "vllm serve deepseek-v3" in table.output
+    assert "where the difference comes from" in table.output and "vllm serve deepseek-ai/DeepSeek-V3 " in table.output
     refused = runner.invoke(main, ["compare", "llama-3.1-8b", "--memory", "40GiB", "--context", "zero"])
     assert refused.exit_code == 1 and "Traceback" not in refused.output
 
