@@ -55,6 +55,7 @@ window the replay reaches more (these answers are the engine's worst case).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -85,6 +86,7 @@ __all__ = [
     "requests_past_window",
     "state_slots_per_request",
     "token_limit",
+    "why_none",
 ]
 
 CONTEXT_LADDER = tuple(1024 * 2**k for k in range(11))
@@ -371,6 +373,42 @@ def concurrency_within(limits: Limits, context_len: int) -> Capacity:
     """:func:`concurrency` over limits already read from a plan (:func:`limits_of`): one read for many lengths."""
     _check_positive("context_len", context_len)
     return _concurrency(limits, context_len)
+
+
+def why_none(
+    limits: Limits,
+    answer: Capacity,
+    bytes_per_token: Mapping[str, int | float] | None = None,
+    budget_bytes: int | None = None,
+) -> str | None:
+    """Why not one request of ``answer.context_len`` runs (None when one does), from the limit that binds.
+
+    ``bytes_per_token`` (bytes per token of each token space, summed over its groups) and ``budget_bytes`` add
+    the bytes: ``one request of 131,072 tokens needs 131,072 full tokens (17,180,917,760 B at 131,080 B/token);
+    the plan holds 57,335 in its 8,589,934,592 B budget``.
+    """
+    if answer.concurrent_requests:
+        return None
+    length = answer.context_len
+    if answer.binding == CONTEXT_LIMIT:
+        return (
+            f"{length:,} tokens exceed the context length {limits.context_len:,} (the model's, or "
+            f"{option('context_length')})"
+        )
+    if answer.binding == STATE_SLOTS:
+        return f"one request needs {limits.slots_per_request:,} state slots; the plan holds {limits.state_slots:,}"
+    if answer.binding == REQUEST_CAP:
+        return f"the request cap (max_running_requests) is {limits.request_cap:,}"
+    space = next(space for space in limits.tokens if token_limit(space) == answer.binding)
+    need, held = answer.tokens_per_request[space], limits.tokens[space]
+    window = limits.windowed.get(space)
+    past = window is not None and _pages(length, limits.page_size) > window.per_request
+    needs = f"{need:,} {space} tokens{' (its worst case past the window) and a prefill chunk' if past else ''}"
+    per = (bytes_per_token or {}).get(space)
+    if per:
+        needs += f" ({math.ceil(need * per):,} B at {per:,} B/token)"
+    budget = f" in its {budget_bytes:,} B budget" if budget_bytes is not None else ""
+    return f"one request of {length:,} tokens needs {needs}; the plan holds {held:,}{budget}"
 
 
 def _max_context(limits: Limits, requests: int) -> ContextAnswer:

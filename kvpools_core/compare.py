@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from kvpools_core.capacity import concurrency
-from kvpools_core.errors import ConfigError, UnsupportedCombinationError
+from kvpools_core.errors import ConfigError, KvpoolsError, UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.units import format_bytes
 from kvpools_core.values import FULL_TOKENS, STATE_SLOT, TOKEN, Plan, PoolSpec, Serving
@@ -127,6 +127,9 @@ class EngineComparison:
     groups: tuple[LayerGroupComparison, ...]
     contexts: tuple[ContextComparison, ...]
     notes: tuple[str, ...]
+    exact_max_total_num_tokens: int | None = None
+    """What ``kvpools plan`` gives from the same budget under its default ``--accounting exact`` (which also fits
+    the pools SGLang's estimate leaves out), or None when that accounting does not plan it."""
 
     @property
     def sglang_budget(self) -> int:
@@ -154,6 +157,7 @@ class EngineComparison:
                 "page_size": self.sglang.serving.page_size,
                 "context_length": self.sglang.model.context_len,
                 "sglang_estimate_bytes": self.sglang.sizing.sglang_estimate_bytes,
+                "exact_max_total_num_tokens": self.exact_max_total_num_tokens,
             },
             "vllm": None
             if vllm is None
@@ -240,6 +244,12 @@ def compare_engines(
     if gpu is not None or gpu_memory is not None:
         sglang_serving = _sglang_gpu_defaults(sglang_serving, gpu, gpu_memory)
     sglang = plan_sglang(model, sglang_serving, registry=registry, **budget)
+    try:  # what `kvpools plan` (default --accounting exact) gives from this budget, to say why it differs
+        exact: Plan | None = plan_sglang(
+            model, attrs.evolve(sglang_serving, accounting="exact"), registry=registry, **budget
+        )
+    except KvpoolsError:
+        exact = None
     vllm: VllmPlanResult | None = None
     refusal: str | None = None
     try:
@@ -265,7 +275,8 @@ def compare_engines(
         vllm_refusal=refusal,
         groups=groups,
         contexts=tuple(_context(sglang, vllm, length) for length in lengths),
-        notes=_notes(sglang, vllm, refusal, memory is not None),
+        notes=(*_notes(sglang, vllm, refusal, memory is not None), _exact_note(sglang, exact)),
+        exact_max_total_num_tokens=None if exact is None else exact.max_total_num_tokens,
     )
 
 
@@ -572,6 +583,24 @@ def _notes(plan: Plan, vllm: VllmPlanResult | None, refusal: str | None, explici
     if vllm.max_model_len != plan.model.context_len:
         notes.append(f"vLLM's max_model_len {vllm.max_model_len:,}; SGLang's context length {plan.model.context_len:,}")
     return tuple(notes)
+
+
+def _exact_note(plan: Plan, exact: Plan | None) -> str:
+    """Why ``kvpools plan`` (``--accounting exact``) gives other tokens than this comparison's SGLang side."""
+    head = (
+        f"SGLang's side is SGLang's own estimate (`kvpools plan --accounting sglang`: {plan.max_total_num_tokens:,} "
+        "tokens); `kvpools plan` defaults to --accounting exact"
+    )
+    if exact is None:
+        return f"{head}, which does not plan this model in this budget"
+    left_out = [pool for pool in exact.pools if not pool.sglang_charged and pool.bytes]
+    fewer = plan.max_total_num_tokens - exact.max_total_num_tokens
+    pools = ", ".join(f"{pool.name} {pool.bytes:,} B ({format_bytes(pool.bytes)})" for pool in left_out)
+    return (
+        f"{head}, which fits in the same budget the pools SGLang's estimate leaves out"
+        f"{f' ({pools})' if pools else ''}: max_total_num_tokens {exact.max_total_num_tokens:,}, "
+        f"{abs(fewer):,} {'fewer' if fewer >= 0 else 'more'}"
+    )
 
 
 __all__ = [

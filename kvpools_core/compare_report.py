@@ -52,8 +52,10 @@ def render_engine_comparison(comparison: EngineComparison, console: Console) -> 
         f"  budget ({comparison.budget_basis}): SGLang {format_bytes(comparison.sglang_budget)}, vLLM "
         f"{format_bytes(vllm_budget) if vllm_budget is not None else '-'}"
     )
+    exact = comparison.exact_max_total_num_tokens
+    plain = "" if exact is None else f" (SGLang's estimate; `kvpools plan`'s --accounting exact: {exact:,}, see notes)"
     console.print(
-        f"  SGLang: max_total_num_tokens {plan.max_total_num_tokens:,}, page {serving.page_size}, "
+        f"  SGLang: max_total_num_tokens {plan.max_total_num_tokens:,}{plain}, page {serving.page_size}, "
         f"max_running_requests {plan.max_running_requests:,}, context length {plan.model.context_len:,}"
     )
     if vllm is not None:

@@ -464,3 +464,24 @@ def load_model(model: str, registry: Registry, name: str | None = None) -> tuple
     config, source, default_name = resolve_model_source(model, registry)
     spec, plugin = parse_config(config, source, registry)
     return attrs.evolve(spec, name=name or default_name, source=source), plugin
+
+
+HF_ID_KEY = "_hf_id"
+"""The preset key naming the Hugging Face model id its config was taken from: what an engine loads for it."""
+
+
+def launch_model_path(model: str, registry: Registry) -> str:
+    """What an engine's ``--model-path`` (SGLang) or ``vllm serve MODEL`` takes for ``model`` as kvpools was given it.
+
+    A preset is a name no engine knows: its Hugging Face id (the preset's ``_hf_id``), or the preset's name when
+    a plugin's preset carries none. A ``config.json`` is its directory (where the engine reads the config and the
+    weights); a directory or another file is the path given.
+    """
+    presets = registry_presets(registry)
+    if model in presets:
+        hf_id = read_config_file(Path(presets[model][1])).get(HF_ID_KEY)
+        return hf_id if isinstance(hf_id, str) and hf_id else model
+    path = Path(model)
+    if path.name == "config.json" and path.is_file():
+        return str(path.parent)
+    return model

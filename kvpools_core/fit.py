@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from collections import Counter
 from typing import Any
 
 import attrs
 
 from kvpools_core.capacity import Capacity, concurrency, engine_flags, max_context
+from kvpools_core.config import launch_model_path as _launch_model_path
 from kvpools_core.config import load_model
 from kvpools_core.errors import ConfigError, InsufficientMemoryError, KvpoolsError
 from kvpools_core.gpus import GPU, custom_gpu, find_gpu
@@ -78,7 +80,7 @@ class Fit:
 
     @property
     def launch_line(self) -> str:
-        return " ".join(self.launch)
+        return shlex.join(self.launch)
 
     def describe(self, *, replicas: bool = True) -> str:
         """The configuration in SGLang's words: TP, PP, DP attention, replicas, KV dtype and page."""
@@ -351,7 +353,8 @@ def _rank(f: Fit) -> tuple[int, float, int, int]:
 def launch_command(model: str, engine: Plan, replicas: int, context_len: int) -> tuple[str, ...]:
     """``python -m sglang.launch_server`` with the flags that make SGLang size this plan.
 
-    Replicas that fit one node are ``--dp-size``; more are that many launches of the line without it.
+    ``--model-path`` is :func:`launch_model_path` of ``model``. Replicas that fit one node are ``--dp-size``;
+    more are that many launches of the line without it.
 
     The request cap comes from :func:`kvpools_core.capacity.engine_flags` with no headroom
     (the requests the plan holds at ``context_len``, over the DP-attention workers);
@@ -359,7 +362,8 @@ def launch_command(model: str, engine: Plan, replicas: int, context_len: int) ->
     """
     s = engine.serving
     flags = engine_flags(engine, context_len, 0.0)
-    line = ["python", "-m", "sglang.launch_server", "--model-path", model, "--tp-size", str(s.tp_size)]
+    line = ["python", "-m", "sglang.launch_server", "--model-path", launch_model_path(model)]
+    line += ["--tp-size", str(s.tp_size)]
     if s.pp_size > 1:
         line += ["--pp-size", str(s.pp_size)]
     if s.enable_dp_attention:
@@ -374,6 +378,11 @@ def launch_command(model: str, engine: Plan, replicas: int, context_len: int) ->
         line += ["--mem-fraction-static", str(s.mem_fraction_static)]
     line += [*flags.args()]
     return tuple(line)
+
+
+def launch_model_path(model: str) -> str:
+    """What SGLang's ``--model-path`` takes for ``model``: :func:`kvpools_core.config.launch_model_path`."""
+    return _launch_model_path(model, get_registry())
 
 
 def _what_would_fit(

@@ -33,7 +33,7 @@ from typing import Any
 
 import attrs
 
-from kvpools_core.capacity import concurrency_within, limits_of, parse_context_len
+from kvpools_core.capacity import concurrency_within, limits_of, parse_context_len, why_none
 from kvpools_core.errors import ConfigError, KvpoolsError, NoProviderError, PluginError
 from kvpools_core.options import cli_surface, on_cli, option
 from kvpools_core.units import parse_bytes
@@ -260,7 +260,9 @@ class SweepRow:
     grows with tokens to its bytes per token of its own token space
     (:attr:`~kvpools_core.values.GroupCost.bytes_per_token`: ``kv_swa`` per SWA
     token); ``concurrency`` / ``binding`` map each asked context length to
-    :func:`~kvpools_core.capacity.concurrency`'s answer and what binds.
+    :func:`~kvpools_core.capacity.concurrency`'s answer and what binds, ``reason`` each context where not one
+    request runs to why (:func:`~kvpools_core.capacity.why_none`: the tokens one request needs and the plan holds,
+    or the context length it exceeds).
     ``error`` is why the point does not plan (every count then empty);
     ``capacity_error`` why a plan's concurrency cannot be answered.
     """
@@ -276,6 +278,7 @@ class SweepRow:
     """The token space each ``bytes_per_token`` group is paid per (``"full"``, ``"swa"``, ...)."""
     concurrency: dict[int, int] = attrs.field(factory=dict)
     binding: dict[int, str] = attrs.field(factory=dict)
+    reason: dict[int, str] = attrs.field(factory=dict)
     capacity_error: str | None = None
     error: str | None = None
 
@@ -286,6 +289,10 @@ class SweepRow:
         token_groups = [group for group in plan.cost.groups if group.token_bytes]
         concurrency: dict[int, int] = {}
         binding: dict[int, str] = {}
+        reason: dict[int, str] = {}
+        per_space: dict[str, int | float] = {}
+        for group in token_groups:
+            per_space[group.token_space] = per_space.get(group.token_space, 0) + group.bytes_per_token
         capacity_error = None
         if contexts:
             try:
@@ -296,6 +303,9 @@ class SweepRow:
                 for context in contexts:
                     answer = concurrency_within(limits, context)
                     concurrency[context], binding[context] = answer.concurrent_requests, answer.binding
+                    why = why_none(limits, answer, per_space, plan.budget.budget_bytes)
+                    if why is not None:
+                        reason[context] = why
         return cls(
             point=point,
             budget_bytes=plan.budget.budget_bytes,
@@ -307,6 +317,7 @@ class SweepRow:
             token_spaces={group.group: group.token_space for group in token_groups},
             concurrency=concurrency,
             binding=binding,
+            reason=reason,
             capacity_error=capacity_error,
         )
 
@@ -325,6 +336,7 @@ class SweepRow:
             "token_spaces": dict(self.token_spaces),
             "concurrency": {str(context): count for context, count in self.concurrency.items()},
             "binding": {str(context): limit for context, limit in self.binding.items()},
+            "reason": {str(context): why for context, why in self.reason.items()},
             "capacity_error": self.capacity_error,
             "error": self.error,
         }
@@ -344,6 +356,7 @@ class SweepRow:
             token_spaces=dict(data["token_spaces"]),
             concurrency={int(context): count for context, count in data["concurrency"].items()},
             binding={int(context): limit for context, limit in data["binding"].items()},
+            reason={int(context): why for context, why in data.get("reason", {}).items()},
             capacity_error=data["capacity_error"],
             error=data["error"],
         )
@@ -513,7 +526,8 @@ def columns(rows: Sequence[SweepRow]) -> list[str]:
     (``memory``); ``budget_bytes``, ``planned_bytes``; ``tokens.<space>`` per
     token space; ``running_requests`` (the plan's ``max_running_requests``: a Serving axis keeps that name),
     ``state_slots``; ``bytes_per_token.<space>.<group>`` per group (its bytes per token of that token
-    space); ``concurrency.<context>`` and ``binding.<context>`` per context; ``capacity_error``, ``error``.
+    space); ``concurrency.<context>``, ``binding.<context>`` and ``reason.<context>`` (why not one request
+    runs, where none does) per context; ``capacity_error``, ``error``.
     """
     names = ["model"]
     names += _union(rows, lambda row: (name for name, _ in row.point.settings))
@@ -528,6 +542,7 @@ def columns(rows: Sequence[SweepRow]) -> list[str]:
     contexts = _union(rows, lambda row: row.concurrency)
     names += [f"concurrency.{context}" for context in contexts]
     names += [f"binding.{context}" for context in contexts]
+    names += [f"reason.{context}" for context in contexts]
     return [*names, "capacity_error", "error"]
 
 
@@ -542,6 +557,7 @@ def record(row: SweepRow) -> dict[str, Any]:
     )
     flat.update({f"concurrency.{context}": count for context, count in row.concurrency.items()})
     flat.update({f"binding.{context}": limit for context, limit in row.binding.items()})
+    flat.update({f"reason.{context}": why for context, why in row.reason.items()})
     flat.update(capacity_error=row.capacity_error, error=row.error)
     return flat
 
@@ -585,6 +601,7 @@ def rows_from_csv(text: str) -> list[SweepRow]:
                 token_spaces={group: space for (space, group) in per_token},
                 concurrency={int(context): int(count) for context, count in prefixed("concurrency.").items()},
                 binding={int(context): limit for context, limit in prefixed("binding.").items()},
+                reason={int(context): why for context, why in prefixed("reason.").items()},
                 capacity_error=flat["capacity_error"] or None,
                 error=flat["error"] or None,
             )

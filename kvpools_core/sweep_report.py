@@ -40,8 +40,9 @@ def _per_space(row: SweepRow) -> dict[str, int | float]:
 
 def render_sweep(rows: Sequence[SweepRow], console: Console) -> None:
     """The table: the point, tokens and bytes per token of each token space, running requests and the
-    requests that run at once at each context.  A point that does not plan refers to its error, printed once
-    below the table; CSV and JSON carry every column (the binding limits too)."""
+    requests that run at once at each context.  A point that does not plan refers to its error, and a context
+    where not one request runs to why, each printed once below the table; CSV and JSON carry every column (the
+    binding limits too)."""
     axes = list(dict.fromkeys(name for row in rows for name, _ in row.point.settings))
     budgets = list(dict.fromkeys(name for row in rows for name, _ in row.point.budget))
     contexts = list(dict.fromkeys(context for row in rows for context in row.concurrency))
@@ -68,7 +69,12 @@ def render_sweep(rows: Sequence[SweepRow], console: Console) -> None:
         counts = [_joined(row.tokens), _cell(row.max_running_requests)]
         counts += [_cell(row.state_slots)] if state else []
         counts.append(_joined(_per_space(row)))
-        counts += [_cell(row.concurrency.get(context)) or mark for context in contexts]
+        for context in contexts:
+            why = row.reason.get(context)
+            if why is not None:  # not one request: say why, once below the table
+                counts.append(f"0 [{errors.setdefault(f'@{context_label(context)}: {why}', len(errors) + 1)}]")
+            else:
+                counts.append(_cell(row.concurrency.get(context)) or mark)
         table.add_row(*point, *counts)
     planned = sum(row.error is None for row in rows)
     console.print(f"[bold]kvpools sweep[/bold] — {len(rows)} point(s), {planned} planned")

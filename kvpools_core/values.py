@@ -1294,7 +1294,11 @@ class GroupCost:
     worker (``max_running_requests``); ``state_slots`` the slots of a state
     cache (the mamba plugin's ``max_mamba_cache_size``).  The request table's
     row is the context length's, so its bytes per request hold for the plan's
-    context length.
+    context length.  A group whose slots are tokens of another space than the
+    one it is sized by says so with ``slot_space`` and ``slots_per_token``
+    (the dsv4 c4 indexer: ``c4_logical_size = c128 tokens x 32``, so
+    ``token_space`` ``"c128"``, ``slot_space`` ``"c4"``, 32), and
+    :meth:`describe` prices its slots: ``2,772 B/c4 token``.
     """
 
     group: str
@@ -1304,6 +1308,8 @@ class GroupCost:
     bytes_per_request: int = attrs.field(default=0, validator=non_negative)
     bytes_per_state_slot: int = attrs.field(default=0, validator=non_negative)
     fixed_bytes: int = attrs.field(default=0, validator=non_negative)
+    slot_space: str | None = attrs.field(default=None, validator=attrs.validators.optional(_token_space))
+    slots_per_token: int = attrs.field(default=1, validator=positive)
 
     @property
     def bytes_per_token(self) -> float:
@@ -1338,14 +1344,22 @@ class GroupCost:
         )
 
     def describe(self) -> str:
-        """One affine line: ``N B/token + M B/request + S B/state slot + F B fixed`` (zero terms left out)."""
-        space = "" if self.token_space == FULL_TOKENS else f" {self.token_space}"
+        """One affine line: ``N B/token + M B/request + S B/state slot + F B fixed`` (zero terms left out).
+
+        A token is one of ``slot_space`` when the group names one (``N B/c4 token (... per c128 token)``), else
+        of ``token_space`` (``B/token`` for full tokens, ``B/swa token``, ``B/c128 token``)."""
+        space = self.token_space if self.slot_space is None else self.slot_space
+        label = "token" if space == FULL_TOKENS else f"{space} token"
+        block = self.token_block * self.slots_per_token
         terms = []
         if self.token_bytes:
-            per = self.bytes_per_token
-            shown = f"{per:,}" if isinstance(per, int) else f"{per:,.4g}"
-            paged = f" ({self.token_bytes:,} B per {self.token_block}-token page)" if self.token_block > 1 else ""
-            terms.append(f"{shown} B/{space.strip() + ' ' if space else ''}token{paged}")
+            per = self.token_bytes / block
+            shown = f"{int(per):,}" if per.is_integer() else f"{per:,.4g}"
+            paged = f"{self.token_bytes:,} B per {block}-token page" if block > 1 else ""
+            if self.slot_space is not None:
+                sized = f"{self.slots_per_token} per {self.token_space} token"
+                paged = f"{paged}, {sized}" if paged else sized
+            terms.append(f"{shown} B/{label}{f' ({paged})' if paged else ''}")
         if self.bytes_per_request:
             terms.append(f"{self.bytes_per_request:,} B/request")
         if self.bytes_per_state_slot:
@@ -1518,8 +1532,15 @@ class PoolSpec:
                 f"PoolSpec {self.name!r}: {self.bytes} B is less than {self.slots} slots x {self.bytes_per_slot} B; "
                 f"record its cost (PoolSpec.cost)."
             )
-        per = {TOKEN: "token_bytes", REQUEST: "bytes_per_request", STATE_SLOT: "bytes_per_state_slot"}[self.unit]
-        return GroupCost(group=self.name, token_space=self.token_space, fixed_bytes=fixed, **{per: self.bytes_per_slot})
+        slot, unit = self.bytes_per_slot, self.unit
+        return GroupCost(
+            group=self.name,
+            token_space=self.token_space,
+            fixed_bytes=fixed,
+            token_bytes=slot if unit == TOKEN else 0,
+            bytes_per_request=slot if unit == REQUEST else 0,
+            bytes_per_state_slot=slot if unit == STATE_SLOT else 0,
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolSpec:

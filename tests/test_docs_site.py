@@ -153,3 +153,56 @@ def test_no_rest_markup_reaches_the_site(page: str) -> None:
     rendered = script.on_page_markdown(markdown, page=None)
     prose = "".join(script._FENCED_BLOCK.split(rendered)[::2])
     assert re.findall(r":[a-z]+:`[^`]*`|\S::$", prose, re.MULTILINE) == []
+
+
+def _fenced(markdown: str, after: str, language: str) -> str:
+    """The first ``language`` fenced block after the text ``after``."""
+    block = re.search(rf"```{language}\n(.*?)```", markdown[markdown.index(after) :], re.DOTALL)
+    assert block is not None, f"no ```{language} block after {after!r}"
+    return block[1]
+
+
+def test_the_home_page_is_a_getting_started_path() -> None:
+    """Issue 29: the home page was a list of file names. It says what kvpools is, how to install it, runs a first
+    plan (the README's first command, with the output that command really prints today), and where each role goes
+    next, linking pages that exist; the README and the home page show the same output."""
+    from click.testing import CliRunner
+
+    home = (DOCS / "index.md").read_text()
+    headings = re.findall(r"^## (.+)$", home, re.MULTILINE)
+    assert headings[:3] == ["Install", "Your first plan", "Where to go next"]
+    assert "kvpools plans and builds the KV-cache memory pools" in home.split("## Install")[0]
+    assert "pip install -c constraints.txt -e ." in _fenced(home, "## Install", "bash")
+
+    readme = (ROOT / "README.md").read_text()
+    command = "kvpools plan llama-3.1-70b --memory 60GiB --tp-size 4 --kv-cache-dtype fp8_e4m3"
+    assert command in _fenced(readme, "## Set up and run", "bash")  # the README's command 1
+    assert command in _fenced(home, "## Your first plan", "bash")
+    result = CliRunner().invoke(cli_main, command.split()[1:])
+    assert result.exit_code == 0, result.output
+    printed = [line.rstrip() for line in result.output.strip().splitlines()]
+    assert _fenced(home, "## Your first plan", "text").strip().splitlines() == printed
+    assert _fenced(readme, "Output of the first command", "text").strip().splitlines() == printed
+
+    roles = home.split("## Where to go next")[1].split("\n## ")[0]
+    for role, pages in {
+        "Capacity planner": ["capacity.md", "gpus.md", "sweep.md"],
+        "Engine developer registering an architecture": ["tutorials/architecture-plugin.md", "plugins.md"],
+        "Vendor writing a platform plugin": ["platform-plugins.md", "tutorials/platform-plugin.md"],
+        "Plugin author using the conformance kit": ["testing.md", "reference/testing.md"],
+    }.items():
+        paragraph = roles.split(f"**{role}**")[1].split("\n\n")[0]
+        for page in pages:
+            assert f"]({page})" in paragraph, f"{role}: no link to {page}"
+    for link in re.findall(r"\]\(([^)#]+\.md)(?:#[^)]*)?\)", home):
+        assert (DOCS / link).is_file(), f"the home page links {link}, which is not a page"
+
+
+def test_the_home_page_and_readme_say_how_to_search_the_built_site() -> None:
+    """Issue 29: search does not work on the site opened from disk (file://); both say how to serve it."""
+    home = (DOCS / "index.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for text in (home, readme):
+        assert "python3 -m http.server -d site" in text and "mkdocs serve" in text
+    assert "file://" in home
+    assert "- offline" not in MKDOCS_YML  # the offline plugin would load its iframe-worker shim from a CDN

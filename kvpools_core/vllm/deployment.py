@@ -10,11 +10,12 @@ and the ``vllm serve`` flags that realise the plan.
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from kvpools_core.config import load_model
+from kvpools_core.config import launch_model_path, load_model
 from kvpools_core.errors import ConfigError, NoProviderError, UnsupportedCombinationError
 from kvpools_core.gpus import GPU, GiB, custom_gpu, find_gpu
 from kvpools_core.options import on_cli, option
@@ -149,8 +150,9 @@ class VllmPlanResult:
         )
 
     def serve_command(self) -> str:
-        """The ``vllm serve`` line that realises this plan (MODEL as given: a preset stands for its checkpoint)."""
-        parts = [f"vllm serve {self.model_ref}", f"--tensor-parallel-size {self.serving.tp_size}"]
+        """The ``vllm serve`` line that realises this plan (MODEL: a preset's Hugging Face id, a config's directory,
+        :func:`kvpools_core.config.launch_model_path`)."""
+        parts = [f"vllm serve {shlex.quote(self.model_ref)}", f"--tensor-parallel-size {self.serving.tp_size}"]
         if self.serving.pp_size > 1:
             parts.append(f"--pipeline-parallel-size {self.serving.pp_size}")
         parts.append(f"--max-model-len {self.max_model_len}")
@@ -382,7 +384,7 @@ def plan_vllm(
         spec, plugin, model_ref = model, "given ModelSpec", model.name
     else:
         spec, plugin = load_model(model, registry)
-        model_ref = model
+        model_ref = launch_model_path(model, registry)
     chosen = _resolve_device(memory, gpu, gpu_memory, serving, registry)
     if memory is not None and (gpu_memory_utilization is not None or weights_memory is not None):
         raise ConfigError(

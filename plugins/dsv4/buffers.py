@@ -412,6 +412,7 @@ def pool_specs(
                 owner,
                 slots=ix.tokens,
                 bytes_per_slot=ix.row_bytes * len(ix.layers),
+                slot_space=(C4_TOKENS, C4_LOGICAL_PER_C128),
             )
         )
     if b.hisparse_ptrs:
@@ -471,8 +472,12 @@ def _paged_pool(
     slots: int | None = None,
     bytes_per_slot: int | None = None,
     kind: str = "kv",
+    slot_space: tuple[str, int] | None = None,
 ) -> PoolSpec:
-    """A pool growing in blocks of ``block`` tokens of ``space``; the rest of ``nbytes`` is fixed (exact at tokens)."""
+    """A pool growing in blocks of ``block`` tokens of ``space``; the rest of ``nbytes`` is fixed (exact at tokens).
+
+    ``slot_space`` (space, slots per token of ``space``) names what its slots are when they are another space's
+    tokens (the c4 indexer: c4 tokens, 32 per c128 token), for the cost line's unit."""
     fixed = nbytes - bytes_per_block * (tokens // block)
     per_token = bytes_per_block // block if bytes_per_slot is None else bytes_per_slot
     count = tokens if slots is None else slots
@@ -492,7 +497,15 @@ def _paged_pool(
         return attrs.evolve(pool, unit=FIXED, cost=None)
     return with_cost(
         pool,
-        GroupCost(group=name, token_space=space, token_bytes=bytes_per_block, token_block=block, fixed_bytes=fixed),
+        GroupCost(
+            group=name,
+            token_space=space,
+            token_bytes=bytes_per_block,
+            token_block=block,
+            fixed_bytes=fixed,
+            slot_space=None if slot_space is None else slot_space[0],
+            slots_per_token=1 if slot_space is None else slot_space[1],
+        ),
     )
 
 

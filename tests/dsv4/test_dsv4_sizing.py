@@ -235,3 +235,31 @@ def test_budget_eaten_by_the_c128_state_says_so() -> None:
     # the reservation for SGLang's estimated request count (clamped to 2048..4096)
     assert fixed in {shape.c128_state_fixed_bytes(requests) for requests in range(2048, 4097)}
     assert "of c128 state reserved for the request count first" in message
+
+
+def test_each_cost_line_prices_the_tokens_its_slots_are() -> None:
+    """Issue 29: the report read ``indexer_c4: 88,704 B/c128 token``: the c4 indexer's slots are c4 tokens
+    (``c4_logical_size = c128 tokens x 32``), 132 B x 21 c4 layers = 2,772 B each, 64 to a 256-token page
+    (256 / 4), 177,408 B; it is sized by c128 tokens, 32 c4 tokens per c128 token (2,772 x 32 = 88,704)."""
+    from click.testing import CliRunner
+
+    from kvpools_core.cli import main
+
+    result = CliRunner().invoke(main, ["plan", "deepseek-v4-flash", "--memory", "40GiB", "--page-size", "256"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())  # the table wraps long lines
+    assert "indexer_c4: 2,772 B/c4 token (177,408 B per 64-token page, 32 per c128 token) + 177,408 B fixed" in text
+    assert "B/c128 token (177,408" not in text
+    p = plan("deepseek-v4-flash", Serving(page_size=256), memory=40 * GiB)
+    lines = dict(line.split(": ", 1) for line in p.cost.lines())
+    # every token pool's line prices one of its slots, in the space its slots are, paged 256 / compression
+    pages = {"swa": 256, "c4": 256 // 4, "c128": 256 // 128}
+    for pool in p.pools:
+        if pool.kind != "kv" or pool.unit != "token":
+            continue
+        space = "c4" if pool.name == "indexer_c4" else pool.token_space
+        assert lines[pool.name].startswith(
+            f"{pool.bytes_per_slot:,} B/{space} token ({pool.bytes_per_slot * pages[space]:,} B per "
+            f"{pages[space]}-token page"
+        ), pool.name
+    assert {pool.name for pool in p.pools} >= {"kv_swa", "kv_c4", "kv_c128", "indexer_c4"}

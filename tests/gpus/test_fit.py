@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -11,11 +13,12 @@ import pytest
 
 from kvpools_core import ConfigError, Serving, plan
 from kvpools_core.capacity import concurrency
-from kvpools_core.fit import fit
+from kvpools_core.fit import fit, launch_model_path
 
 CONFIGS = Path(__file__).parents[1] / "weights" / "configs"
 LLAMA_8B = str(CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json")
 LLAMA_70B = str(CONFIGS / "meta-llama--Meta-Llama-3.1-70B.json")
+PLUGINS = Path(__file__).parents[2] / "plugins"
 DEEPSEEK_V3 = str(CONFIGS / "deepseek-ai--DeepSeek-V3.json")
 
 
@@ -33,6 +36,38 @@ def test_llama_8b_at_32k_fits_one_h100_with_what_the_plan_holds() -> None:
     )
     # one more request needs a second GPU
     assert fit(LLAMA_8B, held + 1, 32768, gpu="h100", kv_cache_dtype="auto").fits[0].gpus == 2
+
+
+def test_a_preset_launches_its_hugging_face_id_not_its_name() -> None:
+    """Issue 29: ``kvpools fit llama-3.1-8b`` wrote ``--model-path llama-3.1-8b``, a name SGLang does not know;
+    the launch line names the Hugging Face id the preset's config was taken from."""
+    (first, *_) = fit("llama-3.1-8b", 8, 32768, gpu="h100").fits
+    assert first.launch[3:5] == ("--model-path", "meta-llama/Meta-Llama-3.1-8B")
+    assert "llama-3.1-8b" not in first.launch_line
+
+
+def test_a_config_json_launches_its_directory_and_a_directory_as_given(tmp_path: Path) -> None:
+    """Issue 29: a ``config.json`` is its directory (where SGLang reads config and weights); a directory as given."""
+    model = tmp_path / "my model"
+    model.mkdir()
+    (model / "config.json").write_text(Path(LLAMA_8B).read_text())
+    assert launch_model_path(str(model / "config.json")) == str(model)
+    assert launch_model_path(str(model)) == str(model)
+    assert launch_model_path(LLAMA_8B) == LLAMA_8B
+    (first, *_) = fit(str(model), 8, 32768, gpu="h100").fits
+    assert shlex.split(first.launch_line)[3:5] == ["--model-path", str(model)]  # quoted: the path has a space
+
+
+def test_every_shipped_preset_names_its_hugging_face_id() -> None:
+    """Each built-in preset carries ``_hf_id`` (``org/name``), so no launch line falls back to a preset name."""
+    from kvpools_core.config import registry_presets
+    from kvpools_core.registry import get_registry
+
+    presets = registry_presets(get_registry())
+    builtin = {name: path for name, (plugin, path) in presets.items() if Path(path).is_relative_to(PLUGINS)}
+    assert len(builtin) >= 36
+    for name in builtin:
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+", launch_model_path(name)), name
 
 
 def test_fp8_kv_is_tried_and_ranked_by_headroom() -> None:

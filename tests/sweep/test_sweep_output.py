@@ -22,11 +22,13 @@ def test_csv_columns_are_stable_and_documented() -> None:
     assert names[:6] == ["model", "kv_cache_dtype", "page_size", "enable_dp_attention", "memory", "budget_bytes"]
     assert names[6:12] == ["planned_bytes", "tokens.full", "tokens.swa", "tokens.c4", "tokens.c128", "running_requests"]
     assert "bytes_per_token.full.kv" in names and "bytes_per_token.swa.kv_swa" in names
-    assert names[-6:] == [
+    assert names[-8:] == [
         "concurrency.8192",
         "concurrency.131072",
         "binding.8192",
         "binding.131072",
+        "reason.8192",
+        "reason.131072",
         "capacity_error",
         "error",
     ]

@@ -61,6 +61,44 @@ def test_rows_are_what_plan_and_capacity_answer(memory: str) -> None:
     assert gemma.concurrency[1 << 20] == 0 and gemma.binding[1 << 20] == "context length"
 
 
+def test_a_zero_says_why_in_the_row_table_csv_and_json() -> None:
+    """Issue 29: a 0 at 128k had no reason. Under SGLang's accounting at 4 GiB, llama-3.1-8b holds
+    4 GiB // 131,072 B = 32,768 tokens; one request of 131,072 tokens needs 131,072 of them, at 131,072 B (KV)
+    + 8 B / 16 (the allocator's entry per page) = 131,072.5 B each, 17,179,934,720 B. 256k exceeds the model's
+    context length, 131,072."""
+    import csv
+    import io
+    import json
+
+    from rich.console import Console
+
+    from kvpools_core.sweep import rows_to_csv, rows_to_json
+    from kvpools_core.sweep_report import render_sweep
+
+    grid = SweepGrid(
+        models=["llama-3.1-8b"],
+        axes={"page_size": [16], "accounting": ["sglang"]},
+        budgets=[{"memory": "4GiB"}],
+        contexts=["8k", "128k", "256k"],
+    )
+    (row,) = run_sweep(grid)
+    assert row.concurrency == {8192: 4, 131072: 0, 262144: 0}
+    tokens_reason = (
+        f"one request of 131,072 tokens needs 131,072 full tokens ({131_072 * 131_072.5:,.0f} B at 131,072.5 "
+        f"B/token); the plan holds 32,768 in its {4 * 2**30:,} B budget"
+    )
+    context_reason = "262,144 tokens exceed the context length 131,072 (the model's, or context_length)"
+    assert row.reason == {131072: tokens_reason, 262144: context_reason}  # none where requests run (8k)
+    (line,) = csv.DictReader(io.StringIO(rows_to_csv([row])))
+    assert (line["reason.8192"], line["reason.131072"], line["reason.262144"]) == ("", tokens_reason, context_reason)
+    assert json.loads(rows_to_json([row]))[0]["reason"] == {"131072": tokens_reason, "262144": context_reason}
+    console = Console(width=400, record=True)
+    render_sweep([row], console)
+    text = console.export_text()
+    assert "│ 0 [1] │ 0 [2]" in text
+    assert f"[1] @128k: {tokens_reason}" in text and f"[2] @256k: {context_reason}" in text
+
+
 def test_a_point_that_does_not_plan_is_a_row_with_its_error() -> None:
     grid = SweepGrid(
         models=["deepseek-v4-flash"], axes={"page_size": [1, 256]}, budgets=[{"memory": "40GiB"}], contexts=[8192]

@@ -63,15 +63,17 @@ def test_llama_at_40gib_by_hand() -> None:
     assert data["kv_cache_size_tokens"] == 10 * 32768
     assert data["budget"][0]["available_kv_cache_memory"] == data["kv_cache_memory_bytes"] == 40 * GiB
     assert data["serve_command"] == (
-        "vllm serve llama-3.1-8b --tensor-parallel-size 1 --max-model-len 32768 --kv-cache-memory-bytes "
-        f"{40 * GiB} --block-size 16 --kv-cache-dtype auto --max-num-seqs 256 --max-num-batched-tokens 2048"
+        "vllm serve meta-llama/Meta-Llama-3.1-8B --tensor-parallel-size 1 --max-model-len 32768 "
+        f"--kv-cache-memory-bytes {40 * GiB} --block-size 16 --kv-cache-dtype auto --max-num-seqs 256 "
+        "--max-num-batched-tokens 2048"
     )
     text = cli(
         "plan", "llama-3.1-8b", "--accounting", "vllm", "--memory", "40GiB", "--max-model-len", "32768"
     ).stdout  # fmt: skip
     assert "num_gpu_blocks: 20480 (block 0 is vLLM's null block: 20479 usable)" in text
     assert "GPU KV cache size: 327,680 tokens, Maximum concurrency for 32,768 tokens per request: 10.00x" in text
-    assert "vllm serve llama-3.1-8b --tensor-parallel-size 1 --max-model-len 32768" in text
+    # issue 29: the preset's Hugging Face id, not its kvpools name (`vllm serve llama-3.1-8b` loads nothing)
+    assert "vllm serve meta-llama/Meta-Llama-3.1-8B --tensor-parallel-size 1 --max-model-len 32768" in text
 
 
 def test_gpt_oss_has_a_sliding_and_a_full_group() -> None:

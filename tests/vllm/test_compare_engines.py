@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from kvpools_core.cli import main
 from kvpools_core.compare import compare_engines
 from kvpools_core.errors import ConfigError
+from kvpools_core.pipeline import plan
 from kvpools_core.values import Serving
 
 GiB = 1 << 30
@@ -125,6 +126,28 @@ def test_gpu_budgets_are_each_engines_own() -> None:
         assert json.loads(result.stdout)[key] == expected
 
 
+def test_compare_says_why_kvpools_plan_gives_other_tokens() -> None:
+    """Issue 29: `kvpools plan llama-3.1-8b --gpu h100` gave 403,998 tokens and `kvpools compare` 412,220, unexplained.
+
+    compare's SGLang side is SGLang's own estimate (--accounting sglang: budget / 131,072 B); `kvpools plan`
+    defaults to --accounting exact, which also fits req_to_token (2,048 requests + 1 padding row, 524,304 B a row:
+    1,074,298,896 B), the KV pool's padding slot and the allocator's 8 B per token in the same budget."""
+    comparison = compare_engines("llama-3.1-8b", gpu="h100", contexts=(8192,))
+    default = plan("llama-3.1-8b", Serving(), gpu="h100")
+    assert comparison.exact_max_total_num_tokens == default.max_total_num_tokens == 403_998
+    assert comparison.sglang.max_total_num_tokens == 412_220
+    budget = comparison.sglang_budget
+    assert budget // 131_072 == 412_220
+    assert (budget - 2_049 * 524_304 - 131_072) // (131_072 + 8) == 403_998
+    note = comparison.notes[-1]
+    assert "`kvpools plan` defaults to --accounting exact" in note
+    assert "req_to_token 1,074,298,896 B" in note and "allocator 3,231,984 B" in note
+    assert note.endswith("max_total_num_tokens 403,998, 8,222 fewer")
+    assert comparison.to_dict()["sglang"]["exact_max_total_num_tokens"] == 403_998
+    table = CliRunner().invoke(main, ["compare", "llama-3.1-8b", "--gpu", "h100"])
+    assert "`kvpools plan`'s --accounting exact: 403,998" in table.output
+
+
 def test_unmodelled_architecture_is_reported_not_crashed() -> None:
     model = "kimi-linear-48b-a3b-instruct-nvfp4"
     assert compare_engines(model, Serving(tp_size=4), memory="20GiB").vllm is not None
@@ -155,7 +178,7 @@ def test_cli_table_and_json() -> None:
     assert data["contexts"][0]["vllm_requests"] == 93 and data["contexts"][0]["sglang_requests"] == 79
     table = runner.invoke(main, ["compare", "deepseek-v3", "--tp-size", "8", "--memory", "40GiB"])
     assert table.exit_code == 0, table.output
-    assert "where the difference comes from" in table.output and "vllm serve deepseek-v3" in table.output
+    assert "where the difference comes from" in table.output and "vllm serve deepseek-ai/DeepSeek-V3 " in table.output
     refused = runner.invoke(main, ["compare", "llama-3.1-8b", "--memory", "40GiB", "--context", "zero"])
     assert refused.exit_code == 1 and "Traceback" not in refused.output
 
