@@ -26,7 +26,7 @@ def readonly_config(config: Mapping[str, Any], root: str = "config") -> ReadOnly
     copied once.
     """
     made: dict[int, Any] = {}
-    top = ReadOnlyDict(root)
+    top = ReadOnlyDict(path=root)
     made[id(config)] = top
     pending: list[tuple[Any, Any]] = [(config, top)]
     while pending:
@@ -36,7 +36,7 @@ def readonly_config(config: Mapping[str, Any], root: str = "config") -> ReadOnly
             if isinstance(value, (Mapping, list, tuple)):
                 if id(value) not in made:
                     path = f"{target.path}[{key!r}]"
-                    made[id(value)] = ReadOnlyDict(path) if isinstance(value, Mapping) else ReadOnlyList(path)
+                    made[id(value)] = ReadOnlyDict(path=path) if isinstance(value, Mapping) else ReadOnlyList(path=path)
                     pending.append((value, made[id(value)]))
                 value = made[id(value)]
             if isinstance(target, dict):
@@ -58,8 +58,8 @@ class ReadOnlyDict(dict):  # type: ignore[type-arg]
 
     __slots__ = ("path",)
 
-    def __init__(self, path: str = "config") -> None:
-        super().__init__()
+    def __init__(self, *args: Any, path: str = "config", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # as ``dict(...)``: what ``type(x)(items)`` copies (attrs' asdict) pass
         self.path = path
 
     def __setitem__(self, key: Any, value: Any) -> NoReturn:
@@ -109,8 +109,8 @@ class ReadOnlyList(list):  # type: ignore[type-arg]
 
     __slots__ = ("path",)
 
-    def __init__(self, path: str = "config") -> None:
-        super().__init__()
+    def __init__(self, *args: Any, path: str = "config") -> None:
+        super().__init__(*args)  # as ``list(...)``: what ``type(x)(items)`` copies (attrs' asdict) pass
         self.path = path
 
     def __setitem__(self, index: Any, value: Any) -> NoReturn:

@@ -20,6 +20,12 @@ import pytest
 MEMORY = ("--memory", "8GiB")
 
 
+@pytest.fixture
+def cli_env(cli_env: dict[str, str]) -> dict[str, str]:
+    """The shared environment, without a KVPOOLS_TRACEBACK of the developer's shell (each test sets its own)."""
+    return {name: value for name, value in cli_env.items() if name != "KVPOOLS_TRACEBACK"}
+
+
 def install(site: Path, name: str, source: str, version: str = "0.7") -> None:
     """A fake distribution ``kvpools-NAME`` whose entry point ``NAME`` is the module ``fake_NAME``."""
     (site / f"fake_{name}.py").write_text(textwrap.dedent(source))

@@ -282,6 +282,7 @@ def test_readonly_config_refuses_every_change() -> None:
         items[0] = 5
     assert view == {"a": {"b": [1, 2]}, "c": [3]}
     assert json.loads(json.dumps(view)) == {"a": {"b": [1, 2]}, "c": [3]}
+    assert ReadOnlyList([1, 2]) == [1, 2] and ReadOnlyDict({"a": 1}) == {"a": 1}  # ``type(x)(items)`` copies
     thawed = copy.deepcopy(view)
     assert type(thawed) is dict and type(thawed["a"]["b"]) is list
     assert type(copy.copy(view)) is dict and type(view.copy()) is dict
