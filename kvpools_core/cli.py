@@ -22,7 +22,7 @@ import click
 from rich.console import Console
 
 from kvpools_core.dtypes import KV_DTYPE_CHOICES
-from kvpools_core.errors import ConfigError, KvpoolsError, PluginHookError
+from kvpools_core.errors import ConfigError, KvpoolsError, PluginError, PluginHookError
 from kvpools_core.options import cli_surface, option
 from kvpools_core.registry import env_flag, get_registry
 from kvpools_core.values import (
@@ -377,7 +377,8 @@ INTERRUPTED_STATUS = 130
 def _user_facing(command: Callable[..., Any]) -> Callable[..., Any]:
     """Run a command with options named as flags; errors become one paragraph, never a traceback.
 
-    A ``KvpoolsError`` is the user's to fix (exit 1).  A plugin's failure
+    A ``KvpoolsError`` is the user's to fix (exit 1; a plugin that failed to
+    load shows its import's traceback under ``KVPOOLS_TRACEBACK=1``).  A plugin's failure
     (``PluginHookError``: a hook raised or answered against its contract,
     naming the plugin, its distribution and version, and the hook) and
     anything else (a bug in kvpools) are reported in one line (exit 2), with
@@ -401,6 +402,8 @@ def _user_facing(command: Callable[..., Any]) -> Callable[..., Any]:
                     show_traceback,
                 )
             except KvpoolsError as error:
+                if show_traceback and isinstance(error, PluginError) and error.__cause__ is not None:
+                    traceback.print_exception(error, file=sys.stderr)  # a plugin's import failure, say
                 _fail(error)
             except KeyboardInterrupt:
                 click.echo("Error: interrupted (Ctrl-C).", err=True)

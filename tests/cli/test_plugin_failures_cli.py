@@ -117,6 +117,9 @@ def test_system_exit_at_import_is_named_and_warn_skips_it(
     env = dict(cli_env, PYTHONPATH=str(tmp_path))
     message = one_line(run(kvpools_exe, env, "plan", "llama-3.1-8b", *MEMORY), status=1)
     assert 'Error loading plugin "quitter" (kvpools-quitter 0.7): SystemExit: 0' in message
+    out = run(kvpools_exe, dict(env, KVPOOLS_TRACEBACK="1"), "plan", "llama-3.1-8b", *MEMORY)
+    assert out.returncode == 1 and "Traceback" in out.stderr and "raise SystemExit(0)" in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith('Error: Error loading plugin "quitter"'), out.stderr
     out = run(kvpools_exe, dict(env, KVPOOLS_PLUGIN_ERRORS="warn"), "plan", "llama-3.1-8b", *MEMORY)
     assert out.returncode == 0, out.stderr
     assert '"quitter"' in out.stderr and "skipped: KVPOOLS_PLUGIN_ERRORS=warn" in out.stderr
