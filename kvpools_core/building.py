@@ -287,6 +287,7 @@ def check_build_device(plan: Plan, device: str, registry: Registry) -> None:
     try:
         free, by = measure_free_bytes(str(device), plan.serving, registry)
     except NoProviderError:
+        _check_unmeasured_device(str(device), registry)
         return
     need = plan.planned_bytes
     if need > free:
@@ -295,3 +296,31 @@ def check_build_device(plan: Plan, device: str, registry: Registry) -> None:
             f"{free:,} B ({format_bytes(free)}) free there; allocating it would fail or be killed by the kernel. "
             f"Lower {option('memory')}, or build on 'meta' to measure the exact bytes without allocating."
         )
+
+
+def _check_unmeasured_device(device: str, registry: Registry) -> None:
+    """A device no platform plugin measures is built unchecked, but only if torch can allocate there at all.
+
+    ``torch.zeros(..., device="xpu")`` on a torch built without XPU raises
+    torch's ``AssertionError`` from inside a build hook; one empty tensor finds
+    that out first, so the answer names the device and the platforms instead.
+    """
+    import torch
+
+    from kvpools_core.errors import ConfigError
+    from kvpools_core.options import option
+    from kvpools_core.pipeline import installed_platforms
+
+    try:
+        torch.empty(0, device=device)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:
+        described = registry.call_named("platforms", "Platform")
+        platforms = "; ".join(f"{name} ({described[name][1]})" for name in sorted(installed_platforms(registry)))
+        raise ConfigError(
+            f"Cannot build on {option('device')} {device!r}: no installed platform plugin provides that device and "
+            f"torch cannot allocate there ({type(exc).__name__}: {str(exc).strip()}). Platforms that can build: "
+            f"{platforms or 'none'}. Build on one of their devices (cpu, cuda:N, ...), or on 'meta' to measure "
+            f"the exact bytes without allocating."
+        ) from exc

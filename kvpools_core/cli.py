@@ -11,20 +11,20 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import sys
+import traceback
 import typing
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import click
 from rich.console import Console
 
 from kvpools_core.dtypes import KV_DTYPE_CHOICES
-from kvpools_core.errors import ConfigError, KvpoolsError
+from kvpools_core.errors import ConfigError, KvpoolsError, PluginError, PluginHookError
 from kvpools_core.options import cli_surface, option
-from kvpools_core.registry import get_registry
+from kvpools_core.registry import env_flag, get_registry
 from kvpools_core.values import (
     ACCOUNTING_MODES,
     DECODE_RETRACTION_BACKUPS,
@@ -370,37 +370,65 @@ def _fail(error: KvpoolsError) -> None:
 
 
 TRACEBACK_ENV = "KVPOOLS_TRACEBACK"
+INTERRUPTED_STATUS = 130
+"""The exit status of a command stopped by Ctrl-C (128 + SIGINT, as a shell reports it)."""
 
 
 def _user_facing(command: Callable[..., Any]) -> Callable[..., Any]:
     """Run a command with options named as flags; errors become one paragraph, never a traceback.
 
-    A ``KvpoolsError`` is the user's to fix (exit 1).  Anything else is a bug
-    in kvpools (plugin failures arrive as ``PluginHookError``, naming the
-    plugin): it is reported in one line (exit 2), with the traceback only
-    under ``KVPOOLS_TRACEBACK=1``.
+    A ``KvpoolsError`` is the user's to fix (exit 1; a plugin that failed to
+    load shows its import's traceback under ``KVPOOLS_TRACEBACK=1``).  A plugin's failure
+    (``PluginHookError``: a hook raised or answered against its contract,
+    naming the plugin, its distribution and version, and the hook) and
+    anything else (a bug in kvpools) are reported in one line (exit 2), with
+    the traceback only under ``KVPOOLS_TRACEBACK=1``.  Ctrl-C (including in a
+    plugin that hangs) is one line, exit 130.
     """
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
         with cli_surface():
+            show_traceback = False
             try:
+                show_traceback = env_flag(TRACEBACK_ENV)
                 return command(*args, **kwargs)
+            except PluginHookError as error:
+                _bug(
+                    error,
+                    f"Error: {error}",
+                    "This is a bug in that plugin: report it to its authors with the output of the same command "
+                    f"run with {TRACEBACK_ENV}=1, or disable the plugin with KVPOOLS_DISABLED_PLUGINS.",
+                    show_traceback,
+                )
             except KvpoolsError as error:
+                if show_traceback and isinstance(error, PluginError) and error.__cause__ is not None:
+                    traceback.print_exception(error, file=sys.stderr)  # a plugin's import failure, say
                 _fail(error)
-            except (click.exceptions.Exit, click.ClickException, KeyboardInterrupt):
+            except KeyboardInterrupt:
+                click.echo("Error: interrupted (Ctrl-C).", err=True)
+                sys.exit(INTERRUPTED_STATUS)
+            except (click.exceptions.Exit, click.ClickException):
                 raise
             except Exception as error:
-                if os.environ.get(TRACEBACK_ENV):
-                    raise
-                click.echo(
-                    f"Error: internal error, a bug in kvpools: {type(error).__name__}: {error}. "
+                _bug(
+                    error,
+                    f"Error: internal error, a bug in kvpools: {type(error).__name__}: {error}.",
                     f"Please report it with the output of the same command run with {TRACEBACK_ENV}=1.",
-                    err=True,
+                    show_traceback,
                 )
-                sys.exit(2)
 
     return run
+
+
+def _bug(error: BaseException, message: str, report: str, show_traceback: bool) -> NoReturn:
+    """A plugin's or kvpools' bug: one line (after the traceback under KVPOOLS_TRACEBACK=1); exit 2."""
+    if show_traceback:
+        traceback.print_exception(error, file=sys.stderr)
+        click.echo(message, err=True)
+    else:
+        click.echo(f"{message} {report}", err=True)
+    sys.exit(2)
 
 
 def _console() -> Console:

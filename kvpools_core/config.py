@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from kvpools_core.errors import ConfigError, PluginConflictError, short_repr
+from kvpools_core.readonly import readonly_config
 
 if TYPE_CHECKING:
     from kvpools_core.registry import Registry
@@ -424,6 +425,13 @@ def resolve_model_source(model: str, registry: Registry) -> tuple[dict[str, Any]
             str(path),
             path.stem if path.name != "config.json" else path.resolve().parent.name,
         )
+    owner = registry.kept_out_preset_owner(model)
+    if owner is not None:
+        raise ConfigError(
+            f"Model {model!r} is a preset of the plugin {owner.label}, which is "
+            f"{'disabled' if owner.status == 'blocked' else 'not loaded'}, so kvpools does not know it. "
+            f"To use it, {registry.enable_hint(owner)}"
+        )
     close = difflib.get_close_matches(model.lower(), sorted(presets), n=3, cutoff=0.6)
     hint = f"Did you mean {' or '.join(map(repr, close))}? " if close else ""
     known = ", ".join(sorted(presets)) or f"none installed. {registry.loading_hint()}".rstrip()
@@ -440,7 +448,8 @@ def registry_presets(registry: Registry) -> dict[str, tuple[str, str]]:
 
 def parse_config(config: Mapping[str, Any], source: str, registry: Registry) -> tuple[ModelSpec, str]:
     """Ask every architecture to claim the config; exactly one must."""
-    claims = registry.call_collect("parse_model_config", config=MappingProxyType(dict(config)), source=source)
+    # One read-only deep copy for every plugin: none can change what the next one (or the caller) reads.
+    claims = registry.call_collect("parse_model_config", config=readonly_config(config), source=source)
     if not claims:
         raise registry.no_provider_error(
             "parse_model_config",

@@ -112,7 +112,7 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
     plugin may claim a config: an architecture returns ``None`` for configs it
     does not recognise, and two claims are reported as a conflict naming both.
 
-    :param config: the parsed ``config.json`` (read-only).
+    :param config: the parsed ``config.json``, read-only to its nested dicts and lists (a write is a ``TypeError``).
     :param source: where it came from (a path or ``preset:NAME``), for errors.
     :returns: the model's per-layer description, or ``None`` to decline.
     """

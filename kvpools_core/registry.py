@@ -25,6 +25,7 @@ import difflib
 import os
 import re
 import sys
+import types
 import warnings
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, cast
@@ -35,6 +36,7 @@ import pluggy
 
 from kvpools_core import defaults, hookspecs
 from kvpools_core.errors import (
+    ConfigError,
     InvalidValueError,
     KvpoolsError,
     NoProviderError,
@@ -83,8 +85,26 @@ def _env_list(name: str) -> tuple[str, ...] | None:
     return tuple(item.strip() for item in raw.split(",") if item.strip())
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+TRUE_SPELLINGS = ("1", "true", "yes", "on")
+FALSE_SPELLINGS = ("0", "false", "no", "off", "")
+
+
+def env_flag(name: str) -> bool:
+    """A boolean environment control: ``1/true/yes/on`` or ``0/false/no/off``/empty/unset (any case).
+
+    Anything else is refused (a ``ConfigError`` naming the variable), so that a
+    value such as ``maybe`` is not silently read as one or the other.
+    """
+    raw = os.environ.get(name)
+    value = "" if raw is None else raw.strip().lower()
+    if value in TRUE_SPELLINGS:
+        return True
+    if value in FALSE_SPELLINGS:
+        return False
+    raise ConfigError(
+        f"{name}={short_repr(raw)} is not a boolean: use {', '.join(TRUE_SPELLINGS[:-1])} or {TRUE_SPELLINGS[-1]} "
+        f"to turn it on, and {', '.join(FALSE_SPELLINGS[:-1])} or empty (or unset it) to turn it off."
+    )
 
 
 def _kvpools_version() -> str:
@@ -131,13 +151,13 @@ class Registry:
         extra_plugins: Mapping[str, object] | None = None,
         trace_stream: Any = None,
     ) -> None:
-        self.autoload = (not _env_flag("KVPOOLS_DISABLE_PLUGIN_AUTOLOAD")) if autoload is None else autoload
+        self.autoload = (not env_flag("KVPOOLS_DISABLE_PLUGIN_AUTOLOAD")) if autoload is None else autoload
         self._autoload_source = "KVPOOLS_DISABLE_PLUGIN_AUTOLOAD=1" if autoload is None else "Registry(autoload=False)"
         self.allowed = tuple(plugins) if plugins is not None else _env_list("KVPOOLS_PLUGINS")
         self._allowed_source = "KVPOOLS_PLUGINS" if plugins is None else "Registry(plugins=...)"
         self.disabled = tuple(disabled) if disabled is not None else (_env_list("KVPOOLS_DISABLED_PLUGINS") or ())
         self._disabled_source = "KVPOOLS_DISABLED_PLUGINS" if disabled is None else "Registry(disabled=...)"
-        self.trace = _env_flag("KVPOOLS_TRACE_PLUGINS") if trace is None else trace
+        self.trace = env_flag("KVPOOLS_TRACE_PLUGINS") if trace is None else trace
         mode = on_plugin_error if on_plugin_error is not None else os.environ.get("KVPOOLS_PLUGIN_ERRORS", "raise")
         if mode not in ("raise", "warn"):
             raise PluginError(f"KVPOOLS_PLUGIN_ERRORS must be 'raise' or 'warn', got {mode!r}.")
@@ -157,6 +177,7 @@ class Registry:
         self._pm.add_hookspecs(hookspecs)
         self._infos: dict[str, PluginInfo] = {}
         self._records: list[_CallRecord] = []
+        self._skipped: dict[str, importlib_metadata.EntryPoint] = {}
         self._register_core()
         self._load_entry_points(extras)
         for name, obj in extras.items():
@@ -210,19 +231,23 @@ class Registry:
             dist, version = _dist_name_version(ep)
             key = ep.name if ep.name not in self._infos else f"{dist}:{ep.name}"
             self._infos[key] = PluginInfo(ep.name, dist, version, status, module=ep.value)
+            self._skipped[key] = ep
 
     def _load(self, ep: importlib_metadata.EntryPoint) -> None:
         dist, version = _dist_name_version(ep)
         try:
             obj = ep.load()
-        except Exception as exc:  # any import failure is the plugin's, and is named
+        except KeyboardInterrupt:  # Ctrl-C during a slow import is the user's, not the plugin's failure
+            raise
+        except BaseException as exc:  # any import failure (even SystemExit) is the plugin's, and is named
+            cause = _describe_exception(exc)
             self._fail(
-                PluginLoadError(f'Error loading plugin "{ep.name}" ({dist} {version}): {type(exc).__name__}: {exc}'),
-                PluginInfo(ep.name, dist, version, "failed", error=f"{type(exc).__name__}: {exc}", module=ep.value),
+                PluginLoadError(f'Error loading plugin "{ep.name}" ({dist} {version}): {cause}'),
+                PluginInfo(ep.name, dist, version, "failed", error=cause, module=ep.value),
                 exc,
             )
             return
-        self._register(ep.name, obj, dist, version, module=ep.value)
+        self._register(ep.name, obj, dist, version, module=ep.value, entry_point=f"{ep.name} = {ep.value}")
 
     def _wanted(self, ep: importlib_metadata.EntryPoint) -> bool:
         if self.allowed is not None:
@@ -271,7 +296,9 @@ class Registry:
             f'("DIST:NAME"; a plain {name} disables every "{name}").'
         )
 
-    def _register(self, name: str, obj: object, dist: str, version: str, *, module: str | None) -> None:
+    def _register(
+        self, name: str, obj: object, dist: str, version: str, *, module: str | None, entry_point: str | None = None
+    ) -> None:
         label = f'"{name}" ({dist} {version})'
         if name in self._infos and self._infos[name].status == "loaded":
             raise PluginConflictError(f"Plugin name {label} is already registered by {self._infos[name].label}.")
@@ -284,15 +311,29 @@ class Registry:
                 exc,
             )
             return
-        except ValueError as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a duplicate object (ValueError), or an attribute that raises when read
             self._fail(
-                PluginLoadError(f"Error registering plugin {label}: {exc}"),
-                PluginInfo(name, dist, version, "failed", error=str(exc), module=module),
+                PluginLoadError(f"Error registering plugin {label}: {_describe_exception(exc)}"),
+                PluginInfo(name, dist, version, "failed", error=_describe_exception(exc), module=module),
                 exc,
             )
             return
+        callers = self._pm.get_hookcallers(obj) or []
+        if not callers:
+            # pluggy registers any object, and one without @hookimpl functions (a function or a number named
+            # by the entry point, a module that forgot the decorator) would load silently and never answer.
+            self._pm.unregister(obj)
+            message = _no_hooks_message(label, obj, entry_point)
+            self._fail(
+                PluginLoadError(message),
+                PluginInfo(name, dist, version, "failed", error=message, module=module),
+                None,
+            )
+            return
         hooks = []
-        for caller in self._pm.get_hookcallers(obj) or []:
+        for caller in callers:
             hooks.append(caller.name)
             firstresult = bool(caller.spec and caller.spec.opts.get("firstresult"))
             for impl in caller.get_hookimpls():
@@ -318,7 +359,7 @@ class Registry:
                 self._pm.unregister(exc.plugin)
                 self._fail(PluginValidationError(message), attrs.evolve(info, status="failed", error=message), exc)
 
-    def _fail(self, error: PluginError, info: PluginInfo, cause: BaseException) -> None:
+    def _fail(self, error: PluginError, info: PluginInfo, cause: BaseException | None) -> None:
         if info.name == CORE_PLUGIN or self.on_plugin_error == "raise":
             raise error from cause
         self._infos[info.name] = info
@@ -541,6 +582,36 @@ class Registry:
             parts.append(f"Failed to load (skipped): {failed}.")
         return " ".join(parts)
 
+    def kept_out_preset_owner(self, preset: str) -> PluginInfo | None:
+        """The built-in plugin the controls kept out (``blocked`` or ``not-loaded``) that ships ``preset``, if any.
+
+        For an error message only: the built-in plugin is imported to ask its
+        ``presets`` hook, but not registered.  A third-party plugin kept out is
+        never imported (a user may have disabled it because its import fails).
+        """
+        for key, ep in self._skipped.items():
+            if not _is_builtin(ep):
+                continue
+            try:
+                obj = ep.load()
+                offered = obj.presets() if self._pm.parse_hookimpl_opts(obj, "presets") is not None else None
+            except Exception:  # a message helper: a built-in that cannot answer is simply not named
+                continue
+            if isinstance(offered, Mapping) and preset in offered:
+                return self._infos[key]
+        return None
+
+    def enable_hint(self, info: PluginInfo) -> str:
+        """How to let a plugin the load controls kept out load (one sentence, for error messages)."""
+        if info.status == "blocked":
+            named = [item for item in self.disabled if item.partition(":")[2] == info.name or item == info.name]
+            return f"remove {' and '.join(named) or info.name} from {self._disabled_source}."
+        if self.allowed is not None:
+            return f"add {info.name} to {self._allowed_source} (or unset it)."
+        if self._autoload_source.startswith("KVPOOLS_"):
+            return "turn plugin autoload back on (unset KVPOOLS_DISABLE_PLUGIN_AUTOLOAD)."
+        return "turn plugin autoload back on (Registry(autoload=True))."
+
     def _invoke(self, hook: str, kwargs: Mapping[str, Any]) -> tuple[Any, _CallRecord]:
         caller = getattr(self._pm.hook, hook)
         record = _CallRecord(hook)
@@ -560,9 +631,11 @@ class Registry:
         except KvpoolsError as exc:
             self._print_trace(hook, kwargs, record, None, exc)
             raise
-        except Exception as exc:
+        except KeyboardInterrupt:  # Ctrl-C in a slow hook: the user's wish, passed on (the CLI exits 130)
+            raise
+        except BaseException as exc:  # anything else a plugin raises, even SystemExit(0), is its failure, named
             plugin = record.raised.get(id(exc), "?")
-            error = PluginHookError(f"Plugin {self._label(plugin)} failed in hook {hook}: {type(exc).__name__}: {exc}")
+            error = PluginHookError(f"Plugin {self._label(plugin)} failed in hook {hook}: {_describe_exception(exc)}")
             self._print_trace(hook, kwargs, record, None, error)
             raise error from exc
         finally:
@@ -614,8 +687,42 @@ def _problem(contract: ResultContract, value: Any) -> str | None:
     """What breaks the contract; a check that itself fails (a raising ``nbytes``) is a problem too."""
     try:
         return contract.problem(value)
-    except Exception as exc:
-        return f"checking it raised {type(exc).__name__}: {exc}"
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        return f"checking it raised {_describe_exception(exc)}"
+
+
+def _describe_exception(exc: BaseException) -> str:
+    """``Type: message`` of what a plugin raised; an exception that is not an error is said to be one."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, SystemExit):
+        text += " (a plugin must not exit the process; raise an exception instead)"
+    elif not isinstance(exc, Exception):
+        text += " (a BaseException that is not an Exception)"
+    return text
+
+
+def _no_hooks_message(label: str, obj: object, entry_point: str | None) -> str:
+    """Why an object with no ``@hookimpl`` attributes is no plugin, naming what the entry point pointed at."""
+    qualname = getattr(obj, "__qualname__", None)
+    if isinstance(obj, types.ModuleType):
+        what = f"the module {obj.__name__}, which has no @kvpools_core.hookimpl functions"
+    elif isinstance(qualname, str):
+        kind = "class" if isinstance(obj, type) else "function"
+        what = (
+            f"the {kind} {getattr(obj, '__module__', '?')}.{qualname}, which has no @kvpools_core.hookimpl attributes"
+        )
+    else:
+        kind = type(obj).__name__
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        what = f"{short_repr(obj, 60)} ({article} {kind}), which has no @kvpools_core.hookimpl attributes"
+    declared = f" Its entry point {entry_point} names {what}." if entry_point else f" It is {what}."
+    return (
+        f"Plugin {label} registers no kvpools hooks.{declared} A plugin is a module (or an object) whose hook "
+        f"implementations are functions decorated with @kvpools_core.hookimpl: point the entry point at that "
+        f"module, or decorate the functions."
+    )
 
 
 def _blaming_generator(
