@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 from kvpools_core import hookimpl
-from kvpools_core.errors import ConfigError
 from kvpools_core.options import option
+from kvpools_core.registry import env_flag
 from kvpools_core.values import KVDtypeRule, ModelSpec, PlatformTraits, Serving
 
 PLATFORM = "cpu"
@@ -78,17 +78,9 @@ def has_amx() -> bool:
     pinning the answer so it cannot depend on the machine running it); unset, this host's ``/proc/cpuinfo``
     decides (``amx_tile``).
     """
-    told = os.environ.get(AMX_ENV)
-    if told is not None and told.strip():
-        answer = told.strip().lower()
-        if answer in ("1", "true", "yes", "on"):
-            return True
-        if answer in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(
-            f"{AMX_ENV}={told!r} is neither yes nor no: set it to 1 (the serving CPU has Intel AMX) or 0 (it has "
-            f"not), or unset it to probe this host"
-        )
+    told = os.environ.get(AMX_ENV, "")
+    if told.strip():
+        return env_flag(AMX_ENV)  # one spelling of yes and no for every kvpools control; anything else refused
     try:
         return "amx_tile" in Path("/proc/cpuinfo").read_text()
     except OSError:

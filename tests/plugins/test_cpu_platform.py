@@ -38,7 +38,7 @@ def test_told_absent_refuses_fp8_on_cpu_naming_the_variable(monkeypatch: pytest.
 
 def test_an_unreadable_answer_is_refused_not_read_as_yes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(cpu.AMX_ENV, "maybe")
-    with pytest.raises(ConfigError, match=r"KVPOOLS_CPU_AMX='maybe' is neither yes nor no"):
+    with pytest.raises(ConfigError, match=r"KVPOOLS_CPU_AMX='maybe' is not a boolean"):
         plan("llama-3.1-8b", FP8_ON_CPU, memory="4GiB")
 
 
