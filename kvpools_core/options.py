@@ -10,10 +10,13 @@ and a context variable keeps concurrent API callers (threads, tasks) apart.
 from __future__ import annotations
 
 import contextvars
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["cli_surface", "on_cli", "option"]
+from kvpools_core.errors import ConfigError, short_repr
+
+__all__ = ["FALSE_SPELLINGS", "TRUE_SPELLINGS", "cli_surface", "env_flag", "on_cli", "option"]
 
 _ON_CLI: contextvars.ContextVar[bool] = contextvars.ContextVar("kvpools_on_cli", default=False)
 
@@ -41,3 +44,26 @@ def cli_surface() -> Iterator[None]:
         yield
     finally:
         _ON_CLI.reset(token)
+
+
+TRUE_SPELLINGS = ("1", "true", "yes", "on")
+FALSE_SPELLINGS = ("0", "false", "no", "off", "")
+"""How every kvpools on/off environment control is spelt (the core's and the plugins' alike)."""
+
+
+def env_flag(name: str) -> bool:
+    """A boolean environment control: ``1/true/yes/on`` or ``0/false/no/off``/empty/unset (any case).
+
+    Anything else is refused (a ``ConfigError`` naming the variable), so that a
+    value such as ``maybe`` is not silently read as one or the other.
+    """
+    raw = os.environ.get(name)
+    value = "" if raw is None else raw.strip().lower()
+    if value in TRUE_SPELLINGS:
+        return True
+    if value in FALSE_SPELLINGS:
+        return False
+    raise ConfigError(
+        f"{name}={short_repr(raw)} is not a boolean: use {', '.join(TRUE_SPELLINGS[:-1])} or {TRUE_SPELLINGS[-1]} "
+        f"to turn it on, and {', '.join(FALSE_SPELLINGS[:-1])} or empty (or unset it) to turn it off."
+    )

@@ -36,7 +36,6 @@ import pluggy
 
 from kvpools_core import defaults, hookspecs
 from kvpools_core.errors import (
-    ConfigError,
     InvalidValueError,
     KvpoolsError,
     NoProviderError,
@@ -50,6 +49,7 @@ from kvpools_core.errors import (
     short_repr,
 )
 from kvpools_core.hookspecs import ResultContract, describe_value
+from kvpools_core.options import env_flag
 
 ENTRY_POINT_GROUP = "kvpools"
 CORE_PLUGIN = "core"
@@ -83,28 +83,6 @@ def _env_list(name: str) -> tuple[str, ...] | None:
     if raw is None:
         return None
     return tuple(item.strip() for item in raw.split(",") if item.strip())
-
-
-TRUE_SPELLINGS = ("1", "true", "yes", "on")
-FALSE_SPELLINGS = ("0", "false", "no", "off", "")
-
-
-def env_flag(name: str) -> bool:
-    """A boolean environment control: ``1/true/yes/on`` or ``0/false/no/off``/empty/unset (any case).
-
-    Anything else is refused (a ``ConfigError`` naming the variable), so that a
-    value such as ``maybe`` is not silently read as one or the other.
-    """
-    raw = os.environ.get(name)
-    value = "" if raw is None else raw.strip().lower()
-    if value in TRUE_SPELLINGS:
-        return True
-    if value in FALSE_SPELLINGS:
-        return False
-    raise ConfigError(
-        f"{name}={short_repr(raw)} is not a boolean: use {', '.join(TRUE_SPELLINGS[:-1])} or {TRUE_SPELLINGS[-1]} "
-        f"to turn it on, and {', '.join(FALSE_SPELLINGS[:-1])} or empty (or unset it) to turn it off."
-    )
 
 
 def _kvpools_version() -> str:

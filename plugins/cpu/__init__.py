@@ -6,8 +6,7 @@ import os
 from pathlib import Path
 
 from kvpools_core import hookimpl
-from kvpools_core.options import option
-from kvpools_core.registry import env_flag
+from kvpools_core.options import env_flag, option
 from kvpools_core.values import KVDtypeRule, ModelSpec, PlatformTraits, Serving
 
 PLATFORM = "cpu"
@@ -74,9 +73,9 @@ AMX_ENV = "KVPOOLS_CPU_AMX"
 def has_amx() -> bool:
     """Intel AMX tiles back SGLang's CPU fp8 kernels: does the host that will serve have them?
 
-    :data:`AMX_ENV` answers for a host other than this one (planning offline for another server, or a test
-    pinning the answer so it cannot depend on the machine running it); unset, this host's ``/proc/cpuinfo``
-    decides (``amx_tile``).
+    :data:`AMX_ENV` (read by :func:`kvpools_core.options.env_flag`) answers for a host other than this one
+    (planning offline for another server, or a test pinning the answer so it cannot depend on the machine running
+    it); unset, this host's ``/proc/cpuinfo`` decides (``amx_tile``).
     """
     told = os.environ.get(AMX_ENV, "")
     if told.strip():
