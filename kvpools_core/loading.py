@@ -1,0 +1,221 @@
+"""Loading the frozen values from JSON: every field type-checked against its annotation, every error at its path.
+
+``Plan.from_json`` (and each value's ``from_dict``) reads text that may come
+from another rank, another kvpools, a file a user edited or a hostile
+sender.  :func:`load_value` walks the JSON against the attrs class's own
+field annotations before the class is built, so a wrong JSON type, a
+missing or unknown field, a non-finite number or an integer no tensor could
+hold is reported as a :class:`~kvpools_core.errors.PlanFormatError` naming
+the field's path (``plan.sizing.pools[2].slots``), the value seen and what
+is expected; the class's own validators then check ranges, and their
+errors are re-raised at the same path.  No other exception leaves a load.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import attrs
+
+from kvpools_core.errors import KvpoolsError, PlanFormatError, short_repr
+from kvpools_core.options import option
+
+T = TypeVar("T")
+
+INT_BOUND = 1 << 63
+"""Integers of a value's JSON lie in ``(-2**63, 2**63)``: sizes and counts index int64 tensors."""
+MAX_FREE_DEPTH = 32
+"""How deep free-form JSON (``params``, ``sglang_config``, ``plugin_options``) may nest."""
+
+_PREPARE_HOOK = "_prepare_loaded"
+"""A class may define ``classmethod _prepare_loaded(data, path) -> dict`` to read older spellings first."""
+
+
+def parse_json(text: Any, what: str = "plan") -> Any:
+    """``json.loads`` for a value's JSON text: every failure a :class:`PlanFormatError` saying why."""
+    if not isinstance(text, (str, bytes, bytearray)):
+        raise PlanFormatError(f"The {what} JSON must be text (str or bytes), got {type(text).__name__}.", path=what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlanFormatError(
+            f"The {what} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}.", path=what
+        ) from None
+    except RecursionError:
+        raise PlanFormatError(f"The {what} JSON nests too deep for a {what}.", path=what) from None
+    except ValueError as exc:  # not UTF-8, or an integer literal of more digits than Python converts
+        reason = "it holds an integer of thousands of digits" if "integer string" in str(exc) else str(exc)
+        raise PlanFormatError(f"The {what} JSON cannot be read: {reason}.", path=what) from None
+
+
+def load_value(cls: type[T], data: Any, path: str | None = None) -> T:
+    """Build ``cls`` (an attrs class) from its plain-JSON form ``data``; errors name ``path`` (default: the class)."""
+    path = path or cls.__name__
+    if not isinstance(data, Mapping):
+        raise wrong(path, data, f"a JSON object (a {cls.__name__})")
+    prepare = getattr(cls, _PREPARE_HOOK, None)
+    if prepare is not None:
+        data = prepare(data, path)
+    fields = _fields(cls)  # type: ignore[arg-type]  # a class is hashable
+    unknown = [key for key in data if key not in fields]
+    if unknown:
+        shown = ", ".join(repr(k) if isinstance(k, str) else short_repr(k) for k in sorted(map(str, unknown)))
+        raise PlanFormatError(
+            f"{path} has unknown field(s) {shown}: a {cls.__name__} has none such. Drop them, or load the value "
+            "with the kvpools that wrote it.",
+            path=path,
+        )
+    missing = [name for name, (_, required) in fields.items() if required and name not in data]
+    if missing:
+        raise PlanFormatError(
+            f"{path} is missing required field(s) {', '.join(map(repr, missing))} of a {cls.__name__}.",
+            path=f"{path}.{missing[0]}",
+        )
+    kwargs = {name: _coerce(fields[name][0], value, f"{path}.{name}") for name, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except PlanFormatError:
+        raise
+    except KvpoolsError as exc:
+        message, at = _at(path, cls, str(exc))
+        raise PlanFormatError(message, path=at) from None
+
+
+def check_json(value: Any, path: str, depth: int = 0) -> Any:
+    """Free-form JSON (a value's ``params``): plain JSON types, finite numbers, 64-bit integers, bounded nesting."""
+    if depth > MAX_FREE_DEPTH:
+        raise PlanFormatError(f"{path} nests deeper than {MAX_FREE_DEPTH} levels.", path=path)
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return _int(value, path)
+    if isinstance(value, float):
+        return _finite(value, path)
+    if isinstance(value, (list, tuple)):
+        return [check_json(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
+    if isinstance(value, Mapping):
+        for key in value:
+            if not isinstance(key, str):
+                raise wrong(f"{path} key", key, "a string")
+        return {key: check_json(item, f"{path}[{key!r}]", depth + 1) for key, item in value.items()}
+    raise wrong(path, value, "plain JSON (null, a boolean, a number, a string, an array or an object)")
+
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+
+
+@functools.cache
+def _fields(cls: type) -> dict[str, tuple[Any, bool]]:
+    """Each field's resolved annotation and whether it is required (no default)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: (hints[f.name], f.default is attrs.NOTHING) for f in attrs.fields(cls)}
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    """``value`` checked (and, for sequences, made a tuple) against the annotation ``tp``."""
+    if tp is Any:
+        return check_json(value, path)
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (arm,) = [a for a in args if a is not type(None)]
+        return _coerce(arm, value, path)
+    if isinstance(tp, type) and attrs.has(tp):
+        return value if isinstance(value, tp) else load_value(tp, value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise wrong(path, value, "true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise wrong(path, value, "an integer")
+        return _int(value, path)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise wrong(path, value, "a number")
+        return _int(value, path) if isinstance(value, int) else _finite(value, path)
+    if tp is str:
+        if not isinstance(value, str):
+            raise wrong(path, value, "a string")
+        return value
+    if origin in (tuple, frozenset):
+        if not isinstance(value, (list, tuple, frozenset, set)):
+            raise wrong(path, value, "a JSON array")
+        items = [_coerce(args[0], item, f"{path}[{i}]") for i, item in enumerate(value)]
+        return tuple(items) if origin is tuple else _frozen(items, path)
+    if origin is Mapping:
+        if not isinstance(value, Mapping):
+            raise wrong(path, value, "a JSON object")
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise wrong(f"{path} key", key, "a string")
+            out[key] = _coerce(args[1], item, f"{path}[{key!r}]")
+        return out
+    raise TypeError(f"kvpools_core.loading cannot load a field annotated {tp!r} ({path})")  # a kvpools bug
+
+
+def _frozen(items: list[Any], path: str) -> frozenset[Any]:
+    if len(set(items)) != len(items):
+        raise wrong(path, items, "an array without repeated items")
+    return frozenset(items)
+
+
+def _int(value: int, path: str) -> int:
+    if not -INT_BOUND < value < INT_BOUND:
+        raise wrong(path, value, "an integer of at most 64 bits (below 2**63)")
+    return value
+
+
+def _finite(value: float, path: str) -> float:
+    if not math.isfinite(value):
+        raise wrong(path, value, "a finite number")
+    return value
+
+
+def wrong(path: str, value: Any, expected: str) -> PlanFormatError:
+    return PlanFormatError(f"{path} must be {expected}, got {_seen(value)}.", path=path)
+
+
+_KINDS = ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"), (Mapping, "an object"))
+
+
+def _seen(value: Any) -> str:
+    """The value as its JSON reads (``null``, ``"12"`` (a string), ``NaN``), clipped, with what kind it is."""
+    if value is None:
+        return "null"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return short_repr(value)
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        return short_repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    if isinstance(value, (list, tuple)):
+        return f"{text} (an array)"
+    kind = next((name for cls, name in _KINDS if isinstance(value, cls)), None)
+    return f"{text} ({kind})" if kind else text
+
+
+def _at(path: str, cls: type, message: str) -> tuple[str, str]:
+    """A value's own validator message at ``path``: ``PoolSpec.slots must`` reads ``plan.sizing.pools[2].slots must``.
+
+    Returns the message and the path of the field it names (``path`` itself when it names none).
+    """
+    for name in sorted(_fields(cls), key=len, reverse=True):
+        for token in (f"{cls.__name__}.{name}", option(name), name):
+            if re.match(rf"{re.escape(token)}(?![\w-])", message):
+                flag = f" ({token})" if token.startswith("--") else ""
+                return f"{path}.{name}{flag}{message[len(token) :]}", f"{path}.{name}"
+    return f"{path}: {message}", path
