@@ -74,9 +74,10 @@ def load_value(cls: type[T], data: Any, path: str | None = None) -> T:
         )
     missing = [name for name, (_, required) in fields.items() if required and name not in data]
     if missing:
+        first, *rest = (f"{path}.{name}" for name in missing)
+        more = f" (and {', '.join(rest)})" if rest else ""
         raise PlanFormatError(
-            f"{path} is missing required field(s) {', '.join(map(repr, missing))} of a {cls.__name__}.",
-            path=f"{path}.{missing[0]}",
+            f"{first}{more} is missing: a {cls.__name__} requires {'them' if rest else 'it'}.", path=first
         )
     kwargs = {name: _coerce(fields[name][0], value, f"{path}.{name}") for name, value in data.items()}
     try:

@@ -1054,7 +1054,9 @@ class CellSize:
     @sglang_bytes_per_token.validator
     def _check_sglang(self, _attribute: attrs.Attribute[Any], value: float) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-            raise ConfigError(f"A cell size must be positive and finite, got {value!r} bytes per token.")
+            raise ConfigError(
+                f"CellSize.sglang_bytes_per_token (a cell size) must be a positive finite number, got {value!r}."
+            )
 
     @parts.validator
     def _check_units(self, _attribute: attrs.Attribute[Any], parts: tuple[object, ...]) -> None:
