@@ -19,7 +19,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import attrs
@@ -79,7 +79,7 @@ def load_value(cls: type[T], data: Any, path: str | None = None) -> T:
         raise PlanFormatError(
             f"{first}{more} is missing: a {cls.__name__} requires {'them' if rest else 'it'}.", path=first
         )
-    kwargs = {name: _coerce(fields[name][0], value, f"{path}.{name}") for name, value in data.items()}
+    kwargs = {name: fields[name][0](value, f"{path}.{name}") for name, value in data.items()}
     try:
         return cls(**kwargs)
     except PlanFormatError:
@@ -114,57 +114,80 @@ def check_json(value: Any, path: str, depth: int = 0) -> Any:
 # ---------------------------------------------------------------------------
 
 
+Check = Callable[[Any, str], Any]
+"""A field's checker: takes the JSON value and its path, returns the value to build with (arrays as tuples)."""
+
+
 @functools.cache
-def _fields(cls: type) -> dict[str, tuple[Any, bool]]:
-    """Each field's resolved annotation and whether it is required (no default)."""
+def _fields(cls: type) -> dict[str, tuple[Check, bool]]:
+    """Each field's checker, compiled once from its resolved annotation, and whether it is required."""
     hints = typing.get_type_hints(cls)
-    return {f.name: (hints[f.name], f.default is attrs.NOTHING) for f in attrs.fields(cls)}
+    return {f.name: (_checker(hints[f.name]), f.default is attrs.NOTHING) for f in attrs.fields(cls)}
 
 
-def _coerce(tp: Any, value: Any, path: str) -> Any:
-    """``value`` checked (and, for sequences, made a tuple) against the annotation ``tp``."""
+def _checker(tp: Any) -> Check:
+    """The checker of values annotated ``tp`` (the shapes the values use; anything else is a kvpools bug)."""
     if tp is Any:
-        return check_json(value, path)
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        (arm,) = [a for a in args if a is not type(None)]
-        return _coerce(arm, value, path)
+        return check_json
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:  # ``X | None``
+        (arm,) = [_checker(a) for a in args if a is not type(None)]
+        return lambda value, path: None if value is None else arm(value, path)
     if isinstance(tp, type) and attrs.has(tp):
-        return value if isinstance(value, tp) else load_value(tp, value, path)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise wrong(path, value, "true or false")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise wrong(path, value, "an integer")
-        return _int(value, path)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise wrong(path, value, "a number")
-        return _int(value, path) if isinstance(value, int) else _finite(value, path)
-    if tp is str:
-        if not isinstance(value, str):
-            raise wrong(path, value, "a string")
-        return value
+        return lambda value, path: value if isinstance(value, tp) else load_value(tp, value, path)
+    if tp in _SCALARS:
+        return _SCALARS[tp]
     if origin in (tuple, frozenset):
-        if not isinstance(value, (list, tuple, frozenset, set)):
-            raise wrong(path, value, "a JSON array")
-        items = [_coerce(args[0], item, f"{path}[{i}]") for i, item in enumerate(value)]
-        return tuple(items) if origin is tuple else _frozen(items, path)
+        item = _checker(args[0])
+        frozen = origin is frozenset
+
+        def check_array(value: Any, path: str) -> Any:
+            if not isinstance(value, (list, tuple, frozenset, set)):
+                raise wrong(path, value, "a JSON array")
+            items = [item(each, f"{path}[{i}]") for i, each in enumerate(value)]
+            return _frozen(items, path) if frozen else tuple(items)
+
+        return check_array
     if origin is Mapping:
-        if not isinstance(value, Mapping):
-            raise wrong(path, value, "a JSON object")
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise wrong(f"{path} key", key, "a string")
-            out[key] = _coerce(args[1], item, f"{path}[{key!r}]")
-        return out
-    raise TypeError(f"kvpools_core.loading cannot load a field annotated {tp!r} ({path})")  # a kvpools bug
+        entry = _checker(args[1])
+
+        def check_object(value: Any, path: str) -> Any:
+            if not isinstance(value, Mapping):
+                raise wrong(path, value, "a JSON object")
+            for key in value:
+                if not isinstance(key, str):
+                    raise wrong(f"{path} key", key, "a string")
+            return {key: entry(each, f"{path}[{key!r}]") for key, each in value.items()}
+
+        return check_object
+    raise TypeError(f"kvpools_core.loading cannot load a field annotated {tp!r}")  # a kvpools bug
+
+
+def _bool(value: Any, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise wrong(path, value, "true or false")
+    return value
+
+
+def _integer(value: Any, path: str) -> int:
+    if type(value) is not int:  # bool is an int subclass, and not an integer here
+        raise wrong(path, value, "an integer")
+    return _int(value, path)
+
+
+def _number(value: Any, path: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise wrong(path, value, "a number")
+    return _int(value, path) if isinstance(value, int) else _finite(value, path)
+
+
+def _string(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise wrong(path, value, "a string")
+    return value
+
+
+_SCALARS: dict[Any, Check] = {bool: _bool, int: _integer, float: _number, str: _string}
 
 
 def _frozen(items: list[Any], path: str) -> frozenset[Any]:

@@ -35,7 +35,8 @@ def llama() -> Plan:
 
 
 def llama_doc() -> dict[str, Any]:
-    return json.loads(llama().to_json())
+    doc: dict[str, Any] = json.loads(llama().to_json())
+    return doc
 
 
 def with_(doc: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
@@ -306,7 +307,7 @@ def test_other_values_load_at_their_own_name() -> None:
 
 def _first_plan(preset: str, **options: Any) -> Plan | None:
     """The preset's plan at the first page size its rules accept (None when every one is refused)."""
-    host = {"host_memory": "1TiB"} if options.get("enable_hierarchical_cache") else {}
+    host: dict[str, Any] = {"host_memory": "1TiB"} if options.get("enable_hierarchical_cache") else {}
     for page in (1, 64, 256):
         try:
             return plan(preset, Serving(page_size=page, **options), memory="40GiB", **host)
@@ -317,8 +318,8 @@ def _first_plan(preset: str, **options: Any) -> Plan | None:
 
 @pytest.mark.parametrize("preset", sorted(registry_presets(get_registry())))
 def test_every_preset_round_trips(preset: str) -> None:
-    plans = [_first_plan(preset), _first_plan(preset, enable_hierarchical_cache=True, kv_cache_dtype="fp8_e4m3")]
-    plans = [p for p in plans if p is not None]
+    made = (_first_plan(preset), _first_plan(preset, enable_hierarchical_cache=True, kv_cache_dtype="fp8_e4m3"))
+    plans = [p for p in made if p is not None]
     assert plans, f"{preset} plans at no page size"
     for planned in plans:
         assert planned.problems() == []
