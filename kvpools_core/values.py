@@ -1957,8 +1957,9 @@ class Plan:
 
         Empty for every plan :func:`kvpools_core.plan` returns; :meth:`from_dict` refuses a plan with any.
         Checked beyond each value's own validators because they relate values: the tokens are whole pages,
-        the pools' bytes are what their cost model gives for the plan's counts, an exact plan fits its
-        budget, the host tier exists exactly when the serving options build one and mirrors plan pools.
+        every token space a pool holds has tokens, the pools' bytes are what their cost model gives for the
+        plan's counts, an exact plan fits its budget, the host tier exists exactly when the serving options
+        build one and mirrors plan pools.
         """
         sizing, page = self.sizing, self.serving.page_size
         found = []
@@ -1970,6 +1971,12 @@ class Plan:
             )
         if sizing.max_running_requests < 1:
             found.append(f"plan.sizing.max_running_requests must be at least 1, got {sizing.max_running_requests}.")
+        spaces = dict.fromkeys(pool.token_space for pool in sizing.pools if pool.unit == TOKEN)
+        found.extend(
+            f"plan.sizing.token_counts[{space!r}] must be positive: token pools hold its tokens, got {count}."
+            for space in spaces
+            if space != FULL_TOKENS and (count := sizing.token_counts.get(space, 0)) < 1
+        )
         full = sizing.token_counts.get(FULL_TOKENS, tokens)
         if full != tokens:
             found.append(

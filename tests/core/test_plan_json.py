@@ -187,6 +187,16 @@ def test_a_plan_of_no_tokens_is_refused() -> None:
         assert f"got {tokens}" in str(error)
 
 
+def test_a_token_space_of_no_tokens_is_refused() -> None:
+    """The pipeline refuses a window pool of no tokens (less than one page); a loaded plan may not have one."""
+    swa = plan("gpt-oss-20b", Serving(), memory="20GiB")
+    doc = json.loads(swa.to_json())
+    doc["sizing"]["token_counts"]["swa"] = 0
+    error = refused(doc)
+    assert error.path == "plan.sizing.token_counts['swa']"
+    assert "must be positive: token pools hold its tokens, got 0" in str(error)
+
+
 def test_tokens_that_are_not_whole_pages_are_refused() -> None:
     paged = plan("llama-3.1-8b", Serving(page_size=64), memory="20GiB")
     doc = json.loads(paged.to_json())
