@@ -37,6 +37,16 @@ class InvalidValueError(ConfigError):
     """
 
 
+class PlanFormatError(ConfigError):
+    """JSON given to ``Plan.from_json`` (or any value's ``from_dict``) is malformed, or describes a plan kvpools
+    cannot have made: a wrong JSON type, a missing or unknown field, a non-finite number, a size out of range,
+    planned bytes over the budget.  ``path`` names the field (``plan.sizing.pools[2].slots``)."""
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+
 class UnsupportedCombinationError(KvpoolsError, ValueError):
     """The model, serving options and platform cannot be combined (checked before allocation)."""
 

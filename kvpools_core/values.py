@@ -6,7 +6,10 @@ what its bytes are per token, per request, per state slot and fixed.
 Every value is an ``attrs.frozen`` class with validators, so no plugin can
 mutate what another plugin sees; change one with ``attrs.evolve``.
 Every value converts to plain JSON (``to_dict``) and back (``from_dict``) so a
-plan computed on one rank can be broadcast and loaded into an equal plan.
+plan computed on one rank can be broadcast and loaded into an equal plan; loading
+checks every field's JSON type, then its validators, then (``Plan.problems``) the
+plan as a whole, and raises ``PlanFormatError`` naming the field's path
+(:mod:`kvpools_core.loading`).
 """
 
 from __future__ import annotations
@@ -15,15 +18,14 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 
 from kvpools_core.dtypes import MODEL_DTYPES, canonical_kv_dtype
-from kvpools_core.errors import ConfigError, InvalidValueError
+from kvpools_core.errors import ConfigError, InvalidValueError, KvpoolsError, PlanFormatError, short_repr
+from kvpools_core.loading import load_value, parse_json, wrong
 from kvpools_core.options import option
-
-T = TypeVar("T")
 
 JSONScalar = int | float | str | bool | None
 
@@ -121,18 +123,6 @@ def to_dict(value: Any) -> dict[str, Any]:
     return {f.name: _thaw(getattr(value, f.name)) for f in attrs.fields(type(value))}
 
 
-def _from_dict(cls: type[T], data: Mapping[str, Any], nested: Mapping[str, Callable[[Any], Any]] | None = None) -> T:
-    names = {f.name for f in attrs.fields(cls)}  # type: ignore[arg-type]
-    unknown = set(data) - names
-    if unknown:
-        raise ConfigError(f"Unknown field(s) {sorted(unknown)} for {cls.__name__}.")
-    kwargs = dict(data)
-    for key, load in (nested or {}).items():
-        if key in kwargs and kwargs[key] is not None:
-            kwargs[key] = load(kwargs[key])
-    return cls(**kwargs)
-
-
 def _str_tuple(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(items)
 
@@ -165,10 +155,6 @@ def _int_tuple_or_none(items: Iterable[int] | None) -> tuple[int, ...] | None:
     return None if items is None else tuple(items)
 
 
-def _tuple_of(load: Callable[[Any], T]) -> Callable[[Iterable[Any]], tuple[T, ...]]:
-    return lambda items: tuple(load(i) for i in items)
-
-
 # ---------------------------------------------------------------------------
 # model
 # ---------------------------------------------------------------------------
@@ -194,7 +180,7 @@ class LayerSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LayerSpec:
-        return _from_dict(cls, data)
+        return load_value(cls, data)
 
 
 @attrs.frozen
@@ -243,7 +229,7 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelSpec:
-        return _from_dict(cls, data, {"layers": _tuple_of(LayerSpec.from_dict)})
+        return load_value(cls, data)
 
 
 # ---------------------------------------------------------------------------
@@ -266,6 +252,11 @@ NPU / head-sharded layouts it does not)."""
 HICACHE_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 DECODE_RETRACTION_BACKUPS = ("cpu_tensor", "host_pool", "none")
 """``--disaggregation-decode-retraction-backup`` choices (SGLang 0.5.23 ``arg_groups/fields/disagg.py``)."""
+
+
+def _optional_non_negative_ints(inst: object, attribute: attrs.Attribute[Any], value: tuple[int, ...] | None) -> None:
+    if value is not None and not all(type(v) is int and v >= 0 for v in value):
+        raise _invalid(inst, f"{_flag(inst, attribute)} must be non-negative integers, got {value!r}.")
 
 
 def _optional_positive_ratio(inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
@@ -396,7 +387,7 @@ class PageSizeRule:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PageSizeRule:
-        return _from_dict(cls, data)
+        return load_value(cls, data)
 
 
 def _non_empty(inst: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
@@ -438,7 +429,7 @@ class KVDtypeRule:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> KVDtypeRule:
-        return _from_dict(cls, data)
+        return load_value(cls, data)
 
 
 def _kv_rule_tuple(items: Iterable[KVDtypeRule]) -> tuple[KVDtypeRule, ...]:
@@ -477,7 +468,7 @@ class MemoryTier:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MemoryTier:
-        return _from_dict(cls, data)
+        return load_value(cls, data)
 
 
 def _boolean(inst: object, attribute: attrs.Attribute[Any], value: bool) -> None:
@@ -560,18 +551,7 @@ class PlatformTraits:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PlatformTraits:
-        data = dict(data)
-        if "raw_mla_row_backends" in data:
-            data["raw_mla_row_backends"] = frozenset(data["raw_mla_row_backends"])
-        return _from_dict(
-            cls,
-            data,
-            {
-                "page_size_rules": _tuple_of(PageSizeRule.from_dict),
-                "kv_dtype_rules": _tuple_of(KVDtypeRule.from_dict),
-                "memory_tiers": _tuple_of(MemoryTier.from_dict),
-            },
-        )
+        return load_value(cls, data)
 
 
 WORKSPACE_DTYPES: Mapping[str, int] = MappingProxyType(
@@ -614,7 +594,7 @@ class Workspace:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Workspace:
-        return _from_dict(cls, data)
+        return load_value(cls, data)
 
 
 # ---------------------------------------------------------------------------
@@ -661,7 +641,7 @@ class GPU:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GPU:
-        return _from_dict(cls, data)
+        return load_value(cls, data)
 
 
 @attrs.frozen(kw_only=True)
@@ -692,7 +672,9 @@ class Serving:
     tp_size: int = attrs.field(default=1, validator=positive)
     pp_size: int = attrs.field(default=1, validator=positive)
     pp_rank: int = attrs.field(default=0, validator=non_negative)
-    pp_layer_partition: tuple[int, ...] | None = attrs.field(default=None, converter=_int_tuple_or_none)
+    pp_layer_partition: tuple[int, ...] | None = attrs.field(
+        default=None, converter=_int_tuple_or_none, validator=_optional_non_negative_ints
+    )
     dp_size: int = attrs.field(default=1, validator=positive)
     enable_dp_attention: bool = False
     attn_cp_size: int = attrs.field(default=1, validator=positive)
@@ -918,15 +900,7 @@ class Serving:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Serving:
-        return _from_dict(
-            cls,
-            data,
-            {
-                "platform_traits": PlatformTraits.from_dict,
-                "workspaces": _tuple_of(Workspace.from_dict),
-                "speculative_draft": DraftModel.from_dict,
-            },
-        )
+        return load_value(cls, data)
 
 
 # ---------------------------------------------------------------------------
@@ -947,25 +921,25 @@ class Budget:
     budget_bytes: int = attrs.field(validator=non_negative)
     source: str = "explicit"
     device: str | None = None
-    free_bytes: int | None = None
-    weights_bytes: int | None = None
-    pre_model_load_bytes: int | None = None
-    mem_fraction_static: float | None = None
-    slack_bytes: int | None = None
-    reserved_bytes: int | None = None
+    free_bytes: int | None = attrs.field(default=None, validator=optional_non_negative)
+    weights_bytes: int | None = attrs.field(default=None, validator=optional_non_negative)
+    pre_model_load_bytes: int | None = attrs.field(default=None, validator=optional_non_negative)
+    mem_fraction_static: float | None = attrs.field(default=None, validator=attrs.validators.optional(fraction))
+    slack_bytes: int | None = attrs.field(default=None, validator=optional_non_negative)
+    reserved_bytes: int | None = attrs.field(default=None, validator=optional_non_negative)
     steps: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     gpu: str | None = None
     """The catalogue GPU (``kvpools_core.gpus``) the budget was planned on, or ``"custom"``; ``None`` otherwise."""
-    gpu_total_bytes: int | None = None
+    gpu_total_bytes: int | None = attrs.field(default=None, validator=optional_non_negative)
     """That GPU's total memory as SGLang reads it (``get_device_memory_capacity``, MiB x 2^20)."""
-    runtime_bytes: int | None = None
+    runtime_bytes: int | None = attrs.field(default=None, validator=optional_non_negative)
     """What the runtime holds before the weights load (CUDA context, communicators): total - runtime = pre-load."""
     mem_fraction_source: str | None = None
     """Why ``mem_fraction_static`` has its value: ``"given"``, or SGLang's default and the terms behind it."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Budget:
-        return _from_dict(cls, data)
+        return load_value(cls, data)
 
 
 # ---------------------------------------------------------------------------
@@ -1039,7 +1013,7 @@ class CellPart:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CellPart:
-        return _from_dict(cls, data)
+        return load_value(cls, data)
 
 
 def _draft_charge_or_none(value: DraftCharge | Mapping[str, Any] | None) -> DraftCharge | None:
@@ -1079,8 +1053,10 @@ class CellSize:
 
     @sglang_bytes_per_token.validator
     def _check_sglang(self, _attribute: attrs.Attribute[Any], value: float) -> None:
-        if not value > 0:
-            raise ConfigError(f"A cell size must be positive, got {value!r} bytes per token.")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ConfigError(
+                f"CellSize.sglang_bytes_per_token (a cell size) must be a positive finite number, got {value!r}."
+            )
 
     @parts.validator
     def _check_units(self, _attribute: attrs.Attribute[Any], parts: tuple[object, ...]) -> None:
@@ -1172,20 +1148,30 @@ class CellSize:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CellSize:
+        return load_value(cls, data)
+
+    @classmethod
+    def _prepare_loaded(cls, data: Mapping[str, Any], path: str) -> Mapping[str, Any]:
+        """A plan written before parts had units records ``bytes_per_request`` and ``fixed_bytes``: read them as
+        parts of pools ``request_state`` and ``fixed`` (:func:`kvpools_core.loading.load_value` calls this)."""
+        if "bytes_per_request" not in data and "fixed_bytes" not in data:
+            return data
         data = dict(data)
-        legacy = [
-            {"name": pool, "bytes_per_token": data.pop(field), "pool": pool, "unit": unit}
-            for field, pool, unit in (
-                ("bytes_per_request", _LEGACY_REQUEST_POOL, REQUEST),
-                ("fixed_bytes", _LEGACY_FIXED_POOL, FIXED),
-            )
-            if field in data
-        ]
-        legacy = [part for part in legacy if part["bytes_per_token"] != 0]
-        if legacy:  # a plan written before parts had units
-            data["parts"] = [*data.get("parts", ()), *legacy]
-        parts = _tuple_of(CellPart.from_dict)
-        return _from_dict(cls, data, {"parts": parts, "draft_layer_parts": parts, "draft": DraftCharge.from_dict})
+        legacy = []
+        for field, pool, unit in (
+            ("bytes_per_request", _LEGACY_REQUEST_POOL, REQUEST),
+            ("fixed_bytes", _LEGACY_FIXED_POOL, FIXED),
+        ):
+            if field in data:
+                value = data.pop(field)
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise wrong(f"{path}.{field}", value, "a non-negative integer (bytes of an older plan's part)")
+                if value:
+                    legacy.append({"name": pool, "bytes_per_token": value, "pool": pool, "unit": unit})
+        parts = data.get("parts", [])
+        if legacy and isinstance(parts, (list, tuple)):
+            data["parts"] = [*parts, *legacy]
+        return data
 
 
 def _page_tokens(budget_bytes: int, cell_bytes: float, page_size: int) -> int:
@@ -1215,11 +1201,11 @@ class DraftCharge:
     """``D``: the draft's layers, SGLang's ``eagle_draft_num_layers`` / ``dflash_draft_num_layers``."""
     exact_bytes_per_token: int = attrs.field(validator=non_negative)
     """What the draft's own pools store per token (its cell's token parts, the ``draft_*`` parts of the cell)."""
-    own_sglang_bytes_per_token: float
+    own_sglang_bytes_per_token: float = attrs.field(validator=positive_ratio)
     """The draft's own SGLang cell size (its configurator's ``cell_size`` were it the served model)."""
-    target_sglang_bytes_per_token: float
+    target_sglang_bytes_per_token: float = attrs.field(validator=positive_ratio)
     """The target's SGLang cell size before the draft was added."""
-    sglang_bytes_per_token: float
+    sglang_bytes_per_token: float = attrs.field(validator=positive_ratio)
     """The composed cell SGLang computes from the layer-count scaling (``CellSize.sglang_bytes_per_token``)."""
 
     @property
@@ -1237,7 +1223,7 @@ class DraftCharge:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DraftCharge:
-        return _from_dict(cls, data)
+        return load_value(cls, data)
 
 
 @attrs.frozen(kw_only=True)
@@ -1260,7 +1246,7 @@ class DraftModel:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DraftModel:
-        return _from_dict(cls, data, {"model": ModelSpec.from_dict, "cell": CellSize.from_dict})
+        return load_value(cls, data)
 
 
 # ---------------------------------------------------------------------------
@@ -1370,7 +1356,7 @@ class GroupCost:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GroupCost:
-        return _from_dict(cls, data)
+        return load_value(cls, data)
 
 
 @attrs.frozen
@@ -1454,7 +1440,7 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CostModel:
-        return _from_dict(cls, data, {"groups": _tuple_of(GroupCost.from_dict)})
+        return load_value(cls, data)
 
 
 def _unit_of_kind(pool: PoolSpec) -> str:
@@ -1544,7 +1530,7 @@ class PoolSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolSpec:
-        return _from_dict(cls, data)
+        return load_value(cls, data)
 
 
 def _token_window_or_dict(value: TokenWindow | Mapping[str, Any]) -> TokenWindow:
@@ -1616,7 +1602,7 @@ class TokenWindow:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TokenWindow:
-        return _from_dict(cls, data)
+        return load_value(cls, data)
 
 
 @attrs.frozen(kw_only=True)
@@ -1722,9 +1708,7 @@ class PoolSizing:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolSizing:
-        return _from_dict(
-            cls, data, {"pools": _tuple_of(PoolSpec.from_dict), "windows": _tuple_of(TokenWindow.from_dict)}
-        )
+        return load_value(cls, data)
 
 
 # ---------------------------------------------------------------------------
@@ -1796,7 +1780,7 @@ class HostPool:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> HostPool:
-        return _from_dict(cls, data)
+        return load_value(cls, data)
 
 
 @attrs.frozen
@@ -1836,7 +1820,7 @@ class HostMemory:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> HostMemory:
-        return _from_dict(cls, data)
+        return load_value(cls, data)
 
 
 def _host_pool_tuple(items: Iterable[HostPool | Mapping[str, Any]]) -> tuple[HostPool, ...]:
@@ -1865,7 +1849,7 @@ class HostTier:
     pinned: bool = True
     memory: HostMemory | None = attrs.field(default=None, converter=_host_memory_or_none)
     notes: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
-    hicache_ratio: float | None = None
+    hicache_ratio: float | None = attrs.field(default=None, validator=_optional_positive_ratio)
     """The ratio the host pools were sized by: ``--hicache-ratio``, SGLang's default 2.0, or the auto-sized
     ratio (:attr:`auto_sized`); None under ``--hicache-size``."""
     auto_sized: bool = False
@@ -1903,7 +1887,7 @@ class HostTier:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> HostTier:
-        return _from_dict(cls, data)
+        return load_value(cls, data)
 
 
 # ---------------------------------------------------------------------------
@@ -1989,26 +1973,101 @@ class Plan:
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
-        if "plan" in data and "model" not in data:  # the CLI's --json summary wraps the plan
-            data = data["plan"]
-        if data.get("format", PLAN_FORMAT) != PLAN_FORMAT:
-            raise ConfigError(f"Plan format {data.get('format')!r} is not supported (expected {PLAN_FORMAT}).")
-        return _from_dict(
-            cls,
-            data,
-            {
-                "model": ModelSpec.from_dict,
-                "serving": Serving.from_dict,
-                "budget": Budget.from_dict,
-                "cell": CellSize.from_dict,
-                "sizing": PoolSizing.from_dict,
-                "provenance": lambda p: {k: tuple(v) for k, v in p.items()},
-                "host": HostTier.from_dict,
-            },
+    def problems(self) -> list[str]:
+        """What breaks an invariant every plan kvpools makes keeps, each naming its field (``plan.sizing....``).
+
+        Empty for every plan :func:`kvpools_core.plan` returns; :meth:`from_dict` refuses a plan with any.
+        Checked beyond each value's own validators because they relate values: the tokens are whole pages,
+        every token space a pool holds has tokens, the pools' bytes are what their cost model gives for the
+        plan's counts, an exact plan fits its budget, the host tier exists exactly when the serving options
+        build one and mirrors plan pools.
+        """
+        sizing, page = self.sizing, self.serving.page_size
+        found = []
+        tokens = sizing.max_total_num_tokens
+        if tokens < page or tokens % page:
+            found.append(
+                f"plan.sizing.max_total_num_tokens must be a positive whole number of pages of {page} "
+                f"(serving.page_size), got {tokens}."
+            )
+        if sizing.max_running_requests < 1:
+            found.append(f"plan.sizing.max_running_requests must be at least 1, got {sizing.max_running_requests}.")
+        spaces = dict.fromkeys(pool.token_space for pool in sizing.pools if pool.unit == TOKEN)
+        found.extend(
+            f"plan.sizing.token_counts[{space!r}] must be positive: token pools hold its tokens, got {count}."
+            for space in spaces
+            if space != FULL_TOKENS and (count := sizing.token_counts.get(space, 0)) < 1
         )
+        full = sizing.token_counts.get(FULL_TOKENS, tokens)
+        if full != tokens:
+            found.append(
+                f"plan.sizing.token_counts['{FULL_TOKENS}'] ({full}) must equal "
+                f"plan.sizing.max_total_num_tokens ({tokens})."
+            )
+        try:
+            costed = self.cost.bytes_for(**self.counts)
+        except KvpoolsError as exc:
+            found.append(f"plan.sizing.pools: {exc}")
+        else:
+            if costed != self.planned_bytes:
+                found.append(
+                    f"plan.sizing.pools hold {self.planned_bytes:,} B in all, but their costs (PoolSpec.cost) give "
+                    f"{costed:,} B for the plan's counts {self.counts}."
+                )
+        if self.serving.accounting == "exact" and self.planned_bytes > self.budget.budget_bytes:
+            found.append(
+                f"plan.sizing.pools need {self.planned_bytes:,} B, over plan.budget.budget_bytes "
+                f"({self.budget.budget_bytes:,} B): an exact plan fits its budget."
+            )
+        found.extend(self._host_problems())
+        return found
+
+    def _host_problems(self) -> list[str]:
+        if (self.host is not None) != self.serving.host_tier:
+            has = "has a host tier" if self.host is not None else "has no host tier (plan.host is null)"
+            return [
+                f"plan.host: the plan {has}, but serving.enable_hierarchical_cache is "
+                f"{str(self.serving.enable_hierarchical_cache).lower()} and "
+                f"serving.disaggregation_decode_retraction_backup is "
+                f"{self.serving.disaggregation_decode_retraction_backup!r}: a host tier exists exactly when they "
+                "build one."
+            ]
+        if self.host is None:
+            return []
+        names = {pool.name for pool in self.pools}
+        return [
+            f"plan.host.pools[{i}].device_pool {pool.device_pool!r} names no pool of plan.sizing.pools "
+            f"({sorted(names)})."
+            for i, pool in enumerate(self.host.pools)
+            if pool.device_pool not in names
+        ]
 
     @classmethod
-    def from_json(cls, text: str) -> Plan:
-        return cls.from_dict(json.loads(text))
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        """Load a plan from its plain-JSON form (or the CLI's ``--json`` summary, which wraps it under ``plan``).
+
+        Every field is checked against its type and its validators, and the plan against :meth:`problems`;
+        anything else raises :class:`~kvpools_core.errors.PlanFormatError` naming the field's path.
+        """
+        if isinstance(data, Mapping) and "plan" in data and "model" not in data:
+            data = data["plan"]
+        if isinstance(data, Mapping) and "format" in data:
+            version = data["format"]
+            if isinstance(version, bool) or not isinstance(version, int):
+                raise wrong("plan.format", version, f"the integer {PLAN_FORMAT}")
+            if version != PLAN_FORMAT:
+                raise PlanFormatError(
+                    f"plan.format {short_repr(version)} is not supported: this kvpools reads plan format "
+                    f"{PLAN_FORMAT}. Load it with the kvpools that wrote it, or plan again.",
+                    path="plan.format",
+                )
+        loaded = load_value(cls, data, "plan")
+        found = loaded.problems()
+        if found:
+            raise PlanFormatError(" ".join(found), path=found[0].split(" ", 1)[0].split(":", 1)[0])
+        return loaded
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Plan:
+        """Load a plan from ``to_json``'s text (or the CLI's ``--json`` output); see :meth:`from_dict`."""
+        return cls.from_dict(parse_json(text))

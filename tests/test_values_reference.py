@@ -52,7 +52,9 @@ Every value that flows through the pipeline is a frozen `attrs` class in `kvpool
 (`workspaces`); they read
 `Serving`, `Budget` and `Plan`. Each converts to plain JSON (`to_dict`) and back (`from_dict`).
 A field given a wrong value raises the project's error naming the field (`ConfigError` for a
-user's serving option, `InvalidValueError` for a value a plugin built).
+user's serving option, `InvalidValueError` for a value a plugin built). Loading JSON checks every
+field's type first and raises `PlanFormatError` naming its path (`plan.sizing.pools[2].slots`); see
+[Plan JSON](architecture.md#plan-json).
 
 This page is generated from the classes (`tests/test_values_reference.py` keeps it true).
 """
