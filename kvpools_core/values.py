@@ -726,6 +726,9 @@ class Serving:
     server args; ``hicache_mamba_ratio`` is the Mamba host ratio of SGLang PR
     #39851 (not in 0.5.23; unset it follows ``hicache_ratio``).  They size the
     host tier (:class:`HostTier`, ``docs/host-tier.md``), never the device pools.
+    ``page_size`` and ``swa_full_tokens_ratio`` left unset read as SGLang's generic defaults (1, 0.8) and are
+    marked so (:attr:`unset_options`): the pipeline gives them the model's or platform's own default
+    (``engine_defaults`` hook) and notes it; a value given, even an equal one, is kept.
     """
 
     kv_cache_dtype: str = attrs.field(default="auto", converter=_canonical_kv)
