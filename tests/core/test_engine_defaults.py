@@ -26,7 +26,7 @@ import pytest
 from kvpools_core import Registry, Serving, hookimpl, plan
 from kvpools_core.config import load_model
 from kvpools_core.engine_defaults import apply_engine_defaults
-from kvpools_core.errors import PluginResultError
+from kvpools_core.errors import PluginResultError, UnsupportedCombinationError
 from kvpools_core.registry import get_registry
 from kvpools_core.values import EngineDefault, ModelSpec, is_unset
 
@@ -150,6 +150,15 @@ def test_ascend_pages_every_model_by_128_and_wins_over_the_architecture() -> Non
     dsv4 = plan("deepseek-v4-flash", Serving(platform="ascend", tp_size=4, accounting="sglang"), memory=60 * GiB)
     assert (dsv4.serving.page_size, dsv4.serving.swa_full_tokens_ratio) == (128, 0.1)
     assert dsv4.provenance["engine_defaults"] == ("ascend", "dsv4")
+
+
+def test_dsv4_exact_on_ascend_is_not_told_to_take_a_page_ascend_refuses() -> None:
+    """Ascend's default page 128 meets the exact accounting's CUDA-pool refusal: the advice was "Use --page-size
+    256", which Ascend's every-model rule refuses in turn; it now points at ``--accounting sglang`` alone."""
+    with pytest.raises(UnsupportedCombinationError) as refused:
+        plan("deepseek-v4-flash", Serving(platform="ascend", tp_size=4), memory=60 * GiB)
+    assert "accounting sglang for the configurator's numbers (ascend refuses page_size 256)" in str(refused.value)
+    assert "Use page_size 256" not in str(refused.value)
 
 
 def test_models_without_an_engine_default_keep_the_generic_ones() -> None:
