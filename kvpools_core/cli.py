@@ -34,11 +34,12 @@ from kvpools_core.values import (
     SGLANG_ACCOUNTING_MODES,
     SPECULATIVE_ALGORITHMS,
     Serving,
+    is_unset,
 )
 
 _HELP = {
     "kv_cache_dtype": "KV element type (auto follows the model dtype).",
-    "page_size": "Tokens per page.",
+    "page_size": "Tokens per page [default: SGLang's own for the model and platform (a plan note says which), else 1].",
     "tp_size": "Tensor-parallel size.",
     "pp_size": "Pipeline-parallel size.",
     "pp_rank": "Pipeline stage to plan.",
@@ -67,7 +68,8 @@ _HELP = {
         "Request rows a decode node pre-allocates for transfers (unset: SGLang's default, twice the requests per "
         "DP worker when --max-running-requests leaves at most 32 per worker, else 0)."
     ),
-    "swa_full_tokens_ratio": "Sliding-window tokens per full-attention token.",
+    "swa_full_tokens_ratio": "Sliding-window tokens per full-attention token [default: SGLang's own for the model "
+    "(a plan note says which), else 0.8].",
     "swa_eviction_interval": "Decode steps between sliding-window evictions (SGLANG_SWA_EVICTION_INTERVAL).",
     "mamba_full_memory_ratio": "Mamba state memory / KV memory.",
     "max_mamba_cache_size": "Mamba state slots.",
@@ -131,7 +133,12 @@ def _serving_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click_type: Any = base
         if field.name in _CHOICES:
             click_type = click.Choice(_CHOICES[field.name], case_sensitive=False)
-        if field.default is not None and field.default is not attrs.NOTHING and not hasattr(field.default, "factory"):
+        if (
+            field.default is not None
+            and field.default is not attrs.NOTHING
+            and not hasattr(field.default, "factory")
+            and not is_unset(field.default)  # its help says which default applies
+        ):
             help_text += f"  [default: {field.default}]"
         command = click.option(flag, field.name, type=click_type, default=None, help=help_text)(command)
     command = click.option(
@@ -915,7 +922,9 @@ def _vllm_capacity(
     default=None,
     help="SGLang's --context-length and vLLM's --max-model-len [default: the model's].",
 )
-@click.option("--page-size", type=int, default=None, help="SGLang's tokens per page [default: 1].")
+@click.option(
+    "--page-size", type=int, default=None, help="SGLang's tokens per page [default: SGLang's own for the model]."
+)
 @click.option("--block-size", type=int, default=None, help="vLLM's tokens per block [default: 16].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_user_facing
@@ -1068,7 +1077,12 @@ def build(
     default=None,
     help="Only this KV dtype [default: try auto and fp8_e4m3].",
 )
-@click.option("--page-size", type=int, default=None, help="Only this page size [default: the smallest that plans].")
+@click.option(
+    "--page-size",
+    type=int,
+    default=None,
+    help="Only this page size [default: SGLang's own for the model, else the smallest that plans].",
+)
 @click.option(
     "--mem-fraction-static",
     type=float,

@@ -286,9 +286,9 @@ def _plan_engine(
     skipped: Counter[str],
 ) -> tuple[Plan, Capacity] | None:
     """One engine planned on ``gpu`` at the first page size that plans, and how many requests it holds."""
-    last_error = ""
+    first_error = ""
     for page in _page_candidates(serving, page_size):
-        candidate = attrs.evolve(serving, page_size=page)
+        candidate = serving if page is None else attrs.evolve(serving, page_size=page)
         try:
             engine = make_plan(model, candidate, gpu=gpu, runtime_memory=runtime_memory)
             held = concurrency(engine, serving.context_length or 1)
@@ -298,15 +298,17 @@ def _plan_engine(
                 engine = make_plan(model, capped, gpu=gpu, runtime_memory=runtime_memory)
                 held = concurrency(engine, serving.context_length or 1)
         except KvpoolsError as error:
-            last_error = _reason(error)
+            # The reason SGLang's own page (the first candidate) fails, not why the other pages fail after it.
+            first_error = first_error or _reason(error)
             continue
         return engine, held
-    skipped[last_error] += 1
+    skipped[first_error] += 1
     return None
 
 
-def _page_candidates(serving: Serving, page_size: int | None) -> list[int]:
-    """The caller's page, else 1 and every page the platform's rules name, smallest first."""
+def _page_candidates(serving: Serving, page_size: int | None) -> list[int | None]:
+    """The caller's page, else SGLang's own for the model (``None``: left unset, the ``engine_defaults`` the
+    plan applies, e.g. DeepSeek-V4's 256), then 1 and every page the platform's rules name, smallest first."""
     if page_size is not None:
         return [page_size]
     try:
@@ -314,8 +316,8 @@ def _page_candidates(serving: Serving, page_size: int | None) -> list[int]:
 
         traits = resolve_platform_traits(resolve_platform(serving, get_registry()), get_registry()).traits
     except KvpoolsError:
-        return [1]
-    return sorted({1} | {size for rule in traits.page_size_rules for size in rule.sizes})
+        return [None, 1]
+    return [None, *sorted({1} | {size for rule in traits.page_size_rules for size in rule.sizes})]
 
 
 def _reason(error: KvpoolsError) -> str:

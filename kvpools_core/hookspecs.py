@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         GPU,
         Budget,
         CellSize,
+        EngineDefault,
         HostPool,
         ModelSpec,
         PackedInto,
@@ -248,6 +249,27 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
     :param model: the parsed model.
     :param serving: the serving options.
     :returns: error messages.
+    """
+
+
+@_spec
+def engine_defaults(model: ModelSpec, serving: Serving) -> Sequence[EngineDefault] | None:
+    """Say what the engine sets itself for this model, on this platform, for the options the user left unset.
+
+    Every implementation is called; the results are collected.  An
+    architecture plugin answers for its own models (SGLang 0.5.23's per-model
+    server-arg overrides, ``arg_groups/model_overrides/``: DeepSeek sparse
+    attention pages by 64, DeepSeek-V4 by 256), a platform plugin
+    (``tryfirst``) for its platform's forced defaults (Ascend: page 128 for
+    every model).  For each option the first answer in dispatch order wins
+    (platform, then architecture); an option the user gave is never replaced.
+    The pipeline applies the answers before ``validate``, notes each on the
+    plan and names the plugin in its provenance.
+
+    :param model: the parsed model.
+    :param serving: the serving options (``serving.traits`` resolved; ``serving.unset_options`` says what was
+        left unset).
+    :returns: a list of :class:`kvpools_core.values.EngineDefault`, or ``None``/``[]``.
     """
 
 
@@ -610,6 +632,14 @@ def _workspaces(value: Any) -> str | None:
     return _items_of(value, Workspace, "item")
 
 
+def _engine_defaults(value: Any) -> str | None:
+    if not isinstance(value, (list, tuple)):
+        return "not a list of EngineDefault values"
+    from kvpools_core.values import EngineDefault
+
+    return _items_of(value, EngineDefault, "item")
+
+
 def _accelerators(value: Any) -> str | None:
     from kvpools_core.values import GPU
 
@@ -712,6 +742,9 @@ RESULTS: Mapping[str, ResultContract] = MappingProxyType(
         ),
         "validate": ResultContract(
             "a list (or tuple) of problem messages (str); [] or None when there are none", _messages
+        ),
+        "engine_defaults": ResultContract(
+            "a list (or tuple) of EngineDefault values; [] or None when there are none", _engine_defaults
         ),
         "available_memory": ResultContract(
             'a mapping with ints "free_bytes" and "total_bytes" >= 0 (or None to decline the device)',

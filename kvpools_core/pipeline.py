@@ -12,6 +12,7 @@ import attrs
 
 from kvpools_core.config import load_model
 from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.engine_defaults import apply_engine_defaults
 from kvpools_core.errors import ConfigError, KvpoolsError, PluginResultError, UnsupportedCombinationError
 from kvpools_core.gpus import GPU, custom_gpu, default_runtime_bytes, find_gpu, sglang_memory_defaults
 from kvpools_core.host import host_reserve_flag_check, plan_host_tier, resolve_retraction_backup
@@ -129,6 +130,8 @@ class PlanBasis:
     """The model as given (a name or path lets a GPU budget estimate the weights from the complete config)."""
     draft_model: str | ModelSpec | None = None
     """The draft model as given (``--speculative-draft-model-path``), for its weights beside a profiled budget."""
+    notes: tuple[str, ...] = ()
+    """What the basis decided that the plan must say: the engine defaults applied to unset options."""
     _cell: tuple[CellSize, tuple[str, ...]] | None = attrs.field(default=None, init=False)
 
     def cell(self) -> tuple[CellSize, tuple[str, ...]]:
@@ -201,6 +204,8 @@ class PlanBasis:
         provenance["size_pools"] = sizing_by
         _check_workspaces_charged(serving, sizing, sizing_by, registry)
         sizing = _note_unreachable_context(spec, serving, sizing)
+        if self.notes:
+            sizing = attrs.evolve(sizing, notes=(*self.notes, *sizing.notes))
         draft_note = _draft_weights_note(self.draft_model, serving, budget)
         if draft_note:
             sizing = attrs.evolve(sizing, notes=(*sizing.notes, draft_note))
@@ -241,6 +246,7 @@ def plan_basis(
     spec = _resolve_model(model, registry, provenance)
     if serving.context_length is not None:
         spec = attrs.evolve(spec, context_len=serving.context_length)
+    serving, default_notes = apply_engine_defaults(spec, serving, registry, provenance)
     serving = _resolve_draft(spec, serving, draft_model, registry)
     if serving.speculative_draft is not None:
         provenance["draft_parse_model_config"] = (serving.speculative_draft.parsed_by,)
@@ -248,7 +254,13 @@ def plan_basis(
     _validate(spec, serving, registry, traits_by=provenance.get("platform_traits", ("core",))[0])
     serving = resolve_workspaces(spec, serving, registry, provenance)
     return PlanBasis(
-        spec=spec, serving=serving, registry=registry, provenance=provenance, model=model, draft_model=draft_model
+        spec=spec,
+        serving=serving,
+        registry=registry,
+        provenance=provenance,
+        model=model,
+        draft_model=draft_model,
+        notes=default_notes,
     )
 
 

@@ -597,6 +597,48 @@ class Workspace:
         return load_value(cls, data)
 
 
+class UnsetInt(int):
+    """An int option the user left unset: it reads as the engine's generic default (an ``int`` like any other),
+    and :func:`is_unset` tells it apart, so the pipeline may replace it with the model's own default
+    (``engine_defaults`` hook) while an explicit value, even an equal one, wins."""
+
+    __slots__ = ()
+
+
+class UnsetFloat(float):
+    """A float option the user left unset (:class:`UnsetInt`'s float sibling)."""
+
+    __slots__ = ()
+
+
+def is_unset(value: object) -> bool:
+    """Whether ``value`` is an option's unset marker (:class:`UnsetInt`, :class:`UnsetFloat`), not a given value."""
+    return isinstance(value, (UnsetInt, UnsetFloat))
+
+
+ENGINE_DEFAULT_OPTIONS = ("page_size", "swa_full_tokens_ratio")
+"""The :class:`Serving` fields an unset value of which an ``engine_defaults`` answer may replace: the ones SGLang
+0.5.23 leaves ``None`` and resolves per model (``arg_groups/model_overrides/``) or per platform."""
+
+
+@attrs.frozen(kw_only=True)
+class EngineDefault:
+    """What the engine sets itself for a model when the user leaves an option unset (``engine_defaults`` hook).
+
+    ``option`` is a :data:`ENGINE_DEFAULT_OPTIONS` field of :class:`Serving`,
+    ``value`` what SGLang resolves it to, and ``reason`` says why, citing
+    SGLang (it becomes the plan's note).  An explicit option always wins.
+    """
+
+    option: str = attrs.field(validator=one_of(*ENGINE_DEFAULT_OPTIONS))
+    value: int | float
+    reason: str = attrs.field(validator=attrs.validators.min_len(1))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EngineDefault:
+        return _from_dict(cls, data)
+
+
 # ---------------------------------------------------------------------------
 # accelerators
 # ---------------------------------------------------------------------------
@@ -664,10 +706,16 @@ class Serving:
     server args; ``hicache_mamba_ratio`` is the Mamba host ratio of SGLang PR
     #39851 (not in 0.5.23; unset it follows ``hicache_ratio``).  They size the
     host tier (:class:`HostTier`, ``docs/host-tier.md``), never the device pools.
+    ``page_size`` and ``swa_full_tokens_ratio`` left unset read as SGLang's generic defaults (1, 0.8) and are
+    marked so (:attr:`unset_options`): the pipeline gives them the model's or platform's own default
+    (``engine_defaults`` hook) and notes it; a value given, even an equal one, is kept.
     """
 
     kv_cache_dtype: str = attrs.field(default="auto", converter=_canonical_kv)
-    page_size: int = attrs.field(default=1, validator=positive)
+    page_size: int = attrs.field(default=UnsetInt(1), validator=positive)
+    """Unset (``Serving()``, no ``--page-size``), it reads as SGLang's generic default 1 until the pipeline
+    applies the model's or platform's own (``engine_defaults``: DeepSeek sparse attention 64, DeepSeek-V4 256,
+    Ascend 128); a given value, even 1, wins (:func:`is_unset`)."""
     # parallelism
     tp_size: int = attrs.field(default=1, validator=positive)
     pp_size: int = attrs.field(default=1, validator=positive)
@@ -713,7 +761,9 @@ class Serving:
     ``none`` keep none.  Unset, SGLang infers it (``resolve_decode_retraction_backup``), which kvpools states in
     a note without planning the host memory (see ``docs/host-tier.md``)."""
     # hybrid sliding window / mamba / sparse knobs (read by their plugins)
-    swa_full_tokens_ratio: float = attrs.field(default=0.8, validator=positive_ratio)
+    swa_full_tokens_ratio: float = attrs.field(default=UnsetFloat(0.8), validator=positive_ratio)
+    """Unset, SGLang's fallback 0.8 until the pipeline applies the model's own (``engine_defaults``:
+    DeepSeek-V4 0.1); a given value wins."""
     swa_eviction_interval: int = attrs.field(default=128, validator=positive)
     mamba_full_memory_ratio: float = attrs.field(default=0.9, validator=positive_ratio)
     max_mamba_cache_size: int | None = attrs.field(default=None, validator=optional_positive)
@@ -824,6 +874,11 @@ class Serving:
     def attn_tp_size(self) -> int:
         """Ranks that shard one attention layer's KV heads: tp / attn_dp / cp."""
         return self.tp_size // self.attn_dp_size // self.attn_cp_size
+
+    @property
+    def unset_options(self) -> tuple[str, ...]:
+        """The :data:`ENGINE_DEFAULT_OPTIONS` left unset (reading as the generic default, :func:`is_unset`)."""
+        return tuple(name for name in ENGINE_DEFAULT_OPTIONS if is_unset(getattr(self, name)))
 
     @property
     def speculative(self) -> bool:

@@ -26,6 +26,7 @@ CLASSES = (
     "KVDtypeRule",
     "MemoryTier",
     "Workspace",
+    "EngineDefault",
     "GPU",
     "Budget",
     "CellSize",
@@ -66,6 +67,8 @@ def _default(field: Any) -> str:
         return "required"
     if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
         return f"`{default.factory.__name__}()`"
+    if values.is_unset(default):
+        return f"unset (reads `{default!r}`; `engine_defaults`)"
     return f"`{default!r}`"
 
 

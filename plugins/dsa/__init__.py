@@ -25,8 +25,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from kvpools_core import for_architecture, hookimpl
-from kvpools_core.config import ConfigReader, is_deepseek_dsa
+from kvpools_core.config import MULTIPLIER, ConfigReader, is_deepseek_dsa
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.indexer import (
     INDEX_EXTRA_SLOTS,
@@ -38,12 +40,17 @@ from kvpools_core.parts.indexer import (
     stored_layers,
 )
 from kvpools_core.parts.latent import has_mla_latent, latent_model_spec, sglang_latent_cell
-from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Plan, Serving
+from kvpools_core.values import CellPart, CellSize, EngineDefault, LayerSpec, ModelSpec, Plan, Serving
 
 if TYPE_CHECKING:
     from kvpools_core.pools.layout import BufferLayout
 
 ARCHITECTURE = "dsa"
+INDEX_KPOOL = "index_kpool"
+"""The config key (and ``ModelSpec.params`` key) of the tokens one pooled index key spans (SGLang's
+``get_dsa_index_kpool``: absent is 1)."""
+DSA_PAGE_TOKENS = 64
+"""Tokens of one physical DSA page (SGLang: "DSA requires 64-token physical pages")."""
 INDEX_PART = "indexer"
 """The indexer's cell part: CUDA's fp8 keys and fp32 scales per page (``kvpools_core.pools.dsa.PAGED_INDEX_PART``)."""
 PACKED_ROW_NOTE = "fp8 DSA latent row:"
@@ -67,7 +74,24 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
         "index_topk": reader.integer("index_topk"),
         "index_n_heads": reader.integer("index_n_heads", 0, minimum=0),
     }
-    return latent_model_spec(config, source, architecture=ARCHITECTURE, kind="dsa", layer_params=indexer)
+    spec = latent_model_spec(config, source, architecture=ARCHITECTURE, kind="dsa", layer_params=indexer)
+    kpool = outer.optional_integer(INDEX_KPOOL, limit=MULTIPLIER)
+    return spec if kpool is None else attrs.evolve(spec, params={**spec.params, INDEX_KPOOL: kpool})
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] | None:
+    """SGLang 0.5.23's page for DeepSeek sparse attention when ``--page-size`` is unset: ``64 x index_kpool``
+    (``arg_groups/model_overrides/deepseek_v2.py``, ``_deepseek_family_overrides``, the ``is_deepseek_dsa``
+    branch for CUDA and ROCm: "a logical page must own a whole pooled index group").  A platform whose engine
+    forces its own page (Ascend's 128) answers first."""
+    kpool = int(model.params.get(INDEX_KPOOL, 1))
+    reason = (
+        f"SGLang 0.5.23's default for DeepSeek sparse attention (64 x index_kpool {kpool}, "
+        "_deepseek_family_overrides in arg_groups/model_overrides/deepseek_v2.py)"
+    )
+    return [EngineDefault(option="page_size", value=DSA_PAGE_TOKENS * kpool, reason=reason)]
 
 
 @hookimpl

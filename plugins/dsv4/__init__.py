@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpools_core import for_architecture, hookimpl
-from kvpools_core.values import Budget, CellSize, HostPool, ModelSpec, Plan, PoolSizing, Serving
+from kvpools_core.values import Budget, CellSize, EngineDefault, HostPool, ModelSpec, Plan, PoolSizing, Serving
 
 from .building import build_allocator, build_pool
 from .config import ARCHITECTURE, parse_dsv4_config
@@ -28,6 +28,11 @@ from .sizing import dsv4_cell_size, dsv4_problems, size_dsv4_pools
 __all__ = ["ARCHITECTURE", "build_allocator", "build_pool"]
 
 PRESET_DIR = Path(__file__).parent / "presets"
+DSV4_PAGE_SIZE = 256
+"""The page SGLang's CUDA DeepSeek-V4 pool takes (and sets when ``--page-size`` is unset)."""
+DSV4_SWA_FULL_TOKENS_RATIO = 0.1
+V41_MODEL_TYPE = "deepseek_v41"
+"""DeepSeek-V4.1 checkpoints keep SGLang's generic ratio (its override skips them)."""
 
 
 @hookimpl
@@ -44,6 +49,32 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
 @for_architecture(ARCHITECTURE)
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
     return dsv4_problems(model, serving)
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] | None:
+    """SGLang 0.5.23's DeepSeek-V4 defaults for unset options (``arg_groups/model_overrides/deepseek_v4.py``,
+    ``_deepseek_v4_overrides``): ``--page-size`` 256 (the NPU branch's 128 comes from the Ascend platform, which
+    answers first), and ``--swa-full-tokens-ratio`` 0.1 except for DeepSeek-V4.1 checkpoints
+    (``model_type`` ``deepseek_v41``)."""
+    source = "_deepseek_v4_overrides in arg_groups/model_overrides/deepseek_v4.py"
+    defaults = [
+        EngineDefault(
+            option="page_size",
+            value=DSV4_PAGE_SIZE,
+            reason=f"SGLang 0.5.23's default for DeepSeek-V4's compressed attention ({source})",
+        )
+    ]
+    if model.model_type != V41_MODEL_TYPE:
+        defaults.append(
+            EngineDefault(
+                option="swa_full_tokens_ratio",
+                value=DSV4_SWA_FULL_TOKENS_RATIO,
+                reason=f"SGLang 0.5.23's default for DeepSeek-V4 ({source})",
+            )
+        )
+    return defaults
 
 
 @hookimpl

@@ -272,10 +272,16 @@ def dsv4_problems(model: ModelSpec, serving: Serving) -> list[str]:
             f"Use {o('page_size')} 256 (a multiple of 128; SGLang's CUDA DeepSeek-V4 pool takes 256)."
         )
     elif serving.accounting == "exact" and page != 256:
+        # A platform whose kernels refuse page 256 (Ascend's 128 for every model) builds no CUDA pool at all.
+        fix = (
+            f"Use {o('accounting')} sglang for the configurator's numbers ({serving.platform} refuses "
+            f"{o('page_size')} 256)"
+            if serving.traits.page_size_problems(256)
+            else f"Use {o('page_size')} 256, or {o('accounting')} sglang for the configurator's numbers alone"
+        )
         problems.append(
             f"{o('page_size')} {page}: SGLang's DeepSeek-V4 pool asserts '{SGLANG_BUILD_PAGE_MESSAGE}' "
-            f"(_build_dsv4_kv_pool on CUDA), and the exact accounting charges the pools build makes. Use "
-            f"{o('page_size')} 256, or {o('accounting')} sglang for the configurator's numbers alone."
+            f"(_build_dsv4_kv_pool on CUDA), and the exact accounting charges the pools build makes. {fix}."
         )
     online = serving.enable_online_compress
     if online and serving.dsv4_compress_state_dtype == "bfloat16":

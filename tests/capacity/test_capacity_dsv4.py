@@ -28,8 +28,9 @@ from kvpools_plugins.dsv4.building import build_allocator
 
 from kvpools_core.allocators.swa import new_full_to_swa_mapping
 
-FLASH = Serving(page_size=256, tp_size=8)
-"""deepseek-v4-flash at TP 8, page 256 (SGLang's CUDA DeepSeek-V4 page), 60 GiB: full 986,368 tokens, SWA
+FLASH = Serving(page_size=256, tp_size=8, swa_full_tokens_ratio=0.8)
+"""deepseek-v4-flash at TP 8, page 256 (SGLang's CUDA DeepSeek-V4 page), 60 GiB, SGLang's generic ratio 0.8 given
+explicitly (left unset, DeepSeek-V4 takes SGLang's 0.1: ``flash_swa_tenth``): full 986,368 tokens, SWA
 788,992 (ratio 0.8), c4 246,592 = full / 4, c128 7,706 = full / 128, 2,048 requests, context 1,048,576; the SWA
 window terms are 128 + 128 x 1 + 256 + 256 = 768 per request, 2 prefills of up to 8,192 in flight, 256 reserved."""
 
@@ -41,8 +42,10 @@ def flash() -> Plan:
 
 @pytest.fixture(scope="module")
 def flash_swa_tenth() -> Plan:
-    """The same at ``--swa-full-tokens-ratio 0.1`` (SGLang's own DeepSeek-V4 default, see docs/capacity.md)."""
-    return plan("deepseek-v4-flash", attrs.evolve(FLASH, swa_full_tokens_ratio=0.1), memory="60GiB")
+    """The same with ``--swa-full-tokens-ratio`` unset: SGLang's own DeepSeek-V4 default 0.1 (docs/capacity.md)."""
+    p = plan("deepseek-v4-flash", Serving(page_size=256, tp_size=8), memory="60GiB")
+    assert p.serving.swa_full_tokens_ratio == 0.1
+    return p
 
 
 def test_the_plan_describes_every_token_space(flash: Plan) -> None:
@@ -249,6 +252,7 @@ def test_split_for_8k(flash: Plan) -> None:
 
 def test_cli_answers_deepseek_v4() -> None:
     args = ["capacity", "deepseek-v4-flash", "--tp-size", "8", "--page-size", "256", "--memory", "60GiB"]
+    args += ["--swa-full-tokens-ratio", "0.8"]  # FLASH's numbers
     out = CliRunner().invoke(main, args)
     assert out.exit_code == 0, out.output
     assert "c4 tokens 246,592 (1 per 4 full tokens)" in out.output

@@ -214,8 +214,9 @@ def test_every_dsa_preset_parses_plans_and_builds(preset: str, registry: Registr
 
 
 def test_cuda_needs_page_size_64() -> None:
+    """An explicit page 1 is refused (left unset, the page is SGLang's 64: tests/core/test_engine_defaults.py)."""
     with pytest.raises(UnsupportedCombinationError, match=r"DSA models need page_size 64 on cuda.*got page_size 1"):
-        plan("deepseek-v3.2", Serving(), memory="8GiB")
+        plan("deepseek-v3.2", Serving(page_size=1), memory="8GiB")
 
 
 @pytest.mark.usefixtures("rocm_platform")

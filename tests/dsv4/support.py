@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings
 
 from kvpools_core.config import resolve_model_source
 from kvpools_core.errors import InsufficientMemoryError
-from kvpools_core.pipeline import plan
+from kvpools_core.pipeline import plan, plan_basis
 from kvpools_core.registry import get_registry
 from kvpools_core.values import ModelSpec, Plan, Serving
 
@@ -129,6 +129,13 @@ def oracle_outcome(model: Any, serving: Serving, memory: int) -> Outcome:
     return Outcome(fields=_fields(own), cell=own["cell_size"])
 
 
+def sglang_resolved(model: str | ModelSpec, serving: Serving) -> Serving:
+    """``serving`` with the options it leaves unset as SGLang's start-up resolves them before its configurator
+    runs (the model overrides, which the oracle does not execute: ``engine_defaults``, page 256 and ratio 0.1)."""
+    resolved = plan_basis(model, serving).serving
+    return attrs.evolve(serving, **{name: getattr(resolved, name) for name in serving.unset_options})
+
+
 def compare_dsv4(model: str | ModelSpec, oracle: Any, serving: Serving, memory: int) -> Outcome:
     """Plan with ``--accounting sglang`` and ask the oracle; assert they agree on every pool size and the cell.
 
@@ -136,7 +143,8 @@ def compare_dsv4(model: str | ModelSpec, oracle: Any, serving: Serving, memory: 
     would start a server that cannot serve (no request, an SWA pool under one page), kvpools refuses.
     """
     serving = attrs.evolve(serving, accounting="sglang")
-    want = oracle_outcome(oracle, serving, memory)
+    engine = sglang_resolved(model, serving)
+    want = oracle_outcome(oracle, engine, memory)
     got: Plan | InsufficientMemoryError
     try:
         got = plan(model, serving, memory=memory)
@@ -153,7 +161,7 @@ def compare_dsv4(model: str | ModelSpec, oracle: Any, serving: Serving, memory: 
         return want
     assert want.fields is not None
     requests, swa = want.fields[1], want.fields[3]
-    if requests == 0 or swa < serving.page_size:
+    if requests == 0 or swa < engine.page_size:
         assert isinstance(got, InsufficientMemoryError), (
             f"SGLang starts with {dict(zip(DSV4_FIELDS, want.fields, strict=True))}, a server that cannot serve; "
             f"kvpools should refuse\n{case}"

@@ -110,8 +110,14 @@ def test_deepseek_v4_meta_build_and_json_round_trip() -> None:
 
 
 def test_deepseek_v4_cpu_build_allocates_the_paged_host_pools() -> None:
+    # at DeepSeek-V4's default ratio 0.1, 2,048 full tokens leave the SWA pool under one page: give 0.8
     serving = hicache(
-        hicache_ratio=2.0, page_size=256, max_total_tokens=2048, max_running_requests=2, context_length=2048
+        hicache_ratio=2.0,
+        page_size=256,
+        max_total_tokens=2048,
+        max_running_requests=2,
+        context_length=2048,
+        swa_full_tokens_ratio=0.8,
     )
     result = plan(V4, serving, memory="60GiB", host_memory=NODE)
     assert result.host is not None

@@ -264,7 +264,10 @@ def test_the_cli_selects_and_refuses(kvpools_exe: str, cli_env: dict[str, str]) 
     serving = json.loads(out.stdout)["plan"]["serving"]
     assert serving["platform"] == "ascend"
     assert serving["platform_traits"]["slot_index_dtype"] == "int32"  # the plan records the rules it was made under
-    out = run("--device", "npu:0")
+    out = run("--device", "npu:0", "--json")  # left unset, the page is SGLang's NPU default
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["plan"]["serving"]["page_size"] == 128
+    out = run("--device", "npu:0", "--page-size", "1")  # an explicit page the Ascend backend refuses
     assert out.returncode == 1
     assert "Every model needs --page-size 128 on ascend" in out.stderr
     assert "At this moment Ascend attention backend only supports a page_size of 128" in out.stderr

@@ -20,7 +20,7 @@ from kvpools_ascend.names import DEVICE_TYPE, PLATFORM, RUNTIME
 from kvpools_core import hookimpl
 from kvpools_core.errors import ConfigError
 from kvpools_core.options import option
-from kvpools_core.values import GPU, MemoryTier, PageSizeRule, PlatformTraits, Serving
+from kvpools_core.values import GPU, EngineDefault, MemoryTier, PageSizeRule, PlatformTraits, Serving
 
 __version__ = "0.2.0"  # the one place it is written: pyproject.toml reads this literal
 
@@ -89,6 +89,17 @@ def detect_platform(device: str | None) -> str | None:
 @hookimpl(tryfirst=True)
 def platform_traits(serving: Serving) -> PlatformTraits | None:
     return TRAITS if serving.platform == PLATFORM else None
+
+
+@hookimpl(tryfirst=True)
+def engine_defaults(serving: Serving) -> list[EngineDefault] | None:
+    """SGLang's NPU page when ``--page-size`` is unset: 128 for every model (``set_default_server_args``,
+    ``srt/hardware_backend/npu/utils.py`` lines 96-101 of SGLang 0.5.23; DeepSeek-V4's NPU override,
+    ``model_overrides/deepseek_v4.py``, takes 128 too).  Answered first, so it wins over an architecture's page."""
+    if serving.platform != PLATFORM:
+        return None
+    reason = "SGLang 0.5.23's default on Ascend NPUs (set_default_server_args in srt/hardware_backend/npu/utils.py)"
+    return [EngineDefault(option="page_size", value=ASCEND_PAGE_SIZE, reason=reason)]
 
 
 @hookimpl(tryfirst=True)

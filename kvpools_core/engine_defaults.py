@@ -1,0 +1,66 @@
+"""The engine's own defaults for options the user left unset (the ``engine_defaults`` hook).
+
+SGLang leaves some server args ``None`` and resolves them per model and per
+platform before it sizes anything (0.5.23: ``arg_groups/model_overrides/*.py``
+and the platforms' ``set_default_server_args``).  ``Serving`` marks such an
+option unset (:func:`kvpools_core.values.is_unset`); this step asks every
+plugin what the engine would choose, replaces the unset values with the first
+answer per option in dispatch order (platform plugins, then the architecture),
+and says so in a note.  An explicit option is never replaced.  The core names
+no model here: the architecture and platform plugins answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from kvpools_core.errors import KvpoolsError, PluginResultError
+from kvpools_core.options import option
+from kvpools_core.registry import Registry
+from kvpools_core.values import EngineDefault, ModelSpec, Serving
+
+
+def apply_engine_defaults(
+    model: ModelSpec, serving: Serving, registry: Registry, provenance: dict[str, tuple[str, ...]] | None = None
+) -> tuple[Serving, tuple[str, ...]]:
+    """``serving`` with its unset options set to the engine's defaults for ``model``, and one note per default.
+
+    Each option takes the first answer in dispatch order; the plugins whose
+    answers were applied go to ``provenance["engine_defaults"]``.  A value the
+    option refuses is blamed on the plugin that answered it.
+    """
+    unset = set(serving.unset_options)
+    if not unset:
+        return serving, ()
+    chosen: dict[str, tuple[str, EngineDefault]] = {}
+    for plugin, answers in registry.call_collect("engine_defaults", model=model, serving=serving):
+        for answer in answers:
+            if answer.option in unset and answer.option not in chosen:
+                chosen[answer.option] = (plugin, answer)
+    if not chosen:
+        return serving, ()
+    for plugin, answer in chosen.values():
+        field: dict[str, Any] = {answer.option: answer.value}
+        try:
+            attrs.evolve(serving, **field)
+        except KvpoolsError as exc:
+            raise PluginResultError(
+                f"Plugin {registry.plugin(plugin).label} answered engine_defaults with {answer.option} "
+                f"{answer.value!r}, which Serving refuses: {exc}"
+            ) from exc
+    given: dict[str, Any] = {name: _given(answer.value) for name, (_, answer) in chosen.items()}
+    resolved = attrs.evolve(serving, **given)
+    if provenance is not None:
+        provenance["engine_defaults"] = tuple(dict.fromkeys(plugin for plugin, _ in chosen.values()))
+    notes = tuple(
+        f"{option(name)} {answer.value:g}: {answer.reason}; {option(name)} overrides it"
+        for name, (_, answer) in chosen.items()
+    )
+    return resolved, notes
+
+
+def _given(value: int | float) -> int | float:
+    """A plain value (an answer that passed on an unset marker would stay replaceable)."""
+    return value if type(value) in (int, float) else (int(value) if isinstance(value, int) else float(value))

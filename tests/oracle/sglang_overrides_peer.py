@@ -1,0 +1,113 @@
+"""Run SGLang 0.5.23's own per-model override providers for DeepSeek DSA and DeepSeek-V4 (the peers venv, CPU).
+
+Usage: ``python sglang_overrides_peer.py BENCH_DIR`` with a JSON list of cases on stdin, each
+``{"architecture": ..., "hf_config": {...}, "device": "cuda" | "npu", "server_args": {...}}``; prints one JSON list:
+per case, the ``page_size`` / ``swa_full_tokens_ratio`` its providers declare (absent when they declare none).
+
+The installed ``sglang.srt.arg_groups.model_overrides.deepseek_v2`` / ``deepseek_v4`` modules and
+``model_override_base`` run as they are; only their imports of the runtime (platform, environment, flashinfer,
+the config helpers) are answered by the shared ``bench/peer_imports.py`` machinery, the config helpers the
+overrides call (``is_deepseek_dsa``, ``get_dsa_index_kpool``) compiled from the installed
+``configs/model_config.py``.  This file runs in the peers venv, never under pytest.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from typing import Any, Optional
+
+FIELDS = ("page_size", "swa_full_tokens_ratio")
+ARG_DEFAULTS: dict[str, Any] = {
+    # the server args these providers read, at SGLang 0.5.23's defaults (None: unset)
+    "page_size": None,
+    "swa_full_tokens_ratio": None,
+    "attention_backend": None,
+    "prefill_attention_backend": None,
+    "decode_attention_backend": None,
+    "dcp_size": 1,
+    "enable_prefill_cp": False,
+    "enable_hisparse": False,
+    "enable_hierarchical_cache": False,
+    "disaggregation_mode": "null",
+    "speculative_eagle_topk": None,
+    "moe_runner_backend": "triton",  # not "auto": the MoE branch needs a ModelConfig the peer does not build
+    "fp8_gemm_runner_backend": "auto",
+    "moe_dense_tp_size": None,
+    "kv_cache_dtype": "auto",
+}
+
+
+class _Platform:
+    """``get_platform()`` for a device: CUDA (no HIP, no SM100), or an NPU."""
+
+    def __init__(self, device: str) -> None:
+        self.is_npu = device == "npu"
+        self.is_cuda = device == "cuda"
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("is_") or name.startswith("has_"):
+            return False
+        raise AttributeError(name)
+
+
+def _import(bench: str) -> tuple[Any, Any, Any]:
+    sys.path.insert(0, bench)
+    import peer_imports as peers  # type: ignore[import-not-found]  # the shared bench folder's import machinery
+
+    peers.install()
+    packages = (
+        "sglang",
+        "sglang.srt",
+        "sglang.srt.configs",
+        "sglang.srt.arg_groups",
+        "sglang.srt.arg_groups.model_overrides",
+    )
+    for package in packages:
+        peers._BARE.add(package)
+    platform = {"value": _Platform("cuda")}
+    peers._STUB.add("sglang.srt.platforms", current_platform=_Platform("cuda"))
+    peers._STUB.add("sglang.srt.runtime_context", get_platform=lambda: platform["value"])
+    peers._STUB.add("sglang.srt.utils", is_flashinfer_available=lambda: False)
+    peers._STUB.add("sglang.srt.utils.common", is_mps=lambda: False, is_no_spec_infer_or_topk_one=lambda _: True)
+    peers._STUB.add("sglang.srt.environ")
+    # imported by the DSA branch on every GPU, read on HIP only (the peer's platform is CUDA or an NPU)
+    peers._STUB.add("sglang.srt.layers")
+    peers._STUB.add("sglang.srt.layers.attention.dsa.utils", aiter_can_use_preshuffle_paged_mqa=lambda: True)
+    helpers = peers.functions_from_installed_module(
+        "sglang.srt.configs.model_config",
+        ["_hf_arch", "_hf_attr", "is_deepseek_dsa", "get_dsa_index_kpool"],
+        {"PretrainedConfig": object, "Optional": Optional},
+    )
+    peers._STUB.add(
+        "sglang.srt.configs.model_config",
+        unwrap_modelopt_quantization_config=lambda cfg: cfg,
+        **helpers,
+    )
+    import importlib
+
+    v2 = importlib.import_module("sglang.srt.arg_groups.model_overrides.deepseek_v2")
+    v4 = importlib.import_module("sglang.srt.arg_groups.model_overrides.deepseek_v4")
+    return v2, v4, platform
+
+
+def main() -> None:
+    v2, v4, platform = _import(sys.argv[1])
+    results = []
+    for case in json.load(sys.stdin):
+        platform["value"] = _Platform(case["device"])
+        args = types.SimpleNamespace(**{**ARG_DEFAULTS, "device": case["device"], **case.get("server_args", {})})
+        config = types.SimpleNamespace(**case["hf_config"])
+        provider = (
+            v4._deepseek_v4_overrides
+            if case["architecture"] == "DeepseekV4ForCausalLM"
+            else v2._deepseek_family_overrides
+        )
+        declared = provider(args, config)
+        results.append({name: declared[name] for name in FIELDS if name in declared})
+    json.dump(results, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Differential: the ``engine_defaults`` kvpools applies equal what SGLang 0.5.23's own override code declares.
+
+``sglang_overrides_peer.py`` runs the installed ``_deepseek_family_overrides`` (``model_overrides/deepseek_v2.py``)
+and ``_deepseek_v4_overrides`` (``model_overrides/deepseek_v4.py``) in the peers venv on the bundled presets and
+variants of them; kvpools answers through the real registry (``apply_engine_defaults``).  On an NPU SGLang first
+declares the platform's page 128 when unset (``set_default_server_args``, ``hardware_backend/npu/utils.py``), then
+the model override, the last writer winning; the peer runs the model overrides, the NPU default is that constant.
+
+Only the options left unset are compared: SGLang 0.5.23 declares DeepSeek's pages unconditionally, so it replaces
+even an explicit ``--page-size`` (last writer wins), where kvpools keeps the user's value (and refuses what
+SGLang's pools cannot build).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvpools_core.config import parse_config
+from kvpools_core.engine_defaults import apply_engine_defaults
+from kvpools_core.registry import get_registry
+from kvpools_core.values import Serving
+from tests.oracle import locate
+
+PYTHON, BENCH = locate.require_sglang_peer()
+PEER = Path(__file__).with_name("sglang_overrides_peer.py")
+NPU_PAGE_SIZE = 128
+"""``set_default_server_args``: ``page_size=128`` when unset on an NPU."""
+PLATFORMS = {"cuda": "cuda", "npu": "ascend"}
+
+
+def _preset(name: str) -> dict[str, Any]:
+    path = get_registry().call_named("presets", "Preset")[name][1]
+    return dict(json.loads(Path(path).read_text()))
+
+
+def _cases() -> list[tuple[str, dict[str, Any], str, dict[str, Any]]]:
+    """(label, config, SGLang device, explicit server args) for each DSA and DeepSeek-V4 preset and variant."""
+    cases: list[tuple[str, dict[str, Any], str, dict[str, Any]]] = []
+    for device in PLATFORMS:
+        for name in ("deepseek-v3.2", "deepseek-v3.2-exp", "deepseek-v4-flash", "deepseek-v4-pro"):
+            cases.append((name, _preset(name), device, {}))
+        cases.append(("deepseek-v4-flash-fp8-sgl", _preset("deepseek-v4-flash-fp8-sgl"), device, {}))
+    v32, v4 = _preset("deepseek-v3.2"), _preset("deepseek-v4-flash")
+    cases += [
+        ("index_kpool 2", {**v32, "index_kpool": 2}, "cuda", {}),
+        ("index_kpool 4", {**v32, "index_kpool": 4}, "cuda", {}),
+        ("DeepSeek-V4.1", {**v4, "model_type": "deepseek_v41"}, "cuda", {}),
+        ("explicit ratio", v4, "cuda", {"swa_full_tokens_ratio": 0.5}),
+        ("explicit page", v4, "cuda", {"page_size": 128}),
+        ("explicit page (DSA)", v32, "cuda", {"page_size": 1}),
+    ]
+    return cases
+
+
+CASES = _cases()
+
+
+@pytest.fixture(scope="module")
+def sglang_declared() -> list[dict[str, Any]]:
+    """What SGLang's providers declare for every case (one peer process)."""
+    payload = [
+        {
+            "architecture": config["architectures"][0],
+            "hf_config": config,
+            "device": device,
+            "server_args": explicit,
+        }
+        for _, config, device, explicit in CASES
+    ]
+    out = subprocess.run(
+        [str(PYTHON), str(PEER), str(BENCH)], input=json.dumps(payload), capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    declared: list[dict[str, Any]] = json.loads(out.stdout)
+    return declared
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{c[0]}-{c[2]}" for c in CASES])
+def test_kvpools_defaults_are_sglangs(index: int, sglang_declared: list[dict[str, Any]]) -> None:
+    label, config, device, explicit = CASES[index]
+    serving = Serving(platform=PLATFORMS[device], **explicit)
+    unset = set(serving.unset_options)
+    expected = {"page_size": NPU_PAGE_SIZE} if device == "npu" else {}
+    expected.update(sglang_declared[index])
+    expected = {name: value for name, value in expected.items() if name in unset}
+
+    registry = get_registry()
+    spec, _ = parse_config(config, f"{label}.json", registry)
+    resolved, notes = apply_engine_defaults(spec, serving, registry)
+    ours = {name: getattr(resolved, name) for name in unset if name not in resolved.unset_options}
+    assert ours == expected, f"{label} on {device}: kvpools {ours}, SGLang {expected}"
+    assert len(notes) == len(expected)
+    for name, value in explicit.items():
+        assert getattr(resolved, name) == value  # the user's value is kept
