@@ -636,7 +636,7 @@ class EngineDefault:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EngineDefault:
-        return _from_dict(cls, data)
+        return load_value(cls, data)
 
 
 # ---------------------------------------------------------------------------
