@@ -100,3 +100,8 @@ class AllocatorError(KvpoolsError, ValueError):
     """A KV-slot allocator refused a call and changed nothing: a free of ids it never hands out (padding 0, -1,
     past the pool), of ids not given as integers, of more ids than are allocated or, in checked mode, of ids not
     allocated now (a double free); or a ``restore_state`` with a state that is not its own."""
+
+
+class AllocatorStateError(AllocatorError, RuntimeError):
+    """An allocator call out of order (``free_group_end`` without ``free_group_begin``, a second
+    ``free_group_begin``): refused, nothing changed.  A ``RuntimeError`` too, as SGLang's allocators raise."""
