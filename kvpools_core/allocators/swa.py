@@ -17,7 +17,8 @@ request's last token while the request still extends it (with ``checked=True``
 an extend from an evicted page is refused).  Frees are checked as the core
 allocators check theirs, before the mapping or either pool changes
 (``AllocatorError``, nothing changed): full slot ids out of range always, and
-with ``checked=True`` full slots not allocated now.
+with ``checked=True`` full slots not allocated now.  ``free_full`` of slots
+still mapped to SWA slots is refused in every mode (they would leak).
 """
 
 from __future__ import annotations
