@@ -196,18 +196,18 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
 
         Delegates to the pool's ``get_cpu_copy``; an allocator built without a pool,
         or over one without host copies, raises ``AllocatorError`` saying so, as it does
-        for ``indices`` a free would refuse (range; checked: not allocated now).
+        for ``indices`` out of range (checked: not allocated now; see ``check_held``).
         """
-        self.check_free(indices, count=False)
+        self.check_held(indices)
         return host_copy_of(self, indices)
 
     def load_cpu_copy(self, kv_cache_cpu: object, indices: Tensor) -> None:
         """Write a ``get_cpu_copy`` result into slots ``indices`` (new slots of the resumed request).
 
-        Refused with ``AllocatorError``: ``indices`` a free would refuse (range; checked: not
-        allocated now), and a copy the pool did not make for as many slots.
+        Refused with ``AllocatorError``: ``indices`` out of range (checked: not allocated now;
+        see ``check_held``), and a copy the pool did not make for as many slots.
         """
-        self.check_free(indices, count=False)
+        self.check_held(indices)
         load_host_copy_into(self, kv_cache_cpu, indices)
 
     # ------------------------------------------------------- reference counts
@@ -409,6 +409,21 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         self._check_units(units)
         if count and self._counts_now():
             self._check_count(units.numel())
+
+    def check_held(self, indices: Tensor | Sequence[int]) -> None:
+        """Raise ``AllocatorError`` unless every id of ``indices`` is in range and, in checked mode,
+        allocated now (ids that are read or written, not freed: repeats allowed); change nothing."""
+        units = self._free_units(self.to_ids(indices))
+        if not units.numel():
+            return
+        self._check_range(units)
+        if self._allocated is not None:
+            idle = ~self._allocated[units]
+            if bool(idle.any()):
+                raise AllocatorError(
+                    f"{self._describe(units[idle])} are not allocated now; read and write only the slots "
+                    "alloc handed out and that are not freed; nothing changed"
+                )
 
     def _free_units(self, ids: Tensor) -> Tensor:
         """The distinct units a free of ``ids`` gives back (the token allocator: the ids themselves)."""

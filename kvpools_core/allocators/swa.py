@@ -234,14 +234,14 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """The KV of full slots ``indices`` (full and, where mapped, SWA rows) in host memory, from the pool.
 
         Full slot ids a free would refuse are refused first (``AllocatorError``)."""
-        self.full_attn_allocator.check_free(indices, count=False)
+        self.full_attn_allocator.check_held(indices)
         return host_copy_of(self, indices)
 
     def load_cpu_copy(self, kv_cache_cpu: object, indices: Tensor) -> None:
         """Write a ``get_cpu_copy`` result into full slots ``indices`` and the SWA slots they map to.
 
         Refused with ``AllocatorError``: full slot ids a free would refuse, and a copy the pool did not make."""
-        self.full_attn_allocator.check_free(indices, count=False)
+        self.full_attn_allocator.check_held(indices)
         load_host_copy_into(self, kv_cache_cpu, indices)
 
     # ------------------------------------------------------------- allocation

@@ -604,6 +604,17 @@ def host_copy_of_free_slots(k: Kind, a: Any) -> Misuse:
     return lambda: a.get_cpu_copy(unit_slots(k, k.units)[:1])
 
 
+def test_host_copies_may_read_a_slot_twice() -> None:
+    """A host copy reads and writes slots, it frees none: a slot given twice is no double free, even checked."""
+    a = TokenAllocator(8, kvcache=RowsPool(9), checked=True)
+    held = a.alloc(2)
+    assert held is not None
+    twice = torch.cat((held[:1], held[:1]))
+    copy = a.get_cpu_copy(twice)
+    a.load_cpu_copy(copy, twice)
+    assert torch.equal(copy[0][0], RowsPool(9).rows[twice])
+
+
 @case()
 def load_cpu_copy_foreign_object(k: Kind, a: Any) -> Misuse:
     held = take(k, a)
