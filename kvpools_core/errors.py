@@ -138,3 +138,8 @@ class RankTimeoutError(DistributedPlanError):
 class RankMismatchError(DistributedPlanError):
     """Ranks plan different models or serving options (or mix budget kinds); ``ranks`` names those that differ
     from the group's first rank."""
+
+
+class AllocatorStateError(AllocatorError, RuntimeError):
+    """An allocator call out of order (``free_group_end`` without ``free_group_begin``, a second
+    ``free_group_begin``): refused, nothing changed.  A ``RuntimeError`` too, as SGLang's allocators raise."""

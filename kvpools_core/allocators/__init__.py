@@ -6,7 +6,8 @@ host copies, reference counts; the divergences are in ``docs/allocators.md``);
 their bookkeeping is one preallocated free stack whose size
 ``allocator_planned_nbytes(size, page_size, checked)`` gives in advance.
 Every free is range checked (``AllocatorError``, nothing changed); checked
-mode (``checked=True``) also refuses double frees (see ``base``).
+mode (``checked=True``) also refuses double frees (see ``base``) and every
+other misuse: ``misuse.CHECKED_ONLY`` lists what only checked mode refuses.
 The byte formulas import without torch (planning never needs it); the
 allocator classes load on first use.
 """

@@ -53,7 +53,7 @@ from torch import Tensor
 
 from kvpools_core.allocators.contract import BaseTokenToKVPoolAllocator, host_copy_of, load_host_copy_into
 from kvpools_core.allocators.sizes import check_geometry, free_stack_nbytes
-from kvpools_core.errors import AllocatorError
+from kvpools_core.errors import AllocatorError, AllocatorStateError
 
 __all__ = ["AllocatorState", "BaseAllocator"]
 
@@ -195,12 +195,19 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         """The KV of slots ``indices`` in host memory, from the KV pool (SGLang retracts a request with it).
 
         Delegates to the pool's ``get_cpu_copy``; an allocator built without a pool,
-        or over one without host copies, raises ``AllocatorError`` saying so.
+        or over one without host copies, raises ``AllocatorError`` saying so, as it does
+        for ``indices`` out of range (checked: not allocated now; see ``check_held``).
         """
+        self.check_held(indices)
         return host_copy_of(self, indices)
 
     def load_cpu_copy(self, kv_cache_cpu: object, indices: Tensor) -> None:
-        """Write a ``get_cpu_copy`` result into slots ``indices`` (new slots of the resumed request)."""
+        """Write a ``get_cpu_copy`` result into slots ``indices`` (new slots of the resumed request).
+
+        Refused with ``AllocatorError``: ``indices`` out of range (checked: not allocated now;
+        see ``check_held``), and a copy the pool did not make for as many slots.
+        """
+        self.check_held(indices)
         load_host_copy_into(self, kv_cache_cpu, indices)
 
     # ------------------------------------------------------- reference counts
@@ -229,13 +236,14 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         if not units.numel():
             return
         self._check_range(units)
-        refs = self._counting()
-        idle = refs[units] <= 0
+        # checked against the census before counts are kept: a refused retain leaves them off
+        idle = (self._refs if self._refs is not None else self._census())[units] <= 0
         if bool(idle.any()):
             raise AllocatorError(
                 f"retain of {self._describe(units[idle])} that are not allocated; retain only what alloc handed out "
                 "and is not freed; nothing was retained"
             )
+        refs = self._counting()
         if self._snaps:
             self._materialize()
         refs.index_put_((units,), torch.ones_like(units, dtype=torch.int32), accumulate=True)
@@ -293,13 +301,13 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
     def free_group_begin(self) -> None:
         """Defer frees until ``free_group_end`` (one scheduler step's frees)."""
         if self._in_group:
-            raise RuntimeError("free_group_begin() called twice without free_group_end()")
+            raise AllocatorStateError("free_group_begin() called twice without free_group_end(); nothing changed")
         self._in_group = True
 
     def free_group_end(self) -> None:
         """Make the group's frees available (or released, with ``need_sort``)."""
         if not self._in_group:
-            raise RuntimeError("free_group_end() called without free_group_begin()")
+            raise AllocatorStateError("free_group_end() called without free_group_begin(); nothing changed")
         self._in_group = False
         pend = self._pend
         if not pend:
@@ -402,6 +410,21 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         if count and self._counts_now():
             self._check_count(units.numel())
 
+    def check_held(self, indices: Tensor | Sequence[int]) -> None:
+        """Raise ``AllocatorError`` unless every id of ``indices`` is in range and, in checked mode,
+        allocated now (ids that are read or written, not freed: repeats allowed); change nothing."""
+        units = self._free_units(self.to_ids(indices))
+        if not units.numel():
+            return
+        self._check_range(units)
+        if self._allocated is not None:
+            idle = ~self._allocated[units]
+            if bool(idle.any()):
+                raise AllocatorError(
+                    f"{self._describe(units[idle])} are not allocated now; read and write only the slots "
+                    "alloc handed out and that are not freed; nothing changed"
+                )
+
     def _free_units(self, ids: Tensor) -> Tensor:
         """The distinct units a free of ``ids`` gives back (the token allocator: the ids themselves)."""
         return ids
@@ -494,6 +517,11 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
 
     def _take(self, k: int) -> int | None:
         """Reserve ``k`` units; the buffer offset of the first one, or None."""
+        if k < 0:  # a negative count would move head back over handed-out units
+            raise AllocatorError(
+                f"{k} new {self._kind}s asked for (num_new_pages, or lengths with prefix_lens > seq_lens?); "
+                "need a count >= 0; nothing was allocated"
+            )
         head = self._head
         if k > self._n - head:
             if k > self._n - head + self._rel:
@@ -515,7 +543,16 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         """1-D int64 on ``device`` (copies only when it must)."""
         if t.dtype is _I64 and (t.is_cpu if self._cpu else t.device == self.device):
             return t if t.dim() == 1 else t.reshape(-1)
-        return t.to(device=self.device, dtype=_I64).reshape(-1)
+        dtype = t.dtype
+        if dtype.is_floating_point or dtype.is_complex or dtype is torch.bool:
+            raise AllocatorError(f"{self._kind} ids and lengths are integers; got a {dtype} tensor; nothing changed")
+        try:
+            return t.to(device=self.device, dtype=_I64).reshape(-1)
+        except (RuntimeError, NotImplementedError) as exc:  # e.g. a meta tensor: no data to copy
+            raise AllocatorError(
+                f"cannot read a {dtype} tensor on {t.device} as {self._kind} ids on {self.device} ({exc}); "
+                "nothing changed"
+            ) from None
 
     def _release(self, units: Tensor, *, validated: bool = False) -> None:
         """Give back distinct ``units`` (1-D int64 on ``device``), checked unless ``validated``."""

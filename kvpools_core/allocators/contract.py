@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from kvpools_core.errors import AllocatorError
+from kvpools_core.errors import AllocatorError, KvpoolsError
 
 __all__ = ["BaseTokenToKVPoolAllocator", "host_copy_of", "load_host_copy_into"]
 
@@ -125,8 +125,29 @@ def host_copy_of(allocator: BaseTokenToKVPoolAllocator, indices: Any) -> Any:
 
 
 def load_host_copy_into(allocator: BaseTokenToKVPoolAllocator, kv_cache_cpu: Any, indices: Any) -> None:
-    """``allocator``'s pool's ``load_cpu_copy(kv_cache_cpu, indices)``, or a clear error naming what is missing."""
-    _pool_method(allocator, "load_cpu_copy")(kv_cache_cpu, indices)
+    """``allocator``'s pool's ``load_cpu_copy(kv_cache_cpu, indices)``, or a clear error naming what is missing.
+
+    A copy the pool cannot take (another pool's, another kind of object, of another number of slots) is
+    refused with ``AllocatorError``; the allocator is unchanged, the KV of ``indices`` unspecified.
+    """
+    method = _pool_method(allocator, "load_cpu_copy")
+    try:
+        method(kv_cache_cpu, indices)
+    except KvpoolsError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise AllocatorError(
+            f"load_cpu_copy(): the {type(kv_cache_cpu).__name__} given is not a copy this "
+            f"{type(allocator.get_kvcache()).__name__}'s get_cpu_copy() made for {_count(indices)} slots "
+            f"({type(exc).__name__}: {exc}); load a copy into the pool that made it, into as many slots"
+        ) from exc
+
+
+def _count(indices: Any) -> int | str:
+    try:
+        return int(torch.as_tensor(indices).numel())
+    except (TypeError, ValueError, RuntimeError):
+        return "?"
 
 
 def _pool_method(allocator: BaseTokenToKVPoolAllocator, name: str) -> Any:

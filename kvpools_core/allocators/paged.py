@@ -38,9 +38,9 @@ from torch import Tensor
 
 from kvpools_core.allocators.base import BaseAllocator
 from kvpools_core.allocators.sizes import paged_extra_nbytes
-from kvpools_core.errors import AllocatorError
+from kvpools_core.errors import AllocatorError, AllocatorStateError
 
-__all__ = ["PagedAllocator"]
+__all__ = ["PagedAllocator", "check_decode_lengths", "check_extend_lengths"]
 
 _I64 = torch.int64
 _aminmax = torch.aminmax
@@ -147,10 +147,12 @@ class PagedAllocator(BaseAllocator):
         pre = self._as_index(prefix_lens)
         seq = self._as_index(seq_lens)
         last = self._as_index(last_loc)
+        if not pre.numel() == seq.numel() == last.numel() or extend_num_tokens < 0:  # O(1): Python ints
+            raise _batch_error(pre, seq, last, extend_num_tokens)
         if num_new_pages is None and self._allocated is None and not torch.count_nonzero(self._in_page(pre)):
             # the common case, fresh or page-aligned prefixes: no open page to continue
             return self._extend_aligned(pre, seq, last, extend_num_tokens)
-        p, page_of = self.page_size, self._page_of
+        page_of = self._page_of
         pages_pre = page_of(pre + self._pm1)  # pages already (partly) filled
         pages_seq = page_of(seq + self._pm1)
         cum_pages = (pages_seq - pages_pre).cumsum(0)
@@ -164,6 +166,25 @@ class PagedAllocator(BaseAllocator):
             return None
         if self._allocated is not None:
             self._mark_allocated(self._buf[start : start + k])
+        try:
+            return self._fill_open(pre, seq, last, extend_num_tokens, start, k, cum_pages, pages_pre, pages_seq)
+        except (RuntimeError, IndexError) as exc:  # lengths that disagree (default mode does not check them)
+            raise self._untake(start, k, exc) from None
+
+    def _fill_open(
+        self,
+        pre: Tensor,
+        seq: Tensor,
+        last: Tensor,
+        extend_num_tokens: int,
+        start: int,
+        k: int,
+        cum_pages: Tensor,
+        pages_pre: Tensor,
+        pages_seq: Tensor,
+    ) -> Tensor:
+        """``alloc_extend``'s slots once its ``k`` pages are taken at ``buf[start:]`` (open pages possible)."""
+        p, page_of = self.page_size, self._page_of
         if not extend_num_tokens:
             return self._buf.new_empty(0, dtype=self.index_dtype)
         filled = self.fill_extend(pre, seq, last, self._buf[start : start + k], extend_num_tokens)
@@ -192,10 +213,15 @@ class PagedAllocator(BaseAllocator):
         the first slot of a fresh page when that position starts a page."""
         seq = self._as_index(seq_lens)
         last = self._as_index(last_loc)
+        if seq.numel() != last.numel():  # O(1): masked_scatter_ would fail once the pages are taken
+            raise _batch_error(None, seq, last, 0)
         p = self.page_size
-        if p == 1:
+        if p == 1:  # every request takes a page
+            k = seq.numel() if num_new_pages is None else num_new_pages
+            if k < 0:
+                raise AllocatorError(f"num_new_pages={k}: need a count >= 0; nothing was allocated")
             if self._allocated is not None:
-                self._check_decode(seq, last, seq.numel())
+                self._check_decode(seq, last, k)
             return self.alloc(seq.numel())
         needs = self._in_page(seq) == 1  # position seq-1 starts a page
         k = int(torch.count_nonzero(needs)) if num_new_pages is None else num_new_pages
@@ -283,7 +309,7 @@ class PagedAllocator(BaseAllocator):
     def free_group_end(self) -> None:
         """Free the group's pages, merged and de-duplicated in one go."""
         if not self._in_group:
-            raise RuntimeError("free_group_end() called without free_group_begin()")
+            raise AllocatorStateError("free_group_end() called without free_group_begin(); nothing changed")
         parts = list(self._pending)
         if self._pending_bytes:
             slots = torch.frombuffer(bytearray().join(self._pending_bytes), dtype=_I64)
@@ -317,7 +343,7 @@ class PagedAllocator(BaseAllocator):
         if num_pages <= 0:
             if num_pages == 0:
                 return []
-            raise ValueError(f"alloc_pages() needs a non-negative count, got {num_pages}")
+            raise AllocatorError(f"alloc_pages() needs a non-negative count, got {num_pages}; nothing was allocated")
         start = self._take(num_pages)
         if start is None:
             return None
@@ -373,7 +399,6 @@ class PagedAllocator(BaseAllocator):
         """``alloc_extend`` when every prefix ends on a page boundary: request i's
         slots are the first ``seq - pre`` slots of its new pages, so one gather
         from the new pages' slot grid serves the whole batch."""
-        p = self.page_size
         ext = seq - pre
         new_pages = self._page_of(ext + self._pm1)  # prefixes are aligned: ceil(ext / p)
         cum_pages = new_pages.cumsum(0)
@@ -381,6 +406,16 @@ class PagedAllocator(BaseAllocator):
         start = self._take(k)
         if start is None:
             return None
+        try:
+            return self._fill_aligned(pre, seq, last, n_tok, start, k, ext, new_pages)
+        except (RuntimeError, IndexError) as exc:  # lengths that disagree (default mode does not check them)
+            raise self._untake(start, k, exc) from None
+
+    def _fill_aligned(
+        self, pre: Tensor, seq: Tensor, last: Tensor, n_tok: int, start: int, k: int, ext: Tensor, new_pages: Tensor
+    ) -> Tensor:
+        """``_extend_aligned``'s slots once its ``k`` pages are taken at ``buf[start:]``."""
+        p = self.page_size
         if not n_tok:
             return self._buf.new_empty(0, dtype=self.index_dtype)
         taken = self._buf[start : start + k]
@@ -395,6 +430,20 @@ class PagedAllocator(BaseAllocator):
         skip = slack.cumsum(0).sub_(slack)
         index = torch.arange(n_tok, device=self.device).add_(skip.repeat_interleave(ext, output_size=n_tok))
         return self._as_slots(torch.take(grid, index))
+
+    def _untake(self, start: int, k: int, exc: BaseException) -> AllocatorError:
+        """Give back the ``k`` pages just taken at ``buf[start:]`` (a batch failed after ``_take``) and
+        the error to raise: the allocator is as before the call (a ``need_sort`` merge aside)."""
+        taken = self._buf[start : start + k]
+        if self._allocated is not None:
+            self._allocated[taken] = False
+        if self._refs is not None:
+            self._refs[taken] = 0
+        self._head = start
+        return AllocatorError(
+            f"alloc_extend(): the batch's lengths disagree ({exc}); need extend_num_tokens = "
+            "sum(seq_lens - prefix_lens) and num_new_pages the pages they need; nothing was allocated"
+        )
 
     def _as_slots(self, slots: Tensor) -> Tensor:
         """Returned slots in ``index_dtype`` (no copy when they are already)."""
@@ -446,26 +495,15 @@ class PagedAllocator(BaseAllocator):
     def _check_extend(self, pre: Tensor, seq: Tensor, last: Tensor, n_tok: int, k: int) -> None:
         """Checked mode: validate an ``alloc_extend`` batch before anything changes."""
         if not (pre.numel() == seq.numel() == last.numel()):
-            raise ValueError("prefix_lens, seq_lens and last_loc need one entry per request")
-        if bool((pre < 0).any()) or bool((seq < pre).any()):
-            raise ValueError(f"need 0 <= prefix_lens <= seq_lens; got {pre.tolist()} / {seq.tolist()}")
-        total = int((seq - pre).sum())
-        if total != n_tok:
-            raise ValueError(f"extend_num_tokens={n_tok} but seq_lens - prefix_lens sums to {total}")
-        expect = int((self._page_of(seq + self._pm1) - self._page_of(pre + self._pm1)).sum())
-        if k != expect:
-            raise ValueError(f"num_new_pages={k} but the batch needs {expect} new pages")
+            raise AllocatorError("prefix_lens, seq_lens and last_loc need one entry per request")
+        check_extend_lengths(pre, seq, n_tok, k, self.page_size)
         self._check_open_pages(pre, last)
 
     def _check_decode(self, seq: Tensor, last: Tensor, k: int) -> None:
         """Checked mode: validate an ``alloc_decode`` batch before anything changes."""
         if seq.numel() != last.numel():
-            raise ValueError("seq_lens and last_loc need one entry per request")
-        if bool((seq < 1).any()):
-            raise ValueError(f"alloc_decode needs seq_lens >= 1, got {seq.tolist()}")
-        expect = int((self._in_page(seq - 1) == 0).sum())
-        if k != expect:
-            raise ValueError(f"num_new_pages={k} but the batch needs {expect} new pages")
+            raise AllocatorError("seq_lens and last_loc need one entry per request")
+        check_decode_lengths(seq, k, self.page_size)
         self._check_open_pages(seq - 1, last)
 
     def _check_open_pages(self, pre: Tensor, last: Tensor) -> None:
@@ -478,7 +516,7 @@ class PagedAllocator(BaseAllocator):
         lo, po = last[open_], pre[open_]
         misplaced = self._in_page(lo + 1) != self._in_page(po)
         if bool(misplaced.any()):
-            raise ValueError(
+            raise AllocatorError(
                 f"last_loc {lo[misplaced][:8].tolist()} does not precede positions "
                 f"{po[misplaced][:8].tolist()} in a page (need (last_loc + 1) % page_size == "
                 "prefix_len % page_size)"
@@ -487,7 +525,41 @@ class PagedAllocator(BaseAllocator):
         foreign = (pages < 1) | (pages > self._n)
         foreign |= ~self._allocated[pages.clamp(0, self._n)]
         if bool(foreign.any()):
-            raise ValueError(f"last_loc {lo[foreign][:8].tolist()} is not in an allocated page")
+            raise AllocatorError(f"last_loc {lo[foreign][:8].tolist()} is not in an allocated page")
+
+
+def check_extend_lengths(pre: Tensor, seq: Tensor, n_tok: int, k: int, page_size: int) -> None:
+    """Checked mode: an ``alloc_extend`` batch's lengths agree (``0 <= prefix_lens <= seq_lens``,
+    ``extend_num_tokens`` their sum, ``k`` the new pages they need), else ``AllocatorError``."""
+    if bool((pre < 0).any()) or bool((seq < pre).any()):
+        raise AllocatorError(f"need 0 <= prefix_lens <= seq_lens; got {pre.tolist()} / {seq.tolist()}")
+    total = int((seq - pre).sum())
+    if total != n_tok:
+        raise AllocatorError(f"extend_num_tokens={n_tok} but seq_lens - prefix_lens sums to {total}")
+    p = page_size
+    expect = int(((seq + p - 1) // p - (pre + p - 1) // p).sum())
+    if k != expect:
+        raise AllocatorError(f"num_new_pages={k} but the batch needs {expect} new pages")
+
+
+def check_decode_lengths(seq: Tensor, k: int, page_size: int) -> None:
+    """Checked mode: an ``alloc_decode`` batch has ``seq_lens >= 1`` and ``k`` is the new pages it needs."""
+    if bool((seq < 1).any()):
+        raise AllocatorError(f"alloc_decode needs seq_lens >= 1, got {seq.tolist()}")
+    expect = int(((seq - 1) % page_size == 0).sum())
+    if k != expect:
+        raise AllocatorError(f"num_new_pages={k} but the batch needs {expect} new pages")
+
+
+def _batch_error(pre: Tensor | None, seq: Tensor, last: Tensor, n_tok: int) -> AllocatorError:
+    """The error of a batch whose tensors disagree in length (or with ``extend_num_tokens < 0``)."""
+    lens = f"{seq.numel()} seq_lens and {last.numel()} last_loc"
+    if pre is None:
+        return AllocatorError(f"alloc_decode(): {lens}; need one entry per request; nothing was allocated")
+    return AllocatorError(
+        f"alloc_extend(): {pre.numel()} prefix_lens, {lens} and extend_num_tokens={n_tok}; need one entry per "
+        "request and extend_num_tokens = sum(seq_lens - prefix_lens) >= 0; nothing was allocated"
+    )
 
 
 def _distinct_ints(pages: Tensor) -> list[int]:

@@ -17,7 +17,8 @@ request's last token while the request still extends it (with ``checked=True``
 an extend from an evicted page is refused).  Frees are checked as the core
 allocators check theirs, before the mapping or either pool changes
 (``AllocatorError``, nothing changed): full slot ids out of range always, and
-with ``checked=True`` full slots not allocated now.
+with ``checked=True`` full slots not allocated now.  ``free_full`` of slots
+still mapped to SWA slots is refused in every mode (they would leak).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from torch import Tensor
 from kvpools_core.allocators.base import AllocatorState
 from kvpools_core.allocators.contract import BaseTokenToKVPoolAllocator, host_copy_of, load_host_copy_into
 from kvpools_core.allocators.factory import allocator_class
-from kvpools_core.allocators.paged import PagedAllocator
+from kvpools_core.allocators.paged import PagedAllocator, check_decode_lengths, check_extend_lengths
 from kvpools_core.allocators.token import TokenAllocator
 from kvpools_core.errors import AllocatorError
 from kvpools_core.pools.layout import allocate
@@ -40,6 +41,8 @@ __all__ = [
     "MAPPING_ITEM_BYTES",
     "SWAState",
     "SWATokenToKVPoolAllocator",
+    "check_token_decode",
+    "check_token_extend",
     "mapping_nbytes",
     "new_full_to_swa_mapping",
     "sub_allocator",
@@ -61,6 +64,48 @@ def new_full_to_swa_mapping(size: int, page_size: int, device: str | torch.devic
     if mapping.device.type != "meta":
         mapping[-1] = -1
     return mapping
+
+
+def check_token_extend(
+    allocator: TokenAllocator | PagedAllocator,
+    prefix_lens: Tensor,
+    seq_lens: Tensor,
+    last_loc: Tensor,
+    extend_num_tokens: int,
+    num_new_pages: int | None,
+    checked: bool,
+) -> None:
+    """An ``alloc_extend`` served by ``alloc(extend_num_tokens)`` (page size 1, where the lengths only count
+    slots): lengths that agree in number and counts >= 0 always (O(1)); checked, the lengths themselves."""
+    pre, seq, last = (allocator._as_index(t) for t in (prefix_lens, seq_lens, last_loc))
+    k = extend_num_tokens if num_new_pages is None else num_new_pages
+    if not pre.numel() == seq.numel() == last.numel() or extend_num_tokens < 0 or k < 0:
+        raise AllocatorError(
+            f"alloc_extend(): {pre.numel()} prefix_lens, {seq.numel()} seq_lens, {last.numel()} last_loc, "
+            f"extend_num_tokens={extend_num_tokens}, num_new_pages={num_new_pages}; need one entry per request "
+            "and counts >= 0; nothing was allocated"
+        )
+    if checked:
+        check_extend_lengths(pre, seq, extend_num_tokens, k, 1)
+
+
+def check_token_decode(
+    allocator: TokenAllocator | PagedAllocator,
+    seq_lens: Tensor,
+    last_loc: Tensor,
+    num_new_pages: int | None,
+    checked: bool,
+) -> None:
+    """``check_token_extend`` for an ``alloc_decode`` served by ``alloc(len(seq_lens))``."""
+    seq, last = allocator._as_index(seq_lens), allocator._as_index(last_loc)
+    k = seq.numel() if num_new_pages is None else num_new_pages
+    if seq.numel() != last.numel() or k < 0:
+        raise AllocatorError(
+            f"alloc_decode(): {seq.numel()} seq_lens, {last.numel()} last_loc, num_new_pages={num_new_pages}; "
+            "need one entry per request and counts >= 0; nothing was allocated"
+        )
+    if checked:
+        check_decode_lengths(seq, k, 1)
 
 
 class SWAState:
@@ -186,11 +231,17 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     # ------------------------------------------------------------ host copies
     def get_cpu_copy(self, indices: Tensor) -> object:
-        """The KV of full slots ``indices`` (full and, where mapped, SWA rows) in host memory, from the pool."""
+        """The KV of full slots ``indices`` (full and, where mapped, SWA rows) in host memory, from the pool.
+
+        Full slot ids a free would refuse are refused first (``AllocatorError``)."""
+        self.full_attn_allocator.check_held(indices)
         return host_copy_of(self, indices)
 
     def load_cpu_copy(self, kv_cache_cpu: object, indices: Tensor) -> None:
-        """Write a ``get_cpu_copy`` result into full slots ``indices`` and the SWA slots they map to."""
+        """Write a ``get_cpu_copy`` result into full slots ``indices`` and the SWA slots they map to.
+
+        Refused with ``AllocatorError``: full slot ids a free would refuse, and a copy the pool did not make."""
+        self.full_attn_allocator.check_held(indices)
         load_host_copy_into(self, kv_cache_cpu, indices)
 
     # ------------------------------------------------------------- allocation
@@ -215,24 +266,28 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     ) -> Tensor | None:
         """Slots for positions ``prefix_lens[i]..seq_lens[i]-1`` in both pools (full slot ids returned), or None."""
         if self.page_size == 1:
+            lens = (prefix_lens, seq_lens, last_loc)
+            check_token_extend(self.full_attn_allocator, *lens, extend_num_tokens, num_new_pages, self.checked)
             return self.alloc(extend_num_tokens)
         p = self.page_size
-        pre = prefix_lens.to(device=self.device, dtype=_I64)
-        seq = seq_lens.to(device=self.device, dtype=_I64)
-        last = last_loc.to(device=self.device, dtype=_I64)
-        if num_new_pages is None:
+        full_alloc, swa_alloc = self._paged()
+        pre = full_alloc._as_index(prefix_lens)
+        seq = full_alloc._as_index(seq_lens)
+        last = full_alloc._as_index(last_loc)
+        if num_new_pages is None and pre.numel() == seq.numel():
             num_new_pages = int(((seq + p - 1) // p - (pre + p - 1) // p).sum())
+        self._check_batch(pre, seq, last, extend_num_tokens, num_new_pages or 0)
+        assert num_new_pages is not None
         if num_new_pages * p > self.available_size():
             return None
-        swa_last = self.full_to_swa_index_mapping[last]
+        swa_last = self._swa_last(last)
         if self.checked:
             evicted = (pre % p != 0) & (swa_last <= 0)
             if bool(evicted.any()):
-                raise ValueError(
+                raise AllocatorError(
                     f"alloc_extend continues the open page of last_loc {last[evicted][:8].tolist()} whose SWA page "
                     f"was freed by free_swa; evict only pages before a request's last page"
                 )
-        full_alloc, swa_alloc = self._paged()
         full = full_alloc.alloc_extend(pre, seq, last, extend_num_tokens, num_new_pages=num_new_pages)
         swa = swa_alloc.alloc_extend(pre, seq, swa_last, extend_num_tokens, num_new_pages=num_new_pages)
         assert full is not None and swa is not None  # both had the pages
@@ -306,23 +361,25 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def alloc_decode(self, seq_lens: Tensor, last_loc: Tensor, *, num_new_pages: int | None = None) -> Tensor | None:
         """One slot per request in both pools for position ``seq_lens[i]-1`` (full slot ids returned), or None."""
         if self.page_size == 1:
+            check_token_decode(self.full_attn_allocator, seq_lens, last_loc, num_new_pages, self.checked)
             return self.alloc(seq_lens.numel())
         p = self.page_size
-        seq = seq_lens.to(device=self.device, dtype=_I64)
-        last = last_loc.to(device=self.device, dtype=_I64)
+        full_alloc, swa_alloc = self._paged()
+        seq = full_alloc._as_index(seq_lens)
+        last = full_alloc._as_index(last_loc)
         if num_new_pages is None:
             num_new_pages = int(torch.count_nonzero(seq % p == 1))
+        self._check_batch(None, seq, last, 0, num_new_pages)
         if num_new_pages * p > self.available_size():
             return None
-        swa_last = self.full_to_swa_index_mapping[last]
+        swa_last = self._swa_last(last)
         if self.checked:
             evicted = (seq % p != 1) & (swa_last <= 0)
             if bool(evicted.any()):
-                raise ValueError(
+                raise AllocatorError(
                     f"alloc_decode continues the page of last_loc {last[evicted][:8].tolist()} whose SWA page was "
                     f"freed by free_swa; evict only pages before a request's last page"
                 )
-        full_alloc, swa_alloc = self._paged()
         full = full_alloc.alloc_decode(seq, last, num_new_pages=num_new_pages)
         swa = swa_alloc.alloc_decode(seq, swa_last, num_new_pages=num_new_pages)
         assert full is not None and swa is not None
@@ -359,8 +416,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     def _free_swa(self, full: Tensor) -> None:
         """``free_swa`` of checked 1-D int64 full slots."""
         if self.page_size > 1:
-            p = self.page_size
-            full = torch.add(self._offsets, (full // p)[:, None], alpha=p).reshape(-1)
+            full = self._page_slots(full)
         swa = self.full_to_swa_index_mapping[full]
         swa = swa[swa > 0]
         if swa.numel():  # first: the SWA allocator may still refuse (a corrupted mapping)
@@ -368,8 +424,30 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self.full_to_swa_index_mapping[full] = 0
 
     def free_full(self, indices: Tensor | Sequence[int]) -> None:
-        """Free full slots whose SWA slots are already gone."""
-        self.full_attn_allocator.free(indices)
+        """Free full slots whose SWA slots are already gone (``free_swa`` first; SGLang asserts it).
+
+        Refused with ``AllocatorError``, nothing changed, where a slot still maps to an
+        SWA slot: freeing it would leak that SWA slot for good.  One gather of the
+        mapping per slot given: at the slot (page size 1) or at the first slot of its
+        page (which every mapped page maps: pages fill from their first slot, and
+        ``free_swa`` unmaps whole pages); ``checked=True`` reads their whole pages.
+        """
+        full_alloc = self.full_attn_allocator
+        full = full_alloc.to_ids(indices)
+        if not full.numel():
+            return
+        full_alloc.check_free(full)
+        p = self.page_size
+        mapped = full if p == 1 else self._page_slots(full) if self.checked else full // p * p
+        swa = self.full_to_swa_index_mapping[mapped]
+        if bool((swa > 0).any()):
+            still = mapped[swa > 0]
+            raise AllocatorError(
+                f"free_full() of full slot(s) {still[:8].tolist()} that still map to SWA slot(s) "
+                f"{swa[swa > 0][:8].tolist()}: those would never be freed; call free_swa() on them first, or "
+                "free() to free both; nothing was freed"
+            )
+        full_alloc.free(full)
 
     def free_group_begin(self) -> None:
         self.full_attn_allocator.free_group_begin()
@@ -411,6 +489,51 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self.full_attn_allocator.clear()
         self.swa_attn_allocator.clear()
         self.full_to_swa_index_mapping[:-1] = 0
+
+    def _page_slots(self, full: Tensor) -> Tensor:
+        """Every slot of the pages of full slots ``full`` (1-D int64; a page repeats per slot given)."""
+        p = self.page_size
+        return torch.add(self._offsets, (full // p)[:, None], alpha=p).reshape(-1)
+
+    def _check_batch(self, pre: Tensor | None, seq: Tensor, last: Tensor, n_tok: int, k: int) -> None:
+        """Before the mapping is read: lengths that agree (O(1), every mode) and, checked, the full side's
+        validation of the batch (so a refusal comes before either side takes a page)."""
+        full_alloc = self._paged()[0]
+        if pre is None:
+            if seq.numel() != last.numel():
+                raise AllocatorError(
+                    f"alloc_decode(): {seq.numel()} seq_lens and {last.numel()} last_loc; need one entry per "
+                    "request; nothing was allocated"
+                )
+            if self.checked:
+                full_alloc._check_decode(seq, last, k)
+        else:
+            if not pre.numel() == seq.numel() == last.numel() or n_tok < 0:
+                raise AllocatorError(
+                    f"alloc_extend(): {pre.numel()} prefix_lens, {seq.numel()} seq_lens, {last.numel()} last_loc "
+                    f"and extend_num_tokens={n_tok}; need one entry per request and extend_num_tokens = "
+                    "sum(seq_lens - prefix_lens) >= 0; nothing was allocated"
+                )
+            if self.checked:
+                full_alloc._check_extend(pre, seq, last, n_tok, k)
+        if k < 0:
+            raise AllocatorError(f"num_new_pages={k}: need a count >= 0; nothing was allocated")
+        if self.checked and last.numel():
+            # -1 (no prefix) reads the mapping's sentinel; other negatives would wrap around
+            foreign = (last < -1) | (last >= self.full_to_swa_index_mapping.numel() - 1)
+            if bool(foreign.any()):
+                raise AllocatorError(
+                    f"last_loc {last[foreign][:8].tolist()} is not a full slot id (nor -1); nothing was allocated"
+                )
+
+    def _swa_last(self, last: Tensor) -> Tensor:
+        """The SWA slots of ``last_loc`` (-1 stays -1); a ``last_loc`` past the mapping is refused."""
+        try:
+            return self.full_to_swa_index_mapping[last]
+        except IndexError:
+            raise AllocatorError(
+                f"last_loc {last[:8].tolist()} indexes past the {self.size_full} full slots; nothing was allocated"
+            ) from None
 
     def _paged(self) -> tuple[PagedAllocator, PagedAllocator]:
         full, swa = self.full_attn_allocator, self.swa_attn_allocator

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from kvpools_core.allocators.base import BaseAllocator
+from kvpools_core.errors import AllocatorError
 
 __all__ = ["TokenAllocator"]
 
@@ -68,7 +69,7 @@ class TokenAllocator(BaseAllocator):
         if need_size <= 0:
             if need_size == 0:
                 return self._buf.new_empty(0)
-            raise ValueError(f"alloc() needs a non-negative size, got {need_size}")
+            raise AllocatorError(f"alloc() needs a non-negative size, got {need_size}; nothing was allocated")
         start = self._take(need_size)
         if start is None:
             return None

@@ -38,24 +38,44 @@ def copy_rows_to_host(buffers: Sequence[Any], indices: Tensor) -> list[list[Tens
 
 
 def load_rows_from_host(buffers: Sequence[Any], copies: Sequence[Sequence[Tensor]], indices: Tensor) -> None:
-    """Write ``copy_rows_to_host``'s result for the same buffers into rows ``indices``."""
-    if len(copies) != len(buffers):
+    """Write ``copy_rows_to_host``'s result for the same buffers into rows ``indices``.
+
+    The whole copy is checked against the buffers (count, chunks, row shape, dtype) before a row is written.
+    """
+    if not isinstance(copies, Sequence) or len(copies) != len(buffers):
+        held = f"{len(copies)} buffers" if isinstance(copies, Sequence) else f"a {type(copies).__name__}"
         raise ValueError(
-            f"load_cpu_copy(): the copy holds {len(copies)} buffers but this pool has {len(buffers)}; "
+            f"load_cpu_copy(): the copy holds {held} but this pool has {len(buffers)}; "
             "load a copy into the pool that made it"
         )
     index = _as_index(indices, buffers)
     for buffer, chunks in zip(buffers, copies, strict=True):
-        rows = sum(int(chunk.shape[0]) for chunk in chunks)
-        if rows != len(index):
-            raise ValueError(
-                f"load_cpu_copy(): the copy holds {rows} slots but {len(index)} indices were given; "
-                "pass as many new slots as were copied"
-            )
+        _check_chunks(buffer, chunks, len(index))
+    for buffer, chunks in zip(buffers, copies, strict=True):
         for n, chunk in enumerate(chunks):
             start = n * HOST_COPY_CHUNK
             buffer[index[start : start + chunk.shape[0]]] = chunk.to(_device(buffer), non_blocking=True)
     _synchronize(buffers)
+
+
+def _check_chunks(buffer: Any, chunks: Any, slots: int) -> None:
+    """Refuse chunks that are not ``copy_rows_to_host``'s of ``slots`` rows of ``buffer``."""
+    sizes = [min(HOST_COPY_CHUNK, slots - i) for i in range(0, slots, HOST_COPY_CHUNK)]
+    if not isinstance(chunks, Sequence) or not all(isinstance(chunk, Tensor) for chunk in chunks):
+        raise ValueError(f"load_cpu_copy(): a buffer's copy is a {type(chunks).__name__}, not its chunks of rows")
+    got = [int(chunk.shape[0]) if chunk.dim() else 0 for chunk in chunks]
+    if got != sizes:
+        raise ValueError(
+            f"load_cpu_copy(): the copy holds {sum(got)} slots but {slots} indices were given; "
+            "pass as many new slots as were copied"
+        )
+    row, dtype = tuple(buffer.shape[1:]), buffer.dtype
+    for chunk in chunks:
+        if tuple(chunk.shape[1:]) != row or chunk.dtype != dtype:
+            raise ValueError(
+                f"load_cpu_copy(): the copy has rows of {tuple(chunk.shape[1:])} {chunk.dtype} where this pool "
+                f"holds {row} {dtype}; load a copy into the pool that made it"
+            )
 
 
 def _as_index(indices: Tensor, buffers: Sequence[Any]) -> Tensor:

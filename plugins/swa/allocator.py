@@ -18,7 +18,8 @@ an extend from an evicted page is refused).
 
 Frees are checked as the core allocators check theirs, before the mapping or
 either pool changes (``AllocatorError``, nothing changed): full slot ids out of
-range always, and with ``checked=True`` full slots not allocated now.
+range always, and with ``checked=True`` full slots not allocated now; ``free_full``
+of slots still mapped to SWA slots is refused in every mode.
 """
 
 from __future__ import annotations
@@ -30,7 +31,13 @@ from torch import Tensor
 
 from kvpools_core.allocators import AllocatorState, TokenAllocator
 from kvpools_core.allocators.factory import slot_index_dtype
-from kvpools_core.allocators.swa import SWAState, SWATokenToKVPoolAllocator, sub_allocator
+from kvpools_core.allocators.swa import (
+    SWAState,
+    SWATokenToKVPoolAllocator,
+    check_token_decode,
+    check_token_extend,
+    sub_allocator,
+)
 from kvpools_core.values import Plan
 
 __all__ = ["PureSWAAllocator", "SWAState", "SWATokenToKVPoolAllocator", "allocator_for_plan"]
@@ -137,12 +144,14 @@ class PureSWAAllocator:
     ) -> Tensor | None:
         inner = self.swa_attn_allocator
         if isinstance(inner, TokenAllocator):
+            check_token_extend(inner, prefix_lens, seq_lens, last_loc, extend_num_tokens, num_new_pages, self.checked)
             return inner.alloc(extend_num_tokens)
         return inner.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens, num_new_pages=num_new_pages)
 
     def alloc_decode(self, seq_lens: Tensor, last_loc: Tensor, *, num_new_pages: int | None = None) -> Tensor | None:
         inner = self.swa_attn_allocator
         if isinstance(inner, TokenAllocator):
+            check_token_decode(inner, seq_lens, last_loc, num_new_pages, self.checked)
             return inner.alloc(seq_lens.numel())
         return inner.alloc_decode(seq_lens, last_loc, num_new_pages=num_new_pages)
 

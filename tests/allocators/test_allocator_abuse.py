@@ -1,12 +1,16 @@
-"""Bad frees and foreign restores against every allocator kind, default and checked mode.
+"""Random interleavings of valid calls and misuse against every allocator kind, default and checked mode.
 
 Each machine drives two allocators built alike: ``a`` gets every call,
 valid and abusive; its twin gets only the valid ones.  Every abusive call
 must raise ``AllocatorError`` and leave ``a`` exactly as its twin is (same
 counters, free stack, maps, open group), so from then on both hand out the
 same ids.  The default mode must refuse ids outside the pool (padding 0, -1,
-past the end), non-integer ids and foreign states; checked mode must also
-refuse double frees and frees of ids that are not allocated now.  Every id
+past the end), non-integer ids, foreign states, negative counts, batch
+tensors of different lengths and an SWA ``free_full`` of still-mapped slots;
+checked mode must also refuse double frees, frees of ids that are not
+allocated now and inconsistent ``alloc_extend`` / ``alloc_decode`` batches
+(``tests/allocators/test_misuse_catalogue.py`` has one case of each).  Valid
+calls include requests that are extended and decoded page by page.  Every id
 handed out is checked against a set model: in range, never live twice.
 """
 
@@ -31,7 +35,7 @@ from kvpools_core.errors import AllocatorError, KvpoolsError
 # no "explain" phase, one bug at a time: a failure shrinks in seconds, not minutes
 SETTINGS = settings(
     max_examples=15,
-    stateful_step_count=25,
+    stateful_step_count=30,
     deadline=None,
     derandomize=True,
     database=None,
@@ -95,12 +99,30 @@ class AbuseMachine(RuleBasedStateMachine):
         self.twin = self.kind.make(self.checked, need_sort)
         self.p = self.kind.page
         self.live: list[list[int]] = []  # slots of each live allocation (whole pages)
+        self.reqs: list[list[int]] = []  # slots of each live request, by position (its pages are its own)
         self.in_group = False
-        self.saved: tuple[Any, Any, list[list[int]], bool] | None = None
+        self.saved: tuple[Any, Any, list[list[int]], list[list[int]], bool] | None = None
 
     # ----------------------------------------------------------------- model
     def live_pages(self) -> set[int]:
-        return {s // self.p for slots in self.live for s in slots}
+        return {s // self.p for slots in self.live + self.reqs for s in slots}
+
+    def extends(self) -> bool:
+        return not isinstance(self.a, TokenAllocator)
+
+    def check_request(self, i: int, new: list[int]) -> None:
+        """New slots of request ``i``: in range, distinct, at their positions' page offsets, and in pages
+        no other allocation or request holds."""
+        slots = self.reqs[i]
+        others = {s // self.p for j, r in enumerate(self.reqs) if j != i for s in r}
+        others |= {s // self.p for r in self.live for s in r}
+        assert all(1 <= s // self.p <= self.kind.pages for s in new), f"invalid id handed out: {new}"
+        assert not {s // self.p for s in new} & others, "an id handed out twice"
+        full = slots + new
+        assert len(set(full)) == len(full)
+        if self.p > 1:
+            assert all(s % self.p == t % self.p for t, s in enumerate(full)), f"slots off their offsets: {full}"
+        self.reqs[i] = full
 
     def both(self, method: str, *args: Any) -> Any:
         """A valid call, on the allocator and on its twin alike; both must answer the same."""
@@ -171,6 +193,41 @@ class AbuseMachine(RuleBasedStateMachine):
         i = data.draw(st.integers(0, len(self.live) - 1))
         self.both("free_swa", i64(self.live[i]))
 
+    @precondition(lambda self: self.extends())
+    @rule(n=st.integers(1, 9))
+    def start_request(self, n: int) -> None:
+        out = self.both("alloc_extend", i64([0]), i64([n]), i64([-1]), n)
+        if out is not None:
+            self.reqs.append([])
+            self.check_request(len(self.reqs) - 1, out.tolist())
+
+    @precondition(lambda self: self.extends() and self.reqs)
+    @rule(data=st.data(), n=st.integers(1, 9))
+    def grow_request(self, data: st.DataObject, n: int) -> None:
+        """Extend a request by ``n`` tokens from its last slot (its open page first)."""
+        i = data.draw(st.integers(0, len(self.reqs) - 1))
+        slots = self.reqs[i]
+        pre = len(slots)
+        out = self.both("alloc_extend", i64([pre]), i64([pre + n]), i64([slots[-1]]), n)
+        if out is not None:
+            self.check_request(i, out.tolist())
+
+    @precondition(lambda self: self.extends() and self.reqs)
+    @rule(data=st.data())
+    def decode_requests(self, data: st.DataObject) -> None:
+        which = data.draw(st.lists(st.integers(0, len(self.reqs) - 1), min_size=1, unique=True))
+        seq = i64([len(self.reqs[i]) + 1 for i in which])
+        out = self.both("alloc_decode", seq, i64([self.reqs[i][-1] for i in which]))
+        if out is not None:
+            for i, s in zip(which, out.tolist(), strict=True):
+                self.check_request(i, [s])
+
+    @precondition(lambda self: self.reqs)
+    @rule(data=st.data())
+    def finish_request(self, data: st.DataObject) -> None:
+        i = data.draw(st.integers(0, len(self.reqs) - 1))
+        self.both("free", i64(self.reqs.pop(i)))
+
     @rule()
     def group_begin_or_end(self) -> None:
         self.both("free_group_end" if self.in_group else "free_group_begin")
@@ -179,12 +236,13 @@ class AbuseMachine(RuleBasedStateMachine):
     @rule()
     def backup_or_restore(self) -> None:
         if self.saved is None:
-            self.saved = (self.a.backup_state(), self.twin.backup_state(), copy.deepcopy(self.live), self.in_group)
+            live, reqs = copy.deepcopy(self.live), copy.deepcopy(self.reqs)
+            self.saved = (self.a.backup_state(), self.twin.backup_state(), live, reqs, self.in_group)
             return
-        mine, twins, live, in_group = self.saved
+        mine, twins, live, reqs, in_group = self.saved
         self.a.restore_state(mine)
         self.twin.restore_state(twins)
-        self.live, self.in_group = copy.deepcopy(live), in_group
+        self.live, self.reqs, self.in_group = copy.deepcopy(live), copy.deepcopy(reqs), in_group
         self.saved = None
 
     @precondition(lambda self: not self.in_group)
@@ -249,7 +307,63 @@ class AbuseMachine(RuleBasedStateMachine):
         state = states[which]()
         self.refused(lambda: self.a.restore_state(state), r"restore_state")
 
+    @precondition(lambda self: self.extends())
+    @rule(how=st.sampled_from(["lengths", "neg_tokens", "neg_pages", "float", "decode_lengths", "decode_neg_pages"]))
+    def batch_misuse_every_mode(self, how: str) -> None:
+        """Batches refused at O(1) cost in every mode: tensors of different lengths, negative counts, floats."""
+        a = self.a
+        calls: dict[str, Callable[[], object]] = {
+            "lengths": lambda: a.alloc_extend(i64([0, 0]), i64([3]), i64([-1]), 3),
+            "neg_tokens": lambda: a.alloc_extend(i64([0]), i64([3]), i64([-1]), -1),
+            "neg_pages": lambda: a.alloc_extend(i64([0]), i64([0]), i64([-1]), 0, num_new_pages=-1),
+            "float": lambda: a.alloc_extend(torch.tensor([0.0]), torch.tensor([3.0]), i64([-1]), 3),
+            "decode_lengths": lambda: a.alloc_decode(i64([4, 5]), i64([-1])),
+            "decode_neg_pages": lambda: a.alloc_decode(i64([1]), i64([-1]), num_new_pages=-1),
+        }
+        self.refused(calls[how])
+
+    @rule(n=st.integers(1, 3))
+    def alloc_negative(self, n: int) -> None:
+        self.refused(lambda: self.a.alloc(-n * self.p), r"non-negative")
+
+    @precondition(lambda self: self.live)
+    @rule()
+    def free_of_meta_tensor(self) -> None:
+        self.refused(lambda: self.a.free(i64(self.live[0]).to("meta")), r"cannot read")
+
+    @precondition(lambda self: self.kind.swa == "dual" and self.live)
+    @rule(data=st.data())
+    def free_full(self, data: st.DataObject) -> None:
+        """Dual: ``free_full`` of an allocation still mapped is refused in every mode (its SWA slots would
+        leak); once ``free_swa`` has unmapped it, it frees the full slots."""
+        i = data.draw(st.integers(0, len(self.live) - 1))
+        slots = self.live[i]
+        if bool((self.a.full_to_swa_index_mapping[i64(slots)] > 0).any()):
+            self.refused(lambda: self.a.free_full(i64(slots)), r"still map")
+            return
+        self.both("free_full", i64(slots))
+        del self.live[i]
+
     # ------------------------------------------------- abuse: checked mode only
+    @precondition(lambda self: self.checked and self.extends())
+    @rule(data=st.data(), how=st.sampled_from(["shrink", "tokens", "pages", "foreign_last", "seq0", "decode_pages"]))
+    def batch_misuse_checked(self, data: st.DataObject, how: str) -> None:
+        """Batches whose lengths disagree, or continue a page not allocated: checked mode refuses them."""
+        a, p = self.a, self.p
+        idle = sorted(set(range(1, self.kind.pages + 1)) - self.live_pages())
+        if how == "foreign_last" and (p == 1 or not idle):
+            return
+        foreign = data.draw(st.sampled_from(idle)) * p + 2 if how == "foreign_last" else 0
+        calls: dict[str, Callable[[], object]] = {
+            "shrink": lambda: a.alloc_extend(i64([5]), i64([3]), i64([-1]), 0),
+            "tokens": lambda: a.alloc_extend(i64([0]), i64([5]), i64([-1]), 3),
+            "pages": lambda: a.alloc_extend(i64([0]), i64([2 * p]), i64([-1]), 2 * p, num_new_pages=1),
+            "foreign_last": lambda: a.alloc_extend(i64([3]), i64([5]), i64([foreign]), 2),
+            "seq0": lambda: a.alloc_decode(i64([0]), i64([-1])),
+            "decode_pages": lambda: a.alloc_decode(i64([2]), i64([-1]), num_new_pages=3),
+        }
+        self.refused(calls[how])
+
     @precondition(lambda self: self.checked)
     @rule(data=st.data())
     def free_of_unallocated(self, data: st.DataObject) -> None:
@@ -289,7 +403,7 @@ class AbuseMachine(RuleBasedStateMachine):
             return
         if self.in_group:
             self.a.free_group_end()
-        for slots in self.live:
+        for slots in self.live + self.reqs:
             self.a.free(i64(slots))
         self.a.merge_and_sort_free()
         if isinstance(self.a, SWATokenToKVPoolAllocator):

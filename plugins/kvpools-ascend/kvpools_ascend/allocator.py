@@ -55,6 +55,7 @@ def npu_paged_allocator_class() -> type[PagedAllocator]:
     from torch import Tensor
 
     from kvpools_core.allocators.paged import PagedAllocator
+    from kvpools_core.errors import AllocatorError
 
     class NPUPagedAllocator(PagedAllocator):
         """Paged KV-slot allocator with SGLang's NPU semantics (see the module): int32 slots."""
@@ -123,6 +124,11 @@ def npu_paged_allocator_class() -> type[PagedAllocator]:
                 return super().alloc_decode(seq_lens, last_loc, num_new_pages=num_new_pages)
             seq = self._as_index(seq_lens)
             last = self._as_index(last_loc)
+            if seq.numel() != last.numel():  # O(1), before any page is taken
+                raise AllocatorError(
+                    f"alloc_decode(): {seq.numel()} seq_lens and {last.numel()} last_loc; need one entry per "
+                    "request; nothing was allocated"
+                )
             need = (seq % p == 1).to(torch.int64)
             k = int(need.sum()) if num_new_pages is None else num_new_pages
             if self._allocated is not None:
@@ -147,8 +153,8 @@ def npu_paged_allocator_class() -> type[PagedAllocator]:
             Slots of any integer dtype (this allocator returns int32), in any order,
             repeats allowed; refused as the core's ``free`` refuses them.
             """
-            if not isinstance(indices, Tensor) or not _is_integer(indices.dtype):
-                super().free(indices)  # Python ints are on the host already; the core refuses other dtypes
+            if not isinstance(indices, Tensor) or not _is_integer(indices.dtype) or indices.is_meta:
+                super().free(indices)  # Python ints are on the host already; the core refuses the others
                 return
             if indices.numel():
                 self.free_pages(torch.unique(indices.detach().reshape(-1).cpu() // self.page_size))
