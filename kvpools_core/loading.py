@@ -170,7 +170,9 @@ def _bool(value: Any, path: str) -> bool:
 
 
 def _integer(value: Any, path: str) -> int:
-    if type(value) is not int:  # bool is an int subclass, and not an integer here
+    # bool is an int subclass, and not an integer here; other subclasses are (``Serving``'s unset markers, which
+    # a dict from ``to_dict`` carries before any JSON text is written)
+    if isinstance(value, bool) or not isinstance(value, int):
         raise wrong(path, value, "an integer")
     return _int(value, path)
 
