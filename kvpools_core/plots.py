@@ -31,7 +31,7 @@ __all__ = [
     "write_plots",
 ]
 
-INSTALL_HINT = "pip install 'kvpools[plot]'"
+INSTALL_HINT = "pip install 'kvpools[plot]' (from a kvpools checkout: pip install -e '.[plot]')"
 LEGEND_LIMIT = 20
 """More lines than this get no legend (it would cover the plot); their labels stay on the lines' artists."""
 
