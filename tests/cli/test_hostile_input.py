@@ -80,7 +80,10 @@ DEEP = "[" * 100_000
 
 HOSTILE = {
     "memory-5000-digits": (("plan", "llama-3.1-8b", "--memory", DIGITS), ("--memory", "5,001-digit", "60GiB")),
-    "memory-5000-leading-zeros": (("plan", "llama-3.1-8b", "--memory", "0" * 5000 + "x"), ("--memory", "not a size")),
+    "memory-5000-characters-not-a-size": (
+        ("plan", "llama-3.1-8b", "--memory", "0" * 5000 + "x"),
+        ("--memory", "not a size"),
+    ),
     "model-name-256-characters": (
         ("plan", "m" * 256, "--memory", "1GiB"),
         ("Unknown model", "not a path this system can open", "kvpools presets"),
@@ -127,6 +130,13 @@ def test_hostile_option_values_are_user_errors(case: str) -> None:
     args, phrases = HOSTILE[case]
     message = refused(invoke(*args), *phrases)
     assert len(message) < 1000, "the error quotes the value, not 5,000 characters of it"
+
+
+def test_leading_zeros_are_a_size_not_a_crash() -> None:
+    """Defect 2: ``int()`` of 5,001 characters raised even when they are zeros before a 1."""
+    result = invoke("plan", "llama-3.1-8b", "--memory", "0" * 5000 + "1GiB")
+    assert result.exit_code == 0, result.stderr
+    assert "explicit budget 1073741824 B" in result.stdout
 
 
 def _workload(tmp_path: Path, name: str, content: bytes) -> Result:
