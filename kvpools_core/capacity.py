@@ -62,7 +62,7 @@ from typing import Any
 
 import attrs
 
-from kvpools_core.errors import ConfigError, InsufficientMemoryError, UnsupportedCombinationError
+from kvpools_core.errors import ConfigError, InsufficientMemoryError, UnsupportedCombinationError, short_repr
 from kvpools_core.options import option
 from kvpools_core.values import FULL_TOKENS, Plan, TokenWindow, frozen_mapping
 
@@ -482,6 +482,8 @@ def engine_flags(plan: Plan, context_len: int, headroom: float) -> EngineFlags:
 
 
 _CONTEXT_TEXT = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
+_MAX_CONTEXT_DIGITS = 18
+"""Digits a context length may have (leading zeros aside): 10**18 tokens is far past any model's context."""
 
 
 def parse_context_len(text: str | int) -> int:
@@ -492,9 +494,16 @@ def parse_context_len(text: str | int) -> int:
         match = _CONTEXT_TEXT.match(str(text))
         if not match:
             raise ConfigError(
-                f"{option('context')} takes a context length in tokens such as 32768, 32k or 1M, got {text!r}."
+                f"{option('context')} takes a context length in tokens such as 32768, 32k or 1M, "
+                f"got {short_repr(text)}."
             )
-        value = int(match.group(1)) * {"": 1, "k": 1024, "m": 1024 * 1024}[match.group(2).lower()]
+        digits = match.group(1).lstrip("0")
+        if len(digits) > _MAX_CONTEXT_DIGITS:  # int() of 4,300+ digits would raise; no context comes near
+            raise ConfigError(
+                f"{option('context')} takes a context length in tokens such as 32768, 32k or 1M, got a "
+                f"{len(digits):,}-digit number, beyond any model's context."
+            )
+        value = int(digits or "0") * {"": 1, "k": 1024, "m": 1024 * 1024}[match.group(2).lower()]
     if value < 1:
-        raise ConfigError(f"{option('context')} must be at least one token, got {text!r}.")
+        raise ConfigError(f"{option('context')} must be at least one token, got {short_repr(text)}.")
     return value

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import sys
 import traceback
 import typing
@@ -22,9 +23,9 @@ import click
 from rich.console import Console
 
 from kvpools_core.dtypes import KV_DTYPE_CHOICES
-from kvpools_core.errors import ConfigError, KvpoolsError, PluginError, PluginHookError
-from kvpools_core.options import cli_surface, option
-from kvpools_core.registry import env_flag, get_registry
+from kvpools_core.errors import ConfigError, KvpoolsError, PluginError, PluginHookError, short_repr
+from kvpools_core.options import cli_surface, env_flag, option
+from kvpools_core.registry import get_registry
 from kvpools_core.values import (
     ACCOUNTING_MODES,
     DECODE_RETRACTION_BACKUPS,
@@ -113,8 +114,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "disaggregation_decode_retraction_backup": DECODE_RETRACTION_BACKUPS,
 }
 _SPECIAL = {"platform", "plugin_options", "pp_layer_partition"}
-_RESOLVED = {"platform_traits", "workspaces"}
-"""Serving fields the pipeline resolves from the plugins: never command-line options."""
+_RESOLVED = {"platform_traits", "workspaces", "speculative_draft"}
+"""Serving fields the pipeline resolves (from the plugins, from ``--speculative-draft-model-path``): never
+command-line options."""
 
 
 def _serving_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -256,7 +258,8 @@ def _make_serving(options: dict[str, Any], device: str | None) -> Serving:
             kwargs["pp_layer_partition"] = tuple(int(x) for x in options["pp_layer_partition"].split(","))
         except ValueError as exc:
             raise ConfigError(
-                f"--pp-layer-partition must be integers separated by commas, got {options['pp_layer_partition']!r}."
+                f"--pp-layer-partition must be integers separated by commas, "
+                f"got {short_repr(options['pp_layer_partition'])}."
             ) from exc
     plugin_options = {}
     for item in options.get("plugin_options") or ():
@@ -1069,7 +1072,7 @@ def build(
     type=int,
     default=8,
     show_default=True,
-    help="The most GPUs a configuration may use (8: one node).",
+    help="The most GPUs a configuration may use (8: one node; at most 1024, 128 nodes).",
 )
 @click.option(
     "--kv-cache-dtype",
@@ -1273,7 +1276,7 @@ PLOT_KINDS = ("concurrency", "tokens", "bytes-per-token")
     multiple=True,
     metavar="KIND,...",
     help=f"Also write these plots: {', '.join(PLOT_KINDS)} (repeatable or comma separated; needs matplotlib: "
-    "pip install 'kvpools[plot]').",
+    "pip install 'kvpools[plot]', or pip install -e '.[plot]' from a kvpools checkout).",
 )
 @click.option(
     "--plot-dir", type=click.Path(file_okay=False), default=".", show_default=True, help="Where plots are written."
@@ -1347,6 +1350,8 @@ def sweep(
     )
     for model in grid.models:  # a misspelt model is the user's to fix now, not a row of errors per point
         load_model(model, registry)
+    if output is not None:
+        _check_output_dir(output)
     with _sweep_progress(len(grid), progress) as advance:
         rows = run_sweep(grid, jobs=jobs, advance=advance)
     if output_format == "table":
@@ -1355,20 +1360,43 @@ def sweep(
         if output is None:
             render_sweep(rows, _console())
         else:
-            with open(output, "w", encoding="utf-8") as stream:
+            with _writing("--output", output), open(output, "w", encoding="utf-8") as stream:
                 render_sweep(rows, Console(file=stream, width=200, no_color=True, highlight=False))
     else:
         text = rows_to_csv(rows) if output_format == "csv" else rows_to_json(rows) + "\n"
         if output is None:
             click.echo(text, nl=False)
         else:
-            with open(output, "w", encoding="utf-8", newline="") as stream:
+            with _writing("--output", output), open(output, "w", encoding="utf-8", newline="") as stream:
                 stream.write(text)
     if plot_kinds:
         from kvpools_core.plots import write_plots
 
-        for path in write_plots(rows, plot_kinds, plot_dir, plot_format):
+        with _writing("--plot-dir", plot_dir):
+            written = write_plots(rows, plot_kinds, plot_dir, plot_format)
+        for path in written:
             click.echo(f"wrote {path}", err=True)
+
+
+def _check_output_dir(output: str) -> None:
+    """Refuse ``--output`` into a directory that does not exist before the sweep runs, not after."""
+    parent = os.path.dirname(output) or "."
+    if not os.path.isdir(parent):
+        raise ConfigError(
+            f"--output {output}: the directory {parent} does not exist. Create it first (mkdir -p {parent}) "
+            f"or write the output elsewhere."
+        )
+
+
+@contextlib.contextmanager
+def _writing(flag: str, path: str) -> Iterator[None]:
+    """A file the user named that cannot be written is theirs to fix: name it and why."""
+    try:
+        yield
+    except OSError as exc:
+        raise ConfigError(
+            f"{flag} {path}: cannot write there ({exc.strerror or exc}). Choose a writable path."
+        ) from exc
 
 
 class _LazyProgress:

@@ -329,6 +329,32 @@ def derived_head_dim(reader: ConfigReader, num_heads: int) -> int:
     return hidden // num_heads
 
 
+def grouped_kv_heads(
+    reader: ConfigReader,
+    num_heads: int,
+    keys: tuple[str, ...] = ("num_key_value_heads",),
+    heads_key: str = "num_attention_heads",
+) -> int:
+    """The KV heads of the first of ``keys`` the config states (``num_heads`` when none: plain MHA), which
+    must divide ``num_heads``: grouped-query attention gives every KV head the same number of query heads
+    (transformers groups them by ``num_attention_heads // num_key_value_heads``, vLLM's ``Attention`` asserts
+    the division, and SGLang's kernels index the groups so)."""
+    key = next((key for key in keys if reader.has(key)), None)
+    if key is None:
+        return num_heads
+    kv_heads = reader.integer(key)
+    if num_heads % kv_heads:
+        divisors = [d for d in range(min(num_heads, kv_heads), 0, -1) if num_heads % d == 0][:2]
+        raise reader.error(
+            key,
+            f"is {kv_heads}, which does not divide {heads_key} {num_heads}: grouped-query attention shares each "
+            f"KV head among the same number of query heads (num_attention_heads % num_key_value_heads == 0, as "
+            f"vLLM and SGLang require)",
+            f"Fix the config: a divisor of {num_heads} such as {' or '.join(map(str, divisors))}.",
+        )
+    return kv_heads
+
+
 def sliding_window_active(reader: ConfigReader) -> bool:
     """A ``sliding_window`` counts unless ``use_sliding_window`` is false (Qwen2-style inert field).
 
@@ -414,12 +440,20 @@ def resolve_model_source(model: str, registry: Registry) -> tuple[dict[str, Any]
         path = Path(presets[model][1])
         return read_config_file(path), f"preset:{model}", model
     path = Path(model).expanduser()
-    if path.is_dir():
+    try:
+        is_dir, is_file = path.is_dir(), path.is_file()
+    except (OSError, ValueError) as exc:  # a name the file system refuses (too long, a NUL byte): no path
+        raise ConfigError(
+            f"Unknown model {short_repr(model)}: it is not a preset, and not a path this system can open "
+            f"({getattr(exc, 'strerror', None) or exc}). Pass a preset name (kvpools presets), a config.json "
+            f"or its directory."
+        ) from None
+    if is_dir:
         candidate = path / "config.json"
         if not candidate.is_file():
             raise ConfigError(f"Directory {path} holds no config.json. Point MODEL at a config.json or a preset name.")
         return read_config_file(candidate), str(candidate), path.resolve().name
-    if path.is_file():
+    if is_file:
         return (
             read_config_file(path),
             str(path),
@@ -436,7 +470,7 @@ def resolve_model_source(model: str, registry: Registry) -> tuple[dict[str, Any]
     hint = f"Did you mean {' or '.join(map(repr, close))}? " if close else ""
     known = ", ".join(sorted(presets)) or f"none installed. {registry.loading_hint()}".rstrip()
     raise ConfigError(
-        f"Unknown model {model!r}: it is neither a preset nor an existing config.json path or directory. "
+        f"Unknown model {short_repr(model)}: it is neither a preset nor an existing config.json path or directory. "
         f"{hint}Presets: {known}."
     )
 

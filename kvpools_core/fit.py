@@ -54,6 +54,11 @@ from kvpools_core.values import Plan, Serving
 
 DEFAULT_MAX_GPUS = 8
 """One node of eight GPUs: the configurations SGLang serves without multi-node launch flags."""
+MAX_GPUS = 1024
+"""The largest ``max_gpus`` (``--max-gpus``): 128 nodes of eight, beyond SGLang's largest deployments (about a
+hundred GPUs).  The search plans every power-of-two TP x PP shape up to it, and when nothing fits bisects each
+one's GPU memory, so a run's time grows with it (about two minutes at 1024 on a 2-core machine when nothing
+fits) and an unbounded one never ends in practice."""
 
 DEFAULT_KV_DTYPES = ("auto", "fp8_e4m3")
 GiB = 1 << 30
@@ -178,6 +183,12 @@ def fit(
         raise ConfigError(f"{o('context')} must be at least one token, got {context_len}.")
     if max_gpus < 1:
         raise ConfigError(f"{o('max_gpus')} must be at least 1, got {max_gpus}.")
+    if max_gpus > MAX_GPUS:
+        raise ConfigError(
+            f"{o('max_gpus')} {max_gpus:,} is more than kvpools fit searches: at most {MAX_GPUS:,} "
+            f"(128 nodes of 8 GPUs; the search plans every TP x PP shape up to it). Pass {o('max_gpus')} {MAX_GPUS} "
+            f"or fewer."
+        )
     base = serving or Serving()
     chosen = _gpu(gpu, gpu_memory, base)
     spec, _ = load_model(model, get_registry())

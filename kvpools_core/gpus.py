@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from kvpools_core.errors import ConfigError, PluginConflictError, PluginResultError
+from kvpools_core.errors import ConfigError, PluginConflictError, PluginResultError, short_repr
 from kvpools_core.options import option
 from kvpools_core.units import parse_bytes
 from kvpools_core.values import GPU as GPU  # re-exported: the catalogue's value, defined with the others
@@ -110,7 +110,8 @@ def find_gpu(name: str, registry: Registry | None = None) -> GPU:
     close = difflib.get_close_matches(_key(name), list(index), n=1)
     hint = f" Did you mean {index[close[0]].name!r}?" if close else ""
     raise ConfigError(
-        f"Unknown GPU {name!r} ({option('gpu')}).{hint} Known: {', '.join(g.name for g in catalogue) or 'none'}; "
+        f"Unknown GPU {short_repr(name)} ({option('gpu')}).{hint} "
+        f"Known: {', '.join(g.name for g in catalogue) or 'none'}; "
         f"for another accelerator pass {option('gpu_memory')} SIZE (its total memory, e.g. 96GiB)."
         f"{_vendor_hint(registry)} {registry.loading_hint()}".rstrip()
     )
@@ -118,13 +119,13 @@ def find_gpu(name: str, registry: Registry | None = None) -> GPU:
 
 def _vendor_hint(registry: Registry) -> str:
     """Where the accelerators of vendor platforms not installed here come from (install hints only)."""
-    from kvpools_core.pipeline import VENDOR_DISTRIBUTIONS
+    from kvpools_core.pipeline import VENDOR_DISTRIBUTIONS, install_command
 
     installed = {info.distribution.lower().replace("_", "-") for info in registry.plugins()}
     missing = sorted(set(VENDOR_DISTRIBUTIONS.values()) - installed)
     if not missing:
         return ""
-    return f" Vendor platforms bring their accelerators with their plugins: pip install {' / '.join(missing)}."
+    return f" Vendor platforms bring their accelerators with their plugins: {install_command(*missing)}."
 
 
 def custom_gpu(memory: int | float | str, platform: str = "cuda") -> GPU:

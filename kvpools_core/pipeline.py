@@ -295,6 +295,12 @@ def resolve_budget(
         )
     if memory is not None:
         ignored = [o(n) for n, v in (("weights_memory", weights_memory), ("reserved_memory", reserved_memory)) if v]
+        if serving.mem_fraction_static is not None:
+            raise ConfigError(
+                f"{o('mem_fraction_static')} {serving.mem_fraction_static} only applies to a profiled budget "
+                f"({o('free_memory')}, {o('gpu')} or a measured {o('device')}), whose runtime slack it sets; "
+                f"{o('memory')} is already the KV cache's own budget and would ignore it. Drop one of them."
+            )
         if ignored:
             verb = "apply" if len(ignored) > 1 else "applies"
             raise ConfigError(
@@ -508,6 +514,15 @@ the plugin says what to install rather than a guessed name.
 """
 
 
+def install_command(*dists: str) -> str:
+    """How to install vendor plugin distributions: from a package index, or from a kvpools checkout, whose
+    ``plugins/`` directory ships them (they are not on every index)."""
+    return (
+        f"pip install {' '.join(dists)} (not on your package index? from a kvpools checkout: "
+        f"pip install {' '.join(f'./plugins/{dist}' for dist in dists)})"
+    )
+
+
 def platform_aliases(registry: Registry) -> dict[str, str]:
     """Alias → platform name, from the plugins; each alias must name a platform its own plugin provides."""
     known = installed_platforms(registry)
@@ -596,7 +611,7 @@ def _install_hint(platform: str, registry: Registry) -> str:
     installed = {info.distribution.lower().replace("_", "-") for info in registry.plugins()}
     if dist in installed:
         return f"Its distribution {dist} is installed but its plugin is not loaded. "
-    return f"The {platform!r} platform comes with the {dist} distribution: pip install {dist}. "
+    return f"The {platform!r} platform comes with the {dist} distribution: {install_command(dist)}. "
 
 
 def resolve_platform_traits(
@@ -790,6 +805,7 @@ def _validate(spec: ModelSpec, serving: Serving, registry: Registry, *, traits_b
     kv = resolve_kv_dtype(serving.kv_cache_dtype, spec.dtype).name
     rules = [*traits.page_size_problems(serving.page_size), *traits.kv_dtype_problems(kv)]
     problems = [f"{message} [{traits_by}]" for message in rules]
+    problems += [f"{message} [core]" for message in chunk_page_problems(serving)]
     problems += [
         f"{message} [{plugin}]"
         for plugin, messages in registry.call_collect("validate", model=spec, serving=serving)
@@ -797,6 +813,32 @@ def _validate(spec: ModelSpec, serving: Serving, registry: Registry, *, traits_b
     ]
     if problems:
         raise UnsupportedCombinationError(" ".join(problems))
+
+
+def chunk_page_problems(serving: Serving) -> list[str]:
+    """SGLang's ``check_server_args``: a prefill chunk must be whole pages.
+
+    SGLang asserts ``chunked_prefill_size % page_size == 0`` ("chunked_prefill_size must be divisible by
+    page_size") unless chunked prefill is off or the node is a disaggregated decode node; under DP attention
+    on the chunk of one worker, ``chunked_prefill_size // dp_size``.  No other page size is refused on every
+    platform: SGLang takes any page size its kernels do (the platform's rules say which they do not).
+    """
+    chunk, page = serving.chunked_prefill_size, serving.page_size
+    if chunk is None or serving.disaggregation_mode == "decode":
+        return []
+    workers = serving.attn_dp_size
+    per_worker = chunk // workers
+    if per_worker % page == 0:
+        return []
+    o = option
+    where = f" ({chunk} over {workers} DP-attention workers: {per_worker} each)" if workers > 1 else ""
+    divisors = [p for p in (1, 16, 32, 64, 128, 256) if per_worker % p == 0]
+    return [
+        f"SGLang refuses {o('page_size')} {page} with {o('chunked_prefill_size')} {chunk}{where}: a prefill chunk "
+        f"is whole pages ('chunked_prefill_size must be divisible by page_size'). Use a page size that divides "
+        f"{per_worker} (such as {', '.join(map(str, divisors))}), or a {o('chunked_prefill_size')} that is a "
+        f"multiple of {page * workers}."
+    ]
 
 
 def _cell(spec: ModelSpec, serving: Serving, registry: Registry) -> tuple[CellSize, tuple[str, ...]]:

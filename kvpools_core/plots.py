@@ -35,7 +35,7 @@ __all__ = [
     "write_plots",
 ]
 
-INSTALL_HINT = "pip install 'kvpools[plot]'"
+INSTALL_HINT = "pip install 'kvpools[plot]' (from a kvpools checkout: pip install -e '.[plot]')"
 COLOURS = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
 )  # fmt: skip

@@ -108,11 +108,12 @@ from typing import Any, Literal
 
 import attrs
 
-from kvpools_core.errors import ConfigError
+from kvpools_core.errors import ConfigError, short_repr
 from kvpools_core.values import Plan
 
 __all__ = [
     "ADMISSIONS",
+    "MAX_TRACE_BYTES",
     "ReplayStats",
     "Request",
     "Trace",
@@ -217,17 +218,25 @@ def uniform_trace(count: int, *, input_range: tuple[int, int], output_range: tup
     return Trace(requests, f"uniform input {input_range} output {output_range} x {count} seed {seed}")
 
 
+MAX_TRACE_BYTES = 16 << 20
+"""The largest JSONL trace kvpools reads: 16 MiB, about 400,000 records of ``{"input_len": ..., "output_len":
+...}``, far above the thousands to tens of thousands of requests benchmark traces hold.  A bigger file is refused
+before it is read: it would take several times its size in memory, and its planning minutes (a 60 MiB trace:
+~30 s and 450 MB through ``capacity --workload``).  Split or sample a larger trace."""
+
+
 def load_jsonl_trace(path: str | Path) -> Trace:
     """A trace from a JSONL file of ``{"input_len": ..., "output_len": ...}`` records, one per line.
 
     Blank lines are skipped; other keys are ignored.  A malformed record is refused with a
-    ``ConfigError`` naming the file, the line and the field, so a broken trace never replays half.
+    ``ConfigError`` naming the file, the line and the field, so a broken trace never replays half;
+    so is a file over :data:`MAX_TRACE_BYTES` (before it is read) and a length over
+    :data:`kvpools_core.config.TOKENS`.
     """
+    from kvpools_core.config import TOKENS
+
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"Cannot read trace {path}: {exc.strerror or exc}.") from exc
+    text = _read_trace(path)
     requests = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -237,6 +246,12 @@ def load_jsonl_trace(path: str | Path) -> Trace:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{where}: not a JSON record ({exc.msg}).") from None
+        except ValueError:  # an integer of more than 4,300 digits
+            raise ConfigError(f"{where}: the record holds an integer too long to read (over 4,300 digits).") from None
+        except RecursionError:  # arrays or objects nested thousands deep
+            raise ConfigError(
+                f"{where}: the record is nested too deeply to read; a record is one flat object."
+            ) from None
         if not isinstance(record, dict):
             raise ConfigError(f"{where}: a record must be a JSON object, got {type(record).__name__}.")
         lengths = []
@@ -245,12 +260,41 @@ def load_jsonl_trace(path: str | Path) -> Trace:
             if field not in record:
                 raise ConfigError(f"{where}: the record has no {field!r} field.")
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{where}: {field!r} must be a positive integer, got {value!r}.")
+                raise ConfigError(f"{where}: {field!r} must be a positive integer, got {short_repr(value)}.")
+            if value > TOKENS.maximum:
+                raise ConfigError(
+                    f"{where}: {field!r} {short_repr(value)} is beyond any model's context "
+                    f"(kvpools reads lengths of at most {TOKENS.maximum:,} tokens)."
+                )
             lengths.append(value)
         requests.append(Request(*lengths))
     if not requests:
         raise ConfigError(f"Trace {path} has no records.")
     return Trace(requests, str(path))
+
+
+def _read_trace(path: Path) -> str:
+    """The text of a trace file, refused unread when over :data:`MAX_TRACE_BYTES` (a pipe: once it is)."""
+    too_big = (
+        f"Trace {path} is over {MAX_TRACE_BYTES:,} bytes, the most kvpools reads (about 400,000 records). "
+        f"Split it, or sample the requests that matter."
+    )
+    try:
+        if path.stat().st_size > MAX_TRACE_BYTES:
+            raise ConfigError(too_big)
+        with path.open("rb") as stream:
+            raw = stream.read(MAX_TRACE_BYTES + 1)  # bounded: a pipe or a growing file states no size
+    except OSError as exc:
+        raise ConfigError(f"Cannot read trace {path}: {exc.strerror or exc}.") from exc
+    if len(raw) > MAX_TRACE_BYTES:
+        raise ConfigError(too_big)
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"Trace {path} is not UTF-8 text (byte {exc.start}: {exc.reason}). A trace is UTF-8 JSONL: re-save it "
+            f"as UTF-8."
+        ) from None
 
 
 @attrs.frozen

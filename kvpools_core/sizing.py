@@ -758,16 +758,27 @@ def not_enough_memory(
     page = serving.page_size
     per_token = cell.sglang_bytes_per_token if serving.accounting == "sglang" else cell.bytes_per_token
     need = page * per_token
-    fraction = budget.mem_fraction_static or serving.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC
     return InsufficientMemoryError(
         f"Not enough memory for the KV cache: {fmt_gib(budget.budget_bytes)} ({budget.budget_bytes} B) available, "
         f"one page of {page} token(s) of {model.name} needs {need:.0f} B across {cell.num_layers} layer(s)"
         f"{' plus the padding page, request table and allocator' if serving.accounting == 'exact' else ''}"
         f"{'' if fixed is None else f', after {fixed[0]:,} B ({fmt_gib(fixed[0])}) of {fixed[1]}'}. "
-        f"Raise {o('memory')} (or {o('mem_fraction_static')}, current value {fraction}), "
-        f"lower {o('page_size')}, {o('context_length')} or {o('max_running_requests')}, "
+        f"{_raise_budget(budget)}, lower {o('page_size')}, {o('context_length')} or {o('max_running_requests')}, "
         f"or use a smaller {o('kv_cache_dtype')}."
     )
+
+
+def _raise_budget(budget: Budget) -> str:
+    """The options that raise the budget, as it was given: an explicit budget has no fraction to turn."""
+    o = option
+    if budget.source == "explicit" or budget.mem_fraction_static is None:
+        return f"Raise {o('memory')}"
+    fraction = f"{o('mem_fraction_static')} (current value {budget.mem_fraction_static})"
+    if budget.gpu is not None:
+        return f"Raise {fraction}, plan on a GPU with more memory ({o('gpu')} or {o('gpu_memory')})"
+    if budget.device is not None and budget.source.startswith("measured"):
+        return f"Raise {fraction}, or free memory on {budget.device}"
+    return f"Raise {o('free_memory')} or {fraction}"
 
 
 def summarize_notes(*groups: Sequence[str]) -> tuple[str, ...]:

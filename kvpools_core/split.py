@@ -63,7 +63,7 @@ from kvpools_core.capacity import (
     prefill_extra,
     token_limit,
 )
-from kvpools_core.errors import ConfigError, KvpoolsError
+from kvpools_core.errors import ConfigError, KvpoolsError, short_repr
 from kvpools_core.options import option
 from kvpools_core.values import FULL_TOKENS, Plan, Serving
 
@@ -128,7 +128,7 @@ _PAIR = re.compile(r"^\s*(\w+)\s*=\s*(\S+)\s*$")
 
 def _bad(spec: str, why: str) -> ConfigError:
     return ConfigError(
-        f"{option('workload')} {spec!r}: {why}. It takes a context length (8192, 8k), "
+        f"{option('workload')} {short_repr(spec)}: {why}. It takes a context length (8192, 8k), "
         f"'lognormal:median=4096,p99=32768', 'uniform:1k..32k', or a JSONL file of "
         f'{{"input_len": ..., "output_len": ...}} records.'
     )
@@ -138,7 +138,7 @@ def _length(spec: str, text: str) -> int:
     try:
         return parse_context_len(text)
     except ConfigError:
-        raise _bad(spec, f"{text!r} is not a length in tokens") from None
+        raise _bad(spec, f"{short_repr(text)} is not a length in tokens") from None
 
 
 def parse_workload(spec: str) -> Workload:
@@ -156,7 +156,7 @@ def parse_workload(spec: str) -> Workload:
         for item in rest.split(","):
             match = _PAIR.match(item)
             if not match:
-                raise _bad(spec, f"{item!r} is not KEY=LENGTH")
+                raise _bad(spec, f"{short_repr(item)} is not KEY=LENGTH")
             pairs[match.group(1).lower()] = _length(spec, match.group(2))
         if set(pairs) != {"median", "p99"}:
             raise _bad(spec, "a log-normal takes median= and p99=")
@@ -175,13 +175,20 @@ def parse_workload(spec: str) -> Workload:
             raise _bad(spec, "the range's low end exceeds its high end")
         trace = uniform_trace(SAMPLES, input_range=(lo, hi), output_range=(1, 1))
         return Workload(tuple(r.input_len for r in trace.requests), text, clamp=True)
-    if Path(text).suffix.lower() in (".jsonl", ".json") or Path(text).is_file():
+    if Path(text).suffix.lower() in (".jsonl", ".json") or _is_file(text):
         try:
             trace = load_jsonl_trace(text)
         except ConfigError as error:
             raise ConfigError(f"{option('workload')}: {error}") from None
         return Workload.from_trace(trace)
     return Workload((_length(spec, text),), text)
+
+
+def _is_file(text: str) -> bool:
+    try:
+        return Path(text).is_file()
+    except (OSError, ValueError):  # a name no file system takes (too long): a length spec, or nothing
+        return False
 
 
 # ------------------------------------------------------------------------------------------- concurrency

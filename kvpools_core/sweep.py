@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 
 from kvpools_core.capacity import concurrency_within, limits_of, parse_context_len, why_none
-from kvpools_core.errors import ConfigError, KvpoolsError, NoProviderError, PluginError
+from kvpools_core.errors import ConfigError, KvpoolsError, NoProviderError, PluginError, short_repr
 from kvpools_core.options import cli_surface, on_cli, option
 from kvpools_core.units import parse_bytes
 from kvpools_core.values import ModelSpec, Plan, Serving
@@ -129,7 +129,7 @@ def _read(text: str, kind: Any, name: str) -> Any:
         if kind is float:
             return float(text)
     except ValueError:
-        raise ConfigError(f"{option(name)} takes {kind.__name__} values, got {text!r}.") from None
+        raise ConfigError(f"{option(name)} takes {kind.__name__} values, got {short_repr(text)}.") from None
     return text
 
 

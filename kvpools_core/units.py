@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from kvpools_core.errors import ConfigError
+from kvpools_core.errors import ConfigError, short_repr
 
 _UNITS = {
     "": 1,
@@ -29,6 +29,8 @@ _PATTERN = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 MAX_BYTES = 1 << 60
 """1 EiB: far above any device or node, low enough that a mistyped exponent is caught, not planned."""
+_MAX_DIGITS = len(str(MAX_BYTES))
+"""A byte count written with more digits (leading zeros aside) is above :data:`MAX_BYTES` whatever its unit."""
 
 
 def parse_bytes(value: int | float | str, flag: str = "size") -> int:
@@ -41,7 +43,7 @@ def parse_bytes(value: int | float | str, flag: str = "size") -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ConfigError(
             f"{flag} must be a byte count (an int, a float, or a string such as '60GiB'), "
-            f"got {type(value).__name__} {value!r}."
+            f"got {type(value).__name__} {short_repr(value)}."
         )
     if isinstance(value, (int, float)):
         number, unit = value, ""
@@ -49,18 +51,30 @@ def parse_bytes(value: int | float | str, flag: str = "size") -> int:
         match = _PATTERN.match(value)
         if not match or match.group(2).lower() not in _UNITS:
             raise ConfigError(
-                f"{flag} {value!r} is not a size. Write bytes (64424509440) or a number with a unit: "
+                f"{flag} {short_repr(value)} is not a size. Write bytes (64424509440) or a number with a unit: "
                 f"B, KB, MB, GB, TB (powers of 1000), KiB, MiB, GiB, TiB or K, M, G, T (powers of 1024)."
             )
-        number = float(match.group(1)) if "." in match.group(1) else int(match.group(1))
+        text = match.group(1)
+        sign = "-" if text.startswith("-") else ""
+        digits = text.lstrip("-").split(".")[0].lstrip("0")
+        if len(digits) > _MAX_DIGITS:  # beyond 1 EiB in any unit; int() of 4,300+ digits would raise
+            problem = "must not be negative" if sign else "is beyond any device (at most 1 EiB)"
+            raise ConfigError(
+                f"{flag} {short_repr(value)} {problem}: a {len(digits):,}-digit number. "
+                f"Write the size with a unit, e.g. 60GiB."
+            )
+        number = float(text) if "." in text else int(sign + (digits or "0"))
         unit = match.group(2).lower()
     if isinstance(number, float) and not math.isfinite(number):
-        raise ConfigError(f"{flag} must be a finite byte count, got {value!r}.")
+        raise ConfigError(f"{flag} must be a finite byte count, got {short_repr(value)}.")
     if number < 0:
-        raise ConfigError(f"{flag} must not be negative, got {value!r}.")
+        raise ConfigError(f"{flag} must not be negative, got {short_repr(value)}.")
     size = int(number * _UNITS[unit])
     if size > MAX_BYTES:
-        raise ConfigError(f"{flag} {value!r} is {size:.3g} bytes, beyond any device (at most 1 EiB). Check the value.")
+        amount = f"{size:.3g} bytes" if size < 1e300 else "a number of bytes"  # no float holds a larger int
+        raise ConfigError(
+            f"{flag} {short_repr(value)} is {amount}, beyond any device (at most 1 EiB). Check the value."
+        )
     return size
 
 

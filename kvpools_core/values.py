@@ -296,6 +296,10 @@ def parse_hisparse_config(text: str | None) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"is not valid JSON ({exc.msg} at character {exc.pos})") from None
+    except ValueError:  # an integer of more than 4,300 digits
+        raise ValueError("holds an integer too long to read (over 4,300 digits)") from None
+    except RecursionError:  # arrays or objects nested thousands deep
+        raise ValueError("is nested too deeply to read") from None
     if not isinstance(value, dict):
         raise ValueError(f"must be a JSON object such as '{{\"host_to_device_ratio\": 4}}', got {short_json(value)}")
     ratio = value.get("host_to_device_ratio", 2)
@@ -312,7 +316,10 @@ def parse_hisparse_config(text: str | None) -> dict[str, Any]:
 
 
 def short_json(value: Any) -> str:
-    text = json.dumps(value)
+    try:
+        text = json.dumps(value)
+    except (ValueError, RecursionError):  # nested too deeply to print, or an integer too long to
+        return short_repr(value, 60) if not isinstance(value, (list, dict)) else f"a {type(value).__name__}"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -324,7 +331,8 @@ def _hisparse_json(inst: object, attribute: attrs.Attribute[Any], value: str | N
     except ValueError as exc:
         raise _invalid(
             inst,
-            f"{_flag(inst, attribute)} {value!r} {exc}. Pass a JSON object, e.g. '{{\"host_to_device_ratio\": 4}}'.",
+            f"{_flag(inst, attribute)} {short_repr(value)} {exc}. Pass a JSON object, "
+            f"e.g. '{{\"host_to_device_ratio\": 4}}'.",
         ) from None
 
 

@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import math
 
+import attrs
+
 from kvpools_core.errors import ConfigError, InsufficientMemoryError
 from kvpools_core.values import Serving
 
@@ -187,7 +189,8 @@ def estimate_num_gpu_blocks(
     try:
         sized = plan(model_path, serving, free_memory=capacity, weights_memory=weights)
         if tolerance is not None:
-            sized = plan(model_path, serving, memory=math.floor(sized.budget.budget_bytes * (1.0 - tolerance)))
+            cut = math.floor(sized.budget.budget_bytes * (1.0 - tolerance))  # the KV budget itself: no fraction
+            sized = plan(model_path, attrs.evolve(serving, mem_fraction_static=None), memory=cut)
     except InsufficientMemoryError as error:  # aiconfigurator raises ValueError("no KV budget: ...") here
         raise ConfigError(
             f"estimate_num_gpu_blocks: no KV budget (memory_fraction_value is SGLang's mem_fraction_static, "

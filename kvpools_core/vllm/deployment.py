@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from kvpools_core.config import launch_model_path, load_model
-from kvpools_core.errors import ConfigError, NoProviderError, UnsupportedCombinationError
+from kvpools_core.errors import ConfigError, NoProviderError, UnsupportedCombinationError, short_repr
 from kvpools_core.gpus import GPU, GiB, custom_gpu, find_gpu
 from kvpools_core.options import on_cli, option
 from kvpools_core.registry import Registry, get_registry
@@ -280,11 +280,13 @@ def parse_max_model_len(value: int | str | None) -> int | None:
         text = value.strip()
         if text.lower() == "auto":
             return AUTO_MAX_MODEL_LEN
-        parsed = int(text) if text.lstrip("-").isdigit() else text
+        digits = text.lstrip("-")
+        # beyond 18 digits no model's context, and int() of 4,300+ digits raises
+        parsed = int(text) if digits.isdigit() and len(digits.lstrip("0")) <= 18 else text
     if isinstance(parsed, bool) or not isinstance(parsed, int) or (parsed <= 0 and parsed != AUTO_MAX_MODEL_LEN):
         raise ConfigError(
             f"{option('max_model_len')} must be a positive integer, or auto (-1: the largest length the KV cache "
-            f"fits, at most the model's), got {value!r}."
+            f"fits, at most the model's), got {short_repr(value)}."
         )
     return parsed
 

@@ -32,7 +32,7 @@ import attrs
 from kvpools_core.errors import ConfigError, InsufficientMemoryError, UnsupportedCombinationError
 from kvpools_core.host import node_memory
 from kvpools_core.options import option
-from kvpools_core.units import format_bytes
+from kvpools_core.units import MAX_BYTES, format_bytes
 from kvpools_core.values import HostMemory
 from kvpools_core.vllm.planning import KVCacheGroupSpec, VllmKVCachePlan, is_block_outermost
 from kvpools_core.vllm.specs import AttentionSpec, MLAAttentionSpec, UniformTypeKVCacheSpecs
@@ -160,6 +160,10 @@ def plan_cpu_offload(
         raise ConfigError(
             f"{flag} must be a positive size in GiB, got {kv_offloading_size!r} (vLLM raises 'cpu_bytes_to_use must "
             f"be specified' for 0)."
+        )
+    if not math.isfinite(kv_offloading_size) or kv_offloading_size * GiB > MAX_BYTES:
+        raise ConfigError(
+            f"{flag} must be a finite size in GiB of at most {MAX_BYTES // GiB:,} (1 EiB), got {kv_offloading_size!r}."
         )
     if backend not in OFFLOADING_BACKENDS:
         raise ConfigError(f"{option('kv_offloading_backend')} {backend!r}: vLLM 0.33 has {OFFLOADING_BACKENDS}.")

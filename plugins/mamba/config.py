@@ -28,7 +28,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvpools_core.config import LAYERS, ConfigReader, context_length, derived_head_dim, describe, model_dtype
+from kvpools_core.config import (
+    LAYERS,
+    ConfigReader,
+    context_length,
+    derived_head_dim,
+    describe,
+    grouped_kv_heads,
+    model_dtype,
+)
 from kvpools_core.parts.latent import MLADims
 from kvpools_core.values import LayerSpec, ModelSpec
 
@@ -194,7 +202,7 @@ def hybrid_model_spec(config: Mapping[str, Any], source: str, *, architecture: s
 
 def _mha_layers(reader: ConfigReader, kinds: Sequence[str], heads: int) -> list[LayerSpec]:
     head_dim = _head_dim(reader, heads)
-    kv_heads = next((reader.integer(key) for key in _KV_HEAD_KEYS if reader.has(key)), heads)
+    kv_heads = grouped_kv_heads(reader, heads, _KV_HEAD_KEYS)
     return [
         LayerSpec(
             index=i,

@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvpools_core import for_architecture, hookimpl
-from kvpools_core.config import ConfigReader, context_length, derived_head_dim, model_dtype, sliding_window_active
+from kvpools_core.config import (
+    ConfigReader,
+    context_length,
+    derived_head_dim,
+    grouped_kv_heads,
+    model_dtype,
+    sliding_window_active,
+)
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.attention import attention_cell_size, host_row_width_problems, scale_block_problems
@@ -85,7 +92,7 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
     num_heads = reader.integer("num_attention_heads")
     head_dim = reader.optional_integer("head_dim") or derived_head_dim(reader, num_heads)
     v_head_dim = reader.optional_integer("v_head_dim") or head_dim
-    kv_heads = next((reader.integer(key) for key in _KV_HEAD_KEYS if reader.has(key)), num_heads)
+    kv_heads = grouped_kv_heads(reader, num_heads, _KV_HEAD_KEYS)
     layers = [
         LayerSpec(index=i, kind="attention", num_kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_head_dim)
         for i in range(num_layers)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvpools_core import for_architecture, hookimpl
-from kvpools_core.config import DIM, ConfigReader, context_length, derived_head_dim, model_dtype
+from kvpools_core.config import DIM, ConfigReader, context_length, derived_head_dim, grouped_kv_heads, model_dtype
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.options import option
 from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
@@ -54,7 +54,7 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
     num_layers = reader.integer("num_hidden_layers")
     heads = reader.integer("num_attention_heads")
     head_dim = reader.optional_integer("head_dim") or derived_head_dim(reader, heads)
-    kv_heads = reader.integer("num_key_value_heads", heads)
+    kv_heads = grouped_kv_heads(reader, heads)
     index_dim = sparse.integer("sparse_index_dim")
     if not sparse.has("sparse_attention_freq"):
         raise sparse.error("sparse_attention_freq", "is missing", "Give one flag per layer (0 = dense, 1 = sparse).")

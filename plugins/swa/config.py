@@ -48,6 +48,7 @@ from kvpools_core.config import (
     context_length,
     derived_head_dim,
     describe,
+    grouped_kv_heads,
     is_deepseek_dsa,
     is_deepseek_v4,
     model_dtype,
@@ -271,7 +272,7 @@ def sliding_window(reader: ConfigReader) -> int:
 def layer_geometries(reader: ConfigReader) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """(full layer, SWA layer) ``(num_kv_heads, head_dim, v_head_dim)``."""
     heads = reader.integer("num_attention_heads")
-    kv_heads = reader.integer("num_key_value_heads", heads)
+    kv_heads = grouped_kv_heads(reader, heads)
     head_dim = reader.optional_integer("head_dim") or derived_head_dim(reader, heads)
     v_head_dim = reader.optional_integer("v_head_dim") or head_dim
     swa = (

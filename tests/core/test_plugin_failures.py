@@ -25,8 +25,9 @@ from kvpools_core import (
     plan,
 )
 from kvpools_core.config import parse_config
+from kvpools_core.options import env_flag
 from kvpools_core.readonly import ReadOnlyDict, ReadOnlyList, readonly_config
-from kvpools_core.registry import KvpoolsPluginWarning, env_flag
+from kvpools_core.registry import KvpoolsPluginWarning
 
 MakeDist = Callable[..., None]
 

@@ -73,7 +73,11 @@ def test_a_catalogue_without_a_vendor_plugin_lacks_its_devices_and_says_why(monk
         find_gpu("mi300x", registry)
     # a vendor distribution that is not installed at all: what to install
     monkeypatch.setitem(pipeline.VENDOR_DISTRIBUTIONS, "tpu", "kvpools-tpu")
-    with pytest.raises(ConfigError, match=r"Vendor platforms bring their accelerators .*: pip install kvpools-tpu\."):
+    with pytest.raises(
+        ConfigError,
+        match=r"Vendor platforms bring their accelerators .*: pip install kvpools-tpu \(not on your package index\? "
+        r"from a kvpools checkout: pip install \./plugins/kvpools-tpu\)\.",
+    ):
         find_gpu("tpu-v5e")
 
 

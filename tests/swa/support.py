@@ -263,7 +263,10 @@ def swa_servings(draw: st.DrawFn) -> Serving:
         else draw(st.integers(tp if dp_attention else 1, 512)),
         disable_radix_cache=chunk_cap or draw(st.booleans()),
         disable_overlap_schedule=draw(st.booleans()),
-        chunked_prefill_size=draw(st.sampled_from((8192, 2048, 16384, 512))),
+        # whole pages per DP-attention worker: SGLang refuses any other chunk (check_server_args)
+        chunked_prefill_size=draw(
+            st.sampled_from([c for c in (8192, 2048, 16384, 512) if (c // (tp if dp_attention else 1)) % page == 0])
+        ),
         max_total_tokens=draw(st.one_of(st.none(), st.none(), st.integers(1, 4_000_000), st.integers(1, 2000))),
         disaggregation_mode=decode,
         disaggregation_decode_extra_slots=draw(st.integers(0, 64)) if decode == "decode" else 0,

@@ -105,7 +105,10 @@ def test_plot_without_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     result = run("--model", "llama-3.1-8b", "--memory", "1GiB", "--plot", "tokens")
     assert result.exit_code == 1
-    assert "Error: Plots need matplotlib, an optional extra of kvpools: pip install 'kvpools[plot]'." in result.stderr
+    assert (
+        "Error: Plots need matplotlib, an optional extra of kvpools: pip install 'kvpools[plot]' "
+        "(from a kvpools checkout: pip install -e '.[plot]')." in result.stderr
+    )
 
 
 def test_table_to_a_file(tmp_path: Path) -> None:
