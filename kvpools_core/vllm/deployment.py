@@ -280,9 +280,12 @@ def parse_max_model_len(value: int | str | None) -> int | None:
         text = value.strip()
         if text.lower() == "auto":
             return AUTO_MAX_MODEL_LEN
-        digits = text.lstrip("-")
+        negative = text.startswith("-")
+        digits = text[1:] if negative else text
+        significant = digits.lstrip("0")  # int() counts leading zeros against its 4,300-digit limit
         # beyond 18 digits no model's context, and int() of 4,300+ digits raises
-        parsed = int(text) if digits.isdigit() and len(digits.lstrip("0")) <= 18 else text
+        if digits.isdigit() and len(significant) <= 18:
+            parsed = -int(significant or "0") if negative else int(significant or "0")
     if isinstance(parsed, bool) or not isinstance(parsed, int) or (parsed <= 0 and parsed != AUTO_MAX_MODEL_LEN):
         raise ConfigError(
             f"{option('max_model_len')} must be a positive integer, or auto (-1: the largest length the KV cache "
