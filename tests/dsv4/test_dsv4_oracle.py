@@ -235,6 +235,8 @@ def dsv4_servings(draw: st.DrawFn) -> Serving:
         "max_total_tokens": draw(st.one_of(st.none(), st.none(), st.integers(1, 10**7))),
         "dsv4_compress_state_dtype": draw(st.sampled_from(("float32", "bfloat16"))),
     }
+    if 8192 // dp % kwargs["page_size"]:  # SGLang asserts a prefill chunk (per DP worker) is whole pages
+        kwargs["chunked_prefill_size"] = kwargs["page_size"] * dp * 16
     if draw(st.booleans()):
         kwargs.update(EAGLE)
     if draw(st.booleans()):
