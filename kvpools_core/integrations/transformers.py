@@ -15,11 +15,12 @@ left-padded batch needs nothing more, and a continuous-batching loop builds its 
 (see ``examples/continuous_batching.py``).  Zeros sit only where the mask is 0, so attention sees the same
 scores as with transformers' own cache: greedy tokens are identical when the pool stores the model's dtype.
 
-Which transformers: every 5.x the ``hf`` extra accepts (5.17 on).  From 5.19 on a model's ``forward`` and
-``generate`` take the cache as ``cache=`` and warn (``FutureWarning``) about ``past_key_values=``; 5.17 and 5.18
+Which transformers: every 5.x the ``hf`` extra accepts (5.17 on).  From 5.24 on a model's ``forward`` and
+``generate`` take the cache as ``cache=`` and warn (``FutureWarning``) about ``past_key_values=``; 5.17 to 5.23
 know only ``past_key_values=``.  :func:`cache_kwargs` gives the keyword the model in hand accepts, read from its
-``forward`` signature, so one call works on both.  A recurrent mixer of 5.18 asks ``has_previous_state`` first;
-one of later releases ``get_recurrent_state`` / ``get_conv_state``: each loads the requests' state.
+``forward`` signature (not from the version: a model's code may come from elsewhere), so one call works on all.
+A recurrent mixer up to 5.20 asks ``has_previous_state`` first, later ones ``get_conv_state`` or
+``get_recurrent_state``: whichever comes first in a forward loads the requests' state.
 
 Families: plans whose layers are full attention (the ``mha`` pool: Llama, Qwen, ...), full and sliding-window
 attention (the ``swa`` plugin's two pools, full→SWA mapping and dual allocator; the SWA slots of tokens that slid
@@ -64,9 +65,9 @@ class PoolFullError(InsufficientMemoryError):
 def cache_kwargs(model: Any, cache: Cache) -> dict[str, Cache]:
     """The keyword arguments that hand ``cache`` to ``model``'s ``forward`` and ``generate``.
 
-    ``{"cache": cache}`` where the model's ``forward`` has a ``cache`` parameter (transformers 5.19 and later,
-    which deprecate ``past_key_values`` with a ``FutureWarning``), else ``{"past_key_values": cache}`` (5.17,
-    5.18).  Use: ``model.generate(**inputs, **cache_kwargs(model, cache))``.
+    ``{"cache": cache}`` where the model's ``forward`` has a ``cache`` parameter (transformers 5.24 and later,
+    which deprecate ``past_key_values`` with a ``FutureWarning``), else ``{"past_key_values": cache}`` (5.17 to
+    5.23).  Use: ``model.generate(**inputs, **cache_kwargs(model, cache))``.
     """
     forward = getattr(model, "forward", None)
     try:
