@@ -137,7 +137,6 @@ def lowest_requirements(extras: Sequence[str]) -> list[str]:
     ``>=`` lower bound, torch at :func:`torch_pin`. pip has no lowest-version resolution: these go to pip as
     constraints, so what the suite runs against is what pyproject.toml claims to support."""
     import tomllib  # the nox interpreter's (Python 3.11+)
-
     from packaging.requirements import Requirement
 
     project = tomllib.loads(Path("pyproject.toml").read_text())["project"]
