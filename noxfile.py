@@ -1,12 +1,18 @@
 """Sessions: tests (the README's test command: the suite, then the conformance suite on every built-in plugin),
 tutorials, lint, typing (the defaults); plots (the sweep's tests with matplotlib), hf (the transformers
-integration), docs (the site, --strict), build (sdists and wheels, installed and run from a fresh venv), bench.
+integration), docs (the site, --strict), build (sdists and wheels, installed and run from a fresh venv), bench;
+deps_newest and deps_oldest (the tests that drive the dependencies' APIs, with the ``test``, ``hf`` and ``plot``
+extras, against the newest and the oldest releases pyproject.toml accepts), docs_newest (the site with the newest mkdocs stack).
 
-Every session installs from ``constraints.txt`` so torch stays the small CPU
-build on these machines.
+Every session installs from ``constraints.txt`` so torch stays the small CPU build on these machines, except
+the ``*_newest`` and ``deps_oldest`` sessions: they pin torch alone (constraints.txt's pin), the rest is left to
+pyproject.toml's bounds, newest first or each ``>=`` lower bound pinned with ``==`` (:func:`lowest_requirements`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
 
 import nox
 
@@ -113,6 +119,102 @@ def docs(session: nox.Session) -> None:
     missing snippet, a malformed docstring in the generated references. Builds offline: nothing is fetched."""
     session.install(*CONSTRAINTS, "-e", ".[docs]")
     session.run("mkdocs", "build", "--strict", *session.posargs, env={"NO_MKDOCS_2_WARNING": "1"})
+
+
+DEPS_EXTRAS = ("test", "hf", "plot")
+"""What the dependency sessions install beside the core: the suite runs the integration and the plot tests too."""
+DEPS_PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", *PARALLEL)
+DEPS_TESTS = (
+    "tests/core",
+    "tests/cli",
+    "tests/plugins",
+    "tests/testing",
+    "tests/integrations",
+    "tests/sweep",
+    "tests/gpus",
+    "tests/distributed",
+    "tests/test_docs.py",
+    "tests/test_docs_site.py",
+    "tests/test_packaging.py",
+    "tests/test_values_reference.py",
+)
+"""What the dependency sessions run by default: the tests that drive the dependencies' APIs (pluggy's plugin
+manager, attrs values, click and rich on the command line, psutil, the plots, transformers, the docs). The numeric
+and differential suites (oracle, vLLM, the architectures' sizing) drive torch alone, which every session keeps
+pinned; they run in ``tests``. ``nox -s deps_newest -- tests`` runs the whole suite."""
+
+
+def torch_pin() -> str:
+    """constraints.txt's torch pin: every dependency session keeps it (a looser torch pulls a multi-GB CUDA build)."""
+    for line in Path("constraints.txt").read_text().splitlines():
+        if line.startswith("torch=="):
+            return line.strip()
+    raise RuntimeError("constraints.txt pins no torch==: the dependency sessions need the small CPU build's pin")
+
+
+def lowest_requirements(extras: Sequence[str]) -> list[str]:
+    """``name==version`` for each requirement of ``[project].dependencies`` and ``extras`` (pyproject.toml) with a
+    ``>=`` lower bound, torch at :func:`torch_pin`. pip has no lowest-version resolution: these go to pip as
+    constraints, so what the suite runs against is what pyproject.toml claims to support."""
+    import tomllib  # the nox interpreter's (Python 3.11+)
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads(Path("pyproject.toml").read_text())["project"]
+    texts = list(project["dependencies"])
+    for extra in extras:
+        texts += project["optional-dependencies"][extra]
+    pins = []
+    for text in texts:
+        requirement = Requirement(text)
+        lower = [spec.version for spec in requirement.specifier if spec.operator == ">="]
+        if requirement.name == "torch":
+            pins.append(torch_pin())
+        elif lower:
+            pins.append(f"{requirement.name}=={lower[0]}")
+    return pins
+
+
+def _constraints(session: nox.Session, name: str, pins: Sequence[str]) -> str:
+    path = Path(session.create_tmp()) / name
+    path.write_text("".join(f"{pin}\n" for pin in pins))
+    session.log(f"{name}: {', '.join(pins)}")
+    return str(path)
+
+
+NEWEST = ("--upgrade", "--upgrade-strategy", "eager")
+
+
+@nox.session(default=False)
+def deps_newest(session: nox.Session) -> None:
+    """:data:`DEPS_TESTS` (with ``tests/integrations`` and ``tests/sweep``'s plots) against the newest releases
+    pyproject.toml accepts: torch pinned (:func:`torch_pin`), nothing else constrained."""
+    constraints = _constraints(session, "newest.txt", [torch_pin()])
+    extras = ",".join(DEPS_EXTRAS)
+    session.install(*NEWEST, "-c", constraints, "-e", f".[{extras}]", EXAMPLE_PLUGIN, *VENDOR_PLUGINS)
+    session.run("python", "-m", "pip", "list", "--format=freeze")
+    session.run(*DEPS_PYTEST, *(session.posargs or DEPS_TESTS))
+
+
+@nox.session(default=False)
+def deps_oldest(session: nox.Session) -> None:
+    """:data:`DEPS_TESTS` against the oldest releases pyproject.toml accepts: every ``>=`` lower bound of the core
+    and of the ``test``, ``hf`` and ``plot`` extras pinned with ``==`` (:func:`lowest_requirements`)."""
+    constraints = _constraints(session, "oldest.txt", lowest_requirements(DEPS_EXTRAS))
+    extras = ",".join(DEPS_EXTRAS)
+    session.install("-c", constraints, "-e", f".[{extras}]", EXAMPLE_PLUGIN, *VENDOR_PLUGINS)
+    session.run("python", "-m", "pip", "list", "--format=freeze")
+    session.run(*DEPS_PYTEST, *(session.posargs or DEPS_TESTS))
+
+
+@nox.session(default=False)
+def docs_newest(session: nox.Session) -> None:
+    """The documentation site built with the newest mkdocs stack the ``docs`` extra accepts (torch pinned), every
+    warning an error, into a temporary folder (site/ stays the pinned build's)."""
+    constraints = _constraints(session, "newest.txt", [torch_pin()])
+    session.install(*NEWEST, "-c", constraints, "-e", ".[docs]")
+    session.run("python", "-m", "pip", "list", "--format=freeze")
+    site = Path(session.create_tmp()) / "site"
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(site), env={"NO_MKDOCS_2_WARNING": "1"})
 
 
 @nox.session(default=False)

@@ -67,7 +67,7 @@ def tiny_llama(device: str) -> Any:
 
 def identity(device: str, page_size: int, platform: str) -> bool:
     """Greedy tokens of 8 left-padded prompts x 64 new tokens: KvpoolsCache on ``device`` vs transformers' cache."""
-    from kvpools_core.integrations.transformers import KvpoolsCache, plan_for_config
+    from kvpools_core.integrations.transformers import KvpoolsCache, cache_kwargs, plan_for_config
 
     model = tiny_llama(device)
     generator = torch.Generator().manual_seed(1)
@@ -82,7 +82,7 @@ def identity(device: str, page_size: int, platform: str) -> bool:
     reference = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
     plan = plan_for_config(model.config, Serving(platform=platform, page_size=page_size), memory="4MiB")
     cache = KvpoolsCache(kvpools_core.build(plan, device), attention_mask=mask)
-    out = model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, **kwargs)
+    out = model.generate(input_ids=ids, attention_mask=mask, **cache_kwargs(model, cache), **kwargs)
     same = bool(torch.equal(out, reference))
     differing = int((out != reference).sum())
     print(f"identity  page {page_size:>2}: {'identical' if same else 'DIFFERENT'} ({differing} tokens differ)")

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 import kvpools_core
-from kvpools_core.integrations.transformers import KvpoolsCache, plan_for_config
+from kvpools_core.integrations.transformers import KvpoolsCache, cache_kwargs, plan_for_config
 from kvpools_core.values import Serving
 
 
@@ -80,7 +80,7 @@ def serve(model: Any, cache: KvpoolsCache, requests: Sequence[Request]) -> Run:
                     input_ids=prompt,
                     attention_mask=cache.attention_mask(prompt.shape[1]),
                     position_ids=torch.arange(prompt.shape[1])[None],
-                    past_key_values=cache,
+                    **cache_kwargs(model, cache),
                 ).logits
                 steps += 1
                 request.output.append(int(logits[0, -1].argmax()))
@@ -105,7 +105,7 @@ def serve(model: Any, cache: KvpoolsCache, requests: Sequence[Request]) -> Run:
                 input_ids=last,
                 attention_mask=cache.attention_mask(1),
                 position_ids=positions,
-                past_key_values=cache,
+                **cache_kwargs(model, cache),
             ).logits
             steps += 1
             for row, token in zip(rows, logits[:, -1].argmax(-1).tolist(), strict=True):

@@ -15,6 +15,13 @@ left-padded batch needs nothing more, and a continuous-batching loop builds its 
 (see ``examples/continuous_batching.py``).  Zeros sit only where the mask is 0, so attention sees the same
 scores as with transformers' own cache: greedy tokens are identical when the pool stores the model's dtype.
 
+Which transformers: every 5.x the ``hf`` extra accepts (5.17 on).  From 5.24 on a model's ``forward`` and
+``generate`` take the cache as ``cache=`` and warn (``FutureWarning``) about ``past_key_values=``; 5.17 to 5.23
+know only ``past_key_values=``.  :func:`cache_kwargs` gives the keyword the model in hand accepts, read from its
+``forward`` signature (not from the version: a model's code may come from elsewhere), so one call works on all.
+A recurrent mixer up to 5.20 asks ``has_previous_state`` first, later ones ``get_conv_state`` or
+``get_recurrent_state``: whichever comes first in a forward loads the requests' state.
+
 Families: plans whose layers are full attention (the ``mha`` pool: Llama, Qwen, ...), full and sliding-window
 attention (the ``swa`` plugin's two pools, full→SWA mapping and dual allocator; the SWA slots of tokens that slid
 out of the window are freed as SGLang evicts them), or MLA latents (the ``mla`` pool: DeepSeek-V3), beside
@@ -24,13 +31,14 @@ recurrent layers whose conv and SSM state live in a state slot per request (the 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from kvpools_core.errors import ConfigError, InsufficientMemoryError, UnsupportedCombinationError
+from kvpools_core.errors import AllocatorError, ConfigError, InsufficientMemoryError, UnsupportedCombinationError
 
 if TYPE_CHECKING:
     from kvpools_core.building import Pools
@@ -43,7 +51,7 @@ except ImportError as exc:  # pragma: no cover - the message is the point
         "kvpools_core.integrations.transformers needs Hugging Face transformers 5.x: pip install 'kvpools[hf]'."
     ) from exc
 
-__all__ = ["KvpoolsCache", "PoolFullError", "plan_for_config"]
+__all__ = ["KvpoolsCache", "PoolFullError", "cache_kwargs", "plan_for_config"]
 
 _QUANTISED_KV = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
 _FULL, _SLIDING, _LATENT = "attention", "sliding_attention", "mla"
@@ -52,6 +60,21 @@ _FULL, _SLIDING, _LATENT = "attention", "sliding_attention", "mla"
 
 class PoolFullError(InsufficientMemoryError):
     """The allocator or the request table has no room for what a forward step needs."""
+
+
+def cache_kwargs(model: Any, cache: Cache) -> dict[str, Cache]:
+    """The keyword arguments that hand ``cache`` to ``model``'s ``forward`` and ``generate``.
+
+    ``{"cache": cache}`` where the model's ``forward`` has a ``cache`` parameter (transformers 5.24 and later,
+    which deprecate ``past_key_values`` with a ``FutureWarning``), else ``{"past_key_values": cache}`` (5.17 to
+    5.23).  Use: ``model.generate(**inputs, **cache_kwargs(model, cache))``.
+    """
+    forward = getattr(model, "forward", None)
+    try:
+        parameters = inspect.signature(forward).parameters if forward is not None else {}
+    except (TypeError, ValueError):  # a forward without a readable signature: the keyword every 5.x knows
+        parameters = {}
+    return {"cache": cache} if "cache" in parameters else {"past_key_values": cache}
 
 
 def plan_for_config(
@@ -94,10 +117,23 @@ class _Step:
 
     ``write_mask`` picks the real new tokens out of ``(batch, q)``, request by request; ``locs`` are their
     slots; ``gather_src`` / ``gather_dst`` map every cached token's slot to its place in the returned
-    ``(batch * width)`` rows (right-aligned), for full and for sliding layers.
+    ``(batch * width)`` rows (right-aligned), for full and for sliding layers.  ``requests`` / ``counts`` are
+    what the step adds once it commits; ``fresh`` the slots of pages it opened, what a rollback frees (a page the
+    request already held stays held); ``given_counts`` the ``new_tokens`` of ``select`` it consumed.
     """
 
-    __slots__ = ("batch", "full", "locs", "sliding", "width", "write_mask")
+    __slots__ = (
+        "batch",
+        "counts",
+        "fresh",
+        "full",
+        "given_counts",
+        "locs",
+        "requests",
+        "sliding",
+        "width",
+        "write_mask",
+    )
 
     def __init__(
         self,
@@ -107,6 +143,11 @@ class _Step:
         locs: Tensor,
         full: tuple[Tensor, Tensor],
         sliding: tuple[Tensor, Tensor],
+        *,
+        requests: list[_Request],
+        counts: list[int],
+        fresh: Tensor,
+        given_counts: list[int] | None,
     ) -> None:
         self.batch = batch
         self.width = width
@@ -116,6 +157,31 @@ class _Step:
         """(slots, destination rows) of every cached token: what a full-attention layer reads."""
         self.sliding = sliding
         """The same, less the tokens evicted from the SWA pool: what a sliding layer reads."""
+        self.requests = requests
+        self.counts = counts
+        self.fresh = fresh
+        self.given_counts = given_counts
+
+
+class _Journal:
+    """The forward in progress: what it wrote that the cache has not made its own yet.
+
+    A forward's changes become the cache's (request lengths, layout width, recurrent state slots) only when its
+    last layer is done (:meth:`KvpoolsCache._commit`).  A forward that raised part-way leaves the journal open;
+    the next cache call that can only belong to a new forward (a layer at or before the last one seen, or the
+    same call of a layer twice) rolls it back first, so a retried forward sees the cache as it was before.
+    """
+
+    __slots__ = ("cursor", "seen", "state_writes", "step")
+
+    def __init__(self) -> None:
+        self.cursor = -1
+        """The highest layer whose cache calls have begun in this forward."""
+        self.seen: set[tuple[int, str, int]] = set()
+        """(layer, call, state index) of the calls made so far."""
+        self.step: _Step | None = None
+        self.state_writes: list[tuple[_StateLayer, list[int], Tensor, Tensor, Tensor]] = []
+        """(layer, request rows, state slots, conv columns, recurrent state) to store at commit."""
 
 
 class _PoolLayer(CacheLayerMixin):  # type: ignore[misc]
@@ -193,7 +259,11 @@ class _StateLayer(LinearAttentionLayer):  # type: ignore[misc]
         """Request rows whose state this layer has written (their prompt went through it)."""
 
     def load(self) -> bool:
-        """Copy the selected requests' state into the working tensors; whether they all have a previous state."""
+        """Copy the selected requests' state into the working tensors; whether they all have a previous state.
+
+        Called at the layer's first cache call of each forward (whichever the release's mixer makes first), so
+        the refusals below come before the mixer computes anything with a state of the wrong batch.
+        """
         cache = self._cache
         if not cache._batch:
             raise ConfigError(
@@ -219,16 +289,22 @@ class _StateLayer(LinearAttentionLayer):  # type: ignore[misc]
         self.has_previous_state[0] = bool(rows) and all(have)
         return bool(self.has_previous_state[0])
 
+    def update_conv_state(self, conv_states: Tensor, state_idx: int = 0, **kwargs: Any) -> Tensor:
+        self._cache._state_call(self.layer_id, "update_conv_state", state_idx)
+        out: Tensor = super().update_conv_state(conv_states, state_idx, **kwargs)
+        return out
+
     def update_recurrent_state(self, recurrent_states: Tensor, state_idx: int = 0, **kwargs: Any) -> Tensor:
-        out: Tensor = super().update_recurrent_state(recurrent_states, state_idx, **kwargs)
+        """The mixer's last cache call: the new state goes to the requests' slots when the forward commits."""
         cache = self._cache
+        journal = cache._state_call(self.layer_id, "update_recurrent_state", state_idx)
+        out: Tensor = super().update_recurrent_state(recurrent_states, state_idx, **kwargs)
         rows = [r.row for r in cache._batch]
-        conv_pools, ssm_pool = cache._state_pool.layer_cache(self.layer_id)
-        slots = cache._state_slots(rows)
-        window = conv_pools[0].shape[-1]
-        conv_pools[0][slots] = self.conv_states[0][..., -window:].to(conv_pools[0].dtype)
-        ssm_pool[slots] = out.to(ssm_pool.dtype)
-        self.rows_with_state.update(rows)
+        window = cache._state_pool.layer_cache(self.layer_id)[0][0].shape[-1]
+        conv = self.conv_states[0][..., -window:].clone()
+        journal.state_writes.append((self, rows, cache._state_slots(rows), conv, out.detach().clone()))
+        if self.layer_id == cache._last_cache_layer:
+            cache._commit()
         return out
 
     def reorder_cache(self, beam_idx: Tensor) -> None:
@@ -269,8 +345,14 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
                 f"recurrent layers' state slots); the plan of {pools.plan.model.name} (architecture "
                 f"{pools.plan.model.architecture!r}) has layers of kind {sorted(kinds)}, which it does not store alike."
             )
-        kv_layers = [spec.index for spec in layers if spec.index not in state_ids]
-        self._first_layer, self._last_layer = kv_layers[0], kv_layers[-1]
+        storage = {self.pool.device, self.req_to_token.req_to_token.device}
+        if any(torch.device(device).type == "meta" for device in storage):
+            raise UnsupportedCombinationError(
+                "KvpoolsCache needs pools with storage, but these were built on the meta device (shapes only): "
+                "build them with kvpools_core.build(plan, 'cpu') or on the model's accelerator, e.g. 'cuda'."
+            )
+        self._last_cache_layer = max(spec.index for spec in layers)
+        """The forward's last layer: its last cache call commits the forward (:class:`_Journal`)."""
         self._sliding_layers = frozenset(spec.index for spec in layers if spec.kind == _SLIDING)
         windows = {spec.sliding_window for spec in layers if spec.kind == _SLIDING}
         self.window: int | None = max(w for w in windows if w is not None) if windows - {None} else None
@@ -295,7 +377,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         """Live requests by request-table row."""
         self._batch: list[_Request] = []
         self._first_counts: list[int] | None = None
-        self._step: _Step | None = None
+        self._journal: _Journal | None = None
         if attention_mask is not None:
             self._start_batch(attention_mask)
 
@@ -320,6 +402,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         missing = [row for row in rows if row not in self.requests]
         if missing:
             raise ConfigError(f"select: rows {missing} are not live requests of this cache (add_request first).")
+        self._rollback()  # a forward that raised part-way is abandoned: its slots go back
         self._batch = [self.requests[row] for row in rows]
         self._first_counts = list(new_tokens) if new_tokens is not None else None
         self.width = max((r.length for r in self._batch), default=0)
@@ -339,30 +422,46 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         return int(self.requests[row].length)
 
     def release(self, rows: Sequence[int] | None = None) -> None:
-        """Free the slots and table rows of these requests (default: all), as SGLang frees a finished request."""
+        """Free the slots and table rows of these requests (default: all), as SGLang frees a finished request.
+
+        Each request's slots are freed on their own, so a free the allocator refuses (slots already free: a double
+        free, e.g. through the allocator behind the cache's back) names that request, and every other request is
+        still released; the refused request's table row is freed too (``AllocatorError`` after the rest).
+        """
         chosen = list(self.requests) if rows is None else list(rows)
         missing = [row for row in chosen if row not in self.requests]
         if missing:
             raise ConfigError(f"release: rows {missing} are not live requests of this cache.")
-        self.allocator.free_group_begin()
-        try:
-            for row in chosen:
-                for layer in self.layers:
-                    if isinstance(layer, _StateLayer):
-                        layer.rows_with_state.discard(row)
-                request = self.requests.pop(row)
-                evicted = self._evicted.pop(row, 0)
-                first = evicted if self._only_sliding else 0  # the dual allocator skips evicted SWA slots itself
-                if request.length > first:
-                    slots = self.req_to_token.req_to_token[row, first : request.length].to(torch.int64)
+        twice = sorted({row for row in chosen if chosen.count(row) > 1})
+        if twice:
+            raise ConfigError(f"release: rows {twice} are given more than once; each request is released once.")
+        self._rollback()  # a forward that raised part-way: the pages it opened go back too
+        refused: dict[int, AllocatorError] = {}
+        for row in chosen:
+            for layer in self.layers:
+                if isinstance(layer, _StateLayer):
+                    layer.rows_with_state.discard(row)
+            request = self.requests.pop(row)
+            evicted = self._evicted.pop(row, 0)
+            first = evicted if self._only_sliding else 0  # the dual allocator skips evicted SWA slots itself
+            if request.length > first:
+                slots = self.req_to_token.req_to_token[row, first : request.length].to(torch.int64)
+                try:
                     self.allocator.free(slots.to(self.allocator.device))
-        finally:
-            self.allocator.free_group_end()
+                except AllocatorError as exc:
+                    refused[row] = exc
         if chosen:
             self.req_to_token.free(chosen)
         self._batch = [r for r in self._batch if r.row in self.requests]
         if not self._batch:
             self.width = 0
+        if refused:
+            row, cause = next(iter(refused.items()))
+            raise AllocatorError(
+                f"release: the allocator refused to free the slots of request row(s) {sorted(refused)}, first row "
+                f"{row}: {cause}. Slots freed twice (a double free: were they freed through the allocator behind "
+                f"the cache's back?). Every other request was released, and every request-table row."
+            ) from cause
 
     # -- transformers' Cache -----------------------------------------------------------------------------------------
 
@@ -370,14 +469,91 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         return self.width
 
     def has_previous_state(self, layer_idx: int | None = None, state_idx: int | None = None) -> bool:
-        """A recurrent layer's first cache call each forward: load the selected requests' state from their slots."""
+        """A recurrent layer's first cache call each forward up to transformers 5.20: load the requests' state.
+
+        Without ``layer_idx`` (a question about the cache, not a layer's call): whether every selected request
+        has a state in the last recurrent layer; nothing is loaded.
+        """
         states = [i for i, layer in enumerate(self.layers) if isinstance(layer, _StateLayer)]
         if not states:
             raise UnsupportedCombinationError("has_previous_state asks about a recurrent layer; this model has none.")
-        layer = self.layers[states[-1] if layer_idx is None else layer_idx]
+        if layer_idx is None:
+            last = self.layers[states[-1]]
+            return bool(self._batch) and all(r.row in last.rows_with_state for r in self._batch)
+        self._state_call(layer_idx, "has_previous_state", state_idx or 0)
+        return bool(self.layers[layer_idx].has_previous_state[0])
+
+    def get_conv_state(self, layer_idx: int, state_idx: int = 0) -> Tensor | None:
+        """A recurrent layer's conv state (transformers 5.21 and later ask it first, or the recurrent state)."""
+        self._state_call(layer_idx, "get_conv_state", state_idx)
+        layer = self.layers[layer_idx]
+        return layer.conv_states[state_idx] if layer.has_previous_state[state_idx] else None
+
+    def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> Tensor | None:
+        """A recurrent layer's recurrent state, loaded from the requests' slots at its first call of a forward."""
+        self._state_call(layer_idx, "get_recurrent_state", state_idx)
+        layer = self.layers[layer_idx]
+        return layer.recurrent_states[state_idx] if layer.has_previous_state[state_idx] else None
+
+    # -- one forward, all or nothing ---------------------------------------------------------------------------------
+
+    def _enter(self, layer_id: int, call: str, state_idx: int = 0) -> tuple[_Journal, bool]:
+        """Note a cache call of ``layer_id`` in the forward's journal; whether the layer starts with it.
+
+        A call that cannot belong to the open forward (an earlier layer, or a call the layer already made) means
+        that forward raised part-way and this is a new one: the open one is rolled back first.
+        """
+        journal = self._journal
+        key = (layer_id, call, state_idx)
+        if journal is not None and (layer_id < journal.cursor or key in journal.seen):
+            self._rollback()
+            journal = None
+        if journal is None:
+            journal = self._journal = _Journal()
+        starts = layer_id != journal.cursor
+        journal.cursor = layer_id
+        journal.seen.add(key)
+        return journal, starts
+
+    def _state_call(self, layer_id: int, call: str, state_idx: int = 0) -> _Journal:
+        """A recurrent layer's cache call: at its first of the forward, load the selected requests' state."""
+        layer = self.layers[layer_id]
         if not isinstance(layer, _StateLayer):
-            raise UnsupportedCombinationError(f"Layer {layer_idx} is an attention layer, it has no recurrent state.")
-        return layer.load()
+            raise UnsupportedCombinationError(f"Layer {layer_id} is an attention layer, it has no recurrent state.")
+        journal, starts = self._enter(layer_id, call, state_idx)
+        if starts:
+            layer.load()
+        return journal
+
+    def _commit(self) -> None:
+        """The forward's last layer is done: its tokens, layout width and recurrent states become the cache's."""
+        journal, self._journal = self._journal, None
+        if journal is None:
+            return
+        for layer, rows, slots, conv, ssm in journal.state_writes:
+            conv_pools, ssm_pool = self._state_pool.layer_cache(layer.layer_id)
+            conv_pools[0][slots] = conv.to(conv_pools[0].dtype)
+            ssm_pool[slots] = ssm.to(ssm_pool.dtype)
+            layer.rows_with_state.update(rows)
+        step = journal.step
+        if step is not None:
+            for request, count in zip(step.requests, step.counts, strict=True):
+                request.length += count
+            self.width = step.width
+
+    def _rollback(self) -> None:
+        """Undo a forward that raised part-way: free the pages it opened, give back the ``new_tokens`` it took.
+
+        The pool's K/V and the table entries it wrote lie beyond the requests' lengths, never read; the state
+        slots were not written (that waits for the commit).
+        """
+        journal, self._journal = self._journal, None
+        if journal is None or journal.step is None:
+            return
+        step = journal.step
+        self._first_counts = step.given_counts
+        if step.fresh.numel():
+            self.allocator.free(step.fresh.to(self.allocator.device))
 
     def _state_slots(self, rows: Sequence[int]) -> Tensor:
         """The state-pool slots of request rows (``HybridReqToTokenPool.get_mamba_indices``)."""
@@ -434,8 +610,8 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
                 f"The forward has {batch} batch rows but the cache holds {len(self._batch)} selected requests: one "
                 f"row per request (num_beams=1, num_return_sequences=1; a loop selects its batch with select())."
             )
-        counts = self._first_counts or [query] * batch
-        self._first_counts = None
+        given = self._first_counts
+        counts = given or [query] * batch
         if any(not 0 <= c <= query for c in counts):
             raise ConfigError(f"new_tokens {counts} must each lie in 0..{query} (the step's query length).")
         prefix = [r.length for r in self._batch]
@@ -443,8 +619,16 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         longest = max((p + c for p, c in zip(prefix, counts, strict=True)), default=0)
         if longest > width:  # checked before anything is allocated or written
             raise ConfigError(f"A request would hold {longest} tokens, more than the layout's width {width}.")
+        limit = self.req_to_token.max_context_len
+        if longest > limit:
+            raise PoolFullError(
+                f"A request would hold {longest} tokens, more than the plan's context length: its request-table row "
+                f"holds {limit} slots. Plan with a larger Serving(context_length=...), or generate fewer tokens "
+                f"(max_new_tokens) and release the request."
+            )
         self._evict_out_of_window()
         locs = self._allocate(prefix, counts)
+        self._first_counts = None
         rows = torch.tensor([r.row for r in self._batch], dtype=torch.int64)
         count_t = torch.tensor(counts, dtype=torch.int64)
         prefix_t = torch.tensor(prefix, dtype=torch.int64)
@@ -452,8 +636,6 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             row_of = torch.repeat_interleave(rows, count_t)
             col_of = _ranges(prefix_t, count_t)
             self.req_to_token.write((row_of, col_of), locs.to(torch.int32))
-        for request, count in zip(self._batch, counts, strict=True):
-            request.length += count
         lengths = prefix_t + count_t
         src_rows = torch.repeat_interleave(rows, lengths)
         src_cols = _ranges(torch.zeros_like(lengths), lengths)
@@ -469,6 +651,14 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             kept = src_cols >= torch.repeat_interleave(evicted, lengths)
             swa_src, swa_dst = gather_src[kept], gather_dst[kept]
         pool_device = self.pool.device
+        # the slots of pages this step opened: a rollback frees them, not a page the request held before
+        last_held = torch.full_like(prefix_t, -1)
+        held = prefix_t > 0
+        if bool(held.any()):
+            last_held[held] = self.req_to_token.req_to_token[rows[held], prefix_t[held] - 1].to(torch.int64)
+        page = self.page_size
+        host_locs = locs.cpu()
+        fresh = host_locs[host_locs // page != torch.repeat_interleave(last_held, count_t) // page]
         return _Step(
             batch,
             width,
@@ -476,6 +666,10 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             locs.to(pool_device),
             (gather_src.to(pool_device), gather_dst.to(device)),
             (swa_src.to(pool_device), swa_dst.to(device)),
+            requests=list(self._batch),
+            counts=counts,
+            fresh=fresh,
+            given_counts=given,
         )
 
     def _evict_out_of_window(self) -> None:
@@ -525,13 +719,12 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
 
     def _update_layer(self, layer_id: int, key_states: Tensor, value_states: Tensor) -> tuple[Tensor, Tensor]:
         """Write the step's real K/V of ``layer_id`` to the pool, read every cached token back, right-aligned."""
-        if layer_id == self._first_layer or self._step is None:
-            self._step = self._begin_step(key_states)
-            self.width = self._step.width
-        step = self._step
-        keys = self._through_pool(layer_id, step, key_states, value_states)
-        if layer_id == self._last_layer:
-            self._step = None
+        journal, _ = self._enter(layer_id, "update")
+        if journal.step is None:  # the forward's first attention layer decides for all
+            journal.step = self._begin_step(key_states)
+        keys = self._through_pool(layer_id, journal.step, key_states, value_states)
+        if layer_id == self._last_cache_layer:
+            self._commit()
         return keys
 
     def _through_pool(self, layer_id: int, step: _Step, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:

@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache
 
 import kvpools_core
-from kvpools_core.integrations.transformers import KvpoolsCache, plan_for_config
+from kvpools_core.integrations.transformers import KvpoolsCache, cache_kwargs, plan_for_config
 from kvpools_core.pools.quant import fp8_quantize
 from kvpools_core.values import Serving
 
@@ -24,14 +24,13 @@ def teacher_forced_logits(
     """Next-token logits ``(steps, batch, vocab)`` for the prompt then each of ``tokens``, fed whatever the cache
     makes of them: both caches see the same inputs, so the difference is the cache's alone."""
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = [model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache).logits[:, -1]]  # type: ignore[operator]
+    given = cache_kwargs(model, cache)
+    out = [model(input_ids=ids, attention_mask=mask, position_ids=positions, **given).logits[:, -1]]  # type: ignore[operator]
     for step in range(tokens.shape[1]):
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
         positions = positions[:, -1:] + 1
         token = tokens[:, step : step + 1]
-        out.append(
-            model(input_ids=token, attention_mask=mask, position_ids=positions, past_key_values=cache).logits[:, -1]
-        )  # type: ignore[operator]
+        out.append(model(input_ids=token, attention_mask=mask, position_ids=positions, **given).logits[:, -1])  # type: ignore[operator]
     return torch.stack(out).float()
 
 

@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 import kvpools_core
 from kvpools_core.errors import ConfigError, KvpoolsError, UnsupportedCombinationError
-from kvpools_core.integrations.transformers import KvpoolsCache, PoolFullError, plan_for_config
+from kvpools_core.integrations.transformers import KvpoolsCache, PoolFullError, cache_kwargs, plan_for_config
 from kvpools_core.values import Serving
 
 from .tiny import NEW_TOKENS, PROMPT_LENGTHS, greedy, left_padded, llama
@@ -27,12 +27,12 @@ def test_generate_is_token_identical_and_the_pool_holds_the_real_tokens(page_siz
     model = llama()
     ids, mask = left_padded(PROMPT_LENGTHS, model.config.vocab_size)
     reference_cache = DynamicCache(config=model.config)
-    reference = greedy(model, ids, mask, past_key_values=reference_cache)
+    reference = greedy(model, ids, mask, **cache_kwargs(model, reference_cache))
     pools = _build(model, page_size)
     free_before = pools.allocator.available_size()
     cache = KvpoolsCache(pools, attention_mask=mask)
 
-    out = greedy(model, ids, mask, past_key_values=cache)
+    out = greedy(model, ids, mask, **cache_kwargs(model, cache))
 
     assert out.shape == (len(PROMPT_LENGTHS), max(PROMPT_LENGTHS) + NEW_TOKENS)
     assert torch.equal(out, reference)
@@ -65,15 +65,15 @@ def test_a_corrupted_pool_changes_the_tokens() -> None:
     ids, mask = left_padded(PROMPT_LENGTHS, model.config.vocab_size)
     pools = _build(model, 16)
     cache = KvpoolsCache(pools, attention_mask=mask)
-    prompt_step = model(input_ids=ids, attention_mask=mask, past_key_values=cache)
+    prompt_step = model(input_ids=ids, attention_mask=mask, **cache_kwargs(model, cache))
     clean = prompt_step.logits[:, -1].argmax(-1)
     pools.kv_pool.kv.k_buffer[0].zero_()
     step_mask = torch.cat([mask, torch.ones(len(PROMPT_LENGTHS), 1, dtype=mask.dtype)], 1)
-    corrupted = model(input_ids=clean[:, None], attention_mask=step_mask, past_key_values=cache).logits[:, -1]
+    corrupted = model(input_ids=clean[:, None], attention_mask=step_mask, **cache_kwargs(model, cache)).logits[:, -1]
     fresh_pools = _build(model, 16)
     fresh = KvpoolsCache(fresh_pools, attention_mask=mask)
-    model(input_ids=ids, attention_mask=mask, past_key_values=fresh)
-    intact = model(input_ids=clean[:, None], attention_mask=step_mask, past_key_values=fresh).logits[:, -1]
+    model(input_ids=ids, attention_mask=mask, **cache_kwargs(model, fresh))
+    intact = model(input_ids=clean[:, None], attention_mask=step_mask, **cache_kwargs(model, fresh)).logits[:, -1]
     assert not torch.equal(corrupted, intact)
 
 
@@ -90,7 +90,7 @@ def test_a_pool_too_small_for_the_batch_is_a_clear_error_not_a_crash() -> None:
     pools = _build(model, 16, max_total_tokens=128)
     assert pools.plan.max_total_num_tokens == 128
     with pytest.raises(PoolFullError, match="free slots"):
-        greedy(model, ids, mask, past_key_values=KvpoolsCache(pools, attention_mask=mask))
+        greedy(model, ids, mask, **cache_kwargs(model, KvpoolsCache(pools, attention_mask=mask)))
 
 
 def test_a_pool_of_another_dtype_is_refused_rather_than_rounding() -> None:
@@ -99,7 +99,7 @@ def test_a_pool_of_another_dtype_is_refused_rather_than_rounding() -> None:
     ids, mask = left_padded(PROMPT_LENGTHS, model.config.vocab_size)
     cache = KvpoolsCache(_build(model, 16), attention_mask=mask)
     with pytest.raises(ConfigError, match="kv_cache_dtype"):
-        model(input_ids=ids, attention_mask=mask, past_key_values=cache)
+        model(input_ids=ids, attention_mask=mask, **cache_kwargs(model, cache))
 
 
 def test_float32_with_an_fp32_pool_is_token_identical() -> None:
@@ -107,7 +107,7 @@ def test_float32_with_an_fp32_pool_is_token_identical() -> None:
     ids, mask = left_padded(PROMPT_LENGTHS, model.config.vocab_size)
     reference = greedy(model, ids, mask)
     cache = KvpoolsCache(_build(model, 1, kv_cache_dtype="fp32"), attention_mask=mask)
-    assert torch.equal(greedy(model, ids, mask, past_key_values=cache), reference)
+    assert torch.equal(greedy(model, ids, mask, **cache_kwargs(model, cache)), reference)
 
 
 def test_beam_search_is_refused() -> None:
@@ -115,7 +115,7 @@ def test_beam_search_is_refused() -> None:
     ids, mask = left_padded(PROMPT_LENGTHS[:2], model.config.vocab_size)
     cache = KvpoolsCache(_build(model, 16), attention_mask=mask)
     with pytest.raises(KvpoolsError, match="num_beams=1"):
-        model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, num_beams=2, max_new_tokens=4)
+        model.generate(input_ids=ids, attention_mask=mask, **cache_kwargs(model, cache), num_beams=2, max_new_tokens=4)
 
 
 def test_plan_for_config_plans_a_transformers_config_like_a_config_file() -> None:
@@ -147,7 +147,7 @@ def test_the_request_lifecycle_refuses_unknown_rows_and_gives_everything_back() 
     assert first is not None
     cache.select([first])
     prompt = torch.arange(3, 10)[None]
-    model(input_ids=prompt, attention_mask=cache.attention_mask(7), past_key_values=cache)
+    model(input_ids=prompt, attention_mask=cache.attention_mask(7), **cache_kwargs(model, cache))
     assert cache.length(first) == 7 and pools.allocator.available_size() < pools.plan.max_total_num_tokens
     cache.release()
     with pytest.raises(ConfigError, match="not live requests"):

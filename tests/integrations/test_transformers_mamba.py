@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 import kvpools_core
 from kvpools_core.errors import ConfigError
-from kvpools_core.integrations.transformers import KvpoolsCache, plan_for_config
+from kvpools_core.integrations.transformers import KvpoolsCache, cache_kwargs, plan_for_config
 from kvpools_core.values import Serving
 
 from .tiny import NEW_TOKENS, PROMPT_LENGTHS, greedy, left_padded, qwen3_next
@@ -24,7 +24,7 @@ def test_hybrid_generation_is_token_identical_and_the_state_slots_hold_the_state
     model = qwen3_next()
     ids, mask = left_padded(PROMPT_LENGTHS, model.config.vocab_size)
     reference_cache = DynamicCache(config=model.config)
-    reference = greedy(model, ids, mask, past_key_values=reference_cache)
+    reference = greedy(model, ids, mask, **cache_kwargs(model, reference_cache))
     plan = plan_for_config(model.config, Serving(platform="cpu", page_size=page_size), memory="8MiB")
     assert plan.model.architecture == "mamba"
     pools = kvpools_core.build(plan, "cpu", checked=True)
@@ -33,7 +33,7 @@ def test_hybrid_generation_is_token_identical_and_the_state_slots_hold_the_state
     free_states = state_pool.available_size()
     cache = KvpoolsCache(pools, attention_mask=mask)
 
-    out = greedy(model, ids, mask, past_key_values=cache)
+    out = greedy(model, ids, mask, **cache_kwargs(model, cache))
 
     assert torch.equal(out, reference)
     rows = list(cache.requests)
@@ -61,12 +61,12 @@ def test_state_layers_need_to_know_the_requests_and_refuse_mixed_prefill_and_dec
     plan = plan_for_config(model.config, Serving(platform="cpu", page_size=16), memory="8MiB")
     pools = kvpools_core.build(plan, "cpu")
     with pytest.raises(ConfigError, match="attention_mask"):
-        model(input_ids=ids, attention_mask=mask, past_key_values=KvpoolsCache(pools))
+        model(input_ids=ids, attention_mask=mask, **cache_kwargs(model, KvpoolsCache(pools)))
     cache = KvpoolsCache(pools)
     old, new = cache.add_request(), cache.add_request()
     assert old is not None and new is not None
     cache.select([old])
-    model(input_ids=ids[:1, -5:], attention_mask=cache.attention_mask(5), past_key_values=cache)
+    model(input_ids=ids[:1, -5:], attention_mask=cache.attention_mask(5), **cache_kwargs(model, cache))
     cache.select([old, new])
     with pytest.raises(ConfigError, match="prefill and decode"):
-        model(input_ids=ids[:, -1:], attention_mask=cache.attention_mask(1), past_key_values=cache)
+        model(input_ids=ids[:, -1:], attention_mask=cache.attention_mask(1), **cache_kwargs(model, cache))

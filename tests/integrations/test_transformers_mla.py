@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache
 
 import kvpools_core
-from kvpools_core.integrations.transformers import KvpoolsCache, plan_for_config
+from kvpools_core.integrations.transformers import KvpoolsCache, cache_kwargs, plan_for_config
 from kvpools_core.values import Serving
 
 from .tiny import NEW_TOKENS, PROMPT_LENGTHS, deepseek_v3, greedy, left_padded
@@ -22,7 +22,7 @@ def test_mla_generation_is_token_identical_and_the_pool_holds_the_latent(page_si
     model = deepseek_v3()
     ids, mask = left_padded(PROMPT_LENGTHS, model.config.vocab_size)
     reference_cache = DynamicCache(config=model.config)
-    reference = greedy(model, ids, mask, past_key_values=reference_cache)
+    reference = greedy(model, ids, mask, **cache_kwargs(model, reference_cache))
     plan = plan_for_config(model.config, Serving(platform="cpu", page_size=page_size), memory="4MiB")
     assert plan.model.architecture == "mla"
     # one latent row (kv_lora_rank + qk_rope_head_dim) of bf16 per token per layer: SGLang's MLA cell
@@ -30,7 +30,7 @@ def test_mla_generation_is_token_identical_and_the_pool_holds_the_latent(page_si
     pools = kvpools_core.build(plan, "cpu", checked=True)
     cache = KvpoolsCache(pools, attention_mask=mask)
 
-    out = greedy(model, ids, mask, past_key_values=cache)
+    out = greedy(model, ids, mask, **cache_kwargs(model, cache))
 
     assert torch.equal(out, reference)
     width = reference_cache.get_seq_length()

@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache
 
 import kvpools_core
-from kvpools_core.integrations.transformers import KvpoolsCache, plan_for_config
+from kvpools_core.integrations.transformers import KvpoolsCache, cache_kwargs, plan_for_config
 from kvpools_core.values import Serving
 
 from .tiny import NEW_TOKENS, PROMPT_LENGTHS, SLIDING_WINDOW, gemma3, greedy, left_padded, mistral
@@ -22,7 +22,7 @@ def test_sliding_window_generation_is_token_identical_with_eviction(page_size: i
     model = gemma3()
     ids, mask = left_padded(PROMPT_LENGTHS, model.config.vocab_size)
     reference_cache = DynamicCache(config=model.config)
-    reference = greedy(model, ids, mask, past_key_values=reference_cache)
+    reference = greedy(model, ids, mask, **cache_kwargs(model, reference_cache))
     plan = plan_for_config(model.config, Serving(platform="cpu", page_size=page_size), memory="4MiB")
     assert plan.model.architecture == "swa"
     assert {pool.name for pool in plan.pools} >= {"kv_full", "kv_swa", "full_to_swa", "swa_allocator"}
@@ -31,7 +31,7 @@ def test_sliding_window_generation_is_token_identical_with_eviction(page_size: i
     full_free, swa_free = allocator.full_available_size(), allocator.swa_available_size()
     cache = KvpoolsCache(pools, attention_mask=mask)
 
-    out = greedy(model, ids, mask, past_key_values=cache)
+    out = greedy(model, ids, mask, **cache_kwargs(model, cache))
 
     assert torch.equal(out, reference)
     # the full pool keeps every token; the SWA pool only the pages the window still reaches: before the last step
@@ -66,7 +66,7 @@ def test_eager_attention_is_token_identical_too() -> None:
     reference = greedy(model, ids, mask)
     plan = plan_for_config(model.config, Serving(platform="cpu", page_size=16), memory="4MiB")
     cache = KvpoolsCache(kvpools_core.build(plan, "cpu"), attention_mask=mask)
-    assert torch.equal(greedy(model, ids, mask, past_key_values=cache), reference)
+    assert torch.equal(greedy(model, ids, mask, **cache_kwargs(model, cache)), reference)
 
 
 @pytest.mark.parametrize("page_size", [16, 1])
@@ -82,7 +82,7 @@ def test_an_all_sliding_model_evicts_from_its_one_pool_and_frees_each_slot_once(
     free = pools.allocator.available_size()
     cache = KvpoolsCache(pools, attention_mask=mask)
 
-    assert torch.equal(greedy(model, ids, mask, past_key_values=cache), reference)
+    assert torch.equal(greedy(model, ids, mask, **cache_kwargs(model, cache)), reference)
 
     stored = [n + NEW_TOKENS - 1 for n in PROMPT_LENGTHS]
     held = [-(-n // page_size) * page_size - max(0, n - SLIDING_WINDOW) // page_size * page_size for n in stored]
