@@ -2,7 +2,8 @@
 tutorials, lint, typing (the defaults); plots (the sweep's tests with matplotlib), hf (the transformers
 integration), docs (the site, --strict), build (sdists and wheels, installed and run from a fresh venv), bench;
 deps_newest and deps_oldest (the tests that drive the dependencies' APIs, with the ``test``, ``hf`` and ``plot``
-extras, against the newest and the oldest releases pyproject.toml accepts), docs_newest (the site with the newest mkdocs stack).
+extras, against the newest and the oldest releases pyproject.toml accepts), docs_newest (the site with the newest
+mkdocs stack).
 
 Every session installs from ``constraints.txt`` so torch stays the small CPU build on these machines, except
 the ``*_newest`` and ``deps_oldest`` sessions: they pin torch alone (constraints.txt's pin), the rest is left to

@@ -18,6 +18,13 @@ from kvpools_core.values import Serving
 from .tiny import NEW_TOKENS, PROMPT_LENGTHS, greedy, left_padded, llama
 
 
+@pytest.fixture(autouse=True)
+def _serving_cpu_has_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These pools are planned for the ``cpu`` platform, whose fp8 KV needs Intel AMX on the serving host (torch
+    stores e4m3 on any CPU): pin the answer, so the test runs the same on every machine."""
+    monkeypatch.setenv("KVPOOLS_CPU_AMX", "1")
+
+
 def teacher_forced_logits(
     model: object, ids: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor, cache: object
 ) -> torch.Tensor:
