@@ -16,6 +16,10 @@ attention layer a ``FullAttentionSpec``.  What the engine decides before the spe
   exports one prefill checkpoint per request on a 64-token grid (L688-750, ``gdn_attn.py`` L34): one more
   Mamba block per request and blocks a multiple of 64 tokens.  On a GPU without FlashInfer's GDN kernel
   (before Hopper) vLLM runs Triton instead and the checkpoint is absent.
+* Every Mamba2 layer (``MambaMixer2``: Nemotron-H, Falcon-H1, Granite-4.0-H) declares one prefill checkpoint block
+  too, whatever the backend or GPU (``MambaMixer2.get_kv_cache_spec``, ``mamba_mixer2.py`` L1108-1118, alignment 1:
+  no effect on the block size); in ``align`` mode a request holds ``2 + 1`` Mamba blocks
+  (``MambaSpec.max_memory_usage_bytes``, ``v1/kv_cache_interface.py`` L1135-1141).  Mamba-1 (Jamba) declares none.
 * The conv state's dtype is the model dtype (``--mamba-cache-dtype auto``), the SSM state's the config's
   where vLLM reads one (``config.py`` ``_vllm_readings``), else the conv's.  ``--kv-cache-dtype`` does not
   change the state.
@@ -56,7 +60,7 @@ from kvpools_core.vllm.layers import (
 )
 from kvpools_core.vllm.specs import FullAttentionSpec, KVCacheSpec, MambaSpec
 
-from .config import GDN, KDA, KV_KINDS, MAMBA1, STATE_KINDS
+from .config import GDN, KDA, KV_KINDS, MAMBA1, MAMBA2, STATE_KINDS
 
 if TYPE_CHECKING:
     from kvpools_core.values import LayerSpec, ModelSpec, Serving
@@ -68,6 +72,9 @@ ATTENTION_KERNEL_BLOCK = 16
 """Smallest kernel block of CUDA's FlashAttention backend (``MultipleOf(16)``, ``flash_attn.py`` L367)."""
 GDN_CHECKPOINT_ALIGNMENT = 64
 """``FLASHINFER_GDN_CHECKPOINT_ALIGNMENT`` (``v1/attention/backends/gdn_attn.py`` L34)."""
+MAMBA2_CHECKPOINT_ALIGNMENT = 1
+"""A Mamba2 layer's ``prefill_checkpoint_alignment``: its chunked scan puts a chunk end on the checkpoint, so any
+token works (``MambaMixer2.get_kv_cache_spec``, ``mamba_mixer2.py`` L1112-1118)."""
 KDA_RECURRENT_STATE_BYTES = 4
 """``kda_state_dtype`` under ``--mamba-ssm-cache-dtype auto``: float32 (``mamba_utils.py`` L140-141)."""
 MLA_KERNEL_BLOCK = {"bf16": 16, "fp16": 16, "fp8_e4m3": 64}
@@ -158,7 +165,8 @@ def hybrid_vllm_specs(model: ModelSpec, serving: Serving, block_size: int) -> di
     mamba_page = sum(math.prod(shape) * size for shape, size in zip(shapes, (conv_bytes, ssm_bytes), strict=True))
     attention = next(layer for layer in model.layers if layer.kind in KV_KINDS)
     attn_page_1_token = _attention_spec(attention, model, serving, 1).page_size_bytes
-    gdn = model.params["mixer"] == GDN
+    mixer = model.params["mixer"]
+    gdn = mixer == GDN
     aligned, padded = align_hybrid_block_size(
         block_size=block_size,
         attn_page_size_1_token=attn_page_1_token,
@@ -167,6 +175,11 @@ def hybrid_vllm_specs(model: ModelSpec, serving: Serving, block_size: int) -> di
         backend_block_alignment=ATTENTION_KERNEL_BLOCK,
         prefill_checkpoint_alignment=GDN_CHECKPOINT_ALIGNMENT if gdn else None,
     )
+    # One prefill checkpoint block per request: the GDN layer's on the prefix-cache grid (mamba_block_size,
+    # qwen_gdn_linear_attn.py L739-750); every Mamba2 layer's at any token (MambaMixer2.get_kv_cache_spec,
+    # mamba_mixer2.py L1108-1118, whatever the backend or GPU), which leaves the block size alone (MambaMixer2 has
+    # no get_prefill_checkpoint_alignment, abstract.py L65-70).  Mamba-1 and KDA layers export none.
+    checkpoint = aligned if gdn else MAMBA2_CHECKPOINT_ALIGNMENT if mixer == MAMBA2 else None
     mamba = MambaSpec(
         block_size=aligned,
         shapes=shapes,
@@ -174,9 +187,8 @@ def hybrid_vllm_specs(model: ModelSpec, serving: Serving, block_size: int) -> di
         page_size_padded=padded,
         mamba_type=_MAMBA_TYPE.get(model.params["mixer"], "mamba2"),
         mamba_cache_mode=MAMBA_CACHE_MODE,
-        # the GDN layer's prefill checkpoint on the prefix-cache grid (mamba_block_size), L739-750
-        num_prefill_checkpoint_blocks=1 if gdn else 0,
-        prefill_checkpoint_alignment=aligned if gdn else None,
+        num_prefill_checkpoint_blocks=1 if checkpoint else 0,
+        prefill_checkpoint_alignment=checkpoint,
     )
     specs: dict[str, KVCacheSpec] = {}
     for layer in model.layers:

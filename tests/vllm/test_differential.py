@@ -109,7 +109,7 @@ def _mamba(draw: Any, block_size: int, tp: int, mode: str) -> dict[str, Any]:
     """A recurrent layer's state per TP rank, as ``MambaStateShapeCalculator`` shapes it: Mamba2 / Gated DeltaNet
     conv + SSM (``(k-1, conv_dim)``, ``(heads, head_dim, d_state)``), Mamba-1 (``(k-1, inner)``, ``(inner,
     d_state)``), short conv (one ``(k-1, dim)``) or linear attention (one ``(heads, dim, dim)``); in ``align``
-    mode, sometimes the GDN prefill checkpoint block on the block grid."""
+    mode, sometimes the prefill checkpoint block (GDN's on the block grid, Mamba2's at alignment 1)."""
     mamba_type = draw(st.sampled_from(["mamba2", "gdn_attn", "mamba1", "short_conv", "linear"]))
     heads = draw(st.sampled_from([8, 32, 64, 128])) // tp or 1
     head_dim = draw(st.sampled_from([64, 128]))
@@ -126,7 +126,8 @@ def _mamba(draw: Any, block_size: int, tp: int, mode: str) -> dict[str, Any]:
         shapes, dtype_bytes = [[heads, head_dim, head_dim]], [ssm_bytes]
     else:
         shapes, dtype_bytes = [[3, conv_dim], [heads, head_dim, d_state]], [2, ssm_bytes]
-    checkpoint = mode == "align" and mamba_type == "gdn_attn" and draw(st.booleans())
+    # GDN's checkpoint sits on the block grid; every Mamba2 layer's (MambaMixer2) at any token, alignment 1
+    checkpoint = mode == "align" and mamba_type in ("gdn_attn", "mamba2") and draw(st.booleans())
     return {
         "kind": "mamba",
         "block_size": block_size,
@@ -136,7 +137,7 @@ def _mamba(draw: Any, block_size: int, tp: int, mode: str) -> dict[str, Any]:
         "mamba_cache_mode": mode,
         "num_speculative_blocks": draw(st.sampled_from([0, 0, 1])),
         "num_prefill_checkpoint_blocks": 1 if checkpoint else 0,
-        "prefill_checkpoint_alignment": block_size if checkpoint else None,
+        "prefill_checkpoint_alignment": (block_size if mamba_type == "gdn_attn" else 1) if checkpoint else None,
     }
 
 
@@ -551,7 +552,9 @@ def test_hybrid_specs_equal_vllm(
 ) -> None:
     """The mamba plugin's ``vllm_kv_cache_specs`` against vLLM's own code: ``MambaStateShapeCalculator`` /
     ``MambaStateDtypeCalculator``, the models' config hooks for the SSM dtype, ``Platform._align_hybrid_block_size``
-    and ``MambaBase.get_kv_cache_spec`` (``vllm_runner._Hybrid``) -- then both plans of those specs."""
+    and ``MambaBase.get_kv_cache_spec`` (``vllm_runner._Hybrid``) -- for Mamba2 layers through
+    ``MambaMixer2.get_kv_cache_spec``, whose prefill checkpoint block the runner once skipped, hiding kvpools'
+    missing block (issue 32) -- then both plans of those specs."""
     model, _ = parse_config(config, "generated", registry)
     family = model.params["family"]
     serving = Serving(tp_size=tp, kv_cache_dtype=kv_cache_dtype)

@@ -19,6 +19,7 @@ from kvpools_core.vllm import (
     MLAAttentionSpec,
     SlidingWindowSpec,
     VllmLimits,
+    VllmMemoryError,
     plan_kv_cache,
 )
 from kvpools_core.vllm.model import backend_block_size, kv_heads_per_rank, layer_index, worker_kv_cache_specs
@@ -117,6 +118,39 @@ def test_gated_deltanet_hybrid_state_block_and_checkpoint(registry: Registry) ->
     assert (mamba.mamba_type, mamba.mamba_cache_mode) == ("gdn_attn", "align")
     assert (mamba.num_prefill_checkpoint_blocks, mamba.prefill_checkpoint_alignment) == (1, block)
     assert sum(isinstance(spec, MambaSpec) for spec in specs.values()) == 36
+
+
+def test_mamba2_prefill_checkpoint_block_nemotron_h_56b(registry: Registry) -> None:
+    """Defect (issue 32): kvpools gave the prefill checkpoint block to Gated DeltaNet layers only, but vLLM 0.33's
+    ``MambaMixer2.get_kv_cache_spec`` (``mamba_mixer2.py`` L1108-1118) adds it to every Mamba2 layer (alignment 1),
+    so in ``align`` mode a request holds 2 + 1 blocks per Mamba group (``MambaSpec.max_memory_usage_bytes``,
+    ``kv_cache_interface.py`` L1135-1141), not 2.  kvpools planned 14 blocks per request, 74,313 tokens and 9.07x.
+
+    nemotron-h-56b-base-8k, TP 1, bf16: 118 layers, 54 Mamba2 (``M``), 10 attention (``*``), 54 MLP (``-``).
+    Mamba2: 256 heads x 64, 8 groups, state 256, conv 4: conv ``(3, 256 x 64 + 2 x 8 x 256)`` in bf16, SSM
+    ``(256, 64, 256)`` in float32 (Nemotron-H's default SSM cache dtype); attention 8 KV heads x 128 in bf16."""
+    model, _ = load_model("nemotron-h-56b-base-8k", registry)
+    (specs,) = worker_kv_cache_specs(model, Serving(tp_size=1), registry)
+    mamba = specs["model.layers.0.mixer"]
+    assert isinstance(mamba, MambaSpec) and mamba.mamba_type == "mamba2"
+    assert (mamba.num_prefill_checkpoint_blocks, mamba.prefill_checkpoint_alignment) == (1, 1)
+    state = 3 * 20480 * 2 + 256 * 64 * 256 * 4  # 16,900,096 B
+    per_token = 2 * 8 * 128 * 2  # K and V
+    block = 16 * -(-state // (16 * per_token))  # alignment 1 leaves FlashAttention's grid of 16: 4128 tokens
+    page = block * per_token  # 16,908,288 B
+    assert (block, mamba.block_size, mamba.page_size_bytes) == (4128, 4128, page)
+    limits = VllmLimits(max_model_len=8192, mamba_cache_mode="align")
+    plan = plan_kv_cache([specs], [20 * GiB], limits)
+    # six groups of 9 Mamba2 layers and one of the 10 attention layers: a block holds 10 pages
+    assert plan.bytes_per_block == (10 * page,) and plan.num_gpu_blocks == 20 * GiB // (10 * page) == 127
+    # per request: 2 attention blocks (cdiv(8192, 4128)) + 6 Mamba groups x (2 + 1 checkpoint)
+    assert plan.blocks_per_request == 2 + 6 * 3 == 20
+    assert plan.max_concurrency == 127 / 20  # vLLM logs 6.35x
+    assert plan.kv_cache_size_tokens == int(127 / 20 * 8192) == 52019
+    # 16 blocks (2,705,326,080 B) fit the 14 blocks kvpools asked for, not vLLM's 20: vLLM refuses to start
+    with pytest.raises(VllmMemoryError, match=r"max seq len \(8192\)"):
+        plan_kv_cache([specs], [16 * 10 * page], limits)
+    assert 16 * 10 * page == 2_705_326_080
 
 
 def test_kimi_linear_kda_state_beside_mla_latent(registry: Registry) -> None:

@@ -15,6 +15,7 @@ resolution (:class:`_DeepseekV4`).  Nothing of vLLM is copied here.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import json
 import math
@@ -271,6 +272,8 @@ class _Hybrid:
     family's argument mapping as its vLLM model file writes it, calling the real calculators), the attention
     backend (CUDA's FlashAttention: kernel blocks ``MultipleOf(16)``, ``customize_spec`` the identity) and the
     Mamba layers' ``get_prefill_checkpoint_alignment`` (the case's: 64 for FlashInfer's GDN prefill, else None).
+    A Mamba2 layer's spec goes through ``MambaMixer2.get_kv_cache_spec`` (``mamba_mixer2.py`` L1108), read from
+    the installed file: its prefill checkpoint block.
     """
 
     def __init__(self, bench_dir: str) -> None:
@@ -314,6 +317,22 @@ class _Hybrid:
         )
         self.qwen3_5_ssm_dtype = _method_from_installed(
             models_config, "Qwen3_5ForConditionalGenerationConfig", "verify_and_update_config", namespace
+        )
+        # MambaMixer2.get_kv_cache_spec (mamba_mixer2.py L1108-1118): MambaBase's spec plus the prefill checkpoint
+        # block, for every Mamba2 layer (Nemotron-H, Falcon-H1, Granite-4.0-H, Zamba2, Mamba2); its zero-argument
+        # super() is MambaBase's, called on the layer the runner passes
+        base_spec = self.get_kv_cache_spec
+        self.mixer2_layer: SimpleNamespace | None = None
+        self.mamba2_kv_cache_spec = _method_from_installed(
+            os.path.join(root, "model_executor", "layers", "mamba", "mamba_mixer2.py"),
+            "MambaMixer2",
+            "get_kv_cache_spec",
+            {
+                "super": lambda: SimpleNamespace(get_kv_cache_spec=lambda config: base_spec(self.mixer2_layer, config)),
+                "replace": dataclasses.replace,
+                "MambaSpec": self.interface.MambaSpec,
+                "KVCacheSpec": self.interface.KVCacheSpec,
+            },
         )
         self.checkpoint_grid = _function_from_installed(
             os.path.join(root, "model_executor", "layers", "mamba", "abstract.py"),
@@ -568,10 +587,12 @@ class _Hybrid:
             is_kv_cache_tp_replicated=False,
         )
         vllm_config.cache_config.use_replayssm = False
-        mamba = self.get_kv_cache_spec(layer, vllm_config)
+        if case["mamba_type"] == "mamba2":  # the layer is a MambaMixer2
+            self.mixer2_layer = layer
+            mamba = self.mamba2_kv_cache_spec(layer, vllm_config)
+        else:
+            mamba = self.get_kv_cache_spec(layer, vllm_config)
         if case.get("checkpoint_alignment") is not None:  # QwenGatedDeltaNetAttention.get_kv_cache_spec L739-750
-            import dataclasses
-
             mamba = dataclasses.replace(
                 mamba,
                 num_prefill_checkpoint_blocks=1,
