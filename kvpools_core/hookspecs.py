@@ -253,6 +253,21 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 
 
 @_spec
+def engine_features() -> Mapping[str, Sequence[str]] | None:
+    """Say which optional engine features SGLang runs for the architectures a plugin parses.
+
+    Every implementation is called; the results are collected.  An
+    architecture plugin names its own architectures (``ModelSpec.architecture``)
+    and, for each, the features the engine accepts for their models, so the core
+    refuses a feature for every other model without naming any architecture:
+    ``"hisparse"`` (``--enable-hisparse``; SGLang 0.5.23's ``validate_hisparse``,
+    ``arg_groups/hisparse_hook.py``, asserts the model class).
+
+    :returns: architecture → the engine features it supports.
+    """
+
+
+@_spec
 def engine_defaults(model: ModelSpec, serving: Serving) -> Sequence[EngineDefault] | None:
     """Say what the engine sets itself for this model, on this platform, for the options the user left unset.
 
@@ -624,6 +639,18 @@ def _messages(value: Any) -> str | None:
     return None
 
 
+def _feature_lists(value: Any) -> str | None:
+    if not isinstance(value, Mapping):
+        return "not a mapping"
+    for key, features in value.items():
+        if not isinstance(key, str):
+            return f"key {describe_value(key)} is not a str"
+        problem = _messages(features)
+        if problem:
+            return f"{short_repr(key, 40)} maps to {problem}"
+    return None
+
+
 def _workspaces(value: Any) -> str | None:
     from kvpools_core.values import Workspace
 
@@ -742,6 +769,9 @@ RESULTS: Mapping[str, ResultContract] = MappingProxyType(
         ),
         "validate": ResultContract(
             "a list (or tuple) of problem messages (str); [] or None when there are none", _messages
+        ),
+        "engine_features": ResultContract(
+            "a mapping of architecture (str) to a list (or tuple) of feature names (str), or None", _feature_lists
         ),
         "engine_defaults": ResultContract(
             "a list (or tuple) of EngineDefault values; [] or None when there are none", _engine_defaults

@@ -775,7 +775,7 @@ def resolve_draft_model(draft_model: str | ModelSpec, serving: Serving, registry
     if serving.context_length is not None:
         spec = attrs.evolve(spec, context_len=serving.context_length)
     try:
-        _validate(spec, worker, registry)
+        _validate(spec, worker, registry, target=False)
     except UnsupportedCombinationError as error:
         raise UnsupportedCombinationError(f"The draft model {spec.name} ({o('draft_model')}): {error}") from error
     cell, estimated_by = _cell(spec, worker, registry)
@@ -799,13 +799,20 @@ def resolve_draft_model(draft_model: str | ModelSpec, serving: Serving, registry
     return DraftModel(model=spec, cell=cell, parsed_by=parsed_by, estimated_by=estimated_by)
 
 
-def _validate(spec: ModelSpec, serving: Serving, registry: Registry, *, traits_by: str = "core") -> None:
-    """The platform's every-model rules (answered by ``traits_by``), then every plugin's ``validate`` problems."""
+def _validate(
+    spec: ModelSpec, serving: Serving, registry: Registry, *, traits_by: str = "core", target: bool = True
+) -> None:
+    """The platform's every-model rules (answered by ``traits_by``), then every plugin's ``validate`` problems.
+
+    HiSparse is asked of the ``target`` model only: SGLang checks the served model's class, not a draft's.
+    """
     traits = serving.traits
     kv = resolve_kv_dtype(serving.kv_cache_dtype, spec.dtype).name
     rules = [*traits.page_size_problems(serving.page_size), *traits.kv_dtype_problems(kv)]
     problems = [f"{message} [{traits_by}]" for message in rules]
     problems += [f"{message} [core]" for message in chunk_page_problems(serving)]
+    if target:
+        problems += [f"{message} [core]" for message in hisparse_problems(spec, serving, registry)]
     problems += [
         f"{message} [{plugin}]"
         for plugin, messages in registry.call_collect("validate", model=spec, serving=serving)
@@ -839,6 +846,39 @@ def chunk_page_problems(serving: Serving) -> list[str]:
         f"{per_worker} (such as {', '.join(map(str, divisors))}), or a {o('chunked_prefill_size')} that is a "
         f"multiple of {page * workers}."
     ]
+
+
+def hisparse_problems(spec: ModelSpec, serving: Serving, registry: Registry) -> list[str]:
+    """SGLang 0.5.23's ``validate_hisparse`` (``arg_groups/hisparse_hook.py``), which asserts two things first.
+
+    The model class: ``--enable-hisparse`` "is only supported for" the models whose architecture plugin names the
+    feature ``"hisparse"`` (``engine_features`` hook).  Then the radix cache: "Hierarchical sparse attention
+    currently requires --disable-radix-cache" (an assert: SGLang does not turn the cache off itself; a PD decode
+    node has it off already, ``Serving.radix_cache_disabled``).
+    """
+    if not serving.enable_hisparse:
+        return []
+    o = option
+    supported = sorted(
+        architecture
+        for _, answer in registry.call_collect("engine_features")
+        for architecture, features in answer.items()
+        if "hisparse" in features
+    )
+    if spec.architecture not in supported:
+        where = f"architectures {', '.join(supported)}" if supported else "no installed architecture"
+        return [
+            f"SGLang refuses {o('enable_hisparse')} for {spec.name} (architecture {spec.architecture!r}): it runs "
+            f"HiSparse only on the sparse-attention models of {where} (their plugins say so; validate_hisparse in "
+            f"SGLang 0.5.23's arg_groups/hisparse_hook.py asserts the model class). Drop {o('enable_hisparse')}."
+        ]
+    if not serving.radix_cache_disabled:
+        return [
+            f"SGLang refuses {o('enable_hisparse')} with the radix cache on ('Hierarchical sparse attention "
+            f"currently requires --disable-radix-cache', validate_hisparse in SGLang 0.5.23's "
+            f"arg_groups/hisparse_hook.py). Add {o('disable_radix_cache')}, or drop {o('enable_hisparse')}."
+        ]
+    return []
 
 
 def _cell(spec: ModelSpec, serving: Serving, registry: Registry) -> tuple[CellSize, tuple[str, ...]]:

@@ -708,7 +708,9 @@ class Serving:
     ``enable_online_c128_mtp`` is ``SGLANG_EXPERIMENTAL_ONLINE_C128_MTP``);
     kvpools never reads the environment for sizing.  ``enable_hisparse`` and
     ``hisparse_config`` are SGLang's server args of those names (the config a
-    JSON object string such as ``'{"host_to_device_ratio": 4}'``).
+    JSON object string such as ``'{"host_to_device_ratio": 4}'``); HiSparse is
+    refused on a model whose architecture plugin does not name it (``engine_features``
+    hook) and without ``disable_radix_cache``, as SGLang refuses it.
     ``enable_hierarchical_cache``, ``hicache_ratio``, ``hicache_size`` (GB),
     ``hicache_mem_layout``, ``hicache_write_policy`` and ``nnodes`` are SGLang's
     server args; ``hicache_mamba_ratio`` is the Mamba host ratio of SGLang PR

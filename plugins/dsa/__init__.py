@@ -64,6 +64,12 @@ def presets() -> dict[str, str]:
 
 
 @hookimpl
+def engine_features() -> dict[str, list[str]]:
+    """SGLang 0.5.23 runs HiSparse on DeepSeek sparse attention (``is_deepseek_dsa`` in ``validate_hisparse``)."""
+    return {ARCHITECTURE: ["hisparse"]}
+
+
+@hookimpl
 def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
     outer = ConfigReader(config, source)
     reader = outer.text()

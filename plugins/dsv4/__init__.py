@@ -41,6 +41,12 @@ def presets() -> dict[str, str]:
 
 
 @hookimpl
+def engine_features() -> dict[str, list[str]]:
+    """SGLang 0.5.23 runs HiSparse on DeepSeek-V4 (``is_deepseek_v4`` in ``validate_hisparse``)."""
+    return {ARCHITECTURE: ["hisparse"]}
+
+
+@hookimpl
 def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
     return parse_dsv4_config(config, source)
 

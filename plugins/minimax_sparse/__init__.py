@@ -44,6 +44,12 @@ def presets() -> dict[str, str]:
 
 
 @hookimpl
+def engine_features() -> dict[str, list[str]]:
+    """SGLang 0.5.23 runs HiSparse on MiniMax-M3's sparse models (``is_minimax_sparse`` in ``validate_hisparse``)."""
+    return {ARCHITECTURE: ["hisparse"]}
+
+
+@hookimpl
 def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
     outer = ConfigReader(config, source)
     architectures = outer.string_list("architectures")

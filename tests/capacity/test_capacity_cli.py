@@ -115,7 +115,15 @@ def test_bad_requests_and_headroom_are_errors() -> None:
 def test_an_unmodelled_token_space_is_refused_cleanly() -> None:
     """DeepSeek-V4 under HiSparse: its c4 device pool has an allocator of its own, no ratio is recorded."""
     out = run(
-        "deepseek-v4-flash", "--memory", "60GiB", "--page-size", "256", "--enable-hisparse", "--accounting", "sglang"
+        "deepseek-v4-flash",
+        "--memory",
+        "60GiB",
+        "--page-size",
+        "256",
+        "--enable-hisparse",
+        "--disable-radix-cache",
+        "--accounting",
+        "sglang",
     )
     assert out.exit_code == 1
     assert "c4" in out.stderr and "not modelled yet" in out.stderr

@@ -130,7 +130,11 @@ def test_max_context_by_hand(flash: Plan) -> None:
 def test_hisparse_c4_is_refused() -> None:
     """Under HiSparse the c4 device pool has an allocator of its own: no ratio is recorded, so capacity refuses
     c4 and names it."""
-    p = plan("deepseek-v4-flash", attrs.evolve(FLASH, enable_hisparse=True, accounting="sglang"), memory="60GiB")
+    p = plan(
+        "deepseek-v4-flash",
+        attrs.evolve(FLASH, enable_hisparse=True, disable_radix_cache=True, accounting="sglang"),
+        memory="60GiB",
+    )
     assert dict(p.compression) == {"c128": 128}
     with pytest.raises(UnsupportedCombinationError, match=r"\['c4'\]"):
         concurrency(p, 1_024)

@@ -84,7 +84,16 @@ def test_model_name(model: str) -> None:
 @given(config=st.one_of(ARGV_TEXT, NESTED, JSON_VALUES.map(json.dumps), HUGE_DIGITS.map(lambda d: f'{{"top_k": {d}}}')))
 @example(config="[" * 100_000)
 def test_hisparse_config(config: str) -> None:
-    args = ("plan", "deepseek-v4-flash", "--memory", "60GiB", "--enable-hisparse", "--hisparse-config", config)
+    args = (
+        "plan",
+        "deepseek-v4-flash",
+        "--memory",
+        "60GiB",
+        "--enable-hisparse",
+        "--disable-radix-cache",
+        "--hisparse-config",
+        config,
+    )
     assert_kvpools_answer(invoke(*args))
 
 

@@ -111,13 +111,18 @@ def test_hisparse_and_bf16_state() -> None:
         for preset in ("deepseek-v4-flash", "deepseek-v4-pro"):
             for ratio in (4, 2, 8):
                 hisparse = attrs.evolve(
-                    GENERIC_RATIO, enable_hisparse=True, hisparse_config=f'{{"host_to_device_ratio": {ratio}}}'
+                    GENERIC_RATIO,
+                    enable_hisparse=True,
+                    disable_radix_cache=True,
+                    hisparse_config=f'{{"host_to_device_ratio": {ratio}}}',
                 )
                 fields = check(preset, hisparse, memory)
                 assert fields is not None and fields[4] == fields[2] // (4 * ratio)
                 # the default ratio 0.1: SGLang and kvpools agree, a start-up failure included
                 check(preset, attrs.evolve(hisparse, swa_full_tokens_ratio=BASE.swa_full_tokens_ratio), memory)
-            check(preset, attrs.evolve(BASE, enable_hisparse=True), memory)  # SGLang's default ratio 2
+            check(
+                preset, attrs.evolve(BASE, enable_hisparse=True, disable_radix_cache=True), memory
+            )  # SGLang's default ratio 2
             check(preset, attrs.evolve(BASE, dsv4_compress_state_dtype="bfloat16"), memory)
 
 
@@ -240,7 +245,11 @@ def dsv4_servings(draw: st.DrawFn) -> Serving:
     if draw(st.booleans()):
         kwargs.update(EAGLE)
     if draw(st.booleans()):
-        kwargs.update(enable_hisparse=True, hisparse_config=f'{{"host_to_device_ratio": {draw(st.integers(1, 8))}}}')
+        kwargs.update(
+            enable_hisparse=True,
+            disable_radix_cache=True,
+            hisparse_config=f'{{"host_to_device_ratio": {draw(st.integers(1, 8))}}}',
+        )
     if draw(st.integers(0, 3)) == 0:
         kwargs.update(disaggregation_mode="decode", disaggregation_decode_extra_slots=draw(st.integers(0, 256)))
     if kwargs["dsv4_compress_state_dtype"] == "float32" and draw(st.integers(0, 3)) == 0:

@@ -85,7 +85,11 @@ def test_sub_pools_follow_full_tokens(accounting: str, memory: int) -> None:
         assert c["c4_state_pool_size"] == c["swa_max_total_num_tokens"] // 128 * 8
         assert c["c128_state_pool_size"] == (p.max_running_requests + 1) * 128
         hisparse = attrs.evolve(
-            PAGE, accounting="sglang", enable_hisparse=True, hisparse_config='{"host_to_device_ratio": 4}'
+            PAGE,
+            accounting="sglang",
+            enable_hisparse=True,
+            disable_radix_cache=True,
+            hisparse_config='{"host_to_device_ratio": 4}',
         )  # HiSparse under exact accounting is refused (test_hisparse_refused_under_exact_accounting)
         h = plan(preset, hisparse, memory=memory).sizing.sglang_config
         assert h["c4_max_total_num_tokens"] == h["full_max_total_num_tokens"] // 16
@@ -205,6 +209,7 @@ def test_cli_plan_end_to_end(kvpools_exe: str, cli_env: dict[str, str]) -> None:
         "--dsv4-compress-state-dtype",
         "bf16",
         "--enable-hisparse",
+        "--disable-radix-cache",
         "--hisparse-config",
         '{"host_to_device_ratio": 4}',
     )
@@ -219,7 +224,9 @@ def test_cli_plan_end_to_end(kvpools_exe: str, cli_env: dict[str, str]) -> None:
 
 def test_hisparse_refused_under_exact_accounting() -> None:
     """HiSparse's device pool and allocator are not modelled byte for byte: exact accounting refuses, naming why."""
-    hisparse = attrs.evolve(PAGE, enable_hisparse=True, hisparse_config='{"host_to_device_ratio": 4}')
+    hisparse = attrs.evolve(
+        PAGE, enable_hisparse=True, disable_radix_cache=True, hisparse_config='{"host_to_device_ratio": 4}'
+    )
     with pytest.raises(UnsupportedCombinationError, match=r"enable_hisparse with accounting exact: .*\[dsv4\]"):
         plan("deepseek-v4-flash", hisparse, memory=60 * GiB)
     assert plan("deepseek-v4-flash", attrs.evolve(hisparse, accounting="sglang"), memory=60 * GiB).max_total_num_tokens

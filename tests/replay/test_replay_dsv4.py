@@ -87,7 +87,11 @@ def test_the_dual_allocator_matches_the_plugins() -> None:
 
 def test_a_space_neither_full_windowed_nor_compressed_is_refused() -> None:
     """Under HiSparse the c4 device pool has an allocator of its own and no ratio: the replay refuses it."""
-    p = plan("deepseek-v4-flash", attrs.evolve(SMALL, enable_hisparse=True, accounting="sglang"), memory="60GiB")
+    p = plan(
+        "deepseek-v4-flash",
+        attrs.evolve(SMALL, enable_hisparse=True, disable_radix_cache=True, accounting="sglang"),
+        memory="60GiB",
+    )
     assert "c4" not in p.compression
     with pytest.raises(ConfigError, match="token spaces"):
         replay(p, fixed_trace(100, 28, 1))
