@@ -29,6 +29,7 @@ import attrs
 
 from kvpools_core import for_architecture, hookimpl
 from kvpools_core.config import MULTIPLIER, ConfigReader, is_deepseek_dsa
+from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.indexer import (
     INDEX_EXTRA_SLOTS,
@@ -103,7 +104,17 @@ def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] |
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
-    return dsa_problems(model, serving)
+    problems = dsa_problems(model, serving)
+    if serving.enable_hisparse:
+        # SGLang runs it (engine_features above), with other pools: planning it as without would over-promise
+        problems.append(
+            f"kvpools does not model {option('enable_hisparse')} on DeepSeek sparse attention yet: SGLang 0.5.23 "
+            "then keeps the latent rows of the device tokens but an index-key cache, a logical allocator and an "
+            "int64 device mapping sized by host_to_device_ratio (mem_cache/hisparse_memory_pool.py, "
+            f"allocator/hisparse.py), which this plan would leave out. Drop {option('enable_hisparse')} to plan "
+            "without it."
+        )
+    return problems
 
 
 @hookimpl

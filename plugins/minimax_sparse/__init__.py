@@ -110,6 +110,14 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
             f"{option('kv_cache_dtype')} {kv.name} stores one scale per {kv.scale_block} values, but {model.name} has "
             f"head dims {dims}. Use bf16, fp16 or fp8_e4m3."
         ]
+    if serving.enable_hisparse:
+        # SGLang runs it (engine_features above), with other pools: planning it as without would over-promise
+        return [
+            f"kvpools does not model {option('enable_hisparse')} on MiniMax sparse attention yet: SGLang 0.5.23's "
+            "MiniMaxSparseKVPool(enable_hisparse) then sizes its pools for HiSparse's host-backed tokens "
+            f"(mem_cache/memory_pool.py), which this plan would leave out. Drop {option('enable_hisparse')} to plan "
+            "without it."
+        ]
     if serving.enable_hierarchical_cache and serving.pp_size > 1:
         return [
             f"{option('enable_hierarchical_cache')} with {option('pp_size')} {serving.pp_size}: SGLang raises "
