@@ -6,8 +6,8 @@
 Both variants are planned with the same model, budget and serving options (``--serve FIELD=VALUE``,
 ``kvpools_core.values.Serving`` field names), each with its own ``--split-a`` / ``--split-b`` fields on
 top (SGLang's default split when a side names none; ``--split-b auto``: the split
-``kvpools_core.split.choose_split`` chooses for the trace's workload, on top of A's fields); the same trace
-is replayed through each (``kvpools_core.replay``), and one table compares them: the pools, peak and mean
+``kvpools_core.planning.split.choose_split`` chooses for the trace's workload, on top of A's fields); the same trace
+is replayed through each (``kvpools_core.planning.replay``), and one table compares them: the pools, peak and mean
 concurrency, tokens served, steps, retractions, and B / A.
 """
 
@@ -25,7 +25,7 @@ import attrs
 
 from kvpools_core.errors import KvpoolsError
 from kvpools_core.pipeline import plan
-from kvpools_core.replay import (
+from kvpools_core.planning.replay import (
     ADMISSIONS,
     ReplayStats,
     Trace,
@@ -35,7 +35,7 @@ from kvpools_core.replay import (
     replay,
     uniform_trace,
 )
-from kvpools_core.split import SplitChoice, Workload, choose_split
+from kvpools_core.planning.split import SplitChoice, Workload, choose_split
 from kvpools_core.values import Plan, Serving
 
 
@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help="B's own fields; 'auto': the split kvpools_core.split.choose_split chooses for the trace",
+        help="B's own fields; 'auto': the split kvpools_core.planning.split.choose_split chooses for the trace",
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", help="JSONL file of {'input_len': ..., 'output_len': ...} records")

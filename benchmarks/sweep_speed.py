@@ -6,7 +6,7 @@
 The grid: 5 models (dense GQA, MoE, MLA, sliding window, Mamba hybrid) x TP 1, 2, 4, 8 x kv dtype auto,
 fp8_e4m3 x page 1, 16, 32, 64, 128 x 50 budgets (10 ... 59 GiB), concurrency at 8k and 32k.  The baseline
 is the same points through ``kvpools_core.plan(name, Serving(...), memory=...)`` and
-``kvpools_core.capacity.concurrency`` per point, timed in the same process right before the sweep, and
+``kvpools_core.planning.capacity.concurrency`` per point, timed in the same process right before the sweep, and
 every sweep row is checked equal to its baseline plan (tokens, requests, concurrency) so the speed is not
 bought with a different answer.  Wall and CPU seconds are reported (a shared machine's wall time includes
 other processes' turns: the CPU time is this process's own work); the JSON lands in
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from kvpools_core import Serving, plan
-from kvpools_core.capacity import concurrency
+from kvpools_core.planning.capacity import concurrency
+from kvpools_core.planning.sweep import SweepGrid, SweepRow, default_jobs, run_sweep
 from kvpools_core.registry import get_registry
-from kvpools_core.sweep import SweepGrid, SweepRow, default_jobs, run_sweep
 
 MODELS = ("llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v3", "gemma-3-12b-it", "qwen3-next-80b-a3b-thinking")
 TP_SIZES = (1, 2, 4, 8)

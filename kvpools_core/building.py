@@ -14,8 +14,8 @@ from typing import Any
 
 import attrs
 
-from kvpools_core.host import build_host_pools
 from kvpools_core.parts.names import DRAFT_PREFIX, draft_name
+from kvpools_core.pipeline.host import build_host_pools
 from kvpools_core.registry import CORE_PLUGIN, Registry, get_registry
 from kvpools_core.values import Plan, PoolSizing, PoolSpec
 
@@ -240,8 +240,8 @@ def build_workspaces(plan: Plan, device: str) -> dict[str, Any]:
     """
     import torch
 
+    from kvpools_core.parts.sizing import WORKSPACE_KIND
     from kvpools_core.pools.layout import allocate
-    from kvpools_core.sizing import WORKSPACE_KIND
     from kvpools_core.values import WORKSPACE_DTYPES
 
     declared = {w.name: w for w in plan.serving.workspaces}

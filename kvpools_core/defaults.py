@@ -12,7 +12,7 @@ from typing import Any
 
 from kvpools_core.hookspecs import hookimpl
 from kvpools_core.options import option
-from kvpools_core.sizing import default_size_pools
+from kvpools_core.parts.sizing import default_size_pools
 from kvpools_core.values import (
     STATE_SLOT,
     TOKEN,

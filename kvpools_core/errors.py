@@ -113,7 +113,7 @@ class AllocatorError(KvpoolsError, ValueError):
 
 
 class DistributedPlanError(KvpoolsError, RuntimeError):
-    """The ranks of a process group could not agree on a plan (``kvpools_core.distributed.plan_on_group``).
+    """The ranks of a process group could not agree on a plan (``kvpools_core.planning.distributed.plan_on_group``).
 
     Every rank raises it with the same message: ``ranks`` are the ranks at fault, ``errors`` maps each rank that
     reported a failure to its ``(error type, message)``.

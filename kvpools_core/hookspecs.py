@@ -193,7 +193,7 @@ def platform_traits(serving: Serving) -> PlatformTraits | None:
 
 @_spec
 def accelerators() -> Sequence[GPU] | None:
-    """Contribute accelerator models to the GPU catalogue (``--gpu NAME``, :mod:`kvpools_core.gpus`).
+    """Contribute accelerator models to the GPU catalogue (``--gpu NAME``, :mod:`kvpools_core.pipeline.gpus`).
 
     Every implementation is called; the results are collected.  A platform
     plugin lists the devices of its platforms, each a :class:`kvpools_core.values.GPU`
@@ -216,7 +216,7 @@ def workspaces(model: ModelSpec, serving: Serving) -> list[Workspace] | None:
     Every implementation is called; the results are collected.  A platform
     plugin answers for its own platform, an attention backend's plugin for its
     backend.  Every sizing plugin charges them through
-    :func:`kvpools_core.sizing.request_pools`, which the pipeline checks, and
+    :func:`kvpools_core.parts.sizing.request_pools`, which the pipeline checks, and
     ``build`` allocates them, so an exact plan leaves room for them.  Names
     must be unique.
 
@@ -323,14 +323,14 @@ def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> 
 
     Stops at the first non-None result; return None to decline.  The architecture that parsed the model
     answers with what its vLLM model class's attention layers return from ``get_kv_cache_spec`` (a
-    ``kvpools_core.vllm`` spec per layer: full, sliding window, chunked local, MLA, the DSA indexer, Mamba);
-    the core groups, unifies and sizes them as vLLM does (``kvpools_core.vllm.planning``).
+    ``kvpools_core.engines.vllm`` spec per layer: full, sliding window, chunked local, MLA, the DSA indexer, Mamba);
+    the core groups, unifies and sizes them as vLLM does (``kvpools_core.engines.vllm.planning``).
 
     :param model: the parsed model.
     :param serving: the serving options (``tp_size`` shards the heads, ``kv_cache_dtype`` the bytes).
     :param block_size: vLLM's ``--block-size`` (tokens per block) for the attention layers; 16 is vLLM's
         default, which an answer may replace by the size vLLM's platform settles on (a Mamba hybrid's aligned
-        block, a backend's kernel block: ``kvpools_core.vllm.layers``).
+        block, a backend's kernel block: ``kvpools_core.parts.vllm.layers``).
     :returns: layer name -> spec for every layer with a cache, named as vLLM names them: exactly one dotted
         part of each name is an integer, the layer index (vLLM's ``extract_layer_index``), which places the
         layer on its pipeline stage; an index ``num_layers + i`` (a decoder layer's second cache, as vLLM names
@@ -361,7 +361,7 @@ def host_mirrors(plan: Plan) -> Mapping[str, str | PackedInto | None] | None:
 
     Stops at the first non-None result; return None to decline.  Asked only
     for plans with a host tier (``serving.host_tier``), after sizing, by
-    :func:`kvpools_core.host.plan_host_tier`.  The architecture that owns
+    :func:`kvpools_core.pipeline.host.plan_host_tier`.  The architecture that owns
     ``plan.model.architecture`` answers where SGLang's host pools differ from
     the core's default (``trylast``: every token pool of kind ``"kv"`` and every
     state-slot pool of kind ``"state"``, each a host pool of its own).  A pool
@@ -388,7 +388,7 @@ def host_pools(plan: Plan) -> Sequence[HostPool] | None:
     Stops at the first non-None result; return None to decline.  The core then
     mirrors pools by :func:`host_mirrors` and sizes them by ``HostKVCache``'s
     rule.  Asked only for plans with a host tier (``serving.host_tier``),
-    before ``host_mirrors``, by :func:`kvpools_core.host.plan_host_tier`, also
+    before ``host_mirrors``, by :func:`kvpools_core.pipeline.host.plan_host_tier`, also
     for other ``--hicache-ratio`` / ``--hicache-size`` values (``plan.serving``
     evolved) when the node check looks for what fits.  DeepSeek-V4 answers:
     its ``DeepSeekV4PagedHostPool`` / ``DeepSeekV4StateHostPool`` mirrors are
@@ -722,8 +722,8 @@ def _measured(*, by_pool: bool) -> Callable[[Any], str | None]:
 
 
 def _vllm_specs(value: Any) -> str | None:
-    from kvpools_core.vllm.model import layer_index
-    from kvpools_core.vllm.specs import KVCacheSpec
+    from kvpools_core.parts.vllm.layers import layer_index
+    from kvpools_core.parts.vllm.specs import KVCacheSpec
 
     if not isinstance(value, Mapping) or not value:
         return f"got {describe_value(value)}"
@@ -785,7 +785,7 @@ RESULTS: Mapping[str, ResultContract] = MappingProxyType(
             _value_of("CellSize", parts="CellPart", draft_layer_parts="CellPart"),
         ),
         "vllm_kv_cache_specs": ResultContract(
-            "a mapping of vLLM layer name (str with exactly one integer dotted part) to a kvpools_core.vllm "
+            "a mapping of vLLM layer name (str with exactly one integer dotted part) to a kvpools_core.engines.vllm "
             "KVCacheSpec (or None to decline)",
             _vllm_specs,
         ),

@@ -34,8 +34,8 @@ from kvpools_core.allocators.factory import allocator_class
 from kvpools_core.allocators.paged import PagedAllocator, check_decode_lengths, check_extend_lengths
 from kvpools_core.allocators.token import TokenAllocator
 from kvpools_core.errors import AllocatorError
+from kvpools_core.parts.sizing import SWA_MAPPING_ITEM_BYTES
 from kvpools_core.pools.layout import allocate
-from kvpools_core.sizing import SWA_MAPPING_ITEM_BYTES
 
 __all__ = [
     "MAPPING_ITEM_BYTES",

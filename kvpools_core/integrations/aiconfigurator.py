@@ -13,7 +13,7 @@ as ``total_kv_blocks``.
 The arguments map onto SGLang's (``docs/capacity-record.md`` has the table):
 
 * ``model_path`` — what :func:`kvpools_core.plan` takes: a ``config.json``, its directory or a preset; the
-  weights are estimated from it (:func:`kvpools_core.weights.estimate_weights`), so it must carry the full
+  weights are estimated from it (:func:`kvpools_core.pipeline.weights.estimate_weights`), so it must carry the full
   shapes (a real ``config.json``; the bundled presets keep only the KV fields and are refused, naming the field).
 * ``gpu_memory_capacity_bytes_override`` — the GPU's memory, needed: kvpools has no catalogue of aiconfigurator's
   ``system`` names, so ``system`` alone is refused, naming both.
@@ -120,7 +120,7 @@ def estimate_num_gpu_blocks(
     """
     del allow_naive_fallback, allow_hf_config_download  # kvpools never falls back nor downloads (module docstring)
     from kvpools_core.pipeline import plan
-    from kvpools_core.weights import estimate_weights
+    from kvpools_core.pipeline.weights import estimate_weights
 
     if backend != "sglang":
         raise _refuse("backend", backend, "kvpools sizes SGLang's pools only; pass backend='sglang'.")

@@ -87,7 +87,7 @@ def plan_for_config(
     """
     import attrs
 
-    from kvpools_core.config import parse_config
+    from kvpools_core.models import parse_config
     from kvpools_core.pipeline import plan
     from kvpools_core.registry import get_registry
     from kvpools_core.values import Serving

@@ -2,7 +2,7 @@
 
 An architecture that describes its storage with cell parts and sizes it with
 the core (``default_size_pools``, or its own ``size_pools`` with
-``kvpools_core.sizing`` pools) gets its pools built without writing
+``kvpools_core.parts.sizing`` pools) gets its pools built without writing
 ``build_pool``: one ``(rows, bytes_per_slot)`` uint8 buffer per plan pool,
 allocated through the build's buffer layout, exactly the planned bytes.  The
 core cannot know a new architecture's row layout, so it hands out bytes; a

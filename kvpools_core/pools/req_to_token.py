@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kvpools_core.parts.sizing import REQ_TO_TOKEN_ITEM_BYTES, req_to_token_row_len, req_to_token_rows
 from kvpools_core.pools.kv import PoolPlanMismatchError, allocate
-from kvpools_core.sizing import REQ_TO_TOKEN_ITEM_BYTES, req_to_token_row_len, req_to_token_rows
 from kvpools_core.values import Plan
 
 __all__ = ["DecodeReqToTokenPool", "DecodeRows", "ReqToTokenPool"]

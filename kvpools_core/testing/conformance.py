@@ -349,7 +349,7 @@ def check_fills_a_large_budget(case: Case, registry: Registry) -> None:
     costs) would not fit in what is left, as when one page of a wide model at
     page 256 is more than 0.1 % of the budget.
     """
-    from kvpools_core.build_report import _next_page_cost, explain_unused_budget
+    from kvpools_core.cli.build_report import _next_page_cost, explain_unused_budget
     from kvpools_core.pipeline import plan
 
     serving = attrs.evolve(case.serving, accounting="exact", max_total_tokens=None)
@@ -370,7 +370,7 @@ def check_fills_a_large_budget(case: Case, registry: Registry) -> None:
 
 def model_of(case: Case, registry: Registry) -> ModelSpec:
     """The case's model as the registry parses it."""
-    from kvpools_core.config import load_model
+    from kvpools_core.models import load_model
 
     spec, _ = load_model(_spec(case, registry), registry)
     return spec

@@ -93,12 +93,12 @@ def check_accelerators(plugin: str, registry: Registry) -> list[GPU]:
     Each is a :class:`~kvpools_core.values.GPU` (the registry refuses anything
     else, naming the plugin) with a positive total and a source; of a platform a
     loaded plugin provides; named and aliased uniquely in the whole catalogue;
-    found by :func:`~kvpools_core.gpus.find_gpu` under every spelling; and SGLang's
+    found by :func:`~kvpools_core.pipeline.gpus.find_gpu` under every spelling; and SGLang's
     memory defaults resolve on it with its platform's traits (memory tiers,
     prefill graphs) into a fraction below 1.
     """
-    from kvpools_core.config import load_model
-    from kvpools_core.gpus import accelerators, find_gpu, sglang_chunked_prefill_size, sglang_memory_defaults
+    from kvpools_core.models import load_model
+    from kvpools_core.pipeline.gpus import accelerators, find_gpu, sglang_chunked_prefill_size, sglang_memory_defaults
 
     try:
         answers = [gpus for name, gpus in registry.call_collect("accelerators") if name == plugin]

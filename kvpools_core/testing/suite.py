@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpools_core.config import resolve_model_source
+from kvpools_core.models import resolve_model_source
 from kvpools_core.pipeline import resolve_platform, resolve_platform_traits
 from kvpools_core.registry import Registry
 from kvpools_core.testing import conformance as c
@@ -139,7 +139,7 @@ def _settings(request: pytest.FixtureRequest) -> settings:
 
 @functools.cache
 def _model(registry: Registry, name: str, text: str) -> Any:
-    from kvpools_core.config import parse_config
+    from kvpools_core.models import parse_config
 
     return parse_config(json.loads(text), f"preset:{name}", registry)[0]
 

@@ -122,7 +122,7 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
     """vLLM's DeepSeek-V3.2 layer: the MLA latent (``MLAAttention``) and, beside it, the indexer's key cache
     (``DeepseekV32IndexerCache``), two ``MLAAttentionSpec`` per layer."""
-    from kvpools_core.vllm.layers import indexer_kv_cache_spec, latent_kv_cache_spec
+    from kvpools_core.parts.vllm.layers import indexer_kv_cache_spec, latent_kv_cache_spec
 
     specs: dict[str, Any] = {}
     for layer in model.layers:

@@ -65,7 +65,7 @@ from typing import Any
 import attrs
 
 from kvpools_core.parallel import rank_layer_range
-from kvpools_core.sizing import (
+from kvpools_core.parts.sizing import (
     SWA_MAPPING_ITEM_BYTES,
     SWA_MAPPING_POOL,
     allocator_pool,

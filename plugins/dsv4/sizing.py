@@ -40,7 +40,7 @@ import attrs
 from kvpools_core.errors import InsufficientMemoryError
 from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
-from kvpools_core.sizing import (
+from kvpools_core.parts.sizing import (
     apply_token_cap,
     fmt_gib,
     largest_fitting_tokens,

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING
 
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
-from kvpools_core.vllm.layers import backend_block_size
-from kvpools_core.vllm.specs import KVCacheSpec, MLAAttentionSpec, SlidingWindowMLASpec
+from kvpools_core.parts.vllm.layers import backend_block_size
+from kvpools_core.parts.vllm.specs import KVCacheSpec, MLAAttentionSpec, SlidingWindowMLASpec
 
 from .config import C4, C128
 

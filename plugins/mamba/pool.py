@@ -41,6 +41,7 @@ from torch import Tensor
 from kvpools_core.allocators import TokenAllocator
 from kvpools_core.errors import BufferLayoutError
 from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL
+from kvpools_core.parts.sizing import req_to_token_row_len, req_to_token_rows
 from kvpools_core.pools import ReqToTokenPool, check_planned_bytes
 from kvpools_core.pools.kv import allocate, tensor_nbytes
 from kvpools_core.pools.layout import (
@@ -55,7 +56,6 @@ from kvpools_core.pools.layout import (
 from kvpools_core.pools.mha import MHATokenToKVPool
 from kvpools_core.pools.mla import MLATokenToKVPool
 from kvpools_core.pools.req_to_token import DecodeRows
-from kvpools_core.sizing import req_to_token_row_len, req_to_token_rows
 from kvpools_core.values import Plan
 
 from .latent import is_mla_hybrid, latent_row

@@ -19,7 +19,7 @@ import math
 import attrs
 
 from kvpools_core.errors import InsufficientMemoryError
-from kvpools_core.sizing import (
+from kvpools_core.parts.sizing import (
     GiB,
     RequestLimit,
     allocator_pool,

@@ -10,7 +10,7 @@ attention layer a ``FullAttentionSpec``.  What the engine decides before the spe
   sets ``mamba_cache_mode = "align"`` and ``mamba_block_size = block_size``.
 * ``Platform._align_hybrid_block_size`` (``platforms/interface.py`` L940-1132) grows the attention block until
   an attention page holds a Mamba state and pads the Mamba page to it
-  (:func:`kvpools_core.vllm.layers.align_hybrid_block_size`).  The backend is CUDA's default on Hopper:
+  (:func:`kvpools_core.parts.vllm.layers.align_hybrid_block_size`).  The backend is CUDA's default on Hopper:
   FlashAttention for the attention layers (kernel blocks ``MultipleOf(16)``, ``flash_attn.py`` L357-367) and,
   for Gated DeltaNet, FlashInfer's prefill (``qwen_gdn_linear_attn.py`` L246-267), which in ``align`` mode
   exports one prefill checkpoint per request on a 64-token grid (L688-750, ``gdn_attn.py`` L34): one more
@@ -52,13 +52,13 @@ from typing import TYPE_CHECKING
 from kvpools_core.dtypes import MODEL_DTYPES, resolve_kv_dtype
 from kvpools_core.errors import ConfigError, UnsupportedCombinationError
 from kvpools_core.options import option
-from kvpools_core.vllm.layers import (
+from kvpools_core.parts.vllm.layers import (
     align_hybrid_block_size,
     kv_element_bytes,
     kv_heads_per_rank,
     latent_kv_cache_spec,
 )
-from kvpools_core.vllm.specs import FullAttentionSpec, KVCacheSpec, MambaSpec
+from kvpools_core.parts.vllm.specs import FullAttentionSpec, KVCacheSpec, MambaSpec
 
 from .config import GDN, KDA, KV_KINDS, MAMBA1, MAMBA2, STATE_KINDS
 

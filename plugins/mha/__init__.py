@@ -124,8 +124,8 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
     """vLLM's ``Attention.get_kv_cache_spec`` for a decoder layer: one ``FullAttentionSpec`` per layer, the heads
     of one TP rank (``vllm/model_executor/layers/attention/attention.py``)."""
-    from kvpools_core.vllm.layers import kv_element_bytes, kv_heads_per_rank
-    from kvpools_core.vllm.specs import FullAttentionSpec
+    from kvpools_core.parts.vllm.layers import kv_element_bytes, kv_heads_per_rank
+    from kvpools_core.parts.vllm.specs import FullAttentionSpec
 
     dtype_bytes = kv_element_bytes(model, serving)
     return {

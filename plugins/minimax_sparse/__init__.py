@@ -29,10 +29,10 @@ from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Plan, 
 if TYPE_CHECKING:
     from kvpools_core.pools.layout import BufferLayout
 
+from .kinds import DENSE, SPARSE
+
 ARCHITECTURE = "minimax_sparse"
 SPARSE_ARCHITECTURES = frozenset({"MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration"})
-DENSE = "attention"
-SPARSE = "sparse_attention"
 PRESET_DIR = Path(__file__).parent / "presets"
 
 _CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
@@ -146,8 +146,8 @@ def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> 
     ``MLAAttentionSpec`` with one ``sparse_index_dim`` key per token, role indexer; M3 never creates the index
     value, L392-407), then its main K/V, a ``FullAttentionSpec`` (L562-571).  KV heads per rank are
     ``max(1, heads // tp)``.  The block size is the backends' common one: 128 (:func:`backend_block_size`)."""
-    from kvpools_core.vllm.layers import backend_block_size, kv_element_bytes, kv_heads_per_rank
-    from kvpools_core.vllm.specs import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec
+    from kvpools_core.parts.vllm.layers import backend_block_size, kv_element_bytes, kv_heads_per_rank
+    from kvpools_core.parts.vllm.specs import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec
 
     sparse = any(layer.kind == SPARSE for layer in model.layers)
     kernels = [[FLASH_ATTENTION_KERNEL_BLOCK]] if any(layer.kind == DENSE for layer in model.layers) else []

@@ -35,7 +35,7 @@ from kvpools_core.pools.layout import PER_LAYER, BufferLayout, BufferRequest, al
 from kvpools_core.pools.quant import KVCodec, codec_for
 from kvpools_core.values import LayerSpec, Plan, Serving
 
-from . import SPARSE
+from .kinds import SPARSE
 
 __all__ = ["MiniMaxSparseKVPool"]
 

@@ -61,7 +61,7 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 @for_architecture(ARCHITECTURE)
 def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
     """vLLM's ``MLAAttention.get_kv_cache_spec``: one ``MLAAttentionSpec`` latent row per layer."""
-    from kvpools_core.vllm.layers import latent_kv_cache_spec
+    from kvpools_core.parts.vllm.layers import latent_kv_cache_spec
 
     return {
         f"model.layers.{layer.index}.self_attn.attn": latent_kv_cache_spec(layer, model, serving, block_size)

@@ -88,8 +88,8 @@ def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> 
     ``FullAttentionSpec`` otherwise, the heads of one TP rank (``vllm/model_executor/layers/attention/
     attention.py``; gpt-oss, Gemma 2/3, Mistral build exactly these)."""
     from kvpools_core.errors import UnsupportedCombinationError
-    from kvpools_core.vllm.layers import kv_element_bytes, kv_heads_per_rank
-    from kvpools_core.vllm.specs import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+    from kvpools_core.parts.vllm.layers import kv_element_bytes, kv_heads_per_rank
+    from kvpools_core.parts.vllm.specs import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 
     if is_latent(model):
         raise UnsupportedCombinationError(

@@ -33,7 +33,7 @@ from kvpools_core.errors import InsufficientMemoryError
 from kvpools_core.options import option
 from kvpools_core.parts.indexer import INDEX_POOL
 from kvpools_core.parts.names import DRAFT_KV_POOL
-from kvpools_core.sizing import (
+from kvpools_core.parts.sizing import (
     SWA_MAPPING_ITEM_BYTES,
     SWA_MAPPING_POOL,
     RequestLimit,
@@ -50,7 +50,7 @@ from kvpools_core.sizing import (
     swa_mapping_pool,
     token_pool,
 )
-from kvpools_core.sizing import spec_decode_alloc_len_per_request as spec_decode_alloc_len_per_request
+from kvpools_core.parts.sizing import spec_decode_alloc_len_per_request as spec_decode_alloc_len_per_request
 from kvpools_core.values import (
     FULL_TOKENS,
     Budget,

@@ -12,7 +12,7 @@ import pytest
 from kvpools_core import Serving, plan
 from kvpools_core.errors import ConfigError
 from kvpools_core.integrations.aiconfigurator import estimate_num_gpu_blocks
-from kvpools_core.weights import estimate_weights
+from kvpools_core.pipeline.weights import estimate_weights
 
 CONFIGS = Path(__file__).resolve().parents[1] / "weights" / "configs"
 LLAMA = str(CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json")

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvpools_core import Plan, Serving, plan
-from kvpools_core.capacity import concurrency, max_context
+from kvpools_core.planning.capacity import concurrency, max_context
 
 with warnings.catch_warnings():
     # a torch wheel installed without numpy warns once at import; warnings are errors here

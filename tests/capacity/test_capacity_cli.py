@@ -7,8 +7,8 @@ import json
 from click.testing import CliRunner, Result
 
 from kvpools_core import Serving, plan
-from kvpools_core.capacity import concurrency, engine_flags, max_context
 from kvpools_core.cli import main
+from kvpools_core.planning.capacity import concurrency, engine_flags, max_context
 
 LLAMA = ("llama-3.1-8b", "--memory", "4GiB", "--page-size", "16", "--accounting", "sglang")
 """32,768 tokens, 2,048 requests (tests/capacity/test_capacity_hand.py)."""

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvpools_core import Plan, Serving, plan
-from kvpools_core.capacity import concurrency, max_context
 from kvpools_core.cli import main
 from kvpools_core.errors import UnsupportedCombinationError
-from kvpools_core.split import Workload, choose_split, workload_concurrency
+from kvpools_core.planning.capacity import concurrency, max_context
+from kvpools_core.planning.split import Workload, choose_split, workload_concurrency
 
 with warnings.catch_warnings():
     # a torch wheel installed without numpy warns once at import; warnings are errors here

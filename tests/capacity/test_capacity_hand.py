@@ -6,7 +6,8 @@ import attrs
 import pytest
 
 from kvpools_core import Plan, Serving, plan
-from kvpools_core.capacity import (
+from kvpools_core.errors import ConfigError, InvalidValueError, UnsupportedCombinationError
+from kvpools_core.planning.capacity import (
     CONTEXT_LIMIT,
     REQUEST_CAP,
     STATE_SLOTS,
@@ -17,7 +18,6 @@ from kvpools_core.capacity import (
     parse_context_len,
     state_slots_per_request,
 )
-from kvpools_core.errors import ConfigError, InvalidValueError, UnsupportedCombinationError
 from kvpools_core.values import TokenWindow
 
 

@@ -11,10 +11,17 @@ import pytest
 from click.testing import CliRunner
 
 from kvpools_core import Plan, Serving, plan
-from kvpools_core.capacity import concurrency
-from kvpools_core.capacity_record import SCHEMA, VERSION, capacity_document, capacity_records, rank_ids, stage_plans
 from kvpools_core.cli import main
 from kvpools_core.errors import ConfigError
+from kvpools_core.planning.capacity import concurrency
+from kvpools_core.planning.capacity_record import (
+    SCHEMA,
+    VERSION,
+    capacity_document,
+    capacity_records,
+    rank_ids,
+    stage_plans,
+)
 
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "docs" / "capacity-record.schema.json"
 
@@ -420,7 +427,7 @@ def test_cli_refusals_are_one_line(args: list[str], message: str) -> None:
 def test_the_host_tier_reaches_the_record() -> None:
     """With --enable-hierarchical-cache the record carries what one rank pins and the host tokens it holds."""
     from kvpools_core import Serving, plan
-    from kvpools_core.capacity_record import capacity_records
+    from kvpools_core.planning.capacity_record import capacity_records
 
     serving = Serving(enable_hierarchical_cache=True, hicache_ratio=2.0)
     p = plan("llama-3.1-8b", serving, memory="20GiB", host_memory="1TiB")

@@ -1,4 +1,4 @@
-"""The workload-aware split (kvpools_core.split): the closed form by hand, the never-worse / within-budget
+"""The workload-aware split (kvpools_core.planning.split): the closed form by hand, the never-worse / within-budget
 property over generated workloads, and ``kvpools capacity --workload`` through click."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpools_core.capacity import concurrency
 from kvpools_core.cli import main
 from kvpools_core.errors import ConfigError
 from kvpools_core.pipeline import plan
-from kvpools_core.split import SAMPLES, Workload, choose_split, parse_workload, workload_concurrency
+from kvpools_core.planning.capacity import concurrency
+from kvpools_core.planning.split import SAMPLES, Workload, choose_split, parse_workload, workload_concurrency
 from kvpools_core.values import Serving
 
 SGLANG = Serving(accounting="sglang")

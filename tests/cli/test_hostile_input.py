@@ -19,9 +19,9 @@ from click.testing import CliRunner, Result
 
 from kvpools_core.cli import main
 from kvpools_core.errors import ConfigError
-from kvpools_core.fit import MAX_GPUS
+from kvpools_core.planning.fit import MAX_GPUS
+from kvpools_core.planning.replay import MAX_TRACE_BYTES
 from kvpools_core.registry import Registry
-from kvpools_core.replay import MAX_TRACE_BYTES
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 MHA_PRESETS = REPOSITORY / "plugins" / "mha" / "presets"

@@ -14,7 +14,7 @@ import pytest
 from kvpools_plugins.speculative import with_draft
 
 from kvpools_core import CellPart, CellSize, Serving
-from kvpools_core.sizing import pool_rows, token_pools
+from kvpools_core.parts.sizing import pool_rows, token_pools
 from kvpools_core.values import to_dict
 
 

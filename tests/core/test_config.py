@@ -11,7 +11,8 @@ import pytest
 
 from kvpools_core import ConfigError, NoProviderError, Registry, Serving, plan
 from kvpools_core import config as config_module
-from kvpools_core.config import DIM, FIELD_LIMITS, ConfigReader, Limit, limit_for, load_model, resolve_model_source
+from kvpools_core.config import DIM, FIELD_LIMITS, ConfigReader, Limit, limit_for
+from kvpools_core.models import load_model, resolve_model_source
 from tests.oracle.locate import require_model_configs
 
 

@@ -44,7 +44,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvpools_core import Registry, Serving, plan
-from kvpools_core.config import FIELD_LIMITS, limit_for, read_config_file, registry_presets
+from kvpools_core.config import FIELD_LIMITS, limit_for, read_config_file
 from kvpools_core.errors import (
     ConfigError,
     InsufficientMemoryError,
@@ -52,6 +52,7 @@ from kvpools_core.errors import (
     NoProviderError,
     UnsupportedCombinationError,
 )
+from kvpools_core.models import registry_presets
 
 SECONDS = 1.0
 """The most one example (read, parse, plan) may take."""

@@ -163,7 +163,7 @@ def test_dsa_indexer_is_paid_per_whole_page() -> None:
 
 def test_dsa_indexer_slack_slot_at_page_one_is_fixed() -> None:
     """At page 1 SGLang's indexer takes (tokens + 1 + 1) rows: two padding slots, exact at any token count."""
-    from kvpools_core.sizing import token_pool
+    from kvpools_core.parts.sizing import token_pool
 
     pool = token_pool("indexer", 1000, 1, 132, "test", extra_slots=1)
     assert pool.bytes == 1002 * 132

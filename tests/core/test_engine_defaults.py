@@ -1,4 +1,4 @@
-"""The engine's own defaults for unset options (``engine_defaults`` hook, :mod:`kvpools_core.engine_defaults`).
+"""The engine's own defaults for unset options (``engine_defaults`` hook, :mod:`kvpools_core.pipeline.engine_defaults`).
 
 Pins issue 29's defect: DeepSeek-V3.2 (DSA) and DeepSeek-V4 presets failed with default flags because kvpools
 planned the generic page 1 (and ratio 0.8) where SGLang 0.5.23 sets the model's own when the user leaves the
@@ -24,9 +24,9 @@ import attrs
 import pytest
 
 from kvpools_core import Registry, Serving, hookimpl, plan
-from kvpools_core.config import load_model
-from kvpools_core.engine_defaults import apply_engine_defaults
 from kvpools_core.errors import PluginResultError, UnsupportedCombinationError
+from kvpools_core.models import load_model
+from kvpools_core.pipeline.engine_defaults import apply_engine_defaults
 from kvpools_core.registry import get_registry
 from kvpools_core.values import EngineDefault, ModelSpec, is_unset
 

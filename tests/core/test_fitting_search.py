@@ -7,7 +7,7 @@ from collections.abc import Callable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpools_core.sizing import largest_fitting_tokens
+from kvpools_core.parts.sizing import largest_fitting_tokens
 
 
 def bisection(budget: int, page: int, upper: int, cost: Callable[[int], int]) -> int:

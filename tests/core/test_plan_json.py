@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvpools_core import ConfigError, InvalidValueError, KvpoolsError, Plan, PlanFormatError, Serving, plan
-from kvpools_core.config import registry_presets
+from kvpools_core.models import registry_presets
 from kvpools_core.registry import get_registry
 from kvpools_core.values import Budget, CellSize, DraftCharge, HostTier, PoolSpec
 

@@ -248,7 +248,7 @@ def test_a_sizing_that_forgets_the_workspaces_is_named() -> None:
     class Forgetful:
         @hookimpl(tryfirst=True)
         def size_pools(self, model: ModelSpec, serving: Serving, cell: Any, budget: Any) -> PoolSizing | None:
-            from kvpools_core.sizing import default_size_pools
+            from kvpools_core.parts.sizing import default_size_pools
 
             sizing = default_size_pools(model, serving, cell, budget, owner="forgetful")
             return attrs.evolve(sizing, pools=[p for p in sizing.pools if p.kind != "workspace"])

@@ -24,7 +24,7 @@ from kvpools_core import (
     build,
     plan,
 )
-from kvpools_core.config import parse_config
+from kvpools_core.models import parse_config
 from kvpools_core.options import env_flag
 from kvpools_core.readonly import ReadOnlyDict, ReadOnlyList, readonly_config
 from kvpools_core.registry import KvpoolsPluginWarning

@@ -32,7 +32,7 @@ from kvpools_core import (
     UnknownPluginError,
     plan,
 )
-from kvpools_core.config import registry_presets
+from kvpools_core.models import registry_presets
 from kvpools_core.registry import KvpoolsPluginWarning, get_registry
 
 MakeDist = Callable[..., None]

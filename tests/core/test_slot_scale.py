@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvpools_core.errors import ConfigError, InvalidValueError
-from kvpools_core.sizing import token_pool, token_pools
+from kvpools_core.parts.sizing import token_pool, token_pools
 from kvpools_core.values import REQUEST, CellPart, CellSize, CostModel
 
 

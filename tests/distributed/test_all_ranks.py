@@ -1,4 +1,4 @@
-"""Every rank's plan and their agreement, without a process group (kvpools_core.distributed.plan_all_ranks)."""
+"""Every rank's plan and their agreement, without a process group (kvpools_core.planning.distributed.plan_all_ranks)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import attrs
 import pytest
 
 from kvpools_core import Serving, plan
-from kvpools_core.distributed import RankId, float32, plan_all_ranks, rank_ids, suggest_partition
 from kvpools_core.errors import ConfigError
+from kvpools_core.planning.distributed import RankId, float32, plan_all_ranks, rank_ids, suggest_partition
 
 GiB = 1 << 30
 

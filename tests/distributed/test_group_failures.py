@@ -26,8 +26,8 @@ import torch.distributed as dist  # noqa: E402
 
 from kvpools_core import Serving  # noqa: E402
 from kvpools_core import distributed as kv_distributed  # noqa: E402
-from kvpools_core.config import load_model  # noqa: E402
 from kvpools_core.errors import ConfigError, KvpoolsError  # noqa: E402
+from kvpools_core.models import load_model  # noqa: E402
 from kvpools_core.registry import get_registry  # noqa: E402
 
 GiB = 1 << 30
@@ -203,7 +203,7 @@ def test_a_rank_that_arrives_after_the_others_gave_up_stops_at_once() -> None:
     """Rank 1 reaches the first round after rank 0 timed out: it learns from rank 0's note in the next round,
     without waiting out its own timeout."""
     from kvpools_core.errors import RankFailedError, RankTimeoutError
-    from kvpools_core.rank_exchange import RankExchange
+    from kvpools_core.planning.rank_exchange import RankExchange
 
     store = dist.HashStore()
     rounds = {"one": "the first values", "two": "the second values"}
@@ -223,7 +223,7 @@ def test_a_rank_that_arrives_after_the_others_gave_up_stops_at_once() -> None:
 def test_the_fingerprint_ignores_what_differs_per_rank_only() -> None:
     """The pipeline stage, where the config was read from and its name may differ per rank; a serving option or a
     layer may not, and the first difference is named by its path."""
-    from kvpools_core.rank_exchange import fingerprint, fingerprint_document, first_difference
+    from kvpools_core.planning.rank_exchange import fingerprint, fingerprint_document, first_difference
 
     spec = load_model("llama-3.1-8b", get_registry())[0]
     base = fingerprint_document(spec, Serving(pp_size=2), None)
@@ -248,7 +248,7 @@ def test_the_fingerprint_ignores_what_differs_per_rank_only() -> None:
 
 
 def test_the_timeout_must_be_a_positive_number_of_seconds() -> None:
-    from kvpools_core.rank_exchange import check_timeout
+    from kvpools_core.planning.rank_exchange import check_timeout
 
     for bad in (0, -1.0, float("nan"), "60", True):
         with pytest.raises(ConfigError, match="timeout must be"):

@@ -14,7 +14,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from kvpools_core import Serving  # noqa: E402
-from kvpools_core.distributed import float32, plan_all_ranks, plan_on_group  # noqa: E402
+from kvpools_core.planning.distributed import float32, plan_all_ranks, plan_on_group  # noqa: E402
 
 GiB = 1 << 30
 

@@ -10,7 +10,8 @@ import attrs
 import pytest
 
 from kvpools_core import Registry, Serving, UnsupportedCombinationError, build, plan
-from kvpools_core.config import HF_ID_KEY, parse_config, resolve_model_source
+from kvpools_core.config import HF_ID_KEY
+from kvpools_core.models import parse_config, resolve_model_source
 from tests.oracle.locate import MODEL_CONFIGS
 
 DSA_PRESETS = ("deepseek-v3.2", "deepseek-v3.2-exp")

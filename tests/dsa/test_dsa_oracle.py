@@ -16,7 +16,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from kvpools_core import Serving
-from kvpools_core.config import resolve_model_source
+from kvpools_core.models import resolve_model_source
 from kvpools_core.registry import get_registry
 from tests.oracle.locate import require_oracle
 

@@ -18,8 +18,8 @@ from typing import Any
 import attrs
 from hypothesis import HealthCheck, settings
 
-from kvpools_core.config import resolve_model_source
 from kvpools_core.errors import InsufficientMemoryError
+from kvpools_core.models import resolve_model_source
 from kvpools_core.pipeline import plan, plan_basis
 from kvpools_core.registry import get_registry
 from kvpools_core.values import ModelSpec, Plan, Serving

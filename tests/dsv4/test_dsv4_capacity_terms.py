@@ -7,8 +7,8 @@ import attrs
 import pytest
 
 from kvpools_core.errors import InvalidValueError
+from kvpools_core.parts.sizing import sliding_window_terms
 from kvpools_core.pipeline import plan
-from kvpools_core.sizing import sliding_window_terms
 from kvpools_core.values import Plan, Serving
 
 FLASH = Serving(page_size=256, tp_size=8)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from kvpools_plugins.dsv4.config import parse_dsv4_config
 
-from kvpools_core.config import parse_config
 from kvpools_core.errors import ConfigError
+from kvpools_core.models import parse_config
 from kvpools_core.registry import get_registry
 from kvpools_core.values import ModelSpec
 

@@ -12,7 +12,7 @@ from kvpools_plugins.dsv4.building import build_allocator
 from kvpools_plugins.dsv4.pool import DSV4TokenToKVPool
 
 from kvpools_core.errors import PoolPlanMismatchError
-from kvpools_core.sizing import explicit_budget
+from kvpools_core.parts.sizing import explicit_budget
 from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Plan, PoolSizing, Serving
 
 NOPE, ROPE, INDEX, WINDOW = 128, 64, 128, 128

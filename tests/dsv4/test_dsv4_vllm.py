@@ -13,19 +13,19 @@ import pytest
 from click.testing import CliRunner
 
 from kvpools_core.cli import main
-from kvpools_core.config import load_model
-from kvpools_core.errors import UnsupportedCombinationError
-from kvpools_core.registry import Registry
-from kvpools_core.values import Serving
-from kvpools_core.vllm import (
+from kvpools_core.engines.vllm import (
     MLAAttentionSpec,
     SlidingWindowMLASpec,
     UniformTypeKVCacheSpecs,
     VllmLimits,
     plan_kv_cache,
 )
-from kvpools_core.vllm.model import worker_kv_cache_specs
-from kvpools_core.vllm.specs import cdiv, round_up
+from kvpools_core.engines.vllm.model import worker_kv_cache_specs
+from kvpools_core.errors import UnsupportedCombinationError
+from kvpools_core.models import load_model
+from kvpools_core.parts.vllm.specs import cdiv, round_up
+from kvpools_core.registry import Registry
+from kvpools_core.values import Serving
 
 GiB = 1 << 30
 ROW, ALIGN = 584, 576
@@ -166,7 +166,7 @@ def test_compare_plans_both_engines() -> None:
 
 
 def test_mtp_draft_config_is_refused(registry: Registry) -> None:
-    from kvpools_core.config import parse_config
+    from kvpools_core.models import parse_config
 
     presets = Path(__file__).parents[2] / "plugins" / "dsv4" / "presets"
     config = json.loads((presets / "deepseek-v4-flash.json").read_text())

@@ -22,7 +22,7 @@ import pytest
 import kvpools_core
 from kvpools_core import hookimpl, pipeline
 from kvpools_core.errors import ConfigError, InvalidValueError, PluginConflictError, PluginResultError
-from kvpools_core.gpus import accelerators, find_gpu, platform_traits_of, sglang_chunked_prefill_size
+from kvpools_core.pipeline.gpus import accelerators, find_gpu, platform_traits_of, sglang_chunked_prefill_size
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.testing.registries import isolated_registry
 from kvpools_core.values import GPU, MemoryTier, PlatformTraits

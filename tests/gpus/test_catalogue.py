@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvpools_core import GPU, GPUS, ConfigError, find_gpu
-from kvpools_core.gpus import custom_gpu
+from kvpools_core.pipeline.gpus import custom_gpu
 
 MiB = 1 << 20
 

@@ -12,8 +12,8 @@ import attrs
 import pytest
 
 from kvpools_core import ConfigError, Serving, plan
-from kvpools_core.capacity import concurrency
-from kvpools_core.fit import fit, launch_model_path
+from kvpools_core.planning.capacity import concurrency
+from kvpools_core.planning.fit import fit, launch_model_path
 
 CONFIGS = Path(__file__).parents[1] / "weights" / "configs"
 LLAMA_8B = str(CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json")
@@ -60,7 +60,7 @@ def test_a_config_json_launches_its_directory_and_a_directory_as_given(tmp_path:
 
 def test_every_shipped_preset_names_its_hugging_face_id() -> None:
     """Each built-in preset carries ``_hf_id`` (``org/name``), so no launch line falls back to a preset name."""
-    from kvpools_core.config import registry_presets
+    from kvpools_core.models import registry_presets
     from kvpools_core.registry import get_registry
 
     presets = registry_presets(get_registry())
@@ -146,7 +146,7 @@ def test_deepseek_v3_on_h200_ranks_dp_attention_configurations() -> None:
     """DP-attention engines are planned now that the weights estimate models them: on eight H200s DeepSeek-V3's
     TP 8 / DP attention 8 engine is ranked, with its launch flags, its weights as the DP-attention estimate (whole
     attention and embedding a rank, heavier than plain TP 8) and its requests as one worker's times the eight."""
-    from kvpools_core.weights import estimate_weights
+    from kvpools_core.pipeline.weights import estimate_weights
 
     requests, context_len = 64, 8192
     result = fit(DEEPSEEK_V3, requests, context_len, gpu="h200", kv_cache_dtype="auto")

@@ -15,8 +15,8 @@ import attrs
 import pytest
 
 from kvpools_core import ConfigError, InsufficientMemoryError, Serving, estimate_weights, find_gpu, plan
-from kvpools_core.config import load_model
-from kvpools_core.gpus import sglang_memory_defaults
+from kvpools_core.models import load_model
+from kvpools_core.pipeline.gpus import sglang_memory_defaults
 from kvpools_core.registry import get_registry
 
 CONFIGS = Path(__file__).parents[1] / "weights" / "configs"
@@ -137,7 +137,7 @@ def test_gpu_memory_is_a_custom_total() -> None:
     ],
 )
 def test_sglang_default_fraction(gpu: str, tp: int, fraction: float, reserved: float, chunk: int, max_bs: int) -> None:
-    from kvpools_core.gpus import sglang_chunked_prefill_size
+    from kvpools_core.pipeline.gpus import sglang_chunked_prefill_size
 
     spec = load_model("llama-3.1-8b", get_registry())[0]
     chosen = find_gpu(gpu)

@@ -17,8 +17,8 @@ from kvpools_core import Plan, Serving
 from kvpools_core.building import build
 from kvpools_core.cli import main
 from kvpools_core.errors import ConfigError, InsufficientMemoryError, UnsupportedCombinationError
-from kvpools_core.host import HICACHE_HOST_MEMORY_RESERVE_BYTES, measure_host_available
 from kvpools_core.pipeline import plan
+from kvpools_core.pipeline.host import HICACHE_HOST_MEMORY_RESERVE_BYTES, measure_host_available
 
 NODE = "4TiB"
 

@@ -21,8 +21,8 @@ import attrs
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from kvpools_core.config import parse_config, resolve_model_source
 from kvpools_core.errors import InsufficientMemoryError
+from kvpools_core.models import parse_config, resolve_model_source
 from kvpools_core.pipeline import plan as kvpools_plan
 from kvpools_core.registry import get_registry
 from kvpools_core.values import ModelSpec, Plan, Serving

@@ -36,8 +36,8 @@ from kvpools_plugins.mamba import hybrid_problems
 from kvpools_plugins.mamba.pool import HybridLinearKVPool, HybridReqToTokenPool
 
 from kvpools_core import Serving, build, plan
-from kvpools_core.config import parse_config
 from kvpools_core.errors import ConfigError, InsufficientMemoryError
+from kvpools_core.models import parse_config
 from kvpools_core.pipeline import resolve_platform_traits
 from kvpools_core.pools.mla import MLATokenToKVPool
 from kvpools_core.registry import Registry, get_registry

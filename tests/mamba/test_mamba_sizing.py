@@ -10,7 +10,7 @@ from kvpools_plugins.mamba.sizing import mamba_ratio
 
 from kvpools_core import Serving, plan
 from kvpools_core.errors import InsufficientMemoryError, UnsupportedCombinationError
-from kvpools_core.sizing import sglang_rest_gib
+from kvpools_core.parts.sizing import sglang_rest_gib
 
 GiB = 1 << 30
 QWEN3_NEXT = "qwen3-next-80b-a3b-thinking"
@@ -233,7 +233,7 @@ def test_unsupported_combinations(options: dict[str, object], message: str) -> N
 
 def test_json_summary_carries_k_and_the_state_pool() -> None:
     """What ``kvpools plan --json`` prints (``report.plan_summary``): SGLang's name for K, the state pool's slots."""
-    from kvpools_core.report import plan_summary
+    from kvpools_core.cli.plan_report import plan_summary
 
     summary = json.loads(json.dumps(plan_summary(plan(QWEN3_NEXT, Serving(accounting="sglang"), memory="60GiB"))))
     assert summary["max_mamba_cache_size"] == 393
@@ -257,7 +257,7 @@ def test_cli_report_shows_the_split(kvpools_exe: str, cli_env: dict[str, str]) -
 
 
 def test_block_scaled_kv_needs_head_dims_divisible_by_the_block() -> None:
-    from kvpools_core.config import resolve_model_source
+    from kvpools_core.models import resolve_model_source
     from kvpools_core.registry import get_registry
 
     from .support import parse

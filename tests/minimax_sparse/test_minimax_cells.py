@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from kvpools_core import InsufficientMemoryError, Plan, Registry, Serving, UnsupportedCombinationError, build, plan
-from kvpools_core.config import parse_config
 from kvpools_core.errors import ConfigError
+from kvpools_core.models import parse_config
 
 from ..mla.oracle_support import minimax_sparse_configs, parse
 

@@ -16,7 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from kvpools_core.config import parse_config
+from kvpools_core.models import parse_config
 from kvpools_core.registry import get_registry
 from kvpools_core.values import ModelSpec
 

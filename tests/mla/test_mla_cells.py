@@ -10,8 +10,9 @@ import attrs
 import pytest
 
 from kvpools_core import Plan, Registry, Serving, UnsupportedCombinationError, build, plan
-from kvpools_core.config import HF_ID_KEY, parse_config, resolve_model_source
+from kvpools_core.config import HF_ID_KEY
 from kvpools_core.errors import ConfigError
+from kvpools_core.models import parse_config, resolve_model_source
 from tests.oracle.locate import MODEL_CONFIGS
 
 MLA_PRESETS = ("deepseek-v3", "deepseek-r1", "deepseek-v2-lite", "kimi-k2-instruct")

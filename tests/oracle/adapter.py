@@ -46,11 +46,11 @@ from typing import Any
 
 import attrs
 
-from kvpools_core.config import resolve_model_source
 from kvpools_core.errors import InsufficientMemoryError
+from kvpools_core.models import resolve_model_source
+from kvpools_core.parts.sizing import DEFAULT_MEM_FRACTION_STATIC
 from kvpools_core.pipeline import plan as kvpools_plan
 from kvpools_core.registry import get_registry
-from kvpools_core.sizing import DEFAULT_MEM_FRACTION_STATIC
 from kvpools_core.values import ModelSpec, Plan, Serving
 
 from .locate import require_oracle

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from kvpools_core.config import load_model
 from kvpools_core.errors import InsufficientMemoryError, UnsupportedCombinationError
+from kvpools_core.models import load_model
 from kvpools_core.pipeline import plan as kvpools_plan
 from kvpools_core.registry import get_registry
 from kvpools_core.values import ModelSpec, Plan, Serving

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvpools_core.config import resolve_model_source
+from kvpools_core.models import resolve_model_source
 from kvpools_core.registry import get_registry
 from kvpools_core.values import Plan, Serving
 from tests.mla.oracle_support import oracle_model

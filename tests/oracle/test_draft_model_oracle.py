@@ -48,7 +48,7 @@ def test_an_own_draft_model_agrees_with_sglang(
 
 def test_an_mla_target_with_an_mha_draft_agrees_with_sglang(draft_config: str) -> None:
     """SGLang scales deepseek-v2-lite's MLA cell by 16 / 27 whatever the (MHA) draft stores."""
-    from kvpools_core.config import resolve_model_source
+    from kvpools_core.models import resolve_model_source
     from kvpools_core.registry import get_registry
     from tests.mla.oracle_support import oracle_model
 

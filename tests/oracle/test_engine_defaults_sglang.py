@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from kvpools_core.config import parse_config
-from kvpools_core.engine_defaults import apply_engine_defaults
+from kvpools_core.models import parse_config
+from kvpools_core.pipeline.engine_defaults import apply_engine_defaults
 from kvpools_core.registry import get_registry
 from kvpools_core.values import Serving
 from tests.oracle import locate

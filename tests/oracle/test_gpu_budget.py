@@ -1,7 +1,7 @@
 """A whole-GPU plan against SGLang's own profiling code: the same tokens and requests.
 
 SGLang profiles ``pre_model_load_memory`` as the weights start loading: on a GPU, total - runtime footprint.
-kvpools' GPU budget (``kvpools_core.sizing.gpu_budget``) must equal SGLang's ``_profile_available_bytes``
+kvpools' GPU budget (``kvpools_core.parts.sizing.gpu_budget``) must equal SGLang's ``_profile_available_bytes``
 run with that pre-load memory, the weights and the fraction the GPU plan resolved.
 """
 

@@ -35,7 +35,7 @@ VENDOR_PACKAGES = {"kvpools-rocm": "kvpools_rocm", "kvpools-ascend": "kvpools_as
 """Vendor distributions shipped from ``plugins/<distribution>/<package>`` (scanned as the example is)."""
 PLUGIN_ROOTS = ("kvpools_plugins", "plugins")
 """The built-ins' import package (``kvpools_plugins``) and their folder, should anyone import it by path."""
-INTERNAL = ("registry", "pipeline", "building", "defaults", "cli", "report", "hookspecs")
+INTERNAL = ("registry", "models", "pipeline", "building", "defaults", "engines", "planning", "cli", "hookspecs")
 
 
 def core_modules() -> frozenset[str]:
@@ -168,7 +168,7 @@ VIOLATIONS = {
     "building": ("from kvpools_core.building import Pools", "kvpools_core.building"),
     "defaults": ("from kvpools_core.defaults import size_pools", "kvpools_core.defaults"),
     "cli": ("from kvpools_core.cli import main", "kvpools_core.cli"),
-    "report": ("from kvpools_core.report import render_plan", "kvpools_core.report"),
+    "report": ("from kvpools_core.cli.plan_report import render_plan", "kvpools_core.cli.plan_report"),
     "hookspecs": ("from kvpools_core.hookspecs import hookimpl", "kvpools_core.hookspecs"),
     "inside a function": ("def f():\n    from kvpools_core.registry import Registry\n", "kvpools_core.registry"),
     "under TYPE_CHECKING": (
@@ -217,7 +217,7 @@ from kvpools_core.parts import LatentRow, latent_cell_size
 from kvpools_core.parts.attention import attention_cell_size
 from kvpools_core.pools import MHATokenToKVPool
 from kvpools_core.pools.mla import MLATokenToKVPool
-from kvpools_core.sizing import explicit_budget
+from kvpools_core.parts.sizing import explicit_budget
 from kvpools_core.units import parse_bytes
 from kvpools_core.values import Plan
 

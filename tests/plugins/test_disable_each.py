@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from kvpools_core import Registry
-from kvpools_core.config import registry_presets
+from kvpools_core.models import registry_presets
 
 ARCHITECTURES = ("mha", "mla", "dsa", "minimax_sparse", "mamba", "swa", "dsv4")
 PLATFORMS = ("cpu", "cuda")
@@ -57,7 +57,7 @@ import json, sys
 
 job = json.loads(sys.argv[1])
 from kvpools_core import Serving, build, get_registry, plan
-from kvpools_core.config import registry_presets
+from kvpools_core.models import registry_presets
 
 registry = get_registry()
 out = {

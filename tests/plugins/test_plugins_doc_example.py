@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 from kvpools_core import ModelSpec, Registry, Serving, build, plan
-from kvpools_core.config import load_model
+from kvpools_core.models import load_model
 
 ROOT = Path(__file__).parents[2]
 SECTION = "## Composing an architecture from the parts library"

@@ -21,9 +21,9 @@ from kvpools_rocm.layouts import AITER_VECTORIZED_LAYOUT
 from torch import Tensor
 
 from kvpools_core import Serving, build, get_registry, plan
-from kvpools_core.config import registry_presets
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.errors import InvalidValueError, UnsupportedCombinationError
+from kvpools_core.models import registry_presets
 from kvpools_core.options import cli_surface
 from kvpools_core.parts.attention import LayerGeometry
 from kvpools_core.pools import MHATokenToKVPool, RowIndexedBuffer

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 
 from kvpools_core import Plan, Registry, Serving, build, get_registry, hookimpl, plan
-from kvpools_core.config import registry_presets
 from kvpools_core.errors import BufferLayoutError, KvpoolsError, PluginResultError, PoolPlanMismatchError
+from kvpools_core.models import registry_presets
 from kvpools_core.pools import MHATokenToKVPool
 from kvpools_core.pools.layout import (
     CORE_LAYOUTS,

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from kvpools_core import InsufficientMemoryError, ModelSpec, Plan, Serving, build, plan
-from kvpools_core.build_report import FULL_USE, build_summary
+from kvpools_core.cli.build_report import FULL_USE, build_summary
 
 KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "mxfp8")
 

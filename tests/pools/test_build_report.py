@@ -7,7 +7,7 @@ from collections.abc import Callable
 from rich.console import Console
 
 from kvpools_core import ModelSpec, Plan, Serving, build, plan
-from kvpools_core.build_report import build_summary, render_build
+from kvpools_core.cli.build_report import build_summary, render_build
 
 
 def test_full_budget_needs_no_explanation() -> None:

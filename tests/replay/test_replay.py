@@ -8,7 +8,7 @@ import pytest
 
 from kvpools_core.errors import ConfigError
 from kvpools_core.pipeline import plan
-from kvpools_core.replay import (
+from kvpools_core.planning.replay import (
     Request,
     fixed_trace,
     load_jsonl_trace,

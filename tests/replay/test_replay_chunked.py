@@ -1,5 +1,5 @@
 """Chunked prefill in the replay: a prompt prefilled ``chunked_prefill_size`` tokens a pass, one chunked request at
-a time, its out-of-window SWA tokens freed between chunks (``kvpools_core.replay._Engine._evict_chunked``)."""
+a time, its out-of-window SWA tokens freed between chunks (``kvpools_core.planning.replay._Engine._evict_chunked``)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import attrs
 import pytest
 
 from kvpools_core import Plan, Serving, plan
-from kvpools_core.capacity import concurrency, token_limit
 from kvpools_core.errors import ConfigError
-from kvpools_core.replay import fixed_trace, replay
+from kvpools_core.planning.capacity import concurrency, token_limit
+from kvpools_core.planning.replay import fixed_trace, replay
 
 FULL = token_limit("full")
 SWA = token_limit("swa")

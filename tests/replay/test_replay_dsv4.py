@@ -21,9 +21,9 @@ from kvpools_plugins.dsv4.building import build_allocator
 
 from kvpools_core import Plan, Serving, plan
 from kvpools_core.allocators.swa import SWATokenToKVPoolAllocator, new_full_to_swa_mapping
-from kvpools_core.capacity import concurrency, token_limit
 from kvpools_core.errors import ConfigError
-from kvpools_core.replay import ReplayStats, fixed_trace, replay, swa_window_bound
+from kvpools_core.planning.capacity import concurrency, token_limit
+from kvpools_core.planning.replay import ReplayStats, fixed_trace, replay, swa_window_bound
 
 SMALL = Serving(tp_size=8, page_size=256, context_length=8_192, max_running_requests=64, swa_full_tokens_ratio=0.8)
 """SGLang's generic ratio 0.8, given (left unset, DeepSeek-V4 takes SGLang's 0.1)."""

@@ -32,8 +32,8 @@ from __future__ import annotations
 import pytest
 
 from kvpools_core import Plan, Serving, plan
-from kvpools_core.capacity import REQUEST_CAP, STATE_SLOTS, concurrency, token_limit
-from kvpools_core.replay import ReplayStats, fixed_trace, replay, swa_window_bound
+from kvpools_core.planning.capacity import REQUEST_CAP, STATE_SLOTS, concurrency, token_limit
+from kvpools_core.planning.replay import ReplayStats, fixed_trace, replay, swa_window_bound
 
 FULL = token_limit("full")
 SWA = token_limit("swa")

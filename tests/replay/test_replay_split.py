@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.replay_split import main, serving_fields
 from kvpools_core.pipeline import plan
-from kvpools_core.replay import fixed_trace, replay
+from kvpools_core.planning.replay import fixed_trace, replay
 from kvpools_core.values import Serving
 
 

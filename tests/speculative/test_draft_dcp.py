@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from kvpools_core import InsufficientMemoryError, Plan, Serving, build, plan
+from kvpools_core.cli.plan_report import plan_summary
 from kvpools_core.errors import UnsupportedCombinationError
-from kvpools_core.report import plan_summary
 
 GiB = 1 << 30
 BUDGET = 20 * GiB

@@ -204,7 +204,7 @@ def test_drafts_sglang_has_no_pools_for_are_refused(
 
 
 def test_a_draft_spec_may_be_given_as_a_model_spec(draft_config: str) -> None:
-    from kvpools_core.config import load_model
+    from kvpools_core.models import load_model
     from kvpools_core.registry import get_registry
 
     spec, _ = load_model(draft_config, get_registry())
@@ -283,7 +283,7 @@ def test_sglang_mode_and_exact_mode_share_the_draft(draft_config: str) -> None:
 def test_draft_weights_are_measured_against_the_slack_they_load_into(draft_config: str) -> None:
     """SGLang sizes the target's pools first and starts the draft worker after (ref-000 lines 361-366), so under
     a GPU budget the draft's weights come out of the (1 - mem_fraction_static) slack, not the KV budget."""
-    from kvpools_core.weights import estimate_weights
+    from kvpools_core.pipeline.weights import estimate_weights
 
     serving = standalone()
     result = plan("llama-3.1-70b", serving, gpu="h200", draft_model="llama-3.1-8b")

@@ -10,8 +10,8 @@ from hypothesis import given
 from kvpools_plugins import mha, swa
 from kvpools_plugins.swa.config import FULL, SLIDING
 
-from kvpools_core.config import parse_config, registry_presets
 from kvpools_core.errors import ConfigError, NoProviderError
+from kvpools_core.models import parse_config, registry_presets
 from kvpools_core.pipeline import plan
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.values import ModelSpec, Plan, Serving

@@ -15,10 +15,10 @@ from kvpools_plugins.swa.sizing import spec_decode_alloc_len_per_request
 from kvpools_core.building import build
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.errors import InsufficientMemoryError, UnsupportedCombinationError
+from kvpools_core.parts.sizing import alloc_len_per_decode
 from kvpools_core.pipeline import plan
 from kvpools_core.pools.kv import LayerGeometry
 from kvpools_core.pools.quant import codec_for
-from kvpools_core.sizing import alloc_len_per_decode
 from kvpools_core.values import Plan, Serving, TokenWindow
 
 from .support import CHECKS, GiB, aimed_budgets, hybrid_configs, parse, swa_servings
@@ -291,7 +291,7 @@ def test_exact_plans_fit_and_build_exactly(case: tuple[dict[str, Any], Serving, 
     assert config_["swa_max_total_num_tokens"] <= ceiling
     stopped = serving.max_total_tokens is not None or serving.pp_size > 1
     if not stopped:
-        from kvpools_core.build_report import explain_unused_budget
+        from kvpools_core.cli.build_report import explain_unused_budget
 
         reasons = explain_unused_budget(p)
         assert not any("for a reason of its own" in r for r in reasons), reasons

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from kvpools_core import Serving, plan
-from kvpools_core.capacity import concurrency
 from kvpools_core.cli import main
+from kvpools_core.planning.capacity import concurrency
 
 GRID = ("--model", "llama-3.1-8b,deepseek-v4-flash", "--page-size", "1", "--page-size", "256", "--memory", "40GiB")
 
@@ -82,7 +82,7 @@ def test_no_budget_is_an_error() -> None:
 
 
 def test_forced_progress_goes_to_stderr_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvpools_core import cli
+    from kvpools_core.cli import sweep as cli
 
     monkeypatch.setattr(cli._LazyProgress, "DELAY_S", 0.0)
     result = run(*GRID, "--format", "csv", "--progress")

@@ -6,7 +6,15 @@ import csv
 import io
 import json
 
-from kvpools_core.sweep import SweepGrid, SweepRow, columns, rows_from_csv, rows_to_csv, rows_to_json, run_sweep
+from kvpools_core.planning.sweep import (
+    SweepGrid,
+    SweepRow,
+    columns,
+    rows_from_csv,
+    rows_to_csv,
+    rows_to_json,
+    run_sweep,
+)
 
 GRID = SweepGrid(
     models=["llama-3.1-8b", "gemma-3-12b-it", "deepseek-v4-flash"],

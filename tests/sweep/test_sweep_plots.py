@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from kvpools_core.sweep import SweepGrid, SweepRow, run_sweep
+from kvpools_core.planning.sweep import SweepGrid, SweepRow, run_sweep
 
 pytest.importorskip("matplotlib")
 
-from kvpools_core.plots import (  # after the skip: the module needs matplotlib
+from kvpools_core.cli.plots import (  # after the skip: the module needs matplotlib
     bytes_per_token_figure,
     concurrency_figure,
     plot_path,
@@ -71,9 +71,9 @@ def test_bytes_per_token_bars_stack_the_groups(rows: list[SweepRow]) -> None:
 
 
 def test_the_cli_offers_every_plot_and_refuses_others(rows: list[SweepRow], tmp_path: Path) -> None:
-    from kvpools_core.cli import PLOT_KINDS
+    from kvpools_core.cli.plots import PLOTS
+    from kvpools_core.cli.sweep import PLOT_KINDS
     from kvpools_core.errors import ConfigError
-    from kvpools_core.plots import PLOTS
 
     assert tuple(PLOTS) == PLOT_KINDS
     with pytest.raises(ConfigError, match="plot takes concurrency, tokens, bytes-per-token; got pie"):
@@ -108,7 +108,7 @@ def test_cli_writes_the_plots(tmp_path: Path) -> None:
 def _many_rows(count: int) -> list[SweepRow]:
     """``count`` configurations (page sizes), each at three contexts and two budgets, ``count - i`` requests at 4k
     (no two lines alike), and ``count`` bytes-per-token groups on the first: the plots with many lines."""
-    from kvpools_core.sweep import SweepPoint
+    from kvpools_core.planning.sweep import SweepPoint
 
     rows = []
     for i in range(count):
@@ -188,7 +188,7 @@ def test_styles_are_distinct_for_any_count() -> None:
     """Past the 480 (colour, linestyle, marker) combinations, further rounds are lighter: never two alike."""
     from matplotlib.colors import to_rgba
 
-    from kvpools_core.plots import bar_styles, line_styles
+    from kvpools_core.cli.plots import bar_styles, line_styles
 
     lines = [(to_rgba(s["color"]), s["linestyle"], s["marker"]) for s in line_styles(2000)]
     assert len(set(lines)) == 2000

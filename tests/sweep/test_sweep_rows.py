@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from kvpools_core import Serving, plan
-from kvpools_core.capacity import concurrency
 from kvpools_core.errors import ConfigError, PluginHookError
-from kvpools_core.sweep import SweepGrid, SweepPoint, SweepRow, run_sweep, worker_count
+from kvpools_core.planning.capacity import concurrency
+from kvpools_core.planning.sweep import SweepGrid, SweepPoint, SweepRow, run_sweep, worker_count
 
 LLAMA_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2
 """llama-3.1-8b: K and V x 32 layers x 8 KV heads x head_dim 128 x 2 B (bf16) = 131,072 B."""
@@ -72,8 +72,8 @@ def test_a_zero_says_why_in_the_row_table_csv_and_json() -> None:
 
     from rich.console import Console
 
-    from kvpools_core.sweep import rows_to_csv, rows_to_json
-    from kvpools_core.sweep_report import render_sweep
+    from kvpools_core.cli.sweep_report import render_sweep
+    from kvpools_core.planning.sweep import rows_to_csv, rows_to_json
 
     grid = SweepGrid(
         models=["llama-3.1-8b"],
@@ -122,7 +122,7 @@ def test_too_small_a_budget_and_a_clashing_combination_are_rows() -> None:
 
 
 def test_a_plugin_bug_is_raised_not_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvpools_core.sweep as sweep_module
+    import kvpools_core.planning.sweep as sweep_module
 
     def broken(*_args: object, **_kwargs: object) -> None:
         raise PluginHookError('Plugin "mha" failed in hook estimate_cell_size: ZeroDivisionError')

@@ -21,8 +21,8 @@ from kvpools_core import hookimpl
 from kvpools_core.config import ConfigReader
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.attention import attention_cell_size
+from kvpools_core.parts.sizing import default_size_pools
 from kvpools_core.registry import Registry
-from kvpools_core.sizing import default_size_pools
 from kvpools_core.testing import conformance as c
 from kvpools_core.testing.registries import FakeDeviceMemory, isolated_registry, plan_and_build
 from kvpools_core.testing.strategies import tp_sizes

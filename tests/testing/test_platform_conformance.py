@@ -86,8 +86,8 @@ def test_each_platform_defect_is_caught(defect: str, caught: str) -> None:
 def test_the_toy_accelerators_are_checked_and_plan_with_the_toy_memory_tier() -> None:
     """What check_accelerators relies on: the toy's devices are in the catalogue, and a plan on the 24 GiB one
     takes the toy's own tier (chunk 2048, max_bs 8), the 48 GiB one the GPU tier (4096, 32); no prefill graph."""
-    from kvpools_core.gpus import sglang_chunked_prefill_size
     from kvpools_core.pipeline import plan
+    from kvpools_core.pipeline.gpus import sglang_chunked_prefill_size
 
     registry = registry_of(ToyPlatform())
     assert [gpu.name for gpu in pc.check_accelerators("toy", registry)] == ["toy-24g", "toy-48g"]

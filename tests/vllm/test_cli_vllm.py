@@ -19,14 +19,14 @@ from click.testing import CliRunner
 
 from kvpools_core import plan
 from kvpools_core.cli import main
+from kvpools_core.engines.vllm import VllmMemoryError, concurrency_at, plan_kv_cache, plan_vllm
+from kvpools_core.engines.vllm.deployment import server_defaults
+from kvpools_core.engines.vllm.model import worker_kv_cache_specs
 from kvpools_core.errors import ConfigError, UnsupportedCombinationError
-from kvpools_core.gpus import find_gpu
+from kvpools_core.pipeline.gpus import find_gpu
+from kvpools_core.pipeline.weights import estimate_weights
 from kvpools_core.registry import Registry
 from kvpools_core.values import Serving
-from kvpools_core.vllm import VllmMemoryError, concurrency_at, plan_kv_cache, plan_vllm
-from kvpools_core.vllm.deployment import server_defaults
-from kvpools_core.vllm.model import worker_kv_cache_specs
-from kvpools_core.weights import estimate_weights
 
 GiB = 1 << 30
 LLAMA_BLOCK = 32 * 16 * 8 * 128 * 2 * 2
@@ -242,7 +242,7 @@ def test_one_budget_and_sglangs_pipeline_refuses_vllm() -> None:
     with pytest.raises(UnsupportedCombinationError, match="accounting vllm plans vLLM's KV cache"):
         plan("llama-3.1-8b", Serving(accounting="vllm"), memory="10GiB")
     build = cli("build", "llama-3.1-8b", "--accounting", "vllm", "--memory", "1GiB", "--device", "meta")
-    assert build.exit_code == 1 and "use kvpools_core.vllm.plan_vllm" in build.stderr
+    assert build.exit_code == 1 and "use kvpools_core.engines.vllm.plan_vllm" in build.stderr
     with pytest.raises(
         ConfigError, match=r"context_length is SGLang's option; accounting vllm does not read it: use max_model_len\."
     ):

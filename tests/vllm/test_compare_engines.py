@@ -15,9 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from kvpools_core.cli import main
-from kvpools_core.compare import compare_engines
 from kvpools_core.errors import ConfigError
 from kvpools_core.pipeline import plan
+from kvpools_core.planning.compare import compare_engines
 from kvpools_core.values import Serving
 
 GiB = 1 << 30

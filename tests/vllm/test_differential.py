@@ -20,12 +20,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from kvpools_core.config import load_model, parse_config, registry_presets
 from kvpools_core.dtypes import canonical_kv_dtype
-from kvpools_core.errors import UnsupportedCombinationError
-from kvpools_core.registry import Registry
-from kvpools_core.values import Serving
-from kvpools_core.vllm import (
+from kvpools_core.engines.vllm import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
@@ -44,8 +40,12 @@ from kvpools_core.vllm import (
     pp_layer_ranges,
     resolve_kv_cache_layout,
 )
-from kvpools_core.vllm.model import worker_kv_cache_specs
-from kvpools_core.vllm.planning import mamba_cache_mode_of, project_groups_to_worker
+from kvpools_core.engines.vllm.model import worker_kv_cache_specs
+from kvpools_core.engines.vllm.planning import mamba_cache_mode_of, project_groups_to_worker
+from kvpools_core.errors import UnsupportedCombinationError
+from kvpools_core.models import load_model, parse_config, registry_presets
+from kvpools_core.registry import Registry
+from kvpools_core.values import Serving
 
 from .peer import VllmPlanner, require_vllm
 

@@ -9,11 +9,7 @@ import attrs
 import pytest
 
 from kvpools_core import hookimpl
-from kvpools_core.config import load_model
-from kvpools_core.errors import PluginResultError, UnsupportedCombinationError
-from kvpools_core.registry import Registry
-from kvpools_core.values import Serving
-from kvpools_core.vllm import (
+from kvpools_core.engines.vllm import (
     FullAttentionSpec,
     MambaSpec,
     MLAAttentionSpec,
@@ -22,7 +18,11 @@ from kvpools_core.vllm import (
     VllmMemoryError,
     plan_kv_cache,
 )
-from kvpools_core.vllm.model import backend_block_size, kv_heads_per_rank, layer_index, worker_kv_cache_specs
+from kvpools_core.engines.vllm.model import backend_block_size, kv_heads_per_rank, layer_index, worker_kv_cache_specs
+from kvpools_core.errors import PluginResultError, UnsupportedCombinationError
+from kvpools_core.models import load_model
+from kvpools_core.registry import Registry
+from kvpools_core.values import Serving
 
 GiB = 1 << 30
 

@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from kvpools_core.cli import main
+from kvpools_core.engines.vllm import plan_vllm
 from kvpools_core.errors import ConfigError, InsufficientMemoryError, UnsupportedCombinationError
 from kvpools_core.values import Serving
-from kvpools_core.vllm import plan_vllm
 
 GiB = 1 << 30
 LLAMA_BLOCK = 32 * 16 * 8 * 128 * 2 * 2

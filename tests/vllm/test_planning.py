@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from kvpools_core.errors import ConfigError, InvalidValueError, UnsupportedCombinationError
-from kvpools_core.vllm import (
+from kvpools_core.engines.vllm import (
     FullAttentionSpec,
     MambaSpec,
     MLAAttentionSpec,
@@ -27,6 +26,7 @@ from kvpools_core.vllm import (
     pp_layer_ranges,
     unify_kv_cache_spec_page_size,
 )
+from kvpools_core.errors import ConfigError, InvalidValueError, UnsupportedCombinationError
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from kvpools_core.config import load_model
+from kvpools_core.engines.vllm import VllmLimits, plan_kv_cache
+from kvpools_core.engines.vllm.model import worker_kv_cache_specs
+from kvpools_core.models import load_model
 from kvpools_core.registry import Registry
 from kvpools_core.values import Serving
-from kvpools_core.vllm import VllmLimits, plan_kv_cache
-from kvpools_core.vllm.model import worker_kv_cache_specs
 
 GiB = 1 << 30
 

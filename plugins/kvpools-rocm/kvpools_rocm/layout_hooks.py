@@ -16,6 +16,21 @@ from kvpools_core import hookimpl
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.options import option
 from kvpools_core.values import LayerSpec, ModelSpec, Plan, Serving
+from kvpools_rocm.layout_names import (
+    KV_CACHE_LAYOUT_OPTION as KV_CACHE_LAYOUT_OPTION,
+)
+from kvpools_rocm.layout_names import (
+    KV_CACHE_LAYOUTS as KV_CACHE_LAYOUTS,
+)
+from kvpools_rocm.layout_names import (
+    NHD as NHD,
+)
+from kvpools_rocm.layout_names import (
+    VECTOR_BYTES as VECTOR_BYTES,
+)
+from kvpools_rocm.layout_names import (
+    VECTORIZED_5D as VECTORIZED_5D,
+)
 
 if TYPE_CHECKING:
     from kvpools_core.pools.layout import BufferLayout
@@ -23,12 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["buffer_layout", "validate_kv_cache_layout"]
 
 PLATFORM = "rocm"
-KV_CACHE_LAYOUT_OPTION = "rocm.kv_cache_layout"
-NHD = "nhd"
-VECTORIZED_5D = "vectorized_5d"
-KV_CACHE_LAYOUTS = (NHD, VECTORIZED_5D)
-VECTOR_BYTES = 16
-"""AITER's vector: ``X = 16 // store_dtype.itemsize`` elements."""
 VECTORIZED_PAGE_SIZE = 64
 """SGLang's default page size under ``vectorized_5d`` (``_page_size_default``), suggested when a page is refused."""
 

@@ -44,7 +44,7 @@ from kvpools_core.pools.layout import (
     RowIndexedBuffer,
     allocate,
 )
-from kvpools_rocm.layout_hooks import KV_CACHE_LAYOUT_OPTION, VECTOR_BYTES, VECTORIZED_5D
+from kvpools_rocm.layout_names import KV_CACHE_LAYOUT_OPTION, VECTOR_BYTES, VECTORIZED_5D
 
 __all__ = ["AITER_VECTORIZED_LAYOUT", "AiterVectorizedLayout", "key_buffer_5d", "value_buffer_5d"]
 

@@ -1,0 +1,544 @@
+"""What every ``kvpools`` command shares: the serving and budget options generated from ``Serving``, the
+output formats, the comparison block, and the error boundary (one paragraph, never a traceback)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import traceback
+import typing
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import attrs
+import click
+from rich.console import Console
+
+from kvpools_core.dtypes import KV_DTYPE_CHOICES
+from kvpools_core.errors import ConfigError, KvpoolsError, PluginError, PluginHookError, short_repr
+from kvpools_core.options import cli_surface, env_flag, option
+from kvpools_core.values import (
+    ACCOUNTING_MODES,
+    DECODE_RETRACTION_BACKUPS,
+    DSV4_COMPRESS_STATE_DTYPES,
+    HICACHE_MEM_LAYOUTS,
+    HICACHE_WRITE_POLICIES,
+    SPECULATIVE_ALGORITHMS,
+    Serving,
+    is_unset,
+)
+
+_HELP = {
+    "kv_cache_dtype": "KV element type (auto follows the model dtype).",
+    "page_size": "Tokens per page [default: SGLang's own for the model and platform (a plan note says which), else 1].",
+    "tp_size": "Tensor-parallel size.",
+    "pp_size": "Pipeline-parallel size.",
+    "pp_rank": "Pipeline stage to plan.",
+    "pp_layer_partition": "Layers per stage, comma separated (SGLang's SGLANG_PP_LAYER_PARTITION).",
+    "dp_size": "Data-parallel size.",
+    "enable_dp_attention": "DP attention: attention TP = tp / dp, requests split over DP workers.",
+    "attn_cp_size": "Attention context-parallel size.",
+    "dcp_size": "Decode context-parallel size.",
+    "context_length": "Override the model's context length.",
+    "max_running_requests": "Cap on concurrent requests (split over DP-attention workers).",
+    "max_total_tokens": "Cap on KV tokens.",
+    "mem_fraction_static": "Static memory fraction (runtime slack = pre-load memory x (1 - this)).",
+    "chunked_prefill_size": "Chunked prefill size.",
+    "disable_radix_cache": "Radix (prefix) cache off.",
+    "disable_overlap_schedule": "Overlap schedule off.",
+    "vlm_cache_size_mb": "Multimodal embedding cache reserved from a profiled budget (SGLANG_VLM_CACHE_SIZE_MB).",
+    "speculative_algorithm": "Speculative decoding algorithm.",
+    "speculative_num_steps": "Draft steps.",
+    "speculative_eagle_topk": "Draft top-k.",
+    "speculative_num_draft_tokens": "Draft tokens verified per step.",
+    "speculative_draft_num_layers": "Draft model layers (instead of --speculative-draft-model-path).",
+    "disaggregation_mode": "Prefill/decode disaggregation role.",
+    "disaggregation_decode_retraction_backup": "Where a decode node keeps retracted requests' KV (SGLang's flag); "
+    "host_pool plans its HiCache host pool. Unset: SGLang infers it, stated in a note.",
+    "disaggregation_decode_extra_slots": (
+        "Request rows a decode node pre-allocates for transfers (unset: SGLang's default, twice the requests per "
+        "DP worker when --max-running-requests leaves at most 32 per worker, else 0)."
+    ),
+    "swa_full_tokens_ratio": "Sliding-window tokens per full-attention token [default: SGLang's own for the model "
+    "(a plan note says which), else 0.8].",
+    "swa_eviction_interval": "Decode steps between sliding-window evictions (SGLANG_SWA_EVICTION_INTERVAL).",
+    "mamba_full_memory_ratio": "Mamba state memory / KV memory.",
+    "max_mamba_cache_size": "Mamba state slots.",
+    "mamba_ssm_dtype": "Mamba SSM state dtype.",
+    "enable_mamba_extra_buffer": "Mamba ping-pong extra buffer.",
+    "enable_mamba_extra_buffer_lazy": "Lazy mamba extra buffer.",
+    "mamba_skip_decode_lock": "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK.",
+    "dsa_prefill_backend": "DSA prefill attention backend.",
+    "dsa_decode_backend": "DSA decode attention backend.",
+    "enable_dsa_cache_layer_split": "Split the GLM DSA cache layers over context-parallel ranks.",
+    "enable_hisparse": (
+        "HiSparse: keep a 1/host_to_device_ratio share of the DeepSeek-V4 c4 KV on the device "
+        "(DSA, DeepSeek-V4 and MiniMax-M3 sparse models; needs --disable-radix-cache)."
+    ),
+    "hisparse_config": "HiSparse config, a JSON object (SGLang's), e.g. '{\"host_to_device_ratio\": 4}'.",
+    "dsv4_compress_state_dtype": "DeepSeek-V4 compressor state dtype (SGLANG_DSV4_COMPRESS_STATE_DTYPE).",
+    "enable_online_compress": "DeepSeek-V4 online c128 compression: one (max, sum, kv) state row "
+    "(SGLANG_OPT_USE_ONLINE_COMPRESS).",
+    "enable_online_c128_mtp": "Allow online c128 with EAGLE top-k 1 MTP (SGLANG_EXPERIMENTAL_ONLINE_C128_MTP).",
+    "accounting": "exact: charge every byte built; sglang: SGLang's numbers exactly; vllm: vLLM 0.33's KV cache "
+    "(plan and capacity only, with vLLM's flags; docs/vllm.md).",
+    "enable_hierarchical_cache": "HiCache: plan the host KV tier (pinned CPU mirrors of the device pools).",
+    "hicache_ratio": "Host pool slots per device pool slot (SGLang's --hicache-ratio); unset with no --hicache-size: "
+    "2.0, lowered to what the node holds (SGLang's auto-sizing).",
+    "hicache_host_memory_fraction": "Share of the node's host memory (after --host-reserve, per rank) that auto-sized "
+    "host pools may take (SGLang's --hicache-host-memory-fraction).",
+    "hicache_size": "Host tier size per rank in GB (1e9 B), split over the host pools by device bytes; "
+    "0 uses --hicache-ratio.",
+    "hicache_mamba_ratio": "Mamba host state slots per device state slot (SGLang PR #39851); unset: --hicache-ratio, "
+    "or a share of --hicache-size.",
+    "hicache_mem_layout": "Host pool layout (SGLang's --hicache-mem-layout).",
+    "hicache_write_policy": "HiCache write policy (SGLang's --hicache-write-policy).",
+    "nnodes": "Nodes the ranks (tp x pp) are spread over: ranks per node share its host memory.",
+}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "kv_cache_dtype": KV_DTYPE_CHOICES,
+    "speculative_algorithm": SPECULATIVE_ALGORITHMS,
+    "disaggregation_mode": ("null", "prefill", "decode"),
+    "accounting": ACCOUNTING_MODES,
+    "mamba_ssm_dtype": ("bfloat16", "float16", "float32"),
+    "dsv4_compress_state_dtype": (*DSV4_COMPRESS_STATE_DTYPES, "fp32", "bf16"),
+    "hicache_mem_layout": HICACHE_MEM_LAYOUTS,
+    "hicache_write_policy": HICACHE_WRITE_POLICIES,
+    "disaggregation_decode_retraction_backup": DECODE_RETRACTION_BACKUPS,
+}
+_SPECIAL = {"platform", "plugin_options", "pp_layer_partition"}
+_RESOLVED = {"platform_traits", "workspaces", "speculative_draft"}
+"""Serving fields the pipeline resolves (from the plugins, from ``--speculative-draft-model-path``): never
+command-line options."""
+
+
+def _serving_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add one option per Serving field (defaults None, so unset fields keep Serving's defaults)."""
+    hints = typing.get_type_hints(Serving)
+    for field in reversed(attrs.fields(Serving)):
+        if field.name in _SPECIAL or field.name in _RESOLVED:
+            continue
+        flag = "--" + field.name.replace("_", "-")
+        kind = hints[field.name]
+        help_text = _HELP.get(field.name, "")
+        if kind is bool:
+            command = click.option(flag, field.name, is_flag=True, default=None, help=help_text)(command)
+            continue
+        base = _base_type(kind)
+        click_type: Any = base
+        if field.name in _CHOICES:
+            click_type = click.Choice(_CHOICES[field.name], case_sensitive=False)
+        if (
+            field.default is not None
+            and field.default is not attrs.NOTHING
+            and not hasattr(field.default, "factory")
+            and not is_unset(field.default)  # its help says which default applies
+        ):
+            help_text += f"  [default: {field.default}]"
+        command = click.option(flag, field.name, type=click_type, default=None, help=help_text)(command)
+    command = click.option(
+        "--pp-layer-partition", "pp_layer_partition", default=None, help=_HELP["pp_layer_partition"]
+    )(command)
+    command = click.option(
+        "--plugin-option",
+        "plugin_options",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="A plugin-specific option (repeatable).",
+    )(command)
+    command = click.option(
+        "--platform",
+        "platform",
+        default=None,
+        help="Target platform, or an alias of one (default: the one a platform plugin detects, "
+        "else the --device's type, else cuda).",
+    )(command)
+    command = click.option(
+        "--speculative-draft-model-path",
+        "draft_model",
+        default=None,
+        help="Draft model (preset, config.json or directory): its own architecture plugin sizes its draft_* pools "
+        "(--accounting sglang keeps SGLang's layer-count scaling for the token count).",
+    )(command)
+    return command
+
+
+def _base_type(kind: Any) -> Any:
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    return args[0] if args else kind
+
+
+_HOST_OPTIONS = ("host_memory", "host_reserve")
+"""``plan()`` arguments that check the host tier against a node (``--enable-hierarchical-cache``)."""
+
+
+def _host_args(options: dict[str, Any]) -> dict[str, Any]:
+    return {name: options.pop(name, None) for name in _HOST_OPTIONS}
+
+
+def _budget_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    command = click.option(
+        "--host-reserve",
+        default=None,
+        help="Host memory the host tier leaves to the OS and others (default: SGLang's 10 GiB; 0 for vLLM's "
+        "--kv-offloading-size, which reserves none).",
+    )(command)
+    command = click.option(
+        "--host-memory",
+        default=None,
+        help="The node's available host memory the host tier must fit (default: measured here, "
+        "/proc/meminfo MemAvailable).",
+    )(command)
+    command = click.option(
+        "--runtime-memory",
+        default=None,
+        help="With --gpu/--gpu-memory: what the runtime holds before the weights load (CUDA context, NCCL) "
+        "[default: 1GiB on one GPU, 3GiB with TP/PP].",
+    )(command)
+    command = click.option(
+        "--gpu-memory",
+        default=None,
+        help="Plan on a whole GPU of this total memory (e.g. 96GiB), like --gpu for one not in the catalogue.",
+    )(command)
+    command = click.option(
+        "--gpu",
+        default=None,
+        metavar="NAME",
+        help="Plan on a whole GPU from the catalogue (h100, h200, b200, mi300x, ...): total - runtime - weights - "
+        "slack, with SGLang's default --mem-fraction-static and --chunked-prefill-size for it unless given.",
+    )(command)
+    command = click.option(
+        "--reserved-memory",
+        default=None,
+        help="Memory reserved out of a profiled budget (multimodal caches). Not with --memory.",
+    )(command)
+    command = click.option(
+        "--weights-memory",
+        default=None,
+        help="Memory the weights will take on the device, out of a profiled budget. Not with --memory.",
+    )(command)
+    command = click.option("--free-memory", default=None, help="State a device's free memory instead of measuring it.")(
+        command
+    )
+    command = click.option("--device", default=None, help="Measure the budget on this device: cpu, cuda, cuda:N.")(
+        command
+    )
+    command = click.option("--memory", default=None, help="The KV cache budget: bytes or e.g. 60GiB.")(command)
+    return command
+
+
+def _gpu_defaults(options: dict[str, Any], gpu: str | None, gpu_memory: str | None) -> None:
+    """On a GPU, what SGLang resolves from its memory and the user did not give: the platform and the chunk.
+
+    ``mem_fraction_static`` stays unset (``None``) so the plan computes SGLang's default;
+    ``chunked_prefill_size`` takes SGLang's GPU tier (``sglang_chunked_prefill_size``).
+    """
+    if gpu is None and gpu_memory is None:
+        return
+    from kvpools_core.pipeline.gpus import custom_gpu, find_gpu, sglang_chunked_prefill_size
+
+    chosen = find_gpu(gpu) if gpu is not None else custom_gpu(gpu_memory or 0, options.get("platform") or "cuda")
+    if gpu is not None and options.get("platform") is None:
+        options["platform"] = chosen.platform
+    if options.get("chunked_prefill_size") is None:
+        options["chunked_prefill_size"] = sglang_chunked_prefill_size(chosen.total_mib, chosen.platform)
+
+
+def _make_serving(options: dict[str, Any], device: str | None) -> Serving:
+    kwargs = {k: v for k, v in options.items() if v is not None and k not in _SPECIAL and k not in _RESOLVED}
+    if options.get("pp_layer_partition"):
+        try:
+            kwargs["pp_layer_partition"] = tuple(int(x) for x in options["pp_layer_partition"].split(","))
+        except ValueError as exc:
+            raise ConfigError(
+                f"--pp-layer-partition must be integers separated by commas, "
+                f"got {short_repr(options['pp_layer_partition'])}."
+            ) from exc
+    plugin_options = {}
+    for item in options.get("plugin_options") or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--plugin-option must look like KEY=VALUE, got {item!r}.")
+        plugin_options[key] = value
+    kwargs["plugin_options"] = plugin_options
+    from kvpools_core.pipeline import select_platform
+    from kvpools_core.registry import get_registry
+
+    kwargs["platform"] = select_platform(options.get("platform"), device, get_registry())
+    return Serving(**kwargs)
+
+
+_VLLM_OPTIONS = (
+    "gpu_memory_utilization",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "num_gpu_blocks_override",
+    "kv_offloading_size",
+    "kv_offloading_backend",
+)
+"""vLLM's own option names, accepted by ``plan`` and ``capacity`` under ``--accounting vllm`` only."""
+
+
+def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """vLLM's flags (``vllm serve``'s names), meaningful with ``--accounting vllm`` only."""
+    only = " Only with --accounting vllm."
+    for flag, kind, help_text in reversed(
+        (
+            (
+                "--gpu-memory-utilization",
+                float,
+                "vLLM's fraction of the GPU's TOTAL memory for the instance [default: 0.92].",
+            ),
+            (
+                "--max-model-len",
+                str,
+                "vLLM's maximum tokens per request, or auto (-1): the largest the KV cache fits, at most the "
+                "model's [default: the model's context length].",
+            ),
+            ("--max-num-seqs", int, "vLLM's cap on running requests [default: vllm serve's for the GPU]."),
+            ("--max-num-batched-tokens", int, "vLLM's tokens per step [default: vllm serve's for the GPU]."),
+            ("--block-size", int, "vLLM's tokens per KV block [default: 16]."),
+            ("--num-gpu-blocks-override", int, "vLLM's fixed block count instead of the memory's."),
+            (
+                "--kv-offloading-size",
+                float,
+                "vLLM's CPU KV offload in GiB, for the whole engine (all TP x PP workers together); checked "
+                "against --host-memory (default: measured) less --host-reserve (default 0).",
+            ),
+            (
+                "--kv-offloading-backend",
+                click.Choice(["native", "lmcache"]),
+                "vLLM's offload backend with --kv-offloading-size [default: native].",
+            ),
+        )
+    ):
+        command = click.option(flag, type=kind, default=None, help=help_text + only)(command)
+    return command
+
+
+def _vllm_args(options: dict[str, Any]) -> dict[str, Any]:
+    """Take vLLM's flags out of ``options``: refused unless ``--accounting vllm``, which refuses SGLang's."""
+    args = {name: options.pop(name, None) for name in _VLLM_OPTIONS}
+    if (options.get("accounting") or "").lower() != "vllm":
+        given = [f"--{name.replace('_', '-')}" for name, value in args.items() if value is not None]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} vLLM's: only with --accounting vllm "
+                "(SGLang's names are --mem-fraction-static, --context-length, --max-running-requests, --page-size)."
+            )
+        return args
+    from kvpools_core.engines.vllm.deployment import VLLM_READ_FIELDS, sglang_option_refused
+
+    options["accounting"] = "vllm"
+    args.update(_host_args(options))  # the node vLLM's CPU offload (--kv-offloading-size) is checked against
+    for name, value in options.items():
+        if value is None or value == () or name in VLLM_READ_FIELDS:
+            continue
+        raise ConfigError(sglang_option_refused(name))
+    return args
+
+
+def _refuse_with_vllm(**given: Any) -> None:
+    """Budget and report flags of SGLang's pipeline that ``--accounting vllm`` has no counterpart for."""
+    named = [f"--{name.replace('_', '-')}" for name, value in given.items() if value]
+    if named:
+        raise ConfigError(
+            f"{', '.join(named)} {'belongs' if len(named) == 1 else 'belong'} to SGLang's planning, not to "
+            "--accounting vllm, whose budget is --memory SIZE (vLLM's --kv-cache-memory-bytes) or --gpu NAME / "
+            "--gpu-memory SIZE with --gpu-memory-utilization and --weights-memory (docs/vllm.md)."
+        )
+
+
+def _vllm_plan(
+    model: str,
+    serving: Serving,
+    memory: str | None,
+    gpu: str | None,
+    gpu_memory: str | None,
+    weights_memory: str | None,
+    args: dict[str, Any],
+) -> Any:
+    from kvpools_core.engines import engine_for
+
+    return engine_for("vllm").plan(
+        model, serving, memory=memory, gpu=gpu, gpu_memory=gpu_memory, weights_memory=weights_memory, **args
+    )
+
+
+def _fail(error: KvpoolsError) -> None:
+    click.echo(f"Error: {error}", err=True)
+    sys.exit(1)
+
+
+TRACEBACK_ENV = "KVPOOLS_TRACEBACK"
+INTERRUPTED_STATUS = 130
+"""The exit status of a command stopped by Ctrl-C (128 + SIGINT, as a shell reports it)."""
+
+
+def _user_facing(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a command with options named as flags; errors become one paragraph, never a traceback.
+
+    A ``KvpoolsError`` is the user's to fix (exit 1; a plugin that failed to
+    load shows its import's traceback under ``KVPOOLS_TRACEBACK=1``).  A plugin's failure
+    (``PluginHookError``: a hook raised or answered against its contract,
+    naming the plugin, its distribution and version, and the hook) and
+    anything else (a bug in kvpools) are reported in one line (exit 2), with
+    the traceback only under ``KVPOOLS_TRACEBACK=1``.  Ctrl-C (including in a
+    plugin that hangs) is one line, exit 130.
+    """
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with cli_surface():
+            show_traceback = False
+            try:
+                show_traceback = env_flag(TRACEBACK_ENV)
+                return command(*args, **kwargs)
+            except PluginHookError as error:
+                _bug(
+                    error,
+                    f"Error: {error}",
+                    "This is a bug in that plugin: report it to its authors with the output of the same command "
+                    f"run with {TRACEBACK_ENV}=1, or disable the plugin with KVPOOLS_DISABLED_PLUGINS.",
+                    show_traceback,
+                )
+            except KvpoolsError as error:
+                if show_traceback and isinstance(error, PluginError) and error.__cause__ is not None:
+                    traceback.print_exception(error, file=sys.stderr)  # a plugin's import failure, say
+                _fail(error)
+            except KeyboardInterrupt:
+                click.echo("Error: interrupted (Ctrl-C).", err=True)
+                sys.exit(INTERRUPTED_STATUS)
+            except (click.exceptions.Exit, click.ClickException):
+                raise
+            except Exception as error:
+                _bug(
+                    error,
+                    f"Error: internal error, a bug in kvpools: {type(error).__name__}: {error}.",
+                    f"Please report it with the output of the same command run with {TRACEBACK_ENV}=1.",
+                    show_traceback,
+                )
+
+    return run
+
+
+def _bug(error: BaseException, message: str, report: str, show_traceback: bool) -> NoReturn:
+    """A plugin's or kvpools' bug: one line (after the traceback under KVPOOLS_TRACEBACK=1); exit 2."""
+    if show_traceback:
+        traceback.print_exception(error, file=sys.stderr)
+        click.echo(message, err=True)
+    else:
+        click.echo(f"{message} {report}", err=True)
+    sys.exit(2)
+
+
+def _console() -> Console:
+    tty = sys.stdout.isatty()
+    return Console(file=sys.stdout, width=None if tty else 120, no_color=not tty, highlight=False, soft_wrap=not tty)
+
+
+def _compare_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--compare-platform",
+        default=None,
+        metavar="PLATFORM",
+        help="Also plan the same request on PLATFORM (e.g. cuda) and report where the plans differ, and why.",
+    )(command)
+
+
+def _compare(
+    model: str, serving: Serving, budget: dict[str, Any], platform: str | None
+) -> tuple[str, Any, str | None] | None:
+    """``(platform, its plan or None, why)``: the same request under another platform's rules.
+
+    When that platform's page-size rules refuse this page size, the request is
+    compared at the nearest page size its rules accept, and ``why`` says so.
+    """
+    if platform is None:
+        return None
+    from kvpools_core.errors import UnsupportedCombinationError
+    from kvpools_core.pipeline import plan as make_plan
+    from kvpools_core.pipeline import resolve_platform, resolve_platform_traits
+    from kvpools_core.registry import get_registry
+
+    other = attrs.evolve(serving, platform=platform, platform_traits=None, workspaces=())
+    try:
+        return platform, make_plan(model, other, **budget), None
+    except UnsupportedCombinationError as error:
+        refusal = str(error)
+        try:
+            traits = resolve_platform_traits(resolve_platform(other, get_registry()), get_registry()).traits
+        except KvpoolsError:
+            return platform, None, refusal
+        pages = sorted({1, 16, 32, 64, 128, 256} | {size for rule in traits.page_size_rules for size in rule.sizes})
+        for page in sorted(pages, key=lambda p: abs(p - serving.page_size)):
+            if page == serving.page_size or not all(rule.allows(page) for rule in traits.page_size_rules):
+                continue
+            try:
+                again = make_plan(model, attrs.evolve(other, page_size=page), **budget)
+            except KvpoolsError:
+                continue
+            return platform, again, f"{refusal} Compared at {option('page_size')} {page}, which {platform} accepts."
+        return platform, None, refusal
+    except KvpoolsError as error:
+        return platform, None, str(error)
+
+
+def _comparison_json(result: Any, comparison: tuple[str, Any, str | None]) -> dict[str, Any]:
+    from kvpools_core.cli.plan_report import comparison_summary
+
+    platform, other, error = comparison
+    return comparison_summary(result, other, error, platform)
+
+
+def _render_comparison(result: Any, comparison: tuple[str, Any, str | None] | None) -> None:
+    if comparison is None:
+        return
+    from kvpools_core.cli.plan_report import render_comparison
+
+    platform, other, error = comparison
+    render_comparison(result, other, error, platform, _console())
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="kvpools")
+def main() -> None:
+    """Plan and build the KV-cache memory pools of an LLM serving engine."""
+
+
+FORMATS = ("table", "json", "capacity-json")
+"""Output formats: the human report, the command's JSON object, the capacity record for orchestrators."""
+
+
+def _format_option(json_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--format table|json|capacity-json`` and ``--json``, its alias for ``--format json``."""
+
+    def add(command: Callable[..., Any]) -> Callable[..., Any]:
+        command = click.option("--json", "as_json", is_flag=True, help=f"{json_help} Same as --format json.")(command)
+        return click.option(
+            "--format",
+            "output_format",
+            type=click.Choice(FORMATS, case_sensitive=False),
+            default=None,
+            help="table: the report; json: one JSON object; capacity-json: the capacity record for orchestrators "
+            "(one record per GPU rank, every pipeline stage planned; docs/capacity-record.md).  [default: table]",
+        )(command)
+
+    return add
+
+
+def _output_format(output_format: str | None, as_json: bool) -> str:
+    """The format asked for; ``--json`` beside another ``--format`` is a contradiction."""
+    if as_json and output_format not in (None, "json"):
+        raise ConfigError(f"--json is --format json; it cannot be combined with --format {output_format}. Drop one.")
+    return "json" if as_json else (output_format or "table").lower()
+
+
+def _capacity_json(model: str, serving: Serving, budget: dict[str, Any], context_len: int | None) -> None:
+    """Print the capacity document of every pipeline stage of the deployment (``--format capacity-json``)."""
+    from kvpools_core.planning.capacity_record import capacity_document, stage_plans
+
+    click.echo(json.dumps(capacity_document(stage_plans(model, serving, **budget), context_len=context_len), indent=2))

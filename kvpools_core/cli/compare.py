@@ -1,0 +1,107 @@
+"""``kvpools compare``: one model through SGLang's accounting and vLLM's, side by side."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from kvpools_core.cli.common import (
+    _console,
+    _user_facing,
+    main,
+)
+from kvpools_core.dtypes import KV_DTYPE_CHOICES
+from kvpools_core.values import (
+    Serving,
+)
+
+
+@main.command()
+@click.argument("model")
+@click.option(
+    "--memory",
+    default=None,
+    help="The KV cache's bytes for both engines (SGLang's budget, vLLM's --kv-cache-memory-bytes), e.g. 40GiB.",
+)
+@click.option(
+    "--gpu",
+    default=None,
+    metavar="NAME",
+    help="A catalogue GPU: each engine's own budget on it "
+    "(SGLang's default --mem-fraction-static, vLLM's --gpu-memory-utilization 0.92), both shown.",
+)
+@click.option("--gpu-memory", default=None, help="A GPU of this total memory, like --gpu.")
+@click.option("--weights-memory", default=None, help="With --gpu: one rank's weights [default: kvpools' estimate].")
+@click.option(
+    "--context",
+    "contexts",
+    multiple=True,
+    metavar="L",
+    help="Context lengths to compare concurrency at (repeatable or comma separated; 32768, 32k) "
+    "[default: the context length].",
+)
+@click.option("--tp-size", type=int, default=None, help="Tensor-parallel size (both engines).")
+@click.option(
+    "--kv-cache-dtype",
+    type=click.Choice(KV_DTYPE_CHOICES, case_sensitive=False),
+    default=None,
+    help="KV element type (both engines; auto follows the model dtype).",
+)
+@click.option(
+    "--context-length",
+    type=int,
+    default=None,
+    help="SGLang's --context-length and vLLM's --max-model-len [default: the model's].",
+)
+@click.option(
+    "--page-size", type=int, default=None, help="SGLang's tokens per page [default: SGLang's own for the model]."
+)
+@click.option("--block-size", type=int, default=None, help="vLLM's tokens per block [default: 16].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_user_facing
+def compare(
+    model: str,
+    memory: str | None,
+    gpu: str | None,
+    gpu_memory: str | None,
+    weights_memory: str | None,
+    contexts: tuple[str, ...],
+    tp_size: int | None,
+    kv_cache_dtype: str | None,
+    context_length: int | None,
+    page_size: int | None,
+    block_size: int | None,
+    as_json: bool,
+) -> None:
+    """MODEL through SGLang's accounting and vLLM's, side by side, from the same budget.
+
+    Per layer group (full attention / MLA, sliding window, state): bytes per token, tokens, vLLM's blocks, and
+    where the engines differ; then the concurrent requests of each --context L in both (docs/compare.md).
+    """
+    from kvpools_core.cli.compare_report import render_engine_comparison
+    from kvpools_core.planning.capacity import parse_context_len
+    from kvpools_core.planning.compare import compare_engines
+
+    fields: dict[str, Any] = {}
+    if tp_size is not None:
+        fields["tp_size"] = tp_size
+    if kv_cache_dtype is not None:
+        fields["kv_cache_dtype"] = kv_cache_dtype.lower()
+    comparison = compare_engines(
+        model,
+        Serving(**fields),
+        contexts=[parse_context_len(item) for text in contexts for item in text.split(",")],
+        memory=memory,
+        gpu=gpu,
+        gpu_memory=gpu_memory,
+        weights_memory=weights_memory,
+        context_length=context_length,
+        page_size=page_size,
+        block_size=block_size,
+    )
+    if as_json:
+        click.echo(json.dumps(comparison.to_dict(), indent=2))
+    else:
+        render_engine_comparison(comparison, _console())

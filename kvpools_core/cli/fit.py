@@ -1,0 +1,126 @@
+"""``kvpools fit``: the configurations on the fewest GPUs that hold N requests of L tokens."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from kvpools_core.cli.common import (
+    _HELP,
+    _console,
+    _gpu_defaults,
+    _user_facing,
+    main,
+)
+from kvpools_core.dtypes import KV_DTYPE_CHOICES
+from kvpools_core.values import (
+    SGLANG_ACCOUNTING_MODES,
+    Serving,
+)
+
+
+@main.command()
+@click.argument("model")
+@click.option("--requests", "requests", type=int, required=True, help="Concurrent requests to hold.")
+@click.option("--context", "context", required=True, metavar="L", help="Their context length (32768, 32k, 1M).")
+@click.option("--gpu", default=None, metavar="NAME", help="The GPU model from the catalogue (h100, h200, mi300x, ...).")
+@click.option("--gpu-memory", default=None, help="Or a GPU known by its total memory (e.g. 96GiB).")
+@click.option(
+    "--max-gpus",
+    type=int,
+    default=8,
+    show_default=True,
+    help="The most GPUs a configuration may use (8: one node; at most 1024, 128 nodes).",
+)
+@click.option(
+    "--kv-cache-dtype",
+    type=click.Choice(KV_DTYPE_CHOICES, case_sensitive=False),
+    default=None,
+    help="Only this KV dtype [default: try auto and fp8_e4m3].",
+)
+@click.option(
+    "--page-size",
+    type=int,
+    default=None,
+    help="Only this page size [default: SGLang's own for the model, else the smallest that plans].",
+)
+@click.option(
+    "--mem-fraction-static",
+    type=float,
+    default=None,
+    help="Launch with this fraction [default: SGLang's own default for the GPU and configuration].",
+)
+@click.option(
+    "--chunked-prefill-size",
+    type=int,
+    default=None,
+    help="Launch with this chunk [default: SGLang's default for the GPU's memory].",
+)
+@click.option(
+    "--runtime-memory",
+    default=None,
+    help="What the runtime holds before the weights (default: 1GiB on one GPU, 3GiB with TP/PP).",
+)
+@click.option(
+    "--accounting",
+    type=click.Choice(SGLANG_ACCOUNTING_MODES, case_sensitive=False),
+    default=None,
+    help=_HELP["accounting"],
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_user_facing
+def fit(
+    model: str,
+    requests: int,
+    context: str,
+    gpu: str | None,
+    gpu_memory: str | None,
+    max_gpus: int,
+    kv_cache_dtype: str | None,
+    page_size: int | None,
+    mem_fraction_static: float | None,
+    chunked_prefill_size: int | None,
+    runtime_memory: str | None,
+    accounting: str | None,
+    as_json: bool,
+) -> None:
+    """The configurations on the fewest GPUs that hold --requests N concurrent requests of --context L tokens.
+
+    Tries TP and PP (powers of two), DP attention, replicas behind SGLang's router, KV dtypes and page sizes on
+    one GPU model, each planned with SGLang's profile arithmetic (weights estimated from MODEL's config.json),
+    and ranks those holding N by GPUs, then headroom (requests held / N). Exit 1 when nothing fits on
+    --max-gpus, saying what would.
+    """
+    from kvpools_core.cli.fit_report import render_fit
+    from kvpools_core.planning.capacity import parse_context_len
+    from kvpools_core.planning.fit import fit as find_fits
+
+    options: dict[str, Any] = {
+        "mem_fraction_static": mem_fraction_static,
+        "chunked_prefill_size": chunked_prefill_size,
+        "accounting": accounting,
+        "platform": None,
+    }
+    _gpu_defaults(options, gpu, gpu_memory)
+    serving = Serving(**{k: v for k, v in options.items() if v is not None})
+    result = find_fits(
+        model,
+        requests,
+        parse_context_len(context),
+        gpu=gpu,
+        gpu_memory=gpu_memory,
+        max_gpus=max_gpus,
+        kv_cache_dtype=kv_cache_dtype,
+        page_size=page_size,
+        serving=serving,
+        runtime_memory=runtime_memory,
+    )
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        render_fit(result, _console())
+    if not result.fits:
+        sys.exit(1)

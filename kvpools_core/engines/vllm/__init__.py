@@ -1,0 +1,88 @@
+"""vLLM 0.33's KV-cache planning, modelled exactly: per-layer specs, groups, blocks, the memory check, capacity.
+
+A small core package (no vLLM or torch import): :mod:`kvpools_core.parts.vllm.specs` holds vLLM's per-layer
+``KVCacheSpec`` classes as frozen values, :mod:`kvpools_core.engines.vllm.planning` the planner that turns them and a
+memory budget into ``num_gpu_blocks``, ``max_concurrency`` and ``kv_cache_size_tokens``;
+:func:`~kvpools_core.engines.vllm.deployment.plan_vllm` is what ``--accounting vllm`` runs.  See ``docs/vllm.md``.
+"""
+
+from kvpools_core.engines.base import Engine
+from kvpools_core.engines.vllm.budget import DEFAULT_GPU_MEMORY_UTILIZATION, VllmMemoryBudget, available_kv_cache_memory
+from kvpools_core.engines.vllm.deployment import VllmPlanResult, concurrency_at, plan_vllm
+from kvpools_core.engines.vllm.offload import VllmCpuOffload, plan_cpu_offload
+from kvpools_core.engines.vllm.planning import (
+    KVCacheGroupSpec,
+    VllmKVCachePlan,
+    VllmLimits,
+    VllmMemoryError,
+    bytes_per_block,
+    check_enough_kv_cache_memory,
+    estimate_max_model_len,
+    get_kv_cache_groups,
+    mamba_cache_mode_of,
+    max_memory_usage_bytes,
+    packed_kv_cache_groups,
+    plan_kv_cache,
+    pp_layer_ranges,
+    resolve_kv_cache_layout,
+    unify_kv_cache_spec_page_size,
+)
+from kvpools_core.parts.vllm.layers import align_hybrid_block_size
+from kvpools_core.parts.vllm.specs import (
+    AttentionSpec,
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
+)
+
+__all__ = [
+    "DEFAULT_GPU_MEMORY_UTILIZATION",
+    "ENGINE",
+    "AttentionSpec",
+    "ChunkedLocalAttentionSpec",
+    "FullAttentionSpec",
+    "KVCacheGroupSpec",
+    "KVCacheSpec",
+    "MLAAttentionSpec",
+    "MambaSpec",
+    "SlidingWindowMLASpec",
+    "SlidingWindowSpec",
+    "UniformTypeKVCacheSpecs",
+    "VllmCpuOffload",
+    "VllmKVCachePlan",
+    "VllmLimits",
+    "VllmMemoryBudget",
+    "VllmMemoryError",
+    "VllmPlanResult",
+    "align_hybrid_block_size",
+    "available_kv_cache_memory",
+    "bytes_per_block",
+    "check_enough_kv_cache_memory",
+    "concurrency_at",
+    "estimate_max_model_len",
+    "get_kv_cache_groups",
+    "mamba_cache_mode_of",
+    "max_memory_usage_bytes",
+    "packed_kv_cache_groups",
+    "plan_cpu_offload",
+    "plan_kv_cache",
+    "plan_vllm",
+    "pp_layer_ranges",
+    "resolve_kv_cache_layout",
+    "unify_kv_cache_spec_page_size",
+]
+
+
+ENGINE = Engine(
+    name="vllm",
+    version="0.33",
+    accountings=("vllm",),
+    plan=plan_vllm,
+    summary="vLLM's KV cache: per-layer specs, groups, blocks and max concurrency, as vLLM 0.33 plans them.",
+    docs="docs/vllm.md",
+)

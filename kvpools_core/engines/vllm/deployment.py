@@ -1,0 +1,556 @@
+"""``--accounting vllm``: a model, serving options and a budget planned as ``vllm serve`` 0.33 would size them.
+
+:func:`plan_vllm` is the entry point ``kvpools plan`` / ``kvpools capacity`` dispatch to under
+``--accounting vllm``; it does not bend SGLang's ``PoolSizing``: it asks the architecture plugin for vLLM's
+layer specs (:func:`~kvpools_core.engines.vllm.model.worker_kv_cache_specs`), resolves each pipeline stage's
+``available_kv_cache_memory`` (:func:`~kvpools_core.engines.vllm.budget.available_kv_cache_memory`) and plans them
+with :func:`~kvpools_core.engines.vllm.planning.plan_kv_cache`.  The result carries vLLM's own names, the budget steps
+and the ``vllm serve`` flags that realise the plan.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from kvpools_core.engines.vllm.budget import DEFAULT_GPU_MEMORY_UTILIZATION, VllmMemoryBudget, available_kv_cache_memory
+from kvpools_core.engines.vllm.model import DEFAULT_BLOCK_SIZE, worker_kv_cache_specs
+from kvpools_core.engines.vllm.offload import VllmCpuOffload, plan_cpu_offload
+from kvpools_core.engines.vllm.planning import (
+    KVCacheGroupSpec,
+    VllmKVCachePlan,
+    VllmLimits,
+    format_gib,
+    mamba_cache_mode_of,
+    plan_kv_cache,
+    pp_layer_ranges,
+)
+from kvpools_core.errors import ConfigError, NoProviderError, UnsupportedCombinationError, short_repr
+from kvpools_core.models import launch_model_path, load_model
+from kvpools_core.options import on_cli, option
+from kvpools_core.parts.vllm.specs import MambaSpec, SlidingWindowMLASpec, UniformTypeKVCacheSpecs
+from kvpools_core.pipeline.gpus import GPU, GiB, custom_gpu, find_gpu
+from kvpools_core.registry import Registry, get_registry
+from kvpools_core.units import parse_bytes
+from kvpools_core.values import ModelSpec, Serving
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+VLLM_VERSION = "0.33.0"
+
+VLLM_NAMES = {
+    "context_length": "max_model_len",
+    "max_running_requests": "max_num_seqs",
+    "page_size": "block_size",
+    "chunked_prefill_size": "max_num_batched_tokens",
+    "mem_fraction_static": "gpu_memory_utilization",
+}
+"""SGLang's serving options that have a vLLM counterpart under ``--accounting vllm``."""
+
+VLLM_READ_FIELDS = {"tp_size", "pp_size", "pp_layer_partition", "kv_cache_dtype", "accounting", "platform"}
+"""The ``Serving`` fields vLLM's planning reads; the others are SGLang's and refused when set."""
+_RESOLVED_FIELDS = {"platform_traits", "workspaces", "plugin_options"}
+
+
+def server_defaults(total_bytes: int | None, device_name: str = "") -> tuple[int, int]:
+    """``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`` for ``vllm serve``
+    (``UsageContext.OPENAI_API_SERVER``, ``engine/arg_utils.py`` L2973-3006): ``(max_num_batched_tokens,
+    max_num_seqs)`` by the device's total memory: >= 160 GiB 16384 / 1024; >= 70 GiB (not an A100) 8192 / 1024;
+    otherwise 2048 / 256 (also vLLM's choice when it cannot read the device, as without a GPU here)."""
+    if total_bytes is not None and total_bytes >= 160 * GiB:
+        return 16384, 1024
+    if total_bytes is not None and total_bytes >= 70 * GiB and "a100" not in device_name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
+def max_concurrent_batches(pp_size: int) -> int:
+    """``VllmConfig.max_concurrent_batches`` (``config/vllm.py`` L588) with vLLM's defaults: async scheduling
+    on (L1719) and Model Runner V2 (``use_v2_model_runner``, L731): ``pp + 1``.  It only sizes the
+    sliding-window and chunked-local groups (``max_in_flight_tokens``)."""
+    return pp_size + 1
+
+
+@attrs.frozen(kw_only=True)
+class VllmPlanResult:
+    """One ``vllm serve`` deployment planned: the inputs, each stage's budget, vLLM's KV-cache plan.
+
+    ``budgets`` holds one :class:`VllmMemoryBudget` per pipeline stage (each stage holds its own weights);
+    ``weights_memory`` the weights charged per stage (empty with ``memory``, vLLM's ``--kv-cache-memory-bytes``).
+    """
+
+    model: ModelSpec
+    model_ref: str
+    plugin: str
+    serving: Serving
+    gpu: GPU | None
+    gpu_memory_utilization: float | None
+    kv_cache_memory_bytes: int | None
+    weights_memory: tuple[int, ...]
+    weights_source: str
+    budgets: tuple[VllmMemoryBudget, ...]
+    limits: VllmLimits
+    block_size: int
+    """``--block-size`` as asked (16, vLLM's default, when not given)."""
+    max_num_seqs: int
+    num_gpu_blocks_override: int | None
+    plan: VllmKVCachePlan
+    offload: VllmCpuOffload | None = None
+    """vLLM's CPU offload tier (``--kv-offloading-size``), or None without one."""
+    max_model_len_auto: bool = False
+    """``--max-model-len auto`` (or -1): ``plan.max_model_len`` is the auto-fitted length, at most the model's."""
+
+    @property
+    def effective_block_size(self) -> int:
+        """The attention block size vLLM runs with (``cache_config.block_size`` after start-up).
+
+        The backends' kernels (MiniMax sparse's indexer: 128) and a Mamba hybrid's page alignment raise the
+        asked ``--block-size``; the serve line and ``--json`` name the size vLLM really uses.
+        """
+        return attention_block_size(self.plan, self.block_size)
+
+    @property
+    def max_model_len(self) -> int:
+        """The resolved ``max_model_len``: the one given, the model's, or under ``auto`` the auto-fitted one."""
+        return self.plan.max_model_len
+
+    @property
+    def auto_fit_log_line(self) -> str | None:
+        """vLLM's ``_auto_fit_max_model_len`` info line (``kv_cache_planning.py`` L1386-1409, a CUDA device),
+        None without ``auto``."""
+        if not self.max_model_len_auto or self.plan.auto_fit_memory is None:
+            return None
+        derived = self.limits.max_model_len
+        memory = f"{format_gib(self.plan.auto_fit_memory)} GiB GPU"
+        if self.plan.max_model_len >= derived:
+            return (
+                f"Auto-fit max_model_len: full model context length {derived} fits in available KV cache memory "
+                f"({memory})"
+            )
+        return (
+            f"Auto-fit max_model_len: reduced from {derived} to {self.plan.max_model_len} to fit in available KV "
+            f"cache memory ({memory})"
+        )
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the numbers assume that vLLM would measure at start-up."""
+        if self.gpu is None:
+            return (
+                "--memory is vLLM's --kv-cache-memory-bytes: each worker's KV cache, so "
+                "--gpu-memory-utilization is not used.",
+            )
+        return (
+            f"weights: {self.weights_source}; activation peak, non-torch memory and CUDA graphs are not "
+            "profiled here (0), so available_kv_cache_memory is an upper bound of what vLLM's profile leaves: "
+            "subtract them as vLLM logs them.",
+        )
+
+    def serve_command(self) -> str:
+        """The ``vllm serve`` line that realises this plan (MODEL: a preset's Hugging Face id, a config's directory,
+        :func:`kvpools_core.models.launch_model_path`)."""
+        parts = [f"vllm serve {shlex.quote(self.model_ref)}", f"--tensor-parallel-size {self.serving.tp_size}"]
+        if self.serving.pp_size > 1:
+            parts.append(f"--pipeline-parallel-size {self.serving.pp_size}")
+        parts.append(f"--max-model-len {self.max_model_len}")
+        if self.kv_cache_memory_bytes is not None:
+            parts.append(f"--kv-cache-memory-bytes {self.kv_cache_memory_bytes}")
+        else:
+            parts.append(f"--gpu-memory-utilization {self.gpu_memory_utilization:g}")
+        parts.append(f"--block-size {self.effective_block_size}")
+        parts.append(f"--kv-cache-dtype {self.serving.kv_cache_dtype}")
+        parts.append(f"--max-num-seqs {self.max_num_seqs}")
+        parts.append(f"--max-num-batched-tokens {self.limits.max_num_batched_tokens}")
+        if self.num_gpu_blocks_override is not None:
+            parts.append(f"--num-gpu-blocks-override {self.num_gpu_blocks_override}")
+        if self.offload is not None:
+            parts.append(f"--kv-offloading-size {self.offload.kv_offloading_size:g}")
+            parts.append(f"--kv-offloading-backend {self.offload.backend}")
+        prefix = ""
+        if self.serving.pp_layer_partition is not None:
+            prefix = f"VLLM_PP_LAYER_PARTITION={','.join(map(str, self.serving.pp_layer_partition))} "
+        return prefix + " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan under vLLM's names (``kvpools plan --accounting vllm --json``)."""
+        plan = self.plan
+        return {
+            "accounting": "vllm",
+            "vllm_version": VLLM_VERSION,
+            "model": self.model.name,
+            "source": self.model.source,
+            "plugin": self.plugin,
+            "gpu": self.gpu.name if self.gpu is not None else None,
+            "tensor_parallel_size": self.serving.tp_size,
+            "pipeline_parallel_size": self.serving.pp_size,
+            "kv_cache_dtype": self.serving.kv_cache_dtype,
+            "block_size": self.effective_block_size,
+            "block_size_requested": self.block_size,
+            "max_model_len": plan.max_model_len,
+            "max_model_len_auto": self.max_model_len_auto,
+            "max_model_len_before_auto_fit": self.limits.max_model_len if self.max_model_len_auto else None,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.limits.max_num_batched_tokens,
+            "max_concurrent_batches": self.limits.max_concurrent_batches,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+            "num_gpu_blocks_override": self.num_gpu_blocks_override,
+            "budget": [
+                {
+                    "pp_rank": rank,
+                    "source": budget.source,
+                    "total_memory": self.gpu.total_bytes if self.gpu is not None else None,
+                    "requested_memory": budget.requested_memory,
+                    "weights_memory": self.weights_memory[rank] if self.weights_memory else None,
+                    "non_kv_cache_memory": budget.non_kv_cache_memory,
+                    "cudagraph_memory": budget.cudagraph_memory,
+                    "available_kv_cache_memory": budget.available_kv_cache_memory,
+                }
+                for rank, budget in enumerate(self.budgets)
+            ],
+            "kv_cache_groups": [group_dict(group) for group in plan.groups],
+            "bytes_per_block": list(plan.bytes_per_block),
+            "num_gpu_blocks": plan.num_gpu_blocks,
+            "blocks_per_request": plan.blocks_per_request,
+            "max_concurrency": plan.max_concurrency,
+            "kv_cache_size_tokens": plan.kv_cache_size_tokens,
+            "kv_cache_tensor_bytes": list(plan.kv_cache_tensor_bytes),
+            "log_line": plan.log_line,
+            "kv_offloading": None if self.offload is None else self.offload.to_dict(),
+            "auto_fit_log_line": self.auto_fit_log_line,
+            "serve_command": self.serve_command(),
+            "notes": list(self.notes),
+        }
+
+
+def group_spec_kind(group: KVCacheGroupSpec) -> str:
+    """The group spec's vLLM class name; a uniform-type group names the layer classes inside it."""
+    spec = group.kv_cache_spec
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        inner = sorted({type(layer).__name__ for layer in spec.kv_cache_specs.values()})
+        return f"UniformTypeKVCacheSpecs({', '.join(inner)})"
+    return type(spec).__name__
+
+
+def group_dict(group: KVCacheGroupSpec) -> dict[str, Any]:
+    return {
+        "spec": group_spec_kind(group),
+        "num_layers": len(group.layer_names),
+        "block_size": group.kv_cache_spec.block_size,
+        "page_size_bytes": group.kv_cache_spec.page_size_bytes,
+        "layer_names": list(group.layer_names),
+    }
+
+
+def _check_serving(serving: Serving) -> None:
+    """Refuse SGLang's options vLLM's planning would silently ignore, naming vLLM's flag where there is one."""
+    defaults = Serving()
+    for field in attrs.fields(Serving):
+        if field.name in VLLM_READ_FIELDS or field.name in _RESOLVED_FIELDS:
+            continue
+        if getattr(serving, field.name) == getattr(defaults, field.name):
+            continue
+        raise ConfigError(sglang_option_refused(field.name))
+
+
+def sglang_option_refused(name: str) -> str:
+    """Why SGLang's option ``name`` is refused under ``--accounting vllm``, naming vLLM's where there is one."""
+    vllm = VLLM_NAMES.get(name)
+    fix = f"use {option(vllm)}" if vllm else "drop it (not modelled for vLLM)"
+    if name == "mem_fraction_static":
+        fix += " (a fraction of the TOTAL memory, not of the memory left after the weights)"
+    return f"{option(name)} is SGLang's option; {option('accounting')} vllm does not read it: {fix}."
+
+
+AUTO_MAX_MODEL_LEN = -1
+"""``--max-model-len auto`` (or ``-1``): vLLM's ``human_readable_int_or_auto`` (``utils/argparse_utils.py`` L77)
+turns both into -1, ``ModelConfig`` starts from the model's derived length (``config/model.py`` L2642) and
+``get_kv_cache_configs`` lowers it to what fits (``_auto_fit_max_model_len``, ``kv_cache_planning.py`` L1545)."""
+
+
+def parse_max_model_len(value: int | str | None) -> int | None:
+    """``--max-model-len``: a positive integer, ``auto`` or ``-1`` (:data:`AUTO_MAX_MODEL_LEN`), or None."""
+    if value is None:
+        return None
+    parsed: object = value
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() == "auto":
+            return AUTO_MAX_MODEL_LEN
+        negative = text.startswith("-")
+        digits = text[1:] if negative else text
+        significant = digits.lstrip("0")  # int() counts leading zeros against its 4,300-digit limit
+        # beyond 18 digits no model's context, and int() of 4,300+ digits raises
+        if digits.isdigit() and len(significant) <= 18:
+            parsed = -int(significant or "0") if negative else int(significant or "0")
+    if isinstance(parsed, bool) or not isinstance(parsed, int) or (parsed <= 0 and parsed != AUTO_MAX_MODEL_LEN):
+        raise ConfigError(
+            f"{option('max_model_len')} must be a positive integer, or auto (-1: the largest length the KV cache "
+            f"fits, at most the model's), got {short_repr(value)}."
+        )
+    return parsed
+
+
+def _positive(flag: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ConfigError(f"{flag} must be a positive integer, got {value!r}.")
+
+
+def _specs(spec: ModelSpec, plugin: str, serving: Serving, registry: Registry, block_size: int) -> list[dict[str, Any]]:
+    try:
+        return worker_kv_cache_specs(spec, serving, registry, block_size=block_size)
+    except NoProviderError as error:
+        raise UnsupportedCombinationError(
+            f"{spec.name} is parsed by the {plugin!r} plugin, which does not answer vllm_kv_cache_specs: "
+            "--accounting vllm is not modelled for it yet; use --accounting sglang or exact."
+        ) from error
+
+
+def _stage_weights(model_ref: str | ModelSpec, spec: ModelSpec, serving: Serving) -> tuple[int, ...]:
+    """kvpools' weights estimate of each vLLM pipeline stage: its layers as vLLM's ``get_pp_indices`` places them
+    (passed to ``estimate_weights`` as an explicit partition, since SGLang gives the remainder to other stages)."""
+    if isinstance(model_ref, ModelSpec):
+        raise ConfigError(
+            f"A GPU budget needs the weights' size: {spec.name} was given as a ModelSpec, which carries no weight "
+            f"shapes. Pass {option('weights_memory')} (one rank's weights)."
+        )
+    from kvpools_core.errors import KvpoolsError
+    from kvpools_core.pipeline.weights import estimate_weights
+
+    ranges = pp_layer_ranges(spec.num_layers, serving.pp_size, serving.pp_layer_partition)
+    partition = tuple(len(r) for r in ranges)
+    weights = []
+    for rank in range(serving.pp_size):
+        stage = attrs.evolve(
+            serving, pp_rank=rank, pp_layer_partition=partition if serving.pp_size > 1 else None, accounting="exact"
+        )
+        try:
+            weights.append(estimate_weights(model_ref, stage).bytes_per_rank)
+        except KvpoolsError as error:
+            raise ConfigError(
+                f"A GPU budget needs the weights' size and kvpools cannot estimate them for {spec.name}: {error} "
+                f"Pass {option('weights_memory')} (one rank's weights)."
+            ) from error
+    return tuple(weights)
+
+
+def plan_vllm(
+    model: str | ModelSpec,
+    serving: Serving | None = None,
+    *,
+    memory: int | str | None = None,
+    gpu: str | GPU | None = None,
+    gpu_memory: int | str | None = None,
+    gpu_memory_utilization: float | None = None,
+    weights_memory: int | str | None = None,
+    max_model_len: int | str | None = None,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    block_size: int | None = None,
+    num_gpu_blocks_override: int | None = None,
+    kv_offloading_size: float | None = None,
+    kv_offloading_backend: str | None = None,
+    host_memory: int | float | str | None = None,
+    host_reserve: int | float | str | None = None,
+    registry: Registry | None = None,
+) -> VllmPlanResult:
+    """Plan ``model`` as ``vllm serve`` 0.33 sizes its KV cache (``Worker.determine_available_memory`` +
+    ``get_kv_cache_configs``).
+
+    The budget is ``memory`` (vLLM's ``--kv-cache-memory-bytes``: each worker's KV cache) or a whole ``gpu``
+    (catalogue name) / ``gpu_memory`` (its total): ``ceil(total x gpu_memory_utilization)`` (default 0.92,
+    ``config/cache.py`` L215) minus each stage's weights (``weights_memory``, else kvpools' estimate of the
+    stage's layers).  The profile's activation peak, non-torch memory and CUDA-graph estimate are 0: kvpools
+    does not run the model, so with a GPU the KV memory is an upper bound (``VllmPlanResult.notes``).
+    ``max_model_len`` defaults to the model's context length; ``"auto"`` or -1 is vLLM's ``--max-model-len auto``:
+    the model's context length lowered to the largest that every stage's KV cache fits
+    (``VllmPlanResult.max_model_len_auto``); ``max_num_seqs`` / ``max_num_batched_tokens`` to
+    ``vllm serve``'s defaults for the GPU (:func:`server_defaults`); ``block_size`` to 16.
+    ``kv_offloading_size`` (GiB, the whole engine's) adds vLLM's CPU offload tier
+    (:mod:`kvpools_core.engines.vllm.offload`),
+    checked against the node's ``host_memory`` (stated, else measured) less ``host_reserve`` (0 unless given).
+    Raises :class:`~kvpools_core.engines.vllm.planning.VllmMemoryError` with vLLM's text where vLLM refuses to start.
+    """
+    registry = registry or get_registry()
+    serving = attrs.evolve(serving or Serving(), accounting="vllm")
+    _check_serving(serving)
+    model_len = parse_max_model_len(max_model_len)
+    auto = model_len == AUTO_MAX_MODEL_LEN
+    for name, value in (
+        ("max_num_seqs", max_num_seqs),
+        ("max_num_batched_tokens", max_num_batched_tokens),
+        ("block_size", block_size),
+        ("num_gpu_blocks_override", num_gpu_blocks_override),
+    ):
+        _positive(option(name), value)
+    if isinstance(model, ModelSpec):
+        spec, plugin, model_ref = model, "given ModelSpec", model.name
+    else:
+        spec, plugin = load_model(model, registry)
+        model_ref = launch_model_path(model, registry)
+    chosen = _resolve_device(memory, gpu, gpu_memory, serving, registry)
+    if memory is not None and (gpu_memory_utilization is not None or weights_memory is not None):
+        raise ConfigError(
+            "--memory is vLLM's --kv-cache-memory-bytes (the KV cache itself): --gpu-memory-utilization and "
+            "--weights-memory apply to a --gpu budget only. Drop one of them."
+        )
+    if kv_offloading_size is None:
+        given = [
+            option(name)
+            for name, value in (
+                ("kv_offloading_backend", kv_offloading_backend),
+                ("host_memory", host_memory),
+                ("host_reserve", host_reserve),
+            )
+            if value is not None
+        ]
+        if given:
+            raise ConfigError(
+                f"{' and '.join(given)} {'describes' if len(given) == 1 else 'describe'} vLLM's CPU offload, which "
+                f"only exists with "
+                f"{option('kv_offloading_size')} (GiB); add it, or drop {' and '.join(given)}."
+            )
+    block = DEFAULT_BLOCK_SIZE if block_size is None else block_size
+    workers = _specs(spec, plugin, serving, registry, block)
+    default_batched, default_seqs = server_defaults(
+        chosen.total_bytes if chosen else None, chosen.label if chosen else ""
+    )
+    limits = VllmLimits(
+        max_model_len=spec.context_len if auto or model_len is None else model_len,
+        max_num_batched_tokens=max_num_batched_tokens or default_batched,
+        max_concurrent_batches=max_concurrent_batches(serving.pp_size),
+        mamba_cache_mode=mamba_cache_mode_of(workers),
+    )
+    utilization: float | None = None
+    kv_bytes: int | None = None
+    weights: tuple[int, ...] = ()
+    weights_source = ""
+    if chosen is None:
+        assert memory is not None  # _resolve_device: exactly one budget source
+        kv_bytes = parse_bytes(memory, option("memory"))
+        budgets = tuple(available_kv_cache_memory(kv_cache_memory_bytes=kv_bytes) for _ in workers)
+    else:
+        utilization = DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
+        if weights_memory is not None:
+            weights = (parse_bytes(weights_memory, option("weights_memory")),) * serving.pp_size
+            weights_source = "given (--weights-memory)"
+        else:
+            weights = _stage_weights(model, spec, serving)
+            weights_source = "kvpools' estimate of each stage's layers from the model config (estimate_weights)"
+        budgets = tuple(
+            available_kv_cache_memory(
+                total_memory=chosen.total_bytes, gpu_memory_utilization=utilization, weights_memory=stage_weights
+            )
+            for stage_weights in weights
+        )
+    plan = plan_kv_cache(
+        workers,
+        [budget.available_kv_cache_memory for budget in budgets],
+        limits,
+        num_gpu_blocks_override=num_gpu_blocks_override,
+        auto_fit_max_model_len=auto,
+    )
+    offload = None
+    if kv_offloading_size is not None:
+        offload = plan_cpu_offload(
+            plan,
+            kv_offloading_size=kv_offloading_size,
+            backend=kv_offloading_backend or "native",
+            tp_size=serving.tp_size,
+            pp_size=serving.pp_size,
+            block_size=attention_block_size(plan, block),
+            platform=serving.platform,
+            host_memory=host_memory,
+            host_reserve=host_reserve,
+        )
+    return VllmPlanResult(
+        model=spec,
+        model_ref=model_ref,
+        plugin=plugin,
+        serving=serving,
+        gpu=chosen,
+        gpu_memory_utilization=utilization,
+        kv_cache_memory_bytes=kv_bytes,
+        weights_memory=weights,
+        weights_source=weights_source,
+        budgets=budgets,
+        limits=limits,
+        block_size=block,
+        max_num_seqs=max_num_seqs or default_seqs,
+        num_gpu_blocks_override=num_gpu_blocks_override,
+        plan=plan,
+        offload=offload,
+        max_model_len_auto=auto,
+    )
+
+
+def _resolve_device(
+    memory: int | str | None, gpu: str | GPU | None, gpu_memory: int | str | None, serving: Serving, registry: Registry
+) -> GPU | None:
+    """The GPU planned on (from ``registry``'s catalogue), or None for an explicit KV budget; one budget source."""
+    given = [flag for flag, value in (("--memory", memory), ("--gpu", gpu), ("--gpu-memory", gpu_memory)) if value]
+    if len(given) != 1:
+        what = f"got {' and '.join(given)}" if given else "got none"
+        raise ConfigError(
+            "--accounting vllm needs one budget: --memory SIZE (vLLM's --kv-cache-memory-bytes, per worker), "
+            f"--gpu NAME or --gpu-memory SIZE (a whole GPU, with --gpu-memory-utilization); {what}."
+        )
+    if isinstance(gpu, GPU):
+        return gpu
+    if gpu is not None:
+        return find_gpu(gpu, registry)
+    if gpu_memory is not None:
+        return custom_gpu(gpu_memory, platform=serving.platform)
+    return None
+
+
+def concurrency_at(result: VllmPlanResult, context_len: int) -> float | None:
+    """vLLM's ``max_concurrency`` for requests of ``context_len`` tokens on this plan's blocks:
+    ``num_gpu_blocks / Σ_groups blocks_per_request(context_len)`` (``kv_cache_utils.py`` L1061, the formula
+    of the start-up log at another length); None past ``max_model_len``, which vLLM refuses."""
+    _positive(option("context") if on_cli() else "context_len", context_len)
+    if context_len > result.max_model_len:
+        return None
+    limits = result.limits.with_max_model_len(context_len)
+    blocks = sum(group.blocks_per_request(limits) for group in result.plan.groups)
+    return result.plan.num_gpu_blocks / blocks
+
+
+def capacity_dict(result: VllmPlanResult, contexts: Sequence[int]) -> dict[str, Any]:
+    """``kvpools capacity --accounting vllm --json``: the plan and the concurrency at each context length."""
+    return {
+        **result.to_dict(),
+        "capacity": [{"context_len": length, "max_concurrency": concurrency_at(result, length)} for length in contexts],
+    }
+
+
+__all__ = [
+    "AUTO_MAX_MODEL_LEN",
+    "VLLM_READ_FIELDS",
+    "VLLM_VERSION",
+    "VllmPlanResult",
+    "capacity_dict",
+    "concurrency_at",
+    "group_dict",
+    "max_concurrent_batches",
+    "parse_max_model_len",
+    "plan_vllm",
+    "server_defaults",
+]
+
+
+def attention_block_size(plan: VllmKVCachePlan, asked: int) -> int:
+    """The block size vLLM resolved for the attention layers (``cache_config.block_size`` after start-up): the
+    smallest attention group's (page-size unification only grows a group's block from it).  Groups of Mamba
+    states and of ``SlidingWindowMLASpec`` caches are left out: their blocks are not sizes vLLM was asked for (a
+    Mamba block is its state; DeepSeek-V4's SWA and compressor-state caches fix their own, ``sparse_swa.py`` L85,
+    ``compressor.py`` L168-171); ``asked`` for a model of such layers only."""
+    sizes = {
+        group.kv_cache_spec.block_size
+        for group in plan.groups
+        if not any(isinstance(group.layer_spec(name), (MambaSpec, SlidingWindowMLASpec)) for name in group.layer_names)
+    }
+    return min(sizes) if sizes else asked

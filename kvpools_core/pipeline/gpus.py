@@ -1,0 +1,407 @@
+"""The GPU catalogue (the accelerators the platform plugins contribute), and SGLang's memory defaults on it.
+
+Each platform plugin lists its devices through the ``accelerators`` hook
+(:class:`~kvpools_core.values.GPU`: the total memory **as SGLang reads it**,
+``get_device_memory_capacity`` of SGLang 0.5.23, with its source); this module
+keeps the generic machinery: lookup by name or alias with typo suggestions
+(:func:`find_gpu`), totals given by the user (:func:`custom_gpu`), and
+:func:`sglang_memory_defaults`, SGLang 0.5.23's ``handle_gpu_memory_settings``
+(``srt/arg_groups/memory_hook.py``): the GPU-tiered ``chunked_prefill_size``
+and decode CUDA-graph ``max_bs``, and the ``mem_fraction_static`` SGLang picks
+when it is not set.  What differs by platform comes from the platform's traits
+(:class:`~kvpools_core.values.PlatformTraits`): its own memory tiers, set
+before the GPU tiers (Ascend's NPU tiers), and whether SGLang captures
+breakable prefill graphs there (CUDA only).  The core names no device and no
+platform.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from kvpools_core.errors import ConfigError, PluginConflictError, PluginResultError, short_repr
+from kvpools_core.options import option
+from kvpools_core.units import parse_bytes
+from kvpools_core.values import GPU as GPU  # re-exported: the catalogue's value, defined with the others
+from kvpools_core.values import ModelSpec, PlatformTraits, Serving
+
+if TYPE_CHECKING:
+    from kvpools_core.registry import Registry
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[\s_\-]+", "", name.strip().lower())
+
+
+def _registry(registry: Registry | None) -> Registry:
+    from kvpools_core.registry import get_registry
+
+    return registry or get_registry()
+
+
+def accelerators(registry: Registry | None = None) -> tuple[GPU, ...]:
+    """The catalogue: every loaded plugin's accelerators (``accelerators`` hook), built-in plugins first.
+
+    Checked as it is read: a name or alias two entries share (case, spaces,
+    ``-`` and ``_`` ignored) is an error naming the plugins, and so is an
+    accelerator of a platform no loaded plugin provides.
+    """
+    registry = _registry(registry)
+    providers = {name: plugin for name, (plugin, _) in registry.call_named("platforms", "Platform").items()}
+    owners: dict[str, tuple[str, GPU]] = {}
+    catalogue: list[GPU] = []
+    # pluggy asks the last-registered plugin first; the catalogue lists them as registered (built-ins first)
+    for plugin, offered in reversed(registry.call_collect("accelerators")):
+        label = registry.plugin(plugin).label
+        for gpu in offered:
+            if gpu.platform not in providers:
+                raise PluginResultError(
+                    f"Plugin {label} contributes the accelerator {gpu.name!r} of platform {gpu.platform!r}, which "
+                    f"no loaded plugin provides (installed platforms: {', '.join(sorted(providers)) or 'none'}); "
+                    f"an accelerator names a platform by its canonical name, one a platforms hook answers."
+                )
+            for spelling in (gpu.name, *gpu.aliases):
+                key = _key(spelling)
+                if not key:
+                    raise PluginResultError(f"Plugin {label}: accelerator {gpu.name!r} has an empty spelling.")
+                if key in owners and owners[key][1] is not gpu:  # an entry may spell itself twice
+                    other_plugin, other = owners[key]
+                    if other_plugin == plugin:
+                        raise PluginResultError(
+                            f"Plugin {label} offers the GPU spelling {spelling!r} twice ({other.name!r} and "
+                            f"{gpu.name!r}); names and aliases must be unique (case, spaces, - and _ ignored)."
+                        )
+                    raise PluginConflictError(
+                        f"GPU {spelling!r} comes from two plugins: {registry.plugin(other_plugin).label} "
+                        f"({other.name!r}) and {label} ({gpu.name!r}). Disable one with KVPOOLS_DISABLED_PLUGINS "
+                        f"(NAME, or DIST:NAME)."
+                    )
+                owners[key] = (plugin, gpu)
+            catalogue.append(gpu)
+    return tuple(catalogue)
+
+
+def __getattr__(name: str) -> Any:
+    """``GPUS``: the default registry's catalogue, read when asked (importing this module loads no plugin)."""
+    if name == "GPUS":
+        return accelerators()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def find_gpu(name: str, registry: Registry | None = None) -> GPU:
+    """The catalogue entry called ``name`` or one of its aliases (case, spaces, ``-`` and ``_`` ignored).
+
+    The catalogue is ``registry``'s (the default registry's when None): the
+    accelerators its platform plugins contribute.
+    """
+    registry = _registry(registry)
+    catalogue = accelerators(registry)
+    index = {_key(spelling): gpu for gpu in catalogue for spelling in (gpu.name, *gpu.aliases)}
+    found = index.get(_key(name))
+    if found is not None:
+        return found
+    close = difflib.get_close_matches(_key(name), list(index), n=1)
+    hint = f" Did you mean {index[close[0]].name!r}?" if close else ""
+    raise ConfigError(
+        f"Unknown GPU {short_repr(name)} ({option('gpu')}).{hint} "
+        f"Known: {', '.join(g.name for g in catalogue) or 'none'}; "
+        f"for another accelerator pass {option('gpu_memory')} SIZE (its total memory, e.g. 96GiB)."
+        f"{_vendor_hint(registry)} {registry.loading_hint()}".rstrip()
+    )
+
+
+def _vendor_hint(registry: Registry) -> str:
+    """Where the accelerators of vendor platforms not installed here come from (install hints only)."""
+    from kvpools_core.pipeline.platforms import VENDOR_DISTRIBUTIONS, install_command
+
+    installed = {info.distribution.lower().replace("_", "-") for info in registry.plugins()}
+    missing = sorted(set(VENDOR_DISTRIBUTIONS.values()) - installed)
+    if not missing:
+        return ""
+    return f" Vendor platforms bring their accelerators with their plugins: {install_command(*missing)}."
+
+
+def custom_gpu(memory: int | float | str, platform: str = "cuda") -> GPU:
+    """A GPU known only by its total memory (``--gpu-memory``), on ``platform``."""
+    total = parse_bytes(memory, option("gpu_memory"))
+    if total <= 0:
+        raise ConfigError(f"{option('gpu_memory')} must be positive, got {memory!r}.")
+    return GPU("custom", f"custom GPU, {total / GiB:.2f} GiB", total, platform=platform, source="user-supplied")
+
+
+def platform_traits_of(platform: str | PlatformTraits, registry: Registry | None = None) -> PlatformTraits:
+    """The traits of ``platform`` (a name or alias) as a plan for it resolves them; traits are returned as given."""
+    if isinstance(platform, PlatformTraits):
+        return platform
+    from kvpools_core.pipeline.platforms import resolve_platform, resolve_platform_traits
+
+    registry = _registry(registry)
+    serving = resolve_platform_traits(resolve_platform(Serving(platform=platform), registry), registry)
+    return serving.traits
+
+
+# ---------------------------------------------------------------------------
+# SGLang 0.5.23 handle_gpu_memory_settings (srt/arg_groups/memory_hook.py)
+# ---------------------------------------------------------------------------
+
+MLA_ARCHITECTURES = frozenset(
+    {
+        "DeepseekV2ForCausalLM",
+        "DeepseekV32ForCausalLM",
+        "DeepseekV3ForCausalLM",
+        "DeepseekV3ForCausalLMNextN",
+        "Glm4MoeLiteForCausalLM",
+        "Glm4MoeLiteForCausalLMNextN",
+        "GlmMoeDsaForCausalLM",
+        "GlmMoeDsaForCausalLMNextN",
+        "Glm5NextForConditionalGeneration",
+        "Glm5NextForConditionalGenerationNextN",
+        "LongcatFlashForCausalLM",
+        "LongcatFlashForCausalLMNextN",
+        "HYV4ForCausalLM",
+        "HYV4ForCausalLMNextN",
+        "DotsVLMForCausalLM",
+        "Dots3NoteForCausalLM",
+        "Dots3NoteForCausalLMNextN",
+        "MistralLarge3ForCausalLM",
+        "MistralLarge3ForCausalLMEagle",
+        "KimiK25ForConditionalGeneration",
+        "Eagle3DeepseekV2ForCausalLM",
+        "GigaChat35ForCausalLM",
+        "GigaChat35ForCausalLMNextN",
+        "MiniCPM3ForCausalLM",
+        "KimiVLForConditionalGeneration",
+        "KimiLinearForCausalLM",
+        "KimiK3LinearForCausalLM",
+        "KimiK3ForConditionalGeneration",
+    }
+)
+"""Hugging Face architectures SGLang 0.5.23 runs with ``AttentionArch.MLA`` (``srt/configs/model_config.py``
+lines 1366-1397 and the ``elif`` branches after them): ``use_mla_backend`` is true for them."""
+
+PREFILL_GRAPH_INCOMPATIBLE = frozenset(
+    {"DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN", "DeepseekV4ForCausalLMDSpark"}
+)
+"""Architectures whose breakable prefill CUDA graph SGLang turns off before sizing
+(``disable_breakable_cudagraph_if_incompatible``, ``cuda_graph_hook.py`` lines 170-240: DeepSeek-V4)."""
+
+MAX_PREFILL_TOKENS = 16384
+"""SGLang's ``--max-prefill-tokens`` default: the activation tokens when chunked prefill is off."""
+
+
+@attrs.frozen
+class MemoryDefaults:
+    """What ``handle_gpu_memory_settings`` resolves for one GPU and serving, with every term of the reserve.
+
+    ``reserved_mb`` is SGLang's ``reserved_mem`` (MiB) and ``mem_fraction_static``
+    ``round((gpu_mem - reserved_mem) / gpu_mem, 3)``; ``terms`` lists the
+    reserve's parts in SGLang's order, for the report.
+    """
+
+    gpu_mib: float
+    chunked_prefill_size: int
+    decode_max_bs: int
+    reserved_mb: float
+    mem_fraction_static: float
+    terms: tuple[str, ...]
+
+
+def sglang_chunked_prefill_size(
+    gpu_mib: float, platform: str | PlatformTraits = "cuda", *, registry: Registry | None = None
+) -> int:
+    """SGLang's ``chunked_prefill_size`` when unset, by GPU memory (``memory_hook.py`` lines 89-170).
+
+    A platform with memory tiers of its own (:attr:`PlatformTraits.memory_tiers`, Ascend's) sets it first;
+    ``platform`` is its name (its traits resolved through ``registry``) or its traits.
+    """
+    tier = platform_traits_of(platform, registry).memory_tier(gpu_mib)
+    if tier is not None:
+        return tier.chunked_prefill_size
+    if gpu_mib < 20 * 1024:
+        return 2048
+    if gpu_mib < 60 * 1024:
+        return 4096
+    if gpu_mib < 160 * 1024:
+        return 8192
+    return 16384
+
+
+def sglang_decode_max_bs(
+    gpu_mib: float, tp_size: int, platform: str | PlatformTraits = "cuda", *, registry: Registry | None = None
+) -> int:
+    """SGLang's decode CUDA-graph ``max_bs`` when unset, by GPU memory and TP (``memory_hook.py`` lines 89-170),
+    after the platform's own memory tiers (as :func:`sglang_chunked_prefill_size`)."""
+    tier = platform_traits_of(platform, registry).memory_tier(gpu_mib)
+    if tier is not None:
+        return tier.decode_max_bs_for(tp_size)
+    if gpu_mib < 20 * 1024:
+        return 8
+    if gpu_mib < 35 * 1024:
+        return 48 if tp_size < 4 else 160
+    if gpu_mib < 60 * 1024:
+        return 32 if tp_size < 4 else 160
+    if gpu_mib < 160 * 1024:
+        return 256 if tp_size < 4 else 512
+    return 512
+
+
+def _prefill_graph_sizes(max_bs: int) -> int:
+    """``len(generate_prefill_cuda_graph_batch_sizes(max_bs))`` (``cuda_graph_hook.py`` lines 480-497)."""
+    sizes = (
+        list(range(4, 33, 4))
+        + list(range(48, 257, 16))
+        + list(range(288, 513, 32))
+        + list(range(576, 1025, 64))
+        + list(range(1280, 4097, 256))
+        + list(range(4608, max_bs + 1, 512))
+    )
+    return sum(1 for size in sizes if size <= max_bs)
+
+
+def prefill_graph_enabled(model: ModelSpec, serving: Serving, *, registry: Registry | None = None) -> tuple[bool, str]:
+    """Whether SGLang captures the breakable prefill graph before sizing, and why not.
+
+    Breakable prefill graphs are a platform's default or not (``cuda_graph_config.py``
+    ``default_prefill_backend``: CUDA only), which its traits say
+    (:attr:`PlatformTraits.breakable_prefill_graphs`; ``serving.platform_traits``, else resolved
+    through ``registry``); ``apply_cuda_graph_compatibility`` turns them off for
+    pipeline parallelism, decode context parallelism, attention context parallelism,
+    multimodal models and DeepSeek-V4 (``cuda_graph_hook.py`` lines 136-240), and a
+    PD decode node has none (lines 560-577).
+    """
+    traits = serving.platform_traits or platform_traits_of(serving.platform, registry)
+    reasons = [
+        (
+            not traits.breakable_prefill_graphs,
+            f"platform {serving.platform} (SGLang captures no breakable prefill graph there by default)",
+        ),
+        (serving.pp_size > 1, "pipeline parallelism"),
+        (serving.dcp_size > 1, "decode context parallelism"),
+        (serving.attn_cp_size > 1, "attention context parallelism"),
+        (serving.disaggregation_mode == "decode", "a PD decode node"),
+        (model.is_multimodal, "a multimodal model"),
+        (bool(PREFILL_GRAPH_INCOMPATIBLE & set(model.hf_architectures)), "DeepSeek-V4"),
+    ]
+    for off, why in reasons:
+        if off:
+            return False, why
+    return True, ""
+
+
+def sglang_memory_defaults(
+    gpu_mib: float, model: ModelSpec, serving: Serving, *, registry: Registry | None = None
+) -> MemoryDefaults:
+    """SGLang 0.5.23's ``handle_gpu_memory_settings`` for a GPU of ``gpu_mib`` MiB (``memory_hook.py``).
+
+    The platform's part comes from its traits (``serving.platform_traits`` once
+    the pipeline resolved them, else through ``registry``, the default one when None):
+    its own memory tiers and whether prefill graphs are captured.
+
+    ``serving.chunked_prefill_size`` is the chunk the server runs with (``None``:
+    chunked prefill off, SGLang's ``-1``).  Post-capture KV sizing is off by default
+    (``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING``), DeepEP is not modelled (its 2 GiB
+    a2a reserve applies only with ``--moe-a2a-backend deepep``), CUDA graphs are on.
+    A multimodal model's vision-tower correction needs the ViT's shape, which a
+    kvpools model does not carry: such a model must state ``mem_fraction_static``.
+    """
+    if model.is_multimodal and serving.disaggregation_mode != "decode":
+        raise ConfigError(
+            f"SGLang lowers the default {option('mem_fraction_static')} of a multimodal model by its vision "
+            f"tower's size (adjust_mem_fraction_for_vlm), which kvpools does not model: pass "
+            f"{option('mem_fraction_static')} for {model.name} on a GPU."
+        )
+    traits = serving.platform_traits or platform_traits_of(serving.platform, registry)
+    tp, pp = serving.tp_size, serving.pp_size
+    max_bs = sglang_decode_max_bs(gpu_mib, tp, traits)
+    # lines 182-188: a smaller --max-running-requests caps the default decode max_bs
+    if serving.max_running_requests is not None and max_bs > serving.max_running_requests:
+        max_bs = serving.max_running_requests
+    chunk = serving.chunked_prefill_size if serving.chunked_prefill_size is not None else -1
+    mla = bool(MLA_ARCHITECTURES & set(model.hf_architectures))
+
+    # lines 298-307: the tokens the activation working set scales with
+    if serving.disaggregation_mode == "decode":
+        running = serving.max_running_requests or max_bs or 1
+        activation = max(running * (serving.speculative_num_draft_tokens or 1), 2048)
+        activation_why = f"max(running {running} x draft tokens {serving.speculative_num_draft_tokens or 1}, 2048)"
+    elif chunk > 0:
+        activation = max(chunk, 2048)
+        activation_why = f"max(chunked_prefill_size {chunk}, 2048)"
+    else:
+        activation = max(MAX_PREFILL_TOKENS, 2048)
+        activation_why = f"max(max_prefill_tokens {MAX_PREFILL_TOKENS}, 2048)"
+    terms = [
+        "512 MiB constant",
+        f"1.5 x {activation} activation tokens ({activation_why}) = {1.5 * activation:g} MiB",
+        f"tp {tp} x pp {pp} / 8 x 1024 = {tp * pp / 8 * 1024:g} MiB",
+    ]
+    reserved = 512 + activation * 1.5 + tp * pp / 8 * 1024
+
+    # reserve_for_graph_mb, lines 357-399
+    graph = 0.0
+    if serving.disaggregation_mode != "prefill":
+        graph += max_bs * 2
+        terms.append(f"decode graph 2 x max_bs {max_bs} = {max_bs * 2} MiB")
+        if serving.enable_dp_attention:
+            dp = serving.attn_dp_size
+            extra = max_bs * dp * 3 + (max_bs * dp * 1.5 if max_bs > 300 else 0)
+            graph += extra
+            terms.append(f"DP attention 3{' + 1.5' if max_bs > 300 else ''} x max_bs x dp {dp} = {extra:g} MiB")
+    if serving.platform_traits is None:
+        serving = attrs.evolve(serving, platform_traits=traits)
+    prefill_on, prefill_off_why = prefill_graph_enabled(model, serving)
+    if prefill_on:
+        if mla:
+            graph += 1.5 * 1024
+            terms.append("prefill graph, MLA backend: 1536 MiB")
+        else:
+            capture = chunk
+            if serving.max_total_tokens is not None:
+                capture = min(capture, serving.max_total_tokens)
+            sizes = _prefill_graph_sizes(capture)
+            graph += sizes * 8
+            terms.append(f"prefill graph 8 x {sizes} capture sizes (up to {capture} tokens) = {sizes * 8} MiB")
+    else:
+        terms.append(f"no prefill graph ({prefill_off_why})")
+    reserved += graph
+    if gpu_mib > 60 * 1024 and reserved < 10 * 1024:
+        terms.append(f"floor: {reserved:g} MiB raised to 10240 MiB (GPUs over 60 GiB)")
+        reserved = 10 * 1024.0
+    fraction = round((gpu_mib - reserved) / gpu_mib, 3)
+    return MemoryDefaults(
+        gpu_mib=gpu_mib,
+        chunked_prefill_size=chunk,
+        decode_max_bs=max_bs,
+        reserved_mb=reserved,
+        mem_fraction_static=fraction,
+        terms=tuple(terms),
+    )
+
+
+# ---------------------------------------------------------------------------
+# the runtime's own footprint before the weights load
+# ---------------------------------------------------------------------------
+
+SINGLE_RANK_RUNTIME_BYTES = 1 * GiB
+"""Estimate of what one rank's CUDA context, torch and library workspaces take before the weights (no
+torch.distributed communicators): kvpools' estimate, not a citable measurement; override with
+``runtime_memory`` / ``--runtime-memory``."""
+
+DISTRIBUTED_RUNTIME_BYTES = 3 * GiB
+"""What a rank of a TP/PP group holds before the weights, context and NCCL/custom all-reduce buffers
+included: SGLang logs 'Load weight begin. avail mem=137.34 GB' on TP0 of an 8 x H200 server
+(github.com/sgl-project/sglang/pull/11716), 3.06 GiB below the 143771 MiB total, and 'avail mem=12.25 GB,
+mem usage=125.65 GB' at the end of the load (137.90 GiB before it, 2.50 GiB below the total;
+github.com/SemiAnalysisAI/InferenceX/issues/2128).  kvpools takes 3 GiB."""
+
+
+def default_runtime_bytes(serving: Serving) -> int:
+    """The runtime footprint before the weights that a GPU plan assumes unless told (see the two constants)."""
+    return DISTRIBUTED_RUNTIME_BYTES if serving.tp_size * serving.pp_size > 1 else SINGLE_RANK_RUNTIME_BYTES

@@ -1,0 +1,230 @@
+"""How a ``quantization_config`` stores the quantised Linear weights (values, scales, zeros).
+
+Each method gives the bytes of ``count`` stacked ``out × inner`` weights with what the checkpoint stores beside
+them; SGLang loads those tensors as they are, so the same arithmetic sizes one rank's shard.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Callable
+
+import attrs
+
+from kvpools_core.config import ConfigReader, describe
+from kvpools_core.pipeline.weights._model import _Tensor
+
+FLOAT32 = 4
+FLOAT16 = 2
+KNOWN = (
+    "'fp8' (per-tensor or block-wise), 'mxfp4', 'modelopt' (quant_algo 'FP8', 'NVFP4', 'W4A16_NVFP4' or "
+    "'MIXED_PRECISION' of those), 'compressed-tensors' nvfp4, 'awq' (4-bit) and 'gptq' (2/4/8-bit)"
+)
+
+
+@attrs.frozen
+class _Quantisation:
+    """How the quantised Linear weights are stored: bytes of ``count × out × inner`` values with their scales."""
+
+    label: str
+    bytes_of: Callable[[int, int, int], int]
+    excluded: tuple[str, ...]
+
+    def applies_to(self, tensor: _Tensor) -> bool:
+        return tensor.linear and not any(_module_matches(tensor.module, pattern) for pattern in self.excluded)
+
+    def for_tensor(self, tensor: _Tensor) -> _Quantisation | None:
+        """The storage of ``tensor``: this one, or ``None`` when it stays in the model dtype."""
+        return self if self.applies_to(tensor) else None
+
+
+@attrs.frozen
+class _ByModule:
+    """A checkpoint that names a storage per module (ModelOpt ``MIXED_PRECISION``'s ``quantized_layers``): a module,
+    or a parent of it, listed there is stored so (the LM head too when listed); anything else keeps the dtype."""
+
+    layers: tuple[tuple[str, _Quantisation], ...]
+
+    def for_tensor(self, tensor: _Tensor) -> _Quantisation | None:
+        if not (tensor.linear or tensor.family == "lm_head"):
+            return None
+        for module, storage in self.layers:
+            if tensor.module == module or tensor.module.startswith(f"{module}."):
+                return storage
+        return None
+
+
+def _module_matches(module: str, pattern: str) -> bool:
+    """Whether an exclusion pattern names ``module``: the module or a parent of it (``*`` a wildcard, as Hugging
+    Face's ``modules_to_not_convert``), or its trailing components (``"gate"`` names ``model.layers.0.mlp.gate``,
+    as SGLang's ``is_layer_skipped`` matches by suffix); a ``re:`` prefix is a compressed-tensors regex."""
+    parts = module.split(".")
+    if pattern.startswith("re:"):
+        import re
+
+        return re.match(pattern[3:], module) is not None
+    prefixes = (".".join(parts[:end]) for end in range(1, len(parts) + 1))
+    suffixes = (".".join(parts[start:]) for start in range(1, len(parts)))
+    return any(fnmatch.fnmatchcase(name, pattern) for name in (*prefixes, *suffixes))
+
+
+def mxfp4(excluded: tuple[str, ...] = ()) -> _Quantisation:
+    """OCP MX fp4: 4-bit E2M1 values and one E8M0 (1 byte) scale per 32 values along the input dimension."""
+    return _Quantisation(
+        "mxfp4 (4-bit + one e8m0 scale per 32 values)",
+        lambda count, out, inner: count * out * (math.ceil(inner / 2) + math.ceil(inner / 32)),
+        excluded,
+    )
+
+
+def _nvfp4(group: int, excluded: tuple[str, ...], scalars: int = 2) -> _Quantisation:
+    """NVFP4 (ModelOpt ``NVFP4``, compressed-tensors ``nvfp4-pack-quantized``): 4-bit E2M1 values, an fp8 e4m3
+    scale per ``group`` (16) inputs, and float32 scalars a tensor (``weight_scale_2`` / ``weight_global_scale`` and,
+    but for weight-only ``W4A16_NVFP4``, the activation's ``input_scale``); a stacked expert keeps its own."""
+    return _Quantisation(
+        f"nvfp4 (4-bit + fp8 e4m3 scale per {group} values + {scalars} float32 scalar{'s' if scalars > 1 else ''})",
+        lambda count, out, inner: count * (out * (math.ceil(inner / 2) + math.ceil(inner / group)) + scalars * FLOAT32),
+        excluded,
+    )
+
+
+def _fp8_per_tensor(excluded: tuple[str, ...], scalars: int) -> _Quantisation:
+    return _Quantisation(
+        f"float8_e4m3 + {scalars} float32 scalar{'s' if scalars > 1 else ''} per tensor",
+        lambda count, out, inner: count * (out * inner + scalars * FLOAT32),
+        excluded,
+    )
+
+
+def _awq(quant: ConfigReader, excluded: tuple[str, ...]) -> _Quantisation:
+    """AutoAWQ's GEMM layout (``WQLinear_GEMM``): ``qweight`` int32 ``[in, out/8]``, ``qzeros`` int32
+    ``[in/group, out/8]`` and ``scales`` fp16 ``[in/group, out]``; ``group_size: -1`` is one group."""
+    bits = quant.integer("bits", quant.integer("w_bit", 4))
+    if bits != 4:
+        raise quant.error("bits", f"is {bits}", "AWQ checkpoints are 4-bit; other widths are not modelled.")
+    group = _group_size(quant)
+
+    def size(count: int, out: int, inner: int) -> int:
+        groups = 1 if group is None else math.ceil(inner / group)
+        packed_out = math.ceil(out / 8) * FLOAT32  # eight 4-bit values an int32
+        return count * (inner * packed_out + groups * packed_out + groups * out * FLOAT16)
+
+    return _Quantisation(f"awq int4 (group {group or 'per-channel'}; fp16 scales, int4 zeros)", size, excluded)
+
+
+def _gptq(quant: ConfigReader, excluded: tuple[str, ...]) -> _Quantisation:
+    """AutoGPTQ / GPTQModel's layout: ``qweight`` int32 ``[in·bits/32, out]``, ``qzeros`` int32
+    ``[groups, out·bits/32]``, ``scales`` fp16 ``[groups, out]`` and the int32 ``g_idx`` ``[in]`` buffer that both
+    libraries save with every layer (whether ``desc_act`` reorders it or not)."""
+    bits = quant.integer("bits")
+    if bits not in (2, 4, 8):
+        raise quant.error("bits", f"is {bits}", "The weights estimate models 2-, 4- and 8-bit GPTQ.")
+    group = _group_size(quant)
+
+    def size(count: int, out: int, inner: int) -> int:
+        groups = 1 if group is None else math.ceil(inner / group)
+        qweight = math.ceil(inner * bits / 32) * out * FLOAT32
+        qzeros = groups * math.ceil(out * bits / 32) * FLOAT32
+        return count * (qweight + qzeros + groups * out * FLOAT16 + inner * FLOAT32)
+
+    return _Quantisation(f"gptq int{bits} (group {group or 'per-channel'}; fp16 scales, g_idx)", size, excluded)
+
+
+def _group_size(quant: ConfigReader) -> int | None:
+    """``group_size`` (``q_group_size`` in AutoAWQ's own configs); ``-1`` means one group per output channel."""
+    key = "group_size" if quant.has("group_size") or not quant.has("q_group_size") else "q_group_size"
+    value = quant.get(key, 128)
+    if value == -1:
+        return None
+    return quant.integer(key, 128)
+
+
+def _modelopt(quant: ConfigReader, excluded: tuple[str, ...]) -> _Quantisation | _ByModule:
+    """ModelOpt (``hf_quant_config.json``'s ``quantization`` block, flat or nested, as SGLang's
+    ``ModelOptFp4Config.from_config`` reads it): ``quant_algo`` NVFP4 or FP8 (per-tensor weight and input scales),
+    or ``MIXED_PRECISION`` with a ``quantized_layers`` map of module → ``quant_algo`` (``FP8``, ``NVFP4``,
+    ``W4A16_NVFP4``) and ``group_size``."""
+    inner = quant.child("quantization") if quant.has("quantization") else quant
+    algo = inner.string("quant_algo")
+    excluded = excluded or inner.string_list("exclude_modules")
+    if algo == "MIXED_PRECISION":
+        layers = inner.child("quantized_layers")
+        return _ByModule(
+            tuple((module, _modelopt_scheme(layers.child(module), ())) for module in sorted(layers.config))
+        )
+    return _modelopt_scheme(inner, excluded)
+
+
+def _modelopt_scheme(scheme: ConfigReader, excluded: tuple[str, ...]) -> _Quantisation:
+    algo = scheme.string("quant_algo")
+    if algo in ("NVFP4", "W4A16_NVFP4"):
+        return _nvfp4(scheme.integer("group_size", 16), excluded, scalars=2 if algo == "NVFP4" else 1)
+    if algo == "FP8":
+        return _fp8_per_tensor(excluded, scalars=2)
+    raise scheme.error(
+        "quant_algo",
+        f"is {describe(algo or None)}",
+        "The weights estimate models ModelOpt 'NVFP4', 'W4A16_NVFP4', 'FP8' and 'MIXED_PRECISION' of those.",
+    )
+
+
+def _compressed_tensors(quant: ConfigReader, excluded: tuple[str, ...]) -> _Quantisation:
+    """compressed-tensors with one ``config_groups`` scheme targeting every ``Linear``: nvfp4 (``format``
+    ``nvfp4-pack-quantized``); mixed schemes by module are refused rather than guessed."""
+    groups = quant.child("config_groups")
+    names = list(groups.config)
+    if len(names) != 1:
+        raise groups.error(
+            names[1] if len(names) > 1 else "group_0",
+            "is one of several schemes" if names else "is missing",
+            "The weights estimate models a single compressed-tensors scheme targeting 'Linear'.",
+        )
+    scheme = groups.child(names[0])
+    weights = scheme.child("weights")
+    if scheme.string_list("targets") != ("Linear",):
+        raise scheme.error("targets", f"is {describe(scheme.get('targets'))}", "Only ['Linear'] is modelled.")
+    fmt = quant.string("format")
+    if fmt == "nvfp4-pack-quantized" and weights.integer("num_bits") == 4 and weights.string("type") == "float":
+        return _nvfp4(weights.integer("group_size", 16), excluded)
+    raise quant.error(
+        "format",
+        f"is {describe(fmt or None)}",
+        "The weights estimate models compressed-tensors 'nvfp4-pack-quantized'.",
+    )
+
+
+def _quantisation(reader: ConfigReader) -> _Quantisation | _ByModule | None:
+    """The storage of quantised Linear weights from ``quantization_config``; unknown methods are refused."""
+    if not reader.has("quantization_config"):
+        return None
+    quant = reader.child("quantization_config")
+    method = quant.string("quant_method")
+    excluded = quant.string_list("modules_to_not_convert") or quant.string_list("ignore")
+    if method == "fp8":
+        block = quant.integer_list("weight_block_size", minimum=1, maximum=1 << 20)
+        if block:
+            if len(block) != 2:
+                raise quant.error("weight_block_size", f"is {describe(list(block))}", "It must be [rows, columns].")
+            rows, cols = block
+            return _Quantisation(
+                f"float8_e4m3 + float32 scale per {rows}x{cols} block",
+                lambda count, out, inner: count * (out * inner + 4 * math.ceil(out / rows) * math.ceil(inner / cols)),
+                excluded,
+            )
+        return _fp8_per_tensor(excluded, scalars=1)
+    if method == "mxfp4":
+        return mxfp4(excluded)
+    if method == "modelopt" or (not method and quant.has("quantization")):
+        return _modelopt(quant, excluded)
+    if method == "compressed-tensors":
+        return _compressed_tensors(quant, excluded)
+    if method == "awq":
+        return _awq(quant, excluded)
+    if method == "gptq":
+        return _gptq(quant, excluded)
+    raise quant.error(
+        "quant_method",
+        f"is {describe(method or None)}",
+        f"The weights estimate knows {KNOWN}; other methods are not modelled.",
+    )

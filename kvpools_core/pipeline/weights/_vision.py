@@ -1,0 +1,100 @@
+"""Vision towers that multimodal checkpoints carry beside the text model, counted as the family ``vision``.
+
+Both sit on the first pipeline stage; SGLang splits their attention and MLP Linears over TP like the text model's
+(``QKVParallelLinear`` / ``ColumnParallelLinear`` / ``RowParallelLinear``, a row-parallel bias whole on every rank)
+and their position table like a vocabulary (``VocabParallelEmbedding``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvpools_core.config import ConfigReader
+from kvpools_core.pipeline.weights._model import _Builder, _split, vocab_rows_per_rank
+
+FIRST: dict[str, Any] = {"stage": "first"}
+
+
+def _linear(builder: _Builder, module: str, rows: int, inner: int, column: bool) -> None:
+    """A biased vision Linear, column- or row-parallel."""
+    tp = builder.sharding.tp
+    split: dict[str, Any] = {"rank_out": _split(rows, tp)} if column else {"rank_inner": _split(inner, tp)}
+    builder.add("vision", module, rows, inner, linear=True, **split, **FIRST)
+    builder.add("vision", f"{module}.bias", rows, **({"rank_out": _split(rows, tp)} if column else {}), **FIRST)
+
+
+def _layer_norm(builder: _Builder, module: str, size: int) -> None:
+    builder.add("vision", module, 2 * size, **FIRST)  # weight and bias
+
+
+def _positions(builder: _Builder, module: str, positions: int, hidden: int) -> None:
+    rows = vocab_rows_per_rank(positions, builder.sharding.tp)
+    builder.add("vision", module, positions, hidden, rank_out=rows, **FIRST)
+
+
+def _siglip_vision(builder: _Builder, vision: ConfigReader, prefix: str) -> None:
+    """A SigLIP vision tower (``SiglipVisionModel``, sglang/srt/models/siglip.py) without its pooling head: a biased
+    Conv2d patch embedding, a position table of ``(image_size / patch_size)²`` rows, ``num_hidden_layers`` blocks
+    (two LayerNorms, biased q/k/v/out projections, ``fc1`` / ``fc2``) and the final ``post_layernorm``."""
+    if vision.boolean("vision_use_head", False):
+        raise vision.error("vision_use_head", "is true", "SigLIP's pooling head is not modelled.")
+    hidden, inter = vision.integer("hidden_size"), vision.integer("intermediate_size")
+    patch = vision.integer("patch_size")
+    builder.add(
+        "vision", f"{prefix}.embeddings.patch_embedding", hidden, vision.integer("num_channels", 3) * patch**2, **FIRST
+    )
+    builder.add("vision", f"{prefix}.embeddings.patch_embedding.bias", hidden, **FIRST)
+    _positions(builder, f"{prefix}.embeddings.position_embedding", (vision.integer("image_size") // patch) ** 2, hidden)
+    for block in range(vision.integer("num_hidden_layers")):
+        layer = f"{prefix}.encoder.layers.{block}"
+        _layer_norm(builder, f"{layer}.layer_norm1", hidden)
+        _layer_norm(builder, f"{layer}.layer_norm2", hidden)
+        _linear(builder, f"{layer}.self_attn.qkv_proj", 3 * hidden, hidden, column=True)
+        _linear(builder, f"{layer}.self_attn.out_proj", hidden, hidden, column=False)
+        _linear(builder, f"{layer}.mlp.fc1", inter, hidden, column=True)
+        _linear(builder, f"{layer}.mlp.fc2", hidden, inter, column=False)
+    _layer_norm(builder, f"{prefix}.post_layernorm", hidden)
+
+
+def _gemma3_vision(builder: _Builder, vision: ConfigReader) -> None:
+    """Gemma-3's SigLIP tower and its multimodal projector (sglang/srt/models/gemma3_mm.py): the RMSNorm
+    ``mm_soft_emb_norm`` over the vision width and ``mm_input_projection_weight`` to the text width, whole on
+    every rank."""
+    _siglip_vision(builder, vision, "vision_tower.vision_model")
+    width = vision.integer("hidden_size")
+    builder.add("vision", "multi_modal_projector.mm_soft_emb_norm", width, **FIRST)
+    builder.add("vision", "multi_modal_projector.mm_input_projection_weight", width, builder.hidden, **FIRST)
+
+
+def _qwen3_vl_vision(builder: _Builder, vision: ConfigReader) -> None:
+    """The Qwen3-VL vision tower that Qwen3.5 checkpoints carry (``Qwen3VLMoeVisionModel``,
+    sglang/srt/models/qwen3_vl.py), family ``vision``, on the first pipeline stage: a biased Conv3d patch embedding,
+    a learned position table (vocab-parallel), ``depth`` blocks (two LayerNorms, biased ``qkv`` / ``proj``
+    attention and ``linear_fc1`` / ``linear_fc2`` MLP, split over TP like the text model), and the patch merger
+    (a LayerNorm over ``hidden_size``, then ``linear_fc1`` over ``hidden_size · spatial_merge_size²`` and
+    ``linear_fc2`` to ``out_hidden_size``) plus one post-shuffle-normed merger per ``deepstack_visual_indexes``."""
+    hidden = vision.integer("hidden_size")
+    inter = vision.integer("intermediate_size")
+    patch = (
+        vision.integer("in_channels", 3) * vision.integer("temporal_patch_size", 2) * vision.integer("patch_size") ** 2
+    )
+    merged = hidden * vision.integer("spatial_merge_size", 2) ** 2
+    out = vision.integer("out_hidden_size")
+    builder.add("vision", "model.visual.patch_embed.proj", hidden, patch, **FIRST)
+    builder.add("vision", "model.visual.patch_embed.proj.bias", hidden, **FIRST)
+    _positions(builder, "model.visual.pos_embed", vision.integer("num_position_embeddings"), hidden)
+    for block in range(vision.integer("depth")):
+        prefix = f"model.visual.blocks.{block}"
+        _layer_norm(builder, f"{prefix}.norm1", hidden)
+        _layer_norm(builder, f"{prefix}.norm2", hidden)
+        _linear(builder, f"{prefix}.attn.qkv", 3 * hidden, hidden, column=True)
+        _linear(builder, f"{prefix}.attn.proj", hidden, hidden, column=False)
+        _linear(builder, f"{prefix}.mlp.linear_fc1", inter, hidden, column=True)
+        _linear(builder, f"{prefix}.mlp.linear_fc2", hidden, inter, column=False)
+    deepstack = vision.integer_list("deepstack_visual_indexes", maximum=vision.integer("depth") - 1)
+    for index, merger in enumerate(
+        ["model.visual.merger"] + [f"model.visual.deepstack_merger_list.{i}" for i in range(len(deepstack))]
+    ):
+        _layer_norm(builder, f"{merger}.norm", merged if index else hidden)
+        _linear(builder, f"{merger}.linear_fc1", merged, merged, column=True)
+        _linear(builder, f"{merger}.linear_fc2", out, merged, column=False)

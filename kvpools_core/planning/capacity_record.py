@@ -1,0 +1,261 @@
+"""The capacity record for orchestrators: one stable, versioned JSON record per GPU rank of a plan.
+
+Orchestrators size and route against a few numbers a worker publishes at start-up.  Dynamo's SGLang worker
+publishes ``total_kv_blocks = ceil(max_total_num_tokens / page_size)``, ``max_num_seqs`` (the per-DP-rank
+``--max-running-requests``) and its data-parallel ranks (``components/src/dynamo/sglang/capacity.py``,
+``runtime_capacity``); its mocker starts from ``num_gpu_blocks`` and ``block_size``; llm-d's KV index hashes
+``blockSize`` tokens per block.  The record gives those numbers before the engine starts, from a
+:class:`~kvpools_core.values.Plan`, together with what they hide on hybrid models: every token space and
+state cache as a *group* with its own blocks and blocks per request, and the concurrency a stated context
+reaches (:func:`kvpools_core.planning.capacity.concurrency`).  ``docs/capacity-record.md`` documents every field,
+``docs/capacity-record.schema.json`` is its JSON Schema.
+
+Records are wrapped in one document ``{"schema", "version", "context_len", "complete", "records"}``: one JSON
+object that ``json.load`` (Python) or ``json.Unmarshal`` (Go) reads in one call, with the schema name and
+version once.  ``version`` changes only when a field changes meaning or is removed; new fields may appear
+within a version, so readers ignore fields they do not know.
+
+A pipeline-parallel plan describes one stage (``Serving.pp_rank``): the stages keep the same token count
+(SGLang's MIN all-reduce, ``kvpools_core.pipeline._sync_pipeline_stages``) but hold different layers, so their
+bytes differ.  :func:`stage_plans` plans every stage; given fewer, the document lists the stages it covers
+and says it is not ``complete``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.errors import ConfigError
+from kvpools_core.options import option
+from kvpools_core.planning.capacity import STATE_SLOTS, Capacity, Limits, concurrency, limits_of, token_limit
+from kvpools_core.planning.distributed import RankId
+from kvpools_core.values import Plan, Serving
+
+__all__ = [
+    "SCHEMA",
+    "VERSION",
+    "capacity_document",
+    "capacity_records",
+    "rank_ids",
+    "stage_plans",
+]
+
+SCHEMA = "kvpools.capacity-record"
+"""The record's schema name; ``docs/capacity-record.schema.json`` is its JSON Schema."""
+VERSION = 1
+"""Raised only when a field changes meaning or is removed; added fields keep the version."""
+ENGINE = "sglang"
+"""The engine whose semantics every number follows (kvpools is exact against SGLang)."""
+
+
+def rank_ids(serving: Serving) -> list[dict[str, int]]:
+    """The ``tp_rank``, ``dp_rank`` and ``attn_tp_rank`` of every GPU of one pipeline stage, in SGLang's order.
+
+    SGLang lays the TP ranks out as (attention DP, attention CP, attention TP), TP fastest:
+    ``attn_tp_rank = tp_rank % attn_tp_size`` and ``attn_dp_rank = tp_rank // (attn_tp_size x attn_cp_size)``
+    (``derive_attention_ranks``, ``sglang/srt/runtime_context.py``, SGLang 0.5.23).  With DP attention that
+    attention-DP rank is the ``dp_rank``; without it ``dp_size`` replicas of ``tp_size`` ranks each run (SGLang's
+    data-parallel controller) and ``dp_rank`` numbers the replica.
+    """
+    ranks = [RankId.of(tp, serving) for tp in range(serving.tp_size)]
+    if serving.enable_dp_attention:
+        return [{"tp_rank": r.tp_rank, "dp_rank": r.attn_dp_rank, "attn_tp_rank": r.attn_tp_rank} for r in ranks]
+    return [
+        {"tp_rank": r.tp_rank, "dp_rank": dp, "attn_tp_rank": r.attn_tp_rank}
+        for dp in range(serving.dp_size)
+        for r in ranks
+    ]
+
+
+def _pages(tokens: int, page: int) -> int:
+    return -(-tokens // page)
+
+
+def _groups(limits: Limits, answer: Capacity) -> list[dict[str, Any]]:
+    """One group per token space and one for the state cache, each in blocks of one block id.
+
+    A block id covers ``page`` tokens of context.  It holds ``page`` slots of the full space and of a windowed
+    one (their allocators hand out whole pages), ``page / r`` slots of a compressed space of ratio ``r`` (its
+    slot of full slot ``s`` is ``s // r``: no allocator of its own, :attr:`Plan.compression`), and no state
+    slot (a state slot belongs to a request, whatever its length).
+    """
+    page = limits.page_size
+    groups: list[dict[str, Any]] = []
+    for space, slots in limits.tokens.items():
+        ratio = limits.compressed.get(space)
+        window = limits.windowed.get(space)
+        per_block = limits.space_page(space)
+        held = answer.tokens_per_request[space]
+        groups.append(
+            {
+                "name": space,
+                "kind": "window" if window else "compressed" if ratio else "full",
+                "slots": slots,
+                "slots_per_block": per_block,
+                "tokens_per_block": page,
+                "total_blocks": slots // per_block,
+                "slots_per_request": held,
+                "blocks_per_request": _pages(held, per_block),
+                "max_requests": answer.limits[token_limit(space)],
+                "compression_ratio": ratio,
+                "window_tokens": window.window if window else None,
+            }
+        )
+    if limits.slots_per_request:
+        groups.append(
+            {
+                "name": "state",
+                "kind": "state",
+                "slots": limits.state_slots,
+                "slots_per_block": 1,
+                "tokens_per_block": None,
+                "total_blocks": limits.state_slots,
+                "slots_per_request": limits.slots_per_request,
+                "blocks_per_request": limits.slots_per_request,
+                "max_requests": answer.limits[STATE_SLOTS],
+                "compression_ratio": None,
+                "window_tokens": None,
+            }
+        )
+    return groups
+
+
+def _binding_group(binding: str, groups: list[dict[str, Any]]) -> str | None:
+    """The group whose limit binds, or None when the request cap or the context length does."""
+    for group in groups:
+        limit = STATE_SLOTS if group["kind"] == "state" else token_limit(group["name"])
+        if limit == binding:
+            return str(group["name"])
+    return None
+
+
+_BUDGET_FIELDS = (
+    "budget_bytes",
+    "source",
+    "device",
+    "free_bytes",
+    "weights_bytes",
+    "pre_model_load_bytes",
+    "mem_fraction_static",
+    "slack_bytes",
+    "reserved_bytes",
+)
+
+
+def _budget(plan: Plan) -> dict[str, Any]:
+    """The budget terms the plan has; ``gpu`` / ``gpu_total_bytes`` are null until a GPU catalogue fills them."""
+    budget = plan.budget
+    terms = {name: getattr(budget, name) for name in _BUDGET_FIELDS}
+    terms["gpu"] = getattr(budget, "gpu", None)
+    terms["gpu_total_bytes"] = getattr(budget, "gpu_total_bytes", None)
+    return terms
+
+
+def _stage_record(plan: Plan, context_len: int) -> dict[str, Any]:
+    """The fields every rank of ``plan``'s stage shares."""
+    serving, model = plan.serving, plan.model
+    limits = limits_of(plan)
+    answer = concurrency(plan, context_len)
+    groups = _groups(limits, answer)
+    page = serving.page_size
+    return {
+        "engine": ENGINE,
+        "accounting": serving.accounting,
+        "platform": serving.platform,
+        "model": {
+            "name": model.name,
+            "source": model.source,
+            "architecture": model.architecture,
+            "context_len": model.context_len,
+            "num_layers": model.num_layers,
+        },
+        "kv_cache_dtype": resolve_kv_dtype(serving.kv_cache_dtype, model.dtype).name,
+        "parallelism": {
+            "tp_size": serving.tp_size,
+            "pp_size": serving.pp_size,
+            "dp_size": serving.dp_size,
+            "enable_dp_attention": serving.enable_dp_attention,
+            "attn_tp_size": serving.attn_tp_size,
+            "attn_dp_size": serving.attn_dp_size,
+            "attn_cp_size": serving.attn_cp_size,
+            "dcp_size": serving.dcp_size,
+        },
+        "pp_rank": serving.pp_rank,
+        "block_size": page,
+        "tokens_per_block_id": page,
+        "total_kv_blocks": plan.max_total_num_tokens // page,
+        "max_total_num_tokens": plan.max_total_num_tokens,
+        "groups": groups,
+        "context_len": context_len,
+        "max_concurrency": answer.concurrent_requests,
+        "binding": answer.binding,
+        "binding_group": _binding_group(answer.binding, groups),
+        "max_running_requests": plan.max_running_requests,
+        "gpu_kv_bytes": plan.planned_bytes,
+        "budget": _budget(plan),
+        "host_kv_bytes": plan.host_kv_bytes,
+        "host_tokens": plan.host_tokens,
+    }
+
+
+def capacity_records(plan: Plan, *, context_len: int | None = None) -> list[dict[str, Any]]:
+    """One record per GPU of ``plan``'s pipeline stage, at ``context_len`` (default: the model's context length).
+
+    The ranks of one stage share every number: KV heads are split evenly over the attention TP ranks (or
+    replicated when fewer), and every DP-attention worker is sized alike.
+    """
+    context = plan.model.context_len if context_len is None else context_len
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise ConfigError(f"context_len must be a positive number of tokens, got {context_len!r}.")
+    shared = _stage_record(plan, context)
+    return [{**ids, **shared} for ids in rank_ids(plan.serving)]
+
+
+def _check_stages(plans: Sequence[Plan]) -> None:
+    first = plans[0]
+    for other in plans[1:]:
+        same = attrs.evolve(other.serving, pp_rank=first.serving.pp_rank) == first.serving
+        if other.model.name != first.model.name or not same:
+            raise ConfigError(
+                "The plans of one capacity document must be stages of one deployment (the same model and serving "
+                f"options but {option('pp_rank')}); got {first.model.name!r} and {other.model.name!r}."
+            )
+    ranks = [p.serving.pp_rank for p in plans]
+    if len(set(ranks)) != len(ranks):
+        raise ConfigError(f"The plans of one capacity document repeat pipeline stage(s): {sorted(ranks)}.")
+
+
+def capacity_document(plans: Plan | Iterable[Plan], *, context_len: int | None = None) -> dict[str, Any]:
+    """``{"schema", "version", "context_len", "complete", "pp_ranks", "records"}`` for the stages given.
+
+    ``complete`` says whether every pipeline stage is covered (always, without pipeline parallelism).
+    """
+    stages = [plans] if isinstance(plans, Plan) else sorted(plans, key=lambda p: p.serving.pp_rank)
+    if not stages:
+        raise ConfigError("A capacity document needs at least one plan.")
+    _check_stages(stages)
+    context = stages[0].model.context_len if context_len is None else context_len
+    records = [record for stage in stages for record in capacity_records(stage, context_len=context)]
+    ranks = [stage.serving.pp_rank for stage in stages]
+    return {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "context_len": context,
+        "complete": ranks == list(range(stages[0].serving.pp_size)),
+        "pp_ranks": ranks,
+        "records": records,
+    }
+
+
+def stage_plans(model: Any, serving: Serving, **budget: Any) -> list[Plan]:
+    """The plan of every pipeline stage of ``serving`` (one plan without pipeline parallelism).
+
+    ``budget`` is what :func:`kvpools_core.plan` takes (``memory``, ``free_memory``, ...).
+    """
+    from kvpools_core.pipeline import plan as make_plan
+
+    return [make_plan(model, attrs.evolve(serving, pp_rank=rank), **budget) for rank in range(serving.pp_size)]

@@ -1,0 +1,711 @@
+"""What the plan is: ``Budget``, ``PoolSpec``, ``PoolSizing``, the host tier and ``Plan`` itself."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from kvpools_core.errors import InvalidValueError, KvpoolsError, PlanFormatError, short_repr
+from kvpools_core.values._fields import (
+    _str_tuple,
+    fraction,
+    frozen_mapping,
+    non_negative,
+    one_of,
+    optional_non_negative,
+    optional_positive,
+    positive,
+    to_dict,
+)
+from kvpools_core.values.cost import (
+    COST_UNITS,
+    FIXED,
+    FULL_TOKENS,
+    REQUEST,
+    STATE_SLOT,
+    TOKEN,
+    CellSize,
+    CostModel,
+    GroupCost,
+    _token_space,
+)
+from kvpools_core.values.loading import load_value, parse_json, wrong
+from kvpools_core.values.model import ModelSpec
+from kvpools_core.values.serving import HICACHE_MEM_LAYOUTS, Serving, _optional_positive_ratio
+
+
+def _pool_tuple(items: Iterable[PoolSpec]) -> tuple[PoolSpec, ...]:
+    return tuple(items)
+
+
+@attrs.frozen(kw_only=True)
+class Budget:
+    """The bytes the KV cache may use, and the arithmetic that produced them.
+
+    ``explicit`` budgets are taken as given.  Measured budgets follow SGLang's
+    ``_profile_available_bytes``: free memory after the weights load, minus
+    ``pre_model_load * (1 - mem_fraction_static)`` of runtime slack, minus the
+    multimodal reservation.
+    """
+
+    budget_bytes: int = attrs.field(validator=non_negative)
+    source: str = "explicit"
+    device: str | None = None
+    free_bytes: int | None = attrs.field(default=None, validator=optional_non_negative)
+    weights_bytes: int | None = attrs.field(default=None, validator=optional_non_negative)
+    pre_model_load_bytes: int | None = attrs.field(default=None, validator=optional_non_negative)
+    mem_fraction_static: float | None = attrs.field(default=None, validator=attrs.validators.optional(fraction))
+    slack_bytes: int | None = attrs.field(default=None, validator=optional_non_negative)
+    reserved_bytes: int | None = attrs.field(default=None, validator=optional_non_negative)
+    steps: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    gpu: str | None = None
+    """The catalogue GPU (``kvpools_core.pipeline.gpus``) the budget was planned on, or ``"custom"``;
+    ``None`` otherwise."""
+    gpu_total_bytes: int | None = attrs.field(default=None, validator=optional_non_negative)
+    """That GPU's total memory as SGLang reads it (``get_device_memory_capacity``, MiB x 2^20)."""
+    runtime_bytes: int | None = attrs.field(default=None, validator=optional_non_negative)
+    """What the runtime holds before the weights load (CUDA context, communicators): total - runtime = pre-load."""
+    mem_fraction_source: str | None = None
+    """Why ``mem_fraction_static`` has its value: ``"given"``, or SGLang's default and the terms behind it."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Budget:
+        return load_value(cls, data)
+
+
+# ---------------------------------------------------------------------------
+# cell size and pools
+# ---------------------------------------------------------------------------
+
+
+def _unit_of_kind(pool: PoolSpec) -> str:
+    """What a slot of a pool without a recorded unit is, from its kind (plans written before units)."""
+    return {"request": REQUEST, "state": REQUEST, "fixed": FIXED}.get(pool.kind, TOKEN)
+
+
+def _group_cost_or_none(value: GroupCost | Mapping[str, Any] | None) -> GroupCost | None:
+    return GroupCost.from_dict(value) if isinstance(value, Mapping) else value
+
+
+@attrs.frozen(kw_only=True)
+class PoolSpec:
+    """One physically separate allocation of the plan.
+
+    ``slots`` are the usable slots (tokens, request rows, pages);
+    ``padding_slots`` are allocated but never handed out (SGLang's page 0 and
+    request row 0).  ``bytes`` is exactly what ``build`` allocates for it.
+    ``sglang_charged`` says whether SGLang's own estimate counts it.
+
+    ``unit`` is what the pool's size scales with (``"token"``, ``"request"``,
+    ``"state_slot"`` or ``"fixed"``; unset, it follows ``kind``: request and
+    state pools per request, fixed pools fixed, any other per token), and
+    ``token_space`` which token count a token pool scales with (``"full"``;
+    the SWA plugin's window pool ``"swa"``).  Its cost (:attr:`group_cost`)
+    is then ``bytes_per_slot`` per unit plus the rest of ``bytes`` fixed, with
+    ``slots`` counting units.  A pool whose bytes do not follow that (an
+    allocator paying per page, a pool of whole pages with slack, a request
+    table with rows beyond the requests) records its :class:`GroupCost` in
+    ``cost``.
+    """
+
+    name: str
+    kind: str
+    slots: int = attrs.field(validator=non_negative)
+    bytes_per_slot: int = attrs.field(validator=non_negative)
+    bytes: int = attrs.field(validator=non_negative)
+    padding_slots: int = attrs.field(default=0, validator=non_negative)
+    sglang_charged: bool = True
+    owner: str = ""
+    unit: str = attrs.field(default=attrs.Factory(_unit_of_kind, takes_self=True), validator=one_of(*COST_UNITS))
+    token_space: str = attrs.field(default=FULL_TOKENS, validator=_token_space)
+    cost: GroupCost | None = attrs.field(default=None, converter=_group_cost_or_none)
+
+    @cost.validator
+    def _check_cost(self, _attribute: attrs.Attribute[Any], cost: GroupCost | None) -> None:
+        if cost is None:
+            return
+        if not isinstance(cost, GroupCost):
+            raise InvalidValueError(f"PoolSpec.cost of pool {self.name!r} must be a GroupCost, got {cost!r}.")
+        if cost.group != self.name:
+            raise InvalidValueError(f"PoolSpec.cost of pool {self.name!r} is named {cost.group!r}.")
+        paid = {
+            TOKEN: cost.token_bytes,
+            REQUEST: cost.bytes_per_request,
+            STATE_SLOT: cost.bytes_per_state_slot,
+        }
+        other = [unit for unit, value in paid.items() if value and unit != self.unit]
+        if other or (self.unit == TOKEN and cost.token_space != self.token_space):
+            raise InvalidValueError(
+                f"PoolSpec.cost of pool {self.name!r} (unit {self.unit}, token space {self.token_space}) "
+                f"pays per {', '.join(other) or 'token of space ' + cost.token_space}."
+            )
+
+    @property
+    def group_cost(self) -> GroupCost:
+        """The pool's bytes as a function of its unit's count (see :class:`GroupCost`)."""
+        if self.cost is not None:
+            return self.cost
+        if self.unit == FIXED:
+            return GroupCost(group=self.name, fixed_bytes=self.bytes)
+        fixed = self.bytes - self.bytes_per_slot * self.slots
+        if fixed < 0:
+            raise InvalidValueError(
+                f"PoolSpec {self.name!r}: {self.bytes} B is less than {self.slots} slots x {self.bytes_per_slot} B; "
+                f"record its cost (PoolSpec.cost)."
+            )
+        slot, unit = self.bytes_per_slot, self.unit
+        return GroupCost(
+            group=self.name,
+            token_space=self.token_space,
+            fixed_bytes=fixed,
+            token_bytes=slot if unit == TOKEN else 0,
+            bytes_per_request=slot if unit == REQUEST else 0,
+            bytes_per_state_slot=slot if unit == STATE_SLOT else 0,
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PoolSpec:
+        return load_value(cls, data)
+
+
+def _token_window_or_dict(value: TokenWindow | Mapping[str, Any]) -> TokenWindow:
+    return TokenWindow.from_dict(value) if isinstance(value, Mapping) else value
+
+
+def _window_tuple(items: Iterable[TokenWindow | Mapping[str, Any]]) -> tuple[TokenWindow, ...]:
+    return tuple(_token_window_or_dict(item) for item in items)
+
+
+@attrs.frozen(kw_only=True)
+class TokenWindow:
+    """The most tokens of one token space a request holds, whatever its length: a sliding window's worst case.
+
+    SGLang frees a request's out-of-window tokens of a sliding-window pool as it
+    decodes, so past the window a request costs that pool the same however long
+    it grows.  The terms are those of SGLang's ``SWAChunkCapPoolConfigurator``
+    (``002_50706b73e02ffb67.txt`` lines 412-458), recorded by the sizing plugin
+    that knows the engine (through ``kvpools_core.parts.sizing.sliding_window_terms``:
+    the swa plugin for its ``"swa"`` space, the dsv4 plugin for DeepSeek-V4's,
+    whose SWA rows SGLang's scheduler evicts alike) so readers of a plan
+    (``kvpools capacity``) need not re-derive them::
+
+        per_request = window + eviction_interval x draft_tokens + page_size + decode_alloc   (lines 435, 445)
+
+    Beyond that, ``prefills_in_flight`` requests are being prefilled at once,
+    each holding up to ``prefill_chunk`` more (lines 454-458: two chunks with the
+    overlap schedule, one without, none on a decode node), and ``reserved``
+    tokens stay held whatever the requests (a page; on a decode node
+    ``(window + page) x disaggregation_decode_extra_slots``, lines 448-452).
+    SGLang's chunk cap sizes the pool as ``per_request x requests +
+    prefills_in_flight x prefill_chunk + reserved``.
+    """
+
+    token_space: str = attrs.field(validator=_token_space)
+    window: int = attrs.field(validator=positive)
+    """The sliding window (``mr.sliding_window_size``, line 427)."""
+    eviction_interval: int = attrs.field(validator=positive)
+    """``max(1, SGLANG_SWA_EVICTION_INTERVAL)`` (line 429): out-of-window tokens wait this many decode steps."""
+    draft_tokens: int = attrs.field(validator=positive)
+    """``speculative_num_draft_tokens or 1`` (line 428): tokens one decode step writes."""
+    page_size: int = attrs.field(validator=positive)
+    """The page that keeps the eviction point page aligned (line 435)."""
+    decode_alloc: int = attrs.field(validator=positive)
+    """The next decode step's outstanding allocation (lines 436-444): a page; spec-v1
+    ``spec_decode_alloc_len_per_request``; spec-v2 ``2 x get_alloc_len_per_decode``."""
+    prefill_chunk: int | None = attrs.field(validator=optional_positive)
+    """``--chunked-prefill-size``; None: a prompt is prefilled whole (one chunk as long as the prompt)."""
+    prefills_in_flight: int = attrs.field(validator=non_negative)
+    """Requests prefilled at once: 2 with the overlap schedule, 1 without, 0 on a decode node (line 454)."""
+    reserved: int = attrs.field(validator=non_negative)
+    """Tokens held whatever the requests: a page, or a decode node's pre-allocated slots (lines 448-458)."""
+
+    @property
+    def per_request(self) -> int:
+        """The most tokens one decoding request holds: ``window + eviction_interval x draft_tokens + page_size +
+        decode_alloc`` (SGLang's ``per_request``, lines 435 and 445)."""
+        return self.window + self.eviction_interval * self.draft_tokens + self.page_size + self.decode_alloc
+
+    def describe(self) -> str:
+        """One line: the worst case per request and its terms, the prefills in flight, the reserve."""
+        chunk = f"{self.prefill_chunk:,}" if self.prefill_chunk is not None else "a whole prompt"
+        return (
+            f"{self.token_space}: at most {self.per_request:,} tokens/request past the window (window {self.window:,} "
+            f"+ eviction interval {self.eviction_interval:,} x {self.draft_tokens} draft token(s) + page "
+            f"{self.page_size:,} + decode {self.decode_alloc:,}); + up to {chunk} for each of "
+            f"{self.prefills_in_flight} prefill(s) in flight; {self.reserved:,} reserved"
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TokenWindow:
+        return load_value(cls, data)
+
+
+@attrs.frozen(kw_only=True)
+class PoolSizing:
+    """The answer of ``size_pools``: token and request counts, and every pool.
+
+    ``sglang_config`` holds SGLang's ``MemoryPoolConfig`` fields under their
+    SGLang names (only those the model has).  ``token_counts`` are the tokens
+    of each token space the pools scale with (unset: ``max_total_num_tokens``
+    full tokens; the SWA plugin names ``"full"`` and ``"swa"``) and
+    ``state_slots`` the slots of a state cache (the mamba plugin's
+    ``max_mamba_cache_size``): with ``max_running_requests`` they are the
+    :attr:`counts` the :attr:`cost` model reproduces the pools' bytes from.
+    ``state_slots_per_request`` is how many of those slots one running
+    request may hold at its peak (SGLang's ``_calculate_mamba_ratio``: 3 with
+    the radix cache, 1 without), so capacity answers divide by the sizing
+    plugin's own figure instead of re-deriving the engine's rule.
+    ``windows`` are the :class:`TokenWindow` terms of each token space a
+    request holds only up to a worst case (the swa and dsv4 plugins' ``"swa"``), for
+    the same reason: capacity answers read them, no reader re-derives them.
+    ``compression`` maps each *compressed* token space to its ratio ``r``:
+    the space's slot of full-token slot ``s`` is ``s // r``, so it has no
+    allocator of its own and a request holding ``k`` full pages holds
+    ``k x page / r`` of its slots (``r`` divides the page; the dsv4 plugin's
+    ``"c4"`` 4 and ``"c128"`` 128, SGLang's ``full slot // compress_ratio``).
+    A token space other than ``"full"`` that is neither windowed nor
+    compressed is one readers cannot say a request's holding of.
+    """
+
+    max_total_num_tokens: int = attrs.field(validator=non_negative)
+    max_running_requests: int = attrs.field(validator=non_negative)
+    pools: tuple[PoolSpec, ...] = attrs.field(converter=_pool_tuple)
+    sglang_config: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
+    sglang_estimate_bytes: int = attrs.field(default=0, validator=non_negative)
+    notes: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    token_counts: Mapping[str, int] = attrs.field(
+        default=attrs.Factory(lambda self: {FULL_TOKENS: self.max_total_num_tokens}, takes_self=True),
+        converter=frozen_mapping,
+    )
+    state_slots: int = attrs.field(default=0, validator=non_negative)
+    state_slots_per_request: int = attrs.field(default=0, validator=non_negative)
+    windows: tuple[TokenWindow, ...] = attrs.field(default=(), converter=_window_tuple)
+    compression: Mapping[str, int] = attrs.field(factory=dict, converter=frozen_mapping)
+
+    @compression.validator
+    def _check_compression(self, _attribute: attrs.Attribute[Any], compression: Mapping[str, int]) -> None:
+        windowed = {window.token_space for window in self.windows}
+        for space, ratio in compression.items():
+            if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 1:
+                raise InvalidValueError(f"PoolSizing.compression[{space!r}] must be a positive integer, got {ratio!r}.")
+            if space == FULL_TOKENS or space not in self.token_counts or space in windowed:
+                raise InvalidValueError(
+                    f"PoolSizing.compression: token space {space!r} must be counted (token_counts has "
+                    f"{sorted(self.token_counts)}), not {FULL_TOKENS!r} and not windowed."
+                )
+
+    @windows.validator
+    def _check_windows(self, _attribute: attrs.Attribute[Any], windows: tuple[TokenWindow, ...]) -> None:
+        spaces = [window.token_space for window in windows]
+        for space in spaces:
+            if space not in self.token_counts or spaces.count(space) > 1:
+                raise InvalidValueError(
+                    f"PoolSizing.windows: token space {space!r} must be counted (token_counts has "
+                    f"{sorted(self.token_counts)}) and given one window, got {spaces}."
+                )
+
+    def window(self, token_space: str) -> TokenWindow | None:
+        """The worst-case window of ``token_space``, or None when a request holds every token it has there."""
+        return next((window for window in self.windows if window.token_space == token_space), None)
+
+    @token_counts.validator
+    def _check_token_counts(self, _attribute: attrs.Attribute[Any], counts: Mapping[str, int]) -> None:
+        for space, count in counts.items():
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise InvalidValueError(
+                    f"PoolSizing.token_counts[{space!r}] must be a non-negative integer, got {count!r}."
+                )
+        for pool in self.pools:
+            if isinstance(pool, PoolSpec) and pool.unit == TOKEN and pool.token_space not in counts:
+                raise InvalidValueError(
+                    f"PoolSizing.token_counts has no count for token space {pool.token_space!r} of pool "
+                    f"{pool.name!r}; it counts {sorted(counts)}."
+                )
+
+    @property
+    def planned_bytes(self) -> int:
+        return sum(pool.bytes for pool in self.pools)
+
+    @property
+    def counts(self) -> dict[str, Any]:
+        """The counts the pools were sized for, as :meth:`CostModel.bytes_for` takes them."""
+        return {
+            "tokens": dict(self.token_counts),
+            "requests": self.max_running_requests,
+            "state_slots": self.state_slots,
+        }
+
+    @property
+    def cost(self) -> CostModel:
+        """The plan's cost model, one group per pool (:attr:`PoolSpec.group_cost`):
+        ``cost.bytes_for(**counts) == planned_bytes``, and other counts give other plans' bytes."""
+        return CostModel(pool.group_cost for pool in self.pools)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PoolSizing:
+        return load_value(cls, data)
+
+
+# ---------------------------------------------------------------------------
+# host tier (SGLang HiCache)
+# ---------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class HostPool:
+    """The host (CPU, pinned) mirror of one device pool, as SGLang's HiCache sizes it (``kvpools_core.pipeline.host``).
+
+    ``slots`` are the host slots allocated (tokens, or state slots for a state
+    pool): SGLang's ``size = (requested // page_size + 1) x page_size``, every one
+    of them usable (its host allocator hands out all of ``size``);
+    ``device_slots`` the device pool's capacity it was sized from
+    (``device_capacity_tokens``).  ``bytes`` is what ``build`` allocates:
+    ``rows x bytes_per_slot`` with ``rows`` = ``slots``, or, for a pool riding
+    on another's slots (``rides_on``: the DSA indexer rides on the latent
+    pool), its paged rows with slack.  ``sized_by`` says which rule sized it.
+    """
+
+    name: str
+    device_pool: str
+    unit: str = attrs.field(validator=one_of(TOKEN, STATE_SLOT))
+    token_space: str = attrs.field(default=FULL_TOKENS, validator=_token_space)
+    device_slots: int = attrs.field(validator=non_negative)
+    page_size: int = attrs.field(validator=positive)
+    slots: int = attrs.field(validator=non_negative)
+    rows: int = attrs.field(validator=non_negative)
+    bytes_per_slot: int = attrs.field(validator=non_negative)
+    bytes: int = attrs.field(validator=non_negative)
+    layout: str = attrs.field(validator=one_of(*HICACHE_MEM_LAYOUTS))
+    sized_by: str = ""
+    rides_on: str | None = None
+    packed: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    """Device pools whose rows SGLang packs into this host pool's rows (MTP draft layers, :class:`PackedInto`):
+    ``bytes_per_slot`` is this pool's device row plus theirs."""
+    page_bytes: int = attrs.field(default=0, validator=non_negative)
+    """Bytes of one host page over all its layers, for a pool SGLang lays out in whole padded pages, not rows
+    (DeepSeek-V4's ``DeepSeekV4PagedHostPool`` / ``DeepSeekV4StateHostPool``): then ``bytes = pages x page_bytes``
+    and ``bytes_per_slot`` is 0.  0 for a row pool (a page is ``page_size x bytes_per_slot``)."""
+    unused_bytes: int = attrs.field(default=0, validator=non_negative)
+    """Bytes of ``bytes`` that are pinned but never hold data (a padded page's padding), part of ``bytes``."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.page_bytes:
+            if self.bytes_per_slot or self.rows % self.page_size or self.bytes != self.pages * self.page_bytes:
+                raise InvalidValueError(
+                    f"HostPool {self.name!r}: a paged host pool needs bytes_per_slot 0, rows {self.rows} in whole "
+                    f"pages of {self.page_size} and bytes {self.bytes} = pages {self.pages} x page_bytes "
+                    f"{self.page_bytes}."
+                )
+        elif self.bytes != self.rows * self.bytes_per_slot:
+            raise InvalidValueError(
+                f"HostPool {self.name!r}: bytes {self.bytes} != rows {self.rows} x bytes_per_slot "
+                f"{self.bytes_per_slot}."
+            )
+        if self.unused_bytes > self.bytes:
+            raise InvalidValueError(f"HostPool {self.name!r}: unused_bytes {self.unused_bytes} > bytes {self.bytes}.")
+
+    @property
+    def pages(self) -> int:
+        return self.rows // self.page_size
+
+    @property
+    def bytes_per_page(self) -> int:
+        """One host page's bytes: ``page_bytes``, or ``page_size x bytes_per_slot`` for a row pool."""
+        return self.page_bytes or self.page_size * self.bytes_per_slot
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HostPool:
+        return load_value(cls, data)
+
+
+@attrs.frozen
+class PackedInto:
+    """A ``host_mirrors`` answer for a device pool whose rows SGLang packs into another pool's host rows.
+
+    SGLang's packed MTP drafts (``HiCacheDraftMode.PACKED``,
+    ``speculative/base_spec_worker.py`` ``_build_hicache_draft_plan``) hand the
+    draft worker's one-layer KV pools to the target's host pool as extra layers
+    (``draft_buffer_infos``: ``layer_num = target_layer_num + drafts``), so the
+    host pool's bytes per token grow by the draft rows and no host pool of the
+    draft's own exists.  ``pool`` names the mirrored pool it is packed into.
+    """
+
+    pool: str
+
+
+@attrs.frozen(kw_only=True)
+class HostMemory:
+    """The node's host memory the host tier was checked against, and how it was known.
+
+    ``available_bytes`` is measured (``psutil.virtual_memory().available``, or
+    ``MemAvailable`` of ``/proc/meminfo`` without psutil) or stated
+    (``--host-memory``); ``reserve_bytes`` is left to the OS and other processes
+    (SGLang's ``HICACHE_HOST_MEMORY_RESERVE_BYTES``, 10 GiB, unless ``--host-reserve``).
+    What the ranks of a node may pin is ``available - reserve``, each rank
+    ``(available - reserve) // ranks_per_node`` (SGLang's ``host_memory_budget_bytes``).
+    """
+
+    available_bytes: int = attrs.field(validator=non_negative)
+    reserve_bytes: int = attrs.field(validator=non_negative)
+    source: str
+
+    @property
+    def usable_bytes(self) -> int:
+        return max(self.available_bytes - self.reserve_bytes, 0)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HostMemory:
+        return load_value(cls, data)
+
+
+def _host_pool_tuple(items: Iterable[HostPool | Mapping[str, Any]]) -> tuple[HostPool, ...]:
+    return tuple(HostPool.from_dict(item) if isinstance(item, Mapping) else item for item in items)
+
+
+def _host_memory_or_none(value: HostMemory | Mapping[str, Any] | None) -> HostMemory | None:
+    return HostMemory.from_dict(value) if isinstance(value, Mapping) else value
+
+
+@attrs.frozen(kw_only=True)
+class HostTier:
+    """The plan's host KV tier: every host pool of one rank, what one rank and one node pin, the check.
+
+    Derived from the device plan by :func:`kvpools_core.pipeline.host.plan_host_tier`
+    (SGLang's rules, ``docs/host-tier.md``).  ``ranks_per_node`` is
+    :attr:`Serving.ranks_per_node`; ``memory`` the node check (None when the
+    tier was sized without one).
+    """
+
+    pools: tuple[HostPool, ...] = attrs.field(converter=_host_pool_tuple)
+    ranks_per_node: int = attrs.field(validator=positive)
+    dcp_size: int = attrs.field(default=1, validator=positive)
+    """Decode-context-parallel ranks sharing each token (``--dcp-size``): a host slot is one physical row of
+    one rank, ``dcp_size`` logical tokens share it (``HostKVCache.logical_size = size x dcp_size``)."""
+    pinned: bool = True
+    memory: HostMemory | None = attrs.field(default=None, converter=_host_memory_or_none)
+    notes: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    hicache_ratio: float | None = attrs.field(default=None, validator=_optional_positive_ratio)
+    """The ratio the host pools were sized by: ``--hicache-ratio``, SGLang's default 2.0, or the auto-sized
+    ratio (:attr:`auto_sized`); None under ``--hicache-size``."""
+    auto_sized: bool = False
+    """Whether SGLang's auto-sizing chose :attr:`hicache_ratio` (:attr:`Serving.hicache_auto_sized`)."""
+    retraction_backup: bool = False
+    """Whether the pools are a decode node's retraction backup alone (``host_pool`` without HiCache)."""
+
+    @property
+    def bytes_per_rank(self) -> int:
+        """Host bytes one rank allocates (pins where CUDA is there): the sum of its host pools."""
+        return sum(pool.bytes for pool in self.pools)
+
+    @property
+    def bytes_per_node(self) -> int:
+        """Host bytes the node's ranks allocate together: ``bytes_per_rank x ranks_per_node``."""
+        return self.bytes_per_rank * self.ranks_per_node
+
+    @property
+    def unused_bytes_per_rank(self) -> int:
+        """Bytes one rank pins that never hold data (:attr:`HostPool.unused_bytes`, summed)."""
+        return sum(pool.unused_bytes for pool in self.pools)
+
+    @property
+    def tokens(self) -> int | None:
+        """The full tokens the host tier holds (its first full-token pool's slots x ``dcp_size``: the radix
+        tree's logical host tokens, ``HostKVCache.logical_size``), or None."""
+        slots = next((p.slots for p in self.pools if p.unit == TOKEN and p.token_space == FULL_TOKENS), None)
+        return None if slots is None else slots * self.dcp_size
+
+    def pool(self, name: str) -> HostPool:
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise KeyError(f"host tier has no pool named {name!r}; pools: {[p.name for p in self.pools]}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HostTier:
+        return load_value(cls, data)
+
+
+# ---------------------------------------------------------------------------
+# plan
+# ---------------------------------------------------------------------------
+
+PLAN_FORMAT = 1
+
+
+@attrs.frozen(kw_only=True)
+class Plan:
+    """The complete, frozen pool plan: what to build and why.
+
+    ``provenance`` maps each hook to the plugins that shaped its result (the
+    answering plugin first, then wrappers).
+    """
+
+    model: ModelSpec
+    serving: Serving
+    budget: Budget
+    cell: CellSize
+    sizing: PoolSizing
+    provenance: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict, converter=frozen_mapping)
+    format: int = PLAN_FORMAT
+    host: HostTier | None = None
+    """The host KV tier (``--enable-hierarchical-cache``), or None without one."""
+
+    @property
+    def host_kv_bytes(self) -> int | None:
+        """Host bytes one rank pins for the host tier (:attr:`HostTier.bytes_per_rank`), None without a tier."""
+        return None if self.host is None else self.host.bytes_per_rank
+
+    @property
+    def host_tokens(self) -> int | None:
+        """Full tokens one rank's host tier holds (:attr:`HostTier.tokens`), None without a tier."""
+        return None if self.host is None else self.host.tokens
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        return self.sizing.max_total_num_tokens
+
+    @property
+    def max_running_requests(self) -> int:
+        return self.sizing.max_running_requests
+
+    @property
+    def pools(self) -> tuple[PoolSpec, ...]:
+        return self.sizing.pools
+
+    @property
+    def planned_bytes(self) -> int:
+        return self.sizing.planned_bytes
+
+    @property
+    def cost(self) -> CostModel:
+        """What the plan costs per token (of each token space), per request, per state slot, and fixed."""
+        return self.sizing.cost
+
+    @property
+    def counts(self) -> dict[str, Any]:
+        """Tokens (per token space), requests and state slots the plan was sized for."""
+        return self.sizing.counts
+
+    @property
+    def windows(self) -> tuple[TokenWindow, ...]:
+        """The worst-case window terms of each windowed token space (:attr:`PoolSizing.windows`)."""
+        return self.sizing.windows
+
+    @property
+    def compression(self) -> Mapping[str, int]:
+        """Full tokens per token of each compressed token space (:attr:`PoolSizing.compression`)."""
+        return self.sizing.compression
+
+    def pool(self, name: str) -> PoolSpec:
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise KeyError(f"plan has no pool named {name!r}; pools: {[p.name for p in self.pools]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def problems(self) -> list[str]:
+        """What breaks an invariant every plan kvpools makes keeps, each naming its field (``plan.sizing....``).
+
+        Empty for every plan :func:`kvpools_core.plan` returns; :meth:`from_dict` refuses a plan with any.
+        Checked beyond each value's own validators because they relate values: the tokens are whole pages,
+        every token space a pool holds has tokens, the pools' bytes are what their cost model gives for the
+        plan's counts, an exact plan fits its budget, the host tier exists exactly when the serving options
+        build one and mirrors plan pools.
+        """
+        sizing, page = self.sizing, self.serving.page_size
+        found = []
+        tokens = sizing.max_total_num_tokens
+        if tokens < page or tokens % page:
+            found.append(
+                f"plan.sizing.max_total_num_tokens must be a positive whole number of pages of {page} "
+                f"(serving.page_size), got {tokens}."
+            )
+        if sizing.max_running_requests < 1:
+            found.append(f"plan.sizing.max_running_requests must be at least 1, got {sizing.max_running_requests}.")
+        spaces = dict.fromkeys(pool.token_space for pool in sizing.pools if pool.unit == TOKEN)
+        found.extend(
+            f"plan.sizing.token_counts[{space!r}] must be positive: token pools hold its tokens, got {count}."
+            for space in spaces
+            if space != FULL_TOKENS and (count := sizing.token_counts.get(space, 0)) < 1
+        )
+        full = sizing.token_counts.get(FULL_TOKENS, tokens)
+        if full != tokens:
+            found.append(
+                f"plan.sizing.token_counts['{FULL_TOKENS}'] ({full}) must equal "
+                f"plan.sizing.max_total_num_tokens ({tokens})."
+            )
+        try:
+            costed = self.cost.bytes_for(**self.counts)
+        except KvpoolsError as exc:
+            found.append(f"plan.sizing.pools: {exc}")
+        else:
+            if costed != self.planned_bytes:
+                found.append(
+                    f"plan.sizing.pools hold {self.planned_bytes:,} B in all, but their costs (PoolSpec.cost) give "
+                    f"{costed:,} B for the plan's counts {self.counts}."
+                )
+        if self.serving.accounting == "exact" and self.planned_bytes > self.budget.budget_bytes:
+            found.append(
+                f"plan.sizing.pools need {self.planned_bytes:,} B, over plan.budget.budget_bytes "
+                f"({self.budget.budget_bytes:,} B): an exact plan fits its budget."
+            )
+        found.extend(self._host_problems())
+        return found
+
+    def _host_problems(self) -> list[str]:
+        if (self.host is not None) != self.serving.host_tier:
+            has = "has a host tier" if self.host is not None else "has no host tier (plan.host is null)"
+            return [
+                f"plan.host: the plan {has}, but serving.enable_hierarchical_cache is "
+                f"{str(self.serving.enable_hierarchical_cache).lower()} and "
+                f"serving.disaggregation_decode_retraction_backup is "
+                f"{self.serving.disaggregation_decode_retraction_backup!r}: a host tier exists exactly when they "
+                "build one."
+            ]
+        if self.host is None:
+            return []
+        names = {pool.name for pool in self.pools}
+        return [
+            f"plan.host.pools[{i}].device_pool {pool.device_pool!r} names no pool of plan.sizing.pools "
+            f"({sorted(names)})."
+            for i, pool in enumerate(self.host.pools)
+            if pool.device_pool not in names
+        ]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        """Load a plan from its plain-JSON form (or the CLI's ``--json`` summary, which wraps it under ``plan``).
+
+        Every field is checked against its type and its validators, and the plan against :meth:`problems`;
+        anything else raises :class:`~kvpools_core.errors.PlanFormatError` naming the field's path.
+        """
+        if isinstance(data, Mapping) and "plan" in data and "model" not in data:
+            data = data["plan"]
+        if isinstance(data, Mapping) and "format" in data:
+            version = data["format"]
+            if isinstance(version, bool) or not isinstance(version, int):
+                raise wrong("plan.format", version, f"the integer {PLAN_FORMAT}")
+            if version != PLAN_FORMAT:
+                raise PlanFormatError(
+                    f"plan.format {short_repr(version)} is not supported: this kvpools reads plan format "
+                    f"{PLAN_FORMAT}. Load it with the kvpools that wrote it, or plan again.",
+                    path="plan.format",
+                )
+        loaded = load_value(cls, data, "plan")
+        found = loaded.problems()
+        if found:
+            raise PlanFormatError(" ".join(found), path=found[0].split(" ", 1)[0].split(":", 1)[0])
+        return loaded
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Plan:
+        """Load a plan from ``to_json``'s text (or the CLI's ``--json`` output); see :meth:`from_dict`."""
+        return cls.from_dict(parse_json(text))

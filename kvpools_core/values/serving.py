@@ -1,0 +1,463 @@
+"""How the model is served: ``Serving`` (every option), the engine-default markers and their constants."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from kvpools_core.dtypes import MODEL_DTYPES, canonical_kv_dtype
+from kvpools_core.errors import ConfigError, short_repr
+from kvpools_core.options import option
+from kvpools_core.values import _fields
+from kvpools_core.values._fields import (
+    _flag,
+    _int_tuple_or_none,
+    _invalid,
+    fraction,
+    frozen_mapping,
+    non_negative,
+    one_of,
+    optional_non_negative,
+    optional_positive,
+    positive,
+    positive_ratio,
+)
+from kvpools_core.values.cost import DraftModel
+from kvpools_core.values.loading import load_value
+from kvpools_core.values.traits import PlatformTraits, Workspace, _workspace_tuple
+
+SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NEXTN", "DFLASH", "NGRAM")
+ACCOUNTING_MODES = ("exact", "sglang", "vllm")
+"""``exact`` and ``sglang`` size SGLang's pools (:func:`kvpools_core.plan`); ``vllm`` plans ``vllm serve``'s KV
+cache instead (:func:`kvpools_core.engines.vllm.plan_vllm`, ``docs/vllm.md``), which the SGLang pipeline refuses."""
+SGLANG_ACCOUNTING_MODES = ("exact", "sglang")
+"""The accounting modes of SGLang's pipeline (``plan``, ``build``, ``fit``, ``sweep``)."""
+
+
+DEFAULT_HICACHE_RATIO = 2.0
+"""SGLang's ``--hicache-ratio`` when neither it nor ``--hicache-size`` is given (cache mode)."""
+HICACHE_MEM_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+"""``--hicache-mem-layout`` values kvpools models (SGLang's ``page_first_kv_split`` and ``page_head`` are
+NPU / head-sharded layouts it does not)."""
+HICACHE_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+DECODE_RETRACTION_BACKUPS = ("cpu_tensor", "host_pool", "none")
+"""``--disaggregation-decode-retraction-backup`` choices (SGLang 0.5.23 ``arg_groups/fields/disagg.py``)."""
+
+
+def _optional_non_negative_ints(inst: object, attribute: attrs.Attribute[Any], value: tuple[int, ...] | None) -> None:
+    if value is not None and not all(type(v) is int and v >= 0 for v in value):
+        raise _invalid(inst, f"{_flag(inst, attribute)} must be non-negative integers, got {value!r}.")
+
+
+def _optional_positive_ratio(inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None:
+        positive_ratio(inst, attribute, value)
+
+
+def _canonical_spec_algorithm(value: str | None) -> str | None:
+    return None if value is None else value.upper()
+
+
+def _canonical_kv(value: str) -> str:
+    return canonical_kv_dtype(value)
+
+
+DSV4_COMPRESS_STATE_DTYPES = ("float32", "bfloat16")
+"""``SGLANG_DSV4_COMPRESS_STATE_DTYPE``'s values (SGLang also spells them ``fp32`` and ``bf16``)."""
+_STATE_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def _canonical_state_dtype(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    name = value.strip().lower()
+    return _STATE_DTYPE_ALIASES.get(name, name)
+
+
+def parse_hisparse_config(text: str | None) -> dict[str, Any]:
+    """SGLang's ``--hisparse-config``: a JSON object (``{}`` when unset).
+
+    Raises ``ValueError`` with the reason when it is not one; the ``Serving``
+    validator turns that into an error naming the option.
+    """
+    if text is None or not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"is not valid JSON ({exc.msg} at character {exc.pos})") from None
+    except ValueError:  # an integer of more than 4,300 digits
+        raise ValueError("holds an integer too long to read (over 4,300 digits)") from None
+    except RecursionError:  # arrays or objects nested thousands deep
+        raise ValueError("is nested too deeply to read") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a JSON object such as '{{\"host_to_device_ratio\": 4}}', got {short_json(value)}")
+    ratio = value.get("host_to_device_ratio", 2)
+    if isinstance(ratio, bool) or not isinstance(ratio, int) or ratio < 1:
+        raise ValueError(f"has host_to_device_ratio {short_json(ratio)}; it must be an integer >= 1")
+    top_k = value.get("top_k", 2048)
+    buffer = value.get("device_buffer_size", None)
+    numbers = isinstance(top_k, (int, float)) and not isinstance(top_k, bool)
+    if buffer is not None and numbers and isinstance(buffer, (int, float)) and buffer < top_k:
+        raise ValueError(
+            f"has device_buffer_size {buffer} below top_k {top_k}: device_buffer_size must be no smaller than top_k"
+        )
+    return value
+
+
+def short_json(value: Any) -> str:
+    try:
+        text = json.dumps(value)
+    except (ValueError, RecursionError):  # nested too deeply to print, or an integer too long to
+        return short_repr(value, 60) if not isinstance(value, (list, dict)) else f"a {type(value).__name__}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _hisparse_json(inst: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and not isinstance(value, str):
+        raise _invalid(inst, f"{_flag(inst, attribute)} must be a JSON string, got {value!r}.")
+    try:
+        parse_hisparse_config(value)
+    except ValueError as exc:
+        raise _invalid(
+            inst,
+            f"{_flag(inst, attribute)} {short_repr(value)} {exc}. Pass a JSON object, "
+            f"e.g. '{{\"host_to_device_ratio\": 4}}'.",
+        ) from None
+
+
+# ---------------------------------------------------------------------------
+# platform traits and workspaces
+# ---------------------------------------------------------------------------
+
+
+class UnsetInt(int):
+    """An int option the user left unset: it reads as the engine's generic default (an ``int`` like any other),
+    and :func:`is_unset` tells it apart, so the pipeline may replace it with the model's own default
+    (``engine_defaults`` hook) while an explicit value, even an equal one, wins."""
+
+    __slots__ = ()
+
+
+class UnsetFloat(float):
+    """A float option the user left unset (:class:`UnsetInt`'s float sibling)."""
+
+    __slots__ = ()
+
+
+def is_unset(value: object) -> bool:
+    """Whether ``value`` is an option's unset marker (:class:`UnsetInt`, :class:`UnsetFloat`), not a given value."""
+    return isinstance(value, (UnsetInt, UnsetFloat))
+
+
+ENGINE_DEFAULT_OPTIONS = ("page_size", "swa_full_tokens_ratio")
+"""The :class:`Serving` fields an unset value of which an ``engine_defaults`` answer may replace: the ones SGLang
+0.5.23 leaves ``None`` and resolves per model (``arg_groups/model_overrides/``) or per platform."""
+
+
+@attrs.frozen(kw_only=True)
+class EngineDefault:
+    """What the engine sets itself for a model when the user leaves an option unset (``engine_defaults`` hook).
+
+    ``option`` is a :data:`ENGINE_DEFAULT_OPTIONS` field of :class:`Serving`,
+    ``value`` what SGLang resolves it to, and ``reason`` says why, citing
+    SGLang (it becomes the plan's note).  An explicit option always wins.
+    """
+
+    option: str = attrs.field(validator=one_of(*ENGINE_DEFAULT_OPTIONS))
+    value: int | float
+    reason: str = attrs.field(validator=attrs.validators.min_len(1))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EngineDefault:
+        return load_value(cls, data)
+
+
+# ---------------------------------------------------------------------------
+# accelerators
+# ---------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Serving:
+    """Serving options that change sizing, under SGLang's server-arg names.
+
+    What SGLang reads from environment variables is a typed field here
+    (``swa_eviction_interval`` is ``SGLANG_SWA_EVICTION_INTERVAL``,
+    ``vlm_cache_size_mb`` is ``SGLANG_VLM_CACHE_SIZE_MB``,
+    ``pp_layer_partition`` is ``SGLANG_PP_LAYER_PARTITION``,
+    ``mamba_skip_decode_lock`` is ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``,
+    ``dsv4_compress_state_dtype`` is ``SGLANG_DSV4_COMPRESS_STATE_DTYPE``,
+    ``enable_online_compress`` is ``SGLANG_OPT_USE_ONLINE_COMPRESS``,
+    ``enable_online_c128_mtp`` is ``SGLANG_EXPERIMENTAL_ONLINE_C128_MTP``);
+    kvpools never reads the environment for sizing.  ``enable_hisparse`` and
+    ``hisparse_config`` are SGLang's server args of those names (the config a
+    JSON object string such as ``'{"host_to_device_ratio": 4}'``); HiSparse is
+    refused on a model whose architecture plugin does not name it (``engine_features``
+    hook) and without ``disable_radix_cache``, as SGLang refuses it.
+    ``enable_hierarchical_cache``, ``hicache_ratio``, ``hicache_size`` (GB),
+    ``hicache_mem_layout``, ``hicache_write_policy`` and ``nnodes`` are SGLang's
+    server args; ``hicache_mamba_ratio`` is the Mamba host ratio of SGLang PR
+    #39851 (not in 0.5.23; unset it follows ``hicache_ratio``).  They size the
+    host tier (:class:`HostTier`, ``docs/host-tier.md``), never the device pools.
+    ``page_size`` and ``swa_full_tokens_ratio`` left unset read as SGLang's generic defaults (1, 0.8) and are
+    marked so (:attr:`unset_options`): the pipeline gives them the model's or platform's own default
+    (``engine_defaults`` hook) and notes it; a value given, even an equal one, is kept.
+    """
+
+    kv_cache_dtype: str = attrs.field(default="auto", converter=_canonical_kv)
+    page_size: int = attrs.field(default=UnsetInt(1), validator=positive)
+    """Unset (``Serving()``, no ``--page-size``), it reads as SGLang's generic default 1 until the pipeline
+    applies the model's or platform's own (``engine_defaults``: DeepSeek sparse attention 64, DeepSeek-V4 256,
+    Ascend 128); a given value, even 1, wins (:func:`is_unset`)."""
+    # parallelism
+    tp_size: int = attrs.field(default=1, validator=positive)
+    pp_size: int = attrs.field(default=1, validator=positive)
+    pp_rank: int = attrs.field(default=0, validator=non_negative)
+    pp_layer_partition: tuple[int, ...] | None = attrs.field(
+        default=None, converter=_int_tuple_or_none, validator=_optional_non_negative_ints
+    )
+    dp_size: int = attrs.field(default=1, validator=positive)
+    enable_dp_attention: bool = False
+    attn_cp_size: int = attrs.field(default=1, validator=positive)
+    dcp_size: int = attrs.field(default=1, validator=positive)
+    # scheduling limits
+    context_length: int | None = attrs.field(default=None, validator=optional_positive)
+    max_running_requests: int | None = attrs.field(default=None, validator=optional_positive)
+    max_total_tokens: int | None = attrs.field(default=None, validator=optional_positive)
+    mem_fraction_static: float | None = attrs.field(default=None, validator=attrs.validators.optional(fraction))
+    """``None``: SGLang's default, as the budget resolves it (a GPU's ``handle_gpu_memory_settings`` value with
+    ``gpu``, else ``DEFAULT_MEM_FRACTION_STATIC`` 0.9); the fraction used is ``Plan.budget.mem_fraction_static``."""
+    chunked_prefill_size: int | None = attrs.field(default=8192, validator=optional_positive)
+    disable_radix_cache: bool = False
+    disable_overlap_schedule: bool = False
+    vlm_cache_size_mb: int = attrs.field(default=100, validator=non_negative)
+    # speculative decoding
+    speculative_algorithm: str | None = attrs.field(
+        default=None,
+        converter=_canonical_spec_algorithm,
+        validator=one_of(None, *SPECULATIVE_ALGORITHMS),
+    )
+    speculative_num_steps: int | None = attrs.field(default=None, validator=optional_positive)
+    speculative_eagle_topk: int | None = attrs.field(default=None, validator=optional_positive)
+    speculative_num_draft_tokens: int | None = attrs.field(default=None, validator=optional_positive)
+    speculative_draft_num_layers: int | None = attrs.field(default=None, validator=optional_positive)
+    # disaggregation
+    disaggregation_mode: str = attrs.field(default="null", validator=one_of("null", "prefill", "decode"))
+    disaggregation_decode_extra_slots: int | None = attrs.field(default=None, validator=optional_non_negative)
+    """Request rows a decode node pre-allocates for transfers; ``None``: SGLang's default
+    (:attr:`decode_extra_slots`)."""
+    disaggregation_decode_retraction_backup: str | None = attrs.field(
+        default=None, validator=one_of(None, *DECODE_RETRACTION_BACKUPS)
+    )
+    """SGLang's ``--disaggregation-decode-retraction-backup`` (a decode node only): ``host_pool`` backs retracted
+    requests' KV up in a HiCache host pool, which kvpools then plans as the host tier; ``cpu_tensor`` /
+    ``none`` keep none.  Unset, SGLang infers it (``resolve_decode_retraction_backup``), which kvpools states in
+    a note without planning the host memory (see ``docs/host-tier.md``)."""
+    # hybrid sliding window / mamba / sparse knobs (read by their plugins)
+    swa_full_tokens_ratio: float = attrs.field(default=UnsetFloat(0.8), validator=positive_ratio)
+    """Unset, SGLang's fallback 0.8 until the pipeline applies the model's own (``engine_defaults``:
+    DeepSeek-V4 0.1); a given value wins."""
+    swa_eviction_interval: int = attrs.field(default=128, validator=positive)
+    mamba_full_memory_ratio: float = attrs.field(default=0.9, validator=positive_ratio)
+    max_mamba_cache_size: int | None = attrs.field(default=None, validator=optional_positive)
+    mamba_ssm_dtype: str | None = attrs.field(default=None, validator=one_of(None, *MODEL_DTYPES))
+    enable_mamba_extra_buffer: bool = False
+    enable_mamba_extra_buffer_lazy: bool = False
+    mamba_skip_decode_lock: bool = False
+    dsa_prefill_backend: str = "flashmla_sparse"
+    dsa_decode_backend: str = "flashmla_kv"
+    enable_dsa_cache_layer_split: bool = False
+    # DeepSeek-V4 compressed attention (read by the dsv4 plugin)
+    enable_hisparse: bool = False
+    hisparse_config: str | None = attrs.field(default=None, validator=_hisparse_json)
+    dsv4_compress_state_dtype: str = attrs.field(
+        default="float32", converter=_canonical_state_dtype, validator=one_of(*DSV4_COMPRESS_STATE_DTYPES)
+    )
+    enable_online_compress: bool = False
+    enable_online_c128_mtp: bool = False
+    # hierarchical cache: the host KV tier (SGLang HiCache; read by kvpools_core.pipeline.host)
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float | None = attrs.field(default=None, validator=_optional_positive_ratio)
+    """``None``: SGLang's default, 2.0, lowered to what the node holds when ``hicache_size`` is 0 too
+    (:attr:`hicache_auto_sized`); the ratio used is ``Plan.host.hicache_ratio``."""
+    hicache_size: int = attrs.field(default=0, validator=non_negative)
+    hicache_host_memory_fraction: float = attrs.field(default=0.8, validator=fraction)
+    """SGLang's ``--hicache-host-memory-fraction``: the share of the node's host memory (after the reserve,
+    split over its ranks) that auto-sized host pools may take; read only when :attr:`hicache_auto_sized`."""
+    hicache_mamba_ratio: float | None = attrs.field(default=None, validator=_optional_positive_ratio)
+    hicache_mem_layout: str = attrs.field(default="page_first", validator=one_of(*HICACHE_MEM_LAYOUTS))
+    hicache_write_policy: str = attrs.field(default="write_through", validator=one_of(*HICACHE_WRITE_POLICIES))
+    nnodes: int = attrs.field(default=1, validator=positive)
+    # kvpools
+    accounting: str = attrs.field(default="exact", validator=one_of(*ACCOUNTING_MODES))
+    platform: str = "cuda"
+    plugin_options: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
+    platform_traits: PlatformTraits | None = None
+    """Resolved by the pipeline from the platform's plugin (``platform_traits`` hook), not given by users;
+    ``None`` (unresolved) reads as a platform with no page rules and no raw-row backends."""
+    workspaces: tuple[Workspace, ...] = attrs.field(default=(), converter=_workspace_tuple)
+    """Resolved by the pipeline (``workspaces`` hook): what the platform's kernels keep beside the KV cache."""
+    speculative_draft: DraftModel | None = None
+    """Resolved by the pipeline from ``--speculative-draft-model-path`` (:class:`DraftModel`): the draft model
+    and its own cell, which the speculative plugin composes into the target's; ``None`` without a draft model."""
+
+    def __attrs_post_init__(self) -> None:
+        o = option
+        if self.pp_rank >= self.pp_size:
+            raise ConfigError(f"{o('pp_rank')} must be below {o('pp_size')} ({self.pp_size}), got {self.pp_rank}.")
+        attn_dp = self.attn_dp_size
+        if self.tp_size % (attn_dp * self.attn_cp_size):
+            raise ConfigError(
+                f"{o('tp_size')} {self.tp_size} must be divisible by the attention DP size ({attn_dp}) "
+                f"times {o('attn_cp_size')} ({self.attn_cp_size})."
+            )
+        if self.attn_tp_size % self.dcp_size:
+            raise ConfigError(
+                f"{o('dcp_size')} {self.dcp_size} must divide the attention TP size ({self.attn_tp_size})."
+            )
+        if self.pp_layer_partition is not None and len(self.pp_layer_partition) != self.pp_size:
+            raise ConfigError(
+                f"{o('pp_layer_partition')} has {len(self.pp_layer_partition)} entries; "
+                f"it needs one per pipeline stage ({o('pp_size')} {self.pp_size})."
+            )
+        if self.max_running_requests is not None and self.max_running_requests < attn_dp:
+            raise ConfigError(
+                f"{o('max_running_requests')} {self.max_running_requests} is split over {attn_dp} DP-attention "
+                f"workers, so each would run {self.max_running_requests // attn_dp} requests. Allow at least "
+                f"{attn_dp} (one per worker), or lower {o('dp_size')}."
+            )
+        changed = [
+            o(name)
+            for name, value, default in (
+                ("hicache_ratio", self.hicache_ratio, None),
+                ("hicache_size", self.hicache_size, 0),
+                ("hicache_mamba_ratio", self.hicache_mamba_ratio, None),
+                ("hicache_host_memory_fraction", self.hicache_host_memory_fraction, 0.8),
+            )
+            if value != default
+        ]
+        if changed and not (self.enable_hierarchical_cache or self.retraction_host_pool):
+            raise ConfigError(
+                f"The host KV tier that {' and '.join(changed)} sizes exists only with "
+                f"{o('enable_hierarchical_cache')} (or a decode node's "
+                f"{o('disaggregation_decode_retraction_backup')} host_pool); add it, or drop {' and '.join(changed)}."
+            )
+        if self.disaggregation_decode_retraction_backup is not None and self.disaggregation_mode != "decode":
+            raise ConfigError(
+                f"{o('disaggregation_decode_retraction_backup')} applies to a decode node only (only it retracts "
+                f"requests whose KV came from a prefill node); add {o('disaggregation_mode')} decode, or drop it."
+            )
+        if self.launched_ranks % self.nnodes:
+            raise ConfigError(
+                f"{o('nnodes')} {self.nnodes} must divide the {self.launched_ranks} ranks ({o('tp_size')} x "
+                f"{o('pp_size')}, x {o('dp_size')} without DP attention), as SGLang places them evenly."
+            )
+        if self.enable_mamba_extra_buffer_lazy and self.disable_overlap_schedule:
+            raise ConfigError(
+                f"{o('enable_mamba_extra_buffer_lazy')} requires the overlap schedule; "
+                f"drop {o('disable_overlap_schedule')} or the lazy extra buffer."
+            )
+
+    @property
+    def attn_dp_size(self) -> int:
+        """DP width that splits requests: dp_size with DP attention, else 1."""
+        return self.dp_size if self.enable_dp_attention else 1
+
+    @property
+    def attn_tp_size(self) -> int:
+        """Ranks that shard one attention layer's KV heads: tp / attn_dp / cp."""
+        return self.tp_size // self.attn_dp_size // self.attn_cp_size
+
+    @property
+    def unset_options(self) -> tuple[str, ...]:
+        """The :data:`ENGINE_DEFAULT_OPTIONS` left unset (reading as the generic default, :func:`is_unset`)."""
+        return tuple(name for name in ENGINE_DEFAULT_OPTIONS if is_unset(getattr(self, name)))
+
+    @property
+    def speculative(self) -> bool:
+        return self.speculative_algorithm is not None
+
+    @property
+    def decode_extra_slots(self) -> int:
+        """Rows a PD decode node pre-allocates beyond ``max_running_requests`` (``pre_alloc_size``); 0 off one.
+
+        Unset, SGLang 0.5.23's default (``handle_pd_disaggregation``, ``arg_groups/pd_disaggregation_hook.py``
+        lines 123-143): twice the requests per DP worker (``max(1, max_running_requests // num_dp_ranks)``,
+        ``num_dp_ranks`` = ``dp_size``, replicas or DP attention alike) when that is at most 32, else none.
+        Only a decode launch computes it (ref-000 lines 1003-1022).
+        """
+        if self.disaggregation_mode != "decode":
+            return 0
+        if self.disaggregation_decode_extra_slots is not None:
+            return self.disaggregation_decode_extra_slots
+        if self.max_running_requests is None:
+            return 0
+        per_worker = max(1, self.max_running_requests // self.dp_size)
+        return 2 * per_worker if per_worker <= 32 else 0
+
+    @property
+    def retraction_host_pool(self) -> bool:
+        """Whether a decode node backs retractions up in a HiCache host pool (asked for explicitly)."""
+        return self.disaggregation_decode_retraction_backup == "host_pool"
+
+    @property
+    def host_tier(self) -> bool:
+        """Whether SGLang builds host KV pools: ``--enable-hierarchical-cache``, or a decode node's ``host_pool``
+        retraction backup (``enabled=enable_hierarchical_cache or retraction_backup == "host_pool"``,
+        ``mem_cache/kv_cache_builder.py``)."""
+        return self.enable_hierarchical_cache or self.retraction_host_pool
+
+    @property
+    def hicache_auto_sized(self) -> bool:
+        """Whether SGLang auto-sizes the host tier: host pools built, neither ``--hicache-ratio`` nor
+        ``--hicache-size`` given (``handle_hicache_ratio_default`` keeps ``hicache_host_memory_fraction`` only
+        then, ``arg_groups/hicache_hook.py``; ``auto_size_hicache``, ``mem_cache/hicache_auto_size.py``)."""
+        return self.host_tier and self.hicache_ratio is None and self.hicache_size == 0
+
+    @property
+    def hicache_ratio_or_default(self) -> float:
+        """``hicache_ratio``, else SGLang's default 2.0 (cache mode), before any auto-sizing."""
+        return DEFAULT_HICACHE_RATIO if self.hicache_ratio is None else self.hicache_ratio
+
+    @property
+    def radix_cache_disabled(self) -> bool:
+        """Whether the server runs without the radix cache: ``--disable-radix-cache``, or a PD decode node.
+
+        SGLang resolves ``disable_radix_cache=True`` on every decode node (``handle_pd_disaggregation``,
+        ``arg_groups/pd_disaggregation_hook.py`` lines 98-121) unless the experimental
+        ``--disaggregation-decode-enable-radix-cache`` is given, which kvpools does not model.  Sizing that
+        depends on the radix cache (the mamba state ratio, the SWA chunk cap) reads this, never the flag.
+        """
+        return self.disable_radix_cache or self.disaggregation_mode == "decode"
+
+    @property
+    def launched_ranks(self) -> int:
+        """Every rank the launch starts: ``tp_size x pp_size``, times ``dp_size`` replicas without DP attention."""
+        return self.tp_size * self.pp_size * (1 if self.enable_dp_attention else self.dp_size)
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks that share one node's host memory: :attr:`launched_ranks` ``// nnodes`` (SGLang's
+        ``ranks_per_host``: ``launch_world_size // nnodes``, ``pool_host/base.py``, counted over DP replicas too)."""
+        return self.launched_ranks // self.nnodes
+
+    @property
+    def traits(self) -> PlatformTraits:
+        """The platform's traits (``platform_traits``), or the neutral ones before the pipeline resolved them."""
+        return self.platform_traits or PlatformTraits(platform=self.platform)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Serving:
+        return load_value(cls, data)
+
+
+# ---------------------------------------------------------------------------
+# budget
+# ---------------------------------------------------------------------------
+
+
+_fields.USER_OPTION_VALUES = (*_fields.USER_OPTION_VALUES, Serving)
