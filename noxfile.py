@@ -90,6 +90,13 @@ def plots(session: nox.Session) -> None:
     session.run("pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or ["tests/sweep"]))
 
 
+@nox.session(default=False)
+def dask(session: nox.Session) -> None:
+    """The sweep on an executor and on a Dask cluster started on loopback (the ``kvpools[dask]`` extra)."""
+    session.install(*CONSTRAINTS, "-e", ".[test,dask]")
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or ["tests/sweep/test_sweep_executor.py"]))
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install(*CONSTRAINTS, "ruff")
@@ -122,7 +129,7 @@ def docs(session: nox.Session) -> None:
     session.run("mkdocs", "build", "--strict", *session.posargs, env={"NO_MKDOCS_2_WARNING": "1"})
 
 
-DEPS_EXTRAS = ("test", "hf", "plot")
+DEPS_EXTRAS = ("test", "hf", "plot", "dask")
 """What the dependency sessions install beside the core: the suite runs the integration and the plot tests too."""
 DEPS_PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", *PARALLEL)
 DEPS_TESTS = (
@@ -187,8 +194,8 @@ NEWEST = ("--upgrade", "--upgrade-strategy", "eager")
 
 @nox.session(default=False)
 def deps_newest(session: nox.Session) -> None:
-    """:data:`DEPS_TESTS` (with ``tests/integrations`` and ``tests/sweep``'s plots) against the newest releases
-    pyproject.toml accepts: torch pinned (:func:`torch_pin`), nothing else constrained."""
+    """:data:`DEPS_TESTS` (with ``tests/integrations``, ``tests/sweep``'s plots and its Dask cluster) against the
+    newest releases pyproject.toml accepts: torch pinned (:func:`torch_pin`), nothing else constrained."""
     constraints = _constraints(session, "newest.txt", [torch_pin()])
     extras = ",".join(DEPS_EXTRAS)
     session.install(*NEWEST, "-c", constraints, "-e", f".[{extras}]", EXAMPLE_PLUGIN, *VENDOR_PLUGINS)

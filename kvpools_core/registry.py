@@ -25,6 +25,7 @@ import difflib
 import os
 import re
 import sys
+import threading
 import types
 import warnings
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
@@ -103,6 +104,26 @@ class _CallRecord:
         self.raised: dict[int, str] = {}
 
 
+class _CallStack(threading.local):
+    """The hook calls in progress, one stack per thread: a registry is shared by every thread of a process (a
+    sweep on a thread pool, a Dask worker's threads), and each call's answerers must be its own."""
+
+    def __init__(self) -> None:
+        self.calls: list[_CallRecord] = []
+
+    def append(self, record: _CallRecord) -> None:
+        self.calls.append(record)
+
+    def pop(self) -> _CallRecord:
+        return self.calls.pop()
+
+    def __bool__(self) -> bool:
+        return bool(self.calls)
+
+    def __getitem__(self, index: int) -> _CallRecord:
+        return self.calls[index]
+
+
 class Registry:
     """Loads plugins and calls hooks on them.
 
@@ -154,7 +175,7 @@ class Registry:
         self._pm = pluggy.PluginManager(hookspecs.PROJECT)
         self._pm.add_hookspecs(hookspecs)
         self._infos: dict[str, PluginInfo] = {}
-        self._records: list[_CallRecord] = []
+        self._records = _CallStack()
         self._skipped: dict[str, importlib_metadata.EntryPoint] = {}
         self._register_core()
         self._load_entry_points(extras)

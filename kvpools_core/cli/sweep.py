@@ -107,6 +107,13 @@ PLOT_KINDS = ("concurrency", "tokens", "bytes-per-token")
     "--jobs", type=int, default=None, help="Worker processes for large sweeps  [default: the cores of this machine]"
 )
 @click.option(
+    "--executor",
+    default=None,
+    metavar="URL",
+    help="Run the sweep on a cluster instead of this machine's cores: dask://HOST:PORT (a Dask scheduler; "
+    "needs pip install 'kvpools[dask]' here and kvpools on its workers). --jobs is then the workers to cut it for.",
+)
+@click.option(
     "--progress/--no-progress",
     default=None,
     help="A progress bar on stderr for runs over a second  [default: when stderr is a terminal]",
@@ -128,6 +135,7 @@ def sweep(
     plot_dir: str,
     plot_format: str,
     jobs: int | None,
+    executor: str | None,
     progress: bool | None,
 ) -> None:
     """Plan every combination of models, serving options and budgets; one row per point.
@@ -139,6 +147,10 @@ def sweep(
     from kvpools_core.pipeline import select_platform
     from kvpools_core.planning.sweep import SweepGrid, rows_to_csv, rows_to_json, run_sweep
 
+    if executor is not None:
+        from kvpools_core.planning.executors import parse_executor_url
+
+        parse_executor_url(executor)  # a misspelt URL is refused before any model is read
     named = [("tp_size", tp_sizes), ("kv_cache_dtype", kv_cache_dtypes), ("page_size", page_sizes)]
     sweep_axes: list[tuple[str, list[str]]] = [(name, _listed(values)) for name, values in named if values]
     for item in axes:
@@ -171,8 +183,14 @@ def sweep(
         load_model(model, registry)
     if output is not None:
         _check_output_dir(output)
-    with _sweep_progress(len(grid), progress) as advance:
-        rows = run_sweep(grid, jobs=jobs, advance=advance)
+    with contextlib.ExitStack() as stack:
+        pool = None
+        if executor is not None:
+            from kvpools_core.planning.executors import open_executor
+
+            pool = stack.enter_context(open_executor(executor))
+        advance = stack.enter_context(_sweep_progress(len(grid), progress))
+        rows = run_sweep(grid, jobs=jobs, advance=advance, executor=pool)
     if output_format == "table":
         from kvpools_core.cli.sweep_report import render_sweep
 

@@ -28,7 +28,7 @@ import json
 import os
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor
 from typing import Any
 
 import attrs
@@ -475,6 +475,7 @@ def run_sweep(
     registry: Any = None,
     advance: Callable[[int], None] | None = None,
     min_points_per_job: int = MIN_POINTS_PER_JOB,
+    executor: Executor | None = None,
 ) -> list[SweepRow]:
     """Plan every point of ``grid``; one :class:`SweepRow` per point, in grid order.
 
@@ -483,31 +484,59 @@ def run_sweep(
     process.  Workers plan with their process's default registry (the
     installed plugins), so a custom ``registry`` plans in this process only.
     ``advance(n)`` is called as ``n`` more points are done (a progress bar).
+
+    ``executor``: any :class:`concurrent.futures.Executor` to run the chunks on instead of a process pool of
+    this machine -- a Dask ``distributed.Client(...).get_executor()`` or a Ray pool spreads a grid over a
+    cluster without kvpools owning a scheduler. Its workers need kvpools and the plugins installed (they plan
+    with their own default registry); ``jobs`` is then how many workers to cut the grid for (``None``: as
+    many as this machine has cores), and the caller owns the executor (it is not shut down here).
     """
     if jobs is None:
         jobs = default_jobs()
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"{option('jobs')} must be a positive integer, got {jobs!r}.")
+    if executor is not None and not isinstance(executor, Executor):
+        raise ConfigError(
+            f"executor must be a concurrent.futures.Executor (a process pool, a Dask Client's get_executor(), a "
+            f"Ray pool), got {type(executor).__name__}."
+        )
     configurations = len(grid) // len(grid.budgets)
     workers = worker_count(len(grid), configurations, jobs, min_points_per_job)
-    if workers == 1:
+    if workers == 1 and executor is None:
         return _run_groups(grid, _groups(grid), registry, advance)
     if registry is not None:
+        where = "on the executor's workers" if executor is not None else "in worker processes"
         raise ConfigError(
-            f"A sweep with {option('jobs')} {jobs} plans in worker processes with the installed plugins; "
-            f"a custom registry plans in this process only (jobs=1)."
+            f"A sweep with {option('jobs')} {jobs} plans {where} with the installed plugins; "
+            f"a custom registry plans in this process only (jobs=1, no executor)."
         )
     # chunks of whole configurations, a few per worker so that one slow chunk does not hold the others back
     per_chunk = max(1, -(-configurations // (workers * 4)))
     bounds = [(start, min(start + per_chunk, configurations)) for start in range(0, configurations, per_chunk)]
-    rows: list[SweepRow] = []
+    if executor is not None:
+        return _run_chunks(executor, grid, bounds, advance)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(_worker_chunk, grid, start, stop, on_cli()) for start, stop in bounds]
-        for future in futures:  # in submission order: the grid's order
+        return _run_chunks(pool, grid, bounds, advance)
+
+
+def _run_chunks(
+    executor: Executor,
+    grid: SweepGrid,
+    bounds: Sequence[tuple[int, int]],
+    advance: Callable[[int], None] | None,
+) -> list[SweepRow]:
+    """Every chunk of ``bounds`` planned on ``executor``; rows in the grid's order (the submission order)."""
+    rows: list[SweepRow] = []
+    futures = [executor.submit(_worker_chunk, grid, start, stop, on_cli()) for start, stop in bounds]
+    try:
+        for future in futures:
             chunk = future.result()
             rows += chunk
             if advance is not None:
                 advance(len(chunk))
+    finally:
+        for future in futures:
+            future.cancel()  # a failed chunk stops the sweep: the rest is not waited for
     return rows
 
 

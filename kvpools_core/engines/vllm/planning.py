@@ -31,9 +31,11 @@ from kvpools_core.parts.vllm.specs import (
     SlidingWindowMLASpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
-    VllmLimits as VllmLimits,
     cdiv,
     round_up,
+)
+from kvpools_core.parts.vllm.specs import (
+    VllmLimits as VllmLimits,
 )
 
 GiB = 1 << 30
