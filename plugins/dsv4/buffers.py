@@ -59,7 +59,8 @@ The token spaces the pools scale with are ``full``, ``swa``, ``c4`` and ``c128``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import attrs
@@ -380,59 +381,84 @@ def pool_specs(
 
     Pools of zero bytes (a stage without c128 layers, no draft) are left out.
     """
+    layout = _pool_layout(model, serving, sizes, max_running_requests=max_running_requests, context_len=context_len)
+    return [make(owner) for _, make in layout]
+
+
+def pool_bytes(
+    model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_running_requests: int, context_len: int
+) -> int:
+    """``sum(p.bytes for p in pool_specs(...))`` without building the pools: the exact search's probe, which
+    runs several times per plan (the pool values, with their costs, are built once, for the answer)."""
+    layout = _pool_layout(model, serving, sizes, max_running_requests=max_running_requests, context_len=context_len)
+    return sum(nbytes for nbytes, _ in layout)
+
+
+_Make = Callable[[str], PoolSpec]
+
+
+def _pool_layout(
+    model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_running_requests: int, context_len: int
+) -> list[tuple[int, _Make]]:
+    """Each pool as ``(bytes, make(owner) -> PoolSpec)``: its bytes now, its value only when asked."""
     b = dsv4_buffers(model, serving, sizes, max_running_requests=max_running_requests)
     page = serving.page_size
-    pools: list[PoolSpec] = []
+    layout: list[tuple[int, _Make]] = []
     for geo, space in ((b.swa, SWA_TOKENS), (b.c4, C4_TOKENS), (b.c128, C128_TOKENS)):
         if geo.layers:
-            pools.append(
-                _paged_pool(
-                    geo.name, geo.tokens, geo.page_size, geo.page_bytes * len(geo.layers), geo.nbytes, space, owner
-                )
+            per_block = geo.page_bytes * len(geo.layers)
+            layout.append(
+                (geo.nbytes, partial(_paged_pool, geo.name, geo.tokens, geo.page_size, per_block, geo.nbytes, space))
             )
     if b.draft_swa is not None:
         geo = b.draft_swa
-        pools.append(
-            _paged_pool(
-                geo.name, geo.tokens, geo.page_size, geo.page_bytes * len(geo.layers), geo.nbytes, SWA_TOKENS, owner
-            )
+        per_block = geo.page_bytes * len(geo.layers)
+        layout.append(
+            (geo.nbytes, partial(_paged_pool, geo.name, geo.tokens, geo.page_size, per_block, geo.nbytes, SWA_TOKENS))
         )
     if b.indexer.layers:
         # c4_logical_size = 32 x c128 tokens: it scales with c128 tokens (HiSparse shrinks c4, not this).
         ix = b.indexer
         c128_per_page = max(ix.page_size // C4_LOGICAL_PER_C128, 1)
-        pools.append(
-            _paged_pool(
-                INDEXER_POOL,
-                sizes.c128_tokens,
-                c128_per_page,
-                ix.page_bytes * len(ix.layers),
+        layout.append(
+            (
                 ix.nbytes,
-                C128_TOKENS,
-                owner,
-                slots=ix.tokens,
-                bytes_per_slot=ix.row_bytes * len(ix.layers),
-                slot_space=(C4_TOKENS, C4_LOGICAL_PER_C128),
+                partial(
+                    _paged_pool,
+                    INDEXER_POOL,
+                    sizes.c128_tokens,
+                    c128_per_page,
+                    ix.page_bytes * len(ix.layers),
+                    ix.nbytes,
+                    C128_TOKENS,
+                    slots=ix.tokens,
+                    bytes_per_slot=ix.row_bytes * len(ix.layers),
+                    slot_space=(C4_TOKENS, C4_LOGICAL_PER_C128),
+                ),
             )
         )
     if b.hisparse_ptrs:
-        pools.append(_fixed_pool(HISPARSE_PTRS_POOL, b.hisparse_ptrs * PTR_BYTES, owner))
+        nbytes = b.hisparse_ptrs * PTR_BYTES
+        layout.append((nbytes, partial(_fixed_pool, HISPARSE_PTRS_POOL, nbytes)))
     for state in (b.c4_state, b.c4_indexer_state):
         if state.layers:
             # c4_state_pool_size = swa // window x ring: ring rows per window of SWA tokens.
             per_block = state.ring * state.row_bytes * len(state.layers)
-            pools.append(
-                _paged_pool(
-                    state.name,
-                    sizes.swa_tokens,
-                    max(b.window_size, 1),
-                    per_block,
+            layout.append(
+                (
                     state.nbytes,
-                    SWA_TOKENS,
-                    owner,
-                    slots=state.size,
-                    bytes_per_slot=state.row_bytes * len(state.layers),
-                    kind="state",
+                    partial(
+                        _paged_pool,
+                        state.name,
+                        sizes.swa_tokens,
+                        max(b.window_size, 1),
+                        per_block,
+                        state.nbytes,
+                        SWA_TOKENS,
+                        slots=state.size,
+                        bytes_per_slot=state.row_bytes * len(state.layers),
+                        kind="state",
+                    ),
                 )
             )
     st = b.c128_state
@@ -440,24 +466,35 @@ def pool_specs(
         rows_per_request = (
             (1 + ((serving.speculative_num_draft_tokens or 0) if serving.speculative else 0)) if st.online else st.ring
         )
-        pools.append(
-            _request_pool(
-                C128_STATE_POOL,
-                max_running_requests,
-                rows_per_request * st.row_bytes * len(st.layers),
-                st.nbytes,
-                owner,
-            )
+        per_request = rows_per_request * st.row_bytes * len(st.layers)
+        layout.append(
+            (st.nbytes, partial(_request_pool, C128_STATE_POOL, max_running_requests, per_request, st.nbytes))
         )
         if b.c128_mtp_seq_lens:
-            pools.append(_request_pool(C128_MTP_SEQ_LENS_POOL, max_running_requests, 8, b.c128_mtp_seq_lens * 8, owner))
-    pools.append(swa_mapping_pool(sizes.full_tokens, page, owner))
-    pools += request_pools(max_running_requests, context_len, serving)
-    pools.append(allocator_pool(sizes.full_tokens, page))
+            nbytes = b.c128_mtp_seq_lens * 8
+            layout.append((nbytes, partial(_request_pool, C128_MTP_SEQ_LENS_POOL, max_running_requests, 8, nbytes)))
+    # the engine-wide pools the parts library builds (their bytes come from the values themselves)
+    mapping = swa_mapping_pool(sizes.full_tokens, page, OWNER)
+    layout.append((mapping.bytes, partial(swa_mapping_pool, sizes.full_tokens, page)))
+    layout += [
+        (pool.bytes, partial(_as_built, pool)) for pool in request_pools(max_running_requests, context_len, serving)
+    ]
+    full_allocator = allocator_pool(sizes.full_tokens, page)
+    layout.append((full_allocator.bytes, partial(_as_built, full_allocator)))
     swa_pages = page_align(sizes.swa_tokens, page)
     if swa_pages:
-        pools.append(allocator_pool(swa_pages, page, token_space=SWA_TOKENS, name=SWA_ALLOCATOR, owner=owner))
-    return pools
+        swa_allocator = allocator_pool(swa_pages, page, token_space=SWA_TOKENS, name=SWA_ALLOCATOR, owner=OWNER)
+        layout.append((swa_allocator.bytes, partial(_swa_allocator, swa_pages, page)))
+    return layout
+
+
+def _as_built(pool: PoolSpec, owner: str) -> PoolSpec:
+    """A pool the parts library built with its own owner (the request table, the full allocator)."""
+    return pool
+
+
+def _swa_allocator(swa_pages: int, page: int, owner: str) -> PoolSpec:
+    return allocator_pool(swa_pages, page, token_space=SWA_TOKENS, name=SWA_ALLOCATOR, owner=owner)
 
 
 def _paged_pool(

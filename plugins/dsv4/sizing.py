@@ -45,6 +45,7 @@ from kvpools_core.parts.sizing import (
     fmt_gib,
     largest_fitting_tokens,
     not_enough_memory,
+    page_align,
     resolve_max_num_reqs,
     sliding_window_terms,
 )
@@ -522,13 +523,20 @@ def _sglang_full_tokens(shape: DSV4Shape, budget_bytes: int, page: int) -> tuple
 
 
 def _exact_full_tokens(model: ModelSpec, serving: Serving, shape: DSV4Shape, budget_bytes: int) -> int:
-    """The most page-aligned full tokens whose every pool (``buffers.pool_specs``) fits the budget."""
+    """The most page-aligned full tokens whose every pool (``buffers.pool_specs``) fits the budget.
+
+    Each probe lays the whole pool set out, so the search starts its bracket where SGLang's bytes per full token
+    put the answer (the exact plan charges at least those bytes per token, so a token count past
+    ``budget / bytes_per_full_token`` rarely fits): two probes instead of a doubling from one page (about a
+    dozen). The bracket is still checked, and doubled while it fits, so the answer is the same either way.
+    """
     page = serving.page_size
 
     def cost(tokens: int) -> int:
-        return sum(p.bytes for p in exact_pools(model, serving, shape, tokens))
+        return exact_bytes(model, serving, shape, tokens)
 
-    upper = page
+    estimate = int(budget_bytes / shape.bytes_per_full_token) if shape.bytes_per_full_token > 0 else 0
+    upper = max(page, page_align(estimate, page) + page)
     while cost(upper) <= budget_bytes:
         upper *= 2
     return largest_fitting_tokens(budget_bytes, page, upper, cost)
@@ -541,6 +549,19 @@ def exact_pools(model: ModelSpec, serving: Serving, shape: DSV4Shape, tokens: in
     requests = resolve_max_num_reqs(sizes["full_max_total_num_tokens"], context_len, serving).max_running_requests
     sizes["c128_state_pool_size"] = shape.c128_state_pool_size(max(requests, 0))
     return _pools(model, serving, sizes, max(requests, 0), context_len)
+
+
+def exact_bytes(model: ModelSpec, serving: Serving, shape: DSV4Shape, tokens: int) -> int:
+    """``sum(p.bytes for p in exact_pools(...))``, without building the pools (the exact search's probe)."""
+    from .buffers import DSV4Sizes, pool_bytes
+
+    sizes = shape.sizes(tokens, serving.page_size)
+    context_len = serving.context_length or model.context_len
+    requests = resolve_max_num_reqs(sizes["full_max_total_num_tokens"], context_len, serving).max_running_requests
+    sizes["c128_state_pool_size"] = shape.c128_state_pool_size(max(requests, 0))
+    return pool_bytes(
+        model, serving, DSV4Sizes.from_config(sizes), max_running_requests=max(requests, 0), context_len=context_len
+    )
 
 
 def _pools(
