@@ -24,6 +24,7 @@ import pluggy
 from kvpools_core.errors import short_repr
 
 if TYPE_CHECKING:
+    from kvpools_core.parts.weights import WeightsConfig, WeightsEstimate
     from kvpools_core.pools.layout import BufferLayout
     from kvpools_core.values import (
         GPU,
@@ -288,6 +289,22 @@ def engine_defaults(model: ModelSpec, serving: Serving) -> Sequence[EngineDefaul
     """
 
 
+@_spec
+def architecture_traits() -> Mapping[str, Sequence[str]] | None:
+    """Say what SGLang decides from a model's class: Hugging Face architecture → the engine traits of its models.
+
+    Every implementation is called; the results are collected.  A class two plugins name has the union of their
+    traits.  An architecture plugin names the classes (``config.json``'s ``architectures``,
+    ``ModelSpec.hf_architectures``) it parses that SGLang treats apart, so the GPU memory defaults
+    (:func:`kvpools_core.gpus.sglang_memory_defaults`) name no architecture: ``"mla_backend"`` (SGLang 0.5.23
+    runs the class with ``AttentionArch.MLA``, ``srt/configs/model_config.py``: its prefill graph reserve is the
+    MLA backend's) and ``"no_breakable_prefill_graph"`` (``disable_breakable_cudagraph_if_incompatible``,
+    ``cuda_graph_hook.py``, turns prefill graphs off for it).  Another trait name is an error naming the plugin.
+
+    :returns: Hugging Face architecture → its traits.
+    """
+
+
 @_spec(firstresult=True)
 def available_memory(device: str, serving: Serving) -> Mapping[str, int] | None:
     """Measure the memory a device offers the KV cache.
@@ -298,6 +315,23 @@ def available_memory(device: str, serving: Serving) -> Mapping[str, int] | None:
     :param device: the device string given by the user.
     :param serving: the serving options.
     :returns: ``{"free_bytes": ..., "total_bytes": ...}`` as measured now.
+    """
+
+
+@_spec(firstresult=True)
+def estimate_weights(config: WeightsConfig, serving: Serving, ep_size: int) -> WeightsEstimate | None:
+    """Estimate a model's weights from its complete ``config.json``: parameters, checkpoint bytes, one rank's bytes.
+
+    Stops at the first non-None result; return None to decline.  The architecture plugin that claims
+    ``config.model_type`` answers, building its decoder's tensors from the parts library
+    (:mod:`kvpools_core.parts.weights`: ``Builder`` blocks, then ``estimate``); no answer refuses the model
+    naming the field.  A GPU budget (``--gpu``, ``kvpools fit``, GPU sweeps) subtracts ``bytes_per_rank``.
+
+    :param config: the complete config (:class:`kvpools_core.parts.weights.WeightsConfig`: the text model's
+        reader, the top-level reader, the source and ``model_type``), not the KV-only :class:`ModelSpec`.
+    :param serving: the serving options (TP, PP rank, DP attention shard the weights).
+    :param ep_size: SGLang's ``--ep-size`` (experts per rank ``E / ep``).
+    :returns: a :class:`kvpools_core.parts.weights.WeightsEstimate`, or ``None`` to decline.
     """
 
 
@@ -651,6 +685,12 @@ def _feature_lists(value: Any) -> str | None:
     return None
 
 
+def _weights_estimate(value: Any) -> str | None:
+    from kvpools_core.parts.weights import WeightsEstimate
+
+    return None if isinstance(value, WeightsEstimate) else f"{describe_value(value)} is not a WeightsEstimate"
+
+
 def _workspaces(value: Any) -> str | None:
     from kvpools_core.values import Workspace
 
@@ -776,10 +816,15 @@ RESULTS: Mapping[str, ResultContract] = MappingProxyType(
         "engine_defaults": ResultContract(
             "a list (or tuple) of EngineDefault values; [] or None when there are none", _engine_defaults
         ),
+        "architecture_traits": ResultContract(
+            "a mapping of Hugging Face architecture (str) to a list (or tuple) of trait names (str), or None",
+            _feature_lists,
+        ),
         "available_memory": ResultContract(
             'a mapping with ints "free_bytes" and "total_bytes" >= 0 (or None to decline the device)',
             _memory_reading,
         ),
+        "estimate_weights": ResultContract("a WeightsEstimate (or None to decline)", _weights_estimate),
         "estimate_cell_size": ResultContract(
             "a CellSize whose parts are CellParts (or None to decline)",
             _value_of("CellSize", parts="CellPart", draft_layer_parts="CellPart"),
