@@ -303,7 +303,7 @@ def test_a_sweep_over_gpus_uses_the_plugins_weights() -> None:
 
     rows = run_sweep(SweepGrid(models=("cla-1b",), budgets=({"gpu": "h100"}, {"gpu": "h200"}), contexts=(8192,)))
     assert [row.error for row in rows] == [None, None]
-    for row, gpu in zip(rows, ("h100", "h200")):
+    for row, gpu in zip(rows, ("h100", "h200"), strict=True):
         planned = plan("cla-1b", Serving(), gpu=gpu)
         assert planned.budget.weights_bytes == 2 * CLA_1B_PARAMETERS
         assert row.budget_bytes == planned.budget.budget_bytes
