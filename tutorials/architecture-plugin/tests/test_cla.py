@@ -267,8 +267,7 @@ def test_without_the_plugins_weights_a_gpu_plan_asks_for_them(kvpools_registry) 
     """The same plugin without its ``estimate_weights``: no other plugin claims a CLA config, so a GPU plan
     cannot subtract weights and asks for ``--weights-memory`` (the weights above are this plugin's answer)."""
     hooks = {
-        name: getattr(kvpools_cla, name)
-        for name in ("presets", "parse_model_config", "estimate_cell_size", "validate")
+        name: getattr(kvpools_cla, name) for name in ("presets", "parse_model_config", "estimate_cell_size", "validate")
     }
     without = type("ClaWithoutWeights", (), {name: staticmethod(hook) for name, hook in hooks.items()})
     registry = kvpools_registry(["mha", "cuda"], objects={"cla-no-weights": without})
