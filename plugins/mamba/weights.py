@@ -11,7 +11,7 @@ from kvpools_core.parts.weights import (
     Builder,
     WeightsConfig,
     WeightsEstimate,
-    estimate,
+    estimate_claimed,
     gated_delta_net,
     mamba1,
     mamba2,
@@ -25,16 +25,7 @@ from kvpools_core.values import Serving
 @hookimpl
 def estimate_weights(config: WeightsConfig, serving: Serving, ep_size: int) -> WeightsEstimate | None:
     """The weights of the ``model_type`` values of :data:`DECODERS`, from the parts library; None for any other."""
-    decoder = DECODERS.get(config.model_type)
-    if decoder is None:
-        return None
-    return estimate(
-        config,
-        serving,
-        lambda builder: decoder(builder, config.model_type),
-        ep_size=ep_size,
-        dp_attention=config.model_type in DP_ATTENTION,
-    )
+    return estimate_claimed(config, serving, ep_size, DECODERS, DP_ATTENTION)
 
 
 def _qwen3_next(builder: Builder, model_type: str) -> list[str]:

@@ -6,23 +6,14 @@ from collections.abc import Callable
 
 from kvpools_core import hookimpl
 from kvpools_core.parallel import kv_heads_per_rank
-from kvpools_core.parts.weights import Builder, WeightsConfig, WeightsEstimate, estimate, llama_decoder, split
+from kvpools_core.parts.weights import Builder, WeightsConfig, WeightsEstimate, estimate_claimed, llama_decoder, split
 from kvpools_core.values import Serving
 
 
 @hookimpl
 def estimate_weights(config: WeightsConfig, serving: Serving, ep_size: int) -> WeightsEstimate | None:
     """The weights of the ``model_type`` values of :data:`DECODERS`, from the parts library; None for any other."""
-    decoder = DECODERS.get(config.model_type)
-    if decoder is None:
-        return None
-    return estimate(
-        config,
-        serving,
-        lambda builder: decoder(builder, config.model_type),
-        ep_size=ep_size,
-        dp_attention=config.model_type in DP_ATTENTION,
-    )
+    return estimate_claimed(config, serving, ep_size, DECODERS, DP_ATTENTION)
 
 
 def _llama(builder: Builder, model_type: str) -> list[str]:

@@ -5,23 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvpools_core import hookimpl
-from kvpools_core.parts.weights import Builder, WeightsConfig, WeightsEstimate, estimate, mla_decoder
+from kvpools_core.parts.weights import Builder, WeightsConfig, WeightsEstimate, estimate_claimed, mla_decoder
 from kvpools_core.values import Serving
 
 
 @hookimpl
 def estimate_weights(config: WeightsConfig, serving: Serving, ep_size: int) -> WeightsEstimate | None:
     """The weights of the ``model_type`` values of :data:`DECODERS`, from the parts library; None for any other."""
-    decoder = DECODERS.get(config.model_type)
-    if decoder is None:
-        return None
-    return estimate(
-        config,
-        serving,
-        lambda builder: decoder(builder, config.model_type),
-        ep_size=ep_size,
-        dp_attention=config.model_type in DP_ATTENTION,
-    )
+    return estimate_claimed(config, serving, ep_size, DECODERS, DP_ATTENTION)
 
 
 def _mla(builder: Builder, model_type: str) -> list[str]:

@@ -45,6 +45,7 @@ from kvpools_core.parts.weights.estimate import (
     WeightsConfig,
     WeightsEstimate,
     estimate,
+    estimate_claimed,
     sharding,
 )
 from kvpools_core.parts.weights.quantisation import ByModule, Quantisation, mxfp4, quantisation_of
@@ -71,6 +72,7 @@ __all__ = [
     "WeightsEstimate",
     "dsa_indexer",
     "estimate",
+    "estimate_claimed",
     "expert_intermediate_per_rank",
     "gated_delta_net",
     "gemma3_vision",

@@ -8,7 +8,7 @@ adds the bytes up.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import attrs
 
@@ -19,7 +19,16 @@ from kvpools_core.parts.weights.quantisation import Quantisation, quantisation_o
 from kvpools_core.parts.weights.tensors import Builder, Sharding, Tensor
 from kvpools_core.values import Serving
 
-__all__ = ["DTYPE_BYTES", "FAMILIES", "Decoder", "WeightsConfig", "WeightsEstimate", "estimate", "sharding"]
+__all__ = [
+    "DTYPE_BYTES",
+    "FAMILIES",
+    "Decoder",
+    "WeightsConfig",
+    "WeightsEstimate",
+    "estimate",
+    "estimate_claimed",
+    "sharding",
+]
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 FAMILIES = (
@@ -140,6 +149,28 @@ def estimate(
         bytes_per_rank=bytes_per_rank,
         dtypes={family: "; ".join(sorted(names)) for family, names in labels.items()},
         notes=tuple(notes),
+    )
+
+
+def estimate_claimed(
+    config: WeightsConfig,
+    serving: Serving,
+    ep_size: int,
+    decoders: Mapping[str, Callable[[Builder, str], Sequence[str]]],
+    dp_attention: Collection[str] = (),
+) -> WeightsEstimate | None:
+    """An ``estimate_weights`` answer keyed by ``model_type``: :func:`estimate` with ``decoders[config.model_type]``
+    (called with the builder and the model type), DP attention for the model types in ``dp_attention``; ``None``
+    (decline) for a model type ``decoders`` does not claim."""
+    decoder = decoders.get(config.model_type)
+    if decoder is None:
+        return None
+    return estimate(
+        config,
+        serving,
+        lambda builder: decoder(builder, config.model_type),
+        ep_size=ep_size,
+        dp_attention=config.model_type in dp_attention,
     )
 
 
