@@ -18,6 +18,9 @@ another plugin: a third party composes exactly what the built-ins compose.
   row and latent-row rules; store: :class:`~kvpools_core.pools.dsa.DSATokenToKVPool`.
 * :mod:`~kvpools_core.parts.names` — the pool names shared by sizing and building,
   and the draft model's share.
+* :mod:`~kvpools_core.parts.weights` — a model's weights from its config: tensors
+  sharded as SGLang shards them and the blocks decoders are made of, for the
+  ``estimate_weights`` hook (not imported here: import it by name).
 
 This package is torch-free: planning never imports torch.
 """

@@ -213,7 +213,9 @@ class PlanBasis:
             def stage_budget(rank: int) -> Budget:
                 """Each pipeline stage profiles its own GPU: its own weights, the same total and fraction."""
                 stage = attrs.evolve(serving, pp_rank=rank)
-                return _gpu_budget(self.model, spec, stage, gpu_used, weights_memory, reserved_memory, runtime_memory)
+                return _gpu_budget(
+                    self.model, spec, stage, gpu_used, weights_memory, reserved_memory, runtime_memory, registry
+                )
 
             budget = stage_budget(serving.pp_rank)
         else:
@@ -238,7 +240,7 @@ class PlanBasis:
         sizing = _note_unreachable_context(spec, serving, sizing)
         if self.notes:
             sizing = attrs.evolve(sizing, notes=(*self.notes, *sizing.notes))
-        draft_note = _draft_weights_note(self.draft_model, serving, budget)
+        draft_note = _draft_weights_note(self.draft_model, serving, budget, registry)
         if draft_note:
             sizing = attrs.evolve(sizing, notes=(*sizing.notes, draft_note))
         result = Plan(model=spec, serving=serving, budget=budget, cell=cell, sizing=sizing, provenance=provenance)
@@ -432,13 +434,14 @@ def _gpu_budget(
     weights_memory: int | float | str | None,
     reserved_memory: int | float | str | None,
     runtime_memory: int | float | str | None,
+    registry: Registry | None = None,
 ) -> Budget:
     """The KV budget of one rank on ``gpu``: total - runtime - weights - slack - reserved (see ``gpu_budget``)."""
     o = option
     if weights_memory is not None:
         weights = parse_bytes(weights_memory, o("weights_memory"))
     else:
-        weights = _estimated_weights(model, spec, serving)
+        weights = _estimated_weights(model, spec, serving, registry)
     reserved = parse_bytes(reserved_memory or 0, o("reserved_memory"))
     if spec.is_multimodal:
         reserved += serving.vlm_cache_size_mb << 20
@@ -450,7 +453,7 @@ def _gpu_budget(
     if serving.mem_fraction_static is not None:
         fraction, why = serving.mem_fraction_static, "given"
     else:
-        defaults = sglang_memory_defaults(gpu.total_mib, spec, serving)  # serving's traits: resolved for the GPU
+        defaults = sglang_memory_defaults(gpu.total_mib, spec, serving, registry=registry)  # traits: for the GPU
         fraction = defaults.mem_fraction_static
         why = (
             f"SGLang 0.5.23's default for {gpu.total_mib:g} MiB = round((G - reserved) / G, 3), "
@@ -467,7 +470,9 @@ def _gpu_budget(
     )
 
 
-def _draft_weights_note(draft_model: str | ModelSpec | None, serving: Serving, budget: Budget) -> str | None:
+def _draft_weights_note(
+    draft_model: str | ModelSpec | None, serving: Serving, budget: Budget, registry: Registry | None = None
+) -> str | None:
     """Where a draft model's weights go under a profiled budget: SGLang starts the draft worker after the
     target's pools are sized (the draft reuses the target's ``memory_pool_config``, ref-000 lines 361-366), so
     its weights come out of the slack ``mem_fraction_static`` left, not out of the KV budget; the note says how
@@ -482,7 +487,7 @@ def _draft_weights_note(draft_model: str | ModelSpec | None, serving: Serving, b
     from kvpools_core.pipeline.weights import estimate_weights
 
     try:
-        weights = estimate_weights(draft_model, draft_worker_serving(serving)).bytes_per_rank
+        weights = estimate_weights(draft_model, draft_worker_serving(serving), registry=registry).bytes_per_rank
     except KvpoolsError as error:
         return f"{where}; kvpools cannot estimate them ({error})"
     share = weights / slack * 100 if slack else float("inf")
@@ -495,7 +500,9 @@ def _draft_weights_note(draft_model: str | ModelSpec | None, serving: Serving, b
     return note
 
 
-def _estimated_weights(model: str | ModelSpec, spec: ModelSpec, serving: Serving) -> int:
+def _estimated_weights(
+    model: str | ModelSpec, spec: ModelSpec, serving: Serving, registry: Registry | None = None
+) -> int:
     """One rank's weights from the model's config (``estimate_weights``), or an error asking for them."""
     o = option
     if isinstance(model, ModelSpec):
@@ -506,7 +513,7 @@ def _estimated_weights(model: str | ModelSpec, spec: ModelSpec, serving: Serving
     from kvpools_core.pipeline.weights import estimate_weights
 
     try:
-        return estimate_weights(model, serving).bytes_per_rank
+        return estimate_weights(model, serving, registry=registry).bytes_per_rank
     except KvpoolsError as error:
         raise ConfigError(
             f"A GPU budget needs the weights' size and kvpools cannot estimate them for {spec.name}: {error} "

@@ -89,10 +89,27 @@ def accelerators(registry: Registry | None = None) -> tuple[GPU, ...]:
 
 
 def __getattr__(name: str) -> Any:
-    """``GPUS``: the default registry's catalogue, read when asked (importing this module loads no plugin)."""
+    """``GPUS``: the default registry's catalogue, read when asked (importing this module loads no plugin).
+
+    ``MLA_ARCHITECTURES`` and ``PREFILL_GRAPH_INCOMPATIBLE`` (deprecated): the classes the default registry's
+    plugins give the traits :data:`MLA_BACKEND` / :data:`NO_BREAKABLE_PREFILL_GRAPH`."""
     if name == "GPUS":
         return accelerators()
+    if name in _DEPRECATED_LISTS:
+        import warnings
+
+        trait = _DEPRECATED_LISTS[name]
+        warnings.warn(
+            f"kvpools_core.gpus.{name} is deprecated: the architecture plugins answer it (architecture_traits "
+            f"hook); use kvpools_core.gpus.model_traits(model) and the trait {trait!r}.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return frozenset(arch for arch, traits in architecture_traits().items() if trait in traits)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_DEPRECATED_LISTS = {"MLA_ARCHITECTURES": "mla_backend", "PREFILL_GRAPH_INCOMPATIBLE": "no_breakable_prefill_graph"}
 
 
 def find_gpu(name: str, registry: Registry | None = None) -> GPU:
@@ -151,46 +168,44 @@ def platform_traits_of(platform: str | PlatformTraits, registry: Registry | None
 # SGLang 0.5.23 handle_gpu_memory_settings (srt/arg_groups/memory_hook.py)
 # ---------------------------------------------------------------------------
 
-MLA_ARCHITECTURES = frozenset(
-    {
-        "DeepseekV2ForCausalLM",
-        "DeepseekV32ForCausalLM",
-        "DeepseekV3ForCausalLM",
-        "DeepseekV3ForCausalLMNextN",
-        "Glm4MoeLiteForCausalLM",
-        "Glm4MoeLiteForCausalLMNextN",
-        "GlmMoeDsaForCausalLM",
-        "GlmMoeDsaForCausalLMNextN",
-        "Glm5NextForConditionalGeneration",
-        "Glm5NextForConditionalGenerationNextN",
-        "LongcatFlashForCausalLM",
-        "LongcatFlashForCausalLMNextN",
-        "HYV4ForCausalLM",
-        "HYV4ForCausalLMNextN",
-        "DotsVLMForCausalLM",
-        "Dots3NoteForCausalLM",
-        "Dots3NoteForCausalLMNextN",
-        "MistralLarge3ForCausalLM",
-        "MistralLarge3ForCausalLMEagle",
-        "KimiK25ForConditionalGeneration",
-        "Eagle3DeepseekV2ForCausalLM",
-        "GigaChat35ForCausalLM",
-        "GigaChat35ForCausalLMNextN",
-        "MiniCPM3ForCausalLM",
-        "KimiVLForConditionalGeneration",
-        "KimiLinearForCausalLM",
-        "KimiK3LinearForCausalLM",
-        "KimiK3ForConditionalGeneration",
-    }
-)
-"""Hugging Face architectures SGLang 0.5.23 runs with ``AttentionArch.MLA`` (``srt/configs/model_config.py``
-lines 1366-1397 and the ``elif`` branches after them): ``use_mla_backend`` is true for them."""
+MLA_BACKEND = "mla_backend"
+"""The ``architecture_traits`` trait of a class SGLang runs with ``AttentionArch.MLA`` (``use_mla_backend``):
+its prefill graph reserve is the MLA backend's 1.5 GiB."""
 
-PREFILL_GRAPH_INCOMPATIBLE = frozenset(
-    {"DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN", "DeepseekV4ForCausalLMDSpark"}
-)
-"""Architectures whose breakable prefill CUDA graph SGLang turns off before sizing
-(``disable_breakable_cudagraph_if_incompatible``, ``cuda_graph_hook.py`` lines 170-240: DeepSeek-V4)."""
+NO_BREAKABLE_PREFILL_GRAPH = "no_breakable_prefill_graph"
+"""The ``architecture_traits`` trait of a class whose breakable prefill CUDA graph SGLang turns off before sizing
+(``disable_breakable_cudagraph_if_incompatible``, ``cuda_graph_hook.py`` lines 170-240)."""
+
+ARCHITECTURE_TRAITS = (MLA_BACKEND, NO_BREAKABLE_PREFILL_GRAPH)
+"""The traits an architecture plugin may give a Hugging Face class (``architecture_traits`` hook)."""
+
+
+def architecture_traits(registry: Registry | None = None) -> dict[str, frozenset[str]]:
+    """Hugging Face architecture → the SGLang traits the loaded architecture plugins give its class.
+
+    The core names no architecture: each plugin names the classes it parses that SGLang treats apart
+    (``architecture_traits`` hook); a class two plugins name has the union of their traits, and a trait name
+    outside :data:`ARCHITECTURE_TRAITS` is an error naming the plugin.
+    """
+    registry = _registry(registry)
+    traits: dict[str, set[str]] = {}
+    for plugin, answer in registry.call_collect("architecture_traits"):
+        for architecture, names in answer.items():
+            unknown = sorted(set(names) - set(ARCHITECTURE_TRAITS))
+            if unknown:
+                raise PluginResultError(
+                    f"Plugin {registry.plugin(plugin).label} gives {architecture!r} the unknown trait(s) "
+                    f"{', '.join(map(repr, unknown))} (architecture_traits); known: {', '.join(ARCHITECTURE_TRAITS)}."
+                )
+            traits.setdefault(architecture, set()).update(names)
+    return {architecture: frozenset(names) for architecture, names in traits.items()}
+
+
+def model_traits(model: ModelSpec, registry: Registry | None = None) -> frozenset[str]:
+    """The SGLang traits of ``model``'s classes (``ModelSpec.hf_architectures``), as :func:`architecture_traits`."""
+    known = architecture_traits(registry)
+    return frozenset(trait for architecture in model.hf_architectures for trait in known.get(architecture, ()))
+
 
 MAX_PREFILL_TOKENS = 16384
 """SGLang's ``--max-prefill-tokens`` default: the activation tokens when chunked prefill is off."""
@@ -273,10 +288,12 @@ def prefill_graph_enabled(model: ModelSpec, serving: Serving, *, registry: Regis
     (:attr:`PlatformTraits.breakable_prefill_graphs`; ``serving.platform_traits``, else resolved
     through ``registry``); ``apply_cuda_graph_compatibility`` turns them off for
     pipeline parallelism, decode context parallelism, attention context parallelism,
-    multimodal models and DeepSeek-V4 (``cuda_graph_hook.py`` lines 136-240), and a
-    PD decode node has none (lines 560-577).
+    multimodal models and the classes an architecture plugin gives :data:`NO_BREAKABLE_PREFILL_GRAPH`
+    (DeepSeek-V4's; ``cuda_graph_hook.py`` lines 136-240), and a PD decode node has none (lines 560-577).
     """
     traits = serving.platform_traits or platform_traits_of(serving.platform, registry)
+    classes = architecture_traits(registry)
+    incompatible = [arch for arch in model.hf_architectures if NO_BREAKABLE_PREFILL_GRAPH in classes.get(arch, ())]
     reasons = [
         (
             not traits.breakable_prefill_graphs,
@@ -287,7 +304,7 @@ def prefill_graph_enabled(model: ModelSpec, serving: Serving, *, registry: Regis
         (serving.attn_cp_size > 1, "attention context parallelism"),
         (serving.disaggregation_mode == "decode", "a PD decode node"),
         (model.is_multimodal, "a multimodal model"),
-        (bool(PREFILL_GRAPH_INCOMPATIBLE & set(model.hf_architectures)), "DeepSeek-V4"),
+        (bool(incompatible), f"{', '.join(incompatible)} (SGLang turns its prefill graph off)"),
     ]
     for off, why in reasons:
         if off:
@@ -324,7 +341,7 @@ def sglang_memory_defaults(
     if serving.max_running_requests is not None and max_bs > serving.max_running_requests:
         max_bs = serving.max_running_requests
     chunk = serving.chunked_prefill_size if serving.chunked_prefill_size is not None else -1
-    mla = bool(MLA_ARCHITECTURES & set(model.hf_architectures))
+    mla = MLA_BACKEND in model_traits(model, registry)
 
     # lines 298-307: the tokens the activation working set scales with
     if serving.disaggregation_mode == "decode":
@@ -356,7 +373,7 @@ def sglang_memory_defaults(
             terms.append(f"DP attention 3{' + 1.5' if max_bs > 300 else ''} x max_bs x dp {dp} = {extra:g} MiB")
     if serving.platform_traits is None:
         serving = attrs.evolve(serving, platform_traits=traits)
-    prefill_on, prefill_off_why = prefill_graph_enabled(model, serving)
+    prefill_on, prefill_off_why = prefill_graph_enabled(model, serving, registry=registry)
     if prefill_on:
         if mla:
             graph += 1.5 * 1024

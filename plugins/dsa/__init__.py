@@ -43,6 +43,9 @@ from kvpools_core.parts.indexer import (
 from kvpools_core.parts.latent import has_mla_latent, latent_model_spec, sglang_latent_cell
 from kvpools_core.values import CellPart, CellSize, EngineDefault, LayerSpec, ModelSpec, Plan, Serving
 
+from .traits import architecture_traits as architecture_traits
+from .weights import estimate_weights as estimate_weights
+
 if TYPE_CHECKING:
     from kvpools_core.pools.layout import BufferLayout
 

@@ -24,6 +24,8 @@ from .building import build_allocator, build_pool
 from .config import ARCHITECTURE, parse_dsv4_config
 from .host import dsv4_host_pools
 from .sizing import dsv4_cell_size, dsv4_problems, size_dsv4_pools
+from .traits import architecture_traits as architecture_traits
+from .weights import estimate_weights as estimate_weights
 
 __all__ = ["ARCHITECTURE", "build_allocator", "build_pool"]
 

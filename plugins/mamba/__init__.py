@@ -43,6 +43,8 @@ from .config import KV_KINDS, hybrid_family, hybrid_model_spec
 from .latent import is_mla_hybrid, latent_cell_size, latent_problems
 from .sizing import STATE_POOL, extra_buffer, size_hybrid_pools
 from .state import rank_full_attention_layers, rank_state_layer_ids, state_bytes_per_slot, state_shape
+from .traits import architecture_traits as architecture_traits
+from .weights import estimate_weights as estimate_weights
 
 if TYPE_CHECKING:
     from kvpools_core.pools.layout import BufferLayout

@@ -26,6 +26,8 @@ from kvpools_core.parts.attention import attention_cell_size
 from kvpools_core.parts.names import INDEX_POOL
 from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Plan, Serving
 
+from .weights import estimate_weights as estimate_weights
+
 if TYPE_CHECKING:
     from kvpools_core.pools.layout import BufferLayout
 

@@ -31,6 +31,9 @@ from kvpools_core.parts.latent import (
 )
 from kvpools_core.values import CellSize, ModelSpec, Plan, Serving
 
+from .traits import architecture_traits as architecture_traits
+from .weights import estimate_weights as estimate_weights
+
 if TYPE_CHECKING:
     from kvpools_core.pools.layout import BufferLayout
 

@@ -45,6 +45,7 @@ from .sizing import (
     sglang_shape,
     size_swa_pools,
 )
+from .weights import estimate_weights as estimate_weights
 
 if TYPE_CHECKING:
     from kvpools_core.pools.layout import BufferLayout

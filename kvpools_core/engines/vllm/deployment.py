@@ -309,7 +309,9 @@ def _specs(spec: ModelSpec, plugin: str, serving: Serving, registry: Registry, b
         ) from error
 
 
-def _stage_weights(model_ref: str | ModelSpec, spec: ModelSpec, serving: Serving) -> tuple[int, ...]:
+def _stage_weights(
+    model_ref: str | ModelSpec, spec: ModelSpec, serving: Serving, registry: Registry | None = None
+) -> tuple[int, ...]:
     """kvpools' weights estimate of each vLLM pipeline stage: its layers as vLLM's ``get_pp_indices`` places them
     (passed to ``estimate_weights`` as an explicit partition, since SGLang gives the remainder to other stages)."""
     if isinstance(model_ref, ModelSpec):
@@ -328,7 +330,7 @@ def _stage_weights(model_ref: str | ModelSpec, spec: ModelSpec, serving: Serving
             serving, pp_rank=rank, pp_layer_partition=partition if serving.pp_size > 1 else None, accounting="exact"
         )
         try:
-            weights.append(estimate_weights(model_ref, stage).bytes_per_rank)
+            weights.append(estimate_weights(model_ref, stage, registry=registry).bytes_per_rank)
         except KvpoolsError as error:
             raise ConfigError(
                 f"A GPU budget needs the weights' size and kvpools cannot estimate them for {spec.name}: {error} "
@@ -438,7 +440,7 @@ def plan_vllm(
             weights = (parse_bytes(weights_memory, option("weights_memory")),) * serving.pp_size
             weights_source = "given (--weights-memory)"
         else:
-            weights = _stage_weights(model, spec, serving)
+            weights = _stage_weights(model, spec, serving, registry)
             weights_source = "kvpools' estimate of each stage's layers from the model config (estimate_weights)"
         budgets = tuple(
             available_kv_cache_memory(

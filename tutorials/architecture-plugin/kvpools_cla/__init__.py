@@ -9,7 +9,9 @@ others attend to its cache.  A token therefore stores the K/V rows of
 Everything a token costs is the core's parts library
 (:func:`kvpools_core.parts.attention_cell_size`: KV dtype, attention TP and
 DCP head sharding), so the core sizes the pools and builds them and their
-allocator: this plugin has no ``build_pool``.
+allocator: this plugin has no ``build_pool``.  Its weights come from the parts
+library too (:mod:`kvpools_core.parts.weights`), so ``--gpu``, ``kvpools fit``
+and sweeps over GPUs plan CLA models with their own weights.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.options import option
 from kvpools_core.parallel import pp_layer_range, rank_layer_range
 from kvpools_core.parts import attention_cell_size, scale_block_problems
+from kvpools_core.parts.weights import Builder, WeightsConfig, WeightsEstimate, estimate
 
 ARCHITECTURE = "cla"
 HF_ARCHITECTURE = "CLAForCausalLM"
@@ -123,3 +126,34 @@ def validate(model: ModelSpec, serving: Serving) -> list[str]:
 
 
 # --8<-- [end:validate]
+
+
+# --8<-- [start:weights]
+@hookimpl
+def estimate_weights(config: WeightsConfig, serving: Serving, ep_size: int) -> WeightsEstimate | None:
+    """The weights of a CLA model: a Llama-shaped decoder whose sharing layers have no K/V projections."""
+    if HF_ARCHITECTURE not in config.outer.string_list("architectures"):
+        return None  # not ours
+    return estimate(config, serving, _cla_decoder, ep_size=ep_size)
+
+
+def _cla_decoder(builder: Builder) -> list[str]:
+    reader = builder.reader
+    heads = reader.integer("num_attention_heads")
+    head_dim = reader.optional_integer("head_dim") or derived_head_dim(reader, heads)
+    factor = reader.integer("cla_share_factor", limit=LAYERS)
+    for layer in range(reader.integer("num_hidden_layers")):
+        attention = f"model.layers.{layer}.self_attn"
+        if layer % factor == 0:  # the group's first layer projects K and V (q/k/v column-, o row-parallel)
+            builder.gqa_attention(attention, layer, head_dim, bias=False, out_bias=False)
+        else:  # a sharing layer projects queries and the output only
+            builder.column("attention", f"{attention}.q_proj", heads * head_dim, builder.hidden, layer)
+            builder.row("attention", f"{attention}.o_proj", builder.hidden, heads * head_dim, layer)
+        builder.norm(f"model.layers.{layer}.input_layernorm", layer)
+        builder.norm(f"model.layers.{layer}.post_attention_layernorm", layer)
+        builder.dense_mlp(f"model.layers.{layer}.mlp", layer, reader.integer("intermediate_size"))
+    builder.embeddings(tied=reader.boolean("tie_word_embeddings", False))
+    return []  # notes: what the estimate leaves out (nothing here)
+
+
+# --8<-- [end:weights]

@@ -218,3 +218,94 @@ def test_the_plugin_imports_only_public_core_modules() -> None:
     imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module]
     core = [name for name in imported if name.startswith("kvpools_core")]
     assert core and all(is_public_module(name) for name in core), core
+
+
+# -- the weights: --gpu, fit and GPU sweeps with the plugin's own answer -------------------------
+
+CLA_1B_PARAMETERS = 8 * 60_821_504 + 8 * 58_724_352 + 128_256 * 2_048 + 2_048
+"""cla-1b's parameters, by hand from its config (hidden 2048, 32 heads and 8 KV heads of 64, intermediate 8192,
+16 layers in groups of 2, vocabulary 128256, tied head):
+
+* a KV layer: q 2048 x 2048 + k and v 512 x 2048 each + o 2048 x 2048 = 10,485,760, the SwiGLU MLP
+  3 x 8192 x 2048 = 50,331,648 and two norms of 2048: 60,821,504;
+* a sharing layer: q and o only, 8,388,608 + 50,331,648 + 4,096 = 58,724,352;
+* the embedding 128256 x 2048 (a multiple of 64 rows: no padding), the final norm 2048; the head is the
+  embedding (tied): 1,219,037,184 in all, 2 B each in bfloat16."""
+
+CLA_1B_TP2_RANK_PARAMETERS = 8 * 30_412_800 + 8 * 29_364_224 + 64_128 * 2_048 + 2_048
+"""One rank of TP 2: q and o split by heads (1024 x 2048 and 2048 x 1024), k and v 4 KV heads (256 x 2048 each),
+the MLP's intermediate halved (3 x 4096 x 2048), norms whole: 30,412,800 a KV layer and 29,364,224 a sharing one;
+the embedding's 128256 rows split in two (64128)."""
+
+
+# --8<-- [start:weights]
+def test_a_gpu_plan_subtracts_the_weights_the_plugin_estimates() -> None:
+    """``kvpools plan cla-1b --gpu h100``: the budget takes 2 B x 1,219,037,184 parameters = 2,438,074,368 B of
+    weights (TP 1), answered by this plugin's ``estimate_weights``."""
+    result = CliRunner().invoke(main, ["plan", "cla-1b", "--gpu", "h100", "--json"])
+    assert result.exit_code == 0, result.output
+    planned = Plan.from_json(result.output)
+    assert planned.budget.weights_bytes == 2 * CLA_1B_PARAMETERS == 2_438_074_368
+    tp2 = CliRunner().invoke(main, ["plan", "cla-1b", "--gpu", "h100", "--tp-size", "2", "--json"])
+    assert tp2.exit_code == 0, tp2.output
+    assert Plan.from_json(tp2.output).budget.weights_bytes == 2 * CLA_1B_TP2_RANK_PARAMETERS == 1_219_104_768
+
+
+# --8<-- [end:weights]
+
+
+def test_the_estimate_counts_every_parameter(registry) -> None:
+    from kvpools_core import estimate_weights
+
+    estimate = estimate_weights("cla-1b", registry=registry)
+    assert estimate.parameters == CLA_1B_PARAMETERS == 1_219_037_184
+    assert estimate.bytes_total == estimate.bytes_per_rank == 2 * CLA_1B_PARAMETERS
+    assert estimate.parameters_by_family["attention"] == 8 * 10_485_760 + 8 * 8_388_608
+
+
+def test_without_the_plugins_weights_a_gpu_plan_asks_for_them(kvpools_registry) -> None:
+    """The same plugin without its ``estimate_weights``: no other plugin claims a CLA config, so a GPU plan
+    cannot subtract weights and asks for ``--weights-memory`` (the weights above are this plugin's answer)."""
+    hooks = {
+        name: getattr(kvpools_cla, name) for name in ("presets", "parse_model_config", "estimate_cell_size", "validate")
+    }
+    without = type("ClaWithoutWeights", (), {name: staticmethod(hook) for name, hook in hooks.items()})
+    registry = kvpools_registry(["mha", "cuda"], objects={"cla-no-weights": without})
+    with pytest.raises(ConfigError, match=r"model_type' is 'cla'. No installed architecture plugin estimates"):
+        plan("cla-1b", Serving(), gpu="h100", registry=registry)
+    given = plan("cla-1b", Serving(), gpu="h100", weights_memory="2GiB", registry=registry)
+    assert given.budget.weights_bytes == 2 * GiB
+
+
+def test_kvpools_fit_plans_every_configuration_with_the_plugins_weights() -> None:
+    """``kvpools fit cla-1b``: every configuration's GPU budget subtracts this plugin's estimate for its TP."""
+    from kvpools_core import estimate_weights
+    from kvpools_core.planning.fit import fit
+
+    result = fit("cla-1b", 64, 131072, gpu="h100")
+    assert result.fits
+    for found in result.fits:
+        serving = found.plan.serving
+        expected = estimate_weights("cla-1b", serving).bytes_per_rank
+        assert found.plan.budget.weights_bytes == expected
+        if (serving.tp_size, serving.pp_size) == (2, 1):
+            assert expected == 2 * CLA_1B_TP2_RANK_PARAMETERS
+    assert any(found.plan.serving.tp_size == 2 for found in result.fits)
+    cli = CliRunner().invoke(main, ["fit", "cla-1b", "--requests", "64", "--context", "128k", "--gpu", "h100"])
+    assert cli.exit_code == 0, cli.output
+    assert "cla-1b" in cli.output
+
+
+def test_a_sweep_over_gpus_uses_the_plugins_weights() -> None:
+    """``kvpools sweep --gpu h100,h200``: each GPU budget is the whole GPU's plan, weights subtracted."""
+    from kvpools_core.planning.sweep import SweepGrid, run_sweep
+
+    rows = run_sweep(SweepGrid(models=("cla-1b",), budgets=({"gpu": "h100"}, {"gpu": "h200"}), contexts=(8192,)))
+    assert [row.error for row in rows] == [None, None]
+    for row, gpu in zip(rows, ("h100", "h200"), strict=True):
+        planned = plan("cla-1b", Serving(), gpu=gpu)
+        assert planned.budget.weights_bytes == 2 * CLA_1B_PARAMETERS
+        assert row.budget_bytes == planned.budget.budget_bytes
+        assert row.tokens == {"full": planned.sizing.max_total_num_tokens}
+    cli = CliRunner().invoke(main, ["sweep", "--model", "cla-1b", "--gpu", "h100,h200", "--context", "8192"])
+    assert cli.exit_code == 0, cli.output

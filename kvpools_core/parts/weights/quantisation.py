@@ -9,11 +9,28 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections.abc import Callable
+from typing import Protocol
 
 import attrs
 
 from kvpools_core.config import ConfigReader, describe
-from kvpools_core.pipeline.weights._model import _Tensor
+
+__all__ = ["KNOWN", "ByModule", "Quantisation", "mxfp4", "quantisation_of"]
+
+
+class Weight(Protocol):
+    """What a storage rule reads of a tensor (:class:`~kvpools_core.parts.weights.tensors.Tensor` has it): its
+    Hugging Face module name, whether it is a Linear weight, and its family."""
+
+    @property
+    def family(self) -> str: ...
+
+    @property
+    def module(self) -> str: ...
+
+    @property
+    def linear(self) -> bool: ...
+
 
 FLOAT32 = 4
 FLOAT16 = 2
@@ -24,29 +41,29 @@ KNOWN = (
 
 
 @attrs.frozen
-class _Quantisation:
+class Quantisation:
     """How the quantised Linear weights are stored: bytes of ``count × out × inner`` values with their scales."""
 
     label: str
     bytes_of: Callable[[int, int, int], int]
     excluded: tuple[str, ...]
 
-    def applies_to(self, tensor: _Tensor) -> bool:
+    def applies_to(self, tensor: Weight) -> bool:
         return tensor.linear and not any(_module_matches(tensor.module, pattern) for pattern in self.excluded)
 
-    def for_tensor(self, tensor: _Tensor) -> _Quantisation | None:
+    def for_tensor(self, tensor: Weight) -> Quantisation | None:
         """The storage of ``tensor``: this one, or ``None`` when it stays in the model dtype."""
         return self if self.applies_to(tensor) else None
 
 
 @attrs.frozen
-class _ByModule:
+class ByModule:
     """A checkpoint that names a storage per module (ModelOpt ``MIXED_PRECISION``'s ``quantized_layers``): a module,
     or a parent of it, listed there is stored so (the LM head too when listed); anything else keeps the dtype."""
 
-    layers: tuple[tuple[str, _Quantisation], ...]
+    layers: tuple[tuple[str, Quantisation], ...]
 
-    def for_tensor(self, tensor: _Tensor) -> _Quantisation | None:
+    def for_tensor(self, tensor: Weight) -> Quantisation | None:
         if not (tensor.linear or tensor.family == "lm_head"):
             return None
         for module, storage in self.layers:
@@ -69,35 +86,35 @@ def _module_matches(module: str, pattern: str) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for name in (*prefixes, *suffixes))
 
 
-def mxfp4(excluded: tuple[str, ...] = ()) -> _Quantisation:
+def mxfp4(excluded: tuple[str, ...] = ()) -> Quantisation:
     """OCP MX fp4: 4-bit E2M1 values and one E8M0 (1 byte) scale per 32 values along the input dimension."""
-    return _Quantisation(
+    return Quantisation(
         "mxfp4 (4-bit + one e8m0 scale per 32 values)",
         lambda count, out, inner: count * out * (math.ceil(inner / 2) + math.ceil(inner / 32)),
         excluded,
     )
 
 
-def _nvfp4(group: int, excluded: tuple[str, ...], scalars: int = 2) -> _Quantisation:
+def _nvfp4(group: int, excluded: tuple[str, ...], scalars: int = 2) -> Quantisation:
     """NVFP4 (ModelOpt ``NVFP4``, compressed-tensors ``nvfp4-pack-quantized``): 4-bit E2M1 values, an fp8 e4m3
     scale per ``group`` (16) inputs, and float32 scalars a tensor (``weight_scale_2`` / ``weight_global_scale`` and,
     but for weight-only ``W4A16_NVFP4``, the activation's ``input_scale``); a stacked expert keeps its own."""
-    return _Quantisation(
+    return Quantisation(
         f"nvfp4 (4-bit + fp8 e4m3 scale per {group} values + {scalars} float32 scalar{'s' if scalars > 1 else ''})",
         lambda count, out, inner: count * (out * (math.ceil(inner / 2) + math.ceil(inner / group)) + scalars * FLOAT32),
         excluded,
     )
 
 
-def _fp8_per_tensor(excluded: tuple[str, ...], scalars: int) -> _Quantisation:
-    return _Quantisation(
+def _fp8_per_tensor(excluded: tuple[str, ...], scalars: int) -> Quantisation:
+    return Quantisation(
         f"float8_e4m3 + {scalars} float32 scalar{'s' if scalars > 1 else ''} per tensor",
         lambda count, out, inner: count * (out * inner + scalars * FLOAT32),
         excluded,
     )
 
 
-def _awq(quant: ConfigReader, excluded: tuple[str, ...]) -> _Quantisation:
+def _awq(quant: ConfigReader, excluded: tuple[str, ...]) -> Quantisation:
     """AutoAWQ's GEMM layout (``WQLinear_GEMM``): ``qweight`` int32 ``[in, out/8]``, ``qzeros`` int32
     ``[in/group, out/8]`` and ``scales`` fp16 ``[in/group, out]``; ``group_size: -1`` is one group."""
     bits = quant.integer("bits", quant.integer("w_bit", 4))
@@ -110,10 +127,10 @@ def _awq(quant: ConfigReader, excluded: tuple[str, ...]) -> _Quantisation:
         packed_out = math.ceil(out / 8) * FLOAT32  # eight 4-bit values an int32
         return count * (inner * packed_out + groups * packed_out + groups * out * FLOAT16)
 
-    return _Quantisation(f"awq int4 (group {group or 'per-channel'}; fp16 scales, int4 zeros)", size, excluded)
+    return Quantisation(f"awq int4 (group {group or 'per-channel'}; fp16 scales, int4 zeros)", size, excluded)
 
 
-def _gptq(quant: ConfigReader, excluded: tuple[str, ...]) -> _Quantisation:
+def _gptq(quant: ConfigReader, excluded: tuple[str, ...]) -> Quantisation:
     """AutoGPTQ / GPTQModel's layout: ``qweight`` int32 ``[in·bits/32, out]``, ``qzeros`` int32
     ``[groups, out·bits/32]``, ``scales`` fp16 ``[groups, out]`` and the int32 ``g_idx`` ``[in]`` buffer that both
     libraries save with every layer (whether ``desc_act`` reorders it or not)."""
@@ -128,7 +145,7 @@ def _gptq(quant: ConfigReader, excluded: tuple[str, ...]) -> _Quantisation:
         qzeros = groups * math.ceil(out * bits / 32) * FLOAT32
         return count * (qweight + qzeros + groups * out * FLOAT16 + inner * FLOAT32)
 
-    return _Quantisation(f"gptq int{bits} (group {group or 'per-channel'}; fp16 scales, g_idx)", size, excluded)
+    return Quantisation(f"gptq int{bits} (group {group or 'per-channel'}; fp16 scales, g_idx)", size, excluded)
 
 
 def _group_size(quant: ConfigReader) -> int | None:
@@ -140,7 +157,7 @@ def _group_size(quant: ConfigReader) -> int | None:
     return quant.integer(key, 128)
 
 
-def _modelopt(quant: ConfigReader, excluded: tuple[str, ...]) -> _Quantisation | _ByModule:
+def _modelopt(quant: ConfigReader, excluded: tuple[str, ...]) -> Quantisation | ByModule:
     """ModelOpt (``hf_quant_config.json``'s ``quantization`` block, flat or nested, as SGLang's
     ``ModelOptFp4Config.from_config`` reads it): ``quant_algo`` NVFP4 or FP8 (per-tensor weight and input scales),
     or ``MIXED_PRECISION`` with a ``quantized_layers`` map of module → ``quant_algo`` (``FP8``, ``NVFP4``,
@@ -150,13 +167,11 @@ def _modelopt(quant: ConfigReader, excluded: tuple[str, ...]) -> _Quantisation |
     excluded = excluded or inner.string_list("exclude_modules")
     if algo == "MIXED_PRECISION":
         layers = inner.child("quantized_layers")
-        return _ByModule(
-            tuple((module, _modelopt_scheme(layers.child(module), ())) for module in sorted(layers.config))
-        )
+        return ByModule(tuple((module, _modelopt_scheme(layers.child(module), ())) for module in sorted(layers.config)))
     return _modelopt_scheme(inner, excluded)
 
 
-def _modelopt_scheme(scheme: ConfigReader, excluded: tuple[str, ...]) -> _Quantisation:
+def _modelopt_scheme(scheme: ConfigReader, excluded: tuple[str, ...]) -> Quantisation:
     algo = scheme.string("quant_algo")
     if algo in ("NVFP4", "W4A16_NVFP4"):
         return _nvfp4(scheme.integer("group_size", 16), excluded, scalars=2 if algo == "NVFP4" else 1)
@@ -169,7 +184,7 @@ def _modelopt_scheme(scheme: ConfigReader, excluded: tuple[str, ...]) -> _Quanti
     )
 
 
-def _compressed_tensors(quant: ConfigReader, excluded: tuple[str, ...]) -> _Quantisation:
+def _compressed_tensors(quant: ConfigReader, excluded: tuple[str, ...]) -> Quantisation:
     """compressed-tensors with one ``config_groups`` scheme targeting every ``Linear``: nvfp4 (``format``
     ``nvfp4-pack-quantized``); mixed schemes by module are refused rather than guessed."""
     groups = quant.child("config_groups")
@@ -194,7 +209,7 @@ def _compressed_tensors(quant: ConfigReader, excluded: tuple[str, ...]) -> _Quan
     )
 
 
-def _quantisation(reader: ConfigReader) -> _Quantisation | _ByModule | None:
+def quantisation_of(reader: ConfigReader) -> Quantisation | ByModule | None:
     """The storage of quantised Linear weights from ``quantization_config``; unknown methods are refused."""
     if not reader.has("quantization_config"):
         return None
@@ -207,7 +222,7 @@ def _quantisation(reader: ConfigReader) -> _Quantisation | _ByModule | None:
             if len(block) != 2:
                 raise quant.error("weight_block_size", f"is {describe(list(block))}", "It must be [rows, columns].")
             rows, cols = block
-            return _Quantisation(
+            return Quantisation(
                 f"float8_e4m3 + float32 scale per {rows}x{cols} block",
                 lambda count, out, inner: count * (out * inner + 4 * math.ceil(out / rows) * math.ceil(inner / cols)),
                 excluded,

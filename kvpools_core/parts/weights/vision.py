@@ -10,29 +10,31 @@ from __future__ import annotations
 from typing import Any
 
 from kvpools_core.config import ConfigReader
-from kvpools_core.pipeline.weights._model import _Builder, _split, vocab_rows_per_rank
+from kvpools_core.parts.weights.tensors import Builder, split, vocab_rows_per_rank
+
+__all__ = ["gemma3_vision", "qwen3_vl_vision", "siglip_vision"]
 
 FIRST: dict[str, Any] = {"stage": "first"}
 
 
-def _linear(builder: _Builder, module: str, rows: int, inner: int, column: bool) -> None:
+def _linear(builder: Builder, module: str, rows: int, inner: int, column: bool) -> None:
     """A biased vision Linear, column- or row-parallel."""
     tp = builder.sharding.tp
-    split: dict[str, Any] = {"rank_out": _split(rows, tp)} if column else {"rank_inner": _split(inner, tp)}
-    builder.add("vision", module, rows, inner, linear=True, **split, **FIRST)
-    builder.add("vision", f"{module}.bias", rows, **({"rank_out": _split(rows, tp)} if column else {}), **FIRST)
+    shape: dict[str, Any] = {"rank_out": split(rows, tp)} if column else {"rank_inner": split(inner, tp)}
+    builder.add("vision", module, rows, inner, linear=True, **shape, **FIRST)
+    builder.add("vision", f"{module}.bias", rows, **({"rank_out": split(rows, tp)} if column else {}), **FIRST)
 
 
-def _layer_norm(builder: _Builder, module: str, size: int) -> None:
+def _layer_norm(builder: Builder, module: str, size: int) -> None:
     builder.add("vision", module, 2 * size, **FIRST)  # weight and bias
 
 
-def _positions(builder: _Builder, module: str, positions: int, hidden: int) -> None:
+def _positions(builder: Builder, module: str, positions: int, hidden: int) -> None:
     rows = vocab_rows_per_rank(positions, builder.sharding.tp)
     builder.add("vision", module, positions, hidden, rank_out=rows, **FIRST)
 
 
-def _siglip_vision(builder: _Builder, vision: ConfigReader, prefix: str) -> None:
+def siglip_vision(builder: Builder, vision: ConfigReader, prefix: str) -> None:
     """A SigLIP vision tower (``SiglipVisionModel``, sglang/srt/models/siglip.py) without its pooling head: a biased
     Conv2d patch embedding, a position table of ``(image_size / patch_size)²`` rows, ``num_hidden_layers`` blocks
     (two LayerNorms, biased q/k/v/out projections, ``fc1`` / ``fc2``) and the final ``post_layernorm``."""
@@ -56,17 +58,17 @@ def _siglip_vision(builder: _Builder, vision: ConfigReader, prefix: str) -> None
     _layer_norm(builder, f"{prefix}.post_layernorm", hidden)
 
 
-def _gemma3_vision(builder: _Builder, vision: ConfigReader) -> None:
+def gemma3_vision(builder: Builder, vision: ConfigReader) -> None:
     """Gemma-3's SigLIP tower and its multimodal projector (sglang/srt/models/gemma3_mm.py): the RMSNorm
     ``mm_soft_emb_norm`` over the vision width and ``mm_input_projection_weight`` to the text width, whole on
     every rank."""
-    _siglip_vision(builder, vision, "vision_tower.vision_model")
+    siglip_vision(builder, vision, "vision_tower.vision_model")
     width = vision.integer("hidden_size")
     builder.add("vision", "multi_modal_projector.mm_soft_emb_norm", width, **FIRST)
     builder.add("vision", "multi_modal_projector.mm_input_projection_weight", width, builder.hidden, **FIRST)
 
 
-def _qwen3_vl_vision(builder: _Builder, vision: ConfigReader) -> None:
+def qwen3_vl_vision(builder: Builder, vision: ConfigReader) -> None:
     """The Qwen3-VL vision tower that Qwen3.5 checkpoints carry (``Qwen3VLMoeVisionModel``,
     sglang/srt/models/qwen3_vl.py), family ``vision``, on the first pipeline stage: a biased Conv3d patch embedding,
     a learned position table (vocab-parallel), ``depth`` blocks (two LayerNorms, biased ``qkv`` / ``proj``

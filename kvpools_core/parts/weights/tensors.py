@@ -1,22 +1,29 @@
-"""The tensors of a model, their shapes on one rank, and the builder the architectures fill."""
+"""The tensors of a model, their shapes on one rank, and the builder an architecture plugin fills.
+
+:class:`Builder` is the parts library's weights vocabulary: an architecture plugin reads its config and calls
+:meth:`Builder.column` / :meth:`Builder.row` / :meth:`Builder.replicated` (one Linear, sharded as SGLang shards
+it), :meth:`Builder.gqa_attention`, :meth:`Builder.dense_mlp`, :meth:`Builder.experts`,
+:meth:`Builder.embeddings` and :meth:`Builder.norm`; :func:`kvpools_core.parts.weights.estimate` sums what it
+collected.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from kvpools_core.config import ConfigReader
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.parallel import kv_heads_per_rank
+from kvpools_core.parts.weights.quantisation import Quantisation
 
-if TYPE_CHECKING:
-    from kvpools_core.pipeline.weights._quantisation import _Quantisation
+__all__ = ["Builder", "Sharding", "Tensor", "expert_intermediate_per_rank", "split", "vocab_rows_per_rank"]
 
 
 @attrs.frozen
-class _Tensor:
+class Tensor:
     """One weight (``count`` stacked copies of ``out × inner``), its shape on a rank, and where it lives."""
 
     family: str
@@ -46,7 +53,7 @@ class _Tensor:
 
 
 @attrs.frozen
-class _Sharding:
+class Sharding:
     """How SGLang splits the model over one engine's ranks.
 
     ``attn_dp`` is the DP-attention width (``Serving.attn_dp_size``): the attention layers (and, in the models that
@@ -75,7 +82,7 @@ class _Sharding:
         return self.attn_tp if family == "attention" else self.tp
 
 
-def _split(total: int, parts: int) -> int:
+def split(total: int, parts: int) -> int:
     """One rank's share of a dimension split ``parts`` ways (the last share may be short; the first is full)."""
     return math.ceil(total / parts)
 
@@ -90,7 +97,7 @@ def vocab_rows_per_rank(vocab: int, tp: int) -> int:
     return padded // tp
 
 
-def _expert_intermediate_per_rank(intermediate: int, sharding: _Sharding) -> int:
+def expert_intermediate_per_rank(intermediate: int, sharding: Sharding) -> int:
     """SGLang's ``FusedMoE`` asserts the expert intermediate size divides over ``moe_tp_size = tp / ep``."""
     if intermediate % sharding.moe_tp:
         raise UnsupportedCombinationError(
@@ -100,21 +107,21 @@ def _expert_intermediate_per_rank(intermediate: int, sharding: _Sharding) -> int
     return intermediate // sharding.moe_tp
 
 
-class _Builder:
+class Builder:
     """Collects the tensors of one model with their per-rank shapes."""
 
-    def __init__(self, reader: ConfigReader, sharding: _Sharding, outer: ConfigReader | None = None) -> None:
+    def __init__(self, reader: ConfigReader, sharding: Sharding, outer: ConfigReader | None = None) -> None:
         self.reader = reader
         self.outer = outer or reader  # the top-level config, when the text model nests under text_config
         # How the routed experts are stored when the checkpoint keeps them apart from quantization_config
         # (DeepSeek-V4's ``expert_dtype: fp4``); set by the architecture.
-        self.expert_storage: _Quantisation | None = None
+        self.expert_storage: Quantisation | None = None
         self.sharding = sharding
-        self.tensors: list[_Tensor] = []
+        self.tensors: list[Tensor] = []
         self.hidden = reader.integer("hidden_size")
 
     def add(self, family: str, module: str, out: int, inner: int = 1, **kwargs: Any) -> None:
-        self.tensors.append(_Tensor(family, module, out, inner, **kwargs))
+        self.tensors.append(Tensor(family, module, out, inner, **kwargs))
 
     def norm(self, module: str, layer: int | None, size: int | None = None, **kwargs: Any) -> None:
         self.add("norms", module, size or self.hidden, layer=layer, **kwargs)
@@ -122,7 +129,7 @@ class _Builder:
     def column(self, family: str, module: str, out: int, inner: int, layer: int, bias: bool = False, **kw: Any) -> None:
         """A column-parallel Linear: output features split over TP, attention TP for ``family`` ``attention``
         (``parallel_group="attn_tp"`` in SGLang's attention modules); a bias splits with them."""
-        rank_out = _split(out, self.sharding.group(family))
+        rank_out = split(out, self.sharding.group(family))
         self.add(family, module, out, inner, rank_out=rank_out, layer=layer, linear=True, **kw)
         if bias:
             self.add(family, f"{module}.bias", out, rank_out=rank_out, layer=layer, **kw)
@@ -130,7 +137,7 @@ class _Builder:
     def row(self, family: str, module: str, out: int, inner: int, layer: int, bias: bool = False, **kw: Any) -> None:
         """A row-parallel Linear: input features split over TP, or attention TP as :meth:`column` (the bias is whole
         on every rank)."""
-        rank_inner = _split(inner, self.sharding.group(family))
+        rank_inner = split(inner, self.sharding.group(family))
         self.add(family, module, out, inner, rank_inner=rank_inner, layer=layer, linear=True, **kw)
         if bias:
             self.add(family, f"{module}.bias", out, layer=layer, **kw)
@@ -213,7 +220,7 @@ class _Builder:
                 f"{experts} experts do not split over ep_size {sharding.ep}; SGLang needs ep_size to divide them."
             )
         rank_count = experts // sharding.ep
-        rank_inter = _expert_intermediate_per_rank(intermediate, sharding)
+        rank_inter = expert_intermediate_per_rank(intermediate, sharding)
         shape = {"count": experts, "rank_count": rank_count, "layer": layer, "linear": True, **kw}
         if gated:
             self.add("moe_experts", f"{prefix}.gate_proj", intermediate, self.hidden, rank_out=rank_inter, **shape)

@@ -1,0 +1,92 @@
+"""Estimate a model's weights (parameters and bytes per rank) from its ``config.json`` alone.
+
+The KV planner's :class:`~kvpools_core.values.ModelSpec` keeps only what the cache needs, so the weights
+estimate reads the complete config again.  The core names no architecture: :func:`estimate_weights` loads the
+config (a preset names its complete one, :data:`WEIGHTS_CONFIG_KEY`) and asks the ``estimate_weights`` hook; the
+architecture plugin that claims the config's ``model_type`` rebuilds its decoder's tensors from the parts library
+(:mod:`kvpools_core.parts.weights`: sharding, building blocks, quantisation, the sum).  A ``model_type`` that no
+plugin claims is refused, naming the field and the plugins asked, rather than guessed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from kvpools_core.config import ConfigReader, describe, read_config_file
+from kvpools_core.models import registry_presets, resolve_model_source
+from kvpools_core.parts.weights import FAMILIES, WeightsConfig, WeightsEstimate, vocab_rows_per_rank
+from kvpools_core.values import Serving
+
+if TYPE_CHECKING:
+    from kvpools_core.registry import Registry
+
+__all__ = [
+    "FAMILIES",
+    "WEIGHTS_CONFIG_KEY",
+    "WeightsEstimate",
+    "estimate_weights",
+    "vocab_rows_per_rank",
+]
+
+WEIGHTS_CONFIG_KEY = "_weights_config"
+"""A preset's pointer to the complete ``config.json`` it was excerpted from (a path beside the preset).
+
+Presets keep only what the KV cache needs; the weights estimate reads the
+complete config this key names, so ``estimate_weights("llama-3.1-8b")`` and
+``kvpools plan llama-3.1-8b --gpu h100`` need no ``--weights-memory``.
+"""
+
+
+def estimate_weights(
+    model: str | os.PathLike[str] | Mapping[str, Any],
+    serving: Serving | None = None,
+    *,
+    ep_size: int = 1,
+    registry: Registry | None = None,
+) -> WeightsEstimate:
+    """Parameters and bytes of ``model``'s weights, and what one rank of ``serving`` holds.
+
+    ``model`` is what :func:`kvpools_core.plan` takes by name or path (a preset, a
+    ``config.json`` or its directory) or the config mapping itself; the config must
+    carry the full shapes (``intermediate_size``, ``vocab_size``, expert counts).
+    A preset keeps only the KV fields and names the complete config it came from
+    (``_weights_config``); a preset without one is refused naming the first
+    missing field.  ``ep_size`` is SGLang's ``--ep-size``.  The architecture plugin
+    of ``registry`` (the default registry when None) that claims the config's
+    ``model_type`` answers (``estimate_weights`` hook).
+    """
+    from kvpools_core.registry import get_registry
+
+    registry = registry or get_registry()
+    serving = serving or Serving()
+    config, source = _load_config(model, registry)
+    outer = ConfigReader(config, source)
+    reader = outer.text()
+    model_type = reader.string("model_type", "") or outer.string("model_type", "")
+    request = WeightsConfig(reader=reader, outer=outer, source=source, model_type=model_type)
+    estimate, _ = registry.call("estimate_weights", config=request, serving=serving, ep_size=ep_size)
+    if estimate is None:
+        asked = ", ".join(registry.implementers("estimate_weights")) or "none"
+        raise reader.error(
+            "model_type",
+            f"is {describe(model_type or None)}",
+            f"No installed architecture plugin estimates its weights (asked: {asked}); other architectures are "
+            "not guessed. Give the weights' size yourself (--weights-memory), or install the plugin that claims it.",
+        )
+    return cast(WeightsEstimate, estimate)  # the registry checked the answer against the hook's contract
+
+
+def _load_config(
+    model: str | os.PathLike[str] | Mapping[str, Any], registry: Registry
+) -> tuple[Mapping[str, Any], str]:
+    if isinstance(model, Mapping):
+        return model, "config"
+    config, source, name = resolve_model_source(os.fspath(model), registry)
+    pointer = config.get(WEIGHTS_CONFIG_KEY)
+    if source.startswith("preset:") and pointer:
+        full = Path(registry_presets(registry)[name][1]).parent / str(pointer)
+        return read_config_file(full), f"{source} ({WEIGHTS_CONFIG_KEY} {pointer})"
+    return config, source
