@@ -115,11 +115,13 @@ class _Request:
 class _Step:
     """What one forward step decided once, at its first KV layer, for every layer to use.
 
-    ``write_mask`` picks the real new tokens out of ``(batch, q)``, request by request; ``locs`` are their
-    slots; ``gather_src`` / ``gather_dst`` map every cached token's slot to its place in the returned
-    ``(batch * width)`` rows (right-aligned), for full and for sliding layers.  ``requests`` / ``counts`` are
-    what the step adds once it commits; ``fresh`` the slots of pages it opened, what a rollback frees (a page the
-    request already held stays held); ``given_counts`` the ``new_tokens`` of ``select`` it consumed.
+    ``write_mask`` picks the real new tokens out of ``(batch, q)``, request by request (``None`` when every
+    column is one: a decode step or an unpadded prompt); ``locs`` are their slots; ``full`` / ``sliding`` are
+    the slot each of the returned ``(batch * width)`` rows (right-aligned) is read from: slot 0, the zero padding
+    slot, where a row holds no cached token (left padding, a token evicted from the SWA pool).
+    ``requests`` / ``counts`` are what the step adds once it commits; ``fresh`` the slots of pages it opened,
+    what a rollback frees (a page the request already held stays held); ``given_counts`` the ``new_tokens`` of
+    ``select`` it consumed.
     """
 
     __slots__ = (
@@ -139,10 +141,10 @@ class _Step:
         self,
         batch: int,
         width: int,
-        write_mask: Tensor,
+        write_mask: Tensor | None,
         locs: Tensor,
-        full: tuple[Tensor, Tensor],
-        sliding: tuple[Tensor, Tensor],
+        full: Tensor,
+        sliding: Tensor,
         *,
         requests: list[_Request],
         counts: list[int],
@@ -154,9 +156,9 @@ class _Step:
         self.write_mask = write_mask
         self.locs = locs
         self.full = full
-        """(slots, destination rows) of every cached token: what a full-attention layer reads."""
+        """The slot of every returned row: what a full-attention layer reads."""
         self.sliding = sliding
-        """The same, less the tokens evicted from the SWA pool: what a sliding layer reads."""
+        """The same, the tokens evicted from the SWA pool read from the padding slot: what a sliding layer reads."""
         self.requests = requests
         self.counts = counts
         self.fresh = fresh
@@ -633,23 +635,29 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         count_t = torch.tensor(counts, dtype=torch.int64)
         prefix_t = torch.tensor(prefix, dtype=torch.int64)
         if locs.numel():
-            row_of = torch.repeat_interleave(rows, count_t)
-            col_of = _ranges(prefix_t, count_t)
+            if all(c == 1 for c in counts):  # a decode step: one token per request, at its length
+                row_of, col_of = rows, prefix_t
+            else:
+                row_of = torch.repeat_interleave(rows, count_t)
+                col_of = _ranges(prefix_t, count_t)
             self.req_to_token.write((row_of, col_of), locs.to(torch.int32))
         lengths = prefix_t + count_t
-        src_rows = torch.repeat_interleave(rows, lengths)
-        src_cols = _ranges(torch.zeros_like(lengths), lengths)
-        gather_src = self.req_to_token.req_to_token[src_rows, src_cols].to(torch.int64)
-        starts = torch.arange(batch, dtype=torch.int64) * width + (width - lengths)
-        gather_dst = _ranges(starts, lengths)
-        write_mask = torch.arange(query)[None, :] >= (query - count_t)[:, None]
+        # the slot of every returned row, right-aligned: column c of request b is its token c - (width - length);
+        # the columns before its first token read slot 0, the padding slot no allocator hands out, zero in every
+        # pool (pools are zeroed and nothing writes it), so a padded column is zeros without a buffer to scatter into
+        position = torch.arange(width, dtype=torch.int64)[None, :] - (width - lengths)[:, None]
+        slots = self.req_to_token.req_to_token[rows[:, None], position.clamp(min=0)].to(torch.int64)
+        gather_src = torch.where(position >= 0, slots, 0).flatten()
+        every_column = all(c == query for c in counts)
+        write_mask = None if every_column else torch.arange(query)[None, :] >= (query - count_t)[:, None]
         device = key_states.device
-        swa_src, swa_dst = gather_src, gather_dst
+        swa_src = gather_src
         if self._sliding_layers:
-            # tokens evicted from the SWA pool have no SWA slot any more: their columns stay zero, never read
+            # tokens evicted from the SWA pool have no SWA slot any more (it may hold another request's token now):
+            # their columns read the padding slot too, zeros, never attended to
             evicted = torch.tensor([self._evicted.get(r.row, 0) for r in self._batch], dtype=torch.int64)
-            kept = src_cols >= torch.repeat_interleave(evicted, lengths)
-            swa_src, swa_dst = gather_src[kept], gather_dst[kept]
+            if bool(evicted.any()):
+                swa_src = torch.where(position >= evicted[:, None], slots, 0).flatten()
         pool_device = self.pool.device
         # the slots of pages this step opened: a rollback frees them, not a page the request held before
         last_held = torch.full_like(prefix_t, -1)
@@ -659,13 +667,14 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         page = self.page_size
         host_locs = locs.cpu()
         fresh = host_locs[host_locs // page != torch.repeat_interleave(last_held, count_t) // page]
+        full = gather_src.to(pool_device)
         return _Step(
             batch,
             width,
-            write_mask.to(device),
+            None if write_mask is None else write_mask.to(device),
             locs.to(pool_device),
-            (gather_src.to(pool_device), gather_dst.to(device)),
-            (swa_src.to(pool_device), swa_dst.to(device)),
+            full,
+            full if swa_src is gather_src else swa_src.to(pool_device),
             requests=list(self._batch),
             counts=counts,
             fresh=fresh,
@@ -730,22 +739,26 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
     def _through_pool(self, layer_id: int, step: _Step, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         batch, heads, _, head_dim = keys.shape
         v_dim = values.shape[-1]
-        new_k = keys.transpose(1, 2)[step.write_mask]
-        new_v = values.transpose(1, 2)[step.write_mask]
+        if step.write_mask is None:  # every column is a new token: no mask to pick them with
+            new_k = keys.transpose(1, 2).reshape(-1, heads, head_dim)
+            new_v = values.transpose(1, 2).reshape(-1, values.shape[1], v_dim)
+        else:
+            new_k = keys.transpose(1, 2)[step.write_mask]
+            new_v = values.transpose(1, 2)[step.write_mask]
         device = self.pool.device
+        moves = keys.device != device  # on one device, every .to() below would be a no-op call per layer
         write = self.pool.set_mla_kv_buffer if self.latent else self.pool.set_kv_buffer
         if new_k.shape[0]:
-            write(layer_id, step.locs, new_k.to(device), new_v.to(device))
+            write(layer_id, step.locs, new_k.to(device) if moves else new_k, new_v.to(device) if moves else new_v)
         window = self.layers[layer_id].sliding_window
-        src, dst = step.full if window is None else step.sliding
+        src = step.full if window is None else step.sliding
         read = self.pool.get_mla_kv if self.latent else self.pool.get_kv
-        cached_k, cached_v = read(layer_id, src, keys.dtype)
-        out_k = keys.new_zeros(batch * step.width, heads, head_dim)
-        out_v = values.new_zeros(batch * step.width, heads, v_dim)
-        out_k[dst] = cached_k.to(keys.device)
-        out_v[dst] = cached_v.to(keys.device)
+        # one gather in the returned rows' order (padded and evicted rows read the zero padding slot)
+        out_k, out_v = read(layer_id, src, keys.dtype)
+        if moves:
+            out_k, out_v = out_k.to(keys.device), out_v.to(keys.device)
         k = out_k.view(batch, step.width, heads, head_dim).transpose(1, 2)
-        v = out_v.view(batch, step.width, heads, v_dim).transpose(1, 2)
+        v = out_v.view(batch, step.width, values.shape[1], v_dim).transpose(1, 2)
         if window is None:
             return k, v
         query = keys.shape[2]
