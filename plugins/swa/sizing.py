@@ -63,7 +63,7 @@ from kvpools_core.values import (
     TokenWindow,
 )
 
-from .config import FULL, SGLANG_HYBRID_SWA_ARCHITECTURES, SLIDING
+from .config import FULL, SLIDING, sglang_serves_hybrid_swa
 from .mla import is_latent, latent_bytes_per_layer
 
 FULL_POOL = "kv_full"
@@ -304,10 +304,10 @@ def size_swa_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: B
             f"Raise {option('memory')} or lower {option('page_size')}."
         )
     notes.append(split_note(shape, cap, pools, full, swa, page))
-    if serving.accounting == "sglang" and not SGLANG_HYBRID_SWA_ARCHITECTURES & set(model.hf_architectures):
-        arch = ", ".join(model.hf_architectures) or model.model_type
+    if serving.accounting == "sglang" and not sglang_serves_hybrid_swa(model)[0]:
+        # hybrid MLA-SWA only (the swa plugin sizes the others as SGLang's dense pool under --accounting sglang)
         notes.append(
-            f"stock SGLang does not serve {arch} with hybrid SWA pools (it is not in is_hybrid_swa_model); "
+            f"SGLang 0.5.23 does not serve {model.name} with hybrid SWA pools ({sglang_serves_hybrid_swa(model)[1]}); "
             f"these numbers are SGLang's HybridSWAPoolConfigurator applied to its layer pattern."
         )
     return PoolSizing(
