@@ -619,14 +619,23 @@ class UnsetFloat(float):
     __slots__ = ()
 
 
+class UnsetStr(str):
+    """A string option the user left unset (:class:`UnsetInt`'s string sibling: a backend name)."""
+
+    __slots__ = ()
+
+
 def is_unset(value: object) -> bool:
-    """Whether ``value`` is an option's unset marker (:class:`UnsetInt`, :class:`UnsetFloat`), not a given value."""
-    return isinstance(value, (UnsetInt, UnsetFloat))
+    """Whether ``value`` is an option's unset marker (:class:`UnsetInt`, :class:`UnsetFloat`, :class:`UnsetStr`),
+    not a given value."""
+    return isinstance(value, (UnsetInt, UnsetFloat, UnsetStr))
 
 
-ENGINE_DEFAULT_OPTIONS = ("page_size", "swa_full_tokens_ratio")
+ENGINE_DEFAULT_OPTIONS = ("page_size", "swa_full_tokens_ratio", "dsa_prefill_backend", "dsa_decode_backend")
 """The :class:`Serving` fields an unset value of which an ``engine_defaults`` answer may replace: the ones SGLang
-0.5.23 leaves ``None`` and resolves per model (``arg_groups/model_overrides/``) or per platform."""
+0.5.23 leaves ``None`` and resolves per model (``arg_groups/model_overrides/``) or per platform.  A new one is a
+``Serving`` field whose default is an unset marker (:class:`UnsetInt`, :class:`UnsetFloat`, :class:`UnsetStr`)
+listed here."""
 
 
 @attrs.frozen(kw_only=True)
@@ -639,7 +648,7 @@ class EngineDefault:
     """
 
     option: str = attrs.field(validator=one_of(*ENGINE_DEFAULT_OPTIONS))
-    value: int | float
+    value: int | float | str
     reason: str = attrs.field(validator=attrs.validators.min_len(1))
 
     @classmethod
@@ -716,9 +725,10 @@ class Serving:
     server args; ``hicache_mamba_ratio`` is the Mamba host ratio of SGLang PR
     #39851 (not in 0.5.23; unset it follows ``hicache_ratio``).  They size the
     host tier (:class:`HostTier`, ``docs/host-tier.md``), never the device pools.
-    ``page_size`` and ``swa_full_tokens_ratio`` left unset read as SGLang's generic defaults (1, 0.8) and are
-    marked so (:attr:`unset_options`): the pipeline gives them the model's or platform's own default
-    (``engine_defaults`` hook) and notes it; a value given, even an equal one, is kept.
+    ``page_size``, ``swa_full_tokens_ratio``, ``dsa_prefill_backend`` and ``dsa_decode_backend`` left unset read
+    as SGLang's generic defaults (1, 0.8, ``flashmla_sparse``, ``flashmla_kv``) and are marked so
+    (:attr:`unset_options`): the pipeline gives them the model's or platform's own default (``engine_defaults``
+    hook) and notes it; a value given, even an equal one, is kept.
     """
 
     kv_cache_dtype: str = attrs.field(default="auto", converter=_canonical_kv)
@@ -781,8 +791,11 @@ class Serving:
     enable_mamba_extra_buffer: bool = False
     enable_mamba_extra_buffer_lazy: bool = False
     mamba_skip_decode_lock: bool = False
-    dsa_prefill_backend: str = "flashmla_sparse"
-    dsa_decode_backend: str = "flashmla_kv"
+    dsa_prefill_backend: str = UnsetStr("flashmla_sparse")
+    """Unset, the backend SGLang 0.5.23 resolves on Hopper until the pipeline applies the model's own
+    (``engine_defaults``: DeepSeek sparse attention with ``dcp_size`` > 1 takes ``trtllm``); a given value wins."""
+    dsa_decode_backend: str = UnsetStr("flashmla_kv")
+    """Unset, as :attr:`dsa_prefill_backend` (``trtllm`` under DSA decode context parallelism)."""
     enable_dsa_cache_layer_split: bool = False
     # DeepSeek-V4 compressed attention (read by the dsv4 plugin)
     enable_hisparse: bool = False
