@@ -882,6 +882,21 @@ class Serving:
                 f"{o('nnodes')} {self.nnodes} must divide the {self.launched_ranks} ranks ({o('tp_size')} x "
                 f"{o('pp_size')}, x {o('dp_size')} without DP attention), as SGLang places them evenly."
             )
+        if self.enable_mamba_extra_buffer_lazy and not self.enable_mamba_extra_buffer:
+            # SGLang's extra_buffer_lazy is a strategy of the extra buffer (mamba_extra_buffer_of); alone the flag
+            # would change nothing here
+            raise ConfigError(
+                f"{o('enable_mamba_extra_buffer_lazy')} is the lazy variant of the mamba extra buffer (SGLang's "
+                f"--mamba-radix-cache-strategy extra_buffer_lazy), so alone it changes nothing: add "
+                f"{o('enable_mamba_extra_buffer')}, or drop it."
+            )
+        if self.enable_online_c128_mtp and not self.enable_online_compress:
+            # SGLang reads SGLANG_EXPERIMENTAL_ONLINE_C128_MTP only under ONLINE_C128 (deepseek_v4_memory_pool.py
+            # lines 50, 72-73, 1078), which SGLANG_OPT_USE_ONLINE_COMPRESS turns on
+            raise ConfigError(
+                f"{o('enable_online_c128_mtp')} applies to the online c128 compression only, which is off: add "
+                f"{o('enable_online_compress')}, or drop {o('enable_online_c128_mtp')} (alone it changes nothing)."
+            )
         if self.enable_mamba_extra_buffer_lazy and self.disable_overlap_schedule:
             raise ConfigError(
                 f"{o('enable_mamba_extra_buffer_lazy')} requires the overlap schedule; "
