@@ -498,3 +498,25 @@ def test_an_option_that_would_change_nothing_alone_is_refused(args: tuple[str, .
     result = _run("plan", args)
     assert result.exit_code == 1 and result.stderr.startswith("Error: "), (result.stdout, result.stderr)
     assert message in result.stderr and "changes nothing" in result.stderr.replace("change nothing", "changes nothing")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        # the SWA chunk cap eats the budget (plugins/swa/sizing.py, SGLang's accounting)
+        (
+            *("gpt-oss-120b", "--memory", "2GiB", "--page-size", "64", "--max-running-requests", "6400"),
+            *("--disable-radix-cache", "--accounting", "sglang"),
+        ),
+        # no mamba state slot fits (plugins/mamba/sizing.py split_budget)
+        ("qwen3.5-35b-a3b", "--memory", "200MiB"),
+        # the state pools take the whole budget (plugins/mamba/sizing.py)
+        ("qwen3.5-35b-a3b", "--memory", "1GiB", "--max-mamba-cache-size", "2000"),
+    ],
+)
+def test_not_enough_memory_under_memory_never_advises_the_fraction_it_ignores(args: tuple[str, ...]) -> None:
+    """``--memory`` is the KV budget itself (``--mem-fraction-static`` beside it is refused), so the advice to raise
+    the fraction changed nothing; the plugins' errors name the options of the budget given."""
+    result = _run("plan", args)
+    assert result.exit_code == 1 and "Raise --memory" in result.stderr.replace("raise --memory", "Raise --memory")
+    assert "--mem-fraction-static" not in result.stderr, result.stderr
