@@ -8,9 +8,14 @@ changes, the SGLang source line cited, and the explicit option winning.  The dif
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from kvpools_core import Serving, plan
+from kvpools_core.config import resolve_model_source
+from kvpools_core.registry import get_registry
 from kvpools_core.values import is_unset
 
 GiB = 1 << 30
@@ -123,3 +128,24 @@ def test_gemma_4_stays_hybrid_under_sglang_accounting() -> None:
     """``Gemma4ForConditionalGeneration`` is in ``is_hybrid_swa_model`` (line 2668): hybrid pools."""
     result = plan("gemma-4-26b-a4b", Serving(accounting="sglang"), memory=20 * GiB)
     assert "kv_swa" in {pool.name for pool in result.pools}
+
+
+def test_olmo2_with_a_window_is_dense_in_sglang_even_when_the_config_opts_in(tmp_path: Path) -> None:
+    """``olmo2.py`` line 23 declares ``disable_hybrid_swa_memory`` for every ``Olmo2ForCausalLM``, so even a config
+    stating ``is_hybrid_swa: true`` (``configs/model_config.py`` lines 2693-2696) gets one dense pool; the same
+    config as ``MistralForCausalLM`` opts in.  llama-3.1-8b's geometry, all layers sliding: 32 x 8 x 256 x 2 =
+    131,072 B per token dense, 20 GiB // 131,072 = 163,840 tokens."""
+    config = {
+        **resolve_model_source("llama-3.1-8b", get_registry())[0],
+        "sliding_window": 4096,
+        "is_hybrid_swa": True,
+    }
+    olmo = tmp_path / "olmo2.json"
+    olmo.write_text(json.dumps({**config, "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2"}))
+    mistral = tmp_path / "mistral.json"
+    mistral.write_text(json.dumps({**config, "architectures": ["MistralForCausalLM"], "model_type": "mistral"}))
+    dense = plan(str(olmo), Serving(accounting="sglang"), memory=20 * GiB)
+    assert dense.max_total_num_tokens == 20 * GiB // 131_072 == 163_840
+    assert any("olmo2.py" in note for note in dense.cell.notes)
+    hybrid = plan(str(mistral), Serving(accounting="sglang"), memory=20 * GiB)
+    assert "kv_swa" in {pool.name for pool in hybrid.pools}
