@@ -69,8 +69,10 @@ _HELP = {
     "enable_mamba_extra_buffer": "Mamba ping-pong extra buffer.",
     "enable_mamba_extra_buffer_lazy": "Lazy mamba extra buffer.",
     "mamba_skip_decode_lock": "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK.",
-    "dsa_prefill_backend": "DSA prefill attention backend.",
-    "dsa_decode_backend": "DSA decode attention backend.",
+    "dsa_prefill_backend": "DSA prefill attention backend (unset: flashmla_sparse, or SGLang's trtllm under "
+    "--dcp-size above 1).",
+    "dsa_decode_backend": "DSA decode attention backend (unset: flashmla_kv, or SGLang's trtllm under --dcp-size "
+    "above 1).",
     "enable_dsa_cache_layer_split": "Split the GLM DSA cache layers over context-parallel ranks.",
     "enable_hisparse": (
         "HiSparse: keep a 1/host_to_device_ratio share of the DeepSeek-V4 c4 KV on the device "

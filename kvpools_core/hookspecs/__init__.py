@@ -269,7 +269,8 @@ def engine_defaults(model: ModelSpec, serving: Serving) -> Sequence[EngineDefaul
     Every implementation is called; the results are collected.  An
     architecture plugin answers for its own models (SGLang 0.5.23's per-model
     server-arg overrides, ``arg_groups/model_overrides/``: DeepSeek sparse
-    attention pages by 64, DeepSeek-V4 by 256), a platform plugin
+    attention pages by 64 and takes TRT-LLM backends under DCP, DeepSeek-V4
+    pages by 256, MiniMax-M3 by 128 on CUDA), a platform plugin
     (``tryfirst``) for its platform's forced defaults (Ascend: page 128 for
     every model).  For each option the first answer in dispatch order wins
     (platform, then architecture); an option the user gave is never replaced.

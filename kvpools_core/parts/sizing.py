@@ -768,6 +768,12 @@ def not_enough_memory(
     )
 
 
+def raise_budget_advice(budget: Budget) -> str:
+    """The advice that raises ``budget`` as it was given (for plugins' memory errors): never
+    ``--mem-fraction-static`` under an explicit ``--memory``, which it would not change."""
+    return _raise_budget(budget)
+
+
 def _raise_budget(budget: Budget) -> str:
     """The options that raise the budget, as it was given: an explicit budget has no fraction to turn."""
     o = option

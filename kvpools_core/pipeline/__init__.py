@@ -700,9 +700,14 @@ def hisparse_problems(spec: ModelSpec, serving: Serving, registry: Registry) -> 
     currently requires --disable-radix-cache" (an assert: SGLang does not turn the cache off itself; a PD decode
     node has it off already, ``Serving.radix_cache_disabled``).
     """
-    if not serving.enable_hisparse:
-        return []
     o = option
+    if not serving.enable_hisparse:
+        if serving.hisparse_config is None:
+            return []
+        return [
+            f"{o('hisparse_config')} configures HiSparse, which is off, so it would change nothing: add "
+            f"{o('enable_hisparse')}, or drop {o('hisparse_config')}."
+        ]
     supported = sorted(
         architecture
         for _, answer in registry.call_collect("engine_features")

@@ -55,12 +55,20 @@ def apply_engine_defaults(
     if provenance is not None:
         provenance["engine_defaults"] = tuple(dict.fromkeys(plugin for plugin, _ in chosen.values()))
     notes = tuple(
-        f"{option(name)} {answer.value:g}: {answer.reason}; {option(name)} overrides it"
+        f"{option(name)} {_shown(answer.value)}: {answer.reason}; {option(name)} overrides it"
         for name, (_, answer) in chosen.items()
     )
     return resolved, notes
 
 
-def _given(value: int | float) -> int | float:
+def _given(value: int | float | str) -> int | float | str:
     """A plain value (an answer that passed on an unset marker would stay replaceable)."""
-    return value if type(value) in (int, float) else (int(value) if isinstance(value, int) else float(value))
+    if type(value) in (int, float, str):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    return int(value) if isinstance(value, int) else float(value)
+
+
+def _shown(value: int | float | str) -> str:
+    return value if isinstance(value, str) else f"{value:g}"

@@ -237,6 +237,9 @@ from kvpools_core.values.serving import (
     UnsetInt as UnsetInt,
 )
 from kvpools_core.values.serving import (
+    UnsetStr as UnsetStr,
+)
+from kvpools_core.values.serving import (
     _canonical_kv as _canonical_kv,
 )
 from kvpools_core.values.serving import (

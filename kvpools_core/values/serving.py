@@ -148,14 +148,23 @@ class UnsetFloat(float):
     __slots__ = ()
 
 
+class UnsetStr(str):
+    """A string option the user left unset (:class:`UnsetInt`'s string sibling: a backend name)."""
+
+    __slots__ = ()
+
+
 def is_unset(value: object) -> bool:
-    """Whether ``value`` is an option's unset marker (:class:`UnsetInt`, :class:`UnsetFloat`), not a given value."""
-    return isinstance(value, (UnsetInt, UnsetFloat))
+    """Whether ``value`` is an option's unset marker (:class:`UnsetInt`, :class:`UnsetFloat`, :class:`UnsetStr`),
+    not a given value."""
+    return isinstance(value, (UnsetInt, UnsetFloat, UnsetStr))
 
 
-ENGINE_DEFAULT_OPTIONS = ("page_size", "swa_full_tokens_ratio")
+ENGINE_DEFAULT_OPTIONS = ("page_size", "swa_full_tokens_ratio", "dsa_prefill_backend", "dsa_decode_backend")
 """The :class:`Serving` fields an unset value of which an ``engine_defaults`` answer may replace: the ones SGLang
-0.5.23 leaves ``None`` and resolves per model (``arg_groups/model_overrides/``) or per platform."""
+0.5.23 leaves ``None`` and resolves per model (``arg_groups/model_overrides/``) or per platform.  A new one is a
+``Serving`` field whose default is an unset marker (:class:`UnsetInt`, :class:`UnsetFloat`, :class:`UnsetStr`)
+listed here."""
 
 
 @attrs.frozen(kw_only=True)
@@ -168,7 +177,7 @@ class EngineDefault:
     """
 
     option: str = attrs.field(validator=one_of(*ENGINE_DEFAULT_OPTIONS))
-    value: int | float
+    value: int | float | str
     reason: str = attrs.field(validator=attrs.validators.min_len(1))
 
     @classmethod
@@ -203,9 +212,10 @@ class Serving:
     server args; ``hicache_mamba_ratio`` is the Mamba host ratio of SGLang PR
     #39851 (not in 0.5.23; unset it follows ``hicache_ratio``).  They size the
     host tier (:class:`HostTier`, ``docs/host-tier.md``), never the device pools.
-    ``page_size`` and ``swa_full_tokens_ratio`` left unset read as SGLang's generic defaults (1, 0.8) and are
-    marked so (:attr:`unset_options`): the pipeline gives them the model's or platform's own default
-    (``engine_defaults`` hook) and notes it; a value given, even an equal one, is kept.
+    ``page_size``, ``swa_full_tokens_ratio``, ``dsa_prefill_backend`` and ``dsa_decode_backend`` left unset read
+    as SGLang's generic defaults (1, 0.8, ``flashmla_sparse``, ``flashmla_kv``) and are marked so
+    (:attr:`unset_options`): the pipeline gives them the model's or platform's own default (``engine_defaults``
+    hook) and notes it; a value given, even an equal one, is kept.
     """
 
     kv_cache_dtype: str = attrs.field(default="auto", converter=_canonical_kv)
@@ -268,8 +278,11 @@ class Serving:
     enable_mamba_extra_buffer: bool = False
     enable_mamba_extra_buffer_lazy: bool = False
     mamba_skip_decode_lock: bool = False
-    dsa_prefill_backend: str = "flashmla_sparse"
-    dsa_decode_backend: str = "flashmla_kv"
+    dsa_prefill_backend: str = UnsetStr("flashmla_sparse")
+    """Unset, the backend SGLang 0.5.23 resolves on Hopper until the pipeline applies the model's own
+    (``engine_defaults``: DeepSeek sparse attention with ``dcp_size`` > 1 takes ``trtllm``); a given value wins."""
+    dsa_decode_backend: str = UnsetStr("flashmla_kv")
+    """Unset, as :attr:`dsa_prefill_backend` (``trtllm`` under DSA decode context parallelism)."""
     enable_dsa_cache_layer_split: bool = False
     # DeepSeek-V4 compressed attention (read by the dsv4 plugin)
     enable_hisparse: bool = False
@@ -355,6 +368,21 @@ class Serving:
             raise ConfigError(
                 f"{o('nnodes')} {self.nnodes} must divide the {self.launched_ranks} ranks ({o('tp_size')} x "
                 f"{o('pp_size')}, x {o('dp_size')} without DP attention), as SGLang places them evenly."
+            )
+        if self.enable_mamba_extra_buffer_lazy and not self.enable_mamba_extra_buffer:
+            # SGLang's extra_buffer_lazy is a strategy of the extra buffer (mamba_extra_buffer_of); alone the flag
+            # would change nothing here
+            raise ConfigError(
+                f"{o('enable_mamba_extra_buffer_lazy')} is the lazy variant of the mamba extra buffer (SGLang's "
+                f"--mamba-radix-cache-strategy extra_buffer_lazy), so alone it changes nothing: add "
+                f"{o('enable_mamba_extra_buffer')}, or drop it."
+            )
+        if self.enable_online_c128_mtp and not self.enable_online_compress:
+            # SGLang reads SGLANG_EXPERIMENTAL_ONLINE_C128_MTP only under ONLINE_C128 (deepseek_v4_memory_pool.py
+            # lines 50, 72-73, 1078), which SGLANG_OPT_USE_ONLINE_COMPRESS turns on
+            raise ConfigError(
+                f"{o('enable_online_c128_mtp')} applies to the online c128 compression only, which is off: add "
+                f"{o('enable_online_compress')}, or drop {o('enable_online_c128_mtp')} (alone it changes nothing)."
             )
         if self.enable_mamba_extra_buffer_lazy and self.disable_overlap_schedule:
             raise ConfigError(

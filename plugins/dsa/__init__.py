@@ -101,7 +101,21 @@ def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] |
         f"SGLang 0.5.23's default for DeepSeek sparse attention (64 x index_kpool {kpool}, "
         "_deepseek_family_overrides in arg_groups/model_overrides/deepseek_v2.py)"
     )
-    return [EngineDefault(option="page_size", value=DSA_PAGE_TOKENS * kpool, reason=reason)]
+    defaults = [EngineDefault(option="page_size", value=DSA_PAGE_TOKENS * kpool, reason=reason)]
+    if serving.dcp_size > 1:
+        from kvpools_core.parts.indexer import TRTLLM_BACKEND
+
+        # _dsa_dcp_overrides (deepseek_v2.py lines 18-34): both DSA backends TRT-LLM under decode context
+        # parallelism, which then read (and store) the raw latent row, not FlashMLA's packed fp8 one
+        dcp = (
+            f"SGLang 0.5.23's default for DeepSeek sparse attention with {option('dcp_size')} {serving.dcp_size} "
+            "(_dsa_dcp_overrides in arg_groups/model_overrides/deepseek_v2.py)"
+        )
+        defaults += [
+            EngineDefault(option="dsa_prefill_backend", value=TRTLLM_BACKEND, reason=dcp),
+            EngineDefault(option="dsa_decode_backend", value=TRTLLM_BACKEND, reason=dcp),
+        ]
+    return defaults
 
 
 @hookimpl

@@ -28,6 +28,7 @@ from kvpools_core.parts.sizing import (
     largest_fitting_tokens,
     not_enough_memory,
     page_align,
+    raise_budget_advice,
     req_to_token_rows,
     request_pools,
     request_rows_cost,
@@ -163,7 +164,9 @@ class MambaSplit:
         return int(self.kv_rest_gib * GiB)
 
 
-def split_budget(rest_gib: float, serving: Serving, stage_per_req: int, model_name: str) -> MambaSplit:
+def split_budget(
+    rest_gib: float, serving: Serving, stage_per_req: int, model_name: str, budget: Budget | None = None
+) -> MambaSplit:
     """``_handle_max_mamba_cache``: K from ``--max-mamba-cache-size``, the request count, or the ratio budget."""
     dp = serving.attn_dp_size
     ratio = mamba_ratio(serving)
@@ -203,8 +206,8 @@ def split_budget(rest_gib: float, serving: Serving, stage_per_req: int, model_na
         raise InsufficientMemoryError(
             f"Not enough memory for the hybrid (mamba/linear-attention) state cache of {model_name}: "
             f"max_mamba_cache_size={k} from {source} (budget {rest_gib:.2f} GiB, {stage_per_req / (1 << 20):.2f} MB "
-            f"of state per slot). Try: (1) reduce --max-running-requests, (2) raise --memory or "
-            f"--mem-fraction-static, (3) reduce --speculative-num-draft-tokens, or (4) use devices with more memory."
+            f"of state per slot). Try: (1) reduce --max-running-requests, (2) {_budget_advice(budget)}, "
+            f"(3) reduce --speculative-num-draft-tokens, or (4) use devices with more memory."
         )
     state_gib = (k + 1) * stage_per_req / GiB
     return MambaSplit(
@@ -240,7 +243,7 @@ def size_hybrid_pools(
     page = serving.page_size
     context_len = serving.context_length or model.context_len
     per_slot = cell.bytes_per_state_slot
-    split = split_budget(sglang_rest_gib(budget), serving, sglang_stage_per_req(model, serving), model.name)
+    split = split_budget(sglang_rest_gib(budget), serving, sglang_stage_per_req(model, serving), model.name, budget)
     k = split.max_mamba_cache_size
     d = draft_tokens(serving)
     spec_pool = d > 0 and serving.disaggregation_mode != "prefill"  # a prefill node never verifies drafts
@@ -303,8 +306,8 @@ def size_hybrid_pools(
         raise InsufficientMemoryError(
             f"The hybrid (mamba/linear-attention) state cache of {model.name} is too small to serve any request: "
             f"max_mamba_cache_size={k}, {split.ratio} state slot(s) per request, {tokens} KV tokens, resulting "
-            f"max_running_requests={requests}. Try: (1) reduce --max-running-requests, (2) raise --memory or "
-            f"--mem-fraction-static, or (3) use devices with more memory."
+            f"max_running_requests={requests}. Try: (1) reduce --max-running-requests, (2) {_budget_advice(budget)}, "
+            f"or (3) use devices with more memory."
         )
     notes.append(
         f"the state cache admits at most max_mamba_cache_size // ratio = {k} // {split.ratio} = "
@@ -432,6 +435,14 @@ def _no_memory_left(
         )
     return InsufficientMemoryError(
         f"Not enough memory for the KV cache of {model.name}: {what} takes all of the {fmt_gib(budget.budget_bytes)} "
-        f"({budget.budget_bytes} B) budget.{suggestion} Raise --memory, lower --max-mamba-cache-size or "
+        f"({budget.budget_bytes} B) budget.{suggestion} {raise_budget_advice(budget)}, lower --max-mamba-cache-size or "
         f"--mamba-full-memory-ratio, or use --mamba-ssm-dtype bfloat16."
     )
+
+
+def _budget_advice(budget: Budget | None) -> str:
+    """The advice to raise the budget, naming its own options (no ``--mem-fraction-static`` under ``--memory``)."""
+    if budget is None:
+        return "raise --memory or --mem-fraction-static"
+    advice = raise_budget_advice(budget)
+    return advice[0].lower() + advice[1:]

@@ -24,7 +24,7 @@ from kvpools_core.options import option
 from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
 from kvpools_core.parts.attention import attention_cell_size
 from kvpools_core.parts.names import INDEX_POOL
-from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Plan, Serving
+from kvpools_core.values import CellPart, CellSize, EngineDefault, LayerSpec, ModelSpec, Plan, Serving
 
 from .weights import estimate_weights as estimate_weights
 
@@ -100,6 +100,22 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
         num_nextn_predict_layers=reader.integer("num_nextn_predict_layers", 0, minimum=0),
         is_multimodal=reader is not outer,
     )
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] | None:
+    """SGLang 0.5.23's page for MiniMax-M3 on CUDA when ``--page-size`` is unset: 128, the sparse block its
+    kernels need (``_minimax_m3_overrides``, ``arg_groups/model_overrides/minimax_m3.py``: lines 178-187 on
+    Hopper with fa3, lines 147-168 on Blackwell with fa4 / trtllm_mha; its NVFP4 checkpoints, lines 92-115, on
+    every GPU).  ROCm keeps the generic page (lines 124-146 declare none); Ascend's 128 answers first."""
+    if serving.platform != "cuda":
+        return None
+    reason = (
+        "SGLang 0.5.23's default for MiniMax-M3 on Hopper and Blackwell GPUs (the fa3 / fa4 / trtllm_mha sparse "
+        "block; _minimax_m3_overrides in arg_groups/model_overrides/minimax_m3.py)"
+    )
+    return [EngineDefault(option="page_size", value=MINIMAX_M3_KERNEL_BLOCK, reason=reason)]
 
 
 @hookimpl

@@ -33,7 +33,7 @@ from kvpools_core.parts.attention import attention_cell_size, host_row_width_pro
 from kvpools_core.parts.indexer import INDEX_EXTRA_SLOTS, INDEX_POOL
 from kvpools_core.values import Budget, CellPart, CellSize, ModelSpec, Plan, PoolSizing, Serving
 
-from .config import ARCHITECTURE, FULL, SLIDING, parse_swa_config
+from .config import ARCHITECTURE, FULL, SLIDING, parse_swa_config, sglang_serves_hybrid_swa
 from .mla import full_row, index_bytes, is_dsa, is_latent, latent_problems, swa_row
 from .sizing import (
     DRAFT_KV_ALGORITHMS,
@@ -125,12 +125,16 @@ def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> 
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
+    if sglang_plain(model, serving):
+        return plain_cell_size(model, serving)
     return swa_cell_size(model, serving)
 
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing | None:
+    if sglang_plain(model, serving):
+        return None  # one dense KV pool: the core's sizing, as SGLang's MHA configurator
     return size_swa_pools(model, serving, cell, budget)
 
 
@@ -139,13 +143,19 @@ def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budge
 def retraction_host_pool(plan: Plan) -> bool:
     """An ``SWAKVPool`` (MHA or MLA sub-pools) with full-attention tokens is one SGLang's decode retraction backs
     up in a host pool (``full_tokens_per_layer > 0``; ``UnifiedRadixCache.supports_retraction_backup`` wants its
-    KV and SWA host pools, which every SWA host stack has)."""
+    KV and SWA host pools, which every SWA host stack has); so is the dense pool SGLang builds instead."""
+    if sglang_plain(plan.model, plan.serving):
+        return True
     return int(plan.sizing.sglang_config.get("full_max_total_num_tokens", 0)) > 0
 
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
+    if sglang_plain(plan.model, plan.serving):
+        from kvpools_core.pools.mha import MHATokenToKVPool
+
+        return MHATokenToKVPool.from_plan(plan, device, layout=layout)
     if is_latent(plan.model):
         from .mla_pool import SWAMLAKVPool
 
@@ -158,9 +168,38 @@ def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | No
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | None:
+    if sglang_plain(plan.model, plan.serving):
+        return None  # the core's allocator of one token space
     from .allocator import allocator_for_plan
 
     return allocator_for_plan(plan, pool, device, checked=checked)
+
+
+def sglang_plain(model: ModelSpec, serving: Serving) -> bool:
+    """Whether ``--accounting sglang`` must size ``model`` as SGLang 0.5.23 does, with one dense KV pool.
+
+    SGLang builds hybrid SWA pools only when ``ModelConfig.is_hybrid_swa``
+    (:func:`.config.sglang_serves_hybrid_swa`): Gemma-2/3, Mistral and the
+    other sliding-window families it does not list keep every token on every
+    layer (``MHATokenToKVPool``), so SGLang's numbers are the dense ones.  The
+    exact accounting plans kvpools' own hybrid pools, which its ``build`` makes.
+    Hybrid MLA-SWA configs keep their own path.
+    """
+    return serving.accounting == "sglang" and not is_latent(model) and not sglang_serves_hybrid_swa(model)[0]
+
+
+def plain_cell_size(model: ModelSpec, serving: Serving) -> CellSize:
+    """Every layer of this rank as a full-attention layer of its own geometry: SGLang's MHA cell."""
+    start, end = rank_layer_range(model, serving)
+    cell = attention_cell_size(model.layers[start:end], model, serving)
+    why = sglang_serves_hybrid_swa(model)[1]
+    note = (
+        f"SGLang 0.5.23 serves {model.name} without hybrid SWA pools ({why}): one KV pool keeps every token on "
+        f"all {end - start} layer(s), sliding ones included, so {option('accounting')} sglang sizes that pool; "
+        f"{option('swa_full_tokens_ratio')} and {option('swa_eviction_interval')} do not apply "
+        f"({option('accounting')} exact plans kvpools' own hybrid pools)"
+    )
+    return attrs.evolve(cell, notes=(*model.params.get("notes", ()), *cell.notes, note))
 
 
 def swa_cell_size(model: ModelSpec, serving: Serving) -> CellSize:

@@ -82,9 +82,71 @@ _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_l
 _LAYER_TYPES = {"sliding_attention": True, "full_attention": False}
 
 SGLANG_HYBRID_SWA_ARCHITECTURES = frozenset(
-    {"GptOssForCausalLM", "MiMoV2FlashForCausalLM", "Llama4ForConditionalGeneration", "Step3p5ForCausalLM"}
+    {
+        "BeamForCausalLM",
+        "Llama4ForConditionalGeneration",
+        "GptOssForCausalLM",
+        "GraniteSWAForCausalLM",
+        "GraniteMoeSWAForCausalLM",
+        "IQuestQ1ForCausalLM",
+        "MiMoV2ForCausalLM",
+        "MiMoV2FlashForCausalLM",
+        "Step3p5ForCausalLM",
+        "Step3p7ForConditionalGeneration",
+        "Gemma4ForCausalLM",
+        "Gemma4ForConditionalGeneration",
+        "Gemma4UnifiedForConditionalGeneration",
+        "EmbeddingGemma2Model",
+        "DiffusionGemmaForBlockDiffusion",
+        "LagunaForCausalLM",
+        "MellumForCausalLM",
+        "MuseGlimmerForCausalLM",
+        "MuseGlimmerForConditionalGeneration",
+        "InklingForConditionalGeneration",
+        "UnlimitedOCRForCausalLM",
+    }
 )
-"""Architectures SGLang itself serves with hybrid SWA pools (``is_hybrid_swa_model``)."""
+"""Architectures SGLang 0.5.23 serves with hybrid SWA pools: ``is_hybrid_swa_model``'s list
+(``configs/model_config.py`` lines 2651-2679, ``SWA_SINK_ARCHS`` and ``MIMO_V2_MODEL_ARCHS`` expanded; the
+DeepSeek-V4 and draft-only entries belong elsewhere).  A config may also opt in with ``is_hybrid_swa: true``
+(lines 2693-2696, :data:`SGLANG_HYBRID_SWA_FLAG`)."""
+SGLANG_HYBRID_SWA_FLAG = "is_hybrid_swa"
+"""``ModelSpec.params`` key (and the HF text config's field) that opts a config into SGLang's hybrid SWA pools."""
+SGLANG_DISABLED_HYBRID_SWA = {
+    "Gemma2ForCausalLM": "gemma2_gemma3.py",
+    "Gemma3ForCausalLM": "gemma2_gemma3.py",
+    "Gemma3ForConditionalGeneration": "gemma2_gemma3.py",
+    "Gemma3nForCausalLM": "gemma2_gemma3.py",
+    "Gemma3nForConditionalGeneration": "gemma2_gemma3.py",
+    "Olmo2ForCausalLM": "olmo2.py",
+}
+"""Architectures whose SGLang 0.5.23 model override declares ``disable_hybrid_swa_memory`` unconditionally
+(``arg_groups/model_overrides/gemma2_gemma3.py`` line 26, ``olmo2.py`` line 23; EXAONE's ``exaone.py`` line 22
+does when the config states ``sliding_window_pattern``), so ``ModelConfig.is_hybrid_swa`` is false
+(``configs/model_config.py`` lines 1215-1218) whatever the config says."""
+SGLANG_EXAONE_ARCHITECTURES = frozenset({"Exaone4ForCausalLM", "ExaoneMoEForCausalLM", "ExaoneMoeForCausalLM"})
+
+
+def sglang_serves_hybrid_swa(model: ModelSpec) -> tuple[bool, str]:
+    """Whether SGLang 0.5.23 builds hybrid SWA pools for ``model`` (``ModelConfig.is_hybrid_swa``), and why not."""
+    archs = set(model.hf_architectures)
+    for arch in model.hf_architectures:
+        if arch in SGLANG_DISABLED_HYBRID_SWA:
+            return False, (
+                f"its model override declares disable_hybrid_swa_memory for {arch} "
+                f"(arg_groups/model_overrides/{SGLANG_DISABLED_HYBRID_SWA[arch]})"
+            )
+        if arch in SGLANG_EXAONE_ARCHITECTURES and model.params.get("layer_pattern", "").startswith(
+            "sliding_window_pattern"
+        ):
+            return False, (
+                f"its model override declares disable_hybrid_swa_memory for {arch} with a sliding_window_pattern "
+                "(arg_groups/model_overrides/exaone.py)"
+            )
+    if archs & SGLANG_HYBRID_SWA_ARCHITECTURES or model.params.get(SGLANG_HYBRID_SWA_FLAG):
+        return True, ""
+    arch = ", ".join(model.hf_architectures) or model.model_type
+    return False, f"{arch} is not in is_hybrid_swa_model (configs/model_config.py) and its config sets no is_hybrid_swa"
 
 
 @attrs.frozen
@@ -158,6 +220,7 @@ def parse_swa_config(config: Mapping[str, Any], source: str) -> ModelSpec | None
             "layer_pattern": pattern.source,
             "attention_k_eq_v": reader.boolean("attention_k_eq_v", False),
             "notes": [n for n in (context_note,) if n],
+            **({SGLANG_HYBRID_SWA_FLAG: True} if reader.boolean(SGLANG_HYBRID_SWA_FLAG, False) else {}),
             **({LATENT: storage} if storage else {}),
         },
     )

@@ -43,6 +43,7 @@ from kvpools_core.parts.sizing import (
     largest_fitting_tokens,
     not_enough_memory,
     page_align,
+    raise_budget_advice,
     request_pools,
     resolve_max_num_reqs,
     sglang_tokens,
@@ -63,7 +64,7 @@ from kvpools_core.values import (
     TokenWindow,
 )
 
-from .config import FULL, SGLANG_HYBRID_SWA_ARCHITECTURES, SLIDING
+from .config import FULL, SLIDING, sglang_serves_hybrid_swa
 from .mla import is_latent, latent_bytes_per_layer
 
 FULL_POOL = "kv_full"
@@ -278,7 +279,7 @@ def size_swa_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: B
         fixed = cap.aligned * shape.swa_per_token * shape.num_swa
         profiled = (budget.budget_bytes - fixed) // shape.full_cell // page * page
         if profiled <= 0:
-            raise _cap_error(cap, fixed, budget.budget_bytes)
+            raise _cap_error(cap, fixed, budget)
     else:
         profiled = sglang_tokens(budget.budget_bytes, shape.cell, page)
     tokens, cap_note = apply_token_cap(profiled, serving.max_total_tokens)
@@ -304,10 +305,10 @@ def size_swa_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: B
             f"Raise {option('memory')} or lower {option('page_size')}."
         )
     notes.append(split_note(shape, cap, pools, full, swa, page))
-    if serving.accounting == "sglang" and not SGLANG_HYBRID_SWA_ARCHITECTURES & set(model.hf_architectures):
-        arch = ", ".join(model.hf_architectures) or model.model_type
+    if serving.accounting == "sglang" and not sglang_serves_hybrid_swa(model)[0]:
+        # hybrid MLA-SWA only (the swa plugin sizes the others as SGLang's dense pool under --accounting sglang)
         notes.append(
-            f"stock SGLang does not serve {arch} with hybrid SWA pools (it is not in is_hybrid_swa_model); "
+            f"SGLang 0.5.23 does not serve {model.name} with hybrid SWA pools ({sglang_serves_hybrid_swa(model)[1]}); "
             f"these numbers are SGLang's HybridSWAPoolConfigurator applied to its layer pattern."
         )
     return PoolSizing(
@@ -401,12 +402,13 @@ def _pools(
     return pools
 
 
-def _cap_error(cap: ChunkCap, fixed_bytes: int, budget_bytes: int) -> InsufficientMemoryError:
+def _cap_error(cap: ChunkCap, fixed_bytes: int, budget: Budget) -> InsufficientMemoryError:
+    advice = raise_budget_advice(budget)
     return InsufficientMemoryError(
         f"SWA pool cap ({cap.aligned} tokens, {fixed_bytes / (1 << 30):.2f} GiB) leaves no room for the full KV pool "
-        f"within the available {budget_bytes / (1 << 30):.2f} GiB (the cap is {cap.describe()}). "
-        f"Lower {option('max_running_requests')} or {option('swa_eviction_interval')}, or raise {option('memory')} / "
-        f"{option('mem_fraction_static')}."
+        f"within the available {budget.budget_bytes / (1 << 30):.2f} GiB (the cap is {cap.describe()}). "
+        f"Lower {option('max_running_requests')} or {option('swa_eviction_interval')}, "
+        f"or {advice[0].lower()}{advice[1:]}."
     )
 
 

@@ -50,9 +50,13 @@ def _notes(result: Any) -> list[str]:
 
 
 def test_unset_options_read_as_the_generic_defaults_and_say_so() -> None:
-    unset, given = Serving(), Serving(page_size=1, swa_full_tokens_ratio=0.8)
+    unset = Serving()
+    given = Serving(
+        page_size=1, swa_full_tokens_ratio=0.8, dsa_prefill_backend="flashmla_sparse", dsa_decode_backend="flashmla_kv"
+    )
     assert (unset.page_size, unset.swa_full_tokens_ratio) == (1, 0.8)
-    assert unset.unset_options == ("page_size", "swa_full_tokens_ratio")
+    assert (unset.dsa_prefill_backend, unset.dsa_decode_backend) == ("flashmla_sparse", "flashmla_kv")
+    assert unset.unset_options == ("page_size", "swa_full_tokens_ratio", "dsa_prefill_backend", "dsa_decode_backend")
     assert given.unset_options == ()
     assert attrs.evolve(unset, tp_size=2).unset_options == unset.unset_options
     assert not is_unset(attrs.evolve(unset, page_size=64).page_size)
@@ -138,7 +142,8 @@ def test_deepseek_v41_keeps_the_generic_ratio() -> None:
     v41 = attrs.evolve(spec, model_type="deepseek_v41")
     serving, notes = apply_engine_defaults(v41, Serving(), get_registry())
     assert (serving.page_size, serving.swa_full_tokens_ratio) == (256, 0.8)
-    assert serving.unset_options == ("swa_full_tokens_ratio",) and len(notes) == 1
+    assert serving.unset_options == ("swa_full_tokens_ratio", "dsa_prefill_backend", "dsa_decode_backend")
+    assert len(notes) == 1
 
 
 # -- the platform answers first ----------------------------------------------------------------------
@@ -163,7 +168,7 @@ def test_dsv4_exact_on_ascend_is_not_told_to_take_a_page_ascend_refuses() -> Non
 
 def test_models_without_an_engine_default_keep_the_generic_ones() -> None:
     result = plan("llama-3.1-8b", Serving(), memory=20 * GiB)
-    assert result.serving.page_size == 1 and result.serving.unset_options == ("page_size", "swa_full_tokens_ratio")
+    assert result.serving.page_size == 1 and result.serving.unset_options == Serving().unset_options
     assert "engine_defaults" not in result.provenance
     assert not any("overrides it" in note for note in _notes(result))
 

@@ -28,7 +28,16 @@ from kvpools_core.units import parse_bytes
         ),
         ({"speculative_algorithm": "MEDUSA"}, r"--speculative-algorithm must be one of"),
         ({"accounting": "trtllm"}, r"--accounting must be one of exact, sglang, vllm"),
-        ({"disable_overlap_schedule": True, "enable_mamba_extra_buffer_lazy": True}, r"requires the overlap schedule"),
+        (
+            {
+                "disable_overlap_schedule": True,
+                "enable_mamba_extra_buffer": True,
+                "enable_mamba_extra_buffer_lazy": True,
+            },
+            r"requires the overlap schedule",
+        ),
+        ({"enable_mamba_extra_buffer_lazy": True}, r"add --enable-mamba-extra-buffer"),
+        ({"enable_online_c128_mtp": True}, r"add --enable-online-compress"),
     ],
 )
 def test_serving_rejects_bad_options(kwargs: dict[str, object], message: str) -> None:

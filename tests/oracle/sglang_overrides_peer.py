@@ -1,10 +1,12 @@
-"""Run SGLang 0.5.23's own per-model override providers for DeepSeek DSA and DeepSeek-V4 (the peers venv, CPU).
+"""Run SGLang 0.5.23's own per-model override providers for DeepSeek DSA, DeepSeek-V4 and MiniMax-M3 (the peers
+venv, CPU).
 
 Usage: ``python sglang_overrides_peer.py BENCH_DIR`` with a JSON list of cases on stdin, each
-``{"architecture": ..., "hf_config": {...}, "device": "cuda" | "npu", "server_args": {...}}``; prints one JSON list:
-per case, the ``page_size`` / ``swa_full_tokens_ratio`` its providers declare (absent when they declare none).
+``{"architecture": ..., "hf_config": {...}, "device": "cuda" | "npu", "server_args": {...}, "gpu": "sm90"}``
+(``gpu``: the CUDA generation the platform reports, none by default); prints one JSON list: per case, the
+memory-relevant fields (:data:`FIELDS`) its providers declare (absent when they declare none).
 
-The installed ``sglang.srt.arg_groups.model_overrides.deepseek_v2`` / ``deepseek_v4`` modules and
+The installed ``sglang.srt.arg_groups.model_overrides.deepseek_v2`` / ``deepseek_v4`` / ``minimax_m3`` modules and
 ``model_override_base`` run as they are; only their imports of the runtime (platform, environment, flashinfer,
 the config helpers) are answered by the shared ``bench/peer_imports.py`` machinery, the config helpers the
 overrides call (``is_deepseek_dsa``, ``get_dsa_index_kpool``) compiled from the installed
@@ -18,7 +20,7 @@ import sys
 import types
 from typing import Any, Optional
 
-FIELDS = ("page_size", "swa_full_tokens_ratio")
+FIELDS = ("page_size", "swa_full_tokens_ratio", "dsa_prefill_backend", "dsa_decode_backend", "kv_cache_dtype")
 ARG_DEFAULTS: dict[str, Any] = {
     # the server args these providers read, at SGLang 0.5.23's defaults (None: unset)
     "page_size": None,
@@ -36,15 +38,28 @@ ARG_DEFAULTS: dict[str, Any] = {
     "fp8_gemm_runner_backend": "auto",
     "moe_dense_tp_size": None,
     "kv_cache_dtype": "auto",
+    "dsa_prefill_backend": None,
+    "dsa_decode_backend": None,
+    "dcp_comm_backend": None,
+    "dcp_replicate_q_proj": None,
+    "quantization": None,
+    "_quantization_explicitly_unset": False,
+    "speculative_algorithm": None,
+    "pp_size": 1,
+    "ep_size": 1,
+    "moe_a2a_backend": "none",
 }
 
 
 class _Platform:
     """``get_platform()`` for a device: CUDA (no HIP, no SM100), or an NPU."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, gpu: str | None = None) -> None:
         self.is_npu = device == "npu"
         self.is_cuda = device == "cuda"
+        self.is_sm90 = gpu == "sm90"
+        self.is_sm100 = gpu == "sm100"
+        self.is_blackwell = gpu == "sm100"
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("is_") or name.startswith("has_"):
@@ -52,7 +67,27 @@ class _Platform:
         raise AttributeError(name)
 
 
-def _import(bench: str) -> tuple[Any, Any, Any]:
+class _Variable:
+    """An environment variable left unset: ``get()`` is false, ``is_set()`` too."""
+
+    def get(self) -> bool:
+        return False
+
+    def is_set(self) -> bool:
+        return False
+
+    def set(self, value: Any) -> None:
+        pass
+
+
+class _Environment:
+    """``sglang.srt.environ.envs`` with nothing set."""
+
+    def __getattr__(self, name: str) -> _Variable:
+        return _Variable()
+
+
+def _import(bench: str) -> tuple[Any, Any, Any, Any]:
     sys.path.insert(0, bench)
     import peer_imports as peers  # type: ignore[import-not-found]  # the shared bench folder's import machinery
 
@@ -70,8 +105,13 @@ def _import(bench: str) -> tuple[Any, Any, Any]:
     peers._STUB.add("sglang.srt.platforms", current_platform=_Platform("cuda"))
     peers._STUB.add("sglang.srt.runtime_context", get_platform=lambda: platform["value"])
     peers._STUB.add("sglang.srt.utils", is_flashinfer_available=lambda: False)
-    peers._STUB.add("sglang.srt.utils.common", is_mps=lambda: False, is_no_spec_infer_or_topk_one=lambda _: True)
-    peers._STUB.add("sglang.srt.environ")
+    peers._STUB.add(
+        "sglang.srt.utils.common",
+        is_mps=lambda: False,
+        is_no_spec_infer_or_topk_one=lambda _: True,
+        get_quantization_config=lambda cfg: (getattr(cfg, "quantization_config", None) or {}).get("quant_method"),
+    )
+    peers._STUB.add("sglang.srt.environ", envs=_Environment())
     # imported by the DSA branch on every GPU, read on HIP only (the peer's platform is CUDA or an NPU)
     peers._STUB.add("sglang.srt.layers")
     peers._STUB.add("sglang.srt.layers.attention.dsa.utils", aiter_can_use_preshuffle_paged_mqa=lambda: True)
@@ -89,21 +129,22 @@ def _import(bench: str) -> tuple[Any, Any, Any]:
 
     v2 = importlib.import_module("sglang.srt.arg_groups.model_overrides.deepseek_v2")
     v4 = importlib.import_module("sglang.srt.arg_groups.model_overrides.deepseek_v4")
-    return v2, v4, platform
+    m3 = importlib.import_module("sglang.srt.arg_groups.model_overrides.minimax_m3")
+    return v2, v4, m3, platform
 
 
 def main() -> None:
-    v2, v4, platform = _import(sys.argv[1])
+    v2, v4, m3, platform = _import(sys.argv[1])
     results = []
     for case in json.load(sys.stdin):
-        platform["value"] = _Platform(case["device"])
+        platform["value"] = _Platform(case["device"], case.get("gpu"))
         args = types.SimpleNamespace(**{**ARG_DEFAULTS, "device": case["device"], **case.get("server_args", {})})
         config = types.SimpleNamespace(**case["hf_config"])
-        provider = (
-            v4._deepseek_v4_overrides
-            if case["architecture"] == "DeepseekV4ForCausalLM"
-            else v2._deepseek_family_overrides
-        )
+        provider = {
+            "DeepseekV4ForCausalLM": v4._deepseek_v4_overrides,
+            "MiniMaxM3SparseForCausalLM": m3._minimax_m3_overrides,
+            "MiniMaxM3SparseForConditionalGeneration": m3._minimax_m3_overrides,
+        }.get(case["architecture"], v2._deepseek_family_overrides)
         declared = provider(args, config)
         results.append({name: declared[name] for name in FIELDS if name in declared})
     json.dump(results, sys.stdout)

@@ -1,10 +1,12 @@
 """Differential: the ``engine_defaults`` kvpools applies equal what SGLang 0.5.23's own override code declares.
 
-``sglang_overrides_peer.py`` runs the installed ``_deepseek_family_overrides`` (``model_overrides/deepseek_v2.py``)
-and ``_deepseek_v4_overrides`` (``model_overrides/deepseek_v4.py``) in the peers venv on the bundled presets and
-variants of them; kvpools answers through the real registry (``apply_engine_defaults``).  On an NPU SGLang first
-declares the platform's page 128 when unset (``set_default_server_args``, ``hardware_backend/npu/utils.py``), then
-the model override, the last writer winning; the peer runs the model overrides, the NPU default is that constant.
+``sglang_overrides_peer.py`` runs the installed ``_deepseek_family_overrides`` (``model_overrides/deepseek_v2.py``),
+``_deepseek_v4_overrides`` (``model_overrides/deepseek_v4.py``) and ``_minimax_m3_overrides``
+(``model_overrides/minimax_m3.py``, on a Hopper and a Blackwell platform) in the peers venv on the bundled presets
+and variants of them (DSA under decode context parallelism too); kvpools answers through the real registry
+(``apply_engine_defaults``).  On an NPU SGLang first declares the platform's page 128 when unset
+(``set_default_server_args``, ``hardware_backend/npu/utils.py``), then the model override, the last writer
+winning; the peer runs the model overrides, the NPU default is that constant.
 
 Only the options left unset are compared: SGLang 0.5.23 declares DeepSeek's pages unconditionally, so it replaces
 even an explicit ``--page-size`` (last writer wins), where kvpools keeps the user's value (and refuses what
@@ -38,21 +40,40 @@ def _preset(name: str) -> dict[str, Any]:
     return dict(json.loads(Path(path).read_text()))
 
 
-def _cases() -> list[tuple[str, dict[str, Any], str, dict[str, Any]]]:
-    """(label, config, SGLang device, explicit server args) for each DSA and DeepSeek-V4 preset and variant."""
-    cases: list[tuple[str, dict[str, Any], str, dict[str, Any]]] = []
+Case = tuple[str, dict[str, Any], str, dict[str, Any], dict[str, Any], str | None]
+"""(label, config, SGLang device, explicit server args, other Serving options, CUDA generation)."""
+
+
+def _cases() -> list[Case]:
+    """Each DSA, DeepSeek-V4 and MiniMax-M3 preset and variant."""
+    cases: list[Case] = []
     for device in PLATFORMS:
         for name in ("deepseek-v3.2", "deepseek-v3.2-exp", "deepseek-v4-flash", "deepseek-v4-pro"):
-            cases.append((name, _preset(name), device, {}))
-        cases.append(("deepseek-v4-flash-fp8-sgl", _preset("deepseek-v4-flash-fp8-sgl"), device, {}))
-    v32, v4 = _preset("deepseek-v3.2"), _preset("deepseek-v4-flash")
+            cases.append((name, _preset(name), device, {}, {}, None))
+        cases.append(("deepseek-v4-flash-fp8-sgl", _preset("deepseek-v4-flash-fp8-sgl"), device, {}, {}, None))
+    v32, v4, m3 = _preset("deepseek-v3.2"), _preset("deepseek-v4-flash"), _preset("minimax-m3")
     cases += [
-        ("index_kpool 2", {**v32, "index_kpool": 2}, "cuda", {}),
-        ("index_kpool 4", {**v32, "index_kpool": 4}, "cuda", {}),
-        ("DeepSeek-V4.1", {**v4, "model_type": "deepseek_v41"}, "cuda", {}),
-        ("explicit ratio", v4, "cuda", {"swa_full_tokens_ratio": 0.5}),
-        ("explicit page", v4, "cuda", {"page_size": 128}),
-        ("explicit page (DSA)", v32, "cuda", {"page_size": 1}),
+        ("index_kpool 2", {**v32, "index_kpool": 2}, "cuda", {}, {}, None),
+        ("index_kpool 4", {**v32, "index_kpool": 4}, "cuda", {}, {}, None),
+        ("DeepSeek-V4.1", {**v4, "model_type": "deepseek_v41"}, "cuda", {}, {}, None),
+        ("explicit ratio", v4, "cuda", {"swa_full_tokens_ratio": 0.5}, {}, None),
+        ("explicit page", v4, "cuda", {"page_size": 128}, {}, None),
+        ("explicit page (DSA)", v32, "cuda", {"page_size": 1}, {}, None),
+        ("DSA DCP 8", v32, "cuda", {"dcp_size": 8}, {"tp_size": 8}, None),
+        ("DSA DCP 2, fp8", v32, "cuda", {"dcp_size": 2, "kv_cache_dtype": "fp8_e4m3"}, {"tp_size": 4}, None),
+        (
+            "DSA DCP 8, explicit backend",
+            v32,
+            "cuda",
+            {"dcp_size": 8, "dsa_decode_backend": "flashmla_kv"},
+            {"tp_size": 8},
+            None,
+        ),
+        ("MiniMax-M3 Hopper", m3, "cuda", {}, {}, "sm90"),
+        ("MiniMax-M3 Blackwell", m3, "cuda", {}, {}, "sm100"),
+        ("MiniMax-M3 Blackwell fp8", m3, "cuda", {"kv_cache_dtype": "fp8_e4m3"}, {}, "sm100"),
+        ("MiniMax-M3 explicit page", m3, "cuda", {"page_size": 64}, {}, "sm90"),
+        ("MiniMax-M3 NPU", m3, "npu", {}, {}, None),
     ]
     return cases
 
@@ -69,8 +90,9 @@ def sglang_declared() -> list[dict[str, Any]]:
             "hf_config": config,
             "device": device,
             "server_args": explicit,
+            "gpu": gpu,
         }
-        for _, config, device, explicit in CASES
+        for _, config, device, explicit, _, gpu in CASES
     ]
     out = subprocess.run(
         [str(PYTHON), str(PEER), str(BENCH)], input=json.dumps(payload), capture_output=True, text=True, timeout=120
@@ -82,8 +104,8 @@ def sglang_declared() -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{c[0]}-{c[2]}" for c in CASES])
 def test_kvpools_defaults_are_sglangs(index: int, sglang_declared: list[dict[str, Any]]) -> None:
-    label, config, device, explicit = CASES[index]
-    serving = Serving(platform=PLATFORMS[device], **explicit)
+    label, config, device, explicit, other, _ = CASES[index]
+    serving = Serving(platform=PLATFORMS[device], **explicit, **other)
     unset = set(serving.unset_options)
     expected = {"page_size": NPU_PAGE_SIZE} if device == "npu" else {}
     expected.update(sglang_declared[index])

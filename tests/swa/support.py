@@ -103,9 +103,31 @@ def oracle_model(config: Mapping[str, Any], dtype: str | None = None) -> Any:
         "sliding_window_size": text.get("sliding_window") or text.get("sliding_window_size"),
         "context_len": next((int(text[k]) for k in _CONTEXT_KEYS if text.get(k) is not None), 131072),
         "dtype": served,
-        "is_hybrid_swa": True,
+        "is_hybrid_swa": sglang_hybrid_swa(config),
     }
     return OracleModel(params=params, num_nextn_predict_layers=int(text.get("num_nextn_predict_layers") or 0))
+
+
+SGLANG_0_5_23_HYBRID_SWA = frozenset(
+    {"GptOssForCausalLM", "MiMoV2FlashForCausalLM", "Llama4ForConditionalGeneration", "Step3p5ForCausalLM"}
+    | {"Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", "BeamForCausalLM", "MiMoV2ForCausalLM"}
+)
+"""Part of ``is_hybrid_swa_model``'s list (SGLang 0.5.23 ``configs/model_config.py`` lines 2655-2679), read there."""
+SGLANG_0_5_23_DISABLED = frozenset(
+    {"Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Olmo2ForCausalLM"}
+)
+"""``disable_hybrid_swa_memory`` declared unconditionally (``model_overrides/gemma2_gemma3.py`` line 26,
+``olmo2.py`` line 23)."""
+
+
+def sglang_hybrid_swa(config: Mapping[str, Any]) -> bool:
+    """SGLang 0.5.23's ``ModelConfig.is_hybrid_swa`` for a config (lines 1215-1218 and 2651-2696 of
+    ``configs/model_config.py``): listed or opted in (``is_hybrid_swa: true``), and not disabled by an override."""
+    archs = set(config.get("architectures") or ())
+    text = config.get("text_config") or config
+    if archs & SGLANG_0_5_23_DISABLED:
+        return False
+    return bool(archs & SGLANG_0_5_23_HYBRID_SWA) or bool(text.get("is_hybrid_swa"))
 
 
 @attrs.frozen
@@ -135,7 +157,7 @@ def oracle_outcome(model: Any, serving: Serving, memory: int) -> Outcome:
         raise AssertionError(f"SGLang's sizing failed in an unexpected way: {error}")
     config = out["memory_pool_config"]
     return Outcome(
-        fields=tuple(int(config[k]) for k in SWA_FIELDS),
+        fields=tuple(int(config[k] or 0) for k in SWA_FIELDS),
         cell=out["cell_size"],
         warnings=tuple(out["warnings"]),
     )
@@ -163,14 +185,14 @@ def compare_swa(model: str | ModelSpec, oracle: Any, serving: Serving, memory: i
         return want
     assert want.fields is not None
     _total, requests, _full, swa = want.fields
-    if requests == 0 or swa < serving.page_size:
+    if requests == 0 or (oracle.params["is_hybrid_swa"] and swa < serving.page_size):
         assert isinstance(got, InsufficientMemoryError), (
             f"SGLang starts with {dict(zip(SWA_FIELDS, want.fields, strict=True))}, a server that cannot serve; "
             f"kvpools should refuse\n{case}"
         )
         return want
     assert isinstance(got, Plan), f"kvpools raised {got!r}; SGLang gives {want}\n{case}"
-    ours = (tuple(int(got.sizing.sglang_config[k]) for k in SWA_FIELDS), got.cell.sglang_bytes_per_token)
+    ours = (tuple(int(got.sizing.sglang_config.get(k) or 0) for k in SWA_FIELDS), got.cell.sglang_bytes_per_token)
     assert ours == (want.fields, want.cell), f"kvpools {ours} != SGLang {(want.fields, want.cell)}\n{case}"
     missing = [w for w in want.warnings if w not in got.sizing.notes]
     assert not missing, f"SGLang warns {missing}; kvpools notes {list(got.sizing.notes)}\n{case}"
@@ -203,6 +225,8 @@ def hybrid_configs(draw: st.DrawFn) -> dict[str, Any]:
     }
     if form == "all_swa":
         config.update(architectures=["MistralForCausalLM"], model_type="mistral")
+        if draw(st.booleans()):
+            config["is_hybrid_swa"] = True  # SGLang's opt-in: hybrid pools; else one dense pool
         return config
     slides = draw(st.lists(st.booleans(), min_size=n, max_size=n))
     slides[draw(st.integers(0, n - 1))] = True  # at least one sliding layer

@@ -33,6 +33,7 @@ from .support import (
     oracle_model,
     parse,
     preset_config,
+    sglang_hybrid_swa,
     swa_servings,
     write_config,
 )
@@ -103,15 +104,39 @@ def test_user_cap_and_constraint_path() -> None:
     assert check("gpt-oss-20b", Serving(max_total_tokens=100000), 30 * GiB) == (100000, 2048, 100000, 80000)
 
 
-def test_all_swa_mistral() -> None:
-    """No full layer: one SWA pool, tokens = budget // (8 x 256 x 2 x 32 = 131072), no ratio."""
+def test_stock_sglang_serves_mistral_and_gemma_2_3_with_one_dense_pool() -> None:
+    """SGLang 0.5.23 builds no hybrid SWA pools for Mistral (``MistralForCausalLM`` is not in
+    ``is_hybrid_swa_model``, ``configs/model_config.py`` lines 2651-2696) nor Gemma-2/3 (``gemma2_gemma3.py``
+    line 26 declares ``disable_hybrid_swa_memory``; lines 1215-1218 then make ``is_hybrid_swa`` false): every layer
+    keeps every token.  Mistral-7B: 32 layers x 8 heads x (128 + 128) x 2 B = 131072 B/token, 20 GiB // 131072 =
+    163840 tokens, clamp(int(163840 / 32768 x 512), 2048, 4096) = 2560 requests, no full / SWA split; the ratio
+    changes nothing."""
     for page in (1, 16, 64):
         for ratio in (0.8, 0.25):
             for memory in (GiB, 20 * GiB, 75 * GiB + 3):
                 fields = check("mistral-7b-v0.1", Serving(page_size=page, swa_full_tokens_ratio=ratio), memory)
-                assert fields is not None and fields[2] == 0 and fields[0] == fields[3]
-    assert check("mistral-7b-v0.1", Serving(), 20 * GiB) == (163840, 2560, 0, 163840)
+                assert fields is not None and fields[2:] == (0, 0)
+    assert check("mistral-7b-v0.1", Serving(), 20 * GiB) == (163840, 2560, 0, 0)
     check("mistral-7b-v0.1", Serving(**EAGLE), 20 * GiB)
+    # Gemma-3-12B: 48 layers x 8 heads x (256 + 256) x 2 B = 393216 B/token; 20 GiB // 393216 = 54613
+    assert check("gemma-3-12b-it", Serving(), 20 * GiB) == (54613, 2048, 0, 0)
+    for preset in ("gemma-2-9b", "gemma-3-27b-it"):
+        check(preset, Serving(page_size=64, tp_size=2), 20 * GiB)
+
+
+def test_all_swa_mistral_opted_into_hybrid_pools(tmp_path: Path) -> None:
+    """A config with ``is_hybrid_swa: true`` opts in (``configs/model_config.py`` lines 2693-2696): no full layer,
+    one SWA pool, tokens = budget // (8 x 256 x 2 x 32 = 131072), no ratio."""
+    config = {**preset_config("mistral-7b-v0.1"), "is_hybrid_swa": True}
+    path = write_config(tmp_path, config)
+    oracle = oracle_model(config)
+    for page in (1, 16, 64):
+        for ratio in (0.8, 0.25):
+            for memory in (GiB, 20 * GiB, 75 * GiB + 3):
+                fields = compare_swa(path, oracle, Serving(page_size=page, swa_full_tokens_ratio=ratio), memory).fields
+                assert fields is not None and fields[2] == 0 and fields[0] == fields[3]
+    assert compare_swa(path, oracle, Serving(), 20 * GiB).fields == (163840, 2560, 0, 163840)
+    compare_swa(path, oracle, Serving(**EAGLE), 20 * GiB)
 
 
 @pytest.mark.parametrize("page", (1, 64))
@@ -199,7 +224,8 @@ def test_not_enough_memory_and_degenerate_starts() -> None:
 
 
 def test_gemma_and_pipeline_stages() -> None:
-    """Gemma-2/3/4 under SGLang's SWA configurator, and PP (SGLang's SWA sizing counts the whole model's layers)."""
+    """Gemma-4 under SGLang's SWA configurator, Gemma-2/3 under its dense one (``disable_hybrid_swa_memory``), and PP
+    (SGLang's SWA sizing counts the whole model's layers)."""
     for preset in ("gemma-2-9b", "gemma-3-12b-it", "gemma-3-27b-it", "gemma-4-26b-a4b"):
         for serving in (Serving(page_size=64), Serving(tp_size=2, page_size=1), Serving(page_size=16, **CHUNK_CAP)):
             check(preset, serving, 40 * GiB)
@@ -221,10 +247,11 @@ def test_generated_hybrid_models(case: tuple[dict[str, Any], Serving, int]) -> N
     want = compare_swa(model, oracle_model(config, dtype=model.dtype), serving, memory)
     if want.error is not None or want.fields is None:
         event(f"both fail: {want.error}")
-    elif want.fields[1] == 0 or want.fields[3] < serving.page_size:
+    elif want.fields[1] == 0 or (want.fields[3] < serving.page_size and sglang_hybrid_swa(config)):
         event("SGLang starts a server that cannot serve; kvpools refuses")
     else:
-        shape = "all-SWA" if want.fields[2] == 0 else "hybrid"
+        shape = "dense (not hybrid in SGLang)" if not sglang_hybrid_swa(config) else "hybrid"
+        shape = "all-SWA" if shape == "hybrid" and want.fields[2] == 0 else shape
         capped = serving.max_running_requests is not None and serving.radix_cache_disabled and shape == "hybrid"
         event(f"planned: {shape}{', chunk cap' if capped else ''}")
     event(f"page {serving.page_size}")

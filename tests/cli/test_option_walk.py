@@ -1,0 +1,522 @@
+"""The option walk: every option of ``kvpools plan`` / ``build`` / ``capacity`` and every ``Serving`` field changes
+the plan for some model, or is listed in ``docs/options.md`` as not affecting memory (with the reason), or is
+refused with a clear error where kvpools does not model it (issue 32).
+
+The evidence is data (:data:`EVIDENCE`), checked live: a :class:`Changes` entry plans twice through the real
+CLI (``--json``) and asserts the memory the plan describes differs; a :class:`Refused` entry asserts the exit
+and the message; a :class:`NoMemory` entry is rendered into ``docs/options.md`` (regenerate with
+``KVPOOLS_WRITE_DOCS=1``), which this module keeps equal to the table.  A new option or ``Serving`` field fails
+:func:`test_every_option_has_evidence` until it gets a row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import namedtuple
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import click
+import pytest
+from click.testing import CliRunner
+
+import kvpools_core.cli as cli
+from kvpools_core.values import Serving
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "options.md"
+COMMANDS = ("plan", "build", "capacity")
+GiB = 1 << 30
+
+
+@attrs.frozen
+class Changes:
+    """``without`` and ``with_`` plan differently (``command``'s JSON, the memory it describes)."""
+
+    without: tuple[str, ...]
+    with_: tuple[str, ...]
+    command: str = "plan"
+    why: str = ""
+    patch: str | None = None
+    """A fixture-like name of :data:`PATCHES` that makes a measured budget deterministic."""
+
+
+@attrs.frozen
+class Refused:
+    """``args`` is refused (exit 1, one ``Error:`` line) with ``message`` in it."""
+
+    args: tuple[str, ...]
+    message: str
+    command: str = "plan"
+
+
+@attrs.frozen
+class NoMemory:
+    """Listed in ``docs/options.md``: the option does not change the memory a plan describes, and why."""
+
+    reason: str
+
+
+Evidence = Changes | Refused | NoMemory
+
+LLAMA = ("llama-3.1-8b", "--memory", "20GiB")
+HOST = (*LLAMA, "--enable-hierarchical-cache", "--host-memory", "256GiB")
+QWEN35 = ("qwen3.5-35b-a3b", "--memory", "20GiB")
+GPT_OSS_CAP = ("gpt-oss-120b", "--memory", "60GiB", "--page-size", "64", "--max-running-requests", "64")
+CAPPED = (*GPT_OSS_CAP, "--disable-radix-cache")
+DSA_FP8 = ("deepseek-v3.2", "--memory", "40GiB", "--kv-cache-dtype", "fp8_e4m3")
+DSV4 = ("deepseek-v4-flash", "--memory", "60GiB", "--tp-size", "4")
+EAGLE = (
+    "--speculative-algorithm",
+    "EAGLE",
+    "--speculative-draft-num-layers",
+    "1",
+    "--speculative-num-steps",
+    "3",
+    "--speculative-eagle-topk",
+    "4",
+    "--speculative-num-draft-tokens",
+    "8",
+)
+VLLM = (*LLAMA, "--accounting", "vllm")
+DECODE = (*LLAMA, "--max-running-requests", "16", "--disaggregation-mode", "decode")
+PP2 = (*LLAMA, "--pp-size", "2", "--pp-layer-partition", "10,22")
+OUTPUT = "output only: the same plan, printed another way"
+
+EVIDENCE: dict[str, Evidence] = {
+    # -- the budget
+    "memory": Changes(LLAMA, ("llama-3.1-8b", "--memory", "30GiB")),
+    "device": Changes(("llama-3.1-8b", "--memory", "40GiB"), ("llama-3.1-8b", "--device", "cpu"), patch="host"),
+    "free_memory": Changes(LLAMA, ("llama-3.1-8b", "--free-memory", "40GiB")),
+    "weights_memory": Changes(
+        ("llama-3.1-8b", "--free-memory", "40GiB"),
+        ("llama-3.1-8b", "--free-memory", "40GiB", "--weights-memory", "16GiB"),
+    ),
+    "reserved_memory": Changes(
+        ("llama-3.1-8b", "--free-memory", "40GiB"),
+        ("llama-3.1-8b", "--free-memory", "40GiB", "--reserved-memory", "1GiB"),
+    ),
+    "gpu": Changes(LLAMA, ("llama-3.1-8b", "--gpu", "h100")),
+    "gpu_memory": Changes(("llama-3.1-8b", "--gpu-memory", "80GiB"), ("llama-3.1-8b", "--gpu-memory", "100GiB")),
+    "runtime_memory": Changes(
+        ("llama-3.1-8b", "--gpu", "h100"), ("llama-3.1-8b", "--gpu", "h100", "--runtime-memory", "5GiB")
+    ),
+    "mem_fraction_static": Changes(
+        ("llama-3.1-8b", "--gpu", "h100"), ("llama-3.1-8b", "--gpu", "h100", "--mem-fraction-static", "0.8")
+    ),
+    "host_memory": Changes(
+        (*LLAMA, "--enable-hierarchical-cache", "--host-memory", "64GiB"), (*HOST,), why="auto-sized host tier"
+    ),
+    "host_reserve": Changes(
+        (*LLAMA, "--enable-hierarchical-cache", "--host-memory", "64GiB"),
+        (*LLAMA, "--enable-hierarchical-cache", "--host-memory", "64GiB", "--host-reserve", "30GiB"),
+    ),
+    # -- platform and plugins
+    "platform": Changes(LLAMA, (*LLAMA, "--platform", "ascend"), why="Ascend's page 128"),
+    "plugin_options": Changes(
+        ("deepseek-v3", "--memory", "40GiB", "--tp-size", "8", "--platform", "rocm"),
+        (
+            *("deepseek-v3", "--memory", "40GiB", "--tp-size", "8", "--platform", "rocm"),
+            *("--plugin-option", "rocm.attention_backend=triton"),
+        ),
+        why="AITER's MLA page-index workspace",
+    ),
+    "draft_model": Changes(
+        (*LLAMA, *EAGLE),
+        (*LLAMA, *EAGLE[:2], *EAGLE[4:], "--speculative-draft-model-path", "qwen3-8b"),
+        why="the draft model's own KV geometry",
+    ),
+    # -- the KV cache and parallelism
+    "kv_cache_dtype": Changes(LLAMA, (*LLAMA, "--kv-cache-dtype", "fp8_e4m3")),
+    "page_size": Changes(LLAMA, (*LLAMA, "--page-size", "64")),
+    "tp_size": Changes(LLAMA, (*LLAMA, "--tp-size", "2")),
+    "pp_size": Changes(LLAMA, (*LLAMA, "--pp-size", "2")),
+    "pp_layer_partition": Changes((*LLAMA, "--pp-size", "2"), PP2),
+    "pp_rank": Changes(PP2, (*PP2, "--pp-rank", "1")),
+    "dp_size": Changes(
+        (*LLAMA, "--tp-size", "4", "--enable-dp-attention"),
+        (*LLAMA, "--tp-size", "4", "--enable-dp-attention", "--dp-size", "4"),
+    ),
+    "enable_dp_attention": Changes(
+        (*LLAMA, "--tp-size", "4", "--dp-size", "4"),
+        (*LLAMA, "--tp-size", "4", "--dp-size", "4", "--enable-dp-attention"),
+    ),
+    "attn_cp_size": Changes((*LLAMA, "--tp-size", "4"), (*LLAMA, "--tp-size", "4", "--attn-cp-size", "2")),
+    "dcp_size": Changes((*DSA_FP8, "--tp-size", "8"), (*DSA_FP8, "--tp-size", "8", "--dcp-size", "8")),
+    # -- scheduling limits
+    "context_length": Changes(LLAMA, (*LLAMA, "--context-length", "4096")),
+    "max_running_requests": Changes(LLAMA, (*LLAMA, "--max-running-requests", "16")),
+    "max_total_tokens": Changes(LLAMA, (*LLAMA, "--max-total-tokens", "10000")),
+    "chunked_prefill_size": Changes(CAPPED, (*CAPPED, "--chunked-prefill-size", "2048"), why="the SWA chunk cap"),
+    "disable_radix_cache": Changes(GPT_OSS_CAP, CAPPED, why="the SWA chunk cap"),
+    "disable_overlap_schedule": Changes(CAPPED, (*CAPPED, "--disable-overlap-schedule"), why="the SWA chunk cap"),
+    "vlm_cache_size_mb": Changes(
+        ("gemma-3-12b-it", "--free-memory", "40GiB"),
+        ("gemma-3-12b-it", "--free-memory", "40GiB", "--vlm-cache-size-mb", "4096"),
+    ),
+    # -- speculative decoding
+    "speculative_algorithm": Changes(LLAMA, (*LLAMA, *EAGLE)),
+    "speculative_num_steps": Changes(
+        (*CAPPED, *EAGLE, "--page-size", "1"),
+        (*CAPPED, *EAGLE, "--page-size", "1", "--speculative-num-steps", "5"),
+        why="the SWA chunk cap's decode term",
+    ),
+    "speculative_eagle_topk": Changes(
+        (*CAPPED, *EAGLE), (*CAPPED, *EAGLE, "--speculative-eagle-topk", "1"), why="the SWA chunk cap's decode term"
+    ),
+    "speculative_num_draft_tokens": Changes((*LLAMA, *EAGLE), (*LLAMA, *EAGLE, "--speculative-num-draft-tokens", "16")),
+    "speculative_draft_num_layers": Changes((*LLAMA, *EAGLE), (*LLAMA, *EAGLE, "--speculative-draft-num-layers", "2")),
+    # -- disaggregation
+    "disaggregation_mode": Changes((*LLAMA, "--max-running-requests", "16"), DECODE),
+    "disaggregation_decode_extra_slots": Changes(DECODE, (*DECODE, "--disaggregation-decode-extra-slots", "100")),
+    "disaggregation_decode_retraction_backup": Changes(
+        DECODE,
+        (*DECODE, "--host-memory", "256GiB", "--disaggregation-decode-retraction-backup", "host_pool"),
+        why="the host pool it backs retractions up in",
+    ),
+    # -- hybrid sliding window, mamba, DSA, DeepSeek-V4
+    "swa_full_tokens_ratio": Changes(
+        ("gpt-oss-20b", "--memory", "20GiB"), ("gpt-oss-20b", "--memory", "20GiB", "--swa-full-tokens-ratio", "0.5")
+    ),
+    "swa_eviction_interval": Changes(CAPPED, (*CAPPED, "--swa-eviction-interval", "16")),
+    "mamba_full_memory_ratio": Changes(QWEN35, (*QWEN35, "--mamba-full-memory-ratio", "0.5")),
+    "max_mamba_cache_size": Changes(QWEN35, (*QWEN35, "--max-mamba-cache-size", "100")),
+    "mamba_ssm_dtype": Changes(QWEN35, (*QWEN35, "--mamba-ssm-dtype", "bfloat16")),
+    "enable_mamba_extra_buffer": Changes(QWEN35, (*QWEN35, "--enable-mamba-extra-buffer")),
+    "enable_mamba_extra_buffer_lazy": Changes(
+        (*QWEN35, "--enable-mamba-extra-buffer"),
+        (*QWEN35, "--enable-mamba-extra-buffer", "--enable-mamba-extra-buffer-lazy"),
+    ),
+    "mamba_skip_decode_lock": Changes(
+        (*QWEN35, "--enable-mamba-extra-buffer"), (*QWEN35, "--enable-mamba-extra-buffer", "--mamba-skip-decode-lock")
+    ),
+    "dsa_prefill_backend": Changes(DSA_FP8, (*DSA_FP8, "--dsa-prefill-backend", "trtllm"), why="the raw latent row"),
+    "dsa_decode_backend": Changes(DSA_FP8, (*DSA_FP8, "--dsa-decode-backend", "trtllm"), why="the raw latent row"),
+    "enable_dsa_cache_layer_split": Changes(
+        (
+            "deepseek-v3.2",
+            "--memory",
+            "40GiB",
+            "--tp-size",
+            "8",
+            "--attn-cp-size",
+            "2",
+            "--disaggregation-mode",
+            "prefill",
+        ),
+        (
+            *("deepseek-v3.2", "--memory", "40GiB", "--tp-size", "8", "--attn-cp-size", "2"),
+            *("--disaggregation-mode", "prefill", "--enable-dsa-cache-layer-split"),
+        ),
+    ),
+    "enable_hisparse": Refused((*LLAMA, "--enable-hisparse", "--disable-radix-cache"), "Drop --enable-hisparse"),
+    "hisparse_config": Refused(
+        (*LLAMA, "--hisparse-config", '{"host_to_device_ratio": 4}'),
+        "--hisparse-config configures HiSparse, which is off",
+    ),
+    "dsv4_compress_state_dtype": Changes(DSV4, (*DSV4, "--dsv4-compress-state-dtype", "bfloat16")),
+    "enable_online_compress": Changes(DSV4, (*DSV4, "--enable-online-compress")),
+    "enable_online_c128_mtp": Changes(
+        (*DSV4, "--enable-online-compress"),
+        (*DSV4, "--enable-online-compress", "--enable-online-c128-mtp"),
+        why="the MTP pending lengths of the c128 state slots",
+    ),
+    # -- the host tier
+    "enable_hierarchical_cache": Changes(LLAMA, HOST),
+    "hicache_ratio": Changes(HOST, (*HOST, "--hicache-ratio", "3")),
+    "hicache_size": Changes(HOST, (*HOST, "--hicache-size", "10")),
+    "hicache_host_memory_fraction": Changes(
+        (*LLAMA, "--enable-hierarchical-cache", "--host-memory", "64GiB"),
+        (*LLAMA, "--enable-hierarchical-cache", "--host-memory", "64GiB", "--hicache-host-memory-fraction", "0.5"),
+        why="the auto-sized host tier",
+    ),
+    "hicache_mamba_ratio": Changes(
+        (*QWEN35, "--enable-hierarchical-cache", "--host-memory", "256GiB", "--hicache-ratio", "2"),
+        (
+            *QWEN35,
+            "--enable-hierarchical-cache",
+            "--host-memory",
+            "256GiB",
+            "--hicache-ratio",
+            "2",
+            "--hicache-mamba-ratio",
+            "1",
+        ),
+    ),
+    "hicache_mem_layout": NoMemory(
+        "How the host tier lays out the same bytes (layer-first or page-first rows, as SGLang's "
+        "`--hicache-mem-layout`); the host pools hold the same slots either way."
+    ),
+    "hicache_write_policy": NoMemory(
+        "When device KV is copied to the host tier (SGLang's `--hicache-write-policy`), not how big either tier is."
+    ),
+    "nnodes": Changes((*HOST, "--tp-size", "8"), (*HOST, "--tp-size", "8", "--nnodes", "2")),
+    "accounting": Changes(LLAMA, (*LLAMA, "--accounting", "sglang")),
+    # -- vLLM's accounting (refused without it: tests/cli)
+    "gpu_memory_utilization": Changes(
+        ("llama-3.1-8b", "--gpu", "h100", "--accounting", "vllm"),
+        ("llama-3.1-8b", "--gpu", "h100", "--accounting", "vllm", "--gpu-memory-utilization", "0.8"),
+    ),
+    "max_model_len": Changes(VLLM, (*VLLM, "--max-model-len", "4096")),
+    "max_num_seqs": Changes(VLLM, (*VLLM, "--max-num-seqs", "16")),
+    "max_num_batched_tokens": Changes(
+        ("gpt-oss-20b", "--memory", "20GiB", "--accounting", "vllm"),
+        ("gpt-oss-20b", "--memory", "20GiB", "--accounting", "vllm", "--max-num-batched-tokens", "16384"),
+    ),
+    "block_size": Changes(VLLM, (*VLLM, "--block-size", "32")),
+    "num_gpu_blocks_override": Changes(VLLM, (*VLLM, "--num-gpu-blocks-override", "20000")),
+    "kv_offloading_size": Changes(VLLM, (*VLLM, "--kv-offloading-size", "10", "--host-memory", "256GiB")),
+    "kv_offloading_backend": Refused(
+        (*VLLM, "--kv-offloading-size", "10", "--host-memory", "256GiB", "--kv-offloading-backend", "lmcache"),
+        "Plan with --kv-offloading-backend native",
+    ),
+    # -- the capacity question
+    "contexts": Changes(("llama-3.1-8b", "--memory", "20GiB"), (*LLAMA, "--context", "1024"), command="capacity"),
+    "requests": Changes(("llama-3.1-8b", "--memory", "20GiB"), (*LLAMA, "--requests", "64"), command="capacity"),
+    "headroom": Changes(  # the recommended SGLang flags leave this much of the binding pool free
+        (*LLAMA, "--context", "8192"), (*LLAMA, "--context", "8192", "--headroom", "0.5"), command="capacity"
+    ),
+    "workload": Changes(
+        ("llama-3.1-8b", "--memory", "20GiB"), (*LLAMA, "--workload", "uniform:1k..32k"), command="capacity"
+    ),
+    # -- not memory
+    "output_format": NoMemory(f"{OUTPUT} (a table, markdown or CSV)."),
+    "as_json": NoMemory(f"{OUTPUT} (JSON)."),
+    "context": NoMemory(
+        "`plan` only: adds the requests that fit at these context lengths to the output, from the same pools."
+    ),
+    "compare_platform": NoMemory(
+        "Adds a second plan for another platform beside this one; this one is unchanged (that plan is walked "
+        "through `--platform`)."
+    ),
+    "all_ranks": NoMemory(
+        "`plan` only: prints every rank's plan (the ranks differ through `--pp-size` / `--pp-rank`, walked above)."
+    ),
+    "checked_allocators": Changes(
+        ("llama-3.1-8b", "--memory", "1GiB", "--device", "meta"),
+        ("llama-3.1-8b", "--memory", "1GiB", "--device", "meta", "--checked-allocators"),
+        command="build",
+        why="the checked allocators' own bookkeeping (checking_bytes) beside the planned pools",
+    ),
+}
+"""The evidence for each click option (parameter name) of ``plan`` / ``build`` / ``capacity``."""
+
+SERVING_ONLY: dict[str, NoMemory] = {
+    "platform_traits": NoMemory(
+        "Resolved by the pipeline from the platform's plugin (`platform_traits` hook), never given: it follows "
+        "`--platform` (walked above)."
+    ),
+    "workspaces": NoMemory(
+        "Resolved by the pipeline (`workspaces` hook), never given: it follows `--platform` and "
+        "`--plugin-option` (walked above)."
+    ),
+    "speculative_draft": NoMemory(
+        "Resolved by the pipeline from `--speculative-draft-model-path` (walked above as `draft_model`)."
+    ),
+}
+"""``Serving`` fields no option names directly (the others share their option's name and evidence)."""
+
+OPTION_FOR_FIELD = {"plugin_options": "plugin_options"}
+
+_Memory = namedtuple("_Memory", "available total")
+
+
+def _patch_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    import psutil
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: _Memory(available=64 * GiB, total=128 * GiB))
+
+
+PATCHES: dict[str, Callable[[pytest.MonkeyPatch], None]] = {"host": _patch_host}
+
+MEMORY_KEYS = (
+    "max_total_num_tokens",
+    "max_running_requests",
+    "bytes_per_token",
+    "cell_size_bytes",
+    "budget_bytes",
+    "planned_bytes",
+    "pools",
+    "host",
+    "windows",
+    "draft",
+    "cost_counts",
+)
+"""What a ``plan --json`` says about memory (not the notes, provenance or the echoed options)."""
+
+
+def _options(command: str) -> list[str]:
+    group = cli.main
+    assert isinstance(group, click.Group)
+    return [param.name for param in group.commands[command].params if isinstance(param, click.Option) and param.name]
+
+
+def _run(command: str, args: tuple[str, ...]) -> click.testing.Result:
+    return CliRunner().invoke(cli.main, [command, *args, "--json"])
+
+
+def _numbers(data: Any) -> Any:
+    """Only the numbers of a JSON answer (a name or a note echoed back is no change of memory)."""
+    if isinstance(data, dict):
+        return {key: _numbers(value) for key, value in data.items() if key != "notes" and not isinstance(value, str)}
+    if isinstance(data, list):
+        return [_numbers(value) for value in data if not isinstance(value, str)]
+    return data
+
+
+def _memory(command: str, args: tuple[str, ...]) -> Any:
+    result = _run(command, args)
+    assert result.exit_code == 0, (command, args, result.stdout, result.stderr)
+    data = json.loads(result.stdout)
+    if command == "build":
+        return {key: value for key, value in data.items() if key.endswith("_bytes")}
+    if command == "capacity":
+        return {key: value for key, value in data.items() if key not in ("model", "notes")}  # flags: the advice
+    if "vllm" in data:
+        data = data["vllm"]
+    return {key: data.get(key) for key in MEMORY_KEYS} if "max_total_num_tokens" in data else data
+
+
+# -- the walk ---------------------------------------------------------------------------------------------------
+
+
+def test_every_option_has_evidence() -> None:
+    """(a) a named plan change, (b) docs/options.md with a reason, or (c) a refusal: no option without one."""
+    missing = sorted({name for command in COMMANDS for name in _options(command)} - set(EVIDENCE))
+    assert not missing, f"options with no evidence in EVIDENCE: {missing}"
+    fields = {field.name for field in attrs.fields(Serving)}
+    unaccounted = sorted(fields - set(EVIDENCE) - set(SERVING_ONLY))
+    assert not unaccounted, f"Serving fields with no evidence: {unaccounted}"
+    stale = sorted(set(EVIDENCE) - {name for command in COMMANDS for name in _options(command)})
+    assert not stale, f"EVIDENCE names options no command has: {stale}"
+
+
+CHANGES = sorted(name for name, evidence in EVIDENCE.items() if isinstance(evidence, Changes))
+
+
+@pytest.mark.parametrize("name", CHANGES)
+def test_the_option_changes_the_plan(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    evidence = EVIDENCE[name]
+    assert isinstance(evidence, Changes)
+    if evidence.patch:
+        PATCHES[evidence.patch](monkeypatch)
+    spelled = _flag(name)
+    assert spelled in evidence.with_, f"{name}: the 'with' arguments do not give {spelled}"
+    without = _numbers(_memory(evidence.command, evidence.without))
+    with_ = _numbers(_memory(evidence.command, evidence.with_))
+    assert without != with_, f"{spelled} changed nothing: {evidence}"
+
+
+REFUSED = sorted(name for name, evidence in EVIDENCE.items() if isinstance(evidence, Refused))
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_the_option_is_refused_where_not_modelled(name: str) -> None:
+    evidence = EVIDENCE[name]
+    assert isinstance(evidence, Refused)
+    result = _run(evidence.command, evidence.args)
+    message = result.stderr
+    assert result.exit_code == 1 and message.startswith("Error: "), (result.exit_code, result.stdout, message)
+    assert "Traceback" not in message and evidence.message in message, message
+
+
+# -- docs/options.md ----------------------------------------------------------------------------------------------
+
+HEADER = """# Options and what they change
+
+Every option of `kvpools plan`, `kvpools build` and `kvpools capacity`, and every `Serving` field, is in one
+of three places (issue 32): it changes the plan for some model (the evidence below is checked live by
+`tests/cli/test_option_walk.py`, which plans with and without it through the real CLI), it is refused with a
+clear error where kvpools does not model it, or it does not change the memory a plan describes, for the reason
+given.  A combination the engine refuses is refused with the engine's reason; one the engine accepts and
+kvpools does not model is refused with "kvpools does not model X yet", never planned as something else.
+
+This page is generated from the test's table (`KVPOOLS_WRITE_DOCS=1 pytest tests/cli/test_option_walk.py`).
+"""
+
+
+def _flag(name: str) -> str:
+    """The option's own spelling, from the command that has it."""
+    group = cli.main
+    assert isinstance(group, click.Group)
+    for command in COMMANDS:
+        for param in group.commands[command].params:
+            if isinstance(param, click.Option) and param.name == name:
+                return max(param.opts, key=len)
+    raise AssertionError(f"no command has an option {name}")
+
+
+def _args(args: tuple[str, ...]) -> str:
+    return " ".join(f"'{a}'" if " " in a or "{" in a else a for a in args)
+
+
+def render() -> str:
+    lines = [HEADER, "## Not memory-relevant\n", "| option | why it does not change the plan |", "|---|---|"]
+    lines += [f"| `{_flag(n)}` | {e.reason} |" for n, e in EVIDENCE.items() if isinstance(e, NoMemory)]
+    lines += ["", "`Serving` fields no option names:", "", "| field | why |", "|---|---|"]
+    lines += [f"| `{n}` | {e.reason} |" for n, e in SERVING_ONLY.items()]
+    lines += ["", "## Refused where not modelled\n", "| option | refused as | error says |", "|---|---|---|"]
+    lines += [
+        f"| `{_flag(n)}` | `kvpools {e.command} {_args(e.args)}` | {e.message} |"
+        for n, e in EVIDENCE.items()
+        if isinstance(e, Refused)
+    ]
+    lines += ["", "## Changes the plan\n", "| option | without | with | |", "|---|---|---|---|"]
+    lines += [
+        f"| `{_flag(n)}` | `kvpools {e.command} {_args(e.without)}` | `{_args(e.with_)}` | {e.why} |"
+        for n, e in EVIDENCE.items()
+        if isinstance(e, Changes)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_options_page_is_the_table() -> None:
+    text = render()
+    if os.environ.get("KVPOOLS_WRITE_DOCS"):
+        DOC.write_text(text)
+    assert DOC.read_text() == text, "docs/options.md drifted: KVPOOLS_WRITE_DOCS=1 pytest tests/cli/test_option_walk.py"
+
+
+# -- options that changed nothing alone, now refused (issue 32) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # mamba_extra_buffer_of (SGLang 0.5.23 arg_groups/model_override_base.py lines 260-265): extra_buffer_lazy
+        # is a strategy of the extra buffer; kvpools read the lazy flag only with --enable-mamba-extra-buffer
+        ((*QWEN35, "--enable-mamba-extra-buffer-lazy"), "add --enable-mamba-extra-buffer"),
+        # HiSparse reads its config only when on (arg_groups/hisparse_hook.py)
+        ((*LLAMA, "--hisparse-config", '{"host_to_device_ratio": 4}'), "add --enable-hisparse"),
+        # deepseek_v4_memory_pool.py lines 50, 72-73, 1078: the C128 MTP buffer exists only under ONLINE_C128
+        ((*DSV4, "--enable-online-c128-mtp"), "add --enable-online-compress"),
+    ],
+)
+def test_an_option_that_would_change_nothing_alone_is_refused(args: tuple[str, ...], message: str) -> None:
+    result = _run("plan", args)
+    assert result.exit_code == 1 and result.stderr.startswith("Error: "), (result.stdout, result.stderr)
+    assert message in result.stderr and "changes nothing" in result.stderr.replace("change nothing", "changes nothing")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        # the SWA chunk cap eats the budget (plugins/swa/sizing.py, SGLang's accounting)
+        (
+            *("gpt-oss-120b", "--memory", "2GiB", "--page-size", "64", "--max-running-requests", "6400"),
+            *("--disable-radix-cache", "--accounting", "sglang"),
+        ),
+        # no mamba state slot fits (plugins/mamba/sizing.py split_budget)
+        ("qwen3.5-35b-a3b", "--memory", "200MiB"),
+        # the state pools take the whole budget (plugins/mamba/sizing.py)
+        ("qwen3.5-35b-a3b", "--memory", "1GiB", "--max-mamba-cache-size", "2000"),
+    ],
+)
+def test_not_enough_memory_under_memory_never_advises_the_fraction_it_ignores(args: tuple[str, ...]) -> None:
+    """``--memory`` is the KV budget itself (``--mem-fraction-static`` beside it is refused), so the advice to raise
+    the fraction changed nothing; the plugins' errors name the options of the budget given."""
+    result = _run("plan", args)
+    assert result.exit_code == 1 and "Raise --memory" in result.stderr.replace("raise --memory", "Raise --memory")
+    assert "--mem-fraction-static" not in result.stderr, result.stderr
