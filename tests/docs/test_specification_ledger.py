@@ -9,6 +9,8 @@ hold (issue 32):
   an open issue;
 * a function or class of ``../shared/reference/000_*`` / ``002_*`` has no row, or a row names one that does
   not exist or cites lines outside it (skipped, with the shared checkout's reason, where ``../shared`` is absent);
+* a server argument or environment variable the files read has no line in the page's index of reads, or a
+  line cites a row that does not exist;
 * the counts at the top of the page are not the rows' own.
 """
 
@@ -44,6 +46,18 @@ REFUSAL = re.compile(r"refusal: `([^`]+)`")
 ISSUE = re.compile(r"#(\d+)\b")
 LINES = re.compile(r"\bL(\d+)(?:-(\d+))?")
 QUALNAME = re.compile(r"^`([\w.]+)`")
+READS_HEADING = "## Options and environment variables read"
+READS = (
+    r"envs\.(SGLANG_\w+)",
+    r"server_args\.(\w+)",
+    r"\bsa\.(\w+)",
+    r"\bdisagg\.(\w+)",
+    r"get_(?:memory|schedule|disagg|spec|parallel|mm)\(\)\.(\w+)",
+    r"get_exec\(\)\.(?:mamba|kernel|features)\.(\w+)",
+    r"\b(max_speculative_num_draft_tokens|pre_capture_activation_reserve_mb)\(",
+)
+"""How the files read a server argument or an environment variable (``get_*()`` are SGLang's runtime context)."""
+ROW_ID = re.compile(r"\b(\d{3}-\d+)\b")
 COUNTS = re.compile(
     r"\*\*Counts:\*\* (\d+) rows: (\d+) tested, (\d+) refused by name, (\d+) not applicable, (\d+) NOT MODELLED"
 )
@@ -215,6 +229,26 @@ def test_the_checker_reads_a_row_apart() -> None:
     assert "tests/docs/test_specification_ledger.py::test_the_checker_reads_a_row_apart" in collected_test_ids()
 
 
+def index_of_reads() -> dict[str, list[str]]:
+    """The page's index of reads: each name of a line's first cell -> the row ids of its last cell."""
+    text = LEDGER.read_text(encoding="utf-8")
+    assert READS_HEADING in text, f"the page has a section {READS_HEADING!r}"
+    index: dict[str, list[str]] = {}
+    for line in text[text.index(READS_HEADING) :].splitlines():
+        if line.startswith("| `"):
+            cells = [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+            for name in re.findall(r"`(\w+)`", cells[0]):
+                index[name] = ROW_ID.findall(cells[-1])
+    return index
+
+
+def test_every_line_of_the_index_of_reads_cites_rows_that_exist() -> None:
+    ids = {row.id for row in ledger()}
+    for name, rows in index_of_reads().items():
+        assert rows, f"{name}: cite the rows that ledger its branches"
+        assert set(rows) <= ids, f"{name} cites rows that do not exist: {sorted(set(rows) - ids)}"
+
+
 # ----------------------------------------------------------------------------------------- the specification
 
 
@@ -237,3 +271,11 @@ def test_rows_cite_lines_inside_their_function(prefix: str) -> None:
             assert first <= start <= end <= last, (
                 f"{row.id}: L{start}-{end} is outside {row.qualname} (lines {first}-{last} of {FILES[prefix]})"
             )
+
+
+@pytest.mark.parametrize("prefix", sorted(FILES))
+def test_every_option_and_environment_variable_read_is_indexed(prefix: str) -> None:
+    text = reference_file(prefix).read_text(encoding="utf-8")
+    read = {name for pattern in READS for name in re.findall(pattern, text)}
+    missing = sorted(read - set(index_of_reads()))
+    assert not missing, f"{FILES[prefix]} reads {missing}, which the page's index of reads does not list"
