@@ -211,11 +211,19 @@ def test_quoted_refusals_are_kvpools_own_words(row: Row) -> None:
 
 
 def test_the_counts_at_the_top_are_the_rows() -> None:
-    match = COUNTS.search(LEDGER.read_text(encoding="utf-8"))
+    text = LEDGER.read_text(encoding="utf-8")
+    match = COUNTS.search(text)
     assert match, "the page states its counts: **Counts:** N rows: a tested, b refused by name, ..."
-    statuses = Counter(row.status for row in ledger())
-    want = (len(ledger()), *(statuses[status] for status in STATUSES))
-    assert tuple(int(n) for n in match.groups()) == want
+    assert tuple(int(n) for n in match.groups()) == counts(ledger())
+    # each table's own line, in the page's order (002 first)
+    per_table = re.findall(COUNTS.pattern.replace(r"\*\*Counts:\*\* ", "^"), text, re.MULTILINE)
+    want = [counts(tuple(rows_of(prefix))) for prefix in FILES]
+    assert [tuple(int(n) for n in line) for line in per_table] == want
+
+
+def counts(rows: tuple[Row, ...]) -> tuple[int, ...]:
+    statuses = Counter(row.status for row in rows)
+    return (len(rows), *(statuses[status] for status in STATUSES))
 
 
 def test_the_checker_reads_a_row_apart() -> None:
