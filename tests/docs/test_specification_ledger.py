@@ -215,6 +215,11 @@ def test_the_counts_at_the_top_are_the_rows() -> None:
     match = COUNTS.search(text)
     assert match, "the page states its counts: **Counts:** N rows: a tested, b refused by name, ..."
     assert tuple(int(n) for n in match.groups()) == counts(ledger())
+    by_issue = Counter(n for row in ledger() if row.status == "NOT MODELLED" for n in row.issues)
+    stated = text[match.end() :].split("\n", 1)[0]
+    assert {int(n): int(k) for n, k in re.findall(r"#(\d+): (\d+)", stated)} == dict(by_issue), (
+        "the NOT MODELLED rows citing each issue"
+    )
     # each table's own line, in the page's order (002 first)
     per_table = re.findall(COUNTS.pattern.replace(r"\*\*Counts:\*\* ", "^"), text, re.MULTILINE)
     want = [counts(tuple(rows_of(prefix))) for prefix in FILES]
