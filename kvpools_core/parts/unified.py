@@ -59,6 +59,7 @@ __all__ = [
     "mla_entry",
     "row_alignment_problems",
     "sink_bytes",
+    "state_alignment_problems",
     "state_entry",
     "sub_pool_geometry",
     "swa_size_full",
@@ -346,6 +347,28 @@ def row_alignment_problems(entries: Sequence[SubPoolEntry]) -> list[UnifiedProbl
                         "Run this model without --enable-unified-memory.",
                     )
                 )
+    return out
+
+
+def state_alignment_problems(
+    entry: SubPoolEntry, *, conv_itemsize: int, temporal_itemsize: int
+) -> list[UnifiedProblem]:
+    """A state entry whose bytes are not a multiple of its conv or temporal element (``build_mamba_views``).
+
+    Every slot's views start at ``slot × entry``, read as the state dtypes, so
+    the entry must hold whole elements of each (fp32 temporal state: 4 B).
+    """
+    out = []
+    for what, size in (("conv-state", conv_itemsize), ("temporal-state", temporal_itemsize)):
+        if entry.entry_bytes % size:
+            out.append(
+                UnifiedProblem(
+                    "--enable-unified-memory",
+                    f"misaligned mamba spec: per-slot entry_bytes={entry.entry_bytes} is not a multiple of the "
+                    f"{what} itemsize {size} B.",
+                    "Run this model without --enable-unified-memory.",
+                )
+            )
     return out
 
 
