@@ -142,6 +142,7 @@ class MultiEndedAllocator(BaseTokenToKVPoolAllocator):
         self.high_peer: MultiEndedAllocator | None = None
         self._up = self.grow_direction == "up"
         self._mover = getattr(kvcache, "move_physical_pages", None)
+        self._offsets = torch.arange(g.page_size, dtype=_I64, device=device)
         self.clear()
 
     # ------------------------------------------------------------------ state
@@ -293,6 +294,11 @@ class MultiEndedAllocator(BaseTokenToKVPoolAllocator):
                 return None
             lo = start if self._up else start - k + 1
             phys = torch.arange(lo, lo + k, dtype=_I64, device=self.device)
+            if self.lazy_compaction:
+                self.live_page_count += k
+            self.virtual_to_physical[v_pages] = phys
+            self.physical_to_virtual[lo : lo + k] = v_pages  # a contiguous range: a slice copy, no scatter
+            return phys
         else:
             n_drain = min(k, self._holes.numel())
             more = k - n_drain
@@ -348,7 +354,7 @@ class MultiEndedAllocator(BaseTokenToKVPoolAllocator):
     def _tokens(self, pages: Tensor) -> Tensor:
         if self.page_size == 1:
             return pages.clone()
-        return (pages[:, None] * self.page_size + torch.arange(self.page_size, device=self.device)).reshape(-1)
+        return torch.add(self._offsets, pages.unsqueeze(1), alpha=self.page_size).view(-1)
 
     # ------------------------------------------------------------------- free
     def free(self, free_index: Tensor | Sequence[int], *, _pages: Tensor | None = None) -> None:
@@ -474,13 +480,17 @@ class MultiEndedAllocator(BaseTokenToKVPoolAllocator):
         moved = 0
         if n_holes:
             cap = n_holes if urgent else min(n_holes, LAZY_MAX_MOVES_PER_CALL)
+            # the `cap` survivors nearest the frontier lie within `cap + n_holes` pages of it
+            span = cap + n_holes
             if self._up:
-                band = torch.arange(self.min_page_index, wm, dtype=_I64, device=self.device)
+                lo = max(self.min_page_index, wm - span)
+                band = torch.arange(lo, wm, dtype=_I64, device=self.device)
                 live = band[~torch.isin(band, holes)].flip(0)[:cap]
                 dst = holes[: live.numel()]
                 moved = int((live > dst).sum())
             else:
-                band = torch.arange(wm + 1, self.num_pages, dtype=_I64, device=self.device)
+                hi = min(self.num_pages, wm + 1 + span)
+                band = torch.arange(wm + 1, hi, dtype=_I64, device=self.device)
                 live = band[~torch.isin(band, holes)][:cap]
                 dst = holes.flip(0)[: live.numel()]
                 moved = int((live < dst).sum())
