@@ -278,12 +278,17 @@ def _named(spec: dict[str, Any], name: str, grow: str) -> dict[str, Any]:
     other=st.one_of(_STATE, _MHA),
     page=st.sampled_from([1, 16, 64]),
     total=st.integers(1, 1 << 34),
+    tri=st.none() | _STATE,
 )
-def test_sizes_equal_sglang(peer: Peer, full: dict, other: dict, page: int, total: int) -> None:
+def test_sizes_equal_sglang(peer: Peer, full: dict, other: dict, page: int, total: int, tri: dict | None) -> None:
     """Entry bytes, the sink, max_slots and the first slot past the sink, the row rule, and the refusal of an
-    arena with no slot past the sink, all as SGLang's ``UnifiedKVPool`` computes them (built on ``meta``)."""
+    arena with no slot past the sink, all as SGLang's ``UnifiedKVPool`` computes them (built on ``meta``);
+    with ``tri``, the three-pool chain (state up, SWA floating, full down)."""
     total = arena_bytes(total) or 4096
-    specs = [_named(full, "full", "down"), _named(other, "mamba" if other["kind"] == "mamba" else "swa", "up")]
+    if tri is not None and other["kind"] != "mamba":
+        specs = [_named(full, "full", "down"), _named(other, "swa", "float"), _named(tri, "mamba", "up")]
+    else:
+        specs = [_named(full, "full", "down"), _named(other, "mamba" if other["kind"] == "mamba" else "swa", "up")]
     reply = peer.call("sizes", total=total, page=page, specs=specs)
     entries = [entry(s) for s in specs]
     assert reply["entry"] == {e.name: e.entry_bytes for e in entries}
