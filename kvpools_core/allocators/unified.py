@@ -665,6 +665,8 @@ class UnifiedSWAAllocator(BaseTokenToKVPoolAllocator):
         )
         fa.bind_peer(sa)
         sa.bind_peer(fa)
+        self.free_group: list[Tensor] | None = None
+        self._full_group: list[Tensor] = []
         self._empty_gap_bytes = fa._gap_bytes()
         self._size_full = fa.available_size()
         assert fa.free_virtual_ids is not None
@@ -791,6 +793,9 @@ class UnifiedSWAAllocator(BaseTokenToKVPoolAllocator):
         v = torch.as_tensor(free_index, dtype=_I64, device=self.full_attn_allocator.device).reshape(-1)
         if not v.numel():
             return
+        if self.free_group is not None:
+            self.free_group.append(v.clone())
+            return
         self.full_attn_allocator._virtual_pages(v)  # range check before anything changes
         live = self._swa_live(v)
         if live.numel():
@@ -809,7 +814,21 @@ class UnifiedSWAAllocator(BaseTokenToKVPoolAllocator):
 
     def free_full(self, free_index: Tensor | Sequence[int]) -> None:
         """Release the full pages and virtual ids of ``free_index`` whose SWA side ``free_swa`` gave back."""
+        if self.free_group is not None:
+            self._full_group.append(torch.as_tensor(free_index, dtype=_I64).clone())
+            return
         self.full_attn_allocator.free(free_index)
+
+    def free_group_begin(self) -> None:
+        """Defer ``free`` and ``free_full`` until :meth:`free_group_end` (``free`` ones first, as SGLang)."""
+        super().free_group_begin()
+        self._full_group = []
+
+    def free_group_end(self) -> None:
+        full, self._full_group = self._full_group, []
+        super().free_group_end()
+        if full:
+            self.full_attn_allocator.free(torch.cat(full))
 
     def translate_kv_loc(self, loc: Tensor) -> Tensor:
         return self.full_attn_allocator.translate_kv_loc(loc)

@@ -121,6 +121,35 @@ class UnifiedVsSGLang(RuleBasedStateMachine):
         self.alloc.free(torch.tensor(ids))
         self.compare(self.peer.call("free", ids=ids))
 
+    @precondition(lambda self: len(self.reqs) > 1)
+    @rule(data=st.data())
+    def grouped_free(self, data: st.DataObject) -> None:
+        """Two frees (and, on SWA, a ``free_full``) inside one free group: applied at its end."""
+        self.alloc.free_group_begin()
+        self.peer.call("group_begin")
+        for _ in range(2):
+            ids = self.reqs.pop(data.draw(st.integers(0, len(self.reqs) - 1)))
+            self.alloc.free(torch.tensor(ids))
+            self.compare(self.peer.call("free", ids=ids))
+        if self.swa_gone:
+            ids = self.swa_gone.pop()
+            self.alloc.free_full(torch.tensor(ids))
+            self.compare(self.peer.call("free_full", ids=ids))
+        self.alloc.free_group_end()
+        self.compare(self.peer.call("group_end"))
+
+    @invariant()
+    def bytes_conserved(self) -> None:
+        """Each END's band is its live pages plus its holes, and the two bands never overlap."""
+        if not hasattr(self, "members"):
+            return
+        ends = list(self.members.values())
+        for m in ends:
+            if m.lazy_compaction:
+                assert m._allocated_pages() == m.live_page_count + m.holes.numel()
+        full, other = ends
+        assert other._high_frontier() <= full._low_frontier()
+
     @precondition(lambda self: self.composite == "swa" and bool(self.reqs))
     @rule(data=st.data())
     def free_swa(self, data: st.DataObject) -> None:

@@ -119,6 +119,9 @@ def main() -> None:
     import torch
 
     ump, _sub, um, uswa = import_unified()
+    # the static-split parent (allocator/swa.py) is a stand-in, so give the composite what it inherits through it
+    # from base.py: `_copy_for_free_group` clones the deferred ids
+    uswa.UnifiedSWAAllocatorBase._copy_for_free_group = staticmethod(lambda t: t.clone())
     pool = alloc = None
     members: dict = {}
 
@@ -244,6 +247,10 @@ def main() -> None:
             alloc.free(t(req["ids"]))
         elif op == "free_swa":
             alloc.free_swa(t(req["ids"]))
+        elif op == "group_begin":
+            alloc.free_group_begin()
+        elif op == "group_end":
+            alloc.free_group_end()
         elif op == "free_full":
             alloc.free_full(t(req["ids"]))
         elif op == "mamba_alloc":
