@@ -32,8 +32,8 @@ The composites: :class:`UnifiedMambaAllocator` (full KV grow-down, one state
 slot per request grow-up) and :class:`UnifiedSWAAllocator` (full KV grow-down
 owning the virtual ids, SWA KV grow-up binding the same virtual pages; an SWA
 page released by ``free_swa`` returns its bytes to the shared gap, so the
-full side can grow into them).  The Mamba+SWA chain with SWA floating in the
-middle is not built yet (issue 31).
+full side can grow into them).  The Mamba+SWA chain, with SWA floating in the
+middle, is in :mod:`kvpools_core.allocators.unified_float`.
 
 Page moves copy data through the KV pool handed in as ``kvcache`` when it has
 ``move_physical_pages(dst_pages, src_pages, page_size)``.  Frees are range
@@ -84,10 +84,10 @@ class UnifiedArena:
     def build(cls, total_bytes: int, sub_pools: Sequence[tuple[SubPoolEntry, str]], page_size: int) -> UnifiedArena:
         """An arena of ``total_bytes`` for ``(entry, "up" | "down")`` pairs: exactly one END each way."""
         directions = sorted(d for _, d in sub_pools)
-        if directions != ["down", "up"]:
+        if directions not in (["down", "up"], ["down", "float", "up"]):
             raise AllocatorError(
-                f"a unified arena needs exactly one grow-up and one grow-down END sub-pool, got {directions}; "
-                "the floating middle (Mamba+SWA) is not built yet"
+                f"a unified arena needs exactly one grow-up and one grow-down END sub-pool, and at most one "
+                f"floating middle; got {directions}"
             )
         entries = [e for e, _ in sub_pools]
         sink = sink_bytes(entries, page_size)
@@ -191,11 +191,23 @@ class MultiEndedAllocator(BaseTokenToKVPoolAllocator):
     def _high_frontier(self) -> int:
         return (self.watermark_physical if self._up else self.num_pages) * self.entry_bytes_per_page
 
+    def _transparent(self) -> bool:
+        """Whether chain walks see through this member (an END never; an empty float middle does)."""
+        return False
+
     def _above(self) -> int:
-        return self.arena.total_bytes if self.high_peer is None else self.high_peer._low_frontier()
+        """The low frontier of the nearest opaque member above, or the arena's top."""
+        p = self.high_peer
+        while p is not None and p._transparent():
+            p = p.high_peer
+        return self.arena.total_bytes if p is None else p._low_frontier()
 
     def _below(self) -> int:
-        return 0 if self.low_peer is None else self.low_peer._high_frontier()
+        """The high frontier of the nearest opaque member below, or 0."""
+        p = self.low_peer
+        while p is not None and p._transparent():
+            p = p.low_peer
+        return 0 if p is None else p._high_frontier()
 
     def _gap_bytes(self) -> int:
         if self._up:
@@ -203,7 +215,11 @@ class MultiEndedAllocator(BaseTokenToKVPoolAllocator):
         return max(0, self._low_frontier() - self._below())
 
     def _neighbour(self) -> MultiEndedAllocator | None:
-        return self.high_peer if self._up else self.low_peer
+        """The nearest opaque member on this END's growth side."""
+        p = self.high_peer if self._up else self.low_peer
+        while p is not None and p._transparent():
+            p = p.high_peer if self._up else p.low_peer
+        return p
 
     def _available_tokens(self, extra_gap_bytes: int = 0) -> int:
         pages = min(
@@ -280,10 +296,16 @@ class MultiEndedAllocator(BaseTokenToKVPoolAllocator):
         return self.alloc_extend(seq - 1, seq, last, int(seq.numel()))
 
     def _relieve(self, need_tokens: int) -> bool:
-        """SGLang's shortfall ladder for an END: urgently flush the growth-side neighbour, look again."""
+        """SGLang's shortfall ladder for an END: urgently flush the growth-side neighbour, look again; a float
+        neighbour is then asked to open the side facing this END (``_float_open_short_side``)."""
         n = self._neighbour()
         if n is not None:
             n.flush_for_allocation()
+        if need_tokens <= self._available_tokens():
+            return True
+        n = self._neighbour()
+        if n is not None and n.grow_direction == "float":
+            n.open_short_side({self: -(-need_tokens // self.page_size)})  # type: ignore[attr-defined]
         return need_tokens <= self._available_tokens()
 
     def _bind_new(self, v_pages: Tensor, k: int) -> Tensor | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpools_core.allocators.unified import MultiEndedAllocator
+from kvpools_core.allocators.unified_float import FloatAllocator
 from kvpools_core.parts.unified import SubPoolEntry, mha_entry, mla_entry, state_entry
 from tests.oracle import locate
 
@@ -86,4 +87,5 @@ def member_state(m: MultiEndedAllocator) -> dict[str, Any]:
         "p2v": m.physical_to_virtual.tolist(),
         "live": m.allocated_count(),
         "fv": None if m.free_virtual_ids is None else m.free_virtual_ids.tolist(),
+        "span": [m.low_wm, m.high_wm] if isinstance(m, FloatAllocator) else None,
     }

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvpools_core.allocators.unified import UnifiedArena, UnifiedMambaAllocator, UnifiedSWAAllocator
+from kvpools_core.allocators.unified_float import UnifiedMambaSWAAllocator
 from kvpools_core.parts.unified import mamba_size_full, mamba_slot_full_token_cost, swa_size_full
 from tests.unified.peer import Peer, entry, member_state
 
@@ -44,15 +45,31 @@ MAMBA = {"kind": "mamba", "name": "mamba", "layers": 2, "grow": "up", "conv": [[
 SWA = {"kind": "mha", "name": "swa", "layers": 3, "grow": "up", "heads": 2, "head_dim": 64}  # 1,536 B entries
 
 
+TRI_TOKENS = {"full_tokens": 100, "swa_tokens": 80}  # the tri-pool's boot labels (SGLang takes them as given)
+
+
 def build(composite: str, total: int, page: int, lazy: bool) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
-    specs = [FULL, MAMBA] if composite == "mamba" else [FULL, SWA]
+    """kvpools' composite for ``"mamba"`` (full + state), ``"swa"`` (full + SWA) or ``"tri"`` (state | SWA | full)."""
+    if composite == "tri":
+        specs = [FULL, {**SWA, "grow": "float"}, MAMBA]
+    else:
+        specs = [FULL, MAMBA] if composite == "mamba" else [FULL, SWA]
     arena = UnifiedArena.build(total, [(entry(s), s["grow"]) for s in specs], page)
-    cls = UnifiedMambaAllocator if composite == "mamba" else UnifiedSWAAllocator
-    alloc = cls(arena, lazy_compaction=lazy)
+    alloc: Any
+    if composite == "tri":
+        alloc = UnifiedMambaSWAAllocator(
+            arena,
+            full_max_total_num_tokens=TRI_TOKENS["full_tokens"],
+            swa_max_total_num_tokens=TRI_TOKENS["swa_tokens"],
+            lazy_compaction=lazy,
+        )
+    else:
+        alloc = (UnifiedMambaAllocator if composite == "mamba" else UnifiedSWAAllocator)(arena, lazy_compaction=lazy)
     members = {"full": alloc.full_attn_allocator}
-    members["mamba" if composite == "mamba" else "swa"] = (
-        alloc.mamba_allocator if composite == "mamba" else alloc.swa_attn_allocator
-    )
+    if composite != "swa":
+        members["mamba"] = alloc.mamba_allocator
+    if composite != "mamba":
+        members["swa"] = alloc.swa_attn_allocator
     return alloc, members, specs
 
 
@@ -60,7 +77,7 @@ class UnifiedVsSGLang(RuleBasedStateMachine):
     """Same operations on both sides; equal state after each."""
 
     @initialize(
-        composite=st.sampled_from(["mamba", "swa"]),
+        composite=st.sampled_from(["mamba", "swa", "tri"]),
         page=st.sampled_from([1, 2, 4]),
         lazy=st.booleans(),
         total=st.integers(10, 30).map(lambda k: k * 4096),
@@ -70,7 +87,7 @@ class UnifiedVsSGLang(RuleBasedStateMachine):
         self.peer = PEER
         self.composite, self.page = composite, page
         self.alloc, self.members, specs = build(composite, total, page, lazy)
-        reply = self.peer.call("new", composite=composite, total=total, page=page, lazy=lazy, specs=specs)
+        reply = self.peer.call("new", composite=composite, total=total, page=page, lazy=lazy, specs=specs, **TRI_TOKENS)
         self.reqs: list[list[int]] = []  # token ids per held allocation (full side)
         self.swa_gone: list[list[int]] = []  # allocations whose SWA side free_swa gave back
         self.slots: list[int] = []  # held state slots
@@ -80,6 +97,9 @@ class UnifiedVsSGLang(RuleBasedStateMachine):
             assert reply["cost"] == self.alloc.mamba_slot_full_token_cost()
             assert reply["cost"] == mamba_slot_full_token_cost(entry(MAMBA), entry(FULL))
             assert reply["size_mamba"] == self.alloc.size_mamba
+        elif composite == "tri":
+            assert (reply["size_full"], reply["size_swa"]) == (100, 80) == (self.alloc.size_full, self.alloc.size_swa)
+            assert reply["cost"] == self.alloc.mamba_slot_full_token_cost()
         else:
             assert (
                 reply["size_full"]
@@ -140,17 +160,21 @@ class UnifiedVsSGLang(RuleBasedStateMachine):
 
     @invariant()
     def bytes_conserved(self) -> None:
-        """Each END's band is its live pages plus its holes, and the two bands never overlap."""
+        """Each END's band is its live pages plus its holes; the chain's frontiers never cross."""
         if not hasattr(self, "members"):
             return
-        ends = list(self.members.values())
-        for m in ends:
+        for m in self.members.values():
             if m.lazy_compaction:
                 assert m._allocated_pages() == m.live_page_count + m.holes.numel()
-        full, other = ends
-        assert other._high_frontier() <= full._low_frontier()
+        full, low = self.members["full"], self.members.get("mamba", self.members.get("swa"))
+        assert low is not None
+        mid = self.members.get("swa") if self.composite == "tri" else None
+        if mid is not None and not mid._transparent():
+            assert low._high_frontier() <= mid._low_frontier() <= mid._high_frontier() <= full._low_frontier()
+        else:
+            assert low._high_frontier() <= full._low_frontier()
 
-    @precondition(lambda self: self.composite == "swa" and bool(self.reqs))
+    @precondition(lambda self: self.composite != "mamba" and bool(self.reqs))
     @rule(data=st.data())
     def free_swa(self, data: st.DataObject) -> None:
         ids = self.reqs.pop(data.draw(st.integers(0, len(self.reqs) - 1)))
@@ -158,14 +182,14 @@ class UnifiedVsSGLang(RuleBasedStateMachine):
         self.compare(self.peer.call("free_swa", ids=ids))
         self.swa_gone.append(ids)
 
-    @precondition(lambda self: self.composite == "swa" and bool(self.swa_gone))
+    @precondition(lambda self: self.composite != "mamba" and bool(self.swa_gone))
     @rule(data=st.data())
     def free_full(self, data: st.DataObject) -> None:
         ids = self.swa_gone.pop(data.draw(st.integers(0, len(self.swa_gone) - 1)))
         self.alloc.free_full(torch.tensor(ids))
         self.compare(self.peer.call("free_full", ids=ids))
 
-    @precondition(lambda self: self.composite == "mamba")
+    @precondition(lambda self: self.composite != "swa")
     @rule(n=st.integers(1, 6))
     def mamba_alloc(self, n: int) -> None:
         out = self.alloc.mamba_allocator.alloc(n)
@@ -173,7 +197,7 @@ class UnifiedVsSGLang(RuleBasedStateMachine):
         if out is not None:
             self.slots.extend(out.tolist())
 
-    @precondition(lambda self: self.composite == "mamba" and bool(self.slots))
+    @precondition(lambda self: self.composite != "swa" and bool(self.slots))
     @rule(data=st.data())
     def mamba_free(self, data: st.DataObject) -> None:
         picked = data.draw(st.lists(st.sampled_from(self.slots), min_size=1, unique=True))

@@ -167,6 +167,7 @@ def main() -> None:
                 "p2v": m.physical_to_virtual.tolist(),
                 "live": m.allocated_count(),
                 "fv": None if m.free_virtual_ids is None else m.free_virtual_ids.tolist(),
+                "span": [m.low_wm_page, m.high_wm_page] if hasattr(m, "low_wm_page") else None,
             }
         return out
 
@@ -222,6 +223,22 @@ def main() -> None:
                     lazy_compaction=req["lazy"],
                 )
                 members = {"full": alloc.full_attn_allocator, "mamba": alloc.mamba_allocator}
+            elif req["composite"] == "tri":
+                alloc = uswa.UnifiedMambaSWATokenToKVPoolAllocator(
+                    unified_buffer=pool,
+                    kvcache=kv,
+                    mamba_kvcache=_KV(),
+                    device="cpu",
+                    full_max_total_num_tokens=req["full_tokens"],
+                    swa_max_total_num_tokens=req["swa_tokens"],
+                    page_size=req["page"],
+                    lazy_compaction=req["lazy"],
+                )
+                members = {
+                    "full": alloc.full_attn_allocator,
+                    "swa": alloc.swa_attn_allocator,
+                    "mamba": alloc.mamba_allocator,
+                }
             else:
                 alloc = uswa.UnifiedSWATokenToKVPoolAllocator(
                     unified_buffer=pool,
@@ -239,6 +256,8 @@ def main() -> None:
             else:
                 # the static-split parent is a stand-in here: read the composite's own fields
                 reply["size_full"], reply["size_swa"] = alloc._size_full, alloc._size_swa
+                if req["composite"] == "tri":
+                    reply["cost"] = alloc.mamba_slot_full_token_cost()
             print(json.dumps(reply), flush=True)
             continue
         if op == "alloc":
