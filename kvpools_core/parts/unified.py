@@ -253,8 +253,16 @@ def hybrid_swa_token_capacity(size_full: int, max_total_tokens: int | None = Non
     return size_full if max_total_tokens is None else min(size_full, max_total_tokens)
 
 
-def mamba_slot_full_token_cost(state: SubPoolEntry, full: SubPoolEntry, dcp_size: int = 1) -> int:
-    """Full tokens of admission budget one live state slot costs: ``ceil(state entry × dcp / full entry)``."""
+def mamba_slot_full_token_cost(
+    state: SubPoolEntry, full: SubPoolEntry, dcp_size: int = 1, swa: SubPoolEntry | None = None
+) -> int:
+    """Full tokens of admission budget one live state slot costs: ``ceil(state entry × dcp / full entry)``.
+
+    In the Mamba+SWA chain a token costs a full *and* an SWA entry:
+    ``ceil(state entry / (full entry + SWA entry))`` (``UnifiedMambaSWATokenToKVPoolAllocator``).
+    """
+    if swa is not None:
+        return _ceil_div(state.entry_bytes, full.entry_bytes + swa.entry_bytes)
     return _ceil_div(state.entry_bytes * dcp_size, full.entry_bytes)
 
 

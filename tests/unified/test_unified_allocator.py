@@ -18,6 +18,7 @@ from kvpools_core.allocators.unified import (
     UnifiedMambaAllocator,
     UnifiedSWAAllocator,
 )
+from kvpools_core.allocators.unified_float import FloatAllocator, UnifiedMambaSWAAllocator
 from kvpools_core.errors import AllocatorError
 from kvpools_core.parts.unified import mha_entry, state_entry
 
@@ -203,3 +204,38 @@ def test_non_owner_cannot_alloc() -> None:
 def test_arena_needs_two_ends() -> None:
     with pytest.raises(AllocatorError, match="one grow-up and one grow-down"):
         UnifiedArena.build(1024, [(FULL, "down"), (SWA, "down")], 1)
+    with pytest.raises(AllocatorError, match="at most one"):
+        UnifiedArena.build(1024, [(FULL, "down"), (SWA, "float"), (SWA, "float"), (STATE, "up")], 1)
+
+
+def tri(total: int = 2048, page: int = 1) -> UnifiedMambaSWAAllocator:
+    swa = mha_entry("swa", layer_num=1, head_num=1, head_dim=8, itemsize=2)  # 32 B
+    arena = UnifiedArena.build(total, [(FULL, "down"), (swa, "float"), (STATE, "up")], page)
+    return UnifiedMambaSWAAllocator(arena, full_max_total_num_tokens=10, swa_max_total_num_tokens=8)
+
+
+def test_float_starts_at_the_midpoint_and_parks_when_empty() -> None:
+    """FloatMultiEndedAllocator.take_physical_pages: from empty, the span is placed mid-region."""
+    a = tri()  # 2,048 B; sink 64 B: state from page 1 (64 B), full and SWA from page 2 (32 B pages)
+    sa = a.swa_attn_allocator
+    assert isinstance(sa, FloatAllocator) and sa._transparent()
+    ids = a.alloc(4)  # full takes pages 60..63 (top); SWA's region is [2, 60): 4 pages at 2 + (58 - 4) // 2 = 29
+    assert ids is not None
+    assert (sa.low_wm, sa.high_wm) == (29, 33)
+    assert sa.virtual_to_physical[ids].tolist() == [29, 30, 31, 32]
+    a.free_swa(ids)  # nothing lives in the span: it parks at the top and goes transparent again
+    assert (sa.low_wm, sa.high_wm) == (64, 64) and sa._transparent()
+
+
+def test_float_reuses_holes_from_alternating_ends() -> None:
+    a = tri()
+    sa = a.swa_attn_allocator
+    ids = a.alloc(6)  # full 58..63; SWA's region [2, 58): 6 pages at 2 + (56 - 6) // 2 = 27, so 27..32
+    assert ids is not None
+    a.free_swa(ids[[0, 2, 5]])  # SWA holes 27, 29, 32 (boundary holes too: absorbed only at a flush)
+    first = a.alloc(1)  # drains from the low end of the hole list ...
+    second = a.alloc(1)  # ... and the next request from the high end
+    assert first is not None and second is not None
+    assert sa.virtual_to_physical[first].tolist() == [27]
+    assert sa.virtual_to_physical[second].tolist() == [32]
+    assert a.mamba_slot_full_token_cost() == 1  # ceil(64 / (32 + 32))

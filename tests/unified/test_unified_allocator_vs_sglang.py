@@ -100,6 +100,7 @@ class UnifiedVsSGLang(RuleBasedStateMachine):
         elif composite == "tri":
             assert (reply["size_full"], reply["size_swa"]) == (100, 80) == (self.alloc.size_full, self.alloc.size_swa)
             assert reply["cost"] == self.alloc.mamba_slot_full_token_cost()
+            assert reply["cost"] == mamba_slot_full_token_cost(entry(MAMBA), entry(FULL), swa=entry(SWA))
         else:
             assert (
                 reply["size_full"]
