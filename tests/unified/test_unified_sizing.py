@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from kvpools_core.allocators.unified import UnifiedArena, UnifiedMambaAllocator, UnifiedSWAAllocator
@@ -350,3 +350,54 @@ def test_labels_equal_sglang(peer: Peer, composite: str, full: dict, other: dict
         assert reply["size_full"] == swa_size_full(g_full, g_other) == UnifiedSWAAllocator(arena).size_full
         assert reply["size_swa"] == UnifiedSWAAllocator(arena).size_swa
         assert reply["available"] == UnifiedSWAAllocator(arena).available_size()
+
+
+_RARELY = st.sampled_from([False, False, False, True])
+_HOOK_OPTIONS = frozenset(
+    {"--enable-unified-memory", "--kv-cache-dtype", "--enable-kv-cache-sharding"}
+)  # rules outside handle_unified_memory_pool (the configurator, the FP4 and sharding hooks)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_refusals_equal_sglang(peer: Peer, data: st.DataObject) -> None:
+    """SGLang's ``handle_unified_memory_pool`` (kv_cache_hook.py, run in the peers venv) refuses exactly when
+    kvpools' rules do, with the first failing rule's message: SGLang asserts them in order."""
+    pd = data.draw(st.sampled_from(["null", "null", "null", "null", "prefill", "decode"]))
+    dcp = data.draw(st.sampled_from([1, 1, 1, 2]))
+    args = {
+        "is_mamba": data.draw(_RARELY),
+        "is_mla": data.draw(_RARELY),
+        "lazy_compaction": not data.draw(_RARELY),
+        "disaggregation_mode": pd,
+        "disaggregation_transfer_backend": data.draw(st.sampled_from(["mooncake", "mooncake", "mooncake", "nixl"])),
+        "pp_size": data.draw(st.sampled_from([1, 1, 1, 2])),
+        # the backend audits of EAGLE / DSPARK / DFLASH are not modelled: only algorithms they pass here
+        "speculative_algorithm": data.draw(
+            st.sampled_from([None, None, None, "EAGLE", "EAGLE3", "NGRAM", "STANDALONE"])
+        )
+        if dcp == 1
+        else None,
+        "speculative_eagle_topk": data.draw(st.sampled_from([None, 1, 1, 4])),
+        "enable_hisparse": data.draw(_RARELY),
+        "disaggregation_decode_enable_offload_kvcache": data.draw(_RARELY),
+        "hicache_storage_backend": data.draw(st.sampled_from([None, "file", "mooncake"])),
+        "disaggregation_decode_retraction_backup": data.draw(st.sampled_from([None, "host_pool"])),
+        "enable_two_batch_overlap": data.draw(_RARELY),
+        "enable_lmcache": data.draw(_RARELY),
+        "enable_unified_cache_external_linker": data.draw(_RARELY),
+        "enable_hierarchical_cache": data.draw(_RARELY),
+        "dcp_size": dcp,
+        "attention_backends": [
+            data.draw(st.sampled_from(["flashinfer", "flashinfer", "flashmla"])) if dcp > 1 else "flashinfer"
+        ],
+    }
+    args["is_hybrid_swa"] = not args["is_mamba"] or data.draw(_RARELY)
+    req = UnifiedRequest(**{**args, "attention_backends": tuple(args["attention_backends"])})
+    ours = [p for p in unified_memory_problems(req) if p.option not in _HOOK_OPTIONS]
+    theirs = peer.call("refuse", args=args)["error"]
+    event("accepted" if not ours else f"refused: {ours[0].option}")
+    if not ours:
+        assert theirs is None
+    else:
+        assert theirs is not None and theirs.startswith(ours[0].reason[:60]), (theirs, ours[0].reason)

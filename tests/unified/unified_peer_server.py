@@ -104,6 +104,22 @@ def import_unified():
     raise ImportError("could not import SGLang's unified pool")
 
 
+def import_kv_cache_hook():
+    """``arg_groups/kv_cache_hook.py`` with its server-args accessors answered by the request's plain fields."""
+    import peer_imports as pi  # type: ignore[import-not-found]
+
+    pi._BARE.add("sglang.srt.arg_groups")
+    for name in ("sglang.srt.arg_groups.overrides", "sglang.srt.configs", "sglang.srt.model_executor"):
+        pi._STUB.add(name)
+    hook = importlib.import_module("sglang.srt.arg_groups.kv_cache_hook")
+    hook.resolving_view = hook.resolved_view = lambda sa: sa
+    hook.model_config_of = lambda sa: sa
+    hook.use_mla_backend = lambda sa: sa.is_mla
+    hook.attention_backends_of = lambda sa: list(sa.attention_backends)
+    hook.mambaish_config = lambda mc: object() if mc.is_mamba else None
+    return hook
+
+
 class _KV:
     """The KV / state pools the allocators hold: page moves and zeroing are not observed here."""
 
@@ -171,11 +187,32 @@ def main() -> None:
             }
         return out
 
+    hook = None
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
         op, out = req["op"], None
         t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+        if op == "refuse":
+            import os
+
+            hook = hook or import_kv_cache_hook()
+            args = dict(req["args"])
+            os.environ["SGLANG_DISABLE_LAZY_COMPACTION"] = "0" if args.pop("lazy_compaction") else "1"
+            cfg = types.SimpleNamespace(
+                enable_unified_memory=True,
+                cuda_graph_config=None,
+                speculative_draft_attention_backend=None,
+                _unified_memory_pd_transfer_backends=lambda: {"mooncake"},
+                **args,
+            )
+            try:
+                hook.handle_unified_memory_pool(cfg)
+                error = None
+            except AssertionError as exc:
+                error = str(exc)
+            print(json.dumps({"error": error}), flush=True)
+            continue
         if op == "sizes":
             specs = [spec(d) for d in req["specs"]]
             reply = {
