@@ -115,3 +115,27 @@ def test_capacity_vswa_table() -> None:
     table = cli("capacity", "gpt-oss-120b", "--accounting", "trtllm", "--memory", "40GiB", "--context", "8k")
     assert table.exit_code == 0, table.output
     assert "--max_attention_window 128,131072" in table.stdout.replace("\n", " ").replace("  ", " ")
+
+
+def test_compare_shows_the_third_engine() -> None:
+    """Issue 35's check: `kvpools compare llama-3.1-70b --gpu h100 --tp-size 4` prints three engines.
+    TensorRT-LLM: (H100 total - weights) x 0.9 // 81,920 B // 32 -- the same 17,249 blocks `kvpools plan
+    --accounting trtllm` gives; 131,072-token requests need 4,096 blocks: 4 of them."""
+    result = cli("compare", "llama-3.1-70b", "--gpu", "h100", "--tp-size", "4", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["sglang"] is not None and data["vllm"] is not None
+    assert data["trtllm"]["kv_cache_capacity"] == {
+        "maxNumBlocks": 17249,
+        "tokensPerBlock": 32,
+        "maxNumTokens": 551968,
+    }
+    assert data["contexts"][0]["trtllm_requests"] == 17249 // 4096
+    table = cli("compare", "llama-3.1-70b", "--gpu", "h100", "--tp-size", "4")
+    assert table.exit_code == 0, table.output
+    assert "TensorRT-LLM flags" in table.stdout and "trtllm-serve meta-llama/Meta-Llama-3.1-70B" in table.stdout
+    refused = cli("compare", "deepseek-v3.2", "--memory", "40GiB", "--json")
+    assert refused.exit_code == 0, refused.output
+    refused_data = json.loads(refused.stdout)
+    assert refused_data["trtllm"] is None
+    assert "kvpools does not model DeepSeek sparse attention" in refused_data["trtllm_refusal"]
