@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvpools_core.engines import BUILTIN_ENGINES, engine_for
 from kvpools_core.engines.trtllm import ENGINE, plan_trtllm
@@ -302,3 +304,30 @@ def test_one_budget() -> None:
         plan_trtllm("llama-3.1-8b", Serving())
     with pytest.raises(ConfigError, match="needs one budget"):
         plan_trtllm("llama-3.1-8b", Serving(), memory="10GiB", gpu="h100")
+
+
+def test_host_cache_size_is_the_secondary_pool() -> None:
+    """``calculate_max_num_blocks``: ``host_cache_size // bytes_per_token // tokens_per_block`` host blocks:
+    10 GiB // 81,920 B = 131,072 tokens // 32 = 4,096."""
+    result = plan_trtllm("llama-3.1-70b", Serving(tp_size=4), memory="40GiB", host_cache_size="10GiB")
+    assert result.pools[0].secondary_blocks == 4096
+    assert "host_cache_size: 10737418240" in result.extra_options_yaml()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    free=st.integers(min_value=2 * GiB, max_value=200 * GiB),
+    fraction=st.floats(min_value=0.05, max_value=0.95),
+    tokens_per_block=st.sampled_from([16, 32, 64, 128]),
+    vswa=st.booleans(),
+)
+def test_pools_never_exceed_the_budget(free: int, fraction: float, tokens_per_block: int, vswa: bool) -> None:
+    """Whatever the memory, fraction and block size, the pools' bytes stay within ``int(free x fraction)`` and more
+    memory never gives fewer blocks."""
+    windows = "128,131072" if vswa else None
+    kwargs = dict(kv_cache_free_gpu_memory_fraction=fraction, tokens_per_block=tokens_per_block)
+    result = plan_trtllm("gpt-oss-20b", Serving(), memory=free, max_attention_window=windows, **kwargs)
+    used = sum(pool.primary_blocks * tokens_per_block * pool.bytes_per_token for pool in result.pools)
+    assert used <= int(free * fraction)
+    more = plan_trtllm("gpt-oss-20b", Serving(), memory=free + GiB, max_attention_window=windows, **kwargs)
+    assert all(a.primary_blocks <= b.primary_blocks for a, b in zip(result.pools, more.pools, strict=True))
