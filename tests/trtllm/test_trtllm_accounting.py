@@ -10,6 +10,7 @@ and three public TensorRT-LLM threads are reproduced (``test_public_*``).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -325,7 +326,7 @@ def test_pools_never_exceed_the_budget(free: int, fraction: float, tokens_per_bl
     """Whatever the memory, fraction and block size, the pools' bytes stay within ``int(free x fraction)`` and more
     memory never gives fewer blocks."""
     windows = "128,131072" if vswa else None
-    kwargs = dict(kv_cache_free_gpu_memory_fraction=fraction, tokens_per_block=tokens_per_block)
+    kwargs: dict[str, Any] = {"kv_cache_free_gpu_memory_fraction": fraction, "tokens_per_block": tokens_per_block}
     result = plan_trtllm("gpt-oss-20b", Serving(), memory=free, max_attention_window=windows, **kwargs)
     used = sum(pool.primary_blocks * tokens_per_block * pool.bytes_per_token for pool in result.pools)
     assert used <= int(free * fraction)
