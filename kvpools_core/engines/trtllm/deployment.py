@@ -248,7 +248,7 @@ class TrtllmPlanResult:
                 "NCCL and CUDA-graph memory are not profiled here (0), so the KV cache is an upper bound of what "
                 "TensorRT-LLM's profile leaves: subtract the 'Peak memory during memory usage profiling' it logs."
             )
-        if self.model.params.get("sliding_window_active") is not False and not self.is_vswa:
+        if not self.is_vswa:
             windows = {layer.sliding_window for layer in self.model.layers if layer.sliding_window}
             if windows and self.max_attention_window is None:
                 notes.append(
