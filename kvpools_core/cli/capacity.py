@@ -16,8 +16,12 @@ from kvpools_core.cli.common import (
     _host_args,
     _make_serving,
     _output_format,
+    _refuse_with_trtllm,
     _refuse_with_vllm,
     _serving_options,
+    _trtllm_args,
+    _trtllm_options,
+    _trtllm_plan,
     _user_facing,
     _vllm_args,
     _vllm_options,
@@ -66,6 +70,7 @@ from kvpools_core.values import (
 )
 @_format_option("Print one JSON object.")
 @_vllm_options
+@_trtllm_options
 @_user_facing
 def capacity(
     model: str,
@@ -111,6 +116,7 @@ def capacity(
         raise ConfigError(f"--requests must be at least 1, got {requests}.")
     if not 0 <= headroom < 1:
         raise ConfigError(f"--headroom must be a fraction in [0, 1), e.g. 0.1 for 10%; got {headroom}.")
+    trtllm_args = _trtllm_args(options)
     vllm_args = _vllm_args(options)
     if options["accounting"] == "vllm":
         _refuse_with_vllm(
@@ -125,6 +131,21 @@ def capacity(
         )
         _vllm_capacity(
             model, _make_serving(options, None), memory, gpu, gpu_memory, weights_memory, vllm_args, asked, as_json
+        )
+        return
+    if options["accounting"] == "trtllm":
+        _refuse_with_trtllm(
+            device=device,
+            free_memory=free_memory,
+            reserved_memory=reserved_memory,
+            runtime_memory=runtime_memory,
+            speculative_draft_model_path=draft_model,
+            requests=requests,
+            workload=workload,
+            format_capacity_json=fmt == "capacity-json",
+        )
+        _trtllm_capacity(
+            model, _make_serving(options, None), memory, gpu, gpu_memory, weights_memory, trtllm_args, asked, as_json
         )
         return
     parsed_workload = parse_workload(workload) if workload is not None else None
@@ -190,3 +211,27 @@ def _vllm_capacity(
         click.echo(json.dumps(capacity_dict(result, contexts), indent=2))
     else:
         render_vllm_capacity(result, contexts, _console())
+
+
+def _trtllm_capacity(
+    model: str,
+    serving: Serving,
+    memory: str | None,
+    gpu: str | None,
+    gpu_memory: str | None,
+    weights_memory: str | None,
+    args: dict[str, Any],
+    asked: list[int],
+    as_json: bool,
+) -> None:
+    """``kvpools capacity --accounting trtllm``: the requests TensorRT-LLM's pools hold at each context length."""
+    from kvpools_core.cli.trtllm_report import render_trtllm_capacity
+    from kvpools_core.engines.trtllm.deployment import capacity_dict
+    from kvpools_core.planning.capacity import CONTEXT_LADDER
+
+    result = _trtllm_plan(model, serving, memory, gpu, gpu_memory, weights_memory, args)
+    contexts = asked or [length for length in CONTEXT_LADDER if length <= result.max_seq_len]
+    if as_json:
+        click.echo(json.dumps(capacity_dict(result, contexts), indent=2))
+    else:
+        render_trtllm_capacity(result, contexts, _console())

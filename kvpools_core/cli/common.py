@@ -84,7 +84,8 @@ _HELP = {
     "(SGLANG_OPT_USE_ONLINE_COMPRESS).",
     "enable_online_c128_mtp": "Allow online c128 with EAGLE top-k 1 MTP (SGLANG_EXPERIMENTAL_ONLINE_C128_MTP).",
     "accounting": "exact: charge every byte built; sglang: SGLang's numbers exactly; vllm: vLLM 0.33's KV cache "
-    "(plan and capacity only, with vLLM's flags; docs/vllm.md).",
+    "(plan and capacity only, with vLLM's flags; docs/vllm.md); trtllm: TensorRT-LLM 1.2's KV cache (plan and "
+    "capacity only, with TensorRT-LLM's flags; docs/trtllm.md).",
     "enable_hierarchical_cache": "HiCache: plan the host KV tier (pinned CPU mirrors of the device pools).",
     "hicache_ratio": "Host pool slots per device pool slot (SGLang's --hicache-ratio); unset with no --hicache-size: "
     "2.0, lowered to what the node holds (SGLang's auto-sizing).",
@@ -366,6 +367,117 @@ def _vllm_plan(
     from kvpools_core.engines import engine_for
 
     return engine_for("vllm").plan(
+        model, serving, memory=memory, gpu=gpu, gpu_memory=gpu_memory, weights_memory=weights_memory, **args
+    )
+
+
+_TRTLLM_OPTIONS = (
+    "kv_cache_free_gpu_memory_fraction",
+    "max_batch_size",
+    "max_num_tokens",
+    "tokens_per_block",
+    "max_seq_len",
+    "max_tokens",
+    "max_gpu_total_bytes",
+    "max_attention_window",
+    "window_size_shares",
+    "host_cache_size",
+    "enable_attention_dp",
+)
+"""TensorRT-LLM's own option names (``trtllm-serve``'s and ``KvCacheConfig``'s, with their underscores), accepted
+by ``plan`` and ``capacity`` under ``--accounting trtllm`` only."""
+
+
+def _trtllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """TensorRT-LLM's flags, spelled as ``trtllm-serve`` / ``KvCacheConfig`` spell them; ``--accounting trtllm``
+    only."""
+    only = " Only with --accounting trtllm."
+    for flag, kind, help_text in reversed(
+        (
+            (
+                "--kv_cache_free_gpu_memory_fraction",
+                float,
+                "TensorRT-LLM's fraction of the memory FREE AFTER its warm-up run for the KV cache [default: 0.9].",
+            ),
+            ("--max_batch_size", int, "TensorRT-LLM's cap on running requests [default: 2048]."),
+            ("--max_num_tokens", int, "TensorRT-LLM's tokens per step [default: 8192]."),
+            ("--tokens_per_block", int, "kv_cache_config.tokens_per_block [default: 32]."),
+            ("--max_seq_len", int, "TensorRT-LLM's longest request [default: the model's context length]."),
+            ("--max_tokens", int, "kv_cache_config.max_tokens: a cap on the KV cache's tokens."),
+            ("--max_gpu_total_bytes", str, "kv_cache_config.max_gpu_total_bytes: a cap on the KV cache's bytes."),
+            (
+                "--max_attention_window",
+                str,
+                "kv_cache_config.max_attention_window, comma separated (a per-layer pattern; several sizes: VSWA).",
+            ),
+            (
+                "--window_size_shares",
+                str,
+                "TRTLLM_WINDOW_SIZE_SHARES: each window size's share of the VSWA memory, smallest window first.",
+            ),
+            ("--host_cache_size", str, "kv_cache_config.host_cache_size: the host (secondary) pool's bytes."),
+        )
+    ):
+        command = click.option(flag, type=kind, default=None, help=help_text + only)(command)
+    return click.option(
+        "--enable_attention_dp", is_flag=True, default=None, help="TensorRT-LLM's attention DP." + only
+    )(command)
+
+
+def _trtllm_args(options: dict[str, Any]) -> dict[str, Any]:
+    """Take TensorRT-LLM's flags out of ``options``: refused unless ``--accounting trtllm``, which refuses
+    SGLang's."""
+    args = {name: options.pop(name, None) for name in _TRTLLM_OPTIONS}
+    if (options.get("accounting") or "").lower() != "trtllm":
+        given = [f"--{name}" for name, value in args.items() if value not in (None, False)]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} TensorRT-LLM's: only with --accounting "
+                "trtllm (SGLang's names are --mem-fraction-static, --context-length, --max-running-requests, "
+                "--page-size)."
+            )
+        return args
+    from kvpools_core.engines.trtllm.deployment import TRTLLM_READ_FIELDS, sglang_option_refused
+
+    options["accounting"] = "trtllm"
+    host = {name: value for name, value in _host_args(options).items() if value is not None}
+    if host:
+        raise ConfigError(
+            f"{', '.join('--' + name.replace('_', '-') for name in host)} size SGLang's and vLLM's host tiers; "
+            "TensorRT-LLM's is --host_cache_size."
+        )
+    for name, value in options.items():
+        if value is None or value == () or name in TRTLLM_READ_FIELDS or name in _VLLM_OPTIONS:
+            continue  # vLLM's flags are refused by _vllm_args, naming them as vLLM's
+        raise ConfigError(sglang_option_refused(name))
+    args["enable_attention_dp"] = bool(args["enable_attention_dp"])
+    return args
+
+
+def _refuse_with_trtllm(**given: Any) -> None:
+    """Budget and report flags of SGLang's pipeline that ``--accounting trtllm`` has no counterpart for."""
+    named = [f"--{name.replace('_', '-')}" for name, value in given.items() if value]
+    if named:
+        raise ConfigError(
+            f"{', '.join(named)} {'belongs' if len(named) == 1 else 'belong'} to SGLang's planning, not to "
+            "--accounting trtllm, whose budget is --memory SIZE (the memory free after TensorRT-LLM's warm-up) or "
+            "--gpu NAME / --gpu-memory SIZE with --weights-memory, and --kv_cache_free_gpu_memory_fraction "
+            "(docs/trtllm.md)."
+        )
+
+
+def _trtllm_plan(
+    model: str,
+    serving: Serving,
+    memory: str | None,
+    gpu: str | None,
+    gpu_memory: str | None,
+    weights_memory: str | None,
+    args: dict[str, Any],
+) -> Any:
+    from kvpools_core.engines import engine_for
+
+    return engine_for("trtllm").plan(
         model, serving, memory=memory, gpu=gpu, gpu_memory=gpu_memory, weights_memory=weights_memory, **args
     )
 

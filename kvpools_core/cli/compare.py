@@ -1,4 +1,4 @@
-"""``kvpools compare``: one model through SGLang's accounting and vLLM's, side by side."""
+"""``kvpools compare``: one model through SGLang's accounting, vLLM's and TensorRT-LLM's, side by side."""
 
 from __future__ import annotations
 
@@ -75,10 +75,11 @@ def compare(
     block_size: int | None,
     as_json: bool,
 ) -> None:
-    """MODEL through SGLang's accounting and vLLM's, side by side, from the same budget.
+    """MODEL through SGLang's accounting, vLLM's and TensorRT-LLM's, side by side, from the same budget.
 
     Per layer group (full attention / MLA, sliding window, state): bytes per token, tokens, vLLM's blocks, and
-    where the engines differ; then the concurrent requests of each --context L in both (docs/compare.md).
+    where the engines differ; TensorRT-LLM's pools; then the concurrent requests of each --context L in all three
+    (docs/compare.md; TensorRT-LLM takes --memory as its memory free after warm-up, docs/trtllm.md).
     """
     from kvpools_core.cli.compare_report import render_engine_comparison
     from kvpools_core.planning.capacity import parse_context_len

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from kvpools_core.engines.trtllm.deployment import TRTLLM_VERSION
 from kvpools_core.engines.vllm.deployment import VLLM_VERSION
 from kvpools_core.planning.compare import EngineComparison, LayerGroupComparison
 from kvpools_core.units import format_bytes
@@ -64,6 +65,19 @@ def render_engine_comparison(comparison: EngineComparison, console: Console) -> 
             f"block {vllm.effective_block_size}, max_model_len {vllm.max_model_len:,}, max_num_seqs {vllm.max_num_seqs}"
         )
         console.print(f"  vLLM logs: {vllm.plan.log_line}")
+    trtllm = comparison.trtllm
+    if trtllm is not None:
+        pools = ", ".join(
+            f"window {pool.window:,}: {pool.primary_blocks:,} blocks x {trtllm.tokens_per_block} tokens "
+            f"({len(pool.layers)} layers, {pool.bytes_per_token:,} B/token)"
+            for pool in trtllm.pools
+        )
+        console.print(
+            f"  TensorRT-LLM {TRTLLM_VERSION}: {format_bytes(trtllm.ranks[0].available_kv_memory)} of KV cache; "
+            f"{pools}; get_kv_cache_capacity() {trtllm.kv_cache_capacity()}"
+        )
+    elif comparison.trtllm_refusal is not None:
+        console.print(f"  TensorRT-LLM: {comparison.trtllm_refusal}")
     table = Table(title="Per layer group (one rank's bytes; vLLM tokens: its usable blocks, were all this group's)")
     left = ("layer group", "SGLang pools", "vLLM groups", "vLLM layers x page / block")
     for column in (*left[:2], "SGLang bytes", "SGLang tokens", *left[2:], "vLLM bytes", "vLLM tokens"):
@@ -80,6 +94,7 @@ def render_engine_comparison(comparison: EngineComparison, console: Console) -> 
         contexts.add_column(column, justify="left" if "binding" in column else "right")
     contexts.add_column("vLLM requests", justify="right")
     contexts.add_column("vLLM binding")
+    contexts.add_column("TensorRT-LLM requests", justify="right")
     for context in comparison.contexts:
         contexts.add_row(
             f"{context.context_len:,}",
@@ -89,6 +104,7 @@ def render_engine_comparison(comparison: EngineComparison, console: Console) -> 
             f"{context.vllm_max_concurrency:.2f}x" if context.vllm_max_concurrency is not None else "-",
             _number(context.vllm_requests),
             context.vllm_binding or "-",
+            _number(context.trtllm_requests),
         )
     console.print(contexts)
     for note in comparison.notes:
@@ -96,3 +112,6 @@ def render_engine_comparison(comparison: EngineComparison, console: Console) -> 
     if vllm is not None:
         console.print("[bold]vLLM flags[/bold]")
         console.print(f"  {vllm.serve_command()}")
+    if trtllm is not None:
+        console.print("[bold]TensorRT-LLM flags[/bold]")
+        console.print(f"  {trtllm.serve_command()}")

@@ -19,9 +19,13 @@ from kvpools_core.cli.common import (
     _host_args,
     _make_serving,
     _output_format,
+    _refuse_with_trtllm,
     _refuse_with_vllm,
     _render_comparison,
     _serving_options,
+    _trtllm_args,
+    _trtllm_options,
+    _trtllm_plan,
     _user_facing,
     _vllm_args,
     _vllm_options,
@@ -49,6 +53,7 @@ from kvpools_core.values import (
 )
 @_compare_option
 @_vllm_options
+@_trtllm_options
 @click.option(
     "--all-ranks",
     is_flag=True,
@@ -80,6 +85,7 @@ def plan(
     from kvpools_core.planning.capacity import parse_context_len
 
     fmt = _output_format(output_format, as_json)
+    trtllm_args = _trtllm_args(options)
     vllm_args = _vllm_args(options)
     if options["accounting"] == "vllm":
         _refuse_with_vllm(
@@ -100,6 +106,26 @@ def plan(
             from kvpools_core.cli.vllm_report import render_vllm_plan
 
             render_vllm_plan(result, _console())
+        return
+    if options["accounting"] == "trtllm":
+        _refuse_with_trtllm(
+            device=device,
+            free_memory=free_memory,
+            reserved_memory=reserved_memory,
+            runtime_memory=runtime_memory,
+            speculative_draft_model_path=draft_model,
+            context=context,
+            compare_platform=compare_platform,
+            all_ranks=all_ranks,
+            format_capacity_json=fmt == "capacity-json",
+        )
+        trt = _trtllm_plan(model, _make_serving(options, None), memory, gpu, gpu_memory, weights_memory, trtllm_args)
+        if fmt == "json":
+            click.echo(json.dumps(trt.to_dict(), indent=2))
+        else:
+            from kvpools_core.cli.trtllm_report import render_trtllm_plan
+
+            render_trtllm_plan(trt, _console())
         return
     if context is not None and fmt != "capacity-json":
         raise ConfigError("--context states the context of the capacity record: use it with --format capacity-json.")

@@ -15,7 +15,7 @@ from kvpools_core.engines.base import Engine
 from kvpools_core.errors import ConfigError
 from kvpools_core.options import option
 
-BUILTIN_ENGINES = ("kvpools_core.engines.sglang", "kvpools_core.engines.vllm")
+BUILTIN_ENGINES = ("kvpools_core.engines.sglang", "kvpools_core.engines.vllm", "kvpools_core.engines.trtllm")
 """The engine subpackages, imported when first asked for (the vLLM model is not loaded for an SGLang plan)."""
 
 

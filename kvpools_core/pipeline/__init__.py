@@ -267,10 +267,12 @@ def plan_basis(
     if not isinstance(serving, Serving):
         raise ConfigError(f"serving must be a kvpools_core.Serving, got {type(serving).__name__}.")
     if serving.accounting not in SGLANG_ACCOUNTING_MODES:
+        engine = {"vllm": "vLLM", "trtllm": "TensorRT-LLM"}.get(serving.accounting, serving.accounting)
         raise UnsupportedCombinationError(
-            f"{option('accounting')} {serving.accounting} plans vLLM's KV cache, not SGLang's pools: use "
-            "kvpools_core.engines.vllm.plan_vllm (kvpools plan / kvpools capacity --accounting vllm); "
-            f"this command takes {option('accounting')} {' or '.join(SGLANG_ACCOUNTING_MODES)}."
+            f"{option('accounting')} {serving.accounting} plans {engine}'s KV cache, not SGLang's pools: use "
+            f"kvpools_core.engines.{serving.accounting}.plan_{serving.accounting} (kvpools plan / kvpools capacity "
+            f"--accounting {serving.accounting}); this command takes {option('accounting')} "
+            f"{' or '.join(SGLANG_ACCOUNTING_MODES)}."
         )
     provenance: dict[str, tuple[str, ...]] = {}
     serving = resolve_platform(serving, registry)

@@ -1,4 +1,5 @@
-"""``kvpools compare``: one model through SGLang's accounting and vLLM's, side by side, per layer group.
+"""``kvpools compare``: one model through SGLang's accounting and vLLM's, side by side, per layer group, and
+TensorRT-LLM's (``--accounting trtllm``) as a third engine: its budget, pools and requests per context length.
 
 :func:`compare_engines` plans the model twice from the same budget -- SGLang's pipeline
 (:func:`kvpools_core.pipeline.plan`, ``accounting="sglang"``) and vLLM's
@@ -39,6 +40,7 @@ from kvpools_core.units import format_bytes
 from kvpools_core.values import FULL_TOKENS, STATE_SLOT, TOKEN, Plan, PoolSpec, Serving
 
 if TYPE_CHECKING:
+    from kvpools_core.engines.trtllm.deployment import TrtllmPlanResult
     from kvpools_core.engines.vllm.deployment import VllmPlanResult
     from kvpools_core.engines.vllm.planning import KVCacheGroupSpec
     from kvpools_core.pipeline.gpus import GPU
@@ -105,6 +107,9 @@ class ContextComparison:
     vllm_blocks_per_request: int | None = None
     vllm_requests: int | None = None
     vllm_binding: str | None = None
+    trtllm_requests: int | None = None
+    """TensorRT-LLM's requests of this length (:meth:`TrtllmPlanResult.concurrency_at`), None without its plan or
+    past its ``max_seq_len``."""
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -131,6 +136,10 @@ class EngineComparison:
     exact_max_total_num_tokens: int | None = None
     """What ``kvpools plan`` gives from the same budget under its default ``--accounting exact`` (which also fits
     the pools SGLang's estimate leaves out), or None when that accounting does not plan it."""
+    trtllm: TrtllmPlanResult | None = None
+    """The third engine, TensorRT-LLM (``--accounting trtllm``), or None where kvpools does not model it or
+    TensorRT-LLM would refuse (``trtllm_refusal``)."""
+    trtllm_refusal: str | None = None
 
     @property
     def sglang_budget(self) -> int:
@@ -175,6 +184,8 @@ class EngineComparison:
                 "serve_command": vllm.serve_command(),
             },
             "vllm_refusal": self.vllm_refusal,
+            "trtllm": None if self.trtllm is None else _trtllm_dict(self.trtllm),
+            "trtllm_refusal": self.trtllm_refusal,
             "groups": [group.to_dict() for group in self.groups],
             "contexts": [context.to_dict() for context in self.contexts],
             "notes": list(self.notes),
@@ -267,8 +278,10 @@ def compare_engines(
         refusal = f"vLLM's accounting is not modelled for this model: {error}"
     except VllmMemoryError as error:
         refusal = f"vLLM would refuse it: {error}"
+    trtllm, trtllm_refusal = _plan_trtllm(model, serving, context_length, budget, registry)
     lengths = tuple(contexts) or (sglang.model.context_len if context_length is None else context_length,)
     groups = _rows(sglang, vllm, lengths)
+    trt_notes = () if trtllm is None else (_trtllm_note(trtllm, memory is not None),)
     return EngineComparison(
         model=sglang.model.name,
         budget_basis="memory" if memory is not None else "gpu",
@@ -276,9 +289,74 @@ def compare_engines(
         vllm=vllm,
         vllm_refusal=refusal,
         groups=groups,
-        contexts=tuple(_context(sglang, vllm, length) for length in lengths),
-        notes=(*_notes(sglang, vllm, refusal, memory is not None), _exact_note(sglang, exact)),
+        contexts=tuple(
+            attrs.evolve(
+                _context(sglang, vllm, length),
+                trtllm_requests=None if trtllm is None else trtllm.concurrency_at(length),
+            )
+            for length in lengths
+        ),
+        notes=(*_notes(sglang, vllm, refusal, memory is not None), *trt_notes, _exact_note(sglang, exact)),
         exact_max_total_num_tokens=None if exact is None else exact.max_total_num_tokens,
+        trtllm=trtllm,
+        trtllm_refusal=trtllm_refusal,
+    )
+
+
+def _plan_trtllm(
+    model: str,
+    serving: Serving,
+    context_length: int | None,
+    budget: dict[str, Any],
+    registry: Registry | None,
+) -> tuple[TrtllmPlanResult | None, str | None]:
+    """TensorRT-LLM's plan from the same budget: ``memory`` is taken as its free memory after warm-up (so its KV
+    cache is 0.9 of it), a GPU is its own arithmetic; or why it is not planned."""
+    from kvpools_core.engines import engine_for
+
+    try:
+        result = engine_for("trtllm").plan(
+            model,
+            attrs.evolve(serving, accounting="trtllm", page_size=Serving().page_size),
+            max_seq_len=context_length,
+            registry=registry,
+            **budget,
+        )
+    except KvpoolsError as error:
+        return None, f"TensorRT-LLM's accounting is not planned for this model: {error}"
+    return result, None
+
+
+def _trtllm_dict(result: TrtllmPlanResult) -> dict[str, Any]:
+    rank = result.ranks[0]
+    return {
+        "available_kv_memory": rank.available_kv_memory,
+        "free_gpu_memory_fraction": result.free_gpu_memory_fraction,
+        "cache_bytes_per_token": rank.cache_bytes_per_token,
+        "tokens_per_block": result.tokens_per_block,
+        "pools": [
+            {"window": pool.window, "layers": len(pool.layers), "primary_blocks": pool.primary_blocks}
+            for pool in result.pools
+        ],
+        "kv_cache_capacity": result.kv_cache_capacity(),
+        "max_seq_len": result.max_seq_len,
+        "max_batch_size": result.max_batch_size,
+        "serve_command": result.serve_command(),
+    }
+
+
+def _trtllm_note(result: TrtllmPlanResult, explicit: bool) -> str:
+    rank = result.ranks[0]
+    basis = (
+        "--memory taken as its memory free after warm-up"
+        if explicit
+        else f"total - weights {format_bytes(rank.weights_memory or 0)} taken as its memory free after warm-up "
+        "(the warm-up's peak not profiled: an upper bound)"
+    )
+    return (
+        f"TensorRT-LLM's budget {rank.available_kv_memory:,} B ({format_bytes(rank.available_kv_memory)}): {basis}, "
+        f"x --kv_cache_free_gpu_memory_fraction {result.free_gpu_memory_fraction:g}; {rank.cache_bytes_per_token:,} "
+        f"B per token in {len(result.pools)} pool(s) of {result.tokens_per_block}-token blocks (docs/trtllm.md)"
     )
 
 

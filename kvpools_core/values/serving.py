@@ -30,9 +30,10 @@ from kvpools_core.values.loading import load_value
 from kvpools_core.values.traits import PlatformTraits, Workspace, _workspace_tuple
 
 SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NEXTN", "DFLASH", "NGRAM")
-ACCOUNTING_MODES = ("exact", "sglang", "vllm")
+ACCOUNTING_MODES = ("exact", "sglang", "vllm", "trtllm")
 """``exact`` and ``sglang`` size SGLang's pools (:func:`kvpools_core.plan`); ``vllm`` plans ``vllm serve``'s KV
-cache instead (:func:`kvpools_core.engines.vllm.plan_vllm`, ``docs/vllm.md``), which the SGLang pipeline refuses."""
+cache instead (:func:`kvpools_core.engines.vllm.plan_vllm`, ``docs/vllm.md``) and ``trtllm`` ``trtllm-serve``'s
+(:func:`kvpools_core.engines.trtllm.plan_trtllm`, ``docs/trtllm.md``); the SGLang pipeline refuses both."""
 SGLANG_ACCOUNTING_MODES = ("exact", "sglang")
 """The accounting modes of SGLang's pipeline (``plan``, ``build``, ``fit``, ``sweep``)."""
 

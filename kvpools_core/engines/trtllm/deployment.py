@@ -1,0 +1,664 @@
+"""``--accounting trtllm``: a model, serving options and a budget planned as ``trtllm-serve`` (TensorRT-LLM 1.2,
+PyTorch backend, the default V1 ``KVCacheManager``) would size its KV cache.
+
+TensorRT-LLM's budget is not a fraction of the GPU: ``KvCacheCreator`` runs a warm-up with a temporary KV cache,
+measures the peak, and gives the KV cache ``free_gpu_memory_fraction`` of what is left:
+``(total - peak + temporary KV) x fraction`` (``_cal_max_memory``).  kvpools cannot run the warm-up, so that
+"free after warm-up" figure is an input: ``memory`` states it, or a ``gpu`` gives ``total - weights`` (the
+warm-up's activation peak, NCCL and CUDA-graph memory taken as 0, so an upper bound; see ``notes``).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from kvpools_core.engines.trtllm.manager import (
+    DEFAULT_FREE_GPU_MEMORY_FRACTION,
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_NUM_TOKENS,
+    DEFAULT_TOKENS_PER_BLOCK,
+    KV_DTYPES,
+    TRTLLM_DTYPE_NAMES,
+    TrtllmLayer,
+    WindowPool,
+    adjust_window_sizes_for_vswa,
+    available_kv_memory,
+    cache_bytes_per_token,
+    element_bytes,
+    estimated_size_per_token,
+    layer_elements,
+    pp_layers,
+    shortest_pattern,
+    trtllm_layers,
+    window_shares,
+    window_upper_bound,
+    window_vector,
+)
+from kvpools_core.errors import ConfigError, KvpoolsError, UnsupportedCombinationError, short_repr
+from kvpools_core.models import launch_model_path, load_model
+from kvpools_core.pipeline.gpus import GPU, custom_gpu, find_gpu
+from kvpools_core.registry import Registry, get_registry
+from kvpools_core.units import parse_bytes
+from kvpools_core.values import ModelSpec, Serving
+
+TRTLLM_VERSION = "1.2.1"
+
+TRTLLM_NAMES = {
+    "context_length": "max_seq_len",
+    "max_running_requests": "max_batch_size",
+    "page_size": "tokens_per_block",
+    "chunked_prefill_size": "max_num_tokens",
+    "mem_fraction_static": "kv_cache_free_gpu_memory_fraction",
+    "max_total_tokens": "max_tokens",
+    "enable_dp_attention": "enable_attention_dp",
+}
+"""SGLang's serving options that have a TensorRT-LLM counterpart under ``--accounting trtllm``."""
+
+TRTLLM_READ_FIELDS = {"tp_size", "pp_size", "kv_cache_dtype", "accounting", "platform"}
+"""The ``Serving`` fields TensorRT-LLM's accounting reads; the others are SGLang's and refused when set."""
+_RESOLVED_FIELDS = {"platform_traits", "workspaces", "plugin_options"}
+
+
+def trtllm_flag(name: str) -> str:
+    """A TensorRT-LLM option as kvpools spells it (``trtllm-serve``'s own underscores)."""
+    return f"--{name}"
+
+
+def sglang_option_refused(name: str) -> str:
+    """Why SGLang's option ``name`` is refused under ``--accounting trtllm``, naming TensorRT-LLM's where there is
+    one."""
+    from kvpools_core.options import option
+
+    trt = TRTLLM_NAMES.get(name)
+    fix = f"use {trtllm_flag(trt)}" if trt else "drop it (not modelled for TensorRT-LLM)"
+    if name == "mem_fraction_static":
+        fix += " (a fraction of the memory FREE AFTER TensorRT-LLM's warm-up, not of the total)"
+    return f"{option(name)} is SGLang's option; {option('accounting')} trtllm does not read it: {fix}."
+
+
+def _check_serving(serving: Serving) -> None:
+    defaults = Serving()
+    for field in attrs.fields(Serving):
+        if field.name in TRTLLM_READ_FIELDS or field.name in _RESOLVED_FIELDS:
+            continue
+        if getattr(serving, field.name) == getattr(defaults, field.name):
+            continue
+        raise ConfigError(sglang_option_refused(field.name))
+    if serving.platform != "cuda":
+        raise UnsupportedCombinationError(
+            f"TensorRT-LLM runs on NVIDIA GPUs only (platform {serving.platform!r}): --accounting trtllm plans "
+            "the cuda platform; use --accounting sglang or vllm for other platforms."
+        )
+    if serving.kv_cache_dtype not in KV_DTYPES:
+        raise UnsupportedCombinationError(
+            f"--kv-cache-dtype {serving.kv_cache_dtype} is not a KV cache TensorRT-LLM's KVCacheManager keeps "
+            "(get_cache_bytes_per_token takes FP8, HALF, BF16, NVFP4): use auto, bf16, fp16, fp8_e4m3 (fp8) or "
+            "fp4_e2m1 (nvfp4)."
+        )
+
+
+def _positive_int(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ConfigError(f"{trtllm_flag(name)} must be a positive integer, got {short_repr(value)}.")
+
+
+def parse_int_list(name: str, value: str | Sequence[int] | None) -> tuple[int, ...] | None:
+    """A comma-separated list of positive integers (``--max_attention_window 128,131072``)."""
+    if value is None:
+        return None
+    items = [item.strip() for item in value.split(",")] if isinstance(value, str) else list(value)
+    try:
+        parsed = tuple(int(item) for item in items)
+    except (TypeError, ValueError):
+        parsed = ()
+    if not parsed or any(item <= 0 for item in parsed):
+        raise ConfigError(
+            f"{trtllm_flag(name)} takes positive integers separated by commas (e.g. 128,131072), got "
+            f"{short_repr(value)}."
+        )
+    return parsed
+
+
+def parse_shares(value: str | Sequence[float] | None) -> tuple[float, ...] | None:
+    """``TRTLLM_WINDOW_SIZE_SHARES``: floats separated by commas, as TensorRT-LLM reads the variable."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        parsed = tuple(float(item) for item in items)
+    except (TypeError, ValueError):
+        parsed = ()
+    if not parsed or any(not 0 <= share <= 1 for share in parsed):
+        raise ConfigError(
+            f"--window_size_shares (TRTLLM_WINDOW_SIZE_SHARES) takes fractions separated by commas, one per "
+            f"window size, smallest window first (e.g. 0.4,0.6), got {short_repr(value)}."
+        )
+    return parsed
+
+
+@attrs.frozen(kw_only=True)
+class TrtllmRank:
+    """One pipeline stage's KV cache as ``KvCacheCreator`` and ``KVCacheManager`` size it (before the MIN
+    across ranks)."""
+
+    pp_rank: int
+    layers: tuple[int, ...]
+    free_after_warmup: int
+    weights_memory: int | None
+    available_kv_memory: int
+    """``_cal_max_memory``: ``int(free_after_warmup x fraction)``, then ``max_tokens``' clamp."""
+    estimated_size_per_token: int
+    """``get_cache_size_per_token``, what ``KvCacheCreator`` divides the budget by."""
+    cache_bytes_per_token: int
+    """``get_cache_bytes_per_token``, what the manager divides by."""
+    max_tokens: int
+    """The tokens this rank's manager settles on (single window), or its VSWA pool bytes / window."""
+    max_gpu_total_bytes: int
+    """``kv_cache_config.max_gpu_total_bytes`` as ``KvCacheCreator`` writes it (the VSWA pool budget)."""
+
+
+@attrs.frozen(kw_only=True)
+class TrtllmPlanResult:
+    """One ``trtllm-serve`` deployment planned: inputs, each stage's budget, the pools per window size."""
+
+    model: ModelSpec
+    model_ref: str
+    plugin: str
+    serving: Serving
+    gpu: GPU | None
+    weights_source: str
+    free_gpu_memory_fraction: float
+    tokens_per_block: int
+    max_batch_size: int
+    max_num_tokens: int
+    max_seq_len_requested: int
+    max_seq_len: int
+    """After ``_validate_and_adjust_attention_windows`` (lowered when one sequence cannot hold it)."""
+    max_tokens: int | None
+    max_gpu_total_bytes: int | None
+    max_attention_window: tuple[int, ...] | None
+    window_size_shares: tuple[float, ...] | None
+    host_cache_size: int | None
+    enable_attention_dp: bool
+    is_vswa: bool
+    ranks: tuple[TrtllmRank, ...]
+    pools: tuple[WindowPool, ...]
+    """One per window size (one pool without VSWA), blocks after the MIN across ranks."""
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        return TRTLLM_DTYPE_NAMES[self.serving.kv_cache_dtype]
+
+    @property
+    def max_num_blocks(self) -> int | None:
+        """``blocks_in_primary_pool`` of the single-window manager; None for VSWA (several pools)."""
+        return None if self.is_vswa else self.pools[0].primary_blocks
+
+    @property
+    def max_kv_tokens(self) -> int:
+        """Tokens the smallest pool holds (``maxNumTokens`` without VSWA)."""
+        return min(pool.primary_blocks for pool in self.pools) * self.tokens_per_block
+
+    def kv_cache_capacity(self) -> dict[str, int] | None:
+        """What ``LLM.get_kv_cache_capacity()`` publishes (``PyExecutor.get_kv_cache_capacity``):
+        ``maxNumBlocks`` (``blocks_in_primary_pool``), ``tokensPerBlock`` and their product ``maxNumTokens``.
+        None for VSWA: it reads the C++ ``KVCacheStats.max_num_blocks`` over several window pools, which kvpools
+        has not reproduced."""
+        if self.max_num_blocks is None:
+            return None
+        return {
+            "maxNumBlocks": self.max_num_blocks,
+            "tokensPerBlock": self.tokens_per_block,
+            "maxNumTokens": self.max_num_blocks * self.tokens_per_block,
+        }
+
+    def concurrency_at(self, context_len: int) -> int | None:
+        """Requests of ``context_len`` tokens the pools hold at once, at most ``max_batch_size``; None past
+        ``max_seq_len``.  Each request holds ``ceil(min(context, window) / tokens_per_block)`` blocks of each
+        window's pool (kvpools' reading: the C++ ``WindowBlockManager``'s detaching of out-of-window blocks is not
+        reproduced, so a sliding pool may hold a block more per request)."""
+        if context_len <= 0:
+            raise ConfigError(f"A context length must be positive, got {context_len}.")
+        if context_len > self.max_seq_len:
+            return None
+        fits = min(
+            pool.primary_blocks // math.ceil(min(context_len, pool.window) / self.tokens_per_block)
+            for pool in self.pools
+        )
+        return min(fits, self.max_batch_size)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the numbers assume that TensorRT-LLM would measure at start-up."""
+        notes = []
+        if self.gpu is None:
+            notes.append(
+                "--memory is the memory left free after TensorRT-LLM's warm-up (total - peak + its temporary KV "
+                "cache): --kv_cache_free_gpu_memory_fraction applies to it, not to the GPU's total."
+            )
+        else:
+            notes.append(
+                f"free after warm-up = total - weights ({self.weights_source}); the warm-up's activation peak, "
+                "NCCL and CUDA-graph memory are not profiled here (0), so the KV cache is an upper bound of what "
+                "TensorRT-LLM's profile leaves: subtract the 'Peak memory during memory usage profiling' it logs."
+            )
+        if not self.is_vswa:
+            windows = {layer.sliding_window for layer in self.model.layers if layer.sliding_window}
+            if windows and self.max_attention_window is None:
+                notes.append(
+                    f"{self.model.name} has sliding-window layers ({sorted(windows)}), which TensorRT-LLM's "
+                    "KVCacheManager sizes as full layers unless kv_cache_config.max_attention_window is given; "
+                    f"--max_attention_window {','.join(map(str, self.suggested_windows()))} plans its VSWA pools."
+                )
+        return tuple(notes)
+
+    def suggested_windows(self) -> tuple[int, ...]:
+        windows = [layer.sliding_window or self.max_seq_len_requested for layer in self.model.layers]
+        return shortest_pattern(windows)
+
+    def extra_llm_api_options(self) -> dict[str, Any]:
+        """The ``--extra_llm_api_options`` YAML's content that realises the plan."""
+        kv: dict[str, Any] = {"tokens_per_block": self.tokens_per_block}
+        if self.kv_cache_dtype != "auto":
+            kv["dtype"] = self.kv_cache_dtype
+        if self.max_tokens is not None:
+            kv["max_tokens"] = self.max_tokens
+        if self.max_gpu_total_bytes is not None:
+            kv["max_gpu_total_bytes"] = self.max_gpu_total_bytes
+        if self.max_attention_window is not None:
+            kv["max_attention_window"] = list(self.max_attention_window)
+        if self.host_cache_size is not None:
+            kv["host_cache_size"] = self.host_cache_size
+        options: dict[str, Any] = {"kv_cache_config": kv}
+        if self.enable_attention_dp:
+            options["enable_attention_dp"] = True
+        return options
+
+    def extra_options_yaml(self) -> str:
+        """:meth:`extra_llm_api_options` as YAML (flat values and lists only)."""
+        lines = []
+        for key, value in self.extra_llm_api_options().items():
+            if isinstance(value, dict):
+                lines.append(f"{key}:")
+                lines.extend(f"  {name}: {_yaml(item)}" for name, item in value.items())
+            else:
+                lines.append(f"{key}: {_yaml(value)}")
+        return "\n".join(lines) + "\n"
+
+    def serve_command(self, options_file: str = "kvpools-trtllm.yaml") -> str:
+        """The ``trtllm-serve`` line that realises this plan (with :meth:`extra_options_yaml` in
+        ``options_file``)."""
+        parts = [
+            f"trtllm-serve {shlex.quote(self.model_ref)}",
+            "--backend pytorch",
+            f"--tp_size {self.serving.tp_size}",
+            f"--pp_size {self.serving.pp_size}",
+            f"--max_batch_size {self.max_batch_size}",
+            f"--max_num_tokens {self.max_num_tokens}",
+            f"--max_seq_len {self.max_seq_len_requested}",
+            f"--kv_cache_free_gpu_memory_fraction {self.free_gpu_memory_fraction:g}",
+            f"--extra_llm_api_options {shlex.quote(options_file)}",
+        ]
+        prefix = ""
+        if self.window_size_shares is not None:
+            prefix = f"TRTLLM_WINDOW_SIZE_SHARES={','.join(f'{s:g}' for s in self.window_size_shares)} "
+        return prefix + " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan under TensorRT-LLM's names (``kvpools plan --accounting trtllm --json``)."""
+        return {
+            "accounting": "trtllm",
+            "trtllm_version": TRTLLM_VERSION,
+            "model": self.model.name,
+            "source": self.model.source,
+            "plugin": self.plugin,
+            "gpu": self.gpu.name if self.gpu is not None else None,
+            "tp_size": self.serving.tp_size,
+            "pp_size": self.serving.pp_size,
+            "enable_attention_dp": self.enable_attention_dp,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "tokens_per_block": self.tokens_per_block,
+            "free_gpu_memory_fraction": self.free_gpu_memory_fraction,
+            "max_batch_size": self.max_batch_size,
+            "max_num_tokens": self.max_num_tokens,
+            "max_seq_len_requested": self.max_seq_len_requested,
+            "max_seq_len": self.max_seq_len,
+            "max_tokens": self.max_tokens,
+            "max_gpu_total_bytes": self.max_gpu_total_bytes,
+            "max_attention_window": list(self.max_attention_window) if self.max_attention_window else None,
+            "window_size_shares": list(self.window_size_shares) if self.window_size_shares else None,
+            "host_cache_size": self.host_cache_size,
+            "is_vswa": self.is_vswa,
+            "ranks": [attrs.asdict(rank) for rank in self.ranks],
+            "pools": [attrs.asdict(pool) for pool in self.pools],
+            "kv_cache_capacity": self.kv_cache_capacity(),
+            "max_kv_tokens": self.max_kv_tokens,
+            "warnings": list(self.warnings),
+            "serve_command": self.serve_command(),
+            "extra_llm_api_options": self.extra_llm_api_options(),
+            "notes": list(self.notes),
+        }
+
+
+def _yaml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(str(item) for item in value) + "]"
+    return str(value)
+
+
+def _resolve_device(
+    memory: int | str | None, gpu: str | GPU | None, gpu_memory: int | str | None, registry: Registry
+) -> GPU | None:
+    given = [flag for flag, value in (("--memory", memory), ("--gpu", gpu), ("--gpu-memory", gpu_memory)) if value]
+    if len(given) != 1:
+        what = f"got {' and '.join(given)}" if given else "got none"
+        raise ConfigError(
+            "--accounting trtllm needs one budget: --memory SIZE (the memory left free after TensorRT-LLM's "
+            "warm-up, per GPU), or --gpu NAME / --gpu-memory SIZE (a whole GPU, less its weights); " + what + "."
+        )
+    if isinstance(gpu, GPU):
+        return gpu
+    if gpu is not None:
+        return find_gpu(gpu, registry)
+    if gpu_memory is not None:
+        return custom_gpu(gpu_memory)
+    return None
+
+
+def _stage_weights(model_ref: str | ModelSpec, spec: ModelSpec, serving: Serving) -> tuple[int, ...]:
+    """kvpools' weights estimate of each pipeline stage, with TensorRT-LLM's layer split (:func:`pp_layers`)."""
+    if isinstance(model_ref, ModelSpec):
+        raise ConfigError(
+            f"A GPU budget needs the weights' size: {spec.name} was given as a ModelSpec, which carries no weight "
+            "shapes. Pass --weights-memory (one rank's weights)."
+        )
+    from kvpools_core.pipeline.weights import estimate_weights
+
+    partition = tuple(len(pp_layers(spec.num_layers, serving.pp_size, r)) for r in range(serving.pp_size))
+    weights = []
+    for rank in range(serving.pp_size):
+        stage = attrs.evolve(
+            serving, pp_rank=rank, pp_layer_partition=partition if serving.pp_size > 1 else None, accounting="exact"
+        )
+        try:
+            weights.append(estimate_weights(model_ref, stage).bytes_per_rank)
+        except KvpoolsError as error:
+            raise ConfigError(
+                f"A GPU budget needs the weights' size and kvpools cannot estimate them for {spec.name}: {error} "
+                "Pass --weights-memory (one rank's weights)."
+            ) from error
+    return tuple(weights)
+
+
+def plan_trtllm(
+    model: str | ModelSpec,
+    serving: Serving | None = None,
+    *,
+    memory: int | str | None = None,
+    gpu: str | GPU | None = None,
+    gpu_memory: int | str | None = None,
+    weights_memory: int | str | None = None,
+    kv_cache_free_gpu_memory_fraction: float | None = None,
+    max_batch_size: int | None = None,
+    max_num_tokens: int | None = None,
+    tokens_per_block: int | None = None,
+    max_seq_len: int | None = None,
+    max_tokens: int | None = None,
+    max_gpu_total_bytes: int | str | None = None,
+    max_attention_window: str | Sequence[int] | None = None,
+    window_size_shares: str | Sequence[float] | None = None,
+    host_cache_size: int | str | None = None,
+    enable_attention_dp: bool = False,
+    registry: Registry | None = None,
+) -> TrtllmPlanResult:
+    """Plan ``model`` as ``trtllm-serve`` (TensorRT-LLM 1.2, PyTorch backend, ``KVCacheManager``) sizes its KV
+    cache: ``KvCacheCreator.configure_kv_cache_capacity`` then ``KVCacheManager.__init__``.
+
+    The budget is ``memory`` -- the memory left free after TensorRT-LLM's warm-up run, per GPU, which
+    ``kv_cache_free_gpu_memory_fraction`` (default 0.9) applies to -- or a whole ``gpu`` / ``gpu_memory``, whose
+    free-after-warm-up kvpools takes as ``total - weights`` (each stage's, ``weights_memory`` or kvpools'
+    estimate).  The other options are ``KvCacheConfig``'s and ``trtllm-serve``'s, under their own names.
+    Raises :class:`~kvpools_core.errors.KvpoolsError` subclasses where TensorRT-LLM refuses, with its reason.
+    """
+    registry = registry or get_registry()
+    serving = attrs.evolve(serving or Serving(), accounting="trtllm")
+    _check_serving(serving)
+    for name, value in (
+        ("max_batch_size", max_batch_size),
+        ("max_num_tokens", max_num_tokens),
+        ("tokens_per_block", tokens_per_block),
+        ("max_seq_len", max_seq_len),
+        ("max_tokens", max_tokens),
+    ):
+        _positive_int(name, value)
+    fraction = (
+        DEFAULT_FREE_GPU_MEMORY_FRACTION
+        if kv_cache_free_gpu_memory_fraction is None
+        else (kv_cache_free_gpu_memory_fraction)
+    )
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        raise ConfigError(
+            f"--kv_cache_free_gpu_memory_fraction must be in (0, 1), got {short_repr(fraction)}: TensorRT-LLM's "
+            "KvCacheConfig takes [0, 1] and its KVCacheManager asserts 'freeMemFraction ... must be smaller than "
+            "1.0'; 0 leaves no KV cache."
+        )
+    windows = parse_int_list("max_attention_window", max_attention_window)
+    shares = parse_shares(window_size_shares)
+    mgtb = None if max_gpu_total_bytes is None else parse_bytes(max_gpu_total_bytes, "--max_gpu_total_bytes")
+    host = None if host_cache_size is None else parse_bytes(host_cache_size, "--host_cache_size")
+    if isinstance(model, ModelSpec):
+        spec, plugin, model_ref = model, "given ModelSpec", model.name
+    else:
+        spec, plugin = load_model(model, registry)
+        model_ref = launch_model_path(model, registry)
+    layers = trtllm_layers(spec)
+    if spec.dtype not in ("bfloat16", "float16") and serving.kv_cache_dtype == "auto":
+        raise UnsupportedCombinationError(
+            f"{spec.name}'s dtype is {spec.dtype}: kvpools models TensorRT-LLM's half-precision (bf16/fp16), fp8 "
+            "and nvfp4 KV caches only; pass --kv-cache-dtype."
+        )
+    model_bytes = 2
+    chosen = _resolve_device(memory, gpu, gpu_memory, registry)
+    if memory is not None and weights_memory is not None:
+        raise ConfigError(
+            "--memory is the memory free after TensorRT-LLM's warm-up (the weights already loaded): "
+            "--weights-memory applies to a --gpu budget only. Drop one of them."
+        )
+    block = DEFAULT_TOKENS_PER_BLOCK if tokens_per_block is None else tokens_per_block
+    seq_len = spec.context_len if max_seq_len is None else max_seq_len
+    if chosen is None:
+        assert memory is not None
+        free = parse_bytes(memory, "--memory")
+        frees = (free,) * serving.pp_size
+        weights: tuple[int | None, ...] = (None,) * serving.pp_size
+        weights_source = ""
+    else:
+        if weights_memory is not None:
+            weights = (parse_bytes(weights_memory, "--weights-memory"),) * serving.pp_size
+            weights_source = "given (--weights-memory)"
+        else:
+            weights = _stage_weights(model, spec, serving)
+            weights_source = "kvpools' estimate of each stage's layers from the model config (estimate_weights)"
+        frees = tuple(chosen.total_bytes - (w or 0) for w in weights)
+        short = [r for r, f in enumerate(frees) if f <= 0]
+        if short:
+            raise UnsupportedCombinationError(
+                f"The weights of pipeline stage {short[0]} ({weights[short[0]]} bytes) do not fit "
+                f"{chosen.label}'s {chosen.total_bytes} bytes: raise --tp-size or --pp-size."
+            )
+    warnings: list[str] = []
+    ranks = []
+    rank_pools: list[dict[int, tuple[int, int, tuple[int, ...], int, float]]] = []
+    is_vswa = False
+    for rank in range(serving.pp_size):
+        span = pp_layers(spec.num_layers, serving.pp_size, rank)
+        local = [layers[i] for i in span]
+        est = estimated_size_per_token(
+            layers, len(local), serving.kv_cache_dtype, model_bytes, serving.tp_size, enable_attention_dp
+        )
+        real = cache_bytes_per_token(local, serving.kv_cache_dtype, model_bytes, serving.tp_size, enable_attention_dp)
+        rank_windows = window_vector(spec.num_layers, span, seq_len, windows)
+        vswa = len(set(rank_windows)) > 1
+        is_vswa = is_vswa or vswa
+        budget = available_kv_memory(frees[rank], fraction)
+        if max_tokens is not None:
+            if vswa and rank == 0:
+                warnings.append("max_tokens should not be set for VSWA case as it is ambiguous concept for VSWA.")
+            budget = min(budget, est * max_tokens)
+        config_tokens = budget // est
+        pool_bytes = budget if mgtb is None or mgtb <= 0 else min(budget, mgtb)
+        if not vswa:
+            # calculate_max_num_blocks: min(max_tokens, fraction x free / bytes per token); the V1 manager reads
+            # max_tokens, which KvCacheCreator set before clamping by max_gpu_total_bytes.
+            tokens = min(config_tokens, fraction * frees[rank] / real)
+            secondary = (host // real) // block if host else 0
+            rank_pools.append({rank_windows[0]: (int(tokens // block), secondary, tuple(range(len(local))), real, 1.0)})
+            ranks.append(
+                TrtllmRank(
+                    pp_rank=rank,
+                    layers=tuple(span),
+                    free_after_warmup=frees[rank],
+                    weights_memory=weights[rank],
+                    available_kv_memory=budget,
+                    estimated_size_per_token=est,
+                    cache_bytes_per_token=real,
+                    max_tokens=int(tokens),
+                    max_gpu_total_bytes=pool_bytes,
+                )
+            )
+            continue
+        by_window: dict[int, list[int]] = {}
+        for position, window in enumerate(rank_windows):
+            by_window.setdefault(window, []).append(position)
+        per_layer = {
+            i: element_bytes(
+                layer_elements(local[i], serving.tp_size, enable_attention_dp),
+                serving.kv_cache_dtype,
+                model_bytes,
+            )
+            for i in range(len(local))
+        }
+        adjusted = adjust_window_sizes_for_vswa(by_window, per_layer, pool_bytes, max_tokens)
+        merged: dict[int, list[int]] = {}
+        for window in sorted(by_window):
+            merged.setdefault(adjusted[window], []).extend(by_window[window])
+        if any(adjusted[w] != w for w in by_window):
+            warnings.append(
+                f"pipeline stage {rank}: one sequence does not fit the windows {sorted(by_window)}; "
+                f"TensorRT-LLM shrinks them to {sorted(merged)} (adjust_window_sizes_for_vswa)."
+            )
+        rank_shares = window_shares(sorted(merged), shares)
+        pools = {}
+        for share, window in zip(rank_shares, sorted(merged), strict=True):
+            elements = sum(layer_elements(local[i], serving.tp_size, enable_attention_dp) for i in merged[window])
+            per_token = element_bytes(elements, serving.kv_cache_dtype, model_bytes, scales=False)
+            primary = int((pool_bytes * share / per_token) // block)
+            secondary = int((host * share / per_token) // block) if host else 0
+            pools[window] = (primary, secondary, tuple(merged[window]), per_token, share)
+        rank_pools.append(pools)
+        ranks.append(
+            TrtllmRank(
+                pp_rank=rank,
+                layers=tuple(span),
+                free_after_warmup=frees[rank],
+                weights_memory=weights[rank],
+                available_kv_memory=budget,
+                estimated_size_per_token=est,
+                cache_bytes_per_token=real,
+                max_tokens=config_tokens,
+                max_gpu_total_bytes=pool_bytes,
+            )
+        )
+        if max_tokens is not None:
+            warnings.append(
+                f"kv_cache_config.max_tokens is not None ({max_tokens}) but we are operating on VSWA scheme. "
+                "Ignoring the configuration."
+            )
+    # MIN all-reduce across ranks, per window size (the stages share the scheduler's token budget).
+    keys = sorted(rank_pools[0])
+    if any(sorted(pools) != keys for pools in rank_pools):
+        raise UnsupportedCombinationError(
+            "kvpools does not model pipeline stages that end with different window sizes yet (TensorRT-LLM "
+            "all-reduces blocks per window size); use --pp-size 1 or give every stage the same windows."
+        )
+    final_windows = {}
+    pools_out = []
+    seq_after = seq_len
+    for window in keys:
+        primary = min(pools[window][0] for pools in rank_pools)
+        secondary = min(pools[window][1] for pools in rank_pools)
+        _, _, members, per_token, share = rank_pools[0][window]
+        upper = window_upper_bound(primary, block)
+        runs = window
+        if window > upper:
+            warnings.append(
+                f"Attention window size {window} exceeds upper bound {upper} for available blocks. Reducing to {upper}."
+            )
+            runs = upper
+        final_windows[window] = runs
+        pools_out.append(
+            WindowPool(
+                window=runs,
+                layers=members,
+                bytes_per_token=per_token,
+                share=share,
+                primary_blocks=primary,
+                secondary_blocks=secondary,
+            )
+        )
+    if any(final_windows[w] != w for w in final_windows):
+        seq_after = max(final_windows.values())
+        warnings.append(f"Adjusted max_seq_len to {seq_after}")
+    return TrtllmPlanResult(
+        model=spec,
+        model_ref=model_ref,
+        plugin=plugin,
+        serving=serving,
+        gpu=chosen,
+        weights_source=weights_source,
+        free_gpu_memory_fraction=float(fraction),
+        tokens_per_block=block,
+        max_batch_size=max_batch_size or DEFAULT_MAX_BATCH_SIZE,
+        max_num_tokens=max_num_tokens or DEFAULT_MAX_NUM_TOKENS,
+        max_seq_len_requested=seq_len,
+        max_seq_len=min(seq_after, seq_len),
+        max_tokens=max_tokens,
+        max_gpu_total_bytes=mgtb,
+        max_attention_window=windows,
+        window_size_shares=shares,
+        host_cache_size=host,
+        enable_attention_dp=enable_attention_dp,
+        is_vswa=is_vswa,
+        ranks=tuple(ranks),
+        pools=tuple(pools_out),
+        warnings=tuple(warnings),
+    )
+
+
+def capacity_dict(result: TrtllmPlanResult, contexts: Sequence[int]) -> dict[str, Any]:
+    """``kvpools capacity --accounting trtllm --json``: the plan and the requests at each context length."""
+    return {
+        **result.to_dict(),
+        "capacity": [{"context_len": length, "max_requests": result.concurrency_at(length)} for length in contexts],
+    }
+
+
+__all__ = [
+    "TRTLLM_NAMES",
+    "TRTLLM_READ_FIELDS",
+    "TRTLLM_VERSION",
+    "TrtllmLayer",
+    "TrtllmPlanResult",
+    "TrtllmRank",
+    "capacity_dict",
+    "plan_trtllm",
+    "sglang_option_refused",
+]
