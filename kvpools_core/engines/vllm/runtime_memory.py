@@ -112,7 +112,7 @@ def load_profile(version: str) -> RuntimeProfile:
             f"the profile of a version named explicitly), or calibrate one from that version's start-up logs."
         )
     file = f"vllm-{key}.json"
-    data = json.loads(resources.files(__package__).joinpath("profiles", file).read_text(encoding="utf-8"))
+    data = json.loads(resources.files(__package__).joinpath("profiles").joinpath(file).read_text(encoding="utf-8"))
     by_tp = tuple(
         sorted(
             (int(tp), _gib(value, f"non_torch_gib_by_tp[{tp}]", file))
