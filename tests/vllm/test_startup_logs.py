@@ -167,3 +167,31 @@ def test_whole_gpu_benchmark_held_out_kv_error_before_and_after() -> None:
     assert max(abs(error) for error in after) < 0.1
     refused = report["tools"]["kvpools-runtime (logged weights)"]["refused"]
     assert refused["llmd-v0.19-llama-3.1-8b-float32"] == "kvpools does not model --dtype float32 yet"
+
+
+def test_plan_vllm_runtime_profile_is_an_explicit_switch() -> None:
+    """``plan_vllm(..., runtime_profile="0.19")`` on the calibration run: the KV budget comes out as the log's
+    58.11 GiB within the weights estimate's 0.03 GiB (14.96 GiB estimated, 14.99 GiB logged), 476,016 tokens
+    within 0.1 %; without the switch the budget is the old 79.65 GiB x 0.95 less the weights."""
+    from kvpools_core.engines.vllm.deployment import plan_vllm
+
+    kwargs = dict(
+        gpu="h100", gpu_memory_utilization=0.95, max_model_len=2048, max_num_batched_tokens=8192, max_num_seqs=1024
+    )
+    with_profile = plan_vllm("llama-3.1-8b", runtime_profile="0.19", **kwargs)  # type: ignore[arg-type]
+    without = plan_vllm("llama-3.1-8b", **kwargs)  # type: ignore[arg-type]
+    assert abs(with_profile.budgets[0].available_kv_cache_memory / GiB - 58.11) < 0.04
+    assert abs(with_profile.plan.kv_cache_size_tokens - 476_016) / 476_016 < 0.001
+    assert without.runtime_memory is None
+    assert (
+        without.budgets[0].available_kv_cache_memory == math.ceil(81559 * (1 << 20) * 0.95) - without.weights_memory[0]
+    )
+    assert "made with vLLM 0.19's calibrated profile for vLLM 0.33" in with_profile.notes
+
+
+def test_runtime_profile_leaves_the_exact_path_alone() -> None:
+    """Given ``memory`` (vLLM's --kv-cache-memory-bytes) a runtime profile has nothing to estimate: refused."""
+    from kvpools_core.engines.vllm.deployment import plan_vllm
+
+    with pytest.raises(ConfigError, match="does not apply to it"):
+        plan_vllm("llama-3.1-8b", memory="40GiB", runtime_profile="0.19")

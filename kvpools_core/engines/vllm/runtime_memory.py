@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -203,6 +204,30 @@ def cudagraph_memory(*, profile: RuntimeProfile) -> Term:
     raise ConfigError(
         f"kvpools does not model vLLM {profile.version}'s CUDA-graph memory estimate yet; pass --memory "
         f"(the logged 'Available KV cache memory')."
+    )
+
+
+def vocab_size_of(model: str) -> int:
+    """``vocab_size`` of ``model`` (a preset, a ``config.json`` or its directory): from the complete config a preset
+    names (``_weights_config``), or the config itself; the text config of a multimodal one."""
+    from kvpools_core.config import read_config_file
+    from kvpools_core.models import registry_presets, resolve_model_source
+    from kvpools_core.pipeline.weights import WEIGHTS_CONFIG_KEY
+    from kvpools_core.registry import get_registry
+
+    registry = get_registry()
+    config, source, name = resolve_model_source(model, registry)
+    pointer = config.get(WEIGHTS_CONFIG_KEY)
+    if source.startswith("preset:") and pointer:
+        config = read_config_file(Path(registry_presets(registry)[name][1]).parent / str(pointer))
+    for candidate in (config, config.get("text_config") or {}):
+        value = candidate.get("vocab_size")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    raise ConfigError(
+        f"{source}: the runtime-memory profile needs the model's vocab_size (the sampler's peak is rows x vocabulary) "
+        f"and the config has none. Use a preset with a complete config, a config.json that has it, or drop the "
+        f"runtime profile."
     )
 
 
