@@ -13,6 +13,8 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from benchmarks.startup_logs import DATA, load_startup_logs
 from kvpools_core.engines.vllm import VllmLimits, plan_kv_cache
@@ -195,3 +197,30 @@ def test_runtime_profile_leaves_the_exact_path_alone() -> None:
 
     with pytest.raises(ConfigError, match="does not apply to it"):
         plan_vllm("llama-3.1-8b", memory="40GiB", runtime_profile="0.19")
+
+
+@given(
+    vocab=st.integers(1, 300_000),
+    extra_vocab=st.integers(0, 100_000),
+    seqs=st.integers(1, 4096),
+    batched=st.integers(1, 65536),
+    tp=st.sampled_from([1, 2, 3, 4, 8, 16]),
+)
+def test_runtime_terms_grow_with_their_inputs(vocab: int, extra_vocab: int, seqs: int, batched: int, tp: int) -> None:
+    """More vocabulary or more sampled rows never lowers the activation peak; more TP never lowers the non-torch
+    memory; torch's total of every catalogue GPU is below its nvidia-smi total."""
+    gpu = find_gpu("h100")
+    small = estimate_runtime_memory(
+        gpu=gpu, vocab_size=vocab, tp_size=tp, max_num_seqs=seqs, max_num_batched_tokens=batched
+    )
+    large = estimate_runtime_memory(
+        gpu=gpu,
+        vocab_size=vocab + extra_vocab,
+        tp_size=tp * 2,
+        max_num_seqs=seqs + 1,
+        max_num_batched_tokens=batched + 1,
+    )
+    assert large.term("activation peak").bytes >= small.term("activation peak").bytes
+    assert large.term("non-torch").bytes >= small.term("non-torch").bytes
+    assert small.term("activation peak").bytes >= min(seqs, batched) * vocab * 12
+    assert 0 < small.total.bytes < gpu.total_bytes
