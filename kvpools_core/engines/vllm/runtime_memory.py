@@ -52,11 +52,12 @@ _MEASURED_TOTALS: dict[str, tuple[float, str]] = {
     ),
 }
 SMI_TO_TORCH_GAP_BYTES = round(0.46 * GiB)
-"""nvidia-smi total less torch's total, measured: H100 81559 MiB (79.65 GiB) vs 79.19 GiB (0.46), a 46068 MiB
-48 GB-class card (the L40S's nvidia-smi total, 44.99 GiB) vs 'total_gpu_memory:
-44.52056884765625GiB' (0.47, github.com/vllm-project/vllm/issues/14011, card not named), an RTX 3090 24576 MiB
-(24.00 GiB) vs 23.58 GiB (0.42, github.com/vllm-project/vllm/issues/10517).  Applied to catalogue GPUs with no
-measured total."""
+"""nvidia-smi total less torch's total, measured: H100 81559 MiB (79.65 GiB) vs 79.19 GiB (0.46); an NVIDIA L20
+46068 MiB (44.99 GiB, the L40S's figure too) vs 'total_gpu_memory: 44.52056884765625GiB' (0.47,
+github.com/vllm-project/vllm/issues/14011); an RTX 4090 24564 MiB (23.99 GiB) vs '23.52 GiB total' (0.47,
+github.com/vllm-project/vllm/issues/42049); an RTX 3090 24576 MiB (24.00 GiB) vs 23.58 GiB (0.42,
+github.com/vllm-project/vllm/issues/10517).  Applied to catalogue GPUs with no measured total (for the L40S it
+gives 44.53 GiB, the L20's 44.52)."""
 
 
 @attrs.frozen(kw_only=True)
