@@ -224,3 +224,24 @@ def test_runtime_terms_grow_with_their_inputs(vocab: int, extra_vocab: int, seqs
     assert large.term("non-torch").bytes >= small.term("non-torch").bytes
     assert small.term("activation peak").bytes >= min(seqs, batched) * vocab * 12
     assert 0 < small.total.bytes < gpu.total_bytes
+
+
+def test_cli_runtime_profile_switch() -> None:
+    """``kvpools plan --accounting vllm --gpu h100 --runtime-profile 0.19``: the JSON budget's total is torch's
+    79.19 GiB and the terms are listed; without the flag the JSON has no ``runtime_memory`` key and the catalogue's
+    81559 MiB total; with ``--memory`` the flag is refused."""
+    from click.testing import CliRunner
+
+    from kvpools_core.cli import main
+
+    base = ["plan", "llama-3.1-8b", "--accounting", "vllm", "--gpu-memory-utilization", "0.95", "--json"]
+    runner = CliRunner()
+    with_profile = runner.invoke(main, [*base, "--gpu", "h100", "--runtime-profile", "0.19"])
+    assert with_profile.exit_code == 0, with_profile.output
+    data = json.loads(with_profile.output)
+    assert data["budget"][0]["total_memory"] == round(79.19 * GiB)
+    assert set(data["runtime_memory"]["terms"]) == {"activation peak", "non-torch", "CUDA graphs"}
+    default = json.loads(runner.invoke(main, [*base, "--gpu", "h100"]).output)
+    assert "runtime_memory" not in default and default["budget"][0]["total_memory"] == 81559 * (1 << 20)
+    refused = runner.invoke(main, [*base, "--memory", "40GiB", "--runtime-profile", "0.19"])
+    assert refused.exit_code == 1 and "does not apply to it" in refused.output

@@ -112,6 +112,14 @@ class VllmPlanResult:
     """The runtime-memory profile's terms (``runtime_profile``), or None when they are taken as 0."""
 
     @property
+    def total_memory(self) -> int | None:
+        """The device total the budget multiplies by ``--gpu-memory-utilization``: torch's with a runtime profile,
+        else the catalogue's (None with ``--memory``)."""
+        if self.runtime_memory is not None:
+            return self.runtime_memory.total.bytes
+        return self.gpu.total_bytes if self.gpu is not None else None
+
+    @property
     def effective_block_size(self) -> int:
         """The attention block size vLLM runs with (``cache_config.block_size`` after start-up).
 
@@ -200,7 +208,7 @@ class VllmPlanResult:
     def to_dict(self) -> dict[str, Any]:
         """The plan under vLLM's names (``kvpools plan --accounting vllm --json``)."""
         plan = self.plan
-        return {
+        data: dict[str, Any] = {
             "accounting": "vllm",
             "vllm_version": VLLM_VERSION,
             "model": self.model.name,
@@ -225,7 +233,7 @@ class VllmPlanResult:
                 {
                     "pp_rank": rank,
                     "source": budget.source,
-                    "total_memory": self.gpu.total_bytes if self.gpu is not None else None,
+                    "total_memory": self.total_memory,
                     "requested_memory": budget.requested_memory,
                     "weights_memory": self.weights_memory[rank] if self.weights_memory else None,
                     "non_kv_cache_memory": budget.non_kv_cache_memory,
@@ -247,6 +255,20 @@ class VllmPlanResult:
             "serve_command": self.serve_command(),
             "notes": list(self.notes),
         }
+        if self.runtime_memory is not None:  # only with a runtime profile: the default --json is unchanged
+            runtime = self.runtime_memory
+            data["runtime_memory"] = {
+                "profile": f"vllm-{runtime.profile.version}",
+                "total_memory": runtime.total.bytes,
+                "total_measured": runtime.total.measured,
+                "total_source": runtime.total.source,
+                "terms": {
+                    term.name: {"bytes": term.bytes, "formula": term.formula, "source": term.source}
+                    for term in runtime.terms
+                },
+                "note": runtime.note,
+            }
+        return data
 
 
 def group_spec_kind(group: KVCacheGroupSpec) -> str:
