@@ -10,20 +10,21 @@ hub, is replaced by the weights the log states.  The GPU is its catalogue's 80 G
 import json
 import sys
 from types import SimpleNamespace
+from typing import Any
 
-from planner import capacity_planner as cp
+from planner import capacity_planner as cp  # type: ignore[import-not-found]  # the peer venv's
 
 GPU_MEMORY_GIB = 80
 
 
-def namespace(value):
+def namespace(value: Any) -> Any:
     if isinstance(value, dict):
         return SimpleNamespace(**{key: namespace(item) for key, item in value.items()})
     return value
 
 
-def main():
-    answers = {}
+def main() -> None:
+    answers: dict[str, dict[str, Any]] = {}
     for run in json.load(sys.stdin):
         config = namespace(run["config"])
         tp, pp = run["tp"], run["pp"]
