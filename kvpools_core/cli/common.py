@@ -281,6 +281,7 @@ _VLLM_OPTIONS = (
     "num_gpu_blocks_override",
     "kv_offloading_size",
     "kv_offloading_backend",
+    "runtime_profile",
 )
 """vLLM's own option names, accepted by ``plan`` and ``capacity`` under ``--accounting vllm`` only."""
 
@@ -315,6 +316,13 @@ def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 "--kv-offloading-backend",
                 click.Choice(["native", "lmcache"]),
                 "vLLM's offload backend with --kv-offloading-size [default: native].",
+            ),
+            (
+                "--runtime-profile",
+                click.Choice(["0.19"]),
+                "With --gpu / --gpu-memory: estimate vLLM's activation peak, non-torch memory and CUDA graphs, and "
+                "take the GPU's total as torch reports it, from this vLLM version's calibrated profile "
+                "(docs/vllm.md) [default: off: those terms are 0, an upper bound].",
             ),
         )
     ):

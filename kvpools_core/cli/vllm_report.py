@@ -31,6 +31,16 @@ def _budget_lines(result: VllmPlanResult) -> list[str]:
             )
             continue
         assert budget.requested_memory is not None
+        if result.runtime_memory is not None:
+            runtime = result.runtime_memory
+            terms = "".join(f" - {term.name} {format_bytes(term.bytes)}" for term in runtime.terms)
+            lines.append(
+                f"{stage}available_kv_cache_memory = ceil({result.gpu.label} {format_bytes(runtime.total.bytes)} "
+                f"({'measured' if runtime.total.measured else 'derived'} torch total) x --gpu-memory-utilization "
+                f"{result.gpu_memory_utilization:g}) {format_bytes(budget.requested_memory)} - weights "
+                f"{format_bytes(result.weights_memory[rank])}{terms} = {format_bytes(budget.available_kv_cache_memory)}"
+            )
+            continue
         lines.append(
             f"{stage}available_kv_cache_memory = ceil({result.gpu.label} {format_bytes(result.gpu.total_bytes)} x "
             f"--gpu-memory-utilization {result.gpu_memory_utilization:g}) {format_bytes(budget.requested_memory)} "

@@ -27,6 +27,12 @@ from kvpools_core.engines.vllm.planning import (
     plan_kv_cache,
     pp_layer_ranges,
 )
+from kvpools_core.engines.vllm.runtime_memory import (
+    RuntimeMemory,
+    TotalMemory,
+    estimate_runtime_memory,
+    vocab_size_of,
+)
 from kvpools_core.errors import ConfigError, NoProviderError, UnsupportedCombinationError, short_repr
 from kvpools_core.models import launch_model_path, load_model
 from kvpools_core.options import on_cli, option
@@ -102,6 +108,16 @@ class VllmPlanResult:
     """vLLM's CPU offload tier (``--kv-offloading-size``), or None without one."""
     max_model_len_auto: bool = False
     """``--max-model-len auto`` (or -1): ``plan.max_model_len`` is the auto-fitted length, at most the model's."""
+    runtime_memory: RuntimeMemory | None = None
+    """The runtime-memory profile's terms (``runtime_profile``), or None when they are taken as 0."""
+
+    @property
+    def total_memory(self) -> int | None:
+        """The device total the budget multiplies by ``--gpu-memory-utilization``: torch's with a runtime profile,
+        else the catalogue's (None with ``--memory``)."""
+        if self.runtime_memory is not None:
+            return self.runtime_memory.total.bytes
+        return self.gpu.total_bytes if self.gpu is not None else None
 
     @property
     def effective_block_size(self) -> int:
@@ -143,6 +159,21 @@ class VllmPlanResult:
                 "--memory is vLLM's --kv-cache-memory-bytes: each worker's KV cache, so "
                 "--gpu-memory-utilization is not used.",
             )
+        if self.runtime_memory is not None:
+            runtime = self.runtime_memory
+            terms = "; ".join(
+                f"{term.name} {term.bytes / (1 << 30):.2f} GiB ({term.formula})" for term in runtime.terms
+            )
+            return tuple(
+                text
+                for text in (
+                    f"weights: {self.weights_source}; total {runtime.total.bytes / (1 << 30):.2f} GiB as torch "
+                    f"reports it ({'measured' if runtime.total.measured else 'derived'}: {runtime.total.source}); "
+                    f"{terms}.",
+                    runtime.note,
+                )
+                if text
+            )
         return (
             f"weights: {self.weights_source}; activation peak, non-torch memory and CUDA graphs are not "
             "profiled here (0), so available_kv_cache_memory is an upper bound of what vLLM's profile leaves: "
@@ -177,7 +208,7 @@ class VllmPlanResult:
     def to_dict(self) -> dict[str, Any]:
         """The plan under vLLM's names (``kvpools plan --accounting vllm --json``)."""
         plan = self.plan
-        return {
+        data: dict[str, Any] = {
             "accounting": "vllm",
             "vllm_version": VLLM_VERSION,
             "model": self.model.name,
@@ -202,7 +233,7 @@ class VllmPlanResult:
                 {
                     "pp_rank": rank,
                     "source": budget.source,
-                    "total_memory": self.gpu.total_bytes if self.gpu is not None else None,
+                    "total_memory": self.total_memory,
                     "requested_memory": budget.requested_memory,
                     "weights_memory": self.weights_memory[rank] if self.weights_memory else None,
                     "non_kv_cache_memory": budget.non_kv_cache_memory,
@@ -224,6 +255,20 @@ class VllmPlanResult:
             "serve_command": self.serve_command(),
             "notes": list(self.notes),
         }
+        if self.runtime_memory is not None:  # only with a runtime profile: the default --json is unchanged
+            runtime = self.runtime_memory
+            data["runtime_memory"] = {
+                "profile": f"vllm-{runtime.profile.version}",
+                "total_memory": runtime.total.bytes,
+                "total_measured": runtime.total.measured,
+                "total_source": runtime.total.source,
+                "terms": {
+                    term.name: {"bytes": term.bytes, "formula": term.formula, "source": term.source}
+                    for term in runtime.terms
+                },
+                "note": runtime.note,
+            }
+        return data
 
 
 def group_spec_kind(group: KVCacheGroupSpec) -> str:
@@ -357,6 +402,7 @@ def plan_vllm(
     kv_offloading_backend: str | None = None,
     host_memory: int | float | str | None = None,
     host_reserve: int | float | str | None = None,
+    runtime_profile: str | None = None,
     registry: Registry | None = None,
 ) -> VllmPlanResult:
     """Plan ``model`` as ``vllm serve`` 0.33 sizes its KV cache (``Worker.determine_available_memory`` +
@@ -374,6 +420,9 @@ def plan_vllm(
     ``kv_offloading_size`` (GiB, the whole engine's) adds vLLM's CPU offload tier
     (:mod:`kvpools_core.engines.vllm.offload`),
     checked against the node's ``host_memory`` (stated, else measured) less ``host_reserve`` (0 unless given).
+    ``runtime_profile`` (a vLLM version with a calibrated profile, e.g. ``"0.19"``; off by default) estimates those
+    three terms and the GPU's total as torch reports it (:mod:`kvpools_core.engines.vllm.runtime_memory`) instead of
+    taking them as 0 and the catalogue's nvidia-smi total; it applies to a ``gpu`` / ``gpu_memory`` budget only.
     Raises :class:`~kvpools_core.engines.vllm.planning.VllmMemoryError` with vLLM's text where vLLM refuses to start.
     """
     registry = registry or get_registry()
@@ -394,6 +443,11 @@ def plan_vllm(
         spec, plugin = load_model(model, registry)
         model_ref = launch_model_path(model, registry)
     chosen = _resolve_device(memory, gpu, gpu_memory, serving, registry)
+    if memory is not None and runtime_profile is not None:
+        raise ConfigError(
+            "--memory is vLLM's --kv-cache-memory-bytes (the KV cache itself): a runtime-memory profile estimates "
+            "what a --gpu budget loses outside the KV cache and does not apply to it. Drop one of them."
+        )
     if memory is not None and (gpu_memory_utilization is not None or weights_memory is not None):
         raise ConfigError(
             "--memory is vLLM's --kv-cache-memory-bytes (the KV cache itself): --gpu-memory-utilization and "
@@ -442,9 +496,19 @@ def plan_vllm(
         else:
             weights = _stage_weights(model, spec, serving, registry)
             weights_source = "kvpools' estimate of each stage's layers from the model config (estimate_weights)"
+        runtime = None
+        if runtime_profile is not None:
+            runtime = _runtime_memory(model, chosen, serving, default_seqs, limits, runtime_profile, max_num_seqs)
+        total = chosen.total_bytes if runtime is None else runtime.total.bytes
+        terms = {} if runtime is None else {term.name: term.bytes for term in runtime.terms}
         budgets = tuple(
             available_kv_cache_memory(
-                total_memory=chosen.total_bytes, gpu_memory_utilization=utilization, weights_memory=stage_weights
+                total_memory=total,
+                gpu_memory_utilization=utilization,
+                weights_memory=stage_weights,
+                activation_peak_memory=terms.get("activation peak", 0),
+                non_torch_memory=terms.get("non-torch", 0),
+                cudagraph_memory_estimate=terms.get("CUDA graphs", 0),
             )
             for stage_weights in weights
         )
@@ -486,7 +550,44 @@ def plan_vllm(
         plan=plan,
         offload=offload,
         max_model_len_auto=auto,
+        runtime_memory=runtime if chosen is not None else None,
     )
+
+
+PLANNED_VLLM_VERSION = "0.33"
+"""The vLLM whose KV-cache sizing :func:`plan_vllm` reproduces; a runtime profile of another version says so."""
+
+
+def _runtime_memory(
+    model: str | ModelSpec,
+    chosen: GPU,
+    serving: Serving,
+    default_seqs: int,
+    limits: VllmLimits,
+    version: str,
+    max_num_seqs: int | None,
+) -> RuntimeMemory:
+    """The runtime terms of ``version``'s profile for this plan; a ``--gpu-memory`` total is taken as torch's."""
+    if isinstance(model, ModelSpec):
+        raise ConfigError(
+            f"A runtime-memory profile needs the model's vocabulary size: {model.name} was given as a ModelSpec, "
+            f"which carries none. Pass the model by name or config path."
+        )
+    runtime = estimate_runtime_memory(
+        gpu=chosen,
+        vocab_size=vocab_size_of(model),
+        tp_size=serving.tp_size,
+        pp_size=serving.pp_size,
+        max_num_seqs=max_num_seqs or default_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        engine_version=PLANNED_VLLM_VERSION,
+        profile_version=version,
+    )
+    if chosen.name == "custom":
+        runtime = attrs.evolve(
+            runtime, total=TotalMemory(bytes=chosen.total_bytes, measured=True, source="given (--gpu-memory)")
+        )
+    return runtime
 
 
 def _resolve_device(

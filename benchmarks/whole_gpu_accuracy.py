@@ -1,0 +1,352 @@
+"""Whole-GPU accuracy: each tool's KV-cache prediction from the GPU against the collected start-up logs (issue 34).
+
+    python -m benchmarks.whole_gpu_accuracy [--peers-venv /tmp/truth34-peers] [--json out.json]
+
+For every vLLM record of ``benchmarks/data/startup_logs.json`` that logs the KV budget (``Available KV cache
+memory``) or its token count, on a catalogue GPU, with the ``--gpu-memory-utilization`` it ran with, each tool
+predicts the KV GiB, the KV tokens and the max concurrency at the run's ``max_model_len``; the errors
+(``(predicted - logged) / logged``) are reported per tool, per engine version and per split (calibration /
+held out / neither), with every run a tool refuses and why.  The tools:
+
+* ``kvpools-before``: kvpools' whole-GPU budget as it is without a runtime profile: the catalogue's nvidia-smi
+  total, and nothing outside the KV cache but the weights;
+* ``kvpools-runtime``: the same plus ``kvpools_core.engines.vllm.runtime_memory`` (torch's total, the activation
+  peak, the non-torch memory, the CUDA-graph term) from the engine version's calibrated profile;
+* ``llm-d-planner`` 0.3.3 (``--peers-venv``, run in its own venv): ``allocatable_kv_cache_memory``'s terms
+  (``available_gpu_memory`` x utilization, its per-architecture activation constants, its non-torch constants)
+  and its per-token ``KVCacheDetail``;
+* ``aiconfigurator`` 0.12.0: listed with the reason it refuses every run (it sizes memory for a given batch and
+  sequence length, ``sdk/backends/base_backend.py`` L895-945, and has no prediction of an engine's KV pool).
+
+Each kvpools tool runs twice: with the weights the log states (isolating the memory outside the weights), and
+with kvpools' own weights estimate (the GPU alone).  llm-d-planner reads weights from the Hugging Face hub, which
+this benchmark cannot reach, so it is given the logged weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from benchmarks.startup_logs import StartupLog, load_startup_logs
+from kvpools_core.engines.vllm import VllmLimits, plan_kv_cache
+from kvpools_core.engines.vllm.budget import available_kv_cache_memory
+from kvpools_core.engines.vllm.model import worker_kv_cache_specs
+from kvpools_core.engines.vllm.runtime_memory import estimate_runtime_memory
+from kvpools_core.errors import KvpoolsError
+from kvpools_core.models import load_model
+from kvpools_core.pipeline.gpus import find_gpu
+from kvpools_core.registry import Registry, get_registry
+from kvpools_core.values import Serving
+
+GiB = 1 << 30
+ROOT = Path(__file__).resolve().parent.parent
+PEER_RUNNER = Path(__file__).parent / "peers" / "llmd_planner_runner.py"
+AICONFIGURATOR_REASON = (
+    "aiconfigurator 0.12.0 sizes memory for a given batch and sequence length (sdk/backends/base_backend.py "
+    "L895-945); it predicts no engine KV pool from --gpu-memory-utilization"
+)
+
+
+@attrs.frozen
+class Prediction:
+    kv_gib: float
+    tokens: int | None
+    concurrency: float | None
+
+
+@attrs.frozen
+class Refusal:
+    reason: str
+
+
+def logged_concurrency(log: StartupLog) -> float | None:
+    """The logged max concurrency, or (vLLM 0.19's one-group token line being ``int(concurrency x max_model_len)``)
+    the logged tokens over ``max_model_len``."""
+    if log.logged.get("max_concurrency") is not None:
+        return float(log.logged["max_concurrency"])
+    tokens, model_len = log.logged.get("kv_tokens"), log.flag("max_model_len")
+    if tokens is not None and model_len:
+        return float(tokens) / float(model_len)
+    return None
+
+
+def evaluable(log: StartupLog, registry: Registry) -> str | None:
+    """Why a record cannot be predicted by any tool (None: it can)."""
+    if log.engine != "vllm":
+        return "SGLang record (no whole-GPU tool here predicts SGLang's pool yet)"
+    if log.logged.get("available_kv_gib") is None and log.logged.get("kv_tokens") is None:
+        return "the log states no KV budget or token count"
+    if log.gpu is None:
+        return "the log does not name the GPU"
+    try:
+        find_gpu(log.gpu, registry)
+    except KvpoolsError:
+        return f"GPU {log.gpu!r} is not in kvpools' catalogue"
+    if log.flag("gpu_memory_utilization") is None:
+        return "the log does not state --gpu-memory-utilization"
+    if log.kvpools_model is None:
+        return "no kvpools model preset for this checkpoint"
+    return None
+
+
+def _weights(log: StartupLog, use_logged: bool, serving: Serving) -> int:
+    if use_logged:
+        if log.logged.get("weights_gib") is None:
+            raise KvpoolsError("the log states no weights")
+        return round(float(log.logged["weights_gib"]) * GiB)
+    from kvpools_core.pipeline.weights import estimate_weights
+
+    assert log.kvpools_model is not None
+    return estimate_weights(log.kvpools_model, serving).bytes_per_rank
+
+
+def _plan(log: StartupLog, available: int, registry: Registry, serving: Serving) -> Prediction:
+    assert log.kvpools_model is not None
+    model, _ = load_model(log.kvpools_model, registry)
+    workers = worker_kv_cache_specs(model, serving, registry, block_size=16)
+    model_len = log.flag("max_model_len") or model.context_len
+    limits = VllmLimits(
+        max_model_len=model_len,
+        max_num_batched_tokens=log.flag("max_num_batched_tokens", 8192),
+        max_concurrent_batches=1,
+    )
+    plan = plan_kv_cache(workers, [available] * len(workers), limits)
+    return Prediction(kv_gib=available / GiB, tokens=plan.kv_cache_size_tokens, concurrency=plan.max_concurrency)
+
+
+def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_weights: bool) -> Prediction | Refusal:
+    gpu = find_gpu(str(log.gpu), registry)
+    serving = Serving(
+        tp_size=log.flag("tp", 1), pp_size=log.flag("pp", 1), kv_cache_dtype=log.flag("kv_cache_dtype", "auto")
+    )
+    if runtime:
+        for flag in ("dtype", "quantization"):
+            if log.flag(flag) not in (None, "auto", "bfloat16"):
+                return Refusal(f"kvpools does not model --{flag} {log.flag(flag)} yet")
+    try:
+        weights = _weights(log, use_logged_weights, serving)
+    except KvpoolsError as error:
+        return Refusal(f"weights: {str(error).splitlines()[0][:140]}")
+    terms: dict[str, int] = {}
+    total = gpu.total_bytes
+    if runtime:
+        if log.engine_version is None:
+            return Refusal("the log does not name the vLLM version (no profile to apply)")
+        if log.vocab_size is None:
+            return Refusal("the record has no vocab_size")
+        try:
+            memory = estimate_runtime_memory(
+                gpu=gpu,
+                vocab_size=log.vocab_size,
+                tp_size=serving.tp_size,
+                pp_size=serving.pp_size,
+                max_num_seqs=log.flag("max_num_seqs"),
+                max_num_batched_tokens=log.flag("max_num_batched_tokens"),
+                engine_version=log.engine_version,
+            )
+        except KvpoolsError as error:
+            return Refusal(str(error).split(". ")[0])
+        total = memory.total.bytes
+        terms = {term.name: term.bytes for term in memory.terms}
+    budget = available_kv_cache_memory(
+        total_memory=total,
+        gpu_memory_utilization=log.flag("gpu_memory_utilization"),
+        weights_memory=weights,
+        activation_peak_memory=terms.get("activation peak", 0),
+        non_torch_memory=terms.get("non-torch", 0),
+        cudagraph_memory_estimate=terms.get("CUDA graphs", 0),
+    )
+    if budget.available_kv_cache_memory <= 0:
+        return Refusal("no memory left for the KV cache")
+    return _plan(log, budget.available_kv_cache_memory, registry, serving)
+
+
+def llmd_planner(logs: list[StartupLog], peers_venv: Path | None) -> dict[str, Prediction | Refusal]:
+    """llm-d-planner 0.3.3 in its own venv (``benchmarks/peers/llmd_planner_runner.py``)."""
+    if peers_venv is None:
+        return {log.id: Refusal("not run: pass --peers-venv with llm-d-planner==0.3.3 installed") for log in logs}
+    requests = []
+    for log in logs:
+        config = _full_config(log)
+        if config is None or log.logged.get("weights_gib") is None:
+            continue
+        requests.append(
+            {
+                "id": log.id,
+                "config": config,
+                "tp": log.flag("tp", 1),
+                "pp": log.flag("pp", 1),
+                "gpu_util": log.flag("gpu_memory_utilization"),
+                "weights_gib": log.logged["weights_gib"],
+                "max_model_len": log.flag("max_model_len"),
+                "kv_cache_dtype": log.flag("kv_cache_dtype", "auto"),
+            }
+        )
+    python = peers_venv / "bin" / "python"
+    done = subprocess.run(
+        [str(python), str(PEER_RUNNER)], input=json.dumps(requests), capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        reason = (
+            f"llm-d-planner failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
+        )
+        return {log.id: Refusal(reason) for log in logs}
+    answers = json.loads(done.stdout)
+    results: dict[str, Prediction | Refusal] = {}
+    for log in logs:
+        answer = answers.get(log.id)
+        if answer is None:
+            results[log.id] = Refusal(
+                "no full HF config.json for this checkpoint in kvpools' presets, or no logged weights"
+            )
+        elif "refused" in answer:
+            results[log.id] = Refusal(answer["refused"])
+        else:
+            results[log.id] = Prediction(answer["kv_gib"], answer["tokens"], answer["concurrency"])
+    return results
+
+
+def _full_config(log: StartupLog) -> dict[str, Any] | None:
+    if log.kvpools_model is None:
+        return None
+    for path in (ROOT / "plugins").glob(f"*/presets/full/{log.kvpools_model}.json"):
+        config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        return config
+    # a KV-only preset, completed with the sizes the record carries from the checkpoint's config.json
+    for path in (ROOT / "plugins").glob(f"*/presets/{log.kvpools_model}.json"):
+        config = json.loads(path.read_text(encoding="utf-8"))
+        sizes = {
+            "vocab_size": log.vocab_size,
+            "intermediate_size": log.intermediate_size,
+            "hidden_size": log.hidden_size,
+        }
+        config.update({key: value for key, value in sizes.items() if value is not None})
+        return config
+    return None
+
+
+def _error(predicted: float | None, logged: float | None) -> float | None:
+    if predicted is None or logged is None or logged == 0:
+        return None
+    return (predicted - logged) / logged * 100
+
+
+def summarize(errors: list[float]) -> str:
+    if not errors:
+        return "n=0"
+    worst = max(errors, key=abs)
+    mean, mean_abs = statistics.fmean(errors), statistics.fmean(abs(error) for error in errors)
+    return f"n={len(errors)} mean {mean:+.2f} %, mean abs {mean_abs:.2f} %, worst {worst:+.2f} %"
+
+
+def run(peers_venv: Path | None) -> dict[str, Any]:
+    registry = get_registry()
+    logs = list(load_startup_logs())
+    skipped = {log.id: reason for log in logs if (reason := evaluable(log, registry))}
+    runs = [log for log in logs if log.id not in skipped]
+    tools: dict[str, dict[str, Prediction | Refusal]] = {}
+    for name, runtime, logged_weights in (
+        ("kvpools-before (logged weights)", False, True),
+        ("kvpools-runtime (logged weights)", True, True),
+        ("kvpools-before (estimated weights)", False, False),
+        ("kvpools-runtime (estimated weights)", True, False),
+    ):
+        tools[name] = {
+            log.id: kvpools(log, registry, runtime=runtime, use_logged_weights=logged_weights) for log in runs
+        }
+    tools["llm-d-planner 0.3.3 (logged weights)"] = llmd_planner(runs, peers_venv)
+    tools["aiconfigurator 0.12.0"] = {log.id: Refusal(AICONFIGURATOR_REASON) for log in runs}
+    report: dict[str, Any] = {"skipped": skipped, "tools": {}, "terms": runtime_terms(logs, registry)}
+    for name, results in tools.items():
+        groups: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        refused: dict[str, str] = {}
+        rows = {}
+        for log in runs:
+            result = results[log.id]
+            if isinstance(result, Refusal):
+                refused[log.id] = result.reason
+                continue
+            key = (log.engine_version or "unknown", log.split or "neither")
+            errors = {
+                "kv_gib": _error(result.kv_gib, log.logged.get("available_kv_gib")),
+                "kv_tokens": _error(result.tokens, log.logged.get("kv_tokens")),
+                "max_concurrency": _error(result.concurrency, logged_concurrency(log)),
+            }
+            rows[log.id] = {"predicted": attrs.asdict(result), "errors_pct": errors}
+            for metric, value in errors.items():
+                if value is not None and math.isfinite(value):
+                    groups[key][metric].append(value)
+        report["tools"][name] = {
+            "groups": {
+                f"vllm {version} / {split}": {metric: summarize(values) for metric, values in metrics.items()}
+                for (version, split), metrics in sorted(groups.items())
+            },
+            "refused": refused,
+            "runs": rows,
+        }
+    return report
+
+
+def runtime_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[str, str]]:
+    """The activation-peak and non-torch terms against the ones the logs state, per split (vLLM 0.19 profile)."""
+    errors: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for log in logs:
+        if log.engine != "vllm" or log.split is None or log.vocab_size is None:
+            continue
+        memory = estimate_runtime_memory(
+            gpu=find_gpu("h100", registry),
+            vocab_size=log.vocab_size,
+            tp_size=log.flag("tp", 1),
+            pp_size=log.flag("pp", 1),
+            max_num_seqs=log.flag("max_num_seqs"),
+            max_num_batched_tokens=log.flag("max_num_batched_tokens"),
+            engine_version=str(log.engine_version),
+        )
+        for name, key in (("activation peak", "activation_gib"), ("non-torch", "non_torch_gib")):
+            error = _error(memory.term(name).bytes / GiB, log.logged.get(key))
+            if error is not None:
+                stage = ", pp stage" if log.flag("pp", 1) > 1 else ""
+                errors[name][f"{log.split} ({log.family}{stage})"].append(error)
+    return {
+        name: {group: summarize(values) for group, values in sorted(groups.items())} for name, groups in errors.items()
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers-venv", type=Path, help="a venv with llm-d-planner==0.3.3 installed")
+    parser.add_argument("--json", type=Path, help="write the whole report (every run's prediction) here")
+    args = parser.parse_args(argv)
+    report = run(args.peers_venv)
+    print(f"{len(report['skipped'])} records not predictable by any tool (reasons in --json)")
+    print("\n## kvpools runtime terms against the logged terms (vLLM 0.19 profile)")
+    for term, groups in report["terms"].items():
+        for group, text in groups.items():
+            print(f"  {term:16} {group:22} {text}")
+    for name, tool in report["tools"].items():
+        print(f"\n## {name}")
+        for group, metrics in tool["groups"].items():
+            print(f"  {group}")
+            for metric, text in metrics.items():
+                print(f"    {metric:16} {text}")
+        if tool["refused"]:
+            print(f"  refused {len(tool['refused'])}:")
+            for run_id, reason in tool["refused"].items():
+                print(f"    {run_id}: {reason}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

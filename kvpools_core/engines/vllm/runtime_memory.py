@@ -1,0 +1,284 @@
+"""The memory vLLM keeps outside the KV cache, estimated from the GPU and the model alone (issue 34).
+
+``budget.available_kv_cache_memory`` subtracts what vLLM's profile run measured outside the KV cache from
+``ceil(total x --gpu-memory-utilization)``; a planner that starts from the GPU has no profile run, so this module
+estimates each term.  Every term is a formula with the vLLM source lines it follows; the constants a formula cannot
+give (what the allocator and the forward pass leave at the sampler's peak, the NCCL buffers) are calibrated **per
+engine version** in ``profiles/vllm-<version>.json``, which says what they were fitted on.  A version with no
+profile is refused unless the caller names the profile to borrow, and the estimate then says so.
+
+The terms of ``Worker.determine_available_memory`` (vLLM 0.33 ``v1/worker/gpu_worker.py`` L641-757):
+
+* ``requested_memory = ceil(total_memory x gpu_memory_utilization)`` (``v1/worker/utils.py`` L724), where
+  ``total_memory`` is ``torch.cuda.mem_get_info()[1]``: :func:`torch_total_memory`.
+* ``non_kv_cache_memory = total_consumed + transient_peak_headroom`` (``utils/mem_utils.py`` L312-321):
+  the weights, the non-torch increase since the worker's first snapshot (:func:`non_torch_memory`) and the torch
+  peak of ``profile_run`` above the weights (:func:`activation_peak`).
+* the CUDA-graph estimate, subtracted only where ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` is on
+  (vLLM 0.33 ``envs.py`` L2219 defaults it to 1; the vLLM 0.19 logs show it off).
+
+kvpools does not copy vLLM code: the formulas below restate what the cited lines allocate.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from kvpools_core.errors import ConfigError
+from kvpools_core.values import GPU
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+SORT_BYTES_PER_LOGIT = 12
+"""vLLM's dummy sampler run (0.33 ``gpu_model_runner.py`` L5866-5900) samples ``max_num_seqs`` rows of the whole
+vocabulary with ``top_k = vocab - 1`` and ``top_p = 0.9``, so ``apply_top_k_top_p_pytorch``
+(``v1/sample/ops/topk_topp_sampler.py`` L545) sorts every row: ``logits.sort`` keeps an fp32 copy of the values
+(4 B) and their int64 indices (8 B) alive at the sampler's peak."""
+
+# torch.cuda.mem_get_info()[1] per catalogue GPU.  "measured": a vLLM log printed it; "derived": the catalogue's
+# nvidia-smi total less the gap measured on the cards that have both.
+_MEASURED_TOTALS: dict[str, tuple[float, str]] = {
+    "h100": (
+        79.19,
+        "vLLM 0.19.0 worker snapshot 'total_memory=79.19GiB' on an H100 80GB HBM3 (github.com/llm-d-incubation/"
+        "llm-d-planner accuracy/results/v0.19.0/logs); vLLM 0.6.5 on an older driver printed 79.22GiB "
+        "(github.com/vllm-project/vllm/pull/10511)",
+    ),
+}
+SMI_TO_TORCH_GAP_BYTES = round(0.46 * GiB)
+"""nvidia-smi total less torch's total, measured: H100 81559 MiB (79.65 GiB) vs 79.19 GiB (0.46); an NVIDIA L20
+46068 MiB (44.99 GiB, the L40S's figure too) vs 'total_gpu_memory: 44.52056884765625GiB' (0.47,
+github.com/vllm-project/vllm/issues/14011); an RTX 4090 24564 MiB (23.99 GiB) vs '23.52 GiB total' (0.47,
+github.com/vllm-project/vllm/issues/42049); an RTX 3090 24576 MiB (24.00 GiB) vs 23.58 GiB (0.42,
+github.com/vllm-project/vllm/issues/10517).  Applied to catalogue GPUs with no measured total (for the L40S it
+gives 44.53 GiB, the L20's 44.52)."""
+
+
+@attrs.frozen(kw_only=True)
+class Term:
+    """One term of the non-KV memory: its bytes, the formula that gave them, and where the formula comes from."""
+
+    name: str
+    bytes: int
+    formula: str
+    source: str
+
+
+@attrs.frozen(kw_only=True)
+class TotalMemory:
+    """The device total vLLM multiplies by ``--gpu-memory-utilization`` (``torch.cuda.mem_get_info()[1]``)."""
+
+    bytes: int
+    measured: bool
+    source: str
+
+
+@attrs.frozen(kw_only=True)
+class RuntimeProfile:
+    """One vLLM version's calibrated constants (``profiles/vllm-<version>.json``)."""
+
+    version: str
+    sampler_base_bytes: int
+    non_torch_bytes_by_tp: tuple[tuple[int, int], ...]
+    non_torch_pp_bytes: int
+    cudagraph_subtracted: bool
+    default_max_num_seqs: int
+    default_max_num_batched_tokens: int
+    fitted_on: str
+    file: str
+
+
+PROFILE_VERSIONS = ("0.19",)
+"""The vLLM versions that have a calibrated profile."""
+
+
+def _gib(value: Any, name: str, file: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ConfigError(f"{file}: {name} must be a non-negative number of GiB, got {value!r}.")
+    return round(value * GiB)
+
+
+def load_profile(version: str) -> RuntimeProfile:
+    """The calibrated profile of vLLM ``version`` (``0.19`` or ``0.19.0``); refuses a version without one."""
+    key = ".".join(str(version).strip().removeprefix("vllm==").split(".")[:2])
+    if key not in PROFILE_VERSIONS:
+        raise ConfigError(
+            f"kvpools has no calibrated runtime-memory profile for vLLM {version!r} (profiles: "
+            f"{', '.join(PROFILE_VERSIONS)}). Pass the logged budget instead (--memory, or --weights-memory with "
+            f"the profile of a version named explicitly), or calibrate one from that version's start-up logs."
+        )
+    file = f"vllm-{key}.json"
+    data = json.loads(resources.files(__package__).joinpath("profiles").joinpath(file).read_text(encoding="utf-8"))
+    by_tp = tuple(
+        sorted(
+            (int(tp), _gib(value, f"non_torch_gib_by_tp[{tp}]", file))
+            for tp, value in data["non_torch_gib_by_tp"].items()
+        )
+    )
+    return RuntimeProfile(
+        version=key,
+        sampler_base_bytes=_gib(data["sampler_base_gib"], "sampler_base_gib", file),
+        non_torch_bytes_by_tp=by_tp,
+        non_torch_pp_bytes=_gib(data["non_torch_pp_gib"], "non_torch_pp_gib", file),
+        cudagraph_subtracted=bool(data["cudagraph_subtracted"]),
+        default_max_num_seqs=int(data["default_max_num_seqs"]),
+        default_max_num_batched_tokens=int(data["default_max_num_batched_tokens"]),
+        fitted_on=str(data["fitted_on"]["data"]),
+        file=file,
+    )
+
+
+def torch_total_memory(gpu: GPU) -> TotalMemory:
+    """``torch.cuda.mem_get_info()[1]`` of ``gpu``: measured where a log printed it, else the catalogue's nvidia-smi
+    total less :data:`SMI_TO_TORCH_GAP_BYTES`."""
+    if gpu.name in _MEASURED_TOTALS:
+        gib, source = _MEASURED_TOTALS[gpu.name]
+        return TotalMemory(bytes=round(gib * GiB), measured=True, source=source)
+    return TotalMemory(
+        bytes=gpu.total_bytes - SMI_TO_TORCH_GAP_BYTES,
+        measured=False,
+        source=f"derived: catalogue total {gpu.total_bytes / GiB:.2f} GiB less the 0.46 GiB nvidia-smi-to-torch gap",
+    )
+
+
+def activation_peak(
+    *, vocab_size: int, max_num_seqs: int, max_num_batched_tokens: int, profile: RuntimeProfile
+) -> Term:
+    """The torch peak of ``profile_run`` above the weights (``transient_peak_headroom``), at the dummy sampler run.
+
+    ``profile_run`` (0.33 ``gpu_model_runner.py`` L6132-6140) runs ``max_num_batched_tokens`` tokens, then samples
+    ``min(max_num_seqs, max_num_batched_tokens)`` rows over the vocabulary.  The sort's values and indices give
+    :data:`SORT_BYTES_PER_LOGIT` per logit; the rest of the peak (fp32 logits, residual stream, allocator rounding) is
+    the profile's ``sampler_base``.  Not modelled: MoE workspaces, multimodal encoders, pipeline stages without the
+    sampler (the last stage samples; the others' peak is their forward pass).
+    """
+    rows = min(max_num_seqs, max_num_batched_tokens)
+    sort = rows * vocab_size * SORT_BYTES_PER_LOGIT
+    return Term(
+        name="activation peak",
+        bytes=sort + profile.sampler_base_bytes,
+        formula=(
+            f"{rows} rows x {vocab_size} vocab x {SORT_BYTES_PER_LOGIT} B (sort values + int64 indices) "
+            f"+ {profile.sampler_base_bytes / GiB:.4f} GiB sampler base (calibrated, {profile.file})"
+        ),
+        source="vLLM gpu_model_runner.profile_run / _dummy_sampler_run; topk_topp_sampler.apply_top_k_top_p_pytorch",
+    )
+
+
+def non_torch_memory(*, tp_size: int, pp_size: int, profile: RuntimeProfile) -> Term:
+    """The non-torch increase since the worker's first snapshot (``non_torch_increase``, ``mem_utils.py`` L306):
+    cuBLAS/cuDNN workspaces at TP 1, plus the NCCL and custom all-reduce buffers at TP >= 2; calibrated per TP size
+    (the largest calibrated TP not above ``tp_size``), and per pipeline stage when ``pp_size > 1``."""
+    if pp_size > 1 and tp_size == 1:
+        return Term(
+            name="non-torch",
+            bytes=profile.non_torch_pp_bytes,
+            formula=f"{profile.non_torch_pp_bytes / GiB:.2f} GiB per pipeline stage (calibrated, {profile.file})",
+            source="vLLM utils/mem_utils.py memory_profiling: non_torch_increase",
+        )
+    candidates = [(tp, size) for tp, size in profile.non_torch_bytes_by_tp if tp <= tp_size]
+    tp, size = candidates[-1]
+    return Term(
+        name="non-torch",
+        bytes=size,
+        formula=f"{size / GiB:.2f} GiB calibrated at TP {tp} ({profile.file})",
+        source="vLLM utils/mem_utils.py memory_profiling: non_torch_increase",
+    )
+
+
+def cudagraph_memory(*, profile: RuntimeProfile) -> Term:
+    """The CUDA-graph estimate vLLM subtracts before sizing the KV cache: zero for a version that captures the graphs
+    after sizing it (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` off, as in vLLM 0.19)."""
+    if not profile.cudagraph_subtracted:
+        return Term(
+            name="CUDA graphs",
+            bytes=0,
+            formula=f"0: vLLM {profile.version} captures the graphs after sizing the KV cache",
+            source="VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 in that version's logs",
+        )
+    raise ConfigError(
+        f"kvpools does not model vLLM {profile.version}'s CUDA-graph memory estimate yet; pass --memory "
+        f"(the logged 'Available KV cache memory')."
+    )
+
+
+def vocab_size_of(model: str) -> int:
+    """``vocab_size`` of ``model`` (a preset, a ``config.json`` or its directory): from the complete config a preset
+    names (``_weights_config``), or the config itself; the text config of a multimodal one."""
+    from kvpools_core.config import read_config_file
+    from kvpools_core.models import registry_presets, resolve_model_source
+    from kvpools_core.pipeline.weights import WEIGHTS_CONFIG_KEY
+    from kvpools_core.registry import get_registry
+
+    registry = get_registry()
+    config, source, name = resolve_model_source(model, registry)
+    pointer = config.get(WEIGHTS_CONFIG_KEY)
+    if source.startswith("preset:") and pointer:
+        config = read_config_file(Path(registry_presets(registry)[name][1]).parent / str(pointer))
+    for candidate in (config, config.get("text_config") or {}):
+        value = candidate.get("vocab_size")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    raise ConfigError(
+        f"{source}: the runtime-memory profile needs the model's vocab_size (the sampler's peak is rows x vocabulary) "
+        f"and the config has none. Use a preset with a complete config, a config.json that has it, or drop the "
+        f"runtime profile."
+    )
+
+
+@attrs.frozen(kw_only=True)
+class RuntimeMemory:
+    """The whole-GPU budget's terms outside the weights, for one worker."""
+
+    total: TotalMemory
+    terms: tuple[Term, ...]
+    profile: RuntimeProfile
+    note: str = ""
+
+    @property
+    def non_kv_bytes(self) -> int:
+        """Everything subtracted from the request besides the weights."""
+        return sum(term.bytes for term in self.terms)
+
+    def term(self, name: str) -> Term:
+        return next(term for term in self.terms if term.name == name)
+
+
+def estimate_runtime_memory(
+    *,
+    gpu: GPU,
+    vocab_size: int,
+    tp_size: int = 1,
+    pp_size: int = 1,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    engine_version: str = "0.19",
+    profile_version: str | None = None,
+) -> RuntimeMemory:
+    """vLLM ``engine_version``'s memory outside the KV cache and the weights on ``gpu``.
+
+    ``profile_version`` borrows another version's calibration; the result's ``note`` then says the plan was made
+    with a profile that is not the engine's.
+    """
+    for name, value in (("vocab_size", vocab_size), ("tp_size", tp_size), ("pp_size", pp_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}.")
+    profile = load_profile(profile_version or engine_version)
+    engine_key = ".".join(str(engine_version).removeprefix("vllm==").split(".")[:2])
+    note = ""
+    if profile.version != engine_key:
+        note = f"made with vLLM {profile.version}'s calibrated profile for vLLM {engine_version}"
+    seqs = profile.default_max_num_seqs if max_num_seqs is None else max_num_seqs
+    batched = profile.default_max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
+    terms = (
+        activation_peak(vocab_size=vocab_size, max_num_seqs=seqs, max_num_batched_tokens=batched, profile=profile),
+        non_torch_memory(tp_size=tp_size, pp_size=pp_size, profile=profile),
+        cudagraph_memory(profile=profile),
+    )
+    return RuntimeMemory(total=torch_total_memory(gpu), terms=terms, profile=profile, note=note)

@@ -1,0 +1,247 @@
+"""The collected start-up logs (``benchmarks/data/startup_logs.json``) and vLLM's memory outside the KV cache
+(``kvpools_core.engines.vllm.runtime_memory``), issue 34.
+
+The log numbers are the data's; the expected values below are computed by hand from them and from the cited
+vLLM lines (``ceil(total x utilization)``, ``v1/worker/utils.py`` L724; ``non_kv_cache_memory``,
+``utils/mem_utils.py`` L312-321).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from benchmarks.startup_logs import DATA, load_startup_logs
+from kvpools_core.engines.vllm import VllmLimits, plan_kv_cache
+from kvpools_core.engines.vllm.budget import available_kv_cache_memory
+from kvpools_core.engines.vllm.model import worker_kv_cache_specs
+from kvpools_core.engines.vllm.runtime_memory import (
+    SMI_TO_TORCH_GAP_BYTES,
+    estimate_runtime_memory,
+    load_profile,
+    torch_total_memory,
+)
+from kvpools_core.errors import ConfigError
+from kvpools_core.models import load_model
+from kvpools_core.pipeline.gpus import find_gpu
+from kvpools_core.registry import Registry
+from kvpools_core.values import Serving
+
+GiB = 1 << 30
+
+
+def _texts(value: float | int) -> set[str]:
+    texts = {str(value), f"{value:,}", f"{value:.2f}"}
+    if isinstance(value, float) and value.is_integer():
+        texts |= {str(int(value)), f"{int(value):,}"}
+    return texts
+
+
+def test_at_least_thirty_cited_logs_of_both_engines() -> None:
+    logs = load_startup_logs()
+    assert len(logs) >= 30
+    assert {log.engine for log in logs} == {"vllm", "sglang"}
+    assert len({log.engine_version for log in logs if log.engine_version}) >= 4
+    assert len({log.gpu for log in logs if log.gpu}) >= 4
+    assert {log.family for log in logs} >= {"dense", "moe", "mla", "hybrid"}
+    assert all(log.source.startswith("https://github.com/") for log in logs)
+
+
+def test_every_logged_number_is_quoted_in_its_lines() -> None:
+    """Cite, never invent: each number in ``logged`` appears, as the engine printed it, in the quoted lines."""
+    for log in load_startup_logs():
+        text = "\n".join(log.lines)
+        for name in ("total_gib", "weights_gib", "available_kv_gib", "kv_tokens", "num_gpu_blocks", "max_concurrency"):
+            value = log.logged.get(name)
+            if value is None:
+                continue
+            assert any(candidate in text for candidate in _texts(value)), (log.id, name, value)
+
+
+def test_the_loader_refuses_a_record_without_a_source(tmp_path: Path) -> None:
+    data = json.loads(DATA.read_text(encoding="utf-8"))
+    data["records"][0]["source"] = "from memory"
+    path = tmp_path / "logs.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"source must be a github\.com URL"):
+        load_startup_logs(path)
+
+
+def test_calibration_and_held_out_runs_name_their_version() -> None:
+    logs = load_startup_logs()
+    split = [log for log in logs if log.split]
+    assert {log.split for log in split} == {"calibration", "held_out"}
+    assert all(log.engine_version == "0.19.0" for log in split)
+
+
+def test_h100_total_is_torchs_79_19_gib_not_nvidia_smis() -> None:
+    h100 = find_gpu("h100")
+    total = torch_total_memory(h100)
+    assert total.measured and total.bytes == round(79.19 * GiB)
+    assert h100.total_bytes == 81559 * (1 << 20)  # the catalogue keeps nvidia-smi's figure
+    # vLLM 0.19's request at --gpu-memory-utilization 0.95: the log's 'worker requested memory: 75.23GiB'
+    assert f"{math.ceil(total.bytes * 0.95) / GiB:.2f}" == "75.23"
+
+
+def test_a_gpu_without_a_measured_total_is_derived_and_says_so() -> None:
+    h200 = find_gpu("h200")
+    total = torch_total_memory(h200)
+    assert not total.measured and total.source.startswith("derived")
+    assert total.bytes == 143771 * (1 << 20) - SMI_TO_TORCH_GAP_BYTES
+
+
+def test_llama_8b_h100_budget_from_the_gpu_matches_the_log(registry: Registry) -> None:
+    """llm-d-planner's vLLM 0.19.0 run (calibration set): 14.99 GiB weights, 'Available KV cache memory' 58.11 GiB,
+    476,016 tokens at max_model_len 2048.  Activation: 1024 rows x 128,256 x 12 B = 1.4678 GiB + 0.4126 GiB;
+    non-torch 0.25 GiB; request ceil(79.19 GiB x 0.95)."""
+    runtime = estimate_runtime_memory(gpu=find_gpu("h100"), vocab_size=128256, engine_version="0.19.0")
+    assert runtime.term("activation peak").bytes == 1024 * 128256 * 12 + round(0.4126 * GiB)
+    assert runtime.term("non-torch").bytes == round(0.25 * GiB)
+    assert runtime.term("CUDA graphs").bytes == 0
+    budget = available_kv_cache_memory(
+        total_memory=runtime.total.bytes,
+        gpu_memory_utilization=0.95,
+        weights_memory=round(14.99 * GiB),
+        activation_peak_memory=runtime.term("activation peak").bytes,
+        non_torch_memory=runtime.term("non-torch").bytes,
+    )
+    assert f"{budget.available_kv_cache_memory / GiB:.2f}" == "58.11"
+    model, _ = load_model("llama-3.1-8b", registry)
+    (worker,) = worker_kv_cache_specs(model, Serving(tp_size=1), registry, block_size=16)
+    plan = plan_kv_cache(
+        [worker],
+        [budget.available_kv_cache_memory],
+        VllmLimits(max_model_len=2048, max_num_batched_tokens=8192, max_concurrent_batches=1),
+    )
+    assert abs(plan.kv_cache_size_tokens - 476_016) / 476_016 < 0.001
+
+
+def test_held_out_qwen_activation_within_three_percent() -> None:
+    """Qwen2.5-7B-Instruct (held out): the report's 2.21 GiB; the formula gives 1024 x 152,064 x 12 B + 0.4126 GiB
+    = 2.153 GiB (-2.6 %)."""
+    runtime = estimate_runtime_memory(gpu=find_gpu("h100"), vocab_size=152064)
+    assert abs(runtime.term("activation peak").bytes / GiB - 2.21) / 2.21 < 0.03
+
+
+def test_non_torch_grows_with_tensor_parallelism() -> None:
+    profile = load_profile("0.19")
+    sizes = [
+        estimate_runtime_memory(gpu=find_gpu("h100"), vocab_size=1000, tp_size=tp).term("non-torch").bytes
+        for tp in (1, 2, 4, 8)
+    ]
+    assert sizes == [round(0.25 * GiB), round(2.07 * GiB), round(2.13 * GiB), round(2.13 * GiB)]
+    assert profile.cudagraph_subtracted is False
+
+
+def test_a_version_without_a_profile_is_refused_or_borrowed_with_a_note() -> None:
+    with pytest.raises(ConfigError, match=r"no calibrated runtime-memory profile for vLLM .0\.33."):
+        estimate_runtime_memory(gpu=find_gpu("h100"), vocab_size=1000, engine_version="0.33")
+    borrowed = estimate_runtime_memory(
+        gpu=find_gpu("h100"), vocab_size=1000, engine_version="0.33", profile_version="0.19"
+    )
+    assert borrowed.note == "made with vLLM 0.19's calibrated profile for vLLM 0.33"
+
+
+def test_whole_gpu_benchmark_held_out_kv_error_before_and_after() -> None:
+    """``benchmarks/whole_gpu_accuracy.py`` without peers: on the held-out vLLM 0.19 runs with logged weights, the
+    runtime profile brings the KV GiB error from the 79.65 GiB / weights-only budget's 4-7 % to under 0.1 %."""
+    from benchmarks.whole_gpu_accuracy import run
+
+    report = run(None)
+    split = {log.id: log.split for log in load_startup_logs()}
+
+    def held_out(tool: str) -> list[float]:
+        runs = report["tools"][tool]["runs"]
+        return [
+            row["errors_pct"]["kv_gib"]
+            for run_id, row in runs.items()
+            if split[run_id] == "held_out" and row["errors_pct"]["kv_gib"] is not None
+        ]
+
+    before, after = held_out("kvpools-before (logged weights)"), held_out("kvpools-runtime (logged weights)")
+    assert len(after) >= 5
+    assert min(before) > 3.5  # the old budget over-estimates every held-out run
+    assert max(abs(error) for error in after) < 0.1
+    refused = report["tools"]["kvpools-runtime (logged weights)"]["refused"]
+    assert refused["llmd-v0.19-llama-3.1-8b-float32"] == "kvpools does not model --dtype float32 yet"
+
+
+def test_plan_vllm_runtime_profile_is_an_explicit_switch() -> None:
+    """``plan_vllm(..., runtime_profile="0.19")`` on the calibration run: the KV budget comes out as the log's
+    58.11 GiB within the weights estimate's 0.03 GiB (14.96 GiB estimated, 14.99 GiB logged), 476,016 tokens
+    within 0.1 %; without the switch the budget is the old 79.65 GiB x 0.95 less the weights."""
+    from kvpools_core.engines.vllm.deployment import plan_vllm
+
+    kwargs = dict(
+        gpu="h100", gpu_memory_utilization=0.95, max_model_len=2048, max_num_batched_tokens=8192, max_num_seqs=1024
+    )
+    with_profile = plan_vllm("llama-3.1-8b", runtime_profile="0.19", **kwargs)  # type: ignore[arg-type]
+    without = plan_vllm("llama-3.1-8b", **kwargs)  # type: ignore[arg-type]
+    assert abs(with_profile.budgets[0].available_kv_cache_memory / GiB - 58.11) < 0.04
+    assert abs(with_profile.plan.kv_cache_size_tokens - 476_016) / 476_016 < 0.001
+    assert without.runtime_memory is None
+    assert (
+        without.budgets[0].available_kv_cache_memory == math.ceil(81559 * (1 << 20) * 0.95) - without.weights_memory[0]
+    )
+    assert "made with vLLM 0.19's calibrated profile for vLLM 0.33" in with_profile.notes
+
+
+def test_runtime_profile_leaves_the_exact_path_alone() -> None:
+    """Given ``memory`` (vLLM's --kv-cache-memory-bytes) a runtime profile has nothing to estimate: refused."""
+    from kvpools_core.engines.vllm.deployment import plan_vllm
+
+    with pytest.raises(ConfigError, match="does not apply to it"):
+        plan_vllm("llama-3.1-8b", memory="40GiB", runtime_profile="0.19")
+
+
+@given(
+    vocab=st.integers(1, 300_000),
+    extra_vocab=st.integers(0, 100_000),
+    seqs=st.integers(1, 4096),
+    batched=st.integers(1, 65536),
+    tp=st.sampled_from([1, 2, 3, 4, 8, 16]),
+)
+def test_runtime_terms_grow_with_their_inputs(vocab: int, extra_vocab: int, seqs: int, batched: int, tp: int) -> None:
+    """More vocabulary or more sampled rows never lowers the activation peak; more TP never lowers the non-torch
+    memory; torch's total of every catalogue GPU is below its nvidia-smi total."""
+    gpu = find_gpu("h100")
+    small = estimate_runtime_memory(
+        gpu=gpu, vocab_size=vocab, tp_size=tp, max_num_seqs=seqs, max_num_batched_tokens=batched
+    )
+    large = estimate_runtime_memory(
+        gpu=gpu,
+        vocab_size=vocab + extra_vocab,
+        tp_size=tp * 2,
+        max_num_seqs=seqs + 1,
+        max_num_batched_tokens=batched + 1,
+    )
+    assert large.term("activation peak").bytes >= small.term("activation peak").bytes
+    assert large.term("non-torch").bytes >= small.term("non-torch").bytes
+    assert small.term("activation peak").bytes >= min(seqs, batched) * vocab * 12
+    assert 0 < small.total.bytes < gpu.total_bytes
+
+
+def test_cli_runtime_profile_switch() -> None:
+    """``kvpools plan --accounting vllm --gpu h100 --runtime-profile 0.19``: the JSON budget's total is torch's
+    79.19 GiB and the terms are listed; without the flag the JSON has no ``runtime_memory`` key and the catalogue's
+    81559 MiB total; with ``--memory`` the flag is refused."""
+    from click.testing import CliRunner
+
+    from kvpools_core.cli import main
+
+    base = ["plan", "llama-3.1-8b", "--accounting", "vllm", "--gpu-memory-utilization", "0.95", "--json"]
+    runner = CliRunner()
+    with_profile = runner.invoke(main, [*base, "--gpu", "h100", "--runtime-profile", "0.19"])
+    assert with_profile.exit_code == 0, with_profile.output
+    data = json.loads(with_profile.output)
+    assert data["budget"][0]["total_memory"] == round(79.19 * GiB)
+    assert set(data["runtime_memory"]["terms"]) == {"activation peak", "non-torch", "CUDA graphs"}
+    default = json.loads(runner.invoke(main, [*base, "--gpu", "h100"]).output)
+    assert "runtime_memory" not in default and default["budget"][0]["total_memory"] == 81559 * (1 << 20)
+    refused = runner.invoke(main, [*base, "--memory", "40GiB", "--runtime-profile", "0.19"])
+    assert refused.exit_code == 1 and "does not apply to it" in refused.output
