@@ -90,6 +90,15 @@ def plots(session: nox.Session) -> None:
     session.run("pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or ["tests/sweep"]))
 
 
+@nox.session(default=False)
+def serve(session: nox.Session) -> None:
+    """``kvpools serve`` with its extra: the API tests, the schema's property tests and the page in a real browser
+    (``tests/serve``; the tests session skips them where the extra is not installed). The browser test needs a
+    Chromium (Debian's ``chromium``, at /usr/bin/chromium or $KVPOOLS_CHROMIUM) and skips, saying so, without one."""
+    session.install(*CONSTRAINTS, "-e", ".[test,serve]", "httpx2", "playwright")
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or ["tests/serve"]))
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install(*CONSTRAINTS, "ruff")
@@ -100,9 +109,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typing(session: nox.Session) -> None:
-    session.install(
-        *CONSTRAINTS, "-e", ".[test]", "mypy"
-    )  # the kit (kvpools_core.testing) imports pytest and hypothesis
+    # the kit (kvpools_core.testing) imports pytest and hypothesis; kvpools_core.serve imports the serve extra
+    session.install(*CONSTRAINTS, "-e", ".[test,serve]", "mypy")
     session.run("mypy")
 
 

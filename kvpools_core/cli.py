@@ -1,5 +1,5 @@
 """The ``kvpools`` command line: ``plan``, ``capacity``, ``compare``, ``build``, ``fit``, ``sweep``, ``plugins``,
-``presets``.
+``presets``, ``serve``.
 
 Serving options are generated from the fields of :class:`Serving`, under
 SGLang's server-arg names, so the CLI can never drift from the values.
@@ -1203,6 +1203,23 @@ def presets(as_json: bool) -> None:
         return
     for name, (plugin, _path) in sorted(found.items()):
         click.echo(f"{name:32} {plugin}")
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
+@click.option("--port", type=int, default=8000, show_default=True, help="Port to listen on.")
+@click.option("--models-dir", default=None, help="Configs a request may name besides the presets (NAME/config.json).")
+@click.option("--max-body-bytes", type=int, default=None, help="Largest request body  [default: 262144]")
+@click.option("--max-grid-points", type=int, default=None, help="Largest sweep grid  [default: 512]")
+@click.option("--max-fit-gpus", type=int, default=None, help="Largest fit --max-gpus  [default: 64]")
+@click.option("--time-limit", type=float, default=None, help="Seconds one request may plan  [default: 20]")
+@click.option("--workers", type=int, default=None, help="Requests planned at once  [default: 2]")
+@_user_facing
+def serve(host: str, port: int, models_dir: str | None, **limits: Any) -> None:
+    """Serve the capacity API and the calculator page (docs/serve.md; needs pip install 'kvpools[serve]')."""
+    from kvpools_core.serve import run
+
+    run(host, port, models_dir, time_limit_s=limits.pop("time_limit"), **limits)
 
 
 def _listed(values: tuple[str, ...]) -> list[str]:

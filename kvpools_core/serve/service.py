@@ -385,7 +385,7 @@ class Service:
         """``kvpools sweep --format json``, bounded by ``max_grid_points`` and paged by ``offset`` / ``limit``."""
         from kvpools_core.config import load_model
         from kvpools_core.pipeline import select_platform
-        from kvpools_core.sweep import SweepGrid, record, run_sweep
+        from kvpools_core.sweep import SweepGrid, run_sweep
 
         if not request.memory and not request.gpu:
             raise ConfigError(
@@ -416,7 +416,7 @@ class Service:
             "offset": request.offset,
             "limit": request.limit,
             "next_offset": request.offset + len(page) if request.offset + len(page) < len(rows) else None,
-            "rows": [record(row) for row in page],
+            "rows": [row.to_dict() for row in page],
         }
 
 
