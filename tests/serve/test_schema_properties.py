@@ -106,7 +106,7 @@ def steered(body: dict[str, Any], name: str, size: Any, contexts: list[int]) -> 
         body["contexts"] = contexts
     if "context" in body:
         body["context"] = contexts[0] if contexts else 8192
-    if "max_gpus" in body or "requests" in body and "headroom" not in body:  # fit: a GPU, a few requests
+    if "max_gpus" in body or ("requests" in body and "headroom" not in body):  # fit: a GPU, a few requests
         body.update(requests=min(body.get("requests") or 1, 64), gpu="h100", max_gpus=8)
         body.pop("memory")
     elif body.get("requests") is not None:

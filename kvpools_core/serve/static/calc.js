@@ -54,7 +54,7 @@
 
   // Concurrency per context length: one bar per context, coloured by what binds.
   function concurrencyChart(points) {
-    const w = 520, h = 220, left = 56, bottom = 36, top = 14;
+    const w = 520, h = 230, left = 56, bottom = 36, top = 26;
     const svg = document.createElementNS(SVG, "svg");
     svg.setAttribute("viewBox", `0 0 ${w} ${h}`);
     svg.setAttribute("width", w);
@@ -73,7 +73,7 @@
     add("line", { x1: left, y1: h - bottom, x2: w - 6, y2: h - bottom, stroke: "#c4cad6" });
     add("text", { x: left - 6, y: top + 4, "text-anchor": "end" }, num(max));
     add("text", { x: left - 6, y: h - bottom, "text-anchor": "end" }, "0");
-    add("text", { x: 4, y: top - 2 }, "requests");
+    add("text", { x: 4, y: 11 }, "concurrent requests");
     points.forEach((p, i) => {
       const bh = ((h - bottom - top) * p.value) / max;
       const x = left + i * step + step * 0.15;
