@@ -25,6 +25,7 @@ import difflib
 import os
 import re
 import sys
+import threading
 import types
 import warnings
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
@@ -103,6 +104,29 @@ class _CallRecord:
         self.raised: dict[int, str] = {}
 
 
+class _RecordStack(threading.local):
+    """The records of the hook calls running in this thread, innermost last.
+
+    Per thread: one registry serves several threads at once (``kvpools serve`` plans each request in a worker
+    thread), and a record shared between them would credit one thread's answers to another's call.
+    """
+
+    def __init__(self) -> None:
+        self.stack: list[_CallRecord] = []
+
+    def append(self, record: _CallRecord) -> None:
+        self.stack.append(record)
+
+    def pop(self) -> _CallRecord:
+        return self.stack.pop()
+
+    def __getitem__(self, index: int) -> _CallRecord:
+        return self.stack[index]
+
+    def __bool__(self) -> bool:
+        return bool(self.stack)
+
+
 class Registry:
     """Loads plugins and calls hooks on them.
 
@@ -154,7 +178,7 @@ class Registry:
         self._pm = pluggy.PluginManager(hookspecs.PROJECT)
         self._pm.add_hookspecs(hookspecs)
         self._infos: dict[str, PluginInfo] = {}
-        self._records: list[_CallRecord] = []
+        self._records = _RecordStack()
         self._skipped: dict[str, importlib_metadata.EntryPoint] = {}
         self._register_core()
         self._load_entry_points(extras)
