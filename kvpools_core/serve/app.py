@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -86,21 +87,28 @@ def create_app(
     async def compute(work: Callable[[], T]) -> T:
         """``work`` in a worker thread, at most ``workers`` at once, refused past ``time_limit_s``."""
 
+        limit = service.limits.time_limit_s
+        deadline = time.monotonic() + limit
+
         def guarded() -> T:
-            if not gate.acquire(blocking=False):
+            wait = min(service.limits.queue_wait_s, max(0.0, deadline - time.monotonic()))
+            if not gate.acquire(timeout=wait) if wait > 0 else not gate.acquire(blocking=False):
                 raise LimitExceeded(
                     "workers",
                     service.limits.workers,
-                    f"All {service.limits.workers} planning workers are busy (kvpools serve --workers); retry shortly.",
+                    f"All {service.limits.workers} planning workers stayed busy for "
+                    f"{service.limits.queue_wait_s:g} s (kvpools serve --workers); retry shortly.",
                     status=429,
                 )
+            if time.monotonic() >= deadline:  # the caller has been answered already: do not plan for nobody
+                gate.release()
+                raise LimitExceeded("time_limit_s", limit, "timed out while queued")
             try:
                 with cli_surface():  # errors name options as the CLI's flags: the same text as the CLI
                     return work()
             finally:
                 gate.release()
 
-        limit = service.limits.time_limit_s
         try:
             with anyio.fail_after(limit):
                 return await anyio.to_thread.run_sync(guarded, abandon_on_cancel=True)

@@ -54,6 +54,8 @@ class Limits:
     max_fit_gpus: int = 64
     time_limit_s: float = 20.0
     workers: int = 2
+    queue_wait_s: float = 5.0
+    """How long a request waits for a free worker before it is refused (429)."""
 
 
 class LimitExceeded(Exception):

@@ -296,7 +296,7 @@ def test_limits_are_4xx_naming_the_limit(app: Any) -> None:
     with limited(time_limit_s=0.0) as small:  # a deadline already passed: refused before any planning is awaited
         error = refused(small.post("/api/v1/plan", json={"model": "llama-3.1-8b", "memory": "40GiB"}))
         assert (error["limit"], error["value"]) == ("time_limit_s", 0.0)
-    with limited(workers=0) as small:  # no worker free: 429 with Retry-After
+    with limited(workers=0, queue_wait_s=0.0) as small:  # no worker free, no wait: 429 with Retry-After
         response = small.post("/api/v1/plan", json={"model": "llama-3.1-8b", "memory": "40GiB"})
         assert refused(response, 429)["limit"] == "workers"
         assert response.headers["retry-after"] == "1"
