@@ -6,10 +6,10 @@
   ``total_kv_blocks = tokens_to_kv_blocks(max_total_num_tokens, page_size)`` (a ceiling division, the tokens
   themselves at page 1), ``max_num_seqs = max_running_requests // dp_size``.  Here the same fields come from the
   plan, before the engine starts.
-* **llm-d** — the router's approximate prefix-cache index keeps ``lruCapacityPerServer`` block entries per pod,
-  each block ``blockSizeTokens`` tokens (llm-d/llm-d-router, prefix-cache scorer and producer configuration:
-  ``LRUCapacityPerServer int `json:"lruCapacityPerServer"```, whose default 31250 is derived in its comment as
-  the tokens an H100 caches divided by the block size).  Here: the blocks of every worker of one server.
+* **llm-d** — the router's ``approx-prefix-cache-producer`` keeps at most ``lruCapacityPerServer`` block entries
+  per pod, each block ``blockSizeTokens`` tokens (llm-d/llm-d-router's plugin configuration,
+  ``LRUCapacityPerServer int `json:"lruCapacityPerServer"```, whose default 31250 its comment derives as the
+  tokens an H100 caches divided by the block size).  Here: the blocks of every worker of one server.
 """
 
 from __future__ import annotations
