@@ -96,7 +96,9 @@ def serve(session: nox.Session) -> None:
     (``tests/serve``; the tests session skips them where the extra is not installed). The browser test needs a
     Chromium (Debian's ``chromium``, at /usr/bin/chromium or $KVPOOLS_CHROMIUM) and skips, saying so, without one."""
     session.install(*CONSTRAINTS, "-e", ".[test,serve]", "httpx2", "playwright")
-    session.run("pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or ["tests/serve"]))
+    # the browser test's screenshot is the README's picture (docs/img/serve.png): regenerated on every run
+    screenshot = {"KVPOOLS_SCREENSHOT": "docs/img/serve.png"}
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or ["tests/serve"]), env=screenshot)
 
 
 @nox.session

@@ -36,6 +36,7 @@ INT_FIELDS = (
     "speculative_num_steps",
     "speculative_eagle_topk",
     "speculative_num_draft_tokens",
+    "speculative_draft_num_layers",
 )
 FLOAT_FIELDS = ("mem_fraction_static",)
 CHOICE_FIELDS = ("kv_cache_dtype", "speculative_algorithm", "accounting")

@@ -226,9 +226,17 @@ class Service:
         from kvpools_core.fit import launch_command
 
         try:
-            return " ".join(launch_command(model, plan, 1, context_len))
+            line = list(launch_command(model, plan, 1, context_len))
         except KvpoolsError:
             return None  # no request of that length fits: there is no line to launch
+        serving = plan.serving
+        if serving.speculative_algorithm is not None:  # launch_command (fit's) plans no speculative decoding
+            line += ["--speculative-algorithm", serving.speculative_algorithm]
+            for name in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"):
+                value = getattr(serving, name)
+                if value is not None:
+                    line += [f"--{name.replace('_', '-')}", str(value)]
+        return " ".join(line)
 
     def capacity_record(self, request: CapacityRecordRequest) -> dict[str, Any]:
         """The capacity document (``--format capacity-json``), or the Dynamo / llm-d shape of it."""

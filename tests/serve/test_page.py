@@ -71,3 +71,19 @@ def test_a_bad_form_is_an_error_on_the_page(client: Any) -> None:
     assert page.status_code == 422 and "not valid JSON" in page.text
     error = client.get("/api/v1/calculator?model=llama-3.1-8b&device=cuda").json()["error"]
     assert error["message"].startswith("Unknown page field(s) device")
+
+
+def test_speculative_decoding_reaches_the_plan_and_the_launch_line(client: Any) -> None:
+    query = (
+        "model=llama-3.1-8b&gpu=h100&contexts=8k&speculative_algorithm=EAGLE&speculative_num_steps=3"
+        "&speculative_eagle_topk=1&speculative_num_draft_tokens=4&speculative_draft_num_layers=1"
+    )
+    answer = client.get("/api/v1/calculator?" + query).json()["result"]
+    plain = client.get("/api/v1/calculator?model=llama-3.1-8b&gpu=h100&contexts=8k").json()["result"]
+    draft = [pool["name"] for pool in answer["plan"]["pools"] if pool["name"].startswith("draft")]
+    assert draft, answer["plan"]["pools"]  # the draft layer's KV pool is planned beside the target's
+    assert answer["capacity"]["counts"]["tokens"]["full"] < plain["capacity"]["counts"]["tokens"]["full"]
+    assert answer["capacity"]["launch"].endswith(
+        "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
+        "--speculative-num-draft-tokens 4"
+    )
