@@ -23,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import kvpools_core
@@ -70,7 +71,7 @@ def create_app(
         version=kvpools_core.__version__,
         summary="KV-cache capacity of LLM serving engines (SGLang, vLLM), exact for hybrid models.",
         lifespan=lifespan,
-        docs_url="/api/docs",
+        docs_url=None,  # FastAPI's Swagger UI loads its script from a CDN: nothing here may need a network
         redoc_url=None,
         openapi_url="/api/v1/openapi.json",
     )
@@ -144,6 +145,10 @@ def create_app(
         ]
         text = "; ".join(f"{p['field'] or 'body'}: {p['problem']}" for p in problems[:5])
         return refuse(422, "invalid_request", f"The request does not match the API's schema: {text}.", fields=problems)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, error: StarletteHTTPException) -> Response:
+        return refuse(error.status_code, "http_error", f"{error.detail} (the API is under /api/v1, the page at /).")
 
     @app.exception_handler(ValidationError)
     async def _invalid_form(_: Request, error: ValidationError) -> Response:

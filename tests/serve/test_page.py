@@ -87,3 +87,14 @@ def test_speculative_decoding_reaches_the_plan_and_the_launch_line(client: Any) 
         "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
         "--speculative-num-draft-tokens 4"
     )
+
+
+def test_no_page_of_the_service_loads_a_script_from_elsewhere(client: Any) -> None:
+    """FastAPI's Swagger UI and ReDoc pages fetch their scripts from a CDN: they are not served."""
+    missing = client.get("/api/docs")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["message"] == "Not Found (the API is under /api/v1, the page at /)."
+    assert client.get("/api/v1/plan").json()["error"]["status"] == 405
+    assert client.get("/docs").status_code == 404
+    assert client.get("/redoc").status_code == 404
+    assert client.get("/api/v1/openapi.json").status_code == 200
