@@ -340,3 +340,15 @@ def test_unexpected_errors_are_one_line_500s(client: Any, monkeypatch: pytest.Mo
     monkeypatch.setattr(Service, "plan_summary", broken)
     error = refused(client.post("/api/v1/plan", json={"model": "llama-3.1-8b", "memory": "40GiB"}), 500)
     assert error["message"] == "internal error, a bug in kvpools: RuntimeError: boom. Please report it."
+
+
+def test_the_workload_split_is_the_clis(client: Any, kvpools_exe: str, cli_env: dict[str, str]) -> None:
+    """gpt-oss-20b's SWA / full split chosen for a log-normal workload, as `kvpools capacity --workload` chooses it."""
+    workload = "lognormal:median=4096,p99=32768"
+    cli = cli_json(
+        kvpools_exe, cli_env, "capacity", "gpt-oss-20b", "--memory", "40GiB", "--platform", "cuda",
+        "--workload", workload, "--context", "8k", "--json",
+    )  # fmt: skip
+    body = {"model": "gpt-oss-20b", "memory": "40GiB", "workload": workload, "contexts": ["8k"]}
+    api = ok(client.post("/api/v1/capacity", json=body))
+    assert api["split"] == cli["split"]
