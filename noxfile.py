@@ -97,6 +97,17 @@ def dask(session: nox.Session) -> None:
     session.run("pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or ["tests/sweep/test_sweep_executor.py"]))
 
 
+@nox.session(default=False)
+def serve(session: nox.Session) -> None:
+    """``kvpools serve`` with its extra: the API tests, the schema's property tests and the page in a real browser
+    (``tests/serve``; the tests session skips them where the extra is not installed). The browser test needs a
+    Chromium (Debian's ``chromium``, at /usr/bin/chromium or $KVPOOLS_CHROMIUM) and skips, saying so, without one."""
+    session.install(*CONSTRAINTS, "-e", ".[test,serve]", "httpx2", "playwright")
+    # the browser test's screenshot is the README's picture (docs/img/serve.png): regenerated on every run
+    screenshot = {"KVPOOLS_SCREENSHOT": "docs/img/serve.png"}
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or ["tests/serve"]), env=screenshot)
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install(*CONSTRAINTS, "ruff")
@@ -107,9 +118,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typing(session: nox.Session) -> None:
-    session.install(
-        *CONSTRAINTS, "-e", ".[test]", "mypy"
-    )  # the kit (kvpools_core.testing) imports pytest and hypothesis
+    # the kit (kvpools_core.testing) imports pytest and hypothesis; kvpools_core.serve imports the serve extra
+    session.install(*CONSTRAINTS, "-e", ".[test,serve]", "mypy")
     session.run("mypy")
 
 

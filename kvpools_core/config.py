@@ -428,3 +428,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"Model config {path} must hold a JSON object, got {type(data).__name__}.")
     return data
+
+
+HF_ID_KEY = "_hf_id"
+"""The preset key naming the Hugging Face model id its config was taken from: what an engine loads for it."""

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvpools_core.config import describe, read_config_file
+from kvpools_core.config import HF_ID_KEY, describe, read_config_file
 from kvpools_core.errors import ConfigError, PluginConflictError, short_repr
 from kvpools_core.readonly import readonly_config
 
@@ -95,10 +95,6 @@ def load_model(model: str, registry: Registry, name: str | None = None) -> tuple
     config, source, default_name = resolve_model_source(model, registry)
     spec, plugin = parse_config(config, source, registry)
     return attrs.evolve(spec, name=name or default_name, source=source), plugin
-
-
-HF_ID_KEY = "_hf_id"
-"""The preset key naming the Hugging Face model id its config was taken from: what an engine loads for it."""
 
 
 def launch_model_path(model: str, registry: Registry) -> str:

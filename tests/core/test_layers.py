@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pipeline", ("pipeline", "building")),
     ("engines", ("engines",)),
     ("planning", ("planning",)),
-    ("cli", ("cli",)),
+    ("applications", ("cli", "serve")),
     ("edges", ("integrations", "testing", "")),
 )
 """Bottom to top: a module may import its own layer and every layer below, never one above.
@@ -71,7 +71,8 @@ def imports_of(module: str, path: Path, known: dict[str, Path]) -> list[tuple[in
                 base = ".".join([*parts, base] if base else parts)
             subs = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in known]
             targets = subs or [base]
-            facade_names = not subs and base in known and known[base].name == "__init__.py"
+            dunder_only = all(alias.name.startswith("__") for alias in node.names)  # ``__version__``: the facade's
+            facade_names = not subs and not dunder_only and base in known and known[base].name == "__init__.py"
             if len(subs) < len(node.names) and subs and base in known:
                 targets.append(base)
                 facade_names = known[base].name == "__init__.py"

@@ -8,7 +8,7 @@ memory budget into ``num_gpu_blocks``, ``max_concurrency`` and ``kv_cache_size_t
 
 from kvpools_core.engines.base import Engine
 from kvpools_core.engines.vllm.budget import DEFAULT_GPU_MEMORY_UTILIZATION, VllmMemoryBudget, available_kv_cache_memory
-from kvpools_core.engines.vllm.deployment import VllmPlanResult, concurrency_at, plan_vllm
+from kvpools_core.engines.vllm.deployment import VLLM_VERSION, VllmPlanResult, concurrency_at, plan_vllm
 from kvpools_core.engines.vllm.offload import VllmCpuOffload, plan_cpu_offload
 from kvpools_core.engines.vllm.planning import (
     KVCacheGroupSpec,
@@ -80,7 +80,7 @@ __all__ = [
 
 ENGINE = Engine(
     name="vllm",
-    version="0.33",
+    version=VLLM_VERSION,
     accountings=("vllm",),
     plan=plan_vllm,
     summary="vLLM's KV cache: per-layer specs, groups, blocks and max concurrency, as vLLM 0.33 plans them.",
