@@ -45,13 +45,18 @@ from __future__ import annotations
 import array
 import ctypes
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from kvpools_core.allocators.contract import BaseTokenToKVPoolAllocator, host_copy_of, load_host_copy_into
+from kvpools_core.allocators.contract import (
+    BaseTokenToKVPoolAllocator,
+    host_copy_of,
+    load_host_copy_into,
+    page_disjoint_segments,
+)
 from kvpools_core.allocators.sizes import check_geometry, free_stack_nbytes
 from kvpools_core.errors import AllocatorError, AllocatorStateError
 
@@ -78,7 +83,7 @@ class AllocatorState:
         self,
         owner: object,
         counters: tuple[int, int, int, bool],
-        pending: tuple[tuple[Tensor, ...], tuple[bytes, ...]],
+        pending: tuple[tuple[Tensor, ...], tuple[bytes, ...], tuple[Tensor, ...]],
     ) -> None:
         self._owner = owner
         self._counters = counters
@@ -147,6 +152,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         # or byte copies of slot tensors on the host path)
         self._pending: list[Tensor] = []
         self._pending_bytes: list[bytes] = []
+        self._pending_ids: list[Tensor] = []  # paged: free_page_ids inside a group, released as given
         self.clear()
 
     @property
@@ -297,6 +303,56 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         """Release distinct, checked units whose last holder freed them (inside a group: at its end)."""
         self._release(units, validated=True)
 
+    # ------------------------------------------------------------ segment frees
+    def free_page_ids(self, page_ids: Tensor | Sequence[int]) -> None:
+        """Free exactly these units (SGLang's ``free_page_ids``); see the subclasses."""
+        raise NotImplementedError
+
+    def free_segments(self, segments: Iterable[tuple[Tensor | Sequence[int], int]]) -> None:
+        """Free ``(free_index, start_pos)`` segments of one request's row, ascending and page-disjoint
+        (SGLang's ``free_segments``), all or nothing: the segments, then their units, are checked as one
+        free before any is given back; the units come back in the order SGLang's segment-by-segment frees
+        leave them."""
+        segs = page_disjoint_segments(segments, self.page_size, "free_segments")
+        if len(segs) == 1:
+            self.free_segment(segs[0][0], start_pos=segs[0][1])
+        elif segs:
+            parts = [self._segment_units(free_index) for free_index, _ in segs]
+            if not self._in_group:  # each segment's free goes in front of the previous one's
+                parts.reverse()
+            self.free_page_ids(torch.cat(parts))
+
+    def free_full_segments(self, segments: Iterable[tuple[Tensor | Sequence[int], int]]) -> None:
+        """``free_full_segment`` of each segment (SGLang's ``free_full_segments``: one pool, so ``free`` of
+        each), all or nothing: several segments are checked as one free before any is given back."""
+        segs = page_disjoint_segments(segments, self.page_size, "free_full_segments")
+        if len(segs) > 1:
+            self.check_free(torch.cat([self.to_ids(free_index) for free_index, _ in segs]))
+        for free_index, _ in segs:
+            self.free(free_index)
+
+    def _segment_units(self, free_index: Tensor | Sequence[int]) -> Tensor:
+        """The units a free of one (non-empty, start-checked) segment gives back, in row order."""
+        return self.to_ids(free_index)
+
+    def _give_back_ids(self, units: Tensor) -> None:
+        """Free units ``free_page_ids`` would, already checked by the caller (range, checked map, count)."""
+        if self._refs is not None:
+            self._free_counted(units)
+        else:
+            self._release(units, validated=True)
+
+    def _check_held_units(self, units: Tensor) -> None:
+        """``check_held`` of distinct-or-not units (1-D int64 on ``device``, non-empty)."""
+        self._check_range(units)
+        if self._allocated is not None:
+            idle = ~self._allocated[units]
+            if bool(idle.any()):
+                raise AllocatorError(
+                    f"{self._describe(units[idle])} are not allocated now; read and write only the slots "
+                    "alloc handed out and that are not freed; nothing changed"
+                )
+
     # ------------------------------------------------------------ free groups
     def free_group_begin(self) -> None:
         """Defer frees until ``free_group_end`` (one scheduler step's frees)."""
@@ -350,7 +406,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         state = AllocatorState(
             self._token,
             (self._head, self._rel, self._pend, self._in_group),
-            (tuple(self._pending), tuple(self._pending_bytes)),
+            (tuple(self._pending), tuple(self._pending_bytes), tuple(self._pending_ids)),
         )
         if self._refs is not None:  # counts change on every alloc: one copy, not copy-on-write
             state._refs = self._refs.clone()
@@ -377,6 +433,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         self._head, self._rel, self._pend, self._in_group = state._counters
         self._pending = list(state._pending[0])
         self._pending_bytes = list(state._pending[1])
+        self._pending_ids = list(state._pending[2])
         if self._refs is not None:  # counts kept now: the backup's, or (taken before any retain) the census
             self._refs.copy_(state._refs if state._refs is not None else self._census())
 
@@ -393,6 +450,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         self._in_group = False
         self._pending = []
         self._pending_bytes = []
+        self._pending_ids = []
 
     # ------------------------------------------------------------ validation
     def check_free(self, indices: Tensor | Sequence[int], *, count: bool = True) -> None:
@@ -414,16 +472,8 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         """Raise ``AllocatorError`` unless every id of ``indices`` is in range and, in checked mode,
         allocated now (ids that are read or written, not freed: repeats allowed); change nothing."""
         units = self._free_units(self.to_ids(indices))
-        if not units.numel():
-            return
-        self._check_range(units)
-        if self._allocated is not None:
-            idle = ~self._allocated[units]
-            if bool(idle.any()):
-                raise AllocatorError(
-                    f"{self._describe(units[idle])} are not allocated now; read and write only the slots "
-                    "alloc handed out and that are not freed; nothing changed"
-                )
+        if units.numel():
+            self._check_held_units(units)
 
     def _free_units(self, ids: Tensor) -> Tensor:
         """The distinct units a free of ``ids`` gives back (the token allocator: the ids themselves)."""

@@ -23,13 +23,19 @@ still mapped to SWA slots is refused in every mode (they would leak).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor
 
 from kvpools_core.allocators.base import AllocatorState
-from kvpools_core.allocators.contract import BaseTokenToKVPoolAllocator, host_copy_of, load_host_copy_into
+from kvpools_core.allocators.contract import (
+    BaseTokenToKVPoolAllocator,
+    check_segment_start,
+    host_copy_of,
+    load_host_copy_into,
+    page_disjoint_segments,
+)
 from kvpools_core.allocators.factory import allocator_class
 from kvpools_core.allocators.paged import PagedAllocator, check_decode_lengths, check_extend_lengths
 from kvpools_core.allocators.token import TokenAllocator
@@ -180,7 +186,11 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 f"sentinel), got shape {tuple(mapping.shape)}"
             )
         self.full_to_swa_index_mapping = mapping
+        # the mapping by full page (pages 0..size // page_size): a segment free unmaps whole pages in one op
+        self._mapping_pages = mapping[: (size // page_size + 1) * page_size].view(-1, page_size)
         self._offsets = torch.arange(page_size, dtype=_I64, device=self.device)
+        if isinstance(self.swa_attn_allocator, PagedAllocator):  # SGLang's SWA group end order
+            self.swa_attn_allocator._ids_released_first = True
 
     @property
     def debug(self) -> bool:
@@ -448,6 +458,125 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 "free() to free both; nothing was freed"
             )
         full_alloc.free(full)
+
+    # ---------------------------------------------------------- segment frees
+    # SGLang 0.5.23's scheduler and radix cache free a request's row segment by segment (see ``contract``):
+    # one slot per page (``free_index[::page_size]``) names each page, so the mapping is read and cleared per
+    # page and both sides free page ids as given, with one range check per side and no de-duplication.
+
+    def free_segment(self, free_index: Tensor | Sequence[int], *, start_pos: int) -> None:
+        """Free a segment of a request's row on both sides (SGLang's ``free_segment``): the SWA pages still
+        mapped to its full pages, then the full pages.  All or nothing: the full pages are checked (range,
+        count; checked: allocated), then the SWA side (a page with no SWA page left is refused: free it with
+        ``free_full_segment``), before either changes."""
+        seg = self._one_segment(free_index, start_pos, "free_segment")
+        if seg is not None:
+            self._free_both(*seg)
+
+    def free_segments(self, segments: Iterable[tuple[Tensor | Sequence[int], int]]) -> None:
+        """``free_segment`` of ascending, page-disjoint segments of one row, checked together first."""
+        seg = self._many_segments(segments, "free_segments")
+        if seg is not None:
+            self._free_both(*seg)
+
+    def free_swa_segment(self, free_index: Tensor | Sequence[int], *, start_pos: int) -> None:
+        """Free the SWA pages of a segment's full pages, which stay (SGLang's ``free_swa_segment``: tokens
+        that slid out of the window).  Every page must still map to an SWA page (refused otherwise, as are
+        full slot ids out of range and, checked, not allocated), before anything changes."""
+        seg = self._one_segment(free_index, start_pos, "free_swa_segment")
+        if seg is not None:
+            reps, pages = seg
+            self.full_attn_allocator._check_held_units(pages)
+            self._free_swa_pages(reps, pages)
+
+    def free_full_segment(self, free_index: Tensor | Sequence[int], *, start_pos: int) -> None:
+        """Free a segment's full pages whose SWA pages are gone already (SGLang's ``free_full_segment``):
+        one still mapped is refused, nothing freed (its SWA page would leak)."""
+        seg = self._one_segment(free_index, start_pos, "free_full_segment")
+        if seg is not None:
+            self._free_full_pages(*seg)
+
+    def free_full_segments(self, segments: Iterable[tuple[Tensor | Sequence[int], int]]) -> None:
+        """``free_full_segment`` of ascending, page-disjoint segments of one row, checked together first."""
+        seg = self._many_segments(segments, "free_full_segments")
+        if seg is not None:
+            self._free_full_pages(*seg)
+
+    def _one_segment(
+        self, free_index: Tensor | Sequence[int], start_pos: int, method: str
+    ) -> tuple[Tensor, Tensor] | None:
+        """A segment's full slots naming its pages (``[::page_size]``) and those pages (full units), or None."""
+        p = self.page_size
+        if type(start_pos) is not int or start_pos < 0 or start_pos % p:
+            check_segment_start(start_pos, p, method)
+        full_alloc = self.full_attn_allocator
+        full = full_alloc.to_ids(free_index)
+        if not full.numel():
+            return None
+        if p == 1:
+            return full, full
+        return full[::p], full_alloc._segment_units(full)
+
+    def _many_segments(
+        self, segments: Iterable[tuple[Tensor | Sequence[int], int]], method: str
+    ) -> tuple[Tensor, Tensor] | None:
+        segs = page_disjoint_segments(segments, self.page_size, method)
+        parts = [seg for free_index, start_pos in segs if (seg := self._one_segment(free_index, start_pos, method))]
+        if not parts:
+            return None
+        if len(parts) == 1:
+            return parts[0]
+        if not self.full_attn_allocator._in_group:  # as SGLang's segment-by-segment frees leave the free lists
+            parts.reverse()
+        return torch.cat([r for r, _ in parts]), torch.cat([q for _, q in parts])
+
+    def _free_both(self, reps: Tensor, pages: Tensor) -> None:
+        full_alloc = self.full_attn_allocator
+        full_alloc._check_units(pages)
+        if full_alloc._counts_now():
+            full_alloc._check_count(pages.numel())
+        self._free_swa_pages(reps, pages)
+        full_alloc._give_back_ids(pages)
+
+    def _free_full_pages(self, reps: Tensor, pages: Tensor) -> None:
+        full_alloc = self.full_attn_allocator
+        full_alloc._check_units(pages)
+        if full_alloc._counts_now():
+            full_alloc._check_count(pages.numel())
+        mapped = (
+            self._mapping_pages[pages] if self.checked and self.page_size > 1 else self.full_to_swa_index_mapping[reps]
+        )
+        if bool((mapped > 0).any()):
+            still = (mapped > 0) if mapped.dim() == 1 else (mapped > 0).any(1)
+            raise AllocatorError(
+                f"free_full_segment() of full slot(s) {reps[still][:8].tolist()} whose pages still map to SWA "
+                "slots: those would never be freed; free_swa_segment() them first, or free_segment() to free "
+                "both; nothing was freed"
+            )
+        full_alloc._give_back_ids(pages)
+
+    def _free_swa_pages(self, reps: Tensor, pages: Tensor) -> None:
+        """Free the SWA pages mapped to full pages ``pages`` (slots ``reps`` name them) and unmap them;
+        refused, nothing changed, where one maps to none."""
+        mapping = self.full_to_swa_index_mapping
+        swa = mapping[reps]
+        swa_alloc = self.swa_attn_allocator
+        swa_pages = swa if self.page_size == 1 else self._paged()[1]._page_of(swa)
+        try:
+            swa_alloc.free_page_ids(swa_pages)
+        except AllocatorError:
+            gone = swa <= 0
+            if not bool(gone.any()):
+                raise
+            raise AllocatorError(
+                f"free of the SWA side of full slot(s) {reps[gone][:8].tolist()}, which map to no SWA slot (free_swa "
+                "gave it back, or alloc_extend_swa_tail never mapped it): free their full side alone with "
+                "free_full_segment(s) (SGLang's free_kv_row_segments splits a row so); nothing was freed"
+            ) from None
+        if self.page_size == 1:
+            mapping.index_fill_(0, reps, 0)
+        else:
+            self._mapping_pages.index_fill_(0, pages, 0)
 
     def free_group_begin(self) -> None:
         self.full_attn_allocator.free_group_begin()

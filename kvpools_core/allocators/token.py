@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from kvpools_core.allocators.base import BaseAllocator
+from kvpools_core.allocators.contract import check_segment_start
 from kvpools_core.errors import AllocatorError
 
 __all__ = ["TokenAllocator"]
@@ -122,3 +123,13 @@ class TokenAllocator(BaseAllocator):
                 self._free_counted(units)
             else:
                 self._release(units)
+
+    def free_page_ids(self, page_ids: Tensor | Sequence[int]) -> None:
+        """SGLang's ``free_page_ids``: at page size 1 page ids are slot ids, so ``free``."""
+        self.free(page_ids)
+
+    def free_segment(self, free_index: Tensor | Sequence[int], *, start_pos: int) -> None:
+        """SGLang's ``free_segment``: ``free`` (every ``start_pos >= 0`` starts a page of one slot)."""
+        if type(start_pos) is not int or start_pos < 0:
+            check_segment_start(start_pos, 1, "free_segment")
+        self.free(free_index)
