@@ -40,8 +40,6 @@ from kvpools_core.allocators.factory import allocator_class
 from kvpools_core.allocators.paged import PagedAllocator, check_decode_lengths, check_extend_lengths
 from kvpools_core.allocators.token import TokenAllocator
 from kvpools_core.errors import AllocatorError
-from kvpools_core.pools.layout import allocate
-from kvpools_core.sizing import SWA_MAPPING_ITEM_BYTES
 
 __all__ = [
     "MAPPING_ITEM_BYTES",
@@ -55,8 +53,9 @@ __all__ = [
 ]
 
 _I64 = torch.int64
-MAPPING_ITEM_BYTES = SWA_MAPPING_ITEM_BYTES
-"""The mapping holds int64 SWA slot ids."""
+MAPPING_ITEM_BYTES = 8
+"""The mapping holds int64 SWA slot ids (the planner's ``sizing.SWA_MAPPING_ITEM_BYTES``; a test keeps them
+equal).  The module imports torch and the allocators only, as the benchmarks' peers venv has nothing else."""
 
 
 def mapping_nbytes(size: int, page_size: int) -> int:
@@ -66,6 +65,8 @@ def mapping_nbytes(size: int, page_size: int) -> int:
 
 def new_full_to_swa_mapping(size: int, page_size: int, device: str | torch.device) -> Tensor:
     """``full_to_swa_index_mapping``: ``size + page_size`` zeros and the trailing −1 sentinel."""
+    from kvpools_core.pools.layout import allocate  # the pools (and the planner's values) on first use only
+
     mapping = allocate((size + page_size + 1,), _I64, device)
     if mapping.device.type != "meta":
         mapping[-1] = -1

@@ -575,6 +575,35 @@ class PagedMachine(RuleBasedStateMachine):
         else:
             del self.seqs[i]
 
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data(), how=st.sampled_from(["segment", "segments", "full_segment", "full_segments", "page_ids"]))
+    def free_seq_segment(self, data: st.DataObject, how: str) -> None:
+        """SGLang 0.5.23's segment frees (issue 37): the tail ``kv[keep:]`` of a request's row from a page
+        boundary (``radix_cache.py``'s ``free_segment(kv_indices[protected:prefix], start_pos=protected)``),
+        or its pages by id, or split at a page boundary into two segments (``common.free_kv_row_segments``)."""
+        p = self.page_size
+        i = data.draw(st.integers(0, len(self.seqs) - 1))
+        kv = self.seqs[i]
+        keep = data.draw(st.integers(0, (len(kv) - 1) // p)) * p
+        cut = data.draw(st.integers(keep // p, -(-len(kv) // p))) * p
+        tail = kv[keep:]
+        split = [(i64(kv[keep:cut]), keep), (i64(kv[cut:]), cut)]
+        if how == "segment":
+            self.a.free_segment(i64(tail), start_pos=keep)
+        elif how == "segments":
+            self.a.free_segments(split)
+        elif how == "full_segment":
+            self.a.free_full_segment(i64(tail), start_pos=keep)
+        elif how == "full_segments":
+            self.a.free_full_segments(split)
+        else:  # the row's pages, in row order (SGLang's free_page_ids takes them as given)
+            self.a.free_page_ids(i64([s // p for s in tail[::p]]))
+        self.record_free(self.pages_of(tail))
+        if keep:
+            del kv[keep:]
+        else:
+            del self.seqs[i]
+
     # -- page-level traffic
     @rule(k=st.integers(0, PAGES + 1), as_slots=st.booleans())
     def alloc_block(self, k: int, as_slots: bool) -> None:

@@ -322,6 +322,35 @@ class TokenMachine(RuleBasedStateMachine):
         elif self.need_sort:
             self.released |= set(part)
 
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), how=st.sampled_from(["segment", "segments", "full_segments", "page_ids", "full"]))
+    def free_segment(self, data: st.DataObject, how: str) -> None:
+        """SGLang 0.5.23's segment frees (issue 37): a tail ``held[keep:]`` of an allocation read as a request's
+        row; at page size 1 each is ``free`` of those slots (``allocator/token.py``, ``base.py``)."""
+        i = data.draw(st.integers(0, len(self.held) - 1))
+        slots = self.held[i]
+        keep = data.draw(st.integers(0, len(slots) - 1))
+        tail, cut = slots[keep:], data.draw(st.integers(keep, len(slots)))
+        split = [(torch.tensor(slots[keep:cut], dtype=torch.int64), keep), (torch.tensor(slots[cut:]), cut)]
+        if how == "segment":
+            self.a.free_segment(torch.tensor(tail), start_pos=keep)
+        elif how == "segments":
+            self.a.free_segments(split)
+        elif how == "full_segments":
+            self.a.free_full_segments(split)
+        elif how == "page_ids":
+            self.a.free_page_ids(tail)
+        else:
+            self.a.free_full_segment(torch.tensor(tail), start_pos=keep)
+        if keep:
+            self.held[i] = slots[:keep]
+        else:
+            del self.held[i]
+        if self.in_group:
+            self.pending += tail
+        elif self.need_sort:
+            self.released |= set(tail)
+
     @precondition(lambda self: not self.in_group)
     @rule()
     def group_begin(self) -> None:
