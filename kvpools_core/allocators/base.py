@@ -29,7 +29,7 @@ leaves the allocator exactly as it was:
   CPU token path that op costs as much as the free did before (~3 us, ~8 us
   with cold caches), and on an accelerator it synchronises once per free;
 * ``checked=True`` (``build(plan, device, checked=True)``): also a bool
-  "allocated" map of ``num_pages + 1`` bytes, which catches double frees,
+  "allocated" map of ``2 * (num_pages + 1)`` bytes (int16), which catches double frees,
   frees of never-allocated ids and repeats within one free.  Every call then
   takes the tensor path (and on an accelerator synchronises), so it is for
   tests and debugging, not for a benchmark.
@@ -64,6 +64,8 @@ __all__ = ["AllocatorState", "BaseAllocator"]
 
 _I64 = torch.int64
 _memmove = ctypes.memmove
+_CLAIM_MAX = 65_535
+"""Checked mode counts a free's units off an int16 map: frees of more units than this check repeats by sorting."""
 
 
 class AllocatorState:
@@ -141,8 +143,15 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         self._host_arr = None if checked else self._arr
         self._host_mv = None if checked else self._mv
         self._allocated: Tensor | None = None
-        if checked:
-            self._allocated = torch.zeros(n + 1, dtype=torch.bool, device=self.device)
+        if checked:  # holders by unit id, 1 or 0 (int16: a free counts its units off in one index_add_)
+            self._allocated = torch.zeros(n + 1, dtype=torch.int16, device=self.device)
+            self._claim_one = (
+                torch.ones((), dtype=torch.int16, device=self.device),
+                torch.full((), -1, dtype=torch.int16, device=self.device),
+            )
+            self._left = array.array("h", [0, 0])
+            left = torch.frombuffer(self._left, dtype=torch.int16)
+            self._left_out = (left[0], left[1])
         self._refs: Tensor | None = None  # int32 reference counts by unit id, from the first retain() on
         self._head = 0
         self._rel = 0
@@ -164,7 +173,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
     @classmethod
     def planned_nbytes(cls, size: int, page_size: int, checked: bool = False) -> int:
         """Bytes of every tensor the allocator holds: the int64 free stack
-        (one entry per unit) plus, in checked mode, a bool "allocated" map."""
+        (one entry per unit) plus, in checked mode, an int16 "allocated" map."""
         return free_stack_nbytes(size, page_size, checked)
 
     @property
@@ -346,7 +355,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         """``check_held`` of distinct-or-not units (1-D int64 on ``device``, non-empty)."""
         self._check_range(units)
         if self._allocated is not None:
-            idle = ~self._allocated[units]
+            idle = self._allocated.index_select(0, units) == 0
             if bool(idle.any()):
                 raise AllocatorError(
                     f"{self._describe(units[idle])} are not allocated now; read and write only the slots "
@@ -587,7 +596,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         assert self._allocated is not None
         if self._snaps:
             self._materialize()
-        self._allocated[units] = True
+        self._allocated.index_fill_(0, units, 1)
 
     def _as_index(self, t: Tensor) -> Tensor:
         """1-D int64 on ``device`` (copies only when it must)."""
@@ -610,10 +619,16 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         if not m:
             return
         if not validated:
-            self._check_units(units)
+            if self._allocated is not None:
+                if m > self._head - self._rel - self._pend:  # the map's own error first, then the count's
+                    self._check_release(units)
+                    self._check_count(m)
+                self._claim(units)  # checked and marked freed in one pass
+            else:
+                self._check_range(units)
+        elif self._allocated is not None:
+            self._mark_freed(units)
         pos = self._park(m)
-        if self._allocated is not None:
-            self._allocated[units] = False
         if self._addr and units.is_cpu and units.is_contiguous():
             _memmove(self._addr + 8 * pos, units.data_ptr(), 8 * m)
         else:
@@ -648,19 +663,60 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
 
     def _check_release(self, units: Tensor) -> None:
         """Checked mode: refuse out-of-range, padding, unallocated or repeated
-        units before anything changes, naming them."""
-        assert self._allocated is not None
+        units before anything changes, naming them (the map is left as it was)."""
+        self._claim(units)
+        self._unclaim(units)
+
+    def _claim(self, units: Tensor) -> None:
+        """Checked mode: mark ``units`` freed in the map if each is allocated and given once, else raise
+        ``AllocatorError`` naming them, the map as it was.
+
+        One pass, four ops however many units: the range (``aminmax``), one count off each unit's entry
+        (``index_add_``), then every entry touched must read 0 (a gather and an ``aminmax``): an entry left
+        at -1 was free, one at 1 - k was given k times.  (int16 entries: a unit repeated 65,537 times would
+        wrap to 0, so frees of more units than that sort them instead.)
+        """
+        alloc = self._allocated
+        assert alloc is not None
         self._check_range(units)
-        not_live = ~self._allocated[units]
-        if bool(not_live.any()):
-            raise AllocatorError(
-                f"double free or free of never-allocated {self._describe(units[not_live])}; nothing was freed"
-            )
+        if self._snaps:
+            self._materialize()
+        m = units.numel()
+        if m > _CLAIM_MAX:
+            self._check_repeats(units)
+        alloc.index_add_(0, units, self._claim_one[1].expand(m))
+        left = alloc.index_select(0, units)
+        if left.is_cpu:
+            torch.aminmax(left, out=self._left_out)
+            lo, hi = self._left
+        else:  # one device -> host transfer for both
+            lo, hi = torch.stack(torch.aminmax(left)).tolist()
+        if lo or hi:
+            alloc.index_add_(0, units, self._claim_one[0].expand(m))
+            not_live = alloc.index_select(0, units) == 0
+            if bool(not_live.any()):
+                raise AllocatorError(
+                    f"double free or free of never-allocated {self._describe(units[not_live])}; nothing was freed"
+                )
+            self._check_repeats(units)
+
+    def _unclaim(self, units: Tensor) -> None:
+        """Undo a ``_claim`` of ``units`` (a later check refused the free)."""
+        assert self._allocated is not None
+        self._allocated.index_add_(0, units, self._claim_one[0].expand(units.numel()))
+
+    def _check_repeats(self, units: Tensor) -> None:
         if units.numel() > 1:
             srt = units.sort().values
             dup = srt[1:] == srt[:-1]
             if bool(dup.any()):
                 raise AllocatorError(f"{self._describe(srt[1:][dup])} appear(s) twice in one free; nothing was freed")
+
+    def _mark_freed(self, units: Tensor) -> None:
+        assert self._allocated is not None
+        if self._snaps:
+            self._materialize()
+        self._allocated.index_fill_(0, units, 0)
 
     def _describe(self, units: Tensor) -> str:
         """Name offending units in an error message (first 8)."""

@@ -105,7 +105,7 @@ class PagedAllocator(BaseAllocator):
     @classmethod
     def planned_nbytes(cls, size: int, page_size: int, checked: bool = False) -> int:
         """``8 * num_pages`` (free stack) ``+ 8 * page_size`` (in-page offsets)
-        ``+ (num_pages + 1)`` (allocated map) in checked mode."""
+        ``+ 2 * (num_pages + 1)`` (int16 allocated map) in checked mode."""
         return super().planned_nbytes(size, page_size, checked) + paged_extra_nbytes(page_size)
 
     # ------------------------------------------------------------ tensor API
@@ -493,8 +493,7 @@ class PagedAllocator(BaseAllocator):
             return
         if self._in_group:
             if self._allocated is not None:
-                self._check_release(t)
-                self._mark_freed(t)
+                self._claim(t)
             else:
                 self._check_range(t)
             self._pending.append(t.clone())
@@ -543,7 +542,7 @@ class PagedAllocator(BaseAllocator):
         the error to raise: the allocator is as before the call (a ``need_sort`` merge aside)."""
         taken = self._buf[start : start + k]
         if self._allocated is not None:
-            self._allocated[taken] = False
+            self._allocated.index_fill_(0, taken, 0)
         if self._refs is not None:
             self._refs[taken] = 0
         self._head = start
@@ -587,12 +586,6 @@ class PagedAllocator(BaseAllocator):
             f"(page 0, slots 0..{p - 1}, is padding and never allocated)"
         )
 
-    def _mark_freed(self, pages: Tensor) -> None:
-        assert self._allocated is not None
-        if self._snaps:
-            self._materialize()
-        self._allocated[pages] = False
-
     def _describe(self, units: Tensor) -> str:
         pages = units[:8].tolist()
         p = self.page_size
@@ -630,7 +623,7 @@ class PagedAllocator(BaseAllocator):
             )
         pages = self._page_of(lo)
         foreign = (pages < 1) | (pages > self._n)
-        foreign |= ~self._allocated[pages.clamp(0, self._n)]
+        foreign |= self._allocated[pages.clamp(0, self._n)] == 0
         if bool(foreign.any()):
             raise AllocatorError(f"last_loc {lo[foreign][:8].tolist()} is not in an allocated page")
 

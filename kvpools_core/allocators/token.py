@@ -47,7 +47,7 @@ class TokenAllocator(BaseAllocator):
 
     @classmethod
     def planned_nbytes(cls, size: int, page_size: int = 1, checked: bool = False) -> int:
-        """``8 * size`` (the int64 free stack) ``+ (size + 1)`` in checked mode."""
+        """``8 * size`` (the int64 free stack) ``+ 2 * (size + 1)`` in checked mode."""
         if page_size != 1:
             raise ValueError(f"TokenAllocator has page_size 1, got {page_size}")
         return super().planned_nbytes(size, 1, checked)
@@ -67,6 +67,13 @@ class TokenAllocator(BaseAllocator):
             self._head = end
             # the array slice is a private copy; the tensor shares (and keeps) it
             return torch.frombuffer(arr[head:end], dtype=_I64)
+        checked_host = self._allocated is not None and self._refs is None and self._arr is not None
+        if checked_host and need_size > 0 and end <= self._n:  # the same copy, then one index_fill_ of the map
+            assert self._arr is not None
+            self._head = end
+            out = torch.frombuffer(self._arr[head:end], dtype=_I64)
+            self._mark_allocated(out)
+            return out
         if need_size <= 0:
             if need_size == 0:
                 return self._buf.new_empty(0)

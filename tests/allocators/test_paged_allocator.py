@@ -84,8 +84,8 @@ def test_fresh_allocator_sizes(device: str) -> None:
 def test_nbytes_equals_planned(size: int, page_size: int, checked: bool, device: str) -> None:
     a = PagedAllocator(size, page_size, device=device, checked=checked)
     pages = size // page_size
-    # free stack 8 B/page + in-page offsets 8 B/slot of one page (+ 1 B/page id 0..pages when checked)
-    expected = 8 * pages + 8 * page_size + (pages + 1 if checked else 0)
+    # free stack 8 B/page + in-page offsets 8 B/slot of one page (+ 2 B/page id 0..pages when checked: int16)
+    expected = 8 * pages + 8 * page_size + (2 * (pages + 1) if checked else 0)
     assert PagedAllocator.planned_nbytes(size, page_size, checked) == expected
     assert a.nbytes == expected
 
@@ -397,7 +397,7 @@ def test_restore_rejects_a_foreign_or_non_state() -> None:
 def test_checked_map_is_reported_apart_from_the_planned_allocator() -> None:
     unchecked, checked = PagedAllocator(64, 4), PagedAllocator(64, 4, checked=True)
     assert unchecked.nbytes_by_pool() == {"allocator": 8 * 16 + 8 * 4}
-    assert checked.nbytes_by_pool() == {"allocator": 8 * 16 + 8 * 4, "allocator_checked": 17}
+    assert checked.nbytes_by_pool() == {"allocator": 8 * 16 + 8 * 4, "allocator_checked": 2 * 17}
 
 
 # ------------------------------------------------- reference extend / decode

@@ -39,8 +39,8 @@ def test_fresh_allocator_sizes(device: str) -> None:
 @pytest.mark.parametrize("size", [1, 7, 4096])
 def test_nbytes_equals_planned(size: int, checked: bool, device: str) -> None:
     a = TokenAllocator(size, device=device, checked=checked)
-    # int64 free stack: 8 B per slot; checked mode adds one bool per slot id 0..size
-    expected = 8 * size + (size + 1 if checked else 0)
+    # int64 free stack: 8 B per slot; checked mode adds one int16 per slot id 0..size
+    expected = 8 * size + (2 * (size + 1) if checked else 0)
     assert TokenAllocator.planned_nbytes(size, 1, checked) == expected
     assert a.nbytes == expected
 
@@ -493,8 +493,9 @@ def test_checked_mode_reports_its_map_apart() -> None:
     # the plan charges the unchecked allocator; the checked map is an extra pool
     assert TokenAllocator(8).nbytes_by_pool() == {"allocator": 64}
     checked = TokenAllocator(8, checked=True)
-    assert checked.nbytes_by_pool("mamba_allocator") == {"mamba_allocator": 64, "mamba_allocator_checked": 9}
-    assert checked.nbytes == 73
+    # the int16 map of slot ids 0..8: 2 * 9 bytes
+    assert checked.nbytes_by_pool("mamba_allocator") == {"mamba_allocator": 64, "mamba_allocator_checked": 18}
+    assert checked.nbytes == 82
 
 
 def test_debug_is_the_old_name_of_checked() -> None:
