@@ -155,9 +155,10 @@ class PagedAllocator(BaseAllocator):
         last = self._as_index(last_loc)
         if not pre.numel() == seq.numel() == last.numel() or extend_num_tokens < 0:  # O(1): Python ints
             raise _batch_error(pre, seq, last, extend_num_tokens)
-        if num_new_pages is None and self._allocated is None and not torch.count_nonzero(self._in_page(pre)):
+        aligned_ok = num_new_pages is None or self._cpu  # the test below syncs: not where the count was given
+        if aligned_ok and self._allocated is None and not torch.count_nonzero(self._in_page(pre)):
             # the common case, fresh or page-aligned prefixes: no open page to continue
-            return self._extend_aligned(pre, seq, last, extend_num_tokens)
+            return self._extend_aligned(pre, seq, last, extend_num_tokens, num_new_pages)
         page_of = self._page_of
         pages_pre = page_of(pre + self._pm1)  # pages already (partly) filled
         pages_seq = page_of(seq + self._pm1)
@@ -233,15 +234,20 @@ class PagedAllocator(BaseAllocator):
         k = int(torch.count_nonzero(needs)) if num_new_pages is None else num_new_pages
         if self._allocated is not None:
             self._check_decode(seq, last, k)
+        return self._decode_pages(last, needs, k)
+
+    def _decode_pages(self, last: Tensor, needs: Tensor, k: int) -> Tensor | None:
+        """``alloc_decode`` once checked: ``last + 1``, the requests in ``needs`` on the ``k`` new pages."""
         start = self._take(k)
         if start is None:
             return None
         out = last + 1
         if k:
+            taken = self._buf[start : start + k]
             if self._allocated is not None:
-                self._mark_allocated(self._buf[start : start + k])
+                self._mark_allocated(taken)
             # the i-th request that needs a page takes the i-th new page
-            out.masked_scatter_(needs, self._buf[start : start + k] * p)
+            out.masked_scatter_(needs, taken * self.page_size)
         return self._as_slots(out)
 
     def fill_extend(
@@ -501,14 +507,15 @@ class PagedAllocator(BaseAllocator):
         self._release(t)
 
     # --------------------------------------------------------------- helpers
-    def _extend_aligned(self, pre: Tensor, seq: Tensor, last: Tensor, n_tok: int) -> Tensor | None:
+    def _extend_aligned(
+        self, pre: Tensor, seq: Tensor, last: Tensor, n_tok: int, num_new_pages: int | None = None
+    ) -> Tensor | None:
         """``alloc_extend`` when every prefix ends on a page boundary: request i's
         slots are the first ``seq - pre`` slots of its new pages, so one gather
         from the new pages' slot grid serves the whole batch."""
         ext = seq - pre
         new_pages = self._page_of(ext + self._pm1)  # prefixes are aligned: ceil(ext / p)
-        cum_pages = new_pages.cumsum(0)
-        k = int(cum_pages[-1]) if cum_pages.numel() else 0
+        k = num_new_pages if num_new_pages is not None else int(new_pages.sum())
         start = self._take(k)
         if start is None:
             return None

@@ -263,7 +263,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         full = self.full_attn_allocator.alloc(need_size)
         swa = self.swa_attn_allocator.alloc(need_size)
         assert full is not None and swa is not None  # both had room
-        self.full_to_swa_index_mapping[full] = swa
+        self._map(full, swa)
         return full
 
     def alloc_extend(
@@ -302,7 +302,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         full = full_alloc.alloc_extend(pre, seq, last, extend_num_tokens, num_new_pages=num_new_pages)
         swa = swa_alloc.alloc_extend(pre, seq, swa_last, extend_num_tokens, num_new_pages=num_new_pages)
         assert full is not None and swa is not None  # both had the pages
-        self.full_to_swa_index_mapping[full] = swa
+        self._map(full, swa)
         return full
 
     def alloc_extend_swa_tail(
@@ -378,23 +378,27 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         full_alloc, swa_alloc = self._paged()
         seq = full_alloc._as_index(seq_lens)
         last = full_alloc._as_index(last_loc)
+        needs = full_alloc._in_page(seq) == 1  # one mask for both sides: they page in step
         if num_new_pages is None:
-            num_new_pages = int(torch.count_nonzero(seq % p == 1))
+            num_new_pages = int(torch.count_nonzero(needs))
         self._check_batch(None, seq, last, 0, num_new_pages)
         if num_new_pages * p > self.available_size():
             return None
-        swa_last = self._swa_last(last)
+        swa_last = self._swa_last(last, decode=True)
         if self.checked:
-            evicted = (seq % p != 1) & (swa_last <= 0)
+            evicted = ~needs & (swa_last <= 0)
             if bool(evicted.any()):
                 raise AllocatorError(
                     f"alloc_decode continues the page of last_loc {last[evicted][:8].tolist()} whose SWA page was "
                     f"freed by free_swa; evict only pages before a request's last page"
                 )
-        full = full_alloc.alloc_decode(seq, last, num_new_pages=num_new_pages)
-        swa = swa_alloc.alloc_decode(seq, swa_last, num_new_pages=num_new_pages)
+            full = full_alloc.alloc_decode(seq, last, num_new_pages=num_new_pages)
+            swa = swa_alloc.alloc_decode(seq, swa_last, num_new_pages=num_new_pages)
+        else:  # checked above (lengths, counts): both sides take their pages from the one mask
+            full = full_alloc._decode_pages(last, needs, num_new_pages)
+            swa = swa_alloc._decode_pages(swa_last, needs, num_new_pages)
         assert full is not None and swa is not None
-        self.full_to_swa_index_mapping[full] = swa
+        self._map(full, swa)
         return full
 
     # ------------------------------------------------------------------ frees
@@ -560,7 +564,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """Free the SWA pages mapped to full pages ``pages`` (slots ``reps`` name them) and unmap them;
         refused, nothing changed, where one maps to none."""
         mapping = self.full_to_swa_index_mapping
-        swa = mapping[reps]
+        swa = mapping.index_select(0, reps)  # reps are checked full slots
         swa_alloc = self.swa_attn_allocator
         swa_pages = swa if self.page_size == 1 else self._paged()[1]._page_of(swa)
         try:
@@ -656,10 +660,20 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                     f"last_loc {last[foreign][:8].tolist()} is not a full slot id (nor -1); nothing was allocated"
                 )
 
-    def _swa_last(self, last: Tensor) -> Tensor:
+    def _map(self, full: Tensor, swa: Tensor) -> None:
+        """Record the new pairs: ``mapping[full] = swa`` (one ``index_copy_``, cheaper than an index put)."""
+        self.full_to_swa_index_mapping.index_copy_(0, full if full.dtype is _I64 else full.to(_I64), swa)
+
+    def _swa_last(self, last: Tensor, *, decode: bool = False) -> Tensor:
         """The SWA slots of ``last_loc`` (-1 stays -1); a ``last_loc`` past the mapping is refused."""
+        mapping = self.full_to_swa_index_mapping
+        if decode and last.is_cpu:  # a decode's last_loc is a slot: a gather (on an accelerator a bad index is
+            try:  # an asynchronous device assert, so there: indexing); -1 (no prefix) needs indexing's wrap-around
+                return mapping.index_select(0, last)
+            except (IndexError, RuntimeError):
+                pass
         try:
-            return self.full_to_swa_index_mapping[last]
+            return mapping[last]
         except IndexError:
             raise AllocatorError(
                 f"last_loc {last[:8].tolist()} indexes past the {self.size_full} full slots; nothing was allocated"
