@@ -124,12 +124,44 @@ class TokenAllocator(BaseAllocator):
                     pos = self._head = head - m
                 _memmove(self._addr + 8 * pos, indices.data_ptr(), 8 * m)
             return
+        if (
+            self._allocated is not None
+            and self._refs is None
+            and self._addr
+            and isinstance(indices, Tensor)
+            and indices.dtype is _I64
+            and indices.is_cpu
+            and indices.is_contiguous()
+        ):
+            self._free_checked_host(indices.view(-1))
+            return
         units = self.to_ids(indices)
         if units.numel():
             if self._refs is not None:
                 self._free_counted(units)
             else:
                 self._release(units)
+
+    def _free_checked_host(self, units: Tensor) -> None:
+        """Checked mode's ``free`` of int64 CPU slots: ``_release``'s checks and writes without its layers
+        (the range, the count, one claim of the map; then one ``memmove`` into the stack)."""
+        m = units.numel()
+        if not m:
+            return
+        rel, pend, head = self._rel, self._pend, self._head
+        if m > head - rel - pend:  # the map's own error first, then the count's
+            self._check_release(units)
+            self._check_count(m)
+        self._claim(units)
+        if self._in_group:
+            pos = rel + pend
+            self._pend = pend + m
+        elif self.need_sort:
+            pos = rel
+            self._rel = rel + m
+        else:
+            pos = self._head = head - m
+        _memmove(self._addr + 8 * pos, units.data_ptr(), 8 * m)
 
     def free_page_ids(self, page_ids: Tensor | Sequence[int]) -> None:
         """SGLang's ``free_page_ids``: at page size 1 page ids are slot ids, so ``free``."""
