@@ -671,20 +671,30 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         """Checked mode: mark ``units`` freed in the map if each is allocated and given once, else raise
         ``AllocatorError`` naming them, the map as it was.
 
-        One pass, four ops however many units: the range (``aminmax``), one count off each unit's entry
-        (``index_add_``), then every entry touched must read 0 (a gather and an ``aminmax``): an entry left
-        at -1 was free, one at 1 - k was given k times.  (int16 entries: a unit repeated 65,537 times would
+        One pass, three ops however many units: one count off each unit's entry (``index_add_``, whose bounds
+        check is the range check on CPU; an accelerator checks the range with an ``aminmax`` first), then
+        every entry touched must read 0 (a gather and an ``aminmax``): an entry left at -1 was free, one at
+        1 - k was given k times.  (int16 entries: a unit repeated 65,537 times would
         wrap to 0, so frees of more units than that sort them instead.)
         """
         alloc = self._allocated
         assert alloc is not None
-        self._check_range(units)
-        if self._snaps:
-            self._materialize()
         m = units.numel()
         if m > _CLAIM_MAX:
+            self._check_range(units)
             self._check_repeats(units)
-        alloc.index_add_(0, units, self._claim_one[1].expand(m))
+        if self._snaps:
+            self._materialize()
+        if units.is_cpu:
+            try:  # on CPU index_add_'s own bounds check is the range check (it stops at the first bad id)
+                alloc.index_add_(0, units, self._claim_one[1].expand(m))
+            except (IndexError, RuntimeError):
+                alloc.copy_(self._census())  # undo the partial add: the map again from the free lists
+                self._check_range(units)  # raises, naming the foreign ids
+                raise
+        else:  # on an accelerator a bad index is an asynchronous device assert: the range first
+            self._check_range(units)
+            alloc.index_add_(0, units, self._claim_one[1].expand(m))
         left = alloc.index_select(0, units)
         if left.is_cpu:
             torch.aminmax(left, out=self._left_out)
@@ -693,6 +703,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
             lo, hi = torch.stack(torch.aminmax(left)).tolist()
         if lo or hi:
             alloc.index_add_(0, units, self._claim_one[0].expand(m))
+            self._check_range(units)  # the padding unit 0 is in the map: named as padding
             not_live = alloc.index_select(0, units) == 0
             if bool(not_live.any()):
                 raise AllocatorError(

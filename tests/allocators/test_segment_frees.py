@@ -208,3 +208,21 @@ def test_pure_swa_segment_frees() -> None:
     a.free_segments([(row[4:], 4)])
     assert a.available_size() == 32
     assert free_list(a.swa_attn_allocator) == [2, 3, 1, *range(4, 9)]
+
+
+# ------------------------------------------------------------------ checked mode's map
+@pytest.mark.parametrize("bad", [17, -1, 0])
+def test_checked_free_refuses_a_foreign_id_after_valid_ones_and_keeps_the_map(bad: int) -> None:
+    """On CPU the map's ``index_add_`` is the range check and stops at the first bad id, after counting off the
+    valid ones before it: the map is rebuilt from the free lists (and the padding 0 is added back), exactly."""
+    a = TokenAllocator(16, checked=True)
+    held = a.alloc(5)
+    assert held is not None
+    assert a._allocated is not None
+    before = (a._allocated.tolist(), state(a))
+    assert before[0] == [0, 1, 1, 1, 1, 1] + [0] * 11
+    with pytest.raises(AllocatorError, match=r"padding|foreign"):
+        a.free(i64([1, 2, bad, 3]))
+    assert (a._allocated.tolist(), state(a)) == before
+    a.free(held)
+    assert a._allocated.tolist() == [0] * 17 and a.available_size() == 16
