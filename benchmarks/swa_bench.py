@@ -127,6 +127,12 @@ class _Driver:
     def sizes(self) -> tuple[int, int]:
         return self.a.full_available_size(), self.a.swa_available_size()
 
+    def extend(self, pre: Any, seq: Any, last: Any, n: int) -> Any:
+        raise NotImplementedError
+
+    def decode(self, seq: Any, last: Any) -> Any:
+        raise NotImplementedError
+
     def evict(self, slots: Any, start: int) -> None:
         if self.segments:
             self.timed("evict", self.a.free_swa_segment, slots, start_pos=start)
@@ -273,7 +279,7 @@ def print_table(rows: list[tuple[int, list[dict[str, Any]]]], args: argparse.Nam
 
 
 def _median(rounds: list[dict[str, Any]], name: str, key: str) -> float:
-    return statistics.median(r[name]["core_s"][key] for r in rounds)
+    return float(statistics.median(r[name]["core_s"][key] for r in rounds))
 
 
 def _ratio(rounds: list[dict[str, Any]], key: str | None) -> str:
