@@ -237,7 +237,8 @@ def docs_newest(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
-    """Allocator trace replay against SGLang's and vLLM's real allocators (see benchmarks/README.md)."""
+    """Allocator trace replay against SGLang's and vLLM's real allocators, kvpools and peer in the same run
+    (see benchmarks/README.md): token, paged and page-API paths, checked mode, the dual SWA allocator."""
     session.run("bash", "benchmarks/run_bench.sh", *session.posargs, external=True)
 
 

@@ -14,7 +14,14 @@ Adapters:
   ``alloc_decode`` / ``free`` -- as ``sglang-paged*-extend``.
 * ``kvpools-paged{16,64}-pages``: ``PagedAllocator.alloc_pages`` /
   ``free_pages`` with Python ints, one call per request -- as
-  ``vllm-blockpool16``.
+  ``vllm-blockpool16`` / ``vllm-blockpool64`` (the harness's vLLM adapter at
+  page 64, registered here).
+* ``kvpools-token-checked``: ``kvpools-token`` with ``checked=True`` (double
+  and foreign frees refused): compared with ``kvpools-token``.
+
+``KVPOOLS_BENCH_ROOT``: the checkout whose ``kvpools_core.allocators`` is
+measured (default: this one), to measure another version with the same
+adapters and trace.
 """
 
 from __future__ import annotations
@@ -43,8 +50,10 @@ def _import_allocators() -> Any:
     to loading the subpackage without running ``kvpools_core/__init__`` (the
     planner and its dependencies) when importing the whole package fails.
     """
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.environ.get("KVPOOLS_BENCH_ROOT") or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
+        if os.environ.get("KVPOOLS_BENCH_ROOT"):
+            raise ImportError("measure the checkout KVPOOLS_BENCH_ROOT names")
         import kvpools_core.allocators as mod
     except Exception:
         if root not in sys.path:
@@ -76,6 +85,8 @@ VERSION = "kvpools 0.1.0"
 def register(reg: Callable[[str, Callable[[int], Any]], None]) -> None:
     """Register our adapters with the harness (``--plugin ...:register``)."""
     reg("kvpools-token", KvpoolsTokenAdapter)
+    reg("kvpools-token-checked", partial(KvpoolsTokenAdapter, checked=True))
+    reg("vllm-blockpool64", lambda capacity_tokens: _b.VllmBlockPoolAdapter(capacity_tokens, 64, enable_caching=False))
     for page_size in (16, 64):
         reg(f"kvpools-paged{page_size}-extend", partial(KvpoolsExtendAdapter, page_size=page_size))
         reg(f"kvpools-paged{page_size}-pages", partial(KvpoolsPageAdapter, page_size=page_size))
@@ -92,9 +103,11 @@ class KvpoolsTokenAdapter(_b.TokenAdapter, _b._CoreTimer):  # type: ignore[misc]
     version = VERSION
     batched = True
 
-    def __init__(self, capacity_tokens: int) -> None:
+    def __init__(self, capacity_tokens: int, checked: bool = False) -> None:
         super().__init__(capacity_tokens)
-        self.a = TokenAllocator(capacity_tokens)
+        self.a = TokenAllocator(capacity_tokens, checked=checked)
+        if checked:
+            self.name = "kvpools-token-checked"
 
     def available_tokens(self) -> int:
         return self.a.available_size()

@@ -3,7 +3,7 @@
 #   usage: bash benchmarks/run_bench.sh [extra bench_alloc.py args, e.g. --repeat 5 --quick]
 # Env: KVPOOLS_PEERS_VENV (default /tmp/kvpools-peers-venv), KVPOOLS_BENCH_DIR (default
 # ../shared/bench beside the checkout), ADAPTERS, SCENARIOS,
-# ROUNDS (default 5; 0 skips benchmarks/compare.py, the paired ours-vs-peer rounds).
+# ROUNDS (default 5; 0 skips benchmarks/compare.py and benchmarks/swa_bench.py, the paired ours-vs-peer rounds).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BENCH=${KVPOOLS_BENCH_DIR:-$ROOT/../shared/bench}
@@ -13,8 +13,8 @@ if [[ ! -f "$BENCH/bench_alloc.py" ]]; then
     exit 2
 fi
 VENV=${KVPOOLS_PEERS_VENV:-/tmp/kvpools-peers-venv}
-OURS=kvpools-token,kvpools-paged16-extend,kvpools-paged64-extend,kvpools-paged16-pages,kvpools-paged64-pages
-PEERS=sglang-token,sglang-paged16-extend,sglang-paged64-extend,vllm-blockpool16
+OURS=kvpools-token,kvpools-token-checked,kvpools-paged16-extend,kvpools-paged64-extend,kvpools-paged16-pages,kvpools-paged64-pages
+PEERS=sglang-token,sglang-paged16-extend,sglang-paged64-extend,vllm-blockpool16,vllm-blockpool64
 ADAPTERS=${ADAPTERS:-$OURS,$PEERS}
 SCENARIOS=${SCENARIOS:-unique_prompts}
 
@@ -41,4 +41,7 @@ if (( ROUNDS > 0 )); then
     PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" "$ROOT/benchmarks/compare.py" \
         --bench-dir "$BENCH" --rounds "$ROUNDS" --scenario "${SCENARIOS%%,*}" \
         --out "$OUT/compare_$STAMP.json" | tee -a "$OUT/summary_$STAMP.md"
+    # 5. the dual full / SWA allocator against SGLang 0.5.23's, page 1 and 16, paired rounds
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$VENV/bin/python" "$ROOT/benchmarks/swa_bench.py" \
+        --bench-dir "$BENCH" --rounds "$ROUNDS" --out "$OUT/swa_$STAMP.json" | tee -a "$OUT/summary_$STAMP.md"
 fi

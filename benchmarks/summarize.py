@@ -17,7 +17,7 @@ from typing import Any
 PEERS = {
     "token": ["sglang-token"],
     "extend_decode": ["sglang-paged16-extend", "sglang-paged64-extend"],
-    "page": ["vllm-blockpool16"],
+    "page": ["vllm-blockpool16", "vllm-blockpool64"],
 }
 TARGET = 0.5
 

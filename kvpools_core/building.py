@@ -95,7 +95,7 @@ def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None, 
     pool).  ``checked=True`` asks the ``build_allocator`` hook for checked
     allocators, which also refuse double frees and frees of never-allocated ids:
     for tests and debugging (slower; synchronises on an accelerator).  Their
-    "allocated" map is not in the plan: it adds ``pages + 1`` bytes per free
+    "allocated" map is not in the plan: it adds ``2 * (pages + 1)`` bytes per free
     list (``pages`` = the slots or pages it hands out; the SWA allocator has
     two), reported as pools of their own (``allocator_checked``,
     ``swa_allocator_checked``) in ``allocated_by_pool()``, so ``allocated_bytes``

@@ -29,7 +29,7 @@ leaves the allocator exactly as it was:
   CPU token path that op costs as much as the free did before (~3 us, ~8 us
   with cold caches), and on an accelerator it synchronises once per free;
 * ``checked=True`` (``build(plan, device, checked=True)``): also a bool
-  "allocated" map of ``num_pages + 1`` bytes, which catches double frees,
+  "allocated" map of ``2 * (num_pages + 1)`` bytes (int16), which catches double frees,
   frees of never-allocated ids and repeats within one free.  Every call then
   takes the tensor path (and on an accelerator synchronises), so it is for
   tests and debugging, not for a benchmark.
@@ -45,13 +45,18 @@ from __future__ import annotations
 import array
 import ctypes
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from kvpools_core.allocators.contract import BaseTokenToKVPoolAllocator, host_copy_of, load_host_copy_into
+from kvpools_core.allocators.contract import (
+    BaseTokenToKVPoolAllocator,
+    host_copy_of,
+    load_host_copy_into,
+    page_disjoint_segments,
+)
 from kvpools_core.allocators.sizes import check_geometry, free_stack_nbytes
 from kvpools_core.errors import AllocatorError, AllocatorStateError
 
@@ -59,6 +64,8 @@ __all__ = ["AllocatorState", "BaseAllocator"]
 
 _I64 = torch.int64
 _memmove = ctypes.memmove
+_CLAIM_MAX = 65_535
+"""Checked mode counts a free's units off an int16 map: frees of more units than this check repeats by sorting."""
 
 
 class AllocatorState:
@@ -78,7 +85,7 @@ class AllocatorState:
         self,
         owner: object,
         counters: tuple[int, int, int, bool],
-        pending: tuple[tuple[Tensor, ...], tuple[bytes, ...]],
+        pending: tuple[tuple[Tensor, ...], tuple[bytes, ...], tuple[Tensor, ...]],
     ) -> None:
         self._owner = owner
         self._counters = counters
@@ -136,8 +143,15 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         self._host_arr = None if checked else self._arr
         self._host_mv = None if checked else self._mv
         self._allocated: Tensor | None = None
-        if checked:
-            self._allocated = torch.zeros(n + 1, dtype=torch.bool, device=self.device)
+        if checked:  # holders by unit id, 1 or 0 (int16: a free counts its units off in one index_add_)
+            self._allocated = torch.zeros(n + 1, dtype=torch.int16, device=self.device)
+            self._claim_one = (
+                torch.ones((), dtype=torch.int16, device=self.device),
+                torch.full((), -1, dtype=torch.int16, device=self.device),
+            )
+            self._left = array.array("h", [0, 0])
+            left = torch.frombuffer(self._left, dtype=torch.int16)
+            self._left_out = (left[0], left[1])
         self._refs: Tensor | None = None  # int32 reference counts by unit id, from the first retain() on
         self._head = 0
         self._rel = 0
@@ -147,6 +161,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         # or byte copies of slot tensors on the host path)
         self._pending: list[Tensor] = []
         self._pending_bytes: list[bytes] = []
+        self._pending_ids: list[Tensor] = []  # paged: free_page_ids inside a group, released as given
         self.clear()
 
     @property
@@ -158,7 +173,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
     @classmethod
     def planned_nbytes(cls, size: int, page_size: int, checked: bool = False) -> int:
         """Bytes of every tensor the allocator holds: the int64 free stack
-        (one entry per unit) plus, in checked mode, a bool "allocated" map."""
+        (one entry per unit) plus, in checked mode, an int16 "allocated" map."""
         return free_stack_nbytes(size, page_size, checked)
 
     @property
@@ -297,6 +312,56 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         """Release distinct, checked units whose last holder freed them (inside a group: at its end)."""
         self._release(units, validated=True)
 
+    # ------------------------------------------------------------ segment frees
+    def free_page_ids(self, page_ids: Tensor | Sequence[int]) -> None:
+        """Free exactly these units (SGLang's ``free_page_ids``); see the subclasses."""
+        raise NotImplementedError
+
+    def free_segments(self, segments: Iterable[tuple[Tensor | Sequence[int], int]]) -> None:
+        """Free ``(free_index, start_pos)`` segments of one request's row, ascending and page-disjoint
+        (SGLang's ``free_segments``), all or nothing: the segments, then their units, are checked as one
+        free before any is given back; the units come back in the order SGLang's segment-by-segment frees
+        leave them."""
+        segs = page_disjoint_segments(segments, self.page_size, "free_segments")
+        if len(segs) == 1:
+            self.free_segment(segs[0][0], start_pos=segs[0][1])
+        elif segs:
+            parts = [self._segment_units(free_index) for free_index, _ in segs]
+            if not self._in_group:  # each segment's free goes in front of the previous one's
+                parts.reverse()
+            self.free_page_ids(torch.cat(parts))
+
+    def free_full_segments(self, segments: Iterable[tuple[Tensor | Sequence[int], int]]) -> None:
+        """``free_full_segment`` of each segment (SGLang's ``free_full_segments``: one pool, so ``free`` of
+        each), all or nothing: several segments are checked as one free before any is given back."""
+        segs = page_disjoint_segments(segments, self.page_size, "free_full_segments")
+        if len(segs) > 1:
+            self.check_free(torch.cat([self.to_ids(free_index) for free_index, _ in segs]))
+        for free_index, _ in segs:
+            self.free(free_index)
+
+    def _segment_units(self, free_index: Tensor | Sequence[int]) -> Tensor:
+        """The units a free of one (non-empty, start-checked) segment gives back, in row order."""
+        return self.to_ids(free_index)
+
+    def _give_back_ids(self, units: Tensor) -> None:
+        """Free units ``free_page_ids`` would, already checked by the caller (range, checked map, count)."""
+        if self._refs is not None:
+            self._free_counted(units)
+        else:
+            self._release(units, validated=True)
+
+    def _check_held_units(self, units: Tensor) -> None:
+        """``check_held`` of distinct-or-not units (1-D int64 on ``device``, non-empty)."""
+        self._check_range(units)
+        if self._allocated is not None:
+            idle = self._allocated.index_select(0, units) == 0
+            if bool(idle.any()):
+                raise AllocatorError(
+                    f"{self._describe(units[idle])} are not allocated now; read and write only the slots "
+                    "alloc handed out and that are not freed; nothing changed"
+                )
+
     # ------------------------------------------------------------ free groups
     def free_group_begin(self) -> None:
         """Defer frees until ``free_group_end`` (one scheduler step's frees)."""
@@ -350,7 +415,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         state = AllocatorState(
             self._token,
             (self._head, self._rel, self._pend, self._in_group),
-            (tuple(self._pending), tuple(self._pending_bytes)),
+            (tuple(self._pending), tuple(self._pending_bytes), tuple(self._pending_ids)),
         )
         if self._refs is not None:  # counts change on every alloc: one copy, not copy-on-write
             state._refs = self._refs.clone()
@@ -377,6 +442,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         self._head, self._rel, self._pend, self._in_group = state._counters
         self._pending = list(state._pending[0])
         self._pending_bytes = list(state._pending[1])
+        self._pending_ids = list(state._pending[2])
         if self._refs is not None:  # counts kept now: the backup's, or (taken before any retain) the census
             self._refs.copy_(state._refs if state._refs is not None else self._census())
 
@@ -393,6 +459,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         self._in_group = False
         self._pending = []
         self._pending_bytes = []
+        self._pending_ids = []
 
     # ------------------------------------------------------------ validation
     def check_free(self, indices: Tensor | Sequence[int], *, count: bool = True) -> None:
@@ -414,16 +481,8 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         """Raise ``AllocatorError`` unless every id of ``indices`` is in range and, in checked mode,
         allocated now (ids that are read or written, not freed: repeats allowed); change nothing."""
         units = self._free_units(self.to_ids(indices))
-        if not units.numel():
-            return
-        self._check_range(units)
-        if self._allocated is not None:
-            idle = ~self._allocated[units]
-            if bool(idle.any()):
-                raise AllocatorError(
-                    f"{self._describe(units[idle])} are not allocated now; read and write only the slots "
-                    "alloc handed out and that are not freed; nothing changed"
-                )
+        if units.numel():
+            self._check_held_units(units)
 
     def _free_units(self, ids: Tensor) -> Tensor:
         """The distinct units a free of ``ids`` gives back (the token allocator: the ids themselves)."""
@@ -537,7 +596,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         assert self._allocated is not None
         if self._snaps:
             self._materialize()
-        self._allocated[units] = True
+        self._allocated.index_fill_(0, units, 1)
 
     def _as_index(self, t: Tensor) -> Tensor:
         """1-D int64 on ``device`` (copies only when it must)."""
@@ -560,10 +619,16 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         if not m:
             return
         if not validated:
-            self._check_units(units)
+            if self._allocated is not None:
+                if m > self._head - self._rel - self._pend:  # the map's own error first, then the count's
+                    self._check_release(units)
+                    self._check_count(m)
+                self._claim(units)  # checked and marked freed in one pass
+            else:
+                self._check_range(units)
+        elif self._allocated is not None:
+            self._mark_freed(units)
         pos = self._park(m)
-        if self._allocated is not None:
-            self._allocated[units] = False
         if self._addr and units.is_cpu and units.is_contiguous():
             _memmove(self._addr + 8 * pos, units.data_ptr(), 8 * m)
         else:
@@ -598,19 +663,71 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
 
     def _check_release(self, units: Tensor) -> None:
         """Checked mode: refuse out-of-range, padding, unallocated or repeated
-        units before anything changes, naming them."""
+        units before anything changes, naming them (the map is left as it was)."""
+        self._claim(units)
+        self._unclaim(units)
+
+    def _claim(self, units: Tensor) -> None:
+        """Checked mode: mark ``units`` freed in the map if each is allocated and given once, else raise
+        ``AllocatorError`` naming them, the map as it was.
+
+        One pass, three ops however many units: one count off each unit's entry (``index_add_``, whose bounds
+        check is the range check on CPU; an accelerator checks the range with an ``aminmax`` first), then
+        every entry touched must read 0 (a gather and an ``aminmax``): an entry left at -1 was free, one at
+        1 - k was given k times.  (int16 entries: a unit repeated 65,537 times would
+        wrap to 0, so frees of more units than that sort them instead.)
+        """
+        alloc = self._allocated
+        assert alloc is not None
+        m = units.numel()
+        if m > _CLAIM_MAX:
+            self._check_range(units)
+            self._check_repeats(units)
+        if self._snaps:
+            self._materialize()
+        if units.is_cpu:
+            try:  # on CPU index_add_'s own bounds check is the range check (it stops at the first bad id)
+                alloc.index_add_(0, units, self._claim_one[1].expand(m))
+            except (IndexError, RuntimeError):
+                alloc.copy_(self._census())  # undo the partial add: the map again from the free lists
+                self._check_range(units)  # raises, naming the foreign ids
+                raise
+        else:  # on an accelerator a bad index is an asynchronous device assert: the range first
+            self._check_range(units)
+            alloc.index_add_(0, units, self._claim_one[1].expand(m))
+        left = alloc.index_select(0, units)
+        if left.is_cpu:
+            torch.aminmax(left, out=self._left_out)
+            lo, hi = self._left
+        else:  # one device -> host transfer for both
+            lo, hi = torch.stack(torch.aminmax(left)).tolist()
+        if lo or hi:
+            alloc.index_add_(0, units, self._claim_one[0].expand(m))
+            self._check_range(units)  # the padding unit 0 is in the map: named as padding
+            not_live = alloc.index_select(0, units) == 0
+            if bool(not_live.any()):
+                raise AllocatorError(
+                    f"double free or free of never-allocated {self._describe(units[not_live])}; nothing was freed"
+                )
+            self._check_repeats(units)
+
+    def _unclaim(self, units: Tensor) -> None:
+        """Undo a ``_claim`` of ``units`` (a later check refused the free)."""
         assert self._allocated is not None
-        self._check_range(units)
-        not_live = ~self._allocated[units]
-        if bool(not_live.any()):
-            raise AllocatorError(
-                f"double free or free of never-allocated {self._describe(units[not_live])}; nothing was freed"
-            )
+        self._allocated.index_add_(0, units, self._claim_one[0].expand(units.numel()))
+
+    def _check_repeats(self, units: Tensor) -> None:
         if units.numel() > 1:
             srt = units.sort().values
             dup = srt[1:] == srt[:-1]
             if bool(dup.any()):
                 raise AllocatorError(f"{self._describe(srt[1:][dup])} appear(s) twice in one free; nothing was freed")
+
+    def _mark_freed(self, units: Tensor) -> None:
+        assert self._allocated is not None
+        if self._snaps:
+            self._materialize()
+        self._allocated.index_fill_(0, units, 0)
 
     def _describe(self, units: Tensor) -> str:
         """Name offending units in an error message (first 8)."""

@@ -9,7 +9,18 @@ dtype, device, kvcache, need_sort)``; the KV pool held and returned by
 them (SGLang's token allocator relies on the latter two raising); ``clear``,
 ``alloc`` and ``free`` left abstract; and ``available_size``,
 ``merge_and_sort_free`` and the free group over the ``free_pages`` /
-``release_pages`` tensors a subclass written for SGLang keeps.
+``release_pages`` tensors a subclass written for SGLang keeps; and the segment
+frees SGLang 0.5.23's scheduler and radix cache call (``free_full``,
+``free_segment`` / ``free_segments``, ``free_full_segment`` /
+``free_full_segments``), with SGLang's defaults over ``free`` / ``free_full``.
+
+A *segment* is ``kv_row[start_pos : start_pos + n]`` of one request's row of the
+request-to-token table: ``start_pos`` sits on a page boundary (SGLang asserts it;
+kvpools refuses it with ``AllocatorError``), each page's slots come in position
+order, and the segment covers pages ``start_pos // page_size`` up to the page of
+its last slot, the last one possibly partly.  A paged allocator therefore frees
+one page per ``page_size`` slots given (``free_index[::page_size]``) without
+de-duplicating them, and pays its range check once per segment, on those pages.
 
 :class:`~kvpools_core.allocators.TokenAllocator`,
 :class:`~kvpools_core.allocators.PagedAllocator` and
@@ -20,13 +31,20 @@ them (SGLang's token allocator relies on the latter two raising); ``clear``,
 from __future__ import annotations
 
 import abc
+import operator
 from typing import Any
 
 import torch
 
 from kvpools_core.errors import AllocatorError, KvpoolsError
 
-__all__ = ["BaseTokenToKVPoolAllocator", "host_copy_of", "load_host_copy_into"]
+__all__ = [
+    "BaseTokenToKVPoolAllocator",
+    "check_segment_start",
+    "host_copy_of",
+    "load_host_copy_into",
+    "page_disjoint_segments",
+]
 
 
 class BaseTokenToKVPoolAllocator(abc.ABC):
@@ -117,6 +135,89 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         pending, self.free_group = getattr(self, "free_group", None), None
         if pending:
             self.free(torch.cat(pending))
+
+    # -- SGLang 0.5.23's segment frees: defaults over ``free`` / ``free_full`` (allocators override them) -----
+
+    def free_full(self, free_index: Any) -> None:
+        """Free full-attention slots whose SWA peers are gone; one pool has no SWA side, so: ``free``."""
+        self.free(free_index)
+
+    def free_segment(self, free_index: Any, *, start_pos: int) -> None:
+        """Free segment ``kv_row[start_pos : start_pos + len(free_index)]`` of one request (see the module).
+
+        ``start_pos`` must be a multiple of ``page_size`` (``AllocatorError`` otherwise, nothing freed).
+        """
+        check_segment_start(start_pos, self.page_size, "free_segment")
+        self.free(free_index)
+
+    def free_segments(self, segments: Any) -> None:
+        """Free ``(free_index, start_pos)`` segments of one request's row, ascending and page-disjoint.
+
+        Every segment's start and the disjointness are checked before any is freed (``AllocatorError``).
+        """
+        for free_index, start_pos in page_disjoint_segments(segments, self.page_size, "free_segments"):
+            self.free_segment(free_index, start_pos=start_pos)
+
+    def free_full_segment(self, free_index: Any, *, start_pos: int) -> None:
+        """``free_full`` of a segment (``start_pos`` page-aligned, as ``free_segment``)."""
+        check_segment_start(start_pos, self.page_size, "free_full_segment")
+        self.free_full(free_index)
+
+    def free_full_segments(self, segments: Any) -> None:
+        """``free_segments`` for the full side alone: ``free_full_segment`` of each segment."""
+        for free_index, start_pos in page_disjoint_segments(segments, self.page_size, "free_full_segments"):
+            self.free_full_segment(free_index, start_pos=start_pos)
+
+
+def check_segment_start(start_pos: Any, page_size: int, method: str) -> None:
+    """Refuse a segment that does not start on a page boundary (SGLang asserts ``start_pos % page_size == 0``)."""
+    if type(start_pos) is not int:
+        try:
+            start_pos = operator.index(start_pos)
+        except TypeError:
+            raise AllocatorError(
+                f"{method}(start_pos={start_pos!r}): start_pos is the segment's first position in the request's "
+                "row, an int; nothing was freed"
+            ) from None
+    if start_pos < 0 or start_pos % page_size:
+        raise AllocatorError(
+            f"{method}(start_pos={start_pos}): a segment starts on a page boundary, a multiple of "
+            f"page_size={page_size} >= 0 (its pages are freed whole from there); free the positions before "
+            f"{start_pos // page_size * page_size} with the segment that holds their page; nothing was freed"
+        )
+
+
+def page_disjoint_segments(segments: Any, page_size: int, method: str) -> list[tuple[Any, int]]:
+    """The non-empty ``(free_index, start_pos)`` of ``segments``, each start page-aligned and each segment's
+    pages after the previous one's (SGLang's ``_page_disjoint``), checked all before any is freed."""
+    out: list[tuple[Any, int]] = []
+    prev_end: int | None = None
+    for free_index, start_pos in segments:
+        n = _numel(free_index)
+        if not n:
+            continue
+        check_segment_start(start_pos, page_size, method)
+        if prev_end is not None and start_pos // page_size <= (prev_end - 1) // page_size:
+            raise AllocatorError(
+                f"{method}(): the segment at position {start_pos} shares a page with the one ending at "
+                f"{prev_end} (page_size={page_size}); give ascending segments whose pages do not overlap "
+                "(merge adjacent ones); nothing was freed"
+            )
+        prev_end = start_pos + n
+        out.append((free_index, start_pos))
+    return out
+
+
+def _numel(free_index: Any) -> int:
+    if isinstance(free_index, torch.Tensor):
+        return free_index.numel()
+    try:
+        return len(free_index)
+    except TypeError:
+        raise AllocatorError(
+            f"a segment's free_index is a tensor or a list of slot ids; got {type(free_index).__name__}; "
+            "nothing was freed"
+        ) from None
 
 
 def host_copy_of(allocator: BaseTokenToKVPoolAllocator, indices: Any) -> Any:

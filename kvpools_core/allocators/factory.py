@@ -33,7 +33,7 @@ def allocator_for_plan(
 
     ``need_sort`` is on in PD disaggregation (prefill or decode), as in SGLang,
     so KV transfers see ascending slot ids.  ``checked`` builds it in checked
-    mode (double frees refused; ``pages + 1`` bytes beyond the plan).  The
+    mode (double frees refused; ``2 * (pages + 1)`` bytes beyond the plan).  The
     allocator's ``get_kvcache`` returns ``kvcache`` and its ``get_cpu_copy`` /
     ``load_cpu_copy`` go through it (``build`` passes the pool it built).
     """

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from kvpools_core.allocators.base import BaseAllocator
+from kvpools_core.allocators.contract import check_segment_start
 from kvpools_core.allocators.sizes import paged_extra_nbytes
 from kvpools_core.errors import AllocatorError, AllocatorStateError
 
@@ -44,6 +45,7 @@ __all__ = ["PagedAllocator", "check_decode_lengths", "check_extend_lengths"]
 
 _I64 = torch.int64
 _aminmax = torch.aminmax
+_memmove = ctypes.memmove
 
 
 class PagedAllocator(BaseAllocator):
@@ -62,6 +64,10 @@ class PagedAllocator(BaseAllocator):
     returning Python ints.  The constructor's ``index_dtype`` sets it for one
     allocator (what the builders pass from ``PlatformTraits.slot_index_dtype``).
     """
+
+    _ids_released_first: bool = False
+    """At a free group's end, whether the ``free_page_ids`` pages go back before the group's ``free`` pages
+    (SGLang's SWA allocator releases its SWA side so; its paged allocator releases them after)."""
 
     def __init__(
         self,
@@ -99,7 +105,7 @@ class PagedAllocator(BaseAllocator):
     @classmethod
     def planned_nbytes(cls, size: int, page_size: int, checked: bool = False) -> int:
         """``8 * num_pages`` (free stack) ``+ 8 * page_size`` (in-page offsets)
-        ``+ (num_pages + 1)`` (allocated map) in checked mode."""
+        ``+ 2 * (num_pages + 1)`` (int16 allocated map) in checked mode."""
         return super().planned_nbytes(size, page_size, checked) + paged_extra_nbytes(page_size)
 
     # ------------------------------------------------------------ tensor API
@@ -149,9 +155,10 @@ class PagedAllocator(BaseAllocator):
         last = self._as_index(last_loc)
         if not pre.numel() == seq.numel() == last.numel() or extend_num_tokens < 0:  # O(1): Python ints
             raise _batch_error(pre, seq, last, extend_num_tokens)
-        if num_new_pages is None and self._allocated is None and not torch.count_nonzero(self._in_page(pre)):
+        aligned_ok = num_new_pages is None or self._cpu  # the test below syncs: not where the count was given
+        if aligned_ok and self._allocated is None and not torch.count_nonzero(self._in_page(pre)):
             # the common case, fresh or page-aligned prefixes: no open page to continue
-            return self._extend_aligned(pre, seq, last, extend_num_tokens)
+            return self._extend_aligned(pre, seq, last, extend_num_tokens, num_new_pages)
         page_of = self._page_of
         pages_pre = page_of(pre + self._pm1)  # pages already (partly) filled
         pages_seq = page_of(seq + self._pm1)
@@ -227,15 +234,20 @@ class PagedAllocator(BaseAllocator):
         k = int(torch.count_nonzero(needs)) if num_new_pages is None else num_new_pages
         if self._allocated is not None:
             self._check_decode(seq, last, k)
+        return self._decode_pages(last, needs, k)
+
+    def _decode_pages(self, last: Tensor, needs: Tensor, k: int) -> Tensor | None:
+        """``alloc_decode`` once checked: ``last + 1``, the requests in ``needs`` on the ``k`` new pages."""
         start = self._take(k)
         if start is None:
             return None
         out = last + 1
         if k:
+            taken = self._buf[start : start + k]
             if self._allocated is not None:
-                self._mark_allocated(self._buf[start : start + k])
+                self._mark_allocated(taken)
             # the i-th request that needs a page takes the i-th new page
-            out.masked_scatter_(needs, self._buf[start : start + k] * p)
+            out.masked_scatter_(needs, taken * self.page_size)
         return self._as_slots(out)
 
     def fill_extend(
@@ -307,26 +319,127 @@ class PagedAllocator(BaseAllocator):
         self._release(_distinct(pages))
 
     def free_group_end(self) -> None:
-        """Free the group's pages, merged and de-duplicated in one go."""
+        """Free the group's pages: those of ``free`` / ``free_pages`` merged and de-duplicated in one go, then
+        the ``free_page_ids`` / ``free_segment`` pages as given, in front of them (SGLang's order)."""
         if not self._in_group:
             raise AllocatorStateError("free_group_end() called without free_group_begin(); nothing changed")
         parts = list(self._pending)
         if self._pending_bytes:
             slots = torch.frombuffer(bytearray().join(self._pending_bytes), dtype=_I64)
             parts.append(self._page_of(slots))
+        ids = self._pending_ids
         self._in_group = False
         try:
+            pages: list[int] | Tensor | None = None
             if parts:
-                pages = parts[0] if len(parts) == 1 else torch.cat(parts)
-                if self._host_mv is not None:
-                    self._release_ints(_distinct_ints(pages))
-                else:  # checked when each free joined the group
-                    self._release(_distinct(pages), validated=True)
+                merged = parts[0] if len(parts) == 1 else torch.cat(parts)
+                pages = _distinct_ints(merged) if self._host_mv is not None else _distinct(merged)
+            given = None if not ids else ids[0] if len(ids) == 1 else torch.cat(ids)
+            total = (len(pages) if pages is not None else 0) + (given.numel() if given is not None else 0)
+            if total > self._head - self._rel:  # both or neither: count them together first
+                self._check_count(total)
+            if given is not None and self._ids_released_first:
+                self._release(given, validated=True)
+            if isinstance(pages, list):
+                self._release_ints(pages)
+            elif pages is not None:  # checked when each free joined the group
+                self._release(pages, validated=True)
+            if given is not None and not self._ids_released_first:
+                self._release(given, validated=True)
         except BaseException:
             self._in_group = True  # a rejected flush leaves the group as it was
             raise
         self._pending = []
         self._pending_bytes = []
+        self._pending_ids = []
+
+    # ---------------------------------------------------------- segment frees
+    def free_page_ids(self, page_ids: Tensor | Sequence[int]) -> None:
+        """Free exactly these pages, in this order (SGLang 0.5.23's ``free_page_ids``: no page twice, no
+        de-duplication); inside a free group they come back at its end, in front of the group's other frees.
+
+        ``page_ids``: an integer tensor or a list / tuple of ints.  Refused with ``AllocatorError``, changing
+        nothing: ids outside ``1..num_pages`` (one ``aminmax``), non-integers, more pages than are allocated,
+        and in checked mode pages not allocated now or repeated.
+        """
+        if (
+            self._host_mv is not None
+            and isinstance(page_ids, Tensor)
+            and page_ids.dtype is _I64
+            and page_ids.is_cpu
+            and page_ids.is_contiguous()
+        ):
+            m = page_ids.numel()
+            if m:
+                _aminmax(page_ids, out=self._minmax_out)
+                lo, hi = self._minmax
+                if lo < 1 or hi > self._n:
+                    raise self._range_error(page_ids.view(-1))
+                if self._in_group:
+                    self._pending_ids.append(page_ids.view(-1).clone())
+                    return
+                pos = self._park(m)
+                _memmove(self._addr + 8 * pos, page_ids.data_ptr(), 8 * m)
+            return
+        t = self.to_ids(page_ids)
+        if not t.numel():
+            return
+        if self._refs is not None:  # one holder less per page given
+            self._free_counted(t)
+            return
+        self._check_units(t)
+        if not self._in_group:
+            self._check_count(t.numel())
+        self._give_back_ids(t.clone() if self._in_group else t)
+
+    def _give_back_ids(self, units: Tensor) -> None:
+        """Free checked pages as given (a group keeps ``units`` until its end: pass a tensor nobody else writes)."""
+        if self._refs is not None:
+            self._free_counted(units)
+        elif self._in_group:
+            if self._allocated is not None:
+                self._mark_freed(units)
+            self._pending_ids.append(units)
+        else:
+            self._release(units, validated=True)
+
+    def free_segment(self, free_index: Tensor | Sequence[int], *, start_pos: int) -> None:
+        """Free segment ``kv_row[start_pos : start_pos + n]`` of one request (SGLang 0.5.23's ``free_segment``):
+        ``start_pos`` on a page boundary, each page's slots in position order, so ``free_index[::page_size]``
+        holds one slot of every page and those pages are freed, in row order, with no de-duplication and one
+        range check on the pages (``free_page_ids``).  Checked mode also refuses a segment whose slots are
+        not whole runs of their pages (where ``[::page_size]`` would miss or repeat a page).
+        """
+        p = self.page_size
+        if type(start_pos) is not int or start_pos < 0 or start_pos % p:
+            check_segment_start(start_pos, p, "free_segment")
+        if (
+            self._allocated is None
+            and isinstance(free_index, Tensor)
+            and free_index.dtype is _I64
+            and (free_index.is_cpu if self._cpu else free_index.device == self.device)
+        ):
+            if free_index.numel():
+                self.free_page_ids(self._page_of(free_index.reshape(-1)[::p] if p > 1 else free_index.reshape(-1)))
+            return
+        slots = self.to_ids(free_index)
+        if slots.numel():
+            self.free_page_ids(self._segment_units(slots))
+
+    def _segment_units(self, free_index: Tensor | Sequence[int]) -> Tensor:
+        slots = self.to_ids(free_index)
+        p = self.page_size
+        pages = self._page_of(slots[::p] if p > 1 else slots)
+        if self._allocated is not None and p > 1:
+            whole = self._page_of(slots) == pages.repeat_interleave(p)[: slots.numel()]
+            if not bool(whole.all()):
+                bad = slots[~whole]
+                raise AllocatorError(
+                    f"segment slot(s) {bad[:8].tolist()} are not in the page of the run of {p} slots they sit in: "
+                    "a segment is kv_row[start_pos:...] of one request, whole pages in position order from a "
+                    "page boundary; free other slot sets with free(); nothing was freed"
+                )
+        return pages
 
     # ------------------------------------------------------------- page API
     def alloc_pages(self, num_pages: int) -> list[int] | None:
@@ -386,8 +499,7 @@ class PagedAllocator(BaseAllocator):
             return
         if self._in_group:
             if self._allocated is not None:
-                self._check_release(t)
-                self._mark_freed(t)
+                self._claim(t)
             else:
                 self._check_range(t)
             self._pending.append(t.clone())
@@ -395,14 +507,15 @@ class PagedAllocator(BaseAllocator):
         self._release(t)
 
     # --------------------------------------------------------------- helpers
-    def _extend_aligned(self, pre: Tensor, seq: Tensor, last: Tensor, n_tok: int) -> Tensor | None:
+    def _extend_aligned(
+        self, pre: Tensor, seq: Tensor, last: Tensor, n_tok: int, num_new_pages: int | None = None
+    ) -> Tensor | None:
         """``alloc_extend`` when every prefix ends on a page boundary: request i's
         slots are the first ``seq - pre`` slots of its new pages, so one gather
         from the new pages' slot grid serves the whole batch."""
         ext = seq - pre
         new_pages = self._page_of(ext + self._pm1)  # prefixes are aligned: ceil(ext / p)
-        cum_pages = new_pages.cumsum(0)
-        k = int(cum_pages[-1]) if cum_pages.numel() else 0
+        k = num_new_pages if num_new_pages is not None else int(new_pages.sum())
         start = self._take(k)
         if start is None:
             return None
@@ -436,7 +549,7 @@ class PagedAllocator(BaseAllocator):
         the error to raise: the allocator is as before the call (a ``need_sort`` merge aside)."""
         taken = self._buf[start : start + k]
         if self._allocated is not None:
-            self._allocated[taken] = False
+            self._allocated.index_fill_(0, taken, 0)
         if self._refs is not None:
             self._refs[taken] = 0
         self._head = start
@@ -457,7 +570,7 @@ class PagedAllocator(BaseAllocator):
         return _distinct(self._page_of(ids))
 
     def _pending_units(self) -> list[Tensor]:
-        out = list(self._pending)
+        out = [*self._pending, *self._pending_ids]
         if self._pending_bytes:
             out.append(self._page_of(torch.frombuffer(bytearray().join(self._pending_bytes), dtype=_I64)))
         return out
@@ -479,12 +592,6 @@ class PagedAllocator(BaseAllocator):
             f"valid page ids are 1..{n}, i.e. slots {p}..{(n + 1) * p - 1} "
             f"(page 0, slots 0..{p - 1}, is padding and never allocated)"
         )
-
-    def _mark_freed(self, pages: Tensor) -> None:
-        assert self._allocated is not None
-        if self._snaps:
-            self._materialize()
-        self._allocated[pages] = False
 
     def _describe(self, units: Tensor) -> str:
         pages = units[:8].tolist()
@@ -523,7 +630,7 @@ class PagedAllocator(BaseAllocator):
             )
         pages = self._page_of(lo)
         foreign = (pages < 1) | (pages > self._n)
-        foreign |= ~self._allocated[pages.clamp(0, self._n)]
+        foreign |= self._allocated[pages.clamp(0, self._n)] == 0
         if bool(foreign.any()):
             raise AllocatorError(f"last_loc {lo[foreign][:8].tolist()} is not in an allocated page")
 

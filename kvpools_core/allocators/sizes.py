@@ -23,10 +23,11 @@ def check_geometry(size: int, page_size: int) -> None:
 
 
 def free_stack_nbytes(size: int, page_size: int, checked: bool = False) -> int:
-    """The int64 free stack (one entry per unit) plus, in checked mode, a bool "allocated" map of unit ids 0..units."""
+    """The int64 free stack (one entry per unit) plus, in checked mode, an int16 "allocated" map of unit ids
+    0..units (``2 * (units + 1)`` bytes)."""
     check_geometry(size, page_size)
     units = size // page_size
-    return 8 * units + (units + 1 if checked else 0)
+    return 8 * units + (2 * (units + 1) if checked else 0)
 
 
 def paged_extra_nbytes(page_size: int) -> int:
@@ -39,7 +40,7 @@ def allocator_planned_nbytes(tokens: int, page_size: int, checked: bool = False)
 
     SGLang's choice of allocator: the token allocator at page size 1, else the paged one.
     The planner charges the default (unchecked) allocator; ``checked=True`` adds the
-    ``pages + 1`` bytes of checked mode's "allocated" map, which ``build(..., checked=True)``
+    ``2 * (pages + 1)`` bytes of checked mode's "allocated" map, which ``build(..., checked=True)``
     reports as a pool of its own (``allocator_checked``).
     """
     if tokens == 0:

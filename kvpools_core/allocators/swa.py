@@ -23,19 +23,23 @@ still mapped to SWA slots is refused in every mode (they would leak).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor
 
 from kvpools_core.allocators.base import AllocatorState
-from kvpools_core.allocators.contract import BaseTokenToKVPoolAllocator, host_copy_of, load_host_copy_into
+from kvpools_core.allocators.contract import (
+    BaseTokenToKVPoolAllocator,
+    check_segment_start,
+    host_copy_of,
+    load_host_copy_into,
+    page_disjoint_segments,
+)
 from kvpools_core.allocators.factory import allocator_class
 from kvpools_core.allocators.paged import PagedAllocator, check_decode_lengths, check_extend_lengths
 from kvpools_core.allocators.token import TokenAllocator
 from kvpools_core.errors import AllocatorError
-from kvpools_core.parts.sizing import SWA_MAPPING_ITEM_BYTES
-from kvpools_core.pools.layout import allocate
 
 __all__ = [
     "MAPPING_ITEM_BYTES",
@@ -49,8 +53,9 @@ __all__ = [
 ]
 
 _I64 = torch.int64
-MAPPING_ITEM_BYTES = SWA_MAPPING_ITEM_BYTES
-"""The mapping holds int64 SWA slot ids."""
+MAPPING_ITEM_BYTES = 8
+"""The mapping holds int64 SWA slot ids (the planner's ``sizing.SWA_MAPPING_ITEM_BYTES``; a test keeps them
+equal).  The module imports torch and the allocators only, as the benchmarks' peers venv has nothing else."""
 
 
 def mapping_nbytes(size: int, page_size: int) -> int:
@@ -60,6 +65,8 @@ def mapping_nbytes(size: int, page_size: int) -> int:
 
 def new_full_to_swa_mapping(size: int, page_size: int, device: str | torch.device) -> Tensor:
     """``full_to_swa_index_mapping``: ``size + page_size`` zeros and the trailing −1 sentinel."""
+    from kvpools_core.pools.layout import allocate  # the pools (and the planner's values) on first use only
+
     mapping = allocate((size + page_size + 1,), _I64, device)
     if mapping.device.type != "meta":
         mapping[-1] = -1
@@ -180,7 +187,11 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 f"sentinel), got shape {tuple(mapping.shape)}"
             )
         self.full_to_swa_index_mapping = mapping
+        # the mapping by full page (pages 0..size // page_size): a segment free unmaps whole pages in one op
+        self._mapping_pages = mapping[: (size // page_size + 1) * page_size].view(-1, page_size)
         self._offsets = torch.arange(page_size, dtype=_I64, device=self.device)
+        if isinstance(self.swa_attn_allocator, PagedAllocator):  # SGLang's SWA group end order
+            self.swa_attn_allocator._ids_released_first = True
 
     @property
     def debug(self) -> bool:
@@ -252,7 +263,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         full = self.full_attn_allocator.alloc(need_size)
         swa = self.swa_attn_allocator.alloc(need_size)
         assert full is not None and swa is not None  # both had room
-        self.full_to_swa_index_mapping[full] = swa
+        self._map(full, swa)
         return full
 
     def alloc_extend(
@@ -291,7 +302,7 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         full = full_alloc.alloc_extend(pre, seq, last, extend_num_tokens, num_new_pages=num_new_pages)
         swa = swa_alloc.alloc_extend(pre, seq, swa_last, extend_num_tokens, num_new_pages=num_new_pages)
         assert full is not None and swa is not None  # both had the pages
-        self.full_to_swa_index_mapping[full] = swa
+        self._map(full, swa)
         return full
 
     def alloc_extend_swa_tail(
@@ -367,23 +378,27 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         full_alloc, swa_alloc = self._paged()
         seq = full_alloc._as_index(seq_lens)
         last = full_alloc._as_index(last_loc)
+        needs = full_alloc._in_page(seq) == 1  # one mask for both sides: they page in step
         if num_new_pages is None:
-            num_new_pages = int(torch.count_nonzero(seq % p == 1))
+            num_new_pages = int(torch.count_nonzero(needs))
         self._check_batch(None, seq, last, 0, num_new_pages)
         if num_new_pages * p > self.available_size():
             return None
-        swa_last = self._swa_last(last)
+        swa_last = self._swa_last(last, decode=True)
         if self.checked:
-            evicted = (seq % p != 1) & (swa_last <= 0)
+            evicted = ~needs & (swa_last <= 0)
             if bool(evicted.any()):
                 raise AllocatorError(
                     f"alloc_decode continues the page of last_loc {last[evicted][:8].tolist()} whose SWA page was "
                     f"freed by free_swa; evict only pages before a request's last page"
                 )
-        full = full_alloc.alloc_decode(seq, last, num_new_pages=num_new_pages)
-        swa = swa_alloc.alloc_decode(seq, swa_last, num_new_pages=num_new_pages)
+            full = full_alloc.alloc_decode(seq, last, num_new_pages=num_new_pages)
+            swa = swa_alloc.alloc_decode(seq, swa_last, num_new_pages=num_new_pages)
+        else:  # checked above (lengths, counts): both sides take their pages from the one mask
+            full = full_alloc._decode_pages(last, needs, num_new_pages)
+            swa = swa_alloc._decode_pages(swa_last, needs, num_new_pages)
         assert full is not None and swa is not None
-        self.full_to_swa_index_mapping[full] = swa
+        self._map(full, swa)
         return full
 
     # ------------------------------------------------------------------ frees
@@ -448,6 +463,142 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 "free() to free both; nothing was freed"
             )
         full_alloc.free(full)
+
+    # ---------------------------------------------------------- segment frees
+    # SGLang 0.5.23's scheduler and radix cache free a request's row segment by segment (see ``contract``):
+    # one slot per page (``free_index[::page_size]``) names each page, so the mapping is read and cleared per
+    # page and both sides free page ids as given, with one range check per side and no de-duplication.
+
+    def free_segment(self, free_index: Tensor | Sequence[int], *, start_pos: int) -> None:
+        """Free a segment of a request's row on both sides (SGLang's ``free_segment``): the SWA pages still
+        mapped to its full pages, then the full pages.  All or nothing: the full pages are checked (range,
+        count; checked: allocated), then the SWA side (a page with no SWA page left is refused: free it with
+        ``free_full_segment``), before either changes."""
+        seg = self._one_segment(free_index, start_pos, "free_segment")
+        if seg is not None:
+            self._free_both(*seg)
+
+    def free_segments(self, segments: Iterable[tuple[Tensor | Sequence[int], int]]) -> None:
+        """``free_segment`` of ascending, page-disjoint segments of one row, checked together first."""
+        seg = self._many_segments(segments, "free_segments")
+        if seg is not None:
+            self._free_both(*seg)
+
+    def free_swa_segment(self, free_index: Tensor | Sequence[int], *, start_pos: int) -> None:
+        """Free the SWA pages of a segment's full pages, which stay (SGLang's ``free_swa_segment``: tokens
+        that slid out of the window).  Every page must still map to an SWA page (refused otherwise, as are
+        full slot ids out of range and, checked, not allocated), before anything changes."""
+        seg = self._one_segment(free_index, start_pos, "free_swa_segment")
+        if seg is not None:
+            reps, pages = seg
+            if not self._gather_checks(reps):
+                self.full_attn_allocator._check_held_units(pages)
+            self._free_swa_pages(reps, pages)
+
+    def free_full_segment(self, free_index: Tensor | Sequence[int], *, start_pos: int) -> None:
+        """Free a segment's full pages whose SWA pages are gone already (SGLang's ``free_full_segment``):
+        one still mapped is refused, nothing freed (its SWA page would leak)."""
+        seg = self._one_segment(free_index, start_pos, "free_full_segment")
+        if seg is not None:
+            self._free_full_pages(*seg)
+
+    def free_full_segments(self, segments: Iterable[tuple[Tensor | Sequence[int], int]]) -> None:
+        """``free_full_segment`` of ascending, page-disjoint segments of one row, checked together first."""
+        seg = self._many_segments(segments, "free_full_segments")
+        if seg is not None:
+            self._free_full_pages(*seg)
+
+    def _one_segment(
+        self, free_index: Tensor | Sequence[int], start_pos: int, method: str
+    ) -> tuple[Tensor, Tensor] | None:
+        """A segment's full slots naming its pages (``[::page_size]``) and those pages (full units), or None."""
+        p = self.page_size
+        if type(start_pos) is not int or start_pos < 0 or start_pos % p:
+            check_segment_start(start_pos, p, method)
+        full_alloc = self.full_attn_allocator
+        full = full_alloc.to_ids(free_index)
+        if not full.numel():
+            return None
+        if p == 1:
+            return full, full
+        return full[::p], full_alloc._segment_units(full)
+
+    def _many_segments(
+        self, segments: Iterable[tuple[Tensor | Sequence[int], int]], method: str
+    ) -> tuple[Tensor, Tensor] | None:
+        segs = page_disjoint_segments(segments, self.page_size, method)
+        parts = [seg for free_index, start_pos in segs if (seg := self._one_segment(free_index, start_pos, method))]
+        if not parts:
+            return None
+        if len(parts) == 1:
+            return parts[0]
+        if not self.full_attn_allocator._in_group:  # as SGLang's segment-by-segment frees leave the free lists
+            parts.reverse()
+        return torch.cat([r for r, _ in parts]), torch.cat([q for _, q in parts])
+
+    def _gather_checks(self, reps: Tensor) -> bool:
+        """Whether the mapping's gather at ``reps`` is the full side's range check (unchecked, on CPU): a slot
+        past the mapping makes ``index_select`` raise before anything changes, and every other id a free
+        refuses (padding, the slots past the pool, the -1 sentinel) maps to no SWA slot, which the SWA side's
+        range check refuses; the error is then worked out (``_free_swa_pages``).  Saves one ``aminmax`` a call."""
+        return not self.checked and reps.is_cpu
+
+    def _free_both(self, reps: Tensor, pages: Tensor) -> None:
+        full_alloc = self.full_attn_allocator
+        if not self._gather_checks(reps):
+            full_alloc._check_units(pages)
+        elif full_alloc._refs is not None:  # counted frees: the full side checks its counts first
+            full_alloc._check_range(pages)
+        if full_alloc._counts_now():
+            full_alloc._check_count(pages.numel())
+        self._free_swa_pages(reps, pages)
+        full_alloc._give_back_ids(pages)
+
+    def _free_full_pages(self, reps: Tensor, pages: Tensor) -> None:
+        full_alloc = self.full_attn_allocator
+        full_alloc._check_units(pages)
+        if full_alloc._counts_now():
+            full_alloc._check_count(pages.numel())
+        mapped = (
+            self._mapping_pages[pages] if self.checked and self.page_size > 1 else self.full_to_swa_index_mapping[reps]
+        )
+        if bool((mapped > 0).any()):
+            still = (mapped > 0) if mapped.dim() == 1 else (mapped > 0).any(1)
+            raise AllocatorError(
+                f"free_full_segment() of full slot(s) {reps[still][:8].tolist()} whose pages still map to SWA "
+                "slots: those would never be freed; free_swa_segment() them first, or free_segment() to free "
+                "both; nothing was freed"
+            )
+        full_alloc._give_back_ids(pages)
+
+    def _free_swa_pages(self, reps: Tensor, pages: Tensor) -> None:
+        """Free the SWA pages mapped to full pages ``pages`` (slots ``reps`` name them) and unmap them;
+        refused, nothing changed, where one maps to none."""
+        mapping = self.full_to_swa_index_mapping
+        try:  # reps are checked full slots, or (_gather_checks) this gather is the check
+            swa = mapping.index_select(0, reps)
+        except (IndexError, RuntimeError):
+            self.full_attn_allocator._check_range(pages)  # raises, naming the foreign ids
+            raise
+        swa_alloc = self.swa_attn_allocator
+        swa_pages = swa if self.page_size == 1 else self._paged()[1]._page_of(swa)
+        try:
+            swa_alloc.free_page_ids(swa_pages)
+        except AllocatorError:
+            if self._gather_checks(reps):
+                self.full_attn_allocator._check_range(pages)  # a foreign full id first, named as such
+            gone = swa <= 0
+            if not bool(gone.any()):
+                raise
+            raise AllocatorError(
+                f"free of the SWA side of full slot(s) {reps[gone][:8].tolist()}, which map to no SWA slot (free_swa "
+                "gave it back, or alloc_extend_swa_tail never mapped it): free their full side alone with "
+                "free_full_segment(s) (SGLang's free_kv_row_segments splits a row so); nothing was freed"
+            ) from None
+        if self.page_size == 1:
+            mapping.index_fill_(0, reps, 0)
+        else:
+            self._mapping_pages.index_fill_(0, pages, 0)
 
     def free_group_begin(self) -> None:
         self.full_attn_allocator.free_group_begin()
@@ -526,10 +677,20 @@ class SWATokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                     f"last_loc {last[foreign][:8].tolist()} is not a full slot id (nor -1); nothing was allocated"
                 )
 
-    def _swa_last(self, last: Tensor) -> Tensor:
+    def _map(self, full: Tensor, swa: Tensor) -> None:
+        """Record the new pairs: ``mapping[full] = swa`` (one ``index_copy_``, cheaper than an index put)."""
+        self.full_to_swa_index_mapping.index_copy_(0, full if full.dtype is _I64 else full.to(_I64), swa)
+
+    def _swa_last(self, last: Tensor, *, decode: bool = False) -> Tensor:
         """The SWA slots of ``last_loc`` (-1 stays -1); a ``last_loc`` past the mapping is refused."""
+        mapping = self.full_to_swa_index_mapping
+        if decode and last.is_cpu:  # a decode's last_loc is a slot: a gather (on an accelerator a bad index is
+            try:  # an asynchronous device assert, so there: indexing); -1 (no prefix) needs indexing's wrap-around
+                return mapping.index_select(0, last)
+            except (IndexError, RuntimeError):
+                pass
         try:
-            return self.full_to_swa_index_mapping[last]
+            return mapping[last]
         except IndexError:
             raise AllocatorError(
                 f"last_loc {last[:8].tolist()} indexes past the {self.size_full} full slots; nothing was allocated"

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from kvpools_core.allocators.base import BaseAllocator
+from kvpools_core.allocators.contract import check_segment_start
 from kvpools_core.errors import AllocatorError
 
 __all__ = ["TokenAllocator"]
@@ -46,7 +47,7 @@ class TokenAllocator(BaseAllocator):
 
     @classmethod
     def planned_nbytes(cls, size: int, page_size: int = 1, checked: bool = False) -> int:
-        """``8 * size`` (the int64 free stack) ``+ (size + 1)`` in checked mode."""
+        """``8 * size`` (the int64 free stack) ``+ 2 * (size + 1)`` in checked mode."""
         if page_size != 1:
             raise ValueError(f"TokenAllocator has page_size 1, got {page_size}")
         return super().planned_nbytes(size, 1, checked)
@@ -66,6 +67,13 @@ class TokenAllocator(BaseAllocator):
             self._head = end
             # the array slice is a private copy; the tensor shares (and keeps) it
             return torch.frombuffer(arr[head:end], dtype=_I64)
+        checked_host = self._allocated is not None and self._refs is None and self._arr is not None
+        if checked_host and need_size > 0 and end <= self._n:  # the same copy, then one index_fill_ of the map
+            assert self._arr is not None
+            self._head = end
+            out = torch.frombuffer(self._arr[head:end], dtype=_I64)
+            self._mark_allocated(out)
+            return out
         if need_size <= 0:
             if need_size == 0:
                 return self._buf.new_empty(0)
@@ -116,9 +124,51 @@ class TokenAllocator(BaseAllocator):
                     pos = self._head = head - m
                 _memmove(self._addr + 8 * pos, indices.data_ptr(), 8 * m)
             return
+        if (
+            self._allocated is not None
+            and self._refs is None
+            and self._addr
+            and isinstance(indices, Tensor)
+            and indices.dtype is _I64
+            and indices.is_cpu
+            and indices.is_contiguous()
+        ):
+            self._free_checked_host(indices.view(-1))
+            return
         units = self.to_ids(indices)
         if units.numel():
             if self._refs is not None:
                 self._free_counted(units)
             else:
                 self._release(units)
+
+    def _free_checked_host(self, units: Tensor) -> None:
+        """Checked mode's ``free`` of int64 CPU slots: ``_release``'s checks and writes without its layers
+        (the range, the count, one claim of the map; then one ``memmove`` into the stack)."""
+        m = units.numel()
+        if not m:
+            return
+        rel, pend, head = self._rel, self._pend, self._head
+        if m > head - rel - pend:  # the map's own error first, then the count's
+            self._check_release(units)
+            self._check_count(m)
+        self._claim(units)
+        if self._in_group:
+            pos = rel + pend
+            self._pend = pend + m
+        elif self.need_sort:
+            pos = rel
+            self._rel = rel + m
+        else:
+            pos = self._head = head - m
+        _memmove(self._addr + 8 * pos, units.data_ptr(), 8 * m)
+
+    def free_page_ids(self, page_ids: Tensor | Sequence[int]) -> None:
+        """SGLang's ``free_page_ids``: at page size 1 page ids are slot ids, so ``free``."""
+        self.free(page_ids)
+
+    def free_segment(self, free_index: Tensor | Sequence[int], *, start_pos: int) -> None:
+        """SGLang's ``free_segment``: ``free`` (every ``start_pos >= 0`` starts a page of one slot)."""
+        if type(start_pos) is not int or start_pos < 0:
+            check_segment_start(start_pos, 1, "free_segment")
+        self.free(free_index)

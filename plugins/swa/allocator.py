@@ -24,12 +24,13 @@ of slots still mapped to SWA slots is refused in every mode.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor
 
 from kvpools_core.allocators import AllocatorState, TokenAllocator
+from kvpools_core.allocators.contract import page_disjoint_segments
 from kvpools_core.allocators.factory import slot_index_dtype
 from kvpools_core.allocators.swa import (
     SWAState,
@@ -167,6 +168,26 @@ class PureSWAAllocator:
 
     def free_full(self, indices: Tensor | Sequence[int]) -> None:
         """No full pool: nothing to free."""
+
+    # SGLang 0.5.23's segment frees (``kvpools_core.allocators.contract``): one pool, so a segment's SWA and
+    # full sides are its slots, freed once; the full side alone has nothing to free.
+
+    def free_segment(self, free_index: Tensor | Sequence[int], *, start_pos: int) -> None:
+        """Free a segment of a request's row (the pool's ``free_segment``: pages as given, one range check)."""
+        self.swa_attn_allocator.free_segment(free_index, start_pos=start_pos)
+
+    free_swa_segment = free_segment
+
+    def free_segments(self, segments: Iterable[tuple[Tensor | Sequence[int], int]]) -> None:
+        """Free ascending, page-disjoint segments of one row, checked together first."""
+        self.swa_attn_allocator.free_segments(segments)
+
+    def free_full_segment(self, free_index: Tensor | Sequence[int], *, start_pos: int) -> None:
+        """No full pool: nothing to free (SGLang's returns at once too)."""
+
+    def free_full_segments(self, segments: Iterable[tuple[Tensor | Sequence[int], int]]) -> None:
+        """No full pool: nothing to free; the segments are still checked as SGLang's ``_page_disjoint`` does."""
+        page_disjoint_segments(segments, self.page_size, "free_full_segments")
 
     def free_group_begin(self) -> None:
         self.swa_attn_allocator.free_group_begin()

@@ -80,7 +80,8 @@ def test_build_checked_gives_checked_allocators_and_reports_their_map(preset: st
 
     checked = build(p, "cpu", checked=True)
     assert checked.allocator.checked and type(checked.allocator) is type(allocator)
-    extra = {f"{name}_checked": units + 1 for name, units in _units(checked).items()}
+    # the int16 "allocated" map: 2 bytes per unit id 0..units (issue 37: a free counts off its units in one op)
+    extra = {f"{name}_checked": 2 * (units + 1) for name, units in _units(checked).items()}
     assert checked.allocated_by_pool() == planned | extra  # the planned pools unchanged, the maps apart
     assert checked.allocated_bytes == p.planned_bytes + sum(extra.values())
     slots = checked.allocator.alloc(serving.page_size)
@@ -128,7 +129,7 @@ def test_mamba_state_slots_are_checked_in_checked_builds() -> None:
     slots = pools.req_to_token_pool.mamba_pool.allocator
     assert slots.checked
     k = p.sizing.sglang_config["max_mamba_cache_size"]
-    assert pools.allocated_by_pool()["mamba_allocator_checked"] == k + 1
+    assert pools.allocated_by_pool()["mamba_allocator_checked"] == 2 * (k + 1)  # int16 per slot id 0..k
     assert pools.allocated_by_pool()["mamba_allocator"] == p.pool("mamba_allocator").bytes
     got = slots.alloc(1)
     assert got is not None

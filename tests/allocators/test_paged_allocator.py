@@ -84,8 +84,8 @@ def test_fresh_allocator_sizes(device: str) -> None:
 def test_nbytes_equals_planned(size: int, page_size: int, checked: bool, device: str) -> None:
     a = PagedAllocator(size, page_size, device=device, checked=checked)
     pages = size // page_size
-    # free stack 8 B/page + in-page offsets 8 B/slot of one page (+ 1 B/page id 0..pages when checked)
-    expected = 8 * pages + 8 * page_size + (pages + 1 if checked else 0)
+    # free stack 8 B/page + in-page offsets 8 B/slot of one page (+ 2 B/page id 0..pages when checked: int16)
+    expected = 8 * pages + 8 * page_size + (2 * (pages + 1) if checked else 0)
     assert PagedAllocator.planned_nbytes(size, page_size, checked) == expected
     assert a.nbytes == expected
 
@@ -397,7 +397,7 @@ def test_restore_rejects_a_foreign_or_non_state() -> None:
 def test_checked_map_is_reported_apart_from_the_planned_allocator() -> None:
     unchecked, checked = PagedAllocator(64, 4), PagedAllocator(64, 4, checked=True)
     assert unchecked.nbytes_by_pool() == {"allocator": 8 * 16 + 8 * 4}
-    assert checked.nbytes_by_pool() == {"allocator": 8 * 16 + 8 * 4, "allocator_checked": 17}
+    assert checked.nbytes_by_pool() == {"allocator": 8 * 16 + 8 * 4, "allocator_checked": 2 * 17}
 
 
 # ------------------------------------------------- reference extend / decode
@@ -569,6 +569,35 @@ class PagedMachine(RuleBasedStateMachine):
         keep = data.draw(st.integers(0, len(kv) // self.page_size)) * self.page_size
         tail = data.draw(st.permutations(kv[keep:]))
         self.a.free(i64(tail))
+        self.record_free(self.pages_of(tail))
+        if keep:
+            del kv[keep:]
+        else:
+            del self.seqs[i]
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data(), how=st.sampled_from(["segment", "segments", "full_segment", "full_segments", "page_ids"]))
+    def free_seq_segment(self, data: st.DataObject, how: str) -> None:
+        """SGLang 0.5.23's segment frees (issue 37): the tail ``kv[keep:]`` of a request's row from a page
+        boundary (``radix_cache.py``'s ``free_segment(kv_indices[protected:prefix], start_pos=protected)``),
+        or its pages by id, or split at a page boundary into two segments (``common.free_kv_row_segments``)."""
+        p = self.page_size
+        i = data.draw(st.integers(0, len(self.seqs) - 1))
+        kv = self.seqs[i]
+        keep = data.draw(st.integers(0, (len(kv) - 1) // p)) * p
+        cut = data.draw(st.integers(keep // p, -(-len(kv) // p))) * p
+        tail = kv[keep:]
+        split = [(i64(kv[keep:cut]), keep), (i64(kv[cut:]), cut)]
+        if how == "segment":
+            self.a.free_segment(i64(tail), start_pos=keep)
+        elif how == "segments":
+            self.a.free_segments(split)
+        elif how == "full_segment":
+            self.a.free_full_segment(i64(tail), start_pos=keep)
+        elif how == "full_segments":
+            self.a.free_full_segments(split)
+        else:  # the row's pages, in row order (SGLang's free_page_ids takes them as given)
+            self.a.free_page_ids(i64([s // p for s in tail[::p]]))
         self.record_free(self.pages_of(tail))
         if keep:
             del kv[keep:]

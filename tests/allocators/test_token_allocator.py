@@ -39,8 +39,8 @@ def test_fresh_allocator_sizes(device: str) -> None:
 @pytest.mark.parametrize("size", [1, 7, 4096])
 def test_nbytes_equals_planned(size: int, checked: bool, device: str) -> None:
     a = TokenAllocator(size, device=device, checked=checked)
-    # int64 free stack: 8 B per slot; checked mode adds one bool per slot id 0..size
-    expected = 8 * size + (size + 1 if checked else 0)
+    # int64 free stack: 8 B per slot; checked mode adds one int16 per slot id 0..size
+    expected = 8 * size + (2 * (size + 1) if checked else 0)
     assert TokenAllocator.planned_nbytes(size, 1, checked) == expected
     assert a.nbytes == expected
 
@@ -322,6 +322,35 @@ class TokenMachine(RuleBasedStateMachine):
         elif self.need_sort:
             self.released |= set(part)
 
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), how=st.sampled_from(["segment", "segments", "full_segments", "page_ids", "full"]))
+    def free_segment(self, data: st.DataObject, how: str) -> None:
+        """SGLang 0.5.23's segment frees (issue 37): a tail ``held[keep:]`` of an allocation read as a request's
+        row; at page size 1 each is ``free`` of those slots (``allocator/token.py``, ``base.py``)."""
+        i = data.draw(st.integers(0, len(self.held) - 1))
+        slots = self.held[i]
+        keep = data.draw(st.integers(0, len(slots) - 1))
+        tail, cut = slots[keep:], data.draw(st.integers(keep, len(slots)))
+        split = [(torch.tensor(slots[keep:cut], dtype=torch.int64), keep), (torch.tensor(slots[cut:]), cut)]
+        if how == "segment":
+            self.a.free_segment(torch.tensor(tail), start_pos=keep)
+        elif how == "segments":
+            self.a.free_segments(split)
+        elif how == "full_segments":
+            self.a.free_full_segments(split)
+        elif how == "page_ids":
+            self.a.free_page_ids(tail)
+        else:
+            self.a.free_full_segment(torch.tensor(tail), start_pos=keep)
+        if keep:
+            self.held[i] = slots[:keep]
+        else:
+            del self.held[i]
+        if self.in_group:
+            self.pending += tail
+        elif self.need_sort:
+            self.released |= set(tail)
+
     @precondition(lambda self: not self.in_group)
     @rule()
     def group_begin(self) -> None:
@@ -464,8 +493,9 @@ def test_checked_mode_reports_its_map_apart() -> None:
     # the plan charges the unchecked allocator; the checked map is an extra pool
     assert TokenAllocator(8).nbytes_by_pool() == {"allocator": 64}
     checked = TokenAllocator(8, checked=True)
-    assert checked.nbytes_by_pool("mamba_allocator") == {"mamba_allocator": 64, "mamba_allocator_checked": 9}
-    assert checked.nbytes == 73
+    # the int16 map of slot ids 0..8: 2 * 9 bytes
+    assert checked.nbytes_by_pool("mamba_allocator") == {"mamba_allocator": 64, "mamba_allocator_checked": 18}
+    assert checked.nbytes == 82
 
 
 def test_debug_is_the_old_name_of_checked() -> None:

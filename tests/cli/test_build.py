@@ -112,6 +112,6 @@ def test_checked_allocators_are_reported_apart_from_the_plan(kvpools_exe: str, c
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["checked_allocators"] is True and data["matches_plan"] is True
-    assert data["checking_bytes"] == data["max_total_num_tokens"] + 1
+    assert data["checking_bytes"] == 2 * (data["max_total_num_tokens"] + 1)  # int16 per slot id 0..tokens
     assert data["allocated_by_pool"]["allocator_checked"] == data["checking_bytes"]
     assert data["allocated_bytes"] == data["planned_bytes"] + data["checking_bytes"]

@@ -277,7 +277,7 @@ def test_pure_swa_allocator(page: int) -> None:
     assert alloc.alloc(page) is not None
     alloc.restore_state(state)
     assert alloc.available_size() == 3 * page
-    assert alloc.nbytes_by_pool() == {"allocator": 8 * 3 + (8 * page if page > 1 else 0), "allocator_checked": 4}
+    assert alloc.nbytes_by_pool() == {"allocator": 8 * 3 + (8 * page if page > 1 else 0), "allocator_checked": 2 * 4}
     assert alloc.nbytes == sum(alloc.nbytes_by_pool().values())
 
 
@@ -329,10 +329,10 @@ def test_checked_dual_refuses_a_double_free_before_touching_the_mapping(page: in
         alloc.free_swa(first)
     assert _state(alloc) == before
     assert alloc.nbytes_by_pool() == {
-        "allocator": alloc.full_attn_allocator.nbytes - 5,
-        "allocator_checked": 5,
-        "swa_allocator": alloc.swa_attn_allocator.nbytes - 3,
-        "swa_allocator_checked": 3,
+        "allocator": alloc.full_attn_allocator.nbytes - 2 * 5,  # int16 maps: 2 bytes per unit id
+        "allocator_checked": 2 * 5,
+        "swa_allocator": alloc.swa_attn_allocator.nbytes - 2 * 3,
+        "swa_allocator_checked": 2 * 3,
     }
 
 
@@ -361,3 +361,12 @@ def test_pure_swa_refuses_padding_and_minus_one(page: int) -> None:
     assert alloc.available_size() == 2 * page
     alloc.free(slots)
     assert alloc.available_size() == 3 * page
+
+
+def test_the_allocator_module_keeps_the_planners_mapping_entry_size() -> None:
+    # kvpools_core.allocators.swa imports torch and the allocators only (the benchmarks' peers venv has no
+    # planner): its MAPPING_ITEM_BYTES is a literal that must stay the planner's and the mapping's itemsize
+    from kvpools_core.allocators.swa import MAPPING_ITEM_BYTES, new_full_to_swa_mapping
+    from kvpools_core.parts.sizing import SWA_MAPPING_ITEM_BYTES
+
+    assert MAPPING_ITEM_BYTES == SWA_MAPPING_ITEM_BYTES == new_full_to_swa_mapping(4, 1, "cpu").element_size()

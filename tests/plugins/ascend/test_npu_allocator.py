@@ -220,8 +220,8 @@ def test_an_ascend_build_respects_checked_and_disaggregation() -> None:
     allocator = pools.allocator
     assert type(allocator) is NPUPagedAllocator and allocator.checked and allocator.need_sort
     pages = result.max_total_num_tokens // 128
-    assert pools.allocated_by_pool()["allocator_checked"] == pages + 1
-    assert pools.allocated_bytes == result.planned_bytes + pages + 1
+    assert pools.allocated_by_pool()["allocator_checked"] == 2 * (pages + 1)  # int16 per page id 0..pages
+    assert pools.allocated_bytes == result.planned_bytes + 2 * (pages + 1)
 
 
 def test_a_cuda_plan_keeps_the_core_allocator() -> None:
@@ -479,3 +479,19 @@ TestNPUTwin16 = _machine_test(NPUTwin16Machine, 30)
 TestNPUTwinNaive = _machine_test(NPUTwinNaiveMachine, 50)
 TestNPUTwinSortedChecked = _machine_test(NPUTwinSortedCheckedMachine, 30)
 TestNPUTwinNaive16Checked = _machine_test(NPUTwinNaive16CheckedMachine, 30)
+
+
+def test_segment_frees_take_the_int32_slots_and_give_the_core_free_list() -> None:
+    """SGLang 0.5.23's ``NPUPagedTokenToKVPoolAllocator`` inherits ``free_segment`` / ``free_page_ids`` from the
+    paged allocator (``hardware_backend/npu/allocator_npu.py`` overrides only ``alloc_extend``, ``alloc_decode``
+    and ``free``): the NPU allocator's int32 slots go through the core's, page ids as given (issue 37)."""
+    npu_alloc, core = NPUPagedAllocator(64, 4), PagedAllocator(64, 4)
+    rows = [a.alloc_extend(i64([0]), i64([10]), i64([-1]), 10) for a in (npu_alloc, core)]
+    assert rows[0] is not None and rows[1] is not None
+    assert rows[0].dtype == torch.int32 and rows[0].tolist() == rows[1].tolist() == list(range(4, 14))
+    for a, row in zip((npu_alloc, core), rows, strict=True):
+        a.free_segment(row[4:], start_pos=4)
+        a.free_page_ids(torch.tensor([1], dtype=torch.int32))
+    assert npu_alloc.get_all_free_pages().tolist() == core.get_all_free_pages().tolist() == [1, 2, 3, *range(4, 17)]
+    with pytest.raises(AllocatorError, match="page boundary"):
+        npu_alloc.free_segment(rows[0], start_pos=1)
