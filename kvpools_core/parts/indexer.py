@@ -24,9 +24,10 @@ from collections.abc import Sequence
 
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.options import option
+from kvpools_core.parts.hisparse import hisparse_ratio
 from kvpools_core.parts.latent import FP8_BLOCK, LatentRow, mla_problems, model_dims
 from kvpools_core.parts.names import INDEX_POOL
-from kvpools_core.values import LayerSpec, ModelSpec, Serving, parse_hisparse_config
+from kvpools_core.values import LayerSpec, ModelSpec, Serving
 
 __all__ = [
     "DSA_KERNEL",
@@ -228,13 +229,6 @@ def index_token_bytes(model: ModelSpec) -> int:
     """Bytes the index pages store per token per layer: 132 / ``index_kpool`` (a page of ``P`` tokens holds
     ``P // index_kpool`` keys of 132 B, ``IndexKeyCache._buffer_shape``)."""
     return index_row_bytes(model) // index_kpool(model)
-
-
-def hisparse_ratio(serving: Serving) -> int:
-    """HiSparse's ``host_to_device_ratio`` (SGLang's default 2) with ``--enable-hisparse``, else 1."""
-    if not serving.enable_hisparse:
-        return 1
-    return int(parse_hisparse_config(serving.hisparse_config).get("host_to_device_ratio", 2))
 
 
 def elides_index_k(serving: Serving) -> bool:

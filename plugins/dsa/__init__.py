@@ -61,7 +61,7 @@ from kvpools_core.values import (
     Serving,
 )
 
-from .hisparse import hisparse_problems, size_hisparse_pools
+from .hisparse import dsa_hisparse_pools, hisparse_problems
 from .indexshare import skips_topk_pattern
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budge
     """HiSparse's pools (:mod:`.hisparse`); without HiSparse the core's default sizing."""
     if not serving.enable_hisparse:
         return None
-    return size_hisparse_pools(model, serving, cell, budget, owner=ARCHITECTURE)
+    return dsa_hisparse_pools(model, serving, cell, budget, owner=ARCHITECTURE)
 
 
 @hookimpl
@@ -211,7 +211,7 @@ def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | 
     serving = plan.serving
     if not serving.enable_hisparse:
         return None
-    from .hisparse_allocator import HiSparseAllocator
+    from kvpools_core.pools.hisparse import HiSparseAllocator
 
     return HiSparseAllocator(
         plan.max_total_num_tokens,

@@ -20,51 +20,13 @@ layer whatever ``r`` is, so ``--accounting sglang`` plans its token count and po
 
 from __future__ import annotations
 
-import attrs
-
 from kvpools_core.options import option
-from kvpools_core.parts.indexer import INDEX_EXTRA_SLOTS, INDEX_POOL, hisparse_ratio, layer_split
-from kvpools_core.sizing import (
-    allocator_pool,
-    apply_token_cap,
-    largest_fitting_tokens,
-    not_enough_memory,
-    page_align,
-    request_pools,
-    request_state_pools,
-    resolve_max_num_reqs,
-    sglang_tokens,
-    token_pool,
-    token_pools,
-    with_cost,
-)
-from kvpools_core.values import (
-    FULL_TOKENS,
-    TOKEN,
-    Budget,
-    CellSize,
-    GroupCost,
-    ModelSpec,
-    PoolSizing,
-    PoolSpec,
-    Serving,
-)
+from kvpools_core.parts.hisparse import size_hisparse_pools
+from kvpools_core.parts.indexer import INDEX_POOL, layer_split
+from kvpools_core.values import Budget, CellSize, ModelSpec, PoolSizing, Serving
 
-__all__ = [
-    "LOGICAL_ALLOCATOR_POOL",
-    "LOGICAL_TOKENS",
-    "MAPPING_POOL",
-    "hisparse_problems",
-    "size_hisparse_pools",
-]
+__all__ = ["dsa_hisparse_pools", "hisparse_problems"]
 
-LOGICAL_TOKENS = "hisparse_logical"
-"""The token space of HiSparse's logical slots: ``S x host_to_device_ratio`` (the allocator's ``size_full``)."""
-LOGICAL_ALLOCATOR_POOL = "logical_allocator"
-"""``HiSparseTokenToKVPoolAllocator.logical_attn_allocator``: a paged allocator of ``S x r`` slots."""
-MAPPING_POOL = "hisparse_mapping"
-"""``full_to_hisparse_device_index_mapping``: int64, ``S x r + page + 1`` entries."""
-MAPPING_ENTRY_BYTES = 8
 HISPARSE_KV_DTYPES = ("bf16", "fp8_e4m3")
 """``validate_hisparse_kv_cache_dtype`` (``arg_groups/hisparse_hook.py``): bfloat16 or fp8_e4m3 (or auto)."""
 
@@ -100,89 +62,6 @@ def hisparse_problems(model: ModelSpec, serving: Serving) -> list[str]:
     return problems
 
 
-def size_hisparse_pools(
-    model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget, *, owner: str
-) -> PoolSizing:
-    """``S`` device tokens (SGLang's count, or the most whose pools fit), and every HiSparse pool for them."""
-    page, ratio = serving.page_size, hisparse_ratio(serving)
-    context_len = serving.context_length or model.context_len
-    index_bytes = sum(part.bytes_per_token for part in cell.parts_of(TOKEN) if part.pool == INDEX_POOL)
-    device_cell = attrs.evolve(cell, parts=tuple(part for part in cell.parts if part.pool != INDEX_POOL))
-
-    def layout(tokens: int) -> tuple[list[PoolSpec], int]:
-        limit = resolve_max_num_reqs(tokens, context_len, serving)
-        logical = tokens * ratio
-        pools = token_pools(device_cell, tokens, page, owner)
-        pools.append(
-            token_pool(
-                INDEX_POOL, logical, page, index_bytes, owner, extra_slots=INDEX_EXTRA_SLOTS, token_space=LOGICAL_TOKENS
-            )
-        )
-        pools += request_state_pools(cell, limit.max_running_requests, owner)
-        pools += request_pools(limit.max_running_requests, context_len, serving)
-        pools.append(
-            allocator_pool(logical, page, token_space=LOGICAL_TOKENS, name=LOGICAL_ALLOCATOR_POOL, owner=owner)
-        )
-        pools.append(allocator_pool(tokens, page, owner=owner))
-        pools.append(mapping_pool(logical, page, owner))
-        return pools, limit.max_running_requests
-
-    if serving.accounting == "sglang":
-        profiled = sglang_tokens(budget.budget_bytes, cell.sglang_bytes_per_token, page)
-    else:
-        upper = budget.budget_bytes // max(1, cell.bytes_per_token)
-        profiled = largest_fitting_tokens(
-            budget.budget_bytes, page, upper, lambda t: sum(p.bytes for p in layout(t)[0])
-        )
-    tokens, cap_note = apply_token_cap(profiled, serving.max_total_tokens)
-    tokens = page_align(tokens, page)
-    if tokens <= 0:
-        raise not_enough_memory(model, serving, cell, budget)
-    pools, requests = layout(tokens)
-    limit = resolve_max_num_reqs(tokens, context_len, serving)
-    notes = [note for note in (cap_note, limit.note) if note]
-    notes.append(
-        f"HiSparse (host_to_device_ratio {ratio}): {tokens:,} device tokens (latent rows), {tokens * ratio:,} "
-        f"logical tokens (SGLang's max_token_pool_size, HiSparseTokenToKVPoolAllocator.size_full): the index keys, "
-        f"the logical allocator and the int64 device mapping are sized for them"
-    )
-    if serving.accounting == "sglang":
-        planned = sum(pool.bytes for pool in pools)
-        if planned > budget.budget_bytes:
-            notes.append(
-                f"SGLang's cell size charges the index keys once per device token, not {ratio} times: its pools "
-                f"need {planned:,} B of the {budget.budget_bytes:,} B budget ({planned / budget.budget_bytes:.1%})"
-            )
-    return PoolSizing(
-        max_total_num_tokens=tokens,
-        max_running_requests=requests,
-        pools=pools,
-        sglang_config={"max_total_num_tokens": tokens, "max_running_requests": requests},
-        sglang_estimate_bytes=int(tokens * cell.sglang_bytes_per_token),
-        notes=notes,
-        token_counts={FULL_TOKENS: tokens, LOGICAL_TOKENS: tokens * ratio},
-    )
-
-
-def mapping_pool(logical: int, page_size: int, owner: str) -> PoolSpec:
-    """``full_to_hisparse_device_index_mapping``: ``logical + page_size`` zeros and one ``-1``, int64."""
-    padding = page_size + 1
-    pool = PoolSpec(
-        name=MAPPING_POOL,
-        kind="allocator",
-        slots=logical,
-        padding_slots=padding,
-        bytes_per_slot=MAPPING_ENTRY_BYTES,
-        bytes=(logical + padding) * MAPPING_ENTRY_BYTES,
-        sglang_charged=False,
-        owner=owner,
-        unit=TOKEN,
-        token_space=LOGICAL_TOKENS,
-    )
-    cost = GroupCost(
-        group=MAPPING_POOL,
-        token_space=LOGICAL_TOKENS,
-        token_bytes=MAPPING_ENTRY_BYTES,
-        fixed_bytes=padding * MAPPING_ENTRY_BYTES,
-    )
-    return with_cost(pool, cost)
+def dsa_hisparse_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget, *, owner: str) -> PoolSizing:
+    """The latent rows for ``S`` device tokens, the index keys for ``S x r`` logical ones."""
+    return size_hisparse_pools(model, serving, cell, budget, owner=owner, logical_pools=(INDEX_POOL,))

@@ -20,12 +20,12 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
-from kvpools_plugins.dsa.hisparse import LOGICAL_TOKENS
-from kvpools_plugins.dsa.hisparse_allocator import HiSparseAllocator
 
 from kvpools_core import Serving, plan
 from kvpools_core.building import build
 from kvpools_core.errors import UnsupportedCombinationError
+from kvpools_core.parts.hisparse import LOGICAL_TOKENS
+from kvpools_core.pools.hisparse import HiSparseAllocator
 
 GiB = 1 << 30
 RATIO4 = '{"host_to_device_ratio": 4}'
@@ -77,7 +77,7 @@ def test_sglang_accounting_keeps_sglang_count_and_says_what_it_leaves_out() -> N
     got = plan("deepseek-v3.2", attrs.evolve(V32_HISPARSE, accounting="sglang"), memory=60 * GiB)
     assert got.max_total_num_tokens == 60 * GiB // (LATENT + INDEX) // 64 * 64 == 822_528
     assert got.pool("indexer").bytes == (4 * 822_528 + 64) * 8_052
-    assert any("charges the index keys once per device token, not 4 times" in note for note in got.sizing.notes)
+    assert any("charges the logical pools (indexer) per device token, not 4 times" in note for note in got.sizing.notes)
 
 
 @pytest.mark.parametrize("ratio", [1, 2, 3])

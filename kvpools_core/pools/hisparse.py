@@ -2,7 +2,7 @@
 
 Two paged allocators and one mapping: ``logical`` hands out the request's slots in the logical space of
 ``size x host_to_device_ratio`` slots (``size_full``: what the request table stores and
-``ModelRunner.max_token_pool_size`` reports), ``device`` the latent rows' ``size`` device slots, and
+``ModelRunner.max_token_pool_size`` reports), ``device`` the ``size`` device slots (DSA's latent rows, MiniMax-M3's sparse layers' K/V), and
 ``mapping`` (int64, ``size_full + page + 1`` entries, the last ``-1``) takes a logical slot to its device
 slot (0: none).  ``alloc`` / ``alloc_extend`` take both and record the mapping; ``alloc_decode`` takes a
 logical slot only (the coordinator maps it into the request's device buffer); ``free`` returns the
@@ -20,8 +20,7 @@ from torch import Tensor
 
 from kvpools_core.allocators.paged import PagedAllocator
 from kvpools_core.allocators.token import TokenAllocator
-
-from .hisparse import LOGICAL_ALLOCATOR_POOL, MAPPING_POOL
+from kvpools_core.parts.hisparse import LOGICAL_ALLOCATOR_POOL, MAPPING_POOL
 
 __all__ = ["HiSparseAllocator"]
 
