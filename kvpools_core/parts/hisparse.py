@@ -124,9 +124,9 @@ def size_hisparse_pools(
     limit = resolve_max_num_reqs(tokens, context_len, serving)
     notes = [note for note in (cap_note, limit.note) if note]
     notes.append(
-        f"HiSparse (host_to_device_ratio {ratio}): {tokens:,} device tokens (latent rows), {tokens * ratio:,} "
-        f"logical tokens (SGLang's max_token_pool_size, HiSparseTokenToKVPoolAllocator.size_full): the index keys, "
-        f"the logical allocator and the int64 device mapping are sized for them"
+        f"HiSparse (host_to_device_ratio {ratio}): {tokens:,} device tokens, {tokens * ratio:,} logical tokens "
+        f"(SGLang's max_token_pool_size, HiSparseTokenToKVPoolAllocator.size_full): {', '.join(logical_names)}, "
+        "the logical allocator and the int64 device mapping are sized for the logical ones"
     )
     if serving.accounting == "sglang":
         planned = sum(pool.bytes for pool in pools)

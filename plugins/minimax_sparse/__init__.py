@@ -20,11 +20,14 @@ from typing import TYPE_CHECKING, Any
 from kvpools_core import for_architecture, hookimpl
 from kvpools_core.config import DIM, ConfigReader, context_length, derived_head_dim, grouped_kv_heads, model_dtype
 from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
 from kvpools_core.parts.attention import attention_cell_size
 from kvpools_core.parts.names import INDEX_POOL
-from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Plan, Serving
+from kvpools_core.values import Budget, CellPart, CellSize, LayerSpec, ModelSpec, Plan, PoolSizing, Serving
+
+from .hisparse import dense_parts, m3_hisparse_pools, m3_hisparse_problems
 
 if TYPE_CHECKING:
     from kvpools_core.pools.layout import BufferLayout
@@ -111,13 +114,10 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
             f"head dims {dims}. Use bf16, fp16 or fp8_e4m3."
         ]
     if serving.enable_hisparse:
-        # SGLang runs it (engine_features above), with other pools: planning it as without would over-promise
-        return [
-            f"kvpools does not model {option('enable_hisparse')} on MiniMax sparse attention yet: SGLang 0.5.23's "
-            "MiniMaxSparseKVPool(enable_hisparse) then sizes its pools for HiSparse's host-backed tokens "
-            f"(mem_cache/memory_pool.py), which this plan would leave out. Drop {option('enable_hisparse')} to plan "
-            "without it."
-        ]
+        start, end = rank_layer_range(model, serving)
+        problems = m3_hisparse_problems(model.layers[start:end], SPARSE, serving)
+        if problems:
+            return problems
     if serving.enable_hierarchical_cache and serving.pp_size > 1:
         return [
             f"{option('enable_hierarchical_cache')} with {option('pp_size')} {serving.pp_size}: SGLang raises "
@@ -195,9 +195,17 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
     layers = model.layers[start:end]
     cell = sparse_cell_size(layers, model, serving)
     last = sparse_cell_size(model.layers[-1:], model, serving)
+    parts = cell.parts
+    if serving.enable_hisparse:  # the dense layers' K/V in a pool of S x r logical slots (.hisparse)
+        dense = tuple(layer for layer in layers if layer.kind == DENSE)
+        sparse = tuple(layer for layer in layers if layer.kind == SPARSE)
+        main = [*attention_cell_size(sparse, model, serving).parts] if sparse else []
+        if dense:
+            main += dense_parts(attention_cell_size(dense, model, serving).parts)
+        parts = (*main, *(part for part in cell.parts if part.pool == INDEX_POOL))
     # The draft (MiniMax-M3's MTP module) is charged as layers shaped like the target's last layer.
     return CellSize(
-        parts=cell.parts,
+        parts=parts,
         sglang_bytes_per_token=max(cell.sglang_bytes_per_token, 1),
         num_layers=len(layers),
         draft_layer_parts=last.parts,
@@ -206,8 +214,25 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing | None:
+    """HiSparse's pools (:mod:`.hisparse`); without HiSparse the core's default sizing."""
+    if not serving.enable_hisparse:
+        return None
+    return m3_hisparse_pools(model, serving, cell, budget, owner=ARCHITECTURE)
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
     from .pool import MiniMaxSparseKVPool
+
+    if plan.serving.enable_hisparse:
+        raise UnsupportedCombinationError(
+            f"kvpools plans {option('enable_hisparse')} on MiniMax sparse attention but does not build its pools yet "
+            "(SGLang's HiSparseMHAMainPool keeps the sparse layers' K/V for the device tokens and a dense_pool the "
+            "dense layers' for the logical ones, which the store here does not split). Use kvpools plan for its "
+            f"sizes, or drop {option('enable_hisparse')} to build."
+        )
 
     return MiniMaxSparseKVPool.from_plan(plan, device, layout=layout)
 
