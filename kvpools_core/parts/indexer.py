@@ -101,6 +101,13 @@ def dsa_problems(model: ModelSpec, serving: Serving) -> list[str]:
             f"{row.dims.kv_lora_rank}. Use {option('kv_cache_dtype')} bf16, or a trtllm DSA backend (raw fp8 layout)."
         )
     problems += kpool_problems(model, serving)
+    if serving.dcp_size > 1 and serving.page_size == 1:
+        problems.append(
+            f"kvpools does not model the DSA index buffer under {option('dcp_size')} {serving.dcp_size} at "
+            f"{option('page_size')} 1 yet: SGLang's ((S + 1) x {serving.dcp_size} - 1 + 2) one-token pages are not "
+            f"whole pages of {serving.dcp_size} slots, as kvpools lays the replicated index out. Use a page size of "
+            "16 or more."
+        )
     return problems + disaggregation_problems(serving)
 
 

@@ -156,6 +156,12 @@ class IndexStorage:
             device=device,
         )
 
+    def nbytes(self, size: int, page_size: int, num_layers: int) -> int:
+        """Bytes of ``num_layers`` layers' index buffers of ``size`` token slots: whole pages, or plain rows."""
+        if self.rows_dtype is None:
+            return index_pages(size, page_size) * page_size * self.row_bytes * num_layers
+        return (size + page_size) * (self.row_bytes + self.scale_bytes) * num_layers
+
     def check(self, plan: Plan, pool: str, size: int, page_size: int, num_layers: int) -> None:
         """Refuse to build indexer buffers whose bytes differ from the plan's ``pool``."""
         if self.rows_dtype is None:
@@ -358,6 +364,8 @@ class DSATokenToKVPool(MLATokenToKVPool):
         mine = [layer for layer in range(start, end) if owned is None or layer in owned]
         keyed = [layer for layer, kept in zip(range(start, end), mask, strict=True) if kept and layer in mine]
         index_size = index_buffer_slots(size, page, serving)
+        if keyed != mine and index.nbytes(index_size, page, len(mine)) == plan.pool(INDEX_POOL).bytes:
+            keyed = mine  # a platform whose pool keeps every layer's keys planned them all (Ascend before arch35)
         index.check(plan, INDEX_POOL, index_size, page, len(keyed) + (stored - len(owned) if owned else 0))
         tail_rows, tail_width = _tail_geometry(plan, len(keyed))
         layers = draft_num_layers(plan)

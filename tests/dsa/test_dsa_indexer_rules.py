@@ -154,6 +154,14 @@ def test_dcp_replicates_the_index_keys() -> None:
     assert build(got, "meta").allocated_by_pool() == {pool.name: pool.bytes for pool in got.pools}
 
 
+def test_dcp_at_page_1_is_refused_as_not_modelled() -> None:
+    """ROCm's page 1: ``(S + 1) x dcp + 1`` index rows, which the replicated layout (whole pages of ``dcp`` slots)
+    cannot hold exactly; refused rather than planned one row off."""
+    serving = Serving(platform="rocm", page_size=1, tp_size=2, dcp_size=2)
+    with pytest.raises(UnsupportedCombinationError, match="DSA index buffer under dcp_size 2 at page_size 1"):
+        plan(_spec(dict(SMALL_DSA)), serving, memory=1 * GiB)
+
+
 # -- is_deepseek_dsa ----------------------------------------------------------------------------------------------
 
 
