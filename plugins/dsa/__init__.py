@@ -13,6 +13,13 @@ DeepSeek-V3.2 (``calculate_mla_kv_cache_dim``), unless a TRTLLM DSA backend
 still charges 576 for it, so ``--accounting sglang`` keeps that figure and
 the exact accounting charges the 656 bytes the pool stores.
 
+SGLang 0.5.23's other indexer rules: IndexShare layers (``dsa_layer_skips_topk``, :mod:`.indexshare`)
+hold no index keys where ``_should_elide_dsa_index_k`` holds; ``index_kpool`` pages store ``132 / kpool``
+B per token with a kernel page of ``page // kpool`` (and per-request tails with ``index_kpool_compress``);
+under DCP the index buffer holds ``(S + P) x dcp - P`` slots; HiSparse (:mod:`.hisparse`) sizes the index
+keys for ``S x host_to_device_ratio`` logical slots.  SGLang's configurator (ref-002) charges none of these,
+so ``--accounting sglang`` keeps its count.  GLM5-Next, LongCat-Flash and HYV4 DSA models are refused by name.
+
 The indexer part is named :data:`INDEX_PART`, which tells the core's DSA
 store to build CUDA's pages (``kvpools_core.pools.dsa.PAGED_INDEX_PART``); a
 platform that stores the keys otherwise rewrites the part by wrapping

@@ -17,11 +17,13 @@ SGLang's configurator (ref-002 lines 193-220) charges the 132 B index key once p
 
 from __future__ import annotations
 
+import json
+
 import attrs
 import pytest
 import torch
 
-from kvpools_core import Serving, plan
+from kvpools_core import Plan, Serving, plan
 from kvpools_core.building import build
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.parts.hisparse import LOGICAL_TOKENS
@@ -62,6 +64,7 @@ def test_deepseek_v32_ratio_4_exact_plan() -> None:
     assert _exact_bytes(tokens + 64, requests) > 60 * GiB  # one page more does not fit
     assert any("HiSparse (host_to_device_ratio 4)" in note for note in got.sizing.notes)
     assert got.problems() == []
+    assert Plan.from_dict(json.loads(got.to_json())) == got  # the logical token space survives the round trip
 
 
 def test_without_hisparse_the_plan_is_unchanged() -> None:
