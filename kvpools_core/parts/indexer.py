@@ -10,8 +10,8 @@ raw row.  The indexer buffer holds ``(tokens + page_size + 1) // page_size``
 pages, so its parts declare ``extra_slots=1``.  GLM's cache layer split
 stores ``ceil(L / cp) + 1`` layers per CP rank.  IndexShare layers (``SKIPS_TOPK``) keep no keys where
 SGLang elides them (:func:`elides_index_k`); pooled keys (``index_kpool``) store ``132 / kpool`` B per
-token; the buffer holds :func:`index_buffer_slots` slots (DCP replicates it, HiSparse scales it).  The store that allocates
-these is :class:`kvpools_core.pools.dsa.DSATokenToKVPool`.
+token; the buffer holds :func:`index_buffer_slots` slots (DCP replicates it, HiSparse scales it).
+The store that allocates these is :class:`kvpools_core.pools.dsa.DSATokenToKVPool`.
 
 What a platform's DSA kernels need comes from the platform's plugin, never
 from its name here: its page-size rules for the ``"dsa"`` kernels
