@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 from kvpools_core import for_architecture, hookimpl
 from kvpools_core.config import DIM, ConfigReader, context_length, derived_head_dim, grouped_kv_heads, model_dtype
 from kvpools_core.dtypes import resolve_kv_dtype
-from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
 from kvpools_core.parts.attention import attention_cell_size
+from kvpools_core.parts.hisparse import hisparse_ratio
 from kvpools_core.parts.names import INDEX_POOL
 from kvpools_core.values import Budget, CellPart, CellSize, LayerSpec, ModelSpec, Plan, PoolSizing, Serving
 
@@ -223,16 +223,29 @@ def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budge
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | None:
+    """HiSparse's logical and device allocators and their mapping (SGLang's ``HiSparseTokenToKVPoolAllocator``);
+    else the core's."""
+    serving = plan.serving
+    if not serving.enable_hisparse:
+        return None
+    from kvpools_core.pools.hisparse import HiSparseAllocator
+
+    return HiSparseAllocator(
+        plan.max_total_num_tokens,
+        serving.page_size,
+        hisparse_ratio(serving),
+        device=device,
+        kvcache=pool,
+        need_sort=serving.disaggregation_mode != "null",
+        checked=checked,
+    )
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
     from .pool import MiniMaxSparseKVPool
-
-    if plan.serving.enable_hisparse:
-        raise UnsupportedCombinationError(
-            f"kvpools plans {option('enable_hisparse')} on MiniMax sparse attention but does not build its pools yet "
-            "(SGLang's HiSparseMHAMainPool keeps the sparse layers' K/V for the device tokens and a dense_pool the "
-            "dense layers' for the logical ones, which the store here does not split). Use kvpools plan for its "
-            f"sizes, or drop {option('enable_hisparse')} to build."
-        )
 
     return MiniMaxSparseKVPool.from_plan(plan, device, layout=layout)
 

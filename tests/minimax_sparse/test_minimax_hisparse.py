@@ -12,14 +12,17 @@ At TP 4 each rank keeps one head: K + V = 2 x 128 x 2 B = 512 B per layer per to
 
 from __future__ import annotations
 
+import json
+
 import attrs
 import pytest
 
 from kvpools_core import Serving, plan
 from kvpools_core.building import build
-from kvpools_core.config import resolve_model_source
+from kvpools_core.config import parse_config, resolve_model_source
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.parts.hisparse import LOGICAL_TOKENS
+from kvpools_core.pools.hisparse import HiSparseAllocator
 from kvpools_core.registry import get_registry
 from tests.oracle.locate import oracle_available
 
@@ -70,9 +73,31 @@ def test_decode_node_is_refused_as_not_modelled() -> None:
         plan("minimax-m3", Serving(tp_size=4, enable_hisparse=True, disaggregation_mode="decode"), memory=60 * GiB)
 
 
-def test_build_is_refused_by_name() -> None:
-    got = plan("minimax-m3", M3, memory=60 * GiB)
-    with pytest.raises(UnsupportedCombinationError, match="does not build its pools yet"):
+@pytest.mark.parametrize("pp", [1, 3])
+def test_build_on_meta_allocates_what_the_plan_says(pp: int) -> None:
+    """The sparse layers' K/V (3..59) for the device slots, the dense layers' (0..2) for the logical ones."""
+    for rank in range(pp):
+        got = plan("minimax-m3", attrs.evolve(M3, pp_size=pp, pp_rank=rank), memory=60 * GiB)
+        pools = build(got, "meta")
+        assert pools.allocated_by_pool() == {pool.name: pool.bytes for pool in got.pools}
+        assert isinstance(pools.allocator, HiSparseAllocator)
+    pools = build(plan("minimax-m3", M3, memory=60 * GiB), "meta")
+    assert pools.kv_pool.dense is not None and (pools.kv_pool.dense.start_layer, pools.kv_pool.main.start_layer) == (
+        0,
+        3,
+    )
+    assert pools.kv_pool.get_key_buffer(1).shape[0] == 2 * 908_105 + 1  # a dense layer: logical rows
+    assert pools.kv_pool.get_key_buffer(30).shape[0] == 908_105 + 1  # a sparse layer: device rows
+
+
+def test_interleaved_dense_layers_are_refused_at_build() -> None:
+    """The store keeps each kind in one contiguous run of layers; a pattern with a dense layer between sparse
+    ones plans, and ``build`` refuses it by name."""
+    config = json.loads(json.dumps(resolve_model_source("minimax-m3", get_registry())[0]))
+    config["text_config"]["sparse_attention_config"]["sparse_attention_freq"][10] = 0
+    spec, _ = parse_config(config, "interleaved", get_registry())
+    got = plan(spec, M3, memory=60 * GiB)
+    with pytest.raises(UnsupportedCombinationError, match="each one contiguous run"):
         build(got, "meta")
 
 
