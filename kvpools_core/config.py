@@ -368,9 +368,19 @@ DSA_ARCHITECTURES = frozenset(
         "MistralLarge3ForCausalLM",
         "PixtralForConditionalGeneration",
         "GlmMoeDsaForCausalLM",
+        "GlmMoeDsaForCausalLMNextN",
+        "Glm5NextForConditionalGenerationNextN",
+        "Glm5NextForConditionalGeneration",
+        "LongcatFlashForCausalLM",
+        "LongcatFlashForCausalLMNextN",
+        "Dots3NoteForCausalLM",
+        "Dots3NoteForCausalLMNextN",
+        "HYV4ForCausalLM",
+        "HYV4ForCausalLMNextN",
     }
 )
-"""``is_deepseek_dsa``'s architectures: DSA when the config also sets ``index_topk``."""
+"""``is_deepseek_dsa``'s architectures (SGLang 0.5.23 ``configs/model_config.py``): DSA when the config also sets
+``index_topk``."""
 
 DSV4_ARCHITECTURES = frozenset({"DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN"})
 """DeepSeek-V4 compressed attention: another family (``is_deepseek_v4``)."""

@@ -75,8 +75,8 @@ _HELP = {
     "above 1).",
     "enable_dsa_cache_layer_split": "Split the GLM DSA cache layers over context-parallel ranks.",
     "enable_hisparse": (
-        "HiSparse: keep a 1/host_to_device_ratio share of the DeepSeek-V4 c4 KV on the device "
-        "(DSA, DeepSeek-V4 and MiniMax-M3 sparse models; needs --disable-radix-cache)."
+        "HiSparse: keep 1/host_to_device_ratio of the sparse-attention KV on the device (DSA latent rows, "
+        "DeepSeek-V4 c4, MiniMax-M3 sparse layers; needs --disable-radix-cache)."
     ),
     "hisparse_config": "HiSparse config, a JSON object (SGLang's), e.g. '{\"host_to_device_ratio\": 4}'.",
     "dsv4_compress_state_dtype": "DeepSeek-V4 compressor state dtype (SGLANG_DSV4_COMPRESS_STATE_DTYPE).",

@@ -16,6 +16,8 @@ another plugin: a third party composes exactly what the built-ins compose.
   :class:`~kvpools_core.pools.mla.MLATokenToKVPool`.
 * :mod:`~kvpools_core.parts.indexer` — DeepSeek sparse attention's indexer key
   row and latent-row rules; store: :class:`~kvpools_core.pools.dsa.DSATokenToKVPool`.
+* :mod:`~kvpools_core.parts.hisparse` — HiSparse's device and logical token spaces, its logical allocator
+  and int64 mapping (DSA, MiniMax-M3); store: :class:`~kvpools_core.pools.hisparse.HiSparseAllocator`.
 * :mod:`~kvpools_core.parts.names` — the pool names shared by sizing and building,
   and the draft model's share.
 * :mod:`~kvpools_core.parts.weights` — a model's weights from its config: tensors

@@ -8,8 +8,10 @@ With fp8 KV the latent row is FlashMLA's packed layout
 (``calculate_mla_kv_cache_dim``) unless a backend of the local role reads the
 raw row.  The indexer buffer holds ``(tokens + page_size + 1) // page_size``
 pages, so its parts declare ``extra_slots=1``.  GLM's cache layer split
-stores ``ceil(L / cp) + 1`` layers per CP rank.  The store that allocates
-these is :class:`kvpools_core.pools.dsa.DSATokenToKVPool`.
+stores ``ceil(L / cp) + 1`` layers per CP rank.  IndexShare layers (``SKIPS_TOPK``) keep no keys where
+SGLang elides them (:func:`elides_index_k`); pooled keys (``index_kpool``) store ``132 / kpool`` B per
+token; the buffer holds :func:`index_buffer_slots` slots (DCP replicates it, HiSparse scales it).
+The store that allocates these is :class:`kvpools_core.pools.dsa.DSATokenToKVPool`.
 
 What a platform's DSA kernels need comes from the platform's plugin, never
 from its name here: its page-size rules for the ``"dsa"`` kernels
@@ -20,11 +22,14 @@ ROCm's tilelang/triton/aiter), both read from ``serving.traits``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.options import option
+from kvpools_core.parts.hisparse import hisparse_ratio
 from kvpools_core.parts.latent import FP8_BLOCK, LatentRow, mla_problems, model_dims
 from kvpools_core.parts.names import INDEX_POOL
-from kvpools_core.values import ModelSpec, Serving
+from kvpools_core.values import LayerSpec, ModelSpec, Serving
 
 __all__ = [
     "DSA_KERNEL",
@@ -33,9 +38,21 @@ __all__ = [
     "INDEX_HEAD_DIM",
     "INDEX_POOL",
     "INDEX_SCALE_BYTES",
+    "INDEX_TAIL_POOL",
+    "KPOOL",
+    "KPOOL_COMPRESS",
+    "SKIPS_TOPK",
     "dsa_problems",
+    "elides_index_k",
+    "hisparse_ratio",
+    "index_buffer_slots",
+    "index_kpool",
+    "index_layer_count",
+    "index_layer_mask",
     "index_pages",
     "index_row_bytes",
+    "index_tail_bytes_per_request",
+    "index_token_bytes",
     "latent_row",
     "layer_split",
     "owned_layers",
@@ -56,6 +73,18 @@ DSA_KERNEL = "dsa"
 """The kernel family whose page-size rules (``PageSizeRule.kernels``) a DSA model must obey."""
 TRTLLM_BACKEND = "trtllm"
 """SGLang's TRTLLM DSA backends read the raw latent row on every platform."""
+KPOOL = "index_kpool"
+"""``ModelSpec.params`` key (and config key): tokens one pooled index key spans (``get_dsa_index_kpool``: 1)."""
+KPOOL_COMPRESS = "index_kpool_compress"
+"""``ModelSpec.params`` key (and config key): the pooled indexer keeps per-request tails
+(``get_dsa_index_kpool_compress``: absent is False)."""
+SKIPS_TOPK = "skips_topk"
+"""``LayerSpec.params`` key: the layer reuses another layer's top-k (SGLang's ``dsa_layer_skips_topk``:
+IndexShare)."""
+INDEX_TAIL_POOL = "index_tail"
+"""The kpool-compress request tails' pool (``DSATokenToKVPool._init_kpool_compress_tail_buffers``)."""
+TAIL_ELEMENT_BYTES = 2
+"""The tails are bfloat16 (``tail_dtype = torch.bfloat16``)."""
 
 
 def dsa_problems(model: ModelSpec, serving: Serving) -> list[str]:
@@ -73,8 +102,45 @@ def dsa_problems(model: ModelSpec, serving: Serving) -> list[str]:
             f"DSA's fp8 latent row stores one scale per {FP8_BLOCK} values, but {model.name} has kv_lora_rank "
             f"{row.dims.kv_lora_rank}. Use {option('kv_cache_dtype')} bf16, or a trtllm DSA backend (raw fp8 layout)."
         )
-    problems += page_size_problems(serving)
+    problems += kpool_problems(model, serving)
+    if serving.dcp_size > 1 and serving.page_size == 1:
+        problems.append(
+            f"kvpools does not model the DSA index buffer under {option('dcp_size')} {serving.dcp_size} at "
+            f"{option('page_size')} 1 yet: SGLang's ((S + 1) x {serving.dcp_size} - 1 + 2) one-token pages are not "
+            f"whole pages of {serving.dcp_size} slots, as kvpools lays the replicated index out. Use a page size of "
+            "16 or more."
+        )
     return problems + disaggregation_problems(serving)
+
+
+def kpool_problems(model: ModelSpec, serving: Serving) -> list[str]:
+    """The pooled indexer's page rules (SGLang 0.5.23 ``DSATokenToKVPool.__init__``): the page is whole pooled
+    groups (``page_size % index_kpool == 0``) and the kernels' physical page is ``page_size // index_kpool``, which
+    the platform's DSA rules check (CUDA: 64, so ``index_kpool`` 2 needs ``--page-size`` 128)."""
+    kpool, page = index_kpool(model), serving.page_size
+    if page % kpool:
+        return [
+            f"{option('page_size')} {page} with {model.name}'s index_kpool {kpool}: SGLang asserts 'page_size {page} "
+            f"must be a multiple of index_kpool {kpool}' (DSATokenToKVPool). Use {option('page_size')} "
+            f"{DSA_PHYSICAL_HINT * kpool} (64 x index_kpool on CUDA)."
+        ]
+    if kpool > 1 and (INDEX_HEAD_DIM + INDEX_HEAD_DIM // INDEX_BLOCK * INDEX_SCALE_BYTES) % kpool:
+        return [
+            f"kvpools does not model index_kpool {kpool} yet ({model.name}): a pooled index key of 132 B does not "
+            f"split into {kpool} whole bytes per token. Use a config with index_kpool 1, 2, 3 or 4."
+        ]
+    problems = serving.traits.page_size_problems(page // kpool, kernel=DSA_KERNEL)
+    if kpool == 1:
+        return problems
+    return [
+        f"{option('page_size')} {page} with index_kpool {kpool} gives DSA kernel pages of {page // kpool} tokens "
+        f"(page_size // index_kpool, DSATokenToKVPool.index_page_size): {problem}"
+        for problem in problems
+    ]
+
+
+DSA_PHYSICAL_HINT = 64
+"""CUDA's physical DSA page, used to suggest a ``--page-size`` (64 x index_kpool, SGLang's default)."""
 
 
 def disaggregation_problems(serving: Serving) -> list[str]:
@@ -161,3 +227,55 @@ def page_size_problems(serving: Serving) -> list[str]:
 def index_pages(size: int, page_size: int) -> int:
     """Pages of one layer's indexer buffer: ``(size + page_size + 1) // page_size`` (page 0 pads)."""
     return (size + page_size + 1) // page_size
+
+
+def index_kpool(model: ModelSpec) -> int:
+    """Tokens one pooled index key spans: the config's ``index_kpool`` (``get_dsa_index_kpool``: absent is 1)."""
+    return int(model.params.get(KPOOL, 1))
+
+
+def index_token_bytes(model: ModelSpec) -> int:
+    """Bytes the index pages store per token per layer: 132 / ``index_kpool`` (a page of ``P`` tokens holds
+    ``P // index_kpool`` keys of 132 B, ``IndexKeyCache._buffer_shape``)."""
+    return index_row_bytes(model) // index_kpool(model)
+
+
+def elides_index_k(serving: Serving) -> bool:
+    """Whether the target's pool gives IndexShare layers no index keys: SGLang's ``_should_elide_dsa_index_k``
+    (``000_fbd4f47288598fb9.txt`` lines 109-117): not with HiSparse, HiCache or PD disaggregation (the draft
+    worker keeps every layer's keys)."""
+    return (
+        not serving.enable_hisparse and not serving.enable_hierarchical_cache and serving.disaggregation_mode == "null"
+    )
+
+
+def index_layer_mask(layers: Sequence[LayerSpec], serving: Serving) -> list[bool]:
+    """Per layer, whether the target's pool allocates its index keys (``skip_topk_layers`` inverted)."""
+    elide = elides_index_k(serving)
+    return [not (elide and bool(layer.params.get(SKIPS_TOPK, False))) for layer in layers]
+
+
+def index_layer_count(layers: Sequence[LayerSpec], serving: Serving) -> int:
+    """Layers of ``layers`` whose index keys the target's pool allocates."""
+    return sum(index_layer_mask(layers, serving))
+
+
+def index_buffer_slots(size: int, page_size: int, serving: Serving) -> int:
+    """Token slots of one layer's index buffer (``DSATokenToKVPool.index_buf_size``): ``size x
+    host_to_device_ratio`` under HiSparse (``HiSparseDSATokenToKVPool``), else ``(size + page) x dcp - page``
+    (the index keys are replicated over the DCP ranks while the latent rows shard)."""
+    if serving.enable_hisparse:
+        return size * hisparse_ratio(serving)
+    return (size + page_size) * serving.dcp_size - page_size
+
+
+def index_tail_bytes_per_request(model: ModelSpec, serving: Serving, num_index_layers: int) -> int:
+    """Bytes per request row of the kpool-compress tails: per index layer a key and a score tail of
+    ``index_kpool + draft tokens`` bf16 rows of ``index_head_dim`` (``_init_kpool_compress_tail_buffers``;
+    0 unless ``index_kpool`` > 1 and ``index_kpool_compress``)."""
+    kpool = index_kpool(model)
+    if kpool <= 1 or not model.params.get(KPOOL_COMPRESS, False):
+        return 0
+    width = kpool + (serving.speculative_num_draft_tokens or 0 if serving.speculative_algorithm else 0)
+    dim = int(model.layers[0].params["index_head_dim"])
+    return 2 * width * dim * TAIL_ELEMENT_BYTES * num_index_layers

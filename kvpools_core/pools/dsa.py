@@ -42,24 +42,35 @@ import attrs
 import torch
 from torch import Tensor
 
-from kvpools_core.dtypes import resolve_kv_dtype
-from kvpools_core.errors import AllocatorError, ConfigError, PoolPlanMismatchError
-from kvpools_core.options import option
+from kvpools_core.errors import AllocatorError, ConfigError
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.indexer import (
     INDEX_BLOCK,
     INDEX_SCALE_BYTES,
-    index_pages,
+    INDEX_TAIL_POOL,
+    TAIL_ELEMENT_BYTES,
+    index_buffer_slots,
+    index_layer_mask,
+    index_tail_bytes_per_request,
     latent_row,
     owned_layers,
 )
 from kvpools_core.parts.latent import LatentRow
 from kvpools_core.parts.names import DRAFT_INDEX_POOL, INDEX_POOL, draft_num_layers, draft_pool_geometry
+from kvpools_core.pools.dsa_index import (
+    INDEX_ROWS_PART,
+    INDEX_SCALE_ROLE,
+    INDEX_SCALES_PART,
+    PAGED_INDEX_PART,
+    IndexStorage,
+    check_index_bytes,
+    index_request,
+    index_storage,
+)
 from kvpools_core.pools.kv import allocate, check_planned_bytes, tensor_nbytes
 from kvpools_core.pools.layout import (
     PER_LAYER,
     BufferLayout,
-    BufferRequest,
     allocate_by_layer,
     check_layout_bytes,
 )
@@ -78,126 +89,6 @@ __all__ = [
     "index_storage",
     "plan_latent_row",
 ]
-
-_SCALE_BYTES = INDEX_SCALE_BYTES
-PAGED_INDEX_PART = "indexer"
-"""The indexer part of a plan whose keys are CUDA's pages: fp8 keys and fp32 scales (132 B per token per layer)."""
-INDEX_ROWS_PART = "index_k"
-"""The indexer part of a plan whose keys are plain rows of the KV store dtype (SGLang NPU's ``index_k_buffer``)."""
-INDEX_SCALES_PART = "index_k_scale"
-"""Beside :data:`INDEX_ROWS_PART`: one fp32 scale per token slot, its own buffer (NPU's ``index_k_scale_buffer``)."""
-INDEX_SCALE_ROLE = "index_k_scale"
-"""The buffer role of those scales: rows of one fp32 (a layout carves it as it carves the key rows)."""
-
-
-@attrs.frozen
-class IndexStorage:
-    """How a DSA store keeps the indexer keys: CUDA's fp8 pages, or plain rows of ``rows_dtype`` (and scale rows)."""
-
-    index_head_dim: int
-    rows_dtype: torch.dtype | None = None
-    """None: paged fp8 keys and fp32 scales (:data:`PAGED_INDEX_PART`); else one row per slot of this dtype."""
-    scale_dtype: torch.dtype | None = None
-    """Plain rows only: one scale of this dtype per slot in a buffer of its own (:data:`INDEX_SCALES_PART`)."""
-
-    def __attrs_post_init__(self) -> None:
-        if self.scale_dtype is not None and self.rows_dtype is None:
-            raise ValueError("index scale rows need plain key rows (rows_dtype); paged keys carry their scales")
-
-    @property
-    def paged(self) -> bool:
-        return self.rows_dtype is None
-
-    @property
-    def row_bytes(self) -> int:
-        """Bytes per token per layer: 132 paged (index_head_dim 128), ``index_head_dim × element`` as rows."""
-        if self.rows_dtype is None:
-            return self.index_head_dim + self.index_head_dim // INDEX_BLOCK * _SCALE_BYTES
-        return self.index_head_dim * self.rows_dtype.itemsize
-
-    @property
-    def scale_bytes(self) -> int:
-        """Bytes per token per layer of the separate scale rows (0 without them)."""
-        return 0 if self.scale_dtype is None else self.scale_dtype.itemsize
-
-    def requests(
-        self, pool: str, size: int, page_size: int, layers: Sequence[int], device: str | torch.device
-    ) -> list[BufferRequest]:
-        """The key request (:meth:`request`), then the scale rows' (``size + page_size`` rows of one scale)."""
-        keys = self.request(pool, size, page_size, layers, device)
-        if self.scale_dtype is None:
-            return [keys]
-        return [keys, attrs.evolve(keys, role=INDEX_SCALE_ROLE, row_shape=(1,), dtype=self.scale_dtype)]
-
-    def request(
-        self, pool: str, size: int, page_size: int, layers: Sequence[int], device: str | torch.device
-    ) -> BufferRequest:
-        """The owned layers' request: pages of ``page_size × 132`` bytes, or ``size + page_size`` plain rows."""
-        if self.rows_dtype is None:
-            return index_request(pool, size, page_size, self.row_bytes, layers, device)
-        return BufferRequest(
-            pool=pool,
-            role="index_k",
-            rows=size + page_size,
-            page_size=page_size,
-            layers=layers,
-            row_shape=(1, self.index_head_dim),
-            dtype=self.rows_dtype,
-            device=device,
-        )
-
-    def check(self, plan: Plan, pool: str, size: int, page_size: int, num_layers: int) -> None:
-        """Refuse to build indexer buffers whose bytes differ from the plan's ``pool``."""
-        if self.rows_dtype is None:
-            check_index_bytes(plan, pool, size, page_size, self.row_bytes, num_layers)
-            return
-        rows = size + page_size
-        scales = "" if self.scale_dtype is None else f" and {rows} {self.scale_dtype} scales"
-        check_planned_bytes(
-            pool,
-            rows * (self.row_bytes + self.scale_bytes) * num_layers,
-            plan.pool(pool).bytes,
-            f"{num_layers} layer(s) of {rows} rows × {self.index_head_dim} {self.rows_dtype}{scales}",
-        )
-
-
-def index_storage(plan: Plan) -> IndexStorage:
-    """The indexer storage the plan's ``indexer`` pool parts name.
-
-    :data:`PAGED_INDEX_PART`, :data:`INDEX_ROWS_PART`, or :data:`INDEX_ROWS_PART`
-    with :data:`INDEX_SCALES_PART` (fp32 scale rows beside fp8 key rows).
-    Rows are stored in the KV store dtype (uint8 for fp8), so a KV dtype with
-    block scales (fp4, mxfp8) has no plain index row and is refused; scale
-    rows need fp8 keys (they are the scales of the fp8 values).
-    """
-    model = plan.model
-    dim = int(model.layers[0].params["index_head_dim"])
-    names = sorted({part.name for part in plan.cell.parts_of(TOKEN) if part.pool == INDEX_POOL})
-    if names == [PAGED_INDEX_PART]:
-        return IndexStorage(dim)
-    if names in ([INDEX_ROWS_PART], [INDEX_ROWS_PART, INDEX_SCALES_PART]):
-        kv = resolve_kv_dtype(plan.serving.kv_cache_dtype, model.dtype)
-        codec = codec_for(kv)
-        if codec.scale_shape(1, 1, dim) is not None:
-            raise ConfigError(
-                f"The plan stores DSA index keys as plain rows ({INDEX_ROWS_PART!r}) of the KV dtype, but "
-                f"{kv.name} has block scales, so it has no plain row: plan with {option('kv_cache_dtype')} bf16 or "
-                f"fp8_e4m3."
-            )
-        if INDEX_SCALES_PART not in names:
-            return IndexStorage(dim, codec.store_dtype)
-        if kv.name != "fp8_e4m3":
-            raise ConfigError(
-                f"The plan stores fp32 scales beside the DSA index key rows ({INDEX_SCALES_PART!r}), but the rows "
-                f"are {kv.name}, which has no fp8 values to scale: plan with {option('kv_cache_dtype')} fp8_e4m3."
-            )
-        return IndexStorage(dim, codec.store_dtype, torch.float32)
-    raise PoolPlanMismatchError(
-        f"The plan's {INDEX_POOL!r} pool has the part(s) {names}, but a DSA store keeps its index keys as "
-        f"{PAGED_INDEX_PART!r} (fp8 keys and fp32 scales per page), {INDEX_ROWS_PART!r} (plain rows of the KV "
-        f"dtype) or both {INDEX_ROWS_PART!r} and {INDEX_SCALES_PART!r} (fp8 rows, fp32 scale rows). "
-        f"Re-plan with this kvpools version, or report it to the plugin that sized the pool."
-    )
 
 
 def plan_latent_row(plan: Plan) -> LatentRow:
@@ -248,8 +139,17 @@ class DSATokenToKVPool(MLATokenToKVPool):
         draft: DSATokenToKVPool | None = None,
         layout: BufferLayout | None = None,
         index: IndexStorage | None = None,
+        index_size: int | None = None,
+        index_layers: Sequence[int] | None = None,
+        tail_rows: int = 0,
+        tail_width: int = 0,
     ) -> None:
-        """``index`` says how the index keys are stored (CUDA's fp8 pages of ``index_head_dim`` when None)."""
+        """``index`` says how the index keys are stored (CUDA's fp8 pages of ``index_head_dim`` when None).
+
+        ``index_size`` is the index buffer's token slots (``size`` when None; SGLang's ``index_buf_size``),
+        ``index_layers`` the owned layers that hold index keys (all when None; IndexShare layers get 0-row
+        placeholders) and ``tail_rows`` x ``tail_width`` the kpool-compress tails of each of them (none at 0).
+        """
         self.index_head_dim = index_head_dim
         self.index_name = index_name
         self.index = index or IndexStorage(index_head_dim)
@@ -257,7 +157,11 @@ class DSATokenToKVPool(MLATokenToKVPool):
             raise ValueError(f"index storage of index_head_dim {self.index.index_head_dim}, not {index_head_dim}")
         layer_ids = range(start_layer, start_layer + num_layers)
         mine = [layer for layer in layer_ids if owned is None or layer in owned]
-        index_requests = self.index.requests(index_name, size, page_size, mine, device)
+        keyed = mine if index_layers is None else [layer for layer in mine if layer in set(index_layers)]
+        self.index_size = size if index_size is None else index_size
+        self.index_layer_ids = frozenset(keyed)
+        """Owned layers holding index keys (the others: 0-row placeholders, SGLang's ``skip_topk_layers``)."""
+        index_requests = self.index.requests(index_name, self.index_size, page_size, keyed, device)
         request = index_requests[0]
         check_layout_bytes(layout or PER_LAYER, index_requests)  # with the latent rows', before the first tensor
         super().__init__(
@@ -277,8 +181,23 @@ class DSATokenToKVPool(MLATokenToKVPool):
         keys = buffers.get("index_k", {})
         shape, dtype = request.shape, request.dtype
         per_layer = [
-            keys[layer] if self.is_owned(layer) else allocate((0, *shape[1:]), dtype, device) for layer in layer_ids
+            keys[layer] if layer in self.index_layer_ids else allocate((0, *shape[1:]), dtype, device)
+            for layer in layer_ids
         ]
+        self.index_tails: list[Tensor] = (
+            [
+                allocate(
+                    (tail_rows if layer in self.index_layer_ids else 0, tail_width, index_head_dim),
+                    torch.bfloat16,
+                    device,
+                )
+                for layer in layer_ids
+                for _kind in ("k", "score")
+            ]
+            if tail_rows
+            else []
+        )
+        """kpool-compress tails: per layer a key and a score ``(requests + 1, kpool + draft, index_head_dim)`` bf16."""
         scale_request = index_requests[1] if len(index_requests) > 1 else None
         self.index_k_scale_buffer: list[Tensor] = []
         """Scale rows (:data:`INDEX_SCALES_PART`): per layer ``(size + page_size, 1)`` fp32 (else empty)."""
@@ -316,7 +235,14 @@ class DSATokenToKVPool(MLATokenToKVPool):
         stored = end - start if owned is None else len(owned) + 1  # owned layers + the remote scratch
         index_dim = index.index_head_dim
         check_latent_bytes(plan, MAIN_POOL, row, size + page, stored)
-        index.check(plan, INDEX_POOL, size, page, stored)
+        mask = index_layer_mask(model.layers[start:end], serving)
+        mine = [layer for layer in range(start, end) if owned is None or layer in owned]
+        keyed = [layer for layer, kept in zip(range(start, end), mask, strict=True) if kept and layer in mine]
+        index_size = index_buffer_slots(size, page, serving)
+        if keyed != mine and index.nbytes(index_size, page, len(mine)) == plan.pool(INDEX_POOL).bytes:
+            keyed = mine  # a platform whose pool keeps every layer's keys planned them all (Ascend before arch35)
+        index.check(plan, INDEX_POOL, index_size, page, len(keyed) + (stored - len(owned) if owned else 0))
+        tail_rows, tail_width = _tail_geometry(plan, len(keyed))
         layers = draft_num_layers(plan)
         draft_size, draft_page = draft_pool_geometry(plan, DRAFT_POOL)  # dcp x the target's under DCP
         if layers is not None:  # the draft worker keeps every layer (no split)
@@ -328,16 +254,16 @@ class DSATokenToKVPool(MLATokenToKVPool):
             check_latent_bytes(plan, DRAFT_POOL, row, draft_size + draft_page, layers)
             index.check(plan, DRAFT_INDEX_POOL, draft_size, draft_page, layers)
         if layout is not None:  # every pool's bytes, before the first tensor
-            mine = [layer for layer in range(start, end) if owned is None or layer in owned]
-            pools = [(MAIN_POOL, INDEX_POOL, mine, size, page)]
+            pools = [(MAIN_POOL, INDEX_POOL, mine, keyed, size, index_size, page)]
             if layers is not None:
-                pools.append((DRAFT_POOL, DRAFT_INDEX_POOL, list(range(layers)), draft_size, draft_page))
+                ids = list(range(layers))
+                pools.append((DRAFT_POOL, DRAFT_INDEX_POOL, ids, ids, draft_size, draft_size, draft_page))
             requests = []
-            for latent, index_pool, ids, slots, slot_page in pools:
+            for latent, index_pool, ids, keys, slots, index_slots, slot_page in pools:
                 requests += cls.latent_requests(
                     name=latent, rows=slots + slot_page, row=row, layers=ids, page_size=slot_page, device=device
                 )
-                requests += index.requests(index_pool, slots, slot_page, ids, device)
+                requests += index.requests(index_pool, index_slots, slot_page, keys, device)
             check_layout_bytes(layout, requests)
         model_dtype = getattr(torch, model.dtype)
 
@@ -360,6 +286,10 @@ class DSATokenToKVPool(MLATokenToKVPool):
                 draft=draft,
                 layout=layout,
                 index=index,
+                index_size=None if drafted else index_size,
+                index_layers=None if drafted else keyed,
+                tail_rows=0 if drafted else tail_rows,
+                tail_width=tail_width,
             )
 
         draft = None
@@ -391,7 +321,10 @@ class DSATokenToKVPool(MLATokenToKVPool):
         return tensor_nbytes(self.index_k_with_scale_buffer, self.index_k_buffer, self.index_k_scale_buffer, remote)
 
     def _own_nbytes_by_pool(self) -> dict[str, int]:
-        return {self.name: self.latent_nbytes(), self.index_name: self.index_nbytes()}
+        measured = {self.name: self.latent_nbytes(), self.index_name: self.index_nbytes()}
+        if self.index_tails:
+            measured[INDEX_TAIL_POOL] = tensor_nbytes(self.index_tails)
+        return measured
 
     # -- indexer keys --------------------------------------------------------
 
@@ -522,38 +455,38 @@ class DSATokenToKVPool(MLATokenToKVPool):
 
     def _index_columns(self, loc: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(page, key byte columns, scale byte columns) of every slot: the paged layout, vectorised."""
+        if self.index.kpool != 1:
+            raise ValueError(
+                f"The {self.index_name!r} pool holds pooled index keys (index_kpool {self.index.kpool}, one key per "
+                f"{self.index.kpool} tokens, SGLang's IndexerKPool writes them): kvpools allocates them but does not "
+                "read or write them per token."
+            )
         page = self.page_size
         loc = loc.long()
         pages = (loc // page).unsqueeze(1)
         offset = (loc % page).unsqueeze(1)
         key_cols = offset * self.index_head_dim + torch.arange(self.index_head_dim, device=loc.device)
-        scale_bytes = self.index_scales * _SCALE_BYTES
+        scale_bytes = self.index_scales * INDEX_SCALE_BYTES
         scale_cols = page * self.index_head_dim + offset * scale_bytes + torch.arange(scale_bytes, device=loc.device)
         return pages, key_cols, scale_cols
 
 
-def index_request(
-    pool: str, size: int, page_size: int, index_row: int, layers: Sequence[int], device: str | torch.device
-) -> BufferRequest:
-    """The indexer's request: per layer, ``(pages, page_size × index row)`` uint8 (its rows are pages)."""
-    return BufferRequest(
-        pool=pool,
-        role="index_k",
-        rows=index_pages(size, page_size),
-        page_size=page_size,
-        layers=layers,
-        row_shape=(page_size * index_row,),
-        dtype=torch.uint8,
-        device=device,
+def _tail_geometry(plan: Plan, num_index_layers: int) -> tuple[int, int]:
+    """(rows, width) of the kpool-compress tails the plan charged, ``(0, 0)`` without them; refuses other bytes.
+
+    SGLang allocates ``max_running_requests + 1`` rows of ``index_kpool + draft tokens`` per index layer, twice.
+    """
+    per_request = index_tail_bytes_per_request(plan.model, plan.serving, num_index_layers)
+    if not per_request:
+        return 0, 0
+    rows = plan.max_running_requests + 1
+    width = per_request // (
+        2 * num_index_layers * int(plan.model.layers[0].params["index_head_dim"]) * TAIL_ELEMENT_BYTES
     )
-
-
-def check_index_bytes(plan: Plan, pool: str, size: int, page_size: int, index_row: int, num_layers: int) -> None:
-    """Refuse to build indexer buffers whose bytes differ from the plan's ``pool``."""
-    pages = index_pages(size, page_size)
     check_planned_bytes(
-        pool,
-        pages * page_size * index_row * num_layers,
-        plan.pool(pool).bytes,
-        f"{num_layers} layer(s) of {pages} pages × {page_size} tokens × {index_row} B",
+        INDEX_TAIL_POOL,
+        rows * per_request,
+        plan.pool(INDEX_TAIL_POOL).bytes,
+        f"{num_index_layers} layer(s) of 2 x {rows} x {width} bf16 tails",
     )
+    return rows, width

@@ -13,6 +13,13 @@ DeepSeek-V3.2 (``calculate_mla_kv_cache_dim``), unless a TRTLLM DSA backend
 still charges 576 for it, so ``--accounting sglang`` keeps that figure and
 the exact accounting charges the 656 bytes the pool stores.
 
+SGLang 0.5.23's other indexer rules: IndexShare layers (``dsa_layer_skips_topk``, :mod:`.indexshare`)
+hold no index keys where ``_should_elide_dsa_index_k`` holds; ``index_kpool`` pages store ``132 / kpool``
+B per token with a kernel page of ``page // kpool`` (and per-request tails with ``index_kpool_compress``);
+under DCP the index buffer holds ``(S + P) x dcp - P`` slots; HiSparse (:mod:`.hisparse`) sizes the index
+keys for ``S x host_to_device_ratio`` logical slots.  SGLang's configurator (ref-002) charges none of these,
+so ``--accounting sglang`` keeps its count.  GLM5-Next, LongCat-Flash and HYV4 DSA models are refused by name.
+
 The indexer part is named :data:`INDEX_PART`, which tells the core's DSA
 store to build CUDA's pages (``kvpools_core.pools.dsa.PAGED_INDEX_PART``); a
 platform that stores the keys otherwise rewrites the part by wrapping
@@ -28,21 +35,42 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from kvpools_core import for_architecture, hookimpl
-from kvpools_core.config import MULTIPLIER, ConfigReader, is_deepseek_dsa
+from kvpools_core.config import MULTIPLIER, ConfigReader, first_architecture, is_deepseek_dsa
+from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.indexer import (
     INDEX_EXTRA_SLOTS,
     INDEX_POOL,
+    INDEX_TAIL_POOL,
+    KPOOL_COMPRESS,
+    SKIPS_TOPK,
     dsa_problems,
+    hisparse_ratio,
+    index_layer_count,
     index_row_bytes,
+    index_tail_bytes_per_request,
+    index_token_bytes,
     latent_row,
     layer_split,
     stored_layers,
 )
 from kvpools_core.parts.latent import has_mla_latent, latent_model_spec, sglang_latent_cell
-from kvpools_core.values import CellPart, CellSize, EngineDefault, LayerSpec, ModelSpec, Plan, Serving
+from kvpools_core.values import (
+    REQUEST,
+    Budget,
+    CellPart,
+    CellSize,
+    EngineDefault,
+    LayerSpec,
+    ModelSpec,
+    Plan,
+    PoolSizing,
+    Serving,
+)
 
+from .hisparse import dsa_hisparse_pools, hisparse_problems
+from .indexshare import skips_topk_pattern
 from .traits import architecture_traits as architecture_traits
 from .weights import estimate_weights as estimate_weights
 
@@ -77,6 +105,9 @@ def engine_features() -> dict[str, list[str]]:
 def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
     outer = ConfigReader(config, source)
     reader = outer.text()
+    refusal = unmodelled_dsa_family(outer, source)
+    if refusal:
+        raise UnsupportedCombinationError(refusal)
     if not is_deepseek_dsa(outer) or not has_mla_latent(reader):
         return None
     indexer = {
@@ -85,8 +116,50 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
         "index_n_heads": reader.integer("index_n_heads", 0, minimum=0),
     }
     spec = latent_model_spec(config, source, architecture=ARCHITECTURE, kind="dsa", layer_params=indexer)
+    skips = skips_topk_pattern(outer, spec.num_layers)
+    if any(skips):  # IndexShare: these layers reuse another layer's top-k (SGLang's dsa_layer_skips_topk)
+        layers = [
+            attrs.evolve(layer, params={**layer.params, SKIPS_TOPK: True}) if skip else layer
+            for layer, skip in zip(spec.layers, skips, strict=True)
+        ]
+        spec = attrs.evolve(spec, layers=layers)
+    params = dict(spec.params)
     kpool = outer.optional_integer(INDEX_KPOOL, limit=MULTIPLIER)
-    return spec if kpool is None else attrs.evolve(spec, params={**spec.params, INDEX_KPOOL: kpool})
+    if kpool is not None:
+        params[INDEX_KPOOL] = kpool
+    if outer.boolean(KPOOL_COMPRESS, False):  # get_dsa_index_kpool_compress (absent: False)
+        params[KPOOL_COMPRESS] = True
+    return spec if params == dict(spec.params) else attrs.evolve(spec, params=params)
+
+
+UNMODELLED_FAMILIES: dict[str, str] = {
+    "Glm5NextForConditionalGeneration": (
+        "GLM5-Next's DSA layers beside its KDA linear-attention layers (SGLang builds a HybridLinearKVPool with "
+        "use_dsa: index keys on the full-attention layers, kv_cache_configurator._build_hybrid_linear_kv_pool)"
+    ),
+    "LongcatFlashForCausalLM": (
+        "LongCat-Flash's DSA (two attention blocks per decoder layer, index keys shared every cli_factor layers)"
+    ),
+    "HYV4ForCausalLM": (
+        "HYV4's DSA (configs/hy_v4.py fills index_topk 2048, indexer_types and layer_types when config.json omits them)"
+    ),
+}
+"""Architectures SGLang 0.5.23's ``is_deepseek_dsa`` names whose DSA pools kvpools does not plan yet (their
+``...NextN`` draft variants too); Dots3-Note's DSA full layers are the ``swa`` plugin's (hybrid MLA-SWA)."""
+
+
+def unmodelled_dsa_family(outer: ConfigReader, source: str) -> str | None:
+    """The refusal for a DSA model of a family kvpools does not plan (so no plugin plans it without its index
+    keys), or None.  HYV4 is DSA whatever its config.json says (``HYV4Config`` defaults ``index_topk``)."""
+    first = first_architecture(outer)
+    family = (first or "").removesuffix("NextN")
+    if family not in UNMODELLED_FAMILIES or not (family == "HYV4ForCausalLM" or is_deepseek_dsa(outer)):
+        return None
+    return (
+        f"{source} ({first}) is a DeepSeek sparse attention model to SGLang 0.5.23 (is_deepseek_dsa), but kvpools "
+        f"does not model {UNMODELLED_FAMILIES[family]} yet: planning it without its index keys would promise more "
+        "tokens than SGLang allocates."
+    )
 
 
 @hookimpl
@@ -121,17 +194,7 @@ def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] |
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
-    problems = dsa_problems(model, serving)
-    if serving.enable_hisparse:
-        # SGLang runs it (engine_features above), with other pools: planning it as without would over-promise
-        problems.append(
-            f"kvpools does not model {option('enable_hisparse')} on DeepSeek sparse attention yet: SGLang 0.5.23 "
-            "then keeps the latent rows of the device tokens but an index-key cache, a logical allocator and an "
-            "int64 device mapping sized by host_to_device_ratio (mem_cache/hisparse_memory_pool.py, "
-            f"allocator/hisparse.py), which this plan would leave out. Drop {option('enable_hisparse')} to plan "
-            "without it."
-        )
-    return problems
+    return dsa_problems(model, serving) + hisparse_problems(model, serving)
 
 
 @hookimpl
@@ -158,6 +221,35 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing | None:
+    """HiSparse's pools (:mod:`.hisparse`); without HiSparse the core's default sizing."""
+    if not serving.enable_hisparse:
+        return None
+    return dsa_hisparse_pools(model, serving, cell, budget, owner=ARCHITECTURE)
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | None:
+    """HiSparse's logical and device allocators and their mapping (:mod:`.hisparse_allocator`); else the core's."""
+    serving = plan.serving
+    if not serving.enable_hisparse:
+        return None
+    from kvpools_core.pools.hisparse import HiSparseAllocator
+
+    return HiSparseAllocator(
+        plan.max_total_num_tokens,
+        serving.page_size,
+        hisparse_ratio(serving),
+        device=device,
+        kvcache=pool,
+        need_sort=serving.disaggregation_mode != "null",
+        checked=checked,
+    )
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def host_mirrors(plan: Plan) -> dict[str, str | None] | None:
     """SGLang's DSA host pools: the latent rows' own (``MLATokenToKVPoolHost``), and the indexer keys riding on
     its slots in whole pages with slack (``DSAIndexerPoolHost``: ``indexer_page_num = (size + page + 1) // page``,
@@ -180,18 +272,38 @@ def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | No
 def dsa_cell_size(layers: tuple[LayerSpec, ...], model: ModelSpec, serving: Serving) -> CellSize:
     """Latent row + indexer key per stored layer (``ceil(L / cp) + 1`` of them under the cache layer split).
 
+    The index pages store ``132 / index_kpool`` B per token per layer, on the
+    layers whose keys the pool allocates (IndexShare layers none, where SGLang
+    elides them), replicated over the DCP ranks (``slot_scale`` dcp: SGLang's
+    ``(S + P) x dcp - P`` slots) and ``host_to_device_ratio`` times the device
+    tokens under HiSparse (the pool itself is laid out by :mod:`.hisparse`).
+    SGLang's cell (ref-002 lines 193-220) charges 132 B on every stored layer
+    whatever these are.  The kpool-compress tails are paid per request.
+
     ``num_layers`` stays the stage's layer count: SGLang scales the draft's
-    share by it, not by the split's stored layers; the draft keeps every layer,
-    so one draft layer's parts are given explicitly.
+    share by it, not by the split's stored layers; the draft keeps every layer
+    (and every layer's keys), so one draft layer's parts are given explicitly.
     """
     num_layers = len(layers)
     stored = stored_layers(num_layers, serving)
     row = latent_row(model, serving)
-    index_bytes = index_row_bytes(model)
-    sglang = sglang_latent_cell(row.dims, row.kv, stored) + index_bytes * stored
-    parts = [*row.cell_parts(stored), CellPart(INDEX_PART, index_bytes * stored, INDEX_POOL, INDEX_EXTRA_SLOTS)]
+    index_bytes = index_token_bytes(model)
+    indexed = stored if layer_split(serving) else index_layer_count(layers, serving)
+    sglang = sglang_latent_cell(row.dims, row.kv, stored) + index_row_bytes(model) * stored
+    scale = hisparse_ratio(serving) * serving.dcp_size
+    parts = [*row.cell_parts(stored)]
+    if indexed:
+        parts.append(CellPart(INDEX_PART, index_bytes * indexed, INDEX_POOL, INDEX_EXTRA_SLOTS, slot_scale=scale))
+    tails = index_tail_bytes_per_request(model, serving, indexed)
+    if tails:
+        parts.append(CellPart("index_tails", tails, INDEX_TAIL_POOL, unit=REQUEST))
     one_layer = (*row.cell_parts(1), CellPart(INDEX_PART, index_bytes, INDEX_POOL, INDEX_EXTRA_SLOTS))
     notes = []
+    if indexed < stored:
+        notes.append(
+            f"IndexShare: {stored - indexed} of {stored} layer(s) reuse another layer's top-k and hold no index "
+            f"keys (SGLang's skip_topk_layers); SGLang's cell size charges the indexer on all {stored}"
+        )
     if row.packed_fp8:
         notes.append(
             f"{PACKED_ROW_NOTE} {row.row_bytes} B per layer (FlashMLA's packed layout); SGLang's cell size "
@@ -208,6 +320,6 @@ def dsa_cell_size(layers: tuple[LayerSpec, ...], model: ModelSpec, serving: Serv
         parts=parts,
         sglang_bytes_per_token=max(sglang, 1),
         num_layers=num_layers,
-        draft_layer_parts=one_layer if layer_split(serving) else (),
+        draft_layer_parts=one_layer,
         notes=notes,
     )

@@ -23,9 +23,21 @@ from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.options import option
 from kvpools_core.parallel import kv_heads_per_rank, rank_layer_range
 from kvpools_core.parts.attention import attention_cell_size
+from kvpools_core.parts.hisparse import hisparse_ratio
 from kvpools_core.parts.names import INDEX_POOL
-from kvpools_core.values import CellPart, CellSize, EngineDefault, LayerSpec, ModelSpec, Plan, Serving
+from kvpools_core.values import (
+    Budget,
+    CellPart,
+    CellSize,
+    EngineDefault,
+    LayerSpec,
+    ModelSpec,
+    Plan,
+    PoolSizing,
+    Serving,
+)
 
+from .hisparse import dense_parts, m3_hisparse_pools, m3_hisparse_problems
 from .weights import estimate_weights as estimate_weights
 
 if TYPE_CHECKING:
@@ -129,13 +141,10 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
             f"head dims {dims}. Use bf16, fp16 or fp8_e4m3."
         ]
     if serving.enable_hisparse:
-        # SGLang runs it (engine_features above), with other pools: planning it as without would over-promise
-        return [
-            f"kvpools does not model {option('enable_hisparse')} on MiniMax sparse attention yet: SGLang 0.5.23's "
-            "MiniMaxSparseKVPool(enable_hisparse) then sizes its pools for HiSparse's host-backed tokens "
-            f"(mem_cache/memory_pool.py), which this plan would leave out. Drop {option('enable_hisparse')} to plan "
-            "without it."
-        ]
+        start, end = rank_layer_range(model, serving)
+        problems = m3_hisparse_problems(model.layers[start:end], SPARSE, serving)
+        if problems:
+            return problems
     if serving.enable_hierarchical_cache and serving.pp_size > 1:
         return [
             f"{option('enable_hierarchical_cache')} with {option('pp_size')} {serving.pp_size}: SGLang raises "
@@ -213,12 +222,50 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
     layers = model.layers[start:end]
     cell = sparse_cell_size(layers, model, serving)
     last = sparse_cell_size(model.layers[-1:], model, serving)
+    parts = cell.parts
+    if serving.enable_hisparse:  # the dense layers' K/V in a pool of S x r logical slots (.hisparse)
+        dense = tuple(layer for layer in layers if layer.kind == DENSE)
+        sparse = tuple(layer for layer in layers if layer.kind == SPARSE)
+        main = [*attention_cell_size(sparse, model, serving).parts] if sparse else []
+        if dense:
+            main += dense_parts(attention_cell_size(dense, model, serving).parts)
+        parts = (*main, *(part for part in cell.parts if part.pool == INDEX_POOL))
     # The draft (MiniMax-M3's MTP module) is charged as layers shaped like the target's last layer.
     return CellSize(
-        parts=cell.parts,
+        parts=parts,
         sglang_bytes_per_token=max(cell.sglang_bytes_per_token, 1),
         num_layers=len(layers),
         draft_layer_parts=last.parts,
+    )
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing | None:
+    """HiSparse's pools (:mod:`.hisparse`); without HiSparse the core's default sizing."""
+    if not serving.enable_hisparse:
+        return None
+    return m3_hisparse_pools(model, serving, cell, budget, owner=ARCHITECTURE)
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | None:
+    """HiSparse's logical and device allocators and their mapping (SGLang's ``HiSparseTokenToKVPoolAllocator``);
+    else the core's."""
+    serving = plan.serving
+    if not serving.enable_hisparse:
+        return None
+    from kvpools_core.pools.hisparse import HiSparseAllocator
+
+    return HiSparseAllocator(
+        plan.max_total_num_tokens,
+        serving.page_size,
+        hisparse_ratio(serving),
+        device=device,
+        kvcache=pool,
+        need_sort=serving.disaggregation_mode != "null",
+        checked=checked,
     )
 
 

@@ -20,8 +20,11 @@ import torch
 from torch import Tensor
 
 from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.errors import UnsupportedCombinationError
+from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.attention import layer_geometry
+from kvpools_core.parts.hisparse import hisparse_ratio
 from kvpools_core.parts.names import (
     DRAFT_INDEX_POOL,
     DRAFT_KV_POOL,
@@ -35,6 +38,7 @@ from kvpools_core.pools.layout import PER_LAYER, BufferLayout, BufferRequest, al
 from kvpools_core.pools.quant import KVCodec, codec_for
 from kvpools_core.values import LayerSpec, Plan, Serving
 
+from .hisparse import DENSE_KV_POOL
 from .kinds import SPARSE
 
 __all__ = ["MiniMaxSparseKVPool"]
@@ -60,20 +64,29 @@ class MiniMaxSparseKVPool:
         names: tuple[str, str] = (MAIN_POOL, INDEX_POOL),
         draft: MiniMaxSparseKVPool | None = None,
         layout: BufferLayout | None = None,
+        hisparse_ratio: int = 1,
     ) -> None:
+        """``hisparse_ratio`` > 1: SGLang's ``MiniMaxSparseKVPool(enable_hisparse)``: the main K/V holds the
+        sparse layers only (``size + page`` rows), :attr:`dense` the dense layers' (``size x ratio + page``)
+        and the indexer ``size x ratio + page`` rows; each kind must be one contiguous run of layers."""
         self.size = size
         self.page_size = page_size
         self.name, self.index_name = names
         self.draft = draft
         self.model_dtype = model_dtype
+        self._start, self._end = start_layer, start_layer + len(layers)
         rows = size + page_size
+        logical_rows = size * hisparse_ratio + page_size
         layout = layout or PER_LAYER
-        index_requests = self.index_requests(self.index_name, rows, page_size, layers, start_layer, model_dtype, device)
+        index_requests = self.index_requests(
+            self.index_name, logical_rows, page_size, layers, start_layer, model_dtype, device
+        )
         check_layout_bytes(layout, index_requests)  # with the main K/V's, before the first tensor
+        main_layers, main_start, dense_layers, dense_start = split_layers(layers, start_layer, hisparse_ratio)
         self.main = LayerKV(
             rows=rows,
-            layers=layer_geometry(layers, serving),
-            start_layer=start_layer,
+            layers=layer_geometry(main_layers, serving),
+            start_layer=main_start,
             codec=codec,
             device=device,
             read_dtype=model_dtype,
@@ -81,6 +94,20 @@ class MiniMaxSparseKVPool:
             page_size=page_size,
             layout=layout,
         )
+        self.dense: LayerKV | None = None
+        """HiSparse only: the dense layers' K/V for the logical slots (SGLang's ``dense_pool``)."""
+        if dense_layers:
+            self.dense = LayerKV(
+                rows=logical_rows,
+                layers=layer_geometry(dense_layers, serving),
+                start_layer=dense_start,
+                codec=codec,
+                device=device,
+                read_dtype=model_dtype,
+                name=DENSE_KV_POOL,
+                page_size=page_size,
+                layout=layout,
+            )
         index = allocate_by_layer(layout, index_requests)
         self.index_k_buffer: dict[int, Tensor] = dict(sorted(index.get("index_k", {}).items()))
         self.index_v_buffer: dict[int, Tensor] = dict(sorted(index.get("index_v", {}).items()))
@@ -101,7 +128,11 @@ class MiniMaxSparseKVPool:
         size, page = plan.max_total_num_tokens, serving.page_size
         layers = list(model.layers[start:end])
         rows = size + page
-        _check(plan, (MAIN_POOL, INDEX_POOL), layers, serving, codec, rows)
+        ratio = hisparse_ratio(serving)
+        if ratio > 1:
+            _check_hisparse(plan, layers, start, serving, codec, size, ratio)
+        else:
+            _check(plan, (MAIN_POOL, INDEX_POOL), layers, serving, codec, rows)
         draft_layers = None
         drafts = draft_num_layers(plan)
         draft_size, draft_page = draft_pool_geometry(plan, DRAFT_POOL)  # dcp x the target's under DCP
@@ -124,7 +155,32 @@ class MiniMaxSparseKVPool:
                 )
                 return main + cls.index_requests(names[1], slots + slot_page, slot_page, of, first, model_dtype, device)
 
-            check_layout_bytes(layout, requests((MAIN_POOL, INDEX_POOL), layers, start, size, page))
+            if ratio > 1:  # the sparse layers' K/V per device slot; the dense layers' and the indexer per logical one
+                main, main_start, dense, dense_start = split_layers(layers, start, ratio)
+                logical_rows = size * ratio + page
+                wanted = LayerKV.buffer_requests(
+                    name=MAIN_POOL,
+                    rows=size + page,
+                    layers=layer_geometry(main, serving),
+                    start_layer=main_start,
+                    codec=codec,
+                    device=device,
+                    page_size=page,
+                )
+                if dense:
+                    wanted += LayerKV.buffer_requests(
+                        name=DENSE_KV_POOL,
+                        rows=logical_rows,
+                        layers=layer_geometry(dense, serving),
+                        start_layer=dense_start,
+                        codec=codec,
+                        device=device,
+                        page_size=page,
+                    )
+                wanted += cls.index_requests(INDEX_POOL, logical_rows, page, layers, start, model_dtype, device)
+                check_layout_bytes(layout, wanted)
+            else:
+                check_layout_bytes(layout, requests((MAIN_POOL, INDEX_POOL), layers, start, size, page))
             if draft_layers is not None:
                 check_layout_bytes(
                     layout, requests((DRAFT_POOL, DRAFT_INDEX_POOL), draft_layers, 0, draft_size, draft_page)
@@ -154,6 +210,7 @@ class MiniMaxSparseKVPool:
             model_dtype=model_dtype,
             draft=draft,
             layout=layout,
+            hisparse_ratio=ratio,
         )
 
     @staticmethod
@@ -201,15 +258,15 @@ class MiniMaxSparseKVPool:
 
     @property
     def start_layer(self) -> int:
-        return self.main.start_layer
+        return self._start
 
     @property
     def end_layer(self) -> int:
-        return self.main.end_layer
+        return self._end
 
     @property
     def layer_num(self) -> int:
-        return self.main.layer_num
+        return self._end - self._start
 
     @property
     def sparse_layer_ids(self) -> list[int]:
@@ -222,6 +279,8 @@ class MiniMaxSparseKVPool:
     def nbytes_by_pool(self) -> dict[str, int]:
         """Measured bytes per plan pool name: ``kv``, ``indexer`` (if any sparse layer) and the draft's."""
         measured = {self.name: self.main.nbytes}
+        if self.dense is not None:
+            measured[DENSE_KV_POOL] = self.dense.nbytes
         if self.index_k_buffer:
             measured[self.index_name] = tensor_nbytes(
                 list(self.index_k_buffer.values()), list(self.index_v_buffer.values())
@@ -233,19 +292,27 @@ class MiniMaxSparseKVPool:
     # -- main K/V ------------------------------------------------------------
 
     def get_key_buffer(self, layer_id: int) -> Tensor:
-        return self.main.get_key_buffer(layer_id)
+        return self._kv(layer_id).get_key_buffer(layer_id)
 
     def get_value_buffer(self, layer_id: int) -> Tensor:
-        return self.main.get_value_buffer(layer_id)
+        return self._kv(layer_id).get_value_buffer(layer_id)
 
     def get_kv_buffer(self, layer_id: int) -> tuple[Tensor, Tensor]:
-        return self.main.get_key_buffer(layer_id), self.main.get_value_buffer(layer_id)
+        kv = self._kv(layer_id)
+        return kv.get_key_buffer(layer_id), kv.get_value_buffer(layer_id)
 
     def set_kv_buffer(self, layer_id: int, loc: Tensor, cache_k: Tensor, cache_v: Tensor) -> None:
-        self.main.set_kv_buffer(layer_id, loc, cache_k, cache_v)
+        self._kv(layer_id).set_kv_buffer(layer_id, loc, cache_k, cache_v)
 
     def get_kv(self, layer_id: int, loc: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
-        return self.main.get_kv(layer_id, loc, dtype)
+        return self._kv(layer_id).get_kv(layer_id, loc, dtype)
+
+    def _kv(self, layer_id: int) -> LayerKV:
+        """The K/V store of ``layer_id``: the dense layers' under HiSparse, else the main one."""
+        dense = self.dense
+        if dense is not None and dense.start_layer <= layer_id < dense.end_layer:
+            return dense
+        return self.main
 
     # -- indexer -------------------------------------------------------------
 
@@ -281,22 +348,76 @@ class MiniMaxSparseKVPool:
 
 
 def _check(
-    plan: Plan, names: tuple[str, str], layers: list[LayerSpec], serving: Serving, codec: KVCodec, rows: int
+    plan: Plan,
+    names: tuple[str, str],
+    layers: list[LayerSpec],
+    serving: Serving,
+    codec: KVCodec,
+    rows: int,
+    *,
+    index_layers: list[LayerSpec] | None = None,
 ) -> None:
+    """Refuse K/V (of ``layers``; none checked when empty) or indexer bytes (of ``index_layers``, default
+    ``layers``) that differ from the plan's pools."""
     main, index = names
-    check_planned_bytes(
-        main,
-        LayerKV.planned_nbytes(rows, layer_geometry(layers, serving), codec),
-        plan.pool(main).bytes,
-        f"{len(layers)} layer(s), {rows} rows",
-    )
+    if layers:
+        check_planned_bytes(
+            main,
+            LayerKV.planned_nbytes(rows, layer_geometry(layers, serving), codec),
+            plan.pool(main).bytes,
+            f"{len(layers)} layer(s), {rows} rows",
+        )
     item = torch.empty((), dtype=getattr(torch, plan.model.dtype)).element_size()
     index_bytes = sum(
         rows * int(layer.params["index_head_dim"]) * item * (2 if layer.params["index_value"] else 1)
-        for layer in layers
+        for layer in (layers if index_layers is None else index_layers)
         if layer.kind == SPARSE
     )
     if index_bytes or any(p.name == index for p in plan.pools):
         check_planned_bytes(
             index, index_bytes, plan.pool(index).bytes, f"indexer of {len(layers)} layer(s), {rows} rows"
         )
+
+
+def split_layers(
+    layers: list[LayerSpec], start_layer: int, hisparse_ratio: int
+) -> tuple[list[LayerSpec], int, list[LayerSpec], int]:
+    """(main layers, their first id, dense layers, their first id): all layers in the main store without HiSparse;
+    with it the sparse layers there and the dense ones apart, each one contiguous run of ids."""
+    if hisparse_ratio <= 1:
+        return layers, start_layer, [], start_layer
+    sparse = [start_layer + i for i, layer in enumerate(layers) if layer.kind == SPARSE]
+    dense = [start_layer + i for i, layer in enumerate(layers) if layer.kind != SPARSE]
+    for ids in (sparse, dense):
+        if ids and ids != list(range(ids[0], ids[0] + len(ids))):
+            raise UnsupportedCombinationError(
+                f"kvpools builds {option('enable_hisparse')} on MiniMax sparse attention when the stage's sparse "
+                f"layers and its dense layers are each one contiguous run; this stage's are {sparse} and {dense}. "
+                "`kvpools plan` gives its pools."
+            )
+    main = [layers[i - start_layer] for i in sparse]
+    rest = [layers[i - start_layer] for i in dense]
+    return main, sparse[0] if sparse else start_layer, rest, dense[0] if dense else start_layer
+
+
+def _check_hisparse(
+    plan: Plan, layers: list[LayerSpec], start: int, serving: Serving, codec: KVCodec, size: int, ratio: int
+) -> None:
+    """Refuse a HiSparse build whose K/V or indexer bytes differ from the plan's pools."""
+    page = serving.page_size
+    main, _, dense, _ = split_layers(layers, start, ratio)
+    check_planned_bytes(
+        MAIN_POOL,
+        LayerKV.planned_nbytes(size + page, layer_geometry(main, serving), codec),
+        plan.pool(MAIN_POOL).bytes,
+        f"{len(main)} sparse layer(s), {size + page} rows",
+    )
+    logical_rows = size * ratio + page
+    if dense:
+        check_planned_bytes(
+            DENSE_KV_POOL,
+            LayerKV.planned_nbytes(logical_rows, layer_geometry(dense, serving), codec),
+            plan.pool(DENSE_KV_POOL).bytes,
+            f"{len(dense)} dense layer(s), {logical_rows} rows",
+        )
+    _check(plan, (MAIN_POOL, INDEX_POOL), [], serving, codec, logical_rows, index_layers=layers)

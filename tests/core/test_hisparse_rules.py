@@ -53,15 +53,23 @@ def test_hisparse_with_the_radix_cache_on_is_refused(model: str) -> None:
     assert "Hierarchical sparse attention currently requires --disable-radix-cache" in str(caught.value)
 
 
-@pytest.mark.parametrize("model", ["deepseek-v3.2", "minimax-m3"])
-def test_hisparse_where_sglang_accepts_it_is_refused_as_not_modelled(model: str) -> None:
-    """The radix cache off by the flag, or on a PD decode node (SGLang resolves it off there before validating):
-    SGLang starts, with pools kvpools does not model yet on DSA and MiniMax-M3 (issue 32) — refused by name,
-    never planned as if HiSparse were off."""
-    for serving in (HISPARSE, Serving(enable_hisparse=True, disaggregation_mode="decode")):
-        with pytest.raises(UnsupportedCombinationError, match="kvpools does not model enable_hisparse") as caught:
-            plan(model, serving, memory=80 * GiB)
-        assert "radix" not in str(caught.value)  # SGLang's own checks passed
+@pytest.mark.parametrize(("model", "tp"), [("deepseek-v3.2", 1), ("minimax-m3", 4)])
+def test_hisparse_on_a_pd_decode_node_is_refused_as_not_modelled(model: str, tp: int) -> None:
+    """SGLang's checks pass on a decode node (it resolves the radix cache off there before validating); kvpools
+    plans HiSparse only colocated (``tests/dsa/test_dsa_hisparse.py``,
+    ``tests/minimax_sparse/test_minimax_hisparse.py``) and refuses the decode node by name, never planning it as if
+    HiSparse were off."""
+    serving = Serving(tp_size=tp, enable_hisparse=True, disaggregation_mode="decode")
+    with pytest.raises(UnsupportedCombinationError, match="kvpools does not model enable_hisparse with") as caught:
+        plan(model, serving, memory=80 * GiB)
+    assert "radix" not in str(caught.value)  # SGLang's own checks passed
+
+
+@pytest.mark.parametrize(("model", "tp"), [("deepseek-v3.2", 1), ("minimax-m3", 4)])
+def test_hisparse_where_sglang_accepts_it_is_planned(model: str, tp: int) -> None:
+    """With the radix cache off SGLang starts; kvpools plans its HiSparse pools (a logical token space)."""
+    got = plan(model, Serving(tp_size=tp, enable_hisparse=True, disable_radix_cache=True), memory=80 * GiB)
+    assert got.sizing.token_counts["hisparse_logical"] == 2 * got.max_total_num_tokens
 
 
 def _registry(*impls: Any) -> Registry:

@@ -39,11 +39,11 @@ sgl-project/sglang @ 003fca80, ``NPUMLATokenToKVPool.__init__``):
   the unpacked row and no index scales — the ``a2`` bytes;
 * the compact subset drops exactly the layers that reuse another layer's
   top-k (``index_topk_freq`` / ``index_skip_topk_offset`` /
-  ``index_topk_pattern`` / ``indexer_types``).  kvpools' DSA model reads
-  none of those fields (the DSA plugin plans every layer's indexer on CUDA
-  too, where SGLang passes ``skip_topk_layers``), so every layer computes
-  top-k and the subset is every stage layer: the draft worker's full set and
-  the compact set coincide;
+  ``index_topk_pattern`` / ``indexer_types``), which the DSA plugin reads
+  (``skips_topk`` layer params) and drops on CUDA where SGLang passes
+  ``skip_topk_layers``: on arch35 the plan keeps CUDA's count of index
+  layers, before arch35 (no compact layout) every stage layer's, and the
+  draft worker every layer's;
 * ``--plugin-option ascend.npu_quant_lightning_indexer=true`` (arch35, fp8
   KV, ``index_head_dim`` 128: the pool's own preconditions) models a pool
   built with that flag, which the reference builder never sets: the latent
@@ -71,7 +71,15 @@ from kvpools_ascend.names import PLATFORM
 from kvpools_core import hookimpl
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.options import option
-from kvpools_core.parts.indexer import index_row_bytes, layer_split
+from kvpools_core.parallel import rank_layer_range
+from kvpools_core.parts.indexer import (
+    SKIPS_TOPK,
+    elides_index_k,
+    index_layer_count,
+    index_row_bytes,
+    index_token_bytes,
+    layer_split,
+)
 from kvpools_core.parts.latent import model_dims
 from kvpools_core.values import CellPart, CellSize, ModelSpec, Serving
 
@@ -215,16 +223,22 @@ def npu_dsa_cell(cell: CellSize, model: ModelSpec, serving: Serving) -> CellSize
     dims = model_dims(model)
     index_dim = int(model.layers[0].params["index_head_dim"])
     cuda_index, npu_index = index_row_bytes(model), index_dim * kv.element_bytes
+    start, end = rank_layer_range(model, serving)
+    compact = soc(serving) == ARCH35 and elides_index_k(serving)  # _build_ascend_mla_kv_pool's indexer_layer_ids
     quantised = quant_lightning_indexer(serving)
     packed_pools = {part.pool for part in cell.parts if part.name.endswith(PACKED_SCALE_PART)}
     unpacked_pools = set() if quantised else packed_pools
 
-    def rewrite(parts: Iterable[CellPart]) -> tuple[CellPart, ...]:
+    def rewrite(parts: Iterable[CellPart], every: int | None) -> tuple[CellPart, ...]:
+        """``every``: the layers whose keys the target's NPU pool keeps (None: one draft layer's parts)."""
         out = []
         for part in parts:
             if part.name.endswith(PAGED_INDEX_PART):
-                layers = part.bytes_per_token // cuda_index
                 prefix = part.name[: -len(PAGED_INDEX_PART)]
+                # CUDA's count (IndexShare layers dropped where SGLang drops them) is arch35's compact count and
+                # the draft's; before arch35 the NPU pool keeps every layer's keys
+                counted = part.bytes_per_token // index_token_bytes(model)
+                layers = counted if prefix or compact or every is None else every
                 out.append(
                     attrs.evolve(part, name=prefix + INDEX_ROWS_PART, bytes_per_token=layers * npu_index, extra_slots=0)
                 )
@@ -253,8 +267,16 @@ def npu_dsa_cell(cell: CellSize, model: ModelSpec, serving: Serving) -> CellSize
         f", where CUDA stores {cuda_index} B (fp8 keys and an fp32 scale packed per page, (S + P + 1) // P pages); "
         f"--accounting sglang keeps SGLang's CUDA cell"
     )
-    if soc(serving) == ARCH35:
-        note += "; kvpools models no top-k sharing between layers, so arch35's compact indexer layers are all of them"
+    shared = sum(bool(layer.params.get(SKIPS_TOPK)) for layer in model.layers[start:end])
+    if compact and not shared:
+        note += "; no layer shares top-k (IndexShare), so arch35's compact indexer layers are all of them"
+    elif shared:
+        note += (
+            f"; arch35's compact indexer layers: {index_layer_count(model.layers[start:end], serving)} of "
+            f"{end - start} (IndexShare)"
+            if compact
+            else "; every layer keeps its index keys (SGLang's NPU pool drops IndexShare layers on arch35 only)"
+        )
     if unpacked_pools:
         note += (
             f"; the fp8 latent unpacked, {dims.kv_lora_rank} + {dims.qk_rope_head_dim} B per layer "
@@ -270,7 +292,7 @@ def npu_dsa_cell(cell: CellSize, model: ModelSpec, serving: Serving) -> CellSize
     keep_packed_note = quantised and bool(packed_pools)
     return attrs.evolve(
         cell,
-        parts=rewrite(cell.parts),
-        draft_layer_parts=rewrite(cell.draft_layer_parts),
+        parts=rewrite(cell.parts, cell.num_layers),
+        draft_layer_parts=rewrite(cell.draft_layer_parts, None),
         notes=(*(n for n in cell.notes if keep_packed_note or not n.startswith(PACKED_ROW_NOTE)), note),
     )

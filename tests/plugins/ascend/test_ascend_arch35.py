@@ -245,3 +245,17 @@ def test_the_cli_builds_the_arch35_quantised_pool(kvpools_exe: str, cli_env: dic
     summary = json.loads(out.stdout)
     assert summary["allocated_by_pool"] == summary["planned_by_pool"]
     assert summary["planned_by_pool"]["indexer"] == 10350878208
+
+
+# -- IndexShare on the NPU: arch35 drops the shared layers' keys, a2 keeps every layer's ----------------------------
+
+
+@pytest.mark.parametrize(("options", "layers"), [({}, 78), (ARCH35, 21)], ids=["a2", "arch35"])
+def test_indexshare_on_ascend(options: dict[str, Any], layers: int) -> None:
+    """GLM-5.2 (57 of 78 layers share top-k): ``_build_ascend_mla_kv_pool`` passes the compact
+    ``indexer_layer_ids`` on arch35 only (``000_*.txt`` ~lines 1566-1578); the pool then keeps 256 B (bf16) rows
+    for those layers, every layer's before arch35.  The build allocates what the plan says."""
+    planned = _ascend(options, model="glm-5.2")
+    assert ("index_k", layers * 256, "indexer", 0) in _parts(planned)
+    assert _pools(planned)["indexer"] == (planned.max_total_num_tokens + PAGE) * layers * 256
+    assert build(planned, "meta").allocated_by_pool() == _pools(planned)
