@@ -81,6 +81,9 @@ EAGLE = (
     "8",
 )
 VLLM = (*LLAMA, "--accounting", "vllm")
+TRTLLM = (*LLAMA, "--accounting", "trtllm")
+GPT_OSS_TRTLLM = ("gpt-oss-20b", "--memory", "20GiB", "--accounting", "trtllm")
+GPT_OSS_VSWA = (*GPT_OSS_TRTLLM, "--max_attention_window", "128,131072")
 DECODE = (*LLAMA, "--max-running-requests", "16", "--disaggregation-mode", "decode")
 PP2 = (*LLAMA, "--pp-size", "2", "--pp-layer-partition", "10,22")
 OUTPUT = "output only: the same plan, printed another way"
@@ -272,6 +275,30 @@ EVIDENCE: dict[str, Evidence] = {
         (*VLLM, "--kv-offloading-size", "10", "--host-memory", "256GiB", "--kv-offloading-backend", "lmcache"),
         "Plan with --kv-offloading-backend native",
     ),
+    "runtime_profile": Changes(
+        ("llama-3.1-8b", "--gpu", "h100", "--accounting", "vllm"),
+        ("llama-3.1-8b", "--gpu", "h100", "--accounting", "vllm", "--runtime-profile", "0.19"),
+    ),
+    # -- TensorRT-LLM's accounting (refused without it: tests/trtllm)
+    "kv_cache_free_gpu_memory_fraction": Changes(TRTLLM, (*TRTLLM, "--kv_cache_free_gpu_memory_fraction", "0.5")),
+    "tokens_per_block": Changes(TRTLLM, (*TRTLLM, "--tokens_per_block", "64")),
+    "max_seq_len": Changes(TRTLLM, (*TRTLLM, "--max_seq_len", "4096")),
+    "max_tokens": Changes(TRTLLM, (*TRTLLM, "--max_tokens", "8192")),
+    "max_gpu_total_bytes": Changes(GPT_OSS_VSWA, (*GPT_OSS_VSWA, "--max_gpu_total_bytes", "1073741824")),
+    "max_attention_window": Changes(GPT_OSS_TRTLLM, GPT_OSS_VSWA),
+    "window_size_shares": Changes(GPT_OSS_VSWA, (*GPT_OSS_VSWA, "--window_size_shares", "0.25,0.75")),
+    "host_cache_size": Changes(TRTLLM, (*TRTLLM, "--host_cache_size", "1073741824")),
+    "enable_attention_dp": Changes((*TRTLLM, "--tp-size", "4"), (*TRTLLM, "--tp-size", "4", "--enable_attention_dp")),
+    "max_batch_size": NoMemory(
+        "TensorRT-LLM sizes its KV cache from the memory left free after its warm-up run (`--memory` under "
+        "`--accounting trtllm`), so the warm-up's batch does not change it; it caps the requests scheduled at once "
+        "and is carried into the `trtllm-serve` line. (kvpools does not model the warm-up's peak: a `--gpu` plan "
+        "says it is an upper bound.)"
+    ),
+    "max_num_tokens": NoMemory(
+        "As `--max_batch_size`: the warm-up's token budget, not the KV cache's size once the free memory after it "
+        "is given; carried into the `trtllm-serve` line."
+    ),
     # -- the capacity question
     "contexts": Changes(("llama-3.1-8b", "--memory", "20GiB"), (*LLAMA, "--context", "1024"), command="capacity"),
     "requests": Changes(("llama-3.1-8b", "--memory", "20GiB"), (*LLAMA, "--requests", "64"), command="capacity"),
@@ -376,6 +403,8 @@ def _memory(command: str, args: tuple[str, ...]) -> Any:
         return {key: value for key, value in data.items() if key not in ("model", "notes")}  # flags: the advice
     if "vllm" in data:
         data = data["vllm"]
+    if data.get("accounting") == "trtllm":  # its echoed options are not memory: the pools and what they publish
+        return {key: data[key] for key in ("pools", "kv_cache_capacity", "max_kv_tokens", "ranks")}
     return {key: data.get(key) for key in MEMORY_KEYS} if "max_total_num_tokens" in data else data
 
 

@@ -25,9 +25,9 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from kvpools_core import Serving  # noqa: E402
-from kvpools_core import distributed as kv_distributed  # noqa: E402
 from kvpools_core.errors import ConfigError, KvpoolsError  # noqa: E402
 from kvpools_core.models import load_model  # noqa: E402
+from kvpools_core.planning import distributed as kv_distributed  # noqa: E402
 from kvpools_core.registry import get_registry  # noqa: E402
 
 GiB = 1 << 30
