@@ -81,6 +81,8 @@ EAGLE = (
     "8",
 )
 VLLM = (*LLAMA, "--accounting", "vllm")
+TRT = (*LLAMA, "--accounting", "trtllm")
+TRT_OSS = ("gpt-oss-120b", "--memory", "40GiB", "--accounting", "trtllm")
 DECODE = (*LLAMA, "--max-running-requests", "16", "--disaggregation-mode", "decode")
 PP2 = (*LLAMA, "--pp-size", "2", "--pp-layer-partition", "10,22")
 OUTPUT = "output only: the same plan, printed another way"
@@ -272,6 +274,25 @@ EVIDENCE: dict[str, Evidence] = {
         (*VLLM, "--kv-offloading-size", "10", "--host-memory", "256GiB", "--kv-offloading-backend", "lmcache"),
         "Plan with --kv-offloading-backend native",
     ),
+    "runtime_profile": Changes(
+        ("llama-3.1-8b", "--gpu", "h100", "--accounting", "vllm"),
+        ("llama-3.1-8b", "--gpu", "h100", "--accounting", "vllm", "--runtime-profile", "0.19"),
+    ),
+    # -- TensorRT-LLM's accounting (refused without it: tests/trtllm/test_cli_trtllm.py)
+    "kv_cache_free_gpu_memory_fraction": Changes(TRT, (*TRT, "--kv_cache_free_gpu_memory_fraction", "0.8")),
+    "max_batch_size": Changes(TRT, (*TRT, "--max_batch_size", "16")),
+    "max_num_tokens": Changes(TRT, (*TRT, "--max_num_tokens", "4096")),
+    "tokens_per_block": Changes(TRT, (*TRT, "--tokens_per_block", "64")),
+    "max_seq_len": Changes(TRT, (*TRT, "--max_seq_len", "4096")),
+    "max_tokens": Changes(TRT, (*TRT, "--max_tokens", "10000")),
+    "max_gpu_total_bytes": Changes(TRT, (*TRT, "--max_gpu_total_bytes", "5GiB")),
+    "max_attention_window": Changes(TRT_OSS, (*TRT_OSS, "--max_attention_window", "128,131072")),
+    "window_size_shares": Changes(
+        (*TRT_OSS, "--max_attention_window", "128,131072"),
+        (*TRT_OSS, "--max_attention_window", "128,131072", "--window_size_shares", "0.5,0.5"),
+    ),
+    "host_cache_size": Changes(TRT, (*TRT, "--host_cache_size", "10GiB")),
+    "enable_attention_dp": Changes((*TRT, "--tp-size", "4"), (*TRT, "--tp-size", "4", "--enable_attention_dp")),
     # -- the capacity question
     "contexts": Changes(("llama-3.1-8b", "--memory", "20GiB"), (*LLAMA, "--context", "1024"), command="capacity"),
     "requests": Changes(("llama-3.1-8b", "--memory", "20GiB"), (*LLAMA, "--requests", "64"), command="capacity"),
