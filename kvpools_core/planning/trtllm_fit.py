@@ -136,7 +136,13 @@ def fit_trtllm(
         raise ConfigError(f"{o('max_gpus')} must be between 1 and {MAX_GPUS:,}, got {max_gpus}.")
     if (gpu is None) == (gpu_memory is None):
         raise ConfigError(f"Give one of {o('gpu')} NAME or {o('gpu_memory')} SIZE.")
-    chosen = gpu if isinstance(gpu, GPU) else find_gpu(gpu) if gpu is not None else custom_gpu(gpu_memory)
+    if isinstance(gpu, GPU):
+        chosen = gpu
+    elif gpu is not None:
+        chosen = find_gpu(gpu)
+    else:
+        assert gpu_memory is not None
+        chosen = custom_gpu(gpu_memory)
     registry = get_registry()
     spec, _ = load_model(model, registry)
     if context_len > spec.context_len:

@@ -37,6 +37,10 @@ def _callable(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> Non
         raise InvalidValueError(f"Engine.{attribute.name} must be callable, got {type(value).__name__}.")
 
 
+def _read_only(value: Mapping[str, str]) -> Mapping[str, str]:
+    return MappingProxyType(dict(value))
+
+
 @attrs.frozen(kw_only=True)
 class EngineCapacity:
     """What one engine's plan holds on one rank (the first pipeline stage's), in the terms every engine shares:
@@ -75,7 +79,7 @@ class Engine:
     summary: str
     docs: str
     distribution: str = "kvpools"
-    over_budget: Mapping[str, str] = attrs.field(factory=dict, converter=lambda value: MappingProxyType(dict(value)))
+    over_budget: Mapping[str, str] = attrs.field(factory=dict, converter=_read_only)
     """Accountings whose ``kv_bytes`` may exceed ``budget_bytes`` -> why (the engine's own arithmetic does so);
     for every other accounting the conformance kit checks that the KV cache fits its budget."""
 
