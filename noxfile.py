@@ -23,6 +23,8 @@ nox.options.error_on_missing_interpreters = True
 
 CONSTRAINTS = ("-c", "constraints.txt")
 EXAMPLE_PLUGIN = "./tests/plugins/example"
+TOY_ENGINE = "./tests/engines/toy"
+"""A third party's engine accounting (``--accounting toy``), installed as its own distribution like the example."""
 VENDOR_PLUGINS = ("./plugins/kvpools-rocm", "./plugins/kvpools-ascend")
 
 
@@ -36,6 +38,8 @@ PLATFORM_PLUGINS = ("cpu", "cuda", "ascend", "rocm")
 """The platform plugins the conformance suite proves on their own (traits, declines, builds, no torch to plan)."""
 EXAMPLE_CONFORMANCE = {"example": "toy-latent.json", "example_parts": "toy-hybrid.json"}
 """The example distribution's plugins and the config each is proven on."""
+ENGINES = ("sglang", "vllm", "trtllm", "toy")
+"""The engines the engine conformance suite (``--kvpools-conformance-engine``) runs on: the built-ins and the toy."""
 CLA_TUTORIAL = "./tutorials/architecture-plugin"
 XPU_TUTORIAL = "./tutorials/platform-plugin"
 """The tutorials' distributions (docs/tutorials/): CI installs and runs them, so the pages cannot rot."""
@@ -43,9 +47,10 @@ XPU_TUTORIAL = "./tutorials/platform-plugin"
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The test suite, with the example plugin and the vendor platforms installed as separate distributions,
-    then the conformance suite (``pytest --kvpools-conformance``) on every built-in architecture, per platform."""
-    session.install(*CONSTRAINTS, "-e", ".[test]", EXAMPLE_PLUGIN, *VENDOR_PLUGINS)
+    """The test suite, with the example plugin, the toy engine and the vendor platforms installed as separate
+    distributions, then the conformance suite (``pytest --kvpools-conformance``) on every built-in architecture,
+    per platform, and the engine suite (``--kvpools-conformance-engine``) on every engine."""
+    session.install(*CONSTRAINTS, "-e", ".[test]", EXAMPLE_PLUGIN, TOY_ENGINE, *VENDOR_PLUGINS)
     session.run("pytest", *(session.posargs or ["-q", *PARALLEL]))
     if session.posargs:
         return  # a chosen subset of the tests: no conformance run
@@ -62,6 +67,8 @@ def tests(session: nox.Session) -> None:
             f"--kvpools-conformance={name}",
             f"--kvpools-conformance-config={EXAMPLE_PLUGIN}/configs/{config}",
         )
+    # the engine suite on every built-in engine and on the toy engine's distribution
+    session.run("pytest", *quiet, *[f"--kvpools-conformance-engine={name}" for name in ENGINES])
 
 
 @nox.session
@@ -208,7 +215,7 @@ def deps_newest(session: nox.Session) -> None:
     newest releases pyproject.toml accepts: torch pinned (:func:`torch_pin`), nothing else constrained."""
     constraints = _constraints(session, "newest.txt", [torch_pin()])
     extras = ",".join(DEPS_EXTRAS)
-    session.install(*NEWEST, "-c", constraints, "-e", f".[{extras}]", EXAMPLE_PLUGIN, *VENDOR_PLUGINS)
+    session.install(*NEWEST, "-c", constraints, "-e", f".[{extras}]", EXAMPLE_PLUGIN, TOY_ENGINE, *VENDOR_PLUGINS)
     session.run("python", "-m", "pip", "list", "--format=freeze")
     session.run(*DEPS_PYTEST, *(session.posargs or DEPS_TESTS))
 
@@ -219,7 +226,7 @@ def deps_oldest(session: nox.Session) -> None:
     and of the ``test``, ``hf`` and ``plot`` extras pinned with ``==`` (:func:`lowest_requirements`)."""
     constraints = _constraints(session, "oldest.txt", lowest_requirements(DEPS_EXTRAS))
     extras = ",".join(DEPS_EXTRAS)
-    session.install("-c", constraints, "-e", f".[{extras}]", EXAMPLE_PLUGIN, *VENDOR_PLUGINS)
+    session.install("-c", constraints, "-e", f".[{extras}]", EXAMPLE_PLUGIN, TOY_ENGINE, *VENDOR_PLUGINS)
     session.run("python", "-m", "pip", "list", "--format=freeze")
     session.run(*DEPS_PYTEST, *(session.posargs or DEPS_TESTS))
 

@@ -19,7 +19,6 @@ from kvpools_core.dtypes import KV_DTYPE_CHOICES
 from kvpools_core.errors import ConfigError, KvpoolsError, PluginError, PluginHookError, short_repr
 from kvpools_core.options import cli_surface, env_flag, option
 from kvpools_core.values import (
-    ACCOUNTING_MODES,
     DECODE_RETRACTION_BACKUPS,
     DSV4_COMPRESS_STATE_DTYPES,
     HICACHE_MEM_LAYOUTS,
@@ -85,7 +84,8 @@ _HELP = {
     "enable_online_c128_mtp": "Allow online c128 with EAGLE top-k 1 MTP (SGLANG_EXPERIMENTAL_ONLINE_C128_MTP).",
     "accounting": "exact: charge every byte built; sglang: SGLang's numbers exactly; vllm: vLLM 0.33's KV cache "
     "(plan and capacity only, with vLLM's flags; docs/vllm.md); trtllm: TensorRT-LLM 1.2's KV cache (plan and "
-    "capacity only, with TensorRT-LLM's flags; docs/trtllm.md).",
+    "capacity only, with TensorRT-LLM's flags; docs/trtllm.md); or the accounting of another installed engine "
+    "plugin (kvpools plugins; plan only, budget --memory).",
     "enable_hierarchical_cache": "HiCache: plan the host KV tier (pinned CPU mirrors of the device pools).",
     "hicache_ratio": "Host pool slots per device pool slot (SGLang's --hicache-ratio); unset with no --hicache-size: "
     "2.0, lowered to what the node holds (SGLang's auto-sizing).",
@@ -103,7 +103,6 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "kv_cache_dtype": KV_DTYPE_CHOICES,
     "speculative_algorithm": SPECULATIVE_ALGORITHMS,
     "disaggregation_mode": ("null", "prefill", "decode"),
-    "accounting": ACCOUNTING_MODES,
     "mamba_ssm_dtype": ("bfloat16", "float16", "float32"),
     "dsv4_compress_state_dtype": (*DSV4_COMPRESS_STATE_DTYPES, "fp32", "bf16"),
     "hicache_mem_layout": HICACHE_MEM_LAYOUTS,
@@ -132,6 +131,9 @@ def _serving_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click_type: Any = base
         if field.name in _CHOICES:
             click_type = click.Choice(_CHOICES[field.name], case_sensitive=False)
+        callback = None
+        if field.name == "accounting":  # the installed engines' accountings: checked where the engine is resolved
+            click_type, callback = click.STRING, _lower
         if (
             field.default is not None
             and field.default is not attrs.NOTHING
@@ -139,7 +141,9 @@ def _serving_options(command: Callable[..., Any]) -> Callable[..., Any]:
             and not is_unset(field.default)  # its help says which default applies
         ):
             help_text += f"  [default: {field.default}]"
-        command = click.option(flag, field.name, type=click_type, default=None, help=help_text)(command)
+        command = click.option(
+            flag, field.name, type=click_type, default=None, help=help_text, callback=callback, metavar=None
+        )(command)
     command = click.option(
         "--pp-layer-partition", "pp_layer_partition", default=None, help=_HELP["pp_layer_partition"]
     )(command)
@@ -249,6 +253,9 @@ def _gpu_defaults(options: dict[str, Any], gpu: str | None, gpu_memory: str | No
 
 
 def _make_serving(options: dict[str, Any], device: str | None) -> Serving:
+    if options.get("accounting"):
+        options["accounting"] = options["accounting"].strip().lower()
+        resolve_accounting(options["accounting"])  # an accounting no installed engine answers: a ConfigError
     kwargs = {k: v for k, v in options.items() if v is not None and k not in _SPECIAL and k not in _RESOLVED}
     if options.get("pp_layer_partition"):
         try:
@@ -270,6 +277,18 @@ def _make_serving(options: dict[str, Any], device: str | None) -> Serving:
 
     kwargs["platform"] = select_platform(options.get("platform"), device, get_registry())
     return Serving(**kwargs)
+
+
+def _lower(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    return None if value is None else value.strip().lower()
+
+
+def resolve_accounting(accounting: str) -> Any:
+    """``--accounting``, checked against the installed engines (any case): the engine that answers it; an
+    accounting no loaded engine answers is the ``ConfigError`` of :func:`kvpools_core.engines.engine_for`."""
+    from kvpools_core.engines import engine_for
+
+    return engine_for(accounting.strip().lower())
 
 
 _VLLM_OPTIONS = (

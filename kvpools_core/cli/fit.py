@@ -9,7 +9,6 @@ from typing import Any
 import click
 
 from kvpools_core.cli.common import (
-    _HELP,
     _console,
     _gpu_defaults,
     _user_facing,
@@ -66,9 +65,11 @@ from kvpools_core.values import (
 )
 @click.option(
     "--accounting",
-    type=click.Choice(SGLANG_ACCOUNTING_MODES, case_sensitive=False),
+    type=click.Choice((*SGLANG_ACCOUNTING_MODES, "trtllm"), case_sensitive=False),
     default=None,
-    help=_HELP["accounting"],
+    help="exact: charge every byte built; sglang: SGLang's numbers exactly; trtllm: trtllm-serve deployments sized "
+    "as TensorRT-LLM 1.2 sizes its KV cache (TP, PP, attention DP, KV dtype, replicas; docs/trtllm.md). vLLM's "
+    "accounting is not searched by fit yet.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_user_facing
@@ -98,6 +99,24 @@ def fit(
     from kvpools_core.planning.capacity import parse_context_len
     from kvpools_core.planning.fit import fit as find_fits
 
+    if accounting == "trtllm":
+        _fit_trtllm(
+            model,
+            requests,
+            context,
+            gpu,
+            gpu_memory,
+            max_gpus,
+            kv_cache_dtype,
+            as_json,
+            sglang={
+                "--page-size": page_size,
+                "--mem-fraction-static": mem_fraction_static,
+                "--chunked-prefill-size": chunked_prefill_size,
+                "--runtime-memory": runtime_memory,
+            },
+        )
+        return
     options: dict[str, Any] = {
         "mem_fraction_static": mem_fraction_static,
         "chunked_prefill_size": chunked_prefill_size,
@@ -122,5 +141,58 @@ def fit(
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
         render_fit(result, _console())
+    if not result.fits:
+        sys.exit(1)
+
+
+def _fit_trtllm(
+    model: str,
+    requests: int,
+    context: str,
+    gpu: str | None,
+    gpu_memory: str | None,
+    max_gpus: int,
+    kv_cache_dtype: str | None,
+    as_json: bool,
+    sglang: dict[str, Any],
+) -> None:
+    """``kvpools fit --accounting trtllm``: the trtllm-serve configurations on the fewest GPUs."""
+    from kvpools_core.errors import ConfigError
+    from kvpools_core.planning.capacity import parse_context_len
+    from kvpools_core.planning.trtllm_fit import fit_trtllm
+
+    given = [flag for flag, value in sglang.items() if value is not None]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)} {'belongs' if len(given) == 1 else 'belong'} to SGLang's launch, not to fit "
+            "--accounting trtllm, which launches trtllm-serve with TensorRT-LLM's defaults (tokens_per_block 32, "
+            "free_gpu_memory_fraction 0.9; docs/trtllm.md)."
+        )
+    result = fit_trtllm(
+        model,
+        requests,
+        parse_context_len(context),
+        gpu=gpu,
+        gpu_memory=gpu_memory,
+        max_gpus=max_gpus,
+        kv_cache_dtype=kv_cache_dtype,
+    )
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        click.echo(
+            f"{result.model}: {result.requests} requests of {result.context_len:,} tokens on {result.gpu.label} "
+            f"under TensorRT-LLM 1.2's KV cache ({result.tried} configurations tried)"
+        )
+        for found in result.fits:
+            click.echo(
+                f"  {found.gpus} GPUs: {found.describe()} -- holds {found.requests_held} "
+                f"(headroom {found.headroom:.2f}x)"
+            )
+            click.echo(f"    {found.result.serve_command()}")
+        for reason, count in sorted(result.skipped.items()):
+            click.echo(f"  skipped {count}: {reason}")
+        if result.needed:
+            click.echo(result.needed)
     if not result.fits:
         sys.exit(1)

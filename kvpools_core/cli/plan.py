@@ -31,6 +31,7 @@ from kvpools_core.cli.common import (
     _vllm_options,
     _vllm_plan,
     main,
+    resolve_accounting,
 )
 from kvpools_core.errors import ConfigError
 from kvpools_core.values import (
@@ -114,18 +115,46 @@ def plan(
             reserved_memory=reserved_memory,
             runtime_memory=runtime_memory,
             speculative_draft_model_path=draft_model,
-            context=context,
+            context=context if fmt != "capacity-json" else None,
             compare_platform=compare_platform,
             all_ranks=all_ranks,
-            format_capacity_json=fmt == "capacity-json",
         )
         trt = _trtllm_plan(model, _make_serving(options, None), memory, gpu, gpu_memory, weights_memory, trtllm_args)
+        if fmt == "capacity-json":
+            from kvpools_core.planning.capacity_record import trtllm_capacity_document
+
+            length = parse_context_len(context) if context is not None else None
+            click.echo(json.dumps(trtllm_capacity_document(trt, context_len=length), indent=2))
+            return
         if fmt == "json":
             click.echo(json.dumps(trt.to_dict(), indent=2))
         else:
             from kvpools_core.cli.trtllm_report import render_trtllm_plan
 
             render_trtllm_plan(trt, _console())
+        return
+    engine = resolve_accounting(options["accounting"]) if options["accounting"] else None
+    if engine is not None and engine.distribution != "kvpools":
+        _plan_other_engine(
+            engine,
+            model,
+            options,
+            memory,
+            fmt,
+            others={
+                "--device": device,
+                "--free-memory": free_memory,
+                "--weights-memory": weights_memory,
+                "--reserved-memory": reserved_memory,
+                "--gpu": gpu,
+                "--gpu-memory": gpu_memory,
+                "--runtime-memory": runtime_memory,
+                "--speculative-draft-model-path": draft_model,
+                "--context": context,
+                "--compare-platform": compare_platform,
+                "--all-ranks": all_ranks or None,
+            },
+        )
         return
     if context is not None and fmt != "capacity-json":
         raise ConfigError("--context states the context of the capacity record: use it with --format capacity-json.")
@@ -177,6 +206,40 @@ def plan(
     else:
         render_plan(result, _console())
         _render_comparison(result, comparison)
+
+
+def _plan_other_engine(
+    engine: Any, model: str, options: dict[str, Any], memory: str | None, fmt: str, others: dict[str, Any]
+) -> None:
+    """``--accounting`` of an installed third-party engine plugin: its ``plan`` at ``--memory`` (the KV budget
+    per rank as that engine reads it), shown through its ``capacity`` summary; kvpools' own budget and report
+    flags have no meaning for an engine kvpools does not ship, and are refused by name."""
+    from kvpools_core.models import load_model
+    from kvpools_core.registry import get_registry
+
+    given = [flag for flag, value in others.items() if value is not None]
+    if given or memory is None or fmt == "capacity-json":
+        refused = ", ".join(given) or ("--format capacity-json" if fmt == "capacity-json" else "no --memory")
+        raise ConfigError(
+            f"--accounting {options['accounting']} is the {engine.name!r} engine's ({engine.distribution} "
+            f"{engine.version}): kvpools plans it from --memory SIZE (its KV budget per rank) alone, with "
+            f"--format table or json; got {refused}."
+        )
+    registry = get_registry()
+    spec, _ = load_model(model, registry)
+    serving = _make_serving(options, None)
+    summary = engine.capacity(engine.plan(spec, serving, memory=memory, registry=registry))
+    if fmt == "json":
+        click.echo(json.dumps({"engine": engine.name, "version": engine.version, **summary.to_dict()}, indent=2))
+        return
+    click.echo(
+        f"{spec.name} under --accounting {summary.accounting} ({engine.name} {engine.version}, {engine.summary})"
+    )
+    click.echo(f"  KV budget:   {summary.budget_bytes:,} B")
+    click.echo(f"  KV cache:    {summary.kv_bytes:,} B")
+    click.echo(f"  max tokens:  {summary.max_tokens:,}")
+    if summary.max_requests is not None:
+        click.echo(f"  max requests: {summary.max_requests:,}")
 
 
 def _per_stage(value: str | None) -> str | list[str] | None:

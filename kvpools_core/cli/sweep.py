@@ -114,6 +114,13 @@ PLOT_KINDS = ("concurrency", "tokens", "bytes-per-token")
     "needs pip install 'kvpools[dask]' here and kvpools on its workers). --jobs is then the workers to cut it for.",
 )
 @click.option(
+    "--accounting",
+    default=None,
+    callback=lambda ctx, param, value: None if value is None else value.strip().lower(),
+    help="exact (the default) or sglang: SGLang's pools; trtllm: each point planned as TensorRT-LLM 1.2 sizes its "
+    "KV cache (--model, --tp-size, --kv-cache-dtype, --memory / --gpu, --context; docs/trtllm.md).",
+)
+@click.option(
     "--progress/--no-progress",
     default=None,
     help="A progress bar on stderr for runs over a second  [default: when stderr is a terminal]",
@@ -136,6 +143,7 @@ def sweep(
     plot_format: str,
     jobs: int | None,
     executor: str | None,
+    accounting: str | None,
     progress: bool | None,
 ) -> None:
     """Plan every combination of models, serving options and budgets; one row per point.
@@ -147,6 +155,19 @@ def sweep(
     from kvpools_core.pipeline import select_platform
     from kvpools_core.planning.sweep import SweepGrid, rows_to_csv, rows_to_json, run_sweep
 
+    if accounting == "trtllm":
+        _sweep_trtllm(
+            models, tp_sizes, kv_cache_dtypes, memories, gpus, contexts, platform, output_format, output,
+            refused={"--page-size": page_sizes, "--axis": axes, "--plot": plots, "--jobs": jobs,
+                     "--executor": executor},
+        )  # fmt: skip
+        return
+    if accounting not in (None, "exact", "sglang"):
+        raise ConfigError(
+            f"kvpools sweep plans SGLang's pools (--accounting exact or sglang) and TensorRT-LLM's (--accounting "
+            f"trtllm); kvpools does not sweep --accounting {accounting} yet: plan each point with kvpools plan "
+            f"--accounting {accounting}."
+        )
     if executor is not None:
         from kvpools_core.planning.executors import parse_executor_url
 
@@ -177,7 +198,10 @@ def sweep(
         axes=sweep_axes,
         budgets=[{"memory": size} for size in _listed(memories)] + [{"gpu": name} for name in _listed(gpus)],
         contexts=_listed(contexts) or list(SWEEP_CONTEXTS),
-        serving={"platform": select_platform(platform, None, registry)},
+        serving={
+            "platform": select_platform(platform, None, registry),
+            **({"accounting": accounting} if accounting else {}),
+        },
     )
     for model in grid.models:  # a misspelt model is the user's to fix now, not a row of errors per point
         load_model(model, registry)
@@ -213,6 +237,57 @@ def sweep(
             written = write_plots(rows, plot_kinds, plot_dir, plot_format)
         for path in written:
             click.echo(f"wrote {path}", err=True)
+
+
+def _sweep_trtllm(
+    models: tuple[str, ...],
+    tp_sizes: tuple[str, ...],
+    kv_cache_dtypes: tuple[str, ...],
+    memories: tuple[str, ...],
+    gpus: tuple[str, ...],
+    contexts: tuple[str, ...],
+    platform: str | None,
+    output_format: str,
+    output: str | None,
+    refused: dict[str, Any],
+) -> None:
+    """``kvpools sweep --accounting trtllm``: the grid planned by the trtllm engine (no pool, plots or cluster)."""
+    from kvpools_core.models import load_model
+    from kvpools_core.pipeline import select_platform
+    from kvpools_core.planning.trtllm_sweep import rows_to_csv, rows_to_json, rows_to_table, sweep_trtllm
+
+    given = [flag for flag, value in refused.items() if value]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)}: kvpools does not model {'it' if len(given) == 1 else 'them'} for sweep "
+            "--accounting trtllm yet; it sweeps --model, --tp-size, --kv-cache-dtype, --memory (the memory free "
+            "after warm-up) or --gpu, and --context."
+        )
+    if not memories and not gpus:
+        raise ConfigError("kvpools sweep --accounting trtllm needs budgets: --memory SIZE,... or --gpu NAME,....")
+    registry = get_registry()
+    listed = _listed(models)
+    for model in listed:
+        load_model(model, registry)
+    try:
+        tps = [int(tp) for tp in _listed(tp_sizes)] or [1]
+    except ValueError as exc:
+        raise ConfigError(f"--tp-size takes integers, got {', '.join(tp_sizes)}.") from exc
+    rows = sweep_trtllm(
+        listed,
+        tp_sizes=tps,
+        kv_cache_dtypes=_listed(kv_cache_dtypes) or ["auto"],
+        budgets=[{"memory": size} for size in _listed(memories)] + [{"gpu": name} for name in _listed(gpus)],
+        contexts=_listed(contexts) or list(SWEEP_CONTEXTS),
+        platform=select_platform(platform, None, registry),
+    )
+    text = {"csv": rows_to_csv, "json": rows_to_json, "table": rows_to_table}[output_format](rows)
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    _check_output_dir(output)
+    with _writing("--output", output), open(output, "w", encoding="utf-8", newline="") as stream:
+        stream.write(text)
 
 
 def _check_output_dir(output: str) -> None:

@@ -1,25 +1,11 @@
-"""What an engine accounting is: the interface every engine of :mod:`kvpools_core.engines` answers through."""
+"""What an engine accounting is: the interface every engine answers through (``engine_accountings`` hook).
+
+The values live in the foundation (:mod:`kvpools_core.values.engine`) so the hook's result contract checks an
+answer without importing an engine; they are re-exported here, where engine authors look for them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from kvpools_core.values.engine import Engine, EngineCapacity
 
-import attrs
-
-
-@attrs.frozen(kw_only=True)
-class Engine:
-    """One serving engine's memory accounting, as the planners and the command line call it.
-
-    ``plan(model, serving, **budget)`` answers "what does this budget hold" exactly as the engine's own
-    start-up does (``--accounting`` picks the engine by one of its ``accountings``); ``version`` is the
-    engine release whose code the accounting reproduces (the differential tests run that release).
-    """
-
-    name: str
-    version: str
-    accountings: tuple[str, ...]
-    plan: Callable[..., Any]
-    summary: str
-    docs: str
+__all__ = ["Engine", "EngineCapacity"]

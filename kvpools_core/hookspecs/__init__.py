@@ -285,6 +285,37 @@ def engine_defaults(model: ModelSpec, serving: Serving) -> Sequence[EngineDefaul
 
 
 @_spec
+def engine_accountings() -> Sequence[Any] | None:
+    """Name the serving engines' memory accountings a plugin provides (``--accounting``).
+
+    Every implementation is called; the results are collected.  An engine plugin (the built-in ``sglang``,
+    ``vllm`` and ``trtllm``, entry points of the ``kvpools`` group like any other plugin, or a third party's)
+    returns its :class:`kvpools_core.engines.base.Engine` values; ``kvpools_core.engines.engines()`` merges them.
+    Two engines of one name, or one accounting answered by two engines, is an error naming both plugins.
+
+    :returns: a list of ``Engine`` values, or ``None``/``[]``.
+    """
+
+
+@_spec(firstresult=True)
+def engine_layer_specs(engine: str, model: ModelSpec, serving: Serving) -> Sequence[Any] | None:
+    """What one engine needs to know of each layer of this model, in that engine's own per-layer values.
+
+    Stops at the first non-None result; return None to decline.  An engine that sizes its cache per layer
+    (``trtllm``: :class:`kvpools_core.parts.trtllm.TrtllmLayer`) asks the architecture that parsed the model
+    through this hook, keyed by its name, so one architecture plugin answers every engine and a third-party
+    engine needs no core edit: it documents the values it expects under its ``engine`` name.  An architecture
+    whose models the engine cannot serve may raise a kvpools error naming why (``kvpools does not model X for
+    --accounting ENGINE yet``) instead of declining, so the refusal carries its reason.
+
+    :param engine: the engine's name (``Engine.name``); answer only for engines whose values you know.
+    :param model: the parsed model.
+    :param serving: the serving options.
+    :returns: one value per layer with a cache, in layer order (a non-empty list or tuple), or None.
+    """
+
+
+@_spec
 def architecture_traits() -> Mapping[str, Sequence[str]] | None:
     """Say what SGLang decides from a model's class: Hugging Face architecture → the engine traits of its models.
 

@@ -250,6 +250,20 @@ def _vllm_specs(value: Any) -> str | None:
     return None
 
 
+def _engines(value: Any) -> str | None:
+    from kvpools_core.values.engine import Engine  # a foundation value: imports no engine
+
+    if not isinstance(value, (list, tuple)):
+        return "not a list of Engine values"
+    return _items_of(value, Engine, "item")
+
+
+def _layer_values(value: Any) -> str | None:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
+        return f"got {describe_value(value)}, not a non-empty list (or tuple) of the engine's per-layer values"
+    return None
+
+
 RESULTS: Mapping[str, ResultContract] = MappingProxyType(
     {
         "parse_model_config": ResultContract(
@@ -290,6 +304,13 @@ RESULTS: Mapping[str, ResultContract] = MappingProxyType(
         ),
         "engine_defaults": ResultContract(
             "a list (or tuple) of EngineDefault values; [] or None when there are none", _engine_defaults
+        ),
+        "engine_accountings": ResultContract(
+            "a list (or tuple) of kvpools_core.engines.base.Engine values; [] or None when there are none", _engines
+        ),
+        "engine_layer_specs": ResultContract(
+            "a non-empty list (or tuple) of the engine's per-layer values, one per cached layer (or None to decline)",
+            _layer_values,
         ),
         "architecture_traits": ResultContract(
             "a mapping of Hugging Face architecture (str) to a list (or tuple) of trait names (str), or None",

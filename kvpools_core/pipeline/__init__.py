@@ -266,8 +266,14 @@ def plan_basis(
     serving = serving or Serving()
     if not isinstance(serving, Serving):
         raise ConfigError(f"serving must be a kvpools_core.Serving, got {type(serving).__name__}.")
+    if serving.accounting not in SGLANG_ACCOUNTING_MODES and serving.accounting not in ("vllm", "trtllm"):
+        raise UnsupportedCombinationError(
+            f"{option('accounting')} {serving.accounting} is not SGLang's pools: it is another engine plugin's "
+            f"accounting, which `kvpools plan --accounting {serving.accounting}` plans (kvpools_core.engines."
+            f"engine_for); SGLang's pipeline takes {option('accounting')} {' or '.join(SGLANG_ACCOUNTING_MODES)}."
+        )
     if serving.accounting not in SGLANG_ACCOUNTING_MODES:
-        engine = {"vllm": "vLLM", "trtllm": "TensorRT-LLM"}.get(serving.accounting, serving.accounting)
+        engine = {"vllm": "vLLM", "trtllm": "TensorRT-LLM"}[serving.accounting]
         raise UnsupportedCombinationError(
             f"{option('accounting')} {serving.accounting} plans {engine}'s KV cache, not SGLang's pools: use "
             f"kvpools_core.engines.{serving.accounting}.plan_{serving.accounting} (kvpools plan / kvpools capacity "

@@ -29,7 +29,8 @@ from typing import Any
 import attrs
 
 from kvpools_core.dtypes import resolve_kv_dtype
-from kvpools_core.errors import ConfigError
+from kvpools_core.engines.trtllm.deployment import TRTLLM_VERSION
+from kvpools_core.errors import ConfigError, UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.planning.capacity import STATE_SLOTS, Capacity, Limits, concurrency, limits_of, token_limit
 from kvpools_core.planning.distributed import RankId
@@ -42,6 +43,7 @@ __all__ = [
     "capacity_records",
     "rank_ids",
     "stage_plans",
+    "trtllm_capacity_document",
 ]
 
 SCHEMA = "kvpools.capacity-record"
@@ -259,3 +261,139 @@ def stage_plans(model: Any, serving: Serving, **budget: Any) -> list[Plan]:
     from kvpools_core.pipeline import plan as make_plan
 
     return [make_plan(model, attrs.evolve(serving, pp_rank=rank), **budget) for rank in range(serving.pp_size)]
+
+
+def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> dict[str, Any]:
+    """The capacity document of a ``--accounting trtllm`` plan (:class:`~kvpools_core.engines.trtllm.TrtllmPlanResult`):
+    the same document and record fields, with TensorRT-LLM's meanings, and a ``trtllm`` object per record with what
+    ``LLM.get_kv_cache_capacity()`` publishes.
+
+    ``block_size`` is ``tokens_per_block``; one group per attention-window pool (``full``, or ``window_W``), each
+    with the blocks the MIN across stages leaves it; ``total_kv_blocks`` and ``max_total_num_tokens`` are the
+    smallest pool's (``maxNumBlocks`` / ``maxNumTokens`` without VSWA); ``max_running_requests`` is
+    ``max_batch_size``; ``budget_bytes`` the stage's ``free_gpu_memory_fraction`` of its memory free after
+    warm-up (``free_bytes``).  Refused, with the reason, where kvpools does not model it: a context past
+    ``max_seq_len`` (TensorRT-LLM refuses the request) and VSWA pools over pipeline stages (their bytes per stage).
+    """
+    context = result.max_seq_len if context_len is None else context_len
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise ConfigError(f"context_len must be a positive number of tokens, got {context_len!r}.")
+    if context > result.max_seq_len:
+        raise ConfigError(
+            f"{option('context')} {context} is longer than the deployment's max_seq_len {result.max_seq_len}: "
+            "TensorRT-LLM refuses such a request. Pass a shorter context, or plan with --max_seq_len."
+        )
+    serving, model = result.serving, result.model
+    if result.is_vswa and serving.pp_size > 1:
+        raise UnsupportedCombinationError(
+            "kvpools does not model the capacity record of TensorRT-LLM's VSWA pools over pipeline stages yet (each "
+            "stage's bytes per window); use --pp-size 1, or kvpools plan --accounting trtllm --json."
+        )
+    block = result.tokens_per_block
+    held = result.concurrency_at(context)
+    groups = []
+    for pool in result.pools:
+        full = pool.window >= result.max_seq_len
+        per_request = _pages(min(context, pool.window), block)
+        groups.append(
+            {
+                "name": "full" if full else f"window_{pool.window}",
+                "kind": "full" if full else "window",
+                "slots": pool.primary_blocks * block,
+                "slots_per_block": block,
+                "tokens_per_block": block,
+                "total_blocks": pool.primary_blocks,
+                "slots_per_request": min(context, pool.window),
+                "blocks_per_request": per_request,
+                "max_requests": pool.primary_blocks // per_request,
+                "compression_ratio": None,
+                "window_tokens": None if full else pool.window,
+            }
+        )
+    tightest = min(groups, key=lambda group: group["max_requests"])
+    binding_group = None if held == result.max_batch_size < tightest["max_requests"] else tightest["name"]
+    dp = result.enable_attention_dp
+    parallelism = {
+        "tp_size": serving.tp_size,
+        "pp_size": serving.pp_size,
+        "dp_size": serving.tp_size if dp else 1,
+        "enable_dp_attention": dp,
+        "attn_tp_size": 1 if dp else serving.tp_size,
+        "attn_dp_size": serving.tp_size if dp else 1,
+        "attn_cp_size": 1,
+        "dcp_size": 1,
+    }
+    smallest = min(pool.primary_blocks for pool in result.pools)
+    host_blocks = min(pool.secondary_blocks for pool in result.pools)
+    records = []
+    for rank in result.ranks:
+        per_token = (
+            rank.cache_bytes_per_token
+            if not result.is_vswa
+            else sum(pool.bytes_per_token for pool in result.pools)  # VSWA: one stage (refused above otherwise)
+        )
+        kv_bytes = (
+            smallest * block * per_token
+            if not result.is_vswa
+            else sum(pool.primary_blocks * block * pool.bytes_per_token for pool in result.pools)
+        )
+        shared = {
+            "pp_rank": rank.pp_rank,
+            "engine": "trtllm",
+            "accounting": "trtllm",
+            "platform": serving.platform,
+            "model": {
+                "name": model.name,
+                "source": model.source,
+                "architecture": model.architecture,
+                "context_len": model.context_len,
+                "num_layers": model.num_layers,
+            },
+            "kv_cache_dtype": resolve_kv_dtype(serving.kv_cache_dtype, model.dtype).name,
+            "parallelism": parallelism,
+            "block_size": block,
+            "tokens_per_block_id": block,
+            "total_kv_blocks": smallest,
+            "max_total_num_tokens": smallest * block,
+            "groups": groups,
+            "context_len": context,
+            "max_concurrency": held,
+            "binding": "request cap" if binding_group is None else f"{binding_group} tokens",
+            "binding_group": binding_group,
+            "max_running_requests": result.max_batch_size,
+            "gpu_kv_bytes": kv_bytes,
+            "budget": {
+                "budget_bytes": rank.available_kv_memory,
+                "source": "free after warm-up",
+                "device": None,
+                "free_bytes": rank.free_after_warmup,
+                "weights_bytes": rank.weights_memory,
+                "pre_model_load_bytes": None,
+                "mem_fraction_static": None,
+                "slack_bytes": None,
+                "reserved_bytes": None,
+                "gpu": result.gpu.name if result.gpu is not None else None,
+                "gpu_total_bytes": result.gpu.total_bytes if result.gpu is not None else None,
+            },
+            "host_kv_bytes": result.host_cache_size,
+            "host_tokens": host_blocks * block if result.host_cache_size else None,
+            "trtllm": {
+                "version": TRTLLM_VERSION,
+                "free_gpu_memory_fraction": result.free_gpu_memory_fraction,
+                "max_seq_len": result.max_seq_len,
+                "max_num_tokens": result.max_num_tokens,
+                "bytes_per_token": per_token,
+                "kv_cache_capacity": result.kv_cache_capacity(),
+            },
+        }
+        for tp in range(serving.tp_size):
+            ids = {"tp_rank": tp, "dp_rank": tp if dp else 0, "attn_tp_rank": 0 if dp else tp}
+            records.append({**ids, **shared})
+    return {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "context_len": context,
+        "complete": True,
+        "pp_ranks": [rank.pp_rank for rank in result.ranks],
+        "records": records,
+    }

@@ -6,7 +6,9 @@ name; ``--kvpools-conformance-platform`` plans for another platform (its
 page rules and layouts), ``--kvpools-conformance-examples`` sets how many
 generated cases each property check tries, and
 ``--kvpools-conformance-config PATH`` adds seed configs (for a plugin that
-ships no presets).  ``-p no:kvpools`` turns the whole plugin off.
+ships no presets).  ``pytest --kvpools-conformance-engine=NAME`` (repeatable) runs the engine suite
+(:mod:`kvpools_core.testing.engine_suite`) on the installed engine ``NAME``.  ``-p no:kvpools`` turns the
+whole plugin off.
 
 Nothing here imports hypothesis or torch until a fixture or the suite asks.
 """
@@ -35,6 +37,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "the arguments name.",
     )
     group.addoption(
+        "--kvpools-conformance-engine",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="Run the kvpools engine conformance suite on the installed engine NAME (an engine_accountings answer, "
+        "repeatable): named refusals, budget monotonicity, tokens within budget.",
+    )
+    group.addoption(
         "--kvpools-conformance-platform",
         default="cpu",
         metavar="PLATFORM",
@@ -57,10 +67,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    suites = []
     if config.getoption("kvpools_conformance", default=None):
         from kvpools_core.testing import suite
 
-        config.args[:] = [str(Path(suite.__file__))]
+        suites.append(str(Path(suite.__file__)))
+    if config.getoption("kvpools_conformance_engine", default=None):
+        from kvpools_core.testing import engine_suite
+
+        suites.append(str(Path(engine_suite.__file__)))
+    if suites:
+        config.args[:] = suites
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -83,10 +100,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     names = config.getoption("kvpools_conformance", default=None)
-    if not names:
-        return None
-    platform = config.getoption("kvpools_conformance_platform")
-    return f"kvpools conformance: {', '.join(names)} on platform {platform}"
+    engine_names = config.getoption("kvpools_conformance_engine", default=None)
+    lines = []
+    if names:
+        platform = config.getoption("kvpools_conformance_platform")
+        lines.append(f"kvpools conformance: {', '.join(names)} on platform {platform}")
+    if engine_names:
+        lines.append(f"kvpools engine conformance: {', '.join(engine_names)}")
+    return "\n".join(lines) or None
 
 
 @pytest.fixture

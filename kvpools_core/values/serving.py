@@ -33,7 +33,9 @@ SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NEXTN", "DFLASH", "N
 ACCOUNTING_MODES = ("exact", "sglang", "vllm", "trtllm")
 """``exact`` and ``sglang`` size SGLang's pools (:func:`kvpools_core.plan`); ``vllm`` plans ``vllm serve``'s KV
 cache instead (:func:`kvpools_core.engines.vllm.plan_vllm`, ``docs/vllm.md``) and ``trtllm`` ``trtllm-serve``'s
-(:func:`kvpools_core.engines.trtllm.plan_trtllm`, ``docs/trtllm.md``); the SGLang pipeline refuses both."""
+(:func:`kvpools_core.engines.trtllm.plan_trtllm`, ``docs/trtllm.md``); the SGLang pipeline refuses both.  These
+are the accountings of kvpools' own engine plugins; an installed third-party engine plugin adds its own
+(``engine_accountings`` hook, ``kvpools_core.engines.accountings()``)."""
 SGLANG_ACCOUNTING_MODES = ("exact", "sglang")
 """The accounting modes of SGLang's pipeline (``plan``, ``build``, ``fit``, ``sweep``)."""
 
@@ -166,6 +168,14 @@ ENGINE_DEFAULT_OPTIONS = ("page_size", "swa_full_tokens_ratio", "dsa_prefill_bac
 0.5.23 leaves ``None`` and resolves per model (``arg_groups/model_overrides/``) or per platform.  A new one is a
 ``Serving`` field whose default is an unset marker (:class:`UnsetInt`, :class:`UnsetFloat`, :class:`UnsetStr`)
 listed here."""
+
+
+def _accounting_name(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, str) or not value or value != value.strip().lower() or " " in value:
+        raise ConfigError(
+            f"Serving.accounting must be a lower-case accounting name ({', '.join(ACCOUNTING_MODES)} or an installed "
+            f"engine plugin's), got {value!r}."
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -307,7 +317,10 @@ class Serving:
     hicache_write_policy: str = attrs.field(default="write_through", validator=one_of(*HICACHE_WRITE_POLICIES))
     nnodes: int = attrs.field(default=1, validator=positive)
     # kvpools
-    accounting: str = attrs.field(default="exact", validator=one_of(*ACCOUNTING_MODES))
+    accounting: str = attrs.field(default="exact", validator=_accounting_name)
+    """``--accounting``: an accounting of an installed engine plugin (``engine_accountings`` hook). Any lower-case
+    name is a valid value here (the foundation cannot see the registry); the command line and the planners check
+    it against the installed engines where they resolve the engine (``kvpools_core.engines.engine_for``)."""
     platform: str = "cuda"
     plugin_options: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
     platform_traits: PlatformTraits | None = None

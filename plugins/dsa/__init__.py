@@ -199,6 +199,18 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def engine_layer_specs(engine: str, model: ModelSpec, serving: Serving) -> tuple[Any, ...] | None:
+    """TensorRT-LLM serves these models with a cache manager kvpools does not reproduce yet: refused, with the
+    reason (``--accounting trtllm``); None for other engines."""
+    from kvpools_core.parts.trtllm import ENGINE, trtllm_refusal
+
+    if engine == ENGINE:
+        raise trtllm_refusal(model, "DeepSeek sparse attention (DSACacheManager: the indexer-K cache beside MLA)")
+    return None
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
     """vLLM's DeepSeek-V3.2 layer: the MLA latent (``MLAAttention``) and, beside it, the indexer's key cache
     (``DeepseekV32IndexerCache``), two ``MLAAttentionSpec`` per layer."""

@@ -87,6 +87,18 @@ def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] |
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def engine_layer_specs(engine: str, model: ModelSpec, serving: Serving) -> tuple[Any, ...] | None:
+    """TensorRT-LLM serves these models with a cache manager kvpools does not reproduce yet: refused, with the
+    reason (``--accounting trtllm``); None for other engines."""
+    from kvpools_core.parts.trtllm import ENGINE, trtllm_refusal
+
+    if engine == ENGINE:
+        raise trtllm_refusal(model, "DeepSeek-V4's compressed attention (DeepseekV4CacheManager on KVCacheManagerV2)")
+    return None
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
     """vLLM 0.33's DeepSeek-V4 caches (:mod:`.vllm`): the compressed MLA latents and indexer keys
     (``tokens_per_state`` = compress ratio), the SWA cache and the compressors' states, padded to 576 bytes."""

@@ -95,6 +95,20 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def engine_layer_specs(engine: str, model: ModelSpec, serving: Serving) -> tuple[Any, ...] | None:
+    """TensorRT-LLM serves these models with a cache manager kvpools does not reproduce yet: refused, with the
+    reason (``--accounting trtllm``); None for other engines."""
+    from kvpools_core.parts.trtllm import ENGINE, trtllm_refusal
+
+    if engine == ENGINE:
+        raise trtllm_refusal(
+            model, "Mamba / linear-attention hybrids (the Mamba hybrid cache managers, an affine CacheCost)"
+        )
+    return None
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
     """vLLM 0.33's specs: a ``MambaSpec`` per recurrent layer, a ``FullAttentionSpec`` per attention layer, the
     block size aligned to the state (:mod:`.vllm`)."""

@@ -123,6 +123,16 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def engine_layer_specs(engine: str, model: ModelSpec, serving: Serving) -> tuple[Any, ...] | None:
+    """TensorRT-LLM's ``KVCacheManager`` layers (``--accounting trtllm``): this plugin's layer kinds
+    ("attention",), as :func:`kvpools_core.parts.trtllm.trtllm_layer` makes them; None for other engines."""
+    from kvpools_core.parts.trtllm import ENGINE, trtllm_layers_of
+
+    return trtllm_layers_of(model, ("attention",)) if engine == ENGINE else None
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
     """vLLM's ``Attention.get_kv_cache_spec`` for a decoder layer: one ``FullAttentionSpec`` per layer, the heads
     of one TP rank (``vllm/model_executor/layers/attention/attention.py``)."""

@@ -166,6 +166,18 @@ INDEXER_KV_BYTES = 2
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def engine_layer_specs(engine: str, model: ModelSpec, serving: Serving) -> tuple[Any, ...] | None:
+    """TensorRT-LLM serves these models with a cache manager kvpools does not reproduce yet: refused, with the
+    reason (``--accounting trtllm``); None for other engines."""
+    from kvpools_core.parts.trtllm import ENGINE, trtllm_refusal
+
+    if engine == ENGINE:
+        raise trtllm_refusal(model, "MiniMax sparse attention")
+    return None
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
     """vLLM 0.33's MiniMax-M3 (``vllm/models/minimax_m3/nvidia/model.py``): a dense layer's ``Attention`` builds a
     ``FullAttentionSpec``; a sparse layer (``sparse_attention_freq`` != 0, L99-107, L708-726) registers its

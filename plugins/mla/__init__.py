@@ -62,6 +62,16 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def engine_layer_specs(engine: str, model: ModelSpec, serving: Serving) -> tuple[Any, ...] | None:
+    """TensorRT-LLM's ``KVCacheManager`` layers (``--accounting trtllm``): this plugin's layer kinds
+    ("mla",), as :func:`kvpools_core.parts.trtllm.trtllm_layer` makes them; None for other engines."""
+    from kvpools_core.parts.trtllm import ENGINE, trtllm_layers_of
+
+    return trtllm_layers_of(model, ("mla",)) if engine == ENGINE else None
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
     """vLLM's ``MLAAttention.get_kv_cache_spec``: one ``MLAAttentionSpec`` latent row per layer."""
     from kvpools_core.parts.vllm.layers import latent_kv_cache_spec

@@ -84,6 +84,17 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def engine_layer_specs(engine: str, model: ModelSpec, serving: Serving) -> tuple[Any, ...] | None:
+    """TensorRT-LLM's ``KVCacheManager`` layers (``--accounting trtllm``): this plugin's layer kinds
+    ("attention", "sliding_attention"), as :func:`kvpools_core.parts.trtllm.trtllm_layer` makes them; None for
+    other engines."""
+    from kvpools_core.parts.trtllm import ENGINE, trtllm_layers_of
+
+    return trtllm_layers_of(model, ("attention", "sliding_attention")) if engine == ENGINE else None
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, Any] | None:
     """vLLM's ``Attention.get_kv_cache_spec``: a ``SlidingWindowSpec`` for a layer with a window, a
     ``FullAttentionSpec`` otherwise, the heads of one TP rank (``vllm/model_executor/layers/attention/

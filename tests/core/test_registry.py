@@ -312,7 +312,8 @@ def test_nothing_answered_under_autoload_off_says_what_to_do(monkeypatch: pytest
         match=r"No plugin answered estimate_cell_size: .*Plugins asked: .*\. Plugin autoload is off "
         r"\(KVPOOLS_DISABLE_PLUGIN_AUTOLOAD=1\), so only the built-in plugins load; installed but not loaded: "
         rf'"ascend" \(kvpools-ascend {ascend}\), "example" \(kvpools-example 0\.3\.0\), '
-        rf'"example_parts" \(kvpools-example 0\.3\.0\), "rocm" \(kvpools-rocm {rocm}\)\. '
+        rf'"example_parts" \(kvpools-example 0\.3\.0\), "rocm" \(kvpools-rocm {rocm}\), '
+        r'"toy_engine" \(kvpools-toy-engine 0\.1\.0\)\. '
         r"Unset it, or name every plugin to load in KVPOOLS_PLUGINS",
     ):
         plan(TOY_LATENT, Serving(), memory="1MiB", registry=Registry())

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpools_core.engines import BUILTIN_ENGINES, engine_for
+from kvpools_core.engines import engine_for, engines
 from kvpools_core.engines.trtllm import ENGINE, plan_trtllm
 from kvpools_core.engines.trtllm.manager import (
     TrtllmLayer,
@@ -37,8 +37,13 @@ LLAMA70_TP4 = 2 * 80 * 2 * 128 * 2
 """llama-3.1-70b per token on one of 4 TP ranks: K+V x 80 layers x ceil(8 KV heads / 4) x head_dim 128 x 2 B."""
 
 
-def test_engine_registered_in_one_line() -> None:
-    assert "kvpools_core.engines.trtllm" in BUILTIN_ENGINES
+def test_engine_found_through_its_entry_point() -> None:
+    """The trtllm engine is a plugin of the kvpools entry-point group (pyproject.toml), found by the registry's
+    engine_accountings hook, not a list inside the core (issue 35)."""
+    from kvpools_core.registry import get_registry
+
+    assert get_registry().plugin("trtllm").module == "kvpools_core.engines.trtllm"
+    assert engines()["trtllm"] is ENGINE
     engine = engine_for("trtllm")
     assert engine is ENGINE
     assert (engine.name, engine.version, engine.accountings, engine.docs) == (

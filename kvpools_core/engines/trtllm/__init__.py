@@ -6,7 +6,9 @@ the manager's and ``KvCacheCreator``'s arithmetic, :mod:`kvpools_core.engines.tr
 ``--accounting trtllm`` runs.  See ``docs/trtllm.md``.
 """
 
-from kvpools_core.engines.base import Engine
+from collections.abc import Sequence
+
+from kvpools_core.engines.base import Engine, EngineCapacity
 from kvpools_core.engines.trtllm.deployment import (
     TRTLLM_VERSION,
     TrtllmPlanResult,
@@ -21,12 +23,30 @@ from kvpools_core.engines.trtllm.manager import (
     WindowPool,
     trtllm_layers,
 )
+from kvpools_core.hookspecs import hookimpl
+
+
+def capacity(result: TrtllmPlanResult) -> EngineCapacity:
+    """The first rank's KV memory (``free_gpu_memory_fraction`` of the memory free after warm-up, capped by
+    ``max_gpu_total_bytes``), the bytes its window pools' primary blocks take, the tokens the smallest pool holds
+    (``maxNumTokens`` without VSWA) and the requests of ``max_seq_len`` tokens the pools hold at once."""
+    rank = result.ranks[0]
+    return EngineCapacity(
+        engine="trtllm",
+        accounting="trtllm",
+        budget_bytes=rank.available_kv_memory,
+        kv_bytes=sum(pool.primary_blocks * result.tokens_per_block * pool.bytes_per_token for pool in result.pools),
+        max_tokens=result.max_kv_tokens,
+        max_requests=result.concurrency_at(result.max_seq_len),
+    )
+
 
 ENGINE = Engine(
     name="trtllm",
     version=TRTLLM_VERSION,
     accountings=("trtllm",),
     plan=plan_trtllm,
+    capacity=capacity,
     summary="TensorRT-LLM's KV cache: the fraction of memory free after warm-up, blocks per attention-window pool, "
     "as TensorRT-LLM 1.2's PyTorch KVCacheManager sizes them.",
     docs="docs/trtllm.md",
@@ -41,7 +61,15 @@ __all__ = [
     "TrtllmPlanResult",
     "TrtllmRank",
     "WindowPool",
+    "capacity",
     "capacity_dict",
+    "engine_accountings",
     "plan_trtllm",
     "trtllm_layers",
 ]
+
+
+@hookimpl
+def engine_accountings() -> Sequence[Engine]:
+    """TensorRT-LLM's accounting, found by the registry as any engine plugin's (entry point ``trtllm``)."""
+    return [ENGINE]

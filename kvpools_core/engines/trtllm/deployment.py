@@ -459,7 +459,7 @@ def plan_trtllm(
     else:
         spec, plugin = load_model(model, registry)
         model_ref = launch_model_path(model, registry)
-    layers = trtllm_layers(spec)
+    layers = trtllm_layers(spec, serving, registry)
     if spec.dtype not in ("bfloat16", "float16") and serving.kv_cache_dtype == "auto":
         raise UnsupportedCombinationError(
             f"{spec.name}'s dtype is {spec.dtype}: kvpools models TensorRT-LLM's half-precision (bf16/fp16), fp8 "

@@ -4,9 +4,9 @@ Each function reproduces one step of ``tensorrt_llm/_torch/pyexecutor/resource_m
 or ``_torch/pyexecutor/_util.py`` (``KvCacheCreator``); the docstrings name the step. kvpools does not copy their
 code: the formulas are restated from what those functions compute (``docs/trtllm.md`` cites each source line).
 
-What one layer costs comes from the architecture plugin's :class:`~kvpools_core.values.ModelSpec` (each layer's
-kind, KV heads, head size, sliding window): :func:`trtllm_layers` reads it and refuses what kvpools does not model
-for TensorRT-LLM yet.
+What one layer costs is the architecture plugin's answer to the ``engine_layer_specs`` hook for ``trtllm``
+(:class:`~kvpools_core.parts.trtllm.TrtllmLayer` values): :func:`trtllm_layers` asks for it and refuses what kvpools
+does not model for TensorRT-LLM yet.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from kvpools_core.errors import ConfigError, UnsupportedCombinationError
-from kvpools_core.values import ModelSpec
+from kvpools_core.errors import ConfigError, PluginResultError, UnsupportedCombinationError
+from kvpools_core.parts.trtllm import ENGINE, TrtllmLayer, layer_values
+from kvpools_core.registry import Registry, get_registry
+from kvpools_core.values import ModelSpec, Serving
 
 DEFAULT_FREE_GPU_MEMORY_FRACTION = 0.9
 """``KvCacheConfig.free_gpu_memory_fraction``'s default (``llmapi/llm_args.py``), also the manager's fallback
@@ -35,81 +37,44 @@ HALF, BF16, NVFP4; ``auto`` is the model's dtype) and bytes per element; nvfp4 a
 TRTLLM_DTYPE_NAMES = {"bf16": "auto", "fp16": "auto", "auto": "auto", "fp8_e4m3": "fp8", "fp4_e2m1": "nvfp4"}
 """How ``kv_cache_config.dtype`` spells each (``auto`` keeps the checkpoint's)."""
 
-MODELLED_KINDS = {"mha": {"attention"}, "swa": {"attention", "sliding_attention"}, "mla": {"mla"}}
-"""Architecture plugin -> the layer kinds kvpools models under ``--accounting trtllm``."""
-NOT_MODELLED = {
-    "dsa": "DeepSeek sparse attention (DSACacheManager: the indexer-K cache beside MLA)",
-    "dsv4": "DeepSeek-V4's compressed attention (DeepseekV4CacheManager on KVCacheManagerV2)",
-    "mamba": "Mamba / linear-attention hybrids (the Mamba hybrid cache managers, an affine CacheCost)",
-    "minimax_sparse": "MiniMax sparse attention",
-}
-"""Plugins whose models TensorRT-LLM serves with managers kvpools does not reproduce yet."""
 
-
-@attrs.frozen(kw_only=True)
-class TrtllmLayer:
-    """One attention layer as ``KVCacheManager`` sizes it: KV heads (before TP), head size, K-and-V or K only,
-    and the model's own sliding window (None: full attention)."""
-
-    index: int
-    num_kv_heads: int
-    head_dim: int
-    kv_factor: int
-    sliding_window: int | None = None
-
-
-def trtllm_layers(spec: ModelSpec) -> tuple[TrtllmLayer, ...]:
-    """The layers TensorRT-LLM's ``KVCacheManager`` would size for ``spec``, from what the plugin parsed.
+def trtllm_layers(
+    spec: ModelSpec, serving: Serving | None = None, registry: Registry | None = None
+) -> tuple[TrtllmLayer, ...]:
+    """The layers TensorRT-LLM's ``KVCacheManager`` would size for ``spec``: what the architecture plugin that
+    parsed it answers the ``engine_layer_specs`` hook with for ``engine="trtllm"``
+    (:class:`~kvpools_core.parts.trtllm.TrtllmLayer` values, :func:`~kvpools_core.parts.trtllm.trtllm_layer`).
 
     MHA/GQA layers keep K and V (``kv_factor`` 2, ``head_dim``); MLA layers keep the latent row only
     (``kv_factor`` 1 as ``CacheTypeCpp.SELFKONLY``, ``kv_lora_rank + qk_rope_head_dim``, one head).  Refused, with
-    the reason: architectures kvpools does not model for TensorRT-LLM yet, and per-layer head sizes (TensorRT-LLM
-    passes one ``head_dim`` to the manager for every layer).
+    the reason: a model no plugin answers for (its plugin's own refusal passes through, naming the cache manager
+    kvpools does not reproduce), and per-layer head sizes (TensorRT-LLM passes one ``head_dim`` to the manager for
+    every layer).
     """
-    if spec.architecture in NOT_MODELLED:
+    registry = registry or get_registry()
+    answer, shaped = registry.call("engine_layer_specs", engine=ENGINE, model=spec, serving=serving or Serving())
+    if answer is None:
+        answerers = ", ".join(registry.implementers("engine_layer_specs")) or "none"
         raise UnsupportedCombinationError(
-            f"kvpools does not model {NOT_MODELLED[spec.architecture]} for --accounting trtllm yet ({spec.name}, "
-            f"parsed by the {spec.architecture!r} plugin); use --accounting sglang or vllm."
+            f"kvpools does not model {spec.name}'s architecture ({spec.architecture!r}) for --accounting trtllm yet: "
+            f"no installed architecture plugin answers the engine_layer_specs hook for it (plugins answering it: "
+            f"{answerers})."
         )
-    kinds = MODELLED_KINDS.get(spec.architecture)
-    if kinds is None:
-        raise UnsupportedCombinationError(
-            f"kvpools does not model {spec.name}'s architecture ({spec.architecture!r}) for --accounting trtllm "
-            f"yet: it models {', '.join(sorted(MODELLED_KINDS))}."
-        )
-    layers = []
-    for layer in spec.layers:
-        if layer.kind not in kinds:
-            raise UnsupportedCombinationError(
-                f"kvpools does not model {spec.name}'s layer {layer.index} of kind {layer.kind!r} for "
-                "--accounting trtllm yet."
-            )
-        if layer.kind == "mla":
-            rank = int(layer.params["kv_lora_rank"])
-            rope = int(layer.params["qk_rope_head_dim"])
-            layers.append(TrtllmLayer(index=layer.index, num_kv_heads=1, head_dim=rank + rope, kv_factor=1))
-            continue
-        if layer.v_head_dim not in (0, layer.head_dim):
-            raise UnsupportedCombinationError(
-                f"kvpools does not model {spec.name}'s different K and V head sizes ({layer.head_dim} and "
-                f"{layer.v_head_dim}) for --accounting trtllm yet: TensorRT-LLM's manager takes one head_dim."
-            )
-        layers.append(
-            TrtllmLayer(
-                index=layer.index,
-                num_kv_heads=layer.num_kv_heads,
-                head_dim=layer.head_dim,
-                kv_factor=2,
-                sliding_window=layer.sliding_window if layer.kind == "sliding_attention" else None,
-            )
-        )
+    try:
+        layers = layer_values(answer)
+    except TypeError as exc:
+        label = registry.plugin(shaped[0]).label if shaped else "a plugin"
+        raise PluginResultError(
+            f"Plugin {label} answered engine_layer_specs for {ENGINE!r} with {exc}: the trtllm engine takes "
+            "kvpools_core.parts.trtllm.TrtllmLayer values (trtllm_layer)."
+        ) from None
     if len({layer.head_dim for layer in layers}) > 1:
         raise UnsupportedCombinationError(
             f"kvpools does not model {spec.name}'s per-layer head sizes "
             f"({sorted({layer.head_dim for layer in layers})}) for --accounting trtllm yet: TensorRT-LLM's "
             "KVCacheManager takes one head_dim for every layer."
         )
-    return tuple(layers)
+    return layers
 
 
 def pp_layers(num_layers: int, pp_size: int, pp_rank: int) -> range:
