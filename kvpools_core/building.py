@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.parts.names import DRAFT_PREFIX, draft_name
 from kvpools_core.pipeline.host import build_host_pools
 from kvpools_core.registry import CORE_PLUGIN, Registry, get_registry
@@ -110,6 +111,12 @@ def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None, 
     """
     registry = registry or get_registry()
     check_build_device(plan, device, registry)
+    if plan.sizing.arenas:
+        raise UnsupportedCombinationError(
+            f"kvpools does not build a unified arena yet (plan.sizing.arenas: "
+            f"{', '.join(a.name for a in plan.sizing.arenas)}; --enable-unified-memory): it plans it. Build "
+            "without --enable-unified-memory."
+        )
     name = plan.model.name
     layout, layout_by = registry.call_first(
         "buffer_layout", f"no plugin chooses a buffer layout for {name} on {device}.", plan=plan, device=device
