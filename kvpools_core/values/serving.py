@@ -398,6 +398,12 @@ class Serving:
                 f"pool's allocators only, which are off: add {o('enable_unified_memory')}, or drop "
                 f"{o('disable_lazy_compaction')} (alone it changes nothing)."
             )
+        if self.enable_unified_memory and self.accounting not in SGLANG_ACCOUNTING_MODES:
+            raise ConfigError(
+                f"{o('enable_unified_memory')} is SGLang's unified memory pool; {o('accounting')} "
+                f"{self.accounting} plans another engine's KV cache. Use {o('accounting')} exact or sglang, or drop "
+                f"{o('enable_unified_memory')}."
+            )
         if self.enable_mamba_extra_buffer_lazy and self.disable_overlap_schedule:
             raise ConfigError(
                 f"{o('enable_mamba_extra_buffer_lazy')} requires the overlap schedule; "
