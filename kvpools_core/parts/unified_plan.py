@@ -160,19 +160,21 @@ def serving_problems(
     ]
 
 
-def allocator_table_bytes(geometry: Mapping[str, SubPoolGeometry], owner: str, page_size: int) -> int:
+def allocator_table_bytes(geometry: Mapping[str, SubPoolGeometry], owner: str, *, shared_ids: bool) -> int:
     """The unified allocators' tables at boot (``kvpools_core.allocators.unified.MultiEndedAllocator``), int64 each.
 
-    Per END: ``virtual_to_physical`` (the owner's virtual pages + 1), ``physical_to_virtual`` (its pages + 1)
-    and the in-page offsets (its page); the id owner also its free virtual ids (pages past its sink).
-    Every non-owner binds the owner's virtual pages.
+    Per END: ``virtual_to_physical`` (its virtual pages + 1), ``physical_to_virtual`` (its pages + 1) and the
+    in-page offsets (its page); an id owner also its free virtual ids (its pages past the sink).  With
+    ``shared_ids`` (hybrid SWA) the other END binds ``owner``'s virtual pages and owns none; without (Mamba) each
+    END owns its own.
     """
     own = geometry[owner]
     total = 0
     for name, g in geometry.items():
-        virtual = own.num_pages if g.page_size == own.page_size else g.num_pages
+        owns = name == owner or not shared_ids
+        virtual = g.num_pages if owns else own.num_pages
         total += (virtual + 1) + (g.num_pages + 1) + g.page_size
-        if name == owner or g.page_size != own.page_size:  # a state END owns its own ids
+        if owns:
             total += g.num_pages - g.min_page_index
     return total * _I64
 
@@ -223,7 +225,9 @@ def unified_sizing(
     else:
         rest = budget_bytes - sum(p.bytes for p in kept)
         first = arena_bytes(max(rest, 0))
-        tables = allocator_table_bytes(_geometry_or_fail(geometry, first, model_name), full.entry.name, page)
+        tables = allocator_table_bytes(
+            _geometry_or_fail(geometry, first, model_name), full.entry.name, shared_ids=swa is not None
+        )
         total = arena_bytes(max(rest - tables, 0))
     geo = _geometry_or_fail(geometry, total, model_name)
     g_full = geo[full.entry.name]
@@ -281,7 +285,7 @@ def unified_sizing(
                 arena=ARENA_POOL,
             )
         )
-    tables = allocator_table_bytes(geo, full.entry.name, page)
+    tables = allocator_table_bytes(geo, full.entry.name, shared_ids=swa is not None)
     arena = Arena(
         name=ARENA_POOL,
         bytes=total,

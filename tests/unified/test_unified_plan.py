@@ -233,3 +233,29 @@ def test_plan_geometry_equals_sglangs_pool(
     assert reply["sink"] == arena.sink_bytes
     assert [reply["max_slots"][s["name"]] for s in specs] == [s.max_slots for s in ours]
     assert [reply["min_slot"][s["name"]] for s in specs] == [s.min_slot_index for s in ours]
+
+
+@pytest.mark.parametrize(("composite", "page"), [("mamba", 1), ("mamba", 16), ("swa", 1), ("swa", 16)])
+def test_the_allocator_charge_is_the_allocators_tables(composite: str, page: int) -> None:
+    """``unified_allocator``'s bytes are the int64 tables kvpools' unified allocators hold at boot: per END
+    ``virtual_to_physical``, ``physical_to_virtual``, the in-page offsets and, for an id owner, its free ids."""
+    from kvpools_core.allocators.unified import UnifiedArena, UnifiedMambaAllocator, UnifiedSWAAllocator
+    from kvpools_core.parts.unified import mha_entry, state_entry
+    from kvpools_core.parts.unified_plan import allocator_table_bytes
+
+    full = mha_entry("full", layer_num=2, head_num=2, head_dim=64, itemsize=2)
+    other = (
+        state_entry("mamba", layer_num=2, conv_row_bytes=[64 * 3 * 2], temporal_row_bytes=2 * 16 * 16 * 4)
+        if composite == "mamba"
+        else mha_entry("swa", layer_num=2, head_num=2, head_dim=64, itemsize=2)
+    )
+    arena = UnifiedArena.build(40 << 20, [(full, "down"), (other, "up")], page)
+    alloc = (UnifiedMambaAllocator if composite == "mamba" else UnifiedSWAAllocator)(arena, **{composite: composite})
+    ends = (alloc.full_attn_allocator, alloc.mamba_allocator if composite == "mamba" else alloc.swa_attn_allocator)
+    held = sum(
+        t.numel() * 8
+        for end in ends
+        for t in (end.virtual_to_physical, end.physical_to_virtual, end._offsets, end.free_virtual_ids)
+        if t is not None
+    )
+    assert allocator_table_bytes(arena.geometry, "full", shared_ids=composite == "swa") == held
