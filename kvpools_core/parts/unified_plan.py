@@ -267,6 +267,8 @@ def unified_sizing(
                 max_slots=g.max_slots,
                 min_slot_index=g.min_slot_index,
                 grows=m.grows,
+                layer_num=m.entry.layer_num,
+                row_bytes=tuple(b for _, b in m.entry.rows),
             )
         )
         slots = tokens if m is full else 0

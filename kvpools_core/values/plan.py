@@ -10,6 +10,7 @@ import attrs
 
 from kvpools_core.errors import InvalidValueError, KvpoolsError, PlanFormatError, short_repr
 from kvpools_core.values._fields import (
+    _int_tuple,
     _str_tuple,
     fraction,
     frozen_mapping,
@@ -273,6 +274,11 @@ class ArenaSubPool:
     max_slots: int = attrs.field(validator=non_negative)
     min_slot_index: int = attrs.field(validator=non_negative)
     grows: str = attrs.field(validator=one_of(*ARENA_GROWTH))
+    layer_num: int = attrs.field(default=1, validator=positive)
+    """Layers one entry holds (token-major: all of them, one after the other)."""
+    row_bytes: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
+    """One layer's rows within an entry, in order (K, V; or the latent); empty: the entry is one opaque row per
+    layer (a state entry)."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ArenaSubPool:

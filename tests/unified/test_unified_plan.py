@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import kvpools_core as kv
 import kvpools_core.cli as cli
-from kvpools_core.errors import ConfigError, InvalidValueError, PlanFormatError, UnsupportedCombinationError
+from kvpools_core.errors import ConfigError, InvalidValueError, PlanFormatError
 from kvpools_core.values import Arena, GroupCost, Plan, PoolSpec, Serving
 from tests.unified.peer import Peer
 
@@ -135,9 +135,63 @@ def test_lazy_compaction_is_recorded_and_needs_the_pool() -> None:
         Serving(disable_lazy_compaction=True)
 
 
-def test_build_refuses_the_arena_it_cannot_build_yet() -> None:
-    with pytest.raises(UnsupportedCombinationError, match="does not build a unified arena yet"):
-        kv.build(_plan("gpt-oss-20b", "1GiB"), "meta")
+@pytest.mark.parametrize(
+    ("model", "serving", "memory"),
+    [
+        (QWEN3_NEXT, {"tp_size": 4}, "20GiB"),
+        ("gpt-oss-20b", {"page_size": 16}, "60GiB"),
+        ("gpt-oss-120b", {"accounting": "sglang"}, "60GiB"),
+        (QWEN3_NEXT, {"tp_size": 4, "page_size": 64, "disable_lazy_compaction": True}, "12GiB"),
+    ],
+)
+def test_build_on_meta_allocates_the_plan_to_the_byte(model: str, serving: dict[str, Any], memory: str) -> None:
+    """One arena tensor, the request table (and the request-to-state mapping), the unified allocators' tables:
+    each pool's measured bytes are the plan's, and their sum is ``planned_bytes``."""
+    p = _plan(model, memory, **serving)
+    pools = kv.build(p, "meta")
+    assert pools.allocated_by_pool() == {pool.name: pool.bytes for pool in p.pools if pool.arena is None}
+    assert pools.allocated_bytes == p.planned_bytes
+    assert pools.allocator.full_attn_allocator.lazy_compaction is not serving.get("disable_lazy_compaction", False)
+
+
+def test_the_views_are_carved_from_the_one_arena() -> None:
+    """On the CPU every view of every layer points into the arena's buffer, token-major: slot ``s`` of layer
+    ``l``'s V row of gpt-oss-20b lies at ``s x 24,576 + l x 2,048 + 1,024`` (K and V rows of 8 x 64 x 2 B)."""
+    p = _plan("gpt-oss-20b", "1GiB")
+    pools = kv.build(p, "cpu")
+    arena = pools.kv_pool
+    base = arena.buffer.data_ptr()
+    k, v = arena.layer_views("kv_full", 3)
+    assert k.shape == (arena.arena.sub_pool("kv_full").max_slots, 1_024)
+    assert v[5].data_ptr() - base == 5 * 24_576 + 3 * 2_048 + 1_024
+    swa_k, _ = arena.layer_views("kv_swa", 11)
+    assert swa_k[7].data_ptr() - base == 7 * 24_576 + 11 * 2_048
+    assert all(
+        base <= view.data_ptr() < base + arena.nbytes for sub in arena.views.values() for layer in sub for view in layer
+    )
+    ids = pools.allocator.alloc(16)
+    assert ids is not None and pools.allocator.translate_kv_loc(ids).max() < arena.arena.sub_pool("kv_full").max_slots
+
+
+def test_build_cli_reports_the_arena_as_planned() -> None:
+    result = CliRunner().invoke(
+        cli.main,
+        [
+            "build",
+            QWEN3_NEXT,
+            "--tp-size",
+            "4",
+            "--memory",
+            "20GiB",
+            "--enable-unified-memory",
+            "--device",
+            "meta",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["matches_plan"] is True and data["allocated_bytes"] == data["planned_bytes"]
 
 
 @pytest.mark.parametrize(
