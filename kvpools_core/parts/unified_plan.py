@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
-from kvpools_core.errors import InsufficientMemoryError, InvalidValueError
+from kvpools_core.errors import InsufficientMemoryError, InvalidValueError, UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parts.unified import (
     ENTRY_ALIGN_BYTES,
@@ -206,6 +206,12 @@ def unified_sizing(
     live; other splits are the capacity planner's (:mod:`kvpools_core.planning.unified`).
     """
     page = serving.page_size
+    if sorted(m.grows for m in members) != ["down", "up"]:
+        raise UnsupportedCombinationError(
+            f"kvpools does not plan the unified arena of {model_name} with sub-pools "
+            f"{[(m.pool, m.grows) for m in members]} yet: only one grow-down and one grow-up sub-pool (the Mamba+SWA "
+            f"chain's floating middle is not planned). Drop {option('enable_unified_memory')}."
+        )
     full = next(m for m in members if m.grows == "down")
     others = [m for m in members if m is not full]
     names = {m.pool for m in members} | set(drop)

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import kvpools_core as kv
 import kvpools_core.cli as cli
-from kvpools_core.errors import ConfigError, InvalidValueError, PlanFormatError
+from kvpools_core.errors import ConfigError, InvalidValueError, PlanFormatError, UnsupportedCombinationError
 from kvpools_core.values import Arena, GroupCost, Plan, PoolSpec, Serving
 from tests.unified.peer import Peer
 
@@ -133,6 +133,8 @@ def test_lazy_compaction_is_recorded_and_needs_the_pool() -> None:
     assert _plan("gpt-oss-20b", disable_lazy_compaction=True).sizing.arenas[0].lazy_compaction is False
     with pytest.raises(ConfigError, match="enable_unified_memory"):
         Serving(disable_lazy_compaction=True)
+    with pytest.raises(ConfigError, match="another engine's KV cache"):
+        Serving(enable_unified_memory=True, accounting="vllm")
 
 
 @pytest.mark.parametrize(
@@ -313,3 +315,29 @@ def test_the_allocator_charge_is_the_allocators_tables(composite: str, page: int
         if t is not None
     )
     assert allocator_table_bytes(arena.geometry, "full", shared_ids=composite == "swa") == held
+
+
+def test_the_three_pool_chain_is_refused_not_planned_as_two() -> None:
+    """No installed plugin parses a Mamba+SWA model; the library refuses a floating middle rather than
+    planning it as two ENDs."""
+    from kvpools_core.parts.unified import mha_entry, state_entry
+    from kvpools_core.parts.unified_plan import ArenaMember, unified_sizing
+
+    static = _plan("gpt-oss-20b").sizing
+    full = mha_entry("kv_full", layer_num=1, head_num=1, head_dim=64, itemsize=2)
+    members = (
+        ArenaMember("kv_full", full, "down"),
+        ArenaMember("kv_swa", mha_entry("kv_swa", layer_num=1, head_num=1, head_dim=64, itemsize=2), "float"),
+        ArenaMember("mamba_state", state_entry("m", layer_num=1, conv_row_bytes=[6], temporal_row_bytes=4), "up"),
+    )
+    with pytest.raises(UnsupportedCombinationError, match="floating middle is not planned"):
+        unified_sizing(
+            static,
+            Serving(enable_unified_memory=True),
+            budget_bytes=1 << 30,
+            members=members,
+            drop=(),
+            owner="t",
+            model_name="m",
+            context_len=1024,
+        )
