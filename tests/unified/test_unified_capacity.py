@@ -94,3 +94,14 @@ def test_capacity_refuses_what_it_does_not_answer() -> None:
         cli.main, ["capacity", "gpt-oss-20b", "--memory", "20GiB", "--enable-unified-memory", "--requests", "4"]
     )
     assert result.exit_code == 1 and "not modelled for it yet" in result.stderr
+
+
+def test_the_static_capacity_planner_refuses_an_arena() -> None:
+    """The static planner reads a fixed split from the plan's counts; an arena has none, so it refuses rather
+    than answer as if the full side held every token (fit, sweep, the capacity record, the service)."""
+    from kvpools_core.errors import UnsupportedCombinationError
+    from kvpools_core.planning.capacity import concurrency
+
+    p = kv.plan("gpt-oss-20b", Serving(enable_unified_memory=True), memory="20GiB")
+    with pytest.raises(UnsupportedCombinationError, match=r"planning\.unified"):
+        concurrency(p, 8192)
