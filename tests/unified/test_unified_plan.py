@@ -14,6 +14,8 @@ from typing import Any
 import attrs
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kvpools_core as kv
 import kvpools_core.cli as cli
@@ -341,3 +343,68 @@ def test_the_three_pool_chain_is_refused_not_planned_as_two() -> None:
             model_name="m",
             context_len=1024,
         )
+
+
+_HOOK_OPTIONS = frozenset({"--enable-unified-memory", "--kv-cache-dtype", "--enable-kv-cache-sharding"})
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_serving_refusals_equal_sglangs_hook(peer: Peer, data: st.DataObject) -> None:
+    """The rules a kvpools ``Serving`` reaches (``parts.unified_plan.unified_request``: SGLang's option names read
+    off the typed fields) refuse exactly when SGLang's ``handle_unified_memory_pool`` does, with its first
+    message; the options kvpools has no field for are SGLang's defaults."""
+    from kvpools_core.parts.unified import unified_memory_problems
+    from kvpools_core.parts.unified_plan import unified_request
+
+    pd = data.draw(st.sampled_from(["null", "null", "prefill", "decode"]))
+    fields: dict[str, Any] = {
+        "enable_unified_memory": True,
+        "tp_size": 2,
+        "disable_lazy_compaction": data.draw(st.booleans()),
+        "disaggregation_mode": pd,
+        "pp_size": data.draw(st.sampled_from([1, 1, 2])),
+        "dcp_size": data.draw(st.sampled_from([1, 1, 2])),
+        "speculative_algorithm": data.draw(st.sampled_from([None, None, "EAGLE", "EAGLE3", "NGRAM", "STANDALONE"])),
+        "speculative_eagle_topk": data.draw(st.sampled_from([None, 1, 4])),
+        "enable_hisparse": data.draw(st.booleans()),
+        "enable_hierarchical_cache": data.draw(st.booleans()),
+        "disaggregation_decode_retraction_backup": data.draw(st.sampled_from([None, "host_pool"]))
+        if pd == "decode"
+        else None,
+    }
+    try:
+        serving = Serving(**fields)
+    except ConfigError:
+        return
+    is_mamba = data.draw(st.booleans())
+    is_mla = data.draw(st.booleans())
+    is_swa = not is_mamba or data.draw(st.booleans())
+    req = unified_request(serving, is_mamba=is_mamba, is_hybrid_swa=is_swa, is_mla=is_mla)
+    ours = [p for p in unified_memory_problems(req) if p.option not in _HOOK_OPTIONS]
+    args = {
+        "is_mamba": is_mamba,
+        "is_mla": is_mla,
+        "is_hybrid_swa": is_swa,
+        "lazy_compaction": serving.lazy_compaction,
+        "disaggregation_mode": serving.disaggregation_mode,
+        "disaggregation_transfer_backend": "mooncake",
+        "pp_size": serving.pp_size,
+        "speculative_algorithm": serving.speculative_algorithm,
+        "speculative_eagle_topk": serving.speculative_eagle_topk,
+        "enable_hisparse": serving.enable_hisparse,
+        "disaggregation_decode_enable_offload_kvcache": False,
+        "hicache_storage_backend": None,
+        "disaggregation_decode_retraction_backup": serving.disaggregation_decode_retraction_backup,
+        "enable_two_batch_overlap": False,
+        "enable_lmcache": False,
+        "enable_unified_cache_external_linker": False,
+        "enable_hierarchical_cache": serving.enable_hierarchical_cache,
+        "dcp_size": serving.dcp_size,
+        "attention_backends": ["flashinfer"],
+    }
+    theirs = peer.call("refuse", args=args)["error"]
+    if not ours:
+        assert theirs is None
+    else:
+        assert theirs is not None and theirs.startswith(ours[0].reason[:60]), (theirs, ours[0].reason)
