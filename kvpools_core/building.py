@@ -5,7 +5,9 @@
 measured exactly on a laptop).  Every built object reports ``nbytes``
 measured from its tensors; ``allocated_bytes`` is their sum, which the exact
 accounting promises equals ``plan.planned_bytes`` (``checked=True`` adds the
-checked allocators' maps on top, reported apart: see ``build``).
+checked allocators' maps on top, reported apart: see ``build``).  A plan whose
+pools share an arena (``--enable-unified-memory``) is built by the core itself
+(:func:`build_arena`): one arena tensor, its sub-pools' views, the unified allocators.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.parts.names import DRAFT_PREFIX, draft_name
 from kvpools_core.pipeline.host import build_host_pools
 from kvpools_core.registry import CORE_PLUGIN, Registry, get_registry
@@ -110,6 +113,8 @@ def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None, 
     """
     registry = registry or get_registry()
     check_build_device(plan, device, registry)
+    if plan.sizing.arenas:
+        return build_arena(plan, device, checked=checked)
     name = plan.model.name
     layout, layout_by = registry.call_first(
         "buffer_layout", f"no plugin chooses a buffer layout for {name} on {device}.", plan=plan, device=device
@@ -159,6 +164,65 @@ def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None, 
         host=host,
         draft_pool=draft_pool,
     )
+
+
+class _RequestSide:
+    """An arena plan's request table and the request-side pools kept from the static plan (SGLang's request
+    to state-slot mapping), as plain tensors: ``nbytes`` / ``nbytes_by_pool`` like any request table."""
+
+    def __init__(self, plan: Plan, device: str) -> None:
+        import torch
+
+        from kvpools_core.pools.req_to_token import ReqToTokenPool
+
+        self.table = ReqToTokenPool.from_plan(plan, device)
+        self.extra = {
+            p.name: torch.empty(p.bytes, dtype=torch.uint8, device=device)
+            for p in plan.pools
+            if p.arena is None and p.kind == "request" and p.name != "req_to_token"
+        }
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.table.nbytes) + sum(int(t.nbytes) for t in self.extra.values())
+
+    def nbytes_by_pool(self) -> dict[str, int]:
+        return {"req_to_token": int(self.table.nbytes), **{n: int(t.nbytes) for n, t in self.extra.items()}}
+
+
+def build_arena(plan: Plan, device: str, *, checked: bool = False) -> Pools:
+    """Build a plan whose pools share an arena (``--enable-unified-memory``): the one arena tensor with every
+    sub-pool's per-layer views (:class:`kvpools_core.pools.unified.UnifiedArenaPool`), SGLang's unified
+    allocators over it (Mamba or hybrid SWA composite), and the request table.  The core builds it (provenance
+    ``core``); the platform's buffer layout is not consulted (the arena is one byte buffer on every platform)."""
+    from kvpools_core.allocators.unified import UnifiedArena, UnifiedMambaAllocator, UnifiedSWAAllocator
+    from kvpools_core.parts.unified import SubPoolEntry
+    from kvpools_core.pools.unified import UnifiedArenaPool
+
+    (arena,) = plan.sizing.arenas
+    if len(arena.sub_pools) != 2:
+        raise UnsupportedCombinationError(
+            f"kvpools does not build arena {arena.name!r} of {len(arena.sub_pools)} sub-pools yet (the three-pool "
+            "chain): plan it only."
+        )
+    pool = UnifiedArenaPool(arena, device)
+    entries = [
+        (SubPoolEntry(s.pool, s.kind, s.layer_num, s.entry_bytes), s.grows)
+        for s in sorted(arena.sub_pools, key=lambda s: s.grows)
+    ]
+    geometry = UnifiedArena.build(arena.bytes, entries, plan.serving.page_size)
+    full = next(s.pool for s in arena.sub_pools if s.grows == "down")
+    other = next(s for s in arena.sub_pools if s.grows == "up")
+    common: dict[str, Any] = {"lazy_compaction": arena.lazy_compaction, "kvcache": pool, "device": device}
+    allocator: Any
+    if other.kind == "state":
+        allocator = UnifiedMambaAllocator(geometry, full=full, mamba=other.pool, checked=checked, **common)
+    else:
+        allocator = UnifiedSWAAllocator(geometry, full=full, swa=other.pool, checked=checked, **common)
+    provenance: dict[str, tuple[str, ...]] = {
+        hook: (CORE_PLUGIN,) for hook in ("build_req_to_token_pool", "build_pool", "build_allocator")
+    }
+    return Pools(plan, device, _RequestSide(plan, device), pool, allocator, provenance, checked=checked)
 
 
 def draft_plan(plan: Plan) -> Plan | None:

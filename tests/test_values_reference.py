@@ -36,6 +36,8 @@ CLASSES = (
     "PoolSizing",
     "PoolSpec",
     "TokenWindow",
+    "Arena",
+    "ArenaSubPool",
     "GroupCost",
     "CostModel",
     "HostPool",
@@ -48,7 +50,8 @@ HEADER = """# Values: the field reference
 
 Every value that flows through the pipeline is a frozen `attrs` class in `kvpools_core.values`
 (also exported from `kvpools_core`): plugins build `ModelSpec`/`LayerSpec` (`parse_model_config`),
-`CellSize`/`CellPart` (`estimate_cell_size`), `PoolSizing`/`PoolSpec` (`size_pools`),
+`CellSize`/`CellPart` (`estimate_cell_size`), `PoolSizing`/`PoolSpec` (`size_pools`; pools that share one
+allocation whose split moves at run time, SGLang's unified memory, as an `Arena` of `ArenaSubPool`s),
 `PlatformTraits`/`PageSizeRule`/`MemoryTier` (`platform_traits`), `GPU` (`accelerators`) and `Workspace`
 (`workspaces`); they read
 `Serving`, `Budget` and `Plan`. Each converts to plain JSON (`to_dict`) and back (`from_dict`).

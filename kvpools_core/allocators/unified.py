@@ -145,6 +145,12 @@ class MultiEndedAllocator(BaseTokenToKVPoolAllocator):
         self._offsets = torch.arange(g.page_size, dtype=_I64, device=device)
         self.clear()
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tables this END holds now (page tables, offsets, free virtual ids, holes)."""
+        tables = (self.virtual_to_physical, self.physical_to_virtual, self._offsets, self.free_virtual_ids, self._holes)
+        return sum(t.numel() * t.element_size() for t in tables if t is not None)
+
     # ------------------------------------------------------------------ state
     def bind_peer(self, peer: MultiEndedAllocator) -> None:
         """Bind the other END as this END's growth-side neighbour."""
@@ -566,7 +572,25 @@ def _extend_slots(pre: Tensor, seq: Tensor, last: Tensor, new_pages: Tensor, n_t
     return torch.where(in_open, pos + last[req] + 1 - pre[req], fresh)
 
 
-class UnifiedMambaAllocator(BaseTokenToKVPoolAllocator):
+UNIFIED_ALLOCATOR_POOL = "unified_allocator"
+"""The plan pool that charges the unified allocators' tables (``kvpools_core.parts.unified_plan.ALLOCATOR_POOL``)."""
+
+
+class _TablesMixin:
+    """``nbytes`` / ``nbytes_by_pool`` of a composite: the sum of its ENDs' tables."""
+
+    def _ends(self) -> tuple[MultiEndedAllocator, ...]:
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        return sum(end.nbytes for end in self._ends())
+
+    def nbytes_by_pool(self) -> dict[str, int]:
+        return {UNIFIED_ALLOCATOR_POOL: self.nbytes}
+
+
+class UnifiedMambaAllocator(_TablesMixin, BaseTokenToKVPoolAllocator):
     """Full KV (grow-down END) + Mamba state (grow-up END): SGLang's ``UnifiedMambaTokenToKVPoolAllocator``.
 
     The token surface (``alloc*``, ``free``, ``translate_kv_loc``) is the full
@@ -593,6 +617,9 @@ class UnifiedMambaAllocator(BaseTokenToKVPoolAllocator):
         self.mamba_allocator = MultiEndedAllocator(sub_pool_name=mamba, **kw)  # type: ignore[arg-type]
         self.full_attn_allocator.bind_peer(self.mamba_allocator)
         self.mamba_allocator.bind_peer(self.full_attn_allocator)
+
+    def _ends(self) -> tuple[MultiEndedAllocator, ...]:
+        return (self.full_attn_allocator, self.mamba_allocator)
 
     @property
     def size(self) -> int:
@@ -651,7 +678,7 @@ class UnifiedMambaAllocator(BaseTokenToKVPoolAllocator):
         self.mamba_allocator.clear()
 
 
-class UnifiedSWAAllocator(BaseTokenToKVPoolAllocator):
+class UnifiedSWAAllocator(_TablesMixin, BaseTokenToKVPoolAllocator):
     """Full KV (grow-down END, owns the virtual ids) + SWA KV (grow-up END): ``UnifiedSWATokenToKVPoolAllocator``.
 
     One virtual page is backed by a full page *and* an SWA page; ``free_swa``
@@ -687,12 +714,16 @@ class UnifiedSWAAllocator(BaseTokenToKVPoolAllocator):
         )
         fa.bind_peer(sa)
         sa.bind_peer(fa)
+        self._end_pair = (fa, sa)
         self.free_group: list[Tensor] | None = None
         self._full_group: list[Tensor] = []
         self._empty_gap_bytes = fa._gap_bytes()
         self._size_full = fa.available_size()
         assert fa.free_virtual_ids is not None
         self._size_swa = min(sa.available_size(), fa.free_virtual_ids.numel() * self.page_size)
+
+    def _ends(self) -> tuple[MultiEndedAllocator, ...]:
+        return self._end_pair
 
     @property
     def size(self) -> int:

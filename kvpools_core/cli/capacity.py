@@ -163,6 +163,16 @@ def capacity(
         "gpu_memory": gpu_memory,
         "runtime_memory": runtime_memory,
     }
+    if serving.enable_unified_memory:
+        if fmt == "capacity-json" or requests is not None:
+            raise ConfigError(
+                "--enable-unified-memory answers the table and --json (requests per context length in the arena and "
+                "the three-mode comparison); --format capacity-json and --requests are not modelled for it yet."
+            )
+        from kvpools_core.cli.unified_report import unified_capacity
+
+        unified_capacity(model, serving, budget, asked or [8192, 32768], parsed_workload, as_json)
+        return
     if fmt == "capacity-json":
         _capacity_json(model, serving, {**budget, **host}, asked[0] if asked else None)
         return

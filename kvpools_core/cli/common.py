@@ -97,6 +97,9 @@ _HELP = {
     "or a share of --hicache-size.",
     "hicache_mem_layout": "Host pool layout (SGLang's --hicache-mem-layout).",
     "hicache_write_policy": "HiCache write policy (SGLang's --hicache-write-policy).",
+    "enable_unified_memory": "SGLang's unified memory pool: full KV, SWA KV and Mamba state in one arena whose "
+    "split moves at run time (hybrid Mamba / SWA models; docs/unified-memory.md).",
+    "disable_lazy_compaction": "Unified memory: compact eagerly on every free (SGLANG_DISABLE_LAZY_COMPACTION).",
     "nnodes": "Nodes the ranks (tp x pp) are spread over: ranks per node share its host memory.",
 }
 _CHOICES: dict[str, tuple[str, ...]] = {

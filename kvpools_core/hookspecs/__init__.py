@@ -256,7 +256,9 @@ def engine_features() -> Mapping[str, Sequence[str]] | None:
     and, for each, the features the engine accepts for their models, so the core
     refuses a feature for every other model without naming any architecture:
     ``"hisparse"`` (``--enable-hisparse``; SGLang 0.5.23's ``validate_hisparse``,
-    ``arg_groups/hisparse_hook.py``, asserts the model class).
+    ``arg_groups/hisparse_hook.py``, asserts the model class) and ``"unified_memory"``
+    (``--enable-unified-memory``; SGLang's ``_init_pools`` builds the unified pool for
+    hybrid Mamba and hybrid SWA models only).
 
     :returns: architecture → the engine features it supports.
     """
@@ -405,7 +407,10 @@ def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budge
     Stops at the first non-None result; return None to decline.  The core's
     default (``trylast``) reproduces SGLang's ``DefaultPoolConfigurator`` and
     token constraints for single-pool models; hybrid architectures answer
-    for their own models.
+    for their own models.  Pools that share one allocation whose split moves at
+    run time (``serving.enable_unified_memory``) are answered as an arena:
+    ``PoolSizing.arenas`` and ``PoolSpec.arena`` on its members
+    (:func:`kvpools_core.parts.unified_plan.unified_sizing`).
 
     :param model: the parsed model.
     :param serving: the serving options (``accounting`` picks SGLang's or exact sizing).

@@ -23,9 +23,8 @@ module computes, is (``mem_cache/unified_memory_pool.py`` and
 * the combinations SGLang refuses under unified memory
   (:func:`unified_memory_problems`), each with SGLang's reason and the fix.
 
-Nothing here is wired into planning yet: the ``--enable-unified-memory``
-option, the plan values and ``kvpools capacity`` come later (issue 31);
-``docs/unified-memory.md`` says what exists.
+:mod:`kvpools_core.parts.unified_plan` turns it into plan values (the arena
+of ``--enable-unified-memory``); ``docs/unified-memory.md`` says what exists.
 """
 
 from __future__ import annotations

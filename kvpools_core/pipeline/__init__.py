@@ -20,6 +20,8 @@ from kvpools_core.parts.sizing import (
     profile_budget,
     summarize_notes,
 )
+from kvpools_core.parts.unified import UnifiedRequest, unified_memory_problems
+from kvpools_core.parts.unified_plan import UNIFIED_FEATURE
 from kvpools_core.pipeline.engine_defaults import apply_engine_defaults
 from kvpools_core.pipeline.gpus import GPU, custom_gpu, default_runtime_bytes, find_gpu, sglang_memory_defaults
 from kvpools_core.pipeline.host import host_reserve_flag_check, plan_host_tier, resolve_retraction_backup
@@ -665,6 +667,7 @@ def _validate(
     problems += [f"{message} [core]" for message in chunk_page_problems(serving)]
     if target:
         problems += [f"{message} [core]" for message in hisparse_problems(spec, serving, registry)]
+        problems += [f"{message} [core]" for message in unified_model_problems(spec, serving, registry)]
     problems += [
         f"{message} [{plugin}]"
         for plugin, messages in registry.call_collect("validate", model=spec, serving=serving)
@@ -697,6 +700,26 @@ def chunk_page_problems(serving: Serving) -> list[str]:
         f"is whole pages ('chunked_prefill_size must be divisible by page_size'). Use a page size that divides "
         f"{per_worker} (such as {', '.join(map(str, divisors))}), or a {o('chunked_prefill_size')} that is a "
         f"multiple of {page * workers}."
+    ]
+
+
+def unified_model_problems(spec: ModelSpec, serving: Serving, registry: Registry) -> list[str]:
+    """SGLang 0.5.23 builds its unified memory pool only for the model classes whose architecture plugin names
+    ``"unified_memory"`` (``engine_features``); every other model gets SGLang's own refusal
+    (``kv_cache_configurator.py`` ``_init_pools``).  The plugins that name it check the rest themselves
+    (:func:`kvpools_core.parts.unified_plan.serving_problems`)."""
+    if not serving.enable_unified_memory:
+        return []
+    supported = {
+        architecture
+        for _, answer in registry.call_collect("engine_features")
+        for architecture, features in answer.items()
+        if UNIFIED_FEATURE in features
+    }
+    if spec.architecture in supported:
+        return []
+    return [
+        f"SGLang 0.5.23 refuses it for {spec.name}: {problem}" for problem in unified_memory_problems(UnifiedRequest())
     ]
 
 

@@ -263,8 +263,17 @@ def limits_of(plan: Plan) -> Limits:
     A token space other than ``"full"`` is modelled when the plan records its
     worst-case window (:attr:`Plan.windows`, a :class:`TokenWindow` its sizing
     plugin filled in) or its compression ratio (:attr:`Plan.compression`, one
-    that divides the page); any other is refused, naming it.
+    that divides the page); any other is refused, naming it.  A plan whose pools
+    share an arena (``--enable-unified-memory``) has no fixed split to read
+    limits from: it is refused here, and answered by
+    :mod:`kvpools_core.planning.unified` (``kvpools capacity``).
     """
+    if plan.sizing.arenas:
+        raise UnsupportedCombinationError(
+            f"kvpools answers capacity under {option('enable_unified_memory')} only as `kvpools capacity` does "
+            "(kvpools_core.planning.unified: the arena's split moves at run time); this planner does not model it "
+            f"yet. Drop {option('enable_unified_memory')} here."
+        )
     counts = plan.counts
     tokens: dict[str, int] = dict(counts["tokens"])
     windowed = {window.token_space: window for window in plan.windows}

@@ -35,6 +35,7 @@ __all__ = [
     "MALFORMABLE_FIELDS",
     "Case",
     "ConformanceFailure",
+    "check_arenas",
     "check_build",
     "check_claims",
     "check_declines",
@@ -227,7 +228,30 @@ def check_plan(case: Case, registry: Registry) -> Plan | None:
         raise case.fail("the plan does not survive Plan.from_json(plan.to_json())")
     if result.cost.bytes_for(**result.counts) != result.planned_bytes:
         raise case.fail("the plan's cost model does not add up to its planned bytes")
+    check_arenas(case, result)
     return result
+
+
+def check_arenas(case: Case, planned: Plan) -> None:
+    """Pools that share an arena (``PoolSizing.arenas``) keep the contract of ``docs/values.md``.
+
+    The arena is one pool of its bytes and no arena's member; its sub-pools are exactly the pools that name it
+    (``PoolSpec.arena``), their cost groups name it too, and each sub-pool's index space is ``bytes // entry``
+    slots of which the first ``ceil(sink / entry)`` are the sink, with room past it; at the plan's counts the
+    sink and the members' draw fit the arena (``Plan.problems``).  Vacuous for a plan without arenas.
+    """
+    found = [problem for problem in planned.problems() if "arena" in problem]
+    for arena in planned.sizing.arenas:
+        for sub in arena.sub_pools:
+            group = planned.cost.group(sub.pool)
+            if group.arena != arena.name:
+                found.append(f"the cost group of sub-pool {sub.pool!r} names arena {group.arena!r}, not {arena.name!r}")
+            if sub.max_slots != arena.bytes // sub.entry_bytes:
+                found.append(f"sub-pool {sub.pool!r}: max_slots {sub.max_slots} != {arena.bytes} // {sub.entry_bytes}")
+            if sub.min_slot_index != -(-arena.sink_bytes // sub.entry_bytes) or sub.min_slot_index >= sub.max_slots:
+                found.append(f"sub-pool {sub.pool!r}: first slot {sub.min_slot_index} is not just past the sink")
+    if found:
+        raise case.fail("the plan's arena breaks its contract: " + " ".join(found))
 
 
 def check_build(case: Case, planned: Plan, registry: Registry) -> Any:
@@ -238,7 +262,7 @@ def check_build(case: Case, planned: Plan, registry: Registry) -> Any:
         pools = build(planned, "meta", registry=registry)
     except KvpoolsError as exc:
         raise case.fail(f"build(plan, 'meta') failed: {type(exc).__name__}: {exc}") from exc
-    built, want = pools.allocated_by_pool(), {p.name: p.bytes for p in planned.pools}
+    built, want = pools.allocated_by_pool(), {p.name: p.bytes for p in planned.pools if p.arena is None}
     if built != want:
         differ = {n: (want.get(n), built.get(n)) for n in set(built) | set(want) if built.get(n) != want.get(n)}
         raise case.fail(f"built bytes differ from the plan (pool: planned, built): {differ}")

@@ -205,6 +205,34 @@ def _seed_cases(
     return cases
 
 
+def test_unified_memory_arenas_keep_the_contract(
+    plugin: str, seeds: dict[str, dict[str, Any]], registry: Registry, platform: Any
+) -> None:
+    """A plugin that names ``"unified_memory"`` (``engine_features``) plans each seed under
+    ``--enable-unified-memory`` as one arena that keeps the contract (:func:`check_arenas`) and builds it on
+    ``meta`` to the planned byte (:func:`check_build`), or refuses it."""
+    features = {
+        arch
+        for _, answer in registry.call_collect("engine_features")
+        for arch, f in answer.items()
+        if "unified_memory" in f
+    }
+    cases = [
+        attrs.evolve(case, serving=attrs.evolve(case.serving, enable_unified_memory=True))
+        for case in _seed_cases(plugin, seeds, platform, registry)
+        if c.model_of(case, registry).architecture in features
+    ]
+    if not cases:
+        pytest.skip(f"plugin {plugin!r} names no unified-memory architecture among its seeds")
+    for case in cases:
+        planned = c.check_plan(case, registry)
+        if planned is None:
+            continue
+        if not planned.sizing.arenas:
+            raise case.fail("--enable-unified-memory was planned without an arena")
+        c.check_build(case, planned, registry)
+
+
 def test_honours_the_kv_dtype_and_tp(
     plugin: str, seeds: dict[str, dict[str, Any]], registry: Registry, platform: Any
 ) -> None:

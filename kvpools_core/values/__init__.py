@@ -144,7 +144,16 @@ from kvpools_core.values.model import (
     _layer_tuple as _layer_tuple,
 )
 from kvpools_core.values.plan import (
+    ARENA_GROWTH as ARENA_GROWTH,
+)
+from kvpools_core.values.plan import (
     PLAN_FORMAT as PLAN_FORMAT,
+)
+from kvpools_core.values.plan import (
+    Arena as Arena,
+)
+from kvpools_core.values.plan import (
+    ArenaSubPool as ArenaSubPool,
 )
 from kvpools_core.values.plan import (
     Budget as Budget,

@@ -380,6 +380,12 @@ class GroupCost:
     fixed_bytes: int = attrs.field(default=0, validator=non_negative)
     slot_space: str | None = attrs.field(default=None, validator=attrs.validators.optional(_token_space))
     slots_per_token: int = attrs.field(default=1, validator=positive)
+    arena: str | None = None
+    """The arena (:class:`~kvpools_core.values.plan.Arena`) this group's entries are carved from, or None.
+
+    An arena member's bytes are a *draw* on the arena, not an allocation of their own: the arena's pool pays
+    them (fixed bytes), so :meth:`CostModel.bytes_for` leaves member groups out and
+    :meth:`CostModel.arena_draw` sums them for one arena (SGLang's ``--enable-unified-memory``)."""
 
     @property
     def bytes_per_token(self) -> float:
@@ -400,7 +406,12 @@ class GroupCost:
         """Two costs of one group summed (target + draft parts of the same pool)."""
         if not isinstance(other, GroupCost):
             return NotImplemented
-        if (self.group, self.token_space, self.token_block) != (other.group, other.token_space, other.token_block):
+        if (self.group, self.token_space, self.token_block, self.arena) != (
+            other.group,
+            other.token_space,
+            other.token_block,
+            other.arena,
+        ):
             raise InvalidValueError(
                 f"GroupCost: cannot add group {other.group!r} ({other.token_space} tokens in blocks of "
                 f"{other.token_block}) to {self.group!r} ({self.token_space} tokens in blocks of {self.token_block})."
@@ -494,13 +505,32 @@ class CostModel:
                 return group
         raise KeyError(f"cost model has no group named {name!r}; groups: {[g.group for g in self.groups]}")
 
+    @property
+    def arenas(self) -> tuple[str, ...]:
+        """The arenas the member groups are carved from, in first-seen order."""
+        return tuple(dict.fromkeys(g.arena for g in self.groups if g.arena is not None))
+
+    def arena_draw(
+        self, arena: str, *, tokens: int | Mapping[str, int] = 0, requests: int = 0, state_slots: int = 0
+    ) -> int:
+        """Bytes the member groups of ``arena`` draw from it for these counts (the arena's sink not included)."""
+        members = CostModel(g for g in self.groups if g.arena == arena)
+        if not members.groups:
+            raise KeyError(f"cost model has no group in arena {arena!r}; arenas: {list(self.arenas)}")
+        return members._sum(tokens, requests, state_slots)
+
     def bytes_for(self, *, tokens: int | Mapping[str, int] = 0, requests: int = 0, state_slots: int = 0) -> int:
         """Bytes of every group for these counts.
 
         ``tokens`` is one count for every token space, or a mapping from each
         token space (``{"full": ..., "swa": ...}``) to its count; a space the
-        model scales with must be in it.
+        model scales with must be in it.  Groups carved from an arena are left
+        out: the arena's own group holds their bytes (:meth:`arena_draw`).
         """
+        own = CostModel(g for g in self.groups if g.arena is None)
+        return own._sum(tokens, requests, state_slots)
+
+    def _sum(self, tokens: int | Mapping[str, int], requests: int, state_slots: int) -> int:
         counts = tokens if isinstance(tokens, Mapping) else dict.fromkeys(self.token_spaces, tokens)
         missing = [space for space in self.token_spaces if space not in counts]
         if missing:
@@ -517,7 +547,10 @@ class CostModel:
 
     def lines(self) -> tuple[str, ...]:
         """One affine line per group: ``name: N B/token + M B/request + S B/state slot + F B fixed``."""
-        return tuple(f"{g.group}: {g.describe()}" for g in self.groups)
+        return tuple(
+            f"{g.group}: {g.describe()}{'' if g.arena is None else f' (drawn from arena {g.arena})'}"
+            for g in self.groups
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)

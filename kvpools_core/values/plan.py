@@ -10,6 +10,7 @@ import attrs
 
 from kvpools_core.errors import InvalidValueError, KvpoolsError, PlanFormatError, short_repr
 from kvpools_core.values._fields import (
+    _int_tuple,
     _str_tuple,
     fraction,
     frozen_mapping,
@@ -122,6 +123,10 @@ class PoolSpec:
     unit: str = attrs.field(default=attrs.Factory(_unit_of_kind, takes_self=True), validator=one_of(*COST_UNITS))
     token_space: str = attrs.field(default=FULL_TOKENS, validator=_token_space)
     cost: GroupCost | None = attrs.field(default=None, converter=_group_cost_or_none)
+    arena: str | None = None
+    """The arena (:class:`Arena`, ``PoolSizing.arenas``) this pool's entries are carved from, or None for a pool
+    allocated on its own.  A member's ``bytes`` are what it draws from the arena at the plan's counts, not an
+    allocation: :attr:`PoolSizing.planned_bytes` counts the arena's own pool instead."""
 
     @cost.validator
     def _check_cost(self, _attribute: attrs.Attribute[Any], cost: GroupCost | None) -> None:
@@ -131,6 +136,10 @@ class PoolSpec:
             raise InvalidValueError(f"PoolSpec.cost of pool {self.name!r} must be a GroupCost, got {cost!r}.")
         if cost.group != self.name:
             raise InvalidValueError(f"PoolSpec.cost of pool {self.name!r} is named {cost.group!r}.")
+        if cost.arena != self.arena:
+            raise InvalidValueError(
+                f"PoolSpec.cost of pool {self.name!r} (arena {self.arena!r}) is in arena {cost.arena!r}."
+            )
         paid = {
             TOKEN: cost.token_bytes,
             REQUEST: cost.bytes_per_request,
@@ -149,7 +158,7 @@ class PoolSpec:
         if self.cost is not None:
             return self.cost
         if self.unit == FIXED:
-            return GroupCost(group=self.name, fixed_bytes=self.bytes)
+            return GroupCost(group=self.name, fixed_bytes=self.bytes, arena=self.arena)
         fixed = self.bytes - self.bytes_per_slot * self.slots
         if fixed < 0:
             raise InvalidValueError(
@@ -159,6 +168,7 @@ class PoolSpec:
         slot, unit = self.bytes_per_slot, self.unit
         return GroupCost(
             group=self.name,
+            arena=self.arena,
             token_space=self.token_space,
             fixed_bytes=fixed,
             token_bytes=slot if unit == TOKEN else 0,
@@ -243,6 +253,80 @@ class TokenWindow:
         return load_value(cls, data)
 
 
+ARENA_GROWTH = ("up", "down", "float")
+
+
+@attrs.frozen(kw_only=True)
+class ArenaSubPool:
+    """One sub-pool carved from an :class:`Arena`: its plan pool, its entry, its index space and where it grows.
+
+    ``entry_bytes`` is one slot over all its layers (token-major); ``page_size``
+    the sub-pool's page (the serving page for KV, 1 for state); ``max_slots``
+    ``arena // entry`` (every sub-pool's views span the whole arena) and
+    ``min_slot_index`` the first slot past the sink.  ``grows`` is ``"up"`` (from
+    the arena's low end), ``"down"`` (from its high end) or ``"float"`` (between them).
+    """
+
+    pool: str
+    kind: str = attrs.field(validator=one_of("kv", "state"))
+    entry_bytes: int = attrs.field(validator=positive)
+    page_size: int = attrs.field(validator=positive)
+    max_slots: int = attrs.field(validator=non_negative)
+    min_slot_index: int = attrs.field(validator=non_negative)
+    grows: str = attrs.field(validator=one_of(*ARENA_GROWTH))
+    layer_num: int = attrs.field(default=1, validator=positive)
+    """Layers one entry holds (token-major: all of them, one after the other)."""
+    row_bytes: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
+    """One layer's rows within an entry, in order (K, V; or the latent); empty: the entry is one opaque row per
+    layer (a state entry)."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ArenaSubPool:
+        return load_value(cls, data)
+
+
+def _sub_pool_tuple(items: Iterable[ArenaSubPool | Mapping[str, Any]]) -> tuple[ArenaSubPool, ...]:
+    return tuple(ArenaSubPool.from_dict(item) if isinstance(item, Mapping) else item for item in items)
+
+
+@attrs.frozen(kw_only=True)
+class Arena:
+    """Pools that share one allocation whose boundaries move at run time (SGLang's ``--enable-unified-memory``).
+
+    ``bytes`` is the one buffer (a plan pool of the same ``name``, kind ``"arena"``,
+    allocates it); ``sink_bytes`` the padding sink at its bottom; ``sub_pools`` the
+    pools (``PoolSpec.arena`` = ``name``) carved from it.  At the plan's counts
+    the members draw ``Plan.cost.arena_draw(name, ...)`` and ``sink + draw <=
+    bytes``; other counts trade one sub-pool's entries for another's.
+    ``labels`` are the figures the engine prints at boot under their engine
+    names (``size_full``, ``mamba_slot_full_token_cost``, ...) and
+    ``floor_bytes`` the batch-size-1 feasibility floor (SGLang refuses an arena
+    below it).  Any architecture plugin may answer ``size_pools`` with arenas.
+    """
+
+    name: str
+    bytes: int = attrs.field(validator=non_negative)
+    sink_bytes: int = attrs.field(validator=non_negative)
+    sub_pools: tuple[ArenaSubPool, ...] = attrs.field(converter=_sub_pool_tuple)
+    labels: Mapping[str, int] = attrs.field(factory=dict, converter=frozen_mapping)
+    floor_bytes: int = attrs.field(default=0, validator=non_negative)
+    lazy_compaction: bool = True
+
+    def sub_pool(self, pool: str) -> ArenaSubPool:
+        for sub in self.sub_pools:
+            if sub.pool == pool:
+                return sub
+        raise KeyError(f"arena {self.name!r} has no sub-pool {pool!r}; sub-pools: {[s.pool for s in self.sub_pools]}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Arena:
+        return load_value(cls, data)
+
+
+def _arena_tuple(items: Iterable[Arena | Mapping[str, Any]]) -> tuple[Arena, ...]:
+    return tuple(Arena.from_dict(item) if isinstance(item, Mapping) else item for item in items)
+
+
 @attrs.frozen(kw_only=True)
 class PoolSizing:
     """The answer of ``size_pools``: token and request counts, and every pool.
@@ -284,6 +368,8 @@ class PoolSizing:
     state_slots_per_request: int = attrs.field(default=0, validator=non_negative)
     windows: tuple[TokenWindow, ...] = attrs.field(default=(), converter=_window_tuple)
     compression: Mapping[str, int] = attrs.field(factory=dict, converter=frozen_mapping)
+    arenas: tuple[Arena, ...] = attrs.field(default=(), converter=_arena_tuple)
+    """The arenas pools are carved from (:class:`Arena`; ``PoolSpec.arena`` names one); empty without any."""
 
     @compression.validator
     def _check_compression(self, _attribute: attrs.Attribute[Any], compression: Mapping[str, int]) -> None:
@@ -327,7 +413,14 @@ class PoolSizing:
 
     @property
     def planned_bytes(self) -> int:
-        return sum(pool.bytes for pool in self.pools)
+        """Bytes ``build`` allocates: every pool's, an arena's members counted once, as the arena."""
+        return sum(pool.bytes for pool in self.pools if pool.arena is None)
+
+    def arena(self, name: str) -> Arena:
+        for arena in self.arenas:
+            if arena.name == name:
+                return arena
+        raise KeyError(f"plan has no arena named {name!r}; arenas: {[a.name for a in self.arenas]}")
 
     @property
     def counts(self) -> dict[str, Any]:
@@ -630,7 +723,7 @@ class Plan:
             )
         if sizing.max_running_requests < 1:
             found.append(f"plan.sizing.max_running_requests must be at least 1, got {sizing.max_running_requests}.")
-        spaces = dict.fromkeys(pool.token_space for pool in sizing.pools if pool.unit == TOKEN)
+        spaces = dict.fromkeys(pool.token_space for pool in sizing.pools if pool.unit == TOKEN and pool.arena is None)
         found.extend(
             f"plan.sizing.token_counts[{space!r}] must be positive: token pools hold its tokens, got {count}."
             for space in spaces
@@ -657,7 +750,37 @@ class Plan:
                 f"plan.sizing.pools need {self.planned_bytes:,} B, over plan.budget.budget_bytes "
                 f"({self.budget.budget_bytes:,} B): an exact plan fits its budget."
             )
+        found.extend(self._arena_problems())
         found.extend(self._host_problems())
+        return found
+
+    def _arena_problems(self) -> list[str]:
+        """Every member names an arena; each arena is one pool of its bytes; sink + draws fit it."""
+        sizing, found = self.sizing, []
+        arenas = {arena.name: arena for arena in sizing.arenas}
+        pools = {pool.name: pool for pool in sizing.pools}
+        for i, pool in enumerate(sizing.pools):
+            if pool.arena is not None and pool.arena not in arenas:
+                found.append(f"plan.sizing.pools[{i}].arena {pool.arena!r} names no arena of plan.sizing.arenas.")
+        for i, arena in enumerate(sizing.arenas):
+            own = pools.get(arena.name)
+            if own is None or own.arena is not None or own.bytes != arena.bytes:
+                found.append(
+                    f"plan.sizing.arenas[{i}] ({arena.name!r}, {arena.bytes:,} B) needs a pool of its name and bytes "
+                    "that is no arena's member."
+                )
+                continue
+            members = [pool.name for pool in sizing.pools if pool.arena == arena.name]
+            subs = [sub.pool for sub in arena.sub_pools]
+            if sorted(members) != sorted(subs):
+                found.append(f"plan.sizing.arenas[{i}].sub_pools {subs} are not the pools carved from it {members}.")
+                continue
+            draw = self.cost.arena_draw(arena.name, **self.counts)
+            if arena.sink_bytes + draw > arena.bytes:
+                found.append(
+                    f"plan.sizing.arenas[{i}] ({arena.name!r}): the sink ({arena.sink_bytes:,} B) and its sub-pools' "
+                    f"draw at the plan's counts ({draw:,} B) exceed its {arena.bytes:,} B."
+                )
         return found
 
     def _host_problems(self) -> list[str]:

@@ -316,6 +316,13 @@ class Serving:
     hicache_mem_layout: str = attrs.field(default="page_first", validator=one_of(*HICACHE_MEM_LAYOUTS))
     hicache_write_policy: str = attrs.field(default="write_through", validator=one_of(*HICACHE_WRITE_POLICIES))
     nnodes: int = attrs.field(default=1, validator=positive)
+    # the unified memory pool (SGLang --enable-unified-memory; parts.unified, docs/unified-memory.md)
+    enable_unified_memory: bool = False
+    """SGLang's ``--enable-unified-memory``: a hybrid model's full KV, SWA KV and Mamba state share one arena
+    (``PoolSizing.arenas``) whose split moves at run time; models SGLang does not build it for are refused."""
+    disable_lazy_compaction: bool = False
+    """``SGLANG_DISABLE_LAZY_COMPACTION``: the unified allocators compact eagerly on every free instead of
+    recording holes (lazy compaction, SGLang's default); only with :attr:`enable_unified_memory`."""
     # kvpools
     accounting: str = attrs.field(default="exact", validator=_accounting_name)
     """``--accounting``: an accounting of an installed engine plugin (``engine_accountings`` hook). Any lower-case
@@ -398,6 +405,18 @@ class Serving:
                 f"{o('enable_online_c128_mtp')} applies to the online c128 compression only, which is off: add "
                 f"{o('enable_online_compress')}, or drop {o('enable_online_c128_mtp')} (alone it changes nothing)."
             )
+        if self.disable_lazy_compaction and not self.enable_unified_memory:
+            raise ConfigError(
+                f"{o('disable_lazy_compaction')} (SGLANG_DISABLE_LAZY_COMPACTION) applies to the unified memory "
+                f"pool's allocators only, which are off: add {o('enable_unified_memory')}, or drop "
+                f"{o('disable_lazy_compaction')} (alone it changes nothing)."
+            )
+        if self.enable_unified_memory and self.accounting not in SGLANG_ACCOUNTING_MODES:
+            raise ConfigError(
+                f"{o('enable_unified_memory')} is SGLang's unified memory pool; {o('accounting')} "
+                f"{self.accounting} plans another engine's KV cache. Use {o('accounting')} exact or sglang, or drop "
+                f"{o('enable_unified_memory')}."
+            )
         if self.enable_mamba_extra_buffer_lazy and self.disable_overlap_schedule:
             raise ConfigError(
                 f"{o('enable_mamba_extra_buffer_lazy')} requires the overlap schedule; "
@@ -418,6 +437,11 @@ class Serving:
     def unset_options(self) -> tuple[str, ...]:
         """The :data:`ENGINE_DEFAULT_OPTIONS` left unset (reading as the generic default, :func:`is_unset`)."""
         return tuple(name for name in ENGINE_DEFAULT_OPTIONS if is_unset(getattr(self, name)))
+
+    @property
+    def lazy_compaction(self) -> bool:
+        """Whether the unified allocators compact lazily (SGLang's default; ``SGLANG_DISABLE_LAZY_COMPACTION``)."""
+        return not self.disable_lazy_compaction
 
     @property
     def speculative(self) -> bool:

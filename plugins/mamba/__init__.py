@@ -37,12 +37,28 @@ from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parallel import pp_layer_range
 from kvpools_core.parts.attention import attention_cell_size, scale_block_problems
+from kvpools_core.parts.sizing import sglang_rest_gib
+from kvpools_core.parts.unified import SubPoolEntry
+from kvpools_core.parts.unified_plan import (
+    UNIFIED_FEATURE,
+    ArenaMember,
+    kv_entry_from_cell,
+    serving_problems,
+    state_entry_from_cell,
+    unified_sizing,
+)
 from kvpools_core.values import STATE_SLOT, Budget, CellPart, CellSize, ModelSpec, Plan, PoolSizing, Serving
 
 from .config import KV_KINDS, hybrid_family, hybrid_model_spec
 from .latent import is_mla_hybrid, latent_cell_size, latent_problems
-from .sizing import STATE_POOL, extra_buffer, size_hybrid_pools
-from .state import rank_full_attention_layers, rank_state_layer_ids, state_bytes_per_slot, state_shape
+from .sizing import SLOT_ALLOCATOR_POOL, STATE_POOL, extra_buffer, size_hybrid_pools, split_budget
+from .state import (
+    rank_full_attention_layers,
+    rank_state_layer_ids,
+    sglang_stage_per_req,
+    state_bytes_per_slot,
+    state_shape,
+)
 from .traits import architecture_traits as architecture_traits
 from .weights import estimate_weights as estimate_weights
 
@@ -56,6 +72,13 @@ PRESET_DIR = Path(__file__).parent / "presets"
 @hookimpl
 def presets() -> dict[str, str]:
     return {path.stem: str(path) for path in sorted(PRESET_DIR.glob("*.json"))}
+
+
+@hookimpl
+def engine_features() -> dict[str, list[str]]:
+    """SGLang 0.5.23 builds its unified memory pool for hybrid Mamba / linear-attention models (MHA or MLA full
+    side; ``_init_unified_mamba_pools``)."""
+    return {ARCHITECTURE: [UNIFIED_FEATURE]}
 
 
 @hookimpl
@@ -120,9 +143,35 @@ def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> 
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing | None:
-    return size_hybrid_pools(
+    static = size_hybrid_pools(
         model, serving, cell, budget, owner=ARCHITECTURE, state_layers=len(rank_state_layer_ids(model, serving))
     )
+    if not serving.enable_unified_memory:
+        return static
+    # SGLang's UnifiedMambaTokenToKVPoolAllocator: state slots grow up, full KV grows down (unified_memory_pool.py
+    # init_unified_mamba_pools); K and the request cap stay the static configurator's
+    full, state = unified_entries(model, serving, cell)
+    return unified_sizing(
+        static,
+        serving,
+        budget_bytes=budget.budget_bytes,
+        members=(ArenaMember(full.name, full, "down"), ArenaMember(STATE_POOL, state, "up")),
+        drop=(SLOT_ALLOCATOR_POOL, "allocator"),
+        owner=ARCHITECTURE,
+        model_name=model.name,
+        context_len=serving.context_length or model.context_len,
+        max_mamba_cache_size=int(static.sglang_config["max_mamba_cache_size"]),
+        token_budget_bytes=split_budget(
+            sglang_rest_gib(budget), serving, sglang_stage_per_req(model, serving), model.name, budget
+        ).kv_budget_bytes,
+    )
+
+
+def unified_entries(model: ModelSpec, serving: Serving, cell: CellSize) -> tuple[SubPoolEntry, SubPoolEntry]:
+    """The full KV entry (all full-attention layers of one token on this rank) and the state entry."""
+    full_pool = next(iter(cell.pool_bytes_per_token()))
+    full = kv_entry_from_cell(cell, full_pool, max(cell.num_layers, 1))
+    return full, state_entry_from_cell(cell, STATE_POOL, len(rank_state_layer_ids(model, serving)))
 
 
 @hookimpl
@@ -190,6 +239,9 @@ def hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:
             f"({option('pp_layer_partition')}, "
             f"or a smaller {option('pp_size')})."
         )
+    problems += serving_problems(
+        serving, model_name=model.name, is_mamba=True, is_hybrid_swa=False, is_mla=is_mla_hybrid(model)
+    )
     if is_mla_hybrid(model):
         return problems + latent_problems(model, serving)
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)

@@ -31,6 +31,15 @@ from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.attention import attention_cell_size, host_row_width_problems, scale_block_problems
 from kvpools_core.parts.indexer import INDEX_EXTRA_SLOTS, INDEX_POOL
+from kvpools_core.parts.sizing import SWA_MAPPING_POOL
+from kvpools_core.parts.unified import SubPoolEntry
+from kvpools_core.parts.unified_plan import (
+    UNIFIED_FEATURE,
+    ArenaMember,
+    kv_entry_from_cell,
+    serving_problems,
+    unified_sizing,
+)
 from kvpools_core.values import Budget, CellPart, CellSize, ModelSpec, Plan, PoolSizing, Serving
 
 from .config import ARCHITECTURE, FULL, SLIDING, parse_swa_config, sglang_serves_hybrid_swa
@@ -39,7 +48,9 @@ from .sizing import (
     DRAFT_KV_ALGORITHMS,
     DRAFT_POOL,
     FULL_POOL,
+    SWA_ALLOCATOR,
     SWA_POOL,
+    SWA_TOKENS,
     draft_layer,
     draft_num_layers,
     sglang_shape,
@@ -61,6 +72,13 @@ def presets() -> dict[str, str]:
 
 
 @hookimpl
+def engine_features() -> dict[str, list[str]]:
+    """SGLang 0.5.23 builds its unified memory pool for hybrid sliding-window models (``_init_unified_swa_pools``;
+    only those ``ModelConfig.is_hybrid_swa`` names, MHA on both sides: :func:`unified_problems`)."""
+    return {ARCHITECTURE: [UNIFIED_FEATURE]}
+
+
+@hookimpl
 def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
     return parse_swa_config(config, source)
 
@@ -74,6 +92,7 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
             f"{option('dcp_size')} {serving.dcp_size}: kvpools' SWA pools shard KV heads over attention TP, not tokens "
             f"over decode context parallelism. Use {option('dcp_size')} 1 for {model.name}."
         )
+    problems += unified_problems(model, serving)
     if is_latent(model):
         return problems + latent_problems(model, serving, serving.speculative_algorithm in DRAFT_KV_ALGORITHMS)
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
@@ -146,7 +165,52 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing | None:
     if sglang_plain(model, serving):
         return None  # one dense KV pool: the core's sizing, as SGLang's MHA configurator
-    return size_swa_pools(model, serving, cell, budget)
+    static = size_swa_pools(model, serving, cell, budget)
+    if not serving.enable_unified_memory:
+        return static
+    # SGLang's UnifiedSWATokenToKVPoolAllocator: SWA KV grows up, full KV grows down and owns the virtual ids, so
+    # no full->SWA mapping (unified_memory_pool.py init_unified_swa_pools, a profiled budget: total_bytes =
+    # unified_total_bytes); the request cap stays the static configurator's
+    full, swa = unified_entries(model, serving, cell)
+    return unified_sizing(
+        static,
+        serving,
+        budget_bytes=budget.budget_bytes,
+        members=(ArenaMember(FULL_POOL, full, "down"), ArenaMember(SWA_POOL, swa, "up", SWA_TOKENS)),
+        drop=("allocator", SWA_ALLOCATOR, SWA_MAPPING_POOL),
+        owner=ARCHITECTURE,
+        model_name=model.name,
+        context_len=serving.context_length or model.context_len,
+        sliding_window=int(model.params["sliding_window"]),
+    )
+
+
+def unified_entries(model: ModelSpec, serving: Serving, cell: CellSize) -> tuple[SubPoolEntry, SubPoolEntry]:
+    """The full and the SWA KV entries: every full (sliding) layer of one token on this rank, token-major."""
+    start, end = rank_layer_range(model, serving)
+    layers = model.layers[start:end]
+    num_swa = sum(layer.kind == SLIDING for layer in layers)
+    return (
+        kv_entry_from_cell(cell, FULL_POOL, max(len(layers) - num_swa, 1)),
+        kv_entry_from_cell(cell, SWA_POOL, max(num_swa, 1)),
+    )
+
+
+def unified_problems(model: ModelSpec, serving: Serving) -> list[str]:
+    """SGLang's unified-memory rules for a sliding-window model (``parts.unified_plan.serving_problems``).
+
+    SGLang builds the pool only for the models ``ModelConfig.is_hybrid_swa`` names (Gemma-2/3 and Mistral are
+    served dense, so they are "neither"), and refuses an MLA-SWA hybrid.
+    """
+    if not serving.enable_unified_memory:
+        return []
+    hybrid = sglang_serves_hybrid_swa(model)[0] or is_latent(model)
+    entries: tuple[SubPoolEntry, ...] = ()
+    if hybrid and not is_latent(model):
+        entries = unified_entries(model, serving, swa_cell_size(model, serving))
+    return serving_problems(
+        serving, model_name=model.name, is_mamba=False, is_hybrid_swa=hybrid, is_mla=is_latent(model), entries=entries
+    )
 
 
 @hookimpl

@@ -255,6 +255,17 @@ EVIDENCE: dict[str, Evidence] = {
     "hicache_write_policy": NoMemory(
         "When device KV is copied to the host tier (SGLang's `--hicache-write-policy`), not how big either tier is."
     ),
+    # -- the unified memory pool (issue 31)
+    "enable_unified_memory": Changes(
+        ("gpt-oss-20b", "--memory", "60GiB", "--page-size", "16"),
+        ("gpt-oss-20b", "--memory", "60GiB", "--page-size", "16", "--enable-unified-memory"),
+        why="one arena instead of the full and SWA pools",
+    ),
+    "disable_lazy_compaction": NoMemory(
+        "The unified allocators' run-time policy (SGLang's `SGLANG_DISABLE_LAZY_COMPACTION`): frees compact the "
+        "band at once instead of leaving holes. The arena, its sub-pools and their tables are the same; "
+        "`plan.sizing.arenas[].lazy_compaction` records it. Alone (without `--enable-unified-memory`) it is refused."
+    ),
     "nnodes": Changes((*HOST, "--tp-size", "8"), (*HOST, "--tp-size", "8", "--nnodes", "2")),
     "accounting": Changes(LLAMA, (*LLAMA, "--accounting", "sglang")),
     # -- vLLM's accounting (refused without it: tests/cli)
@@ -521,6 +532,8 @@ def test_the_options_page_is_the_table() -> None:
         ((*LLAMA, "--hisparse-config", '{"host_to_device_ratio": 4}'), "add --enable-hisparse"),
         # deepseek_v4_memory_pool.py lines 50, 72-73, 1078: the C128 MTP buffer exists only under ONLINE_C128
         ((*DSV4, "--enable-online-c128-mtp"), "add --enable-online-compress"),
+        # SGLANG_DISABLE_LAZY_COMPACTION is read by the unified allocators only (_should_enable_lazy_compaction)
+        ((*LLAMA, "--disable-lazy-compaction"), "add --enable-unified-memory"),
     ],
 )
 def test_an_option_that_would_change_nothing_alone_is_refused(args: tuple[str, ...], message: str) -> None:
