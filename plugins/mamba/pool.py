@@ -59,6 +59,7 @@ from kvpools_core.pools.req_to_token import DecodeRows
 from kvpools_core.values import Plan
 
 from .latent import is_mla_hybrid, latent_row
+from .ple import NGRAM_POOL, NGRAM_SPEC_POOL, SHORT_CONV_POOL, SHORT_CONV_SPEC_POOL, PleState, ple_state
 from .sizing import (
     MAPPING_POOL,
     SLOT_ALLOCATOR_POOL,
@@ -216,6 +217,33 @@ class MambaSpecState:
         return tensor_nbytes(self.intermediate_conv, [self.intermediate_ssm])
 
 
+class PleStatePools:
+    """Qwen4-Exp's PLE state beside the state pool (SGLang's ``ShortConvPool`` and ``NGramPool``, addressed by
+    state slot): short-conv windows ``(layers, slots + 1) + shape``, n-gram context ``(slots + 1, context)`` int64
+    (filled with ``eos_token_id`` by SGLang; zeros here), and with speculation their per-draft-token copies."""
+
+    def __init__(
+        self, *, ple: PleState, slots: int, spec_rows: int | None, draft_tokens: int, device: str | torch.device
+    ) -> None:
+        self.tensors: dict[str, Tensor] = {}
+        if ple.short_conv_bytes_per_slot:
+            assert ple.shape is not None
+            conv_dtype = getattr(torch, ple.conv_dtype)
+            layers = len(ple.layer_ids)
+            self.tensors[SHORT_CONV_POOL] = allocate((layers, slots + 1, *ple.shape), conv_dtype, device)
+            if spec_rows is not None:
+                shape = (layers, spec_rows + 1, draft_tokens, *ple.shape)
+                self.tensors[SHORT_CONV_SPEC_POOL] = allocate(shape, conv_dtype, device)
+        if ple.ngram_bytes_per_slot:
+            context = ple.ngram_context_len
+            self.tensors[NGRAM_POOL] = allocate((slots + 1, context), torch.int64, device)
+            if spec_rows is not None:
+                self.tensors[NGRAM_SPEC_POOL] = allocate((spec_rows + 1, draft_tokens, context), torch.int64, device)
+
+    def nbytes_by_pool(self) -> dict[str, int]:
+        return {name: tensor_nbytes([tensor]) for name, tensor in self.tensors.items()}
+
+
 class HybridReqToTokenPool(ReqToTokenPool):
     """The request table of a hybrid: each row also maps to its state slot (and ping-pong slots).
 
@@ -234,10 +262,12 @@ class HybridReqToTokenPool(ReqToTokenPool):
         ping_pong_size: int = 0,
         ping_pong_slots: int = 0,
         spec_state: MambaSpecState | None = None,
+        ple_state: PleStatePools | None = None,
     ) -> None:
         super().__init__(size, max_context_len, device)
         self.mamba_pool = mamba_pool
         self.spec_state = spec_state
+        self.ple_state = ple_state
         self.ping_pong_size = ping_pong_size
         self.ping_pong_slots = ping_pong_slots
         rows = self.req_to_token.shape[0]
@@ -280,6 +310,16 @@ class HybridReqToTokenPool(ReqToTokenPool):
                 spec_rows * d * len(layer_ids) * shape.bytes,
                 f"{spec_rows} rows x {d} draft tokens x {len(layer_ids)} layers",
             )
+        ple = ple_state(model, serving)
+        if ple is not None:
+            for name, per_slot, count, what in (
+                (SHORT_CONV_POOL, ple.short_conv_bytes_per_slot, k + 1, f"{k} + 1 slots"),
+                (SHORT_CONV_SPEC_POOL, d * ple.short_conv_bytes_per_slot, spec_rows, f"{spec_rows} rows x {d}"),
+                (NGRAM_POOL, ple.ngram_bytes_per_slot, k + 1, f"{k} + 1 slots"),
+                (NGRAM_SPEC_POOL, d * ple.ngram_bytes_per_slot, spec_rows, f"{spec_rows} rows x {d}"),
+            ):
+                if per_slot and (has_spec or not name.endswith("_spec")):
+                    want[name] = (count * per_slot, f"{what} x {ple.describe()}")
         for name, (allocating, detail) in want.items():
             check_planned_bytes(name, allocating, plan.pool(name).bytes, detail)
         mamba_pool = MambaStatePool(
@@ -293,6 +333,11 @@ class HybridReqToTokenPool(ReqToTokenPool):
             "ping_pong_size": pp,
             "ping_pong_slots": ping_pong_slots_per_request(serving),
             "spec_state": spec,
+            "ple_state": None
+            if ple is None
+            else PleStatePools(
+                ple=ple, slots=k, spec_rows=spec_rows - 1 if has_spec else None, draft_tokens=d, device=device
+            ),
         }
         if serving.disaggregation_mode == "decode":
             return HybridMambaDecodeReqToTokenPool(
@@ -319,6 +364,8 @@ class HybridReqToTokenPool(ReqToTokenPool):
         }
         if self.spec_state is not None:
             measured[SPEC_STATE_POOL] = self.spec_state.nbytes
+        if self.ple_state is not None:
+            measured.update(self.ple_state.nbytes_by_pool())
         return measured
 
     # -- rows and slots ------------------------------------------------------

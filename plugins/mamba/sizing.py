@@ -40,6 +40,7 @@ from kvpools_core.parts.sizing import (
 )
 from kvpools_core.values import REQUEST, STATE_SLOT, Budget, CellSize, ModelSpec, PoolSizing, PoolSpec, Serving
 
+from .ple import NGRAM_POOL, NGRAM_SPEC_POOL, SHORT_CONV_POOL, SHORT_CONV_SPEC_POOL, PleState, ple_state
 from .state import sglang_stage_per_req
 
 # SGLang's ratios of state slots to running requests (module constants of kv_cache_configurator.py).
@@ -247,6 +248,7 @@ def size_hybrid_pools(
     k = split.max_mamba_cache_size
     d = draft_tokens(serving)
     spec_pool = d > 0 and serving.disaggregation_mode != "prefill"  # a prefill node never verifies drafts
+    ple = ple_state(model, serving)
 
     def layout(tokens: int) -> tuple[list[PoolSpec], int, str | None]:
         requests, note = cap_requests(resolve_max_num_reqs(tokens, context_len, serving), split)
@@ -258,6 +260,8 @@ def size_hybrid_pools(
             spec_rows = spec_state_rows(requests, serving)
             spec = _pool(SPEC_STATE_POOL, "state", spec_rows, 1, d * per_slot, owner, unit=REQUEST)
             pools.append(with_cost(spec, request_rows_cost(spec, requests)) if spec_rows != requests else spec)
+        if ple is not None:
+            pools += _ple_pools(ple, slots, spec_state_rows(requests, serving) if spec_pool else None, d, owner)
         pools += request_pools(requests, context_len, serving)
         rows, padding = req_to_token_rows(requests, serving)
         row_bytes = MAPPING_ITEM_BYTES + PING_PONG_ITEM_BYTES * ping_pong_size(serving)
@@ -286,6 +290,8 @@ def size_hybrid_pools(
         profiled = sglang_tokens(kv_budget, cell.sglang_bytes_per_token, page)
     else:
         fixed = (k + 1) * per_slot + k * SLOT_ALLOCATOR_ITEM_BYTES  # what the state cache needs before any token
+        if ple is not None:
+            fixed += (k + 1) * (ple.short_conv_bytes_per_slot + ple.ngram_bytes_per_slot)
         if fixed > budget.budget_bytes:
             raise _no_memory_left(model, split, budget, exact_fixed=fixed)
         kv_budget = budget.budget_bytes - fixed
@@ -316,6 +322,14 @@ def size_hybrid_pools(
     slots = decode_state_slots(k, requests, serving)
     if serving.disaggregation_mode == "decode":
         notes.append(_decode_note(k, slots, requests, per_slot, serving))
+    if ple is not None:
+        ple_bytes = sum(p.bytes for p in pools if p.name.startswith("ple_"))
+        notes.append(
+            f"Qwen4-Exp PLE request state ({ple.describe()}) beside each of the {slots} + 1 state slots"
+            + (f" and {draft_tokens(serving)} draft tokens' copy per request row" if spec_pool else "")
+            + f": {ple_bytes:,} B that SGLang's budget does not charge (_handle_max_mamba_cache counts the "
+            "GDN state only; mem_cache/ple_state_pool.py allocates it beside the MambaPool)"
+        )
     return PoolSizing(
         max_total_num_tokens=tokens,
         max_running_requests=requests,
@@ -347,6 +361,22 @@ def _pool(
         owner=owner,
         unit=unit,
     )
+
+
+def _ple_pools(ple: PleState, slots: int, spec_rows: int | None, d: int, owner: str) -> list[PoolSpec]:
+    """``ShortConvPool`` and ``NGramPool`` (``mem_cache/ple_state_pool.py``): ``slots + 1`` rows each, and with
+    speculation ``spec_rows + 1`` rows of ``d`` draft tokens each; uncharged by SGLang's budget."""
+    pools = []
+    for main, spec, per_slot in (
+        (SHORT_CONV_POOL, SHORT_CONV_SPEC_POOL, ple.short_conv_bytes_per_slot),
+        (NGRAM_POOL, NGRAM_SPEC_POOL, ple.ngram_bytes_per_slot),
+    ):
+        if not per_slot:
+            continue
+        pools.append(_pool(main, "state", slots, 1, per_slot, owner, unit=STATE_SLOT, charged=False))
+        if spec_rows is not None:
+            pools.append(_pool(spec, "state", spec_rows, 1, d * per_slot, owner, unit=REQUEST, charged=False))
+    return pools
 
 
 def _split_notes(split: MambaSplit, per_slot: int, state_layers: int, serving: Serving) -> list[str]:
