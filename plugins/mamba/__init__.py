@@ -41,6 +41,7 @@ from kvpools_core.values import STATE_SLOT, Budget, CellPart, CellSize, ModelSpe
 
 from .config import KV_KINDS, hybrid_family, hybrid_model_spec
 from .latent import is_mla_hybrid, latent_cell_size, latent_problems
+from .replayssm import replayssm_problems
 from .sizing import STATE_POOL, extra_buffer, size_hybrid_pools
 from .state import rank_full_attention_layers, rank_state_layer_ids, state_bytes_per_slot, state_shape
 from .traits import architecture_traits as architecture_traits
@@ -130,7 +131,7 @@ def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | No
 
 def hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:
     """The combinations SGLang cannot size or kvpools does not model, one message each."""
-    problems = []
+    problems = replayssm_problems(model, serving)
     try:
         state_shape(model, serving)
     except UnsupportedCombinationError as error:
