@@ -37,11 +37,23 @@ from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parallel import pp_layer_range
 from kvpools_core.parts.attention import attention_cell_size, scale_block_problems
-from kvpools_core.values import STATE_SLOT, Budget, CellPart, CellSize, ModelSpec, Plan, PoolSizing, Serving
+from kvpools_core.values import (
+    STATE_SLOT,
+    TOKEN,
+    Budget,
+    CellPart,
+    CellSize,
+    ModelSpec,
+    PackedInto,
+    Plan,
+    PoolSizing,
+    Serving,
+)
 
 from .config import KV_KINDS, hybrid_family, hybrid_model_spec
 from .latent import is_mla_hybrid, latent_cell_size, latent_problems
-from .replayssm import replayssm_problems
+from .ple import NGRAM_POOL, SHORT_CONV_POOL
+from .replayssm import RING_POOL, replayssm_problems
 from .sizing import STATE_POOL, extra_buffer, size_hybrid_pools
 from .state import rank_full_attention_layers, rank_state_layer_ids, state_bytes_per_slot, state_shape
 from .traits import architecture_traits as architecture_traits
@@ -101,6 +113,11 @@ def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> 
     block size aligned to the state (:mod:`.vllm`)."""
     from .vllm import hybrid_vllm_specs
 
+    if model.params.get("ple"):
+        raise UnsupportedCombinationError(
+            f"kvpools does not model Qwen4-Exp's PLE state under {option('accounting')} vllm yet: vLLM 0.33's "
+            f"Qwen4ExpForCausalLM keeps state kvpools has not read. Use {option('accounting')} sglang or exact."
+        )
     return dict(hybrid_vllm_specs(model, serving, block_size))
 
 
@@ -110,6 +127,27 @@ def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budge
     return size_hybrid_pools(
         model, serving, cell, budget, owner=ARCHITECTURE, state_layers=len(rank_state_layer_ids(model, serving))
     )
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def host_mirrors(plan: Plan) -> dict[str, str | PackedInto | None] | None:
+    """SGLang's ``MambaPoolHost`` (``mem_cache/pool_host/mamba.py``): the PLE side states (the MambaPool's
+    ``extra_checkpoint_buffers``) are packed into the state pool's host rows (its ``get_size_per_token`` adds
+    them); the ReplaySSM ring has no host copy.  Plans with neither keep the core's default."""
+    names = {pool.name for pool in plan.pools}
+    if not names & {RING_POOL, SHORT_CONV_POOL, NGRAM_POOL}:
+        return None
+    mirrors: dict[str, str | PackedInto | None] = {
+        pool.name: None
+        for pool in plan.pools
+        if ((pool.unit == TOKEN and pool.kind == "kv") or (pool.unit == STATE_SLOT and pool.kind == "state"))
+        and pool.name not in (RING_POOL, SHORT_CONV_POOL, NGRAM_POOL)
+    }
+    for name in (SHORT_CONV_POOL, NGRAM_POOL):
+        if name in names and STATE_POOL in mirrors:
+            mirrors[name] = PackedInto(STATE_POOL)
+    return mirrors
 
 
 @hookimpl

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kvpools_core import Serving, build, plan
-from kvpools_core.errors import ConfigError
+from kvpools_core.errors import ConfigError, KvpoolsError
 from kvpools_core.parallel import rank_layer_range
 from tests.oracle import locate
 
@@ -78,6 +78,25 @@ def test_preset_builds_on_meta_with_the_planned_bytes(accounting: str) -> None:
         pools = build(result, "meta")
         assert pools.allocated_by_pool() == {p.name: p.bytes for p in result.pools}, options
         assert "ple_short_conv" in pools.allocated_by_pool()
+
+
+def test_host_tier_packs_the_ple_state_into_the_state_host_rows() -> None:
+    """SGLang's ``MambaPoolHost`` mirrors the MambaPool's side states (``extra_checkpoint_buffers``) in its own
+    rows: ``get_size_per_token`` = state + the side states' per-slot rows (``mem_cache/pool_host/mamba.py``)."""
+    result = plan(
+        PRESET, Serving(accounting="sglang", enable_hierarchical_cache=True), memory="20GiB", host_memory="256GiB"
+    )
+    assert result.host is not None
+    host = {pool.name: pool for pool in result.host.pools}
+    assert set(host) == {"kv", "mamba_state"}
+    assert host["mamba_state"].bytes_per_slot == 77_266_944 + 7_077_888 + 16
+
+
+def test_vllm_accounting_is_refused_by_name() -> None:
+    from kvpools_core.engines.vllm import plan_vllm
+
+    with pytest.raises(KvpoolsError, match="kvpools does not model Qwen4-Exp's PLE state under"):
+        plan_vllm(PRESET, Serving(accounting="vllm"), memory="20GiB")
 
 
 def test_config_refusals_name_the_field() -> None:

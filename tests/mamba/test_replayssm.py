@@ -74,6 +74,18 @@ def test_decode_ring_is_per_slot_in_the_ssm_dtype_and_uncharged() -> None:
     assert half.pool("mamba_replayssm_ring").bytes_per_slot * 2 == ring.bytes_per_slot
 
 
+def test_the_ring_has_no_host_copy() -> None:
+    """SGLang's ``MambaPoolHost`` mirrors conv, temporal and the side states only: no ReplaySSM ring on the host."""
+    result = plan(
+        QWEN3_NEXT,
+        Serving(accounting="sglang", enable_linear_replayssm=True, enable_hierarchical_cache=True),
+        memory="20GiB",
+        host_memory="256GiB",
+    )
+    assert result.host is not None
+    assert {pool.name for pool in result.host.pools} == {"kv", "mamba_state"}
+
+
 def test_spec_flag_resolves_the_ssm_dtype_to_float32() -> None:
     """SGLang sets ``--mamba-ssm-dtype float32`` when the spec flag is on and it is unset (attention_hook.py),
     over the config's ``mamba_ssm_dtype``; an explicit value wins."""
