@@ -183,9 +183,15 @@ def test_builds_on_meta_with_the_planned_bytes(accounting: str) -> None:
 
 
 def _ring_per_record(config: dict[str, Any], serving: Serving) -> int:
-    """``replayssm_ring_bytes_per_req(1)`` over every GDN layer, read from the config independently of kvpools."""
+    """``replayssm_ring_bytes_per_req(1)`` over every GDN or KDA layer, read from the config independently of
+    kvpools (``configs/mamba_utils.py``; bf16 activations)."""
     hybrid = sglang_hybrid(config, serving)
     tp = serving.attn_tp_size
+    if "linear_attn_config" in config:  # KDA: rawv, rawk, beta, the per-K gate, d, k
+        heads, dim = config["linear_attn_config"]["num_heads"], config["linear_attn_config"]["head_dim"]
+        hv, h_k = heads // tp, math.ceil(heads / tp)
+        kda = hv * dim * 2 + h_k * dim * 2 + hv * 4 + hv * dim * 4 + hv * dim * 2 + h_k * dim * 2
+        return kda * len(hybrid.mamba_layer_ids)
     hv, v, k = config["linear_num_value_heads"] // tp, config["linear_value_head_dim"], config["linear_key_head_dim"]
     h_k = math.ceil(config["linear_num_key_heads"] / tp)
     per_layer = 2 * (hv * v * 2 + h_k * k * 2) + hv * 4  # d, k and their low parts (bf16), the fp32 gate
@@ -205,12 +211,14 @@ def _ring_per_record(config: dict[str, Any], serving: Serving) -> int:
         {"disaggregation_mode": "decode"},
     ],
 )
-def test_spec_ring_split_matches_sglang(options: dict[str, Any]) -> None:
-    """Tokens, requests and K with the GDN spec ring, against SGLang's own ``_handle_max_mamba_cache``."""
+@pytest.mark.parametrize("preset", [QWEN3_NEXT, KIMI])
+def test_spec_ring_split_matches_sglang(preset: str, options: dict[str, Any]) -> None:
+    """Tokens, requests and K with the spec ring (GDN: fixed scratch; KDA: per slot), against SGLang's own
+    ``_handle_max_mamba_cache``."""
     require_oracle()
     from tests.oracle.adapter import oracle_params, run_oracle
 
-    config = preset_config(QWEN3_NEXT)
+    config = preset_config(preset)
     serving = Serving(accounting="sglang", enable_linear_replayssm_spec=True, **{**MTP, **options})
     params = oracle_params(oracle_model(config, serving), serving, memory=60 * GiB)
     params["server_args"].update(
@@ -219,7 +227,7 @@ def test_spec_ring_split_matches_sglang(options: dict[str, Any]) -> None:
     params["model"]["mamba"]["replayssm_ring_bytes_per_record"] = _ring_per_record(config, serving)
     out = run_oracle(params)
     assert not out.get("error"), out.get("error")
-    got = plan(QWEN3_NEXT, serving, memory=60 * GiB)
+    got = plan(preset, serving, memory=60 * GiB)
     ours = (got.max_total_num_tokens, got.max_running_requests, got.sizing.sglang_config["max_mamba_cache_size"])
     config_out = out["memory_pool_config"]
     theirs = (
