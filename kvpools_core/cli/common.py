@@ -68,6 +68,10 @@ _HELP = {
     "enable_mamba_extra_buffer": "Mamba ping-pong extra buffer.",
     "enable_mamba_extra_buffer_lazy": "Lazy mamba extra buffer.",
     "mamba_skip_decode_lock": "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK.",
+    "enable_linear_replayssm": "ReplaySSM decode ring: L records per recurrent layer per state slot (GDN, KDA).",
+    "enable_linear_replayssm_spec": "ReplaySSM spec-verify ring instead of the speculative intermediate SSM state "
+    "(GDN, KDA).",
+    "linear_replayssm_cache_len": "ReplaySSM ring length L [default: 16].",
     "dsa_prefill_backend": "DSA prefill attention backend (unset: flashmla_sparse, or SGLang's trtllm under "
     "--dcp-size above 1).",
     "dsa_decode_backend": "DSA decode attention backend (unset: flashmla_kv, or SGLang's trtllm under --dcp-size "

@@ -289,6 +289,14 @@ class Serving:
     enable_mamba_extra_buffer: bool = False
     enable_mamba_extra_buffer_lazy: bool = False
     mamba_skip_decode_lock: bool = False
+    enable_linear_replayssm: bool = False
+    """SGLang's ReplaySSM decode ring: per state slot, ``linear_replayssm_cache_len`` records per recurrent layer
+    (read by the mamba plugin)."""
+    enable_linear_replayssm_spec: bool = False
+    """SGLang's ReplaySSM spec-verify ring: replaces the speculative intermediate SSM state of a GDN or KDA hybrid
+    (read by the mamba plugin)."""
+    linear_replayssm_cache_len: int = attrs.field(default=16, validator=positive)
+    """The ReplaySSM ring length L (SGLang's ``--linear-replayssm-cache-len``, default 16)."""
     dsa_prefill_backend: str = UnsetStr("flashmla_sparse")
     """Unset, the backend SGLang 0.5.23 resolves on Hopper until the pipeline applies the model's own
     (``engine_defaults``: DeepSeek sparse attention with ``dcp_size`` > 1 takes ``trtllm``); a given value wins."""

@@ -47,10 +47,23 @@ from kvpools_core.parts.unified_plan import (
     state_entry_from_cell,
     unified_sizing,
 )
-from kvpools_core.values import STATE_SLOT, Budget, CellPart, CellSize, ModelSpec, Plan, PoolSizing, Serving
+from kvpools_core.values import (
+    STATE_SLOT,
+    TOKEN,
+    Budget,
+    CellPart,
+    CellSize,
+    ModelSpec,
+    PackedInto,
+    Plan,
+    PoolSizing,
+    Serving,
+)
 
 from .config import KV_KINDS, hybrid_family, hybrid_model_spec
 from .latent import is_mla_hybrid, latent_cell_size, latent_problems
+from .ple import NGRAM_POOL, SHORT_CONV_POOL, ple_state
+from .replayssm import RING_POOL, replayssm_problems
 from .sizing import SLOT_ALLOCATOR_POOL, STATE_POOL, extra_buffer, size_hybrid_pools, split_budget
 from .state import (
     rank_full_attention_layers,
@@ -137,6 +150,11 @@ def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> 
     block size aligned to the state (:mod:`.vllm`)."""
     from .vllm import hybrid_vllm_specs
 
+    if model.params.get("ple"):
+        raise UnsupportedCombinationError(
+            f"kvpools does not model Qwen4-Exp's PLE state under {option('accounting')} vllm yet: vLLM 0.33's "
+            f"Qwen4ExpForCausalLM keeps state kvpools has not read. Use {option('accounting')} sglang or exact."
+        )
     return dict(hybrid_vllm_specs(model, serving, block_size))
 
 
@@ -176,6 +194,27 @@ def unified_entries(model: ModelSpec, serving: Serving, cell: CellSize) -> tuple
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def host_mirrors(plan: Plan) -> dict[str, str | PackedInto | None] | None:
+    """SGLang's ``MambaPoolHost`` (``mem_cache/pool_host/mamba.py``): the PLE side states (the MambaPool's
+    ``extra_checkpoint_buffers``) are packed into the state pool's host rows (its ``get_size_per_token`` adds
+    them); the ReplaySSM ring has no host copy.  Plans with neither keep the core's default."""
+    names = {pool.name for pool in plan.pools}
+    if not names & {RING_POOL, SHORT_CONV_POOL, NGRAM_POOL}:
+        return None
+    mirrors: dict[str, str | PackedInto | None] = {
+        pool.name: None
+        for pool in plan.pools
+        if ((pool.unit == TOKEN and pool.kind == "kv") or (pool.unit == STATE_SLOT and pool.kind == "state"))
+        and pool.name not in (RING_POOL, SHORT_CONV_POOL, NGRAM_POOL)
+    }
+    for name in (SHORT_CONV_POOL, NGRAM_POOL):
+        if name in names and STATE_POOL in mirrors:
+            mirrors[name] = PackedInto(STATE_POOL)
+    return mirrors
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def build_req_to_token_pool(plan: Plan, device: str, checked: bool, layout: BufferLayout | None) -> Any | None:
     """The request table with the recurrent state, carved by the platform's buffer layout (as the KV pool is)."""
     from .pool import HybridReqToTokenPool
@@ -193,7 +232,20 @@ def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | No
 
 def hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:
     """The combinations SGLang cannot size or kvpools does not model, one message each."""
-    problems = []
+    problems = replayssm_problems(model, serving)
+    if serving.enable_unified_memory:
+        # the arena's state entry is the recurrent state alone (parts.unified_plan); SGLang's unified pools carry
+        # these side states too, which kvpools does not lay out in the arena yet
+        if serving.enable_linear_replayssm or serving.enable_linear_replayssm_spec:
+            problems.append(
+                f"kvpools does not model {option('enable_unified_memory')} with ReplaySSM rings yet: drop one of "
+                f"them ({option('enable_linear_replayssm')} / {option('enable_linear_replayssm_spec')})."
+            )
+        if ple_state(model, serving) is not None:
+            problems.append(
+                f"kvpools does not model {option('enable_unified_memory')} with {model.name}'s per-layer short-conv "
+                f"and n-gram request state (Qwen4-Exp) yet: plan it without {option('enable_unified_memory')}."
+            )
     try:
         state_shape(model, serving)
     except UnsupportedCombinationError as error:

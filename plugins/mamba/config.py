@@ -65,6 +65,10 @@ _FAMILY_BY_MODEL_TYPE = {
     "qwen3_5_text": "qwen_gdn",
     "qwen3_5_moe": "qwen_gdn",
     "qwen3_5_moe_text": "qwen_gdn",
+    # Qwen4ExpTextConfig subclasses Qwen3NextConfig (sglang/srt/configs/qwen4_exp.py): the same GDN state, plus
+    # the PLE request state (:func:`_ple_geometry`).
+    "qwen4_exp": "qwen_gdn",
+    "qwen4_exp_text": "qwen_gdn",
     "nemotron_h": "nemotron_h",
     "jamba": "jamba",
     "falcon_h1": "falcon_h1",
@@ -77,6 +81,7 @@ _FAMILY_BY_ARCHITECTURE = {
     "Qwen3_5MoeForCausalLM": "qwen_gdn",
     "Qwen3_5ForConditionalGeneration": "qwen_gdn",
     "Qwen3_5MoeForConditionalGeneration": "qwen_gdn",
+    "Qwen4ExpForConditionalGeneration": "qwen_gdn",
     "NemotronHForCausalLM": "nemotron_h",
     "JambaForCausalLM": "jamba",
     "FalconH1ForCausalLM": "falcon_h1",
@@ -106,6 +111,11 @@ _LAYER_TYPE_KINDS = {
     "moe": NO_CACHE,
 }
 _SWA_LAYER_TYPE = "sliding_attention"
+# Qwen4-Exp's QSA layer types (``Qwen4ExpTextConfig.layers_block_type`` maps them to attention; SGLang then builds a
+# ``QSATokenToKVPool`` from ``parse_qsa_profile``, ``layers/attention/qsa/config.py``): not modelled.
+_QSA_LAYER_TYPES = ("qwen_sparse_attention", "indexed_attention")
+QWEN4_EXP_MODEL_TYPES = frozenset({"qwen4_exp", "qwen4_exp_text"})
+"""The model types whose text config is SGLang's ``Qwen4ExpTextConfig`` (``_get_ple_req_pool_kwargs``' test)."""
 _LINEAR_ATTN_FIX = (
     "Kimi-Linear's KDA layers and state geometry are read from it (kda_layers, full_attn_layers, num_heads, "
     "head_dim, short_conv_kernel_size)."
@@ -123,6 +133,7 @@ def hybrid_family(config: Mapping[str, Any], source: str) -> str | None:
     """
     outer = ConfigReader(config, source)
     reader = outer.text()
+    _refuse_inkling(outer, reader)
     kinds = _listed_kinds(reader)
     if kinds is not None and _SWA_LAYER_TYPE in kinds:
         return None  # a sliding-window layer list: the swa plugin's
@@ -153,6 +164,7 @@ def hybrid_model_spec(config: Mapping[str, Any], source: str, *, architecture: s
     """The :class:`ModelSpec` of a hybrid config: per-layer kinds, KV geometry, and the state geometry in ``params``."""
     outer = ConfigReader(config, source)
     reader = outer.text()
+    _refuse_qsa(reader)
     kinds = _layer_kinds(reader, family)
     if not any(kind in STATE_KINDS for kind in kinds):
         raise reader.error(
@@ -196,8 +208,78 @@ def hybrid_model_spec(config: Mapping[str, Any], source: str, *, architecture: s
             # Falcon-H1 shards its state over the whole TP group, the others over attention TP.
             "state_tp": "tensor" if family == "falcon_h1" else "attention",
             "vllm": _vllm_readings(outer, reader, family),
+            "ple": _ple_geometry(outer, reader, len(kinds)),
         },
     )
+
+
+_INKLING_MODEL_TYPES = frozenset({"inkling_model", "inkling_mm_model"})
+_INKLING_ARCHITECTURES = frozenset({"InklingForConditionalGeneration", "InklingForConditionalGenerationMTP"})
+
+
+def _refuse_inkling(outer: ConfigReader, reader: ConfigReader) -> None:
+    """Inkling-class models (``configs/inkling.py``): a short-conv state per layer, sliding-window and full
+    attention, and banded MTP heads each with a state pool of its own.  Not modelled: refused by name."""
+    model_type = reader.string("model_type") or outer.string("model_type")
+    architectures = set(outer.string_list("architectures") or reader.string_list("architectures"))
+    if model_type in _INKLING_MODEL_TYPES or architectures & _INKLING_ARCHITECTURES:
+        raise outer.error(
+            "model_type" if model_type in _INKLING_MODEL_TYPES else "architectures",
+            f"is {model_type if model_type in _INKLING_MODEL_TYPES else sorted(architectures)}",
+            "kvpools does not model Inkling-class models yet: SGLang 0.5.23 gives them a short-conv state pool "
+            "beside full and sliding-window KV pools, and each MTP head a state pool of its own "
+            "(configs/inkling.py).",
+        )
+
+
+def _refuse_qsa(reader: ConfigReader) -> None:
+    """A QSA profile (``indexer_n_heads``) or QSA layers (Qwen4-Exp's ``qwen_sparse_attention`` /
+    ``indexed_attention``) get SGLang's QSA pool: refused."""
+    if reader.get("indexer_n_heads") is not None:  # parse_qsa_profile's own test (layers/attention/qsa/config.py)
+        raise reader.error(
+            "indexer_n_heads",
+            f"is {describe(reader.get('indexer_n_heads'))}",
+            "kvpools does not model QSA (Qwen sparse attention) pools yet: SGLang 0.5.23 builds a QSATokenToKVPool "
+            "for a linear-attention hybrid with a QSA profile (mem_cache/qsa_kv_pool.py), which kvpools cannot size.",
+        )
+    kinds = _listed_kinds(reader)
+    qsa = sorted(set(kinds or ()) & set(_QSA_LAYER_TYPES))
+    if qsa:
+        raise reader.error(
+            _layout_field(reader, "qwen_gdn"),
+            f"names {', '.join(qsa)} layer(s)",
+            "kvpools does not model QSA (Qwen sparse attention) pools yet: SGLang 0.5.23 gives these layers a "
+            "QSATokenToKVPool with an index-key cache (mem_cache/qsa_kv_pool.py), which kvpools cannot size.",
+        )
+
+
+def _ple_geometry(outer: ConfigReader, reader: ConfigReader, num_layers: int) -> dict[str, Any] | None:
+    """Qwen4-Exp's PLE request state (``Qwen4ExpTextConfig``, ``sglang/srt/configs/qwen4_exp.py``), or None.
+
+    ``short_conv_layer_ids`` = the sorted 1-based ``ple_layer_ids`` minus one; each such layer keeps a short-conv
+    window of ``(hidden_size x hc_count, (ple_conv_kernel_size - 1) x ngram_size)`` per state slot; the request
+    keeps ``ngram_size - 1`` int64 token ids of n-gram context (``ngram_context_len``).  Defaults are the class's:
+    ``hc_count`` 4 (which must exceed 1), ``ple_conv_kernel_size`` 4, ``ngram_size`` 3, no PLE layers.
+    """
+    if (reader.string("model_type") or outer.string("model_type")) not in QWEN4_EXP_MODEL_TYPES:
+        return None
+    hc_count = reader.integer("hc_count", 4, minimum=0)
+    if hc_count <= 1:
+        raise reader.error(
+            "hc_count", f"is {hc_count}", "SGLang's Qwen4ExpTextConfig requires hc_count > 1 (it raises otherwise)."
+        )
+    ple_ids = reader.integer_list(
+        "ple_layer_ids", minimum=1, maximum=num_layers, fix=f"List the PLE layers 1-based (1..{num_layers})."
+    )
+    ngram_size = reader.integer("ngram_size", 3, minimum=0)
+    kernel = reader.integer("ple_conv_kernel_size", 4, minimum=1)
+    short_conv = sorted({i - 1 for i in ple_ids})
+    return {
+        "short_conv_layer_ids": short_conv,
+        "channels": reader.integer("hidden_size") * hc_count,
+        "state_len": (kernel - 1) * ngram_size,
+        "ngram_context_len": max(ngram_size - 1, 0) if ple_ids else 0,
+    }
 
 
 def _mha_layers(reader: ConfigReader, kinds: Sequence[str], heads: int) -> list[LayerSpec]:

@@ -32,6 +32,7 @@ the canonical shape on every platform (CUDA's dedup view aside).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -39,6 +40,7 @@ import torch
 from torch import Tensor
 
 from kvpools_core.allocators import TokenAllocator
+from kvpools_core.dtypes import MODEL_DTYPES
 from kvpools_core.errors import BufferLayoutError
 from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL
 from kvpools_core.parts.sizing import req_to_token_row_len, req_to_token_rows
@@ -56,9 +58,12 @@ from kvpools_core.pools.layout import (
 from kvpools_core.pools.mha import MHATokenToKVPool
 from kvpools_core.pools.mla import MLATokenToKVPool
 from kvpools_core.pools.req_to_token import DecodeRows
-from kvpools_core.values import Plan
+from kvpools_core.values import ModelSpec, Plan, Serving
 
+from .config import GDN
 from .latent import is_mla_hybrid, latent_row
+from .ple import NGRAM_POOL, NGRAM_SPEC_POOL, SHORT_CONV_POOL, SHORT_CONV_SPEC_POOL, PleState, ple_state
+from .replayssm import RING_POOL, ring_geometry, spec_active
 from .sizing import (
     MAPPING_POOL,
     SLOT_ALLOCATOR_POOL,
@@ -205,15 +210,95 @@ class MambaStatePool:
 class MambaSpecState:
     """Speculative verification's intermediate state: per request row, ``D`` draft tokens' conv and SSM state."""
 
-    def __init__(self, *, rows: int, draft_tokens: int, num_layers: int, shape: StateShape, device: str | torch.device):
+    def __init__(
+        self,
+        *,
+        rows: int,
+        draft_tokens: int,
+        num_layers: int,
+        shape: StateShape,
+        device: str | torch.device,
+        ssm: bool = True,
+    ):
         lead = (num_layers, rows, draft_tokens)
         self.draft_tokens = draft_tokens
         self.intermediate_conv = [allocate(lead + c, getattr(torch, shape.conv_dtype), device) for c in shape.conv]
-        self.intermediate_ssm = allocate(lead + shape.ssm, getattr(torch, shape.ssm_dtype), device)
+        # ReplaySSM spec-verify (``ssm=False``): the ring owns rollback, SGLang allocates no intermediate SSM state.
+        self.intermediate_ssm = allocate(lead + shape.ssm, getattr(torch, shape.ssm_dtype), device) if ssm else None
 
     @property
     def nbytes(self) -> int:
-        return tensor_nbytes(self.intermediate_conv, [self.intermediate_ssm])
+        ssm = [] if self.intermediate_ssm is None else [self.intermediate_ssm]
+        return tensor_nbytes(self.intermediate_conv, ssm)
+
+
+class ReplaySSMRing:
+    """SGLang's ReplaySSM ring tensors (``MambaPool.__init__``): ``d``, ``k``, the gate ``g``, and the spec ring's
+    low parts (GDN) or raw-input window (KDA), each ``(layers, rows, heads, L[, dim])``."""
+
+    def __init__(
+        self, *, model: ModelSpec, serving: Serving, rows: int, num_layers: int, device: str | torch.device
+    ) -> None:
+        g = ring_geometry(model, serving)
+        shape = state_shape(model, serving)
+        length = serving.linear_replayssm_cache_len
+        spec = serving.enable_linear_replayssm_spec
+        ring_dtype = shape.conv_dtype if spec else shape.ssm_dtype
+        lead = (num_layers, rows)
+        f32, conv = "float32", shape.conv_dtype
+        self.shapes: list[tuple[tuple[int, ...], str]] = [
+            ((*lead, g.hv, length, g.v_dim), ring_dtype),  # d
+            ((*lead, g.h_k, length, g.k_dim), ring_dtype),  # k
+            ((*lead, g.hv, length, g.k_dim) if g.kda else (*lead, g.hv, length), f32),  # g
+        ]
+        if spec and g.kda:  # raw v, raw k, beta
+            self.shapes += [
+                ((*lead, g.hv, length, g.v_dim), conv),
+                ((*lead, g.h_k, length, g.k_dim), conv),
+                ((*lead, g.hv, length), f32),
+            ]
+        elif spec and ring_dtype != f32:  # the low parts of d and k
+            self.shapes += [((*lead, g.hv, length, g.v_dim), conv), ((*lead, g.h_k, length, g.k_dim), conv)]
+        self.device = device
+        self.tensors: list[Tensor] = []
+
+    @property
+    def planned_nbytes(self) -> int:
+        return sum(math.prod(shape) * MODEL_DTYPES[dtype] for shape, dtype in self.shapes)
+
+    def allocate(self) -> None:
+        self.tensors = [allocate(shape, getattr(torch, dtype), self.device) for shape, dtype in self.shapes]
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.tensors)
+
+
+class PleStatePools:
+    """Qwen4-Exp's PLE state beside the state pool (SGLang's ``ShortConvPool`` and ``NGramPool``, addressed by
+    state slot): short-conv windows ``(layers, slots + 1) + shape``, n-gram context ``(slots + 1, context)`` int64
+    (filled with ``eos_token_id`` by SGLang; zeros here), and with speculation their per-draft-token copies."""
+
+    def __init__(
+        self, *, ple: PleState, slots: int, spec_rows: int | None, draft_tokens: int, device: str | torch.device
+    ) -> None:
+        self.tensors: dict[str, Tensor] = {}
+        if ple.short_conv_bytes_per_slot:
+            assert ple.shape is not None
+            conv_dtype = getattr(torch, ple.conv_dtype)
+            layers = len(ple.layer_ids)
+            self.tensors[SHORT_CONV_POOL] = allocate((layers, slots + 1, *ple.shape), conv_dtype, device)
+            if spec_rows is not None:
+                shape = (layers, spec_rows + 1, draft_tokens, *ple.shape)
+                self.tensors[SHORT_CONV_SPEC_POOL] = allocate(shape, conv_dtype, device)
+        if ple.ngram_bytes_per_slot:
+            context = ple.ngram_context_len
+            self.tensors[NGRAM_POOL] = allocate((slots + 1, context), torch.int64, device)
+            if spec_rows is not None:
+                self.tensors[NGRAM_SPEC_POOL] = allocate((spec_rows + 1, draft_tokens, context), torch.int64, device)
+
+    def nbytes_by_pool(self) -> dict[str, int]:
+        return {name: tensor_nbytes([tensor]) for name, tensor in self.tensors.items()}
 
 
 class HybridReqToTokenPool(ReqToTokenPool):
@@ -234,10 +319,14 @@ class HybridReqToTokenPool(ReqToTokenPool):
         ping_pong_size: int = 0,
         ping_pong_slots: int = 0,
         spec_state: MambaSpecState | None = None,
+        ple_state: PleStatePools | None = None,
+        replayssm_ring: ReplaySSMRing | None = None,
     ) -> None:
         super().__init__(size, max_context_len, device)
+        self.replayssm_ring = replayssm_ring
         self.mamba_pool = mamba_pool
         self.spec_state = spec_state
+        self.ple_state = ple_state
         self.ping_pong_size = ping_pong_size
         self.ping_pong_slots = ping_pong_slots
         rows = self.req_to_token.shape[0]
@@ -275,11 +364,32 @@ class HybridReqToTokenPool(ReqToTokenPool):
         }
         spec_rows = spec_state_rows(plan.max_running_requests, serving) + 1
         has_spec = any(p.name == SPEC_STATE_POOL for p in plan.pools)
+        replay = spec_active(model, serving)
         if has_spec:
             want[SPEC_STATE_POOL] = (
-                spec_rows * d * len(layer_ids) * shape.bytes,
-                f"{spec_rows} rows x {d} draft tokens x {len(layer_ids)} layers",
+                spec_rows * d * len(layer_ids) * (shape.conv_bytes if replay else shape.bytes),
+                f"{spec_rows} rows x {d} draft tokens x {len(layer_ids)} layers"
+                + (" (conv windows only: ReplaySSM)" if replay else ""),
             )
+        ring = None
+        if replay or serving.enable_linear_replayssm:
+            per_request = replay and model.params["mixer"] == GDN
+            ring_rows = spec_rows if per_request else k + 1
+            ring = ReplaySSMRing(model=model, serving=serving, rows=ring_rows, num_layers=len(layer_ids), device=device)
+            want[RING_POOL] = (
+                ring.planned_nbytes,
+                f"{ring_rows} rows x {len(layer_ids)} layers, L = {serving.linear_replayssm_cache_len}",
+            )
+        ple = ple_state(model, serving)
+        if ple is not None:
+            for name, per_slot, count, what in (
+                (SHORT_CONV_POOL, ple.short_conv_bytes_per_slot, k + 1, f"{k} + 1 slots"),
+                (SHORT_CONV_SPEC_POOL, d * ple.short_conv_bytes_per_slot, spec_rows, f"{spec_rows} rows x {d}"),
+                (NGRAM_POOL, ple.ngram_bytes_per_slot, k + 1, f"{k} + 1 slots"),
+                (NGRAM_SPEC_POOL, d * ple.ngram_bytes_per_slot, spec_rows, f"{spec_rows} rows x {d}"),
+            ):
+                if per_slot and (has_spec or not name.endswith("_spec")):
+                    want[name] = (count * per_slot, f"{what} x {ple.describe()}")
         for name, (allocating, detail) in want.items():
             check_planned_bytes(name, allocating, plan.pool(name).bytes, detail)
         mamba_pool = MambaStatePool(
@@ -287,12 +397,22 @@ class HybridReqToTokenPool(ReqToTokenPool):
         )
         spec = None
         if has_spec:
-            spec = MambaSpecState(rows=spec_rows, draft_tokens=d, num_layers=len(layer_ids), shape=shape, device=device)
+            spec = MambaSpecState(
+                rows=spec_rows, draft_tokens=d, num_layers=len(layer_ids), shape=shape, device=device, ssm=not replay
+            )
+        if ring is not None:
+            ring.allocate()
         parts: dict[str, Any] = {
             "mamba_pool": mamba_pool,
             "ping_pong_size": pp,
             "ping_pong_slots": ping_pong_slots_per_request(serving),
             "spec_state": spec,
+            "replayssm_ring": ring,
+            "ple_state": None
+            if ple is None
+            else PleStatePools(
+                ple=ple, slots=k, spec_rows=spec_rows - 1 if has_spec else None, draft_tokens=d, device=device
+            ),
         }
         if serving.disaggregation_mode == "decode":
             return HybridMambaDecodeReqToTokenPool(
@@ -319,6 +439,10 @@ class HybridReqToTokenPool(ReqToTokenPool):
         }
         if self.spec_state is not None:
             measured[SPEC_STATE_POOL] = self.spec_state.nbytes
+        if self.ple_state is not None:
+            measured.update(self.ple_state.nbytes_by_pool())
+        if self.replayssm_ring is not None:
+            measured[RING_POOL] = self.replayssm_ring.nbytes
         return measured
 
     # -- rows and slots ------------------------------------------------------

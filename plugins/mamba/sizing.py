@@ -40,7 +40,15 @@ from kvpools_core.parts.sizing import (
 )
 from kvpools_core.values import REQUEST, STATE_SLOT, Budget, CellSize, ModelSpec, PoolSizing, PoolSpec, Serving
 
-from .state import sglang_stage_per_req
+from .ple import NGRAM_POOL, NGRAM_SPEC_POOL, SHORT_CONV_POOL, SHORT_CONV_SPEC_POOL, PleState, ple_state
+from .replayssm import (
+    RING_POOL,
+    decode_ring_bytes_per_layer,
+    sglang_spec_ring_per_req,
+    spec_active,
+    spec_ring_bytes_per_layer,
+)
+from .state import rank_state_layer_ids, sglang_stage_per_req, state_shape
 
 # SGLang's ratios of state slots to running requests (module constants of kv_cache_configurator.py).
 MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO = 3
@@ -153,10 +161,14 @@ class MambaSplit:
     mamba_budget_bytes: float | None = None
     intermediate_bytes: int = 0
     intermediate_requests: int = 0
+    ring_per_slot: int = 0
+    """ReplaySSM's spec-verify ring charged per state slot (KDA)."""
+    ring_fixed_bytes: int = 0
+    """ReplaySSM's spec-verify ring charged once (GDN: ``ring x (max_running_requests // dp + 1)``)."""
 
     @property
     def state_bytes(self) -> int:
-        return (self.max_mamba_cache_size + 1) * self.stage_per_req
+        return (self.max_mamba_cache_size + 1) * (self.stage_per_req + self.ring_per_slot) + self.ring_fixed_bytes
 
     @property
     def kv_budget_bytes(self) -> int:
@@ -165,20 +177,39 @@ class MambaSplit:
 
 
 def split_budget(
-    rest_gib: float, serving: Serving, stage_per_req: int, model_name: str, budget: Budget | None = None
+    rest_gib: float,
+    serving: Serving,
+    stage_per_req: int,
+    model_name: str,
+    budget: Budget | None = None,
+    *,
+    replay_ring: int | None = None,
+    ring_per_request: bool = False,
 ) -> MambaSplit:
-    """``_handle_max_mamba_cache``: K from ``--max-mamba-cache-size``, the request count, or the ratio budget."""
+    """``_handle_max_mamba_cache``: K from ``--max-mamba-cache-size``, the request count, or the ratio budget.
+
+    ``replay_ring`` is ReplaySSM's spec-verify ring (SGLang's stage share) when it is active: no intermediate
+    state is reserved, and the ring is charged per request row (``ring_per_request``, GDN) or per state slot.
+    """
     dp = serving.attn_dp_size
     ratio = mamba_ratio(serving)
-    d = draft_tokens(serving)
+    replay = replay_ring is not None
+    d = 0 if replay else draft_tokens(serving)
     requested = serving.max_running_requests
+    ring_fixed = ring_slot = 0
+    if replay_ring is not None:
+        if ring_per_request:
+            assert requested is not None  # replayssm_problems demands it, where SGLang would crash on None
+            ring_fixed = replay_ring * (requested // dp + 1)
+        else:
+            ring_slot = replay_ring
     total = rest_gib
     mamba_budget_bytes: float | None = None
     intermediate = intermediate_requests = 0
     if serving.max_mamba_cache_size is not None:
         k = serving.max_mamba_cache_size // dp
         source = f"--max-mamba-cache-size {serving.max_mamba_cache_size}" + (f" // DP {dp}" if dp > 1 else "")
-        if serving.speculative:
+        if serving.speculative and not replay:
             assert requested is not None  # validate() demands it with speculation, as SGLang asserts
             intermediate_requests = min(requested // dp, k // ratio) + 1
             intermediate = stage_per_req * intermediate_requests * d
@@ -186,7 +217,7 @@ def split_budget(
     elif serving.radix_cache_disabled and requested is not None:
         k = requested // dp
         source = "--max-running-requests with the radix cache off"
-        if serving.speculative:
+        if serving.speculative and not replay:
             intermediate_requests = k + 1
             intermediate = stage_per_req * intermediate_requests * d
             total = total - (intermediate / GiB)
@@ -194,14 +225,15 @@ def split_budget(
         r = serving.mamba_full_memory_ratio
         mamba_budget_bytes = total * r / (1 + r) * GiB
         source = f"the mamba budget (rest x r / (1 + r), --mamba-full-memory-ratio r = {r})"
-        if serving.speculative:
+        if serving.speculative and not replay:
             assert requested is not None
             k = int((mamba_budget_bytes - stage_per_req * (1 + d)) // (stage_per_req * (1 + d / ratio)))
             intermediate_requests = min(requested // dp, k // ratio) + 1
             intermediate = stage_per_req * intermediate_requests * d
             total = total - (intermediate / GiB)
         else:
-            k = int((mamba_budget_bytes - stage_per_req) // stage_per_req)
+            per_slot = stage_per_req + ring_slot
+            k = int((mamba_budget_bytes - ring_fixed - per_slot) // per_slot)
     if k <= 0:
         raise InsufficientMemoryError(
             f"Not enough memory for the hybrid (mamba/linear-attention) state cache of {model_name}: "
@@ -209,7 +241,7 @@ def split_budget(
             f"of state per slot). Try: (1) reduce --max-running-requests, (2) {_budget_advice(budget)}, "
             f"(3) reduce --speculative-num-draft-tokens, or (4) use devices with more memory."
         )
-    state_gib = (k + 1) * stage_per_req / GiB
+    state_gib = ((k + 1) * (stage_per_req + ring_slot) + ring_fixed) / GiB
     return MambaSplit(
         max_mamba_cache_size=k,
         ratio=ratio,
@@ -220,6 +252,8 @@ def split_budget(
         mamba_budget_bytes=mamba_budget_bytes,
         intermediate_bytes=intermediate,
         intermediate_requests=intermediate_requests,
+        ring_per_slot=ring_slot,
+        ring_fixed_bytes=ring_fixed,
     )
 
 
@@ -243,10 +277,30 @@ def size_hybrid_pools(
     page = serving.page_size
     context_len = serving.context_length or model.context_len
     per_slot = cell.bytes_per_state_slot
-    split = split_budget(sglang_rest_gib(budget), serving, sglang_stage_per_req(model, serving), model.name, budget)
+    replay = spec_active(model, serving)
+    gdn_ring = replay and model.params["mixer"] == "gdn"
+    split = split_budget(
+        sglang_rest_gib(budget),
+        serving,
+        sglang_stage_per_req(model, serving),
+        model.name,
+        budget,
+        replay_ring=sglang_spec_ring_per_req(model, serving) if replay else None,
+        ring_per_request=gdn_ring,
+    )
     k = split.max_mamba_cache_size
     d = draft_tokens(serving)
     spec_pool = d > 0 and serving.disaggregation_mode != "prefill"  # a prefill node never verifies drafts
+    ple = ple_state(model, serving)
+    shape, rank_layers = state_shape(model, serving), len(rank_state_layer_ids(model, serving))
+    # Under ReplaySSM spec-verify the intermediate SSM state is not allocated, only the conv windows, and
+    # SGLang's budget reserves none of it.
+    spec_per_slot = shape.conv_bytes * rank_layers if replay else per_slot
+    ring = 0
+    if replay:
+        ring = spec_ring_bytes_per_layer(model, serving, shape.conv_dtype) * rank_layers
+    elif serving.enable_linear_replayssm:
+        ring = decode_ring_bytes_per_layer(model, serving, shape.ssm_dtype) * rank_layers
 
     def layout(tokens: int) -> tuple[list[PoolSpec], int, str | None]:
         requests, note = cap_requests(resolve_max_num_reqs(tokens, context_len, serving), split)
@@ -256,8 +310,20 @@ def size_hybrid_pools(
         pools.append(_pool(STATE_POOL, "state", slots, 1, per_slot, owner, unit=STATE_SLOT))
         if spec_pool:
             spec_rows = spec_state_rows(requests, serving)
-            spec = _pool(SPEC_STATE_POOL, "state", spec_rows, 1, d * per_slot, owner, unit=REQUEST)
+            spec = _pool(
+                SPEC_STATE_POOL, "state", spec_rows, 1, d * spec_per_slot, owner, unit=REQUEST, charged=not replay
+            )
             pools.append(with_cost(spec, request_rows_cost(spec, requests)) if spec_rows != requests else spec)
+        if ring and gdn_ring:  # per request row: spec_state_size + 1 rows
+            ring_rows = spec_state_rows(requests, serving)
+            ring_pool = _pool(RING_POOL, "state", ring_rows, 1, ring, owner, unit=REQUEST)
+            pools.append(
+                with_cost(ring_pool, request_rows_cost(ring_pool, requests)) if ring_rows != requests else ring_pool
+            )
+        elif ring:  # per state slot; the decode ring is not charged by SGLang's budget
+            pools.append(_pool(RING_POOL, "state", slots, 1, ring, owner, unit=STATE_SLOT, charged=replay))
+        if ple is not None:
+            pools += _ple_pools(ple, slots, spec_state_rows(requests, serving) if spec_pool else None, d, owner)
         pools += request_pools(requests, context_len, serving)
         rows, padding = req_to_token_rows(requests, serving)
         row_bytes = MAPPING_ITEM_BYTES + PING_PONG_ITEM_BYTES * ping_pong_size(serving)
@@ -286,6 +352,10 @@ def size_hybrid_pools(
         profiled = sglang_tokens(kv_budget, cell.sglang_bytes_per_token, page)
     else:
         fixed = (k + 1) * per_slot + k * SLOT_ALLOCATOR_ITEM_BYTES  # what the state cache needs before any token
+        if ple is not None:
+            fixed += (k + 1) * (ple.short_conv_bytes_per_slot + ple.ngram_bytes_per_slot)
+        if ring and not gdn_ring:
+            fixed += (k + 1) * ring
         if fixed > budget.budget_bytes:
             raise _no_memory_left(model, split, budget, exact_fixed=fixed)
         kv_budget = budget.budget_bytes - fixed
@@ -316,6 +386,16 @@ def size_hybrid_pools(
     slots = decode_state_slots(k, requests, serving)
     if serving.disaggregation_mode == "decode":
         notes.append(_decode_note(k, slots, requests, per_slot, serving))
+    if ring:
+        notes.append(_ring_note(split, ring, slots, requests, serving, gdn_ring))
+    if ple is not None:
+        ple_bytes = sum(p.bytes for p in pools if p.name.startswith("ple_"))
+        notes.append(
+            f"Qwen4-Exp PLE request state ({ple.describe()}) beside each of the {slots} + 1 state slots"
+            + (f" and {draft_tokens(serving)} draft tokens' copy per request row" if spec_pool else "")
+            + f": {ple_bytes:,} B that SGLang's budget does not charge (_handle_max_mamba_cache counts the "
+            "GDN state only; mem_cache/ple_state_pool.py allocates it beside the MambaPool)"
+        )
     return PoolSizing(
         max_total_num_tokens=tokens,
         max_running_requests=requests,
@@ -347,6 +427,42 @@ def _pool(
         owner=owner,
         unit=unit,
     )
+
+
+def _ring_note(split: MambaSplit, ring: int, slots: int, requests: int, serving: Serving, per_request: bool) -> str:
+    length = serving.linear_replayssm_cache_len
+    if not serving.enable_linear_replayssm_spec:
+        return (
+            f"ReplaySSM decode ring (--enable-linear-replayssm, L = {length}): {ring:,} B per state slot x "
+            f"({slots} + 1) slots = {ring * (slots + 1):,} B, which SGLang's budget does not charge"
+        )
+    rows = spec_state_rows(requests, serving) + 1 if per_request else slots + 1
+    charged = (
+        f"SGLang charges {split.ring_fixed_bytes:,} B (ring x (max_running_requests // DP + 1))"
+        if per_request
+        else f"SGLang charges it with each of the {split.max_mamba_cache_size} + 1 slots"
+    )
+    return (
+        f"ReplaySSM spec-verify ring (L = {length}) replaces the intermediate SSM state: {ring:,} B per "
+        f"{'request row' if per_request else 'state slot'} x {rows} = {ring * rows:,} B; {charged}; the mamba budget "
+        f"reserves no intermediate state"
+    )
+
+
+def _ple_pools(ple: PleState, slots: int, spec_rows: int | None, d: int, owner: str) -> list[PoolSpec]:
+    """``ShortConvPool`` and ``NGramPool`` (``mem_cache/ple_state_pool.py``): ``slots + 1`` rows each, and with
+    speculation ``spec_rows + 1`` rows of ``d`` draft tokens each; uncharged by SGLang's budget."""
+    pools = []
+    for main, spec, per_slot in (
+        (SHORT_CONV_POOL, SHORT_CONV_SPEC_POOL, ple.short_conv_bytes_per_slot),
+        (NGRAM_POOL, NGRAM_SPEC_POOL, ple.ngram_bytes_per_slot),
+    ):
+        if not per_slot:
+            continue
+        pools.append(_pool(main, "state", slots, 1, per_slot, owner, unit=STATE_SLOT, charged=False))
+        if spec_rows is not None:
+            pools.append(_pool(spec, "state", spec_rows, 1, d * per_slot, owner, unit=REQUEST, charged=False))
+    return pools
 
 
 def _split_notes(split: MambaSplit, per_slot: int, state_layers: int, serving: Serving) -> list[str]:

@@ -78,7 +78,10 @@ def state_shape(model: ModelSpec, serving: Serving) -> StateShape:
     geometry = model.params["state"]
     mixer = model.params["mixer"]
     tp = state_tp_size(model, serving)
-    ssm_dtype = serving.mamba_ssm_dtype or model.params.get("ssm_dtype") or "float32"
+    # --enable-linear-replayssm-spec with --mamba-ssm-dtype unset resolves it to float32 (SGLang 0.5.23
+    # arg_groups/attention_hook.py: declare_resolution(mamba_ssm_dtype="float32")), over the config's own.
+    replay = "float32" if serving.enable_linear_replayssm_spec else None
+    ssm_dtype = serving.mamba_ssm_dtype or replay or model.params.get("ssm_dtype") or "float32"
     if mixer == MAMBA1:
         inner = _divide(geometry["intermediate_size"], tp, "the Mamba-1 inner size (mamba_expand x hidden_size)")
         kernel = geometry["conv_kernel"] - 1
@@ -132,8 +135,13 @@ def sglang_stage_per_req(model: ModelSpec, serving: Serving) -> int:
     ``_handle_max_mamba_cache`` computes it, so every rank derives the same
     ``max_mamba_cache_size`` without a collective.
     """
+    total = state_shape(model, serving).bytes * len(state_layer_ids(model))
+    return int(total * largest_stage_share(model, serving))
+
+
+def largest_stage_share(model: ModelSpec, serving: Serving) -> float:
+    """``pp_layer_scale`` of ``_handle_max_mamba_cache``: the largest stage's state layers / all state layers."""
     layers = state_layer_ids(model)
-    total = state_shape(model, serving).bytes * len(layers)
     if serving.pp_size > 1 and layers:
         largest = max(
             sum(1 for i in layers if start <= i < end)
@@ -144,7 +152,7 @@ def sglang_stage_per_req(model: ModelSpec, serving: Serving) -> int:
         )
     else:
         largest = len(layers)
-    return int(total * (largest / max(len(layers), 1)))
+    return largest / max(len(layers), 1)
 
 
 def _divide(value: int, tp: int, what: str) -> int:

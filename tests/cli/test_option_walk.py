@@ -195,6 +195,25 @@ EVIDENCE: dict[str, Evidence] = {
     "mamba_skip_decode_lock": Changes(
         (*QWEN35, "--enable-mamba-extra-buffer"), (*QWEN35, "--enable-mamba-extra-buffer", "--mamba-skip-decode-lock")
     ),
+    # ReplaySSM (issue 33; tests/mamba/test_replayssm.py checks the numbers against SGLang's)
+    "enable_linear_replayssm": Changes(QWEN35, (*QWEN35, "--enable-linear-replayssm"), why="the decode ring"),
+    "linear_replayssm_cache_len": Changes(
+        (*QWEN35, "--enable-linear-replayssm"),
+        (*QWEN35, "--enable-linear-replayssm", "--linear-replayssm-cache-len", "8"),
+    ),
+    "enable_linear_replayssm_spec": Changes(
+        (*QWEN35, *EAGLE, "--speculative-eagle-topk", "1", "--max-running-requests", "64"),
+        (
+            *QWEN35,
+            *EAGLE,
+            "--speculative-eagle-topk",
+            "1",
+            "--max-running-requests",
+            "64",
+            "--enable-linear-replayssm-spec",
+        ),
+        why="the spec-verify ring instead of the intermediate SSM state",
+    ),
     "dsa_prefill_backend": Changes(DSA_FP8, (*DSA_FP8, "--dsa-prefill-backend", "trtllm"), why="the raw latent row"),
     "dsa_decode_backend": Changes(DSA_FP8, (*DSA_FP8, "--dsa-decode-backend", "trtllm"), why="the raw latent row"),
     "enable_dsa_cache_layer_split": Changes(

@@ -66,7 +66,11 @@ def test_every_shipped_preset_names_its_hugging_face_id() -> None:
     presets = registry_presets(get_registry())
     builtin = {name: path for name, (plugin, path) in presets.items() if Path(path).is_relative_to(PLUGINS)}
     assert len(builtin) >= 36
-    for name in builtin:
+    for name, path in builtin.items():
+        if json.loads(Path(path).read_text()).get("_source_kind", "").startswith("synthetic"):
+            # No public checkpoint (qwen4-exp-defaults, from SGLang's config class defaults): no id to name.
+            assert launch_model_path(name) == name
+            continue
         assert re.fullmatch(r"[\w.-]+/[\w.-]+", launch_model_path(name)), name
 
 
