@@ -442,8 +442,9 @@ def _gpu_budget(
     o = option
     if weights_memory is not None:
         weights = parse_bytes(weights_memory, o("weights_memory"))
+        weights_from = f"weights: given ({o('weights_memory')})"
     else:
-        weights = _estimated_weights(model, spec, serving, registry)
+        weights, weights_from = _estimated_weights(model, spec, serving, registry)
     reserved = parse_bytes(reserved_memory or 0, o("reserved_memory"))
     if spec.is_multimodal:
         reserved += serving.vlm_cache_size_mb << 20
@@ -461,7 +462,7 @@ def _gpu_budget(
             f"SGLang 0.5.23's default for {gpu.total_mib:g} MiB = round((G - reserved) / G, 3), "
             f"reserved {defaults.reserved_mb:g} MiB = {' + '.join(defaults.terms)}"
         )
-    return gpu_budget(
+    budget = gpu_budget(
         gpu=gpu.name,
         gpu_total_bytes=gpu.total_bytes,
         runtime_bytes=runtime,
@@ -470,6 +471,7 @@ def _gpu_budget(
         weights_bytes=weights,
         reserved_bytes=reserved,
     )
+    return attrs.evolve(budget, steps=(*budget.steps, weights_from))
 
 
 def _draft_weights_note(
@@ -504,8 +506,9 @@ def _draft_weights_note(
 
 def _estimated_weights(
     model: str | ModelSpec, spec: ModelSpec, serving: Serving, registry: Registry | None = None
-) -> int:
-    """One rank's weights from the model's config (``estimate_weights``), or an error asking for them."""
+) -> tuple[int, str]:
+    """One rank's weights from the model's config, or exact from a local checkpoint's safetensors headers
+    (``estimate_weights``), and a budget step saying which; or an error asking for them."""
     o = option
     if isinstance(model, ModelSpec):
         raise ConfigError(
@@ -515,12 +518,17 @@ def _estimated_weights(
     from kvpools_core.pipeline.weights import estimate_weights
 
     try:
-        return estimate_weights(model, serving, registry=registry).bytes_per_rank
+        estimate = estimate_weights(model, serving, registry=registry)
     except KvpoolsError as error:
         raise ConfigError(
             f"A GPU budget needs the weights' size and kvpools cannot estimate them for {spec.name}: {error} "
             f"Pass {o('weights_memory')} (one rank's weights), or a full config.json."
         ) from error
+    if estimate.method == "safetensors":
+        how = "exact, from the checkpoint's safetensors headers (sharded as the estimate shards each tensor)"
+    else:
+        how = "estimated from config.json (no safetensors checkpoint beside it)"
+    return estimate.bytes_per_rank, f"weights: {how}, {estimate.served_dtype} where unquantised"
 
 
 def _note_unreachable_context(spec: ModelSpec, serving: Serving, sizing: PoolSizing) -> PoolSizing:

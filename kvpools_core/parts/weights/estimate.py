@@ -16,6 +16,7 @@ from kvpools_core.config import ConfigReader, model_dtype
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.parallel import pp_layer_range
 from kvpools_core.parts.weights.quantisation import Quantisation, quantisation_of
+from kvpools_core.parts.weights.safetensors import Share
 from kvpools_core.parts.weights.tensors import Builder, Sharding, Tensor
 from kvpools_core.values import Serving
 
@@ -83,6 +84,13 @@ class WeightsEstimate:
     bytes_per_rank: int
     dtypes: Mapping[str, str]
     notes: tuple[str, ...] = ()
+    method: str = "estimate"
+    """``"estimate"`` (from ``config.json``) or ``"safetensors"`` (the checkpoint's headers, sharded as estimated)."""
+    shares: Mapping[str, Share] = attrs.field(factory=dict, eq=False, repr=False)
+    """Each layout tensor's share on the rank, by Hugging Face module name (what :func:`exact_weights` shards the
+    checkpoint's tensors by)."""
+    served_dtype: str = "bfloat16"
+    """The dtype unquantised tensors are served in (``--dtype``)."""
 
     @property
     def parameters_without_mtp(self) -> int:
@@ -117,6 +125,7 @@ def estimate(
     parameters = dict.fromkeys(FAMILIES, 0)
     labels: dict[str, set[str]] = {}
     bytes_total = bytes_per_rank = 0
+    shares: dict[str, Share] = {}
     for tensor in builder.tensors:
         family = "mtp" if tensor.mtp else tensor.family
         parameters[family] += tensor.parameters
@@ -137,10 +146,15 @@ def estimate(
         label = "float32" if own == 4 and not quantised else label
         labels.setdefault(family, set()).add(label)
         bytes_total += size(tensor.count, tensor.out, tensor.inner)
-        if tensor.mtp or not _on_stage(tensor, start, end, shards):
-            continue
         out, inner, count = tensor.on_rank()
-        bytes_per_rank += size(count, out, inner)
+        held = not tensor.mtp and _on_stage(tensor, start, end, shards)
+        previous = shares.get(tensor.module, Share(0, 0, tensor.element_bytes))
+        rank_parameters = count * out * inner if held else 0
+        shares[tensor.module] = attrs.evolve(
+            previous, rank=previous.rank + rank_parameters, total=previous.total + tensor.parameters
+        )
+        if held:
+            bytes_per_rank += size(count, out, inner)
     return WeightsEstimate(
         model=config.source,
         parameters=sum(parameters.values()),
@@ -149,6 +163,8 @@ def estimate(
         bytes_per_rank=bytes_per_rank,
         dtypes={family: "; ".join(sorted(names)) for family, names in labels.items()},
         notes=tuple(notes),
+        shares=shares,
+        served_dtype=dtype,
     )
 
 
