@@ -11,7 +11,7 @@ import attrs
 
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.errors import ConfigError, KvpoolsError, UnsupportedCombinationError
-from kvpools_core.models import load_model
+from kvpools_core.models import load_model, served_model
 from kvpools_core.options import option
 from kvpools_core.parts.sizing import (
     DEFAULT_MEM_FRACTION_STATIC,
@@ -279,7 +279,7 @@ def plan_basis(
     check_plugin_options(serving, registry)
     serving = resolve_platform_traits(serving, registry, provenance)
 
-    spec = _resolve_model(model, registry, provenance)
+    spec = served_model(_resolve_model(model, registry, provenance), serving)
     if serving.context_length is not None:
         spec = attrs.evolve(spec, context_len=serving.context_length)
     serving, default_notes = apply_engine_defaults(spec, serving, registry, provenance)
@@ -617,6 +617,7 @@ def resolve_draft_model(draft_model: str | ModelSpec, serving: Serving, registry
         spec, parsed_by = draft_model, "given"
     else:
         spec, parsed_by = load_model(draft_model, registry)
+    spec = served_model(spec, serving)
     if serving.pp_size > 1 or serving.dcp_size > 1:
         knob = o("pp_size") if serving.pp_size > 1 else o("dcp_size")
         raise UnsupportedCombinationError(

@@ -14,8 +14,10 @@ from typing import Protocol
 import attrs
 
 from kvpools_core.config import ConfigReader, describe
+from kvpools_core.errors import UnsupportedCombinationError
+from kvpools_core.options import option
 
-__all__ = ["KNOWN", "ByModule", "Quantisation", "mxfp4", "quantisation_of"]
+__all__ = ["KNOWN", "ByModule", "Quantisation", "RuntimeFp8", "mxfp4", "quantisation_of", "runtime_quantisation"]
 
 
 class Weight(Protocol):
@@ -70,6 +72,47 @@ class ByModule:
             if tensor.module == module or tensor.module.startswith(f"{module}."):
                 return storage
         return None
+
+
+@attrs.frozen
+class RuntimeFp8:
+    """``--quantization fp8`` on an unquantised checkpoint: SGLang quantises the weights when they load.
+
+    A Linear (``Fp8LinearMethod.process_weights_after_loading``, sglang/srt/layers/quantization/fp8.py, the
+    not-``is_checkpoint_fp8_serialized`` branch) becomes fp8 with one float32 scale per output row on CUDA (the
+    cutlass path, ``per_token_group_quant_fp8`` over the whole row; ``input_to_float8``'s one scale a tensor only
+    without cutlass fp8): ``out·in + 4·out``. The experts (``Fp8MoEMethod.process_weights_after_loading``) become
+    fp8 with one float32 scale per expert for the merged ``w13`` (gate and up) and one for ``w2`` (down): the
+    scale of ``w13`` is counted on ``up_proj``. Embeddings, the LM head, norms and routers stay in the dtype.
+    """
+
+    label: str = "float8_e4m3 (quantised at load) + float32 scale per output row (per expert in MoE)"
+
+    def for_tensor(self, tensor: Weight) -> Quantisation | None:
+        if not tensor.linear:
+            return None
+        if tensor.family == "moe_experts":
+            scales = 0 if tensor.module.endswith("gate_proj") else 1
+            return Quantisation(self.label, lambda count, out, inner: count * (out * inner + scales * FLOAT32), ())
+        return Quantisation(self.label, lambda count, out, inner: count * out * (inner + FLOAT32), ())
+
+
+def runtime_quantisation(
+    method: str, checkpoint: Quantisation | ByModule | None, quant_method: str | None
+) -> Quantisation | ByModule | RuntimeFp8 | None:
+    """The storage under ``--quantization method``: a checkpoint already quantised by that method keeps its own
+    (SGLang reads its scales); an unquantised one is quantised at load (:class:`RuntimeFp8`); a checkpoint of
+    another method is refused, as SGLang refuses it (``ModelConfig._verify_quantization``: the method in the config
+    must match ``--quantization``)."""
+    if checkpoint is None:
+        return RuntimeFp8()
+    if quant_method == method:
+        return checkpoint
+    raise UnsupportedCombinationError(
+        f"{option('quantization')} {method} on a checkpoint quantised with {quant_method!r}: SGLang refuses a "
+        f"quantization_config.quant_method that differs from {option('quantization')}. Drop "
+        f"{option('quantization')} (the checkpoint's own method is used)."
+    )
 
 
 def _module_matches(module: str, pattern: str) -> bool:

@@ -151,6 +151,8 @@ class Share:
     rank: int
     total: int
     element_bytes: int | None = None
+    quantised_bytes: int | None = None
+    """The bytes of all ``total`` parameters when the engine quantises the tensor at load (``--quantization``)."""
 
 
 @attrs.frozen
@@ -171,7 +173,8 @@ def exact_weights(tensors: list[HeaderTensor], shares: Mapping[str, Share], serv
 
     A header name ``<module>.weight`` (or ``<module>`` itself: biases, ``A_log``, correction biases) is the
     layout tensor's own weight: an unquantised float one loads in the served dtype (``served_bytes`` an element:
-    the engine casts it), unless the layout keeps it in a dtype of its own. Any other suffix (``weight_scale_inv``,
+    the engine casts it), unless the layout keeps it in a dtype of its own, or the engine quantises it at load
+    (its share of the layout tensor's quantised bytes). Any other suffix (``weight_scale_inv``,
     ``weight_scale``, ``input_scale``, ``qweight``, ``scales``, ``qzeros``, ``g_idx``, ...) is a quantisation
     tensor of the nearest enclosing module and keeps its checkpoint bytes, split in the module's proportion.
     Per-expert names (``experts.<e>.``) share the stacked experts' tensor. A name matching no layout tensor is
@@ -186,6 +189,8 @@ def exact_weights(tensors: list[HeaderTensor], shares: Mapping[str, Share], serv
         if module is not None and own and tensor.dtype in FLOAT_DTYPES:
             share = shares[module]
             nbytes = tensor.numel * (share.element_bytes or served_bytes)
+            if share.quantised_bytes is not None and share.total:
+                nbytes = math.ceil(share.quantised_bytes * tensor.numel / share.total)
         total += nbytes
         parameters += tensor.numel
         if module is None:
