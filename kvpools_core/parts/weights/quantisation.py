@@ -92,7 +92,7 @@ class RuntimeFp8:
         if not tensor.linear:
             return None
         if tensor.family == "moe_experts":
-            scales = 0 if tensor.module.endswith("gate_proj") else 1
+            scales = 0 if tensor.module.endswith((".gate_proj", ".w1")) else 1
             return Quantisation(self.label, lambda count, out, inner: count * (out * inner + scales * FLOAT32), ())
         return Quantisation(self.label, lambda count, out, inner: count * out * (inner + FLOAT32), ())
 
