@@ -142,3 +142,28 @@ def test_qwen2_5_7b_instruct_preset_names_its_complete_config() -> None:
     assert estimate.parameters == 7_615_616_512
     assert estimate.parameters - 1_089_994_752 == 6_525_621_760
     assert abs(estimate.parameters - 7.61e9) / 7.61e9 < 0.01
+
+
+def _compressed(kind: str, strategy: str, dynamic: bool, fmt: str) -> dict[str, object]:
+    from tests.weights.test_safetensors import CONFIG
+
+    weights = {"num_bits": 8, "type": kind, "strategy": strategy, "symmetric": True, "dynamic": False}
+    activations = {"num_bits": 8, "type": kind, "strategy": "token" if dynamic else "tensor", "dynamic": dynamic}
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": activations}
+    quant = {"quant_method": "compressed-tensors", "format": fmt, "config_groups": {"group_0": group}}
+    return {**CONFIG, "quantization_config": {**quant, "ignore": ["lm_head"]}}
+
+
+def test_compressed_tensors_fp8_and_int8() -> None:
+    """The tiny Llama of test_safetensors (7 Linears a layer, 36 864 weights and 512 output rows; 66 176 B of bf16
+    embedding, head and norms). fp8 per channel (RedHatAI's FP8-dynamic layout): 2 x (36 864 + 4·512) + 66 176 =
+    144 000 B, what ``--quantization fp8`` quantises the bf16 checkpoint to. int8 per tensor with static
+    activations: a float32 weight scale and input scale a Linear, 2 x (36 864 + 7·8) + 66 176 = 140 016 B.
+    Float32 scales as SGLang creates them (``CompressedTensorsW8A8Fp8.create_weights``)."""
+    fp8 = estimate_weights(_compressed("float", "channel", True, "float-quantized"))
+    assert fp8.bytes_per_rank == 144_000
+    assert fp8.dtypes["attention"] == "float8_e4m3 + float32 scale per output row"
+    int8 = estimate_weights(_compressed("int", "tensor", False, "int-quantized"))
+    assert int8.bytes_per_rank == 140_016
+    with pytest.raises(Exception, match="strategy"):
+        estimate_weights(_compressed("int", "group", False, "int-quantized"))

@@ -38,7 +38,8 @@ FLOAT32 = 4
 FLOAT16 = 2
 KNOWN = (
     "'fp8' (per-tensor or block-wise), 'mxfp4', 'modelopt' (quant_algo 'FP8', 'NVFP4', 'W4A16_NVFP4' or "
-    "'MIXED_PRECISION' of those), 'compressed-tensors' nvfp4, 'awq' (4-bit) and 'gptq' (2/4/8-bit)"
+    "'MIXED_PRECISION' of those), 'compressed-tensors' nvfp4 and 8-bit fp8 / int8, 'awq' (4-bit) and 'gptq' "
+    "(2/4/8-bit)"
 )
 
 
@@ -245,10 +246,62 @@ def _compressed_tensors(quant: ConfigReader, excluded: tuple[str, ...]) -> Quant
     fmt = quant.string("format")
     if fmt == "nvfp4-pack-quantized" and weights.integer("num_bits") == 4 and weights.string("type") == "float":
         return _nvfp4(weights.integer("group_size", 16), excluded)
+    if fmt in ("float-quantized", "int-quantized", "naive-quantized") and weights.integer("num_bits") == 8:
+        return _compressed_8bit(scheme, weights, excluded)
     raise quant.error(
         "format",
         f"is {describe(fmt or None)}",
-        "The weights estimate models compressed-tensors 'nvfp4-pack-quantized'.",
+        "The weights estimate models compressed-tensors 'nvfp4-pack-quantized', and 8-bit 'float-quantized' / "
+        "'int-quantized' (fp8 / int8, per tensor, channel or block).",
+    )
+
+
+def _compressed_8bit(scheme: ConfigReader, weights: ConfigReader, excluded: tuple[str, ...]) -> Quantisation:
+    """compressed-tensors 8-bit weights (fp8 ``float-quantized``, int8 ``int-quantized``): a byte a weight and the
+    float32 scales SGLang holds them with (``CompressedTensorsW8A8Fp8.create_weights``,
+    sglang/srt/layers/quantization/compressed_tensors/schemes/compressed_tensors_w8a8_fp8.py L108-141, and the int8
+    scheme beside it: ``PerTensorScaleParameter`` /
+    ``ChannelQuantScaleParameter`` / ``BlockQuantScaleParameter`` in float32) by ``strategy``: ``tensor`` one,
+    ``channel`` one per output row, ``block`` one per ``block_structure`` block; a static activation scheme adds
+    its float32 ``input_scale``. Asymmetric weights (zero points) and ``group`` strategies are refused."""
+    kind = weights.string("type", "int")
+    if kind not in ("float", "int"):
+        raise weights.error("type", f"is {describe(kind)}", "8-bit compressed-tensors weights are 'float' or 'int'.")
+    if not weights.boolean("symmetric", True):
+        raise weights.error("symmetric", "is false", "Asymmetric (zero-point) 8-bit weights are not modelled.")
+    name = "float8_e4m3" if kind == "float" else "int8"
+    static = 0
+    if scheme.has("input_activations") and scheme.get("input_activations") is not None:
+        static = 0 if scheme.child("input_activations").boolean("dynamic", False) else FLOAT32
+    strategy = weights.string("strategy", "tensor")
+    if strategy == "tensor":
+        return Quantisation(
+            f"{name} + float32 scale per tensor",
+            lambda count, out, inner: count * (out * inner + FLOAT32 + static),
+            excluded,
+        )
+    if strategy == "channel":
+        return Quantisation(
+            f"{name} + float32 scale per output row",
+            lambda count, out, inner: count * (out * (inner + FLOAT32) + static),
+            excluded,
+        )
+    if strategy == "block":
+        block = weights.integer_list("block_structure", minimum=1, maximum=1 << 20)
+        if len(block) != 2:
+            raise weights.error("block_structure", f"is {describe(list(block))}", "It must be [rows, columns].")
+        rows, cols = block
+        return Quantisation(
+            f"{name} + float32 scale per {rows}x{cols} block",
+            lambda count, out, inner: (
+                count * (out * inner + FLOAT32 * math.ceil(out / rows) * math.ceil(inner / cols) + static)
+            ),
+            excluded,
+        )
+    raise weights.error(
+        "strategy",
+        f"is {describe(strategy)}",
+        "8-bit compressed-tensors weights are modelled per tensor, channel or block.",
     )
 
 
