@@ -14,6 +14,7 @@ from kvpools_core.parts.weights import (
     llama_decoder,
     sparse_moe,
     split,
+    vocab_rows_per_rank,
 )
 from kvpools_core.values import Serving
 
@@ -71,6 +72,32 @@ def _phi3(builder: Builder, model_type: str) -> list[str]:
         builder.norm(f"{prefix}.input_layernorm", layer)
         builder.norm(f"{prefix}.post_attention_layernorm", layer)
     builder.embeddings(reader.boolean("tie_word_embeddings", False))
+    return []
+
+
+def _phi(builder: Builder, model_type: str) -> list[str]:
+    """Phi-1 / Phi-1.5 / Phi-2 (``PhiForCausalLM``, sglang/srt/models/phi.py): per layer one LayerNorm (weight and
+    bias) before a parallel attention and MLP, biased q/k/v (``QKVParallelLinear``, every head a KV head) and
+    ``dense`` (row-parallel), biased ``fc1`` / ``fc2``; the final LayerNorm and an LM head with a bias."""
+    reader = builder.reader
+    hidden = builder.hidden
+    intermediate = reader.integer("intermediate_size")
+    for layer in range(reader.integer("num_hidden_layers")):
+        prefix = f"model.layers.{layer}"
+        builder.norm(f"{prefix}.input_layernorm", layer)
+        builder.norm(f"{prefix}.input_layernorm.bias", layer)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            builder.column("attention", f"{prefix}.self_attn.{name}", hidden, hidden, layer, bias=True)
+        builder.row("attention", f"{prefix}.self_attn.dense", hidden, hidden, layer, bias=True)
+        builder.column("mlp", f"{prefix}.mlp.fc1", intermediate, hidden, layer, bias=True)
+        builder.row("mlp", f"{prefix}.mlp.fc2", hidden, intermediate, layer, bias=True)
+    vocab = reader.integer("vocab_size")
+    rows = vocab_rows_per_rank(vocab, builder.sharding.tp)
+    builder.add("embedding", "model.embed_tokens", vocab, hidden, rank_out=rows, stage="first")
+    builder.norm("model.final_layernorm", None, stage="last")
+    builder.norm("model.final_layernorm.bias", None, stage="last")
+    builder.add("lm_head", "lm_head", vocab, hidden, rank_out=rows, stage="last")
+    builder.add("lm_head", "lm_head.bias", vocab, rank_out=rows, stage="last")
     return []
 
 
@@ -195,6 +222,7 @@ DECODERS: dict[str, Callable[[Builder, str], list[str]]] = {
     "gemma": _gemma_granite,
     "granite": _gemma_granite,
     "phi3": _phi3,
+    "phi": _phi,
     "mixtral": _mixtral,
     "qwen2_moe": _qwen2_moe,
     "mimo": _mimo,

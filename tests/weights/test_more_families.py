@@ -167,3 +167,30 @@ def test_compressed_tensors_fp8_and_int8() -> None:
     assert int8.bytes_per_rank == 140_016
     with pytest.raises(Exception, match="strategy"):
         estimate_weights(_compressed("int", "group", False, "int-quantized"))
+
+
+def test_phi_2_weights_and_kv() -> None:
+    """Phi-2 (``phi-2`` preset, ``PhiForCausalLM``): a layer has the LayerNorm (2·2560), biased q/k/v/dense
+    (4 x (2560² + 2560) = 26 224 640), fc1 (10240·2560 + 10240 = 26 224 640) and fc2 (2560·10240 + 2560 =
+    26 216 960): 78 671 360 x 32 = 2 517 483 520; the embedding and the biased head 2·51 200·2560 + 51 200 =
+    262 195 200; the final LayerNorm 5120: 2 779 683 840 (huggingface.co/microsoft/phi-2: 2.78B params), float16.
+    Its KV: every one of the 32 heads of 2560 / 32 = 80, both K and V, 2 B: 32 x 32 x 80 x 2 x 2 = 327 680 B a
+    token (sglang/srt/models/phi.py L41, L75-79)."""
+    from kvpools_core import plan
+
+    weights = estimate_weights("phi-2")
+    assert weights.parameters == 2_779_683_840
+    assert weights.bytes_total == 2 * 2_779_683_840
+    phi2 = plan("phi-2", memory="10GiB")
+    assert phi2.model.dtype == "float16"
+    assert phi2.cell.bytes_per_token == 327_680
+
+
+def test_phi_caches_every_head_whatever_num_key_value_heads_says(tmp_path: Path) -> None:
+    """SGLang's PhiAttention passes ``num_kv_heads=self.num_heads`` (phi.py L79): a config's
+    ``num_key_value_heads`` (8 here) does not shrink the cache."""
+    from kvpools_core import plan
+
+    config = json.loads((Path(__file__).parents[2] / "plugins/mha/presets/full/phi-2.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 8}))
+    assert plan(str(tmp_path / "config.json"), memory="10GiB").cell.bytes_per_token == 327_680
