@@ -194,3 +194,22 @@ def test_phi_caches_every_head_whatever_num_key_value_heads_says(tmp_path: Path)
     config = json.loads((Path(__file__).parents[2] / "plugins/mha/presets/full/phi-2.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 8}))
     assert plan(str(tmp_path / "config.json"), memory="10GiB").cell.bytes_per_token == 327_680
+
+
+def test_llama_4_maverick_text_weights() -> None:
+    """Llama-4 Maverick (``llama-4-maverick`` preset, ``text_config``): 48 layers of attention 2·5120² +
+    2·1024·5120 = 62 914 560 and two norms (10 240); the 24 MoE layers (interleave step 2: layers 1, 3, ...) a
+    router 128·5120 = 655 360, 128 experts of 3·8192·5120 = 16 106 127 360 and a shared expert 125 829 120; the
+    24 dense layers an MLP of 3·16384·5120 = 251 658 240; embedding and head 2·202 048·5120 = 2 068 971 520; the
+    final norm 5120: 400 711 848 960 ("17B active, 400B total", huggingface.co/meta-llama/Llama-4-Maverick-17B-
+    128E-Instruct). Expert parallelism: TP 8 x EP 8 holds the same expert bytes as TP 8."""
+    estimate = estimate_weights("llama-4-maverick")
+    assert estimate.parameters == 400_711_848_960
+    assert abs(estimate.parameters - 400e9) / 400e9 < 0.01
+    assert estimate.shares["language_model.model.layers.1.feed_forward.experts.gate_up_proj"].total == (
+        128 * 2 * 8192 * 5120
+    )
+    tp8 = Serving(tp_size=8)
+    assert estimate_weights("llama-4-maverick", tp8, ep_size=8).bytes_per_rank == estimate_weights(
+        "llama-4-maverick", tp8
+    ).bytes_per_rank

@@ -55,7 +55,15 @@ MODELLED_BEFORE = {
 """The 23 model types the core's table (``kvpools_core.pipeline.weights.ARCHITECTURES``, before issue 30) modelled, and
 the plugin that claims each now."""
 
-ADDED_BY_ISSUE_34 = {"gemma": "mha", "granite": "mha", "phi3": "mha", "mixtral": "mha", "qwen2_moe": "mha"}
+ADDED_BY_ISSUE_34 = {
+    "gemma": "mha",
+    "granite": "mha",
+    "phi3": "mha",
+    "phi": "mha",
+    "mixtral": "mha",
+    "qwen2_moe": "mha",
+    "llama4_text": "swa",
+}
 """The families the start-up logs showed unestimated (issue 34), claimed by the plugin that parses their KV."""
 
 DP_ATTENTION_BEFORE = {"deepseek_v2", "deepseek_v3", "kimi_k2", "deepseek_v32", "qwen3", "qwen3_moe", "gpt_oss"}
