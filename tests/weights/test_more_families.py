@@ -210,6 +210,7 @@ def test_llama_4_maverick_text_weights() -> None:
         128 * 2 * 8192 * 5120
     )
     tp8 = Serving(tp_size=8)
-    assert estimate_weights("llama-4-maverick", tp8, ep_size=8).bytes_per_rank == estimate_weights(
-        "llama-4-maverick", tp8
-    ).bytes_per_rank
+    assert (
+        estimate_weights("llama-4-maverick", tp8, ep_size=8).bytes_per_rank
+        == estimate_weights("llama-4-maverick", tp8).bytes_per_rank
+    )
