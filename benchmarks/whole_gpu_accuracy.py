@@ -43,7 +43,7 @@ from kvpools_core.engines.vllm.budget import available_kv_cache_memory
 from kvpools_core.engines.vllm.model import worker_kv_cache_specs
 from kvpools_core.engines.vllm.runtime_memory import estimate_runtime_memory
 from kvpools_core.errors import KvpoolsError
-from kvpools_core.models import load_model
+from kvpools_core.models import load_model, served_model
 from kvpools_core.pipeline.gpus import find_gpu
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.values import Serving
@@ -112,7 +112,7 @@ def _weights(log: StartupLog, use_logged: bool, serving: Serving) -> int:
 
 def _plan(log: StartupLog, available: int, registry: Registry, serving: Serving) -> Prediction:
     assert log.kvpools_model is not None
-    model, _ = load_model(log.kvpools_model, registry)
+    model = served_model(load_model(log.kvpools_model, registry)[0], serving)
     workers = worker_kv_cache_specs(model, serving, registry, block_size=16)
     model_len = log.flag("max_model_len") or model.context_len
     limits = VllmLimits(
@@ -126,13 +126,16 @@ def _plan(log: StartupLog, available: int, registry: Registry, serving: Serving)
 
 def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_weights: bool) -> Prediction | Refusal:
     gpu = find_gpu(str(log.gpu), registry)
-    serving = Serving(
-        tp_size=log.flag("tp", 1), pp_size=log.flag("pp", 1), kv_cache_dtype=log.flag("kv_cache_dtype", "auto")
-    )
-    if runtime:
-        for flag in ("dtype", "quantization"):
-            if log.flag(flag) not in (None, "auto", "bfloat16"):
-                return Refusal(f"kvpools does not model --{flag} {log.flag(flag)} yet")
+    try:
+        serving = Serving(
+            tp_size=log.flag("tp", 1),
+            pp_size=log.flag("pp", 1),
+            kv_cache_dtype=log.flag("kv_cache_dtype", "auto"),
+            dtype=log.flag("dtype", "auto"),
+            quantization=log.flag("quantization"),
+        )
+    except KvpoolsError as error:
+        return Refusal(f"kvpools does not model these flags: {error}")
     try:
         weights = _weights(log, use_logged_weights, serving)
     except KvpoolsError as error:

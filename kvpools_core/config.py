@@ -282,8 +282,10 @@ def model_dtype(reader: ConfigReader) -> str:
     """The dtype SGLang serves a config in under ``--dtype auto``.
 
     The config's ``torch_dtype`` (or newer ``dtype``); bf16 when absent; a
-    float32 checkpoint is served in float16 (SGLang's ``_get_and_verify_dtype``),
-    so ``--kv-cache-dtype auto`` follows float16 too.
+    float32 checkpoint is served in float16, a Gemma one (``model_type``
+    ``gemma*``) in bfloat16 (SGLang's ``_get_and_verify_dtype``), so
+    ``--kv-cache-dtype auto`` follows them.  ``--dtype`` overrides it
+    (:func:`kvpools_core.models.served_model`).
     """
     from kvpools_core.dtypes import MODEL_DTYPES
 
@@ -305,7 +307,10 @@ def model_dtype(reader: ConfigReader) -> str:
                 f"is {describe(value)}",
                 f"kvpools knows the model dtypes {', '.join(MODEL_DTYPES)}; fix the config.",
             )
-        return "float16" if name == "float32" else name
+        if name == "float32":
+            # SGLang's _get_and_verify_dtype: Gemma's float32 checkpoints go to bfloat16, the others to float16.
+            return "bfloat16" if reader.string("model_type", "").startswith("gemma") else "float16"
+        return name
     return "bfloat16"
 
 

@@ -18,7 +18,7 @@ from kvpools_core.readonly import readonly_config
 
 if TYPE_CHECKING:
     from kvpools_core.registry import Registry
-    from kvpools_core.values import ModelSpec
+    from kvpools_core.values import ModelSpec, Serving
 
 
 def resolve_model_source(model: str, registry: Registry) -> tuple[dict[str, Any], str, str]:
@@ -112,3 +112,14 @@ def launch_model_path(model: str, registry: Registry) -> str:
     if path.name == "config.json" and path.is_file():
         return str(path.parent)
     return model
+
+
+def served_model(spec: ModelSpec, serving: Serving) -> ModelSpec:
+    """``spec`` in the dtype ``--dtype`` serves it in: the parsed dtype (SGLang's ``auto``) unless ``serving.dtype``
+    names one (SGLang's and vLLM's ``_get_and_verify_dtype``: an explicit dtype wins, upcasting a half-precision
+    checkpoint to float32 included), so ``--kv-cache-dtype auto`` follows it."""
+    import attrs
+
+    if serving.dtype == "auto" or serving.dtype == spec.dtype:
+        return spec
+    return attrs.evolve(spec, dtype=serving.dtype)

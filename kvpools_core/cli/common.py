@@ -23,6 +23,8 @@ from kvpools_core.values import (
     DSV4_COMPRESS_STATE_DTYPES,
     HICACHE_MEM_LAYOUTS,
     HICACHE_WRITE_POLICIES,
+    QUANTIZATION_METHODS,
+    SERVED_DTYPES,
     SPECULATIVE_ALGORITHMS,
     Serving,
     is_unset,
@@ -30,6 +32,10 @@ from kvpools_core.values import (
 
 _HELP = {
     "kv_cache_dtype": "KV element type (auto follows the model dtype).",
+    "dtype": "Dtype the weights are served in (SGLang's/vLLM's --dtype; auto: the checkpoint's, a float32 one as "
+    "float16, Gemma's as bfloat16); --kv-cache-dtype auto follows it.",
+    "quantization": "Quantise an unquantised checkpoint's Linear weights when they load (fp8: SGLang's per-channel "
+    "fp8 Linears and per-expert fp8 MoE).",
     "page_size": "Tokens per page [default: SGLang's own for the model and platform (a plan note says which), else 1].",
     "tp_size": "Tensor-parallel size.",
     "pp_size": "Pipeline-parallel size.",
@@ -108,6 +114,8 @@ _HELP = {
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "kv_cache_dtype": KV_DTYPE_CHOICES,
+    "dtype": SERVED_DTYPES,
+    "quantization": QUANTIZATION_METHODS,
     "speculative_algorithm": SPECULATIVE_ALGORITHMS,
     "disaggregation_mode": ("null", "prefill", "decode"),
     "mamba_ssm_dtype": ("bfloat16", "float16", "float32"),

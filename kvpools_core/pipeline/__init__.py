@@ -11,7 +11,7 @@ import attrs
 
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.errors import ConfigError, KvpoolsError, UnsupportedCombinationError
-from kvpools_core.models import load_model
+from kvpools_core.models import load_model, served_model
 from kvpools_core.options import option
 from kvpools_core.parts.sizing import (
     DEFAULT_MEM_FRACTION_STATIC,
@@ -287,7 +287,7 @@ def plan_basis(
     check_plugin_options(serving, registry)
     serving = resolve_platform_traits(serving, registry, provenance)
 
-    spec = _resolve_model(model, registry, provenance)
+    spec = served_model(_resolve_model(model, registry, provenance), serving)
     if serving.context_length is not None:
         spec = attrs.evolve(spec, context_len=serving.context_length)
     serving, default_notes = apply_engine_defaults(spec, serving, registry, provenance)
@@ -450,8 +450,9 @@ def _gpu_budget(
     o = option
     if weights_memory is not None:
         weights = parse_bytes(weights_memory, o("weights_memory"))
+        weights_from = f"weights: given ({o('weights_memory')})"
     else:
-        weights = _estimated_weights(model, spec, serving, registry)
+        weights, weights_from = _estimated_weights(model, spec, serving, registry)
     reserved = parse_bytes(reserved_memory or 0, o("reserved_memory"))
     if spec.is_multimodal:
         reserved += serving.vlm_cache_size_mb << 20
@@ -469,7 +470,7 @@ def _gpu_budget(
             f"SGLang 0.5.23's default for {gpu.total_mib:g} MiB = round((G - reserved) / G, 3), "
             f"reserved {defaults.reserved_mb:g} MiB = {' + '.join(defaults.terms)}"
         )
-    return gpu_budget(
+    budget = gpu_budget(
         gpu=gpu.name,
         gpu_total_bytes=gpu.total_bytes,
         runtime_bytes=runtime,
@@ -478,6 +479,7 @@ def _gpu_budget(
         weights_bytes=weights,
         reserved_bytes=reserved,
     )
+    return attrs.evolve(budget, steps=(*budget.steps, weights_from))
 
 
 def _draft_weights_note(
@@ -512,8 +514,9 @@ def _draft_weights_note(
 
 def _estimated_weights(
     model: str | ModelSpec, spec: ModelSpec, serving: Serving, registry: Registry | None = None
-) -> int:
-    """One rank's weights from the model's config (``estimate_weights``), or an error asking for them."""
+) -> tuple[int, str]:
+    """One rank's weights from the model's config, or exact from a local checkpoint's safetensors headers
+    (``estimate_weights``), and a budget step saying which; or an error asking for them."""
     o = option
     if isinstance(model, ModelSpec):
         raise ConfigError(
@@ -523,12 +526,17 @@ def _estimated_weights(
     from kvpools_core.pipeline.weights import estimate_weights
 
     try:
-        return estimate_weights(model, serving, registry=registry).bytes_per_rank
+        estimate = estimate_weights(model, serving, registry=registry)
     except KvpoolsError as error:
         raise ConfigError(
             f"A GPU budget needs the weights' size and kvpools cannot estimate them for {spec.name}: {error} "
             f"Pass {o('weights_memory')} (one rank's weights), or a full config.json."
         ) from error
+    if estimate.method == "safetensors":
+        how = "exact, from the checkpoint's safetensors headers (sharded as the estimate shards each tensor)"
+    else:
+        how = "estimated from config.json (no safetensors checkpoint beside it)"
+    return estimate.bytes_per_rank, f"weights: {how}, {estimate.served_dtype} where unquantised"
 
 
 def _note_unreachable_context(spec: ModelSpec, serving: Serving, sizing: PoolSizing) -> PoolSizing:
@@ -617,6 +625,7 @@ def resolve_draft_model(draft_model: str | ModelSpec, serving: Serving, registry
         spec, parsed_by = draft_model, "given"
     else:
         spec, parsed_by = load_model(draft_model, registry)
+    spec = served_model(spec, serving)
     if serving.pp_size > 1 or serving.dcp_size > 1:
         knob = o("pp_size") if serving.pp_size > 1 else o("dcp_size")
         raise UnsupportedCombinationError(

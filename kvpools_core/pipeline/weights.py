@@ -15,9 +15,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import attrs
+
 from kvpools_core.config import ConfigReader, describe, read_config_file
 from kvpools_core.models import registry_presets, resolve_model_source
-from kvpools_core.parts.weights import FAMILIES, WeightsConfig, WeightsEstimate, vocab_rows_per_rank
+from kvpools_core.parts.weights import (
+    DTYPE_BYTES,
+    FAMILIES,
+    WeightsConfig,
+    WeightsEstimate,
+    exact_weights,
+    find_safetensors,
+    read_headers,
+    vocab_rows_per_rank,
+)
 from kvpools_core.values import Serving
 
 if TYPE_CHECKING:
@@ -76,7 +87,50 @@ def estimate_weights(
             f"No installed architecture plugin estimates its weights (asked: {asked}); other architectures are "
             "not guessed. Give the weights' size yourself (--weights-memory), or install the plugin that claims it.",
         )
-    return cast(WeightsEstimate, estimate)  # the registry checked the answer against the hook's contract
+    estimate = cast(WeightsEstimate, estimate)  # the registry checked the answer against the hook's contract
+    files = _checkpoint_files(model)
+    return estimate if files is None else _from_headers(estimate, files)
+
+
+def _checkpoint_files(model: str | os.PathLike[str] | Mapping[str, Any]) -> list[Path] | None:
+    """The safetensors files of ``model`` when it is a local checkpoint directory that holds them."""
+    if isinstance(model, Mapping):
+        return None
+    try:
+        path = Path(os.fspath(model)).expanduser()
+        if not path.is_dir():
+            return None
+    except (OSError, ValueError):
+        return None
+    return find_safetensors(path)
+
+
+def _from_headers(estimate: WeightsEstimate, files: list[Path]) -> WeightsEstimate:
+    """``estimate`` with the checkpoint's own bytes (its safetensors headers), sharded by the estimate's layout."""
+    served = DTYPE_BYTES[estimate.served_dtype]
+    exact = exact_weights(read_headers(files), estimate.shares, served)
+    # Copies the engine makes that the checkpoint stores once (a tied LM head on the last pipeline stage).
+    copies = sum(share.rank for share in estimate.shares.values() if share.total == 0) * served
+    where = files[0].parent
+    notes = [
+        f"weights: exact, from the safetensors headers of {where} ({len(files)} file(s), {exact.tensors} tensors, "
+        f"{exact.bytes_total:,} B served as {estimate.served_dtype} where unquantised), each tensor sharded as the "
+        f"estimate shards it; the config-only estimate was {estimate.bytes_per_rank:,} B a rank",
+    ]
+    if exact.unmatched:
+        shown = ", ".join(exact.unmatched[:3]) + (", ..." if len(exact.unmatched) > 3 else "")
+        notes.append(
+            f"{len(exact.unmatched)} checkpoint tensor(s) ({exact.unmatched_bytes:,} B) are not in the "
+            f"architecture's layout ({shown}): counted whole on every rank"
+        )
+    return attrs.evolve(
+        estimate,
+        parameters=exact.parameters,
+        bytes_total=exact.bytes_total,
+        bytes_per_rank=exact.bytes_per_rank + copies,
+        notes=(*estimate.notes, *notes),
+        method="safetensors",
+    )
 
 
 def _load_config(

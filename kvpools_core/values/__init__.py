@@ -228,6 +228,12 @@ from kvpools_core.values.serving import (
     HICACHE_WRITE_POLICIES as HICACHE_WRITE_POLICIES,
 )
 from kvpools_core.values.serving import (
+    QUANTIZATION_METHODS as QUANTIZATION_METHODS,
+)
+from kvpools_core.values.serving import (
+    SERVED_DTYPES as SERVED_DTYPES,
+)
+from kvpools_core.values.serving import (
     SGLANG_ACCOUNTING_MODES as SGLANG_ACCOUNTING_MODES,
 )
 from kvpools_core.values.serving import (

@@ -68,6 +68,27 @@ def _canonical_kv(value: str) -> str:
     return canonical_kv_dtype(value)
 
 
+SERVED_DTYPES = ("auto", "bfloat16", "float16", "float32")
+"""``--dtype``'s values (SGLang's and vLLM's; ``half`` / ``float`` and ``bf16`` / ``fp16`` / ``fp32`` read as
+their names here)."""
+_SERVED_DTYPE_ALIASES = {
+    "half": "float16",
+    "float": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp32": "float32",
+}
+QUANTIZATION_METHODS = ("fp8",)
+"""``--quantization`` values kvpools models (runtime quantisation of an unquantised checkpoint)."""
+
+
+def _canonical_served_dtype(value: Any) -> Any:
+    if isinstance(value, str):
+        lowered = value.lower().removeprefix("torch.")
+        return _SERVED_DTYPE_ALIASES.get(lowered, lowered)
+    return value
+
+
 DSV4_COMPRESS_STATE_DTYPES = ("float32", "bfloat16")
 """``SGLANG_DSV4_COMPRESS_STATE_DTYPE``'s values (SGLang also spells them ``fp32`` and ``bf16``)."""
 _STATE_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -230,6 +251,12 @@ class Serving:
     """
 
     kv_cache_dtype: str = attrs.field(default="auto", converter=_canonical_kv)
+    dtype: str = attrs.field(default="auto", converter=_canonical_served_dtype, validator=one_of(*SERVED_DTYPES))
+    """``--dtype``: the dtype the weights are served in; ``auto`` is the checkpoint's (SGLang serves a float32
+    checkpoint as float16, Gemma's as bfloat16). ``--kv-cache-dtype auto`` follows it."""
+    quantization: str | None = attrs.field(default=None, validator=one_of(None, *QUANTIZATION_METHODS))
+    """``--quantization``: ``fp8`` quantises an unquantised checkpoint's Linear weights when they load (SGLang's
+    ``Fp8LinearMethod`` / ``Fp8MoEMethod``); the weights estimate counts them so."""
     page_size: int = attrs.field(default=UnsetInt(1), validator=positive)
     """Unset (``Serving()``, no ``--page-size``), it reads as SGLang's generic default 1 until the pipeline
     applies the model's or platform's own (``engine_defaults``: DeepSeek sparse attention 64, DeepSeek-V4 256,

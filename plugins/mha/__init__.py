@@ -49,6 +49,7 @@ DENSE_MODEL_TYPES = frozenset(
         "minimax_m2",
         "mimo",
         "phi3",
+        "phi",
         "gemma",
         "internlm2",
         "granite",
@@ -94,7 +95,13 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
     num_heads = reader.integer("num_attention_heads")
     head_dim = reader.optional_integer("head_dim") or derived_head_dim(reader, num_heads)
     v_head_dim = reader.optional_integer("v_head_dim") or head_dim
-    kv_heads = grouped_kv_heads(reader, num_heads, _KV_HEAD_KEYS)
+    phi = reader.string("model_type") == "phi"
+    kv_heads = num_heads if phi else grouped_kv_heads(reader, num_heads, _KV_HEAD_KEYS)
+    if phi:
+        # SGLang's PhiAttention caches every head (sglang/srt/models/phi.py L75-79, num_kv_heads=self.num_heads)
+        # of hidden_size / num_attention_heads (L41), whatever num_key_value_heads says.
+        kv_heads, head_dim = num_heads, reader.integer("hidden_size") // num_heads
+        v_head_dim = head_dim
     layers = [
         LayerSpec(index=i, kind="attention", num_kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_head_dim)
         for i in range(num_layers)

@@ -2,6 +2,8 @@
 
 Forms, in the order they are tried (the first that applies decides):
 
+* Llama-4 (``model_type`` ``llama4`` / ``llama4_text`` with ``attention_chunk_size``): SGLang's fixed split,
+  layer ``i`` full when ``(i + 1) % 4 == 0``, the others chunked local attention with the chunk as the window.
 * ``layer_types`` (gpt-oss, Gemma-3/4, Step-3.5): ``"sliding_attention"`` /
   ``"full_attention"`` per layer; any other entry (``linear_attention``,
   mamba) belongs to another plugin.
@@ -63,6 +65,12 @@ SLIDING = "sliding_attention"
 
 FAMILY_PATTERNS = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6}
 """transformers' fixed sliding pattern of families whose configs may state none."""
+LLAMA4_MODEL_TYPES = frozenset({"llama4", "llama4_text"})
+"""Llama-4: chunked local attention in three of every four layers (``attention_chunk_size``), full attention in
+every fourth; SGLang 0.5.23 serves ``Llama4ForConditionalGeneration`` with hybrid SWA pools whose layer split is
+fixed (``get_hybrid_layer_ids``, configs/model_config.py L2705-2711) and whose window is the chunk size
+(``sliding_window_size = attention_chunk_size``, model_executor/model_runner_components/load_model_utils.py
+L152-153)."""
 FAMILY_CONTEXT = {"gemma3": 131072, "gemma3_text": 131072}
 """transformers' default ``max_position_embeddings`` of families whose sparse configs omit it."""
 WINDOW_LAYER_FAMILIES = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mimo"})
@@ -274,6 +282,13 @@ def latent_layers(reader: ConfigReader, pattern: Pattern, window: int, dsa: bool
 
 def sliding_pattern(reader: ConfigReader, model_type: str) -> Pattern | None:
     """Which layers slide, by the first form of the module docstring that applies; None for other models."""
+    if model_type in LLAMA4_MODEL_TYPES and reader.get("attention_chunk_size") is not None:
+        layers = reader.integer("num_hidden_layers")
+        return Pattern(
+            tuple((i + 1) % 4 != 0 for i in range(layers)),
+            "Llama-4 chunked local attention (attention_chunk_size): layer i is full when (i+1)%4==0, as SGLang's "
+            "get_hybrid_layer_ids fixes it",
+        )
     if reader.has("layer_types"):
         types = reader.string_list("layer_types")
         if not types:
@@ -324,6 +339,8 @@ def window_active(reader: ConfigReader) -> bool:
 
 def sliding_window(reader: ConfigReader) -> int:
     """The window of the sliding layers (``sliding_window``, or ``sliding_window_size``)."""
+    if reader.string("model_type", "") in LLAMA4_MODEL_TYPES and reader.get("attention_chunk_size") is not None:
+        return reader.integer("attention_chunk_size")  # SGLang's sliding_window_size (load_model_utils.py L152-153)
     key = "sliding_window" if reader.has("sliding_window") else "sliding_window_size"
     if not reader.has(key):
         raise reader.error(

@@ -16,6 +16,7 @@ from kvpools_core.parts.weights import (
     gemma3_vision,
     llama_decoder,
     split,
+    vocab_rows_per_rank,
 )
 from kvpools_core.values import Serving
 
@@ -191,12 +192,70 @@ def _mimo_v2_flash(builder: Builder, model_type: str) -> list[str]:
     ]
 
 
+def _llama4(builder: Builder, model_type: str) -> list[str]:
+    """Llama-4's text model (``Llama4ForCausalLM`` under ``Llama4ForConditionalGeneration``, sglang/srt/models/
+    llama4.py), named as the checkpoint names it (``language_model.model.*``): per layer GQA attention (the q/k norm
+    of ``use_qk_norm`` has no weights), two norms and, where ``(layer + 1) % interleave_moe_layer_step == 0``
+    (``_is_moe_layer``), a MoE (``feed_forward.router``, ``num_local_experts`` experts of ``intermediate_size``
+    stored fused as ``experts.gate_up_proj`` / ``experts.down_proj``, and a ``shared_expert`` of the same size);
+    a dense MLP of ``intermediate_size_mlp`` elsewhere. The vision tower and projector are not counted (noted)."""
+    reader = builder.reader
+    hidden = builder.hidden
+    sharding = builder.sharding
+    layers = reader.integer("num_hidden_layers")
+    heads = reader.integer("num_attention_heads")
+    head_dim = reader.integer("head_dim", hidden // heads)
+    experts = reader.integer("num_local_experts")
+    moe_inter = reader.integer("intermediate_size")
+    step = reader.integer("interleave_moe_layer_step", 1, minimum=0)
+    if experts % sharding.ep:
+        raise UnsupportedCombinationError(
+            f"{experts} experts do not split over ep_size {sharding.ep}; SGLang needs ep_size to divide them."
+        )
+    root = "language_model.model" if builder.outer.has("text_config") else "model"
+    for layer in range(layers):
+        prefix = f"{root}.layers.{layer}"
+        builder.gqa_attention(f"{prefix}.self_attn", layer, head_dim, bias=False, out_bias=False)
+        builder.norm(f"{prefix}.input_layernorm", layer)
+        builder.norm(f"{prefix}.post_attention_layernorm", layer)
+        moe = experts > 0 if step == 0 else (layer + 1) % step == 0
+        ff = f"{prefix}.feed_forward"
+        if not moe:
+            builder.dense_mlp(ff, layer, reader.integer("intermediate_size_mlp"))
+            continue
+        builder.replicated("moe_router", f"{ff}.router", experts, hidden, layer, linear=False)
+        rank_inter = expert_intermediate_per_rank(moe_inter, sharding)
+        shape = {"count": experts, "rank_count": experts // sharding.ep, "layer": layer, "linear": True}
+        builder.add(
+            "moe_experts", f"{ff}.experts.gate_up_proj", 2 * moe_inter, hidden, rank_out=2 * rank_inter, **shape
+        )
+        builder.add("moe_experts", f"{ff}.experts.down_proj", hidden, moe_inter, rank_inner=rank_inter, **shape)
+        builder.dense_mlp(f"{ff}.shared_expert", layer, moe_inter, family="moe_shared_experts")
+    vocab = reader.integer("vocab_size")
+    head = "language_model.lm_head" if root != "model" else "lm_head"
+    builder.add(
+        "embedding",
+        f"{root}.embed_tokens",
+        vocab,
+        hidden,
+        rank_out=vocab_rows_per_rank(vocab, sharding.tp),
+        stage="first",
+    )
+    builder.norm(f"{root}.norm", None, stage="last")
+    builder.add("lm_head", head, vocab, hidden, rank_out=vocab_rows_per_rank(vocab, sharding.tp), stage="last")
+    notes = []
+    if builder.outer.has("vision_config"):
+        notes.append("Llama-4's vision tower and multimodal projector are not counted (text model only).")
+    return notes
+
+
 DECODERS: dict[str, Callable[[Builder, str], list[str]]] = {
     "gemma2": _gemma,
     "gemma3_text": _gemma,
     "gemma4_text": _gemma4,
     "gpt_oss": _gpt_oss,
     "mimo_v2_flash": _mimo_v2_flash,
+    "llama4_text": _llama4,
 }
 """The ``model_type`` values whose weights this plugin estimates, and the function that lays out their tensors."""
 

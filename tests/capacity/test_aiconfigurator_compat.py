@@ -153,4 +153,4 @@ def test_what_kvpools_cannot_honour_is_refused_by_name(overrides: dict[str, Any]
 
 def test_a_preset_without_the_full_shapes_is_refused_naming_the_field() -> None:
     with pytest.raises(ConfigError, match=r"intermediate_size|vocab_size"):
-        estimate_num_gpu_blocks(**sglang("qwen2.5-7b-instruct"))
+        estimate_num_gpu_blocks(**sglang("mistral-7b-v0.1"))

@@ -133,6 +133,12 @@ EVIDENCE: dict[str, Evidence] = {
     ),
     # -- the KV cache and parallelism
     "kv_cache_dtype": Changes(LLAMA, (*LLAMA, "--kv-cache-dtype", "fp8_e4m3")),
+    "dtype": Changes(LLAMA, (*LLAMA, "--dtype", "float32"), why="kv_cache_dtype auto follows it: fp32 KV"),
+    "quantization": Changes(
+        ("llama-3.1-8b", "--gpu", "h100"),
+        ("llama-3.1-8b", "--gpu", "h100", "--quantization", "fp8"),
+        why="fp8 weights leave a larger KV budget",
+    ),
     "page_size": Changes(LLAMA, (*LLAMA, "--page-size", "64")),
     "tp_size": Changes(LLAMA, (*LLAMA, "--tp-size", "2")),
     "pp_size": Changes(LLAMA, (*LLAMA, "--pp-size", "2")),

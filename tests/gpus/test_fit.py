@@ -179,7 +179,7 @@ def test_bad_requests_and_models() -> None:
     with pytest.raises(ConfigError, match="pass gpu or gpu_memory"):
         fit(LLAMA_8B, 1, 1024)
     with pytest.raises(ConfigError, match=r"Pass a full config\.json"):
-        fit("qwen2.5-7b-instruct", 1, 1024, gpu="h100")
+        fit("mistral-7b-v0.1", 1, 1024, gpu="h100")
     with pytest.raises(ConfigError, match="longer than"):
         fit(LLAMA_8B, 1, 1 << 20, gpu="h100")
 

@@ -200,7 +200,7 @@ def test_a_conflicting_platform_and_budget_sources_are_refused() -> None:
 
 def test_a_preset_without_shapes_asks_for_the_weights() -> None:
     with pytest.raises(ConfigError, match=r"'intermediate_size' is missing.*Pass weights_memory"):
-        plan("qwen2.5-7b-instruct", gpu="h100")
+        plan("mistral-7b-v0.1", gpu="h100")
 
 
 def test_weights_that_do_not_fit_name_tp() -> None:

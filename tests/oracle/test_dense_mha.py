@@ -189,6 +189,7 @@ PRESETS = (
     "qwen3-235b-a22b",
     "mimo-7b-base",
     "minimax-m2.5",
+    "phi-2",  # PhiForCausalLM: every head a KV head of hidden / heads = 80 (sglang/srt/models/phi.py L41, L75-79)
 )
 PRESET_KV = ("bf16", "fp8_e4m3", "fp4_e2m1")
 

@@ -56,6 +56,9 @@ def sliding_layer_ids(config: Mapping[str, Any]) -> list[int]:
     text = config.get("text_config") or config
     n = text["num_hidden_layers"]
     model_type = text.get("model_type") or config.get("model_type")
+    if "Llama4ForConditionalGeneration" in (config.get("architectures") or []):
+        # get_hybrid_layer_ids, sglang/srt/configs/model_config.py L2705-2708: fixed, whatever the config lists
+        return [i for i in range(n) if (i + 1) % 4 != 0]
     if "layer_types" in text:
         return [i for i, kind in enumerate(text["layer_types"]) if kind == "sliding_attention"]
     if "hybrid_layer_pattern" in text:
@@ -100,7 +103,9 @@ def oracle_model(config: Mapping[str, Any], dtype: str | None = None) -> Any:
         "swa_num_key_value_heads": text.get("swa_num_key_value_heads") or kv,
         "swa_head_dim": text.get("swa_head_dim") or head_dim,
         "swa_v_head_dim": text.get("swa_v_head_dim") or v_head_dim,
-        "sliding_window_size": text.get("sliding_window") or text.get("sliding_window_size"),
+        "sliding_window_size": text.get("sliding_window")
+        or text.get("sliding_window_size")
+        or text.get("attention_chunk_size"),  # Llama-4: load_model_utils.py L152-153
         "context_len": next((int(text[k]) for k in _CONTEXT_KEYS if text.get(k) is not None), 131072),
         "dtype": served,
         "is_hybrid_swa": sglang_hybrid_swa(config),

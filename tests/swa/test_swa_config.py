@@ -28,6 +28,7 @@ PRESETS = (
     "gemma-4-26b-a4b",
     "mimo-v2-flash",
     "mistral-7b-v0.1",
+    "llama-4-maverick",
 )
 
 
@@ -200,7 +201,7 @@ def test_of_the_shared_model_configs_swa_claims_exactly_the_sliding_ones() -> No
         if swa.parse_model_config(config, str(path)) is not None:
             claimed.add(path.stem)
             assert mha.parse_model_config(config, str(path)) is None
-    assert claimed == set(PRESETS)
+    assert claimed == set(PRESETS) - {"llama-4-maverick"}  # no Llama-4 config in the shared model-configs
 
 
 def test_plans_round_trip_through_json() -> None:

@@ -73,6 +73,18 @@ def test_gpt_oss_120b_the_numbers() -> None:
     assert check("gpt-oss-120b", Serving(page_size=16), 60 * GiB) == (970896, 3792, 970896, 776704)
 
 
+def test_llama_4_maverick_chunked_local_attention() -> None:
+    """Llama-4 Maverick (``llama-4-maverick``): 36 chunked-local layers in the SWA pool and 12 full ones (SGLang's
+    fixed split), 8 KV heads of 128: 12 x 2048 x 2 = 49 152 B a full token, 36 x 4096 = 147 456 B an SWA token."""
+    for page, ratio in ((1, 0.8), (64, 0.8), (16, 0.25)):
+        for memory in (20 * GiB, 60 * GiB):
+            fields = check("llama-4-maverick", Serving(page_size=page, swa_full_tokens_ratio=ratio), memory)
+            assert fields is not None
+    model = plan("llama-4-maverick", memory="40GiB").model
+    assert [layer.index for layer in model.layers if layer.sliding_window] == [i for i in range(48) if (i + 1) % 4]
+    assert {layer.sliding_window for layer in model.layers if layer.sliding_window} == {8192}
+
+
 @pytest.mark.parametrize("page", (1, 64))
 @pytest.mark.parametrize("kv", ("auto", "fp8_e4m3"))
 def test_mimo_v2_flash_at_tp4_asymmetric(page: int, kv: str) -> None:

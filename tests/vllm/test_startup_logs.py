@@ -149,7 +149,8 @@ def test_a_version_without_a_profile_is_refused_or_borrowed_with_a_note() -> Non
 
 def test_whole_gpu_benchmark_held_out_kv_error_before_and_after() -> None:
     """``benchmarks/whole_gpu_accuracy.py`` without peers: on the held-out vLLM 0.19 runs with logged weights, the
-    runtime profile brings the KV GiB error from the 79.65 GiB / weights-only budget's 4-7 % to under 0.1 %."""
+    runtime profile brings the KV GiB error from the 79.65 GiB / weights-only budget's 4-7 % to under 0.1 % (1 % for
+    the float32 and runtime-fp8 runs)."""
     from benchmarks.whole_gpu_accuracy import run
 
     report = run(None)
@@ -163,12 +164,18 @@ def test_whole_gpu_benchmark_held_out_kv_error_before_and_after() -> None:
             if split[run_id] == "held_out" and row["errors_pct"]["kv_gib"] is not None
         ]
 
+    # The --dtype float32 and --quantization fp8 runs are planned since issue 34's weights work; the profile was
+    # calibrated on bf16 runs, so they are held to 1 % (float32 +0.75 %, runtime fp8 +0.00 %), the rest to 0.1 %.
+    other_dtype = {"llmd-v0.19-llama-3.1-8b-float32", "llmd-v0.19-llama-3.1-8b-runtime-fp8"}
+    runs = report["tools"]["kvpools-runtime (logged weights)"]["runs"]
     before, after = held_out("kvpools-before (logged weights)"), held_out("kvpools-runtime (logged weights)")
-    assert len(after) >= 5
+    assert len(after) >= 7
     assert min(before) > 3.5  # the old budget over-estimates every held-out run
-    assert max(abs(error) for error in after) < 0.1
+    bf16 = [row["errors_pct"]["kv_gib"] for run_id, row in runs.items() if run_id not in other_dtype]
+    assert max(abs(error) for error in bf16 if error is not None) < 0.1
+    assert all(abs(runs[run_id]["errors_pct"]["kv_gib"]) < 1 for run_id in other_dtype)
     refused = report["tools"]["kvpools-runtime (logged weights)"]["refused"]
-    assert refused["llmd-v0.19-llama-3.1-8b-float32"] == "kvpools does not model --dtype float32 yet"
+    assert not other_dtype & set(refused)
 
 
 def test_plan_vllm_runtime_profile_is_an_explicit_switch() -> None:

@@ -178,8 +178,8 @@ def test_unknown_quantisation_is_refused_naming_the_field() -> None:
 def test_a_kv_only_preset_is_refused_naming_the_missing_shape() -> None:
     """A preset that keeps only KV fields and names no complete config: the estimate names the first shape it
     lacks instead of guessing."""
-    with pytest.raises(ConfigError, match=r"preset:qwen2.5-7b-instruct: field 'intermediate_size' is missing"):
-        estimate_weights("qwen2.5-7b-instruct")
+    with pytest.raises(ConfigError, match=r"preset:mistral-7b-v0.1: field 'intermediate_size' is missing"):
+        estimate_weights("mistral-7b-v0.1")
 
 
 @pytest.mark.parametrize(

@@ -40,7 +40,7 @@ from kvpools_core.engines.trtllm.manager import (
     window_vector,
 )
 from kvpools_core.errors import ConfigError, KvpoolsError, UnsupportedCombinationError, short_repr
-from kvpools_core.models import launch_model_path, load_model
+from kvpools_core.models import launch_model_path, load_model, served_model
 from kvpools_core.pipeline.gpus import GPU, custom_gpu, find_gpu
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.units import parse_bytes
@@ -459,6 +459,7 @@ def plan_trtllm(
     else:
         spec, plugin = load_model(model, registry)
         model_ref = launch_model_path(model, registry)
+    spec = served_model(spec, serving)
     layers = trtllm_layers(spec, serving, registry)
     if spec.dtype not in ("bfloat16", "float16") and serving.kv_cache_dtype == "auto":
         raise UnsupportedCombinationError(

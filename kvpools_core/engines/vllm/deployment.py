@@ -34,7 +34,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
     vocab_size_of,
 )
 from kvpools_core.errors import ConfigError, NoProviderError, UnsupportedCombinationError, short_repr
-from kvpools_core.models import launch_model_path, load_model
+from kvpools_core.models import launch_model_path, load_model, served_model
 from kvpools_core.options import on_cli, option
 from kvpools_core.parts.vllm.specs import MambaSpec, SlidingWindowMLASpec, UniformTypeKVCacheSpecs
 from kvpools_core.pipeline.gpus import GPU, GiB, custom_gpu, find_gpu
@@ -442,6 +442,7 @@ def plan_vllm(
     else:
         spec, plugin = load_model(model, registry)
         model_ref = launch_model_path(model, registry)
+    spec = served_model(spec, serving)
     chosen = _resolve_device(memory, gpu, gpu_memory, serving, registry)
     if memory is not None and runtime_profile is not None:
         raise ConfigError(

@@ -49,6 +49,13 @@ from kvpools_core.parts.weights.estimate import (
     sharding,
 )
 from kvpools_core.parts.weights.quantisation import ByModule, Quantisation, mxfp4, quantisation_of
+from kvpools_core.parts.weights.safetensors import (
+    HeaderTensor,
+    Share,
+    exact_weights,
+    find_safetensors,
+    read_headers,
+)
 from kvpools_core.parts.weights.tensors import (
     Builder,
     Sharding,
@@ -65,15 +72,19 @@ __all__ = [
     "Builder",
     "ByModule",
     "Decoder",
+    "HeaderTensor",
     "Quantisation",
     "Sharding",
+    "Share",
     "Tensor",
     "WeightsConfig",
     "WeightsEstimate",
     "dsa_indexer",
     "estimate",
     "estimate_claimed",
+    "exact_weights",
     "expert_intermediate_per_rank",
+    "find_safetensors",
     "gated_delta_net",
     "gemma3_vision",
     "llama_decoder",
@@ -84,6 +95,7 @@ __all__ = [
     "mxfp4",
     "quantisation_of",
     "qwen3_vl_vision",
+    "read_headers",
     "routed_moe",
     "sharding",
     "siglip_vision",

@@ -15,7 +15,14 @@ import attrs
 from kvpools_core.config import ConfigReader, model_dtype
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.parallel import pp_layer_range
-from kvpools_core.parts.weights.quantisation import Quantisation, quantisation_of
+from kvpools_core.parts.weights.quantisation import (
+    ByModule,
+    Quantisation,
+    RuntimeFp8,
+    quantisation_of,
+    runtime_quantisation,
+)
+from kvpools_core.parts.weights.safetensors import Share
 from kvpools_core.parts.weights.tensors import Builder, Sharding, Tensor
 from kvpools_core.values import Serving
 
@@ -83,6 +90,13 @@ class WeightsEstimate:
     bytes_per_rank: int
     dtypes: Mapping[str, str]
     notes: tuple[str, ...] = ()
+    method: str = "estimate"
+    """``"estimate"`` (from ``config.json``) or ``"safetensors"`` (the checkpoint's headers, sharded as estimated)."""
+    shares: Mapping[str, Share] = attrs.field(factory=dict, eq=False, repr=False)
+    """Each layout tensor's share on the rank, by Hugging Face module name (what :func:`exact_weights` shards the
+    checkpoint's tensors by)."""
+    served_dtype: str = "bfloat16"
+    """The dtype unquantised tensors are served in (``--dtype``)."""
 
     @property
     def parameters_without_mtp(self) -> int:
@@ -107,9 +121,22 @@ def estimate(
     shards = sharding(serving, ep_size, config.model_type, dp_attention=dp_attention)
     builder = Builder(reader, shards, outer)
     notes = list(decoder(builder))
-    dtype = model_dtype(reader)
+    dtype = model_dtype(reader) if serving.dtype == "auto" else serving.dtype
     element = DTYPE_BYTES[dtype]
-    quantisation = quantisation_of(outer if outer.has("quantization_config") else reader)
+    quant_reader = outer if outer.has("quantization_config") else reader
+    checkpoint = quantisation_of(quant_reader)
+    quantisation: Quantisation | ByModule | RuntimeFp8 | None = checkpoint
+    if serving.quantization is not None:
+        method = None
+        if quant_reader.has("quantization_config"):
+            method = quant_reader.child("quantization_config").string("quant_method", "") or None
+        quantisation = runtime_quantisation(serving.quantization, checkpoint, method)
+        if isinstance(quantisation, RuntimeFp8):
+            notes.append(
+                f"--quantization {serving.quantization}: the Linear weights are quantised to fp8 at load with a "
+                "float32 scale per output row (per expert in MoE), as SGLang does on CUDA; vLLM keeps one scale "
+                "a tensor (4 B a row less)."
+            )
     if not (reader.has("torch_dtype") or reader.has("dtype")):
         notes.append("The config names no torch_dtype: unquantised tensors are taken as bfloat16.")
 
@@ -117,6 +144,7 @@ def estimate(
     parameters = dict.fromkeys(FAMILIES, 0)
     labels: dict[str, set[str]] = {}
     bytes_total = bytes_per_rank = 0
+    shares: dict[str, Share] = {}
     for tensor in builder.tensors:
         family = "mtp" if tensor.mtp else tensor.family
         parameters[family] += tensor.parameters
@@ -137,10 +165,21 @@ def estimate(
         label = "float32" if own == 4 and not quantised else label
         labels.setdefault(family, set()).add(label)
         bytes_total += size(tensor.count, tensor.out, tensor.inner)
-        if tensor.mtp or not _on_stage(tensor, start, end, shards):
-            continue
         out, inner, count = tensor.on_rank()
-        bytes_per_rank += size(count, out, inner)
+        held = not tensor.mtp and _on_stage(tensor, start, end, shards)
+        previous = shares.get(tensor.module, Share(0, 0, tensor.element_bytes))
+        rank_parameters = count * out * inner if held else 0
+        runtime = None
+        if isinstance(quantisation, RuntimeFp8) and storage is not None:
+            runtime = (previous.quantised_bytes or 0) + size(tensor.count, tensor.out, tensor.inner)
+        shares[tensor.module] = attrs.evolve(
+            previous,
+            rank=previous.rank + rank_parameters,
+            total=previous.total + tensor.parameters,
+            quantised_bytes=runtime,
+        )
+        if held:
+            bytes_per_rank += size(count, out, inner)
     return WeightsEstimate(
         model=config.source,
         parameters=sum(parameters.values()),
@@ -149,6 +188,8 @@ def estimate(
         bytes_per_rank=bytes_per_rank,
         dtypes={family: "; ".join(sorted(names)) for family, names in labels.items()},
         notes=tuple(notes),
+        shares=shares,
+        served_dtype=dtype,
     )
 
 

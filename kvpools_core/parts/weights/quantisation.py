@@ -14,8 +14,10 @@ from typing import Protocol
 import attrs
 
 from kvpools_core.config import ConfigReader, describe
+from kvpools_core.errors import UnsupportedCombinationError
+from kvpools_core.options import option
 
-__all__ = ["KNOWN", "ByModule", "Quantisation", "mxfp4", "quantisation_of"]
+__all__ = ["KNOWN", "ByModule", "Quantisation", "RuntimeFp8", "mxfp4", "quantisation_of", "runtime_quantisation"]
 
 
 class Weight(Protocol):
@@ -36,7 +38,8 @@ FLOAT32 = 4
 FLOAT16 = 2
 KNOWN = (
     "'fp8' (per-tensor or block-wise), 'mxfp4', 'modelopt' (quant_algo 'FP8', 'NVFP4', 'W4A16_NVFP4' or "
-    "'MIXED_PRECISION' of those), 'compressed-tensors' nvfp4, 'awq' (4-bit) and 'gptq' (2/4/8-bit)"
+    "'MIXED_PRECISION' of those), 'compressed-tensors' nvfp4 and 8-bit fp8 / int8, 'awq' (4-bit) and 'gptq' "
+    "(2/4/8-bit)"
 )
 
 
@@ -70,6 +73,47 @@ class ByModule:
             if tensor.module == module or tensor.module.startswith(f"{module}."):
                 return storage
         return None
+
+
+@attrs.frozen
+class RuntimeFp8:
+    """``--quantization fp8`` on an unquantised checkpoint: SGLang quantises the weights when they load.
+
+    A Linear (``Fp8LinearMethod.process_weights_after_loading``, sglang/srt/layers/quantization/fp8.py, the
+    not-``is_checkpoint_fp8_serialized`` branch) becomes fp8 with one float32 scale per output row on CUDA (the
+    cutlass path, ``per_token_group_quant_fp8`` over the whole row; ``input_to_float8``'s one scale a tensor only
+    without cutlass fp8): ``out·in + 4·out``. The experts (``Fp8MoEMethod.process_weights_after_loading``) become
+    fp8 with one float32 scale per expert for the merged ``w13`` (gate and up) and one for ``w2`` (down): the
+    scale of ``w13`` is counted on ``up_proj``. Embeddings, the LM head, norms and routers stay in the dtype.
+    """
+
+    label: str = "float8_e4m3 (quantised at load) + float32 scale per output row (per expert in MoE)"
+
+    def for_tensor(self, tensor: Weight) -> Quantisation | None:
+        if not tensor.linear:
+            return None
+        if tensor.family == "moe_experts":
+            scales = 0 if tensor.module.endswith((".gate_proj", ".w1")) else 1
+            return Quantisation(self.label, lambda count, out, inner: count * (out * inner + scales * FLOAT32), ())
+        return Quantisation(self.label, lambda count, out, inner: count * out * (inner + FLOAT32), ())
+
+
+def runtime_quantisation(
+    method: str, checkpoint: Quantisation | ByModule | None, quant_method: str | None
+) -> Quantisation | ByModule | RuntimeFp8 | None:
+    """The storage under ``--quantization method``: a checkpoint already quantised by that method keeps its own
+    (SGLang reads its scales); an unquantised one is quantised at load (:class:`RuntimeFp8`); a checkpoint of
+    another method is refused, as SGLang refuses it (``ModelConfig._verify_quantization``: the method in the config
+    must match ``--quantization``)."""
+    if checkpoint is None:
+        return RuntimeFp8()
+    if quant_method == method:
+        return checkpoint
+    raise UnsupportedCombinationError(
+        f"{option('quantization')} {method} on a checkpoint quantised with {quant_method!r}: SGLang refuses a "
+        f"quantization_config.quant_method that differs from {option('quantization')}. Drop "
+        f"{option('quantization')} (the checkpoint's own method is used)."
+    )
 
 
 def _module_matches(module: str, pattern: str) -> bool:
@@ -202,10 +246,62 @@ def _compressed_tensors(quant: ConfigReader, excluded: tuple[str, ...]) -> Quant
     fmt = quant.string("format")
     if fmt == "nvfp4-pack-quantized" and weights.integer("num_bits") == 4 and weights.string("type") == "float":
         return _nvfp4(weights.integer("group_size", 16), excluded)
+    if fmt in ("float-quantized", "int-quantized", "naive-quantized") and weights.integer("num_bits") == 8:
+        return _compressed_8bit(scheme, weights, excluded)
     raise quant.error(
         "format",
         f"is {describe(fmt or None)}",
-        "The weights estimate models compressed-tensors 'nvfp4-pack-quantized'.",
+        "The weights estimate models compressed-tensors 'nvfp4-pack-quantized', and 8-bit 'float-quantized' / "
+        "'int-quantized' (fp8 / int8, per tensor, channel or block).",
+    )
+
+
+def _compressed_8bit(scheme: ConfigReader, weights: ConfigReader, excluded: tuple[str, ...]) -> Quantisation:
+    """compressed-tensors 8-bit weights (fp8 ``float-quantized``, int8 ``int-quantized``): a byte a weight and the
+    float32 scales SGLang holds them with (``CompressedTensorsW8A8Fp8.create_weights``,
+    sglang/srt/layers/quantization/compressed_tensors/schemes/compressed_tensors_w8a8_fp8.py L108-141, and the int8
+    scheme beside it: ``PerTensorScaleParameter`` /
+    ``ChannelQuantScaleParameter`` / ``BlockQuantScaleParameter`` in float32) by ``strategy``: ``tensor`` one,
+    ``channel`` one per output row, ``block`` one per ``block_structure`` block; a static activation scheme adds
+    its float32 ``input_scale``. Asymmetric weights (zero points) and ``group`` strategies are refused."""
+    kind = weights.string("type", "int")
+    if kind not in ("float", "int"):
+        raise weights.error("type", f"is {describe(kind)}", "8-bit compressed-tensors weights are 'float' or 'int'.")
+    if not weights.boolean("symmetric", True):
+        raise weights.error("symmetric", "is false", "Asymmetric (zero-point) 8-bit weights are not modelled.")
+    name = "float8_e4m3" if kind == "float" else "int8"
+    static = 0
+    if scheme.has("input_activations") and scheme.get("input_activations") is not None:
+        static = 0 if scheme.child("input_activations").boolean("dynamic", False) else FLOAT32
+    strategy = weights.string("strategy", "tensor")
+    if strategy == "tensor":
+        return Quantisation(
+            f"{name} + float32 scale per tensor",
+            lambda count, out, inner: count * (out * inner + FLOAT32 + static),
+            excluded,
+        )
+    if strategy == "channel":
+        return Quantisation(
+            f"{name} + float32 scale per output row",
+            lambda count, out, inner: count * (out * (inner + FLOAT32) + static),
+            excluded,
+        )
+    if strategy == "block":
+        block = weights.integer_list("block_structure", minimum=1, maximum=1 << 20)
+        if len(block) != 2:
+            raise weights.error("block_structure", f"is {describe(list(block))}", "It must be [rows, columns].")
+        rows, cols = block
+        return Quantisation(
+            f"{name} + float32 scale per {rows}x{cols} block",
+            lambda count, out, inner: (
+                count * (out * inner + FLOAT32 * math.ceil(out / rows) * math.ceil(inner / cols) + static)
+            ),
+            excluded,
+        )
+    raise weights.error(
+        "strategy",
+        f"is {describe(strategy)}",
+        "8-bit compressed-tensors weights are modelled per tensor, channel or block.",
     )
 
 

@@ -211,9 +211,19 @@ class Builder:
         self.column(family, f"{prefix}.up_proj", intermediate, self.hidden, layer, bias, **kw)
         self.row(family, f"{prefix}.down_proj", self.hidden, intermediate, layer, bias, **kw)
 
-    def experts(self, prefix: str, layer: int, experts: int, intermediate: int, gated: bool = True, **kw: Any) -> None:
+    def experts(
+        self,
+        prefix: str,
+        layer: int,
+        experts: int,
+        intermediate: int,
+        gated: bool = True,
+        names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+        **kw: Any,
+    ) -> None:
         """``experts`` SwiGLU experts (``gated=False``: up and down only): ``E / ep`` of them per rank, each
-        intermediate split over ``tp / ep``."""
+        intermediate split over ``tp / ep``. ``names`` are the checkpoint's gate, up and down names (Mixtral's
+        ``w1``, ``w3``, ``w2``)."""
         sharding = self.sharding
         if experts % sharding.ep:
             raise UnsupportedCombinationError(
@@ -222,7 +232,8 @@ class Builder:
         rank_count = experts // sharding.ep
         rank_inter = expert_intermediate_per_rank(intermediate, sharding)
         shape = {"count": experts, "rank_count": rank_count, "layer": layer, "linear": True, **kw}
+        gate, up, down = names
         if gated:
-            self.add("moe_experts", f"{prefix}.gate_proj", intermediate, self.hidden, rank_out=rank_inter, **shape)
-        self.add("moe_experts", f"{prefix}.up_proj", intermediate, self.hidden, rank_out=rank_inter, **shape)
-        self.add("moe_experts", f"{prefix}.down_proj", self.hidden, intermediate, rank_inner=rank_inter, **shape)
+            self.add("moe_experts", f"{prefix}.{gate}", intermediate, self.hidden, rank_out=rank_inter, **shape)
+        self.add("moe_experts", f"{prefix}.{up}", intermediate, self.hidden, rank_out=rank_inter, **shape)
+        self.add("moe_experts", f"{prefix}.{down}", self.hidden, intermediate, rank_inner=rank_inter, **shape)
