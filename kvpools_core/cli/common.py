@@ -24,6 +24,7 @@ from kvpools_core.values import (
     DSV4_COMPRESS_STATE_DTYPES,
     HICACHE_MEM_LAYOUTS,
     HICACHE_WRITE_POLICIES,
+    MM_FEATURE_TRANSPORTS,
     SPECULATIVE_ALGORITHMS,
     Serving,
     is_unset,
@@ -48,12 +49,17 @@ _HELP = {
     "disable_radix_cache": "Radix (prefix) cache off.",
     "disable_overlap_schedule": "Overlap schedule off.",
     "vlm_cache_size_mb": "Multimodal embedding cache reserved from a profiled budget (SGLANG_VLM_CACHE_SIZE_MB).",
+    "mm_feature_transport": "Multimodal feature transport (SGLang's --mm-feature-transport; unset: cpu). cuda_ipc and "
+    "cuda_vmm keep a GPU feature pool of --mm-feature-cache-mb, reserved from a multimodal model's profiled budget.",
+    "mm_feature_cache_mb": "GPU feature pool of a cuda_ipc / cuda_vmm transport (SGLANG_MM_FEATURE_CACHE_MB).",
     "speculative_algorithm": "Speculative decoding algorithm.",
     "speculative_num_steps": "Draft steps.",
     "speculative_eagle_topk": "Draft top-k.",
     "speculative_num_draft_tokens": "Draft tokens verified per step.",
     "speculative_draft_num_layers": "Draft model layers (instead of --speculative-draft-model-path).",
     "disaggregation_mode": "Prefill/decode disaggregation role.",
+    "enable_pd_role_switch": "Runtime prefill<->decode role switch (SGLang's flag): the node builds the decode request "
+    "pools, with --disaggregation-decode-extra-slots pre-allocated rows (unset: none).",
     "disaggregation_decode_retraction_backup": "Where a decode node keeps retracted requests' KV (SGLang's flag); "
     "host_pool plans its HiCache host pool. Unset: SGLang infers it, stated in a note.",
     "disaggregation_decode_extra_slots": (
@@ -109,6 +115,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "hicache_mem_layout": HICACHE_MEM_LAYOUTS,
     "hicache_write_policy": HICACHE_WRITE_POLICIES,
     "disaggregation_decode_retraction_backup": DECODE_RETRACTION_BACKUPS,
+    "mm_feature_transport": MM_FEATURE_TRANSPORTS,
 }
 _SPECIAL = {"platform", "plugin_options", "pp_layer_partition"}
 _RESOLVED = {"platform_traits", "workspaces", "speculative_draft"}

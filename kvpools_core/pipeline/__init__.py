@@ -316,7 +316,8 @@ def resolve_budget(
     """The KV budget from an explicit size, a stated free memory, or a device measurement.
 
     A profiled budget of a multimodal model also reserves SGLang's VLM cache
-    (``mm_runtime_reservation_gb``: ``vlm_cache_size_mb``) beside ``reserved_memory``.
+    (``mm_runtime_reservation_gb``: ``vlm_cache_size_mb``, plus ``mm_feature_cache_mb`` under a GPU
+    ``mm_feature_transport``; :attr:`Serving.mm_reserved_bytes`) beside ``reserved_memory``.
     An explicit ``memory`` is the KV cache's own budget, so weights and
     reservations given beside it would be silently ignored: that is an error.
     ``pre_model_load_memory`` (bytes) is the free memory the runtime slack is
@@ -347,7 +348,7 @@ def resolve_budget(
     weights = parse_bytes(weights_memory or 0, o("weights_memory"))
     reserved = parse_bytes(reserved_memory or 0, o("reserved_memory"))
     if multimodal:
-        reserved += serving.vlm_cache_size_mb << 20
+        reserved += serving.mm_reserved_bytes
     if free_memory is not None:
         free = parse_bytes(free_memory, o("free_memory"))
         return profile_budget(
@@ -446,7 +447,7 @@ def _gpu_budget(
         weights = _estimated_weights(model, spec, serving, registry)
     reserved = parse_bytes(reserved_memory or 0, o("reserved_memory"))
     if spec.is_multimodal:
-        reserved += serving.vlm_cache_size_mb << 20
+        reserved += serving.mm_reserved_bytes
     runtime = (
         parse_bytes(runtime_memory, o("runtime_memory"))
         if runtime_memory is not None

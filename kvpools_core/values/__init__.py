@@ -219,6 +219,9 @@ from kvpools_core.values.serving import (
     HICACHE_WRITE_POLICIES as HICACHE_WRITE_POLICIES,
 )
 from kvpools_core.values.serving import (
+    MM_FEATURE_TRANSPORTS as MM_FEATURE_TRANSPORTS,
+)
+from kvpools_core.values.serving import (
     SGLANG_ACCOUNTING_MODES as SGLANG_ACCOUNTING_MODES,
 )
 from kvpools_core.values.serving import (

@@ -44,6 +44,10 @@ HICACHE_MEM_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 """``--hicache-mem-layout`` values kvpools models (SGLang's ``page_first_kv_split`` and ``page_head`` are
 NPU / head-sharded layouts it does not)."""
 HICACHE_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+MM_FEATURE_TRANSPORTS = ("cpu", "cuda_ipc", "cuda_vmm")
+"""``--mm-feature-transport`` choices (SGLang 0.5.23 ``arg_groups/fields/mm.py``); ``cuda_ipc`` and ``cuda_vmm`` keep
+a GPU feature pool of ``SGLANG_MM_FEATURE_CACHE_MB`` that ``mm_runtime_reservation_gb`` takes out of the KV budget."""
+GPU_MM_FEATURE_TRANSPORTS = ("cuda_ipc", "cuda_vmm")
 DECODE_RETRACTION_BACKUPS = ("cpu_tensor", "host_pool", "none")
 """``--disaggregation-decode-retraction-backup`` choices (SGLang 0.5.23 ``arg_groups/fields/disagg.py``)."""
 
@@ -198,6 +202,7 @@ class Serving:
     What SGLang reads from environment variables is a typed field here
     (``swa_eviction_interval`` is ``SGLANG_SWA_EVICTION_INTERVAL``,
     ``vlm_cache_size_mb`` is ``SGLANG_VLM_CACHE_SIZE_MB``,
+    ``mm_feature_cache_mb`` is ``SGLANG_MM_FEATURE_CACHE_MB``,
     ``pp_layer_partition`` is ``SGLANG_PP_LAYER_PARTITION``,
     ``mamba_skip_decode_lock`` is ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``,
     ``dsv4_compress_state_dtype`` is ``SGLANG_DSV4_COMPRESS_STATE_DTYPE``,
@@ -246,6 +251,13 @@ class Serving:
     disable_radix_cache: bool = False
     disable_overlap_schedule: bool = False
     vlm_cache_size_mb: int = attrs.field(default=100, validator=non_negative)
+    mm_feature_transport: str | None = attrs.field(default=None, validator=one_of(None, *MM_FEATURE_TRANSPORTS))
+    """SGLang's ``--mm-feature-transport``; unset reads as ``cpu``, SGLang's resolution on one node
+    (``handle_multimodal_feature_transport``, ``arg_groups/serving_hook.py`` lines 800-870; its multi-node GB200/GB300
+    auto-selection of ``cuda_vmm`` is not modelled: pass it)."""
+    mm_feature_cache_mb: int = attrs.field(default=1024, validator=non_negative)
+    """``SGLANG_MM_FEATURE_CACHE_MB`` (SGLang 0.5.23 default 1,024, ``environ.py`` line 1622): the GPU feature pool
+    a ``cuda_ipc`` / ``cuda_vmm`` transport keeps, reserved out of a multimodal model's profiled budget."""
     # speculative decoding
     speculative_algorithm: str | None = attrs.field(
         default=None,
@@ -261,6 +273,10 @@ class Serving:
     disaggregation_decode_extra_slots: int | None = attrs.field(default=None, validator=optional_non_negative)
     """Request rows a decode node pre-allocates for transfers; ``None``: SGLang's default
     (:attr:`decode_extra_slots`)."""
+    enable_pd_role_switch: bool = False
+    """SGLang's ``--enable-pd-role-switch``: a node that may flip between prefill and decode builds the decode
+    request pools (``DecodeReqToTokenPool`` / ``HybridMambaDecodeReqToTokenPool``) whatever its launch role, with
+    ``disaggregation_decode_extra_slots`` pre-allocated rows when given, else none (ref-000 lines 1003-1022)."""
     disaggregation_decode_retraction_backup: str | None = attrs.field(
         default=None, validator=one_of(None, *DECODE_RETRACTION_BACKUPS)
     )
@@ -385,11 +401,47 @@ class Serving:
                 f"{o('enable_online_c128_mtp')} applies to the online c128 compression only, which is off: add "
                 f"{o('enable_online_compress')}, or drop {o('enable_online_c128_mtp')} (alone it changes nothing)."
             )
+        if self.enable_pd_role_switch and self.disaggregation_mode in ("prefill", "decode"):
+            # SGLang 0.5.23 handle_pd_disaggregation (arg_groups/pd_disaggregation_hook.py lines 164-194) rejects the
+            # features whose role-specific state a flip does not rebuild; the MoE ones change no KV byte
+            unsupported = [
+                f"{o(name)} {value}"
+                for name, value, bad in (
+                    ("pp_size", self.pp_size, self.pp_size > 1),
+                    ("dcp_size", self.dcp_size, self.dcp_size > 1),
+                    ("speculative_algorithm", self.speculative_algorithm, self.speculative),
+                )
+                if bad
+            ]
+            if unsupported:
+                raise ConfigError(
+                    f"{o('enable_pd_role_switch')} does not rebuild role-specific state for "
+                    f"{', '.join(unsupported)} (SGLang refuses them together); remove them or drop "
+                    f"{o('enable_pd_role_switch')}."
+                )
+        if self.mm_feature_cache_mb != 1024 and self.mm_feature_transport not in GPU_MM_FEATURE_TRANSPORTS:
+            # SGLang reads SGLANG_MM_FEATURE_CACHE_MB only for a GPU feature transport (ref-000 lines 165-166)
+            raise ConfigError(
+                f"{o('mm_feature_cache_mb')} {self.mm_feature_cache_mb} sizes the GPU feature pool of "
+                f"{o('mm_feature_transport')} cuda_ipc or cuda_vmm, and the transport is "
+                f"{self.mm_feature_transport or 'cpu (unset)'}: add {o('mm_feature_transport')} cuda_ipc (or "
+                f"cuda_vmm), or drop {o('mm_feature_cache_mb')} (alone it changes nothing)."
+            )
         if self.enable_mamba_extra_buffer_lazy and self.disable_overlap_schedule:
             raise ConfigError(
                 f"{o('enable_mamba_extra_buffer_lazy')} requires the overlap schedule; "
                 f"drop {o('disable_overlap_schedule')} or the lazy extra buffer."
             )
+
+    @property
+    def mm_reserved_bytes(self) -> int:
+        """What a multimodal model's profiled budget reserves for allocations made after the KV pool is sized:
+        SGLang 0.5.23's ``mm_runtime_reservation_gb`` (ref-000 lines 156-173): ``SGLANG_VLM_CACHE_SIZE_MB``, plus
+        ``SGLANG_MM_FEATURE_CACHE_MB`` when ``mm_feature_transport`` is ``cuda_ipc`` or ``cuda_vmm``, in MiB."""
+        mib = self.vlm_cache_size_mb
+        if self.mm_feature_transport in GPU_MM_FEATURE_TRANSPORTS:
+            mib += self.mm_feature_cache_mb
+        return mib << 20
 
     @property
     def attn_dp_size(self) -> int:
@@ -417,16 +469,25 @@ class Serving:
         Unset, SGLang 0.5.23's default (``handle_pd_disaggregation``, ``arg_groups/pd_disaggregation_hook.py``
         lines 123-143): twice the requests per DP worker (``max(1, max_running_requests // num_dp_ranks)``,
         ``num_dp_ranks`` = ``dp_size``, replicas or DP attention alike) when that is at most 32, else none.
-        Only a decode launch computes it (ref-000 lines 1003-1022).
+        Only a decode launch computes it (ref-000 lines 1003-1022); a node with ``enable_pd_role_switch`` that
+        is not a decode launch pre-allocates the given ``disaggregation_decode_extra_slots``, else 0
+        (``pre_alloc_size or 0``, ref-000 lines 1010-1011).
         """
         if self.disaggregation_mode != "decode":
-            return 0
+            return (self.disaggregation_decode_extra_slots or 0) if self.enable_pd_role_switch else 0
         if self.disaggregation_decode_extra_slots is not None:
             return self.disaggregation_decode_extra_slots
         if self.max_running_requests is None:
             return 0
         per_worker = max(1, self.max_running_requests // self.dp_size)
         return 2 * per_worker if per_worker <= 32 else 0
+
+    @property
+    def decode_request_pools(self) -> bool:
+        """Whether SGLang builds the decode request pools (``DecodeReqToTokenPool``,
+        ``HybridMambaDecodeReqToTokenPool``): on a PD decode node, or with ``enable_pd_role_switch`` (ref-000
+        line 1007: "A flip-capable prefill needs the decode pool shape")."""
+        return self.disaggregation_mode == "decode" or self.enable_pd_role_switch
 
     @property
     def retraction_host_pool(self) -> bool:

@@ -294,7 +294,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
             "ping_pong_slots": ping_pong_slots_per_request(serving),
             "spec_state": spec,
         }
-        if serving.disaggregation_mode == "decode":
+        if serving.decode_request_pools:
             return HybridMambaDecodeReqToTokenPool(
                 plan.max_running_requests, row_len, device, pre_alloc_size=serving.decode_extra_slots, **parts
             )

@@ -156,6 +156,23 @@ EVIDENCE: dict[str, Evidence] = {
         ("gemma-3-12b-it", "--free-memory", "40GiB"),
         ("gemma-3-12b-it", "--free-memory", "40GiB", "--vlm-cache-size-mb", "4096"),
     ),
+    "mm_feature_transport": Changes(
+        ("gemma-3-12b-it", "--free-memory", "40GiB"),
+        ("gemma-3-12b-it", "--free-memory", "40GiB", "--mm-feature-transport", "cuda_ipc"),
+        why="the GPU feature pool (SGLANG_MM_FEATURE_CACHE_MB) reserved from the profiled budget",
+    ),
+    "mm_feature_cache_mb": Changes(
+        ("gemma-3-12b-it", "--free-memory", "40GiB", "--mm-feature-transport", "cuda_vmm"),
+        (
+            "gemma-3-12b-it",
+            "--free-memory",
+            "40GiB",
+            "--mm-feature-transport",
+            "cuda_vmm",
+            "--mm-feature-cache-mb",
+            "4096",
+        ),
+    ),
     # -- speculative decoding
     "speculative_algorithm": Changes(LLAMA, (*LLAMA, *EAGLE)),
     "speculative_num_steps": Changes(
@@ -171,6 +188,18 @@ EVIDENCE: dict[str, Evidence] = {
     # -- disaggregation
     "disaggregation_mode": Changes((*LLAMA, "--max-running-requests", "16"), DECODE),
     "disaggregation_decode_extra_slots": Changes(DECODE, (*DECODE, "--disaggregation-decode-extra-slots", "100")),
+    "enable_pd_role_switch": Changes(
+        (*LLAMA, "--disaggregation-mode", "prefill", "--disaggregation-decode-extra-slots", "100"),
+        (
+            *LLAMA,
+            "--disaggregation-mode",
+            "prefill",
+            "--disaggregation-decode-extra-slots",
+            "100",
+            "--enable-pd-role-switch",
+        ),
+        why="the decode request table's pre-allocated rows on a flip-capable prefill node",
+    ),
     "disaggregation_decode_retraction_backup": Changes(
         DECODE,
         (*DECODE, "--host-memory", "256GiB", "--disaggregation-decode-retraction-backup", "host_pool"),

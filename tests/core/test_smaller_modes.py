@@ -1,0 +1,158 @@
+"""Issue 33's smaller modes, hand-computed from SGLang 0.5.23's code (the lines are cited per test).
+
+The multimodal feature transport and the fp4 recipe names also run against SGLang's own sizing code
+(``tests/oracle/test_dense_mha.py``, ``tests/mla/test_mla_oracle.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpools_core import Serving, build
+from kvpools_core.dtypes import KV_DTYPE_CHOICES, resolve_kv_dtype
+from kvpools_core.errors import ConfigError, UnsupportedCombinationError
+from kvpools_core.pipeline import plan
+from kvpools_core.pools import DecodeReqToTokenPool
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+# -- the multimodal feature transport (ref-000 mm_runtime_reservation_gb, lines 156-173) ----------------------
+
+
+@pytest.mark.parametrize(
+    ("transport", "cache_mb", "reserved_mib"),
+    [
+        (None, 1024, 100),  # unset reads cpu: SGLANG_VLM_CACHE_SIZE_MB (100) only
+        ("cpu", 1024, 100),
+        ("cuda_ipc", 1024, 100 + 1024),  # + SGLANG_MM_FEATURE_CACHE_MB (1,024, environ.py line 1622)
+        ("cuda_vmm", 1024, 100 + 1024),
+        ("cuda_vmm", 3000, 100 + 3000),
+    ],
+)
+def test_feature_transport_reserves_its_gpu_pool(transport: str | None, cache_mb: int, reserved_mib: int) -> None:
+    serving = Serving(mm_feature_transport=transport, mm_feature_cache_mb=cache_mb)
+    p = plan("gemma-3-12b-it", serving, free_memory="40GiB", weights_memory="20GiB")
+    assert p.budget.reserved_bytes == reserved_mib * MiB
+    # available 20 GiB - slack 40 GiB x (1 - 0.9) - reserved (ref-000 lines 2225-2247)
+    assert p.budget.budget_bytes == 20 * GiB - 4 * GiB - reserved_mib * MiB
+
+
+def test_feature_transport_reserves_nothing_for_a_text_model() -> None:
+    """``if not is_multimodal: return 0.0`` (ref-000 line 163)."""
+    p = plan("llama-3.1-8b", Serving(mm_feature_transport="cuda_ipc"), free_memory="40GiB", weights_memory="16GiB")
+    assert p.budget.reserved_bytes == 0
+
+
+def test_feature_cache_without_a_gpu_transport_is_refused() -> None:
+    with pytest.raises(ConfigError, match="sizes the GPU feature pool of mm_feature_transport cuda_ipc or cuda_vmm"):
+        Serving(mm_feature_cache_mb=2048)
+    with pytest.raises(ConfigError, match="must be one of"):
+        Serving(mm_feature_transport="nvlink")
+
+
+# -- --enable-pd-role-switch (ref-000 _build_req_to_token_pool, lines 1003-1022) ------------------------------
+
+
+def test_role_switch_builds_the_decode_request_table_on_a_prefill_node() -> None:
+    """A flip-capable prefill takes ``DecodeReqToTokenPool`` with ``pre_alloc_size = extra_slots or 0``."""
+    base = Serving(disaggregation_mode="prefill", disaggregation_decode_extra_slots=100, context_length=1000)
+    plain = plan("llama-3.1-8b", base, memory="20GiB")
+    switch = plan("llama-3.1-8b", Serving(**{**_fields(base), "enable_pd_role_switch": True}), memory="20GiB")
+    requests = plain.max_running_requests
+    assert switch.max_running_requests == requests  # the sizing files never read the flag
+    row = (1000 + 4) * 4  # context + get_req_to_token_extra_context_len (4), int32
+    assert plain.pool("req_to_token").bytes == (requests + 1) * row  # a prefill node ignores the extra slots
+    assert switch.pool("req_to_token").bytes == (requests + 100 + 1) * row
+    pools = build(switch, "meta")
+    assert isinstance(pools.req_to_token_pool, DecodeReqToTokenPool)
+    assert pools.req_to_token_pool.req_to_token.shape == (requests + 100 + 1, 1004)
+
+
+def test_role_switch_without_extra_slots_pre_allocates_none() -> None:
+    """``pre_alloc_size or 0``: SGLang's default extra slots are computed for a decode launch only."""
+    serving = Serving(disaggregation_mode="prefill", enable_pd_role_switch=True, max_running_requests=16)
+    assert serving.decode_extra_slots == 0 and serving.decode_request_pools
+    decode = Serving(disaggregation_mode="decode", enable_pd_role_switch=True, max_running_requests=16)
+    assert decode.decode_extra_slots == 32  # the decode launch's default, 2 x 16 (pd_disaggregation_hook.py)
+
+
+def test_role_switch_raises_the_mamba_state_pool_like_a_decode_node() -> None:
+    """``HybridMambaDecodeReqToTokenPool`` (``disaggregation/decode.py``) holds ``max(K, (requests + pre_alloc) x
+    (1 + tracking slots))`` state slots, where the plain ``HybridReqToTokenPool`` of a prefill node holds K."""
+    base = {"disaggregation_mode": "prefill", "max_running_requests": 8, "max_mamba_cache_size": 10}
+    plain = plan("qwen3.5-35b-a3b", Serving(**base, disaggregation_decode_extra_slots=20), memory="20GiB")
+    switch = plan(
+        "qwen3.5-35b-a3b",
+        Serving(**base, disaggregation_decode_extra_slots=20, enable_pd_role_switch=True),
+        memory="20GiB",
+    )
+    requests = plain.max_running_requests
+    assert switch.max_running_requests == requests == 3  # the state cache admits 10 // 3 (radix cache on)
+    assert plain.pool("mamba_state").slots == 10
+    assert switch.pool("mamba_state").slots == max(10, (3 + 20) * 1) == 23
+    assert switch.pool("req_to_token").slots == 3 + 20
+    assert any("PD role switch (the decode pool shape): 3 running + 20 pre-allocated" in n for n in switch.sizing.notes)
+    pools = build(switch, "meta")
+    assert pools.allocated_bytes == switch.planned_bytes
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"pp_size": 2}, "pp_size 2"),
+        ({"tp_size": 8, "dcp_size": 8}, "dcp_size 8"),
+        ({"speculative_algorithm": "EAGLE"}, "speculative_algorithm EAGLE"),
+    ],
+)
+def test_role_switch_refuses_what_a_flip_does_not_rebuild(extra: dict[str, object], message: str) -> None:
+    """``handle_pd_disaggregation`` (arg_groups/pd_disaggregation_hook.py lines 164-194)."""
+    with pytest.raises(ConfigError, match=f"enable_pd_role_switch does not rebuild role-specific state for {message}"):
+        Serving(disaggregation_mode="prefill", enable_pd_role_switch=True, **extra)
+
+
+# -- the fp4 recipe names (kv_cache_dtype.py lines 76-88; fp4_kv_cache_quant_method.py) ------------------------
+
+
+def test_fp4_recipe_names_are_choices() -> None:
+    assert {"nvfp4", "fp4_mx_block16"} <= set(KV_DTYPE_CHOICES)
+    for name in ("nvfp4", "fp4_mx_block16"):
+        kv = resolve_kv_dtype(name, "bfloat16")
+        assert kv.is_fp4 and kv.torch_dtype == "float4_e2m1fn_x2" and kv.scale_block == 16
+
+
+def test_fp4_mx_block16_bytes_per_token() -> None:
+    """``FP4MXBlock16KVCacheMethod.create_buffers``: K and V ``(m, H, D/2)`` uint8 plus ``(m, H x D / 16)`` uint8
+    scales each, no dequant workspace (its accesses are PLAIN only).  Llama-3.1-8B, 32 layers x 8 KV heads x 128:
+    data 2 x 32 x 8 x 64 = 32,768 B, scales 2 x 32 x 8 x 8 = 4,096 B."""
+    p = plan("llama-3.1-8b", Serving(kv_cache_dtype="fp4_mx_block16"), memory="20GiB")
+    assert p.cell.bytes_per_token == 36_864
+    assert (
+        p.cell.bytes_per_token
+        == plan("llama-3.1-8b", Serving(kv_cache_dtype="fp4_e2m1"), memory="20GiB").cell.bytes_per_token
+    )
+    pools = build(p, "meta")
+    assert pools.allocated_bytes == p.planned_bytes
+
+
+def test_nvfp4_is_refused_for_mha_layers_with_the_reason() -> None:
+    with pytest.raises(UnsupportedCombinationError, match="kvpools does not model kv_cache_dtype nvfp4 on MHA layers"):
+        plan("llama-3.1-8b", Serving(kv_cache_dtype="nvfp4"), memory="20GiB")
+
+
+def test_nvfp4_on_an_mla_model_is_the_fp4_latent_pool() -> None:
+    """MLA takes ``MLATokenToKVPoolFP4`` for any ``float4_e2m1fn_x2`` dtype (ref-000 lines 1290-1294): no quant
+    method, so nvfp4 and fp4_mx_block16 are the same bytes."""
+    serving = {"tp_size": 8}
+    nv = plan("deepseek-v3", Serving(kv_cache_dtype="nvfp4", **serving), memory="40GiB")
+    mx = plan("deepseek-v3", Serving(kv_cache_dtype="fp4_mx_block16", **serving), memory="40GiB")
+    assert nv.cell.bytes_per_token == mx.cell.bytes_per_token
+    # (512 + 64) / 2 + (512 + 64) / 16 = 324 B per layer, 61 layers
+    assert nv.cell.bytes_per_token == 324 * 61
+
+
+def _fields(serving: Serving) -> dict[str, object]:
+    import attrs
+
+    return {f.name: getattr(serving, f.name) for f in attrs.fields(Serving) if f.init}
