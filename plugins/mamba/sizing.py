@@ -275,7 +275,7 @@ def size_hybrid_pools(
                 unit=STATE_SLOT,
             )
         )
-        pools.append(allocator_pool(tokens, page))
+        pools.append(allocator_pool(tokens, page, dcp=serving.dcp_size))
         return pools, requests, note
 
     notes = _split_notes(split, per_slot, state_layers, serving)
