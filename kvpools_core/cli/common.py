@@ -48,6 +48,9 @@ _HELP = {
     "chunked_prefill_size": "Chunked prefill size.",
     "disable_radix_cache": "Radix (prefix) cache off.",
     "disable_overlap_schedule": "Overlap schedule off.",
+    "prefill_only_disable_kv_cache": "Embedding prefill server without a KV cache (SGLang's flag): the no-op MHA pool "
+    "keeps SGLang's token count but allocates one placeholder page per layer (plain MHA on CUDA; needs "
+    "--disable-radix-cache).",
     "vlm_cache_size_mb": "Multimodal embedding cache reserved from a profiled budget (SGLANG_VLM_CACHE_SIZE_MB).",
     "mm_feature_transport": "Multimodal feature transport (SGLang's --mm-feature-transport; unset: cpu). cuda_ipc and "
     "cuda_vmm keep a GPU feature pool of --mm-feature-cache-mb, reserved from a multimodal model's profiled budget.",

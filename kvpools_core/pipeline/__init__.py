@@ -23,6 +23,7 @@ from kvpools_core.parts.sizing import (
 from kvpools_core.pipeline.engine_defaults import apply_engine_defaults
 from kvpools_core.pipeline.gpus import GPU, custom_gpu, default_runtime_bytes, find_gpu, sglang_memory_defaults
 from kvpools_core.pipeline.host import host_reserve_flag_check, plan_host_tier, resolve_retraction_backup
+from kvpools_core.pipeline.noop import noop_sizing, sizing_serving
 from kvpools_core.pipeline.platforms import (
     VENDOR_DISTRIBUTIONS as VENDOR_DISTRIBUTIONS,
 )
@@ -231,9 +232,12 @@ class PlanBasis:
                 provenance=provenance,
             )
         cell, cell_by = self.cell()
-        sizing, sizing_by = _size(spec, serving, cell, budget, registry)
+        sized_as = sizing_serving(serving)  # the no-op KV pool keeps SGLang's token count (pipeline.noop)
+        sizing, sizing_by = _size(spec, sized_as, cell, budget, registry)
         if serving.pp_size > 1 and sync_stages:
-            sizing = _sync_pipeline_stages(spec, serving, budget, sizing, registry, stage_budget)
+            sizing = _sync_pipeline_stages(spec, sized_as, budget, sizing, registry, stage_budget)
+        if serving.prefill_only_disable_kv_cache:
+            sizing = noop_sizing(spec, serving, cell, sizing)
         provenance["estimate_cell_size"] = cell_by
         provenance["size_pools"] = sizing_by
         _check_workspaces_charged(serving, sizing, sizing_by, registry)

@@ -250,6 +250,11 @@ class Serving:
     chunked_prefill_size: int | None = attrs.field(default=8192, validator=optional_positive)
     disable_radix_cache: bool = False
     disable_overlap_schedule: bool = False
+    prefill_only_disable_kv_cache: bool = False
+    """SGLang's ``--prefill-only-disable-kv-cache`` (embedding prefill servers): the KV pool is
+    ``NoOpMHATokenToKVPool``, which keeps SGLang's token count for admission but allocates one page of
+    placeholder rows per layer (ref-000 lines 2006-2010; ``mem_cache/memory_pool.py`` ``NoOpMHATokenToKVPool``).
+    Plain MHA models only (every other pool family is refused as SGLang refuses it, ref-000 lines 963-1001)."""
     vlm_cache_size_mb: int = attrs.field(default=100, validator=non_negative)
     mm_feature_transport: str | None = attrs.field(default=None, validator=one_of(None, *MM_FEATURE_TRANSPORTS))
     """SGLang's ``--mm-feature-transport``; unset reads as ``cpu``, SGLang's resolution on one node
@@ -419,6 +424,8 @@ class Serving:
                     f"{', '.join(unsupported)} (SGLang refuses them together); remove them or drop "
                     f"{o('enable_pd_role_switch')}."
                 )
+        if self.prefill_only_disable_kv_cache:
+            self._check_prefill_only()
         if self.mm_feature_cache_mb != 1024 and self.mm_feature_transport not in GPU_MM_FEATURE_TRANSPORTS:
             # SGLang reads SGLANG_MM_FEATURE_CACHE_MB only for a GPU feature transport (ref-000 lines 165-166)
             raise ConfigError(
@@ -432,6 +439,37 @@ class Serving:
                 f"{o('enable_mamba_extra_buffer_lazy')} requires the overlap schedule; "
                 f"drop {o('disable_overlap_schedule')} or the lazy extra buffer."
             )
+
+    def _check_prefill_only(self) -> None:
+        """SGLang 0.5.23's ``validate_prefill_only_disable_kv_cache_args`` (``arg_groups/kv_cache_hook.py`` lines
+        865-960) on the options kvpools has; a draft worker beside the no-op pool is not modelled."""
+        o = option
+        flag = o("prefill_only_disable_kv_cache")
+        kv = self.kv_cache_dtype
+        problems = [
+            (
+                kv in ("fp4_e2m1", "fp4_mx_block16", "nvfp4"),
+                f"{o('kv_cache_dtype')} {kv}: the FP4 pool uses a separate allocation path",
+            ),
+            (kv == "mxfp8", f"{o('kv_cache_dtype')} mxfp8: the MXFP8 pool stores separate scale-factor buffers"),
+            (
+                not self.disable_radix_cache,
+                f"it needs {o('disable_radix_cache')}: the radix cache indexes KV pool slots that hold no data",
+            ),
+            (
+                self.attn_cp_size > 1,
+                f"{o('attn_cp_size')} {self.attn_cp_size}: context-parallel attention writes K/V to the pool",
+            ),
+            (self.enable_hisparse, f"{o('enable_hisparse')}: HiSparse uses a pool family of its own"),
+            (
+                self.speculative,
+                f"{o('speculative_algorithm')} {self.speculative_algorithm}: kvpools does not model a draft worker "
+                "beside the no-op pool",
+            ),
+        ]
+        reasons = [reason for bad, reason in problems if bad]
+        if reasons:
+            raise ConfigError(f"{flag} is refused with {'; '.join(reasons)}. Drop {flag} or change the options.")
 
     @property
     def mm_reserved_bytes(self) -> int:

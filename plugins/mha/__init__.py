@@ -160,6 +160,8 @@ def retraction_host_pool(plan: Plan) -> bool:
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
-    from kvpools_core.pools.mha import MHATokenToKVPool
+    from kvpools_core.pools.mha import MHATokenToKVPool, NoOpMHATokenToKVPool
 
+    if plan.serving.prefill_only_disable_kv_cache:  # SGLang's _build_mha_kv_pool, ref-000 lines 2006-2010
+        return NoOpMHATokenToKVPool.from_plan(plan, device, layout=layout)
     return MHATokenToKVPool.from_plan(plan, device, layout=layout)

@@ -152,6 +152,11 @@ EVIDENCE: dict[str, Evidence] = {
     "chunked_prefill_size": Changes(CAPPED, (*CAPPED, "--chunked-prefill-size", "2048"), why="the SWA chunk cap"),
     "disable_radix_cache": Changes(GPT_OSS_CAP, CAPPED, why="the SWA chunk cap"),
     "disable_overlap_schedule": Changes(CAPPED, (*CAPPED, "--disable-overlap-schedule"), why="the SWA chunk cap"),
+    "prefill_only_disable_kv_cache": Changes(
+        (*LLAMA, "--disable-radix-cache"),
+        (*LLAMA, "--disable-radix-cache", "--prefill-only-disable-kv-cache"),
+        why="the no-op KV pool's single placeholder page",
+    ),
     "vlm_cache_size_mb": Changes(
         ("gemma-3-12b-it", "--free-memory", "40GiB"),
         ("gemma-3-12b-it", "--free-memory", "40GiB", "--vlm-cache-size-mb", "4096"),

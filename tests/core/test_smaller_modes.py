@@ -156,3 +156,53 @@ def _fields(serving: Serving) -> dict[str, object]:
     import attrs
 
     return {f.name: getattr(serving, f.name) for f in attrs.fields(Serving) if f.init}
+
+
+# -- --prefill-only-disable-kv-cache (ref-000 lines 639-652, 963-1001, 2006-2010; NoOpMHATokenToKVPool) -------
+
+
+PREFILL_ONLY = {"prefill_only_disable_kv_cache": True, "disable_radix_cache": True}
+
+
+@pytest.mark.parametrize("accounting", ["exact", "sglang"])
+def test_prefill_only_keeps_sglangs_tokens_and_builds_one_placeholder_page(accounting: str) -> None:
+    """SGLang sizes the pool as usual (20 GiB / 131,072 B per token = 163,840 tokens for Llama-3.1-8B: 32 layers x
+    8 KV heads x (128 + 128) x 2 B) and builds ``NoOpMHATokenToKVPool``: ``size`` kept for admission, K and V
+    ``(page_size, heads, head_dim)`` placeholders per layer."""
+    serving = Serving(**PREFILL_ONLY, accounting=accounting, page_size=16)
+    p = plan("llama-3.1-8b", serving, memory="20GiB")
+    assert p.max_total_num_tokens == 20 * GiB // 131_072 // 16 * 16 == 163_840
+    assert p.pool("kv").bytes == 16 * 131_072  # one page of rows, every layer's K and V
+    assert any("NoOpMHATokenToKVPool keeps SGLang's 163,840 tokens" in n for n in p.sizing.notes)
+    pools = build(p, "meta")
+    assert type(pools.kv_pool).__name__ == "NoOpMHATokenToKVPool"
+    assert pools.kv_pool.size == 163_840
+    assert tuple(pools.kv_pool.get_key_buffer(0).shape) == (16, 8, 128)
+    assert pools.allocated_bytes == p.planned_bytes
+    assert pools.allocator.available_size() == 163_840  # the allocator is real: admission by the token count
+    with pytest.raises(RuntimeError, match="holds no KV"):
+        pools.kv_pool.set_kv_buffer(0, None, None, None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "model", ["deepseek-v3", "gpt-oss-20b", "qwen3.5-35b-a3b", "minimax-m3", "deepseek-v3.2", "deepseek-v4-flash"]
+)
+def test_prefill_only_refuses_every_other_pool_family(model: str) -> None:
+    """``_validate_prefill_only_disable_kv_cache_pool_family``: MLA, DSA, SWA, hybrid linear, DeepSeek-V4; a
+    MiniMax sparse pool fails SGLang's defensive check (not a NoOpMHATokenToKVPool)."""
+    extra = {"tp_size": 8} if model.startswith("deepseek") else {}
+    with pytest.raises(UnsupportedCombinationError, match="is supported for plain MHA models only"):
+        plan(model, Serving(**PREFILL_ONLY, **extra), memory="60GiB")
+
+
+def test_prefill_only_refuses_ascend_and_the_options_sglang_rejects() -> None:
+    with pytest.raises(UnsupportedCombinationError, match="on CUDA"):
+        plan("llama-3.1-8b", Serving(**PREFILL_ONLY, platform="ascend"), memory="20GiB")
+    with pytest.raises(ConfigError, match="it needs disable_radix_cache"):
+        Serving(prefill_only_disable_kv_cache=True)
+    with pytest.raises(ConfigError, match="kv_cache_dtype fp4_mx_block16: the FP4 pool"):
+        Serving(**PREFILL_ONLY, kv_cache_dtype="fp4_mx_block16")
+    with pytest.raises(ConfigError, match="kv_cache_dtype mxfp8"):
+        Serving(**PREFILL_ONLY, kv_cache_dtype="mxfp8")
+    with pytest.raises(ConfigError, match="attn_cp_size 2"):
+        Serving(**PREFILL_ONLY, tp_size=2, attn_cp_size=2)
