@@ -83,6 +83,8 @@ _HELP = {
     "dsa_decode_backend": "DSA decode attention backend (unset: flashmla_kv, or SGLang's trtllm under --dcp-size "
     "above 1).",
     "enable_dsa_cache_layer_split": "Split the GLM DSA cache layers over context-parallel ranks.",
+    "m3_fp8_attn_gemm": "MiniMax-M3's fp8 attention GEMMs (SGLang turns them on with fp8_e4m3 KV, --attention-backend "
+    "trtllm_mha on SM100): the indexer cache is fp8 too. Needs --kv-cache-dtype fp8_e4m3.",
     "enable_hisparse": (
         "HiSparse: keep a 1/host_to_device_ratio share of the DeepSeek-V4 c4 KV on the device "
         "(DSA, DeepSeek-V4 and MiniMax-M3 sparse models; needs --disable-radix-cache)."

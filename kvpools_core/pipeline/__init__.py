@@ -664,6 +664,7 @@ def _validate(
     problems += [f"{message} [core]" for message in chunk_page_problems(serving)]
     if target:
         problems += [f"{message} [core]" for message in hisparse_problems(spec, serving, registry)]
+        problems += [f"{message} [core]" for message in m3_fp8_problems(spec, serving, registry)]
     problems += [
         f"{message} [{plugin}]"
         for plugin, messages in registry.call_collect("validate", model=spec, serving=serving)
@@ -696,6 +697,27 @@ def chunk_page_problems(serving: Serving) -> list[str]:
         f"is whole pages ('chunked_prefill_size must be divisible by page_size'). Use a page size that divides "
         f"{per_worker} (such as {', '.join(map(str, divisors))}), or a {o('chunked_prefill_size')} that is a "
         f"multiple of {page * workers}."
+    ]
+
+
+def m3_fp8_problems(spec: ModelSpec, serving: Serving, registry: Registry) -> list[str]:
+    """``m3_fp8_attn_gemm`` on a model whose architecture plugin does not name the feature ``"m3_fp8_attn_gemm"``
+    (``engine_features`` hook): SGLang's fp8 attention-GEMM mode exists for MiniMax-M3's sparse models only."""
+    if not serving.m3_fp8_attn_gemm:
+        return []
+    supported = sorted(
+        architecture
+        for _, answer in registry.call_collect("engine_features")
+        for architecture, features in answer.items()
+        if "m3_fp8_attn_gemm" in features
+    )
+    if spec.architecture in supported:
+        return []
+    where = f"architectures {', '.join(supported)}" if supported else "no installed architecture"
+    return [
+        f"{option('m3_fp8_attn_gemm')} is SGLang's fp8 attention-GEMM mode of the sparse models of {where}, not "
+        f"of {spec.name} (architecture {spec.architecture!r}), whose pools it would not change. Drop "
+        f"{option('m3_fp8_attn_gemm')}."
     ]
 
 

@@ -306,6 +306,12 @@ class Serving:
     dsa_decode_backend: str = UnsetStr("flashmla_kv")
     """Unset, as :attr:`dsa_prefill_backend` (``trtllm`` under DSA decode context parallelism)."""
     enable_dsa_cache_layer_split: bool = False
+    m3_fp8_attn_gemm: bool = False
+    """SGLang's ``m3_fp8_attn_gemm_enabled`` (``server_args.py`` lines 592-610), which it turns on by itself for
+    MiniMax-M3 with ``--kv-cache-dtype fp8_e4m3``, ``--attention-backend trtllm_mha`` on an SM100 GPU (unless
+    ``SGLANG_DISABLE_M3_FP8_ATTN_GEMM``): the lightning-indexer cache is then fp8 too (ref-000 lines 1857-1861).
+    kvpools sees neither the GPU nor the attention backend, so it is an explicit option; without it the indexer
+    keeps the model dtype.  Models whose plugin does not name the feature (``engine_features``) refuse it."""
     # DeepSeek-V4 compressed attention (read by the dsv4 plugin)
     enable_hisparse: bool = False
     hisparse_config: str | None = attrs.field(default=None, validator=_hisparse_json)
@@ -426,6 +432,12 @@ class Serving:
                 )
         if self.prefill_only_disable_kv_cache:
             self._check_prefill_only()
+        if self.m3_fp8_attn_gemm and self.kv_cache_dtype != "fp8_e4m3":
+            raise ConfigError(
+                f"{o('m3_fp8_attn_gemm')} is SGLang's MiniMax-M3 fp8 attention-GEMM mode, which needs "
+                f"{o('kv_cache_dtype')} fp8_e4m3 (m3_fp8_attn_gemm_enabled, server_args.py); got "
+                f"{self.kv_cache_dtype}. Add {o('kv_cache_dtype')} fp8_e4m3, or drop {o('m3_fp8_attn_gemm')}."
+            )
         if self.mm_feature_cache_mb != 1024 and self.mm_feature_transport not in GPU_MM_FEATURE_TRANSPORTS:
             # SGLang reads SGLANG_MM_FEATURE_CACHE_MB only for a GPU feature transport (ref-000 lines 165-166)
             raise ConfigError(

@@ -60,15 +60,19 @@ class MiniMaxSparseKVPool:
         names: tuple[str, str] = (MAIN_POOL, INDEX_POOL),
         draft: MiniMaxSparseKVPool | None = None,
         layout: BufferLayout | None = None,
+        index_codec: KVCodec | None = None,
     ) -> None:
         self.size = size
         self.page_size = page_size
         self.name, self.index_name = names
         self.draft = draft
         self.model_dtype = model_dtype
+        self.index_codec = index_codec
+        """The indexer's codec under ``m3_fp8_attn_gemm`` (the KV's fp8, stored as uint8); None: the model dtype."""
         rows = size + page_size
         layout = layout or PER_LAYER
-        index_requests = self.index_requests(self.index_name, rows, page_size, layers, start_layer, model_dtype, device)
+        index_dtype = index_codec.store_dtype if index_codec is not None else model_dtype
+        index_requests = self.index_requests(self.index_name, rows, page_size, layers, start_layer, index_dtype, device)
         check_layout_bytes(layout, index_requests)  # with the main K/V's, before the first tensor
         self.main = LayerKV(
             rows=rows,
@@ -97,6 +101,8 @@ class MiniMaxSparseKVPool:
         model, serving = plan.model, plan.serving
         codec = codec_for(resolve_kv_dtype(serving.kv_cache_dtype, model.dtype))
         model_dtype = getattr(torch, model.dtype)
+        index_codec = codec if serving.m3_fp8_attn_gemm else None  # ref-000 lines 1857-1861
+        index_dtype = index_codec.store_dtype if index_codec is not None else model_dtype
         start, end = rank_layer_range(model, serving)
         size, page = plan.max_total_num_tokens, serving.page_size
         layers = list(model.layers[start:end])
@@ -122,7 +128,7 @@ class MiniMaxSparseKVPool:
                     device=device,
                     page_size=slot_page,
                 )
-                return main + cls.index_requests(names[1], slots + slot_page, slot_page, of, first, model_dtype, device)
+                return main + cls.index_requests(names[1], slots + slot_page, slot_page, of, first, index_dtype, device)
 
             check_layout_bytes(layout, requests((MAIN_POOL, INDEX_POOL), layers, start, size, page))
             if draft_layers is not None:
@@ -142,6 +148,7 @@ class MiniMaxSparseKVPool:
                 model_dtype=model_dtype,
                 names=(DRAFT_POOL, DRAFT_INDEX_POOL),
                 layout=layout,
+                index_codec=index_codec,
             )
         return cls(
             size=size,
@@ -154,6 +161,7 @@ class MiniMaxSparseKVPool:
             model_dtype=model_dtype,
             draft=draft,
             layout=layout,
+            index_codec=index_codec,
         )
 
     @staticmethod
@@ -257,11 +265,17 @@ class MiniMaxSparseKVPool:
 
     def set_index_kv(self, layer_id: int, loc: Tensor, index_k: Tensor, index_v: Tensor | None = None) -> None:
         """Store ``(len(loc), 1, sparse_index_dim)`` index keys (and values on index-value layers)."""
-        self.get_index_k_buffer(layer_id)[loc] = index_k.to(self.model_dtype)
+        self.get_index_k_buffer(layer_id)[loc] = self._index_store(index_k)
         if index_v is not None:
-            self.get_index_v_buffer(layer_id)[loc] = index_v.to(self.model_dtype)
+            self.get_index_v_buffer(layer_id)[loc] = self._index_store(index_v)
         elif layer_id in self.index_v_buffer:
             raise ValueError(f"Layer {layer_id} caches index values too: pass index_v.")
+
+    def _index_store(self, x: Tensor) -> Tensor:
+        if self.index_codec is None:
+            return x.to(self.model_dtype)
+        data, _scale = self.index_codec.encode(x)  # fp8: a saturating cast, no scale
+        return data
 
     def _index(self, buffers: Mapping[int, Tensor], layer_id: int, what: str) -> Tensor:
         if layer_id not in buffers:
@@ -290,7 +304,11 @@ def _check(
         plan.pool(main).bytes,
         f"{len(layers)} layer(s), {rows} rows",
     )
-    item = torch.empty((), dtype=getattr(torch, plan.model.dtype)).element_size()
+    item = (
+        codec.store_dtype.itemsize
+        if serving.m3_fp8_attn_gemm
+        else torch.empty((), dtype=getattr(torch, plan.model.dtype)).element_size()
+    )
     index_bytes = sum(
         rows * int(layer.params["index_head_dim"]) * item * (2 if layer.params["index_value"] else 1)
         for layer in layers

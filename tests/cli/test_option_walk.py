@@ -245,6 +245,11 @@ EVIDENCE: dict[str, Evidence] = {
             *("--disaggregation-mode", "prefill", "--enable-dsa-cache-layer-split"),
         ),
     ),
+    "m3_fp8_attn_gemm": Changes(
+        ("minimax-m3", "--memory", "40GiB", "--tp-size", "8", "--kv-cache-dtype", "fp8_e4m3"),
+        ("minimax-m3", "--memory", "40GiB", "--tp-size", "8", "--kv-cache-dtype", "fp8_e4m3", "--m3-fp8-attn-gemm"),
+        why="the fp8 lightning-indexer cache",
+    ),
     "enable_hisparse": Refused((*LLAMA, "--enable-hisparse", "--disable-radix-cache"), "Drop --enable-hisparse"),
     "hisparse_config": Refused(
         (*LLAMA, "--hisparse-config", '{"host_to_device_ratio": 4}'),

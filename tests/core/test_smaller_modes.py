@@ -206,3 +206,38 @@ def test_prefill_only_refuses_ascend_and_the_options_sglang_rejects() -> None:
         Serving(**PREFILL_ONLY, kv_cache_dtype="mxfp8")
     with pytest.raises(ConfigError, match="attn_cp_size 2"):
         Serving(**PREFILL_ONLY, tp_size=2, attn_cp_size=2)
+
+
+# -- MiniMax-M3's fp8 indexer (ref-000 _build_minimax_sparse_kv_pool lines 1857-1861) ---------------------------
+
+
+M3 = {"kv_cache_dtype": "fp8_e4m3", "tp_size": 8}
+
+
+def test_m3_fp8_attn_gemm_stores_the_indexer_in_fp8() -> None:
+    """``index_dtype = kv_cache_dtype if m3_fp8_attn_gemm_enabled else model_dtype``: MiniMax-M3's 57 sparse layers
+    keep one 128-wide index key each (index values off), 57 x 128 x 2 B = 14,592 B per token in bf16, half in fp8."""
+    bf16 = plan("minimax-m3", Serving(**M3), memory="40GiB")
+    fp8 = plan("minimax-m3", Serving(**M3, m3_fp8_attn_gemm=True), memory="40GiB")
+    assert bf16.pool("indexer").bytes_per_slot == 57 * 128 * 2 == 14_592
+    assert fp8.pool("indexer").bytes_per_slot == 57 * 128 * 1 == 7_296
+    assert fp8.max_total_num_tokens > bf16.max_total_num_tokens
+    pools = build(fp8, "meta")
+    assert pools.allocated_bytes == fp8.planned_bytes
+    assert {t.dtype for t in pools.kv_pool.index_k_buffer.values()} == {__import__("torch").uint8}
+
+
+def test_m3_fp8_attn_gemm_keeps_sglangs_estimate() -> None:
+    """The configurator's MiniMax cell (ref-002 lines 224-261) charges the indexer in the model dtype either way, so
+    ``--accounting sglang`` gives the same tokens (the pool it builds is then smaller than it charged)."""
+    a = plan("minimax-m3", Serving(**M3, accounting="sglang"), memory="40GiB")
+    b = plan("minimax-m3", Serving(**M3, accounting="sglang", m3_fp8_attn_gemm=True), memory="40GiB")
+    assert a.max_total_num_tokens == b.max_total_num_tokens
+    assert a.cell.sglang_bytes_per_token == b.cell.sglang_bytes_per_token == 29_952
+
+
+def test_m3_fp8_attn_gemm_is_refused_off_fp8_e4m3_and_off_minimax() -> None:
+    with pytest.raises(ConfigError, match="needs kv_cache_dtype fp8_e4m3"):
+        Serving(m3_fp8_attn_gemm=True, kv_cache_dtype="fp8_e5m2")
+    with pytest.raises(UnsupportedCombinationError, match="fp8 attention-GEMM mode of the sparse models"):
+        plan("llama-3.1-8b", Serving(m3_fp8_attn_gemm=True, kv_cache_dtype="fp8_e4m3"), memory="20GiB")
