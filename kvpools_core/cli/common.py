@@ -59,6 +59,9 @@ _HELP = {
     "speculative_num_steps": "Draft steps.",
     "speculative_eagle_topk": "Draft top-k.",
     "speculative_num_draft_tokens": "Draft tokens verified per step.",
+    "speculative_adaptive": "Adaptive speculative decoding (EAGLE/EAGLE3, top-k 1): pools sized for the largest "
+    "candidate step + 1 draft tokens; SGLang falls back to static parameters elsewhere.",
+    "speculative_adaptive_config": "SGLang's adaptive config JSON file (unset: its default tiers, steps 0-7).",
     "speculative_draft_num_layers": "Draft model layers (instead of --speculative-draft-model-path).",
     "disaggregation_mode": "Prefill/decode disaggregation role.",
     "enable_pd_role_switch": "Runtime prefill<->decode role switch (SGLang's flag): the node builds the decode request "

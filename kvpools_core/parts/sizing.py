@@ -284,7 +284,7 @@ def alloc_len_per_decode(serving: Serving) -> int:
         return 1
     steps = serving.speculative_num_steps or 1
     topk = serving.speculative_eagle_topk or 1
-    draft_tokens = serving.speculative_num_draft_tokens or 0
+    draft_tokens = serving.max_speculative_num_draft_tokens or 0  # the adaptive maximum (allocation_sizing.py)
     page = serving.page_size * serving.dcp_size
     if page == 1 or topk == 1 or serving.speculative_algorithm == "NGRAM":
         return max(steps * topk, draft_tokens)
@@ -348,7 +348,7 @@ def sliding_window_terms(token_space: str, window: int, serving: Serving) -> Tok
 
 def req_to_token_row_len(context_len: int, serving: Serving) -> int:
     """Columns of one request-table row: context + ``get_req_to_token_extra_context_len``."""
-    extra = REQ_TO_TOKEN_EXTRA + (serving.speculative_num_draft_tokens or 0)
+    extra = REQ_TO_TOKEN_EXTRA + (serving.max_speculative_num_draft_tokens or 0)
     page = serving.page_size * serving.dcp_size
     if serving.speculative and page > 1:
         extra = max(extra, 2 * alloc_len_per_decode(serving) + page - 1)

@@ -72,6 +72,7 @@ from kvpools_core.values import (
     PoolSizing,
     Serving,
 )
+from kvpools_core.values.serving import resolve_adaptive_speculation
 
 
 def plan(
@@ -287,6 +288,7 @@ def plan_basis(
     if serving.context_length is not None:
         spec = attrs.evolve(spec, context_len=serving.context_length)
     serving, default_notes = apply_engine_defaults(spec, serving, registry, provenance)
+    serving = resolve_adaptive_speculation(serving)  # SGLang's _init_adaptive_speculative_params
     serving = _resolve_draft(spec, serving, draft_model, registry)
     if serving.speculative_draft is not None:
         provenance["draft_parse_model_config"] = (serving.speculative_draft.parsed_by,)

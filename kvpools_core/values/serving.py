@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -132,6 +133,76 @@ def _hisparse_json(inst: object, attribute: attrs.Attribute[Any], value: str | N
             f"{_flag(inst, attribute)} {short_repr(value)} {exc}. Pass a JSON object, "
             f"e.g. '{{\"host_to_device_ratio\": 4}}'.",
         ) from None
+
+
+DEFAULT_ADAPTIVE_CANDIDATE_STEPS = (0, 1, 3, 5, 7)
+"""The union of SGLang 0.5.23's ``DEFAULT_ADAPTIVE_CONFIG`` tiers' ``candidate_steps``
+(``speculative/adaptive_spec_params.py`` lines 28-53)."""
+
+
+@functools.lru_cache(maxsize=32)
+def adaptive_candidate_steps(path: str | None) -> tuple[int, ...]:
+    """``resolve_candidate_steps_from_config``: the sorted union of every batch-size tier's ``candidate_steps``
+    of the adaptive config at ``path`` (SGLang's default without one); a ConfigError names what is wrong."""
+    if path is None:
+        return DEFAULT_ADAPTIVE_CANDIDATE_STEPS
+    flag = option("speculative_adaptive_config")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"{flag} {path!r} cannot be read as JSON ({exc}). Pass SGLang's adaptive config file."
+        ) from None
+    if not isinstance(config, dict):
+        raise ConfigError(
+            f"{flag} {path!r} must hold a JSON object of batch-size tiers, e.g. "
+            '{"1": {"candidate_steps": [1, 3, 7]}}.'
+        )
+    steps: set[int] = set()
+    tiers = 0
+    for key, entry in config.items():
+        if not str(key).isdigit():
+            continue
+        tiers += 1
+        candidates = entry.get("candidate_steps") if isinstance(entry, dict) else None
+        if not isinstance(candidates, list) or not candidates or not all(type(v) is int and v >= 0 for v in candidates):
+            raise ConfigError(
+                f"{flag} {path!r}: tier {key} needs candidate_steps, a list of non-negative ints, got "
+                f"{short_json(candidates)} (SGLang's _load_adaptive_config)."
+            )
+        steps.update(candidates)
+    if not tiers:
+        raise ConfigError(
+            f'{flag} {path!r} has no integer batch-size tier, e.g. {{"1": {{"candidate_steps": [1, 3, 7]}}}} '
+            f"(SGLang's _load_adaptive_config)."
+        )
+    return tuple(sorted(steps))
+
+
+def resolve_adaptive_speculation(serving: Serving) -> Serving:
+    """SGLang's ``_init_adaptive_speculative_params`` (``arg_groups/speculative_hook.py`` lines 1395-1427): top-k
+    1 when unset, the middle candidate step when ``speculative_num_steps`` is unset (a given one must be a
+    candidate), and ``speculative_num_draft_tokens = steps + 1`` whatever was given."""
+    if not serving.adaptive_speculation:
+        return serving
+    candidates = adaptive_candidate_steps(serving.speculative_adaptive_config)
+    steps = serving.speculative_num_steps
+    if steps is None:
+        steps = candidates[len(candidates) // 2]
+    if steps not in candidates:
+        raise ConfigError(
+            f"{option('speculative_num_steps')} {steps} is not in the adaptive config's candidate_steps "
+            f"{list(candidates)} (SGLang refuses it); pass one of those values."
+        )
+    if steps == 0:
+        raise ConfigError(
+            f"adaptive speculation starts at {option('speculative_num_steps')} 0, which kvpools does not model; "
+            f"pass one of {[c for c in candidates if c > 0]}."
+        )
+    return attrs.evolve(
+        serving, speculative_eagle_topk=1, speculative_num_steps=steps, speculative_num_draft_tokens=steps + 1
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -273,6 +344,14 @@ class Serving:
     speculative_eagle_topk: int | None = attrs.field(default=None, validator=optional_positive)
     speculative_num_draft_tokens: int | None = attrs.field(default=None, validator=optional_positive)
     speculative_draft_num_layers: int | None = attrs.field(default=None, validator=optional_positive)
+    speculative_adaptive: bool = False
+    """SGLang's ``--speculative-adaptive``: EAGLE/EAGLE3 switch their step count at run time among the adaptive
+    config's ``candidate_steps``, so the pools are sized for the largest, ``max(candidate_steps) + 1`` draft tokens
+    (:attr:`max_speculative_num_draft_tokens`).  Where SGLang cannot run it (another algorithm, top-k above 1, DP
+    attention) it falls back to the static parameters, and so does kvpools (:attr:`adaptive_speculation`)."""
+    speculative_adaptive_config: str | None = None
+    """SGLang's ``--speculative-adaptive-config``: the JSON file of the adaptive tiers (``{"1": {"candidate_steps":
+    [1, 3, 7]}, ...}``); unset, SGLang's ``DEFAULT_ADAPTIVE_CONFIG`` (candidate steps 0, 1, 3, 5, 7)."""
     # disaggregation
     disaggregation_mode: str = attrs.field(default="null", validator=one_of("null", "prefill", "decode"))
     disaggregation_decode_extra_slots: int | None = attrs.field(default=None, validator=optional_non_negative)
@@ -432,6 +511,13 @@ class Serving:
                 )
         if self.prefill_only_disable_kv_cache:
             self._check_prefill_only()
+        if self.speculative_adaptive_config is not None:
+            if not self.speculative_adaptive:
+                raise ConfigError(
+                    f"{o('speculative_adaptive_config')} configures adaptive speculative decoding, which is off: "
+                    f"add {o('speculative_adaptive')}, or drop {o('speculative_adaptive_config')}."
+                )
+            adaptive_candidate_steps(self.speculative_adaptive_config)  # readable and valid, or a ConfigError
         if self.m3_fp8_attn_gemm and self.kv_cache_dtype != "fp8_e4m3":
             raise ConfigError(
                 f"{o('m3_fp8_attn_gemm')} is SGLang's MiniMax-M3 fp8 attention-GEMM mode, which needs "
@@ -482,6 +568,30 @@ class Serving:
         reasons = [reason for bad, reason in problems if bad]
         if reasons:
             raise ConfigError(f"{flag} is refused with {'; '.join(reasons)}. Drop {flag} or change the options.")
+
+    @property
+    def adaptive_speculation(self) -> bool:
+        """Whether SGLang runs adaptive speculative decoding: asked for, and not refused by
+        ``adaptive_unsupported_reason`` (``speculative/adaptive_spec_params.py``), which keeps EAGLE and EAGLE3 with
+        top-k 1 (or unset) and no DP attention; otherwise SGLang warns and uses the static parameters."""
+        return (
+            self.speculative_adaptive
+            and self.speculative_algorithm in ("EAGLE", "EAGLE3")
+            and self.speculative_eagle_topk in (None, 1)
+            and not (self.enable_dp_attention and self.dp_size > 1)
+        )
+
+    @property
+    def max_speculative_num_draft_tokens(self) -> int | None:
+        """SGLang 0.5.23's ``max_speculative_num_draft_tokens()``: the largest draft-token count speculative decoding
+        may use, ``max(candidate_steps) + 1`` under adaptive speculation (``resolve_max_speculative_num_draft_tokens``,
+        ``speculative/spec_info.py`` lines 268-289; 8 with the default config), else ``speculative_num_draft_tokens``.
+        The request rows and the decode allocation length are sized by it (``mem_cache/allocation_sizing.py``)."""
+        if self.adaptive_speculation and self.speculative_num_draft_tokens is not None:
+            return max(
+                max(adaptive_candidate_steps(self.speculative_adaptive_config)) + 1, self.speculative_num_draft_tokens
+            )
+        return self.speculative_num_draft_tokens
 
     @property
     def mm_reserved_bytes(self) -> int:

@@ -189,6 +189,15 @@ EVIDENCE: dict[str, Evidence] = {
         (*CAPPED, *EAGLE), (*CAPPED, *EAGLE, "--speculative-eagle-topk", "1"), why="the SWA chunk cap's decode term"
     ),
     "speculative_num_draft_tokens": Changes((*LLAMA, *EAGLE), (*LLAMA, *EAGLE, "--speculative-num-draft-tokens", "16")),
+    "speculative_adaptive": Changes(
+        (*LLAMA, *EAGLE[:4], "--speculative-eagle-topk", "1", "--speculative-num-steps", "3"),
+        (*LLAMA, *EAGLE[:4], "--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-adaptive"),
+        why="request rows for the adaptive maximum, max(candidate_steps) + 1 draft tokens",
+    ),
+    "speculative_adaptive_config": Refused(
+        (*LLAMA, *EAGLE[:4], "--speculative-adaptive-config", "/nonexistent/adaptive.json"),
+        "configures adaptive speculative decoding, which is off",
+    ),
     "speculative_draft_num_layers": Changes((*LLAMA, *EAGLE), (*LLAMA, *EAGLE, "--speculative-draft-num-layers", "2")),
     # -- disaggregation
     "disaggregation_mode": Changes((*LLAMA, "--max-running-requests", "16"), DECODE),

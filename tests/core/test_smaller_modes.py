@@ -241,3 +241,63 @@ def test_m3_fp8_attn_gemm_is_refused_off_fp8_e4m3_and_off_minimax() -> None:
         Serving(m3_fp8_attn_gemm=True, kv_cache_dtype="fp8_e5m2")
     with pytest.raises(UnsupportedCombinationError, match="fp8 attention-GEMM mode of the sparse models"):
         plan("llama-3.1-8b", Serving(m3_fp8_attn_gemm=True, kv_cache_dtype="fp8_e4m3"), memory="20GiB")
+
+
+# -- adaptive speculative decoding's draft-token maximum (max_speculative_num_draft_tokens) ---------------------
+
+
+EAGLE_ONE = {"speculative_algorithm": "EAGLE", "speculative_draft_num_layers": 1, "context_length": 1000}
+
+
+def test_adaptive_speculation_sizes_the_request_rows_for_the_largest_step() -> None:
+    """Default adaptive config (``DEFAULT_ADAPTIVE_CONFIG``, candidate steps 0, 1, 3, 5, 7): SGLang resolves top-k 1,
+    steps = the middle candidate 3 and draft tokens 3 + 1 = 4 (``_init_adaptive_speculative_params``), and sizes
+    by ``max_speculative_num_draft_tokens()`` = 7 + 1 = 8 (``spec_info.py`` lines 268-289): the request row is
+    context + 4 + 8 columns (``get_req_to_token_extra_context_len``, ``allocation_sizing.py`` line 105)."""
+    p = plan("llama-3.1-8b", Serving(**EAGLE_ONE, speculative_adaptive=True), memory="20GiB")
+    s = p.serving
+    assert (s.speculative_eagle_topk, s.speculative_num_steps, s.speculative_num_draft_tokens) == (1, 3, 4)
+    assert s.max_speculative_num_draft_tokens == 8
+    assert p.pool("req_to_token").bytes_per_slot == (1000 + 4 + 8) * 4
+    static = plan(
+        "llama-3.1-8b",
+        Serving(**EAGLE_ONE, speculative_eagle_topk=1, speculative_num_steps=3, speculative_num_draft_tokens=4),
+        memory="20GiB",
+    )
+    assert static.pool("req_to_token").bytes_per_slot == (1000 + 4 + 4) * 4
+    assert build(p, "meta").allocated_bytes == p.planned_bytes
+
+
+def test_adaptive_config_file_and_its_refusals(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "adaptive.json"
+    path.write_text('{"1": {"candidate_steps": [1, 4]}, "8": {"candidate_steps": [2]}, "ema_alpha": 0.2}')
+    p = plan(
+        "llama-3.1-8b",
+        Serving(**EAGLE_ONE, speculative_adaptive=True, speculative_adaptive_config=str(path)),
+        memory="20GiB",
+    )
+    # candidates 1, 2, 4: steps the middle one, 2; draft tokens 3; the maximum 4 + 1 = 5
+    assert (p.serving.speculative_num_steps, p.serving.max_speculative_num_draft_tokens) == (2, 5)
+    assert p.pool("req_to_token").bytes_per_slot == (1000 + 4 + 5) * 4
+    with pytest.raises(ConfigError, match="is not in the adaptive config's candidate_steps"):
+        plan(
+            "llama-3.1-8b",
+            Serving(
+                **EAGLE_ONE, speculative_adaptive=True, speculative_num_steps=6, speculative_adaptive_config=str(path)
+            ),
+            memory="20GiB",
+        )
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"1": {"candidate_steps": [-1]}}')
+    with pytest.raises(ConfigError, match="candidate_steps, a list of non-negative ints"):
+        Serving(**EAGLE_ONE, speculative_adaptive=True, speculative_adaptive_config=str(bad))
+    with pytest.raises(ConfigError, match="configures adaptive speculative decoding, which is off"):
+        Serving(**EAGLE_ONE, speculative_adaptive_config=str(path))
+
+
+def test_adaptive_falls_back_where_sglang_cannot_run_it() -> None:
+    """``adaptive_unsupported_reason``: top-k above 1 (or NEXTN, or DP attention) keeps the static parameters."""
+    s = Serving(**EAGLE_ONE, speculative_adaptive=True, speculative_eagle_topk=4, speculative_num_draft_tokens=8)
+    assert not s.adaptive_speculation and s.max_speculative_num_draft_tokens == 8
+    with pytest.raises(UnsupportedCombinationError, match="speculative_adaptive on hybrid linear-attention models"):
+        plan("qwen3.5-35b-a3b", Serving(**EAGLE_ONE, speculative_adaptive=True), memory="20GiB")
