@@ -640,7 +640,26 @@ def _render_comparison(result: Any, comparison: tuple[str, Any, str | None] | No
     render_comparison(result, other, error, platform, _console())
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class _Main(click.Group):
+    """The ``kvpools`` group: an unknown option's suggestions start with the options whose name it begins
+    (``--speculative-draft`` -> ``--speculative-draft-model-path``), which click's three closest matches can miss
+    among many similar flags."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.NoSuchOption as exc:
+            command = exc.ctx.command if exc.ctx is not None else None
+            if command is not None and exc.option_name.startswith("--"):
+                names = sorted({o for param in command.params for o in getattr(param, "opts", ())})
+                begun = [name for name in names if name.startswith(exc.option_name) and name != exc.option_name]
+                if begun:
+                    rest = [name for name in exc.possibilities or () if name not in begun]
+                    setattr(exc, "possibilities", [*begun, *rest][:3])  # noqa: B010 (click types it Final)
+            raise
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="kvpools")
 def main() -> None:
     """Plan and build the KV-cache memory pools of an LLM serving engine."""
