@@ -278,12 +278,12 @@ def context_length(reader: ConfigReader, keys: tuple[str, ...]) -> int:
     )
 
 
-def model_dtype(reader: ConfigReader) -> str:
+def model_dtype(reader: ConfigReader, *, float32_served_as: str = "float16") -> str:
     """The dtype SGLang serves a config in under ``--dtype auto``.
 
     The config's ``torch_dtype`` (or newer ``dtype``); bf16 when absent; a
-    float32 checkpoint is served in float16, a Gemma one (``model_type``
-    ``gemma*``) in bfloat16 (SGLang's ``_get_and_verify_dtype``), so
+    float32 checkpoint is served in ``float32_served_as``: float16, but bfloat16 for the families SGLang's
+    ``_get_and_verify_dtype`` names (Gemma: its plugins pass it), so
     ``--kv-cache-dtype auto`` follows them.  ``--dtype`` overrides it
     (:func:`kvpools_core.models.served_model`).
     """
@@ -308,8 +308,8 @@ def model_dtype(reader: ConfigReader) -> str:
                 f"kvpools knows the model dtypes {', '.join(MODEL_DTYPES)}; fix the config.",
             )
         if name == "float32":
-            # SGLang's _get_and_verify_dtype: Gemma's float32 checkpoints go to bfloat16, the others to float16.
-            return "bfloat16" if reader.string("model_type", "").startswith("gemma") else "float16"
+            # SGLang's _get_and_verify_dtype: float32 checkpoints are served in float16 (Gemma's in bfloat16)
+            return float32_served_as
         return name
     return "bfloat16"
 

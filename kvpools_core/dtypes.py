@@ -35,7 +35,9 @@ class KVDtype:
 
     @property
     def is_fp4(self) -> bool:
-        return self.name == "fp4_e2m1"
+        """Packed fp4 (``float4_e2m1fn_x2``): ``fp4_e2m1`` and SGLang 0.5.23's recipe names ``fp4_mx_block16``
+        and ``nvfp4``."""
+        return self.values_per_element == 2
 
     @property
     def is_fp8(self) -> bool:
@@ -49,6 +51,13 @@ _FIXED: dict[str, KVDtype] = {
     "fp8_e4m3": KVDtype("fp8_e4m3", "float8_e4m3fn", 1, "uint8"),
     "fp8_e5m2": KVDtype("fp8_e5m2", "float8_e5m2", 1, "uint8"),
     "fp4_e2m1": KVDtype("fp4_e2m1", "float4_e2m1fn_x2", 1, "uint8", values_per_element=2, scale_block=16),
+    # SGLang 0.5.23's two FP4 recipes (``--kv-cache-dtype`` choices, ``arg_groups/fields/model.py`` lines 195-222):
+    # both store ``float4_e2m1fn_x2`` (``mem_cache/kv_cache_dtype.py`` lines 76-88).  fp4_mx_block16 keeps one
+    # uint8 scale per 16 values and no dequant workspace (``FP4MXBlock16KVCacheMethod``): fp4_e2m1's bytes.
+    "fp4_mx_block16": KVDtype("fp4_mx_block16", "float4_e2m1fn_x2", 1, "uint8", values_per_element=2, scale_block=16),
+    # nvfp4's MHA pool (``NVFP4KVCacheMethod``) depends on the attention backends and the GPU (NVFP4_MHA_REFUSAL);
+    # its MLA pool (``MLATokenToKVPoolFP4``, no quant method) is fp4_e2m1's
+    "nvfp4": KVDtype("nvfp4", "float4_e2m1fn_x2", 1, "uint8", values_per_element=2, scale_block=16),
     "mxfp8": KVDtype("mxfp8", "float8_e4m3fn", 1, "uint8", scale_block=32),
 }
 _ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "fp8": "fp8_e4m3"}
@@ -56,6 +65,15 @@ _FROM_MODEL = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 KV_DTYPE_CHOICES: tuple[str, ...] = ("auto", *_FIXED)
 """Every accepted ``--kv-cache-dtype`` spelling's canonical name."""
+
+NVFP4_MHA_REFUSAL = (
+    "kvpools does not model {flag} nvfp4 on MHA layers yet: SGLang 0.5.23's NVFP4KVCacheMethod "
+    "(layers/quantization/fp4_kv_cache_quant_method.py) allocates token-linear and/or SM100-native block-scale "
+    "buffers and an fp8 dequant workspace according to the prefill and decode attention backends (flashinfer, "
+    "trtllm_mha) and the GPU (SM100 or SM120), which kvpools has no options for. Use {flag} fp4_mx_block16 (packed "
+    "fp4 plus one scale byte per 16 values, no workspace), which kvpools plans exactly."
+)
+"""Why ``nvfp4`` is refused for MHA-cell layers (format with ``flag=option('kv_cache_dtype')``)."""
 
 
 def canonical_kv_dtype(name: str) -> str:

@@ -27,7 +27,12 @@ def allocator_class(page_size: int) -> type[TokenAllocator] | type[PagedAllocato
 
 
 def allocator_for_plan(
-    plan: Plan, device: str | torch.device, *, checked: bool = False, kvcache: object = None
+    plan: Plan,
+    device: str | torch.device,
+    *,
+    checked: bool = False,
+    kvcache: object = None,
+    widen_dcp: bool = True,
 ) -> TokenAllocator | PagedAllocator:
     """The allocator over the plan's ``max_total_num_tokens`` slots, holding the KV pool ``kvcache``.
 
@@ -36,10 +41,15 @@ def allocator_for_plan(
     mode (double frees refused; ``2 * (pages + 1)`` bytes beyond the plan).  The
     allocator's ``get_kvcache`` returns ``kvcache`` and its ``get_cpu_copy`` /
     ``load_cpu_copy`` go through it (``build`` passes the pool it built).
+
+    Under decode context parallelism SGLang widens the id space: ``PagedTokenToKVPoolAllocator(S x dcp,
+    page x dcp)`` even at page size 1 (ref-000 lines 2145-2164), so its ids are logical tokens, ``dcp`` per
+    physical slot of each rank.  ``widen_dcp=False`` keeps the per-rank geometry (the capacity replay's).
     """
-    page_size = plan.serving.page_size
+    dcp = plan.serving.dcp_size if widen_dcp else 1
+    page_size = plan.serving.page_size * dcp
     need_sort = plan.serving.disaggregation_mode in ("prefill", "decode")
-    tokens = plan.max_total_num_tokens
+    tokens = plan.max_total_num_tokens * dcp
     if page_size == 1:
         return TokenAllocator(tokens, device=device, kvcache=kvcache, need_sort=need_sort, checked=checked)
     return PagedAllocator(

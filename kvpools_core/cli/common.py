@@ -23,6 +23,7 @@ from kvpools_core.values import (
     DSV4_COMPRESS_STATE_DTYPES,
     HICACHE_MEM_LAYOUTS,
     HICACHE_WRITE_POLICIES,
+    MM_FEATURE_TRANSPORTS,
     QUANTIZATION_METHODS,
     SERVED_DTYPES,
     SPECULATIVE_ALGORITHMS,
@@ -52,13 +53,24 @@ _HELP = {
     "chunked_prefill_size": "Chunked prefill size.",
     "disable_radix_cache": "Radix (prefix) cache off.",
     "disable_overlap_schedule": "Overlap schedule off.",
+    "prefill_only_disable_kv_cache": "Embedding prefill server without a KV cache (SGLang's flag): the no-op MHA pool "
+    "keeps SGLang's token count but allocates one placeholder page per layer (plain MHA on CUDA; needs "
+    "--disable-radix-cache).",
     "vlm_cache_size_mb": "Multimodal embedding cache reserved from a profiled budget (SGLANG_VLM_CACHE_SIZE_MB).",
+    "mm_feature_transport": "Multimodal feature transport (SGLang's --mm-feature-transport; unset: cpu). cuda_ipc and "
+    "cuda_vmm keep a GPU feature pool of --mm-feature-cache-mb, reserved from a multimodal model's profiled budget.",
+    "mm_feature_cache_mb": "GPU feature pool of a cuda_ipc / cuda_vmm transport (SGLANG_MM_FEATURE_CACHE_MB).",
     "speculative_algorithm": "Speculative decoding algorithm.",
     "speculative_num_steps": "Draft steps.",
     "speculative_eagle_topk": "Draft top-k.",
     "speculative_num_draft_tokens": "Draft tokens verified per step.",
+    "speculative_adaptive": "Adaptive speculative decoding (EAGLE/EAGLE3, top-k 1): pools sized for the largest "
+    "candidate step + 1 draft tokens; SGLang falls back to static parameters elsewhere.",
+    "speculative_adaptive_config": "SGLang's adaptive config JSON file (unset: its default tiers, steps 0-7).",
     "speculative_draft_num_layers": "Draft model layers (instead of --speculative-draft-model-path).",
     "disaggregation_mode": "Prefill/decode disaggregation role.",
+    "enable_pd_role_switch": "Runtime prefill<->decode role switch (SGLang's flag): the node builds the decode request "
+    "pools, with --disaggregation-decode-extra-slots pre-allocated rows (unset: none).",
     "disaggregation_decode_retraction_backup": "Where a decode node keeps retracted requests' KV (SGLang's flag); "
     "host_pool plans its HiCache host pool. Unset: SGLang infers it, stated in a note.",
     "disaggregation_decode_extra_slots": (
@@ -83,6 +95,8 @@ _HELP = {
     "dsa_decode_backend": "DSA decode attention backend (unset: flashmla_kv, or SGLang's trtllm under --dcp-size "
     "above 1).",
     "enable_dsa_cache_layer_split": "Split the GLM DSA cache layers over context-parallel ranks.",
+    "m3_fp8_attn_gemm": "MiniMax-M3's fp8 attention GEMMs (SGLang turns them on with fp8_e4m3 KV, --attention-backend "
+    "trtllm_mha on SM100): the indexer cache is fp8 too. Needs --kv-cache-dtype fp8_e4m3.",
     "enable_hisparse": (
         "HiSparse: keep 1/host_to_device_ratio of the sparse-attention KV on the device (DSA latent rows, "
         "DeepSeek-V4 c4, MiniMax-M3 sparse layers; needs --disable-radix-cache)."
@@ -123,6 +137,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "hicache_mem_layout": HICACHE_MEM_LAYOUTS,
     "hicache_write_policy": HICACHE_WRITE_POLICIES,
     "disaggregation_decode_retraction_backup": DECODE_RETRACTION_BACKUPS,
+    "mm_feature_transport": MM_FEATURE_TRANSPORTS,
 }
 _SPECIAL = {"platform", "plugin_options", "pp_layer_partition"}
 _RESOLVED = {"platform_traits", "workspaces", "speculative_draft"}
@@ -659,7 +674,26 @@ def _render_comparison(result: Any, comparison: tuple[str, Any, str | None] | No
     render_comparison(result, other, error, platform, _console())
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class _Main(click.Group):
+    """The ``kvpools`` group: an unknown option's suggestions start with the options whose name it begins
+    (``--speculative-draft`` -> ``--speculative-draft-model-path``), which click's three closest matches can miss
+    among many similar flags."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.NoSuchOption as exc:
+            command = exc.ctx.command if exc.ctx is not None else None
+            if command is not None and exc.option_name.startswith("--"):
+                names = sorted({o for param in command.params for o in getattr(param, "opts", ())})
+                begun = [name for name in names if name.startswith(exc.option_name) and name != exc.option_name]
+                if begun:
+                    rest = [name for name in exc.possibilities or () if name not in begun]
+                    setattr(exc, "possibilities", [*begun, *rest][:3])  # noqa: B010 (click types it Final)
+            raise
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="kvpools")
 def main() -> None:
     """Plan and build the KV-cache memory pools of an LLM serving engine."""

@@ -18,7 +18,8 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from kvpools_core.dtypes import KVDtype, resolve_kv_dtype
+from kvpools_core.dtypes import NVFP4_MHA_REFUSAL, KVDtype, resolve_kv_dtype
+from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parallel import kv_heads_per_rank
 from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Serving
@@ -56,6 +57,8 @@ def attention_cell_size(
     ``kv_heads_per_rank(heads, attn_tp, dcp)`` heads (DCP shards tokens, not heads).
     """
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
+    if kv.name == "nvfp4" and layers:
+        raise UnsupportedCombinationError(NVFP4_MHA_REFUSAL.format(flag=option("kv_cache_dtype")))
     e = kv.element_bytes
     sglang = 0
     k_bytes = v_bytes = k_scale = v_scale = 0

@@ -137,11 +137,11 @@ def latent_dtype_problems(dims: MLADims, kv: KVDtype, model_name: str) -> list[s
         return [
             f"{option('kv_cache_dtype')} mxfp8 is not supported for MLA models ({model_name}): SGLang's MLA pools "
             f"have no "
-            f"mxfp8 layout. Use auto, bf16, fp16, fp8_e4m3, fp8_e5m2 or fp4_e2m1."
+            f"mxfp8 layout. Use auto, bf16, fp16, fp8_e4m3, fp8_e5m2 or fp4_mx_block16."
         ]
     if kv.is_fp4 and dims.kv_cache_dim % FP4_BLOCK:
         return [
-            f"{option('kv_cache_dtype')} fp4_e2m1 stores one scale per {FP4_BLOCK} values, but {model_name}'s MLA row "
+            f"{option('kv_cache_dtype')} {kv.name} stores one scale per {FP4_BLOCK} values, but {model_name}'s MLA row "
             f"(kv_lora_rank + qk_rope_head_dim = {dims.kv_cache_dim}) is not a multiple of {FP4_BLOCK}. "
             f"Use bf16, fp16 or fp8_e4m3."
         ]

@@ -284,7 +284,7 @@ def alloc_len_per_decode(serving: Serving) -> int:
         return 1
     steps = serving.speculative_num_steps or 1
     topk = serving.speculative_eagle_topk or 1
-    draft_tokens = serving.speculative_num_draft_tokens or 0
+    draft_tokens = serving.max_speculative_num_draft_tokens or 0  # the adaptive maximum (allocation_sizing.py)
     page = serving.page_size * serving.dcp_size
     if page == 1 or topk == 1 or serving.speculative_algorithm == "NGRAM":
         return max(steps * topk, draft_tokens)
@@ -348,7 +348,7 @@ def sliding_window_terms(token_space: str, window: int, serving: Serving) -> Tok
 
 def req_to_token_row_len(context_len: int, serving: Serving) -> int:
     """Columns of one request-table row: context + ``get_req_to_token_extra_context_len``."""
-    extra = REQ_TO_TOKEN_EXTRA + (serving.speculative_num_draft_tokens or 0)
+    extra = REQ_TO_TOKEN_EXTRA + (serving.max_speculative_num_draft_tokens or 0)
     page = serving.page_size * serving.dcp_size
     if serving.speculative and page > 1:
         extra = max(extra, 2 * alloc_len_per_decode(serving) + page - 1)
@@ -557,18 +557,29 @@ def swa_mapping_pool(full_tokens: int, page_size: int, owner: str) -> PoolSpec:
 
 
 def allocator_pool(
-    tokens: int, page_size: int, *, token_space: str = FULL_TOKENS, name: str = "allocator", owner: str = "core"
+    tokens: int,
+    page_size: int,
+    *,
+    token_space: str = FULL_TOKENS,
+    name: str = "allocator",
+    owner: str = "core",
+    dcp: int = 1,
 ) -> PoolSpec:
     """The allocator's free list, a fixed device allocation SGLang leaves out of its estimate.
 
     Its slots are pages; it costs one free-list entry per page of ``token_space``
     tokens plus, when paged, the in-page offsets table (fixed), for at least one page.
+    Under decode context parallelism (``dcp`` > 1) SGLang widens the default allocator's id space to
+    ``PagedTokenToKVPoolAllocator(tokens x dcp, page x dcp)`` (ref-000 lines 2145-2164): the same pages, each of
+    ``page x dcp`` logical tokens, so the free list keeps ``tokens // page`` entries and the offsets table
+    ``page x dcp``.
     """
     from kvpools_core.allocators import allocator_planned_nbytes
 
-    num_bytes = allocator_planned_nbytes(tokens, page_size)
+    num_bytes = allocator_planned_nbytes(tokens * dcp, page_size * dcp)
     pages = tokens // page_size
-    one_page, per_page = _allocator_page_bytes(page_size)
+    one_page, per_page = _allocator_page_bytes(page_size, dcp)
+    paged = page_size * dcp > 1
     pool = PoolSpec(
         name=name,
         kind="allocator",
@@ -580,9 +591,9 @@ def allocator_pool(
         unit=TOKEN,
         token_space=token_space,
         # paged, its cost is per page of tokens (token_block = page), which its fields (per slot) cannot say
-        cost=_allocator_cost(name, token_space, page_size) if page_size > 1 else None,
+        cost=_allocator_cost(name, token_space, page_size, dcp) if paged else None,
     )
-    if page_size > 1:
+    if paged:
         return pool
     return with_cost(
         pool, GroupCost(group=name, token_space=token_space, token_bytes=per_page, fixed_bytes=one_page - per_page)
@@ -590,18 +601,19 @@ def allocator_pool(
 
 
 @functools.lru_cache(maxsize=256)
-def _allocator_page_bytes(page_size: int) -> tuple[int, int]:
-    """(bytes of a one-page allocator, bytes each further page adds): the allocator's cost per page."""
+def _allocator_page_bytes(page_size: int, dcp: int = 1) -> tuple[int, int]:
+    """(bytes of a one-page allocator, bytes each further page adds): the allocator's cost per page (a page of
+    ``page_size`` tokens on this rank, ``page_size x dcp`` ids of the DCP-widened allocator)."""
     from kvpools_core.allocators import allocator_planned_nbytes
 
-    one_page = allocator_planned_nbytes(page_size, page_size)
-    return one_page, allocator_planned_nbytes(2 * page_size, page_size) - one_page
+    widened = page_size * dcp
+    one_page = allocator_planned_nbytes(widened, widened)
+    return one_page, allocator_planned_nbytes(2 * widened, widened) - one_page
 
 
-@functools.lru_cache(maxsize=256)
-def _allocator_cost(name: str, token_space: str, page_size: int) -> GroupCost:
+def _allocator_cost(name: str, token_space: str, page_size: int, dcp: int = 1) -> GroupCost:
     """A paged allocator's cost: one free-list entry per page, the rest fixed (frozen, so shared by plans)."""
-    one_page, per_page = _allocator_page_bytes(page_size)
+    one_page, per_page = _allocator_page_bytes(page_size, dcp)
     return GroupCost(
         group=name,
         token_space=token_space,
@@ -709,7 +721,7 @@ def default_size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budge
         pools = token_pools(cell, tokens, page, owner)
         pools += request_state_pools(cell, limit.max_running_requests, owner)
         pools += request_pools(limit.max_running_requests, context_len, serving)
-        pools.append(allocator_pool(tokens, page))
+        pools.append(allocator_pool(tokens, page, dcp=serving.dcp_size))
         return pools, limit
 
     if serving.accounting == "sglang":

@@ -25,6 +25,7 @@ from kvpools_core.parts.unified_plan import UNIFIED_FEATURE
 from kvpools_core.pipeline.engine_defaults import apply_engine_defaults
 from kvpools_core.pipeline.gpus import GPU, custom_gpu, default_runtime_bytes, find_gpu, sglang_memory_defaults
 from kvpools_core.pipeline.host import host_reserve_flag_check, plan_host_tier, resolve_retraction_backup
+from kvpools_core.pipeline.noop import noop_sizing, sizing_serving
 from kvpools_core.pipeline.platforms import (
     VENDOR_DISTRIBUTIONS as VENDOR_DISTRIBUTIONS,
 )
@@ -73,6 +74,7 @@ from kvpools_core.values import (
     PoolSizing,
     Serving,
 )
+from kvpools_core.values.serving import resolve_adaptive_speculation
 
 
 def plan(
@@ -233,9 +235,12 @@ class PlanBasis:
                 provenance=provenance,
             )
         cell, cell_by = self.cell()
-        sizing, sizing_by = _size(spec, serving, cell, budget, registry)
+        sized_as = sizing_serving(serving)  # the no-op KV pool keeps SGLang's token count (pipeline.noop)
+        sizing, sizing_by = _size(spec, sized_as, cell, budget, registry)
         if serving.pp_size > 1 and sync_stages:
-            sizing = _sync_pipeline_stages(spec, serving, budget, sizing, registry, stage_budget)
+            sizing = _sync_pipeline_stages(spec, sized_as, budget, sizing, registry, stage_budget)
+        if serving.prefill_only_disable_kv_cache:
+            sizing = noop_sizing(spec, serving, cell, sizing)
         provenance["estimate_cell_size"] = cell_by
         provenance["size_pools"] = sizing_by
         _check_workspaces_charged(serving, sizing, sizing_by, registry)
@@ -291,6 +296,7 @@ def plan_basis(
     if serving.context_length is not None:
         spec = attrs.evolve(spec, context_len=serving.context_length)
     serving, default_notes = apply_engine_defaults(spec, serving, registry, provenance)
+    serving = resolve_adaptive_speculation(serving)  # SGLang's _init_adaptive_speculative_params
     serving = _resolve_draft(spec, serving, draft_model, registry)
     if serving.speculative_draft is not None:
         provenance["draft_parse_model_config"] = (serving.speculative_draft.parsed_by,)
@@ -324,7 +330,8 @@ def resolve_budget(
     """The KV budget from an explicit size, a stated free memory, or a device measurement.
 
     A profiled budget of a multimodal model also reserves SGLang's VLM cache
-    (``mm_runtime_reservation_gb``: ``vlm_cache_size_mb``) beside ``reserved_memory``.
+    (``mm_runtime_reservation_gb``: ``vlm_cache_size_mb``, plus ``mm_feature_cache_mb`` under a GPU
+    ``mm_feature_transport``; :attr:`Serving.mm_reserved_bytes`) beside ``reserved_memory``.
     An explicit ``memory`` is the KV cache's own budget, so weights and
     reservations given beside it would be silently ignored: that is an error.
     ``pre_model_load_memory`` (bytes) is the free memory the runtime slack is
@@ -355,7 +362,7 @@ def resolve_budget(
     weights = parse_bytes(weights_memory or 0, o("weights_memory"))
     reserved = parse_bytes(reserved_memory or 0, o("reserved_memory"))
     if multimodal:
-        reserved += serving.vlm_cache_size_mb << 20
+        reserved += serving.mm_reserved_bytes
     if free_memory is not None:
         free = parse_bytes(free_memory, o("free_memory"))
         return profile_budget(
@@ -455,7 +462,7 @@ def _gpu_budget(
         weights, weights_from = _estimated_weights(model, spec, serving, registry)
     reserved = parse_bytes(reserved_memory or 0, o("reserved_memory"))
     if spec.is_multimodal:
-        reserved += serving.vlm_cache_size_mb << 20
+        reserved += serving.mm_reserved_bytes
     runtime = (
         parse_bytes(runtime_memory, o("runtime_memory"))
         if runtime_memory is not None
@@ -677,6 +684,7 @@ def _validate(
     if target:
         problems += [f"{message} [core]" for message in hisparse_problems(spec, serving, registry)]
         problems += [f"{message} [core]" for message in unified_model_problems(spec, serving, registry)]
+        problems += [f"{message} [core]" for message in m3_fp8_problems(spec, serving, registry)]
     problems += [
         f"{message} [{plugin}]"
         for plugin, messages in registry.call_collect("validate", model=spec, serving=serving)
@@ -729,6 +737,27 @@ def unified_model_problems(spec: ModelSpec, serving: Serving, registry: Registry
         return []
     return [
         f"SGLang 0.5.23 refuses it for {spec.name}: {problem}" for problem in unified_memory_problems(UnifiedRequest())
+    ]
+
+
+def m3_fp8_problems(spec: ModelSpec, serving: Serving, registry: Registry) -> list[str]:
+    """``m3_fp8_attn_gemm`` on a model whose architecture plugin does not name the feature ``"m3_fp8_attn_gemm"``
+    (``engine_features`` hook): SGLang's fp8 attention-GEMM mode exists for MiniMax-M3's sparse models only."""
+    if not serving.m3_fp8_attn_gemm:
+        return []
+    supported = sorted(
+        architecture
+        for _, answer in registry.call_collect("engine_features")
+        for architecture, features in answer.items()
+        if "m3_fp8_attn_gemm" in features
+    )
+    if spec.architecture in supported:
+        return []
+    where = f"architectures {', '.join(supported)}" if supported else "no installed architecture"
+    return [
+        f"{option('m3_fp8_attn_gemm')} is SGLang's fp8 attention-GEMM mode of the sparse models of {where}, not "
+        f"of {spec.name} (architecture {spec.architecture!r}), whose pools it would not change. Drop "
+        f"{option('m3_fp8_attn_gemm')}."
     ]
 
 

@@ -471,7 +471,7 @@ class _Pages:
             )
             self.allocator: Any = self._dual
         else:
-            self.allocator = allocator_for_plan(plan, device)
+            self.allocator = allocator_for_plan(plan, device, widen_dcp=False)  # pages of page_size per rank
             if isinstance(self.allocator, PagedAllocator):
                 self._paged = self.allocator
 

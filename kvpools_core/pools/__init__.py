@@ -29,7 +29,7 @@ from kvpools_core.pools.layout import (
     PerLayerLayout,
     RowIndexedBuffer,
 )
-from kvpools_core.pools.mha import MHATokenToKVPool
+from kvpools_core.pools.mha import MHATokenToKVPool, NoOpMHATokenToKVPool
 from kvpools_core.pools.mla import MLATokenToKVPool
 from kvpools_core.pools.req_to_token import DecodeReqToTokenPool, ReqToTokenPool
 
@@ -47,6 +47,7 @@ __all__ = [
     "LayerMajorLayout",
     "MHATokenToKVPool",
     "MLATokenToKVPool",
+    "NoOpMHATokenToKVPool",
     "PageMajorLayout",
     "PerLayerLayout",
     "PoolPlanMismatchError",

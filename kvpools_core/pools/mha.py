@@ -31,7 +31,7 @@ from kvpools_core.pools.layout import BufferLayout, check_layout_bytes
 from kvpools_core.pools.quant import KVCodec, codec_for
 from kvpools_core.values import LayerSpec, Plan
 
-__all__ = ["MHATokenToKVPool", "plan_layer_geometry"]
+__all__ = ["MHATokenToKVPool", "NoOpMHATokenToKVPool", "plan_layer_geometry"]
 
 MAIN_POOL = KV_POOL
 DRAFT_POOL = DRAFT_KV_POOL
@@ -273,6 +273,64 @@ class MHATokenToKVPool:
             f"MHATokenToKVPool(size={self.size}, page_size={self.page_size}, dtype={self.dtype}, "
             f"layers=[{self.start_layer}, {self.end_layer}), device={self.device}{draft})"
         )
+
+
+class NoOpMHATokenToKVPool(MHATokenToKVPool):
+    """SGLang 0.5.23's ``NoOpMHATokenToKVPool`` (``--prefill-only-disable-kv-cache``, ``mem_cache/memory_pool.py``).
+
+    ``size`` is the plan's token count (the scheduler admits by it), but each layer holds one page of placeholder
+    rows only, K ``(page_size, heads, head_dim)`` and V ``(page_size, heads, v_head_dim)``; writing or reading
+    K/V raises, as SGLang's does, since the FA prefill path never touches the pool (:mod:`kvpools_core.pipeline.noop`).
+    """
+
+    @classmethod
+    def from_plan(
+        cls, plan: Plan, device: str | torch.device, *, layout: BufferLayout | None = None
+    ) -> NoOpMHATokenToKVPool:
+        serving = plan.serving
+        start, end = rank_layer_range(plan.model, serving)
+        kv = resolve_kv_dtype(serving.kv_cache_dtype, plan.model.dtype)
+        codec = codec_for(kv)
+        geometry = layer_geometry(plan.model.layers[start:end], serving)
+        page = serving.page_size
+        check_planned_bytes(
+            MAIN_POOL,
+            LayerKV.planned_nbytes(page, geometry, codec),
+            plan.pool(MAIN_POOL).bytes,
+            f"no-op pool: {len(geometry)} layer(s) from {start}, one placeholder page of {page} rows of {kv.name}",
+        )
+        if layout is not None:
+            requests = LayerKV.buffer_requests(
+                name=MAIN_POOL,
+                rows=page,
+                layers=geometry,
+                start_layer=start,
+                codec=codec,
+                device=device,
+                page_size=page,
+            )
+            check_layout_bytes(layout, requests)
+        pool = cls(
+            size=0,  # rows = size + page_size: the placeholder page alone
+            page_size=page,
+            layers=geometry,
+            start_layer=start,
+            codec=codec,
+            device=device,
+            model_dtype=getattr(torch, plan.model.dtype),
+            layout=layout,
+        )
+        pool.size = plan.max_total_num_tokens  # the scheduler's view of capacity
+        return pool
+
+    def set_kv_buffer(self, layer_id: int, loc: Tensor, cache_k: Tensor, cache_v: Tensor) -> None:
+        raise RuntimeError(
+            "NoOpMHATokenToKVPool holds no KV (--prefill-only-disable-kv-cache): the FA prefill path reads raw K/V "
+            "and must not write the pool."
+        )
+
+    def get_kv(self, layer_id: int, loc: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+        raise RuntimeError("NoOpMHATokenToKVPool holds no KV (--prefill-only-disable-kv-cache): nothing to read.")
 
 
 def plan_layer_geometry(plan: Plan) -> list[LayerGeometry]:

@@ -56,7 +56,7 @@ class ReqToTokenPool:
                 f"{spec.bytes_per_slot} B) is not the table of {plan.max_running_requests} requests "
                 f"({rows} rows + {padding} padding of {row_len} int32 columns). Re-plan with this kvpools version."
             )
-        if serving.disaggregation_mode == "decode":
+        if serving.decode_request_pools:
             return DecodeReqToTokenPool(
                 plan.max_running_requests, row_len, device, pre_alloc_size=serving.decode_extra_slots
             )

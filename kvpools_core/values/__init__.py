@@ -228,6 +228,9 @@ from kvpools_core.values.serving import (
     HICACHE_WRITE_POLICIES as HICACHE_WRITE_POLICIES,
 )
 from kvpools_core.values.serving import (
+    MM_FEATURE_TRANSPORTS as MM_FEATURE_TRANSPORTS,
+)
+from kvpools_core.values.serving import (
     QUANTIZATION_METHODS as QUANTIZATION_METHODS,
 )
 from kvpools_core.values.serving import (

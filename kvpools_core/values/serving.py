@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -46,6 +47,10 @@ HICACHE_MEM_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 """``--hicache-mem-layout`` values kvpools models (SGLang's ``page_first_kv_split`` and ``page_head`` are
 NPU / head-sharded layouts it does not)."""
 HICACHE_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+MM_FEATURE_TRANSPORTS = ("cpu", "cuda_ipc", "cuda_vmm")
+"""``--mm-feature-transport`` choices (SGLang 0.5.23 ``arg_groups/fields/mm.py``); ``cuda_ipc`` and ``cuda_vmm`` keep
+a GPU feature pool of ``SGLANG_MM_FEATURE_CACHE_MB`` that ``mm_runtime_reservation_gb`` takes out of the KV budget."""
+GPU_MM_FEATURE_TRANSPORTS = ("cuda_ipc", "cuda_vmm")
 DECODE_RETRACTION_BACKUPS = ("cpu_tensor", "host_pool", "none")
 """``--disaggregation-decode-retraction-backup`` choices (SGLang 0.5.23 ``arg_groups/fields/disagg.py``)."""
 
@@ -153,6 +158,76 @@ def _hisparse_json(inst: object, attribute: attrs.Attribute[Any], value: str | N
         ) from None
 
 
+DEFAULT_ADAPTIVE_CANDIDATE_STEPS = (0, 1, 3, 5, 7)
+"""The union of SGLang 0.5.23's ``DEFAULT_ADAPTIVE_CONFIG`` tiers' ``candidate_steps``
+(``speculative/adaptive_spec_params.py`` lines 28-53)."""
+
+
+@functools.lru_cache(maxsize=32)
+def adaptive_candidate_steps(path: str | None) -> tuple[int, ...]:
+    """``resolve_candidate_steps_from_config``: the sorted union of every batch-size tier's ``candidate_steps``
+    of the adaptive config at ``path`` (SGLang's default without one); a ConfigError names what is wrong."""
+    if path is None:
+        return DEFAULT_ADAPTIVE_CANDIDATE_STEPS
+    flag = option("speculative_adaptive_config")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"{flag} {path!r} cannot be read as JSON ({exc}). Pass SGLang's adaptive config file."
+        ) from None
+    if not isinstance(config, dict):
+        raise ConfigError(
+            f"{flag} {path!r} must hold a JSON object of batch-size tiers, e.g. "
+            '{"1": {"candidate_steps": [1, 3, 7]}}.'
+        )
+    steps: set[int] = set()
+    tiers = 0
+    for key, entry in config.items():
+        if not str(key).isdigit():
+            continue
+        tiers += 1
+        candidates = entry.get("candidate_steps") if isinstance(entry, dict) else None
+        if not isinstance(candidates, list) or not candidates or not all(type(v) is int and v >= 0 for v in candidates):
+            raise ConfigError(
+                f"{flag} {path!r}: tier {key} needs candidate_steps, a list of non-negative ints, got "
+                f"{short_json(candidates)} (SGLang's _load_adaptive_config)."
+            )
+        steps.update(candidates)
+    if not tiers:
+        raise ConfigError(
+            f'{flag} {path!r} has no integer batch-size tier, e.g. {{"1": {{"candidate_steps": [1, 3, 7]}}}} '
+            f"(SGLang's _load_adaptive_config)."
+        )
+    return tuple(sorted(steps))
+
+
+def resolve_adaptive_speculation(serving: Serving) -> Serving:
+    """SGLang's ``_init_adaptive_speculative_params`` (``arg_groups/speculative_hook.py`` lines 1395-1427): top-k
+    1 when unset, the middle candidate step when ``speculative_num_steps`` is unset (a given one must be a
+    candidate), and ``speculative_num_draft_tokens = steps + 1`` whatever was given."""
+    if not serving.adaptive_speculation:
+        return serving
+    candidates = adaptive_candidate_steps(serving.speculative_adaptive_config)
+    steps = serving.speculative_num_steps
+    if steps is None:
+        steps = candidates[len(candidates) // 2]
+    if steps not in candidates:
+        raise ConfigError(
+            f"{option('speculative_num_steps')} {steps} is not in the adaptive config's candidate_steps "
+            f"{list(candidates)} (SGLang refuses it); pass one of those values."
+        )
+    if steps == 0:
+        raise ConfigError(
+            f"adaptive speculation starts at {option('speculative_num_steps')} 0, which kvpools does not model; "
+            f"pass one of {[c for c in candidates if c > 0]}."
+        )
+    return attrs.evolve(
+        serving, speculative_eagle_topk=1, speculative_num_steps=steps, speculative_num_draft_tokens=steps + 1
+    )
+
+
 # ---------------------------------------------------------------------------
 # platform traits and workspaces
 # ---------------------------------------------------------------------------
@@ -229,6 +304,7 @@ class Serving:
     What SGLang reads from environment variables is a typed field here
     (``swa_eviction_interval`` is ``SGLANG_SWA_EVICTION_INTERVAL``,
     ``vlm_cache_size_mb`` is ``SGLANG_VLM_CACHE_SIZE_MB``,
+    ``mm_feature_cache_mb`` is ``SGLANG_MM_FEATURE_CACHE_MB``,
     ``pp_layer_partition`` is ``SGLANG_PP_LAYER_PARTITION``,
     ``mamba_skip_decode_lock`` is ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``,
     ``dsv4_compress_state_dtype`` is ``SGLANG_DSV4_COMPRESS_STATE_DTYPE``,
@@ -282,7 +358,19 @@ class Serving:
     chunked_prefill_size: int | None = attrs.field(default=8192, validator=optional_positive)
     disable_radix_cache: bool = False
     disable_overlap_schedule: bool = False
+    prefill_only_disable_kv_cache: bool = False
+    """SGLang's ``--prefill-only-disable-kv-cache`` (embedding prefill servers): the KV pool is
+    ``NoOpMHATokenToKVPool``, which keeps SGLang's token count for admission but allocates one page of
+    placeholder rows per layer (ref-000 lines 2006-2010; ``mem_cache/memory_pool.py`` ``NoOpMHATokenToKVPool``).
+    Plain MHA models only (every other pool family is refused as SGLang refuses it, ref-000 lines 963-1001)."""
     vlm_cache_size_mb: int = attrs.field(default=100, validator=non_negative)
+    mm_feature_transport: str | None = attrs.field(default=None, validator=one_of(None, *MM_FEATURE_TRANSPORTS))
+    """SGLang's ``--mm-feature-transport``; unset reads as ``cpu``, SGLang's resolution on one node
+    (``handle_multimodal_feature_transport``, ``arg_groups/serving_hook.py`` lines 800-870; its multi-node GB200/GB300
+    auto-selection of ``cuda_vmm`` is not modelled: pass it)."""
+    mm_feature_cache_mb: int = attrs.field(default=1024, validator=non_negative)
+    """``SGLANG_MM_FEATURE_CACHE_MB`` (SGLang 0.5.23 default 1,024, ``environ.py`` line 1622): the GPU feature pool
+    a ``cuda_ipc`` / ``cuda_vmm`` transport keeps, reserved out of a multimodal model's profiled budget."""
     # speculative decoding
     speculative_algorithm: str | None = attrs.field(
         default=None,
@@ -293,11 +381,23 @@ class Serving:
     speculative_eagle_topk: int | None = attrs.field(default=None, validator=optional_positive)
     speculative_num_draft_tokens: int | None = attrs.field(default=None, validator=optional_positive)
     speculative_draft_num_layers: int | None = attrs.field(default=None, validator=optional_positive)
+    speculative_adaptive: bool = False
+    """SGLang's ``--speculative-adaptive``: EAGLE/EAGLE3 switch their step count at run time among the adaptive
+    config's ``candidate_steps``, so the pools are sized for the largest, ``max(candidate_steps) + 1`` draft tokens
+    (:attr:`max_speculative_num_draft_tokens`).  Where SGLang cannot run it (another algorithm, top-k above 1, DP
+    attention) it falls back to the static parameters, and so does kvpools (:attr:`adaptive_speculation`)."""
+    speculative_adaptive_config: str | None = None
+    """SGLang's ``--speculative-adaptive-config``: the JSON file of the adaptive tiers (``{"1": {"candidate_steps":
+    [1, 3, 7]}, ...}``); unset, SGLang's ``DEFAULT_ADAPTIVE_CONFIG`` (candidate steps 0, 1, 3, 5, 7)."""
     # disaggregation
     disaggregation_mode: str = attrs.field(default="null", validator=one_of("null", "prefill", "decode"))
     disaggregation_decode_extra_slots: int | None = attrs.field(default=None, validator=optional_non_negative)
     """Request rows a decode node pre-allocates for transfers; ``None``: SGLang's default
     (:attr:`decode_extra_slots`)."""
+    enable_pd_role_switch: bool = False
+    """SGLang's ``--enable-pd-role-switch``: a node that may flip between prefill and decode builds the decode
+    request pools (``DecodeReqToTokenPool`` / ``HybridMambaDecodeReqToTokenPool``) whatever its launch role, with
+    ``disaggregation_decode_extra_slots`` pre-allocated rows when given, else none (ref-000 lines 1003-1022)."""
     disaggregation_decode_retraction_backup: str | None = attrs.field(
         default=None, validator=one_of(None, *DECODE_RETRACTION_BACKUPS)
     )
@@ -330,6 +430,12 @@ class Serving:
     dsa_decode_backend: str = UnsetStr("flashmla_kv")
     """Unset, as :attr:`dsa_prefill_backend` (``trtllm`` under DSA decode context parallelism)."""
     enable_dsa_cache_layer_split: bool = False
+    m3_fp8_attn_gemm: bool = False
+    """SGLang's ``m3_fp8_attn_gemm_enabled`` (``server_args.py`` lines 592-610), which it turns on by itself for
+    MiniMax-M3 with ``--kv-cache-dtype fp8_e4m3``, ``--attention-backend trtllm_mha`` on an SM100 GPU (unless
+    ``SGLANG_DISABLE_M3_FP8_ATTN_GEMM``): the lightning-indexer cache is then fp8 too (ref-000 lines 1857-1861).
+    kvpools sees neither the GPU nor the attention backend, so it is an explicit option; without it the indexer
+    keeps the model dtype.  Models whose plugin does not name the feature (``engine_features``) refuse it."""
     # DeepSeek-V4 compressed attention (read by the dsv4 plugin)
     enable_hisparse: bool = False
     hisparse_config: str | None = attrs.field(default=None, validator=_hisparse_json)
@@ -452,11 +558,117 @@ class Serving:
                 f"{self.accounting} plans another engine's KV cache. Use {o('accounting')} exact or sglang, or drop "
                 f"{o('enable_unified_memory')}."
             )
+        if self.enable_pd_role_switch and self.disaggregation_mode in ("prefill", "decode"):
+            # SGLang 0.5.23 handle_pd_disaggregation (arg_groups/pd_disaggregation_hook.py lines 164-194) rejects the
+            # features whose role-specific state a flip does not rebuild; the MoE ones change no KV byte
+            unsupported = [
+                f"{o(name)} {value}"
+                for name, value, bad in (
+                    ("pp_size", self.pp_size, self.pp_size > 1),
+                    ("dcp_size", self.dcp_size, self.dcp_size > 1),
+                    ("speculative_algorithm", self.speculative_algorithm, self.speculative),
+                )
+                if bad
+            ]
+            if unsupported:
+                raise ConfigError(
+                    f"{o('enable_pd_role_switch')} does not rebuild role-specific state for "
+                    f"{', '.join(unsupported)} (SGLang refuses them together); remove them or drop "
+                    f"{o('enable_pd_role_switch')}."
+                )
+        if self.prefill_only_disable_kv_cache:
+            self._check_prefill_only()
+        if self.speculative_adaptive_config is not None:
+            if not self.speculative_adaptive:
+                raise ConfigError(
+                    f"{o('speculative_adaptive_config')} configures adaptive speculative decoding, which is off: "
+                    f"add {o('speculative_adaptive')}, or drop {o('speculative_adaptive_config')}."
+                )
+            adaptive_candidate_steps(self.speculative_adaptive_config)  # readable and valid, or a ConfigError
+        if self.m3_fp8_attn_gemm and self.kv_cache_dtype != "fp8_e4m3":
+            raise ConfigError(
+                f"{o('m3_fp8_attn_gemm')} is SGLang's MiniMax-M3 fp8 attention-GEMM mode, which needs "
+                f"{o('kv_cache_dtype')} fp8_e4m3 (m3_fp8_attn_gemm_enabled, server_args.py); got "
+                f"{self.kv_cache_dtype}. Add {o('kv_cache_dtype')} fp8_e4m3, or drop {o('m3_fp8_attn_gemm')}."
+            )
+        if self.mm_feature_cache_mb != 1024 and self.mm_feature_transport not in GPU_MM_FEATURE_TRANSPORTS:
+            # SGLang reads SGLANG_MM_FEATURE_CACHE_MB only for a GPU feature transport (ref-000 lines 165-166)
+            raise ConfigError(
+                f"{o('mm_feature_cache_mb')} {self.mm_feature_cache_mb} sizes the GPU feature pool of "
+                f"{o('mm_feature_transport')} cuda_ipc or cuda_vmm, and the transport is "
+                f"{self.mm_feature_transport or 'cpu (unset)'}: add {o('mm_feature_transport')} cuda_ipc (or "
+                f"cuda_vmm), or drop {o('mm_feature_cache_mb')} (alone it changes nothing)."
+            )
         if self.enable_mamba_extra_buffer_lazy and self.disable_overlap_schedule:
             raise ConfigError(
                 f"{o('enable_mamba_extra_buffer_lazy')} requires the overlap schedule; "
                 f"drop {o('disable_overlap_schedule')} or the lazy extra buffer."
             )
+
+    def _check_prefill_only(self) -> None:
+        """SGLang 0.5.23's ``validate_prefill_only_disable_kv_cache_args`` (``arg_groups/kv_cache_hook.py`` lines
+        865-960) on the options kvpools has; a draft worker beside the no-op pool is not modelled."""
+        o = option
+        flag = o("prefill_only_disable_kv_cache")
+        kv = self.kv_cache_dtype
+        problems = [
+            (
+                kv in ("fp4_e2m1", "fp4_mx_block16", "nvfp4"),
+                f"{o('kv_cache_dtype')} {kv}: the FP4 pool uses a separate allocation path",
+            ),
+            (kv == "mxfp8", f"{o('kv_cache_dtype')} mxfp8: the MXFP8 pool stores separate scale-factor buffers"),
+            (
+                not self.disable_radix_cache,
+                f"it needs {o('disable_radix_cache')}: the radix cache indexes KV pool slots that hold no data",
+            ),
+            (
+                self.attn_cp_size > 1,
+                f"{o('attn_cp_size')} {self.attn_cp_size}: context-parallel attention writes K/V to the pool",
+            ),
+            (self.enable_hisparse, f"{o('enable_hisparse')}: HiSparse uses a pool family of its own"),
+            (
+                self.speculative,
+                f"{o('speculative_algorithm')} {self.speculative_algorithm}: kvpools does not model a draft worker "
+                "beside the no-op pool",
+            ),
+        ]
+        reasons = [reason for bad, reason in problems if bad]
+        if reasons:
+            raise ConfigError(f"{flag} is refused with {'; '.join(reasons)}. Drop {flag} or change the options.")
+
+    @property
+    def adaptive_speculation(self) -> bool:
+        """Whether SGLang runs adaptive speculative decoding: asked for, and not refused by
+        ``adaptive_unsupported_reason`` (``speculative/adaptive_spec_params.py``), which keeps EAGLE and EAGLE3 with
+        top-k 1 (or unset) and no DP attention; otherwise SGLang warns and uses the static parameters."""
+        return (
+            self.speculative_adaptive
+            and self.speculative_algorithm in ("EAGLE", "EAGLE3")
+            and self.speculative_eagle_topk in (None, 1)
+            and not (self.enable_dp_attention and self.dp_size > 1)
+        )
+
+    @property
+    def max_speculative_num_draft_tokens(self) -> int | None:
+        """SGLang 0.5.23's ``max_speculative_num_draft_tokens()``: the largest draft-token count speculative decoding
+        may use, ``max(candidate_steps) + 1`` under adaptive speculation (``resolve_max_speculative_num_draft_tokens``,
+        ``speculative/spec_info.py`` lines 268-289; 8 with the default config), else ``speculative_num_draft_tokens``.
+        The request rows and the decode allocation length are sized by it (``mem_cache/allocation_sizing.py``)."""
+        if self.adaptive_speculation and self.speculative_num_draft_tokens is not None:
+            return max(
+                max(adaptive_candidate_steps(self.speculative_adaptive_config)) + 1, self.speculative_num_draft_tokens
+            )
+        return self.speculative_num_draft_tokens
+
+    @property
+    def mm_reserved_bytes(self) -> int:
+        """What a multimodal model's profiled budget reserves for allocations made after the KV pool is sized:
+        SGLang 0.5.23's ``mm_runtime_reservation_gb`` (ref-000 lines 156-173): ``SGLANG_VLM_CACHE_SIZE_MB``, plus
+        ``SGLANG_MM_FEATURE_CACHE_MB`` when ``mm_feature_transport`` is ``cuda_ipc`` or ``cuda_vmm``, in MiB."""
+        mib = self.vlm_cache_size_mb
+        if self.mm_feature_transport in GPU_MM_FEATURE_TRANSPORTS:
+            mib += self.mm_feature_cache_mb
+        return mib << 20
 
     @property
     def attn_dp_size(self) -> int:
@@ -489,16 +701,25 @@ class Serving:
         Unset, SGLang 0.5.23's default (``handle_pd_disaggregation``, ``arg_groups/pd_disaggregation_hook.py``
         lines 123-143): twice the requests per DP worker (``max(1, max_running_requests // num_dp_ranks)``,
         ``num_dp_ranks`` = ``dp_size``, replicas or DP attention alike) when that is at most 32, else none.
-        Only a decode launch computes it (ref-000 lines 1003-1022).
+        Only a decode launch computes it (ref-000 lines 1003-1022); a node with ``enable_pd_role_switch`` that
+        is not a decode launch pre-allocates the given ``disaggregation_decode_extra_slots``, else 0
+        (``pre_alloc_size or 0``, ref-000 lines 1010-1011).
         """
         if self.disaggregation_mode != "decode":
-            return 0
+            return (self.disaggregation_decode_extra_slots or 0) if self.enable_pd_role_switch else 0
         if self.disaggregation_decode_extra_slots is not None:
             return self.disaggregation_decode_extra_slots
         if self.max_running_requests is None:
             return 0
         per_worker = max(1, self.max_running_requests // self.dp_size)
         return 2 * per_worker if per_worker <= 32 else 0
+
+    @property
+    def decode_request_pools(self) -> bool:
+        """Whether SGLang builds the decode request pools (``DecodeReqToTokenPool``,
+        ``HybridMambaDecodeReqToTokenPool``): on a PD decode node, or with ``enable_pd_role_switch`` (ref-000
+        line 1007: "A flip-capable prefill needs the decode pool shape")."""
+        return self.disaggregation_mode == "decode" or self.enable_pd_role_switch
 
     @property
     def retraction_host_pool(self) -> bool:

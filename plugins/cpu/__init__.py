@@ -58,7 +58,7 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
                 f"Use {option('kv_cache_dtype')} auto, bf16 or fp16 on the CPU platform, or set {AMX_ENV}=1 "
                 "to plan for a serving host that has AMX."
             ]
-    elif kv in ("fp8_e5m2", "fp4_e2m1", "mxfp8"):
+    elif kv in ("fp8_e5m2", "fp4_e2m1", "fp4_mx_block16", "nvfp4", "mxfp8"):
         return [
             f"{option('kv_cache_dtype')} {kv} is not supported on the CPU platform. "
             f"Use auto, bf16, fp16, fp32 (or fp8_e4m3 with Intel AMX)."

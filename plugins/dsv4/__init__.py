@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpools_core import for_architecture, hookimpl
+from kvpools_core.options import option
 from kvpools_core.values import Budget, CellSize, EngineDefault, HostPool, ModelSpec, Plan, PoolSizing, Serving
 
 from .building import build_allocator, build_pool
@@ -56,7 +57,15 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
-    return dsv4_problems(model, serving)
+    problems = dsv4_problems(model, serving)
+    if serving.adaptive_speculation:
+        # the online c128 MTP banks follow max_speculative_num_draft_tokens() (ref-000 line 1414)
+        problems = [
+            *problems,
+            f"kvpools does not model {option('speculative_adaptive')} on DeepSeek-V4 yet (its online c128 MTP "
+            f"banks follow SGLang's adaptive maximum). Drop {option('speculative_adaptive')}.",
+        ]
+    return problems
 
 
 @hookimpl

@@ -105,7 +105,16 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
-    return hybrid_problems(model, serving)
+    problems = hybrid_problems(model, serving)
+    if serving.adaptive_speculation:
+        # SGLang sizes the speculative state pools by max_speculative_num_draft_tokens() but the state budget
+        # (_handle_max_mamba_cache) by speculative_num_draft_tokens: a split kvpools does not plan yet
+        problems.append(
+            f"kvpools does not model {option('speculative_adaptive')} on hybrid linear-attention models yet: "
+            f"SGLang 0.5.23 sizes their speculative state pools by the adaptive maximum and their state budget "
+            f"by the current draft-token count. Drop {option('speculative_adaptive')}."
+        )
+    return problems
 
 
 @hookimpl

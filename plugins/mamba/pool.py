@@ -414,7 +414,7 @@ class HybridReqToTokenPool(ReqToTokenPool):
                 ple=ple, slots=k, spec_rows=spec_rows - 1 if has_spec else None, draft_tokens=d, device=device
             ),
         }
-        if serving.disaggregation_mode == "decode":
+        if serving.decode_request_pools:
             return HybridMambaDecodeReqToTokenPool(
                 plan.max_running_requests, row_len, device, pre_alloc_size=serving.decode_extra_slots, **parts
             )

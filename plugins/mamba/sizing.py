@@ -124,7 +124,7 @@ def decode_state_slots(k: int, requests: int, serving: Serving) -> int:
     the extra buffer, which a decode node never has: its radix cache is off).  ``_handle_max_mamba_cache`` charged
     only ``K + 1`` slots: the raise is memory SGLang's budget does not count.
     """
-    if serving.disaggregation_mode != "decode":
+    if not serving.decode_request_pools:
         return k
     return max(k, (requests + serving.decode_extra_slots) * (1 + ping_pong_size(serving)))
 
@@ -341,7 +341,7 @@ def size_hybrid_pools(
                 unit=STATE_SLOT,
             )
         )
-        pools.append(allocator_pool(tokens, page))
+        pools.append(allocator_pool(tokens, page, dcp=serving.dcp_size))
         return pools, requests, note
 
     notes = _split_notes(split, per_slot, state_layers, serving)
@@ -384,7 +384,7 @@ def size_hybrid_pools(
         f"{k // split.ratio} running requests"
     )
     slots = decode_state_slots(k, requests, serving)
-    if serving.disaggregation_mode == "decode":
+    if serving.decode_request_pools:
         notes.append(_decode_note(k, slots, requests, per_slot, serving))
     if ring:
         notes.append(_ring_note(split, ring, slots, requests, serving, gdn_ring))
@@ -501,8 +501,9 @@ def _decode_note(k: int, slots: int, requests: int, per_slot: int, serving: Serv
     per_request = 1 + ping_pong_size(serving)
     given = "" if serving.disaggregation_decode_extra_slots is not None else " (SGLang's default)"
     need = (requests + extra) * per_request
+    node = "PD decode node" if serving.disaggregation_mode == "decode" else "PD role switch (the decode pool shape)"
     head = (
-        f"PD decode node: {requests} running + {extra} pre-allocated request rows{given}; the state pool holds "
+        f"{node}: {requests} running + {extra} pre-allocated request rows{given}; the state pool holds "
         f"max(max_mamba_cache_size {k}, ({requests} + {extra}) x {per_request}) = {slots} slots"
     )
     if slots > k:

@@ -111,7 +111,7 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
         architecture=ARCHITECTURE,
         layers=layers,
         context_len=context_length(reader, _CONTEXT_KEYS),
-        dtype=model_dtype(reader),
+        dtype=model_dtype(reader, float32_served_as=float32_served_as(reader.string("model_type", ""))),
         num_attention_heads=num_heads,
         model_type=reader.string("model_type") or outer.string("model_type"),
         hf_architectures=outer.string_list("architectures"),
@@ -177,6 +177,14 @@ def retraction_host_pool(plan: Plan) -> bool:
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
-    from kvpools_core.pools.mha import MHATokenToKVPool
+    from kvpools_core.pools.mha import MHATokenToKVPool, NoOpMHATokenToKVPool
 
+    if plan.serving.prefill_only_disable_kv_cache:  # SGLang's _build_mha_kv_pool, ref-000 lines 2006-2010
+        return NoOpMHATokenToKVPool.from_plan(plan, device, layout=layout)
     return MHATokenToKVPool.from_plan(plan, device, layout=layout)
+
+
+def float32_served_as(model_type: str) -> str:
+    """SGLang's ``_get_and_verify_dtype`` (``configs/model_config.py`` L2284-2344): a float32 Gemma checkpoint is
+    served in bfloat16, any other in float16."""
+    return "bfloat16" if model_type.startswith("gemma") else "float16"

@@ -59,8 +59,9 @@ def presets() -> dict[str, str]:
 
 @hookimpl
 def engine_features() -> dict[str, list[str]]:
-    """SGLang 0.5.23 runs HiSparse on MiniMax-M3's sparse models (``is_minimax_sparse`` in ``validate_hisparse``)."""
-    return {ARCHITECTURE: ["hisparse"]}
+    """SGLang 0.5.23 runs HiSparse on MiniMax-M3's sparse models (``is_minimax_sparse`` in ``validate_hisparse``),
+    and its fp8 attention-GEMM mode (``m3_fp8_attn_gemm_enabled``) on them."""
+    return {ARCHITECTURE: ["hisparse", "m3_fp8_attn_gemm"]}
 
 
 @hookimpl
@@ -303,18 +304,29 @@ def sparse_cell_size(layers: tuple[LayerSpec, ...], model: ModelSpec, serving: S
         2 * kv_heads_per_rank(layer.num_kv_heads, serving.attn_tp_size) * layer.head_dim * kv.element_bytes
         for layer in layers
     )
-    index_k = index_v = 0
+    index_k = index_v = sglang_index = 0
+    index_bytes = index_element_bytes(model, serving)
     for layer in layers:
         if layer.kind == SPARSE:
-            row = int(layer.params["index_head_dim"]) * model.dtype_bytes
-            index_k += row
-            index_v += row if layer.params["index_value"] else 0
+            dim = int(layer.params["index_head_dim"])
+            index_k += dim * index_bytes
+            index_v += dim * index_bytes if layer.params["index_value"] else 0
+            # SGLang's estimate (ref-002 lines 224-261): the model dtype, whatever the pool stores
+            sglang_index += dim * model.dtype_bytes * (2 if layer.params["index_value"] else 1)
     parts = list(main.parts) if main is not None else []
     if index_k:
         parts.append(CellPart("index_k", index_k, INDEX_POOL))
     if index_v:
         parts.append(CellPart("index_v", index_v, INDEX_POOL))
-    return CellSize(parts=parts, sglang_bytes_per_token=max(sglang + index_k + index_v, 1), num_layers=len(layers))
+    return CellSize(parts=parts, sglang_bytes_per_token=max(sglang + sglang_index, 1), num_layers=len(layers))
+
+
+def index_element_bytes(model: ModelSpec, serving: Serving) -> int:
+    """The indexer cache's element size: the KV dtype's (fp8, 1 B) under ``m3_fp8_attn_gemm``, else the model
+    dtype's (``_build_minimax_sparse_kv_pool``'s ``index_dtype``, ref-000 lines 1857-1861)."""
+    if serving.m3_fp8_attn_gemm:
+        return resolve_kv_dtype(serving.kv_cache_dtype, model.dtype).element_bytes
+    return model.dtype_bytes
 
 
 def _sparse_config(outer: ConfigReader, reader: ConfigReader) -> ConfigReader:

@@ -65,6 +65,7 @@ class MiniMaxSparseKVPool:
         draft: MiniMaxSparseKVPool | None = None,
         layout: BufferLayout | None = None,
         hisparse_ratio: int = 1,
+        index_codec: KVCodec | None = None,
     ) -> None:
         """``hisparse_ratio`` > 1: SGLang's ``MiniMaxSparseKVPool(enable_hisparse)``: the main K/V holds the
         sparse layers only (``size + page`` rows), :attr:`dense` the dense layers' (``size x ratio + page``)
@@ -75,11 +76,14 @@ class MiniMaxSparseKVPool:
         self.draft = draft
         self.model_dtype = model_dtype
         self._start, self._end = start_layer, start_layer + len(layers)
+        self.index_codec = index_codec
+        """The indexer's codec under ``m3_fp8_attn_gemm`` (the KV's fp8, stored as uint8); None: the model dtype."""
         rows = size + page_size
         logical_rows = size * hisparse_ratio + page_size
         layout = layout or PER_LAYER
+        index_dtype = index_codec.store_dtype if index_codec is not None else model_dtype
         index_requests = self.index_requests(
-            self.index_name, logical_rows, page_size, layers, start_layer, model_dtype, device
+            self.index_name, logical_rows, page_size, layers, start_layer, index_dtype, device
         )
         check_layout_bytes(layout, index_requests)  # with the main K/V's, before the first tensor
         main_layers, main_start, dense_layers, dense_start = split_layers(layers, start_layer, hisparse_ratio)
@@ -124,6 +128,8 @@ class MiniMaxSparseKVPool:
         model, serving = plan.model, plan.serving
         codec = codec_for(resolve_kv_dtype(serving.kv_cache_dtype, model.dtype))
         model_dtype = getattr(torch, model.dtype)
+        index_codec = codec if serving.m3_fp8_attn_gemm else None  # ref-000 lines 1857-1861
+        index_dtype = index_codec.store_dtype if index_codec is not None else model_dtype
         start, end = rank_layer_range(model, serving)
         size, page = plan.max_total_num_tokens, serving.page_size
         layers = list(model.layers[start:end])
@@ -153,7 +159,7 @@ class MiniMaxSparseKVPool:
                     device=device,
                     page_size=slot_page,
                 )
-                return main + cls.index_requests(names[1], slots + slot_page, slot_page, of, first, model_dtype, device)
+                return main + cls.index_requests(names[1], slots + slot_page, slot_page, of, first, index_dtype, device)
 
             if ratio > 1:  # the sparse layers' K/V per device slot; the dense layers' and the indexer per logical one
                 main, main_start, dense, dense_start = split_layers(layers, start, ratio)
@@ -198,6 +204,7 @@ class MiniMaxSparseKVPool:
                 model_dtype=model_dtype,
                 names=(DRAFT_POOL, DRAFT_INDEX_POOL),
                 layout=layout,
+                index_codec=index_codec,
             )
         return cls(
             size=size,
@@ -211,6 +218,7 @@ class MiniMaxSparseKVPool:
             draft=draft,
             layout=layout,
             hisparse_ratio=ratio,
+            index_codec=index_codec,
         )
 
     @staticmethod
@@ -324,11 +332,17 @@ class MiniMaxSparseKVPool:
 
     def set_index_kv(self, layer_id: int, loc: Tensor, index_k: Tensor, index_v: Tensor | None = None) -> None:
         """Store ``(len(loc), 1, sparse_index_dim)`` index keys (and values on index-value layers)."""
-        self.get_index_k_buffer(layer_id)[loc] = index_k.to(self.model_dtype)
+        self.get_index_k_buffer(layer_id)[loc] = self._index_store(index_k)
         if index_v is not None:
-            self.get_index_v_buffer(layer_id)[loc] = index_v.to(self.model_dtype)
+            self.get_index_v_buffer(layer_id)[loc] = self._index_store(index_v)
         elif layer_id in self.index_v_buffer:
             raise ValueError(f"Layer {layer_id} caches index values too: pass index_v.")
+
+    def _index_store(self, x: Tensor) -> Tensor:
+        if self.index_codec is None:
+            return x.to(self.model_dtype)
+        data, _scale = self.index_codec.encode(x)  # fp8: a saturating cast, no scale
+        return data
 
     def _index(self, buffers: Mapping[int, Tensor], layer_id: int, what: str) -> Tensor:
         if layer_id not in buffers:
@@ -367,7 +381,11 @@ def _check(
             plan.pool(main).bytes,
             f"{len(layers)} layer(s), {rows} rows",
         )
-    item = torch.empty((), dtype=getattr(torch, plan.model.dtype)).element_size()
+    item = (
+        codec.store_dtype.itemsize
+        if serving.m3_fp8_attn_gemm
+        else torch.empty((), dtype=getattr(torch, plan.model.dtype)).element_size()
+    )
     index_bytes = sum(
         rows * int(layer.params["index_head_dim"]) * item * (2 if layer.params["index_value"] else 1)
         for layer in (layers if index_layers is None else index_layers)

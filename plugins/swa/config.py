@@ -216,7 +216,7 @@ def parse_swa_config(config: Mapping[str, Any], source: str) -> ModelSpec | None
         architecture=ARCHITECTURE,
         layers=layers,
         context_len=context_len,
-        dtype=model_dtype(dtype_reader),
+        dtype=model_dtype(dtype_reader, float32_served_as=float32_served_as(model_type)),
         num_attention_heads=reader.integer("num_attention_heads"),
         model_type=model_type,
         hf_architectures=outer.string_list("architectures"),
@@ -375,3 +375,9 @@ def family_context_length(reader: ConfigReader, model_type: str) -> tuple[int, s
         value = FAMILY_CONTEXT[model_type]
         return value, f"max_position_embeddings is absent; {model_type}'s transformers default {value} is used"
     return context_length(reader, _CONTEXT_KEYS), None
+
+
+def float32_served_as(model_type: str) -> str:
+    """SGLang's ``_get_and_verify_dtype`` (``configs/model_config.py`` L2284-2344): a float32 Gemma checkpoint is
+    served in bfloat16, any other in float16."""
+    return "bfloat16" if model_type.startswith("gemma") else "float16"

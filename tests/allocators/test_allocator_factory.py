@@ -20,9 +20,12 @@ from kvpools_core.errors import AllocatorError
 from kvpools_core.values import Plan, PlatformTraits
 
 
-def fake_plan(tokens: int, page_size: int, disaggregation_mode: str = "null") -> SimpleNamespace:
+def fake_plan(tokens: int, page_size: int, disaggregation_mode: str = "null", dcp_size: int = 1) -> SimpleNamespace:
     serving = SimpleNamespace(
-        page_size=page_size, disaggregation_mode=disaggregation_mode, traits=PlatformTraits(platform="cpu")
+        page_size=page_size,
+        disaggregation_mode=disaggregation_mode,
+        dcp_size=dcp_size,
+        traits=PlatformTraits(platform="cpu"),
     )
     return SimpleNamespace(max_total_num_tokens=tokens, serving=serving)
 
@@ -51,6 +54,38 @@ def test_allocator_for_plan_holds_what_was_planned(page_size: int, mode: str) ->
     assert a.available_size() == 4096
     assert a.need_sort is (mode != "null")  # PD disaggregation wants ascending slot ids
     assert a.nbytes == allocator_planned_nbytes(4096, page_size)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_dcp_widens_the_allocator_id_space(page_size: int) -> None:
+    """SGLang 0.5.23 builds ``PagedTokenToKVPoolAllocator(S x dcp, page_size=page x dcp)`` under DCP, even at page
+    size 1 (ref-000 ``_build_token_to_kv_pool_allocator`` lines 2145-2164): ``dcp`` logical token ids per slot of
+    this rank, the same number of pages, so the same free list and a ``page x dcp`` offsets table."""
+    dcp, tokens = 8, 4096
+    a = allocator_for_plan(fake_plan(tokens, page_size, dcp_size=dcp), "cpu")  # type: ignore[arg-type]
+    assert isinstance(a, PagedAllocator)
+    assert (a.size, a.page_size) == (tokens * dcp, page_size * dcp)
+    assert a.available_size() == tokens * dcp
+    assert a.nbytes == 8 * (tokens // page_size) + 8 * page_size * dcp
+    got = a.alloc(page_size * dcp)  # one page: page x dcp consecutive logical ids
+    assert got is not None and got.tolist() == list(range(page_size * dcp, 2 * page_size * dcp))
+    kept = allocator_for_plan(fake_plan(tokens, page_size, dcp_size=dcp), "cpu", widen_dcp=False)  # type: ignore[arg-type]
+    assert kept.available_size() == tokens and kept.page_size == page_size
+
+
+def test_dcp_plan_builds_the_widened_allocator_it_planned() -> None:
+    """deepseek-v3.2 (DSA, MLA) at TP 8, DCP 8: the plan charges the widened allocator and build holds it."""
+    from kvpools_core import Serving, build
+    from kvpools_core.pipeline import plan
+
+    p = plan("deepseek-v3.2", Serving(tp_size=8, dcp_size=8, kv_cache_dtype="fp8_e4m3"), memory="40GiB")
+    spec = p.pool("allocator")
+    tokens, page = p.max_total_num_tokens, p.serving.page_size  # DSA's page 64
+    assert page == 64
+    assert spec.bytes == 8 * (tokens // page) + 8 * page * 8
+    pools = build(p, "meta")
+    assert (pools.allocator.size, pools.allocator.page_size) == (tokens * 8, page * 8)
+    assert pools.allocated_by_pool()["allocator"] == spec.bytes
 
 
 # ------------------------------------------------------------ build(checked)

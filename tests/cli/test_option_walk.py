@@ -161,9 +161,31 @@ EVIDENCE: dict[str, Evidence] = {
     "chunked_prefill_size": Changes(CAPPED, (*CAPPED, "--chunked-prefill-size", "2048"), why="the SWA chunk cap"),
     "disable_radix_cache": Changes(GPT_OSS_CAP, CAPPED, why="the SWA chunk cap"),
     "disable_overlap_schedule": Changes(CAPPED, (*CAPPED, "--disable-overlap-schedule"), why="the SWA chunk cap"),
+    "prefill_only_disable_kv_cache": Changes(
+        (*LLAMA, "--disable-radix-cache"),
+        (*LLAMA, "--disable-radix-cache", "--prefill-only-disable-kv-cache"),
+        why="the no-op KV pool's single placeholder page",
+    ),
     "vlm_cache_size_mb": Changes(
         ("gemma-3-12b-it", "--free-memory", "40GiB"),
         ("gemma-3-12b-it", "--free-memory", "40GiB", "--vlm-cache-size-mb", "4096"),
+    ),
+    "mm_feature_transport": Changes(
+        ("gemma-3-12b-it", "--free-memory", "40GiB"),
+        ("gemma-3-12b-it", "--free-memory", "40GiB", "--mm-feature-transport", "cuda_ipc"),
+        why="the GPU feature pool (SGLANG_MM_FEATURE_CACHE_MB) reserved from the profiled budget",
+    ),
+    "mm_feature_cache_mb": Changes(
+        ("gemma-3-12b-it", "--free-memory", "40GiB", "--mm-feature-transport", "cuda_vmm"),
+        (
+            "gemma-3-12b-it",
+            "--free-memory",
+            "40GiB",
+            "--mm-feature-transport",
+            "cuda_vmm",
+            "--mm-feature-cache-mb",
+            "4096",
+        ),
     ),
     # -- speculative decoding
     "speculative_algorithm": Changes(LLAMA, (*LLAMA, *EAGLE)),
@@ -176,10 +198,31 @@ EVIDENCE: dict[str, Evidence] = {
         (*CAPPED, *EAGLE), (*CAPPED, *EAGLE, "--speculative-eagle-topk", "1"), why="the SWA chunk cap's decode term"
     ),
     "speculative_num_draft_tokens": Changes((*LLAMA, *EAGLE), (*LLAMA, *EAGLE, "--speculative-num-draft-tokens", "16")),
+    "speculative_adaptive": Changes(
+        (*LLAMA, *EAGLE[:4], "--speculative-eagle-topk", "1", "--speculative-num-steps", "3"),
+        (*LLAMA, *EAGLE[:4], "--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-adaptive"),
+        why="request rows for the adaptive maximum, max(candidate_steps) + 1 draft tokens",
+    ),
+    "speculative_adaptive_config": Refused(
+        (*LLAMA, *EAGLE[:4], "--speculative-adaptive-config", "/nonexistent/adaptive.json"),
+        "configures adaptive speculative decoding, which is off",
+    ),
     "speculative_draft_num_layers": Changes((*LLAMA, *EAGLE), (*LLAMA, *EAGLE, "--speculative-draft-num-layers", "2")),
     # -- disaggregation
     "disaggregation_mode": Changes((*LLAMA, "--max-running-requests", "16"), DECODE),
     "disaggregation_decode_extra_slots": Changes(DECODE, (*DECODE, "--disaggregation-decode-extra-slots", "100")),
+    "enable_pd_role_switch": Changes(
+        (*LLAMA, "--disaggregation-mode", "prefill", "--disaggregation-decode-extra-slots", "100"),
+        (
+            *LLAMA,
+            "--disaggregation-mode",
+            "prefill",
+            "--disaggregation-decode-extra-slots",
+            "100",
+            "--enable-pd-role-switch",
+        ),
+        why="the decode request table's pre-allocated rows on a flip-capable prefill node",
+    ),
     "disaggregation_decode_retraction_backup": Changes(
         DECODE,
         (*DECODE, "--host-memory", "256GiB", "--disaggregation-decode-retraction-backup", "host_pool"),
@@ -238,6 +281,11 @@ EVIDENCE: dict[str, Evidence] = {
             *("deepseek-v3.2", "--memory", "40GiB", "--tp-size", "8", "--attn-cp-size", "2"),
             *("--disaggregation-mode", "prefill", "--enable-dsa-cache-layer-split"),
         ),
+    ),
+    "m3_fp8_attn_gemm": Changes(
+        ("minimax-m3", "--memory", "40GiB", "--tp-size", "8", "--kv-cache-dtype", "fp8_e4m3"),
+        ("minimax-m3", "--memory", "40GiB", "--tp-size", "8", "--kv-cache-dtype", "fp8_e4m3", "--m3-fp8-attn-gemm"),
+        why="the fp8 lightning-indexer cache",
     ),
     "enable_hisparse": Refused((*LLAMA, "--enable-hisparse", "--disable-radix-cache"), "Drop --enable-hisparse"),
     "hisparse_config": Refused(

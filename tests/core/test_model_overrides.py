@@ -33,15 +33,17 @@ def test_dsa_under_dcp_takes_sglangs_trtllm_backends_and_their_raw_latent_row() 
     ``is_deepseek_dsa``): with ``--dcp-size`` > 1 both DSA backends unset become ``trtllm``, which reads the raw
     latent row (``calculate_mla_kv_cache_dim``) instead of FlashMLA's packed fp8 one.
 
-    DeepSeek-V3.2, 61 layers, fp8: raw 512 + 64 (rope) + 132 (indexer) = 708 B per layer, 61 x 708 = 43,188 B;
-    packed 512 + 16 (scales) + 128 (bf16 rope) + 132 = 788 B, 61 x 788 = 48,068 B.  Before the fix kvpools kept
-    the packed row: 856,896 tokens at 40 GiB where SGLang's pools hold 949,376."""
+    DeepSeek-V3.2, 61 layers, fp8: raw 512 + 64 (rope) = 576 B per layer, 61 x 576 = 35,136 B; packed 512 + 16
+    (scales) + 128 (bf16 rope) = 656 B, 61 x 656 = 40,016 B; beside either, the 132 B index keys of every layer
+    replicated on the DCP 8 ranks' index buffer (``(S + P) x dcp - P`` rows, ``DSATokenToKVPool``): 8 x 61 x 132 =
+    64,416 B.  Before the fix kvpools kept the packed row: 398,336 tokens at 40 GiB where the trtllm row gives
+    417,856."""
     serving = Serving(tp_size=8, dcp_size=8, kv_cache_dtype="fp8_e4m3")
     unset = plan("deepseek-v3.2", serving, memory=40 * GiB)
     assert (unset.serving.dsa_prefill_backend, unset.serving.dsa_decode_backend) == ("trtllm", "trtllm")
     assert not is_unset(unset.serving.dsa_prefill_backend)
-    assert unset.cell.bytes_per_token == 61 * (512 + 64 + 132) == 43_188
-    assert unset.max_total_num_tokens == 949_376
+    assert unset.cell.bytes_per_token == 61 * (512 + 64) + 8 * 61 * 132 == 99_552
+    assert unset.max_total_num_tokens == 417_856
     source = "_dsa_dcp_overrides in arg_groups/model_overrides/deepseek_v2.py"
     assert any(note.startswith("dsa_decode_backend trtllm") and source in note for note in _notes(unset))
     given = plan(
@@ -55,8 +57,8 @@ def test_dsa_under_dcp_takes_sglangs_trtllm_backends_and_their_raw_latent_row() 
         ),
         memory=40 * GiB,
     )
-    assert given.cell.bytes_per_token == 61 * (512 + 16 + 128 + 132) == 48_068
-    assert given.max_total_num_tokens == 856_896
+    assert given.cell.bytes_per_token == 61 * (512 + 16 + 128) + 8 * 61 * 132 == 104_432
+    assert given.max_total_num_tokens == 398_336
     assert not any("dsa_" in note and "overrides it" in note for note in _notes(given))
 
 

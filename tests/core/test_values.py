@@ -27,7 +27,7 @@ from kvpools_core.units import parse_bytes
             r"--tp-size 6 must be divisible by the attention DP size \(4\)",
         ),
         ({"speculative_algorithm": "MEDUSA"}, r"--speculative-algorithm must be one of"),
-        ({"accounting": "lmdeploy"}, r"--accounting must be one of exact, sglang, vllm, trtllm"),
+        ({"accounting": "TRT LLM"}, r"must be a lower-case accounting name"),
         (
             {
                 "disable_overlap_schedule": True,

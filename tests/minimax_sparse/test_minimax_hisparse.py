@@ -19,15 +19,17 @@ import pytest
 
 from kvpools_core import Serving, plan
 from kvpools_core.building import build
-from kvpools_core.config import parse_config, resolve_model_source
 from kvpools_core.errors import UnsupportedCombinationError
+from kvpools_core.models import parse_config, resolve_model_source
 from kvpools_core.parts.hisparse import LOGICAL_TOKENS
 from kvpools_core.pools.hisparse import HiSparseAllocator
 from kvpools_core.registry import get_registry
 from tests.oracle.locate import oracle_available
 
 GiB = 1 << 30
-M3 = Serving(tp_size=4, enable_hisparse=True, disable_radix_cache=True)
+M3 = Serving(tp_size=4, enable_hisparse=True, disable_radix_cache=True, page_size=1)
+"""Page 1 given (SGLang's default for MiniMax-M3 on CUDA is 128: ``engine_defaults``), so the hand-computed rows
+below are slots + 1."""
 SPARSE_KV = 57 * 512
 DENSE_KV = 3 * 512
 INDEX_K = 57 * 128 * 2

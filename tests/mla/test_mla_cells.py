@@ -207,7 +207,7 @@ def test_cpu_fp8_mla_is_rejected_before_anything_is_sized_or_allocated() -> None
 
 
 def test_mxfp8_has_no_mla_layout() -> None:
-    with pytest.raises(UnsupportedCombinationError, match=r"mxfp8 is not supported for MLA models.*fp4_e2m1"):
+    with pytest.raises(UnsupportedCombinationError, match=r"mxfp8 is not supported for MLA models.*fp4_mx_block16"):
         plan("deepseek-v3", Serving(kv_cache_dtype="mxfp8"), memory="4GiB")
 
 

@@ -31,7 +31,7 @@ from tests.oracle.strategies import GiB, aimed_budgets, serving_options  # noqa:
 pytestmark = pytest.mark.oracle
 
 PRESETS = ("deepseek-v3", "deepseek-r1", "deepseek-v2-lite", "kimi-k2-instruct")
-KV_DTYPES = ("auto", "fp8_e4m3", "fp4_e2m1")
+KV_DTYPES = ("auto", "fp8_e4m3", "fp4_e2m1", "fp4_mx_block16", "nvfp4")
 
 
 def preset_config(name: str) -> dict[str, Any]:

@@ -57,7 +57,12 @@ from .locate import require_oracle
 
 GiB = 1 << 30
 
-ORACLE_KV_DTYPES = frozenset({"auto", "bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1"})
+ORACLE_KV_DTYPES = frozenset(
+    {"auto", "bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "fp4_mx_block16", "nvfp4"}
+)
+FP4_RECIPES = frozenset({"fp4_mx_block16", "nvfp4"})
+"""SGLang 0.5.23's fp4 ``--kv-cache-dtype`` names: both resolve to ``float4_e2m1fn_x2`` (``kv_cache_dtype.py`` lines
+76-88), the only thing the two sizing files test (``is_float4_e2m1fn_x2``), which the oracle spells fp4_e2m1."""
 EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "STANDALONE", "NEXTN"})
 DFLASH_FAMILY = frozenset({"DFLASH"})
 
@@ -195,7 +200,7 @@ def oracle_params(
     if (memory is None) == (free_memory is None):
         raise ValueError("pass exactly one of memory= or free_memory=")
     m = dict(model.params)
-    kv_cache_dtype = serving.kv_cache_dtype
+    kv_cache_dtype = "fp4_e2m1" if serving.kv_cache_dtype in FP4_RECIPES else serving.kv_cache_dtype
     if m.get("dtype") == "float32":
         # The oracle serves bfloat16/float16 models only; a model served in float32 (SGLang
         # --dtype float32) caches float32 under --kv-cache-dtype auto.
@@ -212,6 +217,7 @@ def oracle_params(
         "SGLANG_SWA_EVICTION_INTERVAL": serving.swa_eviction_interval,
         "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK": int(serving.mamba_skip_decode_lock),
         "SGLANG_VLM_CACHE_SIZE_MB": serving.vlm_cache_size_mb,
+        "SGLANG_MM_FEATURE_CACHE_MB": serving.mm_feature_cache_mb,
     }
     if serving.pp_layer_partition is not None:
         env["SGLANG_PP_LAYER_PARTITION"] = ",".join(str(n) for n in serving.pp_layer_partition)
@@ -243,6 +249,7 @@ def oracle_params(
             "speculative_num_draft_tokens": serving.speculative_num_draft_tokens,
             "disaggregation_mode": serving.disaggregation_mode,
             "disaggregation_decode_extra_slots": serving.decode_extra_slots,
+            "enable_pd_role_switch": serving.enable_pd_role_switch,
             "swa_full_tokens_ratio": serving.swa_full_tokens_ratio,
             "mamba_full_memory_ratio": serving.mamba_full_memory_ratio,
             "max_mamba_cache_size": serving.max_mamba_cache_size,
@@ -251,6 +258,7 @@ def oracle_params(
             "dsa_prefill_backend": serving.dsa_prefill_backend,
             "dsa_decode_backend": serving.dsa_decode_backend,
             "enable_dsa_cache_layer_split": serving.enable_dsa_cache_layer_split,
+            "mm_feature_transport": serving.mm_feature_transport,
         },
         "eagle_draft_num_layers": draft_layers if algorithm in EAGLE_FAMILY else None,
         "dflash_draft_num_layers": draft_layers if algorithm in DFLASH_FAMILY else None,

@@ -78,6 +78,16 @@ def profile_cases(draw: st.DrawFn) -> tuple[ModelSpec, Serving, int, int]:
 
 
 @st.composite
+def mm_transport_cases(draw: st.DrawFn) -> tuple[ModelSpec, Serving, int, int]:
+    """A profiled budget with SGLang's multimodal feature transport: ``mm_runtime_reservation_gb`` (ref-000
+    lines 156-173) adds ``SGLANG_MM_FEATURE_CACHE_MB`` for cuda_ipc / cuda_vmm, multimodal models only."""
+    model, serving, free, weights = draw(profile_cases())
+    transport = draw(st.sampled_from((None, "cpu", "cuda_ipc", "cuda_vmm")))
+    cache_mb = draw(st.sampled_from((1024, 0, 1, 3000))) if transport in ("cuda_ipc", "cuda_vmm") else 1024
+    return model, attrs.evolve(serving, mm_feature_transport=transport, mm_feature_cache_mb=cache_mb), free, weights
+
+
+@st.composite
 def pipeline_cases(draw: st.DrawFn) -> tuple[ModelSpec, Serving, dict[str, int]]:
     model = draw(dense_models(min_layers=2))
     serving = draw(serving_options(model, pp=True))
@@ -109,6 +119,16 @@ def test_profiling_path(case: tuple[ModelSpec, Serving, int, int]) -> None:
     model, serving, free, weights = case
     want, _ = compare(model, model_from_spec(model), serving, free_memory=free, weights_memory=weights)
     outcome(want, serving)
+
+
+@settings(CHECKS, max_examples=150)
+@given(mm_transport_cases())
+def test_mm_feature_transport_reservation(case: tuple[ModelSpec, Serving, int, int]) -> None:
+    """--mm-feature-transport / --mm-feature-cache-mb ↔ SGLANG_MM_FEATURE_CACHE_MB in SGLang's profiled budget."""
+    model, serving, free, weights = case
+    want, _ = compare(model, model_from_spec(model), serving, free_memory=free, weights_memory=weights)
+    outcome(want, serving)
+    event(f"multimodal {model.is_multimodal}, transport {serving.mm_feature_transport}")
 
 
 @settings(CHECKS, max_examples=250)
@@ -191,7 +211,7 @@ PRESETS = (
     "minimax-m2.5",
     "phi-2",  # PhiForCausalLM: every head a KV head of hidden / heads = 80 (sglang/srt/models/phi.py L41, L75-79)
 )
-PRESET_KV = ("bf16", "fp8_e4m3", "fp4_e2m1")
+PRESET_KV = ("bf16", "fp8_e4m3", "fp4_e2m1", "fp4_mx_block16")
 
 
 def resolve_preset(name: str) -> ModelSpec:

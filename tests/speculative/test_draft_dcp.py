@@ -39,10 +39,11 @@ def v3_serving(**changes: Any) -> Serving:
 
 def test_exact_v3_dcp8_nextn_by_hand() -> None:
     """Every pool's bytes as a function of S: kv (S+1) x 70,272, draft 8 (S+1) x 1,152, the request table,
-    8 B per token of free list; the most S within 20 GiB."""
+    8 B per token of free list and the DCP-widened allocator's ``page x dcp`` in-page offsets
+    (``PagedTokenToKVPoolAllocator(S x 8, 8)``, ref-000 lines 2155-2164); the most S within 20 GiB."""
     planned = plan("deepseek-v3", v3_serving(), memory=BUDGET)
     per_token = TARGET_ROW + DCP * DRAFT_ROW + 8
-    fixed = TARGET_ROW + DCP * DRAFT_ROW + (REQUESTS + 1) * REQUEST_ROW
+    fixed = TARGET_ROW + DCP * DRAFT_ROW + (REQUESTS + 1) * REQUEST_ROW + 8 * 1 * DCP
     tokens = (BUDGET - fixed) // per_token
     assert tokens == 253_243 < TOKENS_WITHOUT_DCP_DRAFT
     assert planned.max_total_num_tokens == tokens
@@ -51,7 +52,7 @@ def test_exact_v3_dcp8_nextn_by_hand() -> None:
     assert (draft.slots, draft.padding_slots, draft.bytes_per_slot) == (DCP * tokens, DCP, DRAFT_ROW)
     assert draft.bytes == DCP * (tokens + 1) * DRAFT_ROW == 2_333_896_704
     assert planned.pool("kv").bytes == (tokens + 1) * TARGET_ROW
-    assert planned.planned_bytes == per_token * tokens + fixed == 21_474_791_420 <= BUDGET
+    assert planned.planned_bytes == per_token * tokens + fixed == 21_474_791_484 <= BUDGET
     assert planned.cost.group("draft_kv").bytes_per_token == DCP * DRAFT_ROW
     assert planned.cost.bytes_for(**planned.counts) == planned.planned_bytes
     assert any("loc_space_scale" in note for note in planned.cell.notes)

@@ -53,7 +53,16 @@ def test_dtype_float32_doubles_the_weights_and_the_kv_cache() -> None:
     ],
 )
 def test_auto_resolves_a_float32_checkpoint_as_sglang_does(config: dict[str, str], served: str) -> None:
-    assert model_dtype(ConfigReader(config, "config")) == served
+    """The core serves float32 as float16 unless told otherwise; the mha and swa plugins (which parse Gemma) say
+    bfloat16 for Gemma, as SGLang's ``_get_and_verify_dtype`` does (the core names no model type)."""
+    from kvpools_plugins.mha import float32_served_as as mha_rule
+    from kvpools_plugins.swa.config import float32_served_as as swa_rule
+
+    reader = ConfigReader(config, "config")
+    assert mha_rule(config["model_type"]) == swa_rule(config["model_type"])
+    assert model_dtype(reader, float32_served_as=mha_rule(config["model_type"])) == served
+    if config.get("torch_dtype", config.get("dtype")) == "float32":
+        assert model_dtype(reader) == "float16"
 
 
 def test_dtype_spellings() -> None:

@@ -151,7 +151,7 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
     if kv.is_fp4:
         problems.append(
-            f"{option('kv_cache_dtype')} fp4_e2m1 is not supported for MLA models on ascend: SGLang's "
+            f"{option('kv_cache_dtype')} {kv.name} is not supported for MLA models on ascend: SGLang's "
             f"NPUMLATokenToKVPool stores the latent and rope columns in the KV dtype and has no fp4 layout. "
             f"Use auto, bf16, fp16 or fp8_e4m3."
         )
