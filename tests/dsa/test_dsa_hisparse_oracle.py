@@ -14,7 +14,7 @@ import attrs
 import pytest
 
 from kvpools_core import Serving, plan
-from kvpools_core.config import parse_config, resolve_model_source
+from kvpools_core.models import parse_config, resolve_model_source
 from kvpools_core.registry import get_registry
 from tests.oracle.locate import require_oracle
 

@@ -24,8 +24,8 @@ import pytest
 
 from kvpools_core import Serving, plan
 from kvpools_core.building import build
-from kvpools_core.config import parse_config, resolve_model_source
 from kvpools_core.errors import UnsupportedCombinationError
+from kvpools_core.models import parse_config, resolve_model_source
 from kvpools_core.registry import get_registry
 
 from .support import SMALL_DSA
@@ -146,11 +146,14 @@ def test_kpool_compress_tails_are_paid_per_request() -> None:
 
 
 def test_dcp_replicates_the_index_keys() -> None:
-    """DeepSeek-V3.2, fp8, TP 8, DCP 2, 60 GiB: ``((S + 64) x 2 - 64 + 64 + 1) // 64`` pages of 64 x 8,052 B."""
+    """DeepSeek-V3.2, fp8, TP 8, DCP 2, 60 GiB: ``((S + 64) x 2 - 64 + 64 + 1) // 64`` pages of 64 x 8,052 B.
+
+    Under DCP SGLang's DSA backends default to trtllm (``_dsa_dcp_overrides``, ``engine_defaults``), whose raw
+    latent row holds more tokens than FlashMLA's packed one: 1,208,896 (1,107,456 with the packed row)."""
     got = plan("deepseek-v3.2", attrs.evolve(FP8, dcp_size=2), memory=60 * GiB)
     tokens = got.max_total_num_tokens
-    assert tokens == 1_107_456
-    assert got.pool("indexer").bytes == ((tokens + 64) * 2 + 1) // 64 * 64 * 61 * 132 == 17_835_502_080
+    assert tokens == 1_208_896
+    assert got.pool("indexer").bytes == ((tokens + 64) * 2 + 1) // 64 * 64 * 61 * 132 == 19_469_091_840
     assert build(got, "meta").allocated_by_pool() == {pool.name: pool.bytes for pool in got.pools}
 
 

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from kvpools_core import Serving, plan
-from kvpools_core.config import ConfigReader, is_deepseek_dsa, parse_config
+from kvpools_core.config import ConfigReader, is_deepseek_dsa
 from kvpools_core.errors import ConfigError
+from kvpools_core.models import parse_config
 from kvpools_core.parts.hisparse import LOGICAL_TOKENS
 from kvpools_core.registry import get_registry
 from tests.oracle import locate
