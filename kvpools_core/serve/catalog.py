@@ -3,7 +3,7 @@
 The service never opens a path a client names.  A model is asked for by *name*: a preset shipped by an installed
 plugin, or an entry of the ``--models-dir`` given at start-up (a sub-directory holding a ``config.json``, or a
 ``NAME.json`` file), listed once when the service starts.  An uploaded ``config.json`` is a JSON object in the
-request: it is parsed with the CLI's bounds (:func:`kvpools_core.config.parse_config`, the same
+request: it is parsed with the CLI's bounds (:func:`kvpools_core.models.parse_config`, the same
 :class:`~kvpools_core.config.ConfigReader` limits), then written under a private directory the service created at
 start-up, named by its content hash, so that every kvpools function (which takes a model by name or path, and
 estimates weights from the file) reads it as the CLI would read the same file.
@@ -22,8 +22,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvpools_core.config import MAX_CONFIG_BYTES, parse_config, registry_presets
+from kvpools_core.config import MAX_CONFIG_BYTES
 from kvpools_core.errors import ConfigError, short_repr
+from kvpools_core.models import parse_config, registry_presets
 from kvpools_core.registry import Registry
 
 UPLOAD_PREFIX = "uploaded-"

@@ -394,7 +394,7 @@ class Service:
 
     def sweep(self, request: SweepRequest) -> dict[str, Any]:
         """``kvpools sweep --format json``, bounded by ``max_grid_points`` and paged by ``offset`` / ``limit``."""
-        from kvpools_core.config import load_model
+        from kvpools_core.models import load_model
         from kvpools_core.pipeline import select_platform
         from kvpools_core.planning.sweep import SweepGrid, run_sweep
 

@@ -217,7 +217,7 @@ def test_a_request_never_names_a_path(client: Any, name: str) -> None:
 
 
 def test_an_uploaded_config_plans_as_its_preset_and_hides_the_servers_paths(client: Any, app: Any) -> None:
-    from kvpools_core.config import registry_presets
+    from kvpools_core.models import registry_presets
     from kvpools_core.registry import get_registry
 
     config = json.loads(Path(registry_presets(get_registry())["llama-3.1-8b"][1]).read_text())
@@ -251,7 +251,7 @@ def test_a_models_dir_entry_is_planned_by_name(kvpools_exe: str, cli_env: dict[s
     need_extra()
     from fastapi.testclient import TestClient
 
-    from kvpools_core.config import registry_presets
+    from kvpools_core.models import registry_presets
     from kvpools_core.registry import get_registry
     from kvpools_core.serve.app import create_app
 

@@ -141,7 +141,7 @@ def test_the_page_shows_the_apis_numbers(server: str, browser: Any, tmp_path: Pa
 
 
 def test_a_pasted_config_plans_as_its_preset(server: str, browser: Any) -> None:
-    from kvpools_core.config import registry_presets
+    from kvpools_core.models import registry_presets
     from kvpools_core.registry import get_registry
 
     config = Path(registry_presets(get_registry())["llama-3.1-8b"][1]).read_text()
