@@ -11,7 +11,8 @@ import pytest
 
 from tests.serve.conftest import cli_error, cli_json
 
-VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0"}
+VERSIONS = {"sglang": "0.5.23", "vllm": "0.33.0", "trtllm": "1.2.1"}
+"""The engine releases the service says it models: every engine found through the engines registry."""
 
 
 def ok(response: Any) -> Any:
