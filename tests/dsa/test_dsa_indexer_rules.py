@@ -17,6 +17,7 @@ Each test pins an issue-32 defect of the planner before this change:
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import attrs
@@ -211,3 +212,32 @@ def test_glm_dsa_nextn_draft_config_is_dsa() -> None:
     """``GlmMoeDsaForCausalLMNextN`` (the draft head's architecture) is DSA to SGLang 0.5.23."""
     spec, plugin = parse_config({**SMALL_DSA, "architectures": ["GlmMoeDsaForCausalLMNextN"]}, "g", get_registry())
     assert plugin == "dsa" and spec.architecture == "dsa"
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"enable_hierarchical_cache": True}, "'DSA DCP does not support HiSparse or HiCache.'"),
+        ({"disaggregation_mode": "decode"}, "'DSA DCP does not support PD disaggregation.'"),
+        (
+            {
+                "speculative_algorithm": "EAGLE",
+                "speculative_num_steps": 3,
+                "speculative_eagle_topk": 2,
+                "speculative_draft_num_layers": 1,
+                "speculative_num_draft_tokens": 4,
+            },
+            "'DSA DCP requires --speculative-eagle-topk 1.'",
+        ),
+    ],
+)
+def test_sglangs_dcp_refusals_are_refused_not_planned(options: dict[str, Any], words: str) -> None:
+    """``_dsa_dcp_overrides`` (``arg_groups/model_overrides/deepseek_v2.py`` lines 18-25) raises on these beside
+    ``--dcp-size`` > 1; kvpools planned them (deepseek-v3.2 with HiCache under DCP: 531,136 tokens). Without DCP the
+    same options still plan."""
+    host = {"host_memory": "2TiB"} if options.get("enable_hierarchical_cache") else {}
+    serving = attrs.evolve(FP8, dcp_size=2, **options)
+    with pytest.raises(UnsupportedCombinationError, match=re.escape(words)) as raised:
+        plan("deepseek-v3.2", serving, memory=60 * GiB, **host)
+    assert "dcp_size" in str(raised.value)
+    plan("deepseek-v3.2", attrs.evolve(FP8, **options), memory=60 * GiB, **host)

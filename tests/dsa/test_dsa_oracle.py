@@ -104,6 +104,9 @@ def test_generated_dsa_models(data: st.DataObject) -> None:
     if serving.enable_dsa_cache_layer_split or (serving.disaggregation_mode == "decode" and serving.attn_cp_size > 1):
         # SGLang refuses the split off a PD prefill node and prefill CP on a decode node (dsa_problems)
         serving = attrs.evolve(serving, disaggregation_mode="prefill")
+    if serving.dcp_size > 1 and serving.disaggregation_mode != "null":
+        # SGLang refuses DSA DCP on a PD node (_dsa_dcp_overrides; test_dsa_indexer_rules.py)
+        serving = attrs.evolve(serving, dcp_size=1)
     memory = data.draw(aimed_budgets(spec), label="memory")
     want, _ = compare(spec, oracle_model(config), serving, memory=memory)
     event(want.error or "planned")
