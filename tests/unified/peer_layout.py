@@ -16,6 +16,8 @@ def answer(op: str, req: dict[str, Any], *, hook: Any, ump: Any) -> dict[str, An
         return page_major(hook, req["args"])
     if op == "ple":
         return ple(ump)
+    if op == "envelope":
+        return envelope(req)
     return signatures(ump)
 
 
@@ -62,4 +64,21 @@ def signatures(ump: Any) -> dict[str, Any]:
     return {
         "init_unified_mamba_pools": sorted(inspect.signature(ump.init_unified_mamba_pools).parameters),
         "UnifiedHybridReqToTokenPool": sorted(inspect.signature(ump.UnifiedHybridReqToTokenPool).parameters),
+    }
+
+
+def envelope(req: dict[str, Any]) -> dict[str, Any]:
+    """``layout/token_major.py`` ``mamba_entry_bytes``: one slot of the envelope-layout Mamba pool (bf16 conv, fp32
+    temporal), the entry ``MambaPool(envelope_layout=True)`` allocates ``size + 1`` of."""
+    import torch
+    from sglang.srt.mem_cache.layout.token_major import mamba_entry_bytes
+
+    return {
+        "entry": mamba_entry_bytes(
+            layer_num=req["layers"],
+            conv_state_shapes=[tuple(s) for s in req["conv"]],
+            conv_dtype=torch.bfloat16,
+            temporal_state_shape=tuple(req["temporal"]),
+            temporal_dtype=torch.float32,
+        )
     }

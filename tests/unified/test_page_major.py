@@ -132,6 +132,22 @@ def test_the_unified_factory_takes_no_replayssm_or_ple_geometry(peer: Peer) -> N
     assert "unified_total_bytes" in sig["init_unified_mamba_pools"]
 
 
+def test_the_mamba_envelope_entry_is_the_arenas_state_entry(peer: Peer) -> None:
+    """``mamba_envelope_layout`` (KCC ``_build_hybrid_req_pool`` / ``_build_hybrid_mamba_decode_req_pool``) is
+    ``--enable-page-major-kv-layout``, which SGLang 0.5.23 accepts only with unified memory, where the target's
+    request pool comes from the unified factory (it ignores the flag, UMP ``_init_mamba_pool``).  Its entry
+    (``layout/token_major.py`` ``mamba_entry_bytes``: every layer's conv and temporal state of one slot) is the
+    arena's state entry, and ``size + 1`` of them are the static state pool's bytes: Qwen3-Next at TP 4,
+    36 x (2,048 x 3 x 2 + 8 x 128 x 128 x 4) = 19,316,736 B."""
+    theirs = peer.call("envelope", layers=36, conv=[[2048, 3]], temporal=[8, 128, 128])["entry"]
+    assert theirs == 36 * (2_048 * 3 * 2 + 8 * 128 * 128 * 4) == 19_316_736
+    unified = _plan(QWEN3_NEXT, enable_unified_memory=True, enable_page_major_kv_layout=True, tp_size=4)
+    assert unified.sizing.arenas[0].sub_pool("mamba_state").entry_bytes == theirs
+    static = _plan(QWEN3_NEXT, tp_size=4)
+    state = static.pool("mamba_state")
+    assert state.bytes == (state.slots + state.padding_slots) * theirs  # max_slots = size + 1 (MP line 701)
+
+
 @pytest.mark.parametrize(("model", "serving"), [(QWEN3_NEXT, {"tp_size": 4}), (KIMI, {"tp_size": 2})])
 def test_the_decode_ring_flag_changes_nothing_under_unified_memory(model: str, serving: dict[str, Any]) -> None:
     """``--enable-linear-replayssm``: the static plan has the (uncharged) decode ring; SGLang's unified stack

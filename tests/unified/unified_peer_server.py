@@ -213,7 +213,7 @@ def main() -> None:
                 error = str(exc)
             print(json.dumps({"error": error}), flush=True)
             continue
-        if op in ("page_major", "ple", "signatures"):  # the layout and side-state rules (tests/unified/peer_layout.py)
+        if op in ("page_major", "ple", "signatures", "envelope"):  # layouts and side states: peer_layout.py
             import peer_layout  # type: ignore[import-not-found]
 
             hook = hook or import_kv_cache_hook()
