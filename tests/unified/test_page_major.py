@@ -8,6 +8,7 @@ Line references: SGLang 0.5.23's ``srt/arg_groups/kv_cache_hook.py`` (HOOK), ``s
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -241,3 +242,16 @@ def test_a_plan_with_page_major_round_trips() -> None:
     p = _plan(QWEN3_NEXT, enable_unified_memory=True, enable_page_major_kv_layout=True, tp_size=4)
     again = Plan.from_json(p.to_json())
     assert again.serving == p.serving and attrs.asdict(again.sizing) == attrs.asdict(p.sizing)
+
+
+def test_capacity_with_page_major_compares_the_static_modes_without_it() -> None:
+    """``kvpools capacity``'s static columns plan the same serving without unified memory, where the flag alone
+    would be refused: they drop it with ``--enable-unified-memory``, so the answer is the one without the flag."""
+    args = ("capacity", QWEN3_NEXT, "--tp-size", "4", "--memory", "20GiB", "--enable-unified-memory")
+    args += ("--context", "8k,32k", "--json")
+    plain = CliRunner().invoke(cli.main, list(args))
+    flagged = CliRunner().invoke(cli.main, [*args, "--enable-page-major-kv-layout"])
+    assert plain.exit_code == 0 and flagged.exit_code == 0, flagged.output
+    ours, theirs = json.loads(flagged.stdout), json.loads(plain.stdout)
+    assert ours["modes"] == theirs["modes"] and ours["capacity"] == theirs["capacity"]
+    assert [(m["static"], m["unified"]) for m in ours["modes"]] == [(110, 133), (27, 46)]
