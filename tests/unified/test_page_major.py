@@ -255,3 +255,21 @@ def test_capacity_with_page_major_compares_the_static_modes_without_it() -> None
     ours, theirs = json.loads(flagged.stdout), json.loads(plain.stdout)
     assert ours["modes"] == theirs["modes"] and ours["capacity"] == theirs["capacity"]
     assert [(m["static"], m["unified"]) for m in ours["modes"]] == [(110, 133), (27, 46)]
+
+
+@pytest.mark.parametrize("unified", [False, True])
+@pytest.mark.parametrize("flag", [False, True])
+def test_serving_accepts_exactly_what_sglangs_hook_accepts(peer: Peer, unified: bool, flag: bool) -> None:
+    """The four spellings: SGLang's ``handle_page_major_kv_layout`` refuses only the flag without unified memory,
+    and resolves the flag on whenever unified memory is on; ``Serving`` refuses the same one (the backend
+    allow-lists the hook also checks read attention backends kvpools does not take as options)."""
+    theirs = peer.call(
+        "page_major", args={**_HOOK_ARGS, "enable_unified_memory": unified, "enable_page_major_kv_layout": flag}
+    )
+    assert theirs["enable_page_major_kv_layout"] == (flag or unified)
+    try:
+        Serving(enable_unified_memory=unified, enable_page_major_kv_layout=flag)
+        ours = None
+    except ConfigError as exc:
+        ours = str(exc)
+    assert (ours is None) == (theirs["error"] is None), (ours, theirs)
