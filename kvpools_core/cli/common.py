@@ -124,6 +124,8 @@ _HELP = {
     "enable_unified_memory": "SGLang's unified memory pool: full KV, SWA KV and Mamba state in one arena whose "
     "split moves at run time (hybrid Mamba / SWA models; docs/unified-memory.md).",
     "disable_lazy_compaction": "Unified memory: compact eagerly on every free (SGLANG_DISABLE_LAZY_COMPACTION).",
+    "enable_page_major_kv_layout": "One page-granular entry per slot holding every layer (SGLang's flag): implied by "
+    "--enable-unified-memory, refused without it.",
     "nnodes": "Nodes the ranks (tp x pp) are spread over: ranks per node share its host memory.",
 }
 _CHOICES: dict[str, tuple[str, ...]] = {

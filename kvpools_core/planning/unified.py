@@ -171,7 +171,9 @@ def three_modes(
     ``workload``, one more row for it (``context_len`` 0)."""
     from kvpools_core.pipeline import plan as make_plan
 
-    static_serving = attrs.evolve(serving, enable_unified_memory=False, disable_lazy_compaction=False)
+    static_serving = attrs.evolve(
+        serving, enable_unified_memory=False, disable_lazy_compaction=False, enable_page_major_kv_layout=False
+    )
     unified = make_plan(model, serving, registry=registry, **budget)
     static = make_plan(model, static_serving, registry=registry, **budget)
     rows = []

@@ -464,6 +464,9 @@ class Serving:
     disable_lazy_compaction: bool = False
     """``SGLANG_DISABLE_LAZY_COMPACTION``: the unified allocators compact eagerly on every free instead of
     recording holes (lazy compaction, SGLang's default); only with :attr:`enable_unified_memory`."""
+    enable_page_major_kv_layout: bool = False
+    """SGLang's ``--enable-page-major-kv-layout``: every layer of one slot in one page-granular entry.  SGLang
+    0.5.23 implies it under :attr:`enable_unified_memory` (whose arena is that layout) and refuses it without."""
     # kvpools
     accounting: str = attrs.field(default="exact", validator=_accounting_name)
     """``--accounting``: an accounting of an installed engine plugin (``engine_accountings`` hook). Any lower-case
@@ -551,6 +554,15 @@ class Serving:
                 f"{o('disable_lazy_compaction')} (SGLANG_DISABLE_LAZY_COMPACTION) applies to the unified memory "
                 f"pool's allocators only, which are off: add {o('enable_unified_memory')}, or drop "
                 f"{o('disable_lazy_compaction')} (alone it changes nothing)."
+            )
+        if self.enable_page_major_kv_layout and not self.enable_unified_memory:
+            # SGLang 0.5.23 arg_groups/kv_cache_hook.py handle_page_major_kv_layout: the static page-major pool
+            # (PageMajorMHATokenToKVPool) is non-constructible
+            raise ConfigError(
+                f"{o('enable_page_major_kv_layout')} without {o('enable_unified_memory')} is temporarily unsupported "
+                "in SGLang 0.5.23: the strided MHA K/V views were removed and the static-pool page-major layout "
+                f"awaits its per-layer-view reimplementation. Add {o('enable_unified_memory')} (which implies it), "
+                f"or drop {o('enable_page_major_kv_layout')}."
             )
         if self.enable_unified_memory and self.accounting not in SGLANG_ACCOUNTING_MODES:
             raise ConfigError(

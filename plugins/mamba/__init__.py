@@ -37,7 +37,6 @@ from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parallel import pp_layer_range
 from kvpools_core.parts.attention import attention_cell_size, scale_block_problems
-from kvpools_core.parts.sizing import sglang_rest_gib
 from kvpools_core.parts.unified import SubPoolEntry
 from kvpools_core.parts.unified_plan import (
     UNIFIED_FEATURE,
@@ -62,17 +61,17 @@ from kvpools_core.values import (
 
 from .config import KV_KINDS, hybrid_family, hybrid_model_spec
 from .latent import is_mla_hybrid, latent_cell_size, latent_problems
-from .ple import NGRAM_POOL, SHORT_CONV_POOL, ple_state
+from .ple import NGRAM_POOL, SHORT_CONV_POOL
 from .replayssm import RING_POOL, replayssm_problems
-from .sizing import SLOT_ALLOCATOR_POOL, STATE_POOL, extra_buffer, size_hybrid_pools, split_budget
+from .sizing import SLOT_ALLOCATOR_POOL, STATE_POOL, extra_buffer, size_hybrid_pools
 from .state import (
     rank_full_attention_layers,
     rank_state_layer_ids,
-    sglang_stage_per_req,
     state_bytes_per_slot,
     state_shape,
 )
 from .traits import architecture_traits as architecture_traits
+from .unified import UNIFIED_DROPPED_POOLS, unified_side_state_notes, unified_side_state_problems, unified_token_budget
 from .weights import estimate_weights as estimate_weights
 
 if TYPE_CHECKING:
@@ -178,20 +177,20 @@ def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budge
     # SGLang's UnifiedMambaTokenToKVPoolAllocator: state slots grow up, full KV grows down (unified_memory_pool.py
     # init_unified_mamba_pools); K and the request cap stay the static configurator's
     full, state = unified_entries(model, serving, cell)
-    return unified_sizing(
+    sizing = unified_sizing(
         static,
         serving,
         budget_bytes=budget.budget_bytes,
         members=(ArenaMember(full.name, full, "down"), ArenaMember(STATE_POOL, state, "up")),
-        drop=(SLOT_ALLOCATOR_POOL, "allocator"),
+        drop=(SLOT_ALLOCATOR_POOL, "allocator", *UNIFIED_DROPPED_POOLS),
         owner=ARCHITECTURE,
         model_name=model.name,
         context_len=serving.context_length or model.context_len,
         max_mamba_cache_size=int(static.sglang_config["max_mamba_cache_size"]),
-        token_budget_bytes=split_budget(
-            sglang_rest_gib(budget), serving, sglang_stage_per_req(model, serving), model.name, budget
-        ).kv_budget_bytes,
+        token_budget_bytes=unified_token_budget(model, serving, budget),
     )
+    notes = unified_side_state_notes(model, serving)
+    return attrs.evolve(sizing, notes=(*sizing.notes, *notes)) if notes else sizing
 
 
 def unified_entries(model: ModelSpec, serving: Serving, cell: CellSize) -> tuple[SubPoolEntry, SubPoolEntry]:
@@ -242,19 +241,8 @@ def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | No
 def hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:
     """The combinations SGLang cannot size or kvpools does not model, one message each."""
     problems = replayssm_problems(model, serving)
-    if serving.enable_unified_memory:
-        # the arena's state entry is the recurrent state alone (parts.unified_plan); SGLang's unified pools carry
-        # these side states too, which kvpools does not lay out in the arena yet
-        if serving.enable_linear_replayssm or serving.enable_linear_replayssm_spec:
-            problems.append(
-                f"kvpools does not model {option('enable_unified_memory')} with ReplaySSM rings yet: drop one of "
-                f"them ({option('enable_linear_replayssm')} / {option('enable_linear_replayssm_spec')})."
-            )
-        if ple_state(model, serving) is not None:
-            problems.append(
-                f"kvpools does not model {option('enable_unified_memory')} with {model.name}'s per-layer short-conv "
-                f"and n-gram request state (Qwen4-Exp) yet: plan it without {option('enable_unified_memory')}."
-            )
+    # under unified memory SGLang builds no ReplaySSM ring (planned, .unified) and refuses Qwen4-Exp's PLE state
+    problems += unified_side_state_problems(model, serving)
     try:
         state_shape(model, serving)
     except UnsupportedCombinationError as error:

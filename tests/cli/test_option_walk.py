@@ -339,6 +339,11 @@ EVIDENCE: dict[str, Evidence] = {
         "band at once instead of leaving holes. The arena, its sub-pools and their tables are the same; "
         "`plan.sizing.arenas[].lazy_compaction` records it. Alone (without `--enable-unified-memory`) it is refused."
     ),
+    "enable_page_major_kv_layout": NoMemory(
+        "SGLang 0.5.23 implies it under `--enable-unified-memory`, whose arena (every layer of one slot in one "
+        "token-major entry) is that layout, so the plan is the same with or without it; alone SGLang refuses it "
+        "(its static page-major pool is non-constructible) and so does kvpools (tests/unified/test_page_major.py)."
+    ),
     "nnodes": Changes((*HOST, "--tp-size", "8"), (*HOST, "--tp-size", "8", "--nnodes", "2")),
     "accounting": Changes(LLAMA, (*LLAMA, "--accounting", "sglang")),
     # -- vLLM's accounting (refused without it: tests/cli)

@@ -9,7 +9,6 @@ Before this, kvpools had no ReplaySSM options at all.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import pytest
@@ -239,21 +238,15 @@ def test_spec_ring_split_matches_sglang(preset: str, options: dict[str, Any]) ->
     assert ours == theirs, options
 
 
-@pytest.mark.parametrize(
-    ("model", "extra", "words"),
-    [
-        (
-            "qwen3-next-80b-a3b-thinking",
-            {"enable_linear_replayssm": True, "max_running_requests": 32, "tp_size": 4},
-            "with ReplaySSM rings yet",
-        ),
-        ("qwen4-exp-defaults", {}, "per-layer short-conv and n-gram request state (Qwen4-Exp) yet"),
-    ],
-)
-def test_unified_memory_with_side_states_is_refused_as_not_modelled(
-    model: str, extra: dict[str, object], words: str
-) -> None:
-    """The arena holds the recurrent state alone: ReplaySSM rings and Qwen4-Exp's PLE state beside unified memory
-    are refused, not planned as if absent."""
-    with pytest.raises(KvpoolsError, match=re.escape(words)):
-        plan(model, Serving(enable_unified_memory=True, **extra), memory="60GiB")  # type: ignore[arg-type]
+def test_unified_memory_plans_replayssm_without_a_ring_and_refuses_ple() -> None:
+    """Under unified memory SGLang 0.5.23 builds no ReplaySSM ring (``init_unified_mamba_pools`` takes no ReplaySSM
+    argument): the plan has none; Qwen4-Exp's PLE state is refused with SGLang's reason
+    (``UnifiedHybridReqToTokenPool._init_mamba_pool``).  Against SGLang's code: ``tests/unified/test_page_major.py``."""
+    unified = plan(
+        "qwen3-next-80b-a3b-thinking",
+        Serving(enable_unified_memory=True, enable_linear_replayssm=True, max_running_requests=32, tp_size=4),
+        memory="60GiB",
+    )
+    assert "mamba_replayssm_ring" not in {pool.name for pool in unified.pools} and unified.problems() == []
+    with pytest.raises(KvpoolsError, match="Qwen4-Exp PLE side states are not supported with --enable-unified-memory"):
+        plan("qwen4-exp-defaults", Serving(enable_unified_memory=True), memory="60GiB")

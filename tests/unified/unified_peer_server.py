@@ -213,6 +213,12 @@ def main() -> None:
                 error = str(exc)
             print(json.dumps({"error": error}), flush=True)
             continue
+        if op in ("page_major", "ple", "signatures", "envelope"):  # layouts and side states: peer_layout.py
+            import peer_layout  # type: ignore[import-not-found]
+
+            hook = hook or import_kv_cache_hook()
+            print(json.dumps(peer_layout.answer(op, req, hook=hook, ump=ump)), flush=True)
+            continue
         if op == "sizes":
             specs = [spec(d) for d in req["specs"]]
             reply = {
