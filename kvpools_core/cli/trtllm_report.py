@@ -101,7 +101,9 @@ def render_trtllm_capacity(result: TrtllmPlanResult, contexts: Sequence[int], co
     for line in _budget_lines(result):
         console.print(f"  budget: {line}")
     console.print(_pools_table(result))
-    table = Table(title="requests = min(max_batch_size, min over pools of blocks / ceil(min(L, window) / tokens))")
+    extra = result.extra_tokens_per_request
+    held = f"(min(L, window) + {extra})" if extra else "min(L, window)"
+    table = Table(title=f"requests = min(max_batch_size, min over pools of blocks / ceil({held} / tokens))")
     table.add_column("context L", justify="right")
     table.add_column("requests", justify="right")
     for length in contexts:

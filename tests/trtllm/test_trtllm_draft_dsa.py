@@ -181,6 +181,9 @@ def test_mtp_cli_and_capacity_record() -> None:
     assert data["ranks"][0]["draft_estimated_size_per_token"] == 1_152
     table = runner.invoke(main, args)
     assert table.exit_code == 0 and "163840 (draft)" in table.stdout and "decoding_type: MTP" in table.stdout
+    capacity = runner.invoke(main, ["capacity", *args[1:-1], "3", "--context", "8k"], terminal_width=200)
+    assert capacity.exit_code == 0, capacity.output
+    assert "ceil((min(L, window) + 5) / tokens)" in capacity.stdout  # (3 - 1) + 3 extra tokens
     record = runner.invoke(main, [*args, "--format", "capacity-json"])
     assert record.exit_code == 1 and "MTP draft KV cache" in record.stderr
     no_mtp = runner.invoke(main, ["plan", "llama-3.1-8b", "--memory", "20GiB", "--accounting", "trtllm",
