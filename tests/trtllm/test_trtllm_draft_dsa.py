@@ -160,6 +160,8 @@ def test_mtp_refusals() -> None:
         plan_trtllm("deepseek-v3", Serving(pp_size=2), memory="60GiB", num_nextn_predict_layers=1)
     with pytest.raises(UnsupportedCombinationError, match="beside attention windows"):
         plan_trtllm("deepseek-v3", memory="60GiB", num_nextn_predict_layers=1, max_attention_window="4096,163840")
+    with pytest.raises(UnsupportedCombinationError, match="splits host_cache_size"):
+        plan_trtllm("deepseek-v3", memory="60GiB", num_nextn_predict_layers=1, host_cache_size="10GiB")
     with pytest.raises(UnsupportedCombinationError, match="has none"):
         plan_trtllm("gpt-oss-120b", memory="40GiB", num_nextn_predict_layers=1)
 

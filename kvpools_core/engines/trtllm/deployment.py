@@ -508,6 +508,12 @@ def plan_trtllm(
     layers = trtllm_layers(spec, serving, registry)
     draft_layers = _mtp_layers(spec, layers, serving, num_nextn_predict_layers, max_attention_window)
     separate_draft = bool(draft_layers) and not enable_attention_dp
+    if separate_draft and host_cache_size is not None:
+        raise UnsupportedCombinationError(
+            "kvpools does not model the host cache beside the MTP draft KV cache for --accounting trtllm yet: "
+            "TensorRT-LLM splits host_cache_size between the target's and the draft's managers "
+            "(_split_kv_cache_budget_for_draft). Drop --host_cache_size or --num_nextn_predict_layers."
+        )
     if any(layer.indexer_bytes for layer in layers) and serving.kv_cache_dtype == "fp4_e2m1":
         raise UnsupportedCombinationError(
             f"kvpools does not model {spec.name}'s DeepSeek sparse attention with an nvfp4 KV cache for "
