@@ -441,6 +441,7 @@ _TRTLLM_OPTIONS = (
     "max_attention_window",
     "window_size_shares",
     "host_cache_size",
+    "num_nextn_predict_layers",
     "enable_attention_dp",
 )
 """TensorRT-LLM's own option names (``trtllm-serve``'s and ``KvCacheConfig``'s, with their underscores), accepted
@@ -475,6 +476,11 @@ def _trtllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 "TRTLLM_WINDOW_SIZE_SHARES: each window size's share of the VSWA memory, smallest window first.",
             ),
             ("--host_cache_size", str, "kv_cache_config.host_cache_size: the host (secondary) pool's bytes."),
+            (
+                "--num_nextn_predict_layers",
+                int,
+                "speculative_config (decoding_type MTP): one-model MTP draft layers, with their own KV cache.",
+            ),
         )
     ):
         command = click.option(flag, type=kind, default=None, help=help_text + only)(command)

@@ -40,18 +40,33 @@ def _vllm_cells(row: LayerGroupComparison) -> tuple[str, str, str, str]:
     return groups, layout, per, _number(row.vllm_tokens)
 
 
+def _trtllm_cells(row: LayerGroupComparison) -> tuple[str, str, str]:
+    if not row.trtllm_windows:
+        return "-", "-", "-"
+    pools = ", ".join(
+        f"window {window:,}: {blocks:,} blocks"
+        for window, blocks in zip(row.trtllm_windows, row.trtllm_blocks, strict=True)
+    )
+    return (
+        f"{pools} ({row.trtllm_layers} layers)",
+        f"{row.trtllm_bytes_per_token:,} B/token",
+        _number(row.trtllm_tokens),
+    )
+
+
 def render_engine_comparison(comparison: EngineComparison, console: Console) -> None:
     """The human report of :func:`~kvpools_core.planning.compare.compare_engines`."""
     plan, vllm = comparison.sglang, comparison.vllm
     serving = plan.serving
     console.print(
         f"[bold]kvpools compare[/bold] — {plan.model.name} ({plan.model.source}): SGLang's accounting vs vLLM "
-        f"{VLLM_VERSION}'s · TP {serving.tp_size} · kv {serving.kv_cache_dtype}"
+        f"{VLLM_VERSION}'s vs TensorRT-LLM {TRTLLM_VERSION}'s · TP {serving.tp_size} · kv {serving.kv_cache_dtype}"
     )
     vllm_budget = comparison.vllm_budget
     console.print(
         f"  budget ({comparison.budget_basis}): SGLang {format_bytes(comparison.sglang_budget)}, vLLM "
-        f"{format_bytes(vllm_budget) if vllm_budget is not None else '-'}"
+        f"{format_bytes(vllm_budget) if vllm_budget is not None else '-'}, TensorRT-LLM "
+        f"{format_bytes(comparison.trtllm.ranks[0].available_kv_memory) if comparison.trtllm is not None else '-'}"
     )
     exact = comparison.exact_max_total_num_tokens
     plain = "" if exact is None else f" (SGLang's estimate; `kvpools plan`'s --accounting exact: {exact:,}, see notes)"
@@ -80,10 +95,12 @@ def render_engine_comparison(comparison: EngineComparison, console: Console) -> 
         console.print(f"  TensorRT-LLM: {comparison.trtllm_refusal}")
     table = Table(title="Per layer group (one rank's bytes; vLLM tokens: its usable blocks, were all this group's)")
     left = ("layer group", "SGLang pools", "vLLM groups", "vLLM layers x page / block")
-    for column in (*left[:2], "SGLang bytes", "SGLang tokens", *left[2:], "vLLM bytes", "vLLM tokens"):
-        table.add_column(column, justify="left" if column in left else "right")
+    right = ("TensorRT-LLM pools",)
+    columns = (*left[:2], "SGLang bytes", "SGLang tokens", *left[2:], "vLLM bytes", "vLLM tokens", *right)
+    for column in (*columns, "TensorRT-LLM bytes", "TensorRT-LLM tokens"):
+        table.add_column(column, justify="left" if column in (*left, *right) else "right")
     for row in comparison.groups:
-        table.add_row(row.kind, *_sglang_cells(row), *_vllm_cells(row))
+        table.add_row(row.kind, *_sglang_cells(row), *_vllm_cells(row), *_trtllm_cells(row))
     console.print(table)
     console.print("[bold]where the difference comes from[/bold]")
     for row in comparison.groups:

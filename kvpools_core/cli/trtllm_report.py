@@ -38,18 +38,25 @@ def _budget_lines(result: TrtllmPlanResult) -> list[str]:
             f"{stage}{free} x --kv_cache_free_gpu_memory_fraction {result.free_gpu_memory_fraction:g} = "
             f"{rank.available_kv_memory:,} B ({format_bytes(rank.available_kv_memory)}); kv size per token "
             f"{rank.estimated_size_per_token:,} B (estimate), {rank.cache_bytes_per_token:,} B (manager)"
+            + (
+                f"; MTP draft manager + {rank.draft_estimated_size_per_token:,} B (estimate)"
+                if rank.draft_estimated_size_per_token
+                else ""
+            )
         )
     return lines
 
 
 def _pools_table(result: TrtllmPlanResult) -> Table:
     title = "VSWA: one pool per attention window" if result.is_vswa else "one pool (every layer, one window)"
+    if result.draft_kv_cache == "separate":
+        title += ", and the MTP draft manager's pool"
     table = Table(title=title)
     for column in ("window", "layers", "share", "bytes/token", "primary blocks", "tokens", "host blocks"):
         table.add_column(column, justify="right")
     for pool in result.pools:
         table.add_row(
-            str(pool.window),
+            f"{pool.window} (draft)" if pool.draft else str(pool.window),
             str(len(pool.layers)),
             f"{pool.share:g}",
             f"{pool.bytes_per_token:,}",
@@ -94,7 +101,9 @@ def render_trtllm_capacity(result: TrtllmPlanResult, contexts: Sequence[int], co
     for line in _budget_lines(result):
         console.print(f"  budget: {line}")
     console.print(_pools_table(result))
-    table = Table(title="requests = min(max_batch_size, min over pools of blocks / ceil(min(L, window) / tokens))")
+    extra = result.extra_tokens_per_request
+    held = f"(min(L, window) + {extra})" if extra else "min(L, window)"
+    table = Table(title=f"requests = min(max_batch_size, min over pools of blocks / ceil({held} / tokens))")
     table.add_column("context L", justify="right")
     table.add_column("requests", justify="right")
     for length in contexts:

@@ -15,6 +15,7 @@ from collections.abc import Collection, Sequence
 import attrs
 
 from kvpools_core.errors import UnsupportedCombinationError
+from kvpools_core.parts.indexer import SKIPS_TOPK
 from kvpools_core.values import LayerSpec, ModelSpec
 
 ENGINE = "trtllm"
@@ -31,6 +32,10 @@ class TrtllmLayer:
     head_dim: int
     kv_factor: int
     sliding_window: int | None = None
+    indexer_bytes: int = 0
+    """Bytes per token of a DeepSeek sparse attention layer's indexer K cache (``DSACacheManager``): raw uint8,
+    ``index_head_dim + index_head_dim // 128 * 4`` (fp8 keys and one fp32 scale per 128), neither scaled by the KV
+    dtype nor sharded by TP; 0 for a layer without one."""
 
 
 def trtllm_layer(model: ModelSpec, layer: LayerSpec) -> TrtllmLayer:
@@ -64,6 +69,50 @@ def trtllm_layer(model: ModelSpec, layer: LayerSpec) -> TrtllmLayer:
     )
 
 
+INDEXER_QUANT_BLOCK = 128
+"""``DSACacheManager``'s ``quant_block_size``: one 4-byte scale per 128 indexer-key elements."""
+
+
+def indexer_k_bytes(index_head_dim: int) -> int:
+    """``_get_indexer_k_cache_bytes_per_token(index_head_dim, 128, use_fp4=False)``
+    (``_torch/attention_backend/sparse/dsa/cache_manager.py``): ``index_head_dim`` fp8 bytes plus
+    ``index_head_dim // 128 x 4`` scale bytes (132 B for DeepSeek-V3.2's 128)."""
+    return index_head_dim + index_head_dim // INDEXER_QUANT_BLOCK * 4
+
+
+def trtllm_dsa_layers(model: ModelSpec, kind: str) -> tuple[TrtllmLayer, ...]:
+    """Every layer of a DeepSeek sparse attention model as ``DSACacheManager`` (a ``KVCacheManager`` with
+    ``enable_indexer_k_cache``) sizes it: the MLA latent row (:func:`trtllm_layer` of an MLA layer) plus the
+    indexer K cache (:func:`indexer_k_bytes` of the layer's ``index_head_dim``).  ``kind`` is the answering
+    plugin's layer kind.  Refused, with the reason: shared-indexer layers (IndexShare: TensorRT-LLM's
+    ``is_full_indexer_layer`` is read from its own ``DSAParams``, which kvpools has not reproduced)."""
+    layers: list[TrtllmLayer] = []
+    for layer in model.layers:
+        if layer.kind != kind:
+            raise UnsupportedCombinationError(
+                f"kvpools does not model {model.name}'s layer {layer.index} of kind {layer.kind!r} for "
+                "--accounting trtllm yet."
+            )
+        if layer.params.get(SKIPS_TOPK) or model.params.get("index_kpool"):
+            raise UnsupportedCombinationError(
+                f"kvpools does not model {model.name}'s shared-indexer layers (IndexShare / index_kpool) for "
+                "--accounting trtllm yet: DSACacheManager gives a layer no indexer K cache when TensorRT-LLM's "
+                "DSAParams says it is not a full indexer layer, which kvpools has not reproduced."
+            )
+        rank = int(layer.params["kv_lora_rank"])
+        rope = int(layer.params["qk_rope_head_dim"])
+        layers.append(
+            TrtllmLayer(
+                index=layer.index,
+                num_kv_heads=1,
+                head_dim=rank + rope,
+                kv_factor=1,
+                indexer_bytes=indexer_k_bytes(int(layer.params["index_head_dim"])),
+            )
+        )
+    return tuple(layers)
+
+
 def trtllm_layers_of(model: ModelSpec, kinds: Collection[str]) -> tuple[TrtllmLayer, ...]:
     """Every layer of ``model`` as :func:`trtllm_layer` makes it, refusing a layer whose kind is not one of
     ``kinds`` (the kinds the answering plugin's models have and TensorRT-LLM's manager sizes)."""
@@ -95,4 +144,14 @@ def layer_values(answer: Sequence[object]) -> tuple[TrtllmLayer, ...]:
     return tuple(answer)  # type: ignore[arg-type]
 
 
-__all__ = ["ENGINE", "TrtllmLayer", "layer_values", "trtllm_layer", "trtllm_layers_of", "trtllm_refusal"]
+__all__ = [
+    "ENGINE",
+    "INDEXER_QUANT_BLOCK",
+    "TrtllmLayer",
+    "indexer_k_bytes",
+    "layer_values",
+    "trtllm_dsa_layers",
+    "trtllm_layer",
+    "trtllm_layers_of",
+    "trtllm_refusal",
+]

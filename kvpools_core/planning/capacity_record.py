@@ -289,6 +289,11 @@ def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> 
             "kvpools does not model the capacity record of TensorRT-LLM's VSWA pools over pipeline stages yet (each "
             "stage's bytes per window); use --pp-size 1, or kvpools plan --accounting trtllm --json."
         )
+    if result.draft_kv_cache is not None:
+        raise UnsupportedCombinationError(
+            "kvpools does not model the capacity record of TensorRT-LLM's MTP draft KV cache yet (a draft pool beside "
+            "the target's); use kvpools plan --accounting trtllm --json, or drop --num_nextn_predict_layers."
+        )
     block = result.tokens_per_block
     held = result.concurrency_at(context)
     groups = []

@@ -80,6 +80,15 @@ class LayerGroupComparison:
     vllm_charged_bytes_per_token: float | None = None
     vllm_tokens: int | None = None
     vllm_blocks_per_request: tuple[int, ...] = ()
+    trtllm_windows: tuple[int, ...] = ()
+    """TensorRT-LLM's window pools of this kind (``WindowPool.window``; one full pool without VSWA)."""
+    trtllm_layers: int = 0
+    trtllm_bytes_per_token: int | None = None
+    """What a token costs in those pools' layers (``get_cache_bytes_per_token`` of the pool's layers)."""
+    trtllm_blocks: tuple[int, ...] = ()
+    """Each pool's ``blocks_in_primary_pool`` (after the MIN across ranks)."""
+    trtllm_tokens: int | None = None
+    """The tokens the smallest of those pools holds (``blocks x tokens_per_block``)."""
     why: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -280,7 +289,7 @@ def compare_engines(
         refusal = f"vLLM would refuse it: {error}"
     trtllm, trtllm_refusal = _plan_trtllm(model, serving, context_length, budget, registry)
     lengths = tuple(contexts) or (sglang.model.context_len if context_length is None else context_length,)
-    groups = _rows(sglang, vllm, lengths)
+    groups = _with_trtllm(_rows(sglang, vllm, lengths), sglang, trtllm)
     trt_notes = () if trtllm is None else (_trtllm_note(trtllm, memory is not None),)
     return EngineComparison(
         model=sglang.model.name,
@@ -492,6 +501,73 @@ def _row(
             )
     result = LayerGroupComparison(**row)
     return attrs.evolve(result, why=_why(result, plan, vllm))
+
+
+def _trtllm_key(result: TrtllmPlanResult, pool: Any, plan: Plan) -> tuple[str, str | None]:
+    """The row a TensorRT-LLM pool belongs to: the full (or MLA latent) row when one of its layers has no sliding
+    window of its own, else the windowed row (compare plans one rank, so a pool's layers are global indices)."""
+    model_layers = result.model.layers
+    full = any(model_layers[index].sliding_window is None for index in pool.layers)
+    return (TOKEN, FULL_TOKENS) if full else (TOKEN, _windowed_space(plan))
+
+
+def _with_trtllm(
+    rows: tuple[LayerGroupComparison, ...], plan: Plan, result: TrtllmPlanResult | None
+) -> tuple[LayerGroupComparison, ...]:
+    """``rows`` with TensorRT-LLM's pools filled in beside SGLang's pools and vLLM's groups of the same kind; a
+    pool of a kind neither other engine has gets a row of its own."""
+    if result is None:
+        return rows
+    by_key: dict[tuple[str, str | None], list[Any]] = {}
+    for pool in result.pools:
+        by_key.setdefault(_trtllm_key(result, pool, plan), []).append(pool)
+    out = []
+    for row in rows:
+        pools = by_key.pop((row.unit, row.token_space), [])
+        out.append(_trtllm_row(row, pools, result))
+    for (unit, space), pools in by_key.items():
+        out.append(
+            _trtllm_row(
+                LayerGroupComparison(kind=_default_label(unit, space), unit=unit, token_space=space), pools, result
+            )
+        )
+    return tuple(out)
+
+
+def _trtllm_row(row: LayerGroupComparison, pools: list[Any], result: TrtllmPlanResult) -> LayerGroupComparison:
+    if not pools:
+        line = "TensorRT-LLM: no pool of this kind"
+        if row.unit == TOKEN and row.token_space != FULL_TOKENS and not result.is_vswa:
+            line += (
+                ": its KVCacheManager sizes these layers as full ones, in the full-attention pool, unless "
+                "kv_cache_config.max_attention_window is given (`kvpools plan --accounting trtllm "
+                "--max_attention_window ...`, docs/trtllm.md)"
+            )
+        return attrs.evolve(row, why=(*row.why, line))
+    block = result.tokens_per_block
+    per_token = sum(pool.bytes_per_token for pool in pools)
+    blocks = tuple(pool.primary_blocks for pool in pools)
+    tokens = min(blocks) * block
+    windows = tuple(pool.window for pool in pools)
+    line = (
+        f"TensorRT-LLM: {'one pool' if len(pools) == 1 else f'{len(pools)} pools'} of its own "
+        f"(window {', '.join(f'{w:,}' for w in windows)}), {sum(len(p.layers) for p in pools)} layers at "
+        f"{per_token:,} B per token, {', '.join(f'{b:,}' for b in blocks)} blocks of {block} tokens: {tokens:,} tokens"
+    )
+    if row.sglang_slots is not None:
+        line += f" ({tokens - row.sglang_slots:+,} vs SGLang)"
+    sliding = sum(1 for pool in pools for index in pool.layers if result.model.layers[index].sliding_window)
+    if sliding and row.token_space == FULL_TOKENS:
+        line += f"; {sliding} of those layers are sliding-window layers sized at max_seq_len"
+    return attrs.evolve(
+        row,
+        trtllm_windows=windows,
+        trtllm_layers=sum(len(pool.layers) for pool in pools),
+        trtllm_bytes_per_token=per_token,
+        trtllm_blocks=blocks,
+        trtllm_tokens=tokens,
+        why=(*row.why, line),
+    )
 
 
 def _exact(value: float) -> float:

@@ -201,13 +201,12 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def engine_layer_specs(engine: str, model: ModelSpec, serving: Serving) -> tuple[Any, ...] | None:
-    """TensorRT-LLM serves these models with a cache manager kvpools does not reproduce yet: refused, with the
-    reason (``--accounting trtllm``); None for other engines."""
-    from kvpools_core.parts.trtllm import ENGINE, trtllm_refusal
+    """TensorRT-LLM's ``DSACacheManager`` layers (``--accounting trtllm``): each "dsa" layer's MLA latent row and
+    its indexer K cache, as :func:`kvpools_core.parts.trtllm.trtllm_dsa_layers` makes them; None for other
+    engines."""
+    from kvpools_core.parts.trtllm import ENGINE, trtllm_dsa_layers
 
-    if engine == ENGINE:
-        raise trtllm_refusal(model, "DeepSeek sparse attention (DSACacheManager: the indexer-K cache beside MLA)")
-    return None
+    return trtllm_dsa_layers(model, "dsa") if engine == ENGINE else None
 
 
 @hookimpl

@@ -102,7 +102,12 @@ def engine_layer_specs(engine: str, model: ModelSpec, serving: Serving) -> tuple
     from kvpools_core.parts.trtllm import ENGINE, trtllm_refusal
 
     if engine == ENGINE:
-        raise trtllm_refusal(model, "DeepSeek-V4's compressed attention (DeepseekV4CacheManager on KVCacheManagerV2)")
+        raise trtllm_refusal(
+            model,
+            "DeepSeek-V4's compressed attention (TensorRT-LLM serves it with DeepseekV4CacheManager, a "
+            "KVCacheManagerV2 whose pools are sized from max_gpu_total_bytes alone, the SWA KV a fixed cost per "
+            "request; kvpools does not model KVCacheManagerV2, and could not pin this manager to the 1.2.1 release)",
+        )
     return None
 
 

@@ -146,7 +146,10 @@ def engine_layer_specs(engine: str, model: ModelSpec, serving: Serving) -> tuple
 
     if engine == ENGINE:
         raise trtllm_refusal(
-            model, "Mamba / linear-attention hybrids (the Mamba hybrid cache managers, an affine CacheCost)"
+            model,
+            "Mamba / linear-attention hybrids (TensorRT-LLM 1.2 keeps their recurrent state in "
+            "CppMambaHybridCacheManager or MambaHybridCacheManagerV2, an affine CacheCost: attention bytes per token "
+            "plus (max_batch_size x pp_size + dummy slots) x state bytes, more with block-reuse snapshots)",
         )
     return None
 

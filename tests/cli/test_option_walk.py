@@ -84,6 +84,7 @@ VLLM = (*LLAMA, "--accounting", "vllm")
 TRTLLM = (*LLAMA, "--accounting", "trtllm")
 GPT_OSS_TRTLLM = ("gpt-oss-20b", "--memory", "20GiB", "--accounting", "trtllm")
 GPT_OSS_VSWA = (*GPT_OSS_TRTLLM, "--max_attention_window", "128,131072")
+DSV3_TRTLLM = ("deepseek-v3", "--memory", "60GiB", "--accounting", "trtllm")
 DECODE = (*LLAMA, "--max-running-requests", "16", "--disaggregation-mode", "decode")
 PP2 = (*LLAMA, "--pp-size", "2", "--pp-layer-partition", "10,22")
 OUTPUT = "output only: the same plan, printed another way"
@@ -378,6 +379,7 @@ EVIDENCE: dict[str, Evidence] = {
     "window_size_shares": Changes(GPT_OSS_VSWA, (*GPT_OSS_VSWA, "--window_size_shares", "0.25,0.75")),
     "host_cache_size": Changes(TRTLLM, (*TRTLLM, "--host_cache_size", "1073741824")),
     "enable_attention_dp": Changes((*TRTLLM, "--tp-size", "4"), (*TRTLLM, "--tp-size", "4", "--enable_attention_dp")),
+    "num_nextn_predict_layers": Changes(DSV3_TRTLLM, (*DSV3_TRTLLM, "--num_nextn_predict_layers", "1")),
     "max_batch_size": NoMemory(
         "TensorRT-LLM sizes its KV cache from the memory left free after its warm-up run (`--memory` under "
         "`--accounting trtllm`), so the warm-up's batch does not change it; it caps the requests scheduled at once "

@@ -83,9 +83,9 @@ def test_sglang_and_vllm_options_refused_under_trtllm() -> None:
 
 
 def test_refusal_reaches_the_user_without_traceback() -> None:
-    result = cli("plan", "deepseek-v3.2", "--accounting", "trtllm", "--memory", "40GiB")
+    result = cli("plan", "deepseek-v4-flash", "--accounting", "trtllm", "--memory", "40GiB")
     assert result.exit_code == 1
-    assert "kvpools does not model DeepSeek sparse attention" in result.stderr
+    assert "kvpools does not model DeepSeek-V4's compressed attention" in result.stderr
     assert "Traceback" not in result.output
 
 
@@ -134,8 +134,8 @@ def test_compare_shows_the_third_engine() -> None:
     table = cli("compare", "llama-3.1-70b", "--gpu", "h100", "--tp-size", "4")
     assert table.exit_code == 0, table.output
     assert "TensorRT-LLM flags" in table.stdout and "trtllm-serve meta-llama/Meta-Llama-3.1-70B" in table.stdout
-    refused = cli("compare", "deepseek-v3.2", "--memory", "40GiB", "--json")
+    refused = cli("compare", "deepseek-v4-flash", "--memory", "40GiB", "--json")
     assert refused.exit_code == 0, refused.output
     refused_data = json.loads(refused.stdout)
     assert refused_data["trtllm"] is None
-    assert "kvpools does not model DeepSeek sparse attention" in refused_data["trtllm_refusal"]
+    assert "kvpools does not model DeepSeek-V4's compressed attention" in refused_data["trtllm_refusal"]

@@ -283,7 +283,7 @@ def test_cache_bytes_and_estimate_helpers() -> None:
 @pytest.mark.parametrize(
     ("model", "serving", "match"),
     [
-        ("deepseek-v3.2", Serving(), "kvpools does not model DeepSeek sparse attention"),
+        ("deepseek-v4-flash", Serving(), "kvpools does not model DeepSeek-V4's compressed attention"),
         ("qwen3-next-80b-a3b-thinking", Serving(), "kvpools does not model Mamba"),
         ("llama-3.1-8b", Serving(kv_cache_dtype="fp8_e5m2"), "not a KV cache TensorRT-LLM"),
         ("llama-3.1-8b", Serving(platform="rocm"), "NVIDIA GPUs only"),

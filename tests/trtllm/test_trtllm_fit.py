@@ -42,8 +42,8 @@ def test_replicas_when_one_engine_is_not_enough() -> None:
 
 
 def test_a_model_trtllm_is_not_modelled_for_is_refused() -> None:
-    with pytest.raises(UnsupportedCombinationError, match="kvpools does not model DeepSeek sparse attention"):
-        fit_trtllm("deepseek-v3.2", 8, 8192, gpu="h100", max_gpus=8)
+    with pytest.raises(UnsupportedCombinationError, match="kvpools does not model DeepSeek-V4's compressed attention"):
+        fit_trtllm("deepseek-v4-flash", 8, 8192, gpu="h100", max_gpus=8)
 
 
 def test_cli_fit_trtllm() -> None:

@@ -41,6 +41,7 @@ from kvpools_core.engines.trtllm.manager import (
 )
 from kvpools_core.errors import ConfigError, KvpoolsError, UnsupportedCombinationError, short_repr
 from kvpools_core.models import launch_model_path, load_model, served_model
+from kvpools_core.options import option
 from kvpools_core.pipeline.gpus import GPU, custom_gpu, find_gpu
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.units import parse_bytes
@@ -160,6 +161,9 @@ class TrtllmRank:
     """The tokens this rank's manager settles on (single window), or its VSWA pool bytes / window."""
     max_gpu_total_bytes: int
     """``kv_cache_config.max_gpu_total_bytes`` as ``KvCacheCreator`` writes it (the VSWA pool budget)."""
+    draft_estimated_size_per_token: int = 0
+    """The separate MTP draft manager's ``get_cache_size_per_token``, which ``_get_kv_size_per_token`` adds to
+    the target's before dividing the budget (0 without one)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -186,6 +190,11 @@ class TrtllmPlanResult:
     host_cache_size: int | None
     enable_attention_dp: bool
     is_vswa: bool
+    num_nextn_predict_layers: int | None = None
+    """``speculative_config`` ``decoding_type: MTP``'s draft layers (one-model MTP), or None without drafting."""
+    draft_kv_cache: str | None = None
+    """Where the MTP layers' KV lives: ``"separate"`` (its own manager, TensorRT-LLM's default) or ``"target"``
+    (appended to the target's manager: attention DP); None without drafting."""
     ranks: tuple[TrtllmRank, ...]
     pools: tuple[WindowPool, ...]
     """One per window size (one pool without VSWA), blocks after the MIN across ranks."""
@@ -197,8 +206,17 @@ class TrtllmPlanResult:
 
     @property
     def max_num_blocks(self) -> int | None:
-        """``blocks_in_primary_pool`` of the single-window manager; None for VSWA (several pools)."""
+        """``blocks_in_primary_pool`` of the (target's) single-window manager; None for VSWA (several pools)."""
         return None if self.is_vswa else self.pools[0].primary_blocks
+
+    @property
+    def extra_tokens_per_request(self) -> int:
+        """KV tokens a drafting request holds beyond its own: ``num_extra_kv_tokens`` (``get_num_extra_kv_tokens``:
+        ``max_draft_len - 1`` for a one-engine drafter, ``max_draft_len = num_nextn_predict_layers``) added at
+        its first context chunk, and the ``max_draft_len`` draft tokens of a generation step
+        (``KVCacheManager.prepare_resources``); 0 without drafting."""
+        layers = self.num_nextn_predict_layers
+        return 0 if not layers else (layers - 1) + layers
 
     @property
     def max_kv_tokens(self) -> int:
@@ -227,8 +245,9 @@ class TrtllmPlanResult:
             raise ConfigError(f"A context length must be positive, got {context_len}.")
         if context_len > self.max_seq_len:
             return None
+        extra = self.extra_tokens_per_request
         fits = min(
-            pool.primary_blocks // math.ceil(min(context_len, pool.window) / self.tokens_per_block)
+            pool.primary_blocks // math.ceil((min(context_len, pool.window) + extra) / self.tokens_per_block)
             for pool in self.pools
         )
         return min(fits, self.max_batch_size)
@@ -247,6 +266,19 @@ class TrtllmPlanResult:
                 f"free after warm-up = total - weights ({self.weights_source}); the warm-up's activation peak, "
                 "NCCL and CUDA-graph memory are not profiled here (0), so the KV cache is an upper bound of what "
                 "TensorRT-LLM's profile leaves: subtract the 'Peak memory during memory usage profiling' it logs."
+            )
+        if self.draft_kv_cache == "separate":
+            notes.append(
+                f"MTP ({self.num_nextn_predict_layers} draft layer(s)): TensorRT-LLM adds the draft manager's bytes "
+                "per token to the target's before dividing the budget, and both managers take that max_tokens, so "
+                "the draft does not claim a budget of its own; each request holds blocks in both pools and "
+                f"{self.extra_tokens_per_request} extra token(s) (num_extra_kv_tokens + the draft tokens of a step)."
+            )
+        elif self.draft_kv_cache == "target":
+            notes.append(
+                f"MTP with attention DP: the {self.num_nextn_predict_layers} draft layer(s) join the target's "
+                "manager (no separate draft KV cache); TensorRT-LLM's estimate counts the target's layers only, "
+                "its manager all of them."
             )
         if not self.is_vswa:
             windows = {layer.sliding_window for layer in self.model.layers if layer.sliding_window}
@@ -276,6 +308,11 @@ class TrtllmPlanResult:
         if self.host_cache_size is not None:
             kv["host_cache_size"] = self.host_cache_size
         options: dict[str, Any] = {"kv_cache_config": kv}
+        if self.num_nextn_predict_layers:
+            options["speculative_config"] = {
+                "decoding_type": "MTP",
+                "num_nextn_predict_layers": self.num_nextn_predict_layers,
+            }
         if self.enable_attention_dp:
             options["enable_attention_dp"] = True
         return options
@@ -335,6 +372,8 @@ class TrtllmPlanResult:
             "window_size_shares": list(self.window_size_shares) if self.window_size_shares else None,
             "host_cache_size": self.host_cache_size,
             "is_vswa": self.is_vswa,
+            "num_nextn_predict_layers": self.num_nextn_predict_layers,
+            "draft_kv_cache": self.draft_kv_cache,
             "ranks": [attrs.asdict(rank) for rank in self.ranks],
             "pools": [attrs.asdict(pool) for pool in self.pools],
             "kv_cache_capacity": self.kv_cache_capacity(),
@@ -417,6 +456,7 @@ def plan_trtllm(
     window_size_shares: str | Sequence[float] | None = None,
     host_cache_size: int | str | None = None,
     enable_attention_dp: bool = False,
+    num_nextn_predict_layers: int | None = None,
     registry: Registry | None = None,
 ) -> TrtllmPlanResult:
     """Plan ``model`` as ``trtllm-serve`` (TensorRT-LLM 1.2, PyTorch backend, ``KVCacheManager``) sizes its KV
@@ -425,7 +465,11 @@ def plan_trtllm(
     The budget is ``memory`` -- the memory left free after TensorRT-LLM's warm-up run, per GPU, which
     ``kv_cache_free_gpu_memory_fraction`` (default 0.9) applies to -- or a whole ``gpu`` / ``gpu_memory``, whose
     free-after-warm-up kvpools takes as ``total - weights`` (each stage's, ``weights_memory`` or kvpools'
-    estimate).  The other options are ``KvCacheConfig``'s and ``trtllm-serve``'s, under their own names.
+    estimate).  The other options are ``KvCacheConfig``'s and ``trtllm-serve``'s, under their own names;
+    ``num_nextn_predict_layers`` is ``speculative_config``'s (``decoding_type: MTP``, one-model): its draft layers
+    copy the target's last layer and, as TensorRT-LLM 1.2 does by default, get a KV cache manager of their own
+    (appended to the target's manager with attention DP) whose per-token cost is added to the target's before the
+    budget is divided (``KvCacheCreator._get_kv_size_per_token``).
     Raises :class:`~kvpools_core.errors.KvpoolsError` subclasses where TensorRT-LLM refuses, with its reason.
     """
     registry = registry or get_registry()
@@ -437,6 +481,7 @@ def plan_trtllm(
         ("tokens_per_block", tokens_per_block),
         ("max_seq_len", max_seq_len),
         ("max_tokens", max_tokens),
+        ("num_nextn_predict_layers", num_nextn_predict_layers),
     ):
         _positive_int(name, value)
     fraction = (
@@ -461,6 +506,20 @@ def plan_trtllm(
         model_ref = launch_model_path(model, registry)
     spec = served_model(spec, serving)
     layers = trtllm_layers(spec, serving, registry)
+    draft_layers = _mtp_layers(spec, layers, serving, num_nextn_predict_layers, max_attention_window)
+    separate_draft = bool(draft_layers) and not enable_attention_dp
+    if separate_draft and host_cache_size is not None:
+        raise UnsupportedCombinationError(
+            "kvpools does not model the host cache beside the MTP draft KV cache for --accounting trtllm yet: "
+            "TensorRT-LLM splits host_cache_size between the target's and the draft's managers "
+            "(_split_kv_cache_budget_for_draft). Drop --host_cache_size or --num_nextn_predict_layers."
+        )
+    if any(layer.indexer_bytes for layer in layers) and serving.kv_cache_dtype == "fp4_e2m1":
+        raise UnsupportedCombinationError(
+            f"kvpools does not model {spec.name}'s DeepSeek sparse attention with an nvfp4 KV cache for "
+            "--accounting trtllm yet (DSACacheManager's estimate counts 2 bytes per latent element unless the KV "
+            "cache is fp8); use --kv-cache-dtype auto or fp8_e4m3."
+        )
     if spec.dtype not in ("bfloat16", "float16") and serving.kv_cache_dtype == "auto":
         raise UnsupportedCombinationError(
             f"{spec.name}'s dtype is {spec.dtype}: kvpools models TensorRT-LLM's half-precision (bf16/fp16), fp8 "
@@ -502,19 +561,41 @@ def plan_trtllm(
     for rank in range(serving.pp_size):
         span = pp_layers(spec.num_layers, serving.pp_size, rank)
         local = [layers[i] for i in span]
+        indexer = sum(layer.indexer_bytes for layer in local)
         est = estimated_size_per_token(
-            layers, len(local), serving.kv_cache_dtype, model_bytes, serving.tp_size, enable_attention_dp
+            layers, len(local), serving.kv_cache_dtype, model_bytes, serving.tp_size, enable_attention_dp, indexer
         )
+        draft_est = 0
+        if draft_layers and separate_draft:
+            # _get_kv_size_per_token: the one-model draft's cost, get_cache_size_per_token(num_layers=N, is_draft)
+            draft_est = estimated_size_per_token(
+                draft_layers,
+                len(draft_layers),
+                serving.kv_cache_dtype,
+                model_bytes,
+                serving.tp_size,
+                enable_attention_dp,
+                sum(layer.indexer_bytes for layer in draft_layers),
+            )
+        elif draft_layers:
+            # attention DP: get_pp_layers appends the MTP layers to the target's manager on the last PP rank; the
+            # static estimate (num_layers None) still counts the target's layers only.
+            local = local + list(draft_layers)
         real = cache_bytes_per_token(local, serving.kv_cache_dtype, model_bytes, serving.tp_size, enable_attention_dp)
         rank_windows = window_vector(spec.num_layers, span, seq_len, windows)
         vswa = len(set(rank_windows)) > 1
         is_vswa = is_vswa or vswa
+        if vswa and indexer:
+            raise UnsupportedCombinationError(
+                f"kvpools does not model {spec.name}'s DeepSeek sparse attention indexer K cache with attention "
+                "windows (--max_attention_window) for --accounting trtllm yet; drop --max_attention_window."
+            )
         budget = available_kv_memory(frees[rank], fraction)
         if max_tokens is not None:
             if vswa and rank == 0:
                 warnings.append("max_tokens should not be set for VSWA case as it is ambiguous concept for VSWA.")
-            budget = min(budget, est * max_tokens)
-        config_tokens = budget // est
+            budget = min(budget, (est + draft_est) * max_tokens)
+        config_tokens = budget // (est + draft_est)
         pool_bytes = budget if mgtb is None or mgtb <= 0 else min(budget, mgtb)
         if not vswa:
             # calculate_max_num_blocks: min(max_tokens, fraction x free / bytes per token); the V1 manager reads
@@ -522,6 +603,19 @@ def plan_trtllm(
             tokens = min(config_tokens, fraction * frees[rank] / real)
             secondary = (host // real) // block if host else 0
             rank_pools.append({rank_windows[0]: (int(tokens // block), secondary, tuple(range(len(local))), real, 1.0)})
+            if separate_draft:
+                # The draft manager is built after the target's (build_managers): the same kv_cache_config.max_tokens,
+                # and the free memory less the target's pool.
+                draft_real = cache_bytes_per_token(
+                    draft_layers, serving.kv_cache_dtype, model_bytes, serving.tp_size, enable_attention_dp
+                )
+                left = frees[rank] - int(tokens // block) * block * real
+                draft_tokens = min(config_tokens, fraction * max(left, 0) / draft_real)
+                draft_pool = (
+                    int(draft_tokens // block),
+                    tuple(layer.index for layer in draft_layers),
+                    draft_real,
+                )
             ranks.append(
                 TrtllmRank(
                     pp_rank=rank,
@@ -533,6 +627,7 @@ def plan_trtllm(
                     cache_bytes_per_token=real,
                     max_tokens=int(tokens),
                     max_gpu_total_bytes=pool_bytes,
+                    draft_estimated_size_per_token=draft_est,
                 )
             )
             continue
@@ -615,6 +710,19 @@ def plan_trtllm(
                 secondary_blocks=secondary,
             )
         )
+    if separate_draft:
+        primary, members, per_token = draft_pool
+        upper = window_upper_bound(primary, block)
+        pools_out.append(
+            WindowPool(
+                window=min(seq_len, upper),
+                layers=members,
+                bytes_per_token=per_token,
+                share=1.0,
+                primary_blocks=primary,
+                draft=True,
+            )
+        )
     if any(final_windows[w] != w for w in final_windows):
         seq_after = max(final_windows.values())
         warnings.append(f"Adjusted max_seq_len to {seq_after}")
@@ -638,10 +746,49 @@ def plan_trtllm(
         host_cache_size=host,
         enable_attention_dp=enable_attention_dp,
         is_vswa=is_vswa,
+        num_nextn_predict_layers=num_nextn_predict_layers,
+        draft_kv_cache=None if not draft_layers else "separate" if separate_draft else "target",
         ranks=tuple(ranks),
         pools=tuple(pools_out),
         warnings=tuple(warnings),
     )
+
+
+def _mtp_layers(
+    spec: ModelSpec,
+    layers: Sequence[TrtllmLayer],
+    serving: Serving,
+    num_nextn_predict_layers: int | None,
+    max_attention_window: str | Sequence[int] | None,
+) -> tuple[TrtllmLayer, ...]:
+    """The one-model MTP draft layers TensorRT-LLM's KV cache holds: ``get_num_spec_layers`` =
+    ``num_nextn_predict_layers`` layers, laid out as the target's (``_get_effective_draft_config`` falls back to
+    the target model's config for MTP), so each copies the target's last layer, indexed after the target's.
+    Refused, with the reason: pipeline stages (the draft layers sit on the last stage only) and attention windows
+    (the draft manager's windows are derived from the draft config), which kvpools does not model yet."""
+    if not num_nextn_predict_layers:
+        return ()
+    if not spec.num_nextn_predict_layers:
+        raise UnsupportedCombinationError(
+            f"TensorRT-LLM's MTP runs the checkpoint's own MTP layers and {spec.name} has none "
+            "(num_nextn_predict_layers is 0 in its config): drop --num_nextn_predict_layers."
+        )
+    if serving.pp_size > 1:
+        raise UnsupportedCombinationError(
+            f"kvpools does not model the MTP draft KV cache over pipeline stages ({option('pp_size')} "
+            f"{serving.pp_size}) for --accounting trtllm yet: TensorRT-LLM puts the draft layers on the last stage "
+            "only. Plan with --pp-size 1."
+        )
+    windows = {layer.sliding_window for layer in layers} - {None}
+    if max_attention_window is not None or windows:
+        raise UnsupportedCombinationError(
+            f"kvpools does not model the MTP draft KV cache beside attention windows ({spec.name}) for "
+            "--accounting trtllm yet: TensorRT-LLM derives the draft manager's windows from the draft config "
+            "(_derive_draft_max_attention_window) and splits max_gpu_total_bytes between target and draft "
+            "(_split_kv_cache_budget_for_draft)."
+        )
+    last = layers[-1]
+    return tuple(attrs.evolve(last, index=spec.num_layers + i) for i in range(num_nextn_predict_layers))
 
 
 def capacity_dict(result: TrtllmPlanResult, contexts: Sequence[int]) -> dict[str, Any]:

@@ -117,9 +117,10 @@ def cache_bytes_per_token(
     layers: Sequence[TrtllmLayer], dtype: str, model_dtype_bytes: int, tp_size: int, enable_attention_dp: bool
 ) -> int:
     """``KVCacheManager.get_cache_bytes_per_token``: ``kv_factor x Σ heads_per_rank x head_dim`` elements over
-    the rank's layers, in the KV dtype (NVFP4 with its scales)."""
+    the rank's layers, in the KV dtype (NVFP4 with its scales); ``DSACacheManager.get_cache_bytes_per_token``
+    adds each layer's indexer K cache in raw bytes (:attr:`TrtllmLayer.indexer_bytes`)."""
     elements = sum(layer_elements(layer, tp_size, enable_attention_dp) for layer in layers)
-    return element_bytes(elements, dtype, model_dtype_bytes)
+    return element_bytes(elements, dtype, model_dtype_bytes) + sum(layer.indexer_bytes for layer in layers)
 
 
 def estimated_size_per_token(
@@ -129,6 +130,7 @@ def estimated_size_per_token(
     model_dtype_bytes: int,
     tp_size: int,
     enable_attention_dp: bool,
+    indexer_bytes: int = 0,
 ) -> int:
     """``KVCacheManager.get_cache_size_per_token`` (the static estimate ``KvCacheCreator`` divides the budget by).
 
@@ -137,7 +139,8 @@ def estimated_size_per_token(
     tp_size``, 1 with attention DP) instead of ceiling the heads; MLA takes ``kv_lora_rank + qk_rope_head_dim``
     unsharded; the layer count is the rank's (``len(mapping.pp_layers(num_attention_layers))``, at least 1).
     NVFP4 is ``ceil(e/2) + ceil(e/16)``; fp8 one byte; otherwise two (the checkpoint's half type).  ``layers``
-    is the whole model's.
+    is the whole model's.  ``indexer_bytes`` is ``DSACacheManager.get_cache_size_per_token``'s addition: the
+    rank's indexer layers x their raw indexer-K bytes per token.
     """
     first = layers[0]
     if first.kv_factor == 1:
@@ -148,10 +151,10 @@ def estimated_size_per_token(
         per_layer = int(first.head_dim * heads // tp)
     elements = first.kv_factor * max(num_rank_layers, 1) * per_layer
     if dtype == "fp8_e4m3":
-        return elements
+        return elements + indexer_bytes
     if dtype == "fp4_e2m1":
-        return math.ceil(elements / 2) + math.ceil(elements / 16)
-    return elements * 2
+        return math.ceil(elements / 2) + math.ceil(elements / 16) + indexer_bytes
+    return elements * 2 + indexer_bytes
 
 
 def window_vector(
@@ -197,6 +200,9 @@ class WindowPool:
     share: float
     primary_blocks: int
     secondary_blocks: int = 0
+    draft: bool = False
+    """The separate draft KV cache manager's pool (one-model MTP, ``_create_one_model_draft_kv_cache_manager``):
+    its ``layers`` are the draft layers' indices after the target's."""
 
 
 def adjust_window_sizes_for_vswa(
