@@ -176,7 +176,16 @@ NO_BREAKABLE_PREFILL_GRAPH = "no_breakable_prefill_graph"
 """The ``architecture_traits`` trait of a class whose breakable prefill CUDA graph SGLang turns off before sizing
 (``disable_breakable_cudagraph_if_incompatible``, ``cuda_graph_hook.py`` lines 170-240)."""
 
-ARCHITECTURE_TRAITS = (MLA_BACKEND, NO_BREAKABLE_PREFILL_GRAPH)
+MAMBAISH_STATE = "mambaish_state"
+"""The ``architecture_traits`` trait of a class SGLang gives a ``mambaish_config`` (a recurrent-state pool beside the
+KV cache): under post-capture KV sizing its slack is at least the pre-capture activation reserve
+(:mod:`kvpools_core.pipeline.post_capture`)."""
+
+NO_POST_CAPTURE_KV_SIZING = "no_post_capture_kv_sizing"
+"""The ``architecture_traits`` trait of a class for which SGLang never plans post-capture KV sizing
+(``post_capture_kv_sizing_planned``: ``is_deepseek_v4`` / ``is_minimax_sparse``, ``overrides.py`` L1859-1860)."""
+
+ARCHITECTURE_TRAITS = (MLA_BACKEND, NO_BREAKABLE_PREFILL_GRAPH, MAMBAISH_STATE, NO_POST_CAPTURE_KV_SIZING)
 """The traits an architecture plugin may give a Hugging Face class (``architecture_traits`` hook)."""
 
 
