@@ -19,7 +19,7 @@ DATA = Path(__file__).parent / "data" / "startup_logs.json"
 ENGINES = ("vllm", "sglang")
 EVIDENCE = ("log_lines", "report_table")
 SPLITS = (None, "calibration", "held_out")
-FAMILIES = ("dense", "moe", "mla", "hybrid", "swa")
+FAMILIES = ("dense", "moe", "mla", "hybrid", "swa", "unknown")
 LOGGED_NUMBERS = (
     "total_gib",
     "requested_gib",
@@ -30,6 +30,8 @@ LOGGED_NUMBERS = (
     "kv_tokens",
     "num_gpu_blocks",
     "max_concurrency",
+    "cudagraph_gib",
+    "cudagraph_piecewise",
 )
 
 

@@ -16,6 +16,7 @@ import click
 from rich.console import Console
 
 from kvpools_core.dtypes import KV_DTYPE_CHOICES
+from kvpools_core.engines.vllm.runtime_memory import PROFILE_VERSIONS
 from kvpools_core.errors import ConfigError, KvpoolsError, PluginError, PluginHookError, short_repr
 from kvpools_core.options import cli_surface, env_flag, option
 from kvpools_core.values import (
@@ -371,10 +372,11 @@ def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
             ),
             (
                 "--runtime-profile",
-                click.Choice(["0.19"]),
+                click.Choice([*PROFILE_VERSIONS, *(f"vllm=={version}" for version in PROFILE_VERSIONS)]),
                 "With --gpu / --gpu-memory: estimate vLLM's activation peak, non-torch memory and CUDA graphs, and "
                 "take the GPU's total as torch reports it, from this vLLM version's calibrated profile "
-                "(docs/vllm.md) [default: off: those terms are 0, an upper bound].",
+                "(0.19 or 0.33, also spelt vllm==0.33; docs/vllm.md) [default: off: those terms are 0, an upper "
+                "bound].",
             ),
         )
     ):
