@@ -32,6 +32,7 @@ LOGGED_NUMBERS = (
     "max_concurrency",
     "cudagraph_gib",
     "cudagraph_piecewise",
+    "cudagraph_full",
 )
 
 

@@ -11,7 +11,12 @@ held out / neither), with every run a tool refuses and why.  The tools:
 * ``kvpools-before``: kvpools' whole-GPU budget as it is without a runtime profile: the catalogue's nvidia-smi
   total, and nothing outside the KV cache but the weights;
 * ``kvpools-runtime``: the same plus ``kvpools_core.engines.vllm.runtime_memory`` (torch's total, the activation
-  peak, the non-torch memory, the CUDA-graph term) from the engine version's calibrated profile;
+  peak, the non-torch memory, the CUDA-graph term) from the engine version's calibrated profile, or, for a version
+  without one, the nearest (``vllm-0.19`` before 0.21, ``vllm-0.33`` from 0.21 on, when vLLM began subtracting the
+  CUDA-graph estimate), which the run's ``profile`` says;
+* ``kvpools-sglang``: SGLang records, ``kvpools_core.plan`` under ``--accounting sglang`` on the log's GPU (SGLang
+  0.5.23's ``_profile_available_bytes`` with its default or the logged ``--mem-fraction-static``): the
+  ``max_total_num_tokens`` against the logged ``#tokens``, and a refusal where SGLang refused to start;
 * ``llm-d-planner`` 0.3.3 (``--peers-venv``, run in its own venv): ``allocatable_kv_cache_memory``'s terms
   (``available_gpu_memory`` x utilization, its per-architecture activation constants, its non-torch constants)
   and its per-token ``KVCacheDetail``;
@@ -41,7 +46,12 @@ from benchmarks.startup_logs import StartupLog, load_startup_logs
 from kvpools_core.engines.vllm import VllmLimits, plan_kv_cache
 from kvpools_core.engines.vllm.budget import available_kv_cache_memory
 from kvpools_core.engines.vllm.model import worker_kv_cache_specs
-from kvpools_core.engines.vllm.runtime_memory import estimate_runtime_memory
+from kvpools_core.engines.vllm.runtime_memory import (
+    PROFILE_VERSIONS,
+    estimate_runtime_memory,
+    load_profile,
+    version_key,
+)
 from kvpools_core.errors import KvpoolsError
 from kvpools_core.models import load_model, served_model
 from kvpools_core.pipeline.gpus import find_gpu
@@ -80,10 +90,25 @@ def logged_concurrency(log: StartupLog) -> float | None:
     return None
 
 
+def profile_for(version: str | None) -> str | None:
+    """The runtime profile a vLLM ``version`` is predicted with: its own, else the nearest (0.19 before 0.21, 0.33
+    from 0.21 on); None when the record's version is not a number."""
+    if version is None:
+        return None
+    key = version_key(version)
+    if key in PROFILE_VERSIONS:
+        return key
+    try:
+        major, minor = (int(part) for part in key.split(".")[:2])
+    except ValueError:
+        return None
+    return "0.19" if (major, minor) < (0, 21) else "0.33"
+
+
 def evaluable(log: StartupLog, registry: Registry) -> str | None:
     """Why a record cannot be predicted by any tool (None: it can)."""
-    if log.engine != "vllm":
-        return "SGLang record (no whole-GPU tool here predicts SGLang's pool yet)"
+    if log.engine == "sglang":
+        return _sglang_evaluable(log, registry)
     if log.logged.get("available_kv_gib") is None and log.logged.get("kv_tokens") is None:
         return "the log states no KV budget or token count"
     if log.gpu is None:
@@ -143,7 +168,8 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
     terms: dict[str, int] = {}
     total = gpu.total_bytes
     if runtime:
-        if log.engine_version is None:
+        profile = profile_for(log.engine_version)
+        if profile is None:
             return Refusal("the log does not name the vLLM version (no profile to apply)")
         if log.vocab_size is None:
             return Refusal("the record has no vocab_size")
@@ -155,7 +181,8 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
                 pp_size=serving.pp_size,
                 max_num_seqs=log.flag("max_num_seqs"),
                 max_num_batched_tokens=log.flag("max_num_batched_tokens"),
-                engine_version=log.engine_version,
+                engine_version=version_key(str(log.engine_version)),
+                profile_version=profile,
             )
         except KvpoolsError as error:
             return Refusal(str(error).split(". ")[0])
@@ -172,6 +199,47 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
     if budget.available_kv_cache_memory <= 0:
         return Refusal("no memory left for the KV cache")
     return _plan(log, budget.available_kv_cache_memory, registry, serving)
+
+
+def _sglang_evaluable(log: StartupLog, registry: Registry) -> str | None:
+    if log.logged.get("kv_tokens") is None and not log.logged.get("refused"):
+        return "the log states no token count and no refusal"
+    if log.gpu is None:
+        return "the log does not name the GPU"
+    try:
+        find_gpu(log.gpu, registry)
+    except KvpoolsError:
+        return f"GPU {log.gpu!r} is not in kvpools' catalogue"
+    if log.kvpools_model is None:
+        return "no kvpools model preset for this checkpoint"
+    return None
+
+
+def sglang(log: StartupLog, registry: Registry, *, use_logged_weights: bool) -> Prediction | Refusal:
+    """kvpools' SGLang plan on the log's GPU; a refusal where kvpools refuses (SGLang's own refusals included)."""
+    from kvpools_core import plan
+
+    assert log.kvpools_model is not None
+    weights = log.logged.get("weights_gb") if use_logged_weights else None
+    if use_logged_weights and weights is None:
+        return Refusal("the log states no weights")
+    try:
+        serving = Serving(
+            accounting="sglang",
+            tp_size=log.flag("tp", 1),
+            mem_fraction_static=log.flag("mem_fraction_static"),
+            kv_cache_dtype=log.flag("kv_cache_dtype", "auto"),
+        )
+        result = plan(
+            log.kvpools_model,
+            serving,
+            gpu=str(log.gpu),
+            weights_memory=None if weights is None else f"{weights}GiB",
+            registry=registry,
+        )
+    except KvpoolsError as error:
+        return Refusal(f"kvpools refuses: {str(error).splitlines()[0][:160]}")
+    return Prediction(kv_gib=result.budget.budget_bytes / GiB, tokens=result.max_total_num_tokens, concurrency=None)
 
 
 def llmd_planner(logs: list[StartupLog], peers_venv: Path | None) -> dict[str, Prediction | Refusal]:
@@ -256,7 +324,8 @@ def run(peers_venv: Path | None) -> dict[str, Any]:
     registry = get_registry()
     logs = list(load_startup_logs())
     skipped = {log.id: reason for log in logs if (reason := evaluable(log, registry))}
-    runs = [log for log in logs if log.id not in skipped]
+    sglang_runs = [log for log in logs if log.id not in skipped and log.engine == "sglang"]
+    runs = [log for log in logs if log.id not in skipped and log.engine == "vllm"]
     tools: dict[str, dict[str, Prediction | Refusal]] = {}
     for name, runtime, logged_weights in (
         ("kvpools-before (logged weights)", False, True),
@@ -269,17 +338,27 @@ def run(peers_venv: Path | None) -> dict[str, Any]:
         }
     tools["llm-d-planner 0.3.3 (logged weights)"] = llmd_planner(runs, peers_venv)
     tools["aiconfigurator 0.12.0"] = {log.id: Refusal(AICONFIGURATOR_REASON) for log in runs}
+    tools["kvpools-sglang (logged weights)"] = {
+        log.id: sglang(log, registry, use_logged_weights=True) for log in sglang_runs
+    }
+    tools["kvpools-sglang (estimated weights)"] = {
+        log.id: sglang(log, registry, use_logged_weights=False) for log in sglang_runs
+    }
     report: dict[str, Any] = {"skipped": skipped, "tools": {}, "terms": runtime_terms(logs, registry)}
+    report["terms"]["CUDA graphs"] = cudagraph_terms(logs)
     for name, results in tools.items():
         groups: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         refused: dict[str, str] = {}
         rows = {}
-        for log in runs:
+        for log in runs if not name.startswith("kvpools-sglang") else sglang_runs:
             result = results[log.id]
             if isinstance(result, Refusal):
                 refused[log.id] = result.reason
                 continue
-            key = (log.engine_version or "unknown", log.split or "neither")
+            key = (f"{log.engine} {log.engine_version or 'unknown'}", log.split or "neither")
+            if log.logged.get("refused"):
+                rows[log.id] = {"predicted": attrs.asdict(result), "errors_pct": {}, "engine_refused": True}
+                continue
             errors = {
                 "kv_gib": _error(result.kv_gib, log.logged.get("available_kv_gib")),
                 "kv_tokens": _error(result.tokens, log.logged.get("kv_tokens")),
@@ -291,8 +370,13 @@ def run(peers_venv: Path | None) -> dict[str, Any]:
                     groups[key][metric].append(value)
         report["tools"][name] = {
             "groups": {
-                f"vllm {version} / {split}": {metric: summarize(values) for metric, values in metrics.items()}
+                f"{version} / {split}": {metric: summarize(values) for metric, values in metrics.items()}
                 for (version, split), metrics in sorted(groups.items())
+            },
+            "held_out": {
+                version: {metric: summarize(values) for metric, values in metrics.items()}
+                for (version, split), metrics in sorted(groups.items())
+                if split == "held_out"
             },
             "refused": refused,
             "runs": rows,
@@ -300,11 +384,30 @@ def run(peers_venv: Path | None) -> dict[str, Any]:
     return report
 
 
+def cudagraph_terms(logs: list[StartupLog]) -> dict[str, str]:
+    """vllm-0.33.json's CUDA-graph estimate against the logged ``Estimated CUDA graph memory`` where the log states
+    the graph counts, per split: first capture + per graph x (PIECEWISE - 1 + FULL - 1)."""
+    profile = load_profile("0.33")
+    errors: dict[str, list[float]] = defaultdict(list)
+    for log in logs:
+        logged, piecewise = log.logged.get("cudagraph_gib"), log.logged.get("cudagraph_piecewise")
+        if logged is None or piecewise is None:
+            continue
+        graphs = piecewise - 1 + max(int(log.logged.get("cudagraph_full") or 0) - 1, 0)
+        predicted = (profile.cudagraph_first_capture_bytes + graphs * profile.cudagraph_per_graph_bytes) / GiB
+        error = _error(predicted, logged)
+        if error is not None:
+            errors[log.split or "neither"].append(error)
+    return {split: summarize(values) for split, values in sorted(errors.items())}
+
+
 def runtime_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[str, str]]:
     """The activation-peak and non-torch terms against the ones the logs state, per split (vLLM 0.19 profile)."""
     errors: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for log in logs:
         if log.engine != "vllm" or log.split is None or log.vocab_size is None:
+            continue
+        if log.logged.get("activation_gib") is None and log.logged.get("non_torch_gib") is None:
             continue
         memory = estimate_runtime_memory(
             gpu=find_gpu("h100", registry),
@@ -331,11 +434,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the whole report (every run's prediction) here")
     args = parser.parse_args(argv)
     report = run(args.peers_venv)
+    versions = {log.id: f"{log.engine} {log.engine_version or 'unknown'}" for log in load_startup_logs()}
     print(f"{len(report['skipped'])} records not predictable by any tool (reasons in --json)")
-    print("\n## kvpools runtime terms against the logged terms (vLLM 0.19 profile)")
+    print("\n## kvpools runtime terms against the logged terms (vLLM 0.19 profile; CUDA graphs: vLLM 0.33 profile)")
     for term, groups in report["terms"].items():
         for group, text in groups.items():
             print(f"  {term:16} {group:22} {text}")
+    print("\n## held out, per tool and engine version (target: mean abs <= 2 %)")
+    for name, tool in report["tools"].items():
+        for version, metrics in tool["held_out"].items():
+            print(f"  {name:40} {version:18} " + "; ".join(f"{m} {t}" for m, t in metrics.items()))
+        by_version: dict[str, int] = defaultdict(int)
+        for run_id in tool["refused"]:
+            by_version[versions[run_id]] += 1
+        if by_version:
+            print(f"  {name:40} refused: " + ", ".join(f"{v} {n}" for v, n in sorted(by_version.items())))
     for name, tool in report["tools"].items():
         print(f"\n## {name}")
         for group, metrics in tool["groups"].items():
