@@ -273,7 +273,8 @@ def cudagraph_memory(
         formula=(
             f"{profile.cudagraph_first_capture_bytes / GiB:.4f} GiB first capture + (PIECEWISE {piecewise} - 1 + FULL "
             f"{full} - 1) x {profile.cudagraph_per_graph_bytes / (1 << 20):.1f} MiB per graph (calibrated, "
-            f"{profile.file}; largest capture size {sizes[-1] if sizes else 0})"
+            f"{profile.file}, low confidence: vLLM measures the model's own captures, docs/vllm.md; largest "
+            f"capture size {sizes[-1] if sizes else 0})"
         ),
         source="vLLM 0.33 gpu_model_runner.profile_cudagraph_memory; config/vllm.py _set_cudagraph_sizes",
     )
