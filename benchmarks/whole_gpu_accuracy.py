@@ -132,12 +132,12 @@ def _weights(log: StartupLog, use_logged: bool, serving: Serving) -> int:
     from kvpools_core.pipeline.weights import estimate_weights
 
     assert log.kvpools_model is not None
-    return estimate_weights(log.kvpools_model, serving).bytes_per_rank
+    return estimate_weights(model_ref(log), serving).bytes_per_rank
 
 
 def _plan(log: StartupLog, available: int, registry: Registry, serving: Serving) -> Prediction:
     assert log.kvpools_model is not None
-    model = served_model(load_model(log.kvpools_model, registry)[0], serving)
+    model = served_model(load_model(model_ref(log), registry)[0], serving)
     workers = worker_kv_cache_specs(model, serving, registry, block_size=16)
     model_len = log.flag("max_model_len") or model.context_len
     limits = VllmLimits(
@@ -231,7 +231,7 @@ def sglang(log: StartupLog, registry: Registry, *, use_logged_weights: bool) -> 
             kv_cache_dtype=log.flag("kv_cache_dtype", "auto"),
         )
         result = plan(
-            log.kvpools_model,
+            model_ref(log),
             serving,
             gpu=str(log.gpu),
             weights_memory=None if weights is None else f"{weights}GiB",
@@ -287,9 +287,20 @@ def llmd_planner(logs: list[StartupLog], peers_venv: Path | None) -> dict[str, P
     return results
 
 
+def model_ref(log: StartupLog) -> str:
+    """The record's kvpools model: a preset name, or a ``config.json`` path relative to the repository root."""
+    assert log.kvpools_model is not None
+    if log.kvpools_model.endswith(".json"):
+        return str(ROOT / log.kvpools_model)
+    return log.kvpools_model
+
+
 def _full_config(log: StartupLog) -> dict[str, Any] | None:
     if log.kvpools_model is None:
         return None
+    if log.kvpools_model.endswith(".json"):
+        loaded: dict[str, Any] = json.loads((ROOT / log.kvpools_model).read_text(encoding="utf-8"))
+        return loaded
     for path in (ROOT / "plugins").glob(f"*/presets/full/{log.kvpools_model}.json"):
         config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         return config
@@ -409,6 +420,9 @@ def runtime_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[
             continue
         if log.logged.get("activation_gib") is None and log.logged.get("non_torch_gib") is None:
             continue
+        profile = profile_for(log.engine_version)
+        if profile is None:
+            continue
         memory = estimate_runtime_memory(
             gpu=find_gpu("h100", registry),
             vocab_size=log.vocab_size,
@@ -416,7 +430,8 @@ def runtime_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[
             pp_size=log.flag("pp", 1),
             max_num_seqs=log.flag("max_num_seqs"),
             max_num_batched_tokens=log.flag("max_num_batched_tokens"),
-            engine_version=str(log.engine_version),
+            engine_version=version_key(str(log.engine_version)),
+            profile_version=profile,
         )
         for name, key in (("activation peak", "activation_gib"), ("non-torch", "non_torch_gib")):
             error = _error(memory.term(name).bytes / GiB, log.logged.get(key))
