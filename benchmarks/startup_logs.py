@@ -55,6 +55,9 @@ class StartupLog:
     vocab_size: int | None = None
     intermediate_size: int | None = None
     hidden_size: int | None = None
+    checkpoint_quantization: str | None = None
+    """The checkpoint's own weight quantisation where the model id states it (``...-FP8``) and no flag does: the
+    weights are estimated as kvpools' ``--quantization`` of that method."""
     notes: str | None = None
 
     def flag(self, name: str, default: Any = None) -> Any:

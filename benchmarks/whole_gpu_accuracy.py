@@ -157,7 +157,7 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
             pp_size=log.flag("pp", 1),
             kv_cache_dtype=log.flag("kv_cache_dtype", "auto"),
             dtype=log.flag("dtype", "auto"),
-            quantization=log.flag("quantization"),
+            quantization=log.flag("quantization") or log.checkpoint_quantization,
         )
     except KvpoolsError as error:
         return Refusal(f"kvpools does not model these flags: {error}")
@@ -229,6 +229,7 @@ def sglang(log: StartupLog, registry: Registry, *, use_logged_weights: bool) -> 
             tp_size=log.flag("tp", 1),
             mem_fraction_static=log.flag("mem_fraction_static"),
             kv_cache_dtype=log.flag("kv_cache_dtype", "auto"),
+            quantization=log.flag("quantization") or log.checkpoint_quantization,
         )
         result = plan(
             model_ref(log),

@@ -123,3 +123,8 @@ def test_whole_gpu_benchmark_reports_held_out_per_version_and_sglangs_refusal() 
     sglang = report["tools"]["kvpools-sglang (logged weights)"]
     reason = sglang["refused"]["sglang-inferencex-2128-dsv4-pro-h200-tp8"]
     assert "Loaded weights leave no memory for the KV cache under mem_fraction_static=0.88" in reason
+    # Qwen3-235B-A22B-FP8, TP 4, H100, --mem-fraction-static 0.93, weights estimated as fp8: 360,785 tokens against
+    # SGLang's logged 367,404 (-1.80 %)
+    run_ = report["tools"]["kvpools-sglang (estimated weights)"]["runs"]["sglang-21348-qwen3-235b-fp8-tp4-h100"]
+    assert run_["predicted"]["tokens"] == 360_785
+    assert round(run_["errors_pct"]["kv_tokens"], 2) == -1.80
