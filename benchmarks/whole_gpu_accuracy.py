@@ -20,8 +20,10 @@ held out / neither), with every run a tool refuses and why.  The tools:
 * ``llm-d-planner`` 0.3.3 (``--peers-venv``, run in its own venv): ``allocatable_kv_cache_memory``'s terms
   (``available_gpu_memory`` x utilization, its per-architecture activation constants, its non-torch constants)
   and its per-token ``KVCacheDetail``;
-* ``aiconfigurator`` 0.12.0: listed with the reason it refuses every run (it sizes memory for a given batch and
-  sequence length, ``sdk/backends/base_backend.py`` L895-945, and has no prediction of an engine's KV pool).
+* ``aiconfigurator`` 0.12.0 (``--peers-venv``, ``benchmarks/peers/aiconfigurator_runner.py``): aiconfigurator-core's
+  ``estimate_kv_cache`` (``of_total``: its own weights, activation and runtime-overhead model on its system's
+  capacity) for vLLM records, and for SGLang records with the logged or SGLang's default fraction, on the
+  checkpoint's ``config.json``, with the engine version its database holds (vLLM 0.24.0, SGLang 0.5.14).
 
 Each kvpools tool runs twice: with the weights the log states (isolating the memory outside the weights), and
 with kvpools' own weights estimate (the GPU alone).  llm-d-planner reads weights from the Hugging Face hub, which
@@ -61,10 +63,7 @@ from kvpools_core.values import Serving
 GiB = 1 << 30
 ROOT = Path(__file__).resolve().parent.parent
 PEER_RUNNER = Path(__file__).parent / "peers" / "llmd_planner_runner.py"
-AICONFIGURATOR_REASON = (
-    "aiconfigurator 0.12.0 sizes memory for a given batch and sequence length (sdk/backends/base_backend.py "
-    "L895-945); it predicts no engine KV pool from --gpu-memory-utilization"
-)
+AIC_RUNNER = Path(__file__).parent / "peers" / "aiconfigurator_runner.py"
 
 
 @attrs.frozen
@@ -296,6 +295,72 @@ def model_ref(log: StartupLog) -> str:
     return log.kvpools_model
 
 
+def aiconfigurator(
+    logs: list[StartupLog], peers_venv: Path | None, registry: Registry
+) -> dict[str, Prediction | Refusal]:
+    """aiconfigurator 0.12.0 in the peers venv (``benchmarks/peers/aiconfigurator_runner.py``)."""
+    if peers_venv is None:
+        return {log.id: Refusal("not run: pass --peers-venv with aiconfigurator==0.12.0 installed") for log in logs}
+    requests: list[dict[str, Any]] = []
+    results: dict[str, Prediction | Refusal] = {}
+    for log in logs:
+        config = _full_config(log)
+        if config is None:
+            results[log.id] = Refusal("no full HF config.json for this checkpoint in kvpools' presets")
+            continue
+        fraction = log.flag("gpu_memory_utilization") if log.engine == "vllm" else log.flag("mem_fraction_static")
+        if fraction is None and log.engine == "sglang":
+            fraction = _sglang_default_fraction(log, registry)
+        if fraction is None:
+            results[log.id] = Refusal("no memory fraction to give it")
+            continue
+        requests.append(
+            {
+                "id": log.id,
+                "config": config,
+                "gpu": log.gpu,
+                "backend": log.engine,
+                "fraction": fraction,
+                "tp": log.flag("tp", 1),
+                "pp": log.flag("pp", 1),
+                "max_num_tokens": log.flag("max_num_batched_tokens") or log.flag("chunked_prefill_size") or 8192,
+                "max_batch_size": log.flag("max_num_seqs") or log.flag("max_running_requests") or 1024,
+                "max_model_len": log.flag("max_model_len"),
+                "kv_cache_dtype": log.flag("kv_cache_dtype", "auto"),
+                "dtype": log.flag("dtype", "auto"),
+                "quantization": log.flag("quantization"),
+                "checkpoint_quantization": log.checkpoint_quantization,
+            }
+        )
+    done = subprocess.run(
+        [str(peers_venv / "bin" / "python"), str(AIC_RUNNER)],
+        input=json.dumps(requests),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else str(done.returncode)
+        return {log.id: Refusal(f"aiconfigurator failed: {tail}") for log in logs}
+    for run_id, answer in json.loads(done.stdout).items():
+        if "refused" in answer:
+            results[run_id] = Refusal(answer["refused"])
+        else:
+            results[run_id] = Prediction(answer["kv_gib"], answer["tokens"], answer["concurrency"])
+    return results
+
+
+def _sglang_default_fraction(log: StartupLog, registry: Registry) -> float | None:
+    """SGLang 0.5.23's default ``mem_fraction_static`` on the log's GPU (what kvpools plans with)."""
+    from kvpools_core import plan
+
+    try:
+        result = plan(model_ref(log), Serving(tp_size=log.flag("tp", 1)), gpu=str(log.gpu), registry=registry)
+    except KvpoolsError:
+        return None
+    return result.budget.mem_fraction_static
+
+
 def _full_config(log: StartupLog) -> dict[str, Any] | None:
     if log.kvpools_model is None:
         return None
@@ -349,7 +414,7 @@ def run(peers_venv: Path | None) -> dict[str, Any]:
             log.id: kvpools(log, registry, runtime=runtime, use_logged_weights=logged_weights) for log in runs
         }
     tools["llm-d-planner 0.3.3 (logged weights)"] = llmd_planner(runs, peers_venv)
-    tools["aiconfigurator 0.12.0"] = {log.id: Refusal(AICONFIGURATOR_REASON) for log in runs}
+    tools["aiconfigurator 0.12.0"] = aiconfigurator([*runs, *sglang_runs], peers_venv, registry)
     tools["kvpools-sglang (logged weights)"] = {
         log.id: sglang(log, registry, use_logged_weights=True) for log in sglang_runs
     }
@@ -361,8 +426,12 @@ def run(peers_venv: Path | None) -> dict[str, Any]:
     for name, results in tools.items():
         groups: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         refused: dict[str, str] = {}
+        missed: list[str] = []
         rows = {}
-        for log in runs if not name.startswith("kvpools-sglang") else sglang_runs:
+        scope = sglang_runs if name.startswith("kvpools-sglang") else runs
+        if name.startswith("aiconfigurator"):
+            scope = [*runs, *sglang_runs]
+        for log in scope:
             result = results[log.id]
             if isinstance(result, Refusal):
                 refused[log.id] = result.reason
@@ -370,6 +439,7 @@ def run(peers_venv: Path | None) -> dict[str, Any]:
             key = (f"{log.engine} {log.engine_version or 'unknown'}", log.split or "neither")
             if log.logged.get("refused"):
                 rows[log.id] = {"predicted": attrs.asdict(result), "errors_pct": {}, "engine_refused": True}
+                missed.append(log.id)
                 continue
             errors = {
                 "kv_gib": _error(result.kv_gib, log.logged.get("available_kv_gib")),
@@ -391,6 +461,7 @@ def run(peers_venv: Path | None) -> dict[str, Any]:
                 if split == "held_out"
             },
             "refused": refused,
+            "missed_engine_refusals": missed,
             "runs": rows,
         }
     return report
@@ -465,6 +536,8 @@ def main(argv: list[str] | None = None) -> int:
             by_version[versions[run_id]] += 1
         if by_version:
             print(f"  {name:40} refused: " + ", ".join(f"{v} {n}" for v, n in sorted(by_version.items())))
+        if tool["missed_engine_refusals"]:
+            print(f"  {name:40} planned a pool where the engine refused to start: {tool['missed_engine_refusals']}")
     for name, tool in report["tools"].items():
         print(f"\n## {name}")
         for group, metrics in tool["groups"].items():

@@ -125,6 +125,11 @@ def test_whole_gpu_benchmark_reports_held_out_per_version_and_sglangs_refusal() 
     assert "Loaded weights leave no memory for the KV cache under mem_fraction_static=0.88" in reason
     # Qwen3-235B-A22B-FP8, TP 4, H100, --mem-fraction-static 0.93, weights estimated as fp8: 360,785 tokens against
     # SGLang's logged 367,404 (-1.80 %)
+    # the peers run only with --peers-venv: without it each says so instead of predicting
+    for peer in ("aiconfigurator 0.12.0", "llm-d-planner 0.3.3 (logged weights)"):
+        assert all(
+            reason.startswith("not run: pass --peers-venv") for reason in report["tools"][peer]["refused"].values()
+        )
     run_ = report["tools"]["kvpools-sglang (estimated weights)"]["runs"]["sglang-21348-qwen3-235b-fp8-tp4-h100"]
     assert run_["predicted"]["tokens"] == 360_785
     assert round(run_["errors_pct"]["kv_tokens"], 2) == -1.80
