@@ -21,6 +21,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
     estimate_runtime_memory,
     load_profile,
 )
+from kvpools_core.errors import ConfigError
 from kvpools_core.pipeline.gpus import find_gpu
 
 GiB = 1 << 30
@@ -133,3 +134,17 @@ def test_whole_gpu_benchmark_reports_held_out_per_version_and_sglangs_refusal() 
     run_ = report["tools"]["kvpools-sglang (estimated weights)"]["runs"]["sglang-21348-qwen3-235b-fp8-tp4-h100"]
     assert run_["predicted"]["tokens"] == 360_785
     assert round(run_["errors_pct"]["kv_tokens"], 2) == -1.80
+
+
+def test_the_exact_path_takes_no_profile() -> None:
+    """Given ``memory`` (vLLM's --kv-cache-memory-bytes) the budget is that memory, whatever profiles exist: the
+    0.33 profile is refused beside it, and without one the plan carries no runtime terms; 40 GiB / 2 MiB blocks of
+    llama-3.1-8b (32 layers x 16 tokens x 4096 B) = 20,480 blocks."""
+    from kvpools_core.engines.vllm.deployment import plan_vllm
+
+    with pytest.raises(ConfigError, match="does not apply to it"):
+        plan_vllm("llama-3.1-8b", memory="40GiB", runtime_profile="vllm==0.33")
+    exact = plan_vllm("llama-3.1-8b", memory="40GiB")
+    assert exact.runtime_memory is None
+    assert [budget.available_kv_cache_memory for budget in exact.budgets] == [40 * GiB]
+    assert exact.plan.num_gpu_blocks == 40 * GiB // (2 << 20)
