@@ -19,7 +19,7 @@ DATA = Path(__file__).parent / "data" / "startup_logs.json"
 ENGINES = ("vllm", "sglang")
 EVIDENCE = ("log_lines", "report_table")
 SPLITS = (None, "calibration", "held_out")
-FAMILIES = ("dense", "moe", "mla", "hybrid", "swa")
+FAMILIES = ("dense", "moe", "mla", "hybrid", "swa", "unknown")
 LOGGED_NUMBERS = (
     "total_gib",
     "requested_gib",
@@ -30,6 +30,9 @@ LOGGED_NUMBERS = (
     "kv_tokens",
     "num_gpu_blocks",
     "max_concurrency",
+    "cudagraph_gib",
+    "cudagraph_piecewise",
+    "cudagraph_full",
 )
 
 
@@ -52,6 +55,9 @@ class StartupLog:
     vocab_size: int | None = None
     intermediate_size: int | None = None
     hidden_size: int | None = None
+    checkpoint_quantization: str | None = None
+    """The checkpoint's own weight quantisation where the model id states it (``...-FP8``) and no flag does: the
+    weights are estimated as kvpools' ``--quantization`` of that method."""
     notes: str | None = None
 
     def flag(self, name: str, default: Any = None) -> Any:

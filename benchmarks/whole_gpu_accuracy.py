@@ -11,12 +11,19 @@ held out / neither), with every run a tool refuses and why.  The tools:
 * ``kvpools-before``: kvpools' whole-GPU budget as it is without a runtime profile: the catalogue's nvidia-smi
   total, and nothing outside the KV cache but the weights;
 * ``kvpools-runtime``: the same plus ``kvpools_core.engines.vllm.runtime_memory`` (torch's total, the activation
-  peak, the non-torch memory, the CUDA-graph term) from the engine version's calibrated profile;
+  peak, the non-torch memory, the CUDA-graph term) from the engine version's calibrated profile, or, for a version
+  without one, the nearest (``vllm-0.19`` before 0.21, ``vllm-0.33`` from 0.21 on, when vLLM began subtracting the
+  CUDA-graph estimate), which the run's ``profile`` says;
+* ``kvpools-sglang``: SGLang records, ``kvpools_core.plan`` under ``--accounting sglang`` on the log's GPU (SGLang
+  0.5.23's ``_profile_available_bytes`` with its default or the logged ``--mem-fraction-static``): the
+  ``max_total_num_tokens`` against the logged ``#tokens``, and a refusal where SGLang refused to start;
 * ``llm-d-planner`` 0.3.3 (``--peers-venv``, run in its own venv): ``allocatable_kv_cache_memory``'s terms
   (``available_gpu_memory`` x utilization, its per-architecture activation constants, its non-torch constants)
   and its per-token ``KVCacheDetail``;
-* ``aiconfigurator`` 0.12.0: listed with the reason it refuses every run (it sizes memory for a given batch and
-  sequence length, ``sdk/backends/base_backend.py`` L895-945, and has no prediction of an engine's KV pool).
+* ``aiconfigurator`` 0.12.0 (``--peers-venv``, ``benchmarks/peers/aiconfigurator_runner.py``): aiconfigurator-core's
+  ``estimate_kv_cache`` (``of_total``: its own weights, activation and runtime-overhead model on its system's
+  capacity) for vLLM records, and for SGLang records with the logged or SGLang's default fraction, on the
+  checkpoint's ``config.json``, with the engine version its database holds (vLLM 0.24.0, SGLang 0.5.14).
 
 Each kvpools tool runs twice: with the weights the log states (isolating the memory outside the weights), and
 with kvpools' own weights estimate (the GPU alone).  llm-d-planner reads weights from the Hugging Face hub, which
@@ -41,7 +48,12 @@ from benchmarks.startup_logs import StartupLog, load_startup_logs
 from kvpools_core.engines.vllm import VllmLimits, plan_kv_cache
 from kvpools_core.engines.vllm.budget import available_kv_cache_memory
 from kvpools_core.engines.vllm.model import worker_kv_cache_specs
-from kvpools_core.engines.vllm.runtime_memory import estimate_runtime_memory
+from kvpools_core.engines.vllm.runtime_memory import (
+    PROFILE_VERSIONS,
+    estimate_runtime_memory,
+    load_profile,
+    version_key,
+)
 from kvpools_core.errors import KvpoolsError
 from kvpools_core.models import load_model, served_model
 from kvpools_core.pipeline.gpus import find_gpu
@@ -51,10 +63,7 @@ from kvpools_core.values import Serving
 GiB = 1 << 30
 ROOT = Path(__file__).resolve().parent.parent
 PEER_RUNNER = Path(__file__).parent / "peers" / "llmd_planner_runner.py"
-AICONFIGURATOR_REASON = (
-    "aiconfigurator 0.12.0 sizes memory for a given batch and sequence length (sdk/backends/base_backend.py "
-    "L895-945); it predicts no engine KV pool from --gpu-memory-utilization"
-)
+AIC_RUNNER = Path(__file__).parent / "peers" / "aiconfigurator_runner.py"
 
 
 @attrs.frozen
@@ -80,10 +89,25 @@ def logged_concurrency(log: StartupLog) -> float | None:
     return None
 
 
+def profile_for(version: str | None) -> str | None:
+    """The runtime profile a vLLM ``version`` is predicted with: its own, else the nearest (0.19 before 0.21, 0.33
+    from 0.21 on); None when the record's version is not a number."""
+    if version is None:
+        return None
+    key = version_key(version)
+    if key in PROFILE_VERSIONS:
+        return key
+    try:
+        major, minor = (int(part) for part in key.split(".")[:2])
+    except ValueError:
+        return None
+    return "0.19" if (major, minor) < (0, 21) else "0.33"
+
+
 def evaluable(log: StartupLog, registry: Registry) -> str | None:
     """Why a record cannot be predicted by any tool (None: it can)."""
-    if log.engine != "vllm":
-        return "SGLang record (no whole-GPU tool here predicts SGLang's pool yet)"
+    if log.engine == "sglang":
+        return _sglang_evaluable(log, registry)
     if log.logged.get("available_kv_gib") is None and log.logged.get("kv_tokens") is None:
         return "the log states no KV budget or token count"
     if log.gpu is None:
@@ -107,12 +131,12 @@ def _weights(log: StartupLog, use_logged: bool, serving: Serving) -> int:
     from kvpools_core.pipeline.weights import estimate_weights
 
     assert log.kvpools_model is not None
-    return estimate_weights(log.kvpools_model, serving).bytes_per_rank
+    return estimate_weights(model_ref(log), serving).bytes_per_rank
 
 
 def _plan(log: StartupLog, available: int, registry: Registry, serving: Serving) -> Prediction:
     assert log.kvpools_model is not None
-    model = served_model(load_model(log.kvpools_model, registry)[0], serving)
+    model = served_model(load_model(model_ref(log), registry)[0], serving)
     workers = worker_kv_cache_specs(model, serving, registry, block_size=16)
     model_len = log.flag("max_model_len") or model.context_len
     limits = VllmLimits(
@@ -132,7 +156,7 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
             pp_size=log.flag("pp", 1),
             kv_cache_dtype=log.flag("kv_cache_dtype", "auto"),
             dtype=log.flag("dtype", "auto"),
-            quantization=log.flag("quantization"),
+            quantization=log.flag("quantization") or log.checkpoint_quantization,
         )
     except KvpoolsError as error:
         return Refusal(f"kvpools does not model these flags: {error}")
@@ -143,7 +167,8 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
     terms: dict[str, int] = {}
     total = gpu.total_bytes
     if runtime:
-        if log.engine_version is None:
+        profile = profile_for(log.engine_version)
+        if profile is None:
             return Refusal("the log does not name the vLLM version (no profile to apply)")
         if log.vocab_size is None:
             return Refusal("the record has no vocab_size")
@@ -155,7 +180,8 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
                 pp_size=serving.pp_size,
                 max_num_seqs=log.flag("max_num_seqs"),
                 max_num_batched_tokens=log.flag("max_num_batched_tokens"),
-                engine_version=log.engine_version,
+                engine_version=version_key(str(log.engine_version)),
+                profile_version=profile,
             )
         except KvpoolsError as error:
             return Refusal(str(error).split(". ")[0])
@@ -172,6 +198,48 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
     if budget.available_kv_cache_memory <= 0:
         return Refusal("no memory left for the KV cache")
     return _plan(log, budget.available_kv_cache_memory, registry, serving)
+
+
+def _sglang_evaluable(log: StartupLog, registry: Registry) -> str | None:
+    if log.logged.get("kv_tokens") is None and not log.logged.get("refused"):
+        return "the log states no token count and no refusal"
+    if log.gpu is None:
+        return "the log does not name the GPU"
+    try:
+        find_gpu(log.gpu, registry)
+    except KvpoolsError:
+        return f"GPU {log.gpu!r} is not in kvpools' catalogue"
+    if log.kvpools_model is None:
+        return "no kvpools model preset for this checkpoint"
+    return None
+
+
+def sglang(log: StartupLog, registry: Registry, *, use_logged_weights: bool) -> Prediction | Refusal:
+    """kvpools' SGLang plan on the log's GPU; a refusal where kvpools refuses (SGLang's own refusals included)."""
+    from kvpools_core import plan
+
+    assert log.kvpools_model is not None
+    weights = log.logged.get("weights_gb") if use_logged_weights else None
+    if use_logged_weights and weights is None:
+        return Refusal("the log states no weights")
+    try:
+        serving = Serving(
+            accounting="sglang",
+            tp_size=log.flag("tp", 1),
+            mem_fraction_static=log.flag("mem_fraction_static"),
+            kv_cache_dtype=log.flag("kv_cache_dtype", "auto"),
+            quantization=log.flag("quantization") or log.checkpoint_quantization,
+        )
+        result = plan(
+            model_ref(log),
+            serving,
+            gpu=str(log.gpu),
+            weights_memory=None if weights is None else f"{weights}GiB",
+            registry=registry,
+        )
+    except KvpoolsError as error:
+        return Refusal(f"kvpools refuses: {str(error).splitlines()[0][:160]}")
+    return Prediction(kv_gib=result.budget.budget_bytes / GiB, tokens=result.max_total_num_tokens, concurrency=None)
 
 
 def llmd_planner(logs: list[StartupLog], peers_venv: Path | None) -> dict[str, Prediction | Refusal]:
@@ -219,9 +287,86 @@ def llmd_planner(logs: list[StartupLog], peers_venv: Path | None) -> dict[str, P
     return results
 
 
+def model_ref(log: StartupLog) -> str:
+    """The record's kvpools model: a preset name, or a ``config.json`` path relative to the repository root."""
+    assert log.kvpools_model is not None
+    if log.kvpools_model.endswith(".json"):
+        return str(ROOT / log.kvpools_model)
+    return log.kvpools_model
+
+
+def aiconfigurator(
+    logs: list[StartupLog], peers_venv: Path | None, registry: Registry
+) -> dict[str, Prediction | Refusal]:
+    """aiconfigurator 0.12.0 in the peers venv (``benchmarks/peers/aiconfigurator_runner.py``)."""
+    if peers_venv is None:
+        return {log.id: Refusal("not run: pass --peers-venv with aiconfigurator==0.12.0 installed") for log in logs}
+    requests: list[dict[str, Any]] = []
+    results: dict[str, Prediction | Refusal] = {}
+    for log in logs:
+        config = _full_config(log)
+        if config is None:
+            results[log.id] = Refusal("no full HF config.json for this checkpoint in kvpools' presets")
+            continue
+        fraction = log.flag("gpu_memory_utilization") if log.engine == "vllm" else log.flag("mem_fraction_static")
+        if fraction is None and log.engine == "sglang":
+            fraction = _sglang_default_fraction(log, registry)
+        if fraction is None:
+            results[log.id] = Refusal("no memory fraction to give it")
+            continue
+        requests.append(
+            {
+                "id": log.id,
+                "config": config,
+                "gpu": log.gpu,
+                "backend": log.engine,
+                "fraction": fraction,
+                "tp": log.flag("tp", 1),
+                "pp": log.flag("pp", 1),
+                "max_num_tokens": log.flag("max_num_batched_tokens") or log.flag("chunked_prefill_size") or 8192,
+                "max_batch_size": log.flag("max_num_seqs") or log.flag("max_running_requests") or 1024,
+                "max_model_len": log.flag("max_model_len"),
+                "kv_cache_dtype": log.flag("kv_cache_dtype", "auto"),
+                "dtype": log.flag("dtype", "auto"),
+                "quantization": log.flag("quantization"),
+                "checkpoint_quantization": log.checkpoint_quantization,
+            }
+        )
+    done = subprocess.run(
+        [str(peers_venv / "bin" / "python"), str(AIC_RUNNER)],
+        input=json.dumps(requests),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else str(done.returncode)
+        return {log.id: Refusal(f"aiconfigurator failed: {tail}") for log in logs}
+    for run_id, answer in json.loads(done.stdout).items():
+        if "refused" in answer:
+            results[run_id] = Refusal(answer["refused"])
+        else:
+            results[run_id] = Prediction(answer["kv_gib"], answer["tokens"], answer["concurrency"])
+    return results
+
+
+def _sglang_default_fraction(log: StartupLog, registry: Registry) -> float | None:
+    """SGLang 0.5.23's default ``mem_fraction_static`` on the log's GPU (what kvpools plans with)."""
+    from kvpools_core import plan
+
+    try:
+        result = plan(model_ref(log), Serving(tp_size=log.flag("tp", 1)), gpu=str(log.gpu), registry=registry)
+    except KvpoolsError:
+        return None
+    return result.budget.mem_fraction_static
+
+
 def _full_config(log: StartupLog) -> dict[str, Any] | None:
     if log.kvpools_model is None:
         return None
+    if log.kvpools_model.endswith(".json"):
+        loaded: dict[str, Any] = json.loads((ROOT / log.kvpools_model).read_text(encoding="utf-8"))
+        return loaded
     for path in (ROOT / "plugins").glob(f"*/presets/full/{log.kvpools_model}.json"):
         config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         return config
@@ -256,7 +401,8 @@ def run(peers_venv: Path | None) -> dict[str, Any]:
     registry = get_registry()
     logs = list(load_startup_logs())
     skipped = {log.id: reason for log in logs if (reason := evaluable(log, registry))}
-    runs = [log for log in logs if log.id not in skipped]
+    sglang_runs = [log for log in logs if log.id not in skipped and log.engine == "sglang"]
+    runs = [log for log in logs if log.id not in skipped and log.engine == "vllm"]
     tools: dict[str, dict[str, Prediction | Refusal]] = {}
     for name, runtime, logged_weights in (
         ("kvpools-before (logged weights)", False, True),
@@ -268,18 +414,33 @@ def run(peers_venv: Path | None) -> dict[str, Any]:
             log.id: kvpools(log, registry, runtime=runtime, use_logged_weights=logged_weights) for log in runs
         }
     tools["llm-d-planner 0.3.3 (logged weights)"] = llmd_planner(runs, peers_venv)
-    tools["aiconfigurator 0.12.0"] = {log.id: Refusal(AICONFIGURATOR_REASON) for log in runs}
+    tools["aiconfigurator 0.12.0"] = aiconfigurator([*runs, *sglang_runs], peers_venv, registry)
+    tools["kvpools-sglang (logged weights)"] = {
+        log.id: sglang(log, registry, use_logged_weights=True) for log in sglang_runs
+    }
+    tools["kvpools-sglang (estimated weights)"] = {
+        log.id: sglang(log, registry, use_logged_weights=False) for log in sglang_runs
+    }
     report: dict[str, Any] = {"skipped": skipped, "tools": {}, "terms": runtime_terms(logs, registry)}
+    report["terms"]["CUDA graphs"] = cudagraph_terms(logs)
     for name, results in tools.items():
         groups: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         refused: dict[str, str] = {}
+        missed: list[str] = []
         rows = {}
-        for log in runs:
+        scope = sglang_runs if name.startswith("kvpools-sglang") else runs
+        if name.startswith("aiconfigurator"):
+            scope = [*runs, *sglang_runs]
+        for log in scope:
             result = results[log.id]
             if isinstance(result, Refusal):
                 refused[log.id] = result.reason
                 continue
-            key = (log.engine_version or "unknown", log.split or "neither")
+            key = (f"{log.engine} {log.engine_version or 'unknown'}", log.split or "neither")
+            if log.logged.get("refused"):
+                rows[log.id] = {"predicted": attrs.asdict(result), "errors_pct": {}, "engine_refused": True}
+                missed.append(log.id)
+                continue
             errors = {
                 "kv_gib": _error(result.kv_gib, log.logged.get("available_kv_gib")),
                 "kv_tokens": _error(result.tokens, log.logged.get("kv_tokens")),
@@ -291,13 +452,36 @@ def run(peers_venv: Path | None) -> dict[str, Any]:
                     groups[key][metric].append(value)
         report["tools"][name] = {
             "groups": {
-                f"vllm {version} / {split}": {metric: summarize(values) for metric, values in metrics.items()}
+                f"{version} / {split}": {metric: summarize(values) for metric, values in metrics.items()}
                 for (version, split), metrics in sorted(groups.items())
             },
+            "held_out": {
+                version: {metric: summarize(values) for metric, values in metrics.items()}
+                for (version, split), metrics in sorted(groups.items())
+                if split == "held_out"
+            },
             "refused": refused,
+            "missed_engine_refusals": missed,
             "runs": rows,
         }
     return report
+
+
+def cudagraph_terms(logs: list[StartupLog]) -> dict[str, str]:
+    """vllm-0.33.json's CUDA-graph estimate against the logged ``Estimated CUDA graph memory`` where the log states
+    the graph counts, per split: first capture + per graph x (PIECEWISE - 1 + FULL - 1)."""
+    profile = load_profile("0.33")
+    errors: dict[str, list[float]] = defaultdict(list)
+    for log in logs:
+        logged, piecewise = log.logged.get("cudagraph_gib"), log.logged.get("cudagraph_piecewise")
+        if logged is None or piecewise is None:
+            continue
+        graphs = piecewise - 1 + max(int(log.logged.get("cudagraph_full") or 0) - 1, 0)
+        predicted = (profile.cudagraph_first_capture_bytes + graphs * profile.cudagraph_per_graph_bytes) / GiB
+        error = _error(predicted, logged)
+        if error is not None:
+            errors[log.split or "neither"].append(error)
+    return {split: summarize(values) for split, values in sorted(errors.items())}
 
 
 def runtime_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[str, str]]:
@@ -306,6 +490,11 @@ def runtime_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[
     for log in logs:
         if log.engine != "vllm" or log.split is None or log.vocab_size is None:
             continue
+        if log.logged.get("activation_gib") is None and log.logged.get("non_torch_gib") is None:
+            continue
+        profile = profile_for(log.engine_version)
+        if profile is None:
+            continue
         memory = estimate_runtime_memory(
             gpu=find_gpu("h100", registry),
             vocab_size=log.vocab_size,
@@ -313,7 +502,8 @@ def runtime_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[
             pp_size=log.flag("pp", 1),
             max_num_seqs=log.flag("max_num_seqs"),
             max_num_batched_tokens=log.flag("max_num_batched_tokens"),
-            engine_version=str(log.engine_version),
+            engine_version=version_key(str(log.engine_version)),
+            profile_version=profile,
         )
         for name, key in (("activation peak", "activation_gib"), ("non-torch", "non_torch_gib")):
             error = _error(memory.term(name).bytes / GiB, log.logged.get(key))
@@ -331,11 +521,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the whole report (every run's prediction) here")
     args = parser.parse_args(argv)
     report = run(args.peers_venv)
+    versions = {log.id: f"{log.engine} {log.engine_version or 'unknown'}" for log in load_startup_logs()}
     print(f"{len(report['skipped'])} records not predictable by any tool (reasons in --json)")
-    print("\n## kvpools runtime terms against the logged terms (vLLM 0.19 profile)")
+    print("\n## kvpools runtime terms against the logged terms (vLLM 0.19 profile; CUDA graphs: vLLM 0.33 profile)")
     for term, groups in report["terms"].items():
         for group, text in groups.items():
             print(f"  {term:16} {group:22} {text}")
+    print("\n## held out, per tool and engine version (target: mean abs <= 2 %)")
+    for name, tool in report["tools"].items():
+        for version, metrics in tool["held_out"].items():
+            print(f"  {name:40} {version:18} " + "; ".join(f"{m} {t}" for m, t in metrics.items()))
+        by_version: dict[str, int] = defaultdict(int)
+        for run_id in tool["refused"]:
+            by_version[versions[run_id]] += 1
+        if by_version:
+            print(f"  {name:40} refused: " + ", ".join(f"{v} {n}" for v, n in sorted(by_version.items())))
+        if tool["missed_engine_refusals"]:
+            print(f"  {name:40} planned a pool where the engine refused to start: {tool['missed_engine_refusals']}")
     for name, tool in report["tools"].items():
         print(f"\n## {name}")
         for group, metrics in tool["groups"].items():

@@ -16,6 +16,7 @@ import click
 from rich.console import Console
 
 from kvpools_core.dtypes import KV_DTYPE_CHOICES
+from kvpools_core.engines.vllm.runtime_memory import PROFILE_VERSIONS
 from kvpools_core.errors import ConfigError, KvpoolsError, PluginError, PluginHookError, short_repr
 from kvpools_core.options import cli_surface, env_flag, option
 from kvpools_core.values import (
@@ -51,6 +52,9 @@ _HELP = {
     "max_total_tokens": "Cap on KV tokens.",
     "mem_fraction_static": "Static memory fraction (runtime slack = pre-load memory x (1 - this)).",
     "chunked_prefill_size": "Chunked prefill size.",
+    "post_capture_kv_sizing": "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=1 (--gpu/--gpu-memory only): where SGLang plans "
+    "it, the default fraction reserves no graph/activation memory and a Mamba model's slack is at least the "
+    "pre-capture activation reserve; the pre-capture pool is planned (an upper bound).",
     "disable_radix_cache": "Radix (prefix) cache off.",
     "disable_overlap_schedule": "Overlap schedule off.",
     "prefill_only_disable_kv_cache": "Embedding prefill server without a KV cache (SGLang's flag): the no-op MHA pool "
@@ -370,10 +374,11 @@ def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
             ),
             (
                 "--runtime-profile",
-                click.Choice(["0.19"]),
+                click.Choice([*PROFILE_VERSIONS, *(f"vllm=={version}" for version in PROFILE_VERSIONS)]),
                 "With --gpu / --gpu-memory: estimate vLLM's activation peak, non-torch memory and CUDA graphs, and "
                 "take the GPU's total as torch reports it, from this vLLM version's calibrated profile "
-                "(docs/vllm.md) [default: off: those terms are 0, an upper bound].",
+                "(0.19 or 0.33, also spelt vllm==0.33; docs/vllm.md) [default: off: those terms are 0, an upper "
+                "bound].",
             ),
         )
     ):

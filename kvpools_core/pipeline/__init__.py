@@ -23,7 +23,14 @@ from kvpools_core.parts.sizing import (
 from kvpools_core.parts.unified import UnifiedRequest, unified_memory_problems
 from kvpools_core.parts.unified_plan import UNIFIED_FEATURE
 from kvpools_core.pipeline.engine_defaults import apply_engine_defaults
-from kvpools_core.pipeline.gpus import GPU, custom_gpu, default_runtime_bytes, find_gpu, sglang_memory_defaults
+from kvpools_core.pipeline.gpus import (
+    GPU,
+    custom_gpu,
+    default_runtime_bytes,
+    find_gpu,
+    sglang_decode_max_bs,
+    sglang_memory_defaults,
+)
 from kvpools_core.pipeline.host import host_reserve_flag_check, plan_host_tier, resolve_retraction_backup
 from kvpools_core.pipeline.noop import noop_sizing, sizing_serving
 from kvpools_core.pipeline.platforms import (
@@ -59,6 +66,13 @@ from kvpools_core.pipeline.platforms import (
 )
 from kvpools_core.pipeline.platforms import (
     select_platform as select_platform,
+)
+from kvpools_core.pipeline.post_capture import (
+    POST_CAPTURE_VLM_RESERVE_MB,
+    mamba_slack_floor_bytes,
+    post_capture_planned,
+    post_capture_reserved_mb,
+    pre_capture_activation_reserve_mb,
 )
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.units import parse_bytes
@@ -346,6 +360,11 @@ def resolve_budget(
         )
     if memory is not None:
         ignored = [o(n) for n, v in (("weights_memory", weights_memory), ("reserved_memory", reserved_memory)) if v]
+        if serving.post_capture_kv_sizing:
+            raise ConfigError(
+                f"{o('post_capture_kv_sizing')} changes how SGLang sizes a profiled budget ({o('gpu')} or "
+                f"{o('gpu_memory')}); {o('memory')} is already the KV cache's own budget. Drop one of them."
+            )
         if serving.mem_fraction_static is not None:
             raise ConfigError(
                 f"{o('mem_fraction_static')} {serving.mem_fraction_static} only applies to a profiled budget "
@@ -359,6 +378,11 @@ def resolve_budget(
                 f"{o('device')}); {o('memory')} is already the KV cache's own budget. Drop one of them."
             )
         return explicit_budget(parse_bytes(memory, o("memory")))
+    if serving.post_capture_kv_sizing:
+        raise ConfigError(
+            f"kvpools does not model {o('post_capture_kv_sizing')} on a stated or measured free memory yet (a Mamba "
+            f"model's slack floor is a function of the GPU's total): plan on {o('gpu')} or {o('gpu_memory')}."
+        )
     weights = parse_bytes(weights_memory or 0, o("weights_memory"))
     reserved = parse_bytes(reserved_memory or 0, o("reserved_memory"))
     if multimodal:
@@ -468,14 +492,39 @@ def _gpu_budget(
         if runtime_memory is not None
         else default_runtime_bytes(serving)
     )
+    post = post_capture_planned(spec, serving, registry=registry) if serving.post_capture_kv_sizing else None
     if serving.mem_fraction_static is not None:
         fraction, why = serving.mem_fraction_static, "given"
+    elif post is not None and post.planned:
+        fraction, why = _post_capture_fraction(gpu.total_mib, spec, serving)
     else:
         defaults = sglang_memory_defaults(gpu.total_mib, spec, serving, registry=registry)  # traits: for the GPU
         fraction = defaults.mem_fraction_static
         why = (
             f"SGLang 0.5.23's default for {gpu.total_mib:g} MiB = round((G - reserved) / G, 3), "
             f"reserved {defaults.reserved_mb:g} MiB = {' + '.join(defaults.terms)}"
+        )
+    post_steps: tuple[str, ...] = ()
+    slack_steps: tuple[str, ...] = ()
+    if post is not None and not post.planned:
+        post_steps = (f"post-capture KV sizing asked but not planned by SGLang: {post.why_not}; sized as without it",)
+    elif post is not None and post.planned and post.mambaish:
+        max_bs = sglang_decode_max_bs(
+            gpu.total_mib, serving.tp_size, serving.platform_traits or serving.platform, registry=registry
+        )
+        if serving.max_running_requests is not None:
+            max_bs = min(max_bs, serving.max_running_requests)
+        extra, line = mamba_slack_floor_bytes(
+            pre_model_load_bytes=gpu.total_bytes - runtime,
+            mem_fraction_static=fraction,
+            reserve_mb=pre_capture_activation_reserve_mb(gpu.total_mib, serving, max_bs),
+        )
+        reserved += extra
+        slack_steps = (line,)
+    if post is not None and post.planned:
+        post_steps += (
+            "post-capture KV sizing: the pre-capture pool planned here is an upper bound; SGLang re-sizes it after "
+            "the graph capture from the memory then free (compute_post_capture_kv_resize), capped at this size",
         )
     budget = gpu_budget(
         gpu=gpu.name,
@@ -486,7 +535,23 @@ def _gpu_budget(
         weights_bytes=weights,
         reserved_bytes=reserved,
     )
-    return attrs.evolve(budget, steps=(*budget.steps, weights_from))
+    steps = (*budget.steps[:-1], *slack_steps, budget.steps[-1], *post_steps, weights_from)
+    return attrs.evolve(budget, steps=steps)
+
+
+def _post_capture_fraction(gpu_mib: float, spec: ModelSpec, serving: Serving) -> tuple[float, str]:
+    """The default fraction when SGLang plans post-capture KV sizing (``memory_hook.py`` L291-295, L423-430)."""
+    reserved = post_capture_reserved_mb(serving.tp_size, serving.pp_size)
+    fraction = round((gpu_mib - reserved) / gpu_mib, 3)
+    why = (
+        f"SGLang 0.5.23's default for {gpu_mib:g} MiB under post-capture KV sizing = round((G - reserved) / G, 3), "
+        f"reserved {reserved:g} MiB = 1536 MiB + tp {serving.tp_size} x pp {serving.pp_size} / 8 x 1024 (no graph, "
+        f"activation or 10 GiB floor term)"
+    )
+    if spec.is_multimodal and serving.disaggregation_mode != "decode":
+        fraction -= POST_CAPTURE_VLM_RESERVE_MB / gpu_mib
+        why += f", less a multimodal model's 8192 MiB / G = {fraction:g}"
+    return fraction, why
 
 
 def _draft_weights_note(

@@ -25,6 +25,7 @@ import attrs
 
 from kvpools_core.errors import ConfigError, PluginConflictError, PluginResultError, short_repr
 from kvpools_core.options import option
+from kvpools_core.pipeline.sglang_profile import load_sglang_profile
 from kvpools_core.units import parse_bytes
 from kvpools_core.values import GPU as GPU  # re-exported: the catalogue's value, defined with the others
 from kvpools_core.values import ModelSpec, PlatformTraits, Serving
@@ -176,7 +177,16 @@ NO_BREAKABLE_PREFILL_GRAPH = "no_breakable_prefill_graph"
 """The ``architecture_traits`` trait of a class whose breakable prefill CUDA graph SGLang turns off before sizing
 (``disable_breakable_cudagraph_if_incompatible``, ``cuda_graph_hook.py`` lines 170-240)."""
 
-ARCHITECTURE_TRAITS = (MLA_BACKEND, NO_BREAKABLE_PREFILL_GRAPH)
+MAMBAISH_STATE = "mambaish_state"
+"""The ``architecture_traits`` trait of a class SGLang gives a ``mambaish_config`` (a recurrent-state pool beside the
+KV cache): under post-capture KV sizing its slack is at least the pre-capture activation reserve
+(:mod:`kvpools_core.pipeline.post_capture`)."""
+
+NO_POST_CAPTURE_KV_SIZING = "no_post_capture_kv_sizing"
+"""The ``architecture_traits`` trait of a class for which SGLang never plans post-capture KV sizing
+(``post_capture_kv_sizing_planned``: ``is_deepseek_v4`` / ``is_minimax_sparse``, ``overrides.py`` L1859-1860)."""
+
+ARCHITECTURE_TRAITS = (MLA_BACKEND, NO_BREAKABLE_PREFILL_GRAPH, MAMBAISH_STATE, NO_POST_CAPTURE_KV_SIZING)
 """The traits an architecture plugin may give a Hugging Face class (``architecture_traits`` hook)."""
 
 
@@ -406,16 +416,16 @@ def sglang_memory_defaults(
 # the runtime's own footprint before the weights load
 # ---------------------------------------------------------------------------
 
-SINGLE_RANK_RUNTIME_BYTES = 1 * GiB
-"""Estimate of what one rank's CUDA context, torch and library workspaces take before the weights (no
-torch.distributed communicators): kvpools' estimate, not a citable measurement; override with
-``runtime_memory`` / ``--runtime-memory``."""
+SINGLE_RANK_RUNTIME_BYTES = load_sglang_profile("0.5.23").single_rank_runtime_bytes
+"""1 GiB (``profiles/sglang-0.5.23.json``): estimate of what one rank's CUDA context, torch and library
+workspaces take before the weights (no torch.distributed communicators): kvpools' estimate, not a citable
+measurement; override with ``runtime_memory`` / ``--runtime-memory``."""
 
-DISTRIBUTED_RUNTIME_BYTES = 3 * GiB
-"""What a rank of a TP/PP group holds before the weights, context and NCCL/custom all-reduce buffers
-included: SGLang logs 'Load weight begin. avail mem=137.34 GB' on TP0 of an 8 x H200 server
-(github.com/sgl-project/sglang/pull/11716), 3.06 GiB below the 143771 MiB total, and 'avail mem=12.25 GB,
-mem usage=125.65 GB' at the end of the load (137.90 GiB before it, 2.50 GiB below the total;
+DISTRIBUTED_RUNTIME_BYTES = load_sglang_profile("0.5.23").group_runtime_bytes
+"""3 GiB (``profiles/sglang-0.5.23.json``): what a rank of a TP/PP group holds before the weights, context
+and NCCL/custom all-reduce buffers included: SGLang logs 'Load weight begin. avail mem=137.34 GB' on TP0 of an
+8 x H200 server (github.com/sgl-project/sglang/pull/11716), 3.06 GiB below the 143771 MiB total, and
+'avail mem=12.25 GB, mem usage=125.65 GB' at the end of the load (137.90 GiB before it, 2.50 GiB below the total;
 github.com/SemiAnalysisAI/InferenceX/issues/2128).  kvpools takes 3 GiB."""
 
 

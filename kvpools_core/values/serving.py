@@ -356,6 +356,11 @@ class Serving:
     """``None``: SGLang's default, as the budget resolves it (a GPU's ``handle_gpu_memory_settings`` value with
     ``gpu``, else ``DEFAULT_MEM_FRACTION_STATIC`` 0.9); the fraction used is ``Plan.budget.mem_fraction_static``."""
     chunked_prefill_size: int | None = attrs.field(default=8192, validator=optional_positive)
+    post_capture_kv_sizing: bool = False
+    """``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=1`` (SGLang 0.5.23, off by default): where SGLang plans it
+    (``post_capture_kv_sizing_planned``), a GPU budget's default fraction skips the graph and activation reserve
+    and a Mamba model's slack is at least the pre-capture activation reserve
+    (:mod:`kvpools_core.pipeline.post_capture`); elsewhere SGLang ignores it and so does the plan (a step says so)."""
     disable_radix_cache: bool = False
     disable_overlap_schedule: bool = False
     prefill_only_disable_kv_cache: bool = False

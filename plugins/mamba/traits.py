@@ -13,4 +13,11 @@ MLA_BACKEND_ARCHITECTURES = ("KimiLinearForCausalLM", "KimiK3LinearForCausalLM")
 
 @hookimpl
 def architecture_traits() -> Mapping[str, Sequence[str]]:
-    return dict.fromkeys(MLA_BACKEND_ARCHITECTURES, ("mla_backend",))
+    """Every class this plugin parses has a recurrent state (SGLang's ``mambaish_config``); Kimi-Linear's also run
+    the MLA backend."""
+    from .config import _FAMILY_BY_ARCHITECTURE
+
+    traits: dict[str, tuple[str, ...]] = dict.fromkeys(_FAMILY_BY_ARCHITECTURE, ("mambaish_state",))
+    for architecture in MLA_BACKEND_ARCHITECTURES:
+        traits[architecture] = (*traits.get(architecture, ()), "mla_backend")
+    return traits

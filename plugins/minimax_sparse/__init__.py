@@ -58,6 +58,13 @@ def presets() -> dict[str, str]:
 
 
 @hookimpl
+def architecture_traits() -> dict[str, list[str]]:
+    """SGLang 0.5.23 never plans post-capture KV sizing for MiniMax-M3's sparse models (``is_minimax_sparse`` in
+    ``post_capture_kv_sizing_planned``, ``arg_groups/overrides.py`` L1859-1860)."""
+    return {architecture: ["no_post_capture_kv_sizing"] for architecture in SPARSE_ARCHITECTURES}
+
+
+@hookimpl
 def engine_features() -> dict[str, list[str]]:
     """SGLang 0.5.23 runs HiSparse on MiniMax-M3's sparse models (``is_minimax_sparse`` in ``validate_hisparse``),
     and its fp8 attention-GEMM mode (``m3_fp8_attn_gemm_enabled``) on them."""

@@ -242,6 +242,11 @@ EVIDENCE: dict[str, Evidence] = {
         (*QWEN35, "--enable-mamba-extra-buffer"),
         (*QWEN35, "--enable-mamba-extra-buffer", "--enable-mamba-extra-buffer-lazy"),
     ),
+    "post_capture_kv_sizing": Changes(
+        ("llama-3.1-8b", "--gpu", "h100", "--weights-memory", "15GiB"),
+        ("llama-3.1-8b", "--gpu", "h100", "--weights-memory", "15GiB", "--post-capture-kv-sizing"),
+        why="the default fraction without the graph reserve (tests/core/test_post_capture.py)",
+    ),
     "mamba_skip_decode_lock": Changes(
         (*QWEN35, "--enable-mamba-extra-buffer"), (*QWEN35, "--enable-mamba-extra-buffer", "--mamba-skip-decode-lock")
     ),

@@ -16,8 +16,10 @@ from kvpools_core import Serving, hookimpl
 from kvpools_core.errors import PluginResultError
 from kvpools_core.models import load_model
 from kvpools_core.pipeline.gpus import (
+    MAMBAISH_STATE,
     MLA_BACKEND,
     NO_BREAKABLE_PREFILL_GRAPH,
+    NO_POST_CAPTURE_KV_SIZING,
     architecture_traits,
     model_traits,
     sglang_memory_defaults,
@@ -69,7 +71,9 @@ def test_the_plugins_name_exactly_sglangs_classes() -> None:
     [
         ("deepseek-v3", {MLA_BACKEND}),
         ("deepseek-v3.2", {MLA_BACKEND}),
-        ("kimi-linear-48b-a3b-instruct-nvfp4", {MLA_BACKEND}),
+        ("kimi-linear-48b-a3b-instruct-nvfp4", {MLA_BACKEND, MAMBAISH_STATE}),
+        ("qwen3-next-80b-a3b-thinking", {MAMBAISH_STATE}),
+        ("minimax-m3", {NO_POST_CAPTURE_KV_SIZING}),
         ("deepseek-v4-flash", {NO_BREAKABLE_PREFILL_GRAPH}),
         ("llama-3.1-8b", set()),
     ],

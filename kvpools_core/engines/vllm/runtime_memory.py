@@ -88,13 +88,15 @@ class RuntimeProfile:
     non_torch_bytes_by_tp: tuple[tuple[int, int], ...]
     non_torch_pp_bytes: int
     cudagraph_subtracted: bool
+    cudagraph_first_capture_bytes: int
+    cudagraph_per_graph_bytes: int
     default_max_num_seqs: int
     default_max_num_batched_tokens: int
     fitted_on: str
     file: str
 
 
-PROFILE_VERSIONS = ("0.19",)
+PROFILE_VERSIONS = ("0.19", "0.33")
 """The vLLM versions that have a calibrated profile."""
 
 
@@ -104,9 +106,32 @@ def _gib(value: Any, name: str, file: str) -> int:
     return round(value * GiB)
 
 
+def version_key(version: str) -> str:
+    """``"0.19"`` of ``"vllm==0.19.0"``, ``"0.19.0"`` or ``"0.19"``."""
+    return ".".join(str(version).strip().removeprefix("vllm==").split(".")[:2])
+
+
+def installed_vllm_version() -> str | None:
+    """The vLLM installed beside kvpools (``importlib.metadata``), or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _older_or_newer(profile: str, installed: str) -> str:
+    def parts(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in version_key(text).split(".") if part.isdigit())
+
+    return "older than" if parts(profile) < parts(installed) else "newer than"
+
+
 def load_profile(version: str) -> RuntimeProfile:
-    """The calibrated profile of vLLM ``version`` (``0.19`` or ``0.19.0``); refuses a version without one."""
-    key = ".".join(str(version).strip().removeprefix("vllm==").split(".")[:2])
+    """The calibrated profile of vLLM ``version`` (``0.19``, ``0.19.0`` or ``vllm==0.33``); refuses a version
+    without one."""
+    key = version_key(version)
     if key not in PROFILE_VERSIONS:
         raise ConfigError(
             f"kvpools has no calibrated runtime-memory profile for vLLM {version!r} (profiles: "
@@ -127,6 +152,10 @@ def load_profile(version: str) -> RuntimeProfile:
         non_torch_bytes_by_tp=by_tp,
         non_torch_pp_bytes=_gib(data["non_torch_pp_gib"], "non_torch_pp_gib", file),
         cudagraph_subtracted=bool(data["cudagraph_subtracted"]),
+        cudagraph_first_capture_bytes=_gib(
+            data.get("cudagraph_first_capture_gib", 0), "cudagraph_first_capture_gib", file
+        ),
+        cudagraph_per_graph_bytes=_gib(data.get("cudagraph_per_graph_gib", 0), "cudagraph_per_graph_gib", file),
         default_max_num_seqs=int(data["default_max_num_seqs"]),
         default_max_num_batched_tokens=int(data["default_max_num_batched_tokens"]),
         fitted_on=str(data["fitted_on"]["data"]),
@@ -192,9 +221,39 @@ def non_torch_memory(*, tp_size: int, pp_size: int, profile: RuntimeProfile) -> 
     )
 
 
-def cudagraph_memory(*, profile: RuntimeProfile) -> Term:
-    """The CUDA-graph estimate vLLM subtracts before sizing the KV cache: zero for a version that captures the graphs
-    after sizing it (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` off, as in vLLM 0.19)."""
+def cudagraph_capture_sizes(*, max_num_seqs: int, max_num_batched_tokens: int, blackwell: bool = False) -> list[int]:
+    """vLLM 0.33's default ``cudagraph_capture_sizes`` without speculative decoding (``config/vllm.py``
+    ``_set_cudagraph_sizes`` L2452-2605, decode query length 1): the ceiling ``min(max_num_seqs x 2, 512)`` (1024 on
+    a Blackwell, device capability family 100) then ``min(max_num_batched_tokens, ceiling)``; sizes 1, 2, 4, every 8
+    up to 248, every 16 from 256 to the ceiling, plus ``max_num_batched_tokens`` when it is within the ceiling and
+    ``max_num_seqs`` when it is (the uniform-decode size)."""
+    ceiling = min(max_num_seqs * 2, 1024 if blackwell else 512)
+    decode = [max_num_seqs] if max_num_seqs <= ceiling else []
+    ceiling = min(max_num_batched_tokens, ceiling)
+    sizes = [size for size in (1, 2, 4) if size <= ceiling]
+    if ceiling >= 8:
+        sizes += list(range(8, min(ceiling + 1, 256), 8))
+    if ceiling >= 256:
+        sizes += list(range(256, ceiling + 1, 16))
+    if max_num_batched_tokens <= ceiling:
+        sizes.append(max_num_batched_tokens)
+    sizes += [size for size in decode if size <= max_num_batched_tokens]
+    return sorted(set(sizes))
+
+
+def cudagraph_memory(
+    *, profile: RuntimeProfile, max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None
+) -> Term:
+    """The CUDA-graph estimate vLLM subtracts before sizing the KV cache.
+
+    Zero for a version that captures the graphs after sizing it (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` off,
+    as in vLLM 0.19).  vLLM 0.33 turns it on (``envs.py`` L2219) and ``profile_cudagraph_memory``
+    (``v1/worker/gpu_model_runner.py`` L6268-6415) captures the first two graphs of each mode and estimates
+    ``max over modes(first capture) + sum over modes(second capture x (graphs - 1))``.  The default mode
+    ``FULL_AND_PIECEWISE`` captures a PIECEWISE graph per capture size and a FULL graph per uniform-decode size
+    (the capture sizes up to ``max_num_seqs``); the first-capture and per-graph bytes are the profile's calibrated
+    constants (``profiles/vllm-<version>.json``).  Not modelled: speculative decoding's widened decode sizes and
+    encoder graphs."""
     if not profile.cudagraph_subtracted:
         return Term(
             name="CUDA graphs",
@@ -202,9 +261,22 @@ def cudagraph_memory(*, profile: RuntimeProfile) -> Term:
             formula=f"0: vLLM {profile.version} captures the graphs after sizing the KV cache",
             source="VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 in that version's logs",
         )
-    raise ConfigError(
-        f"kvpools does not model vLLM {profile.version}'s CUDA-graph memory estimate yet; pass --memory "
-        f"(the logged 'Available KV cache memory')."
+    seqs = profile.default_max_num_seqs if max_num_seqs is None else max_num_seqs
+    batched = profile.default_max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
+    sizes = cudagraph_capture_sizes(max_num_seqs=seqs, max_num_batched_tokens=batched)
+    piecewise, full = len(sizes), sum(1 for size in sizes if size <= seqs)
+    graphs = (piecewise - 1) + max(full - 1, 0)
+    total = profile.cudagraph_first_capture_bytes + graphs * profile.cudagraph_per_graph_bytes
+    return Term(
+        name="CUDA graphs",
+        bytes=total,
+        formula=(
+            f"{profile.cudagraph_first_capture_bytes / GiB:.4f} GiB first capture + (PIECEWISE {piecewise} - 1 + FULL "
+            f"{full} - 1) x {profile.cudagraph_per_graph_bytes / (1 << 20):.1f} MiB per graph (calibrated, "
+            f"{profile.file}, low confidence: vLLM measures the model's own captures, docs/vllm.md; largest "
+            f"capture size {sizes[-1] if sizes else 0})"
+        ),
+        source="vLLM 0.33 gpu_model_runner.profile_cudagraph_memory; config/vllm.py _set_cudagraph_sizes",
     )
 
 
@@ -270,15 +342,22 @@ def estimate_runtime_memory(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}.")
     profile = load_profile(profile_version or engine_version)
-    engine_key = ".".join(str(engine_version).removeprefix("vllm==").split(".")[:2])
-    note = ""
+    engine_key = version_key(engine_version)
+    notes = []
     if profile.version != engine_key:
-        note = f"made with vLLM {profile.version}'s calibrated profile for vLLM {engine_version}"
+        notes.append(f"made with vLLM {profile.version}'s calibrated profile for vLLM {engine_version}")
+    installed = installed_vllm_version()
+    if installed is not None and version_key(installed) != profile.version:
+        notes.append(
+            f"the profile (vLLM {profile.version}) is {_older_or_newer(profile.version, installed)} the installed "
+            f"vLLM {installed}"
+        )
+    note = "; ".join(notes)
     seqs = profile.default_max_num_seqs if max_num_seqs is None else max_num_seqs
     batched = profile.default_max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
     terms = (
         activation_peak(vocab_size=vocab_size, max_num_seqs=seqs, max_num_batched_tokens=batched, profile=profile),
         non_torch_memory(tp_size=tp_size, pp_size=pp_size, profile=profile),
-        cudagraph_memory(profile=profile),
+        cudagraph_memory(profile=profile, max_num_seqs=seqs, max_num_batched_tokens=batched),
     )
     return RuntimeMemory(total=torch_total_memory(gpu), terms=terms, profile=profile, note=note)
