@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -77,6 +77,11 @@ from kvpools_core.parts.sizing import (
     with_cost,
 )
 from kvpools_core.values import FIXED, FULL_TOKENS, REQUEST, TOKEN, GroupCost, LayerSpec, ModelSpec, PoolSpec, Serving
+
+from .layouts import KVLayout, compressed_layout, main_layout
+
+if TYPE_CHECKING:
+    from .low_ratio import LowRatioBuffers
 
 __all__ = [
     "C4_INDEXER_STATE_POOL",
@@ -184,15 +189,23 @@ class KVRowGeometry:
     page_size: int
     layers: tuple[int, ...]
     row_bytes: int
+    page_align: int = PAGE_ALIGN
+    """The unit a page's stride is padded to (the layout's ``page_align``: 576 for V4, :mod:`.layouts`)."""
+    layout: str = "v4"
+    global_page: int | None = None
+    """The low-ratio pools' (0.5.23 ``_num_dsv4_physical_kv_pages``): ``ceil((size + global_page) / page_size)``
+    pages; ``None``: ``(size + page_size + 1) // page_size``."""
 
     @property
     def pages(self) -> int:
-        """``(size + page_size + 1) // page_size``: page 0 pads, and one more slot."""
+        """``(size + page_size + 1) // page_size``: page 0 pads, and one more slot (see :attr:`global_page`)."""
+        if self.global_page is not None:
+            return -(-(self.tokens + self.global_page) // self.page_size)
         return (self.tokens + self.page_size + 1) // self.page_size
 
     @property
     def page_bytes(self) -> int:
-        return _ceil_to(self.page_size * self.row_bytes, PAGE_ALIGN)
+        return _ceil_to(self.page_size * self.row_bytes, self.page_align)
 
     @property
     def nbytes(self) -> int:
@@ -275,6 +288,8 @@ class DSV4Buffers:
     num_req_slots: int
     c128_mtp_seq_lens: int
     hisparse_ptrs: int
+    low_ratio: LowRatioBuffers = attrs.field(factory=lambda: _no_low_ratio())
+    """DeepSeek-V4.1's ratio-1/2 kv_source pools (:mod:`.low_ratio`); empty for V4 models."""
 
     @property
     def head_dim(self) -> int:
@@ -287,6 +302,13 @@ class DSV4Buffers:
 def packed_row_bytes(qk_nope_head_dim: int, qk_rope_head_dim: int) -> int:
     """Bytes of one packed DSV4 row: fp8 nope, bf16 rope, ue8m0 scale per 64 nope, one pad (584 for 448/64)."""
     return qk_nope_head_dim + qk_rope_head_dim * ROPE_BYTES + qk_nope_head_dim // NOPE_QUANT_BLOCK + SCALE_PAD
+
+
+def layout_row_bytes(layout: KVLayout, qk_nope_head_dim: int, qk_rope_head_dim: int) -> int:
+    """A token's bytes in ``layout``: V4's from the dims (``get_bytes_per_token``), a V4.1 layout's fixed count."""
+    if layout.name == "v4":
+        return packed_row_bytes(qk_nope_head_dim, qk_rope_head_dim)
+    return layout.bytes_per_token
 
 
 def _ratio(layer: LayerSpec) -> int:
@@ -311,7 +333,8 @@ def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_ru
     index_dim = int(c4_params.get("index_head_dim", 0))
     window = int(first.get("window_size", 0))
     page = serving.page_size
-    row = packed_row_bytes(nope, rope)
+    main = main_layout(serving)
+    row = layout_row_bytes(main, nope, rope)
     ids = tuple(range(start, end))
     c4_ids = tuple(i for i, r in zip(ids, ratios, strict=True) if r == 4)
     c128_ids = tuple(i for i, r in zip(ids, ratios, strict=True) if r == 128)
@@ -337,8 +360,11 @@ def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_ru
 
     num_draft = draft_layers(model, serving)
     draft_swa = (
-        KVRowGeometry(DRAFT_SWA_KV_POOL, sizes.swa_tokens, page, tuple(range(num_draft)), row) if num_draft else None
+        KVRowGeometry(DRAFT_SWA_KV_POOL, sizes.swa_tokens, page, tuple(range(num_draft)), row, *_geo(main))
+        if num_draft
+        else None
     )
+    c4_layout, c128_layout = compressed_layout(serving, 4), compressed_layout(serving, 128)
     return DSV4Buffers(
         page_size=page,
         start_layer=start,
@@ -348,9 +374,23 @@ def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_ru
         qk_rope_head_dim=rope,
         index_head_dim=index_dim,
         window_size=window,
-        swa=KVRowGeometry(SWA_KV_POOL, sizes.swa_tokens, page, ids, row),
-        c4=KVRowGeometry(C4_KV_POOL, sizes.c4_tokens, max(page // 4, 1), c4_ids, row),
-        c128=KVRowGeometry(C128_KV_POOL, sizes.c128_tokens, max(page // 128, 1), c128_ids, row),
+        swa=KVRowGeometry(SWA_KV_POOL, sizes.swa_tokens, page, ids, row, *_geo(main)),
+        c4=KVRowGeometry(
+            C4_KV_POOL,
+            sizes.c4_tokens,
+            max(page // 4, 1),
+            c4_ids,
+            layout_row_bytes(c4_layout, nope, rope),
+            *_geo(c4_layout),
+        ),
+        c128=KVRowGeometry(
+            C128_KV_POOL,
+            sizes.c128_tokens,
+            max(page // 128, 1),
+            c128_ids,
+            layout_row_bytes(c128_layout, nope, rope),
+            *_geo(c128_layout),
+        ),
         indexer=IndexerGeometry(sizes.c128_tokens * C4_LOGICAL_PER_C128, max(page // 4, 1), c4_ids, index_dim),
         c4_state=StateGeometry(
             C4_STATE_POOL, 4, sizes.c4_state_size, ring4, c4_rows, 4 * (nope + rope), state_dtype, c4_ids
@@ -365,7 +405,25 @@ def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_ru
         num_req_slots=num_req_slots,
         c128_mtp_seq_lens=mtp_seq_lens if c128_ids else 0,
         hisparse_ptrs=len(c4_ids) if serving.enable_hisparse else 0,
+        low_ratio=_low_ratio_buffers(model, serving, sizes.full_tokens, num_req_slots),
     )
+
+
+def _low_ratio_buffers(model: ModelSpec, serving: Serving, full_tokens: int, num_req_slots: int) -> LowRatioBuffers:
+    from .low_ratio import low_ratio_buffers
+
+    return low_ratio_buffers(model, serving, full_tokens, num_req_slots)
+
+
+def _no_low_ratio() -> LowRatioBuffers:
+    from .low_ratio import LowRatioBuffers
+
+    return LowRatioBuffers((), (), None)
+
+
+def _geo(layout: KVLayout) -> tuple[int, str]:
+    """A layout's ``(page_align, name)``, the tail of :class:`KVRowGeometry`'s fields."""
+    return layout.page_align, layout.name
 
 
 def pool_specs(
@@ -473,6 +531,10 @@ def _pool_layout(
         if b.c128_mtp_seq_lens:
             nbytes = b.c128_mtp_seq_lens * 8
             layout.append((nbytes, partial(_request_pool, C128_MTP_SEQ_LENS_POOL, max_running_requests, 8, nbytes)))
+    if b.low_ratio.kv:
+        from .low_ratio import low_ratio_layout
+
+        layout += low_ratio_layout(b.low_ratio, sizes.full_tokens, page, max_running_requests)
     # the engine-wide pools the parts library builds (their bytes come from the values themselves)
     mapping = swa_mapping_pool(sizes.full_tokens, page, OWNER)
     layout.append((mapping.bytes, partial(swa_mapping_pool, sizes.full_tokens, page)))

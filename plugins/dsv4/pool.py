@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from kvpools_core.allocators.swa import mapping_nbytes, new_full_to_swa_mapping
-from kvpools_core.errors import PoolPlanMismatchError
+from kvpools_core.errors import PoolPlanMismatchError, UnsupportedCombinationError
 from kvpools_core.pools.dsa import index_request
 from kvpools_core.pools.kv import allocate, check_planned_bytes, tensor_nbytes
 from kvpools_core.pools.layout import PER_LAYER, BufferLayout, BufferRequest, allocate_buffers, check_layout_bytes
@@ -54,6 +54,7 @@ from .buffers import (
     StateGeometry,
     dsv4_buffers,
 )
+from .low_ratio import LowIndexGeometry
 
 __all__ = ["DSV4TokenToKVPool", "PackedRows", "sizes_of"]
 
@@ -103,6 +104,11 @@ class PackedRows:
         return self.kv_buffer[layer_id]
 
     def _columns(self, loc: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        if self.geo.layout != "v4":
+            raise UnsupportedCombinationError(
+                f"The {self.name!r} pool holds {self.geo.layout} rows: kvpools allocates them exactly but does not "
+                f"read or write the V4.1 encodings yet (only the V4 rows of --dsv4-kv-layout v4)."
+            )
         page = self.page_size
         loc = loc.long()
         pages = (loc // page).unsqueeze(1)
@@ -252,8 +258,9 @@ class DSV4TokenToKVPool:
         self.start_layer, self.end_layer = buffers.start_layer, buffers.end_layer
         self.compression_ratios = buffers.ratios
         b = buffers
-        row_pools = [geo for geo in (b.swa, b.c4, b.c128, b.draft_swa) if geo is not None and geo.layers]
-        states = [geo for geo in (b.c4_state, b.c4_indexer_state, b.c128_state) if geo.layers]
+        low = b.low_ratio
+        row_pools = [geo for geo in (b.swa, b.c4, b.c128, b.draft_swa, *low.kv) if geo is not None and geo.layers]
+        states = [geo for geo in (b.c4_state, b.c4_indexer_state, b.c128_state, low.pair_state) if geo and geo.layers]
         requests = [PackedRows.request(geo, device) for geo in row_pools]
         index_req = (
             index_request(
@@ -264,6 +271,8 @@ class DSV4TokenToKVPool:
         )
         requests += [index_req] if index_req is not None else []
         requests += [CompressStates.request(geo, device) for geo in states]
+        low_index_requests = [low_index_request(ix, device) for ix in low.index]
+        requests += low_index_requests
         check_layout_bytes(self.layout, requests)  # every buffer's bytes, before the first tensor
 
         def alloc(request: BufferRequest) -> dict[int, Tensor]:
@@ -277,6 +286,11 @@ class DSV4TokenToKVPool:
         self.c4_kv_pool = rows.get(b.c4.name)
         self.c128_kv_pool = rows.get(b.c128.name)
         self.draft_swa_kv_pool = rows.get(b.draft_swa.name) if b.draft_swa is not None else None
+        # DeepSeek-V4.1's ratio-1/2 kv_source pools (low_ratio.py): KV by ratio, fp4 index keys by ratio
+        self.low_ratio_kv_pools = {b.page_size // geo.page_size: rows[geo.name] for geo in low.kv}
+        self.low_ratio_index_pools = {
+            ix.ratio: alloc(request) for ix, request in zip(low.index, low_index_requests, strict=True)
+        }
         self.indexer = IndexerPages(b.indexer, alloc(index_req) if index_req is not None else {})
         self.states = {geo.name: CompressStates(geo, alloc(CompressStates.request(geo, device))) for geo in states}
         self.full_to_swa_index_mapping = new_full_to_swa_mapping(full_tokens, self.page_size, device)
@@ -308,9 +322,17 @@ class DSV4TokenToKVPool:
         """Measured bytes per plan pool name."""
         measured = {
             p.name: p.nbytes
-            for p in (self.swa_kv_pool, self.c4_kv_pool, self.c128_kv_pool, self.draft_swa_kv_pool)
+            for p in (
+                self.swa_kv_pool,
+                self.c4_kv_pool,
+                self.c128_kv_pool,
+                self.draft_swa_kv_pool,
+                *self.low_ratio_kv_pools.values(),
+            )
             if p is not None
         }
+        for ix in self.buffers.low_ratio.index:
+            measured[ix.name] = tensor_nbytes(list(self.low_ratio_index_pools[ix.ratio].values()))
         if self.indexer.index_k_with_scale_buffer:
             measured[INDEXER_POOL] = self.indexer.nbytes
         measured.update({name: s.nbytes for name, s in self.states.items()})
@@ -398,6 +420,20 @@ class DSV4TokenToKVPool:
         )
 
 
+def low_index_request(ix: LowIndexGeometry, device: str | torch.device) -> BufferRequest:
+    """A low ratio's fp4 indexer keys: per layer ``(pages, page_size x row_bytes)`` uint8."""
+    return BufferRequest(
+        pool=ix.name,
+        role="index_k",
+        rows=ix.pages,
+        page_size=ix.page_size,
+        layers=ix.layers,
+        row_shape=(ix.page_bytes,),
+        dtype=torch.uint8,
+        device=device,
+    )
+
+
 def _planned(b: DSV4Buffers, sizes: DSV4Sizes) -> Iterable[tuple[str, int, str]]:
     """``(pool, bytes, how)`` of every pool this store allocates."""
     for geo in (b.swa, b.c4, b.c128, b.draft_swa):
@@ -410,8 +446,12 @@ def _planned(b: DSV4Buffers, sizes: DSV4Sizes) -> Iterable[tuple[str, int, str]]
             ix.nbytes,
             f"{len(ix.layers)} layer(s) of {ix.pages} pages x {ix.page_size} x {ix.row_bytes} B",
         )
-    for st in (b.c4_state, b.c4_indexer_state, b.c128_state):
-        if st.layers:
+    for geo in b.low_ratio.kv:
+        yield geo.name, geo.nbytes, f"{len(geo.layers)} layer(s) of {geo.pages} pages x {geo.page_bytes} B"
+    for ix in b.low_ratio.index:
+        yield ix.name, ix.nbytes, f"{len(ix.layers)} layer(s) of {ix.pages} pages x {ix.page_size} x {ix.row_bytes} B"
+    for st in (b.c4_state, b.c4_indexer_state, b.c128_state, b.low_ratio.pair_state):
+        if st is not None and st.layers:
             yield st.name, st.nbytes, f"{len(st.layers)} layer(s) of {st.rows} rows x {st.last_dim} {st.dtype}"
     yield MAPPING_POOL, mapping_nbytes(sizes.full_tokens, b.page_size), f"{sizes.full_tokens} + {b.page_size} + 1 int64"
     if b.hisparse_ptrs:
