@@ -21,6 +21,7 @@ in the peers venv, never under pytest.
 """
 
 from __future__ import annotations
+import __future__
 
 import ast
 import importlib.util
@@ -29,7 +30,7 @@ import sys
 import types
 from math import gcd
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any
 
 import torch
 
@@ -57,7 +58,9 @@ def _extract(path: Path, names: set[str], namespace: dict[str, Any]) -> dict[str
     missing = names - {n.name for n in nodes}
     assert not missing, f"{path.name} has no {sorted(missing)}"
     module = ast.Module(body=nodes, type_ignores=[])
-    exec(compile(module, str(path), "exec"), namespace)  # noqa: S102 - SGLang's own source, as installed
+    # postponed annotations, as the modules declare them: no typing names are needed
+    code = compile(module, str(path), "exec", flags=__future__.annotations.compiler_flag)
+    exec(code, namespace)  # SGLang's own source, as installed
     return namespace
 
 
@@ -101,10 +104,6 @@ def main() -> None:
         "_is_hip": False,
         "ONLINE_C128": False,
         "ceil_div": lambda a, b: -(-a // b),
-        "Tuple": Tuple,
-        "Optional": Optional,
-        "List": List,
-        "Sequence": Sequence,
     }
     pool_file = root / "srt/mem_cache/deepseek_v4_memory_pool.py"
     _extract(
