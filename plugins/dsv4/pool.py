@@ -448,8 +448,9 @@ def _planned(b: DSV4Buffers, sizes: DSV4Sizes) -> Iterable[tuple[str, int, str]]
         )
     for geo in b.low_ratio.kv:
         yield geo.name, geo.nbytes, f"{len(geo.layers)} layer(s) of {geo.pages} pages x {geo.page_bytes} B"
-    for ix in b.low_ratio.index:
-        yield ix.name, ix.nbytes, f"{len(ix.layers)} layer(s) of {ix.pages} pages x {ix.page_size} x {ix.row_bytes} B"
+    for low in b.low_ratio.index:
+        how = f"{len(low.layers)} layer(s) of {low.pages} pages x {low.page_size} x {low.row_bytes} B"
+        yield low.name, low.nbytes, how
     for st in (b.c4_state, b.c4_indexer_state, b.c128_state, b.low_ratio.pair_state):
         if st is not None and st.layers:
             yield st.name, st.nbytes, f"{len(st.layers)} layer(s) of {st.rows} rows x {st.last_dim} {st.dtype}"
