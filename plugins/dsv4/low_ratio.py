@@ -24,28 +24,23 @@ SGLang 0.5.23's ``DeepSeekV4TokenToKVPool`` (``srt/mem_cache/deepseek_v4_memory_
 The budget: ref-002's ``DSV4PoolConfigurator`` counts c4 and c128 layers only, so ``--accounting sglang``
 charges the low-ratio layers their SWA rows alone (SGLang's counts, token-exact) while the pools built hold the
 pools above; ``--accounting exact`` solves over everything built.
+
+The pools' shapes and bytes are :mod:`.buffers`' (``LowIndexGeometry``, ``LowRatioBuffers``,
+``low_ratio_buffers``, ``low_ratio_layout``); this module holds the source rules and the refusals.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
-
-import attrs
-
 from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
-from kvpools_core.values import FULL_TOKENS, ModelSpec, PoolSpec, Serving
-
-from .buffers import KVRowGeometry, StateGeometry, _paged_pool, _request_pool, layout_row_bytes
-from .layouts import compressed_layout
+from kvpools_core.values import ModelSpec, Serving
 
 __all__ = [
+    "DSV41_INDEX_PAGE_SIZE",
     "LOW_RATIOS",
-    "LowIndexGeometry",
-    "LowRatioBuffers",
-    "low_ratio_buffers",
-    "low_ratio_layout",
+    "PAIR_STATE_POOL",
+    "index_pool_name",
+    "kv_pool_name",
     "low_ratio_problems",
     "pair_ring_size",
     "sources_by_ratio",
@@ -66,44 +61,6 @@ def index_pool_name(ratio: int) -> str:
 
 
 PAIR_STATE_POOL = "c2_pair_state"
-
-
-@attrs.frozen
-class LowIndexGeometry:
-    """A low ratio's fp4 indexer keys: ``layers`` x ``pages`` pages of ``page_size x row_bytes`` uint8."""
-
-    name: str
-    ratio: int
-    tokens: int
-    page_size: int
-    layers: tuple[int, ...]
-    head_dim: int
-
-    @property
-    def row_bytes(self) -> int:
-        return self.head_dim // 2 + self.head_dim // FP4_SCALE_BLOCK
-
-    @property
-    def pages(self) -> int:
-        """``_num_dsv4_physical_kv_pages(size, page, page)``: ``ceil((size + page) / page)``."""
-        return -(-(self.tokens + self.page_size) // self.page_size)
-
-    @property
-    def page_bytes(self) -> int:
-        return self.page_size * self.row_bytes
-
-    @property
-    def nbytes(self) -> int:
-        return self.pages * self.page_bytes * len(self.layers)
-
-
-@attrs.frozen
-class LowRatioBuffers:
-    """A stage's ratio-1/2 pools: KV per low ratio, fp4 indexer keys per low ratio, the ratio-2 pair state."""
-
-    kv: tuple[KVRowGeometry, ...]
-    index: tuple[LowIndexGeometry, ...]
-    pair_state: StateGeometry | None
 
 
 def _ratios(model: ModelSpec) -> list[int]:
@@ -132,89 +89,6 @@ def pair_ring_size(serving: Serving) -> int:
     if draft_tokens <= 0:
         return 2
     return 1 << (draft_tokens + 1).bit_length()
-
-
-def low_ratio_buffers(model: ModelSpec, serving: Serving, full_tokens: int, num_req_slots: int) -> LowRatioBuffers:
-    """The ratio-1/2 pools ``DeepSeekV4TokenToKVPool`` builds on this rank (none for a V4 model)."""
-    start, end = rank_layer_range(model, serving)
-    found = sources_by_ratio(model, range(start, end))
-    if not found:
-        return LowRatioBuffers((), (), None)
-    page = serving.page_size
-    index_dim = int(model.params.get("index_head_dim", 0))
-    nope = int(model.layers[0].params["qk_nope_head_dim"])
-    rope = int(model.layers[0].params["qk_rope_head_dim"])
-    kv = []
-    index = []
-    for ratio, layers in found.items():
-        layout = compressed_layout(serving, ratio)
-        kv.append(
-            KVRowGeometry(
-                kv_pool_name(ratio),
-                full_tokens // ratio,
-                page // ratio,
-                tuple(layers),
-                layout_row_bytes(layout, nope, rope),
-                layout.page_align,
-                layout.name,
-                global_page=page,
-            )
-        )
-        index.append(
-            LowIndexGeometry(
-                index_pool_name(ratio),
-                ratio,
-                (full_tokens + page) // ratio,
-                DSV41_INDEX_PAGE_SIZE,
-                tuple(layers),
-                index_dim,
-            )
-        )
-    pair = None
-    if 2 in found:
-        ring = pair_ring_size(serving)
-        size = num_req_slots * ring
-        rows = -(-(size + ring + 1) // 2) * 2
-        pair = StateGeometry(PAIR_STATE_POOL, 2, size, ring, rows, 2 * (nope + rope), "float32", tuple(found[2]))
-    return LowRatioBuffers(tuple(kv), tuple(index), pair)
-
-
-_Make = Callable[[str], PoolSpec]
-
-
-def low_ratio_layout(
-    lr: LowRatioBuffers, full_tokens: int, page: int, max_running_requests: int
-) -> list[tuple[int, _Make]]:
-    """Each low-ratio pool as ``(bytes, make(owner))``: KV and indexer pools grow with the full tokens (a page of
-    ``P`` full tokens is ``P // r`` slots), the pair state with the request slots."""
-    layout: list[tuple[int, _Make]] = []
-    for geo in lr.kv:
-        # a page of P full tokens is one page of P // r slots
-        per_block = geo.page_bytes * len(geo.layers)
-        per_slot = geo.row_bytes * len(geo.layers)
-        layout.append(
-            (geo.nbytes, partial(_low_pool, geo.name, full_tokens, page, per_block, geo.nbytes, geo.tokens, per_slot))
-        )
-    for ix in lr.index:
-        # (full + P) // r slots in pages of 64: a page of P full tokens is P // r more slots
-        per_block = (page // ix.ratio) * ix.row_bytes * len(ix.layers)
-        per_slot = ix.row_bytes * len(ix.layers)
-        layout.append(
-            (ix.nbytes, partial(_low_pool, ix.name, full_tokens, page, per_block, ix.nbytes, ix.tokens, per_slot))
-        )
-    st = lr.pair_state
-    if st is not None:
-        per_request = st.ring * st.row_bytes * len(st.layers)
-        layout.append((st.nbytes, partial(_request_pool, st.name, max_running_requests, per_request, st.nbytes)))
-    return layout
-
-
-def _low_pool(
-    name: str, full_tokens: int, page: int, per_block: int, nbytes: int, slots: int, per_slot: int, owner: str
-) -> PoolSpec:
-    return _paged_pool(
-        name, full_tokens, page, per_block, nbytes, FULL_TOKENS, owner, slots=slots, bytes_per_slot=per_slot
-    )
 
 
 def low_ratio_problems(model: ModelSpec, serving: Serving) -> list[str]:

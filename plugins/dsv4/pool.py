@@ -51,10 +51,10 @@ from .buffers import (
     DSV4Sizes,
     IndexerGeometry,
     KVRowGeometry,
+    LowIndexGeometry,
     StateGeometry,
     dsv4_buffers,
 )
-from .low_ratio import LowIndexGeometry
 
 __all__ = ["DSV4TokenToKVPool", "PackedRows", "sizes_of"]
 
