@@ -44,6 +44,7 @@ __all__ = [
     "low_ratio_problems",
     "pair_ring_size",
     "sources_by_ratio",
+    "v41_problems",
 ]
 
 LOW_RATIOS = (1, 2)
@@ -89,6 +90,28 @@ def pair_ring_size(serving: Serving) -> int:
     if draft_tokens <= 0:
         return 2
     return 1 << (draft_tokens + 1).bit_length()
+
+
+V41_MODEL_TYPE = "deepseek_v41"
+SGLANG_V41_UNSUPPORTED = "DeepSeek-V4.1 does not support {feature} yet; disable it to serve this model."
+
+
+def v41_problems(model: ModelSpec, serving: Serving) -> list[str]:
+    """``validate_deepseek_v41_features`` (``arg_groups/deepseek_v4_hook.py``): what SGLang 0.5.23 refuses for a
+    ``model_type`` ``deepseek_v41`` checkpoint, in its words (the features kvpools has options for)."""
+    if model.model_type != V41_MODEL_TYPE:
+        return []
+    o = option
+    unsupported = [
+        ("speculative decoding other than DSpark", serving.speculative, o("speculative_algorithm")),
+        ("HiSparse", serving.enable_hisparse, o("enable_hisparse")),
+        ("pipeline parallelism", serving.pp_size > 1, o("pp_size")),
+    ]
+    return [
+        f"{model.name}: SGLang raises '{SGLANG_V41_UNSUPPORTED.format(feature=feature)}' Drop {flag}."
+        for feature, enabled, flag in unsupported
+        if enabled
+    ]
 
 
 def low_ratio_problems(model: ModelSpec, serving: Serving) -> list[str]:

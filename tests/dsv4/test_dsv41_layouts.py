@@ -22,6 +22,8 @@ from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.pipeline import plan
 from kvpools_core.values import Plan
 
+V4_SOURCES = str(Path(__file__).with_name("configs") / "dsv4_kv_source_synthetic.json")
+"""The same layers under ``model_type`` ``deepseek_v4``: SGLang's V4.1 feature gate (no EAGLE, no PP) is off."""
 V41 = str(Path(__file__).with_name("configs") / "dsv41_synthetic.json")
 """DeepSeek-V4-Flash's dims, 8 layers, ratios [0, 1, 2, 1, 4, 128, 2, 0] (+ MTP 0), kv_source_layer_ids [1, 2]."""
 FLASH = "deepseek-v4-flash"
@@ -100,7 +102,11 @@ SERVINGS = [
 @pytest.mark.parametrize("serving", SERVINGS, ids=["v4", "v41", "v41-new-fp8", "v41-fp4", "eagle", "sglang-v41"])
 @pytest.mark.parametrize("model", [V41, FLASH], ids=["v41-synthetic", "flash"])
 def test_meta_build_allocates_what_the_plan_charges(model: str, serving: Serving) -> None:
-    p = plan(model, attrs.evolve(serving, max_running_requests=256) if model == FLASH else serving, memory="20GiB")
+    if model == FLASH:
+        serving = attrs.evolve(serving, max_running_requests=256)
+    elif serving.speculative:
+        model = V4_SOURCES
+    p = plan(model, serving, memory="20GiB")
     allocated = build(p, "meta").allocated_by_pool()
     for pool in p.pools:
         assert allocated[pool.name] == pool.bytes, pool.name
@@ -143,9 +149,15 @@ def test_v41_rows_are_allocated_but_not_read() -> None:
          "kvpools does not model DeepSeek-V4's host tier with dsv4_kv_layout v41 yet"),
         (V41, Serving(enable_hierarchical_cache=True),
          "kvpools does not model DeepSeek-V4's host tier for the ratio-1/2 (kv_source) pools yet"),
-        (V41, Serving(pp_size=2, pp_rank=1, max_running_requests=64), "layer 6 (compress ratio 2) of pipeline stage"),
+        (V4_SOURCES, Serving(pp_size=2, pp_rank=1, max_running_requests=64),
+         "layer 6 (compress ratio 2) of pipeline stage"),
+        (V41, Serving(pp_size=2, max_running_requests=64),
+         "DeepSeek-V4.1 does not support pipeline parallelism yet; disable it to serve this model."),
+        (V41, Serving(speculative_algorithm="EAGLE", speculative_num_steps=3, speculative_eagle_topk=1,
+                      speculative_num_draft_tokens=4, speculative_draft_num_layers=1),
+         "DeepSeek-V4.1 does not support speculative decoding other than DSpark yet"),
     ],
-    ids=["v4-fp4", "hisparse-v41", "hicache-v41", "hicache-low-ratio", "orphan-reader"],
+    ids=["v4-fp4", "hisparse-v41", "hicache-v41", "hicache-low-ratio", "orphan-reader", "v41-pp", "v41-eagle"],
 )  # fmt: skip
 def test_refusals(model: str, serving: Serving, message: str) -> None:
     with pytest.raises(UnsupportedCombinationError, match=re.escape(message)):

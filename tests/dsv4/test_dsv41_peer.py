@@ -27,6 +27,8 @@ from tests.oracle import locate
 
 PYTHON, _BENCH = locate.require_sglang_peer()
 PEER = Path(__file__).with_name("sglang_dsv4_layout_peer.py")
+V4_SOURCES = str(Path(__file__).with_name("configs") / "dsv4_kv_source_synthetic.json")
+"""The same layers under ``model_type`` ``deepseek_v4``: SGLang's V4.1 feature gate (no EAGLE, no PP) is off."""
 V41 = Path(__file__).with_name("configs") / "dsv41_synthetic.json"
 PAGES = [1, 2, 64, 128, 256]
 MODES = ("auto", "v4", "v41", "v41_new")
@@ -102,7 +104,8 @@ def _case(p: Plan) -> dict[str, Any]:
 
 @pytest.mark.parametrize("serving", SERVINGS, ids=["v4", "v41", "v41-new-fp8", "v41-fp4", "eagle", "pp2-rank0"])
 def test_low_ratio_pools_are_sglangs(serving: Serving) -> None:
-    p = plan(str(V41), serving, memory="20GiB")
+    model = V4_SOURCES if serving.speculative or serving.pp_size > 1 else str(V41)
+    p = plan(model, serving, memory="20GiB")
     case = _case(p)
     answer = _peer({"page_sizes": [], "selections": [], "pools": [case]})["pools"][0]
     assert answer["bytes"], answer
@@ -115,7 +118,7 @@ def test_low_ratio_pools_are_sglangs(serving: Serving) -> None:
 def test_a_stage_without_the_source_is_what_sglang_cannot_map() -> None:
     """PP rank 1 of the synthetic model holds layer 6 (ratio 2) but not its source, layer 2: SGLang's
     ``collect_sources_by_ratio`` finds no ratio-2 source there (so ``source_layer_of`` fails); kvpools refuses."""
-    p = plan(str(V41), Serving(pp_size=2, pp_rank=0, max_running_requests=64), memory="20GiB")
+    p = plan(V4_SOURCES, Serving(pp_size=2, pp_rank=0, max_running_requests=64), memory="20GiB")
     case = _case(p) | {"start": 4, "end": 8}
     answer = _peer({"page_sizes": [], "selections": [], "pools": [case]})["pools"][0]
     assert "2" not in answer["sources"]
