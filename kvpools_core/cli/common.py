@@ -112,6 +112,8 @@ _HELP = {
     "SM100/SM103 (state v41 for a Blackwell server).",
     "dsv4_compressed_kv_layout": "DeepSeek-V4 compressed KV encoding next to a V4.1 main cache "
     "(SGLANG_DSV4_COMPRESSED_KV_LAYOUT).",
+    "enable_encoder_swa_bounded_replay": "DeepSeek-V4.1's encoder SWA replay (per-request SWA windows): refused, "
+    "not modelled yet.",
     "accounting": "exact: charge every byte built; sglang: SGLang's numbers exactly; vllm: vLLM 0.33's KV cache "
     "(plan and capacity only, with vLLM's flags; docs/vllm.md); trtllm: TensorRT-LLM 1.2's KV cache (plan and "
     "capacity only, with TensorRT-LLM's flags; docs/trtllm.md); or the accounting of another installed engine "

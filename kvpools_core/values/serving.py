@@ -460,6 +460,8 @@ class Serving:
     dsv4_compressed_kv_layout: str = attrs.field(
         default="auto", converter=_lower_name, validator=one_of(*DSV4_COMPRESSED_KV_LAYOUTS)
     )
+    enable_encoder_swa_bounded_replay: bool = False
+    """SGLang's ``--enable-encoder-swa-bounded-replay`` (DeepSeek-V4.1 only): refused, not modelled yet (issue 33)."""
     # hierarchical cache: the host KV tier (SGLang HiCache; read by kvpools_core.pipeline.host)
     enable_hierarchical_cache: bool = False
     hicache_ratio: float | None = attrs.field(default=None, validator=_optional_positive_ratio)
@@ -554,6 +556,18 @@ class Serving:
                 f"{o('enable_mamba_extra_buffer_lazy')} is the lazy variant of the mamba extra buffer (SGLang's "
                 f"--mamba-radix-cache-strategy extra_buffer_lazy), so alone it changes nothing: add "
                 f"{o('enable_mamba_extra_buffer')}, or drop it."
+            )
+        if self.enable_encoder_swa_bounded_replay:
+            # SGLang 0.5.23: DeepSeekV4TokenToKVPool keeps the target's SWA rows in a RequestWindow
+            # (dsv41_request_window.py) instead of a paged SWA pool and ref-000's allocator branch (lines 2097-2108)
+            # pairs it with a full-only paged allocator; the window's replay workspace follows the prefill CUDA graph
+            raise ConfigError(
+                f"kvpools does not model {o('enable_encoder_swa_bounded_replay')} (DeepSeek-V4.1's encoder SWA "
+                f"replay) yet: SGLang then keeps each request's SWA rows in a per-request window with a replay "
+                f"workspace sized by the prefill CUDA graph, builds no paged SWA pool and pairs the pool with a "
+                f"full-only paged allocator (Paged(full)). SGLang accepts it for DeepSeek-V4.1 checkpoints only "
+                f"('--enable-encoder-swa-bounded-replay requires DeepSeek-V4.1'). Drop "
+                f"{o('enable_encoder_swa_bounded_replay')}."
             )
         if self.enable_online_c128_mtp and not self.enable_online_compress:
             # SGLang reads SGLANG_EXPERIMENTAL_ONLINE_C128_MTP only under ONLINE_C128 (deepseek_v4_memory_pool.py
