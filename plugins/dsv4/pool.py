@@ -12,7 +12,8 @@ their rows:
   of page ``loc // P``, its bf16 rope right after it, and its ``nope // 64``
   ue8m0 scale bytes (+1 pad) at ``P × (nope + 2 rope) + (loc % P) × (nope // 64 + 1)``
   — the offsets of SGLang's ``kernels/ops/attention/dsv4/index_buf_accessor.py``
-  (``_set_k_and_s_torch``);
+  (``_set_k_and_s_torch``); a V4.1 pool (``--dsv4-kv-layout v41`` / ``v41_new``, and DeepSeek-V4.1's low-ratio
+  pools) holds the whole 512-value latent in its encoding instead (:mod:`.v41_rows`);
 * the c4 indexer (``indexer_c4``; role ``index_k``, the core's
   :func:`~kvpools_core.pools.dsa.index_request`): ``(pages, p × 132)`` uint8,
   fp8 keys then fp32 scales per page, DSA's indexer layout;
@@ -33,13 +34,14 @@ import torch
 from torch import Tensor
 
 from kvpools_core.allocators.swa import mapping_nbytes, new_full_to_swa_mapping
-from kvpools_core.errors import PoolPlanMismatchError, UnsupportedCombinationError
+from kvpools_core.errors import PoolPlanMismatchError
 from kvpools_core.pools.dsa import index_request
 from kvpools_core.pools.kv import allocate, check_planned_bytes, tensor_nbytes
 from kvpools_core.pools.layout import PER_LAYER, BufferLayout, BufferRequest, allocate_buffers, check_layout_bytes
 from kvpools_core.pools.mla import quantize_fp8_blocks
 from kvpools_core.values import Plan
 
+from . import v41_rows
 from .buffers import (
     C128_MTP_SEQ_LENS_POOL,
     HISPARSE_PTRS_POOL,
@@ -55,6 +57,7 @@ from .buffers import (
     StateGeometry,
     dsv4_buffers,
 )
+from .layouts import LAYOUTS, V4
 
 __all__ = ["DSV4TokenToKVPool", "PackedRows", "sizes_of"]
 
@@ -78,6 +81,7 @@ class PackedRows:
         self.nope, self.rope = nope, rope
         self.scales = nope // NOPE_QUANT_BLOCK
         self.kv_buffer = buffers  # layer id -> (pages, page_bytes) uint8
+        self.layout = LAYOUTS[geo.layout]
 
     @staticmethod
     def request(geo: KVRowGeometry, device: str | torch.device) -> BufferRequest:
@@ -104,11 +108,6 @@ class PackedRows:
         return self.kv_buffer[layer_id]
 
     def _columns(self, loc: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        if self.geo.layout != "v4":
-            raise UnsupportedCombinationError(
-                f"The {self.name!r} pool holds {self.geo.layout} rows: kvpools allocates them exactly but does not "
-                f"read or write the V4.1 encodings yet (only the V4 rows of --dsv4-kv-layout v4)."
-            )
         page = self.page_size
         loc = loc.long()
         pages = (loc // page).unsqueeze(1)
@@ -121,7 +120,9 @@ class PackedRows:
         return pages, nope_cols, rope_cols, scale_cols
 
     def set_kv(self, layer_id: int, loc: Tensor, k_nope: Tensor, k_rope: Tensor) -> None:
-        """Quantise ``(n, nope)`` to fp8 with one power-of-two (ue8m0) scale per 64 values; store with bf16 rope."""
+        """Quantise ``(n, nope)`` to fp8 with one power-of-two (ue8m0) scale per 64 values; store with bf16 rope.
+
+        A V4.1 pool (:mod:`.v41_rows`) stores the whole latent ``[k_nope, k_rope]`` in its encoding instead."""
         n = loc.shape[0]
         if tuple(k_nope.shape) != (n, self.nope) or tuple(k_rope.shape) != (n, self.rope):
             raise ValueError(
@@ -129,6 +130,12 @@ class PackedRows:
                 f"({n}, {self.rope}), got {tuple(k_nope.shape)} and {tuple(k_rope.shape)}."
             )
         buf = self.buffer(layer_id)
+        if self.layout is not V4:
+            data, scales = v41_rows.quantize(self.layout, torch.cat((k_nope, k_rope), dim=-1))
+            pages, data_cols, scale_cols = v41_rows.row_columns(self.layout, self.page_size, loc)
+            buf[pages, data_cols] = data
+            buf[pages, scale_cols] = scales
+            return
         blocks = k_nope.float().reshape(n, self.scales, NOPE_QUANT_BLOCK)
         amax = blocks.abs().amax(-1)
         exponent = torch.where(amax > 0, torch.ceil(torch.log2(amax / _E4M3_MAX)), torch.zeros_like(amax))
@@ -146,6 +153,10 @@ class PackedRows:
         """``(k_nope (n, nope), k_rope (n, rope))`` at slots ``loc``, dequantised to ``dtype``."""
         buf = self.buffer(layer_id)
         n = loc.shape[0]
+        if self.layout is not V4:
+            pages, data_cols, scale_cols = v41_rows.row_columns(self.layout, self.page_size, loc)
+            latent = v41_rows.dequantize(self.layout, buf[pages, data_cols], buf[pages, scale_cols])
+            return latent[:, : self.nope].to(dtype), latent[:, self.nope :].to(dtype)
         pages, nope_cols, rope_cols, scale_cols = self._columns(loc)
         nope = buf[pages, nope_cols].contiguous().view(torch.float8_e4m3fn).float()
         scale = torch.exp2(buf[pages, scale_cols].float() - _UE8M0_BIAS)

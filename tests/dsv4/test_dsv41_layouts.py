@@ -131,11 +131,25 @@ def test_v4_rows_of_a_low_ratio_pool_round_trip_on_cpu() -> None:
     assert torch.allclose(got_nope, nope, rtol=0.07, atol=0.02)
 
 
-def test_v41_rows_are_allocated_but_not_read() -> None:
+def test_v41_rows_by_hand() -> None:
+    """A latent of ones: V4.1 fp8 scale 2 ** ceil(log2(1 / 448)) = 2 ** -8 (ue8m0 byte 127 - 8 = 119), values
+    256.0 (e4m3 0x78); V4.1 fp4 scale e4m3(1 / 6) = 0.171875 (0x23), values 1 / 0.171875 = 5.8 -> e2m1 6 (code 7,
+    two a byte: 0x77), read back 6 x 0.171875 = 1.03125.  Block-split: a page's data, then its scales."""
     p = plan(V41, Serving(max_running_requests=4, context_length=4096, dsv4_kv_layout="v41"), memory="1GiB")
-    pool = build(p, "meta").kv_pool
-    with pytest.raises(UnsupportedCombinationError, match=re.escape("does not read or write the V4.1 encodings")):
-        pool.get_swa_kv(0, torch.tensor([0], device="meta"))
+    pool = build(p, "cpu").kv_pool
+    ones_nope, ones_rope = torch.ones(1, 448), torch.ones(1, 64)
+    swa = pool.swa_kv_pool  # v41, pages of 256
+    swa.set_kv(0, torch.tensor([257]), ones_nope, ones_rope)  # page 1, slot 1
+    page = swa.buffer(0)[1]
+    assert bool((page[512:1024] == 0x78).all()) and bool((page[256 * 512 + 16 : 256 * 512 + 32] == 119).all())
+    nope, rope = swa.get_kv(0, torch.tensor([257]), torch.float32)
+    assert bool((nope == 1).all()) and bool((rope == 1).all())
+    c1 = pool.low_ratio_kv_pools[1]  # v41_fp4 (auto next to V4.1), pages of 256
+    c1.set_kv(1, torch.tensor([2]), ones_nope, ones_rope)  # page 0, slot 2
+    page = c1.buffer(1)[0]
+    assert bool((page[512:768] == 0x77).all()) and bool((page[256 * 256 + 64 : 256 * 256 + 96] == 0x23).all())
+    nope, rope = c1.get_kv(1, torch.tensor([2]), torch.float32)
+    assert bool((nope == 1.03125).all()) and bool((rope == 1.03125).all())
 
 
 @pytest.mark.parametrize(
