@@ -22,6 +22,8 @@ from kvpools_core.options import cli_surface, env_flag, option
 from kvpools_core.values import (
     DECODE_RETRACTION_BACKUPS,
     DSV4_COMPRESS_STATE_DTYPES,
+    DSV4_COMPRESSED_KV_LAYOUTS,
+    DSV4_KV_LAYOUTS,
     HICACHE_MEM_LAYOUTS,
     HICACHE_WRITE_POLICIES,
     MM_FEATURE_TRANSPORTS,
@@ -110,6 +112,12 @@ _HELP = {
     "enable_online_compress": "DeepSeek-V4 online c128 compression: one (max, sum, kv) state row "
     "(SGLANG_OPT_USE_ONLINE_COMPRESS).",
     "enable_online_c128_mtp": "Allow online c128 with EAGLE top-k 1 MTP (SGLANG_EXPERIMENTAL_ONLINE_C128_MTP).",
+    "dsv4_kv_layout": "DeepSeek-V4 main KV cache layout (SGLANG_DSV4_KV_LAYOUT); auto plans v4, SGLang's answer off "
+    "SM100/SM103 (state v41 for a Blackwell server).",
+    "dsv4_compressed_kv_layout": "DeepSeek-V4 compressed KV encoding next to a V4.1 main cache "
+    "(SGLANG_DSV4_COMPRESSED_KV_LAYOUT).",
+    "enable_encoder_swa_bounded_replay": "DeepSeek-V4.1's encoder SWA replay (per-request SWA windows): refused, "
+    "not modelled yet.",
     "accounting": "exact: charge every byte built; sglang: SGLang's numbers exactly; vllm: vLLM 0.33's KV cache "
     "(plan and capacity only, with vLLM's flags; docs/vllm.md); trtllm: TensorRT-LLM 1.2's KV cache (plan and "
     "capacity only, with TensorRT-LLM's flags; docs/trtllm.md); or the accounting of another installed engine "
@@ -140,6 +148,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "disaggregation_mode": ("null", "prefill", "decode"),
     "mamba_ssm_dtype": ("bfloat16", "float16", "float32"),
     "dsv4_compress_state_dtype": (*DSV4_COMPRESS_STATE_DTYPES, "fp32", "bf16"),
+    "dsv4_kv_layout": DSV4_KV_LAYOUTS,
+    "dsv4_compressed_kv_layout": DSV4_COMPRESSED_KV_LAYOUTS,
     "hicache_mem_layout": HICACHE_MEM_LAYOUTS,
     "hicache_write_policy": HICACHE_WRITE_POLICIES,
     "disaggregation_decode_retraction_backup": DECODE_RETRACTION_BACKUPS,

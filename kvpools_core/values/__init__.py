@@ -217,6 +217,8 @@ from kvpools_core.values.serving import (
 )
 from kvpools_core.values.serving import (
     DSV4_COMPRESS_STATE_DTYPES as DSV4_COMPRESS_STATE_DTYPES,
+    DSV4_COMPRESSED_KV_LAYOUTS as DSV4_COMPRESSED_KV_LAYOUTS,
+    DSV4_KV_LAYOUTS as DSV4_KV_LAYOUTS,
 )
 from kvpools_core.values.serving import (
     ENGINE_DEFAULT_OPTIONS as ENGINE_DEFAULT_OPTIONS,

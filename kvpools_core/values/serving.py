@@ -95,8 +95,17 @@ def _canonical_served_dtype(value: Any) -> Any:
 
 
 DSV4_COMPRESS_STATE_DTYPES = ("float32", "bfloat16")
+DSV4_KV_LAYOUTS = ("auto", "v4", "v41", "v41_new")
+"""``SGLANG_DSV4_KV_LAYOUT`` (``select_dsv4_kv_layout``): DeepSeek-V4's main KV cache layout."""
+DSV4_COMPRESSED_KV_LAYOUTS = ("auto", "fp8", "fp4")
+"""``SGLANG_DSV4_COMPRESSED_KV_LAYOUT`` (``resolve_compressed_kv_layout``): its compressed caches' encoding."""
 """``SGLANG_DSV4_COMPRESS_STATE_DTYPE``'s values (SGLang also spells them ``fp32`` and ``bf16``)."""
 _STATE_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def _lower_name(value: Any) -> Any:
+    """A name as SGLang reads its environment switches (``.lower()``); anything else is left for the validator."""
+    return value.strip().lower() if isinstance(value, str) else value
 
 
 def _canonical_state_dtype(value: Any) -> Any:
@@ -309,7 +318,9 @@ class Serving:
     ``mamba_skip_decode_lock`` is ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``,
     ``dsv4_compress_state_dtype`` is ``SGLANG_DSV4_COMPRESS_STATE_DTYPE``,
     ``enable_online_compress`` is ``SGLANG_OPT_USE_ONLINE_COMPRESS``,
-    ``enable_online_c128_mtp`` is ``SGLANG_EXPERIMENTAL_ONLINE_C128_MTP``);
+    ``enable_online_c128_mtp`` is ``SGLANG_EXPERIMENTAL_ONLINE_C128_MTP``,
+    ``dsv4_kv_layout`` is ``SGLANG_DSV4_KV_LAYOUT``,
+    ``dsv4_compressed_kv_layout`` is ``SGLANG_DSV4_COMPRESSED_KV_LAYOUT``);
     kvpools never reads the environment for sizing.  ``enable_hisparse`` and
     ``hisparse_config`` are SGLang's server args of those names (the config a
     JSON object string such as ``'{"host_to_device_ratio": 4}'``); HiSparse is
@@ -449,6 +460,13 @@ class Serving:
     )
     enable_online_compress: bool = False
     enable_online_c128_mtp: bool = False
+    dsv4_kv_layout: str = attrs.field(default="auto", converter=_lower_name, validator=one_of(*DSV4_KV_LAYOUTS))
+    """``auto`` is SGLang's answer off an SM100 / SM103 GPU (V4); kvpools sees no GPU (plugins/dsv4/layouts.py)."""
+    dsv4_compressed_kv_layout: str = attrs.field(
+        default="auto", converter=_lower_name, validator=one_of(*DSV4_COMPRESSED_KV_LAYOUTS)
+    )
+    enable_encoder_swa_bounded_replay: bool = False
+    """SGLang's ``--enable-encoder-swa-bounded-replay`` (DeepSeek-V4.1 only): refused, not modelled yet (issue 33)."""
     # hierarchical cache: the host KV tier (SGLang HiCache; read by kvpools_core.pipeline.host)
     enable_hierarchical_cache: bool = False
     hicache_ratio: float | None = attrs.field(default=None, validator=_optional_positive_ratio)
@@ -546,6 +564,18 @@ class Serving:
                 f"{o('enable_mamba_extra_buffer_lazy')} is the lazy variant of the mamba extra buffer (SGLang's "
                 f"--mamba-radix-cache-strategy extra_buffer_lazy), so alone it changes nothing: add "
                 f"{o('enable_mamba_extra_buffer')}, or drop it."
+            )
+        if self.enable_encoder_swa_bounded_replay:
+            # SGLang 0.5.23: DeepSeekV4TokenToKVPool keeps the target's SWA rows in a RequestWindow
+            # (dsv41_request_window.py) instead of a paged SWA pool and ref-000's allocator branch (lines 2097-2108)
+            # pairs it with a full-only paged allocator; the window's replay workspace follows the prefill CUDA graph
+            raise ConfigError(
+                f"kvpools does not model {o('enable_encoder_swa_bounded_replay')} (DeepSeek-V4.1's encoder SWA "
+                f"replay) yet: SGLang then keeps each request's SWA rows in a per-request window with a replay "
+                f"workspace sized by the prefill CUDA graph, builds no paged SWA pool and pairs the pool with a "
+                f"full-only paged allocator (Paged(full)). SGLang accepts it for DeepSeek-V4.1 checkpoints only "
+                f"('--enable-encoder-swa-bounded-replay requires DeepSeek-V4.1'). Drop "
+                f"{o('enable_encoder_swa_bounded_replay')}."
             )
         if self.enable_online_c128_mtp and not self.enable_online_compress:
             # SGLang reads SGLANG_EXPERIMENTAL_ONLINE_C128_MTP only under ONLINE_C128 (deepseek_v4_memory_pool.py

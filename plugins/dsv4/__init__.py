@@ -24,6 +24,8 @@ from kvpools_core.values import Budget, CellSize, EngineDefault, HostPool, Model
 from .building import build_allocator, build_pool
 from .config import ARCHITECTURE, parse_dsv4_config
 from .host import dsv4_host_pools
+from .layouts import layout_problems
+from .low_ratio import low_ratio_problems, v41_problems
 from .sizing import dsv4_cell_size, dsv4_problems, size_dsv4_pools
 from .traits import architecture_traits as architecture_traits
 from .weights import estimate_weights as estimate_weights
@@ -57,7 +59,12 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
-    problems = dsv4_problems(model, serving)
+    problems = [
+        *dsv4_problems(model, serving),
+        *layout_problems(model, serving),
+        *low_ratio_problems(model, serving),
+        *v41_problems(model, serving),
+    ]
     if serving.adaptive_speculation:
         # the online c128 MTP banks follow max_speculative_num_draft_tokens() (ref-000 line 1414)
         problems = [

@@ -78,6 +78,17 @@ from kvpools_core.parts.sizing import (
 )
 from kvpools_core.values import FIXED, FULL_TOKENS, REQUEST, TOKEN, GroupCost, LayerSpec, ModelSpec, PoolSpec, Serving
 
+from .layouts import KVLayout, compressed_layout, main_layout
+from .low_ratio import (
+    DSV41_INDEX_PAGE_SIZE,
+    FP4_SCALE_BLOCK,
+    PAIR_STATE_POOL,
+    index_pool_name,
+    kv_pool_name,
+    pair_ring_size,
+    sources_by_ratio,
+)
+
 __all__ = [
     "C4_INDEXER_STATE_POOL",
     "C4_KV_POOL",
@@ -98,8 +109,12 @@ __all__ = [
     "DSV4Buffers",
     "DSV4Sizes",
     "KVRowGeometry",
+    "LowIndexGeometry",
+    "LowRatioBuffers",
     "StateGeometry",
     "dsv4_buffers",
+    "low_ratio_buffers",
+    "low_ratio_layout",
     "pool_specs",
     "ring_size",
 ]
@@ -184,15 +199,23 @@ class KVRowGeometry:
     page_size: int
     layers: tuple[int, ...]
     row_bytes: int
+    page_align: int = PAGE_ALIGN
+    """The unit a page's stride is padded to (the layout's ``page_align``: 576 for V4, :mod:`.layouts`)."""
+    layout: str = "v4"
+    global_page: int | None = None
+    """The low-ratio pools' (0.5.23 ``_num_dsv4_physical_kv_pages``): ``ceil((size + global_page) / page_size)``
+    pages; ``None``: ``(size + page_size + 1) // page_size``."""
 
     @property
     def pages(self) -> int:
-        """``(size + page_size + 1) // page_size``: page 0 pads, and one more slot."""
+        """``(size + page_size + 1) // page_size``: page 0 pads, and one more slot (see :attr:`global_page`)."""
+        if self.global_page is not None:
+            return -(-(self.tokens + self.global_page) // self.page_size)
         return (self.tokens + self.page_size + 1) // self.page_size
 
     @property
     def page_bytes(self) -> int:
-        return _ceil_to(self.page_size * self.row_bytes, PAGE_ALIGN)
+        return _ceil_to(self.page_size * self.row_bytes, self.page_align)
 
     @property
     def nbytes(self) -> int:
@@ -253,6 +276,44 @@ class StateGeometry:
 
 
 @attrs.frozen
+class LowIndexGeometry:
+    """A low ratio's fp4 indexer keys: ``layers`` x ``pages`` pages of ``page_size x row_bytes`` uint8."""
+
+    name: str
+    ratio: int
+    tokens: int
+    page_size: int
+    layers: tuple[int, ...]
+    head_dim: int
+
+    @property
+    def row_bytes(self) -> int:
+        return self.head_dim // 2 + self.head_dim // FP4_SCALE_BLOCK
+
+    @property
+    def pages(self) -> int:
+        """``_num_dsv4_physical_kv_pages(size, page, page)``: ``ceil((size + page) / page)``."""
+        return -(-(self.tokens + self.page_size) // self.page_size)
+
+    @property
+    def page_bytes(self) -> int:
+        return self.page_size * self.row_bytes
+
+    @property
+    def nbytes(self) -> int:
+        return self.pages * self.page_bytes * len(self.layers)
+
+
+@attrs.frozen
+class LowRatioBuffers:
+    """A stage's ratio-1/2 pools: KV per low ratio, fp4 indexer keys per low ratio, the ratio-2 pair state."""
+
+    kv: tuple[KVRowGeometry, ...]
+    index: tuple[LowIndexGeometry, ...]
+    pair_state: StateGeometry | None
+
+
+@attrs.frozen
 class DSV4Buffers:
     """Every buffer of one rank's DSV4 pool, from a plan's model, serving and sizes."""
 
@@ -275,6 +336,8 @@ class DSV4Buffers:
     num_req_slots: int
     c128_mtp_seq_lens: int
     hisparse_ptrs: int
+    low_ratio: LowRatioBuffers = attrs.field(factory=lambda: LowRatioBuffers((), (), None))
+    """DeepSeek-V4.1's ratio-1/2 kv_source pools (:mod:`.low_ratio`); empty for V4 models."""
 
     @property
     def head_dim(self) -> int:
@@ -287,6 +350,13 @@ class DSV4Buffers:
 def packed_row_bytes(qk_nope_head_dim: int, qk_rope_head_dim: int) -> int:
     """Bytes of one packed DSV4 row: fp8 nope, bf16 rope, ue8m0 scale per 64 nope, one pad (584 for 448/64)."""
     return qk_nope_head_dim + qk_rope_head_dim * ROPE_BYTES + qk_nope_head_dim // NOPE_QUANT_BLOCK + SCALE_PAD
+
+
+def layout_row_bytes(layout: KVLayout, qk_nope_head_dim: int, qk_rope_head_dim: int) -> int:
+    """A token's bytes in ``layout``: V4's from the dims (``get_bytes_per_token``), a V4.1 layout's fixed count."""
+    if layout.name == "v4":
+        return packed_row_bytes(qk_nope_head_dim, qk_rope_head_dim)
+    return layout.bytes_per_token
 
 
 def _ratio(layer: LayerSpec) -> int:
@@ -311,7 +381,8 @@ def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_ru
     index_dim = int(c4_params.get("index_head_dim", 0))
     window = int(first.get("window_size", 0))
     page = serving.page_size
-    row = packed_row_bytes(nope, rope)
+    main = main_layout(serving)
+    row = layout_row_bytes(main, nope, rope)
     ids = tuple(range(start, end))
     c4_ids = tuple(i for i, r in zip(ids, ratios, strict=True) if r == 4)
     c128_ids = tuple(i for i, r in zip(ids, ratios, strict=True) if r == 128)
@@ -337,8 +408,11 @@ def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_ru
 
     num_draft = draft_layers(model, serving)
     draft_swa = (
-        KVRowGeometry(DRAFT_SWA_KV_POOL, sizes.swa_tokens, page, tuple(range(num_draft)), row) if num_draft else None
+        KVRowGeometry(DRAFT_SWA_KV_POOL, sizes.swa_tokens, page, tuple(range(num_draft)), row, *_geo(main))
+        if num_draft
+        else None
     )
+    c4_layout, c128_layout = compressed_layout(serving, 4), compressed_layout(serving, 128)
     return DSV4Buffers(
         page_size=page,
         start_layer=start,
@@ -348,9 +422,23 @@ def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_ru
         qk_rope_head_dim=rope,
         index_head_dim=index_dim,
         window_size=window,
-        swa=KVRowGeometry(SWA_KV_POOL, sizes.swa_tokens, page, ids, row),
-        c4=KVRowGeometry(C4_KV_POOL, sizes.c4_tokens, max(page // 4, 1), c4_ids, row),
-        c128=KVRowGeometry(C128_KV_POOL, sizes.c128_tokens, max(page // 128, 1), c128_ids, row),
+        swa=KVRowGeometry(SWA_KV_POOL, sizes.swa_tokens, page, ids, row, *_geo(main)),
+        c4=KVRowGeometry(
+            C4_KV_POOL,
+            sizes.c4_tokens,
+            max(page // 4, 1),
+            c4_ids,
+            layout_row_bytes(c4_layout, nope, rope),
+            *_geo(c4_layout),
+        ),
+        c128=KVRowGeometry(
+            C128_KV_POOL,
+            sizes.c128_tokens,
+            max(page // 128, 1),
+            c128_ids,
+            layout_row_bytes(c128_layout, nope, rope),
+            *_geo(c128_layout),
+        ),
         indexer=IndexerGeometry(sizes.c128_tokens * C4_LOGICAL_PER_C128, max(page // 4, 1), c4_ids, index_dim),
         c4_state=StateGeometry(
             C4_STATE_POOL, 4, sizes.c4_state_size, ring4, c4_rows, 4 * (nope + rope), state_dtype, c4_ids
@@ -365,7 +453,13 @@ def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_ru
         num_req_slots=num_req_slots,
         c128_mtp_seq_lens=mtp_seq_lens if c128_ids else 0,
         hisparse_ptrs=len(c4_ids) if serving.enable_hisparse else 0,
+        low_ratio=low_ratio_buffers(model, serving, sizes.full_tokens, num_req_slots),
     )
+
+
+def _geo(layout: KVLayout) -> tuple[int, str]:
+    """A layout's ``(page_align, name)``, the tail of :class:`KVRowGeometry`'s fields."""
+    return layout.page_align, layout.name
 
 
 def pool_specs(
@@ -473,6 +567,7 @@ def _pool_layout(
         if b.c128_mtp_seq_lens:
             nbytes = b.c128_mtp_seq_lens * 8
             layout.append((nbytes, partial(_request_pool, C128_MTP_SEQ_LENS_POOL, max_running_requests, 8, nbytes)))
+    layout += low_ratio_layout(b.low_ratio, sizes.full_tokens, page, max_running_requests)
     # the engine-wide pools the parts library builds (their bytes come from the values themselves)
     mapping = swa_mapping_pool(sizes.full_tokens, page, OWNER)
     layout.append((mapping.bytes, partial(swa_mapping_pool, sizes.full_tokens, page)))
@@ -565,3 +660,86 @@ def _request_pool(name: str, requests: int, per_request: int, nbytes: int, owner
 
 def _fixed_pool(name: str, nbytes: int, owner: str) -> PoolSpec:
     return PoolSpec(name=name, kind="fixed", slots=1, bytes_per_slot=nbytes, bytes=nbytes, owner=owner, unit=FIXED)
+
+
+# -- DeepSeek-V4.1's ratio-1/2 kv_source pools (issue 33; the rules are .low_ratio's) --------------------
+
+
+def low_ratio_buffers(model: ModelSpec, serving: Serving, full_tokens: int, num_req_slots: int) -> LowRatioBuffers:
+    """The ratio-1/2 pools ``DeepSeekV4TokenToKVPool`` builds on this rank (none for a V4 model)."""
+    start, end = rank_layer_range(model, serving)
+    found = sources_by_ratio(model, range(start, end))
+    if not found:
+        return LowRatioBuffers((), (), None)
+    page = serving.page_size
+    index_dim = int(model.params.get("index_head_dim", 0))
+    nope = int(model.layers[0].params["qk_nope_head_dim"])
+    rope = int(model.layers[0].params["qk_rope_head_dim"])
+    kv = []
+    index = []
+    for ratio, layers in found.items():
+        layout = compressed_layout(serving, ratio)
+        kv.append(
+            KVRowGeometry(
+                kv_pool_name(ratio),
+                full_tokens // ratio,
+                page // ratio,
+                tuple(layers),
+                layout_row_bytes(layout, nope, rope),
+                layout.page_align,
+                layout.name,
+                global_page=page,
+            )
+        )
+        index.append(
+            LowIndexGeometry(
+                index_pool_name(ratio),
+                ratio,
+                (full_tokens + page) // ratio,
+                DSV41_INDEX_PAGE_SIZE,
+                tuple(layers),
+                index_dim,
+            )
+        )
+    pair = None
+    if 2 in found:
+        ring = pair_ring_size(serving)
+        size = num_req_slots * ring
+        rows = -(-(size + ring + 1) // 2) * 2
+        pair = StateGeometry(PAIR_STATE_POOL, 2, size, ring, rows, 2 * (nope + rope), "float32", tuple(found[2]))
+    return LowRatioBuffers(tuple(kv), tuple(index), pair)
+
+
+def low_ratio_layout(
+    lr: LowRatioBuffers, full_tokens: int, page: int, max_running_requests: int
+) -> list[tuple[int, _Make]]:
+    """Each low-ratio pool as ``(bytes, make(owner))``: KV and indexer pools grow with the full tokens (a page of
+    ``P`` full tokens is ``P // r`` slots), the pair state with the request slots."""
+    layout: list[tuple[int, _Make]] = []
+    for geo in lr.kv:
+        # a page of P full tokens is one page of P // r slots
+        per_block = geo.page_bytes * len(geo.layers)
+        per_slot = geo.row_bytes * len(geo.layers)
+        layout.append(
+            (geo.nbytes, partial(_low_pool, geo.name, full_tokens, page, per_block, geo.nbytes, geo.tokens, per_slot))
+        )
+    for ix in lr.index:
+        # (full + P) // r slots in pages of 64: a page of P full tokens is P // r more slots
+        per_block = (page // ix.ratio) * ix.row_bytes * len(ix.layers)
+        per_slot = ix.row_bytes * len(ix.layers)
+        layout.append(
+            (ix.nbytes, partial(_low_pool, ix.name, full_tokens, page, per_block, ix.nbytes, ix.tokens, per_slot))
+        )
+    st = lr.pair_state
+    if st is not None:
+        per_request = st.ring * st.row_bytes * len(st.layers)
+        layout.append((st.nbytes, partial(_request_pool, st.name, max_running_requests, per_request, st.nbytes)))
+    return layout
+
+
+def _low_pool(
+    name: str, full_tokens: int, page: int, per_block: int, nbytes: int, slots: int, per_slot: int, owner: str
+) -> PoolSpec:
+    return _paged_pool(
+        name, full_tokens, page, per_block, nbytes, FULL_TOKENS, owner, slots=slots, bytes_per_slot=per_slot
+    )

@@ -6,7 +6,10 @@ the language model from ``text_config`` where a config nests one.
 
 ``compress_ratios`` names each layer's kind: ``0`` a sliding-window-only layer
 (``"swa"``), ``4`` a c4 layer (one compressed row per 4 tokens, with the
-lightning indexer), ``128`` a c128 layer.  Real configs list one ratio per
+lightning indexer), ``128`` a c128 layer, and DeepSeek-V4.1's low ratios ``1``
+(``"c1"``) and ``2`` (``"c2"``), whose compressed rows only the layers named in
+``kv_source_layer_ids`` own (SGLang's ``collect_sources_by_ratio``; the other
+ratio-1/2 layers read the nearest preceding source's rows).  Real configs list one ratio per
 decoder layer *and* per MTP layer (DeepSeek-V4-Flash: 43 layers + 1 MTP = 44
 ratios); SGLang slices ``compress_ratios[start_layer:end_layer]``, so the
 decoder layers are the first ``num_hidden_layers`` entries.
@@ -35,7 +38,9 @@ from kvpools_core.values import LayerSpec, ModelSpec
 
 ARCHITECTURE = "dsv4"
 SWA, C4, C128 = "swa", "c4", "c128"
-KIND_OF_RATIO = {0: SWA, 4: C4, 128: C128}
+C1, C2 = "c1", "c2"
+"""DeepSeek-V4.1's low compress ratios (SGLang 0.5.23 ``collect_sources_by_ratio``)."""
+KIND_OF_RATIO = {0: SWA, 1: C1, 2: C2, 4: C4, 128: C128}
 """``compress_ratios`` entry → layer kind."""
 _CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
 
@@ -59,8 +64,9 @@ def parse_dsv4_config(config: Mapping[str, Any], source: str) -> ModelSpec | Non
             "Add 'sliding_window' (the DeepSeek-V4 SWA window in tokens, 128 for V4-Flash/Pro) to the config.",
         )
     window = reader.integer(window_key)
+    sources = _kv_source_layer_ids(reader)
     index: dict[str, int] = {}
-    if C4 in (KIND_OF_RATIO[r] for r in ratios[:num_layers]):
+    if {C1, C2, C4} & {KIND_OF_RATIO[r] for r in ratios[:num_layers]}:
         index = {
             "index_head_dim": reader.integer("index_head_dim"),
             "index_n_heads": reader.integer("index_n_heads", 0, minimum=0),
@@ -70,7 +76,7 @@ def parse_dsv4_config(config: Mapping[str, Any], source: str) -> ModelSpec | Non
     for i, ratio in enumerate(ratios[:num_layers]):
         kind = KIND_OF_RATIO[ratio]
         params: dict[str, Any] = {"compress_ratio": ratio, **common}
-        if kind == C4:
+        if kind in (C1, C2, C4):
             params.update(index)
         layers.append(
             LayerSpec(
@@ -100,27 +106,29 @@ def parse_dsv4_config(config: Mapping[str, Any], source: str) -> ModelSpec | Non
             "qk_nope_head_dim": nope,
             "qk_rope_head_dim": rope,
             "index_topk": reader.integer("index_topk", 0, minimum=0),
+            "kv_source_layer_ids": list(sources),
             **index,
         },
     )
 
 
 def _compress_ratios(reader: ConfigReader, num_layers: int, nextn: int) -> tuple[int, ...]:
-    """``compress_ratios``: one of 0, 4, 128 per decoder layer (plus one per MTP layer, as real configs list)."""
+    """``compress_ratios``: one of 0, 1, 2, 4, 128 per decoder layer (plus one per MTP layer, as real configs list)."""
     if not reader.has("compress_ratios"):
         raise reader.error(
             "compress_ratios",
             "is missing",
-            "Add 'compress_ratios' (0, 4 or 128 per layer: SWA-only, c4 or c128) to the DeepSeek-V4 config.",
+            "Add 'compress_ratios' (0, 1, 2, 4 or 128 per layer) to the DeepSeek-V4 config.",
         )
     raw = reader.get("compress_ratios")
     if not isinstance(raw, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in raw):
-        raise reader.error("compress_ratios", "must be a list of integers", "Use 0, 4 or 128 per layer.")
+        raise reader.error("compress_ratios", "must be a list of integers", "Use 0, 1, 2, 4 or 128 per layer.")
     bad = sorted({v for v in raw if v not in KIND_OF_RATIO})
     if bad:
         raise reader.error(
             "compress_ratios",
-            f"has ratio(s) {bad}; SGLang's DeepSeek-V4 pools know 0 (SWA only), 4 (c4) and 128 (c128)",
+            f"has ratio(s) {bad}; SGLang raises 'Unsupported compression ratio' (collect_sources_by_ratio): its "
+            f"DeepSeek-V4 pools know 0 (SWA only), 1 and 2 (DeepSeek-V4.1), 4 (c4) and 128 (c128)",
             "Fix the value in the config.",
         )
     allowed = sorted({num_layers, num_layers + nextn})
@@ -132,6 +140,21 @@ def _compress_ratios(reader: ConfigReader, num_layers: int, nextn: int) -> tuple
             f"{shown}",
             "Give one ratio per decoder layer (and per MTP layer, as the released configs do).",
         )
+    return tuple(raw)
+
+
+def _kv_source_layer_ids(reader: ConfigReader) -> tuple[int, ...]:
+    """``kv_source_layer_ids`` (SGLang's default ``()``): the layers that own ratio-1/2 compressed rows.
+
+    SGLang keeps the ids in a stage whose ratio is 1 or 2 and ignores the rest (an MTP layer's id included)."""
+    if not reader.has("kv_source_layer_ids"):
+        return ()
+    raw = reader.get("kv_source_layer_ids")
+    if not isinstance(raw, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in raw):
+        raise reader.error("kv_source_layer_ids", "must be a list of layer ids", "List decoder layer indices.")
+    bad = sorted({v for v in raw if v < 0})
+    if bad:
+        raise reader.error("kv_source_layer_ids", f"has negative layer id(s) {bad}", "Use layer indices from 0.")
     return tuple(raw)
 
 

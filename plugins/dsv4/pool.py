@@ -12,7 +12,8 @@ their rows:
   of page ``loc // P``, its bf16 rope right after it, and its ``nope // 64``
   ue8m0 scale bytes (+1 pad) at ``P × (nope + 2 rope) + (loc % P) × (nope // 64 + 1)``
   — the offsets of SGLang's ``kernels/ops/attention/dsv4/index_buf_accessor.py``
-  (``_set_k_and_s_torch``);
+  (``_set_k_and_s_torch``); a V4.1 pool (``--dsv4-kv-layout v41`` / ``v41_new``, and DeepSeek-V4.1's low-ratio
+  pools) holds the whole 512-value latent in its encoding instead (:mod:`.v41_rows`);
 * the c4 indexer (``indexer_c4``; role ``index_k``, the core's
   :func:`~kvpools_core.pools.dsa.index_request`): ``(pages, p × 132)`` uint8,
   fp8 keys then fp32 scales per page, DSA's indexer layout;
@@ -40,6 +41,7 @@ from kvpools_core.pools.layout import PER_LAYER, BufferLayout, BufferRequest, al
 from kvpools_core.pools.mla import quantize_fp8_blocks
 from kvpools_core.values import Plan
 
+from . import v41_rows
 from .buffers import (
     C128_MTP_SEQ_LENS_POOL,
     HISPARSE_PTRS_POOL,
@@ -51,9 +53,11 @@ from .buffers import (
     DSV4Sizes,
     IndexerGeometry,
     KVRowGeometry,
+    LowIndexGeometry,
     StateGeometry,
     dsv4_buffers,
 )
+from .layouts import LAYOUTS, V4
 
 __all__ = ["DSV4TokenToKVPool", "PackedRows", "sizes_of"]
 
@@ -77,6 +81,7 @@ class PackedRows:
         self.nope, self.rope = nope, rope
         self.scales = nope // NOPE_QUANT_BLOCK
         self.kv_buffer = buffers  # layer id -> (pages, page_bytes) uint8
+        self.layout = LAYOUTS[geo.layout]
 
     @staticmethod
     def request(geo: KVRowGeometry, device: str | torch.device) -> BufferRequest:
@@ -115,7 +120,9 @@ class PackedRows:
         return pages, nope_cols, rope_cols, scale_cols
 
     def set_kv(self, layer_id: int, loc: Tensor, k_nope: Tensor, k_rope: Tensor) -> None:
-        """Quantise ``(n, nope)`` to fp8 with one power-of-two (ue8m0) scale per 64 values; store with bf16 rope."""
+        """Quantise ``(n, nope)`` to fp8 with one power-of-two (ue8m0) scale per 64 values; store with bf16 rope.
+
+        A V4.1 pool (:mod:`.v41_rows`) stores the whole latent ``[k_nope, k_rope]`` in its encoding instead."""
         n = loc.shape[0]
         if tuple(k_nope.shape) != (n, self.nope) or tuple(k_rope.shape) != (n, self.rope):
             raise ValueError(
@@ -123,6 +130,12 @@ class PackedRows:
                 f"({n}, {self.rope}), got {tuple(k_nope.shape)} and {tuple(k_rope.shape)}."
             )
         buf = self.buffer(layer_id)
+        if self.layout is not V4:
+            data, scales = v41_rows.quantize(self.layout, torch.cat((k_nope, k_rope), dim=-1))
+            pages, data_cols, scale_cols = v41_rows.row_columns(self.layout, self.page_size, loc)
+            buf[pages, data_cols] = data
+            buf[pages, scale_cols] = scales
+            return
         blocks = k_nope.float().reshape(n, self.scales, NOPE_QUANT_BLOCK)
         amax = blocks.abs().amax(-1)
         exponent = torch.where(amax > 0, torch.ceil(torch.log2(amax / _E4M3_MAX)), torch.zeros_like(amax))
@@ -140,6 +153,10 @@ class PackedRows:
         """``(k_nope (n, nope), k_rope (n, rope))`` at slots ``loc``, dequantised to ``dtype``."""
         buf = self.buffer(layer_id)
         n = loc.shape[0]
+        if self.layout is not V4:
+            pages, data_cols, scale_cols = v41_rows.row_columns(self.layout, self.page_size, loc)
+            latent = v41_rows.dequantize(self.layout, buf[pages, data_cols], buf[pages, scale_cols])
+            return latent[:, : self.nope].to(dtype), latent[:, self.nope :].to(dtype)
         pages, nope_cols, rope_cols, scale_cols = self._columns(loc)
         nope = buf[pages, nope_cols].contiguous().view(torch.float8_e4m3fn).float()
         scale = torch.exp2(buf[pages, scale_cols].float() - _UE8M0_BIAS)
@@ -252,8 +269,9 @@ class DSV4TokenToKVPool:
         self.start_layer, self.end_layer = buffers.start_layer, buffers.end_layer
         self.compression_ratios = buffers.ratios
         b = buffers
-        row_pools = [geo for geo in (b.swa, b.c4, b.c128, b.draft_swa) if geo is not None and geo.layers]
-        states = [geo for geo in (b.c4_state, b.c4_indexer_state, b.c128_state) if geo.layers]
+        low = b.low_ratio
+        row_pools = [geo for geo in (b.swa, b.c4, b.c128, b.draft_swa, *low.kv) if geo is not None and geo.layers]
+        states = [geo for geo in (b.c4_state, b.c4_indexer_state, b.c128_state, low.pair_state) if geo and geo.layers]
         requests = [PackedRows.request(geo, device) for geo in row_pools]
         index_req = (
             index_request(
@@ -264,6 +282,8 @@ class DSV4TokenToKVPool:
         )
         requests += [index_req] if index_req is not None else []
         requests += [CompressStates.request(geo, device) for geo in states]
+        low_index_requests = [low_index_request(ix, device) for ix in low.index]
+        requests += low_index_requests
         check_layout_bytes(self.layout, requests)  # every buffer's bytes, before the first tensor
 
         def alloc(request: BufferRequest) -> dict[int, Tensor]:
@@ -277,6 +297,11 @@ class DSV4TokenToKVPool:
         self.c4_kv_pool = rows.get(b.c4.name)
         self.c128_kv_pool = rows.get(b.c128.name)
         self.draft_swa_kv_pool = rows.get(b.draft_swa.name) if b.draft_swa is not None else None
+        # DeepSeek-V4.1's ratio-1/2 kv_source pools (low_ratio.py): KV by ratio, fp4 index keys by ratio
+        self.low_ratio_kv_pools = {b.page_size // geo.page_size: rows[geo.name] for geo in low.kv}
+        self.low_ratio_index_pools = {
+            ix.ratio: alloc(request) for ix, request in zip(low.index, low_index_requests, strict=True)
+        }
         self.indexer = IndexerPages(b.indexer, alloc(index_req) if index_req is not None else {})
         self.states = {geo.name: CompressStates(geo, alloc(CompressStates.request(geo, device))) for geo in states}
         self.full_to_swa_index_mapping = new_full_to_swa_mapping(full_tokens, self.page_size, device)
@@ -308,9 +333,17 @@ class DSV4TokenToKVPool:
         """Measured bytes per plan pool name."""
         measured = {
             p.name: p.nbytes
-            for p in (self.swa_kv_pool, self.c4_kv_pool, self.c128_kv_pool, self.draft_swa_kv_pool)
+            for p in (
+                self.swa_kv_pool,
+                self.c4_kv_pool,
+                self.c128_kv_pool,
+                self.draft_swa_kv_pool,
+                *self.low_ratio_kv_pools.values(),
+            )
             if p is not None
         }
+        for ix in self.buffers.low_ratio.index:
+            measured[ix.name] = tensor_nbytes(list(self.low_ratio_index_pools[ix.ratio].values()))
         if self.indexer.index_k_with_scale_buffer:
             measured[INDEXER_POOL] = self.indexer.nbytes
         measured.update({name: s.nbytes for name, s in self.states.items()})
@@ -398,6 +431,20 @@ class DSV4TokenToKVPool:
         )
 
 
+def low_index_request(ix: LowIndexGeometry, device: str | torch.device) -> BufferRequest:
+    """A low ratio's fp4 indexer keys: per layer ``(pages, page_size x row_bytes)`` uint8."""
+    return BufferRequest(
+        pool=ix.name,
+        role="index_k",
+        rows=ix.pages,
+        page_size=ix.page_size,
+        layers=ix.layers,
+        row_shape=(ix.page_bytes,),
+        dtype=torch.uint8,
+        device=device,
+    )
+
+
 def _planned(b: DSV4Buffers, sizes: DSV4Sizes) -> Iterable[tuple[str, int, str]]:
     """``(pool, bytes, how)`` of every pool this store allocates."""
     for geo in (b.swa, b.c4, b.c128, b.draft_swa):
@@ -410,8 +457,13 @@ def _planned(b: DSV4Buffers, sizes: DSV4Sizes) -> Iterable[tuple[str, int, str]]
             ix.nbytes,
             f"{len(ix.layers)} layer(s) of {ix.pages} pages x {ix.page_size} x {ix.row_bytes} B",
         )
-    for st in (b.c4_state, b.c4_indexer_state, b.c128_state):
-        if st.layers:
+    for geo in b.low_ratio.kv:
+        yield geo.name, geo.nbytes, f"{len(geo.layers)} layer(s) of {geo.pages} pages x {geo.page_bytes} B"
+    for low in b.low_ratio.index:
+        how = f"{len(low.layers)} layer(s) of {low.pages} pages x {low.page_size} x {low.row_bytes} B"
+        yield low.name, low.nbytes, how
+    for st in (b.c4_state, b.c4_indexer_state, b.c128_state, b.low_ratio.pair_state):
+        if st is not None and st.layers:
             yield st.name, st.nbytes, f"{len(st.layers)} layer(s) of {st.rows} rows x {st.last_dim} {st.dtype}"
     yield MAPPING_POOL, mapping_nbytes(sizes.full_tokens, b.page_size), f"{sizes.full_tokens} + {b.page_size} + 1 int64"
     if b.hisparse_ptrs:

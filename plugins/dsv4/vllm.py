@@ -44,7 +44,7 @@ from kvpools_core.options import option
 from kvpools_core.parts.vllm.layers import backend_block_size
 from kvpools_core.parts.vllm.specs import KVCacheSpec, MLAAttentionSpec, SlidingWindowMLASpec
 
-from .config import C4, C128
+from .config import C1, C2, C4, C128
 
 if TYPE_CHECKING:
     from kvpools_core.values import ModelSpec, Serving
@@ -105,6 +105,12 @@ def _check_serving(model: ModelSpec, serving: Serving, block_size: int) -> int:
         raise UnsupportedCombinationError(
             f"{name}: FlashMLA does not support {heads // serving.tp_size} heads per rank (its FP8 decode kernel "
             f"takes up to {FLASHMLA_MAX_LOCAL_HEADS}); raise {option('tp_size')}."
+        )
+    low = sorted({layer.kind for layer in model.layers if layer.kind in (C1, C2)})
+    if low:
+        raise UnsupportedCombinationError(
+            f"{name}: kvpools does not model vLLM 0.33's caches for DeepSeek-V4.1's compress ratios 1 and 2 (layers "
+            f"of kind {', '.join(low)}, the kv_source_layer_ids pools) yet; use --accounting sglang or exact."
         )
     if not any(layer.kind == C4 for layer in model.layers):
         raise UnsupportedCombinationError(

@@ -300,6 +300,16 @@ EVIDENCE: dict[str, Evidence] = {
     ),
     "dsv4_compress_state_dtype": Changes(DSV4, (*DSV4, "--dsv4-compress-state-dtype", "bfloat16")),
     "enable_online_compress": Changes(DSV4, (*DSV4, "--enable-online-compress")),
+    "dsv4_kv_layout": Changes(DSV4, (*DSV4, "--dsv4-kv-layout", "v41"), why="the V4.1 pages (528 B a token)"),
+    "enable_encoder_swa_bounded_replay": Refused(
+        (*DSV4, "--enable-encoder-swa-bounded-replay"),
+        "kvpools does not model --enable-encoder-swa-bounded-replay (DeepSeek-V4.1's encoder SWA replay) yet",
+    ),
+    "dsv4_compressed_kv_layout": Changes(
+        (*DSV4, "--dsv4-kv-layout", "v41"),
+        (*DSV4, "--dsv4-kv-layout", "v41", "--dsv4-compressed-kv-layout", "fp4"),
+        why="the fp4 compressed pages (288 B a token)",
+    ),
     "enable_online_c128_mtp": Changes(
         (*DSV4, "--enable-online-compress"),
         (*DSV4, "--enable-online-compress", "--enable-online-c128-mtp"),

@@ -1,0 +1,152 @@
+"""DeepSeek-V4's paged KV layouts (V4, V4.1, V4.1-new) and which one each pool takes (issue 33).
+
+SGLang 0.5.23 picks the main (SWA) cache's layout in ``select_dsv4_kv_layout``
+(``srt/mem_cache/deepseek_v4_memory_pool.py``; ref-000 ``_build_dsv4_kv_pool`` lines 1376-1381) from two
+environment variables, typed options here:
+
+* ``SGLANG_DSV4_KV_LAYOUT`` = ``--dsv4-kv-layout`` (``auto`` / ``v4`` / ``v41`` / ``v41_new``);
+* ``SGLANG_DSV4_COMPRESSED_KV_LAYOUT`` = ``--dsv4-compressed-kv-layout`` (``auto`` / ``fp8`` / ``fp4``).
+
+``auto`` resolves by the GPU: V4.1 on an SM100 / SM103 GPU, V4 elsewhere.  kvpools sees no GPU, so ``auto``
+plans V4 (SGLang's answer off Blackwell) and the plan says so; a Blackwell server states ``v41``.  ``v4``
+returns ``(V4, None if option == "auto" else option)``; ``v41`` / ``v41_new`` keep the option.
+
+Each compressed ratio's cache then follows ``resolve_compressed_kv_layout``: next to a V4 main cache every
+cache is V4 (an ``fp4`` option asserts "the V4 main cache only pairs with V4 caches"); next to a V4.1 main cache
+``fp4`` gives V41_FP4, ``fp8`` V41, and ``auto`` V41_FP4 for ratios 1 / 2 and V41 for 4 / 128, each in the main
+cache's arrangement (``_NEW``: interleaved).
+
+A layout's bytes are ``KVLayout`` of ``sglang/kernels/ops/attention/dsv4/kv_layout.py``: ``data_bytes +
+scale_bytes`` per token, a page padded to a multiple of ``page_align``.  V4: 576 + 8 B (448 fp8 nope + 64 bf16
+rope, 7 ue8m0 scales + 1 pad), pages padded to 576 B; V4.1: 512 fp8 (rope quantised too) + 16 ue8m0 scales,
+padded to 512 B (interleaved: 528 B); V4.1-fp4: 256 B of e2m1 + 32 e4m3 scales, padded to 256 B
+(interleaved: 288 B).  The V4.1 layouts store a 512-value latent (``get_bytes_per_token`` asserts
+``qk_nope_head_dim + qk_rope_head_dim == 512``).
+
+The configurator's budget does not read the layout: ref-002's ``_get_bytes_per_full_token`` charges every row
+``nope + 2 rope + 8`` bytes (584), so ``--accounting sglang`` keeps SGLang's counts while the pools built hold the
+layout's bytes; ``--accounting exact`` solves over the built bytes.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from kvpools_core.options import option
+from kvpools_core.values import ModelSpec, Serving
+
+__all__ = [
+    "COMPRESSED_OPTIONS",
+    "KV_LAYOUT_MODES",
+    "LAYOUTS",
+    "V4",
+    "V41",
+    "V41_FP4",
+    "V41_FP4_NEW",
+    "V41_NEW",
+    "KVLayout",
+    "compressed_layout",
+    "layout_problems",
+    "main_layout",
+]
+
+
+@attrs.frozen
+class KVLayout:
+    """One paged FlashMLA layout: a token's data and scale bytes, and the unit a page's stride is padded to."""
+
+    name: str
+    data_bytes: int
+    scale_bytes: int
+    page_align: int
+    interleaved: bool = False
+    fp4: bool = False
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.data_bytes + self.scale_bytes
+
+    def page_bytes(self, page_size: int) -> int:
+        """``KVLayout.page_bytes``: ``page_size`` tokens, rounded up to ``page_align``."""
+        raw = page_size * self.bytes_per_token
+        return -(-raw // self.page_align) * self.page_align
+
+
+V4 = KVLayout("v4", 576, 8, 576)
+V41 = KVLayout("v41", 512, 16, 512)
+V41_NEW = KVLayout("v41_new", 512, 16, 528, interleaved=True)
+V41_FP4 = KVLayout("v41_fp4", 256, 32, 256, fp4=True)
+V41_FP4_NEW = KVLayout("v41_fp4_new", 256, 32, 288, interleaved=True, fp4=True)
+LAYOUTS = {layout.name: layout for layout in (V4, V41, V41_NEW, V41_FP4, V41_FP4_NEW)}
+
+KV_LAYOUT_MODES = ("auto", "v4", "v41", "v41_new")
+"""``SGLANG_DSV4_KV_LAYOUT``'s values (``select_dsv4_kv_layout`` asserts the others away)."""
+COMPRESSED_OPTIONS = ("auto", "fp8", "fp4")
+"""``SGLANG_DSV4_COMPRESSED_KV_LAYOUT``'s values (``resolve_compressed_kv_layout``)."""
+V41_LATENT = 512
+SGLANG_V4_PAIR_MESSAGE = "the V4 main cache only pairs with V4 caches"
+SGLANG_HISPARSE_V4_MESSAGE = "HiSparse C4 pools support the V4 layout only"
+
+
+def main_layout(serving: Serving) -> KVLayout:
+    """The main (SWA) cache's layout ``select_dsv4_kv_layout`` returns; ``auto`` is V4 (see the module)."""
+    mode = serving.dsv4_kv_layout
+    if mode == "v41":
+        return V41
+    if mode == "v41_new":
+        return V41_NEW
+    return V4
+
+
+def _compressed_option(serving: Serving) -> str | None:
+    """The option ``select_dsv4_kv_layout`` hands on: ``None`` for ``auto`` (and for SGLang's ``auto`` main
+    layout off SM100, which drops it)."""
+    if serving.dsv4_kv_layout == "auto" or serving.dsv4_compressed_kv_layout == "auto":
+        return None
+    return serving.dsv4_compressed_kv_layout
+
+
+def compressed_layout(serving: Serving, ratio: int) -> KVLayout:
+    """``resolve_compressed_kv_layout(main, ratio, option)``: the layout of ratio ``ratio``'s compressed cache."""
+    main = main_layout(serving)
+    if main is V4:
+        return V4
+    opt = _compressed_option(serving)
+    fp4 = opt == "fp4" or (opt is None and ratio in (1, 2))
+    if fp4:
+        return V41_FP4_NEW if main.interleaved else V41_FP4
+    return main
+
+
+def layout_problems(model: ModelSpec, serving: Serving) -> list[str]:
+    """What SGLang asserts away for the layout options, and what kvpools does not model with them."""
+    o = option
+    problems: list[str] = []
+    mode, opt = serving.dsv4_kv_layout, serving.dsv4_compressed_kv_layout
+    if mode == "v4" and opt == "fp4":
+        problems.append(
+            f"{o('dsv4_kv_layout')} v4 with {o('dsv4_compressed_kv_layout')} fp4: SGLang asserts "
+            f"'{SGLANG_V4_PAIR_MESSAGE}' (resolve_compressed_kv_layout). Use {o('dsv4_kv_layout')} v41 or "
+            f"{o('dsv4_compressed_kv_layout')} fp8 / auto."
+        )
+    if main_layout(serving) is V4:
+        return problems
+    first = model.layers[0].params if model.layers else {}
+    latent = int(first.get("qk_nope_head_dim", 0)) + int(first.get("qk_rope_head_dim", 0))
+    if latent != V41_LATENT:
+        problems.append(
+            f"{o('dsv4_kv_layout')} {mode}: the V4.1 layouts store a {V41_LATENT}-value latent, and {model.name} has "
+            f"qk_nope_head_dim + qk_rope_head_dim = {latent} (SGLang asserts it in get_bytes_per_token). Use "
+            f"{o('dsv4_kv_layout')} v4."
+        )
+    if serving.enable_hisparse:
+        problems.append(
+            f"{o('enable_hisparse')} with {o('dsv4_kv_layout')} {mode}: SGLang's HiSparseC4DevicePool asserts "
+            f"'{SGLANG_HISPARSE_V4_MESSAGE}'. Use {o('dsv4_kv_layout')} v4 or drop {o('enable_hisparse')}."
+        )
+    if serving.enable_hierarchical_cache:
+        problems.append(
+            f"kvpools does not model DeepSeek-V4's host tier with {o('dsv4_kv_layout')} {mode} yet (its host mirror "
+            f"of the V4.1 pages). Use {o('dsv4_kv_layout')} v4 or drop {o('enable_hierarchical_cache')}."
+        )
+    return problems

@@ -1,0 +1,191 @@
+"""Run SGLang 0.5.23's own DeepSeek-V4 layout and kv_source arithmetic (the peers venv, CPU).
+
+Usage: ``python sglang_dsv4_layout_peer.py`` with a JSON object on stdin (``page_sizes``, ``selections``,
+``pools``); prints one JSON object.
+
+* ``layouts``: per ``KVLayout`` of ``kernels/ops/attention/dsv4/kv_layout.py`` (loaded as it is), its
+  ``bytes_per_token`` and ``page_bytes(P)`` for every page size asked;
+* ``selections``: per ``(SGLANG_DSV4_KV_LAYOUT, SGLANG_DSV4_COMPRESSED_KV_LAYOUT, GPU major)``, what
+  ``select_dsv4_kv_layout`` returns on a CUDA GPU of that compute capability (10: SM100) and each ratio's
+  ``resolve_compressed_kv_layout``, or the assertion it raises;
+* ``pools``: per case (compress ratios, kv_source ids, stage, full size, page, request slots, draft tokens), the
+  ratio-1/2 pools' bytes as ``DeepSeekV4TokenToKVPool._init_compressed_pools`` /
+  ``_init_paged_compress_states`` size them, composed from the module's own ``collect_sources_by_ratio``,
+  ``_num_dsv4_physical_kv_pages``, ``get_dsv4_indexer_bytes_per_token``, ``get_compress_state_ring_size``,
+  ``KVLayout.page_bytes`` and ``CompressStatePool`` (its constructor, with the buffer allocated on ``meta``).
+
+The functions are taken from ``srt/mem_cache/deepseek_v4_memory_pool.py`` and ``deepseek_v4_compress_state.py``
+by name (``ast``) and run unchanged; only their module globals (the environment switches, the GPU query, the HIP
+flag) are inert stand-ins, because the modules' own imports need SGLang's whole dependency tree.  This file runs
+in the peers venv, never under pytest.
+"""
+
+from __future__ import annotations
+import __future__
+
+import ast
+import importlib.util
+import json
+import sys
+import types
+from math import gcd
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _root() -> Path:
+    spec = importlib.util.find_spec("sglang")
+    assert spec is not None and spec.submodule_search_locations, "sglang is not installed"
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _load_kv_layout(root: Path) -> types.ModuleType:
+    name = "sglang.kernels.ops.attention.dsv4.kv_layout"
+    spec = importlib.util.spec_from_file_location(name, root / "kernels/ops/attention/dsv4/kv_layout.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _extract(path: Path, names: set[str], namespace: dict[str, Any]) -> dict[str, Any]:
+    """Exec the top-level functions and classes ``names`` of ``path`` in ``namespace``."""
+    tree = ast.parse(path.read_text())
+    nodes = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in names]
+    missing = names - {n.name for n in nodes}
+    assert not missing, f"{path.name} has no {sorted(missing)}"
+    module = ast.Module(body=nodes, type_ignores=[])
+    # postponed annotations, as the modules declare them: no typing names are needed
+    code = compile(module, str(path), "exec", flags=__future__.annotations.compiler_flag)
+    exec(code, namespace)  # SGLang's own source, as installed
+    return namespace
+
+
+class _Env:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def get(self) -> Any:
+        return self.value
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    root = _root()
+    kv = _load_kv_layout(root)
+    KVLayout = kv.KVLayout
+
+    layouts = {
+        layout.value: {
+            "bytes_per_token": layout.bytes_per_token,
+            "page_bytes": {str(p): layout.page_bytes(p) for p in request["page_sizes"]},
+        }
+        for layout in KVLayout
+    }
+
+    env = {"SGLANG_DSV4_KV_LAYOUT": _Env("auto"), "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": _Env("auto")}
+    envs = types.SimpleNamespace(**env, SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=_Env(False))
+    kernel = types.SimpleNamespace(dsv4_attn_backend=None)
+    gpu = {"major": 10}
+    fake_torch = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(is_available=lambda: True, get_device_capability=lambda: (gpu["major"], 0)),
+        version=types.SimpleNamespace(cuda="12.9"),
+    )
+    namespace: dict[str, Any] = {
+        "__name__": "sglang_dsv4_pool_functions",
+        "KVLayout": KVLayout,
+        "is_valid_kv_layout_pair": kv.is_valid_kv_layout_pair,
+        "envs": envs,
+        "get_exec": lambda: types.SimpleNamespace(kernel=kernel),
+        "torch": fake_torch,
+        "_is_hip": False,
+        "ONLINE_C128": False,
+        "ceil_div": lambda a, b: -(-a // b),
+    }
+    pool_file = root / "srt/mem_cache/deepseek_v4_memory_pool.py"
+    _extract(
+        pool_file,
+        {
+            "select_dsv4_kv_layout",
+            "resolve_compressed_kv_layout",
+            "collect_sources_by_ratio",
+            "_num_dsv4_physical_kv_pages",
+            "get_dsv4_indexer_bytes_per_token",
+            "get_compress_state_ring_size",
+        },
+        namespace,
+    )
+    selections = []
+    for mode, option, major in request["selections"]:
+        gpu["major"] = major
+        env["SGLANG_DSV4_KV_LAYOUT"].value = mode
+        env["SGLANG_DSV4_COMPRESSED_KV_LAYOUT"].value = option
+        try:
+            main_layout, opt = namespace["select_dsv4_kv_layout"]()
+            compressed = {
+                str(r): namespace["resolve_compressed_kv_layout"](main_layout, r, opt).value for r in (1, 2, 4, 128)
+            }
+            selections.append({"main": main_layout.value, "compressed": compressed})
+        except AssertionError as exc:
+            selections.append({"error": str(exc)})
+
+    state_ns: dict[str, Any] = {"torch": torch, "gcd": gcd, "_is_hip": False, "dataclasses": __import__("dataclasses")}
+    _extract(
+        root / "srt/mem_cache/deepseek_v4_compress_state.py", {"_lcm", "KVAndScore", "CompressStatePool"}, state_ns
+    )
+    CompressStatePool = state_ns["CompressStatePool"]
+
+    def alloc_on_meta(self: Any, *, dtype: torch.dtype, device: str, enable_memory_saver: bool) -> None:
+        self.kv_score_buffer = state_ns["KVAndScore"](
+            torch.empty((self._size, self.last_dim), dtype=dtype, device="meta")
+        )
+
+    CompressStatePool._alloc_kv_score_buffer = alloc_on_meta
+
+    pools = []
+    for case in request["pools"]:
+        ratios, stage = case["ratios"], range(case["start"], case["end"])
+        full, page = case["full_size"], case["page_size"]
+        main_layout = KVLayout(case["kv_layout"])
+        option = case["option"]
+        sources = namespace["collect_sources_by_ratio"](ratios, case["kv_source_layers"], stage)
+        out: dict[str, Any] = {"sources": {str(r): v for r, v in sources.items()}, "bytes": {}}
+        for ratio in (1, 2):
+            layers = sources.get(ratio)
+            if not layers:
+                continue
+            layout = namespace["resolve_compressed_kv_layout"](main_layout, ratio, option)
+            # _make_kv_pool(size=full_size // ratio, page_size=page_size // ratio, global_page_size=page_size)
+            pages = namespace["_num_dsv4_physical_kv_pages"](full // ratio, page // ratio, page)
+            out["bytes"][f"kv_c{ratio}"] = pages * layout.page_bytes(page // ratio) * len(layers)
+            # _make_indexer_pool((full_size + page_size) // ratio, DSV41_INDEX_PAGE_SIZE, force_fp4=True)
+            index_page = case["index_page_size"]
+            index_pages = namespace["_num_dsv4_physical_kv_pages"]((full + page) // ratio, index_page, index_page)
+            row = namespace["get_dsv4_indexer_bytes_per_token"](case["index_head_dim"], True)
+            out["bytes"][f"indexer_c{ratio}"] = index_pages * index_page * row * len(layers)
+        if sources.get(2):
+            ring = namespace["get_compress_state_ring_size"](2, case["draft_tokens"])
+            state = CompressStatePool(
+                size=case["num_req_slots"] * ring,
+                ring_size=ring,
+                overlap=False,
+                head_dim=case["head_dim"],
+                dtype=torch.float32,
+                device="meta",
+                enable_memory_saver=False,
+                ratio=2,
+                request_scoped=True,
+                online=False,
+            )
+            buf = state.kv_score_buffer.kv_score
+            out["ring"] = ring
+            out["bytes"]["c2_pair_state"] = buf.numel() * buf.element_size() * len(sources[2])
+        pools.append(out)
+    print(json.dumps({"layouts": layouts, "selections": selections, "pools": pools}))
+
+
+if __name__ == "__main__":
+    main()
