@@ -82,3 +82,37 @@ def test_replay_refuses_what_it_does_not_model() -> None:
         replay_unified(_plan("1GiB"), fixed_trace(100_000, 10, 1))
     with pytest.raises(ConfigError, match="no requests"):
         replay_unified(_plan("1GiB"), [])
+
+
+def test_compare_lines_up_unified_memory_and_vllms_shared_block_pool() -> None:
+    """``kvpools compare --enable-unified-memory``: per context, SGLang's static split, its unified arena and
+    vLLM's shared block pool.  Qwen3-Next TP 4, 20 GiB: an 8k request draws 8,192 x 12,288 + 3 x 19,316,736 =
+    158,613,504 B of the 21,455,519,744 B arena (920,754 static tokens x 12,288 + 525 state slots; see
+    test_unified_plan), whose room is 1,746,054 full slots x 12,288 B less the one-state-entry sink
+    (19,316,736 B) = 21,436,194,816 B: 135 requests; the static split's 920,754 tokens hold 112
+    (920,754 // 8,192); vLLM's 5,460 usable 320-token blocks hold 156 requests of 35 blocks."""
+    from click.testing import CliRunner
+
+    import kvpools_core.cli as cli
+
+    result = CliRunner().invoke(
+        cli.main,
+        [
+            *("compare", QWEN3_NEXT, "--tp-size", "4", "--memory", "20GiB", "--context", "8k,32k"),
+            *("--enable-unified-memory", "--json"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    import json
+
+    data = json.loads(result.stdout)["unified"]
+    assert data["arena"]["bytes"] == 21_455_519_744 and data["max_total_num_tokens"] == 1_744_482
+    row = data["contexts"][0]
+    assert row["sglang_unified_request_bytes"] == 158_613_504
+    assert (row["sglang_static"], row["sglang_unified"], row["vllm_requests"]) == (112, 135, 156)
+    assert row["vllm_blocks_per_request"] == 35
+    assert [r["sglang_unified"] for r in data["contexts"]] == [135, 46]
+    text = CliRunner().invoke(
+        cli.main, ["compare", "gemma-3-27b-it", "--memory", "20GiB", "--context", "8k", "--enable-unified-memory"]
+    )
+    assert text.exit_code == 1 and "this model is neither" in text.stderr and "Traceback" not in text.output
