@@ -198,6 +198,8 @@ class Service:
         serving = self.make_serving(self.serving_options(request), request.gpu, request.gpu_memory)
         self._check_host(request, serving)
         budget = self.budget(request)
+        if serving.enable_unified_memory:
+            return self._unified_capacity(request, model, serving, budget, asked, workload)
         from kvpools_core.pipeline import plan as make_plan
 
         result = make_plan(model, serving, **budget)
@@ -222,6 +224,27 @@ class Service:
         summary["why"] = [explain(answer, result) for answer in report.ladder]
         summary["launch"] = self._launch(model, result, flags_context)
         return summary, result
+
+    def _unified_capacity(
+        self,
+        request: CapacityRequest,
+        model: str,
+        serving: Serving,
+        budget: dict[str, Any],
+        asked: list[int],
+        workload: Any,
+    ) -> tuple[dict[str, Any], Any]:
+        """``kvpools capacity --enable-unified-memory --json``: the arena, each length's requests, the three modes
+        (the host budget is left out, as the CLI leaves it: a host tier is refused under unified memory)."""
+        from kvpools_core.cli.unified_report import unified_summary
+
+        if request.requests is not None:
+            raise ConfigError(
+                "--enable-unified-memory answers requests per context length in the arena and the three-mode "
+                "comparison; --requests (the longest context N requests reach) is not modelled for it yet."
+            )
+        budget = {k: v for k, v in budget.items() if k not in _HOST}
+        return unified_summary(model, serving, budget, asked or [8192, 32768], workload)
 
     def _launch(self, model: str, plan: Plan, context_len: int) -> str | None:
         from kvpools_core.planning.fit import launch_command
