@@ -31,7 +31,8 @@ class ArenaRequest:
     ``buffer`` is the arena's one ``uint8`` tensor (``arena.bytes`` of it); ``sub_pool`` says the entry, the
     layers, each layer's rows (``row_bytes``: K and V, or the latent; empty for a state entry, one opaque row
     per layer), ``max_slots`` and the page.  The answer is one list per layer of one ``uint8`` view per row
-    (``[K, V]``, ``[latent]``, ``[state]``), each ``(max_slots, row)`` bytes of ``buffer``.
+    (``[K, V]``, ``[latent]``, ``[state]``), each ``(max_slots // page x page, row)`` bytes of ``buffer`` (or all
+    ``max_slots`` rows).
     """
 
     arena: Arena
@@ -53,9 +54,12 @@ class ArenaRequest:
 
 
 def carve_token_major(request: ArenaRequest) -> list[list[Tensor]]:
-    """SGLang's carving: every slot one entry holding all layers' rows; views ``(max_slots, row)`` of stride entry."""
+    """SGLang's carving: every slot one entry holding all layers' rows; views ``(rows, row)`` of stride entry, with
+    SGLang's ``num_slots = max_slots // page x page`` rows (``_build_mha_views``: the whole pages of the index
+    space; a state sub-pool's page is 1, so all ``max_slots``)."""
     sub = request.sub_pool
-    slots = request.buffer[: sub.max_slots * sub.entry_bytes].view(sub.max_slots, sub.entry_bytes)
+    rows_count = sub.max_slots // sub.page_size * sub.page_size
+    slots = request.buffer[: rows_count * sub.entry_bytes].view(rows_count, sub.entry_bytes)
     rows = request.rows
     layer_bytes = sum(rows)
     out = []
@@ -71,9 +75,9 @@ def carve_token_major(request: ArenaRequest) -> list[list[Tensor]]:
 def arena_carving_problem(views: object, request: ArenaRequest) -> str | None:
     """What is wrong with a layout's carving of ``request``, or None.
 
-    One list per layer, one view per row; each a ``uint8`` tensor on the arena's device holding ``max_slots``
-    rows of its width (SGLang's views may drop the last partial page: ``max_slots // page x page`` rows are
-    accepted too), inside the arena: on a real device its storage is the arena's and its bytes lie in
+    One list per layer, one view per row; each a ``uint8`` tensor on the arena's device holding
+    ``max_slots // page x page`` rows of its width (SGLang's whole pages; all ``max_slots`` rows are accepted
+    too), inside the arena: on a real device its storage is the arena's and its bytes lie in
     ``[0, arena.bytes)``.  Views may overlap across sub-pools (each spans the whole arena, as SGLang's do).
     """
     sub, rows, buffer = request.sub_pool, request.rows, request.buffer
@@ -90,7 +94,8 @@ def arena_carving_problem(views: object, request: ArenaRequest) -> str | None:
             if view.device.type != buffer.device.type or view.device.index != buffer.device.index:
                 return f"layer {layer}: a view on {view.device}, not on the arena's {buffer.device}"
             if view.numel() not in {n * width for n in slot_counts}:
-                return f"layer {layer}: a {tuple(view.shape)} view, not {sub.max_slots} rows of {width} B"
+                whole = sub.max_slots // sub.page_size * sub.page_size
+                return f"layer {layer}: a {tuple(view.shape)} view, not {whole} rows of {width} B"
             if buffer.device.type != "meta":
                 problem = _outside(view, buffer)
                 if problem is not None:

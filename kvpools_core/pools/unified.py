@@ -40,11 +40,12 @@ def carve_arena_views(layout: BufferLayout, request: ArenaRequest) -> list[list[
         return views
     problem = arena_carving_problem(views, request)
     if problem is not None:
+        sub = request.sub_pool
         raise BufferLayoutError(
             f"Buffer layout {describe_layout(layout)} carved the {request.describe()} wrongly: {problem}. "
             f"carve_arena returns, per layer, one uint8 view per row of the arena's buffer, "
-            f"{request.sub_pool.max_slots} rows each; fix the layout's carve_arena, or leave it to the core's "
-            f"token-major carving."
+            f"{sub.max_slots // sub.page_size * sub.page_size} rows each; fix the layout's carve_arena, or leave it "
+            f"to the core's token-major carving."
         )
     return views
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from kvpools_core.errors import BufferLayoutError
 from kvpools_core.pools.arena_carving import ArenaRequest, carve_token_major
 from kvpools_core.pools.layout import PER_LAYER, BufferLayout, PerLayerLayout
 from kvpools_core.values import Plan, Serving
+from tests.unified.peer import Peer
 
 QWEN3_NEXT = "qwen3-next-80b-a3b-thinking"
 ROCM_5D = {"rocm.kv_cache_layout": "vectorized_5d"}
@@ -157,3 +159,62 @@ def test_the_core_carving_is_the_default_of_every_layout() -> None:
     """``PER_LAYER`` (the core's answer) and a layout that does not override ``carve_arena`` carve alike."""
     pools = kv.build(_plan("gpt-oss-20b", "1GiB"), "meta")
     assert pools.layout is PER_LAYER and "buffer_layout" not in pools.provenance
+
+
+@pytest.fixture(scope="module")
+def peer() -> Iterator[Peer]:
+    p = Peer()
+    yield p
+    p.close()
+
+
+def _geo(view: Tensor) -> list[int]:
+    return [view.storage_offset() * view.element_size(), view.shape[0], view.stride(0) * view.element_size()]
+
+
+@pytest.mark.parametrize(
+    ("model", "serving", "memory", "specs", "pools"),
+    [
+        (
+            QWEN3_NEXT,
+            {"tp_size": 4, "page_size": 16},
+            "3GiB",
+            [
+                {"kind": "mha", "name": "full", "grow": "down", "layers": 12, "heads": 1, "head_dim": 256},
+                {
+                    "kind": "mamba",
+                    "name": "mamba",
+                    "grow": "up",
+                    "layers": 36,
+                    "conv": [[2048, 3]],
+                    "temporal": [8, 128, 128],
+                },
+            ],
+            ("kv", "mamba_state"),
+        ),
+        (
+            "gpt-oss-20b",
+            {"page_size": 64},
+            "2GiB",
+            [
+                {"kind": "mha", "name": "full", "grow": "down", "layers": 12, "heads": 8, "head_dim": 64},
+                {"kind": "mha", "name": "swa", "grow": "up", "layers": 12, "heads": 8, "head_dim": 64},
+            ],
+            ("kv_full", "kv_swa"),
+        ),
+    ],
+)
+def test_the_core_carving_is_sglangs_views(
+    peer: Peer, model: str, serving: dict[str, Any], memory: str, specs: list[dict[str, Any]], pools: tuple[str, ...]
+) -> None:
+    """Every KV view of the core's carving starts at the byte, strides by the entry and spans the rows of SGLang
+    0.5.23's ``UnifiedKVPool`` views for the same arena (``build_dense_views``: ``max_slots // page x page`` rows),
+    built on ``meta`` in the peers venv."""
+    p = _plan(model, memory, **serving)
+    (arena,) = p.sizing.arenas
+    reply = peer.call("views", total=arena.bytes, page=p.serving.page_size, specs=specs)
+    ours = kv.build(p, "meta").kv_pool
+    for spec, pool in zip(specs, pools, strict=True):
+        if spec["kind"] == "mamba":
+            continue  # SGLang's state entry is part-major (conv x L | temporal x L): not compared (see the docs)
+        assert [[_geo(v) for v in layer] for layer in ours.views[pool]] == reply[spec["name"]], pool
