@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import attrs
 import click
 
 from kvpools_core.cli.common import (
@@ -120,12 +119,9 @@ def compare(
     if as_json:
         data = comparison.to_dict()
         if unified_rows is not None:
-            arena_plan, rows = unified_rows
-            data["unified"] = {
-                "max_total_num_tokens": arena_plan.max_total_num_tokens,
-                "arena": attrs.asdict(arena_plan.sizing.arenas[0]),
-                "contexts": [row.to_dict() for row in rows],
-            }
+            from kvpools_core.planning.compare_unified import unified_comparison_dict
+
+            data["unified"] = unified_comparison_dict(*unified_rows)
         click.echo(json.dumps(data, indent=2, default=str))
     else:
         render_engine_comparison(comparison, _console())

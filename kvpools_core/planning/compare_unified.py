@@ -20,7 +20,7 @@ from kvpools_core.planning.compare import EngineComparison
 from kvpools_core.planning.unified import unified_concurrency
 from kvpools_core.values import Plan
 
-__all__ = ["UnifiedComparisonRow", "compare_unified"]
+__all__ = ["UnifiedComparisonRow", "compare_unified", "unified_comparison_dict"]
 
 
 @attrs.frozen
@@ -73,3 +73,12 @@ def compare_unified(
             )
         )
     return unified, tuple(rows)
+
+
+def unified_comparison_dict(arena_plan: Plan, rows: tuple[UnifiedComparisonRow, ...]) -> dict[str, Any]:
+    """The ``unified`` object of ``kvpools compare --enable-unified-memory --json`` (and of the service's)."""
+    return {
+        "max_total_num_tokens": arena_plan.max_total_num_tokens,
+        "arena": {**attrs.asdict(arena_plan.sizing.arenas[0]), "labels": dict(arena_plan.sizing.arenas[0].labels)},
+        "contexts": [row.to_dict() for row in rows],
+    }

@@ -367,8 +367,9 @@ class Service:
             fields["tp_size"] = request.tp_size
         if request.kv_cache_dtype is not None:
             fields["kv_cache_dtype"] = request.kv_cache_dtype
-        return compare_engines(
-            self.model_of(request),
+        model = self.model_of(request)
+        comparison = compare_engines(
+            model,
             Serving(**fields),
             contexts=[parse_context_len(item) for item in request.contexts],
             memory=request.memory,
@@ -379,7 +380,16 @@ class Service:
             page_size=request.page_size,
             block_size=request.block_size,
             registry=self.registry,
-        ).to_dict()
+        )
+        data = comparison.to_dict()
+        if request.enable_unified_memory:
+            from kvpools_core.planning.compare_unified import compare_unified, unified_comparison_dict
+
+            budget = {name: getattr(request, name) for name in ("memory", "gpu", "gpu_memory", "weights_memory")}
+            data["unified"] = unified_comparison_dict(
+                *compare_unified(model, comparison, registry=self.registry, **budget)
+            )
+        return data
 
     def fit(self, request: FitRequest) -> dict[str, Any]:
         """``kvpools fit --json`` (``fits: []`` where the CLI exits 1: nothing fits)."""

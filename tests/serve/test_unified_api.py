@@ -48,3 +48,29 @@ def test_unified_capacity_refuses_what_it_does_not_answer(client: Any) -> None:
     gemma = {"model": "gemma-3-27b-it", "memory": "20GiB", "serving": {"enable_unified_memory": True}}
     error = refused(client.post("/api/v1/capacity", json=gemma))
     assert "this model is neither" in error["message"], error
+
+
+def test_unified_compare_is_the_clis(client: Any, kvpools_exe: str, cli_env: dict[str, str]) -> None:
+    """``kvpools compare --enable-unified-memory --json``'s ``unified`` object through ``POST /api/v1/compare``:
+    Qwen3-Next TP 4, 20 GiB, 8k: SGLang static 112, unified 135, vLLM 156 (docs/unified-memory.md)."""
+    cli = cli_json(
+        kvpools_exe, cli_env, "compare", QWEN3_NEXT, "--tp-size", "4", "--memory", "20GiB", "--context", "8k",
+        "--enable-unified-memory", "--json",
+    )  # fmt: skip
+    api = ok(
+        client.post(
+            "/api/v1/compare",
+            json={
+                "model": QWEN3_NEXT,
+                "memory": "20GiB",
+                "tp_size": 4,
+                "contexts": ["8k"],
+                "enable_unified_memory": True,
+            },
+        )
+    )
+    assert api["unified"] == cli["unified"]
+    row = api["unified"]["contexts"][0]
+    assert (row["sglang_static"], row["sglang_unified"], row["vllm_requests"]) == (112, 135, 156)
+    plain = ok(client.post("/api/v1/compare", json={"model": QWEN3_NEXT, "memory": "20GiB", "tp_size": 4}))
+    assert "unified" not in plain
