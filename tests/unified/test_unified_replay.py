@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 import kvpools_core as kv
 from kvpools_core.errors import ConfigError, UnsupportedCombinationError
@@ -116,3 +118,22 @@ def test_compare_lines_up_unified_memory_and_vllms_shared_block_pool() -> None:
         cli.main, ["compare", "gemma-3-27b-it", "--memory", "20GiB", "--context", "8k", "--enable-unified-memory"]
     )
     assert text.exit_code == 1 and "this model is neither" in text.stderr and "Traceback" not in text.output
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    prompt=st.integers(1, 40_000),
+    output=st.integers(1, 48),
+    page=st.sampled_from([1, 16, 64]),
+    lazy=st.booleans(),
+    memory=st.sampled_from(["1GiB", "2GiB", "5GiB"]),
+)
+def test_any_fixed_trace_reaches_the_prediction(prompt: int, output: int, page: int, lazy: bool, memory: str) -> None:
+    """For any identical requests the arena can hold, the replay's peak is the closed form's answer (whichever
+    limit binds: the arena's bytes, an END's index space or the request cap) and every request completes."""
+    p = _plan(memory, lazy=lazy, page_size=page)
+    predicted = unified_concurrency(p, prompt + output)
+    assume(predicted.concurrent_requests >= 1)
+    stats = replay_unified(p, fixed_trace(prompt, output, predicted.concurrent_requests + 2))
+    assert stats.peak_concurrency == predicted.concurrent_requests, (predicted.binding, stats)
+    assert stats.completed == stats.requests and stats.retractions == 0
