@@ -63,7 +63,9 @@ def test_every_platform_builds_the_arena_on_meta_to_the_byte(
     assert pools.kv_pool.layout is pools.layout
 
 
-@pytest.mark.parametrize(("platform", "extra"), [("ascend", ["--page-size", "128"]), ("cpu", []), ("cuda", []), ("rocm", [])])
+@pytest.mark.parametrize(
+    ("platform", "extra"), [("ascend", ["--page-size", "128"]), ("cpu", []), ("cuda", []), ("rocm", [])]
+)
 def test_build_cli_on_meta_per_platform(platform: str, extra: list[str]) -> None:
     args = [*("build", QWEN3_NEXT, "--tp-size", "4", "--memory", "20GiB", "--enable-unified-memory"), *extra]
     result = CliRunner().invoke(cli.main, [*args, "--platform", platform, "--device", "meta", "--json"])
