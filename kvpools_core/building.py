@@ -114,7 +114,7 @@ def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None, 
     registry = registry or get_registry()
     check_build_device(plan, device, registry)
     if plan.sizing.arenas:
-        return build_arena(plan, device, checked=checked)
+        return build_arena(plan, device, checked=checked, registry=registry)
     name = plan.model.name
     layout, layout_by = registry.call_first(
         "buffer_layout", f"no plugin chooses a buffer layout for {name} on {device}.", plan=plan, device=device
@@ -190,11 +190,13 @@ class _RequestSide:
         return {"req_to_token": int(self.table.nbytes), **{n: int(t.nbytes) for n, t in self.extra.items()}}
 
 
-def build_arena(plan: Plan, device: str, *, checked: bool = False) -> Pools:
+def build_arena(plan: Plan, device: str, *, checked: bool = False, registry: Registry | None = None) -> Pools:
     """Build a plan whose pools share an arena (``--enable-unified-memory``): the one arena tensor with every
     sub-pool's per-layer views (:class:`kvpools_core.pools.unified.UnifiedArenaPool`), SGLang's unified
-    allocators over it (Mamba or hybrid SWA composite), and the request table.  The core builds it (provenance
-    ``core``); the platform's buffer layout is not consulted (the arena is one byte buffer on every platform)."""
+    allocators over it (Mamba or hybrid SWA composite), and the request table.  The core builds them (provenance
+    ``core``); the views are carved by the platform's buffer layout (``buffer_layout``, asked as ``build`` asks it;
+    ``BufferLayout.carve_arena``, SGLang's token-major carving unless the layout overrides it), whose plugin the
+    provenance names unless it is the core's."""
     from kvpools_core.allocators.unified import UnifiedArena, UnifiedMambaAllocator, UnifiedSWAAllocator
     from kvpools_core.parts.unified import SubPoolEntry
     from kvpools_core.pools.unified import UnifiedArenaPool
@@ -205,7 +207,14 @@ def build_arena(plan: Plan, device: str, *, checked: bool = False) -> Pools:
             f"kvpools does not build arena {arena.name!r} of {len(arena.sub_pools)} sub-pools yet (the three-pool "
             "chain): plan it only."
         )
-    pool = UnifiedArenaPool(arena, device)
+    registry = registry or get_registry()
+    layout, layout_by = registry.call_first(
+        "buffer_layout",
+        f"no plugin chooses a buffer layout for {plan.model.name} on {device}.",
+        plan=plan,
+        device=device,
+    )
+    pool = UnifiedArenaPool(arena, device, layout=layout)
     entries = [
         (SubPoolEntry(s.pool, s.kind, s.layer_num, s.entry_bytes), s.grows)
         for s in sorted(arena.sub_pools, key=lambda s: s.grows)
@@ -219,10 +228,11 @@ def build_arena(plan: Plan, device: str, *, checked: bool = False) -> Pools:
         allocator = UnifiedMambaAllocator(geometry, full=full, mamba=other.pool, checked=checked, **common)
     else:
         allocator = UnifiedSWAAllocator(geometry, full=full, swa=other.pool, checked=checked, **common)
-    provenance: dict[str, tuple[str, ...]] = {
-        hook: (CORE_PLUGIN,) for hook in ("build_req_to_token_pool", "build_pool", "build_allocator")
-    }
-    return Pools(plan, device, _RequestSide(plan, device), pool, allocator, provenance, checked=checked)
+    provenance: dict[str, tuple[str, ...]] = {"build_req_to_token_pool": (CORE_PLUGIN,)}
+    if layout_by != (CORE_PLUGIN,):
+        provenance["buffer_layout"] = layout_by
+    provenance.update(build_pool=(CORE_PLUGIN,), build_allocator=(CORE_PLUGIN,))
+    return Pools(plan, device, _RequestSide(plan, device), pool, allocator, provenance, checked=checked, layout=layout)
 
 
 def draft_plan(plan: Plan) -> Plan | None:

@@ -59,6 +59,13 @@ from kvpools_core.values import (
     "--page-size", type=int, default=None, help="SGLang's tokens per page [default: SGLang's own for the model]."
 )
 @click.option("--block-size", type=int, default=None, help="vLLM's tokens per block [default: 16].")
+@click.option(
+    "--enable-unified-memory",
+    "unified",
+    is_flag=True,
+    help="Also plan SGLang's unified memory arena and line it up with its static split and vLLM's shared block "
+    "pool (docs/unified-memory.md).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_user_facing
 def compare(
@@ -73,6 +80,7 @@ def compare(
     context_length: int | None,
     page_size: int | None,
     block_size: int | None,
+    unified: bool,
     as_json: bool,
 ) -> None:
     """MODEL through SGLang's accounting, vLLM's and TensorRT-LLM's, side by side, from the same budget.
@@ -102,7 +110,48 @@ def compare(
         page_size=page_size,
         block_size=block_size,
     )
+    unified_rows: Any = None
+    if unified:
+        from kvpools_core.planning.compare_unified import compare_unified
+
+        budget = {"memory": memory, "gpu": gpu, "gpu_memory": gpu_memory, "weights_memory": weights_memory}
+        unified_rows = compare_unified(model, comparison, **budget)
     if as_json:
-        click.echo(json.dumps(comparison.to_dict(), indent=2))
+        data = comparison.to_dict()
+        if unified_rows is not None:
+            from kvpools_core.planning.compare_unified import unified_comparison_dict
+
+            data["unified"] = unified_comparison_dict(*unified_rows)
+        click.echo(json.dumps(data, indent=2, default=str))
     else:
         render_engine_comparison(comparison, _console())
+        if unified_rows is not None:
+            _render_unified(*unified_rows)
+
+
+def _render_unified(arena_plan: Any, rows: Any) -> None:
+    """SGLang static, SGLang unified and vLLM's hybrid allocator per context length."""
+    from rich.table import Table
+
+    arena = arena_plan.sizing.arenas[0]
+    console = _console()
+    console.print(
+        f"SGLang --enable-unified-memory: one arena of {arena.bytes:,} B "
+        f"({', '.join(f'{s.pool} {s.entry_bytes:,} B/entry' for s in arena.sub_pools)}); "
+        f"max_total_num_tokens {arena_plan.max_total_num_tokens:,}"
+    )
+    table = Table(title="Concurrent requests: SGLang static split, SGLang unified arena, vLLM's shared block pool")
+    for header in ("L", "SGLang static", "binding", "SGLang unified", "binding", "B / request", "vLLM", "binding"):
+        table.add_column(header, justify="right" if header not in ("binding",) else "left")
+    for row in rows:
+        table.add_row(
+            f"{row.context_len:,}",
+            f"{row.sglang_static:,}",
+            row.sglang_static_binding,
+            f"{row.sglang_unified:,}",
+            row.sglang_unified_binding,
+            f"{row.sglang_unified_request_bytes:,}",
+            "-" if row.vllm_requests is None else f"{row.vllm_requests:,}",
+            row.vllm_binding or "-",
+        )
+    console.print(table)

@@ -14,37 +14,56 @@ from kvpools_core.planning.split import Workload
 from kvpools_core.values import Serving
 
 
-def unified_capacity(
-    model: str, serving: Serving, budget: dict[str, Any], lengths: list[int], workload: Workload | None, as_json: bool
-) -> None:
-    """Plan once with the arena, answer each length, and compare the three modes."""
+def _answer(
+    model: str, serving: Serving, budget: dict[str, Any], lengths: list[int], workload: Workload | None
+) -> tuple[Any, list[Any], tuple[Any, ...]]:
     from kvpools_core.pipeline import plan as make_plan
     from kvpools_core.planning.unified import three_modes, unified_concurrency
 
     result = make_plan(model, serving, **budget)
-    arena = result.sizing.arenas[0]
     answers = [unified_concurrency(result, length) for length in lengths]
-    modes = three_modes(model, serving, budget, lengths, workload=workload)
+    return result, answers, three_modes(model, serving, budget, lengths, workload=workload)
+
+
+def _summary(result: Any, answers: list[Any], modes: tuple[Any, ...], workload: Workload | None) -> dict[str, Any]:
+    arena = result.sizing.arenas[0]
+    return {
+        "model": result.model.name,
+        "arena": {
+            "bytes": arena.bytes,
+            "sink_bytes": arena.sink_bytes,
+            "labels": dict(arena.labels),
+            "floor_bytes": arena.floor_bytes,
+            "sub_pools": [
+                {"pool": s.pool, "entry_bytes": s.entry_bytes, "max_slots": s.max_slots, "grows": s.grows}
+                for s in arena.sub_pools
+            ],
+        },
+        "max_running_requests": result.max_running_requests,
+        "capacity": [a.to_dict() for a in answers],
+        "modes": [m.to_dict() for m in modes],
+        "workload": None if workload is None else workload.source,
+    }
+
+
+def unified_summary(
+    model: str, serving: Serving, budget: dict[str, Any], lengths: list[int], workload: Workload | None
+) -> tuple[dict[str, Any], Any]:
+    """The ``--json`` answer (the arena, each length's requests, the three modes) and the plan it was read from:
+    what ``kvpools capacity --enable-unified-memory --json`` prints and ``kvpools serve``'s capacity answers."""
+    result, answers, modes = _answer(model, serving, budget, lengths, workload)
+    return _summary(result, answers, modes, workload), result
+
+
+def unified_capacity(
+    model: str, serving: Serving, budget: dict[str, Any], lengths: list[int], workload: Workload | None, as_json: bool
+) -> None:
+    """Plan once with the arena, answer each length, and compare the three modes."""
+    result, answers, modes = _answer(model, serving, budget, lengths, workload)
     if as_json:
-        summary = {
-            "model": result.model.name,
-            "arena": {
-                "bytes": arena.bytes,
-                "sink_bytes": arena.sink_bytes,
-                "labels": dict(arena.labels),
-                "floor_bytes": arena.floor_bytes,
-                "sub_pools": [
-                    {"pool": s.pool, "entry_bytes": s.entry_bytes, "max_slots": s.max_slots, "grows": s.grows}
-                    for s in arena.sub_pools
-                ],
-            },
-            "max_running_requests": result.max_running_requests,
-            "capacity": [a.to_dict() for a in answers],
-            "modes": [m.to_dict() for m in modes],
-            "workload": None if workload is None else workload.source,
-        }
-        click.echo(json.dumps(summary, indent=2))
+        click.echo(json.dumps(_summary(result, answers, modes, workload), indent=2))
         return
+    arena = result.sizing.arenas[0]
     console = _console()
     console.print(
         f"kvpools capacity — {result.model.name}, unified memory: one {arena.bytes:,} B arena "

@@ -515,7 +515,10 @@ def buffer_layout(plan: Plan, device: str) -> BufferLayout | None:
     (one tensor per layer).  ``build`` resolves it once and passes it to
     :func:`build_pool` as ``layout``.  A layout only carves: it returns
     per-layer views of the canonical shape and may not change the bytes the
-    plan charged (the stores check both, before and after allocating).
+    plan charged (the stores check both, before and after allocating).  A
+    plan with an arena (``--enable-unified-memory``) is built as one ``uint8``
+    tensor whose sub-pools' views the layout carves (``carve_arena``; SGLang's
+    token-major carving unless the layout overrides it).
 
     :param plan: the plan.
     :param device: torch device string.

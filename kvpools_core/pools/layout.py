@@ -64,13 +64,16 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import attrs
 import torch
 from torch import Tensor
 
 from kvpools_core.errors import BufferLayoutError, InvalidValueError, KvpoolsError, PoolPlanMismatchError
+
+if TYPE_CHECKING:
+    from kvpools_core.pools.arena_carving import ArenaRequest
 
 __all__ = [
     "CORE_LAYOUTS",
@@ -327,6 +330,17 @@ class BufferLayout(ABC):
     @abstractmethod
     def allocate(self, request: BufferRequest) -> Sequence[LayoutBuffer]:
         """One zeroed view per layer of ``request.layers``, each ``(rows, *row_shape)`` (or a split / row-indexed)."""
+
+    def carve_arena(self, request: ArenaRequest) -> list[list[Tensor]]:
+        """One sub-pool's per-layer views carved from an arena's one ``uint8`` buffer (``--enable-unified-memory``).
+
+        By default SGLang's token-major carving (:func:`~kvpools_core.pools.arena_carving.carve_token_major`),
+        the one SGLang 0.5.23 builds on every platform; a platform that carves an arena otherwise overrides it,
+        and the core checks its views (:func:`~kvpools_core.pools.arena_carving.arena_carving_problem`).
+        """
+        from kvpools_core.pools.arena_carving import carve_token_major
+
+        return carve_token_major(request)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"

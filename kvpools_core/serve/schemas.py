@@ -196,6 +196,9 @@ class CompareRequest(ModelChoice):
     context_length: Annotated[int, Field(ge=1, le=MAX_COUNT)] | None = None
     page_size: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
     block_size: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
+    enable_unified_memory: bool = Field(
+        False, description="Also SGLang's unified memory arena beside its static split and vLLM (the CLI's flag)."
+    )
 
 
 class FitRequest(ModelChoice):

@@ -198,6 +198,8 @@ class Service:
         serving = self.make_serving(self.serving_options(request), request.gpu, request.gpu_memory)
         self._check_host(request, serving)
         budget = self.budget(request)
+        if serving.enable_unified_memory:
+            return self._unified_capacity(request, model, serving, budget, asked, workload)
         from kvpools_core.pipeline import plan as make_plan
 
         result = make_plan(model, serving, **budget)
@@ -222,6 +224,27 @@ class Service:
         summary["why"] = [explain(answer, result) for answer in report.ladder]
         summary["launch"] = self._launch(model, result, flags_context)
         return summary, result
+
+    def _unified_capacity(
+        self,
+        request: CapacityRequest,
+        model: str,
+        serving: Serving,
+        budget: dict[str, Any],
+        asked: list[int],
+        workload: Any,
+    ) -> tuple[dict[str, Any], Any]:
+        """``kvpools capacity --enable-unified-memory --json``: the arena, each length's requests, the three modes
+        (the host budget is left out, as the CLI leaves it: a host tier is refused under unified memory)."""
+        from kvpools_core.cli.unified_report import unified_summary
+
+        if request.requests is not None:
+            raise ConfigError(
+                "--enable-unified-memory answers requests per context length in the arena and the three-mode "
+                "comparison; --requests (the longest context N requests reach) is not modelled for it yet."
+            )
+        budget = {k: v for k, v in budget.items() if k not in _HOST}
+        return unified_summary(model, serving, budget, asked or [8192, 32768], workload)
 
     def _launch(self, model: str, plan: Plan, context_len: int) -> str | None:
         from kvpools_core.planning.fit import launch_command
@@ -344,8 +367,9 @@ class Service:
             fields["tp_size"] = request.tp_size
         if request.kv_cache_dtype is not None:
             fields["kv_cache_dtype"] = request.kv_cache_dtype
-        return compare_engines(
-            self.model_of(request),
+        model = self.model_of(request)
+        comparison = compare_engines(
+            model,
             Serving(**fields),
             contexts=[parse_context_len(item) for item in request.contexts],
             memory=request.memory,
@@ -356,7 +380,16 @@ class Service:
             page_size=request.page_size,
             block_size=request.block_size,
             registry=self.registry,
-        ).to_dict()
+        )
+        data = comparison.to_dict()
+        if request.enable_unified_memory:
+            from kvpools_core.planning.compare_unified import compare_unified, unified_comparison_dict
+
+            budget = {name: getattr(request, name) for name in ("memory", "gpu", "gpu_memory", "weights_memory")}
+            data["unified"] = unified_comparison_dict(
+                *compare_unified(model, comparison, registry=self.registry, **budget)
+            )
+        return data
 
     def fit(self, request: FitRequest) -> dict[str, Any]:
         """``kvpools fit --json`` (``fits: []`` where the CLI exits 1: nothing fits)."""

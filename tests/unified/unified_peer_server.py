@@ -245,6 +245,25 @@ def main() -> None:
                 reply["row_error"] = str(exc)
             print(json.dumps(reply), flush=True)
             continue
+        if op == "views":  # the KV sub-pools' per-layer views on meta: (byte offset, rows, slot stride in bytes)
+            specs = [spec(d) for d in req["specs"]]
+            p = ump.UnifiedKVPool(
+                total_bytes=req["total"], sub_pool_specs=specs, device="meta", enable_memory_saver=False,
+                page_size=req["page"],
+            )  # fmt: skip
+
+            def geo(v):
+                return [v.storage_offset() * v.element_size(), v.shape[0], v.stride(0) * v.element_size()]
+
+            reply = {}
+            for s in specs:
+                if s.name in p._mha_views:
+                    k, v = p.mha_views_for(s.name)
+                    reply[s.name] = [[geo(a), geo(b)] for a, b in zip(k, v, strict=True)]
+                elif s.name in p._mla_views:
+                    reply[s.name] = [[geo(a)] for a in p.mla_views_for(s.name)]
+            print(json.dumps(reply), flush=True)
+            continue
         if op == "new":
             specs = [spec(d) for d in req["specs"]]
             pool = ump.UnifiedKVPool(

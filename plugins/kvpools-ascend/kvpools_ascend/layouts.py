@@ -38,6 +38,10 @@ With speculative decoding SGLang's NPU conv window is ``K - 1 + D - 1``
 not plan: :func:`validate_layouts` refuses that combination instead of building
 other memory.
 
+Under ``--enable-unified-memory`` the layout carves the one arena with the core's token-major
+``carve_arena`` (not overridden): SGLang 0.5.23's NPU builds the same in-tree ``UnifiedKVPool``
+(``_init_pools`` refuses only out-of-tree platforms), not its page-major NPU pools.
+
 An engine hands the NPU kernels the whole tensors: :func:`npu_tensor` (the
 ``(L, pages, P, H, D)`` or ``(L, slots, window, channels)`` tensor of any
 layer's view).

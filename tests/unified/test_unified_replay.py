@@ -1,0 +1,139 @@
+"""The unified replay (issue 31): a request trace through a unified-memory plan's own allocators achieves the
+concurrency the closed form predicts, and lazy compaction trades page copies for holes.
+
+Qwen3-Next-80B-A3B at TP 4, bf16 (12,288 B full entries, 19,316,736 B state entries; ``docs/unified-memory.md``)
+with the radix cache's 3 state slots a request.  A request of 7,168 + 1,024 tokens at page 16 draws
+512 x 16 x 12,288 + 3 x 19,316,736 = 158,613,504 B of the arena.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import kvpools_core as kv
+from kvpools_core.errors import ConfigError, UnsupportedCombinationError
+from kvpools_core.planning.replay import fixed_trace, uniform_trace
+from kvpools_core.planning.unified import ARENA_BYTES, unified_concurrency
+from kvpools_core.planning.unified_replay import replay_unified
+from kvpools_core.values import Plan, Serving
+
+QWEN3_NEXT = "qwen3-next-80b-a3b-thinking"
+
+
+def _plan(memory: str, *, lazy: bool = True, **serving: Any) -> Plan:
+    serving = {"tp_size": 4, "page_size": 16, **serving}
+    return kv.plan(
+        QWEN3_NEXT,
+        Serving(enable_unified_memory=True, disable_lazy_compaction=not lazy, **serving),
+        memory=memory,
+    )
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+@pytest.mark.parametrize(
+    ("memory", "prompt", "output", "binding"),
+    [("3GiB", 7_168, 1_024, ARENA_BYTES), ("12GiB", 30_000, 200, ARENA_BYTES), ("2GiB", 3_000, 96, "request cap")],
+)
+def test_replay_achieves_the_predicted_concurrency(
+    lazy: bool, memory: str, prompt: int, output: int, binding: str
+) -> None:
+    """Identical requests, twice as many as fit: the peak the allocators reach is the closed form's answer, with
+    no refusal by an allocator the byte reservation let through and no retraction."""
+    p = _plan(memory, lazy=lazy)
+    predicted = unified_concurrency(p, prompt + output)
+    assert predicted.binding == binding
+    if prompt == 7_168:
+        assert predicted.request_bytes == 158_613_504
+        assert predicted.concurrent_requests == predicted.room_bytes // 158_613_504 == 20
+    stats = replay_unified(p, fixed_trace(prompt, output, 2 * predicted.concurrent_requests + 3))
+    assert stats.peak_concurrency == stats.predicted_concurrency == predicted.concurrent_requests
+    assert stats.completed == stats.requests and stats.admissions == stats.requests
+    assert stats.retractions == 0 and stats.allocator_refusals == 0
+    assert stats.lazy_compaction is lazy
+
+
+def test_lazy_holes_hide_bytes_eager_compaction_copies_pages() -> None:
+    """A mixed trace, both modes: the reservation (bytes, not placement) makes the same decisions, so admissions,
+    steps and peak are equal; eager compaction copies pages at every free and never hides bytes, lazy compaction
+    copies none here and leaves the state END's holes hidden from ``available_size()`` (only
+    ``schedulable_available_size()`` counts them)."""
+    trace = uniform_trace(40, input_range=(500, 6_000), output_range=(100, 1_500), seed=1)
+    lazy = replay_unified(_plan("3GiB", lazy=True), trace)
+    eager = replay_unified(_plan("3GiB", lazy=False), trace)
+    for stats in (lazy, eager):
+        assert stats.completed == 40 and stats.retractions == 0 and stats.allocator_refusals == 0
+    assert (lazy.steps, lazy.peak_concurrency, lazy.admissions) == (eager.steps, eager.peak_concurrency, 40)
+    assert eager.page_moves > 0 and eager.max_hidden_tokens == 0 and eager.steps_with_hidden_tokens == 0
+    assert lazy.page_moves == 0 and lazy.max_hidden_tokens > 0
+    # free virtual ids are not bytes: the id space outruns the schedulable tokens in both modes
+    assert lazy.max_free_ids_over_schedulable > 0 and eager.max_free_ids_over_schedulable > 0
+
+
+def test_replay_refuses_what_it_does_not_model() -> None:
+    swa = kv.plan("gpt-oss-20b", Serving(enable_unified_memory=True), memory="4GiB")
+    with pytest.raises(UnsupportedCombinationError, match="does not replay arena"):
+        replay_unified(swa, fixed_trace(100, 10, 2))
+    static = kv.plan(QWEN3_NEXT, Serving(tp_size=4), memory="3GiB")
+    with pytest.raises(UnsupportedCombinationError, match="--enable-unified-memory"):
+        replay_unified(static, fixed_trace(100, 10, 2))
+    with pytest.raises(ConfigError, match="more than its"):
+        replay_unified(_plan("1GiB"), fixed_trace(100_000, 10, 1))
+    with pytest.raises(ConfigError, match="no requests"):
+        replay_unified(_plan("1GiB"), [])
+
+
+def test_compare_lines_up_unified_memory_and_vllms_shared_block_pool() -> None:
+    """``kvpools compare --enable-unified-memory``: per context, SGLang's static split, its unified arena and
+    vLLM's shared block pool.  Qwen3-Next TP 4, 20 GiB: an 8k request draws 8,192 x 12,288 + 3 x 19,316,736 =
+    158,613,504 B of the 21,455,519,744 B arena (920,754 static tokens x 12,288 + 525 state slots; see
+    test_unified_plan), whose room is 1,746,054 full slots x 12,288 B less the one-state-entry sink
+    (19,316,736 B) = 21,436,194,816 B: 135 requests; the static split's 920,754 tokens hold 112
+    (920,754 // 8,192); vLLM's 5,460 usable 320-token blocks hold 156 requests of 35 blocks."""
+    from click.testing import CliRunner
+
+    import kvpools_core.cli as cli
+
+    result = CliRunner().invoke(
+        cli.main,
+        [
+            *("compare", QWEN3_NEXT, "--tp-size", "4", "--memory", "20GiB", "--context", "8k,32k"),
+            *("--enable-unified-memory", "--json"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    import json
+
+    data = json.loads(result.stdout)["unified"]
+    assert data["arena"]["bytes"] == 21_455_519_744 and data["max_total_num_tokens"] == 1_744_482
+    row = data["contexts"][0]
+    assert row["sglang_unified_request_bytes"] == 158_613_504
+    assert (row["sglang_static"], row["sglang_unified"], row["vllm_requests"]) == (112, 135, 156)
+    assert row["vllm_blocks_per_request"] == 35
+    assert [r["sglang_unified"] for r in data["contexts"]] == [135, 46]
+    text = CliRunner().invoke(
+        cli.main, ["compare", "gemma-3-27b-it", "--memory", "20GiB", "--context", "8k", "--enable-unified-memory"]
+    )
+    assert text.exit_code == 1 and "this model is neither" in text.stderr and "Traceback" not in text.output
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    prompt=st.integers(1, 40_000),
+    output=st.integers(1, 48),
+    page=st.sampled_from([1, 16, 64]),
+    lazy=st.booleans(),
+    memory=st.sampled_from(["1GiB", "2GiB", "5GiB"]),
+)
+def test_any_fixed_trace_reaches_the_prediction(prompt: int, output: int, page: int, lazy: bool, memory: str) -> None:
+    """For any identical requests the arena can hold, the replay's peak is the closed form's answer (whichever
+    limit binds: the arena's bytes, an END's index space or the request cap) and every request completes."""
+    p = _plan(memory, lazy=lazy, page_size=page)
+    predicted = unified_concurrency(p, prompt + output)
+    assume(predicted.concurrent_requests >= 1)
+    stats = replay_unified(p, fixed_trace(prompt, output, predicted.concurrent_requests + 2))
+    assert stats.peak_concurrency == predicted.concurrent_requests, (predicted.binding, stats)
+    assert stats.completed == stats.requests and stats.retractions == 0
