@@ -61,7 +61,7 @@ def validate(model: ModelSpec, serving: Serving) -> list[str]:
     problems += _empty_pipeline_stages(model, serving)
     problems += _unsplittable_heads(model, serving)
     if (
-        serving.speculative_algorithm in ("EAGLE", "EAGLE3", "STANDALONE", "DFLASH")
+        serving.speculative_algorithm in ("EAGLE", "EAGLE3", "STANDALONE", "DFLASH", "DSPARK")
         and not serving.speculative_draft_num_layers
     ):
         problems.append(

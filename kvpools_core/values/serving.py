@@ -30,7 +30,7 @@ from kvpools_core.values.cost import DraftModel
 from kvpools_core.values.loading import load_value
 from kvpools_core.values.traits import PlatformTraits, Workspace, _workspace_tuple
 
-SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NEXTN", "DFLASH", "NGRAM")
+SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NEXTN", "DFLASH", "DSPARK", "NGRAM")
 ACCOUNTING_MODES = ("exact", "sglang", "vllm", "trtllm")
 """``exact`` and ``sglang`` size SGLang's pools (:func:`kvpools_core.plan`); ``vllm`` plans ``vllm serve``'s KV
 cache instead (:func:`kvpools_core.engines.vllm.plan_vllm`, ``docs/vllm.md``) and ``trtllm`` ``trtllm-serve``'s

@@ -78,6 +78,8 @@ from kvpools_core.parts.sizing import (
 )
 from kvpools_core.values import FIXED, FULL_TOKENS, REQUEST, TOKEN, GroupCost, LayerSpec, ModelSpec, PoolSpec, Serving
 
+from .dspark import DRAFT_SWA_VALID_FROM_POOL, VALID_FROM_BYTES, dspark_swa_valid_from_slots
+
 __all__ = [
     "C4_INDEXER_STATE_POOL",
     "C4_KV_POOL",
@@ -275,6 +277,8 @@ class DSV4Buffers:
     num_req_slots: int
     c128_mtp_seq_lens: int
     hisparse_ptrs: int
+    draft_swa_valid_from: int = 0
+    """The DSpark draft pool's int64 ``swa_valid_from`` entries (:mod:`.dspark`)."""
 
     @property
     def head_dim(self) -> int:
@@ -365,6 +369,7 @@ def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_ru
         num_req_slots=num_req_slots,
         c128_mtp_seq_lens=mtp_seq_lens if c128_ids else 0,
         hisparse_ptrs=len(c4_ids) if serving.enable_hisparse else 0,
+        draft_swa_valid_from=dspark_swa_valid_from_slots(serving, num_req_slots, has_draft_swa=draft_swa is not None),
     )
 
 
@@ -473,6 +478,14 @@ def _pool_layout(
         if b.c128_mtp_seq_lens:
             nbytes = b.c128_mtp_seq_lens * 8
             layout.append((nbytes, partial(_request_pool, C128_MTP_SEQ_LENS_POOL, max_running_requests, 8, nbytes)))
+    if b.draft_swa_valid_from:
+        nbytes = b.draft_swa_valid_from * VALID_FROM_BYTES
+        layout.append(
+            (
+                nbytes,
+                partial(_request_pool, DRAFT_SWA_VALID_FROM_POOL, max_running_requests, VALID_FROM_BYTES, nbytes),
+            )
+        )
     # the engine-wide pools the parts library builds (their bytes come from the values themselves)
     mapping = swa_mapping_pool(sizes.full_tokens, page, OWNER)
     layout.append((mapping.bytes, partial(swa_mapping_pool, sizes.full_tokens, page)))
