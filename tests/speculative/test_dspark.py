@@ -103,3 +103,19 @@ def test_dspark_cell_is_sglangs_own_scaling() -> None:
     answer = json.loads(done.stdout)
     assert answer["dflash_family"] == ["DFLASH", "DSPARK"]
     assert answer["cells"] == [p.cell.sglang_bytes_per_token for p in plans]
+
+
+def test_dspark_draft_rides_on_the_targets_host_slots() -> None:
+    """HiCache: the DSPARK draft pool is a sidecar host pool (``build_full_draft_pools``) with the target's host
+    slots (hicache_ratio 2 x the device slots), 1 layer x 4,096 B each, as every non-MTP draft."""
+    got = plan(
+        "llama-3.1-8b",
+        attrs.evolve(DSPARK, enable_hierarchical_cache=True, hicache_ratio=2),
+        memory=20 * GiB,
+        host_memory=512 * GiB,
+    )
+    assert got.host is not None
+    host = {pool.name: pool for pool in got.host.pools}
+    assert host["draft_kv"].rides_on == "kv"
+    assert host["draft_kv"].slots == host["kv"].slots
+    assert host["draft_kv"].bytes == host["kv"].slots * 4_096
