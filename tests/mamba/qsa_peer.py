@@ -3,8 +3,10 @@
 ``layers/attention/qsa/config.py`` is loaded as it is (its one import, msgspec, is stood in for when
 absent) and its ``parse_qsa_profile`` reads each case's text config; ``QSATokenToKVPool.qsa_bytes_per_token``
 and ``_index_k_bytes`` are taken from the installed ``mem_cache/qsa_kv_pool.py`` by their syntax tree (the
-module imports SGLang's memory pools) and run as they are.  stdin: a JSON list of ``{"config": {...},
-"layers": L}``; prints per case the profile (or the error SGLang raises) and the bytes per token.  This file
+module imports SGLang's memory pools) and run as they are; with ``size``, ``page_size`` and ``request_slots``
+the installed ``QSATokenToKVPool`` is built on CPU (its base pool stood in for) and its QSA buffers measured.
+stdin: a JSON list of ``{"config": {...}, "layers": L[, "size": S, "page_size": P, "request_slots": R]}``;
+prints per case the profile (or the error SGLang raises), the bytes per token and the pools' bytes.  This file
 runs in the peers venv, never under pytest.
 """
 
@@ -59,10 +61,80 @@ def _bytes_per_token(root: Path):  # type: ignore[no-untyped-def]
     return lambda **kw: function(None, **kw)  # type: ignore[operator]
 
 
+def _pool_class(root: Path) -> type:
+    """The installed ``QSATokenToKVPool``, its base ``HybridLinearKVPool`` stood in for (the base pool's own buffers
+    are kvpools' ``kv`` pool, checked elsewhere): the QSA buffers its ``__init__`` allocates are SGLang's own code."""
+    from contextlib import nullcontext
+
+    class _Saver:
+        def region(self, tag: str) -> object:
+            return nullcontext()
+
+    class _Full:
+        memory_saver_adapter = _Saver()
+        enable_custom_mem_pool = False
+        custom_mem_pool = None
+
+    class HybridLinearKVPool:
+        def __init__(self, **kwargs: object) -> None:
+            self.full_kv_pool = _Full()
+            self.full_attention_layer_id_mapping = {i: i for i in kwargs["full_attention_layer_ids"]}  # type: ignore[attr-defined]
+
+        def get_kv_size_bytes(self) -> tuple[int, int]:
+            return 0, 0
+
+    stubs = {
+        "sglang.srt.constants": {"GPU_MEMORY_TYPE_KV_CACHE": "kv_cache"},
+        "sglang.srt.mem_cache.memory_pool": {
+            "GB": 1 << 30,
+            "HybridLinearKVPool": HybridLinearKVPool,
+            "MambaPool": object,
+        },
+    }
+    for name, fields in stubs.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(fields)
+        sys.modules[name] = module
+    path = root / "mem_cache" / "qsa_kv_pool.py"
+    spec = importlib.util.spec_from_file_location("sglang_qsa_kv_pool", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.QSATokenToKVPool  # type: ignore[no-any-return]
+
+
+def _pool_bytes(pool_class: type, case: dict, profile: object) -> dict[str, int]:  # type: ignore[type-arg]
+    pool = pool_class(
+        size=case["size"],
+        dtype=torch.bfloat16,
+        page_size=case["page_size"],
+        head_num=1,
+        head_dim=1,
+        full_attention_layer_ids=list(range(case["layers"])),
+        device="cpu",
+        mamba_pool=None,
+        qsa_index_kv_heads=profile.kv_heads,  # type: ignore[attr-defined]
+        qsa_index_head_dim=profile.head_dim,  # type: ignore[attr-defined]
+        qsa_compress_ratio=profile.compress_ratio,  # type: ignore[attr-defined]
+        qsa_token_topk=profile.budget,  # type: ignore[attr-defined]
+        num_request_slots=case["request_slots"],
+    )
+
+    def nbytes(tensors: list) -> int:  # type: ignore[type-arg]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    return {
+        "qsa_compressed_k": nbytes([pool.qsa_compressed_flat]),
+        "qsa_key_state": nbytes(pool.qsa_key_state_buffer_pool),
+        "qsa_rope_positions": nbytes([pool.qsa_rope_position_buffer]),
+    }
+
+
 def main() -> None:
     root = _root()
     config = _config_module(root)
     per_token = _bytes_per_token(root)
+    pool_class = _pool_class(root)
     out = []
     for case in json.load(sys.stdin):
         try:
@@ -88,6 +160,7 @@ def main() -> None:
                     compress_ratio=profile.compress_ratio,
                     num_layers=case["layers"],
                 ),
+                "pools": _pool_bytes(pool_class, case, profile) if "size" in case else None,
             }
         )
     print(json.dumps(out))

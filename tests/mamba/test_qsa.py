@@ -121,8 +121,9 @@ def test_qsa_refusals(options: dict[str, Any], words: str) -> None:
 
 
 def test_qsa_is_sglangs_own_parsing_and_charge() -> None:
-    """SGLang's own ``parse_qsa_profile`` and ``QSATokenToKVPool.qsa_bytes_per_token`` (peers venv) agree with
-    kvpools' profile and its ``qsa_compressed_k`` bytes per token, and raise where kvpools refuses."""
+    """SGLang's own ``parse_qsa_profile``, ``QSATokenToKVPool.qsa_bytes_per_token`` and ``QSATokenToKVPool``'s QSA
+    buffers (peers venv, CPU) agree with kvpools' profile, per-token charge and pools, and raise where kvpools
+    refuses."""
     python, _ = locate.require_sglang_peer()
     variants = [
         {},
@@ -132,11 +133,15 @@ def test_qsa_is_sglangs_own_parsing_and_charge() -> None:
     cases, plans = [], []
     for indexer in variants:
         config = qsa_config(**indexer)
-        cases.append({"config": {**INDEXER, **indexer}, "layers": 12})
+        case: dict[str, Any] = {"config": {**INDEXER, **indexer}, "layers": 12}
         try:
-            plans.append(plan(parse(config, "qsa"), Serving(max_running_requests=64), memory=20 * GiB))
+            got = plan(parse(config, "qsa"), Serving(max_running_requests=64), memory=20 * GiB)
         except ConfigError as error:
             plans.append(error)
+        else:
+            plans.append(got)
+            case.update(size=got.max_total_num_tokens, page_size=64, request_slots=got.max_running_requests + 1)
+        cases.append(case)
     done = subprocess.run(
         [str(python), str(Path(__file__).with_name("qsa_peer.py"))],
         input=json.dumps(cases),
@@ -153,3 +158,7 @@ def test_qsa_is_sglangs_own_parsing_and_charge() -> None:
         assert not isinstance(got, ConfigError)
         assert dict(got.model.params["qsa"]) == sglang["profile"]
         assert got.pool("qsa_compressed_k").bytes_per_slot == sglang["bytes_per_token"]
+        # SGLang's own QSATokenToKVPool.__init__ on CPU allocates exactly the planned (and built) QSA pools
+        assert sglang["pools"] == {name: got.pool(name).bytes for name in sglang["pools"]}
+        built = build(got, "meta").allocated_by_pool()
+        assert sglang["pools"] == {name: built[name] for name in sglang["pools"]}
