@@ -97,6 +97,7 @@ _HELP = {
     "enable_dsa_cache_layer_split": "Split the GLM DSA cache layers over context-parallel ranks.",
     "m3_fp8_attn_gemm": "MiniMax-M3's fp8 attention GEMMs (SGLang turns them on with fp8_e4m3 KV, --attention-backend "
     "trtllm_mha on SM100): the indexer cache is fp8 too. Needs --kv-cache-dtype fp8_e4m3.",
+    "qsa_indexer_dtype": "QSA models: the compressed index keys' dtype (SGLang's --qsa-indexer-dtype; auto: bfloat16).",
     "nvfp4_sm": "The Blackwell GPU (100: SM100, 120: SM120) --kv-cache-dtype nvfp4 runs on: it decides the MHA pool's "
     "scale layouts (SGLang reads it from the device).",
     "prefill_kv_cache_dequant_dtype": "nvfp4 prefill input (SGLang's --prefill-kv-cache-dequant-dtype): fp8_e4m3 keeps "
@@ -143,6 +144,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "disaggregation_decode_retraction_backup": DECODE_RETRACTION_BACKUPS,
     "mm_feature_transport": MM_FEATURE_TRANSPORTS,
     "prefill_kv_cache_dequant_dtype": ("auto", "fp8_e4m3", "nvfp4"),
+    "qsa_indexer_dtype": ("auto", "bfloat16", "fp8_e4m3"),
 }
 _SPECIAL = {"platform", "plugin_options", "pp_layer_partition"}
 _RESOLVED = {"platform_traits", "workspaces", "speculative_draft"}

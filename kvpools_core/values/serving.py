@@ -440,6 +440,9 @@ class Serving:
     """The Blackwell GPU SGLang's ``--kv-cache-dtype nvfp4`` runs on (``get_platform().is_sm100`` / ``is_sm120``),
     which decides its MHA pool's scale layouts (:mod:`kvpools_core.parts.nvfp4`); kvpools cannot see the GPU, so
     nvfp4 on MHA layers needs it."""
+    qsa_indexer_dtype: str = attrs.field(default="auto", validator=one_of("auto", "bfloat16", "fp8_e4m3"))
+    """SGLang's ``--qsa-indexer-dtype``: the dtype of a QSA model's compressed index keys (``auto`` = bfloat16;
+    ``resolve_qsa_indexer_dtype``, ``mem_cache/qsa_kv_pool.py``); the pending key ring stays bf16."""
     prefill_kv_cache_dequant_dtype: str = attrs.field(default="auto", validator=one_of("auto", "fp8_e4m3", "nvfp4"))
     """SGLang's ``--prefill-kv-cache-dequant-dtype`` (nvfp4 only): ``fp8_e4m3`` prefills with flashinfer from an fp8
     dequant workspace, ``nvfp4`` natively with trtllm_mha (SM100); ``auto`` is ``nvfp4`` on SM100, else fp8_e4m3."""

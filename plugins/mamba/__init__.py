@@ -144,7 +144,7 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
     layers = rank_state_layer_ids(model, serving)
     qsa = qsa_profile(model)
     if qsa is not None:  # QSATokenToKVPool's compressed index keys, per row of the full pool (.qsa)
-        per_token = compressed_bytes_per_token(qsa, len(full_layers))
+        per_token = compressed_bytes_per_token(qsa, len(full_layers), serving)
         cell = attrs.evolve(
             cell,
             parts=(*cell.parts, CellPart(QSA_COMPRESSED_POOL, per_token, QSA_COMPRESSED_POOL)),

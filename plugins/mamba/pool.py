@@ -513,8 +513,19 @@ class QSABuffers:
     ``(L, ceil(rows / ratio) x kv_heads x head_dim)`` bf16 in one flat tensor, per layer the pending key ring
     ``(request_slots x ratio, kv_heads, head_dim)`` bf16, and the ``(request_slots x ratio, 3)`` int64 MRoPE ring."""
 
-    def __init__(self, *, profile: QSAProfile, layers: int, rows: int, request_slots: int, device: str | torch.device):
+    def __init__(
+        self,
+        *,
+        profile: QSAProfile,
+        layers: int,
+        rows: int,
+        request_slots: int,
+        device: str | torch.device,
+        fp8: bool = False,
+    ):
         self.profile = profile
+        self.compressed_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+        """``--qsa-indexer-dtype``: fp8_e4m3, else bf16 (the pending ring is always bf16)."""
         self.layers = layers
         self.capacity = -(rows // -profile.compress_ratio)
         self.ring_slots = request_slots * profile.compress_ratio
@@ -526,7 +537,7 @@ class QSABuffers:
     def planned_nbytes(self) -> dict[str, int]:
         p = self.profile
         return {
-            QSA_COMPRESSED_POOL: self.layers * self.capacity * p.kv_heads * p.head_dim * 2,
+            QSA_COMPRESSED_POOL: self.layers * self.capacity * p.kv_heads * p.head_dim * self.compressed_dtype.itemsize,
             QSA_KEY_STATE_POOL: self.layers * self.ring_slots * p.kv_heads * p.head_dim * 2,
             QSA_ROPE_POOL: self.ring_slots * 3 * 8,
         }
@@ -534,7 +545,7 @@ class QSABuffers:
     def allocate(self) -> None:
         p = self.profile
         self.compressed_flat = allocate(
-            (self.layers, self.capacity * p.kv_heads * p.head_dim), torch.bfloat16, self.device
+            (self.layers, self.capacity * p.kv_heads * p.head_dim), self.compressed_dtype, self.device
         )
         self.key_state = [
             allocate((self.ring_slots, p.kv_heads, p.head_dim), torch.bfloat16, self.device) for _ in range(self.layers)
@@ -607,6 +618,7 @@ class HybridLinearKVPool:
                 rows=plan.max_total_num_tokens + plan.serving.page_size,
                 request_slots=rows + padding,
                 device=device,
+                fp8=plan.serving.qsa_indexer_dtype == "fp8_e4m3",
             )
             for name, nbytes in qsa.planned_nbytes().items():
                 check_planned_bytes(name, nbytes, plan.pool(name).bytes, f"{qsa!r}")

@@ -53,8 +53,12 @@ class QSAProfile:
 
     @property
     def index_k_bytes(self) -> int:
-        """One token's index key, bf16 (``_index_k_bytes``)."""
+        """One token's pending index key, bf16 (``_index_k_bytes`` with ``index_state_dtype``)."""
         return self.kv_heads * self.head_dim * INDEX_BYTES
+
+    def compressed_k_bytes(self, serving: Serving) -> int:
+        """One compressed key in ``--qsa-indexer-dtype`` (``resolve_qsa_indexer_dtype``: fp8_e4m3 1 B, else bf16)."""
+        return self.kv_heads * self.head_dim * compressed_item_bytes(serving)
 
     def describe(self) -> str:
         return (
@@ -118,9 +122,13 @@ def qsa_profile(model: ModelSpec) -> QSAProfile | None:
     return None if not data else QSAProfile(**dict(data))
 
 
-def compressed_bytes_per_token(profile: QSAProfile, layers: int) -> int:
+def compressed_item_bytes(serving: Serving) -> int:
+    return 1 if serving.qsa_indexer_dtype == "fp8_e4m3" else INDEX_BYTES
+
+
+def compressed_bytes_per_token(profile: QSAProfile, layers: int, serving: Serving) -> int:
     """``qsa_compressed_k`` bytes per row of the full pool (``qsa_bytes_per_token`` of ``QSATokenToKVPool``)."""
-    return profile.index_k_bytes // profile.compress_ratio * layers
+    return profile.compressed_k_bytes(serving) // profile.compress_ratio * layers
 
 
 def ring_bytes_per_row(profile: QSAProfile, layers: int) -> tuple[int, int]:
@@ -145,10 +153,15 @@ def qsa_problems(model: ModelSpec, serving: Serving, *, mla: bool) -> list[str]:
             f"(compressed slots are full_slot // ratio): page_size={page}, ratio={ratio}.' Pass {o('page_size')} "
             f"{QSA_PAGE_SIZE} (SGLang's Qwen4-Exp default) or another multiple of {ratio}."
         )
-    if profile.index_k_bytes % ratio:
+    if profile.compressed_k_bytes(serving) % ratio:
         problems.append(
-            f"{model.name}'s QSA index key ({profile.index_k_bytes} B) does not divide by its compress ratio {ratio}: "
-            "kvpools does not model the rounding of SGLang's per-token charge yet."
+            f"{model.name}'s compressed QSA index key ({profile.compressed_k_bytes(serving)} B) does not divide by its "
+            f"compress ratio {ratio}: kvpools does not model the rounding of SGLang's per-token charge yet."
+        )
+    if serving.qsa_indexer_dtype == "fp8_e4m3" and serving.platform != "cuda":
+        problems.append(
+            f"{o('qsa_indexer_dtype')} fp8_e4m3 on the {serving.platform} platform: SGLang raises '--qsa-indexer-dtype "
+            "fp8_e4m3 requires a CUDA SM90/SM100 GPU'. Use the cuda platform (kvpools assumes SM90 or SM100 there)."
         )
     unmodelled = [
         (mla, "an MLA full-attention side"),

@@ -287,6 +287,9 @@ EVIDENCE: dict[str, Evidence] = {
         ("minimax-m3", "--memory", "40GiB", "--tp-size", "8", "--kv-cache-dtype", "fp8_e4m3", "--m3-fp8-attn-gemm"),
         why="the fp8 lightning-indexer cache",
     ),
+    "qsa_indexer_dtype": Refused(
+        (*LLAMA, "--qsa-indexer-dtype", "fp8_e4m3"), "needs a model with a compressed QSA indexer"
+    ),
     "nvfp4_sm": Changes(
         (*LLAMA, "--kv-cache-dtype", "nvfp4", "--nvfp4-sm", "100"),
         (*LLAMA, "--kv-cache-dtype", "nvfp4", "--nvfp4-sm", "120"),

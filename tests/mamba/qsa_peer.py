@@ -103,6 +103,10 @@ def _pool_class(root: Path) -> type:
     return module.QSATokenToKVPool  # type: ignore[no-any-return]
 
 
+def _dtype(case: dict) -> torch.dtype:  # type: ignore[type-arg]
+    return torch.float8_e4m3fn if case.get("indexer_dtype") == "fp8_e4m3" else torch.bfloat16
+
+
 def _pool_bytes(pool_class: type, case: dict, profile: object) -> dict[str, int]:  # type: ignore[type-arg]
     pool = pool_class(
         size=case["size"],
@@ -118,6 +122,7 @@ def _pool_bytes(pool_class: type, case: dict, profile: object) -> dict[str, int]
         qsa_compress_ratio=profile.compress_ratio,  # type: ignore[attr-defined]
         qsa_token_topk=profile.budget,  # type: ignore[attr-defined]
         num_request_slots=case["request_slots"],
+        qsa_indexer_dtype=_dtype(case),
     )
 
     def nbytes(tensors: list) -> int:  # type: ignore[type-arg]
@@ -159,6 +164,7 @@ def main() -> None:
                     head_dim=profile.head_dim,
                     compress_ratio=profile.compress_ratio,
                     num_layers=case["layers"],
+                    compressed_dtype=_dtype(case),
                 ),
                 "pools": _pool_bytes(pool_class, case, profile) if "size" in case else None,
             }

@@ -72,6 +72,21 @@ def test_qsa_pools_hand_computed_and_built_exactly(accounting: str) -> None:
         assert got.planned_bytes <= 20 * GiB
 
 
+def test_fp8_indexer_halves_the_compressed_keys() -> None:
+    """``--qsa-indexer-dtype fp8_e4m3``: 1 x 128 x 1 B // 4 x 12 = 384 B per token; the pending ring stays bf16."""
+    got = plan(
+        parse(qsa_config(), "qsa"), Serving(max_running_requests=64, qsa_indexer_dtype="fp8_e4m3"), memory=20 * GiB
+    )
+    assert got.pool("qsa_compressed_k").bytes == (got.max_total_num_tokens + 64) * 384
+    assert got.pool("qsa_key_state").bytes == (got.max_running_requests + 1) * 12_288
+    assert build(got, "meta").allocated_by_pool() == {p.name: p.bytes for p in got.pools}
+
+
+def test_the_indexer_dtype_needs_a_qsa_model() -> None:
+    with pytest.raises(KvpoolsError, match="needs a model with a compressed QSA indexer"):
+        plan("llama-3.1-8b", Serving(qsa_indexer_dtype="bfloat16"), memory=20 * GiB)
+
+
 def test_qsa_layer_types_plan_with_a_profile() -> None:
     config = qsa_config()
     config["text_config"]["layer_types"] = [
@@ -125,17 +140,19 @@ def test_qsa_is_sglangs_own_parsing_and_charge() -> None:
     buffers (peers venv, CPU) agree with kvpools' profile, per-token charge and pools, and raise where kvpools
     refuses."""
     python, _ = locate.require_sglang_peer()
-    variants = [
-        {},
-        {"indexer_head_dim": 64, "indexer_compress_ratio": 8, "indexer_budget": 4096},
-        {"indexer_kv_heads": 2},
+    variants: list[tuple[dict[str, Any], str]] = [
+        ({}, "auto"),
+        ({}, "fp8_e4m3"),
+        ({"indexer_head_dim": 64, "indexer_compress_ratio": 8, "indexer_budget": 4096}, "bfloat16"),
+        ({"indexer_kv_heads": 2}, "auto"),
     ]
     cases, plans = [], []
-    for indexer in variants:
+    for indexer, dtype in variants:
         config = qsa_config(**indexer)
-        case: dict[str, Any] = {"config": {**INDEXER, **indexer}, "layers": 12}
+        case: dict[str, Any] = {"config": {**INDEXER, **indexer}, "layers": 12, "indexer_dtype": dtype}
         try:
-            got = plan(parse(config, "qsa"), Serving(max_running_requests=64), memory=20 * GiB)
+            serving = Serving(max_running_requests=64, qsa_indexer_dtype=dtype)
+            got = plan(parse(config, "qsa"), serving, memory=20 * GiB)
         except ConfigError as error:
             plans.append(error)
         else:
