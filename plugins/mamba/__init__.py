@@ -61,7 +61,7 @@ from kvpools_core.values import (
     Serving,
 )
 
-from .config import KV_KINDS, hybrid_family, hybrid_model_spec
+from .config import KV_KINDS, QWEN4_EXP_MODEL_TYPES, hybrid_family, hybrid_model_spec
 from .latent import is_mla_hybrid, latent_cell_size, latent_problems
 from .ple import NGRAM_POOL, SHORT_CONV_POOL, ple_state
 from .qsa import QSA_COMPRESSED_POOL, QSA_PAGE_SIZE, compressed_bytes_per_token, qsa_problems, qsa_profile
@@ -124,8 +124,8 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] | None:
     """A QSA model's page (``arg_groups/model_overrides/qwen4_exp.py``: 'Setting page size to 64 for compressed QSA
     (full//ratio compressed addressing)')."""
-    if qsa_profile(model) is None:
-        return None
+    if qsa_profile(model) is None or model.model_type not in QWEN4_EXP_MODEL_TYPES:
+        return None  # the override is Qwen4-Exp's; another QSA hybrid keeps page 1, which its pool refuses
     reason = (
         "SGLang 0.5.23's page for compressed QSA (the Qwen4-Exp override in arg_groups/model_overrides/qwen4_exp.py)"
     )

@@ -82,6 +82,15 @@ def test_fp8_indexer_halves_the_compressed_keys() -> None:
     assert build(got, "meta").allocated_by_pool() == {p.name: p.bytes for p in got.pools}
 
 
+def test_only_qwen4_exp_defaults_the_page_to_64() -> None:
+    """SGLang's page override for QSA is Qwen4-Exp's; a Qwen3-Next config with a QSA profile keeps page 1, which
+    ``QSATokenToKVPool`` refuses."""
+    config = copy.deepcopy(preset_config("qwen3-next-80b-a3b-thinking"))
+    config.get("text_config", config).update(INDEXER)
+    with pytest.raises(KvpoolsError, match="page_size=1, ratio=4"):
+        plan(parse(config, "qsa-next"), Serving(max_running_requests=64), memory=20 * GiB)
+
+
 def test_the_indexer_dtype_needs_a_qsa_model() -> None:
     with pytest.raises(KvpoolsError, match="needs a model with a compressed QSA indexer"):
         plan("llama-3.1-8b", Serving(qsa_indexer_dtype="bfloat16"), memory=20 * GiB)
@@ -179,3 +188,22 @@ def test_qsa_is_sglangs_own_parsing_and_charge() -> None:
         assert sglang["pools"] == {name: got.pool(name).bytes for name in sglang["pools"]}
         built = build(got, "meta").allocated_by_pool()
         assert sglang["pools"] == {name: built[name] for name in sglang["pools"]}
+
+
+@pytest.mark.parametrize("memory", [20 * GiB, 60 * GiB + 12345])
+def test_sglang_accounting_is_the_reference_configurators(memory: int) -> None:
+    """The oracle runs the reference's ``MambaPoolConfigurator`` on the QSA config: the reference cell counts no QSA
+    buffer, so ``--accounting sglang`` gives its tokens, requests, cell and K exactly."""
+    from tests.oracle.locate import require_oracle
+
+    from .support import compare_hybrid
+
+    require_oracle()
+    # Qwen3-Next (which the oracle's config reading knows) with the same QSA profile: 12 full layers
+    config = copy.deepcopy(preset_config("qwen3-next-80b-a3b-thinking"))
+    text = config.get("text_config", config)
+    text.update(INDEXER)
+    serving = Serving(page_size=64, max_running_requests=64)
+    _, got = compare_hybrid(parse(config, "qsa-next"), config, serving, memory=memory)
+    assert not isinstance(got, Exception)
+    assert got.pool("qsa_compressed_k").bytes == (got.max_total_num_tokens + 64) * 768
