@@ -61,13 +61,20 @@ def validate(model: ModelSpec, serving: Serving) -> list[str]:
     problems += _empty_pipeline_stages(model, serving)
     problems += _unsplittable_heads(model, serving)
     if (
-        serving.speculative_algorithm in ("EAGLE", "EAGLE3", "STANDALONE", "DFLASH")
+        serving.speculative_algorithm in ("EAGLE", "EAGLE3", "STANDALONE", "DFLASH", "DSPARK")
         and not serving.speculative_draft_num_layers
     ):
         problems.append(
             f"{option('speculative_algorithm')} {serving.speculative_algorithm} charges the draft model's KV cache: "
             f"pass {option('draft_model')} (a preset, config.json or directory) "
             f"or {option('speculative_draft_num_layers')} N."
+        )
+    if serving.qsa_indexer_dtype != "auto" and not model.params.get("qsa"):
+        # SGLang 0.5.23 _build_hybrid_linear_kv_pool / the Qwen4-Exp override (plugins/mamba/qsa.py)
+        problems.append(
+            f"{option('qsa_indexer_dtype')} {serving.qsa_indexer_dtype} needs a model with a compressed QSA indexer "
+            f"(SGLang: '--qsa-indexer-dtype {serving.qsa_indexer_dtype} needs a model with a compressed QSA indexer "
+            f"(Qwen4-Exp); this model has none'); {model.name} has none. Drop {option('qsa_indexer_dtype')}."
         )
     if serving.speculative_algorithm == "NEXTN" and not (
         serving.speculative_draft_num_layers or model.num_nextn_predict_layers

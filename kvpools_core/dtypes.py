@@ -55,7 +55,7 @@ _FIXED: dict[str, KVDtype] = {
     # both store ``float4_e2m1fn_x2`` (``mem_cache/kv_cache_dtype.py`` lines 76-88).  fp4_mx_block16 keeps one
     # uint8 scale per 16 values and no dequant workspace (``FP4MXBlock16KVCacheMethod``): fp4_e2m1's bytes.
     "fp4_mx_block16": KVDtype("fp4_mx_block16", "float4_e2m1fn_x2", 1, "uint8", values_per_element=2, scale_block=16),
-    # nvfp4's MHA pool (``NVFP4KVCacheMethod``) depends on the attention backends and the GPU (NVFP4_MHA_REFUSAL);
+    # nvfp4's MHA pool (``NVFP4KVCacheMethod``) depends on the attention backends and the GPU (parts/nvfp4.py);
     # its MLA pool (``MLATokenToKVPoolFP4``, no quant method) is fp4_e2m1's
     "nvfp4": KVDtype("nvfp4", "float4_e2m1fn_x2", 1, "uint8", values_per_element=2, scale_block=16),
     "mxfp8": KVDtype("mxfp8", "float8_e4m3fn", 1, "uint8", scale_block=32),
@@ -67,10 +67,10 @@ KV_DTYPE_CHOICES: tuple[str, ...] = ("auto", *_FIXED)
 """Every accepted ``--kv-cache-dtype`` spelling's canonical name."""
 
 NVFP4_MHA_REFUSAL = (
-    "kvpools does not model {flag} nvfp4 on MHA layers yet: SGLang 0.5.23's NVFP4KVCacheMethod "
-    "(layers/quantization/fp4_kv_cache_quant_method.py) allocates token-linear and/or SM100-native block-scale "
-    "buffers and an fp8 dequant workspace according to the prefill and decode attention backends (flashinfer, "
-    "trtllm_mha) and the GPU (SM100 or SM120), which kvpools has no options for. Use {flag} fp4_mx_block16 (packed "
+    "kvpools does not model {flag} nvfp4 on MHA layers of this architecture yet: SGLang 0.5.23's "
+    "NVFP4KVCacheMethod (layers/quantization/fp4_kv_cache_quant_method.py) allocates token-linear and/or "
+    "SM100-native block-scale buffers and an fp8 dequant workspace by the attention backends and the GPU, which "
+    "kvpools models for dense MHA models only (kvpools_core/parts/nvfp4.py). Use {flag} fp4_mx_block16 (packed "
     "fp4 plus one scale byte per 16 values, no workspace), which kvpools plans exactly."
 )
 """Why ``nvfp4`` is refused for MHA-cell layers (format with ``flag=option('kv_cache_dtype')``)."""

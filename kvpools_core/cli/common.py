@@ -103,6 +103,11 @@ _HELP = {
     "enable_dsa_cache_layer_split": "Split the GLM DSA cache layers over context-parallel ranks.",
     "m3_fp8_attn_gemm": "MiniMax-M3's fp8 attention GEMMs (SGLang turns them on with fp8_e4m3 KV, --attention-backend "
     "trtllm_mha on SM100): the indexer cache is fp8 too. Needs --kv-cache-dtype fp8_e4m3.",
+    "qsa_indexer_dtype": "QSA models: the compressed index keys' dtype (SGLang's --qsa-indexer-dtype; auto: bfloat16).",
+    "nvfp4_sm": "The Blackwell GPU (100: SM100, 120: SM120) --kv-cache-dtype nvfp4 runs on: it decides the MHA pool's "
+    "scale layouts (SGLang reads it from the device).",
+    "prefill_kv_cache_dequant_dtype": "nvfp4 prefill input (SGLang's --prefill-kv-cache-dequant-dtype): fp8_e4m3 keeps "
+    "an fp8 dequant workspace (flashinfer), nvfp4 reads native NVFP4 (trtllm_mha, SM100); auto picks by the GPU.",
     "enable_hisparse": (
         "HiSparse: keep 1/host_to_device_ratio of the sparse-attention KV on the device (DSA latent rows, "
         "DeepSeek-V4 c4, MiniMax-M3 sparse layers; needs --disable-radix-cache)."
@@ -154,6 +159,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "hicache_write_policy": HICACHE_WRITE_POLICIES,
     "disaggregation_decode_retraction_backup": DECODE_RETRACTION_BACKUPS,
     "mm_feature_transport": MM_FEATURE_TRANSPORTS,
+    "prefill_kv_cache_dequant_dtype": ("auto", "fp8_e4m3", "nvfp4"),
+    "qsa_indexer_dtype": ("auto", "bfloat16", "fp8_e4m3"),
 }
 _SPECIAL = {"platform", "plugin_options", "pp_layer_partition"}
 _RESOLVED = {"platform_traits", "workspaces", "speculative_draft"}

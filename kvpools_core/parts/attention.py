@@ -22,6 +22,8 @@ from kvpools_core.dtypes import NVFP4_MHA_REFUSAL, KVDtype, resolve_kv_dtype
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parallel import kv_heads_per_rank
+from kvpools_core.parts.nvfp4 import SCALE_BLOCK as NVFP4_SCALE_BLOCK
+from kvpools_core.parts.nvfp4 import nvfp4_layout, nvfp4_problems
 from kvpools_core.values import CellPart, CellSize, LayerSpec, ModelSpec, Serving
 
 __all__ = ["LayerGeometry", "attention_cell_size", "layer_geometry", "scale_block_problems", "sglang_fp4_cell"]
@@ -49,7 +51,7 @@ def layer_geometry(layers: Sequence[LayerSpec], serving: Serving) -> list[LayerG
 
 
 def attention_cell_size(
-    layers: tuple[LayerSpec, ...], model: ModelSpec, serving: Serving, pool: str = "kv"
+    layers: tuple[LayerSpec, ...], model: ModelSpec, serving: Serving, pool: str = "kv", *, nvfp4: bool = False
 ) -> CellSize:
     """K and V (and their scales) of full-attention ``layers`` on this rank, as parts of ``pool``.
 
@@ -58,7 +60,9 @@ def attention_cell_size(
     """
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
     if kv.name == "nvfp4" and layers:
-        raise UnsupportedCombinationError(NVFP4_MHA_REFUSAL.format(flag=option("kv_cache_dtype")))
+        if not nvfp4:  # an architecture whose pool kvpools has not modelled NVFP4KVCacheMethod for
+            raise UnsupportedCombinationError(NVFP4_MHA_REFUSAL.format(flag=option("kv_cache_dtype")))
+        return nvfp4_cell_size(layers, serving, pool)
     e = kv.element_bytes
     sglang = 0
     k_bytes = v_bytes = k_scale = v_scale = 0
@@ -86,6 +90,37 @@ def attention_cell_size(
     if k_scale or v_scale:
         parts += [CellPart("k_scale", k_scale, pool), CellPart("v_scale", v_scale, pool)]
     return CellSize(parts=parts, sglang_bytes_per_token=max(sglang, 1), num_layers=len(layers))
+
+
+def nvfp4_cell_size(layers: tuple[LayerSpec, ...], serving: Serving, pool: str = "kv") -> CellSize:
+    """nvfp4 MHA layers (dense models only, ``nvfp4=True``): the buffers of SGLang's ``NVFP4KVCacheMethod`` for the
+    resolved layout (:mod:`kvpools_core.parts.nvfp4`), per token of the pool's rows; SGLang's estimate is the
+    fp4 formula of ``pool_configurator.py`` (ref-002 lines 270-277)."""
+    problems = nvfp4_problems(
+        serving, tuple(layer.head_dim for layer in layers), tuple(layer.v_head_dim for layer in layers)
+    )
+    layout = nvfp4_layout(serving)
+    if problems or layout is None:
+        raise UnsupportedCombinationError(" ".join(problems))
+    k_bytes = v_bytes = scale = 0
+    for layer in layers:
+        stored = kv_heads_per_rank(layer.num_kv_heads, serving.attn_tp_size, serving.dcp_size)
+        k_bytes += stored * layer.head_dim // 2
+        v_bytes += stored * layer.head_dim // 2  # V at the K width (create_buffers' k)
+        scale += stored * layer.head_dim // NVFP4_SCALE_BLOCK
+    parts = [CellPart("k", k_bytes, pool), CellPart("v", v_bytes, pool)]
+    if layout.linear_scales:
+        parts += [CellPart("k_scale", scale, pool), CellPart("v_scale", scale, pool)]
+    if layout.native_scales:
+        parts += [CellPart("k_native_scale", scale, pool), CellPart("v_native_scale", scale, pool)]
+    if layout.workspace:  # one (rows, heads, head_dim) fp8 tensor each for K and V, shared by every layer
+        first = layers[0]
+        row = kv_heads_per_rank(first.num_kv_heads, serving.attn_tp_size, serving.dcp_size) * first.head_dim
+        parts += [CellPart("dq_k", row, pool), CellPart("dq_v", row, pool)]
+    sglang = sglang_fp4_cell(layers, serving, 1)
+    return CellSize(
+        parts=parts, sglang_bytes_per_token=max(sglang, 1), num_layers=len(layers), notes=(layout.describe,)
+    )
 
 
 def sglang_fp4_cell(layers: tuple[LayerSpec, ...], serving: Serving, e: int) -> int:

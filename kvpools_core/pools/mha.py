@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.dtypes import KVDtype, resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.attention import LayerGeometry, layer_geometry
 from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL, draft_num_layers, draft_pool_geometry
@@ -107,14 +107,14 @@ class MHATokenToKVPool:
         """
         serving = plan.serving
         kv = resolve_kv_dtype(serving.kv_cache_dtype, plan.model.dtype)
-        codec = codec_for(kv)
+        codec = cls.plan_codec(plan, kv)
         model_dtype = getattr(torch, plan.model.dtype)
         geometry = layer_geometry(layers, serving)
         size, page = plan.max_total_num_tokens, serving.page_size
         rows = size + page
         check_planned_bytes(
             pool_name,
-            LayerKV.planned_nbytes(rows, geometry, codec),
+            cls.planned_nbytes(rows, geometry, codec, page),
             plan.pool(pool_name).bytes,
             f"{len(geometry)} layer(s) from {start_layer}, {rows} rows of {kv.name}",
         )
@@ -134,7 +134,7 @@ class MHATokenToKVPool:
             draft_rows = draft_size + draft_page
             check_planned_bytes(
                 DRAFT_POOL,
-                LayerKV.planned_nbytes(draft_rows, draft_layers, codec),
+                cls.planned_nbytes(draft_rows, draft_layers, codec, draft_page),
                 plan.pool(DRAFT_POOL).bytes,
                 f"{len(draft_layers)} draft layer(s) of the target's geometry, {draft_rows} rows of {kv.name}",
             )
@@ -174,6 +174,16 @@ class MHATokenToKVPool:
             draft=draft,
             layout=layout,
         )
+
+    @classmethod
+    def plan_codec(cls, plan: Plan, kv: KVDtype) -> KVCodec:
+        """How this pool stores the plan's KV dtype (a subclass may store a recipe of its own)."""
+        return codec_for(kv)
+
+    @classmethod
+    def planned_nbytes(cls, rows: int, layers: Sequence[LayerGeometry], codec: KVCodec, page_size: int) -> int:
+        """The bytes a pool of ``rows`` rows allocates, from shapes alone."""
+        return LayerKV.planned_nbytes(rows, layers, codec)
 
     # -- what it is ----------------------------------------------------------
 

@@ -217,7 +217,11 @@ from kvpools_core.values.serving import (
 )
 from kvpools_core.values.serving import (
     DSV4_COMPRESS_STATE_DTYPES as DSV4_COMPRESS_STATE_DTYPES,
+)
+from kvpools_core.values.serving import (
     DSV4_COMPRESSED_KV_LAYOUTS as DSV4_COMPRESSED_KV_LAYOUTS,
+)
+from kvpools_core.values.serving import (
     DSV4_KV_LAYOUTS as DSV4_KV_LAYOUTS,
 )
 from kvpools_core.values.serving import (

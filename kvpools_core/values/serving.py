@@ -30,7 +30,7 @@ from kvpools_core.values.cost import DraftModel
 from kvpools_core.values.loading import load_value
 from kvpools_core.values.traits import PlatformTraits, Workspace, _workspace_tuple
 
-SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NEXTN", "DFLASH", "NGRAM")
+SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NEXTN", "DFLASH", "DSPARK", "NGRAM")
 ACCOUNTING_MODES = ("exact", "sglang", "vllm", "trtllm")
 """``exact`` and ``sglang`` size SGLang's pools (:func:`kvpools_core.plan`); ``vllm`` plans ``vllm serve``'s KV
 cache instead (:func:`kvpools_core.engines.vllm.plan_vllm`, ``docs/vllm.md``) and ``trtllm`` ``trtllm-serve``'s
@@ -452,6 +452,16 @@ class Serving:
     ``SGLANG_DISABLE_M3_FP8_ATTN_GEMM``): the lightning-indexer cache is then fp8 too (ref-000 lines 1857-1861).
     kvpools sees neither the GPU nor the attention backend, so it is an explicit option; without it the indexer
     keeps the model dtype.  Models whose plugin does not name the feature (``engine_features``) refuse it."""
+    nvfp4_sm: int | None = attrs.field(default=None, validator=one_of(None, 100, 120))
+    """The Blackwell GPU SGLang's ``--kv-cache-dtype nvfp4`` runs on (``get_platform().is_sm100`` / ``is_sm120``),
+    which decides its MHA pool's scale layouts (:mod:`kvpools_core.parts.nvfp4`); kvpools cannot see the GPU, so
+    nvfp4 on MHA layers needs it."""
+    qsa_indexer_dtype: str = attrs.field(default="auto", validator=one_of("auto", "bfloat16", "fp8_e4m3"))
+    """SGLang's ``--qsa-indexer-dtype``: the dtype of a QSA model's compressed index keys (``auto`` = bfloat16;
+    ``resolve_qsa_indexer_dtype``, ``mem_cache/qsa_kv_pool.py``); the pending key ring stays bf16."""
+    prefill_kv_cache_dequant_dtype: str = attrs.field(default="auto", validator=one_of("auto", "fp8_e4m3", "nvfp4"))
+    """SGLang's ``--prefill-kv-cache-dequant-dtype`` (nvfp4 only): ``fp8_e4m3`` prefills with flashinfer from an fp8
+    dequant workspace, ``nvfp4`` natively with trtllm_mha (SM100); ``auto`` is ``nvfp4`` on SM100, else fp8_e4m3."""
     # DeepSeek-V4 compressed attention (read by the dsv4 plugin)
     enable_hisparse: bool = False
     hisparse_config: str | None = attrs.field(default=None, validator=_hisparse_json)
@@ -637,6 +647,18 @@ class Serving:
                 f"{o('m3_fp8_attn_gemm')} is SGLang's MiniMax-M3 fp8 attention-GEMM mode, which needs "
                 f"{o('kv_cache_dtype')} fp8_e4m3 (m3_fp8_attn_gemm_enabled, server_args.py); got "
                 f"{self.kv_cache_dtype}. Add {o('kv_cache_dtype')} fp8_e4m3, or drop {o('m3_fp8_attn_gemm')}."
+            )
+        if self.kv_cache_dtype != "nvfp4" and self.prefill_kv_cache_dequant_dtype != "auto":
+            # SGLang 0.5.23 handle_nvfp4_prefill_kv_dequant_dtype (arg_groups/kv_cache_hook.py lines 39-44)
+            raise ConfigError(
+                f"{o('prefill_kv_cache_dequant_dtype')} applies only with {o('kv_cache_dtype')} nvfp4 (SGLang: "
+                f"'--prefill-kv-cache-dequant-dtype applies only with --kv-cache-dtype=nvfp4.'); got "
+                f"{self.kv_cache_dtype}. Drop it or use nvfp4."
+            )
+        if self.kv_cache_dtype != "nvfp4" and self.nvfp4_sm is not None:
+            raise ConfigError(
+                f"{o('nvfp4_sm')} says which Blackwell GPU runs {o('kv_cache_dtype')} nvfp4, and the KV dtype is "
+                f"{self.kv_cache_dtype}: alone it changes nothing. Drop it or use nvfp4."
             )
         if self.mm_feature_cache_mb != 1024 and self.mm_feature_transport not in GPU_MM_FEATURE_TRANSPORTS:
             # SGLang reads SGLANG_MM_FEATURE_CACHE_MB only for a GPU feature transport (ref-000 lines 165-166)

@@ -78,6 +78,7 @@ from kvpools_core.parts.sizing import (
 )
 from kvpools_core.values import FIXED, FULL_TOKENS, REQUEST, TOKEN, GroupCost, LayerSpec, ModelSpec, PoolSpec, Serving
 
+from .dspark import DRAFT_SWA_VALID_FROM_POOL, VALID_FROM_BYTES, dspark_swa_valid_from_slots
 from .layouts import KVLayout, compressed_layout, main_layout
 from .low_ratio import (
     DSV41_INDEX_PAGE_SIZE,
@@ -338,6 +339,8 @@ class DSV4Buffers:
     hisparse_ptrs: int
     low_ratio: LowRatioBuffers = attrs.field(factory=lambda: LowRatioBuffers((), (), None))
     """DeepSeek-V4.1's ratio-1/2 kv_source pools (:mod:`.low_ratio`); empty for V4 models."""
+    draft_swa_valid_from: int = 0
+    """The DSpark draft pool's int64 ``swa_valid_from`` entries (:mod:`.dspark`)."""
 
     @property
     def head_dim(self) -> int:
@@ -454,6 +457,7 @@ def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_ru
         c128_mtp_seq_lens=mtp_seq_lens if c128_ids else 0,
         hisparse_ptrs=len(c4_ids) if serving.enable_hisparse else 0,
         low_ratio=low_ratio_buffers(model, serving, sizes.full_tokens, num_req_slots),
+        draft_swa_valid_from=dspark_swa_valid_from_slots(serving, num_req_slots, has_draft_swa=draft_swa is not None),
     )
 
 
@@ -568,6 +572,14 @@ def _pool_layout(
             nbytes = b.c128_mtp_seq_lens * 8
             layout.append((nbytes, partial(_request_pool, C128_MTP_SEQ_LENS_POOL, max_running_requests, 8, nbytes)))
     layout += low_ratio_layout(b.low_ratio, sizes.full_tokens, page, max_running_requests)
+    if b.draft_swa_valid_from:
+        nbytes = b.draft_swa_valid_from * VALID_FROM_BYTES
+        layout.append(
+            (
+                nbytes,
+                partial(_request_pool, DRAFT_SWA_VALID_FROM_POOL, max_running_requests, VALID_FROM_BYTES, nbytes),
+            )
+        )
     # the engine-wide pools the parts library builds (their bytes come from the values themselves)
     mapping = swa_mapping_pool(sizes.full_tokens, page, OWNER)
     layout.append((mapping.bytes, partial(swa_mapping_pool, sizes.full_tokens, page)))

@@ -57,6 +57,7 @@ from .buffers import (
     StateGeometry,
     dsv4_buffers,
 )
+from .dspark import DRAFT_SWA_VALID_FROM_POOL
 from .layouts import LAYOUTS, V4
 
 __all__ = ["DSV4TokenToKVPool", "PackedRows", "sizes_of"]
@@ -310,6 +311,10 @@ class DSV4TokenToKVPool:
             ptrs = [buf.data_ptr() for buf in self.c4_kv_pool.kv_buffer.values()]
             self.hisparse_data_ptrs.copy_(torch.tensor(ptrs, dtype=torch.uint64))
         self.c128_mtp_seq_lens = allocate((b.c128_mtp_seq_lens,), torch.int64, device) if b.c128_mtp_seq_lens else None
+        # the DSpark draft pool's per-slot SWA validity mark (.dspark)
+        self.swa_valid_from = (
+            allocate((b.draft_swa_valid_from,), torch.int64, device) if b.draft_swa_valid_from else None
+        )
 
     @classmethod
     def from_plan(cls, plan: Plan, device: str | torch.device, layout: BufferLayout | None = None) -> DSV4TokenToKVPool:
@@ -352,6 +357,8 @@ class DSV4TokenToKVPool:
             measured[HISPARSE_PTRS_POOL] = tensor_nbytes([self.hisparse_data_ptrs])
         if self.c128_mtp_seq_lens is not None:
             measured[C128_MTP_SEQ_LENS_POOL] = tensor_nbytes([self.c128_mtp_seq_lens])
+        if self.swa_valid_from is not None:
+            measured[DRAFT_SWA_VALID_FROM_POOL] = tensor_nbytes([self.swa_valid_from])
         return measured
 
     @property
@@ -470,3 +477,5 @@ def _planned(b: DSV4Buffers, sizes: DSV4Sizes) -> Iterable[tuple[str, int, str]]
         yield HISPARSE_PTRS_POOL, b.hisparse_ptrs * 8, f"{b.hisparse_ptrs} uint64 data pointers"
     if b.c128_mtp_seq_lens:
         yield C128_MTP_SEQ_LENS_POOL, b.c128_mtp_seq_lens * 8, f"{b.c128_mtp_seq_lens} int64"
+    if b.draft_swa_valid_from:
+        yield DRAFT_SWA_VALID_FROM_POOL, b.draft_swa_valid_from * 8, f"{b.draft_swa_valid_from} int64 (DSpark draft)"

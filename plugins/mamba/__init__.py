@@ -52,6 +52,7 @@ from kvpools_core.values import (
     Budget,
     CellPart,
     CellSize,
+    EngineDefault,
     ModelSpec,
     PackedInto,
     Plan,
@@ -59,9 +60,10 @@ from kvpools_core.values import (
     Serving,
 )
 
-from .config import KV_KINDS, hybrid_family, hybrid_model_spec
+from .config import KV_KINDS, QWEN4_EXP_MODEL_TYPES, hybrid_family, hybrid_model_spec
 from .latent import is_mla_hybrid, latent_cell_size, latent_problems
 from .ple import NGRAM_POOL, SHORT_CONV_POOL
+from .qsa import QSA_COMPRESSED_POOL, QSA_PAGE_SIZE, compressed_bytes_per_token, qsa_problems, qsa_profile
 from .replayssm import RING_POOL, replayssm_problems
 from .sizing import SLOT_ALLOCATOR_POOL, STATE_POOL, extra_buffer, size_hybrid_pools
 from .state import (
@@ -118,6 +120,19 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
+def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] | None:
+    """A QSA model's page (``arg_groups/model_overrides/qwen4_exp.py``: 'Setting page size to 64 for compressed QSA
+    (full//ratio compressed addressing)')."""
+    if qsa_profile(model) is None or model.model_type not in QWEN4_EXP_MODEL_TYPES:
+        return None  # the override is Qwen4-Exp's; another QSA hybrid keeps page 1, which its pool refuses
+    reason = (
+        "SGLang 0.5.23's page for compressed QSA (the Qwen4-Exp override in arg_groups/model_overrides/qwen4_exp.py)"
+    )
+    return [EngineDefault(option="page_size", value=QSA_PAGE_SIZE, reason=reason)]
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
 def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
     full_layers = rank_full_attention_layers(model, serving)
     if is_mla_hybrid(model):
@@ -126,6 +141,14 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
         cell = attention_cell_size(full_layers, model, serving)
     shape = state_shape(model, serving)
     layers = rank_state_layer_ids(model, serving)
+    qsa = qsa_profile(model)
+    if qsa is not None:  # QSATokenToKVPool's compressed index keys, per row of the full pool (.qsa)
+        per_token = compressed_bytes_per_token(qsa, len(full_layers), serving)
+        cell = attrs.evolve(
+            cell,
+            parts=(*cell.parts, CellPart(QSA_COMPRESSED_POOL, per_token, QSA_COMPRESSED_POOL)),
+            notes=(*cell.notes, f"{qsa.describe()}: {per_token:,} B per token over {len(full_layers)} layer(s)"),
+        )
     return attrs.evolve(
         cell,
         parts=(*cell.parts, CellPart("state", state_bytes_per_slot(model, serving), STATE_POOL, unit=STATE_SLOT)),
@@ -161,6 +184,11 @@ def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> 
     block size aligned to the state (:mod:`.vllm`)."""
     from .vllm import hybrid_vllm_specs
 
+    if model.params.get("qsa"):
+        raise UnsupportedCombinationError(
+            f"kvpools does not model QSA (Qwen sparse attention) pools under {option('accounting')} vllm yet: "
+            f"vLLM 0.33's index-key caches for them are not read. Use {option('accounting')} sglang or exact."
+        )
     if model.params.get("ple"):
         raise UnsupportedCombinationError(
             f"kvpools does not model Qwen4-Exp's PLE state under {option('accounting')} vllm yet: vLLM 0.33's "
@@ -243,7 +271,7 @@ def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | No
 
 def hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:
     """The combinations SGLang cannot size or kvpools does not model, one message each."""
-    problems = replayssm_problems(model, serving)
+    problems = replayssm_problems(model, serving) + qsa_problems(model, serving, mla=is_mla_hybrid(model))
     # under unified memory SGLang builds no ReplaySSM ring (planned, .unified) and refuses Qwen4-Exp's PLE state
     problems += unified_side_state_problems(model, serving)
     try:

@@ -40,6 +40,8 @@ from kvpools_core.config import (
 from kvpools_core.parts.latent import MLADims
 from kvpools_core.values import LayerSpec, ModelSpec
 
+from .qsa import parse_qsa_profile
+
 ATTENTION = "attention"
 """A full-attention layer: K and V for every token."""
 LINEAR_ATTENTION = "linear_attention"
@@ -109,10 +111,13 @@ _LAYER_TYPE_KINDS = {
     "mamba": MAMBA,
     "mlp": NO_CACHE,
     "moe": NO_CACHE,
+    # Qwen4-Exp's QSA layers are attention (Qwen4ExpTextConfig.layers_block_type) with a QSA profile (.qsa)
+    "qwen_sparse_attention": ATTENTION,
+    "indexed_attention": ATTENTION,
 }
 _SWA_LAYER_TYPE = "sliding_attention"
 # Qwen4-Exp's QSA layer types (``Qwen4ExpTextConfig.layers_block_type`` maps them to attention; SGLang then builds a
-# ``QSATokenToKVPool`` from ``parse_qsa_profile``, ``layers/attention/qsa/config.py``): not modelled.
+# ``QSATokenToKVPool`` from ``parse_qsa_profile``, ``layers/attention/qsa/config.py``: :mod:`.qsa`).
 _QSA_LAYER_TYPES = ("qwen_sparse_attention", "indexed_attention")
 QWEN4_EXP_MODEL_TYPES = frozenset({"qwen4_exp", "qwen4_exp_text"})
 """The model types whose text config is SGLang's ``Qwen4ExpTextConfig`` (``_get_ple_req_pool_kwargs``' test)."""
@@ -164,7 +169,7 @@ def hybrid_model_spec(config: Mapping[str, Any], source: str, *, architecture: s
     """The :class:`ModelSpec` of a hybrid config: per-layer kinds, KV geometry, and the state geometry in ``params``."""
     outer = ConfigReader(config, source)
     reader = outer.text()
-    _refuse_qsa(reader)
+    qsa = _qsa_profile(reader)
     kinds = _layer_kinds(reader, family)
     if not any(kind in STATE_KINDS for kind in kinds):
         raise reader.error(
@@ -209,6 +214,7 @@ def hybrid_model_spec(config: Mapping[str, Any], source: str, *, architecture: s
             "state_tp": "tensor" if family == "falcon_h1" else "attention",
             "vllm": _vllm_readings(outer, reader, family),
             "ple": _ple_geometry(outer, reader, len(kinds)),
+            "qsa": qsa,
         },
     )
 
@@ -232,25 +238,21 @@ def _refuse_inkling(outer: ConfigReader, reader: ConfigReader) -> None:
         )
 
 
-def _refuse_qsa(reader: ConfigReader) -> None:
-    """A QSA profile (``indexer_n_heads``) or QSA layers (Qwen4-Exp's ``qwen_sparse_attention`` /
-    ``indexed_attention``) get SGLang's QSA pool: refused."""
-    if reader.get("indexer_n_heads") is not None:  # parse_qsa_profile's own test (layers/attention/qsa/config.py)
-        raise reader.error(
-            "indexer_n_heads",
-            f"is {describe(reader.get('indexer_n_heads'))}",
-            "kvpools does not model QSA (Qwen sparse attention) pools yet: SGLang 0.5.23 builds a QSATokenToKVPool "
-            "for a linear-attention hybrid with a QSA profile (mem_cache/qsa_kv_pool.py), which kvpools cannot size.",
-        )
+def _qsa_profile(reader: ConfigReader) -> dict[str, int] | None:
+    """A QSA profile (``indexer_n_heads``, SGLang's ``parse_qsa_profile``) gets SGLang's QSA pool (:mod:`.qsa`);
+    QSA layers (Qwen4-Exp's ``qwen_sparse_attention`` / ``indexed_attention``) without one are refused."""
+    profile = parse_qsa_profile(reader)
     kinds = _listed_kinds(reader)
     qsa = sorted(set(kinds or ()) & set(_QSA_LAYER_TYPES))
-    if qsa:
+    if qsa and profile is None:
         raise reader.error(
             _layout_field(reader, "qwen_gdn"),
             f"names {', '.join(qsa)} layer(s)",
-            "kvpools does not model QSA (Qwen sparse attention) pools yet: SGLang 0.5.23 gives these layers a "
-            "QSATokenToKVPool with an index-key cache (mem_cache/qsa_kv_pool.py), which kvpools cannot size.",
+            "kvpools does not model QSA (Qwen sparse attention) layers without a QSA profile: SGLang 0.5.23 gives "
+            "them a QSATokenToKVPool from the text config's indexer_* fields (layers/attention/qsa/config.py), "
+            "which this config lacks; add them.",
         )
+    return profile
 
 
 def _ple_geometry(outer: ConfigReader, reader: ConfigReader, num_layers: int) -> dict[str, Any] | None:

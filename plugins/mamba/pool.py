@@ -63,6 +63,7 @@ from kvpools_core.values import ModelSpec, Plan, Serving
 from .config import GDN
 from .latent import is_mla_hybrid, latent_row
 from .ple import NGRAM_POOL, NGRAM_SPEC_POOL, SHORT_CONV_POOL, SHORT_CONV_SPEC_POOL, PleState, ple_state
+from .qsa import QSA_COMPRESSED_POOL, QSA_KEY_STATE_POOL, QSA_ROPE_POOL, QSAProfile, qsa_profile
 from .replayssm import RING_POOL, ring_geometry, spec_active
 from .sizing import (
     MAPPING_POOL,
@@ -507,6 +508,70 @@ class HybridMambaDecodeReqToTokenPool(DecodeRows, HybridReqToTokenPool):
     """
 
 
+class QSABuffers:
+    """``QSATokenToKVPool``'s own buffers (``mem_cache/qsa_kv_pool.py``, :mod:`.qsa`): the compressed index keys
+    ``(L, ceil(rows / ratio) x kv_heads x head_dim)`` bf16 in one flat tensor, per layer the pending key ring
+    ``(request_slots x ratio, kv_heads, head_dim)`` bf16, and the ``(request_slots x ratio, 3)`` int64 MRoPE ring."""
+
+    def __init__(
+        self,
+        *,
+        profile: QSAProfile,
+        layers: int,
+        rows: int,
+        request_slots: int,
+        device: str | torch.device,
+        fp8: bool = False,
+    ):
+        self.profile = profile
+        self.compressed_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+        """``--qsa-indexer-dtype``: fp8_e4m3, else bf16 (the pending ring is always bf16)."""
+        self.layers = layers
+        self.capacity = -(rows // -profile.compress_ratio)
+        self.ring_slots = request_slots * profile.compress_ratio
+        self.device = device
+        self.compressed_flat: Tensor | None = None
+        self.key_state: list[Tensor] = []
+        self.rope_positions: Tensor | None = None
+
+    def planned_nbytes(self) -> dict[str, int]:
+        p = self.profile
+        return {
+            QSA_COMPRESSED_POOL: self.layers * self.capacity * p.kv_heads * p.head_dim * self.compressed_dtype.itemsize,
+            QSA_KEY_STATE_POOL: self.layers * self.ring_slots * p.kv_heads * p.head_dim * 2,
+            QSA_ROPE_POOL: self.ring_slots * 3 * 8,
+        }
+
+    def allocate(self) -> None:
+        p = self.profile
+        self.compressed_flat = allocate(
+            (self.layers, self.capacity * p.kv_heads * p.head_dim), self.compressed_dtype, self.device
+        )
+        self.key_state = [
+            allocate((self.ring_slots, p.kv_heads, p.head_dim), torch.bfloat16, self.device) for _ in range(self.layers)
+        ]
+        self.rope_positions = allocate((self.ring_slots, 3), torch.int64, self.device)
+
+    def compressed_k(self, local_layer: int) -> Tensor:
+        """Layer ``local_layer``'s compressed keys, ``(capacity, kv_heads, head_dim)`` (a view of the flat tensor)."""
+        assert self.compressed_flat is not None
+        return self.compressed_flat[local_layer].view(self.capacity, self.profile.kv_heads, self.profile.head_dim)
+
+    def nbytes_by_pool(self) -> dict[str, int]:
+        measured = {
+            QSA_COMPRESSED_POOL: tensor_nbytes([] if self.compressed_flat is None else [self.compressed_flat]),
+            QSA_KEY_STATE_POOL: tensor_nbytes(self.key_state),
+            QSA_ROPE_POOL: tensor_nbytes([] if self.rope_positions is None else [self.rope_positions]),
+        }
+        return measured
+
+    def __repr__(self) -> str:
+        return (
+            f"QSABuffers({self.layers} layer(s), {self.capacity} compressed rows, {self.ring_slots} ring rows, "
+            f"{self.profile.describe()})"
+        )
+
+
 class HybridLinearKVPool:
     """KV of this rank's full-attention layers, addressed by global layer id (state lives in the request table).
 
@@ -514,8 +579,16 @@ class HybridLinearKVPool:
     (one latent row; ``use_mla`` in SGLang), of the full-attention layers only.
     """
 
-    def __init__(self, *, full: MHATokenToKVPool | MLATokenToKVPool, full_attention_layer_ids: Sequence[int]) -> None:
+    def __init__(
+        self,
+        *,
+        full: MHATokenToKVPool | MLATokenToKVPool,
+        full_attention_layer_ids: Sequence[int],
+        qsa: QSABuffers | None = None,
+    ) -> None:
         self.full = full
+        self.qsa = qsa
+        """SGLang's ``QSATokenToKVPool`` buffers (:class:`QSABuffers`) of a QSA model, else None."""
         self.full_attention_layer_ids = tuple(full_attention_layer_ids)
         self.full_attention_layer_id_mapping = {layer_id: i for i, layer_id in enumerate(self.full_attention_layer_ids)}
         self.size = full.size
@@ -535,7 +608,22 @@ class HybridLinearKVPool:
             full = MHATokenToKVPool.from_layers(
                 plan, full_layers, device, start_layer=0, pool_name=KV_POOL, layout=layout
             )
-        return cls(full=full, full_attention_layer_ids=[layer.index for layer in full_layers])
+        profile = qsa_profile(plan.model)
+        qsa = None
+        if profile is not None:
+            rows, padding = req_to_token_rows(plan.max_running_requests, plan.serving)
+            qsa = QSABuffers(
+                profile=profile,
+                layers=len(full_layers),
+                rows=plan.max_total_num_tokens + plan.serving.page_size,
+                request_slots=rows + padding,
+                device=device,
+                fp8=plan.serving.qsa_indexer_dtype == "fp8_e4m3",
+            )
+            for name, nbytes in qsa.planned_nbytes().items():
+                check_planned_bytes(name, nbytes, plan.pool(name).bytes, f"{qsa!r}")
+            qsa.allocate()
+        return cls(full=full, full_attention_layer_ids=[layer.index for layer in full_layers], qsa=qsa)
 
     @property
     def use_mla(self) -> bool:
@@ -558,8 +646,11 @@ class HybridLinearKVPool:
         return self.full.nbytes
 
     def nbytes_by_pool(self) -> dict[str, int]:
-        """Measured bytes per plan pool name: ``kv`` and, with a draft, ``draft_kv``."""
-        return self.full.nbytes_by_pool()
+        """Measured bytes per plan pool name: ``kv`` and, with a draft, ``draft_kv`` (and the QSA buffers)."""
+        measured = self.full.nbytes_by_pool()
+        if self.qsa is not None:
+            measured.update(self.qsa.nbytes_by_pool())
+        return measured
 
     def get_kv_size_bytes(self) -> tuple[int, int] | int:
         """The full pool's ``get_kv_size_bytes``: ``(K bytes, V bytes)`` for MHA, the latent bytes for MLA."""

@@ -41,6 +41,7 @@ from kvpools_core.parts.sizing import (
 from kvpools_core.values import REQUEST, STATE_SLOT, Budget, CellSize, ModelSpec, PoolSizing, PoolSpec, Serving
 
 from .ple import NGRAM_POOL, NGRAM_SPEC_POOL, SHORT_CONV_POOL, SHORT_CONV_SPEC_POOL, PleState, ple_state
+from .qsa import QSA_COMPRESSED_POOL, qsa_profile, qsa_request_pools
 from .replayssm import (
     RING_POOL,
     decode_ring_bytes_per_layer,
@@ -292,6 +293,8 @@ def size_hybrid_pools(
     d = draft_tokens(serving)
     spec_pool = d > 0 and serving.disaggregation_mode != "prefill"  # a prefill node never verifies drafts
     ple = ple_state(model, serving)
+    qsa = qsa_profile(model)
+    qsa_layers = cell.num_layers  # the rank's full-attention layers
     shape, rank_layers = state_shape(model, serving), len(rank_state_layer_ids(model, serving))
     # Under ReplaySSM spec-verify the intermediate SSM state is not allocated, only the conv windows, and
     # SGLang's budget reserves none of it.
@@ -307,6 +310,9 @@ def size_hybrid_pools(
         requests = max(requests, 0)
         slots = decode_state_slots(k, requests, serving)
         pools = token_pools(cell, tokens, page, owner)
+        if qsa is not None:  # the reference's cell does not count the compressed index keys (.qsa)
+            pools = [attrs.evolve(p, sglang_charged=False) if p.name == QSA_COMPRESSED_POOL else p for p in pools]
+            pools += qsa_request_pools(qsa, qsa_layers, requests, serving, owner)
         pools.append(_pool(STATE_POOL, "state", slots, 1, per_slot, owner, unit=STATE_SLOT))
         if spec_pool:
             spec_rows = spec_state_rows(requests, serving)

@@ -28,7 +28,7 @@ from kvpools_core.config import (
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.attention import attention_cell_size, host_row_width_problems, scale_block_problems
-from kvpools_core.values import CellSize, LayerSpec, ModelSpec, Plan, Serving
+from kvpools_core.values import CellSize, EngineDefault, LayerSpec, ModelSpec, Plan, Serving
 
 from .weights import estimate_weights as estimate_weights
 
@@ -125,7 +125,7 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
 @for_architecture(ARCHITECTURE)
 def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
     start, end = rank_layer_range(model, serving)
-    return attention_cell_size(model.layers[start:end], model, serving)
+    return attention_cell_size(model.layers[start:end], model, serving, nvfp4=True)
 
 
 @hookimpl
@@ -164,7 +164,30 @@ def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> 
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
     dims = [layer.head_dim for layer in model.layers] + [layer.v_head_dim for layer in model.layers]
-    return scale_block_problems(dims, kv, model.name) + host_row_width_problems(model.layers, serving, model.name)
+    problems = scale_block_problems(dims, kv, model.name) + host_row_width_problems(model.layers, serving, model.name)
+    if kv.name == "nvfp4":  # SGLang 0.5.23's NVFP4KVCacheMethod (kvpools_core.parts.nvfp4)
+        from kvpools_core.parts.nvfp4 import nvfp4_problems
+
+        k_dims = tuple(layer.head_dim for layer in model.layers)
+        problems += nvfp4_problems(serving, k_dims, tuple(layer.v_head_dim for layer in model.layers))
+    return problems
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] | None:
+    """``--kv-cache-dtype nvfp4``: SGLang 0.5.23 decodes with ``trtllm_mha`` (``handle_nvfp4_prefill_kv_dequant_dtype``,
+    ``arg_groups/kv_cache_hook.py``), whose page constraint turns an unset (1) page into 64
+    (``_mla_backend_page_constraints``, ``arg_groups/overrides.py``)."""
+    if serving.kv_cache_dtype != "nvfp4":
+        return None
+    from kvpools_core.parts.nvfp4 import TRTLLM_MHA_DEFAULT_PAGE
+
+    reason = (
+        "SGLang 0.5.23 decodes nvfp4 with trtllm_mha, which pages by 16, 32, 64 or 128 (page 1 becomes 64: "
+        "_mla_backend_page_constraints in arg_groups/overrides.py)"
+    )
+    return [EngineDefault(option="page_size", value=TRTLLM_MHA_DEFAULT_PAGE, reason=reason)]
 
 
 @hookimpl
@@ -181,6 +204,10 @@ def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | No
 
     if plan.serving.prefill_only_disable_kv_cache:  # SGLang's _build_mha_kv_pool, ref-000 lines 2006-2010
         return NoOpMHATokenToKVPool.from_plan(plan, device, layout=layout)
+    if plan.serving.kv_cache_dtype == "nvfp4":  # NVFP4KVCacheMethod's buffers
+        from kvpools_core.pools.nvfp4 import Nvfp4MHATokenToKVPool
+
+        return Nvfp4MHATokenToKVPool.from_plan(plan, device, layout=layout)
     return MHATokenToKVPool.from_plan(plan, device, layout=layout)
 
 

@@ -2,8 +2,9 @@
 
 A new-style wrapper around ``estimate_cell_size``, so no architecture repeats
 it.  SGLang scales the target's cell: EAGLE / EAGLE3 / STANDALONE / NEXTN by
-``int(cell * (1 + D / L))``, DFLASH by ``ceil(cell * (L + D) / L)``; NGRAM
-writes no draft KV.  That scaled cell is what ``--accounting sglang`` divides
+``int(cell * (1 + D / L))``, the DFLASH family (DFLASH and DSPARK, ``is_dflash_family``) by
+``ceil(cell * (L + D) / L)``; NGRAM writes no draft KV.  What SGLang's ``_handle_dspark`` refuses
+or resolves for DSPARK is :func:`dspark_problems`.  That scaled cell is what ``--accounting sglang`` divides
 the budget by, whatever the draft is.
 
 What the draft really stores is added as ``draft_*`` token parts (pools of
@@ -41,7 +42,13 @@ from kvpools_core.parts.names import DRAFT_PREFIX, packs_draft_into_host
 from kvpools_core.values import TOKEN, CellPart, CellSize, DraftCharge, ModelSpec, PackedInto, Plan, Serving
 
 EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "STANDALONE", "NEXTN"})
-DFLASH_FAMILY = frozenset({"DFLASH"})
+DFLASH_FAMILY = frozenset({"DFLASH", "DSPARK"})
+"""SGLang's ``is_dflash_family()`` (``speculative/spec_info.py``): DFLASH and DSPARK scale the cell alike
+(``002_50706b73e02ffb67.txt`` lines 159-175)."""
+DSPARK_PLATFORMS = frozenset({"cuda", "rocm", "ascend"})
+"""Platforms whose SGLang device ``_handle_dspark`` accepts (cuda, npu, xpu; ROCm runs as ``cuda``)."""
+DEFAULT_DSPARK_GAMMA = 7
+"""SGLang 0.5.23's ``DEFAULT_DSPARK_GAMMA`` (``speculative/dspark_components/dspark_config.py``)."""
 
 
 @hookimpl(wrapper=True)
@@ -196,13 +203,79 @@ def _draft_target(
 
 @hookimpl
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
+    return [*dspark_problems(serving), *_hicache_draft_problems(model, serving)] or None
+
+
+def dspark_problems(serving: Serving) -> list[str]:
+    """SGLang 0.5.23's ``_handle_dspark`` (``arg_groups/speculative_hook.py``) on the options kvpools has.
+
+    Refused as SGLang refuses them: a device other than CUDA / NPU / XPU
+    ('DSpark speculative decoding only supports CUDA, NPU or XPU device.'),
+    pipeline parallelism outside a PD prefill node, context-parallel attention
+    under DP attention, and fewer than 2 draft tokens (gamma + 1).  What
+    SGLang resolves and kvpools does not model is refused too, naming the
+    value SGLang would pick: a top-k or step count other than 1 (overridden to
+    1 with a warning), and unset ``--speculative-num-draft-tokens`` (``gamma +
+    1`` from ``--speculative-dspark-block-size`` or the draft checkpoint's
+    ``block_size``, 8 by default).
+    """
+    if serving.speculative_algorithm != "DSPARK":
+        return []
+    o = option
+    problems = []
+    if serving.platform not in DSPARK_PLATFORMS:
+        problems.append(
+            f"{o('speculative_algorithm')} DSPARK on the {serving.platform} platform: SGLang raises 'DSpark "
+            "speculative decoding only supports CUDA, NPU or XPU device.' (_handle_dspark). Use a GPU platform or "
+            "another speculative algorithm."
+        )
+    if serving.pp_size != 1 and serving.disaggregation_mode != "prefill":
+        problems.append(
+            f"{o('speculative_algorithm')} DSPARK with {o('pp_size')} {serving.pp_size}: SGLang raises 'DSpark "
+            "pipeline parallelism requires PD prefill; decode and non-disaggregated serving require pp_size == 1.' "
+            f"Use {o('pp_size')} 1 or {o('disaggregation_mode')} prefill."
+        )
+    if serving.attn_dp_size > 1 and serving.attn_cp_size > 1:
+        problems.append(
+            f"{o('speculative_algorithm')} DSPARK with DP attention and {o('attn_cp_size')} {serving.attn_cp_size}: "
+            f"SGLang raises 'DSpark with dp attention does not support context parallel (attn_cp_size="
+            f"{serving.attn_cp_size}).' Drop one of them."
+        )
+    for name, value in (
+        ("speculative_eagle_topk", serving.speculative_eagle_topk),
+        ("speculative_num_steps", serving.speculative_num_steps),
+    ):
+        if value not in (None, 1):
+            problems.append(
+                f"{o('speculative_algorithm')} DSPARK with {o(name)} {value}: SGLang overrides it to 1 with a "
+                f"warning ('DSpark only supports {name} == 1'), which kvpools does not "
+                f"model. Pass {o(name)} 1 or leave it unset."
+            )
+    draft_tokens = serving.speculative_num_draft_tokens
+    if draft_tokens is None:
+        problems.append(
+            f"{o('speculative_algorithm')} DSPARK without {o('speculative_num_draft_tokens')}: SGLang resolves it to "
+            f"gamma + 1 from --speculative-dspark-block-size or the draft checkpoint's block_size "
+            f"({DEFAULT_DSPARK_GAMMA + 1} with the default gamma {DEFAULT_DSPARK_GAMMA}), which kvpools does not read. "
+            f"Pass {o('speculative_num_draft_tokens')} gamma + 1 (e.g. {DEFAULT_DSPARK_GAMMA + 1})."
+        )
+    elif draft_tokens < 2:
+        problems.append(
+            f"{o('speculative_algorithm')} DSPARK with {o('speculative_num_draft_tokens')} {draft_tokens}: SGLang "
+            f"raises 'DSpark speculative_num_draft_tokens must be >= 2 (= gamma + 1), got {draft_tokens}.' Pass "
+            f"{o('speculative_num_draft_tokens')} 2 or more."
+        )
+    return problems
+
+
+def _hicache_draft_problems(model: ModelSpec, serving: Serving) -> list[str]:
     """What SGLang refuses of a sidecar draft host pool (``build_full_draft_pools``): more draft layers than the
     target's stage transfers ('Draft HiCache layers exceed the target transfer stages'), and, under DCP, a draft
     sized over the target's *logical* host slots (replicated over the DCP ranks), which kvpools does not model."""
     if not (serving.enable_hierarchical_cache and serving.speculative) or serving.speculative_algorithm == "NGRAM":
-        return None
+        return []
     if packs_draft_into_host(model, serving):
-        return None
+        return []
     problems = []
     start, end = rank_layer_range(model, serving)
     draft_layers = serving.speculative_draft_num_layers or 0

@@ -77,7 +77,7 @@ SWA_TOKENS = "swa"
 """The token space of the sliding-window pool: tokens inside the window (``swa_max_total_num_tokens``)."""
 SGLANG_DRAFT_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE", "NEXTN"})
 """Drafts SGLang's SWA configurator budgets into the full term (``is_eagle() or is_standalone()``)."""
-DRAFT_KV_ALGORITHMS = SGLANG_DRAFT_ALGORITHMS | {"DFLASH"}
+DRAFT_KV_ALGORITHMS = SGLANG_DRAFT_ALGORITHMS | {"DFLASH", "DSPARK"}
 """Drafts whose worker allocates a KV pool of max_total_num_tokens (NGRAM writes none)."""
 OWNER = "swa"
 

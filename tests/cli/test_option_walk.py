@@ -293,6 +293,19 @@ EVIDENCE: dict[str, Evidence] = {
         ("minimax-m3", "--memory", "40GiB", "--tp-size", "8", "--kv-cache-dtype", "fp8_e4m3", "--m3-fp8-attn-gemm"),
         why="the fp8 lightning-indexer cache",
     ),
+    "qsa_indexer_dtype": Refused(
+        (*LLAMA, "--qsa-indexer-dtype", "fp8_e4m3"), "needs a model with a compressed QSA indexer"
+    ),
+    "nvfp4_sm": Changes(
+        (*LLAMA, "--kv-cache-dtype", "nvfp4", "--nvfp4-sm", "100"),
+        (*LLAMA, "--kv-cache-dtype", "nvfp4", "--nvfp4-sm", "120"),
+        why="SM100's native scales vs SM120's linear scales and fp8 dequant workspace",
+    ),
+    "prefill_kv_cache_dequant_dtype": Changes(
+        (*LLAMA, "--kv-cache-dtype", "nvfp4", "--nvfp4-sm", "100"),
+        (*LLAMA, "--kv-cache-dtype", "nvfp4", "--nvfp4-sm", "100", "--prefill-kv-cache-dequant-dtype", "fp8_e4m3"),
+        why="the fp8 dequant workspace and the token-linear scales",
+    ),
     "enable_hisparse": Refused((*LLAMA, "--enable-hisparse", "--disable-radix-cache"), "Drop --enable-hisparse"),
     "hisparse_config": Refused(
         (*LLAMA, "--hisparse-config", '{"host_to_device_ratio": 4}'),

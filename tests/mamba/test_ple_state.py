@@ -111,16 +111,18 @@ def test_config_refusals_name_the_field() -> None:
 
 
 def test_qsa_layers_are_refused_by_name() -> None:
-    """A Qwen4-Exp config with QSA layers gets SGLang's ``QSATokenToKVPool`` (ref-000 L1938-1957): refused."""
+    """QSA layers without a QSA profile are refused; a profile is SGLang's ``QSATokenToKVPool`` (ref-000
+    L1938-1957), planned in ``tests/mamba/test_qsa.py``."""
     config = copy.deepcopy(preset_config(PRESET))
     text = config["text_config"]
     text["layer_types"] = ["qwen_sparse_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(48)]
     with pytest.raises(ConfigError, match="kvpools does not model QSA"):
         parse(config)
-    # parse_qsa_profile (layers/attention/qsa/config.py) keys on the text config's indexer_n_heads alone.
+    # parse_qsa_profile (layers/attention/qsa/config.py) keys on the text config's indexer_n_heads alone, and
+    # _parse_compressed then requires every indexer field.
     config = copy.deepcopy(preset_config(PRESET))
     config["text_config"]["indexer_n_heads"] = 16
-    with pytest.raises(ConfigError, match=r"indexer_n_heads.*kvpools does not model QSA"):
+    with pytest.raises(ConfigError, match=r"QSA config is missing required fields"):
         parse(config)
 
 

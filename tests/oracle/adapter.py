@@ -64,7 +64,7 @@ FP4_RECIPES = frozenset({"fp4_mx_block16", "nvfp4"})
 """SGLang 0.5.23's fp4 ``--kv-cache-dtype`` names: both resolve to ``float4_e2m1fn_x2`` (``kv_cache_dtype.py`` lines
 76-88), the only thing the two sizing files test (``is_float4_e2m1fn_x2``), which the oracle spells fp4_e2m1."""
 EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "STANDALONE", "NEXTN"})
-DFLASH_FAMILY = frozenset({"DFLASH"})
+DFLASH_FAMILY = frozenset({"DFLASH", "DSPARK"})
 
 NO_MEMORY_FOR_KV = "no_memory_for_kv"
 NOT_ENOUGH_MEMORY = "not_enough_memory"

@@ -17,7 +17,7 @@ KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1")
 PAGE_SIZES = (1, 16, 64, 128)
 MODEL_DTYPES = ("bfloat16", "float16", "float32")  # the dtype a ModelSpec is served in
 
-SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NEXTN", "DFLASH", "NGRAM")
+SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NEXTN", "DFLASH", "DSPARK", "NGRAM")
 ARCHITECTURES = (
     ("LlamaForCausalLM", "llama"),
     ("Qwen2ForCausalLM", "qwen2"),
@@ -168,4 +168,20 @@ def serving_options(
         options["disaggregation_decode_extra_slots"] = draw(st.integers(0, 64))
     if speculative is not False:
         options.update(draw(speculative_options(model, always=bool(speculative))))
+    if options.get("speculative_algorithm") == "DSPARK":
+        options.update(dspark_options(draw, options))
     return Serving(accounting="sglang", **options)
+
+
+def dspark_options(draw: st.DrawFn, options: dict[str, Any]) -> dict[str, Any]:
+    """What SGLang's ``_handle_dspark`` lets through: top-k and steps 1, gamma + 1 >= 2 draft tokens; PP only on a
+    PD prefill node and no context-parallel attention under DP attention (else the draw plays DFLASH instead)."""
+    pp_refused = options.get("pp_size", 1) > 1 and options.get("disaggregation_mode") != "prefill"
+    cp_refused = options["enable_dp_attention"] and options["dp_size"] > 1 and options["attn_cp_size"] > 1
+    if pp_refused or cp_refused:
+        return {"speculative_algorithm": "DFLASH"}
+    return {
+        "speculative_num_steps": 1,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": draw(st.integers(2, 16)),
+    }

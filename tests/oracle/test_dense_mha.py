@@ -266,6 +266,24 @@ def test_preset_speculative(preset: str, algorithm: str) -> None:
     compare(preset, oracle_model, serving, memory=50 * GiB)
 
 
+@pytest.mark.parametrize("draft", (1, 2, 5))
+@pytest.mark.parametrize("preset", ("mimo-7b-base", "llama-3.1-8b", "qwen3-235b-a22b"))
+def test_preset_dspark(preset: str, draft: int) -> None:
+    """DSPARK scales the cell as DFLASH does (``is_dflash_family``, ref-002 lines 159-175), run by the oracle."""
+    serving = Serving(
+        tp_size=2,
+        page_size=16,
+        speculative_algorithm="DSPARK",
+        speculative_num_draft_tokens=8,
+        speculative_draft_num_layers=draft,
+    )
+    want, _ = compare(preset, preset_model(preset), serving, memory=50 * GiB)
+    dflash, _ = compare(
+        preset, preset_model(preset), attrs.evolve(serving, speculative_algorithm="DFLASH"), memory=50 * GiB
+    )
+    assert want.max_total_num_tokens == dflash.max_total_num_tokens
+
+
 # ---------------------------------------------------------------------------
 # the two start-up failures, spelled out
 # ---------------------------------------------------------------------------

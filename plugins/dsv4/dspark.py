@@ -1,0 +1,30 @@
+"""DeepSeek-V4 with DSPARK speculative decoding: what the DSpark draft worker's pool adds (issue 33).
+
+SGLang 0.5.23's ``DeepSeekV4TokenToKVPool`` (``mem_cache/deepseek_v4_memory_pool.py`` lines 1247-1260) gives a
+draft worker's pool one more buffer under DSPARK (``is_dspark_spec()``), off HIP, when it has an SWA pool:
+``swa_valid_from``, one int64 per request slot (``torch.zeros(num_req_slots, dtype=torch.int64)``), "kept for the
+ring and for paged SWA alike".  kvpools plans it as the request pool :data:`DRAFT_SWA_VALID_FROM_POOL` beside
+the draft's SWA pool (``draft_kv_swa``), ``num_req_slots`` the request table's rows (``max_num_reqs + 1``, line
+1006).
+
+Not modelled here: the encoder-replay draft SWA ring (``uses_draft_swa_ring``, ``get_draft_swa_ring_size``) and
+the bf16 draft ring beside a unified-KV fp8 target (``_dspark_draft_on_bf16``): both ride on layouts kvpools
+models elsewhere (the per-request SWA ring, ROCm's unified KV).
+"""
+
+from __future__ import annotations
+
+from kvpools_core.values import Serving
+
+DRAFT_SWA_VALID_FROM_POOL = "draft_swa_valid_from"
+VALID_FROM_BYTES = 8
+"""``torch.int64``."""
+HIP_PLATFORMS = frozenset({"rocm"})
+"""Where SGLang's ``_is_hip`` holds: the draft SWA stays addressed through the target's paged mapping."""
+
+
+def dspark_swa_valid_from_slots(serving: Serving, num_req_slots: int, *, has_draft_swa: bool) -> int:
+    """Entries of the DSpark draft pool's ``swa_valid_from`` (0 where SGLang allocates none)."""
+    if serving.speculative_algorithm != "DSPARK" or not has_draft_swa or serving.platform in HIP_PLATFORMS:
+        return 0
+    return num_req_slots
