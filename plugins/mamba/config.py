@@ -209,8 +209,15 @@ def hybrid_model_spec(config: Mapping[str, Any], source: str, *, architecture: s
             "state_tp": "tensor" if family == "falcon_h1" else "attention",
             "vllm": _vllm_readings(outer, reader, family),
             "ple": _ple_geometry(outer, reader, len(kinds)),
+            "trtllm": _trtllm_readings(config, source),
         },
     )
+
+
+def _trtllm_readings(config: Mapping[str, Any], source: str) -> dict[str, Any]:
+    from .trtllm import trtllm_readings  # the TensorRT-LLM answer's own readings (plugins/mamba/trtllm.py)
+
+    return trtllm_readings(config, source)
 
 
 _INKLING_MODEL_TYPES = frozenset({"inkling_model", "inkling_mm_model"})
