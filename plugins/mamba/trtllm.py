@@ -44,23 +44,22 @@ TRTLLM_QWEN_ARCHITECTURES = frozenset(
         "Qwen3_5MoeForConditionalGeneration",
     }
 )
-_SSM_DTYPE_KEYS = ("mamba_ssm_cache_dtype", "mamba_ssm_dtype")
 
 
 def trtllm_ssm_dtype(outer: ConfigReader, reader: ConfigReader) -> str | None:
-    """``resolve_mamba_ssm_cache_dtype`` (``config_utils.py``): the config's ``mamba_ssm_cache_dtype`` or
-    ``mamba_ssm_dtype`` (text config first, then the top level), None when neither is given or it is "auto"
-    (TensorRT-LLM then keeps the SSM state in the checkpoint's dtype)."""
-    for candidate in (reader, outer):
-        for key in _SSM_DTYPE_KEYS:
-            value = candidate.get(key)
-            if isinstance(value, str) and value != "auto":
-                return value
+    """``resolve_ssm_cache_dtype`` (``config_utils.py``@00679c66): the config's ``mamba_ssm_cache_dtype``, top level
+    first, then the text config; None when it is absent or "auto" (TensorRT-LLM then keeps the SSM state in the
+    checkpoint's dtype).  A checkpoint's ``mamba_ssm_dtype`` (Qwen3.5's ``float32``) is not read: "it expresses
+    the SSM *compute* dtype intent, not the cache dtype"."""
+    for candidate in (outer, reader):
+        value = candidate.get("mamba_ssm_cache_dtype")
+        if isinstance(value, str) and value != "auto":
+            return value
     return None
 
 
 def trtllm_readings(config: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """The config fields TensorRT-LLM reads differently from SGLang: its SSM state dtype and whether the config
+    """The config fields TensorRT-LLM reads differently from SGLang: its SSM cache dtype and whether the config
     carries Nemotron-H's ``hybrid_override_pattern`` (``is_nemotron_hybrid``)."""
     outer = ConfigReader(config, source)
     reader = outer.text()
