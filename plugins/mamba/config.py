@@ -215,7 +215,7 @@ def hybrid_model_spec(config: Mapping[str, Any], source: str, *, architecture: s
 
 
 def _trtllm_readings(config: Mapping[str, Any], source: str) -> dict[str, Any]:
-    from .trtllm import trtllm_readings  # the TensorRT-LLM answer's own readings (plugins/mamba/trtllm.py)
+    from .trtllm_config import trtllm_readings  # the TensorRT-LLM answer's own readings (plugins/mamba/trtllm.py)
 
     return trtllm_readings(config, source)
 
