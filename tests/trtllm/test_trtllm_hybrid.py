@@ -187,3 +187,46 @@ def test_capacity_record_carries_the_state_group() -> None:
     assert record["max_concurrency"] == 44 and record["binding_group"] == "full"
     assert record["gpu_kv_bytes"] == 38_654_115_840
     assert record["total_kv_blocks"] == 45_885
+
+
+def test_sweep_takes_mtp_and_max_batch_size() -> None:
+    """``kvpools sweep --accounting trtllm`` plans every point with ``--num_nextn_predict_layers`` and
+    ``--max_batch_size``: DeepSeek-V3 on 60 GiB free keeps 25,368 blocks with one MTP layer (docs/trtllm.md),
+    25,784 without; at 8k a drafting request holds ceil((8,192 + 1) / 32) = 257 blocks: 98 requests.  Qwen3-Next
+    with max_batch_size 64 keeps 45,885 blocks (above)."""
+    from kvpools_core.planning.trtllm_sweep import sweep_trtllm
+
+    mtp = sweep_trtllm(["deepseek-v3"], budgets=[{"memory": "60GiB"}], contexts=["8k"], num_nextn_predict_layers=1)
+    plain = sweep_trtllm(["deepseek-v3"], budgets=[{"memory": "60GiB"}], contexts=["8k"])
+    assert (mtp[0]["max_num_blocks"], mtp[0]["requests@8192"]) == (25_368, 98)
+    assert plain[0]["max_num_blocks"] == 25_784
+    hybrid = sweep_trtllm(
+        ["qwen3-next-80b-a3b-thinking"], budgets=[{"memory": "40GiB"}], contexts=["32k"], max_batch_size=64
+    )
+    assert (hybrid[0]["max_kv_tokens"], hybrid[0]["requests@32768"]) == (45_885 * 32, 44)
+
+
+def test_fit_takes_max_batch_size() -> None:
+    """``kvpools fit --accounting trtllm --max_batch_size 64``: every configuration is launched with it (a hybrid's
+    state is paid for each request it allows)."""
+    from kvpools_core.planning.trtllm_fit import fit_trtllm
+
+    result = fit_trtllm("qwen3-next-80b-a3b-thinking", 64, 32_768, gpu="h100", max_gpus=4, max_batch_size=64)
+    assert result.fits and all(fit.result.max_batch_size == 64 for fit in result.fits)
+    assert all("--max_batch_size 64" in fit.result.serve_command() for fit in result.fits)
+
+
+@pytest.mark.parametrize("command", ["fit", "sweep"])
+def test_trtllm_flags_refused_without_trtllm(command: str) -> None:
+    from click.testing import CliRunner
+
+    from kvpools_core.cli import main
+
+    args = {
+        "fit": ["fit", "llama-3.1-8b", "--requests", "4", "--context", "8k", "--gpu", "h100"],
+        "sweep": ["sweep", "--model", "llama-3.1-8b", "--memory", "20GiB"],
+    }[command]
+    for flag in ("--max_batch_size", "--num_nextn_predict_layers"):
+        result = CliRunner().invoke(main, [*args, flag, "1"])
+        assert result.exit_code != 0 and "only with --accounting trtllm" in result.output + (result.stderr or "")
+        assert "Traceback" not in result.output
