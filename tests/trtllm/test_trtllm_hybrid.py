@@ -230,3 +230,41 @@ def test_trtllm_flags_refused_without_trtllm(command: str) -> None:
         result = CliRunner().invoke(main, [*args, flag, "1"])
         assert result.exit_code != 0 and "only with --accounting trtllm" in result.output + (result.stderr or "")
         assert "Traceback" not in result.output
+
+
+def test_linear_attention_blocks_reproduce_tensorrt_llms_own_test() -> None:
+    """TensorRT-LLM's ``test_cpp_mamba_estimator_handles_disabled_snapshots_without_attention`` (stored copy, id
+    56672441098): primary 4,096 B, no host, one recurrent layer of 64 B, no attention (``get_cache_bytes_per_token``
+    0), ``max_batch_size`` 4, ``pp_size`` 1, ``tokens_per_block`` 32, ``max_tokens`` 512 -> ``blocks[128] == (16,
+    0)`` and ``blocks[RECURRENT_STATES] == (5, 0)``."""
+    from kvpools_core.engines.trtllm.hybrid import linear_attention_blocks
+
+    blocks = linear_attention_blocks(
+        primary_bytes=4_096,
+        secondary_bytes=0,
+        attention_bytes_per_token=0,
+        state_bytes=64,
+        max_batch_size=4,
+        pp_size=1,
+        tokens_per_block=32,
+        max_tokens=512,
+    )
+    assert (blocks.kv_blocks, blocks.kv_secondary_blocks) == (16, 0)
+    assert (blocks.state_blocks, blocks.state_secondary_blocks) == (5, 0)
+    # with an attention slope the budget binds: (4,096 - 4 x 64) // 10 = 384 tokens < 512 -> 12 blocks
+    bound = linear_attention_blocks(
+        primary_bytes=4_096,
+        secondary_bytes=2_048,
+        attention_bytes_per_token=10,
+        state_bytes=64,
+        max_batch_size=4,
+        pp_size=1,
+        tokens_per_block=32,
+        max_tokens=512,
+    )
+    assert (bound.max_tokens, bound.kv_blocks, bound.kv_secondary_blocks, bound.state_secondary_blocks) == (
+        384,
+        12,
+        6,
+        2,
+    )

@@ -143,10 +143,16 @@ def plan_stage(
         slope=cache_bytes_per_token(attention, kv_cache_dtype, 2, tp_size, enable_attention_dp),
         intercept=resident * state_bytes,
     )
-    tokens = min(config_tokens, manager.tokens_for_budget(pool_bytes))
-    kv_blocks = tokens // tokens_per_block
-    host = host_cache_size or 0
-    state_blocks = resident + CUDA_GRAPH_DUMMY_SLOTS
+    blocks = linear_attention_blocks(
+        primary_bytes=pool_bytes,
+        secondary_bytes=host_cache_size or 0,
+        attention_bytes_per_token=manager.slope,
+        state_bytes=state_bytes,
+        max_batch_size=max_batch_size,
+        pp_size=pp_size,
+        tokens_per_block=tokens_per_block,
+        max_tokens=config_tokens,
+    )
     return HybridStage(
         attention_layers=tuple(span.index(layer.index) for layer in attention),
         state_layers=tuple(span.index(layer.index) for layer in states),
@@ -156,11 +162,59 @@ def plan_stage(
         config_tokens=config_tokens,
         budget=budget,
         pool_bytes=pool_bytes,
+        max_tokens=blocks.max_tokens,
+        kv_blocks=blocks.kv_blocks,
+        kv_secondary_blocks=blocks.kv_secondary_blocks,
+        state_blocks=blocks.state_blocks,
+        state_secondary_blocks=blocks.state_secondary_blocks,
+    )
+
+
+@attrs.frozen(kw_only=True)
+class LinearAttentionBlocks:
+    """What ``_calculate_max_num_blocks_for_linear_attention`` returns: ``{max_seq_len: (kv_blocks,
+    kv_secondary_blocks), RECURRENT_STATES: (state_blocks, state_secondary_blocks)}``, and the tokens it settled
+    on."""
+
+    max_tokens: int
+    kv_blocks: int
+    kv_secondary_blocks: int
+    state_blocks: int
+    state_secondary_blocks: int
+
+
+def linear_attention_blocks(
+    *,
+    primary_bytes: int,
+    secondary_bytes: int,
+    attention_bytes_per_token: int,
+    state_bytes: int,
+    max_batch_size: int,
+    pp_size: int,
+    tokens_per_block: int,
+    max_tokens: int | None,
+) -> LinearAttentionBlocks:
+    """``KVCacheManager._calculate_max_num_blocks_for_linear_attention`` without periodic snapshots: tokens =
+    ``max((primary - max_batch_size x pp_size x state_bytes) // attention_bytes_per_token, 0)``, clamped by
+    ``max_tokens`` (a slope of 0 -- no attention layer -- leaves ``max_tokens``); ``tokens // tokens_per_block``
+    attention blocks; ``max_batch_size x pp_size + 1`` state blocks; the host pool splits both in the proportion
+    ``secondary / primary``.  ``state_bytes`` is one request's state over the stage's recurrent layers."""
+    resident = max_batch_size * pp_size
+    if attention_bytes_per_token > 0:
+        tokens = max((primary_bytes - resident * state_bytes) // attention_bytes_per_token, 0)
+        if max_tokens is not None:
+            tokens = min(max_tokens, tokens)
+    else:
+        tokens = max_tokens or 0
+    kv_blocks = tokens // tokens_per_block
+    state_blocks = resident + CUDA_GRAPH_DUMMY_SLOTS
+    ratio = secondary_bytes / primary_bytes if primary_bytes else 0.0
+    return LinearAttentionBlocks(
         max_tokens=tokens,
         kv_blocks=kv_blocks,
-        kv_secondary_blocks=int(kv_blocks * (host / pool_bytes)) if pool_bytes else 0,
+        kv_secondary_blocks=int(kv_blocks * ratio),
         state_blocks=state_blocks,
-        state_secondary_blocks=int(state_blocks * (host / pool_bytes)) if pool_bytes else 0,
+        state_secondary_blocks=int(state_blocks * ratio),
     )
 
 
@@ -216,7 +270,9 @@ __all__ = [
     "HYBRID_MANAGER",
     "HybridCost",
     "HybridStage",
+    "LinearAttentionBlocks",
     "hybrid_pools",
+    "linear_attention_blocks",
     "plan_stage",
     "state_bytes_per_layer",
 ]
