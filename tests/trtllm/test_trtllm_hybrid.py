@@ -268,3 +268,18 @@ def test_linear_attention_blocks_reproduce_tensorrt_llms_own_test() -> None:
         6,
         2,
     )
+
+
+def test_cpp_cost_reproduces_tensorrt_llms_own_test() -> None:
+    """TensorRT-LLM's ``test_hybrid_mtp_layout_honors_explicit_base_partition`` (stored copy, id 56672441098):
+    ``CppMambaHybridCacheManager.get_cache_size_per_token`` with ``max_batch_size=1`` over 2 pipeline stages, one
+    local recurrent layer and ``rank + 1`` local attention layers of 64 B per token is ``(64 x (rank + 1), 2400)``
+    on both stages: 2,400 = ``(1 x 2 + 1)`` slots x the layer's state, 800 B (the test's synthetic config is not in
+    the stored copy; its V2 counterpart, ``(64, 6496)`` = 2,400 + one 4,096 B attention page, agrees)."""
+    from kvpools_core.engines.trtllm.hybrid import cpp_hybrid_cache_cost
+
+    for rank in range(2):
+        cost = cpp_hybrid_cache_cost(
+            attention_bytes_per_token=64 * (rank + 1), state_bytes=800, max_batch_size=1, pp_size=2
+        )
+        assert (cost.slope, cost.intercept) == (64 * (rank + 1), 2_400)

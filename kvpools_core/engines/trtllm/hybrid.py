@@ -61,6 +61,19 @@ class HybridCost:
         return self.slope * tokens + self.intercept
 
 
+def cpp_hybrid_cache_cost(
+    *, attention_bytes_per_token: int, state_bytes: int, max_batch_size: int, pp_size: int
+) -> HybridCost:
+    """``CppMambaHybridCacheManager.get_cache_size_per_token`` -> ``_estimate_mamba_hybrid_cache_cost`` without
+    snapshots (``include_explicit_snapshots=False``, no periodic interval): slope = the stage's attention bytes per
+    token (``KVCacheManager.get_cache_size_per_token(num_layers=<local attention layers>)``), intercept =
+    ``(max_batch_size x pp_size + 1) x state_bytes`` (``num_reserved_dummy_slots=1``)."""
+    return HybridCost(
+        slope=attention_bytes_per_token,
+        intercept=(max_batch_size * pp_size + CUDA_GRAPH_DUMMY_SLOTS) * state_bytes,
+    )
+
+
 @attrs.frozen(kw_only=True)
 class HybridStage:
     """One pipeline stage's hybrid pool before the MIN across ranks."""
@@ -128,11 +141,13 @@ def plan_stage(
     per_state = state_bytes_per_layer(layers, tp_size, enable_attention_dp)
     state_bytes = len(states) * per_state
     resident = max_batch_size * pp_size
-    estimate = HybridCost(
-        slope=estimated_size_per_token(
+    estimate = cpp_hybrid_cache_cost(
+        attention_bytes_per_token=estimated_size_per_token(
             model_attention, len(attention), kv_cache_dtype, 2, tp_size, enable_attention_dp
         ),
-        intercept=(resident + CUDA_GRAPH_DUMMY_SLOTS) * state_bytes,
+        state_bytes=state_bytes,
+        max_batch_size=max_batch_size,
+        pp_size=pp_size,
     )
     budget = available_kv_memory(free_after_warmup, fraction)
     if max_tokens is not None:
@@ -271,6 +286,7 @@ __all__ = [
     "HybridCost",
     "HybridStage",
     "LinearAttentionBlocks",
+    "cpp_hybrid_cache_cost",
     "hybrid_pools",
     "linear_attention_blocks",
     "plan_stage",
