@@ -103,7 +103,8 @@ def render_trtllm_plan(result: TrtllmPlanResult, console: Console) -> None:
     if capacity is not None:
         console.print(f"  get_kv_cache_capacity(): {capacity}")
     else:
-        console.print("  get_kv_cache_capacity(): several window pools (VSWA); kvpools does not state maxNumBlocks")
+        pools = "an attention and a recurrent-state pool" if result.hybrid_manager else "several window pools (VSWA)"
+        console.print(f"  get_kv_cache_capacity(): {pools}; kvpools does not state maxNumBlocks")
     console.print(f"  max_batch_size {result.max_batch_size}; max_num_tokens {result.max_num_tokens}")
     _tail(result, console)
 
