@@ -283,3 +283,28 @@ def test_cpp_cost_reproduces_tensorrt_llms_own_test() -> None:
             attention_bytes_per_token=64 * (rank + 1), state_bytes=800, max_batch_size=1, pp_size=2
         )
         assert (cost.slope, cost.intercept) == (64 * (rank + 1), 2_400)
+
+
+def test_compare_puts_the_recurrent_pool_in_the_state_row() -> None:
+    """``kvpools compare qwen3-next-80b-a3b-thinking --gpu h100 --tp-size 4``: TensorRT-LLM's attention pool sits in
+    the full row at 2 x 12 x ceil(2/4) x 256 x 2 = 12,288 B per token, its recurrent-state pool in the mamba-state
+    row: 2,048 x 1 + 1 = 2,049 blocks of 36 x 274,432 = 9,879,552 B (TP 4).  Here the manager's own budget binds
+    (the static estimate floors 256 x 2 / 4 = 128 elements per layer, half the manager's ceil(2/4) x 256, so
+    KvCacheCreator's max_tokens is twice what fits), and the manager's intercept counts 2,048 states while it
+    allocates 2,049 blocks: the pools overshoot max_gpu_total_bytes by less than one state block, as
+    _calculate_max_num_blocks_for_linear_attention does."""
+    from kvpools_core.planning.compare import compare_engines
+
+    comparison = compare_engines("qwen3-next-80b-a3b-thinking", Serving(tp_size=4), gpu="h100")
+    full = next(row for row in comparison.groups if row.trtllm_windows)
+    state = next(row for row in comparison.groups if row.trtllm_blocks and not row.trtllm_windows)
+    assert full.trtllm_bytes_per_token == 12_288 and full.trtllm_layers == 12
+    assert state.trtllm_blocks == (2_049,) and state.trtllm_layers == 36
+    assert any("recurrent-state pool of CppMambaHybridCacheManager" in line for line in state.why)
+    result = comparison.trtllm
+    assert result is not None and result.pools[1].recurrent_state_bytes == 9_879_552
+    stage = result.hybrid_stages[0]
+    assert stage.estimate.slope == 2 * 12 * (256 * 2 // 4) * 2 == 6_144 and stage.manager.slope == 12_288
+    assert stage.config_tokens > stage.max_tokens == (stage.pool_bytes - 2_048 * 9_879_552) // 12_288
+    used = full.trtllm_blocks[0] * 32 * 12_288 + 2_049 * 9_879_552
+    assert 0 < used - stage.pool_bytes < 9_879_552
