@@ -308,3 +308,18 @@ def test_compare_puts_the_recurrent_pool_in_the_state_row() -> None:
     assert stage.config_tokens > stage.max_tokens == (stage.pool_bytes - 2_048 * 9_879_552) // 12_288
     used = full.trtllm_blocks[0] * 32 * 12_288 + 2_049 * 9_879_552
     assert 0 < used - stage.pool_bytes < 9_879_552
+
+
+def test_cli_plan_shows_both_pools_and_the_manager_switch() -> None:
+    from click.testing import CliRunner
+
+    from kvpools_core.cli import main
+
+    args = ["plan", "qwen3-next-80b-a3b-thinking", "--memory", "40GiB", "--accounting", "trtllm"]
+    shown = CliRunner().invoke(main, [*args, "--max_batch_size", "64"], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert "recurrent state" in shown.stdout and "39,518,208 B/block" in shown.stdout
+    assert "use_kv_cache_manager_v2: false" in shown.stdout and "--max_batch_size 64" in shown.stdout
+    refused = CliRunner().invoke(main, args)  # the default 2,048 requests' state does not fit 36 GiB
+    assert refused.exit_code == 1 and "Lower --max_batch_size" in refused.stderr
+    assert "Traceback" not in refused.output
