@@ -41,6 +41,9 @@ def _vllm_cells(row: LayerGroupComparison) -> tuple[str, str, str, str]:
 
 
 def _trtllm_cells(row: LayerGroupComparison) -> tuple[str, str, str]:
+    if not row.trtllm_windows and row.trtllm_blocks:  # a hybrid's recurrent-state pool: blocks are requests
+        blocks = ", ".join(f"{b:,}" for b in row.trtllm_blocks)
+        return f"recurrent state: {blocks} blocks ({row.trtllm_layers} layers)", "-", "-"
     if not row.trtllm_windows:
         return "-", "-", "-"
     pools = ", ".join(
@@ -83,7 +86,10 @@ def render_engine_comparison(comparison: EngineComparison, console: Console) -> 
     trtllm = comparison.trtllm
     if trtllm is not None:
         pools = ", ".join(
-            f"window {pool.window:,}: {pool.primary_blocks:,} blocks x {trtllm.tokens_per_block} tokens "
+            f"recurrent state: {pool.primary_blocks:,} blocks of {pool.recurrent_state_bytes:,} B "
+            f"({len(pool.layers)} layers, one block per request)"
+            if pool.recurrent
+            else f"window {pool.window:,}: {pool.primary_blocks:,} blocks x {trtllm.tokens_per_block} tokens "
             f"({len(pool.layers)} layers, {pool.bytes_per_token:,} B/token)"
             for pool in trtllm.pools
         )

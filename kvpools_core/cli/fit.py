@@ -71,6 +71,19 @@ from kvpools_core.values import (
     "as TensorRT-LLM 1.2 sizes its KV cache (TP, PP, attention DP, KV dtype, replicas; docs/trtllm.md). vLLM's "
     "accounting is not searched by fit yet.",
 )
+@click.option(
+    "--num_nextn_predict_layers",
+    type=int,
+    default=None,
+    help="TensorRT-LLM's one-model MTP draft layers (speculative_config, decoding_type MTP). Only with --accounting "
+    "trtllm.",
+)
+@click.option(
+    "--max_batch_size",
+    type=int,
+    default=None,
+    help="trtllm-serve --max_batch_size for every configuration [default: 2048]. Only with --accounting trtllm.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_user_facing
 def fit(
@@ -86,6 +99,8 @@ def fit(
     chunked_prefill_size: int | None,
     runtime_memory: str | None,
     accounting: str | None,
+    num_nextn_predict_layers: int | None,
+    max_batch_size: int | None,
     as_json: bool,
 ) -> None:
     """The configurations on the fewest GPUs that hold --requests N concurrent requests of --context L tokens.
@@ -115,8 +130,25 @@ def fit(
                 "--chunked-prefill-size": chunked_prefill_size,
                 "--runtime-memory": runtime_memory,
             },
+            num_nextn_predict_layers=num_nextn_predict_layers,
+            max_batch_size=max_batch_size,
         )
         return
+    trtllm_only = [
+        flag
+        for flag, value in (
+            ("--num_nextn_predict_layers", num_nextn_predict_layers),
+            ("--max_batch_size", max_batch_size),
+        )
+        if value is not None
+    ]
+    if trtllm_only:
+        from kvpools_core.errors import ConfigError
+
+        raise ConfigError(
+            f"{', '.join(trtllm_only)}: TensorRT-LLM's, only with --accounting trtllm (SGLang's fit searches "
+            "--max-running-requests itself)."
+        )
     options: dict[str, Any] = {
         "mem_fraction_static": mem_fraction_static,
         "chunked_prefill_size": chunked_prefill_size,
@@ -155,6 +187,8 @@ def _fit_trtllm(
     kv_cache_dtype: str | None,
     as_json: bool,
     sglang: dict[str, Any],
+    num_nextn_predict_layers: int | None = None,
+    max_batch_size: int | None = None,
 ) -> None:
     """``kvpools fit --accounting trtllm``: the trtllm-serve configurations on the fewest GPUs."""
     from kvpools_core.errors import ConfigError
@@ -176,6 +210,8 @@ def _fit_trtllm(
         gpu_memory=gpu_memory,
         max_gpus=max_gpus,
         kv_cache_dtype=kv_cache_dtype,
+        num_nextn_predict_layers=num_nextn_predict_layers,
+        max_batch_size=max_batch_size,
     )
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))

@@ -121,6 +121,18 @@ PLOT_KINDS = ("concurrency", "tokens", "bytes-per-token")
     "KV cache (--model, --tp-size, --kv-cache-dtype, --memory / --gpu, --context; docs/trtllm.md).",
 )
 @click.option(
+    "--num_nextn_predict_layers",
+    type=int,
+    default=None,
+    help="TensorRT-LLM's one-model MTP draft layers at every point. Only with --accounting trtllm.",
+)
+@click.option(
+    "--max_batch_size",
+    type=int,
+    default=None,
+    help="trtllm-serve --max_batch_size at every point [default: 2048]. Only with --accounting trtllm.",
+)
+@click.option(
     "--progress/--no-progress",
     default=None,
     help="A progress bar on stderr for runs over a second  [default: when stderr is a terminal]",
@@ -144,6 +156,8 @@ def sweep(
     jobs: int | None,
     executor: str | None,
     accounting: str | None,
+    num_nextn_predict_layers: int | None,
+    max_batch_size: int | None,
     progress: bool | None,
 ) -> None:
     """Plan every combination of models, serving options and budgets; one row per point.
@@ -160,8 +174,19 @@ def sweep(
             models, tp_sizes, kv_cache_dtypes, memories, gpus, contexts, platform, output_format, output,
             refused={"--page-size": page_sizes, "--axis": axes, "--plot": plots, "--jobs": jobs,
                      "--executor": executor},
+            num_nextn_predict_layers=num_nextn_predict_layers, max_batch_size=max_batch_size,
         )  # fmt: skip
         return
+    trtllm_only = [
+        flag
+        for flag, value in (
+            ("--num_nextn_predict_layers", num_nextn_predict_layers),
+            ("--max_batch_size", max_batch_size),
+        )
+        if value is not None
+    ]
+    if trtllm_only:
+        raise ConfigError(f"{', '.join(trtllm_only)}: TensorRT-LLM's, only with --accounting trtllm.")
     if accounting not in (None, "exact", "sglang"):
         raise ConfigError(
             f"kvpools sweep plans SGLang's pools (--accounting exact or sglang) and TensorRT-LLM's (--accounting "
@@ -250,6 +275,8 @@ def _sweep_trtllm(
     output_format: str,
     output: str | None,
     refused: dict[str, Any],
+    num_nextn_predict_layers: int | None = None,
+    max_batch_size: int | None = None,
 ) -> None:
     """``kvpools sweep --accounting trtllm``: the grid planned by the trtllm engine (no pool, plots or cluster)."""
     from kvpools_core.models import load_model
@@ -280,6 +307,8 @@ def _sweep_trtllm(
         budgets=[{"memory": size} for size in _listed(memories)] + [{"gpu": name} for name in _listed(gpus)],
         contexts=_listed(contexts) or list(SWEEP_CONTEXTS),
         platform=select_platform(platform, None, registry),
+        num_nextn_predict_layers=num_nextn_predict_layers,
+        max_batch_size=max_batch_size,
     )
     text = {"csv": rows_to_csv, "json": rows_to_json, "table": rows_to_table}[output_format](rows)
     if output is None:

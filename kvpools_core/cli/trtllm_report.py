@@ -51,10 +51,23 @@ def _pools_table(result: TrtllmPlanResult) -> Table:
     title = "VSWA: one pool per attention window" if result.is_vswa else "one pool (every layer, one window)"
     if result.draft_kv_cache == "separate":
         title += ", and the MTP draft manager's pool"
+    if result.hybrid_manager:
+        title = f"{result.hybrid_manager}: the attention pool and the recurrent-state pool (one block per request)"
     table = Table(title=title)
     for column in ("window", "layers", "share", "bytes/token", "primary blocks", "tokens", "host blocks"):
         table.add_column(column, justify="right")
     for pool in result.pools:
+        if pool.recurrent:
+            table.add_row(
+                "recurrent state",
+                str(len(pool.layers)),
+                f"{pool.share:g}",
+                f"{pool.recurrent_state_bytes:,} B/block",
+                f"{pool.primary_blocks:,}",
+                "-",
+                f"{pool.secondary_blocks:,}",
+            )
+            continue
         table.add_row(
             f"{pool.window} (draft)" if pool.draft else str(pool.window),
             str(len(pool.layers)),
@@ -90,7 +103,8 @@ def render_trtllm_plan(result: TrtllmPlanResult, console: Console) -> None:
     if capacity is not None:
         console.print(f"  get_kv_cache_capacity(): {capacity}")
     else:
-        console.print("  get_kv_cache_capacity(): several window pools (VSWA); kvpools does not state maxNumBlocks")
+        pools = "an attention and a recurrent-state pool" if result.hybrid_manager else "several window pools (VSWA)"
+        console.print(f"  get_kv_cache_capacity(): {pools}; kvpools does not state maxNumBlocks")
     console.print(f"  max_batch_size {result.max_batch_size}; max_num_tokens {result.max_num_tokens}")
     _tail(result, console)
 

@@ -36,6 +36,49 @@ class TrtllmLayer:
     """Bytes per token of a DeepSeek sparse attention layer's indexer K cache (``DSACacheManager``): raw uint8,
     ``index_head_dim + index_head_dim // 128 * 4`` (fp8 keys and one fp32 scale per 128), neither scaled by the KV
     dtype nor sharded by TP; 0 for a layer without one."""
+    state: TrtllmMambaState | None = None
+    """A Mamba / linear-attention layer's recurrent state (``CppMambaHybridCacheManager``'s unified pool): such a
+    layer has no KV (``num_kv_heads``, ``head_dim`` and ``kv_factor`` 0).  A layer with neither KV nor state (a
+    hybrid's MLP / MoE block) is outside TensorRT-LLM's ``layer_mask`` and caches nothing."""
+
+    @property
+    def has_kv(self) -> bool:
+        """Whether the layer keeps K (and V) per token."""
+        return self.kv_factor > 0
+
+
+@attrs.frozen(kw_only=True)
+class TrtllmMambaState:
+    """One recurrent layer's state geometry as TensorRT-LLM normalises it (``MambaKVCacheParams``,
+    ``_torch/pyexecutor/config_utils.py``): Nemotron-H's ``ssm_state_size``, ``conv_kernel``, ``mamba_num_heads``,
+    ``n_groups``, ``mamba_head_dim``; Qwen3-Next's / Qwen3.5's ``linear_key_head_dim``, ``linear_conv_kernel_dim``,
+    ``linear_num_value_heads``, ``linear_num_key_heads``, ``linear_value_head_dim`` in the same places.  The
+    conv state is kept in the checkpoint's dtype, the SSM state in ``ssm_dtype_bytes``."""
+
+    state_size: int
+    conv_kernel: int
+    num_heads: int
+    n_groups: int
+    head_dim: int
+    conv_dtype_bytes: int
+    ssm_dtype_bytes: int
+
+    def bytes_per_rank(self, tp_size: int) -> int:
+        """``MambaKVCacheParams.get_states_bytes_per_layer`` (equal to the manager's ``ssm_bytes + conv_bytes``):
+        conv ``(head_dim x num_heads + 2 x n_groups x state_size) // tp`` rows of ``conv_kernel - 1`` in the conv
+        dtype, plus SSM ``num_heads // tp x head_dim x state_size`` in the SSM dtype; ``tp`` is 1 with attention
+        DP.  Refused, as ``CppMambaHybridCacheManager.__init__`` asserts: heads or conv rows TP does not
+        divide."""
+        conv_dim = self.head_dim * self.num_heads + 2 * self.n_groups * self.state_size
+        if self.num_heads % tp_size or conv_dim % tp_size:
+            raise UnsupportedCombinationError(
+                f"TensorRT-LLM refuses this TP size: CppMambaHybridCacheManager asserts 'mamba_num_heads must be "
+                f"divisible by tp_size' and 'conv_dim must be divisible by tp_size' ({self.num_heads} heads, "
+                f"conv_dim {conv_dim}, tp {tp_size}). Choose a --tp-size that divides both."
+            )
+        conv = conv_dim // tp_size * (self.conv_kernel - 1) * self.conv_dtype_bytes
+        ssm = self.num_heads // tp_size * self.head_dim * self.state_size * self.ssm_dtype_bytes
+        return conv + ssm
 
 
 def trtllm_layer(model: ModelSpec, layer: LayerSpec) -> TrtllmLayer:
@@ -113,6 +156,16 @@ def trtllm_dsa_layers(model: ModelSpec, kind: str) -> tuple[TrtllmLayer, ...]:
     return tuple(layers)
 
 
+def trtllm_state_layer(index: int, state: TrtllmMambaState) -> TrtllmLayer:
+    """A recurrent layer of a hybrid model: no KV, one state slot per request (``state``)."""
+    return TrtllmLayer(index=index, num_kv_heads=0, head_dim=0, kv_factor=0, state=state)
+
+
+def trtllm_uncached_layer(index: int) -> TrtllmLayer:
+    """A hybrid's layer that caches nothing (an MLP / MoE block): outside TensorRT-LLM's ``layer_mask``."""
+    return TrtllmLayer(index=index, num_kv_heads=0, head_dim=0, kv_factor=0)
+
+
 def trtllm_layers_of(model: ModelSpec, kinds: Collection[str]) -> tuple[TrtllmLayer, ...]:
     """Every layer of ``model`` as :func:`trtllm_layer` makes it, refusing a layer whose kind is not one of
     ``kinds`` (the kinds the answering plugin's models have and TensorRT-LLM's manager sizes)."""
@@ -148,10 +201,13 @@ __all__ = [
     "ENGINE",
     "INDEXER_QUANT_BLOCK",
     "TrtllmLayer",
+    "TrtllmMambaState",
     "indexer_k_bytes",
     "layer_values",
     "trtllm_dsa_layers",
     "trtllm_layer",
     "trtllm_layers_of",
     "trtllm_refusal",
+    "trtllm_state_layer",
+    "trtllm_uncached_layer",
 ]

@@ -284,10 +284,10 @@ def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> 
             "TensorRT-LLM refuses such a request. Pass a shorter context, or plan with --max_seq_len."
         )
     serving, model = result.serving, result.model
-    if result.is_vswa and serving.pp_size > 1:
+    if (result.is_vswa or result.hybrid_manager) and serving.pp_size > 1:
         raise UnsupportedCombinationError(
-            "kvpools does not model the capacity record of TensorRT-LLM's VSWA pools over pipeline stages yet (each "
-            "stage's bytes per window); use --pp-size 1, or kvpools plan --accounting trtllm --json."
+            "kvpools does not model the capacity record of TensorRT-LLM's VSWA or hybrid pools over pipeline stages "
+            "yet (each stage's bytes per window); use --pp-size 1, or kvpools plan --accounting trtllm --json."
         )
     if result.draft_kv_cache is not None:
         raise UnsupportedCombinationError(
@@ -298,6 +298,25 @@ def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> 
     held = result.concurrency_at(context)
     groups = []
     for pool in result.pools:
+        if pool.recurrent:
+            # CppMambaHybridCacheManager's RECURRENT_STATES pool: one block per request (one of them the CUDA-graph
+            # padding dummy's), each one request's state over the stage's recurrent layers.
+            groups.append(
+                {
+                    "name": "state",
+                    "kind": "state",
+                    "slots": pool.primary_blocks,
+                    "slots_per_block": 1,
+                    "tokens_per_block": None,
+                    "total_blocks": pool.primary_blocks,
+                    "slots_per_request": 1,
+                    "blocks_per_request": 1,
+                    "max_requests": pool.primary_blocks - 1,
+                    "compression_ratio": None,
+                    "window_tokens": None,
+                }
+            )
+            continue
         full = pool.window >= result.max_seq_len
         per_request = _pages(min(context, pool.window), block)
         groups.append(
@@ -328,8 +347,8 @@ def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> 
         "attn_cp_size": 1,
         "dcp_size": 1,
     }
-    smallest = min(pool.primary_blocks for pool in result.pools)
-    host_blocks = min(pool.secondary_blocks for pool in result.pools)
+    smallest = min(pool.primary_blocks for pool in result.kv_pools)
+    host_blocks = min(pool.secondary_blocks for pool in result.kv_pools)
     records = []
     for rank in result.ranks:
         per_token = (
@@ -341,7 +360,7 @@ def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> 
             smallest * block * per_token
             if not result.is_vswa
             else sum(pool.primary_blocks * block * pool.bytes_per_token for pool in result.pools)
-        )
+        ) + sum(pool.primary_bytes(block) for pool in result.pools if pool.recurrent)
         shared = {
             "pp_rank": rank.pp_rank,
             "engine": "trtllm",

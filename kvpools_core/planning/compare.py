@@ -519,8 +519,10 @@ def _with_trtllm(
     if result is None:
         return rows
     by_key: dict[tuple[str, str | None], list[Any]] = {}
+    state_key = next(((row.unit, row.token_space) for row in rows if row.unit == STATE_SLOT), (STATE_SLOT, None))
     for pool in result.pools:
-        by_key.setdefault(_trtllm_key(result, pool, plan), []).append(pool)
+        key = state_key if pool.recurrent else _trtllm_key(result, pool, plan)
+        by_key.setdefault(key, []).append(pool)
     out = []
     for row in rows:
         pools = by_key.pop((row.unit, row.token_space), [])
@@ -544,6 +546,19 @@ def _trtllm_row(row: LayerGroupComparison, pools: list[Any], result: TrtllmPlanR
                 "--max_attention_window ...`, docs/trtllm.md)"
             )
         return attrs.evolve(row, why=(*row.why, line))
+    if all(pool.recurrent for pool in pools):
+        blocks = tuple(pool.primary_blocks for pool in pools)
+        line = (
+            f"TensorRT-LLM: the recurrent-state pool of {result.hybrid_manager}, {', '.join(f'{b:,}' for b in blocks)} "
+            f"blocks of {pools[0].recurrent_state_bytes:,} B (one request's state over "
+            f"{sum(len(p.layers) for p in pools)} layers; max_batch_size x pp_size + 1 CUDA-graph dummy)"
+        )
+        return attrs.evolve(
+            row,
+            trtllm_layers=sum(len(pool.layers) for pool in pools),
+            trtllm_blocks=blocks,
+            why=(*row.why, line),
+        )
     block = result.tokens_per_block
     per_token = sum(pool.bytes_per_token for pool in pools)
     blocks = tuple(pool.primary_blocks for pool in pools)

@@ -124,9 +124,13 @@ def fit_trtllm(
     gpu_memory: int | str | None = None,
     max_gpus: int = DEFAULT_MAX_GPUS,
     kv_cache_dtype: str | None = None,
+    num_nextn_predict_layers: int | None = None,
+    max_batch_size: int | None = None,
 ) -> TrtllmFitResult:
     """The ``trtllm-serve`` configurations on the fewest GPUs (up to ``max_gpus``) holding ``requests`` of
-    ``context_len`` tokens on ``gpu`` (a catalogue name) or a GPU of ``gpu_memory``."""
+    ``context_len`` tokens on ``gpu`` (a catalogue name) or a GPU of ``gpu_memory``; each planned with
+    ``num_nextn_predict_layers`` one-model MTP draft layers and ``max_batch_size`` when given (a hybrid's
+    recurrent state is paid for every request ``max_batch_size`` allows)."""
     o = option
     if requests < 1:
         raise ConfigError(f"{o('requests')} must be at least 1, got {requests}.")
@@ -168,6 +172,8 @@ def fit_trtllm(
                         gpu=chosen,
                         max_seq_len=context_len,
                         enable_attention_dp=attention_dp,
+                        num_nextn_predict_layers=num_nextn_predict_layers,
+                        max_batch_size=max_batch_size,
                         registry=registry,
                     )
                 except KvpoolsError as exc:

@@ -40,8 +40,11 @@ def sweep_trtllm(
     budgets: Sequence[dict[str, str]],
     contexts: Sequence[str],
     platform: str = "cuda",
+    num_nextn_predict_layers: int | None = None,
+    max_batch_size: int | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per (model, TP, KV dtype, budget), in that order; ``requests@L`` for each context ``L``."""
+    """One row per (model, TP, KV dtype, budget), in that order; ``requests@L`` for each context ``L``; every
+    point planned with ``num_nextn_predict_layers`` (one-model MTP) and ``max_batch_size`` when given."""
     registry = get_registry()
     engine = engine_for("trtllm", registry)
     lengths = [parse_context_len(context) for context in contexts]
@@ -51,7 +54,14 @@ def sweep_trtllm(
         row: dict[str, Any] = {"model": model, "tp_size": tp, "kv_cache_dtype": dtype, "budget": f"{kind}={value}"}
         try:
             serving = Serving(accounting="trtllm", tp_size=tp, kv_cache_dtype=dtype, platform=platform)
-            result = engine.plan(model, serving, registry=registry, **{kind: value})
+            result = engine.plan(
+                model,
+                serving,
+                registry=registry,
+                num_nextn_predict_layers=num_nextn_predict_layers,
+                max_batch_size=max_batch_size,
+                **{kind: value},
+            )
         except KvpoolsError as exc:
             rows.append({**row, "error": str(exc)})
             continue

@@ -112,8 +112,11 @@ def engine_layer_specs(engine: str, model: ModelSpec, serving: Serving) -> tuple
         raise trtllm_refusal(
             model,
             "DeepSeek-V4's compressed attention (TensorRT-LLM serves it with DeepseekV4CacheManager, a "
-            "KVCacheManagerV2 whose pools are sized from max_gpu_total_bytes alone, the SWA KV a fixed cost per "
-            "request; kvpools does not model KVCacheManagerV2, and could not pin this manager to the 1.2.1 release)",
+            "KVCacheManagerV2 whose GPU quota comes from max_gpu_total_bytes -- max_tokens x bytes per token plus "
+            "2 MiB per attention type, _get_cache_quota -- and is divided among its SWA, compressed, indexer and "
+            "compressor-state pool groups by the V2 runtime's pool-ratio solve over a typical batch, the SWA KV a "
+            "fixed cost per request; kvpools has not reproduced that solve, and could not pin this manager to the "
+            "1.2.1 release)",
         )
     return None
 

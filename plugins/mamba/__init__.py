@@ -163,17 +163,15 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def engine_layer_specs(engine: str, model: ModelSpec, serving: Serving) -> tuple[Any, ...] | None:
-    """TensorRT-LLM serves these models with a cache manager kvpools does not reproduce yet: refused, with the
-    reason (``--accounting trtllm``); None for other engines."""
-    from kvpools_core.parts.trtllm import ENGINE, trtllm_refusal
+    """TensorRT-LLM's layers (``--accounting trtllm``): Nemotron-H's and Qwen3-Next's / Qwen3.5's attention KV
+    and recurrent state as ``CppMambaHybridCacheManager`` keeps them (:mod:`.trtllm`), the other families refused
+    with the reason; None for other engines."""
+    from kvpools_core.parts.trtllm import ENGINE
 
     if engine == ENGINE:
-        raise trtllm_refusal(
-            model,
-            "Mamba / linear-attention hybrids (TensorRT-LLM 1.2 keeps their recurrent state in "
-            "CppMambaHybridCacheManager or MambaHybridCacheManagerV2, an affine CacheCost: attention bytes per token "
-            "plus (max_batch_size x pp_size + dummy slots) x state bytes, more with block-reuse snapshots)",
-        )
+        from .trtllm import hybrid_trtllm_layers
+
+        return hybrid_trtllm_layers(model)
     return None
 
 

@@ -214,9 +214,19 @@ def hybrid_model_spec(config: Mapping[str, Any], source: str, *, architecture: s
             "state_tp": "tensor" if family == "falcon_h1" else "attention",
             "vllm": _vllm_readings(outer, reader, family),
             "ple": _ple_geometry(outer, reader, len(kinds)),
+<<<<<<< HEAD
             "qsa": qsa,
+=======
+            "trtllm": _trtllm_readings(config, source),
+>>>>>>> h-trt35b
         },
     )
+
+
+def _trtllm_readings(config: Mapping[str, Any], source: str) -> dict[str, Any]:
+    from .trtllm_config import trtllm_readings  # the TensorRT-LLM answer's own readings (plugins/mamba/trtllm.py)
+
+    return trtllm_readings(config, source)
 
 
 _INKLING_MODEL_TYPES = frozenset({"inkling_model", "inkling_mm_model"})

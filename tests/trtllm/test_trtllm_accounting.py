@@ -284,7 +284,7 @@ def test_cache_bytes_and_estimate_helpers() -> None:
     ("model", "serving", "match"),
     [
         ("deepseek-v4-flash", Serving(), "kvpools does not model DeepSeek-V4's compressed attention"),
-        ("qwen3-next-80b-a3b-thinking", Serving(), "kvpools does not model Mamba"),
+        ("falcon-h1-0.5b", Serving(), "kvpools does not model the falcon_h1 hybrid family"),
         ("llama-3.1-8b", Serving(kv_cache_dtype="fp8_e5m2"), "not a KV cache TensorRT-LLM"),
         ("llama-3.1-8b", Serving(platform="rocm"), "NVIDIA GPUs only"),
         ("llama-3.1-8b", Serving(mem_fraction_static=0.8), "--kv_cache_free_gpu_memory_fraction"),

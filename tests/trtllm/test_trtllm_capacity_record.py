@@ -68,7 +68,7 @@ def test_refusals() -> None:
     with pytest.raises(ConfigError, match="longer than the deployment's max_seq_len 4096"):
         trtllm_capacity_document(result, context_len=8192)
     vswa = plan_trtllm("gpt-oss-120b", Serving(pp_size=2), memory="40GiB", max_attention_window="128,131072")
-    with pytest.raises(UnsupportedCombinationError, match="VSWA pools over pipeline stages"):
+    with pytest.raises(UnsupportedCombinationError, match="VSWA or hybrid pools over pipeline stages"):
         trtllm_capacity_document(vswa)
 
 

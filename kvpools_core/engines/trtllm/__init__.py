@@ -35,7 +35,7 @@ def capacity(result: TrtllmPlanResult) -> EngineCapacity:
         engine="trtllm",
         accounting="trtllm",
         budget_bytes=rank.available_kv_memory,
-        kv_bytes=sum(pool.primary_blocks * result.tokens_per_block * pool.bytes_per_token for pool in result.pools),
+        kv_bytes=sum(pool.primary_bytes(result.tokens_per_block) for pool in result.pools),
         max_tokens=result.max_kv_tokens,
         max_requests=result.concurrency_at(result.max_seq_len),
     )

@@ -197,8 +197,18 @@ class TrtllmPlanResult:
     (appended to the target's manager: attention DP); None without drafting."""
     ranks: tuple[TrtllmRank, ...]
     pools: tuple[WindowPool, ...]
-    """One per window size (one pool without VSWA), blocks after the MIN across ranks."""
+    """One per window size (one pool without VSWA), blocks after the MIN across ranks; a hybrid's attention pool
+    and its recurrent-state pool (``WindowPool.recurrent``)."""
     warnings: tuple[str, ...] = ()
+    hybrid_manager: str | None = None
+    """``"CppMambaHybridCacheManager"`` for a Mamba / linear-attention hybrid (its unified pool), else None."""
+    hybrid_stages: tuple[Any, ...] = ()
+    """Each stage's :class:`~kvpools_core.engines.trtllm.hybrid.HybridStage` (affine costs and blocks)."""
+
+    @property
+    def kv_pools(self) -> tuple[WindowPool, ...]:
+        """The pools that hold tokens (all but a hybrid's recurrent-state pool)."""
+        return tuple(pool for pool in self.pools if not pool.recurrent)
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -206,8 +216,9 @@ class TrtllmPlanResult:
 
     @property
     def max_num_blocks(self) -> int | None:
-        """``blocks_in_primary_pool`` of the (target's) single-window manager; None for VSWA (several pools)."""
-        return None if self.is_vswa else self.pools[0].primary_blocks
+        """``blocks_in_primary_pool`` of the (target's) single-window manager; None for VSWA and hybrids (several
+        pools)."""
+        return None if self.is_vswa or self.hybrid_manager else self.pools[0].primary_blocks
 
     @property
     def extra_tokens_per_request(self) -> int:
@@ -220,14 +231,14 @@ class TrtllmPlanResult:
 
     @property
     def max_kv_tokens(self) -> int:
-        """Tokens the smallest pool holds (``maxNumTokens`` without VSWA)."""
-        return min(pool.primary_blocks for pool in self.pools) * self.tokens_per_block
+        """Tokens the smallest pool holds (``maxNumTokens`` without VSWA); a hybrid's attention pool."""
+        return min(pool.primary_blocks for pool in self.kv_pools) * self.tokens_per_block
 
     def kv_cache_capacity(self) -> dict[str, int] | None:
         """What ``LLM.get_kv_cache_capacity()`` publishes (``PyExecutor.get_kv_cache_capacity``):
         ``maxNumBlocks`` (``blocks_in_primary_pool``), ``tokensPerBlock`` and their product ``maxNumTokens``.
-        None for VSWA: it reads the C++ ``KVCacheStats.max_num_blocks`` over several window pools, which kvpools
-        has not reproduced."""
+        None for VSWA and hybrids: it reads the C++ ``KVCacheStats.max_num_blocks`` over several window pools
+        (a hybrid's attention and recurrent-state pools), which kvpools has not reproduced."""
         if self.max_num_blocks is None:
             return None
         return {
@@ -248,7 +259,7 @@ class TrtllmPlanResult:
         extra = self.extra_tokens_per_request
         fits = min(
             pool.primary_blocks // math.ceil((min(context_len, pool.window) + extra) / self.tokens_per_block)
-            for pool in self.pools
+            for pool in self.kv_pools
         )
         return min(fits, self.max_batch_size)
 
@@ -280,6 +291,16 @@ class TrtllmPlanResult:
                 "manager (no separate draft KV cache); TensorRT-LLM's estimate counts the target's layers only, "
                 "its manager all of them."
             )
+        if self.hybrid_manager:
+            stage = self.hybrid_stages[0]
+            notes.append(
+                f"{self.model.name} is a Mamba / linear-attention hybrid: TensorRT-LLM's {self.hybrid_manager} keeps "
+                f"the attention KV and the recurrent state in one pool; its budget is affine, "
+                f"{stage.estimate.slope:,} B per token + {stage.estimate.intercept:,} B of state for max_batch_size "
+                f"{self.max_batch_size} x pp_size {self.serving.pp_size} + 1 CUDA-graph dummy request(s) "
+                f"({stage.state_bytes:,} B each), so a smaller --max_batch_size leaves more tokens. "
+                "kv_cache_config.use_kv_cache_manager_v2: false selects this manager (the V2 manager is not modelled)."
+            )
         if not self.is_vswa:
             windows = {layer.sliding_window for layer in self.model.layers if layer.sliding_window}
             if windows and self.max_attention_window is None:
@@ -307,6 +328,8 @@ class TrtllmPlanResult:
             kv["max_attention_window"] = list(self.max_attention_window)
         if self.host_cache_size is not None:
             kv["host_cache_size"] = self.host_cache_size
+        if self.hybrid_manager:
+            kv["use_kv_cache_manager_v2"] = False
         options: dict[str, Any] = {"kv_cache_config": kv}
         if self.num_nextn_predict_layers:
             options["speculative_config"] = {
@@ -374,6 +397,8 @@ class TrtllmPlanResult:
             "is_vswa": self.is_vswa,
             "num_nextn_predict_layers": self.num_nextn_predict_layers,
             "draft_kv_cache": self.draft_kv_cache,
+            "hybrid_manager": self.hybrid_manager,
+            "hybrid_stages": [attrs.asdict(stage) for stage in self.hybrid_stages],
             "ranks": [attrs.asdict(rank) for rank in self.ranks],
             "pools": [attrs.asdict(pool) for pool in self.pools],
             "kv_cache_capacity": self.kv_cache_capacity(),
@@ -554,6 +579,30 @@ def plan_trtllm(
                 f"The weights of pipeline stage {short[0]} ({weights[short[0]]} bytes) do not fit "
                 f"{chosen.label}'s {chosen.total_bytes} bytes: raise --tp-size or --pp-size."
             )
+    if any(layer.state is not None for layer in layers):
+        return _plan_hybrid(
+            spec=spec,
+            model_ref=model_ref,
+            plugin=plugin,
+            serving=serving,
+            chosen=chosen,
+            weights_source=weights_source,
+            layers=layers,
+            draft_layers=draft_layers,
+            frees=frees,
+            weights=weights,
+            fraction=float(fraction),
+            block=block,
+            seq_len=seq_len,
+            max_batch_size=max_batch_size or DEFAULT_MAX_BATCH_SIZE,
+            max_num_tokens=max_num_tokens or DEFAULT_MAX_NUM_TOKENS,
+            max_tokens=max_tokens,
+            mgtb=mgtb,
+            windows=windows,
+            shares=shares,
+            host=host,
+            enable_attention_dp=enable_attention_dp,
+        )
     warnings: list[str] = []
     ranks = []
     rank_pools: list[dict[int, tuple[int, int, tuple[int, ...], int, float]]] = []
@@ -751,6 +800,110 @@ def plan_trtllm(
         ranks=tuple(ranks),
         pools=tuple(pools_out),
         warnings=tuple(warnings),
+    )
+
+
+def _plan_hybrid(
+    *,
+    spec: ModelSpec,
+    model_ref: str,
+    plugin: str,
+    serving: Serving,
+    chosen: GPU | None,
+    weights_source: str,
+    layers: Sequence[TrtllmLayer],
+    draft_layers: Sequence[TrtllmLayer],
+    frees: Sequence[int],
+    weights: Sequence[int | None],
+    fraction: float,
+    block: int,
+    seq_len: int,
+    max_batch_size: int,
+    max_num_tokens: int,
+    max_tokens: int | None,
+    mgtb: int | None,
+    windows: tuple[int, ...] | None,
+    shares: tuple[float, ...] | None,
+    host: int | None,
+    enable_attention_dp: bool,
+) -> TrtllmPlanResult:
+    """A Mamba / linear-attention hybrid in ``CppMambaHybridCacheManager``'s unified pool
+    (:mod:`kvpools_core.engines.trtllm.hybrid`).  Refused, with the reason: MTP drafting, attention windows and
+    window shares beside it (not modelled)."""
+    from kvpools_core.engines.trtllm.hybrid import HYBRID_MANAGER, hybrid_pools, plan_stage
+
+    if draft_layers:
+        raise UnsupportedCombinationError(
+            f"kvpools does not model the MTP draft KV cache of a Mamba / linear-attention hybrid ({spec.name}) for "
+            "--accounting trtllm yet (TensorRT-LLM's hybrid cost then adds attention-only draft layers and draft "
+            "state slots); drop --num_nextn_predict_layers."
+        )
+    if windows is not None or shares is not None:
+        raise UnsupportedCombinationError(
+            f"kvpools does not model attention windows beside {HYBRID_MANAGER} ({spec.name}) for --accounting "
+            "trtllm yet: the manager replaces kv_cache_config.max_attention_window with one window per layer "
+            "(max_seq_len for attention, RECURRENT_STATES for the recurrent layers). Drop --max_attention_window "
+            "and --window_size_shares."
+        )
+    stages = [
+        plan_stage(
+            spec=spec,
+            layers=layers,
+            rank=rank,
+            pp_size=serving.pp_size,
+            tp_size=serving.tp_size,
+            enable_attention_dp=enable_attention_dp,
+            kv_cache_dtype=serving.kv_cache_dtype,
+            free_after_warmup=frees[rank],
+            fraction=fraction,
+            tokens_per_block=block,
+            max_batch_size=max_batch_size,
+            max_tokens=max_tokens,
+            max_gpu_total_bytes=mgtb,
+            host_cache_size=host,
+        )
+        for rank in range(serving.pp_size)
+    ]
+    pools, seq_after, warnings = hybrid_pools(stages, seq_len, block)
+    ranks = tuple(
+        TrtllmRank(
+            pp_rank=rank,
+            layers=tuple(pp_layers(spec.num_layers, serving.pp_size, rank)),
+            free_after_warmup=frees[rank],
+            weights_memory=weights[rank],
+            available_kv_memory=stage.budget,
+            estimated_size_per_token=stage.estimate.slope,
+            cache_bytes_per_token=stage.manager.slope,
+            max_tokens=stage.max_tokens,
+            max_gpu_total_bytes=stage.pool_bytes,
+        )
+        for rank, stage in enumerate(stages)
+    )
+    return TrtllmPlanResult(
+        model=spec,
+        model_ref=model_ref,
+        plugin=plugin,
+        serving=serving,
+        gpu=chosen,
+        weights_source=weights_source,
+        free_gpu_memory_fraction=fraction,
+        tokens_per_block=block,
+        max_batch_size=max_batch_size,
+        max_num_tokens=max_num_tokens,
+        max_seq_len_requested=seq_len,
+        max_seq_len=min(seq_after, seq_len),
+        max_tokens=max_tokens,
+        max_gpu_total_bytes=mgtb,
+        max_attention_window=None,
+        window_size_shares=None,
+        host_cache_size=host,
+        enable_attention_dp=enable_attention_dp,
+        is_vswa=False,
+        ranks=ranks,
+        pools=pools,
+        warnings=warnings,
+        hybrid_manager=HYBRID_MANAGER,
+        hybrid_stages=tuple(stages),
     )
 
 

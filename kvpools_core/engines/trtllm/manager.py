@@ -68,10 +68,11 @@ def trtllm_layers(
             f"Plugin {label} answered engine_layer_specs for {ENGINE!r} with {exc}: the trtllm engine takes "
             "kvpools_core.parts.trtllm.TrtllmLayer values (trtllm_layer)."
         ) from None
-    if len({layer.head_dim for layer in layers}) > 1:
+    head_dims = {layer.head_dim for layer in layers if layer.has_kv}
+    if len(head_dims) > 1:
         raise UnsupportedCombinationError(
             f"kvpools does not model {spec.name}'s per-layer head sizes "
-            f"({sorted({layer.head_dim for layer in layers})}) for --accounting trtllm yet: TensorRT-LLM's "
+            f"({sorted(head_dims)}) for --accounting trtllm yet: TensorRT-LLM's "
             "KVCacheManager takes one head_dim for every layer."
         )
     return layers
@@ -203,6 +204,21 @@ class WindowPool:
     draft: bool = False
     """The separate draft KV cache manager's pool (one-model MTP, ``_create_one_model_draft_kv_cache_manager``):
     its ``layers`` are the draft layers' indices after the target's."""
+    recurrent_state_bytes: int = 0
+    """A hybrid's recurrent-state pool (``CppMambaHybridCacheManager``, TensorRT-LLM's
+    ``LinearCacheType.RECURRENT_STATES`` window; ``window`` 0 here): the bytes of one block, one request's state
+    over the rank's recurrent ``layers``; 0 for a KV pool."""
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether this is a hybrid's recurrent-state pool (blocks are request states, not tokens)."""
+        return self.recurrent_state_bytes > 0
+
+    def primary_bytes(self, tokens_per_block: int) -> int:
+        """The bytes the pool's primary blocks take."""
+        if self.recurrent:
+            return self.primary_blocks * self.recurrent_state_bytes
+        return self.primary_blocks * tokens_per_block * self.bytes_per_token
 
 
 def adjust_window_sizes_for_vswa(
