@@ -214,11 +214,8 @@ def hybrid_model_spec(config: Mapping[str, Any], source: str, *, architecture: s
             "state_tp": "tensor" if family == "falcon_h1" else "attention",
             "vllm": _vllm_readings(outer, reader, family),
             "ple": _ple_geometry(outer, reader, len(kinds)),
-<<<<<<< HEAD
             "qsa": qsa,
-=======
             "trtllm": _trtllm_readings(config, source),
->>>>>>> h-trt35b
         },
     )
 
