@@ -53,6 +53,7 @@ from kvpools_core.values import (
     Budget,
     CellPart,
     CellSize,
+    EngineDefault,
     ModelSpec,
     PackedInto,
     Plan,
@@ -61,6 +62,20 @@ from kvpools_core.values import (
 )
 
 from .config import KV_KINDS, hybrid_family, hybrid_model_spec
+from .inkling import (
+    INKLING_MAMBA_FULL_MEMORY_RATIO,
+    INKLING_SWA_FULL_TOKENS_RATIO,
+    INKLING_VLLM_REFUSAL,
+    InklingKVPool,
+    inkling_allocator,
+    inkling_cell_size,
+    inkling_problems,
+    inkling_unified_sizing,
+    is_inkling,
+    is_inkling_model,
+    parse_inkling_config,
+    size_inkling_pools,
+)
 from .latent import is_mla_hybrid, latent_cell_size, latent_problems
 from .ple import NGRAM_POOL, SHORT_CONV_POOL, ple_state
 from .replayssm import RING_POOL, replayssm_problems
@@ -96,6 +111,8 @@ def engine_features() -> dict[str, list[str]]:
 
 @hookimpl
 def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
+    if is_inkling(config, source):
+        return parse_inkling_config(config, source, architecture=ARCHITECTURE)
     family = hybrid_family(config, source)
     if family is None:
         return None
@@ -105,6 +122,8 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
+    if is_inkling_model(model):
+        return inkling_problems(model, serving)
     problems = hybrid_problems(model, serving)
     if serving.adaptive_speculation:
         # SGLang sizes the speculative state pools by max_speculative_num_draft_tokens() but the state budget
@@ -120,6 +139,15 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
+    if is_inkling_model(model):
+        shape, layers = state_shape(model, serving), rank_state_layer_ids(model, serving)
+        return inkling_cell_size(
+            model,
+            serving,
+            CellPart("state", state_bytes_per_slot(model, serving), STATE_POOL, unit=STATE_SLOT),
+            f"short-conv state per slot: {len(layers)} layer(s) x ({shape.describe()}) = "
+            f"{shape.bytes * len(layers):,} B (every layer, configs/inkling.py conv_layer_ids)",
+        )
     full_layers = rank_full_attention_layers(model, serving)
     if is_mla_hybrid(model):
         cell = latent_cell_size(full_layers, model, serving)
@@ -159,6 +187,8 @@ def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> 
     block size aligned to the state (:mod:`.vllm`)."""
     from .vllm import hybrid_vllm_specs
 
+    if is_inkling_model(model):
+        raise UnsupportedCombinationError(INKLING_VLLM_REFUSAL)
     if model.params.get("ple"):
         raise UnsupportedCombinationError(
             f"kvpools does not model Qwen4-Exp's PLE state under {option('accounting')} vllm yet: vLLM 0.33's "
@@ -170,6 +200,13 @@ def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> 
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing | None:
+    if is_inkling_model(model):
+        inkling = size_inkling_pools(model, serving, cell, budget, owner=ARCHITECTURE)
+        return (
+            inkling
+            if not serving.enable_unified_memory
+            else inkling_unified_sizing(model, serving, cell, budget, inkling)
+        )
     static = size_hybrid_pools(
         model, serving, cell, budget, owner=ARCHITECTURE, state_layers=len(rank_state_layer_ids(model, serving))
     )
@@ -234,9 +271,35 @@ def build_req_to_token_pool(plan: Plan, device: str, checked: bool, layout: Buff
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
+    if is_inkling_model(plan.model):
+        return InklingKVPool(plan, device, layout)
     from .pool import HybridLinearKVPool
 
     return HybridLinearKVPool.from_plan(plan, device, layout=layout)
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | None:
+    """An Inkling-class model's two KV pools take SGLang's ``SWATokenToKVPoolAllocator``; the other hybrids the
+    core's allocator of one token space (None)."""
+    if is_inkling_model(plan.model):
+        return inkling_allocator(plan, pool, device, checked=checked)
+    return None
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] | None:
+    """SGLang 0.5.23's Inkling defaults for unset options (``arg_groups/model_overrides/inkling.py``,
+    ``_inkling_overrides``): ``--swa-full-tokens-ratio`` 0.1 and ``--mamba-full-memory-ratio`` 0.1."""
+    if not is_inkling_model(model):
+        return None
+    reason = "SGLang 0.5.23's default for Inkling (_inkling_overrides in arg_groups/model_overrides/inkling.py)"
+    return [
+        EngineDefault(option="swa_full_tokens_ratio", value=INKLING_SWA_FULL_TOKENS_RATIO, reason=reason),
+        EngineDefault(option="mamba_full_memory_ratio", value=INKLING_MAMBA_FULL_MEMORY_RATIO, reason=reason),
+    ]
 
 
 def hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:
