@@ -84,6 +84,10 @@ def unified_concurrency(plan: Plan, context_len: int) -> UnifiedCapacity:
     if not plan.sizing.arenas:
         raise UnsupportedCombinationError("the plan has no arena: plan it with --enable-unified-memory.")
     arena = plan.sizing.arenas[0]
+    if len(arena.sub_pools) == 3:  # state | SWA float | full: the tri-pool (kvpools_core.planning.unified_tri)
+        from kvpools_core.planning.unified_tri import tri_concurrency
+
+        return tri_concurrency(plan, context_len)  # type: ignore[no-any-return]
     full, other = _ends(arena)
     page = full.page_size
     full_pages = _pages(context_len, page)

@@ -205,7 +205,7 @@ def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budge
         return (
             inkling
             if not serving.enable_unified_memory
-            else inkling_unified_sizing(model, serving, cell, budget, inkling)
+            else inkling_unified_sizing(model, serving, cell, budget, inkling, owner=ARCHITECTURE)
         )
     static = size_hybrid_pools(
         model, serving, cell, budget, owner=ARCHITECTURE, state_layers=len(rank_state_layer_ids(model, serving))

@@ -33,7 +33,7 @@ from kvpools_core.allocators.factory import slot_index_dtype
 from kvpools_core.allocators.swa import SWATokenToKVPoolAllocator, new_full_to_swa_mapping
 from kvpools_core.config import ConfigReader, context_length, model_dtype
 from kvpools_core.dtypes import resolve_kv_dtype
-from kvpools_core.errors import InsufficientMemoryError, UnsupportedCombinationError
+from kvpools_core.errors import InsufficientMemoryError
 from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.attention import attention_cell_size, layer_geometry
@@ -56,6 +56,9 @@ from kvpools_core.parts.sizing import (
     token_pool,
     with_cost,
 )
+from kvpools_core.parts.unified import max_unified_full_tokens
+from kvpools_core.parts.unified_plan import kv_entry_from_cell, serving_problems, state_entry_from_cell
+from kvpools_core.parts.unified_tri import TriPoolMembers, unified_tri_sizing
 from kvpools_core.pools.kv import LayerKV, check_planned_bytes, tensor_nbytes
 from kvpools_core.pools.layout import BufferLayout, BufferRequest, check_layout_bytes
 from kvpools_core.pools.quant import codec_for
@@ -178,6 +181,8 @@ def inkling_problems(model: ModelSpec, serving: Serving) -> list[str]:
                 f"kvpools does not model {what} for Inkling-class models yet ({o(name)} {getattr(serving, name)!r}): "
                 f"plan {model.name} without {o(name)}."
             )
+    if serving.enable_unified_memory:
+        problems += serving_problems(serving, model_name=model.name, is_mamba=True, is_hybrid_swa=True, is_mla=False)
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
     if kv.is_fp4 or kv.scale_block is not None:  # SGLang's SWA pool takes its MXFP8 / FP4 pools then
         problems.append(
@@ -418,6 +423,14 @@ def size_inkling_pools(model: ModelSpec, serving: Serving, cell: CellSize, budge
         if split.kv_rest_gib <= 0:
             raise _no_memory_left(model, split, budget)
         profiled = sglang_tokens(split.kv_budget_bytes, shape.cell, page)
+        if serving.enable_unified_memory:  # calculate_pool_sizes' unified branch: the largest fitting full capacity
+            profiled = max_unified_full_tokens(
+                split.kv_budget_bytes,
+                page,
+                full_bytes_per_token=shape.full_per_token * shape.num_full,
+                swa_bytes_per_token=shape.swa_per_token * shape.num_swa,
+                swa_full_tokens_ratio=shape.ratio,
+            )
     else:
         fixed = (k + 1) * per_slot + k * SLOT_ALLOCATOR_ITEM_BYTES
         if fixed > budget.budget_bytes:
@@ -440,7 +453,7 @@ def size_inkling_pools(model: ModelSpec, serving: Serving, cell: CellSize, budge
             f"Raise {option('memory')} or {option('swa_full_tokens_ratio')}, or lower {option('page_size')}."
         )
     window = int(model.params["sliding_window"])
-    if serving.accounting == "sglang" and window + page >= swa:
+    if serving.accounting == "sglang" and not serving.enable_unified_memory and window + page >= swa:
         raise InsufficientMemoryError(  # HybridSWAPoolConfigurator.validate_swa_pool_size (pool_configurator.py)
             f"The SWA pool of {model.name} ({swa} tokens) cannot hold even one request: the prefill admission floor "
             f"is sliding_window_size ({window}) + page_size ({page}). Raise {option('swa_full_tokens_ratio')} or "
@@ -475,6 +488,7 @@ def size_inkling_pools(model: ModelSpec, serving: Serving, cell: CellSize, budge
             "full_max_total_num_tokens": full,
             "swa_max_total_num_tokens": swa,
             "max_mamba_cache_size": k,
+            "kv_budget_bytes": split.kv_budget_bytes,
         },
         sglang_estimate_bytes=full * shape.full_per_token * shape.num_full
         + swa * shape.swa_per_token * shape.num_swa
@@ -630,6 +644,35 @@ def inkling_allocator(plan: Plan, pool: InklingKVPool, device: str, *, checked: 
 
 
 def inkling_unified_sizing(
-    model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget, static: PoolSizing
+    model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget, static: PoolSizing, *, owner: str
 ) -> PoolSizing:
-    raise UnsupportedCombinationError("tri-pool: not yet")
+    """``--enable-unified-memory``: SGLang's tri-pool (``_init_unified_mamba_swa_pools``): the state END grows up,
+    the full END down, the SWA KV floats between them (:mod:`kvpools_core.parts.unified_tri`)."""
+    config = static.sglang_config
+    return unified_tri_sizing(
+        static,
+        serving,
+        budget_bytes=budget.budget_bytes,
+        token_budget_bytes=int(config["kv_budget_bytes"]),
+        members=tri_members(model, serving, cell),
+        drop=(SWA_MAPPING_POOL, "allocator", SWA_ALLOCATOR, SLOT_ALLOCATOR_POOL),
+        owner=owner,
+        model_name=model.name,
+        context_len=serving.context_length or model.context_len,
+        sliding_window=int(model.params["sliding_window"]),
+        max_mamba_cache_size=int(config["max_mamba_cache_size"]),
+        full_max_total_num_tokens=int(config["full_max_total_num_tokens"]),
+        swa_max_total_num_tokens=int(config["swa_max_total_num_tokens"]),
+    )
+
+
+def tri_members(model: ModelSpec, serving: Serving, cell: CellSize) -> TriPoolMembers:
+    """The tri-pool's entries under SGLang's sub-pool names: every full (sliding) layer of one token on this rank,
+    token-major and rounded to 32 B, and the state of every layer of one slot."""
+    start, end = rank_layer_range(model, serving)
+    layers = model.layers[start:end]
+    num_swa = sum(layer.kind == SLIDING for layer in layers)
+    full = attrs.evolve(kv_entry_from_cell(cell, FULL_POOL, max(len(layers) - num_swa, 1)), name="full")
+    swa = attrs.evolve(kv_entry_from_cell(cell, SWA_POOL, max(num_swa, 1)), name="swa")
+    state = attrs.evolve(state_entry_from_cell(cell, STATE_POOL, len(layers)), name="mamba")
+    return TriPoolMembers(FULL_POOL, full, SWA_POOL, swa, STATE_POOL, state, SWA_TOKENS)

@@ -11,7 +11,8 @@
   SGLang's ``ModelConfig`` does for Inkling (``get_num_kv_heads``, ``get_swa_num_kv_heads``, the head dims).
 
 argv: the shared ``bench`` folder, then a JSON list of ``{"config": {...}, "tp": t, "available": bytes,
-"page": p, "ratio": r}``; prints one answer per case.
+"page": p, "ratio": r, "unified": bool}`` (``unified``: ``--enable-unified-memory``, whose boot labels come from
+``_max_unified_full_tokens``); prints one answer per case.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def main() -> None:
             "logger": logging.getLogger("peer"),
             "get_parallel": lambda: types.SimpleNamespace(attn_tp_size=tp_box["tp"]),
             "get_schedule": lambda: types.SimpleNamespace(swa_full_tokens_ratio=tp_box["ratio"]),
-            "get_memory": lambda: types.SimpleNamespace(enable_unified_memory=False),
+            "get_memory": lambda: types.SimpleNamespace(enable_unified_memory=tp_box["unified"]),
+            "ceil_align": lambda x, a: -(-x // a) * a,
             "AttentionArch": types.SimpleNamespace(MLA="mla"),
             "_dflash_draft_cell_size": lambda kvc: 0,  # no speculative draft
             "bisect_right": __import__("bisect").bisect_right,
@@ -92,7 +94,7 @@ def main() -> None:
     )
     answers = []
     for case in cases:
-        tp_box.update(tp=case["tp"], ratio=case["ratio"])
+        tp_box.update(tp=case["tp"], ratio=case["ratio"], unified=case.get("unified", False))
         config = inkling.InklingModelConfig(**case["config"])
         params = config.mamba2_cache_params
         swa_ids, full_ids = hybrid["get_hybrid_layer_ids"](["InklingForConditionalGeneration"], config)

@@ -65,6 +65,7 @@ def test_static_three_pool_stack_by_hand() -> None:
         "full_max_total_num_tokens": 1_833_215,
         "swa_max_total_num_tokens": 183_321,
         "max_mamba_cache_size": 3_970,
+        "kv_budget_bytes": 19_523_010_560,  # _profile_available_bytes after the state carve-out
     }
     assert p.pool("mamba_state").bytes_per_slot == 16 * 3 * (4 * 512 + 2 * 1_536) * 2 == 491_520
     assert p.pool("mamba_state").bytes == 3_971 * 491_520
