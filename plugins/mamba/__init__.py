@@ -69,6 +69,7 @@ from .inkling import (
     InklingKVPool,
     inkling_allocator,
     inkling_cell_size,
+    inkling_plan,
     inkling_problems,
     inkling_unified_sizing,
     is_inkling,
@@ -264,6 +265,9 @@ def host_mirrors(plan: Plan) -> dict[str, str | PackedInto | None] | None:
 def build_req_to_token_pool(plan: Plan, device: str, checked: bool, layout: BufferLayout | None) -> Any | None:
     """The request table with the recurrent state, carved by the platform's buffer layout (as the KV pool is)."""
     from .pool import HybridReqToTokenPool
+
+    if is_inkling_model(plan.model):
+        plan = inkling_plan(plan)
 
     return HybridReqToTokenPool.from_plan(plan, device, checked=checked, layout=layout)
 

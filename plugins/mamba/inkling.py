@@ -140,6 +140,21 @@ def is_inkling_model(model: ModelSpec) -> bool:
     return model.params.get("family") == FAMILY
 
 
+def inkling_serving(serving: Serving) -> Serving:
+    """``serving`` as SGLang runs an Inkling-class model: with the radix cache on, the extra-buffer state strategy
+    (``_inkling_overrides`` pins ``--mamba-radix-cache-strategy extra_buffer``; ``models/inkling.py`` asserts it),
+    whether or not ``--enable-mamba-extra-buffer`` was given."""
+    if serving.radix_cache_disabled or serving.enable_mamba_extra_buffer:
+        return serving
+    return attrs.evolve(serving, enable_mamba_extra_buffer=True)
+
+
+def inkling_plan(plan: Plan) -> Plan:
+    """``plan`` with :func:`inkling_serving`, for the builders that read the extra buffer off the serving."""
+    serving = inkling_serving(plan.serving)
+    return plan if serving is plan.serving else attrs.evolve(plan, serving=serving)
+
+
 def inkling_problems(model: ModelSpec, serving: Serving) -> list[str]:
     """What SGLang refuses for an Inkling-class model, and what kvpools does not model of it yet."""
     o = option
@@ -152,12 +167,6 @@ def inkling_problems(model: ModelSpec, serving: Serving) -> list[str]:
             f"{serving.speculative_algorithm}): SGLang 0.5.23 gives each head a draft SWAKVPool routed by "
             "mtp_local_layer_ids and a short-conv state pool of its own (clone_with_new_mamba). Plan it without "
             f"{o('speculative_algorithm')}."
-        )
-    if not serving.radix_cache_disabled and not serving.enable_mamba_extra_buffer:
-        problems.append(
-            f"SGLang 0.5.23 serves Inkling only with the extra-buffer state strategy (_inkling_overrides pins "
-            f"--mamba-radix-cache-strategy extra_buffer and models/inkling.py asserts it): pass "
-            f"{o('enable_mamba_extra_buffer')} (or {o('disable_radix_cache')})."
         )
     if serving.radix_cache_disabled and serving.max_running_requests is not None and serving.chunked_prefill_size:
         problems.append(
@@ -364,6 +373,8 @@ def sglang_swa_shape(model: ModelSpec, serving: Serving) -> SwaShape:
 def size_inkling_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget, *, owner: str) -> PoolSizing:
     """The static three-pool stack: the state cache first (``_handle_max_mamba_cache``, SGLang's K), then the
     full / SWA split of what is left (``HybridSWAPoolConfigurator``), and the request cap of both."""
+    pinned = serving.enable_mamba_extra_buffer
+    serving = inkling_serving(serving)
     page = serving.page_size
     context_len = serving.context_length or model.context_len
     per_slot = cell.bytes_per_state_slot
@@ -470,6 +481,12 @@ def size_inkling_pools(model: ModelSpec, serving: Serving, cell: CellSize, budge
             f"{option('max_running_requests')}."
         )
     slots = decode_state_slots(k, requests, serving)
+    if serving.enable_mamba_extra_buffer and not pinned:
+        notes.append(
+            f"{option('enable_mamba_extra_buffer')}: SGLang 0.5.23 serves Inkling with the extra-buffer state strategy "
+            "whenever the radix cache is on (_inkling_overrides in arg_groups/model_overrides/inkling.py pins "
+            "--mamba-radix-cache-strategy extra_buffer): planned with it"
+        )
     notes += [
         f"Inkling three-pool stack (SGLang's SWAKVPool + HybridReqToTokenPool): the short-conv state cache first, "
         f"{split.source}: K = {k} slots of {split.stage_per_req:,} B (+1 padding); the KV budget left "

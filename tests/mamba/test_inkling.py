@@ -77,6 +77,21 @@ def test_static_three_pool_stack_by_hand() -> None:
     assert "mamba_full_memory_ratio 0.1: SGLang 0.5.23's default for Inkling" in notes
 
 
+def test_the_extra_buffer_is_planned_as_sglang_pins_it() -> None:
+    """``_inkling_overrides`` pins the extra-buffer strategy while the radix cache is on: without
+    ``--enable-mamba-extra-buffer`` the plan is the same (5 state slots per request, the ping-pong columns), and
+    says why; with the radix cache off there is no extra buffer (1 slot per request)."""
+    pinned = _plan()
+    default = plan(PRESET, Serving(accounting="sglang"), memory="20GiB")
+    assert default.sizing.sglang_config == pinned.sizing.sglang_config
+    assert [(q.name, q.bytes) for q in default.pools] == [(q.name, q.bytes) for q in pinned.pools]
+    assert any("planned with it" in n for n in default.sizing.notes)
+    assert build(default, "meta").allocated_bytes == default.planned_bytes
+    off = plan(PRESET, Serving(accounting="sglang", disable_radix_cache=True), memory="20GiB")
+    assert off.sizing.state_slots_per_request == 1
+    assert off.pool("mamba_req_mapping").bytes_per_slot == 4  # int32 state slot, no ping-pong columns
+
+
 def test_a_given_ratio_wins_over_inklings_default() -> None:
     p = _plan(swa_full_tokens_ratio=0.2, mamba_full_memory_ratio=0.1)
     full = p.sizing.sglang_config["full_max_total_num_tokens"]
@@ -126,7 +141,6 @@ def test_a_cpu_build_routes_sliding_layers_through_the_mapping() -> None:
             {"speculative_algorithm": "EAGLE", "speculative_num_draft_tokens": 4, "max_running_requests": 8},
             "does not model Inkling's MTP heads yet",
         ),
-        ({"enable_mamba_extra_buffer": False}, "serves Inkling only with the extra-buffer state strategy"),
         ({"enable_hierarchical_cache": True}, "does not model a host tier for Inkling-class models yet"),
         ({"pp_size": 2}, "does not model pipeline parallelism for Inkling-class models yet"),
         ({"kv_cache_dtype": "fp4_e2m1"}, "for Inkling-class models yet"),
