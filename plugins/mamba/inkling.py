@@ -505,7 +505,6 @@ def size_inkling_pools(model: ModelSpec, serving: Serving, cell: CellSize, budge
             "full_max_total_num_tokens": full,
             "swa_max_total_num_tokens": swa,
             "max_mamba_cache_size": k,
-            "kv_budget_bytes": split.kv_budget_bytes,
         },
         sglang_estimate_bytes=full * shape.full_per_token * shape.num_full
         + swa * shape.swa_per_token * shape.num_swa
@@ -670,7 +669,7 @@ def inkling_unified_sizing(
         static,
         serving,
         budget_bytes=budget.budget_bytes,
-        token_budget_bytes=int(config["kv_budget_bytes"]),
+        token_budget_bytes=kv_budget_bytes(model, serving, budget),
         members=tri_members(model, serving, cell),
         drop=(SWA_MAPPING_POOL, "allocator", SWA_ALLOCATOR, SLOT_ALLOCATOR_POOL),
         owner=owner,
@@ -681,6 +680,14 @@ def inkling_unified_sizing(
         full_max_total_num_tokens=int(config["full_max_total_num_tokens"]),
         swa_max_total_num_tokens=int(config["swa_max_total_num_tokens"]),
     )
+
+
+def kv_budget_bytes(model: ModelSpec, serving: Serving, budget: Budget) -> int:
+    """SGLang's profiled KV budget after ``_handle_max_mamba_cache`` took the state cache out (bytes)."""
+    serving = inkling_serving(serving)
+    return split_budget(
+        sglang_rest_gib(budget), serving, sglang_stage_per_req(model, serving), model.name, budget
+    ).kv_budget_bytes
 
 
 def tri_members(model: ModelSpec, serving: Serving, cell: CellSize) -> TriPoolMembers:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kvpools_plugins.mamba.inkling import kv_budget_bytes
 
 from kvpools_core import Serving, build, plan
 from kvpools_core.errors import ConfigError, InsufficientMemoryError, KvpoolsError
@@ -59,13 +60,13 @@ def test_static_three_pool_stack_by_hand() -> None:
     * requests: K // (3 + 2 extra-buffer slots) = 794 (below resolve_max_num_reqs' 2,048).
     """
     p = _plan()
+    assert kv_budget_bytes(p.model, p.serving, p.budget) == 19_523_010_560
     assert p.sizing.sglang_config == {
         "max_total_num_tokens": 1_833_215,
         "max_running_requests": 794,
         "full_max_total_num_tokens": 1_833_215,
         "swa_max_total_num_tokens": 183_321,
         "max_mamba_cache_size": 3_970,
-        "kv_budget_bytes": 19_523_010_560,  # _profile_available_bytes after the state carve-out
     }
     assert p.pool("mamba_state").bytes_per_slot == 16 * 3 * (4 * 512 + 2 * 1_536) * 2 == 491_520
     assert p.pool("mamba_state").bytes == 3_971 * 491_520
@@ -221,10 +222,7 @@ def test_state_layers_and_split_equal_sglangs() -> None:
         config = {**preset_config(PRESET), **overrides}
         p = plan(parse(config), Serving(**{"accounting": "sglang", **ON, **serving}), memory=memory)
         plans.append(p)
-        note = next(
-            n for n in p.sizing.notes if "the KV budget left (" in n
-        )  # _handle_max_mamba_cache's rest, in bytes
-        kv_budget = int(note.split("the KV budget left (")[1].split(" B")[0].replace(",", ""))
+        kv_budget = kv_budget_bytes(p.model, p.serving, p.budget)  # _handle_max_mamba_cache's rest, in bytes
         text = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "torch_dtype")}
         cases.append(
             {

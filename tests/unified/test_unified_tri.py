@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kvpools_plugins.mamba.inkling import kv_budget_bytes
 
 from kvpools_core import Serving, build, plan
 from kvpools_core.errors import KvpoolsError
@@ -162,7 +163,7 @@ def test_the_boot_labels_are_the_configurators() -> None:
         {
             "config": config,
             "tp": p.serving.attn_tp_size,
-            "available": int(p.sizing.sglang_config["kv_budget_bytes"]),
+            "available": kv_budget_bytes(p.model, p.serving, p.budget),
             "page": p.serving.page_size,
             "ratio": p.serving.swa_full_tokens_ratio,
             "unified": True,
