@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kvpools_plugins.mamba.inkling import kv_budget_bytes
 
 from kvpools_core import Serving, build, plan
@@ -254,3 +256,50 @@ def test_capacity_cli_answers_for_the_tri_pool() -> None:
     request = 8_192 * 8_192 + 642 * 24_576 + 5 * 491_520
     assert f"{request:,}" in result.output
     assert "642 SWA tokens" in result.output
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    mib=st.integers(min_value=40, max_value=400),
+    page=st.sampled_from([1, 8, 16, 64]),
+    ratio=st.sampled_from([0.1, 0.25, 0.5]),
+    accounting=st.sampled_from(["sglang", "exact"]),
+)
+def test_random_budgets_build_as_planned_and_boot_as_sglangs(
+    peer: Peer, mib: int, page: int, ratio: float, accounting: str
+) -> None:
+    """For random budgets, pages and ratios: the plan builds to the byte, an exact plan fits its budget, and the
+    composite's boot availabilities are SGLang's for the same arena."""
+    try:
+        p = _plan(f"{mib}MiB", page_size=page, swa_full_tokens_ratio=ratio, accounting=accounting)
+    except KvpoolsError as exc:  # too small a budget: refused with the numbers, never planned
+        assert "too small" in str(exc) or "Not enough memory" in str(exc) or "cannot" in str(exc)
+        return
+    pools = build(p, "meta")
+    assert pools.allocated_bytes == p.planned_bytes
+    if accounting == "exact":
+        assert p.planned_bytes <= mib << 20
+    (arena,) = p.sizing.arenas
+    specs = [
+        {"kind": "mha", "name": "full", "grow": "down", "layers": 4, "heads": 4, "head_dim": 128},
+        {"kind": "mha", "name": "swa", "grow": "float", "layers": 12, "heads": 4, "head_dim": 128},
+        {**STATE, "layers": 16, "temporal": [0, 0, 0]},
+    ]
+    theirs = peer.call(
+        "new",
+        total=arena.bytes,
+        page=page,
+        specs=specs,
+        composite="tri",
+        full_tokens=arena.labels["full_max_total_num_tokens"],
+        swa_tokens=arena.labels["swa_max_total_num_tokens"],
+        lazy=arena.lazy_compaction,
+    )
+    alloc = pools.allocator
+    assert theirs["available"] == alloc.available_size()
+    assert [theirs[m]["avail"] for m in ("full", "swa", "mamba")] == [
+        alloc.full_attn_allocator.available_size(),
+        alloc.swa_attn_allocator.available_size(),
+        alloc.mamba_allocator.available_size(),
+    ]
+    assert theirs["full"]["avail"] == p.max_total_num_tokens
