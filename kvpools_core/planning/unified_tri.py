@@ -19,6 +19,8 @@ arena.
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.values import Arena, ArenaSubPool, Plan
 
@@ -41,10 +43,9 @@ def tri_members(arena: Arena) -> tuple[ArenaSubPool, ArenaSubPool, ArenaSubPool]
     return by["down"], by["float"], by["up"]
 
 
-def tri_concurrency(plan: Plan, context_len: int):  # type: ignore[no-untyped-def]  # -> UnifiedCapacity
-    """How many requests of ``context_len`` tokens run at once in ``plan``'s tri-pool arena (module docstring)."""
-    from kvpools_core.planning.unified import _CAP, _CONTEXT, ARENA_BYTES, UnifiedCapacity
-
+def tri_concurrency(plan: Plan, context_len: int, *, arena_key: str, cap_key: str, context_key: str) -> dict[str, Any]:
+    """How many requests of ``context_len`` tokens run at once in ``plan``'s tri-pool arena (module docstring): the
+    fields of :class:`kvpools_core.planning.unified.UnifiedCapacity`, whose limit names the caller gives."""
     arena = plan.sizing.arenas[0]
     full, swa, state = tri_members(arena)
     page = full.page_size
@@ -59,17 +60,17 @@ def tri_concurrency(plan: Plan, context_len: int):  # type: ignore[no-untyped-de
     bottom = state.min_slot_index * state.entry_bytes
     room = max(top - bottom, 0)
     limits = {
-        ARENA_BYTES: room // request_bytes,
+        arena_key: room // request_bytes,
         f"{full.pool} index space": (full.max_slots // page - _pages(full.min_slot_index, page)) // full_pages,
         f"{swa.pool} index space": (swa.max_slots // swa.page_size - _pages(swa.min_slot_index, swa.page_size))
         // max(swa_pages, 1),
         f"{state.pool} index space": (state.max_slots - state.min_slot_index) // slots,
-        _CAP: plan.max_running_requests,
+        cap_key: plan.max_running_requests,
     }
     if context_len > (plan.serving.context_length or plan.model.context_len):
-        limits[_CONTEXT] = 0
-    binding = min(limits, key=lambda name: (limits[name], name != ARENA_BYTES))
-    return UnifiedCapacity(
+        limits[context_key] = 0
+    binding = min(limits, key=lambda name: (limits[name], name != arena_key))
+    return dict(
         context_len=context_len,
         concurrent_requests=limits[binding],
         binding=binding,
