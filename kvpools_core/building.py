@@ -202,10 +202,11 @@ def build_arena(plan: Plan, device: str, *, checked: bool = False, registry: Reg
     from kvpools_core.pools.unified import UnifiedArenaPool
 
     (arena,) = plan.sizing.arenas
+    if len(arena.sub_pools) == 3:
+        return _build_tri_arena(plan, device, checked=checked)
     if len(arena.sub_pools) != 2:
         raise UnsupportedCombinationError(
-            f"kvpools does not build arena {arena.name!r} of {len(arena.sub_pools)} sub-pools yet (the three-pool "
-            "chain): plan it only."
+            f"kvpools does not build arena {arena.name!r} of {len(arena.sub_pools)} sub-pools: plan it only."
         )
     registry = registry or get_registry()
     layout, layout_by = registry.call_first(
@@ -233,6 +234,38 @@ def build_arena(plan: Plan, device: str, *, checked: bool = False, registry: Reg
         provenance["buffer_layout"] = layout_by
     provenance.update(build_pool=(CORE_PLUGIN,), build_allocator=(CORE_PLUGIN,))
     return Pools(plan, device, _RequestSide(plan, device), pool, allocator, provenance, checked=checked, layout=layout)
+
+
+def _build_tri_arena(plan: Plan, device: str, *, checked: bool = False) -> Pools:
+    """The tri-pool arena (state up | SWA float | full down): SGLang's ``UnifiedMambaSWATokenToKVPoolAllocator``
+    over the one arena, its sub-pools under SGLang's names (``mamba``, ``swa``, ``full``)."""
+    from kvpools_core.allocators.unified import UnifiedArena
+    from kvpools_core.allocators.unified_float import UnifiedMambaSWAAllocator
+    from kvpools_core.parts.unified import SubPoolEntry
+    from kvpools_core.pools.unified import UnifiedArenaPool
+
+    (arena,) = plan.sizing.arenas
+    names = {"down": "full", "float": "swa", "up": "mamba"}
+    order = {"up": 0, "float": 1, "down": 2}
+    pool = UnifiedArenaPool(arena, device)
+    entries = [
+        (SubPoolEntry(names[s.grows], s.kind, s.layer_num, s.entry_bytes), s.grows)
+        for s in sorted(arena.sub_pools, key=lambda s: order[s.grows])
+    ]
+    geometry = UnifiedArena.build(arena.bytes, entries, plan.serving.page_size)
+    allocator = UnifiedMambaSWAAllocator(
+        geometry,
+        full_max_total_num_tokens=int(arena.labels["full_max_total_num_tokens"]),
+        swa_max_total_num_tokens=int(arena.labels["swa_max_total_num_tokens"]),
+        lazy_compaction=arena.lazy_compaction,
+        kvcache=pool,
+        device=device,
+        checked=checked,
+    )
+    provenance: dict[str, tuple[str, ...]] = {
+        hook: (CORE_PLUGIN,) for hook in ("build_req_to_token_pool", "build_pool", "build_allocator")
+    }
+    return Pools(plan, device, _RequestSide(plan, device), pool, allocator, provenance, checked=checked)
 
 
 def draft_plan(plan: Plan) -> Plan | None:

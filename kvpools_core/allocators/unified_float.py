@@ -357,6 +357,9 @@ class UnifiedMambaSWAAllocator(UnifiedSWAAllocator):
         self._full_group: list[Tensor] = []
         self._size_full, self._size_swa = full_max_total_num_tokens, swa_max_total_num_tokens
 
+    def _ends(self) -> tuple[MultiEndedAllocator, ...]:
+        return (self.full_attn_allocator, self.swa_attn_allocator, self.mamba_allocator)
+
     def mamba_slot_full_token_cost(self) -> int:
         """One state slot in tokens of the joint budget: ``ceil(state entry / (full entry + SWA entry))``."""
         e = self.full_attn_allocator.entry_bytes + self.swa_attn_allocator.entry_bytes

@@ -86,7 +86,8 @@ _HELP = {
     "swa_full_tokens_ratio": "Sliding-window tokens per full-attention token [default: SGLang's own for the model "
     "(a plan note says which), else 0.8].",
     "swa_eviction_interval": "Decode steps between sliding-window evictions (SGLANG_SWA_EVICTION_INTERVAL).",
-    "mamba_full_memory_ratio": "Mamba state memory / KV memory.",
+    "mamba_full_memory_ratio": "Mamba state memory / KV memory [default: SGLang's own for the model (a plan note says "
+    "which), else 0.9].",
     "max_mamba_cache_size": "Mamba state slots.",
     "mamba_ssm_dtype": "Mamba SSM state dtype.",
     "enable_mamba_extra_buffer": "Mamba ping-pong extra buffer.",

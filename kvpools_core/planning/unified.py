@@ -34,6 +34,7 @@ import attrs
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.planning.capacity import concurrency
 from kvpools_core.planning.split import Workload, choose_split, parse_workload
+from kvpools_core.planning.unified_tri import tri_concurrency
 from kvpools_core.values import Arena, ArenaSubPool, Plan, Serving
 
 __all__ = ["ARENA_BYTES", "ModeRow", "UnifiedCapacity", "three_modes", "unified_concurrency", "unified_workload"]
@@ -84,6 +85,10 @@ def unified_concurrency(plan: Plan, context_len: int) -> UnifiedCapacity:
     if not plan.sizing.arenas:
         raise UnsupportedCombinationError("the plan has no arena: plan it with --enable-unified-memory.")
     arena = plan.sizing.arenas[0]
+    if len(arena.sub_pools) == 3:  # state | SWA float | full: the tri-pool (kvpools_core.planning.unified_tri)
+        return UnifiedCapacity(
+            **tri_concurrency(plan, context_len, arena_key=ARENA_BYTES, cap_key=_CAP, context_key=_CONTEXT)
+        )
     full, other = _ends(arena)
     page = full.page_size
     full_pages = _pages(context_len, page)

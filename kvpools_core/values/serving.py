@@ -268,7 +268,13 @@ def is_unset(value: object) -> bool:
     return isinstance(value, (UnsetInt, UnsetFloat, UnsetStr))
 
 
-ENGINE_DEFAULT_OPTIONS = ("page_size", "swa_full_tokens_ratio", "dsa_prefill_backend", "dsa_decode_backend")
+ENGINE_DEFAULT_OPTIONS = (
+    "page_size",
+    "swa_full_tokens_ratio",
+    "dsa_prefill_backend",
+    "dsa_decode_backend",
+    "mamba_full_memory_ratio",
+)
 """The :class:`Serving` fields an unset value of which an ``engine_defaults`` answer may replace: the ones SGLang
 0.5.23 leaves ``None`` and resolves per model (``arg_groups/model_overrides/``) or per platform.  A new one is a
 ``Serving`` field whose default is an unset marker (:class:`UnsetInt`, :class:`UnsetFloat`, :class:`UnsetStr`)
@@ -331,8 +337,9 @@ class Serving:
     server args; ``hicache_mamba_ratio`` is the Mamba host ratio of SGLang PR
     #39851 (not in 0.5.23; unset it follows ``hicache_ratio``).  They size the
     host tier (:class:`HostTier`, ``docs/host-tier.md``), never the device pools.
-    ``page_size``, ``swa_full_tokens_ratio``, ``dsa_prefill_backend`` and ``dsa_decode_backend`` left unset read
-    as SGLang's generic defaults (1, 0.8, ``flashmla_sparse``, ``flashmla_kv``) and are marked so
+    ``page_size``, ``swa_full_tokens_ratio``, ``dsa_prefill_backend``, ``dsa_decode_backend`` and
+    ``mamba_full_memory_ratio`` left unset read as SGLang's generic defaults (1, 0.8, ``flashmla_sparse``,
+    ``flashmla_kv``, 0.9) and are marked so
     (:attr:`unset_options`): the pipeline gives them the model's or platform's own default (``engine_defaults``
     hook) and notes it; a value given, even an equal one, is kept.
     """
@@ -426,7 +433,9 @@ class Serving:
     """Unset, SGLang's fallback 0.8 until the pipeline applies the model's own (``engine_defaults``:
     DeepSeek-V4 0.1); a given value wins."""
     swa_eviction_interval: int = attrs.field(default=128, validator=positive)
-    mamba_full_memory_ratio: float = attrs.field(default=0.9, validator=positive_ratio)
+    mamba_full_memory_ratio: float = attrs.field(default=UnsetFloat(0.9), validator=positive_ratio)
+    """Unset, SGLang's fallback 0.9 until the pipeline applies the model's own (``engine_defaults``: Inkling
+    0.1); a given value wins."""
     max_mamba_cache_size: int | None = attrs.field(default=None, validator=optional_positive)
     mamba_ssm_dtype: str | None = attrs.field(default=None, validator=one_of(None, *MODEL_DTYPES))
     enable_mamba_extra_buffer: bool = False

@@ -61,6 +61,21 @@ from kvpools_core.values import (
 )
 
 from .config import KV_KINDS, QWEN4_EXP_MODEL_TYPES, hybrid_family, hybrid_model_spec
+from .inkling import (
+    INKLING_MAMBA_FULL_MEMORY_RATIO,
+    INKLING_SWA_FULL_TOKENS_RATIO,
+    INKLING_VLLM_REFUSAL,
+    InklingKVPool,
+    inkling_allocator,
+    inkling_cell_size,
+    inkling_plan,
+    inkling_problems,
+    inkling_unified_sizing,
+    is_inkling,
+    is_inkling_model,
+    parse_inkling_config,
+    size_inkling_pools,
+)
 from .latent import is_mla_hybrid, latent_cell_size, latent_problems
 from .ple import NGRAM_POOL, SHORT_CONV_POOL
 from .qsa import QSA_COMPRESSED_POOL, QSA_PAGE_SIZE, compressed_bytes_per_token, qsa_problems, qsa_profile
@@ -97,6 +112,8 @@ def engine_features() -> dict[str, list[str]]:
 
 @hookimpl
 def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
+    if is_inkling(config, source):
+        return parse_inkling_config(config, source, architecture=ARCHITECTURE)
     family = hybrid_family(config, source)
     if family is None:
         return None
@@ -106,6 +123,8 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
+    if is_inkling_model(model):
+        return inkling_problems(model, serving)
     problems = hybrid_problems(model, serving)
     if serving.adaptive_speculation:
         # SGLang sizes the speculative state pools by max_speculative_num_draft_tokens() but the state budget
@@ -120,20 +139,16 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
-def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] | None:
-    """A QSA model's page (``arg_groups/model_overrides/qwen4_exp.py``: 'Setting page size to 64 for compressed QSA
-    (full//ratio compressed addressing)')."""
-    if qsa_profile(model) is None or model.model_type not in QWEN4_EXP_MODEL_TYPES:
-        return None  # the override is Qwen4-Exp's; another QSA hybrid keeps page 1, which its pool refuses
-    reason = (
-        "SGLang 0.5.23's page for compressed QSA (the Qwen4-Exp override in arg_groups/model_overrides/qwen4_exp.py)"
-    )
-    return [EngineDefault(option="page_size", value=QSA_PAGE_SIZE, reason=reason)]
-
-
-@hookimpl
-@for_architecture(ARCHITECTURE)
 def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
+    if is_inkling_model(model):
+        shape, layers = state_shape(model, serving), rank_state_layer_ids(model, serving)
+        return inkling_cell_size(
+            model,
+            serving,
+            CellPart("state", state_bytes_per_slot(model, serving), STATE_POOL, unit=STATE_SLOT),
+            f"short-conv state per slot: {len(layers)} layer(s) x ({shape.describe()}) = "
+            f"{shape.bytes * len(layers):,} B (every layer, configs/inkling.py conv_layer_ids)",
+        )
     full_layers = rank_full_attention_layers(model, serving)
     if is_mla_hybrid(model):
         cell = latent_cell_size(full_layers, model, serving)
@@ -187,6 +202,8 @@ def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> 
             f"kvpools does not model QSA (Qwen sparse attention) pools under {option('accounting')} vllm yet: "
             f"vLLM 0.33's index-key caches for them are not read. Use {option('accounting')} sglang or exact."
         )
+    if is_inkling_model(model):
+        raise UnsupportedCombinationError(INKLING_VLLM_REFUSAL)
     if model.params.get("ple"):
         raise UnsupportedCombinationError(
             f"kvpools does not model Qwen4-Exp's PLE state under {option('accounting')} vllm yet: vLLM 0.33's "
@@ -198,6 +215,13 @@ def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> 
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def size_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing | None:
+    if is_inkling_model(model):
+        inkling = size_inkling_pools(model, serving, cell, budget, owner=ARCHITECTURE)
+        return (
+            inkling
+            if not serving.enable_unified_memory
+            else inkling_unified_sizing(model, serving, cell, budget, inkling, owner=ARCHITECTURE)
+        )
     static = size_hybrid_pools(
         model, serving, cell, budget, owner=ARCHITECTURE, state_layers=len(rank_state_layer_ids(model, serving))
     )
@@ -256,15 +280,51 @@ def build_req_to_token_pool(plan: Plan, device: str, checked: bool, layout: Buff
     """The request table with the recurrent state, carved by the platform's buffer layout (as the KV pool is)."""
     from .pool import HybridReqToTokenPool
 
+    if is_inkling_model(plan.model):
+        plan = inkling_plan(plan)
+
     return HybridReqToTokenPool.from_plan(plan, device, checked=checked, layout=layout)
 
 
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
+    if is_inkling_model(plan.model):
+        return InklingKVPool(plan, device, layout)
     from .pool import HybridLinearKVPool
 
     return HybridLinearKVPool.from_plan(plan, device, layout=layout)
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | None:
+    """An Inkling-class model's two KV pools take SGLang's ``SWATokenToKVPoolAllocator``; the other hybrids the
+    core's allocator of one token space (None)."""
+    if is_inkling_model(plan.model):
+        return inkling_allocator(plan, pool, device, checked=checked)
+    return None
+
+
+@hookimpl
+@for_architecture(ARCHITECTURE)
+def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] | None:
+    """SGLang 0.5.23's per-model defaults for unset options: Inkling's ratios (``_inkling_overrides`` in
+    ``arg_groups/model_overrides/inkling.py``: ``--swa-full-tokens-ratio`` 0.1, ``--mamba-full-memory-ratio`` 0.1)
+    and a QSA model's page (``arg_groups/model_overrides/qwen4_exp.py``: 'Setting page size to 64 for compressed
+    QSA (full//ratio compressed addressing)')."""
+    if is_inkling_model(model):
+        reason = "SGLang 0.5.23's default for Inkling (_inkling_overrides in arg_groups/model_overrides/inkling.py)"
+        return [
+            EngineDefault(option="swa_full_tokens_ratio", value=INKLING_SWA_FULL_TOKENS_RATIO, reason=reason),
+            EngineDefault(option="mamba_full_memory_ratio", value=INKLING_MAMBA_FULL_MEMORY_RATIO, reason=reason),
+        ]
+    if qsa_profile(model) is None or model.model_type not in QWEN4_EXP_MODEL_TYPES:
+        return None  # the override is Qwen4-Exp's; another QSA hybrid keeps page 1, which its pool refuses
+    reason = (
+        "SGLang 0.5.23's page for compressed QSA (the Qwen4-Exp override in arg_groups/model_overrides/qwen4_exp.py)"
+    )
+    return [EngineDefault(option="page_size", value=QSA_PAGE_SIZE, reason=reason)]
 
 
 def hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:

@@ -138,7 +138,6 @@ def hybrid_family(config: Mapping[str, Any], source: str) -> str | None:
     """
     outer = ConfigReader(config, source)
     reader = outer.text()
-    _refuse_inkling(outer, reader)
     kinds = _listed_kinds(reader)
     if kinds is not None and _SWA_LAYER_TYPE in kinds:
         return None  # a sliding-window layer list: the swa plugin's
@@ -224,25 +223,6 @@ def _trtllm_readings(config: Mapping[str, Any], source: str) -> dict[str, Any]:
     from .trtllm_config import trtllm_readings  # the TensorRT-LLM answer's own readings (plugins/mamba/trtllm.py)
 
     return trtllm_readings(config, source)
-
-
-_INKLING_MODEL_TYPES = frozenset({"inkling_model", "inkling_mm_model"})
-_INKLING_ARCHITECTURES = frozenset({"InklingForConditionalGeneration", "InklingForConditionalGenerationMTP"})
-
-
-def _refuse_inkling(outer: ConfigReader, reader: ConfigReader) -> None:
-    """Inkling-class models (``configs/inkling.py``): a short-conv state per layer, sliding-window and full
-    attention, and banded MTP heads each with a state pool of its own.  Not modelled: refused by name."""
-    model_type = reader.string("model_type") or outer.string("model_type")
-    architectures = set(outer.string_list("architectures") or reader.string_list("architectures"))
-    if model_type in _INKLING_MODEL_TYPES or architectures & _INKLING_ARCHITECTURES:
-        raise outer.error(
-            "model_type" if model_type in _INKLING_MODEL_TYPES else "architectures",
-            f"is {model_type if model_type in _INKLING_MODEL_TYPES else sorted(architectures)}",
-            "kvpools does not model Inkling-class models yet: SGLang 0.5.23 gives them a short-conv state pool "
-            "beside full and sliding-window KV pools, and each MTP head a state pool of its own "
-            "(configs/inkling.py).",
-        )
 
 
 def _qsa_profile(reader: ConfigReader) -> dict[str, int] | None:

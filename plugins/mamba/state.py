@@ -37,6 +37,11 @@ from kvpools_core.values import LayerSpec, ModelSpec, Serving
 
 from .config import GDN, KDA, KV_KINDS, MAMBA1, STATE_KINDS
 
+SCONV = "sconv"
+"""The mixer of Inkling-class models: short convolutions only (:mod:`.inkling`)."""
+SCONV_DTYPE = "bfloat16"
+"""``InklingStateDType``'s conv dtype, whatever the model's."""
+
 
 @attrs.frozen
 class StateShape:
@@ -75,8 +80,10 @@ def state_tp_size(model: ModelSpec, serving: Serving) -> int:
 
 def state_shape(model: ModelSpec, serving: Serving) -> StateShape:
     """The per-layer, per-slot state of this rank; raises when TP does not divide the state's heads."""
-    geometry = model.params["state"]
     mixer = model.params["mixer"]
+    if mixer == SCONV:
+        return sconv_state_shape(model, serving)
+    geometry = model.params["state"]
     tp = state_tp_size(model, serving)
     # --enable-linear-replayssm-spec with --mamba-ssm-dtype unset resolves it to float32 (SGLang 0.5.23
     # arg_groups/attention_hook.py: declare_resolution(mamba_ssm_dtype="float32")), over the config's own.
@@ -107,8 +114,29 @@ def state_shape(model: ModelSpec, serving: Serving) -> StateShape:
     return StateShape((conv,), ssm, model.dtype, ssm_dtype)
 
 
+def sconv_state_shape(model: ModelSpec, serving: Serving) -> StateShape:
+    """One layer's short-conv state in one slot on this rank (``InklingModelConfig.mamba2_cache_params``).
+
+    Six conv windows of ``sconv_kernel_size - 1`` rows, window axis first: two over the full-attention KV width
+    (``max(1, num_key_value_heads // attn_tp) x head_dim``), two over the SWA KV width, two over the hidden stream
+    (SGLang's scattered sconv, which shards the stream, is off by default and not modelled); no temporal state.
+    The dtype is bf16 whatever the model's (``InklingStateDType``).
+    """
+    g = model.params["sconv"]
+    tp = serving.attn_tp_size
+    window = g["kernel"] - 1
+    full = max(1, g["num_kv_heads"] // tp) * g["head_dim"]
+    swa = max(1, g["swa_num_kv_heads"] // tp) * g["swa_head_dim"]
+    stream = g["hidden_size"]
+    conv = tuple((window, width) for width in (full, full, swa, swa, stream, stream))
+    return StateShape(conv, (0, 0, 0), SCONV_DTYPE, SCONV_DTYPE, conv_window_first=True)
+
+
 def state_layer_ids(model: ModelSpec) -> list[int]:
-    """Global ids of every layer with a recurrent state (SGLang's ``mamba2_cache_params.layers``)."""
+    """Global ids of every layer with a recurrent state (SGLang's ``mamba2_cache_params.layers``; an Inkling-class
+    model's short-conv state is on every layer, ``conv_layer_ids``)."""
+    if model.params.get("mixer") == SCONV:
+        return [layer.index for layer in model.layers]
     return [layer.index for layer in model.layers if layer.kind in STATE_KINDS]
 
 

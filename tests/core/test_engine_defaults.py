@@ -52,11 +52,22 @@ def _notes(result: Any) -> list[str]:
 def test_unset_options_read_as_the_generic_defaults_and_say_so() -> None:
     unset = Serving()
     given = Serving(
-        page_size=1, swa_full_tokens_ratio=0.8, dsa_prefill_backend="flashmla_sparse", dsa_decode_backend="flashmla_kv"
+        page_size=1,
+        swa_full_tokens_ratio=0.8,
+        dsa_prefill_backend="flashmla_sparse",
+        dsa_decode_backend="flashmla_kv",
+        mamba_full_memory_ratio=0.9,
     )
     assert (unset.page_size, unset.swa_full_tokens_ratio) == (1, 0.8)
     assert (unset.dsa_prefill_backend, unset.dsa_decode_backend) == ("flashmla_sparse", "flashmla_kv")
-    assert unset.unset_options == ("page_size", "swa_full_tokens_ratio", "dsa_prefill_backend", "dsa_decode_backend")
+    assert unset.mamba_full_memory_ratio == 0.9
+    assert unset.unset_options == (
+        "page_size",
+        "swa_full_tokens_ratio",
+        "dsa_prefill_backend",
+        "dsa_decode_backend",
+        "mamba_full_memory_ratio",
+    )
     assert given.unset_options == ()
     assert attrs.evolve(unset, tp_size=2).unset_options == unset.unset_options
     assert not is_unset(attrs.evolve(unset, page_size=64).page_size)
@@ -142,7 +153,12 @@ def test_deepseek_v41_keeps_the_generic_ratio() -> None:
     v41 = attrs.evolve(spec, model_type="deepseek_v41")
     serving, notes = apply_engine_defaults(v41, Serving(), get_registry())
     assert (serving.page_size, serving.swa_full_tokens_ratio) == (256, 0.8)
-    assert serving.unset_options == ("swa_full_tokens_ratio", "dsa_prefill_backend", "dsa_decode_backend")
+    assert serving.unset_options == (
+        "swa_full_tokens_ratio",
+        "dsa_prefill_backend",
+        "dsa_decode_backend",
+        "mamba_full_memory_ratio",
+    )
     assert len(notes) == 1
 
 

@@ -181,22 +181,3 @@ def test_pools_match_sglangs_short_conv_and_ngram_pools() -> None:
         ours = {p.name: p.bytes for p in result.pools if p.name in PLE_POOLS}
         theirs = {pool: n for pool, n in sglang.items() if n}
         assert ours == theirs, (name, options)
-
-
-def test_inkling_class_models_are_refused_by_name() -> None:
-    """SGLang 0.5.23's ``InklingModelConfig`` (``configs/inkling.py``): conv state on every layer, SWA and full
-    attention, banded MTP heads; kvpools does not model it (issue 33), and says so instead of "no plugin"."""
-    config = {
-        "architectures": ["InklingForConditionalGeneration"],
-        "model_type": "inkling_model",
-        "hidden_size": 1536,
-        "num_hidden_layers": 16,
-        "num_attention_heads": 12,
-        "num_key_value_heads": 4,
-        "local_layer_ids": [0, 1, 2, 4, 5, 6],
-        "sliding_window_size": 512,
-        "use_sconv": True,
-        "max_position_embeddings": 131072,
-    }
-    with pytest.raises(ConfigError, match="kvpools does not model Inkling-class models yet"):
-        parse(config)

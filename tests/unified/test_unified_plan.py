@@ -320,8 +320,8 @@ def test_the_allocator_charge_is_the_allocators_tables(composite: str, page: int
 
 
 def test_the_three_pool_chain_is_refused_not_planned_as_two() -> None:
-    """No installed plugin parses a Mamba+SWA model; the library refuses a floating middle rather than
-    planning it as two ENDs."""
+    """The two-END planner refuses a floating middle rather than planning it as two ENDs (the tri-pool is
+    ``parts.unified_tri``'s: ``tests/unified/test_unified_tri.py``)."""
     from kvpools_core.parts.unified import mha_entry, state_entry
     from kvpools_core.parts.unified_plan import ArenaMember, unified_sizing
 

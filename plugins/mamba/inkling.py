@@ -1,0 +1,702 @@
+"""Reading an Inkling-class config (SGLang 0.5.23's ``configs/inkling.py``, ``InklingModelConfig``).
+
+An Inkling-class model keeps three kinds of cache:
+
+* **full-attention KV** on the layers not in ``local_layer_ids``
+  (``num_key_value_heads`` x ``head_dim`` / ``v_head_dim``);
+* **sliding-window KV** on the layers in ``local_layer_ids``, with a geometry of
+  their own (``swa_num_key_value_heads`` x ``swa_head_dim`` / ``swa_v_head_dim``)
+  and the window ``sliding_window_size`` (``configs/model_config.py``
+  ``get_hybrid_layer_ids``, the ``InklingForConditionalGeneration`` branch);
+* a **short-conv state** on *every* layer (``mamba2_cache_params``: six conv
+  windows of ``sconv_kernel_size - 1`` rows, two over the full KV width, two over
+  the SWA KV width and two over the hidden stream; no temporal state; bf16 always),
+  which SGLang keeps in its Mamba machinery (``mambaish_config``).
+
+Missing fields take ``InklingModelConfig.__init__``'s defaults, as SGLang's
+config class gives them.  A multimodal wrapper (``inkling_mm_model``) keeps the
+text model under ``text_config``; its ``mtp_config`` (``n_layers``,
+``local_layer_ids``, ``local_extent``) overrides the text config's draft depth
+and banded MTP heads, as ``InklingMMConfig.__init__`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import torch
+from torch import Tensor
+
+from kvpools_core.allocators.factory import slot_index_dtype
+from kvpools_core.allocators.swa import SWATokenToKVPoolAllocator, new_full_to_swa_mapping
+from kvpools_core.config import ConfigReader, context_length, model_dtype
+from kvpools_core.dtypes import resolve_kv_dtype
+from kvpools_core.errors import InsufficientMemoryError
+from kvpools_core.options import option
+from kvpools_core.parallel import rank_layer_range
+from kvpools_core.parts.attention import attention_cell_size, layer_geometry
+from kvpools_core.parts.sizing import (
+    SWA_MAPPING_ITEM_BYTES,
+    SWA_MAPPING_POOL,
+    allocator_pool,
+    apply_token_cap,
+    largest_fitting_tokens,
+    not_enough_memory,
+    page_align,
+    req_to_token_rows,
+    request_pools,
+    request_rows_cost,
+    resolve_max_num_reqs,
+    sglang_rest_gib,
+    sglang_tokens,
+    sliding_window_terms,
+    swa_mapping_pool,
+    token_pool,
+    with_cost,
+)
+from kvpools_core.parts.unified import max_unified_full_tokens
+from kvpools_core.parts.unified_plan import kv_entry_from_cell, serving_problems, state_entry_from_cell
+from kvpools_core.parts.unified_tri import TriPoolMembers, unified_tri_sizing
+from kvpools_core.pools.kv import LayerKV, check_planned_bytes, tensor_nbytes
+from kvpools_core.pools.layout import BufferLayout, BufferRequest, check_layout_bytes
+from kvpools_core.pools.quant import codec_for
+from kvpools_core.values import (
+    FULL_TOKENS,
+    REQUEST,
+    STATE_SLOT,
+    Budget,
+    CellPart,
+    CellSize,
+    LayerSpec,
+    ModelSpec,
+    Plan,
+    PoolSizing,
+    PoolSpec,
+    Serving,
+)
+
+from .sizing import (
+    MAPPING_ITEM_BYTES,
+    MAPPING_POOL,
+    PING_PONG_ITEM_BYTES,
+    SLOT_ALLOCATOR_ITEM_BYTES,
+    SLOT_ALLOCATOR_POOL,
+    STATE_POOL,
+    _no_memory_left,
+    cap_requests,
+    decode_state_slots,
+    ping_pong_size,
+    split_budget,
+)
+from .state import SCONV as MIXER
+from .state import sglang_stage_per_req
+
+FAMILY = "inkling"
+FULL_POOL = "kv_full"
+SWA_POOL = "kv_swa"
+SWA_ALLOCATOR = "swa_allocator"
+SWA_TOKENS = "swa"
+"""The SWA token space (the ``swa`` plugin's name for it, so plans and reports read alike)."""
+FULL = "attention"
+"""A full-attention layer (the ``swa`` plugin's kind, so its KV cell and pools read the layer as theirs)."""
+SLIDING = "sliding_attention"
+MODEL_TYPES = frozenset({"inkling_model", "inkling_mm_model"})
+ARCHITECTURES = frozenset({"InklingForConditionalGeneration", "InklingForConditionalGenerationMTP"})
+_CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "max_seq_len", "model_max_length")
+_DEFAULTS = {  # InklingModelConfig.__init__'s keyword defaults (configs/inkling.py)
+    "hidden_size": 1536,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "sliding_window_size": 512,
+    "sconv_kernel_size": 4,
+    "num_nextn_predict_layers": 8,
+}
+INKLING_SWA_FULL_TOKENS_RATIO = 0.1
+"""``_inkling_overrides``' ``swa_full_tokens_ratio`` (``arg_groups/model_overrides/inkling.py``)."""
+INKLING_MAMBA_FULL_MEMORY_RATIO = 0.1
+"""``_inkling_overrides``' ``mamba_full_memory_ratio``."""
+INKLING_VLLM_REFUSAL = (
+    f"kvpools does not model Inkling-class models under {option('accounting')} vllm: vLLM 0.33 has no Inkling "
+    f"model. Use {option('accounting')} sglang or exact."
+)
+SGLANG_CONTEXT_DEFAULT = 2048
+"""``get_context_length``'s answer when the config states no context key (``utils/hf_transformers/common.py``)."""
+
+
+def is_inkling(config: Mapping[str, Any], source: str) -> bool:
+    """Whether ``config`` is an Inkling-class config (its ``model_type`` or its architecture)."""
+    outer = ConfigReader(config, source)
+    reader = outer.text()
+    model_type = reader.string("model_type") or outer.string("model_type")
+    architectures = set(outer.string_list("architectures") or reader.string_list("architectures"))
+    return model_type in MODEL_TYPES or bool(architectures & ARCHITECTURES)
+
+
+def is_inkling_model(model: ModelSpec) -> bool:
+    """Whether a parsed model is Inkling-class (the mamba plugin's ``inkling`` family)."""
+    return model.params.get("family") == FAMILY
+
+
+def inkling_serving(serving: Serving) -> Serving:
+    """``serving`` as SGLang runs an Inkling-class model: with the radix cache on, the extra-buffer state strategy
+    (``_inkling_overrides`` pins ``--mamba-radix-cache-strategy extra_buffer``; ``models/inkling.py`` asserts it),
+    whether or not ``--enable-mamba-extra-buffer`` was given."""
+    if serving.radix_cache_disabled or serving.enable_mamba_extra_buffer:
+        return serving
+    return attrs.evolve(serving, enable_mamba_extra_buffer=True)
+
+
+def inkling_plan(plan: Plan) -> Plan:
+    """``plan`` with :func:`inkling_serving`, for the builders that read the extra buffer off the serving."""
+    serving = inkling_serving(plan.serving)
+    return plan if serving is plan.serving else attrs.evolve(plan, serving=serving)
+
+
+def inkling_problems(model: ModelSpec, serving: Serving) -> list[str]:
+    """What SGLang refuses for an Inkling-class model, and what kvpools does not model of it yet."""
+    o = option
+    if serving.accounting == "vllm":
+        return [INKLING_VLLM_REFUSAL]
+    problems: list[str] = []
+    if serving.speculative:
+        problems.append(
+            f"kvpools does not model Inkling's MTP heads yet ({o('speculative_algorithm')} "
+            f"{serving.speculative_algorithm}): SGLang 0.5.23 gives each head a draft SWAKVPool routed by "
+            "mtp_local_layer_ids and a short-conv state pool of its own (clone_with_new_mamba). Plan it without "
+            f"{o('speculative_algorithm')}."
+        )
+    if serving.radix_cache_disabled and serving.max_running_requests is not None and serving.chunked_prefill_size:
+        problems.append(
+            f"kvpools does not model SGLang's SWA chunk cap (SWAChunkCapPoolConfigurator: explicit "
+            f"{o('max_running_requests')}, the radix cache off, chunked prefill) for Inkling yet: drop "
+            f"{o('max_running_requests')} or keep the radix cache."
+        )
+    for name, applies, what in (
+        ("enable_hierarchical_cache", serving.enable_hierarchical_cache, "a host tier"),
+        ("pp_size", serving.pp_size > 1, "pipeline parallelism"),
+        ("dcp_size", serving.dcp_size > 1, "decode context parallelism"),
+        ("disaggregation_mode", serving.disaggregation_mode != "null", "PD disaggregation"),
+        (
+            "enable_linear_replayssm",
+            serving.enable_linear_replayssm or serving.enable_linear_replayssm_spec,
+            "ReplaySSM (SGLang runs it for GDN / KDA layers only)",
+        ),
+    ):
+        if applies:
+            problems.append(
+                f"kvpools does not model {what} for Inkling-class models yet ({o(name)} {getattr(serving, name)!r}): "
+                f"plan {model.name} without {o(name)}."
+            )
+    if serving.enable_unified_memory:
+        problems += serving_problems(serving, model_name=model.name, is_mamba=True, is_hybrid_swa=True, is_mla=False)
+    kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
+    if kv.is_fp4 or kv.scale_block is not None:  # SGLang's SWA pool takes its MXFP8 / FP4 pools then
+        problems.append(
+            f"kvpools does not model {o('kv_cache_dtype')} {serving.kv_cache_dtype} for Inkling-class models yet: "
+            f"use auto, bf16 or an fp8 KV cache."
+        )
+    return problems
+
+
+def parse_inkling_config(config: Mapping[str, Any], source: str, *, architecture: str) -> ModelSpec:
+    """The model of an Inkling-class config (:func:`is_inkling`)."""
+    outer = ConfigReader(config, source)
+    reader = outer.text()
+
+    def integer(key: str, default: int | None = None, minimum: int = 1) -> int:
+        fallback = _DEFAULTS.get(key) if default is None else default
+        return reader.integer(key, fallback, minimum=minimum)
+
+    layers = integer("num_hidden_layers")
+    hidden = integer("hidden_size")
+    heads = integer("num_attention_heads")
+    kv_heads = integer("num_key_value_heads")
+    head_dim = integer("head_dim", hidden // heads)
+    v_head_dim = integer("v_head_dim", head_dim)
+    swa_kv_heads = integer("swa_num_key_value_heads", kv_heads)
+    swa_head_dim = integer("swa_head_dim", head_dim)
+    swa_v_head_dim = integer("swa_v_head_dim", swa_head_dim)
+    window = integer("sliding_window_size")
+    kernel = integer("sconv_kernel_size", minimum=2)
+    local = reader.integer_list("local_layer_ids", maximum=layers - 1, fix="List layer ids below num_hidden_layers.")
+    if len(set(local)) != len(local):  # get_hybrid_layer_ids' assert
+        raise reader.error("local_layer_ids", f"repeats a layer id: {list(local)}", "List each layer id once.")
+    if not local:
+        raise reader.error(
+            "local_layer_ids",
+            "is empty: no layer slides",
+            "SGLang 0.5.23 serves Inkling with hybrid SWA pools, whose configurator asserts at least one SWA layer "
+            "(HybridSWAPoolConfigurator); list the sliding-window layers.",
+        )
+    nextn = integer("num_nextn_predict_layers", minimum=0)
+    mtp_local = reader.integer_list("mtp_local_layer_ids", maximum=max(nextn - 1, 0))
+    mtp_extent = reader.optional_integer("mtp_local_extent")
+    if outer is not reader and outer.has("mtp_config"):  # InklingMMConfig.__init__ canonicalises mtp_config
+        mtp = outer.child("mtp_config")
+        nextn = mtp.integer("n_layers", nextn, minimum=0)
+        if mtp.get("local_layer_ids"):
+            mtp_local = mtp.integer_list("local_layer_ids", maximum=max(nextn - 1, 0))
+            mtp_extent = mtp.optional_integer("local_extent") or mtp_extent
+    local_set = set(local)
+    specs = [
+        LayerSpec(
+            index=i,
+            kind=SLIDING,
+            num_kv_heads=swa_kv_heads,
+            head_dim=swa_head_dim,
+            v_head_dim=swa_v_head_dim,
+            sliding_window=window,
+        )
+        if i in local_set
+        else LayerSpec(index=i, kind=FULL, num_kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_head_dim)
+        for i in range(layers)
+    ]
+    notes = []
+    if any(reader.has(key) for key in _CONTEXT_KEYS):
+        context = context_length(reader, _CONTEXT_KEYS)
+    else:
+        context = SGLANG_CONTEXT_DEFAULT
+        notes.append(
+            f"the config states no context length: SGLang's get_context_length answers {SGLANG_CONTEXT_DEFAULT}"
+        )
+    dtype_reader = reader if reader.has("torch_dtype") or reader.has("dtype") else outer
+    return ModelSpec(
+        name=source,
+        architecture=architecture,
+        layers=specs,
+        context_len=context,
+        dtype=model_dtype(dtype_reader),
+        num_attention_heads=heads,
+        model_type=reader.string("model_type") or outer.string("model_type"),
+        hf_architectures=outer.string_list("architectures") or reader.string_list("architectures"),
+        source=source,
+        num_nextn_predict_layers=nextn,
+        is_multimodal=reader is not outer,
+        params={
+            "family": FAMILY,
+            "mixer": MIXER,
+            "state_tp": "attention",
+            "ssm_dtype": None,
+            "ple": None,
+            "vllm": None,
+            "sliding_window": window,
+            "layer_pattern": "local_layer_ids (InklingForConditionalGeneration in get_hybrid_layer_ids)",
+            "notes": notes,
+            "sconv": {
+                "kernel": kernel,
+                "hidden_size": hidden,
+                "num_kv_heads": kv_heads,
+                "head_dim": head_dim,
+                "swa_num_kv_heads": swa_kv_heads,
+                "swa_head_dim": swa_head_dim,
+            },
+            "mtp_local_layer_ids": list(mtp_local),
+            "mtp_local_extent": mtp_extent or window,
+        },
+    )
+
+
+# ------------------------------------------------------------------------------------------------- the cell
+
+
+def inkling_cell_size(model: ModelSpec, serving: Serving, state_part: CellPart, state_note: str) -> CellSize:
+    """Bytes per token of the full and the SWA KV pools on this rank, one state slot, and SGLang's cell size.
+
+    SGLang's cell size is ``HybridSWAPoolConfigurator``'s (``002_50706b73e02ffb67.txt`` lines 302-361):
+    ``full x full layers + swa_full_tokens_ratio x swa x SWA layers`` (whole-model layer counts); the state
+    is carved out of the budget before it (``_handle_max_mamba_cache``).
+    """
+    start, end = rank_layer_range(model, serving)
+    layers = model.layers[start:end]
+    full = tuple(layer for layer in layers if layer.kind == FULL)
+    swa = tuple(layer for layer in layers if layer.kind == SLIDING)
+    parts = [
+        attrs.evolve(p, name=f"full_{p.name}") for p in attention_cell_size(full, model, serving, pool=FULL_POOL).parts
+    ]
+    parts += [
+        attrs.evolve(p, name=f"swa_{p.name}") for p in attention_cell_size(swa, model, serving, pool=SWA_POOL).parts
+    ]
+    shape = sglang_swa_shape(model, serving)
+    return CellSize(
+        parts=[*parts, state_part],
+        sglang_bytes_per_token=shape.cell,
+        num_layers=end - start,
+        notes=[
+            *model.params.get("notes", ()),
+            f"kv_full bytes are per full token ({len(full)} full layer(s) on this rank), kv_swa bytes per SWA token "
+            f"({len(swa)} SWA layer(s)); SGLang's cell size = {shape.full_per_token:,} x {shape.num_full} + "
+            f"{shape.ratio} x {shape.swa_per_token:,} x {shape.num_swa} = {shape.cell:,.1f} B",
+            state_note,
+        ],
+    )
+
+
+@attrs.frozen
+class SwaShape:
+    """``HybridSWAPoolConfigurator``'s coefficients (whole-model layer counts, attention TP)."""
+
+    full_per_token: int
+    swa_per_token: int
+    num_full: int
+    num_swa: int
+    ratio: float
+
+    @property
+    def cell(self) -> float:
+        return self.full_per_token * self.num_full + self.ratio * self.swa_per_token * self.num_swa
+
+
+def sglang_swa_shape(model: ModelSpec, serving: Serving) -> SwaShape:
+    e = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype).element_bytes
+    tp = serving.attn_tp_size
+
+    def per_token(layer: LayerSpec) -> int:
+        return max(1, layer.num_kv_heads // tp) * (layer.head_dim + layer.v_head_dim) * e
+
+    full = [layer for layer in model.layers if layer.kind == FULL]
+    swa = [layer for layer in model.layers if layer.kind == SLIDING]
+    return SwaShape(
+        full_per_token=per_token(full[0]) if full else 0,
+        swa_per_token=per_token(swa[0]),
+        num_full=len(full),
+        num_swa=len(swa),
+        ratio=serving.swa_full_tokens_ratio,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ the sizing
+
+
+def size_inkling_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget, *, owner: str) -> PoolSizing:
+    """The static three-pool stack: the state cache first (``_handle_max_mamba_cache``, SGLang's K), then the
+    full / SWA split of what is left (``HybridSWAPoolConfigurator``), and the request cap of both."""
+    pinned = serving.enable_mamba_extra_buffer
+    serving = inkling_serving(serving)
+    page = serving.page_size
+    context_len = serving.context_length or model.context_len
+    per_slot = cell.bytes_per_state_slot
+    shape = sglang_swa_shape(model, serving)
+    split = split_budget(sglang_rest_gib(budget), serving, sglang_stage_per_req(model, serving), model.name, budget)
+    k = split.max_mamba_cache_size
+    per_token = cell.pool_bytes_per_token()
+
+    def tokens_of(total: int) -> tuple[int, int]:  # _solve_pool_sizes
+        full = page_align(total, page)
+        return full, page_align(int(full * shape.ratio), page)
+
+    def layout(total: int) -> tuple[list[PoolSpec], int, str | None]:
+        full, swa = tokens_of(total)
+        requests, note = cap_requests(resolve_max_num_reqs(full, context_len, serving), split)
+        requests = max(requests, 0)
+        slots = decode_state_slots(k, requests, serving)
+        pools = [
+            token_pool(FULL_POOL, full, page, per_token[FULL_POOL], owner, token_space=FULL_TOKENS),
+            token_pool(SWA_POOL, swa, page, per_token[SWA_POOL], owner, token_space=SWA_TOKENS),
+            swa_mapping_pool(full, page, owner),
+            state_pool(slots, per_slot, owner),
+            *request_pools(requests, context_len, serving),
+        ]
+        rows, padding = req_to_token_rows(requests, serving)
+        row_bytes = MAPPING_ITEM_BYTES + PING_PONG_ITEM_BYTES * ping_pong_size(serving)
+        mapping = PoolSpec(
+            name=MAPPING_POOL,
+            kind="request",
+            slots=rows,
+            padding_slots=padding,
+            bytes_per_slot=row_bytes,
+            bytes=(rows + padding) * row_bytes,
+            sglang_charged=False,
+            owner=owner,
+            unit=REQUEST,
+        )
+        pools.append(with_cost(mapping, request_rows_cost(mapping, requests)))
+        pools.append(
+            PoolSpec(
+                name=SLOT_ALLOCATOR_POOL,
+                kind="allocator",
+                slots=slots,
+                bytes_per_slot=SLOT_ALLOCATOR_ITEM_BYTES,
+                bytes=slots * SLOT_ALLOCATOR_ITEM_BYTES,
+                sglang_charged=False,
+                owner=owner,
+                unit=STATE_SLOT,
+            )
+        )
+        pools.append(allocator_pool(full, page))
+        pools.append(allocator_pool(swa, page, token_space=SWA_TOKENS, name=SWA_ALLOCATOR, owner=owner))
+        return pools, requests, note
+
+    notes: list[str] = []
+    if serving.accounting == "sglang":
+        if split.kv_rest_gib <= 0:
+            raise _no_memory_left(model, split, budget)
+        profiled = sglang_tokens(split.kv_budget_bytes, shape.cell, page)
+        if serving.enable_unified_memory:  # calculate_pool_sizes' unified branch: the largest fitting full capacity
+            profiled = max_unified_full_tokens(
+                split.kv_budget_bytes,
+                page,
+                full_bytes_per_token=shape.full_per_token * shape.num_full,
+                swa_bytes_per_token=shape.swa_per_token * shape.num_swa,
+                swa_full_tokens_ratio=shape.ratio,
+            )
+    else:
+        fixed = (k + 1) * per_slot + k * SLOT_ALLOCATOR_ITEM_BYTES
+        if fixed > budget.budget_bytes:
+            raise _no_memory_left(model, split, budget, exact_fixed=fixed)
+        per_full = per_token[FULL_POOL] + shape.ratio * per_token[SWA_POOL]
+        upper = int((budget.budget_bytes - fixed) // max(1.0, per_full))
+        profiled = largest_fitting_tokens(
+            budget.budget_bytes, page, upper, lambda t: sum(p.bytes for p in layout(t)[0])
+        )
+    total, cap_note = apply_token_cap(profiled, serving.max_total_tokens)
+    if cap_note:
+        notes.append(cap_note)
+    full, swa = tokens_of(total)
+    if full <= 0:
+        raise not_enough_memory(model, serving, cell, attrs.evolve(budget, budget_bytes=max(0, split.kv_budget_bytes)))
+    if swa <= 0:
+        raise InsufficientMemoryError(
+            f"The SWA pool of {model.name} would get {swa} tokens, less than one page of {page}: "
+            f"int({full} full tokens x {option('swa_full_tokens_ratio')} {shape.ratio}) rounds to nothing. "
+            f"Raise {option('memory')} or {option('swa_full_tokens_ratio')}, or lower {option('page_size')}."
+        )
+    window = int(model.params["sliding_window"])
+    if serving.accounting == "sglang" and not serving.enable_unified_memory and window + page >= swa:
+        raise InsufficientMemoryError(  # HybridSWAPoolConfigurator.validate_swa_pool_size (pool_configurator.py)
+            f"The SWA pool of {model.name} ({swa} tokens) cannot hold even one request: the prefill admission floor "
+            f"is sliding_window_size ({window}) + page_size ({page}). Raise {option('swa_full_tokens_ratio')} or "
+            f"{option('memory')}."
+        )
+    pools, requests, note = layout(total)
+    if note:
+        notes.append(note)
+    if requests <= 0:
+        raise InsufficientMemoryError(
+            f"The short-conv state cache of {model.name} is too small to serve any request: "
+            f"max_mamba_cache_size={k}, {split.ratio} state slot(s) per request, resulting max_running_requests="
+            f"{requests}. Raise {option('memory')} or {option('mamba_full_memory_ratio')}, or lower "
+            f"{option('max_running_requests')}."
+        )
+    slots = decode_state_slots(k, requests, serving)
+    if serving.enable_mamba_extra_buffer and not pinned:
+        notes.append(
+            f"{option('enable_mamba_extra_buffer')}: SGLang 0.5.23 serves Inkling with the extra-buffer state strategy "
+            "whenever the radix cache is on (_inkling_overrides in arg_groups/model_overrides/inkling.py pins "
+            "--mamba-radix-cache-strategy extra_buffer): planned with it"
+        )
+    notes += [
+        f"Inkling three-pool stack (SGLang's SWAKVPool + HybridReqToTokenPool): the short-conv state cache first, "
+        f"{split.source}: K = {k} slots of {split.stage_per_req:,} B (+1 padding); the KV budget left "
+        f"({split.kv_budget_bytes:,} B) split by {option('swa_full_tokens_ratio')} {shape.ratio}: "
+        f"{full:,} full tokens, SWA tokens = int(full x {shape.ratio}) page aligned = {swa:,}",
+        f"the state cache admits at most max_mamba_cache_size // ratio = {k} // {split.ratio} = "
+        f"{k // split.ratio} running requests",
+    ]
+    return PoolSizing(
+        max_total_num_tokens=full,
+        max_running_requests=requests,
+        pools=pools,
+        sglang_config={
+            "max_total_num_tokens": full,
+            "max_running_requests": requests,
+            "full_max_total_num_tokens": full,
+            "swa_max_total_num_tokens": swa,
+            "max_mamba_cache_size": k,
+        },
+        sglang_estimate_bytes=full * shape.full_per_token * shape.num_full
+        + swa * shape.swa_per_token * shape.num_swa
+        + split.state_bytes,
+        notes=notes,
+        token_counts={FULL_TOKENS: full, SWA_TOKENS: swa},
+        windows=(sliding_window_terms(SWA_TOKENS, int(model.params["sliding_window"]), serving),),
+        state_slots=slots,
+        state_slots_per_request=split.ratio,
+    )
+
+
+def state_pool(slots: int, per_slot: int, owner: str) -> PoolSpec:
+    return PoolSpec(
+        name=STATE_POOL,
+        kind="state",
+        slots=slots,
+        padding_slots=1,
+        bytes_per_slot=per_slot,
+        bytes=(slots + 1) * per_slot,
+        owner=owner,
+        unit=STATE_SLOT,
+    )
+
+
+# ------------------------------------------------------------------------------------------- the built pools
+
+
+class InklingKVPool:
+    """SGLang's ``SWAKVPool`` for an Inkling-class model: the full layers' K / V with ``full + page`` rows, the
+    sliding layers' (their own geometry) with ``swa + page`` rows, and the full -> SWA slot mapping the allocator
+    writes (sliding layers are addressed with full slot ids, translated through it)."""
+
+    def __init__(self, plan: Plan, device: str | torch.device, layout: BufferLayout | None = None) -> None:
+        serving, model = plan.serving, plan.model
+        kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
+        self.codec = codec_for(kv)
+        config = plan.sizing.sglang_config
+        self.size, self.size_swa = int(config["full_max_total_num_tokens"]), int(config["swa_max_total_num_tokens"])
+        self.page_size = page = serving.page_size
+        start, end = rank_layer_range(model, serving)
+        layers = model.layers[start:end]
+        full = [layer for layer in layers if layer.kind == FULL]
+        swa = [layer for layer in layers if layer.kind == SLIDING]
+        self.layers_mapping = {layer.index: (i, False) for i, layer in enumerate(full)}
+        self.layers_mapping.update({layer.index: (i, True) for i, layer in enumerate(swa)})
+        geometry = {name: layer_geometry(group, serving) for name, group in ((FULL_POOL, full), (SWA_POOL, swa))}
+        rows = {FULL_POOL: self.size + page, SWA_POOL: self.size_swa + page}
+        for name in (FULL_POOL, SWA_POOL):
+            check_planned_bytes(
+                name,
+                LayerKV.planned_nbytes(rows[name], geometry[name], self.codec),
+                plan.pool(name).bytes,
+                f"{len(geometry[name])} layer(s), {rows[name]} rows of {kv.name}",
+            )
+        check_planned_bytes(
+            SWA_MAPPING_POOL,
+            (self.size + page + 1) * SWA_MAPPING_ITEM_BYTES,
+            plan.pool(SWA_MAPPING_POOL).bytes,
+            f"{self.size + page + 1} int64 entries",
+        )
+        if layout is not None:
+            requests: list[BufferRequest] = []
+            for name in (FULL_POOL, SWA_POOL):
+                requests += LayerKV.buffer_requests(
+                    name=name,
+                    rows=rows[name],
+                    layers=geometry[name],
+                    start_layer=0,
+                    codec=self.codec,
+                    device=device,
+                    page_size=page,
+                )
+            check_layout_bytes(layout, requests)
+        stores = {
+            name: LayerKV(
+                rows=rows[name],
+                layers=geometry[name],
+                start_layer=0,
+                codec=self.codec,
+                device=device,
+                read_dtype=getattr(torch, model.dtype),
+                name=name,
+                page_size=page,
+                layout=layout,
+            )
+            for name in (FULL_POOL, SWA_POOL)
+        }
+        self.full_kv_pool, self.swa_kv_pool = stores[FULL_POOL], stores[SWA_POOL]
+        self.full_to_swa_index_mapping = new_full_to_swa_mapping(self.size, page, device)
+        self.device = self.swa_kv_pool.device
+
+    def nbytes_by_pool(self) -> dict[str, int]:
+        return {
+            FULL_POOL: self.full_kv_pool.nbytes,
+            SWA_POOL: self.swa_kv_pool.nbytes,
+            SWA_MAPPING_POOL: tensor_nbytes([self.full_to_swa_index_mapping]),
+        }
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.nbytes_by_pool().values())
+
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        fk, fv = self.full_kv_pool.get_kv_size_bytes()
+        sk, sv = self.swa_kv_pool.get_kv_size_bytes()
+        return fk + sk, fv + sv
+
+    def _store(self, layer_id: int) -> tuple[LayerKV, int, bool]:
+        if layer_id not in self.layers_mapping:
+            raise IndexError(f"Layer {layer_id} is not on this rank; it holds {sorted(self.layers_mapping)}.")
+        index, is_swa = self.layers_mapping[layer_id]
+        return (self.swa_kv_pool if is_swa else self.full_kv_pool), index, is_swa
+
+    def get_key_buffer(self, layer_id: int) -> Tensor:
+        store, index, _ = self._store(layer_id)
+        return store.get_key_buffer(index)
+
+    def get_value_buffer(self, layer_id: int) -> Tensor:
+        store, index, _ = self._store(layer_id)
+        return store.get_value_buffer(index)
+
+    def set_kv_buffer(self, layer_id: int, loc: Tensor, cache_k: Tensor, cache_v: Tensor) -> None:
+        """Store K and V of full slots ``loc`` (translated to SWA slots for a sliding layer)."""
+        store, index, is_swa = self._store(layer_id)
+        store.set_kv_buffer(index, self.full_to_swa_index_mapping[loc] if is_swa else loc, cache_k, cache_v)
+
+    def get_kv(self, layer_id: int, loc: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+        store, index, is_swa = self._store(layer_id)
+        return store.get_kv(index, self.full_to_swa_index_mapping[loc] if is_swa else loc, dtype)
+
+    def __repr__(self) -> str:
+        return (
+            f"InklingKVPool(size={self.size}, size_swa={self.size_swa}, page_size={self.page_size}, "
+            f"layers={len(self.layers_mapping)}, device={self.device})"
+        )
+
+
+def inkling_allocator(plan: Plan, pool: InklingKVPool, device: str, *, checked: bool) -> SWATokenToKVPoolAllocator:
+    """SGLang's ``SWATokenToKVPoolAllocator`` over the two KV pools (``need_sort`` under PD)."""
+    page = plan.serving.page_size
+    return SWATokenToKVPoolAllocator(
+        pool.size,
+        pool.size_swa // page * page,
+        page,
+        mapping=pool.full_to_swa_index_mapping,
+        kvcache=pool,
+        device=device,
+        need_sort=plan.serving.disaggregation_mode in ("prefill", "decode"),
+        checked=checked,
+        index_dtype=slot_index_dtype(plan),
+    )
+
+
+def inkling_unified_sizing(
+    model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget, static: PoolSizing, *, owner: str
+) -> PoolSizing:
+    """``--enable-unified-memory``: SGLang's tri-pool (``_init_unified_mamba_swa_pools``): the state END grows up,
+    the full END down, the SWA KV floats between them (:mod:`kvpools_core.parts.unified_tri`)."""
+    config = static.sglang_config
+    return unified_tri_sizing(
+        static,
+        serving,
+        budget_bytes=budget.budget_bytes,
+        token_budget_bytes=kv_budget_bytes(model, serving, budget),
+        members=tri_members(model, serving, cell),
+        drop=(SWA_MAPPING_POOL, "allocator", SWA_ALLOCATOR, SLOT_ALLOCATOR_POOL),
+        owner=owner,
+        model_name=model.name,
+        context_len=serving.context_length or model.context_len,
+        sliding_window=int(model.params["sliding_window"]),
+        max_mamba_cache_size=int(config["max_mamba_cache_size"]),
+        full_max_total_num_tokens=int(config["full_max_total_num_tokens"]),
+        swa_max_total_num_tokens=int(config["swa_max_total_num_tokens"]),
+    )
+
+
+def kv_budget_bytes(model: ModelSpec, serving: Serving, budget: Budget) -> int:
+    """SGLang's profiled KV budget after ``_handle_max_mamba_cache`` took the state cache out (bytes)."""
+    serving = inkling_serving(serving)
+    return split_budget(
+        sglang_rest_gib(budget), serving, sglang_stage_per_req(model, serving), model.name, budget
+    ).kv_budget_bytes
+
+
+def tri_members(model: ModelSpec, serving: Serving, cell: CellSize) -> TriPoolMembers:
+    """The tri-pool's entries under SGLang's sub-pool names: every full (sliding) layer of one token on this rank,
+    token-major and rounded to 32 B, and the state of every layer of one slot."""
+    start, end = rank_layer_range(model, serving)
+    layers = model.layers[start:end]
+    num_swa = sum(layer.kind == SLIDING for layer in layers)
+    full = attrs.evolve(kv_entry_from_cell(cell, FULL_POOL, max(len(layers) - num_swa, 1)), name="full")
+    swa = attrs.evolve(kv_entry_from_cell(cell, SWA_POOL, max(num_swa, 1)), name="swa")
+    state = attrs.evolve(state_entry_from_cell(cell, STATE_POOL, len(layers)), name="mamba")
+    return TriPoolMembers(FULL_POOL, full, SWA_POOL, swa, STATE_POOL, state, SWA_TOKENS)

@@ -1,0 +1,242 @@
+"""Inkling-class models (issue 33): full KV + sliding-window KV + a short-conv state on every layer.
+
+The ``inkling-defaults`` preset has no public source: no Inkling ``config.json`` is published.  It is SGLang
+0.5.23's ``InklingModelConfig`` defaults (``configs/inkling.py``: 16 layers, hidden 1,536, 12 heads, 4 KV heads of
+128, window 512, sconv kernel 4) with ``local_layer_ids`` every layer but each fourth (12 SWA, 4 full; the class
+default is none, which SGLang's configurator refuses) and a 32,768-token context.
+
+SGLang references: ``configs/inkling.py`` (the state), ``configs/model_config.py`` ``get_hybrid_layer_ids``,
+``arg_groups/model_overrides/inkling.py`` (``_inkling_overrides``: both ratios 0.1, the extra-buffer strategy),
+``mem_cache/kv_cache_configurator.py`` ``_handle_max_mamba_cache`` and ``model_executor/pool_configurator.py``
+``HybridSWAPoolConfigurator``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kvpools_plugins.mamba.inkling import kv_budget_bytes
+
+from kvpools_core import Serving, build, plan
+from kvpools_core.errors import ConfigError, InsufficientMemoryError, KvpoolsError
+from tests.oracle import locate
+
+from .support import parse, preset_config
+
+PRESET = "inkling-defaults"
+GiB = 1 << 30
+ON = {"enable_mamba_extra_buffer": True}  # SGLang pins the extra-buffer strategy for Inkling
+
+
+def _plan(memory: str = "20GiB", **serving: Any):  # type: ignore[no-untyped-def]
+    return plan(PRESET, Serving(**{"accounting": "sglang", **ON, **serving}), memory=memory)
+
+
+def test_the_preset_parses_as_sglangs_config_class_reads_it() -> None:
+    model = parse(preset_config(PRESET))
+    assert model.architecture == "mamba" and model.params["family"] == "inkling"
+    kinds = [layer.kind for layer in model.layers]
+    # get_hybrid_layer_ids: layers in local_layer_ids slide, the others are full
+    assert [i for i, k in enumerate(kinds) if k == "attention"] == [3, 7, 11, 15]
+    assert kinds.count("sliding_attention") == 12
+    assert model.params["sliding_window"] == 512 and model.context_len == 32_768
+
+
+def test_static_three_pool_stack_by_hand() -> None:
+    """20 GiB, TP 1, bf16, page 1, SGLang's Inkling defaults (both ratios 0.1, extra buffer with overlap).
+
+    * state per slot (InklingConvCacheParams.mamba_cache_per_req): 16 layers x 3 rows x (512 + 512 + 512 + 512 +
+      1,536 + 1,536) x 2 B = 491,520 B;
+    * _handle_max_mamba_cache: mamba budget = 20 GiB x 0.1 / 1.1; K = (budget - 491,520) // 491,520 = 3,970;
+      the KV budget = 20 GiB - 3,971 x 491,520 = 19,523,010,560 B;
+    * HybridSWAPoolConfigurator: cell = 2,048 x 4 full layers + 0.1 x 2,048 x 12 SWA layers = 10,649.6 B
+      (4 KV heads x (128 + 128) x 2 B per layer); full = int(19,523,010,560 // 10,649.6) = 1,833,215,
+      SWA = int(1,833,215 x 0.1) = 183,321;
+    * requests: K // (3 + 2 extra-buffer slots) = 794 (below resolve_max_num_reqs' 2,048).
+    """
+    p = _plan()
+    assert kv_budget_bytes(p.model, p.serving, p.budget) == 19_523_010_560
+    assert p.sizing.sglang_config == {
+        "max_total_num_tokens": 1_833_215,
+        "max_running_requests": 794,
+        "full_max_total_num_tokens": 1_833_215,
+        "swa_max_total_num_tokens": 183_321,
+        "max_mamba_cache_size": 3_970,
+    }
+    assert p.pool("mamba_state").bytes_per_slot == 16 * 3 * (4 * 512 + 2 * 1_536) * 2 == 491_520
+    assert p.pool("mamba_state").bytes == 3_971 * 491_520
+    assert p.pool("kv_full").bytes == (1_833_215 + 1) * 4 * 2_048
+    assert p.pool("kv_swa").bytes == (183_321 + 1) * 12 * 2_048
+    assert p.sizing.state_slots_per_request == 5
+    notes = " ".join(p.sizing.notes)
+    assert "swa_full_tokens_ratio 0.1: SGLang 0.5.23's default for Inkling" in notes
+    assert "mamba_full_memory_ratio 0.1: SGLang 0.5.23's default for Inkling" in notes
+
+
+def test_the_extra_buffer_is_planned_as_sglang_pins_it() -> None:
+    """``_inkling_overrides`` pins the extra-buffer strategy while the radix cache is on: without
+    ``--enable-mamba-extra-buffer`` the plan is the same (5 state slots per request, the ping-pong columns), and
+    says why; with the radix cache off there is no extra buffer (1 slot per request)."""
+    pinned = _plan()
+    default = plan(PRESET, Serving(accounting="sglang"), memory="20GiB")
+    assert default.sizing.sglang_config == pinned.sizing.sglang_config
+    assert [(q.name, q.bytes) for q in default.pools] == [(q.name, q.bytes) for q in pinned.pools]
+    assert any("planned with it" in n for n in default.sizing.notes)
+    assert build(default, "meta").allocated_bytes == default.planned_bytes
+    off = plan(PRESET, Serving(accounting="sglang", disable_radix_cache=True), memory="20GiB")
+    assert off.sizing.state_slots_per_request == 1
+    assert off.pool("mamba_req_mapping").bytes_per_slot == 4  # int32 state slot, no ping-pong columns
+
+
+def test_a_given_ratio_wins_over_inklings_default() -> None:
+    p = _plan(swa_full_tokens_ratio=0.2, mamba_full_memory_ratio=0.1)
+    full = p.sizing.sglang_config["full_max_total_num_tokens"]
+    assert full == int(19_523_010_560 // (2_048 * 4 + 0.2 * 2_048 * 12))
+    assert p.sizing.sglang_config["swa_max_total_num_tokens"] == int(full * 0.2)
+
+
+@pytest.mark.parametrize(
+    ("serving", "memory"),
+    [({}, "20GiB"), ({"page_size": 64, "tp_size": 2}, "8GiB"), ({"accounting": "exact"}, "6GiB")],
+)
+def test_build_on_meta_allocates_the_plan_to_the_byte(serving: dict[str, Any], memory: str) -> None:
+    p = _plan(memory, **serving)
+    pools = build(p, "meta")
+    assert pools.allocated_bytes == p.planned_bytes
+    assert pools.allocated_by_pool() == {q.name: q.bytes for q in p.pools}
+    if serving.get("accounting") == "exact":
+        assert p.planned_bytes <= 6 * GiB
+
+
+def test_a_cpu_build_routes_sliding_layers_through_the_mapping() -> None:
+    import torch
+
+    p = _plan("64MiB", accounting="exact")
+    pools = build(p, "cpu")
+    alloc = pools.allocator
+    kv = pools.kv_pool
+    slots = alloc.alloc(4)
+    assert slots is not None
+    k = torch.ones((4, 4, 128), dtype=torch.bfloat16)
+    kv.set_kv_buffer(0, slots, k, k * 2)  # layer 0 slides: its rows are the mapped SWA slots
+    swa = kv.full_to_swa_index_mapping[slots]
+    assert bool((swa > 0).all())
+    assert torch.equal(kv.swa_kv_pool.get_key_buffer(0)[swa], k)
+    kv.set_kv_buffer(3, slots, k * 3, k)  # layer 3 is full: full slot ids
+    assert torch.equal(kv.full_kv_pool.get_key_buffer(0)[slots], k * 3)
+    # the request table holds the short-conv state: 6 conv windows per layer, no temporal state
+    state = pools.req_to_token_pool.mamba_pool
+    conv, _ = state.layer_cache(5)
+    assert [tuple(c.shape[1:]) for c in conv] == [(3, 512)] * 4 + [(3, 1_536)] * 2
+
+
+@pytest.mark.parametrize(
+    ("serving", "message"),
+    [
+        (
+            {"speculative_algorithm": "EAGLE", "speculative_num_draft_tokens": 4, "max_running_requests": 8},
+            "does not model Inkling's MTP heads yet",
+        ),
+        ({"enable_hierarchical_cache": True}, "does not model a host tier for Inkling-class models yet"),
+        ({"pp_size": 2}, "does not model pipeline parallelism for Inkling-class models yet"),
+        ({"kv_cache_dtype": "fp4_e2m1"}, "for Inkling-class models yet"),
+        (
+            {"disable_radix_cache": True, "max_running_requests": 16, "chunked_prefill_size": 4096},
+            "SWA chunk cap",
+        ),
+    ],
+)
+def test_what_is_not_modelled_is_refused(serving: dict[str, Any], message: str) -> None:
+    with pytest.raises(KvpoolsError, match=message):
+        _plan(**serving)
+
+
+def test_vllm_accounting_is_refused() -> None:
+    from kvpools_core.engines.vllm import plan_vllm
+
+    with pytest.raises(KvpoolsError, match=r"vLLM 0\.33 has no Inkling model"):
+        plan_vllm(PRESET, Serving(accounting="vllm"), memory="20GiB")
+
+
+def test_an_swa_pool_below_one_window_is_refused_as_sglang_does() -> None:
+    """``validate_swa_pool_size``: SWA tokens must exceed the window + a page."""
+    with pytest.raises(InsufficientMemoryError, match=r"cannot hold even one request.*sliding_window_size \(512\)"):
+        _plan("40MiB", page_size=64)
+
+
+def test_config_errors_name_the_field() -> None:
+    config = preset_config(PRESET)
+    for local, problem in (([0, 0, 1], "repeats a layer id"), ([], "is empty: no layer slides")):
+        bad = {**copy.deepcopy(config), "local_layer_ids": local}
+        with pytest.raises(ConfigError, match=problem):
+            parse(bad)
+
+
+def test_a_multimodal_wrapper_takes_its_mtp_config() -> None:
+    """``InklingMMConfig.__init__``: ``mtp_config`` sets the draft depth and the banded MTP heads."""
+    text = {k: v for k, v in preset_config(PRESET).items() if k not in ("architectures", "torch_dtype")}
+    config = {
+        "architectures": ["InklingForConditionalGeneration"],
+        "model_type": "inkling_mm_model",
+        "torch_dtype": "bfloat16",
+        "text_config": text,
+        "mtp_config": {"n_layers": 4, "local_layer_ids": [1, 3], "local_extent": 256},
+    }
+    model = parse(config)
+    assert model.num_nextn_predict_layers == 4
+    assert tuple(model.params["mtp_local_layer_ids"]) == (1, 3) and model.params["mtp_local_extent"] == 256
+
+
+# -- differential: SGLang's own config class and pool configurator ----------------------------------------------
+
+
+def _peer(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    python, bench = locate.require_sglang_peer()
+    script = Path(__file__).with_name("inkling_peer.py")
+    out = subprocess.run(
+        [str(python), str(script), str(bench), json.dumps(cases)], capture_output=True, text=True, check=True
+    )
+    return list(json.loads(out.stdout))
+
+
+_VARIANTS = [
+    ({}, {}, "20GiB"),
+    ({}, {"tp_size": 2, "page_size": 64}, "8GiB"),
+    ({"num_key_value_heads": 2}, {"tp_size": 4}, "4GiB"),  # 2 KV heads // 4: SGLang keeps one head per rank
+    ({"swa_num_key_value_heads": 8, "swa_head_dim": 64, "sconv_kernel_size": 3}, {"tp_size": 2}, "12GiB"),
+    ({"local_layer_ids": [0, 2, 4], "num_hidden_layers": 6}, {"swa_full_tokens_ratio": 0.5}, "3GiB"),
+]
+
+
+@pytest.mark.oracle
+def test_state_layers_and_split_equal_sglangs() -> None:
+    """The state per slot, the layer split and the full / SWA token counts are what SGLang's own
+    ``InklingModelConfig`` and ``HybridSWAPoolConfigurator`` give for the same KV budget."""
+    cases, plans = [], []
+    for overrides, serving, memory in _VARIANTS:
+        config = {**preset_config(PRESET), **overrides}
+        p = plan(parse(config), Serving(**{"accounting": "sglang", **ON, **serving}), memory=memory)
+        plans.append(p)
+        kv_budget = kv_budget_bytes(p.model, p.serving, p.budget)  # _handle_max_mamba_cache's rest, in bytes
+        text = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "torch_dtype")}
+        cases.append(
+            {
+                "config": text,
+                "tp": p.serving.attn_tp_size,
+                "available": kv_budget,
+                "page": p.serving.page_size,
+                "ratio": p.serving.swa_full_tokens_ratio,
+            }
+        )
+    for p, theirs in zip(plans, _peer(cases), strict=True):
+        assert theirs["error"] is None
+        assert theirs["layers"] == list(range(p.model.num_layers))
+        assert theirs["full_ids"] == [layer.index for layer in p.model.layers if layer.kind == "attention"]
+        assert p.pool("mamba_state").bytes_per_slot == theirs["mamba_cache_per_req"]
+        assert p.sizing.sglang_config["full_max_total_num_tokens"] == theirs["full_tokens"]
+        assert p.sizing.sglang_config["swa_max_total_num_tokens"] == theirs["swa_tokens"]
