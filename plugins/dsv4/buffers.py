@@ -78,6 +78,8 @@ from kvpools_core.parts.sizing import (
 )
 from kvpools_core.values import FIXED, FULL_TOKENS, REQUEST, TOKEN, GroupCost, LayerSpec, ModelSpec, PoolSpec, Serving
 
+from .hisparse import hisparse_allocator_layout, uses_hisparse_allocator
+
 __all__ = [
     "C4_INDEXER_STATE_POOL",
     "C4_KV_POOL",
@@ -440,6 +442,9 @@ def _pool_layout(
     if b.hisparse_ptrs:
         nbytes = b.hisparse_ptrs * PTR_BYTES
         layout.append((nbytes, partial(_fixed_pool, HISPARSE_PTRS_POOL, nbytes)))
+    if uses_hisparse_allocator(model, serving):
+        # DeepSeekV4HiSparseTokenToKVPoolAllocator's c4 device allocator and c4 logical->device mapping
+        layout += hisparse_allocator_layout(sizes.c4_tokens, sizes.c128_tokens, page)
     for state in (b.c4_state, b.c4_indexer_state):
         if state.layers:
             # c4_state_pool_size = swa // window x ring: ring rows per window of SWA tokens.

@@ -63,6 +63,7 @@ from kvpools_core.values import (
 )
 
 from .config import C4, C128
+from .hisparse import dsv4_hisparse_problems
 from .host import host_problems
 
 OWNER = "dsv4"
@@ -317,14 +318,7 @@ def dsv4_problems(model: ModelSpec, serving: Serving) -> list[str]:
                     f"'SGLANG_EXPERIMENTAL_ONLINE_C128_MTP requires speculative_num_draft_tokens to be set.' Set "
                     f"{o('speculative_num_draft_tokens')}."
                 )
-    if serving.enable_hisparse and serving.accounting == "exact":
-        problems.append(
-            f"{o('enable_hisparse')} with {o('accounting')} exact: SGLang then builds a HiSparse c4 device pool "
-            f"and DeepSeekV4HiSparseTokenToKVPoolAllocator (a paged allocator of its own and a full-to-device "
-            f"index mapping beside the host copy), whose device bytes kvpools does not model yet, so it cannot "
-            f"promise that the plan holds every byte. Use {o('accounting')} sglang (the configurator's split, "
-            f"token-exact), or drop {o('enable_hisparse')}."
-        )
+    problems += dsv4_hisparse_problems(serving)
     if serving.hisparse_config is not None and not serving.enable_hisparse:
         problems.append(
             f"{o('hisparse_config')} is set but {o('enable_hisparse')} is not: SGLang reads the config only with "

@@ -86,16 +86,17 @@ def test_sub_pools_follow_full_tokens(accounting: str, memory: int) -> None:
         assert c["swa_max_total_num_tokens"] == int(full * 0.8) // 256 * 256
         assert c["c4_state_pool_size"] == c["swa_max_total_num_tokens"] // 128 * 8
         assert c["c128_state_pool_size"] == (p.max_running_requests + 1) * 128
-        hisparse = attrs.evolve(
-            PAGE,
-            accounting="sglang",
-            enable_hisparse=True,
-            disable_radix_cache=True,
-            hisparse_config='{"host_to_device_ratio": 4}',
-        )  # HiSparse under exact accounting is refused (test_hisparse_refused_under_exact_accounting)
-        h = plan(preset, hisparse, memory=memory).sizing.sglang_config
-        assert h["c4_max_total_num_tokens"] == h["full_max_total_num_tokens"] // 16
-        assert h["c128_max_total_num_tokens"] == h["full_max_total_num_tokens"] // 128
+        for accounting in ("sglang", "exact"):
+            hisparse = attrs.evolve(
+                PAGE,
+                accounting=accounting,
+                enable_hisparse=True,
+                disable_radix_cache=True,
+                hisparse_config='{"host_to_device_ratio": 4}',
+            )
+            h = plan(preset, hisparse, memory=memory).sizing.sglang_config
+            assert h["c4_max_total_num_tokens"] == h["full_max_total_num_tokens"] // 16
+            assert h["c128_max_total_num_tokens"] == h["full_max_total_num_tokens"] // 128
 
 
 @pytest.mark.parametrize("memory", [12 * GiB, 60 * GiB])
@@ -224,14 +225,60 @@ def test_cli_plan_end_to_end(kvpools_exe: str, cli_env: dict[str, str]) -> None:
     assert out.returncode != 0 and "page_size must be multiple of 128" in out.stderr + out.stdout
 
 
-def test_hisparse_refused_under_exact_accounting() -> None:
-    """HiSparse's device pool and allocator are not modelled byte for byte: exact accounting refuses, naming why."""
+def test_hisparse_under_exact_accounting_plans_the_allocator() -> None:
+    """Issue 32: DeepSeek-V4 with HiSparse under exact accounting is planned (it was refused), with the device bytes
+    of ``DeepSeekV4HiSparseTokenToKVPoolAllocator`` (``mem_cache/allocator/hisparse.py``; ref-000 lines 2166-2170).
+
+    TP 8, 60 GiB, ratio 4: 1,056,512 full tokens (986,368 without HiSparse); c4 = 1,056,512 // 16 = 66,032 rows,
+    c128 = // 128 = 8,254.  ``hisparse_attn_allocator``: a paged allocator of the c4 rows by the c4 page 256 // 4 =
+    64: 66,032 // 64 = 1,031 pages, 8 x 1,031 + 8 x 64 = 8,760 B.  ``full_to_hisparse_device_index_mapping``: int64,
+    ``c4_logical_size`` (c128 x 32 = 264,128) + 64 zeros and one -1: 264,193 x 8 = 2,113,544 B.  The data pointers:
+    21 c4 layers x 8 B = 168 B."""
     hisparse = attrs.evolve(
         PAGE, enable_hisparse=True, disable_radix_cache=True, hisparse_config='{"host_to_device_ratio": 4}'
     )
-    with pytest.raises(UnsupportedCombinationError, match=r"enable_hisparse with accounting exact: .*\[dsv4\]"):
-        plan("deepseek-v4-flash", hisparse, memory=60 * GiB)
-    assert plan("deepseek-v4-flash", attrs.evolve(hisparse, accounting="sglang"), memory=60 * GiB).max_total_num_tokens
+    p = plan("deepseek-v4-flash", hisparse, memory=60 * GiB)
+    config = p.sizing.sglang_config
+    assert (p.max_total_num_tokens, config["c4_max_total_num_tokens"], config["c128_max_total_num_tokens"]) == (
+        1056512,
+        66032,
+        8254,
+    )
+    assert p.pool("c4_hisparse_allocator").bytes == 8760
+    assert p.pool("c4_hisparse_mapping").bytes == 2113544
+    assert p.pool("c4_hisparse_ptrs").bytes == 168
+    assert sum(pool.bytes for pool in p.sizing.pools) <= 60 * GiB
+    # the most tokens: one page more no longer fits
+    shape = dsv4_shape(p.model, p.serving)
+    assert exact_bytes(p.model, p.serving, shape, 1056512 + 256) > 60 * GiB
+    assert plan("deepseek-v4-flash", PAGE, memory=60 * GiB).max_total_num_tokens == 986368
+    # the cost model prices the pools as they are
+    for name in ("c4_hisparse_allocator", "c4_hisparse_mapping"):
+        pool = p.pool(name)
+        assert pool.cost is not None
+        assert pool.cost.bytes_for(tokens=p.sizing.token_counts[pool.cost.token_space]) == pool.bytes
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (
+            {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 2,
+             "speculative_num_draft_tokens": 4},
+            "supports linear speculation only",
+        ),
+        (
+            {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+             "speculative_num_draft_tokens": 4, "speculative_adaptive": True},
+            "--speculative-adaptive is not supported",
+        ),
+    ],
+)  # fmt: skip
+def test_hisparse_refuses_what_validate_hisparse_refuses(change: dict[str, object], words: str) -> None:
+    """``validate_hisparse`` (``arg_groups/hisparse_hook.py``): linear speculation only, no adaptive steps."""
+    serving = attrs.evolve(PAGE, enable_hisparse=True, disable_radix_cache=True, **change)
+    with pytest.raises(UnsupportedCombinationError, match=words):
+        plan("deepseek-v4-flash", serving, memory=60 * GiB)
 
 
 def test_budget_eaten_by_the_c128_state_says_so() -> None:
