@@ -18,6 +18,8 @@ from kvpools_core import hookimpl
 from kvpools_core.errors import ConfigError
 from kvpools_core.options import option
 from kvpools_core.values import GPU, ModelSpec, PageSizeRule, PlatformTraits, Serving, Workspace
+from kvpools_rocm.dsa_defaults import *  # noqa: F403
+from kvpools_rocm.dsa_defaults import DSA_PRESHUFFLE_OPTION
 from kvpools_rocm.layout_hooks import *  # noqa: F403
 from kvpools_rocm.layout_hooks import KV_CACHE_LAYOUT_OPTION, KV_CACHE_LAYOUTS
 
@@ -111,6 +113,9 @@ def plugin_options() -> dict[str, str]:
     return {
         ATTENTION_BACKEND_OPTION: f"SGLang's --attention-backend on ROCm (default {AITER}); {AITER} keeps an MLA "
         f"page-index workspace of requests x context_len int32 that the plan charges.",
+        DSA_PRESHUFFLE_OPTION: "on or off (default off): whether SGLang's aiter_can_use_preshuffle_paged_mqa() "
+        "holds (SGLANG_USE_AITER=1 and Triton >= 3.5); off, SGLang pages DeepSeek sparse attention by 1 on ROCm, "
+        "on by 64 x index_kpool.",
         KV_CACHE_LAYOUT_OPTION: f"SGLang's SGLANG_AITER_KV_CACHE_LAYOUT ({' or '.join(KV_CACHE_LAYOUTS)}, default "
         f"nhd); vectorized_5d stores MHA K as (blocks, H, D // X, page, X) and V as (blocks, H, page // X, Dv, X), "
         f"X = 16 // itemsize.",
