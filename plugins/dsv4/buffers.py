@@ -79,6 +79,7 @@ from kvpools_core.parts.sizing import (
 from kvpools_core.values import FIXED, FULL_TOKENS, REQUEST, TOKEN, GroupCost, LayerSpec, ModelSpec, PoolSpec, Serving
 
 from .hisparse import hisparse_allocator_layout, uses_hisparse_allocator
+from .unified import UnifiedGeometry, unified_geometry, unified_layout
 
 __all__ = [
     "C4_INDEXER_STATE_POOL",
@@ -277,6 +278,9 @@ class DSV4Buffers:
     num_req_slots: int
     c128_mtp_seq_lens: int
     hisparse_ptrs: int
+    unified: UnifiedGeometry | None = None
+    """The unified-KV pool a platform selects (:mod:`.unified`), which replaces ``swa``, ``c4``, ``c128`` and
+    ``draft_swa`` (left without layers); None: the separate-KV pools."""
 
     @property
     def head_dim(self) -> int:
@@ -341,7 +345,7 @@ def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_ru
     draft_swa = (
         KVRowGeometry(DRAFT_SWA_KV_POOL, sizes.swa_tokens, page, tuple(range(num_draft)), row) if num_draft else None
     )
-    return DSV4Buffers(
+    separate = DSV4Buffers(
         page_size=page,
         start_layer=start,
         end_layer=end,
@@ -367,6 +371,37 @@ def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_ru
         num_req_slots=num_req_slots,
         c128_mtp_seq_lens=mtp_seq_lens if c128_ids else 0,
         hisparse_ptrs=len(c4_ids) if serving.enable_hisparse else 0,
+    )
+    return with_unified_pool(separate, serving, sizes, num_draft)
+
+
+def with_unified_pool(b: DSV4Buffers, serving: Serving, sizes: DSV4Sizes, num_draft: int) -> DSV4Buffers:
+    """``b`` on the unified-KV layout when the platform selects it (:mod:`.unified`): the SWA / c4 / c128 row
+    pools and the draft's SWA pool give way to the unified rows, the c4 states become request-addressed
+    (``num_req_slots x c4 ring``, ``DeepSeekV4TokenToKVPool.__init__``); else ``b`` unchanged."""
+    unified = unified_geometry(
+        serving,
+        head_dim=b.head_dim,
+        rope_dim=b.qk_rope_head_dim,
+        window=b.window_size,
+        slots=b.num_req_slots,
+        c128_tokens=sizes.c128_tokens,
+        ratios=b.ratios,
+        draft_layers=num_draft,
+    )
+    if unified is None:
+        return b
+    size = b.num_req_slots * b.c4_state.ring
+    rows = _ceil_to(size + b.c4_state.ring + 1, 4)
+    return attrs.evolve(
+        b,
+        swa=attrs.evolve(b.swa, layers=()),
+        c4=attrs.evolve(b.c4, layers=()),
+        c128=attrs.evolve(b.c128, layers=()),
+        draft_swa=None,
+        c4_state=attrs.evolve(b.c4_state, size=size, rows=rows),
+        c4_indexer_state=attrs.evolve(b.c4_indexer_state, size=size, rows=rows),
+        unified=unified,
     )
 
 
@@ -445,7 +480,9 @@ def _pool_layout(
     if uses_hisparse_allocator(model, serving):
         # DeepSeekV4HiSparseTokenToKVPoolAllocator's c4 device allocator and c4 logical->device mapping
         layout += hisparse_allocator_layout(sizes.c4_tokens, sizes.c128_tokens, page)
-    for state in (b.c4_state, b.c4_indexer_state):
+    if b.unified is not None:
+        layout += unified_layout(b.unified, (b.c4_state, b.c4_indexer_state), max_running_requests)
+    for state in (b.c4_state, b.c4_indexer_state) if b.unified is None else ():
         if state.layers:
             # c4_state_pool_size = swa // window x ring: ring rows per window of SWA tokens.
             per_block = state.ring * state.row_bytes * len(state.layers)

@@ -54,6 +54,7 @@ from .buffers import (
     StateGeometry,
     dsv4_buffers,
 )
+from .unified_pool import UnifiedKVBuffers, unified_planned
 
 __all__ = ["DSV4TokenToKVPool", "PackedRows", "sizes_of"]
 
@@ -285,6 +286,7 @@ class DSV4TokenToKVPool:
             ptrs = [buf.data_ptr() for buf in self.c4_kv_pool.kv_buffer.values()]
             self.hisparse_data_ptrs.copy_(torch.tensor(ptrs, dtype=torch.uint64))
         self.c128_mtp_seq_lens = allocate((b.c128_mtp_seq_lens,), torch.int64, device) if b.c128_mtp_seq_lens else None
+        self.unified_kv_pool = UnifiedKVBuffers(b.unified, device) if b.unified is not None else None
 
     @classmethod
     def from_plan(cls, plan: Plan, device: str | torch.device, layout: BufferLayout | None = None) -> DSV4TokenToKVPool:
@@ -319,6 +321,8 @@ class DSV4TokenToKVPool:
             measured[HISPARSE_PTRS_POOL] = tensor_nbytes([self.hisparse_data_ptrs])
         if self.c128_mtp_seq_lens is not None:
             measured[C128_MTP_SEQ_LENS_POOL] = tensor_nbytes([self.c128_mtp_seq_lens])
+        if self.unified_kv_pool is not None:
+            measured.update(self.unified_kv_pool.nbytes_by_pool())
         return measured
 
     @property
@@ -418,3 +422,5 @@ def _planned(b: DSV4Buffers, sizes: DSV4Sizes) -> Iterable[tuple[str, int, str]]
         yield HISPARSE_PTRS_POOL, b.hisparse_ptrs * 8, f"{b.hisparse_ptrs} uint64 data pointers"
     if b.c128_mtp_seq_lens:
         yield C128_MTP_SEQ_LENS_POOL, b.c128_mtp_seq_lens * 8, f"{b.c128_mtp_seq_lens} int64"
+    if b.unified is not None:
+        yield from unified_planned(b.unified)

@@ -65,6 +65,7 @@ from kvpools_core.values import (
 from .config import C4, C128
 from .hisparse import dsv4_hisparse_problems
 from .host import host_problems
+from .unified import unified_notes, unified_problems
 
 OWNER = "dsv4"
 SWA_TOKENS, C4_TOKENS, C128_TOKENS = "swa", "c4", "c128"
@@ -319,6 +320,7 @@ def dsv4_problems(model: ModelSpec, serving: Serving) -> list[str]:
                     f"{o('speculative_num_draft_tokens')}."
                 )
     problems += dsv4_hisparse_problems(serving)
+    problems += unified_problems(serving)
     if serving.hisparse_config is not None and not serving.enable_hisparse:
         problems.append(
             f"{o('hisparse_config')} is set but {o('enable_hisparse')} is not: SGLang reads the config only with "
@@ -451,6 +453,7 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
         )
     sizes["c128_state_pool_size"] = shape.c128_state_pool_size(requests)
     notes.extend(sub_pool_notes(shape, sizes, requests, serving, fixed))
+    notes.extend(unified_notes(serving))
     pools = _pools(model, serving, sizes, requests, context_len)
     return PoolSizing(
         max_total_num_tokens=full,
