@@ -65,7 +65,7 @@ from kvpools_core.values import (
 from .config import C4, C128
 from .hisparse import dsv4_hisparse_problems
 from .host import host_problems
-from .unified import unified_notes, unified_problems
+from .unified import platform_pool_layout, unified_notes, unified_problems
 
 OWNER = "dsv4"
 SWA_TOKENS, C4_TOKENS, C128_TOKENS = "swa", "c4", "c128"
@@ -274,7 +274,7 @@ def dsv4_problems(model: ModelSpec, serving: Serving) -> list[str]:
             f"{o('page_size')} {page}: SGLang asserts '{SGLANG_PAGE_MESSAGE}' for {model.name}. "
             f"Use {o('page_size')} 256 (a multiple of 128; SGLang's CUDA DeepSeek-V4 pool takes 256)."
         )
-    elif serving.accounting == "exact" and page != 256:
+    elif serving.accounting == "exact" and page != 256 and not platform_pool_layout(serving):
         # A platform whose kernels refuse page 256 (Ascend's 128 for every model) builds no CUDA pool at all.
         fix = (
             f"Use {o('accounting')} sglang for the configurator's numbers ({serving.platform} refuses "

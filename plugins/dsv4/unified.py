@@ -47,6 +47,7 @@ __all__ = [
     "UnifiedGeometry",
     "compressed_name",
     "dsv4_layout",
+    "platform_pool_layout",
     "ring_name",
     "swa_ring_size",
     "unified_geometry",
@@ -80,6 +81,15 @@ def dsv4_layout(serving: Serving) -> str:
     """The DeepSeek-V4 pool layout the platform's kernels select (``PlatformTraits.pool_layouts``; default the
     separate-KV pools)."""
     return serving.traits.pool_layouts.get(LAYOUT_KEY, SEPARATE)
+
+
+def platform_pool_layout(serving: Serving) -> str | None:
+    """A DeepSeek-V4 layout the platform selects that is none kvpools plans (its own pool class), or None.
+
+    SGLang asserts page 256 for the pools it builds on CUDA and HIP (``_build_dsv4_kv_pool``: ``if not _is_npu``);
+    a platform with a pool class of its own is refused by name instead (:func:`unified_problems`)."""
+    layout = dsv4_layout(serving)
+    return None if layout in LAYOUTS else layout
 
 
 def swa_ring_size(window: int, serving: Serving) -> int:
@@ -184,10 +194,13 @@ def unified_problems(serving: Serving) -> list[str]:
         return []
     o = option
     if layout not in LAYOUTS:
+        if serving.accounting != "exact":
+            return []  # SGLang's configurator (ref-002) sizes the same counts whatever pool class is built
         return [
             f"The {serving.platform} platform selects DeepSeek-V4 pool layout {layout!r} "
-            f"(PlatformTraits.pool_layouts), which kvpools does not model yet: the dsv4 plugin plans "
-            f"{', '.join(LAYOUTS)}."
+            f"(PlatformTraits.pool_layouts), which kvpools does not model yet: the exact accounting charges the "
+            f"pools build makes, and the dsv4 plugin plans {', '.join(LAYOUTS)} only. Use {o('accounting')} sglang "
+            f"for the configurator's numbers (SGLang's DSV4PoolConfigurator sizes every layout alike)."
         ]
     problems = []
     if serving.enable_hisparse:
