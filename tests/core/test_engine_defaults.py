@@ -52,11 +52,21 @@ def _notes(result: Any) -> list[str]:
 def test_unset_options_read_as_the_generic_defaults_and_say_so() -> None:
     unset = Serving()
     given = Serving(
-        page_size=1, swa_full_tokens_ratio=0.8, dsa_prefill_backend="flashmla_sparse", dsa_decode_backend="flashmla_kv"
+        page_size=1,
+        swa_full_tokens_ratio=0.8,
+        dsa_prefill_backend="flashmla_sparse",
+        dsa_decode_backend="flashmla_kv",
+        max_running_requests=4096,
     )
     assert (unset.page_size, unset.swa_full_tokens_ratio) == (1, 0.8)
     assert (unset.dsa_prefill_backend, unset.dsa_decode_backend) == ("flashmla_sparse", "flashmla_kv")
-    assert unset.unset_options == ("page_size", "swa_full_tokens_ratio", "dsa_prefill_backend", "dsa_decode_backend")
+    assert unset.unset_options == (
+        "page_size",
+        "swa_full_tokens_ratio",
+        "dsa_prefill_backend",
+        "dsa_decode_backend",
+        "max_running_requests",
+    )
     assert given.unset_options == ()
     assert attrs.evolve(unset, tp_size=2).unset_options == unset.unset_options
     assert not is_unset(attrs.evolve(unset, page_size=64).page_size)
@@ -109,7 +119,11 @@ def test_dsv4_plans_with_sglangs_page_and_ratio_when_unset() -> None:
     0.1 x 8/128 x 10240 x 21 = 1344; 1/128 x 584 x 20 = 91.25; sum 7705.45 B (34691.85 B at 0.8).
     """
     unset = plan("deepseek-v4-flash", Serving(tp_size=4), memory=60 * GiB)
-    given = plan("deepseek-v4-flash", Serving(tp_size=4, page_size=256, swa_full_tokens_ratio=0.1), memory=60 * GiB)
+    given = plan(
+        "deepseek-v4-flash",
+        Serving(tp_size=4, page_size=256, swa_full_tokens_ratio=0.1, max_running_requests=256),
+        memory=60 * GiB,
+    )
     assert (unset.serving.page_size, unset.serving.swa_full_tokens_ratio) == (256, 0.1)
     assert unset.cell.sglang_bytes_per_token == pytest.approx(7705.45)
     assert unset.provenance["engine_defaults"] == ("dsv4",)
@@ -126,6 +140,25 @@ def test_dsv4_plans_with_sglangs_page_and_ratio_when_unset() -> None:
     assert _stripped(unset.to_dict()) == _stripped(given.to_dict())
     config = unset.sizing.sglang_config
     assert config["swa_max_total_num_tokens"] == int(config["full_max_total_num_tokens"] * 0.1) // 256 * 256
+
+
+def test_dsv4_takes_sglangs_256_requests_when_unset() -> None:
+    """Issue 32: SGLang 0.5.23 sets ``max_running_requests`` 256 for DeepSeek-V4 when unset
+    (``apply_deepseek_v4_defaults``, ``arg_groups/deepseek_v4_hook.py``, run by ``arg_groups/model_hook.py`` for
+    ``DeepseekV4ForCausalLM``), so its configurator reserves the c128 state for 256 requests, not for its estimate
+    (2,104 at TP 4, 60 GiB: ref-002 ``_get_c128_state_fixed_bytes_for_token_capacity``).  kvpools planned 4,310,784
+    tokens and 2,104 requests; SGLang's accounting now gives 8,008,448 (the oracle's answer for 256 requests,
+    tests/dsv4/test_dsv4_oracle.py::test_swa_ratio_with_requests), and an explicit value wins."""
+    sglang = plan("deepseek-v4-flash", Serving(tp_size=4, accounting="sglang"), memory=60 * GiB)
+    assert (sglang.max_total_num_tokens, sglang.max_running_requests) == (8008448, 256)
+    assert any(note.startswith("max_running_requests 256: SGLang 0.5.23's default") for note in _notes(sglang))
+    exact = plan("deepseek-v4-flash", Serving(tp_size=4), memory=60 * GiB)
+    assert exact.max_running_requests == 256 and exact.serving.max_running_requests == 256
+    given = plan("deepseek-v4-flash", Serving(tp_size=4, max_running_requests=1024), memory=60 * GiB)
+    assert given.serving.max_running_requests == 1024
+    assert not any(note.startswith("max_running_requests") for note in _notes(given))
+    llama = plan("llama-3.1-8b", Serving(), memory=20 * GiB)
+    assert llama.serving.max_running_requests is None
 
 
 def test_an_explicit_option_wins_over_the_engine_default() -> None:
@@ -147,7 +180,8 @@ def test_deepseek_v41_keeps_the_generic_ratio() -> None:
     serving, notes = apply_engine_defaults(v41, Serving(), get_registry())
     assert (serving.page_size, serving.swa_full_tokens_ratio) == (256, 0.8)
     assert serving.unset_options == ("swa_full_tokens_ratio", "dsa_prefill_backend", "dsa_decode_backend")
-    assert len(notes) == 1
+    assert len(notes) == 2  # the page and the request limit (apply_deepseek_v4_defaults runs for V4.1 too)
+    assert serving.max_running_requests == 256
 
 
 # -- the platform answers first ----------------------------------------------------------------------

@@ -44,34 +44,36 @@ def _plan(options: dict[str, str], **changes: Any) -> Plan:
 
 
 def test_bf16_unified_pool_by_hand() -> None:
-    """2,048 requests + 1 padding slot, ring 128: 2,049 x 128 x 43 layers x 1,024 B = 11,548,360,704 B of ring
-    rows; 24,108 c128 tokens x 692 rows + 1,384 padding rows, x 1,024 B = 17,084,538,880 B; c4 states per slot:
-    ceil((2,049 x 8 + 8 + 1) / 4) x 4 = 16,404 rows x 8,192 B x 21 layers = 2,822,012,928 B."""
+    """SGLang's 256 requests (``apply_deepseek_v4_defaults``) + 1 padding slot, ring 128: 257 x 128 x 43 layers x
+    1,024 B = 1,448,476,672 B of ring rows; 73,572 c128 tokens x 692 rows + 1,384 padding rows, x 1,024 B =
+    52,135,124,992 B; c4 states per slot: ceil((257 x 8 + 8 + 1) / 4) x 4 = 2,068 rows x 8,192 B x 21 layers =
+    355,762,176 B."""
     p = _plan(UNIFIED)
     assert p.serving.traits.pool_layouts == {"dsv4": "unified_bf16"}
     assert (p.max_total_num_tokens, p.max_running_requests, p.sizing.sglang_config["c128_max_total_num_tokens"]) == (
-        3085824,
-        2048,
-        24108,
+        9417216,
+        256,
+        73572,
     )
-    assert p.pool("unified_kv_ring").bytes == 2049 * 128 * 43 * 1024 == 11548360704
-    assert p.pool("unified_kv_compressed").bytes == (24108 * ROWS_PER_C128 + PAD_ROWS) * 1024 == 17084538880
-    assert p.pool("c4_state").bytes == 16404 * 8192 * 21
+    assert p.pool("unified_kv_ring").bytes == 257 * 128 * 43 * 1024 == 1448476672
+    assert p.pool("unified_kv_compressed").bytes == (73572 * ROWS_PER_C128 + PAD_ROWS) * 1024 == 52135124992
+    assert p.pool("c4_state").bytes == 2068 * 8192 * 21 == 355762176
     names = {pool.name for pool in p.sizing.pools}
     assert not names & {"kv_swa", "kv_c4", "kv_c128", "unified_kv_rope_ring"}
     assert {"indexer_c4", "c128_state", "full_to_swa", "swa_allocator"} <= names
     assert sum(pool.bytes for pool in p.sizing.pools) <= 60 << 30
     assert any("unified-KV DeepSeek-V4 pool (unified_bf16" in note for note in p.sizing.notes)
+    assert _plan({}).max_total_num_tokens == 7805184  # the separate pools
 
 
 def test_fp8_unified_pool_by_hand() -> None:
-    """fp8: the nope row is 512 B and a 128 B bf16 rope row beside it: 2,264 slots x 128 x 43 x 512 B and x 128 B."""
+    """fp8: the nope row is 512 B and a 128 B bf16 rope row beside it: 257 slots x 128 x 43 x 512 B and x 128 B."""
     p = _plan(FP8)
     assert p.serving.traits.pool_layouts == {"dsv4": "unified_fp8"}
-    assert (p.max_total_num_tokens, p.max_running_requests) == (4636416, 2263)
+    assert (p.max_total_num_tokens, p.max_running_requests) == (14246144, 256)
     c128 = p.sizing.sglang_config["c128_max_total_num_tokens"]
-    assert p.pool("unified_kv_ring").bytes == 2264 * 128 * 43 * 512
-    assert p.pool("unified_kv_rope_ring").bytes == 2264 * 128 * 43 * 128
+    assert p.pool("unified_kv_ring").bytes == 257 * 128 * 43 * 512
+    assert p.pool("unified_kv_rope_ring").bytes == 257 * 128 * 43 * 128
     assert p.pool("unified_kv_compressed").bytes == (c128 * ROWS_PER_C128 + PAD_ROWS) * 512
     assert p.pool("unified_kv_rope_compressed").bytes == (c128 * ROWS_PER_C128 + PAD_ROWS) * 128
 
