@@ -274,11 +274,17 @@ ENGINE_DEFAULT_OPTIONS = (
     "dsa_prefill_backend",
     "dsa_decode_backend",
     "mamba_full_memory_ratio",
+    "max_running_requests",
 )
 """The :class:`Serving` fields an unset value of which an ``engine_defaults`` answer may replace: the ones SGLang
-0.5.23 leaves ``None`` and resolves per model (``arg_groups/model_overrides/``) or per platform.  A new one is a
-``Serving`` field whose default is an unset marker (:class:`UnsetInt`, :class:`UnsetFloat`, :class:`UnsetStr`)
-listed here."""
+0.5.23 leaves ``None`` and resolves per model (``arg_groups/model_overrides/``, the model hooks such as
+``arg_groups/deepseek_v4_hook.py``) or per platform.  A new one is a ``Serving`` field whose default is an unset
+marker (:class:`UnsetInt`, :class:`UnsetFloat`, :class:`UnsetStr`) listed here, or whose ``None`` means unset
+(:data:`NONE_IS_UNSET`)."""
+
+NONE_IS_UNSET = ("max_running_requests",)
+""":data:`ENGINE_DEFAULT_OPTIONS` whose unset value is ``None`` (SGLang's own ``None``: its default is resolved
+later), not an unset marker."""
 
 
 def _accounting_name(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -761,7 +767,11 @@ class Serving:
     @property
     def unset_options(self) -> tuple[str, ...]:
         """The :data:`ENGINE_DEFAULT_OPTIONS` left unset (reading as the generic default, :func:`is_unset`)."""
-        return tuple(name for name in ENGINE_DEFAULT_OPTIONS if is_unset(getattr(self, name)))
+        return tuple(
+            name
+            for name in ENGINE_DEFAULT_OPTIONS
+            if is_unset(value := getattr(self, name)) or (value is None and name in NONE_IS_UNSET)
+        )
 
     @property
     def lazy_compaction(self) -> bool:

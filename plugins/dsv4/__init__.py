@@ -75,13 +75,21 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
     return problems
 
 
+DSV4_MAX_RUNNING_REQUESTS = 256
+"""``apply_deepseek_v4_defaults`` (``arg_groups/deepseek_v4_hook.py``): ``max_running_requests`` 256 when unset."""
+SGLANG_ACCOUNTINGS = ("exact", "sglang")
+"""The accountings that plan SGLang's server (the vLLM and TensorRT-LLM ones keep their engines' own limits)."""
+
+
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] | None:
     """SGLang 0.5.23's DeepSeek-V4 defaults for unset options (``arg_groups/model_overrides/deepseek_v4.py``,
     ``_deepseek_v4_overrides``): ``--page-size`` 256 (the NPU branch's 128 comes from the Ascend platform, which
     answers first), and ``--swa-full-tokens-ratio`` 0.1 except for DeepSeek-V4.1 checkpoints
-    (``model_type`` ``deepseek_v41``)."""
+    (``model_type`` ``deepseek_v41``); under SGLang's accountings ``--max-running-requests`` 256
+    (``apply_deepseek_v4_defaults``, ``arg_groups/deepseek_v4_hook.py``), which also fixes the c128 state's
+    reservation (ref-002 ``requested_max_running_requests_per_worker``) instead of the configurator's estimate."""
     source = "_deepseek_v4_overrides in arg_groups/model_overrides/deepseek_v4.py"
     defaults = [
         EngineDefault(
@@ -96,6 +104,18 @@ def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] |
                 option="swa_full_tokens_ratio",
                 value=DSV4_SWA_FULL_TOKENS_RATIO,
                 reason=f"SGLang 0.5.23's default for DeepSeek-V4 ({source})",
+            )
+        )
+    if serving.accounting in SGLANG_ACCOUNTINGS:
+        defaults.append(
+            EngineDefault(
+                option="max_running_requests",
+                value=DSV4_MAX_RUNNING_REQUESTS,
+                reason=(
+                    "SGLang 0.5.23's default for DeepSeek-V4 (apply_deepseek_v4_defaults in "
+                    "arg_groups/deepseek_v4_hook.py, which arg_groups/model_hook.py runs: 'Setting "
+                    "max_running_requests to 256')"
+                ),
             )
         )
     return defaults
