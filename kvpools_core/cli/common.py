@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 
 from kvpools_core.dtypes import KV_DTYPE_CHOICES
-from kvpools_core.engines.vllm.runtime_memory import PROFILE_VERSIONS
+from kvpools_core.engines.vllm.runtime_memory import PROFILE_ALIASES, PROFILE_VERSIONS
 from kvpools_core.errors import ConfigError, KvpoolsError, PluginError, PluginHookError, short_repr
 from kvpools_core.options import cli_surface, env_flag, option
 from kvpools_core.values import (
@@ -33,6 +33,9 @@ from kvpools_core.values import (
     Serving,
     is_unset,
 )
+
+RUNTIME_PROFILES = tuple(sorted({*PROFILE_VERSIONS, *PROFILE_ALIASES}))
+"""The vLLM versions ``--runtime-profile`` names: those with a profile file and those another file covers."""
 
 _HELP = {
     "kv_cache_dtype": "KV element type (auto follows the model dtype).",
@@ -392,11 +395,11 @@ def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
             ),
             (
                 "--runtime-profile",
-                click.Choice([*PROFILE_VERSIONS, *(f"vllm=={version}" for version in PROFILE_VERSIONS)]),
+                click.Choice([*RUNTIME_PROFILES, *(f"vllm=={version}" for version in RUNTIME_PROFILES)]),
                 "With --gpu / --gpu-memory: estimate vLLM's activation peak, non-torch memory and CUDA graphs, and "
                 "take the GPU's total as torch reports it, from this vLLM version's calibrated profile "
-                "(0.19 or 0.33, also spelt vllm==0.33; docs/vllm.md) [default: off: those terms are 0, an upper "
-                "bound].",
+                "(0.15, 0.16, 0.19 or 0.33, also spelt vllm==0.33; docs/vllm.md) [default: off: those terms are 0, "
+                "an upper bound].",
             ),
         )
     ):
