@@ -174,3 +174,26 @@ def test_any_fixed_trace_reaches_the_prediction(prompt: int, output: int, page: 
     stats = replay_unified(p, fixed_trace(prompt, output, predicted.concurrent_requests + 2))
     assert stats.peak_concurrency == predicted.concurrent_requests, (predicted.binding, stats)
     assert stats.completed == stats.requests and stats.retractions == 0
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    prompt=st.integers(1, 128),
+    output=st.integers(1, 700),
+    page=st.sampled_from([1, 16, 64]),
+    lazy=st.booleans(),
+    memory=st.sampled_from(["1GiB", "2GiB"]),
+)
+def test_any_swa_trace_within_the_window_reaches_the_prediction(
+    prompt: int, output: int, page: int, lazy: bool, memory: str
+) -> None:
+    """Prompts within gpt-oss-20b's 128-token window (so a prefill never holds more SWA pages than the reservation):
+    for any identical requests the hybrid-SWA replay's peak is the closed form's answer, with no allocator refusal
+    and no retraction."""
+    serving = Serving(enable_unified_memory=True, page_size=page, disable_lazy_compaction=not lazy)
+    p = kv.plan("gpt-oss-20b", serving, memory=memory)
+    predicted = unified_concurrency(p, prompt + output)
+    assume(1 <= predicted.concurrent_requests <= 400)
+    stats = replay_unified(p, fixed_trace(prompt, output, predicted.concurrent_requests + 2))
+    assert stats.peak_concurrency == predicted.concurrent_requests, (predicted.binding, stats)
+    assert stats.completed == stats.requests and stats.retractions == 0 and stats.allocator_refusals == 0
