@@ -235,6 +235,24 @@ def _geo(view: Tensor) -> list[int]:
             ],
             ("kv_full", "kv_swa"),
         ),
+        (  # the tri-pool; Inkling's short-conv state (InklingModelConfig: six (3, width) bf16 windows, no temporal)
+            "inkling-defaults",
+            {},
+            "2GiB",
+            [
+                {"kind": "mha", "name": "full", "grow": "down", "layers": 4, "heads": 4, "head_dim": 128},
+                {"kind": "mha", "name": "swa", "grow": "float", "layers": 12, "heads": 4, "head_dim": 128},
+                {
+                    "kind": "mamba",
+                    "name": "mamba",
+                    "grow": "up",
+                    "layers": 16,
+                    "conv": [[3, 512]] * 4 + [[3, 1_536]] * 2,
+                    "temporal": [0, 0, 0],
+                },
+            ],
+            ("kv_full", "kv_swa", "mamba_state"),
+        ),
     ],
 )
 def test_the_core_carving_is_sglangs_views(
@@ -251,4 +269,5 @@ def test_the_core_carving_is_sglangs_views(
     for spec, pool in zip(specs, pools, strict=True):
         width = [] if spec["kind"] != "mamba" else [None]
         got = [[_geo(v) + [v.shape[1] * v.element_size()] * len(width) for v in layer] for layer in ours.views[pool]]
-        assert got == reply[spec["name"]], pool
+        theirs = [[g for g in layer if g[-1]] for layer in reply[spec["name"]]] if width else reply[spec["name"]]
+        assert got == theirs, pool  # an empty temporal state (Inkling's) has no view of ours: its width is 0 B
