@@ -91,7 +91,7 @@ from .sizing import (
     split_budget,
 )
 from .state import SCONV as MIXER
-from .state import sglang_stage_per_req
+from .state import sconv_state_shape, sglang_stage_per_req, state_entry_parts
 
 FAMILY = "inkling"
 FULL_POOL = "kv_full"
@@ -698,5 +698,6 @@ def tri_members(model: ModelSpec, serving: Serving, cell: CellSize) -> TriPoolMe
     num_swa = sum(layer.kind == SLIDING for layer in layers)
     full = attrs.evolve(kv_entry_from_cell(cell, FULL_POOL, max(len(layers) - num_swa, 1)), name="full")
     swa = attrs.evolve(kv_entry_from_cell(cell, SWA_POOL, max(num_swa, 1)), name="swa")
-    state = attrs.evolve(state_entry_from_cell(cell, STATE_POOL, len(layers)), name="mamba")
+    parts = state_entry_parts(sconv_state_shape(model, serving))
+    state = attrs.evolve(state_entry_from_cell(cell, STATE_POOL, len(layers), parts), name="mamba")
     return TriPoolMembers(FULL_POOL, full, SWA_POOL, swa, STATE_POOL, state, SWA_TOKENS)
