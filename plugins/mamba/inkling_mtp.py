@@ -26,6 +26,9 @@ import attrs
 from kvpools_core.options import option
 from kvpools_core.values import ModelSpec, Serving
 
+from .sizing import SLOT_ALLOCATOR_ITEM_BYTES
+from .state import state_shape
+
 MULTI_LAYER_EAGLE = frozenset({"EAGLE", "EAGLE3", "NEXTN"})
 """The algorithms ``SpeculativeAlgorithm.is_eagle`` answers for (``NEXTN`` is an alias of ``EAGLE``): the only ones
 ``MultiLayerEagleWorkerV2`` serves, and so the only ones that build Inkling's per-depth heads."""
@@ -48,6 +51,8 @@ class InklingMtpTerms:
     heads: tuple[int, ...]
     """``draft_model_idx`` of each runner: ``range(speculative_num_steps)``."""
     banded_heads: tuple[int, ...]
+    state_per_layer: int
+    """One layer's short-conv state of one slot (``mamba2_cache_params``' shape: the same on every layer)."""
 
     @property
     def cell_extra(self) -> int:
@@ -65,6 +70,13 @@ class InklingMtpTerms:
             for head in self.heads
         }
 
+    def head_state_bytes(self, max_mamba_cache_size: int) -> int:
+        """Each head's ``clone_with_new_mamba``: a ``MambaPool`` of ``max_mamba_cache_size`` slots (+1 padding)
+        over its one layer and a ``MambaSlotAllocator`` of as many int64 slots; no speculative intermediate state
+        (``speculative_num_draft_tokens`` is left None).  None of it is in ``_handle_max_mamba_cache``'s charge."""
+        k = max_mamba_cache_size
+        return (k + 1) * self.state_per_layer + k * SLOT_ALLOCATOR_ITEM_BYTES
+
 
 def mtp_terms(model: ModelSpec, serving: Serving, *, full_per_token: int, swa_per_token: int) -> InklingMtpTerms:
     """The draft terms of ``serving``'s speculative decoding on an Inkling ``model`` (see the module)."""
@@ -81,6 +93,7 @@ def mtp_terms(model: ModelSpec, serving: Serving, *, full_per_token: int, swa_pe
         swa_per_token=swa_per_token,
         heads=heads,
         banded_heads=tuple(head for head in heads if head in local),
+        state_per_layer=state_shape(model, serving).bytes,
     )
 
 
@@ -109,5 +122,6 @@ def mtp_problem(model: ModelSpec, serving: Serving, terms: InklingMtpTerms) -> s
         f"full-capacity SWA x {terms.swa_per_token:,} B = {terms.cell_extra:,} B, no swa_full_tokens_ratio) and "
         f"build one head per draft step ({len(terms.heads)}: {len(terms.banded_heads)} banded head(s) on an SWA ring "
         "of full capacity routed by mtp_local_layer_ids, the others on a full pool), each with a short-conv state "
-        f"pool of its own (clone_with_new_mamba). Plan it without {o('speculative_algorithm')}."
+        f"pool of its own (clone_with_new_mamba: one layer, {terms.state_per_layer:,} B per slot, outside the "
+        f"budget). Plan it without {o('speculative_algorithm')}."
     )

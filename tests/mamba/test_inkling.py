@@ -277,6 +277,10 @@ def test_mtp_draft_terms_by_hand() -> None:
     assert terms.cell_extra == 14_336
     assert terms.heads == (0, 1, 2) and terms.banded_heads == (1,)
     assert terms.head_kv_bytes(1000, 1) == {0: 2_050_048, 1: 1_025_024 + 8_016, 2: 2_050_048}
+    # clone_with_new_mamba: one layer of the state (3 rows x (2 x 512 full + 2 x 256 SWA + 2 x 1,536 hidden) x
+    # 2 B = 27,648 B; the full KV width 4 x 128, the SWA width 2 x 128), K + 1 slots, and K int64 free slots
+    assert terms.state_per_layer == 3 * (2 * 512 + 2 * 256 + 2 * 1536) * 2 == 27_648
+    assert terms.head_state_bytes(100) == 101 * 27_648 + 100 * 8
 
 
 def test_mtp_heads_are_refused_with_sglangs_terms() -> None:
@@ -330,3 +334,5 @@ def test_mtp_draft_terms_equal_sglangs_configurator() -> None:
         )
         assert theirs["cell_size"] == pytest.approx(shape.cell + terms.cell_extra, rel=1e-12)
         assert theirs["full_tokens"] == full
+        # a head's clone_with_new_mamba keeps one layer of the same mamba2_cache_params
+        assert terms.state_per_layer * len(theirs["layers"]) == theirs["mamba_cache_per_req"]
