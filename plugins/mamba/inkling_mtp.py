@@ -120,8 +120,9 @@ def mtp_problem(model: ModelSpec, serving: Serving, terms: InklingMtpTerms) -> s
         f"SGLang 0.5.23 would charge {terms.draft_layers} draft layer(s) per full token "
         f"({terms.budget_full_layers} full x {terms.full_per_token:,} B + {terms.budget_swa_full_layers} "
         f"full-capacity SWA x {terms.swa_per_token:,} B = {terms.cell_extra:,} B, no swa_full_tokens_ratio) and "
-        f"(with --enable-multi-layer-eagle) build one head per draft step ({len(terms.heads)}: {len(terms.banded_heads)} banded head(s) on an SWA ring "
-        "of full capacity routed by mtp_local_layer_ids, the others on a full pool), each with a short-conv state "
+        f"(with --enable-multi-layer-eagle) build one head per draft step ({len(terms.heads)}: "
+        f"{len(terms.banded_heads)} banded head(s) on an SWA ring of full capacity routed by mtp_local_layer_ids, "
+        "the others on a full pool), each with a short-conv state "
         f"pool of its own (clone_with_new_mamba: one layer, {terms.state_per_layer:,} B per slot, outside the "
         f"budget). Plan it without {o('speculative_algorithm')}."
     )
