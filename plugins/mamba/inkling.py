@@ -77,6 +77,7 @@ from kvpools_core.values import (
     Serving,
 )
 
+from .inkling_mtp import mtp_problem, mtp_terms
 from .sizing import (
     MAPPING_ITEM_BYTES,
     MAPPING_POOL,
@@ -162,12 +163,9 @@ def inkling_problems(model: ModelSpec, serving: Serving) -> list[str]:
         return [INKLING_VLLM_REFUSAL]
     problems: list[str] = []
     if serving.speculative:
-        problems.append(
-            f"kvpools does not model Inkling's MTP heads yet ({o('speculative_algorithm')} "
-            f"{serving.speculative_algorithm}): SGLang 0.5.23 gives each head a draft SWAKVPool routed by "
-            "mtp_local_layer_ids and a short-conv state pool of its own (clone_with_new_mamba). Plan it without "
-            f"{o('speculative_algorithm')}."
-        )
+        shape = sglang_swa_shape(model, serving)
+        terms = mtp_terms(model, serving, full_per_token=shape.full_per_token, swa_per_token=shape.swa_per_token)
+        problems.append(mtp_problem(model, serving, terms))
     if serving.radix_cache_disabled and serving.max_running_requests is not None and serving.chunked_prefill_size:
         problems.append(
             f"kvpools does not model SGLang's SWA chunk cap (SWAChunkCapPoolConfigurator: explicit "
