@@ -303,3 +303,24 @@ def test_the_exact_search_probe_is_the_bytes_of_the_pools_it_skips_building(
     spec, serving = planned.model, planned.serving
     shape = dsv4_shape(spec, serving)
     assert exact_bytes(spec, serving, shape, tokens) == sum(p.bytes for p in exact_pools(spec, serving, shape, tokens))
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v4-flash", "deepseek-v4-pro"])
+def test_an_exact_plan_lays_the_stage_out_once_for_its_search(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37: the exact search read the model's stage (``rank_layer_range`` and every layer's compress ratio)
+    again at each probe (8 times per plan of deepseek-v4-flash at 40 GiB); now once for the search and once for
+    the pool values of the answer. The answer is the search's own (the probe's bytes are the built pools',
+    ``test_the_exact_search_probe_is_the_bytes_of_the_pools_it_skips_building``)."""
+    from kvpools_plugins.dsv4 import buffers
+
+    reads: list[object] = []
+    original = buffers.rank_layer_range
+
+    def counted(*args: object, **kwargs: object) -> tuple[int, int]:
+        reads.append(args)
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(buffers, "rank_layer_range", counted)
+    planned = plan(preset, Serving(), memory=40 * GiB)
+    assert len(reads) == 2
+    assert planned.max_total_num_tokens > 0
