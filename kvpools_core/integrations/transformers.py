@@ -39,6 +39,8 @@ import torch
 from torch import Tensor
 
 from kvpools_core.errors import AllocatorError, ConfigError, InsufficientMemoryError, UnsupportedCombinationError
+from kvpools_core.pools.mha import MHATokenToKVPool
+from kvpools_core.pools.quant import NativeCodec
 
 if TYPE_CHECKING:
     from kvpools_core.building import Pools
@@ -119,19 +121,24 @@ class _Step:
     column is one: a decode step or an unpadded prompt); ``locs`` are their slots; ``full`` / ``sliding`` are
     the slot each of the returned ``(batch * width)`` rows (right-aligned) is read from: slot 0, the zero padding
     slot, where a row holds no cached token (left padding, a token evicted from the SWA pool).
-    ``requests`` / ``counts`` are what the step adds once it commits; ``fresh`` the slots of pages it opened,
-    what a rollback frees (a page the request already held stays held); ``given_counts`` the ``new_tokens`` of
-    ``select`` it consumed.
+    ``requests`` / ``counts`` are what the step adds once it commits; ``opened`` the step's slots and the slot
+    each request held last before it, from which a rollback finds the pages the step opened (:meth:`fresh`: a
+    page the request already held stays held); ``given_counts`` the ``new_tokens`` of ``select`` it consumed.
+    ``rows`` / ``lengths`` are the requests' table rows and their lengths once the step commits (tensors), what
+    the next decode step extends without reading the request table (:meth:`KvpoolsCache._decode_step`).
     """
 
     __slots__ = (
         "batch",
         "counts",
-        "fresh",
+        "flat",
         "full",
         "given_counts",
+        "lengths",
         "locs",
+        "opened",
         "requests",
+        "rows",
         "sliding",
         "width",
         "write_mask",
@@ -148,21 +155,32 @@ class _Step:
         *,
         requests: list[_Request],
         counts: list[int],
-        fresh: Tensor,
+        opened: tuple[Tensor, Tensor],
         given_counts: list[int] | None,
+        rows: Tensor,
+        lengths: Tensor,
     ) -> None:
         self.batch = batch
         self.width = width
         self.write_mask = write_mask
         self.locs = locs
         self.full = full
-        """The slot of every returned row: what a full-attention layer reads."""
+        """The slot of every returned row, ``(batch, width)``: what a full-attention layer reads."""
         self.sliding = sliding
         """The same, the tokens evicted from the SWA pool read from the padding slot: what a sliding layer reads."""
         self.requests = requests
         self.counts = counts
-        self.fresh = fresh
+        self.opened = opened
         self.given_counts = given_counts
+        self.rows = rows
+        self.lengths = lengths
+        self.flat: Tensor | None = None
+        """``full`` flattened, made once per step: the slots :meth:`KvpoolsCache._through_buffers` selects."""
+
+    def fresh(self, page: int) -> Tensor:
+        """The slots of pages this step opened (host): what a rollback frees."""
+        locs, last = self.opened
+        return locs[locs // page != last // page]
 
 
 class _Journal:
@@ -380,6 +398,9 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         self._batch: list[_Request] = []
         self._first_counts: list[int] | None = None
         self._journal: _Journal | None = None
+        self._last: _Step | None = None
+        """The last committed step, while the next forward may extend it (:meth:`_decode_step`)."""
+        self._raw = self._raw_buffers()
         if attention_mask is not None:
             self._start_batch(attention_mask)
 
@@ -405,6 +426,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         if missing:
             raise ConfigError(f"select: rows {missing} are not live requests of this cache (add_request first).")
         self._rollback()  # a forward that raised part-way is abandoned: its slots go back
+        self._last = None
         self._batch = [self.requests[row] for row in rows]
         self._first_counts = list(new_tokens) if new_tokens is not None else None
         self.width = max((r.length for r in self._batch), default=0)
@@ -438,6 +460,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         if twice:
             raise ConfigError(f"release: rows {twice} are given more than once; each request is released once.")
         self._rollback()  # a forward that raised part-way: the pages it opened go back too
+        self._last = None
         refused: dict[int, AllocatorError] = {}
         for row in chosen:
             for layer in self.layers:
@@ -542,6 +565,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             for request, count in zip(step.requests, step.counts, strict=True):
                 request.length += count
             self.width = step.width
+            self._last = step
 
     def _rollback(self) -> None:
         """Undo a forward that raised part-way: free the pages it opened, give back the ``new_tokens`` it took.
@@ -554,8 +578,9 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             return
         step = journal.step
         self._first_counts = step.given_counts
-        if step.fresh.numel():
-            self.allocator.free(step.fresh.to(self.allocator.device))
+        fresh = step.fresh(self.page_size)
+        if fresh.numel():
+            self.allocator.free(fresh.to(self.allocator.device))
 
     def _state_slots(self, rows: Sequence[int]) -> Tensor:
         """The state-pool slots of request rows (``HybridReqToTokenPool.get_mamba_indices``)."""
@@ -659,26 +684,85 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             if bool(evicted.any()):
                 swa_src = torch.where(position >= evicted[:, None], slots, 0).flatten()
         pool_device = self.pool.device
-        # the slots of pages this step opened: a rollback frees them, not a page the request held before
+        # the slot each request held last: a rollback frees the pages this step opened, not one it held before
         last_held = torch.full_like(prefix_t, -1)
         held = prefix_t > 0
         if bool(held.any()):
             last_held[held] = self.req_to_token.req_to_token[rows[held], prefix_t[held] - 1].to(torch.int64)
-        page = self.page_size
-        host_locs = locs.cpu()
-        fresh = host_locs[host_locs // page != torch.repeat_interleave(last_held, count_t) // page]
-        full = gather_src.to(pool_device)
+        full = gather_src.view(batch, width).to(pool_device)
         return _Step(
             batch,
             width,
             None if write_mask is None else write_mask.to(device),
             locs.to(pool_device),
             full,
-            full if swa_src is gather_src else swa_src.to(pool_device),
+            full if swa_src is gather_src else swa_src.view(batch, width).to(pool_device),
             requests=list(self._batch),
             counts=counts,
-            fresh=fresh,
+            opened=(_host(locs), torch.repeat_interleave(last_held, count_t)),
             given_counts=given,
+            rows=rows,
+            lengths=lengths,
+        )
+
+    def _decode_step(self, key_states: Tensor) -> _Step | None:
+        """A decode step of the batch the last forward committed, or ``None`` (then :meth:`_begin_step` decides).
+
+        What :meth:`_begin_step` computes from the request table, for one new token per request, follows from the
+        last step: each request's slots are its row of the last layout, its last slot that row's last column,
+        and the new layout is the last one with the new slots as one more column.  So a decode step costs one
+        allocation, one table write and one concatenation, whatever the requests' lengths (a sliding window's
+        evictions change the layout otherwise: those plans take :meth:`_begin_step`).
+        """
+        last = self._last
+        batch = self._batch
+        if (
+            last is None
+            or self._first_counts is not None
+            or self.window is not None
+            or key_states.shape[2] != 1
+            or key_states.shape[0] != len(batch)
+            or last.requests != batch
+            or last.width != self.width
+            or (self.pool.dtype != key_states.dtype and self.pool.dtype not in _QUANTISED_KV)
+        ):
+            return None
+        lengths = [r.length for r in batch]
+        if min(lengths) == 0 or max(lengths) + 1 > self.req_to_token.max_context_len:
+            return None  # a request without a slot to extend, or past the table's row: _begin_step says which
+        n = len(batch)
+        previous = last.full
+        tail = previous[:, -1]  # right-aligned: each request's last column is its last token's slot
+        device = self.allocator.device
+        if self.page_size == 1:
+            locs = self.allocator.alloc(n)
+        else:
+            seq = last.lengths + 1
+            locs = self.allocator.alloc_decode(
+                seq if seq.device == device else seq.to(device), tail if tail.device == device else tail.to(device)
+            )
+        if locs is None:
+            raise self._no_room(n)
+        if locs.dtype != torch.int64:
+            locs = locs.to(torch.int64)
+        self.req_to_token.write((last.rows, last.lengths), locs.to(torch.int32))
+        pool_device = previous.device
+        locs = locs if locs.device == pool_device else locs.to(pool_device)
+        full = torch.cat((previous, locs.view(n, 1)), 1)
+        self._first_counts = None
+        return _Step(
+            n,
+            self.width + 1,
+            None,
+            locs,
+            full,
+            full,
+            requests=last.requests,
+            counts=[1] * n,
+            opened=(_host(locs), _host(tail)),
+            given_counts=None,
+            rows=last.rows,
+            lengths=last.lengths + 1,
         )
 
     def _evict_out_of_window(self) -> None:
@@ -720,33 +804,39 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             else:
                 locs = self.allocator.alloc_extend(prefix_t.to(device), seq_t.to(device), last.to(device), total)
         if locs is None:
-            raise PoolFullError(
-                f"The allocator has {self.allocator.available_size()} free slots (page size {self.page_size}); this "
-                f"step needs {total} more tokens. Plan with more memory, or admit fewer or shorter requests."
-            )
+            raise self._no_room(total)
         return locs.to(torch.int64)
+
+    def _no_room(self, total: int) -> PoolFullError:
+        return PoolFullError(
+            f"The allocator has {self.allocator.available_size()} free slots (page size {self.page_size}); this "
+            f"step needs {total} more tokens. Plan with more memory, or admit fewer or shorter requests."
+        )
 
     def _update_layer(self, layer_id: int, key_states: Tensor, value_states: Tensor) -> tuple[Tensor, Tensor]:
         """Write the step's real K/V of ``layer_id`` to the pool, read every cached token back, right-aligned."""
         journal, _ = self._enter(layer_id, "update")
         if journal.step is None:  # the forward's first attention layer decides for all
-            journal.step = self._begin_step(key_states)
+            journal.step = self._decode_step(key_states) or self._begin_step(key_states)
         keys = self._through_pool(layer_id, journal.step, key_states, value_states)
         if layer_id == self._last_cache_layer:
             self._commit()
         return keys
 
     def _through_pool(self, layer_id: int, step: _Step, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        batch, heads, _, head_dim = keys.shape
+        batch, heads, query, head_dim = keys.shape
         v_dim = values.shape[-1]
+        device = self.pool.device
+        moves = keys.device != device  # on one device, every .to() below would be a no-op call per layer
+        raw = None if moves else self._raw.get(layer_id)
+        if raw is not None and raw[2] == (heads, head_dim, values.shape[1], v_dim):
+            return self._through_buffers(raw, step, keys, values)
         if step.write_mask is None:  # every column is a new token: no mask to pick them with
             new_k = keys.transpose(1, 2).reshape(-1, heads, head_dim)
             new_v = values.transpose(1, 2).reshape(-1, values.shape[1], v_dim)
         else:
             new_k = keys.transpose(1, 2)[step.write_mask]
             new_v = values.transpose(1, 2)[step.write_mask]
-        device = self.pool.device
-        moves = keys.device != device  # on one device, every .to() below would be a no-op call per layer
         write = self.pool.set_mla_kv_buffer if self.latent else self.pool.set_kv_buffer
         if new_k.shape[0]:
             write(layer_id, step.locs, new_k.to(device) if moves else new_k, new_v.to(device) if moves else new_v)
@@ -754,16 +844,84 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         src = step.full if window is None else step.sliding
         read = self.pool.get_mla_kv if self.latent else self.pool.get_kv
         # one gather in the returned rows' order (padded and evicted rows read the zero padding slot)
-        out_k, out_v = read(layer_id, src, keys.dtype)
+        out_k, out_v = read(layer_id, src.reshape(-1), keys.dtype)
         if moves:
             out_k, out_v = out_k.to(keys.device), out_v.to(keys.device)
         k = out_k.view(batch, step.width, heads, head_dim).transpose(1, 2)
         v = out_v.view(batch, step.width, values.shape[1], v_dim).transpose(1, 2)
         if window is None:
             return k, v
-        query = keys.shape[2]
         visible = min(step.width - query, window - 1) + query  # get_mask_sizes' kv_length, before this step
         return k[:, :, -visible:], v[:, :, -visible:]
+
+    def _through_buffers(self, raw: _RawLayer, step: _Step, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`_through_pool` on a pool that stores the model's dtype as is: the layer's K/V buffers directly.
+
+        What ``set_kv_buffer`` and ``get_kv`` do for such a pool, in fewer and cheaper operations: a decode step's
+        K/V go to their slots in one ``index_copy_`` each (the ``(batch, heads, 1, dim)`` input against the
+        buffer's ``(slots, heads, 1, dim)`` view), and each is read back with one ``index_select`` of whole
+        slots (the ``(slots, heads x dim)`` view: one row copy per token, where ``get_kv``'s advanced indexing
+        costs 7-20x more on CPU, measured in ``benchmarks/README.md``).
+        """
+        (k_rows, v_rows), (k_slots, v_slots), (heads, _, _, _), layer_id = raw
+        if keys.requires_grad or values.requires_grad:  # a forward outside no_grad: the pool stores values only
+            keys, values = keys.detach(), values.detach()
+        if step.write_mask is None and keys.shape[2] == 1:
+            k_slots.index_copy_(0, step.locs, keys)
+            v_slots.index_copy_(0, step.locs, values)
+        else:  # a prompt (padded or not): the pool's own write, its shape checks included
+            if step.write_mask is None:
+                new_k = keys.transpose(1, 2).reshape(-1, heads, keys.shape[-1])
+                new_v = values.transpose(1, 2).reshape(-1, values.shape[1], values.shape[-1])
+            else:
+                new_k = keys.transpose(1, 2)[step.write_mask]
+                new_v = values.transpose(1, 2)[step.write_mask]
+            if new_k.shape[0]:
+                self.pool.set_kv_buffer(layer_id, step.locs, new_k, new_v)
+        flat = step.flat
+        if flat is None:
+            flat = step.flat = step.full.view(-1)
+        batch, width = step.full.shape
+        k = k_rows.index_select(0, flat).view(batch, width, heads, -1).transpose(1, 2)
+        v = v_rows.index_select(0, flat).view(batch, width, values.shape[1], -1).transpose(1, 2)
+        return k, v
+
+    def _raw_buffers(self) -> dict[int, _RawLayer]:
+        """Per full-attention layer, its K/V buffers where the pool stores the model's dtype as is (a plain
+        ``MHATokenToKVPool``, one tensor per layer, no scales; no sliding window): :meth:`_through_buffers`."""
+        pool = self.pool
+        if type(pool) is not MHATokenToKVPool or self._sliding_layers or self.latent:
+            return {}
+        kv = pool.kv
+        if type(kv.codec) is not NativeCodec or kv.k_scale_buffer or kv.v_scale_buffer:
+            return {}
+        raw: dict[int, _RawLayer] = {}
+        for layer in self.layers:
+            if isinstance(layer, _StateLayer):
+                continue
+            i = layer.layer_id - kv.start_layer
+            if not 0 <= i < len(kv.layers):
+                continue
+            k, v = kv.k_buffer[i], kv.v_buffer[i]
+            if not all(isinstance(t, Tensor) and t.dim() == 3 and t.is_contiguous() for t in (k, v)):
+                continue
+            rows, heads, dim = k.shape
+            raw[layer.layer_id] = (
+                (k.view(rows, heads * dim), v.view(rows, v.shape[1] * v.shape[2])),
+                (k.unsqueeze(2), v.unsqueeze(2)),
+                (heads, dim, v.shape[1], v.shape[2]),
+                layer.layer_id,
+            )
+        return raw
+
+
+_RawLayer = tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor], tuple[int, int, int, int], int]
+"""A layer's K/V buffers as ``(slots, heads x dim)`` rows, as ``(slots, heads, 1, dim)``, their shapes, its id."""
+
+
+def _host(tensor: Tensor) -> Tensor:
+    """``tensor`` in host memory (itself when it is there: no call per step on CPU)."""
+    return tensor if tensor.device.type == "cpu" else tensor.cpu()
 
 
 def _ranges(starts: Tensor, counts: Tensor) -> Tensor:

@@ -495,6 +495,14 @@ def request_pools(max_running_requests: int, context_len: int, serving: Serving)
     ]
 
 
+def request_pools_bytes(max_running_requests: int, context_len: int, serving: Serving) -> int:
+    """``sum(p.bytes for p in request_pools(...))`` without building the pools: for a search that probes many
+    request counts and keeps one (DeepSeek-V4's exact plan)."""
+    rows, padding = req_to_token_rows(max_running_requests, serving)
+    table = (rows + padding) * req_to_token_row_len(context_len, serving) * REQ_TO_TOKEN_ITEM_BYTES
+    return table + sum(w.bytes_for(max_running_requests) for w in serving.workspaces)
+
+
 def workspace_pool(workspace: Workspace, requests: int) -> PoolSpec:
     """A platform workspace as a plan pool: ``requests x bytes_per_request + fixed_bytes``, no padding row."""
     pool = PoolSpec(

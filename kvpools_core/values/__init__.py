@@ -145,6 +145,8 @@ from kvpools_core.values.model import (
 )
 from kvpools_core.values.plan import (
     ARENA_GROWTH as ARENA_GROWTH,
+)
+from kvpools_core.values.plan import (
     ARENA_ROW_ORDERS as ARENA_ROW_ORDERS,
 )
 from kvpools_core.values.plan import (

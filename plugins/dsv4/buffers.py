@@ -65,6 +65,7 @@ from typing import Any
 
 import attrs
 
+from kvpools_core.allocators.sizes import allocator_planned_nbytes
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.sizing import (
     SWA_MAPPING_ITEM_BYTES,
@@ -73,6 +74,7 @@ from kvpools_core.parts.sizing import (
     page_align,
     req_to_token_rows,
     request_pools,
+    request_pools_bytes,
     swa_mapping_pool,
     with_cost,
 )
@@ -378,22 +380,64 @@ def draft_layers(model: ModelSpec, serving: Serving) -> int:
     return serving.speculative_draft_num_layers or model.num_nextn_predict_layers or 1
 
 
-def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_running_requests: int) -> DSV4Buffers:
-    """The shapes of every buffer ``DeepSeekV4TokenToKVPool`` (and its draft pool) allocates on this rank."""
+@attrs.frozen
+class _Stage:
+    """What :func:`dsv4_buffers` reads from the model and serving options: the same for every pool size, so a
+    search over sizes reads it once (:func:`pool_bytes_probe`)."""
+
+    start: int
+    end: int
+    ratios: tuple[int, ...]
+    ids: tuple[int, ...]
+    c4_ids: tuple[int, ...]
+    c128_ids: tuple[int, ...]
+    nope: int
+    rope: int
+    index_dim: int
+    window: int
+    row: int
+    num_draft: int
+    low_ratio: bool
+    """Whether the stage holds DeepSeek-V4.1 ratio-1/2 layers (:func:`low_ratio_buffers`)."""
+
+
+def _stage(model: ModelSpec, serving: Serving) -> _Stage:
     start, end = rank_layer_range(model, serving)
     stage = model.layers[start:end]
     ratios = tuple(_ratio(layer) for layer in stage)
     first = model.layers[0].params
     nope, rope = int(first["qk_nope_head_dim"]), int(first["qk_rope_head_dim"])
     c4_params = next((layer.params for layer in model.layers if _ratio(layer) == 4), {})
-    index_dim = int(c4_params.get("index_head_dim", 0))
-    window = int(first.get("window_size", 0))
+    ids = tuple(range(start, end))
+    return _Stage(
+        start=start,
+        end=end,
+        ratios=ratios,
+        ids=ids,
+        c4_ids=tuple(i for i, r in zip(ids, ratios, strict=True) if r == 4),
+        c128_ids=tuple(i for i, r in zip(ids, ratios, strict=True) if r == 128),
+        nope=nope,
+        rope=rope,
+        index_dim=int(c4_params.get("index_head_dim", 0)),
+        window=int(first.get("window_size", 0)),
+        row=layout_row_bytes(main_layout(serving), nope, rope),
+        num_draft=draft_layers(model, serving),
+        low_ratio=bool(sources_by_ratio(model, range(start, end))),
+    )
+
+
+def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_running_requests: int) -> DSV4Buffers:
+    """The shapes of every buffer ``DeepSeekV4TokenToKVPool`` (and its draft pool) allocates on this rank."""
+    return _buffers(_stage(model, serving), model, serving, sizes, max_running_requests=max_running_requests)
+
+
+def _buffers(
+    st: _Stage, model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_running_requests: int
+) -> DSV4Buffers:
+    start, end, ratios, ids, c4_ids, c128_ids = st.start, st.end, st.ratios, st.ids, st.c4_ids, st.c128_ids
+    nope, rope, index_dim, window, row = st.nope, st.rope, st.index_dim, st.window, st.row
     page = serving.page_size
     main = main_layout(serving)
-    row = layout_row_bytes(main, nope, rope)
-    ids = tuple(range(start, end))
-    c4_ids = tuple(i for i, r in zip(ids, ratios, strict=True) if r == 4)
-    c128_ids = tuple(i for i, r in zip(ids, ratios, strict=True) if r == 128)
 
     rows, padding = req_to_token_rows(max_running_requests, serving)
     num_req_slots = rows + padding
@@ -414,7 +458,7 @@ def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_ru
         c128_last = 2 * (nope + rope)
     mtp_seq_lens = c128_size if online and serving.enable_online_c128_mtp else 0
 
-    num_draft = draft_layers(model, serving)
+    num_draft = st.num_draft
     draft_swa = (
         KVRowGeometry(DRAFT_SWA_KV_POOL, sizes.swa_tokens, page, tuple(range(num_draft)), row, *_geo(main))
         if num_draft
@@ -461,7 +505,11 @@ def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_ru
         num_req_slots=num_req_slots,
         c128_mtp_seq_lens=mtp_seq_lens if c128_ids else 0,
         hisparse_ptrs=len(c4_ids) if serving.enable_hisparse else 0,
-        low_ratio=low_ratio_buffers(model, serving, sizes.full_tokens, num_req_slots),
+        low_ratio=(
+            low_ratio_buffers(model, serving, sizes.full_tokens, num_req_slots)
+            if st.low_ratio
+            else LowRatioBuffers((), (), None)
+        ),
         draft_swa_valid_from=dspark_swa_valid_from_slots(serving, num_req_slots, has_draft_swa=draft_swa is not None),
     )
     return with_unified_pool(separate, serving, sizes, num_draft)
@@ -526,6 +574,43 @@ def pool_bytes(
     runs several times per plan (the pool values, with their costs, are built once, for the answer)."""
     layout = _pool_layout(model, serving, sizes, max_running_requests=max_running_requests, context_len=context_len)
     return sum(nbytes for nbytes, _ in layout)
+
+
+def pool_bytes_probe(model: ModelSpec, serving: Serving, *, context_len: int) -> Callable[[DSV4Sizes, int], int]:
+    """:func:`pool_bytes` as ``probe(sizes, max_running_requests)``, the model's stage laid out once.
+
+    The exact search probes a handful of token counts per plan; what the pool set's layout reads from the model
+    (the stage's layers by compress ratio, the row bytes) is the same at each, so it is read here once, and each
+    probe sums the buffers' bytes and the engine-wide pools' without building a pool value (issue 37)."""
+    stage = _stage(model, serving)
+    page = serving.page_size
+    has_state = bool(stage.c4_ids)
+
+    hisparse = uses_hisparse_allocator(model, serving)
+
+    def probe(sizes: DSV4Sizes, max_running_requests: int) -> int:
+        b = _buffers(stage, model, serving, sizes, max_running_requests=max_running_requests)
+        if hisparse or b.unified is not None or b.draft_swa_valid_from or b.low_ratio.kv or b.low_ratio.index:
+            # the pool sets beyond V4's separate-KV layout: every pool's bytes from the one layout
+            return pool_bytes(model, serving, sizes, max_running_requests=max_running_requests, context_len=context_len)
+        total = sum(geo.nbytes for geo in (b.swa, b.c4, b.c128) if geo.layers)
+        if b.draft_swa is not None:
+            total += b.draft_swa.nbytes
+        if has_state:  # the indexer and both c4 states live on the c4 layers
+            total += b.indexer.nbytes + b.c4_state.nbytes + b.c4_indexer_state.nbytes
+        total += b.hisparse_ptrs * PTR_BYTES
+        if b.c128_state.layers:
+            total += b.c128_state.nbytes + b.c128_mtp_seq_lens * 8
+        swa_pages = page_align(sizes.swa_tokens, page)
+        return (
+            total
+            + (sizes.full_tokens + page + 1) * SWA_MAPPING_ITEM_BYTES  # swa_mapping_pool
+            + request_pools_bytes(max_running_requests, context_len, serving)
+            + allocator_planned_nbytes(sizes.full_tokens, page)
+            + (allocator_planned_nbytes(swa_pages, page) if swa_pages else 0)
+        )
+
+    return probe
 
 
 _Make = Callable[[str], PoolSpec]

@@ -528,10 +528,7 @@ def _exact_full_tokens(model: ModelSpec, serving: Serving, shape: DSV4Shape, bud
     dozen). The bracket is still checked, and doubled while it fits, so the answer is the same either way.
     """
     page = serving.page_size
-
-    def cost(tokens: int) -> int:
-        return exact_bytes(model, serving, shape, tokens)
-
+    cost = exact_bytes_probe(model, serving, shape)  # the stage laid out once, not at every probe
     estimate = int(budget_bytes / shape.bytes_per_full_token) if shape.bytes_per_full_token > 0 else 0
     upper = max(page, page_align(estimate, page) + page)
     while cost(upper) <= budget_bytes:
@@ -550,15 +547,28 @@ def exact_pools(model: ModelSpec, serving: Serving, shape: DSV4Shape, tokens: in
 
 def exact_bytes(model: ModelSpec, serving: Serving, shape: DSV4Shape, tokens: int) -> int:
     """``sum(p.bytes for p in exact_pools(...))``, without building the pools (the exact search's probe)."""
-    from .buffers import DSV4Sizes, pool_bytes
+    return exact_bytes_probe(model, serving, shape)(tokens)
 
-    sizes = shape.sizes(tokens, serving.page_size)
+
+def exact_bytes_probe(model: ModelSpec, serving: Serving, shape: DSV4Shape) -> Callable[[int], int]:
+    """:func:`exact_bytes` as ``cost(tokens)``: what does not depend on the token count is read once."""
+    from .buffers import DSV4Sizes, pool_bytes_probe
+
+    page = serving.page_size
     context_len = serving.context_length or model.context_len
-    requests = resolve_max_num_reqs(sizes["full_max_total_num_tokens"], context_len, serving).max_running_requests
-    sizes["c128_state_pool_size"] = shape.c128_state_pool_size(max(requests, 0))
-    return pool_bytes(
-        model, serving, DSV4Sizes.from_config(sizes), max_running_requests=max(requests, 0), context_len=context_len
-    )
+    probe = pool_bytes_probe(model, serving, context_len=context_len)
+    seen: dict[int, int] = {}  # the search probes its bracket's top twice (the bracket's check, its first probe)
+
+    def cost(tokens: int) -> int:
+        if tokens in seen:
+            return seen[tokens]
+        sizes = shape.sizes(tokens, page)
+        requests = resolve_max_num_reqs(sizes["full_max_total_num_tokens"], context_len, serving).max_running_requests
+        sizes["c128_state_pool_size"] = shape.c128_state_pool_size(max(requests, 0))
+        seen[tokens] = nbytes = probe(DSV4Sizes.from_config(sizes), max(requests, 0))
+        return nbytes
+
+    return cost
 
 
 def _pools(

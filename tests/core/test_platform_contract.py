@@ -274,3 +274,25 @@ def test_a_workspace_answer_that_is_not_a_list_is_blamed() -> None:
 
     with pytest.raises(PluginResultError, match=r"toyplat.*workspaces"):
         plan("llama-3.1-8b", Serving(platform=TOY), memory="8GiB", registry=registry_with(Garbage()))
+
+
+@pytest.mark.parametrize("requests", [1, 7, 256])
+@pytest.mark.parametrize("extra_slots", [0, 3])
+@pytest.mark.parametrize("speculative", [False, True])
+def test_request_pools_bytes_are_the_built_request_pools_bytes(
+    requests: int, extra_slots: int, speculative: bool
+) -> None:
+    """``request_pools_bytes`` (a search's probe, issue 37) is ``sum(p.bytes for p in request_pools(...))``: the
+    request table (padding row, a decode node's extra rows, a speculative page's extra columns) and every
+    platform workspace."""
+    from kvpools_core.parts.sizing import request_pools, request_pools_bytes
+
+    options: dict[str, Any] = {"page_size": 16, "workspaces": tuple(WORKSPACES)}
+    if extra_slots:
+        options |= {"disaggregation_mode": "decode", "disaggregation_decode_extra_slots": extra_slots}
+    if speculative:
+        options |= {"speculative_algorithm": "EAGLE", "speculative_num_draft_tokens": 4}
+    serving = Serving(**options)
+    built = request_pools(requests, 4096, serving)
+    assert len(built) == 1 + len(WORKSPACES)
+    assert request_pools_bytes(requests, 4096, serving) == sum(p.bytes for p in built)

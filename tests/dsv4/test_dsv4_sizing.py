@@ -375,3 +375,24 @@ def test_the_configurators_request_estimate() -> None:
     sizing = size_dsv4_pools(basis.spec, serving, dsv4_cell_size(basis.spec, serving), explicit_budget(60 * GiB))
     assert (sizing.max_total_num_tokens, sizing.max_running_requests) == (1236992, 2048)
     assert any("2048 request(s) estimated from a capacity of 1,857,050 tokens" in note for note in sizing.notes)
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v4-flash", "deepseek-v4-pro"])
+def test_an_exact_plan_lays_the_stage_out_once_for_its_search(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37: the exact search read the model's stage (``rank_layer_range`` and every layer's compress ratio)
+    again at each probe (8 times per plan of deepseek-v4-flash at 40 GiB); now once for the search and once for
+    the pool values of the answer. The answer is the search's own (the probe's bytes are the built pools',
+    ``test_the_exact_search_probe_is_the_bytes_of_the_pools_it_skips_building``)."""
+    from kvpools_plugins.dsv4 import buffers
+
+    reads: list[object] = []
+    original = buffers.rank_layer_range
+
+    def counted(*args: object, **kwargs: object) -> tuple[int, int]:
+        reads.append(args)
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(buffers, "rank_layer_range", counted)
+    planned = plan(preset, Serving(), memory=40 * GiB)
+    assert len(reads) == 2
+    assert planned.max_total_num_tokens > 0
