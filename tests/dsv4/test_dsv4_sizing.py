@@ -252,7 +252,10 @@ def test_budget_eaten_by_the_c128_state_says_so() -> None:
 def test_each_cost_line_prices_the_tokens_its_slots_are() -> None:
     """Issue 29: the report read ``indexer_c4: 88,704 B/c128 token``: the c4 indexer's slots are c4 tokens
     (``c4_logical_size = c128 tokens x 32``), 132 B x 21 c4 layers = 2,772 B each, 64 to a 256-token page
-    (256 / 4), 177,408 B; it is sized by c128 tokens, 32 c4 tokens per c128 token (2,772 x 32 = 88,704)."""
+    (256 / 4), 177,408 B; it is sized by c128 tokens, 32 c4 tokens per c128 token (2,772 x 32 = 88,704).  Its fixed
+    bytes are the page SGLang 0.5.23 reserves: ``ceil((size + 256) / 64)`` pages (``_num_dsv4_physical_kv_pages``
+    with ``global_page_size`` 256, ``deepseek_v4_memory_pool.py`` L166-171 and L1615-1625), 4 pages beyond the
+    slots here (12,914 c128 tokens x 32 = 413,248 c4 slots, a multiple of 64): 4 x 177,408 = 709,632 B."""
     from click.testing import CliRunner
 
     from kvpools_core.cli import main
@@ -260,7 +263,7 @@ def test_each_cost_line_prices_the_tokens_its_slots_are() -> None:
     result = CliRunner().invoke(main, ["plan", "deepseek-v4-flash", "--memory", "40GiB", "--page-size", "256"])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())  # the table wraps long lines
-    assert "indexer_c4: 2,772 B/c4 token (177,408 B per 64-token page, 32 per c128 token) + 177,408 B fixed" in text
+    assert "indexer_c4: 2,772 B/c4 token (177,408 B per 64-token page, 32 per c128 token) + 709,632 B fixed" in text
     assert "B/c128 token (177,408" not in text
     p = plan("deepseek-v4-flash", Serving(page_size=256), memory=40 * GiB)
     lines = dict(line.split(": ", 1) for line in p.cost.lines())
