@@ -64,6 +64,7 @@ from kvpools_core.values import (
 
 from .config import C4, C128
 from .host import host_problems
+from .layouts import auto_layout_note
 
 OWNER = "dsv4"
 SWA_TOKENS, C4_TOKENS, C128_TOKENS = "swa", "c4", "c128"
@@ -419,6 +420,9 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
             "DSV4 compressed attention: experimental online c128 + MTP enabled "
             f"(EAGLE topk=1 only, draft_banks={shape.draft_tokens}). Validate correctness carefully."
         )
+    layout_note = auto_layout_note(serving)
+    if layout_note:
+        notes.append(layout_note)
     if serving.accounting == "sglang":
         full, fixed, how = _sglang_full_tokens(shape, budget.budget_bytes, page)
         notes.append(how)
