@@ -109,3 +109,12 @@ def test_auto_is_select_dsv4_kv_layout_on_each_gpu() -> None:
 def test_off_blackwell_auto_drops_the_compressed_option(capability: tuple[int, int] | None) -> None:
     serving = _on(capability, dsv4_compressed_kv_layout="fp8")
     assert main_layout(serving) is V4 and compressed_layout(serving, 4) is V4
+
+
+def test_every_rank_of_a_group_on_b200_plans_v41() -> None:
+    """``plan_all_ranks`` re-plans each stage on the agreed budget as stated memory: the GPU's compute capability
+    stays with them (``_on_gpu``), so the final plans resolve ``auto`` as the per-stage profile did."""
+    from kvpools_core.planning.distributed import plan_all_ranks
+
+    ranks = plan_all_ranks(FLASH, Serving(tp_size=4, pp_size=2), gpu="b200", suggest=False)
+    assert {main_layout(p.serving).name for p in ranks.plans} == {"v41"}
