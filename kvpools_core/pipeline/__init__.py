@@ -85,6 +85,7 @@ from kvpools_core.values import (
     DraftModel,
     ModelSpec,
     Plan,
+    PlatformTraits,
     PoolSizing,
     Serving,
 )
@@ -456,15 +457,18 @@ def _resolve_gpu(
 
 
 def _gpu_platform(serving: Serving, gpu: GPU) -> Serving:
-    """``serving`` on the GPU's platform: the default platform gives way to it, another one conflicts."""
+    """``serving`` on the GPU's platform: the default platform gives way to it, another one conflicts.  The GPU's
+    compute capability rides on ``platform_traits`` (kept when the platform's plugin answers its traits)."""
+    known = PlatformTraits(platform=gpu.platform, compute_capability=gpu.compute_capability)
     if serving.platform == gpu.platform:
-        return serving
+        return attrs.evolve(serving, platform_traits=known) if gpu.compute_capability is not None else serving
     if serving.platform != attrs.fields(Serving).platform.default:
         raise ConfigError(
             f"{gpu.label} runs on the {gpu.platform!r} platform, not {serving.platform!r} "
             f"({option('platform')}): drop {option('platform')} or choose another {option('gpu')}."
         )
-    return attrs.evolve(serving, platform=gpu.platform, platform_traits=None, workspaces=())
+    traits = known if gpu.compute_capability is not None else None
+    return attrs.evolve(serving, platform=gpu.platform, platform_traits=traits, workspaces=())
 
 
 def _gpu_budget(

@@ -164,6 +164,9 @@ def resolve_platform_traits(
         )
     if provenance is not None and by != ("core",):
         provenance["platform_traits"] = by
+    known = serving.platform_traits
+    if known is not None and known.platform == traits.platform and known.compute_capability is not None:
+        traits = attrs.evolve(traits, compute_capability=known.compute_capability)  # the planned GPU's (--gpu)
     return attrs.evolve(serving, platform_traits=traits)
 
 

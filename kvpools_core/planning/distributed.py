@@ -56,7 +56,7 @@ from kvpools_core.planning.rank_exchange import (
 )
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.units import parse_bytes
-from kvpools_core.values import Budget, ModelSpec, Plan, Serving
+from kvpools_core.values import Budget, ModelSpec, Plan, PlatformTraits, Serving
 
 PerRank = Any
 """A budget input for every rank: one value for all, a sequence with one per pipeline stage, or a mapping
@@ -483,8 +483,13 @@ def _on_gpu(
         free.append(budget.free_bytes)
         weights.append(budget.weights_bytes)
         fraction, platform = budget.mem_fraction_static, own.serving.platform
+        capability = own.serving.platform_traits.compute_capability if own.serving.platform_traits else None
     assert platform is not None  # pp_size >= 1: at least one stage was planned
-    on_gpu = attrs.evolve(serving, platform=platform, mem_fraction_static=fraction, platform_traits=None, workspaces=())
+    # the GPU's compute capability stays known to the stages planned on the agreed budget (resolve_platform_traits)
+    known = PlatformTraits(platform=platform, compute_capability=capability) if capability is not None else None
+    on_gpu = attrs.evolve(
+        serving, platform=platform, mem_fraction_static=fraction, platform_traits=known, workspaces=()
+    )
     return on_gpu, free, weights
 
 

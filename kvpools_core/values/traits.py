@@ -188,6 +188,19 @@ def _str_values(instance: Any, attribute: attrs.Attribute[Any], value: Mapping[s
         raise InvalidValueError(f"{_flag(instance, attribute)} maps keys to layout names (strings), got {bad!r}.")
 
 
+def _capability(value: Any) -> tuple[int, int] | None:
+    """``(major, minor)`` of non-negative ints (a list from JSON too), or ``None``."""
+    if value is None:
+        return None
+    try:
+        major, minor = (int(v) for v in value if not isinstance(v, bool))
+    except (TypeError, ValueError):
+        raise InvalidValueError(f"compute_capability must be (major, minor) integers, got {value!r}.") from None
+    if major < 0 or minor < 0:
+        raise InvalidValueError(f"compute_capability must be non-negative, got {value!r}.")
+    return (major, minor)
+
+
 @attrs.frozen(kw_only=True)
 class PlatformTraits:
     """What a platform's kernels decide about the KV cache, answered by its plugin (``platform_traits`` hook).
@@ -240,6 +253,11 @@ class PlatformTraits:
     breakable_prefill_graphs: bool = attrs.field(default=False, validator=_boolean)
     decode_retraction_host_pool: bool = attrs.field(default=True, validator=_boolean)
     pool_layouts: Mapping[str, str] = attrs.field(factory=dict, converter=frozen_mapping, validator=_str_values)
+    compute_capability: tuple[int, int] | None = attrs.field(default=None, converter=_capability)
+    """The planned device's compute capability, where the plan knows the device (a catalogue ``--gpu`` with one,
+    :attr:`GPU.compute_capability`; the pipeline keeps it across the platform plugin's answer); ``None``: unknown
+    (a plain budget, a platform without one).  Plugins read it for what the engine picks by the GPU
+    (``torch.cuda.get_device_capability``), e.g. DeepSeek-V4's ``auto`` KV layout."""
 
     def memory_tier(self, gpu_mib: float) -> MemoryTier | None:
         """The platform's own tier for a device of ``gpu_mib`` MiB (the first whose ``max_mib`` covers it)."""
@@ -321,6 +339,12 @@ class GPU:
     platform: str = attrs.field(default="cuda", validator=_text)
     aliases: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple, validator=_texts)
     source: str = attrs.field(default="", validator=_text)
+    compute_capability: tuple[int, int] | None = attrs.field(default=None, converter=_capability)
+    """``(major, minor)`` as ``torch.cuda.get_device_capability`` reports it on CUDA; ``None``: not catalogued
+    (another platform, or a custom total).  A plan on this GPU carries it
+    (:attr:`PlatformTraits.compute_capability`)."""
+    capability_source: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    """Where :attr:`compute_capability` comes from."""
 
     @property
     def total_mib(self) -> float:

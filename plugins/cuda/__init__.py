@@ -28,6 +28,9 @@ SGLang captures breakable prefill graphs by default on CUDA only (``default_pref
 
 MiB = 1 << 20
 _SMI = "nvidia-smi memory.total"
+_CC = "NVIDIA's compute capability table (developer.nvidia.com/cuda-gpus)"
+"""Hopper (H100 / H200 / GH200) 9.0, Blackwell datacenter (B200 / GB200) 10.0, Ampere A100 8.0 and A10G 8.6, Ada
+(L40S, RTX 6000 Ada, L4) 8.9: what ``torch.cuda.get_device_capability`` answers on them."""
 
 
 def _mib(value: int) -> int:
@@ -42,6 +45,8 @@ ACCELERATORS: tuple[GPU, ...] = (
         aliases=("h100-sxm", "h100-80gb", "h100-sxm5"),
         source=f"{_SMI} 81559 MiB ('NVIDIA H100 80GB HBM3 ... 1MiB / 81559MiB', "
         "github.com/sgl-project/sglang/issues/7478)",
+        compute_capability=(9, 0),
+        capability_source=_CC,
     ),
     GPU(
         "h100-pcie",
@@ -49,6 +54,8 @@ ACCELERATORS: tuple[GPU, ...] = (
         _mib(81559),
         aliases=("h100pcie",),
         source=f"{_SMI} 81559 MiB (same 80 GB HBM2e total as the SXM part)",
+        compute_capability=(9, 0),
+        capability_source=_CC,
     ),
     GPU(
         "h100-nvl",
@@ -56,6 +63,8 @@ ACCELERATORS: tuple[GPU, ...] = (
         _mib(95830),
         aliases=("h100nvl", "h100-94gb"),
         source=f"{_SMI} 95830 MiB (public nvidia-smi captures of 'NVIDIA H100 NVL')",
+        compute_capability=(9, 0),
+        capability_source=_CC,
     ),
     GPU(
         "h200",
@@ -64,6 +73,8 @@ ACCELERATORS: tuple[GPU, ...] = (
         aliases=("h200-sxm", "h200-141gb"),
         source=f"{_SMI} 143771 MiB (public nvidia-smi captures of 'NVIDIA H200'; 140.4 GiB as in "
         "github.com/SemiAnalysisAI/InferenceX/issues/2128)",
+        compute_capability=(9, 0),
+        capability_source=_CC,
     ),
     GPU(
         "gh200",
@@ -71,6 +82,8 @@ ACCELERATORS: tuple[GPU, ...] = (
         _mib(97871),
         aliases=("gh200-96gb",),
         source=f"{_SMI} 97871 MiB (public nvidia-smi captures of GH200 at 900 W)",
+        compute_capability=(9, 0),
+        capability_source=_CC,
     ),
     GPU(
         "b200",
@@ -78,6 +91,8 @@ ACCELERATORS: tuple[GPU, ...] = (
         _mib(183359),
         aliases=("b200-sxm", "hgx-b200", "dgx-b200"),
         source=f"{_SMI} 183359 MiB (public nvidia-smi captures of 'NVIDIA B200')",
+        compute_capability=(10, 0),
+        capability_source=_CC,
     ),
     GPU(
         "gb200",
@@ -85,6 +100,8 @@ ACCELERATORS: tuple[GPU, ...] = (
         _mib(189471),
         aliases=("gb200-nvl72",),
         source=f"{_SMI} 189471 MiB (public nvidia-smi captures of 'NVIDIA GB200')",
+        compute_capability=(10, 0),
+        capability_source=_CC,
     ),
     GPU(
         "a100-80gb",
@@ -92,6 +109,8 @@ ACCELERATORS: tuple[GPU, ...] = (
         _mib(81920),
         aliases=("a100", "a100-80g", "a100-sxm4-80gb", "a800", "a800-80gb"),
         source=f"{_SMI} 81920 MiB (public nvidia-smi captures of 'A100-SXM4-80GB' and 'A100 80GB PCIe')",
+        compute_capability=(8, 0),
+        capability_source=_CC,
     ),
     GPU(
         "a100-40gb",
@@ -99,6 +118,8 @@ ACCELERATORS: tuple[GPU, ...] = (
         _mib(40960),
         aliases=("a100-40g", "a100-sxm4-40gb", "a100-pcie-40gb"),
         source=f"{_SMI} 40960 MiB (public nvidia-smi captures of 'A100-SXM4-40GB' and 'A100-PCIE-40GB')",
+        compute_capability=(8, 0),
+        capability_source=_CC,
     ),
     GPU(
         "l40s",
@@ -106,6 +127,8 @@ ACCELERATORS: tuple[GPU, ...] = (
         _mib(46068),
         aliases=("l40",),
         source=f"{_SMI} 46068 MiB (public nvidia-smi captures of 'NVIDIA L40S')",
+        compute_capability=(8, 9),
+        capability_source=_CC,
     ),
     GPU(
         "rtx-6000-ada",
@@ -113,18 +136,24 @@ ACCELERATORS: tuple[GPU, ...] = (
         _mib(49140),
         aliases=("rtx6000-ada", "rtx6000ada", "6000-ada"),
         source=f"{_SMI} 49140 MiB (public nvidia-smi captures of 'NVIDIA RTX 6000 Ada Gene...')",
+        compute_capability=(8, 9),
+        capability_source=_CC,
     ),
     GPU(
         "l4",
         "NVIDIA L4 24GB",
         _mib(23034),
         source=f"{_SMI} 23034 MiB (public nvidia-smi captures of 'NVIDIA L4')",
+        compute_capability=(8, 9),
+        capability_source=_CC,
     ),
     GPU(
         "a10g",
         "NVIDIA A10G 24GB",
         _mib(23028),
         source=f"{_SMI} 23028 MiB (public nvidia-smi captures of 'NVIDIA A10G', AWS g5)",
+        compute_capability=(8, 6),
+        capability_source=_CC,
     ),
 )
 """NVIDIA GPUs, each with ``nvidia-smi --query-gpu=memory.total`` in MiB: what SGLang's

@@ -19,16 +19,18 @@ Per PP stage (``compress_ratios[start:end]``), with ``P`` the page size and
   ``get_bytes_per_token``).  A page keeps its ``P`` tokens' nope+rope first
   (576 B each), then their 8 scale bytes, and is padded to a multiple of 576 B
   (``create_buffer``: ``ceil_div(P × 584, 576) × 576``); a layer holds
-  ``(size + P + 1) // P`` pages of uint8.  There are no rows per *full* token:
+  ``ceil((size + P) / P)`` pages of uint8 (0.5.23 ``_num_dsv4_physical_kv_pages``: the
+  allocator's reserved page).  There are no rows per *full* token:
   full token ids exist only in the allocator and the mapping.
 * ``kv_c4`` / ``kv_c128`` — the compressed rows of the c4 / c128 layers, the same
   packed layout paged by ``P // 4`` / ``P // 128`` tokens (``_init_compressed_pools``),
-  ``c4_size`` / ``c128_size`` tokens (a compressed slot is ``full slot // ratio``,
-  so no allocator of their own).  Under HiSparse the c4 pool is
+  ``ceil((size + P) / (P // ratio))`` pages (the reserved page is a *logical* page of
+  ``P`` tokens: ``ratio`` physical pages), ``c4_size`` / ``c128_size`` tokens (a compressed
+  slot is ``full slot // ratio``, so no allocator of their own).  Under HiSparse the c4 pool is
   ``HiSparseC4DevicePool`` (same buffers, ``c4_size`` shrunk) plus one uint64
   data pointer per c4 layer (``c4_hisparse_ptrs``).
 * ``indexer_c4`` — the c4 layers' lightning-indexer keys (``DeepSeekV4IndexerPool``):
-  per layer ``(size + p + 1) // p`` pages of ``p × 132`` uint8 (``p = P // 4``;
+  per layer ``ceil((size + P) / p)`` pages of ``p × 132`` uint8 (``p = P // 4``;
   fp8 keys then fp32 scales per 128, the DSA indexer's page layout), sized by the
   *logical* c4 count ``c4_logical_size = c128_size × 32`` — HiSparse does not
   shrink it.
@@ -195,6 +197,14 @@ def _ceil_to(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def physical_pages(tokens: int, page_size: int, global_page: int | None = None) -> int:
+    """The pages of one DSV4 paged pool of ``tokens`` slots: SGLang 0.5.23's ``_num_dsv4_physical_kv_pages``
+    (``deepseek_v4_memory_pool.py``, L166-171), ``ceil((size + logical page) / physical page)`` — the paged
+    allocator reserves one *logical* page (``global_page_size``, the schedule's ``P``), so a compressed pool of
+    physical page ``P // ratio`` holds ``ratio`` padding pages, not one."""
+    return -(-(tokens + (page_size if global_page is None else global_page)) // page_size)
+
+
 @attrs.frozen
 class KVRowGeometry:
     """One packed-row pool (SWA, c4 or c128): ``layers`` × ``pages`` pages of ``page_bytes`` uint8."""
@@ -208,15 +218,15 @@ class KVRowGeometry:
     """The unit a page's stride is padded to (the layout's ``page_align``: 576 for V4, :mod:`.layouts`)."""
     layout: str = "v4"
     global_page: int | None = None
-    """The low-ratio pools' (0.5.23 ``_num_dsv4_physical_kv_pages``): ``ceil((size + global_page) / page_size)``
-    pages; ``None``: ``(size + page_size + 1) // page_size``."""
+    """The model-wide logical page (``global_page_size``) the allocator reserves one page of: the schedule's page
+    ``P`` for the compressed pools (c4, c128, the low ratios), whose physical page is ``P // ratio``; ``None``: the
+    pool's own page (the SWA pools, ``global_page_size=swa_page_size``)."""
 
     @property
     def pages(self) -> int:
-        """``(size + page_size + 1) // page_size``: page 0 pads, and one more slot (see :attr:`global_page`)."""
-        if self.global_page is not None:
-            return -(-(self.tokens + self.global_page) // self.page_size)
-        return (self.tokens + self.page_size + 1) // self.page_size
+        """0.5.23 ``_num_dsv4_physical_kv_pages(size, page_size, global_page)``: ``ceil((size + global) / page)``,
+        the highest slot index being ``size + global - 1`` (:func:`physical_pages`)."""
+        return physical_pages(self.tokens, self.page_size, self.global_page)
 
     @property
     def page_bytes(self) -> int:
@@ -235,6 +245,8 @@ class IndexerGeometry:
     page_size: int
     layers: tuple[int, ...]
     head_dim: int
+    global_page: int | None = None
+    """``_make_indexer_pool(..., global_page_size=P)``: the schedule's page (``None``: the pool's own page)."""
 
     @property
     def row_bytes(self) -> int:
@@ -242,7 +254,8 @@ class IndexerGeometry:
 
     @property
     def pages(self) -> int:
-        return (self.tokens + self.page_size + 1) // self.page_size
+        """The c4 KV pool's page count (0.5.23: "PD registers both by page"), :func:`physical_pages`."""
+        return physical_pages(self.tokens, self.page_size, self.global_page)
 
     @property
     def page_bytes(self) -> int:
@@ -482,6 +495,7 @@ def _buffers(
             c4_ids,
             layout_row_bytes(c4_layout, nope, rope),
             *_geo(c4_layout),
+            global_page=page,
         ),
         c128=KVRowGeometry(
             C128_KV_POOL,
@@ -490,8 +504,11 @@ def _buffers(
             c128_ids,
             layout_row_bytes(c128_layout, nope, rope),
             *_geo(c128_layout),
+            global_page=page,
         ),
-        indexer=IndexerGeometry(sizes.c128_tokens * C4_LOGICAL_PER_C128, max(page // 4, 1), c4_ids, index_dim),
+        indexer=IndexerGeometry(
+            sizes.c128_tokens * C4_LOGICAL_PER_C128, max(page // 4, 1), c4_ids, index_dim, global_page=page
+        ),
         c4_state=StateGeometry(
             C4_STATE_POOL, 4, sizes.c4_state_size, ring4, c4_rows, 4 * (nope + rope), state_dtype, c4_ids
         ),

@@ -7,8 +7,11 @@ environment variables, typed options here:
 * ``SGLANG_DSV4_KV_LAYOUT`` = ``--dsv4-kv-layout`` (``auto`` / ``v4`` / ``v41`` / ``v41_new``);
 * ``SGLANG_DSV4_COMPRESSED_KV_LAYOUT`` = ``--dsv4-compressed-kv-layout`` (``auto`` / ``fp8`` / ``fp4``).
 
-``auto`` resolves by the GPU: V4.1 on an SM100 / SM103 GPU, V4 elsewhere.  kvpools sees no GPU, so ``auto``
-plans V4 (SGLang's answer off Blackwell) and the plan says so; a Blackwell server states ``v41``.  ``v4``
+``auto`` resolves by the GPU: V4.1 on a CUDA GPU of compute capability 10.x (SM100 / SM103:
+``torch.cuda.get_device_capability()[0] == 10``), V4 elsewhere.  Where the plan knows its GPU (a catalogue
+``--gpu`` with a compute capability, carried as ``PlatformTraits.compute_capability``) ``auto`` resolves from it
+(B200 / GB200: V4.1, keeping the compressed option; H100 / H200: V4); without one kvpools plans V4 (SGLang's
+answer off Blackwell) and the plan says that a Blackwell server gets V4.1 (:func:`auto_layout_note`).  ``v4``
 returns ``(V4, None if option == "auto" else option)``; ``v41`` / ``v41_new`` keep the option.
 
 Each compressed ratio's cache then follows ``resolve_compressed_kv_layout``: next to a V4 main cache every
@@ -45,6 +48,8 @@ __all__ = [
     "V41_FP4_NEW",
     "V41_NEW",
     "KVLayout",
+    "auto_is_v41",
+    "auto_layout_note",
     "compressed_layout",
     "layout_problems",
     "main_layout",
@@ -88,10 +93,26 @@ SGLANG_V4_PAIR_MESSAGE = "the V4 main cache only pairs with V4 caches"
 SGLANG_HISPARSE_V4_MESSAGE = "HiSparse C4 pools support the V4 layout only"
 
 
+SM100_MAJOR = 10
+"""``select_dsv4_kv_layout``'s ``is_sm100``: ``torch.cuda.get_device_capability()[0] == 10`` (SM100 / SM103)."""
+
+
+def gpu_capability(serving: Serving) -> tuple[int, int] | None:
+    """The planned GPU's compute capability (``--gpu``), or ``None`` where the plan does not know it."""
+    traits = serving.platform_traits
+    return traits.compute_capability if traits is not None else None
+
+
+def auto_is_v41(serving: Serving) -> bool:
+    """Whether ``auto`` is V4.1 here: the planned GPU is a CUDA SM100 / SM103 one."""
+    capability = gpu_capability(serving)
+    return serving.dsv4_kv_layout == "auto" and capability is not None and capability[0] == SM100_MAJOR
+
+
 def main_layout(serving: Serving) -> KVLayout:
-    """The main (SWA) cache's layout ``select_dsv4_kv_layout`` returns; ``auto`` is V4 (see the module)."""
+    """The main (SWA) cache's layout ``select_dsv4_kv_layout`` returns; ``auto`` by the GPU (see the module)."""
     mode = serving.dsv4_kv_layout
-    if mode == "v41":
+    if mode == "v41" or auto_is_v41(serving):
         return V41
     if mode == "v41_new":
         return V41_NEW
@@ -99,11 +120,33 @@ def main_layout(serving: Serving) -> KVLayout:
 
 
 def _compressed_option(serving: Serving) -> str | None:
-    """The option ``select_dsv4_kv_layout`` hands on: ``None`` for ``auto`` (and for SGLang's ``auto`` main
-    layout off SM100, which drops it)."""
-    if serving.dsv4_kv_layout == "auto" or serving.dsv4_compressed_kv_layout == "auto":
+    """The option ``select_dsv4_kv_layout`` hands on: ``None`` for ``auto``, and for SGLang's ``auto`` main
+    layout off SM100, which drops it (on SM100 ``auto`` returns ``(V41, option)``)."""
+    if serving.dsv4_compressed_kv_layout == "auto":
+        return None
+    if serving.dsv4_kv_layout == "auto" and not auto_is_v41(serving):
         return None
     return serving.dsv4_compressed_kv_layout
+
+
+def auto_layout_note(serving: Serving) -> str | None:
+    """What the plan says about ``--dsv4-kv-layout auto``: the GPU it resolved by, or that it knew none."""
+    if serving.dsv4_kv_layout != "auto":
+        return None
+    o = option
+    capability = gpu_capability(serving)
+    if capability is None:
+        return (
+            f"{o('dsv4_kv_layout')} auto planned as v4: kvpools does not know the GPU, and SGLang's "
+            f"select_dsv4_kv_layout picks v4 off SM100 / SM103; a Blackwell (compute capability 10.x) server gets "
+            f"v41 (pass {o('gpu')} b200, or {o('dsv4_kv_layout')} v41)."
+        )
+    name = main_layout(serving).name
+    where = "an SM100 / SM103 GPU" if name == V41.name else "not an SM100 / SM103 GPU"
+    return (
+        f"{o('dsv4_kv_layout')} auto planned as {name}: the GPU's compute capability is "
+        f"{capability[0]}.{capability[1]}, {where} (SGLang's select_dsv4_kv_layout)."
+    )
 
 
 def compressed_layout(serving: Serving, ratio: int) -> KVLayout:

@@ -14,9 +14,9 @@ their rows:
   — the offsets of SGLang's ``kernels/ops/attention/dsv4/index_buf_accessor.py``
   (``_set_k_and_s_torch``); a V4.1 pool (``--dsv4-kv-layout v41`` / ``v41_new``, and DeepSeek-V4.1's low-ratio
   pools) holds the whole 512-value latent in its encoding instead (:mod:`.v41_rows`);
-* the c4 indexer (``indexer_c4``; role ``index_k``, the core's
-  :func:`~kvpools_core.pools.dsa.index_request`): ``(pages, p × 132)`` uint8,
-  fp8 keys then fp32 scales per page, DSA's indexer layout;
+* the c4 indexer (``indexer_c4``; role ``index_k``, :func:`indexer_request`): ``(pages, p × 132)`` uint8,
+  fp8 keys then fp32 scales per page, DSA's indexer layout, with the c4 KV pool's page count
+  (``ceil((size + P) / p)``, not DSA's ``(size + p + 1) // p``);
 * compressor states (``c4_state``, ``c4_indexer_state``, ``c128_state``; role
   ``state``): per layer ``(rows, last_dim)`` in the state dtype, kv in the first
   half and score in the second (``KVAndScore``); the last row is cleared to
@@ -35,7 +35,6 @@ from torch import Tensor
 
 from kvpools_core.allocators.swa import mapping_nbytes, new_full_to_swa_mapping
 from kvpools_core.errors import PoolPlanMismatchError
-from kvpools_core.pools.dsa import index_request
 from kvpools_core.pools.kv import allocate, check_planned_bytes, tensor_nbytes
 from kvpools_core.pools.layout import PER_LAYER, BufferLayout, BufferRequest, allocate_buffers, check_layout_bytes
 from kvpools_core.pools.mla import quantize_fp8_blocks
@@ -275,13 +274,7 @@ class DSV4TokenToKVPool:
         row_pools = [geo for geo in (b.swa, b.c4, b.c128, b.draft_swa, *low.kv) if geo is not None and geo.layers]
         states = [geo for geo in (b.c4_state, b.c4_indexer_state, b.c128_state, low.pair_state) if geo and geo.layers]
         requests = [PackedRows.request(geo, device) for geo in row_pools]
-        index_req = (
-            index_request(
-                INDEXER_POOL, b.indexer.tokens, b.indexer.page_size, b.indexer.row_bytes, b.indexer.layers, device
-            )
-            if b.indexer.layers
-            else None
-        )
+        index_req = indexer_request(b.indexer, device) if b.indexer.layers else None
         requests += [index_req] if index_req is not None else []
         requests += [CompressStates.request(geo, device) for geo in states]
         low_index_requests = [low_index_request(ix, device) for ix in low.index]
@@ -440,6 +433,21 @@ class DSV4TokenToKVPool:
             f"DSV4TokenToKVPool(layers=[{self.start_layer}, {self.end_layer}), swa={b.swa.tokens}, c4={b.c4.tokens}, "
             f"c128={b.c128.tokens}, page_size={self.page_size}, device={self.device})"
         )
+
+
+def indexer_request(ix: IndexerGeometry, device: str | torch.device) -> BufferRequest:
+    """The c4 indexer's keys: per layer ``(pages, p x 132)`` uint8, ``pages`` the c4 KV pool's count
+    (:attr:`IndexerGeometry.pages`, 0.5.23 ``_num_dsv4_physical_kv_pages``), not DSA's one padding page."""
+    return BufferRequest(
+        pool=INDEXER_POOL,
+        role="index_k",
+        rows=ix.pages,
+        page_size=ix.page_size,
+        layers=ix.layers,
+        row_shape=(ix.page_bytes,),
+        dtype=torch.uint8,
+        device=device,
+    )
 
 
 def low_index_request(ix: LowIndexGeometry, device: str | torch.device) -> BufferRequest:

@@ -65,6 +65,7 @@ from kvpools_core.values import (
 from .config import C4, C128
 from .hisparse import dsv4_hisparse_problems
 from .host import host_problems
+from .layouts import auto_layout_note
 from .unified import platform_pool_layout, unified_notes, unified_problems
 
 OWNER = "dsv4"
@@ -415,6 +416,9 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
             "DSV4 compressed attention: experimental online c128 + MTP enabled "
             f"(EAGLE topk=1 only, draft_banks={shape.draft_tokens}). Validate correctness carefully."
         )
+    layout_note = auto_layout_note(serving)
+    if layout_note:
+        notes.append(layout_note)
     if serving.accounting == "sglang":
         full, fixed, how = _sglang_full_tokens(shape, budget.budget_bytes, page)
         notes.append(how)

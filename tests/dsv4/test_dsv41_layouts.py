@@ -38,22 +38,25 @@ def test_v41_main_and_compressed_pages_by_hand() -> None:
     p = plan(FLASH, Serving(tp_size=4, dsv4_kv_layout="v41"), memory="60GiB")
     c = _counts(p)
     swa, c4, c128 = c["swa_max_total_num_tokens"], c["c4_max_total_num_tokens"], c["c128_max_total_num_tokens"]
-    # SWA: 256 x 528 = 135,168 B a page (a multiple of 512); (size + 257) // 256 pages; every layer
-    assert p.pool("kv_swa").bytes == (swa + 257) // 256 * 135_168 * 43
-    # c4: 64-token pages of 64 x 528 = 33,792 B (66 x 512)
-    assert p.pool("kv_c4").bytes == (c4 + 65) // 64 * 33_792 * 21
-    # c128: 2-token pages of 1,056 B, padded to 1,536 B (3 x 512)
-    assert p.pool("kv_c128").bytes == (c128 + 3) // 2 * 1_536 * 20
+    # pages: 0.5.23 _num_dsv4_physical_kv_pages(size, page, global_page) = ceil((size + global_page) / page)
+    # (deepseek_v4_memory_pool.py L166-171), global_page = P = 256 for every pool (L1579-1589)
+    # SWA: 256 x 528 = 135,168 B a page (a multiple of 512); ceil((size + 256) / 256) pages; every layer
+    assert p.pool("kv_swa").bytes == -(-(swa + 256) // 256) * 135_168 * 43
+    # c4: 64-token pages of 64 x 528 = 33,792 B (66 x 512); the reserved 256-token page is 4 of them
+    assert p.pool("kv_c4").bytes == -(-(c4 + 256) // 64) * 33_792 * 21
+    # c128: 2-token pages of 1,056 B, padded to 1,536 B (3 x 512); the reserved page is 128 of them
+    assert p.pool("kv_c128").bytes == -(-(c128 + 256) // 2) * 1_536 * 20
 
 
 def test_v41_new_and_fp4_compressed_pages_by_hand() -> None:
     p = plan(FLASH, Serving(tp_size=4, dsv4_kv_layout="v41_new", dsv4_compressed_kv_layout="fp4"), memory="60GiB")
     c = _counts(p)
     # interleaved V4.1 main cache: 528 B a token, pages padded to 528 B: 256 x 528 exactly
-    assert p.pool("kv_swa").bytes == (c["swa_max_total_num_tokens"] + 257) // 256 * 135_168 * 43
-    # fp4 (interleaved) compressed caches: 288 B a token, padded to 288 B; c128's 2-token page is 576 B
-    assert p.pool("kv_c4").bytes == (c["c4_max_total_num_tokens"] + 65) // 64 * 64 * 288 * 21
-    assert p.pool("kv_c128").bytes == (c["c128_max_total_num_tokens"] + 3) // 2 * 576 * 20
+    assert p.pool("kv_swa").bytes == -(-(c["swa_max_total_num_tokens"] + 256) // 256) * 135_168 * 43
+    # fp4 (interleaved) compressed caches: 288 B a token, padded to 288 B; c128's 2-token page is 576 B;
+    # ceil((size + 256) / (256 // ratio)) pages (_num_dsv4_physical_kv_pages, global_page_size = 256)
+    assert p.pool("kv_c4").bytes == -(-(c["c4_max_total_num_tokens"] + 256) // 64) * 64 * 288 * 21
+    assert p.pool("kv_c128").bytes == -(-(c["c128_max_total_num_tokens"] + 256) // 2) * 576 * 20
 
 
 def test_sglang_accounting_does_not_read_the_layout() -> None:
@@ -84,8 +87,8 @@ def test_low_ratio_pools_by_hand() -> None:
     assert p.pool("indexer_c2").bytes == -(-((full + 256) // 2 + 64) // 64) * 64 * 68
     # the ratio-2 source's pending pair: slots x ring 2, rows rounded to 2, 2 x 512 float32
     assert p.pool("c2_pair_state").bytes == -(-(slots * 2 + 3) // 2) * 2 * 1024 * 4
-    # ratio-1/2 layers own no c4/c128 pools: one c4 and one c128 layer in the stage
-    assert p.pool("kv_c4").bytes == (_counts(p)["c4_max_total_num_tokens"] + 65) // 64 * 37_440 * 1
+    # ratio-1/2 layers own no c4/c128 pools: one c4 and one c128 layer in the stage; ceil((c4 + 256) / 64) pages
+    assert p.pool("kv_c4").bytes == -(-(_counts(p)["c4_max_total_num_tokens"] + 256) // 64) * 37_440 * 1
 
 
 SERVINGS = [

@@ -74,10 +74,13 @@ def test_pool_specs_bytes_by_hand() -> None:
     serving = Serving(page_size=PAGE)
     by_name = {p.name: p for p in pool_specs(small_model(), serving, SIZES, max_running_requests=4, context_len=1024)}
     swa_page = _ceil(PAGE * ROW, 576)  # 66,816: 256 rows padded to a multiple of 576 B
-    assert by_name["kv_swa"].bytes == (1024 + PAGE + 1) // PAGE * swa_page * 4  # every layer keeps SWA rows
-    assert by_name["kv_c4"].bytes == (512 + 64 + 1) // 64 * _ceil(64 * ROW, 576) * 2  # c4 pages of 64 tokens
-    assert by_name["kv_c128"].bytes == (16 + 2 + 1) // 2 * 576 * 1  # c128 pages of 2 tokens, one padded 576 B row
-    assert by_name["indexer_c4"].bytes == (16 * 32 + 64 + 1) // 64 * 64 * 132 * 2  # logical c4 = 32 x c128
+    # SGLang 0.5.23 _num_dsv4_physical_kv_pages(size, page, global_page) = ceil((size + global_page) / page)
+    # (deepseek_v4_memory_pool.py L166-171); the compressed pools and the indexer pass global_page_size=P = 256
+    # (_init_compressed_pools L1579-1589, L1615-1625): the reserved logical page is 4 c4 / 128 c128 pages.
+    assert by_name["kv_swa"].bytes == 5 * swa_page * 4  # ceil((1024 + 256) / 256) = 5 pages, every layer
+    assert by_name["kv_c4"].bytes == 12 * _ceil(64 * ROW, 576) * 2  # ceil((512 + 256) / 64) = 12 pages of 64
+    assert by_name["kv_c128"].bytes == 136 * 576 * 1  # ceil((16 + 256) / 2) = 136 pages of 2, one padded 576 B row
+    assert by_name["indexer_c4"].bytes == 12 * 64 * 132 * 2  # logical c4 = 32 x 16 = 512: ceil((512 + 256) / 64)
     assert by_name["c4_state"].bytes == _ceil(64 + 8 + 1, 4) * 4 * (NOPE + ROPE) * 4 * 2  # fp32, overlap: 4 x head
     assert by_name["c4_indexer_state"].bytes == _ceil(64 + 8 + 1, 4) * 4 * INDEX * 4 * 2
     slots = REQUESTS + 1
@@ -102,7 +105,7 @@ def test_pool_specs_variants() -> None:
     spec = Serving(page_size=PAGE, speculative_algorithm="EAGLE", speculative_num_steps=3, speculative_eagle_topk=1,
                    speculative_num_draft_tokens=4)  # fmt: skip
     by = {p.name: p.bytes for p in pool_specs(model, spec, SIZES, max_running_requests=4, context_len=1024)}
-    assert by["draft_kv_swa"] == (1024 + PAGE + 1) // PAGE * _ceil(PAGE * ROW, 576) * 1  # one NextN layer
+    assert by["draft_kv_swa"] == 5 * _ceil(PAGE * ROW, 576) * 1  # one NextN layer, ceil((1024 + 256) / 256) pages
     assert by["c4_state"] == _ceil(64 + 16 + 1, 4) * 4 * (NOPE + ROPE) * 4 * 2  # speculative ring 16
     assert by["c128_state"] == _ceil((REQUESTS + 1) * 256 + 257, 128) * 2 * (NOPE + ROPE) * 4  # ring 256
     hisparse = {p.name for p in pool_specs(model, Serving(page_size=PAGE, enable_hisparse=True), SIZES,

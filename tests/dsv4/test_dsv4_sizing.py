@@ -233,29 +233,29 @@ def test_hisparse_under_exact_accounting_plans_the_allocator() -> None:
     """Issue 32: DeepSeek-V4 with HiSparse under exact accounting is planned (it was refused), with the device bytes
     of ``DeepSeekV4HiSparseTokenToKVPoolAllocator`` (``mem_cache/allocator/hisparse.py``; ref-000 lines 2166-2170).
 
-    TP 8, 60 GiB, ratio 4 (SGLang's 256 requests): 1,866,496 full tokens (1,742,848 without HiSparse); c4 =
-    1,866,496 // 16 = 116,656 rows, c128 = // 128 = 14,582.  ``hisparse_attn_allocator``: a paged allocator of the
-    c4 rows by the c4 page 256 // 4 = 64: 116,656 // 64 = 1,822 pages, 8 x 1,822 + 8 x 64 = 15,088 B.
-    ``full_to_hisparse_device_index_mapping``: int64, ``c4_logical_size`` (c128 x 32 = 466,624) + 64 zeros and one
-    -1: 466,689 x 8 = 3,733,512 B.  The data pointers: 21 c4 layers x 8 B = 168 B."""
+    TP 8, 60 GiB, ratio 4 (SGLang's 256 requests; the paged pools with SGLang 0.5.23's physical page count):
+    1,865,984 full tokens (1,742,592 without HiSparse); c4 = 1,865,984 // 16 = 116,624 rows, c128 = // 128 =
+    14,578.  ``hisparse_attn_allocator``: a paged allocator of the c4 rows by the c4 page 256 // 4 = 64:
+    116,624 // 64 = 1,822 pages, 8 x 1,822 + 8 x 64 = 15,088 B.  ``full_to_hisparse_device_index_mapping``:
+    int64, ``c4_logical_size`` (c128 x 32 = 466,496) + 64 zeros and one -1: 466,561 x 8 = 3,732,488 B.  The data pointers: 21 c4 layers x 8 B = 168 B."""
     hisparse = attrs.evolve(
         PAGE, enable_hisparse=True, disable_radix_cache=True, hisparse_config='{"host_to_device_ratio": 4}'
     )
     p = plan("deepseek-v4-flash", hisparse, memory=60 * GiB)
     config = p.sizing.sglang_config
     assert (p.max_total_num_tokens, config["c4_max_total_num_tokens"], config["c128_max_total_num_tokens"]) == (
-        1866496,
-        116656,
-        14582,
+        1865984,
+        116624,
+        14578,
     )
     assert p.pool("c4_hisparse_allocator").bytes == 15088
-    assert p.pool("c4_hisparse_mapping").bytes == 3733512
+    assert p.pool("c4_hisparse_mapping").bytes == 3732488
     assert p.pool("c4_hisparse_ptrs").bytes == 168
     assert sum(pool.bytes for pool in p.sizing.pools) <= 60 * GiB
     # the most tokens: one page more no longer fits
     shape = dsv4_shape(p.model, p.serving)
-    assert exact_bytes(p.model, p.serving, shape, 1866496 + 256) > 60 * GiB
-    assert plan("deepseek-v4-flash", PAGE, memory=60 * GiB).max_total_num_tokens == 1742848
+    assert exact_bytes(p.model, p.serving, shape, 1865984 + 256) > 60 * GiB
+    assert plan("deepseek-v4-flash", PAGE, memory=60 * GiB).max_total_num_tokens == 1742592
     # the cost model prices the pools as they are
     for name in ("c4_hisparse_allocator", "c4_hisparse_mapping"):
         pool = p.pool(name)
@@ -302,7 +302,10 @@ def test_budget_eaten_by_the_c128_state_says_so() -> None:
 def test_each_cost_line_prices_the_tokens_its_slots_are() -> None:
     """Issue 29: the report read ``indexer_c4: 88,704 B/c128 token``: the c4 indexer's slots are c4 tokens
     (``c4_logical_size = c128 tokens x 32``), 132 B x 21 c4 layers = 2,772 B each, 64 to a 256-token page
-    (256 / 4), 177,408 B; it is sized by c128 tokens, 32 c4 tokens per c128 token (2,772 x 32 = 88,704)."""
+    (256 / 4), 177,408 B; it is sized by c128 tokens, 32 c4 tokens per c128 token (2,772 x 32 = 88,704).  Its fixed
+    bytes are the page SGLang 0.5.23 reserves: ``ceil((size + 256) / 64)`` pages (``_num_dsv4_physical_kv_pages``
+    with ``global_page_size`` 256, ``deepseek_v4_memory_pool.py`` L166-171 and L1615-1625), 4 pages beyond the
+    slots here (12,914 c128 tokens x 32 = 413,248 c4 slots, a multiple of 64): 4 x 177,408 = 709,632 B."""
     from click.testing import CliRunner
 
     from kvpools_core.cli import main
@@ -310,7 +313,7 @@ def test_each_cost_line_prices_the_tokens_its_slots_are() -> None:
     result = CliRunner().invoke(main, ["plan", "deepseek-v4-flash", "--memory", "40GiB", "--page-size", "256"])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())  # the table wraps long lines
-    assert "indexer_c4: 2,772 B/c4 token (177,408 B per 64-token page, 32 per c128 token) + 177,408 B fixed" in text
+    assert "indexer_c4: 2,772 B/c4 token (177,408 B per 64-token page, 32 per c128 token) + 709,632 B fixed" in text
     assert "B/c128 token (177,408" not in text
     p = plan("deepseek-v4-flash", Serving(page_size=256), memory=40 * GiB)
     lines = dict(line.split(": ", 1) for line in p.cost.lines())

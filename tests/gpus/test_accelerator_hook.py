@@ -16,7 +16,6 @@ import types
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 
 import kvpools_core
@@ -25,7 +24,7 @@ from kvpools_core.errors import ConfigError, InvalidValueError, PluginConflictEr
 from kvpools_core.pipeline.gpus import accelerators, find_gpu, platform_traits_of, sglang_chunked_prefill_size
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.testing.registries import isolated_registry
-from kvpools_core.values import GPU, MemoryTier, PlatformTraits
+from kvpools_core.values import GPU, MemoryTier, PlatformTraits, to_dict
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -103,7 +102,7 @@ def test_the_platform_traits_carry_the_memory_default_inputs() -> None:
 def test_memory_tiers_round_trip_and_are_checked() -> None:
     tier = MemoryTier(max_mib=1024, chunked_prefill_size=512, decode_max_bs=4, decode_max_bs_at_tp4=8)
     traits = PlatformTraits(platform="toy", memory_tiers=(tier,), breakable_prefill_graphs=True)
-    assert PlatformTraits.from_dict(json.loads(json.dumps(attrs.asdict(traits), default=list))) == traits
+    assert PlatformTraits.from_dict(json.loads(json.dumps(to_dict(traits)))) == traits
     assert traits.memory_tier(1024) == tier and traits.memory_tier(1025) is None
     with pytest.raises(InvalidValueError, match="strictly ascending max_mib"):
         PlatformTraits(platform="toy", memory_tiers=(tier, tier))
