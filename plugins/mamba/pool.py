@@ -42,11 +42,11 @@ from torch import Tensor
 from kvpools_core.allocators import TokenAllocator
 from kvpools_core.dtypes import MODEL_DTYPES
 from kvpools_core.errors import BufferLayoutError
-from kvpools_core.parts.indexer import index_layer_mask
+from kvpools_core.parts.indexer import index_head_dim, index_kpool, index_layer_mask
 from kvpools_core.parts.names import DRAFT_KV_POOL, INDEX_POOL, KV_POOL
 from kvpools_core.parts.sizing import req_to_token_row_len, req_to_token_rows
 from kvpools_core.pools import ReqToTokenPool, check_planned_bytes
-from kvpools_core.pools.dsa import DSATokenToKVPool, index_storage, plan_latent_row
+from kvpools_core.pools.dsa import DSATokenToKVPool, IndexStorage, index_storage, plan_latent_row
 from kvpools_core.pools.kv import allocate, tensor_nbytes
 from kvpools_core.pools.layout import (
     LAYER_MAJOR,
@@ -653,6 +653,8 @@ class HybridLinearKVPool:
     def nbytes_by_pool(self) -> dict[str, int]:
         """Measured bytes per plan pool name: ``kv`` and, with a draft, ``draft_kv`` (and the QSA buffers)."""
         measured = self.full.nbytes_by_pool()
+        if isinstance(self.full, DSATokenToKVPool) and not self.full.index_layer_ids:
+            measured.pop(INDEX_POOL, None)  # every full layer shares another's top-k: the plan has no indexer pool
         if self.qsa is not None:
             measured.update(self.qsa.nbytes_by_pool())
         return measured
@@ -729,10 +731,14 @@ def _build_dsa_pool(
     ``skip_topk_layers`` keeps (IndexShare); refuses, before allocating, bytes the plan did not charge."""
     serving = plan.serving
     size, page = plan.max_total_num_tokens, serving.page_size
-    row, index = plan_latent_row(plan), index_storage(plan)
+    row = plan_latent_row(plan)
     keyed = [i for i, kept in enumerate(index_layer_mask(full_layers, serving)) if kept]
     check_latent_bytes(plan, KV_POOL, row, size + page, len(full_layers))
-    index.check(plan, INDEX_POOL, size, page, len(keyed))
+    if keyed:
+        index = index_storage(plan)
+        index.check(plan, INDEX_POOL, size, page, len(keyed))
+    else:  # every full layer reuses another's top-k: 0-row placeholders only, and no indexer pool in the plan
+        index = IndexStorage(index_head_dim(plan.model), kpool=index_kpool(plan.model))
     return DSATokenToKVPool(
         size=size,
         page_size=page,

@@ -193,3 +193,16 @@ def test_serving_options_keep_their_evidence() -> None:
     raw = attrs.evolve(fp8, dsa_prefill_backend="trtllm", dsa_decode_backend="trtllm")
     got = plan(_spec(glm5_next()), raw, memory=4 * GiB)
     assert got.cell.bytes_per_token == 4 * 576 + 2 * 132
+
+
+def test_every_full_layer_sharing_top_k_keeps_no_indexer_pool() -> None:
+    """``index_topk_freq`` 2, ``index_skip_topk_offset`` 3: layer ``i`` skips when ``max(i - 2, 0) % 2 != 0``,
+    true for 3, 7, 11 and 15 (``dsa_layer_skips_topk``), so the hybrid's DSA pool holds latent rows only (4 x
+    1,152 B per token) and 0-row index placeholders; it still builds exactly."""
+    got = plan(_spec(glm5_next(index_topk_pattern=None, index_topk_freq=2, index_skip_topk_offset=3)), Serving(),
+               memory=4 * GiB)  # fmt: skip
+    assert got.cell.bytes_per_token == 4 * 1152
+    assert "indexer" not in [pool.name for pool in got.pools]
+    pools = build(got, "meta")
+    assert pools.allocated_by_pool() == {pool.name: pool.bytes for pool in got.pools}
+    assert [buffer.shape[0] for buffer in pools.kv_pool.full.index_k_with_scale_buffer] == [0, 0, 0, 0]
