@@ -157,7 +157,7 @@ def test_no_elision_under_pd() -> None:
             },
             "kvpools does not model speculative decoding",
         ),
-        ({"enable_hisparse": True}, "enable_hisparse"),
+        ({"enable_hisparse": True}, "kvpools does not model enable_hisparse"),
     ],
     ids=["page", "dcp", "speculative", "hisparse"],
 )
@@ -206,3 +206,14 @@ def test_every_full_layer_sharing_top_k_keeps_no_indexer_pool() -> None:
     pools = build(got, "meta")
     assert pools.allocated_by_pool() == {pool.name: pool.bytes for pool in got.pools}
     assert [buffer.shape[0] for buffer in pools.kv_pool.full.index_k_with_scale_buffer] == [0, 0, 0, 0]
+
+
+def test_layer_split_is_refused_by_name() -> None:
+    serving = Serving(tp_size=2, attn_cp_size=2, enable_dsa_cache_layer_split=True, disaggregation_mode="prefill")
+    with pytest.raises(UnsupportedCombinationError, match="kvpools does not model enable_dsa_cache_layer_split"):
+        plan(_spec(glm5_next()), serving, memory=4 * GiB)
+
+
+def test_kpool_compress_tails_are_refused_by_name() -> None:
+    with pytest.raises(UnsupportedCombinationError, match=r"kvpools does not model index_kpool_compress"):
+        plan(_spec(glm5_next(index_kpool=2, index_kpool_compress=True)), Serving(), memory=4 * GiB)
