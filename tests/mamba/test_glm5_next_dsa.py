@@ -36,6 +36,7 @@ def glm5_next(**text_changes: Any) -> dict[str, Any]:
     text = {
         "model_type": "glm5_next_text",
         "num_hidden_layers": LAYERS,
+        "hidden_size": 4096,
         "num_attention_heads": 64,
         "kv_lora_rank": 512,
         "qk_rope_head_dim": 64,
