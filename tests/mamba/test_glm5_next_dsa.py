@@ -218,3 +218,13 @@ def test_layer_split_is_refused_by_name() -> None:
 def test_kpool_compress_tails_are_refused_by_name() -> None:
     with pytest.raises(UnsupportedCombinationError, match=r"kvpools does not model index_kpool_compress"):
         plan(_spec(glm5_next(index_kpool=2, index_kpool_compress=True)), Serving(), memory=4 * GiB)
+
+
+@pytest.mark.parametrize(("kv", "per_layer"), [("auto", 512 * 2), ("fp8_e4m3", 512 + 512 // 128 * 4)])
+def test_glm5_next_default_rope_less_latent_builds(kv: str, per_layer: int) -> None:
+    """``Glm5NextTextConfig`` defaults ``qk_rope_head_dim`` 0: a latent of 512 values, no rope columns (bf16:
+    1,024 B; fp8's packed row: 512 + 4 scales x 4 B = 528 B).  The bf16 build used to fail on a 0-wide rope
+    column group."""
+    got = plan(_spec(glm5_next(qk_rope_head_dim=None)), Serving(kv_cache_dtype=kv), memory=4 * GiB)
+    assert got.cell.bytes_per_token == 4 * per_layer + 2 * 132
+    assert build(got, "meta").allocated_by_pool() == {pool.name: pool.bytes for pool in got.pools}
