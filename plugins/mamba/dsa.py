@@ -13,7 +13,8 @@ mamba plugin's as for Kimi-Linear.  The DSA arithmetic is the parts library's (:
 
 What kvpools does not model on these hybrids yet is refused by name (:func:`dsa_hybrid_problems`): HiSparse,
 decode context parallelism, the GLM DSA cache layer split, the kpool-compress request tails and speculative
-decoding (the draft worker's DSA pool of one layer).
+decoding (the draft worker's DSA pool of one layer), and platforms other than CUDA and ROCm (Ascend's NPU DSA
+pool stores the index keys otherwise).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ GLM5_NEXT = "glm5_next"
 DSA = "dsa"
 """``ModelSpec.params`` key: the full-attention side is DSA (latent rows and index keys)."""
 INDEXER_KEYS = ("index_head_dim", "index_topk", "index_n_heads")
+PAGED_INDEX_PLATFORMS = frozenset({"cuda", "rocm"})
+"""Platforms whose DSA pool pages the index keys as ``kvpools_core.pools.dsa``'s CUDA layout (Ascend's NPU pool
+keeps plain rows, which its plugin rewrites for the ``dsa`` architecture only)."""
 DSA_PAGE_TOKENS = 64
 """SGLang's default DSA page per pooled index group (``_deepseek_family_overrides``: 64 x index_kpool)."""
 
@@ -100,6 +104,10 @@ def dsa_hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:
         (serving.enable_dsa_cache_layer_split, f"{option('enable_dsa_cache_layer_split')}"),
         (bool(model.params.get(KPOOL_COMPRESS)) and index_kpool(model) > 1, "index_kpool_compress (per-request tails)"),
         (serving.speculative, "speculative decoding (the draft worker's one-layer DSA pool)"),
+        (
+            serving.platform not in PAGED_INDEX_PLATFORMS,
+            f"platform {serving.platform} (its DSA pool keeps the index keys otherwise than CUDA's pages)",
+        ),
     ]
     problems = [
         f"kvpools does not model {what} on {model.name}, a linear-attention hybrid with a DSA full side "

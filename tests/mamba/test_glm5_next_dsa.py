@@ -159,8 +159,9 @@ def test_no_elision_under_pd() -> None:
             "kvpools does not model speculative decoding",
         ),
         ({"enable_hisparse": True}, "kvpools does not model enable_hisparse"),
+        ({"platform": "ascend", "page_size": 128}, "kvpools does not model platform ascend"),
     ],
-    ids=["page", "dcp", "speculative", "hisparse"],
+    ids=["page", "dcp", "speculative", "hisparse", "ascend"],
 )
 def test_refusals(changes: dict[str, Any], words: str) -> None:
     with pytest.raises(UnsupportedCombinationError, match=words):
