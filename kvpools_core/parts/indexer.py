@@ -46,6 +46,7 @@ __all__ = [
     "elides_index_k",
     "hisparse_ratio",
     "index_buffer_slots",
+    "index_head_dim",
     "index_kpool",
     "index_layer_count",
     "index_layer_mask",
@@ -90,7 +91,7 @@ TAIL_ELEMENT_BYTES = 2
 def dsa_problems(model: ModelSpec, serving: Serving) -> list[str]:
     """What SGLang's DSA pools cannot hold for this model (its MLA latent, its indexer, the page size)."""
     problems = mla_problems(model, serving)
-    index_dim = model.layers[0].params["index_head_dim"]
+    index_dim = index_head_dim(model)
     if index_dim != INDEX_HEAD_DIM:
         problems.append(
             f"{model.name} has index_head_dim {index_dim}; SGLang's DSA pool (and its indexer kernels) "
@@ -213,9 +214,15 @@ def owned_layers(start: int, end: int, serving: Serving) -> range | None:
     return range(start, start + -(-(end - start) // serving.attn_cp_size))
 
 
+def index_head_dim(model: ModelSpec) -> int:
+    """The model's ``index_head_dim``: its first DSA layer's (a linear-attention hybrid's first layers may be
+    recurrent ones without an indexer; SGLang's ``get_dsa_index_head_dim`` reads one per model)."""
+    return int(next(layer.params["index_head_dim"] for layer in model.layers if "index_head_dim" in layer.params))
+
+
 def index_row_bytes(model: ModelSpec) -> int:
     """Indexer bytes per token per layer: fp8 keys and one fp32 scale per 128 (132 for index_head_dim 128)."""
-    dim = int(model.layers[0].params["index_head_dim"])
+    dim = index_head_dim(model)
     return dim + dim // INDEX_BLOCK * INDEX_SCALE_BYTES
 
 
@@ -277,5 +284,5 @@ def index_tail_bytes_per_request(model: ModelSpec, serving: Serving, num_index_l
     if kpool <= 1 or not model.params.get(KPOOL_COMPRESS, False):
         return 0
     width = kpool + (serving.speculative_num_draft_tokens or 0 if serving.speculative_algorithm else 0)
-    dim = int(model.layers[0].params["index_head_dim"])
+    dim = index_head_dim(model)
     return 2 * width * dim * TAIL_ELEMENT_BYTES * num_index_layers

@@ -165,8 +165,9 @@ def platform_problems(kv: KVDtype, serving: Serving, model_name: str) -> list[st
 
 
 def model_dims(model: ModelSpec) -> MLADims:
-    """The latent dims of an MLA-family model (one per model, as SGLang's ``ModelConfig``): its first layer's."""
-    return MLADims.of(model.layers[0])
+    """The latent dims of an MLA-family model (one per model, as SGLang's ``ModelConfig``): its first latent
+    layer's (a linear-attention hybrid's first layers may keep no latent)."""
+    return MLADims.of(next((layer for layer in model.layers if "kv_lora_rank" in layer.params), model.layers[0]))
 
 
 def latent_cell_size(row: LatentRow, num_layers: int, pool: str = "kv") -> CellSize:

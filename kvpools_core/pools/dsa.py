@@ -50,6 +50,7 @@ from kvpools_core.parts.indexer import (
     INDEX_TAIL_POOL,
     TAIL_ELEMENT_BYTES,
     index_buffer_slots,
+    index_head_dim,
     index_layer_mask,
     index_tail_bytes_per_request,
     latent_row,
@@ -480,9 +481,7 @@ def _tail_geometry(plan: Plan, num_index_layers: int) -> tuple[int, int]:
     if not per_request:
         return 0, 0
     rows = plan.max_running_requests + 1
-    width = per_request // (
-        2 * num_index_layers * int(plan.model.layers[0].params["index_head_dim"]) * TAIL_ELEMENT_BYTES
-    )
+    width = per_request // (2 * num_index_layers * index_head_dim(plan.model) * TAIL_ELEMENT_BYTES)
     check_planned_bytes(
         INDEX_TAIL_POOL,
         rows * per_request,

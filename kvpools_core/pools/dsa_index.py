@@ -16,7 +16,7 @@ import torch
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.errors import ConfigError, PoolPlanMismatchError
 from kvpools_core.options import option
-from kvpools_core.parts.indexer import INDEX_BLOCK, INDEX_SCALE_BYTES, index_kpool, index_pages
+from kvpools_core.parts.indexer import INDEX_BLOCK, INDEX_SCALE_BYTES, index_head_dim, index_kpool, index_pages
 from kvpools_core.parts.names import INDEX_POOL
 from kvpools_core.pools.kv import check_planned_bytes
 from kvpools_core.pools.layout import BufferRequest
@@ -136,7 +136,7 @@ def index_storage(plan: Plan) -> IndexStorage:
     rows need fp8 keys (they are the scales of the fp8 values).
     """
     model = plan.model
-    dim = int(model.layers[0].params["index_head_dim"])
+    dim = index_head_dim(model)
     names = sorted({part.name for part in plan.cell.parts_of(TOKEN) if part.pool == INDEX_POOL})
     if names == [PAGED_INDEX_PART]:
         return IndexStorage(dim, kpool=index_kpool(model))

@@ -250,7 +250,9 @@ class MLATokenToKVPool:
             if scale is not None:
                 shapes.append(("latent_scale", torch.uint8, scale[1:]))
             else:  # one element per value: the row's columns are the latent, then the rope
-                groups = ((NOPE_GROUP, row.dims.kv_lora_rank), (ROPE_GROUP, row.dims.qk_rope_head_dim))
+                # (a rope-less latent, GLM5-Next's default qk_rope_head_dim 0, has the latent's columns only)
+                widths = ((NOPE_GROUP, row.dims.kv_lora_rank), (ROPE_GROUP, row.dims.qk_rope_head_dim))
+                groups = tuple((group, width) for group, width in widths if width)
         device = torch.device(device)
         return [
             BufferRequest(

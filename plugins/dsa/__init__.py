@@ -18,7 +18,9 @@ hold no index keys where ``_should_elide_dsa_index_k`` holds; ``index_kpool`` pa
 B per token with a kernel page of ``page // kpool`` (and per-request tails with ``index_kpool_compress``);
 under DCP the index buffer holds ``(S + P) x dcp - P`` slots; HiSparse (:mod:`.hisparse`) sizes the index
 keys for ``S x host_to_device_ratio`` logical slots.  SGLang's configurator (ref-002) charges none of these,
-so ``--accounting sglang`` keeps its count.  GLM5-Next, LongCat-Flash and HYV4 DSA models are refused by name.
+so ``--accounting sglang`` keeps its count.  GLM5-Next's DSA linear-attention hybrids are the ``mamba``
+plugin's (their DSA cell is the parts library's :mod:`kvpools_core.parts.dsa`); GLM5-Next's NextN draft config,
+LongCat-Flash and HYV4 DSA models are refused by name.
 
 The indexer part is named :data:`INDEX_PART`, which tells the core's DSA
 store to build CUDA's pages (``kvpools_core.pools.dsa.PAGED_INDEX_PART``); a
@@ -39,30 +41,21 @@ from kvpools_core.config import MULTIPLIER, ConfigReader, first_architecture, is
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
+from kvpools_core.parts.dsa import INDEX_PART as INDEX_PART
+from kvpools_core.parts.dsa import PACKED_ROW_NOTE as PACKED_ROW_NOTE
+from kvpools_core.parts.dsa import dsa_cell_size as dsa_cell_size
 from kvpools_core.parts.indexer import (
-    INDEX_EXTRA_SLOTS,
     INDEX_POOL,
-    INDEX_TAIL_POOL,
     KPOOL_COMPRESS,
     SKIPS_TOPK,
     dsa_problems,
     hisparse_ratio,
-    index_layer_count,
-    index_row_bytes,
-    index_tail_bytes_per_request,
-    index_token_bytes,
-    latent_row,
-    layer_split,
-    stored_layers,
 )
-from kvpools_core.parts.latent import has_mla_latent, latent_model_spec, sglang_latent_cell
+from kvpools_core.parts.latent import has_mla_latent, latent_model_spec
 from kvpools_core.values import (
-    REQUEST,
     Budget,
-    CellPart,
     CellSize,
     EngineDefault,
-    LayerSpec,
     ModelSpec,
     Plan,
     PoolSizing,
@@ -84,10 +77,6 @@ INDEX_KPOOL = "index_kpool"
 ``get_dsa_index_kpool``: absent is 1)."""
 DSA_PAGE_TOKENS = 64
 """Tokens of one physical DSA page (SGLang: "DSA requires 64-token physical pages")."""
-INDEX_PART = "indexer"
-"""The indexer's cell part: CUDA's fp8 keys and fp32 scales per page (``kvpools_core.pools.dsa.PAGED_INDEX_PART``)."""
-PACKED_ROW_NOTE = "fp8 DSA latent row:"
-"""How the note on the packed fp8 row begins (a platform without that row drops it)."""
 PRESET_DIR = Path(__file__).parent / "presets"
 
 
@@ -106,6 +95,8 @@ def engine_features() -> dict[str, list[str]]:
 def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | None:
     outer = ConfigReader(config, source)
     reader = outer.text()
+    if first_architecture(outer) in LINEAR_HYBRIDS:
+        return None  # a DSA full side beside linear-attention layers: the mamba plugin's HybridLinearKVPool
     refusal = unmodelled_dsa_family(outer, source)
     if refusal:
         raise UnsupportedCombinationError(refusal)
@@ -133,10 +124,13 @@ def parse_model_config(config: Mapping[str, Any], source: str) -> ModelSpec | No
     return spec if params == dict(spec.params) else attrs.evolve(spec, params=params)
 
 
+LINEAR_HYBRIDS = frozenset({"Glm5NextForConditionalGeneration"})
+"""DSA architectures whose other layers are linear attention (GLM5-Next: KDA): SGLang builds a
+``HybridLinearKVPool(use_dsa=True)`` for them, which the ``mamba`` plugin plans (``kvpools_core.parts.dsa``)."""
+
 UNMODELLED_FAMILIES: dict[str, str] = {
     "Glm5NextForConditionalGeneration": (
-        "GLM5-Next's DSA layers beside its KDA linear-attention layers (SGLang builds a HybridLinearKVPool with "
-        "use_dsa: index keys on the full-attention layers, kv_cache_configurator._build_hybrid_linear_kv_pool)"
+        "GLM5-Next's NextN draft model (its one-layer DSA draft pool beside the target's HybridLinearKVPool)"
     ),
     "LongcatFlashForCausalLM": (
         "LongCat-Flash's DSA (two attention blocks per decoder layer, index keys shared every cli_factor layers)"
@@ -284,59 +278,3 @@ def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | No
     from kvpools_core.pools.dsa import DSATokenToKVPool
 
     return DSATokenToKVPool.from_plan(plan, device, layout=layout)
-
-
-def dsa_cell_size(layers: tuple[LayerSpec, ...], model: ModelSpec, serving: Serving) -> CellSize:
-    """Latent row + indexer key per stored layer (``ceil(L / cp) + 1`` of them under the cache layer split).
-
-    The index pages store ``132 / index_kpool`` B per token per layer, on the
-    layers whose keys the pool allocates (IndexShare layers none, where SGLang
-    elides them), replicated over the DCP ranks (``slot_scale`` dcp: SGLang's
-    ``(S + P) x dcp - P`` slots) and ``host_to_device_ratio`` times the device
-    tokens under HiSparse (the pool itself is laid out by :mod:`.hisparse`).
-    SGLang's cell (ref-002 lines 193-220) charges 132 B on every stored layer
-    whatever these are.  The kpool-compress tails are paid per request.
-
-    ``num_layers`` stays the stage's layer count: SGLang scales the draft's
-    share by it, not by the split's stored layers; the draft keeps every layer
-    (and every layer's keys), so one draft layer's parts are given explicitly.
-    """
-    num_layers = len(layers)
-    stored = stored_layers(num_layers, serving)
-    row = latent_row(model, serving)
-    index_bytes = index_token_bytes(model)
-    indexed = stored if layer_split(serving) else index_layer_count(layers, serving)
-    sglang = sglang_latent_cell(row.dims, row.kv, stored) + index_row_bytes(model) * stored
-    scale = hisparse_ratio(serving) * serving.dcp_size
-    parts = [*row.cell_parts(stored)]
-    if indexed:
-        parts.append(CellPart(INDEX_PART, index_bytes * indexed, INDEX_POOL, INDEX_EXTRA_SLOTS, slot_scale=scale))
-    tails = index_tail_bytes_per_request(model, serving, indexed)
-    if tails:
-        parts.append(CellPart("index_tails", tails, INDEX_TAIL_POOL, unit=REQUEST))
-    one_layer = (*row.cell_parts(1), CellPart(INDEX_PART, index_bytes, INDEX_POOL, INDEX_EXTRA_SLOTS))
-    notes = []
-    if indexed < stored:
-        notes.append(
-            f"IndexShare: {stored - indexed} of {stored} layer(s) reuse another layer's top-k and hold no index "
-            f"keys (SGLang's skip_topk_layers); SGLang's cell size charges the indexer on all {stored}"
-        )
-    if row.packed_fp8:
-        notes.append(
-            f"{PACKED_ROW_NOTE} {row.row_bytes} B per layer (FlashMLA's packed layout); SGLang's cell size "
-            f"charges {row.dims.kv_cache_dim} B for it"
-        )
-    if row.kv.is_fp4:
-        notes.append("fp4 DSA latent: stored as MLATokenToKVPoolFP4 rows (SGLang's DSA pool has no fp4 layout)")
-    if layer_split(serving):
-        notes.append(
-            f"DSA cache layer split over {serving.attn_cp_size} CP ranks: {stored - 1} owned layer(s) of "
-            f"{num_layers} plus one remote scratch layer"
-        )
-    return CellSize(
-        parts=parts,
-        sglang_bytes_per_token=max(sglang, 1),
-        num_layers=num_layers,
-        draft_layer_parts=one_layer,
-        notes=notes,
-    )

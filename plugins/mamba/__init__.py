@@ -37,6 +37,7 @@ from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parallel import pp_layer_range
 from kvpools_core.parts.attention import attention_cell_size, scale_block_problems
+from kvpools_core.parts.dsa import dsa_cell_size
 from kvpools_core.parts.unified import SubPoolEntry
 from kvpools_core.parts.unified_plan import (
     UNIFIED_FEATURE,
@@ -61,6 +62,7 @@ from kvpools_core.values import (
 )
 
 from .config import KV_KINDS, QWEN4_EXP_MODEL_TYPES, hybrid_family, hybrid_model_spec
+from .dsa import GLM5_NEXT, dsa_hybrid_defaults, dsa_hybrid_problems, is_dsa_hybrid
 from .inkling import (
     INKLING_MAMBA_FULL_MEMORY_RATIO,
     INKLING_SWA_FULL_TOKENS_RATIO,
@@ -151,7 +153,9 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> CellSize | None:
             f"{shape.bytes * len(layers):,} B (every layer, configs/inkling.py conv_layer_ids)",
         )
     full_layers = rank_full_attention_layers(model, serving)
-    if is_mla_hybrid(model):
+    if is_dsa_hybrid(model):  # latent rows and index keys of the full layers (.dsa; the parts library's DSA cell)
+        cell = dsa_cell_size(full_layers, model, serving)
+    elif is_mla_hybrid(model):
         cell = latent_cell_size(full_layers, model, serving)
     else:
         cell = attention_cell_size(full_layers, model, serving)
@@ -205,6 +209,12 @@ def vllm_kv_cache_specs(model: ModelSpec, serving: Serving, block_size: int) -> 
         )
     if is_inkling_model(model):
         raise UnsupportedCombinationError(INKLING_VLLM_REFUSAL)
+    if model.params.get("family") == GLM5_NEXT:
+        raise UnsupportedCombinationError(
+            f"kvpools does not model GLM5-Next ({model.name}) under {option('accounting')} vllm yet: vLLM 0.33's "
+            f"layers for it (KDA state beside DSA latent rows and index keys) are not read. Use "
+            f"{option('accounting')} sglang or exact."
+        )
     if model.params.get("ple"):
         raise UnsupportedCombinationError(
             f"kvpools does not model Qwen4-Exp's PLE state under {option('accounting')} vllm yet: vLLM 0.33's "
@@ -315,6 +325,8 @@ def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] |
     ``arg_groups/model_overrides/inkling.py``: ``--swa-full-tokens-ratio`` 0.1, ``--mamba-full-memory-ratio`` 0.1)
     and a QSA model's page (``arg_groups/model_overrides/qwen4_exp.py``: 'Setting page size to 64 for compressed
     QSA (full//ratio compressed addressing)')."""
+    if is_dsa_hybrid(model):
+        return dsa_hybrid_defaults(model)
     if is_inkling_model(model):
         reason = "SGLang 0.5.23's default for Inkling (_inkling_overrides in arg_groups/model_overrides/inkling.py)"
         return [
@@ -382,6 +394,8 @@ def hybrid_problems(model: ModelSpec, serving: Serving) -> list[str]:
     problems += serving_problems(
         serving, model_name=model.name, is_mamba=True, is_hybrid_swa=False, is_mla=is_mla_hybrid(model)
     )
+    if is_dsa_hybrid(model):
+        return problems + dsa_hybrid_problems(model, serving)
     if is_mla_hybrid(model):
         return problems + latent_problems(model, serving)
     kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)

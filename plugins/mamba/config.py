@@ -35,11 +35,13 @@ from kvpools_core.config import (
     derived_head_dim,
     describe,
     grouped_kv_heads,
+    is_deepseek_dsa,
     model_dtype,
 )
 from kvpools_core.parts.latent import MLADims
 from kvpools_core.values import LayerSpec, ModelSpec
 
+from .dsa import GLM5_NEXT, dsa_full_side
 from .qsa import parse_qsa_profile
 
 ATTENTION = "attention"
@@ -76,6 +78,8 @@ _FAMILY_BY_MODEL_TYPE = {
     "falcon_h1": "falcon_h1",
     "granitemoehybrid": "granite",
     "kimi_linear": "kimi_linear",
+    "glm5_next": "glm5_next",
+    "glm5_next_text": "glm5_next",
 }
 _FAMILY_BY_ARCHITECTURE = {
     "Qwen3NextForCausalLM": "qwen_gdn",
@@ -89,6 +93,7 @@ _FAMILY_BY_ARCHITECTURE = {
     "FalconH1ForCausalLM": "falcon_h1",
     "GraniteMoeHybridForCausalLM": "granite",
     "KimiLinearForCausalLM": "kimi_linear",
+    "Glm5NextForConditionalGeneration": "glm5_next",
 }
 _MIXER = {
     "qwen_gdn": GDN,
@@ -97,9 +102,10 @@ _MIXER = {
     "falcon_h1": MAMBA2,
     "granite": MAMBA2,
     "kimi_linear": KDA,
+    "glm5_next": KDA,
 }
 # Families whose full-attention layers are MLA (SGLang's ``use_mla_backend``): one latent row per token.
-MLA_FAMILIES = frozenset({"kimi_linear"})
+MLA_FAMILIES = frozenset({"kimi_linear", "glm5_next"})
 # Families whose SGLang config class passes itself to ``mamba2_state_dtype`` (so ``mamba_ssm_dtype`` counts).
 _READS_SSM_DTYPE = frozenset({"qwen_gdn", "nemotron_h", "jamba"})
 _SSM_DTYPES = ("float32", "bfloat16", "float16")
@@ -190,7 +196,10 @@ def hybrid_model_spec(config: Mapping[str, Any], source: str, *, architecture: s
             "Give one entry per layer.",
         )
     heads = reader.integer("num_attention_heads")
-    layers = _mla_layers(reader, kinds) if family in MLA_FAMILIES else _mha_layers(reader, kinds, heads)
+    layers = _mla_layers(reader, kinds, family) if family in MLA_FAMILIES else _mha_layers(reader, kinds, heads)
+    model_params: dict[str, Any] = {}
+    if family == GLM5_NEXT and is_deepseek_dsa(outer):  # SGLang's HybridLinearKVPool(use_dsa=True) (.dsa)
+        layers, model_params = dsa_full_side(outer, reader, layers)
     dtype_reader = reader if reader.has("torch_dtype") or reader.has("dtype") else outer
     return ModelSpec(
         name=source,
@@ -215,6 +224,7 @@ def hybrid_model_spec(config: Mapping[str, Any], source: str, *, architecture: s
             "ple": _ple_geometry(outer, reader, len(kinds)),
             "qsa": qsa,
             "trtllm": _trtllm_readings(config, source),
+            **model_params,
         },
     )
 
@@ -286,9 +296,14 @@ def _mha_layers(reader: ConfigReader, kinds: Sequence[str], heads: int) -> list[
     ]
 
 
-def _mla_layers(reader: ConfigReader, kinds: Sequence[str]) -> list[LayerSpec]:
-    """MLA full-attention layers in the parts library's latent convention (key row = latent + rope, value = latent)."""
-    dims = MLADims(reader.integer("kv_lora_rank"), reader.integer("qk_rope_head_dim"))
+def _mla_layers(reader: ConfigReader, kinds: Sequence[str], family: str) -> list[LayerSpec]:
+    """MLA full-attention layers in the parts library's latent convention (key row = latent + rope, value = latent).
+
+    GLM5-Next's ``Glm5NextTextConfig`` defaults ``kv_lora_rank`` 512 and ``qk_rope_head_dim`` 0."""
+    if family == GLM5_NEXT:
+        dims = MLADims(reader.integer("kv_lora_rank", 512), reader.integer("qk_rope_head_dim", 0, minimum=0))
+    else:
+        dims = MLADims(reader.integer("kv_lora_rank"), reader.integer("qk_rope_head_dim"))
     params = {"kv_lora_rank": dims.kv_lora_rank, "qk_rope_head_dim": dims.qk_rope_head_dim}
     return [
         LayerSpec(
@@ -313,7 +328,7 @@ def _listed_kinds(reader: ConfigReader) -> tuple[str, ...] | None:
 
 
 def _layout_field(reader: ConfigReader, family: str) -> str:
-    if family == "kimi_linear":
+    if family == "kimi_linear" or (family == GLM5_NEXT and reader.has("linear_attn_config")):
         return "linear_attn_config"
     for key in ("layer_types", "layers_block_type", "hybrid_override_pattern", "full_attention_interval"):
         if reader.has(key):
@@ -334,6 +349,8 @@ def _layer_kinds(reader: ConfigReader, family: str) -> list[str]:
         return [ATTENTION_MAMBA] * reader.integer("num_hidden_layers")
     if family == "kimi_linear":
         return _kimi_linear_kinds(reader)
+    if family == GLM5_NEXT:
+        return _glm5_next_kinds(reader)
     state = LINEAR_ATTENTION if family == "qwen_gdn" else MAMBA
     for key in ("layer_types", "layers_block_type"):
         if reader.has(key):
@@ -385,6 +402,25 @@ def _kimi_linear_kinds(reader: ConfigReader) -> list[str]:
     return [LINEAR_ATTENTION if i + 1 in kda else MLA_ATTENTION for i in range(num_layers)]
 
 
+def _glm5_next_kinds(reader: ConfigReader) -> list[str]:
+    """``Glm5NextTextConfig.is_kda_layer``: layer ``i`` (0-based, unlike Kimi-Linear) is KDA when it is in
+    ``linear_attn_config.kda_layers``; without ``linear_attn_config`` the KDA layers are the ``layer_types``
+    entries ``"linear_attention"``, else every layer with ``i % 4 != 3``; every other layer is full attention."""
+    num_layers = reader.integer("num_hidden_layers", 45)
+    if reader.has("linear_attn_config"):
+        linear = reader.child("linear_attn_config", _LINEAR_ATTN_FIX)
+        kda = set(
+            linear.integer_list(
+                "kda_layers", minimum=0, maximum=num_layers - 1, fix=f"List the layers 0-based (0..{num_layers - 1})."
+            )
+        )
+    elif reader.has("layer_types"):
+        kda = {i for i, kind in enumerate(reader.string_list("layer_types")) if kind == "linear_attention"}
+    else:
+        kda = {i for i in range(num_layers) if i % 4 != 3}
+    return [LINEAR_ATTENTION if i in kda else MLA_ATTENTION for i in range(num_layers)]
+
+
 def _one_based_layers(linear: ConfigReader, key: str, num_layers: int) -> set[int]:
     fix = f"List the layers 1-based (1..{num_layers}), as Kimi-Linear's config.json does."
     if not linear.has(key):
@@ -409,7 +445,13 @@ def _kinds_from_list(reader: ConfigReader, key: str, state: str) -> list[str]:
 
 
 def _state_geometry(reader: ConfigReader, family: str) -> dict[str, int]:
-    if family == "kimi_linear":  # KimiLinearConfig.mamba2_cache_params: K heads and dims default to V's
+    if family == GLM5_NEXT and not reader.has("linear_attn_config"):  # Glm5NextTextConfig's own defaults
+        return {
+            "num_heads": reader.integer("linear_num_heads", 64),
+            "head_dim": reader.integer("linear_head_dim", 128),
+            "conv_kernel": reader.integer("linear_conv_kernel_dim", 4, minimum=2),
+        }
+    if family in MLA_FAMILIES:  # KimiLinearConfig.mamba2_cache_params: K heads and dims default to V's
         linear = reader.child("linear_attn_config", _LINEAR_ATTN_FIX)
         return {
             "num_heads": linear.integer("num_heads"),

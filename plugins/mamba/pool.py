@@ -42,9 +42,11 @@ from torch import Tensor
 from kvpools_core.allocators import TokenAllocator
 from kvpools_core.dtypes import MODEL_DTYPES
 from kvpools_core.errors import BufferLayoutError
-from kvpools_core.parts.names import DRAFT_KV_POOL, KV_POOL
+from kvpools_core.parts.indexer import index_head_dim, index_kpool, index_layer_mask
+from kvpools_core.parts.names import DRAFT_KV_POOL, INDEX_POOL, KV_POOL
 from kvpools_core.parts.sizing import req_to_token_row_len, req_to_token_rows
 from kvpools_core.pools import ReqToTokenPool, check_planned_bytes
+from kvpools_core.pools.dsa import DSATokenToKVPool, IndexStorage, index_storage, plan_latent_row
 from kvpools_core.pools.kv import allocate, tensor_nbytes
 from kvpools_core.pools.layout import (
     LAYER_MAJOR,
@@ -56,11 +58,12 @@ from kvpools_core.pools.layout import (
     describe_layout,
 )
 from kvpools_core.pools.mha import MHATokenToKVPool
-from kvpools_core.pools.mla import MLATokenToKVPool
+from kvpools_core.pools.mla import MLATokenToKVPool, check_latent_bytes
 from kvpools_core.pools.req_to_token import DecodeRows
-from kvpools_core.values import ModelSpec, Plan, Serving
+from kvpools_core.values import LayerSpec, ModelSpec, Plan, Serving
 
 from .config import GDN
+from .dsa import is_dsa_hybrid
 from .latent import is_mla_hybrid, latent_row
 from .ple import NGRAM_POOL, NGRAM_SPEC_POOL, SHORT_CONV_POOL, SHORT_CONV_SPEC_POOL, PleState, ple_state
 from .qsa import QSA_COMPRESSED_POOL, QSA_KEY_STATE_POOL, QSA_ROPE_POOL, QSAProfile, qsa_profile
@@ -602,7 +605,9 @@ class HybridLinearKVPool:
         """The full-attention layers' pool; ``layout`` carves its buffers (one tensor per layer when None)."""
         full_layers = rank_full_attention_layers(plan.model, plan.serving)
         full: MHATokenToKVPool | MLATokenToKVPool
-        if is_mla_hybrid(plan.model):
+        if is_dsa_hybrid(plan.model):
+            full = _build_dsa_pool(plan, full_layers, device, layout)
+        elif is_mla_hybrid(plan.model):
             full = _build_latent_pool(plan, len(full_layers), device, layout)
         else:
             full = MHATokenToKVPool.from_layers(
@@ -648,6 +653,8 @@ class HybridLinearKVPool:
     def nbytes_by_pool(self) -> dict[str, int]:
         """Measured bytes per plan pool name: ``kv`` and, with a draft, ``draft_kv`` (and the QSA buffers)."""
         measured = self.full.nbytes_by_pool()
+        if isinstance(self.full, DSATokenToKVPool) and not self.full.index_layer_ids:
+            measured.pop(INDEX_POOL, None)  # every full layer shares another's top-k: the plan has no indexer pool
         if self.qsa is not None:
             measured.update(self.qsa.nbytes_by_pool())
         return measured
@@ -693,6 +700,12 @@ class HybridLinearKVPool:
             raise TypeError(f"Layer {layer_id} keeps MHA K and V, not an MLA latent row: use set_kv_buffer / get_kv.")
         return self.full
 
+    def get_index_k_with_scale_buffer(self, layer_id: int) -> Tensor:
+        """A DSA full side's index-key pages of global layer ``layer_id`` (0 rows on an IndexShare layer)."""
+        if not isinstance(self.full, DSATokenToKVPool):
+            raise TypeError(f"Layer {layer_id} of this hybrid keeps no DSA index keys (its full side is not DSA).")
+        return self.full.get_index_k_with_scale_buffer(self._local(layer_id))
+
     def _local(self, layer_id: int) -> int:
         if layer_id not in self.full_attention_layer_id_mapping:
             raise IndexError(
@@ -708,6 +721,40 @@ class HybridLinearKVPool:
             f"use_mla={self.use_mla}, full_attention_layers={list(self.full_attention_layer_ids)}, "
             f"device={self.device})"
         )
+
+
+def _build_dsa_pool(
+    plan: Plan, full_layers: Sequence[LayerSpec], device: str | torch.device, layout: BufferLayout | None = None
+) -> DSATokenToKVPool:
+    """SGLang's ``DSATokenToKVPool`` of a DSA hybrid's full-attention layers (local ids 0..n-1, as
+    ``HybridLinearKVPool(use_dsa=True)`` builds it): latent rows, and index pages on the layers SGLang's
+    ``skip_topk_layers`` keeps (IndexShare); refuses, before allocating, bytes the plan did not charge."""
+    serving = plan.serving
+    size, page = plan.max_total_num_tokens, serving.page_size
+    row = plan_latent_row(plan)
+    keyed = [i for i, kept in enumerate(index_layer_mask(full_layers, serving)) if kept]
+    check_latent_bytes(plan, KV_POOL, row, size + page, len(full_layers))
+    if keyed:
+        index = index_storage(plan)
+        index.check(plan, INDEX_POOL, size, page, len(keyed))
+    else:  # every full layer reuses another's top-k: 0-row placeholders only, and no indexer pool in the plan
+        index = IndexStorage(index_head_dim(plan.model), kpool=index_kpool(plan.model))
+    return DSATokenToKVPool(
+        size=size,
+        page_size=page,
+        row=row,
+        start_layer=0,
+        num_layers=len(full_layers),
+        device=device,
+        model_dtype=getattr(torch, plan.model.dtype),
+        index_head_dim=index.index_head_dim,
+        name=KV_POOL,
+        index_name=INDEX_POOL,
+        layout=layout,
+        index=index,
+        index_size=size,
+        index_layers=keyed,
+    )
 
 
 def _build_latent_pool(

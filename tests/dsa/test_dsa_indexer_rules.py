@@ -11,7 +11,8 @@ Each test pins an issue-32 defect of the planner before this change:
 * DCP: the index keys are replicated, ``index_buf_size = (S + P) x dcp - P`` (``memory_pool.py`` lines 5337-5343);
   kvpools charged ``S + P``;
 * ``is_deepseek_dsa`` names 15 architectures in SGLang 0.5.23; kvpools knew 6, so a GLM5-Next DSA hybrid was
-  planned by the mamba plugin with no index keys.
+  planned by the mamba plugin with no index keys (then refused by name; now planned with them, issue 32's
+  ledger row 000-107).
 """
 
 from __future__ import annotations
@@ -194,9 +195,15 @@ def _glm5_next() -> dict[str, Any]:
     return {"architectures": ["Glm5NextForConditionalGeneration"], "model_type": "glm5_next", "text_config": text}
 
 
-def test_glm5_next_dsa_hybrid_is_refused_not_planned_without_index_keys() -> None:
-    with pytest.raises(UnsupportedCombinationError, match="kvpools does not model GLM5-Next's DSA layers"):
-        parse_config(_glm5_next(), "glm5-next", get_registry())
+def test_glm5_next_dsa_hybrid_is_planned_with_its_index_keys() -> None:
+    """Planned by the mamba plugin as SGLang's ``HybridLinearKVPool(use_dsa=True)`` (``tests/mamba/
+    test_glm5_next_dsa.py``): its 2 full layers (0-based ``kda_layers`` [1, 2, 3, 5, 6, 7] leave 0 and 4) keep
+    a latent row of 576 x 2 B and 132 B of index keys each, not the latent alone."""
+    spec, plugin = parse_config(_glm5_next(), "glm5-next", get_registry())
+    assert plugin == "mamba"
+    got = plan(spec, Serving(), memory=1 * GiB)
+    assert got.cell.bytes_per_token == 2 * (1152 + 132)
+    assert got.pool("indexer").bytes == (got.max_total_num_tokens + 65) // 64 * 64 * 132 * 2
     without = json.loads(json.dumps(_glm5_next()))
     del without["text_config"]["index_topk"]  # not DSA to SGLang: the mamba plugin's KDA hybrid, as before
     assert parse_config(without, "glm5-next", get_registry())[1] == "mamba"
