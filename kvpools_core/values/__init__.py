@@ -237,6 +237,9 @@ from kvpools_core.values.serving import (
     MM_FEATURE_TRANSPORTS as MM_FEATURE_TRANSPORTS,
 )
 from kvpools_core.values.serving import (
+    NONE_UNSET_OPTIONS as NONE_UNSET_OPTIONS,
+)
+from kvpools_core.values.serving import (
     QUANTIZATION_METHODS as QUANTIZATION_METHODS,
 )
 from kvpools_core.values.serving import (
@@ -250,6 +253,9 @@ from kvpools_core.values.serving import (
 )
 from kvpools_core.values.serving import (
     EngineDefault as EngineDefault,
+)
+from kvpools_core.values.serving import (
+    LateDefaultInt as LateDefaultInt,
 )
 from kvpools_core.values.serving import (
     Serving as Serving,

@@ -268,17 +268,30 @@ def is_unset(value: object) -> bool:
     return isinstance(value, (UnsetInt, UnsetFloat, UnsetStr))
 
 
+class LateDefaultInt(int):
+    """An engine default SGLang declares only after its memory settings and PD hooks have read the option unset
+    (``--max-running-requests``: DeepSeek-V4's 256 and the speculative hooks' 48 come after
+    ``handle_gpu_memory_settings`` and ``handle_pd_disaggregation``); it sizes the pools like a given value, and
+    :attr:`Serving.given_max_running_requests` reads it as unset for those earlier steps."""
+
+    __slots__ = ()
+
+
 ENGINE_DEFAULT_OPTIONS = (
     "page_size",
     "swa_full_tokens_ratio",
     "dsa_prefill_backend",
     "dsa_decode_backend",
     "mamba_full_memory_ratio",
+    "max_running_requests",
 )
 """The :class:`Serving` fields an unset value of which an ``engine_defaults`` answer may replace: the ones SGLang
 0.5.23 leaves ``None`` and resolves per model (``arg_groups/model_overrides/``) or per platform.  A new one is a
 ``Serving`` field whose default is an unset marker (:class:`UnsetInt`, :class:`UnsetFloat`, :class:`UnsetStr`)
-listed here."""
+listed here; ``max_running_requests`` is unset when ``None`` (:data:`NONE_UNSET_OPTIONS`)."""
+NONE_UNSET_OPTIONS = ("max_running_requests",)
+"""Engine-default options whose unset value is ``None`` (SGLang computes them from the pool when nothing sets
+them) rather than an unset marker; an ``engine_defaults`` answer for one is a :class:`LateDefaultInt`."""
 
 
 def _accounting_name(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -761,7 +774,18 @@ class Serving:
     @property
     def unset_options(self) -> tuple[str, ...]:
         """The :data:`ENGINE_DEFAULT_OPTIONS` left unset (reading as the generic default, :func:`is_unset`)."""
-        return tuple(name for name in ENGINE_DEFAULT_OPTIONS if is_unset(getattr(self, name)))
+        return tuple(
+            name
+            for name in ENGINE_DEFAULT_OPTIONS
+            if is_unset(getattr(self, name)) or (name in NONE_UNSET_OPTIONS and getattr(self, name) is None)
+        )
+
+    @property
+    def given_max_running_requests(self) -> int | None:
+        """``max_running_requests`` as SGLang's memory settings and PD hooks read it: ``None`` when unset or set
+        only by a later engine default (:class:`LateDefaultInt`)."""
+        value = self.max_running_requests
+        return None if isinstance(value, LateDefaultInt) else value
 
     @property
     def lazy_compaction(self) -> bool:
@@ -787,9 +811,10 @@ class Serving:
             return (self.disaggregation_decode_extra_slots or 0) if self.enable_pd_role_switch else 0
         if self.disaggregation_decode_extra_slots is not None:
             return self.disaggregation_decode_extra_slots
-        if self.max_running_requests is None:
+        given = self.given_max_running_requests  # the PD hook runs before the later defaults
+        if given is None:
             return 0
-        per_worker = max(1, self.max_running_requests // self.dp_size)
+        per_worker = max(1, given // self.dp_size)
         return 2 * per_worker if per_worker <= 32 else 0
 
     @property

@@ -67,8 +67,9 @@ def test_unset_options_read_as_the_generic_defaults_and_say_so() -> None:
         "dsa_prefill_backend",
         "dsa_decode_backend",
         "mamba_full_memory_ratio",
+        "max_running_requests",
     )
-    assert given.unset_options == ()
+    assert given.unset_options == ("max_running_requests",)  # unset when None (NONE_UNSET_OPTIONS)
     assert attrs.evolve(unset, tp_size=2).unset_options == unset.unset_options
     assert not is_unset(attrs.evolve(unset, page_size=64).page_size)
 
