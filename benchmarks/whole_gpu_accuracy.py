@@ -49,6 +49,7 @@ from kvpools_core.engines.vllm import VllmLimits, plan_kv_cache
 from kvpools_core.engines.vllm.budget import available_kv_cache_memory
 from kvpools_core.engines.vllm.model import worker_kv_cache_specs
 from kvpools_core.engines.vllm.runtime_memory import (
+    PROFILE_ALIASES,
     PROFILE_VERSIONS,
     estimate_runtime_memory,
     load_profile,
@@ -90,13 +91,15 @@ def logged_concurrency(log: StartupLog) -> float | None:
 
 
 def profile_for(version: str | None) -> str | None:
-    """The runtime profile a vLLM ``version`` is predicted with: its own, else the nearest (0.19 before 0.21, 0.33
-    from 0.21 on); None when the record's version is not a number."""
+    """The runtime profile a vLLM ``version`` is predicted with: its own (0.15 and 0.16: ``vllm-0.16``), else 0.19
+    before 0.21 and 0.33 from 0.21 on; None when the record's version is not a number."""
     if version is None:
         return None
     key = version_key(version)
     if key in PROFILE_VERSIONS:
         return key
+    if key in PROFILE_ALIASES:
+        return PROFILE_ALIASES[key]
     try:
         major, minor = (int(part) for part in key.split(".")[:2])
     except ValueError:

@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 
 from kvpools_core.dtypes import KV_DTYPE_CHOICES
-from kvpools_core.engines.vllm.runtime_memory import PROFILE_VERSIONS
+from kvpools_core.engines.vllm.runtime_memory import PROFILE_ALIASES, PROFILE_VERSIONS
 from kvpools_core.errors import ConfigError, KvpoolsError, PluginError, PluginHookError, short_repr
 from kvpools_core.options import cli_surface, env_flag, option
 from kvpools_core.values import (
@@ -33,6 +33,9 @@ from kvpools_core.values import (
     Serving,
     is_unset,
 )
+
+RUNTIME_PROFILES = tuple(sorted({*PROFILE_VERSIONS, *PROFILE_ALIASES}))
+"""The vLLM versions ``--runtime-profile`` names: those with a profile file and those another file covers."""
 
 _HELP = {
     "kv_cache_dtype": "KV element type (auto follows the model dtype).",
@@ -360,7 +363,17 @@ _VLLM_OPTIONS = (
 
 
 def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """vLLM's flags (``vllm serve``'s names), meaningful with ``--accounting vllm`` only."""
+    """vLLM's flags (``vllm serve``'s names), meaningful with ``--accounting vllm`` only; and ``--engine-version``,
+    which picks the accounting and the runtime profile of either engine."""
+    command = click.option(
+        "--engine-version",
+        default=None,
+        metavar="ENGINE==X.Y",
+        help="The engine and version to plan for, with its runtime-memory profile: vllm==0.15|0.16|0.19|0.33 "
+        "(--accounting vllm --runtime-profile X.Y: the profile applies to a --gpu / --gpu-memory budget; with "
+        "--memory the plan is the exact one) or sglang==0.5.23 (--accounting sglang). A plan made with a vLLM "
+        "profile older or newer than the vLLM installed beside kvpools says so (docs/gpus.md).",
+    )(command)
     only = " Only with --accounting vllm."
     for flag, kind, help_text in reversed(
         (
@@ -392,11 +405,11 @@ def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
             ),
             (
                 "--runtime-profile",
-                click.Choice([*PROFILE_VERSIONS, *(f"vllm=={version}" for version in PROFILE_VERSIONS)]),
+                click.Choice([*RUNTIME_PROFILES, *(f"vllm=={version}" for version in RUNTIME_PROFILES)]),
                 "With --gpu / --gpu-memory: estimate vLLM's activation peak, non-torch memory and CUDA graphs, and "
                 "take the GPU's total as torch reports it, from this vLLM version's calibrated profile "
-                "(0.19 or 0.33, also spelt vllm==0.33; docs/vllm.md) [default: off: those terms are 0, an upper "
-                "bound].",
+                "(0.15, 0.16, 0.19 or 0.33, also spelt vllm==0.33; docs/vllm.md) [default: off: those terms are 0, "
+                "an upper bound].",
             ),
         )
     ):
@@ -404,9 +417,59 @@ def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def _engine_version(options: dict[str, Any]) -> None:
+    """``--engine-version ENGINE==X.Y``, taken out of ``options``: sets ``--accounting`` to the engine and, for vLLM,
+    ``--runtime-profile`` to the version; refuses a version without a profile, an engine without per-version
+    profiles, and a ``--accounting`` or ``--runtime-profile`` that names something else."""
+    given = options.pop("engine_version", None)
+    if given is None:
+        return
+    engine, sep, version = str(given).strip().lower().partition("==")
+    engine, version = engine.strip(), version.strip()
+    if not sep or not engine or not version:
+        raise ConfigError(
+            f"--engine-version must look like ENGINE==X.Y (vllm==0.19, vllm==0.33, sglang==0.5.23), got "
+            f"{short_repr(given)}."
+        )
+    accounting = (options.get("accounting") or "").strip().lower()
+    if accounting and accounting != engine:
+        raise ConfigError(
+            f"--engine-version {given} plans for {engine} but --accounting is {accounting}: drop one of them, or "
+            f"name the same engine in both."
+        )
+    if engine == "vllm":
+        from kvpools_core.engines.vllm.runtime_memory import load_profile
+
+        profile = load_profile(version)  # a version without a profile: the ConfigError naming the profiles
+        asked = options.get("runtime_profile")
+        if asked is not None and load_profile(asked).version != profile.version:
+            raise ConfigError(
+                f"--engine-version {given} takes vLLM {profile.version}'s runtime profile but --runtime-profile is "
+                f"{asked}: drop --runtime-profile (--engine-version sets it) or name the same version."
+            )
+        options["runtime_profile"] = version
+        options["_engine_version"] = version
+    elif engine == "sglang":
+        from kvpools_core.pipeline.sglang_profile import load_sglang_profile
+
+        load_sglang_profile(version)  # a version without a profile: the ConfigError naming the profiles
+    else:
+        raise ConfigError(
+            f"--engine-version {given}: kvpools has per-version runtime-memory profiles for vllm "
+            f"({', '.join(RUNTIME_PROFILES)}) and sglang (0.5.23) only; kvpools does not model {engine}'s "
+            f"per-version runtime memory yet. Use --accounting {engine} without --engine-version."
+        )
+    options["accounting"] = engine
+
+
 def _vllm_args(options: dict[str, Any]) -> dict[str, Any]:
-    """Take vLLM's flags out of ``options``: refused unless ``--accounting vllm``, which refuses SGLang's."""
+    """Take vLLM's flags (and ``--engine-version``) out of ``options``: refused unless ``--accounting vllm``,
+    which refuses SGLang's."""
+    _engine_version(options)
+    from_engine_version = options.pop("_engine_version", None)
     args = {name: options.pop(name, None) for name in _VLLM_OPTIONS}
+    if from_engine_version is not None:
+        args["engine_version_profile"] = from_engine_version
     if (options.get("accounting") or "").lower() != "vllm":
         given = [f"--{name.replace('_', '-')}" for name, value in args.items() if value is not None]
         if given:
@@ -448,6 +511,10 @@ def _vllm_plan(
 ) -> Any:
     from kvpools_core.engines import engine_for
 
+    args = dict(args)
+    if args.pop("engine_version_profile", None) is not None and memory is not None:
+        # --engine-version vllm==X with --memory: the KV budget is given, so the exact path plans it unchanged
+        args["runtime_profile"] = None
     return engine_for("vllm").plan(
         model, serving, memory=memory, gpu=gpu, gpu_memory=gpu_memory, weights_memory=weights_memory, **args
     )

@@ -60,6 +60,7 @@ __all__ = [
     "sink_bytes",
     "state_alignment_problems",
     "state_entry",
+    "state_parts",
     "sub_pool_geometry",
     "swa_size_full",
     "unified_memory_problems",
@@ -98,6 +99,9 @@ class SubPoolEntry:
     layer_num: int
     entry_bytes: int
     rows: tuple[tuple[str, int], ...] = ()
+    parts: tuple[tuple[str, int], ...] = ()
+    """A state entry's per-layer parts (conv tensors, then the temporal state), laid out part-major
+    (``build_mamba_entry_views``: ``[conv[0] x L | ... | temporal x L]``); empty when not known."""
 
 
 def mha_entry(
@@ -145,7 +149,16 @@ def state_entry(name: str, *, layer_num: int, conv_row_bytes: Sequence[int], tem
     if not conv_row_bytes:
         raise InvalidValueError("conv_row_bytes must name at least one conv tensor, got none.")
     entry = sum(layer_num * int(b) for b in conv_row_bytes) + layer_num * int(temporal_row_bytes)
-    return SubPoolEntry(name, "state", layer_num, entry)
+    return SubPoolEntry(name, "state", layer_num, entry, parts=state_parts(conv_row_bytes, temporal_row_bytes))
+
+
+def state_parts(conv_row_bytes: Sequence[int], temporal_row_bytes: int) -> tuple[tuple[str, int], ...]:
+    """One layer's state parts in SGLang's entry order: ``conv_0``, ``conv_1``, ..., then ``temporal`` (left out
+    when it holds no bytes, as a short-conv-only state's)."""
+    parts = [(f"conv_{i}", int(b)) for i, b in enumerate(conv_row_bytes)]
+    if temporal_row_bytes:
+        parts.append(("temporal", int(temporal_row_bytes)))
+    return tuple(parts)
 
 
 def arena_bytes(budget_bytes: int) -> int:

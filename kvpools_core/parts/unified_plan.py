@@ -15,6 +15,7 @@ allocators' page tables.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -57,6 +58,7 @@ __all__ = [
     "UNIFIED_FEATURE",
     "ArenaMember",
     "allocator_table_bytes",
+    "arena_rows",
     "kv_entry_from_cell",
     "serving_problems",
     "state_entry_from_cell",
@@ -96,10 +98,30 @@ def kv_entry_from_cell(cell: CellSize, pool: str, layer_num: int) -> SubPoolEntr
     return SubPoolEntry(pool, "kv", layer_num, entry, rows)
 
 
-def state_entry_from_cell(cell: CellSize, pool: str, layer_num: int) -> SubPoolEntry:
-    """A state sub-pool's entry: the cell's state-slot parts of ``pool``, raw (no rounding)."""
+def state_entry_from_cell(
+    cell: CellSize, pool: str, layer_num: int, parts: Sequence[tuple[str, int]] = ()
+) -> SubPoolEntry:
+    """A state sub-pool's entry: the cell's state-slot parts of ``pool``, raw (no rounding).
+
+    ``parts`` are one layer's state parts in the engine's entry order (``state_parts``: the conv tensors, then the
+    temporal state), so the arena carves them where SGLang does (part-major); they must fill the entry exactly.
+    """
     total = sum(p.bytes_per_token for p in cell.parts_of(STATE_SLOT) if p.pool == pool)
-    return SubPoolEntry(pool, "state", max(layer_num, 1), total)
+    layers = max(layer_num, 1)
+    if parts and layers * sum(b for _, b in parts) != total:
+        raise InvalidValueError(
+            f"The state parts {list(parts)} of sub-pool {pool!r} take {layers} x {sum(b for _, b in parts):,} B, "
+            f"not the cell's {total:,} B per state slot; give the parts of one layer's state on this rank."
+        )
+    return SubPoolEntry(pool, "state", layers, total, parts=tuple((n, int(b)) for n, b in parts))
+
+
+def arena_rows(entry: SubPoolEntry) -> dict[str, Any]:
+    """An entry's rows as an :class:`ArenaSubPool` states them: a KV entry's rows layer-major, a state entry's
+    parts part-major (one opaque row per layer when its parts are not known)."""
+    if entry.kind == "state" and entry.parts:
+        return {"row_bytes": tuple(b for _, b in entry.parts), "row_order": "part"}
+    return {"row_bytes": tuple(b for _, b in entry.rows)}
 
 
 def unified_request(serving: Serving, *, is_mamba: bool, is_hybrid_swa: bool, is_mla: bool) -> UnifiedRequest:
@@ -274,7 +296,7 @@ def unified_sizing(
                 min_slot_index=g.min_slot_index,
                 grows=m.grows,
                 layer_num=m.entry.layer_num,
-                row_bytes=tuple(b for _, b in m.entry.rows),
+                **arena_rows(m.entry),
             )
         )
         slots = tokens if m is full else 0

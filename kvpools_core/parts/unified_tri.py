@@ -41,7 +41,7 @@ from kvpools_core.parts.unified import (
     sink_bytes,
     sub_pool_geometry,
 )
-from kvpools_core.parts.unified_plan import ALLOCATOR_POOL, ARENA_POOL, allocator_table_bytes
+from kvpools_core.parts.unified_plan import ALLOCATOR_POOL, ARENA_POOL, allocator_table_bytes, arena_rows
 from kvpools_core.values import (
     FIXED,
     FULL_TOKENS,
@@ -163,7 +163,7 @@ def unified_tri_sizing(
                 min_slot_index=g.min_slot_index,
                 grows=grows[entry.name],
                 layer_num=entry.layer_num,
-                row_bytes=tuple(b for _, b in entry.rows),
+                **arena_rows(entry),
             )
         )
         slots = tokens if entry is members.full else 0

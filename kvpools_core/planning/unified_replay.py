@@ -31,8 +31,17 @@ UnifiedMambaAllocator`, SGLang 0.5.23's ``UnifiedMambaTokenToKVPoolAllocator`` c
   virtual ids (what a dashboard of the id space would show).  ``allocator_seconds`` is the time inside the
   allocator calls (a benchmark figure, never a test's).
 
-A hybrid-SWA arena (``UnifiedSWAAllocator``) and the three-pool chain are refused: their replay (SWA eviction
-under the joint budget) is not modelled yet.
+* **A hybrid-SWA arena** (``UnifiedSWAAllocator``: full KV down, SWA KV up, one virtual page backed by both) is
+  replayed alike, a request's prompt taking joint pages.  Admission reserves each request's closed-form bytes
+  (its final full pages, and SWA pages for ``min(context, TokenWindow.per_request)`` tokens).  Decode evicts the
+  out-of-window SWA pages as SGLang's scheduler does (``ScheduleBatch.maybe_evict_swa`` →
+  ``free_swa_out_of_window_slots``): once ``seq_len - 1 - window >= evicted + SGLANG_SWA_EVICTION_INTERVAL``
+  the SWA side of every whole page below ``seq_len - 1 - window`` is released (``free_swa``; its bytes return to
+  the gap, where the full side grows).  Simplified: the no-prefix-sharing bound (the radix cache's extra page and
+  tree locks are not modelled), no overlap schedule (eviction from the first decode step), whole-prompt prefill
+  (no chunk-time eviction).
+
+The three-pool chain is refused: its replay (the floating middle) is not modelled yet.
 """
 
 from __future__ import annotations
@@ -117,7 +126,9 @@ class _Running:
     generated: int
     tokens: int
     pages: list[torch.Tensor]
-    slots: torch.Tensor
+    slots: torch.Tensor | None
+    swa_evicted: int = 0
+    """Tokens whose SWA side was released (whole pages; the SWA pair only)."""
 
 
 def replay_unified(plan: Plan, trace: Trace | Iterable[Request]) -> UnifiedReplayStats:
@@ -129,6 +140,9 @@ def replay_unified(plan: Plan, trace: Trace | Iterable[Request]) -> UnifiedRepla
     requests = trace.requests if isinstance(trace, Trace) else tuple(trace)
     if not requests:
         raise ConfigError("replay_unified: the trace has no requests.")
+    arenas = plan.sizing.arenas
+    if arenas and sorted((s.kind, s.grows) for s in arenas[0].sub_pools) == [("kv", "down"), ("kv", "up")]:
+        return _SWAEngine(plan).run(requests)
     return _Engine(plan).run(requests)
 
 
@@ -147,8 +161,8 @@ class _Engine:
             raise UnsupportedCombinationError(
                 f"kvpools does not replay arena {arena.name!r} with sub-pools "
                 f"{[(s.pool, s.kind, s.grows) for s in arena.sub_pools]} yet: only the Mamba pair (full KV down, "
-                f"state up); the hybrid-SWA pair's eviction under the joint budget and the three-pool chain are not "
-                f"modelled."
+                f"state up) and the hybrid-SWA pair (full KV down, SWA KV up); the three-pool chain's floating middle "
+                f"is not modelled."
             )
         self.plan = plan
         full = next(s for s in arena.sub_pools if s.grows == "down")
@@ -176,9 +190,15 @@ class _Engine:
     def _final_pages(self, request: Request) -> int:
         return -(-request.context_len // self.page)
 
+    def _request_bytes(self, request: Request) -> int:
+        return self._final_pages(request) * self.page_bytes + self.state_bytes
+
+    def _after_decode(self, running: list[_Running]) -> None:
+        """What a step does after its decode (the SWA pair evicts out-of-window pages)."""
+
     def run(self, requests: tuple[Request, ...]) -> UnifiedReplayStats:
         for index, request in enumerate(requests):
-            alone = self._final_pages(request) * self.page_bytes + self.state_bytes
+            alone = self._request_bytes(request)
             if alone > self.room:
                 raise ConfigError(
                     f"replay_unified: request {index} ({request.context_len} tokens) needs {alone:,} B of the arena "
@@ -198,6 +218,7 @@ class _Engine:
             admissions += admitted
             refusals += refused
             retractions += self._decode(running, waiting)
+            self._after_decode(running)
             peak = max(peak, len(running))
             concurrency_sum += len(running)
             for r in [r for r in running if r.generated >= r.request.output_len]:
@@ -297,4 +318,77 @@ class _Engine:
     def _release(self, r: _Running) -> None:
         if r.pages:
             self.timed(self.alloc.free, torch.cat(r.pages))
-        self.timed(self.alloc.mamba_allocator.free, r.slots)
+        if r.slots is not None:
+            self.timed(self.alloc.mamba_allocator.free, r.slots)
+
+
+class _SWAEngine(_Engine):
+    """The hybrid-SWA pair: joint pages (full + SWA) per virtual page, out-of-window SWA pages released in decode."""
+
+    def __init__(self, plan: Plan) -> None:
+        from kvpools_core.allocators.unified import UnifiedArena, UnifiedSWAAllocator
+        from kvpools_core.parts.unified import SubPoolEntry
+
+        (arena,) = plan.sizing.arenas
+        self.plan = plan
+        full = next(s for s in arena.sub_pools if s.grows == "down")
+        swa = next(s for s in arena.sub_pools if s.grows == "up")
+        entries = [(SubPoolEntry(s.pool, s.kind, s.layer_num, s.entry_bytes), s.grows) for s in (full, swa)]
+        geometry = UnifiedArena.build(arena.bytes, entries, plan.serving.page_size)
+        self.moves = _MoveCounter()
+        alloc = UnifiedSWAAllocator(
+            geometry, full=full.pool, swa=swa.pool, lazy_compaction=arena.lazy_compaction, kvcache=self.moves
+        )
+        self.swa, self.alloc = alloc, alloc  # type: ignore[assignment]  # the run loop's calls are common to both
+        for end in (alloc.full_attn_allocator, alloc.swa_attn_allocator):
+            end._mover = self.moves.move_physical_pages
+        space = next(p.token_space for p in plan.pools if p.name == swa.pool)
+        window = plan.sizing.window(space)
+        if window is None:
+            raise UnsupportedCombinationError(
+                f"replay_unified: the plan records no sliding window for {space!r} tokens (a defect: report it)."
+            )
+        self.window, self.interval, self.swa_cap = window.window, window.eviction_interval, window.per_request
+        self.page = full.page_size
+        self.page_bytes = full.page_size * full.entry_bytes
+        self.swa_page_bytes = swa.page_size * swa.entry_bytes
+        self.units, self.state_bytes = 0, 0
+        self.room = unified_concurrency(plan, self.page).room_bytes
+        self.cap = plan.max_running_requests
+        self.lazy = arena.lazy_compaction
+        self.timed = _Timed()
+
+    def _request_bytes(self, request: Request) -> int:
+        """``unified_concurrency``'s request bytes: final full pages, SWA pages for the window's worst case."""
+        swa_pages = -(-min(request.context_len, self.swa_cap) // self.page)
+        return self._final_pages(request) * self.page_bytes + swa_pages * self.swa_page_bytes
+
+    def _admit(
+        self, requests: tuple[Request, ...], waiting: deque[tuple[int, int]], running: list[_Running]
+    ) -> tuple[int, int]:
+        admitted = 0
+        while waiting and len(running) < self.cap:
+            index, generated = waiting[0]
+            request = requests[index]
+            reserved = sum(self._request_bytes(r.request) for r in running)
+            if reserved + self._request_bytes(request) > self.room:
+                return admitted, 0
+            tokens = request.input_len + generated
+            pages = -(-tokens // self.page)
+            ids = self.timed(self.alloc.alloc, pages * self.page)
+            if ids is None:
+                return admitted, 1
+            waiting.popleft()
+            running.append(_Running(index, request, generated, tokens, list(ids.view(pages, self.page)), None))
+            admitted += 1
+        return admitted, 0
+
+    def _after_decode(self, running: list[_Running]) -> None:
+        for r in running:
+            threshold = r.tokens - 1 - self.window
+            if threshold < r.swa_evicted + self.interval:
+                continue
+            start, stop = r.swa_evicted // self.page, threshold // self.page
+            if stop > start:
+                self.timed(self.swa.free_swa, torch.cat(r.pages[start:stop]))
+                r.swa_evicted = stop * self.page

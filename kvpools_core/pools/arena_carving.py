@@ -6,7 +6,9 @@ the build's buffer layout (the ``buffer_layout`` hook's answer), through
 :meth:`kvpools_core.pools.layout.BufferLayout.carve_arena`, one :class:`ArenaRequest` per sub-pool.  The core's
 carving, :func:`carve_token_major`, is SGLang 0.5.23's on every platform it builds the pool for
 (``layout/token_major.py`` ``build_dense_views``, ``UnifiedKVPool._build_mha_views``): slot ``s`` of layer ``l``'s
-row ``r`` lies at ``s x entry + l x sum(rows) + sum(rows[:r])``.  SGLang's unified MHA pool names its layout
+row ``r`` lies at ``s x entry + l x sum(rows) + sum(rows[:r])``; a state entry whose rows are its parts
+(``row_order="part"``, ``build_mamba_entry_views``) at ``s x entry + L x sum(rows[:r]) + l x rows[r]``
+(``ArenaSubPool.row_offset``).  SGLang's unified MHA pool names its layout
 explicitly (``kv_cache_layout="page_major"``, which "wins over the platform default", ``memory_pool.py``), so the
 ROCm AITER 5-d layout, HND and the NPU's page-major pools never apply to an arena; and an out-of-tree platform is
 refused (``reject_out_of_tree_path``).  A platform that carves an arena otherwise overrides ``carve_arena``; the
@@ -29,10 +31,11 @@ class ArenaRequest:
     """What the core asks a buffer layout for: one sub-pool's per-layer views carved from the arena's buffer.
 
     ``buffer`` is the arena's one ``uint8`` tensor (``arena.bytes`` of it); ``sub_pool`` says the entry, the
-    layers, each layer's rows (``row_bytes``: K and V, or the latent; empty for a state entry, one opaque row
-    per layer), ``max_slots`` and the page.  The answer is one list per layer of one ``uint8`` view per row
-    (``[K, V]``, ``[latent]``, ``[state]``), each ``(max_slots // page x page, row)`` bytes of ``buffer`` (or all
-    ``max_slots`` rows).
+    layers, each layer's rows (``row_bytes``: K and V, the latent, or a state entry's conv tensors and temporal
+    state, part-major; empty: one opaque row per layer) and where they lie (``row_order``, ``row_offset``),
+    ``max_slots`` and the page.  The answer is one list per layer of one ``uint8`` view per row
+    (``[K, V]``, ``[latent]``, ``[conv_0, ..., temporal]``, ``[state]``), each ``(max_slots // page x page,
+    row)`` bytes of ``buffer`` (or all ``max_slots`` rows).
     """
 
     arena: Arena
@@ -60,14 +63,12 @@ def carve_token_major(request: ArenaRequest) -> list[list[Tensor]]:
     sub = request.sub_pool
     rows_count = sub.max_slots // sub.page_size * sub.page_size
     slots = request.buffer[: rows_count * sub.entry_bytes].view(rows_count, sub.entry_bytes)
-    rows = request.rows
-    layer_bytes = sum(rows)
     out = []
     for layer in range(sub.layer_num):
-        start, views = layer * layer_bytes, []
-        for width in rows:
+        views = []
+        for row, width in enumerate(request.rows):
+            start = sub.row_offset(layer, row)
             views.append(slots[:, start : start + width])
-            start += width
         out.append(views)
     return out
 

@@ -237,7 +237,8 @@ def check_arenas(case: Case, planned: Plan) -> None:
 
     The arena is one pool of its bytes and no arena's member; its sub-pools are exactly the pools that name it
     (``PoolSpec.arena``), their cost groups name it too, and each sub-pool's index space is ``bytes // entry``
-    slots of which the first ``ceil(sink / entry)`` are the sink, with room past it; at the plan's counts the
+    slots of which the first ``ceil(sink / entry)`` are the sink, with room past it, and a state sub-pool's parts
+    (when it says them) fill its entry; at the plan's counts the
     sink and the members' draw fit the arena (``Plan.problems``).  Vacuous for a plan without arenas.
     """
     found = [problem for problem in planned.problems() if "arena" in problem]
@@ -250,6 +251,11 @@ def check_arenas(case: Case, planned: Plan) -> None:
                 found.append(f"sub-pool {sub.pool!r}: max_slots {sub.max_slots} != {arena.bytes} // {sub.entry_bytes}")
             if sub.min_slot_index != -(-arena.sink_bytes // sub.entry_bytes) or sub.min_slot_index >= sub.max_slots:
                 found.append(f"sub-pool {sub.pool!r}: first slot {sub.min_slot_index} is not just past the sink")
+            if sub.kind == "state" and sub.row_bytes and sub.layer_num * sum(sub.row_bytes) != sub.entry_bytes:
+                found.append(
+                    f"state sub-pool {sub.pool!r}: {sub.layer_num} layer(s) of parts {sub.row_bytes} B do not fill "
+                    f"its {sub.entry_bytes} B entry"
+                )
     if found:
         raise case.fail("the plan's arena breaks its contract: " + " ".join(found))
 

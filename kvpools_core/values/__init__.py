@@ -145,6 +145,7 @@ from kvpools_core.values.model import (
 )
 from kvpools_core.values.plan import (
     ARENA_GROWTH as ARENA_GROWTH,
+    ARENA_ROW_ORDERS as ARENA_ROW_ORDERS,
 )
 from kvpools_core.values.plan import (
     PLAN_FORMAT as PLAN_FORMAT,
@@ -237,7 +238,7 @@ from kvpools_core.values.serving import (
     MM_FEATURE_TRANSPORTS as MM_FEATURE_TRANSPORTS,
 )
 from kvpools_core.values.serving import (
-    NONE_UNSET_OPTIONS as NONE_UNSET_OPTIONS,
+    NONE_IS_UNSET as NONE_IS_UNSET,
 )
 from kvpools_core.values.serving import (
     QUANTIZATION_METHODS as QUANTIZATION_METHODS,

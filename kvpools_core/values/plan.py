@@ -254,6 +254,7 @@ class TokenWindow:
 
 
 ARENA_GROWTH = ("up", "down", "float")
+ARENA_ROW_ORDERS = ("layer", "part")
 
 
 @attrs.frozen(kw_only=True)
@@ -265,6 +266,10 @@ class ArenaSubPool:
     ``arena // entry`` (every sub-pool's views span the whole arena) and
     ``min_slot_index`` the first slot past the sink.  ``grows`` is ``"up"`` (from
     the arena's low end), ``"down"`` (from its high end) or ``"float"`` (between them).
+    ``row_order`` says where row ``r`` of layer ``l`` lies in an entry: ``"layer"``
+    (layer-major, SGLang's KV entry ``[K_0 | V_0 | K_1 | ...]``: ``l x sum(rows) +
+    sum(rows[:r])``) or ``"part"`` (part-major, SGLang's Mamba entry ``[conv[0] x L |
+    ... | temporal x L]``: ``L x sum(rows[:r]) + l x rows[r]``; a state entry only).
     """
 
     pool: str
@@ -277,8 +282,31 @@ class ArenaSubPool:
     layer_num: int = attrs.field(default=1, validator=positive)
     """Layers one entry holds (token-major: all of them, one after the other)."""
     row_bytes: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
-    """One layer's rows within an entry, in order (K, V; or the latent); empty: the entry is one opaque row per
-    layer (a state entry)."""
+    """One layer's rows within an entry, in order (K, V; the latent; a state entry's conv tensors then its temporal
+    state); empty: the entry is one opaque row per layer (a state entry whose plugin does not say its parts)."""
+    row_order: str = attrs.field(default="layer", validator=one_of(*ARENA_ROW_ORDERS))
+    """``"layer"`` (every layer's rows together) or ``"part"`` (each row of every layer together); see above."""
+
+    def __attrs_post_init__(self) -> None:
+        used = self.layer_num * sum(self.row_bytes)
+        if used > self.entry_bytes:
+            raise InvalidValueError(
+                f"ArenaSubPool {self.pool!r}: {self.layer_num} layer(s) of rows {self.row_bytes} B take {used:,} B, "
+                f"more than the entry's {self.entry_bytes:,} B; give rows that fit the entry."
+            )
+        if self.row_order == "part" and (self.kind != "state" or not self.row_bytes):
+            raise InvalidValueError(
+                f"ArenaSubPool {self.pool!r}: row_order 'part' (SGLang's part-major Mamba entry) needs kind 'state' "
+                f"and its rows, got kind {self.kind!r} and rows {self.row_bytes}; use row_order 'layer'."
+            )
+
+    def row_offset(self, layer: int, row: int) -> int:
+        """Byte offset of layer ``layer``'s row ``row`` within an entry (``row_order``; one opaque row per layer
+        when ``row_bytes`` is empty)."""
+        rows = self.row_bytes or (self.entry_bytes // self.layer_num,)
+        if self.row_order == "part":
+            return self.layer_num * sum(rows[:row]) + layer * rows[row]
+        return layer * sum(rows) + sum(rows[:row])
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ArenaSubPool:

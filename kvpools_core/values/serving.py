@@ -286,12 +286,14 @@ ENGINE_DEFAULT_OPTIONS = (
     "max_running_requests",
 )
 """The :class:`Serving` fields an unset value of which an ``engine_defaults`` answer may replace: the ones SGLang
-0.5.23 leaves ``None`` and resolves per model (``arg_groups/model_overrides/``) or per platform.  A new one is a
-``Serving`` field whose default is an unset marker (:class:`UnsetInt`, :class:`UnsetFloat`, :class:`UnsetStr`)
-listed here; ``max_running_requests`` is unset when ``None`` (:data:`NONE_UNSET_OPTIONS`)."""
-NONE_UNSET_OPTIONS = ("max_running_requests",)
-"""Engine-default options whose unset value is ``None`` (SGLang computes them from the pool when nothing sets
-them) rather than an unset marker; an ``engine_defaults`` answer for one is a :class:`LateDefaultInt`."""
+0.5.23 leaves ``None`` and resolves per model (``arg_groups/model_overrides/``, the model hooks such as
+``arg_groups/deepseek_v4_hook.py``) or per platform.  A new one is a ``Serving`` field whose default is an unset
+marker (:class:`UnsetInt`, :class:`UnsetFloat`, :class:`UnsetStr`) listed here, or whose ``None`` means unset
+(:data:`NONE_IS_UNSET`)."""
+
+NONE_IS_UNSET = ("max_running_requests",)
+""":data:`ENGINE_DEFAULT_OPTIONS` whose unset value is ``None`` (SGLang's own ``None``: its default is resolved
+later), not an unset marker; an ``engine_defaults`` answer for one is applied as a :class:`LateDefaultInt`."""
 
 
 def _accounting_name(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -777,7 +779,7 @@ class Serving:
         return tuple(
             name
             for name in ENGINE_DEFAULT_OPTIONS
-            if is_unset(getattr(self, name)) or (name in NONE_UNSET_OPTIONS and getattr(self, name) is None)
+            if is_unset(value := getattr(self, name)) or (value is None and name in NONE_IS_UNSET)
         )
 
     @property

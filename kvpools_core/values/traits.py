@@ -18,6 +18,7 @@ from kvpools_core.values._fields import (
     _str_tuple,
     _text,
     _texts,
+    frozen_mapping,
     non_negative,
     one_of,
     optional_positive,
@@ -181,6 +182,12 @@ def _ascending_tiers(inst: object, attribute: attrs.Attribute[Any], value: tuple
         )
 
 
+def _str_values(instance: Any, attribute: attrs.Attribute[Any], value: Mapping[str, Any]) -> None:
+    bad = {key: item for key, item in value.items() if not isinstance(item, str) or not item}
+    if bad:
+        raise InvalidValueError(f"{_flag(instance, attribute)} maps keys to layout names (strings), got {bad!r}.")
+
+
 @attrs.frozen(kw_only=True)
 class PlatformTraits:
     """What a platform's kernels decide about the KV cache, answered by its plugin (``platform_traits`` hook).
@@ -217,6 +224,11 @@ class PlatformTraits:
       retracted requests up in a HiCache host pool by default here
       (``resolve_decode_retraction_backup``, ``mem_cache/kv_cache_builder.py``:
       not on HIP, where large restores can fault the GPU process).
+    * ``pool_layouts``: the layout of an architecture's pool that this platform's kernels select, by a key the
+      architecture plugin owning the pool documents and reads (no key: the engine's default layout).  Where an
+      engine builds another pool class for the same model on a platform (SGLang's DeepSeek-V4 unified-KV pool on
+      ROCm: key ``"dsv4"``, values ``"unified_bf16"`` / ``"unified_fp8"``), the platform plugin says so here,
+      from its own options, and the architecture plugin plans that layout or refuses a value it does not know.
     """
 
     platform: str
@@ -227,6 +239,7 @@ class PlatformTraits:
     memory_tiers: tuple[MemoryTier, ...] = attrs.field(default=(), converter=_tier_tuple, validator=_ascending_tiers)
     breakable_prefill_graphs: bool = attrs.field(default=False, validator=_boolean)
     decode_retraction_host_pool: bool = attrs.field(default=True, validator=_boolean)
+    pool_layouts: Mapping[str, str] = attrs.field(factory=dict, converter=frozen_mapping, validator=_str_values)
 
     def memory_tier(self, gpu_mib: float) -> MemoryTier | None:
         """The platform's own tier for a device of ``gpu_mib`` MiB (the first whose ``max_mib`` covers it)."""

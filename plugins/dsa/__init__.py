@@ -69,7 +69,7 @@ from kvpools_core.values import (
     Serving,
 )
 
-from .dcp import dcp_problems
+from .dcp import dcp_problems, kpool_dcp_problems
 from .hisparse import dsa_hisparse_pools, hisparse_problems
 from .indexshare import skips_topk_pattern
 from .traits import architecture_traits as architecture_traits
@@ -195,7 +195,12 @@ def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] |
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
-    return dsa_problems(model, serving) + hisparse_problems(model, serving) + dcp_problems(serving)
+    return (
+        dsa_problems(model, serving)
+        + hisparse_problems(model, serving)
+        + dcp_problems(serving)
+        + kpool_dcp_problems(model, serving)
+    )
 
 
 @hookimpl

@@ -27,7 +27,7 @@ from .host import dsv4_host_pools
 from .layouts import layout_problems
 from .low_ratio import low_ratio_problems, v41_problems
 from .sizing import dsv4_cell_size, dsv4_problems, size_dsv4_pools
-from .speculative import DSV4_MAX_RUNNING_REQUESTS, speculative_problems
+from .speculative import speculative_problems
 from .traits import architecture_traits as architecture_traits
 from .weights import estimate_weights as estimate_weights
 
@@ -77,14 +77,21 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
     return problems
 
 
+DSV4_MAX_RUNNING_REQUESTS = 256
+"""``apply_deepseek_v4_defaults`` (``arg_groups/deepseek_v4_hook.py``): ``max_running_requests`` 256 when unset."""
+SGLANG_ACCOUNTINGS = ("exact", "sglang")
+"""The accountings that plan SGLang's server (the vLLM and TensorRT-LLM ones keep their engines' own limits)."""
+
+
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] | None:
     """SGLang 0.5.23's DeepSeek-V4 defaults for unset options (``arg_groups/model_overrides/deepseek_v4.py``,
     ``_deepseek_v4_overrides``): ``--page-size`` 256 (the NPU branch's 128 comes from the Ascend platform, which
     answers first), and ``--swa-full-tokens-ratio`` 0.1 except for DeepSeek-V4.1 checkpoints
-    (``model_type`` ``deepseek_v41``); under speculative decoding also ``apply_deepseek_v4_defaults``'s
-    ``--max-running-requests`` 256 (``arg_groups/deepseek_v4_hook.py``, :mod:`.speculative`)."""
+    (``model_type`` ``deepseek_v41``); under SGLang's accountings ``--max-running-requests`` 256
+    (``apply_deepseek_v4_defaults``, ``arg_groups/deepseek_v4_hook.py``), which also fixes the c128 state's
+    reservation (ref-002 ``requested_max_running_requests_per_worker``) instead of the configurator's estimate."""
     source = "_deepseek_v4_overrides in arg_groups/model_overrides/deepseek_v4.py"
     defaults = [
         EngineDefault(
@@ -93,25 +100,24 @@ def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] |
             reason=f"SGLang 0.5.23's default for DeepSeek-V4's compressed attention ({source})",
         )
     ]
-    if serving.speculative:
-        # SGLang sets it with or without speculative decoding; kvpools applies it where it decides the request limit
-        # against the speculative 48 (which runs after it). Without speculation it is not applied yet (issue 32).
-        defaults.append(
-            EngineDefault(
-                option="max_running_requests",
-                value=DSV4_MAX_RUNNING_REQUESTS,
-                reason=(
-                    "SGLang 0.5.23's default for DeepSeek-V4, set before speculative decoding's 48 "
-                    "(apply_deepseek_v4_defaults in arg_groups/deepseek_v4_hook.py)"
-                ),
-            )
-        )
     if model.model_type != V41_MODEL_TYPE:
         defaults.append(
             EngineDefault(
                 option="swa_full_tokens_ratio",
                 value=DSV4_SWA_FULL_TOKENS_RATIO,
                 reason=f"SGLang 0.5.23's default for DeepSeek-V4 ({source})",
+            )
+        )
+    if serving.accounting in SGLANG_ACCOUNTINGS:
+        defaults.append(
+            EngineDefault(
+                option="max_running_requests",
+                value=DSV4_MAX_RUNNING_REQUESTS,
+                reason=(
+                    "SGLang 0.5.23's default for DeepSeek-V4 (apply_deepseek_v4_defaults in "
+                    "arg_groups/deepseek_v4_hook.py, which arg_groups/model_hook.py runs: 'Setting "
+                    "max_running_requests to 256')"
+                ),
             )
         )
     return defaults

@@ -79,6 +79,7 @@ from kvpools_core.parts.sizing import (
 from kvpools_core.values import FIXED, FULL_TOKENS, REQUEST, TOKEN, GroupCost, LayerSpec, ModelSpec, PoolSpec, Serving
 
 from .dspark import DRAFT_SWA_VALID_FROM_POOL, VALID_FROM_BYTES, dspark_swa_valid_from_slots
+from .hisparse import hisparse_allocator_layout, uses_hisparse_allocator
 from .layouts import KVLayout, compressed_layout, main_layout
 from .low_ratio import (
     DSV41_INDEX_PAGE_SIZE,
@@ -89,6 +90,7 @@ from .low_ratio import (
     pair_ring_size,
     sources_by_ratio,
 )
+from .unified import UnifiedGeometry, unified_geometry, unified_layout
 
 __all__ = [
     "C4_INDEXER_STATE_POOL",
@@ -341,6 +343,9 @@ class DSV4Buffers:
     """DeepSeek-V4.1's ratio-1/2 kv_source pools (:mod:`.low_ratio`); empty for V4 models."""
     draft_swa_valid_from: int = 0
     """The DSpark draft pool's int64 ``swa_valid_from`` entries (:mod:`.dspark`)."""
+    unified: UnifiedGeometry | None = None
+    """The unified-KV pool a platform selects (:mod:`.unified`), which replaces ``swa``, ``c4``, ``c128`` and
+    ``draft_swa`` (left without layers); None: the separate-KV pools."""
 
     @property
     def head_dim(self) -> int:
@@ -416,7 +421,7 @@ def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_ru
         else None
     )
     c4_layout, c128_layout = compressed_layout(serving, 4), compressed_layout(serving, 128)
-    return DSV4Buffers(
+    separate = DSV4Buffers(
         page_size=page,
         start_layer=start,
         end_layer=end,
@@ -458,6 +463,37 @@ def dsv4_buffers(model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_ru
         hisparse_ptrs=len(c4_ids) if serving.enable_hisparse else 0,
         low_ratio=low_ratio_buffers(model, serving, sizes.full_tokens, num_req_slots),
         draft_swa_valid_from=dspark_swa_valid_from_slots(serving, num_req_slots, has_draft_swa=draft_swa is not None),
+    )
+    return with_unified_pool(separate, serving, sizes, num_draft)
+
+
+def with_unified_pool(b: DSV4Buffers, serving: Serving, sizes: DSV4Sizes, num_draft: int) -> DSV4Buffers:
+    """``b`` on the unified-KV layout when the platform selects it (:mod:`.unified`): the SWA / c4 / c128 row
+    pools and the draft's SWA pool give way to the unified rows, the c4 states become request-addressed
+    (``num_req_slots x c4 ring``, ``DeepSeekV4TokenToKVPool.__init__``); else ``b`` unchanged."""
+    unified = unified_geometry(
+        serving,
+        head_dim=b.head_dim,
+        rope_dim=b.qk_rope_head_dim,
+        window=b.window_size,
+        slots=b.num_req_slots,
+        c128_tokens=sizes.c128_tokens,
+        ratios=b.ratios,
+        draft_layers=num_draft,
+    )
+    if unified is None:
+        return b
+    size = b.num_req_slots * b.c4_state.ring
+    rows = _ceil_to(size + b.c4_state.ring + 1, 4)
+    return attrs.evolve(
+        b,
+        swa=attrs.evolve(b.swa, layers=()),
+        c4=attrs.evolve(b.c4, layers=()),
+        c128=attrs.evolve(b.c128, layers=()),
+        draft_swa=None,
+        c4_state=attrs.evolve(b.c4_state, size=size, rows=rows),
+        c4_indexer_state=attrs.evolve(b.c4_indexer_state, size=size, rows=rows),
+        unified=unified,
     )
 
 
@@ -538,7 +574,12 @@ def _pool_layout(
     if b.hisparse_ptrs:
         nbytes = b.hisparse_ptrs * PTR_BYTES
         layout.append((nbytes, partial(_fixed_pool, HISPARSE_PTRS_POOL, nbytes)))
-    for state in (b.c4_state, b.c4_indexer_state):
+    if uses_hisparse_allocator(model, serving):
+        # DeepSeekV4HiSparseTokenToKVPoolAllocator's c4 device allocator and c4 logical->device mapping
+        layout += hisparse_allocator_layout(sizes.c4_tokens, sizes.c128_tokens, page)
+    if b.unified is not None:
+        layout += unified_layout(b.unified, (b.c4_state, b.c4_indexer_state), max_running_requests)
+    for state in (b.c4_state, b.c4_indexer_state) if b.unified is None else ():
         if state.layers:
             # c4_state_pool_size = swa // window x ring: ring rows per window of SWA tokens.
             per_block = state.ring * state.row_bytes * len(state.layers)

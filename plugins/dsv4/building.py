@@ -3,7 +3,8 @@
 ref-000 ``_build_token_to_kv_pool_allocator`` (CUDA): a ``DeepSeekV4TokenToKVPool``
 whose SWA rows are paged (``needs_paged_swa_allocator``, the separate-KV layout
 built here) gets ``SWATokenToKVPoolAllocator(full, swa, page_size, ...)``; the
-compressed pools need no allocator (a c4 / c128 slot is ``full slot // ratio``).
+compressed pools need no allocator (a c4 / c128 slot is ``full slot // ratio``); with HiSparse SGLang wraps
+that allocator in ``DeepSeekV4HiSparseTokenToKVPoolAllocator`` (:mod:`.hisparse_allocator`).
 The request table is the core's (``_build_default_req_pool``: DSV4 has its own
 only on NPU), so no ``build_req_to_token_pool`` here.
 """
@@ -16,6 +17,7 @@ from kvpools_core import for_architecture, hookimpl
 from kvpools_core.values import Plan
 
 from .config import ARCHITECTURE
+from .hisparse import uses_hisparse_allocator
 
 if TYPE_CHECKING:
     from kvpools_core.pools.layout import BufferLayout
@@ -41,7 +43,7 @@ def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | 
 
     sizes = sizes_of(plan)
     page = plan.serving.page_size
-    return SWATokenToKVPoolAllocator(
+    logical = SWATokenToKVPoolAllocator(
         sizes.full_tokens,
         sizes.swa_tokens // page * page,
         page,
@@ -52,3 +54,9 @@ def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | 
         checked=checked,
         index_dtype=slot_index_dtype(plan),
     )
+    if not uses_hisparse_allocator(plan.model, plan.serving):
+        return logical
+    from .hisparse_allocator import DSV4HiSparseAllocator
+
+    # ref-000 lines 2166-2170: DeepSeekV4HiSparseTokenToKVPoolAllocator(token_to_kv_pool_allocator)
+    return DSV4HiSparseAllocator(logical, sizes.c4_tokens, sizes.c128_tokens, checked=checked)

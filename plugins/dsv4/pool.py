@@ -59,6 +59,7 @@ from .buffers import (
 )
 from .dspark import DRAFT_SWA_VALID_FROM_POOL
 from .layouts import LAYOUTS, V4
+from .unified_pool import UnifiedKVBuffers, unified_planned
 
 __all__ = ["DSV4TokenToKVPool", "PackedRows", "sizes_of"]
 
@@ -315,6 +316,7 @@ class DSV4TokenToKVPool:
         self.swa_valid_from = (
             allocate((b.draft_swa_valid_from,), torch.int64, device) if b.draft_swa_valid_from else None
         )
+        self.unified_kv_pool = UnifiedKVBuffers(b.unified, device) if b.unified is not None else None
 
     @classmethod
     def from_plan(cls, plan: Plan, device: str | torch.device, layout: BufferLayout | None = None) -> DSV4TokenToKVPool:
@@ -359,6 +361,8 @@ class DSV4TokenToKVPool:
             measured[C128_MTP_SEQ_LENS_POOL] = tensor_nbytes([self.c128_mtp_seq_lens])
         if self.swa_valid_from is not None:
             measured[DRAFT_SWA_VALID_FROM_POOL] = tensor_nbytes([self.swa_valid_from])
+        if self.unified_kv_pool is not None:
+            measured.update(self.unified_kv_pool.nbytes_by_pool())
         return measured
 
     @property
@@ -479,3 +483,5 @@ def _planned(b: DSV4Buffers, sizes: DSV4Sizes) -> Iterable[tuple[str, int, str]]
         yield C128_MTP_SEQ_LENS_POOL, b.c128_mtp_seq_lens * 8, f"{b.c128_mtp_seq_lens} int64"
     if b.draft_swa_valid_from:
         yield DRAFT_SWA_VALID_FROM_POOL, b.draft_swa_valid_from * 8, f"{b.draft_swa_valid_from} int64 (DSpark draft)"
+    if b.unified is not None:
+        yield from unified_planned(b.unified)

@@ -63,7 +63,9 @@ from kvpools_core.values import (
 )
 
 from .config import C4, C128
+from .hisparse import dsv4_hisparse_problems
 from .host import host_problems
+from .unified import platform_pool_layout, unified_notes, unified_problems
 
 OWNER = "dsv4"
 SWA_TOKENS, C4_TOKENS, C128_TOKENS = "swa", "c4", "c128"
@@ -272,7 +274,7 @@ def dsv4_problems(model: ModelSpec, serving: Serving) -> list[str]:
             f"{o('page_size')} {page}: SGLang asserts '{SGLANG_PAGE_MESSAGE}' for {model.name}. "
             f"Use {o('page_size')} 256 (a multiple of 128; SGLang's CUDA DeepSeek-V4 pool takes 256)."
         )
-    elif serving.accounting == "exact" and page != 256:
+    elif serving.accounting == "exact" and page != 256 and not platform_pool_layout(serving):
         # A platform whose kernels refuse page 256 (Ascend's 128 for every model) builds no CUDA pool at all.
         fix = (
             f"Use {o('accounting')} sglang for the configurator's numbers ({serving.platform} refuses "
@@ -317,14 +319,8 @@ def dsv4_problems(model: ModelSpec, serving: Serving) -> list[str]:
                     f"'SGLANG_EXPERIMENTAL_ONLINE_C128_MTP requires speculative_num_draft_tokens to be set.' Set "
                     f"{o('speculative_num_draft_tokens')}."
                 )
-    if serving.enable_hisparse and serving.accounting == "exact":
-        problems.append(
-            f"{o('enable_hisparse')} with {o('accounting')} exact: SGLang then builds a HiSparse c4 device pool "
-            f"and DeepSeekV4HiSparseTokenToKVPoolAllocator (a paged allocator of its own and a full-to-device "
-            f"index mapping beside the host copy), whose device bytes kvpools does not model yet, so it cannot "
-            f"promise that the plan holds every byte. Use {o('accounting')} sglang (the configurator's split, "
-            f"token-exact), or drop {o('enable_hisparse')}."
-        )
+    problems += dsv4_hisparse_problems(serving)
+    problems += unified_problems(serving)
     if serving.hisparse_config is not None and not serving.enable_hisparse:
         problems.append(
             f"{o('hisparse_config')} is set but {o('enable_hisparse')} is not: SGLang reads the config only with "
@@ -457,6 +453,7 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
         )
     sizes["c128_state_pool_size"] = shape.c128_state_pool_size(requests)
     notes.extend(sub_pool_notes(shape, sizes, requests, serving, fixed))
+    notes.extend(unified_notes(serving))
     pools = _pools(model, serving, sizes, requests, context_len)
     return PoolSizing(
         max_total_num_tokens=full,

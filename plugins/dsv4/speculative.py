@@ -5,8 +5,8 @@
 anything:
 
 * ``--max-running-requests`` unset becomes 256 (so the speculative hooks' own default of 48, which they declare
-  only while the option is still unset, never applies to DeepSeek-V4; kvpools applies the 256 under speculative
-  decoding only so far -- without it DeepSeek-V4 still plans ``resolve_max_num_reqs``' estimate);
+  only while the option is still unset, never applies to DeepSeek-V4: the ``dsv4`` plugin's ``engine_defaults``
+  answers 256 before the ``speculative`` plugin's ``trylast`` 48);
 * the algorithm must be ``EAGLE`` or ``DSPARK`` (asserted on the spelling as given, before ``NEXTN`` is aliased
   to ``EAGLE``: ``NEXTN``, ``EAGLE3``, ``STANDALONE``, ``NGRAM`` and ``DFLASH`` are refused);
 * ``EAGLE`` needs ``--speculative-eagle-topk`` 1, asserted before ``_auto_choose_speculative_params`` fills an
@@ -21,8 +21,6 @@ from kvpools_core.values import Serving
 SGLANG_ARCHITECTURE = "DeepseekV4ForCausalLM"
 DSV4_SPECULATIVE_ALGORITHMS = ("EAGLE", "DSPARK")
 """The algorithms ``apply_deepseek_v4_defaults`` lets through (deepseek_v4_hook.py lines 148-154)."""
-DSV4_MAX_RUNNING_REQUESTS = 256
-"""``apply_deepseek_v4_defaults``'s ``--max-running-requests`` when unset (deepseek_v4_hook.py lines 137-146)."""
 ALGORITHMS_MESSAGE = f"Only EAGLE and DSPARK speculative algorithms are supported for {SGLANG_ARCHITECTURE}"
 TOPK_MESSAGE = f"Only EAGLE speculative algorithm with topk == 1 is supported for {SGLANG_ARCHITECTURE}"
 

@@ -85,6 +85,7 @@ from .state import (
     rank_full_attention_layers,
     rank_state_layer_ids,
     state_bytes_per_slot,
+    state_entry_parts,
     state_shape,
 )
 from .traits import architecture_traits as architecture_traits
@@ -250,7 +251,8 @@ def unified_entries(model: ModelSpec, serving: Serving, cell: CellSize) -> tuple
     """The full KV entry (all full-attention layers of one token on this rank) and the state entry."""
     full_pool = next(iter(cell.pool_bytes_per_token()))
     full = kv_entry_from_cell(cell, full_pool, max(cell.num_layers, 1))
-    return full, state_entry_from_cell(cell, STATE_POOL, len(rank_state_layer_ids(model, serving)))
+    parts = state_entry_parts(state_shape(model, serving))
+    return full, state_entry_from_cell(cell, STATE_POOL, len(rank_state_layer_ids(model, serving)), parts)
 
 
 @hookimpl

@@ -77,6 +77,7 @@ from kvpools_core.values import (
     Serving,
 )
 
+from .inkling_mtp import mtp_problem, mtp_terms
 from .sizing import (
     MAPPING_ITEM_BYTES,
     MAPPING_POOL,
@@ -91,7 +92,7 @@ from .sizing import (
     split_budget,
 )
 from .state import SCONV as MIXER
-from .state import sglang_stage_per_req
+from .state import sconv_state_shape, sglang_stage_per_req, state_entry_parts
 
 FAMILY = "inkling"
 FULL_POOL = "kv_full"
@@ -162,12 +163,9 @@ def inkling_problems(model: ModelSpec, serving: Serving) -> list[str]:
         return [INKLING_VLLM_REFUSAL]
     problems: list[str] = []
     if serving.speculative:
-        problems.append(
-            f"kvpools does not model Inkling's MTP heads yet ({o('speculative_algorithm')} "
-            f"{serving.speculative_algorithm}): SGLang 0.5.23 gives each head a draft SWAKVPool routed by "
-            "mtp_local_layer_ids and a short-conv state pool of its own (clone_with_new_mamba). Plan it without "
-            f"{o('speculative_algorithm')}."
-        )
+        shape = sglang_swa_shape(model, serving)
+        terms = mtp_terms(model, serving, full_per_token=shape.full_per_token, swa_per_token=shape.swa_per_token)
+        problems.append(mtp_problem(model, serving, terms))
     if serving.radix_cache_disabled and serving.max_running_requests is not None and serving.chunked_prefill_size:
         problems.append(
             f"kvpools does not model SGLang's SWA chunk cap (SWAChunkCapPoolConfigurator: explicit "
@@ -698,5 +696,6 @@ def tri_members(model: ModelSpec, serving: Serving, cell: CellSize) -> TriPoolMe
     num_swa = sum(layer.kind == SLIDING for layer in layers)
     full = attrs.evolve(kv_entry_from_cell(cell, FULL_POOL, max(len(layers) - num_swa, 1)), name="full")
     swa = attrs.evolve(kv_entry_from_cell(cell, SWA_POOL, max(num_swa, 1)), name="swa")
-    state = attrs.evolve(state_entry_from_cell(cell, STATE_POOL, len(layers)), name="mamba")
+    parts = state_entry_parts(sconv_state_shape(model, serving))
+    state = attrs.evolve(state_entry_from_cell(cell, STATE_POOL, len(layers), parts), name="mamba")
     return TriPoolMembers(FULL_POOL, full, SWA_POOL, swa, STATE_POOL, state, SWA_TOKENS)

@@ -33,6 +33,7 @@ from kvpools_core.dtypes import MODEL_DTYPES
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parallel import pp_layer_range, rank_layer_range
+from kvpools_core.parts.unified import state_parts
 from kvpools_core.values import LayerSpec, ModelSpec, Serving
 
 from .config import GDN, KDA, KV_KINDS, MAMBA1, STATE_KINDS
@@ -71,6 +72,13 @@ class StateShape:
     def describe(self) -> str:
         conv = " + ".join(f"{'x'.join(map(str, c))}" for c in self.conv)
         return f"conv {conv} {self.conv_dtype} + SSM {'x'.join(map(str, self.ssm))} {self.ssm_dtype}"
+
+
+def state_entry_parts(shape: StateShape) -> tuple[tuple[str, int], ...]:
+    """One layer's state parts in SGLang's unified Mamba entry order (``MambaSubPoolSpec``: each conv tensor, then
+    the temporal state; ``build_mamba_entry_views`` lays them out part-major), in bytes."""
+    conv = [math.prod(c) * MODEL_DTYPES[shape.conv_dtype] for c in shape.conv]
+    return state_parts(conv, shape.ssm_bytes)
 
 
 def state_tp_size(model: ModelSpec, serving: Serving) -> int:

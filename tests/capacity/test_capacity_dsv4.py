@@ -28,8 +28,9 @@ from kvpools_plugins.dsv4.building import build_allocator
 
 from kvpools_core.allocators.swa import new_full_to_swa_mapping
 
-FLASH = Serving(page_size=256, tp_size=8, swa_full_tokens_ratio=0.8)
-"""deepseek-v4-flash at TP 8, page 256 (SGLang's CUDA DeepSeek-V4 page), 60 GiB, SGLang's generic ratio 0.8 given
+FLASH = Serving(page_size=256, tp_size=8, swa_full_tokens_ratio=0.8, max_running_requests=2048)
+"""deepseek-v4-flash at TP 8, page 256 (SGLang's CUDA DeepSeek-V4 page), 60 GiB, 2,048 requests given (unset,
+SGLang's DeepSeek-V4 default is 256: tests/core/test_engine_defaults.py), SGLang's generic ratio 0.8 given
 explicitly (left unset, DeepSeek-V4 takes SGLang's 0.1: ``flash_swa_tenth``): full 986,368 tokens, SWA
 788,992 (ratio 0.8), c4 246,592 = full / 4, c128 7,706 = full / 128, 2,048 requests, context 1,048,576; the SWA
 window terms are 128 + 128 x 1 + 256 + 256 = 768 per request, 2 prefills of up to 8,192 in flight, 256 reserved."""
@@ -42,8 +43,10 @@ def flash() -> Plan:
 
 @pytest.fixture(scope="module")
 def flash_swa_tenth() -> Plan:
-    """The same with ``--swa-full-tokens-ratio`` unset: SGLang's own DeepSeek-V4 default 0.1 (docs/capacity.md)."""
-    p = plan("deepseek-v4-flash", Serving(page_size=256, tp_size=8), memory="60GiB")
+    """The same with ``--swa-full-tokens-ratio`` unset: SGLang's own DeepSeek-V4 default 0.1 (docs/capacity.md);
+    2,104 requests given (the configurator's estimate at that ratio before SGLang's DeepSeek-V4 default 256 was
+    applied; many requests let the SWA window bind)."""
+    p = plan("deepseek-v4-flash", Serving(page_size=256, tp_size=8, max_running_requests=2104), memory="60GiB")
     assert p.serving.swa_full_tokens_ratio == 0.1
     return p
 
@@ -97,18 +100,18 @@ def test_one_token_the_request_cap_binds(flash: Plan) -> None:
 
 
 def test_4k_at_a_tenth_the_swa_window_binds(flash_swa_tenth: Plan) -> None:
-    """Ratio 0.1: full 4,310,784, SWA 430,848, c4 1,077,696, c128 33,678, 2,104 requests.  4,096 tokens: full
-    4,310,784 // 4,096 = 1,052 (c4 // 1,024 and c128 // 32 the same); SWA past 768: room 430,848 - 256 =
-    430,592, a prefill holds min(4,096 - 768, 8,192) = 3,328 more, 2 x 4,096 <= room, 2 + (430,592 - 8,192) //
+    """Ratio 0.1, 2,104 requests given: full 4,313,344, SWA 431,104, c4 1,078,336, c128 33,698.  4,096 tokens: full
+    4,313,344 // 4,096 = 1,053 (c4 // 1,024 and c128 // 32 the same); SWA past 768: room 431,104 - 256 =
+    430,848, a prefill holds min(4,096 - 768, 8,192) = 3,328 more, 2 x 4,096 <= room, 2 + (430,848 - 8,192) //
     768 = 552 -> 552, the SWA window binds."""
     p = flash_swa_tenth
-    assert p.counts["tokens"] == {"full": 4_310_784, "swa": 430_848, "c4": 1_077_696, "c128": 33_678}
+    assert p.counts["tokens"] == {"full": 4_313_344, "swa": 431_104, "c4": 1_078_336, "c128": 33_698}
     answer = concurrency(p, 4_096)
     assert answer.limits == {
-        "full tokens": 1_052,
+        "full tokens": 1_053,
         "swa tokens": 552,
-        "c4 tokens": 1_052,
-        "c128 tokens": 1_052,
+        "c4 tokens": 1_053,
+        "c128 tokens": 1_053,
         "request cap": 2_104,
     }
     assert answer.binding == "swa tokens"
@@ -256,7 +259,7 @@ def test_split_for_8k(flash: Plan) -> None:
 
 def test_cli_answers_deepseek_v4() -> None:
     args = ["capacity", "deepseek-v4-flash", "--tp-size", "8", "--page-size", "256", "--memory", "60GiB"]
-    args += ["--swa-full-tokens-ratio", "0.8"]  # FLASH's numbers
+    args += ["--swa-full-tokens-ratio", "0.8", "--max-running-requests", "2048"]  # FLASH's numbers
     out = CliRunner().invoke(main, args)
     assert out.exit_code == 0, out.output
     assert "c4 tokens 246,592 (1 per 4 full tokens)" in out.output

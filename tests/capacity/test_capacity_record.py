@@ -112,9 +112,12 @@ LLAMA = dict(model="llama-3.1-8b", serving=Serving(page_size=16, accounting="sgl
 GPT_OSS = dict(model="gpt-oss-120b", serving=Serving(page_size=64, tp_size=2), memory="40GiB")
 QWEN3_NEXT = dict(model="qwen3-next-80b-a3b-thinking", serving=Serving(), memory="60GiB")
 FLASH = dict(
-    model="deepseek-v4-flash", serving=Serving(page_size=256, tp_size=8, swa_full_tokens_ratio=0.8), memory="60GiB"
+    model="deepseek-v4-flash",
+    serving=Serving(page_size=256, tp_size=8, swa_full_tokens_ratio=0.8, max_running_requests=2048),
+    memory="60GiB",
 )
-"""The numbers of tests/capacity/test_capacity_dsv4.py: SGLang's generic ratio 0.8, given (unset: DeepSeek-V4's 0.1)."""
+"""The numbers of tests/capacity/test_capacity_dsv4.py: SGLang's generic ratio 0.8 and 2,048 requests, given (unset:
+DeepSeek-V4's 0.1 and 256)."""
 
 
 _PLANS: dict[str, Plan] = {}

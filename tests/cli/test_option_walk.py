@@ -397,6 +397,11 @@ EVIDENCE: dict[str, Evidence] = {
         ("llama-3.1-8b", "--gpu", "h100", "--accounting", "vllm"),
         ("llama-3.1-8b", "--gpu", "h100", "--accounting", "vllm", "--runtime-profile", "0.19"),
     ),
+    "engine_version": Changes(
+        ("llama-3.1-8b", "--gpu", "h100", "--accounting", "vllm", "--runtime-profile", "0.19"),
+        ("llama-3.1-8b", "--gpu", "h100", "--engine-version", "vllm==0.16"),
+        why="vLLM 0.16's sampler sorts: 36 B per logit at the profile run's peak, not 0.19's 12",
+    ),
     # -- TensorRT-LLM's accounting (refused without it: tests/trtllm)
     "kv_cache_free_gpu_memory_fraction": Changes(TRTLLM, (*TRTLLM, "--kv_cache_free_gpu_memory_fraction", "0.5")),
     "tokens_per_block": Changes(TRTLLM, (*TRTLLM, "--tokens_per_block", "64")),

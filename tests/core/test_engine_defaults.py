@@ -57,6 +57,7 @@ def test_unset_options_read_as_the_generic_defaults_and_say_so() -> None:
         dsa_prefill_backend="flashmla_sparse",
         dsa_decode_backend="flashmla_kv",
         mamba_full_memory_ratio=0.9,
+        max_running_requests=4096,
     )
     assert (unset.page_size, unset.swa_full_tokens_ratio) == (1, 0.8)
     assert (unset.dsa_prefill_backend, unset.dsa_decode_backend) == ("flashmla_sparse", "flashmla_kv")
@@ -69,7 +70,7 @@ def test_unset_options_read_as_the_generic_defaults_and_say_so() -> None:
         "mamba_full_memory_ratio",
         "max_running_requests",
     )
-    assert given.unset_options == ("max_running_requests",)  # unset when None (NONE_UNSET_OPTIONS)
+    assert given.unset_options == ()
     assert attrs.evolve(unset, tp_size=2).unset_options == unset.unset_options
     assert not is_unset(attrs.evolve(unset, page_size=64).page_size)
 
@@ -101,9 +102,13 @@ def test_dsa_page_follows_index_kpool(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({**config, "index_kpool": 2}))
     spec, _ = load_model(str(tmp_path / "config.json"), registry)
     assert spec.params["index_kpool"] == 2
-    serving, notes = apply_engine_defaults(spec, Serving(platform="rocm"), registry)
+    # on ROCm only with AITER's preshuffled paged MQA (kvpools-rocm's rocm.dsa_preshuffle); else page 1 there
+    rocm = Serving(platform="rocm", plugin_options={"rocm.dsa_preshuffle": "on"})
+    serving, notes = apply_engine_defaults(spec, rocm, registry)
     assert serving.page_size == 128
-    assert "64 x index_kpool 2" in notes[0]
+    assert any("64 x index_kpool 2" in note for note in notes)
+    serving, _ = apply_engine_defaults(spec, Serving(), registry)
+    assert serving.page_size == 128
 
 
 # -- DeepSeek-V4: page 256, SWA ratio 0.1 -----------------------------------------------------------
@@ -117,7 +122,11 @@ def test_dsv4_plans_with_sglangs_page_and_ratio_when_unset() -> None:
     0.1 x 8/128 x 10240 x 21 = 1344; 1/128 x 584 x 20 = 91.25; sum 7705.45 B (34691.85 B at 0.8).
     """
     unset = plan("deepseek-v4-flash", Serving(tp_size=4), memory=60 * GiB)
-    given = plan("deepseek-v4-flash", Serving(tp_size=4, page_size=256, swa_full_tokens_ratio=0.1), memory=60 * GiB)
+    given = plan(
+        "deepseek-v4-flash",
+        Serving(tp_size=4, page_size=256, swa_full_tokens_ratio=0.1, max_running_requests=256),
+        memory=60 * GiB,
+    )
     assert (unset.serving.page_size, unset.serving.swa_full_tokens_ratio) == (256, 0.1)
     assert unset.cell.sglang_bytes_per_token == pytest.approx(7705.45)
     assert unset.provenance["engine_defaults"] == ("dsv4",)
@@ -134,6 +143,25 @@ def test_dsv4_plans_with_sglangs_page_and_ratio_when_unset() -> None:
     assert _stripped(unset.to_dict()) == _stripped(given.to_dict())
     config = unset.sizing.sglang_config
     assert config["swa_max_total_num_tokens"] == int(config["full_max_total_num_tokens"] * 0.1) // 256 * 256
+
+
+def test_dsv4_takes_sglangs_256_requests_when_unset() -> None:
+    """Issue 32: SGLang 0.5.23 sets ``max_running_requests`` 256 for DeepSeek-V4 when unset
+    (``apply_deepseek_v4_defaults``, ``arg_groups/deepseek_v4_hook.py``, run by ``arg_groups/model_hook.py`` for
+    ``DeepseekV4ForCausalLM``), so its configurator reserves the c128 state for 256 requests, not for its estimate
+    (2,104 at TP 4, 60 GiB: ref-002 ``_get_c128_state_fixed_bytes_for_token_capacity``).  kvpools planned 4,310,784
+    tokens and 2,104 requests; SGLang's accounting now gives 8,008,448 (the oracle's answer for 256 requests,
+    tests/dsv4/test_dsv4_oracle.py::test_swa_ratio_with_requests), and an explicit value wins."""
+    sglang = plan("deepseek-v4-flash", Serving(tp_size=4, accounting="sglang"), memory=60 * GiB)
+    assert (sglang.max_total_num_tokens, sglang.max_running_requests) == (8008448, 256)
+    assert any(note.startswith("max_running_requests 256: SGLang 0.5.23's default") for note in _notes(sglang))
+    exact = plan("deepseek-v4-flash", Serving(tp_size=4), memory=60 * GiB)
+    assert exact.max_running_requests == 256 and exact.serving.max_running_requests == 256
+    given = plan("deepseek-v4-flash", Serving(tp_size=4, max_running_requests=1024), memory=60 * GiB)
+    assert given.serving.max_running_requests == 1024
+    assert not any(note.startswith("max_running_requests") for note in _notes(given))
+    llama = plan("llama-3.1-8b", Serving(), memory=20 * GiB)
+    assert llama.serving.max_running_requests is None
 
 
 def test_an_explicit_option_wins_over_the_engine_default() -> None:
@@ -160,7 +188,8 @@ def test_deepseek_v41_keeps_the_generic_ratio() -> None:
         "dsa_decode_backend",
         "mamba_full_memory_ratio",
     )
-    assert len(notes) == 1
+    assert len(notes) == 2  # the page and the request limit (apply_deepseek_v4_defaults runs for V4.1 too)
+    assert serving.max_running_requests == 256
 
 
 # -- the platform answers first ----------------------------------------------------------------------
@@ -179,8 +208,11 @@ def test_dsv4_exact_on_ascend_is_not_told_to_take_a_page_ascend_refuses() -> Non
     256", which Ascend's every-model rule refuses in turn; it now points at ``--accounting sglang`` alone."""
     with pytest.raises(UnsupportedCombinationError) as refused:
         plan("deepseek-v4-flash", Serving(platform="ascend", tp_size=4), memory=60 * GiB)
-    assert "accounting sglang for the configurator's numbers (ascend refuses page_size 256)" in str(refused.value)
-    assert "Use page_size 256" not in str(refused.value)
+    # issue 33: not the CUDA pool's page assert (SGLang skips it on NPU) but the NPU pool layout kvpools-ascend
+    # declares (PlatformTraits.pool_layouts), which the dsv4 plugin does not model yet
+    assert "selects DeepSeek-V4 pool layout 'npu_pa_nd'" in str(refused.value)
+    assert "accounting sglang for the configurator's numbers" in str(refused.value)
+    assert "Use page_size 256" not in str(refused.value) and "page_size must be 256" not in str(refused.value)
 
 
 def test_models_without_an_engine_default_keep_the_generic_ones() -> None:

@@ -241,3 +241,15 @@ def test_sglangs_dcp_refusals_are_refused_not_planned(options: dict[str, Any], w
         plan("deepseek-v3.2", serving, memory=60 * GiB, **host)
     assert "dcp_size" in str(raised.value)
     plan("deepseek-v3.2", attrs.evolve(FP8, **options), memory=60 * GiB, **host)
+
+
+def test_pooled_index_keys_under_dcp_are_refused() -> None:
+    """``_deepseek_family_overrides`` (``arg_groups/model_overrides/deepseek_v2.py`` lines 161-170) raises for
+    ``index_kpool`` > 1 with ``--dcp-size`` > 1 on a GPU; kvpools planned it (issue 32: 531,072 tokens for
+    deepseek-v3.2 with ``index_kpool`` 2, TP 8, DCP 2, page 128, 40 GiB).  Without DCP it plans."""
+    spec = _spec({**SMALL_DSA, "index_kpool": 2})
+    serving = Serving(tp_size=4, dcp_size=2, page_size=128)
+    words = "--dcp-size > 1 is not supported for DSA with index_kpool=2: a pooled index key spans positions"
+    with pytest.raises(UnsupportedCombinationError, match=re.escape(words)):
+        plan(spec, serving, memory=40 * GiB)
+    assert plan(spec, attrs.evolve(serving, dcp_size=1), memory=40 * GiB).max_total_num_tokens

@@ -55,9 +55,21 @@ def test_base_case(preset: str) -> None:
 
 
 def test_base_case_the_numbers() -> None:
-    """Default flags take SGLang's ratio 0.1 (SWA = int(F x 0.1) page aligned); an explicit 0.8 keeps its own."""
-    assert check("deepseek-v4-flash", BASE, 60 * GiB) == (2801920, 2048, 2801920, 280064, 700480, 21890, 17504, 262272)
+    """Default flags take SGLang's ratio 0.1 (SWA = int(F x 0.1) page aligned) and its 256 requests for DeepSeek-V4
+    (``apply_deepseek_v4_defaults``: the c128 state is reserved for 257 slots x ring 128 = 32,896 rows); an explicit
+    0.8 keeps its own; explicit 2048 requests give the numbers of SGLang's estimate before that default."""
+    assert check("deepseek-v4-flash", BASE, 60 * GiB) == (8008448, 256, 8008448, 800768, 2002112, 62566, 50048, 32896)
     assert check("deepseek-v4-flash", GENERIC_RATIO, 60 * GiB) == (
+        1778688,
+        256,
+        1778688,
+        1422848,
+        444672,
+        13896,
+        88928,
+        32896,
+    )
+    assert check("deepseek-v4-flash", attrs.evolve(GENERIC_RATIO, max_running_requests=2048), 60 * GiB) == (
         1236992,
         2048,
         1236992,
@@ -144,13 +156,13 @@ def test_constraint_path() -> None:
             check("deepseek-v4-flash", attrs.evolve(serving, max_total_tokens=cap), 60 * GiB)
     assert check("deepseek-v4-flash", attrs.evolve(GENERIC_RATIO, max_total_tokens=123457), 60 * GiB) == (
         123392,
-        2048,
+        256,
         123392,
         98560,
         30848,
         964,
         6160,
-        262272,
+        32896,
     )
 
 

@@ -55,10 +55,14 @@ def test_flash_bytes_per_full_token_by_hand() -> None:
 
 
 def test_the_numbers_at_60_gib() -> None:
-    """c128 state: 2048 estimated requests (capacity 1,857,050 tokens of a 1M context) -> 2049 slots x ring 128
-    = 262272, + 129 rows, to 262528 rows x 1024 x 4 B x 20 layers = 21,506,293,760 B; full =
-    int((64424509440 - 21506293760) / 34691.85) = 1237126 -> 1236992 (page 256)."""
-    s = plan("deepseek-v4-flash", SGLANG, memory=60 * GiB).sizing.sglang_config
+    """c128 state: 2048 requests -> 2049 slots x ring 128 = 262272, + 129 rows, to 262528 rows x 1024 x 4 B x 20
+    layers = 21,506,293,760 B; full = int((64424509440 - 21506293760) / 34691.85) = 1237126 -> 1236992 (page 256).
+
+    2048 requests given; without them SGLang sets 256 for DeepSeek-V4 (``apply_deepseek_v4_defaults``,
+    tests/core/test_engine_defaults.py), and its configurator's estimate (capacity 1,857,050 tokens of a 1M
+    context: ``clamp(int(T / ctx x 512), 2048, 4096)`` = 2048) is reached only without one
+    (:func:`test_the_configurators_request_estimate`)."""
+    s = plan("deepseek-v4-flash", attrs.evolve(SGLANG, max_running_requests=2048), memory=60 * GiB).sizing.sglang_config
     assert dict(s) == {
         "max_total_num_tokens": 1236992,
         "max_running_requests": 2048,
@@ -86,16 +90,17 @@ def test_sub_pools_follow_full_tokens(accounting: str, memory: int) -> None:
         assert c["swa_max_total_num_tokens"] == int(full * 0.8) // 256 * 256
         assert c["c4_state_pool_size"] == c["swa_max_total_num_tokens"] // 128 * 8
         assert c["c128_state_pool_size"] == (p.max_running_requests + 1) * 128
-        hisparse = attrs.evolve(
-            PAGE,
-            accounting="sglang",
-            enable_hisparse=True,
-            disable_radix_cache=True,
-            hisparse_config='{"host_to_device_ratio": 4}',
-        )  # HiSparse under exact accounting is refused (test_hisparse_refused_under_exact_accounting)
-        h = plan(preset, hisparse, memory=memory).sizing.sglang_config
-        assert h["c4_max_total_num_tokens"] == h["full_max_total_num_tokens"] // 16
-        assert h["c128_max_total_num_tokens"] == h["full_max_total_num_tokens"] // 128
+        for accounting in ("sglang", "exact"):
+            hisparse = attrs.evolve(
+                PAGE,
+                accounting=accounting,
+                enable_hisparse=True,
+                disable_radix_cache=True,
+                hisparse_config='{"host_to_device_ratio": 4}',
+            )
+            h = plan(preset, hisparse, memory=memory).sizing.sglang_config
+            assert h["c4_max_total_num_tokens"] == h["full_max_total_num_tokens"] // 16
+            assert h["c128_max_total_num_tokens"] == h["full_max_total_num_tokens"] // 128
 
 
 @pytest.mark.parametrize("memory", [12 * GiB, 60 * GiB])
@@ -192,7 +197,7 @@ def run(exe: str, env: dict[str, str], *args: str) -> subprocess.CompletedProces
 
 def test_cli_plan_end_to_end(kvpools_exe: str, cli_env: dict[str, str]) -> None:
     args = ("plan", "deepseek-v4-flash", "--tp-size", "8", "--page-size", "256", "--memory", "60GiB")
-    args += ("--swa-full-tokens-ratio", "0.8")
+    args += ("--swa-full-tokens-ratio", "0.8", "--max-running-requests", "2048")
     out = run(kvpools_exe, cli_env, *args, "--accounting", "sglang")
     assert out.returncode == 0, out.stderr
     assert "c128_state_pool_size = 262,272" in out.stdout
@@ -224,28 +229,73 @@ def test_cli_plan_end_to_end(kvpools_exe: str, cli_env: dict[str, str]) -> None:
     assert out.returncode != 0 and "page_size must be multiple of 128" in out.stderr + out.stdout
 
 
-def test_hisparse_refused_under_exact_accounting() -> None:
-    """HiSparse's device pool and allocator are not modelled byte for byte: exact accounting refuses, naming why."""
+def test_hisparse_under_exact_accounting_plans_the_allocator() -> None:
+    """Issue 32: DeepSeek-V4 with HiSparse under exact accounting is planned (it was refused), with the device bytes
+    of ``DeepSeekV4HiSparseTokenToKVPoolAllocator`` (``mem_cache/allocator/hisparse.py``; ref-000 lines 2166-2170).
+
+    TP 8, 60 GiB, ratio 4 (SGLang's 256 requests): 1,866,496 full tokens (1,742,848 without HiSparse); c4 =
+    1,866,496 // 16 = 116,656 rows, c128 = // 128 = 14,582.  ``hisparse_attn_allocator``: a paged allocator of the
+    c4 rows by the c4 page 256 // 4 = 64: 116,656 // 64 = 1,822 pages, 8 x 1,822 + 8 x 64 = 15,088 B.
+    ``full_to_hisparse_device_index_mapping``: int64, ``c4_logical_size`` (c128 x 32 = 466,624) + 64 zeros and one
+    -1: 466,689 x 8 = 3,733,512 B.  The data pointers: 21 c4 layers x 8 B = 168 B."""
     hisparse = attrs.evolve(
         PAGE, enable_hisparse=True, disable_radix_cache=True, hisparse_config='{"host_to_device_ratio": 4}'
     )
-    with pytest.raises(UnsupportedCombinationError, match=r"enable_hisparse with accounting exact: .*\[dsv4\]"):
-        plan("deepseek-v4-flash", hisparse, memory=60 * GiB)
-    assert plan("deepseek-v4-flash", attrs.evolve(hisparse, accounting="sglang"), memory=60 * GiB).max_total_num_tokens
+    p = plan("deepseek-v4-flash", hisparse, memory=60 * GiB)
+    config = p.sizing.sglang_config
+    assert (p.max_total_num_tokens, config["c4_max_total_num_tokens"], config["c128_max_total_num_tokens"]) == (
+        1866496,
+        116656,
+        14582,
+    )
+    assert p.pool("c4_hisparse_allocator").bytes == 15088
+    assert p.pool("c4_hisparse_mapping").bytes == 3733512
+    assert p.pool("c4_hisparse_ptrs").bytes == 168
+    assert sum(pool.bytes for pool in p.sizing.pools) <= 60 * GiB
+    # the most tokens: one page more no longer fits
+    shape = dsv4_shape(p.model, p.serving)
+    assert exact_bytes(p.model, p.serving, shape, 1866496 + 256) > 60 * GiB
+    assert plan("deepseek-v4-flash", PAGE, memory=60 * GiB).max_total_num_tokens == 1742848
+    # the cost model prices the pools as they are
+    for name in ("c4_hisparse_allocator", "c4_hisparse_mapping"):
+        pool = p.pool(name)
+        assert pool.cost is not None
+        assert pool.cost.bytes_for(tokens=p.sizing.token_counts[pool.cost.token_space]) == pool.bytes
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (
+            {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 2,
+             "speculative_num_draft_tokens": 4},
+            "supports linear speculation only",
+        ),
+        (
+            {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+             "speculative_num_draft_tokens": 4, "speculative_adaptive": True},
+            "--speculative-adaptive is not supported",
+        ),
+    ],
+)  # fmt: skip
+def test_hisparse_refuses_what_validate_hisparse_refuses(change: dict[str, object], words: str) -> None:
+    """``validate_hisparse`` (``arg_groups/hisparse_hook.py``): linear speculation only, no adaptive steps."""
+    serving = attrs.evolve(PAGE, enable_hisparse=True, disable_radix_cache=True, **change)
+    with pytest.raises(UnsupportedCombinationError, match=words):
+        plan("deepseek-v4-flash", serving, memory=60 * GiB)
 
 
 def test_budget_eaten_by_the_c128_state_says_so() -> None:
-    """SGLang reserves the c128 state for its estimated request count before dividing by the full-token bytes:
-    at 20 GiB on TP 8 that reservation alone is over the budget, and the error must name it, not the page."""
-    serving = Serving(tp_size=8, page_size=256, accounting="sglang")
-    shape = dsv4_shape(plan("deepseek-v4-flash", serving, memory="40GiB").model, serving)
+    """SGLang reserves the c128 state for the request count before dividing by the full-token bytes: for 4,096
+    requests at 20 GiB on TP 8 that reservation alone is over the budget, and the error must name it, not the page."""
+    serving = Serving(tp_size=8, page_size=256, accounting="sglang", max_running_requests=4096)
+    shape = dsv4_shape(plan("deepseek-v4-flash", serving, memory="80GiB").model, serving)
     with pytest.raises(InsufficientMemoryError) as failure:
         plan("deepseek-v4-flash", serving, memory="20GiB")
     message = str(failure.value)
     fixed = int(message.split("after ")[1].split(" B")[0].replace(",", ""))
     assert fixed > 20 * (1 << 30)
-    # the reservation for SGLang's estimated request count (clamped to 2048..4096)
-    assert fixed in {shape.c128_state_fixed_bytes(requests) for requests in range(2048, 4097)}
+    assert fixed == shape.c128_state_fixed_bytes(4096)
     assert "of c128 state reserved for the request count first" in message
 
 
@@ -303,3 +353,25 @@ def test_the_exact_search_probe_is_the_bytes_of_the_pools_it_skips_building(
     spec, serving = planned.model, planned.serving
     shape = dsv4_shape(spec, serving)
     assert exact_bytes(spec, serving, shape, tokens) == sum(p.bytes for p in exact_pools(spec, serving, shape, tokens))
+
+
+def test_the_configurators_request_estimate() -> None:
+    """``_get_c128_state_fixed_bytes_for_token_capacity`` (ref-002 lines 701-712) without a request count: SGLang
+    estimates ``clamp(int(T / ctx x 512), 2048, 4096)``, at most ``T / 2``.  Through ``plan`` DeepSeek-V4 always has
+    one (SGLang's default 256), so this runs the plugin's configurator on a serving that has none: at 60 GiB, TP 8,
+    ratio 0.8 the capacity is 1,857,050 tokens of a 1,048,576 context -> 906 -> 2048 requests, the numbers of
+    :func:`test_the_numbers_at_60_gib`."""
+    from kvpools_plugins.dsv4.sizing import dsv4_cell_size, size_dsv4_pools
+
+    from kvpools_core.parts.sizing import explicit_budget
+    from kvpools_core.pipeline import plan_basis
+
+    basis = plan_basis("deepseek-v4-flash", SGLANG)
+    serving = attrs.evolve(basis.serving, max_running_requests=None)
+    shape = dsv4_shape(basis.spec, serving)
+    assert shape.requested_per_worker is None
+    assert shape.estimated_requests(1857050) == 2048
+    assert shape.estimated_requests(3000) == 1500  # at most T / 2
+    sizing = size_dsv4_pools(basis.spec, serving, dsv4_cell_size(basis.spec, serving), explicit_budget(60 * GiB))
+    assert (sizing.max_total_num_tokens, sizing.max_running_requests) == (1236992, 2048)
+    assert any("2048 request(s) estimated from a capacity of 1,857,050 tokens" in note for note in sizing.notes)

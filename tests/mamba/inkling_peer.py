@@ -11,8 +11,10 @@
   SGLang's ``ModelConfig`` does for Inkling (``get_num_kv_heads``, ``get_swa_num_kv_heads``, the head dims).
 
 argv: the shared ``bench`` folder, then a JSON list of ``{"config": {...}, "tp": t, "available": bytes,
-"page": p, "ratio": r, "unified": bool}`` (``unified``: ``--enable-unified-memory``, whose boot labels come from
-``_max_unified_full_tokens``); prints one answer per case.
+"page": p, "ratio": r, "unified": bool, "draft": {"layers": n, "mtp_local_layer_ids": [...]}}`` (``unified``:
+``--enable-unified-memory``, whose boot labels come from ``_max_unified_full_tokens``; ``draft``, optional: an
+EAGLE target whose ``spec_aux_config.eagle_draft_num_layers`` is ``n`` and whose text config lists the banded MTP
+depths, Inkling's MTP heads); prints one answer per case.
 """
 
 from __future__ import annotations
@@ -113,6 +115,10 @@ def main() -> None:
             def get_swa_num_kv_heads(tp: int, heads: int = config.swa_num_key_value_heads) -> int:
                 return max(1, heads // tp)
 
+        draft = case.get("draft")
+        ModelConfig.hf_text_config = types.SimpleNamespace(
+            mtp_local_layer_ids=None if draft is None else draft["mtp_local_layer_ids"]
+        )
         runner = types.SimpleNamespace(  # the KVCacheConfigurator fields HybridSWAPoolConfigurator reads
             kv_cache_dtype_str="auto",
             model_config=ModelConfig,
@@ -120,14 +126,18 @@ def main() -> None:
             layer_info=types.SimpleNamespace(full_attention_layer_ids=full_ids, swa_attention_layer_ids=swa_ids),
             sliding_window_size=config.sliding_window_size,
             page_size=case["page"],
-            spec_algorithm=types.SimpleNamespace(is_eagle=lambda: False, is_standalone=lambda: False),
+            spec_algorithm=types.SimpleNamespace(
+                is_eagle=lambda eagle=draft is not None: eagle, is_standalone=lambda: False
+            ),
+            spec_aux_config=types.SimpleNamespace(
+                eagle_draft_num_layers=None if draft is None else draft["layers"], eagle_draft_swa_num_layers=None
+            ),
             is_draft_worker=False,
             fused_entry_bytes=lambda name: None,
         )
+        pool_configurator = configurator["HybridSWAPoolConfigurator"](runner)
         try:
-            sizes = configurator["HybridSWAPoolConfigurator"](runner).calculate_pool_sizes(
-                case["available"], case["page"]
-            )
+            sizes = pool_configurator.calculate_pool_sizes(case["available"], case["page"])
             full_tokens, swa_tokens, error = sizes.full_max_total_num_tokens, sizes.swa_max_total_num_tokens, None
         except ValueError as exc:  # validate_swa_pool_size
             full_tokens = swa_tokens = None
@@ -143,6 +153,9 @@ def main() -> None:
                 "full_tokens": full_tokens,
                 "swa_tokens": swa_tokens,
                 "error": error,
+                "cell_size": pool_configurator._cell_size,
+                "draft_full_layers": pool_configurator._draft_full_layers_num,
+                "draft_swa_full_layers": pool_configurator._draft_swa_full_layers_num,
             }
         )
     print(json.dumps(answers))

@@ -19,11 +19,15 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
-from kvpools_plugins.mamba.inkling import kv_budget_bytes
+from kvpools_plugins.mamba.inkling import kv_budget_bytes, sglang_swa_shape
+from kvpools_plugins.mamba.inkling_mtp import mtp_terms
 
 from kvpools_core import Serving, build, plan
 from kvpools_core.errors import ConfigError, InsufficientMemoryError, KvpoolsError
+from kvpools_core.parts.sizing import sglang_tokens
+from kvpools_core.values import ModelSpec
 from tests.oracle import locate
 
 from .support import parse, preset_config
@@ -142,6 +146,10 @@ def test_a_cpu_build_routes_sliding_layers_through_the_mapping() -> None:
             {"speculative_algorithm": "EAGLE", "speculative_num_draft_tokens": 4, "max_running_requests": 8},
             "does not model Inkling's MTP heads yet",
         ),
+        (  # SpeculativeAlgorithm.is_eagle is False for STANDALONE: no MultiLayerEagleWorkerV2, no Inkling MTP head
+            {"speculative_algorithm": "STANDALONE", "speculative_num_draft_tokens": 4, "max_running_requests": 8},
+            "only on its multi-layer EAGLE path",
+        ),
         ({"enable_hierarchical_cache": True}, "does not model a host tier for Inkling-class models yet"),
         ({"pp_size": 2}, "does not model pipeline parallelism for Inkling-class models yet"),
         ({"kv_cache_dtype": "fp4_e2m1"}, "for Inkling-class models yet"),
@@ -240,3 +248,91 @@ def test_state_layers_and_split_equal_sglangs() -> None:
         assert p.pool("mamba_state").bytes_per_slot == theirs["mamba_cache_per_req"]
         assert p.sizing.sglang_config["full_max_total_num_tokens"] == theirs["full_tokens"]
         assert p.sizing.sglang_config["swa_max_total_num_tokens"] == theirs["swa_tokens"]
+
+
+# -- the MTP heads: SGLang's draft terms (refused, with these terms in the message) ---------------------------------
+
+_EAGLE = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_num_draft_tokens": 4}
+
+
+def _mtp_terms(model: ModelSpec, serving: Serving):  # type: ignore[no-untyped-def]
+    s = attrs.evolve(serving, **_EAGLE)
+    shape = sglang_swa_shape(model, s)
+    return shape, mtp_terms(model, s, full_per_token=shape.full_per_token, swa_per_token=shape.swa_per_token)
+
+
+def test_mtp_draft_terms_by_hand() -> None:
+    """``HybridSWAPoolConfigurator`` (pool_configurator.py, the draft block after the scale-block terms and
+    ``_recompute_cell_size``): ``eagle_draft_num_layers`` = ``num_nextn_predict_layers`` = 8 draft layers; the
+    banded depths (``mtp_local_layer_ids`` [1, 3]) at the SWA per-token size without the ratio, the other 6 at the
+    full size.  bf16, TP 1: full = 4 KV heads x (128 + 128) x 2 B = 2,048 B; SWA = 2 x 256 x 2 = 1,024 B; extra
+    = 6 x 2,048 + 2 x 1,024 = 14,336 B per full token.  ``_init_multi_layer_eagle_model_runners``: one head per
+    draft step (3), ``draft_model_idx`` 0..2; head 1 is banded.  Heads' KV at 1,000 full tokens, page 1: a full
+    head 1,001 rows x 2,048 = 2,050,048 B; the banded head's full-capacity SWA ring 1,001 x 1,024 = 1,025,024 B
+    plus its identity mapping 1,002 x 8 = 8,016 B."""
+    config = {**preset_config(PRESET), "swa_num_key_value_heads": 2, "mtp_local_layer_ids": [1, 3]}
+    shape, terms = _mtp_terms(parse(config), Serving(accounting="sglang", **ON))
+    assert (shape.full_per_token, shape.swa_per_token) == (2048, 1024)
+    assert (terms.draft_layers, terms.budget_full_layers, terms.budget_swa_full_layers) == (8, 6, 2)
+    assert terms.cell_extra == 14_336
+    assert terms.heads == (0, 1, 2) and terms.banded_heads == (1,)
+    assert terms.head_kv_bytes(1000, 1) == {0: 2_050_048, 1: 1_025_024 + 8_016, 2: 2_050_048}
+    # clone_with_new_mamba: one layer of the state (3 rows x (2 x 512 full + 2 x 256 SWA + 2 x 1,536 hidden) x
+    # 2 B = 27,648 B; the full KV width 4 x 128, the SWA width 2 x 128), K + 1 slots, and K int64 free slots
+    assert terms.state_per_layer == 3 * (2 * 512 + 2 * 256 + 2 * 1536) * 2 == 27_648
+    assert terms.head_state_bytes(100) == 101 * 27_648 + 100 * 8
+
+
+def test_mtp_heads_are_refused_with_sglangs_terms() -> None:
+    """The preset (no banded depth): 8 full draft layers x 2,048 B = 16,384 B per full token."""
+    with pytest.raises(KvpoolsError, match=r"MTP heads yet.*8 full x 2,048 B \+ 0 full-capacity SWA .* = 16,384 B"):
+        _plan(max_running_requests=8, **_EAGLE)
+
+
+def test_banded_mtp_heads_need_multi_layer_eagle() -> None:
+    """``InklingForConditionalGenerationMTP.__init__`` (models/inkling.py) raises for banded heads without
+    ``--enable-multi-layer-eagle``; the refusal says so."""
+    config = {**preset_config(PRESET), "mtp_local_layer_ids": [0]}
+    with pytest.raises(KvpoolsError, match=r"mtp_local_layer_ids \[0\]\) require --enable-multi-layer-eagle"):
+        plan(parse(config), Serving(accounting="sglang", max_running_requests=8, **ON, **_EAGLE), memory="20GiB")
+
+
+_MTP_VARIANTS = [
+    ({}, {}, "20GiB"),
+    ({"mtp_local_layer_ids": [1, 3], "swa_num_key_value_heads": 2}, {"tp_size": 2}, "8GiB"),
+    ({"mtp_local_layer_ids": [0, 1, 2, 3, 4, 5, 6, 7], "swa_head_dim": 64}, {"page_size": 64}, "12GiB"),
+    ({"mtp_local_layer_ids": [1], "num_nextn_predict_layers": 2}, {}, "4GiB"),
+]
+
+
+@pytest.mark.oracle
+def test_mtp_draft_terms_equal_sglangs_configurator() -> None:
+    """SGLang's own ``HybridSWAPoolConfigurator`` on an EAGLE target (``eagle_draft_num_layers`` = the config's
+    ``num_nextn_predict_layers``) splits the draft layers and sizes the cell and the tokens as :func:`mtp_terms`."""
+    cases, expected = [], []
+    for overrides, serving, memory in _MTP_VARIANTS:
+        config = {**preset_config(PRESET), **overrides}
+        p = plan(parse(config), Serving(**{"accounting": "sglang", **ON, **serving}), memory=memory)
+        shape, terms = _mtp_terms(p.model, p.serving)  # the plan's serving: Inkling's ratio 0.1 applied
+        kv_budget = kv_budget_bytes(p.model, p.serving, p.budget)
+        text = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "torch_dtype")}
+        cases.append(
+            {
+                "config": text,
+                "tp": p.serving.attn_tp_size,
+                "available": kv_budget,
+                "page": p.serving.page_size,
+                "ratio": p.serving.swa_full_tokens_ratio,
+                "draft": {"layers": terms.draft_layers, "mtp_local_layer_ids": config["mtp_local_layer_ids"]},
+            }
+        )
+        expected.append((shape, terms, sglang_tokens(kv_budget, shape.cell + terms.cell_extra, p.serving.page_size)))
+    for (shape, terms, full), theirs in zip(expected, _peer(cases), strict=True):
+        assert (theirs["draft_full_layers"], theirs["draft_swa_full_layers"]) == (
+            terms.budget_full_layers,
+            terms.budget_swa_full_layers,
+        )
+        assert theirs["cell_size"] == pytest.approx(shape.cell + terms.cell_extra, rel=1e-12)
+        assert theirs["full_tokens"] == full
+        # a head's clone_with_new_mamba keeps one layer of the same mamba2_cache_params
+        assert terms.state_per_layer * len(theirs["layers"]) == theirs["mamba_cache_per_req"]

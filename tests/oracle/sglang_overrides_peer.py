@@ -3,8 +3,13 @@ venv, CPU).
 
 Usage: ``python sglang_overrides_peer.py BENCH_DIR`` with a JSON list of cases on stdin, each
 ``{"architecture": ..., "hf_config": {...}, "device": "cuda" | "npu", "server_args": {...}, "gpu": "sm90"}``
-(``gpu``: the CUDA generation the platform reports, none by default); prints one JSON list: per case, the
-memory-relevant fields (:data:`FIELDS`) its providers declare (absent when they declare none).
+(``gpu``: the CUDA generation the platform reports, none by default; ``device`` ``"hip"`` is ROCm, where
+``"preshuffle"`` says what ``aiter_can_use_preshuffle_paged_mqa()`` answers, true by default); prints one JSON list:
+per case, the memory-relevant fields (:data:`FIELDS`) its providers declare (absent when they declare none).
+With ``"resolve_backends": true`` the installed ``_dsa_split_backend_resolution`` (``arg_groups/overrides.py``,
+compiled from the installed file with ``_check_dsa_backend_constraints``) then runs on the server args the
+providers' declarations were applied to, and its DSA backends are added (SGLang resolves them after the model
+overrides).
 
 The installed ``sglang.srt.arg_groups.model_overrides.deepseek_v2`` / ``deepseek_v4`` / ``minimax_m3`` modules and
 ``model_override_base`` run as they are; only their imports of the runtime (platform, environment, flashinfer,
@@ -51,12 +56,17 @@ ARG_DEFAULTS: dict[str, Any] = {
 }
 
 
+PRESHUFFLE = {"value": True}
+"""What the stubbed ``aiter_can_use_preshuffle_paged_mqa()`` answers (read on HIP only)."""
+
+
 class _Platform:
     """``get_platform()`` for a device: CUDA (no HIP, no SM100), or an NPU."""
 
     def __init__(self, device: str, gpu: str | None = None) -> None:
         self.is_npu = device == "npu"
         self.is_cuda = device == "cuda"
+        self.is_hip = device == "hip"
         self.is_sm90 = gpu == "sm90"
         self.is_sm100 = gpu == "sm100"
         self.is_blackwell = gpu == "sm100"
@@ -114,7 +124,9 @@ def _import(bench: str) -> tuple[Any, Any, Any, Any]:
     peers._STUB.add("sglang.srt.environ", envs=_Environment())
     # imported by the DSA branch on every GPU, read on HIP only (the peer's platform is CUDA or an NPU)
     peers._STUB.add("sglang.srt.layers")
-    peers._STUB.add("sglang.srt.layers.attention.dsa.utils", aiter_can_use_preshuffle_paged_mqa=lambda: True)
+    peers._STUB.add(
+        "sglang.srt.layers.attention.dsa.utils", aiter_can_use_preshuffle_paged_mqa=lambda: PRESHUFFLE["value"]
+    )
     helpers = peers.functions_from_installed_module(
         "sglang.srt.configs.model_config",
         ["_hf_arch", "_hf_attr", "is_deepseek_dsa", "get_dsa_index_kpool"],
@@ -133,11 +145,56 @@ def _import(bench: str) -> tuple[Any, Any, Any, Any]:
     return v2, v4, m3, platform
 
 
+def _backend_resolution(peers: Any, platform: dict[str, Any], config_box: dict[str, Any]) -> Any:
+    """The installed ``_dsa_split_backend_resolution``, its constraint check and its architecture set."""
+    import ast
+    import importlib.util
+    import logging
+    import os
+
+    spec = importlib.util.find_spec("sglang.srt.arg_groups")
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "overrides.py")
+    with open(path) as fh:
+        tree = ast.parse(fh.read(), path)
+    (archs,) = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_DEEPSEEK_FAMILY_ARCHS" for t in node.targets)
+    ]
+    families = eval(compile(ast.Expression(archs), path, "eval"), {"frozenset": frozenset})  # a set literal
+    # hisparse_hook imports these from overrides (whose module body needs the whole server-args stack)
+    peers._STUB.add("sglang.srt.arg_groups.overrides", model_config_of=None, resolved_view=None, resolving_view=None)
+    import torch
+
+    torch.cuda.get_device_capability = lambda *_: (9, 0)  # a Hopper; read before the HIP branch, unused on HIP
+    namespace: dict[str, Any] = {
+        "Any": Any,
+        "Dict": dict,
+        "Optional": Optional,
+        "logger": logging.getLogger("peer"),
+        "get_platform": lambda: platform["value"],
+        "model_config_of": lambda _view: types.SimpleNamespace(hf_config=config_box["value"]),
+        "_DEEPSEEK_FAMILY_ARCHS": families,
+        "register_post_process": lambda fn: fn,  # the pipeline's registry: the peer calls it directly
+    }
+    compiled = peers.functions_from_installed_module(
+        "sglang.srt.arg_groups.overrides",
+        ["_dsa_split_backend_resolution", "_check_dsa_backend_constraints"],
+        namespace,
+    )
+    return compiled["_dsa_split_backend_resolution"]
+
+
 def main() -> None:
     v2, v4, m3, platform = _import(sys.argv[1])
+    import peer_imports as peers  # type: ignore[import-not-found]
+
+    config_box: dict[str, Any] = {"value": None}
+    resolve = None
     results = []
     for case in json.load(sys.stdin):
         platform["value"] = _Platform(case["device"], case.get("gpu"))
+        PRESHUFFLE["value"] = case.get("preshuffle", True)
         args = types.SimpleNamespace(**{**ARG_DEFAULTS, "device": case["device"], **case.get("server_args", {})})
         config = types.SimpleNamespace(**case["hf_config"])
         provider = {
@@ -146,6 +203,12 @@ def main() -> None:
             "MiniMaxM3SparseForConditionalGeneration": m3._minimax_m3_overrides,
         }.get(case["architecture"], v2._deepseek_family_overrides)
         declared = provider(args, config)
+        if case.get("resolve_backends"):
+            resolve = resolve or _backend_resolution(peers, platform, config_box)
+            config.architectures = case["hf_config"]["architectures"]
+            config_box["value"] = config
+            view = types.SimpleNamespace(**{**vars(args), **declared})
+            declared = {**declared, **resolve(view)}
         results.append({name: declared[name] for name in FIELDS if name in declared})
     json.dump(results, sys.stdout)
 

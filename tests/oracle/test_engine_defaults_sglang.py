@@ -109,6 +109,9 @@ def test_kvpools_defaults_are_sglangs(index: int, sglang_declared: list[dict[str
     unset = set(serving.unset_options)
     expected = {"page_size": NPU_PAGE_SIZE} if device == "npu" else {}
     expected.update(sglang_declared[index])
+    if config["architectures"][0] == "DeepseekV4ForCausalLM":
+        # arg_groups/model_hook.py then runs apply_deepseek_v4_defaults (test_dsv4_request_default_is_sglangs)
+        expected["max_running_requests"] = _installed_dsv4_request_default()
     expected = {name: value for name, value in expected.items() if name in unset}
 
     registry = get_registry()
@@ -119,3 +122,32 @@ def test_kvpools_defaults_are_sglangs(index: int, sglang_declared: list[dict[str
     assert len(notes) == len(expected)
     for name, value in explicit.items():
         assert getattr(resolved, name) == value  # the user's value is kept
+
+
+def _installed_dsv4_request_default() -> int:
+    """The ``max_running_requests`` the installed ``apply_deepseek_v4_defaults`` declares when it is unset, read
+    from ``arg_groups/deepseek_v4_hook.py`` (its ``declare_resolution(..., max_running_requests=N)`` call)."""
+    import ast
+
+    (path,) = locate.PEERS_VENV.glob("lib/python*/site-packages/sglang/srt/arg_groups/deepseek_v4_hook.py")
+    tree = ast.parse(path.read_text())
+    (function,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "apply_deepseek_v4_defaults"]
+    values = [
+        keyword.value.value
+        for node in ast.walk(function)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "declare_resolution"
+        for keyword in node.keywords
+        if keyword.arg == "max_running_requests" and isinstance(keyword.value, ast.Constant)
+    ]
+    assert len(values) == 1, values
+    return int(values[0])
+
+
+def test_dsv4_request_default_is_sglangs() -> None:
+    """SGLang 0.5.23 declares ``max_running_requests`` 256 for DeepSeek-V4 when unset (``apply_deepseek_v4_defaults``,
+    called by ``arg_groups/model_hook.py`` for ``DeepseekV4ForCausalLM``); kvpools' dsv4 plugin applies the same."""
+    from kvpools_plugins.dsv4 import DSV4_MAX_RUNNING_REQUESTS
+
+    assert _installed_dsv4_request_default() == DSV4_MAX_RUNNING_REQUESTS == 256
+    hook = next(locate.PEERS_VENV.glob("lib/python*/site-packages/sglang/srt/arg_groups/model_hook.py")).read_text()
+    assert "apply_deepseek_v4_defaults(server_args, model_arch)" in hook

@@ -74,8 +74,7 @@ def test_speculative_decoding_runs_48_requests_unless_told() -> None:
 
 def test_deepseek_v4_default_of_256_precedes_the_speculative_48() -> None:
     """``apply_deepseek_v4_defaults`` (``handle_model_specific_adjustments``) sets 256 before
-    ``handle_speculative_decoding`` runs, whose 48 applies only to an unset option (kvpools applies the 256 under
-    speculative decoding only so far)."""
+    ``handle_speculative_decoding`` runs, whose 48 applies only to an unset option."""
     got = plan(V4, _v4(**V4_EAGLE, speculative_draft_num_layers=1), memory=60 * GiB)
     assert got.sizing.sglang_config["max_running_requests"] == 256
     assert any(note.startswith("max_running_requests 256") for note in got.sizing.notes)
@@ -113,6 +112,7 @@ V4_CASES: list[dict[str, Any]] = [
     {"speculative_algorithm": "EAGLE"},
     {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 2, "speculative_num_steps": 3},
     V4_EAGLE,
+    {},
     {**V4_EAGLE, "max_running_requests": 64},
 ]
 

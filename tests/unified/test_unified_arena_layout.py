@@ -74,6 +74,37 @@ def test_build_cli_on_meta_per_platform(platform: str, extra: list[str]) -> None
     assert data["matches_plan"] is True and data["allocated_bytes"] == data["planned_bytes"]
 
 
+def test_the_state_views_are_part_major() -> None:
+    """Qwen3-Next at TP 4 (``plugins/mamba/state.py``: GDN conv ``(2,048, 3)`` bf16 = 12,288 B, temporal
+    ``(8, 128, 128)`` fp32 = 524,288 B, 36 state layers on the rank): a 19,316,736 B entry in which layer 5's conv
+    row lies at 5 x 12,288 = 61,440 and its temporal row at 36 x 12,288 + 5 x 524,288 = 3,063,808
+    (``build_mamba_entry_views``: ``[conv[0] x L | temporal x L]``).  Before issue 31's fix the state was one
+    opaque 536,576 B row per layer at ``5 x 536,576``."""
+    p = _plan(QWEN3_NEXT, "3GiB", tp_size=4, page_size=16)
+    sub = p.sizing.arenas[0].sub_pool("mamba_state")
+    assert (sub.entry_bytes, sub.layer_num, sub.row_bytes, sub.row_order) == (19_316_736, 36, (12_288, 524_288), "part")
+    conv, temporal = kv.build(p, "meta").kv_pool.layer_views("mamba_state", 5)
+    assert [_geo(conv), _geo(temporal)] == [[61_440, sub.max_slots, 19_316_736], [3_063_808, sub.max_slots, 19_316_736]]
+    assert (conv.shape[1], temporal.shape[1]) == (12_288, 524_288)
+
+
+def test_arena_rows_are_checked() -> None:
+    """A part-major row order is a state entry's only, and rows must fit the entry (the values' contract)."""
+    from kvpools_core.errors import InvalidValueError
+    from kvpools_core.values import ArenaSubPool
+
+    base = {"pool": "s", "entry_bytes": 64, "page_size": 1, "max_slots": 4, "min_slot_index": 1, "grows": "up"}
+    part = ArenaSubPool(kind="state", layer_num=2, row_bytes=(8, 24), row_order="part", **base)
+    layer = ArenaSubPool(kind="kv", layer_num=2, row_bytes=(8, 24), **base)
+    # part-major [a0 a1 | b0 b1]: a1 at 8, b0 at 16, b1 at 40; layer-major [a0 b0 | a1 b1]: b0 at 8, a1 at 32
+    assert [part.row_offset(1, 0), part.row_offset(0, 1), part.row_offset(1, 1)] == [8, 16, 40]
+    assert [layer.row_offset(1, 0), layer.row_offset(0, 1), layer.row_offset(1, 1)] == [32, 8, 40]
+    with pytest.raises(InvalidValueError, match="row_order 'part'"):
+        ArenaSubPool(kind="kv", layer_num=2, row_bytes=(8, 24), row_order="part", **base)
+    with pytest.raises(InvalidValueError, match="more than the entry's 64 B"):
+        ArenaSubPool(kind="state", layer_num=3, row_bytes=(8, 24), row_order="part", **base)
+
+
 def test_ascend_carves_the_arena_as_sglangs_npu_does() -> None:
     """On ``ascend`` (a CPU build of an ascend plan) the views are SGLang's token-major ones, not the NPU's
     page-major ``(layers, pages, page, heads, dim)`` pools: slot ``s`` of layer ``l``'s V row of gpt-oss-20b at
@@ -204,19 +235,39 @@ def _geo(view: Tensor) -> list[int]:
             ],
             ("kv_full", "kv_swa"),
         ),
+        (  # the tri-pool; Inkling's short-conv state (InklingModelConfig: six (3, width) bf16 windows, no temporal)
+            "inkling-defaults",
+            {},
+            "2GiB",
+            [
+                {"kind": "mha", "name": "full", "grow": "down", "layers": 4, "heads": 4, "head_dim": 128},
+                {"kind": "mha", "name": "swa", "grow": "float", "layers": 12, "heads": 4, "head_dim": 128},
+                {
+                    "kind": "mamba",
+                    "name": "mamba",
+                    "grow": "up",
+                    "layers": 16,
+                    "conv": [[3, 512]] * 4 + [[3, 1_536]] * 2,
+                    "temporal": [0, 0, 0],
+                },
+            ],
+            ("kv_full", "kv_swa", "mamba_state"),
+        ),
     ],
 )
 def test_the_core_carving_is_sglangs_views(
     peer: Peer, model: str, serving: dict[str, Any], memory: str, specs: list[dict[str, Any]], pools: tuple[str, ...]
 ) -> None:
-    """Every KV view of the core's carving starts at the byte, strides by the entry and spans the rows of SGLang
+    """Every view of the core's carving starts at the byte, strides by the entry and spans the rows of SGLang
     0.5.23's ``UnifiedKVPool`` views for the same arena (``build_dense_views``: ``max_slots // page x page`` rows),
-    built on ``meta`` in the peers venv."""
+    built on ``meta`` in the peers venv; a state sub-pool's views are SGLang's part-major ones
+    (``build_mamba_entry_views``: each conv tensor's and the temporal state's row of every layer, with its bytes)."""
     p = _plan(model, memory, **serving)
     (arena,) = p.sizing.arenas
     reply = peer.call("views", total=arena.bytes, page=p.serving.page_size, specs=specs)
     ours = kv.build(p, "meta").kv_pool
     for spec, pool in zip(specs, pools, strict=True):
-        if spec["kind"] == "mamba":
-            continue  # SGLang's state entry is part-major (conv x L | temporal x L): not compared (see the docs)
-        assert [[_geo(v) for v in layer] for layer in ours.views[pool]] == reply[spec["name"]], pool
+        width = [] if spec["kind"] != "mamba" else [None]
+        got = [[_geo(v) + [v.shape[1] * v.element_size()] * len(width) for v in layer] for layer in ours.views[pool]]
+        theirs = [[g for g in layer if g[-1]] for layer in reply[spec["name"]]] if width else reply[spec["name"]]
+        assert got == theirs, pool  # an empty temporal state (Inkling's) has no view of ours: its width is 0 B

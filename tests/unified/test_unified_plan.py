@@ -408,3 +408,23 @@ def test_serving_refusals_equal_sglangs_hook(peer: Peer, data: st.DataObject) ->
         assert theirs is None
     else:
         assert theirs is not None and theirs.startswith(ours[0].reason[:60]), (theirs, ours[0].reason)
+
+
+def test_state_parts_must_fill_the_state_entry() -> None:
+    """A plugin's state parts (one layer's conv tensors and temporal state) are carried into the arena only when
+    they are the cell's state slot: 2 layers x (12 + 4) B = 32 B (2 x (16 + 4) = 40 B is refused)."""
+    from kvpools_core.errors import InvalidValueError
+    from kvpools_core.parts.unified import state_parts
+    from kvpools_core.parts.unified_plan import arena_rows, state_entry_from_cell
+    from kvpools_core.values import STATE_SLOT, CellPart, CellSize
+
+    cell = CellSize(
+        parts=(CellPart("state", 32, "mamba_state", unit=STATE_SLOT),), sglang_bytes_per_token=1, num_layers=1
+    )
+    entry = state_entry_from_cell(cell, "mamba_state", 2, state_parts([12], 4))
+    assert entry.parts == (("conv_0", 12), ("temporal", 4))
+    assert arena_rows(entry) == {"row_bytes": (12, 4), "row_order": "part"}
+    assert arena_rows(state_entry_from_cell(cell, "mamba_state", 2)) == {"row_bytes": ()}
+    assert state_parts([12, 6], 0) == (("conv_0", 12), ("conv_1", 6))  # a short-conv-only state: no temporal row
+    with pytest.raises(InvalidValueError, match="not the cell's 32 B per state slot"):
+        state_entry_from_cell(cell, "mamba_state", 2, state_parts([16], 4))

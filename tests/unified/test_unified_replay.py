@@ -73,10 +73,47 @@ def test_lazy_holes_hide_bytes_eager_compaction_copies_pages() -> None:
     assert lazy.max_free_ids_over_schedulable > 0 and eager.max_free_ids_over_schedulable > 0
 
 
+def _swa_plan(lazy: bool) -> Plan:
+    serving = Serving(enable_unified_memory=True, page_size=16, disable_lazy_compaction=not lazy)
+    return kv.plan("gpt-oss-20b", serving, memory="2GiB")
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_the_swa_replay_achieves_the_predicted_concurrency(lazy: bool) -> None:
+    """gpt-oss-20b, 2 GiB, page 16 (before issue 31's SWA replay: refused).  24,576 B full and SWA entries (12 layers
+    x 8 heads x 64 x 2 B x K and V; ``test_ascend_carves_the_arena_as_sglangs_npu_does``); the SWA window's worst
+    case is 128 + 128 x 1 + 16 + 16 = 288 tokens (``TokenWindow.per_request``).  A request of 100 + 1,900 tokens
+    draws 125 x 16 x 24,576 + 18 x 16 x 24,576 = 56,229,888 B, and the 1,072,300,032 B room holds 19.  The replay
+    reaches 19 with no allocator refusal and no retraction: without releasing the out-of-window SWA pages each
+    request would hold 125 SWA pages, and the allocators would refuse long before."""
+    p = _swa_plan(lazy)
+    predicted = unified_concurrency(p, 2_000)
+    assert (predicted.request_bytes, predicted.room_bytes) == (56_229_888, 1_072_300_032)
+    assert (predicted.concurrent_requests, predicted.binding) == (19, ARENA_BYTES)
+    stats = replay_unified(p, fixed_trace(100, 1_900, 41))
+    assert stats.peak_concurrency == stats.predicted_concurrency == 19
+    assert stats.completed == stats.admissions == 41
+    assert stats.retractions == 0 and stats.allocator_refusals == 0
+    assert (stats.page_moves == 0) is lazy
+
+
+def test_a_whole_prompt_prefill_past_the_window_is_refused_until_decode_evicts() -> None:
+    """Prompts longer than the window's 288 tokens: a whole-prompt prefill holds all 3,000 SWA tokens until the first
+    decode step releases them (SGLang's chunk term ``prefills_in_flight x prefill_chunk``, which the closed form's
+    per-request bytes leave out), so the allocators refuse a few admissions the byte reservation allows; they are
+    admitted a step later and the peak is still the prediction (11)."""
+    p = _swa_plan(True)
+    predicted = unified_concurrency(p, 3_500)
+    assert predicted.concurrent_requests == 1_072_300_032 // (219 * 16 * 24_576 + 18 * 16 * 24_576) == 11
+    stats = replay_unified(p, fixed_trace(3_000, 500, 25))
+    assert stats.peak_concurrency == 11 and stats.completed == 25 and stats.retractions == 0
+    assert stats.allocator_refusals > 0
+
+
 def test_replay_refuses_what_it_does_not_model() -> None:
-    swa = kv.plan("gpt-oss-20b", Serving(enable_unified_memory=True), memory="4GiB")
-    with pytest.raises(UnsupportedCombinationError, match="does not replay arena"):
-        replay_unified(swa, fixed_trace(100, 10, 2))
+    tri = kv.plan("inkling-defaults", Serving(enable_unified_memory=True), memory="40GiB")
+    with pytest.raises(UnsupportedCombinationError, match="three-pool chain's floating middle"):
+        replay_unified(tri, fixed_trace(100, 10, 2))
     static = kv.plan(QWEN3_NEXT, Serving(tp_size=4), memory="3GiB")
     with pytest.raises(UnsupportedCombinationError, match="--enable-unified-memory"):
         replay_unified(static, fixed_trace(100, 10, 2))
@@ -137,3 +174,26 @@ def test_any_fixed_trace_reaches_the_prediction(prompt: int, output: int, page: 
     stats = replay_unified(p, fixed_trace(prompt, output, predicted.concurrent_requests + 2))
     assert stats.peak_concurrency == predicted.concurrent_requests, (predicted.binding, stats)
     assert stats.completed == stats.requests and stats.retractions == 0
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    prompt=st.integers(1, 128),
+    output=st.integers(1, 700),
+    page=st.sampled_from([1, 16, 64]),
+    lazy=st.booleans(),
+    memory=st.sampled_from(["1GiB", "2GiB"]),
+)
+def test_any_swa_trace_within_the_window_reaches_the_prediction(
+    prompt: int, output: int, page: int, lazy: bool, memory: str
+) -> None:
+    """Prompts within gpt-oss-20b's 128-token window (so a prefill never holds more SWA pages than the reservation):
+    for any identical requests the hybrid-SWA replay's peak is the closed form's answer, with no allocator refusal
+    and no retraction."""
+    serving = Serving(enable_unified_memory=True, page_size=page, disable_lazy_compaction=not lazy)
+    p = kv.plan("gpt-oss-20b", serving, memory=memory)
+    predicted = unified_concurrency(p, prompt + output)
+    assume(1 <= predicted.concurrent_requests <= 400)
+    stats = replay_unified(p, fixed_trace(prompt, output, predicted.concurrent_requests + 2))
+    assert stats.peak_concurrency == predicted.concurrent_requests, (predicted.binding, stats)
+    assert stats.completed == stats.requests and stats.retractions == 0 and stats.allocator_refusals == 0

@@ -245,7 +245,7 @@ def main() -> None:
                 reply["row_error"] = str(exc)
             print(json.dumps(reply), flush=True)
             continue
-        if op == "views":  # the KV sub-pools' per-layer views on meta: (byte offset, rows, slot stride in bytes)
+        if op == "views":  # every sub-pool's per-layer views on meta: (byte offset, rows, slot stride in bytes)
             specs = [spec(d) for d in req["specs"]]
             p = ump.UnifiedKVPool(
                 total_bytes=req["total"], sub_pool_specs=specs, device="meta", enable_memory_saver=False,
@@ -262,6 +262,12 @@ def main() -> None:
                     reply[s.name] = [[geo(a), geo(b)] for a, b in zip(k, v, strict=True)]
                 elif s.name in p._mla_views:
                     reply[s.name] = [[geo(a)] for a in p.mla_views_for(s.name)]
+                elif s.name in p._mamba_views:  # part-major: [conv[0] x L | ... | temporal x L], + each row's bytes
+                    conv, temporal = p.mamba_views_for(s.name)
+                    reply[s.name] = [
+                        [[*geo(t[layer]), t[layer][0].numel() * t.element_size()] for t in (*conv, temporal)]
+                        for layer in range(s.layer_num)
+                    ]
             print(json.dumps(reply), flush=True)
             continue
         if op == "new":

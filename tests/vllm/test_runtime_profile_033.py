@@ -69,8 +69,8 @@ def test_the_profile_reproduces_the_logs_it_was_fitted_on() -> None:
         assert abs(predicted - log.logged["cudagraph_gib"]) <= 0.005 + 1e-9, log.id
 
 
-def test_both_profiles_exist() -> None:
-    assert PROFILE_VERSIONS == ("0.19", "0.33")
+def test_every_profile_exists() -> None:
+    assert PROFILE_VERSIONS == ("0.16", "0.19", "0.33")
     for version in PROFILE_VERSIONS:
         profile = load_profile(version)
         assert profile.version == version and profile.fitted_on

@@ -36,10 +36,27 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 SORT_BYTES_PER_LOGIT = 12
-"""vLLM's dummy sampler run (0.33 ``gpu_model_runner.py`` L5866-5900) samples ``max_num_seqs`` rows of the whole
-vocabulary with ``top_k = vocab - 1`` and ``top_p = 0.9``, so ``apply_top_k_top_p_pytorch``
-(``v1/sample/ops/topk_topp_sampler.py`` L545) sorts every row: ``logits.sort`` keeps an fp32 copy of the values
-(4 B) and their int64 indices (8 B) alive at the sampler's peak."""
+"""Bytes per logit alive at the dummy sampler run's peak from vLLM 0.17 on (profiles ``vllm-0.19``, ``vllm-0.33``).
+
+``_dummy_sampler_run`` (0.33 ``gpu_model_runner.py`` L5866-5900) samples ``max_num_seqs`` rows of the whole
+vocabulary with ``top_k = vocab - 1`` and ``top_p = 0.9``.  From vLLM 0.17.0 ``apply_top_k_top_p`` masks a batch of 8
+rows or more in place with a Triton kernel (0.17.0 ``v1/sample/ops/topk_topp_sampler.py`` L245-255,
+``topk_topp_triton.py`` L947-1001: one ``[min(SMs, rows), vocab]`` scratch buffer, not per row), so the peak is at
+``random_sample``: the fp32 logits (4 B, ``sampler.py`` L90), their softmax (4 B) and the exponential noise ``q``
+(4 B, ``torch.empty_like(probs)``).  Fitted, the Llama-3.1-8B and CodeLlama-7b rows of vLLM 0.19 give 12.2 B per
+logit (``vllm-0.19.json``)."""
+
+SORT_PATH_BYTES_PER_LOGIT = 36
+"""Bytes per logit alive at the dummy sampler run's peak in vLLM 0.15 / 0.16 (profile ``vllm-0.16``), where
+``apply_top_k_top_p`` always sorts (0.16.0 ``v1/sample/ops/topk_topp_sampler.py`` L243-283; the FlashInfer sampler is
+opt-in, ``VLLM_USE_FLASHINFER_SAMPLER``, L35-62, so ``forward_native`` runs).  The peak is inside
+``logits.sort(dim=-1)``: torch's CUDA sort of ``rows >= 128`` segments (``aten/src/ATen/native/cuda/SortStable.cu``
+``segmented_sort_pairs``) holds, per logit, the fp32 logits (4 B) being sorted, the sorted values (4 B) and int64
+indices (8 B) it returns, an int64 ``reverse_indices`` input (8 B) and cub's ``DeviceSegmentedRadixSort::SortPairs``
+alternate key and value buffers (4 + 8 B, ``dispatch_radix_sort.cuh``: ``is_overwrite_okay`` false):
+4 + 12 + 8 + 12 = 36 B.  After the sort (masks 1 + 1 B, softmax 4 B, the out-of-place ``scatter`` 4 B, L262-283)
+fewer bytes are alive.  The rest of the peak is the same ``sampler_base`` as vLLM 0.19 (same ``_dummy_sampler_run``,
+0.16.0 ``gpu_model_runner.py`` L4944-4986)."""
 
 # torch.cuda.mem_get_info()[1] per catalogue GPU.  "measured": a vLLM log printed it; "derived": the catalogue's
 # nvidia-smi total less the gap measured on the cards that have both.
@@ -94,10 +111,18 @@ class RuntimeProfile:
     default_max_num_batched_tokens: int
     fitted_on: str
     file: str
+    sampler_bytes_per_logit: int = SORT_BYTES_PER_LOGIT
+    """Bytes per sampled logit at the dummy sampler run's peak (:data:`SORT_BYTES_PER_LOGIT`, or
+    :data:`SORT_PATH_BYTES_PER_LOGIT` before vLLM 0.17)."""
+    covers: tuple[str, ...] = ()
+    """The vLLM versions (``major.minor``) the profile stands for."""
 
 
-PROFILE_VERSIONS = ("0.19", "0.33")
-"""The vLLM versions that have a calibrated profile."""
+PROFILE_VERSIONS = ("0.16", "0.19", "0.33")
+"""The vLLM versions that have a calibrated profile (``profiles/vllm-<version>.json``)."""
+
+PROFILE_ALIASES = {"0.15": "0.16"}
+"""Versions another version's profile stands for: vLLM 0.15 runs the same sort-based dummy sampler as 0.16."""
 
 
 def _gib(value: Any, name: str, file: str) -> int:
@@ -131,12 +156,13 @@ def _older_or_newer(profile: str, installed: str) -> str:
 def load_profile(version: str) -> RuntimeProfile:
     """The calibrated profile of vLLM ``version`` (``0.19``, ``0.19.0`` or ``vllm==0.33``); refuses a version
     without one."""
-    key = version_key(version)
+    key = PROFILE_ALIASES.get(version_key(version), version_key(version))
     if key not in PROFILE_VERSIONS:
+        known = ", ".join(sorted({*PROFILE_VERSIONS, *PROFILE_ALIASES}))
         raise ConfigError(
-            f"kvpools has no calibrated runtime-memory profile for vLLM {version!r} (profiles: "
-            f"{', '.join(PROFILE_VERSIONS)}). Pass the logged budget instead (--memory, or --weights-memory with "
-            f"the profile of a version named explicitly), or calibrate one from that version's start-up logs."
+            f"kvpools has no calibrated runtime-memory profile for vLLM {version!r} (profiles: {known}). Pass the "
+            f"logged budget instead (--memory, or --weights-memory with the profile of a version named "
+            f"explicitly), or calibrate one from that version's start-up logs."
         )
     file = f"vllm-{key}.json"
     data = json.loads(resources.files(__package__).joinpath("profiles").joinpath(file).read_text(encoding="utf-8"))
@@ -160,6 +186,8 @@ def load_profile(version: str) -> RuntimeProfile:
         default_max_num_batched_tokens=int(data["default_max_num_batched_tokens"]),
         fitted_on=str(data["fitted_on"]["data"]),
         file=file,
+        sampler_bytes_per_logit=int(data.get("sampler_bytes_per_logit", SORT_BYTES_PER_LOGIT)),
+        covers=tuple(str(version) for version in data.get("covers", [key])),
     )
 
 
@@ -182,21 +210,31 @@ def activation_peak(
     """The torch peak of ``profile_run`` above the weights (``transient_peak_headroom``), at the dummy sampler run.
 
     ``profile_run`` (0.33 ``gpu_model_runner.py`` L6132-6140) runs ``max_num_batched_tokens`` tokens, then samples
-    ``min(max_num_seqs, max_num_batched_tokens)`` rows over the vocabulary.  The sort's values and indices give
-    :data:`SORT_BYTES_PER_LOGIT` per logit; the rest of the peak (fp32 logits, residual stream, allocator rounding) is
-    the profile's ``sampler_base``.  Not modelled: MoE workspaces, multimodal encoders, pipeline stages without the
-    sampler (the last stage samples; the others' peak is their forward pass).
+    ``min(max_num_seqs, max_num_batched_tokens)`` rows over the vocabulary.  The sampler's tensors give the profile's
+    ``sampler_bytes_per_logit`` per logit (:data:`SORT_BYTES_PER_LOGIT` from vLLM 0.17, the Triton top-k/top-p path;
+    :data:`SORT_PATH_BYTES_PER_LOGIT` in 0.15 / 0.16, torch's sort); the rest of the peak (residual stream, allocator
+    rounding) is the profile's ``sampler_base``.  Not modelled: MoE workspaces, multimodal encoders, pipeline stages
+    without the sampler (the last stage samples; the others' peak is their forward pass).
     """
     rows = min(max_num_seqs, max_num_batched_tokens)
-    sort = rows * vocab_size * SORT_BYTES_PER_LOGIT
+    per_logit = profile.sampler_bytes_per_logit
+    sampled = rows * vocab_size * per_logit
+    what = (
+        "torch sort: logits, values, int64 indices, reverse indices, cub buffers"
+        if per_logit == SORT_PATH_BYTES_PER_LOGIT
+        else "fp32 logits, softmax, exponential noise"
+    )
     return Term(
         name="activation peak",
-        bytes=sort + profile.sampler_base_bytes,
+        bytes=sampled + profile.sampler_base_bytes,
         formula=(
-            f"{rows} rows x {vocab_size} vocab x {SORT_BYTES_PER_LOGIT} B (sort values + int64 indices) "
+            f"{rows} rows x {vocab_size} vocab x {per_logit} B ({what}) "
             f"+ {profile.sampler_base_bytes / GiB:.4f} GiB sampler base (calibrated, {profile.file})"
         ),
-        source="vLLM gpu_model_runner.profile_run / _dummy_sampler_run; topk_topp_sampler.apply_top_k_top_p_pytorch",
+        source=(
+            "vLLM gpu_model_runner.profile_run / _dummy_sampler_run; topk_topp_sampler.apply_top_k_top_p (Triton from "
+            "0.17, torch sort before)"
+        ),
     )
 
 
@@ -344,10 +382,10 @@ def estimate_runtime_memory(
     profile = load_profile(profile_version or engine_version)
     engine_key = version_key(engine_version)
     notes = []
-    if profile.version != engine_key:
+    if engine_key not in profile.covers:
         notes.append(f"made with vLLM {profile.version}'s calibrated profile for vLLM {engine_version}")
     installed = installed_vllm_version()
-    if installed is not None and version_key(installed) != profile.version:
+    if installed is not None and version_key(installed) not in profile.covers:
         notes.append(
             f"the profile (vLLM {profile.version}) is {_older_or_newer(profile.version, installed)} the installed "
             f"vLLM {installed}"

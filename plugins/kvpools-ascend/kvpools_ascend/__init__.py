@@ -26,6 +26,13 @@ __version__ = "0.2.0"  # the one place it is written: pyproject.toml reads this 
 
 ALIASES = {DEVICE_TYPE: PLATFORM}
 ASCEND_PAGE_SIZE = 128
+DSV4_KEY = "dsv4"
+DSV4_NPU_LAYOUT = "npu_pa_nd"
+"""SGLang's DeepSeek-V4 pools on an NPU: ``DSV4NPUTokenToKVPool`` (PA_ND buffers at the kernels' page sizes and a
+``c128_page_size`` of their own), ``DSV4NPUTokenToKVPoolAllocator`` and ``DSV4NPUReqToTokenPool`` /
+``DSV4NPUDecodeReqToTokenPool`` (``hardware_backend/npu/dsv4/``; ref-000 lines 1112-1118, 1194-1200, 1365-1375,
+2066-2071), which the ``dsv4`` plugin does not plan: it refuses the exact accounting by this name, and
+``--accounting sglang`` gives SGLang's configurator numbers, which the NPU path shares."""
 
 TRAITS = PlatformTraits(
     platform=PLATFORM,
@@ -38,6 +45,7 @@ TRAITS = PlatformTraits(
         ),
     ),
     slot_index_dtype="int32",
+    pool_layouts={DSV4_KEY: DSV4_NPU_LAYOUT},
     memory_tiers=(
         MemoryTier(max_mib=32 * 1024, chunked_prefill_size=4096, decode_max_bs=16, decode_max_bs_at_tp4=64),
         MemoryTier(max_mib=64 * 1024, chunked_prefill_size=8192, decode_max_bs=64, decode_max_bs_at_tp4=256),
@@ -48,7 +56,8 @@ attention backend, with that warning), and int32 slot indices (``NPUPagedTokenTo
 ``out.int()``; ``_npu_reshape_and_cache`` takes int32 slots).  SGLang's NPU memory settings come before the GPU
 tiers (``set_default_server_args``, ``srt/hardware_backend/npu/utils.py`` lines 103-160 of SGLang 0.5.23):
 at most 32 GiB ``chunked_prefill_size`` 4096 and decode ``max_bs`` 16 (64 at TP >= 4), at most 64 GiB 8192 and
-64 (256); larger NPUs take the GPU tiers.  No breakable prefill graph (CUDA only)."""
+64 (256); larger NPUs take the GPU tiers.  No breakable prefill graph (CUDA only).  DeepSeek-V4's pools are
+SGLang's NPU classes (:data:`DSV4_NPU_LAYOUT`, ``pool_layouts``)."""
 
 ACCELERATORS: tuple[GPU, ...] = (
     GPU(

@@ -14,10 +14,20 @@ import sys
 from importlib import metadata as importlib_metadata
 from typing import Any
 
+import attrs
+
 from kvpools_core import hookimpl
 from kvpools_core.errors import ConfigError
 from kvpools_core.options import option
 from kvpools_core.values import GPU, ModelSpec, PageSizeRule, PlatformTraits, Serving, Workspace
+from kvpools_rocm.dsa_defaults import *  # noqa: F403
+from kvpools_rocm.dsa_defaults import DSA_PRESHUFFLE_OPTION
+from kvpools_rocm.dsv4_layout import (
+    FLASHMLA_BACKEND_OPTION,
+    UNIFIED_KV_FP8_OPTION,
+    pool_layouts,
+    validate_dsv4_layout_options,
+)
 from kvpools_rocm.layout_hooks import *  # noqa: F403
 from kvpools_rocm.layout_hooks import KV_CACHE_LAYOUT_OPTION, KV_CACHE_LAYOUTS
 
@@ -96,7 +106,16 @@ def detect_platform(device: str | None) -> str | None:
 
 @hookimpl(tryfirst=True)
 def platform_traits(serving: Serving) -> PlatformTraits | None:
-    return TRAITS if serving.platform == PLATFORM else None
+    """:data:`TRAITS`, with the DeepSeek-V4 pool layout the ``rocm.flashmla_backend`` options select."""
+    if serving.platform != PLATFORM:
+        return None
+    layouts = pool_layouts(serving)
+    return attrs.evolve(TRAITS, pool_layouts=layouts) if layouts else TRAITS
+
+
+@hookimpl(specname="validate")
+def validate_dsv4_options(model: ModelSpec, serving: Serving) -> list[str] | None:
+    return validate_dsv4_layout_options(model, serving) if serving.platform == PLATFORM else None
 
 
 ATTENTION_BACKEND_OPTION = "rocm.attention_backend"
@@ -111,6 +130,13 @@ def plugin_options() -> dict[str, str]:
     return {
         ATTENTION_BACKEND_OPTION: f"SGLang's --attention-backend on ROCm (default {AITER}); {AITER} keeps an MLA "
         f"page-index workspace of requests x context_len int32 that the plan charges.",
+        DSA_PRESHUFFLE_OPTION: "on or off (default off): whether SGLang's aiter_can_use_preshuffle_paged_mqa() "
+        "holds (SGLANG_USE_AITER=1 and Triton >= 3.5); off, SGLang pages DeepSeek sparse attention by 1 on ROCm, "
+        "on by 64 x index_kpool.",
+        FLASHMLA_BACKEND_OPTION: "SGLang's SGLANG_HACK_FLASHMLA_BACKEND (default auto); unified_kv_triton builds "
+        "DeepSeek-V4's unified-KV pool (one row per request-ring slot and compressed block per layer).",
+        UNIFIED_KV_FP8_OPTION: "on or off (default off): SGLang's SGLANG_DSV4_UNIFIED_KV_FP8, the fp8 unified-KV "
+        "pool (gfx95 GPUs; SGLang keeps bf16 on gfx94x), with rocm.flashmla_backend=unified_kv_triton.",
         KV_CACHE_LAYOUT_OPTION: f"SGLang's SGLANG_AITER_KV_CACHE_LAYOUT ({' or '.join(KV_CACHE_LAYOUTS)}, default "
         f"nhd); vectorized_5d stores MHA K as (blocks, H, D // X, page, X) and V as (blocks, H, page // X, Dv, X), "
         f"X = 16 // itemsize.",
