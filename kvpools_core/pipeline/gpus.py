@@ -348,14 +348,16 @@ def sglang_memory_defaults(
     tp, pp = serving.tp_size, serving.pp_size
     max_bs = sglang_decode_max_bs(gpu_mib, tp, traits)
     # lines 182-188: a smaller --max-running-requests caps the default decode max_bs
-    if serving.max_running_requests is not None and max_bs > serving.max_running_requests:
-        max_bs = serving.max_running_requests
+    # (the option as given: DeepSeek-V4's and speculative decoding's defaults come after, LateDefaultInt)
+    given_requests = serving.given_max_running_requests
+    if given_requests is not None and max_bs > given_requests:
+        max_bs = given_requests
     chunk = serving.chunked_prefill_size if serving.chunked_prefill_size is not None else -1
     mla = MLA_BACKEND in model_traits(model, registry)
 
     # lines 298-307: the tokens the activation working set scales with
     if serving.disaggregation_mode == "decode":
-        running = serving.max_running_requests or max_bs or 1
+        running = given_requests or max_bs or 1
         activation = max(running * (serving.speculative_num_draft_tokens or 1), 2048)
         activation_why = f"max(running {running} x draft tokens {serving.speculative_num_draft_tokens or 1}, 2048)"
     elif chunk > 0:

@@ -240,6 +240,9 @@ from kvpools_core.values.serving import (
     MM_FEATURE_TRANSPORTS as MM_FEATURE_TRANSPORTS,
 )
 from kvpools_core.values.serving import (
+    NONE_IS_UNSET as NONE_IS_UNSET,
+)
+from kvpools_core.values.serving import (
     QUANTIZATION_METHODS as QUANTIZATION_METHODS,
 )
 from kvpools_core.values.serving import (
@@ -253,6 +256,9 @@ from kvpools_core.values.serving import (
 )
 from kvpools_core.values.serving import (
     EngineDefault as EngineDefault,
+)
+from kvpools_core.values.serving import (
+    LateDefaultInt as LateDefaultInt,
 )
 from kvpools_core.values.serving import (
     Serving as Serving,

@@ -268,6 +268,15 @@ def is_unset(value: object) -> bool:
     return isinstance(value, (UnsetInt, UnsetFloat, UnsetStr))
 
 
+class LateDefaultInt(int):
+    """An engine default SGLang declares only after its memory settings and PD hooks have read the option unset
+    (``--max-running-requests``: DeepSeek-V4's 256 and the speculative hooks' 48 come after
+    ``handle_gpu_memory_settings`` and ``handle_pd_disaggregation``); it sizes the pools like a given value, and
+    :attr:`Serving.given_max_running_requests` reads it as unset for those earlier steps."""
+
+    __slots__ = ()
+
+
 ENGINE_DEFAULT_OPTIONS = (
     "page_size",
     "swa_full_tokens_ratio",
@@ -284,7 +293,7 @@ marker (:class:`UnsetInt`, :class:`UnsetFloat`, :class:`UnsetStr`) listed here, 
 
 NONE_IS_UNSET = ("max_running_requests",)
 """:data:`ENGINE_DEFAULT_OPTIONS` whose unset value is ``None`` (SGLang's own ``None``: its default is resolved
-later), not an unset marker."""
+later), not an unset marker; an ``engine_defaults`` answer for one is applied as a :class:`LateDefaultInt`."""
 
 
 def _accounting_name(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -774,6 +783,13 @@ class Serving:
         )
 
     @property
+    def given_max_running_requests(self) -> int | None:
+        """``max_running_requests`` as SGLang's memory settings and PD hooks read it: ``None`` when unset or set
+        only by a later engine default (:class:`LateDefaultInt`)."""
+        value = self.max_running_requests
+        return None if isinstance(value, LateDefaultInt) else value
+
+    @property
     def lazy_compaction(self) -> bool:
         """Whether the unified allocators compact lazily (SGLang's default; ``SGLANG_DISABLE_LAZY_COMPACTION``)."""
         return not self.disable_lazy_compaction
@@ -797,9 +813,10 @@ class Serving:
             return (self.disaggregation_decode_extra_slots or 0) if self.enable_pd_role_switch else 0
         if self.disaggregation_decode_extra_slots is not None:
             return self.disaggregation_decode_extra_slots
-        if self.max_running_requests is None:
+        given = self.given_max_running_requests  # the PD hook runs before the later defaults
+        if given is None:
             return 0
-        per_worker = max(1, self.max_running_requests // self.dp_size)
+        per_worker = max(1, given // self.dp_size)
         return 2 * per_worker if per_worker <= 32 else 0
 
     @property

@@ -27,6 +27,7 @@ from .host import dsv4_host_pools
 from .layouts import layout_problems
 from .low_ratio import low_ratio_problems, v41_problems
 from .sizing import dsv4_cell_size, dsv4_problems, size_dsv4_pools
+from .speculative import speculative_problems
 from .traits import architecture_traits as architecture_traits
 from .weights import estimate_weights as estimate_weights
 
@@ -64,6 +65,7 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
         *layout_problems(model, serving),
         *low_ratio_problems(model, serving),
         *v41_problems(model, serving),
+        *speculative_problems(serving),
     ]
     if serving.adaptive_speculation:
         # the online c128 MTP banks follow max_speculative_num_draft_tokens() (ref-000 line 1414)

@@ -39,7 +39,18 @@ from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.names import DRAFT_PREFIX, packs_draft_into_host
-from kvpools_core.values import TOKEN, CellPart, CellSize, DraftCharge, ModelSpec, PackedInto, Plan, Serving
+from kvpools_core.values import (
+    SGLANG_ACCOUNTING_MODES,
+    TOKEN,
+    CellPart,
+    CellSize,
+    DraftCharge,
+    EngineDefault,
+    ModelSpec,
+    PackedInto,
+    Plan,
+    Serving,
+)
 
 EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "STANDALONE", "NEXTN"})
 DFLASH_FAMILY = frozenset({"DFLASH", "DSPARK"})
@@ -199,6 +210,37 @@ def _draft_target(
         ),
         None,
     )
+
+
+SPECULATIVE_MAX_RUNNING_REQUESTS = 48
+"""SGLang 0.5.23's ``--max-running-requests`` for speculative decoding when it is unset: every in-tree algorithm's
+handler declares it (``arg_groups/speculative_hook.py``: ``_handle_dflash`` lines 439-447, ``_handle_dspark``
+853-861, ``_handle_eagle_family`` (EAGLE, EAGLE3, STANDALONE; NEXTN is EAGLE by then) 1087-1095,
+``_handle_ngram`` 1295-1303), on every platform it accepts, warning "Max running requests is reset to 48 for
+speculative decoding"."""
+
+
+@hookimpl(trylast=True)
+def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] | None:
+    """SGLang's speculative ``--max-running-requests`` default (:data:`SPECULATIVE_MAX_RUNNING_REQUESTS`).
+
+    ``trylast``: a model default declared earlier in SGLang's pipeline (DeepSeek-V4's 256 in
+    ``handle_model_specific_adjustments``) leaves the option set, so the speculative hook keeps it; dispatched
+    last, this answer only fills what no architecture or platform answered.  SGLang's accountings only: vLLM and
+    TensorRT-LLM keep their own request limits with speculative decoding.
+    """
+    if not serving.speculative or serving.accounting not in SGLANG_ACCOUNTING_MODES:
+        return None
+    return [
+        EngineDefault(
+            option="max_running_requests",
+            value=SPECULATIVE_MAX_RUNNING_REQUESTS,
+            reason=(
+                f"SGLang 0.5.23 resets it to {SPECULATIVE_MAX_RUNNING_REQUESTS} for speculative decoding "
+                f"({serving.speculative_algorithm}; arg_groups/speculative_hook.py)"
+            ),
+        )
+    ]
 
 
 @hookimpl

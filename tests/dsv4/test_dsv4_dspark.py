@@ -42,7 +42,13 @@ def test_the_dspark_draft_pool_keeps_one_int64_per_request_slot() -> None:
     "serving",
     (
         attrs.evolve(DSPARK, platform="rocm"),  # HIP addresses the draft SWA through the target's mapping
-        attrs.evolve(DSPARK, speculative_algorithm="EAGLE", speculative_num_draft_tokens=2),  # not is_dspark_spec()
+        attrs.evolve(  # not is_dspark_spec(); SGLang asserts top-k 1 for EAGLE on DeepSeek-V4
+            DSPARK,
+            speculative_algorithm="EAGLE",
+            speculative_num_steps=1,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=2,
+        ),
     ),
 )
 def test_no_valid_from_mark_off_cuda_dspark(serving: Serving) -> None:

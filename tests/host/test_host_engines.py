@@ -81,7 +81,19 @@ def test_deepseek_v4_host_pools_hand_computed() -> None:
 def test_deepseek_v4_mtp_draft_is_packed_into_the_swa_host_pool() -> None:
     plain = plan(V4, hicache(hicache_ratio=2.0, page_size=256), memory="60GiB", host_memory=NODE)
     drafted = plan(
-        V4, hicache(hicache_ratio=2.0, page_size=256, speculative_algorithm="NEXTN"), memory="60GiB", host_memory=NODE
+        V4,
+        # SGLang asserts EAGLE (or DSPARK) with top-k 1 on DeepSeek-V4, before NEXTN would alias to EAGLE
+        hicache(
+            hicache_ratio=2.0,
+            page_size=256,
+            speculative_algorithm="EAGLE",
+            speculative_num_steps=3,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=4,
+            speculative_draft_num_layers=1,
+        ),
+        memory="60GiB",
+        host_memory=NODE,
     )
     assert plain.host is not None and drafted.host is not None
     swa = drafted.host.pool("kv_swa")

@@ -44,11 +44,11 @@ def test_exact_charges_the_drafts_own_geometry(draft_config: str) -> None:
     assert result.provenance["draft_estimate_cell_size"] == ("mha",)
     assert result.cell.pool_bytes_per_token() == {"kv": TARGET_BYTES, "draft_kv": DRAFT_BYTES}
     assert result.cell.sglang_bytes_per_token == SGLANG_CELL == 98_304
-    # the exact solve: (T + 1) x (81,920 + 8,192) padded KV rows + 2,049 request-table rows of
-    # (131,072 + 4) x 4 B + an 8 B free-list entry per token fit in 40 GiB:
-    # T = (42,949,672,960 - 2,049 x 524,304 - 90,112) // 90,120 = 464,661
-    tokens = (BUDGET - 2049 * (131072 + 4) * 4 - (TARGET_BYTES + DRAFT_BYTES)) // (TARGET_BYTES + DRAFT_BYTES + 8)
-    assert result.max_total_num_tokens == tokens == 464_661
+    # the exact solve: (T + 1) x (81,920 + 8,192) padded KV rows + 49 request-table rows (SGLang's speculative
+    # default of 48 requests, _handle_eagle_family, + 1) of (131,072 + 4) x 4 B + an 8 B free-list entry per
+    # token fit in 40 GiB: T = (42,949,672,960 - 49 x 524,304 - 90,112) // 90,120 = 476,297
+    tokens = (BUDGET - 49 * (131072 + 4) * 4 - (TARGET_BYTES + DRAFT_BYTES)) // (TARGET_BYTES + DRAFT_BYTES + 8)
+    assert result.max_total_num_tokens == tokens == 476_297
     assert result.pool("draft_kv").bytes == (tokens + 1) * DRAFT_BYTES
     assert result.pool("draft_kv").sglang_charged
 
@@ -233,7 +233,7 @@ def test_cli_plan_shows_target_and_draft(kvpools_exe: str, cli_env: dict[str, st
     out = _kvpools(kvpools_exe, cli_env, "plan", *args, "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert data["max_total_num_tokens"] == 464_661
+    assert data["max_total_num_tokens"] == 476_297
     assert [p["name"] for p in data["pools"]] == ["kv", "draft_kv", "req_to_token", "allocator"]
     draft = data["draft"]
     assert draft["model"] == "llama-3.2-1b" and draft["estimated_by"] == ["mha"] and draft["pools"] == ["draft_kv"]
@@ -262,7 +262,7 @@ def test_cli_build_allocates_the_drafts_pools(kvpools_exe: str, cli_env: dict[st
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["matches_plan"] is True
-    assert data["allocated_by_pool"]["draft_kv"] == (464_661 + 1) * 8_192
+    assert data["allocated_by_pool"]["draft_kv"] == (476_297 + 1) * 8_192
     assert data["provenance"]["draft_build_pool"] == ["mha"]
 
 
