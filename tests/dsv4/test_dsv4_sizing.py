@@ -237,7 +237,8 @@ def test_hisparse_under_exact_accounting_plans_the_allocator() -> None:
     1,865,984 full tokens (1,742,592 without HiSparse); c4 = 1,865,984 // 16 = 116,624 rows, c128 = // 128 =
     14,578.  ``hisparse_attn_allocator``: a paged allocator of the c4 rows by the c4 page 256 // 4 = 64:
     116,624 // 64 = 1,822 pages, 8 x 1,822 + 8 x 64 = 15,088 B.  ``full_to_hisparse_device_index_mapping``:
-    int64, ``c4_logical_size`` (c128 x 32 = 466,496) + 64 zeros and one -1: 466,561 x 8 = 3,732,488 B.  The data pointers: 21 c4 layers x 8 B = 168 B."""
+    int64, ``c4_logical_size`` (c128 x 32 = 466,496) + 64 zeros and one -1: 466,561 x 8 = 3,732,488 B.  The data
+    pointers: 21 c4 layers x 8 B = 168 B."""
     hisparse = attrs.evolve(
         PAGE, enable_hisparse=True, disable_radix_cache=True, hisparse_config='{"host_to_device_ratio": 4}'
     )
