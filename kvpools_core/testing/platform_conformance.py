@@ -27,14 +27,12 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-import attrs
-
 from kvpools_core.errors import KvpoolsError
 from kvpools_core.registry import Registry
 from kvpools_core.testing.conformance import Case, ConformanceFailure, check_build, check_plan
 from kvpools_core.testing.registries import FakeDeviceMemory, isolated_registry
 from kvpools_core.testing.strategies import GiB, plugin_presets
-from kvpools_core.values import GPU, PlatformTraits, Serving
+from kvpools_core.values import GPU, PlatformTraits, Serving, to_dict
 
 __all__ = [
     "FOREIGN_PLATFORM",
@@ -172,7 +170,7 @@ def check_traits_leave_a_page(plugin: str, platform: str, registry: Registry) ->
                     f"plugin {plugin!r}: on platform {platform!r} no page size passes both the rules for every "
                     f"model and those for {kernel!r} kernels: every model using them would be refused"
                 )
-    if PlatformTraits.from_dict(json.loads(json.dumps(attrs.asdict(traits, recurse=True), default=list))) != traits:
+    if PlatformTraits.from_dict(json.loads(json.dumps(to_dict(traits)))) != traits:
         raise ConformanceFailure(f"plugin {plugin!r}: the traits of {platform!r} do not survive a JSON round trip")
     return traits
 

@@ -67,8 +67,6 @@ from .inkling import (
     INKLING_MAMBA_FULL_MEMORY_RATIO,
     INKLING_SWA_FULL_TOKENS_RATIO,
     INKLING_VLLM_REFUSAL,
-    InklingKVPool,
-    inkling_allocator,
     inkling_cell_size,
     inkling_plan,
     inkling_problems,
@@ -302,6 +300,8 @@ def build_req_to_token_pool(plan: Plan, device: str, checked: bool, layout: Buff
 @for_architecture(ARCHITECTURE)
 def build_pool(plan: Plan, device: str, layout: BufferLayout | None) -> Any | None:
     if is_inkling_model(plan.model):
+        from .inkling_pool import InklingKVPool
+
         return InklingKVPool(plan, device, layout)
     from .pool import HybridLinearKVPool
 
@@ -314,6 +314,8 @@ def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | 
     """An Inkling-class model's two KV pools take SGLang's ``SWATokenToKVPoolAllocator``; the other hybrids the
     core's allocator of one token space (None)."""
     if is_inkling_model(plan.model):
+        from .inkling_pool import inkling_allocator
+
         return inkling_allocator(plan, pool, device, checked=checked)
     return None
 

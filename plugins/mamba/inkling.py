@@ -26,19 +26,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-import torch
-from torch import Tensor
 
-from kvpools_core.allocators.factory import slot_index_dtype
-from kvpools_core.allocators.swa import SWATokenToKVPoolAllocator, new_full_to_swa_mapping
 from kvpools_core.config import ConfigReader, context_length, model_dtype
 from kvpools_core.dtypes import resolve_kv_dtype
 from kvpools_core.errors import InsufficientMemoryError
 from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
-from kvpools_core.parts.attention import attention_cell_size, layer_geometry
+from kvpools_core.parts.attention import attention_cell_size
 from kvpools_core.parts.sizing import (
-    SWA_MAPPING_ITEM_BYTES,
     SWA_MAPPING_POOL,
     allocator_pool,
     apply_token_cap,
@@ -59,9 +54,6 @@ from kvpools_core.parts.sizing import (
 from kvpools_core.parts.unified import max_unified_full_tokens
 from kvpools_core.parts.unified_plan import kv_entry_from_cell, serving_problems, state_entry_from_cell
 from kvpools_core.parts.unified_tri import TriPoolMembers, unified_tri_sizing
-from kvpools_core.pools.kv import LayerKV, check_planned_bytes, tensor_nbytes
-from kvpools_core.pools.layout import BufferLayout, BufferRequest, check_layout_bytes
-from kvpools_core.pools.quant import codec_for
 from kvpools_core.values import (
     FULL_TOKENS,
     REQUEST,
@@ -529,132 +521,6 @@ def state_pool(slots: int, per_slot: int, owner: str) -> PoolSpec:
 
 
 # ------------------------------------------------------------------------------------------- the built pools
-
-
-class InklingKVPool:
-    """SGLang's ``SWAKVPool`` for an Inkling-class model: the full layers' K / V with ``full + page`` rows, the
-    sliding layers' (their own geometry) with ``swa + page`` rows, and the full -> SWA slot mapping the allocator
-    writes (sliding layers are addressed with full slot ids, translated through it)."""
-
-    def __init__(self, plan: Plan, device: str | torch.device, layout: BufferLayout | None = None) -> None:
-        serving, model = plan.serving, plan.model
-        kv = resolve_kv_dtype(serving.kv_cache_dtype, model.dtype)
-        self.codec = codec_for(kv)
-        config = plan.sizing.sglang_config
-        self.size, self.size_swa = int(config["full_max_total_num_tokens"]), int(config["swa_max_total_num_tokens"])
-        self.page_size = page = serving.page_size
-        start, end = rank_layer_range(model, serving)
-        layers = model.layers[start:end]
-        full = [layer for layer in layers if layer.kind == FULL]
-        swa = [layer for layer in layers if layer.kind == SLIDING]
-        self.layers_mapping = {layer.index: (i, False) for i, layer in enumerate(full)}
-        self.layers_mapping.update({layer.index: (i, True) for i, layer in enumerate(swa)})
-        geometry = {name: layer_geometry(group, serving) for name, group in ((FULL_POOL, full), (SWA_POOL, swa))}
-        rows = {FULL_POOL: self.size + page, SWA_POOL: self.size_swa + page}
-        for name in (FULL_POOL, SWA_POOL):
-            check_planned_bytes(
-                name,
-                LayerKV.planned_nbytes(rows[name], geometry[name], self.codec),
-                plan.pool(name).bytes,
-                f"{len(geometry[name])} layer(s), {rows[name]} rows of {kv.name}",
-            )
-        check_planned_bytes(
-            SWA_MAPPING_POOL,
-            (self.size + page + 1) * SWA_MAPPING_ITEM_BYTES,
-            plan.pool(SWA_MAPPING_POOL).bytes,
-            f"{self.size + page + 1} int64 entries",
-        )
-        if layout is not None:
-            requests: list[BufferRequest] = []
-            for name in (FULL_POOL, SWA_POOL):
-                requests += LayerKV.buffer_requests(
-                    name=name,
-                    rows=rows[name],
-                    layers=geometry[name],
-                    start_layer=0,
-                    codec=self.codec,
-                    device=device,
-                    page_size=page,
-                )
-            check_layout_bytes(layout, requests)
-        stores = {
-            name: LayerKV(
-                rows=rows[name],
-                layers=geometry[name],
-                start_layer=0,
-                codec=self.codec,
-                device=device,
-                read_dtype=getattr(torch, model.dtype),
-                name=name,
-                page_size=page,
-                layout=layout,
-            )
-            for name in (FULL_POOL, SWA_POOL)
-        }
-        self.full_kv_pool, self.swa_kv_pool = stores[FULL_POOL], stores[SWA_POOL]
-        self.full_to_swa_index_mapping = new_full_to_swa_mapping(self.size, page, device)
-        self.device = self.swa_kv_pool.device
-
-    def nbytes_by_pool(self) -> dict[str, int]:
-        return {
-            FULL_POOL: self.full_kv_pool.nbytes,
-            SWA_POOL: self.swa_kv_pool.nbytes,
-            SWA_MAPPING_POOL: tensor_nbytes([self.full_to_swa_index_mapping]),
-        }
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self.nbytes_by_pool().values())
-
-    def get_kv_size_bytes(self) -> tuple[int, int]:
-        fk, fv = self.full_kv_pool.get_kv_size_bytes()
-        sk, sv = self.swa_kv_pool.get_kv_size_bytes()
-        return fk + sk, fv + sv
-
-    def _store(self, layer_id: int) -> tuple[LayerKV, int, bool]:
-        if layer_id not in self.layers_mapping:
-            raise IndexError(f"Layer {layer_id} is not on this rank; it holds {sorted(self.layers_mapping)}.")
-        index, is_swa = self.layers_mapping[layer_id]
-        return (self.swa_kv_pool if is_swa else self.full_kv_pool), index, is_swa
-
-    def get_key_buffer(self, layer_id: int) -> Tensor:
-        store, index, _ = self._store(layer_id)
-        return store.get_key_buffer(index)
-
-    def get_value_buffer(self, layer_id: int) -> Tensor:
-        store, index, _ = self._store(layer_id)
-        return store.get_value_buffer(index)
-
-    def set_kv_buffer(self, layer_id: int, loc: Tensor, cache_k: Tensor, cache_v: Tensor) -> None:
-        """Store K and V of full slots ``loc`` (translated to SWA slots for a sliding layer)."""
-        store, index, is_swa = self._store(layer_id)
-        store.set_kv_buffer(index, self.full_to_swa_index_mapping[loc] if is_swa else loc, cache_k, cache_v)
-
-    def get_kv(self, layer_id: int, loc: Tensor, dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
-        store, index, is_swa = self._store(layer_id)
-        return store.get_kv(index, self.full_to_swa_index_mapping[loc] if is_swa else loc, dtype)
-
-    def __repr__(self) -> str:
-        return (
-            f"InklingKVPool(size={self.size}, size_swa={self.size_swa}, page_size={self.page_size}, "
-            f"layers={len(self.layers_mapping)}, device={self.device})"
-        )
-
-
-def inkling_allocator(plan: Plan, pool: InklingKVPool, device: str, *, checked: bool) -> SWATokenToKVPoolAllocator:
-    """SGLang's ``SWATokenToKVPoolAllocator`` over the two KV pools (``need_sort`` under PD)."""
-    page = plan.serving.page_size
-    return SWATokenToKVPoolAllocator(
-        pool.size,
-        pool.size_swa // page * page,
-        page,
-        mapping=pool.full_to_swa_index_mapping,
-        kvcache=pool,
-        device=device,
-        need_sort=plan.serving.disaggregation_mode in ("prefill", "decode"),
-        checked=checked,
-        index_dtype=slot_index_dtype(plan),
-    )
 
 
 def inkling_unified_sizing(

@@ -100,18 +100,19 @@ def test_one_token_the_request_cap_binds(flash: Plan) -> None:
 
 
 def test_4k_at_a_tenth_the_swa_window_binds(flash_swa_tenth: Plan) -> None:
-    """Ratio 0.1, 2,104 requests given: full 4,313,344, SWA 431,104, c4 1,078,336, c128 33,698.  4,096 tokens: full
-    4,313,344 // 4,096 = 1,053 (c4 // 1,024 and c128 // 32 the same); SWA past 768: room 431,104 - 256 =
+    """Ratio 0.1, 2,104 requests given: full 4,311,296, SWA 431,104, c4 1,077,824, c128 33,682 (the paged pools with
+    SGLang 0.5.23's physical page count).  4,096 tokens: full 4,311,296 // 4,096 = 1,052 (c4 // 1,024 and c128 // 32
+    the same); SWA past 768: room 431,104 - 256 =
     430,848, a prefill holds min(4,096 - 768, 8,192) = 3,328 more, 2 x 4,096 <= room, 2 + (430,848 - 8,192) //
     768 = 552 -> 552, the SWA window binds."""
     p = flash_swa_tenth
-    assert p.counts["tokens"] == {"full": 4_313_344, "swa": 431_104, "c4": 1_078_336, "c128": 33_698}
+    assert p.counts["tokens"] == {"full": 4_311_296, "swa": 431_104, "c4": 1_077_824, "c128": 33_682}
     answer = concurrency(p, 4_096)
     assert answer.limits == {
-        "full tokens": 1_053,
+        "full tokens": 1_052,
         "swa tokens": 552,
-        "c4 tokens": 1_053,
-        "c128 tokens": 1_053,
+        "c4 tokens": 1_052,
+        "c128 tokens": 1_052,
         "request cap": 2_104,
     }
     assert answer.binding == "swa tokens"

@@ -132,7 +132,16 @@ def test_other_kv_dtypes(kv: str, stored_row: int, sglang_row: int) -> None:
         ({"disaggregation_mode": "decode", "dsa_prefill_backend": "trtllm"}, True),  # only the local role counts
         ({"disaggregation_mode": "prefill", "dsa_decode_backend": "trtllm"}, True),
         ({"platform": "rocm", "dsa_decode_backend": "tilelang", "page_size": 1}, False),
-        ({"platform": "rocm", "page_size": 16}, True),
+        # the flashmla backends named: unset, kvpools-rocm takes SGLang's HIP defaults (triton: raw rows)
+        (
+            {
+                "platform": "rocm",
+                "page_size": 16,
+                "dsa_decode_backend": "flashmla_kv",
+                "dsa_prefill_backend": "flashmla_sparse",
+            },
+            True,
+        ),
     ],
 )
 @pytest.mark.usefixtures("rocm_platform")

@@ -207,7 +207,7 @@ def test_profiled_budget_exhausted_by_the_state_suggests_a_fraction() -> None:
     [
         (
             {"speculative_algorithm": "EAGLE", "speculative_draft_num_layers": 1},
-            r"pass speculative_num_draft_tokens and max_running_requests",
+            r"pass speculative_num_draft_tokens",  # max_running_requests: the speculative handlers' 48
         ),
         ({"tp_size": 3}, r"cannot be sharded over TP 3"),
         (

@@ -46,10 +46,11 @@ from typing import Any
 
 import attrs
 
-from kvpools_core.errors import InsufficientMemoryError
+from kvpools_core.errors import InsufficientMemoryError, KvpoolsError
 from kvpools_core.models import resolve_model_source
 from kvpools_core.parts.sizing import DEFAULT_MEM_FRACTION_STATIC
 from kvpools_core.pipeline import plan as kvpools_plan
+from kvpools_core.pipeline import plan_basis
 from kvpools_core.registry import get_registry
 from kvpools_core.values import ModelSpec, Plan, Serving
 
@@ -527,6 +528,19 @@ def _check_fraction_advice(
         )
 
 
+def server_args_resolved(model: ModelSpec | str, serving: Serving, draft_model: str | ModelSpec | None) -> Serving:
+    """``serving`` as SGLang's server-argument hooks leave it before its configurator runs.
+
+    The oracle runs the specification's configurator; the hooks that fill unset options first (the per-model
+    overrides, the speculative handlers' 48 requests: ``arg_groups/``) are not in those files, and kvpools
+    applies them as engine defaults (:func:`kvpools_core.pipeline.engine_defaults.apply_engine_defaults`).  So
+    the oracle is asked with kvpools' resolved options; a serving kvpools refuses is passed on as given."""
+    try:
+        return plan_basis(model, serving, draft_model=draft_model).serving
+    except KvpoolsError:
+        return serving
+
+
 def compare(
     model: ModelSpec | str,
     oracle_model: OracleModel,
@@ -550,7 +564,7 @@ def compare(
     """
     serving = attrs.evolve(serving, accounting="sglang")
     budget = {"memory": memory, "free_memory": free_memory, "weights_memory": weights_memory}
-    want = oracle_plan(oracle_model, serving, **budget)
+    want = oracle_plan(oracle_model, server_args_resolved(model, serving, draft_model), **budget)
     got: Plan | InsufficientMemoryError
     try:
         got = kvpools_plan(model, serving, **budget, draft_model=draft_model)

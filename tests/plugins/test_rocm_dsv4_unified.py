@@ -45,18 +45,18 @@ def _plan(options: dict[str, str], **changes: Any) -> Plan:
 
 def test_bf16_unified_pool_by_hand() -> None:
     """SGLang's 256 requests (``apply_deepseek_v4_defaults``) + 1 padding slot, ring 128: 257 x 128 x 43 layers x
-    1,024 B = 1,448,476,672 B of ring rows; 73,572 c128 tokens x 692 rows + 1,384 padding rows, x 1,024 B =
-    52,135,124,992 B; c4 states per slot: ceil((257 x 8 + 8 + 1) / 4) x 4 = 2,068 rows x 8,192 B x 21 layers =
+    1,024 B = 1,448,476,672 B of ring rows; 73,570 c128 tokens x 692 rows + 1,384 padding rows, x 1,024 B =
+    52,133,707,776 B; c4 states per slot: ceil((257 x 8 + 8 + 1) / 4) x 4 = 2,068 rows x 8,192 B x 21 layers =
     355,762,176 B."""
     p = _plan(UNIFIED)
     assert p.serving.traits.pool_layouts == {"dsv4": "unified_bf16"}
     assert (p.max_total_num_tokens, p.max_running_requests, p.sizing.sglang_config["c128_max_total_num_tokens"]) == (
-        9417216,
+        9416960,
         256,
-        73572,
+        73570,
     )
     assert p.pool("unified_kv_ring").bytes == 257 * 128 * 43 * 1024 == 1448476672
-    assert p.pool("unified_kv_compressed").bytes == (73572 * ROWS_PER_C128 + PAD_ROWS) * 1024 == 52135124992
+    assert p.pool("unified_kv_compressed").bytes == (73570 * ROWS_PER_C128 + PAD_ROWS) * 1024 == 52133707776
     assert p.pool("c4_state").bytes == 2068 * 8192 * 21 == 355762176
     names = {pool.name for pool in p.sizing.pools}
     assert not names & {"kv_swa", "kv_c4", "kv_c128", "unified_kv_rope_ring"}

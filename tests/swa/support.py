@@ -24,6 +24,7 @@ from kvpools_core.models import parse_config, resolve_model_source
 from kvpools_core.pipeline import plan
 from kvpools_core.registry import get_registry
 from kvpools_core.values import ModelSpec, Plan, Serving
+from tests.oracle.adapter import server_args_resolved
 
 GiB = 1 << 30
 CHECKS = settings(
@@ -176,7 +177,7 @@ def compare_swa(model: str | ModelSpec, oracle: Any, serving: Serving, memory: i
     request fits, or the SWA pool rounds to zero tokens — kvpools refuses the plan.
     """
     serving = attrs.evolve(serving, accounting="sglang")
-    want = oracle_outcome(oracle, serving, memory)
+    want = oracle_outcome(oracle, server_args_resolved(model, serving, None), memory)
     got: Plan | InsufficientMemoryError
     try:
         got = plan(model, serving, memory=memory)
