@@ -142,6 +142,9 @@ def build(plan: Plan, device: str = "cpu", *, registry: Registry | None = None, 
         device=device,
         checked=checked,
     )
+    bind = getattr(allocator, "bind_req_to_token_pool", None)
+    if bind is not None:  # a per-request SWA ring counts its capacity in the request table's free slots
+        bind(req_pool)
     draft_pool, draft_by = build_draft_pool(plan, device, registry)
     workspaces = build_workspaces(plan, device)
     host = build_host_pools(plan, "meta" if str(device) == "meta" else "cpu")

@@ -89,6 +89,11 @@ class SWARingTokenToKVPoolAllocator(SWATokenToKVPoolAllocator):
         self._swa_ring_cost = ring_cost_tokens(int(ring), page_size)
         self._ring_size_swa = req_to_token_pool.available_size() * self._swa_ring_cost
 
+    def bind_req_to_token_pool(self, req_to_token_pool: RequestSlots) -> None:
+        """Count free request slots from ``req_to_token_pool`` from now on (a build hook that gets no table made
+        the allocator with a stand-in); ``size_swa`` stays what the allocator counted at construction."""
+        self._req_to_token_pool = req_to_token_pool
+
     # ------------------------------------------------------------------ sizes
     @property
     def swa_req_ring(self) -> bool:

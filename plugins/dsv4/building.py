@@ -4,7 +4,9 @@ ref-000 ``_build_token_to_kv_pool_allocator`` (CUDA): a ``DeepSeekV4TokenToKVPoo
 whose SWA rows are paged (``needs_paged_swa_allocator``, the separate-KV layout
 built here) gets ``SWATokenToKVPoolAllocator(full, swa, page_size, ...)``; the
 compressed pools need no allocator (a c4 / c128 slot is ``full slot // ratio``); with HiSparse SGLang wraps
-that allocator in ``DeepSeekV4HiSparseTokenToKVPoolAllocator`` (:mod:`.hisparse_allocator`).
+that allocator in ``DeepSeekV4HiSparseTokenToKVPoolAllocator`` (:mod:`.hisparse_allocator`).  A pool with a
+per-request SWA ring (the unified-KV layout sets ``swa_req_ring_size``) gets the same allocator in ring mode
+(:mod:`.swa_req_ring`, ledger row 000-024).
 The request table is the core's (``_build_default_req_pool``: DSV4 has its own
 only on NPU), so no ``build_req_to_token_pool`` here.
 """
@@ -41,6 +43,10 @@ def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | 
 
     from .pool import sizes_of
 
+    if getattr(pool, "unified_kv_pool", None) is not None:  # swa_req_ring_size set: ring mode (row 000-024)
+        from .swa_req_ring import ring_allocator
+
+        return ring_allocator(plan, pool, device, checked, slot_index_dtype(plan))
     sizes = sizes_of(plan)
     page = plan.serving.page_size
     logical = SWATokenToKVPoolAllocator(

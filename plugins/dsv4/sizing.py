@@ -66,6 +66,7 @@ from .config import C4, C128
 from .hisparse import dsv4_hisparse_problems
 from .host import host_problems
 from .layouts import auto_layout_note
+from .swa_req_ring import ring_capacity, ring_notes
 from .unified import platform_pool_layout, unified_notes, unified_problems
 
 OWNER = "dsv4"
@@ -458,12 +459,18 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
     sizes["c128_state_pool_size"] = shape.c128_state_pool_size(requests)
     notes.extend(sub_pool_notes(shape, sizes, requests, serving, fixed))
     notes.extend(unified_notes(serving))
+    notes.extend(ring_notes(serving, shape.window, requests, sizes["swa_max_total_num_tokens"]))
     pools = _pools(model, serving, sizes, requests, context_len)
     return PoolSizing(
         max_total_num_tokens=full,
         max_running_requests=requests,
         pools=pools,
-        sglang_config={"max_total_num_tokens": full, "max_running_requests": requests, **sizes},
+        sglang_config={
+            "max_total_num_tokens": full,
+            "max_running_requests": requests,
+            **sizes,
+            **ring_capacity(serving, shape.window, requests),
+        },
         sglang_estimate_bytes=int(full * shape.bytes_per_full_token) + shape.c128_state_fixed_bytes(requests),
         notes=notes,
         token_counts=token_counts(sizes),

@@ -209,3 +209,7 @@ def test_encoder_swa_replay_is_refused_with_the_reason() -> None:
         Serving(enable_encoder_swa_bounded_replay=True)
     assert "Paged(full)" in str(caught.value)
     assert "requires DeepSeek-V4.1" in str(caught.value)
+    # what is missing, by name: the window pool (KV rows, not activations) and the prefill CUDA-graph sizes
+    assert "replay workspace of KV rows" in str(caught.value)
+    assert "request_window_bytes" in str(caught.value)
+    assert "prefill CUDA-graph batch sizes" in str(caught.value)
