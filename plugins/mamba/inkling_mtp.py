@@ -110,9 +110,9 @@ def mtp_problem(model: ModelSpec, serving: Serving, terms: InklingMtpTerms) -> s
         )
     banded = list(model.params.get("mtp_local_layer_ids") or ())
     requirement = (
-        f"its banded MTP heads (mtp_local_layer_ids {banded}) require --enable-multi-layer-eagle in SGLang 0.5.23 "
-        "(InklingForConditionalGenerationMTP raises without it); "
-        if banded
+        f"its banded MTP heads (mtp_local_layer_ids {banded}) require {o('enable_multi_layer_eagle')} in SGLang "
+        "0.5.23 (InklingForConditionalGenerationMTP raises without it); "
+        if banded and not serving.enable_multi_layer_eagle
         else ""
     )
     return (
@@ -120,7 +120,7 @@ def mtp_problem(model: ModelSpec, serving: Serving, terms: InklingMtpTerms) -> s
         f"SGLang 0.5.23 would charge {terms.draft_layers} draft layer(s) per full token "
         f"({terms.budget_full_layers} full x {terms.full_per_token:,} B + {terms.budget_swa_full_layers} "
         f"full-capacity SWA x {terms.swa_per_token:,} B = {terms.cell_extra:,} B, no swa_full_tokens_ratio) and "
-        f"(with --enable-multi-layer-eagle) build one head per draft step ({len(terms.heads)}: "
+        f"(with {o('enable_multi_layer_eagle')}) build one head per draft step ({len(terms.heads)}: "
         f"{len(terms.banded_heads)} banded head(s) on an SWA ring of full capacity routed by mtp_local_layer_ids, "
         "the others on a full pool), each with a short-conv state "
         f"pool of its own (clone_with_new_mamba: one layer, {terms.state_per_layer:,} B per slot, outside the "

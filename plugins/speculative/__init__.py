@@ -67,6 +67,13 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> Generator[None, Ce
     cell = yield
     if cell is None:
         return cell
+    if serving.enable_multi_layer_eagle and not cell.draft_included:
+        raise UnsupportedCombinationError(
+            f"kvpools does not model {option('enable_multi_layer_eagle')} for {model.name} (architecture "
+            f"{model.architecture!r}) yet: SGLang 0.5.23 builds one draft runner per draft step "
+            "(MultiLayerEagleWorkerV2), each with a KV pool of its own; kvpools plans it for Inkling-class MTP heads "
+            f"only. Plan it without {option('enable_multi_layer_eagle')}."
+        )
     if cell.draft_included:
         if serving.speculative_draft is not None and _has_draft_kv(serving):
             raise UnsupportedCombinationError(
@@ -245,7 +252,28 @@ def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] |
 
 @hookimpl
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
-    return [*dspark_problems(serving), *_hicache_draft_problems(model, serving)] or None
+    return [
+        *dspark_problems(serving),
+        *_hicache_draft_problems(model, serving),
+        *_multi_layer_eagle_problems(serving),
+    ] or None
+
+
+MULTI_LAYER_EAGLE = frozenset({"EAGLE", "EAGLE3", "NEXTN"})
+"""``SpeculativeAlgorithm.is_eagle`` (``speculative/spec_info.py``): the algorithms ``--enable-multi-layer-eagle``
+switches to ``MultiLayerEagleWorkerV2``."""
+
+
+def _multi_layer_eagle_problems(serving: Serving) -> list[str]:
+    """``--enable-multi-layer-eagle`` changes nothing without an EAGLE-family algorithm (``spec_info.py`` picks
+    ``MultiLayerEagleWorkerV2`` only when ``is_eagle()``): refused as an option that would change nothing."""
+    if not serving.enable_multi_layer_eagle or serving.speculative_algorithm in MULTI_LAYER_EAGLE:
+        return []
+    return [
+        f"{option('enable_multi_layer_eagle')} changes nothing with {option('speculative_algorithm')} "
+        f"{serving.speculative_algorithm}: SGLang 0.5.23 runs the multi-layer EAGLE worker only for EAGLE, EAGLE3 "
+        f"or NEXTN. Pass one of those, or drop {option('enable_multi_layer_eagle')}."
+    ]
 
 
 def dspark_problems(serving: Serving) -> list[str]:

@@ -293,7 +293,7 @@ def test_banded_mtp_heads_need_multi_layer_eagle() -> None:
     """``InklingForConditionalGenerationMTP.__init__`` (models/inkling.py) raises for banded heads without
     ``--enable-multi-layer-eagle``; the refusal says so."""
     config = {**preset_config(PRESET), "mtp_local_layer_ids": [0]}
-    with pytest.raises(KvpoolsError, match=r"mtp_local_layer_ids \[0\]\) require --enable-multi-layer-eagle"):
+    with pytest.raises(KvpoolsError, match=r"mtp_local_layer_ids \[0\]\) require enable_multi_layer_eagle"):
         plan(parse(config), Serving(accounting="sglang", max_running_requests=8, **ON, **_EAGLE), memory="20GiB")
 
 
