@@ -475,8 +475,8 @@ def size_inkling_pools(model: ModelSpec, serving: Serving, cell: CellSize, budge
         if fixed > budget.budget_bytes:
             raise _no_memory_left(model, split, budget, exact_fixed=fixed)
         per_full = per_token[FULL_POOL] + shape.ratio * per_token[SWA_POOL]
-        if mtp is not None:  # each head's one layer over the full token space
-            per_full += sum(mtp.head_kv_bytes(1, 0).values())
+        if mtp is not None:  # each head's one layer (and a banded head's mapping) per full token
+            per_full += sum(mtp.head_kv_bytes(2, 0).values()) - sum(mtp.head_kv_bytes(1, 0).values())
         upper = int((budget.budget_bytes - fixed) // max(1.0, per_full))
         profiled = largest_fitting_tokens(
             budget.budget_bytes, page, upper, lambda t: sum(p.bytes for p in layout(t)[0])

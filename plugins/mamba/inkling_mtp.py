@@ -128,6 +128,15 @@ def mtp_planned_problems(model: ModelSpec, serving: Serving) -> list[str]:
             f"MTP head per draft step (draft_model_idx 0 .. steps - 1) and the model has {nextn}. Pass "
             f"{o('speculative_num_steps')} 1 to {nextn}."
         )
+    local = set(model.params.get("mtp_local_layer_ids") or ())
+    if any(depth not in local for depth in range(min(steps or 0, nextn))) and not any(
+        layer.kind == "attention" for layer in model.layers
+    ):
+        problems.append(
+            f"kvpools does not model an Inkling MTP head on a full layer for {model.name} yet: the model has no "
+            "full-attention layer to take the head's geometry from. List the head's depth in mtp_local_layer_ids, "
+            f"or plan it without {o('speculative_algorithm')}."
+        )
     drafted = serving.speculative_draft_num_layers
     if drafted is not None and drafted != nextn:
         # HybridSWAPoolConfigurator: eagle_draft_num_layers = the MTP config's num_nextn_predict_layers

@@ -447,3 +447,10 @@ def test_mtp_draft_terms_equal_sglangs_configurator() -> None:
         assert theirs["full_tokens"] == full
         # a head's clone_with_new_mamba keeps one layer of the same mamba2_cache_params
         assert terms.state_per_layer * len(theirs["layers"]) == theirs["mamba_cache_per_req"]
+
+
+def test_a_full_mtp_head_without_a_full_layer_is_refused() -> None:
+    """Every layer slides: a non-banded head has no full geometry to take (refused, not built as something else)."""
+    config = {**preset_config(PRESET), "local_layer_ids": list(range(16))}
+    with pytest.raises(KvpoolsError, match=r"does not model an Inkling MTP head on a full layer"):
+        plan(parse(config), Serving(accounting="sglang", **ON, **_MLE), memory="20GiB")
