@@ -454,3 +454,19 @@ def test_a_full_mtp_head_without_a_full_layer_is_refused() -> None:
     config = {**preset_config(PRESET), "local_layer_ids": list(range(16))}
     with pytest.raises(KvpoolsError, match=r"does not model an Inkling MTP head on a full layer"):
         plan(parse(config), Serving(accounting="sglang", **ON, **_MLE), memory="20GiB")
+
+
+def test_mtp_heads_build_on_cpu_in_their_own_geometry() -> None:
+    """A CPU build (exact, 256 MiB): the banded head 1 keeps one SWA layer (2 KV heads of 128 here), the others
+    one full layer (4 KV heads), each of ``full + page`` rows; the banded head's mapping is the identity."""
+    import torch
+
+    config = {**preset_config(PRESET), "swa_num_key_value_heads": 2, "mtp_local_layer_ids": [1]}
+    p = plan(parse(config), Serving(accounting="exact", **ON, **_MLE), memory="256MiB")
+    pools = build(p, "cpu")
+    assert pools.allocated_bytes == p.planned_bytes <= 256 << 20
+    rows = p.sizing.sglang_config["full_max_total_num_tokens"] + 1
+    heads = pools.kv_pool.mtp_heads
+    assert tuple(heads.kv[0].get_key_buffer(0).shape) == (rows, 4, 128)
+    assert tuple(heads.kv[1].get_key_buffer(0).shape) == (rows, 2, 128)
+    assert torch.equal(heads.tensors["mtp1_kv_mapping"][0], torch.arange(rows + 1))
