@@ -67,13 +67,6 @@ def estimate_cell_size(model: ModelSpec, serving: Serving) -> Generator[None, Ce
     cell = yield
     if cell is None:
         return cell
-    if serving.enable_multi_layer_eagle and not cell.draft_included:
-        raise UnsupportedCombinationError(
-            f"kvpools does not model {option('enable_multi_layer_eagle')} for {model.name} (architecture "
-            f"{model.architecture!r}) yet: SGLang 0.5.23 builds one draft runner per draft step "
-            "(MultiLayerEagleWorkerV2), each with a KV pool of its own; kvpools plans it for Inkling-class MTP heads "
-            f"only. Plan it without {option('enable_multi_layer_eagle')}."
-        )
     if cell.draft_included:
         if serving.speculative_draft is not None and _has_draft_kv(serving):
             raise UnsupportedCombinationError(
@@ -255,7 +248,7 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
     return [
         *dspark_problems(serving),
         *_hicache_draft_problems(model, serving),
-        *_multi_layer_eagle_problems(serving),
+        *_multi_layer_eagle_problems(model, serving),
     ] or None
 
 
@@ -264,11 +257,26 @@ MULTI_LAYER_EAGLE = frozenset({"EAGLE", "EAGLE3", "NEXTN"})
 switches to ``MultiLayerEagleWorkerV2``."""
 
 
-def _multi_layer_eagle_problems(serving: Serving) -> list[str]:
+MULTI_LAYER_EAGLE_FAMILIES = frozenset({"inkling"})
+"""Model families (``ModelSpec.params["family"]``) whose architecture plugin plans SGLang's per-step draft runners
+itself: the mamba plugin's Inkling-class MTP heads."""
+
+
+def _multi_layer_eagle_problems(model: ModelSpec, serving: Serving) -> list[str]:
     """``--enable-multi-layer-eagle`` changes nothing without an EAGLE-family algorithm (``spec_info.py`` picks
-    ``MultiLayerEagleWorkerV2`` only when ``is_eagle()``): refused as an option that would change nothing."""
-    if not serving.enable_multi_layer_eagle or serving.speculative_algorithm in MULTI_LAYER_EAGLE:
+    ``MultiLayerEagleWorkerV2`` only when ``is_eagle()``): refused as an option that would change nothing; on a
+    model whose plugin does not plan the per-step runners, refused as not modelled (never planned as one draft)."""
+    if not serving.enable_multi_layer_eagle:
         return []
+    if serving.speculative_algorithm in MULTI_LAYER_EAGLE:
+        if model.params.get("family") in MULTI_LAYER_EAGLE_FAMILIES:
+            return []
+        return [
+            f"kvpools does not model {option('enable_multi_layer_eagle')} for {model.name} (architecture "
+            f"{model.architecture!r}) yet: SGLang 0.5.23 builds one draft runner per draft step "
+            "(MultiLayerEagleWorkerV2), each with a KV pool of its own; kvpools plans it for Inkling-class MTP "
+            f"heads only. Plan it without {option('enable_multi_layer_eagle')}."
+        ]
     return [
         f"{option('enable_multi_layer_eagle')} changes nothing with {option('speculative_algorithm')} "
         f"{serving.speculative_algorithm}: SGLang 0.5.23 runs the multi-layer EAGLE worker only for EAGLE, EAGLE3 "

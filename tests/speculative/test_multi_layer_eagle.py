@@ -18,9 +18,12 @@ EAGLE = {
 }
 
 
-def test_the_flag_is_refused_where_kvpools_does_not_model_it() -> None:
-    with pytest.raises(KvpoolsError, match=r"does not model enable_multi_layer_eagle for llama-3\.1-8b"):
-        plan("llama-3.1-8b", Serving(enable_multi_layer_eagle=True, **EAGLE), memory="20GiB")
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "gpt-oss-20b", "deepseek-v4-flash"])
+def test_the_flag_is_refused_where_kvpools_does_not_model_it(model: str) -> None:
+    """Also where the architecture sizes its draft itself (SWA, DeepSeek-V4: ``CellSize.draft_included``): never
+    planned as one draft."""
+    with pytest.raises(KvpoolsError, match=rf"does not model enable_multi_layer_eagle for {model}"):
+        plan(model, Serving(enable_multi_layer_eagle=True, **EAGLE), memory="60GiB")
 
 
 @pytest.mark.parametrize("algorithm", [None, "STANDALONE", "NGRAM"])
