@@ -737,12 +737,14 @@ class Serving:
     def adaptive_speculation(self) -> bool:
         """Whether SGLang runs adaptive speculative decoding: asked for, and not refused by
         ``adaptive_unsupported_reason`` (``speculative/adaptive_spec_params.py``), which keeps EAGLE and EAGLE3 with
-        top-k 1 (or unset) and no DP attention; otherwise SGLang warns and uses the static parameters."""
+        top-k 1 (or unset), no DP attention and no ``--enable-multi-layer-eagle`` ("MultiLayerEagleWorkerV2 does not
+        implement adaptive"); otherwise SGLang warns and uses the static parameters."""
         return (
             self.speculative_adaptive
             and self.speculative_algorithm in ("EAGLE", "EAGLE3")
             and self.speculative_eagle_topk in (None, 1)
             and not (self.enable_dp_attention and self.dp_size > 1)
+            and not self.enable_multi_layer_eagle
         )
 
     @property

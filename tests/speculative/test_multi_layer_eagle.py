@@ -35,3 +35,13 @@ def test_the_flag_changes_nothing_without_an_eagle_algorithm(algorithm: str | No
 
 def test_without_the_flag_the_plan_is_unchanged() -> None:
     assert plan("llama-3.1-8b", Serving(**EAGLE), memory="20GiB").planned_bytes > 0
+
+
+def test_adaptive_speculation_falls_back_to_the_static_parameters() -> None:
+    """``adaptive_unsupported_reason`` (speculative/adaptive_spec_params.py): "enable_multi_layer_eagle=True is not
+    supported (MultiLayerEagleWorkerV2 does not implement adaptive)": SGLang keeps the static parameters."""
+    spec = {**EAGLE, "speculative_adaptive": True}
+    assert Serving(**spec).adaptive_speculation
+    serving = Serving(enable_multi_layer_eagle=True, **spec)
+    assert not serving.adaptive_speculation
+    assert serving.max_speculative_num_draft_tokens == 4
