@@ -77,6 +77,8 @@ _HELP = {
     "candidate step + 1 draft tokens; SGLang falls back to static parameters elsewhere.",
     "speculative_adaptive_config": "SGLang's adaptive config JSON file (unset: its default tiers, steps 0-7).",
     "speculative_draft_num_layers": "Draft model layers (instead of --speculative-draft-model-path).",
+    "enable_multi_layer_eagle": "EAGLE / EAGLE3 / NEXTN with one draft runner per draft step (SGLang's "
+    "MultiLayerEagleWorkerV2): Inkling-class MTP heads only.",
     "disaggregation_mode": "Prefill/decode disaggregation role.",
     "enable_pd_role_switch": "Runtime prefill<->decode role switch (SGLang's flag): the node builds the decode request "
     "pools, with --disaggregation-decode-extra-slots pre-allocated rows (unset: none).",

@@ -648,10 +648,13 @@ def _resolve_draft(
         draft = resolve_draft_model(draft_model, serving, registry)
         return attrs.evolve(serving, speculative_draft_num_layers=draft.model.num_layers, speculative_draft=draft)
     if (
-        serving.speculative_algorithm == "NEXTN"
+        (
+            serving.speculative_algorithm == "NEXTN"
+            or (serving.enable_multi_layer_eagle and serving.speculative_algorithm in ("EAGLE", "EAGLE3"))
+        )
         and serving.speculative_draft_num_layers is None
         and spec.num_nextn_predict_layers
-    ):
+    ):  # the multi-layer EAGLE worker drafts with the model's own MTP depths (eagle_draft_num_layers)
         return attrs.evolve(serving, speculative_draft_num_layers=spec.num_nextn_predict_layers)
     return serving
 

@@ -424,6 +424,10 @@ class Serving:
     config's ``candidate_steps``, so the pools are sized for the largest, ``max(candidate_steps) + 1`` draft tokens
     (:attr:`max_speculative_num_draft_tokens`).  Where SGLang cannot run it (another algorithm, top-k above 1, DP
     attention) it falls back to the static parameters, and so does kvpools (:attr:`adaptive_speculation`)."""
+    enable_multi_layer_eagle: bool = False
+    """SGLang's ``--enable-multi-layer-eagle``: EAGLE / EAGLE3 / NEXTN run one draft runner per draft step
+    (``MultiLayerEagleWorkerV2``, ``draft_model_idx`` 0 .. steps - 1).  kvpools models it for Inkling-class MTP heads
+    only (read by the mamba plugin) and refuses it elsewhere."""
     speculative_adaptive_config: str | None = None
     """SGLang's ``--speculative-adaptive-config``: the JSON file of the adaptive tiers (``{"1": {"candidate_steps":
     [1, 3, 7]}, ...}``); unset, SGLang's ``DEFAULT_ADAPTIVE_CONFIG`` (candidate steps 0, 1, 3, 5, 7)."""
@@ -742,12 +746,14 @@ class Serving:
     def adaptive_speculation(self) -> bool:
         """Whether SGLang runs adaptive speculative decoding: asked for, and not refused by
         ``adaptive_unsupported_reason`` (``speculative/adaptive_spec_params.py``), which keeps EAGLE and EAGLE3 with
-        top-k 1 (or unset) and no DP attention; otherwise SGLang warns and uses the static parameters."""
+        top-k 1 (or unset), no DP attention and no ``--enable-multi-layer-eagle`` ("MultiLayerEagleWorkerV2 does not
+        implement adaptive"); otherwise SGLang warns and uses the static parameters."""
         return (
             self.speculative_adaptive
             and self.speculative_algorithm in ("EAGLE", "EAGLE3")
             and self.speculative_eagle_topk in (None, 1)
             and not (self.enable_dp_attention and self.dp_size > 1)
+            and not self.enable_multi_layer_eagle
         )
 
     @property

@@ -69,18 +69,21 @@ from kvpools_core.values import (
     Serving,
 )
 
-from .inkling_mtp import mtp_problem, mtp_terms
+from .inkling_mtp import head_pools, mtp_active, mtp_planned_problems, mtp_problem, mtp_terms
 from .sizing import (
     MAPPING_ITEM_BYTES,
     MAPPING_POOL,
     PING_PONG_ITEM_BYTES,
     SLOT_ALLOCATOR_ITEM_BYTES,
     SLOT_ALLOCATOR_POOL,
+    SPEC_STATE_POOL,
     STATE_POOL,
     _no_memory_left,
     cap_requests,
     decode_state_slots,
+    draft_tokens,
     ping_pong_size,
+    spec_state_rows,
     split_budget,
 )
 from .state import SCONV as MIXER
@@ -154,7 +157,9 @@ def inkling_problems(model: ModelSpec, serving: Serving) -> list[str]:
     if serving.accounting == "vllm":
         return [INKLING_VLLM_REFUSAL]
     problems: list[str] = []
-    if serving.speculative:
+    if serving.speculative and mtp_active(serving):
+        problems += mtp_planned_problems(model, serving)
+    elif serving.speculative:
         shape = sglang_swa_shape(model, serving)
         terms = mtp_terms(model, serving, full_per_token=shape.full_per_token, swa_per_token=shape.swa_per_token)
         problems.append(mtp_problem(model, serving, terms))
@@ -314,6 +319,8 @@ def inkling_cell_size(model: ModelSpec, serving: Serving, state_part: CellPart, 
         parts=[*parts, state_part],
         sglang_bytes_per_token=shape.cell,
         num_layers=end - start,
+        # the MTP heads are this plugin's pools (size_inkling_pools): no second draft from the speculative plugin
+        draft_included=serving.speculative,
         notes=[
             *model.params.get("notes", ()),
             f"kv_full bytes are per full token ({len(full)} full layer(s) on this rank), kv_swa bytes per SWA token "
@@ -372,6 +379,12 @@ def size_inkling_pools(model: ModelSpec, serving: Serving, cell: CellSize, budge
     split = split_budget(sglang_rest_gib(budget), serving, sglang_stage_per_req(model, serving), model.name, budget)
     k = split.max_mamba_cache_size
     per_token = cell.pool_bytes_per_token()
+    mtp = (
+        mtp_terms(model, serving, full_per_token=shape.full_per_token, swa_per_token=shape.swa_per_token)
+        if serving.speculative and mtp_active(serving)
+        else None
+    )
+    d = draft_tokens(serving)
 
     def tokens_of(total: int) -> tuple[int, int]:  # _solve_pool_sizes
         full = page_align(total, page)
@@ -389,6 +402,21 @@ def size_inkling_pools(model: ModelSpec, serving: Serving, cell: CellSize, budge
             state_pool(slots, per_slot, owner),
             *request_pools(requests, context_len, serving),
         ]
+        if serving.speculative:  # the target's intermediate conv windows (dense: InklingConvStateShape's dedup off)
+            spec_rows = spec_state_rows(requests, serving)
+            spec = PoolSpec(
+                name=SPEC_STATE_POOL,
+                kind="state",
+                slots=spec_rows,
+                padding_slots=1,
+                bytes_per_slot=d * per_slot,
+                bytes=(spec_rows + 1) * d * per_slot,
+                owner=owner,
+                unit=REQUEST,
+            )
+            pools.append(with_cost(spec, request_rows_cost(spec, requests)) if spec_rows != requests else spec)
+        if mtp is not None:
+            pools += head_pools(mtp, full, page, k, owner)
         rows, padding = req_to_token_rows(requests, serving)
         row_bytes = MAPPING_ITEM_BYTES + PING_PONG_ITEM_BYTES * ping_pong_size(serving)
         mapping = PoolSpec(
@@ -423,7 +451,7 @@ def size_inkling_pools(model: ModelSpec, serving: Serving, cell: CellSize, budge
     if serving.accounting == "sglang":
         if split.kv_rest_gib <= 0:
             raise _no_memory_left(model, split, budget)
-        profiled = sglang_tokens(split.kv_budget_bytes, shape.cell, page)
+        profiled = sglang_tokens(split.kv_budget_bytes, shape.cell + (mtp.cell_extra if mtp else 0), page)
         if serving.enable_unified_memory:  # calculate_pool_sizes' unified branch: the largest fitting full capacity
             profiled = max_unified_full_tokens(
                 split.kv_budget_bytes,
@@ -434,9 +462,13 @@ def size_inkling_pools(model: ModelSpec, serving: Serving, cell: CellSize, budge
             )
     else:
         fixed = (k + 1) * per_slot + k * SLOT_ALLOCATOR_ITEM_BYTES
+        if mtp is not None:
+            fixed += len(mtp.heads) * mtp.head_state_bytes(k)
         if fixed > budget.budget_bytes:
             raise _no_memory_left(model, split, budget, exact_fixed=fixed)
         per_full = per_token[FULL_POOL] + shape.ratio * per_token[SWA_POOL]
+        if mtp is not None:  # each head's one layer (and a banded head's mapping) per full token
+            per_full += sum(mtp.head_kv_bytes(2, 0).values()) - sum(mtp.head_kv_bytes(1, 0).values())
         upper = int((budget.budget_bytes - fixed) // max(1.0, per_full))
         profiled = largest_fitting_tokens(
             budget.budget_bytes, page, upper, lambda t: sum(p.bytes for p in layout(t)[0])
@@ -477,6 +509,22 @@ def size_inkling_pools(model: ModelSpec, serving: Serving, cell: CellSize, budge
             "whenever the radix cache is on (_inkling_overrides in arg_groups/model_overrides/inkling.py pins "
             "--mamba-radix-cache-strategy extra_buffer): planned with it"
         )
+    if mtp is not None:
+        notes.append(
+            f"{option('enable_multi_layer_eagle')}: SGLang's budget charges num_nextn_predict_layers = "
+            f"{mtp.draft_layers} draft layer(s) per full token ({mtp.budget_full_layers} full x "
+            f"{mtp.full_per_token:,} B + {mtp.budget_swa_full_layers} full-capacity SWA x {mtp.swa_per_token:,} B = "
+            f"{mtp.cell_extra:,} B, HybridSWAPoolConfigurator._recompute_cell_size); the draft builds one MTP head "
+            f"per draft step ({len(mtp.heads)}, {len(mtp.banded_heads)} banded), each one layer of "
+            f"{full:,} + {page} rows and a short-conv state pool of {k} + 1 slots of its own (clone_with_new_mamba, "
+            "outside the budget)"
+        )
+    if serving.speculative:
+        notes.append(
+            f"the target's intermediate conv windows: {d} draft token(s) x {per_slot:,} B per request row "
+            f"({spec_state_rows(requests, serving)} + 1 rows; dense, InklingConvStateShape turns the dedup off), "
+            f"{split.intermediate_bytes:,} B charged by _handle_max_mamba_cache"
+        )
     notes += [
         f"Inkling three-pool stack (SGLang's SWAKVPool + HybridReqToTokenPool): the short-conv state cache first, "
         f"{split.source}: K = {k} slots of {split.stage_per_req:,} B (+1 padding); the KV budget left "
@@ -498,7 +546,9 @@ def size_inkling_pools(model: ModelSpec, serving: Serving, cell: CellSize, budge
         },
         sglang_estimate_bytes=full * shape.full_per_token * shape.num_full
         + swa * shape.swa_per_token * shape.num_swa
-        + split.state_bytes,
+        + (full * mtp.cell_extra if mtp else 0)
+        + split.state_bytes
+        + split.intermediate_bytes,
         notes=notes,
         token_counts={FULL_TOKENS: full, SWA_TOKENS: swa},
         windows=(sliding_window_terms(SWA_TOKENS, int(model.params["sliding_window"]), serving),),

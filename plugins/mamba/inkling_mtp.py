@@ -1,4 +1,5 @@
-"""Inkling's MTP heads as SGLang 0.5.23 would size them (not planned yet: :func:`mtp_problem` refuses with the terms).
+"""Inkling's MTP heads as SGLang 0.5.23 sizes them: planned under ``--enable-multi-layer-eagle`` (:func:`mtp_active`),
+refused otherwise with the terms (:func:`mtp_problem`).
 
 SGLang runs Inkling's MTP heads only on its multi-layer EAGLE path (``--speculative-algorithm EAGLE`` / ``NEXTN``
 / ``EAGLE3`` with ``--enable-multi-layer-eagle``: ``spec_info.py`` picks ``MultiLayerEagleWorkerV2``); a banded
@@ -24,7 +25,8 @@ from __future__ import annotations
 import attrs
 
 from kvpools_core.options import option
-from kvpools_core.values import ModelSpec, Serving
+from kvpools_core.parts.sizing import swa_mapping_pool, token_pool
+from kvpools_core.values import FULL_TOKENS, STATE_SLOT, ModelSpec, PoolSpec, Serving
 
 from .sizing import SLOT_ALLOCATOR_ITEM_BYTES
 from .state import state_shape
@@ -78,6 +80,12 @@ class InklingMtpTerms:
         return (k + 1) * self.state_per_layer + k * SLOT_ALLOCATOR_ITEM_BYTES
 
 
+def mtp_active(serving: Serving) -> bool:
+    """Whether SGLang builds Inkling's MTP heads: EAGLE / EAGLE3 / NEXTN with ``--enable-multi-layer-eagle``
+    (``spec_info.py``: ``MultiLayerEagleWorkerV2`` when ``is_eagle()`` and the flag)."""
+    return serving.enable_multi_layer_eagle and serving.speculative_algorithm in MULTI_LAYER_EAGLE
+
+
 def mtp_terms(model: ModelSpec, serving: Serving, *, full_per_token: int, swa_per_token: int) -> InklingMtpTerms:
     """The draft terms of ``serving``'s speculative decoding on an Inkling ``model`` (see the module)."""
     draft = model.num_nextn_predict_layers or 0
@@ -97,6 +105,115 @@ def mtp_terms(model: ModelSpec, serving: Serving, *, full_per_token: int, swa_pe
     )
 
 
+def mtp_planned_problems(model: ModelSpec, serving: Serving) -> list[str]:
+    """What kvpools refuses of Inkling's MTP heads under ``--enable-multi-layer-eagle`` (the rest is planned)."""
+    o = option
+    nextn = model.num_nextn_predict_layers or 0
+    steps = serving.speculative_num_steps
+    problems: list[str] = []
+    if nextn <= 0:
+        problems.append(
+            f"{model.name} declares no num_nextn_predict_layers: it has no MTP head for "
+            f"{o('enable_multi_layer_eagle')} to run. Plan it without {o('speculative_algorithm')}."
+        )
+    elif steps is None or steps > nextn:
+        problems.append(  # _init_multi_layer_eagle_model_runners: draft_model_idx 0 .. steps - 1, one MTP depth each
+            f"{o('speculative_num_steps')} {steps} on {model.name}: SGLang 0.5.23's multi-layer EAGLE worker runs one "
+            f"MTP head per draft step (draft_model_idx 0 .. steps - 1) and the model has {nextn}. Pass "
+            f"{o('speculative_num_steps')} 1 to {nextn}."
+        )
+    local = set(model.params.get("mtp_local_layer_ids") or ())
+    if any(depth not in local for depth in range(min(steps or 0, nextn))) and not any(
+        layer.kind == "attention" for layer in model.layers
+    ):
+        problems.append(
+            f"kvpools does not model an Inkling MTP head on a full layer for {model.name} yet: the model has no "
+            "full-attention layer to take the head's geometry from. List the head's depth in mtp_local_layer_ids, "
+            f"or plan it without {o('speculative_algorithm')}."
+        )
+    drafted = serving.speculative_draft_num_layers
+    if drafted is not None and drafted != nextn:
+        # HybridSWAPoolConfigurator: eagle_draft_num_layers = the MTP config's num_nextn_predict_layers
+        problems.append(
+            f"{o('speculative_draft_num_layers')} {drafted} on {model.name}: SGLang 0.5.23 charges the MTP config's "
+            f"num_nextn_predict_layers ({nextn}) draft layers per full token. Drop "
+            f"{o('speculative_draft_num_layers')} or pass {nextn}."
+        )
+    if serving.speculative_draft is not None:
+        problems.append(
+            f"kvpools plans Inkling's MTP heads from the target's own config; it does not model a draft model of "
+            f"its own ({o('draft_model')} {serving.speculative_draft.model.name}). Drop {o('draft_model')}."
+        )
+    if serving.enable_unified_memory:
+        problems.append(
+            f"kvpools does not model Inkling's MTP heads under {o('enable_unified_memory')} yet (SGLang carves the "
+            f"draft's pools out of the unified buffer). Plan it without {o('enable_unified_memory')} or without "
+            f"{o('speculative_algorithm')}."
+        )
+    return problems
+
+
+def head_kv_pool_name(head: int) -> str:
+    return f"mtp{head}_kv"
+
+
+def head_mapping_pool_name(head: int) -> str:
+    return f"mtp{head}_kv_mapping"
+
+
+def head_state_pool_name(head: int) -> str:
+    return f"mtp{head}_state"
+
+
+def head_state_allocator_name(head: int) -> str:
+    return f"mtp{head}_state_allocator"
+
+
+def head_pools(terms: InklingMtpTerms, full_tokens: int, page: int, k: int, owner: str) -> list[PoolSpec]:
+    """Every MTP head's pools (the draft runners' own, none of them shared with the target).
+
+    * its KV of one layer over the full token space, ``full + page`` rows: a banded head's full-capacity SWA ring
+      at the SWA per-token size, with an identity mapping of ``full + page + 1`` int64, else a full layer;
+    * its ``clone_with_new_mamba`` state pool: ``K + 1`` slots of one layer, and its free list of ``K`` int64.
+
+    The KV is what SGLang's budget charges for the draft (in its own terms, :attr:`InklingMtpTerms.cell_extra`);
+    the mappings and the state pools are outside it.
+    """
+    pools: list[PoolSpec] = []
+    for head in terms.heads:
+        banded = head in terms.banded_heads
+        per_token = terms.swa_per_token if banded else terms.full_per_token
+        pools.append(token_pool(head_kv_pool_name(head), full_tokens, page, per_token, owner, token_space=FULL_TOKENS))
+        if banded:
+            pools.append(attrs.evolve(swa_mapping_pool(full_tokens, page, owner), name=head_mapping_pool_name(head)))
+        pools.append(
+            PoolSpec(
+                name=head_state_pool_name(head),
+                kind="state",
+                slots=k,
+                padding_slots=1,
+                bytes_per_slot=terms.state_per_layer,
+                bytes=(k + 1) * terms.state_per_layer,
+                sglang_charged=False,
+                owner=owner,
+                unit=STATE_SLOT,
+            )
+        )
+        pools.append(
+            PoolSpec(
+                name=head_state_allocator_name(head),
+                kind="allocator",
+                slots=k,
+                bytes_per_slot=SLOT_ALLOCATOR_ITEM_BYTES,
+                bytes=k * SLOT_ALLOCATOR_ITEM_BYTES,
+                sglang_charged=False,
+                owner=owner,
+                unit=STATE_SLOT,
+            )
+        )
+    return pools
+
+
 def mtp_problem(model: ModelSpec, serving: Serving, terms: InklingMtpTerms) -> str:
     """Why ``serving``'s speculative decoding on an Inkling model is refused, with SGLang's terms for it."""
     o = option
@@ -110,19 +227,20 @@ def mtp_problem(model: ModelSpec, serving: Serving, terms: InklingMtpTerms) -> s
         )
     banded = list(model.params.get("mtp_local_layer_ids") or ())
     requirement = (
-        f"its banded MTP heads (mtp_local_layer_ids {banded}) require --enable-multi-layer-eagle in SGLang 0.5.23 "
-        "(InklingForConditionalGenerationMTP raises without it); "
-        if banded
+        f"its banded MTP heads (mtp_local_layer_ids {banded}) require {o('enable_multi_layer_eagle')} in SGLang "
+        "0.5.23 (InklingForConditionalGenerationMTP raises without it); "
+        if banded and not serving.enable_multi_layer_eagle
         else ""
     )
     return (
-        f"kvpools does not model Inkling's MTP heads yet ({o('speculative_algorithm')} {algorithm}): {requirement}"
+        f"kvpools plans Inkling's MTP heads only with {o('enable_multi_layer_eagle')} "
+        f"({o('speculative_algorithm')} {algorithm} without it): {requirement}"
         f"SGLang 0.5.23 would charge {terms.draft_layers} draft layer(s) per full token "
         f"({terms.budget_full_layers} full x {terms.full_per_token:,} B + {terms.budget_swa_full_layers} "
         f"full-capacity SWA x {terms.swa_per_token:,} B = {terms.cell_extra:,} B, no swa_full_tokens_ratio) and "
-        f"(with --enable-multi-layer-eagle) build one head per draft step ({len(terms.heads)}: "
+        f"(with {o('enable_multi_layer_eagle')}) build one head per draft step ({len(terms.heads)}: "
         f"{len(terms.banded_heads)} banded head(s) on an SWA ring of full capacity routed by mtp_local_layer_ids, "
         "the others on a full pool), each with a short-conv state "
         f"pool of its own (clone_with_new_mamba: one layer, {terms.state_per_layer:,} B per slot, outside the "
-        f"budget). Plan it without {o('speculative_algorithm')}."
+        f"budget). Pass {o('enable_multi_layer_eagle')}, or plan it without {o('speculative_algorithm')}."
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -14,16 +16,28 @@ from kvpools_core.parts.sizing import (
     SWA_MAPPING_ITEM_BYTES,
     SWA_MAPPING_POOL,
 )
-from kvpools_core.pools.kv import LayerKV, check_planned_bytes, tensor_nbytes
+from kvpools_core.pools.kv import LayerKV, allocate, check_planned_bytes, tensor_nbytes
 from kvpools_core.pools.layout import BufferLayout, BufferRequest, check_layout_bytes
-from kvpools_core.pools.quant import codec_for
+from kvpools_core.pools.quant import KVCodec, codec_for
 from kvpools_core.values import (
+    LayerSpec,
     Plan,
 )
 
-from .inkling import FULL, FULL_POOL, SLIDING, SWA_POOL
+from .inkling import FULL, FULL_POOL, SLIDING, SWA_POOL, sglang_swa_shape
+from .inkling_mtp import (
+    InklingMtpTerms,
+    head_kv_pool_name,
+    head_mapping_pool_name,
+    head_state_allocator_name,
+    head_state_pool_name,
+    mtp_active,
+    mtp_terms,
+)
+from .sizing import SLOT_ALLOCATOR_ITEM_BYTES
+from .state import state_shape
 
-__all__ = ["InklingKVPool", "inkling_allocator"]
+__all__ = ["InklingKVPool", "InklingMtpHeads", "inkling_allocator"]
 
 
 class InklingKVPool:
@@ -89,13 +103,29 @@ class InklingKVPool:
         self.full_kv_pool, self.swa_kv_pool = stores[FULL_POOL], stores[SWA_POOL]
         self.full_to_swa_index_mapping = new_full_to_swa_mapping(self.size, page, device)
         self.device = self.swa_kv_pool.device
+        self.mtp_heads: InklingMtpHeads | None = None
+        if serving.speculative and mtp_active(serving):
+            shape = sglang_swa_shape(model, serving)
+            terms = mtp_terms(model, serving, full_per_token=shape.full_per_token, swa_per_token=shape.swa_per_token)
+            whole = model.layers
+            self.mtp_heads = InklingMtpHeads(
+                plan,
+                terms,
+                self.codec,
+                device,
+                full=next((layer for layer in whole if layer.kind == FULL), whole[0]),
+                sliding=next(layer for layer in whole if layer.kind == SLIDING),
+            )
 
     def nbytes_by_pool(self) -> dict[str, int]:
-        return {
+        measured = {
             FULL_POOL: self.full_kv_pool.nbytes,
             SWA_POOL: self.swa_kv_pool.nbytes,
             SWA_MAPPING_POOL: tensor_nbytes([self.full_to_swa_index_mapping]),
         }
+        if self.mtp_heads is not None:
+            measured.update(self.mtp_heads.nbytes_by_pool())
+        return measured
 
     @property
     def nbytes(self) -> int:
@@ -150,3 +180,67 @@ def inkling_allocator(plan: Plan, pool: InklingKVPool, device: str, *, checked: 
         checked=checked,
         index_dtype=slot_index_dtype(plan),
     )
+
+
+class InklingMtpHeads:
+    """The MTP heads' own tensors, built as the draft runners allocate them and checked against the plan first:
+    one layer of K / V per head (``full + page`` rows, the banded head's in the SWA geometry), the banded head's
+    identity mapping (``torch.arange(full + page + 1)``, int64), and each head's one-layer short-conv state of
+    ``K + 1`` slots with a free list of ``K`` int64 slots."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        terms: InklingMtpTerms,
+        codec: KVCodec,
+        device: str | torch.device,
+        *,
+        full: LayerSpec,
+        sliding: LayerSpec,
+    ) -> None:
+        serving = plan.serving
+        size = int(plan.sizing.sglang_config["full_max_total_num_tokens"])
+        k = int(plan.sizing.sglang_config["max_mamba_cache_size"])
+        rows = size + serving.page_size
+        shape = state_shape(plan.model, serving)
+        self.tensors: dict[str, list[Any]] = {}
+        self.kv: dict[int, LayerKV] = {}
+        for head in terms.heads:
+            banded = head in terms.banded_heads
+            geometry = layer_geometry([sliding if banded else full], serving)
+            name = head_kv_pool_name(head)
+            check_planned_bytes(
+                name,
+                LayerKV.planned_nbytes(rows, geometry, codec),
+                plan.pool(name).bytes,
+                f"MTP head {head}: one {'sliding' if banded else 'full'} layer of {rows} rows",
+            )
+            want = {
+                head_state_pool_name(head): ((k + 1) * shape.bytes, f"{k} + 1 slots x one layer ({shape.describe()})"),
+                head_state_allocator_name(head): (k * SLOT_ALLOCATOR_ITEM_BYTES, f"int64 free list of {k} slots"),
+            }
+            if banded:
+                want[head_mapping_pool_name(head)] = ((rows + 1) * 8, f"{rows + 1} int64 entries")
+            for pool, (allocating, detail) in want.items():
+                check_planned_bytes(pool, allocating, plan.pool(pool).bytes, detail)
+            self.kv[head] = LayerKV(
+                rows=rows,
+                layers=geometry,
+                start_layer=0,
+                codec=codec,
+                device=device,
+                read_dtype=getattr(torch, plan.model.dtype),
+                name=name,
+                page_size=serving.page_size,
+            )
+            if banded:
+                self.tensors[head_mapping_pool_name(head)] = [torch.arange(rows + 1, dtype=torch.int64, device=device)]
+            self.tensors[head_state_pool_name(head)] = [
+                allocate((k + 1, *conv), getattr(torch, shape.conv_dtype), device) for conv in shape.conv
+            ]
+            self.tensors[head_state_allocator_name(head)] = [allocate((k,), torch.int64, device)]
+
+    def nbytes_by_pool(self) -> dict[str, int]:
+        measured = {head_kv_pool_name(head): kv.nbytes for head, kv in self.kv.items()}
+        measured.update({name: tensor_nbytes(tensors) for name, tensors in self.tensors.items()})
+        return measured

@@ -245,7 +245,43 @@ def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] |
 
 @hookimpl
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
-    return [*dspark_problems(serving), *_hicache_draft_problems(model, serving)] or None
+    return [
+        *dspark_problems(serving),
+        *_hicache_draft_problems(model, serving),
+        *_multi_layer_eagle_problems(model, serving),
+    ] or None
+
+
+MULTI_LAYER_EAGLE = frozenset({"EAGLE", "EAGLE3", "NEXTN"})
+"""``SpeculativeAlgorithm.is_eagle`` (``speculative/spec_info.py``): the algorithms ``--enable-multi-layer-eagle``
+switches to ``MultiLayerEagleWorkerV2``."""
+
+
+MULTI_LAYER_EAGLE_FAMILIES = frozenset({"inkling"})
+"""Model families (``ModelSpec.params["family"]``) whose architecture plugin plans SGLang's per-step draft runners
+itself: the mamba plugin's Inkling-class MTP heads."""
+
+
+def _multi_layer_eagle_problems(model: ModelSpec, serving: Serving) -> list[str]:
+    """``--enable-multi-layer-eagle`` changes nothing without an EAGLE-family algorithm (``spec_info.py`` picks
+    ``MultiLayerEagleWorkerV2`` only when ``is_eagle()``): refused as an option that would change nothing; on a
+    model whose plugin does not plan the per-step runners, refused as not modelled (never planned as one draft)."""
+    if not serving.enable_multi_layer_eagle:
+        return []
+    if serving.speculative_algorithm in MULTI_LAYER_EAGLE:
+        if model.params.get("family") in MULTI_LAYER_EAGLE_FAMILIES:
+            return []
+        return [
+            f"kvpools does not model {option('enable_multi_layer_eagle')} for {model.name} (architecture "
+            f"{model.architecture!r}) yet: SGLang 0.5.23 builds one draft runner per draft step "
+            "(MultiLayerEagleWorkerV2), each with a KV pool of its own; kvpools plans it for Inkling-class MTP "
+            f"heads only. Plan it without {option('enable_multi_layer_eagle')}."
+        ]
+    return [
+        f"{option('enable_multi_layer_eagle')} changes nothing with {option('speculative_algorithm')} "
+        f"{serving.speculative_algorithm}: SGLang 0.5.23 runs the multi-layer EAGLE worker only for EAGLE, EAGLE3 "
+        f"or NEXTN. Pass one of those, or drop {option('enable_multi_layer_eagle')}."
+    ]
 
 
 def dspark_problems(serving: Serving) -> list[str]:

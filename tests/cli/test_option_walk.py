@@ -208,6 +208,9 @@ EVIDENCE: dict[str, Evidence] = {
         (*LLAMA, *EAGLE[:4], "--speculative-adaptive-config", "/nonexistent/adaptive.json"),
         "configures adaptive speculative decoding, which is off",
     ),
+    "enable_multi_layer_eagle": Refused(
+        (*LLAMA, *EAGLE, "--enable-multi-layer-eagle"), "does not model --enable-multi-layer-eagle for"
+    ),
     "speculative_draft_num_layers": Changes((*LLAMA, *EAGLE), (*LLAMA, *EAGLE, "--speculative-draft-num-layers", "2")),
     # -- disaggregation
     "disaggregation_mode": Changes((*LLAMA, "--max-running-requests", "16"), DECODE),

@@ -144,7 +144,7 @@ def test_a_cpu_build_routes_sliding_layers_through_the_mapping() -> None:
     [
         (
             {"speculative_algorithm": "EAGLE", "speculative_num_draft_tokens": 4, "max_running_requests": 8},
-            "does not model Inkling's MTP heads yet",
+            "plans Inkling's MTP heads only with enable_multi_layer_eagle",
         ),
         (  # SpeculativeAlgorithm.is_eagle is False for STANDALONE: no MultiLayerEagleWorkerV2, no Inkling MTP head
             {"speculative_algorithm": "STANDALONE", "speculative_num_draft_tokens": 4, "max_running_requests": 8},
@@ -284,8 +284,13 @@ def test_mtp_draft_terms_by_hand() -> None:
 
 
 def test_mtp_heads_are_refused_with_sglangs_terms() -> None:
-    """The preset (no banded depth): 8 full draft layers x 2,048 B = 16,384 B per full token."""
-    with pytest.raises(KvpoolsError, match=r"MTP heads yet.*8 full x 2,048 B \+ 0 full-capacity SWA .* = 16,384 B"):
+    """Without ``--enable-multi-layer-eagle`` (the preset, no banded depth): 8 full draft layers x 2,048 B = 16,384 B
+    per full token, and the advice to pass the flag."""
+    with pytest.raises(
+        KvpoolsError,
+        match=r"only with enable_multi_layer_eagle.*8 full x 2,048 B \+ 0 full-capacity SWA .* = 16,384 B.*"
+        r"Pass enable_multi_layer_eagle",
+    ):
         _plan(max_running_requests=8, **_EAGLE)
 
 
@@ -293,8 +298,87 @@ def test_banded_mtp_heads_need_multi_layer_eagle() -> None:
     """``InklingForConditionalGenerationMTP.__init__`` (models/inkling.py) raises for banded heads without
     ``--enable-multi-layer-eagle``; the refusal says so."""
     config = {**preset_config(PRESET), "mtp_local_layer_ids": [0]}
-    with pytest.raises(KvpoolsError, match=r"mtp_local_layer_ids \[0\]\) require --enable-multi-layer-eagle"):
+    with pytest.raises(KvpoolsError, match=r"mtp_local_layer_ids \[0\]\) require enable_multi_layer_eagle"):
         plan(parse(config), Serving(accounting="sglang", max_running_requests=8, **ON, **_EAGLE), memory="20GiB")
+
+
+_MLE = {**_EAGLE, "speculative_eagle_topk": 1, "enable_multi_layer_eagle": True}
+
+
+def test_mtp_heads_planned_by_hand() -> None:
+    """``--enable-multi-layer-eagle``, EAGLE, 3 steps, top-k 1, 4 draft tokens, 20 GiB, the preset (no banded depth);
+    ``--max-running-requests`` unset is SGLang's 48 under speculation.
+
+    * ``_handle_max_mamba_cache`` (kv_cache_configurator.py, the spec branch of the ratio budget): mamba budget =
+      20 GiB x 0.1 / 1.1; K = int((budget - 491,520 x (1 + 4)) // (491,520 x (1 + 4 / 5))) = 2,203; the
+      intermediate state of min(48, 2,203 // 5) + 1 = 49 rows x 4 draft tokens x 491,520 B = 96,337,920 B; the KV
+      budget = 20 GiB - 96,337,920 - 2,204 x 491,520 = 20,295,188,480 B;
+    * ``HybridSWAPoolConfigurator`` with the draft (``_recompute_cell_size``): cell = 10,649.6 + 8 x 2,048 =
+      27,033.6 B; full = int(20,295,188,480 // 27,033.6) = 750,739; SWA = int(750,739 x 0.1) = 75,073;
+    * the target's state pool (``MambaPool`` with ``speculative_num_draft_tokens``, memory_pool.py): the dense
+      intermediate conv windows (``InklingConvStateShape.disable_conv_window_dedup``; no temporal state:
+      ``temporal=(0, 0, 0)``) of 48 + 1 rows x 4 x 491,520 B;
+    * 3 heads (``_init_multi_layer_eagle_model_runners``), each one full layer of 750,740 rows x 2,048 B =
+      1,537,515,520 B and a ``clone_with_new_mamba`` state pool of 2,204 slots x 30,720 B (one of 16 layers) +
+      2,203 int64 free slots.
+    """
+    p = _plan(**_MLE)
+    assert p.serving.speculative_draft_num_layers == 8  # the MTP config's num_nextn_predict_layers
+    assert kv_budget_bytes(p.model, p.serving, p.budget) == 20_295_188_480
+    assert p.sizing.sglang_config == {
+        "max_total_num_tokens": 750_739,
+        "max_running_requests": 48,
+        "full_max_total_num_tokens": 750_739,
+        "swa_max_total_num_tokens": 75_073,
+        "max_mamba_cache_size": 2_203,
+    }
+    assert int(20_295_188_480 // (2_048 * 4 + 0.1 * 2_048 * 12 + 8 * 2_048)) == 750_739
+    assert p.pool("mamba_spec_state").bytes == 49 * 4 * 491_520 == 96_337_920
+    for head in range(3):
+        assert p.pool(f"mtp{head}_kv").bytes == 750_740 * 2_048 == 1_537_515_520
+        assert p.pool(f"mtp{head}_state").bytes == 2_204 * 30_720
+        assert p.pool(f"mtp{head}_state_allocator").bytes == 2_203 * 8
+    assert not any(q.name.startswith("mtp3") or q.name.startswith("draft_") for q in p.pools)  # no second draft
+    pools = build(p, "meta")
+    assert pools.allocated_by_pool() == {q.name: q.bytes for q in p.pools}
+
+
+def test_banded_mtp_heads_planned_and_built() -> None:
+    """A banded depth (``mtp_local_layer_ids`` [1, 3], SWA 2 KV heads): head 1 is an SWA ring of full capacity (one
+    SWA layer of ``full + page`` rows x 1,024 B) with an identity mapping of ``full + page + 1`` int64; the budget
+    charges 6 full x 2,048 + 2 x 1,024 = 14,336 B per full token for the draft."""
+    config = {**preset_config(PRESET), "swa_num_key_value_heads": 2, "mtp_local_layer_ids": [1, 3]}
+    p = plan(parse(config), Serving(accounting="sglang", **ON, **_MLE), memory="20GiB")
+    full = p.sizing.sglang_config["full_max_total_num_tokens"]
+    kv_budget = kv_budget_bytes(p.model, p.serving, p.budget)
+    assert full == int(kv_budget // (2_048 * 4 + 0.1 * 1_024 * 12 + 14_336))
+    assert p.pool("mtp1_kv").bytes == (full + 1) * 1_024
+    assert p.pool("mtp1_kv_mapping").bytes == (full + 2) * 8
+    assert p.pool("mtp0_kv").bytes == p.pool("mtp2_kv").bytes == (full + 1) * 2_048
+    assert build(p, "meta").allocated_by_pool() == {q.name: q.bytes for q in p.pools}
+
+
+@pytest.mark.parametrize(("serving", "memory"), [({}, "6GiB"), ({"page_size": 64, "tp_size": 2}, "4GiB")])
+def test_mtp_heads_under_exact_accounting_fit_the_budget(serving: dict[str, Any], memory: str) -> None:
+    """``--accounting exact``: every pool, the heads' included, within the budget, and built to the byte."""
+    p = _plan(memory, accounting="exact", **_MLE, **serving)
+    assert p.planned_bytes <= p.budget.budget_bytes
+    assert build(p, "meta").allocated_by_pool() == {q.name: q.bytes for q in p.pools}
+    heads = sum(q.bytes for q in p.pools if q.name.startswith("mtp"))
+    assert heads > 3 * p.sizing.sglang_config["full_max_total_num_tokens"] * 1_024
+
+
+@pytest.mark.parametrize(
+    ("serving", "message"),
+    [
+        ({"speculative_num_steps": 9, "speculative_num_draft_tokens": 10}, r"speculative_num_steps 9 .* has 8"),
+        ({"speculative_draft_num_layers": 2}, r"speculative_draft_num_layers 2 .* Drop speculative_draft_num_layers"),
+        ({"enable_unified_memory": True}, r"MTP heads under enable_unified_memory yet"),
+    ],
+)
+def test_what_the_planned_mtp_heads_refuse(serving: dict[str, Any], message: str) -> None:
+    with pytest.raises(KvpoolsError, match=message):
+        _plan(**{**_MLE, **serving})
 
 
 _MTP_VARIANTS = [
@@ -327,7 +411,34 @@ def test_mtp_draft_terms_equal_sglangs_configurator() -> None:
             }
         )
         expected.append((shape, terms, sglang_tokens(kv_budget, shape.cell + terms.cell_extra, p.serving.page_size)))
-    for (shape, terms, full), theirs in zip(expected, _peer(cases), strict=True):
+    planned = []
+    for overrides, serving, memory in _MTP_VARIANTS:  # the same, planned under --enable-multi-layer-eagle
+        config = {**preset_config(PRESET), **overrides}
+        steps = min(3, config.get("num_nextn_predict_layers", 8))
+        s = {"accounting": "sglang", **ON, **serving, **_MLE, "speculative_num_steps": steps}
+        p = plan(parse(config), Serving(**{**s, "speculative_num_draft_tokens": steps + 1}), memory=memory)
+        planned.append(p)
+        kv_budget = kv_budget_bytes(p.model, p.serving, p.budget)  # with the intermediate state taken out
+        text = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "torch_dtype")}
+        cases.append(
+            {
+                "config": text,
+                "tp": p.serving.attn_tp_size,
+                "available": kv_budget,
+                "page": p.serving.page_size,
+                "ratio": p.serving.swa_full_tokens_ratio,
+                "draft": {
+                    "layers": p.serving.speculative_draft_num_layers,
+                    "mtp_local_layer_ids": config["mtp_local_layer_ids"],
+                },
+            }
+        )
+    answers = _peer(cases)
+    for p, theirs in zip(planned, answers[len(expected) :], strict=True):
+        assert theirs["error"] is None
+        assert p.sizing.sglang_config["full_max_total_num_tokens"] == theirs["full_tokens"]
+        assert p.sizing.sglang_config["swa_max_total_num_tokens"] == theirs["swa_tokens"]
+    for (shape, terms, full), theirs in zip(expected, answers[: len(expected)], strict=True):
         assert (theirs["draft_full_layers"], theirs["draft_swa_full_layers"]) == (
             terms.budget_full_layers,
             terms.budget_swa_full_layers,
@@ -336,3 +447,26 @@ def test_mtp_draft_terms_equal_sglangs_configurator() -> None:
         assert theirs["full_tokens"] == full
         # a head's clone_with_new_mamba keeps one layer of the same mamba2_cache_params
         assert terms.state_per_layer * len(theirs["layers"]) == theirs["mamba_cache_per_req"]
+
+
+def test_a_full_mtp_head_without_a_full_layer_is_refused() -> None:
+    """Every layer slides: a non-banded head has no full geometry to take (refused, not built as something else)."""
+    config = {**preset_config(PRESET), "local_layer_ids": list(range(16))}
+    with pytest.raises(KvpoolsError, match=r"does not model an Inkling MTP head on a full layer"):
+        plan(parse(config), Serving(accounting="sglang", **ON, **_MLE), memory="20GiB")
+
+
+def test_mtp_heads_build_on_cpu_in_their_own_geometry() -> None:
+    """A CPU build (exact, 256 MiB): the banded head 1 keeps one SWA layer (2 KV heads of 128 here), the others
+    one full layer (4 KV heads), each of ``full + page`` rows; the banded head's mapping is the identity."""
+    import torch
+
+    config = {**preset_config(PRESET), "swa_num_key_value_heads": 2, "mtp_local_layer_ids": [1]}
+    p = plan(parse(config), Serving(accounting="exact", **ON, **_MLE), memory="256MiB")
+    pools = build(p, "cpu")
+    assert pools.allocated_bytes == p.planned_bytes <= 256 << 20
+    rows = p.sizing.sglang_config["full_max_total_num_tokens"] + 1
+    heads = pools.kv_pool.mtp_heads
+    assert tuple(heads.kv[0].get_key_buffer(0).shape) == (rows, 4, 128)
+    assert tuple(heads.kv[1].get_key_buffer(0).shape) == (rows, 2, 128)
+    assert torch.equal(heads.tensors["mtp1_kv_mapping"][0], torch.arange(rows + 1))
