@@ -56,11 +56,6 @@ def backend_problems(model: ModelSpec, serving: Serving) -> list[str]:
         return []
     o = option
     flag = f"{o('dsv4_attn_backend')} {backend}"
-    if serving.accounting == "vllm":
-        return [
-            f"{flag} is SGLang's attention backend; kvpools does not model it under {o('accounting')} vllm. Drop "
-            f"{o('dsv4_attn_backend')} or use {o('accounting')} sglang / exact."
-        ]
     if backend == "flashmla_mega":
         problems = []
         if model.model_type != V41_MODEL_TYPE:
