@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_dsv4_layout_peer import _Env, _extract, _load_kv_layout, _root  # noqa: E402
+from sglang_dsv4_layout_peer import _Env, _extract, _load_kv_layout, _root
 
 
 class _SingleKVPoolStandIn:
