@@ -45,7 +45,8 @@ def _where(serving: Serving) -> str:
     capability = gpu_capability(serving)
     if serving.platform != "cuda":
         return f"the {serving.platform} platform"
-    assert capability is not None
+    if capability is None:
+        return "a GPU kvpools does not know"
     return f"a GPU of compute capability {capability[0]}.{capability[1]}"
 
 
@@ -78,7 +79,8 @@ def _trtllm_problems(model: ModelSpec, serving: Serving, flag: str) -> list[str]
         (
             _off_sm100(serving),
             SGLANG_TRTLLM_GPU_MESSAGE,
-            f"Use {o('dsv4_attn_backend')} auto, or plan a Blackwell GPU ({o('gpu')} b200)",
+            f"The plan is on {_where(serving)}: use {o('dsv4_attn_backend')} auto, or plan a Blackwell GPU "
+            f"({o('gpu')} b200)",
         ),
         (
             serving.kv_cache_dtype not in ("auto", "fp8_e4m3"),

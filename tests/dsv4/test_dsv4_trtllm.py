@@ -39,7 +39,8 @@ EAGLE = {
 
 
 def _on(capability: tuple[int, int] | None, platform: str = "cuda", **options: object) -> Serving:
-    return Serving(platform_traits=PlatformTraits(platform=platform, compute_capability=capability), **options)  # type: ignore[arg-type]
+    traits = PlatformTraits(platform=platform, compute_capability=capability)
+    return Serving(platform=platform, platform_traits=traits, **options)  # type: ignore[arg-type]
 
 
 def test_uniform_fp8_pages_by_hand() -> None:
@@ -170,3 +171,15 @@ def test_vllm_accounting_refuses_the_backend() -> None:
 
     with pytest.raises(ConfigError, match=re.escape("dsv4_attn_backend is SGLang's option; accounting vllm")):
         plan_vllm(FLASH, Serving(tp_size=4, dsv4_attn_backend="trtllm"), memory="60GiB")
+
+
+def test_trtllm_off_cuda_is_refused_with_sglangs_reason() -> None:
+    """``apply_deepseek_v4_defaults`` asserts ``cfg.device == "cuda" and is_sm100_supported()``: a ROCm server
+    (SGLang's HIP build has no SM100) is refused, whatever the pool layout its platform selects."""
+    from kvpools_plugins.dsv4.trtllm import backend_problems
+
+    model = plan(FLASH, Serving(tp_size=4), memory="60GiB").model
+    problems = backend_problems(model, _on(None, platform="rocm", dsv4_attn_backend="trtllm"))
+    assert any("requires an SM100/SM103 (Blackwell) GPU." in p and "the rocm platform" in p for p in problems)
+    assert backend_problems(model, _on(None, dsv4_attn_backend="trtllm")) == []
+    assert backend_problems(model, _on((10, 3), dsv4_attn_backend="trtllm")) == []
