@@ -49,7 +49,7 @@ def test_uniform_fp8_pages_by_hand() -> None:
     c = {k: int(v) for k, v in p.sizing.sglang_config.items()}
     swa, c4, c128 = c["swa_max_total_num_tokens"], c["c4_max_total_num_tokens"], c["c128_max_total_num_tokens"]
     # _num_dsv4_physical_kv_pages = ceil((size + global_page) / page), global_page 256 (L166-171, L1579-1589)
-    # SWA: 256 x 512 = 131,072 B a page (the V4 page is 256 x 584 padded to 150,336 B)
+    # SWA: 256 x 512 = 131,072 B a page (the V4 page is 256 x 584 = 149,504 padded to 149,760 B)
     assert p.pool("kv_swa").bytes == -(-(swa + 256) // 256) * 131_072 * 43
     # c4: 64-token pages of 32,768 B; c128: 2-token pages of 1,024 B (V4 pads 1,168 to 1,728)
     assert p.pool("kv_c4").bytes == -(-(c4 + 256) // 64) * 32_768 * 21
