@@ -21,6 +21,7 @@ from kvpools_core.errors import ConfigError, KvpoolsError, PluginError, PluginHo
 from kvpools_core.options import cli_surface, env_flag, option
 from kvpools_core.values import (
     DECODE_RETRACTION_BACKUPS,
+    DSV4_ATTN_BACKENDS,
     DSV4_COMPRESS_STATE_DTYPES,
     DSV4_COMPRESSED_KV_LAYOUTS,
     DSV4_KV_LAYOUTS,
@@ -127,6 +128,8 @@ _HELP = {
     "SM100/SM103 (state v41 for a Blackwell server).",
     "dsv4_compressed_kv_layout": "DeepSeek-V4 compressed KV encoding next to a V4.1 main cache "
     "(SGLANG_DSV4_COMPRESSED_KV_LAYOUT).",
+    "dsv4_attn_backend": "DeepSeek-V4 attention backend (SGLang's --dsv4-attn-backend): trtllm stores the pools as "
+    "uniform 512 B fp8 rows (V4 layout, SM100/SM103); flashmla_mega forces the v41 layout.",
     "enable_encoder_swa_bounded_replay": "DeepSeek-V4.1's encoder SWA replay (per-request SWA windows): refused, "
     "not modelled yet.",
     "accounting": "exact: charge every byte built; sglang: SGLang's numbers exactly; vllm: vLLM 0.33's KV cache "
@@ -161,6 +164,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "dsv4_compress_state_dtype": (*DSV4_COMPRESS_STATE_DTYPES, "fp32", "bf16"),
     "dsv4_kv_layout": DSV4_KV_LAYOUTS,
     "dsv4_compressed_kv_layout": DSV4_COMPRESSED_KV_LAYOUTS,
+    "dsv4_attn_backend": DSV4_ATTN_BACKENDS,
     "hicache_mem_layout": HICACHE_MEM_LAYOUTS,
     "hicache_write_policy": HICACHE_WRITE_POLICIES,
     "disaggregation_decode_retraction_backup": DECODE_RETRACTION_BACKUPS,

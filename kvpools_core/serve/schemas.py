@@ -18,6 +18,7 @@ from kvpools_core.dtypes import KV_DTYPE_CHOICES, MODEL_DTYPES
 from kvpools_core.values import (
     ACCOUNTING_MODES,
     DECODE_RETRACTION_BACKUPS,
+    DSV4_ATTN_BACKENDS,
     DSV4_COMPRESS_STATE_DTYPES,
     DSV4_COMPRESSED_KV_LAYOUTS,
     DSV4_KV_LAYOUTS,
@@ -53,6 +54,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "dsv4_compress_state_dtype": (*DSV4_COMPRESS_STATE_DTYPES, "fp32", "bf16"),
     "dsv4_kv_layout": DSV4_KV_LAYOUTS,
     "dsv4_compressed_kv_layout": DSV4_COMPRESSED_KV_LAYOUTS,
+    "dsv4_attn_backend": DSV4_ATTN_BACKENDS,
     "hicache_mem_layout": HICACHE_MEM_LAYOUTS,
     "hicache_write_policy": HICACHE_WRITE_POLICIES,
     "disaggregation_decode_retraction_backup": DECODE_RETRACTION_BACKUPS,

@@ -219,6 +219,9 @@ from kvpools_core.values.serving import (
     DEFAULT_HICACHE_RATIO as DEFAULT_HICACHE_RATIO,
 )
 from kvpools_core.values.serving import (
+    DSV4_ATTN_BACKENDS as DSV4_ATTN_BACKENDS,
+)
+from kvpools_core.values.serving import (
     DSV4_COMPRESS_STATE_DTYPES as DSV4_COMPRESS_STATE_DTYPES,
 )
 from kvpools_core.values.serving import (

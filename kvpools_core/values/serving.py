@@ -99,6 +99,8 @@ DSV4_KV_LAYOUTS = ("auto", "v4", "v41", "v41_new")
 """``SGLANG_DSV4_KV_LAYOUT`` (``select_dsv4_kv_layout``): DeepSeek-V4's main KV cache layout."""
 DSV4_COMPRESSED_KV_LAYOUTS = ("auto", "fp8", "fp4")
 """``SGLANG_DSV4_COMPRESSED_KV_LAYOUT`` (``resolve_compressed_kv_layout``): its compressed caches' encoding."""
+DSV4_ATTN_BACKENDS = ("auto", "flashmla", "flashmla_mega", "trtllm")
+"""SGLang's ``--dsv4-attn-backend`` (``arg_groups/fields/exec_.py``): DeepSeek-V4's attention backend."""
 """``SGLANG_DSV4_COMPRESS_STATE_DTYPE``'s values (SGLang also spells them ``fp32`` and ``bf16``)."""
 _STATE_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16"}
 
@@ -503,6 +505,9 @@ class Serving:
     dsv4_compressed_kv_layout: str = attrs.field(
         default="auto", converter=_lower_name, validator=one_of(*DSV4_COMPRESSED_KV_LAYOUTS)
     )
+    dsv4_attn_backend: str = attrs.field(default="auto", converter=_lower_name, validator=one_of(*DSV4_ATTN_BACKENDS))
+    """``trtllm`` forces the V4 layout and stores the pools as uniform 512 B fp8 rows; ``flashmla_mega`` forces v41
+    (``select_dsv4_kv_layout``; plugins/dsv4/trtllm.py)."""
     enable_encoder_swa_bounded_replay: bool = False
     """SGLang's ``--enable-encoder-swa-bounded-replay`` (DeepSeek-V4.1 only): refused, not modelled yet (issue 33)."""
     # hierarchical cache: the host KV tier (SGLang HiCache; read by kvpools_core.pipeline.host)

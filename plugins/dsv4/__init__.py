@@ -29,6 +29,7 @@ from .low_ratio import low_ratio_problems, v41_problems
 from .sizing import dsv4_cell_size, dsv4_problems, size_dsv4_pools
 from .speculative import speculative_problems
 from .traits import architecture_traits as architecture_traits
+from .trtllm import backend_problems
 from .weights import estimate_weights as estimate_weights
 
 __all__ = ["ARCHITECTURE", "build_allocator", "build_pool"]
@@ -63,6 +64,7 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
     problems = [
         *dsv4_problems(model, serving),
         *layout_problems(model, serving),
+        *backend_problems(model, serving),
         *low_ratio_problems(model, serving),
         *v41_problems(model, serving),
         *speculative_problems(serving),

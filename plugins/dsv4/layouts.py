@@ -26,6 +26,12 @@ padded to 512 B (interleaved: 528 B); V4.1-fp4: 256 B of e2m1 + 32 e4m3 scales, 
 (interleaved: 288 B).  The V4.1 layouts store a 512-value latent (``get_bytes_per_token`` asserts
 ``qk_nope_head_dim + qk_rope_head_dim == 512``).
 
+SGLang's ``--dsv4-attn-backend`` (``Serving.dsv4_attn_backend``) overrides the mode first
+(``select_dsv4_kv_layout``): ``flashmla_mega`` turns every mode but ``v41_new`` into ``v41``; ``trtllm`` keeps V4
+and ``DeepSeekV4TokenToKVPool`` then stores the SWA and compressed pools as ``DeepSeekV4UniformFP8KVPool``: 512 B
+of e4m3 a token (448 nope + 64 rope, no scales), pages of exactly ``page_size x 512`` B (SGLang's
+``KVLayout.UNIFORM_FP8``, planned here as :data:`UNIFORM_FP8`; its refusals are :mod:`.trtllm`'s).
+
 The configurator's budget does not read the layout: ref-002's ``_get_bytes_per_full_token`` charges every row
 ``nope + 2 rope + 8`` bytes (584), so ``--accounting sglang`` keeps SGLang's counts while the pools built hold the
 layout's bytes; ``--accounting exact`` solves over the built bytes.
@@ -42,6 +48,7 @@ __all__ = [
     "COMPRESSED_OPTIONS",
     "KV_LAYOUT_MODES",
     "LAYOUTS",
+    "UNIFORM_FP8",
     "V4",
     "V41",
     "V41_FP4",
@@ -82,7 +89,9 @@ V41 = KVLayout("v41", 512, 16, 512)
 V41_NEW = KVLayout("v41_new", 512, 16, 528, interleaved=True)
 V41_FP4 = KVLayout("v41_fp4", 256, 32, 256, fp4=True)
 V41_FP4_NEW = KVLayout("v41_fp4_new", 256, 32, 288, interleaved=True, fp4=True)
-LAYOUTS = {layout.name: layout for layout in (V4, V41, V41_NEW, V41_FP4, V41_FP4_NEW)}
+UNIFORM_FP8 = KVLayout("uniform_fp8", 512, 0, 512)
+"""``DeepSeekV4UniformFP8KVPool`` (``--dsv4-attn-backend trtllm``): 448 nope + 64 rope e4m3, no in-cache scales."""
+LAYOUTS = {layout.name: layout for layout in (V4, V41, V41_NEW, V41_FP4, V41_FP4_NEW, UNIFORM_FP8)}
 
 KV_LAYOUT_MODES = ("auto", "v4", "v41", "v41_new")
 """``SGLANG_DSV4_KV_LAYOUT``'s values (``select_dsv4_kv_layout`` asserts the others away)."""
@@ -103,15 +112,34 @@ def gpu_capability(serving: Serving) -> tuple[int, int] | None:
     return traits.compute_capability if traits is not None else None
 
 
+def uniform_fp8(serving: Serving) -> bool:
+    """Whether the pools are ``DeepSeekV4UniformFP8KVPool`` (``uniform_fp8``: ``--dsv4-attn-backend trtllm``)."""
+    return serving.dsv4_attn_backend == "trtllm"
+
+
+def layout_mode(serving: Serving) -> str:
+    """``SGLANG_DSV4_KV_LAYOUT`` after the backend's override: ``flashmla_mega`` makes all but ``v41_new`` ``v41``,
+    ``trtllm`` ``v4`` (select_dsv4_kv_layout; a ``v41`` mode under trtllm is refused by :mod:`.trtllm`)."""
+    mode = serving.dsv4_kv_layout
+    if serving.dsv4_attn_backend == "flashmla_mega" and mode != "v41_new":
+        return "v41"
+    if uniform_fp8(serving):
+        return "v4"
+    return mode
+
+
 def auto_is_v41(serving: Serving) -> bool:
-    """Whether ``auto`` is V4.1 here: the planned GPU is a CUDA SM100 / SM103 one."""
+    """Whether ``auto`` is V4.1 here: the planned GPU is a CUDA SM100 / SM103 one (and no backend overrides it)."""
     capability = gpu_capability(serving)
-    return serving.dsv4_kv_layout == "auto" and capability is not None and capability[0] == SM100_MAJOR
+    return layout_mode(serving) == "auto" and capability is not None and capability[0] == SM100_MAJOR
 
 
 def main_layout(serving: Serving) -> KVLayout:
-    """The main (SWA) cache's layout ``select_dsv4_kv_layout`` returns; ``auto`` by the GPU (see the module)."""
-    mode = serving.dsv4_kv_layout
+    """The main (SWA) cache's layout ``select_dsv4_kv_layout`` returns; ``auto`` by the GPU (see the module).
+    Under ``trtllm`` the layout of the rows built: :data:`UNIFORM_FP8`."""
+    if uniform_fp8(serving):
+        return UNIFORM_FP8
+    mode = layout_mode(serving)
     if mode == "v41" or auto_is_v41(serving):
         return V41
     if mode == "v41_new":
@@ -124,14 +152,14 @@ def _compressed_option(serving: Serving) -> str | None:
     layout off SM100, which drops it (on SM100 ``auto`` returns ``(V41, option)``)."""
     if serving.dsv4_compressed_kv_layout == "auto":
         return None
-    if serving.dsv4_kv_layout == "auto" and not auto_is_v41(serving):
+    if layout_mode(serving) == "auto" and not auto_is_v41(serving):
         return None
     return serving.dsv4_compressed_kv_layout
 
 
 def auto_layout_note(serving: Serving) -> str | None:
     """What the plan says about ``--dsv4-kv-layout auto``: the GPU it resolved by, or that it knew none."""
-    if serving.dsv4_kv_layout != "auto":
+    if layout_mode(serving) != "auto":
         return None
     o = option
     capability = gpu_capability(serving)
@@ -152,8 +180,8 @@ def auto_layout_note(serving: Serving) -> str | None:
 def compressed_layout(serving: Serving, ratio: int) -> KVLayout:
     """``resolve_compressed_kv_layout(main, ratio, option)``: the layout of ratio ``ratio``'s compressed cache."""
     main = main_layout(serving)
-    if main is V4:
-        return V4
+    if main is V4 or main is UNIFORM_FP8:
+        return main
     opt = _compressed_option(serving)
     fp4 = opt == "fp4" or (opt is None and ratio in (1, 2))
     if fp4:
@@ -165,7 +193,9 @@ def layout_problems(model: ModelSpec, serving: Serving) -> list[str]:
     """What SGLang asserts away for the layout options, and what kvpools does not model with them."""
     o = option
     problems: list[str] = []
-    mode, opt = serving.dsv4_kv_layout, serving.dsv4_compressed_kv_layout
+    if uniform_fp8(serving):
+        return []  # the trtllm backend's own rules: .trtllm.backend_problems
+    mode, opt = layout_mode(serving), serving.dsv4_compressed_kv_layout
     if mode == "v4" and opt == "fp4":
         problems.append(
             f"{o('dsv4_kv_layout')} v4 with {o('dsv4_compressed_kv_layout')} fp4: SGLang asserts "

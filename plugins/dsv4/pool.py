@@ -57,7 +57,7 @@ from .buffers import (
     dsv4_buffers,
 )
 from .dspark import DRAFT_SWA_VALID_FROM_POOL
-from .layouts import LAYOUTS, V4
+from .layouts import LAYOUTS, UNIFORM_FP8, V4
 from .unified_pool import UnifiedKVBuffers, unified_planned
 
 __all__ = ["DSV4TokenToKVPool", "PackedRows", "sizes_of"]
@@ -120,6 +120,13 @@ class PackedRows:
         scale_cols = page * data + off * (self.scales + 1) + torch.arange(self.scales, device=loc.device)
         return pages, nope_cols, rope_cols, scale_cols
 
+    def _uniform_columns(self, loc: Tensor) -> tuple[Tensor, Tensor]:
+        """A uniform fp8 page holds its ``page_size`` rows of ``nope + rope`` bytes back to back (no scales)."""
+        loc = loc.long()
+        row = self.nope + self.rope
+        cols = (loc % self.page_size).unsqueeze(1) * row + torch.arange(row, device=loc.device)
+        return (loc // self.page_size).unsqueeze(1), cols
+
     def set_kv(self, layer_id: int, loc: Tensor, k_nope: Tensor, k_rope: Tensor) -> None:
         """Quantise ``(n, nope)`` to fp8 with one power-of-two (ue8m0) scale per 64 values; store with bf16 rope.
 
@@ -131,6 +138,11 @@ class PackedRows:
                 f"({n}, {self.rope}), got {tuple(k_nope.shape)} and {tuple(k_rope.shape)}."
             )
         buf = self.buffer(layer_id)
+        if self.layout is UNIFORM_FP8:
+            # DeepSeekV4UniformFP8KVPool.set_key_buffer_fused: the row cast to e4m3 (the backend's unit scale)
+            pages, cols = self._uniform_columns(loc)
+            buf[pages, cols] = torch.cat((k_nope, k_rope), dim=-1).to(torch.float8_e4m3fn).view(torch.uint8)
+            return
         if self.layout is not V4:
             data, scales = v41_rows.quantize(self.layout, torch.cat((k_nope, k_rope), dim=-1))
             pages, data_cols, scale_cols = v41_rows.row_columns(self.layout, self.page_size, loc)
@@ -154,6 +166,10 @@ class PackedRows:
         """``(k_nope (n, nope), k_rope (n, rope))`` at slots ``loc``, dequantised to ``dtype``."""
         buf = self.buffer(layer_id)
         n = loc.shape[0]
+        if self.layout is UNIFORM_FP8:
+            pages, cols = self._uniform_columns(loc)
+            latent = buf[pages, cols].contiguous().view(torch.float8_e4m3fn)
+            return latent[:, : self.nope].to(dtype), latent[:, self.nope :].to(dtype)
         if self.layout is not V4:
             pages, data_cols, scale_cols = v41_rows.row_columns(self.layout, self.page_size, loc)
             latent = v41_rows.dequantize(self.layout, buf[pages, data_cols], buf[pages, scale_cols])

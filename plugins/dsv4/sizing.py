@@ -65,8 +65,9 @@ from kvpools_core.values import (
 from .config import C4, C128
 from .hisparse import dsv4_hisparse_problems
 from .host import host_problems
-from .layouts import auto_layout_note
+from .layouts import auto_layout_note, uniform_fp8
 from .swa_req_ring import ring_capacity, ring_notes
+from .trtllm import backend_notes
 from .unified import platform_pool_layout, unified_notes, unified_problems
 
 OWNER = "dsv4"
@@ -131,10 +132,15 @@ class DSV4Shape:
     requested_per_worker: int | None
     decode_extra_slots: int | None
     """``Serving.decode_extra_slots`` on a decode node (SGLang's default when unset), else None."""
+    uniform_fp8: bool = False
+    """``--dsv4-attn-backend trtllm``: the configurator charges ``attn_head_dim`` a row (.trtllm)."""
 
     @property
     def kv_bytes(self) -> int:
-        """One SWA / c4 / c128 row per layer: nope fp8 + rope bf16 + 8 B of scales (SGLang's figure)."""
+        """One SWA / c4 / c128 row per layer: nope fp8 + rope bf16 + 8 B of scales (SGLang's figure); under
+        ``--dsv4-attn-backend trtllm`` the uniform e4m3 row, ``attn_head_dim`` (``kv_bytes = self.attn_head_dim``)."""
+        if self.uniform_fp8:
+            return self.attn_head_dim
         return self.qk_nope_head_dim + self.qk_rope_head_dim * 2 + 8
 
     @property
@@ -250,6 +256,7 @@ def dsv4_shape(model: ModelSpec, serving: Serving) -> DSV4Shape:
         context_len=serving.context_length or model.context_len,
         requested_per_worker=None if requested is None else requested // serving.attn_dp_size,
         decode_extra_slots=serving.decode_extra_slots if serving.disaggregation_mode == "decode" else None,
+        uniform_fp8=uniform_fp8(serving),
     )
 
 
@@ -420,6 +427,7 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
     layout_note = auto_layout_note(serving)
     if layout_note:
         notes.append(layout_note)
+    notes.extend(backend_notes(serving))
     if serving.accounting == "sglang":
         full, fixed, how = _sglang_full_tokens(shape, budget.budget_bytes, page)
         notes.append(how)

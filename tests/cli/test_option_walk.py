@@ -321,6 +321,11 @@ EVIDENCE: dict[str, Evidence] = {
         (*DSV4, "--enable-encoder-swa-bounded-replay"),
         "kvpools does not model --enable-encoder-swa-bounded-replay (DeepSeek-V4.1's encoder SWA replay) yet",
     ),
+    "dsv4_attn_backend": Changes(
+        DSV4,
+        (*DSV4, "--dsv4-attn-backend", "trtllm"),
+        why="the trtllm uniform fp8 rows (512 B a token per layer, DeepSeekV4UniformFP8KVPool)",
+    ),
     "dsv4_compressed_kv_layout": Changes(
         (*DSV4, "--dsv4-kv-layout", "v41"),
         (*DSV4, "--dsv4-kv-layout", "v41", "--dsv4-compressed-kv-layout", "fp4"),

@@ -1,0 +1,93 @@
+"""Run SGLang 0.5.23's own DeepSeek-V4 backend layout code (the peers venv, CPU): ``--dsv4-attn-backend``.
+
+Usage: ``python sglang_dsv4_trtllm_peer.py`` with a JSON object on stdin (``selections``, ``buffers``); prints one
+JSON object.
+
+* ``selections``: per ``(backend, SGLANG_DSV4_KV_LAYOUT, SGLANG_DSV4_COMPRESSED_KV_LAYOUT, GPU major)``, what
+  ``select_dsv4_kv_layout`` returns with ``get_exec().kernel.dsv4_attn_backend`` = backend, or the assertion;
+* ``buffers``: per ``(qk_nope_head_dim, qk_rope_head_dim, page_size, num_pages)``,
+  ``DeepSeekV4UniformFP8KVPool.get_bytes_per_token`` and the bytes, shape and dtype of the tensor its
+  ``create_buffer`` allocates (on ``meta``), or its assertion.
+
+The functions and the class are taken from ``srt/mem_cache/deepseek_v4_memory_pool.py`` by name (``ast``, with
+``sglang_dsv4_layout_peer.py``'s loader) and run unchanged; the uniform pool's base class is an empty stand-in (its
+``__init__`` needs a GPU allocator; ``create_buffer`` and ``get_bytes_per_token`` read only the attributes set
+here).  This file runs in the peers venv, never under pytest.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sglang_dsv4_layout_peer import _Env, _extract, _load_kv_layout, _root
+
+
+class _SingleKVPoolStandIn:
+    """``DeepSeekV4SingleKVPool``'s place as the uniform pool's base: nothing of it is read."""
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    root = _root()
+    kv = _load_kv_layout(root)
+    env = {"SGLANG_DSV4_KV_LAYOUT": _Env("auto"), "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": _Env("auto")}
+    kernel = types.SimpleNamespace(dsv4_attn_backend=None)
+    gpu = {"major": 10}
+    fake_torch = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(is_available=lambda: True, get_device_capability=lambda: (gpu["major"], 0)),
+        version=types.SimpleNamespace(cuda="12.9"),
+    )
+    namespace: dict[str, Any] = {
+        "__name__": "sglang_dsv4_pool_functions",
+        "KVLayout": kv.KVLayout,
+        "envs": types.SimpleNamespace(**env),
+        "get_exec": lambda: types.SimpleNamespace(kernel=kernel),
+        "torch": fake_torch,
+        "_is_hip": False,
+    }
+    pool_file = root / "srt/mem_cache/deepseek_v4_memory_pool.py"
+    _extract(pool_file, {"select_dsv4_kv_layout"}, namespace)
+    selections = []
+    for backend, mode, option, major in request["selections"]:
+        kernel.dsv4_attn_backend = backend
+        gpu["major"] = major
+        env["SGLANG_DSV4_KV_LAYOUT"].value = mode
+        env["SGLANG_DSV4_COMPRESSED_KV_LAYOUT"].value = option
+        try:
+            layout, opt = namespace["select_dsv4_kv_layout"]()
+            selections.append({"main": layout.value, "option": opt})
+        except AssertionError as exc:
+            selections.append({"error": str(exc)})
+
+    pool_ns: dict[str, Any] = {"torch": torch, "DeepSeekV4SingleKVPool": _SingleKVPoolStandIn}
+    _extract(pool_file, {"DeepSeekV4UniformFP8KVPool"}, pool_ns)
+    uniform = pool_ns["DeepSeekV4UniformFP8KVPool"]
+    buffers = []
+    for nope, rope, page, pages in request["buffers"]:
+        pool = uniform.__new__(uniform)
+        pool.qk_nope_head_dim, pool.qk_rope_head_dim, pool.page_size, pool.device = nope, rope, page, "meta"
+        try:
+            buf = pool.create_buffer(num_pages=pages)
+            buffers.append(
+                {
+                    "bytes_per_token": pool.get_bytes_per_token(),
+                    "nbytes": buf.numel() * buf.element_size(),
+                    "shape": list(buf.shape),
+                    "dtype": str(buf.dtype),
+                    "page_bytes": pool.bytes_per_page_padded,
+                }
+            )
+        except AssertionError as exc:
+            buffers.append({"error": str(exc)})
+    print(json.dumps({"selections": selections, "buffers": buffers}))
+
+
+if __name__ == "__main__":
+    main()
