@@ -71,6 +71,8 @@ def test_eagle_d4_128_requests_joint_solve() -> None:
     serving = Serving(
         accounting="sglang",
         speculative_algorithm="EAGLE",
+        speculative_num_steps=3,
+        speculative_eagle_topk=1,
         speculative_num_draft_tokens=4,
         speculative_draft_num_layers=1,
         max_running_requests=128,
@@ -151,6 +153,8 @@ def test_profiled_budget_keeps_sglang_float_rest() -> None:
         {},
         {
             "speculative_algorithm": "EAGLE",
+            "speculative_num_steps": 3,
+            "speculative_eagle_topk": 1,
             "speculative_num_draft_tokens": 4,
             "speculative_draft_num_layers": 1,
             "max_running_requests": 128,
