@@ -209,10 +209,6 @@ def test_profiled_budget_exhausted_by_the_state_suggests_a_fraction() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (
-            {"speculative_algorithm": "EAGLE", "speculative_draft_num_layers": 1},
-            r"pass speculative_num_draft_tokens and max_running_requests",
-        ),
         ({"tp_size": 3}, r"cannot be sharded over TP 3"),
         (
             {
@@ -228,6 +224,16 @@ def test_profiled_budget_exhausted_by_the_state_suggests_a_fraction() -> None:
 def test_unsupported_combinations(options: dict[str, object], message: str) -> None:
     with pytest.raises(UnsupportedCombinationError, match=message):
         plan(QWEN3_NEXT, Serving(**options), memory="60GiB")
+
+
+def test_unset_draft_tokens_are_sglangs_choice() -> None:
+    """EAGLE with nothing but a draft layer: SGLang's ``_auto_choose_speculative_params`` gives 4 draft tokens and
+    its speculative handler 48 requests before ``_handle_max_mamba_cache`` (``kv_cache_configurator.py``, at pool
+    sizing) reads them, so the hybrid plan has both (issue 32; before, kvpools refused 'pass
+    speculative_num_draft_tokens')."""
+    got = plan(QWEN3_NEXT, Serving(speculative_algorithm="EAGLE", speculative_draft_num_layers=1), memory="60GiB")
+    assert (got.serving.speculative_num_draft_tokens, got.max_running_requests) == (4, 48)
+    assert got.pool("mamba_spec_state").slots == 48
 
 
 # ---------------------------------------------------------------------------
