@@ -50,9 +50,20 @@ def servings(draw: st.DrawFn, accounting: str | None = None) -> Serving:
         max_total_tokens=draw(st.one_of(st.none(), st.integers(1, 5_000_000))),
         speculative_algorithm=spec,
         speculative_draft_num_layers=draw(st.integers(1, 4)) if spec else None,
-        speculative_num_draft_tokens=draw(st.one_of(st.none(), st.integers(1, 8))) if spec else None,
+        **_draft_shape(draw, spec),
         accounting=accounting or draw(st.sampled_from(["exact", "sglang"])),
     )
+
+
+def _draft_shape(draw: st.DrawFn, spec: str | None) -> dict[str, int | None]:
+    """Draft parameters SGLang 0.5.23 runs as given (issue 32): EAGLE / STANDALONE all unset (its auto choice) or
+    steps with top-k 1 and steps + 1 draft tokens; DFLASH its draft tokens (steps and top-k 1 when unset)."""
+    if spec == "DFLASH":
+        return {"speculative_num_draft_tokens": draw(st.integers(1, 8))}
+    steps = draw(st.one_of(st.none(), st.integers(1, 7))) if spec else None
+    if steps is None:
+        return {}
+    return {"speculative_num_steps": steps, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": steps + 1}
 
 
 budgets = st.integers(1 << 20, 200 * GiB)

@@ -19,7 +19,7 @@ import attrs
 from kvpools_core.errors import KvpoolsError, PluginResultError
 from kvpools_core.options import option
 from kvpools_core.registry import Registry
-from kvpools_core.values import NONE_IS_UNSET, EngineDefault, LateDefaultInt, ModelSpec, Serving
+from kvpools_core.values import LATE_DEFAULT_OPTIONS, EngineDefault, LateDefaultInt, ModelSpec, Serving
 
 
 def apply_engine_defaults(
@@ -51,7 +51,7 @@ def apply_engine_defaults(
                 f"{answer.value!r}, which Serving refuses: {exc}"
             ) from exc
     given: dict[str, Any] = {name: _given(answer.value) for name, (_, answer) in chosen.items()}
-    for name in NONE_IS_UNSET:
+    for name in LATE_DEFAULT_OPTIONS:
         if name in given:  # declared after SGLang's memory settings read it unset (LateDefaultInt)
             given[name] = LateDefaultInt(given[name])
     resolved = attrs.evolve(serving, **given)

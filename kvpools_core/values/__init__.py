@@ -240,6 +240,9 @@ from kvpools_core.values.serving import (
     HICACHE_WRITE_POLICIES as HICACHE_WRITE_POLICIES,
 )
 from kvpools_core.values.serving import (
+    LATE_DEFAULT_OPTIONS as LATE_DEFAULT_OPTIONS,
+)
+from kvpools_core.values.serving import (
     MM_FEATURE_TRANSPORTS as MM_FEATURE_TRANSPORTS,
 )
 from kvpools_core.values.serving import (

@@ -286,6 +286,9 @@ ENGINE_DEFAULT_OPTIONS = (
     "dsa_decode_backend",
     "mamba_full_memory_ratio",
     "max_running_requests",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
 )
 """The :class:`Serving` fields an unset value of which an ``engine_defaults`` answer may replace: the ones SGLang
 0.5.23 leaves ``None`` and resolves per model (``arg_groups/model_overrides/``, the model hooks such as
@@ -293,9 +296,18 @@ ENGINE_DEFAULT_OPTIONS = (
 marker (:class:`UnsetInt`, :class:`UnsetFloat`, :class:`UnsetStr`) listed here, or whose ``None`` means unset
 (:data:`NONE_IS_UNSET`)."""
 
-NONE_IS_UNSET = ("max_running_requests",)
+NONE_IS_UNSET = (
+    "max_running_requests",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+)
 """:data:`ENGINE_DEFAULT_OPTIONS` whose unset value is ``None`` (SGLang's own ``None``: its default is resolved
-later), not an unset marker; an ``engine_defaults`` answer for one is applied as a :class:`LateDefaultInt`."""
+later, the speculative parameters by the speculative hook's handlers), not an unset marker."""
+
+LATE_DEFAULT_OPTIONS = ("max_running_requests",)
+""":data:`NONE_IS_UNSET` options an ``engine_defaults`` answer for which is applied as a :class:`LateDefaultInt`
+(SGLang declares it after its memory settings and PD hooks have read the option unset)."""
 
 
 def _accounting_name(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:

@@ -222,7 +222,8 @@ speculative decoding"."""
 
 @hookimpl(trylast=True)
 def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] | None:
-    """SGLang's speculative ``--max-running-requests`` default (:data:`SPECULATIVE_MAX_RUNNING_REQUESTS`).
+    """SGLang's speculative ``--max-running-requests`` default (:data:`SPECULATIVE_MAX_RUNNING_REQUESTS`) and the
+    draft parameters its handlers choose when they are unset (:func:`speculative_parameter_defaults`).
 
     ``trylast``: a model default declared earlier in SGLang's pipeline (DeepSeek-V4's 256 in
     ``handle_model_specific_adjustments``) leaves the option set, so the speculative hook keeps it; dispatched
@@ -239,14 +240,171 @@ def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] |
                 f"SGLang 0.5.23 resets it to {SPECULATIVE_MAX_RUNNING_REQUESTS} for speculative decoding "
                 f"({serving.speculative_algorithm}; arg_groups/speculative_hook.py)"
             ),
-        )
+        ),
+        *speculative_parameter_defaults(model, serving),
     ]
+
+
+AUTO_PARAMS_WIDE = (5, 4, 8)
+AUTO_PARAMS = (3, 1, 4)
+AUTO_PARAMS_WIDE_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM"})
+"""SGLang 0.5.23's ``_auto_choose_speculative_params`` (``arg_groups/speculative_hook.py`` lines 1430-1461):
+(steps, top-k, draft tokens) = (5, 4, 8) for these target architectures, (3, 1, 4) for every other one and for
+STANDALONE whatever the target."""
+TOPK_ASSERTED_FIRST = frozenset({"DeepseekV4ForCausalLM"})
+"""Target architectures whose model hook asserts on the top-k as given before the speculative hook could choose
+one (``apply_deepseek_v4_defaults``, ``arg_groups/deepseek_v4_hook.py`` lines 155-158): no auto-chosen
+parameters, the architecture's plugin refuses an unset top-k."""
+NGRAM_MAX_BFS_BREADTH = 10
+"""SGLang 0.5.23's ``--speculative-ngram-max-bfs-breadth`` default, which ``_handle_ngram`` makes the top-k
+whatever was given (``arg_groups/speculative_hook.py`` lines 1306-1310); kvpools has no such option."""
+NGRAM_DRAFT_TOKENS = 12
+"""``_handle_ngram``'s ``--speculative-num-draft-tokens`` when unset (lines 1311-1320)."""
+DFLASH_DEFAULT_BLOCK_SIZE = 16
+"""``_handle_dflash``'s draft tokens when the draft checkpoint names no ``block_size`` (lines 377-408)."""
+_SPEC_HOOK = "arg_groups/speculative_hook.py"
+
+
+def speculative_parameter_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault]:
+    """What SGLang 0.5.23's speculative handlers set for unset ``--speculative-num-steps`` /
+    ``--speculative-eagle-topk`` / ``--speculative-num-draft-tokens`` (issue 32), before it sizes anything.
+
+    * EAGLE family (EAGLE, EAGLE3, STANDALONE, NEXTN; ``_handle_eagle_family`` lines 1163-1179): with all three
+      unset, ``_auto_choose_speculative_params`` (:data:`AUTO_PARAMS`); with the steps given and top-k 1, draft
+      tokens = steps + 1 (lines 1247-1257).  The combinations SGLang asserts on or crashes on are refused
+      (:func:`speculative_parameter_problems`).  Adaptive speculation resolves its own
+      (:func:`kvpools_core.values.serving.resolve_adaptive_speculation`, which runs before these handlers).
+    * NGRAM (``_handle_ngram`` lines 1306-1326): top-k :data:`NGRAM_MAX_BFS_BREADTH`, draft tokens
+      :data:`NGRAM_DRAFT_TOKENS`, steps = draft tokens // top-k.
+    * DFLASH (``_handle_dflash`` lines 325-360): steps and top-k 1.  Its draft tokens come from the draft
+      checkpoint, which kvpools does not read: unset, they are refused.
+    """
+    if serving.adaptive_speculation:
+        return []
+    algorithm = serving.speculative_algorithm
+    steps, topk, draft = (
+        serving.speculative_num_steps,
+        serving.speculative_eagle_topk,
+        serving.speculative_num_draft_tokens,
+    )
+    chosen: dict[str, tuple[int, str]] = {}
+    if algorithm in EAGLE_FAMILY:
+        arch = model.hf_architectures[0] if model.hf_architectures else ""
+        if steps is None and topk is None and draft is None and arch not in TOPK_ASSERTED_FIRST:
+            wide = algorithm != "STANDALONE" and arch in AUTO_PARAMS_WIDE_ARCHITECTURES
+            auto = AUTO_PARAMS_WIDE if wide else AUTO_PARAMS
+            why = (
+                f"SGLang 0.5.23's _auto_choose_speculative_params picks (steps, top-k, draft tokens) = {auto} for "
+                f"{algorithm} on {arch or model.architecture} when {option('speculative_num_steps')} is unset "
+                f"({_SPEC_HOOK})"
+            )
+            for name, value in zip(
+                ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"), auto, strict=True
+            ):
+                chosen[name] = (value, why)
+            steps, topk, draft = auto
+        if topk == 1 and steps is not None and draft is None:
+            chosen["speculative_num_draft_tokens"] = (
+                steps + 1,
+                f"SGLang 0.5.23 sets it to {option('speculative_num_steps')} + 1 with top-k 1 (_handle_eagle_family)",
+            )
+    elif algorithm == "NGRAM":
+        if topk is None:
+            chosen["speculative_eagle_topk"] = (
+                NGRAM_MAX_BFS_BREADTH,
+                f"SGLang 0.5.23's _handle_ngram sets it to --speculative-ngram-max-bfs-breadth "
+                f"({NGRAM_MAX_BFS_BREADTH} by default)",
+            )
+        if draft is None:
+            draft = NGRAM_DRAFT_TOKENS
+            chosen["speculative_num_draft_tokens"] = (draft, "SGLang 0.5.23's _handle_ngram default")
+        if steps is None and draft // NGRAM_MAX_BFS_BREADTH > 0:
+            chosen["speculative_num_steps"] = (
+                draft // NGRAM_MAX_BFS_BREADTH,
+                f"SGLang 0.5.23's _handle_ngram sets it to draft tokens // top-k = {draft} // {NGRAM_MAX_BFS_BREADTH}",
+            )
+    elif algorithm == "DFLASH":
+        for name, given in (("speculative_num_steps", steps), ("speculative_eagle_topk", topk)):
+            if given is None:
+                chosen[name] = (1, "SGLang 0.5.23's _handle_dflash forces it to 1")
+    return [EngineDefault(option=name, value=value, reason=reason) for name, (value, reason) in chosen.items()]
+
+
+def speculative_parameter_problems(serving: Serving) -> list[str]:
+    """What SGLang 0.5.23's speculative handlers refuse, crash on, or override of the draft parameters as given
+    (after :func:`speculative_parameter_defaults`).  An override of a given value is refused, naming the value
+    SGLang would use, as :func:`dspark_problems` does: the plan would otherwise be of options SGLang does not
+    run."""
+    if serving.accounting not in SGLANG_ACCOUNTING_MODES or serving.adaptive_speculation:
+        return []
+    o = option
+    algorithm = serving.speculative_algorithm
+    steps, topk, draft = (
+        serving.speculative_num_steps,
+        serving.speculative_eagle_topk,
+        serving.speculative_num_draft_tokens,
+    )
+    problems = []
+    if algorithm in EAGLE_FAMILY:
+        if steps is None:
+            problems.append(
+                f"{o('speculative_algorithm')} {algorithm} with {o('speculative_eagle_topk')} {topk} and "
+                f"{o('speculative_num_draft_tokens')} {draft} but no {o('speculative_num_steps')}: SGLang 0.5.23 "
+                f"asserts that top-k and draft tokens are unset when the steps are (_handle_eagle_family, which "
+                f"then chooses all three). Pass {o('speculative_num_steps')}, or leave all three unset."
+            )
+        elif topk is None:
+            problems.append(
+                f"{o('speculative_algorithm')} {algorithm} with {o('speculative_num_steps')} {steps} and no "
+                f"{o('speculative_eagle_topk')}: SGLang 0.5.23's _handle_eagle_family fails on it (it compares "
+                f"the unset top-k with 1). Pass {o('speculative_eagle_topk')}, or leave all three unset."
+            )
+        elif topk == 1 and draft is not None and draft != steps + 1:
+            problems.append(
+                f"{o('speculative_algorithm')} {algorithm} with {o('speculative_eagle_topk')} 1 and "
+                f"{o('speculative_num_draft_tokens')} {draft}: SGLang 0.5.23 adjusts it to "
+                f"{o('speculative_num_steps')} + 1 = {steps + 1} with a warning ('speculative_num_draft_tokens is "
+                f"adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1'). Pass "
+                f"{o('speculative_num_draft_tokens')} {steps + 1} or leave it unset."
+            )
+    elif algorithm == "NGRAM":
+        if topk is not None and topk != NGRAM_MAX_BFS_BREADTH:
+            problems.append(
+                f"{o('speculative_algorithm')} NGRAM with {o('speculative_eagle_topk')} {topk}: SGLang 0.5.23's "
+                f"_handle_ngram replaces it with --speculative-ngram-max-bfs-breadth ({NGRAM_MAX_BFS_BREADTH} by "
+                f"default), which kvpools does not model yet. Leave {o('speculative_eagle_topk')} unset or pass "
+                f"{NGRAM_MAX_BFS_BREADTH}."
+            )
+        if steps is None and draft is not None and draft < NGRAM_MAX_BFS_BREADTH:
+            problems.append(
+                f"{o('speculative_algorithm')} NGRAM with {o('speculative_num_draft_tokens')} {draft} and no "
+                f"{o('speculative_num_steps')}: SGLang 0.5.23 sets the steps to {draft} // "
+                f"{NGRAM_MAX_BFS_BREADTH} = 0, which kvpools does not model yet. Pass "
+                f"{o('speculative_num_steps')}."
+            )
+    elif algorithm == "DFLASH":
+        for name, value in (("speculative_eagle_topk", topk), ("speculative_num_steps", steps)):
+            if value not in (None, 1):
+                problems.append(
+                    f"{o('speculative_algorithm')} DFLASH with {o(name)} {value}: SGLang 0.5.23 overrides it to 1 "
+                    f"with a warning ('DFLASH only supports {name} == 1'), which kvpools does not model. Pass "
+                    f"{o(name)} 1 or leave it unset."
+                )
+        if draft is None:
+            problems.append(
+                f"{o('speculative_algorithm')} DFLASH without {o('speculative_num_draft_tokens')}: SGLang 0.5.23 "
+                f"resolves it to the draft checkpoint's block_size ({DFLASH_DEFAULT_BLOCK_SIZE} when it names "
+                f"none; _handle_dflash), which kvpools does not read. Pass {o('speculative_num_draft_tokens')} "
+                f"the draft's block size (e.g. {DFLASH_DEFAULT_BLOCK_SIZE})."
+            )
+    return problems
 
 
 @hookimpl
 def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
     return [
         *dspark_problems(serving),
+        *speculative_parameter_problems(serving),
         *_hicache_draft_problems(model, serving),
         *_multi_layer_eagle_problems(model, serving),
     ] or None

@@ -243,7 +243,7 @@ def test_the_window_worst_case_is_the_one_sglangs_chunk_cap_sizes(overlap_off: b
         max_running_requests=32,
         disable_radix_cache=True,
         speculative_algorithm="EAGLE",
-        speculative_num_steps=3,
+        speculative_num_steps=7 if topk == 1 else 3,  # top-k 1: SGLang makes the draft tokens steps + 1 (issue 32)
         speculative_eagle_topk=topk,
         speculative_num_draft_tokens=8,
         speculative_draft_num_layers=1,

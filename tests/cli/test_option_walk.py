@@ -196,7 +196,9 @@ EVIDENCE: dict[str, Evidence] = {
         why="the SWA chunk cap's decode term",
     ),
     "speculative_eagle_topk": Changes(
-        (*CAPPED, *EAGLE), (*CAPPED, *EAGLE, "--speculative-eagle-topk", "1"), why="the SWA chunk cap's decode term"
+        (*CAPPED, *EAGLE),
+        (*CAPPED, *EAGLE, "--speculative-eagle-topk", "2"),  # not 1: SGLang would rewrite 8 draft tokens to 4
+        why="the SWA chunk cap's decode term",
     ),
     "speculative_num_draft_tokens": Changes((*LLAMA, *EAGLE), (*LLAMA, *EAGLE, "--speculative-num-draft-tokens", "16")),
     "speculative_adaptive": Changes(
@@ -260,12 +262,24 @@ EVIDENCE: dict[str, Evidence] = {
         (*QWEN35, "--enable-linear-replayssm", "--linear-replayssm-cache-len", "8"),
     ),
     "enable_linear_replayssm_spec": Changes(
-        (*QWEN35, *EAGLE, "--speculative-eagle-topk", "1", "--max-running-requests", "64"),
+        # top-k 1: SGLang makes the draft tokens steps + 1 = 4 (issue 32)
         (
             *QWEN35,
             *EAGLE,
             "--speculative-eagle-topk",
             "1",
+            "--speculative-num-draft-tokens",
+            "4",
+            "--max-running-requests",
+            "64",
+        ),
+        (
+            *QWEN35,
+            *EAGLE,
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            "4",
             "--max-running-requests",
             "64",
             "--enable-linear-replayssm-spec",

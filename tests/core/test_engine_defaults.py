@@ -58,6 +58,9 @@ def test_unset_options_read_as_the_generic_defaults_and_say_so() -> None:
         dsa_decode_backend="flashmla_kv",
         mamba_full_memory_ratio=0.9,
         max_running_requests=4096,
+        speculative_num_steps=3,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=4,
     )
     assert (unset.page_size, unset.swa_full_tokens_ratio) == (1, 0.8)
     assert (unset.dsa_prefill_backend, unset.dsa_decode_backend) == ("flashmla_sparse", "flashmla_kv")
@@ -69,6 +72,9 @@ def test_unset_options_read_as_the_generic_defaults_and_say_so() -> None:
         "dsa_decode_backend",
         "mamba_full_memory_ratio",
         "max_running_requests",
+        "speculative_num_steps",  # SGLang's speculative handlers choose them (issue 32)
+        "speculative_eagle_topk",
+        "speculative_num_draft_tokens",
     )
     assert given.unset_options == ()
     assert attrs.evolve(unset, tp_size=2).unset_options == unset.unset_options
@@ -187,6 +193,9 @@ def test_deepseek_v41_keeps_the_generic_ratio() -> None:
         "dsa_prefill_backend",
         "dsa_decode_backend",
         "mamba_full_memory_ratio",
+        "speculative_num_steps",
+        "speculative_eagle_topk",
+        "speculative_num_draft_tokens",
     )
     assert len(notes) == 2  # the page and the request limit (apply_deepseek_v4_defaults runs for V4.1 too)
     assert serving.max_running_requests == 256

@@ -291,7 +291,12 @@ def test_request_pools_bytes_are_the_built_request_pools_bytes(
     if extra_slots:
         options |= {"disaggregation_mode": "decode", "disaggregation_decode_extra_slots": extra_slots}
     if speculative:
-        options |= {"speculative_algorithm": "EAGLE", "speculative_num_draft_tokens": 4}
+        options |= {
+            "speculative_algorithm": "EAGLE",
+            "speculative_num_steps": 3,
+            "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": 4,
+        }
     serving = Serving(**options)
     built = request_pools(requests, 4096, serving)
     assert len(built) == 1 + len(WORKSPACES)

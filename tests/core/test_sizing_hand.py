@@ -189,7 +189,12 @@ def test_eagle_and_dflash_scale_the_cell(registry: Registry) -> None:
     assert eagle.cell.sglang_bytes_per_token == int(131072 * (1 + 1 / 32))  # 135168
     dflash = plan(
         "llama-3.1-8b",
-        Serving(speculative_algorithm="DFLASH", speculative_draft_num_layers=5, accounting="sglang"),
+        Serving(
+            speculative_algorithm="DFLASH",
+            speculative_draft_num_layers=5,
+            speculative_num_draft_tokens=16,
+            accounting="sglang",
+        ),
         memory=BUDGET,
         registry=registry,
     )

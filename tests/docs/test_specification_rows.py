@@ -18,6 +18,8 @@ def test_a_pd_prefill_node_keeps_no_speculative_state() -> None:
     serving = Serving(
         speculative_algorithm="EAGLE",
         speculative_draft_num_layers=1,
+        speculative_num_steps=3,
+        speculative_eagle_topk=1,
         speculative_num_draft_tokens=4,
         max_running_requests=16,
     )

@@ -42,7 +42,14 @@ def test_presets_across_tp_drafts_and_budgets(preset: str, kv: str) -> None:
     model = oracle_model(preset_config(preset))
     drafts: list[dict[str, Any]] = [{}, {"speculative_algorithm": "EAGLE", "speculative_draft_num_layers": 1}]
     if model.num_nextn_predict_layers:
-        drafts.append({"speculative_algorithm": "NEXTN", "speculative_num_steps": 3, "speculative_num_draft_tokens": 4})
+        drafts.append(
+            {
+                "speculative_algorithm": "NEXTN",
+                "speculative_num_steps": 3,
+                "speculative_eagle_topk": 1,
+                "speculative_num_draft_tokens": 4,
+            }
+        )
     for draft in drafts:
         for tp in (1, 8, 16):
             dp = {"dp_size": tp, "enable_dp_attention": True} if tp > 1 else {}

@@ -26,6 +26,7 @@ from kvpools_core.models import parse_config, resolve_model_source
 from kvpools_core.pipeline import plan as kvpools_plan
 from kvpools_core.registry import get_registry
 from kvpools_core.values import ModelSpec, Plan, Serving
+from tests.draft_shape import as_sglang_runs
 from tests.oracle.locate import ORACLE_DIR
 
 MODEL_CONFIGS = ORACLE_DIR.parent / "model-configs"
@@ -558,6 +559,7 @@ def hybrid_serving(draw: st.DrawFn, spec: ModelSpec, *, pp: bool = False) -> Ser
         )
         if algorithm != "NGRAM" and not (algorithm == "NEXTN" and spec.num_nextn_predict_layers):
             options["speculative_draft_num_layers"] = draw(st.integers(1, 2))
+        options = as_sglang_runs(options)
     if pp and spec.num_layers > 1:
         options["pp_size"] = draw(st.integers(2, min(3, spec.num_layers)))
         options["pp_rank"] = draw(st.integers(0, options["pp_size"] - 1))

@@ -143,11 +143,23 @@ def test_a_cpu_build_routes_sliding_layers_through_the_mapping() -> None:
     ("serving", "message"),
     [
         (
-            {"speculative_algorithm": "EAGLE", "speculative_num_draft_tokens": 4, "max_running_requests": 8},
+            {
+                "speculative_algorithm": "EAGLE",
+                "speculative_num_steps": 3,
+                "speculative_eagle_topk": 1,
+                "speculative_num_draft_tokens": 4,
+                "max_running_requests": 8,
+            },
             "plans Inkling's MTP heads only with enable_multi_layer_eagle",
         ),
         (  # SpeculativeAlgorithm.is_eagle is False for STANDALONE: no MultiLayerEagleWorkerV2, no Inkling MTP head
-            {"speculative_algorithm": "STANDALONE", "speculative_num_draft_tokens": 4, "max_running_requests": 8},
+            {
+                "speculative_algorithm": "STANDALONE",
+                "speculative_num_steps": 3,
+                "speculative_eagle_topk": 1,
+                "speculative_num_draft_tokens": 4,
+                "max_running_requests": 8,
+            },
             "only on its multi-layer EAGLE path",
         ),
         ({"enable_hierarchical_cache": True}, "does not model a host tier for Inkling-class models yet"),
@@ -252,7 +264,12 @@ def test_state_layers_and_split_equal_sglangs() -> None:
 
 # -- the MTP heads: SGLang's draft terms (refused, with these terms in the message) ---------------------------------
 
-_EAGLE = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_num_draft_tokens": 4}
+_EAGLE = {
+    "speculative_algorithm": "EAGLE",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "speculative_num_draft_tokens": 4,
+}
 
 
 def _mtp_terms(model: ModelSpec, serving: Serving):  # type: ignore[no-untyped-def]

@@ -151,7 +151,13 @@ def test_extra_buffer_is_inert_on_a_decode_node(lazy: bool) -> None:
 def test_speculative_decode_node() -> None:
     """EAGLE, 4 draft tokens: SGLang charges (K + 1) x D = 68 slots of intermediate state; the table's spec
     state has (16 + 32) + 1 rows of 4 x 19,316,736 B (``mamba_spec_state_size = size + pre_alloc_size``)."""
-    result = decode_plan(speculative_algorithm="EAGLE", speculative_num_draft_tokens=4, speculative_draft_num_layers=1)
+    result = decode_plan(
+        speculative_algorithm="EAGLE",
+        speculative_num_steps=3,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=4,
+        speculative_draft_num_layers=1,
+    )
     assert result.sizing.sglang_config["max_mamba_cache_size"] == 16
     spec = result.pool("mamba_spec_state")
     assert (spec.slots, spec.padding_slots, spec.bytes_per_slot) == (48, 1, 4 * PER_SLOT)

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from kvpools_plugins.mamba import hybrid_problems
 
 from kvpools_core import Serving
+from tests.draft_shape import as_sglang_runs
 from tests.oracle.locate import require_oracle
 
 from .support import (
@@ -69,7 +70,7 @@ def test_qwen3_next_ratio_budget(kv: str) -> None:
 @pytest.mark.parametrize("preset", [QWEN3_NEXT, "qwen3.5-35b-a3b", "nemotron-h-56b-base-8k"])
 def test_eagle_d4_128_requests(preset: str) -> None:
     """The joint solve of K with speculation's intermediate state (D = 4), 128 requests; NEXTN's MTP layer."""
-    drafts: list[dict[str, Any]] = [EAGLE_128, {**EAGLE_128, "speculative_algorithm": "NGRAM"}]
+    drafts: list[dict[str, Any]] = [EAGLE_128, as_sglang_runs({**EAGLE_128, "speculative_algorithm": "NGRAM"})]
     if preset.startswith("qwen3.5"):
         drafts.append({**EAGLE_128, "speculative_algorithm": "NEXTN", "speculative_draft_num_layers": None})
     for draft in drafts:

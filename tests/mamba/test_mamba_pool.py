@@ -21,6 +21,8 @@ from .support import CHECKS, PRESETS, decode_pool_slots, hybrid_budgets, hybrid_
 GiB = 1 << 30
 EAGLE = {
     "speculative_algorithm": "EAGLE",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
     "speculative_num_draft_tokens": 4,
     "speculative_draft_num_layers": 1,
     "max_running_requests": 128,
@@ -162,7 +164,13 @@ def test_new_state_slots_start_zeroed_and_layers_are_global_ids() -> None:
 
 
 def test_speculative_state_is_indexed_by_request_row() -> None:
-    pools = tiny_pools(speculative_algorithm="EAGLE", speculative_num_draft_tokens=3, speculative_draft_num_layers=1)
+    pools = tiny_pools(
+        speculative_algorithm="EAGLE",
+        speculative_num_steps=2,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=3,
+        speculative_draft_num_layers=1,
+    )
     spec = pools.req_to_token_pool.spec_state
     assert spec is not None
     requests = pools.plan.max_running_requests

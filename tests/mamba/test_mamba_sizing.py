@@ -71,6 +71,8 @@ def test_eagle_d4_128_requests_joint_solve() -> None:
     serving = Serving(
         accounting="sglang",
         speculative_algorithm="EAGLE",
+        speculative_num_steps=3,
+        speculative_eagle_topk=1,
         speculative_num_draft_tokens=4,
         speculative_draft_num_layers=1,
         max_running_requests=128,
@@ -151,6 +153,8 @@ def test_profiled_budget_keeps_sglang_float_rest() -> None:
         {},
         {
             "speculative_algorithm": "EAGLE",
+            "speculative_num_steps": 3,
+            "speculative_eagle_topk": 1,
             "speculative_num_draft_tokens": 4,
             "speculative_draft_num_layers": 1,
             "max_running_requests": 128,
@@ -205,10 +209,6 @@ def test_profiled_budget_exhausted_by_the_state_suggests_a_fraction() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (
-            {"speculative_algorithm": "EAGLE", "speculative_draft_num_layers": 1},
-            r"pass speculative_num_draft_tokens",  # max_running_requests: the speculative handlers' 48
-        ),
         ({"tp_size": 3}, r"cannot be sharded over TP 3"),
         (
             {
@@ -224,6 +224,16 @@ def test_profiled_budget_exhausted_by_the_state_suggests_a_fraction() -> None:
 def test_unsupported_combinations(options: dict[str, object], message: str) -> None:
     with pytest.raises(UnsupportedCombinationError, match=message):
         plan(QWEN3_NEXT, Serving(**options), memory="60GiB")
+
+
+def test_unset_draft_tokens_are_sglangs_choice() -> None:
+    """EAGLE with nothing but a draft layer: SGLang's ``_auto_choose_speculative_params`` gives 4 draft tokens and
+    its speculative handler 48 requests before ``_handle_max_mamba_cache`` (``kv_cache_configurator.py``, at pool
+    sizing) reads them, so the hybrid plan has both (issue 32; before, kvpools refused 'pass
+    speculative_num_draft_tokens')."""
+    got = plan(QWEN3_NEXT, Serving(speculative_algorithm="EAGLE", speculative_draft_num_layers=1), memory="60GiB")
+    assert (got.serving.speculative_num_draft_tokens, got.max_running_requests) == (4, 48)
+    assert got.pool("mamba_spec_state").slots == 48
 
 
 # ---------------------------------------------------------------------------

@@ -26,6 +26,8 @@ GiB = 1 << 30
 PLE_POOLS = ("ple_short_conv", "ple_short_conv_spec", "ple_ngram", "ple_ngram_spec")
 EAGLE = {
     "speculative_algorithm": "EAGLE",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
     "speculative_num_draft_tokens": 4,
     "speculative_draft_num_layers": 1,
     "max_running_requests": 64,

@@ -132,7 +132,13 @@ def test_sglangs_profile_errors(indexer: dict[str, Any], words: str) -> None:
         ({"page_size": 1}, "compressed QSA requires a paged full-KV cache with the page a multiple of the compress"),
         ({"page_size": 18}, "page_size=18, ratio=4"),
         (
-            {"speculative_algorithm": "EAGLE", "speculative_draft_num_layers": 1, "speculative_num_draft_tokens": 4},
+            {
+                "speculative_algorithm": "EAGLE",
+                "speculative_draft_num_layers": 1,
+                "speculative_num_steps": 3,
+                "speculative_eagle_topk": 1,
+                "speculative_num_draft_tokens": 4,
+            },
             "the draft worker's own QSA pool",
         ),
         ({"enable_hierarchical_cache": True}, "kvpools does not model QSA (Qwen sparse attention) pools with"),

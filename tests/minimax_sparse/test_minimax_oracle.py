@@ -33,7 +33,12 @@ def test_minimax_m3_preset(kv: str) -> None:
     model = oracle_model(resolve_model_source("minimax-m3", get_registry())[0])
     for draft in (
         {},
-        {"speculative_algorithm": "NEXTN", "speculative_num_steps": 3, "speculative_num_draft_tokens": 4},
+        {
+            "speculative_algorithm": "NEXTN",
+            "speculative_num_steps": 3,
+            "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": 4,
+        },
     ):
         for tp, page in ((1, 1), (4, 64), (8, 128), (16, 16)):
             for pp in (1, 3):

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from kvpools_core import InsufficientMemoryError, ModelSpec, Plan, Serving, plan
+from tests.draft_shape import as_sglang_runs
 
 from .oracle_support import latent_configs, minimax_sparse_configs, parse
 
@@ -49,6 +50,7 @@ def cases(draw: st.DrawFn) -> tuple[ModelSpec, Serving, int]:
     spec_algorithm = draw(st.sampled_from((None, None, "EAGLE", "NEXTN", "DFLASH")))
     if spec_algorithm:
         options.update(speculative_algorithm=spec_algorithm, speculative_draft_num_layers=draw(st.integers(1, 3)))
+        options = as_sglang_runs(options)
     return spec, Serving(**options), draw(st.integers(1 << 20, 200 << 30))
 
 

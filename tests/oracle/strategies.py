@@ -117,6 +117,14 @@ def speculative_options(draw: st.DrawFn, model: ModelSpec, *, always: bool = Fal
         "speculative_eagle_topk": draw(st.sampled_from((1, 2, 4, 8))),
         "speculative_num_draft_tokens": draw(st.integers(1, 16)),
     }
+    # what SGLang 0.5.23 runs (issue 32; kvpools refuses the values its handlers would override): top-k 1 makes
+    # EAGLE's draft tokens steps + 1, NGRAM's top-k is its BFS breadth 10, DFLASH's steps and top-k are 1
+    if algorithm in ("EAGLE", "EAGLE3", "STANDALONE", "NEXTN") and options["speculative_eagle_topk"] == 1:
+        options["speculative_num_draft_tokens"] = options["speculative_num_steps"] + 1
+    elif algorithm == "NGRAM":
+        options["speculative_eagle_topk"] = 10
+    elif algorithm == "DFLASH":
+        options |= {"speculative_num_steps": 1, "speculative_eagle_topk": 1}
     draft = draw(st.integers(1, 8))
     if algorithm == "NEXTN" and model.num_nextn_predict_layers and draw(st.booleans()):
         draft = None  # the model's own MTP layers are the draft
@@ -179,7 +187,7 @@ def dspark_options(draw: st.DrawFn, options: dict[str, Any]) -> dict[str, Any]:
     pp_refused = options.get("pp_size", 1) > 1 and options.get("disaggregation_mode") != "prefill"
     cp_refused = options["enable_dp_attention"] and options["dp_size"] > 1 and options["attn_cp_size"] > 1
     if pp_refused or cp_refused:
-        return {"speculative_algorithm": "DFLASH"}
+        return {"speculative_algorithm": "DFLASH", "speculative_num_steps": 1, "speculative_eagle_topk": 1}
     return {
         "speculative_num_steps": 1,
         "speculative_eagle_topk": 1,

@@ -18,6 +18,7 @@ from kvpools_core.models import load_model
 from kvpools_core.pipeline import plan as kvpools_plan
 from kvpools_core.registry import get_registry
 from kvpools_core.values import ModelSpec, Plan, Serving
+from tests.draft_shape import as_sglang_runs
 
 from .adapter import OracleAnswer, compare, model_from_spec, oracle_plan, preset_model, suggested_fraction
 from .locate import require_oracle
@@ -254,15 +255,13 @@ def test_preset_speculative(preset: str, algorithm: str) -> None:
     draft = None if algorithm in ("NEXTN", "NGRAM") and oracle_model.num_nextn_predict_layers else 2
     if algorithm == "NEXTN" and draft is None:
         assert oracle_model.num_nextn_predict_layers == 1  # mimo's MTP layer is the draft
-    serving = Serving(
-        tp_size=2,
-        page_size=16,
-        speculative_algorithm=algorithm,
-        speculative_num_steps=3,
-        speculative_eagle_topk=4,
-        speculative_num_draft_tokens=8,
-        speculative_draft_num_layers=draft,
-    )
+    options = {
+        "speculative_algorithm": algorithm,
+        "speculative_num_steps": 3,
+        "speculative_eagle_topk": 4,
+        "speculative_num_draft_tokens": 8,
+    }
+    serving = Serving(tp_size=2, page_size=16, speculative_draft_num_layers=draft, **as_sglang_runs(options))
     compare(preset, oracle_model, serving, memory=50 * GiB)
 
 

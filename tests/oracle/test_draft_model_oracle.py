@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from kvpools_core.values import Serving
+from tests.draft_shape import as_sglang_runs
 
 from .adapter import compare, preset_model
 from .locate import require_oracle
@@ -27,14 +28,17 @@ require_oracle()
 def test_an_own_draft_model_agrees_with_sglang(
     draft_config: str, algorithm: str, tp: int, page: int, memory: int
 ) -> None:
+    spec = {
+        "speculative_algorithm": algorithm,
+        "speculative_num_steps": 3,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4,
+    }
     serving = Serving(
         tp_size=tp,
         page_size=page,
-        speculative_algorithm=algorithm,
-        speculative_num_steps=3,
-        speculative_eagle_topk=1,
-        speculative_num_draft_tokens=4,
         speculative_draft_num_layers=16,  # what SGLang reads of the draft: its layers
+        **as_sglang_runs(spec),  # DFLASH: steps 1 (issue 32)
     )
     want, got = compare(
         "llama-3.1-70b", preset_model("llama-3.1-70b"), serving, memory=memory, draft_model=draft_config

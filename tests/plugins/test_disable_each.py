@@ -36,6 +36,8 @@ _EAGLE = {
     "page_size": 64,
     "speculative_algorithm": "EAGLE",
     "speculative_draft_num_layers": 1,
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
     "speculative_num_draft_tokens": 4,
     "max_running_requests": 64,
 }

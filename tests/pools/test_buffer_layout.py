@@ -92,6 +92,7 @@ def _servings() -> list[Serving]:
             speculative_algorithm="EAGLE",
             speculative_draft_num_layers=1,
             speculative_num_steps=2,
+            speculative_eagle_topk=1,
             speculative_num_draft_tokens=3,
         ),
         # DeepSeek-V4 pages its SWA rows by 256 (SGLang asserts it); at SGLang's own SWA ratio (0.1) 20 GiB leaves

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from kvpools_core import InsufficientMemoryError, ModelSpec, Plan, Serving, build, plan
 from kvpools_core.cli.build_report import FULL_USE, build_summary
+from tests.draft_shape import as_sglang_runs
 
 KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "mxfp8")
 
@@ -60,6 +61,7 @@ def mha_plans(draw: st.DrawFn, mha_model: Callable[..., ModelSpec]) -> Plan:
             speculative_eagle_topk=draw(st.integers(1, 4)),
             speculative_num_draft_tokens=draw(st.integers(1, 16)),
         )
+        options = as_sglang_runs(options)
     if draw(st.booleans()):
         options.update(disaggregation_mode="decode", disaggregation_decode_extra_slots=draw(st.integers(0, 256)))
     budget = draw(st.integers(24, 38).flatmap(lambda e: st.integers(1 << e, 1 << (e + 1))))  # 16 MiB .. 512 GiB

@@ -29,6 +29,8 @@ def test_speculative_row_headroom(small_plan: Callable[..., Plan]) -> None:
         context_length=1000,
         speculative_algorithm="EAGLE",
         speculative_draft_num_layers=1,
+        speculative_num_steps=5,
+        speculative_eagle_topk=1,
         speculative_num_draft_tokens=6,
     )
     # + 4 + num_draft_tokens 6 columns

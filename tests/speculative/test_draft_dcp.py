@@ -26,8 +26,14 @@ LATENT_ROW = (512 + 64) * 2
 TARGET_ROW = 61 * LATENT_ROW  # 70,272 B: 61 MLA layers per token
 DRAFT_ROW = LATENT_ROW  # one NEXTN layer
 DCP = 8
-REQUEST_ROW = (163_840 + 2 * 1 + DCP - 1) * 4
-"""The request-table row: context 163,840 + ``2 x alloc_len_per_decode + page x dcp - 1`` int32 columns."""
+ALLOC_LEN = max(3 * 1, 4)
+"""``get_alloc_len_per_decode`` = max(steps x top-k, draft tokens) at page x dcp > 1 and top-k 1, with the
+(steps, top-k, draft tokens) = (3, 1, 4) SGLang's ``_auto_choose_speculative_params`` picks for
+DeepseekV3ForCausalLM when they are unset (``arg_groups/speculative_hook.py``; 1 before issue 32's fix, when
+kvpools read them as 1, 1, 0)."""
+REQUEST_ROW = (163_840 + 2 * ALLOC_LEN + DCP - 1) * 4
+"""The request-table row: context 163,840 + ``max(4 + draft tokens, 2 x alloc_len_per_decode + page x dcp - 1)``
+= 15 int32 columns."""
 REQUESTS = 48  # SGLang's speculative default when --max-running-requests is unset (_handle_eagle_family)
 TOKENS_WITHOUT_DCP_DRAFT = 281_832
 """What kvpools planned before it counted the draft's ``dcp`` x rows (then SGLang overran the plan by ~2.3 GB)."""
@@ -52,7 +58,7 @@ def test_exact_v3_dcp8_nextn_by_hand() -> None:
     assert (draft.slots, draft.padding_slots, draft.bytes_per_slot) == (DCP * tokens, DCP, DRAFT_ROW)
     assert draft.bytes == DCP * (tokens + 1) * DRAFT_ROW == 2_485_859_328
     assert planned.pool("kv").bytes == (tokens + 1) * TARGET_ROW
-    assert planned.planned_bytes == per_token * tokens + fixed == 21_474_809_028 <= BUDGET
+    assert planned.planned_bytes == per_token * tokens + fixed == 21_474_810_204 <= BUDGET
     assert planned.cost.group("draft_kv").bytes_per_token == DCP * DRAFT_ROW
     assert planned.cost.bytes_for(**planned.counts) == planned.planned_bytes
     assert any("loc_space_scale" in note for note in planned.cell.notes)
@@ -111,7 +117,12 @@ def test_dsa_v32_dcp8_draft_latent_and_indexer() -> None:
 def test_hybrid_draft_under_dcp_builds_exactly(preset: str) -> None:
     """Linear hybrids build their draft through the MHA / MLA stores, which read the same scale."""
     serving = v3_serving(
-        dcp_size=2, speculative_draft_num_layers=1, speculative_num_draft_tokens=4, max_running_requests=64
+        dcp_size=2,
+        speculative_draft_num_layers=1,
+        speculative_num_steps=3,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=4,
+        max_running_requests=64,
     )
     planned = plan(preset, serving, memory=BUDGET)
     draft = planned.pool("draft_kv")

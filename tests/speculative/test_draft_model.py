@@ -113,7 +113,13 @@ def test_an_mha_target_with_an_mla_draft() -> None:
         ("minimax-m3", {"tp_size": 8}, "minimax_sparse"),
         (
             "qwen3-next-80b-a3b-thinking",
-            {"tp_size": 4, "speculative_num_draft_tokens": 4, "max_running_requests": 64},
+            {
+                "tp_size": 4,
+                "speculative_num_steps": 3,
+                "speculative_eagle_topk": 1,
+                "speculative_num_draft_tokens": 4,
+                "max_running_requests": 64,
+            },
             "mamba",
         ),
     ],

@@ -175,3 +175,171 @@ def test_speculative_request_limit_against_sglangs_hooks() -> None:
         draft = {} if case["speculative_algorithm"] == "NGRAM" else {"speculative_draft_num_layers": 1}
         got = plan(LLAMA, Serving(**case, **draft), memory=20 * GiB)
         assert got.sizing.sglang_config["max_running_requests"] == answer["declared"]["max_running_requests"], case
+
+
+# -- the draft parameters SGLang chooses when they are unset (issue 32) ------------------------------------------
+
+
+def test_unset_eagle_parameters_are_sglangs_auto_choice_on_llama() -> None:
+    """EAGLE on Llama-3.1-8B with steps, top-k and draft tokens unset: ``_auto_choose_speculative_params``
+    (``arg_groups/speculative_hook.py`` lines 1430-1461) picks (5, 4, 8) for LlamaForCausalLM.  The request-table
+    row is context 131,072 + ``get_req_to_token_extra_context_len`` = 4 + 8 draft tokens = 131,084 int32
+    columns, 524,336 B (before the fix kvpools read them as 1, 1, 0: 131,076 columns, 524,304 B)."""
+    got = plan(LLAMA, Serving(speculative_algorithm="EAGLE", speculative_draft_num_layers=1), memory=20 * GiB)
+    served = got.serving
+    assert (served.speculative_num_steps, served.speculative_eagle_topk, served.speculative_num_draft_tokens) == (
+        5,
+        4,
+        8,
+    )
+    assert got.pool("req_to_token").bytes_per_slot == (131_072 + 4 + 8) * 4 == 524_336
+    assert any(note.startswith("speculative_num_steps 5") and "_auto_choose" in note for note in got.sizing.notes)
+
+
+def test_standalone_and_other_targets_get_3_1_4() -> None:
+    """STANDALONE is (3, 1, 4) whatever the target; Qwen3 (not in the auto table) too: 40,960 + 4 + 4 columns."""
+    for algorithm, model in (("STANDALONE", LLAMA), ("EAGLE", "qwen3-8b")):
+        got = plan(model, Serving(speculative_algorithm=algorithm, speculative_draft_num_layers=1), memory=20 * GiB)
+        served = got.serving
+        assert (served.speculative_num_steps, served.speculative_eagle_topk, served.speculative_num_draft_tokens) == (
+            3,
+            1,
+            4,
+        )
+    assert got.pool("req_to_token").bytes_per_slot == (40_960 + 4 + 4) * 4
+
+
+def test_ngram_unset_is_topk_10_and_12_draft_tokens() -> None:
+    """``_handle_ngram`` lines 1306-1326: top-k 10 (``--speculative-ngram-max-bfs-breadth``), 12 draft tokens,
+    steps 12 // 10 = 1: the row is 131,072 + 4 + 12 columns = 524,352 B (before: 524,304 B)."""
+    got = plan(LLAMA, Serving(speculative_algorithm="NGRAM"), memory=20 * GiB)
+    served = got.serving
+    assert (served.speculative_num_steps, served.speculative_eagle_topk, served.speculative_num_draft_tokens) == (
+        1,
+        10,
+        12,
+    )
+    assert got.pool("req_to_token").bytes_per_slot == (131_072 + 4 + 12) * 4 == 524_352
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1}, "asserts that top-k and draft tokens"),
+        ({"speculative_algorithm": "EAGLE", "speculative_num_steps": 3}, "compares the unset top-k"),
+        (
+            {
+                "speculative_algorithm": "EAGLE",
+                "speculative_num_steps": 3,
+                "speculative_eagle_topk": 1,
+                "speculative_num_draft_tokens": 8,
+            },
+            "adjusts it to speculative_num_steps \\+ 1 = 4",
+        ),
+        ({"speculative_algorithm": "NGRAM", "speculative_eagle_topk": 2}, "ngram-max-bfs-breadth"),
+        ({"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 5}, "5 // 10 = 0"),
+        ({"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 8, "speculative_eagle_topk": 2}, "1"),
+        ({"speculative_algorithm": "DFLASH"}, "block_size"),
+    ],
+)
+def test_what_sglang_refuses_or_overrides_is_refused(options: dict[str, Any], message: str) -> None:
+    """Given values SGLang asserts on, crashes on (``None > 1``) or replaces with a warning are refused, naming
+    the value SGLang would use (before the fix all seven planned as given)."""
+    draft = {} if options["speculative_algorithm"] == "NGRAM" else {"speculative_draft_num_layers": 1}
+    with pytest.raises(UnsupportedCombinationError, match=message):
+        plan(LLAMA, Serving(**options, **draft), memory=20 * GiB)
+
+
+def test_explicit_parameters_win() -> None:
+    """An explicit (steps, top-k, draft tokens) SGLang keeps is planned as given, with no default note."""
+    given = {"speculative_num_steps": 2, "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 6}
+    got = plan(LLAMA, Serving(speculative_algorithm="EAGLE", speculative_draft_num_layers=1, **given), memory=20 * GiB)
+    assert {name: getattr(got.serving, name) for name in given} == given
+    assert not any(note.startswith("speculative_num") for note in got.sizing.notes)
+
+
+PARAMETER_CASES: list[tuple[str, str, str, dict[str, Any]]] = [
+    ("eagle", "LlamaForCausalLM", LLAMA, {"speculative_algorithm": "EAGLE"}),
+    ("eagle", "LlamaForCausalLM", LLAMA, {"speculative_algorithm": "EAGLE3"}),
+    ("eagle", "LlamaForCausalLM", LLAMA, {"speculative_algorithm": "STANDALONE"}),
+    ("eagle", "Qwen3ForCausalLM", "qwen3-8b", {"speculative_algorithm": "EAGLE"}),
+    (
+        "eagle",
+        "LlamaForCausalLM",
+        LLAMA,
+        {"speculative_algorithm": "EAGLE", "speculative_num_steps": 2, "speculative_eagle_topk": 1},
+    ),
+    ("eagle", "LlamaForCausalLM", LLAMA, {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1}),
+    ("eagle", "LlamaForCausalLM", LLAMA, {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3}),
+    (
+        "eagle",
+        "LlamaForCausalLM",
+        LLAMA,
+        {
+            "speculative_algorithm": "EAGLE",
+            "speculative_num_steps": 3,
+            "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": 8,
+        },
+    ),
+    (
+        "eagle",
+        "LlamaForCausalLM",
+        LLAMA,
+        {
+            "speculative_algorithm": "EAGLE",
+            "speculative_num_steps": 2,
+            "speculative_eagle_topk": 2,
+            "speculative_num_draft_tokens": 6,
+        },
+    ),
+    ("ngram", "LlamaForCausalLM", LLAMA, {"speculative_algorithm": "NGRAM"}),
+    ("ngram", "LlamaForCausalLM", LLAMA, {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 30}),
+    (
+        "ngram",
+        "LlamaForCausalLM",
+        LLAMA,
+        {"speculative_algorithm": "NGRAM", "speculative_eagle_topk": 10, "speculative_num_steps": 2},
+    ),
+    ("dflash", "LlamaForCausalLM", LLAMA, {"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 8}),
+    (
+        "dflash",
+        "LlamaForCausalLM",
+        LLAMA,
+        {
+            "speculative_algorithm": "DFLASH",
+            "speculative_num_draft_tokens": 8,
+            "speculative_num_steps": 1,
+            "speculative_eagle_topk": 1,
+        },
+    ),
+]
+"""Cases whose SGLang answer kvpools plans (same values) or refuses (SGLang raises, or would override)."""
+
+
+def test_draft_parameters_against_sglangs_hooks() -> None:
+    """Each case through SGLang's own handler on CPU: where SGLang resolves it without overriding a given value,
+    kvpools plans exactly the (steps, top-k, draft tokens) it declares; where SGLang asserts or crashes, kvpools
+    refuses."""
+    answers = _peer(
+        [
+            {"hook": hook, "architecture": arch, "server_args": {"speculative_draft_model_path": "d", **case}}
+            for hook, arch, _, case in PARAMETER_CASES
+        ]
+    )
+    names = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
+    for (_, _, model, case), answer in zip(PARAMETER_CASES, answers, strict=True):
+        draft = {} if case["speculative_algorithm"] == "NGRAM" else {"speculative_draft_num_layers": 1}
+        serving = Serving(**case, **draft)
+        if "error" in answer:
+            with pytest.raises(UnsupportedCombinationError):
+                plan(model, serving, memory=20 * GiB)
+            continue
+        declared = answer["declared"]
+        overridden = any(case.get(name) is not None and case[name] != declared[name] for name in names)
+        if overridden:  # SGLang replaced a given value: kvpools refuses rather than plan what was not asked
+            with pytest.raises(UnsupportedCombinationError, match=r"SGLang 0\.5\.23"):
+                plan(model, serving, memory=20 * GiB)
+            continue
+        got = plan(model, serving, memory=20 * GiB).serving
+        assert {name: getattr(got, name) for name in names} == {name: declared[name] for name in names}, case

@@ -24,6 +24,7 @@ from kvpools_core.models import parse_config, resolve_model_source
 from kvpools_core.pipeline import plan
 from kvpools_core.registry import get_registry
 from kvpools_core.values import ModelSpec, Plan, Serving
+from tests.draft_shape import as_sglang_runs
 from tests.oracle.adapter import server_args_resolved
 
 GiB = 1 << 30
@@ -278,6 +279,7 @@ def swa_servings(draw: st.DrawFn) -> Serving:
             "speculative_num_draft_tokens": draw(st.integers(1, 16)),
             "speculative_draft_num_layers": draw(st.integers(1, 3)),
         }
+        spec_args = as_sglang_runs(spec_args)
     decode = draw(st.sampled_from(("null", "null", "prefill", "decode")))
     return Serving(
         kv_cache_dtype=draw(st.sampled_from(("auto", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1"))),

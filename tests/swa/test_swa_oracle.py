@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from kvpools_core.errors import InsufficientMemoryError
 from kvpools_core.pipeline import plan
 from kvpools_core.values import Serving
+from tests.draft_shape import as_sglang_runs
 from tests.oracle.locate import require_oracle
 
 from .support import (
@@ -102,7 +103,7 @@ def test_mimo_v2_flash_at_tp4_the_numbers() -> None:
 @pytest.mark.parametrize("algorithm", ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "DFLASH", "NGRAM"))
 def test_hybrid_swa_with_drafts(algorithm: str) -> None:
     """EAGLE-family drafts join the full term (full x (full + draft layers)); DFLASH and NGRAM are not charged."""
-    serving = Serving(page_size=16, **{**EAGLE, "speculative_algorithm": algorithm})
+    serving = Serving(page_size=16, **as_sglang_runs({**EAGLE, "speculative_algorithm": algorithm}))
     for preset in ("gpt-oss-20b", "mimo-v2-flash"):
         for memory in (7 * GiB, 50 * GiB):
             check(preset, serving, memory)
@@ -174,7 +175,7 @@ def test_chunk_cap_variants() -> None:
         {"disaggregation_mode": "prefill"},
         {**EAGLE, "disable_overlap_schedule": True},
         {**EAGLE},
-        {**EAGLE, "speculative_eagle_topk": 1},
+        as_sglang_runs({**EAGLE, "speculative_eagle_topk": 1}),  # SGLang: draft tokens steps + 1 = 4
         {"swa_eviction_interval": 16},
         {"swa_eviction_interval": 1024},
         {"tp_size": 8, "dp_size": 8, "enable_dp_attention": True, "max_running_requests": 512},

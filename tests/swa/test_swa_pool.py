@@ -39,6 +39,7 @@ def test_presets_plan_and_build_on_meta_with_exact_bytes(preset: str, accounting
             speculative_algorithm="EAGLE",
             speculative_draft_num_layers=1,
             speculative_num_steps=2,
+            speculative_eagle_topk=1,
             speculative_num_draft_tokens=3,
         ),
     ):

@@ -123,7 +123,11 @@ def test_draft_pool_follows_max_total_tokens() -> None:
     draft = p.pool("draft_kv")
     assert (draft.slots, draft.padding_slots, draft.bytes_per_slot) == (p.max_total_num_tokens, 16, 2048)
     assert p.cell.sglang_bytes_per_token == 2048 * 13 + 0.8 * 2048 * 12
-    dflash = plan("gpt-oss-20b", attrs.evolve(serving, speculative_algorithm="DFLASH"), memory=20 * GiB)
+    dflash = plan(
+        "gpt-oss-20b",
+        attrs.evolve(serving, speculative_algorithm="DFLASH", speculative_num_draft_tokens=16),
+        memory=20 * GiB,
+    )
     assert not dflash.pool("draft_kv").sglang_charged  # SGLang's SWA configurator charges no DFLASH draft
     assert dflash.cell.sglang_bytes_per_token == 2048 * 12 + 0.8 * 2048 * 12
 
@@ -193,8 +197,8 @@ def test_the_plan_records_sglangs_window_terms() -> None:
             1,
             16,
         ),
-        # spec-v2: 2 x get_alloc_len_per_decode
-        ({"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1}, -1, 2, 16),
+        # spec-v2: 2 x get_alloc_len_per_decode (steps 7: top-k 1 makes SGLang's draft tokens steps + 1 = 8)
+        ({"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1, "speculative_num_steps": 7}, -1, 2, 16),
     ],
     ids=["plain", "no-overlap", "decode-node", "spec-v1", "spec-v2"],
 )
@@ -205,7 +209,7 @@ def test_every_swa_plan_records_the_window_terms(
     the engine's eviction, read by ``kvpools capacity``; the draft tokens multiply the eviction interval."""
     speculative = {"speculative_num_steps": 3, "speculative_num_draft_tokens": 8, "speculative_draft_num_layers": 1}
     serving = attrs.evolve(
-        Serving(page_size=16), **changes, **(speculative if "speculative_algorithm" in changes else {})
+        Serving(page_size=16), **{**(speculative if "speculative_algorithm" in changes else {}), **changes}
     )
     p = plan("gpt-oss-20b", serving, memory=8 * GiB)
     (window,) = p.windows

@@ -38,6 +38,8 @@ ASCEND = Serving(platform="ascend", page_size=P)
 MEMORY = "60GiB"
 EAGLE: dict[str, Any] = {
     "speculative_algorithm": "EAGLE",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
     "speculative_num_draft_tokens": 4,
     "speculative_draft_num_layers": 1,
     "max_running_requests": 64,
