@@ -505,6 +505,14 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         deferred = self._deferred
         if not deferred:
             return
+        first = deferred[0][0]
+        if self._allocated is None and (len(deferred) == 1 or sum(m for _, m in deferred) == self._pend - first):
+            # the common case, the parked calls one run: one view, one aminmax
+            _aminmax(self._buf[self._rel + first : self._rel + self._pend], out=self._minmax_out)
+            lo, hi = self._minmax
+            if lo >= 1 and hi <= self._n:
+                self._deferred = []
+                return
         try:  # the list stays while the claim runs: its census undo must count the parked calls as held
             self._settle(deferred)
         finally:
