@@ -27,7 +27,10 @@ leaves the allocator exactly as it was:
   ends).  The range check is one ``torch.aminmax`` per free of a tensor, or
   ``min``/``max`` of a Python list of page ids: O(1) Python work, but on the
   CPU token path that op costs as much as the free did before (~3 us, ~8 us
-  with cold caches), and on an accelerator it synchronises once per free;
+  with cold caches), and on an accelerator it synchronises once per free.
+  Inside a free group the token allocator's CPU path checks the group's frees
+  once, when the group settles (``_settle_deferred``): nothing a group frees
+  is usable before then, and a call the check refuses is taken out again;
 * ``checked=True`` (``build(plan, device, checked=True)``): also a bool
   "allocated" map of ``2 * (num_pages + 1)`` bytes (int16), which catches double frees,
   frees of never-allocated ids and repeats within one free.  Every call then
@@ -64,6 +67,7 @@ __all__ = ["AllocatorState", "BaseAllocator"]
 
 _I64 = torch.int64
 _memmove = ctypes.memmove
+_aminmax = torch.aminmax
 _CLAIM_MAX = 65_535
 """Checked mode counts a free's units off an int16 map: frees of more units than this check repeats by sorting."""
 
@@ -143,8 +147,14 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         self._host_arr = None if checked else self._arr
         self._host_mv = None if checked else self._mv
         self._allocated: Tensor | None = None
+        self._amap: memoryview | None = None
         if checked:  # holders by unit id, 1 or 0 (int16: a free counts its units off in one index_add_)
-            self._allocated = torch.zeros(n + 1, dtype=torch.int16, device=self.device)
+            if self._cpu:  # host memory read as Python ints too: small allocations mark it without a torch op
+                amap = array.array("h", [0]) * (n + 1)
+                self._amap = memoryview(amap)
+                self._allocated = torch.frombuffer(amap, dtype=torch.int16)
+            else:
+                self._allocated = torch.zeros(n + 1, dtype=torch.int16, device=self.device)
             self._claim_one = (
                 torch.ones((), dtype=torch.int16, device=self.device),
                 torch.full((), -1, dtype=torch.int16, device=self.device),
@@ -162,6 +172,8 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         self._pending: list[Tensor] = []
         self._pending_bytes: list[bytes] = []
         self._pending_ids: list[Tensor] = []  # paged: free_page_ids inside a group, released as given
+        # token, host path: (offset in the pending region, count) of each free a group took unchecked
+        self._deferred: list[tuple[int, int]] = []
         self.clear()
 
     @property
@@ -236,6 +248,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         ``retain`` the counts are not kept: reading them then builds them from the
         free list (every unit not free has one holder).
         """
+        self._settle_deferred()
         return self._refs if self._refs is not None else self._census()
 
     def retain(self, indices: Tensor | Sequence[int]) -> None:
@@ -251,6 +264,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         if not units.numel():
             return
         self._check_range(units)
+        self._settle_deferred()
         # checked against the census before counts are kept: a refused retain leaves them off
         idle = (self._refs if self._refs is not None else self._census())[units] <= 0
         if bool(idle.any()):
@@ -278,7 +292,13 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         n = self._n
         refs = torch.ones(n + 1, dtype=torch.int32, device=self.device)
         refs[0] = 0
-        free = [self._buf[self._head :], self._buf[: self._rel + self._pend], *self._pending_units()]
+        rel, pend = self._rel, self._pend
+        free = [self._buf[self._head :], self._buf[: rel + pend], *self._pending_units()]
+        if self._deferred:  # a free the open group has not checked yet is not counted free
+            keep = torch.ones(rel + pend, dtype=torch.bool)
+            for off, m in self._deferred:
+                keep[rel + off : rel + off + m] = False
+            free[1] = free[1][keep]
         refs[torch.cat(free)] = 0
         return refs
 
@@ -373,6 +393,12 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         """Make the group's frees available (or released, with ``need_sort``)."""
         if not self._in_group:
             raise AllocatorStateError("free_group_end() called without free_group_begin(); nothing changed")
+        if self._deferred:
+            try:
+                self._settle_deferred()
+            except AllocatorError:
+                self.free_group_end()  # the group's other frees stand, as if each call had been checked alone
+                raise
         self._in_group = False
         pend = self._pend
         if not pend:
@@ -411,7 +437,10 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
 
     # ------------------------------------------------------------ state/reset
     def backup_state(self) -> AllocatorState:
-        """Snapshot for an exact ``restore_state`` (copy-on-write, O(1))."""
+        """Snapshot for an exact ``restore_state`` (copy-on-write, O(1)).
+
+        An open free group's unchecked frees are range-checked first (a snapshot holds checked ids only)."""
+        self._settle_deferred()
         state = AllocatorState(
             self._token,
             (self._head, self._rel, self._pend, self._in_group),
@@ -440,6 +469,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
             if self._allocated is not None and state._allocated is not None:
                 self._allocated.copy_(state._allocated)
         self._head, self._rel, self._pend, self._in_group = state._counters
+        self._deferred = []  # a snapshot is taken settled
         self._pending = list(state._pending[0])
         self._pending_bytes = list(state._pending[1])
         self._pending_ids = list(state._pending[2])
@@ -460,6 +490,71 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         self._pending = []
         self._pending_bytes = []
         self._pending_ids = []
+        self._deferred = []
+
+    def _settle_deferred(self) -> None:
+        """Check the frees an open group took unchecked (the token allocator's CPU path), in one go.
+
+        Inside a free group nothing freed is usable before the group ends, so the checks can wait until the
+        group settles: at ``free_group_end`` (or a ``backup_state`` / ``retain`` / ``ref_counts`` inside the
+        group).  Default mode checks the range with one ``aminmax`` over the group's ids, checked mode claims
+        them in the "allocated" map in one pass.  Only when that fails are the calls checked one by one, in
+        order: a call that would have been refused at the call is refused now -- its ids leave the group
+        (they stay allocated), the group's other frees stand, and ``AllocatorError`` names the ids.
+        """
+        deferred = self._deferred
+        if not deferred:
+            return
+        first = deferred[0][0]
+        if self._allocated is None and (len(deferred) == 1 or sum(m for _, m in deferred) == self._pend - first):
+            # the common case, the parked calls one run: one view, one aminmax
+            _aminmax(self._buf[self._rel + first : self._rel + self._pend], out=self._minmax_out)
+            lo, hi = self._minmax
+            if lo >= 1 and hi <= self._n:
+                self._deferred = []
+                return
+        try:  # the list stays while the claim runs: its census undo must count the parked calls as held
+            self._settle(deferred)
+        finally:
+            self._deferred = []
+
+    def _settle(self, deferred: list[tuple[int, int]]) -> None:
+        rel, pend = self._rel, self._pend
+        region = self._buf[rel : rel + pend]
+        first = deferred[0][0]
+        contiguous = first + sum(m for _, m in deferred) == pend
+        ids = region[first:] if contiguous else torch.cat([region[o : o + m] for o, m in deferred])
+        if self._allocated is None:
+            _aminmax(ids, out=self._minmax_out)
+            lo, hi = self._minmax
+            if lo >= 1 and hi <= self._n:
+                return
+        else:
+            try:  # the claim's own bounds check is the range check (its census undo counts parked calls held)
+                self._claim(ids)
+                return
+            except AllocatorError:
+                pass  # the map is as it was: find the calls to refuse, one by one
+        keep = torch.ones(pend, dtype=torch.bool)
+        refused: list[str] = []
+        for off, m in deferred:
+            ids = region[off : off + m]
+            try:
+                self._check_range(ids)
+                if self._allocated is not None:
+                    self._claim(ids)
+            except AllocatorError as exc:
+                keep[off : off + m] = False
+                refused.append(str(exc))
+        if self._snaps:
+            self._materialize()
+        kept = region[keep].clone()
+        region[: kept.numel()] = kept
+        self._pend = kept.numel()
+        raise AllocatorError(
+            f"{len(refused)} free call(s) inside the free group refused (their slots stay allocated; the group's "
+            f"other frees stand): " + "; ".join(refused[:4])
+        )
 
     # ------------------------------------------------------------ validation
     def check_free(self, indices: Tensor | Sequence[int], *, count: bool = True) -> None:
@@ -597,6 +692,18 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         if self._snaps:
             self._materialize()
         self._allocated.index_fill_(0, units, 1)
+
+    def _mark_taken(self, start: int, k: int) -> None:
+        """Checked mode: mark the ``k`` units just taken at ``buf[start:]`` allocated (a Python loop over the
+        host map for a few, where one ``index_fill_`` costs ~2 us)."""
+        amap = self._amap
+        if amap is not None and k <= 32 and self._arr is not None:
+            if self._snaps:
+                self._materialize()
+            for unit in self._arr[start : start + k]:
+                amap[unit] = 1
+        else:
+            self._mark_allocated(self._buf[start : start + k])
 
     def _as_index(self, t: Tensor) -> Tensor:
         """1-D int64 on ``device`` (copies only when it must)."""

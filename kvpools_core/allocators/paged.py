@@ -478,6 +478,22 @@ class PagedAllocator(BaseAllocator):
         if mv is not None and type(pages) is list and not (self._in_group or self.need_sort or self._snaps):
             m = len(pages)
             head = self._head - m
+            if m == 1 and head >= 0:  # a decode step's page
+                page = pages[0]
+                if type(page) is int and 0 < page <= self._n:
+                    mv[head] = page
+                    self._head = head
+                    return
+            elif 1 < m <= 8 and head >= 0:  # a short request's pages: no array, no min / max
+                n = self._n
+                for page in pages:
+                    if type(page) is not int or not 0 < page <= n:
+                        break
+                else:
+                    for i, page in enumerate(pages, head):
+                        mv[i] = page
+                    self._head = head
+                    return
             if m > 0 and head >= 0:  # (rel == pend == 0 here)
                 try:
                     data = array.array("q", pages)

@@ -71,9 +71,8 @@ class TokenAllocator(BaseAllocator):
         if checked_host and need_size > 0 and end <= self._n:  # the same copy, then one index_fill_ of the map
             assert self._arr is not None
             self._head = end
-            out = torch.frombuffer(self._arr[head:end], dtype=_I64)
-            self._mark_allocated(out)
-            return out
+            self._mark_taken(head, need_size)
+            return torch.frombuffer(self._arr[head:end], dtype=_I64)
         if need_size <= 0:
             if need_size == 0:
                 return self._buf.new_empty(0)
@@ -95,15 +94,26 @@ class TokenAllocator(BaseAllocator):
         ``1..size``, non-integer ids, more slots than are allocated, and in
         checked mode slots not allocated now or repeated.
         """
-        if (
-            self._host_arr is not None
-            and isinstance(indices, Tensor)
-            and indices.dtype is _I64
-            and indices.is_cpu
-            and indices.is_contiguous()
-        ):
+        if isinstance(indices, Tensor) and indices.dtype is _I64 and indices.is_cpu and indices.is_contiguous():
             m = indices.numel()
-            if m:  # one aminmax for the range, one memmove into the stack
+            if not m:
+                return
+            if self._in_group and self._addr and self._refs is None:
+                # parked with the count checked; the range (and the map) once, when the group settles
+                rel, pend = self._rel, self._pend
+                if m > self._head - rel - pend:  # the range's (or the map's) error first, then the count's
+                    if self._allocated is not None:
+                        self._check_release(indices.view(-1))
+                    else:
+                        self._check_range(indices.view(-1))
+                    self._check_count(m)
+                if self._snaps:
+                    self._materialize()
+                _memmove(self._addr + 8 * (rel + pend), indices.data_ptr(), 8 * m)
+                self._pend = pend + m
+                self._deferred.append((pend, m))
+                return
+            if self._host_arr is not None:  # one aminmax for the range, one memmove into the stack
                 _aminmax(indices, out=self._minmax_out)
                 lo, hi = self._minmax
                 if lo < 1 or hi > self._n:
@@ -114,27 +124,16 @@ class TokenAllocator(BaseAllocator):
                     self._check_count(m)
                 if self._snaps:
                     self._materialize()
-                if self._in_group:
-                    pos = rel + pend
-                    self._pend = pend + m
-                elif self.need_sort:
+                if self.need_sort:
                     pos = rel
                     self._rel = rel + m
                 else:
                     pos = self._head = head - m
                 _memmove(self._addr + 8 * pos, indices.data_ptr(), 8 * m)
-            return
-        if (
-            self._allocated is not None
-            and self._refs is None
-            and self._addr
-            and isinstance(indices, Tensor)
-            and indices.dtype is _I64
-            and indices.is_cpu
-            and indices.is_contiguous()
-        ):
-            self._free_checked_host(indices.view(-1))
-            return
+                return
+            if self._allocated is not None and self._refs is None and self._addr:
+                self._free_checked_host(indices.view(-1))
+                return
         units = self.to_ids(indices)
         if units.numel():
             if self._refs is not None:
@@ -143,8 +142,8 @@ class TokenAllocator(BaseAllocator):
                 self._release(units)
 
     def _free_checked_host(self, units: Tensor) -> None:
-        """Checked mode's ``free`` of int64 CPU slots: ``_release``'s checks and writes without its layers
-        (the range, the count, one claim of the map; then one ``memmove`` into the stack)."""
+        """Checked mode's ``free`` of int64 CPU slots outside a group: ``_release``'s checks and writes without
+        its layers (the range, the count, one claim of the map; then one ``memmove`` into the stack)."""
         m = units.numel()
         if not m:
             return
@@ -153,10 +152,7 @@ class TokenAllocator(BaseAllocator):
             self._check_release(units)
             self._check_count(m)
         self._claim(units)
-        if self._in_group:
-            pos = rel + pend
-            self._pend = pend + m
-        elif self.need_sort:
+        if self.need_sort:
             pos = rel
             self._rel = rel + m
         else:

@@ -20,7 +20,10 @@ TokenModel = tuple[list[list[int]], list[int], set[int], bool]
 def fingerprint(a: TokenAllocator) -> tuple[object, ...]:
     """Everything that defines the allocator's state (for "nothing changed")."""
     allocated = None if a._allocated is None else a._allocated.tolist()
-    return (a._head, a._rel, a._pend, a._in_group, a._buf.tolist(), allocated)
+    # the free stack's released + pending units and its free units; what lies between is never read (a free
+    # group may park a call there that its settling refuses)
+    buf = a._buf[: a._rel + a._pend].tolist() + a._buf[a._head :].tolist()
+    return (a._head, a._rel, a._pend, a._in_group, buf, allocated)
 
 
 def i64(values: list[int], device: str = "cpu") -> torch.Tensor:
@@ -241,12 +244,15 @@ def test_checked_catches_double_free(device: str) -> None:
     with pytest.raises(ValueError, match=r"double free .* \[1\]"):
         a.free(out[:2])
     assert fingerprint(a) == before
-    # also inside a free group: the first free already counts
+    # also inside a free group: the first free counts, the second is refused -- on the CPU path when the group
+    # settles (its checks run once, at its end), naming the slot; the group's other free stands
     a.free_group_begin()
     a.free(out[1:2])
     with pytest.raises(ValueError, match=r"double free .* \[2\]"):
         a.free(out[1:2])
-    a.free_group_end()
+        a.free_group_end()
+    if a._in_group:  # refused at the call (an accelerator's path): the group is still open
+        a.free_group_end()
     assert a.available_size() == 7
 
 
@@ -392,9 +398,11 @@ class TokenMachine(RuleBasedStateMachine):
     def bad_free_is_rejected(self, data: st.DataObject) -> None:
         live = set(self.live())
         bad = data.draw(st.integers(-2, self.SIZE + 2).filter(lambda s: s not in live))
+        self.a.backup_state()  # the group's earlier frees settled, so that "before" is comparable
         before = fingerprint(self.a)
         with pytest.raises(ValueError):
             self.a.free(torch.tensor([bad], dtype=torch.int64))
+            self.a.backup_state()  # inside a group the CPU path checks the free when the group settles
         assert fingerprint(self.a) == before
 
     @invariant()
@@ -444,6 +452,7 @@ def test_default_mode_refuses_ids_outside_the_pool(bad: list[int], in_group: boo
     message = re.escape(f"foreign slot(s) {outside}: valid slot ids are 1..8 ")
     with pytest.raises(AllocatorError, match=message):
         a.free(i64(bad, device))
+        a.backup_state()  # inside a group the CPU path checks a free when the group settles: here
     with pytest.raises(AllocatorError, match="slot 0 is padding and never allocated"):
         a.free(bad)
     assert fingerprint(a) == before  # slot 2 of [2, 0] was not freed either
@@ -502,3 +511,91 @@ def test_debug_is_the_old_name_of_checked() -> None:
     a = TokenAllocator(8, debug=True)
     assert a.checked and a.debug
     assert not TokenAllocator(8).debug
+
+
+# ------------------------------------------------- a free group's deferred checks
+def _twin_without(bad_call: bool, checked: bool, need_sort: bool = False) -> TokenAllocator:
+    """The allocator a group of frees should leave: built alike, the same valid calls, the bad one never made."""
+    a = TokenAllocator(16, checked=checked, need_sort=need_sort)
+    out = a.alloc(10)  # more held than the group frees: the per-call count never binds
+    assert out is not None
+    a.free_group_begin()
+    a.free(out[:2])
+    a.free(out[3:5])
+    a.free_group_end()
+    return a
+
+
+@pytest.mark.parametrize("checked", [False, True])
+@pytest.mark.parametrize("need_sort", [False, True])
+def test_a_group_refuses_its_bad_calls_when_it_ends_and_keeps_the_others(checked: bool, need_sort: bool) -> None:
+    """Foreign ids (both modes) and a double free (checked) inside a group: the calls that a check at the call
+    would refuse are refused at ``free_group_end``, naming the ids; the group's other frees stand and the group
+    is closed: the allocator equals one that never saw the bad calls."""
+    a = TokenAllocator(16, checked=checked, need_sort=need_sort)
+    out = a.alloc(10)
+    assert out is not None and out.tolist() == list(range(1, 11))
+    a.free_group_begin()
+    a.free(out[:2])
+    a.free(i64([3, 99]))  # foreign 99: the whole call is refused, slot 3 stays allocated
+    a.free(out[3:5])
+    bad = r"foreign slot\(s\) \[99\]"
+    if checked:
+        a.free(out[:1])  # slot 1 again: a double free, refused in checked mode
+        bad += r".*double free .* \[1\]"
+    with pytest.raises(AllocatorError, match=rf"{2 if checked else 1} free call\(s\) inside the free group refused.*{bad}"):
+        a.free_group_end()
+    assert not a._in_group
+    twin = _twin_without(True, checked, need_sort)
+    assert fingerprint(a) == fingerprint(twin)
+    assert a.available_size() == twin.available_size() == 10
+    assert torch.equal(a.alloc(10), twin.alloc(10))  # type: ignore[arg-type]
+
+
+def test_a_snapshot_inside_a_group_settles_it_first() -> None:
+    """``backup_state`` checks the group's frees before it snapshots: a restore never brings a foreign id back."""
+    a = TokenAllocator(8)
+    out = a.alloc(4)
+    assert out is not None
+    a.free_group_begin()
+    a.free(out[:1])
+    a.free(i64([0]))
+    with pytest.raises(AllocatorError, match=r"foreign slot\(s\) \[0\]"):
+        a.backup_state()
+    state = a.backup_state()  # settled: the good free is still in the group
+    a.free(out[1:2])
+    a.restore_state(state)
+    a.free_group_end()
+    assert a.available_size() == 5
+    assert sorted(a.alloc(5).tolist()) == [1, 5, 6, 7, 8]  # type: ignore[union-attr]
+
+
+def test_retain_inside_a_group_settles_it_first() -> None:
+    """The reference counts are built from the free stack: a parked call the group has not checked is neither
+    counted free nor lets a foreign id index the counts."""
+    a = TokenAllocator(8)
+    out = a.alloc(4)
+    assert out is not None
+    a.free_group_begin()
+    a.free(out[:1])
+    a.free(i64([2**40]))
+    with pytest.raises(AllocatorError, match="foreign"):
+        a.retain(out[1:2])
+    a.retain(out[1:2])  # settled: now counted
+    a.free_group_end()
+    assert a.ref_counts.tolist() == [0, 0, 2, 1, 1, 0, 0, 0, 0]
+
+
+def test_a_merge_inside_a_group_keeps_the_parked_calls() -> None:
+    """``merge_and_sort_free`` moves the pending region: the parked calls are found there by offset."""
+    a = TokenAllocator(8, need_sort=True)
+    out = a.alloc(8)
+    assert out is not None
+    a.free(out[6:])  # released (need_sort): a later alloc must merge
+    a.free_group_begin()
+    a.free(out[:2])
+    a.free(i64([9]))
+    assert a.alloc(2) is not None  # merges the released slots 7 and 8 into the free region
+    with pytest.raises(AllocatorError, match=r"foreign slot\(s\) \[9\]"):
+        a.free_group_end()
+    assert a.available_size() == 2
