@@ -70,7 +70,8 @@ def servings(
     accounting: str = "exact",
     speculative: bool = True,
 ) -> Serving:
-    """Serving options for ``model`` on ``platform``: TP that splits its heads, pages the platform accepts.
+    """Serving options for ``model`` on ``platform``: TP that splits its heads, pages the platform accepts (or the
+    page left unset, so that the engine's per-model default applies).
 
     Draws kv dtype, page size, TP (optionally with DP attention), request and
     context caps, and speculative decoding; combinations a plugin refuses are
@@ -83,7 +84,6 @@ def servings(
         platform=platform,
         accounting=accounting,
         kv_cache_dtype=draw(st.sampled_from(KV_DTYPES), label="kv_cache_dtype"),
-        page_size=draw(st.sampled_from(page_sizes(traits)), label="page_size"),
         tp_size=tp,
         dp_size=tp if dp_attention else 1,
         enable_dp_attention=dp_attention,
@@ -96,6 +96,9 @@ def servings(
             label="context_length",
         ),
     )
+    page = draw(st.one_of(st.none(), st.sampled_from(page_sizes(traits))), label="page_size")
+    if page is not None:  # unset: the engine's default page for the model (DeepSeek-V4's 256, a DSA model's 64)
+        options["page_size"] = page
     if algorithm is not None:
         options.update(
             speculative_algorithm=algorithm,
