@@ -543,7 +543,8 @@ def test_a_group_refuses_its_bad_calls_when_it_ends_and_keeps_the_others(checked
     if checked:
         a.free(out[:1])  # slot 1 again: a double free, refused in checked mode
         bad += r".*double free .* \[1\]"
-    with pytest.raises(AllocatorError, match=rf"{2 if checked else 1} free call\(s\) inside the free group refused.*{bad}"):
+    refused = rf"{2 if checked else 1} free call\(s\) inside the free group refused.*{bad}"
+    with pytest.raises(AllocatorError, match=refused):
         a.free_group_end()
     assert not a._in_group
     twin = _twin_without(True, checked, need_sort)
