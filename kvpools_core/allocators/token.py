@@ -17,6 +17,8 @@ __all__ = ["TokenAllocator"]
 _I64 = torch.int64
 _memmove = ctypes.memmove
 _aminmax = torch.aminmax
+_PARK_MAX = 64
+"""Frees inside a group of at most this many slots are checked when the group settles, not at the call."""
 
 
 class TokenAllocator(BaseAllocator):
@@ -71,8 +73,12 @@ class TokenAllocator(BaseAllocator):
         if checked_host and need_size > 0 and end <= self._n:  # the same copy, then one index_fill_ of the map
             assert self._arr is not None
             self._head = end
-            self._mark_taken(head, need_size)
-            return torch.frombuffer(self._arr[head:end], dtype=_I64)
+            out = torch.frombuffer(self._arr[head:end], dtype=_I64)
+            if need_size <= 32:  # a few: the host map by Python ints, no torch op
+                self._mark_taken(head, need_size)
+            else:
+                self._mark_allocated(out)
+            return out
         if need_size <= 0:
             if need_size == 0:
                 return self._buf.new_empty(0)
@@ -98,8 +104,10 @@ class TokenAllocator(BaseAllocator):
             m = indices.numel()
             if not m:
                 return
-            if self._in_group and self._addr and self._refs is None:
-                # parked with the count checked; the range (and the map) once, when the group settles
+            if self._in_group and m <= _PARK_MAX and self._addr and self._refs is None:
+                # a few slots (a decode step's): parked with the count checked; the range (and the map) once,
+                # when the group settles.  A larger free is checked at the call: its check is a small share of it,
+                # and on the shared trace replay parking them measured slower (benchmarks/README.md)
                 rel, pend = self._rel, self._pend
                 if m > self._head - rel - pend:  # the range's (or the map's) error first, then the count's
                     if self._allocated is not None:
