@@ -128,10 +128,12 @@ class _Driver:
         return self.a.full_available_size(), self.a.swa_available_size()
 
     def extend(self, pre: Any, seq: Any, last: Any, n: int) -> Any:
-        raise NotImplementedError
+        """The allocator's ``alloc_extend`` as its API spells it: each driver (ours, SGLang's) provides it."""
+        raise NotImplementedError(f"{type(self).__name__} must drive its allocator's alloc_extend")
 
     def decode(self, seq: Any, last: Any) -> Any:
-        raise NotImplementedError
+        """The allocator's ``alloc_decode``: each driver provides it."""
+        raise NotImplementedError(f"{type(self).__name__} must drive its allocator's alloc_decode")
 
     def evict(self, slots: Any, start: int) -> None:
         if self.segments:

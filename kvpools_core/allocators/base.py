@@ -334,8 +334,9 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
 
     # ------------------------------------------------------------ segment frees
     def free_page_ids(self, page_ids: Tensor | Sequence[int]) -> None:
-        """Free exactly these units (SGLang's ``free_page_ids``); see the subclasses."""
-        raise NotImplementedError
+        """Free exactly these units (SGLang's ``free_page_ids``).  Abstract: what a unit id is (a slot, a page)
+        is the subclass's, and both built-in allocators (``TokenAllocator``, ``PagedAllocator``) define it."""
+        raise NotImplementedError(f"{type(self).__name__} defines no free_page_ids: a BaseAllocator subclass must")
 
     def free_segments(self, segments: Iterable[tuple[Tensor | Sequence[int], int]]) -> None:
         """Free ``(free_index, start_pos)`` segments of one request's row, ascending and page-disjoint
