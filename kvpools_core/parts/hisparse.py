@@ -147,11 +147,23 @@ def size_hisparse_pools(
     )
 
 
-def mapping_pool(logical: int, page_size: int, owner: str) -> PoolSpec:
-    """``full_to_hisparse_device_index_mapping``: ``logical + page_size`` zeros and one ``-1``, int64."""
+def mapping_pool(
+    logical: int,
+    page_size: int,
+    owner: str,
+    *,
+    name: str = MAPPING_POOL,
+    token_space: str = LOGICAL_TOKENS,
+    slot_space: str | None = None,
+    slots_per_token: int = 1,
+) -> PoolSpec:
+    """``full_to_hisparse_device_index_mapping``: ``logical + page_size`` zeros and one ``-1``, int64.
+
+    ``logical`` entries are ``slots_per_token`` per token of ``token_space`` (DeepSeek-V4's: 32 c4 slots per c128
+    token, ``slot_space`` ``"c4"``; DSA's: one per logical token)."""
     padding = page_size + 1
     pool = PoolSpec(
-        name=MAPPING_POOL,
+        name=name,
         kind="allocator",
         slots=logical,
         padding_slots=padding,
@@ -160,12 +172,14 @@ def mapping_pool(logical: int, page_size: int, owner: str) -> PoolSpec:
         sglang_charged=False,
         owner=owner,
         unit=TOKEN,
-        token_space=LOGICAL_TOKENS,
+        token_space=token_space,
     )
     cost = GroupCost(
-        group=MAPPING_POOL,
-        token_space=LOGICAL_TOKENS,
-        token_bytes=MAPPING_ENTRY_BYTES,
+        group=name,
+        token_space=token_space,
+        token_bytes=slots_per_token * MAPPING_ENTRY_BYTES,
         fixed_bytes=padding * MAPPING_ENTRY_BYTES,
+        slot_space=slot_space,
+        slots_per_token=slots_per_token,
     )
     return with_cost(pool, cost)

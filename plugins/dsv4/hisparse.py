@@ -28,8 +28,9 @@ from collections.abc import Callable
 from functools import partial
 
 from kvpools_core.options import option
-from kvpools_core.parts.sizing import allocator_pool, with_cost
-from kvpools_core.values import TOKEN, GroupCost, ModelSpec, PoolSpec, Serving
+from kvpools_core.parts.hisparse import mapping_pool
+from kvpools_core.parts.sizing import allocator_pool
+from kvpools_core.values import ModelSpec, PoolSpec, Serving
 
 __all__ = [
     "C4_HISPARSE_ALLOCATOR",
@@ -125,26 +126,12 @@ def _allocator(c4_tokens: int, page: int, owner: str) -> PoolSpec:
 
 def _mapping(c128_tokens: int, page_size: int, owner: str) -> PoolSpec:
     """32 int64 entries per c128 token (the logical c4 slots), and ``P // 4 + 1`` more, fixed."""
-    logical = c128_tokens * C4_LOGICAL_PER_C128
-    padding = c4_page(page_size) + 1
-    pool = PoolSpec(
+    return mapping_pool(
+        c128_tokens * C4_LOGICAL_PER_C128,
+        c4_page(page_size),
+        owner,
         name=C4_HISPARSE_MAPPING,
-        kind="allocator",
-        slots=logical,
-        padding_slots=padding,
-        bytes_per_slot=MAPPING_ENTRY_BYTES,
-        bytes=(logical + padding) * MAPPING_ENTRY_BYTES,
-        sglang_charged=False,
-        owner=owner,
-        unit=TOKEN,
         token_space=C128_TOKENS,
-    )
-    cost = GroupCost(
-        group=C4_HISPARSE_MAPPING,
-        token_space=C128_TOKENS,
-        token_bytes=C4_LOGICAL_PER_C128 * MAPPING_ENTRY_BYTES,
-        fixed_bytes=padding * MAPPING_ENTRY_BYTES,
         slot_space=C4_TOKENS,
         slots_per_token=C4_LOGICAL_PER_C128,
     )
-    return with_cost(pool, cost)
