@@ -58,7 +58,12 @@ __all__ = [
     "UNIFIED_FEATURE",
     "ArenaMember",
     "allocator_table_bytes",
+    "arena_member",
+    "arena_notes",
+    "arena_pools",
     "arena_rows",
+    "arena_too_small",
+    "geometry_or_fail",
     "kv_entry_from_cell",
     "serving_problems",
     "state_entry_from_cell",
@@ -254,22 +259,16 @@ def unified_sizing(
         rest = budget_bytes - sum(p.bytes for p in kept)
         first = arena_bytes(max(rest, 0))
         tables = allocator_table_bytes(
-            _geometry_or_fail(geometry, first, model_name), full.entry.name, shared_ids=swa is not None
+            geometry_or_fail(geometry, first, model_name), full.entry.name, shared_ids=swa is not None
         )
         total = arena_bytes(max(rest - tables, 0))
-    geo = _geometry_or_fail(geometry, total, model_name)
+    geo = geometry_or_fail(geometry, total, model_name)
     g_full = geo[full.entry.name]
     tokens = empty_end_available_tokens(g_full, geo[others[0].entry.name])
     terms = bs1_floor_terms(
         entries=entries, page_size=page, state=state, swa=swa, context_len=context_len, sliding_window=sliding_window
     )
-    floor = bs1_floor_problem(total, terms, "unified memory pool")
-    if floor is not None or tokens < page:
-        detail = floor.reason if floor is not None else f"the full side reaches {tokens} tokens, under one page"
-        raise InsufficientMemoryError(
-            f"The unified arena of {model_name} ({total:,} B) is too small: {detail} Raise {option('memory')} "
-            f"(or {option('mem_fraction_static')}), or drop {option('enable_unified_memory')}."
-        )
+    arena_too_small(total, terms, tokens, page, where="unified memory pool", model_name=model_name)
     labels: dict[str, int] = {}
     if state is not None:
         labels["size_full"] = mamba_size_full(g_full)
@@ -285,71 +284,29 @@ def unified_sizing(
     counts: dict[str, int] = {FULL_TOKENS: tokens}
     sub_pools, member_pools = [], []
     for m in members:
-        g = geo[m.entry.name]
-        sub_pools.append(
-            ArenaSubPool(
-                pool=m.pool,
-                kind=m.entry.kind,
-                entry_bytes=m.entry.entry_bytes,
-                page_size=g.page_size,
-                max_slots=g.max_slots,
-                min_slot_index=g.min_slot_index,
-                grows=m.grows,
-                layer_num=m.entry.layer_num,
-                **arena_rows(m.entry),
-            )
-        )
         slots = tokens if m is full else 0
         if m.entry.kind == "kv":
             counts.setdefault(m.token_space, slots)
-        member_pools.append(
-            PoolSpec(
-                name=m.pool,
-                kind="kv" if m.entry.kind == "kv" else "state",
-                slots=slots,
-                bytes_per_slot=m.entry.entry_bytes,
-                bytes=slots * m.entry.entry_bytes,
-                owner=owner,
-                unit=TOKEN if m.entry.kind == "kv" else STATE_SLOT,
-                token_space=m.token_space,
-                arena=ARENA_POOL,
-            )
+        sub_pool, member_pool = arena_member(
+            m.entry, geo[m.entry.name], pool=m.pool, grows=m.grows, slots=slots, owner=owner, token_space=m.token_space
         )
+        sub_pools.append(sub_pool)
+        member_pools.append(member_pool)
     tables = allocator_table_bytes(geo, full.entry.name, shared_ids=swa is not None)
-    arena = Arena(
-        name=ARENA_POOL,
-        bytes=total,
-        sink_bytes=sink,
+    arena, pools = arena_pools(
+        total=total,
+        sink=sink,
         sub_pools=sub_pools,
         labels=labels,
-        floor_bytes=sum(b for _, b in terms),
-        lazy_compaction=serving.lazy_compaction,
+        terms=terms,
+        serving=serving,
+        owner=owner,
+        member_pools=member_pools,
+        kept=kept,
+        tables=tables,
     )
-    pools = [
-        PoolSpec(name=ARENA_POOL, kind="arena", slots=1, bytes_per_slot=total, bytes=total, owner=owner, unit=FIXED),
-        *member_pools,
-        *kept,
-        PoolSpec(
-            name=ALLOCATOR_POOL,
-            kind="allocator",
-            slots=1,
-            bytes_per_slot=tables,
-            bytes=tables,
-            owner=owner,
-            sglang_charged=False,
-            unit=FIXED,
-        ),
-    ]
     notes = [
-        f"unified memory (--enable-unified-memory): one {total:,} B arena, sink {sink:,} B; "
-        + "; ".join(
-            f"{s.pool} entry {s.entry_bytes:,} B, max_slots {s.max_slots:,}, grows {s.grows}" for s in sub_pools
-        ),
-        "SGLang's boot labels: "
-        + ", ".join(f"{k} = {v:,}" for k, v in labels.items())
-        + f"; the batch-size-1 floor is {sum(b for _, b in terms):,} B ("
-        + " + ".join(f"{k} {v:,}" for k, v in terms)
-        + ")",
+        *arena_notes(f"unified memory (--enable-unified-memory): one {total:,} B arena", arena, terms),
         "the split between the sub-pools moves at run time: max_total_num_tokens is the full side's reach in the "
         "empty arena; each live state slot or SWA token takes its entry's bytes from it (kvpools capacity)",
     ]
@@ -371,9 +328,119 @@ def unified_sizing(
     )
 
 
-def _geometry_or_fail(
+def arena_member(
+    entry: SubPoolEntry,
+    geometry: SubPoolGeometry,
+    *,
+    pool: str,
+    grows: str,
+    slots: int,
+    owner: str,
+    token_space: str,
+) -> tuple[ArenaSubPool, PoolSpec]:
+    """One sub-pool of the arena: its row in the arena's geometry, and its member pool in the plan (``slots`` of
+    them live at the boot corner; a state member counts state slots, a KV member tokens of ``token_space``)."""
+    sub_pool = ArenaSubPool(
+        pool=pool,
+        kind=entry.kind,
+        entry_bytes=entry.entry_bytes,
+        page_size=geometry.page_size,
+        max_slots=geometry.max_slots,
+        min_slot_index=geometry.min_slot_index,
+        grows=grows,
+        layer_num=entry.layer_num,
+        **arena_rows(entry),
+    )
+    is_kv = entry.kind == "kv"
+    member_pool = PoolSpec(
+        name=pool,
+        kind="kv" if is_kv else "state",
+        slots=slots,
+        bytes_per_slot=entry.entry_bytes,
+        bytes=slots * entry.entry_bytes,
+        owner=owner,
+        unit=TOKEN if is_kv else STATE_SLOT,
+        token_space=token_space,
+        arena=ARENA_POOL,
+    )
+    return sub_pool, member_pool
+
+
+def arena_pools(
+    *,
+    total: int,
+    sink: int,
+    sub_pools: Sequence[ArenaSubPool],
+    labels: Mapping[str, int],
+    terms: Sequence[tuple[str, int]],
+    serving: Serving,
+    owner: str,
+    member_pools: Sequence[PoolSpec],
+    kept: Sequence[PoolSpec],
+    tables: int,
+) -> tuple[Arena, list[PoolSpec]]:
+    """The arena and the plan's pools around it: the arena as one pool, its members (which charge nothing of
+    their own), the static pools that stay, and the unified allocators' tables (not in SGLang's budget)."""
+    arena = Arena(
+        name=ARENA_POOL,
+        bytes=total,
+        sink_bytes=sink,
+        sub_pools=tuple(sub_pools),
+        labels=dict(labels),
+        floor_bytes=sum(b for _, b in terms),
+        lazy_compaction=serving.lazy_compaction,
+    )
+    pools = [
+        PoolSpec(name=ARENA_POOL, kind="arena", slots=1, bytes_per_slot=total, bytes=total, owner=owner, unit=FIXED),
+        *member_pools,
+        *kept,
+        PoolSpec(
+            name=ALLOCATOR_POOL,
+            kind="allocator",
+            slots=1,
+            bytes_per_slot=tables,
+            bytes=tables,
+            owner=owner,
+            sglang_charged=False,
+            unit=FIXED,
+        ),
+    ]
+    return arena, pools
+
+
+def arena_notes(headline: str, arena: Arena, terms: Sequence[tuple[str, int]]) -> list[str]:
+    """The plan's two notes on an arena: its sub-pools, and SGLang's boot labels with the batch-size-1 floor."""
+    return [
+        f"{headline}, sink {arena.sink_bytes:,} B; "
+        + "; ".join(
+            f"{s.pool} entry {s.entry_bytes:,} B, max_slots {s.max_slots:,}, grows {s.grows}" for s in arena.sub_pools
+        ),
+        "SGLang's boot labels: "
+        + ", ".join(f"{k} = {v:,}" for k, v in arena.labels.items())
+        + f"; the batch-size-1 floor is {sum(b for _, b in terms):,} B ("
+        + " + ".join(f"{k} {v:,}" for k, v in terms)
+        + ")",
+    ]
+
+
+def arena_too_small(
+    total: int, terms: Sequence[tuple[str, int]], tokens: int, page: int, *, where: str, model_name: str
+) -> None:
+    """Refuse an arena under SGLang's batch-size-1 floor (``where`` names SGLang's check) or whose full side
+    reaches less than one page."""
+    floor = bs1_floor_problem(total, terms, where)
+    if floor is not None or tokens < page:
+        detail = floor.reason if floor is not None else f"the full side reaches {tokens} tokens, under one page"
+        raise InsufficientMemoryError(
+            f"The unified arena of {model_name} ({total:,} B) is too small: {detail} Raise {option('memory')} "
+            f"(or {option('mem_fraction_static')}), or drop {option('enable_unified_memory')}."
+        )
+
+
+def geometry_or_fail(
     geometry: Callable[[int], dict[str, SubPoolGeometry]], total: int, model_name: str
 ) -> dict[str, SubPoolGeometry]:
+    """The arena's geometry at ``total`` bytes, or a sizing error when no slot fits past the sink."""
     try:
         return geometry(total)
     except InvalidValueError as exc:  # no slot past the sink

@@ -27,13 +27,10 @@ from collections.abc import Sequence
 
 import attrs
 
-from kvpools_core.errors import InsufficientMemoryError
-from kvpools_core.options import option
 from kvpools_core.parts.unified import (
     SubPoolEntry,
     SubPoolGeometry,
     arena_bytes,
-    bs1_floor_problem,
     bs1_floor_terms,
     empty_end_available_tokens,
     mamba_arena_bytes,
@@ -41,16 +38,17 @@ from kvpools_core.parts.unified import (
     sink_bytes,
     sub_pool_geometry,
 )
-from kvpools_core.parts.unified_plan import ALLOCATOR_POOL, ARENA_POOL, allocator_table_bytes, arena_rows
+from kvpools_core.parts.unified_plan import (
+    allocator_table_bytes,
+    arena_member,
+    arena_notes,
+    arena_pools,
+    arena_too_small,
+    geometry_or_fail,
+)
 from kvpools_core.values import (
-    FIXED,
     FULL_TOKENS,
-    STATE_SLOT,
-    TOKEN,
-    Arena,
-    ArenaSubPool,
     PoolSizing,
-    PoolSpec,
     Serving,
 )
 
@@ -115,14 +113,20 @@ def unified_tri_sizing(
     page = serving.page_size
     names = {members.full_pool, members.swa_pool, members.state_pool, *drop}
     kept = [p for p in static.pools if p.name not in names]
+
+    def geometry(total: int) -> dict[str, SubPoolGeometry]:
+        return tri_geometry(total, members, page)
+
     if serving.accounting == "sglang":
         total = mamba_arena_bytes(arena_bytes(token_budget_bytes), max_mamba_cache_size, members.state)
     else:
         rest = budget_bytes - sum(p.bytes for p in kept)
         first = arena_bytes(max(rest, 0))
-        tables = tri_allocator_table_bytes(_geometry_or_fail(first, members, page, model_name), members)
+        tables = tri_allocator_table_bytes(
+            geometry_or_fail(lambda t: tri_geometry(t, members, page), first, model_name), members
+        )
         total = arena_bytes(max(rest - tables, 0))
-    geo = _geometry_or_fail(total, members, page, model_name)
+    geo = geometry_or_fail(geometry, total, model_name)
     g_full, g_state = geo[members.full.name], geo[members.state.name]
     tokens = empty_end_available_tokens(g_full, g_state)
     terms = bs1_floor_terms(
@@ -133,13 +137,7 @@ def unified_tri_sizing(
         context_len=context_len,
         sliding_window=sliding_window,
     )
-    floor = bs1_floor_problem(total, terms, "init_unified_mamba_swa_pools")
-    if floor is not None or tokens < page:
-        detail = floor.reason if floor is not None else f"the full side reaches {tokens} tokens, under one page"
-        raise InsufficientMemoryError(
-            f"The unified arena of {model_name} ({total:,} B) is too small: {detail} Raise {option('memory')} "
-            f"(or {option('mem_fraction_static')}), or drop {option('enable_unified_memory')}."
-        )
+    arena_too_small(total, terms, tokens, page, where="init_unified_mamba_swa_pools", model_name=model_name)
     labels = {
         "full_max_total_num_tokens": full_max_total_num_tokens,
         "swa_max_total_num_tokens": swa_max_total_num_tokens,
@@ -152,71 +150,35 @@ def unified_tri_sizing(
     spaces = {members.full.name: FULL_TOKENS, members.swa.name: members.swa_space, members.state.name: ""}
     sub_pools, member_pools = [], []
     for entry in members.entries:
-        g = geo[entry.name]
-        sub_pools.append(
-            ArenaSubPool(
-                pool=pools_of[entry.name],
-                kind=entry.kind,
-                entry_bytes=entry.entry_bytes,
-                page_size=g.page_size,
-                max_slots=g.max_slots,
-                min_slot_index=g.min_slot_index,
-                grows=grows[entry.name],
-                layer_num=entry.layer_num,
-                **arena_rows(entry),
-            )
+        sub_pool, member_pool = arena_member(
+            entry,
+            geo[entry.name],
+            pool=pools_of[entry.name],
+            grows=grows[entry.name],
+            slots=tokens if entry is members.full else 0,
+            owner=owner,
+            token_space=spaces[entry.name] or FULL_TOKENS,
         )
-        slots = tokens if entry is members.full else 0
-        member_pools.append(
-            PoolSpec(
-                name=pools_of[entry.name],
-                kind="kv" if entry.kind == "kv" else "state",
-                slots=slots,
-                bytes_per_slot=entry.entry_bytes,
-                bytes=slots * entry.entry_bytes,
-                owner=owner,
-                unit=TOKEN if entry.kind == "kv" else STATE_SLOT,
-                token_space=spaces[entry.name] or FULL_TOKENS,
-                arena=ARENA_POOL,
-            )
-        )
-    tables = tri_allocator_table_bytes(geo, members)
-    sink = sink_bytes(members.entries, page)
-    arena = Arena(
-        name=ARENA_POOL,
-        bytes=total,
-        sink_bytes=sink,
+        sub_pools.append(sub_pool)
+        member_pools.append(member_pool)
+    arena, pools = arena_pools(
+        total=total,
+        sink=sink_bytes(members.entries, page),
         sub_pools=sub_pools,
         labels=labels,
-        floor_bytes=sum(b for _, b in terms),
-        lazy_compaction=serving.lazy_compaction,
+        terms=terms,
+        serving=serving,
+        owner=owner,
+        member_pools=member_pools,
+        kept=kept,
+        tables=tri_allocator_table_bytes(geo, members),
     )
-    pools = [
-        PoolSpec(name=ARENA_POOL, kind="arena", slots=1, bytes_per_slot=total, bytes=total, owner=owner, unit=FIXED),
-        *member_pools,
-        *kept,
-        PoolSpec(
-            name=ALLOCATOR_POOL,
-            kind="allocator",
-            slots=1,
-            bytes_per_slot=tables,
-            bytes=tables,
-            owner=owner,
-            sglang_charged=False,
-            unit=FIXED,
-        ),
-    ]
     notes = [
-        f"unified memory tri-pool (--enable-unified-memory, init_unified_mamba_swa_pools): one {total:,} B arena, "
-        f"sink {sink:,} B; "
-        + "; ".join(
-            f"{s.pool} entry {s.entry_bytes:,} B, max_slots {s.max_slots:,}, grows {s.grows}" for s in sub_pools
+        *arena_notes(
+            f"unified memory tri-pool (--enable-unified-memory, init_unified_mamba_swa_pools): one {total:,} B arena",
+            arena,
+            terms,
         ),
-        "SGLang's boot labels: "
-        + ", ".join(f"{k} = {v:,}" for k, v in labels.items())
-        + f"; the batch-size-1 floor is {sum(b for _, b in terms):,} B ("
-        + " + ".join(f"{k} {v:,}" for k, v in terms)
-        + ")",
         "the SWA sub-pool floats between the state END and the full END: the split between full tokens, SWA "
         "tokens and state slots moves at run time; max_total_num_tokens is the full side's reach in the empty "
         "arena (kvpools capacity)",
@@ -242,14 +204,3 @@ def unified_tri_sizing(
             "unified_total_bytes": total,
         },
     )
-
-
-def _geometry_or_fail(total: int, members: TriPoolMembers, page: int, model_name: str) -> dict[str, SubPoolGeometry]:
-    from kvpools_core.errors import InvalidValueError
-
-    try:
-        return tri_geometry(total, members, page)
-    except InvalidValueError as exc:  # no slot past the sink
-        raise InsufficientMemoryError(
-            f"The unified arena of {model_name} ({total:,} B) has no room past its sink: {exc}"
-        ) from None
