@@ -8,6 +8,7 @@ one), reads the JSON (:mod:`kvpools_core.config`), and asks the architecture plu
 from __future__ import annotations
 
 import difflib
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,9 +64,23 @@ def resolve_model_source(model: str, registry: Registry) -> tuple[dict[str, Any]
     )
 
 
+_PRESETS: weakref.WeakKeyDictionary[Registry, dict[str, tuple[str, str]]] = weakref.WeakKeyDictionary()
+"""Each registry's presets, asked once: a plugin's preset set is fixed for the registry's life (the ``presets``
+hook's contract), and asking every plugin to glob its folder again was a third of a preset plan's time."""
+_PARSED: weakref.WeakKeyDictionary[Registry, dict[tuple[str, str, int, int], tuple[ModelSpec, str]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Each registry's parsed presets, keyed by the preset's name and its file's path, modification time and size
+(an edited file is parsed again).  A ``ModelSpec`` is frozen, so one parse serves every plan of the preset."""
+
+
 def registry_presets(registry: Registry) -> dict[str, tuple[str, str]]:
     """Preset name → (plugin, path) across plugins; the same name from two plugins is a conflict."""
-    return {name: (plugin, str(path)) for name, (plugin, path) in registry.call_named("presets", "Preset").items()}
+    found = _PRESETS.get(registry)
+    if found is None:
+        found = {name: (plugin, str(path)) for name, (plugin, path) in registry.call_named("presets", "Preset").items()}
+        _PRESETS[registry] = found
+    return dict(found)
 
 
 def parse_config(config: Mapping[str, Any], source: str, registry: Registry) -> tuple[ModelSpec, str]:
@@ -92,9 +107,27 @@ def load_model(model: str, registry: Registry, name: str | None = None) -> tuple
     """Resolve, read and parse ``model``; returns the spec and the plugin that claimed it."""
     import attrs
 
+    preset = registry_presets(registry).get(model)
+    if preset is not None:
+        spec, plugin = _parsed_preset(model, Path(preset[1]), registry)
+        return attrs.evolve(spec, name=name or model), plugin
     config, source, default_name = resolve_model_source(model, registry)
     spec, plugin = parse_config(config, source, registry)
     return attrs.evolve(spec, name=name or default_name, source=source), plugin
+
+
+def _parsed_preset(model: str, path: Path, registry: Registry) -> tuple[ModelSpec, str]:
+    """The preset's spec as its plugin parsed it, once per registry and file version (see ``_PARSED``)."""
+    import attrs
+
+    stat = path.stat()
+    key = (model, str(path), stat.st_mtime_ns, stat.st_size)
+    parsed = _PARSED.setdefault(registry, {})
+    if key not in parsed:
+        source = f"preset:{model}"
+        spec, plugin = parse_config(read_config_file(path), source, registry)
+        parsed[key] = (attrs.evolve(spec, source=source), plugin)
+    return parsed[key]
 
 
 def launch_model_path(model: str, registry: Registry) -> str:

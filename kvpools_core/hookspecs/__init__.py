@@ -119,7 +119,11 @@ def presets() -> Mapping[str, str] | None:
     """Name the bundled model configs a plugin ships.
 
     Every implementation is called; the results are collected.  Two plugins
-    offering the same preset name is a conflict naming both.
+    offering the same preset name is a conflict naming both.  A registry asks
+    once and keeps the answer (the set of presets is fixed for its life), and
+    parses each preset file once per version of the file (its modification
+    time and size): ``parse_model_config`` must answer the same spec for the
+    same config, which a pure parser does.
 
     :returns: preset name → path of a ``config.json`` file.
     """
