@@ -53,6 +53,9 @@ def _pools_table(result: TrtllmPlanResult) -> Table:
         title += ", and the MTP draft manager's pool"
     if result.hybrid_manager:
         title = f"{result.hybrid_manager}: the attention pool and the recurrent-state pool (one block per request)"
+    manager_v2 = getattr(result, "v2_manager", None)
+    if manager_v2:
+        title = f"{manager_v2} (KVCacheManagerV2): one pool group per life cycle, blocks = slots, share = ratio"
     table = Table(title=title)
     for column in ("window", "layers", "share", "bytes/token", "primary blocks", "tokens", "host blocks"):
         table.add_column(column, justify="right")
