@@ -18,7 +18,8 @@ def _header(result: TrtllmPlanResult, command: str, console: Console) -> None:
     dp = " · attention DP" if result.enable_attention_dp else ""
     console.print(
         f"[bold]kvpools {command}[/bold] — {result.model.name} ({result.model.source}), accounting trtllm "
-        f"(TensorRT-LLM {TRTLLM_VERSION}, PyTorch KVCacheManager) · TP {serving.tp_size} · PP {serving.pp_size}"
+        f"(TensorRT-LLM {TRTLLM_VERSION}, PyTorch {getattr(result, 'v2_manager', None) or 'KVCacheManager'}) · "
+        f"TP {serving.tp_size} · PP {serving.pp_size}"
         f"{dp} · kv {result.kv_cache_dtype}"
     )
 

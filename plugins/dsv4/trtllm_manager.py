@@ -85,7 +85,16 @@ def dsv4_trtllm_layers(model: ModelSpec, serving: Serving) -> tuple[TrtllmLayer,
             f"TensorRT-LLM refuses --kv-cache-dtype {dtype} for {model.name}: DeepseekV4CacheManager asserts "
             "'Unsupported dtype ..., only support BF16 and FP8'. Use --kv-cache-dtype auto, bf16 or fp8_e4m3."
         )
-    ratios = [int(layer.params.get("compress_ratio", 0)) or 1 for layer in model.layers]
+    raw = [int(layer.params.get("compress_ratio", 0)) for layer in model.layers]
+    low = sorted({ratio for ratio in raw if ratio in (1, 2)})
+    if low:
+        raise UnsupportedCombinationError(
+            f"kvpools does not model {model.name}'s ratio-{'/'.join(map(str, low))} compressed layers (DeepSeek-V4.1) "
+            "for --accounting trtllm yet: TensorRT-LLM's DeepSeekV4SparseAttentionConfig normalizes a checkpoint's 0 "
+            "(SWA only) to 1, so a compressed ratio-1 layer would be planned as SWA only, and its DeepSeek-V4 metadata "
+            "takes ratios 1, 4 and 128 only; use --accounting sglang or vllm."
+        )
+    ratios = [ratio or 1 for ratio in raw]
     unsupported = sorted(set(ratios) - {1, SPARSE_RATIO, 128})
     if unsupported:
         raise UnsupportedCombinationError(

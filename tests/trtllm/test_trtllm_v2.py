@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
@@ -44,8 +45,10 @@ from kvpools_core.engines.trtllm.manager_v2 import (
     stale_blocks,
 )
 from kvpools_core.errors import KvpoolsError, UnsupportedCombinationError
+from kvpools_core.models import load_model
 from kvpools_core.parts.trtllm import TrtllmLayer
 from kvpools_core.parts.trtllm_v2 import TrtllmBuffer, TrtllmV2Layer
+from kvpools_core.registry import get_registry
 from kvpools_core.values import Serving
 
 GiB = 1 << 30
@@ -308,3 +311,27 @@ def test_cli_plan_and_capacity() -> None:
     capacity = runner.invoke(main, ["capacity", FLASH, *args, "--context", "8k,32k", "--json"])
     assert capacity.exit_code == 0, capacity.output
     assert [row["max_requests"] for row in json.loads(capacity.stdout)["capacity"]] == [512, 174]
+    record = runner.invoke(main, ["plan", FLASH, *args, "--format", "capacity-json"])
+    assert record.exit_code == 1 and "capacity record of TensorRT-LLM's DeepseekV4CacheManager" in record.stderr
+    assert "Traceback" not in record.output
+
+
+def test_dsv41_low_ratio_layers_are_refused_not_planned_as_swa() -> None:
+    """``DeepSeekV4SparseAttentionConfig.normalize_compress_ratios`` turns a checkpoint's 0 (SWA only) into 1, so a
+    DeepSeek-V4.1 compressed ratio-1 layer would read as SWA only: refused by name instead."""
+    spec, _ = load_model(FLASH, get_registry())
+    layers = list(spec.layers)
+    layers[2] = attrs.evolve(layers[2], params={**layers[2].params, "compress_ratio": 1})
+    with pytest.raises(UnsupportedCombinationError, match="ratio-1 compressed layers"):
+        plan_trtllm(attrs.evolve(spec, layers=layers), memory="60GiB", tokens_per_block=128, max_seq_len=65536)
+
+
+def test_pro_plans_with_the_same_contract() -> None:
+    """DeepSeek-V4-Pro answers the same hook.  Its layer 0 is a ratio-128 layer, so the window-128 group's largest pool
+    is the 62 compressor state/score buffers; ``blocks_in_primary_pool`` still reads manager layer 0, layer 0's SWA
+    buffer, in the 61-buffer SWA pool: ``maxNumBlocks`` = 61 x that group's slots."""
+    result = plan_trtllm("deepseek-v4-pro", memory="120GiB", tokens_per_block=128, max_seq_len=32768)
+    assert isinstance(result, TrtllmV2PlanResult)
+    capacity = result.kv_cache_capacity()
+    assert capacity is not None
+    assert capacity["maxNumBlocks"] == result.model.num_layers * result.v2.slots[0]

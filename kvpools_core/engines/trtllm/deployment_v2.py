@@ -52,6 +52,9 @@ class TrtllmV2PlanResult(TrtllmPlanResult):
 
     v2: V2Solve
     v2_manager: str
+    first_buffer: tuple[int, str]
+    """Manager layer id 0: the first layer's first buffer (``(layer index, kind)``), whose KEY page bound
+    ``blocks_in_primary_pool`` reads."""
     quota_from_max_tokens: int | None = None
     estimated_bytes_per_token: int = 0
 
@@ -61,19 +64,11 @@ class TrtllmV2PlanResult(TrtllmPlanResult):
         first buffer), which PyExecutor publishes because ``KVCacheManagerV2.get_kv_cache_stats`` leaves
         ``max_num_blocks`` at 0.  It counts that buffer's pages: every layer's buffer of the same kind and size
         shares the pool, so it is ``slots x buffers in the pool``, not a count of token blocks."""
-        group = self.v2.groups[0]
-        first = self._first_buffer()
-        return page_index_upper_bound(group, self.v2.slots[group.index], first[0], first[1])
-
-    def _first_buffer(self) -> tuple[int, str]:
-        group = self.v2.groups[0]
-        layer = min(group.layers)
-        for pools in group.pools:
-            for pool in pools:
-                for buffer in pool.buffers:
-                    if buffer[0] == layer:
-                        return buffer
-        raise AssertionError("pool group without buffers")
+        layer, kind = self.first_buffer
+        for group in self.v2.groups:
+            if any((layer, kind) in pool.buffers for pools in group.pools for pool in pools):
+                return page_index_upper_bound(group, self.v2.slots[group.index], layer, kind)
+        raise AssertionError(f"no pool group holds manager layer 0 ({layer}, {kind})")
 
     @property
     def max_kv_tokens(self) -> int:
@@ -304,6 +299,7 @@ def plan_v2(
         warnings=tuple(warnings),
         v2=result,
         v2_manager=manager,
+        first_buffer=(layers[0].index, first.buffers[0].kind),
         quota_from_max_tokens=from_max_tokens,
         estimated_bytes_per_token=estimated,
     )
