@@ -26,6 +26,7 @@ DeepSeek-V4-Flash: 43 layers, ``compress_ratios`` 0, 0, then 4 / 128 alternating
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import attrs
 import pytest
@@ -45,10 +46,11 @@ from kvpools_core.engines.trtllm.manager_v2 import (
     stale_blocks,
 )
 from kvpools_core.errors import KvpoolsError, UnsupportedCombinationError
+from kvpools_core.hookspecs import hookimpl
 from kvpools_core.models import load_model
 from kvpools_core.parts.trtllm import TrtllmLayer
 from kvpools_core.parts.trtllm_v2 import TrtllmBuffer, TrtllmV2Layer
-from kvpools_core.registry import get_registry
+from kvpools_core.registry import Registry, get_registry
 from kvpools_core.values import Serving
 
 GiB = 1 << 30
@@ -335,3 +337,41 @@ def test_pro_plans_with_the_same_contract() -> None:
     capacity = result.kv_cache_capacity()
     assert capacity is not None
     assert capacity["maxNumBlocks"] == result.model.num_layers * result.v2.slots[0]
+
+
+class _LlamaInV2:
+    """A third-party architecture plugin answering the trtllm hook with ``TrtllmLayer.v2`` values: Llama-3.1-8B's K
+    and V (8 heads x 128 x 2 B = 2,048 B a token each, no window) in a ``KVCacheManagerV2``."""
+
+    @hookimpl
+    def engine_layer_specs(self, engine: str, model: Any) -> tuple[TrtllmLayer, ...] | None:
+        if engine != "trtllm" or model.name != "llama-3.1-8b":
+            return None
+        buffers = (TrtllmBuffer(kind="KEY", entry_bytes=2048), TrtllmBuffer(kind="VALUE", entry_bytes=2048))
+        return tuple(
+            TrtllmLayer(
+                index=layer.index,
+                num_kv_heads=8,
+                head_dim=128,
+                kv_factor=2,
+                v2=TrtllmV2Layer(manager="KVCacheManagerV2", buffers=buffers),
+            )
+            for layer in model.layers
+        )
+
+
+def test_the_v2_contract_serves_a_third_party_plugin() -> None:
+    """The hook's ``v2`` answer is planned for any architecture.  Llama-3.1-8B, 20 GiB: quota int(20 GiB x 0.9) =
+    19,327,352,832 B, grains of 32 MiB (log2(18) -> 4): 576.  One life cycle, one pool of 64 buffers of 32 x 2,048 =
+    65,536 B: slots of 4,194,304 B, 8 a grain, 4,608 slots (the constraint's 131,072 / 32 = 4,096 fit) = 147,456
+    tokens -- what the V1 manager's 19,327,352,832 // 131,072 gives.  ``maxNumBlocks`` is the K buffer's page bound,
+    64 x 4,608 = 294,912."""
+    result = plan_trtllm(
+        "llama-3.1-8b", memory="20GiB", max_seq_len=131072, registry=Registry(extra_plugins={"v2": _LlamaInV2()})
+    )
+    assert isinstance(result, TrtllmV2PlanResult) and result.v2_manager == "KVCacheManagerV2"
+    assert result.v2.quota == 19_327_352_832 and result.v2.granularity == 32 * MiB
+    assert [group.slot_sizes for group in result.v2.groups] == [(4_194_304,)]
+    assert result.v2.min_slots == (4096,) and result.v2.slots == (4608,)
+    assert result.max_kv_tokens == 147_456 == plan_trtllm("llama-3.1-8b", memory="20GiB").max_kv_tokens
+    assert result.max_num_blocks == 294_912
