@@ -121,7 +121,10 @@ def render_trtllm_capacity(result: TrtllmPlanResult, contexts: Sequence[int], co
     console.print(_pools_table(result))
     extra = result.extra_tokens_per_request
     held = f"(min(L, window) + {extra})" if extra else "min(L, window)"
-    table = Table(title=f"requests = min(max_batch_size, min over pools of blocks / ceil({held} / tokens))")
+    title = f"requests = min(max_batch_size, min over pools of blocks / ceil({held} / tokens))"
+    if getattr(result, "v2_manager", None):
+        title = "requests = min(max_batch_size, min over pool groups of slots / the slots a request of L holds)"
+    table = Table(title=title)
     table.add_column("context L", justify="right")
     table.add_column("requests", justify="right")
     for length in contexts:

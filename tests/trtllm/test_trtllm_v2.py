@@ -184,6 +184,18 @@ def test_a_quota_below_the_constraint_is_raised_to_it_with_a_warning() -> None:
     assert any("raises the quota of 21,474,836,480 B" in warning for warning in result.warnings)
 
 
+def test_rounding_the_quota_up_to_a_grain_is_no_warning() -> None:
+    """H200, TP 4: 140.40 GiB - kvpools' weights estimate, x 0.9 = 99,694,975,539 B; the level rounds it up to
+    2,972 grains of 32 MiB = 99,723,771,904 B (``_compute_slot_count_for_level``: ``round_up(quota, granularity)``),
+    which is TensorRT-LLM's own rounding, not the constraint raising the quota: no warning.  The constraint (one
+    131,072-token context request, 1,024 blocks) pins 1,024 slots of each windowed group."""
+    result = flash(memory=None, gpu="h200", serving=Serving(tp_size=4), max_seq_len=131072)
+    assert result.v2.quota == result.ranks[0].available_kv_memory
+    assert result.v2.level_quota == -(-result.v2.quota // (32 * MiB)) * 32 * MiB
+    assert result.v2.level_quota > result.v2.quota and not result.warnings
+    assert result.v2.slots[0] == result.v2.slots[2] == 1024
+
+
 def test_the_default_max_seq_len_pins_more_than_the_gpu() -> None:
     """``max_seq_len`` 1,048,576 (the model's, 8,192 blocks): the one-context-request constraint pins 8,192 slots of
     every group -- 2,560 + 1,376 + 168 + 22 + 5 + 5,376 + 1,344 = 10,851 grains of 32 MiB = 364,099,141,632 B, more

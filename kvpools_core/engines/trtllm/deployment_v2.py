@@ -33,7 +33,13 @@ import attrs
 
 from kvpools_core.engines.trtllm.deployment import MANAGER_V2_PLANNER, TrtllmPlanResult, TrtllmRank
 from kvpools_core.engines.trtllm.manager import DEFAULT_TOKENS_PER_BLOCK, WindowPool, available_kv_memory
-from kvpools_core.engines.trtllm.manager_v2 import V2Solve, clamp_max_seq_len, page_index_upper_bound, solve
+from kvpools_core.engines.trtllm.manager_v2 import (
+    V2Solve,
+    clamp_max_seq_len,
+    page_index_upper_bound,
+    round_up,
+    solve,
+)
 from kvpools_core.errors import ConfigError, UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parts.trtllm import TrtllmLayer
@@ -224,7 +230,7 @@ def plan_v2(
         constraints=constraints,
     )
     warnings = []
-    if result.level_quota > quota:
+    if result.min_quota > round_up(quota, result.granularity):
         if result.level_quota > frees[0]:
             raise UnsupportedCombinationError(
                 f"{what} needs {result.level_quota:,} B for its constraint (one context request of max_seq_len "
