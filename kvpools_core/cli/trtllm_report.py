@@ -18,7 +18,8 @@ def _header(result: TrtllmPlanResult, command: str, console: Console) -> None:
     dp = " · attention DP" if result.enable_attention_dp else ""
     console.print(
         f"[bold]kvpools {command}[/bold] — {result.model.name} ({result.model.source}), accounting trtllm "
-        f"(TensorRT-LLM {TRTLLM_VERSION}, PyTorch KVCacheManager) · TP {serving.tp_size} · PP {serving.pp_size}"
+        f"(TensorRT-LLM {TRTLLM_VERSION}, PyTorch {getattr(result, 'v2_manager', None) or 'KVCacheManager'}) · "
+        f"TP {serving.tp_size} · PP {serving.pp_size}"
         f"{dp} · kv {result.kv_cache_dtype}"
     )
 
@@ -53,6 +54,9 @@ def _pools_table(result: TrtllmPlanResult) -> Table:
         title += ", and the MTP draft manager's pool"
     if result.hybrid_manager:
         title = f"{result.hybrid_manager}: the attention pool and the recurrent-state pool (one block per request)"
+    manager_v2 = getattr(result, "v2_manager", None)
+    if manager_v2:
+        title = f"{manager_v2} (KVCacheManagerV2): one pool group per life cycle, blocks = slots, share = ratio"
     table = Table(title=title)
     for column in ("window", "layers", "share", "bytes/token", "primary blocks", "tokens", "host blocks"):
         table.add_column(column, justify="right")
@@ -117,7 +121,10 @@ def render_trtllm_capacity(result: TrtllmPlanResult, contexts: Sequence[int], co
     console.print(_pools_table(result))
     extra = result.extra_tokens_per_request
     held = f"(min(L, window) + {extra})" if extra else "min(L, window)"
-    table = Table(title=f"requests = min(max_batch_size, min over pools of blocks / ceil({held} / tokens))")
+    title = f"requests = min(max_batch_size, min over pools of blocks / ceil({held} / tokens))"
+    if getattr(result, "v2_manager", None):
+        title = "requests = min(max_batch_size, min over pool groups of slots / the slots a request of L holds)"
+    table = Table(title=title)
     table.add_column("context L", justify="right")
     table.add_column("requests", justify="right")
     for length in contexts:

@@ -16,6 +16,7 @@ import attrs
 
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.parts.indexer import SKIPS_TOPK
+from kvpools_core.parts.trtllm_v2 import TrtllmBuffer, TrtllmV2Layer
 from kvpools_core.values import LayerSpec, ModelSpec
 
 ENGINE = "trtllm"
@@ -40,6 +41,11 @@ class TrtllmLayer:
     """A Mamba / linear-attention layer's recurrent state (``CppMambaHybridCacheManager``'s unified pool): such a
     layer has no KV (``num_kv_heads``, ``head_dim`` and ``kv_factor`` 0).  A layer with neither KV nor state (a
     hybrid's MLP / MoE block) is outside TensorRT-LLM's ``layer_mask`` and caches nothing."""
+    v2: TrtllmV2Layer | None = None
+    """The layer's buffers in a ``KVCacheManagerV2`` subclass (:mod:`kvpools_core.parts.trtllm_v2`), for models
+    TensorRT-LLM serves with one (DeepSeek-V4's ``DeepseekV4CacheManager``); None for the V1 managers.  When set,
+    the engine plans the model with the V2 runtime's pool-ratio solve and ignores ``num_kv_heads``, ``head_dim`` and
+    ``kv_factor`` (kept as the manager's constructor takes them)."""
 
     @property
     def has_kv(self) -> bool:
@@ -200,8 +206,10 @@ def layer_values(answer: Sequence[object]) -> tuple[TrtllmLayer, ...]:
 __all__ = [
     "ENGINE",
     "INDEXER_QUANT_BLOCK",
+    "TrtllmBuffer",
     "TrtllmLayer",
     "TrtllmMambaState",
+    "TrtllmV2Layer",
     "indexer_k_bytes",
     "layer_values",
     "trtllm_dsa_layers",

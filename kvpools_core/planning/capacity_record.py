@@ -289,6 +289,12 @@ def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> 
             "kvpools does not model the capacity record of TensorRT-LLM's VSWA or hybrid pools over pipeline stages "
             "yet (each stage's bytes per window); use --pp-size 1, or kvpools plan --accounting trtllm --json."
         )
+    if getattr(result, "v2_manager", None):
+        raise UnsupportedCombinationError(
+            f"kvpools does not model the capacity record of TensorRT-LLM's {result.v2_manager} (a KVCacheManagerV2: "
+            "pool groups of several buffers per life cycle) yet; use kvpools plan --accounting trtllm --json "
+            "(kv_cache_manager_v2, kv_cache_capacity) or kvpools capacity --accounting trtllm."
+        )
     if result.draft_kv_cache is not None:
         raise UnsupportedCombinationError(
             "kvpools does not model the capacity record of TensorRT-LLM's MTP draft KV cache yet (a draft pool beside "

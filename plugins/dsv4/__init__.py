@@ -128,20 +128,14 @@ def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] |
 @hookimpl
 @for_architecture(ARCHITECTURE)
 def engine_layer_specs(engine: str, model: ModelSpec, serving: Serving) -> tuple[Any, ...] | None:
-    """TensorRT-LLM serves these models with a cache manager kvpools does not reproduce yet: refused, with the
-    reason (``--accounting trtllm``); None for other engines."""
-    from kvpools_core.parts.trtllm import ENGINE, trtllm_refusal
+    """``--accounting trtllm``: each layer's buffers as TensorRT-LLM's ``DeepseekV4CacheManager`` (a
+    ``KVCacheManagerV2``) declares them (:mod:`.trtllm_manager`); None for other engines."""
+    from kvpools_core.parts.trtllm import ENGINE
+
+    from .trtllm_manager import dsv4_trtllm_layers
 
     if engine == ENGINE:
-        raise trtllm_refusal(
-            model,
-            "DeepSeek-V4's compressed attention (TensorRT-LLM serves it with DeepseekV4CacheManager, a "
-            "KVCacheManagerV2 whose GPU quota comes from max_gpu_total_bytes -- max_tokens x bytes per token plus "
-            "2 MiB per attention type, _get_cache_quota -- and is divided among its SWA, compressed, indexer and "
-            "compressor-state pool groups by the V2 runtime's pool-ratio solve over a typical batch, the SWA KV a "
-            "fixed cost per request; kvpools has not reproduced that solve, and could not pin this manager to the "
-            "1.2.1 release)",
-        )
+        return dsv4_trtllm_layers(model, serving)
     return None
 
 

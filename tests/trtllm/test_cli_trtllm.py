@@ -85,7 +85,9 @@ def test_sglang_and_vllm_options_refused_under_trtllm() -> None:
 def test_refusal_reaches_the_user_without_traceback() -> None:
     result = cli("plan", "deepseek-v4-flash", "--accounting", "trtllm", "--memory", "40GiB")
     assert result.exit_code == 1
-    assert "kvpools does not model DeepSeek-V4's compressed attention" in result.stderr
+    assert (
+        "TensorRT-LLM refuses --tokens_per_block 32" in result.stderr and "Pass --tokens_per_block 128" in result.stderr
+    )
     assert "Traceback" not in result.output
 
 
@@ -138,4 +140,4 @@ def test_compare_shows_the_third_engine() -> None:
     assert refused.exit_code == 0, refused.output
     refused_data = json.loads(refused.stdout)
     assert refused_data["trtllm"] is None
-    assert "kvpools does not model DeepSeek-V4's compressed attention" in refused_data["trtllm_refusal"]
+    assert "TensorRT-LLM refuses --tokens_per_block 32" in refused_data["trtllm_refusal"]

@@ -283,7 +283,8 @@ def test_cache_bytes_and_estimate_helpers() -> None:
 @pytest.mark.parametrize(
     ("model", "serving", "match"),
     [
-        ("deepseek-v4-flash", Serving(), "kvpools does not model DeepSeek-V4's compressed attention"),
+        # DeepseekV4CacheManager asserts tokens_per_block in [128, 256] (sparse/deepseek_v4/cache_manager.py@10ce7685).
+        ("deepseek-v4-flash", Serving(), "TensorRT-LLM refuses --tokens_per_block 32"),
         ("falcon-h1-0.5b", Serving(), "kvpools does not model the falcon_h1 hybrid family"),
         ("llama-3.1-8b", Serving(kv_cache_dtype="fp8_e5m2"), "not a KV cache TensorRT-LLM"),
         ("llama-3.1-8b", Serving(platform="rocm"), "NVIDIA GPUs only"),

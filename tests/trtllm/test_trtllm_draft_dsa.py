@@ -201,8 +201,7 @@ def test_mtp_cli_and_capacity_record() -> None:
         # config_utils.py is_hybrid_linear: Nemotron-H and Qwen3-Next / Qwen3.5 only (tests/trtllm/test_trtllm_hybrid.py
         # plans those); extract_mamba_kv_cache_params raises for the other hybrid families.
         ("falcon-h1-0.5b", ("kvpools does not model the falcon_h1 hybrid family", "is_hybrid_linear")),
-        # sparse/deepseek_v4/cache_manager.py@015279e0: DeepseekV4CacheManager(KVCacheManagerV2).
-        ("deepseek-v4-flash", ("kvpools does not model DeepSeek-V4", "KVCacheManagerV2", "max_gpu_total_bytes")),
+        # DeepSeek-V4 (DeepseekV4CacheManager, a KVCacheManagerV2) is planned since issue 35: test_trtllm_v2.py.
     ],
 )
 def test_managers_kvpools_does_not_model_are_refused_by_name(model: str, names: tuple[str, ...]) -> None:

@@ -42,8 +42,17 @@ def test_replicas_when_one_engine_is_not_enough() -> None:
 
 
 def test_a_model_trtllm_is_not_modelled_for_is_refused() -> None:
-    with pytest.raises(UnsupportedCombinationError, match="kvpools does not model DeepSeek-V4's compressed attention"):
-        fit_trtllm("deepseek-v4-flash", 8, 8192, gpu="h100", max_gpus=8)
+    with pytest.raises(UnsupportedCombinationError, match="kvpools does not model the falcon_h1 hybrid family"):
+        fit_trtllm("falcon-h1-0.5b", 8, 8192, gpu="h100", max_gpus=8)
+
+
+def test_deepseek_v4_configurations_are_skipped_with_trtllms_block_size_refusal() -> None:
+    """DeepSeek-V4 is planned under --accounting trtllm (issue 35) but DeepseekV4CacheManager asserts
+    tokens_per_block in [128, 256] and fit searches with TensorRT-LLM's default 32: every configuration whose
+    weights fit is skipped with that refusal, none fits."""
+    found = fit_trtllm("deepseek-v4-flash", 8, 8192, gpu="h100", max_gpus=8)
+    assert not found.fits
+    assert any("TensorRT-LLM refuses --tokens_per_block N" in reason for reason in found.skipped)
 
 
 def test_cli_fit_trtllm() -> None:

@@ -13,7 +13,7 @@ from kvpools_core.planning.trtllm_sweep import sweep_trtllm
 def test_rows_by_hand() -> None:
     """llama-3.1-8b, 10 GiB free after warm-up: 0.9 x 10 GiB = 9,663,676,416 B over 32-token blocks of
     131,072 B per token (4,194,304 B) = 2,304 blocks, 73,728 tokens; an 8,192-token request holds 256 blocks: 9.
-    deepseek-v4-flash is a row with the dsv4 plugin's refusal, not an abort."""
+    deepseek-v4-flash is a row with TensorRT-LLM's refusal of 32-token blocks (DeepseekV4CacheManager), not an abort."""
     rows = sweep_trtllm(
         ["llama-3.1-8b", "deepseek-v4-flash"], budgets=[{"memory": "10GiB"}], contexts=["8k"], tp_sizes=[1]
     )
@@ -29,7 +29,7 @@ def test_rows_by_hand() -> None:
         "requests@8192": 9,
         "error": None,
     }
-    assert "kvpools does not model DeepSeek-V4's compressed attention" in rows[1]["error"]
+    assert "TensorRT-LLM refuses --tokens_per_block 32" in rows[1]["error"]
 
 
 def test_cli_sweep_trtllm() -> None:

@@ -16,6 +16,7 @@ from kvpools_core.engines.trtllm.deployment import (
     capacity_dict,
     plan_trtllm,
 )
+from kvpools_core.engines.trtllm.deployment_v2 import TrtllmV2PlanResult
 from kvpools_core.engines.trtllm.manager import (
     DEFAULT_FREE_GPU_MEMORY_FRACTION,
     DEFAULT_TOKENS_PER_BLOCK,
@@ -60,6 +61,7 @@ __all__ = [
     "TrtllmLayer",
     "TrtllmPlanResult",
     "TrtllmRank",
+    "TrtllmV2PlanResult",
     "WindowPool",
     "capacity",
     "capacity_dict",

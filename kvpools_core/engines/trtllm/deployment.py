@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -63,6 +63,12 @@ TRTLLM_NAMES = {
 TRTLLM_READ_FIELDS = {"tp_size", "pp_size", "kv_cache_dtype", "accounting", "platform"}
 """The ``Serving`` fields TensorRT-LLM's accounting reads; the others are SGLang's and refused when set."""
 _RESOLVED_FIELDS = {"platform_traits", "workspaces", "plugin_options"}
+
+
+MANAGER_V2_PLANNER: list[Callable[..., TrtllmPlanResult]] = []
+"""The planner of layers a ``KVCacheManagerV2`` subclass keeps (``TrtllmLayer.v2``):
+:func:`kvpools_core.engines.trtllm.deployment_v2.plan_v2`, registered when the package loads (it subclasses
+:class:`TrtllmPlanResult`, so this module cannot import it)."""
 
 
 def trtllm_flag(name: str) -> str:
@@ -579,6 +585,31 @@ def plan_trtllm(
                 f"The weights of pipeline stage {short[0]} ({weights[short[0]]} bytes) do not fit "
                 f"{chosen.label}'s {chosen.total_bytes} bytes: raise --tp-size or --pp-size."
             )
+    if any(layer.v2 is not None for layer in layers):
+        # kvpools_core.engines.trtllm.deployment_v2 (imported by the package) registers the KVCacheManagerV2 planner.
+        return MANAGER_V2_PLANNER[0](
+            spec=spec,
+            model_ref=model_ref,
+            plugin=plugin,
+            serving=serving,
+            chosen=chosen,
+            weights_source=weights_source,
+            layers=layers,
+            frees=frees,
+            weights=weights,
+            fraction=float(fraction),
+            tokens_per_block=tokens_per_block,
+            seq_len=seq_len,
+            max_batch_size=max_batch_size or DEFAULT_MAX_BATCH_SIZE,
+            max_num_tokens=max_num_tokens or DEFAULT_MAX_NUM_TOKENS,
+            max_tokens=max_tokens,
+            mgtb=mgtb,
+            windows=windows,
+            shares=shares,
+            host=host,
+            enable_attention_dp=enable_attention_dp,
+            num_nextn_predict_layers=num_nextn_predict_layers,
+        )
     if any(layer.state is not None for layer in layers):
         return _plan_hybrid(
             spec=spec,
