@@ -594,7 +594,7 @@ def _trtllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
             ("--max_draft_len", int, "speculative_config.max_draft_len: draft tokens per step."),
             (
                 "--eagle3_one_model",
-                click.BOOL,
+                click.Choice(["true", "false"], case_sensitive=False),
                 "speculative_config.eagle3_one_model (true: the draft inside the target's engine, TensorRT-LLM's "
                 "default; false: a second engine).",
             ),
@@ -633,6 +633,8 @@ def _trtllm_args(options: dict[str, Any]) -> dict[str, Any]:
             continue  # vLLM's flags are refused by _vllm_args, naming them as vLLM's
         raise ConfigError(sglang_option_refused(name))
     args["enable_attention_dp"] = bool(args["enable_attention_dp"])
+    if args["eagle3_one_model"] is not None:
+        args["eagle3_one_model"] = args["eagle3_one_model"].lower() == "true"
     return args
 
 

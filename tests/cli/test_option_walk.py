@@ -439,7 +439,11 @@ EVIDENCE: dict[str, Evidence] = {
     "enable_attention_dp": Changes((*TRTLLM, "--tp-size", "4"), (*TRTLLM, "--tp-size", "4", "--enable_attention_dp")),
     "num_nextn_predict_layers": Changes(DSV3_TRTLLM, (*DSV3_TRTLLM, "--num_nextn_predict_layers", "1")),
     # a separate draft model's KV cache (tests/trtllm/test_trtllm_drafting.py hand-computes each)
-    "decoding_type": Changes(LLAMA70_TRTLLM, (*DRAFT_TARGET, "--max_draft_len", "4")),
+    "decoding_type": Changes(
+        LLAMA70_TRTLLM,
+        (*DRAFT_TARGET, "--max_draft_len", "4"),
+        why="a draft manager beside the target's: 32,768 B a token joins the target's 81,920 before the budget divides",
+    ),
     "speculative_model_dir": Changes(
         (*DRAFT_TARGET, "--max_draft_len", "4"),
         (
