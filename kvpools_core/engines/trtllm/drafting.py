@@ -17,8 +17,9 @@ What TensorRT-LLM does (``docs/trtllm.md`` cites the commits):
 - **How many layers.**  In 1.2, ``get_num_spec_layers`` answers ``num_eagle_layers`` for Eagle3 one-model, which
   ``EagleDecodingConfig.validate_eagle_config`` sets to ``max_draft_len``: the draft manager holds
   ``max_draft_len`` layers of the draft's layout however many the checkpoint has (NVIDIA/TensorRT-LLM PR #12188:
-  "EAGLE3: config says 1 layer, runtime uses 4"; PR #15017, after 1.2, counts the checkpoint's layers instead,
-  calling the 1.2 count an over-allocation).
+  "EAGLE3: config says 1 layer, runtime uses 4", March 2026; PR #15017, June 2026, counts the checkpoint's layers
+  instead, calling this count an over-allocation).  kvpools plans the code between those two PRs, the window of
+  the 1.2.1 release (April 2026), not a pinned release tag.
 - **The budget.**  ``_get_kv_size_per_token`` adds the draft manager's ``get_cache_size_per_token`` to the target's
   before dividing: one ``kv_cache_config.max_tokens`` for both managers on the V1 single-window path (PR #14373:
   V1 non-VSWA splits "implicitly using a single max_num_tokens value"); the draft claims no budget of its own.
