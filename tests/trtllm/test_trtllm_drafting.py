@@ -36,6 +36,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvpools_core.engines.trtllm import plan_trtllm
 from kvpools_core.errors import ConfigError, UnsupportedCombinationError
@@ -323,3 +325,44 @@ def test_drafting_cli(eagle3_8b: str) -> None:
     assert path.exit_code == 1 and "--speculative_model_dir" in path.stderr and "Traceback" not in path.output
     algorithm = runner.invoke(main, [*args[:6], "--speculative-algorithm", "EAGLE3"])
     assert algorithm.exit_code == 1 and "use --decoding_type" in algorithm.stderr
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    free=st.integers(min_value=4 * GIB, max_value=120 * GIB),
+    fraction=st.floats(min_value=0.05, max_value=0.95),
+    draft_len=st.integers(min_value=1, max_value=8),
+    tp_size=st.sampled_from([1, 2, 4, 8]),
+    dtype=st.sampled_from(["auto", "fp8_e4m3"]),
+    mode=st.sampled_from(["one", "two", "draft_target"]),
+)
+def test_the_draft_claims_no_budget_of_its_own(
+    eagle3_70b: str, free: int, fraction: float, draft_len: int, tp_size: int, dtype: str, mode: str
+) -> None:
+    """Whatever the draft, ``KvCacheCreator`` divides one budget by target + draft bytes per token
+    (``_get_kv_size_per_token``, ``tokens_for_budget``): ``max_tokens`` is the largest count whose target + draft
+    bytes fit the budget, both managers keep ``max_tokens // tokens_per_block`` blocks unless the free memory
+    binds first, and the two pools together never exceed ``int(free x fraction)`` -- the doubled budget of
+    NVIDIA/TensorRT-LLM PR #12188 / #12855 does not happen on the V1 single-window path."""
+    draft = {"one": eagle3_70b, "two": eagle3_70b, "draft_target": "llama-3.1-8b"}[mode]
+    result = plan_trtllm(
+        "llama-3.1-70b",
+        Serving(tp_size=tp_size, kv_cache_dtype=dtype),
+        memory=free,
+        kv_cache_free_gpu_memory_fraction=fraction,
+        decoding_type="Draft_Target" if mode == "draft_target" else "Eagle3",
+        speculative_model_dir=draft,
+        max_draft_len=draft_len,
+        eagle3_one_model=None if mode == "draft_target" else mode == "one",
+    )
+    rank = result.ranks[0]
+    per_token = rank.estimated_size_per_token + rank.draft_estimated_size_per_token
+    budget = int(free * fraction)
+    assert rank.available_kv_memory == budget
+    assert rank.max_tokens * per_token <= budget < (rank.max_tokens + 1) * per_token
+    target, draft_pool = result.pools
+    assert draft_pool.draft and not target.draft
+    assert len(draft_pool.layers) == (draft_len if mode == "one" else {"two": 1, "draft_target": 32}[mode])
+    assert target.primary_blocks == draft_pool.primary_blocks == rank.max_tokens // 32
+    block_bytes = 32 * (target.bytes_per_token + draft_pool.bytes_per_token)
+    assert target.primary_blocks * block_bytes <= budget
