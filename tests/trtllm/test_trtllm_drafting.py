@@ -292,6 +292,19 @@ def test_drafting_refusals(
         plan_trtllm(model, Serving(**serving), memory="40GiB", **kwargs)  # type: ignore[arg-type]
 
 
+def test_a_gpu_budget_needs_the_draft_weights(eagle3_8b: str) -> None:
+    """``--gpu`` takes the free memory as ``total - weights`` from kvpools' estimate of the target's weights, which
+    would leave out the draft model's: refused unless ``--weights-memory`` gives one rank's target + draft weights
+    (H100 79.65 GiB - 20 GiB = 59.65 GiB free, x 0.9 over 131,072 + 12,288 B)."""
+    kwargs = {"decoding_type": "Eagle3", "speculative_model_dir": eagle3_8b, "max_draft_len": 3}
+    with pytest.raises(UnsupportedCombinationError, match="draft model's weights"):
+        plan_trtllm("llama-3.1-8b", gpu="h100", **kwargs)  # type: ignore[arg-type]
+    result = plan_trtllm("llama-3.1-8b", gpu="h100", weights_memory="20GiB", **kwargs)  # type: ignore[arg-type]
+    rank = result.ranks[0]
+    assert rank.free_after_warmup == result.gpu.total_bytes - 20 * GIB  # type: ignore[union-attr]
+    assert rank.max_tokens == int(rank.free_after_warmup * 0.9) // 143_360
+
+
 def test_drafting_cli(eagle3_8b: str) -> None:
     """``kvpools plan`` / ``capacity`` with ``--decoding_type``: the draft pool in the report, the YAML, the
     capacity at 8k; the capacity record refuses; TensorRT-LLM's flags are refused without ``--accounting trtllm``

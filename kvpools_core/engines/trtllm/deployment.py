@@ -597,6 +597,13 @@ def plan_trtllm(
             "--memory is the memory free after TensorRT-LLM's warm-up (the weights already loaded): "
             "--weights-memory applies to a --gpu budget only. Drop one of them."
         )
+    if drafting is not None and chosen is not None and weights_memory is None:
+        raise UnsupportedCombinationError(
+            f"kvpools does not estimate the draft model's weights ({drafting.draft.name}) for --accounting trtllm "
+            "yet (an Eagle3 head shares the target's embedding, a draft engine loads its own checkpoint), so a GPU "
+            "budget would leave them out: pass --weights-memory (one rank's target + draft weights), or --memory "
+            "(the memory free after TensorRT-LLM's warm-up)."
+        )
     block = DEFAULT_TOKENS_PER_BLOCK if tokens_per_block is None else tokens_per_block
     seq_len = spec.context_len if max_seq_len is None else max_seq_len
     if chosen is None:
