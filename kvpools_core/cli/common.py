@@ -538,6 +538,10 @@ _TRTLLM_OPTIONS = (
     "window_size_shares",
     "host_cache_size",
     "num_nextn_predict_layers",
+    "decoding_type",
+    "speculative_model_dir",
+    "max_draft_len",
+    "eagle3_one_model",
     "enable_attention_dp",
 )
 """TensorRT-LLM's own option names (``trtllm-serve``'s and ``KvCacheConfig``'s, with their underscores), accepted
@@ -577,6 +581,23 @@ def _trtllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 int,
                 "speculative_config (decoding_type MTP): one-model MTP draft layers, with their own KV cache.",
             ),
+            (
+                "--decoding_type",
+                str,
+                "speculative_config.decoding_type of a separate draft model: Eagle3 (or Eagle), Draft_Target.",
+            ),
+            (
+                "--speculative_model_dir",
+                str,
+                "speculative_config.speculative_model_dir: the draft model (preset, config.json or directory).",
+            ),
+            ("--max_draft_len", int, "speculative_config.max_draft_len: draft tokens per step."),
+            (
+                "--eagle3_one_model",
+                click.Choice(["true", "false"], case_sensitive=False),
+                "speculative_config.eagle3_one_model (true: the draft inside the target's engine, TensorRT-LLM's "
+                "default; false: a second engine).",
+            ),
         )
     ):
         command = click.option(flag, type=kind, default=None, help=help_text + only)(command)
@@ -612,11 +633,19 @@ def _trtllm_args(options: dict[str, Any]) -> dict[str, Any]:
             continue  # vLLM's flags are refused by _vllm_args, naming them as vLLM's
         raise ConfigError(sglang_option_refused(name))
     args["enable_attention_dp"] = bool(args["enable_attention_dp"])
+    if args["eagle3_one_model"] is not None:
+        args["eagle3_one_model"] = args["eagle3_one_model"].lower() == "true"
     return args
 
 
 def _refuse_with_trtllm(**given: Any) -> None:
     """Budget and report flags of SGLang's pipeline that ``--accounting trtllm`` has no counterpart for."""
+    if given.get("speculative_draft_model_path"):
+        raise ConfigError(
+            "--speculative-draft-model-path is SGLang's; under --accounting trtllm the draft model is "
+            "--speculative_model_dir, with --decoding_type Eagle3 (or Draft_Target) and --max_draft_len "
+            "(TensorRT-LLM's speculative_config)."
+        )
     named = [f"--{name.replace('_', '-')}" for name, value in given.items() if value]
     if named:
         raise ConfigError(

@@ -24,6 +24,13 @@ def _header(result: TrtllmPlanResult, command: str, console: Console) -> None:
     )
 
 
+def _draft_label(result: TrtllmPlanResult) -> str:
+    """The draft manager's name: MTP's, or a separate draft model's (``decoding_type``, one- or two-model)."""
+    if result.drafting is None:
+        return "MTP draft manager"
+    return f"{result.drafting.decoding_type} ({result.drafting.mode}) draft manager"
+
+
 def _budget_lines(result: TrtllmPlanResult) -> list[str]:
     lines = []
     for rank in result.ranks:
@@ -40,7 +47,7 @@ def _budget_lines(result: TrtllmPlanResult) -> list[str]:
             f"{rank.available_kv_memory:,} B ({format_bytes(rank.available_kv_memory)}); kv size per token "
             f"{rank.estimated_size_per_token:,} B (estimate), {rank.cache_bytes_per_token:,} B (manager)"
             + (
-                f"; MTP draft manager + {rank.draft_estimated_size_per_token:,} B (estimate)"
+                f"; {_draft_label(result)} + {rank.draft_estimated_size_per_token:,} B (estimate)"
                 if rank.draft_estimated_size_per_token
                 else ""
             )
@@ -51,7 +58,7 @@ def _budget_lines(result: TrtllmPlanResult) -> list[str]:
 def _pools_table(result: TrtllmPlanResult) -> Table:
     title = "VSWA: one pool per attention window" if result.is_vswa else "one pool (every layer, one window)"
     if result.draft_kv_cache == "separate":
-        title += ", and the MTP draft manager's pool"
+        title += f", and the {_draft_label(result)}'s pool"
     if result.hybrid_manager:
         title = f"{result.hybrid_manager}: the attention pool and the recurrent-state pool (one block per request)"
     manager_v2 = getattr(result, "v2_manager", None)

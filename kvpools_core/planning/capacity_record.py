@@ -297,8 +297,9 @@ def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> 
         )
     if result.draft_kv_cache is not None:
         raise UnsupportedCombinationError(
-            "kvpools does not model the capacity record of TensorRT-LLM's MTP draft KV cache yet (a draft pool beside "
-            "the target's); use kvpools plan --accounting trtllm --json, or drop --num_nextn_predict_layers."
+            "kvpools does not model the capacity record of TensorRT-LLM's MTP draft KV cache, or a separate draft "
+            "model's, yet (a draft pool beside the target's); use kvpools plan --accounting trtllm --json, or drop "
+            "--num_nextn_predict_layers / --decoding_type."
         )
     block = result.tokens_per_block
     held = result.concurrency_at(context)

@@ -85,6 +85,9 @@ TRTLLM = (*LLAMA, "--accounting", "trtllm")
 GPT_OSS_TRTLLM = ("gpt-oss-20b", "--memory", "20GiB", "--accounting", "trtllm")
 GPT_OSS_VSWA = (*GPT_OSS_TRTLLM, "--max_attention_window", "128,131072")
 DSV3_TRTLLM = ("deepseek-v3", "--memory", "60GiB", "--accounting", "trtllm")
+LLAMA70_TRTLLM = ("llama-3.1-70b", "--memory", "40GiB", "--tp-size", "4", "--accounting", "trtllm")
+DRAFT_TARGET = (*LLAMA70_TRTLLM, "--decoding_type", "Draft_Target", "--speculative_model_dir", "llama-3.1-8b")
+EAGLE3_TRTLLM = (*LLAMA70_TRTLLM, "--decoding_type", "Eagle3", "--speculative_model_dir", "llama-3.1-8b")
 DECODE = (*LLAMA, "--max-running-requests", "16", "--disaggregation-mode", "decode")
 PP2 = (*LLAMA, "--pp-size", "2", "--pp-layer-partition", "10,22")
 OUTPUT = "output only: the same plan, printed another way"
@@ -435,6 +438,35 @@ EVIDENCE: dict[str, Evidence] = {
     "host_cache_size": Changes(TRTLLM, (*TRTLLM, "--host_cache_size", "1073741824")),
     "enable_attention_dp": Changes((*TRTLLM, "--tp-size", "4"), (*TRTLLM, "--tp-size", "4", "--enable_attention_dp")),
     "num_nextn_predict_layers": Changes(DSV3_TRTLLM, (*DSV3_TRTLLM, "--num_nextn_predict_layers", "1")),
+    # a separate draft model's KV cache (tests/trtllm/test_trtllm_drafting.py hand-computes each)
+    "decoding_type": Changes(
+        LLAMA70_TRTLLM,
+        (*DRAFT_TARGET, "--max_draft_len", "4"),
+        why="a draft manager beside the target's: 32,768 B a token joins the target's 81,920 before the budget divides",
+    ),
+    "speculative_model_dir": Changes(
+        (*DRAFT_TARGET, "--max_draft_len", "4"),
+        (
+            *LLAMA70_TRTLLM,
+            "--decoding_type",
+            "Draft_Target",
+            "--speculative_model_dir",
+            "qwen3-8b",
+            "--max_draft_len",
+            "4",
+        ),
+        why="the draft engine's manager sizes the draft checkpoint's layers: 32 of Llama-3.1-8B, 36 of Qwen3-8B",
+    ),
+    "max_draft_len": Changes(
+        (*EAGLE3_TRTLLM, "--max_draft_len", "1"),
+        (*EAGLE3_TRTLLM, "--max_draft_len", "3"),
+        why="Eagle3 one-model's draft manager holds max_draft_len layers in TensorRT-LLM 1.2 (num_eagle_layers)",
+    ),
+    "eagle3_one_model": Changes(
+        (*EAGLE3_TRTLLM, "--max_draft_len", "3"),
+        (*EAGLE3_TRTLLM, "--max_draft_len", "3", "--eagle3_one_model", "false"),
+        why="two-model: the draft engine's manager holds the draft checkpoint's layers, not max_draft_len of them",
+    ),
     "max_batch_size": NoMemory(
         "TensorRT-LLM sizes its KV cache from the memory left free after its warm-up run (`--memory` under "
         "`--accounting trtllm`), so the warm-up's batch does not change it; it caps the requests scheduled at once "

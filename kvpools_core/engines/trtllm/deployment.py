@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from kvpools_core.engines.trtllm.drafting import Drafting, resolve_drafting
 from kvpools_core.engines.trtllm.manager import (
     DEFAULT_FREE_GPU_MEMORY_FRACTION,
     DEFAULT_MAX_BATCH_SIZE,
@@ -57,6 +58,8 @@ TRTLLM_NAMES = {
     "mem_fraction_static": "kv_cache_free_gpu_memory_fraction",
     "max_total_tokens": "max_tokens",
     "enable_dp_attention": "enable_attention_dp",
+    "speculative_algorithm": "decoding_type",
+    "speculative_num_steps": "max_draft_len",
 }
 """SGLang's serving options that have a TensorRT-LLM counterpart under ``--accounting trtllm``."""
 
@@ -201,6 +204,9 @@ class TrtllmPlanResult:
     draft_kv_cache: str | None = None
     """Where the MTP layers' KV lives: ``"separate"`` (its own manager, TensorRT-LLM's default) or ``"target"``
     (appended to the target's manager: attention DP); None without drafting."""
+    drafting: Drafting | None = None
+    """A separate draft model's KV cache (Eagle3 one-/two-model, Draft_Target:
+    :mod:`kvpools_core.engines.trtllm.drafting`), or None."""
     ranks: tuple[TrtllmRank, ...]
     pools: tuple[WindowPool, ...]
     """One per window size (one pool without VSWA), blocks after the MIN across ranks; a hybrid's attention pool
@@ -231,7 +237,10 @@ class TrtllmPlanResult:
         """KV tokens a drafting request holds beyond its own: ``num_extra_kv_tokens`` (``get_num_extra_kv_tokens``:
         ``max_draft_len - 1`` for a one-engine drafter, ``max_draft_len = num_nextn_predict_layers``) added at
         its first context chunk, and the ``max_draft_len`` draft tokens of a generation step
-        (``KVCacheManager.prepare_resources``); 0 without drafting."""
+        (``KVCacheManager.prepare_resources``); 0 without drafting; a separate draft model's
+        (:attr:`Drafting.extra_tokens_per_request`)."""
+        if self.drafting is not None:
+            return self.drafting.extra_tokens_per_request
         layers = self.num_nextn_predict_layers
         return 0 if not layers else (layers - 1) + layers
 
@@ -284,13 +293,15 @@ class TrtllmPlanResult:
                 "NCCL and CUDA-graph memory are not profiled here (0), so the KV cache is an upper bound of what "
                 "TensorRT-LLM's profile leaves: subtract the 'Peak memory during memory usage profiling' it logs."
             )
-        if self.draft_kv_cache == "separate":
+        if self.draft_kv_cache == "separate" and self.drafting is None:
             notes.append(
                 f"MTP ({self.num_nextn_predict_layers} draft layer(s)): TensorRT-LLM adds the draft manager's bytes "
                 "per token to the target's before dividing the budget, and both managers take that max_tokens, so "
                 "the draft does not claim a budget of its own; each request holds blocks in both pools and "
                 f"{self.extra_tokens_per_request} extra token(s) (num_extra_kv_tokens + the draft tokens of a step)."
             )
+        elif self.drafting is not None:
+            notes.append(self.drafting.note())
         elif self.draft_kv_cache == "target":
             notes.append(
                 f"MTP with attention DP: the {self.num_nextn_predict_layers} draft layer(s) join the target's "
@@ -342,6 +353,8 @@ class TrtllmPlanResult:
                 "decoding_type": "MTP",
                 "num_nextn_predict_layers": self.num_nextn_predict_layers,
             }
+        if self.drafting is not None:
+            options["speculative_config"] = self.drafting.speculative_config()
         if self.enable_attention_dp:
             options["enable_attention_dp"] = True
         return options
@@ -403,6 +416,7 @@ class TrtllmPlanResult:
             "is_vswa": self.is_vswa,
             "num_nextn_predict_layers": self.num_nextn_predict_layers,
             "draft_kv_cache": self.draft_kv_cache,
+            "drafting": self.drafting.to_dict() if self.drafting is not None else None,
             "hybrid_manager": self.hybrid_manager,
             "hybrid_stages": [attrs.asdict(stage) for stage in self.hybrid_stages],
             "ranks": [attrs.asdict(rank) for rank in self.ranks],
@@ -488,6 +502,10 @@ def plan_trtllm(
     host_cache_size: int | str | None = None,
     enable_attention_dp: bool = False,
     num_nextn_predict_layers: int | None = None,
+    decoding_type: str | None = None,
+    speculative_model_dir: str | ModelSpec | None = None,
+    max_draft_len: int | None = None,
+    eagle3_one_model: bool | None = None,
     registry: Registry | None = None,
 ) -> TrtllmPlanResult:
     """Plan ``model`` as ``trtllm-serve`` (TensorRT-LLM 1.2, PyTorch backend, ``KVCacheManager``) sizes its KV
@@ -500,7 +518,9 @@ def plan_trtllm(
     ``num_nextn_predict_layers`` is ``speculative_config``'s (``decoding_type: MTP``, one-model): its draft layers
     copy the target's last layer and, as TensorRT-LLM 1.2 does by default, get a KV cache manager of their own
     (appended to the target's manager with attention DP) whose per-token cost is added to the target's before the
-    budget is divided (``KvCacheCreator._get_kv_size_per_token``).
+    budget is divided (``KvCacheCreator._get_kv_size_per_token``).  ``decoding_type`` (``Eagle3``, ``Eagle``,
+    ``Draft_Target``) with ``speculative_model_dir`` and ``max_draft_len`` (and Eagle's ``eagle3_one_model``)
+    plan a separate draft model's KV cache the same way (:mod:`kvpools_core.engines.trtllm.drafting`).
     Raises :class:`~kvpools_core.errors.KvpoolsError` subclasses where TensorRT-LLM refuses, with its reason.
     """
     registry = registry or get_registry()
@@ -513,6 +533,7 @@ def plan_trtllm(
         ("max_seq_len", max_seq_len),
         ("max_tokens", max_tokens),
         ("num_nextn_predict_layers", num_nextn_predict_layers),
+        ("max_draft_len", max_draft_len),
     ):
         _positive_int(name, value)
     fraction = (
@@ -537,8 +558,27 @@ def plan_trtllm(
         model_ref = launch_model_path(model, registry)
     spec = served_model(spec, serving)
     layers = trtllm_layers(spec, serving, registry)
-    draft_layers = _mtp_layers(spec, layers, serving, num_nextn_predict_layers, max_attention_window)
-    separate_draft = bool(draft_layers) and not enable_attention_dp
+    drafting = resolve_drafting(
+        spec=spec,
+        layers=layers,
+        serving=serving,
+        registry=registry,
+        decoding_type=decoding_type,
+        speculative_model_dir=speculative_model_dir,
+        max_draft_len=max_draft_len,
+        eagle3_one_model=eagle3_one_model,
+        num_nextn_predict_layers=num_nextn_predict_layers,
+        max_attention_window=max_attention_window,
+        enable_attention_dp=enable_attention_dp,
+        host_cache_size=host_cache_size,
+    )
+    if drafting is not None:
+        # A separate draft model always has a manager of its own (resolve_drafting refuses Eagle3 one-model with
+        # attention DP, where TensorRT-LLM appends the draft layers to the target's manager).
+        draft_layers, separate_draft = drafting.layers, True
+    else:
+        draft_layers = _mtp_layers(spec, layers, serving, num_nextn_predict_layers, max_attention_window)
+        separate_draft = bool(draft_layers) and not enable_attention_dp
     if separate_draft and host_cache_size is not None:
         raise UnsupportedCombinationError(
             "kvpools does not model the host cache beside the MTP draft KV cache for --accounting trtllm yet: "
@@ -562,6 +602,13 @@ def plan_trtllm(
         raise ConfigError(
             "--memory is the memory free after TensorRT-LLM's warm-up (the weights already loaded): "
             "--weights-memory applies to a --gpu budget only. Drop one of them."
+        )
+    if drafting is not None and chosen is not None and weights_memory is None:
+        raise UnsupportedCombinationError(
+            f"kvpools does not estimate the draft model's weights ({drafting.draft.name}) for --accounting trtllm "
+            "yet (an Eagle3 head shares the target's embedding, a draft engine loads its own checkpoint), so a GPU "
+            "budget would leave them out: pass --weights-memory (one rank's target + draft weights), or --memory "
+            "(the memory free after TensorRT-LLM's warm-up)."
         )
     block = DEFAULT_TOKENS_PER_BLOCK if tokens_per_block is None else tokens_per_block
     seq_len = spec.context_len if max_seq_len is None else max_seq_len
@@ -828,6 +875,7 @@ def plan_trtllm(
         is_vswa=is_vswa,
         num_nextn_predict_layers=num_nextn_predict_layers,
         draft_kv_cache=None if not draft_layers else "separate" if separate_draft else "target",
+        drafting=drafting,
         ranks=tuple(ranks),
         pools=tuple(pools_out),
         warnings=tuple(warnings),
