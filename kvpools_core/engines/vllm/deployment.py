@@ -36,7 +36,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
 from kvpools_core.errors import ConfigError, NoProviderError, UnsupportedCombinationError, short_repr
 from kvpools_core.models import launch_model_path, load_model, served_model
 from kvpools_core.options import on_cli, option
-from kvpools_core.parts.vllm.specs import MambaSpec, SlidingWindowMLASpec, UniformTypeKVCacheSpecs
+from kvpools_core.parts.vllm.specs import CircularBufferSpec, MambaSpec, SlidingWindowMLASpec, UniformTypeKVCacheSpecs
 from kvpools_core.pipeline.gpus import GPU, GiB, custom_gpu, find_gpu
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.units import parse_bytes
@@ -651,10 +651,14 @@ def attention_block_size(plan: VllmKVCachePlan, asked: int) -> int:
     smallest attention group's (page-size unification only grows a group's block from it).  Groups of Mamba
     states and of ``SlidingWindowMLASpec`` caches are left out: their blocks are not sizes vLLM was asked for (a
     Mamba block is its state; DeepSeek-V4's SWA and compressor-state caches fix their own, ``sparse_swa.py`` L85,
-    ``compressor.py`` L168-171); ``asked`` for a model of such layers only."""
+    ``compressor.py`` L168-171), nor DeepSeek-V4.1's compressor rings (``CircularBufferSpec``, a ring of at least 8
+    rows, ``deepseek_v41/compressor.py`` L221-223); ``asked`` for a model of such layers only."""
     sizes = {
         group.kv_cache_spec.block_size
         for group in plan.groups
-        if not any(isinstance(group.layer_spec(name), (MambaSpec, SlidingWindowMLASpec)) for name in group.layer_names)
+        if not any(
+            isinstance(group.layer_spec(name), (MambaSpec, SlidingWindowMLASpec, CircularBufferSpec))
+            for name in group.layer_names
+        )
     }
     return min(sizes) if sizes else asked
