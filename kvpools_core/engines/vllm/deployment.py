@@ -40,7 +40,7 @@ from kvpools_core.parts.vllm.specs import CircularBufferSpec, MambaSpec, Sliding
 from kvpools_core.pipeline.gpus import GPU, GiB, custom_gpu, find_gpu
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.units import parse_bytes
-from kvpools_core.values import ModelSpec, Serving
+from kvpools_core.values import ModelSpec, PlatformTraits, Serving
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -471,7 +471,7 @@ def plan_vllm(
                 f"{option('kv_offloading_size')} (GiB); add it, or drop {' and '.join(given)}."
             )
     block = DEFAULT_BLOCK_SIZE if block_size is None else block_size
-    workers = _specs(spec, plugin, serving, registry, block)
+    workers = _specs(spec, plugin, _with_capability(serving, chosen), registry, block)
     default_batched, default_seqs = server_defaults(
         chosen.total_bytes if chosen else None, chosen.label if chosen else ""
     )
@@ -589,6 +589,15 @@ def _runtime_memory(
             runtime, total=TotalMemory(bytes=chosen.total_bytes, measured=True, source="given (--gpu-memory)")
         )
     return runtime
+
+
+def _with_capability(serving: Serving, chosen: GPU | None) -> Serving:
+    """``serving`` carrying the planned GPU's compute capability on ``platform_traits``, which the layer specs read
+    where vLLM picks by ``torch.cuda.get_device_capability`` (DeepSeek-V4.1's kernel block and attention class)."""
+    if chosen is None or chosen.compute_capability is None or chosen.platform != serving.platform:
+        return serving
+    known = serving.platform_traits or PlatformTraits(platform=serving.platform)
+    return attrs.evolve(serving, platform_traits=attrs.evolve(known, compute_capability=chosen.compute_capability))
 
 
 def _resolve_device(
