@@ -48,18 +48,23 @@ from kvpools_core.options import option
 from kvpools_core.parts.vllm.layers import backend_block_size
 from kvpools_core.parts.vllm.specs import CircularBufferSpec, KVCacheSpec, MLAAttentionSpec, SlidingWindowMLASpec
 
-from .vllm import (
-    FLASHMLA_MAX_LOCAL_HEADS,
-    INDEXER_LAYOUTS,
-    INDEXER_QUANT_BLOCK,
-    PACKED_ROW_BYTES,
-    ROW_ALIGNMENT,
-    SWA_KERNEL_BLOCK,
-    VLLM_VERSION,
-)
-
 if TYPE_CHECKING:
     from kvpools_core.values import ModelSpec, Serving
+
+VLLM_VERSION = "0.33.0"
+PACKED_ROW_BYTES = 584
+"""The V4 ``fp8_ds_mla`` record V4.1 keeps off SM100 (``deepseek_v41/attention.py`` L133-140, L522-527)."""
+ROW_ALIGNMENT = 576
+"""Its page alignment (``deepseek_v41/attention.py`` L531, L1284-1286)."""
+INDEXER_QUANT_BLOCK = 128
+"""The fp8 indexer key: 128 fp8 values + one fp32 scale per 128 (``_indexer_k_cache_head_dim``, L101-110)."""
+INDEXER_LAYOUTS = ("BLHNC", "BLNHC")
+"""``DeepseekV41IndexerBackend`` inherits ``DeepseekV4IndexerBackend.supported_kv_cache_layouts`` (``indexer.py``
+L349-352)."""
+SWA_KERNEL_BLOCK = 32
+"""The SWA backend's ``MultipleOf(32)`` (``sparse_swa.py`` L161-162)."""
+FLASHMLA_MAX_LOCAL_HEADS = 128
+"""``DeepseekV4FlashMLAAttention.get_padded_num_q_heads`` (``deepseek_v41/nvidia/flashmla.py`` L81-88)."""
 
 V41_MODEL_TYPES = ("deepseek_v41", "deepseek_v41_text")
 """``DeepseekV41Config.model_type`` (``transformers_utils/configs/deepseek_v41.py`` L18) and its text config's."""
