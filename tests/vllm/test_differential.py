@@ -995,6 +995,16 @@ def _packed_variant(kind: str, draw: Any, block_size: int) -> dict[str, Any]:
             "sliding_window": draw(st.sampled_from([128, 512])),
             "cache_dtype_str": "fp8_ds_mla",
             "model_version": "deepseek_v4",
+            "bounded_replay": draw(st.booleans()),
+        }
+    if kind == "ring":  # DeepSeek-V4.1's ratio-2 compressor ring: 8 or 16 float32 rows, one block per request
+        return {
+            "kind": "circular_buffer",
+            "block_size": draw(st.sampled_from([8, 16])),
+            "num_kv_heads": 1,
+            "head_size": draw(st.sampled_from([512, 1024])),
+            "head_size_v": 0,
+            "dtype_bytes": 4,
         }
     if kind == "state":
         ratio = draw(st.sampled_from([4, 128]))
@@ -1021,7 +1031,7 @@ def packed_cases(draw: Any) -> dict[str, Any]:
     """Layers registering one to four caches each, in a repeating pattern; the indexer's backend declares
     ``BLHNC``/``BLNHC`` when present (then one pipeline stage, as every stage must declare alike)."""
     block_size = draw(st.sampled_from([128, 256, 512]))
-    kinds = ("latent", "indexer", "swa", "state", "full")
+    kinds = ("latent", "indexer", "swa", "state", "full", "ring")
     pattern = draw(
         st.lists(st.lists(st.sampled_from(kinds), min_size=1, max_size=4, unique=True), min_size=1, max_size=4)
     )
@@ -1063,7 +1073,8 @@ def packed_cases(draw: Any) -> dict[str, Any]:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=packed_cases())
 def test_packed_plan_equals_vllm(vllm_planner: VllmPlanner, case: dict[str, Any]) -> None:
-    """Compressed (``tokens_per_state``), 576-aligned MLA and sliding-window MLA caches beside full attention, in the
+    """Compressed (``tokens_per_state``), 576-aligned MLA and sliding-window MLA caches (bounded replay or not) and
+    DeepSeek-V4.1's compressor rings (``CircularBufferSpec``) beside full attention, in the
     layout kvpools resolves (``BLHNC`` when the indexer declares it: vLLM's packed groups; else ``LBNHC``): groups,
     bytes per block, estimates, blocks and concurrency equal vLLM's -- or both refuse."""
     workers = [{name: kvpools_spec(spec) for name, spec in worker.items()} for worker in case["workers"]]
