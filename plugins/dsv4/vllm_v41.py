@@ -249,6 +249,12 @@ def _check_topology(model: ModelSpec, name: str) -> None:
                         f"at or before layer {i}."
                     )
         if i in index_sources and i not in kv_sources:
+            if ratio == 0:
+                raise UnsupportedCombinationError(
+                    f"{name}: index source layer {i} has compress_ratio 0, so it has no kv source, and vLLM asserts "
+                    "one for the indexer key cache it shares (deepseek_v41/attention.py L354-361, L457); drop the "
+                    "layer from 'index_source_layer_ids' or fix its ratio."
+                )
             source = max((s for s in kv_sources if s <= i), default=None)
             if source is None or source not in index_sources:
                 raise UnsupportedCombinationError(

@@ -149,6 +149,7 @@ def _refused(registry: Registry, message: str, config: dict[str, Any] | None = N
             "kv source layer 0 has compress_ratio 0, and vLLM's DeepSeek V4.1 compressor supports",
         ),
         ({"index_source_layer_ids": [2, 3, 5]}, "compressed layer 1 has no layer of 'index_source_layer_ids'"),
+        ({"index_source_layer_ids": [1, 3, 5, 6]}, "index source layer 6 has compress_ratio 0, so it has no kv source"),
         (
             {"index_source_layer_ids": [1, 4, 5]},
             r"index source layer 4 shares the indexer key cache of its kv source \(layer 3\)",
