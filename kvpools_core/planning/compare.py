@@ -30,6 +30,7 @@ from kvpools_core.errors import ConfigError, KvpoolsError, UnsupportedCombinatio
 from kvpools_core.options import option
 from kvpools_core.parts.vllm.specs import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     MambaSpec,
     MLAAttentionSpec,
     SlidingWindowSpec,
@@ -392,6 +393,8 @@ def _group_kind(group: KVCacheGroupSpec) -> tuple[str, str]:
     layers = list(spec.kv_cache_specs.values()) if isinstance(spec, UniformTypeKVCacheSpecs) else [spec]
     if any(isinstance(layer, MambaSpec) for layer in layers):
         return STATE_SLOT, "mamba state"
+    if any(isinstance(layer, CircularBufferSpec) for layer in layers):
+        return STATE_SLOT, "compressor ring"
     if any(isinstance(layer, SlidingWindowSpec) for layer in layers):
         return TOKEN, "sliding window"
     if any(isinstance(layer, ChunkedLocalAttentionSpec) for layer in layers):

@@ -107,6 +107,9 @@ def parse_dsv4_config(config: Mapping[str, Any], source: str) -> ModelSpec | Non
             "qk_rope_head_dim": rope,
             "index_topk": reader.integer("index_topk", 0, minimum=0),
             "kv_source_layer_ids": list(sources),
+            # vLLM 0.33's DeepSeek-V4.1 reads these too (deepseek_v41/attention.py L332-337, nvidia/model.py L1307)
+            "index_source_layer_ids": list(_layer_ids(reader, "index_source_layer_ids")),
+            "engram_layer_ids": list(_layer_ids(reader, "engram_layer_ids")),
             **index,
         },
     )
@@ -147,14 +150,19 @@ def _kv_source_layer_ids(reader: ConfigReader) -> tuple[int, ...]:
     """``kv_source_layer_ids`` (SGLang's default ``()``): the layers that own ratio-1/2 compressed rows.
 
     SGLang keeps the ids in a stage whose ratio is 1 or 2 and ignores the rest (an MTP layer's id included)."""
-    if not reader.has("kv_source_layer_ids"):
+    return _layer_ids(reader, "kv_source_layer_ids")
+
+
+def _layer_ids(reader: ConfigReader, key: str) -> tuple[int, ...]:
+    """A list of decoder layer ids (``()`` when the config leaves ``key`` out)."""
+    if not reader.has(key):
         return ()
-    raw = reader.get("kv_source_layer_ids")
+    raw = reader.get(key)
     if not isinstance(raw, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in raw):
-        raise reader.error("kv_source_layer_ids", "must be a list of layer ids", "List decoder layer indices.")
+        raise reader.error(key, "must be a list of layer ids", "List decoder layer indices.")
     bad = sorted({v for v in raw if v < 0})
     if bad:
-        raise reader.error("kv_source_layer_ids", f"has negative layer id(s) {bad}", "Use layer indices from 0.")
+        raise reader.error(key, f"has negative layer id(s) {bad}", "Use layer indices from 0.")
     return tuple(raw)
 
 

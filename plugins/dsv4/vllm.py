@@ -28,6 +28,9 @@ indexer caches ``block_stride_alignment = MultipleOf(256)``: their backends' onl
 common one (``Platform._preferred_block_size_for_backends``, ``platforms/interface.py`` L700-747): 256.  Nothing
 here depends on the TP size (one latent head, ``max_tp_shards=1``).
 
+DeepSeek-V4.1 (``model_type`` ``deepseek_v41``) is vLLM's ``DeepseekV41ForCausalLM``: :mod:`.vllm_v41`.  A
+``deepseek_v4`` config with compress ratios 1 or 2 is refused: vLLM's DeepSeek-V4 classes have no compressor for them.
+
 Refused, with the reason: any other ``--kv-cache-dtype`` (vLLM raises), ``--block-size`` other than 256 (vLLM
 splits larger blocks into 256-token kernel blocks, which its padded pages do not support), a config without c4
 layers (no backend declares a layout; vLLM's fallback grouping for those pages is not modelled), non-CUDA
@@ -109,8 +112,10 @@ def _check_serving(model: ModelSpec, serving: Serving, block_size: int) -> int:
     low = sorted({layer.kind for layer in model.layers if layer.kind in (C1, C2)})
     if low:
         raise UnsupportedCombinationError(
-            f"{name}: kvpools does not model vLLM 0.33's caches for DeepSeek-V4.1's compress ratios 1 and 2 (layers "
-            f"of kind {', '.join(low)}, the kv_source_layer_ids pools) yet; use --accounting sglang or exact."
+            f"{name}: compress ratios 1 and 2 (layers of kind {', '.join(low)}) are DeepSeek-V4.1's, which vLLM "
+            "serves with DeepseekV41ForCausalLM (model_type deepseek_v41); its DeepSeek-V4 classes build no compressor "
+            "for them (CompressorStateCache asserts compress_ratio in [4, 128], deepseek_v4/compressor.py L158). Set "
+            "'model_type' to 'deepseek_v41' for a DeepSeek-V4.1 checkpoint, or use --accounting sglang or exact."
         )
     if not any(layer.kind == C4 for layer in model.layers):
         raise UnsupportedCombinationError(
@@ -144,7 +149,12 @@ def _state_spec(ratio: int, head_dim: int) -> SlidingWindowMLASpec:
 
 
 def dsv4_vllm_specs(model: ModelSpec, serving: Serving, block_size: int) -> dict[str, KVCacheSpec]:
-    """Every cache layer's spec on one TP rank, named and ordered as vLLM registers them."""
+    """Every cache layer's spec on one TP rank, named and ordered as vLLM registers them (DeepSeek-V4.1's:
+    :mod:`.vllm_v41`)."""
+    from .vllm_v41 import dsv41_vllm_specs, is_dsv41
+
+    if is_dsv41(model):
+        return dsv41_vllm_specs(model, serving, block_size)
     block = _check_serving(model, serving, block_size)
     head_dim = model.params["qk_nope_head_dim"] + model.params["qk_rope_head_dim"]
     swa = SlidingWindowMLASpec(

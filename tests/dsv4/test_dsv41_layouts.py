@@ -182,10 +182,12 @@ def test_refusals(model: str, serving: Serving, message: str) -> None:
 
 
 def test_vllm_accounting_refuses_the_low_ratios() -> None:
+    """vLLM 0.33's DeepSeek-V4.1 (tests/dsv4/test_dsv41_vllm.py) needs index_source_layer_ids, which this config lacks,
+    and refuses its ratio-4 / 128 layers."""
     from kvpools_core.engines.vllm import plan_vllm
 
     with pytest.raises(
-        UnsupportedCombinationError, match=re.escape("vLLM 0.33's caches for DeepSeek-V4.1's compress ratios 1")
+        UnsupportedCombinationError, match=re.escape("DeepSeek V4.1 requires kv_source_layer_ids / index_source")
     ):
         plan_vllm(V41, Serving(), memory="20GiB")
 

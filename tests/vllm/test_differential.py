@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from kvpools_core.dtypes import canonical_kv_dtype
 from kvpools_core.engines.vllm import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
@@ -45,7 +46,7 @@ from kvpools_core.engines.vllm.planning import mamba_cache_mode_of, project_grou
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.models import load_model, parse_config, registry_presets
 from kvpools_core.registry import Registry
-from kvpools_core.values import Serving
+from kvpools_core.values import PlatformTraits, Serving
 
 from .peer import VllmPlanner, require_vllm
 
@@ -235,9 +236,12 @@ def kvpools_spec(data: dict[str, Any]) -> KVCacheSpec:
             cache_dtype_str=data.get("cache_dtype_str"),
             alignment=data.get("alignment"),
             model_version=data.get("model_version"),
+            bounded_replay=data.get("bounded_replay", False),
             **common,
         )
     common["head_size_v"] = data["head_size_v"]
+    if kind == "circular_buffer":
+        return CircularBufferSpec(**common)
     if kind == "full":
         return FullAttentionSpec(**common)
     if kind == "sliding_window":
@@ -325,7 +329,7 @@ def runner_spec(spec: KVCacheSpec) -> dict[str, Any]:
             "num_prefill_checkpoint_blocks": spec.num_prefill_checkpoint_blocks,
             "prefill_checkpoint_alignment": spec.prefill_checkpoint_alignment,
         }
-    assert isinstance(spec, (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec))
+    assert isinstance(spec, (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, CircularBufferSpec))
     data: dict[str, Any] = {
         "block_size": spec.block_size,
         "num_kv_heads": spec.num_kv_heads,
@@ -342,7 +346,10 @@ def runner_spec(spec: KVCacheSpec) -> dict[str, Any]:
     if isinstance(spec, MLAAttentionSpec):
         return {**data, "kind": "mla", "cache_role": spec.cache_role}
     if isinstance(spec, SlidingWindowMLASpec):
-        return {**data, "kind": "sliding_window_mla", "sliding_window": spec.sliding_window}
+        replay = {"bounded_replay": True} if spec.bounded_replay else {}
+        return {**data, "kind": "sliding_window_mla", "sliding_window": spec.sliding_window, **replay}
+    if isinstance(spec, CircularBufferSpec):
+        return {**data, "kind": "circular_buffer"}
     if isinstance(spec, SlidingWindowSpec):
         return {**data, "kind": "sliding_window", "sliding_window": spec.sliding_window}
     if isinstance(spec, ChunkedLocalAttentionSpec):
@@ -842,6 +849,119 @@ def test_dsv4_plans_equal_vllm(
 
 
 # ---------------------------------------------------------------------------
+# DeepSeek-V4.1: the plugin's specs against vLLM's deepseek_v41 layers' own get_kv_cache_spec, then both plans
+# ---------------------------------------------------------------------------
+
+DSV41_CONFIG = Path(__file__).parents[1] / "dsv4" / "configs" / "dsv41_vllm_synthetic.json"
+
+
+def _dsv41_config(**changes: Any) -> dict[str, Any]:
+    return {**json.loads(DSV41_CONFIG.read_text()), **changes}
+
+
+def _dsv41_answer(vllm_planner: VllmPlanner, config: dict[str, Any], kv_cache_dtype: str, family: int) -> dict:
+    """vLLM's specs for a DeepSeek-V4.1 config (``vllm_runner._DeepseekV41``), from the config keys its model reads."""
+    return vllm_planner.plan(
+        {
+            "op": "dsv41_specs",
+            "block_size": 16,  # --block-size left out
+            "cache_dtype": kv_cache_dtype,
+            "capability_family": family,
+            "compress_ratios": config["compress_ratios"],
+            "num_hidden_layers": config["num_hidden_layers"],
+            "kv_source_layer_ids": config["kv_source_layer_ids"],
+            "index_source_layer_ids": config["index_source_layer_ids"],
+            "index_head_dim": config["index_head_dim"],
+            "head_dim": config["head_dim"],
+            "sliding_window": config["sliding_window"],
+        }
+    )
+
+
+DSV41_TOPOLOGIES = [
+    {},  # the test config: ratios 0, 1, 1, 2, 2, 1, 0, 0; kv sources 1, 3, 5; index sources 1, 2, 3, 5
+    {
+        "compress_ratios": [1, 1, 2, 2, 1, 1, 2, 0, 0],
+        "kv_source_layer_ids": [0, 2, 4],
+        "index_source_layer_ids": [0, 4],
+    },
+    {"compress_ratios": [0, 2, 2, 2, 1, 1, 1, 1, 0], "kv_source_layer_ids": [1, 4], "index_source_layer_ids": [1, 4]},
+    {
+        "num_hidden_layers": 12,
+        "compress_ratios": [0, 0, 1, 2, 1, 2, 1, 2, 1, 0, 0, 0, 0],
+        "kv_source_layer_ids": [2, 3, 4, 5, 6, 7, 8],
+        "index_source_layer_ids": [2, 3, 4, 5, 6, 7, 8],
+    },
+]
+
+
+@pytest.mark.parametrize("topology", range(len(DSV41_TOPOLOGIES)))
+@pytest.mark.parametrize(("kv_cache_dtype", "family"), [("auto", 90), ("fp8", 90), ("auto", 80), ("bf16", 90)])
+def test_dsv41_specs_equal_vllm(
+    vllm_planner: VllmPlanner, registry: Registry, topology: int, kv_cache_dtype: str, family: int
+) -> None:
+    """Every cache layer the dsv4 plugin answers for DeepSeek-V4.1 -- name, order, fields, page bytes -- is the spec
+    vLLM's deepseek_v41 layers build at the block size their backends settle on (64 on SM90, 128 elsewhere), or both
+    refuse the dtype; same layout."""
+    config = _dsv41_config(**DSV41_TOPOLOGIES[topology])
+    answer = _dsv41_answer(vllm_planner, config, kv_cache_dtype, family)
+    model, _ = parse_config(config, "dsv41", registry)
+    serving = Serving(tp_size=8, kv_cache_dtype=kv_cache_dtype)
+    if family != 90:
+        traits = PlatformTraits(platform="cuda", compute_capability=(family // 10, family % 10))
+        serving = attrs.evolve(serving, platform_traits=traits)
+    if kv_cache_dtype == "bf16":
+        assert answer.get("error") == "ValueError", answer
+        with pytest.raises(UnsupportedCombinationError, match="packed KV layouts only support fp8 kv-cache, got bf16"):
+            worker_kv_cache_specs(model, serving, registry)
+        return
+    (worker,) = worker_kv_cache_specs(model, serving, registry)
+    expected = [(name, {k: v for k, v in spec.items() if k != "page_size_bytes"}) for name, spec in answer["specs"]]
+    assert [(name, runner_spec(spec)) for name, spec in worker.items()] == expected
+    assert [spec.page_size_bytes for spec in worker.values()] == [
+        spec["page_size_bytes"] for _, spec in answer["specs"]
+    ]
+    assert answer["block_size"] == (64 if family == 90 else 128) and answer["kv_cache_dtype"] == "fp8_ds_mla"
+    plan = plan_kv_cache([worker], [40 * GiB], VllmLimits(max_model_len=model.context_len))
+    assert plan.kv_cache_layout == answer["kv_cache_layout"] == "BLHNC"
+
+
+DSV41_CASES = [
+    (0, 1, 4, None, 2048),
+    (0, 1, 40, 131072, 8192),
+    (1, 1, 20, None, 8192),
+    (2, 1, 1, 65536, 2048),
+    (3, 1, 60, None, 8192),
+    (3, 2, 30, 8192, 8192),
+]
+
+
+@pytest.mark.parametrize(("topology", "pp", "budget_gib", "max_model_len", "batched"), DSV41_CASES)
+def test_dsv41_plans_equal_vllm(
+    vllm_planner: VllmPlanner,
+    registry: Registry,
+    topology: int,
+    pp: int,
+    budget_gib: int,
+    max_model_len: int | None,
+    batched: int,
+) -> None:
+    """DeepSeek-V4.1's specs planned by kvpools and by vLLM's own planner in the layout vLLM resolves (BLHNC): the
+    compressor rings as circular-buffer groups, groups, bytes per block, ``estimate_max_model_len``,
+    ``num_gpu_blocks``, ``max_concurrency``."""
+    config = _dsv41_config(**DSV41_TOPOLOGIES[topology])
+    model, _ = parse_config(config, "dsv41", registry)
+    workers = worker_kv_cache_specs(model, Serving(tp_size=8, pp_size=pp), registry)
+    limits = VllmLimits(
+        max_model_len=max_model_len or model.context_len, max_num_batched_tokens=batched, max_concurrent_batches=pp + 1
+    )
+    layout = _dsv41_answer(vllm_planner, config, "auto", 90)["kv_cache_layout"]
+    plan = _assert_plans_equal(vllm_planner, workers, limits, [budget_gib * GiB] * pp, 8, layout)
+    if budget_gib >= 20:
+        assert plan is not None and plan.num_gpu_blocks > 0
+
+
+# ---------------------------------------------------------------------------
 # generated models of compressed / aligned MLA and sliding-window MLA caches: vLLM's block-outermost packing
 # ---------------------------------------------------------------------------
 
@@ -875,6 +995,16 @@ def _packed_variant(kind: str, draw: Any, block_size: int) -> dict[str, Any]:
             "sliding_window": draw(st.sampled_from([128, 512])),
             "cache_dtype_str": "fp8_ds_mla",
             "model_version": "deepseek_v4",
+            "bounded_replay": draw(st.booleans()),
+        }
+    if kind == "ring":  # DeepSeek-V4.1's ratio-2 compressor ring: 8 or 16 float32 rows, one block per request
+        return {
+            "kind": "circular_buffer",
+            "block_size": draw(st.sampled_from([8, 16])),
+            "num_kv_heads": 1,
+            "head_size": draw(st.sampled_from([512, 1024])),
+            "head_size_v": 0,
+            "dtype_bytes": 4,
         }
     if kind == "state":
         ratio = draw(st.sampled_from([4, 128]))
@@ -901,7 +1031,7 @@ def packed_cases(draw: Any) -> dict[str, Any]:
     """Layers registering one to four caches each, in a repeating pattern; the indexer's backend declares
     ``BLHNC``/``BLNHC`` when present (then one pipeline stage, as every stage must declare alike)."""
     block_size = draw(st.sampled_from([128, 256, 512]))
-    kinds = ("latent", "indexer", "swa", "state", "full")
+    kinds = ("latent", "indexer", "swa", "state", "full", "ring")
     pattern = draw(
         st.lists(st.lists(st.sampled_from(kinds), min_size=1, max_size=4, unique=True), min_size=1, max_size=4)
     )
@@ -943,7 +1073,8 @@ def packed_cases(draw: Any) -> dict[str, Any]:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=packed_cases())
 def test_packed_plan_equals_vllm(vllm_planner: VllmPlanner, case: dict[str, Any]) -> None:
-    """Compressed (``tokens_per_state``), 576-aligned MLA and sliding-window MLA caches beside full attention, in the
+    """Compressed (``tokens_per_state``), 576-aligned MLA and sliding-window MLA caches (bounded replay or not) and
+    DeepSeek-V4.1's compressor rings (``CircularBufferSpec``) beside full attention, in the
     layout kvpools resolves (``BLHNC`` when the indexer declares it: vLLM's packed groups; else ``LBNHC``): groups,
     bytes per block, estimates, blocks and concurrency equal vLLM's -- or both refuse."""
     workers = [{name: kvpools_spec(spec) for name, spec in worker.items()} for worker in case["workers"]]

@@ -173,9 +173,12 @@ def _spec(interface, data):
             model_version=data.get("model_version"),
             **attention,
         )
+    if kind == "circular_buffer":
+        return interface.CircularBufferSpec(head_size_v=data["head_size_v"], **attention)
     if kind == "sliding_window_mla":
         return interface.SlidingWindowMLASpec(
             sliding_window=data["sliding_window"],
+            bounded_replay=data.get("bounded_replay", False),
             cache_dtype_str=data.get("cache_dtype_str"),
             alignment=data.get("alignment"),
             model_version=data.get("model_version"),
@@ -711,6 +714,7 @@ class _DeepseekV4:
             "replace": dataclasses.replace,
             "defaultdict": collections.defaultdict,
         }
+        self.common = common
         path = os.path.join
         attention = path(root, "models", "deepseek_v4", "attention.py")
         compressor = path(root, "models", "deepseek_v4", "compressor.py")
@@ -723,17 +727,10 @@ class _DeepseekV4:
         self.state_spec = _method_from_installed(compressor, "CompressorStateCache", "get_kv_cache_spec", common)
         self.swa_spec = _method_from_installed(sparse_swa, "DeepseekV4SWACache", "get_kv_cache_spec", common)
         self.swa_defaults = _init_defaults(sparse_swa, "DeepseekV4SWACache")
-        supports = _method_from_installed(
+        self.supports = _method_from_installed(
             path(root, "v1", "attention", "backend.py"), "AttentionBackend", "supports_block_size", common
         )
-
-        def backend(name, file, class_name, layouts=None):
-            sizes = _method_from_installed(file, class_name, "get_supported_kernel_block_sizes", common)
-            namespace = SimpleNamespace(name=name, get_supported_kernel_block_sizes=sizes, customize_spec=lambda s: s)
-            namespace.supports_block_size = lambda size: supports(namespace, size)
-            namespace.get_name = lambda: name
-            namespace.supported_kv_cache_layouts = (lambda: layouts(None)) if layouts else (lambda: None)
-            return namespace
+        backend = self.make_backend
 
         self.flashmla = backend(
             "FLASHMLA_SPARSE_DSV4", path(root, "models", "deepseek_v4", "sparse_mla.py"), "DeepseekV4SparseMLABackend"
@@ -760,6 +757,37 @@ class _DeepseekV4:
         layouts["get_kv_connector_cache_layout"] = lambda vllm_config: None
         self.supported_layouts = _function_from_installed(utils, "get_supported_kv_cache_layouts", layouts)
         self.resolve_layout = _function_from_installed(utils, "resolve_kv_cache_layout", layouts)
+
+    def make_backend(self, name, file, class_name, layouts=None, namespace=None):
+        """A backend class as a namespace carrying its installed ``get_supported_kernel_block_sizes``."""
+        sizes = _method_from_installed(file, class_name, "get_supported_kernel_block_sizes", namespace or self.common)
+        backend = SimpleNamespace(name=name, get_supported_kernel_block_sizes=sizes, customize_spec=lambda s: s)
+        backend.supports_block_size = lambda size: self.supports(backend, size)
+        backend.get_name = lambda: name
+        backend.supported_kv_cache_layouts = (lambda: layouts(None)) if layouts else (lambda: None)
+        return backend
+
+    def finish(self, registered, cache_config, vllm_config):
+        """The block size the layers' backends settle on, each layer's customised spec and the resolved layout."""
+        backends = []
+        for _, _, _, backend in registered:
+            if backend not in backends:
+                backends.append(backend)
+        if cache_config.block_size == 16:  # not user-specified: update_block_size_for_backend (interface.py L750-778)
+            cache_config.block_size = self.preferred_block_size(None, backends, 16, vllm_config)
+        specs = {}
+        for name, layer, get_spec, backend in registered:
+            spec = get_spec(layer, vllm_config)
+            if spec:
+                specs[name] = self.customize(backend, spec)
+        names = [layout.name for layout in self.supported_layouts(backends)]
+        layout = self.resolve_layout(vllm_config, [names], specs.values())
+        return {
+            "block_size": cache_config.block_size,
+            "kv_cache_dtype": cache_config.cache_dtype,
+            "kv_cache_layout": layout.name,
+            "specs": [[name, _spec_dict(spec)] for name, spec in specs.items()],
+        }
 
     def specs(self, case):
         """The layer specs one worker reports (``get_kv_cache_spec`` of the runner), the block size, the layout."""
@@ -817,25 +845,7 @@ class _DeepseekV4:
                         self.compressor,
                     )
                 )
-        backends = []
-        for _, _, _, backend in registered:
-            if backend not in backends:
-                backends.append(backend)
-        if case["block_size"] == 16:  # not user-specified: update_block_size_for_backend (interface.py L750-778)
-            cache_config.block_size = self.preferred_block_size(None, backends, 16, vllm_config)
-        specs = {}
-        for name, layer, get_spec, backend in registered:
-            spec = get_spec(layer, vllm_config)
-            if spec:
-                specs[name] = self.customize(backend, spec)
-        names = [layout.name for layout in self.supported_layouts(backends)]
-        layout = self.resolve_layout(vllm_config, [names], specs.values())
-        return {
-            "block_size": cache_config.block_size,
-            "kv_cache_dtype": cache_config.cache_dtype,
-            "kv_cache_layout": layout.name,
-            "specs": [[name, _spec_dict(spec)] for name, spec in specs.items()],
-        }
+        return self.finish(registered, cache_config, vllm_config)
 
     @staticmethod
     def _state(ratio: int, head_dim: int):
@@ -850,11 +860,143 @@ class _DeepseekV4:
         )
 
 
+class _DeepseekV41:
+    """vLLM's code for DeepSeek-V4.1's specs (``DeepseekV41ForCausalLM``, ``vllm.models.deepseek_v41``) on a CUDA GPU
+    that is not SM100 nor SM12x, with the default FlashMLA class (``nvidia/model.py`` L201-262):
+    ``_resolve_dsv4_kv_cache_dtype`` and the ``get_kv_cache_spec`` of ``DeepseekV4Attention`` and
+    ``DeepseekV4IndexerCache`` (``deepseek_v41/attention.py`` L141, L1206, L1274), ``CompressorStateCache``
+    (``deepseek_v41/compressor.py`` L229) and ``DeepseekV4SWACache`` (``sparse_swa.py`` L120); the backends'
+    ``get_supported_kernel_block_sizes`` (``deepseek_v41/sparse_mla.py`` L115, ``indexer.py`` L365, ``sparse_swa.py``
+    L161, ``deepseek_v41/compressor.py`` L46) with ``current_platform.is_device_capability_family`` answering for the
+    case's GPU family, the indexer's ``supported_kv_cache_layouts`` (``indexer.py`` L349); block size, spec
+    customisation and layout resolution as in :class:`_DeepseekV4`.
+
+    Stand-ins (building the layers needs a GPU): each layer is a namespace holding what ``DeepseekV4Attention.__init__``
+    computes before the spec is asked -- the layer's ratio, ``is_kv_source`` / ``is_index_source`` (L332-345), the
+    indexer key cache only on a layer that is both (L444-455), the V4 record on a GPU other than SM100 (L133-140,
+    L524-531: 584 B rows, 576 B pages), the SWA cache's constructor arguments (L563-580: 32-token blocks, no block
+    stride alignment, bounded replay on, as model runner V2 and CUDA leave it), the compressor ring only on a ratio-2
+    kv source (``compressor.py`` L306-314; rows ``max(8, next power of two of 2)``, L221-223, no speculative tokens)
+    -- registered in ``__init__``'s order: the attention itself first (L433-436), its indexer key cache, its SWA cache
+    (L563), its compressor's ring (L588-597).  No ``VLLM_KV_CACHE_LAYOUT``, KV connector, sparse logits, MXFP4 indexer.
+    """
+
+    def __init__(self, interface, v4: _DeepseekV4) -> None:
+        import os
+
+        root = sys.modules["vllm"].__path__[0]
+        self.interface = interface
+        self.v4 = v4
+        self.family = 90
+        common = dict(v4.common)
+        common.update(
+            CircularBufferSpec=interface.CircularBufferSpec,
+            current_platform=SimpleNamespace(is_device_capability_family=lambda family: family == self.family),
+            _use_v41_mxfp8_kv_record=lambda: False,
+        )
+        path = os.path.join
+        attention = path(root, "models", "deepseek_v41", "attention.py")
+        compressor = path(root, "models", "deepseek_v41", "compressor.py")
+        indexer = path(root, "v1", "attention", "backends", "mla", "indexer.py")
+        self.resolve_dtype = _function_from_installed(attention, "_resolve_dsv4_kv_cache_dtype", common)
+        self.attention_spec = _method_from_installed(attention, "DeepseekV4Attention", "get_kv_cache_spec", common)
+        self.indexer_spec = _method_from_installed(attention, "DeepseekV4IndexerCache", "get_kv_cache_spec", common)
+        self.ring_spec = _method_from_installed(compressor, "CompressorStateCache", "get_kv_cache_spec", common)
+        self.flashmla = v4.make_backend(
+            "FLASHMLA_SPARSE_DSV41",
+            path(root, "models", "deepseek_v41", "sparse_mla.py"),
+            "DeepseekV4SparseMLABackend",
+            namespace=common,
+        )
+        indexer_layouts = _method_from_installed(
+            indexer, "DeepseekV4IndexerBackend", "supported_kv_cache_layouts", common
+        )
+        self.indexer = v4.make_backend(
+            "DEEPSEEK_V41_INDEXER", indexer, "DeepseekV41IndexerBackend", indexer_layouts, namespace=common
+        )
+        self.compressor = v4.make_backend("CompressorBackend", compressor, "CompressorBackend", namespace=common)
+
+    def specs(self, case):
+        import torch
+
+        self.family = case.get("capability_family", 90)
+        cache_config = SimpleNamespace(
+            block_size=case["block_size"], cache_dtype=case["cache_dtype"], kv_cache_layout=None
+        )
+        vllm_config = SimpleNamespace(
+            cache_config=cache_config, attention_config=SimpleNamespace(indexer_sparse_logits=False)
+        )
+        try:
+            kv_cache_dtype, torch_dtype = self.resolve_dtype(True, cache_config.cache_dtype, cache_config)
+        except ValueError as error:
+            return {"error": "ValueError", "message": str(error)}
+        kv_sources = set(case["kv_source_layer_ids"])
+        index_sources = set(case["index_source_layer_ids"])
+        registered = []
+        for index, ratio in enumerate(case["compress_ratios"][: case["num_hidden_layers"]]):
+            prefix = f"model.layers.{index}.attn"
+            is_kv_source = index in kv_sources
+            attn = SimpleNamespace(
+                is_kv_source=is_kv_source,
+                compress_ratio=ratio,
+                kv_cache_dtype=kv_cache_dtype,
+                kv_cache_torch_dtype=torch_dtype,
+                head_dim=case["head_dim"],
+                kv_page_alignment=576,
+                compressed_bytes_per_token=584,
+            )
+            registered.append((prefix, attn, self.attention_spec, self.flashmla))
+            if is_kv_source and index in index_sources:
+                key = SimpleNamespace(
+                    cache_config=cache_config,
+                    head_dim=case["index_head_dim"] + case["index_head_dim"] // 128 * 4,
+                    dtype=torch.uint8,
+                    compress_ratio=ratio,
+                    sparse_logits=False,
+                    rocm_mxfp4=False,
+                )
+                registered.append((f"{prefix}.indexer.k_cache", key, self.indexer_spec, self.indexer))
+            swa = SimpleNamespace(
+                cache_config=cache_config,
+                head_dim=case["head_dim"],
+                window_size=case["sliding_window"],
+                dtype=torch_dtype,
+                block_size=32,
+                packed_bytes_per_token=584,
+                packed_page_alignment=576,
+                packed_block_stride_alignment=None,
+                bounded_replay=True,
+            )
+            registered.append((f"{prefix}.swa_cache", swa, self.v4.swa_spec, self.v4.swa))
+            if is_kv_source and ratio > 1:
+                ring = SimpleNamespace(
+                    block_size=max(8, 1 << (2 - 1).bit_length()), state_dim=2 * case["head_dim"], dtype=torch.float32
+                )
+                registered.append((f"{prefix}.compressor.state_cache", ring, self.ring_spec, self.compressor))
+        return self.v4.finish(registered, cache_config, vllm_config)
+
+
 def _spec_dict(spec) -> dict:
     """A vLLM attention spec in ``vllm_runner`` form, with the page vLLM computes."""
     from vllm.utils.torch_utils import get_dtype_size
 
-    kind = "sliding_window_mla" if type(spec).__name__ == "SlidingWindowMLASpec" else "mla"
+    kind = {"SlidingWindowMLASpec": "sliding_window_mla", "CircularBufferSpec": "circular_buffer"}.get(
+        type(spec).__name__, "mla"
+    )
+    if kind == "circular_buffer":
+        return {
+            "kind": kind,
+            "block_size": spec.block_size,
+            "num_kv_heads": spec.num_kv_heads,
+            "head_size": spec.head_size,
+            "head_size_v": spec.head_size_v,
+            "dtype_bytes": get_dtype_size(spec.dtype),
+            "state_content_bytes": spec.state_content_bytes,
+            "max_tp_shards": spec.max_tp_shards,
+            "tokens_per_state": spec.tokens_per_state,
+            "block_stride_alignment": None if spec.block_stride_alignment is None else spec.block_stride_alignment.base,
+            "page_size_bytes": spec.page_size_bytes,
+        }
     data = {
         "kind": kind,
         "block_size": spec.block_size,
@@ -875,6 +1017,8 @@ def _spec_dict(spec) -> dict:
         data["cache_role"] = spec.cache_role.value
     else:
         data["sliding_window"] = spec.sliding_window
+        if spec.bounded_replay:  # DeepSeek-V4.1's SWA caches only; V4's keep the default
+            data["bounded_replay"] = True
     return data
 
 
@@ -882,6 +1026,7 @@ def main() -> None:
     planning, interface, utils = _install(sys.argv[1])
     hybrid = _Hybrid(sys.argv[1])
     deepseek_v4 = _DeepseekV4(interface)
+    deepseek_v41 = _DeepseekV41(interface, deepseek_v4)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         try:
@@ -894,6 +1039,9 @@ def main() -> None:
                 continue
             if case.get("op") == "dsv4_specs":
                 print(json.dumps(deepseek_v4.specs(case)), flush=True)
+                continue
+            if case.get("op") == "dsv41_specs":
+                print(json.dumps(deepseek_v41.specs(case)), flush=True)
                 continue
             answer = _plan(planning, interface, utils, case)
         except Exception as error:  # reported to the test, which fails with vLLM's traceback

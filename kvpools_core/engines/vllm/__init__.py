@@ -34,6 +34,7 @@ from kvpools_core.parts.vllm.layers import align_hybrid_block_size
 from kvpools_core.parts.vllm.specs import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
@@ -48,6 +49,7 @@ __all__ = [
     "ENGINE",
     "AttentionSpec",
     "ChunkedLocalAttentionSpec",
+    "CircularBufferSpec",
     "FullAttentionSpec",
     "KVCacheGroupSpec",
     "KVCacheSpec",

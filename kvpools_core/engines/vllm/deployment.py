@@ -36,11 +36,11 @@ from kvpools_core.engines.vllm.runtime_memory import (
 from kvpools_core.errors import ConfigError, NoProviderError, UnsupportedCombinationError, short_repr
 from kvpools_core.models import launch_model_path, load_model, served_model
 from kvpools_core.options import on_cli, option
-from kvpools_core.parts.vllm.specs import MambaSpec, SlidingWindowMLASpec, UniformTypeKVCacheSpecs
+from kvpools_core.parts.vllm.specs import CircularBufferSpec, MambaSpec, SlidingWindowMLASpec, UniformTypeKVCacheSpecs
 from kvpools_core.pipeline.gpus import GPU, GiB, custom_gpu, find_gpu
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.units import parse_bytes
-from kvpools_core.values import ModelSpec, Serving
+from kvpools_core.values import ModelSpec, PlatformTraits, Serving
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -471,7 +471,7 @@ def plan_vllm(
                 f"{option('kv_offloading_size')} (GiB); add it, or drop {' and '.join(given)}."
             )
     block = DEFAULT_BLOCK_SIZE if block_size is None else block_size
-    workers = _specs(spec, plugin, serving, registry, block)
+    workers = _specs(spec, plugin, _with_capability(serving, chosen), registry, block)
     default_batched, default_seqs = server_defaults(
         chosen.total_bytes if chosen else None, chosen.label if chosen else ""
     )
@@ -591,6 +591,15 @@ def _runtime_memory(
     return runtime
 
 
+def _with_capability(serving: Serving, chosen: GPU | None) -> Serving:
+    """``serving`` carrying the planned GPU's compute capability on ``platform_traits``, which the layer specs read
+    where vLLM picks by ``torch.cuda.get_device_capability`` (DeepSeek-V4.1's kernel block and attention class)."""
+    if chosen is None or chosen.compute_capability is None or chosen.platform != serving.platform:
+        return serving
+    known = serving.platform_traits or PlatformTraits(platform=serving.platform)
+    return attrs.evolve(serving, platform_traits=attrs.evolve(known, compute_capability=chosen.compute_capability))
+
+
 def _resolve_device(
     memory: int | str | None, gpu: str | GPU | None, gpu_memory: int | str | None, serving: Serving, registry: Registry
 ) -> GPU | None:
@@ -651,10 +660,14 @@ def attention_block_size(plan: VllmKVCachePlan, asked: int) -> int:
     smallest attention group's (page-size unification only grows a group's block from it).  Groups of Mamba
     states and of ``SlidingWindowMLASpec`` caches are left out: their blocks are not sizes vLLM was asked for (a
     Mamba block is its state; DeepSeek-V4's SWA and compressor-state caches fix their own, ``sparse_swa.py`` L85,
-    ``compressor.py`` L168-171); ``asked`` for a model of such layers only."""
+    ``compressor.py`` L168-171), nor DeepSeek-V4.1's compressor rings (``CircularBufferSpec``, a ring of at least 8
+    rows, ``deepseek_v41/compressor.py`` L221-223); ``asked`` for a model of such layers only."""
     sizes = {
         group.kv_cache_spec.block_size
         for group in plan.groups
-        if not any(isinstance(group.layer_spec(name), (MambaSpec, SlidingWindowMLASpec)) for name in group.layer_names)
+        if not any(
+            isinstance(group.layer_spec(name), (MambaSpec, SlidingWindowMLASpec, CircularBufferSpec))
+            for name in group.layer_names
+        )
     }
     return min(sizes) if sizes else asked

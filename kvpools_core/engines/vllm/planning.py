@@ -24,6 +24,7 @@ from kvpools_core.parts.vllm.specs import (
     SLIDING_WINDOW_MLA_MERGE_FIELDS,
     AttentionSpec,
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
@@ -197,7 +198,14 @@ def is_uniform_type(specs: Mapping[str, KVCacheSpec]) -> bool:
         return False
     first = values[0]
     if isinstance(first, SlidingWindowMLASpec):  # L1082-1090
-        return all(isinstance(s, SlidingWindowMLASpec) and s.sliding_window == first.sliding_window for s in values)
+        return all(
+            isinstance(s, SlidingWindowMLASpec)
+            and s.sliding_window == first.sliding_window
+            and s.bounded_replay == first.bounded_replay
+            for s in values
+        )
+    if isinstance(first, CircularBufferSpec):  # L989-994
+        return all(isinstance(s, CircularBufferSpec) for s in values)
     if isinstance(first, FullAttentionSpec):
         return all(isinstance(spec, FullAttentionSpec) for spec in values)
     if isinstance(first, SlidingWindowSpec):
@@ -388,7 +396,9 @@ def packed_kv_cache_groups(specs: Mapping[str, KVCacheSpec]) -> list[KVCacheGrou
 
     def is_state_bucket(spec: UniformTypeKVCacheSpecs) -> bool:
         first = next(iter(spec.kv_cache_specs.values()))
-        return isinstance(first, MambaSpec) or (repeats is None and isinstance(first, SlidingWindowSpec))
+        return isinstance(first, (MambaSpec, CircularBufferSpec)) or (
+            repeats is None and isinstance(first, SlidingWindowSpec)
+        )
 
     anchor = max(
         widest_group_bytes(pages, len(spec.kv_cache_specs) if is_state_bucket(spec) else num_groups_for(spec, balanced))

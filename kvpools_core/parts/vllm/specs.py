@@ -281,7 +281,10 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 class SlidingWindowMLASpec(SlidingWindowSpec):
     """``SlidingWindowMLASpec`` (L1008): a sliding window over MLA rows (``head_size_v = 0``), padded to
     ``alignment`` like :class:`MLAAttentionSpec`: DeepSeek-V4's SWA cache (``sparse_swa.py`` L120-147) and its
-    compressors' state caches (``compressor.py`` L179-192).  ``bounded_replay`` (DeepSeek-V4.1) is not modelled.
+    compressors' state caches (``compressor.py`` L179-192).  ``bounded_replay`` is DeepSeek-V4.1's (L1016, set by
+    ``deepseek_v41/attention.py`` L538-579): it keeps the window out of prefix caching and rebuilds it on a prefix hit,
+    which changes no page nor any request's blocks (``max_admission_blocks_per_request`` does not read it), only
+    equality, ``merge`` and ``is_uniform_with_collection`` (L1082-1090).
 
     vLLM's ``merge`` of these compares only the fields listed in :data:`SLIDING_WINDOW_MLA_MERGE_FIELDS`, so layers
     that differ elsewhere still share a group
@@ -292,9 +295,20 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
     cache_dtype_str: str | None = None
     alignment: int | None = attrs.field(default=None, validator=_optional_positive)
     model_version: str | None = attrs.field(default=None, validator=attrs.validators.in_((None, "deepseek_v4")))
+    bounded_replay: bool = False
 
     def __attrs_post_init__(self) -> None:
         _apply_alignment_padding(self)
+
+
+@attrs.frozen(kw_only=True)
+class CircularBufferSpec(AttentionSpec):
+    """``CircularBufferSpec`` (L957-996): one block per request for its whole life, a ring of ``block_size`` rows
+    (DeepSeek-V4.1's ratio-2 compressor state, ``deepseek_v41/compressor.py`` L206-240); never prefix-cached, and
+    uniform only with other circular buffers."""
+
+    def max_memory_usage_bytes(self, limits: VllmLimits) -> int:
+        return self.page_size_bytes
 
 
 SLIDING_WINDOW_MLA_MERGE_FIELDS = (
@@ -303,6 +317,7 @@ SLIDING_WINDOW_MLA_MERGE_FIELDS = (
     "model_version",
     "sliding_window",
     "extra_retained_tokens",
+    "bounded_replay",
     "block_stride_alignment",
     "dcp_sharded",
     "max_tp_shards",
@@ -373,9 +388,10 @@ LAYER_SPEC_TYPES = (
     SlidingWindowSpec,
     SlidingWindowMLASpec,
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     MambaSpec,
 )
-"""The per-layer spec classes kvpools models (vLLM registers more: cross-attention, HiSparse, circular buffers)."""
+"""The per-layer spec classes kvpools models (vLLM registers more: cross-attention, HiSparse)."""
 
 
 @attrs.frozen(kw_only=True)
