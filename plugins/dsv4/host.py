@@ -60,13 +60,26 @@ from .buffers import (
 ANCHOR_POOL = "kv"
 """The ``LogicalHostPool`` anchor's name (SGLang's ``PoolName.KV``); it mirrors the full-token allocator."""
 FULL_ALLOCATOR = "allocator"
+SGLANG_HICACHE_NO_RADIX_MESSAGE = (
+    "The arguments enable-hierarchical-cache and disable-radix-cache are mutually exclusive and cannot be used at "
+    "the same time. Please use only one of them."
+)
+SGLANG_HICACHE_DCP_MLA_MESSAGE = (
+    "HiCache with --dcp-size > 1 is only supported for MLA models: the index translation lives in "
+    "MLATokenToKVPoolHost, and the MHA host pool has none."
+)
+SGLANG_HICACHE_DCP_SPEC_MESSAGE = (
+    "HiCache with --dcp-size > 1 only supports DSPARK speculative decoding; other draft-model host pools have no "
+    "DCP index translation."
+)
 SGLANG_HICACHE_SIZE_MESSAGE = (
     "DeepSeek V4 HiCache currently does not support --hicache-size; use --hicache-ratio instead."
 )
 
 
 def host_problems(serving: Serving) -> list[str]:
-    """What SGLang refuses (``--hicache-size``) or kvpools does not model (HiSparse, DCP) for DSV4's host tier."""
+    """What SGLang refuses for DSV4's host tier (``--hicache-size``; HiSparse, whose radix-cache-off rule HiCache
+    refuses; DCP, refused for every non-MLA model, and DeepSeek-V4 is ``AttentionArch.MHA`` to SGLang)."""
     if not serving.enable_hierarchical_cache:
         return []
     o = option
@@ -76,16 +89,30 @@ def host_problems(serving: Serving) -> list[str]:
             f"{o('hicache_size')} {serving.hicache_size}: SGLang raises '{SGLANG_HICACHE_SIZE_MESSAGE}' "
             f"(_deepseek_v4_num_host_pages). Size the host tier by {o('hicache_ratio')}."
         )
-    if serving.enable_hisparse:
+    if serving.enable_hisparse or serving.disable_radix_cache:
+        # HiSparse asserts --disable-radix-cache (validate_hisparse; the core refuses HiSparse without it)
+        why = f" ({o('enable_hisparse')} needs {o('disable_radix_cache')})" if serving.enable_hisparse else ""
         problems.append(
-            f"{o('enable_hierarchical_cache')} with {o('enable_hisparse')}: kvpools does not model HiSparse's own "
-            f"c4 host copy beside the HiCache mirrors. Drop one of them."
+            f"SGLang refuses {o('enable_hierarchical_cache')} with {o('disable_radix_cache')}{why}: "
+            f"'{SGLANG_HICACHE_NO_RADIX_MESSAGE}' (handle_cache_compatibility in SGLang 0.5.23's "
+            f"arg_groups/kv_cache_hook.py, L393-397). Drop {o('enable_hierarchical_cache')}"
+            + (f" or {o('enable_hisparse')}." if serving.enable_hisparse else f" or {o('disable_radix_cache')}.")
         )
     if serving.dcp_size > 1:
+        # resolve_hicache_dcp_compatibility (arg_groups/hicache_hook.py L129-165): a draft other than DSPARK fails
+        # first; DeepSeek-V4's ModelConfig is AttentionArch.MHA (configs/model_config.py L1418-1431), so the
+        # MLA-only check fails for every DeepSeek-V4 server
+        spec = serving.speculative_algorithm
+        message, line = (
+            (SGLANG_HICACHE_DCP_SPEC_MESSAGE, "L141-146")
+            if spec is not None and spec != "DSPARK"
+            else (SGLANG_HICACHE_DCP_MLA_MESSAGE, "L157-162")
+        )
         problems.append(
-            f"{o('enable_hierarchical_cache')} with {o('dcp_size')} {serving.dcp_size}: SGLang's DeepSeek-V4 host "
-            f"pools have no DCP geometry (LogicalHostPool: 'DCP never widens it'), which kvpools does not model. "
-            f"Use {o('dcp_size')} 1."
+            f"SGLang refuses {o('enable_hierarchical_cache')} with {o('dcp_size')} {serving.dcp_size} on DeepSeek-V4 "
+            f"(whose ModelConfig is AttentionArch.MHA): '{message}' (resolve_hicache_dcp_compatibility in SGLang "
+            f"0.5.23's arg_groups/hicache_hook.py, {line}). Use {o('dcp_size')} 1 or drop "
+            f"{o('enable_hierarchical_cache')}."
         )
     return problems
 

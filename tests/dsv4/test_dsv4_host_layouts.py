@@ -11,9 +11,13 @@ interleaved 288 B) and ``DeepSeekV4UniformFP8KVPool.create_buffer`` (``page_size
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pytest
+
 from kvpools_core import Serving, build
+from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.pipeline import plan
 from kvpools_core.values import Plan, PlatformTraits
 
@@ -166,3 +170,32 @@ def test_dspark_with_trtllm_keeps_uniform_draft_rows() -> None:
     assert p.pool("draft_kv_swa").bytes == -(-(swa + 256) // 256) * 131_072
     assert p.pool("draft_swa_valid_from").bytes == 65 * 8
     assert build(p, "meta").allocated_by_pool() == {pool.name: pool.bytes for pool in p.pools}
+
+
+NO_RADIX = (
+    "'The arguments enable-hierarchical-cache and disable-radix-cache are mutually exclusive and cannot be used at the "
+    "same time. Please use only one of them.'"
+)
+DCP_MLA = (
+    "'HiCache with --dcp-size > 1 is only supported for MLA models: the index translation lives in "
+    "MLATokenToKVPoolHost, and the MHA host pool has none.'"
+)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        # validate_hisparse asserts --disable-radix-cache; handle_cache_compatibility (kv_cache_hook.py L393-397)
+        # refuses it with HiCache
+        ({"enable_hisparse": True, "disable_radix_cache": True}, NO_RADIX),
+        ({"disable_radix_cache": True}, NO_RADIX),
+        # resolve_hicache_dcp_compatibility (hicache_hook.py L157-162): DeepSeek-V4's ModelConfig is MHA
+        ({"dcp_size": 2, "tp_size": 4}, DCP_MLA),
+    ],
+    ids=["hisparse", "no-radix", "dcp"],
+)
+def test_host_tier_refusals_are_sglangs(options: dict[str, object], message: str) -> None:
+    with pytest.raises(UnsupportedCombinationError, match=re.escape(message)) as refused:
+        plan(FLASH, _hicache(page_size=256, **options), memory="60GiB", host_memory=NODE)
+    assert "SGLang refuses enable_hierarchical_cache" in str(refused.value)
+    assert "kvpools does not model" not in str(refused.value)
