@@ -80,7 +80,8 @@ def _case(p: Plan) -> dict[str, Any]:
         }
         if ix.index_k_with_scale_buffer
         else None,
-        "draft_swa": None,
+        # an MTP draft packed into kv_swa rides in params.mtp_draft_device_pools (a sidecar is another builder's)
+        "draft_swa": _rows(pool.draft_swa_kv_pool) if p.host is not None and p.host.pool("kv_swa").packed else None,
         "sources_by_ratio": {str(r): layers for r, layers in low.items() if layers},
         "low_kv": {str(r): _rows(rows) for r, rows in pool.low_ratio_kv_pools.items()},
         "low_index": {
@@ -102,6 +103,19 @@ CASES = {
     "low-ratio-v41": (V41, _hicache(platform_traits=B200)),
     "low-ratio-v41-new": (V41, _hicache(platform_traits=B200, dsv4_kv_layout="v41_new")),
     "low-ratio-v4": (V41, _hicache()),
+    "v41-mtp-draft": (
+        FLASH,
+        _hicache(
+            tp_size=4,
+            dsv4_kv_layout="v41",
+            speculative_algorithm="EAGLE",
+            speculative_num_steps=3,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=4,
+            speculative_draft_num_layers=1,
+        ),
+    ),
+    "low-ratio-trtllm": (V41, _hicache(platform_traits=B200, dsv4_attn_backend="trtllm")),
 }
 
 
@@ -122,6 +136,8 @@ def test_host_pools_are_build_deepseek_v4_hicache_stacks() -> None:
         ours = {pool.name: pool for pool in p.host.pools}
         entries = [(NAMES[entry], record) for entry, record in sglang["entries"]]
         assert [n for n, _ in entries] == [pool.name for pool in p.host.pools], name
+        if name == "v41-mtp-draft":  # the NextN draft layer packed after the target's 43 (mtp_swa_device_buffers)
+            assert dict(entries)["kv_swa"]["layers"] == 43 + 1 and ours["kv_swa"].packed == ("draft_kv_swa",)
         for pool_name, record in entries:
             host = ours[pool_name]
             if record["kind"] == "logical":  # the anchor: full pages x P slots, no bytes
