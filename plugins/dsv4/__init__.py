@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from kvpools_core import for_architecture, hookimpl
-from kvpools_core.options import option
 from kvpools_core.values import Budget, CellSize, EngineDefault, HostPool, ModelSpec, Plan, PoolSizing, Serving
 
 from .building import build_allocator, build_pool
@@ -27,7 +26,7 @@ from .host import dsv4_host_pools
 from .layouts import layout_problems
 from .low_ratio import low_ratio_problems, v41_problems
 from .sizing import dsv4_cell_size, dsv4_problems, size_dsv4_pools
-from .speculative import speculative_problems
+from .speculative import ring_problems, speculative_problems
 from .traits import architecture_traits as architecture_traits
 from .trtllm import backend_problems
 from .weights import estimate_weights as estimate_weights
@@ -68,14 +67,8 @@ def validate(model: ModelSpec, serving: Serving) -> list[str] | None:
         *low_ratio_problems(model, serving),
         *v41_problems(model, serving),
         *speculative_problems(serving),
+        *ring_problems(model, serving),
     ]
-    if serving.adaptive_speculation:
-        # the online c128 MTP banks follow max_speculative_num_draft_tokens() (ref-000 line 1414)
-        problems = [
-            *problems,
-            f"kvpools does not model {option('speculative_adaptive')} on DeepSeek-V4 yet (its online c128 MTP "
-            f"banks follow SGLang's adaptive maximum). Drop {option('speculative_adaptive')}.",
-        ]
     return problems
 
 

@@ -94,6 +94,7 @@ from .low_ratio import (
     pair_ring_size,
     sources_by_ratio,
 )
+from .speculative import online_mtp_draft_tokens
 from .unified import UnifiedGeometry, unified_geometry, unified_layout
 
 __all__ = [
@@ -456,7 +457,7 @@ def _buffers(
     num_req_slots = rows + padding
     state_dtype = serving.dsv4_compress_state_dtype
     online = serving.enable_online_compress
-    draft_tokens = (serving.speculative_num_draft_tokens or 0) if serving.speculative else 0
+    draft_tokens = online_mtp_draft_tokens(serving)  # max_speculative_num_draft_tokens(): adaptive's largest
 
     ring4 = ring_size(4, serving)
     c4_rows = _ceil_to(sizes.c4_state_size + ring4 + 1, 4)
@@ -704,9 +705,7 @@ def _pool_layout(
             )
     st = b.c128_state
     if st.layers:
-        rows_per_request = (
-            (1 + ((serving.speculative_num_draft_tokens or 0) if serving.speculative else 0)) if st.online else st.ring
-        )
+        rows_per_request = (1 + online_mtp_draft_tokens(serving)) if st.online else st.ring
         per_request = rows_per_request * st.row_bytes * len(st.layers)
         layout.append(
             (st.nbytes, partial(_request_pool, C128_STATE_POOL, max_running_requests, per_request, st.nbytes))

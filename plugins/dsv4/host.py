@@ -20,10 +20,20 @@ separate-KV layout :mod:`.buffers` describes.  Host pages are counted from the *
   layers x ``ring x`` the state row (``state_page_bytes``); the c128 state has no mirror ("intentionally not
   registered with hicache").
 
-A packed DSV4 row is 584 B but a page is padded to a multiple of 576 B, so every host page pins bytes no
-transfer ever writes or reads (:attr:`HostPool.unused_bytes`): at ``P = 256`` a c128 page holds 2 rows
-(1,168 B) in 1,728 B.  The draft worker's SWA layers are packed into ``kv_swa`` (an MTP draft) or mirrored
-by a sidecar of the same host pages (``build_swa_draft_pools``: ``num_host_pages`` = the target's).
+* ``kv_c1`` / ``indexer_c1`` / ``kv_c2`` / ``indexer_c2`` — DeepSeek-V4.1's ratio-1/2 kv_source pools
+  (``_dsv4_low_ratio_entries``, L865-891, after the c128 mirror): per low ratio ``r`` with sources, a KV mirror of
+  ``full_host_pages`` pages x the source layers x the pool's padded page (``P / r`` rows), and the fused fp4
+  indexer keys of one full page (``P / r`` slots of ``d / 2 + d / 32`` B, ``_dsv4_low_ratio_regions`` L805-862)
+  x the source layers; the ratio-2 pair state has no mirror ("rebuilt at page boundaries").
+
+Every paged mirror takes its device pool's ``bytes_per_page_padded`` (``DeepSeekV4PagedHostPool`` ``item_bytes``),
+so the layout of :mod:`.layouts` carries over unchanged: V4's 584 B rows in pages padded to 576 B, V4.1's 528 B
+rows padded to 512 B (interleaved 528 B), V4.1-fp4's 288 B rows padded to 256 B (interleaved 288 B), and under
+``--dsv4-attn-backend trtllm`` the uniform fp8 pool's ``page_size x 512`` B pages, unpadded (:mod:`.trtllm`).
+A padded page pins bytes no transfer ever writes or reads (:attr:`HostPool.unused_bytes`): at ``P = 256`` a V4
+c128 page holds 2 rows (1,168 B) in 1,728 B, a V4.1 one 2 rows (1,056 B) in 1,536 B.  The draft worker's SWA
+layers are packed into ``kv_swa`` (an MTP draft) or mirrored by a sidecar of the same host pages
+(``build_swa_draft_pools``: ``num_host_pages`` = the target's).
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from .buffers import (
     DSV4Buffers,
     DSV4Sizes,
     KVRowGeometry,
+    LowIndexGeometry,
     StateGeometry,
     dsv4_buffers,
 )
@@ -49,13 +60,26 @@ from .buffers import (
 ANCHOR_POOL = "kv"
 """The ``LogicalHostPool`` anchor's name (SGLang's ``PoolName.KV``); it mirrors the full-token allocator."""
 FULL_ALLOCATOR = "allocator"
+SGLANG_HICACHE_NO_RADIX_MESSAGE = (
+    "The arguments enable-hierarchical-cache and disable-radix-cache are mutually exclusive and cannot be used at "
+    "the same time. Please use only one of them."
+)
+SGLANG_HICACHE_DCP_MLA_MESSAGE = (
+    "HiCache with --dcp-size > 1 is only supported for MLA models: the index translation lives in "
+    "MLATokenToKVPoolHost, and the MHA host pool has none."
+)
+SGLANG_HICACHE_DCP_SPEC_MESSAGE = (
+    "HiCache with --dcp-size > 1 only supports DSPARK speculative decoding; other draft-model host pools have no "
+    "DCP index translation."
+)
 SGLANG_HICACHE_SIZE_MESSAGE = (
     "DeepSeek V4 HiCache currently does not support --hicache-size; use --hicache-ratio instead."
 )
 
 
 def host_problems(serving: Serving) -> list[str]:
-    """What SGLang refuses (``--hicache-size``) or kvpools does not model (HiSparse, DCP) for DSV4's host tier."""
+    """What SGLang refuses for DSV4's host tier (``--hicache-size``; HiSparse, whose radix-cache-off rule HiCache
+    refuses; DCP, refused for every non-MLA model, and DeepSeek-V4 is ``AttentionArch.MHA`` to SGLang)."""
     if not serving.enable_hierarchical_cache:
         return []
     o = option
@@ -65,16 +89,30 @@ def host_problems(serving: Serving) -> list[str]:
             f"{o('hicache_size')} {serving.hicache_size}: SGLang raises '{SGLANG_HICACHE_SIZE_MESSAGE}' "
             f"(_deepseek_v4_num_host_pages). Size the host tier by {o('hicache_ratio')}."
         )
-    if serving.enable_hisparse:
+    if serving.enable_hisparse or serving.disable_radix_cache:
+        # HiSparse asserts --disable-radix-cache (validate_hisparse; the core refuses HiSparse without it)
+        why = f" ({o('enable_hisparse')} needs {o('disable_radix_cache')})" if serving.enable_hisparse else ""
         problems.append(
-            f"{o('enable_hierarchical_cache')} with {o('enable_hisparse')}: kvpools does not model HiSparse's own "
-            f"c4 host copy beside the HiCache mirrors. Drop one of them."
+            f"SGLang refuses {o('enable_hierarchical_cache')} with {o('disable_radix_cache')}{why}: "
+            f"'{SGLANG_HICACHE_NO_RADIX_MESSAGE}' (handle_cache_compatibility in SGLang 0.5.23's "
+            f"arg_groups/kv_cache_hook.py, L393-397). Drop {o('enable_hierarchical_cache')}"
+            + (f" or {o('enable_hisparse')}." if serving.enable_hisparse else f" or {o('disable_radix_cache')}.")
         )
     if serving.dcp_size > 1:
+        # resolve_hicache_dcp_compatibility (arg_groups/hicache_hook.py L129-165): a draft other than DSPARK fails
+        # first; DeepSeek-V4's ModelConfig is AttentionArch.MHA (configs/model_config.py L1418-1431), so the
+        # MLA-only check fails for every DeepSeek-V4 server
+        spec = serving.speculative_algorithm
+        message, line = (
+            (SGLANG_HICACHE_DCP_SPEC_MESSAGE, "L141-146")
+            if spec is not None and spec != "DSPARK"
+            else (SGLANG_HICACHE_DCP_MLA_MESSAGE, "L157-162")
+        )
         problems.append(
-            f"{o('enable_hierarchical_cache')} with {o('dcp_size')} {serving.dcp_size}: SGLang's DeepSeek-V4 host "
-            f"pools have no DCP geometry (LogicalHostPool: 'DCP never widens it'), which kvpools does not model. "
-            f"Use {o('dcp_size')} 1."
+            f"SGLang refuses {o('enable_hierarchical_cache')} with {o('dcp_size')} {serving.dcp_size} on DeepSeek-V4 "
+            f"(whose ModelConfig is AttentionArch.MHA): '{message}' (resolve_hicache_dcp_compatibility in SGLang "
+            f"0.5.23's arg_groups/hicache_hook.py, {line}). Use {o('dcp_size')} 1 or drop "
+            f"{o('enable_hierarchical_cache')}."
         )
     return problems
 
@@ -124,6 +162,10 @@ def dsv4_host_pools(plan: Plan) -> list[HostPool]:
         pools += [_state(plan, geo, swa_pages, by_swa) for geo in (b.c4_state, b.c4_indexer_state)]
     if b.c128.layers:
         pools.append(_paged(plan, C128_KV_POOL, (b.c128,), full_pages, FULL_TOKENS, by_full))
+    for kv, index in zip(b.low_ratio.kv, b.low_ratio.index, strict=True):
+        # _dsv4_low_ratio_entries: per low ratio with kv_source layers, its KV then its fused fp4 indexer keys
+        pools.append(_paged(plan, kv.name, (kv,), full_pages, FULL_TOKENS, by_full))
+        pools.append(_low_index_pool(plan, index, full_pages, by_full))
     return pools
 
 
@@ -171,6 +213,21 @@ def _indexer_pool(b: DSV4Buffers, plan: Plan, pages: int, how: str) -> HostPool:
         pages,
         layers * ix.page_bytes,
         f"{how} = {pages:,} pages x {layers} layer(s) x {ix.page_bytes:,} B",
+    )
+
+
+def _low_index_pool(plan: Plan, ix: LowIndexGeometry, pages: int, how: str) -> HostPool:
+    """A low ratio's fp4 indexer mirror (``_dsv4_low_ratio_regions``): the index pages of one full page
+    (``P / r`` slots, in pages of 64) as one host item, ``P / r x (d / 2 + d / 32)`` B per page and source layer."""
+    page_bytes = plan.serving.page_size // ix.ratio * ix.row_bytes
+    layers = len(ix.layers)
+    return _host_pool(
+        plan,
+        ix.name,
+        FULL_TOKENS,
+        pages,
+        layers * page_bytes,
+        f"{how} = {pages:,} pages x {layers} source layer(s) x {page_bytes:,} B",
     )
 
 

@@ -190,7 +190,8 @@ def compressed_layout(serving: Serving, ratio: int) -> KVLayout:
 
 
 def layout_problems(model: ModelSpec, serving: Serving) -> list[str]:
-    """What SGLang asserts away for the layout options, and what kvpools does not model with them."""
+    """What SGLang asserts away for the layout options.  The host tier mirrors every layout's padded pages
+    (:mod:`.host`), so ``--enable-hierarchical-cache`` is planned with each of them."""
     o = option
     problems: list[str] = []
     if uniform_fp8(serving):
@@ -216,10 +217,5 @@ def layout_problems(model: ModelSpec, serving: Serving) -> list[str]:
         problems.append(
             f"{o('enable_hisparse')} with {o('dsv4_kv_layout')} {mode}: SGLang's HiSparseC4DevicePool asserts "
             f"'{SGLANG_HISPARSE_V4_MESSAGE}'. Use {o('dsv4_kv_layout')} v4 or drop {o('enable_hisparse')}."
-        )
-    if serving.enable_hierarchical_cache:
-        problems.append(
-            f"kvpools does not model DeepSeek-V4's host tier with {o('dsv4_kv_layout')} {mode} yet (its host mirror "
-            f"of the V4.1 pages). Use {o('dsv4_kv_layout')} v4 or drop {o('enable_hierarchical_cache')}."
         )
     return problems

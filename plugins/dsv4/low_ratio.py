@@ -115,7 +115,7 @@ def v41_problems(model: ModelSpec, serving: Serving) -> list[str]:
 
 
 def low_ratio_problems(model: ModelSpec, serving: Serving) -> list[str]:
-    """What SGLang asserts for ratio-1/2 layers, and what kvpools does not model with them."""
+    """What SGLang asserts for ratio-1/2 layers (their host mirrors are :mod:`.host`'s)."""
     start, end = rank_layer_range(model, serving)
     ratios = _ratios(model)
     low_layers = [i for i in range(start, end) if ratios[i] in LOW_RATIOS]
@@ -134,10 +134,5 @@ def low_ratio_problems(model: ModelSpec, serving: Serving) -> list[str]:
             f"kv_source_layer_ids must name a layer of the same ratio at or before it in the same stage. Fix "
             f"'kv_source_layer_ids' in the config, or move {o('pp_layer_partition')} so the source and its readers "
             f"share a stage."
-        )
-    if serving.enable_hierarchical_cache:
-        problems.append(
-            f"kvpools does not model DeepSeek-V4's host tier for the ratio-1/2 (kv_source) pools yet. Drop "
-            f"{o('enable_hierarchical_cache')}."
         )
     return problems

@@ -66,6 +66,7 @@ from .config import C4, C128
 from .hisparse import dsv4_hisparse_problems
 from .host import host_problems
 from .layouts import auto_layout_note, uniform_fp8
+from .speculative import online_mtp_draft_tokens
 from .swa_req_ring import ring_capacity, ring_notes
 from .trtllm import backend_notes
 from .unified import platform_pool_layout, unified_notes, unified_problems
@@ -247,7 +248,7 @@ def dsv4_shape(model: ModelSpec, serving: Serving) -> DSV4Shape:
         num_c128=sum(1 for layer in layers if layer.kind == C128),
         swa_ratio=serving.swa_full_tokens_ratio,
         speculative=serving.speculative,
-        draft_tokens=serving.speculative_num_draft_tokens or 0,
+        draft_tokens=online_mtp_draft_tokens(serving),
         online=serving.enable_online_compress,
         state_bytes=STATE_DTYPE_BYTES[serving.dsv4_compress_state_dtype],
         c4_ring=ring_size(4, serving),

@@ -11,12 +11,28 @@ anything:
   to ``EAGLE``: ``NEXTN``, ``EAGLE3``, ``STANDALONE``, ``NGRAM`` and ``DFLASH`` are refused);
 * ``EAGLE`` needs ``--speculative-eagle-topk`` 1, asserted before ``_auto_choose_speculative_params`` fills an
   unset top-k in, so an unset one is refused too.
+
+The pools read the *largest* draft-token count, ``max_speculative_num_draft_tokens()`` (``runtime_context.py``
+L1982-2000: with ``--speculative-adaptive``, ``max(candidate_steps) + 1``, 8 with SGLang's default tiers; else
+``speculative_num_draft_tokens``), in two places (issue 33):
+
+* the online c128 state's MTP banks (``CompressStatePool``: ``(size + 2) x (1 + banks)`` rows,
+  ``online_mtp_max_draft_tokens``; the configurator's ``_get_c128_state_fixed_bytes``, ``pool_configurator.py``
+  L1505-1525): :func:`online_mtp_draft_tokens`;
+* ``DSV4PoolConfigurator._assert_ring_serves_draft_tokens`` (``pool_configurator.py`` L1194-1198, L1291-1306): per
+  ratio 4 / 128 with layers on the stage (c128 skipped under online compression), the draft count must fit the
+  ring's write pad ``get_compress_state_write_pad`` = ``ring - window + 2`` (``window`` 8 for c4, 128 for c128):
+  10 for the speculative c4 ring of 16, 130 for the c128 ring of 256 (:func:`ring_problems`).
+
+The compressor rings themselves (16 / 256, ``resolve_compress_state_ring_size``) and the unified SWA ring follow the
+current ``speculative_num_draft_tokens``, which adaptive speculation resolves to ``steps + 1``.
 """
 
 from __future__ import annotations
 
 from kvpools_core.options import option
-from kvpools_core.values import Serving
+from kvpools_core.parallel import rank_layer_range
+from kvpools_core.values import ModelSpec, Serving
 
 SGLANG_ARCHITECTURE = "DeepseekV4ForCausalLM"
 DSV4_SPECULATIVE_ALGORITHMS = ("EAGLE", "DSPARK")
@@ -46,3 +62,46 @@ def speculative_problems(serving: Serving) -> list[str]:
             f"{o('speculative_eagle_topk')} 1."
         ]
     return []
+
+
+RING_MESSAGE = (
+    "speculative_num_draft_tokens={drafts} exceeds what the c{ratio} compress state ring can keep resident "
+    "(ring_size={ring} serves at most {pad} draft tokens). Lower the draft count, or grow the ring in "
+    "get_compress_state_ring_size()."
+)
+
+
+def online_mtp_draft_tokens(serving: Serving) -> int:
+    """``max_speculative_num_draft_tokens() or 0`` (0 without speculative decoding): online c128's MTP banks."""
+    return (serving.max_speculative_num_draft_tokens or 0) if serving.speculative else 0
+
+
+def ring_problems(model: ModelSpec, serving: Serving) -> list[str]:
+    """``_assert_ring_serves_draft_tokens(max_speculative_num_draft_tokens())``, in SGLang's words."""
+    if not serving.speculative:
+        return []
+    from .buffers import ring_size  # buffers imports this package's siblings; keep the import local
+
+    drafts = serving.max_speculative_num_draft_tokens or 0
+    start, end = rank_layer_range(model, serving)
+    ratios = {int(layer.params.get("compress_ratio", 0)) for layer in model.layers[start:end]}
+    o = option
+    problems = []
+    for ratio in (4, 128):
+        if ratio not in ratios or (ratio == 128 and serving.enable_online_compress):
+            continue
+        ring = ring_size(ratio, serving)
+        window = ratio * (2 if ratio == 4 else 1)
+        pad = ring - window + 2 if ring > window else 0
+        if drafts > pad:
+            which = (
+                f"{o('speculative_adaptive')}'s largest draft count (max candidate_steps + 1)"
+                if serving.adaptive_speculation
+                else o("speculative_num_draft_tokens")
+            )
+            problems.append(
+                f"{which} {drafts}: SGLang's DSV4PoolConfigurator asserts "
+                f"'{RING_MESSAGE.format(drafts=drafts, ratio=ratio, ring=ring, pad=pad)}' "
+                f"(_assert_ring_serves_draft_tokens). Use at most {pad} draft tokens."
+            )
+    return problems

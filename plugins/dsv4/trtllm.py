@@ -15,6 +15,12 @@ layout already resolves to V4.1 (``_default_dsv4_attention_backend``: a ``deepse
   (``pool_configurator.py``: ``kv_bytes = attn_head_dim``, and ``_get_paged_kv_bytes_per_token`` adds no page pad).
   ``apply_deepseek_v4_defaults`` asserts an SM100 / SM103 CUDA GPU, ``kv_cache_dtype`` auto / fp8_e4m3, no HiSparse,
   no context parallelism, no PD disaggregation and chunked prefill; each is refused here in SGLang's words.
+
+With ``--enable-hierarchical-cache`` the uniform pools are mirrored like any other (:mod:`.host`): the host page of
+each is the device pool's ``bytes_per_page_padded`` = ``page_size x 512`` B, with no padding.  DSPARK runs on it
+too (``deepseek_v4_trtllm_backend.py`` attends the DSpark draft noncausally): off encoder replay
+(``uses_draft_swa_ring`` is False) the draft worker's pool takes the same ``else`` branch of
+``DeepSeekV4TokenToKVPool.__init__`` as the target, so its SWA rows are ``DeepSeekV4UniformFP8KVPool`` as well.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ def _where(serving: Serving) -> str:
 
 
 def backend_problems(model: ModelSpec, serving: Serving) -> list[str]:
-    """What SGLang asserts away for ``--dsv4-attn-backend``, in its words, and what kvpools does not model."""
+    """What SGLang asserts away for ``--dsv4-attn-backend``, in its words."""
     backend = serving.dsv4_attn_backend
     if backend in ("auto", "flashmla"):
         return []
@@ -122,16 +128,6 @@ def _trtllm_problems(model: ModelSpec, serving: Serving, flag: str) -> list[str]
             f"{flag}: DeepSeekV4UniformFP8KVPool stores a {UNIFORM_FP8_ROW}-byte row and {model.name} has "
             f"qk_nope_head_dim + qk_rope_head_dim = {latent} (SGLang asserts 'DSV4 uniform-FP8 KV layout: "
             f"qk_nope_head_dim (448) + qk_rope_head_dim (64), all e4m3 = 512 bytes/token'). Drop {flag}."
-        )
-    if serving.enable_hierarchical_cache:
-        problems.append(
-            f"kvpools does not model DeepSeek-V4's host tier with {flag} yet (its host mirror of the uniform fp8 "
-            f"pages). Drop {o('enable_hierarchical_cache')} or {flag}."
-        )
-    if serving.speculative_algorithm == "DSPARK":
-        problems.append(
-            f"kvpools does not model DSPARK with {flag} yet (SGLang's DSpark draft ring keeps the packed V4 "
-            f"pool class beside the uniform fp8 target pools). Drop {flag}."
         )
     return problems
 

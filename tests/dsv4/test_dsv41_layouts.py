@@ -162,10 +162,6 @@ def test_v41_rows_by_hand() -> None:
          "the V4 main cache only pairs with V4 caches"),
         (FLASH, Serving(dsv4_kv_layout="v41", enable_hisparse=True, disable_radix_cache=True, accounting="sglang"),
          "HiSparse C4 pools support the V4 layout only"),
-        (FLASH, Serving(dsv4_kv_layout="v41", enable_hierarchical_cache=True),
-         "kvpools does not model DeepSeek-V4's host tier with dsv4_kv_layout v41 yet"),
-        (V41, Serving(enable_hierarchical_cache=True),
-         "kvpools does not model DeepSeek-V4's host tier for the ratio-1/2 (kv_source) pools yet"),
         (V4_SOURCES, Serving(pp_size=2, pp_rank=1, max_running_requests=64),
          "layer 6 (compress ratio 2) of pipeline stage"),
         (V41, Serving(pp_size=2, max_running_requests=64),
@@ -174,7 +170,7 @@ def test_v41_rows_by_hand() -> None:
                       speculative_num_draft_tokens=4, speculative_draft_num_layers=1),
          "DeepSeek-V4.1 does not support speculative decoding other than DSpark yet"),
     ],
-    ids=["v4-fp4", "hisparse-v41", "hicache-v41", "hicache-low-ratio", "orphan-reader", "v41-pp", "v41-eagle"],
+    ids=["v4-fp4", "hisparse-v41", "orphan-reader", "v41-pp", "v41-eagle"],
 )  # fmt: skip
 def test_refusals(model: str, serving: Serving, message: str) -> None:
     with pytest.raises(UnsupportedCombinationError, match=re.escape(message)):

@@ -139,10 +139,8 @@ def test_trtllm_on_b200_plans_without_the_gpu_note() -> None:
          "--dsv4-attn-backend trtllm requires chunked prefill (--chunked-prefill-size > 0)."),
         (FLASH, {"dsv4_kv_layout": "v41"}, "trtllm uses uniform FP8 pools, not the packed V4.1 KV layouts"),
         (FLASH, {"dsv4_compressed_kv_layout": "fp4"}, "trtllm uses uniform FP8 pools, not the packed V4.1 KV layouts"),
-        (FLASH, {"enable_hierarchical_cache": True},
-         "kvpools does not model DeepSeek-V4's host tier with"),
     ],
-    ids=["bf16", "hisparse", "cp", "pd", "no-chunk", "v41", "fp4", "hicache"],
+    ids=["bf16", "hisparse", "cp", "pd", "no-chunk", "v41", "fp4"],
 )  # fmt: skip
 def test_trtllm_refusals(model: str, args: dict[str, object], message: str) -> None:
     serving = Serving(dsv4_attn_backend="trtllm", **args)  # type: ignore[arg-type]
