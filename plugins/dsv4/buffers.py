@@ -83,6 +83,7 @@ from kvpools_core.parts.sizing import (
 from kvpools_core.values import FIXED, FULL_TOKENS, REQUEST, TOKEN, GroupCost, LayerSpec, ModelSpec, PoolSpec, Serving
 
 from .dspark import DRAFT_SWA_VALID_FROM_POOL, VALID_FROM_BYTES, dspark_swa_valid_from_slots
+from .encoder_replay import RequestWindowGeometry, window_layout, with_request_window
 from .hisparse import hisparse_allocator_layout, uses_hisparse_allocator
 from .layouts import KVLayout, compressed_layout, main_layout
 from .low_ratio import (
@@ -361,6 +362,9 @@ class DSV4Buffers:
     unified: UnifiedGeometry | None = None
     """The unified-KV pool a platform selects (:mod:`.unified`), which replaces ``swa``, ``c4``, ``c128`` and
     ``draft_swa`` (left without layers); None: the separate-KV pools."""
+    request_window: RequestWindowGeometry | None = None
+    """DeepSeek-V4.1's per-request SWA window under encoder replay (:mod:`.encoder_replay`), which replaces
+    ``swa`` (left without layers), the full-to-SWA mapping and the SWA allocator; None: no encoder replay."""
 
     @property
     def head_dim(self) -> int:
@@ -529,7 +533,7 @@ def _buffers(
         ),
         draft_swa_valid_from=dspark_swa_valid_from_slots(serving, num_req_slots, has_draft_swa=draft_swa is not None),
     )
-    return with_unified_pool(separate, serving, sizes, num_draft)
+    return with_request_window(with_unified_pool(separate, serving, sizes, num_draft), serving)
 
 
 def with_unified_pool(b: DSV4Buffers, serving: Serving, sizes: DSV4Sizes, num_draft: int) -> DSV4Buffers:
@@ -607,7 +611,14 @@ def pool_bytes_probe(model: ModelSpec, serving: Serving, *, context_len: int) ->
 
     def probe(sizes: DSV4Sizes, max_running_requests: int) -> int:
         b = _buffers(stage, model, serving, sizes, max_running_requests=max_running_requests)
-        if hisparse or b.unified is not None or b.draft_swa_valid_from or b.low_ratio.kv or b.low_ratio.index:
+        if (
+            hisparse
+            or b.unified is not None
+            or b.request_window is not None
+            or b.draft_swa_valid_from
+            or b.low_ratio.kv
+            or b.low_ratio.index
+        ):
             # the pool sets beyond V4's separate-KV layout: every pool's bytes from the one layout
             return pool_bytes(model, serving, sizes, max_running_requests=max_running_requests, context_len=context_len)
         total = sum(geo.nbytes for geo in (b.swa, b.c4, b.c128) if geo.layers)
@@ -682,7 +693,10 @@ def _pool_layout(
     if b.unified is not None:
         layout += unified_layout(b.unified, (b.c4_state, b.c4_indexer_state), max_running_requests)
     for state in (b.c4_state, b.c4_indexer_state) if b.unified is None else ():
-        if state.layers:
+        if state.layers and b.request_window is not None:
+            # encoder replay: c4_state_pool_size = 0 SWA tokens // window x ring, so the ring's padding rows alone
+            layout.append((state.nbytes, partial(_fixed_pool, state.name, state.nbytes)))
+        elif state.layers:
             # c4_state_pool_size = swa // window x ring: ring rows per window of SWA tokens.
             per_block = state.ring * state.row_bytes * len(state.layers)
             layout.append(
@@ -723,9 +737,13 @@ def _pool_layout(
                 partial(_request_pool, DRAFT_SWA_VALID_FROM_POOL, max_running_requests, VALID_FROM_BYTES, nbytes),
             )
         )
-    # the engine-wide pools the parts library builds (their bytes come from the values themselves)
-    mapping = swa_mapping_pool(sizes.full_tokens, page, OWNER)
-    layout.append((mapping.bytes, partial(swa_mapping_pool, sizes.full_tokens, page)))
+    if b.request_window is not None:
+        # encoder replay: the window replaces the SWA pool, and the full-only allocator keeps no mapping
+        layout += window_layout(b.request_window, max_running_requests)
+    else:
+        # the engine-wide pools the parts library builds (their bytes come from the values themselves)
+        mapping = swa_mapping_pool(sizes.full_tokens, page, OWNER)
+        layout.append((mapping.bytes, partial(swa_mapping_pool, sizes.full_tokens, page)))
     layout += [
         (pool.bytes, partial(_as_built, pool)) for pool in request_pools(max_running_requests, context_len, serving)
     ]
