@@ -2,7 +2,8 @@
 
 Usage: ``python sglang_encoder_replay_peer.py`` with a JSON list of cases on stdin; prints one JSON list.
 
-Each case: ``compress_ratios``, ``kv_source_layer_ids``, ``qk_nope_head_dim``, ``qk_rope_head_dim``,
+Each case: ``compress_ratios`` (decoder layers, then MTP layers), ``num_layers`` (the decoder layers: one
+stage, ``layer_info`` ``[0, num_layers)``), ``kv_source_layer_ids``, ``qk_nope_head_dim``, ``qk_rope_head_dim``,
 ``index_head_dim``, ``window``, ``page_size``, ``context_len``, ``max_running_requests``, ``attn_dp_size``,
 ``chunked_prefill_size`` (the rank's, after DP attention divided it), ``full_tokens`` (for
 ``_compute_dsv4_sizes``), ``num_req_slots`` (the request table's rows, for the pool side), ``kv_layout`` (a
@@ -215,7 +216,7 @@ def main() -> None:
                 window_size=case["window"],
                 hf_config=NS(kv_source_layer_ids=case["kv_source_layer_ids"]),
             ),
-            layer_info=NS(start_layer=0, end_layer=len(ratios)),
+            layer_info=NS(start_layer=0, end_layer=case["num_layers"]),
             pp_size=1,
             spec_algorithm=_Spec(),
             spec_aux_config=NS(dspark_num_stages=None, dflash_draft_num_layers=None),
@@ -251,7 +252,7 @@ def main() -> None:
         window_obj = rw["RequestWindow"](
             make_window_pool,
             num_slots=slots,
-            layers=len(ratios),
+            layers=case["num_layers"],
             page_size=page,
             capacity=window + draft,
             workspace_rows=(slots + 1) * window + max(chunk, graph_rows, (slots + 1) * (1 + draft)),

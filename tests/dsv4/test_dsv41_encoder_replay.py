@@ -150,7 +150,7 @@ def test_another_architecture_is_refused_in_sglangs_words() -> None:
 
 
 def test_another_engines_accounting_is_refused() -> None:
-    with pytest.raises(ConfigError, match="SGLang's DeepSeek-V4.1 encoder SWA replay"):
+    with pytest.raises(ConfigError, match=re.escape("SGLang's DeepSeek-V4.1 encoder SWA replay")):
         attrs.evolve(REPLAY, accounting="vllm")
 
 
