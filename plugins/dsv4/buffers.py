@@ -83,7 +83,7 @@ from kvpools_core.parts.sizing import (
 from kvpools_core.values import FIXED, FULL_TOKENS, REQUEST, TOKEN, GroupCost, LayerSpec, ModelSpec, PoolSpec, Serving
 
 from .dspark import DRAFT_SWA_VALID_FROM_POOL, VALID_FROM_BYTES, dspark_swa_valid_from_slots
-from .encoder_replay import RequestWindowGeometry, window_layout, with_request_window
+from .encoder_replay import RequestWindowGeometry, request_window_geometry, window_layout
 from .hisparse import hisparse_allocator_layout, uses_hisparse_allocator
 from .layouts import KVLayout, compressed_layout, main_layout
 from .low_ratio import (
@@ -533,7 +533,22 @@ def _buffers(
         ),
         draft_swa_valid_from=dspark_swa_valid_from_slots(serving, num_req_slots, has_draft_swa=draft_swa is not None),
     )
-    return with_request_window(with_unified_pool(separate, serving, sizes, num_draft), serving)
+    b = with_unified_pool(separate, serving, sizes, num_draft)
+    swa = b.swa
+    window_geo = request_window_geometry(
+        serving,
+        swa=swa,
+        row_bytes=swa.row_bytes,
+        page_align=swa.page_align,
+        layout=swa.layout,
+        window=window,
+        num_req_slots=num_req_slots,
+        rows=KVRowGeometry,
+    )
+    if window_geo is None:
+        return b
+    # encoder replay: the request window replaces the SWA pool (.encoder_replay)
+    return attrs.evolve(b, swa=attrs.evolve(swa, layers=()), request_window=window_geo)
 
 
 def with_unified_pool(b: DSV4Buffers, serving: Serving, sizes: DSV4Sizes, num_draft: int) -> DSV4Buffers:
@@ -739,7 +754,7 @@ def _pool_layout(
         )
     if b.request_window is not None:
         # encoder replay: the window replaces the SWA pool, and the full-only allocator keeps no mapping
-        layout += window_layout(b.request_window, max_running_requests)
+        layout += window_layout(b.request_window, max_running_requests, _request_pool, _fixed_pool)
     else:
         # the engine-wide pools the parts library builds (their bytes come from the values themselves)
         mapping = swa_mapping_pool(sizes.full_tokens, page, OWNER)

@@ -29,8 +29,9 @@ DSpark draft ring and the draft tokens) is refused on V4.1 already (:func:`.low_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -39,9 +40,36 @@ from kvpools_core.values import ModelSpec, Serving
 
 from .unified import SEPARATE, dsv4_layout
 
-if TYPE_CHECKING:
-    from .buffers import DSV4Buffers, KVRowGeometry
-    from .sizing import DSV4Shape
+
+class _Shape(Protocol):
+    """What the configurator's formula reads (``.sizing.DSV4Shape``; a protocol keeps the modules acyclic)."""
+
+    @property
+    def requested_per_worker(self) -> int | None: ...
+    @property
+    def window(self) -> int: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def kv_bytes(self) -> int: ...
+    @property
+    def attn_head_dim(self) -> int: ...
+
+
+class _Rows(Protocol):
+    """One packed-row pool (``.buffers.KVRowGeometry``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def layers(self) -> tuple[int, ...]: ...
+    @property
+    def pages(self) -> int: ...
+    @property
+    def page_bytes(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+
 
 __all__ = [
     "FEATURE",
@@ -55,8 +83,8 @@ __all__ = [
     "local_chunk",
     "replay_notes",
     "request_window_bytes",
+    "request_window_geometry",
     "window_layout",
-    "with_request_window",
 ]
 
 FEATURE = "encoder_swa_bounded_replay"
@@ -160,7 +188,7 @@ def encoder_replay_problems(model: ModelSpec, serving: Serving) -> list[str]:
 # ---------------------------------------------------------------------------
 
 
-def request_window_bytes(shape: DSV4Shape, serving: Serving) -> int:
+def request_window_bytes(shape: _Shape, serving: Serving) -> int:
     """``DSV4PoolConfigurator.request_window_bytes`` (``pool_configurator.py`` lines 1211-1241), without a draft.
 
     ``slots = requests per worker + 1``, ``capacity = ceil_align(window + draft tokens, page)`` (draft tokens 0:
@@ -181,7 +209,7 @@ def request_window_bytes(shape: DSV4Shape, serving: Serving) -> int:
     )
 
 
-def replay_notes(shape: DSV4Shape, serving: Serving) -> list[str]:
+def replay_notes(shape: _Shape, serving: Serving) -> list[str]:
     """How the configurator priced the request window (the plan's notes)."""
     assert shape.requested_per_worker is not None
     page = serving.page_size
@@ -218,8 +246,8 @@ class RequestWindowGeometry:
     page_size: int
     workspace_rows: int
     """The rows the pool asks for (``workspace_rows=``); the workspace holds them in whole pages."""
-    state: KVRowGeometry
-    workspace: KVRowGeometry
+    state: _Rows
+    workspace: _Rows
 
     @property
     def rows(self) -> int:
@@ -235,32 +263,33 @@ class RequestWindowGeometry:
         return layers * rows * TAG_BYTES
 
 
-def with_request_window(b: DSV4Buffers, serving: Serving) -> DSV4Buffers:
-    """``b`` with the request window in place of the SWA pool under encoder replay; else ``b`` unchanged."""
+def request_window_geometry(
+    serving: Serving,
+    *,
+    swa: _Rows,
+    row_bytes: int,
+    page_align: int,
+    layout: str,
+    window: int,
+    num_req_slots: int,
+    rows: Callable[..., _Rows],
+) -> RequestWindowGeometry | None:
+    """The request window that replaces the SWA pool ``swa`` under encoder replay (None without it).  ``rows``
+    makes a packed-row pool as the SWA pool's (``.buffers.KVRowGeometry``)."""
     if not replay_on(serving):
-        return b
-    from .buffers import KVRowGeometry
-
-    page = b.page_size
-    window = b.window_size
+        return None
+    page = serving.page_size
     capacity = -(-(window + DRAFT_TOKENS) // page) * page
-    slots = b.num_req_slots
-    rows = slots * capacity
+    slots = num_req_slots
+    num_rows = slots * capacity
     workspace_rows = (slots + 1) * window + max(
         local_chunk(serving), PREFILL_GRAPH_ROWS, (slots + 1) * (1 + DRAFT_TOKENS)
     )
-    swa = b.swa
-    state = KVRowGeometry(REQUEST_WINDOW_POOL, rows + page, page, swa.layers, swa.row_bytes, swa.page_align, swa.layout)
-    workspace = KVRowGeometry(
-        REPLAY_WORKSPACE_POOL,
-        -(-workspace_rows // page) * page,
-        page,
-        swa.layers[:1],
-        swa.row_bytes,
-        swa.page_align,
-        swa.layout,
+    state = rows(REQUEST_WINDOW_POOL, num_rows + page, page, swa.layers, row_bytes, page_align, layout)
+    workspace = rows(
+        REPLAY_WORKSPACE_POOL, -(-workspace_rows // page) * page, page, swa.layers[:1], row_bytes, page_align, layout
     )
-    geometry = RequestWindowGeometry(
+    return RequestWindowGeometry(
         num_slots=slots,
         capacity=capacity,
         window=window,
@@ -269,17 +298,17 @@ def with_request_window(b: DSV4Buffers, serving: Serving) -> DSV4Buffers:
         state=state,
         workspace=workspace,
     )
-    return attrs.evolve(b, swa=attrs.evolve(swa, layers=()), request_window=geometry)
 
 
-Make = Any
-
-
-def window_layout(rw: RequestWindowGeometry, max_running_requests: int) -> list[tuple[int, Make]]:
+def window_layout(
+    rw: RequestWindowGeometry,
+    max_running_requests: int,
+    request_pool: Callable[..., Any],
+    fixed_pool: Callable[..., Any],
+) -> list[tuple[int, Callable[[str], Any]]]:
     """The window's pools as ``(bytes, make(owner))``: the state and its tags cost ``capacity`` rows per request
-    (the padding slot and the trailing page are fixed), the workspace is fixed bytes."""
-    from .buffers import _fixed_pool, _request_pool
-
+    (the padding slot and the trailing page are fixed), the workspace is fixed bytes.  ``request_pool`` and
+    ``fixed_pool`` are ``.buffers``' pool makers."""
     layers = len(rw.state.layers)
     pages_per_slot = rw.capacity // rw.page_size
     per_request = pages_per_slot * rw.state.page_bytes * layers
@@ -287,13 +316,13 @@ def window_layout(rw: RequestWindowGeometry, max_running_requests: int) -> list[
     return [
         (
             rw.state.nbytes,
-            partial(_request_pool, REQUEST_WINDOW_POOL, max_running_requests, per_request, rw.state.nbytes),
+            partial(request_pool, REQUEST_WINDOW_POOL, max_running_requests, per_request, rw.state.nbytes),
         ),
         (
             rw.tags_nbytes,
-            partial(_request_pool, REQUEST_WINDOW_TAGS_POOL, max_running_requests, tags_per_request, rw.tags_nbytes),
+            partial(request_pool, REQUEST_WINDOW_TAGS_POOL, max_running_requests, tags_per_request, rw.tags_nbytes),
         ),
-        (rw.workspace.nbytes, partial(_fixed_pool, REPLAY_WORKSPACE_POOL, rw.workspace.nbytes)),
+        (rw.workspace.nbytes, partial(fixed_pool, REPLAY_WORKSPACE_POOL, rw.workspace.nbytes)),
     ]
 
 
