@@ -454,7 +454,8 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
         )
     full = sizes["full_max_total_num_tokens"]
     if full <= 0:
-        reserved = None if fixed is None else (fixed, "c128 state reserved for the request count first")
+        what = "c128 state and encoder replay's request window" if window_bytes else "c128 state"
+        reserved = None if fixed is None else (fixed, f"{what} reserved for the request count first")
         raise not_enough_memory(model, serving, cell, budget, fixed=reserved)
     context_len = serving.context_length or model.context_len
     limit = resolve_max_num_reqs(full, context_len, serving)

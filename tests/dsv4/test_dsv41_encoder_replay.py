@@ -27,6 +27,8 @@ from typing import Any
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kvpools_plugins.dsv4.encoder_replay import (
     REPLAY_WORKSPACE_POOL,
     REQUEST_WINDOW_POOL,
@@ -36,7 +38,6 @@ from kvpools_plugins.dsv4.encoder_replay import (
 
 from kvpools_core import Serving, build, plan
 from kvpools_core.allocators.paged import PagedAllocator
-from kvpools_core.allocators.swa import SWATokenToKVPoolAllocator
 from kvpools_core.errors import ConfigError, UnsupportedCombinationError
 from kvpools_core.planning.capacity import REQUEST_CAP, concurrency
 from kvpools_core.values import Plan
@@ -93,7 +94,7 @@ def test_meta_build_allocates_the_plan_with_the_full_only_allocator(accounting: 
     pools = build(p, "meta")
     assert pools.allocated_by_pool() == {pool.name: pool.bytes for pool in p.sizing.pools}
     alloc = pools.allocator
-    assert type(alloc) is PagedAllocator and not isinstance(alloc, SWATokenToKVPoolAllocator)
+    assert type(alloc) is PagedAllocator  # not SWATokenToKVPoolAllocator: no SWA side, no mapping
     assert alloc.size == p.max_total_num_tokens and alloc.page_size == 256
     window = pools.kv_pool.request_window
     assert window is not None and pools.kv_pool.full_to_swa_index_mapping is None
@@ -185,3 +186,26 @@ def test_the_chunk_is_per_dp_attention_rank() -> None:
     """DP attention divides the chunk (``_handle_data_parallelism``): 8192 over 32 ranks is 256 < 384."""
     serving = attrs.evolve(REPLAY, tp_size=32, dp_size=32, enable_dp_attention=True, max_running_requests=256)
     assert re.search(r"at least 384 chunked prefill tokens.*over 32 DP-attention ranks", _refused(serving))
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    requests=st.integers(min_value=1, max_value=600),
+    chunk_pages=st.integers(min_value=2, max_value=64),
+    accounting=st.sampled_from(["sglang", "exact"]),
+)
+def test_the_build_is_the_plan_for_any_request_cap_and_chunk(requests: int, chunk_pages: int, accounting: str) -> None:
+    """Whatever the request cap and chunk: ``meta`` allocates every planned byte; the window holds one capacity per
+    request-table row (``S x C + P`` rows, ``C`` the window in whole pages); the workspace holds at least the
+    replay rows ``(S + 1) x window + max(chunk, S + 1)``; the exact plan fits its budget."""
+    p = _plan(accounting, max_running_requests=requests, chunked_prefill_size=256 * chunk_pages)
+    pools = build(p, "meta")
+    assert pools.allocated_by_pool() == {pool.name: pool.bytes for pool in p.sizing.pools}
+    window = pools.kv_pool.request_window
+    slots = p.max_running_requests + 1
+    assert tuple(window.tags.shape) == (8, slots * 256 + 256)
+    workspace = window.workspace
+    assert workspace.geo.tokens >= (slots + 1) * 128 + max(256 * chunk_pages, slots + 1)
+    assert workspace.geo.tokens % 256 == 0
+    if accounting == "exact":
+        assert p.planned_bytes <= BUDGET
