@@ -209,3 +209,17 @@ def test_the_build_is_the_plan_for_any_request_cap_and_chunk(requests: int, chun
     assert workspace.geo.tokens % 256 == 0
     if accounting == "exact":
         assert p.planned_bytes <= BUDGET
+
+
+def test_the_replay_reaches_the_capacity_answer() -> None:
+    """Through the plan's own full-only allocator, 200 requests of 4,096 + 256 tokens peak at the request cap the
+    capacity answer gives (no SWA space to run out of: the window holds a slot per running request)."""
+    from kvpools_core.planning.replay import fixed_trace, replay
+
+    p = plan(
+        V41, attrs.evolve(REPLAY, accounting="sglang", context_length=16384, max_running_requests=64), memory="3GiB"
+    )
+    stats = replay(p, fixed_trace(4096, 256, 200))
+    answer = concurrency(p, 4096 + 256)
+    assert stats.peak_concurrency == answer.concurrent_requests == 64 and answer.binding == REQUEST_CAP
+    assert "swa" not in stats.token_capacity
