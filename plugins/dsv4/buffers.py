@@ -54,6 +54,8 @@ Per PP stage (``compress_ratios[start:end]``), with ``P`` the page size and
 * ``full_to_swa`` — the mapping ``SWATokenToKVPoolAllocator`` keeps (int64,
   ``full + P + 1``); ``req_to_token``; ``allocator`` (full pages) and
   ``swa_allocator`` (SWA pages) free lists.
+* under encoder replay (:mod:`.encoder_replay`) ``swa_request_window``, ``swa_request_window_tags`` and
+  ``swa_replay_workspace`` replace ``kv_swa``, ``full_to_swa`` and ``swa_allocator``.
 
 The token spaces the pools scale with are ``full``, ``swa``, ``c4`` and ``c128``
 (:data:`TOKEN_SPACES`); the c128 state and the request table scale per request.

@@ -82,9 +82,11 @@ __all__ = [
     "encoder_replay_problems",
     "local_chunk",
     "replay_notes",
+    "replay_on",
     "request_window_bytes",
     "request_window_geometry",
     "window_layout",
+    "window_planned",
 ]
 
 FEATURE = "encoder_swa_bounded_replay"
