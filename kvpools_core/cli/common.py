@@ -130,8 +130,9 @@ _HELP = {
     "(SGLANG_DSV4_COMPRESSED_KV_LAYOUT).",
     "dsv4_attn_backend": "DeepSeek-V4 attention backend (SGLang's --dsv4-attn-backend): trtllm stores the pools as "
     "uniform 512 B fp8 rows (V4 layout, SM100/SM103); flashmla_mega forces the v41 layout.",
-    "enable_encoder_swa_bounded_replay": "DeepSeek-V4.1's encoder SWA replay (per-request SWA windows): refused, "
-    "not modelled yet.",
+    "enable_encoder_swa_bounded_replay": "DeepSeek-V4.1's encoder SWA bounded replay (SGLang's "
+    "--enable-encoder-swa-bounded-replay): SWA rows in per-request windows plus a replay workspace, no paged SWA "
+    "pool, the full-only paged allocator.",
     "accounting": "exact: charge every byte built; sglang: SGLang's numbers exactly; vllm: vLLM 0.33's KV cache "
     "(plan and capacity only, with vLLM's flags; docs/vllm.md); trtllm: TensorRT-LLM 1.2's KV cache (plan and "
     "capacity only, with TensorRT-LLM's flags; docs/trtllm.md); or the accounting of another installed engine "

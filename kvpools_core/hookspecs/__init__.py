@@ -262,7 +262,8 @@ def engine_features() -> Mapping[str, Sequence[str]] | None:
     ``"hisparse"`` (``--enable-hisparse``; SGLang 0.5.23's ``validate_hisparse``,
     ``arg_groups/hisparse_hook.py``, asserts the model class) and ``"unified_memory"``
     (``--enable-unified-memory``; SGLang's ``_init_pools`` builds the unified pool for
-    hybrid Mamba and hybrid SWA models only).
+    hybrid Mamba and hybrid SWA models only) and ``"encoder_swa_bounded_replay"``
+    (``--enable-encoder-swa-bounded-replay``: "requires DeepSeek-V4.1").
 
     :returns: architecture → the engine features it supports.
     """

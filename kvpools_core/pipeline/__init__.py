@@ -757,6 +757,7 @@ def _validate(
         problems += [f"{message} [core]" for message in hisparse_problems(spec, serving, registry)]
         problems += [f"{message} [core]" for message in unified_model_problems(spec, serving, registry)]
         problems += [f"{message} [core]" for message in m3_fp8_problems(spec, serving, registry)]
+        problems += [f"{message} [core]" for message in encoder_replay_model_problems(spec, serving, registry)]
     problems += [
         f"{message} [{plugin}]"
         for plugin, messages in registry.call_collect("validate", model=spec, serving=serving)
@@ -830,6 +831,26 @@ def m3_fp8_problems(spec: ModelSpec, serving: Serving, registry: Registry) -> li
         f"{option('m3_fp8_attn_gemm')} is SGLang's fp8 attention-GEMM mode of the sparse models of {where}, not "
         f"of {spec.name} (architecture {spec.architecture!r}), whose pools it would not change. Drop "
         f"{option('m3_fp8_attn_gemm')}."
+    ]
+
+
+def encoder_replay_model_problems(spec: ModelSpec, serving: Serving, registry: Registry) -> list[str]:
+    """``--enable-encoder-swa-bounded-replay`` on a model whose architecture plugin does not name the feature
+    ``"encoder_swa_bounded_replay"`` (``engine_features`` hook): SGLang 0.5.23 raises "requires DeepSeek-V4.1"
+    (``arg_groups/model_hook.py``, ``deepseek_v4_hook.py``) for every other model."""
+    if not serving.enable_encoder_swa_bounded_replay:
+        return []
+    supported = {
+        architecture
+        for _, answer in registry.call_collect("engine_features")
+        for architecture, features in answer.items()
+        if "encoder_swa_bounded_replay" in features
+    }
+    if spec.architecture in supported:
+        return []
+    return [
+        f"SGLang raises '--enable-encoder-swa-bounded-replay requires DeepSeek-V4.1' for {spec.name} (architecture "
+        f"{spec.architecture!r}). Drop {option('enable_encoder_swa_bounded_replay')}."
     ]
 
 

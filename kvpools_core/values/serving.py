@@ -521,7 +521,8 @@ class Serving:
     """``trtllm`` forces the V4 layout and stores the pools as uniform 512 B fp8 rows; ``flashmla_mega`` forces v41
     (``select_dsv4_kv_layout``; plugins/dsv4/trtllm.py)."""
     enable_encoder_swa_bounded_replay: bool = False
-    """SGLang's ``--enable-encoder-swa-bounded-replay`` (DeepSeek-V4.1 only): refused, not modelled yet (issue 33)."""
+    """SGLang's ``--enable-encoder-swa-bounded-replay`` (DeepSeek-V4.1 only): the target's SWA rows in a per-request
+    window with a replay workspace, the full-only paged allocator (the dsv4 plugin's ``encoder_replay``)."""
     # hierarchical cache: the host KV tier (SGLang HiCache; read by kvpools_core.pipeline.host)
     enable_hierarchical_cache: bool = False
     hicache_ratio: float | None = attrs.field(default=None, validator=_optional_positive_ratio)
@@ -620,26 +621,12 @@ class Serving:
                 f"--mamba-radix-cache-strategy extra_buffer_lazy), so alone it changes nothing: add "
                 f"{o('enable_mamba_extra_buffer')}, or drop it."
             )
-        if self.enable_encoder_swa_bounded_replay:
-            # SGLang 0.5.23: DeepSeekV4TokenToKVPool keeps the target's SWA rows in a RequestWindow
-            # (deepseek_v4_memory_pool.py lines 1137-1180, dsv41_request_window.py lines 226-264) instead of a
-            # paged SWA pool, and ref-000's allocator branch (lines 2097-2108) pairs it with a full-only paged
-            # allocator.  The window's replay workspace is KV rows (pool_factory = _make_kv_pool, one layer), not
-            # activations: (slots + 1) x window + max(chunked_prefill_size, the breakable prefill CUDA graph's
-            # largest batch aligned by get_cuda_graph_max_batch_size, (slots + 1) x (1 + draft tokens)) rows in
-            # whole pages.  The configurator budgets it with another formula (request_window_bytes,
-            # model_executor/pool_configurator.py lines 1211-1241) and sets the SWA ratio to 0.  kvpools models
-            # neither the window nor SGLang's prefill CUDA-graph batch sizes yet (issue 33).
+        if self.enable_encoder_swa_bounded_replay and self.accounting not in SGLANG_ACCOUNTING_MODES:
+            # SGLang's DeepSeek-V4.1 switch; the DeepSeek-V4 plugin models it (plugins/dsv4/encoder_replay.py)
             raise ConfigError(
-                f"kvpools does not model {o('enable_encoder_swa_bounded_replay')} (DeepSeek-V4.1's encoder SWA "
-                f"replay) yet: SGLang then keeps each request's SWA rows in a per-request window (request slots x "
-                f"ceil((window + draft tokens) / page) x page KV rows per stage layer, and a one-layer replay "
-                f"workspace of KV rows whose size follows chunked_prefill_size and the prefill CUDA graph's "
-                f"largest batch size), budgets them with its configurator's request_window_bytes, builds no paged "
-                f"SWA pool and pairs the pool with a full-only paged allocator (Paged(full)); kvpools models "
-                f"neither the window pool nor SGLang's prefill CUDA-graph batch sizes. SGLang accepts it for "
-                f"DeepSeek-V4.1 checkpoints only ('--enable-encoder-swa-bounded-replay requires DeepSeek-V4.1'). "
-                f"Drop {o('enable_encoder_swa_bounded_replay')}."
+                f"{o('enable_encoder_swa_bounded_replay')} is SGLang's DeepSeek-V4.1 encoder SWA replay; "
+                f"{o('accounting')} {self.accounting} plans another engine's KV cache. Use {o('accounting')} exact "
+                f"or sglang, or drop {o('enable_encoder_swa_bounded_replay')}."
             )
         if self.enable_online_c128_mtp and not self.enable_online_compress:
             # SGLang reads SGLANG_EXPERIMENTAL_ONLINE_C128_MTP only under ONLINE_C128 (deepseek_v4_memory_pool.py

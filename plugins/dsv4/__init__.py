@@ -48,8 +48,9 @@ def presets() -> dict[str, str]:
 
 @hookimpl
 def engine_features() -> dict[str, list[str]]:
-    """SGLang 0.5.23 runs HiSparse on DeepSeek-V4 (``is_deepseek_v4`` in ``validate_hisparse``)."""
-    return {ARCHITECTURE: ["hisparse"]}
+    """SGLang 0.5.23 runs HiSparse on DeepSeek-V4 (``is_deepseek_v4`` in ``validate_hisparse``), and encoder SWA
+    replay on its V4.1 checkpoints (:mod:`.encoder_replay`, which refuses the others)."""
+    return {ARCHITECTURE: ["hisparse", "encoder_swa_bounded_replay"]}
 
 
 @hookimpl

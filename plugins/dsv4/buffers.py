@@ -54,6 +54,8 @@ Per PP stage (``compress_ratios[start:end]``), with ``P`` the page size and
 * ``full_to_swa`` — the mapping ``SWATokenToKVPoolAllocator`` keeps (int64,
   ``full + P + 1``); ``req_to_token``; ``allocator`` (full pages) and
   ``swa_allocator`` (SWA pages) free lists.
+* under encoder replay (:mod:`.encoder_replay`) ``swa_request_window``, ``swa_request_window_tags`` and
+  ``swa_replay_workspace`` replace ``kv_swa``, ``full_to_swa`` and ``swa_allocator``.
 
 The token spaces the pools scale with are ``full``, ``swa``, ``c4`` and ``c128``
 (:data:`TOKEN_SPACES`); the c128 state and the request table scale per request.
@@ -83,6 +85,7 @@ from kvpools_core.parts.sizing import (
 from kvpools_core.values import FIXED, FULL_TOKENS, REQUEST, TOKEN, GroupCost, LayerSpec, ModelSpec, PoolSpec, Serving
 
 from .dspark import DRAFT_SWA_VALID_FROM_POOL, VALID_FROM_BYTES, dspark_swa_valid_from_slots
+from .encoder_replay import RequestWindowGeometry, request_window_geometry, window_layout
 from .hisparse import hisparse_allocator_layout, uses_hisparse_allocator
 from .layouts import KVLayout, compressed_layout, main_layout
 from .low_ratio import (
@@ -362,6 +365,9 @@ class DSV4Buffers:
     unified: UnifiedGeometry | None = None
     """The unified-KV pool a platform selects (:mod:`.unified`), which replaces ``swa``, ``c4``, ``c128`` and
     ``draft_swa`` (left without layers); None: the separate-KV pools."""
+    request_window: RequestWindowGeometry | None = None
+    """DeepSeek-V4.1's per-request SWA window under encoder replay (:mod:`.encoder_replay`), which replaces
+    ``swa`` (left without layers), the full-to-SWA mapping and the SWA allocator; None: no encoder replay."""
 
     @property
     def head_dim(self) -> int:
@@ -530,7 +536,22 @@ def _buffers(
         ),
         draft_swa_valid_from=dspark_swa_valid_from_slots(serving, num_req_slots, has_draft_swa=draft_swa is not None),
     )
-    return with_unified_pool(separate, serving, sizes, num_draft)
+    b = with_unified_pool(separate, serving, sizes, num_draft)
+    swa = b.swa
+    window_geo = request_window_geometry(
+        serving,
+        swa=swa,
+        row_bytes=swa.row_bytes,
+        page_align=swa.page_align,
+        layout=swa.layout,
+        window=window,
+        num_req_slots=num_req_slots,
+        rows=KVRowGeometry,
+    )
+    if window_geo is None:
+        return b
+    # encoder replay: the request window replaces the SWA pool (.encoder_replay)
+    return attrs.evolve(b, swa=attrs.evolve(swa, layers=()), request_window=window_geo)
 
 
 def with_unified_pool(b: DSV4Buffers, serving: Serving, sizes: DSV4Sizes, num_draft: int) -> DSV4Buffers:
@@ -608,7 +629,14 @@ def pool_bytes_probe(model: ModelSpec, serving: Serving, *, context_len: int) ->
 
     def probe(sizes: DSV4Sizes, max_running_requests: int) -> int:
         b = _buffers(stage, model, serving, sizes, max_running_requests=max_running_requests)
-        if hisparse or b.unified is not None or b.draft_swa_valid_from or b.low_ratio.kv or b.low_ratio.index:
+        if (
+            hisparse
+            or b.unified is not None
+            or b.request_window is not None
+            or b.draft_swa_valid_from
+            or b.low_ratio.kv
+            or b.low_ratio.index
+        ):
             # the pool sets beyond V4's separate-KV layout: every pool's bytes from the one layout
             return pool_bytes(model, serving, sizes, max_running_requests=max_running_requests, context_len=context_len)
         total = sum(geo.nbytes for geo in (b.swa, b.c4, b.c128) if geo.layers)
@@ -683,7 +711,10 @@ def _pool_layout(
     if b.unified is not None:
         layout += unified_layout(b.unified, (b.c4_state, b.c4_indexer_state), max_running_requests)
     for state in (b.c4_state, b.c4_indexer_state) if b.unified is None else ():
-        if state.layers:
+        if state.layers and b.request_window is not None:
+            # encoder replay: c4_state_pool_size = 0 SWA tokens // window x ring, so the ring's padding rows alone
+            layout.append((state.nbytes, partial(_fixed_pool, state.name, state.nbytes)))
+        elif state.layers:
             # c4_state_pool_size = swa // window x ring: ring rows per window of SWA tokens.
             per_block = state.ring * state.row_bytes * len(state.layers)
             layout.append(
@@ -722,9 +753,13 @@ def _pool_layout(
                 partial(_request_pool, DRAFT_SWA_VALID_FROM_POOL, max_running_requests, VALID_FROM_BYTES, nbytes),
             )
         )
-    # the engine-wide pools the parts library builds (their bytes come from the values themselves)
-    mapping = swa_mapping_pool(sizes.full_tokens, page, OWNER)
-    layout.append((mapping.bytes, partial(swa_mapping_pool, sizes.full_tokens, page)))
+    if b.request_window is not None:
+        # encoder replay: the window replaces the SWA pool, and the full-only allocator keeps no mapping
+        layout += window_layout(b.request_window, max_running_requests, _request_pool, _fixed_pool)
+    else:
+        # the engine-wide pools the parts library builds (their bytes come from the values themselves)
+        mapping = swa_mapping_pool(sizes.full_tokens, page, OWNER)
+        layout.append((mapping.bytes, partial(swa_mapping_pool, sizes.full_tokens, page)))
     layout += [
         (pool.bytes, partial(_as_built, pool)) for pool in request_pools(max_running_requests, context_len, serving)
     ]

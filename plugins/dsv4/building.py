@@ -6,7 +6,8 @@ built here) gets ``SWATokenToKVPoolAllocator(full, swa, page_size, ...)``; the
 compressed pools need no allocator (a c4 / c128 slot is ``full slot // ratio``); with HiSparse SGLang wraps
 that allocator in ``DeepSeekV4HiSparseTokenToKVPoolAllocator`` (:mod:`.hisparse_allocator`).  A pool with a
 per-request SWA ring (the unified-KV layout sets ``swa_req_ring_size``) gets the same allocator in ring mode
-(:mod:`.swa_req_ring`, ledger row 000-024).
+(:mod:`.swa_req_ring`, ledger row 000-024).  Under encoder replay (:mod:`.encoder_replay`, row 000-119) the pool
+keeps its SWA rows in a request window and gets the full-only paged allocator.
 The request table is the core's (``_build_default_req_pool``: DSV4 has its own
 only on NPU), so no ``build_req_to_token_pool`` here.
 """
@@ -43,6 +44,12 @@ def build_allocator(plan: Plan, pool: Any, device: str, checked: bool) -> Any | 
 
     from .pool import sizes_of
 
+    if getattr(pool, "request_window", None) is not None:
+        # encoder replay: needs_paged_swa_allocator is false, so ref-000 L2097-2108 builds
+        # PagedTokenToKVPoolAllocator(full, page) alone (no DCP widening there)
+        from kvpools_core.allocators.factory import allocator_for_plan
+
+        return allocator_for_plan(plan, device, checked=checked, kvcache=pool, widen_dcp=False)
     if getattr(pool, "unified_kv_pool", None) is not None:  # swa_req_ring_size set: ring mode (row 000-024)
         from .swa_req_ring import ring_allocator
 

@@ -57,6 +57,7 @@ from .buffers import (
     dsv4_buffers,
 )
 from .dspark import DRAFT_SWA_VALID_FROM_POOL
+from .encoder_replay import REQUEST_WINDOW_TAGS_POOL, RequestWindowGeometry, window_planned
 from .layouts import LAYOUTS, UNIFORM_FP8, V4
 from .unified_pool import UnifiedKVBuffers, unified_planned
 
@@ -287,7 +288,11 @@ class DSV4TokenToKVPool:
         self.compression_ratios = buffers.ratios
         b = buffers
         low = b.low_ratio
-        row_pools = [geo for geo in (b.swa, b.c4, b.c128, b.draft_swa, *low.kv) if geo is not None and geo.layers]
+        rw = b.request_window
+        window_pools = (rw.state, rw.workspace) if rw is not None else ()
+        row_pools = [
+            geo for geo in (b.swa, b.c4, b.c128, b.draft_swa, *low.kv, *window_pools) if geo is not None and geo.layers
+        ]
         states = [geo for geo in (b.c4_state, b.c4_indexer_state, b.c128_state, low.pair_state) if geo and geo.layers]
         requests = [PackedRows.request(geo, device) for geo in row_pools]
         index_req = indexer_request(b.indexer, device) if b.indexer.layers else None
@@ -315,7 +320,14 @@ class DSV4TokenToKVPool:
         }
         self.indexer = IndexerPages(b.indexer, alloc(index_req) if index_req is not None else {})
         self.states = {geo.name: CompressStates(geo, alloc(CompressStates.request(geo, device))) for geo in states}
-        self.full_to_swa_index_mapping = new_full_to_swa_mapping(full_tokens, self.page_size, device)
+        # encoder replay (.encoder_replay): the request window's rows, tags and replay workspace; the full-only
+        # allocator keeps no full-to-SWA mapping
+        self.request_window = (
+            RequestWindowRows(rw, rows[rw.state.name], rows[rw.workspace.name], device) if rw is not None else None
+        )
+        self.full_to_swa_index_mapping = (
+            new_full_to_swa_mapping(full_tokens, self.page_size, device) if rw is None else None
+        )
         self.hisparse_data_ptrs = allocate((b.hisparse_ptrs,), torch.uint64, device) if b.hisparse_ptrs else None
         if self.hisparse_data_ptrs is not None and self.c4_kv_pool is not None and self.device.type != "meta":
             ptrs = [buf.data_ptr() for buf in self.c4_kv_pool.kv_buffer.values()]
@@ -363,7 +375,10 @@ class DSV4TokenToKVPool:
         if self.indexer.index_k_with_scale_buffer:
             measured[INDEXER_POOL] = self.indexer.nbytes
         measured.update({name: s.nbytes for name, s in self.states.items()})
-        measured[MAPPING_POOL] = tensor_nbytes([self.full_to_swa_index_mapping])
+        if self.full_to_swa_index_mapping is not None:
+            measured[MAPPING_POOL] = tensor_nbytes([self.full_to_swa_index_mapping])
+        if self.request_window is not None:
+            measured.update(self.request_window.nbytes_by_pool())
         if self.hisparse_data_ptrs is not None:
             measured[HISPARSE_PTRS_POOL] = tensor_nbytes([self.hisparse_data_ptrs])
         if self.c128_mtp_seq_lens is not None:
@@ -389,6 +404,10 @@ class DSV4TokenToKVPool:
         return self.compression_ratios[index]
 
     def translate_loc_from_full_to_swa(self, kv_indices: Tensor) -> Tensor:
+        if self.full_to_swa_index_mapping is None:
+            raise ValueError(
+                "This pool keeps its SWA rows in encoder replay's request window: it has no full-to-SWA mapping."
+            )
         return self.full_to_swa_index_mapping[kv_indices]
 
     def register_mapping(self, full_to_swa_index_mapping: Tensor) -> None:
@@ -500,7 +519,14 @@ def _planned(b: DSV4Buffers, sizes: DSV4Sizes) -> Iterable[tuple[str, int, str]]
     for st in (b.c4_state, b.c4_indexer_state, b.c128_state, b.low_ratio.pair_state):
         if st is not None and st.layers:
             yield st.name, st.nbytes, f"{len(st.layers)} layer(s) of {st.rows} rows x {st.last_dim} {st.dtype}"
-    yield MAPPING_POOL, mapping_nbytes(sizes.full_tokens, b.page_size), f"{sizes.full_tokens} + {b.page_size} + 1 int64"
+    if b.request_window is None:
+        yield (
+            MAPPING_POOL,
+            mapping_nbytes(sizes.full_tokens, b.page_size),
+            f"{sizes.full_tokens} + {b.page_size} + 1 int64",
+        )
+    else:
+        yield from window_planned(b.request_window)
     if b.hisparse_ptrs:
         yield HISPARSE_PTRS_POOL, b.hisparse_ptrs * 8, f"{b.hisparse_ptrs} uint64 data pointers"
     if b.c128_mtp_seq_lens:
@@ -509,3 +535,32 @@ def _planned(b: DSV4Buffers, sizes: DSV4Sizes) -> Iterable[tuple[str, int, str]]
         yield DRAFT_SWA_VALID_FROM_POOL, b.draft_swa_valid_from * 8, f"{b.draft_swa_valid_from} int64 (DSpark draft)"
     if b.unified is not None:
         yield from unified_planned(b.unified)
+
+
+class RequestWindowRows:
+    """SGLang's ``RequestWindow`` buffers (``dsv41_request_window.py`` lines 226-264): ``state`` (every stage
+    layer's window rows, ``num_slots x capacity + page``), ``tags`` (int64, -1 = empty) and the one-layer replay
+    ``workspace``; row ``slot x capacity + pos % capacity`` holds position ``pos`` of request slot ``slot``."""
+
+    def __init__(
+        self, geo: RequestWindowGeometry, state: PackedRows, workspace: PackedRows, device: str | torch.device
+    ) -> None:
+        self.geo = geo
+        self.capacity = geo.capacity
+        self.page_size = geo.page_size
+        self.state = state
+        self.workspace = workspace
+        self.tags = allocate(geo.tags_shape, torch.int64, device)
+        if self.tags.device.type != "meta":
+            self.tags.fill_(-1)
+
+    def row_loc(self, slots: Tensor, positions: Tensor) -> Tensor:
+        """``RequestWindow.row_loc``: the window row of each (slot, position)."""
+        return slots * self.capacity + positions % self.capacity
+
+    def nbytes_by_pool(self) -> dict[str, int]:
+        return {
+            self.state.name: self.state.nbytes,
+            REQUEST_WINDOW_TAGS_POOL: tensor_nbytes([self.tags]),
+            self.workspace.name: self.workspace.nbytes,
+        }

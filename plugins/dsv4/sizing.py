@@ -63,6 +63,7 @@ from kvpools_core.values import (
 )
 
 from .config import C4, C128
+from .encoder_replay import encoder_replay_problems, replay_notes, replay_on, request_window_bytes
 from .hisparse import dsv4_hisparse_problems
 from .host import host_problems
 from .layouts import auto_layout_note, uniform_fp8
@@ -246,7 +247,8 @@ def dsv4_shape(model: ModelSpec, serving: Serving) -> DSV4Shape:
         num_layers=len(layers),
         num_c4=sum(1 for layer in layers if layer.kind == C4),
         num_c128=sum(1 for layer in layers if layer.kind == C128),
-        swa_ratio=serving.swa_full_tokens_ratio,
+        # encoder replay without paged draft layers sets the ratio to 0 (pool_configurator.py lines 1242-1243)
+        swa_ratio=0 if replay_on(serving) else serving.swa_full_tokens_ratio,
         speculative=serving.speculative,
         draft_tokens=online_mtp_draft_tokens(serving),
         online=serving.enable_online_compress,
@@ -272,6 +274,7 @@ def dsv4_problems(model: ModelSpec, serving: Serving) -> list[str]:
     problems = []
     page = serving.page_size
     problems += host_problems(serving)
+    problems += encoder_replay_problems(model, serving)
     if serving.dcp_size > 1 and serving.speculative and serving.speculative_algorithm != "NGRAM":
         problems.append(
             f"{o('dcp_size')} {serving.dcp_size} with {o('speculative_algorithm')} {serving.speculative_algorithm}: "
@@ -357,7 +360,8 @@ def dsv4_cell_size(model: ModelSpec, serving: Serving) -> CellSize:
     """
     shape = dsv4_shape(model, serving)
     kv = shape.kv_bytes
-    parts = [CellPart("swa_kv", kv * shape.num_layers, "kv_swa")]
+    # under encoder replay the SWA rows are a per-request window (.encoder_replay), not a token part
+    parts = [] if replay_on(serving) else [CellPart("swa_kv", kv * shape.num_layers, "kv_swa")]
     if shape.num_c4:
         parts += [
             CellPart("c4_kv", kv * shape.num_c4, "kv_c4"),
@@ -429,8 +433,11 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
     if layout_note:
         notes.append(layout_note)
     notes.extend(backend_notes(serving))
+    window_bytes = request_window_bytes(shape, serving) if replay_on(serving) else 0
+    if window_bytes:
+        notes.extend(replay_notes(shape, serving))
     if serving.accounting == "sglang":
-        full, fixed, how = _sglang_full_tokens(shape, budget.budget_bytes, page)
+        full, fixed, how = _sglang_full_tokens(shape, budget.budget_bytes, page, window_bytes)
         notes.append(how)
     else:
         full = _exact_full_tokens(model, serving, shape, budget.budget_bytes)
@@ -448,7 +455,8 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
         )
     full = sizes["full_max_total_num_tokens"]
     if full <= 0:
-        reserved = None if fixed is None else (fixed, "c128 state reserved for the request count first")
+        what = "c128 state and encoder replay's request window" if window_bytes else "c128 state"
+        reserved = None if fixed is None else (fixed, f"{what} reserved for the request count first")
         raise not_enough_memory(model, serving, cell, budget, fixed=reserved)
     context_len = serving.context_length or model.context_len
     limit = resolve_max_num_reqs(full, context_len, serving)
@@ -459,14 +467,14 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
         raise InsufficientMemoryError(
             f"{full} KV tokens leave room for no request (a request needs at least 2 tokens). Raise {option('memory')}."
         )
-    if sizes["swa_max_total_num_tokens"] < page:
+    if sizes["swa_max_total_num_tokens"] < page and not window_bytes:
         raise InsufficientMemoryError(
             f"The SWA pool of {model.name} would get {sizes['swa_max_total_num_tokens']} tokens, less than one page "
             f"of {page}: int({full} full tokens x {option('swa_full_tokens_ratio')} {shape.swa_ratio}) rounds to "
             f"nothing. Raise {option('memory')} or {option('swa_full_tokens_ratio')}."
         )
     sizes["c128_state_pool_size"] = shape.c128_state_pool_size(requests)
-    notes.extend(sub_pool_notes(shape, sizes, requests, serving, fixed))
+    notes.extend(sub_pool_notes(shape, sizes, requests, serving, fixed, window_bytes))
     notes.extend(unified_notes(serving))
     notes.extend(ring_notes(serving, shape.window, requests, sizes["swa_max_total_num_tokens"]))
     pools = _pools(model, serving, sizes, requests, context_len)
@@ -479,11 +487,15 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
             "max_running_requests": requests,
             **sizes,
             **ring_capacity(serving, shape.window, requests),
+            **({"request_window_bytes": window_bytes} if window_bytes else {}),
         },
-        sglang_estimate_bytes=int(full * shape.bytes_per_full_token) + shape.c128_state_fixed_bytes(requests),
+        sglang_estimate_bytes=int(full * shape.bytes_per_full_token)
+        + shape.c128_state_fixed_bytes(requests)
+        + window_bytes,
         notes=notes,
-        token_counts=token_counts(sizes),
-        windows=(sliding_window_terms(SWA_TOKENS, shape.window, serving),),
+        # encoder replay: no SWA token space (the window is per request slot, bounded by the request cap)
+        token_counts=token_counts(sizes, swa=not window_bytes),
+        windows=() if window_bytes else (sliding_window_terms(SWA_TOKENS, shape.window, serving),),
         compression=compression(shape),
     )
 
@@ -507,18 +519,22 @@ def compression(shape: DSV4Shape) -> dict[str, int]:
     return ratios
 
 
-def token_counts(sizes: dict[str, int]) -> dict[str, int]:
-    """The count of each token space the pools scale with."""
-    return {
+def token_counts(sizes: dict[str, int], *, swa: bool = True) -> dict[str, int]:
+    """The count of each token space the pools scale with (no ``"swa"`` space under encoder replay)."""
+    counts = {
         FULL_TOKENS: sizes["full_max_total_num_tokens"],
         SWA_TOKENS: sizes["swa_max_total_num_tokens"],
         C4_TOKENS: sizes["c4_max_total_num_tokens"],
         C128_TOKENS: sizes["c128_max_total_num_tokens"],
     }
+    if not swa:
+        del counts[SWA_TOKENS]
+    return counts
 
 
-def _sglang_full_tokens(shape: DSV4Shape, budget_bytes: int, page: int) -> tuple[int, int, str]:
-    """``calculate_pool_sizes``' full tokens, the c128 state's fixed bytes, and how they were decided."""
+def _sglang_full_tokens(shape: DSV4Shape, budget_bytes: int, page: int, window_bytes: int = 0) -> tuple[int, int, str]:
+    """``calculate_pool_sizes``' full tokens, the fixed bytes (the c128 state's, and encoder replay's
+    ``request_window_bytes``, ``_get_swa_fixed_bytes``), and how they were decided."""
     bpft = shape.bytes_per_full_token
     if shape.requested_per_worker is not None:
         requests = shape.requested_per_worker
@@ -530,10 +546,12 @@ def _sglang_full_tokens(shape: DSV4Shape, budget_bytes: int, page: int) -> tuple
             f"{requests} request(s) estimated from a capacity of {capacity:,} tokens "
             f"(clamp(int(tokens / context {shape.context_len} x 512), 2048, 4096), at most tokens // 2)"
         )
-    fixed = shape.c128_state_fixed_bytes(requests)
+    c128 = shape.c128_state_fixed_bytes(requests)
+    fixed = c128 + window_bytes
     full_token = int(max(budget_bytes - fixed, 0) / bpft)
+    window = f" + request window {window_bytes:,}" if window_bytes else ""
     how = (
-        f"SGLang's DSV4PoolConfigurator: c128 state fixed bytes {fixed:,} ({fmt_gib(fixed)}) for {source}; "
+        f"SGLang's DSV4PoolConfigurator: c128 state fixed bytes {c128:,}{window} ({fmt_gib(fixed)}) for {source}; "
         f"full tokens = int((budget {budget_bytes:,} - {fixed:,}) / {bpft:,.4f}) = {full_token:,}, page aligned."
     )
     return full_token, fixed, how
@@ -617,15 +635,22 @@ def _pool_specs() -> Callable[..., Any]:
 
 
 def sub_pool_notes(
-    shape: DSV4Shape, sizes: dict[str, int], requests: int, serving: Serving, fixed: int | None
+    shape: DSV4Shape, sizes: dict[str, int], requests: int, serving: Serving, fixed: int | None, window_bytes: int = 0
 ) -> list[str]:
     """What decided each sub-pool (the report prints them)."""
     o = option
     full, swa = sizes["full_max_total_num_tokens"], sizes["swa_max_total_num_tokens"]
-    notes = [
-        f"SWA pool: int({full:,} full tokens x {o('swa_full_tokens_ratio')} {shape.swa_ratio}) page aligned = "
-        f"{swa:,} tokens, for all {shape.num_layers} layer(s) of this stage."
-    ]
+    notes = (
+        [
+            f"SWA pool: none (encoder replay's request window holds the SWA rows of all {shape.num_layers} "
+            f"layer(s) of this stage; swa_max_total_num_tokens {swa})."
+        ]
+        if window_bytes
+        else [
+            f"SWA pool: int({full:,} full tokens x {o('swa_full_tokens_ratio')} {shape.swa_ratio}) page aligned = "
+            f"{swa:,} tokens, for all {shape.num_layers} layer(s) of this stage."
+        ]
+    )
     if shape.num_c4:
         divisor = (
             f"(4 x HiSparse host_to_device_ratio {shape.shrink}; {o('enable_hisparse')} keeps the rest on the host)"

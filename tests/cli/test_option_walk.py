@@ -68,6 +68,12 @@ GPT_OSS_CAP = ("gpt-oss-120b", "--memory", "60GiB", "--page-size", "64", "--max-
 CAPPED = (*GPT_OSS_CAP, "--disable-radix-cache")
 DSA_FP8 = ("deepseek-v3.2", "--memory", "40GiB", "--kv-cache-dtype", "fp8_e4m3")
 DSV4 = ("deepseek-v4-flash", "--memory", "60GiB", "--tp-size", "4")
+DSV41 = (
+    # relative to the repository root (where pytest runs), so docs/options.md names it the same everywhere
+    os.path.relpath(Path(__file__).parents[1] / "dsv4" / "configs" / "dsv41_synthetic.json"),
+    "--memory",
+    "20GiB",
+)
 EAGLE = (
     "--speculative-algorithm",
     "EAGLE",
@@ -334,9 +340,10 @@ EVIDENCE: dict[str, Evidence] = {
     "dsv4_compress_state_dtype": Changes(DSV4, (*DSV4, "--dsv4-compress-state-dtype", "bfloat16")),
     "enable_online_compress": Changes(DSV4, (*DSV4, "--enable-online-compress")),
     "dsv4_kv_layout": Changes(DSV4, (*DSV4, "--dsv4-kv-layout", "v41"), why="the V4.1 pages (528 B a token)"),
-    "enable_encoder_swa_bounded_replay": Refused(
-        (*DSV4, "--enable-encoder-swa-bounded-replay"),
-        "kvpools does not model --enable-encoder-swa-bounded-replay (DeepSeek-V4.1's encoder SWA replay) yet",
+    "enable_encoder_swa_bounded_replay": Changes(
+        DSV41,
+        (*DSV41, "--enable-encoder-swa-bounded-replay"),
+        why="the per-request SWA window and its replay workspace instead of the paged SWA pool",
     ),
     "dsv4_attn_backend": Changes(
         DSV4,

@@ -196,18 +196,3 @@ def test_v41_needs_a_512_value_latent() -> None:
     problems = layout_problems(small_model(), Serving(dsv4_kv_layout="v41"))
     assert any("store a 512-value latent" in p and "= 192" in p for p in problems)
     assert layout_problems(small_model(), Serving()) == []
-
-
-def test_encoder_swa_replay_is_refused_with_the_reason() -> None:
-    """SGLang's encoder SWA replay (``--enable-encoder-swa-bounded-replay``): the target's SWA rows in a
-    ``RequestWindow`` and a full-only paged allocator (ref-000 lines 2097-2108) are not modelled yet."""
-    from kvpools_core.errors import ConfigError
-
-    with pytest.raises(ConfigError, match=re.escape("DeepSeek-V4.1's encoder SWA replay) yet")) as caught:
-        Serving(enable_encoder_swa_bounded_replay=True)
-    assert "Paged(full)" in str(caught.value)
-    assert "requires DeepSeek-V4.1" in str(caught.value)
-    # what is missing, by name: the window pool (KV rows, not activations) and the prefill CUDA-graph sizes
-    assert "replay workspace of KV rows" in str(caught.value)
-    assert "request_window_bytes" in str(caught.value)
-    assert "prefill CUDA-graph batch sizes" in str(caught.value)
