@@ -55,11 +55,12 @@ from kvpools_core.engines.vllm.runtime_memory import (
     load_profile,
     version_key,
 )
-from kvpools_core.errors import KvpoolsError
+from kvpools_core.errors import ConfigError, KvpoolsError
 from kvpools_core.models import load_model, served_model
-from kvpools_core.pipeline.gpus import find_gpu
+from kvpools_core.pipeline.gpus import custom_gpu, find_gpu, sglang_chunked_prefill_size, sglang_memory_defaults
+from kvpools_core.pipeline.sglang_profile import load_sglang_profile
 from kvpools_core.registry import Registry, get_registry
-from kvpools_core.values import Serving
+from kvpools_core.values import GPU, Serving
 
 GiB = 1 << 30
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +88,17 @@ def logged_concurrency(log: StartupLog) -> float | None:
     tokens, model_len = log.logged.get("kv_tokens"), log.flag("max_model_len")
     if tokens is not None and model_len:
         return float(tokens) / float(model_len)
+    return None
+
+
+def logged_kv_gib(log: StartupLog) -> float | None:
+    """The logged KV budget: vLLM's ``Available KV cache memory``, or SGLang's ``KV Cache is allocated`` K + V
+    sizes (SGLang's "GB" are GiB: ``k_size / GB`` with ``GB = 1 << 30``)."""
+    if log.logged.get("available_kv_gib") is not None:
+        return float(log.logged["available_kv_gib"])
+    k, v = log.logged.get("k_size_gb"), log.logged.get("v_size_gb")
+    if log.engine == "sglang" and k is not None and v is not None:
+        return float(k) + float(v)
     return None
 
 
@@ -206,15 +218,46 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
 def _sglang_evaluable(log: StartupLog, registry: Registry) -> str | None:
     if log.logged.get("kv_tokens") is None and not log.logged.get("refused"):
         return "the log states no token count and no refusal"
-    if log.gpu is None:
-        return "the log does not name the GPU"
     try:
-        find_gpu(log.gpu, registry)
-    except KvpoolsError:
-        return f"GPU {log.gpu!r} is not in kvpools' catalogue"
+        sglang_gpu(log, registry)
+    except KvpoolsError as error:
+        return str(error).split(". ")[0]
     if log.kvpools_model is None:
         return "no kvpools model preset for this checkpoint"
     return None
+
+
+def sglang_gpu(log: StartupLog, registry: Registry) -> GPU:
+    """The record's GPU: its ``gpu_memory`` flag (a GPU the catalogue lacks, on the ``platform`` flag's platform),
+    else the catalogue entry the log names."""
+    if log.flag("gpu_memory") is not None:
+        return custom_gpu(log.flag("gpu_memory"), platform=log.flag("platform", "cuda"))
+    if log.gpu is None:
+        raise ConfigError("the log does not name the GPU")
+    try:
+        return find_gpu(log.gpu, registry)
+    except KvpoolsError:
+        raise ConfigError(f"GPU {log.gpu!r} is not in kvpools' catalogue") from None
+
+
+def sglang_serving(log: StartupLog, gpu: GPU, registry: Registry, **options: Any) -> Serving:
+    """The record's SGLang serving: its flags, and where the log states no ``chunked_prefill_size``, SGLang's
+    default for the GPU (``sglang_chunked_prefill_size``: the tier ``memory_hook.py`` lines 89-170 pick, as the CLI
+    does for ``--gpu``), which the default ``mem_fraction_static`` reserves activations for."""
+    chunk = log.flag("chunked_prefill_size") or sglang_chunked_prefill_size(
+        gpu.total_mib, gpu.platform, registry=registry
+    )
+    return Serving(
+        accounting="sglang",
+        platform=gpu.platform,
+        tp_size=log.flag("tp", 1),
+        mem_fraction_static=log.flag("mem_fraction_static"),
+        kv_cache_dtype=log.flag("kv_cache_dtype", "auto"),
+        quantization=log.flag("quantization") or log.checkpoint_quantization,
+        chunked_prefill_size=chunk,
+        context_length=log.flag("context_length"),
+        **options,
+    )
 
 
 def sglang(log: StartupLog, registry: Registry, *, use_logged_weights: bool) -> Prediction | Refusal:
@@ -226,17 +269,11 @@ def sglang(log: StartupLog, registry: Registry, *, use_logged_weights: bool) -> 
     if use_logged_weights and weights is None:
         return Refusal("the log states no weights")
     try:
-        serving = Serving(
-            accounting="sglang",
-            tp_size=log.flag("tp", 1),
-            mem_fraction_static=log.flag("mem_fraction_static"),
-            kv_cache_dtype=log.flag("kv_cache_dtype", "auto"),
-            quantization=log.flag("quantization") or log.checkpoint_quantization,
-        )
+        gpu = sglang_gpu(log, registry)
         result = plan(
             model_ref(log),
-            serving,
-            gpu=str(log.gpu),
+            sglang_serving(log, gpu, registry),
+            gpu=gpu,
             weights_memory=None if weights is None else f"{weights}GiB",
             registry=registry,
         )
@@ -358,7 +395,8 @@ def _sglang_default_fraction(log: StartupLog, registry: Registry) -> float | Non
     from kvpools_core import plan
 
     try:
-        result = plan(model_ref(log), Serving(tp_size=log.flag("tp", 1)), gpu=str(log.gpu), registry=registry)
+        gpu = sglang_gpu(log, registry)
+        result = plan(model_ref(log), sglang_serving(log, gpu, registry), gpu=gpu, registry=registry)
     except KvpoolsError:
         return None
     return result.budget.mem_fraction_static
@@ -426,6 +464,7 @@ def run(peers_venv: Path | None) -> dict[str, Any]:
     }
     report: dict[str, Any] = {"skipped": skipped, "tools": {}, "terms": runtime_terms(logs, registry)}
     report["terms"]["CUDA graphs"] = cudagraph_terms(logs)
+    report["sglang_terms"] = sglang_terms(logs, registry)
     for name, results in tools.items():
         groups: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         refused: dict[str, str] = {}
@@ -445,7 +484,7 @@ def run(peers_venv: Path | None) -> dict[str, Any]:
                 missed.append(log.id)
                 continue
             errors = {
-                "kv_gib": _error(result.kv_gib, log.logged.get("available_kv_gib")),
+                "kv_gib": _error(result.kv_gib, logged_kv_gib(log)),
                 "kv_tokens": _error(result.tokens, log.logged.get("kv_tokens")),
                 "max_concurrency": _error(result.concurrency, logged_concurrency(log)),
             }
@@ -485,6 +524,57 @@ def cudagraph_terms(logs: list[StartupLog]) -> dict[str, str]:
         if error is not None:
             errors[log.split or "neither"].append(error)
     return {split: summarize(values) for split, values in sorted(errors.items())}
+
+
+def sglang_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[str, str]]:
+    """SGLang's whole-GPU terms against the ones its logs state, per split: the default ``mem_fraction_static``
+    (``handle_gpu_memory_settings``, before any attention-backend factor), the runtime before the weights
+    (the GPU's total less ``Load weight begin. avail mem``, or less ``Load weight end`` avail + mem usage) against
+    the 0.5.23 profile, and the weights (``Load weight end ... mem usage``) against kvpools' estimate."""
+    from kvpools_core.pipeline.weights import estimate_weights
+
+    profile = load_sglang_profile("0.5.23")
+    errors: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for log in logs:
+        if log.engine != "sglang":
+            continue
+        split = log.split or "neither"
+        try:
+            gpu = sglang_gpu(log, registry)
+        except KvpoolsError:
+            gpu = None
+        logged = log.logged
+        if gpu is not None and log.kvpools_model is not None and logged.get("default_mem_fraction_static"):
+            serving = sglang_serving(log, gpu, registry)
+            spec = served_model(load_model(model_ref(log), registry)[0], serving)
+            fraction = sglang_memory_defaults(gpu.total_mib, spec, serving, registry=registry).mem_fraction_static
+            error = _error(fraction, logged["default_mem_fraction_static"])
+            if error is not None:
+                errors["default mem_fraction_static"][split].append(error)
+        before = logged.get("avail_before_weights_gb")
+        if before is None and logged.get("avail_after_weights_gb") is not None and logged.get("weights_gb") is not None:
+            before = logged["avail_after_weights_gb"] + logged["weights_gb"]
+        if gpu is not None and before is not None:
+            ranks = log.flag("tp", 1) * log.flag("pp", 1)
+            predicted = profile.group_runtime_bytes if ranks > 1 else profile.single_rank_runtime_bytes
+            error = _error(predicted / GiB, gpu.total_bytes / GiB - before)
+            if error is not None:
+                errors["runtime before the weights"][f"{split} ({'group' if ranks > 1 else 'one rank'})"].append(error)
+        if log.kvpools_model is not None and logged.get("weights_gb") is not None:
+            serving = Serving(
+                tp_size=log.flag("tp", 1),
+                quantization=log.flag("quantization") or log.checkpoint_quantization,
+            )
+            try:
+                weights = estimate_weights(model_ref(log), serving).bytes_per_rank / GiB
+            except KvpoolsError:
+                continue
+            error = _error(weights, logged["weights_gb"])
+            if error is not None:
+                errors["weights"][split].append(error)
+    return {
+        name: {group: summarize(values) for group, values in sorted(groups.items())} for name, groups in errors.items()
+    }
 
 
 def runtime_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[str, str]]:
@@ -530,6 +620,10 @@ def main(argv: list[str] | None = None) -> int:
     for term, groups in report["terms"].items():
         for group, text in groups.items():
             print(f"  {term:16} {group:22} {text}")
+    print("\n## kvpools' SGLang terms against the logged terms (SGLang 0.5.23 formulas and profile)")
+    for term, groups in report["sglang_terms"].items():
+        for group, text in groups.items():
+            print(f"  {term:28} {group:22} {text}")
     print("\n## held out, per tool and engine version (target: mean abs <= 2 %)")
     for name, tool in report["tools"].items():
         for version, metrics in tool["held_out"].items():

@@ -508,6 +508,7 @@ def _gpu_budget(
             f"SGLang 0.5.23's default for {gpu.total_mib:g} MiB = round((G - reserved) / G, 3), "
             f"reserved {defaults.reserved_mb:g} MiB = {' + '.join(defaults.terms)}"
         )
+    fraction, why = _attention_fraction_scale(fraction, why, spec, serving)
     post_steps: tuple[str, ...] = ()
     slack_steps: tuple[str, ...] = ()
     if post is not None and not post.planned:
@@ -541,6 +542,26 @@ def _gpu_budget(
     )
     steps = (*budget.steps[:-1], *slack_steps, budget.steps[-1], *post_steps, weights_from)
     return attrs.evolve(budget, steps=steps)
+
+
+def _attention_fraction_scale(fraction: float, why: str, spec: ModelSpec, serving: Serving) -> tuple[float, str]:
+    """``fraction`` times the platform's attention-backend factor where the served context exceeds its threshold.
+
+    SGLang 0.5.23's ``_handle_attention_backend_compatibility`` (``srt/arg_groups/attention_hook.py`` lines
+    243-269) multiplies ``mem_fraction_static``, the default or the given one, by 0.85 when the attention backend is
+    AITER (ROCm's default, ``model_override_base.py`` lines 323-345) and ``context_len > 8192``, leaving the AITER
+    workspace it allocates after the KV pool room in the slack; the platform's traits carry the factor
+    (:attr:`PlatformTraits.mem_fraction_scale`), its plugin decides when it applies.
+    """
+    traits = serving.platform_traits
+    if traits is None or traits.mem_fraction_scale == 1.0 or spec.context_len <= traits.mem_fraction_scale_above:
+        return fraction, why
+    scaled = fraction * traits.mem_fraction_scale
+    why = (
+        f"{fraction:g} ({why}) x {traits.mem_fraction_scale:g}, the {traits.platform} attention backend's factor "
+        f"for context_len {spec.context_len} > {traits.mem_fraction_scale_above} = {scaled:g}"
+    )
+    return scaled, why
 
 
 def _post_capture_fraction(gpu_mib: float, spec: ModelSpec, serving: Serving) -> tuple[float, str]:

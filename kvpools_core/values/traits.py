@@ -170,6 +170,11 @@ def _boolean(inst: object, attribute: attrs.Attribute[Any], value: bool) -> None
         raise _invalid(inst, f"{_flag(inst, attribute)} must be True or False, got {value!r}.")
 
 
+def _scale(inst: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise _invalid(inst, f"{_flag(inst, attribute)} must be a number in (0, 1], got {value!r}.")
+
+
 def _tier_tuple(items: Iterable[MemoryTier]) -> tuple[MemoryTier, ...]:
     return tuple(items)
 
@@ -242,6 +247,11 @@ class PlatformTraits:
       engine builds another pool class for the same model on a platform (SGLang's DeepSeek-V4 unified-KV pool on
       ROCm: key ``"dsv4"``, values ``"unified_bf16"`` / ``"unified_fp8"``), the platform plugin says so here,
       from its own options, and the architecture plugin plans that layout or refuses a value it does not know.
+    * ``mem_fraction_scale`` / ``mem_fraction_scale_above``: a factor SGLang multiplies ``mem_fraction_static``
+      (the default or the given one) by when the served ``context_len`` exceeds ``mem_fraction_scale_above``
+      tokens, for an attention backend's workspace it allocates after sizing the KV pool: ROCm's AITER backend,
+      ``x 0.85`` above 8192 tokens (``_handle_attention_backend_compatibility``,
+      ``srt/arg_groups/attention_hook.py`` lines 243-269 of SGLang 0.5.23).  ``1.0``: no such factor.
     """
 
     platform: str
@@ -253,6 +263,8 @@ class PlatformTraits:
     breakable_prefill_graphs: bool = attrs.field(default=False, validator=_boolean)
     decode_retraction_host_pool: bool = attrs.field(default=True, validator=_boolean)
     pool_layouts: Mapping[str, str] = attrs.field(factory=dict, converter=frozen_mapping, validator=_str_values)
+    mem_fraction_scale: float = attrs.field(default=1.0, validator=_scale)
+    mem_fraction_scale_above: int = attrs.field(default=8192, validator=positive)
     compute_capability: tuple[int, int] | None = attrs.field(default=None, converter=_capability)
     """The planned device's compute capability, where the plan knows the device (a catalogue ``--gpu`` with one,
     :attr:`GPU.compute_capability`; the pipeline keeps it across the platform plugin's answer); ``None``: unknown

@@ -29,6 +29,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
 from kvpools_core.errors import ConfigError
 from kvpools_core.models import load_model
 from kvpools_core.pipeline.gpus import find_gpu
+from kvpools_core.pipeline.sglang_profile import load_sglang_profile
 from kvpools_core.registry import Registry
 from kvpools_core.values import Serving
 
@@ -88,9 +89,14 @@ def test_calibration_and_held_out_runs_name_their_version() -> None:
     assert all(log.engine_version for log in split)
     # each calibration record is named by the profile it calibrates: 0.19.0 runs by vllm-0.19.json, the others by
     # the source URLs vllm-0.33.json's fitted_on lists
+    # the others by the source URLs vllm-0.33.json's fitted_on lists; an SGLang calibration record by the evidence
+    # of profiles/sglang-0.5.23.json (the runtime before the weights it fits), every other SGLang record held out
     fitted_033 = load_profile("0.33").fitted_on
+    sglang_evidence = {item["source"] for item in load_sglang_profile("0.5.23").evidence}
     for log in split:
-        if log.split == "calibration" and log.engine_version != "0.19.0":
+        if log.engine == "sglang":
+            assert (log.split == "calibration") == (log.source in sglang_evidence), log.id
+        elif log.split == "calibration" and log.engine_version != "0.19.0":
             assert log.source.removeprefix("https://github.com/").split("/pull/")[0].split("/issues/")[0] in fitted_033
 
 

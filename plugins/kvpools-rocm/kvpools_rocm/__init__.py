@@ -106,11 +106,48 @@ def detect_platform(device: str | None) -> str | None:
 
 @hookimpl(tryfirst=True)
 def platform_traits(serving: Serving) -> PlatformTraits | None:
-    """:data:`TRAITS`, with the DeepSeek-V4 pool layout the ``rocm.flashmla_backend`` options select."""
+    """:data:`TRAITS`, with the DeepSeek-V4 pool layout the ``rocm.flashmla_backend`` options select, and AITER's
+    ``mem_fraction_static`` factor where SGLang applies it (:func:`aiter_scales_fraction`)."""
     if serving.platform != PLATFORM:
         return None
     layouts = pool_layouts(serving)
-    return attrs.evolve(TRAITS, pool_layouts=layouts) if layouts else TRAITS
+    traits = attrs.evolve(TRAITS, pool_layouts=layouts) if layouts else TRAITS
+    if aiter_scales_fraction(serving):
+        traits = attrs.evolve(
+            traits, mem_fraction_scale=AITER_FRACTION_SCALE, mem_fraction_scale_above=AITER_FRACTION_SCALE_ABOVE
+        )
+    return traits
+
+
+AITER_FRACTION_SCALE = 0.85
+AITER_FRACTION_SCALE_ABOVE = 8192
+"""SGLang 0.5.23's ``_handle_attention_backend_compatibility`` (``srt/arg_groups/attention_hook.py`` lines 243-269):
+with ``attention_backend == "aiter"`` and ``context_len > 8192`` it sets ``mem_fraction_static *= 0.85`` (the default
+or the given fraction), leaving room for the AITER workspace it allocates after the KV pool; an explicit fraction
+is kept as given only under ``SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION`` (``rocm.honor_explicit_mem_fraction``)."""
+HONOR_EXPLICIT_FRACTION_OPTION = "rocm.honor_explicit_mem_fraction"
+ON_OFF = ("on", "off")
+
+
+def aiter_scales_fraction(serving: Serving) -> bool:
+    """Whether SGLang scales this serving's ``mem_fraction_static`` by 0.85 above 8192 tokens of context: AITER is
+    the attention backend (``rocm.attention_backend``, default ``aiter``: SGLang's HIP default,
+    ``model_override_base.py`` lines 323-345) and no given fraction is honoured as is."""
+    if attention_backend(serving) != AITER:
+        return False
+    honour = str(serving.plugin_options.get(HONOR_EXPLICIT_FRACTION_OPTION, "off")) == "on"
+    return not (honour and serving.mem_fraction_static is not None)
+
+
+@hookimpl(specname="validate")
+def validate_honor_explicit_fraction(model: ModelSpec, serving: Serving) -> list[str] | None:
+    """An unknown ``rocm.honor_explicit_mem_fraction`` value."""
+    if serving.platform != PLATFORM or HONOR_EXPLICIT_FRACTION_OPTION not in serving.plugin_options:
+        return None
+    value = str(serving.plugin_options[HONOR_EXPLICIT_FRACTION_OPTION])
+    if value in ON_OFF:
+        return None
+    return [f"{HONOR_EXPLICIT_FRACTION_OPTION} must be on or off, got {value!r}."]
 
 
 @hookimpl(specname="validate")
@@ -130,6 +167,9 @@ def plugin_options() -> dict[str, str]:
     return {
         ATTENTION_BACKEND_OPTION: f"SGLang's --attention-backend on ROCm (default {AITER}); {AITER} keeps an MLA "
         f"page-index workspace of requests x context_len int32 that the plan charges.",
+        HONOR_EXPLICIT_FRACTION_OPTION: "on or off (default off): SGLang's SGLANG_AITER_HONOR_EXPLICIT_MEM_FRACTION; "
+        "on, a given --mem-fraction-static is kept as is, off (SGLang's default) AITER scales the fraction, given or "
+        "default, by 0.85 when context_len > 8192 (attention_hook.py).",
         DSA_PRESHUFFLE_OPTION: "on or off (default off): whether SGLang's aiter_can_use_preshuffle_paged_mqa() "
         "holds (SGLANG_USE_AITER=1 and Triton >= 3.5); off, SGLang pages DeepSeek sparse attention by 1 on ROCm, "
         "on by 64 x index_kpool.",
