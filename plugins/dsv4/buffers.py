@@ -97,7 +97,7 @@ from .low_ratio import (
     pair_ring_size,
     sources_by_ratio,
 )
-from .speculative import online_mtp_draft_tokens
+from .speculative import online_mtp_draft_tokens, ring_size
 from .unified import UnifiedGeometry, unified_geometry, unified_layout
 
 __all__ = [
@@ -186,15 +186,6 @@ class DSV4Sizes:
             c4_state_size=int(config["c4_state_pool_size"]),
             c128_state_size=int(config["c128_state_pool_size"]),
         )
-
-
-def ring_size(ratio: int, serving: Serving) -> int:
-    """``get_compress_state_ring_size``: 8 / 128 (16 / 256 speculative); online c128 keeps 1."""
-    if ratio == 128 and serving.enable_online_compress:
-        return 1
-    if serving.speculative:
-        return 16 if ratio == 4 else 256
-    return 8 if ratio == 4 else 128
 
 
 def _ceil_to(value: int, multiple: int) -> int:

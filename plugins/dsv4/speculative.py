@@ -71,6 +71,15 @@ RING_MESSAGE = (
 )
 
 
+def ring_size(ratio: int, serving: Serving) -> int:
+    """``get_compress_state_ring_size``: 8 / 128 (16 / 256 speculative); online c128 keeps 1."""
+    if ratio == 128 and serving.enable_online_compress:
+        return 1
+    if serving.speculative:
+        return 16 if ratio == 4 else 256
+    return 8 if ratio == 4 else 128
+
+
 def online_mtp_draft_tokens(serving: Serving) -> int:
     """``max_speculative_num_draft_tokens() or 0`` (0 without speculative decoding): online c128's MTP banks."""
     return (serving.max_speculative_num_draft_tokens or 0) if serving.speculative else 0
@@ -80,8 +89,6 @@ def ring_problems(model: ModelSpec, serving: Serving) -> list[str]:
     """``_assert_ring_serves_draft_tokens(max_speculative_num_draft_tokens())``, in SGLang's words."""
     if not serving.speculative:
         return []
-    from .buffers import ring_size  # buffers imports this package's siblings; keep the import local
-
     drafts = serving.max_speculative_num_draft_tokens or 0
     start, end = rank_layer_range(model, serving)
     ratios = {int(layer.params.get("compress_ratio", 0)) for layer in model.layers[start:end]}
