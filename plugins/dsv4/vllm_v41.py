@@ -42,10 +42,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvpools_core.engines.vllm.planning import pp_layer_ranges
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
-from kvpools_core.parts.vllm.layers import backend_block_size
+from kvpools_core.parts.vllm.layers import backend_block_size, pp_layer_ranges
 from kvpools_core.parts.vllm.specs import CircularBufferSpec, KVCacheSpec, MLAAttentionSpec, SlidingWindowMLASpec
 
 if TYPE_CHECKING:

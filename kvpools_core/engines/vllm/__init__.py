@@ -25,12 +25,11 @@ from kvpools_core.engines.vllm.planning import (
     max_memory_usage_bytes,
     packed_kv_cache_groups,
     plan_kv_cache,
-    pp_layer_ranges,
     resolve_kv_cache_layout,
     unify_kv_cache_spec_page_size,
 )
 from kvpools_core.hookspecs import hookimpl
-from kvpools_core.parts.vllm.layers import align_hybrid_block_size
+from kvpools_core.parts.vllm.layers import align_hybrid_block_size, pp_layer_ranges
 from kvpools_core.parts.vllm.specs import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,

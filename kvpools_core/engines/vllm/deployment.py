@@ -25,7 +25,6 @@ from kvpools_core.engines.vllm.planning import (
     format_gib,
     mamba_cache_mode_of,
     plan_kv_cache,
-    pp_layer_ranges,
 )
 from kvpools_core.engines.vllm.runtime_memory import (
     RuntimeMemory,
@@ -36,6 +35,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
 from kvpools_core.errors import ConfigError, NoProviderError, UnsupportedCombinationError, short_repr
 from kvpools_core.models import launch_model_path, load_model, served_model
 from kvpools_core.options import on_cli, option
+from kvpools_core.parts.vllm.layers import pp_layer_ranges
 from kvpools_core.parts.vllm.specs import CircularBufferSpec, MambaSpec, SlidingWindowMLASpec, UniformTypeKVCacheSpecs
 from kvpools_core.pipeline.gpus import GPU, GiB, custom_gpu, find_gpu
 from kvpools_core.registry import Registry, get_registry

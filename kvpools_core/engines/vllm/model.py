@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvpools_core.engines.vllm.planning import pp_layer_ranges
 from kvpools_core.errors import ConfigError, UnsupportedCombinationError
 from kvpools_core.parts.vllm.layers import (
     DEFAULT_BLOCK_SIZE,
@@ -20,6 +19,7 @@ from kvpools_core.parts.vllm.layers import (
     kv_heads_per_rank,
     latent_kv_cache_spec,
     layer_index,
+    pp_layer_ranges,
 )
 from kvpools_core.parts.vllm.specs import KVCacheSpec
 

@@ -558,25 +558,6 @@ def check_enough_kv_cache_memory(
 # ---------------------------------------------------------------------------
 
 
-def pp_layer_ranges(num_layers: int, pp_size: int, partition: Sequence[int] | None = None) -> list[range]:
-    """``vllm.distributed.utils.get_pp_indices`` for every rank: layers split evenly, the remainder given to the
-    ranks before the last one (``VLLM_PP_LAYER_PARTITION`` when ``partition`` is given)."""
-    if pp_size <= 0:
-        raise ConfigError(f"--pipeline-parallel-size must be positive, got {pp_size}.")
-    if partition is not None:
-        if len(partition) != pp_size or sum(partition) != num_layers:
-            raise ConfigError(
-                f"VLLM_PP_LAYER_PARTITION {list(partition)} must have {pp_size} entries summing to {num_layers}."
-            )
-        sizes = list(partition)
-    else:
-        sizes = [num_layers // pp_size] * pp_size
-        for i in range(2, num_layers % pp_size + 2):
-            sizes[-i] += 1
-    starts = [sum(sizes[:rank]) for rank in range(pp_size)]
-    return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
-
-
 def project_groups_to_worker(groups: Sequence[KVCacheGroupSpec], worker_layers: set[str]) -> list[KVCacheGroupSpec]:
     """``_project_kv_cache_groups_to_worker`` (L1413): each global group restricted to one worker's layers
     (a group may end up empty on a worker; it still counts in a request's blocks)."""
