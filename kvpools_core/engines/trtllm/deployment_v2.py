@@ -182,7 +182,8 @@ def plan_v2(
             f"TensorRT-LLM refuses --tokens_per_block {tokens_per_block or DEFAULT_TOKENS_PER_BLOCK} for "
             f"{spec.name}: {manager} asserts 'requires tokens_per_block in {list(first.tokens_per_block)} ... Set "
             f"kv_cache_config.tokens_per_block to {' or '.join(map(str, first.tokens_per_block))}.' Pass "
-            f"--tokens_per_block {first.tokens_per_block[0]}."
+            f"--tokens_per_block {first.tokens_per_block[0]} (what TensorRT-LLM's DeepSeek-V4 examples set, "
+            "examples/models/core/deepseek_v4/README.md)."
         )
     block = tokens_per_block or DEFAULT_TOKENS_PER_BLOCK
     what = f"{spec.name}'s {manager} (a KVCacheManagerV2)"
