@@ -29,6 +29,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvpools_core.cli import main
 from kvpools_core.engines.trtllm import plan_trtllm
@@ -361,3 +363,35 @@ def test_fit_deepseek_v4_with_tokens_per_block() -> None:
         128
     }
     assert any("pipeline stages" in reason for reason in found.skipped)
+
+
+# -- invariants over the context length ----------------------------------------------------------------------------
+
+_FLASH_60 = plan_trtllm("deepseek-v4-flash", memory="60GiB", tokens_per_block=128, max_seq_len=65536)
+_DSV3_MTP = plan_trtllm("deepseek-v3", memory="60GiB", num_nextn_predict_layers=2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(context=st.integers(min_value=1, max_value=65536))
+def test_v2_record_holds_its_groups_tightest_limit(context: int) -> None:
+    """At any context: the window-less group holds ``ceil(L / 128)`` blocks a request, a windowed group at most
+    ``ceil(window / 128) + 1``; ``max_concurrency`` is the tightest group's ``slots // blocks``, capped by
+    ``max_batch_size``, and equals :meth:`concurrency_at`."""
+    record = trtllm_capacity_document(_FLASH_60, context_len=context)["records"][0]
+    groups = _groups(record)
+    assert groups["full"]["blocks_per_request"] == -(-context // 128)
+    for name in ("window_128", "window_8"):
+        assert 1 <= groups[name]["blocks_per_request"] <= 2
+    tightest = min(group["total_blocks"] // group["blocks_per_request"] for group in groups.values())
+    assert record["max_concurrency"] == min(tightest, 2048) == _FLASH_60.concurrency_at(context)
+
+
+@settings(max_examples=40, deadline=None)
+@given(context=st.integers(min_value=1, max_value=163840))
+def test_mtp_record_counts_the_draft_tokens_in_both_pools(context: int) -> None:
+    """Two MTP layers: a request holds ``(2 - 1) + 2 = 3`` tokens more, ``ceil((L + 3) / 32)`` blocks of the target's
+    and of the draft's pool."""
+    record = trtllm_capacity_document(_DSV3_MTP, context_len=context)["records"][0]
+    groups = _groups(record)
+    assert groups["full"]["blocks_per_request"] == groups["draft"]["blocks_per_request"] == -(-(context + 3) // 32)
+    assert record["max_concurrency"] == _DSV3_MTP.concurrency_at(context)
