@@ -56,6 +56,13 @@ class TrtllmFit:
         if self.replicas > 1:
             parts.append(f"{self.replicas} replicas")
         parts.append(f"kv {self.result.kv_cache_dtype}")
+        drafting = self.result.drafting
+        if drafting is not None:
+            parts.append(f"{drafting.decoding_type} draft ({drafting.mode}, max_draft_len {drafting.max_draft_len})")
+        elif self.result.num_nextn_predict_layers:
+            parts.append(f"MTP {self.result.num_nextn_predict_layers}")
+        if self.result.tokens_per_block != 32:
+            parts.append(f"tokens_per_block {self.result.tokens_per_block}")
         return " · ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

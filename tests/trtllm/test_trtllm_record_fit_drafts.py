@@ -252,6 +252,7 @@ def test_fit_with_an_eagle3_draft_needs_and_adds_its_weights(eagle3_8b: str) -> 
     assert fit.result.pools[0].primary_blocks == tokens // 32
     assert fit.requests_held == (tokens // 32) // 257  # ceil((8,192 + 5) / 32) = 257 blocks a request
     assert fit.to_dict()["extra_llm_api_options"]["speculative_config"]["max_draft_len"] == 3
+    assert fit.describe() == "TP 1 · kv auto · Eagle3 draft (eagle3_one_model, max_draft_len 3)"
 
 
 def test_draft_weights_memory_refusals(eagle3_8b: str) -> None:
@@ -363,6 +364,7 @@ def test_fit_deepseek_v4_with_tokens_per_block() -> None:
         128
     }
     assert any("pipeline stages" in reason for reason in found.skipped)
+    assert all(fit.describe().endswith("tokens_per_block 128") for fit in found.fits)
 
 
 # -- invariants over the context length ----------------------------------------------------------------------------
