@@ -543,6 +543,7 @@ _TRTLLM_OPTIONS = (
     "speculative_model_dir",
     "max_draft_len",
     "eagle3_one_model",
+    "draft_weights_memory",
     "enable_attention_dp",
 )
 """TensorRT-LLM's own option names (``trtllm-serve``'s and ``KvCacheConfig``'s, with their underscores), accepted
@@ -598,6 +599,11 @@ def _trtllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 click.Choice(["true", "false"], case_sensitive=False),
                 "speculative_config.eagle3_one_model (true: the draft inside the target's engine, TensorRT-LLM's "
                 "default; false: a second engine).",
+            ),
+            (
+                "--draft_weights_memory",
+                str,
+                "With --gpu: the draft model's weights on each GPU, added to kvpools' estimate of the target's.",
             ),
         )
     ):

@@ -60,6 +60,13 @@ from kvpools_core.values import (
 )
 @click.option("--block-size", type=int, default=None, help="vLLM's tokens per block [default: 16].")
 @click.option(
+    "--tokens_per_block",
+    type=int,
+    default=None,
+    help="TensorRT-LLM's kv_cache_config.tokens_per_block [default: 32; DeepSeek-V4 needs 128 or 256, TensorRT-LLM's "
+    "examples pass 128].",
+)
+@click.option(
     "--enable-unified-memory",
     "unified",
     is_flag=True,
@@ -80,6 +87,7 @@ def compare(
     context_length: int | None,
     page_size: int | None,
     block_size: int | None,
+    tokens_per_block: int | None,
     unified: bool,
     as_json: bool,
 ) -> None:
@@ -109,6 +117,7 @@ def compare(
         context_length=context_length,
         page_size=page_size,
         block_size=block_size,
+        tokens_per_block=tokens_per_block,
     )
     unified_rows: Any = None
     if unified:

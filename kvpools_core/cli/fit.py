@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -19,6 +20,56 @@ from kvpools_core.values import (
     SGLANG_ACCOUNTING_MODES,
     Serving,
 )
+
+
+def trtllm_draft_options(*, axes: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--tokens_per_block`` and a separate draft model's options for ``fit`` and ``sweep`` (``axes``: sweep's
+    ``--tokens_per_block`` and ``--max_draft_len`` take comma lists, each value a point)."""
+    only = " Only with --accounting trtllm."
+    listed = " (comma separated: each value a point)" if axes else ""
+    flags: tuple[tuple[str, Any, str], ...] = (
+        (
+            "--tokens_per_block",
+            str if axes else int,
+            f"kv_cache_config.tokens_per_block{listed} [default: 32; DeepSeek-V4 needs 128 or 256, TensorRT-LLM's "
+            "examples pass 128].",
+        ),
+        (
+            "--decoding_type",
+            str,
+            "speculative_config.decoding_type of a separate draft model: Eagle3 (or Eagle), Draft_Target.",
+        ),
+        (
+            "--speculative_model_dir",
+            str,
+            "speculative_config.speculative_model_dir: the draft model (preset, config.json or directory).",
+        ),
+        ("--max_draft_len", str if axes else int, f"speculative_config.max_draft_len: draft tokens per step{listed}."),
+        (
+            "--eagle3_one_model",
+            click.Choice(["true", "false"], case_sensitive=False),
+            "speculative_config.eagle3_one_model (true: the draft inside the target's engine, TensorRT-LLM's "
+            "default; false: a second engine).",
+        ),
+        (
+            "--draft_weights_memory",
+            str,
+            "The draft model's weights on each GPU, added to kvpools' estimate of the target's (kvpools does not "
+            "estimate a draft's weights).",
+        ),
+    )
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        for flag, kind, help_text in reversed(flags):
+            command = click.option(flag, type=kind, default=None, help=help_text + only)(command)
+        return command
+
+    return decorate
+
+
+def trtllm_only_given(values: dict[str, Any]) -> list[str]:
+    """The TensorRT-LLM flags given (not None), spelled as on the command line."""
+    return [f"--{name}" for name, value in values.items() if value is not None]
 
 
 @main.command()
@@ -84,6 +135,7 @@ from kvpools_core.values import (
     default=None,
     help="trtllm-serve --max_batch_size for every configuration [default: 2048]. Only with --accounting trtllm.",
 )
+@trtllm_draft_options(axes=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_user_facing
 def fit(
@@ -101,6 +153,12 @@ def fit(
     accounting: str | None,
     num_nextn_predict_layers: int | None,
     max_batch_size: int | None,
+    tokens_per_block: int | None,
+    decoding_type: str | None,
+    speculative_model_dir: str | None,
+    max_draft_len: int | None,
+    eagle3_one_model: str | None,
+    draft_weights_memory: str | None,
     as_json: bool,
 ) -> None:
     """The configurations on the fewest GPUs that hold --requests N concurrent requests of --context L tokens.
@@ -132,16 +190,26 @@ def fit(
             },
             num_nextn_predict_layers=num_nextn_predict_layers,
             max_batch_size=max_batch_size,
+            tokens_per_block=tokens_per_block,
+            decoding_type=decoding_type,
+            speculative_model_dir=speculative_model_dir,
+            max_draft_len=max_draft_len,
+            eagle3_one_model=None if eagle3_one_model is None else eagle3_one_model.lower() == "true",
+            draft_weights_memory=draft_weights_memory,
         )
         return
-    trtllm_only = [
-        flag
-        for flag, value in (
-            ("--num_nextn_predict_layers", num_nextn_predict_layers),
-            ("--max_batch_size", max_batch_size),
-        )
-        if value is not None
-    ]
+    trtllm_only = trtllm_only_given(
+        {
+            "num_nextn_predict_layers": num_nextn_predict_layers,
+            "max_batch_size": max_batch_size,
+            "tokens_per_block": tokens_per_block,
+            "decoding_type": decoding_type,
+            "speculative_model_dir": speculative_model_dir,
+            "max_draft_len": max_draft_len,
+            "eagle3_one_model": eagle3_one_model,
+            "draft_weights_memory": draft_weights_memory,
+        }
+    )
     if trtllm_only:
         from kvpools_core.errors import ConfigError
 
@@ -189,8 +257,10 @@ def _fit_trtllm(
     sglang: dict[str, Any],
     num_nextn_predict_layers: int | None = None,
     max_batch_size: int | None = None,
+    **draft: Any,
 ) -> None:
-    """``kvpools fit --accounting trtllm``: the trtllm-serve configurations on the fewest GPUs."""
+    """``kvpools fit --accounting trtllm``: the trtllm-serve configurations on the fewest GPUs; ``draft`` is
+    ``tokens_per_block`` and a separate draft model's options (:func:`~kvpools_core.planning.trtllm_fit.fit_trtllm`)."""
     from kvpools_core.errors import ConfigError
     from kvpools_core.planning.capacity import parse_context_len
     from kvpools_core.planning.trtllm_fit import fit_trtllm
@@ -212,6 +282,7 @@ def _fit_trtllm(
         kv_cache_dtype=kv_cache_dtype,
         num_nextn_predict_layers=num_nextn_predict_layers,
         max_batch_size=max_batch_size,
+        **draft,
     )
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))

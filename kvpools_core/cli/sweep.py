@@ -16,6 +16,7 @@ from kvpools_core.cli.common import (
     _user_facing,
     main,
 )
+from kvpools_core.cli.fit import trtllm_draft_options, trtllm_only_given
 from kvpools_core.dtypes import KV_DTYPE_CHOICES
 from kvpools_core.errors import ConfigError
 from kvpools_core.registry import get_registry
@@ -132,6 +133,7 @@ PLOT_KINDS = ("concurrency", "tokens", "bytes-per-token")
     default=None,
     help="trtllm-serve --max_batch_size at every point [default: 2048]. Only with --accounting trtllm.",
 )
+@trtllm_draft_options(axes=True)
 @click.option(
     "--progress/--no-progress",
     default=None,
@@ -158,6 +160,12 @@ def sweep(
     accounting: str | None,
     num_nextn_predict_layers: int | None,
     max_batch_size: int | None,
+    tokens_per_block: str | None,
+    decoding_type: str | None,
+    speculative_model_dir: str | None,
+    max_draft_len: str | None,
+    eagle3_one_model: str | None,
+    draft_weights_memory: str | None,
     progress: bool | None,
 ) -> None:
     """Plan every combination of models, serving options and budgets; one row per point.
@@ -175,16 +183,24 @@ def sweep(
             refused={"--page-size": page_sizes, "--axis": axes, "--plot": plots, "--jobs": jobs,
                      "--executor": executor},
             num_nextn_predict_layers=num_nextn_predict_layers, max_batch_size=max_batch_size,
+            tokens_per_block=tokens_per_block, max_draft_len=max_draft_len,
+            draft={"decoding_type": decoding_type, "speculative_model_dir": speculative_model_dir,
+                   "eagle3_one_model": None if eagle3_one_model is None else eagle3_one_model.lower() == "true",
+                   "draft_weights_memory": draft_weights_memory},
         )  # fmt: skip
         return
-    trtllm_only = [
-        flag
-        for flag, value in (
-            ("--num_nextn_predict_layers", num_nextn_predict_layers),
-            ("--max_batch_size", max_batch_size),
-        )
-        if value is not None
-    ]
+    trtllm_only = trtllm_only_given(
+        {
+            "num_nextn_predict_layers": num_nextn_predict_layers,
+            "max_batch_size": max_batch_size,
+            "tokens_per_block": tokens_per_block,
+            "decoding_type": decoding_type,
+            "speculative_model_dir": speculative_model_dir,
+            "max_draft_len": max_draft_len,
+            "eagle3_one_model": eagle3_one_model,
+            "draft_weights_memory": draft_weights_memory,
+        }
+    )
     if trtllm_only:
         raise ConfigError(f"{', '.join(trtllm_only)}: TensorRT-LLM's, only with --accounting trtllm.")
     if accounting not in (None, "exact", "sglang"):
@@ -277,8 +293,13 @@ def _sweep_trtllm(
     refused: dict[str, Any],
     num_nextn_predict_layers: int | None = None,
     max_batch_size: int | None = None,
+    tokens_per_block: str | None = None,
+    max_draft_len: str | None = None,
+    draft: dict[str, Any] | None = None,
 ) -> None:
-    """``kvpools sweep --accounting trtllm``: the grid planned by the trtllm engine (no pool, plots or cluster)."""
+    """``kvpools sweep --accounting trtllm``: the grid planned by the trtllm engine (no pool, plots or cluster);
+    ``--tokens_per_block`` and ``--max_draft_len`` are axes (comma lists), ``draft`` a separate draft model's
+    fixed options."""
     from kvpools_core.models import load_model
     from kvpools_core.pipeline import select_platform
     from kvpools_core.planning.trtllm_sweep import rows_to_csv, rows_to_json, rows_to_table, sweep_trtllm
@@ -300,6 +321,8 @@ def _sweep_trtllm(
         tps = [int(tp) for tp in _listed(tp_sizes)] or [1]
     except ValueError as exc:
         raise ConfigError(f"--tp-size takes integers, got {', '.join(tp_sizes)}.") from exc
+    axes = {name: _int_axis(name, text) for name, text in (("--tokens_per_block", tokens_per_block),
+                                                           ("--max_draft_len", max_draft_len))}  # fmt: skip
     rows = sweep_trtllm(
         listed,
         tp_sizes=tps,
@@ -309,6 +332,9 @@ def _sweep_trtllm(
         platform=select_platform(platform, None, registry),
         num_nextn_predict_layers=num_nextn_predict_layers,
         max_batch_size=max_batch_size,
+        tokens_per_blocks=axes["--tokens_per_block"],
+        max_draft_lens=axes["--max_draft_len"],
+        draft=draft,
     )
     text = {"csv": rows_to_csv, "json": rows_to_json, "table": rows_to_table}[output_format](rows)
     if output is None:
@@ -317,6 +343,17 @@ def _sweep_trtllm(
     _check_output_dir(output)
     with _writing("--output", output), open(output, "w", encoding="utf-8", newline="") as stream:
         stream.write(text)
+
+
+def _int_axis(flag: str, text: str | None) -> list[int | None]:
+    """A comma list of integers (one point each), or ``[None]`` (TensorRT-LLM's default) when not given."""
+    if text is None:
+        return [None]
+    try:
+        values: list[int | None] = [int(item) for item in _listed((text,))]
+    except ValueError as exc:
+        raise ConfigError(f"{flag} takes integers (comma separated), got {text!r}.") from exc
+    return values or [None]
 
 
 def _check_output_dir(output: str) -> None:

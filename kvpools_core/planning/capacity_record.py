@@ -263,6 +263,158 @@ def stage_plans(model: Any, serving: Serving, **budget: Any) -> list[Plan]:
     return [make_plan(model, attrs.evolve(serving, pp_rank=rank), **budget) for rank in range(serving.pp_size)]
 
 
+def _trtllm_draft(result: Any, rank: Any, draft_pools: Sequence[Any]) -> dict[str, Any] | None:
+    """The ``trtllm.draft`` object: where the draft's KV lives and, with a manager of its own, its pool."""
+    if result.draft_kv_cache is None:
+        return None
+    drafting = result.drafting
+    pool = draft_pools[0] if draft_pools else None
+    return {
+        "decoding_type": drafting.decoding_type if drafting is not None else "MTP",
+        "kv_cache": result.draft_kv_cache,
+        "layers": len(pool.layers) if pool is not None else result.num_nextn_predict_layers,
+        "extra_tokens_per_request": result.extra_tokens_per_request,
+        "estimated_size_per_token": rank.draft_estimated_size_per_token,
+        "bytes_per_token": pool.bytes_per_token if pool is not None else None,
+        "max_num_blocks": pool.primary_blocks if pool is not None else None,
+        "max_num_tokens": pool.primary_blocks * result.tokens_per_block if pool is not None else None,
+    }
+
+
+def _trtllm_v2_document(result: Any, context: int) -> dict[str, Any]:
+    """The capacity document of a ``KVCacheManagerV2`` plan (DeepSeek-V4's ``DeepseekV4CacheManager``,
+    :class:`~kvpools_core.engines.trtllm.deployment_v2.TrtllmV2PlanResult`): one group per **pool group** of the
+    runtime's solve, a block being one slot (one block of every buffer of the group's life cycles, ``tokens_per_block``
+    tokens).  A request of ``context`` tokens holds ``ceil(L / tokens_per_block)`` slots of a window-less group and,
+    of a windowed one, those less the blocks behind each life cycle's window (``PoolGroup.slots_for``, with ``L - 1``
+    tokens attended, as :meth:`TrtllmV2PlanResult.concurrency_at` counts).  ``total_kv_blocks`` /
+    ``max_total_num_tokens`` are the window-less group's slots and tokens (the tokens the pools hold);
+    ``trtllm.kv_cache_capacity`` is what ``get_kv_cache_capacity()`` publishes (its ``maxNumBlocks`` is
+    ``blocks_in_primary_pool``, the first layer's SWA page bound, not a count of token blocks)."""
+    serving, model, solve = result.serving, result.model, result.v2
+    block = result.tokens_per_block
+    held = result.concurrency_at(context)
+    groups: list[dict[str, Any]] = []
+    names: set[str] = set()
+    for group in solve.groups:
+        slots = solve.slots[group.index]
+        full = None in group.windows
+        window = None if full else max(w for w in group.windows if w is not None)
+        name = "full" if full else f"window_{window}"
+        if name in names:
+            name = f"{name}_group_{group.index}"
+        names.add(name)
+        per_request = max(group.slots_for(context, context - 1, block), 1)
+        groups.append(
+            {
+                "name": name,
+                "kind": "full" if full else "window",
+                "slots": slots * block,
+                "slots_per_block": block,
+                "tokens_per_block": block,
+                "total_blocks": slots,
+                "slots_per_request": per_request * block,
+                "blocks_per_request": per_request,
+                "max_requests": slots // per_request,
+                "compression_ratio": None,
+                "window_tokens": window,
+            }
+        )
+    tightest = min(groups, key=lambda group: group["max_requests"])
+    binding_group = None if held == result.max_batch_size < tightest["max_requests"] else tightest["name"]
+    rank = result.ranks[0]
+    tokens = result.max_kv_tokens
+    shared = {
+        "pp_rank": rank.pp_rank,
+        "engine": "trtllm",
+        "accounting": "trtllm",
+        "platform": serving.platform,
+        "model": {
+            "name": model.name,
+            "source": model.source,
+            "architecture": model.architecture,
+            "context_len": model.context_len,
+            "num_layers": model.num_layers,
+        },
+        "kv_cache_dtype": resolve_kv_dtype(serving.kv_cache_dtype, model.dtype).name,
+        "parallelism": {
+            "tp_size": serving.tp_size,
+            "pp_size": serving.pp_size,
+            "dp_size": serving.tp_size if result.enable_attention_dp else 1,
+            "enable_dp_attention": result.enable_attention_dp,
+            "attn_tp_size": 1 if result.enable_attention_dp else serving.tp_size,
+            "attn_dp_size": serving.tp_size if result.enable_attention_dp else 1,
+            "attn_cp_size": 1,
+            "dcp_size": 1,
+        },
+        "block_size": block,
+        "tokens_per_block_id": block,
+        "total_kv_blocks": tokens // block,
+        "max_total_num_tokens": tokens,
+        "groups": groups,
+        "context_len": context,
+        "max_concurrency": held,
+        "binding": "request cap" if binding_group is None else f"{binding_group} tokens",
+        "binding_group": binding_group,
+        "max_running_requests": result.max_batch_size,
+        "gpu_kv_bytes": solve.total_bytes,
+        "budget": {
+            "budget_bytes": rank.available_kv_memory,
+            "source": "free after warm-up",
+            "device": None,
+            "free_bytes": rank.free_after_warmup,
+            "weights_bytes": rank.weights_memory,
+            "pre_model_load_bytes": None,
+            "mem_fraction_static": None,
+            "slack_bytes": None,
+            "reserved_bytes": None,
+            "gpu": result.gpu.name if result.gpu is not None else None,
+            "gpu_total_bytes": result.gpu.total_bytes if result.gpu is not None else None,
+        },
+        "host_kv_bytes": None,
+        "host_tokens": None,
+        "trtllm": {
+            "version": TRTLLM_VERSION,
+            "free_gpu_memory_fraction": result.free_gpu_memory_fraction,
+            "max_seq_len": result.max_seq_len,
+            "max_num_tokens": result.max_num_tokens,
+            "bytes_per_token": rank.cache_bytes_per_token,
+            "kv_cache_capacity": result.kv_cache_capacity(),
+            "draft": None,
+            "kv_cache_manager_v2": {
+                "manager": result.v2_manager,
+                "quota": solve.quota,
+                "max_gpu_total_bytes": rank.max_gpu_total_bytes,
+                "pool_groups": [
+                    {
+                        "name": entry["name"],
+                        "windows": list(group.windows),
+                        "slots": solve.slots[group.index],
+                        "slot_bytes": group.slot_bytes,
+                        "bytes": solve.group_bytes(group.index),
+                        "ratio": solve.ratios[group.index],
+                        "min_slots": solve.min_slots[group.index],
+                    }
+                    for group, entry in zip(solve.groups, groups, strict=True)
+                ],
+            },
+        },
+    }
+    dp = result.enable_attention_dp
+    records = [
+        {"tp_rank": tp, "dp_rank": tp if dp else 0, "attn_tp_rank": 0 if dp else tp, **shared}
+        for tp in range(serving.tp_size)
+    ]
+    return {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "context_len": context,
+        "complete": True,
+        "pp_ranks": [rank.pp_rank],
+        "records": records,
+    }
+
+
 def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> dict[str, Any]:
     """The capacity document of a ``--accounting trtllm`` plan (:class:`~kvpools_core.engines.trtllm.TrtllmPlanResult`):
     the same document and record fields, with TensorRT-LLM's meanings, and a ``trtllm`` object per record with what
@@ -290,19 +442,12 @@ def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> 
             "yet (each stage's bytes per window); use --pp-size 1, or kvpools plan --accounting trtllm --json."
         )
     if getattr(result, "v2_manager", None):
-        raise UnsupportedCombinationError(
-            f"kvpools does not model the capacity record of TensorRT-LLM's {result.v2_manager} (a KVCacheManagerV2: "
-            "pool groups of several buffers per life cycle) yet; use kvpools plan --accounting trtllm --json "
-            "(kv_cache_manager_v2, kv_cache_capacity) or kvpools capacity --accounting trtllm."
-        )
-    if result.draft_kv_cache is not None:
-        raise UnsupportedCombinationError(
-            "kvpools does not model the capacity record of TensorRT-LLM's MTP draft KV cache, or a separate draft "
-            "model's, yet (a draft pool beside the target's); use kvpools plan --accounting trtllm --json, or drop "
-            "--num_nextn_predict_layers / --decoding_type."
-        )
+        return _trtllm_v2_document(result, context)
     block = result.tokens_per_block
     held = result.concurrency_at(context)
+    # A drafting request holds num_extra_kv_tokens + a step's draft tokens beyond its own, in both managers' pools
+    # (TrtllmPlanResult.extra_tokens_per_request; 0 without drafting).
+    extra = result.extra_tokens_per_request
     groups = []
     for pool in result.pools:
         if pool.recurrent:
@@ -324,17 +469,17 @@ def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> 
                 }
             )
             continue
-        full = pool.window >= result.max_seq_len
-        per_request = _pages(min(context, pool.window), block)
+        full = pool.window >= result.max_seq_len or pool.draft
+        per_request = _pages(min(context, pool.window) + extra, block)
         groups.append(
             {
-                "name": "full" if full else f"window_{pool.window}",
+                "name": "draft" if pool.draft else "full" if full else f"window_{pool.window}",
                 "kind": "full" if full else "window",
                 "slots": pool.primary_blocks * block,
                 "slots_per_block": block,
                 "tokens_per_block": block,
                 "total_blocks": pool.primary_blocks,
-                "slots_per_request": min(context, pool.window),
+                "slots_per_request": min(context, pool.window) + extra,
                 "blocks_per_request": per_request,
                 "max_requests": pool.primary_blocks // per_request,
                 "compression_ratio": None,
@@ -354,7 +499,9 @@ def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> 
         "attn_cp_size": 1,
         "dcp_size": 1,
     }
-    smallest = min(pool.primary_blocks for pool in result.kv_pools)
+    # The target's pools: get_kv_cache_capacity() publishes the target's manager, the draft's is a group of its own.
+    smallest = min(pool.primary_blocks for pool in result.kv_pools if not pool.draft)
+    draft_pools = [pool for pool in result.kv_pools if pool.draft]
     host_blocks = min(pool.secondary_blocks for pool in result.kv_pools)
     records = []
     for rank in result.ranks:
@@ -367,7 +514,7 @@ def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> 
             smallest * block * per_token
             if not result.is_vswa
             else sum(pool.primary_blocks * block * pool.bytes_per_token for pool in result.pools)
-        ) + sum(pool.primary_bytes(block) for pool in result.pools if pool.recurrent)
+        ) + sum(pool.primary_bytes(block) for pool in result.pools if pool.recurrent or pool.draft)
         shared = {
             "pp_rank": rank.pp_rank,
             "engine": "trtllm",
@@ -415,6 +562,7 @@ def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> 
                 "max_num_tokens": result.max_num_tokens,
                 "bytes_per_token": per_token,
                 "kv_cache_capacity": result.kv_cache_capacity(),
+                "draft": _trtllm_draft(result, rank, draft_pools),
             },
         }
         for tp in range(serving.tp_size):

@@ -218,15 +218,17 @@ def compare_engines(
     context_length: int | None = None,
     page_size: int | None = None,
     block_size: int | None = None,
+    tokens_per_block: int | None = None,
     registry: Registry | None = None,
 ) -> EngineComparison:
     """Plan ``model`` with SGLang's accounting and vLLM's from the same budget, and line the two up.
 
     ``serving`` carries what both engines read (``tp_size``, ``kv_cache_dtype``); ``context_length`` is SGLang's
     ``--context-length`` and vLLM's ``--max-model-len`` (default: the model's); ``page_size`` is SGLang's
-    (default 1) and ``block_size`` vLLM's (default 16), each engine's own default otherwise.  The budget is
-    ``memory`` (the KV cache's bytes, for both) or a whole GPU (``gpu`` / ``gpu_memory``, each engine's own
-    arithmetic, with ``weights_memory`` or kvpools' estimate).  ``contexts`` are the lengths concurrency is
+    (default 1) and ``block_size`` vLLM's (default 16), each engine's own default otherwise; ``tokens_per_block`` is
+    TensorRT-LLM's ``kv_cache_config.tokens_per_block`` (default 32; DeepSeek-V4's manager takes 128 or 256).
+    The budget is ``memory`` (the KV cache's bytes, for both) or a whole GPU (``gpu`` / ``gpu_memory``, each
+    engine's own arithmetic, with ``weights_memory`` or kvpools' estimate).  ``contexts`` are the lengths concurrency is
     compared at (default: the context length).  Pipeline parallelism is refused (the per-group rows are one
     rank's).
     """
@@ -288,7 +290,7 @@ def compare_engines(
         refusal = f"vLLM's accounting is not modelled for this model: {error}"
     except VllmMemoryError as error:
         refusal = f"vLLM would refuse it: {error}"
-    trtllm, trtllm_refusal = _plan_trtllm(model, serving, context_length, budget, registry)
+    trtllm, trtllm_refusal = _plan_trtllm(model, serving, context_length, budget, registry, tokens_per_block)
     lengths = tuple(contexts) or (sglang.model.context_len if context_length is None else context_length,)
     groups = _with_trtllm(_rows(sglang, vllm, lengths), sglang, trtllm)
     trt_notes = () if trtllm is None else (_trtllm_note(trtllm, memory is not None),)
@@ -319,6 +321,7 @@ def _plan_trtllm(
     context_length: int | None,
     budget: dict[str, Any],
     registry: Registry | None,
+    tokens_per_block: int | None = None,
 ) -> tuple[TrtllmPlanResult | None, str | None]:
     """TensorRT-LLM's plan from the same budget: ``memory`` is taken as its free memory after warm-up (so its KV
     cache is 0.9 of it), a GPU is its own arithmetic; or why it is not planned."""
@@ -329,6 +332,7 @@ def _plan_trtllm(
             model,
             attrs.evolve(serving, accounting="trtllm", page_size=Serving().page_size),
             max_seq_len=context_length,
+            tokens_per_block=tokens_per_block,
             registry=registry,
             **budget,
         )

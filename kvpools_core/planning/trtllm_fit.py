@@ -56,6 +56,13 @@ class TrtllmFit:
         if self.replicas > 1:
             parts.append(f"{self.replicas} replicas")
         parts.append(f"kv {self.result.kv_cache_dtype}")
+        drafting = self.result.drafting
+        if drafting is not None:
+            parts.append(f"{drafting.decoding_type} draft ({drafting.mode}, max_draft_len {drafting.max_draft_len})")
+        elif self.result.num_nextn_predict_layers:
+            parts.append(f"MTP {self.result.num_nextn_predict_layers}")
+        if self.result.tokens_per_block != 32:
+            parts.append(f"tokens_per_block {self.result.tokens_per_block}")
         return " · ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,6 +122,13 @@ def _reason(error: KvpoolsError) -> str:
     return f"{type(error).__name__}: {NUMBER.sub('N', first)}"
 
 
+def _refuses_the_model(message: str) -> bool:
+    """Whether a refusal holds for every configuration: an architecture (or option) kvpools does not model, or
+    TensorRT-LLM's ``tokens_per_block`` assertion (DeepSeek-V4's manager takes 128 or 256), whose message names the
+    value to pass and is raised as is when every configuration hits it."""
+    return "does not model" in message or "Pass --tokens_per_block" in message
+
+
 def fit_trtllm(
     model: str,
     requests: int,
@@ -126,11 +140,20 @@ def fit_trtllm(
     kv_cache_dtype: str | None = None,
     num_nextn_predict_layers: int | None = None,
     max_batch_size: int | None = None,
+    tokens_per_block: int | None = None,
+    decoding_type: str | None = None,
+    speculative_model_dir: str | None = None,
+    max_draft_len: int | None = None,
+    eagle3_one_model: bool | None = None,
+    draft_weights_memory: int | str | None = None,
 ) -> TrtllmFitResult:
     """The ``trtllm-serve`` configurations on the fewest GPUs (up to ``max_gpus``) holding ``requests`` of
     ``context_len`` tokens on ``gpu`` (a catalogue name) or a GPU of ``gpu_memory``; each planned with
-    ``num_nextn_predict_layers`` one-model MTP draft layers and ``max_batch_size`` when given (a hybrid's
-    recurrent state is paid for every request ``max_batch_size`` allows)."""
+    ``num_nextn_predict_layers`` one-model MTP draft layers, ``max_batch_size`` and ``tokens_per_block`` when given
+    (a hybrid's recurrent state is paid for every request ``max_batch_size`` allows), and with a separate draft
+    model (``decoding_type`` Eagle3 / Eagle / Draft_Target, ``speculative_model_dir``, ``max_draft_len``,
+    ``eagle3_one_model``) whose weights on each GPU are ``draft_weights_memory`` (kvpools does not estimate a
+    draft's weights; without it every configuration would be refused, so it is asked for up front)."""
     o = option
     if requests < 1:
         raise ConfigError(f"{o('requests')} must be at least 1, got {requests}.")
@@ -154,6 +177,20 @@ def fit_trtllm(
             f"{o('context')} {context_len} is longer than {spec.name}'s context length {spec.context_len}; "
             "TensorRT-LLM refuses a longer --max_seq_len."
         )
+    if decoding_type is not None and draft_weights_memory is None:
+        raise ConfigError(
+            f"kvpools fit --accounting trtllm plans every configuration on a GPU, and kvpools does not estimate a "
+            f"draft model's weights: with --decoding_type {decoding_type} pass --draft_weights_memory SIZE (the "
+            "draft's weights on each GPU, added to kvpools' estimate of the target's)."
+        )
+    drafting = {
+        "tokens_per_block": tokens_per_block,
+        "decoding_type": decoding_type,
+        "speculative_model_dir": speculative_model_dir,
+        "max_draft_len": max_draft_len,
+        "eagle3_one_model": eagle3_one_model,
+        "draft_weights_memory": draft_weights_memory,
+    }
     engine = engine_for("trtllm", registry)
     dtypes = (kv_cache_dtype,) if kv_cache_dtype else DEFAULT_KV_DTYPES
     skipped: Counter[str] = Counter()
@@ -175,10 +212,11 @@ def fit_trtllm(
                         num_nextn_predict_layers=num_nextn_predict_layers,
                         max_batch_size=max_batch_size,
                         registry=registry,
+                        **{name: value for name, value in drafting.items() if value is not None},
                     )
                 except KvpoolsError as exc:
                     skipped[_reason(exc)] += 1
-                    if isinstance(exc, UnsupportedCombinationError) and "does not model" in str(exc):
+                    if isinstance(exc, UnsupportedCombinationError) and _refuses_the_model(str(exc)):
                         model_refusals.append(exc)
                     continue
                 per_rank = result.concurrency_at(context_len) or 0

@@ -11,7 +11,7 @@ import csv
 import io
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvpools_core.engines import engine_for
@@ -25,6 +25,7 @@ COLUMNS = (
     "tp_size",
     "kv_cache_dtype",
     "budget",
+    "max_draft_len",
     "tokens_per_block",
     "max_num_blocks",
     "max_kv_tokens",
@@ -42,25 +43,44 @@ def sweep_trtllm(
     platform: str = "cuda",
     num_nextn_predict_layers: int | None = None,
     max_batch_size: int | None = None,
+    tokens_per_blocks: Sequence[int | None] = (None,),
+    max_draft_lens: Sequence[int | None] = (None,),
+    draft: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per (model, TP, KV dtype, budget), in that order; ``requests@L`` for each context ``L``; every
-    point planned with ``num_nextn_predict_layers`` (one-model MTP) and ``max_batch_size`` when given."""
+    """One row per (model, TP, KV dtype, ``max_draft_len``, ``tokens_per_block``, budget), in that order;
+    ``requests@L`` for each context ``L``; every point planned with ``num_nextn_predict_layers`` (one-model MTP),
+    ``max_batch_size`` and ``draft`` (a separate draft model's ``decoding_type``, ``speculative_model_dir``,
+    ``eagle3_one_model``, ``draft_weights_memory``) when given.  ``max_draft_lens`` and ``tokens_per_blocks`` are
+    axes (None: TensorRT-LLM's default, or no draft)."""
     registry = get_registry()
     engine = engine_for("trtllm", registry)
     lengths = [parse_context_len(context) for context in contexts]
+    fixed = {name: value for name, value in (draft or {}).items() if value is not None}
     rows = []
-    for model, tp, dtype, budget in itertools.product(models, tp_sizes, kv_cache_dtypes, budgets):
+    grid = itertools.product(models, tp_sizes, kv_cache_dtypes, max_draft_lens, tokens_per_blocks, budgets)
+    for model, tp, dtype, draft_len, block, budget in grid:
         ((kind, value),) = budget.items()
-        row: dict[str, Any] = {"model": model, "tp_size": tp, "kv_cache_dtype": dtype, "budget": f"{kind}={value}"}
+        row: dict[str, Any] = {
+            "model": model,
+            "tp_size": tp,
+            "kv_cache_dtype": dtype,
+            "budget": f"{kind}={value}",
+        }
+        if draft_len is not None:
+            row["max_draft_len"] = draft_len
+        if block is not None:
+            row["tokens_per_block"] = block
         try:
             serving = Serving(accounting="trtllm", tp_size=tp, kv_cache_dtype=dtype, platform=platform)
+            options = {"max_draft_len": draft_len, "tokens_per_block": block, kind: value}
             result = engine.plan(
                 model,
                 serving,
                 registry=registry,
                 num_nextn_predict_layers=num_nextn_predict_layers,
                 max_batch_size=max_batch_size,
-                **{kind: value},
+                **fixed,
+                **{name: option for name, option in options.items() if option is not None},
             )
         except KvpoolsError as exc:
             rows.append({**row, "error": str(exc)})

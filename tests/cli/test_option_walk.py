@@ -93,6 +93,8 @@ GPT_OSS_VSWA = (*GPT_OSS_TRTLLM, "--max_attention_window", "128,131072")
 DSV3_TRTLLM = ("deepseek-v3", "--memory", "60GiB", "--accounting", "trtllm")
 LLAMA70_TRTLLM = ("llama-3.1-70b", "--memory", "40GiB", "--tp-size", "4", "--accounting", "trtllm")
 DRAFT_TARGET = (*LLAMA70_TRTLLM, "--decoding_type", "Draft_Target", "--speculative_model_dir", "llama-3.1-8b")
+DRAFT_ON_GPU = ("llama-3.1-70b", "--gpu", "h100", "--tp-size", "4", "--accounting", "trtllm", "--decoding_type",
+                "Draft_Target", "--speculative_model_dir", "llama-3.1-8b", "--max_draft_len", "4")  # fmt: skip
 EAGLE3_TRTLLM = (*LLAMA70_TRTLLM, "--decoding_type", "Eagle3", "--speculative_model_dir", "llama-3.1-8b")
 DECODE = (*LLAMA, "--max-running-requests", "16", "--disaggregation-mode", "decode")
 PP2 = (*LLAMA, "--pp-size", "2", "--pp-layer-partition", "10,22")
@@ -473,6 +475,11 @@ EVIDENCE: dict[str, Evidence] = {
         (*EAGLE3_TRTLLM, "--max_draft_len", "3"),
         (*EAGLE3_TRTLLM, "--max_draft_len", "3", "--eagle3_one_model", "false"),
         why="two-model: the draft engine's manager holds the draft checkpoint's layers, not max_draft_len of them",
+    ),
+    "draft_weights_memory": Changes(
+        (*DRAFT_ON_GPU, "--draft_weights_memory", "1GiB"),
+        (*DRAFT_ON_GPU, "--draft_weights_memory", "4GiB"),
+        why="the draft's weights leave less of the GPU free after warm-up (test_trtllm_record_fit_drafts.py)",
     ),
     "max_batch_size": NoMemory(
         "TensorRT-LLM sizes its KV cache from the memory left free after its warm-up run (`--memory` under "

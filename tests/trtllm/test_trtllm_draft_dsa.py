@@ -168,7 +168,7 @@ def test_mtp_refusals() -> None:
 
 def test_mtp_cli_and_capacity_record() -> None:
     """``--num_nextn_predict_layers`` on ``kvpools plan``: the draft pool in the report and the YAML; refused
-    without ``--accounting trtllm``, on a checkpoint without MTP layers, and by the capacity record."""
+    without ``--accounting trtllm`` and on a checkpoint without MTP layers; the capacity record has a draft group."""
     from click.testing import CliRunner
 
     from kvpools_core.cli import main
@@ -186,8 +186,10 @@ def test_mtp_cli_and_capacity_record() -> None:
     capacity = runner.invoke(main, ["capacity", *args[1:-1], "3", "--context", "8k"], terminal_width=200)
     assert capacity.exit_code == 0, capacity.output
     assert "ceil((min(L, window) + 5) / tokens)" in capacity.stdout  # (3 - 1) + 3 extra tokens
-    record = runner.invoke(main, [*args, "--format", "capacity-json"])
-    assert record.exit_code == 1 and "MTP draft KV cache" in record.stderr
+    record = runner.invoke(main, [*args, "--format", "capacity-json", "--context", "8k"])
+    assert record.exit_code == 0, record.output  # the draft pool is a group of its own (issue 35)
+    groups = __import__("json").loads(record.stdout)["records"][0]["groups"]
+    assert [(group["name"], group["total_blocks"]) for group in groups] == [("full", 25_368), ("draft", 25_368)]
     no_mtp = runner.invoke(main, ["plan", "llama-3.1-8b", "--memory", "20GiB", "--accounting", "trtllm",
                                   "--num_nextn_predict_layers", "1"])  # fmt: skip
     assert no_mtp.exit_code == 1 and "has none" in no_mtp.stderr and "Traceback" not in no_mtp.output

@@ -307,7 +307,7 @@ def test_a_gpu_budget_needs_the_draft_weights(eagle3_8b: str) -> None:
 
 def test_drafting_cli(eagle3_8b: str) -> None:
     """``kvpools plan`` / ``capacity`` with ``--decoding_type``: the draft pool in the report, the YAML, the
-    capacity at 8k; the capacity record refuses; TensorRT-LLM's flags are refused without ``--accounting trtllm``
+    capacity at 8k and the capacity record; TensorRT-LLM's flags are refused without ``--accounting trtllm``
     and SGLang's speculative flags are refused under it, naming TensorRT-LLM's."""
     from click.testing import CliRunner
 
@@ -330,8 +330,9 @@ def test_drafting_cli(eagle3_8b: str) -> None:
     assert json.loads(capacity.stdout)["capacity"] == [{"context_len": 8192, "max_requests": 16}]
     two = runner.invoke(main, [*args, "--eagle3_one_model", "false", "--json"])
     assert two.exit_code == 0 and json.loads(two.stdout)["pools"][1]["primary_blocks"] == 4_468
-    record = runner.invoke(main, [*args, "--format", "capacity-json"])
-    assert record.exit_code == 1 and "separate draft model's" in record.stderr
+    record = runner.invoke(main, [*args, "--format", "capacity-json", "--context", "8k"])
+    assert record.exit_code == 0, record.output  # the draft pool is a group of its own (issue 35)
+    assert json.loads(record.stdout)["records"][0]["trtllm"]["draft"]["decoding_type"] == "Eagle3"
     sglang = runner.invoke(main, ["plan", "llama-3.1-8b", "--memory", "20GiB", "--decoding_type", "Eagle3"])
     assert sglang.exit_code == 1 and "only with --accounting trtllm" in sglang.stderr
     path = runner.invoke(main, [*args[:6], "--speculative-draft-model-path", "llama-3.1-8b"])

@@ -482,6 +482,42 @@ def _stage_weights(model_ref: str | ModelSpec, spec: ModelSpec, serving: Serving
     return tuple(weights)
 
 
+def _draft_weights(
+    drafting: Drafting | None,
+    chosen: GPU | None,
+    weights_memory: int | str | None,
+    draft_weights_memory: int | str | None,
+) -> int | None:
+    """The draft model's weights on each GPU of a GPU budget (``draft_weights_memory``), or None; refused where
+    kvpools would otherwise leave them out (it does not estimate a draft's weights) or where they do not apply."""
+    if draft_weights_memory is not None:
+        if drafting is None:
+            raise ConfigError(
+                "--draft_weights_memory is a separate draft model's weights: it applies with --decoding_type "
+                "Eagle3 / Eagle / Draft_Target only. Drop it."
+            )
+        if chosen is None:
+            raise ConfigError(
+                "--memory is the memory free after TensorRT-LLM's warm-up (the weights already loaded): "
+                "--draft_weights_memory applies to a --gpu budget only. Drop one of them."
+            )
+        if weights_memory is not None:
+            raise ConfigError(
+                "--weights-memory is one rank's target + draft weights; --draft_weights_memory adds the draft's to "
+                "kvpools' estimate of the target's. Give one of them."
+            )
+        return parse_bytes(draft_weights_memory, "--draft_weights_memory")
+    if drafting is not None and chosen is not None and weights_memory is None:
+        raise UnsupportedCombinationError(
+            f"kvpools does not estimate the draft model's weights ({drafting.draft.name}) for --accounting trtllm "
+            "yet (an Eagle3 head shares the target's embedding, a draft engine loads its own checkpoint), so a GPU "
+            "budget would leave them out: pass --weights-memory (one rank's target + draft weights), "
+            "--draft_weights_memory (the draft's weights on each GPU, added to kvpools' estimate of the target's), "
+            "or --memory (the memory free after TensorRT-LLM's warm-up)."
+        )
+    return None
+
+
 def plan_trtllm(
     model: str | ModelSpec,
     serving: Serving | None = None,
@@ -506,6 +542,7 @@ def plan_trtllm(
     speculative_model_dir: str | ModelSpec | None = None,
     max_draft_len: int | None = None,
     eagle3_one_model: bool | None = None,
+    draft_weights_memory: int | str | None = None,
     registry: Registry | None = None,
 ) -> TrtllmPlanResult:
     """Plan ``model`` as ``trtllm-serve`` (TensorRT-LLM 1.2, PyTorch backend, ``KVCacheManager``) sizes its KV
@@ -520,7 +557,9 @@ def plan_trtllm(
     (appended to the target's manager with attention DP) whose per-token cost is added to the target's before the
     budget is divided (``KvCacheCreator._get_kv_size_per_token``).  ``decoding_type`` (``Eagle3``, ``Eagle``,
     ``Draft_Target``) with ``speculative_model_dir`` and ``max_draft_len`` (and Eagle's ``eagle3_one_model``)
-    plan a separate draft model's KV cache the same way (:mod:`kvpools_core.engines.trtllm.drafting`).
+    plan a separate draft model's KV cache the same way (:mod:`kvpools_core.engines.trtllm.drafting`); on a GPU
+    budget ``draft_weights_memory`` (the draft's weights on each GPU, which kvpools does not estimate) is added to
+    kvpools' estimate of the target's, where ``weights_memory`` is not given.
     Raises :class:`~kvpools_core.errors.KvpoolsError` subclasses where TensorRT-LLM refuses, with its reason.
     """
     registry = registry or get_registry()
@@ -603,13 +642,7 @@ def plan_trtllm(
             "--memory is the memory free after TensorRT-LLM's warm-up (the weights already loaded): "
             "--weights-memory applies to a --gpu budget only. Drop one of them."
         )
-    if drafting is not None and chosen is not None and weights_memory is None:
-        raise UnsupportedCombinationError(
-            f"kvpools does not estimate the draft model's weights ({drafting.draft.name}) for --accounting trtllm "
-            "yet (an Eagle3 head shares the target's embedding, a draft engine loads its own checkpoint), so a GPU "
-            "budget would leave them out: pass --weights-memory (one rank's target + draft weights), or --memory "
-            "(the memory free after TensorRT-LLM's warm-up)."
-        )
+    draft_weights = _draft_weights(drafting, chosen, weights_memory, draft_weights_memory)
     block = DEFAULT_TOKENS_PER_BLOCK if tokens_per_block is None else tokens_per_block
     seq_len = spec.context_len if max_seq_len is None else max_seq_len
     if chosen is None:
@@ -625,6 +658,9 @@ def plan_trtllm(
         else:
             weights = _stage_weights(model, spec, serving)
             weights_source = "kvpools' estimate of each stage's layers from the model config (estimate_weights)"
+            if draft_weights is not None:
+                weights = tuple((w or 0) + draft_weights for w in weights)
+                weights_source += f", plus the draft's {draft_weights:,} B given (--draft_weights_memory)"
         frees = tuple(chosen.total_bytes - (w or 0) for w in weights)
         short = [r for r, f in enumerate(frees) if f <= 0]
         if short:

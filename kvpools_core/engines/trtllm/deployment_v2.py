@@ -182,15 +182,20 @@ def plan_v2(
             f"TensorRT-LLM refuses --tokens_per_block {tokens_per_block or DEFAULT_TOKENS_PER_BLOCK} for "
             f"{spec.name}: {manager} asserts 'requires tokens_per_block in {list(first.tokens_per_block)} ... Set "
             f"kv_cache_config.tokens_per_block to {' or '.join(map(str, first.tokens_per_block))}.' Pass "
-            f"--tokens_per_block {first.tokens_per_block[0]}."
+            f"--tokens_per_block {first.tokens_per_block[0]} (what TensorRT-LLM's DeepSeek-V4 examples set, "
+            "examples/models/core/deepseek_v4/README.md)."
         )
     block = tokens_per_block or DEFAULT_TOKENS_PER_BLOCK
     what = f"{spec.name}'s {manager} (a KVCacheManagerV2)"
     if num_nextn_predict_layers:
         raise UnsupportedCombinationError(
-            f"kvpools does not model MTP drafting beside {what} for --accounting trtllm yet (the manager appends "
-            "max_draft_len - 1 virtual layers and widens every window by max_draft_len); drop "
-            "--num_nextn_predict_layers."
+            f"kvpools does not model MTP drafting beside {what} for --accounting trtllm yet: TensorRT-LLM builds "
+            f"a second {manager} for the draft layers (should_use_separate_draft_kv_cache; appended to the target's "
+            "with attention DP), appends max_draft_len - 1 virtual layers of the last layer's compress ratio, widens "
+            "every window by max_draft_len, and splits max_gpu_total_bytes between the two managers in proportion "
+            "to their CacheCost (_split_kv_cache_budget_for_draft), whose DeepSeek-V4 estimate differs between the "
+            "TensorRT-LLM sources kvpools read (windowed buffers per token, or per request) and is not pinned to "
+            "1.2.1. Drop --num_nextn_predict_layers (docs/trtllm.md)."
         )
     if serving.pp_size > 1:
         raise UnsupportedCombinationError(
