@@ -277,3 +277,19 @@ def test_cli_refusals() -> None:
         "--format", "capacity-json",
     )  # fmt: skip
     assert code == 1 and "capacity record of helix" in err and "Traceback" not in err
+
+
+def test_cli_capacity_table_names_helix() -> None:
+    """The human report: CP in the header, the memory free at the KV cache's creation (no warm-up), the requests'
+    split in the table's title, and the launch line with ``--cp_size``."""
+    code, out, err = _cli(
+        "capacity", "deepseek-v3", "--accounting", "trtllm", "--memory", "60GiB", "--cp_size", "4",
+        "--context", "128k",
+    )  # fmt: skip
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "CP 4 (helix)" in text
+    assert "free at KV cache creation" in text and "free after warm-up" not in text
+    assert "ceil(ceil(L / tokens) / cp 4)" in text
+    assert "│ 131072 │ 25 │" in text
+    assert "--cp_size 4" in text and "cp_type: HELIX" in text
