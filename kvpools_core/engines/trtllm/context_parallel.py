@@ -177,8 +177,8 @@ class TrtllmHelixPlanResult(TrtllmPlanResult):
             f"helix context parallelism over {cp} ranks ({self.gpus} GPUs = tp {self.serving.tp_size} x pp "
             f"{self.serving.pp_size} x cp {cp}): each rank keeps {self.model.name}'s full MLA latent row per token "
             f"({self.ranks[0].cache_bytes_per_token:,} B) for the blocks of tokens it owns; a request of L tokens "
-            f"holds ceil(ceil(L / {self.tokens_per_block}) / {cp}) blocks on rank 0, its decode tokens go to the "
-            "ranks in turn, a block at a time.",
+            f"holds ceil(ceil(L / {self.tokens_per_block}) / {cp}) blocks on rank 0 (its decode tokens then go to "
+            "the ranks in turn, a block at a time).",
             f"get_kv_cache_capacity() publishes one rank's pool (maxNumTokens {self.max_kv_tokens:,}); the CP group "
             f"holds about {cp} times that ({self.group_kv_tokens:,} tokens), which an orchestrator reading the "
             "published figure does not see.",
