@@ -545,6 +545,8 @@ _TRTLLM_OPTIONS = (
     "eagle3_one_model",
     "draft_weights_memory",
     "enable_attention_dp",
+    "context_parallel_size",
+    "cp_type",
 )
 """TensorRT-LLM's own option names (``trtllm-serve``'s and ``KvCacheConfig``'s, with their underscores), accepted
 by ``plan`` and ``capacity`` under ``--accounting trtllm`` only."""
@@ -608,8 +610,22 @@ def _trtllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
         )
     ):
         command = click.option(flag, type=kind, default=None, help=help_text + only)(command)
-    return click.option(
+    command = click.option(
         "--enable_attention_dp", is_flag=True, default=None, help="TensorRT-LLM's attention DP." + only
+    )(command)
+    command = click.option(
+        "--context_parallel_size",
+        "--cp_size",
+        type=int,
+        default=None,
+        help="trtllm-serve --context_parallel_size: helix context parallelism's CP ranks (cp_config cp_type HELIX, "
+        "an MLA model's decode split over the ranks by blocks)." + only,
+    )(command)
+    return click.option(
+        "--cp_type",
+        type=str,
+        default=None,
+        help="cp_config.cp_type [default: HELIX with --context_parallel_size > 1]; kvpools plans HELIX." + only,
     )(command)
 
 

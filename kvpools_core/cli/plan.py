@@ -33,7 +33,7 @@ from kvpools_core.cli.common import (
     main,
     resolve_accounting,
 )
-from kvpools_core.errors import ConfigError
+from kvpools_core.errors import ConfigError, UnsupportedCombinationError
 from kvpools_core.values import (
     Serving,
 )
@@ -122,6 +122,12 @@ def plan(
         trt = _trtllm_plan(model, _make_serving(options, None), memory, gpu, gpu_memory, weights_memory, trtllm_args)
         if fmt == "capacity-json":
             from kvpools_core.planning.capacity_record import trtllm_capacity_document
+
+            if getattr(trt, "context_parallel", None) is not None:
+                raise UnsupportedCombinationError(
+                    "kvpools does not model the capacity record of helix context parallelism yet (a request's "
+                    "blocks split over the CP ranks); use kvpools plan --accounting trtllm --json or kvpools capacity."
+                )
 
             length = parse_context_len(context) if context is not None else None
             click.echo(json.dumps(trtllm_capacity_document(trt, context_len=length), indent=2))

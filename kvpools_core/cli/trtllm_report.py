@@ -16,6 +16,9 @@ from kvpools_core.units import format_bytes
 def _header(result: TrtllmPlanResult, command: str, console: Console) -> None:
     serving = result.serving
     dp = " · attention DP" if result.enable_attention_dp else ""
+    cp = getattr(result, "context_parallel", None)
+    if cp is not None:
+        dp += f" · CP {cp.size} ({cp.cp_type.lower()})"
     console.print(
         f"[bold]kvpools {command}[/bold] — {result.model.name} ({result.model.source}), accounting trtllm "
         f"(TensorRT-LLM {TRTLLM_VERSION}, PyTorch {getattr(result, 'v2_manager', None) or 'KVCacheManager'}) · "
@@ -33,14 +36,16 @@ def _draft_label(result: TrtllmPlanResult) -> str:
 
 def _budget_lines(result: TrtllmPlanResult) -> list[str]:
     lines = []
+    # context parallelism: no warm-up, the memory free when the manager is built (engines/trtllm/context_parallel.py)
+    when = "free after warm-up" if getattr(result, "context_parallel", None) is None else "free at KV cache creation"
     for rank in result.ranks:
         stage = f"stage {rank.pp_rank}: " if len(result.ranks) > 1 else ""
         if result.gpu is None:
-            free = f"--memory {format_bytes(rank.free_after_warmup)} (free after warm-up)"
+            free = f"--memory {format_bytes(rank.free_after_warmup)} ({when})"
         else:
             free = (
                 f"{result.gpu.label} {format_bytes(result.gpu.total_bytes)} - weights "
-                f"{format_bytes(rank.weights_memory or 0)} = {format_bytes(rank.free_after_warmup)} free after warm-up"
+                f"{format_bytes(rank.weights_memory or 0)} = {format_bytes(rank.free_after_warmup)} {when}"
             )
         lines.append(
             f"{stage}{free} x --kv_cache_free_gpu_memory_fraction {result.free_gpu_memory_fraction:g} = "
@@ -131,6 +136,9 @@ def render_trtllm_capacity(result: TrtllmPlanResult, contexts: Sequence[int], co
     title = f"requests = min(max_batch_size, min over pools of blocks / ceil({held} / tokens))"
     if getattr(result, "v2_manager", None):
         title = "requests = min(max_batch_size, min over pool groups of slots / the slots a request of L holds)"
+    cp = getattr(result, "context_parallel", None)
+    if cp is not None:
+        title = f"requests = min(max_batch_size, rank 0's blocks / ceil(ceil(L / tokens) / cp {cp.size}))"
     table = Table(title=title)
     table.add_column("context L", justify="right")
     table.add_column("requests", justify="right")

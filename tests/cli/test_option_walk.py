@@ -447,6 +447,17 @@ EVIDENCE: dict[str, Evidence] = {
     "host_cache_size": Changes(TRTLLM, (*TRTLLM, "--host_cache_size", "1073741824")),
     "enable_attention_dp": Changes((*TRTLLM, "--tp-size", "4"), (*TRTLLM, "--tp-size", "4", "--enable_attention_dp")),
     "num_nextn_predict_layers": Changes(DSV3_TRTLLM, (*DSV3_TRTLLM, "--num_nextn_predict_layers", "1")),
+    # helix context parallelism (tests/trtllm/test_trtllm_context_parallel.py hand-computes each)
+    "context_parallel_size": Changes(
+        (*DSV3_TRTLLM, "--context", "131072"),
+        (*DSV3_TRTLLM, "--context", "131072", "--context_parallel_size", "2"),
+        command="capacity",
+        why="a 128k request's 4,096 blocks split over the CP ranks: 2,048 on rank 0 of its 25,784, 12 requests for 6",
+    ),
+    "cp_type": Refused(
+        (*DSV3_TRTLLM, "--context_parallel_size", "2", "--cp_type", "STAR"),
+        "kvpools does not model TensorRT-LLM's star attention",
+    ),
     # a separate draft model's KV cache (tests/trtllm/test_trtllm_drafting.py hand-computes each)
     "decoding_type": Changes(
         LLAMA70_TRTLLM,

@@ -9,6 +9,7 @@ the manager's and ``KvCacheCreator``'s arithmetic, :mod:`kvpools_core.engines.tr
 from collections.abc import Sequence
 
 from kvpools_core.engines.base import Engine, EngineCapacity
+from kvpools_core.engines.trtllm.context_parallel import TrtllmHelixPlanResult
 from kvpools_core.engines.trtllm.deployment import (
     TRTLLM_VERSION,
     TrtllmPlanResult,
@@ -58,6 +59,7 @@ __all__ = [
     "DEFAULT_TOKENS_PER_BLOCK",
     "ENGINE",
     "TRTLLM_VERSION",
+    "TrtllmHelixPlanResult",
     "TrtllmLayer",
     "TrtllmPlanResult",
     "TrtllmRank",

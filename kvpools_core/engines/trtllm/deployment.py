@@ -73,6 +73,11 @@ MANAGER_V2_PLANNER: list[Callable[..., TrtllmPlanResult]] = []
 :func:`kvpools_core.engines.trtllm.deployment_v2.plan_v2`, registered when the package loads (it subclasses
 :class:`TrtllmPlanResult`, so this module cannot import it)."""
 
+CONTEXT_PARALLEL_PLANNER: list[Callable[..., TrtllmPlanResult]] = []
+"""The planner of helix context parallelism (``context_parallel_size`` > 1, ``cp_config``):
+:func:`kvpools_core.engines.trtllm.context_parallel.plan_helix`, registered when the package loads (as
+:data:`MANAGER_V2_PLANNER`)."""
+
 
 def trtllm_flag(name: str) -> str:
     """A TensorRT-LLM option as kvpools spells it (``trtllm-serve``'s own underscores)."""
@@ -543,6 +548,8 @@ def plan_trtllm(
     max_draft_len: int | None = None,
     eagle3_one_model: bool | None = None,
     draft_weights_memory: int | str | None = None,
+    context_parallel_size: int | None = None,
+    cp_type: str | None = None,
     registry: Registry | None = None,
 ) -> TrtllmPlanResult:
     """Plan ``model`` as ``trtllm-serve`` (TensorRT-LLM 1.2, PyTorch backend, ``KVCacheManager``) sizes its KV
@@ -560,6 +567,8 @@ def plan_trtllm(
     plan a separate draft model's KV cache the same way (:mod:`kvpools_core.engines.trtllm.drafting`); on a GPU
     budget ``draft_weights_memory`` (the draft's weights on each GPU, which kvpools does not estimate) is added to
     kvpools' estimate of the target's, where ``weights_memory`` is not given.
+    ``context_parallel_size`` > 1 (``cp_type`` HELIX) plans helix context parallelism
+    (:mod:`kvpools_core.engines.trtllm.context_parallel`).
     Raises :class:`~kvpools_core.errors.KvpoolsError` subclasses where TensorRT-LLM refuses, with its reason.
     """
     registry = registry or get_registry()
@@ -573,6 +582,7 @@ def plan_trtllm(
         ("max_tokens", max_tokens),
         ("num_nextn_predict_layers", num_nextn_predict_layers),
         ("max_draft_len", max_draft_len),
+        ("context_parallel_size", context_parallel_size),
     ):
         _positive_int(name, value)
     fraction = (
@@ -597,6 +607,40 @@ def plan_trtllm(
         model_ref = launch_model_path(model, registry)
     spec = served_model(spec, serving)
     layers = trtllm_layers(spec, serving, registry)
+    if (context_parallel_size or 1) > 1 or cp_type is not None:
+        # kvpools_core.engines.trtllm.context_parallel (imported by the package) registers the helix planner.
+        return CONTEXT_PARALLEL_PLANNER[0](
+            spec=spec,
+            model_ref=model_ref,
+            plugin=plugin,
+            serving=serving,
+            layers=layers,
+            registry=registry,
+            context_parallel_size=context_parallel_size or 1,
+            cp_type=cp_type,
+            memory=memory,
+            gpu=gpu,
+            gpu_memory=gpu_memory,
+            weights_memory=weights_memory,
+            fraction=float(fraction),
+            tokens_per_block=DEFAULT_TOKENS_PER_BLOCK if tokens_per_block is None else tokens_per_block,
+            seq_len=spec.context_len if max_seq_len is None else max_seq_len,
+            max_batch_size=max_batch_size,
+            max_num_tokens=max_num_tokens,
+            max_tokens=max_tokens,
+            mgtb=mgtb,
+            windows=windows,
+            shares=shares,
+            host=host,
+            enable_attention_dp=enable_attention_dp,
+            drafting={
+                "--num_nextn_predict_layers": num_nextn_predict_layers,
+                "--decoding_type": decoding_type,
+                "--speculative_model_dir": speculative_model_dir,
+                "--max_draft_len": max_draft_len,
+                "--eagle3_one_model": eagle3_one_model,
+            },
+        )
     drafting = resolve_drafting(
         spec=spec,
         layers=layers,
