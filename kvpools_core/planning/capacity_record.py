@@ -441,6 +441,13 @@ def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> 
             "kvpools does not model the capacity record of TensorRT-LLM's VSWA or hybrid pools over pipeline stages "
             "yet (each stage's bytes per window); use --pp-size 1, or kvpools plan --accounting trtllm --json."
         )
+    if getattr(result, "context_parallel", None) is not None:
+        # A helix request's blocks are split over the CP ranks (rank 0 holds the most), which the record's one
+        # blocks-per-request field cannot say.
+        raise UnsupportedCombinationError(
+            "kvpools does not model the capacity record of TensorRT-LLM's helix context parallelism yet (a request's "
+            "blocks are split over the CP ranks); use kvpools capacity --accounting trtllm --json."
+        )
     if getattr(result, "v2_manager", None):
         return _trtllm_v2_document(result, context)
     block = result.tokens_per_block

@@ -293,3 +293,14 @@ def test_cli_capacity_table_names_helix() -> None:
     assert "ceil(ceil(L / tokens) / cp 4)" in text
     assert "│ 131072 │ 25 │" in text
     assert "--cp_size 4" in text and "cp_type: HELIX" in text
+
+
+def test_the_capacity_record_refuses_a_helix_plan_from_python() -> None:
+    """The record's one blocks-per-request field cannot say a helix request's blocks split over the CP ranks, so the
+    library refuses it as the CLI's ``--format capacity-json`` does, instead of writing rank 0's pool as if it held
+    whole requests."""
+    from kvpools_core.planning.capacity_record import trtllm_capacity_document
+
+    result = plan_trtllm("deepseek-v3", memory="60GiB", context_parallel_size=2)
+    with pytest.raises(UnsupportedCombinationError, match="helix context parallelism"):
+        trtllm_capacity_document(result, context_len=8192)
