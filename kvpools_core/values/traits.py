@@ -188,6 +188,15 @@ def _str_values(instance: Any, attribute: attrs.Attribute[Any], value: Mapping[s
         raise InvalidValueError(f"{_flag(instance, attribute)} maps keys to layout names (strings), got {bad!r}.")
 
 
+def _planned_keys(instance: Any, attribute: attrs.Attribute[Any], value: frozenset[str]) -> None:
+    missing = sorted(value - set(instance.pool_layouts))
+    if missing:
+        raise InvalidValueError(
+            f"{_flag(instance, attribute)} names {missing!r}, which pool_layouts does not map: a platform plans only "
+            f"a layout it selects. Add the key to pool_layouts or drop it."
+        )
+
+
 def _capability(value: Any) -> tuple[int, int] | None:
     """``(major, minor)`` of non-negative ints (a list from JSON too), or ``None``."""
     if value is None:
@@ -242,6 +251,11 @@ class PlatformTraits:
       engine builds another pool class for the same model on a platform (SGLang's DeepSeek-V4 unified-KV pool on
       ROCm: key ``"dsv4"``, values ``"unified_bf16"`` / ``"unified_fp8"``), the platform plugin says so here,
       from its own options, and the architecture plugin plans that layout or refuses a value it does not know.
+    * ``platform_planned_layouts``: the keys of ``pool_layouts`` whose layout the platform plugin plans and builds
+      itself (it answers ``size_pools``, ``build_pool`` and ``build_allocator`` for that architecture first,
+      ``tryfirst``): the architecture plugin then does not refuse the layout name, nor apply the checks that are
+      about its own pools, and refuses to size or build the layout itself (the platform plugin must have
+      answered).  Ascend's ``{"dsv4"}``: SGLang's NPU DeepSeek-V4 pools, kvpools-ascend's own.
     """
 
     platform: str
@@ -253,6 +267,9 @@ class PlatformTraits:
     breakable_prefill_graphs: bool = attrs.field(default=False, validator=_boolean)
     decode_retraction_host_pool: bool = attrs.field(default=True, validator=_boolean)
     pool_layouts: Mapping[str, str] = attrs.field(factory=dict, converter=frozen_mapping, validator=_str_values)
+    platform_planned_layouts: frozenset[str] = attrs.field(
+        default=frozenset(), converter=_frozen_strs, validator=_planned_keys
+    )
     compute_capability: tuple[int, int] | None = attrs.field(default=None, converter=_capability)
     """The planned device's compute capability, where the plan knows the device (a catalogue ``--gpu`` with one,
     :attr:`GPU.compute_capability`; the pipeline keeps it across the platform plugin's answer); ``None``: unknown
