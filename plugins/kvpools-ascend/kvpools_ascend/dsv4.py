@@ -116,7 +116,7 @@ SIDECAR_ITEM_BYTES = 4
 REFCOUNT_ITEM_BYTES = 4
 
 SWA_TOKENS, C4_TOKENS, C128_TOKENS, FULL = "swa", "c4", "c128", "full"
-SWA_KV, C4_KV, C128_KV = "kv_swa", "kv_c4", "kv_c128"
+SWA_KV, C4_KV, C128_KV, DRAFT_SWA_KV = "kv_swa", "kv_c4", "kv_c128", "draft_kv_swa"
 INDEXER_PACKED, INDEX_K, INDEX_SCALE = "indexer_c4", "index_k_c4", "index_scale_c4"
 C4_STATE, C4_INDEXER_STATE, C128_STATE = "c4_state", "c4_indexer_state", "c128_state"
 SIDECAR = "req_to_c128_sidecar"
@@ -258,6 +258,9 @@ class NPUDSV4Buffers:
     c4_state: StateGeometry
     c4_indexer_state: StateGeometry
     c128_state: StateGeometry
+    draft_swa: PANDGeometry
+    """The draft worker's own ``DSV4NPUTokenToKVPool`` (EAGLE's NextN layers, all of ratio 0: SWA rows only,
+    ``_build_dsv4_kv_pool`` for a draft worker); no layers without speculative decoding."""
     num_req_slots: int
     sidecar_cols: int
     full_tokens: int
@@ -266,7 +269,7 @@ class NPUDSV4Buffers:
 
     @property
     def kv_pools(self) -> tuple[PANDGeometry, ...]:
-        return tuple(geo for geo in (self.swa, self.c4, self.c128) if geo.layers)
+        return tuple(geo for geo in (self.swa, self.c4, self.c128, self.draft_swa) if geo.layers)
 
     @property
     def states(self) -> tuple[StateGeometry, ...]:
@@ -311,6 +314,19 @@ def ring_size(ratio: int, serving: Serving) -> int:
     return 8 if ratio == 4 else 128
 
 
+def draft_layer_ids(model: ModelSpec, serving: Serving) -> tuple[int, ...]:
+    """The draft worker pool's layers (its NextN layers, ``layer_info.num_effective_layers``); none unspeculative."""
+    if not serving.speculative:
+        return ()
+    return tuple(range(serving.speculative_draft_num_layers or model.num_nextn_predict_layers or 1))
+
+
+def write_pad(ratio: int, ring: int) -> int:
+    """``get_compress_state_write_pad``: the most draft tokens a ring of ``ring`` rows keeps resident."""
+    window = ratio * (2 if ratio == 4 else 1)
+    return ring - window + 2 if ring > window else 0
+
+
 def npu_dsv4_buffers(
     model: ModelSpec, serving: Serving, sizes: dict[str, int], requests: int, context_len: int
 ) -> NPUDSV4Buffers:
@@ -349,6 +365,15 @@ def npu_dsv4_buffers(
         index_head_dim=index_dim,
         arch35=a5,
         swa=PANDGeometry(SWA_KV, int(sizes["swa_max_total_num_tokens"]), page, ids, kv_dim, item, SWA_TOKENS),
+        draft_swa=PANDGeometry(
+            DRAFT_SWA_KV,
+            int(sizes["swa_max_total_num_tokens"]),
+            page,
+            draft_layer_ids(model, serving),
+            kv_dim,
+            item,
+            SWA_TOKENS,
+        ),
         c4=PANDGeometry(C4_KV, c4_tokens, kp4, c4_ids, kv_dim, item, C4_TOKENS),
         c128=PANDGeometry(C128_KV, c128_tokens, cps, c128_ids, kv_dim, item, C128_TOKENS),
         indexer=PackedIndexGeometry(logical, kp4, page, c4_ids, index_dim + index_dim // 128 * INDEX_ROW_EXTRA),
@@ -568,11 +593,13 @@ def npu_dsv4_problems(model: ModelSpec, serving: Serving) -> list[str]:
             f"{o('dsv4_kv_layout')} {serving.dsv4_kv_layout} (SGLang's NPU pool builder passes no layout; which "
             f"layout its attention backend then reads is not in the reference)"
         )
-    if serving.speculative:
+    if serving.speculative and serving.speculative_algorithm != "EAGLE":
         not_modelled.append(
-            f"{o('speculative_algorithm')} {serving.speculative_algorithm} (the NPU draft worker's DeepSeek-V4 pool "
-            f"and its compressor rings)"
+            f"{o('speculative_algorithm')} {serving.speculative_algorithm} (the NPU draft worker's DeepSeek-V4 "
+            f"pool; EAGLE is modelled)"
         )
+    elif serving.speculative:
+        problems += ring_problems(model, serving)
     if serving.enable_hierarchical_cache:
         not_modelled.append(
             f"{o('enable_hierarchical_cache')} (the NPU host pools: PA_ND pages, the C128 sidecar's host pool)"
@@ -585,6 +612,25 @@ def npu_dsv4_problems(model: ModelSpec, serving: Serving) -> list[str]:
         f"kvpools does not model {what} for DeepSeek-V4 on {PLATFORM} yet. Drop it, or plan for another platform."
         for what in not_modelled
     ]
+    return problems
+
+
+def ring_problems(model: ModelSpec, serving: Serving) -> list[str]:
+    """``_assert_ring_serves_draft_tokens`` (``pool_configurator.py`` lines 1291-1307): a verify batch writes its
+    draft tokens into the c4 / c128 state rings, which keep at most ``ring - window + 2`` of them."""
+    drafts = serving.max_speculative_num_draft_tokens or 0
+    start, end = rank_layer_range(model, serving)
+    ratios = {int(layer.params.get("compress_ratio", 0)) for layer in model.layers[start:end]}
+    problems = []
+    for ratio in (4, 128):
+        ring = ring_size(ratio, serving)
+        most = write_pad(ratio, ring)
+        if ratio in ratios and drafts > most:
+            problems.append(
+                f"{option('speculative_num_draft_tokens')} {drafts}: SGLang asserts 'speculative_num_draft_tokens="
+                f"{drafts} exceeds what the c{ratio} compress state ring can keep resident (ring_size={ring} serves "
+                f"at most {most} draft tokens).' (DSV4PoolConfigurator). Use at most {most}."
+            )
     return problems
 
 
@@ -701,6 +747,7 @@ class NPUConfigurator:
     context_len: int
     requested: int | None
     decode_extra: int | None
+    speculative: bool = False
 
     @property
     def bytes_per_swa_token(self) -> float:
@@ -718,7 +765,10 @@ class NPUConfigurator:
             per_ratio.append((1 / 4 * self.kv_bytes + 1 / 4 * self.indexer_bytes) * self.num_c4)
         if self.num_c128:
             per_ratio.append(1 / 128 * self.kv_bytes * self.num_c128)
-        return self.swa_ratio * self.bytes_per_swa_token + sum(per_ratio)
+        value = self.swa_ratio * self.bytes_per_swa_token + sum(per_ratio)
+        if self.speculative:  # the draft worker: x (T + 1) / T, one draft layer (lines 1265-1272)
+            value *= (self.num_layers + 1) / self.num_layers
+        return value
 
     def slots(self, requests: int) -> int:
         """``_get_num_req_slots`` (lines 1504-1507)."""
@@ -780,6 +830,7 @@ def npu_configurator(model: ModelSpec, serving: Serving) -> NPUConfigurator:
         context_len=serving.context_length or model.context_len,
         requested=None if requested is None else max(1, requested // serving.attn_dp_size),
         decode_extra=serving.decode_extra_slots if serving.disaggregation_mode == "decode" else None,
+        speculative=serving.speculative,
     )
 
 
@@ -848,6 +899,9 @@ def size_npu_dsv4(model: ModelSpec, serving: Serving, cell: CellSize, budget: Bu
         },
         windows=(sliding_window_terms(SWA_TOKENS, cfg.window, serving),),
         compression={C4_TOKENS: 4, C128_TOKENS: 128},
+        # c4 slots are full // 4 (DSV4NPUTokenToKVPoolAllocator._derive_c4_loc_from_full); c128 slots come from
+        # the c128 page allocator: seq // 128 - prefix // 128 per extend, in pages of c128_page_size
+        compression_pages={C128_TOKENS: c128_page_size(serving)} if cfg.num_c128 else {},
     )
 
 
@@ -881,8 +935,11 @@ def bytes_per_full_token_note(cfg: NPUConfigurator) -> str:
     terms[0] += ")"
     if cfg.num_c128:
         terms.append(f"1/128 x {cfg.kv_bytes} B x {cfg.num_c128} (c128)")
+    total = " + ".join(terms)
+    if cfg.speculative:
+        total = f"({total}) x ({cfg.num_layers} + 1 draft layer) / {cfg.num_layers}"
     return (
-        f"SGLang's bytes per full token on {PLATFORM} = {' + '.join(terms)} = {cfg.bytes_per_full_token:,.4f} B "
+        f"SGLang's bytes per full token on {PLATFORM} = {total} = {cfg.bytes_per_full_token:,.4f} B "
         f"({cfg.kv_bytes} B unpadded: _get_paged_kv_bytes_per_token skips the page pad on NPU); the c128 state is "
         f"per request slot, fixed bytes outside this figure."
     )

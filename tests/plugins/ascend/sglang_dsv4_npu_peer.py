@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[2] / "dsv4"))
 from sglang_dsv4_layout_peer import _Env, _extract, _load_kv_layout, _root
 
-STATE = {"arch35": False, "c128_page_size": 16}
+STATE: dict[str, Any] = {"arch35": False, "c128_page_size": 16, "draft_tokens": 0}
 
 
 class _Saver:
@@ -86,7 +86,13 @@ def _load() -> dict[str, Any]:
     gate.is_unified_kv_fp8 = lambda: False  # type: ignore[attr-defined]
     gate.is_unified_kv_triton = lambda: False  # type: ignore[attr-defined]
     sys.modules[gate.__name__] = gate
-    spec = types.SimpleNamespace(speculative_algorithm=None, speculative_num_draft_tokens=None)
+
+    def get_spec() -> types.SimpleNamespace:  # EAGLE with the case's draft tokens, or none
+        drafts = STATE["draft_tokens"]
+        return types.SimpleNamespace(
+            speculative_algorithm="EAGLE" if drafts else None, speculative_num_draft_tokens=drafts or None
+        )
+
     kernel = types.SimpleNamespace(enable_deepseek_v4_fp4_indexer=False, dsv4_attn_backend=None)
     features = types.SimpleNamespace(enable_encoder_swa_bounded_replay=False)
     envs = types.SimpleNamespace(
@@ -121,7 +127,7 @@ def _load() -> dict[str, Any]:
         "envs": envs,
         "logger": logging.getLogger("sglang_dsv4_npu_peer"),
         "get_exec": lambda: types.SimpleNamespace(kernel=kernel, features=features),
-        "get_spec": lambda: spec,
+        "get_spec": get_spec,
         "get_platform": lambda: types.SimpleNamespace(is_sm120=False),
         "ceil_div": lambda a, b: -(-a // b),
         "List": list,
@@ -198,6 +204,7 @@ def _load() -> dict[str, Any]:
 def run(case: dict[str, Any], classes: dict[str, Any]) -> dict[str, Any]:
     STATE["arch35"] = case["arch35"]
     STATE["c128_page_size"] = case["c128_page_size"]
+    STATE["draft_tokens"] = case.get("draft_tokens", 0)
     try:
         req_pool = classes["req"](case["max_num_reqs"], case["max_context_len"], "meta", False)
         pool = classes["pool"](
@@ -248,6 +255,41 @@ def run(case: dict[str, Any], classes: dict[str, Any]) -> dict[str, Any]:
     c128 = _nbytes(p.kv_score_buffer.kv_score for p in pool.compress_state_pools if p is not None and p.ratio == 128)
     if c128:
         out["c128_state"] = c128
+    if case.get("draft_layers"):
+        # the draft worker's pool: _build_dsv4_kv_pool with COMPRESS_RATIO_NEXTN_LAYER (0) per NextN layer
+        layers = case["draft_layers"]
+        draft = classes["pool"](
+            max_num_reqs=case["max_num_reqs"],
+            num_req_slots=req_pool.req_to_token.shape[0],
+            swa_size=case["swa_size"],
+            c4_size=case["c4_size"],
+            c128_size=case["c128_size"],
+            c4_state_pool_size=case["c4_state_pool_size"],
+            c128_state_pool_size=case["c128_state_pool_size"],
+            page_size=case["page_size"],
+            swa_page_size=case["page_size"],
+            sliding_window=case["window"],
+            dtype=torch.bfloat16,
+            c4_state_dtype=torch.float32,
+            c128_state_dtype=torch.float32,
+            qk_nope_head_dim=case["nope"],
+            qk_rope_head_dim=case["rope"],
+            indexer_head_dim=case["index_dim"],
+            layer_num=layers,
+            device="meta",
+            enable_memory_saver=False,
+            compression_ratios=[0] * layers,
+            start_layer=0,
+            end_layer=layers,
+            enable_hisparse=False,
+            online_mtp_max_draft_tokens=case.get("draft_tokens", 0),
+            unified_fp8=False,
+            kv_source_layers=[],
+            full_size=case["full_size"],
+        )
+        states = [p for p in draft.compress_state_pools if p is not None] + [draft.c4_indexer_kv_pool]
+        assert draft.c4_kv_pool is None and draft.c128_kv_pool is None and states == [None], "a draft holds SWA only"
+        out["draft_kv_swa"] = _nbytes(draft.swa_kv_pool.kv_buffer)
     out["req_to_token"] = _nbytes([req_pool.req_to_token])
     out["req_to_c128_sidecar"] = _nbytes([req_pool.req_to_c128_sidecar])
     result: dict[str, Any] = {"bytes": out}

@@ -40,6 +40,13 @@ from kvpools_core.planning.capacity import concurrency
 GiB = 1 << 30
 
 FLASH = Serving(platform="ascend", tp_size=4)
+EAGLE: dict[str, Any] = {
+    "speculative_algorithm": "EAGLE",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "speculative_num_draft_tokens": 4,
+    "speculative_draft_num_layers": 1,
+}
 MEMORY = "60GiB"
 V41 = str(Path(__file__).parents[2] / "dsv4" / "configs" / "dsv41_synthetic.json")
 
@@ -118,8 +125,10 @@ def test_sglang_accounting_has_no_swa_ring_on_npu() -> None:
         (attrs.evolve(FLASH, plugin_options={"ascend.c128_page_size": "64"}, max_running_requests=32), "20GiB"),
         (attrs.evolve(FLASH, disaggregation_mode="decode", disaggregation_decode_extra_slots=8), MEMORY),
         (attrs.evolve(FLASH, accounting="sglang", kv_cache_dtype="fp8_e4m3"), MEMORY),
+        (attrs.evolve(FLASH, **EAGLE), MEMORY),
+        (attrs.evolve(FLASH, **EAGLE, accounting="sglang"), MEMORY),
     ],
-    ids=["flash", "pp-stage-1", "arch35", "c128-page-64", "decode", "sglang-fp8-flag"],
+    ids=["flash", "pp-stage-1", "arch35", "c128-page-64", "decode", "sglang-fp8-flag", "eagle", "eagle-sglang"],
 )
 def test_meta_build_allocates_what_the_plan_says(serving: Serving, memory: str) -> None:
     result = _plan(serving, memory=memory)
@@ -170,11 +179,11 @@ def test_npu_rows_are_written_where_sglang_writes_them() -> None:
         ({"plugin_options": {"ascend.c128_page_size": "24"}}, "c128_page_size must be a positive multiple of 16"),
         ({"dsv4_attn_backend": "trtllm", "kv_cache_dtype": "fp8_e4m3"}, "DeepSeekV4UniformFP8KVPool"),
         ({"dsv4_kv_layout": "v41"}, "kvpools does not model dsv4_kv_layout v41"),
-        ({"speculative_algorithm": "EAGLE", "speculative_num_steps": 1, "speculative_eagle_topk": 1,
-          "speculative_num_draft_tokens": 2}, "kvpools does not model speculative_algorithm EAGLE"),
+        ({**EAGLE, "speculative_num_steps": 11, "speculative_num_draft_tokens": 12},
+         "speculative_num_draft_tokens=12 exceeds what the c4 compress state ring can keep resident"),
         ({"enable_hierarchical_cache": True}, "kvpools does not model enable_hierarchical_cache"),
     ],
-    ids=["hisparse", "online-c128", "bf16-state", "c128-page", "trtllm", "v41-layout", "eagle", "hicache"],
+    ids=["hisparse", "online-c128", "bf16-state", "c128-page", "trtllm", "v41-layout", "eagle-ring", "hicache"],
 )  # fmt: skip
 def test_refusals(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(UnsupportedCombinationError, match=message):
@@ -195,3 +204,56 @@ def test_capacity_answers(flash: Plan) -> None:
     assert concurrency(flash, 32_768).concurrent_requests == 37_389 // 256 == 146
     assert concurrency(flash, 1_048_576).concurrent_requests == 37_389 // 8_192 == 4
     assert concurrency(flash, 16_384).concurrent_requests == 256
+
+
+def test_the_c128_page_allocator_binds_capacity() -> None:
+    """The c128 rows come from their own page allocator (pages of 16 c128 slots, ``dsv4_allocator.py`` lines
+    127-140): a 2,176-token request holds 17 full pages but 2,176 // 128 = 17 c128 slots in 2 pages of 16 (32
+    slots), so with 4,096 requests allowed (and SWA room for them) the c128 pool binds, not the full one; a
+    2,048-token request holds 16 slots, one page; below 128 tokens it holds none."""
+    result = _plan(attrs.evolve(FLASH, max_running_requests=4096, swa_full_tokens_ratio=0.5))
+    assert dict(result.compression_pages) == {"c128": 16}
+    tokens = result.counts["tokens"]
+    at = concurrency(result, 2_176)
+    assert at.tokens_per_request["c128"] == 32 and at.limits["c128 tokens"] == tokens["c128"] // 32
+    assert at.limits["full tokens"] == tokens["full"] // (17 * 128) > at.limits["c128 tokens"]
+    assert at.binding == "c128 tokens" and at.concurrent_requests == tokens["c128"] // 32
+    assert concurrency(result, 2_048).tokens_per_request["c128"] == 16
+    assert "c128 tokens" not in concurrency(result, 100).limits
+    # max_context: n requests of L share the c128 pages: L // 128 <= (c128 // n) // 16 x 16
+    from kvpools_core.planning.capacity import max_context
+
+    n = tokens["c128"] // 32  # exactly two pages each
+    answer = max_context(result, n)
+    assert answer.limits["c128 tokens"] == (32 + 1) * 128 - 128 == 4_096
+
+
+def test_what_the_capacity_readers_do_not_model_is_refused(flash: Plan) -> None:
+    """The replay and the capacity record count a compressed space as slot ``s // r`` of full slot ``s``; the NPU's
+    c128 pages are refused there, by name, not answered as that."""
+    from kvpools_core.errors import ConfigError
+    from kvpools_core.planning.capacity_record import capacity_records
+    from kvpools_core.planning.replay import fixed_trace, replay
+
+    with pytest.raises(UnsupportedCombinationError, match="capacity record of a compressed token space with a page"):
+        capacity_records(flash, context_len=4096)
+    with pytest.raises(ConfigError, match=r"\['c128'\] of deepseek-v4-flash have page allocators of their own"):
+        replay(flash, fixed_trace(4096, 16, 4))
+
+
+def test_eagle_on_npu_by_hand() -> None:
+    """EAGLE (4 draft tokens, 1 NextN layer): rings 16 / 256 (``get_compress_state_ring_size``), so the c4 states
+    cost 0.1 x 16/128 x (8192 + 2048) x 21 = 2,688 B per full token and SGLang's coefficient is (2,511.2 + 3,066 +
+    693 + 2,688 + 91.25) x 44 / 43 (the draft worker, lines 1265-1272); the c128 state's fixed bytes
+    ceil((257 x 256 + 257) / 128) x 128 = 66,176 rows x 4,096 B x 20.  The draft worker's own NPU pool holds the
+    SWA rows of its one layer (PA_ND, 1024 B), and the states round to lcm(4, 16) = 16 / lcm(128, 256) = 256 rows."""
+    result = _plan(attrs.evolve(FLASH, **EAGLE, accounting="sglang"))
+    config = result.sizing.sglang_config
+    fixed = 66_176 * 4_096 * 20
+    full = int((60 * GiB - fixed) / ((2511.2 + 3066 + 693 + 2688 + 91.25) * 44 / 43)) // 128 * 128
+    assert config["full_max_total_num_tokens"] == full
+    swa = config["swa_max_total_num_tokens"]
+    assert config["c4_state_pool_size"] == swa // 128 * 16 and config["c128_state_pool_size"] == 257 * 256
+    assert result.pool("draft_kv_swa").bytes == (swa + 129) // 128 * 128 * 1024 * 1
+    assert result.pool("c4_state").bytes == -(-(swa // 128 * 16 + 17) // 16) * 16 * 2048 * 4 * 21
+    assert result.pool("c128_state").bytes == -(-(257 * 256 + 257) // 256) * 256 * 1024 * 4 * 20

@@ -24,6 +24,13 @@ from tests.oracle import locate
 PYTHON, _BENCH = locate.require_sglang_peer()
 PEER = Path(__file__).with_name("sglang_dsv4_npu_peer.py")
 FLASH = Serving(platform="ascend", tp_size=4)
+EAGLE: dict[str, Any] = {
+    "speculative_algorithm": "EAGLE",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "speculative_num_draft_tokens": 4,
+    "speculative_draft_num_layers": 1,
+}
 NPU_POOLS = (
     "kv_swa",
     "kv_c4",
@@ -37,6 +44,7 @@ NPU_POOLS = (
     "req_to_token",
     "req_to_c128_sidecar",
     "c128_page_refcount",
+    "draft_kv_swa",
 )
 
 
@@ -72,6 +80,8 @@ def _case(p: Plan, **changes: Any) -> dict[str, Any]:
         "end": end,
         "ratios": [int(layer.params.get("compress_ratio", 0)) for layer in p.model.layers],
         "full_size": config["full_max_total_num_tokens"],
+        "draft_tokens": (p.serving.speculative_num_draft_tokens or 0) if p.serving.speculative else 0,
+        "draft_layers": (p.serving.speculative_draft_num_layers or 1) if p.serving.speculative else 0,
         **changes,
     }
 
@@ -91,6 +101,12 @@ PLANS = {
         "20GiB",
     ),
     "pro": (Serving(platform="ascend", tp_size=8), "deepseek-v4-pro", "60GiB"),
+    "eagle": (attrs.evolve(FLASH, **EAGLE), "deepseek-v4-flash", "60GiB"),
+    "eagle-arch35": (
+        attrs.evolve(FLASH, **EAGLE, plugin_options={"ascend.soc": "arch35"}),
+        "deepseek-v4-flash",
+        "60GiB",
+    ),
 }
 
 
