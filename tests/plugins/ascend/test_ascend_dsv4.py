@@ -32,6 +32,8 @@ from typing import Any
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvpools_core import Plan, Serving, build, plan
 from kvpools_core.errors import UnsupportedCombinationError
@@ -257,3 +259,45 @@ def test_eagle_on_npu_by_hand() -> None:
     assert result.pool("draft_kv_swa").bytes == (swa + 129) // 128 * 128 * 1024 * 1
     assert result.pool("c4_state").bytes == -(-(swa // 128 * 16 + 17) // 16) * 16 * 2048 * 4 * 21
     assert result.pool("c128_state").bytes == -(-(257 * 256 + 257) // 256) * 256 * 1024 * 4 * 20
+
+
+def test_the_cell_says_what_the_npu_stores(flash: Plan) -> None:
+    """The ``dsv4`` plugin's cell rewritten by kvpools-ascend's wrapper: SWA / c4 / c128 rows of 1024 B per layer
+    (PA_ND bf16) where CUDA packs 584, the c4 indexer 132 + 128 + 2 B per layer; SGLang's coefficient kept."""
+    parts = {part.name: part.bytes_per_token for part in flash.cell.parts}
+    assert parts["swa_kv"] == 1024 * 43 and parts["c4_kv"] == 1024 * 21 and parts["c128_kv"] == 1024 * 20
+    assert parts["c4_indexer"] == (132 + 128 + 2) * 21
+    assert flash.cell.sglang_bytes_per_token == pytest.approx(7705.45)
+    assert any("PA_ND bf16" in note for note in flash.cell.notes)
+    assert flash.provenance["estimate_cell_size"] == ("dsv4", "ascend")
+
+
+def test_the_plan_round_trips_with_its_compression_pages(flash: Plan) -> None:
+    again = Plan.from_json(flash.to_json())
+    assert again.compression_pages == flash.compression_pages == {"c128": 16}
+    assert again.sizing == flash.sizing
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    gib=st.integers(min_value=6, max_value=120),
+    c128_page=st.sampled_from(["16", "32", "64"]),
+    soc=st.sampled_from(["a2", "arch35"]),
+)
+def test_the_exact_plan_is_the_most_that_fits(gib: int, c128_page: str, soc: str) -> None:
+    """Invariant of the exact accounting: the plan fits the budget, one more page of full tokens would not (the
+    sub-pools and requests re-derived as SGLang derives them), and a meta build allocates what it plans."""
+    from kvpools_ascend.dsv4 import npu_configurator, npu_dsv4_pool_bytes
+
+    serving = attrs.evolve(FLASH, plugin_options={"ascend.soc": soc, "ascend.c128_page_size": c128_page})
+    result = _plan(serving, memory=f"{gib}GiB")
+    budget = result.budget.budget_bytes
+    assert result.planned_bytes <= budget
+    cfg = npu_configurator(result.model, result.serving)
+    sizes = cfg.sizes(result.max_total_num_tokens + 128)
+    context = result.model.context_len
+    from kvpools_core.parts.sizing import resolve_max_num_reqs
+
+    requests = resolve_max_num_reqs(sizes["full_max_total_num_tokens"], context, result.serving).max_running_requests
+    assert npu_dsv4_pool_bytes(result.model, result.serving, cfg.finalize(sizes, requests), requests, context) > budget
+    assert build(result, "meta").allocated_bytes == result.planned_bytes
