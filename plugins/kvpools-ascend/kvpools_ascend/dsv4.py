@@ -98,6 +98,8 @@ __all__ = [
 ]
 
 DSV4_ARCHITECTURE = "dsv4"
+SGLANG_ACCOUNTINGS = ("exact", "sglang")
+"""The accountings that plan SGLang's server (vLLM's and TensorRT-LLM's keep their engines' own pools)."""
 OWNER = "ascend"
 C128_PAGE_OPTION = "ascend.c128_page_size"
 """SGLang's ``--c128-page-size`` (``arg_groups/fields/schedule.py``: default 16, "a positive multiple of 16")."""
@@ -679,7 +681,9 @@ def npu_dsv4_cell(cell: CellSize, model: ModelSpec, serving: Serving) -> CellSiz
 
 @hookimpl(specname="validate")
 def validate_dsv4(model: ModelSpec, serving: Serving) -> list[str] | None:
-    return npu_dsv4_problems(model, serving) if on_npu_dsv4(model, serving) else None
+    if not on_npu_dsv4(model, serving) or serving.accounting not in SGLANG_ACCOUNTINGS:
+        return None
+    return npu_dsv4_problems(model, serving)
 
 
 @hookimpl(specname="plugin_options")
@@ -693,7 +697,7 @@ def dsv4_plugin_options() -> dict[str, str]:
 @hookimpl(specname="estimate_cell_size", wrapper=True)
 def estimate_dsv4_cell(model: ModelSpec, serving: Serving) -> Generator[None, CellSize | None, CellSize | None]:
     cell = yield
-    if cell is None or not on_npu_dsv4(model, serving):
+    if cell is None or not on_npu_dsv4(model, serving) or serving.accounting not in SGLANG_ACCOUNTINGS:
         return cell
     return npu_dsv4_cell(cell, model, serving)
 
@@ -701,7 +705,7 @@ def estimate_dsv4_cell(model: ModelSpec, serving: Serving) -> Generator[None, Ce
 @hookimpl(specname="size_pools", tryfirst=True)
 def size_dsv4_npu_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing | None:
     """SGLang's NPU configurator counts (``--accounting sglang``) or the exact solve over the NPU buffers."""
-    if not on_npu_dsv4(model, serving) or serving.accounting not in ("exact", "sglang"):
+    if not on_npu_dsv4(model, serving) or serving.accounting not in SGLANG_ACCOUNTINGS:
         return None
     return size_npu_dsv4(model, serving, cell, budget)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvpools_ascend.dsv4 import on_npu_dsv4
+from kvpools_ascend.dsv4 import SGLANG_ACCOUNTINGS, on_npu_dsv4
 from kvpools_core import hookimpl
 from kvpools_core.values import Plan
 
@@ -15,7 +15,7 @@ __all__ = ["build_dsv4_npu_allocator", "build_dsv4_npu_pool", "build_dsv4_npu_re
 
 
 def _plan_on_npu_dsv4(plan: Plan) -> bool:
-    return on_npu_dsv4(plan.model, plan.serving) and plan.serving.accounting in ("exact", "sglang")
+    return on_npu_dsv4(plan.model, plan.serving) and plan.serving.accounting in SGLANG_ACCOUNTINGS
 
 
 @hookimpl(specname="build_pool", tryfirst=True)
