@@ -15,13 +15,9 @@ import sys
 # Hooks of the plugin's other modules are attributes of this module, which is what the entry point registers.
 from kvpools_ascend.allocator import *  # noqa: F403
 from kvpools_ascend.dsa import *  # noqa: F403
-from kvpools_ascend.dsv4 import (  # the DeepSeek-V4 hooks (dsv4.py's __all__ names its planning helpers)
-    dsv4_plugin_options,  # noqa: F401
-    estimate_dsv4_cell,  # noqa: F401
-    size_dsv4_npu_pools,  # noqa: F401
-    validate_dsv4,  # noqa: F401
-)
 from kvpools_ascend.dsv4_build import *  # noqa: F403
+from kvpools_ascend.dsv4_checks import dsv4_plugin_options, estimate_dsv4_cell, validate_dsv4  # noqa: F401
+from kvpools_ascend.dsv4_sizing import size_dsv4_npu_pools  # noqa: F401
 from kvpools_ascend.layout_hooks import *  # noqa: F403
 from kvpools_ascend.names import DEVICE_TYPE, PLATFORM, RUNTIME
 from kvpools_core import hookimpl

@@ -287,7 +287,8 @@ def test_the_plan_round_trips_with_its_compression_pages(flash: Plan) -> None:
 def test_the_exact_plan_is_the_most_that_fits(gib: int, c128_page: str, soc: str) -> None:
     """Invariant of the exact accounting: the plan fits the budget, one more page of full tokens would not (the
     sub-pools and requests re-derived as SGLang derives them), and a meta build allocates what it plans."""
-    from kvpools_ascend.dsv4 import npu_configurator, npu_dsv4_pool_bytes
+    from kvpools_ascend.dsv4 import npu_dsv4_pool_bytes
+    from kvpools_ascend.dsv4_sizing import npu_configurator
 
     serving = attrs.evolve(FLASH, plugin_options={"ascend.soc": soc, "ascend.c128_page_size": c128_page})
     result = _plan(serving, memory=f"{gib}GiB")

@@ -3,8 +3,8 @@
 SGLang 0.5.23's ``DSV4PoolConfigurator`` on an NPU charges the 584 B row unpadded (``_get_paged_kv_bytes_per_token``:
 ``if self._unified or _is_npu or ...: return self.kv_bytes``), which is ``reference/002``'s arithmetic (it has no page
 pad on any platform), at the NPU's page 128.  So the oracle, which runs ``002_*.txt`` itself, gives the NPU's
-``MemoryPoolConfig``: kvpools-ascend's :class:`~kvpools_ascend.dsv4.NPUConfigurator` must agree on every field and
-the bytes per full token (``tests/dsv4/support.compare_dsv4``).  Skips without the oracle.
+``MemoryPoolConfig``: kvpools-ascend's :class:`~kvpools_ascend.dsv4_sizing.NPUConfigurator` must agree on every field
+and the bytes per full token (``tests/dsv4/support.compare_dsv4``).  Skips without the oracle.
 """
 
 from __future__ import annotations
