@@ -49,7 +49,8 @@ def capacity_summary(report: CapacityReport) -> dict[str, Any]:
 
     Counts and answers are per DP-attention worker (``dp_workers`` of them); ``flags`` are SGLang's totals;
     ``windows`` the worst-case window terms the windowed token spaces were answered with (``Plan.windows``),
-    ``compression`` the full tokens per slot of each compressed token space (``Plan.compression``).
+    ``compression`` the full tokens per slot of each compressed token space (``Plan.compression``),
+    ``compression_pages`` the allocator page of those with one (``Plan.compression_pages``).
     """
     plan = report.plan
     return {
@@ -59,6 +60,7 @@ def capacity_summary(report: CapacityReport) -> dict[str, Any]:
         "counts": plan.counts,
         "windows": [{**to_dict(window), "per_request": window.per_request} for window in plan.windows],
         "compression": dict(report.limits.compressed),
+        "compression_pages": dict(report.limits.compressed_pages),
         "context_length": report.limits.context_len,
         "ladder": [answer.to_dict() for answer in report.ladder],
         "max_context": {
@@ -83,7 +85,8 @@ def _limits_line(limits: Limits, dp: int) -> str:
             )
         ratio = limits.compressed.get(space)
         if ratio is not None:
-            text += f" (1 per {ratio} full tokens)"
+            own = limits.compressed_pages.get(space)
+            text += f" (1 per {ratio} full tokens" + (f", in pages of {own} of its own)" if own else ")")
         parts.append(text)
     if limits.slots_per_request:
         parts.append(f"state slots {limits.state_slots:,} ({limits.slots_per_request} per request)")

@@ -33,7 +33,10 @@ serving options — no plugin is named:
   ``ceil(L / page) * page / r`` of its slots: page rounding is in full pages
   (``r`` divides the page).  With the space counting ``full / r`` slots (the
   dsv4 plugin's) its limit equals the full limit, and the full tokens are
-  named on the tie.
+  named on the tie.  A compressed space with a paged allocator of its own
+  (``Plan.compression_pages``: SGLang's NPU DeepSeek-V4 c128 pool, page
+  ``c128_page_size``) holds ``ceil((L // r) / p) * p`` of its slots instead
+  (``seq_len // r`` compressed slots in pages of ``p``), and none below ``r``.
 * **state slots** — ``state_slots // state_slots_per_request``, the slots a
   running request may hold at its peak as the sizing plugin recorded them
   (``PoolSizing.state_slots_per_request``; the mamba plugin's SGLang
@@ -147,13 +150,26 @@ class Limits:
     """The worst-case window terms of each windowed token space, as the plan records them."""
     compressed: Mapping[str, int] = attrs.field(factory=dict, converter=frozen_mapping)
     """Full tokens per slot of each compressed token space (``Plan.compression``)."""
+    compressed_pages: Mapping[str, int] = attrs.field(factory=dict, converter=frozen_mapping)
+    """The allocator page of each compressed space that has one (``Plan.compression_pages``)."""
     state_slots: int
     slots_per_request: int
     request_cap: int
 
     def space_page(self, space: str) -> int:
-        """Slots of ``space`` one full page holds: the page, or ``page / ratio`` of a compressed space."""
+        """Slots of ``space`` one full page holds: the page, or ``page / ratio`` of a compressed space (its own
+        allocator's page where it has one)."""
+        if space in self.compressed_pages:
+            return self.compressed_pages[space]
         return self.page_size // self.compressed.get(space, 1)
+
+    def compressed_held(self, space: str, context_len: int, held: int) -> int:
+        """Slots of compressed ``space`` a request of ``context_len`` tokens (``held`` full slots) holds."""
+        ratio = self.compressed[space]
+        page = self.compressed_pages.get(space)
+        if page is None:
+            return held // ratio
+        return -(-(context_len // ratio) // page) * page
 
     def scaled(self, keep: float) -> Limits:
         """The same limits with only ``keep`` of every pool usable (tokens page aligned, slots floored).
@@ -302,6 +318,7 @@ def limits_of(plan: Plan) -> Limits:
         tokens=tokens,
         windowed=windowed,
         compressed=compressed,
+        compressed_pages={space: page for space, page in plan.compression_pages.items() if space in compressed},
         state_slots=state_slots,
         slots_per_request=state_slots_per_request(plan) if state_slots else 0,
         request_cap=plan.max_running_requests,
@@ -334,8 +351,9 @@ def _concurrency(limits: Limits, context_len: int) -> Capacity:
         window = limits.windowed.get(space)
         ratio = limits.compressed.get(space)
         if ratio is not None:  # slot s // ratio of each full slot: whole full pages, compressed
-            per_request[space] = held // ratio
-            by_limit[token_limit(space)] = count // per_request[space]
+            per_request[space] = limits.compressed_held(space, context_len, held)
+            if per_request[space]:  # a paged space holds nothing below its ratio
+                by_limit[token_limit(space)] = count // per_request[space]
         elif window is None or held <= window.per_request:
             per_request[space] = held
             by_limit[token_limit(space)] = count // held
@@ -427,6 +445,9 @@ def _max_context(limits: Limits, requests: int) -> ContextAnswer:
         # n requests of L fit while n * ceil(L / page) * page <= count, i.e. L <= page_floor(count // n);
         # a compressed space holds 1 / ratio of that: L <= page_floor(count // n * ratio)
         largest = count // requests * limits.compressed.get(space, 1) // page * page
+        if space in limits.compressed_pages:  # whole pages of its own: seq // ratio slots fill them
+            own = limits.compressed_pages[space]
+            largest = ((count // requests // own * own + 1) * limits.compressed[space] - 1) // page * page
         window = limits.windowed.get(space)
         if window is not None:
             # within the worst case a request holds its own pages; past it (where fewer fit: the prefill

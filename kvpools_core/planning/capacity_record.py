@@ -161,6 +161,12 @@ def _stage_record(plan: Plan, context_len: int) -> dict[str, Any]:
     """The fields every rank of ``plan``'s stage shares."""
     serving, model = plan.serving, plan.model
     limits = limits_of(plan)
+    if limits.compressed_pages:
+        raise UnsupportedCombinationError(
+            f"kvpools does not model the capacity record of a compressed token space with a page allocator of its "
+            f"own yet ({sorted(limits.compressed_pages)} of {model.name}: SGLang's NPU DeepSeek-V4 c128 pool, whose "
+            f"pages are not the full space's block ids). `kvpools capacity` answers its limits."
+        )
     answer = concurrency(plan, context_len)
     groups = _groups(limits, answer)
     page = serving.page_size

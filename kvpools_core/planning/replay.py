@@ -451,6 +451,13 @@ class _Pages:
                 f"optionally with an SWA pool and compressed spaces (Plan.compression) beside it (a model whose "
                 f"every layer slides is not modelled)."
             )
+        paged = sorted(space for space in self.compression if space in plan.compression_pages)
+        if paged:
+            raise ConfigError(
+                f"replay: the compressed token spaces {paged} of {plan.model.name} have page allocators of their own "
+                f"(Plan.compression_pages: SGLang's NPU DeepSeek-V4 c128 pool), which the replay does not model yet; "
+                f"`kvpools capacity` answers their worst case."
+            )
         uneven = sorted(space for space, ratio in self.compression.items() if page % ratio)
         if uneven:
             raise ConfigError(

@@ -380,6 +380,13 @@ class PoolSizing:
     ``"c4"`` 4 and ``"c128"`` 128, SGLang's ``full slot // compress_ratio``).
     A token space other than ``"full"`` that is neither windowed nor
     compressed is one readers cannot say a request's holding of.
+    ``compression_pages`` gives, for a compressed space that has a paged
+    allocator of its own (SGLang's NPU DeepSeek-V4 c128 pool:
+    ``NPUPagedTokenToKVPoolAllocator(c128_size, page_size=c128_page_size)``),
+    its page ``p`` in slots of the space: a request of ``L`` tokens then
+    holds ``ceil((L // r) / p)`` pages, ``p`` slots each, of it (the engine
+    allocates ``seq_len // r - prefix_len // r`` slots per extend); a space
+    not named there is slot-for-slot as above.
     """
 
     max_total_num_tokens: int = attrs.field(validator=non_negative)
@@ -396,6 +403,7 @@ class PoolSizing:
     state_slots_per_request: int = attrs.field(default=0, validator=non_negative)
     windows: tuple[TokenWindow, ...] = attrs.field(default=(), converter=_window_tuple)
     compression: Mapping[str, int] = attrs.field(factory=dict, converter=frozen_mapping)
+    compression_pages: Mapping[str, int] = attrs.field(factory=dict, converter=frozen_mapping)
     arenas: tuple[Arena, ...] = attrs.field(default=(), converter=_arena_tuple)
     """The arenas pools are carved from (:class:`Arena`; ``PoolSpec.arena`` names one); empty without any."""
 
@@ -409,6 +417,15 @@ class PoolSizing:
                 raise InvalidValueError(
                     f"PoolSizing.compression: token space {space!r} must be counted (token_counts has "
                     f"{sorted(self.token_counts)}), not {FULL_TOKENS!r} and not windowed."
+                )
+
+    @compression_pages.validator
+    def _check_compression_pages(self, _attribute: attrs.Attribute[Any], pages: Mapping[str, int]) -> None:
+        for space, page in pages.items():
+            if isinstance(page, bool) or not isinstance(page, int) or page < 1 or space not in self.compression:
+                raise InvalidValueError(
+                    f"PoolSizing.compression_pages[{space!r}] must be a positive integer page of a compressed token "
+                    f"space (compression has {sorted(self.compression)}), got {page!r}."
                 )
 
     @windows.validator
@@ -719,6 +736,11 @@ class Plan:
     def compression(self) -> Mapping[str, int]:
         """Full tokens per token of each compressed token space (:attr:`PoolSizing.compression`)."""
         return self.sizing.compression
+
+    @property
+    def compression_pages(self) -> Mapping[str, int]:
+        """The allocator page of each compressed token space that has one (:attr:`PoolSizing.compression_pages`)."""
+        return self.sizing.compression_pages
 
     def pool(self, name: str) -> PoolSpec:
         for pool in self.pools:

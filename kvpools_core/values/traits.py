@@ -193,6 +193,15 @@ def _str_values(instance: Any, attribute: attrs.Attribute[Any], value: Mapping[s
         raise InvalidValueError(f"{_flag(instance, attribute)} maps keys to layout names (strings), got {bad!r}.")
 
 
+def _planned_keys(instance: Any, attribute: attrs.Attribute[Any], value: frozenset[str]) -> None:
+    missing = sorted(value - set(instance.pool_layouts))
+    if missing:
+        raise InvalidValueError(
+            f"{_flag(instance, attribute)} names {missing!r}, which pool_layouts does not map: a platform plans only "
+            f"a layout it selects. Add the key to pool_layouts or drop it."
+        )
+
+
 def _capability(value: Any) -> tuple[int, int] | None:
     """``(major, minor)`` of non-negative ints (a list from JSON too), or ``None``."""
     if value is None:
@@ -252,6 +261,11 @@ class PlatformTraits:
       tokens, for an attention backend's workspace it allocates after sizing the KV pool: ROCm's AITER backend,
       ``x 0.85`` above 8192 tokens (``_handle_attention_backend_compatibility``,
       ``srt/arg_groups/attention_hook.py`` lines 243-269 of SGLang 0.5.23).  ``1.0``: no such factor.
+    * ``platform_planned_layouts``: the keys of ``pool_layouts`` whose layout the platform plugin plans and builds
+      itself (it answers ``size_pools``, ``build_pool`` and ``build_allocator`` for that architecture first,
+      ``tryfirst``): the architecture plugin then does not refuse the layout name, nor apply the checks that are
+      about its own pools, and refuses to size or build the layout itself (the platform plugin must have
+      answered).  Ascend's ``{"dsv4"}``: SGLang's NPU DeepSeek-V4 pools, kvpools-ascend's own.
     """
 
     platform: str
@@ -265,6 +279,9 @@ class PlatformTraits:
     pool_layouts: Mapping[str, str] = attrs.field(factory=dict, converter=frozen_mapping, validator=_str_values)
     mem_fraction_scale: float = attrs.field(default=1.0, validator=_scale)
     mem_fraction_scale_above: int = attrs.field(default=8192, validator=positive)
+    platform_planned_layouts: frozenset[str] = attrs.field(
+        default=frozenset(), converter=_frozen_strs, validator=_planned_keys
+    )
     compute_capability: tuple[int, int] | None = attrs.field(default=None, converter=_capability)
     """The planned device's compute capability, where the plan knows the device (a catalogue ``--gpu`` with one,
     :attr:`GPU.compute_capability`; the pipeline keeps it across the platform plugin's answer); ``None``: unknown

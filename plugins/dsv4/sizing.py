@@ -37,7 +37,7 @@ from typing import Any
 
 import attrs
 
-from kvpools_core.errors import InsufficientMemoryError
+from kvpools_core.errors import InsufficientMemoryError, UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.sizing import (
@@ -70,7 +70,7 @@ from .layouts import auto_layout_note, uniform_fp8
 from .speculative import online_mtp_draft_tokens
 from .swa_req_ring import ring_capacity, ring_notes
 from .trtllm import backend_notes
-from .unified import platform_pool_layout, unified_notes, unified_problems
+from .unified import platform_plans_layout, platform_pool_layout, unified_notes, unified_problems
 
 OWNER = "dsv4"
 SWA_TOKENS, C4_TOKENS, C128_TOKENS = "swa", "c4", "c128"
@@ -420,7 +420,16 @@ def bytes_per_full_token_note(shape: DSV4Shape) -> str:
 
 
 def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: Budget) -> PoolSizing:
-    """The ``size_pools`` answer for DeepSeek-V4 (both accounting modes)."""
+    """The ``size_pools`` answer for DeepSeek-V4 (both accounting modes).
+
+    A layout the platform plugin plans itself (``PlatformTraits.platform_planned_layouts``) is that plugin's to
+    size (``size_pools``, ``tryfirst``): reaching here, no plugin did, and its pools are not this module's."""
+    if platform_plans_layout(serving):
+        raise UnsupportedCombinationError(
+            f"The {serving.platform} platform plans its own DeepSeek-V4 pools (PlatformTraits."
+            f"platform_planned_layouts), but no plugin of that platform sized them (size_pools): install or enable "
+            f"the {serving.platform} platform plugin that declares them, or plan for another platform."
+        )
     shape = dsv4_shape(model, serving)
     page = serving.page_size
     notes: list[str] = []

@@ -26,7 +26,7 @@ from typing import Any
 from kvpools_core.parts.sizing import req_to_token_rows
 from kvpools_core.values import Plan, Serving
 
-from .unified import SEPARATE, dsv4_layout, swa_ring_size
+from .unified import UNIFIED_BF16, UNIFIED_FP8, dsv4_layout, swa_ring_size
 
 __all__ = ["RING_COST", "RING_TOTAL", "ring_allocator", "ring_capacity", "ring_notes"]
 
@@ -36,8 +36,9 @@ RING_TOTAL = "swa_ring_max_total_num_tokens"
 
 def ring_capacity(serving: Serving, window: int, max_running_requests: int) -> dict[str, int]:
     """The configured SWA capacity of a ring-mode target: ``{swa_ring_cost_tokens, swa_ring_max_total_num_tokens}``
-    (empty on the separate-KV layout, whose SWA rows are paged)."""
-    if dsv4_layout(serving) == SEPARATE:
+    (empty on the separate-KV layout, whose SWA rows are paged, and on a platform's own layout: Ascend's NPU pool
+    pages its SWA rows too, ``DSV4NPUTokenToKVPool`` builds no unified ring)."""
+    if dsv4_layout(serving) not in (UNIFIED_BF16, UNIFIED_FP8):
         return {}
     page = serving.page_size
     cost = -(-swa_ring_size(window, serving) // page) * page

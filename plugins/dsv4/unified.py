@@ -47,6 +47,7 @@ __all__ = [
     "UnifiedGeometry",
     "compressed_name",
     "dsv4_layout",
+    "platform_plans_layout",
     "platform_pool_layout",
     "ring_name",
     "swa_ring_size",
@@ -90,6 +91,12 @@ def platform_pool_layout(serving: Serving) -> str | None:
     a platform with a pool class of its own is refused by name instead (:func:`unified_problems`)."""
     layout = dsv4_layout(serving)
     return None if layout in LAYOUTS else layout
+
+
+def platform_plans_layout(serving: Serving) -> bool:
+    """Whether the platform plugin plans and builds its DeepSeek-V4 layout itself
+    (``PlatformTraits.platform_planned_layouts``): this plugin then neither refuses the name nor sizes it."""
+    return LAYOUT_KEY in serving.traits.platform_planned_layouts
 
 
 def swa_ring_size(window: int, serving: Serving) -> int:
@@ -194,8 +201,10 @@ def unified_problems(serving: Serving) -> list[str]:
         return []
     o = option
     if layout not in LAYOUTS:
-        if serving.accounting != "exact":
-            return []  # SGLang's configurator (ref-002) sizes the same counts whatever pool class is built
+        if serving.accounting != "exact" or platform_plans_layout(serving):
+            # SGLang's configurator (ref-002) sizes the same counts whatever pool class is built; a platform that
+            # plans its own layout answers size_pools / build_pool for it (PlatformTraits.platform_planned_layouts)
+            return []
         return [
             f"The {serving.platform} platform selects DeepSeek-V4 pool layout {layout!r} "
             f"(PlatformTraits.pool_layouts), which kvpools does not model yet: the exact accounting charges the "

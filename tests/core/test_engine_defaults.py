@@ -24,7 +24,7 @@ import attrs
 import pytest
 
 from kvpools_core import Registry, Serving, hookimpl, plan
-from kvpools_core.errors import PluginResultError, UnsupportedCombinationError
+from kvpools_core.errors import PluginResultError
 from kvpools_core.models import load_model
 from kvpools_core.pipeline.engine_defaults import apply_engine_defaults
 from kvpools_core.registry import get_registry
@@ -213,15 +213,12 @@ def test_ascend_pages_every_model_by_128_and_wins_over_the_architecture() -> Non
 
 
 def test_dsv4_exact_on_ascend_is_not_told_to_take_a_page_ascend_refuses() -> None:
-    """Ascend's default page 128 meets the exact accounting's CUDA-pool refusal: the advice was "Use --page-size
-    256", which Ascend's every-model rule refuses in turn; it now points at ``--accounting sglang`` alone."""
-    with pytest.raises(UnsupportedCombinationError) as refused:
-        plan("deepseek-v4-flash", Serving(platform="ascend", tp_size=4), memory=60 * GiB)
-    # issue 33: not the CUDA pool's page assert (SGLang skips it on NPU) but the NPU pool layout kvpools-ascend
-    # declares (PlatformTraits.pool_layouts), which the dsv4 plugin does not model yet
-    assert "selects DeepSeek-V4 pool layout 'npu_pa_nd'" in str(refused.value)
-    assert "accounting sglang for the configurator's numbers" in str(refused.value)
-    assert "Use page_size 256" not in str(refused.value) and "page_size must be 256" not in str(refused.value)
+    """Ascend's default page 128 once met the exact accounting's CUDA-pool refusal ("Use --page-size 256", which
+    Ascend's every-model rule refuses in turn); issue 33: kvpools-ascend plans SGLang's NPU DeepSeek-V4 pools
+    itself (``platform_planned_layouts``), at page 128, with no CUDA page assert (SGLang skips it on NPU)."""
+    result = plan("deepseek-v4-flash", Serving(platform="ascend", tp_size=4), memory=60 * GiB)
+    assert result.serving.page_size == 128 and result.provenance["size_pools"] == ("ascend",)
+    assert not any("page_size must be 256" in note for note in _notes(result))
 
 
 def test_models_without_an_engine_default_keep_the_generic_ones() -> None:

@@ -15,6 +15,9 @@ import sys
 # Hooks of the plugin's other modules are attributes of this module, which is what the entry point registers.
 from kvpools_ascend.allocator import *  # noqa: F403
 from kvpools_ascend.dsa import *  # noqa: F403
+from kvpools_ascend.dsv4_build import *  # noqa: F403
+from kvpools_ascend.dsv4_checks import dsv4_plugin_options, estimate_dsv4_cell, validate_dsv4  # noqa: F401
+from kvpools_ascend.dsv4_sizing import size_dsv4_npu_pools  # noqa: F401
 from kvpools_ascend.layout_hooks import *  # noqa: F403
 from kvpools_ascend.names import DEVICE_TYPE, PLATFORM, RUNTIME
 from kvpools_core import hookimpl
@@ -31,8 +34,8 @@ DSV4_NPU_LAYOUT = "npu_pa_nd"
 """SGLang's DeepSeek-V4 pools on an NPU: ``DSV4NPUTokenToKVPool`` (PA_ND buffers at the kernels' page sizes and a
 ``c128_page_size`` of their own), ``DSV4NPUTokenToKVPoolAllocator`` and ``DSV4NPUReqToTokenPool`` /
 ``DSV4NPUDecodeReqToTokenPool`` (``hardware_backend/npu/dsv4/``; ref-000 lines 1112-1118, 1194-1200, 1365-1375,
-2066-2071), which the ``dsv4`` plugin does not plan: it refuses the exact accounting by this name, and
-``--accounting sglang`` gives SGLang's configurator numbers, which the NPU path shares."""
+2066-2071).  This plugin plans and builds them itself (``platform_planned_layouts``, :mod:`kvpools_ascend.dsv4`):
+the ``dsv4`` plugin's configurator counts, over the NPU buffers."""
 
 TRAITS = PlatformTraits(
     platform=PLATFORM,
@@ -46,6 +49,7 @@ TRAITS = PlatformTraits(
     ),
     slot_index_dtype="int32",
     pool_layouts={DSV4_KEY: DSV4_NPU_LAYOUT},
+    platform_planned_layouts=frozenset({DSV4_KEY}),
     memory_tiers=(
         MemoryTier(max_mib=32 * 1024, chunked_prefill_size=4096, decode_max_bs=16, decode_max_bs_at_tp4=64),
         MemoryTier(max_mib=64 * 1024, chunked_prefill_size=8192, decode_max_bs=64, decode_max_bs_at_tp4=256),
@@ -57,7 +61,8 @@ attention backend, with that warning), and int32 slot indices (``NPUPagedTokenTo
 tiers (``set_default_server_args``, ``srt/hardware_backend/npu/utils.py`` lines 103-160 of SGLang 0.5.23):
 at most 32 GiB ``chunked_prefill_size`` 4096 and decode ``max_bs`` 16 (64 at TP >= 4), at most 64 GiB 8192 and
 64 (256); larger NPUs take the GPU tiers.  No breakable prefill graph (CUDA only).  DeepSeek-V4's pools are
-SGLang's NPU classes (:data:`DSV4_NPU_LAYOUT`, ``pool_layouts``)."""
+SGLang's NPU classes (:data:`DSV4_NPU_LAYOUT`, ``pool_layouts``), which this plugin plans and builds
+(``platform_planned_layouts``)."""
 
 ACCELERATORS: tuple[GPU, ...] = (
     GPU(
