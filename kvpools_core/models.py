@@ -28,10 +28,10 @@ def resolve_model_source(model: str, registry: Registry) -> tuple[dict[str, Any]
     if model in presets:
         path = Path(presets[model][1])
         return read_config_file(path), f"preset:{model}", model
-    path = Path(model).expanduser()
     try:
+        path = Path(model).expanduser()  # "~user" of no such user: RuntimeError
         is_dir, is_file = path.is_dir(), path.is_file()
-    except (OSError, ValueError) as exc:  # a name the file system refuses (too long, a NUL byte): no path
+    except (OSError, ValueError, RuntimeError) as exc:  # a name the file system refuses (too long, a NUL byte): no path
         raise ConfigError(
             f"Unknown model {short_repr(model)}: it is not a preset, and not a path this system can open "
             f"({getattr(exc, 'strerror', None) or exc}). Pass a preset name (kvpools presets), a config.json "

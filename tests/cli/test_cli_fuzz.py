@@ -76,6 +76,7 @@ def test_free_and_weights_memory(size: str) -> None:
 @FUZZ
 @given(model=st.one_of(ARGV_TEXT, st.integers(200, 5000).map(lambda n: "m" * n), st.just("/" * 300)))
 @example(model="a" * 256)
+@example(model="~no-such-user-of-kvpools")  # expanduser raises RuntimeError: a kvpools error, not a bug
 def test_model_name(model: str) -> None:
     assert_kvpools_answer(invoke("plan", model, "--memory", "10GiB"))
 
