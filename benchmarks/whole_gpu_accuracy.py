@@ -60,7 +60,7 @@ from kvpools_core.models import load_model, served_model
 from kvpools_core.pipeline.gpus import custom_gpu, find_gpu, sglang_chunked_prefill_size, sglang_memory_defaults
 from kvpools_core.pipeline.sglang_profile import load_sglang_profile
 from kvpools_core.registry import Registry, get_registry
-from kvpools_core.values import GPU, Serving
+from kvpools_core.values import GPU, Serving, is_unset
 
 GiB = 1 << 30
 ROOT = Path(__file__).resolve().parent.parent
@@ -241,12 +241,11 @@ def sglang_gpu(log: StartupLog, registry: Registry) -> GPU:
 
 
 def sglang_serving(log: StartupLog, gpu: GPU, registry: Registry, **options: Any) -> Serving:
-    """The record's SGLang serving: its flags, and where the log states no ``chunked_prefill_size``, SGLang's
-    default for the GPU (``sglang_chunked_prefill_size``: the tier ``memory_hook.py`` lines 89-170 pick, as the CLI
-    does for ``--gpu``), which the default ``mem_fraction_static`` reserves activations for."""
-    chunk = log.flag("chunked_prefill_size") or sglang_chunked_prefill_size(
-        gpu.total_mib, gpu.platform, registry=registry
-    )
+    """The record's SGLang serving: its flags; a ``chunked_prefill_size`` the log does not state is left unset,
+    which ``kvpools_core.plan`` on the GPU resolves to SGLang's default for its memory (the tier
+    ``memory_hook.py`` lines 89-178 pick, as ``kvpools plan --gpu`` does), which the default
+    ``mem_fraction_static`` reserves activations for."""
+    chunk = log.flag("chunked_prefill_size")
     return Serving(
         accounting="sglang",
         platform=gpu.platform,
@@ -254,8 +253,9 @@ def sglang_serving(log: StartupLog, gpu: GPU, registry: Registry, **options: Any
         mem_fraction_static=log.flag("mem_fraction_static"),
         kv_cache_dtype=log.flag("kv_cache_dtype", "auto"),
         quantization=log.flag("quantization") or log.checkpoint_quantization,
-        chunked_prefill_size=chunk,
+        **({} if chunk is None else {"chunked_prefill_size": chunk}),
         context_length=log.flag("context_length"),
+        disable_cuda_graph=bool(log.flag("disable_cuda_graph", False)),
         **options,
     )
 
@@ -546,6 +546,9 @@ def sglang_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[s
         logged = log.logged
         if gpu is not None and log.kvpools_model is not None and logged.get("default_mem_fraction_static"):
             serving = sglang_serving(log, gpu, registry)
+            if is_unset(serving.chunked_prefill_size):  # as kvpools_core.plan resolves it on the GPU
+                chunk = sglang_chunked_prefill_size(gpu.total_mib, gpu.platform, registry=registry)
+                serving = attrs.evolve(serving, chunked_prefill_size=chunk)
             spec = served_model(load_model(model_ref(log), registry)[0], serving)
             fraction = sglang_memory_defaults(gpu.total_mib, spec, serving, registry=registry).mem_fraction_static
             error = _error(fraction, logged["default_mem_fraction_static"])
