@@ -229,6 +229,7 @@ class PlanBasis:
             if passed:
                 raise ConfigError(f"Pass a resolved budget or {', '.join(passed)}, not both.")
         elif gpu is not None:
+            _check_gpu_chunk(serving, gpu, registry)
             gpu_used = gpu
 
             def stage_budget(rank: int) -> Budget:
@@ -481,6 +482,20 @@ def _gpu_chunk(serving: Serving, gpu: GPU, registry: Registry | None) -> Serving
         return serving
     chunk = sglang_chunked_prefill_size(gpu.total_mib, gpu.platform, registry=registry)
     return attrs.evolve(serving, chunked_prefill_size=chunk)
+
+
+def _check_gpu_chunk(serving: Serving, gpu: GPU, registry: Registry) -> None:
+    """A basis resolved without the GPU keeps the unset chunk's 8192; on a GPU whose SGLang default differs that
+    would plan another server than SGLang starts (the default fraction reserves activations for the chunk)."""
+    if not is_unset(serving.chunked_prefill_size):
+        return
+    chunk = sglang_chunked_prefill_size(gpu.total_mib, gpu.platform, registry=registry)
+    if chunk != serving.chunked_prefill_size:
+        raise ConfigError(
+            f"SGLang's default {option('chunked_prefill_size')} on {gpu.label} is {chunk}, but this plan basis was "
+            f"resolved without the GPU (its unset chunk reads {serving.chunked_prefill_size}): plan with "
+            f"kvpools_core.plan(..., gpu=...), which resolves it, or give {option('chunked_prefill_size')}."
+        )
 
 
 def _gpu_budget(

@@ -314,3 +314,13 @@ def test_disable_cuda_graph_on_a_whole_gpu_plan_and_post_capture() -> None:
     )
     assert post.budget.mem_fraction_static == 0.841
     assert any("--disable-cuda-graph (L1838-1842)" in step for step in post.budget.steps)
+
+
+def test_a_basis_resolved_without_the_gpu_refuses_a_gpu_whose_chunk_differs() -> None:
+    from kvpools_core.pipeline import plan_basis
+
+    basis = plan_basis("llama-3.1-8b", Serving(tp_size=8))
+    with pytest.raises(ConfigError, match=r"default chunked_prefill_size on .* is 16384"):
+        basis.plan(gpu=find_gpu("b200"), weights_memory="4GiB")
+    # an H100's default is the 8192 the unset chunk reads: nothing differs
+    assert plan_basis("llama-3.1-8b", Serving()).plan(gpu=find_gpu("h100"), weights_memory="4GiB").budget.gpu == "h100"
