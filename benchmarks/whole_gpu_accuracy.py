@@ -60,7 +60,7 @@ from kvpools_core.models import load_model, served_model
 from kvpools_core.pipeline.gpus import custom_gpu, find_gpu, sglang_chunked_prefill_size, sglang_memory_defaults
 from kvpools_core.pipeline.sglang_profile import load_sglang_profile
 from kvpools_core.registry import Registry, get_registry
-from kvpools_core.values import GPU, Serving
+from kvpools_core.values import GPU, Serving, is_unset
 
 GiB = 1 << 30
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,17 +125,29 @@ def evaluable(log: StartupLog, registry: Registry) -> str | None:
         return _sglang_evaluable(log, registry)
     if log.logged.get("available_kv_gib") is None and log.logged.get("kv_tokens") is None:
         return "the log states no KV budget or token count"
-    if log.gpu is None:
-        return "the log does not name the GPU"
     try:
-        find_gpu(log.gpu, registry)
-    except KvpoolsError:
-        return f"GPU {log.gpu!r} is not in kvpools' catalogue"
+        vllm_gpu(log, registry)
+    except KvpoolsError as error:
+        return str(error).split(". ")[0]
     if log.flag("gpu_memory_utilization") is None:
         return "the log does not state --gpu-memory-utilization"
     if log.kvpools_model is None:
         return "no kvpools model preset for this checkpoint"
     return None
+
+
+def vllm_gpu(log: StartupLog, registry: Registry) -> GPU:
+    """A vLLM record's GPU: its ``gpu_memory`` flag (a GPU the catalogue lacks: the total **as torch reports it**,
+    ``torch.cuda.mem_get_info()[1]``, which vLLM budgets from, cited in the record's notes), else the catalogue
+    entry the log names."""
+    if log.flag("gpu_memory") is not None:
+        return custom_gpu(log.flag("gpu_memory"), platform=log.flag("platform", "cuda"))
+    if log.gpu is None:
+        raise ConfigError("the log does not name the GPU")
+    try:
+        return find_gpu(log.gpu, registry)
+    except KvpoolsError:
+        raise ConfigError(f"GPU {log.gpu!r} is not in kvpools' catalogue") from None
 
 
 def _weights(log: StartupLog, use_logged: bool, serving: Serving) -> int:
@@ -164,7 +176,7 @@ def _plan(log: StartupLog, available: int, registry: Registry, serving: Serving)
 
 
 def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_weights: bool) -> Prediction | Refusal:
-    gpu = find_gpu(str(log.gpu), registry)
+    gpu = vllm_gpu(log, registry)
     try:
         serving = Serving(
             tp_size=log.flag("tp", 1),
@@ -200,7 +212,8 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
             )
         except KvpoolsError as error:
             return Refusal(str(error).split(". ")[0])
-        total = memory.total.bytes
+        # a stated gpu_memory is torch's total already (no nvidia-smi-to-torch gap to take off)
+        total = gpu.total_bytes if log.flag("gpu_memory") is not None else memory.total.bytes
         terms = {term.name: term.bytes for term in memory.terms}
     budget = available_kv_cache_memory(
         total_memory=total,
@@ -241,12 +254,11 @@ def sglang_gpu(log: StartupLog, registry: Registry) -> GPU:
 
 
 def sglang_serving(log: StartupLog, gpu: GPU, registry: Registry, **options: Any) -> Serving:
-    """The record's SGLang serving: its flags, and where the log states no ``chunked_prefill_size``, SGLang's
-    default for the GPU (``sglang_chunked_prefill_size``: the tier ``memory_hook.py`` lines 89-170 pick, as the CLI
-    does for ``--gpu``), which the default ``mem_fraction_static`` reserves activations for."""
-    chunk = log.flag("chunked_prefill_size") or sglang_chunked_prefill_size(
-        gpu.total_mib, gpu.platform, registry=registry
-    )
+    """The record's SGLang serving: its flags; a ``chunked_prefill_size`` the log does not state is left unset,
+    which ``kvpools_core.plan`` on the GPU resolves to SGLang's default for its memory (the tier
+    ``memory_hook.py`` lines 89-178 pick, as ``kvpools plan --gpu`` does), which the default
+    ``mem_fraction_static`` reserves activations for."""
+    chunk = log.flag("chunked_prefill_size")
     return Serving(
         accounting="sglang",
         platform=gpu.platform,
@@ -254,8 +266,9 @@ def sglang_serving(log: StartupLog, gpu: GPU, registry: Registry, **options: Any
         mem_fraction_static=log.flag("mem_fraction_static"),
         kv_cache_dtype=log.flag("kv_cache_dtype", "auto"),
         quantization=log.flag("quantization") or log.checkpoint_quantization,
-        chunked_prefill_size=chunk,
+        **({} if chunk is None else {"chunked_prefill_size": chunk}),
         context_length=log.flag("context_length"),
+        disable_cuda_graph=bool(log.flag("disable_cuda_graph", False)),
         **options,
     )
 
@@ -289,8 +302,8 @@ def llmd_planner(logs: list[StartupLog], peers_venv: Path | None) -> dict[str, P
     requests = []
     for log in logs:
         config = _full_config(log)
-        if config is None or log.logged.get("weights_gib") is None:
-            continue
+        if config is None or log.logged.get("weights_gib") is None or log.flag("gpu_memory") is not None:
+            continue  # the runner plans its catalogue's 80 GiB H100: not a GPU the catalogue lacks
         requests.append(
             {
                 "id": log.id,
@@ -318,7 +331,8 @@ def llmd_planner(logs: list[StartupLog], peers_venv: Path | None) -> dict[str, P
         answer = answers.get(log.id)
         if answer is None:
             results[log.id] = Refusal(
-                "no full HF config.json for this checkpoint in kvpools' presets, or no logged weights"
+                "no full HF config.json for this checkpoint in kvpools' presets, no logged weights, or a GPU "
+                "other than its 80 GiB H100 (a record's gpu_memory)"
             )
         elif "refused" in answer:
             results[log.id] = Refusal(answer["refused"])
@@ -546,6 +560,9 @@ def sglang_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[s
         logged = log.logged
         if gpu is not None and log.kvpools_model is not None and logged.get("default_mem_fraction_static"):
             serving = sglang_serving(log, gpu, registry)
+            if is_unset(serving.chunked_prefill_size):  # as kvpools_core.plan resolves it on the GPU
+                chunk = sglang_chunked_prefill_size(gpu.total_mib, gpu.platform, registry=registry)
+                serving = attrs.evolve(serving, chunked_prefill_size=chunk)
             spec = served_model(load_model(model_ref(log), registry)[0], serving)
             fraction = sglang_memory_defaults(gpu.total_mib, spec, serving, registry=registry).mem_fraction_static
             error = _error(fraction, logged["default_mem_fraction_static"])

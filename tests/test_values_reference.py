@@ -71,7 +71,9 @@ def _default(field: Any) -> str:
     if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
         return f"`{default.factory.__name__}()`"
     if values.is_unset(default):
-        return f"unset (reads `{default!r}`; `engine_defaults`)"
+        # an engine_defaults option, or one a GPU budget resolves (chunked_prefill_size: SGLang's GPU tier)
+        by = "`engine_defaults`" if field.name in values.ENGINE_DEFAULT_OPTIONS else "a GPU budget's"
+        return f"unset (reads `{default!r}`; {by})"
     return f"`{default!r}`"
 
 

@@ -57,12 +57,14 @@ _HELP = {
     "max_running_requests": "Cap on concurrent requests (split over DP-attention workers).",
     "max_total_tokens": "Cap on KV tokens.",
     "mem_fraction_static": "Static memory fraction (runtime slack = pre-load memory x (1 - this)).",
-    "chunked_prefill_size": "Chunked prefill size.",
+    "chunked_prefill_size": "Chunked prefill size.  [default: SGLang's for the --gpu's memory, else 8192]",
     "post_capture_kv_sizing": "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=1 (--gpu/--gpu-memory only): where SGLang plans "
     "it, the default fraction reserves no graph/activation memory and a Mamba model's slack is at least the "
     "pre-capture activation reserve; the pre-capture pool is planned (an upper bound).",
     "disable_radix_cache": "Radix (prefix) cache off.",
     "disable_overlap_schedule": "Overlap schedule off.",
+    "disable_cuda_graph": "SGLang's --disable-cuda-graph (no decode/prefill graph: its default fraction reserves no "
+    "graph memory).",
     "prefill_only_disable_kv_cache": "Embedding prefill server without a KV cache (SGLang's flag): the no-op MHA pool "
     "keeps SGLang's token count but allocates one placeholder page per layer (plain MHA on CUDA; needs "
     "--disable-radix-cache).",

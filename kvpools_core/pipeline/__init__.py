@@ -28,6 +28,7 @@ from kvpools_core.pipeline.gpus import (
     custom_gpu,
     default_runtime_bytes,
     find_gpu,
+    sglang_chunked_prefill_size,
     sglang_decode_max_bs,
     sglang_memory_defaults,
 )
@@ -88,6 +89,7 @@ from kvpools_core.values import (
     PlatformTraits,
     PoolSizing,
     Serving,
+    is_unset,
 )
 from kvpools_core.values.serving import resolve_adaptive_speculation
 
@@ -143,7 +145,7 @@ def plan(
         gpu, gpu_memory, serving, memory=memory, device=device, free_memory=free_memory, registry=registry
     )
     if chosen_gpu is not None:
-        serving = _gpu_platform(serving, chosen_gpu)
+        serving = _gpu_chunk(_gpu_platform(serving, chosen_gpu), chosen_gpu, registry)
     elif runtime_memory is not None:
         raise ConfigError(f"{option('runtime_memory')} applies to a GPU budget only: pass {option('gpu')} too.")
     host_reserve_flag_check(host_memory, host_reserve, serving)
@@ -227,6 +229,7 @@ class PlanBasis:
             if passed:
                 raise ConfigError(f"Pass a resolved budget or {', '.join(passed)}, not both.")
         elif gpu is not None:
+            _check_gpu_chunk(serving, gpu, registry)
             gpu_used = gpu
 
             def stage_budget(rank: int) -> Budget:
@@ -469,6 +472,30 @@ def _gpu_platform(serving: Serving, gpu: GPU) -> Serving:
         )
     traits = known if gpu.compute_capability is not None else None
     return attrs.evolve(serving, platform=gpu.platform, platform_traits=traits, workspaces=())
+
+
+def _gpu_chunk(serving: Serving, gpu: GPU, registry: Registry | None) -> Serving:
+    """``serving`` with an unset ``chunked_prefill_size`` resolved as SGLang resolves it on ``gpu``
+    (``handle_gpu_memory_settings``: :func:`~kvpools_core.pipeline.gpus.sglang_chunked_prefill_size`), as
+    ``kvpools plan --gpu`` does; a given chunk (even 8192) or ``None`` (chunked prefill off) is kept."""
+    if not is_unset(serving.chunked_prefill_size):
+        return serving
+    chunk = sglang_chunked_prefill_size(gpu.total_mib, gpu.platform, registry=registry)
+    return attrs.evolve(serving, chunked_prefill_size=chunk)
+
+
+def _check_gpu_chunk(serving: Serving, gpu: GPU, registry: Registry) -> None:
+    """A basis resolved without the GPU keeps the unset chunk's 8192; on a GPU whose SGLang default differs that
+    would plan another server than SGLang starts (the default fraction reserves activations for the chunk)."""
+    if not is_unset(serving.chunked_prefill_size):
+        return
+    chunk = sglang_chunked_prefill_size(gpu.total_mib, gpu.platform, registry=registry)
+    if chunk != serving.chunked_prefill_size:
+        raise ConfigError(
+            f"SGLang's default {option('chunked_prefill_size')} on {gpu.label} is {chunk}, but this plan basis was "
+            f"resolved without the GPU (its unset chunk reads {serving.chunked_prefill_size}): plan with "
+            f"kvpools_core.plan(..., gpu=...), which resolves it, or give {option('chunked_prefill_size')}."
+        )
 
 
 def _gpu_budget(

@@ -309,6 +309,7 @@ def prefill_graph_enabled(model: ModelSpec, serving: Serving, *, registry: Regis
             not traits.breakable_prefill_graphs,
             f"platform {serving.platform} (SGLang captures no breakable prefill graph there by default)",
         ),
+        (serving.disable_cuda_graph, "--disable-cuda-graph (cuda_graph_hook.py lines 54-57)"),
         (serving.pp_size > 1, "pipeline parallelism"),
         (serving.dcp_size > 1, "decode context parallelism"),
         (serving.attn_cp_size > 1, "attention context parallelism"),
@@ -334,7 +335,8 @@ def sglang_memory_defaults(
     ``serving.chunked_prefill_size`` is the chunk the server runs with (``None``:
     chunked prefill off, SGLang's ``-1``).  Post-capture KV sizing is off by default
     (``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING``), DeepEP is not modelled (its 2 GiB
-    a2a reserve applies only with ``--moe-a2a-backend deepep``), CUDA graphs are on.
+    a2a reserve applies only with ``--moe-a2a-backend deepep``); ``serving.disable_cuda_graph`` drops the decode and
+    prefill graph terms (DP attention's padding term stays, lines 369-377).
     A multimodal model's vision-tower correction needs the ViT's shape, which a
     kvpools model does not carry: such a model must state ``mem_fraction_static``.
     """
@@ -376,9 +378,12 @@ def sglang_memory_defaults(
     # reserve_for_graph_mb, lines 357-399
     graph = 0.0
     if serving.disaggregation_mode != "prefill":
-        graph += max_bs * 2
-        terms.append(f"decode graph 2 x max_bs {max_bs} = {max_bs * 2} MiB")
-        if serving.enable_dp_attention:
+        if serving.disable_cuda_graph:  # the decode backend is DISABLED: no 2 x max_bs (line 366)
+            terms.append("no decode graph (--disable-cuda-graph)")
+        else:
+            graph += max_bs * 2
+            terms.append(f"decode graph 2 x max_bs {max_bs} = {max_bs * 2} MiB")
+        if serving.enable_dp_attention:  # not gated on the decode backend (lines 369-377)
             dp = serving.attn_dp_size
             extra = max_bs * dp * 3 + (max_bs * dp * 1.5 if max_bs > 300 else 0)
             graph += extra

@@ -62,7 +62,8 @@ def post_capture_planned(model: ModelSpec, serving: Serving, *, registry: Regist
     """``post_capture_kv_sizing_planned`` (``overrides.py`` L1791-1862) for what kvpools models.
 
     Not modelled, so never a reason here: ``--enable-kv-cache-sharding``, ``--enable-memory-saver``, Mooncake's
-    custom pool or EFA (all off by default) and a disabled decode CUDA graph (kvpools plans with graphs on).
+    custom pool or EFA (all off by default).  ``--disable-cuda-graph`` disables the decode graph (L1838-1842) and the
+    prefill graph (L1849).
     """
     traits = model_traits(model, registry)
     mambaish = MAMBAISH_STATE in traits
@@ -81,6 +82,12 @@ def post_capture_planned(model: ModelSpec, serving: Serving, *, registry: Regist
             (not hybrid_swa or mambaish, "unified memory on a model not hybrid-SWA or with a Mamba state (L1831)"),
             (spec in ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "DFLASH"), f"unified memory with {spec} (L1835)"),
         ]
+    reasons.append(
+        (
+            serving.disable_cuda_graph and serving.disaggregation_mode != "prefill",
+            "the decode CUDA graph is disabled: --disable-cuda-graph (L1838-1842)",
+        )
+    )
     if serving.disaggregation_mode != "decode":
         on, off_why = prefill_graph_enabled(model, serving, registry=registry)
         chunk = serving.chunked_prefill_size or 0

@@ -38,7 +38,7 @@ from kvpools_core.parts.vllm.specs import (
 )
 from kvpools_core.planning.capacity import concurrency
 from kvpools_core.units import format_bytes
-from kvpools_core.values import FULL_TOKENS, STATE_SLOT, TOKEN, Plan, PoolSpec, Serving
+from kvpools_core.values import FULL_TOKENS, STATE_SLOT, TOKEN, Plan, PoolSpec, Serving, is_unset
 
 if TYPE_CHECKING:
     from kvpools_core.engines.trtllm.deployment import TrtllmPlanResult
@@ -381,7 +381,7 @@ def _sglang_gpu_defaults(serving: Serving, gpu: str | GPU | None, gpu_memory: in
     from kvpools_core.pipeline.gpus import custom_gpu, find_gpu, sglang_chunked_prefill_size
 
     chosen = gpu if isinstance(gpu, GpuValue) else find_gpu(gpu) if gpu is not None else custom_gpu(gpu_memory or 0)
-    if serving.chunked_prefill_size is not None:
+    if not is_unset(serving.chunked_prefill_size):  # given (even 8192), or None: chunked prefill off
         return serving
     return attrs.evolve(serving, chunked_prefill_size=sglang_chunked_prefill_size(chosen.total_mib, chosen.platform))
 

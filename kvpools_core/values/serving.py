@@ -402,12 +402,23 @@ class Serving:
     mem_fraction_static: float | None = attrs.field(default=None, validator=attrs.validators.optional(fraction))
     """``None``: SGLang's default, as the budget resolves it (a GPU's ``handle_gpu_memory_settings`` value with
     ``gpu``, else ``DEFAULT_MEM_FRACTION_STATIC`` 0.9); the fraction used is ``Plan.budget.mem_fraction_static``."""
-    chunked_prefill_size: int | None = attrs.field(default=8192, validator=optional_positive)
+    chunked_prefill_size: int | None = attrs.field(default=UnsetInt(8192), validator=optional_positive)
+    """``None``: chunked prefill off (SGLang's ``-1``).  Unset (``Serving()``, no ``--chunked-prefill-size``), it
+    reads as 8192 until a GPU budget resolves SGLang's default for the GPU's memory (``handle_gpu_memory_settings``,
+    ``arg_groups/memory_hook.py`` lines 89-178 of SGLang 0.5.23: 2048 under 20 GiB, 4096 under 60 GiB, 8192 under
+    160 GiB, else 16384; a platform's own memory tiers first), which also moves the default
+    ``mem_fraction_static``; a given value, even 8192, wins (:func:`is_unset`)."""
     post_capture_kv_sizing: bool = False
     """``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=1`` (SGLang 0.5.23, off by default): where SGLang plans it
     (``post_capture_kv_sizing_planned``), a GPU budget's default fraction skips the graph and activation reserve
     and a Mamba model's slack is at least the pre-capture activation reserve
     (:mod:`kvpools_core.pipeline.post_capture`); elsewhere SGLang ignores it and so does the plan (a step says so)."""
+    disable_cuda_graph: bool = False
+    """SGLang's ``--disable-cuda-graph`` (0.5.23: deprecated for ``--cuda-graph-backend-{decode,prefill}=disabled``,
+    which ``resolve_cuda_graph_config`` sets, ``arg_groups/cuda_graph_hook.py`` lines 54-57): no decode and no
+    prefill graph, so a GPU budget's default ``mem_fraction_static`` reserves neither graph term
+    (``reserve_for_graph_mb``, ``memory_hook.py`` lines 357-399: DP attention's padding term stays) and
+    post-capture KV sizing is never planned (``post_capture_kv_sizing_planned``, ``overrides.py`` lines 1838-1852)."""
     disable_radix_cache: bool = False
     disable_overlap_schedule: bool = False
     prefill_only_disable_kv_cache: bool = False

@@ -263,6 +263,11 @@ EVIDENCE: dict[str, Evidence] = {
         ("llama-3.1-8b", "--gpu", "h100", "--weights-memory", "15GiB", "--post-capture-kv-sizing"),
         why="the default fraction without the graph reserve (tests/core/test_post_capture.py)",
     ),
+    "disable_cuda_graph": Changes(
+        ("llama-3.1-8b", "--gpu", "h100", "--weights-memory", "15GiB"),
+        ("llama-3.1-8b", "--gpu", "h100", "--weights-memory", "15GiB", "--disable-cuda-graph"),
+        why="the default fraction without the decode and prefill graph reserves (tests/gpus/test_gpu_budget.py)",
+    ),
     "mamba_skip_decode_lock": Changes(
         (*QWEN35, "--enable-mamba-extra-buffer"), (*QWEN35, "--enable-mamba-extra-buffer", "--mamba-skip-decode-lock")
     ),

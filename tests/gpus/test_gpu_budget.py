@@ -9,6 +9,7 @@ capture sizes)`` or 1536 MiB with an MLA backend for prefill (``reserve_for_grap
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import attrs
@@ -223,3 +224,103 @@ def test_pipeline_stages_hold_their_own_weights() -> None:
         == estimate_weights(config("meta-llama--Meta-Llama-3.1-70B"), Serving(tp_size=2, pp_size=2)).bytes_per_rank
     )
     assert result.sizing.max_total_num_tokens == last.sizing.max_total_num_tokens
+
+
+# Issue 34: the library's unset chunk resolves from the GPU as SGLang's does (``memory_hook.py`` lines 89-178 of
+# SGLang 0.5.23, ``cfg.chunked_prefill_size is None`` -> the GPU's tier), as ``kvpools plan --gpu`` always did.
+# B200 (183359 MiB >= 160 GiB) TP 8, Llama-3.1-8B: chunk 16384, max_bs 512, prefill capture sizes up to 16384: 74;
+# 512 + 1.5 x 16384 + 8/8 x 1024 + 2 x 512 + 8 x 74 = 27728 MiB; (183359 - 27728) / 183359 = 0.8488 -> 0.849.
+# With the chunk kept at 8192 (the old silent default): 512 + 12288 + 1024 + 1024 + 8 x 58 = 15312 MiB;
+# (183359 - 15312) / 183359 = 0.9165 -> 0.916, the mis-plan.
+
+
+def test_the_library_resolves_an_unset_chunk_from_the_gpu() -> None:
+    result = plan("llama-3.1-8b", Serving(tp_size=8), gpu="b200", weights_memory="4GiB")
+    assert result.serving.chunked_prefill_size == 16384
+    assert result.budget.mem_fraction_static == 0.849
+    assert "reserved 27728 MiB" in (result.budget.mem_fraction_source or "")
+    # an L4 (23034 MiB, the < 35 GiB tier): chunk 4096 (the fraction is test_sglang_default_fraction's 0.684)
+    small = plan("llama-3.1-8b", Serving(), gpu="l4", weights_memory="4GiB")
+    assert small.serving.chunked_prefill_size == 4096 and small.budget.mem_fraction_static == 0.684
+    # a custom total takes the same tiers: 200 GiB -> 16384
+    assert plan("llama-3.1-8b", Serving(), gpu_memory="200GiB", weights_memory="4GiB").serving.chunked_prefill_size == (
+        16384
+    )
+
+
+def test_an_explicit_chunk_on_a_gpu_is_kept_even_the_old_default() -> None:
+    given = plan("llama-3.1-8b", Serving(tp_size=8, chunked_prefill_size=8192), gpu="b200", weights_memory="4GiB")
+    assert given.serving.chunked_prefill_size == 8192
+    assert given.budget.mem_fraction_static == 0.916
+    assert "reserved 15312 MiB" in (given.budget.mem_fraction_source or "")
+    off = plan("llama-3.1-8b", Serving(chunked_prefill_size=None), gpu="b200", weights_memory="4GiB")
+    assert off.serving.chunked_prefill_size is None
+    # without a GPU the unset chunk reads as SGLang's 8192 (a --memory plan's SWA/activation terms see 8192)
+    assert plan("llama-3.1-8b", Serving(), memory="20GiB").serving.chunked_prefill_size == 8192
+
+
+def test_the_resolved_chunk_round_trips_through_json_and_serving() -> None:
+    from kvpools_core import Plan
+    from kvpools_core.values import is_unset
+    from kvpools_core.values._fields import to_dict
+
+    assert is_unset(Serving().chunked_prefill_size) and Serving().chunked_prefill_size == 8192
+    loaded = Serving.from_dict(json.loads(json.dumps(to_dict(Serving()))))  # the JSON text: a plain 8192, given
+    assert loaded.chunked_prefill_size == 8192 and not is_unset(loaded.chunked_prefill_size)
+    result = plan("llama-3.1-8b", Serving(tp_size=8), gpu="b200", weights_memory="4GiB")
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["serving"]["chunked_prefill_size"] == 16384
+    again = Plan.from_dict(data)
+    assert again.serving.chunked_prefill_size == 16384 and again.budget.mem_fraction_static == 0.849
+    # replanning the JSON's serving on the GPU gives the same plan: the resolved chunk is now given
+    replanned = plan("llama-3.1-8b", again.serving, gpu="b200", weights_memory="4GiB")
+    assert replanned.budget == result.budget
+
+
+# Issue 34: SGLang's --disable-cuda-graph sets both graph backends DISABLED (cuda_graph_hook.py lines 54-57), so
+# reserve_for_graph_mb (memory_hook.py lines 357-399) adds neither the decode 2 x max_bs (line 366) nor the prefill
+# term (line 379), while DP attention's padding (lines 369-377) is not gated on the backend; the 10 GiB floor stays.
+
+
+def test_disable_cuda_graph_drops_both_graph_reserves() -> None:
+    spec = load_model("llama-3.1-8b", get_registry())[0]
+    # H100 TP 1: 512 + 1.5 x 8192 + 1/8 x 1024 = 12928 MiB (with graphs 13904: + 2 x 256 + 8 x 58);
+    # (81559 - 12928) / 81559 = 0.84149 -> 0.841 (with graphs 0.83)
+    off = sglang_memory_defaults(81559, spec, Serving(chunked_prefill_size=8192, disable_cuda_graph=True))
+    assert off.reserved_mb == 12928 and off.mem_fraction_static == 0.841
+    assert "no decode graph (--disable-cuda-graph)" in off.terms
+    assert any(term.startswith("no prefill graph (--disable-cuda-graph") for term in off.terms)
+    # under the floor it is still 10240 MiB: 512 + 3072 + 128 = 3712 -> 10240; 71319 / 81559 = 0.874
+    small = sglang_memory_defaults(81559, spec, Serving(chunked_prefill_size=2048, disable_cuda_graph=True))
+    assert small.reserved_mb == 10240 and small.mem_fraction_static == 0.874
+    # DP attention 8 on H200 TP 8 keeps its 3 x 512 x 8 + 1.5 x 512 x 8 = 18432 MiB: 512 + 12288 + 1024 + 18432
+    dp = sglang_memory_defaults(
+        143771, spec, Serving(tp_size=8, dp_size=8, enable_dp_attention=True, disable_cuda_graph=True)
+    )
+    assert dp.reserved_mb == 13824 + 18432 and dp.mem_fraction_static == 0.776  # 111515 / 143771 = 0.77564
+
+
+def test_disable_cuda_graph_on_a_whole_gpu_plan_and_post_capture() -> None:
+    result = plan("llama-3.1-8b", Serving(disable_cuda_graph=True), gpu="h100", weights_memory="15GiB")
+    assert result.budget.mem_fraction_static == 0.841
+    assert "reserved 12928 MiB" in (result.budget.mem_fraction_source or "")
+    assert result.budget.budget_bytes == kv_budget(81559, GiB, 15 * GiB, 0.841)
+    # post-capture KV sizing is never planned without a decode graph (overrides.py lines 1838-1842)
+    post = plan(
+        "llama-3.1-8b",
+        Serving(disable_cuda_graph=True, post_capture_kv_sizing=True),
+        gpu="h100",
+        weights_memory="15GiB",
+    )
+    assert post.budget.mem_fraction_static == 0.841
+    assert any("--disable-cuda-graph (L1838-1842)" in step for step in post.budget.steps)
+
+
+def test_a_basis_resolved_without_the_gpu_refuses_a_gpu_whose_chunk_differs() -> None:
+    from kvpools_core.pipeline import plan_basis
+
+    basis = plan_basis("llama-3.1-8b", Serving(tp_size=8))
+    with pytest.raises(ConfigError, match=r"default chunked_prefill_size on .* is 16384"):
+        basis.plan(gpu=find_gpu("b200"), weights_memory="4GiB")
+    # an H100's default is the 8192 the unset chunk reads: nothing differs
+    assert plan_basis("llama-3.1-8b", Serving()).plan(gpu=find_gpu("h100"), weights_memory="4GiB").budget.gpu == "h100"

@@ -307,3 +307,20 @@ def test_cli_runtime_profile_switch() -> None:
     assert "runtime_memory" not in default and default["budget"][0]["total_memory"] == 81559 * (1 << 20)
     refused = runner.invoke(main, [*base, "--memory", "40GiB", "--runtime-profile", "0.19"])
     assert refused.exit_code == 1 and "does not apply to it" in refused.output
+
+
+def test_a_vllm_record_on_a_gpu_the_catalogue_lacks_plans_with_its_stated_torch_total(registry: Registry) -> None:
+    """Issue 34 (truth34d): an RTX 3090 is not in the catalogue; the vllm#10517 record states torch's total in its
+    own profiling line (``total_gpu_memory=23.58GiB``) and carries it as ``gpu_memory``.  kvpools' budget without a
+    runtime profile, by hand: 23.58 x 0.90 - 14.9888 (the logged weights) = 6.2332 GiB; the version is not stated,
+    so the runtime profile refuses it."""
+    from benchmarks.whole_gpu_accuracy import Prediction, Refusal, evaluable, kvpools, vllm_gpu
+
+    log = next(log for log in load_startup_logs() if log.id == "vllm-10517-llama-3.1-8b-3090-20k")
+    gpu = vllm_gpu(log, registry)
+    assert gpu.name == "custom" and abs(gpu.total_bytes - 23.58 * (1 << 30)) < 1
+    assert evaluable(log, registry) is None
+    before = kvpools(log, registry, runtime=False, use_logged_weights=True)
+    assert isinstance(before, Prediction)
+    assert before.kv_gib == pytest.approx(23.58 * 0.9 - 14.9888, abs=1e-6)
+    assert isinstance(kvpools(log, registry, runtime=True, use_logged_weights=True), Refusal)
