@@ -71,7 +71,7 @@ from .speculative import online_mtp_draft_tokens
 from .swa_req_ring import ring_capacity, ring_notes
 from .trtllm import backend_notes
 from .unified import platform_pool_layout, unified_notes, unified_problems
-from .v41_budget import V41Budget, v41_budget, v41_cap_mode_problems
+from .v41_budget import V41Budget, v41_architecture_problems, v41_budget, v41_cap_mode_problems
 
 OWNER = "dsv4"
 SWA_TOKENS, C4_TOKENS, C128_TOKENS = "swa", "c4", "c128"
@@ -303,6 +303,7 @@ def dsv4_problems(model: ModelSpec, serving: Serving) -> list[str]:
     problems += host_problems(serving)
     problems += encoder_replay_problems(model, serving)
     problems += v41_cap_mode_problems(model, serving)
+    problems += v41_architecture_problems(model, serving)
     if serving.dcp_size > 1 and serving.speculative and serving.speculative_algorithm != "NGRAM":
         problems.append(
             f"{o('dcp_size')} {serving.dcp_size} with {o('speculative_algorithm')} {serving.speculative_algorithm}: "

@@ -44,12 +44,12 @@ from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.values import ModelSpec, Serving, is_unset
 
-from .config import C4, C128
+from .config import C4, C128, V41_ARCHITECTURE, V41_MODEL_TYPE
 from .layouts import compressed_layout, main_layout, uniform_fp8
 from .low_ratio import DSV41_INDEX_PAGE_SIZE, FP4_SCALE_BLOCK, LOW_RATIOS, _ratios, pair_ring_size, sources_by_ratio
 from .unified import SEPARATE, dsv4_layout
 
-__all__ = ["V41Budget", "is_v41_stage", "v41_budget", "v41_cap_mode_problems"]
+__all__ = ["V41Budget", "is_v41_stage", "v41_architecture_problems", "v41_budget", "v41_cap_mode_problems"]
 
 FLOAT32_BYTES = 4
 
@@ -210,4 +210,21 @@ def v41_cap_mode_problems(model: ModelSpec, serving: Serving) -> list[str]:
         f"unset, {model.name} (compress ratios 1 / 2) gets no 0.1 default and DSV4PoolConfigurator sizes its SWA "
         f"pool from the request cap and radix prefix tails (_resolve_swa_cap_tokens). Give "
         f"{o('swa_full_tokens_ratio')} explicitly, or use {o('enable_encoder_swa_bounded_replay')}."
+    ]
+
+
+def v41_architecture_problems(model: ModelSpec, serving: Serving) -> list[str]:
+    """``DeepseekV41ForCausalLM`` left as the served class: SGLang 0.5.23 rewrites it only for a ``deepseek_v41``
+    config naming it alone (``normalize_deepseek_v41_config``, :func:`.config.v41_architectures`) and registers no
+    model of that name, so any other such config fails to load there (vLLM 0.33 serves it: ``--accounting vllm``)."""
+    if serving.accounting == "vllm" or not model.hf_architectures:
+        return []
+    if model.hf_architectures[0] != V41_ARCHITECTURE:
+        return []
+    o = option
+    return [
+        f"{model.name}: architectures {list(model.hf_architectures)} with model_type {model.model_type!r}: SGLang "
+        f"0.5.23 rewrites {V41_ARCHITECTURE} to DeepseekV4ForCausalLM only for a model_type '{V41_MODEL_TYPE}' config "
+        f"that lists it alone (normalize_deepseek_v41_config) and has no model class of that name. Set 'model_type' "
+        f"to '{V41_MODEL_TYPE}' and 'architectures' to ['{V41_ARCHITECTURE}'], or plan with {o('accounting')} vllm."
     ]
