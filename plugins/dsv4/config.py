@@ -110,6 +110,8 @@ def parse_dsv4_config(config: Mapping[str, Any], source: str) -> ModelSpec | Non
             # vLLM 0.33's DeepSeek-V4.1 reads these too (deepseek_v41/attention.py L332-337, nvidia/model.py L1307)
             "index_source_layer_ids": list(_layer_ids(reader, "index_source_layer_ids")),
             "engram_layer_ids": list(_layer_ids(reader, "engram_layer_ids")),
+            # SGLang 0.5.23's checkpoint_bundles_dspark_draft: a bundled DSpark head (dspark_* keys)
+            "dspark_bundled": any(reader.has(key) or outer.has(key) for key in DSPARK_BUNDLE_KEYS),
             **index,
         },
     )
@@ -189,6 +191,8 @@ def _qk_nope_head_dim(reader: ConfigReader, rope: int) -> int:
 
 V41_MODEL_TYPE = "deepseek_v41"
 V41_ARCHITECTURE = "DeepseekV41ForCausalLM"
+DSPARK_BUNDLE_KEYS = ("dspark_block_size", "dspark_markov_rank", "dspark_noise_token_id", "dspark_target_layer_ids")
+"""The keys ``checkpoint_bundles_dspark_draft`` (``speculative/dspark_components/dspark_config.py``) looks for."""
 
 
 def v41_model_type(reader: ConfigReader, outer: ConfigReader) -> str:
