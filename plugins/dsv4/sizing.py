@@ -718,9 +718,10 @@ def sub_pool_notes(
             if shape.shrink > 1
             else "4"
         )
+        per = f"page {shape.v41.page}" if shape.v41 is not None else f"window {shape.window}"
         notes.append(
             f"c4 pool (KV and indexer, {shape.num_c4} layer(s)): full // {divisor} = "
-            f"{sizes['c4_max_total_num_tokens']:,} rows; c4 states: SWA {swa:,} // window {shape.window} x ring "
+            f"{sizes['c4_max_total_num_tokens']:,} rows; c4 states: SWA {swa:,} // {per} x ring "
             f"{shape.c4_ring}{' (speculative)' if shape.speculative else ''} = {sizes['c4_state_pool_size']:,} rows."
         )
     if shape.num_c128:
