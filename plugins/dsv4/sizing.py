@@ -71,7 +71,7 @@ from .speculative import online_mtp_draft_tokens
 from .swa_req_ring import ring_capacity, ring_notes
 from .trtllm import backend_notes
 from .unified import platform_pool_layout, unified_notes, unified_problems
-from .v41_budget import V41Budget, v41_architecture_problems, v41_budget, v41_cap_mode_problems
+from .v41_budget import V41Budget, v41_architecture_problems, v41_budget, v41_cap_mode_problems, v41_swa_ratio
 
 OWNER = "dsv4"
 SWA_TOKENS, C4_TOKENS, C128_TOKENS = "swa", "c4", "c128"
@@ -267,7 +267,7 @@ def dsv4_shape(model: ModelSpec, serving: Serving) -> DSV4Shape:
         num_c4=sum(1 for layer in layers if layer.kind == C4),
         num_c128=sum(1 for layer in layers if layer.kind == C128),
         # encoder replay without paged draft layers sets the ratio to 0 (pool_configurator.py lines 1242-1243)
-        swa_ratio=0 if replay_on(serving) else serving.swa_full_tokens_ratio,
+        swa_ratio=0 if replay_on(serving) else v41_swa_ratio(model, serving),
         speculative=serving.speculative,
         draft_tokens=online_mtp_draft_tokens(serving),
         online=serving.enable_online_compress,

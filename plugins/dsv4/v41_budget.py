@@ -49,7 +49,18 @@ from .layouts import compressed_layout, main_layout, uniform_fp8
 from .low_ratio import DSV41_INDEX_PAGE_SIZE, FP4_SCALE_BLOCK, LOW_RATIOS, _ratios, pair_ring_size, sources_by_ratio
 from .unified import SEPARATE, dsv4_layout
 
-__all__ = ["V41Budget", "is_v41_stage", "v41_architecture_problems", "v41_budget", "v41_cap_mode_problems"]
+__all__ = [
+    "V41Budget",
+    "is_v41_stage",
+    "v41_architecture_problems",
+    "v41_budget",
+    "v41_cap_mode_problems",
+    "v41_swa_ratio",
+]
+
+DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO = 0.1
+"""``DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO`` (``pool_configurator.py``): the configurator's ratio when the operator
+gave none and cap mode is unusable."""
 
 FLOAT32_BYTES = 4
 
@@ -228,3 +239,14 @@ def v41_architecture_problems(model: ModelSpec, serving: Serving) -> list[str]:
         f"that lists it alone (normalize_deepseek_v41_config) and has no model class of that name. Set 'model_type' "
         f"to '{V41_MODEL_TYPE}' and 'architectures' to ['{V41_ARCHITECTURE}'], or plan with {o('accounting')} vllm."
     ]
+
+
+def v41_swa_ratio(model: ModelSpec, serving: Serving) -> float:
+    """The SWA ratio 0.5.23's configurator sizes a V4.1 stage by under ``--accounting sglang``: the operator's, or,
+    left unset where cap mode is unusable (no chunked prefill; cap mode itself is refused,
+    :func:`v41_cap_mode_problems`), ``DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO`` 0.1, not the generic 0.8 (a V4.1
+    checkpoint gets no 0.1 engine default, ``_deepseek_v4_overrides``)."""
+    ratio = serving.swa_full_tokens_ratio
+    if serving.accounting == "sglang" and is_v41_stage(model) and is_unset(ratio):
+        return DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO
+    return float(ratio)

@@ -5,8 +5,9 @@ Usage: ``python sglang_v41_configurator_peer.py`` with a JSON list of cases on s
 Each case: ``compress_ratios`` (decoder layers, then MTP layers), ``num_layers`` (one stage, ``layer_info``
 ``[0, num_layers)``), ``kv_source_layer_ids``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``index_head_dim``,
 ``window``, ``page_size``, ``context_len``, ``max_running_requests``, ``attn_dp_size``, ``chunked_prefill_size``
-(the rank's), ``encoder_replay``, ``swa_full_tokens_ratio`` (the operator's, explicit; ignored under replay),
-``dsv4_attn_backend``, ``kv_layout`` (the ``KVLayout`` value ``select_dsv4_kv_layout`` returns),
+(the rank's), ``encoder_replay``, ``swa_full_tokens_ratio`` (the operator's; ignored under replay),
+``swa_ratio_explicit`` (whether the operator gave it), ``dsv4_attn_backend``, ``kv_layout`` (the ``KVLayout``
+value ``select_dsv4_kv_layout`` returns),
 ``compressed_option`` (the option it hands on, or null), ``available_bytes`` and ``final_requests`` (the
 request count ``finalize_with_max_running_requests`` gets).
 
@@ -121,7 +122,7 @@ def main() -> None:
                 chunked_prefill_size=case["chunked_prefill_size"],
                 max_running_requests=case["max_running_requests"],
                 swa_prefix_tails=None,
-                _swa_full_tokens_ratio_explicitly_set=not replay,
+                _swa_full_tokens_ratio_explicitly_set=not replay and case["swa_ratio_explicit"],
                 swa_full_tokens_ratio=case["swa_full_tokens_ratio"],
                 page_size=page,
             ),

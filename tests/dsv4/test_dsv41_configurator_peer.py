@@ -22,7 +22,7 @@ from kvpools_plugins.dsv4.sizing import dsv4_shape
 
 from kvpools_core import Serving
 from kvpools_core.pipeline import plan
-from kvpools_core.values import Plan
+from kvpools_core.values import Plan, is_unset
 from tests.oracle import locate
 
 PYTHON, _BENCH = locate.require_sglang_peer()
@@ -43,6 +43,8 @@ SERVINGS = {
         swa_full_tokens_ratio=0.5, dsv4_kv_layout="v41_new", dsv4_compressed_kv_layout="fp8"
     ),
     "ratio-0.8-trtllm": Serving(swa_full_tokens_ratio=0.8, dsv4_attn_backend="trtllm", max_running_requests=32),
+    # the ratio unset, no chunked prefill: cap mode unusable, so the configurator's own 0.1 (not the generic 0.8)
+    "unset-no-chunk": Serving(chunked_prefill_size=None),
 }  # fmt: skip
 MEMORY = ("7GiB", "40GiB")
 
@@ -74,6 +76,7 @@ def _case(p: Plan) -> dict[str, Any]:
         "chunked_prefill_size": local_chunk(p.serving),
         "encoder_replay": p.serving.enable_encoder_swa_bounded_replay,
         "swa_full_tokens_ratio": float(p.serving.swa_full_tokens_ratio),
+        "swa_ratio_explicit": not is_unset(p.serving.swa_full_tokens_ratio),
         "dsv4_attn_backend": p.serving.dsv4_attn_backend,
         "kv_layout": main_layout(p.serving).name if p.serving.dsv4_attn_backend != "trtllm" else "v4",
         "compressed_option": _compressed_option(p.serving),
@@ -117,8 +120,7 @@ def test_the_sglang_plans_are_sglang_0_5_23s_configurator(tmp_path: Path) -> Non
 
 def _given(serving: Serving) -> dict[str, Any]:
     """The options a case sets (its unset ones stay unset, so the engine defaults apply)."""
-    from kvpools_core.values import is_unset
-
     names = ("enable_encoder_swa_bounded_replay", "max_running_requests", "dsv4_kv_layout",
-             "dsv4_compressed_kv_layout", "swa_full_tokens_ratio", "dsv4_attn_backend")  # fmt: skip
+             "dsv4_compressed_kv_layout", "swa_full_tokens_ratio", "dsv4_attn_backend",
+             "chunked_prefill_size")  # fmt: skip
     return {name: getattr(serving, name) for name in names if not is_unset(getattr(serving, name))}
