@@ -71,7 +71,13 @@ from .speculative import online_mtp_draft_tokens
 from .swa_req_ring import ring_capacity, ring_notes
 from .trtllm import backend_notes
 from .unified import platform_pool_layout, unified_notes, unified_problems
-from .v41_budget import V41Budget, v41_architecture_problems, v41_budget, v41_cap_mode_problems, v41_swa_ratio
+from .v41_budget import (
+    V41Budget,
+    v41_architecture_problems,
+    v41_budget,
+    v41_swa_cap_tokens,
+    v41_swa_ratio,
+)
 
 OWNER = "dsv4"
 SWA_TOKENS, C4_TOKENS, C128_TOKENS = "swa", "c4", "c128"
@@ -141,6 +147,8 @@ class DSV4Shape:
     """SGLang 0.5.23's budget for a DeepSeek-V4.1 stage (ratios 1 / 2, :mod:`.v41_budget`); ``None``: ref-002's."""
     replay: bool = False
     """``--enable-encoder-swa-bounded-replay`` (0.5.23: no SWA bytes per token, no draft inflation)."""
+    swa_cap: int | None = None
+    """0.5.23's SWA cap mode on a V4.1 stage (:func:`.v41_budget.v41_swa_cap_tokens`): the SWA pool's slots."""
 
     @property
     def kv_bytes(self) -> int:
@@ -240,7 +248,7 @@ class DSV4Shape:
     def sizes(self, full_token: int, page: int) -> dict[str, int]:
         """``_compute_dsv4_sizes`` (``c128_state_pool_size`` is set once requests are known)."""
         full = full_token // page * page
-        swa = int(full * self.swa_ratio) // page * page
+        swa = int(full * self.swa_ratio) // page * page if self.swa_cap is None else self.swa_cap
         # 0.5.23 addresses the c4 state ring per SWA page; ref-002 (V4) per window
         c4_state_divisor = page if self.v41 is not None else self.window
         return {
@@ -281,6 +289,7 @@ def dsv4_shape(model: ModelSpec, serving: Serving) -> DSV4Shape:
         uniform_fp8=uniform_fp8(serving),
         v41=v41_budget(model, serving, _kv_bytes(first, serving)),
         replay=replay_on(serving),
+        swa_cap=v41_swa_cap_tokens(model, serving, int(first["window_size"])),
     )
 
 
@@ -302,7 +311,6 @@ def dsv4_problems(model: ModelSpec, serving: Serving) -> list[str]:
     page = serving.page_size
     problems += host_problems(serving)
     problems += encoder_replay_problems(model, serving)
-    problems += v41_cap_mode_problems(model, serving)
     problems += v41_architecture_problems(model, serving)
     if serving.dcp_size > 1 and serving.speculative and serving.speculative_algorithm != "NGRAM":
         problems.append(
@@ -541,7 +549,8 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
             full * shape.bytes_per_full_token + (shape.v41.padding_bytes(full) if shape.v41 else 0)
         )
         + shape.fixed_state_bytes(requests)
-        + window_bytes,
+        + window_bytes
+        + int(swa_cap_bytes(shape)),
         notes=notes,
         # encoder replay: no SWA token space (the window is per request slot, bounded by the request cap)
         token_counts=token_counts(sizes, swa=not window_bytes),
@@ -582,6 +591,13 @@ def token_counts(sizes: dict[str, int], *, swa: bool = True) -> dict[str, int]:
     return counts
 
 
+def swa_cap_bytes(shape: DSV4Shape) -> float:
+    """``_get_swa_fixed_bytes``' cap-mode term: ``swa_cap_tokens x bytes per SWA token`` (0 out of cap mode)."""
+    if shape.swa_cap is None or shape.v41 is None:
+        return 0
+    return shape.swa_cap * shape.v41.bytes_per_swa_token(shape, shape.replay)
+
+
 def _sglang_full_tokens(shape: DSV4Shape, budget_bytes: int, page: int, window_bytes: int = 0) -> tuple[int, int, str]:
     """``calculate_pool_sizes``' full tokens, the fixed bytes (the c128 state's, and encoder replay's
     ``request_window_bytes``, ``_get_swa_fixed_bytes``), and how they were decided."""
@@ -598,10 +614,14 @@ def _sglang_full_tokens(shape: DSV4Shape, budget_bytes: int, page: int, window_b
         )
     c128 = shape.c128_state_fixed_bytes(requests)
     c2 = shape.c2_state_fixed_bytes(requests)
-    fixed = c128 + c2 + window_bytes
-    available = max(budget_bytes - fixed, 0)
+    cap_bytes = swa_cap_bytes(shape)
+    exact_fixed = c128 + c2 + (window_bytes + cap_bytes)  # calculate_pool_sizes' order: _get_swa_fixed_bytes is a float
+    fixed = int(exact_fixed)
+    available = max(budget_bytes - exact_fixed, 0)
     full_token = int(available / bpft)
     window = f" + request window {window_bytes:,}" if window_bytes else ""
+    if shape.swa_cap is not None:
+        window += f" + SWA cap pool {shape.swa_cap:,} x {cap_bytes / shape.swa_cap:,.4f} = {cap_bytes:,.0f}"
     pair = f" + ratio-2 pair state {c2:,}" if c2 else ""
     how = (
         f"SGLang's DSV4PoolConfigurator: c128 state fixed bytes {c128:,}{pair}{window} ({fmt_gib(fixed)}) for "
@@ -701,17 +721,24 @@ def sub_pool_notes(
     """What decided each sub-pool (the report prints them)."""
     o = option
     full, swa = sizes["full_max_total_num_tokens"], sizes["swa_max_total_num_tokens"]
-    notes = (
-        [
-            f"SWA pool: none (encoder replay's request window holds the SWA rows of all {shape.num_layers} "
-            f"layer(s) of this stage; swa_max_total_num_tokens {swa})."
+    if shape.swa_cap is not None:
+        notes = [
+            f"SWA pool: SGLang 0.5.23's cap mode ({o('swa_full_tokens_ratio')} unset on a DeepSeek-V4.1 checkpoint): "
+            f"{swa:,} tokens from the request cap and radix prefix tails (_resolve_swa_cap_tokens), for all "
+            f"{shape.num_layers} layer(s) of this stage, set aside before the full tokens."
         ]
-        if window_bytes
-        else [
-            f"SWA pool: int({full:,} full tokens x {o('swa_full_tokens_ratio')} {shape.swa_ratio}) page aligned = "
-            f"{swa:,} tokens, for all {shape.num_layers} layer(s) of this stage."
-        ]
-    )
+    else:
+        notes = (
+            [
+                f"SWA pool: none (encoder replay's request window holds the SWA rows of all {shape.num_layers} "
+                f"layer(s) of this stage; swa_max_total_num_tokens {swa})."
+            ]
+            if window_bytes
+            else [
+                f"SWA pool: int({full:,} full tokens x {o('swa_full_tokens_ratio')} {shape.swa_ratio}) page aligned = "
+                f"{swa:,} tokens, for all {shape.num_layers} layer(s) of this stage."
+            ]
+        )
     if shape.num_c4:
         divisor = (
             f"(4 x HiSparse host_to_device_ratio {shape.shrink}; {o('enable_hisparse')} keeps the rest on the host)"

@@ -31,7 +31,8 @@ ref-002's, which the oracle pins):
 * sizes (``_compute_dsv4_sizes``): ``c4_state_pool_size = swa // P x ring(4)``.
 
 0.5.23's SWA cap mode (``_resolve_swa_cap_tokens``, taken when ``--swa-full-tokens-ratio`` is left unset on a
-V4.1 checkpoint) is not this module's: :func:`v41_cap_mode_problems` refuses it under SGLang accounting.
+V4.1 checkpoint) sizes the SWA pool from the request cap instead of the ratio (:func:`v41_swa_cap_tokens`): the
+ratio term leaves the coefficient and ``cap x bytes per SWA token`` joins the fixed bytes.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from kvpools_core.parallel import rank_layer_range
 from kvpools_core.values import ModelSpec, Serving, is_unset
 
 from .config import C4, C128, V41_ARCHITECTURE, V41_MODEL_TYPE
+from .encoder_replay import local_chunk
 from .layouts import compressed_layout, main_layout, uniform_fp8
 from .low_ratio import DSV41_INDEX_PAGE_SIZE, FP4_SCALE_BLOCK, LOW_RATIOS, _ratios, pair_ring_size, sources_by_ratio
 from .unified import SEPARATE, dsv4_layout
@@ -54,7 +56,7 @@ __all__ = [
     "is_v41_stage",
     "v41_architecture_problems",
     "v41_budget",
-    "v41_cap_mode_problems",
+    "v41_swa_cap_tokens",
     "v41_swa_ratio",
 ]
 
@@ -87,6 +89,8 @@ class _ShapeLike(Protocol):
     def indexer_bytes(self) -> int: ...
     @property
     def swa_ratio(self) -> float: ...
+    @property
+    def swa_cap(self) -> int | None: ...
 
 
 @attrs.frozen
@@ -132,7 +136,9 @@ class V41Budget:
     def bytes_per_full_token(self, shape: _ShapeLike, replay: bool) -> float:
         """``_get_bytes_per_full_token``, in SGLang's float operations and order (before the draft inflation)."""
         compressed = sum(self.compressed_bytes_per_full_token(shape, ratio) * layers for ratio, layers in self.owners)
-        return shape.swa_ratio * self.bytes_per_swa_token(shape, replay) + compressed
+        # cap mode moves the SWA pool and the c4 states that follow it into fixed bytes
+        swa_ratio = 0 if shape.swa_cap is not None else shape.swa_ratio
+        return swa_ratio * self.bytes_per_swa_token(shape, replay) + compressed
 
     def c2_state_fixed_bytes(self, slots: int, attn_head_dim: int) -> int:
         """``_get_c2_state_fixed_bytes`` for ``slots`` request slots (``_get_num_req_slots``)."""
@@ -159,7 +165,7 @@ class V41Budget:
             total += (main_padding + index_padding) * layers
         return total
 
-    def fit(self, full_token: int, bytes_per_full_token: float, available: int) -> int:
+    def fit(self, full_token: int, bytes_per_full_token: float, available: float) -> int:
         """``calculate_pool_sizes``' loop: whole pages off until tokens and reserved pages fit ``available``."""
         while full_token > 0 and full_token * bytes_per_full_token + self.padding_bytes(full_token) > available:
             full_token -= self.page
@@ -202,26 +208,38 @@ def v41_budget(model: ModelSpec, serving: Serving, kv_bytes: int) -> V41Budget |
     )
 
 
-def v41_cap_mode_problems(model: ModelSpec, serving: Serving) -> list[str]:
-    """0.5.23's SWA cap mode, which kvpools does not model: a V4.1 checkpoint (no 0.1 default,
-    ``_deepseek_v4_overrides``) with ``--swa-full-tokens-ratio`` unset, ``--max-running-requests`` known and
-    chunked prefill on (``_resolve_swa_cap_tokens``), without encoder replay (whose cap is 0)."""
+def v41_swa_cap_tokens(model: ModelSpec, serving: Serving, window: int) -> int | None:
+    """0.5.23's SWA cap mode (``_resolve_swa_cap_tokens``, ``compute_swa_request_cap``) under ``--accounting
+    sglang``: SWA slots reserved from the request cap, or ``None`` where the configurator keeps ratio sizing.
+
+    Taken for a V4.1 checkpoint (no 0.1 default, ``_deepseek_v4_overrides``) with ``--swa-full-tokens-ratio``
+    unset, the separate-KV pool, ``--max-running-requests`` known and chunked prefill on (or a PD decode node);
+    not under encoder replay (its cap is 0).  With ``R = max(1, requests // attn_dp)``, window ``W``, page ``P``
+    and eviction interval ``E`` (``SGLANG_SWA_EVICTION_INTERVAL``; no speculative decoding on V4.1: one draft
+    token, a page of decode allocation): ``cap = R x (W + E + P + P) + chunks x chunk + P`` (chunks 2, 1 with
+    ``--disable-overlap-schedule``; the rank's chunk) or on a decode node ``R x (W + E + 2P) + (W + P) x extra
+    slots``; prefix tails ``4 R`` (0 without the radix cache); ``ceil_align(cap + tails x (W + P), P)``.
+    """
     if serving.accounting != "sglang" or not is_v41_stage(model) or serving.enable_encoder_swa_bounded_replay:
-        return []
+        return None
     if not is_unset(serving.swa_full_tokens_ratio) or serving.max_running_requests is None:
-        return []
+        return None
     if dsv4_layout(serving) != SEPARATE:
-        return []  # ring mode: no cap
+        return None  # ring mode: no cap
+    decode = serving.disaggregation_mode == "decode"
     chunk = serving.chunked_prefill_size
-    if serving.disaggregation_mode != "decode" and (chunk is None or chunk <= 0):
-        return []
-    o = option
-    return [
-        f"kvpools does not model SGLang 0.5.23's DeepSeek-V4 SWA cap mode yet: with {o('swa_full_tokens_ratio')} "
-        f"unset, {model.name} (compress ratios 1 / 2) gets no 0.1 default and DSV4PoolConfigurator sizes its SWA "
-        f"pool from the request cap and radix prefix tails (_resolve_swa_cap_tokens). Give "
-        f"{o('swa_full_tokens_ratio')} explicitly, or use {o('enable_encoder_swa_bounded_replay')}."
-    ]
+    if not decode and (chunk is None or chunk <= 0):
+        return None
+    page = serving.page_size
+    requests = max(1, serving.max_running_requests // serving.attn_dp_size)
+    per_request = window + max(1, serving.swa_eviction_interval) * 1 + page + page
+    if decode:
+        cap = per_request * requests + (window + page) * serving.decode_extra_slots
+    else:
+        chunks = 1 if serving.disable_overlap_schedule else 2
+        cap = per_request * requests + chunks * local_chunk(serving) + page
+    tails = 0 if serving.disable_radix_cache else 4 * requests
+    return -(-(cap + tails * (window + page)) // page) * page
 
 
 def v41_architecture_problems(model: ModelSpec, serving: Serving) -> list[str]:
@@ -243,9 +261,9 @@ def v41_architecture_problems(model: ModelSpec, serving: Serving) -> list[str]:
 
 def v41_swa_ratio(model: ModelSpec, serving: Serving) -> float:
     """The SWA ratio 0.5.23's configurator sizes a V4.1 stage by under ``--accounting sglang``: the operator's, or,
-    left unset where cap mode is unusable (no chunked prefill; cap mode itself is refused,
-    :func:`v41_cap_mode_problems`), ``DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO`` 0.1, not the generic 0.8 (a V4.1
-    checkpoint gets no 0.1 engine default, ``_deepseek_v4_overrides``)."""
+    left unset, ``DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO`` 0.1, not the generic 0.8 (a V4.1 checkpoint gets no 0.1
+    engine default, ``_deepseek_v4_overrides``): what sizes the SWA pool where cap mode is unusable (no chunked
+    prefill; in cap mode, :func:`v41_swa_cap_tokens`, the ratio is unused)."""
     ratio = serving.swa_full_tokens_ratio
     if serving.accounting == "sglang" and is_v41_stage(model) and is_unset(ratio):
         return DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO

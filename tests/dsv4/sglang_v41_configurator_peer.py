@@ -8,7 +8,8 @@ Each case: ``compress_ratios`` (decoder layers, then MTP layers), ``num_layers``
 (the rank's), ``encoder_replay``, ``swa_full_tokens_ratio`` (the operator's; ignored under replay),
 ``swa_ratio_explicit`` (whether the operator gave it), ``dsv4_attn_backend``, ``kv_layout`` (the ``KVLayout``
 value ``select_dsv4_kv_layout`` returns),
-``compressed_option`` (the option it hands on, or null), ``available_bytes`` and ``final_requests`` (the
+``compressed_option`` (the option it hands on, or null), ``disable_overlap_schedule``, ``disable_radix_cache``,
+``swa_eviction_interval`` (``SGLANG_SWA_EVICTION_INTERVAL``), ``available_bytes`` and ``final_requests`` (the
 request count ``finalize_with_max_running_requests`` gets).
 
 The answer: ``DSV4PoolConfigurator(kvc)`` of ``srt/model_executor/pool_configurator.py`` run as installed, its
@@ -47,6 +48,7 @@ def main() -> None:
         SGLANG_OPT_USE_ONLINE_COMPRESS=_Env(False),
         SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=_Env(False),
         SGLANG_DSV4_COMPRESS_STATE_DTYPE=_Env("float32"),
+        SGLANG_SWA_EVICTION_INTERVAL=_Env(128),
     )
     state: dict[str, Any] = {}
     common: dict[str, Any] = {
@@ -102,6 +104,7 @@ def main() -> None:
         "check_dsv4_unified_fp8_pd_supported",
         "DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO",
         "_operator_swa_full_tokens_ratio",
+        "compute_swa_request_cap",
         "_DSV4PoolSizes",
         "DSV4PoolConfigurator",
     }
@@ -111,6 +114,7 @@ def main() -> None:
     for case in json.load(sys.stdin):
         page = case["page_size"]
         replay = case["encoder_replay"]
+        envs.SGLANG_SWA_EVICTION_INTERVAL.value = case["swa_eviction_interval"]
         state.update(
             layout=layouts[case["kv_layout"]],
             option=case["compressed_option"],
@@ -122,12 +126,13 @@ def main() -> None:
                 chunked_prefill_size=case["chunked_prefill_size"],
                 max_running_requests=case["max_running_requests"],
                 swa_prefix_tails=None,
+                disable_overlap_schedule=case["disable_overlap_schedule"],
                 _swa_full_tokens_ratio_explicitly_set=not replay and case["swa_ratio_explicit"],
                 swa_full_tokens_ratio=case["swa_full_tokens_ratio"],
                 page_size=page,
             ),
             spec=NS(speculative_algorithm=None, speculative_num_draft_tokens=None),
-            memory=NS(enable_hisparse=False, disable_radix_cache=False),
+            memory=NS(enable_hisparse=False, disable_radix_cache=case["disable_radix_cache"]),
             disagg=NS(disaggregation_mode="null", disaggregation_decode_extra_slots=0),
         )
         kvc = NS(
@@ -163,6 +168,7 @@ def main() -> None:
                 "c128_state_fixed_bytes": cfg._get_c128_state_fixed_bytes(requests),
                 "c2_state_fixed_bytes": cfg._get_c2_state_fixed_bytes(requests),
                 "swa_fixed_bytes": cfg._get_swa_fixed_bytes(),
+                "swa_cap_tokens": cfg.swa_cap_tokens,
                 "padding_bytes": cfg._get_low_ratio_kv_padding_bytes(config.full_max_total_num_tokens),
                 "config": {
                     "full_max_total_num_tokens": config.full_max_total_num_tokens,

@@ -18,7 +18,7 @@ from typing import Any
 
 from kvpools_plugins.dsv4.encoder_replay import local_chunk
 from kvpools_plugins.dsv4.layouts import _compressed_option, main_layout
-from kvpools_plugins.dsv4.sizing import dsv4_shape
+from kvpools_plugins.dsv4.sizing import dsv4_shape, swa_cap_bytes
 
 from kvpools_core import Serving
 from kvpools_core.pipeline import plan
@@ -45,6 +45,14 @@ SERVINGS = {
     "ratio-0.8-trtllm": Serving(swa_full_tokens_ratio=0.8, dsv4_attn_backend="trtllm", max_running_requests=32),
     # the ratio unset, no chunked prefill: cap mode unusable, so the configurator's own 0.1 (not the generic 0.8)
     "unset-no-chunk": Serving(chunked_prefill_size=None),
+    # the ratio unset with chunked prefill: 0.5.23's SWA cap mode (request cap + radix prefix tails)
+    "unset-cap": Serving(),
+    "unset-cap-64-no-radix-one-chunk": Serving(
+        max_running_requests=64, disable_radix_cache=True, disable_overlap_schedule=True, chunked_prefill_size=4096
+    ),
+    "unset-cap-eviction-32-dp": Serving(
+        swa_eviction_interval=32, tp_size=2, dp_size=2, enable_dp_attention=True, chunked_prefill_size=16384
+    ),
 }  # fmt: skip
 MEMORY = ("7GiB", "40GiB")
 
@@ -81,6 +89,9 @@ def _case(p: Plan) -> dict[str, Any]:
         "kv_layout": main_layout(p.serving).name if p.serving.dsv4_attn_backend != "trtllm" else "v4",
         "compressed_option": _compressed_option(p.serving),
         "available_bytes": p.budget.budget_bytes,
+        "disable_overlap_schedule": p.serving.disable_overlap_schedule,
+        "disable_radix_cache": p.serving.radix_cache_disabled,
+        "swa_eviction_interval": p.serving.swa_eviction_interval,
         "final_requests": p.max_running_requests,
     }
 
@@ -110,7 +121,10 @@ def test_the_sglang_plans_are_sglang_0_5_23s_configurator(tmp_path: Path) -> Non
         assert p.cell.sglang_bytes_per_token == answer["bytes_per_full_token"], label
         assert shape.c128_state_fixed_bytes(requests) == answer["c128_state_fixed_bytes"], label
         assert shape.c2_state_fixed_bytes(requests) == answer["c2_state_fixed_bytes"], label
-        assert p.sizing.sglang_config.get("request_window_bytes", 0) == answer["swa_fixed_bytes"], label
+        cap_bytes = swa_cap_bytes(shape)
+        assert p.sizing.sglang_config.get("request_window_bytes", 0) + cap_bytes == answer["swa_fixed_bytes"], label
+        # None: ratio sizing; 0: encoder replay's (no SWA pool); else cap mode's slots
+        assert (shape.swa_cap or 0) == (answer["swa_cap_tokens"] or 0), label
         assert shape.v41 is not None
         full = p.max_total_num_tokens
         assert shape.v41.padding_bytes(full) == answer["padding_bytes"], label
@@ -122,5 +136,6 @@ def _given(serving: Serving) -> dict[str, Any]:
     """The options a case sets (its unset ones stay unset, so the engine defaults apply)."""
     names = ("enable_encoder_swa_bounded_replay", "max_running_requests", "dsv4_kv_layout",
              "dsv4_compressed_kv_layout", "swa_full_tokens_ratio", "dsv4_attn_backend",
-             "chunked_prefill_size")  # fmt: skip
+             "chunked_prefill_size", "disable_radix_cache", "disable_overlap_schedule", "swa_eviction_interval",
+             "tp_size", "dp_size", "enable_dp_attention")  # fmt: skip
     return {name: getattr(serving, name) for name in names if not is_unset(getattr(serving, name))}

@@ -16,7 +16,8 @@ exact`` charges it, :func:`kvpools_plugins.dsv4.buffers.pool_specs`):
   1,198,080 B here);
 * what goes past the budget is the pools SGLang sizes outside the configurator (``req_to_token``, the allocators'
   free lists, the full-to-SWA mapping), and nothing else;
-* the sglang plan holds at least the exact plan's full tokens, and its extra tokens cost (at SGLang's bytes per
+* outside cap mode (where the exact accounting sizes the SWA pool by the ratio instead), the sglang plan holds at
+  least the exact plan's full tokens, and its extra tokens cost (at SGLang's bytes per
   full token) no more than those pools outside and the slack: they are what pays for them.
 """
 
@@ -29,7 +30,6 @@ import pytest
 from kvpools_plugins.dsv4.sizing import dsv4_shape
 
 from kvpools_core import Serving, plan
-from kvpools_core.errors import UnsupportedCombinationError
 
 V41 = str(Path(__file__).with_name("configs") / "dsv41_synthetic.json")
 OUTSIDE = {"req_to_token", "allocator", "swa_allocator", "full_to_swa"}
@@ -44,8 +44,9 @@ SLACK = 2 * 2**20
         Serving(swa_full_tokens_ratio=0.1),
         Serving(swa_full_tokens_ratio=0.8),
         Serving(swa_full_tokens_ratio=0.5, dsv4_kv_layout="v41", max_running_requests=64),
+        Serving(),
     ],
-    ids=["replay", "ratio-0.1", "ratio-0.8", "ratio-0.5-v41-64"],
+    ids=["replay", "ratio-0.1", "ratio-0.8", "ratio-0.5-v41-64", "cap-mode"],
 )
 def test_the_sglang_plan_fits_its_budget_within_sglangs_slack(serving: Serving, memory: str) -> None:
     sglang = plan(V41, attrs.evolve(serving, accounting="sglang"), memory=memory)
@@ -58,6 +59,8 @@ def test_the_sglang_plan_fits_its_budget_within_sglangs_slack(serving: Serving, 
     assert charged - estimate <= SLACK
     assert set(outside) <= OUTSIDE
     assert sglang.planned_bytes - budget <= sum(outside.values()) + SLACK
+    if dsv4_shape(sglang.model, sglang.serving).swa_cap is not None:
+        return  # cap mode: the exact accounting sizes its SWA pool by the ratio, so the full tokens differ by design
     extra = sglang.max_total_num_tokens - exact.max_total_num_tokens
     assert 0 <= extra * sglang.cell.sglang_bytes_per_token <= sum(outside.values()) + SLACK
 
@@ -81,13 +84,30 @@ def test_the_ratio_path_by_hand() -> None:
     assert config["c4_state_pool_size"] == 1_281_024 // 256 * 8 == 40_032
 
 
-def test_sglangs_swa_cap_mode_is_refused_not_planned_as_a_ratio() -> None:
-    """A V4.1 checkpoint gets no 0.1 default (``_deepseek_v4_overrides``); with the ratio unset, 256 requests and
-    chunked prefill, 0.5.23's configurator sizes the SWA pool from the request cap (``_resolve_swa_cap_tokens``),
-    which kvpools does not model: refused under SGLang accounting, named."""
-    with pytest.raises(UnsupportedCombinationError, match="SWA cap mode"):
-        plan(V41, Serving(accounting="sglang"), memory="20GiB")
-    plan(V41, Serving(accounting="exact"), memory="20GiB")  # the exact accounting sizes its own pools
+def test_sglangs_swa_cap_mode_by_hand() -> None:
+    """The SWA ratio unset on a V4.1 checkpoint (no 0.1 default, ``_deepseek_v4_overrides``), 256 requests, chunk
+    8192, the radix cache on: 0.5.23's cap mode (``_resolve_swa_cap_tokens``, ``compute_swa_request_cap``).  Per
+    request ``128 + 128 x 1 + 256 + 256`` (window, eviction interval x one draft token, page, a page of decode
+    allocation) = 768; ``768 x 256 + 2 x 8192 + 256`` = 213,248; prefix tails ``4 x 256`` of ``128 + 256``:
+    393,216; ``ceil_align(606,464, 256)`` = 606,464 SWA slots, set aside at 5,000 B each (585 x 8 + 8 / 256 x
+    10,240) = 3,032,320,000 B, the ratio term out of the coefficient (1,165.5 B); full tokens
+    ``int((21,474,836,480 - 135,790,592 - 2,121,728 - 3,032,320,000) / 1,165.5)`` = 15,705,366, page aligned
+    15,705,088, less a page for the reserved pages (``15,705,088 x 1,165.5 + 334,336`` = 18,304,614,400 >
+    18,304,604,160): 15,704,832; c4 states ``606,464 // 256 x 8`` = 18,952.  Before, kvpools sized it with the
+    generic 0.8 ratio."""
+    p = plan(V41, Serving(accounting="sglang"), memory="20GiB")
+    config = p.sizing.sglang_config
+    assert p.cell.sglang_bytes_per_token == 1165.5
+    assert (768 * 256 + 2 * 8192 + 256) + 4 * 256 * (128 + 256) == 606_464
+    available = 20 * 2**30 - 135_790_592 - 2_121_728 - 606_464 * 5000
+    assert int(available / 1165.5) == 15_705_366 and available < 15_705_088 * 1165.5 + 334_336
+    assert config["swa_max_total_num_tokens"] == 606_464
+    assert config["full_max_total_num_tokens"] == 15_704_832
+    assert config["c4_state_pool_size"] == 606_464 // 256 * 8 == 18_952
+    assert any("cap mode" in note for note in p.sizing.notes)
+    # the exact accounting still sizes the SWA pool by the ratio as given (0.8 unset): not cap mode
+    exact = plan(V41, Serving(accounting="exact"), memory="20GiB")
+    assert exact.sizing.sglang_config["swa_max_total_num_tokens"] != 606_464
 
 
 @pytest.mark.parametrize("memory", ("7GiB", "40GiB"))
