@@ -96,9 +96,7 @@ def test_no_paged_swa_pool_mapping_or_allocator() -> None:
     p = _plan()
     assert "swa" not in p.sizing.token_counts and p.windows == ()
     without = plan(
-        V41,
-        attrs.evolve(REPLAY, enable_encoder_swa_bounded_replay=False, accounting="sglang", swa_full_tokens_ratio=0.8),
-        memory="20GiB",
+        V41, attrs.evolve(REPLAY, enable_encoder_swa_bounded_replay=False, accounting="sglang"), memory="20GiB"
     )
     assert {"kv_swa", "full_to_swa", "swa_allocator"} <= {pool.name for pool in without.sizing.pools}
 

@@ -98,8 +98,7 @@ SERVINGS = [
     Serving(dsv4_kv_layout="v41", dsv4_compressed_kv_layout="fp4"),
     Serving(speculative_algorithm="EAGLE", speculative_num_steps=3, speculative_eagle_topk=1,
             speculative_num_draft_tokens=4, speculative_draft_num_layers=1),
-    # an explicit SWA ratio: left unset on a V4.1 checkpoint, SGLang 0.5.23 takes its SWA cap mode (refused)
-    Serving(accounting="sglang", dsv4_kv_layout="v41", swa_full_tokens_ratio=0.8),
+    Serving(accounting="sglang", dsv4_kv_layout="v41"),
 ]  # fmt: skip
 
 
