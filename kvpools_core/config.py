@@ -387,8 +387,10 @@ DSA_ARCHITECTURES = frozenset(
 """``is_deepseek_dsa``'s architectures (SGLang 0.5.23 ``configs/model_config.py``): DSA when the config also sets
 ``index_topk``."""
 
-DSV4_ARCHITECTURES = frozenset({"DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN"})
-"""DeepSeek-V4 compressed attention: another family (``is_deepseek_v4``)."""
+DSV4_ARCHITECTURES = frozenset({"DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN", "DeepseekV41ForCausalLM"})
+"""DeepSeek-V4 compressed attention: another family (``is_deepseek_v4``).  ``DeepseekV41ForCausalLM`` is
+DeepSeek-V4.1's own name: vLLM 0.33's model class, which SGLang 0.5.23 rewrites to ``DeepseekV4ForCausalLM`` for a
+``deepseek_v41`` config (``configs/deepseek_v41.py`` ``normalize_deepseek_v41_config``)."""
 
 
 def first_architecture(outer: ConfigReader) -> str | None:

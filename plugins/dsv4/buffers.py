@@ -706,7 +706,9 @@ def _pool_layout(
             # encoder replay: c4_state_pool_size = 0 SWA tokens // window x ring, so the ring's padding rows alone
             layout.append((state.nbytes, partial(_fixed_pool, state.name, state.nbytes)))
         elif state.layers:
-            # c4_state_pool_size = swa // window x ring: ring rows per window of SWA tokens.
+            # c4_state_pool_size = swa // window x ring: ring rows per window of SWA tokens (SGLang 0.5.23, which
+            # kvpools follows for DeepSeek-V4.1 stages: per SWA page, .v41_budget).
+            divisor = b.page_size if b.low_ratio.kv else max(b.window_size, 1)
             per_block = state.ring * state.row_bytes * len(state.layers)
             layout.append(
                 (
@@ -715,7 +717,7 @@ def _pool_layout(
                         _paged_pool,
                         state.name,
                         sizes.swa_tokens,
-                        max(b.window_size, 1),
+                        divisor,
                         per_block,
                         state.nbytes,
                         SWA_TOKENS,

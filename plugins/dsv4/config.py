@@ -96,8 +96,8 @@ def parse_dsv4_config(config: Mapping[str, Any], source: str) -> ModelSpec | Non
         context_len=context_length(reader, _CONTEXT_KEYS),
         dtype=model_dtype(reader),
         num_attention_heads=reader.integer("num_attention_heads", 0, minimum=0),
-        model_type=reader.string("model_type") or outer.string("model_type"),
-        hf_architectures=outer.string_list("architectures"),
+        model_type=v41_model_type(reader, outer),
+        hf_architectures=v41_architectures(outer),
         source=source,
         num_nextn_predict_layers=nextn,
         params={
@@ -110,6 +110,8 @@ def parse_dsv4_config(config: Mapping[str, Any], source: str) -> ModelSpec | Non
             # vLLM 0.33's DeepSeek-V4.1 reads these too (deepseek_v41/attention.py L332-337, nvidia/model.py L1307)
             "index_source_layer_ids": list(_layer_ids(reader, "index_source_layer_ids")),
             "engram_layer_ids": list(_layer_ids(reader, "engram_layer_ids")),
+            # SGLang 0.5.23's checkpoint_bundles_dspark_draft: a bundled DSpark head (dspark_* keys)
+            "dspark_bundled": any(reader.has(key) or outer.has(key) for key in DSPARK_BUNDLE_KEYS),
             **index,
         },
     )
@@ -185,3 +187,27 @@ def _qk_nope_head_dim(reader: ConfigReader, rope: int) -> int:
             "Fix 'head_dim' (it includes the rope dims) or state 'qk_nope_head_dim'.",
         )
     return head_dim - rope
+
+
+V41_MODEL_TYPE = "deepseek_v41"
+V41_ARCHITECTURE = "DeepseekV41ForCausalLM"
+DSPARK_BUNDLE_KEYS = ("dspark_block_size", "dspark_markov_rank", "dspark_noise_token_id", "dspark_target_layer_ids")
+"""The keys ``checkpoint_bundles_dspark_draft`` (``speculative/dspark_components/dspark_config.py``) looks for."""
+
+
+def v41_model_type(reader: ConfigReader, outer: ConfigReader) -> str:
+    """The model type: a ``deepseek_v41`` config's is ``deepseek_v41`` whatever its ``text_config`` says (SGLang
+    0.5.23's ``normalize_deepseek_v41_config`` drops the text config's ``model_type`` and sets ``deepseek_v41``)."""
+    if outer.string("model_type") == V41_MODEL_TYPE:
+        return V41_MODEL_TYPE
+    return reader.string("model_type") or outer.string("model_type")
+
+
+def v41_architectures(outer: ConfigReader) -> tuple[str, ...]:
+    """``architectures`` as SGLang 0.5.23 sees them: a ``deepseek_v41`` config naming ``["DeepseekV41ForCausalLM"]``
+    serves as ``["DeepseekV4ForCausalLM"]`` (``normalize_deepseek_v41_config``; vLLM 0.33 serves either name as
+    its ``DeepseekV41ForCausalLM`` for that model type, :mod:`.vllm_v41`).  Any other config keeps its list."""
+    architectures = tuple(outer.string_list("architectures"))
+    if outer.string("model_type") == V41_MODEL_TYPE and architectures == (V41_ARCHITECTURE,):
+        return ("DeepseekV4ForCausalLM",)
+    return architectures

@@ -32,8 +32,9 @@ rows padded to 512 B (interleaved 528 B), V4.1-fp4's 288 B rows padded to 256 B 
 ``--dsv4-attn-backend trtllm`` the uniform fp8 pool's ``page_size x 512`` B pages, unpadded (:mod:`.trtllm`).
 A padded page pins bytes no transfer ever writes or reads (:attr:`HostPool.unused_bytes`): at ``P = 256`` a V4
 c128 page holds 2 rows (1,168 B) in 1,728 B, a V4.1 one 2 rows (1,056 B) in 1,536 B.  The draft worker's SWA
-layers are packed into ``kv_swa`` (an MTP draft) or mirrored by a sidecar of the same host pages
-(``build_swa_draft_pools``: ``num_host_pages`` = the target's).
+layers are packed into ``kv_swa`` (an MTP draft, or a DSpark draft loaded as ``DeepseekV4ForCausalLMDSpark``:
+:func:`.dspark.dspark_packs_into_host`) or mirrored by a sidecar of the same host pages (``build_swa_draft_pools``:
+``num_host_pages`` = the target's).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from .buffers import (
     StateGeometry,
     dsv4_buffers,
 )
+from .dspark import dspark_packs_into_host
 
 ANCHOR_POOL = "kv"
 """The ``LogicalHostPool`` anchor's name (SGLang's ``PoolName.KV``); it mirrors the full-token allocator."""
@@ -150,7 +152,7 @@ def dsv4_host_pools(plan: Plan) -> list[HostPool]:
     ]
     if b.draft_swa is None:
         pools.append(_paged(plan, SWA_KV_POOL, (b.swa,), swa_pages, SWA_TOKENS, by_swa))
-    elif packs_draft_into_host(plan.model, serving):
+    elif packs_draft_into_host(plan.model, serving) or dspark_packs_into_host(plan.model, serving):
         pools.append(_paged(plan, SWA_KV_POOL, (b.swa, b.draft_swa), swa_pages, SWA_TOKENS, by_swa))
     else:
         sidecar = f"build_swa_draft_pools: the target's {swa_pages:,} SWA host pages"

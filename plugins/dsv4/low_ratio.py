@@ -21,9 +21,10 @@ SGLang 0.5.23's ``DeepSeekV4TokenToKVPool`` (``srt/mem_cache/deepseek_v4_memory_
   floats a row, ``ceil((size + ring + 1) / 2) x 2`` rows.  Ratio-1 layers keep no state; neither low ratio has
   indexer states.
 
-The budget: ref-002's ``DSV4PoolConfigurator`` counts c4 and c128 layers only, so ``--accounting sglang``
-charges the low-ratio layers their SWA rows alone (SGLang's counts, token-exact) while the pools built hold the
-pools above; ``--accounting exact`` solves over everything built.
+The budget: ref-002's ``DSV4PoolConfigurator`` counts c4 and c128 layers only; kvpools' ``--accounting sglang``
+follows SGLang 0.5.23's configurator for a model with these ratios instead, which prices the kv_source pools,
+the pair state and their reserved pages (:mod:`.v41_budget`); ``--accounting exact`` solves over everything
+built.
 
 The pools' shapes and bytes are :mod:`.buffers`' (``LowIndexGeometry``, ``LowRatioBuffers``,
 ``low_ratio_buffers``, ``low_ratio_layout``); this module holds the source rules and the refusals.

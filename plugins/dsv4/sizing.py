@@ -71,6 +71,13 @@ from .speculative import online_mtp_draft_tokens
 from .swa_req_ring import ring_capacity, ring_notes
 from .trtllm import backend_notes
 from .unified import platform_plans_layout, platform_pool_layout, unified_notes, unified_problems
+from .v41_budget import (
+    V41Budget,
+    v41_architecture_problems,
+    v41_budget,
+    v41_swa_cap_tokens,
+    v41_swa_ratio,
+)
 
 OWNER = "dsv4"
 SWA_TOKENS, C4_TOKENS, C128_TOKENS = "swa", "c4", "c128"
@@ -136,6 +143,12 @@ class DSV4Shape:
     """``Serving.decode_extra_slots`` on a decode node (SGLang's default when unset), else None."""
     uniform_fp8: bool = False
     """``--dsv4-attn-backend trtllm``: the configurator charges ``attn_head_dim`` a row (.trtllm)."""
+    v41: V41Budget | None = None
+    """SGLang 0.5.23's budget for a DeepSeek-V4.1 stage (ratios 1 / 2, :mod:`.v41_budget`); ``None``: ref-002's."""
+    replay: bool = False
+    """``--enable-encoder-swa-bounded-replay`` (0.5.23: no SWA bytes per token, no draft inflation)."""
+    swa_cap: int | None = None
+    """0.5.23's SWA cap mode on a V4.1 stage (:func:`.v41_budget.v41_swa_cap_tokens`): the SWA pool's slots."""
 
     @property
     def kv_bytes(self) -> int:
@@ -169,6 +182,8 @@ class DSV4Shape:
     @property
     def raw_bytes_per_full_token(self) -> float:
         """``_get_bytes_per_full_token``, in SGLang's float operations and order."""
+        if self.v41 is not None:
+            return self.v41.bytes_per_full_token(self, self.replay)
         c4_state_ratio = self.c4_ring / self.window
         c128_state_ratio = 0
         c4_frac = 1 / (4 * self.shrink)
@@ -186,7 +201,7 @@ class DSV4Shape:
     def bytes_per_full_token(self) -> float:
         """SGLang's coefficient: the raw figure, times ``(T + 1) / T`` when a draft worker is reserved."""
         value = self.raw_bytes_per_full_token
-        if self.speculative:
+        if self.speculative and not (self.v41 is not None and self.replay):
             draft_layers = 1
             value *= (self.num_layers + draft_layers) / self.num_layers
         return value
@@ -215,6 +230,16 @@ class DSV4Shape:
             last = 2 * self.attn_head_dim
         return rows * last * self.state_bytes * self.num_c128
 
+    def c2_state_fixed_bytes(self, max_running_requests: int) -> int:
+        """``_get_c2_state_fixed_bytes`` (0.5.23; 0 but on a DeepSeek-V4.1 stage with ratio-2 sources)."""
+        if self.v41 is None:
+            return 0
+        return self.v41.c2_state_fixed_bytes(self.req_slots(max_running_requests), self.attn_head_dim)
+
+    def fixed_state_bytes(self, max_running_requests: int) -> int:
+        """The request-slot state set aside before the tokens: the c128 state, and the ratio-2 pair state."""
+        return self.c128_state_fixed_bytes(max_running_requests) + self.c2_state_fixed_bytes(max_running_requests)
+
     def estimated_requests(self, token_capacity: int) -> int:
         """``_get_c128_state_fixed_bytes_for_token_capacity``'s request estimate."""
         estimated = max(min(int(token_capacity / self.context_len * 512), 4096), 2048)
@@ -223,13 +248,15 @@ class DSV4Shape:
     def sizes(self, full_token: int, page: int) -> dict[str, int]:
         """``_compute_dsv4_sizes`` (``c128_state_pool_size`` is set once requests are known)."""
         full = full_token // page * page
-        swa = int(full * self.swa_ratio) // page * page
+        swa = int(full * self.swa_ratio) // page * page if self.swa_cap is None else self.swa_cap
+        # 0.5.23 addresses the c4 state ring per SWA page; ref-002 (V4) per window
+        c4_state_divisor = page if self.v41 is not None else self.window
         return {
             "full_max_total_num_tokens": full,
             "swa_max_total_num_tokens": swa,
             "c4_max_total_num_tokens": full // (4 * self.shrink),
             "c128_max_total_num_tokens": full // 128,
-            "c4_state_pool_size": swa // self.window * self.c4_ring,
+            "c4_state_pool_size": swa // c4_state_divisor * (self.c4_ring if self.num_c4 or self.v41 is None else 0),
             "c128_state_pool_size": 0,
         }
 
@@ -248,7 +275,7 @@ def dsv4_shape(model: ModelSpec, serving: Serving) -> DSV4Shape:
         num_c4=sum(1 for layer in layers if layer.kind == C4),
         num_c128=sum(1 for layer in layers if layer.kind == C128),
         # encoder replay without paged draft layers sets the ratio to 0 (pool_configurator.py lines 1242-1243)
-        swa_ratio=0 if replay_on(serving) else serving.swa_full_tokens_ratio,
+        swa_ratio=0 if replay_on(serving) else v41_swa_ratio(model, serving),
         speculative=serving.speculative,
         draft_tokens=online_mtp_draft_tokens(serving),
         online=serving.enable_online_compress,
@@ -260,7 +287,16 @@ def dsv4_shape(model: ModelSpec, serving: Serving) -> DSV4Shape:
         requested_per_worker=None if requested is None else requested // serving.attn_dp_size,
         decode_extra_slots=serving.decode_extra_slots if serving.disaggregation_mode == "decode" else None,
         uniform_fp8=uniform_fp8(serving),
+        v41=v41_budget(model, serving, _kv_bytes(first, serving)),
+        replay=replay_on(serving),
+        swa_cap=v41_swa_cap_tokens(model, serving, int(first["window_size"])),
     )
+
+
+def _kv_bytes(params: Any, serving: Serving) -> int:
+    """``kv_bytes`` as :attr:`DSV4Shape.kv_bytes` reads it (before the shape exists)."""
+    nope, rope = int(params["qk_nope_head_dim"]), int(params["qk_rope_head_dim"])
+    return nope + rope if uniform_fp8(serving) else nope + rope * 2 + 8
 
 
 # ---------------------------------------------------------------------------
@@ -275,6 +311,7 @@ def dsv4_problems(model: ModelSpec, serving: Serving) -> list[str]:
     page = serving.page_size
     problems += host_problems(serving)
     problems += encoder_replay_problems(model, serving)
+    problems += v41_architecture_problems(model, serving)
     if serving.dcp_size > 1 and serving.speculative and serving.speculative_algorithm != "NGRAM":
         problems.append(
             f"{o('dcp_size')} {serving.dcp_size} with {o('speculative_algorithm')} {serving.speculative_algorithm}: "
@@ -393,6 +430,8 @@ def dsv4_cell_size(model: ModelSpec, serving: Serving) -> CellSize:
 
 
 def bytes_per_full_token_note(shape: DSV4Shape) -> str:
+    if shape.v41 is not None:
+        return _v41_bytes_note(shape, shape.v41)
     r = shape.swa_ratio
     terms = [f"{r} x {shape.kv_bytes} B x {shape.num_layers} layer(s) (SWA)"]
     if shape.num_c4:
@@ -412,6 +451,23 @@ def bytes_per_full_token_note(shape: DSV4Shape) -> str:
             f"{shape.bytes_per_full_token:,.4f} B"
         )
     return text + "; the c128 state is per request slot, fixed bytes outside this figure."
+
+
+def _v41_bytes_note(shape: DSV4Shape, v41: V41Budget) -> str:
+    """SGLang 0.5.23's coefficient for a DeepSeek-V4.1 stage, term by term (:mod:`.v41_budget`)."""
+    swa = v41.bytes_per_swa_token(shape, shape.replay)
+    terms = [f"{shape.swa_ratio} x {swa:,.4f} B (SWA rows of {shape.num_layers} layer(s) and c4 states, page padded)"]
+    names = {4: "c4 KV and indexer", 128: "c128", 1: "ratio-1 sources, KV and fp4 indexer", 2: "ratio-2 sources"}
+    for ratio, layers in v41.owners:
+        each = v41.compressed_bytes_per_full_token(shape, ratio)
+        terms.append(f"{each:,.4f} B x {layers} ({names[ratio]})")
+    text = (
+        f"SGLang 0.5.23's bytes per full token (DeepSeek-V4.1: the kv_source layers of ratios 1 / 2 priced, rows "
+        f"page padded) = {' + '.join(terms)} = {shape.raw_bytes_per_full_token:,.4f} B"
+    )
+    if shape.bytes_per_full_token != shape.raw_bytes_per_full_token:
+        text += f", x ({shape.num_layers} + 1 draft layer) / {shape.num_layers} = {shape.bytes_per_full_token:,.4f} B"
+    return text + "; the c128 and ratio-2 pair states are per request slot, fixed bytes outside this figure."
 
 
 # ---------------------------------------------------------------------------
@@ -498,9 +554,12 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
             **ring_capacity(serving, shape.window, requests),
             **({"request_window_bytes": window_bytes} if window_bytes else {}),
         },
-        sglang_estimate_bytes=int(full * shape.bytes_per_full_token)
-        + shape.c128_state_fixed_bytes(requests)
-        + window_bytes,
+        sglang_estimate_bytes=int(
+            full * shape.bytes_per_full_token + (shape.v41.padding_bytes(full) if shape.v41 else 0)
+        )
+        + shape.fixed_state_bytes(requests)
+        + window_bytes
+        + int(swa_cap_bytes(shape)),
         notes=notes,
         # encoder replay: no SWA token space (the window is per request slot, bounded by the request cap)
         token_counts=token_counts(sizes, swa=not window_bytes),
@@ -541,6 +600,13 @@ def token_counts(sizes: dict[str, int], *, swa: bool = True) -> dict[str, int]:
     return counts
 
 
+def swa_cap_bytes(shape: DSV4Shape) -> float:
+    """``_get_swa_fixed_bytes``' cap-mode term: ``swa_cap_tokens x bytes per SWA token`` (0 out of cap mode)."""
+    if shape.swa_cap is None or shape.v41 is None:
+        return 0
+    return shape.swa_cap * shape.v41.bytes_per_swa_token(shape, shape.replay)
+
+
 def _sglang_full_tokens(shape: DSV4Shape, budget_bytes: int, page: int, window_bytes: int = 0) -> tuple[int, int, str]:
     """``calculate_pool_sizes``' full tokens, the fixed bytes (the c128 state's, and encoder replay's
     ``request_window_bytes``, ``_get_swa_fixed_bytes``), and how they were decided."""
@@ -556,13 +622,28 @@ def _sglang_full_tokens(shape: DSV4Shape, budget_bytes: int, page: int, window_b
             f"(clamp(int(tokens / context {shape.context_len} x 512), 2048, 4096), at most tokens // 2)"
         )
     c128 = shape.c128_state_fixed_bytes(requests)
-    fixed = c128 + window_bytes
-    full_token = int(max(budget_bytes - fixed, 0) / bpft)
+    c2 = shape.c2_state_fixed_bytes(requests)
+    cap_bytes = swa_cap_bytes(shape)
+    exact_fixed = c128 + c2 + (window_bytes + cap_bytes)  # calculate_pool_sizes' order: _get_swa_fixed_bytes is a float
+    fixed = int(exact_fixed)
+    available = max(budget_bytes - exact_fixed, 0)
+    full_token = int(available / bpft)
     window = f" + request window {window_bytes:,}" if window_bytes else ""
+    if shape.swa_cap is not None:
+        window += f" + SWA cap pool {shape.swa_cap:,} x {cap_bytes / shape.swa_cap:,.4f} = {cap_bytes:,.0f}"
+    pair = f" + ratio-2 pair state {c2:,}" if c2 else ""
     how = (
-        f"SGLang's DSV4PoolConfigurator: c128 state fixed bytes {c128:,}{window} ({fmt_gib(fixed)}) for {source}; "
-        f"full tokens = int((budget {budget_bytes:,} - {fixed:,}) / {bpft:,.4f}) = {full_token:,}, page aligned."
+        f"SGLang's DSV4PoolConfigurator: c128 state fixed bytes {c128:,}{pair}{window} ({fmt_gib(fixed)}) for "
+        f"{source}; full tokens = int((budget {budget_bytes:,} - {fixed:,}) / {bpft:,.4f}) = {full_token:,}, page "
+        f"aligned."
     )
+    if shape.v41 is not None and shape.v41.padded:
+        aligned = full_token // page * page
+        full_token = shape.v41.fit(aligned, bpft, available)
+        how += (
+            f" Less the ratio-1/2 pools' reserved pages (_get_low_ratio_kv_padding_bytes: "
+            f"{shape.v41.padding_bytes(full_token):,.0f} B at {full_token:,} tokens): {full_token:,} full tokens."
+        )
     return full_token, fixed, how
 
 
@@ -649,26 +730,34 @@ def sub_pool_notes(
     """What decided each sub-pool (the report prints them)."""
     o = option
     full, swa = sizes["full_max_total_num_tokens"], sizes["swa_max_total_num_tokens"]
-    notes = (
-        [
-            f"SWA pool: none (encoder replay's request window holds the SWA rows of all {shape.num_layers} "
-            f"layer(s) of this stage; swa_max_total_num_tokens {swa})."
+    if shape.swa_cap is not None:
+        notes = [
+            f"SWA pool: SGLang 0.5.23's cap mode ({o('swa_full_tokens_ratio')} unset on a DeepSeek-V4.1 checkpoint): "
+            f"{swa:,} tokens from the request cap and radix prefix tails (_resolve_swa_cap_tokens), for all "
+            f"{shape.num_layers} layer(s) of this stage, set aside before the full tokens."
         ]
-        if window_bytes
-        else [
-            f"SWA pool: int({full:,} full tokens x {o('swa_full_tokens_ratio')} {shape.swa_ratio}) page aligned = "
-            f"{swa:,} tokens, for all {shape.num_layers} layer(s) of this stage."
-        ]
-    )
+    else:
+        notes = (
+            [
+                f"SWA pool: none (encoder replay's request window holds the SWA rows of all {shape.num_layers} "
+                f"layer(s) of this stage; swa_max_total_num_tokens {swa})."
+            ]
+            if window_bytes
+            else [
+                f"SWA pool: int({full:,} full tokens x {o('swa_full_tokens_ratio')} {shape.swa_ratio}) page aligned = "
+                f"{swa:,} tokens, for all {shape.num_layers} layer(s) of this stage."
+            ]
+        )
     if shape.num_c4:
         divisor = (
             f"(4 x HiSparse host_to_device_ratio {shape.shrink}; {o('enable_hisparse')} keeps the rest on the host)"
             if shape.shrink > 1
             else "4"
         )
+        per = f"page {shape.v41.page}" if shape.v41 is not None else f"window {shape.window}"
         notes.append(
             f"c4 pool (KV and indexer, {shape.num_c4} layer(s)): full // {divisor} = "
-            f"{sizes['c4_max_total_num_tokens']:,} rows; c4 states: SWA {swa:,} // window {shape.window} x ring "
+            f"{sizes['c4_max_total_num_tokens']:,} rows; c4 states: SWA {swa:,} // {per} x ring "
             f"{shape.c4_ring}{' (speculative)' if shape.speculative else ''} = {sizes['c4_state_pool_size']:,} rows."
         )
     if shape.num_c128:

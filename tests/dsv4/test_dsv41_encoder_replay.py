@@ -8,10 +8,20 @@ requests (``apply_deepseek_v4_defaults``), chunked prefill 8192.  The numbers, b
   capacity ``ceil_align(128 + 0, 256)`` = 256, scratch ``max(8192, 257 x 128) + 257 x 128 + 256`` = 66,048;
   ``(257 x 256 + 256) x 8 x (584 + 16)`` = 317,030,400, ``4 x 66,048 x 600`` = 158,515,200,
   ``257 x 3 x 16 x 512 x 8`` = 50,528,256: 526,073,856 B;
-* the bytes per full token with the SWA ratio 0 (lines 1242-1243): ``1/4 x 584 + 1/4 x 132 + 1/128 x 584`` =
-  183.5625 B; the c128 state: ``ceil((257 x 128 + 128 + 1) / 128) x 128 x 2 x 512 x 4`` = 135,790,592 B; full
-  tokens ``int((21,474,836,480 - 135,790,592 - 526,073,856) / 183.5625)`` = 113,383,572, page aligned
-  113,383,424;
+* the bytes per full token with the SWA ratio 0 (lines 1242-1243), SGLang 0.5.23's ``_get_bytes_per_full_token``
+  over the owners ``collect_sources_by_ratio`` gives (c4 layer 4, c128 layer 5, kv_source layers 1 (ratio 1)
+  and 2 (ratio 2)), each row page padded (``_get_paged_kv_bytes_per_token``: ``KVLayout.page_bytes(P // r) /
+  (P // r)``, V4 rows of 584 B in strides of 576): c4 ``1/4 x 585 + 1/4 x 132`` = 179.25, c128 ``1/128 x 864``
+  (two 584 B rows padded to 1,728) = 6.75, ratio 1 ``(585 + 68) / 1`` = 653 (fp4 indexer 64 + 4 B), ratio 2
+  ``(585 + 68) / 2`` = 326.5: 1,165.5 B; the c128 state: ``ceil((257 x 128 + 128 + 1) / 128) x 128 x 2 x 512 x
+  4`` = 135,790,592 B; the ratio-2 pair state (``_get_c2_state_fixed_bytes``): ``ceil((257 x 2 + 2 + 1) / 2) x
+  2`` = 518 rows x 2 x 512 x 4 B = 2,121,728 B; full tokens ``int((21,474,836,480 - 135,790,592 - 2,121,728 -
+  526,073,856) / 1,165.5)`` = 17,855,727, page aligned 17,855,488; the reserved pages
+  (``_get_low_ratio_kv_padding_bytes``): ratio 1 ``256 x 585 + (17,855,808 - 17,855,488) x 68`` = 171,520,
+  ratio 2 ``256 x 585 + (8,927,936 - 8,927,744) x 68`` = 162,816, and ``17,855,488 x 1,165.5 + 334,336`` =
+  20,810,905,600 exceeds the 20,810,850,304 B left, so one page comes off: 17,855,232 (``17,855,232 x 1,165.5
+  + 334,336`` = 20,810,607,232 fits).  (ref-002's configurator, which kvpools followed before, charged the
+  ratio-1/2 layers nothing here: 183.5625 B a token, 113,383,424 full tokens, 622 % of the budget built.)
 * the window (``dsv41_request_window.py`` lines 226-264, ``deepseek_v4_memory_pool.py`` lines 1137-1180): 257
   request-table rows, capacity 256, rows 65,792; state ``_make_kv_pool(65,792 + 256)``: ``ceil((66,048 + 256) /
   256)`` = 259 pages of ``ceil(256 x 584 / 576) x 576`` = 149,760 B per layer, x 8 = 310,302,720 B; tags int64
@@ -55,12 +65,15 @@ def test_the_configurator_sets_the_request_window_aside() -> None:
     p = _plan()
     config = p.sizing.sglang_config
     assert config["request_window_bytes"] == 317_030_400 + 158_515_200 + 50_528_256 == 526_073_856
-    assert int((BUDGET - 135_790_592 - 526_073_856) / 183.5625) == 113_383_572
-    assert p.max_total_num_tokens == config["full_max_total_num_tokens"] == 113_383_424
+    assert config["request_window_bytes"] == 526_073_856
+    assert p.cell.sglang_bytes_per_token == 1 / 4 * 585 + 1 / 4 * 132 + 864 / 128 + 653 + 326.5 == 1165.5
+    assert int((BUDGET - 135_790_592 - 2_121_728 - 526_073_856) / 1165.5) == 17_855_727
+    assert BUDGET - 135_790_592 - 2_121_728 - 526_073_856 < 17_855_488 * 1165.5 + 171_520 + 162_816
+    assert p.max_total_num_tokens == config["full_max_total_num_tokens"] == 17_855_232
     assert p.max_running_requests == 256
     # the SWA ratio 0 and cap 0: no SWA tokens, and the c4 states priced per SWA slot have none either
     assert config["swa_max_total_num_tokens"] == 0 and config["c4_state_pool_size"] == 0
-    assert p.cell.sglang_bytes_per_token == 183.5625
+    assert any("ratio-2 pair state 2,121,728" in note for note in p.sizing.notes)
     assert any("request window 526,073,856" in note for note in p.sizing.notes)
 
 
@@ -116,8 +129,8 @@ def test_capacity_is_bounded_by_the_request_cap_not_a_swa_space() -> None:
     answer = concurrency(_plan(), 4096)
     assert answer.concurrent_requests == 256 and answer.binding == REQUEST_CAP
     assert "swa tokens" not in answer.limits
-    # full tokens: 113,383,424 // 4096 = 27,681 requests of 4k; the request cap binds far below
-    assert answer.limits["full tokens"] == 113_383_424 // 4096
+    # full tokens: 17,855,232 // 4096 = 4,359 requests of 4k; the request cap binds far below
+    assert answer.limits["full tokens"] == 17_855_232 // 4096
 
 
 def test_a_smaller_request_cap_shrinks_the_window() -> None:

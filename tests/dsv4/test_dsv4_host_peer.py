@@ -162,3 +162,39 @@ def test_the_pair_state_is_never_mirrored(name: str) -> None:
     assert p.host is not None
     assert "c2_pair_state" in {pool.name for pool in p.pools}
     assert "c2_pair_state" not in {pool.name for pool in p.host.pools}
+
+
+def test_a_bundled_dspark_draft_is_packed_into_kv_swa(tmp_path: Path) -> None:
+    """DSPARK with a checkpoint that bundles a DSpark head (``dspark_block_size`` in the target config): SGLang loads
+    the draft as ``DeepseekV4ForCausalLMDSpark`` (``configs/model_config.py`` L1041-1060) and
+    ``_can_pack_hicache_mtp`` packs its SWA layer into the target's ``kv_swa`` (``HiCacheDraftMode.PACKED``):
+    43 + 1 layers, no ``draft_kv_swa`` sidecar; without the head it is a sidecar of the same pages."""
+    preset = Path(__file__).parents[2] / "plugins/dsv4/presets/deepseek-v4-flash.json"
+    bundled = tmp_path / "deepseek-v4-flash-dspark.json"
+    bundled.write_text(json.dumps({**json.loads(preset.read_text()), "dspark_block_size": 8}))
+    serving = _hicache(
+        tp_size=8,
+        max_running_requests=64,
+        speculative_algorithm="DSPARK",
+        speculative_draft_num_layers=1,
+        speculative_num_draft_tokens=8,
+    )
+    packed = plan(str(bundled), serving, memory="40GiB", host_memory="4TiB")
+    sidecar = plan(FLASH, serving, memory="40GiB", host_memory="4TiB")
+    assert packed.host is not None and sidecar.host is not None
+    ours = {pool.name: pool for pool in packed.host.pools}
+    assert ours["kv_swa"].packed == ("draft_kv_swa",) and "draft_kv_swa" not in ours
+    assert "draft_kv_swa" in {pool.name for pool in sidecar.host.pools}
+    # the same bytes, in SGLang's structure
+    assert sum(pool.bytes for pool in packed.host.pools) == sum(pool.bytes for pool in sidecar.host.pools)
+    done = subprocess.run(
+        [str(PYTHON), str(PEER)], input=json.dumps([_case(packed)]), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    [sglang] = json.loads(done.stdout)
+    assert "error" not in sglang, sglang
+    entries = dict((NAMES[entry], record) for entry, record in sglang["entries"])
+    assert list(entries) == [pool.name for pool in packed.host.pools]
+    assert entries["kv_swa"]["layers"] == 43 + 1
+    swa = entries["kv_swa"]
+    assert ours["kv_swa"].bytes == swa["num_host_pages"] * swa["layers"] * swa["item_bytes"]
