@@ -132,7 +132,10 @@ class TokenAllocator(BaseAllocator):
                     self._check_count(m)
                 if self._snaps:
                     self._materialize()
-                if self.need_sort:
+                if self._in_group:  # checked now, usable at the group's end (SGLang's free_group)
+                    pos = rel + pend
+                    self._pend = pend + m
+                elif self.need_sort:
                     pos = rel
                     self._rel = rel + m
                 else:
@@ -160,7 +163,10 @@ class TokenAllocator(BaseAllocator):
             self._check_release(units)
             self._check_count(m)
         self._claim(units)
-        if self.need_sort:
+        if self._in_group:  # usable at the group's end
+            pos = rel + pend
+            self._pend = pend + m
+        elif self.need_sort:
             pos = rel
             self._rel = rel + m
         else:
