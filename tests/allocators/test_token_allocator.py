@@ -628,3 +628,26 @@ def test_a_merge_inside_a_group_keeps_the_parked_calls() -> None:
     with pytest.raises(AllocatorError, match=r"foreign slot\(s\) \[9\]"):
         a.free_group_end()
     assert a.available_size() == 2
+
+
+class TokenLargeMachine(TokenMachine):
+    """The same traffic on 200 slots: frees of more than 64 slots inside a group (checked at the call and held
+    until the group's end, where smaller ones are parked unchecked) mixed with allocations, backups and
+    restores inside the group."""
+
+    SIZE = 200
+
+    @rule(n=st.integers(65, 120))
+    def alloc_many(self, n: int) -> None:
+        """An allocation whose whole free is more than 64 slots (the draws of ``alloc`` seldom are)."""
+        self.alloc(n)
+
+
+class TokenLargeCheckedMachine(TokenLargeMachine):
+    checked = True
+
+
+TestTokenLarge = TokenLargeMachine.TestCase
+TestTokenLarge.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestTokenLargeChecked = TokenLargeCheckedMachine.TestCase
+TestTokenLargeChecked.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
