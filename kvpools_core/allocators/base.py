@@ -166,6 +166,8 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         self._head = 0
         self._rel = 0
         self._pend = 0
+        # token, host path: slots a group freed (checked at the call) held just below head until its end
+        self._hold = 0
         self._in_group = False
         # paged: what frees inside a group left for free_group_end (page-id tensors,
         # or byte copies of slot tensors on the host path)
@@ -293,7 +295,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         refs = torch.ones(n + 1, dtype=torch.int32, device=self.device)
         refs[0] = 0
         rel, pend = self._rel, self._pend
-        free = [self._buf[self._head :], self._buf[: rel + pend], *self._pending_units()]
+        free = [self._buf[self._head - self._hold :], self._buf[: rel + pend], *self._pending_units()]
         if self._deferred:  # a free the open group has not checked yet is not counted free
             keep = torch.ones(rel + pend, dtype=torch.bool)
             for off, m in self._deferred:
@@ -401,7 +403,10 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
                 self.free_group_end()  # the group's other frees stand, as if each call had been checked alone
                 raise
         self._in_group = False
-        pend = self._pend
+        pend, hold = self._pend, self._hold
+        if hold:  # held just below head already (never with need_sort): head moves over them
+            self._hold = 0
+            self._head -= hold
         if not pend:
             return
         self._pend = 0
@@ -442,6 +447,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
 
         An open free group's unchecked frees are range-checked first (a snapshot holds checked ids only)."""
         self._settle_deferred()
+        self._unhold()
         state = AllocatorState(
             self._token,
             (self._head, self._rel, self._pend, self._in_group),
@@ -470,6 +476,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
             if self._allocated is not None and state._allocated is not None:
                 self._allocated.copy_(state._allocated)
         self._head, self._rel, self._pend, self._in_group = state._counters
+        self._hold = 0  # a snapshot is taken with nothing held
         self._deferred = []  # a snapshot is taken settled
         self._pending = list(state._pending[0])
         self._pending_bytes = list(state._pending[1])
@@ -486,7 +493,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
             self._allocated.zero_()
         if self._refs is not None:
             self._refs.zero_()
-        self._head = self._rel = self._pend = 0
+        self._head = self._rel = self._pend = self._hold = 0
         self._in_group = False
         self._pending = []
         self._pending_bytes = []
@@ -649,7 +656,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
 
     def _check_count(self, m: int) -> None:
         """Refuse freeing more units than are allocated (a double free, caught without the map)."""
-        allocated = self._head - self._rel - self._pend
+        allocated = self._head - self._rel - self._pend - self._hold
         if m > allocated:
             raise AllocatorError(
                 f"free of {m} {self._kind}s but only {allocated} are allocated; "
@@ -677,6 +684,8 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
                 f"{k} new {self._kind}s asked for (num_new_pages, or lengths with prefix_lens > seq_lens?); "
                 "need a count >= 0; nothing was allocated"
             )
+        if self._hold:
+            self._unhold()
         head = self._head
         if k > self._n - head:
             if k > self._n - head + self._rel:
@@ -687,6 +696,22 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         if self._refs is not None:
             self._refs[self._buf[head : head + k]] = 1
         return head
+
+    def _unhold(self) -> None:
+        """Move the slots an open group holds below head to its pending region (before an allocation moves
+        head, or a snapshot): they stay freed-in-the-group, only where they are kept changes."""
+        hold = self._hold
+        if not hold:
+            return
+        if self._snaps:
+            self._materialize()
+        head, pos = self._head, self._rel + self._pend
+        if self._addr:
+            _memmove(self._addr + 8 * pos, self._addr + 8 * (head - hold), 8 * hold)  # overlap-safe
+        else:
+            self._buf[pos : pos + hold] = self._buf[head - hold : head].clone()
+        self._pend += hold
+        self._hold = 0
 
     def _mark_allocated(self, units: Tensor) -> None:
         assert self._allocated is not None
@@ -728,7 +753,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
             return
         if not validated:
             if self._allocated is not None:
-                if m > self._head - self._rel - self._pend:  # the map's own error first, then the count's
+                if m > self._head - self._rel - self._pend - self._hold:  # the map's error first, then the count's
                     self._check_release(units)
                     self._check_count(m)
                 self._claim(units)  # checked and marked freed in one pass
@@ -756,7 +781,7 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
         pending region inside a group, the release region with ``need_sort``,
         else just before ``head``.  The caller writes them there."""
         rel, pend, head = self._rel, self._pend, self._head
-        if m > head - rel - pend:
+        if m > head - rel - pend - self._hold:
             self._check_count(m)
         if self._snaps:
             self._materialize()

@@ -65,12 +65,12 @@ class TokenAllocator(BaseAllocator):
         head = self._head
         end = head + need_size
         arr = self._host_arr
-        if arr is not None and need_size > 0 and end <= self._n:
+        if arr is not None and need_size > 0 and end <= self._n and not self._hold:
             self._head = end
             # the array slice is a private copy; the tensor shares (and keeps) it
             return torch.frombuffer(arr[head:end], dtype=_I64)
         checked_host = self._allocated is not None and self._refs is None and self._arr is not None
-        if checked_host and need_size > 0 and end <= self._n:  # the same copy, then one index_fill_ of the map
+        if checked_host and need_size > 0 and end <= self._n and not self._hold:  # the same copy, one index_fill_
             assert self._arr is not None
             self._head = end
             out = torch.frombuffer(self._arr[head:end], dtype=_I64)
@@ -109,7 +109,7 @@ class TokenAllocator(BaseAllocator):
                 # when the group settles.  A larger free is checked at the call: its check is a small share of it,
                 # and on the shared trace replay parking them measured slower (benchmarks/README.md)
                 rel, pend = self._rel, self._pend
-                if m > self._head - rel - pend:  # the range's (or the map's) error first, then the count's
+                if m > self._head - rel - pend - self._hold:  # the range's (or the map's) error, then the count's
                     if self._allocated is not None:
                         self._check_release(indices.view(-1))
                     else:
@@ -127,12 +127,19 @@ class TokenAllocator(BaseAllocator):
                 if lo < 1 or hi > self._n:
                     raise self._range_error(indices.view(-1))
                 # _park, inlined: this is the hot path of a scheduler's frees
-                rel, pend, head = self._rel, self._pend, self._head
-                if m > head - rel - pend:
+                rel, pend, head, hold = self._rel, self._pend, self._head, self._hold
+                if m > head - rel - pend - hold:
                     self._check_count(m)
                 if self._snaps:
                     self._materialize()
-                if self.need_sort:
+                if self._in_group:  # checked now, usable at the group's end (SGLang's free_group)
+                    if self.need_sort:
+                        pos = rel + pend
+                        self._pend = pend + m
+                    else:  # held just below head: free_group_end moves head over them, no second copy
+                        pos = head - hold - m
+                        self._hold = hold + m
+                elif self.need_sort:
                     pos = rel
                     self._rel = rel + m
                 else:
@@ -155,12 +162,18 @@ class TokenAllocator(BaseAllocator):
         m = units.numel()
         if not m:
             return
-        rel, pend, head = self._rel, self._pend, self._head
-        if m > head - rel - pend:  # the map's own error first, then the count's
+        rel, pend, head, hold = self._rel, self._pend, self._head, self._hold
+        if m > head - rel - pend - hold:  # the map's own error first, then the count's
             self._check_release(units)
             self._check_count(m)
         self._claim(units)
-        if self.need_sort:
+        if self._in_group and not self.need_sort:  # held just below head until the group's end
+            pos = head - hold - m
+            self._hold = hold + m
+        elif self._in_group:  # usable at the group's end
+            pos = rel + pend
+            self._pend = pend + m
+        elif self.need_sort:
             pos = rel
             self._rel = rel + m
         else:

@@ -130,6 +130,34 @@ def test_free_group_defers_until_end(device: str) -> None:
     assert sorted(a.alloc(3).tolist()) == sorted(out[:3].tolist())  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("checked", [False, True])
+@pytest.mark.parametrize("need_sort", [False, True])
+@pytest.mark.parametrize("m", [10, 64, 65, 600])
+def test_free_group_holds_frees_of_any_size_until_end(m: int, need_sort: bool, checked: bool, device: str) -> None:
+    """Every free inside a group comes back at its end, however many slots it frees (a free of more than 64
+    slots, checked at the call, used to go straight back to the free stack and be handed out inside the group).
+
+    SGLang 0.5.23 (peers venv, ``sglang/srt/mem_cache/allocator/``): ``TokenToKVPoolAllocator.free`` appends
+    to ``free_group`` while a group is open (token.py:69-75), ``available_size`` counts ``free_pages`` and
+    ``release_pages`` only (token.py:50-52), and ``free_group_end`` frees the group's slots (base.py:217-220).
+    Here: 1000 slots, ``m`` and 10 allocated, the ``m`` freed inside a group: 1000 - m - 10 stay available,
+    all of them (and none of the ``m``) can be allocated inside the group, and ``m`` come back at its end.
+    """
+    a = TokenAllocator(1000, need_sort=need_sort, checked=checked, device=device)
+    freed, kept = a.alloc(m), a.alloc(10)
+    assert freed is not None and kept is not None
+    a.free_group_begin()
+    a.free(freed)
+    assert a.available_size() == 1000 - m - 10
+    rest = a.alloc(1000 - m - 10)
+    assert rest is not None and not set(rest.tolist()) & set(freed.tolist())
+    assert a.alloc(1) is None
+    a.free_group_end()
+    assert a.available_size() == m
+    again = a.alloc(m)
+    assert again is not None and sorted(again.tolist()) == sorted(freed.tolist())
+
+
 def test_free_group_nesting_is_an_error() -> None:
     a = TokenAllocator(4)
     with pytest.raises(RuntimeError, match="without free_group_begin"):
@@ -600,3 +628,26 @@ def test_a_merge_inside_a_group_keeps_the_parked_calls() -> None:
     with pytest.raises(AllocatorError, match=r"foreign slot\(s\) \[9\]"):
         a.free_group_end()
     assert a.available_size() == 2
+
+
+class TokenLargeMachine(TokenMachine):
+    """The same traffic on 200 slots: frees of more than 64 slots inside a group (checked at the call and held
+    until the group's end, where smaller ones are parked unchecked) mixed with allocations, backups and
+    restores inside the group."""
+
+    SIZE = 200
+
+    @rule(n=st.integers(65, 120))
+    def alloc_many(self, n: int) -> None:
+        """An allocation whose whole free is more than 64 slots (the draws of ``alloc`` seldom are)."""
+        self.alloc(n)
+
+
+class TokenLargeCheckedMachine(TokenLargeMachine):
+    checked = True
+
+
+TestTokenLarge = TokenLargeMachine.TestCase
+TestTokenLarge.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestTokenLargeChecked = TokenLargeCheckedMachine.TestCase
+TestTokenLargeChecked.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
