@@ -684,12 +684,12 @@ class BaseAllocator(BaseTokenToKVPoolAllocator):
                 f"{k} new {self._kind}s asked for (num_new_pages, or lengths with prefix_lens > seq_lens?); "
                 "need a count >= 0; nothing was allocated"
             )
+        if k > self._n - self._head + self._rel:  # refused before the held slots move: nothing changes
+            return None
         if self._hold:
             self._unhold()
         head = self._head
         if k > self._n - head:
-            if k > self._n - head + self._rel:
-                return None
             self.merge_and_sort_free()
             head = self._head
         self._head = head + k

@@ -158,6 +158,25 @@ def test_free_group_holds_frees_of_any_size_until_end(m: int, need_sort: bool, c
     assert again is not None and sorted(again.tolist()) == sorted(freed.tolist())
 
 
+@pytest.mark.parametrize("checked", [False, True])
+def test_a_refused_alloc_in_a_group_moves_no_held_slot(checked: bool, device: str) -> None:
+    """An ``alloc`` the allocator refuses (more than is available) changes nothing, even with a group holding a
+    large free below head: 200 slots, 65 + 65 allocated and the first 65 freed in the group leave 70 available;
+    asking 71 is None and the state is what it was (the held slots used to move to the pending region first;
+    found by ``TestTokenLargeChecked``)."""
+    a = TokenAllocator(200, checked=checked, device=device)
+    first, second = a.alloc(65), a.alloc(65)
+    assert first is not None and second is not None
+    a.free_group_begin()
+    a.free(first)
+    before = fingerprint(a)
+    assert a.available_size() == 70
+    assert a.alloc(71) is None
+    assert fingerprint(a) == before
+    a.free_group_end()
+    assert a.available_size() == 135
+
+
 def test_free_group_nesting_is_an_error() -> None:
     a = TokenAllocator(4)
     with pytest.raises(RuntimeError, match="without free_group_begin"):
