@@ -93,6 +93,9 @@ def test_cap_mode_exact_plan_by_hand() -> None:
     shape = dsv4_shape(p.model, p.serving)
     assert exact_bytes(p.model, p.serving, shape, full + 256) > BUDGET
     assert any("cap mode" in note for note in p.sizing.notes)
+    # the bytes-per-full-token note adds up in cap mode (before, it printed the unused 0.1 x 5,000 term)
+    (bpft,) = (note for note in p.cell.notes if "bytes per full token" in note)
+    assert "0 x 5,000.0000 B" in bpft and "0.1 x" not in bpft and "= 1,165.5000 B" in bpft
 
 
 def test_no_chunked_prefill_exact_plan_by_hand() -> None:
