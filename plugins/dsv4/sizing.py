@@ -456,7 +456,11 @@ def bytes_per_full_token_note(shape: DSV4Shape) -> str:
 def _v41_bytes_note(shape: DSV4Shape, v41: V41Budget) -> str:
     """SGLang 0.5.23's coefficient for a DeepSeek-V4.1 stage, term by term (:mod:`.v41_budget`)."""
     swa = v41.bytes_per_swa_token(shape, shape.replay)
-    terms = [f"{shape.swa_ratio} x {swa:,.4f} B (SWA rows of {shape.num_layers} layer(s) and c4 states, page padded)"]
+    what = f"SWA rows of {shape.num_layers} layer(s) and c4 states, page padded"
+    if shape.swa_cap is not None:  # cap mode: the ratio term leaves the coefficient (V41Budget.bytes_per_full_token)
+        terms = [f"0 x {swa:,.4f} B ({what}; cap mode: the {shape.swa_cap:,} SWA slots are fixed bytes)"]
+    else:
+        terms = [f"{shape.swa_ratio} x {swa:,.4f} B ({what})"]
     names = {4: "c4 KV and indexer", 128: "c128", 1: "ratio-1 sources, KV and fp4 indexer", 2: "ratio-2 sources"}
     for ratio, layers in v41.owners:
         each = v41.compressed_bytes_per_full_token(shape, ratio)

@@ -32,7 +32,9 @@ ref-002's, which the oracle pins):
 
 0.5.23's SWA cap mode (``_resolve_swa_cap_tokens``, taken when ``--swa-full-tokens-ratio`` is left unset on a
 V4.1 checkpoint) sizes the SWA pool from the request cap instead of the ratio (:func:`v41_swa_cap_tokens`): the
-ratio term leaves the coefficient and ``cap x bytes per SWA token`` joins the fixed bytes.
+ratio term leaves the coefficient and ``cap x bytes per SWA token`` joins the fixed bytes.  ``--accounting exact``
+builds that same SWA pool (the cap, or the 0.1 default where cap mode is unusable) and solves the most full tokens
+whose pools fit, as it does for a given ratio.
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ __all__ = [
     "v41_swa_cap_tokens",
     "v41_swa_ratio",
 ]
+
+SGLANG_ACCOUNTINGS = ("exact", "sglang")
+"""The accountings that plan SGLang's server: both size a V4.1 SWA pool as 0.5.23's configurator does (cap mode,
+or the 0.1 default); ``--accounting exact`` then solves the most full tokens whose pools fit (issue 33)."""
 
 DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO = 0.1
 """``DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO`` (``pool_configurator.py``): the configurator's ratio when the operator
@@ -209,8 +215,9 @@ def v41_budget(model: ModelSpec, serving: Serving, kv_bytes: int) -> V41Budget |
 
 
 def v41_swa_cap_tokens(model: ModelSpec, serving: Serving, window: int) -> int | None:
-    """0.5.23's SWA cap mode (``_resolve_swa_cap_tokens``, ``compute_swa_request_cap``) under ``--accounting
-    sglang``: SWA slots reserved from the request cap, or ``None`` where the configurator keeps ratio sizing.
+    """0.5.23's SWA cap mode (``_resolve_swa_cap_tokens``, ``compute_swa_request_cap``) under SGLang's
+    accountings (``sglang`` and ``exact``: the SWA pool SGLang builds): SWA slots reserved from the request cap,
+    or ``None`` where the configurator keeps ratio sizing.
 
     Taken for a V4.1 checkpoint (no 0.1 default, ``_deepseek_v4_overrides``) with ``--swa-full-tokens-ratio``
     unset, the separate-KV pool, ``--max-running-requests`` known and chunked prefill on (or a PD decode node);
@@ -220,7 +227,9 @@ def v41_swa_cap_tokens(model: ModelSpec, serving: Serving, window: int) -> int |
     ``--disable-overlap-schedule``; the rank's chunk) or on a decode node ``R x (W + E + 2P) + (W + P) x extra
     slots``; prefix tails ``4 R`` (0 without the radix cache); ``ceil_align(cap + tails x (W + P), P)``.
     """
-    if serving.accounting != "sglang" or not is_v41_stage(model) or serving.enable_encoder_swa_bounded_replay:
+    if serving.accounting not in SGLANG_ACCOUNTINGS or not is_v41_stage(model):
+        return None
+    if serving.enable_encoder_swa_bounded_replay:
         return None
     if not is_unset(serving.swa_full_tokens_ratio) or serving.max_running_requests is None:
         return None
@@ -260,11 +269,11 @@ def v41_architecture_problems(model: ModelSpec, serving: Serving) -> list[str]:
 
 
 def v41_swa_ratio(model: ModelSpec, serving: Serving) -> float:
-    """The SWA ratio 0.5.23's configurator sizes a V4.1 stage by under ``--accounting sglang``: the operator's, or,
-    left unset, ``DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO`` 0.1, not the generic 0.8 (a V4.1 checkpoint gets no 0.1
-    engine default, ``_deepseek_v4_overrides``): what sizes the SWA pool where cap mode is unusable (no chunked
-    prefill; in cap mode, :func:`v41_swa_cap_tokens`, the ratio is unused)."""
+    """The SWA ratio 0.5.23's configurator sizes a V4.1 stage by under SGLang's accountings (``sglang`` and
+    ``exact``): the operator's, or, left unset, ``DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO`` 0.1, not the generic 0.8 (a
+    V4.1 checkpoint gets no 0.1 engine default, ``_deepseek_v4_overrides``): what sizes the SWA pool where cap mode
+    is unusable (no chunked prefill; in cap mode, :func:`v41_swa_cap_tokens`, the ratio is unused)."""
     ratio = serving.swa_full_tokens_ratio
-    if serving.accounting == "sglang" and is_v41_stage(model) and is_unset(ratio):
+    if serving.accounting in SGLANG_ACCOUNTINGS and is_v41_stage(model) and is_unset(ratio):
         return DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO
     return float(ratio)

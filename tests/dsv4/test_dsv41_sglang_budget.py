@@ -16,9 +16,9 @@ exact`` charges it, :func:`kvpools_plugins.dsv4.buffers.pool_specs`):
   1,198,080 B here);
 * what goes past the budget is the pools SGLang sizes outside the configurator (``req_to_token``, the allocators'
   free lists, the full-to-SWA mapping), and nothing else;
-* outside cap mode (where the exact accounting sizes the SWA pool by the ratio instead), the sglang plan holds at
-  least the exact plan's full tokens, and its extra tokens cost (at SGLang's bytes per
-  full token) no more than those pools outside and the slack: they are what pays for them.
+* the sglang plan holds at least the exact plan's full tokens (in cap mode too: both build SGLang's SWA pool),
+  and its extra tokens cost (at SGLang's bytes per full token) no more than those pools outside and the slack:
+  they are what pays for them.
 """
 
 from __future__ import annotations
@@ -59,8 +59,6 @@ def test_the_sglang_plan_fits_its_budget_within_sglangs_slack(serving: Serving, 
     assert charged - estimate <= SLACK
     assert set(outside) <= OUTSIDE
     assert sglang.planned_bytes - budget <= sum(outside.values()) + SLACK
-    if dsv4_shape(sglang.model, sglang.serving).swa_cap is not None:
-        return  # cap mode: the exact accounting sizes its SWA pool by the ratio, so the full tokens differ by design
     extra = sglang.max_total_num_tokens - exact.max_total_num_tokens
     assert 0 <= extra * sglang.cell.sglang_bytes_per_token <= sum(outside.values()) + SLACK
 
@@ -105,9 +103,10 @@ def test_sglangs_swa_cap_mode_by_hand() -> None:
     assert config["full_max_total_num_tokens"] == 15_704_832
     assert config["c4_state_pool_size"] == 606_464 // 256 * 8 == 18_952
     assert any("cap mode" in note for note in p.sizing.notes)
-    # the exact accounting still sizes the SWA pool by the ratio as given (0.8 unset): not cap mode
+    # the exact accounting builds the same SWA pool (before: the generic 0.8 ratio, 3,132,160 slots), and solves
+    # its full tokens over the pools built (test_dsv41_exact_swa_cap.py)
     exact = plan(V41, Serving(accounting="exact"), memory="20GiB")
-    assert exact.sizing.sglang_config["swa_max_total_num_tokens"] != 606_464
+    assert exact.sizing.sglang_config["swa_max_total_num_tokens"] == 606_464
 
 
 @pytest.mark.parametrize("memory", ("7GiB", "40GiB"))
