@@ -126,6 +126,8 @@ class _Step:
     page the request already held stays held); ``given_counts`` the ``new_tokens`` of ``select`` it consumed.
     ``rows`` / ``lengths`` are the requests' table rows and their lengths once the step commits (tensors), what
     the next decode step extends without reading the request table (:meth:`KvpoolsCache._decode_step`).
+    ``run`` is the first slot when the step's one request reads consecutive slots ``run .. run + width - 1`` of a
+    host pool (``None`` otherwise): its K/V are then a view of the pool's buffers, no gather at all.
     """
 
     __slots__ = (
@@ -139,6 +141,7 @@ class _Step:
         "opened",
         "requests",
         "rows",
+        "run",
         "sliding",
         "width",
         "write_mask",
@@ -155,10 +158,11 @@ class _Step:
         *,
         requests: list[_Request],
         counts: list[int],
-        opened: tuple[Tensor, Tensor],
+        opened: tuple[Tensor, Tensor | None],
         given_counts: list[int] | None,
         rows: Tensor,
         lengths: Tensor,
+        run: int | None = None,
     ) -> None:
         self.batch = batch
         self.width = width
@@ -174,13 +178,15 @@ class _Step:
         self.given_counts = given_counts
         self.rows = rows
         self.lengths = lengths
+        self.run = run
         self.flat: Tensor | None = None
         """``full`` flattened, made once per step: the slots :meth:`KvpoolsCache._through_buffers` selects."""
 
     def fresh(self, page: int) -> Tensor:
-        """The slots of pages this step opened (host): what a rollback frees."""
+        """The slots of pages this step opened (host): what a rollback frees (all of them where ``last`` is
+        ``None``: a page-1 decode step, whose every slot is a page of its own)."""
         locs, last = self.opened
-        return locs[locs // page != last // page]
+        return locs if last is None else locs[locs // page != last // page]
 
 
 class _Journal:
@@ -401,6 +407,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         self._last: _Step | None = None
         """The last committed step, while the next forward may extend it (:meth:`_decode_step`)."""
         self._raw = self._raw_buffers()
+        self._pool_dtype = self.pool.dtype
         if attention_mask is not None:
             self._start_batch(attention_mask)
 
@@ -690,6 +697,12 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         if bool(held.any()):
             last_held[held] = self.req_to_token.req_to_token[rows[held], prefix_t[held] - 1].to(torch.int64)
         full = gather_src.view(batch, width).to(pool_device)
+        run = None
+        if batch == 1 and width and self._raw and pool_device.type == "cpu":
+            # one request whose slots follow each other (a fresh pool hands them out in order): read as a view
+            first, last_slot = full[0, 0].item(), full[0, -1].item()
+            if last_slot - first == width - 1 and (width == 1 or bool((full[0, 1:] - full[0, :-1] == 1).all())):
+                run = int(first)
         return _Step(
             batch,
             width,
@@ -703,6 +716,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             given_counts=given,
             rows=rows,
             lengths=lengths,
+            run=run,
         )
 
     def _decode_step(self, key_states: Tensor) -> _Step | None:
@@ -724,7 +738,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             or key_states.shape[0] != len(batch)
             or last.requests != batch
             or last.width != self.width
-            or (self.pool.dtype != key_states.dtype and self.pool.dtype not in _QUANTISED_KV)
+            or (self._pool_dtype != key_states.dtype and self._pool_dtype not in _QUANTISED_KV)
         ):
             return None
         lengths = [r.length for r in batch]
@@ -732,11 +746,12 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             return None  # a request without a slot to extend, or past the table's row: _begin_step says which
         n = len(batch)
         previous = last.full
-        tail = previous[:, -1]  # right-aligned: each request's last column is its last token's slot
+        tail = None  # page 1: every new slot is a page of its own, a rollback frees them all
         device = self.allocator.device
         if self.page_size == 1:
             locs = self.allocator.alloc(n)
         else:
+            tail = previous[:, -1]  # right-aligned: each request's last column is its last token's slot
             seq = last.lengths + 1
             locs = self.allocator.alloc_decode(
                 seq if seq.device == device else seq.to(device), tail if tail.device == device else tail.to(device)
@@ -750,6 +765,9 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         locs = locs if locs.device == pool_device else locs.to(pool_device)
         full = torch.cat((previous, locs.view(n, 1)), 1)
         self._first_counts = None
+        run = last.run
+        if run is not None and locs.item() != run + last.width:  # a host pool (run says so): no sync; the run ends
+            run = None
         return _Step(
             n,
             self.width + 1,
@@ -759,10 +777,11 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             full,
             requests=last.requests,
             counts=[1] * n,
-            opened=(_host(locs), _host(tail)),
+            opened=(_host(locs), None if tail is None else _host(tail)),
             given_counts=None,
             rows=last.rows,
             lengths=last.lengths + 1,
+            run=run,
         )
 
     def _evict_out_of_window(self) -> None:
@@ -815,10 +834,24 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
 
     def _update_layer(self, layer_id: int, key_states: Tensor, value_states: Tensor) -> tuple[Tensor, Tensor]:
         """Write the step's real K/V of ``layer_id`` to the pool, read every cached token back, right-aligned."""
-        journal, _ = self._enter(layer_id, "update")
-        if journal.step is None:  # the forward's first attention layer decides for all
-            journal.step = self._decode_step(key_states) or self._begin_step(key_states)
-        keys = self._through_pool(layer_id, journal.step, key_states, value_states)
+        journal = self._journal
+        if journal is not None and layer_id > journal.cursor:  # the open forward's next layer: nothing to undo
+            journal.cursor = layer_id
+            journal.seen.add((layer_id, "update", 0))
+        else:
+            journal, _ = self._enter(layer_id, "update")
+        step = journal.step
+        if step is None:  # the forward's first attention layer decides for all
+            step = journal.step = self._decode_step(key_states) or self._begin_step(key_states)
+        raw = self._raw.get(layer_id)
+        if (
+            raw is not None
+            and key_states.device == self.pool.device
+            and raw[2] == (key_states.shape[1], key_states.shape[3], value_states.shape[1], value_states.shape[3])
+        ):
+            keys = self._through_buffers(raw, step, key_states, value_states)
+        else:
+            keys = self._through_pool(layer_id, step, key_states, value_states)
         if layer_id == self._last_cache_layer:
             self._commit()
         return keys
@@ -878,12 +911,23 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
                 new_v = values.transpose(1, 2)[step.write_mask]
             if new_k.shape[0]:
                 self.pool.set_kv_buffer(layer_id, step.locs, new_k, new_v)
-        flat = step.flat
-        if flat is None:
-            flat = step.flat = step.full.view(-1)
         batch, width = step.full.shape
-        k = k_rows.index_select(0, flat).view(batch, width, heads, -1).transpose(1, 2)
-        v = v_rows.index_select(0, flat).view(batch, width, values.shape[1], -1).transpose(1, 2)
+        k_row, v_row = k_rows.shape[1], v_rows.shape[1]
+        k_dim, v_heads = keys.shape[-1], values.shape[1]
+        run = step.run
+        if run is not None:  # consecutive slots: the returned K/V are a view of the buffers, nothing copied
+            k_at, v_at = k_rows.storage_offset() + run * k_row, v_rows.storage_offset() + run * v_row
+        else:
+            flat = step.flat
+            if flat is None:
+                flat = step.flat = step.full.view(-1)
+            k_rows, v_rows = k_rows.index_select(0, flat), v_rows.index_select(0, flat)
+            k_at, v_at = 0, 0
+        # (batch * width, heads x dim) rows seen as (batch, heads, width, dim): one as_strided, not view + transpose
+        k = k_rows.as_strided((batch, heads, width, k_dim), (width * k_row, k_dim, k_row, 1), k_at)
+        v = v_rows.as_strided(
+            (batch, v_heads, width, v_row // v_heads), (width * v_row, v_row // v_heads, v_row, 1), v_at
+        )
         return k, v
 
     def _raw_buffers(self) -> dict[int, _RawLayer]:

@@ -41,11 +41,13 @@ class _Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _decode_op_counts(page_size: int, steps: int) -> tuple[list[Counter[str]], torch.Tensor, torch.Tensor]:
+def _decode_op_counts(
+    page_size: int, steps: int, lengths: tuple[int, ...] = (5, 9, 13, 3)
+) -> tuple[list[Counter[str]], torch.Tensor, torch.Tensor]:
     """Operations inside the cache's ``update`` calls per forward (prompt first), and the tokens of the
     KvpoolsCache and DynamicCache runs."""
     model = llama()
-    ids, mask = left_padded((5, 9, 13, 3), model.config.vocab_size)
+    ids, mask = left_padded(lengths, model.config.vocab_size)
     plan = plan_for_config(model.config, Serving(platform="cpu", page_size=page_size), memory="4MiB")
     cache = KvpoolsCache(kvpools_core.build(plan, "cpu"), attention_mask=mask)
     per_forward: list[Counter[str]] = []
@@ -96,16 +98,60 @@ def test_a_decode_step_costs_a_fixed_handful_of_operations_per_layer(page_size: 
     assert step["aten.index.Tensor"] == 0  # no advanced-indexing gather: index_select reads whole slots
     assert step["aten.index_select.default"] == 2 * layers
     assert step["aten.index_copy_.default"] == 2 * layers
+    assert step["aten.as_strided.default"] == 2 * layers  # the gathered rows as (batch, heads, width, dim): one op
+    assert step["aten.transpose.int"] == 0
     assert step["aten.cat.default"] == 1  # the layout grows by one column, once per step
+    if page_size == 1:  # a page-1 rollback frees every slot of the step: no last slot to read per step
+        assert step["aten.select.int"] == 0
 
 
-def test_a_pool_that_quantises_keeps_the_pools_own_read_and_write(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The direct buffer path is only for a pool that stores the model's dtype as is: an fp8 pool's K/V go
-    through ``set_kv_buffer`` / ``get_kv`` (their codec), so the cache has no direct buffers for it."""
-    monkeypatch.setenv("KVPOOLS_CPU_AMX", "1")  # the cpu platform's fp8 needs AMX on the serving host
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_one_request_on_consecutive_slots_reads_no_copy_of_its_tokens(page_size: int) -> None:
+    """A fresh pool hands one request consecutive slots (9 prompt tokens, then one per step, across a page
+    boundary at 16): its K/V are a view of the pool's buffers, no gather, same tokens as DynamicCache."""
+    counts, ours, theirs = _decode_op_counts(page_size, steps=10, lengths=(9,))
+    assert torch.equal(ours, theirs)
+    layers = llama().config.num_hidden_layers
+    for step in counts[1:]:
+        assert step["aten.index_select.default"] == 0, step
+        assert step["aten.index_copy_.default"] == 2 * layers  # the new token's K and V, written to the pool
+        assert step["aten.as_strided.default"] == 2 * layers  # and every cached one read as a view
+
+
+def _one_request_cache(page_size: int, prompt: int) -> KvpoolsCache:
     model = llama()
-    plain = plan_for_config(model.config, Serving(platform="cpu"), memory="4MiB")
-    fp8 = plan_for_config(model.config, Serving(platform="cpu", kv_cache_dtype="fp8_e4m3"), memory="4MiB")
-    assert set(KvpoolsCache(kvpools_core.build(plain, "cpu"))._raw) == {0, 1}
-    assert KvpoolsCache(kvpools_core.build(fp8, "cpu"))._raw == {}
-    assert type(kvpools_core.build(plain, "cpu").kv_pool) is MHATokenToKVPool
+    plan = plan_for_config(model.config, Serving(platform="cpu", page_size=page_size), memory="4MiB")
+    return KvpoolsCache(kvpools_core.build(plan, "cpu"), attention_mask=torch.ones(1, prompt, dtype=torch.long))
+
+
+def _feed(cache: KvpoolsCache, query: int, generator: torch.Generator) -> list[tuple[torch.Tensor, ...]]:
+    """One forward's ``update`` of both layers with random K/V ``(1, 2 heads, query, 16)``: (k, v, out_k, out_v)."""
+    fed = []
+    for layer in (0, 1):
+        k = torch.randn(1, 2, query, 16, generator=generator).to(torch.bfloat16)
+        v = torch.randn(1, 2, query, 16, generator=generator).to(torch.bfloat16)
+        fed.append((k, v, *cache.update(k, v, layer)))
+    return fed
+
+
+@pytest.mark.parametrize(("page_size", "prompt"), [(1, 5), (16, 15)])
+def test_the_view_of_consecutive_slots_holds_what_was_fed_and_ends_where_a_slot_breaks_the_run(
+    page_size: int, prompt: int
+) -> None:
+    """What ``update`` returns is every K/V fed so far in order (DynamicCache's ``cat``), whether read as a view
+    of the pool (the request's slots follow each other) or gathered (a page taken behind the cache's back before
+    step 2 breaks the run: step 2's slot opens a page after it, not the one after the last slot)."""
+    cache = _one_request_cache(page_size, prompt)
+    generator = torch.Generator().manual_seed(3)
+    history: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {0: [], 1: []}
+    buffers = {layer: cache.pool.kv.k_buffer[layer].untyped_storage().data_ptr() for layer in (0, 1)}
+    for step, query in enumerate((prompt, 1, 1, 1)):
+        if step == 2:
+            assert cache.allocator.alloc(page_size) is not None
+        for layer, (k, v, out_k, out_v) in enumerate(_feed(cache, query, generator)):
+            history[layer].append((k, v))
+            assert torch.equal(out_k, torch.cat([h[0] for h in history[layer]], 2))
+            assert torch.equal(out_v, torch.cat([h[1] for h in history[layer]], 2))
+            viewed = out_k.untyped_storage().data_ptr() == buffers[layer]
+            # steps 0-1: page 1's slots 1..6, or page 16's slots 16..31 (one page); from step 2 on not consecutive
+            assert viewed == (step < 2), (step, layer)
