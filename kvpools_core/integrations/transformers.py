@@ -131,12 +131,12 @@ class _Step:
     """
 
     __slots__ = (
+        "_full",
+        "_lengths",
         "batch",
         "counts",
         "flat",
-        "full",
         "given_counts",
-        "lengths",
         "locs",
         "opened",
         "requests",
@@ -153,34 +153,52 @@ class _Step:
         width: int,
         write_mask: Tensor | None,
         locs: Tensor,
-        full: Tensor,
-        sliding: Tensor,
+        full: Tensor | None,
+        sliding: Tensor | None,
         *,
         requests: list[_Request],
         counts: list[int],
         opened: tuple[Tensor, Tensor | None],
         given_counts: list[int] | None,
         rows: Tensor,
-        lengths: Tensor,
+        lengths: Tensor | list[int],
         run: int | None = None,
     ) -> None:
         self.batch = batch
         self.width = width
         self.write_mask = write_mask
         self.locs = locs
-        self.full = full
-        """The slot of every returned row, ``(batch, width)``: what a full-attention layer reads."""
-        self.sliding = sliding
-        """The same, the tokens evicted from the SWA pool read from the padding slot: what a sliding layer reads."""
+        self._full = full
+        self.sliding = full if sliding is None else sliding
+        """:attr:`full`, the tokens evicted from the SWA pool read from the padding slot: what a sliding layer
+        reads (a decode step's is ``full``: it has no sliding layers)."""
         self.requests = requests
         self.counts = counts
         self.opened = opened
         self.given_counts = given_counts
         self.rows = rows
-        self.lengths = lengths
+        self._lengths = lengths
         self.run = run
         self.flat: Tensor | None = None
         """``full`` flattened, made once per step: the slots :meth:`KvpoolsCache._through_buffers` selects."""
+
+    @property
+    def full(self) -> Tensor:
+        """The slot of every returned row, ``(batch, width)``: what a full-attention layer reads.  A decode step
+        on a run of consecutive slots makes it only when something asks (the run ended, or a layer gathers)."""
+        full = self._full
+        if full is None:
+            assert self.run is not None, "a step without its layout is a run's"
+            full = self._full = torch.arange(self.run, self.run + self.width, dtype=torch.int64).view(1, -1)
+        return full
+
+    @property
+    def lengths(self) -> Tensor:
+        """The requests' lengths once the step commits (a run's decode step keeps them as ints until asked)."""
+        lengths = self._lengths
+        if isinstance(lengths, list):
+            lengths = self._lengths = torch.tensor(lengths, dtype=torch.int64)
+        return lengths
 
     def fresh(self, page: int) -> Tensor:
         """The slots of pages this step opened (host): what a rollback frees (all of them where ``last`` is
@@ -408,6 +426,9 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         """The last committed step, while the next forward may extend it (:meth:`_decode_step`)."""
         self._raw = self._raw_buffers()
         self._pool_dtype = self.pool.dtype
+        table = self.req_to_token.req_to_token
+        self._table_flat: Tensor | None = table.view(-1) if table.is_contiguous() else None
+        """The request table as one row (a run's decode step writes its slot by ints: :meth:`_extend_run`)."""
         if attention_mask is not None:
             self._start_batch(attention_mask)
 
@@ -745,6 +766,8 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         if min(lengths) == 0 or max(lengths) + 1 > self.req_to_token.max_context_len:
             return None  # a request without a slot to extend, or past the table's row: _begin_step says which
         n = len(batch)
+        if last.run is not None and self.page_size == 1 and self._table_flat is not None:
+            return self._extend_run(last)
         previous = last.full
         tail = None  # page 1: every new slot is a page of its own, a rollback frees them all
         device = self.allocator.device
@@ -782,6 +805,39 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             rows=last.rows,
             lengths=last.lengths + 1,
             run=run,
+        )
+
+    def _extend_run(self, last: _Step) -> _Step:
+        """:meth:`_decode_step` of one request on a run of consecutive slots, page size 1: its new slot as a
+        Python int, the table written at its length by ints, no layout built (:attr:`_Step.full` makes it when
+        the run ends) — what the step needs from torch is the slot's value and one table store."""
+        locs = self.allocator.alloc(1)
+        if locs is None:
+            raise self._no_room(1)
+        if locs.dtype != torch.int64:
+            locs = locs.to(torch.int64)
+        request, run = last.requests[0], last.run
+        assert run is not None
+        loc = int(locs.item())  # a host pool (a run is one): no device sync
+        table = self._table_flat
+        assert table is not None
+        table[request.row * self.req_to_token.max_context_len + request.length] = loc
+        self._first_counts = None
+        width = self.width + 1
+        return _Step(
+            1,
+            width,
+            None,
+            locs,
+            None if loc == run + last.width else torch.cat((last.full, locs.view(1, 1)), 1),
+            None,
+            requests=last.requests,
+            counts=[1],
+            opened=(locs, None),
+            given_counts=None,
+            rows=last.rows,
+            lengths=[request.length + 1],
+            run=run if loc == run + last.width else None,
         )
 
     def _evict_out_of_window(self) -> None:
@@ -874,7 +930,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         if new_k.shape[0]:
             write(layer_id, step.locs, new_k.to(device) if moves else new_k, new_v.to(device) if moves else new_v)
         window = self.layers[layer_id].sliding_window
-        src = step.full if window is None else step.sliding
+        src = step.full if window is None or step.sliding is None else step.sliding
         read = self.pool.get_mla_kv if self.latent else self.pool.get_kv
         # one gather in the returned rows' order (padded and evicted rows read the zero padding slot)
         out_k, out_v = read(layer_id, src.reshape(-1), keys.dtype)
@@ -894,9 +950,12 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         K/V go to their slots in one ``index_copy_`` each (the ``(batch, heads, 1, dim)`` input against the
         buffer's ``(slots, heads, 1, dim)`` view), and each is read back with one ``index_select`` of whole
         slots (the ``(slots, heads x dim)`` view: one row copy per token, where ``get_kv``'s advanced indexing
-        costs 7-20x more on CPU, measured in ``benchmarks/README.md``).
+        costs 7-20x more on CPU, measured in ``benchmarks/README.md``), seen as ``(batch, heads, width, dim)``
+        with one ``as_strided``.  Where the step's one request holds consecutive slots (``_Step.run``) nothing is
+        gathered: the returned K/V are that ``as_strided`` view of the buffers themselves (transformers'
+        ``DynamicCache`` returns its own tensors too; attention only reads them).
         """
-        (k_rows, v_rows), (k_slots, v_slots), (heads, _, _, _), layer_id = raw
+        (k_rows, v_rows), (k_slots, v_slots), (heads, k_dim, v_heads, v_dim), layer_id = raw
         if keys.requires_grad or values.requires_grad:  # a forward outside no_grad: the pool stores values only
             keys, values = keys.detach(), values.detach()
         if step.write_mask is None and keys.shape[2] == 1:
@@ -911,9 +970,8 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
                 new_v = values.transpose(1, 2)[step.write_mask]
             if new_k.shape[0]:
                 self.pool.set_kv_buffer(layer_id, step.locs, new_k, new_v)
-        batch, width = step.full.shape
-        k_row, v_row = k_rows.shape[1], v_rows.shape[1]
-        k_dim, v_heads = keys.shape[-1], values.shape[1]
+        batch, width = step.batch, step.width
+        k_row, v_row = heads * k_dim, v_heads * v_dim
         run = step.run
         if run is not None:  # consecutive slots: the returned K/V are a view of the buffers, nothing copied
             k_at, v_at = k_rows.storage_offset() + run * k_row, v_rows.storage_offset() + run * v_row
@@ -925,9 +983,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             k_at, v_at = 0, 0
         # (batch * width, heads x dim) rows seen as (batch, heads, width, dim): one as_strided, not view + transpose
         k = k_rows.as_strided((batch, heads, width, k_dim), (width * k_row, k_dim, k_row, 1), k_at)
-        v = v_rows.as_strided(
-            (batch, v_heads, width, v_row // v_heads), (width * v_row, v_row // v_heads, v_row, 1), v_at
-        )
+        v = v_rows.as_strided((batch, v_heads, width, v_dim), (width * v_row, v_dim, v_row, 1), v_at)
         return k, v
 
     def _raw_buffers(self) -> dict[int, _RawLayer]:
