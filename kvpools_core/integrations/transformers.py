@@ -518,6 +518,17 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
 
     # -- transformers' Cache -----------------------------------------------------------------------------------------
 
+    def update(
+        self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[Tensor, Tensor]:
+        """transformers' ``Cache.update`` without its hop through the layer object (this cache never offloads:
+        the pool holds the K/V), for an attention layer that has run before; otherwise ``Cache.update``."""
+        layer = self.layers[layer_idx]
+        if type(layer) is _PoolLayer and layer.is_initialized and not self.offloading:
+            return self._update_layer(layer_idx, key_states, value_states)
+        out: tuple[Tensor, Tensor] = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        return out
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.width
 
