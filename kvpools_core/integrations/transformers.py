@@ -417,6 +417,8 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         )
         self.width = 0
         """Columns of the right-aligned layout before the next step (transformers' ``past_seen_tokens``)."""
+        self._direct_update = not getattr(self, "offloading", False)
+        """:meth:`update` skips ``Cache.update`` (whose only other work is offloading, never asked for here)."""
         self.requests: dict[int, _Request] = {}
         """Live requests by request-table row."""
         self._batch: list[_Request] = []
@@ -524,7 +526,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         """transformers' ``Cache.update`` without its hop through the layer object (this cache never offloads:
         the pool holds the K/V), for an attention layer that has run before; otherwise ``Cache.update``."""
         layer = self.layers[layer_idx]
-        if type(layer) is _PoolLayer and layer.is_initialized and not self.offloading:
+        if type(layer) is _PoolLayer and layer.is_initialized and self._direct_update:
             return self._update_layer(layer_idx, key_states, value_states)
         out: tuple[Tensor, Tensor] = super().update(key_states, value_states, layer_idx, *args, **kwargs)
         return out
