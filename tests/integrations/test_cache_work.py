@@ -171,3 +171,26 @@ def test_the_view_of_consecutive_slots_holds_what_was_fed_and_ends_where_a_slot_
             viewed = out_k.untyped_storage().data_ptr() == buffers[layer]
             # steps 0-1: page 1's slots 1..6, or page 16's slots 16..31 (one page); from step 2 on not consecutive
             assert viewed == (step < 2), (step, layer)
+
+
+def test_a_forward_abandoned_on_a_run_is_rolled_back_and_the_retry_reads_what_was_fed() -> None:
+    """A decode step of one request on consecutive slots whose forward stops after layer 0 (an exception in the
+    model): the retry rolls it back (its slot is freed) and still returns exactly the K/V fed by the committed
+    forwards and itself, whether the retry's slot continues the run or not."""
+    cache = _one_request_cache(1, 5)
+    generator = torch.Generator().manual_seed(4)
+    history: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {0: [], 1: []}
+    for query in (5, 1):
+        for layer, (k, v, _, _) in enumerate(_feed(cache, query, generator)):
+            history[layer].append((k, v))
+    free_before = cache.allocator.available_size()
+    abandoned = torch.randn(1, 2, 1, 16, generator=generator).to(torch.bfloat16)
+    cache.update(abandoned, abandoned, 0)  # layer 1 never runs: the forward raised
+    assert cache.allocator.available_size() == free_before - 1
+    for _ in range(3):
+        for layer, (k, v, out_k, out_v) in enumerate(_feed(cache, 1, generator)):
+            history[layer].append((k, v))
+            assert torch.equal(out_k, torch.cat([h[0] for h in history[layer]], 2))
+            assert torch.equal(out_v, torch.cat([h[1] for h in history[layer]], 2))
+    assert cache.length(next(iter(cache.requests))) == 5 + 1 + 3
+    assert cache.allocator.available_size() == free_before - 3  # the abandoned step's slot came back
