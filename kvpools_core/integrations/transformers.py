@@ -126,19 +126,22 @@ class _Step:
     page the request already held stays held); ``given_counts`` the ``new_tokens`` of ``select`` it consumed.
     ``rows`` / ``lengths`` are the requests' table rows and their lengths once the step commits (tensors), what
     the next decode step extends without reading the request table (:meth:`KvpoolsCache._decode_step`).
+    ``run`` is the first slot when the step's one request reads consecutive slots ``run .. run + width - 1`` of a
+    host pool (``None`` otherwise): its K/V are then a view of the pool's buffers, no gather at all.
     """
 
     __slots__ = (
+        "_full",
+        "_lengths",
         "batch",
         "counts",
         "flat",
-        "full",
         "given_counts",
-        "lengths",
         "locs",
         "opened",
         "requests",
         "rows",
+        "run",
         "sliding",
         "width",
         "write_mask",
@@ -150,37 +153,58 @@ class _Step:
         width: int,
         write_mask: Tensor | None,
         locs: Tensor,
-        full: Tensor,
-        sliding: Tensor,
+        full: Tensor | None,
+        sliding: Tensor | None,
         *,
         requests: list[_Request],
         counts: list[int],
-        opened: tuple[Tensor, Tensor],
+        opened: tuple[Tensor, Tensor | None],
         given_counts: list[int] | None,
         rows: Tensor,
-        lengths: Tensor,
+        lengths: Tensor | list[int],
+        run: int | None = None,
     ) -> None:
         self.batch = batch
         self.width = width
         self.write_mask = write_mask
         self.locs = locs
-        self.full = full
-        """The slot of every returned row, ``(batch, width)``: what a full-attention layer reads."""
-        self.sliding = sliding
-        """The same, the tokens evicted from the SWA pool read from the padding slot: what a sliding layer reads."""
+        self._full = full
+        self.sliding = full if sliding is None else sliding
+        """:attr:`full`, the tokens evicted from the SWA pool read from the padding slot: what a sliding layer
+        reads (a decode step's is ``full``: it has no sliding layers)."""
         self.requests = requests
         self.counts = counts
         self.opened = opened
         self.given_counts = given_counts
         self.rows = rows
-        self.lengths = lengths
+        self._lengths = lengths
+        self.run = run
         self.flat: Tensor | None = None
         """``full`` flattened, made once per step: the slots :meth:`KvpoolsCache._through_buffers` selects."""
 
+    @property
+    def full(self) -> Tensor:
+        """The slot of every returned row, ``(batch, width)``: what a full-attention layer reads.  A decode step
+        on a run of consecutive slots makes it only when something asks (the run ended, or a layer gathers)."""
+        full = self._full
+        if full is None:
+            assert self.run is not None, "a step without its layout is a run's"
+            full = self._full = torch.arange(self.run, self.run + self.width, dtype=torch.int64).view(1, -1)
+        return full
+
+    @property
+    def lengths(self) -> Tensor:
+        """The requests' lengths once the step commits (a run's decode step keeps them as ints until asked)."""
+        lengths = self._lengths
+        if isinstance(lengths, list):
+            lengths = self._lengths = torch.tensor(lengths, dtype=torch.int64)
+        return lengths
+
     def fresh(self, page: int) -> Tensor:
-        """The slots of pages this step opened (host): what a rollback frees."""
+        """The slots of pages this step opened (host): what a rollback frees (all of them where ``last`` is
+        ``None``: a page-1 decode step, whose every slot is a page of its own)."""
         locs, last = self.opened
-        return locs[locs // page != last // page]
+        return locs if last is None else locs[locs // page != last // page]
 
 
 class _Journal:
@@ -393,6 +417,8 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         )
         self.width = 0
         """Columns of the right-aligned layout before the next step (transformers' ``past_seen_tokens``)."""
+        self._direct_update = not getattr(self, "offloading", False)
+        """:meth:`update` skips ``Cache.update`` (whose only other work is offloading, never asked for here)."""
         self.requests: dict[int, _Request] = {}
         """Live requests by request-table row."""
         self._batch: list[_Request] = []
@@ -401,6 +427,10 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         self._last: _Step | None = None
         """The last committed step, while the next forward may extend it (:meth:`_decode_step`)."""
         self._raw = self._raw_buffers()
+        self._pool_dtype = self.pool.dtype
+        table = self.req_to_token.req_to_token
+        self._table_flat: Tensor | None = table.view(-1) if table.is_contiguous() else None
+        """The request table as one row (a run's decode step writes its slot by ints: :meth:`_extend_run`)."""
         if attention_mask is not None:
             self._start_batch(attention_mask)
 
@@ -489,6 +519,17 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             ) from cause
 
     # -- transformers' Cache -----------------------------------------------------------------------------------------
+
+    def update(
+        self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[Tensor, Tensor]:
+        """transformers' ``Cache.update`` without its hop through the layer object (this cache never offloads:
+        the pool holds the K/V), for an attention layer that has run before; otherwise ``Cache.update``."""
+        layer = self.layers[layer_idx]
+        if type(layer) is _PoolLayer and layer.is_initialized and self._direct_update:
+            return self._update_layer(layer_idx, key_states, value_states)
+        out: tuple[Tensor, Tensor] = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        return out
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.width
@@ -690,6 +731,12 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         if bool(held.any()):
             last_held[held] = self.req_to_token.req_to_token[rows[held], prefix_t[held] - 1].to(torch.int64)
         full = gather_src.view(batch, width).to(pool_device)
+        run = None
+        if batch == 1 and width and self._raw and pool_device.type == "cpu":
+            # one request whose slots follow each other (a fresh pool hands them out in order): read as a view
+            first, last_slot = full[0, 0].item(), full[0, -1].item()
+            if last_slot - first == width - 1 and (width == 1 or bool((full[0, 1:] - full[0, :-1] == 1).all())):
+                run = int(first)
         return _Step(
             batch,
             width,
@@ -703,6 +750,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             given_counts=given,
             rows=rows,
             lengths=lengths,
+            run=run,
         )
 
     def _decode_step(self, key_states: Tensor) -> _Step | None:
@@ -724,19 +772,22 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             or key_states.shape[0] != len(batch)
             or last.requests != batch
             or last.width != self.width
-            or (self.pool.dtype != key_states.dtype and self.pool.dtype not in _QUANTISED_KV)
+            or (self._pool_dtype != key_states.dtype and self._pool_dtype not in _QUANTISED_KV)
         ):
             return None
         lengths = [r.length for r in batch]
         if min(lengths) == 0 or max(lengths) + 1 > self.req_to_token.max_context_len:
             return None  # a request without a slot to extend, or past the table's row: _begin_step says which
         n = len(batch)
+        if last.run is not None and self.page_size == 1 and self._table_flat is not None:
+            return self._extend_run(last)
         previous = last.full
-        tail = previous[:, -1]  # right-aligned: each request's last column is its last token's slot
+        tail = None  # page 1: every new slot is a page of its own, a rollback frees them all
         device = self.allocator.device
         if self.page_size == 1:
             locs = self.allocator.alloc(n)
         else:
+            tail = previous[:, -1]  # right-aligned: each request's last column is its last token's slot
             seq = last.lengths + 1
             locs = self.allocator.alloc_decode(
                 seq if seq.device == device else seq.to(device), tail if tail.device == device else tail.to(device)
@@ -750,6 +801,9 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         locs = locs if locs.device == pool_device else locs.to(pool_device)
         full = torch.cat((previous, locs.view(n, 1)), 1)
         self._first_counts = None
+        run = last.run
+        if run is not None and locs.item() != run + last.width:  # a host pool (run says so): no sync; the run ends
+            run = None
         return _Step(
             n,
             self.width + 1,
@@ -759,10 +813,44 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             full,
             requests=last.requests,
             counts=[1] * n,
-            opened=(_host(locs), _host(tail)),
+            opened=(_host(locs), None if tail is None else _host(tail)),
             given_counts=None,
             rows=last.rows,
             lengths=last.lengths + 1,
+            run=run,
+        )
+
+    def _extend_run(self, last: _Step) -> _Step:
+        """:meth:`_decode_step` of one request on a run of consecutive slots, page size 1: its new slot as a
+        Python int, the table written at its length by ints, no layout built (:attr:`_Step.full` makes it when
+        the run ends) — what the step needs from torch is the slot's value and one table store."""
+        locs = self.allocator.alloc(1)
+        if locs is None:
+            raise self._no_room(1)
+        if locs.dtype != torch.int64:
+            locs = locs.to(torch.int64)
+        request, run = last.requests[0], last.run
+        assert run is not None
+        loc = int(locs.item())  # a host pool (a run is one): no device sync
+        table = self._table_flat
+        assert table is not None
+        table[request.row * self.req_to_token.max_context_len + request.length] = loc
+        self._first_counts = None
+        width = self.width + 1
+        return _Step(
+            1,
+            width,
+            None,
+            locs,
+            None if loc == run + last.width else torch.cat((last.full, locs.view(1, 1)), 1),
+            None,
+            requests=last.requests,
+            counts=[1],
+            opened=(locs, None),
+            given_counts=None,
+            rows=last.rows,
+            lengths=[request.length + 1],
+            run=run if loc == run + last.width else None,
         )
 
     def _evict_out_of_window(self) -> None:
@@ -815,10 +903,24 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
 
     def _update_layer(self, layer_id: int, key_states: Tensor, value_states: Tensor) -> tuple[Tensor, Tensor]:
         """Write the step's real K/V of ``layer_id`` to the pool, read every cached token back, right-aligned."""
-        journal, _ = self._enter(layer_id, "update")
-        if journal.step is None:  # the forward's first attention layer decides for all
-            journal.step = self._decode_step(key_states) or self._begin_step(key_states)
-        keys = self._through_pool(layer_id, journal.step, key_states, value_states)
+        journal = self._journal
+        if journal is not None and layer_id > journal.cursor:  # the open forward's next layer: nothing to undo
+            journal.cursor = layer_id
+            journal.seen.add((layer_id, "update", 0))
+        else:
+            journal, _ = self._enter(layer_id, "update")
+        step = journal.step
+        if step is None:  # the forward's first attention layer decides for all
+            step = journal.step = self._decode_step(key_states) or self._begin_step(key_states)
+        raw = self._raw.get(layer_id)
+        if (
+            raw is not None
+            and key_states.device == self.pool.device
+            and raw[2] == (key_states.shape[1], key_states.shape[3], value_states.shape[1], value_states.shape[3])
+        ):
+            keys = self._through_buffers(raw, step, key_states, value_states)
+        else:
+            keys = self._through_pool(layer_id, step, key_states, value_states)
         if layer_id == self._last_cache_layer:
             self._commit()
         return keys
@@ -841,7 +943,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         if new_k.shape[0]:
             write(layer_id, step.locs, new_k.to(device) if moves else new_k, new_v.to(device) if moves else new_v)
         window = self.layers[layer_id].sliding_window
-        src = step.full if window is None else step.sliding
+        src = step.full if window is None or step.sliding is None else step.sliding
         read = self.pool.get_mla_kv if self.latent else self.pool.get_kv
         # one gather in the returned rows' order (padded and evicted rows read the zero padding slot)
         out_k, out_v = read(layer_id, src.reshape(-1), keys.dtype)
@@ -861,9 +963,12 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         K/V go to their slots in one ``index_copy_`` each (the ``(batch, heads, 1, dim)`` input against the
         buffer's ``(slots, heads, 1, dim)`` view), and each is read back with one ``index_select`` of whole
         slots (the ``(slots, heads x dim)`` view: one row copy per token, where ``get_kv``'s advanced indexing
-        costs 7-20x more on CPU, measured in ``benchmarks/README.md``).
+        costs 7-20x more on CPU, measured in ``benchmarks/README.md``), seen as ``(batch, heads, width, dim)``
+        with one ``as_strided``.  Where the step's one request holds consecutive slots (``_Step.run``) nothing is
+        gathered: the returned K/V are that ``as_strided`` view of the buffers themselves (transformers'
+        ``DynamicCache`` returns its own tensors too; attention only reads them).
         """
-        (k_rows, v_rows), (k_slots, v_slots), (heads, _, _, _), layer_id = raw
+        (k_rows, v_rows), (k_slots, v_slots), (heads, k_dim, v_heads, v_dim), layer_id = raw
         if keys.requires_grad or values.requires_grad:  # a forward outside no_grad: the pool stores values only
             keys, values = keys.detach(), values.detach()
         if step.write_mask is None and keys.shape[2] == 1:
@@ -878,12 +983,20 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
                 new_v = values.transpose(1, 2)[step.write_mask]
             if new_k.shape[0]:
                 self.pool.set_kv_buffer(layer_id, step.locs, new_k, new_v)
-        flat = step.flat
-        if flat is None:
-            flat = step.flat = step.full.view(-1)
-        batch, width = step.full.shape
-        k = k_rows.index_select(0, flat).view(batch, width, heads, -1).transpose(1, 2)
-        v = v_rows.index_select(0, flat).view(batch, width, values.shape[1], -1).transpose(1, 2)
+        batch, width = step.batch, step.width
+        k_row, v_row = heads * k_dim, v_heads * v_dim
+        run = step.run
+        if run is not None:  # consecutive slots: the returned K/V are a view of the buffers, nothing copied
+            k_at, v_at = k_rows.storage_offset() + run * k_row, v_rows.storage_offset() + run * v_row
+        else:
+            flat = step.flat
+            if flat is None:
+                flat = step.flat = step.full.view(-1)
+            k_rows, v_rows = k_rows.index_select(0, flat), v_rows.index_select(0, flat)
+            k_at, v_at = 0, 0
+        # (batch * width, heads x dim) rows seen as (batch, heads, width, dim): one as_strided, not view + transpose
+        k = k_rows.as_strided((batch, heads, width, k_dim), (width * k_row, k_dim, k_row, 1), k_at)
+        v = v_rows.as_strided((batch, v_heads, width, v_dim), (width * v_row, v_dim, v_row, 1), v_at)
         return k, v
 
     def _raw_buffers(self) -> dict[int, _RawLayer]:

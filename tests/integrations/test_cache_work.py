@@ -41,11 +41,13 @@ class _Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _decode_op_counts(page_size: int, steps: int) -> tuple[list[Counter[str]], torch.Tensor, torch.Tensor]:
+def _decode_op_counts(
+    page_size: int, steps: int, lengths: tuple[int, ...] = (5, 9, 13, 3)
+) -> tuple[list[Counter[str]], torch.Tensor, torch.Tensor]:
     """Operations inside the cache's ``update`` calls per forward (prompt first), and the tokens of the
     KvpoolsCache and DynamicCache runs."""
     model = llama()
-    ids, mask = left_padded((5, 9, 13, 3), model.config.vocab_size)
+    ids, mask = left_padded(lengths, model.config.vocab_size)
     plan = plan_for_config(model.config, Serving(platform="cpu", page_size=page_size), memory="4MiB")
     cache = KvpoolsCache(kvpools_core.build(plan, "cpu"), attention_mask=mask)
     per_forward: list[Counter[str]] = []
@@ -83,20 +85,41 @@ def test_a_decode_step_costs_a_fixed_handful_of_operations_per_layer(page_size: 
     assert torch.equal(ours, theirs)
     layers = llama().config.num_hidden_layers  # 2
     decode = [sum(c.values()) for c in counts[1:]]
-    # per step: the table write (index_put_ + its int32 copy), the new slots as a column (view, cat), the last
-    # slot of each request (select), the lengths (add), the flat slot list (view); per layer: K and V each one
-    # index_copy_ into the pool, one index_select out of it, its view and transpose = 8.  The old path:
-    # 40 per step and 16 per layer (72 for these two layers), with 5 advanced-indexing gathers.
+    # per step: the table write (index_put_ + its int32 copy), the new slots as a column (view, cat), the lengths
+    # (add), the flat slot list (view) = 6; per layer: K and V each one index_copy_ into the pool, one
+    # index_select out of it and one as_strided to (batch, heads, width, dim) = 6.  Issue 37's second pass:
+    # 23 (a select of each request's last slot, view + transpose per read); before it 40 per step and 16 per
+    # layer (72 for these two layers), with 5 advanced-indexing gathers.
     if page_size == 1:  # the same work at every length
         assert decode == [decode[0]] * len(decode), decode
-        assert decode[0] <= 8 + 8 * layers, counts[1]
+        assert decode[0] == 6 + 6 * layers, counts[1]
     else:  # alloc_decode's own operations: a few more where a request opens a page
         assert max(decode) <= 16 + 8 * layers, decode
     step = counts[1]
     assert step["aten.index.Tensor"] == 0  # no advanced-indexing gather: index_select reads whole slots
     assert step["aten.index_select.default"] == 2 * layers
     assert step["aten.index_copy_.default"] == 2 * layers
+    assert step["aten.as_strided.default"] == 2 * layers  # the gathered rows as (batch, heads, width, dim): one op
+    assert step["aten.transpose.int"] == 0
     assert step["aten.cat.default"] == 1  # the layout grows by one column, once per step
+    if page_size == 1:  # a page-1 rollback frees every slot of the step: no last slot to read per step
+        assert step["aten.select.int"] == 0
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_one_request_on_consecutive_slots_reads_no_copy_of_its_tokens(page_size: int) -> None:
+    """A fresh pool hands one request consecutive slots (9 prompt tokens, then one per step, across a page
+    boundary at 16): its K/V are a view of the pool's buffers, no gather, same tokens as DynamicCache."""
+    counts, ours, theirs = _decode_op_counts(page_size, steps=10, lengths=(9,))
+    assert torch.equal(ours, theirs)
+    layers = llama().config.num_hidden_layers
+    if page_size == 1:  # per step: the slot's value (item), the table store by ints (lift_fresh, select, copy_)
+        assert [sum(c.values()) for c in counts[1:]] == [4 + 4 * layers] * (len(counts) - 1), counts[1]
+    for step in counts[1:]:
+        assert step["aten.index_select.default"] == 0, step
+        assert step["aten.cat.default"] == (0 if page_size == 1 else 1)  # page 1: no layout while the run lasts
+        assert step["aten.index_copy_.default"] == 2 * layers  # the new token's K and V, written to the pool
+        assert step["aten.as_strided.default"] == 2 * layers  # and every cached one read as a view
 
 
 def test_a_pool_that_quantises_keeps_the_pools_own_read_and_write(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,3 +132,65 @@ def test_a_pool_that_quantises_keeps_the_pools_own_read_and_write(monkeypatch: p
     assert set(KvpoolsCache(kvpools_core.build(plain, "cpu"))._raw) == {0, 1}
     assert KvpoolsCache(kvpools_core.build(fp8, "cpu"))._raw == {}
     assert type(kvpools_core.build(plain, "cpu").kv_pool) is MHATokenToKVPool
+
+
+def _one_request_cache(page_size: int, prompt: int) -> KvpoolsCache:
+    model = llama()
+    plan = plan_for_config(model.config, Serving(platform="cpu", page_size=page_size), memory="4MiB")
+    return KvpoolsCache(kvpools_core.build(plan, "cpu"), attention_mask=torch.ones(1, prompt, dtype=torch.long))
+
+
+def _feed(cache: KvpoolsCache, query: int, generator: torch.Generator) -> list[tuple[torch.Tensor, ...]]:
+    """One forward's ``update`` of both layers with random K/V ``(1, 2 heads, query, 16)``: (k, v, out_k, out_v)."""
+    fed = []
+    for layer in (0, 1):
+        k = torch.randn(1, 2, query, 16, generator=generator).to(torch.bfloat16)
+        v = torch.randn(1, 2, query, 16, generator=generator).to(torch.bfloat16)
+        fed.append((k, v, *cache.update(k, v, layer)))
+    return fed
+
+
+@pytest.mark.parametrize(("page_size", "prompt"), [(1, 5), (16, 15)])
+def test_the_view_of_consecutive_slots_holds_what_was_fed_and_ends_where_a_slot_breaks_the_run(
+    page_size: int, prompt: int
+) -> None:
+    """What ``update`` returns is every K/V fed so far in order (DynamicCache's ``cat``), whether read as a view
+    of the pool (the request's slots follow each other) or gathered (a page taken behind the cache's back before
+    step 2 breaks the run: step 2's slot opens a page after it, not the one after the last slot)."""
+    cache = _one_request_cache(page_size, prompt)
+    generator = torch.Generator().manual_seed(3)
+    history: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {0: [], 1: []}
+    buffers = {layer: cache.pool.kv.k_buffer[layer].untyped_storage().data_ptr() for layer in (0, 1)}
+    for step, query in enumerate((prompt, 1, 1, 1)):
+        if step == 2:
+            assert cache.allocator.alloc(page_size) is not None
+        for layer, (k, v, out_k, out_v) in enumerate(_feed(cache, query, generator)):
+            history[layer].append((k, v))
+            assert torch.equal(out_k, torch.cat([h[0] for h in history[layer]], 2))
+            assert torch.equal(out_v, torch.cat([h[1] for h in history[layer]], 2))
+            viewed = out_k.untyped_storage().data_ptr() == buffers[layer]
+            # steps 0-1: page 1's slots 1..6, or page 16's slots 16..31 (one page); from step 2 on not consecutive
+            assert viewed == (step < 2), (step, layer)
+
+
+def test_a_forward_abandoned_on_a_run_is_rolled_back_and_the_retry_reads_what_was_fed() -> None:
+    """A decode step of one request on consecutive slots whose forward stops after layer 0 (an exception in the
+    model): the retry rolls it back (its slot is freed) and still returns exactly the K/V fed by the committed
+    forwards and itself, whether the retry's slot continues the run or not."""
+    cache = _one_request_cache(1, 5)
+    generator = torch.Generator().manual_seed(4)
+    history: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {0: [], 1: []}
+    for query in (5, 1):
+        for layer, (k, v, _, _) in enumerate(_feed(cache, query, generator)):
+            history[layer].append((k, v))
+    free_before = cache.allocator.available_size()
+    abandoned = torch.randn(1, 2, 1, 16, generator=generator).to(torch.bfloat16)
+    cache.update(abandoned, abandoned, 0)  # layer 1 never runs: the forward raised
+    assert cache.allocator.available_size() == free_before - 1
+    for _ in range(3):
+        for layer, (k, v, out_k, out_v) in enumerate(_feed(cache, 1, generator)):
+            history[layer].append((k, v))
+            assert torch.equal(out_k, torch.cat([h[0] for h in history[layer]], 2))
+            assert torch.equal(out_v, torch.cat([h[1] for h in history[layer]], 2))
+    assert cache.length(next(iter(cache.requests))) == 5 + 1 + 3
+    assert cache.allocator.available_size() == free_before - 3  # the abandoned step's slot came back
