@@ -160,7 +160,10 @@ def npu_dsv4_cell(cell: CellSize, model: ModelSpec, serving: Serving) -> CellSiz
         f"Ascend NPU (DSV4NPUTokenToKVPool): SWA / c4 / c128 rows are PA_ND {dtype}, {row} B per token per layer "
         f"where CUDA packs {cuda_row}; the c4 indexer keeps the packed {packed_index} B row and adds "
         f"{npu_index - packed_index} B ({'fp8 key, fp32 scale' if arch35(serving) else 'int8 key, fp16 scale'}); "
-        f"SGLang's configurator still charges {cuda_row} B and {packed_index} B (its bytes per full token below)"
+        f"SGLang's configurator still charges {cuda_row} B and {packed_index} B (its bytes per full token below); "
+        f"{option('kv_cache_dtype')} does not change these rows: SGLang sets the NPU's DeepSeek-V4 KV cache to "
+        "bfloat16 whatever it says (_deepseek_v4_kv_cache_dtype, arg_groups/overrides.py), and the row type "
+        "follows ascend.soc"
     )
     notes = [n for n in cell.notes if not n.startswith(option("kv_cache_dtype"))]
     return attrs.evolve(cell, parts=tuple(parts), notes=(*notes, note))
