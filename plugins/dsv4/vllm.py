@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
-from kvpools_core.parts.vllm.layers import backend_block_size
+from kvpools_core.parts.vllm.layers import padded_page_block_size
 from kvpools_core.parts.vllm.specs import KVCacheSpec, MLAAttentionSpec, SlidingWindowMLASpec
 
 from .config import C1, C2, C4, C128
@@ -124,14 +124,7 @@ def _check_serving(model: ModelSpec, serving: Serving, block_size: int) -> int:
             "or exact."
         )
     kernels = [[SWA_KERNEL_BLOCK], [SPARSE_MLA_KERNEL_BLOCK], [SPARSE_MLA_KERNEL_BLOCK], [1]]
-    block = backend_block_size(block_size, kernels, "DeepSeek-V4's attention backends")
-    if block != SPARSE_MLA_KERNEL_BLOCK:
-        raise UnsupportedCombinationError(
-            f"{name}: --block-size {block} would be split into {SPARSE_MLA_KERNEL_BLOCK}-token kernel blocks, which "
-            "vLLM does not support for DeepSeek-V4's padded pages ('Padded KV pages do not support kernel block "
-            f"splitting'); use --block-size {SPARSE_MLA_KERNEL_BLOCK} or leave it out."
-        )
-    return block
+    return padded_page_block_size(block_size, kernels, SPARSE_MLA_KERNEL_BLOCK, family="DeepSeek-V4", name=name)
 
 
 def _state_spec(ratio: int, head_dim: int) -> SlidingWindowMLASpec:

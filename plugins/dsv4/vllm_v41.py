@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.options import option
-from kvpools_core.parts.vllm.layers import backend_block_size, pp_layer_ranges
+from kvpools_core.parts.vllm.layers import padded_page_block_size, pp_layer_ranges
 from kvpools_core.parts.vllm.specs import CircularBufferSpec, KVCacheSpec, MLAAttentionSpec, SlidingWindowMLASpec
 
 if TYPE_CHECKING:
@@ -210,14 +210,7 @@ def _check(model: ModelSpec, serving: Serving, block_size: int) -> int:
             "model; use --accounting sglang or exact."
         )
     kernels = [[SWA_KERNEL_BLOCK], [kernel], [kernel], [1]]
-    block = backend_block_size(block_size, kernels, "DeepSeek-V4.1's attention backends")
-    if block != kernel:
-        raise UnsupportedCombinationError(
-            f"{name}: --block-size {block} would be split into {kernel}-token kernel blocks, which vLLM does not "
-            "support for DeepSeek-V4.1's padded pages ('Padded KV pages do not support kernel block splitting'); use "
-            f"--block-size {kernel} or leave it out."
-        )
-    return block
+    return padded_page_block_size(block_size, kernels, kernel, family="DeepSeek-V4.1", name=name)
 
 
 def _check_topology(model: ModelSpec, name: str) -> None:

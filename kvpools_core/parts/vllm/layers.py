@@ -53,6 +53,22 @@ def backend_block_size(block_size: int, kernel_block_sizes: Sequence[Sequence[in
     )
 
 
+def padded_page_block_size(
+    block_size: int, kernel_block_sizes: Sequence[Sequence[int]], kernel: int, *, family: str, name: str
+) -> int:
+    """:func:`backend_block_size` for ``family``'s attention backends whose padded pages cannot be split into
+    kernel blocks: the block must be the attention kernel's own ``kernel`` (vLLM's "Padded KV pages do not
+    support kernel block splitting"), so any other settled size is refused, naming the one to pass."""
+    block = backend_block_size(block_size, kernel_block_sizes, f"{family}'s attention backends")
+    if block != kernel:
+        raise UnsupportedCombinationError(
+            f"{name}: --block-size {block} would be split into {kernel}-token kernel blocks, which vLLM does not "
+            f"support for {family}'s padded pages ('Padded KV pages do not support kernel block splitting'); use "
+            f"--block-size {kernel} or leave it out."
+        )
+    return block
+
+
 def align_hybrid_block_size(
     *,
     block_size: int,
