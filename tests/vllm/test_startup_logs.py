@@ -341,3 +341,23 @@ def test_a_log_naming_no_catalogue_gpu_plans_with_the_total_it_prints(registry: 
     assert torch_total_given(log, registry)
     assert evaluable(log, registry) == "no kvpools model preset for this checkpoint"
     assert evaluable(logs["vllm-25350-fp8kv-100k"], registry) == "the log does not name the GPU"
+
+
+def test_the_rtx_5090_vllm_024_records_are_held_out_and_refused_for_nvfp4(registry: Registry) -> None:
+    """club-3090#612 / #652: vLLM 0.24.0 on an RTX 5090 (catalogued since gpus34), utilization vLLM 0.24.0's default
+    0.92 (their ``non-default args`` line has none), held out.  Every kvpools tool refuses them: the checkpoint is
+    NVFP4 (``--quantization modelopt``), which kvpools does not model, rather than planning it as something else."""
+    from benchmarks.whole_gpu_accuracy import Refusal, evaluable, kvpools, vllm_gpu
+
+    logs = {log.id: log for log in load_startup_logs()}
+    for run_id in ("vllm-club3090-652-qwen3.6-35b-a3b-nvfp4-5090", "vllm-club3090-612-qwen3.6-35b-a3b-nvfp4-5090"):
+        log = logs[run_id]
+        assert log.split == "held_out" and log.engine_version == "0.24.0"
+        assert log.flag("gpu_memory_utilization") == 0.92
+        assert "gpu_memory_utilization" not in log.lines[0] and "non-default args" in log.lines[0]
+        assert vllm_gpu(log, registry).name == "rtx-5090"
+        assert evaluable(log, registry) is None
+        for runtime in (False, True):
+            for logged in (False, True):
+                refused = kvpools(log, registry, runtime=runtime, use_logged_weights=logged)
+                assert isinstance(refused, Refusal) and "modelopt" in refused.reason
