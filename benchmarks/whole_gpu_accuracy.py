@@ -3,8 +3,9 @@
     python -m benchmarks.whole_gpu_accuracy [--peers-venv /tmp/truth34-peers] [--json out.json]
 
 For every vLLM record of ``benchmarks/data/startup_logs.json`` that logs the KV budget (``Available KV cache
-memory``) or its token count, on a catalogue GPU, with the ``--gpu-memory-utilization`` it ran with, each tool
-predicts the KV GiB, the KV tokens and the max concurrency at the run's ``max_model_len``; the errors
+memory``) or its token count, on a catalogue GPU (or one whose total the log prints), with the
+``--gpu-memory-utilization`` it ran with, each tool predicts the KV GiB, the KV tokens and the max concurrency at
+the run's ``max_model_len``; the errors
 (``(predicted - logged) / logged``) are reported per tool, per engine version and per split (calibration /
 held out / neither), with every run a tool refuses and why.  The tools:
 
