@@ -3,8 +3,9 @@
     python -m benchmarks.whole_gpu_accuracy [--peers-venv /tmp/truth34-peers] [--json out.json]
 
 For every vLLM record of ``benchmarks/data/startup_logs.json`` that logs the KV budget (``Available KV cache
-memory``) or its token count, on a catalogue GPU, with the ``--gpu-memory-utilization`` it ran with, each tool
-predicts the KV GiB, the KV tokens and the max concurrency at the run's ``max_model_len``; the errors
+memory``) or its token count, on a catalogue GPU (or one whose total the log prints), with the
+``--gpu-memory-utilization`` it ran with, each tool predicts the KV GiB, the KV tokens and the max concurrency at
+the run's ``max_model_len``; the errors
 (``(predicted - logged) / logged``) are reported per tool, per engine version and per split (calibration /
 held out / neither), with every run a tool refuses and why.  The tools:
 
@@ -139,15 +140,42 @@ def evaluable(log: StartupLog, registry: Registry) -> str | None:
 def vllm_gpu(log: StartupLog, registry: Registry) -> GPU:
     """A vLLM record's GPU: its ``gpu_memory`` flag (a GPU the catalogue lacks: the total **as torch reports it**,
     ``torch.cuda.mem_get_info()[1]``, which vLLM budgets from, cited in the record's notes), else the catalogue
-    entry the log names."""
+    entry the log names, else the total the log itself prints (:func:`logged_torch_total`)."""
     if log.flag("gpu_memory") is not None:
         return custom_gpu(log.flag("gpu_memory"), platform=log.flag("platform", "cuda"))
-    if log.gpu is None:
+    if log.gpu is not None:
+        try:
+            return find_gpu(log.gpu, registry)
+        except KvpoolsError:
+            if logged_torch_total(log) is None:
+                raise ConfigError(f"GPU {log.gpu!r} is not in kvpools' catalogue") from None
+    total = logged_torch_total(log)
+    if total is None:
         raise ConfigError("the log does not name the GPU")
-    try:
-        return find_gpu(log.gpu, registry)
-    except KvpoolsError:
-        raise ConfigError(f"GPU {log.gpu!r} is not in kvpools' catalogue") from None
+    return custom_gpu(f"{total}GiB", platform=log.flag("platform", "cuda"))
+
+
+def logged_torch_total(log: StartupLog) -> float | None:
+    """The device total a vLLM log prints, in GiB (``total_gpu_memory (23.58GiB)`` of vLLM V0's profiling line,
+    ``total_memory=79.19GiB`` of V1's snapshot): ``torch.cuda.mem_get_info()[1]``, the total vLLM budgets from.  Used
+    where the log names no catalogue GPU; None for SGLang records (SGLang prints no device total)."""
+    if log.engine != "vllm" or log.logged.get("total_gib") is None:
+        return None
+    return float(log.logged["total_gib"])
+
+
+def torch_total_given(log: StartupLog, registry: Registry) -> bool:
+    """Whether :func:`vllm_gpu` gives torch's total already (a ``gpu_memory`` flag or the logged total, not a
+    catalogue entry's nvidia-smi total), so no nvidia-smi-to-torch gap is to be taken off."""
+    if log.flag("gpu_memory") is not None:
+        return True
+    if log.gpu is not None:
+        try:
+            find_gpu(log.gpu, registry)
+        except KvpoolsError:
+            return True
+        return False
+    return True
 
 
 def _weights(log: StartupLog, use_logged: bool, serving: Serving) -> int:
@@ -212,8 +240,8 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
             )
         except KvpoolsError as error:
             return Refusal(str(error).split(". ")[0])
-        # a stated gpu_memory is torch's total already (no nvidia-smi-to-torch gap to take off)
-        total = gpu.total_bytes if log.flag("gpu_memory") is not None else memory.total.bytes
+        # a stated gpu_memory or a logged total is torch's total already (no nvidia-smi-to-torch gap to take off)
+        total = gpu.total_bytes if torch_total_given(log, registry) else memory.total.bytes
         terms = {term.name: term.bytes for term in memory.terms}
     budget = available_kv_cache_memory(
         total_memory=total,
@@ -302,8 +330,8 @@ def llmd_planner(logs: list[StartupLog], peers_venv: Path | None) -> dict[str, P
     requests = []
     for log in logs:
         config = _full_config(log)
-        if config is None or log.logged.get("weights_gib") is None or log.flag("gpu_memory") is not None:
-            continue  # the runner plans its catalogue's 80 GiB H100: not a GPU the catalogue lacks
+        if config is None or log.logged.get("weights_gib") is None or log.gpu != "h100" or log.flag("gpu_memory"):
+            continue  # the runner plans its catalogue's 80 GiB H100: no other GPU
         requests.append(
             {
                 "id": log.id,
@@ -332,7 +360,7 @@ def llmd_planner(logs: list[StartupLog], peers_venv: Path | None) -> dict[str, P
         if answer is None:
             results[log.id] = Refusal(
                 "no full HF config.json for this checkpoint in kvpools' presets, no logged weights, or a GPU "
-                "other than its 80 GiB H100 (a record's gpu_memory)"
+                "other than its 80 GiB H100"
             )
         elif "refused" in answer:
             results[log.id] = Refusal(answer["refused"])

@@ -29,8 +29,9 @@ SGLang captures breakable prefill graphs by default on CUDA only (``default_pref
 MiB = 1 << 20
 _SMI = "nvidia-smi memory.total"
 _CC = "NVIDIA's compute capability table (developer.nvidia.com/cuda-gpus)"
-"""Hopper (H100 / H200 / GH200) 9.0, Blackwell datacenter (B200 / GB200) 10.0, Ampere A100 8.0 and A10G 8.6, Ada
-(L40S, RTX 6000 Ada, L4) 8.9: what ``torch.cuda.get_device_capability`` answers on them."""
+"""Hopper (H100 / H200 / GH200 / H20) 9.0, Blackwell datacenter (B200 / GB200) 10.0, Blackwell RTX (RTX 5090, RTX PRO
+6000 Blackwell) 12.0, Ampere A100 8.0 and A10G / A40 / RTX 3090 (Ti) 8.6, Ada (L40S, RTX 6000 Ada, L4, RTX 4090)
+8.9: what ``torch.cuda.get_device_capability`` answers on them."""
 
 
 def _mib(value: int) -> int:
@@ -145,6 +146,75 @@ ACCELERATORS: tuple[GPU, ...] = (
         _mib(23034),
         source=f"{_SMI} 23034 MiB (public nvidia-smi captures of 'NVIDIA L4')",
         compute_capability=(8, 9),
+        capability_source=_CC,
+    ),
+    GPU(
+        "h20",
+        "NVIDIA H20 96GB",
+        _mib(97871),
+        aliases=("h20-96gb",),
+        source=f"{_SMI} 97871 MiB ('NVIDIA H20 ... 0MiB /  97871MiB', github.com/NVIDIA/nvtrust/issues/128)",
+        compute_capability=(9, 0),
+        capability_source=_CC,
+    ),
+    GPU(
+        "rtx-pro-6000",
+        "NVIDIA RTX PRO 6000 Blackwell 96GB (Workstation, Max-Q or Server Edition)",
+        _mib(97887),
+        aliases=("rtx-pro-6000-blackwell", "rtxpro6000", "pro-6000", "rtx-6000-pro"),
+        source=f"{_SMI} 97887 MiB ('NVIDIA RTX PRO 6000 Blac... 94490MiB /  97887MiB', "
+        "github.com/vllm-project/vllm/issues/27542)",
+        compute_capability=(12, 0),
+        capability_source=_CC,
+    ),
+    GPU(
+        "rtx-5090",
+        "NVIDIA GeForce RTX 5090 32GB",
+        _mib(32607),
+        aliases=("5090", "geforce-rtx-5090"),
+        source=f"{_SMI} 32607 MiB ('NVIDIA GeForce RTX 5090 ... 492MiB /  32607MiB', "
+        "github.com/noonghunna/club-3090/issues/617)",
+        compute_capability=(12, 0),
+        capability_source=_CC,
+    ),
+    GPU(
+        "rtx-4090",
+        "NVIDIA GeForce RTX 4090 24GB",
+        _mib(24564),
+        aliases=("4090", "geforce-rtx-4090"),
+        source=f"{_SMI} 24564 MiB ('NVIDIA GeForce RTX 4090 ... 507MiB /  24564MiB', "
+        "github.com/RLinf/RLinf/issues/255)",
+        compute_capability=(8, 9),
+        capability_source=_CC,
+    ),
+    GPU(
+        "rtx-3090",
+        "NVIDIA GeForce RTX 3090 24GB",
+        _mib(24576),
+        aliases=("3090", "geforce-rtx-3090"),
+        source=f"{_SMI} 24576 MiB ('NVIDIA GeForce RTX 3090 ... 15005MiB /  24576MiB', "
+        "github.com/noonghunna/club-3090/issues/390)",
+        compute_capability=(8, 6),
+        capability_source=_CC,
+    ),
+    GPU(
+        "rtx-3090-ti",
+        "NVIDIA GeForce RTX 3090 Ti 24GB",
+        _mib(24564),
+        aliases=("3090-ti", "3090ti", "geforce-rtx-3090-ti"),
+        source=f"{_SMI} 24564 MiB ('NVIDIA GeForce RTX 3090 Ti ... 22624MiB /  24564MiB', "
+        "github.com/noonghunna/club-3090/issues/769)",
+        compute_capability=(8, 6),
+        capability_source=_CC,
+    ),
+    GPU(
+        "a40",
+        "NVIDIA A40 48GB",
+        _mib(46068),
+        aliases=("a40-48gb",),
+        source=f"{_SMI} 46068 MiB (an NVIDIA A40 whose memory size is given as '46068MiB', "
+        "github.com/guqiong96/Lvllm/issues/35; the L40S's figure too)",
+        compute_capability=(8, 6),
         capability_source=_CC,
     ),
     GPU(

@@ -309,18 +309,55 @@ def test_cli_runtime_profile_switch() -> None:
     assert refused.exit_code == 1 and "does not apply to it" in refused.output
 
 
-def test_a_vllm_record_on_a_gpu_the_catalogue_lacks_plans_with_its_stated_torch_total(registry: Registry) -> None:
-    """Issue 34 (truth34d): an RTX 3090 is not in the catalogue; the vllm#10517 record states torch's total in its
-    own profiling line (``total_gpu_memory=23.58GiB``) and carries it as ``gpu_memory``.  kvpools' budget without a
-    runtime profile, by hand: 23.58 x 0.90 - 14.9888 (the logged weights) = 6.2332 GiB; the version is not stated,
-    so the runtime profile refuses it."""
-    from benchmarks.whole_gpu_accuracy import Prediction, Refusal, evaluable, kvpools, vllm_gpu
+def test_the_rtx_3090_records_plan_on_the_catalogue_entry(registry: Registry) -> None:
+    """Issue 34 (gpus34): the RTX 3090 is catalogued (nvidia-smi 24576 MiB), so the vllm#10517 records plan from the
+    GPU alone, no longer from the torch total their profiling line prints (``total_gpu_memory=23.58GiB``).  kvpools'
+    budget without a runtime profile, by hand: 24576 MiB = 24.0 GiB x 0.90 - 14.9888 (the logged weights) = 6.6112
+    GiB; the version is not stated, so the runtime profile refuses it."""
+    from benchmarks.whole_gpu_accuracy import Prediction, Refusal, evaluable, kvpools, torch_total_given, vllm_gpu
 
     log = next(log for log in load_startup_logs() if log.id == "vllm-10517-llama-3.1-8b-3090-20k")
     gpu = vllm_gpu(log, registry)
-    assert gpu.name == "custom" and abs(gpu.total_bytes - 23.58 * (1 << 30)) < 1
+    assert gpu.name == "rtx-3090" and gpu.total_bytes == 24576 * (1 << 20)
+    assert not torch_total_given(log, registry)
     assert evaluable(log, registry) is None
     before = kvpools(log, registry, runtime=False, use_logged_weights=True)
     assert isinstance(before, Prediction)
-    assert before.kv_gib == pytest.approx(23.58 * 0.9 - 14.9888, abs=1e-6)
+    assert before.kv_gib == pytest.approx(24.0 * 0.9 - 14.9888, abs=1e-6)
     assert isinstance(kvpools(log, registry, runtime=True, use_logged_weights=True), Refusal)
+
+
+def test_a_log_naming_no_catalogue_gpu_plans_with_the_total_it_prints(registry: Registry) -> None:
+    """vllm#12529 names an '8 GB GPU' and prints torch's total (``total_gpu_memory (7.75GiB)``): the benchmark
+    plans on that total as torch's (no nvidia-smi-to-torch gap taken off) rather than refusing the GPU; the
+    record still has no model preset.  A record that names no GPU and prints no total is still refused."""
+    from benchmarks.whole_gpu_accuracy import evaluable, logged_torch_total, torch_total_given, vllm_gpu
+
+    logs = {log.id: log for log in load_startup_logs()}
+    log = logs["vllm-12529-qwen-1.5b-8gb"]
+    assert logged_torch_total(log) == 7.75
+    gpu = vllm_gpu(log, registry)
+    assert gpu.name == "custom" and gpu.total_bytes == round(7.75 * GiB)
+    assert torch_total_given(log, registry)
+    assert evaluable(log, registry) == "no kvpools model preset for this checkpoint"
+    assert evaluable(logs["vllm-25350-fp8kv-100k"], registry) == "the log does not name the GPU"
+
+
+def test_the_rtx_5090_vllm_024_records_are_held_out_and_refused_for_nvfp4(registry: Registry) -> None:
+    """club-3090#612 / #652: vLLM 0.24.0 on an RTX 5090 (catalogued since gpus34), utilization vLLM 0.24.0's default
+    0.92 (their ``non-default args`` line has none), held out.  Every kvpools tool refuses them: the checkpoint is
+    NVFP4 (``--quantization modelopt``), which kvpools does not model, rather than planning it as something else."""
+    from benchmarks.whole_gpu_accuracy import Refusal, evaluable, kvpools, vllm_gpu
+
+    logs = {log.id: log for log in load_startup_logs()}
+    for run_id in ("vllm-club3090-652-qwen3.6-35b-a3b-nvfp4-5090", "vllm-club3090-612-qwen3.6-35b-a3b-nvfp4-5090"):
+        log = logs[run_id]
+        assert log.split == "held_out" and log.engine_version == "0.24.0"
+        assert log.flag("gpu_memory_utilization") == 0.92
+        assert "gpu_memory_utilization" not in log.lines[0] and "non-default args" in log.lines[0]
+        assert vllm_gpu(log, registry).name == "rtx-5090"
+        assert evaluable(log, registry) is None
+        for runtime in (False, True):
+            for logged in (False, True):
+                refused = kvpools(log, registry, runtime=runtime, use_logged_weights=logged)
+                assert isinstance(refused, Refusal) and "modelopt" in refused.reason
