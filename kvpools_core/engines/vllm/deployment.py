@@ -30,6 +30,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
     RuntimeMemory,
     TotalMemory,
     estimate_runtime_memory,
+    model_shape_of,
     vocab_size_of,
 )
 from kvpools_core.errors import ConfigError, NoProviderError, UnsupportedCombinationError, short_repr
@@ -583,6 +584,8 @@ def _runtime_memory(
         max_num_batched_tokens=limits.max_num_batched_tokens,
         engine_version=PLANNED_VLLM_VERSION,
         profile_version=version,
+        # vLLM serves a float32 checkpoint in 16 bits under --dtype auto (config._get_and_verify_dtype)
+        shape=model_shape_of(model, dtype_bytes=4 if serving.dtype == "float32" else 2),
     )
     if chosen.name == "custom":
         runtime = attrs.evolve(
