@@ -3,8 +3,10 @@
 ``budget.available_kv_cache_memory`` subtracts what vLLM's profile run measured outside the KV cache from
 ``ceil(total x --gpu-memory-utilization)``; a planner that starts from the GPU has no profile run, so this module
 estimates each term.  Every term is a formula with the vLLM source lines it follows; the constants a formula cannot
-give (what the allocator and the forward pass leave at the sampler's peak, the NCCL buffers) are calibrated **per
-engine version** in ``profiles/vllm-<version>.json``, which says what they were fitted on.  A version with no
+give (the non-torch memory: CUDA workspaces and NCCL buffers; the CUDA-graph bytes) are calibrated **per engine
+version** in ``profiles/vllm-<version>.json``, which says what they were fitted on.  The activation peak has no
+calibrated constant: its terms are the tensors the cited lines allocate, sized from the model's config
+(:class:`ModelShape`).  A version with no
 profile is refused unless the caller names the profile to borrow, and the estimate then says so.
 
 The terms of ``Worker.determine_available_memory`` (vLLM 0.33 ``v1/worker/gpu_worker.py`` L641-757):
@@ -406,7 +408,13 @@ def _round_up(value: int, multiple: int) -> int:
 def non_torch_memory(*, tp_size: int, pp_size: int, profile: RuntimeProfile) -> Term:
     """The non-torch increase since the worker's first snapshot (``non_torch_increase``, ``mem_utils.py`` L306):
     cuBLAS/cuDNN workspaces at TP 1, plus the NCCL and custom all-reduce buffers at TP >= 2; calibrated per TP size
-    (the largest calibrated TP not above ``tp_size``), and per pipeline stage when ``pp_size > 1``."""
+    (the largest calibrated TP not above ``tp_size``), and per pipeline stage when ``pp_size > 1``.
+
+    It depends on the version, not on the GPU or TP alone: vLLM 0.18 and 0.19 profile the CUDA graphs inside the
+    ``memory_profiling`` window (0.19.0 ``gpu_worker.py`` L366-381), so the increase holds what those captures leave
+    outside torch; 0.15-0.17 do not profile them (0.13 GiB at TP 1 in llm-d-planner's sweep against 0.19's 0.25), and
+    0.33 profiles them after the window closes (``gpu_worker.py`` L686-717).  The 0.16 and 0.33 profiles carry
+    0.19's constants until a log of theirs calibrates them (``profiles/vllm-0.16.json``, ``vllm-0.33.json``)."""
     if pp_size > 1 and tp_size == 1:
         return Term(
             name="non-torch",
@@ -456,7 +464,18 @@ def cudagraph_memory(
     ``FULL_AND_PIECEWISE`` captures a PIECEWISE graph per capture size and a FULL graph per uniform-decode size
     (the capture sizes up to ``max_num_seqs``); the first-capture and per-graph bytes are the profile's calibrated
     constants (``profiles/vllm-<version>.json``).  Not modelled: speculative decoding's widened decode sizes and
-    encoder graphs."""
+    encoder graphs.
+
+    Why a constant per graph cannot follow vLLM's estimate (the held-out logs' +12 % and +249 %): vLLM measures it
+    (``gpu_model_runner.py`` L6330-6356): per mode, the free-memory drop of capturing the largest size
+    (``first_capture``) and of the second-largest (``per_graph``, at least 1 MiB), times the number of graphs less
+    one.  The second capture reuses the largest one's pool, so ``per_graph`` is the graph executable's own device
+    memory, which grows with the kernels captured (layers x kernels per layer; PIECEWISE splits each size at every
+    attention layer), plus what the pool did not already cover: a property of the model, not of the graph count.
+    The profile's 21.6 MiB per graph is the difference between two different models' estimates divided by the
+    difference of their graph counts; the held-out dense Qwen3-8B log spends at most 0.52 GiB / 84 = 6.3 MiB per
+    graph.  A per-model term needs logs with vLLM's DEBUG line ``Estimated <mode> CUDA graph memory: <first> MiB
+    first-capture + (<n>-1) x <per-graph> MiB per-graph`` (L6360-6367), which states both for each model."""
     if not profile.cudagraph_subtracted:
         return Term(
             name="CUDA graphs",
