@@ -340,8 +340,10 @@ def activation_peak(
     ``make_empty_intermediate_tensors`` buffers (hidden states and residual, ``[tokens, hidden]`` each, 0.19
     L5440-5448).  A non-last stage has no sampler peak.  The profile run's first matmul adds torch's cuBLAS
     workspace (:func:`cublas_workspace_bytes`).  No constant is calibrated.  Without ``shape`` the terms that need
-    the hidden size are left out.  Not modelled: multimodal encoders (their outputs stay in the encoder cache through
-    the run), MoE backends other than the Triton experts.
+    the hidden size are left out.  MLA's chunked-prefill workspace is not in it: the metadata builder allocates it
+    (vLLM 0.19.0 ``model_executor/layers/attention/mla_attention.py`` L1501-1527) when ``initialize_kv_cache`` creates
+    the attention backends (``gpu_model_runner.py`` L6769-6781), after the peak is read.  Not modelled: multimodal
+    encoders (their outputs stay in the encoder cache through the run), MoE backends other than the Triton experts.
     """
     if pp_stage not in PIPELINE_STAGES:
         raise ConfigError(f"pp_stage must be one of {', '.join(PIPELINE_STAGES)}, got {pp_stage!r}.")
