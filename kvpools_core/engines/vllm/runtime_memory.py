@@ -343,7 +343,9 @@ def activation_peak(
     the hidden size are left out.  MLA's chunked-prefill workspace is not in it: the metadata builder allocates it
     (vLLM 0.19.0 ``model_executor/layers/attention/mla_attention.py`` L1501-1527) when ``initialize_kv_cache`` creates
     the attention backends (``gpu_model_runner.py`` L6769-6781), after the peak is read.  Not modelled: multimodal
-    encoders (their outputs stay in the encoder cache through the run), MoE backends other than the Triton experts.
+    encoders (their outputs stay in the encoder cache through the run), MoE backends other than the Triton experts,
+    fewer than 8 sampled rows on vLLM 0.17-0.19 (``max_num_seqs`` < 8: ``apply_top_k_top_p`` sorts them with torch,
+    0.19.0 ``topk_topp_sampler.py`` L251-255).
     """
     if pp_stage not in PIPELINE_STAGES:
         raise ConfigError(f"pp_stage must be one of {', '.join(PIPELINE_STAGES)}, got {pp_stage!r}.")
