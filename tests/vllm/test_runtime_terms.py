@@ -39,6 +39,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
 )
 from kvpools_core.errors import ConfigError
 from kvpools_core.pipeline.gpus import find_gpu
+from kvpools_core.values import Serving
 
 GiB = 1 << 30
 CUBLAS = 33_554_432
@@ -194,3 +195,24 @@ def test_logged_activation_peaks_within_one_percent(record: str) -> None:
     predicted = peak(int(log.vocab_size or 0), shape(name), tp_size=tp) / GiB
     logged = log.logged["activation_gib"]
     assert abs(predicted - logged) / logged < 0.01, (predicted, logged)
+
+
+def test_plan_vllm_charges_each_pipeline_stage_its_own_peak() -> None:
+    """Llama-3.1-8B at PP 4 on an H100 with the 0.19 profile: stage 0 the forward pass (905,969,664 B) + cuBLAS, the
+    middle stages + the receive buffers (134,217,728 B), the last stage the sampler (2,023,837,696 B) + the receive
+    buffers.  Each stage's budget differs from the last stage's by its weights and by those peaks; before, every
+    stage was charged the last stage's sampler."""
+    from kvpools_core.engines.vllm.deployment import plan_vllm
+
+    result = plan_vllm(
+        "llama-3.1-8b", gpu="h100", serving=Serving(pp_size=4), max_num_batched_tokens=8192, runtime_profile="0.19"
+    )
+    first, middle, last = 905_969_664 + CUBLAS, 905_969_664 + 134_217_728 + CUBLAS, 2_023_837_696 + 134_217_728
+    assert result.stage_activation_peaks == (first, middle, middle, last)
+    assert result.runtime_memory is not None
+    assert result.runtime_memory.term("activation peak").bytes == last
+    budgets = [budget.available_kv_cache_memory for budget in result.budgets]
+    weights = result.weights_memory
+    for stage, peak in enumerate(result.stage_activation_peaks):
+        assert budgets[stage] - budgets[3] == (weights[3] - weights[stage]) + (last - peak)
+    assert result.to_dict()["runtime_memory"]["stage_activation_peaks"] == [first, middle, middle, last]
