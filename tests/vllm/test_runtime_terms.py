@@ -216,3 +216,10 @@ def test_plan_vllm_charges_each_pipeline_stage_its_own_peak() -> None:
     for stage, peak in enumerate(result.stage_activation_peaks):
         assert budgets[stage] - budgets[3] == (weights[3] - weights[stage]) + (last - peak)
     assert result.to_dict()["runtime_memory"]["stage_activation_peaks"] == [first, middle, middle, last]
+
+
+def test_a_shape_is_validated() -> None:
+    with pytest.raises(ConfigError, match=r"ModelShape\.hidden_size must be an integer >= 1, got 0"):
+        ModelShape(hidden_size=0)
+    with pytest.raises(ConfigError, match=r"ModelShape\.num_experts_per_tok must be an integer >= 0, got -1"):
+        ModelShape(hidden_size=8, num_experts_per_tok=-1)

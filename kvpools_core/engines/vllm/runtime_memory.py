@@ -254,18 +254,26 @@ def cublas_workspace_bytes(compute_capability: tuple[int, int] | None) -> int:
     return CUBLAS_WORKSPACE_OLDER_BYTES
 
 
+def _size(minimum: int) -> Any:
+    def check(inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(f"ModelShape.{attribute.name} must be an integer >= {minimum}, got {value!r}.")
+
+    return check
+
+
 @attrs.frozen(kw_only=True)
 class ModelShape:
     """The model sizes the profile run's tensors depend on (a ``config.json``'s, :func:`model_shape_of`)."""
 
-    hidden_size: int
-    dense_intermediate_size: int = 0
+    hidden_size: int = attrs.field(validator=_size(1))
+    dense_intermediate_size: int = attrs.field(default=0, validator=_size(0))
     """The widest non-expert MLP: the dense layers' ``intermediate_size``, else the shared experts' width, else 0."""
-    num_experts_per_tok: int = 0
+    num_experts_per_tok: int = attrs.field(default=0, validator=_size(0))
     """0 for a dense model."""
-    moe_intermediate_size: int = 0
+    moe_intermediate_size: int = attrs.field(default=0, validator=_size(0))
     """One routed expert's width (``moe_intermediate_size``, Mixtral's ``intermediate_size``)."""
-    dtype_bytes: int = 2
+    dtype_bytes: int = attrs.field(default=2, validator=attrs.validators.in_((2, 4)))
     """The activations' bytes per value: 2 for bfloat16 / float16, 4 for float32 (``--dtype``)."""
 
     @property
