@@ -33,7 +33,12 @@ def _budget_lines(result: VllmPlanResult) -> list[str]:
         assert budget.requested_memory is not None
         if result.runtime_memory is not None:
             runtime = result.runtime_memory
-            terms = "".join(f" - {term.name} {format_bytes(term.bytes)}" for term in runtime.terms)
+            peaks = result.stage_activation_peaks
+            terms = "".join(
+                f" - {term.name} "
+                f"{format_bytes(peaks[rank] if term.name == 'activation peak' and peaks else term.bytes)}"
+                for term in runtime.terms
+            )
             lines.append(
                 f"{stage}available_kv_cache_memory = ceil({result.gpu.label} {format_bytes(runtime.total.bytes)} "
                 f"({'measured' if runtime.total.measured else 'derived'} torch total) x --gpu-memory-utilization "

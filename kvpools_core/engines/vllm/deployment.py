@@ -30,6 +30,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
     RuntimeMemory,
     TotalMemory,
     estimate_runtime_memory,
+    model_shape_of,
     vocab_size_of,
 )
 from kvpools_core.errors import ConfigError, NoProviderError, UnsupportedCombinationError, short_repr
@@ -110,6 +111,9 @@ class VllmPlanResult:
     """``--max-model-len auto`` (or -1): ``plan.max_model_len`` is the auto-fitted length, at most the model's."""
     runtime_memory: RuntimeMemory | None = None
     """The runtime-memory profile's terms (``runtime_profile``), or None when they are taken as 0."""
+    stage_activation_peaks: tuple[int, ...] = ()
+    """Each pipeline stage's activation peak with a runtime profile (``runtime_memory``'s is the last stage's, the
+    one that samples), else empty."""
 
     @property
     def total_memory(self) -> int | None:
@@ -267,6 +271,7 @@ class VllmPlanResult:
                     for term in runtime.terms
                 },
                 "note": runtime.note,
+                "stage_activation_peaks": list(self.stage_activation_peaks),
             }
         return data
 
@@ -498,8 +503,11 @@ def plan_vllm(
             weights = _stage_weights(model, spec, serving, registry)
             weights_source = "kvpools' estimate of each stage's layers from the model config (estimate_weights)"
         runtime = None
+        peaks = (0,) * len(weights)
         if runtime_profile is not None:
-            runtime = _runtime_memory(model, chosen, serving, default_seqs, limits, runtime_profile, max_num_seqs)
+            runtime, peaks = _runtime_memory(
+                model, chosen, serving, default_seqs, limits, runtime_profile, max_num_seqs
+            )
         total = chosen.total_bytes if runtime is None else runtime.total.bytes
         terms = {} if runtime is None else {term.name: term.bytes for term in runtime.terms}
         budgets = tuple(
@@ -507,11 +515,11 @@ def plan_vllm(
                 total_memory=total,
                 gpu_memory_utilization=utilization,
                 weights_memory=stage_weights,
-                activation_peak_memory=terms.get("activation peak", 0),
+                activation_peak_memory=stage_peak,
                 non_torch_memory=terms.get("non-torch", 0),
                 cudagraph_memory_estimate=terms.get("CUDA graphs", 0),
             )
-            for stage_weights in weights
+            for stage_weights, stage_peak in zip(weights, peaks, strict=True)
         )
     plan = plan_kv_cache(
         workers,
@@ -552,6 +560,7 @@ def plan_vllm(
         offload=offload,
         max_model_len_auto=auto,
         runtime_memory=runtime if chosen is not None else None,
+        stage_activation_peaks=peaks if chosen is not None and runtime is not None else (),
     )
 
 
@@ -567,28 +576,40 @@ def _runtime_memory(
     limits: VllmLimits,
     version: str,
     max_num_seqs: int | None,
-) -> RuntimeMemory:
-    """The runtime terms of ``version``'s profile for this plan; a ``--gpu-memory`` total is taken as torch's."""
+) -> tuple[RuntimeMemory, tuple[int, ...]]:
+    """The runtime terms of ``version``'s profile for this plan (the last pipeline stage's: it samples), and each
+    stage's activation peak (only the last samples; every stage but the first holds the receive buffers); a
+    ``--gpu-memory`` total is taken as torch's."""
     if isinstance(model, ModelSpec):
         raise ConfigError(
             f"A runtime-memory profile needs the model's vocabulary size: {model.name} was given as a ModelSpec, "
             f"which carries none. Pass the model by name or config path."
         )
-    runtime = estimate_runtime_memory(
-        gpu=chosen,
-        vocab_size=vocab_size_of(model),
-        tp_size=serving.tp_size,
-        pp_size=serving.pp_size,
-        max_num_seqs=max_num_seqs or default_seqs,
-        max_num_batched_tokens=limits.max_num_batched_tokens,
-        engine_version=PLANNED_VLLM_VERSION,
-        profile_version=version,
-    )
+    options: dict[str, Any] = {
+        "gpu": chosen,
+        "vocab_size": vocab_size_of(model),
+        "tp_size": serving.tp_size,
+        "pp_size": serving.pp_size,
+        "max_num_seqs": max_num_seqs or default_seqs,
+        "max_num_batched_tokens": limits.max_num_batched_tokens,
+        "engine_version": PLANNED_VLLM_VERSION,
+        "profile_version": version,
+        # vLLM serves a float32 checkpoint in 16 bits under --dtype auto (config._get_and_verify_dtype)
+        "shape": model_shape_of(model, dtype_bytes=4 if serving.dtype == "float32" else 2),
+    }
+    runtime = estimate_runtime_memory(**options)
     if chosen.name == "custom":
         runtime = attrs.evolve(
             runtime, total=TotalMemory(bytes=chosen.total_bytes, measured=True, source="given (--gpu-memory)")
         )
-    return runtime
+    stages = ("last",) if serving.pp_size == 1 else ("first",) + ("middle",) * (serving.pp_size - 2) + ("last",)
+    peaks = tuple(
+        estimate_runtime_memory(**options, pp_stage=stage).term("activation peak").bytes
+        if stage != "last"
+        else runtime.term("activation peak").bytes
+        for stage in stages
+    )
+    return runtime, peaks
 
 
 def _with_capability(serving: Serving, chosen: GPU | None) -> Serving:

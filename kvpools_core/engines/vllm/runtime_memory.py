@@ -3,8 +3,10 @@
 ``budget.available_kv_cache_memory`` subtracts what vLLM's profile run measured outside the KV cache from
 ``ceil(total x --gpu-memory-utilization)``; a planner that starts from the GPU has no profile run, so this module
 estimates each term.  Every term is a formula with the vLLM source lines it follows; the constants a formula cannot
-give (what the allocator and the forward pass leave at the sampler's peak, the NCCL buffers) are calibrated **per
-engine version** in ``profiles/vllm-<version>.json``, which says what they were fitted on.  A version with no
+give (the non-torch memory: CUDA workspaces and NCCL buffers; the CUDA-graph bytes) are calibrated **per engine
+version** in ``profiles/vllm-<version>.json``, which says what they were fitted on.  The activation peak has no
+calibrated constant: its terms are the tensors the cited lines allocate, sized from the model's config
+(:class:`ModelShape`).  A version with no
 profile is refused unless the caller names the profile to borrow, and the estimate then says so.
 
 The terms of ``Worker.determine_available_memory`` (vLLM 0.33 ``v1/worker/gpu_worker.py`` L641-757):
@@ -101,7 +103,6 @@ class RuntimeProfile:
     """One vLLM version's calibrated constants (``profiles/vllm-<version>.json``)."""
 
     version: str
-    sampler_base_bytes: int
     non_torch_bytes_by_tp: tuple[tuple[int, int], ...]
     non_torch_pp_bytes: int
     cudagraph_subtracted: bool
@@ -116,6 +117,12 @@ class RuntimeProfile:
     :data:`SORT_PATH_BYTES_PER_LOGIT` before vLLM 0.17)."""
     covers: tuple[str, ...] = ()
     """The vLLM versions (``major.minor``) the profile stands for."""
+    sampler_program_buffer: bool = True
+    """Whether ``apply_top_k_top_p_triton`` keeps its per-program fp32 buffer in ``_TRITON_BUFFER_CACHE`` (vLLM 0.17
+    on; the sort path of 0.15 / 0.16 has none)."""
+    moe_workspace: bool = True
+    """Whether the fused-MoE Triton experts take their buffers from the persistent ``WorkspaceManager``
+    (:func:`moe_workspace_bytes`)."""
 
 
 PROFILE_VERSIONS = ("0.16", "0.19", "0.33")
@@ -174,7 +181,6 @@ def load_profile(version: str) -> RuntimeProfile:
     )
     return RuntimeProfile(
         version=key,
-        sampler_base_bytes=_gib(data["sampler_base_gib"], "sampler_base_gib", file),
         non_torch_bytes_by_tp=by_tp,
         non_torch_pp_bytes=_gib(data["non_torch_pp_gib"], "non_torch_pp_gib", file),
         cudagraph_subtracted=bool(data["cudagraph_subtracted"]),
@@ -188,6 +194,8 @@ def load_profile(version: str) -> RuntimeProfile:
         file=file,
         sampler_bytes_per_logit=int(data.get("sampler_bytes_per_logit", SORT_BYTES_PER_LOGIT)),
         covers=tuple(str(version) for version in data.get("covers", [key])),
+        sampler_program_buffer=bool(data.get("sampler_program_buffer", True)),
+        moe_workspace=bool(data.get("moe_workspace", True)),
     )
 
 
@@ -204,44 +212,221 @@ def torch_total_memory(gpu: GPU) -> TotalMemory:
     )
 
 
-def activation_peak(
-    *, vocab_size: int, max_num_seqs: int, max_num_batched_tokens: int, profile: RuntimeProfile
-) -> Term:
-    """The torch peak of ``profile_run`` above the weights (``transient_peak_headroom``), at the dummy sampler run.
+PIPELINE_STAGES = ("last", "first", "middle")
+"""A pipeline stage as the profile run sees it: the ``last`` samples (``get_pp_group().is_last_rank``), every stage but
+the ``first`` receives its input into ``make_empty_intermediate_tensors`` buffers."""
 
-    ``profile_run`` (0.33 ``gpu_model_runner.py`` L6132-6140) runs ``max_num_batched_tokens`` tokens, then samples
-    ``min(max_num_seqs, max_num_batched_tokens)`` rows over the vocabulary.  The sampler's tensors give the profile's
-    ``sampler_bytes_per_logit`` per logit (:data:`SORT_BYTES_PER_LOGIT` from vLLM 0.17, the Triton top-k/top-p path;
-    :data:`SORT_PATH_BYTES_PER_LOGIT` in 0.15 / 0.16, torch's sort); the rest of the peak (residual stream, allocator
-    rounding) is the profile's ``sampler_base``.  Not modelled: MoE workspaces, multimodal encoders, pipeline stages
-    without the sampler (the last stage samples; the others' peak is their forward pass).
+H100_SMS = 132
+"""Streaming multiprocessors of an H100 SXM, taken for a GPU :data:`SM_COUNTS` does not list."""
+
+SM_COUNTS = {
+    "h100": 132,
+    "h100-nvl": 132,
+    "h100-pcie": 114,
+    "h200": 132,
+    "gh200": 132,
+    "a100-80gb": 108,
+    "a100-40gb": 108,
+    "l40s": 142,
+    "rtx-6000-ada": 142,
+    "l4": 58,
+    "rtx-4090": 128,
+    "rtx-3090": 82,
+}
+"""``torch.cuda.get_device_properties().multi_processor_count`` per catalogue GPU (NVIDIA's product specifications):
+the row count of the top-k/top-p kernel's cached buffer (:func:`sampler_program_buffer_bytes`)."""
+
+
+CUBLAS_WORKSPACE_BYTES = 4096 * 8 * 1024
+"""torch's default cuBLAS workspace on compute capability 9.x, 10.x and 12.x (``CUBLAS_WORKSPACE_CONFIG`` unset:
+``aten/src/ATen/cuda/CublasHandlePool.cpp`` ``getChosenWorkspaceSize``, "32MiB for Hopper and Blackwell"; vLLM 0.19
+pins torch 2.10, ``requirements/cuda.txt`` L7), 32 MiB.  ``getNewWorkspace`` takes it from the caching allocator at
+the first matmul on a (handle, stream), which is the profile run's, so it is in the torch peak."""
+
+CUBLAS_WORKSPACE_OLDER_BYTES = 4096 * 1024 * 2 + 16 * 1024 * 8
+"""torch's ``:4096:2:16:8`` default cuBLAS workspace on other GPUs (Ampere, Ada): 8.125 MiB."""
+
+
+def cublas_workspace_bytes(compute_capability: tuple[int, int] | None) -> int:
+    """torch's default cuBLAS workspace on a GPU of ``compute_capability`` (the H100's when not catalogued)."""
+    if compute_capability is None or compute_capability[0] in (9, 10, 12):
+        return CUBLAS_WORKSPACE_BYTES
+    return CUBLAS_WORKSPACE_OLDER_BYTES
+
+
+def _size(minimum: int) -> Any:
+    def check(inst: object, attribute: attrs.Attribute[Any], value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(f"ModelShape.{attribute.name} must be an integer >= {minimum}, got {value!r}.")
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class ModelShape:
+    """The model sizes the profile run's tensors depend on (a ``config.json``'s, :func:`model_shape_of`)."""
+
+    hidden_size: int = attrs.field(validator=_size(1))
+    dense_intermediate_size: int = attrs.field(default=0, validator=_size(0))
+    """The widest non-expert MLP: the dense layers' ``intermediate_size``, else the shared experts' width, else 0."""
+    num_experts_per_tok: int = attrs.field(default=0, validator=_size(0))
+    """0 for a dense model."""
+    moe_intermediate_size: int = attrs.field(default=0, validator=_size(0))
+    """One routed expert's width (``moe_intermediate_size``, Mixtral's ``intermediate_size``)."""
+    dtype_bytes: int = attrs.field(default=2, validator=attrs.validators.in_((2, 4)))
+    """The activations' bytes per value: 2 for bfloat16 / float16, 4 for float32 (``--dtype``)."""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts_per_tok > 0 and self.moe_intermediate_size > 0
+
+
+def sampler_program_buffer_bytes(*, rows: int, vocab_size: int, sm_count: int) -> int:
+    """The fp32 ``[min(next_power_of_2(programs), SMs), vocab]`` buffer ``apply_top_k_top_p_triton`` keeps in
+    ``_TRITON_BUFFER_CACHE`` for the rest of the process, ``programs = min(SMs, rows)`` (vLLM 0.19
+    ``v1/sample/ops/topk_topp_triton.py`` L1010-1019, 0.33 L1692-1696): alive at the sampler's peak."""
+    programs = min(sm_count, rows)
+    return min(1 << (programs - 1).bit_length(), sm_count) * vocab_size * 4
+
+
+def moe_workspace_bytes(*, shape: ModelShape, tokens: int, tp_size: int = 1) -> int:
+    """The fused-MoE Triton experts' workspace for ``tokens`` tokens, held by vLLM's ``WorkspaceManager``.
+
+    ``TritonExperts.workspace_shapes`` (vLLM 0.19 ``fused_moe/fused_moe.py`` L1976-1991, 0.33
+    ``fused_moe/experts/triton_moe.py`` L240-255) with ``N = w13`` rows ``= 2 x moe_intermediate / tp`` and
+    ``K = hidden``: ``workspace13 = (M, topk, max(N / 2, K))``, shared with the ``(M, K)`` output, and
+    ``workspace2 = (M, topk, max(N, K))``; ``_allocate_buffers`` (0.19 ``modular_kernel.py`` L1062-1067, 0.33
+    L1188-1210) takes both from ``get_simultaneous``, each rounded up to 256 B, and ``_ensure_workspace_size``
+    (0.19 ``v1/worker/workspace.py`` L175-176) keeps the ``torch.empty`` for the process: unlike the dense MLP's
+    temporaries it is still allocated when the sampler runs."""
+    if not shape.is_moe:
+        return 0
+    inner = shape.moe_intermediate_size // tp_size
+    topk, hidden, dtype = shape.num_experts_per_tok, shape.hidden_size, shape.dtype_bytes
+    common = max(tokens * topk * max(inner, hidden), tokens * hidden) * dtype
+    second = tokens * topk * max(2 * inner, hidden) * dtype
+    return _round_up(common, 256) + _round_up(second, 256)
+
+
+def forward_peak_bytes(*, shape: ModelShape, tokens: int, tp_size: int = 1) -> int:
+    """The dense forward pass's transient peak for ``tokens`` tokens, inside an MLP: the two inputs of the compiled
+    piece after the attention (its output and the residual, ``hidden`` each), the new residual, the
+    ``gate_up_proj`` output (``2 x intermediate / tp``) and the ``SiluAndMul`` output (``intermediate / tp``):
+    ``tokens x (3 hidden + 3 intermediate / tp) x dtype``.  The profile run skips attention (``attn_metadata``
+    None: vLLM 0.19 ``gpu_model_runner.py`` ``_dummy_run``, ``flash_attn.py`` L666-667), so the MLP is the
+    largest."""
+    inner = shape.dense_intermediate_size // tp_size
+    return tokens * (3 * shape.hidden_size + 3 * inner) * shape.dtype_bytes
+
+
+def activation_peak(
+    *,
+    vocab_size: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    profile: RuntimeProfile,
+    shape: ModelShape | None = None,
+    tp_size: int = 1,
+    pp_size: int = 1,
+    pp_stage: str = "last",
+    sm_count: int = H100_SMS,
+    compute_capability: tuple[int, int] | None = None,
+) -> Term:
+    """The torch peak of ``profile_run`` above the weights (``torch_peak_increase``), one worker.
+
+    ``profile_run`` (vLLM 0.19 ``gpu_model_runner.py`` L5782-5795, 0.33 L6132-6146) runs ``max_num_batched_tokens``
+    tokens and, on the last pipeline stage, ``_dummy_sampler_run`` on ``rows = min(max_num_seqs, tokens)`` rows while
+    it still holds the ``[tokens, hidden]`` hidden states and their ``[rows, hidden]`` gather (``_dummy_run``'s
+    return, 0.19 L5553).  At the sampler's peak (``random_sample``) are alive, per logit: the model's logits
+    ``_dummy_sampler_run`` holds (``dtype`` bytes, 0.19 L5571), the sampler's fp32 copy (4, ``sampler.py`` L90; none
+    for a float32 model), their softmax (4) and the exponential noise (4) (``sampler_bytes_per_logit`` 12 from vLLM
+    0.17, 36 for 0.15 / 0.16's torch sort, which counts the fp32 copy among its own); plus the ``torch.rand_like``
+    of the gathered rows (0.19 L5569) and the top-k/top-p kernel's cached buffer
+    (:func:`sampler_program_buffer_bytes`).  The forward pass's own peak (:func:`forward_peak_bytes`) is over by
+    then; the peak is the larger of the two.  A MoE model adds the persistent fused-MoE workspace
+    (:func:`moe_workspace_bytes`) to both, and every stage but the first of a pipeline its
+    ``make_empty_intermediate_tensors`` buffers (hidden states and residual, ``[tokens, hidden]`` each, 0.19
+    L5440-5448).  A non-last stage has no sampler peak.  The profile run's first matmul adds torch's cuBLAS
+    workspace (:func:`cublas_workspace_bytes`).  No constant is calibrated.  Without ``shape`` the terms that need
+    the hidden size are left out.  MLA's chunked-prefill workspace is not in it: the metadata builder allocates it
+    (vLLM 0.19.0 ``model_executor/layers/attention/mla_attention.py`` L1501-1527) when ``initialize_kv_cache`` creates
+    the attention backends (``gpu_model_runner.py`` L6769-6781), after the peak is read.  Not modelled: multimodal
+    encoders (their outputs stay in the encoder cache through the run), MoE backends other than the Triton experts,
+    fewer than 8 sampled rows on vLLM 0.17-0.19 (``max_num_seqs`` < 8: ``apply_top_k_top_p`` sorts them with torch,
+    0.19.0 ``topk_topp_sampler.py`` L251-255).
     """
+    if pp_stage not in PIPELINE_STAGES:
+        raise ConfigError(f"pp_stage must be one of {', '.join(PIPELINE_STAGES)}, got {pp_stage!r}.")
     rows = min(max_num_seqs, max_num_batched_tokens)
-    per_logit = profile.sampler_bytes_per_logit
-    sampled = rows * vocab_size * per_logit
-    what = (
-        "torch sort: logits, values, int64 indices, reverse indices, cub buffers"
-        if per_logit == SORT_PATH_BYTES_PER_LOGIT
-        else "fp32 logits, softmax, exponential noise"
-    )
+    tokens = max_num_batched_tokens
+    dtype = shape.dtype_bytes if shape is not None else 2
+    hidden = shape.hidden_size if shape is not None else 0
+    parts: list[str] = []
+    sampler = 0
+    if pp_stage == "last":
+        per_logit = dtype + profile.sampler_bytes_per_logit - (4 if dtype == 4 else 0)
+        what = (
+            "torch sort: logits, values, int64 indices, reverse indices, cub buffers"
+            if profile.sampler_bytes_per_logit == SORT_PATH_BYTES_PER_LOGIT
+            else "fp32 logits, softmax, exponential noise"
+        )
+        sampler = rows * vocab_size * per_logit
+        parts.append(f"{rows} rows x {vocab_size} vocab x {per_logit} B (held {dtype} B logits; {what})")
+        if profile.sampler_program_buffer:
+            buffer = sampler_program_buffer_bytes(rows=rows, vocab_size=vocab_size, sm_count=sm_count)
+            sampler += buffer
+            parts.append(f"top-k/top-p buffer {buffer / MiB:.1f} MiB ({sm_count} SMs)")
+        held = (tokens + 2 * rows) * hidden * dtype
+        sampler += held
+        if shape is not None:
+            parts.append(f"held hidden states ({tokens} + 2 x {rows}) x {hidden} x {dtype} B")
+    forward = forward_peak_bytes(shape=shape, tokens=tokens, tp_size=tp_size) if shape is not None else 0
+    if forward:
+        parts.append(f"forward {forward / GiB:.3f} GiB")
+    workspace = 0
+    if shape is not None and profile.moe_workspace:
+        workspace = moe_workspace_bytes(shape=shape, tokens=tokens, tp_size=tp_size)
+    if workspace:
+        parts.append(f"fused-MoE workspace {workspace / MiB:.1f} MiB")
+    receive = 2 * tokens * hidden * dtype if pp_size > 1 and pp_stage != "first" else 0
+    if receive:
+        parts.append(f"pipeline receive buffers 2 x {tokens} x {hidden} x {dtype} B")
+    base = cublas_workspace_bytes(compute_capability)
+    total = max(sampler, forward) + workspace + receive + base
+    peak = "sampler" if sampler >= forward else "forward"
     return Term(
         name="activation peak",
-        bytes=sampled + profile.sampler_base_bytes,
+        bytes=total,
         formula=(
-            f"{rows} rows x {vocab_size} vocab x {per_logit} B ({what}) "
-            f"+ {profile.sampler_base_bytes / GiB:.4f} GiB sampler base (calibrated, {profile.file})"
+            f"max(sampler {sampler / GiB:.3f} GiB, forward {forward / GiB:.3f} GiB: {peak}) + workspace + receive + "
+            f"{base / MiB:.3f} MiB cuBLAS workspace; "
+            + "; ".join(parts)
+            + ("" if shape is not None else "; model shape not given: hidden-state and forward terms left out")
+            + ("" if pp_stage == "last" else f"; pipeline {pp_stage} stage: no sampler")
         ),
         source=(
-            "vLLM gpu_model_runner.profile_run / _dummy_sampler_run; topk_topp_sampler.apply_top_k_top_p (Triton from "
-            "0.17, torch sort before)"
+            "vLLM gpu_model_runner.profile_run / _dummy_run / _dummy_sampler_run; sampler.Sampler.forward; "
+            "topk_topp_sampler.forward_native / random_sample; topk_topp_triton.apply_top_k_top_p_triton (Triton from "
+            "0.17, torch sort before); fused_moe TritonExperts.workspace_shapes, v1/worker/workspace.py; torch "
+            "CublasHandlePool.cpp getChosenWorkspaceSize"
         ),
     )
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 def non_torch_memory(*, tp_size: int, pp_size: int, profile: RuntimeProfile) -> Term:
     """The non-torch increase since the worker's first snapshot (``non_torch_increase``, ``mem_utils.py`` L306):
     cuBLAS/cuDNN workspaces at TP 1, plus the NCCL and custom all-reduce buffers at TP >= 2; calibrated per TP size
-    (the largest calibrated TP not above ``tp_size``), and per pipeline stage when ``pp_size > 1``."""
+    (the largest calibrated TP not above ``tp_size``), and per pipeline stage when ``pp_size > 1``.
+
+    It depends on the version, not on the GPU or TP alone: vLLM 0.18 and 0.19 profile the CUDA graphs inside the
+    ``memory_profiling`` window (0.19.0 ``gpu_worker.py`` L366-381), so the increase holds what those captures leave
+    outside torch; 0.15-0.17 do not profile them (0.13 GiB at TP 1 in llm-d-planner's sweep against 0.19's 0.25), and
+    0.33 profiles them after the window closes (``gpu_worker.py`` L686-717).  The 0.16 and 0.33 profiles carry
+    0.19's constants until a log of theirs calibrates them (``profiles/vllm-0.16.json``, ``vllm-0.33.json``)."""
     if pp_size > 1 and tp_size == 1:
         return Term(
             name="non-torch",
@@ -291,7 +476,18 @@ def cudagraph_memory(
     ``FULL_AND_PIECEWISE`` captures a PIECEWISE graph per capture size and a FULL graph per uniform-decode size
     (the capture sizes up to ``max_num_seqs``); the first-capture and per-graph bytes are the profile's calibrated
     constants (``profiles/vllm-<version>.json``).  Not modelled: speculative decoding's widened decode sizes and
-    encoder graphs."""
+    encoder graphs.
+
+    Why a constant per graph cannot follow vLLM's estimate (the held-out logs' +12 % and +249 %): vLLM measures it
+    (``gpu_model_runner.py`` L6330-6356): per mode, the free-memory drop of capturing the largest size
+    (``first_capture``) and of the second-largest (``per_graph``, at least 1 MiB), times the number of graphs less
+    one.  The second capture reuses the largest one's pool, so ``per_graph`` is the graph executable's own device
+    memory, which grows with the kernels captured (layers x kernels per layer; PIECEWISE splits each size at every
+    attention layer), plus what the pool did not already cover: a property of the model, not of the graph count.
+    The profile's 21.6 MiB per graph is the difference between two different models' estimates divided by the
+    difference of their graph counts; the held-out dense Qwen3-8B log spends at most 0.52 GiB / 84 = 6.3 MiB per
+    graph.  A per-model term needs logs with vLLM's DEBUG line ``Estimated <mode> CUDA graph memory: <first> MiB
+    first-capture + (<n>-1) x <per-graph> MiB per-graph`` (L6360-6367), which states both for each model."""
     if not profile.cudagraph_subtracted:
         return Term(
             name="CUDA graphs",
@@ -321,6 +517,65 @@ def cudagraph_memory(
 def vocab_size_of(model: str) -> int:
     """``vocab_size`` of ``model`` (a preset, a ``config.json`` or its directory): from the complete config a preset
     names (``_weights_config``), or the config itself; the text config of a multimodal one."""
+    config, source = _complete_config(model)
+    for candidate in (config, config.get("text_config") or {}):
+        value = candidate.get("vocab_size")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    raise ConfigError(
+        f"{source}: the runtime-memory profile needs the model's vocab_size (the sampler's peak is rows x vocabulary) "
+        f"and the config has none. Use a preset with a complete config, a config.json that has it, or drop the "
+        f"runtime profile."
+    )
+
+
+def model_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> ModelShape | None:
+    """The :class:`ModelShape` of a Hugging Face ``config.json`` (its ``text_config`` for a multimodal one), or None
+    when it has no ``hidden_size``.  Experts: ``num_experts_per_tok`` of ``num_local_experts`` / ``num_experts`` /
+    ``n_routed_experts``, each ``moe_intermediate_size`` wide (Mixtral's ``intermediate_size``).  Non-expert MLPs:
+    ``intermediate_size`` where the model has dense layers (a dense model, DeepSeek's ``first_k_dense_replace``,
+    Qwen-MoE's ``mlp_only_layers`` / ``decoder_sparse_step`` > 1), else the shared experts
+    (``shared_expert_intermediate_size``, ``n_shared_experts x moe_intermediate_size``)."""
+
+    def number(source: dict[str, Any], key: str) -> int:
+        value = source.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+    text = config if number(config, "hidden_size") else (config.get("text_config") or {})
+    hidden = number(text, "hidden_size")
+    if not hidden:
+        return None
+    experts = max(number(text, key) for key in ("num_local_experts", "num_experts", "n_routed_experts"))
+    topk = number(text, "num_experts_per_tok") if experts else 0
+    intermediate = number(text, "intermediate_size")
+    if not topk:
+        return ModelShape(hidden_size=hidden, dense_intermediate_size=intermediate, dtype_bytes=dtype_bytes)
+    expert = number(text, "moe_intermediate_size") or intermediate
+    dense_layers = (
+        number(text, "first_k_dense_replace") > 0
+        or bool(text.get("mlp_only_layers"))
+        or number(text, "decoder_sparse_step") > 1
+    )
+    if dense_layers and number(text, "moe_intermediate_size"):
+        dense = intermediate
+    else:
+        dense = number(text, "shared_expert_intermediate_size") or number(text, "n_shared_experts") * expert
+    return ModelShape(
+        hidden_size=hidden,
+        dense_intermediate_size=dense,
+        num_experts_per_tok=topk,
+        moe_intermediate_size=expert,
+        dtype_bytes=dtype_bytes,
+    )
+
+
+def model_shape_of(model: str, *, dtype_bytes: int = 2) -> ModelShape | None:
+    """:func:`model_shape_from_config` of ``model`` (a preset, a ``config.json`` or its directory), read as
+    :func:`vocab_size_of` reads it."""
+    return model_shape_from_config(_complete_config(model)[0], dtype_bytes=dtype_bytes)
+
+
+def _complete_config(model: str) -> tuple[dict[str, Any], str]:
     from kvpools_core.config import read_config_file
     from kvpools_core.models import registry_presets, resolve_model_source
     from kvpools_core.pipeline.weights import WEIGHTS_CONFIG_KEY
@@ -331,15 +586,7 @@ def vocab_size_of(model: str) -> int:
     pointer = config.get(WEIGHTS_CONFIG_KEY)
     if source.startswith("preset:") and pointer:
         config = read_config_file(Path(registry_presets(registry)[name][1]).parent / str(pointer))
-    for candidate in (config, config.get("text_config") or {}):
-        value = candidate.get("vocab_size")
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    raise ConfigError(
-        f"{source}: the runtime-memory profile needs the model's vocab_size (the sampler's peak is rows x vocabulary) "
-        f"and the config has none. Use a preset with a complete config, a config.json that has it, or drop the "
-        f"runtime profile."
-    )
+    return dict(config), source
 
 
 @attrs.frozen(kw_only=True)
@@ -370,11 +617,15 @@ def estimate_runtime_memory(
     max_num_batched_tokens: int | None = None,
     engine_version: str = "0.19",
     profile_version: str | None = None,
+    shape: ModelShape | None = None,
+    pp_stage: str = "last",
 ) -> RuntimeMemory:
     """vLLM ``engine_version``'s memory outside the KV cache and the weights on ``gpu``.
 
     ``profile_version`` borrows another version's calibration; the result's ``note`` then says the plan was made
-    with a profile that is not the engine's.
+    with a profile that is not the engine's.  ``shape`` (:func:`model_shape_of`) gives the activation peak its
+    forward, hidden-state and MoE terms; ``pp_stage`` picks the pipeline stage (``last``, the one that samples and
+    whose budget binds, by default).
     """
     for name, value in (("vocab_size", vocab_size), ("tp_size", tp_size), ("pp_size", pp_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -394,7 +645,18 @@ def estimate_runtime_memory(
     seqs = profile.default_max_num_seqs if max_num_seqs is None else max_num_seqs
     batched = profile.default_max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
     terms = (
-        activation_peak(vocab_size=vocab_size, max_num_seqs=seqs, max_num_batched_tokens=batched, profile=profile),
+        activation_peak(
+            vocab_size=vocab_size,
+            max_num_seqs=seqs,
+            max_num_batched_tokens=batched,
+            profile=profile,
+            shape=shape,
+            tp_size=tp_size,
+            pp_size=pp_size,
+            pp_stage=pp_stage,
+            sm_count=SM_COUNTS.get(gpu.name, H100_SMS),
+            compute_capability=gpu.compute_capability,
+        ),
         non_torch_memory(tp_size=tp_size, pp_size=pp_size, profile=profile),
         cudagraph_memory(profile=profile, max_num_seqs=seqs, max_num_batched_tokens=batched),
     )

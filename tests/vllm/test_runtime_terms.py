@@ -1,0 +1,225 @@
+"""vLLM's profile-run activation peak per family (issue 34): every term hand-computed from the cited lines, then
+checked against the peaks llm-d-planner's vLLM 0.19.0 H100 report logged (``benchmarks/data/startup_logs.json``).
+
+Sources (vLLM 0.19.0 sdist unless said; vLLM 0.33 where installed beside kvpools):
+
+* ``v1/worker/gpu_model_runner.py``: ``profile_run`` L5782-5795 keeps ``_dummy_run``'s ``[tokens, hidden]`` hidden
+  states and their ``[rows, hidden]`` gather (L5553) while ``_dummy_sampler_run`` (L5556-5600) takes a
+  ``torch.rand_like`` of the gather (L5569) and holds the model's logits (L5571); only the last pipeline stage
+  samples; other stages than the first allocate ``make_empty_intermediate_tensors`` (L5440-5448).
+* ``v1/sample/sampler.py`` L90 (fp32 copy), ``v1/sample/ops/topk_topp_sampler.py`` ``forward_native`` L94-112
+  (softmax), ``random_sample`` L325-334 (exponential noise), ``topk_topp_triton.py`` L1010-1019 (the per-program
+  ``[min(next_power_of_2(min(SMs, rows)), SMs), vocab]`` fp32 buffer cached in ``_TRITON_BUFFER_CACHE``).
+* ``fused_moe/fused_moe.py`` ``TritonExperts.workspace_shapes`` L1976-1991, ``modular_kernel.py`` L1062-1067,
+  ``v1/worker/workspace.py`` L175-176 (persistent ``torch.empty``); 0.33 ``fused_moe/experts/triton_moe.py``
+  L240-255 is the same.
+* torch ``aten/src/ATen/cuda/CublasHandlePool.cpp`` ``getChosenWorkspaceSize``: 4096 x 8 KiB on compute capability
+  9 / 10 / 12, ``:4096:2:16:8`` otherwise.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.startup_logs import load_startup_logs
+from kvpools_core.config import read_config_file
+from kvpools_core.engines.vllm.runtime_memory import (
+    CUBLAS_WORKSPACE_BYTES,
+    CUBLAS_WORKSPACE_OLDER_BYTES,
+    ModelShape,
+    activation_peak,
+    cublas_workspace_bytes,
+    estimate_runtime_memory,
+    load_profile,
+    model_shape_from_config,
+    moe_workspace_bytes,
+    sampler_program_buffer_bytes,
+)
+from kvpools_core.errors import ConfigError
+from kvpools_core.pipeline.gpus import find_gpu
+from kvpools_core.values import Serving
+
+GiB = 1 << 30
+CUBLAS = 33_554_432
+CONFIGS = Path(__file__).parents[1] / "weights" / "configs"
+
+
+def shape(name: str) -> ModelShape:
+    found = model_shape_from_config(dict(read_config_file(CONFIGS / f"{name}.json")))
+    assert found is not None
+    return found
+
+
+def peak(vocab: int, model: ModelShape | None, **options: object) -> int:
+    return activation_peak(
+        vocab_size=vocab,
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        profile=load_profile(str(options.pop("version", "0.19"))),
+        shape=model,
+        **options,  # type: ignore[arg-type]
+    ).bytes
+
+
+def test_cublas_workspace_is_torchs_default() -> None:
+    assert CUBLAS_WORKSPACE_BYTES == 4096 * 8 * 1024 == CUBLAS
+    assert CUBLAS_WORKSPACE_OLDER_BYTES == 4096 * 1024 * 2 + 16 * 1024 * 8 == 8_519_680
+    assert cublas_workspace_bytes((9, 0)) == cublas_workspace_bytes((12, 0)) == cublas_workspace_bytes(None) == CUBLAS
+    assert cublas_workspace_bytes((8, 0)) == cublas_workspace_bytes((8, 9)) == 8_519_680
+
+
+@pytest.mark.parametrize(
+    ("rows", "sms", "buffer_rows"),
+    [(1024, 132, 132), (100, 132, 128), (5, 132, 8), (1024, 82, 82), (64, 82, 64)],
+)
+def test_the_top_k_top_p_buffer(rows: int, sms: int, buffer_rows: int) -> None:
+    # min(next_power_of_2(min(SMs, rows)), SMs) rows of the vocabulary, fp32
+    assert sampler_program_buffer_bytes(rows=rows, vocab_size=1000, sm_count=sms) == buffer_rows * 1000 * 4
+
+
+def test_shapes_of_the_cited_configs() -> None:
+    assert shape("meta-llama--Meta-Llama-3.1-8B") == ModelShape(hidden_size=4096, dense_intermediate_size=14336)
+    # every Qwen3-30B-A3B layer is sparse (mlp_only_layers [], decoder_sparse_step 1), no shared expert
+    assert shape("Qwen--Qwen3-30B-A3B") == ModelShape(
+        hidden_size=2048, dense_intermediate_size=0, num_experts_per_tok=8, moe_intermediate_size=768
+    )
+    # DeepSeek-V2-Lite: first_k_dense_replace 1 keeps one dense MLP of intermediate_size
+    assert shape("deepseek-ai--DeepSeek-V2-Lite") == ModelShape(
+        hidden_size=2048, dense_intermediate_size=10944, num_experts_per_tok=6, moe_intermediate_size=1408
+    )
+    # Mixtral: the experts are intermediate_size wide, no dense MLP
+    assert shape("mistralai--Mixtral-8x7B-v0.1") == ModelShape(
+        hidden_size=4096, dense_intermediate_size=0, num_experts_per_tok=2, moe_intermediate_size=14336
+    )
+    # Qwen1.5-MoE: the shared expert is the widest non-expert MLP
+    assert shape("Qwen--Qwen1.5-MoE-A2.7B").dense_intermediate_size == 5632
+    assert model_shape_from_config({"vocab_size": 10}) is None
+
+
+def test_moe_workspace_by_hand() -> None:
+    """workspace13 = (M, topk, max(N / 2, K)) shared with the (M, K) output, workspace2 = (M, topk, max(N, K)),
+    N = 2 x moe_intermediate / tp, K = hidden, M = 8192 tokens, bf16."""
+    qwen = shape("Qwen--Qwen3-30B-A3B")
+    assert moe_workspace_bytes(shape=qwen, tokens=8192) == 8192 * 8 * 2048 * 2 + 8192 * 8 * 2048 * 2 == 536_870_912
+    deepseek = shape("deepseek-ai--DeepSeek-V2-Lite")
+    assert moe_workspace_bytes(shape=deepseek, tokens=8192) == 8192 * 6 * 2048 * 2 + 8192 * 6 * 2816 * 2 == 478_150_656
+    mixtral = shape("mistralai--Mixtral-8x7B-v0.1")
+    assert moe_workspace_bytes(shape=mixtral, tokens=8192, tp_size=2) == 8192 * 2 * 7168 * 2 + 8192 * 2 * 14336 * 2
+    assert moe_workspace_bytes(shape=shape("meta-llama--Meta-Llama-3.1-8B"), tokens=8192) == 0
+    # one token: the (M, K) output is larger than (M, topk, max(N / 2, K)) only when topk is 1; each part to 256 B
+    single = ModelShape(hidden_size=100, num_experts_per_tok=1, moe_intermediate_size=40)
+    assert moe_workspace_bytes(shape=single, tokens=1) == 256 + 256
+
+
+def test_llama_3_1_8b_by_hand() -> None:
+    """1024 x 128256 = 131,334,144 logits x 14 B (2 held bf16 + 4 fp32 + 4 softmax + 4 noise) = 1,838,678,016;
+    buffer 132 x 128256 x 4 = 67,719,168; held hidden states (8192 + 2 x 1024) x 4096 x 2 = 83,886,080: sampler
+    1,990,283,264 above the forward 8192 x (3 x 4096 + 3 x 14336) x 2 = 905,969,664; + cuBLAS = 2,023,837,696 B
+    (1.885 GiB, logged 1.89)."""
+    llama = shape("meta-llama--Meta-Llama-3.1-8B")
+    assert peak(128256, llama) == 1_838_678_016 + 67_719_168 + 83_886_080 + CUBLAS == 2_023_837_696
+    # TP shards the MLP, not the gathered logits: the same peak at TP 2 and 4 (all logged 1.89)
+    assert peak(128256, llama, tp_size=4) == 2_023_837_696
+    # a float32 model holds 4 B logits and makes no fp32 copy: 12 B per logit, the hidden states at 4 B, a sampler
+    # of 1,811,501,056 B just under the forward pass at 4 B, 8192 x 55296 x 4 = 1,811,939,328
+    wide = ModelShape(hidden_size=4096, dense_intermediate_size=14336, dtype_bytes=4)
+    assert 131_334_144 * 12 + 67_719_168 + 83_886_080 * 2 == 1_811_501_056
+    assert peak(128256, wide) == 8192 * 55296 * 4 + CUBLAS == 1_845_493_760
+    assert peak(256000, wide) == 262_144_000 * 12 + 132 * 256000 * 4 + 83_886_080 * 2 + CUBLAS
+
+
+def test_moe_and_mla_by_hand() -> None:
+    """Qwen3-30B-A3B: 155,582,464 logits x 14 = 2,178,154,496 + buffer 80,222,208 + held 10240 x 2048 x 2 =
+    41,943,040, + workspace 536,870,912 + cuBLAS = 2,870,745,088 B (2.674 GiB, logged 2.68).
+    DeepSeek-V2-Lite (MLA + MoE): 104,857,600 x 14 = 1,468,006,400 + 54,067,200 + 41,943,040 + 478,150,656 + cuBLAS
+    = 2,075,721,728 B (1.933 GiB, logged 1.93)."""
+    assert peak(151936, shape("Qwen--Qwen3-30B-A3B")) == 2_870_745_088
+    assert peak(102400, shape("deepseek-ai--DeepSeek-V2-Lite")) == 2_075_721_728
+
+
+def test_a_small_vocabulary_peaks_in_the_forward_pass() -> None:
+    """CodeLlama-7b (vocab 32064, hidden 4096, intermediate 11008): the sampler, 32,833,536 x 14 + 132 x 32064 x 4 +
+    83,886,080 = 560,498,240 B, is below the forward 8192 x (3 x 4096 + 3 x 11008) x 2 = 742,391,808."""
+    term = activation_peak(
+        vocab_size=32064,
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        profile=load_profile("0.19"),
+        shape=ModelShape(hidden_size=4096, dense_intermediate_size=11008),
+    )
+    assert term.bytes == 742_391_808 + CUBLAS
+    assert "forward" in term.formula.split(")")[0].split(":")[-1]
+
+
+def test_pipeline_stages() -> None:
+    """Only the last stage samples (``get_pp_group().is_last_rank``); every stage but the first also holds the
+    receive buffers, hidden states and residual, 2 x 8192 x 4096 x 2 = 134,217,728 B."""
+    llama = shape("meta-llama--Meta-Llama-3.1-8B")
+    assert peak(128256, llama, pp_size=2, pp_stage="first") == 905_969_664 + CUBLAS
+    assert peak(128256, llama, pp_size=4, pp_stage="middle") == 905_969_664 + 134_217_728 + CUBLAS
+    assert peak(128256, llama, pp_size=2) == 2_023_837_696 + 134_217_728
+    with pytest.raises(ConfigError, match="pp_stage must be one of last, first, middle, got 'second'"):
+        peak(128256, llama, pp_size=2, pp_stage="second")
+
+
+def test_the_gpu_sets_the_buffer_rows_and_the_cublas_workspace() -> None:
+    """An A100 (108 SMs, compute capability 8.0): buffer 108 x 128256 x 4, cuBLAS 8,519,680."""
+    llama = shape("meta-llama--Meta-Llama-3.1-8B")
+    a100 = estimate_runtime_memory(gpu=find_gpu("a100-80gb"), vocab_size=128256, shape=llama)
+    expected = 1_838_678_016 + 108 * 128256 * 4 + 83_886_080 + 8_519_680
+    assert a100.term("activation peak").bytes == expected
+
+
+LOGGED = {
+    "llmd-v0.19-llama-3.1-8b-tp1-len2048": ("meta-llama--Meta-Llama-3.1-8B", 1),
+    "llmd-v0.19-activation-qwen3": ("Qwen--Qwen3-8B", 1),
+    "llmd-v0.19-activation-gemma2": ("google--gemma-2-9b", 1),
+    "llmd-v0.19-activation-granite": ("ibm-granite--granite-3.3-8b", 1),
+    "llmd-v0.19-activation-phi3": ("microsoft--phi-4", 1),
+    "llmd-v0.19-activation-qwen3moe": ("Qwen--Qwen3-30B-A3B", 1),
+    "llmd-v0.19-activation-deepseekv2": ("deepseek-ai--DeepSeek-V2-Lite", 1),
+    # Mixtral-8x7B's bf16 weights (46.7e9 parameters, ~87 GiB) do not fit one 79.19 GiB H100: the report's run was
+    # at TP 2 at least; the record states no TP (its flags say 1)
+    "llmd-v0.19-activation-mixtral": ("mistralai--Mixtral-8x7B-v0.1", 2),
+}
+
+
+@pytest.mark.parametrize("record", sorted(LOGGED))
+def test_logged_activation_peaks_within_one_percent(record: str) -> None:
+    """The per-architecture rows of llm-d-planner's vLLM 0.19.0 report (the MoE and MLA ones were -18 % to -36 %
+    before the workspace and the held logits; gemma-2's 256k vocabulary -8 %; granite's +22 %)."""
+    log = next(log for log in load_startup_logs() if log.id == record)
+    name, tp = LOGGED[record]
+    predicted = peak(int(log.vocab_size or 0), shape(name), tp_size=tp) / GiB
+    logged = log.logged["activation_gib"]
+    assert abs(predicted - logged) / logged < 0.01, (predicted, logged)
+
+
+def test_plan_vllm_charges_each_pipeline_stage_its_own_peak() -> None:
+    """Llama-3.1-8B at PP 4 on an H100 with the 0.19 profile: stage 0 the forward pass (905,969,664 B) + cuBLAS, the
+    middle stages + the receive buffers (134,217,728 B), the last stage the sampler (2,023,837,696 B) + the receive
+    buffers.  Each stage's budget differs from the last stage's by its weights and by those peaks; before, every
+    stage was charged the last stage's sampler."""
+    from kvpools_core.engines.vllm.deployment import plan_vllm
+
+    result = plan_vllm(
+        "llama-3.1-8b", gpu="h100", serving=Serving(pp_size=4), max_num_batched_tokens=8192, runtime_profile="0.19"
+    )
+    first, middle, last = 905_969_664 + CUBLAS, 905_969_664 + 134_217_728 + CUBLAS, 2_023_837_696 + 134_217_728
+    assert result.stage_activation_peaks == (first, middle, middle, last)
+    assert result.runtime_memory is not None
+    assert result.runtime_memory.term("activation peak").bytes == last
+    budgets = [budget.available_kv_cache_memory for budget in result.budgets]
+    weights = result.weights_memory
+    for stage, peak in enumerate(result.stage_activation_peaks):
+        assert budgets[stage] - budgets[3] == (weights[3] - weights[stage]) + (last - peak)
+    assert result.to_dict()["runtime_memory"]["stage_activation_peaks"] == [first, middle, middle, last]
+
+
+def test_a_shape_is_validated() -> None:
+    with pytest.raises(ConfigError, match=r"ModelShape\.hidden_size must be an integer >= 1, got 0"):
+        ModelShape(hidden_size=0)
+    with pytest.raises(ConfigError, match=r"ModelShape\.num_experts_per_tok must be an integer >= 0, got -1"):
+        ModelShape(hidden_size=8, num_experts_per_tok=-1)
