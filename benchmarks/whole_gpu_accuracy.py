@@ -52,8 +52,10 @@ from kvpools_core.engines.vllm.model import worker_kv_cache_specs
 from kvpools_core.engines.vllm.runtime_memory import (
     PROFILE_ALIASES,
     PROFILE_VERSIONS,
+    ModelShape,
     estimate_runtime_memory,
     load_profile,
+    model_shape_of,
     version_key,
 )
 from kvpools_core.errors import ConfigError, KvpoolsError
@@ -237,6 +239,7 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
                 max_num_batched_tokens=log.flag("max_num_batched_tokens"),
                 engine_version=version_key(str(log.engine_version)),
                 profile_version=profile,
+                shape=runtime_shape(log, serving.dtype),
             )
         except KvpoolsError as error:
             return Refusal(str(error).split(". ")[0])
@@ -367,6 +370,22 @@ def llmd_planner(logs: list[StartupLog], peers_venv: Path | None) -> dict[str, P
         else:
             results[log.id] = Prediction(answer["kv_gib"], answer["tokens"], answer["concurrency"])
     return results
+
+
+def runtime_shape(log: StartupLog, serving_dtype: str = "auto") -> ModelShape | None:
+    """The sizes the vLLM activation peak needs: the kvpools model's config, else the record's own
+    ``hidden_size`` / ``intermediate_size``, else None (the hidden-state, forward and MoE terms left out)."""
+    dtype_bytes = 4 if serving_dtype == "float32" else 2
+    if log.kvpools_model is not None:
+        try:
+            return model_shape_of(model_ref(log), dtype_bytes=dtype_bytes)
+        except KvpoolsError:
+            pass
+    if log.hidden_size:
+        return ModelShape(
+            hidden_size=log.hidden_size, dense_intermediate_size=log.intermediate_size or 0, dtype_bytes=dtype_bytes
+        )
+    return None
 
 
 def model_ref(log: StartupLog) -> str:
@@ -642,6 +661,9 @@ def runtime_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[
             max_num_batched_tokens=log.flag("max_num_batched_tokens"),
             engine_version=version_key(str(log.engine_version)),
             profile_version=profile,
+            shape=runtime_shape(log, log.flag("dtype", "auto")),
+            # the report's pipeline rows are a stage that does not sample (its activation is below the sampler's)
+            pp_stage="first" if log.flag("pp", 1) > 1 else "last",
         )
         for name, key in (("activation peak", "activation_gib"), ("non-torch", "non_torch_gib")):
             error = _error(memory.term(name).bytes / GiB, log.logged.get(key))
