@@ -34,7 +34,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_dsv4_layout_peer import _extract, _load_kv_layout, _root
+from sglang_peer_stubs import extract, load_kv_layout, sglang_root
 
 STACK_FUNCTIONS = {
     "_DeepSeekV4LayerMappings",
@@ -154,8 +154,8 @@ def _run(case: dict[str, Any], namespace: dict[str, Any], kv_layout: Any) -> lis
 
 def main() -> None:
     cases = json.load(sys.stdin)
-    root = _root()
-    kv_layout = _load_kv_layout(root).KVLayout
+    root = sglang_root()
+    kv_layout = load_kv_layout(root).KVLayout
     memory = types.SimpleNamespace(
         hicache_size=0,
         hicache_ratio=2.0,
@@ -185,9 +185,9 @@ def main() -> None:
     }
     # dataclasses resolves the postponed annotations through the defining module
     sys.modules[namespace["__name__"]] = types.ModuleType(namespace["__name__"])
-    _extract(root / "srt/mem_cache/hicache_storage.py", {"PoolName"}, namespace)
-    _extract(root / "srt/mem_cache/hybrid_cache/host_pool_config.py", {"with_packed_draft_layer_mapping"}, namespace)
-    _extract(root / "srt/mem_cache/hybrid_cache/hybrid_pool_assembler.py", STACK_FUNCTIONS, namespace)
+    extract(root / "srt/mem_cache/hicache_storage.py", {"PoolName"}, namespace)
+    extract(root / "srt/mem_cache/hybrid_cache/host_pool_config.py", {"with_packed_draft_layer_mapping"}, namespace)
+    extract(root / "srt/mem_cache/hybrid_cache/hybrid_pool_assembler.py", STACK_FUNCTIONS, namespace)
     out = []
     for case in cases:
         try:

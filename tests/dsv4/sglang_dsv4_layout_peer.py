@@ -21,10 +21,7 @@ in the peers venv, never under pytest.
 """
 
 from __future__ import annotations
-import __future__
 
-import ast
-import importlib.util
 import json
 import sys
 import types
@@ -34,48 +31,14 @@ from typing import Any
 
 import torch
 
-
-def _root() -> Path:
-    spec = importlib.util.find_spec("sglang")
-    assert spec is not None and spec.submodule_search_locations, "sglang is not installed"
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _load_kv_layout(root: Path) -> types.ModuleType:
-    name = "sglang.kernels.ops.attention.dsv4.kv_layout"
-    spec = importlib.util.spec_from_file_location(name, root / "kernels/ops/attention/dsv4/kv_layout.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _extract(path: Path, names: set[str], namespace: dict[str, Any]) -> dict[str, Any]:
-    """Exec the top-level functions and classes ``names`` of ``path`` in ``namespace``."""
-    tree = ast.parse(path.read_text())
-    nodes = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in names]
-    missing = names - {n.name for n in nodes}
-    assert not missing, f"{path.name} has no {sorted(missing)}"
-    module = ast.Module(body=nodes, type_ignores=[])
-    # postponed annotations, as the modules declare them: no typing names are needed
-    code = compile(module, str(path), "exec", flags=__future__.annotations.compiler_flag)
-    exec(code, namespace)  # SGLang's own source, as installed
-    return namespace
-
-
-class _Env:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def get(self) -> Any:
-        return self.value
+sys.path.insert(0, str(Path(__file__).parent))
+from sglang_peer_stubs import Env, extract, load_kv_layout, sglang_root
 
 
 def main() -> None:
     request = json.load(sys.stdin)
-    root = _root()
-    kv = _load_kv_layout(root)
+    root = sglang_root()
+    kv = load_kv_layout(root)
     KVLayout = kv.KVLayout
 
     layouts = {
@@ -86,8 +49,8 @@ def main() -> None:
         for layout in KVLayout
     }
 
-    env = {"SGLANG_DSV4_KV_LAYOUT": _Env("auto"), "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": _Env("auto")}
-    envs = types.SimpleNamespace(**env, SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=_Env(False))
+    env = {"SGLANG_DSV4_KV_LAYOUT": Env("auto"), "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": Env("auto")}
+    envs = types.SimpleNamespace(**env, SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=Env(False))
     kernel = types.SimpleNamespace(dsv4_attn_backend=None)
     gpu = {"major": 10}
     fake_torch = types.SimpleNamespace(
@@ -106,7 +69,7 @@ def main() -> None:
         "ceil_div": lambda a, b: -(-a // b),
     }
     pool_file = root / "srt/mem_cache/deepseek_v4_memory_pool.py"
-    _extract(
+    extract(
         pool_file,
         {
             "select_dsv4_kv_layout",
@@ -133,9 +96,7 @@ def main() -> None:
             selections.append({"error": str(exc)})
 
     state_ns: dict[str, Any] = {"torch": torch, "gcd": gcd, "_is_hip": False, "dataclasses": __import__("dataclasses")}
-    _extract(
-        root / "srt/mem_cache/deepseek_v4_compress_state.py", {"_lcm", "KVAndScore", "CompressStatePool"}, state_ns
-    )
+    extract(root / "srt/mem_cache/deepseek_v4_compress_state.py", {"_lcm", "KVAndScore", "CompressStatePool"}, state_ns)
     CompressStatePool = state_ns["CompressStatePool"]
 
     def alloc_on_meta(self: Any, *, dtype: torch.dtype, device: str, enable_memory_saver: bool) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_dsv4_layout_peer import _Env, _extract, _load_kv_layout, _root
+from sglang_peer_stubs import Env, extract, load_kv_layout, sglang_root
 
 
 class _SingleKVPoolStandIn:
@@ -35,9 +35,9 @@ class _SingleKVPoolStandIn:
 
 def main() -> None:
     request = json.load(sys.stdin)
-    root = _root()
-    kv = _load_kv_layout(root)
-    env = {"SGLANG_DSV4_KV_LAYOUT": _Env("auto"), "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": _Env("auto")}
+    root = sglang_root()
+    kv = load_kv_layout(root)
+    env = {"SGLANG_DSV4_KV_LAYOUT": Env("auto"), "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": Env("auto")}
     kernel = types.SimpleNamespace(dsv4_attn_backend=None)
     gpu = {"major": 10}
     fake_torch = types.SimpleNamespace(
@@ -53,7 +53,7 @@ def main() -> None:
         "_is_hip": False,
     }
     pool_file = root / "srt/mem_cache/deepseek_v4_memory_pool.py"
-    _extract(pool_file, {"select_dsv4_kv_layout"}, namespace)
+    extract(pool_file, {"select_dsv4_kv_layout"}, namespace)
     selections = []
     for backend, mode, option, major in request["selections"]:
         kernel.dsv4_attn_backend = backend
@@ -67,7 +67,7 @@ def main() -> None:
             selections.append({"error": str(exc)})
 
     pool_ns: dict[str, Any] = {"torch": torch, "DeepSeekV4SingleKVPool": _SingleKVPoolStandIn}
-    _extract(pool_file, {"DeepSeekV4UniformFP8KVPool"}, pool_ns)
+    extract(pool_file, {"DeepSeekV4UniformFP8KVPool"}, pool_ns)
     uniform = pool_ns["DeepSeekV4UniformFP8KVPool"]
     buffers = []
     for nope, rope, page, pages in request["buffers"]:
