@@ -181,8 +181,10 @@ class TrtllmRank:
 
 
 @attrs.frozen(kw_only=True)
-class TrtllmPlanResult:
-    """One ``trtllm-serve`` deployment planned: inputs, each stage's budget, the pools per window size."""
+class TrtllmDeployment:
+    """What a ``trtllm-serve`` deployment is asked for, resolved: the model, the serving options, the budget's GPU
+    and TensorRT-LLM's own options (defaults applied).  A :class:`TrtllmPlanResult` is one with its sizes;
+    :class:`TrtllmInputs` one its planners read."""
 
     model: ModelSpec
     model_ref: str
@@ -195,14 +197,20 @@ class TrtllmPlanResult:
     max_batch_size: int
     max_num_tokens: int
     max_seq_len_requested: int
-    max_seq_len: int
-    """After ``_validate_and_adjust_attention_windows`` (lowered when one sequence cannot hold it)."""
     max_tokens: int | None
     max_gpu_total_bytes: int | None
     max_attention_window: tuple[int, ...] | None
     window_size_shares: tuple[float, ...] | None
     host_cache_size: int | None
     enable_attention_dp: bool
+
+
+@attrs.frozen(kw_only=True)
+class TrtllmPlanResult(TrtllmDeployment):
+    """One ``trtllm-serve`` deployment planned: inputs, each stage's budget, the pools per window size."""
+
+    max_seq_len: int
+    """After ``_validate_and_adjust_attention_windows`` (lowered when one sequence cannot hold it)."""
     is_vswa: bool
     num_nextn_predict_layers: int | None = None
     """``speculative_config`` ``decoding_type: MTP``'s draft layers (one-model MTP), or None without drafting."""
@@ -527,32 +535,15 @@ R = TypeVar("R", bound=TrtllmPlanResult)
 
 
 @attrs.frozen(kw_only=True)
-class TrtllmInputs:
-    """A deployment's resolved inputs: what every planner reads (:func:`plan_trtllm`'s own, the hybrid manager's,
-    :data:`MANAGER_V2_PLANNER`'s and :data:`CONTEXT_PARALLEL_PLANNER`'s), named as :class:`TrtllmPlanResult`
-    names them so that :meth:`result` builds each planner's result from them.  ``gpu``, ``weights_source``,
-    ``frees`` and ``weights`` are set once the budget is resolved (``attrs.evolve``)."""
+class TrtllmInputs(TrtllmDeployment):
+    """A deployment's resolved inputs as every planner reads them (:func:`plan_trtllm`'s own, the hybrid manager's,
+    :data:`MANAGER_V2_PLANNER`'s and :data:`CONTEXT_PARALLEL_PLANNER`'s), with each pipeline stage's memory;
+    :meth:`result` and :meth:`stage` build a planner's result from them.  The budget's fields (``gpu``,
+    ``weights_source``, ``frees``, ``weights``) are set once it is resolved (``attrs.evolve``)."""
 
-    model: ModelSpec
-    model_ref: str
-    plugin: str
-    serving: Serving
-    free_gpu_memory_fraction: float
-    tokens_per_block: int
-    max_batch_size: int
-    max_num_tokens: int
-    max_seq_len_requested: int
-    max_tokens: int | None
-    max_gpu_total_bytes: int | None
-    max_attention_window: tuple[int, ...] | None
-    window_size_shares: tuple[float, ...] | None
-    host_cache_size: int | None
-    enable_attention_dp: bool
-    gpu: GPU | None = None
-    weights_source: str = ""
-    frees: tuple[int, ...] = ()
+    frees: tuple[int, ...]
     """Each pipeline stage's memory free after warm-up (``memory``, or the GPU's total less the stage's weights)."""
-    weights: tuple[int | None, ...] = ()
+    weights: tuple[int | None, ...]
     """Each pipeline stage's weights (None on a ``memory`` budget)."""
 
     def stage(self, rank: int, **fields: Any) -> TrtllmRank:
@@ -567,13 +558,10 @@ class TrtllmInputs:
         )
 
     def result(self, cls: type[R], **fields: Any) -> R:
-        """A ``cls`` of these inputs and the planner's ``fields`` (the sizes it found; a field given here wins)."""
-        inputs = {name: value for name, value in attrs.asdict(self, recurse=False).items() if name not in _PER_STAGE}
+        """A ``cls`` of these inputs (:class:`TrtllmDeployment`'s fields) and the planner's ``fields`` (the sizes it
+        found; a field given here wins)."""
+        inputs = {field.name: getattr(self, field.name) for field in attrs.fields(TrtllmDeployment)}
         return cls(**{**inputs, **fields})
-
-
-_PER_STAGE = ("frees", "weights")
-"""The :class:`TrtllmInputs` the result keeps per stage (:class:`TrtllmRank`) rather than as its own fields."""
 
 
 def plan_trtllm(
@@ -678,6 +666,10 @@ def plan_trtllm(
         window_size_shares=shares,
         host_cache_size=host,
         enable_attention_dp=enable_attention_dp,
+        gpu=None,
+        weights_source="",
+        frees=(),
+        weights=(),
     )
     if (context_parallel_size or 1) > 1 or cp_type is not None:
         # kvpools_core.engines.trtllm.context_parallel (imported by the package) registers the helix planner.
@@ -1068,6 +1060,7 @@ __all__ = [
     "TRTLLM_NAMES",
     "TRTLLM_READ_FIELDS",
     "TRTLLM_VERSION",
+    "TrtllmDeployment",
     "TrtllmInputs",
     "TrtllmLayer",
     "TrtllmPlanResult",
