@@ -5,7 +5,7 @@ Usage: ``python sglang_dsv4_host_peer.py`` with a JSON list of cases on stdin; p
 Each case describes one rank's device pool as kvpools builds it (on ``meta``): every layer buffer's shape, the
 layouts, the ratios, the kv_source layers, the full / SWA sizes and ``--hicache-ratio``.  The peer rebuilds that
 pool as ``meta`` tensors behind the attribute names SGLang reads, and runs, unchanged (taken by name with
-``ast``, as ``sglang_dsv4_layout_peer.py`` does), ``build_deepseek_v4_hicache_stack`` of
+``ast``, with ``sglang_peer_stubs.py``'s loader), ``build_deepseek_v4_hicache_stack`` of
 ``srt/mem_cache/hybrid_cache/hybrid_pool_assembler.py`` with the helpers it calls
 (``_resolve_deepseek_v4_layer_mappings``, ``_deepseek_v4_num_host_pages``, ``_dsv4_compressed_region_buffers``,
 ``_dsv4_indexer_regions``, ``_dsv4_low_ratio_regions``, ``_dsv4_low_ratio_entries``, ``_dsv4_rope_sibling``, ...),

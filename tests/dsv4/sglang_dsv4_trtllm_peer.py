@@ -10,7 +10,7 @@ JSON object.
   ``create_buffer`` allocates (on ``meta``), or its assertion.
 
 The functions and the class are taken from ``srt/mem_cache/deepseek_v4_memory_pool.py`` by name (``ast``, with
-``sglang_dsv4_layout_peer.py``'s loader) and run unchanged; the uniform pool's base class is an empty stand-in (its
+``sglang_peer_stubs.py``'s loader) and run unchanged; the uniform pool's base class is an empty stand-in (its
 ``__init__`` needs a GPU allocator; ``create_buffer`` and ``get_bytes_per_token`` read only the attributes set
 here).  This file runs in the peers venv, never under pytest.
 """
