@@ -174,14 +174,7 @@ def _stage_record(plan: Plan, context_len: int) -> dict[str, Any]:
         "engine": ENGINE,
         "accounting": serving.accounting,
         "platform": serving.platform,
-        "model": {
-            "name": model.name,
-            "source": model.source,
-            "architecture": model.architecture,
-            "context_len": model.context_len,
-            "num_layers": model.num_layers,
-        },
-        "kv_cache_dtype": resolve_kv_dtype(serving.kv_cache_dtype, model.dtype).name,
+        **_model_fields(model, serving),
         "parallelism": {
             "tp_size": serving.tp_size,
             "pp_size": serving.pp_size,
@@ -499,14 +492,7 @@ def _trtllm_stage(
         "engine": "trtllm",
         "accounting": "trtllm",
         "platform": serving.platform,
-        "model": {
-            "name": model.name,
-            "source": model.source,
-            "architecture": model.architecture,
-            "context_len": model.context_len,
-            "num_layers": model.num_layers,
-        },
-        "kv_cache_dtype": resolve_kv_dtype(serving.kv_cache_dtype, model.dtype).name,
+        **_model_fields(model, serving),
         "parallelism": {
             "tp_size": serving.tp_size,
             "pp_size": serving.pp_size,
@@ -553,6 +539,20 @@ def _trtllm_stage(
             "draft": draft,
             **manager,
         },
+    }
+
+
+def _model_fields(model: Any, serving: Any) -> dict[str, Any]:
+    """A record's ``model`` object and ``kv_cache_dtype`` (the KV cache's resolved dtype), whatever the engine."""
+    return {
+        "model": {
+            "name": model.name,
+            "source": model.source,
+            "architecture": model.architecture,
+            "context_len": model.context_len,
+            "num_layers": model.num_layers,
+        },
+        "kv_cache_dtype": resolve_kv_dtype(serving.kv_cache_dtype, model.dtype).name,
     }
 
 
