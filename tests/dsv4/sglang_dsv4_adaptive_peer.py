@@ -21,14 +21,13 @@ import ast
 import json
 import sys
 import types
-from math import gcd
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_peer_stubs import Env, extract, sglang_root
+from sglang_peer_stubs import Env, compress_state_pool, extract, sglang_root
 
 
 def _methods(path: Path, cls: str, names: set[str], namespace: dict[str, Any]) -> None:
@@ -61,16 +60,7 @@ def main() -> None:
     conf_file = root / "srt/model_executor/pool_configurator.py"
     _methods(conf_file, "DSV4PoolConfigurator", {"_assert_ring_serves_draft_tokens", "_get_c128_state_fixed_bytes"}, ns)
 
-    state_ns: dict[str, Any] = {"torch": torch, "gcd": gcd, "_is_hip": False, "dataclasses": __import__("dataclasses")}
-    extract(root / "srt/mem_cache/deepseek_v4_compress_state.py", {"_lcm", "KVAndScore", "CompressStatePool"}, state_ns)
-    state_cls = state_ns["CompressStatePool"]
-
-    def alloc_on_meta(self: Any, *, dtype: torch.dtype, device: str, enable_memory_saver: bool) -> None:
-        self.kv_score_buffer = state_ns["KVAndScore"](
-            torch.empty((self._size, self.last_dim), dtype=dtype, device="meta")
-        )
-
-    state_cls._alloc_kv_score_buffer = alloc_on_meta
+    state_cls = compress_state_pool(root)
 
     out = []
     for case in cases:

@@ -25,14 +25,13 @@ from __future__ import annotations
 import json
 import sys
 import types
-from math import gcd
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_peer_stubs import Env, extract, load_kv_layout, sglang_root
+from sglang_peer_stubs import Env, compress_state_pool, extract, load_kv_layout, sglang_root
 
 
 def main() -> None:
@@ -95,16 +94,7 @@ def main() -> None:
         except AssertionError as exc:
             selections.append({"error": str(exc)})
 
-    state_ns: dict[str, Any] = {"torch": torch, "gcd": gcd, "_is_hip": False, "dataclasses": __import__("dataclasses")}
-    extract(root / "srt/mem_cache/deepseek_v4_compress_state.py", {"_lcm", "KVAndScore", "CompressStatePool"}, state_ns)
-    CompressStatePool = state_ns["CompressStatePool"]
-
-    def alloc_on_meta(self: Any, *, dtype: torch.dtype, device: str, enable_memory_saver: bool) -> None:
-        self.kv_score_buffer = state_ns["KVAndScore"](
-            torch.empty((self._size, self.last_dim), dtype=dtype, device="meta")
-        )
-
-    CompressStatePool._alloc_kv_score_buffer = alloc_on_meta
+    CompressStatePool = compress_state_pool(root)
 
     pools = []
     for case in request["pools"]:

@@ -17,6 +17,7 @@ import logging
 import sys
 import types
 from collections.abc import Callable
+from math import gcd
 from pathlib import Path
 from types import SimpleNamespace as NS
 from typing import Any, Optional
@@ -110,6 +111,23 @@ def fake_module(name: str, **attrs: Any) -> None:
     module = types.ModuleType(name)
     module.__dict__.update(attrs)
     sys.modules[name] = module
+
+
+def compress_state_pool(root: Path) -> type:
+    """``CompressStatePool`` of ``srt/mem_cache/deepseek_v4_compress_state.py`` as installed (its constructor sizes
+    the rows), its buffer allocated on ``meta``."""
+    namespace: dict[str, Any] = {"torch": torch, "gcd": gcd, "_is_hip": False, "dataclasses": dataclasses}
+    names = {"_lcm", "KVAndScore", "CompressStatePool"}
+    extract(root / "srt/mem_cache/deepseek_v4_compress_state.py", names, namespace)
+    pool: type = namespace["CompressStatePool"]
+
+    def alloc_on_meta(self: Any, *, dtype: torch.dtype, device: str, enable_memory_saver: bool) -> None:
+        self.kv_score_buffer = namespace["KVAndScore"](
+            torch.empty((self._size, self.last_dim), dtype=dtype, device="meta")
+        )
+
+    pool._alloc_kv_score_buffer = alloc_on_meta  # type: ignore[attr-defined]
+    return pool
 
 
 def configurator_globals(

@@ -27,14 +27,13 @@ import logging
 import math
 import sys
 import types
-from math import gcd
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "dsv4"))
-from sglang_peer_stubs import Env, extract, load_kv_layout, sglang_root
+from sglang_peer_stubs import Env, compress_state_pool, extract, load_kv_layout, sglang_root
 
 STATE: dict[str, Any] = {"arch35": False, "c128_page_size": 16, "draft_tokens": 0}
 
@@ -100,16 +99,7 @@ def _load() -> dict[str, Any]:
         SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=Env(False),
         SGLANG_HIP_DSV41_INDEX_K_PAGE8=Env(False),
     )
-    state_ns: dict[str, Any] = {"torch": torch, "gcd": gcd, "_is_hip": False, "dataclasses": __import__("dataclasses")}
-    extract(root / "srt/mem_cache/deepseek_v4_compress_state.py", {"_lcm", "KVAndScore", "CompressStatePool"}, state_ns)
-    compress_state = state_ns["CompressStatePool"]
-
-    def alloc_on_meta(self: Any, *, dtype: torch.dtype, device: str, enable_memory_saver: bool) -> None:
-        self.kv_score_buffer = state_ns["KVAndScore"](
-            torch.empty((self._size, self.last_dim), dtype=dtype, device="meta")
-        )
-
-    compress_state._alloc_kv_score_buffer = alloc_on_meta
+    compress_state = compress_state_pool(root)
     base: dict[str, Any] = {
         "__name__": "sglang_dsv4_base",
         "torch": torch,
