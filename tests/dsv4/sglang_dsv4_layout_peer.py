@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import json
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_peer_stubs import Env, compress_state_pool, extract, load_kv_layout, sglang_root
+from sglang_peer_stubs import Env, LayoutQuery, compress_state_pool, extract, load_kv_layout, sglang_root
 
 
 def main() -> None:
@@ -48,25 +47,11 @@ def main() -> None:
         for layout in KVLayout
     }
 
-    env = {"SGLANG_DSV4_KV_LAYOUT": Env("auto"), "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": Env("auto")}
-    envs = types.SimpleNamespace(**env, SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=Env(False))
-    kernel = types.SimpleNamespace(dsv4_attn_backend=None)
-    gpu = {"major": 10}
-    fake_torch = types.SimpleNamespace(
-        cuda=types.SimpleNamespace(is_available=lambda: True, get_device_capability=lambda: (gpu["major"], 0)),
-        version=types.SimpleNamespace(cuda="12.9"),
+    query = LayoutQuery()
+    namespace = query.namespace(kv, SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=Env(False))
+    namespace.update(
+        is_valid_kv_layout_pair=kv.is_valid_kv_layout_pair, ONLINE_C128=False, ceil_div=lambda a, b: -(-a // b)
     )
-    namespace: dict[str, Any] = {
-        "__name__": "sglang_dsv4_pool_functions",
-        "KVLayout": KVLayout,
-        "is_valid_kv_layout_pair": kv.is_valid_kv_layout_pair,
-        "envs": envs,
-        "get_exec": lambda: types.SimpleNamespace(kernel=kernel),
-        "torch": fake_torch,
-        "_is_hip": False,
-        "ONLINE_C128": False,
-        "ceil_div": lambda a, b: -(-a // b),
-    }
     pool_file = root / "srt/mem_cache/deepseek_v4_memory_pool.py"
     extract(
         pool_file,
@@ -82,9 +67,7 @@ def main() -> None:
     )
     selections = []
     for mode, option, major in request["selections"]:
-        gpu["major"] = major
-        env["SGLANG_DSV4_KV_LAYOUT"].value = mode
-        env["SGLANG_DSV4_COMPRESSED_KV_LAYOUT"].value = option
+        query.set(mode, option, major)
         try:
             main_layout, opt = namespace["select_dsv4_kv_layout"]()
             compressed = {

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import json
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_peer_stubs import Env, extract, load_kv_layout, sglang_root
+from sglang_peer_stubs import LayoutQuery, extract, load_kv_layout, sglang_root
 
 
 class _SingleKVPoolStandIn:
@@ -37,29 +36,13 @@ def main() -> None:
     request = json.load(sys.stdin)
     root = sglang_root()
     kv = load_kv_layout(root)
-    env = {"SGLANG_DSV4_KV_LAYOUT": Env("auto"), "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": Env("auto")}
-    kernel = types.SimpleNamespace(dsv4_attn_backend=None)
-    gpu = {"major": 10}
-    fake_torch = types.SimpleNamespace(
-        cuda=types.SimpleNamespace(is_available=lambda: True, get_device_capability=lambda: (gpu["major"], 0)),
-        version=types.SimpleNamespace(cuda="12.9"),
-    )
-    namespace: dict[str, Any] = {
-        "__name__": "sglang_dsv4_pool_functions",
-        "KVLayout": kv.KVLayout,
-        "envs": types.SimpleNamespace(**env),
-        "get_exec": lambda: types.SimpleNamespace(kernel=kernel),
-        "torch": fake_torch,
-        "_is_hip": False,
-    }
+    query = LayoutQuery()
+    namespace = query.namespace(kv)
     pool_file = root / "srt/mem_cache/deepseek_v4_memory_pool.py"
     extract(pool_file, {"select_dsv4_kv_layout"}, namespace)
     selections = []
     for backend, mode, option, major in request["selections"]:
-        kernel.dsv4_attn_backend = backend
-        gpu["major"] = major
-        env["SGLANG_DSV4_KV_LAYOUT"].value = mode
-        env["SGLANG_DSV4_COMPRESSED_KV_LAYOUT"].value = option
+        query.set(mode, option, major, backend)
         try:
             layout, opt = namespace["select_dsv4_kv_layout"]()
             selections.append({"main": layout.value, "option": opt})

@@ -130,6 +130,37 @@ def compress_state_pool(root: Path) -> type:
     return pool
 
 
+class LayoutQuery:
+    """What ``select_dsv4_kv_layout`` reads, set per case: ``SGLANG_DSV4_KV_LAYOUT`` /
+    ``SGLANG_DSV4_COMPRESSED_KV_LAYOUT``, ``get_exec().kernel.dsv4_attn_backend`` and a CUDA GPU's compute capability
+    major (``torch.cuda.get_device_capability``)."""
+
+    def __init__(self) -> None:
+        self.env = {"SGLANG_DSV4_KV_LAYOUT": Env("auto"), "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": Env("auto")}
+        self.kernel = NS(dsv4_attn_backend=None)
+        self.major = 10
+
+    def set(self, mode: str, option: str, major: int, backend: str | None = None) -> None:
+        self.env["SGLANG_DSV4_KV_LAYOUT"].value = mode
+        self.env["SGLANG_DSV4_COMPRESSED_KV_LAYOUT"].value = option
+        self.major = major
+        self.kernel.dsv4_attn_backend = backend
+
+    def namespace(self, kv: types.ModuleType, **envs: Any) -> dict[str, Any]:
+        """The memory-pool module's globals the selection reads (``envs``: more switches)."""
+        return {
+            "__name__": "sglang_dsv4_pool_functions",
+            "KVLayout": kv.KVLayout,
+            "envs": NS(**self.env, **envs),
+            "get_exec": lambda: NS(kernel=self.kernel),
+            "torch": NS(
+                cuda=NS(is_available=lambda: True, get_device_capability=lambda: (self.major, 0)),
+                version=NS(cuda="12.9"),
+            ),
+            "_is_hip": False,
+        }
+
+
 def configurator_globals(
     root: Path, kv: types.ModuleType, envs: Any, state: dict[str, Any], logger: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
