@@ -554,6 +554,27 @@ _TRTLLM_OPTIONS = (
 by ``plan`` and ``capacity`` under ``--accounting trtllm`` only."""
 
 
+DRAFT_MODEL_FLAGS: tuple[tuple[str, Any, str], ...] = (
+    (
+        "--decoding_type",
+        str,
+        "speculative_config.decoding_type of a separate draft model: Eagle3 (or Eagle), Draft_Target.",
+    ),
+    (
+        "--speculative_model_dir",
+        str,
+        "speculative_config.speculative_model_dir: the draft model (preset, config.json or directory).",
+    ),
+)
+"""A separate draft model's TensorRT-LLM flags as plan, build, capacity, fit and sweep take them."""
+EAGLE3_ONE_MODEL_FLAG: tuple[str, Any, str] = (
+    "--eagle3_one_model",
+    click.Choice(["true", "false"], case_sensitive=False),
+    "speculative_config.eagle3_one_model (true: the draft inside the target's engine, TensorRT-LLM's default; "
+    "false: a second engine).",
+)
+
+
 def _trtllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """TensorRT-LLM's flags, spelled as ``trtllm-serve`` / ``KvCacheConfig`` spell them; ``--accounting trtllm``
     only."""
@@ -587,23 +608,9 @@ def _trtllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 int,
                 "speculative_config (decoding_type MTP): one-model MTP draft layers, with their own KV cache.",
             ),
-            (
-                "--decoding_type",
-                str,
-                "speculative_config.decoding_type of a separate draft model: Eagle3 (or Eagle), Draft_Target.",
-            ),
-            (
-                "--speculative_model_dir",
-                str,
-                "speculative_config.speculative_model_dir: the draft model (preset, config.json or directory).",
-            ),
+            *DRAFT_MODEL_FLAGS,
             ("--max_draft_len", int, "speculative_config.max_draft_len: draft tokens per step."),
-            (
-                "--eagle3_one_model",
-                click.Choice(["true", "false"], case_sensitive=False),
-                "speculative_config.eagle3_one_model (true: the draft inside the target's engine, TensorRT-LLM's "
-                "default; false: a second engine).",
-            ),
+            EAGLE3_ONE_MODEL_FLAG,
             (
                 "--draft_weights_memory",
                 str,

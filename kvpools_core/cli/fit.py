@@ -10,6 +10,8 @@ from typing import Any
 import click
 
 from kvpools_core.cli.common import (
+    DRAFT_MODEL_FLAGS,
+    EAGLE3_ONE_MODEL_FLAG,
     _console,
     _gpu_defaults,
     _user_facing,
@@ -34,23 +36,9 @@ def trtllm_draft_options(*, axes: bool) -> Callable[[Callable[..., Any]], Callab
             f"kv_cache_config.tokens_per_block{listed} [default: 32; DeepSeek-V4 needs 128 or 256, TensorRT-LLM's "
             "examples pass 128].",
         ),
-        (
-            "--decoding_type",
-            str,
-            "speculative_config.decoding_type of a separate draft model: Eagle3 (or Eagle), Draft_Target.",
-        ),
-        (
-            "--speculative_model_dir",
-            str,
-            "speculative_config.speculative_model_dir: the draft model (preset, config.json or directory).",
-        ),
+        *DRAFT_MODEL_FLAGS,
         ("--max_draft_len", str if axes else int, f"speculative_config.max_draft_len: draft tokens per step{listed}."),
-        (
-            "--eagle3_one_model",
-            click.Choice(["true", "false"], case_sensitive=False),
-            "speculative_config.eagle3_one_model (true: the draft inside the target's engine, TensorRT-LLM's "
-            "default; false: a second engine).",
-        ),
+        EAGLE3_ONE_MODEL_FLAG,
         (
             "--draft_weights_memory",
             str,
@@ -67,9 +55,24 @@ def trtllm_draft_options(*, axes: bool) -> Callable[[Callable[..., Any]], Callab
     return decorate
 
 
-def trtllm_only_given(values: dict[str, Any]) -> list[str]:
-    """The TensorRT-LLM flags given (not None), spelled as on the command line."""
-    return [f"--{name}" for name, value in values.items() if value is not None]
+TRTLLM_ONLY = (
+    "num_nextn_predict_layers",
+    "max_batch_size",
+    "tokens_per_block",
+    "decoding_type",
+    "speculative_model_dir",
+    "max_draft_len",
+    "eagle3_one_model",
+    "draft_weights_memory",
+)
+"""The TensorRT-LLM options of ``fit`` and ``sweep`` (:func:`trtllm_draft_options` and their own), refused with
+SGLang's accountings."""
+
+
+def trtllm_only_given() -> list[str]:
+    """The :data:`TRTLLM_ONLY` flags the running command was given (not None), spelled as on the command line."""
+    params = click.get_current_context().params
+    return [f"--{name}" for name in TRTLLM_ONLY if params.get(name) is not None]
 
 
 @main.command()
@@ -198,18 +201,7 @@ def fit(
             draft_weights_memory=draft_weights_memory,
         )
         return
-    trtllm_only = trtllm_only_given(
-        {
-            "num_nextn_predict_layers": num_nextn_predict_layers,
-            "max_batch_size": max_batch_size,
-            "tokens_per_block": tokens_per_block,
-            "decoding_type": decoding_type,
-            "speculative_model_dir": speculative_model_dir,
-            "max_draft_len": max_draft_len,
-            "eagle3_one_model": eagle3_one_model,
-            "draft_weights_memory": draft_weights_memory,
-        }
-    )
+    trtllm_only = trtllm_only_given()
     if trtllm_only:
         from kvpools_core.errors import ConfigError
 

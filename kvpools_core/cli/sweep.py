@@ -189,18 +189,7 @@ def sweep(
                    "draft_weights_memory": draft_weights_memory},
         )  # fmt: skip
         return
-    trtllm_only = trtllm_only_given(
-        {
-            "num_nextn_predict_layers": num_nextn_predict_layers,
-            "max_batch_size": max_batch_size,
-            "tokens_per_block": tokens_per_block,
-            "decoding_type": decoding_type,
-            "speculative_model_dir": speculative_model_dir,
-            "max_draft_len": max_draft_len,
-            "eagle3_one_model": eagle3_one_model,
-            "draft_weights_memory": draft_weights_memory,
-        }
-    )
+    trtllm_only = trtllm_only_given()
     if trtllm_only:
         raise ConfigError(f"{', '.join(trtllm_only)}: TensorRT-LLM's, only with --accounting trtllm.")
     if accounting not in (None, "exact", "sglang"):

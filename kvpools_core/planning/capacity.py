@@ -90,6 +90,7 @@ __all__ = [
     "state_slots_per_request",
     "token_limit",
     "why_none",
+    "window_pool_sizing",
 ]
 
 CONTEXT_LADDER = tuple(1024 * 2**k for k in range(11))
@@ -436,6 +437,31 @@ def why_none(
         needs += f" ({math.ceil(need * per):,} B at {per:,} B/token)"
     budget = f" in its {budget_bytes:,} B budget" if budget_bytes is not None else ""
     return f"one request of {length:,} tokens needs {needs}; the plan holds {held:,}{budget}"
+
+
+def window_pool_sizing(plan: Plan, space: str) -> str | None:
+    """What sized ``plan``'s windowed token space ``space`` where ``swa_full_tokens_ratio`` did not, as the plan
+    records it: the plugin that answered ``size_pools`` (:attr:`Plan.provenance`) and its note on the SWA pool
+    (the first of ``PoolSizing.notes`` that starts with "SWA").  None where the ratio did: the space holds SGLang's
+    ratio split of the full tokens, ``int(full x ratio)`` page aligned (``002_50706b73e02ffb67.txt``), so
+    ``swa_full_tokens_ratio`` is the option that moves it.
+
+    The ratio does not size DeepSeek-V4.1's SWA pool in SGLang 0.5.23's cap mode (the ratio unset: the request cap
+    does) nor without it (the configurator's 0.1, not the unset 0.8), the hybrid-SWA chunk cap's, or a model
+    whose every layer slides (one pool, nothing to split).
+    """
+    tokens = plan.sizing.token_counts
+    full, held = tokens.get(FULL_TOKENS), tokens.get(space)
+    ratio, page = plan.serving.swa_full_tokens_ratio, plan.serving.page_size
+    if full is not None and held is not None and int(full * ratio) // page * page == held:
+        return None
+    plugin = (plan.provenance.get("size_pools") or ("size_pools",))[0]
+    if full is None:
+        return f"every layer slides: the {plugin} plugin's {space} pool holds every token, no ratio splits it"
+    note = next((note for note in plan.sizing.notes if note.startswith("SWA")), None)
+    if note is None:
+        return f"the {plugin} plugin sized it, not int(full x {option('swa_full_tokens_ratio')} {ratio:g})"
+    return f"the {plugin} plugin sized it: {note.rstrip('.')}"
 
 
 def _max_context(limits: Limits, requests: int) -> ContextAnswer:

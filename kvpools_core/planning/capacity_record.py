@@ -174,14 +174,7 @@ def _stage_record(plan: Plan, context_len: int) -> dict[str, Any]:
         "engine": ENGINE,
         "accounting": serving.accounting,
         "platform": serving.platform,
-        "model": {
-            "name": model.name,
-            "source": model.source,
-            "architecture": model.architecture,
-            "context_len": model.context_len,
-            "num_layers": model.num_layers,
-        },
-        "kv_cache_dtype": resolve_kv_dtype(serving.kv_cache_dtype, model.dtype).name,
+        **_model_fields(model, serving),
         "parallelism": {
             "tp_size": serving.tp_size,
             "pp_size": serving.pp_size,
@@ -297,7 +290,7 @@ def _trtllm_v2_document(result: Any, context: int) -> dict[str, Any]:
     ``max_total_num_tokens`` are the window-less group's slots and tokens (the tokens the pools hold);
     ``trtllm.kv_cache_capacity`` is what ``get_kv_cache_capacity()`` publishes (its ``maxNumBlocks`` is
     ``blocks_in_primary_pool``, the first layer's SWA page bound, not a count of token blocks)."""
-    serving, model, solve = result.serving, result.model, result.v2
+    solve = result.v2
     block = result.tokens_per_block
     held = result.concurrency_at(context)
     groups: list[dict[str, Any]] = []
@@ -326,99 +319,37 @@ def _trtllm_v2_document(result: Any, context: int) -> dict[str, Any]:
                 "window_tokens": window,
             }
         )
-    tightest = min(groups, key=lambda group: group["max_requests"])
-    binding_group = None if held == result.max_batch_size < tightest["max_requests"] else tightest["name"]
     rank = result.ranks[0]
-    tokens = result.max_kv_tokens
-    shared = {
-        "pp_rank": rank.pp_rank,
-        "engine": "trtllm",
-        "accounting": "trtllm",
-        "platform": serving.platform,
-        "model": {
-            "name": model.name,
-            "source": model.source,
-            "architecture": model.architecture,
-            "context_len": model.context_len,
-            "num_layers": model.num_layers,
+    shared = _trtllm_stage(
+        result,
+        rank,
+        context=context,
+        groups=groups,
+        held=held,
+        total_kv_blocks=result.max_kv_tokens // block,
+        gpu_kv_bytes=solve.total_bytes,
+        host_blocks=None,
+        bytes_per_token=rank.cache_bytes_per_token,
+        draft=None,
+        kv_cache_manager_v2={
+            "manager": result.v2_manager,
+            "quota": solve.quota,
+            "max_gpu_total_bytes": rank.max_gpu_total_bytes,
+            "pool_groups": [
+                {
+                    "name": entry["name"],
+                    "windows": list(group.windows),
+                    "slots": solve.slots[group.index],
+                    "slot_bytes": group.slot_bytes,
+                    "bytes": solve.group_bytes(group.index),
+                    "ratio": solve.ratios[group.index],
+                    "min_slots": solve.min_slots[group.index],
+                }
+                for group, entry in zip(solve.groups, groups, strict=True)
+            ],
         },
-        "kv_cache_dtype": resolve_kv_dtype(serving.kv_cache_dtype, model.dtype).name,
-        "parallelism": {
-            "tp_size": serving.tp_size,
-            "pp_size": serving.pp_size,
-            "dp_size": serving.tp_size if result.enable_attention_dp else 1,
-            "enable_dp_attention": result.enable_attention_dp,
-            "attn_tp_size": 1 if result.enable_attention_dp else serving.tp_size,
-            "attn_dp_size": serving.tp_size if result.enable_attention_dp else 1,
-            "attn_cp_size": 1,
-            "dcp_size": 1,
-        },
-        "block_size": block,
-        "tokens_per_block_id": block,
-        "total_kv_blocks": tokens // block,
-        "max_total_num_tokens": tokens,
-        "groups": groups,
-        "context_len": context,
-        "max_concurrency": held,
-        "binding": "request cap" if binding_group is None else f"{binding_group} tokens",
-        "binding_group": binding_group,
-        "max_running_requests": result.max_batch_size,
-        "gpu_kv_bytes": solve.total_bytes,
-        "budget": {
-            "budget_bytes": rank.available_kv_memory,
-            "source": "free after warm-up",
-            "device": None,
-            "free_bytes": rank.free_after_warmup,
-            "weights_bytes": rank.weights_memory,
-            "pre_model_load_bytes": None,
-            "mem_fraction_static": None,
-            "slack_bytes": None,
-            "reserved_bytes": None,
-            "gpu": result.gpu.name if result.gpu is not None else None,
-            "gpu_total_bytes": result.gpu.total_bytes if result.gpu is not None else None,
-        },
-        "host_kv_bytes": None,
-        "host_tokens": None,
-        "trtllm": {
-            "version": TRTLLM_VERSION,
-            "free_gpu_memory_fraction": result.free_gpu_memory_fraction,
-            "max_seq_len": result.max_seq_len,
-            "max_num_tokens": result.max_num_tokens,
-            "bytes_per_token": rank.cache_bytes_per_token,
-            "kv_cache_capacity": result.kv_cache_capacity(),
-            "draft": None,
-            "kv_cache_manager_v2": {
-                "manager": result.v2_manager,
-                "quota": solve.quota,
-                "max_gpu_total_bytes": rank.max_gpu_total_bytes,
-                "pool_groups": [
-                    {
-                        "name": entry["name"],
-                        "windows": list(group.windows),
-                        "slots": solve.slots[group.index],
-                        "slot_bytes": group.slot_bytes,
-                        "bytes": solve.group_bytes(group.index),
-                        "ratio": solve.ratios[group.index],
-                        "min_slots": solve.min_slots[group.index],
-                    }
-                    for group, entry in zip(solve.groups, groups, strict=True)
-                ],
-            },
-        },
-    }
-    dp = result.enable_attention_dp
-    records = [
-        {"tp_rank": tp, "dp_rank": tp if dp else 0, "attn_tp_rank": 0 if dp else tp, **shared}
-        for tp in range(serving.tp_size)
-    ]
-    return {
-        "schema": SCHEMA,
-        "version": VERSION,
-        "context_len": context,
-        "complete": True,
-        "pp_ranks": [rank.pp_rank],
-        "records": records,
-    }
+    )
+    return _trtllm_document(result, context, [shared])
 
 
 def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> dict[str, Any]:
@@ -441,7 +372,7 @@ def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> 
             f"{option('context')} {context} is longer than the deployment's max_seq_len {result.max_seq_len}: "
             "TensorRT-LLM refuses such a request. Pass a shorter context, or plan with --max_seq_len."
         )
-    serving, model = result.serving, result.model
+    serving = result.serving
     if (result.is_vswa or result.hybrid_manager) and serving.pp_size > 1:
         raise UnsupportedCombinationError(
             "kvpools does not model the capacity record of TensorRT-LLM's VSWA or hybrid pools over pipeline stages "
@@ -499,24 +430,11 @@ def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> 
                 "window_tokens": None if full else pool.window,
             }
         )
-    tightest = min(groups, key=lambda group: group["max_requests"])
-    binding_group = None if held == result.max_batch_size < tightest["max_requests"] else tightest["name"]
-    dp = result.enable_attention_dp
-    parallelism = {
-        "tp_size": serving.tp_size,
-        "pp_size": serving.pp_size,
-        "dp_size": serving.tp_size if dp else 1,
-        "enable_dp_attention": dp,
-        "attn_tp_size": 1 if dp else serving.tp_size,
-        "attn_dp_size": serving.tp_size if dp else 1,
-        "attn_cp_size": 1,
-        "dcp_size": 1,
-    }
     # The target's pools: get_kv_cache_capacity() publishes the target's manager, the draft's is a group of its own.
     smallest = min(pool.primary_blocks for pool in result.kv_pools if not pool.draft)
     draft_pools = [pool for pool in result.kv_pools if pool.draft]
     host_blocks = min(pool.secondary_blocks for pool in result.kv_pools)
-    records = []
+    stages = []
     for rank in result.ranks:
         per_token = (
             rank.cache_bytes_per_token
@@ -528,64 +446,130 @@ def trtllm_capacity_document(result: Any, *, context_len: int | None = None) -> 
             if not result.is_vswa
             else sum(pool.primary_blocks * block * pool.bytes_per_token for pool in result.pools)
         ) + sum(pool.primary_bytes(block) for pool in result.pools if pool.recurrent or pool.draft)
-        shared = {
-            "pp_rank": rank.pp_rank,
-            "engine": "trtllm",
-            "accounting": "trtllm",
-            "platform": serving.platform,
-            "model": {
-                "name": model.name,
-                "source": model.source,
-                "architecture": model.architecture,
-                "context_len": model.context_len,
-                "num_layers": model.num_layers,
-            },
-            "kv_cache_dtype": resolve_kv_dtype(serving.kv_cache_dtype, model.dtype).name,
-            "parallelism": parallelism,
-            "block_size": block,
-            "tokens_per_block_id": block,
-            "total_kv_blocks": smallest,
-            "max_total_num_tokens": smallest * block,
-            "groups": groups,
-            "context_len": context,
-            "max_concurrency": held,
-            "binding": "request cap" if binding_group is None else f"{binding_group} tokens",
-            "binding_group": binding_group,
-            "max_running_requests": result.max_batch_size,
-            "gpu_kv_bytes": kv_bytes,
-            "budget": {
-                "budget_bytes": rank.available_kv_memory,
-                "source": "free after warm-up",
-                "device": None,
-                "free_bytes": rank.free_after_warmup,
-                "weights_bytes": rank.weights_memory,
-                "pre_model_load_bytes": None,
-                "mem_fraction_static": None,
-                "slack_bytes": None,
-                "reserved_bytes": None,
-                "gpu": result.gpu.name if result.gpu is not None else None,
-                "gpu_total_bytes": result.gpu.total_bytes if result.gpu is not None else None,
-            },
-            "host_kv_bytes": result.host_cache_size,
-            "host_tokens": host_blocks * block if result.host_cache_size else None,
-            "trtllm": {
-                "version": TRTLLM_VERSION,
-                "free_gpu_memory_fraction": result.free_gpu_memory_fraction,
-                "max_seq_len": result.max_seq_len,
-                "max_num_tokens": result.max_num_tokens,
-                "bytes_per_token": per_token,
-                "kv_cache_capacity": result.kv_cache_capacity(),
-                "draft": _trtllm_draft(result, rank, draft_pools),
-            },
-        }
-        for tp in range(serving.tp_size):
-            ids = {"tp_rank": tp, "dp_rank": tp if dp else 0, "attn_tp_rank": 0 if dp else tp}
-            records.append({**ids, **shared})
+        stages.append(
+            _trtllm_stage(
+                result,
+                rank,
+                context=context,
+                groups=groups,
+                held=held,
+                total_kv_blocks=smallest,
+                gpu_kv_bytes=kv_bytes,
+                host_blocks=host_blocks,
+                bytes_per_token=per_token,
+                draft=_trtllm_draft(result, rank, draft_pools),
+            )
+        )
+    return _trtllm_document(result, context, stages)
+
+
+def _trtllm_stage(
+    result: Any,
+    rank: Any,
+    *,
+    context: int,
+    groups: list[dict[str, Any]],
+    held: int | None,
+    total_kv_blocks: int,
+    gpu_kv_bytes: int,
+    host_blocks: int | None,
+    bytes_per_token: int,
+    draft: dict[str, Any] | None,
+    **manager: Any,
+) -> dict[str, Any]:
+    """The record fields a pipeline stage's TP ranks share, for a V1 / hybrid (:func:`trtllm_capacity_document`) or
+    ``KVCacheManagerV2`` (:func:`_trtllm_v2_document`) plan: ``groups`` and ``held`` (the requests of ``context``
+    tokens) as the caller counted them, the binding group the one holding the fewest requests unless
+    ``max_batch_size`` binds first; ``host_blocks`` the host tier's blocks (None: none modelled); ``manager`` more
+    ``trtllm`` fields."""
+    serving, model = result.serving, result.model
+    block = result.tokens_per_block
+    tightest = min(groups, key=lambda group: group["max_requests"])
+    binding_group = None if held == result.max_batch_size < tightest["max_requests"] else tightest["name"]
+    dp = result.enable_attention_dp
+    return {
+        "pp_rank": rank.pp_rank,
+        "engine": "trtllm",
+        "accounting": "trtllm",
+        "platform": serving.platform,
+        **_model_fields(model, serving),
+        "parallelism": {
+            "tp_size": serving.tp_size,
+            "pp_size": serving.pp_size,
+            "dp_size": serving.tp_size if dp else 1,
+            "enable_dp_attention": dp,
+            "attn_tp_size": 1 if dp else serving.tp_size,
+            "attn_dp_size": serving.tp_size if dp else 1,
+            "attn_cp_size": 1,
+            "dcp_size": 1,
+        },
+        "block_size": block,
+        "tokens_per_block_id": block,
+        "total_kv_blocks": total_kv_blocks,
+        "max_total_num_tokens": total_kv_blocks * block,
+        "groups": groups,
+        "context_len": context,
+        "max_concurrency": held,
+        "binding": "request cap" if binding_group is None else f"{binding_group} tokens",
+        "binding_group": binding_group,
+        "max_running_requests": result.max_batch_size,
+        "gpu_kv_bytes": gpu_kv_bytes,
+        "budget": {
+            "budget_bytes": rank.available_kv_memory,
+            "source": "free after warm-up",
+            "device": None,
+            "free_bytes": rank.free_after_warmup,
+            "weights_bytes": rank.weights_memory,
+            "pre_model_load_bytes": None,
+            "mem_fraction_static": None,
+            "slack_bytes": None,
+            "reserved_bytes": None,
+            "gpu": result.gpu.name if result.gpu is not None else None,
+            "gpu_total_bytes": result.gpu.total_bytes if result.gpu is not None else None,
+        },
+        "host_kv_bytes": result.host_cache_size if host_blocks is not None else None,
+        "host_tokens": host_blocks * block if host_blocks is not None and result.host_cache_size else None,
+        "trtllm": {
+            "version": TRTLLM_VERSION,
+            "free_gpu_memory_fraction": result.free_gpu_memory_fraction,
+            "max_seq_len": result.max_seq_len,
+            "max_num_tokens": result.max_num_tokens,
+            "bytes_per_token": bytes_per_token,
+            "kv_cache_capacity": result.kv_cache_capacity(),
+            "draft": draft,
+            **manager,
+        },
+    }
+
+
+def _model_fields(model: Any, serving: Any) -> dict[str, Any]:
+    """A record's ``model`` object and ``kv_cache_dtype`` (the KV cache's resolved dtype), whatever the engine."""
+    return {
+        "model": {
+            "name": model.name,
+            "source": model.source,
+            "architecture": model.architecture,
+            "context_len": model.context_len,
+            "num_layers": model.num_layers,
+        },
+        "kv_cache_dtype": resolve_kv_dtype(serving.kv_cache_dtype, model.dtype).name,
+    }
+
+
+def _trtllm_document(result: Any, context: int, stages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The capacity document of a TensorRT-LLM plan: one record per TP rank of each stage (``stages``, from
+    :func:`_trtllm_stage`), its DP-attention ids."""
+    dp = result.enable_attention_dp
+    records = [
+        {"tp_rank": tp, "dp_rank": tp if dp else 0, "attn_tp_rank": 0 if dp else tp, **shared}
+        for shared in stages
+        for tp in range(result.serving.tp_size)
+    ]
     return {
         "schema": SCHEMA,
         "version": VERSION,
         "context_len": context,
         "complete": True,
-        "pp_ranks": [rank.pp_rank for rank in result.ranks],
+        "pp_ranks": [shared["pp_rank"] for shared in stages],
         "records": records,
     }

@@ -36,7 +36,7 @@ from kvpools_core.parts.vllm.specs import (
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
 )
-from kvpools_core.planning.capacity import concurrency
+from kvpools_core.planning.capacity import concurrency, window_pool_sizing
 from kvpools_core.units import format_bytes
 from kvpools_core.values import FULL_TOKENS, STATE_SLOT, TOKEN, Plan, PoolSpec, Serving, is_unset
 
@@ -644,13 +644,18 @@ def _why(row: LayerGroupComparison, plan: Plan, vllm: VllmPlanResult | None) -> 
         full_pool = any(
             pool.sglang_charged and pool.unit == TOKEN and pool.token_space == FULL_TOKENS for pool in plan.pools
         )
+        sized = window_pool_sizing(plan, window.token_space) if full_pool else None
         share = (
-            f" (--swa-full-tokens-ratio {plan.serving.swa_full_tokens_ratio:g} of the full pool's)" if full_pool else ""
+            f" (--swa-full-tokens-ratio {plan.serving.swa_full_tokens_ratio:g} of the full pool's)"
+            if full_pool and sized is None
+            else ""
         )
         why.append(
             f"SGLang: a pool of its own, {row.sglang_slots:,} tokens{share}; a request past the window holds at most "
             f"{window.per_request} of them"
         )
+        if sized is not None:
+            why.append(f"SGLang's {window.token_space} pool: {sized}")
         block = row.vllm_block_size if row.vllm_block_size is not None else "the group's block size"
         why.append(
             "vLLM: the window's blocks come from the one shared pool: cdiv(min(window - 1 + "

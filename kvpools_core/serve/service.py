@@ -471,7 +471,14 @@ def _text(value: Any) -> str:
 
 def explain(answer: Any, plan: Plan) -> str:
     """Why ``answer``'s limit binds, and the option that moves it, in one sentence."""
-    from kvpools_core.planning.capacity import CONTEXT_LIMIT, REQUEST_CAP, STATE_SLOTS, limits_of, why_none
+    from kvpools_core.planning.capacity import (
+        CONTEXT_LIMIT,
+        REQUEST_CAP,
+        STATE_SLOTS,
+        limits_of,
+        why_none,
+        window_pool_sizing,
+    )
 
     length, held = answer.context_len, answer.concurrent_requests
     serving = plan.serving
@@ -501,9 +508,12 @@ def explain(answer: Any, plan: Plan) -> str:
             f"--kv-cache-dtype (fp8_e4m3) or a larger --tp-size raise it."
         )
     if any(window.token_space == space for window in plan.windows):
+        binds = f"The {space} pool binds at {held:,}: {count:,} tokens / {per:,} per request (its window's worst case)"
+        sized = window_pool_sizing(plan, space)
+        if sized is not None:
+            return f"{binds}; {sized}."
         return (
-            f"The {space} pool binds at {held:,}: {count:,} tokens / {per:,} per request (its window's worst case). "
-            f"Raise --swa-full-tokens-ratio (now {serving.swa_full_tokens_ratio}) to give the sliding-window pool "
-            f"more of the budget, or capacity --workload to choose the split."
+            f"{binds}. Raise --swa-full-tokens-ratio (now {serving.swa_full_tokens_ratio}) to give the sliding-window "
+            f"pool more of the budget, or capacity --workload to choose the split."
         )
     return f"The {space} token space binds at {held:,}: {count:,} tokens / {per:,} per request."

@@ -21,14 +21,13 @@ import ast
 import json
 import sys
 import types
-from math import gcd
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_dsv4_layout_peer import _Env, _extract, _root
+from sglang_peer_stubs import Env, compress_state_pool, extract, sglang_root
 
 
 def _methods(path: Path, cls: str, names: set[str], namespace: dict[str, Any]) -> None:
@@ -45,11 +44,11 @@ def _methods(path: Path, cls: str, names: set[str], namespace: dict[str, Any]) -
 
 def main() -> None:
     cases = json.load(sys.stdin)
-    root = _root()
+    root = sglang_root()
     online = {"on": False}
     envs = types.SimpleNamespace(
         SGLANG_OPT_USE_ONLINE_COMPRESS=types.SimpleNamespace(get=lambda: online["on"]),
-        SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=_Env(True),
+        SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=Env(True),
     )
     ns: dict[str, Any] = {
         "envs": envs,
@@ -57,22 +56,11 @@ def main() -> None:
         "_get_dsv4_compress_state_dtype_sizes": lambda: (4, 4),  # the default fp32 compressor states
     }
     pool_file = root / "srt/mem_cache/deepseek_v4_memory_pool.py"
-    _extract(pool_file, {"get_compress_state_ring_size", "get_compress_state_write_pad"}, ns)
+    extract(pool_file, {"get_compress_state_ring_size", "get_compress_state_write_pad"}, ns)
     conf_file = root / "srt/model_executor/pool_configurator.py"
     _methods(conf_file, "DSV4PoolConfigurator", {"_assert_ring_serves_draft_tokens", "_get_c128_state_fixed_bytes"}, ns)
 
-    state_ns: dict[str, Any] = {"torch": torch, "gcd": gcd, "_is_hip": False, "dataclasses": __import__("dataclasses")}
-    _extract(
-        root / "srt/mem_cache/deepseek_v4_compress_state.py", {"_lcm", "KVAndScore", "CompressStatePool"}, state_ns
-    )
-    state_cls = state_ns["CompressStatePool"]
-
-    def alloc_on_meta(self: Any, *, dtype: torch.dtype, device: str, enable_memory_saver: bool) -> None:
-        self.kv_score_buffer = state_ns["KVAndScore"](
-            torch.empty((self._size, self.last_dim), dtype=dtype, device="meta")
-        )
-
-    state_cls._alloc_kv_score_buffer = alloc_on_meta
+    state_cls = compress_state_pool(root)
 
     out = []
     for case in cases:

@@ -5,7 +5,7 @@ Usage: ``python sglang_dsv4_host_peer.py`` with a JSON list of cases on stdin; p
 Each case describes one rank's device pool as kvpools builds it (on ``meta``): every layer buffer's shape, the
 layouts, the ratios, the kv_source layers, the full / SWA sizes and ``--hicache-ratio``.  The peer rebuilds that
 pool as ``meta`` tensors behind the attribute names SGLang reads, and runs, unchanged (taken by name with
-``ast``, as ``sglang_dsv4_layout_peer.py`` does), ``build_deepseek_v4_hicache_stack`` of
+``ast``, with ``sglang_peer_stubs.py``'s loader), ``build_deepseek_v4_hicache_stack`` of
 ``srt/mem_cache/hybrid_cache/hybrid_pool_assembler.py`` with the helpers it calls
 (``_resolve_deepseek_v4_layer_mappings``, ``_deepseek_v4_num_host_pages``, ``_dsv4_compressed_region_buffers``,
 ``_dsv4_indexer_regions``, ``_dsv4_low_ratio_regions``, ``_dsv4_low_ratio_entries``, ``_dsv4_rope_sibling``, ...),
@@ -34,7 +34,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_dsv4_layout_peer import _extract, _load_kv_layout, _root
+from sglang_peer_stubs import extract, load_kv_layout, sglang_root
 
 STACK_FUNCTIONS = {
     "_DeepSeekV4LayerMappings",
@@ -154,8 +154,8 @@ def _run(case: dict[str, Any], namespace: dict[str, Any], kv_layout: Any) -> lis
 
 def main() -> None:
     cases = json.load(sys.stdin)
-    root = _root()
-    kv_layout = _load_kv_layout(root).KVLayout
+    root = sglang_root()
+    kv_layout = load_kv_layout(root).KVLayout
     memory = types.SimpleNamespace(
         hicache_size=0,
         hicache_ratio=2.0,
@@ -185,9 +185,9 @@ def main() -> None:
     }
     # dataclasses resolves the postponed annotations through the defining module
     sys.modules[namespace["__name__"]] = types.ModuleType(namespace["__name__"])
-    _extract(root / "srt/mem_cache/hicache_storage.py", {"PoolName"}, namespace)
-    _extract(root / "srt/mem_cache/hybrid_cache/host_pool_config.py", {"with_packed_draft_layer_mapping"}, namespace)
-    _extract(root / "srt/mem_cache/hybrid_cache/hybrid_pool_assembler.py", STACK_FUNCTIONS, namespace)
+    extract(root / "srt/mem_cache/hicache_storage.py", {"PoolName"}, namespace)
+    extract(root / "srt/mem_cache/hybrid_cache/host_pool_config.py", {"with_packed_draft_layer_mapping"}, namespace)
+    extract(root / "srt/mem_cache/hybrid_cache/hybrid_pool_assembler.py", STACK_FUNCTIONS, namespace)
     out = []
     for case in cases:
         try:

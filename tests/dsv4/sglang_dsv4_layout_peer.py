@@ -21,61 +21,22 @@ in the peers venv, never under pytest.
 """
 
 from __future__ import annotations
-import __future__
 
-import ast
-import importlib.util
 import json
 import sys
-import types
-from math import gcd
 from pathlib import Path
 from typing import Any
 
 import torch
 
-
-def _root() -> Path:
-    spec = importlib.util.find_spec("sglang")
-    assert spec is not None and spec.submodule_search_locations, "sglang is not installed"
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _load_kv_layout(root: Path) -> types.ModuleType:
-    name = "sglang.kernels.ops.attention.dsv4.kv_layout"
-    spec = importlib.util.spec_from_file_location(name, root / "kernels/ops/attention/dsv4/kv_layout.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _extract(path: Path, names: set[str], namespace: dict[str, Any]) -> dict[str, Any]:
-    """Exec the top-level functions and classes ``names`` of ``path`` in ``namespace``."""
-    tree = ast.parse(path.read_text())
-    nodes = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in names]
-    missing = names - {n.name for n in nodes}
-    assert not missing, f"{path.name} has no {sorted(missing)}"
-    module = ast.Module(body=nodes, type_ignores=[])
-    # postponed annotations, as the modules declare them: no typing names are needed
-    code = compile(module, str(path), "exec", flags=__future__.annotations.compiler_flag)
-    exec(code, namespace)  # SGLang's own source, as installed
-    return namespace
-
-
-class _Env:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def get(self) -> Any:
-        return self.value
+sys.path.insert(0, str(Path(__file__).parent))
+from sglang_peer_stubs import Env, LayoutQuery, compress_state_pool, extract, load_kv_layout, sglang_root
 
 
 def main() -> None:
     request = json.load(sys.stdin)
-    root = _root()
-    kv = _load_kv_layout(root)
+    root = sglang_root()
+    kv = load_kv_layout(root)
     KVLayout = kv.KVLayout
 
     layouts = {
@@ -86,27 +47,13 @@ def main() -> None:
         for layout in KVLayout
     }
 
-    env = {"SGLANG_DSV4_KV_LAYOUT": _Env("auto"), "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": _Env("auto")}
-    envs = types.SimpleNamespace(**env, SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=_Env(False))
-    kernel = types.SimpleNamespace(dsv4_attn_backend=None)
-    gpu = {"major": 10}
-    fake_torch = types.SimpleNamespace(
-        cuda=types.SimpleNamespace(is_available=lambda: True, get_device_capability=lambda: (gpu["major"], 0)),
-        version=types.SimpleNamespace(cuda="12.9"),
+    query = LayoutQuery()
+    namespace = query.namespace(kv, SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=Env(False))
+    namespace.update(
+        is_valid_kv_layout_pair=kv.is_valid_kv_layout_pair, ONLINE_C128=False, ceil_div=lambda a, b: -(-a // b)
     )
-    namespace: dict[str, Any] = {
-        "__name__": "sglang_dsv4_pool_functions",
-        "KVLayout": KVLayout,
-        "is_valid_kv_layout_pair": kv.is_valid_kv_layout_pair,
-        "envs": envs,
-        "get_exec": lambda: types.SimpleNamespace(kernel=kernel),
-        "torch": fake_torch,
-        "_is_hip": False,
-        "ONLINE_C128": False,
-        "ceil_div": lambda a, b: -(-a // b),
-    }
     pool_file = root / "srt/mem_cache/deepseek_v4_memory_pool.py"
-    _extract(
+    extract(
         pool_file,
         {
             "select_dsv4_kv_layout",
@@ -120,9 +67,7 @@ def main() -> None:
     )
     selections = []
     for mode, option, major in request["selections"]:
-        gpu["major"] = major
-        env["SGLANG_DSV4_KV_LAYOUT"].value = mode
-        env["SGLANG_DSV4_COMPRESSED_KV_LAYOUT"].value = option
+        query.set(mode, option, major)
         try:
             main_layout, opt = namespace["select_dsv4_kv_layout"]()
             compressed = {
@@ -132,18 +77,7 @@ def main() -> None:
         except AssertionError as exc:
             selections.append({"error": str(exc)})
 
-    state_ns: dict[str, Any] = {"torch": torch, "gcd": gcd, "_is_hip": False, "dataclasses": __import__("dataclasses")}
-    _extract(
-        root / "srt/mem_cache/deepseek_v4_compress_state.py", {"_lcm", "KVAndScore", "CompressStatePool"}, state_ns
-    )
-    CompressStatePool = state_ns["CompressStatePool"]
-
-    def alloc_on_meta(self: Any, *, dtype: torch.dtype, device: str, enable_memory_saver: bool) -> None:
-        self.kv_score_buffer = state_ns["KVAndScore"](
-            torch.empty((self._size, self.last_dim), dtype=dtype, device="meta")
-        )
-
-    CompressStatePool._alloc_kv_score_buffer = alloc_on_meta
+    CompressStatePool = compress_state_pool(root)
 
     pools = []
     for case in request["pools"]:

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_dsv4_layout_peer import _extract, _load_kv_layout, _root
+from sglang_peer_stubs import extract, load_kv_layout, sglang_root
 
 
 class _Saver:
@@ -68,8 +68,8 @@ def _nbytes(buffers: list[torch.Tensor] | None) -> int:
 
 def main() -> None:
     request = json.load(sys.stdin)
-    root = _root()
-    kv = _load_kv_layout(root)
+    root = sglang_root()
+    kv = load_kv_layout(root)
     namespace: dict[str, Any] = {
         "__name__": "sglang_dsv4_pool_classes",
         "KVCache": _KVCache,
@@ -81,7 +81,7 @@ def main() -> None:
         "_is_hip": False,
         "get_exec": lambda: types.SimpleNamespace(kernel=types.SimpleNamespace(enable_deepseek_v4_fp4_indexer=False)),
     }
-    _extract(
+    extract(
         root / "srt/mem_cache/deepseek_v4_memory_pool.py",
         {
             "_num_dsv4_physical_kv_pages",

@@ -10,7 +10,7 @@ JSON object.
   ``create_buffer`` allocates (on ``meta``), or its assertion.
 
 The functions and the class are taken from ``srt/mem_cache/deepseek_v4_memory_pool.py`` by name (``ast``, with
-``sglang_dsv4_layout_peer.py``'s loader) and run unchanged; the uniform pool's base class is an empty stand-in (its
+``sglang_peer_stubs.py``'s loader) and run unchanged; the uniform pool's base class is an empty stand-in (its
 ``__init__`` needs a GPU allocator; ``create_buffer`` and ``get_bytes_per_token`` read only the attributes set
 here).  This file runs in the peers venv, never under pytest.
 """
@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import json
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_dsv4_layout_peer import _Env, _extract, _load_kv_layout, _root
+from sglang_peer_stubs import LayoutQuery, extract, load_kv_layout, sglang_root
 
 
 class _SingleKVPoolStandIn:
@@ -35,31 +34,15 @@ class _SingleKVPoolStandIn:
 
 def main() -> None:
     request = json.load(sys.stdin)
-    root = _root()
-    kv = _load_kv_layout(root)
-    env = {"SGLANG_DSV4_KV_LAYOUT": _Env("auto"), "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": _Env("auto")}
-    kernel = types.SimpleNamespace(dsv4_attn_backend=None)
-    gpu = {"major": 10}
-    fake_torch = types.SimpleNamespace(
-        cuda=types.SimpleNamespace(is_available=lambda: True, get_device_capability=lambda: (gpu["major"], 0)),
-        version=types.SimpleNamespace(cuda="12.9"),
-    )
-    namespace: dict[str, Any] = {
-        "__name__": "sglang_dsv4_pool_functions",
-        "KVLayout": kv.KVLayout,
-        "envs": types.SimpleNamespace(**env),
-        "get_exec": lambda: types.SimpleNamespace(kernel=kernel),
-        "torch": fake_torch,
-        "_is_hip": False,
-    }
+    root = sglang_root()
+    kv = load_kv_layout(root)
+    query = LayoutQuery()
+    namespace = query.namespace(kv)
     pool_file = root / "srt/mem_cache/deepseek_v4_memory_pool.py"
-    _extract(pool_file, {"select_dsv4_kv_layout"}, namespace)
+    extract(pool_file, {"select_dsv4_kv_layout"}, namespace)
     selections = []
     for backend, mode, option, major in request["selections"]:
-        kernel.dsv4_attn_backend = backend
-        gpu["major"] = major
-        env["SGLANG_DSV4_KV_LAYOUT"].value = mode
-        env["SGLANG_DSV4_COMPRESSED_KV_LAYOUT"].value = option
+        query.set(mode, option, major, backend)
         try:
             layout, opt = namespace["select_dsv4_kv_layout"]()
             selections.append({"main": layout.value, "option": opt})
@@ -67,7 +50,7 @@ def main() -> None:
             selections.append({"error": str(exc)})
 
     pool_ns: dict[str, Any] = {"torch": torch, "DeepSeekV4SingleKVPool": _SingleKVPoolStandIn}
-    _extract(pool_file, {"DeepSeekV4UniformFP8KVPool"}, pool_ns)
+    extract(pool_file, {"DeepSeekV4UniformFP8KVPool"}, pool_ns)
     uniform = pool_ns["DeepSeekV4UniformFP8KVPool"]
     buffers = []
     for nope, rope, page, pages in request["buffers"]:

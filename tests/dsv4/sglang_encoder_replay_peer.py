@@ -27,149 +27,41 @@ dependency tree.  This file runs in the peers venv, never under pytest.
 """
 
 from __future__ import annotations
-import __future__
 
-import ast
-import dataclasses
-import importlib.util
 import json
-import logging
 import sys
-import types
 from pathlib import Path
 from types import SimpleNamespace as NS
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
-
-def _root() -> Path:
-    spec = importlib.util.find_spec("sglang")
-    assert spec is not None and spec.submodule_search_locations, "sglang is not installed"
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _load_kv_layout(root: Path) -> types.ModuleType:
-    name = "sglang.kernels.ops.attention.dsv4.kv_layout"
-    spec = importlib.util.spec_from_file_location(name, root / "kernels/ops/attention/dsv4/kv_layout.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _extract(path: Path, names: set[str], namespace: dict[str, Any]) -> dict[str, Any]:
-    """Exec the top-level functions, classes and assignments ``names`` of ``path`` in ``namespace``."""
-    tree = ast.parse(path.read_text())
-    nodes = []
-    for node in tree.body:
-        named = isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names
-        assigned = isinstance(node, ast.Assign) and any(getattr(t, "id", None) in names for t in node.targets)
-        if named or assigned:
-            nodes.append(node)
-    found = {getattr(n, "name", None) for n in nodes} | {
-        t.id for n in nodes if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
-    }
-    missing = names - found
-    assert not missing, f"{path.name} has no {sorted(missing)}"
-    code = compile(
-        ast.Module(body=nodes, type_ignores=[]), str(path), "exec", flags=__future__.annotations.compiler_flag
-    )
-    exec(code, namespace)  # SGLang's own source, as installed
-    return namespace
-
-
-class _Env:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def get(self) -> Any:
-        return self.value
-
-
-class _Spec:
-    """``SpeculativeAlgorithm.NONE``: no draft (speculative decoding is refused on V4.1 but for DSpark)."""
-
-    def is_dspark(self) -> bool:
-        return False
-
-    def is_eagle(self) -> bool:
-        return False
-
-    def is_none(self) -> bool:
-        return True
-
-
-def _fake_module(name: str, **attrs: Any) -> None:
-    parts = name.split(".")
-    for i in range(1, len(parts)):
-        sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
-    module = types.ModuleType(name)
-    module.__dict__.update(attrs)
-    sys.modules[name] = module
+sys.path.insert(0, str(Path(__file__).parent))
+from sglang_peer_stubs import (
+    Env,
+    configurator_globals,
+    configurator_kvc,
+    extract,
+    fake_dsv4_imports,
+    load_kv_layout,
+    sglang_root,
+)
 
 
 def main() -> None:
-    root = _root()
-    kv = _load_kv_layout(root)
+    root = sglang_root()
+    kv = load_kv_layout(root)
     layouts = {layout.value: layout for layout in kv.KVLayout}
     envs = NS(
-        SGLANG_OPT_USE_ONLINE_COMPRESS=_Env(False),
-        SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=_Env(False),
-        SGLANG_DSV4_COMPRESS_STATE_DTYPE=_Env("float32"),
-        SGLANG_DSV4_KV_LAYOUT=_Env("auto"),
-        SGLANG_DSV4_COMPRESSED_KV_LAYOUT=_Env("auto"),
+        SGLANG_OPT_USE_ONLINE_COMPRESS=Env(False),
+        SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=Env(False),
+        SGLANG_DSV4_COMPRESS_STATE_DTYPE=Env("float32"),
+        SGLANG_DSV4_KV_LAYOUT=Env("auto"),
+        SGLANG_DSV4_COMPRESSED_KV_LAYOUT=Env("auto"),
     )
     state: dict[str, Any] = {}
-    common: dict[str, Any] = {
-        "torch": torch,
-        "Optional": Optional,
-        "dataclass": dataclasses.dataclass,
-        "logger": logging.getLogger("sglang_encoder_replay_peer"),
-        "envs": envs,
-        "KVLayout": kv.KVLayout,
-        "_is_hip": False,
-        "_is_npu": False,
-        "get_exec": lambda: state["exec"],
-        "get_schedule": lambda: state["schedule"],
-        "get_spec": lambda: state["spec"],
-        "get_memory": lambda: state["memory"],
-        "get_disagg": lambda: state["disagg"],
-        "max_speculative_num_draft_tokens": lambda: None,
-    }
-    utils = _extract(root / "srt/utils/common.py", {"ceil_align", "ceil_div"}, dict(common))
-    common.update(ceil_align=utils["ceil_align"], ceil_div=utils["ceil_div"])
-    pool_names = {
-        "ONLINE_C128",
-        "get_dsv4_indexer_bytes_per_token",
-        "get_compress_state_ring_size",
-        "resolve_compress_state_ring_size",
-        "collect_sources_by_ratio",
-        "get_compress_state_write_pad",
-        "uses_draft_swa_ring",
-        "get_draft_swa_ring_size",
-        "get_swa_ring_size",
-        "_num_dsv4_physical_kv_pages",
-        "resolve_compressed_kv_layout",
-    }
-    mp = _extract(root / "srt/mem_cache/deepseek_v4_memory_pool.py", pool_names, dict(common))
-    common.update({name: mp[name] for name in pool_names})
-
-    def select_dsv4_kv_layout() -> tuple[Any, None]:
-        return state["layout"], None
-
-    _fake_module(
-        "sglang.srt.mem_cache.deepseek_v4_memory_pool",
-        select_dsv4_kv_layout=select_dsv4_kv_layout,
-        resolve_compressed_kv_layout=mp["resolve_compressed_kv_layout"],
-        dsv4_unified_row_bytes=lambda nope, rope, fp8: 0,
-    )
-    _fake_module(
-        "sglang.srt.layers.attention.dsv4.unified_kv_gate",
-        is_unified_kv_fp8=lambda: False,
-        is_unified_kv_triton=lambda: False,
-    )
+    common, mp = configurator_globals(root, kv, envs, state, "sglang_encoder_replay_peer")
+    fake_dsv4_imports(mp, lambda: (state["layout"], None))
     pc_names = {
         "MemoryPoolConfigurator",
         "_get_dsv4_compress_state_dtype_sizes",
@@ -179,8 +71,8 @@ def main() -> None:
         "_DSV4PoolSizes",
         "DSV4PoolConfigurator",
     }
-    pc = _extract(root / "srt/model_executor/pool_configurator.py", pc_names, dict(common))
-    rw = _extract(root / "srt/mem_cache/dsv41_request_window.py", {"_capturing", "RequestWindow"}, dict(common))
+    pc = extract(root / "srt/model_executor/pool_configurator.py", pc_names, dict(common))
+    rw = extract(root / "srt/mem_cache/dsv41_request_window.py", {"_capturing", "RequestWindow"}, dict(common))
 
     answers = []
     for case in json.load(sys.stdin):
@@ -204,26 +96,7 @@ def main() -> None:
             memory=NS(enable_hisparse=False, disable_radix_cache=False),
             disagg=NS(disaggregation_mode="null", disaggregation_decode_extra_slots=0),
         )
-        ratios = case["compress_ratios"]
-        kvc = NS(
-            kv_cache_dtype_str="auto",
-            model_config=NS(
-                qk_nope_head_dim=case["qk_nope_head_dim"],
-                qk_rope_head_dim=case["qk_rope_head_dim"],
-                index_head_dim=case["index_head_dim"],
-                context_len=case["context_len"],
-                compress_ratios=ratios,
-                window_size=case["window"],
-                hf_config=NS(kv_source_layer_ids=case["kv_source_layer_ids"]),
-            ),
-            layer_info=NS(start_layer=0, end_layer=case["num_layers"]),
-            pp_size=1,
-            spec_algorithm=_Spec(),
-            spec_aux_config=NS(dspark_num_stages=None, dflash_draft_num_layers=None),
-            sliding_window_size=case["window"],
-            page_size=page,
-            attn_dp_size=case["attn_dp_size"],
-        )
+        kvc = configurator_kvc(case)
         cfg = pc["DSV4PoolConfigurator"](kvc)
         sizes = cfg._compute_dsv4_sizes(case["full_tokens"], page)
         configurator = {

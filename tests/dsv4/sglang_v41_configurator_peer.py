@@ -16,7 +16,7 @@ The answer: ``DSV4PoolConfigurator(kvc)`` of ``srt/model_executor/pool_configura
 ``bytes_per_full_token``, ``_get_c128_state_fixed_bytes`` / ``_get_c2_state_fixed_bytes`` /
 ``_get_swa_fixed_bytes`` at the request count it resolves, ``_get_low_ratio_kv_padding_bytes`` at the full
 tokens, and ``calculate_pool_sizes(available_bytes, page)`` then ``finalize_with_max_running_requests``'s
-``MemoryPoolConfig``.  As in ``sglang_encoder_replay_peer.py`` (whose loaders this reuses), the classes and
+``MemoryPoolConfig``.  As in ``sglang_encoder_replay_peer.py`` (both use ``sglang_peer_stubs.py``), the classes and
 functions are taken from the installed files by name and run unchanged, with stand-ins for the server-args
 accessors; ``DSV41_INDEX_PAGE_SIZE`` is 64, ``dsv41_index_page_size()``'s answer off SM100 (kvpools plans 64).
 This file runs in the peers venv, never under pytest.
@@ -24,78 +24,43 @@ This file runs in the peers venv, never under pytest.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import logging
 import sys
 from pathlib import Path
 from types import SimpleNamespace as NS
-from typing import Any, Optional
-
-import torch
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_encoder_replay_peer import _Env, _extract, _fake_module, _load_kv_layout, _root, _Spec
+from sglang_peer_stubs import (
+    Env,
+    configurator_globals,
+    configurator_kvc,
+    extract,
+    fake_dsv4_imports,
+    load_kv_layout,
+    sglang_root,
+)
 
 DSV41_INDEX_PAGE_SIZE = 64
 
 
 def main() -> None:
-    root = _root()
-    kv = _load_kv_layout(root)
+    root = sglang_root()
+    kv = load_kv_layout(root)
     layouts = {layout.value: layout for layout in kv.KVLayout}
     envs = NS(
-        SGLANG_OPT_USE_ONLINE_COMPRESS=_Env(False),
-        SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=_Env(False),
-        SGLANG_DSV4_COMPRESS_STATE_DTYPE=_Env("float32"),
-        SGLANG_SWA_EVICTION_INTERVAL=_Env(128),
+        SGLANG_OPT_USE_ONLINE_COMPRESS=Env(False),
+        SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=Env(False),
+        SGLANG_DSV4_COMPRESS_STATE_DTYPE=Env("float32"),
+        SGLANG_SWA_EVICTION_INTERVAL=Env(128),
     )
     state: dict[str, Any] = {}
-    common: dict[str, Any] = {
-        "torch": torch,
-        "Optional": Optional,
-        "dataclass": dataclasses.dataclass,
-        "logger": logging.getLogger("sglang_v41_configurator_peer"),
-        "envs": envs,
-        "KVLayout": kv.KVLayout,
-        "_is_hip": False,
-        "_is_npu": False,
-        "get_exec": lambda: state["exec"],
-        "get_schedule": lambda: state["schedule"],
-        "get_spec": lambda: state["spec"],
-        "get_memory": lambda: state["memory"],
-        "get_disagg": lambda: state["disagg"],
-        "max_speculative_num_draft_tokens": lambda: None,
-    }
-    utils = _extract(root / "srt/utils/common.py", {"ceil_align", "ceil_div"}, dict(common))
-    common.update(ceil_align=utils["ceil_align"], ceil_div=utils["ceil_div"])
-    pool_names = {
-        "ONLINE_C128",
-        "get_dsv4_indexer_bytes_per_token",
-        "get_compress_state_ring_size",
-        "resolve_compress_state_ring_size",
-        "collect_sources_by_ratio",
-        "get_compress_state_write_pad",
-        "uses_draft_swa_ring",
-        "get_draft_swa_ring_size",
-        "get_swa_ring_size",
-        "_num_dsv4_physical_kv_pages",
-        "resolve_compressed_kv_layout",
-    }
-    mp = _extract(root / "srt/mem_cache/deepseek_v4_memory_pool.py", pool_names, dict(common))
-    common.update({name: mp[name] for name in pool_names})
-    _fake_module(
-        "sglang.srt.mem_cache.deepseek_v4_memory_pool",
-        select_dsv4_kv_layout=lambda: (state["layout"], state["option"]),
-        resolve_compressed_kv_layout=mp["resolve_compressed_kv_layout"],
-        dsv4_unified_row_bytes=lambda nope, rope, fp8: 0,
+    common, mp = configurator_globals(root, kv, envs, state, "sglang_v41_configurator_peer")
+    fake_dsv4_imports(
+        mp,
+        lambda: (state["layout"], state["option"]),
         DSV41_INDEX_PAGE_SIZE=DSV41_INDEX_PAGE_SIZE,
         _num_dsv4_physical_kv_pages=mp["_num_dsv4_physical_kv_pages"],
-    )
-    _fake_module(
-        "sglang.srt.layers.attention.dsv4.unified_kv_gate",
-        is_unified_kv_fp8=lambda: False,
-        is_unified_kv_triton=lambda: False,
     )
     pc_names = {
         "MemoryPoolConfig",
@@ -108,7 +73,7 @@ def main() -> None:
         "_DSV4PoolSizes",
         "DSV4PoolConfigurator",
     }
-    pc = _extract(root / "srt/model_executor/pool_configurator.py", pc_names, dict(common))
+    pc = extract(root / "srt/model_executor/pool_configurator.py", pc_names, dict(common))
 
     answers = []
     for case in json.load(sys.stdin):
@@ -135,25 +100,7 @@ def main() -> None:
             memory=NS(enable_hisparse=False, disable_radix_cache=case["disable_radix_cache"]),
             disagg=NS(disaggregation_mode="null", disaggregation_decode_extra_slots=0),
         )
-        kvc = NS(
-            kv_cache_dtype_str="auto",
-            model_config=NS(
-                qk_nope_head_dim=case["qk_nope_head_dim"],
-                qk_rope_head_dim=case["qk_rope_head_dim"],
-                index_head_dim=case["index_head_dim"],
-                context_len=case["context_len"],
-                compress_ratios=case["compress_ratios"],
-                window_size=case["window"],
-                hf_config=NS(kv_source_layer_ids=case["kv_source_layer_ids"]),
-            ),
-            layer_info=NS(start_layer=0, end_layer=case["num_layers"]),
-            pp_size=1,
-            spec_algorithm=_Spec(),
-            spec_aux_config=NS(dspark_num_stages=None, dflash_draft_num_layers=None),
-            sliding_window_size=case["window"],
-            page_size=page,
-            attn_dp_size=case["attn_dp_size"],
-        )
+        kvc = configurator_kvc(case)
         cfg = pc["DSV4PoolConfigurator"](kvc)
         available = case["available_bytes"]
         requests = cfg._resolve_max_running_requests_per_worker(available)

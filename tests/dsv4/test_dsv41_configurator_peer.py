@@ -12,17 +12,16 @@ coefficient (float-exact), the same fixed bytes and the same ``MemoryPoolConfig`
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
-from kvpools_plugins.dsv4.encoder_replay import local_chunk
 from kvpools_plugins.dsv4.layouts import _compressed_option, main_layout
 from kvpools_plugins.dsv4.sizing import dsv4_shape, swa_cap_bytes
 
 from kvpools_core import Serving
 from kvpools_core.pipeline import plan
 from kvpools_core.values import Plan, is_unset
+from tests.dsv4.peers import configurator_case, run_peer
 from tests.oracle import locate
 
 PYTHON, _BENCH = locate.require_sglang_peer()
@@ -67,21 +66,8 @@ def _config(tmp: Path, name: str) -> str:
 
 
 def _case(p: Plan) -> dict[str, Any]:
-    params = p.model.params
-    first = p.model.layers[0].params
     return {
-        "compress_ratios": list(params["compress_ratios"]),
-        "kv_source_layer_ids": list(params["kv_source_layer_ids"]),
-        "num_layers": len(p.model.layers),
-        "qk_nope_head_dim": int(first["qk_nope_head_dim"]),
-        "qk_rope_head_dim": int(first["qk_rope_head_dim"]),
-        "index_head_dim": int(params["index_head_dim"]),
-        "window": int(first["window_size"]),
-        "page_size": p.serving.page_size,
-        "context_len": p.serving.context_length or p.model.context_len,
-        "max_running_requests": p.serving.max_running_requests,
-        "attn_dp_size": p.serving.attn_dp_size,
-        "chunked_prefill_size": local_chunk(p.serving),
+        **configurator_case(p),
         "encoder_replay": p.serving.enable_encoder_swa_bounded_replay,
         "swa_full_tokens_ratio": float(p.serving.swa_full_tokens_ratio),
         "swa_ratio_explicit": not is_unset(p.serving.swa_full_tokens_ratio),
@@ -96,14 +82,6 @@ def _case(p: Plan) -> dict[str, Any]:
     }
 
 
-def _peer(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    done = subprocess.run(
-        [str(PYTHON), str(PEER)], input=json.dumps(cases), capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
-
-
 def test_the_sglang_plans_are_sglang_0_5_23s_configurator(tmp_path: Path) -> None:
     labels, plans = [], []
     for topology in TOPOLOGIES:
@@ -113,7 +91,7 @@ def test_the_sglang_plans_are_sglang_0_5_23s_configurator(tmp_path: Path) -> Non
                 p = plan(model, Serving(**{**_given(serving), "accounting": "sglang"}), memory=memory)
                 labels.append((topology, name, memory))
                 plans.append(p)
-    answers = _peer([_case(p) for p in plans])
+    answers = run_peer(PYTHON, PEER, [_case(p) for p in plans])
     for label, p, answer in zip(labels, plans, answers, strict=True):
         shape = dsv4_shape(p.model, p.serving)
         requests = shape.requested_per_worker

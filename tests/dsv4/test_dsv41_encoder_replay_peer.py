@@ -11,8 +11,6 @@ the window's state, tags and replay workspace.  Skips without the peers venv (fa
 from __future__ import annotations
 
 import itertools
-import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +20,13 @@ from kvpools_plugins.dsv4.encoder_replay import (
     REPLAY_WORKSPACE_POOL,
     REQUEST_WINDOW_POOL,
     REQUEST_WINDOW_TAGS_POOL,
-    local_chunk,
 )
 from kvpools_plugins.dsv4.layouts import main_layout
 
 from kvpools_core import Serving
 from kvpools_core.pipeline import plan
 from kvpools_core.values import Plan
+from tests.dsv4.peers import configurator_case, run_peer
 from tests.oracle import locate
 
 PYTHON, _BENCH = locate.require_sglang_peer()
@@ -54,40 +52,19 @@ SERVINGS = [
 
 
 def _case(p: Plan) -> dict[str, Any]:
-    params = p.model.params
-    first = p.model.layers[0].params
     sizes = DSV4Sizes.from_config(p.sizing.sglang_config)
     b = dsv4_buffers(p.model, p.serving, sizes, max_running_requests=p.max_running_requests)
     return {
-        "compress_ratios": list(params["compress_ratios"]),
-        "kv_source_layer_ids": list(params["kv_source_layer_ids"]),
-        "num_layers": len(p.model.layers),
-        "qk_nope_head_dim": int(first["qk_nope_head_dim"]),
-        "qk_rope_head_dim": int(first["qk_rope_head_dim"]),
-        "index_head_dim": int(params["index_head_dim"]),
-        "window": int(first["window_size"]),
-        "page_size": p.serving.page_size,
-        "context_len": p.model.context_len,
-        "max_running_requests": p.serving.max_running_requests,
-        "attn_dp_size": p.serving.attn_dp_size,
-        "chunked_prefill_size": local_chunk(p.serving),
+        **configurator_case(p),
         "full_tokens": p.max_total_num_tokens,
         "num_req_slots": b.num_req_slots,
         "kv_layout": main_layout(p.serving).name,
     }
 
 
-def _peer(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    done = subprocess.run(
-        [str(PYTHON), str(PEER)], input=json.dumps(cases), capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
-
-
 def test_plans_agree_with_sglangs_configurator_and_request_window() -> None:
     plans = [plan(V41, serving, memory="40GiB") for serving in SERVINGS]
-    answers = _peer([_case(p) for p in plans])
+    answers = run_peer(PYTHON, PEER, [_case(p) for p in plans])
     for p, answer in zip(plans, answers, strict=True):
         config, sglang = p.sizing.sglang_config, answer["configurator"]
         label = (p.serving.max_running_requests, p.serving.chunked_prefill_size, p.serving.accounting)
@@ -108,6 +85,6 @@ def test_the_exact_accounting_keeps_sglangs_window_budget_in_the_notes() -> None
     reported (notes), and is larger than the window's buffers (it budgets the replay's activations too)."""
     p = plan(V41, attrs.evolve(SERVINGS[0], accounting="exact"), memory="40GiB")
     built = sum(p.pool(name).bytes for name in (REQUEST_WINDOW_POOL, REQUEST_WINDOW_TAGS_POOL, REPLAY_WORKSPACE_POOL))
-    [answer] = _peer([_case(p)])
+    [answer] = run_peer(PYTHON, PEER, [_case(p)])
     assert answer["configurator"]["request_window_bytes"] > built
     assert any(f"{answer['configurator']['request_window_bytes']:,} B" in note for note in p.sizing.notes)

@@ -10,8 +10,6 @@ without the peers venv (fails under ``KVPOOLS_REQUIRE_SHARED=1``), as every peer
 from __future__ import annotations
 
 import itertools
-import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from kvpools_plugins.dsv4.low_ratio import DSV41_INDEX_PAGE_SIZE
 from kvpools_core import Serving
 from kvpools_core.pipeline import plan
 from kvpools_core.values import Plan
+from tests.dsv4.peers import run_peer
 from tests.oracle import locate
 
 PYTHON, _BENCH = locate.require_sglang_peer()
@@ -35,16 +34,8 @@ MODES = ("auto", "v4", "v41", "v41_new")
 OPTIONS = ("auto", "fp8", "fp4")
 
 
-def _peer(request: dict[str, Any]) -> dict[str, Any]:
-    done = subprocess.run(
-        [str(PYTHON), str(PEER)], input=json.dumps(request), capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
-
-
 def test_layout_bytes_are_sglangs_kv_layout() -> None:
-    answer = _peer({"page_sizes": PAGES, "selections": [], "pools": []})
+    answer = run_peer(PYTHON, PEER, {"page_sizes": PAGES, "selections": [], "pools": []})
     for name, layout in LAYOUTS.items():
         sglang = answer["layouts"][name]
         assert layout.bytes_per_token == sglang["bytes_per_token"], name
@@ -56,7 +47,7 @@ def test_layout_selection_is_select_dsv4_kv_layout() -> None:
     kvpools plans for it (it sees no GPU)."""
     grid = list(itertools.product(MODES, OPTIONS))
     selections = [[mode, opt, 9 if mode == "auto" else 10] for mode, opt in grid]
-    answer = _peer({"page_sizes": [], "selections": selections, "pools": []})
+    answer = run_peer(PYTHON, PEER, {"page_sizes": [], "selections": selections, "pools": []})
     model = plan(str(V41), Serving(), memory="20GiB").model
     for (mode, opt), sglang in zip(grid, answer["selections"], strict=True):
         serving = Serving(dsv4_kv_layout=mode, dsv4_compressed_kv_layout=opt)
@@ -107,7 +98,7 @@ def test_low_ratio_pools_are_sglangs(serving: Serving) -> None:
     model = V4_SOURCES if serving.speculative or serving.pp_size > 1 else str(V41)
     p = plan(model, serving, memory="20GiB")
     case = _case(p)
-    answer = _peer({"page_sizes": [], "selections": [], "pools": [case]})["pools"][0]
+    answer = run_peer(PYTHON, PEER, {"page_sizes": [], "selections": [], "pools": [case]})["pools"][0]
     assert answer["bytes"], answer
     planned = {name: p.pool(name).bytes for name in answer["bytes"]}
     assert planned == answer["bytes"]
@@ -120,6 +111,6 @@ def test_a_stage_without_the_source_is_what_sglang_cannot_map() -> None:
     ``collect_sources_by_ratio`` finds no ratio-2 source there (so ``source_layer_of`` fails); kvpools refuses."""
     p = plan(V4_SOURCES, Serving(pp_size=2, pp_rank=0, max_running_requests=64), memory="20GiB")
     case = _case(p) | {"start": 4, "end": 8}
-    answer = _peer({"page_sizes": [], "selections": [], "pools": [case]})["pools"][0]
+    answer = run_peer(PYTHON, PEER, {"page_sizes": [], "selections": [], "pools": [case]})["pools"][0]
     assert "2" not in answer["sources"]
     assert answer["sources"] == {"4": [4], "128": [5]}

@@ -10,8 +10,6 @@ installed ``DeepSeekV4SingleKVPool`` / ``DeepSeekV4IndexerPool`` unchanged.  Ski
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +20,12 @@ from kvpools_plugins.dsv4.layouts import compressed_layout, main_layout
 from kvpools_core import Serving
 from kvpools_core.pipeline import plan
 from kvpools_core.values import Plan
+from tests.dsv4.peers import run_peer
 from tests.oracle import locate
 
 PYTHON, _BENCH = locate.require_sglang_peer()
 PEER = Path(__file__).with_name("sglang_dsv4_pages_peer.py")
 FLASH = "deepseek-v4-flash"
-
-
-def _peer(request: dict[str, Any]) -> dict[str, Any]:
-    done = subprocess.run(
-        [str(PYTHON), str(PEER)], input=json.dumps(request), capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
 def _case(p: Plan) -> dict[str, Any]:
@@ -66,7 +57,7 @@ def test_physical_pages_is_sglangs() -> None:
         for ratio in (1, 4, 128)
         if page // ratio
     ]
-    answer = _peer({"pages": grid, "pools": []})["pages"]
+    answer = run_peer(PYTHON, PEER, {"pages": grid, "pools": []})["pages"]
     assert [physical_pages(size, physical, logical) for size, physical, logical in grid] == answer
 
 
@@ -84,7 +75,7 @@ def test_paged_pools_are_sglangs_constructors(name: str) -> None:
     """deepseek-v4-flash on 60 GiB: every paged pool's bytes are what SGLang's own constructor allocates (the
     ``sglang`` accounting keeps ref-002's token counts, and its pools are still the bytes SGLang builds)."""
     p = plan(FLASH, SERVINGS[name], memory="60GiB")
-    answer = _peer({"pages": [], "pools": [_case(p)]})["pools"][0]
+    answer = run_peer(PYTHON, PEER, {"pages": [], "pools": [_case(p)]})["pools"][0]
     assert {"kv_swa", "kv_c4", "kv_c128", "indexer_c4"} <= set(answer)
     assert {pool: p.pool(pool).bytes for pool in answer} == {pool: got["bytes"] for pool, got in answer.items()}
     sizes = DSV4Sizes.from_config(p.sizing.sglang_config)

@@ -9,10 +9,7 @@ peers venv (fails under ``KVPOOLS_REQUIRE_SHARED=1``), as every peer test.
 from __future__ import annotations
 
 import itertools
-import json
-import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kvpools_plugins.dsv4.layouts import UNIFORM_FP8, layout_mode, layout_problems, main_layout
@@ -21,6 +18,7 @@ from kvpools_plugins.dsv4.trtllm import backend_problems
 from kvpools_core import Serving, build
 from kvpools_core.pipeline import plan
 from kvpools_core.values import PlatformTraits
+from tests.dsv4.peers import run_peer
 from tests.oracle import locate
 
 PYTHON, _BENCH = locate.require_sglang_peer()
@@ -33,19 +31,11 @@ MODES = ("auto", "v4", "v41", "v41_new")
 OPTIONS = ("auto", "fp8", "fp4")
 
 
-def _peer(request: dict[str, Any]) -> dict[str, Any]:
-    done = subprocess.run(
-        [str(PYTHON), str(PEER)], input=json.dumps(request), capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
-
-
 def test_backend_layout_selection_is_select_dsv4_kv_layout() -> None:
     """Every (backend, mode, option) on an SM100 GPU: where SGLang asserts, kvpools refuses with its words; where
     it returns, kvpools plans its layout (trtllm: SGLang's V4, built as the uniform fp8 rows)."""
     grid = list(itertools.product(BACKENDS, MODES, OPTIONS))
-    answer = _peer({"selections": [[b, m, o, 10] for b, m, o in grid], "buffers": []})
+    answer = run_peer(PYTHON, PEER, {"selections": [[b, m, o, 10] for b, m, o in grid], "buffers": []})
     model = plan(V41, Serving(), memory="20GiB").model
     for (backend, mode, opt), sglang in zip(grid, answer["selections"], strict=True):
         serving = Serving(
@@ -87,7 +77,9 @@ def test_built_rows_are_create_buffers(model: str, serving: Serving) -> None:
     rows = [r for r in (*rows, *pool.low_ratio_kv_pools.values()) if r is not None]
     assert len(rows) >= 3
     nope, rope = rows[0].nope, rows[0].rope
-    answer = _peer({"selections": [], "buffers": [[nope, rope, r.page_size, r.geo.pages] for r in rows]})
+    answer = run_peer(
+        PYTHON, PEER, {"selections": [], "buffers": [[nope, rope, r.page_size, r.geo.pages] for r in rows]}
+    )
     for r, sglang in zip(rows, answer["buffers"], strict=True):
         assert r.layout is UNIFORM_FP8, r.name
         assert sglang["bytes_per_token"] == r.geo.row_bytes == 512, r.name
@@ -101,6 +93,6 @@ def test_built_rows_are_create_buffers(model: str, serving: Serving) -> None:
 def test_a_non_512_latent_is_refused_as_create_buffer_asserts() -> None:
     from .test_dsv4_pool import small_model  # 128 nope + 64 rope
 
-    answer = _peer({"selections": [], "buffers": [[128, 64, 256, 1]]})
+    answer = run_peer(PYTHON, PEER, {"selections": [], "buffers": [[128, 64, 256, 1]]})
     problems = backend_problems(small_model(), Serving(dsv4_attn_backend="trtllm"))
     assert any(answer["buffers"][0]["error"] in p for p in problems), problems

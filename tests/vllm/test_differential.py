@@ -791,6 +791,18 @@ def _dsv4_answer(vllm_planner: VllmPlanner, registry: Registry, preset: str, kv_
     )
 
 
+def _specs_are_vllms(answer: dict[str, Any], model: Any, serving: Serving, registry: Registry) -> Any:
+    """kvpools' one worker's specs for ``model``: every name, field and page the ``answer`` of vLLM's own layers
+    has, in its order."""
+    (worker,) = worker_kv_cache_specs(model, serving, registry)
+    expected = [(name, {k: v for k, v in spec.items() if k != "page_size_bytes"}) for name, spec in answer["specs"]]
+    assert [(name, runner_spec(spec)) for name, spec in worker.items()] == expected
+    assert [spec.page_size_bytes for spec in worker.values()] == [
+        spec["page_size_bytes"] for _, spec in answer["specs"]
+    ]
+    return worker
+
+
 @pytest.mark.parametrize("preset", ["deepseek-v4-flash", "deepseek-v4-pro"])
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8", "bf16"])
 def test_dsv4_specs_equal_vllm(vllm_planner: VllmPlanner, registry: Registry, preset: str, kv_cache_dtype: str) -> None:
@@ -804,12 +816,7 @@ def test_dsv4_specs_equal_vllm(vllm_planner: VllmPlanner, registry: Registry, pr
         with pytest.raises(UnsupportedCombinationError, match="fp8_ds_mla layout only supports fp8 kv-cache, got bf16"):
             worker_kv_cache_specs(model, serving, registry)
         return
-    (worker,) = worker_kv_cache_specs(model, serving, registry)
-    expected = [(name, {k: v for k, v in spec.items() if k != "page_size_bytes"}) for name, spec in answer["specs"]]
-    assert [(name, runner_spec(spec)) for name, spec in worker.items()] == expected
-    assert [spec.page_size_bytes for spec in worker.values()] == [
-        spec["page_size_bytes"] for _, spec in answer["specs"]
-    ]
+    worker = _specs_are_vllms(answer, model, serving, registry)
     assert answer["block_size"] == 256 and answer["kv_cache_dtype"] == "fp8_ds_mla"
     plan = plan_kv_cache([worker], [40 * GiB], VllmLimits(max_model_len=model.context_len))
     assert plan.kv_cache_layout == answer["kv_cache_layout"] == "BLHNC"
@@ -915,12 +922,7 @@ def test_dsv41_specs_equal_vllm(
         with pytest.raises(UnsupportedCombinationError, match="packed KV layouts only support fp8 kv-cache, got bf16"):
             worker_kv_cache_specs(model, serving, registry)
         return
-    (worker,) = worker_kv_cache_specs(model, serving, registry)
-    expected = [(name, {k: v for k, v in spec.items() if k != "page_size_bytes"}) for name, spec in answer["specs"]]
-    assert [(name, runner_spec(spec)) for name, spec in worker.items()] == expected
-    assert [spec.page_size_bytes for spec in worker.values()] == [
-        spec["page_size_bytes"] for _, spec in answer["specs"]
-    ]
+    worker = _specs_are_vllms(answer, model, serving, registry)
     assert answer["block_size"] == (64 if family == 90 else 128) and answer["kv_cache_dtype"] == "fp8_ds_mla"
     plan = plan_kv_cache([worker], [40 * GiB], VllmLimits(max_model_len=model.context_len))
     assert plan.kv_cache_layout == answer["kv_cache_layout"] == "BLHNC"

@@ -983,20 +983,6 @@ def _spec_dict(spec) -> dict:
     kind = {"SlidingWindowMLASpec": "sliding_window_mla", "CircularBufferSpec": "circular_buffer"}.get(
         type(spec).__name__, "mla"
     )
-    if kind == "circular_buffer":
-        return {
-            "kind": kind,
-            "block_size": spec.block_size,
-            "num_kv_heads": spec.num_kv_heads,
-            "head_size": spec.head_size,
-            "head_size_v": spec.head_size_v,
-            "dtype_bytes": get_dtype_size(spec.dtype),
-            "state_content_bytes": spec.state_content_bytes,
-            "max_tp_shards": spec.max_tp_shards,
-            "tokens_per_state": spec.tokens_per_state,
-            "block_stride_alignment": None if spec.block_stride_alignment is None else spec.block_stride_alignment.base,
-            "page_size_bytes": spec.page_size_bytes,
-        }
     data = {
         "kind": kind,
         "block_size": spec.block_size,
@@ -1008,11 +994,15 @@ def _spec_dict(spec) -> dict:
         "max_tp_shards": spec.max_tp_shards,
         "tokens_per_state": spec.tokens_per_state,
         "block_stride_alignment": None if spec.block_stride_alignment is None else spec.block_stride_alignment.base,
-        "cache_dtype_str": spec.cache_dtype_str,
-        "alignment": spec.alignment,
-        "model_version": spec.model_version,
-        "page_size_bytes": spec.page_size_bytes,
     }
+    if kind == "circular_buffer":
+        return {**data, "page_size_bytes": spec.page_size_bytes}
+    data.update(
+        cache_dtype_str=spec.cache_dtype_str,
+        alignment=spec.alignment,
+        model_version=spec.model_version,
+        page_size_bytes=spec.page_size_bytes,
+    )
     if kind == "mla":
         data["cache_role"] = spec.cache_role.value
     else:

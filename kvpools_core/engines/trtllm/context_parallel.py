@@ -58,13 +58,11 @@ import attrs
 
 from kvpools_core.engines.trtllm.deployment import (
     CONTEXT_PARALLEL_PLANNER,
+    TrtllmInputs,
     TrtllmPlanResult,
-    TrtllmRank,
     _resolve_device,
 )
 from kvpools_core.engines.trtllm.manager import (
-    DEFAULT_MAX_BATCH_SIZE,
-    DEFAULT_MAX_NUM_TOKENS,
     WindowPool,
     available_kv_memory,
     cache_bytes_per_token,
@@ -311,11 +309,8 @@ def _refuse(
 
 
 def plan_helix(
+    inputs: TrtllmInputs,
     *,
-    spec: ModelSpec,
-    model_ref: str,
-    plugin: str,
-    serving: Serving,
     layers: Sequence[TrtllmLayer],
     registry: Registry,
     context_parallel_size: int,
@@ -324,17 +319,6 @@ def plan_helix(
     gpu: Any,
     gpu_memory: int | str | None,
     weights_memory: int | str | None,
-    fraction: float,
-    tokens_per_block: int,
-    seq_len: int,
-    max_batch_size: int | None,
-    max_num_tokens: int | None,
-    max_tokens: int | None,
-    mgtb: int | None,
-    windows: Any,
-    shares: Any,
-    host: Any,
-    enable_attention_dp: bool,
     drafting: dict[str, Any],
 ) -> TrtllmHelixPlanResult:
     """Plan ``spec`` as one helix CP rank of a ``trtllm-serve`` generation server sizes its ``KVCacheManager``
@@ -346,6 +330,7 @@ def plan_helix(
             f"--cp_type {cp_type} needs --context_parallel_size 2 or more: TensorRT-LLM's Mapping.has_cp_helix() is "
             "cp_size > 1 (with context_parallel_size 1 there is no context parallelism). Drop --cp_type."
         )
+    spec, serving, tokens_per_block = inputs.model, inputs.serving, inputs.tokens_per_block
     cp = ContextParallel(size=context_parallel_size, tokens_per_block=tokens_per_block, cp_type=parse_cp_type(cp_type))
     _refuse(
         spec=spec,
@@ -353,10 +338,10 @@ def plan_helix(
         serving=serving,
         cp=cp,
         drafting=drafting,
-        windows=windows,
-        shares=shares,
-        host=host,
-        enable_attention_dp=enable_attention_dp,
+        windows=inputs.max_attention_window,
+        shares=inputs.window_size_shares,
+        host=inputs.host_cache_size,
+        enable_attention_dp=inputs.enable_attention_dp,
     )
     chosen = _resolve_device(memory, gpu, gpu_memory, registry)
     if memory is not None and weights_memory is not None:
@@ -392,6 +377,8 @@ def plan_helix(
                 f"The weights ({weights[0]} bytes) do not fit {chosen.label}'s {chosen.total_bytes} bytes: raise "
                 "--tp-size, --pp-size or --context_parallel_size."
             )
+    inputs = attrs.evolve(inputs, gpu=chosen, weights_source=weights_source, frees=frees, weights=weights)
+    fraction, max_tokens = inputs.free_gpu_memory_fraction, inputs.max_tokens
     warnings: list[str] = []
     ranks = []
     rank_blocks = []
@@ -409,21 +396,18 @@ def plan_helix(
         rank_blocks.append(int(tokens // tokens_per_block))
         per_token.append((tuple(range(len(local))), real))
         ranks.append(
-            TrtllmRank(
-                pp_rank=stage,
-                layers=tuple(span),
-                free_after_warmup=frees[stage],
-                weights_memory=weights[stage],
+            inputs.stage(
+                stage,
                 available_kv_memory=available_kv_memory(frees[stage], fraction),
                 estimated_size_per_token=est,
                 cache_bytes_per_token=real,
                 max_tokens=int(tokens),
-                max_gpu_total_bytes=mgtb or 0,
+                max_gpu_total_bytes=inputs.max_gpu_total_bytes or 0,
             )
         )
     blocks = min(rank_blocks)  # the MIN all-reduce across ranks
     upper = window_upper_bound(blocks, tokens_per_block)
-    runs = seq_len
+    runs = seq_len = inputs.max_seq_len_requested
     if seq_len > upper:
         warnings.append(
             f"Attention window size {seq_len} exceeds upper bound {upper} for available blocks. Reducing to {upper}."
@@ -432,25 +416,9 @@ def plan_helix(
         runs = upper
     members, real = per_token[0]
     pool = WindowPool(window=runs, layers=members, bytes_per_token=real, share=1.0, primary_blocks=blocks)
-    return TrtllmHelixPlanResult(
-        model=spec,
-        model_ref=model_ref,
-        plugin=plugin,
-        serving=serving,
-        gpu=chosen,
-        weights_source=weights_source,
-        free_gpu_memory_fraction=float(fraction),
-        tokens_per_block=tokens_per_block,
-        max_batch_size=max_batch_size or DEFAULT_MAX_BATCH_SIZE,
-        max_num_tokens=max_num_tokens or DEFAULT_MAX_NUM_TOKENS,
-        max_seq_len_requested=seq_len,
+    return inputs.result(
+        TrtllmHelixPlanResult,
         max_seq_len=runs,
-        max_tokens=max_tokens,
-        max_gpu_total_bytes=mgtb,
-        max_attention_window=None,
-        window_size_shares=None,
-        host_cache_size=None,
-        enable_attention_dp=False,
         is_vswa=False,
         ranks=tuple(ranks),
         pools=(pool,),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import shlex
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -181,8 +181,10 @@ class TrtllmRank:
 
 
 @attrs.frozen(kw_only=True)
-class TrtllmPlanResult:
-    """One ``trtllm-serve`` deployment planned: inputs, each stage's budget, the pools per window size."""
+class TrtllmDeployment:
+    """What a ``trtllm-serve`` deployment is asked for, resolved: the model, the serving options, the budget's GPU
+    and TensorRT-LLM's own options (defaults applied).  A :class:`TrtllmPlanResult` is one with its sizes;
+    :class:`TrtllmInputs` one its planners read."""
 
     model: ModelSpec
     model_ref: str
@@ -195,14 +197,20 @@ class TrtllmPlanResult:
     max_batch_size: int
     max_num_tokens: int
     max_seq_len_requested: int
-    max_seq_len: int
-    """After ``_validate_and_adjust_attention_windows`` (lowered when one sequence cannot hold it)."""
     max_tokens: int | None
     max_gpu_total_bytes: int | None
     max_attention_window: tuple[int, ...] | None
     window_size_shares: tuple[float, ...] | None
     host_cache_size: int | None
     enable_attention_dp: bool
+
+
+@attrs.frozen(kw_only=True)
+class TrtllmPlanResult(TrtllmDeployment):
+    """One ``trtllm-serve`` deployment planned: inputs, each stage's budget, the pools per window size."""
+
+    max_seq_len: int
+    """After ``_validate_and_adjust_attention_windows`` (lowered when one sequence cannot hold it)."""
     is_vswa: bool
     num_nextn_predict_layers: int | None = None
     """``speculative_config`` ``decoding_type: MTP``'s draft layers (one-model MTP), or None without drafting."""
@@ -523,6 +531,39 @@ def _draft_weights(
     return None
 
 
+R = TypeVar("R", bound=TrtllmPlanResult)
+
+
+@attrs.frozen(kw_only=True)
+class TrtllmInputs(TrtllmDeployment):
+    """A deployment's resolved inputs as every planner reads them (:func:`plan_trtllm`'s own, the hybrid manager's,
+    :data:`MANAGER_V2_PLANNER`'s and :data:`CONTEXT_PARALLEL_PLANNER`'s), with each pipeline stage's memory;
+    :meth:`result` and :meth:`stage` build a planner's result from them.  The budget's fields (``gpu``,
+    ``weights_source``, ``frees``, ``weights``) are set once it is resolved (``attrs.evolve``)."""
+
+    frees: tuple[int, ...]
+    """Each pipeline stage's memory free after warm-up (``memory``, or the GPU's total less the stage's weights)."""
+    weights: tuple[int | None, ...]
+    """Each pipeline stage's weights (None on a ``memory`` budget)."""
+
+    def stage(self, rank: int, **fields: Any) -> TrtllmRank:
+        """Pipeline stage ``rank``'s :class:`TrtllmRank`: its layers, free memory and weights from these inputs, the
+        sizes the planner found from ``fields``."""
+        return TrtllmRank(
+            pp_rank=rank,
+            layers=tuple(pp_layers(self.model.num_layers, self.serving.pp_size, rank)),
+            free_after_warmup=self.frees[rank],
+            weights_memory=self.weights[rank],
+            **fields,
+        )
+
+    def result(self, cls: type[R], **fields: Any) -> R:
+        """A ``cls`` of these inputs (:class:`TrtllmDeployment`'s fields) and the planner's ``fields`` (the sizes it
+        found; a field given here wins)."""
+        inputs = {field.name: getattr(self, field.name) for field in attrs.fields(TrtllmDeployment)}
+        return cls(**{**inputs, **fields})
+
+
 def plan_trtllm(
     model: str | ModelSpec,
     serving: Serving | None = None,
@@ -607,13 +648,33 @@ def plan_trtllm(
         model_ref = launch_model_path(model, registry)
     spec = served_model(spec, serving)
     layers = trtllm_layers(spec, serving, registry)
+    block = DEFAULT_TOKENS_PER_BLOCK if tokens_per_block is None else tokens_per_block
+    seq_len = spec.context_len if max_seq_len is None else max_seq_len
+    inputs = TrtllmInputs(
+        model=spec,
+        model_ref=model_ref,
+        plugin=plugin,
+        serving=serving,
+        free_gpu_memory_fraction=float(fraction),
+        tokens_per_block=block,
+        max_batch_size=max_batch_size or DEFAULT_MAX_BATCH_SIZE,
+        max_num_tokens=max_num_tokens or DEFAULT_MAX_NUM_TOKENS,
+        max_seq_len_requested=seq_len,
+        max_tokens=max_tokens,
+        max_gpu_total_bytes=mgtb,
+        max_attention_window=windows,
+        window_size_shares=shares,
+        host_cache_size=host,
+        enable_attention_dp=enable_attention_dp,
+        gpu=None,
+        weights_source="",
+        frees=(),
+        weights=(),
+    )
     if (context_parallel_size or 1) > 1 or cp_type is not None:
         # kvpools_core.engines.trtllm.context_parallel (imported by the package) registers the helix planner.
         return CONTEXT_PARALLEL_PLANNER[0](
-            spec=spec,
-            model_ref=model_ref,
-            plugin=plugin,
-            serving=serving,
+            inputs,
             layers=layers,
             registry=registry,
             context_parallel_size=context_parallel_size or 1,
@@ -622,17 +683,6 @@ def plan_trtllm(
             gpu=gpu,
             gpu_memory=gpu_memory,
             weights_memory=weights_memory,
-            fraction=float(fraction),
-            tokens_per_block=DEFAULT_TOKENS_PER_BLOCK if tokens_per_block is None else tokens_per_block,
-            seq_len=spec.context_len if max_seq_len is None else max_seq_len,
-            max_batch_size=max_batch_size,
-            max_num_tokens=max_num_tokens,
-            max_tokens=max_tokens,
-            mgtb=mgtb,
-            windows=windows,
-            shares=shares,
-            host=host,
-            enable_attention_dp=enable_attention_dp,
             drafting={
                 "--num_nextn_predict_layers": num_nextn_predict_layers,
                 "--decoding_type": decoding_type,
@@ -687,8 +737,6 @@ def plan_trtllm(
             "--weights-memory applies to a --gpu budget only. Drop one of them."
         )
     draft_weights = _draft_weights(drafting, chosen, weights_memory, draft_weights_memory)
-    block = DEFAULT_TOKENS_PER_BLOCK if tokens_per_block is None else tokens_per_block
-    seq_len = spec.context_len if max_seq_len is None else max_seq_len
     if chosen is None:
         assert memory is not None
         free = parse_bytes(memory, "--memory")
@@ -712,55 +760,12 @@ def plan_trtllm(
                 f"The weights of pipeline stage {short[0]} ({weights[short[0]]} bytes) do not fit "
                 f"{chosen.label}'s {chosen.total_bytes} bytes: raise --tp-size or --pp-size."
             )
+    inputs = attrs.evolve(inputs, gpu=chosen, weights_source=weights_source, frees=frees, weights=weights)
     if any(layer.v2 is not None for layer in layers):
         # kvpools_core.engines.trtllm.deployment_v2 (imported by the package) registers the KVCacheManagerV2 planner.
-        return MANAGER_V2_PLANNER[0](
-            spec=spec,
-            model_ref=model_ref,
-            plugin=plugin,
-            serving=serving,
-            chosen=chosen,
-            weights_source=weights_source,
-            layers=layers,
-            frees=frees,
-            weights=weights,
-            fraction=float(fraction),
-            tokens_per_block=tokens_per_block,
-            seq_len=seq_len,
-            max_batch_size=max_batch_size or DEFAULT_MAX_BATCH_SIZE,
-            max_num_tokens=max_num_tokens or DEFAULT_MAX_NUM_TOKENS,
-            max_tokens=max_tokens,
-            mgtb=mgtb,
-            windows=windows,
-            shares=shares,
-            host=host,
-            enable_attention_dp=enable_attention_dp,
-            num_nextn_predict_layers=num_nextn_predict_layers,
-        )
+        return MANAGER_V2_PLANNER[0](inputs, layers, num_nextn_predict_layers=num_nextn_predict_layers)
     if any(layer.state is not None for layer in layers):
-        return _plan_hybrid(
-            spec=spec,
-            model_ref=model_ref,
-            plugin=plugin,
-            serving=serving,
-            chosen=chosen,
-            weights_source=weights_source,
-            layers=layers,
-            draft_layers=draft_layers,
-            frees=frees,
-            weights=weights,
-            fraction=float(fraction),
-            block=block,
-            seq_len=seq_len,
-            max_batch_size=max_batch_size or DEFAULT_MAX_BATCH_SIZE,
-            max_num_tokens=max_num_tokens or DEFAULT_MAX_NUM_TOKENS,
-            max_tokens=max_tokens,
-            mgtb=mgtb,
-            windows=windows,
-            shares=shares,
-            host=host,
-            enable_attention_dp=enable_attention_dp,
-        )
+        return _plan_hybrid(inputs, layers, draft_layers)
     warnings: list[str] = []
     ranks = []
     rank_pools: list[dict[int, tuple[int, int, tuple[int, ...], int, float]]] = []
@@ -824,11 +829,8 @@ def plan_trtllm(
                     draft_real,
                 )
             ranks.append(
-                TrtllmRank(
-                    pp_rank=rank,
-                    layers=tuple(span),
-                    free_after_warmup=frees[rank],
-                    weights_memory=weights[rank],
+                inputs.stage(
+                    rank,
                     available_kv_memory=budget,
                     estimated_size_per_token=est,
                     cache_bytes_per_token=real,
@@ -868,11 +870,8 @@ def plan_trtllm(
             pools[window] = (primary, secondary, tuple(merged[window]), per_token, share)
         rank_pools.append(pools)
         ranks.append(
-            TrtllmRank(
-                pp_rank=rank,
-                layers=tuple(span),
-                free_after_warmup=frees[rank],
-                weights_memory=weights[rank],
+            inputs.stage(
+                rank,
                 available_kv_memory=budget,
                 estimated_size_per_token=est,
                 cache_bytes_per_token=real,
@@ -933,25 +932,9 @@ def plan_trtllm(
     if any(final_windows[w] != w for w in final_windows):
         seq_after = max(final_windows.values())
         warnings.append(f"Adjusted max_seq_len to {seq_after}")
-    return TrtllmPlanResult(
-        model=spec,
-        model_ref=model_ref,
-        plugin=plugin,
-        serving=serving,
-        gpu=chosen,
-        weights_source=weights_source,
-        free_gpu_memory_fraction=float(fraction),
-        tokens_per_block=block,
-        max_batch_size=max_batch_size or DEFAULT_MAX_BATCH_SIZE,
-        max_num_tokens=max_num_tokens or DEFAULT_MAX_NUM_TOKENS,
-        max_seq_len_requested=seq_len,
+    return inputs.result(
+        TrtllmPlanResult,
         max_seq_len=min(seq_after, seq_len),
-        max_tokens=max_tokens,
-        max_gpu_total_bytes=mgtb,
-        max_attention_window=windows,
-        window_size_shares=shares,
-        host_cache_size=host,
-        enable_attention_dp=enable_attention_dp,
         is_vswa=is_vswa,
         num_nextn_predict_layers=num_nextn_predict_layers,
         draft_kv_cache=None if not draft_layers else "separate" if separate_draft else "target",
@@ -963,41 +946,21 @@ def plan_trtllm(
 
 
 def _plan_hybrid(
-    *,
-    spec: ModelSpec,
-    model_ref: str,
-    plugin: str,
-    serving: Serving,
-    chosen: GPU | None,
-    weights_source: str,
-    layers: Sequence[TrtllmLayer],
-    draft_layers: Sequence[TrtllmLayer],
-    frees: Sequence[int],
-    weights: Sequence[int | None],
-    fraction: float,
-    block: int,
-    seq_len: int,
-    max_batch_size: int,
-    max_num_tokens: int,
-    max_tokens: int | None,
-    mgtb: int | None,
-    windows: tuple[int, ...] | None,
-    shares: tuple[float, ...] | None,
-    host: int | None,
-    enable_attention_dp: bool,
+    inputs: TrtllmInputs, layers: Sequence[TrtllmLayer], draft_layers: Sequence[TrtllmLayer]
 ) -> TrtllmPlanResult:
     """A Mamba / linear-attention hybrid in ``CppMambaHybridCacheManager``'s unified pool
     (:mod:`kvpools_core.engines.trtllm.hybrid`).  Refused, with the reason: MTP drafting, attention windows and
     window shares beside it (not modelled)."""
     from kvpools_core.engines.trtllm.hybrid import HYBRID_MANAGER, hybrid_pools, plan_stage
 
+    spec, serving, block = inputs.model, inputs.serving, inputs.tokens_per_block
     if draft_layers:
         raise UnsupportedCombinationError(
             f"kvpools does not model the MTP draft KV cache of a Mamba / linear-attention hybrid ({spec.name}) for "
             "--accounting trtllm yet (TensorRT-LLM's hybrid cost then adds attention-only draft layers and draft "
             "state slots); drop --num_nextn_predict_layers."
         )
-    if windows is not None or shares is not None:
+    if inputs.max_attention_window is not None or inputs.window_size_shares is not None:
         raise UnsupportedCombinationError(
             f"kvpools does not model attention windows beside {HYBRID_MANAGER} ({spec.name}) for --accounting "
             "trtllm yet: the manager replaces kv_cache_config.max_attention_window with one window per layer "
@@ -1011,25 +974,23 @@ def _plan_hybrid(
             rank=rank,
             pp_size=serving.pp_size,
             tp_size=serving.tp_size,
-            enable_attention_dp=enable_attention_dp,
+            enable_attention_dp=inputs.enable_attention_dp,
             kv_cache_dtype=serving.kv_cache_dtype,
-            free_after_warmup=frees[rank],
-            fraction=fraction,
+            free_after_warmup=inputs.frees[rank],
+            fraction=inputs.free_gpu_memory_fraction,
             tokens_per_block=block,
-            max_batch_size=max_batch_size,
-            max_tokens=max_tokens,
-            max_gpu_total_bytes=mgtb,
-            host_cache_size=host,
+            max_batch_size=inputs.max_batch_size,
+            max_tokens=inputs.max_tokens,
+            max_gpu_total_bytes=inputs.max_gpu_total_bytes,
+            host_cache_size=inputs.host_cache_size,
         )
         for rank in range(serving.pp_size)
     ]
+    seq_len = inputs.max_seq_len_requested
     pools, seq_after, warnings = hybrid_pools(stages, seq_len, block)
     ranks = tuple(
-        TrtllmRank(
-            pp_rank=rank,
-            layers=tuple(pp_layers(spec.num_layers, serving.pp_size, rank)),
-            free_after_warmup=frees[rank],
-            weights_memory=weights[rank],
+        inputs.stage(
+            rank,
             available_kv_memory=stage.budget,
             estimated_size_per_token=stage.estimate.slope,
             cache_bytes_per_token=stage.manager.slope,
@@ -1038,25 +999,9 @@ def _plan_hybrid(
         )
         for rank, stage in enumerate(stages)
     )
-    return TrtllmPlanResult(
-        model=spec,
-        model_ref=model_ref,
-        plugin=plugin,
-        serving=serving,
-        gpu=chosen,
-        weights_source=weights_source,
-        free_gpu_memory_fraction=fraction,
-        tokens_per_block=block,
-        max_batch_size=max_batch_size,
-        max_num_tokens=max_num_tokens,
-        max_seq_len_requested=seq_len,
+    return inputs.result(
+        TrtllmPlanResult,
         max_seq_len=min(seq_after, seq_len),
-        max_tokens=max_tokens,
-        max_gpu_total_bytes=mgtb,
-        max_attention_window=None,
-        window_size_shares=None,
-        host_cache_size=host,
-        enable_attention_dp=enable_attention_dp,
         is_vswa=False,
         ranks=ranks,
         pools=pools,
@@ -1115,6 +1060,8 @@ __all__ = [
     "TRTLLM_NAMES",
     "TRTLLM_READ_FIELDS",
     "TRTLLM_VERSION",
+    "TrtllmDeployment",
+    "TrtllmInputs",
     "TrtllmLayer",
     "TrtllmPlanResult",
     "TrtllmRank",

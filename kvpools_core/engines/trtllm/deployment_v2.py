@@ -31,8 +31,8 @@ from typing import Any
 
 import attrs
 
-from kvpools_core.engines.trtllm.deployment import MANAGER_V2_PLANNER, TrtllmPlanResult, TrtllmRank
-from kvpools_core.engines.trtllm.manager import DEFAULT_TOKENS_PER_BLOCK, WindowPool, available_kv_memory
+from kvpools_core.engines.trtllm.deployment import MANAGER_V2_PLANNER, TrtllmInputs, TrtllmPlanResult
+from kvpools_core.engines.trtllm.manager import WindowPool, available_kv_memory
 from kvpools_core.engines.trtllm.manager_v2 import (
     V2Solve,
     clamp_max_seq_len,
@@ -43,8 +43,6 @@ from kvpools_core.engines.trtllm.manager_v2 import (
 from kvpools_core.errors import ConfigError, UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.parts.trtllm import TrtllmLayer
-from kvpools_core.pipeline.gpus import GPU
-from kvpools_core.values import ModelSpec, Serving
 
 MAX_UTIL_FOR_RESUME = 0.95
 """``KvCacheConfig.max_util_for_resume``'s default (``llm_args.py``)."""
@@ -136,34 +134,15 @@ class TrtllmV2PlanResult(TrtllmPlanResult):
 
 
 def plan_v2(
-    *,
-    spec: ModelSpec,
-    model_ref: str,
-    plugin: str,
-    serving: Serving,
-    chosen: GPU | None,
-    weights_source: str,
-    layers: Sequence[TrtllmLayer],
-    frees: Sequence[int],
-    weights: Sequence[int | None],
-    fraction: float,
-    tokens_per_block: int | None,
-    seq_len: int,
-    max_batch_size: int,
-    max_num_tokens: int,
-    max_tokens: int | None,
-    mgtb: int | None,
-    windows: tuple[int, ...] | None,
-    shares: tuple[float, ...] | None,
-    host: int | None,
-    enable_attention_dp: bool,
-    num_nextn_predict_layers: int | None,
+    inputs: TrtllmInputs, layers: Sequence[TrtllmLayer], *, num_nextn_predict_layers: int | None
 ) -> TrtllmV2PlanResult:
     """Plan ``layers`` (every one answered with a ``v2`` value) as their ``KVCacheManagerV2`` subclass sizes them.
     Refused, with TensorRT-LLM's reason: ``tokens_per_block`` the manager asserts against, constraints that pin more
     than the memory free after warm-up (the runtime raises the quota to them and the allocation fails; below that a
     warning says the pools exceed the quota), a budget not one block of every group fits.  Not modelled yet
     (refused by name): MTP drafting, pipeline stages, a host tier, attention windows and window shares."""
+    spec, serving, seq_len = inputs.model, inputs.serving, inputs.max_seq_len_requested
+    block, max_tokens, frees = inputs.tokens_per_block, inputs.max_tokens, inputs.frees
     v2s = [layer.v2 for layer in layers]
     if any(v2 is None for v2 in v2s):
         raise UnsupportedCombinationError(
@@ -177,15 +156,14 @@ def plan_v2(
         raise UnsupportedCombinationError(
             f"kvpools does not model {spec.name}'s layers in several KVCacheManagerV2 classes ({sorted(managers)}) yet."
         )
-    if first.tokens_per_block and tokens_per_block not in first.tokens_per_block:
+    if first.tokens_per_block and block not in first.tokens_per_block:
         raise UnsupportedCombinationError(
-            f"TensorRT-LLM refuses --tokens_per_block {tokens_per_block or DEFAULT_TOKENS_PER_BLOCK} for "
+            f"TensorRT-LLM refuses --tokens_per_block {block} for "
             f"{spec.name}: {manager} asserts 'requires tokens_per_block in {list(first.tokens_per_block)} ... Set "
             f"kv_cache_config.tokens_per_block to {' or '.join(map(str, first.tokens_per_block))}.' Pass "
             f"--tokens_per_block {first.tokens_per_block[0]} (what TensorRT-LLM's DeepSeek-V4 examples set, "
             "examples/models/core/deepseek_v4/README.md)."
         )
-    block = tokens_per_block or DEFAULT_TOKENS_PER_BLOCK
     what = f"{spec.name}'s {manager} (a KVCacheManagerV2)"
     if num_nextn_predict_layers:
         raise UnsupportedCombinationError(
@@ -202,18 +180,19 @@ def plan_v2(
             f"kvpools does not model pipeline stages of {what} for --accounting trtllm yet (each stage's manager "
             f"holds its own layers' buffers and the ranks agree on the fewest tokens); use {option('pp_size')} 1."
         )
-    if host:
+    if inputs.host_cache_size:
         raise UnsupportedCombinationError(
             f"kvpools does not model the host tier of {what} for --accounting trtllm yet (HostCacheTierConfig: the "
             "runtime splits host_cache_size by the same ratio with the host granularity); drop --host_cache_size."
         )
-    if windows is not None or shares is not None:
+    if inputs.max_attention_window is not None or inputs.window_size_shares is not None:
         raise UnsupportedCombinationError(
             f"kvpools does not model --max_attention_window or --window_size_shares beside {what} for "
             "--accounting trtllm yet: the manager sets each buffer's window itself. Drop them."
         )
     estimated = sum(v2.estimated_bytes_per_token for v2 in v2s if v2 is not None)
-    budget = available_kv_memory(frees[0], fraction)
+    budget = available_kv_memory(frees[0], inputs.free_gpu_memory_fraction)
+    mgtb = inputs.max_gpu_total_bytes
     written = budget if mgtb is None or mgtb <= 0 else min(budget, mgtb)
     quota = written
     from_max_tokens = None
@@ -223,8 +202,8 @@ def plan_v2(
     if quota <= 0:
         raise ConfigError(f"{what} gets no GPU quota ({quota} B): raise the budget or --max_gpu_total_bytes.")
     typical = [((seq_len, 0), 1)]
-    if max_batch_size > 1:
-        typical.append(((seq_len, max(seq_len - 1, 0)), max_batch_size - 1))
+    if inputs.max_batch_size > 1:
+        typical.append(((seq_len, max(seq_len - 1, 0)), inputs.max_batch_size - 1))
     constraints = [[(seq_len, 0)]]
     result = solve(
         manager=manager,
@@ -272,38 +251,19 @@ def plan_v2(
         )
         for group in result.groups
     )
-    rank = TrtllmRank(
-        pp_rank=0,
-        layers=tuple(range(spec.num_layers)),
-        free_after_warmup=frees[0],
-        weights_memory=weights[0],
+    window_less = [result.slots[g.index] for g in result.groups if None in g.windows] or list(result.slots)
+    rank = inputs.stage(
+        0,
         available_kv_memory=budget,
         estimated_size_per_token=estimated,
         cache_bytes_per_token=estimated,
-        max_tokens=min(result.slots[g.index] for g in result.groups if None in g.windows) * block
-        if any(None in g.windows for g in result.groups)
-        else min(result.slots) * block,
+        max_tokens=min(window_less) * block,
         max_gpu_total_bytes=written,
     )
-    return TrtllmV2PlanResult(
-        model=spec,
-        model_ref=model_ref,
-        plugin=plugin,
-        serving=serving,
-        gpu=chosen,
-        weights_source=weights_source,
-        free_gpu_memory_fraction=fraction,
-        tokens_per_block=block,
-        max_batch_size=max_batch_size,
-        max_num_tokens=max_num_tokens,
-        max_seq_len_requested=seq_len,
+    return inputs.result(
+        TrtllmV2PlanResult,
         max_seq_len=min(seq_after, seq_len),
-        max_tokens=max_tokens,
-        max_gpu_total_bytes=mgtb,
-        max_attention_window=None,
-        window_size_shares=None,
-        host_cache_size=None,
-        enable_attention_dp=enable_attention_dp,
+        host_cache_size=None,  # a host tier is refused above; 0 (none) reads as None
         is_vswa=True,
         ranks=(rank,),
         pools=pools,

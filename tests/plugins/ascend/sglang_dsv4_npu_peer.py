@@ -4,7 +4,7 @@ Usage: ``python sglang_dsv4_npu_peer.py`` with a JSON list of cases on stdin; pr
 bytes of every buffer ``DSV4NPUTokenToKVPool`` allocates (by kvpools' pool names), the request pool's
 ``req_to_c128_sidecar`` and the c128 allocator's arguments, or the exception SGLang raises.
 
-The classes run unchanged, taken by name (``ast``, with ``tests/dsv4/sglang_dsv4_layout_peer.py``'s loader) from
+The classes run unchanged, taken by name (``ast``, with ``tests/dsv4/sglang_peer_stubs.py``'s loader) from
 the installed ``hardware_backend/npu/dsv4/dsv4_memory_pool.py`` (``NPUDeepSeekV4SingleKVPool``,
 ``NPUCompressStatePool``, ``NPUDeepSeekV4IndexerPool``, ``DSV4NPUTokenToKVPool``), their bases from
 ``mem_cache/deepseek_v4_memory_pool.py`` (``DeepSeekV4SingleKVPool``, ``DeepSeekV4IndexerPool``,
@@ -27,14 +27,13 @@ import logging
 import math
 import sys
 import types
-from math import gcd
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "dsv4"))
-from sglang_dsv4_layout_peer import _Env, _extract, _load_kv_layout, _root
+from sglang_peer_stubs import Env, compress_state_pool, extract, load_kv_layout, sglang_root
 
 STATE: dict[str, Any] = {"arch35": False, "c128_page_size": 16, "draft_tokens": 0}
 
@@ -79,8 +78,8 @@ def _nbytes(tensors: Any) -> int:
 
 
 def _load() -> dict[str, Any]:
-    root = _root()
-    kv = _load_kv_layout(root)
+    root = sglang_root()
+    kv = load_kv_layout(root)
     # the pool's function-local import of the unified-KV gate: off (SGLang's NPU never takes the unified path)
     gate = types.ModuleType("sglang.srt.layers.attention.dsv4.unified_kv_gate")
     gate.is_unified_kv_fp8 = lambda: False  # type: ignore[attr-defined]
@@ -96,22 +95,11 @@ def _load() -> dict[str, Any]:
     kernel = types.SimpleNamespace(enable_deepseek_v4_fp4_indexer=False, dsv4_attn_backend=None)
     features = types.SimpleNamespace(enable_encoder_swa_bounded_replay=False)
     envs = types.SimpleNamespace(
-        SGLANG_OPT_SM120_DIRECT_SWA_KV=_Env(False),
-        SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=_Env(False),
-        SGLANG_HIP_DSV41_INDEX_K_PAGE8=_Env(False),
+        SGLANG_OPT_SM120_DIRECT_SWA_KV=Env(False),
+        SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=Env(False),
+        SGLANG_HIP_DSV41_INDEX_K_PAGE8=Env(False),
     )
-    state_ns: dict[str, Any] = {"torch": torch, "gcd": gcd, "_is_hip": False, "dataclasses": __import__("dataclasses")}
-    _extract(
-        root / "srt/mem_cache/deepseek_v4_compress_state.py", {"_lcm", "KVAndScore", "CompressStatePool"}, state_ns
-    )
-    compress_state = state_ns["CompressStatePool"]
-
-    def alloc_on_meta(self: Any, *, dtype: torch.dtype, device: str, enable_memory_saver: bool) -> None:
-        self.kv_score_buffer = state_ns["KVAndScore"](
-            torch.empty((self._size, self.last_dim), dtype=dtype, device="meta")
-        )
-
-    compress_state._alloc_kv_score_buffer = alloc_on_meta
+    compress_state = compress_state_pool(root)
     base: dict[str, Any] = {
         "__name__": "sglang_dsv4_base",
         "torch": torch,
@@ -134,7 +122,7 @@ def _load() -> dict[str, Any]:
         "Optional": Any,
         "NamedTuple": __import__("typing").NamedTuple,
     }
-    _extract(
+    extract(
         root / "srt/mem_cache/deepseek_v4_memory_pool.py",
         {
             "get_dsv4_indexer_bytes_per_token",
@@ -176,17 +164,17 @@ def _load() -> dict[str, Any]:
     npu_file = root / "srt/hardware_backend/npu/dsv4/dsv4_memory_pool.py"
     for name, value in (("_NPU_ARCH35_KV_QUANT_GROUP_SIZE", 64), ("_NPU_ARCH35_KV_ROW_ALIGNMENT", 128)):
         assert f"{name} = {value}" in npu_file.read_text(), name
-    _extract(
+    extract(
         npu_file,
         {"NPUDeepSeekV4SingleKVPool", "NPUCompressStatePool", "NPUDeepSeekV4IndexerPool", "DSV4NPUTokenToKVPool"},
         npu,
     )
     req: dict[str, Any] = {"torch": torch, "GPU_MEMORY_TYPE_KV_CACHE": "kv_cache", "Any": Any, "Callable": Any}
     req["TorchMemorySaverAdapter"] = types.SimpleNamespace(create=lambda enable: _Saver())
-    _extract(root / "srt/mem_cache/memory_pool.py", {"ReqToTokenPool"}, req)
+    extract(root / "srt/mem_cache/memory_pool.py", {"ReqToTokenPool"}, req)
     req["get_schedule"] = npu["get_schedule"]
     req["DecodeReqToTokenPool"] = object
-    _extract(
+    extract(
         root / "srt/hardware_backend/npu/dsv4/dsv4_req_to_token_pool.py",
         {"DSV4ReqToTokenTablesMixin", "DSV4NPUReqToTokenPool"},
         req,
@@ -197,7 +185,7 @@ def _load() -> dict[str, Any]:
         "NPUPagedTokenToKVPoolAllocator": _PagedAllocatorStandIn,
         "Optional": Any,
     }
-    _extract(root / "srt/hardware_backend/npu/dsv4/dsv4_allocator.py", {"DSV4NPUTokenToKVPoolAllocator"}, alloc)
+    extract(root / "srt/hardware_backend/npu/dsv4/dsv4_allocator.py", {"DSV4NPUTokenToKVPoolAllocator"}, alloc)
     return {"pool": npu["DSV4NPUTokenToKVPool"], "req": req["DSV4NPUReqToTokenPool"], "alloc": alloc}
 
 
@@ -207,34 +195,41 @@ def run(case: dict[str, Any], classes: dict[str, Any]) -> dict[str, Any]:
     STATE["draft_tokens"] = case.get("draft_tokens", 0)
     try:
         req_pool = classes["req"](case["max_num_reqs"], case["max_context_len"], "meta", False)
-        pool = classes["pool"](
-            max_num_reqs=case["max_num_reqs"],
-            num_req_slots=req_pool.req_to_token.shape[0],
-            swa_size=case["swa_size"],
-            c4_size=case["c4_size"],
-            c128_size=case["c128_size"],
-            c4_state_pool_size=case["c4_state_pool_size"],
-            c128_state_pool_size=case["c128_state_pool_size"],
-            page_size=case["page_size"],
-            swa_page_size=case["page_size"],
-            sliding_window=case["window"],
-            dtype=torch.bfloat16,  # _deepseek_v4_kv_cache_dtype: bfloat16 on an NPU
-            c4_state_dtype=torch.float32,
-            c128_state_dtype=torch.float32,
-            qk_nope_head_dim=case["nope"],
-            qk_rope_head_dim=case["rope"],
-            indexer_head_dim=case["index_dim"],
+
+        def make_pool(**stage: Any) -> Any:
+            # _build_dsv4_kv_pool's arguments on an NPU; ``stage``: the layers and what depends on them
+            return classes["pool"](
+                max_num_reqs=case["max_num_reqs"],
+                num_req_slots=req_pool.req_to_token.shape[0],
+                swa_size=case["swa_size"],
+                c4_size=case["c4_size"],
+                c128_size=case["c128_size"],
+                c4_state_pool_size=case["c4_state_pool_size"],
+                c128_state_pool_size=case["c128_state_pool_size"],
+                page_size=case["page_size"],
+                swa_page_size=case["page_size"],
+                sliding_window=case["window"],
+                dtype=torch.bfloat16,  # _deepseek_v4_kv_cache_dtype: bfloat16 on an NPU
+                c4_state_dtype=torch.float32,
+                c128_state_dtype=torch.float32,
+                qk_nope_head_dim=case["nope"],
+                qk_rope_head_dim=case["rope"],
+                indexer_head_dim=case["index_dim"],
+                device="meta",
+                enable_memory_saver=False,
+                unified_fp8=False,
+                kv_source_layers=[],
+                full_size=case["full_size"],
+                **stage,
+            )
+
+        pool = make_pool(
             layer_num=case["end"] - case["start"],
-            device="meta",
-            enable_memory_saver=False,
             compression_ratios=case["ratios"],
             start_layer=case["start"],
             end_layer=case["end"],
             enable_hisparse=case.get("hisparse", False),
             online_mtp_max_draft_tokens=0,
-            unified_fp8=False,
-            kv_source_layers=[],
-            full_size=case["full_size"],
         )
     except (AssertionError, ValueError, TypeError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
@@ -258,34 +253,13 @@ def run(case: dict[str, Any], classes: dict[str, Any]) -> dict[str, Any]:
     if case.get("draft_layers"):
         # the draft worker's pool: _build_dsv4_kv_pool with COMPRESS_RATIO_NEXTN_LAYER (0) per NextN layer
         layers = case["draft_layers"]
-        draft = classes["pool"](
-            max_num_reqs=case["max_num_reqs"],
-            num_req_slots=req_pool.req_to_token.shape[0],
-            swa_size=case["swa_size"],
-            c4_size=case["c4_size"],
-            c128_size=case["c128_size"],
-            c4_state_pool_size=case["c4_state_pool_size"],
-            c128_state_pool_size=case["c128_state_pool_size"],
-            page_size=case["page_size"],
-            swa_page_size=case["page_size"],
-            sliding_window=case["window"],
-            dtype=torch.bfloat16,
-            c4_state_dtype=torch.float32,
-            c128_state_dtype=torch.float32,
-            qk_nope_head_dim=case["nope"],
-            qk_rope_head_dim=case["rope"],
-            indexer_head_dim=case["index_dim"],
+        draft = make_pool(
             layer_num=layers,
-            device="meta",
-            enable_memory_saver=False,
             compression_ratios=[0] * layers,
             start_layer=0,
             end_layer=layers,
             enable_hisparse=False,
             online_mtp_max_draft_tokens=case.get("draft_tokens", 0),
-            unified_fp8=False,
-            kv_source_layers=[],
-            full_size=case["full_size"],
         )
         states = [p for p in draft.compress_state_pools if p is not None] + [draft.c4_indexer_kv_pool]
         assert draft.c4_kv_pool is None and draft.c128_kv_pool is None and states == [None], "a draft holds SWA only"
