@@ -56,8 +56,17 @@ VLLM_NAMES = {
 }
 """SGLang's serving options that have a vLLM counterpart under ``--accounting vllm``."""
 
-VLLM_READ_FIELDS = {"tp_size", "pp_size", "pp_layer_partition", "kv_cache_dtype", "accounting", "platform"}
-"""The ``Serving`` fields vLLM's planning reads; the others are SGLang's and refused when set."""
+VLLM_READ_FIELDS = {
+    "tp_size",
+    "pp_size",
+    "pp_layer_partition",
+    "kv_cache_dtype",
+    "quantization",
+    "accounting",
+    "platform",
+}
+"""The ``Serving`` fields vLLM's planning reads; the others are SGLang's and refused when set.  ``quantization`` is
+vLLM's ``--quantization`` too: the weights estimate checks it with vLLM's rules (issue 34)."""
 _RESOLVED_FIELDS = {"platform_traits", "workspaces", "plugin_options"}
 
 
@@ -193,6 +202,8 @@ class VllmPlanResult:
             parts.append(f"--gpu-memory-utilization {self.gpu_memory_utilization:g}")
         parts.append(f"--block-size {self.effective_block_size}")
         parts.append(f"--kv-cache-dtype {self.serving.kv_cache_dtype}")
+        if self.serving.quantization is not None:
+            parts.append(f"--quantization {self.serving.quantization}")
         parts.append(f"--max-num-seqs {self.max_num_seqs}")
         parts.append(f"--max-num-batched-tokens {self.limits.max_num_batched_tokens}")
         if self.num_gpu_blocks_override is not None:
@@ -371,9 +382,7 @@ def _stage_weights(
     partition = tuple(len(r) for r in ranges)
     weights = []
     for rank in range(serving.pp_size):
-        stage = attrs.evolve(
-            serving, pp_rank=rank, pp_layer_partition=partition if serving.pp_size > 1 else None, accounting="exact"
-        )
+        stage = attrs.evolve(serving, pp_rank=rank, pp_layer_partition=partition if serving.pp_size > 1 else None)
         try:
             weights.append(estimate_weights(model_ref, stage, registry=registry).bytes_per_rank)
         except KvpoolsError as error:

@@ -17,7 +17,6 @@ from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.parallel import pp_layer_range
 from kvpools_core.parts.weights.methods import resolve_quantization
 from kvpools_core.parts.weights.quantisation import (
-    ByModule,
     Quantisation,
     RuntimeFp8,
     quantisation_of,
