@@ -790,6 +790,8 @@ def test_checkpoint_quantization_mismatches_are_refused_as_the_engine_refuses(
     result = _run("plan", args)
     assert result.exit_code == 1 and result.stderr.startswith("Error: "), (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr and message in result.stderr, result.stderr
+    # the engine would not start: --weights-memory is no way around it, so the error does not advise it
+    assert "--weights-memory (one rank" not in result.stderr, result.stderr
 
 
 def test_checkpoint_quantization_plans_the_checkpoint_as_stored() -> None:

@@ -375,7 +375,7 @@ def _stage_weights(
             f"A GPU budget needs the weights' size: {spec.name} was given as a ModelSpec, which carries no weight "
             f"shapes. Pass {option('weights_memory')} (one rank's weights)."
         )
-    from kvpools_core.errors import KvpoolsError
+    from kvpools_core.errors import EngineRefusalError, KvpoolsError
     from kvpools_core.pipeline.weights import estimate_weights
 
     ranges = pp_layer_ranges(spec.num_layers, serving.pp_size, serving.pp_layer_partition)
@@ -385,6 +385,8 @@ def _stage_weights(
         stage = attrs.evolve(serving, pp_rank=rank, pp_layer_partition=partition if serving.pp_size > 1 else None)
         try:
             weights.append(estimate_weights(model_ref, stage, registry=registry).bytes_per_rank)
+        except EngineRefusalError:
+            raise  # vLLM would not start: --weights-memory is no way around it
         except KvpoolsError as error:
             raise ConfigError(
                 f"A GPU budget needs the weights' size and kvpools cannot estimate them for {spec.name}: {error} "

@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvpools_core.errors import UnsupportedCombinationError
+from kvpools_core.errors import EngineRefusalError, UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.values import SGLANG_QUANTIZATION_METHODS, VLLM_QUANTIZATION_METHODS
 
@@ -79,7 +79,7 @@ def resolve_quantization(
     conversions and its missing ``gptq`` are CUDA's (``platform``); elsewhere only the comparison applies."""
     name = "vLLM" if engine == "vllm" else "SGLang"
     if requested is not None and requested not in ENGINE_METHODS[engine]:
-        raise UnsupportedCombinationError(
+        raise EngineRefusalError(
             f"{option('quantization')} {requested}: {name}'s {option('quantization')} has no such method that "
             f"kvpools models (it takes {', '.join(ENGINE_METHODS[engine])})."
             + (" Use modelopt (vLLM resolves the checkpoint's algorithm)." if requested == "modelopt_fp8" else "")
@@ -87,7 +87,7 @@ def resolve_quantization(
     if quant is None:
         if requested is None or requested == "fp8":
             return requested
-        raise UnsupportedCombinationError(
+        raise EngineRefusalError(
             f"{option('quantization')} {requested} on a checkpoint with no quantization_config: {requested} reads "
             f"the scales of a checkpoint quantised with it, which this one is not. Drop {option('quantization')}, "
             f"or pass {option('quantization')} fp8 to quantise the weights at load."
@@ -105,7 +105,7 @@ def resolve_quantization(
                     f"{option('quantization')} (the checkpoint's fp8 is served)."
                 )
             return resolved
-        raise UnsupportedCombinationError(
+        raise EngineRefusalError(
             f"{option('quantization')} {requested} on a checkpoint quantised with {quant.get('quant_method')!r}: "
             f"{name} refuses it ('{_MISMATCH.format(checkpoint=checkpoint, requested=resolved)}'). Drop "
             f"{option('quantization')} (the checkpoint's own method is used)"
@@ -113,7 +113,7 @@ def resolve_quantization(
         )
     method = resolved if resolved is not None else checkpoint
     if engine == "sglang" and method == "gptq" and platform == "cuda":
-        raise UnsupportedCombinationError(
+        raise EngineRefusalError(
             f"{option('quantization')} {requested or '(unset)'} on a GPTQ checkpoint SGLang cannot convert to "
             "Marlin (4/8-bit, sym, group_size -1/32/64/128, desc_act given, not Marlin format): SGLang 0.5.23 on "
             "CUDA has no 'gptq' method ('Unknown quantization method: gptq', model_config.py L2151-2156). Use "
