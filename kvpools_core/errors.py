@@ -51,6 +51,12 @@ class UnsupportedCombinationError(KvpoolsError, ValueError):
     """The model, serving options and platform cannot be combined (checked before allocation)."""
 
 
+class EngineRefusalError(UnsupportedCombinationError):
+    """The engine itself refuses these options at start-up (``--quantization`` against the checkpoint's method,
+    ``_verify_quantization``): no kvpools option (``--weights-memory``) works around it, so callers do not wrap it
+    in advice to pass one."""
+
+
 class InsufficientMemoryError(KvpoolsError, RuntimeError):
     """The budget cannot hold even one page of KV cache (or one request)."""
 

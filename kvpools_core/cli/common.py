@@ -31,6 +31,7 @@ from kvpools_core.values import (
     QUANTIZATION_METHODS,
     SERVED_DTYPES,
     SPECULATIVE_ALGORITHMS,
+    UNMODELLED_QUANTIZATION_METHODS,
     Serving,
     is_unset,
 )
@@ -42,8 +43,10 @@ _HELP = {
     "kv_cache_dtype": "KV element type (auto follows the model dtype).",
     "dtype": "Dtype the weights are served in (SGLang's/vLLM's --dtype; auto: the checkpoint's, a float32 one as "
     "float16, Gemma's as bfloat16); --kv-cache-dtype auto follows it.",
-    "quantization": "Quantise an unquantised checkpoint's Linear weights when they load (fp8: SGLang's per-channel "
-    "fp8 Linears and per-expert fp8 MoE).",
+    "quantization": "fp8 on an unquantised checkpoint: quantise its Linear weights when they load (SGLang's "
+    "per-channel fp8 Linears and per-expert fp8 MoE). A quantised checkpoint's own method (modelopt, modelopt_fp4, "
+    "compressed-tensors, awq, gptq_marlin, mxfp4, fp8, ...): checked against its quantization_config with the "
+    "--accounting engine's rules; its storage is planned. Other engine methods are refused by name.",
     "page_size": "Tokens per page [default: SGLang's own for the model and platform (a plan note says which), else 1].",
     "tp_size": "Tensor-parallel size.",
     "pp_size": "Pipeline-parallel size.",
@@ -160,7 +163,7 @@ _HELP = {
 _CHOICES: dict[str, tuple[str, ...]] = {
     "kv_cache_dtype": KV_DTYPE_CHOICES,
     "dtype": SERVED_DTYPES,
-    "quantization": QUANTIZATION_METHODS,
+    "quantization": (*QUANTIZATION_METHODS, *UNMODELLED_QUANTIZATION_METHODS),
     "speculative_algorithm": SPECULATIVE_ALGORITHMS,
     "disaggregation_mode": ("null", "prefill", "decode"),
     "mamba_ssm_dtype": ("bfloat16", "float16", "float32"),

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import attrs
 
 from kvpools_core.dtypes import resolve_kv_dtype
-from kvpools_core.errors import ConfigError, KvpoolsError, UnsupportedCombinationError
+from kvpools_core.errors import ConfigError, EngineRefusalError, KvpoolsError, UnsupportedCombinationError
 from kvpools_core.models import load_model, served_model
 from kvpools_core.options import option
 from kvpools_core.parts.sizing import (
@@ -651,6 +651,8 @@ def _estimated_weights(
 
     try:
         estimate = estimate_weights(model, serving, registry=registry)
+    except EngineRefusalError:
+        raise  # the engine would not start: --weights-memory is no way around it
     except KvpoolsError as error:
         raise ConfigError(
             f"A GPU budget needs the weights' size and kvpools cannot estimate them for {spec.name}: {error} "

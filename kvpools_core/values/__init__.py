@@ -258,7 +258,16 @@ from kvpools_core.values.serving import (
     SGLANG_ACCOUNTING_MODES as SGLANG_ACCOUNTING_MODES,
 )
 from kvpools_core.values.serving import (
+    SGLANG_QUANTIZATION_METHODS as SGLANG_QUANTIZATION_METHODS,
+)
+from kvpools_core.values.serving import (
     SPECULATIVE_ALGORITHMS as SPECULATIVE_ALGORITHMS,
+)
+from kvpools_core.values.serving import (
+    UNMODELLED_QUANTIZATION_METHODS as UNMODELLED_QUANTIZATION_METHODS,
+)
+from kvpools_core.values.serving import (
+    VLLM_QUANTIZATION_METHODS as VLLM_QUANTIZATION_METHODS,
 )
 from kvpools_core.values.serving import (
     EngineDefault as EngineDefault,

@@ -83,8 +83,93 @@ _SERVED_DTYPE_ALIASES = {
     "fp16": "float16",
     "fp32": "float32",
 }
-QUANTIZATION_METHODS = ("fp8",)
-"""``--quantization`` values kvpools models (runtime quantisation of an unquantised checkpoint)."""
+VLLM_QUANTIZATION_METHODS = (
+    "fp8",
+    "modelopt",
+    "modelopt_fp4",
+    "modelopt_mixed",
+    "compressed-tensors",
+    "awq",
+    "auto_awq",
+    "awq_marlin",
+    "gptq",
+    "auto_gptq",
+    "gptq_marlin",
+    "mxfp4",
+    "gpt_oss_mxfp4",
+)
+"""vLLM's ``--quantization`` names kvpools models (vLLM 0.33 ``QuantizationMethods``,
+vllm/model_executor/layers/quantization/__init__.py L15-48, whose checkpoints the weights estimate reads)."""
+SGLANG_QUANTIZATION_METHODS = (
+    "fp8",
+    "modelopt",
+    "modelopt_fp8",
+    "modelopt_fp4",
+    "modelopt_mixed",
+    "compressed-tensors",
+    "awq",
+    "awq_marlin",
+    "gptq",
+    "gptq_marlin",
+    "mxfp4",
+)
+"""SGLang's ``--quantization`` names kvpools models (SGLang 0.5.23 ``QUANTIZATION_CHOICES``,
+srt/arg_groups/choices.py L32-66)."""
+QUANTIZATION_METHODS = tuple(dict.fromkeys((*SGLANG_QUANTIZATION_METHODS, *VLLM_QUANTIZATION_METHODS)))
+"""``--quantization`` values kvpools models: ``fp8`` on an unquantised checkpoint quantises it at load; any of
+these on a quantised checkpoint is checked against its ``quantization_config`` with the engine's own rules
+(:mod:`kvpools_core.parts.weights.methods`) and serves the checkpoint's storage."""
+UNMODELLED_QUANTIZATION_METHODS = (
+    "bitsandbytes",
+    "gguf",
+    "mxfp8",
+    "nvfp4_online",
+    "petit_nvfp4",
+    "w8a8_int8",
+    "w8a8_fp8",
+    "moe_wna16",
+    "w4afp8",
+    "auto-round",
+    "auto-round-int8",
+    "modelslim",
+    "mxfp_w4a8",
+    "quark",
+    "quark_int4fp8_moe",
+    "quark_mxfp4",
+    "mlx_q4",
+    "mlx_q8",
+    "unquant",
+    "humming",
+    "fbgemm_fp8",
+    "fp_quant",
+    "modelopt_mxfp8",
+    "experts_int8",
+    "torchao",
+    "inc",
+    "deepseek_v4_fp8",
+    "online",
+    "fp8_per_tensor",
+    "fp8_per_block",
+    "fp8_per_channel",
+    "int8_per_channel_weight_only",
+    "nvfp4_per_token",
+)
+"""The rest of SGLang 0.5.23's ``QUANTIZATION_CHOICES`` and vLLM 0.33's ``QuantizationMethods``: refused by name
+("kvpools does not model ... yet"), never planned as something else."""
+
+
+def _quantization_method(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None or value in QUANTIZATION_METHODS:
+        return
+    if value in UNMODELLED_QUANTIZATION_METHODS:
+        raise _invalid(
+            instance,
+            f"{_flag(instance, attribute)} {value}: kvpools does not model {value} weights yet (it models "
+            f"{', '.join(QUANTIZATION_METHODS)}). Drop {_flag(instance, attribute)} and pass the served weights "
+            "with --weights-memory.",
+        )
+    shown = ", ".join(("none", *QUANTIZATION_METHODS))
+    raise _invalid(instance, f"{_flag(instance, attribute)} must be one of {shown}; got {value!r}.")
 
 
 def _canonical_served_dtype(value: Any) -> Any:
@@ -377,9 +462,13 @@ class Serving:
     dtype: str = attrs.field(default="auto", converter=_canonical_served_dtype, validator=one_of(*SERVED_DTYPES))
     """``--dtype``: the dtype the weights are served in; ``auto`` is the checkpoint's (SGLang serves a float32
     checkpoint as float16, Gemma's as bfloat16). ``--kv-cache-dtype auto`` follows it."""
-    quantization: str | None = attrs.field(default=None, validator=one_of(None, *QUANTIZATION_METHODS))
+    quantization: str | None = attrs.field(default=None, validator=_quantization_method)
     """``--quantization``: ``fp8`` quantises an unquantised checkpoint's Linear weights when they load (SGLang's
-    ``Fp8LinearMethod`` / ``Fp8MoEMethod``); the weights estimate counts them so."""
+    ``Fp8LinearMethod`` / ``Fp8MoEMethod``); the weights estimate counts them so.  A checkpoint's own method
+    (``modelopt``, ``modelopt_fp4``, ``compressed-tensors``, ``awq``, ``gptq_marlin``, ``mxfp4``, ``fp8`` on an
+    fp8 checkpoint, ...) is checked against its ``quantization_config`` with the rules of the engine
+    ``accounting`` names (vLLM's for ``vllm``, SGLang's otherwise) and the checkpoint's storage is planned;
+    methods kvpools does not model are refused by name."""
     page_size: int = attrs.field(default=UnsetInt(1), validator=positive)
     """Unset (``Serving()``, no ``--page-size``), it reads as SGLang's generic default 1 until the pipeline
     applies the model's or platform's own (``engine_defaults``: DeepSeek sparse attention 64, DeepSeek-V4 256,
@@ -660,6 +749,18 @@ class Serving:
                 "in SGLang 0.5.23: the strided MHA K/V views were removed and the static-pool page-major layout "
                 f"awaits its per-layer-view reimplementation. Add {o('enable_unified_memory')} (which implies it), "
                 f"or drop {o('enable_page_major_kv_layout')}."
+            )
+        engine_methods = {"vllm": VLLM_QUANTIZATION_METHODS}.get(
+            self.accounting, SGLANG_QUANTIZATION_METHODS if self.accounting in SGLANG_ACCOUNTING_MODES else None
+        )
+        if self.quantization is not None and engine_methods is not None and self.quantization not in engine_methods:
+            # the engines' own --quantization choices: vLLM's QuantizationMethods, SGLang's QUANTIZATION_CHOICES
+            engine = "vLLM" if self.accounting == "vllm" else "SGLang"
+            raise ConfigError(
+                f"{o('quantization')} {self.quantization} is not one of {engine}'s {o('quantization')} methods "
+                f"kvpools models under {o('accounting')} {self.accounting} ({', '.join(engine_methods)}). Pass "
+                f"the name {engine} uses for the checkpoint's method"
+                + (" (modelopt: vLLM resolves the algorithm itself)." if self.quantization == "modelopt_fp8" else ".")
             )
         if self.enable_unified_memory and self.accounting not in SGLANG_ACCOUNTING_MODES:
             raise ConfigError(

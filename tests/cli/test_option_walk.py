@@ -149,7 +149,8 @@ EVIDENCE: dict[str, Evidence] = {
     "quantization": Changes(
         ("llama-3.1-8b", "--gpu", "h100"),
         ("llama-3.1-8b", "--gpu", "h100", "--quantization", "fp8"),
-        why="fp8 weights leave a larger KV budget",
+        why="fp8 weights leave a larger KV budget; a quantised checkpoint's own method (modelopt, awq, ...) is checked "
+        "against its quantization_config with the engine's rules and plans its storage as stored",
     ),
     "page_size": Changes(LLAMA, (*LLAMA, "--page-size", "64")),
     "tp_size": Changes(LLAMA, (*LLAMA, "--tp-size", "2")),
@@ -759,3 +760,46 @@ def test_not_enough_memory_under_memory_never_advises_the_fraction_it_ignores(ar
     result = _run("plan", args)
     assert result.exit_code == 1 and "Raise --memory" in result.stderr.replace("raise --memory", "Raise --memory")
     assert "--mem-fraction-static" not in result.stderr, result.stderr
+
+
+# -- --quantization with the checkpoint's own method (issue 34) ---------------------------------------------------
+
+NVFP4_VLLM = ("qwen3.6-35b-a3b-nvfp4", "--gpu", "h100", "--accounting", "vllm")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # vLLM / SGLang: no override answers for awq on an fp8 checkpoint (vllm/config/model.py L1452-1461,
+        # sglang/srt/configs/model_config.py L2142-2148)
+        (("deepseek-v3", "--gpu", "h200", "--tp-size", "8", "--quantization", "awq"), "SGLang refuses it"),
+        (
+            ("deepseek-v3", "--gpu", "h200", "--tp-size", "8", "--quantization", "awq", "--accounting", "vllm"),
+            "vLLM refuses it ('Quantization method specified in the model config (fp8) does not match",
+        ),
+        # gpt-oss's mxfp4 under SGLang: fp8 is not its method (vLLM's gpt_oss_mxfp4 override would accept it)
+        (("gpt-oss-20b", "--gpu", "h100", "--quantization", "fp8"), "pass --quantization mxfp4"),
+        (("llama-3.1-8b", "--gpu", "h100", "--quantization", "modelopt"), "no quantization_config"),
+        (("llama-3.1-8b", "--gpu", "h100", "--quantization", "bitsandbytes"), "kvpools does not model bitsandbytes"),
+        ((*NVFP4_VLLM, "--quantization", "modelopt_fp8"), "not one of vLLM's --quantization methods"),
+    ],
+)
+def test_checkpoint_quantization_mismatches_are_refused_as_the_engine_refuses(
+    args: tuple[str, ...], message: str
+) -> None:
+    result = _run("plan", args)
+    assert result.exit_code == 1 and result.stderr.startswith("Error: "), (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr and message in result.stderr, result.stderr
+    # the engine would not start: --weights-memory is no way around it, so the error does not advise it
+    assert "--weights-memory (one rank" not in result.stderr, result.stderr
+
+
+def test_checkpoint_quantization_plans_the_checkpoint_as_stored() -> None:
+    """``--quantization modelopt`` on the Qwen3.6 NVFP4 checkpoint (club-3090#612/#652's flag): the same plan as
+    without it (vLLM resolves it to the checkpoint's modelopt_mixed; nothing is quantised again), and the ``vllm
+    serve`` line carries it."""
+    without = _numbers(_memory("plan", NVFP4_VLLM))
+    with_ = _numbers(_memory("plan", (*NVFP4_VLLM, "--quantization", "modelopt")))
+    assert without == with_
+    result = CliRunner().invoke(cli.main, ["plan", *NVFP4_VLLM, "--quantization", "modelopt"])
+    assert result.exit_code == 0 and "--quantization modelopt" in result.stdout, result.stdout

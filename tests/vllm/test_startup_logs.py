@@ -353,21 +353,78 @@ def test_a_log_naming_no_catalogue_gpu_plans_with_the_total_it_prints(registry: 
     assert evaluable(logs["vllm-25350-fp8kv-100k"], registry) == "the log does not name the GPU"
 
 
-def test_the_rtx_5090_vllm_024_records_are_held_out_and_refused_for_nvfp4(registry: Registry) -> None:
+def test_the_rtx_5090_vllm_024_records_are_held_out_and_planned_with_the_checkpoints_modelopt(
+    registry: Registry,
+) -> None:
     """club-3090#612 / #652: vLLM 0.24.0 on an RTX 5090 (catalogued since gpus34), utilization vLLM 0.24.0's default
-    0.92 (their ``non-default args`` line has none), held out.  Every kvpools tool refuses them: the checkpoint is
-    NVFP4 (``--quantization modelopt``), which kvpools does not model, rather than planning it as something else."""
-    from benchmarks.whole_gpu_accuracy import Refusal, evaluable, kvpools, vllm_gpu
+    0.92 (their ``non-default args`` line has none), held out.  ``--quantization modelopt`` names the checkpoint's
+    own method (vLLM's ModelOpt override resolves the MIXED_PRECISION checkpoint to ``modelopt_mixed``), so kvpools
+    plans them from the GPU with the checkpoint's NVFP4 / FP8 storage (issue 34; they were refused before).  The
+    runtime tool still refuses them: the records carry no vocab_size; the logs state no weights."""
+    from benchmarks.whole_gpu_accuracy import Prediction, Refusal, evaluable, kvpools, vllm_gpu
 
     logs = {log.id: log for log in load_startup_logs()}
     for run_id in ("vllm-club3090-652-qwen3.6-35b-a3b-nvfp4-5090", "vllm-club3090-612-qwen3.6-35b-a3b-nvfp4-5090"):
         log = logs[run_id]
         assert log.split == "held_out" and log.engine_version == "0.24.0"
-        assert log.flag("gpu_memory_utilization") == 0.92
+        assert log.flag("gpu_memory_utilization") == 0.92 and log.flag("quantization") == "modelopt"
         assert "gpu_memory_utilization" not in log.lines[0] and "non-default args" in log.lines[0]
         assert vllm_gpu(log, registry).name == "rtx-5090"
         assert evaluable(log, registry) is None
+        assert isinstance(kvpools(log, registry, runtime=False, use_logged_weights=False), Prediction)
+        refused = kvpools(log, registry, runtime=True, use_logged_weights=False)
+        assert isinstance(refused, Refusal) and "vocab_size" in refused.reason
         for runtime in (False, True):
-            for logged in (False, True):
-                refused = kvpools(log, registry, runtime=runtime, use_logged_weights=logged)
-                assert isinstance(refused, Refusal) and "modelopt" in refused.reason
+            refused = kvpools(log, registry, runtime=runtime, use_logged_weights=True)
+            assert isinstance(refused, Refusal) and "states no weights" in refused.reason
+
+
+@pytest.mark.parametrize(("run_id", "budget_gib"), [("652", 6.01), ("612", 5.98)])
+def test_the_vllm_024_hybrid_layout_reproduces_the_rtx_5090_logs_exactly(
+    registry: Registry, run_id: str, budget_gib: float
+) -> None:
+    """Given the logged KV budget, vLLM 0.24.0's Qwen3.6 GDN hybrid layout reproduces both logs' token counts and
+    concurrencies exactly, where kvpools' vLLM 0.33 layout does not: 0.24 sizes the attention block to the Mamba
+    page on the 16-token kernel grid (2096 tokens x 2 KV heads x 256 x 2 x 1 B fp8 = 2,146,304 B = the GDN state,
+    conv 3 x 8192 x 2 B + SSM 32 x 128 x 128 x 4 B, unpadded) and holds 2 pages per Mamba group per request under
+    prefix caching (``align``), where 0.33 aligns the GDN block to ``FLASHINFER_GDN_CHECKPOINT_ALIGNMENT`` 64 (2112
+    tokens, the state padded) and adds a prefill-checkpoint block (3 pages).  By hand: 10 layer tensors of
+    2,146,304 B a block -> floor(6.01 GiB / 21,463,040) = 300 blocks (5.98 GiB: 299); a request needs
+    cdiv(131072, 2096) = 63 attention blocks + 3 GDN groups x 2 = 69: 300 / 69 = 4.3478x, x 131072 = 569,878
+    tokens (#652 logs 569,878 and 4.35x); 299 / 69 x 131072 = 567,978 (#612 logs 567,978 and 4.33x).  vllm#57329
+    (2026-09) still describes align mode with "a 2096-token block"; which release added the GDN checkpoint alignment
+    is not known here, so kvpools' specs stay 0.33's and this pins the difference."""
+    import attrs
+
+    from benchmarks.whole_gpu_accuracy import model_ref
+    from kvpools_core.models import served_model
+    from kvpools_core.parts.vllm.specs import MambaSpec
+
+    log = {log.id: log for log in load_startup_logs()}[f"vllm-club3090-{run_id}-qwen3.6-35b-a3b-nvfp4-5090"]
+    serving = Serving(kv_cache_dtype="fp8", dtype="bfloat16", quantization="modelopt", accounting="vllm")
+    model = served_model(load_model(model_ref(log), registry)[0], serving)
+    (v033,) = worker_kv_cache_specs(model, serving, registry, block_size=16)
+    assert {spec.block_size for spec in v033.values()} == {2112}
+
+    def v024(spec: object) -> object:
+        if isinstance(spec, MambaSpec):
+            assert spec.state_bytes == 3 * 8192 * 2 + 32 * 128 * 128 * 4 == 2096 * 2 * 256 * 2
+            return attrs.evolve(
+                spec,
+                block_size=2096,
+                page_size_padded=None,
+                num_prefill_checkpoint_blocks=0,
+                prefill_checkpoint_alignment=None,
+            )
+        return attrs.evolve(spec, block_size=2096)
+
+    limits = VllmLimits(
+        max_model_len=131072, max_num_batched_tokens=8192, max_concurrent_batches=1, mamba_cache_mode="align"
+    )
+    budget = [int(budget_gib * GiB)]
+    plan = plan_kv_cache([{name: v024(spec) for name, spec in v033.items()}], budget, limits)
+    assert plan.kv_cache_size_tokens == log.logged["kv_tokens"]
+    assert round(plan.max_concurrency, 2) == log.logged["max_concurrency"]
+    # kvpools' vLLM 0.33 layout on the same budget: 298 blocks / (63 + 3 x 3) -> about 5 % under the logs
+    v033_plan = plan_kv_cache([v033], budget, limits)
+    assert v033_plan.kv_cache_size_tokens < 0.96 * log.logged["kv_tokens"]

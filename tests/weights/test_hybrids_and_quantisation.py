@@ -421,7 +421,7 @@ def test_gptq_bytes_by_hand(bits: int) -> None:
 
 
 def test_gptq_without_groups_keeps_one_scale_row() -> None:
-    quant = {"quant_method": "gptq", "bits": 4, "group_size": -1}
+    quant = {"quant_method": "gptq", "bits": 4, "group_size": -1, "desc_act": False, "sym": True}
     expected = sum(inner * out // 2 + out // 2 + 2 * out + 4 * inner for out, inner in LINEARS)
     assert estimate_weights(tiny_llama(quant, "float16")).bytes_total == expected + 2 * UNQUANTISED
 

@@ -57,8 +57,17 @@ VLLM_NAMES = {
 }
 """SGLang's serving options that have a vLLM counterpart under ``--accounting vllm``."""
 
-VLLM_READ_FIELDS = {"tp_size", "pp_size", "pp_layer_partition", "kv_cache_dtype", "accounting", "platform"}
-"""The ``Serving`` fields vLLM's planning reads; the others are SGLang's and refused when set."""
+VLLM_READ_FIELDS = {
+    "tp_size",
+    "pp_size",
+    "pp_layer_partition",
+    "kv_cache_dtype",
+    "quantization",
+    "accounting",
+    "platform",
+}
+"""The ``Serving`` fields vLLM's planning reads; the others are SGLang's and refused when set.  ``quantization`` is
+vLLM's ``--quantization`` too: the weights estimate checks it with vLLM's rules (issue 34)."""
 _RESOLVED_FIELDS = {"platform_traits", "workspaces", "plugin_options"}
 
 
@@ -197,6 +206,8 @@ class VllmPlanResult:
             parts.append(f"--gpu-memory-utilization {self.gpu_memory_utilization:g}")
         parts.append(f"--block-size {self.effective_block_size}")
         parts.append(f"--kv-cache-dtype {self.serving.kv_cache_dtype}")
+        if self.serving.quantization is not None:
+            parts.append(f"--quantization {self.serving.quantization}")
         parts.append(f"--max-num-seqs {self.max_num_seqs}")
         parts.append(f"--max-num-batched-tokens {self.limits.max_num_batched_tokens}")
         if self.num_gpu_blocks_override is not None:
@@ -369,18 +380,18 @@ def _stage_weights(
             f"A GPU budget needs the weights' size: {spec.name} was given as a ModelSpec, which carries no weight "
             f"shapes. Pass {option('weights_memory')} (one rank's weights)."
         )
-    from kvpools_core.errors import KvpoolsError
+    from kvpools_core.errors import EngineRefusalError, KvpoolsError
     from kvpools_core.pipeline.weights import estimate_weights
 
     ranges = pp_layer_ranges(spec.num_layers, serving.pp_size, serving.pp_layer_partition)
     partition = tuple(len(r) for r in ranges)
     weights = []
     for rank in range(serving.pp_size):
-        stage = attrs.evolve(
-            serving, pp_rank=rank, pp_layer_partition=partition if serving.pp_size > 1 else None, accounting="exact"
-        )
+        stage = attrs.evolve(serving, pp_rank=rank, pp_layer_partition=partition if serving.pp_size > 1 else None)
         try:
             weights.append(estimate_weights(model_ref, stage, registry=registry).bytes_per_rank)
+        except EngineRefusalError:
+            raise  # vLLM would not start: --weights-memory is no way around it
         except KvpoolsError as error:
             raise ConfigError(
                 f"A GPU budget needs the weights' size and kvpools cannot estimate them for {spec.name}: {error} "

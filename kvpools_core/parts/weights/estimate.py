@@ -15,8 +15,8 @@ import attrs
 from kvpools_core.config import ConfigReader, model_dtype
 from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.parallel import pp_layer_range
+from kvpools_core.parts.weights.methods import resolve_quantization
 from kvpools_core.parts.weights.quantisation import (
-    ByModule,
     Quantisation,
     RuntimeFp8,
     quantisation_of,
@@ -125,18 +125,27 @@ def estimate(
     element = DTYPE_BYTES[dtype]
     quant_reader = outer if outer.has("quantization_config") else reader
     checkpoint = quantisation_of(quant_reader)
-    quantisation: Quantisation | ByModule | RuntimeFp8 | None = checkpoint
-    if serving.quantization is not None:
-        method = None
-        if quant_reader.has("quantization_config"):
-            method = quant_reader.child("quantization_config").string("quant_method", "") or None
-        quantisation = runtime_quantisation(serving.quantization, checkpoint, method)
-        if isinstance(quantisation, RuntimeFp8):
-            notes.append(
-                f"--quantization {serving.quantization}: the Linear weights are quantised to fp8 at load with a "
-                "float32 scale per output row (per expert in MoE), as SGLang does on CUDA; vLLM keeps one scale "
-                "a tensor (4 B a row less)."
-            )
+    quant = quant_reader.child("quantization_config").config if quant_reader.has("quantization_config") else None
+    resolved = resolve_quantization(
+        "vllm" if serving.accounting == "vllm" else "sglang",
+        serving.quantization,
+        quant,
+        str(outer.get("model_type", config.model_type)),
+        platform=serving.platform,
+    )
+    quantisation = runtime_quantisation(resolved, checkpoint)
+    if isinstance(quantisation, RuntimeFp8):
+        notes.append(
+            f"--quantization {serving.quantization}: the Linear weights are quantised to fp8 at load with a "
+            "float32 scale per output row (per expert in MoE), as SGLang does on CUDA; vLLM keeps one scale "
+            "a tensor (4 B a row less)."
+        )
+    elif serving.quantization is not None and checkpoint is not None:
+        notes.append(
+            f"--quantization {serving.quantization}: the checkpoint is already quantised "
+            f"({quant.get('quant_method') if quant else '?'}); the engine serves its own storage, nothing is "
+            "quantised again."
+        )
     if not (reader.has("torch_dtype") or reader.has("dtype")):
         notes.append("The config names no torch_dtype: unquantised tensors are taken as bfloat16.")
 

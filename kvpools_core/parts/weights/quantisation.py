@@ -14,8 +14,6 @@ from typing import Protocol
 import attrs
 
 from kvpools_core.config import ConfigReader, describe
-from kvpools_core.errors import UnsupportedCombinationError
-from kvpools_core.options import option
 
 __all__ = ["KNOWN", "ByModule", "Quantisation", "RuntimeFp8", "mxfp4", "quantisation_of", "runtime_quantisation"]
 
@@ -99,21 +97,15 @@ class RuntimeFp8:
 
 
 def runtime_quantisation(
-    method: str, checkpoint: Quantisation | ByModule | None, quant_method: str | None
+    resolved: str | None, checkpoint: Quantisation | ByModule | None
 ) -> Quantisation | ByModule | RuntimeFp8 | None:
-    """The storage under ``--quantization method``: a checkpoint already quantised by that method keeps its own
-    (SGLang reads its scales); an unquantised one is quantised at load (:class:`RuntimeFp8`); a checkpoint of
-    another method is refused, as SGLang refuses it (``ModelConfig._verify_quantization``: the method in the config
-    must match ``--quantization``)."""
-    if checkpoint is None:
+    """The storage the engine serves: ``resolved`` is the method its rules accepted against the checkpoint
+    (:func:`~kvpools_core.parts.weights.methods.resolve_quantization`). A quantised checkpoint keeps its own
+    storage (the engine reads its scales; nothing is quantised twice); ``fp8`` on an unquantised one is quantised
+    at load (:class:`RuntimeFp8`)."""
+    if checkpoint is None and resolved == "fp8":
         return RuntimeFp8()
-    if quant_method == method:
-        return checkpoint
-    raise UnsupportedCombinationError(
-        f"{option('quantization')} {method} on a checkpoint quantised with {quant_method!r}: SGLang refuses a "
-        f"quantization_config.quant_method that differs from {option('quantization')}. Drop "
-        f"{option('quantization')} (the checkpoint's own method is used)."
-    )
+    return checkpoint
 
 
 def _module_matches(module: str, pattern: str) -> bool:

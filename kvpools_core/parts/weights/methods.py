@@ -1,0 +1,204 @@
+"""Which ``--quantization`` the engines accept on a checkpoint, and what they resolve it to (issue 34).
+
+Both engines take, besides the runtime ``fp8`` of an unquantised checkpoint, the *checkpoint's* method name; they
+check it against the checkpoint's ``quantization_config`` and fail to start on a mismatch.  Each engine first
+asks its method classes whether one *overrides* the request for this checkpoint (a kernel choice such as
+``awq_marlin``, or a ModelOpt checkpoint's own algorithm), then compares what is left.  The rules are reproduced
+here from the engines' code, each with its source lines; kvpools then plans the checkpoint's own storage (no
+double quantisation), or the runtime fp8 of an unquantised one.
+
+vLLM 0.33 (``ModelConfig._verify_quantization``, vllm/config/model.py L1383-1466): the method classes without
+an override are probed first (none overrides), then, in order, ``auto_gptq`` / ``gptq`` / ``gptq_marlin``
+(``AutoGPTQConfig.override_quantization_method``, model_executor/layers/quantization/auto_gptq.py L214-233: a
+``gptq`` checkpoint with no request or ``gptq`` / ``gptq_marlin`` / ``auto_gptq`` / ``marlin`` -> ``auto_gptq``),
+the AWQ names (auto_awq.py L263-286, the same for ``awq`` on a GPU -> ``auto_awq``), ``inc`` (``auto-round``
+checkpoints), ``moe_wna16`` (only when asked for), the ModelOpt classes (modelopt.py L288-305, L453-459,
+L776-782, L1236-1242, L1658-1664: a ``quant_method`` starting ``modelopt`` with ``quant_algo`` ``FP8`` ->
+``modelopt``, containing ``NVFP4`` or ``FP4`` -> ``modelopt_fp4``, containing ``MXFP8`` -> ``modelopt_mxfp8``,
+``MIXED_PRECISION`` -> ``modelopt_mixed``, whatever was asked), ``gpt_oss_mxfp4`` (mxfp4.py L129-146: an
+``mxfp4`` checkpoint of ``model_type`` ``gpt_oss``) and ``deepseek_v4_fp8`` (models/deepseek_v4/quant_config.py
+L171-188: an ``fp8`` checkpoint of DeepSeek-V4, or when asked for).  An override replaces the request; then a
+request that differs from the checkpoint's method fails: "Quantization method specified in the model config (X)
+does not match the quantization method specified in the `quantization` argument (Y)."
+
+SGLang 0.5.23 (``ModelConfig._verify_quantization``, srt/configs/model_config.py L2000-2160, on CUDA): a ModelOpt
+checkpoint's ``quant_method`` is first refined from its ``quant_algo`` (``_parse_modelopt_quant_config``, L1838-1890:
+``MIXED_PRECISION`` with NVFP4 layers -> ``modelopt_mixed``, without -> ``w4afp8``; ``FP4`` / ``NVFP4`` in it ->
+``modelopt_fp4``; ``FP8`` -> ``modelopt_fp8``; ``MXFP8`` -> ``mxfp8``).  The overrides, in the registry's order
+(layers/quantization/__init__.py L63-92): the ModelOpt classes (base_config.py L223-253: ``--quantization
+modelopt`` becomes the algorithm's method, ``canonicalize_modelopt_quant_algo`` in layers/modelopt_utils.py;
+otherwise a ``modelopt_fp8`` / ``modelopt_fp4`` checkpoint keeps its own method whatever was asked; a
+``modelopt_mixed`` one likewise, modelopt_quant.py L830-835), ``awq_marlin`` (awq/awq.py L333-354 and L402-424:
+a 4-bit AWQ checkpoint with zero points and ``group_size`` -1/32/64/128, asked for nothing or ``awq_marlin`` /
+``marlin``) and ``gptq_marlin`` (gptq/gptq.py L414-438 and L459-481: 4/8-bit, ``sym``, the same group sizes,
+``desc_act`` given, not already in Marlin format), both on a GPU of compute capability 8.0 or newer
+(marlin_utils.py L68-139).  A differing request is then accepted only where SGLang lists it compatible
+(``modelopt_fp8`` / ``modelopt_fp4`` / ``modelopt_mixed`` on a ``modelopt`` checkpoint, ``modelopt_fp4`` on an
+``fp8`` one, which requantises the experts and kvpools refuses), else the same mismatch error; last, the method
+must be in SGLang's registry, which on CUDA has no ``gptq`` (only ``gptq_marlin``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvpools_core.errors import EngineRefusalError, UnsupportedCombinationError
+from kvpools_core.options import option
+from kvpools_core.values import SGLANG_QUANTIZATION_METHODS, VLLM_QUANTIZATION_METHODS
+
+__all__ = ["ENGINE_METHODS", "resolve_quantization"]
+
+ENGINE_METHODS = {"vllm": VLLM_QUANTIZATION_METHODS, "sglang": SGLANG_QUANTIZATION_METHODS}
+"""The ``--quantization`` names kvpools models, per engine: those in the engine's own choices whose checkpoints
+the weights estimate reads."""
+
+_MISMATCH = (
+    "Quantization method specified in the model config ({checkpoint}) does not match the quantization method "
+    "specified in the `quantization` argument ({requested})"
+)
+_MARLIN_GROUPS = (-1, 32, 64, 128)
+_MODELOPT_ALGO = {"FP8": "modelopt_fp8", "MXFP8": "mxfp8", "FP4": "modelopt_fp4", "NVFP4": "modelopt_fp4"}
+_MODELOPT_ALGO |= {"NVFP4_AWQ": "modelopt_fp4", "W4A16_NVFP4": "modelopt_fp4"}
+"""SGLang's ``_MODELOPT_QUANT_ALGO_TO_METHOD`` (srt/layers/modelopt_utils.py)."""
+_SGLANG_COMPATIBLE = {
+    "modelopt_fp8": ("modelopt",),
+    "modelopt_fp4": ("modelopt", "fp8"),
+    "modelopt_mixed": ("modelopt",),
+}
+"""SGLang's ``compatible_quantization_methods`` (model_config.py L2042-2055), the entries kvpools models."""
+
+
+def resolve_quantization(
+    engine: str, requested: str | None, quant: Mapping[str, Any] | None, model_type: str, *, platform: str = "cuda"
+) -> str | None:
+    """The method ``engine`` serves ``quant`` (a checkpoint's ``quantization_config``, or ``None``) with under
+    ``--quantization requested``, as its ``_verify_quantization`` resolves it; a mismatch the engine refuses is an
+    :class:`UnsupportedCombinationError` naming the option, the checkpoint's method and the fix.  ``engine`` is
+    ``"vllm"`` or ``"sglang"``; ``None`` is an unquantised checkpoint served unquantised.  SGLang's Marlin
+    conversions and its missing ``gptq`` are CUDA's (``platform``); elsewhere only the comparison applies."""
+    name = "vLLM" if engine == "vllm" else "SGLang"
+    if requested is not None and requested not in ENGINE_METHODS[engine]:
+        raise EngineRefusalError(
+            f"{option('quantization')} {requested}: {name}'s {option('quantization')} has no such method that "
+            f"kvpools models (it takes {', '.join(ENGINE_METHODS[engine])})."
+            + (" Use modelopt (vLLM resolves the checkpoint's algorithm)." if requested == "modelopt_fp8" else "")
+        )
+    if quant is None:
+        if requested is None or requested == "fp8":
+            return requested
+        raise EngineRefusalError(
+            f"{option('quantization')} {requested} on a checkpoint with no quantization_config: {requested} reads "
+            f"the scales of a checkpoint quantised with it, which this one is not. Drop {option('quantization')}, "
+            f"or pass {option('quantization')} fp8 to quantise the weights at load."
+        )
+    if engine == "vllm":
+        checkpoint, resolved = _vllm(requested, quant, model_type)
+    else:
+        checkpoint, resolved = _sglang(requested, quant, cuda=platform == "cuda")
+    if resolved is not None and checkpoint is not None and resolved != checkpoint:
+        if engine == "sglang" and checkpoint in _SGLANG_COMPATIBLE.get(resolved, ()):
+            if checkpoint == "fp8":
+                raise UnsupportedCombinationError(
+                    f"{option('quantization')} {resolved} on a checkpoint quantised with 'fp8': SGLang requantises "
+                    f"the MoE experts to NVFP4 at load; kvpools does not model online requantisation yet. Drop "
+                    f"{option('quantization')} (the checkpoint's fp8 is served)."
+                )
+            return resolved
+        raise EngineRefusalError(
+            f"{option('quantization')} {requested} on a checkpoint quantised with {quant.get('quant_method')!r}: "
+            f"{name} refuses it ('{_MISMATCH.format(checkpoint=checkpoint, requested=resolved)}'). Drop "
+            f"{option('quantization')} (the checkpoint's own method is used)"
+            + (f" or pass {option('quantization')} {checkpoint}." if checkpoint in ENGINE_METHODS[engine] else ".")
+        )
+    method = resolved if resolved is not None else checkpoint
+    if engine == "sglang" and method == "gptq" and platform == "cuda":
+        raise EngineRefusalError(
+            f"{option('quantization')} {requested or '(unset)'} on a GPTQ checkpoint SGLang cannot convert to "
+            "Marlin (4/8-bit, sym, group_size -1/32/64/128, desc_act given, not Marlin format): SGLang 0.5.23 on "
+            "CUDA has no 'gptq' method ('Unknown quantization method: gptq', model_config.py L2151-2156). Use "
+            f"--accounting vllm, or a Marlin-compatible checkpoint with {option('quantization')} gptq_marlin."
+        )
+    return method
+
+
+def _vllm(requested: str | None, quant: Mapping[str, Any], model_type: str) -> tuple[str | None, str | None]:
+    """vLLM 0.33: the checkpoint's method and the request after the first override that answers."""
+    method = str(quant.get("quant_method", ""))
+    lowered = method.lower()
+    override = None
+    if lowered == "gptq" and requested in (None, "gptq", "gptq_marlin", "auto_gptq", "marlin"):
+        override = "auto_gptq"
+    elif lowered == "awq" and requested in (None, "awq", "awq_marlin", "auto_awq", "marlin"):
+        override = "auto_awq"
+    elif lowered.startswith("modelopt"):
+        inner = quant.get("quantization")
+        algo = str((inner if isinstance(inner, Mapping) else quant).get("quant_algo", "")).upper()
+        if algo == "FP8":
+            override = "modelopt"
+        elif "NVFP4" in algo or "FP4" in algo:
+            override = "modelopt_fp4"
+        elif "MXFP8" in algo:
+            override = "modelopt_mxfp8"
+        elif algo == "MIXED_PRECISION":
+            override = "modelopt_mixed"
+    elif method in ("mxfp4", "gpt_oss_mxfp4") and model_type == "gpt_oss":
+        override = "gpt_oss_mxfp4"
+    elif method in ("fp8", "deepseek_v4_fp8") and (model_type == "deepseek_v4" or requested == "deepseek_v4_fp8"):
+        override = "deepseek_v4_fp8"
+    if override is not None:
+        return override, override
+    return method or None, requested
+
+
+def _sglang(requested: str | None, quant: Mapping[str, Any], *, cuda: bool) -> tuple[str | None, str | None]:
+    """SGLang 0.5.23 on CUDA: the checkpoint's method (refined for ModelOpt) and the request after overrides."""
+    method = quant.get("quant_method")
+    algo = ""
+    if method is None or method == "modelopt":
+        inner = quant.get("quantization")
+        flat = inner if isinstance(inner, Mapping) else quant
+        algo = str(flat.get("quant_algo") or "")
+        if algo == "MIXED_PRECISION":
+            layers = flat.get("quantized_layers") or {}
+            nvfp4 = any(
+                str(layer.get("quant_algo", "")).upper() in ("NVFP4", "W4A16_NVFP4")
+                for layer in layers.values()
+                if isinstance(layer, Mapping)
+            )
+            method = "modelopt_mixed" if nvfp4 else "w4afp8"
+        elif algo and ("FP4" in algo or "NVFP4" in algo):
+            method = "modelopt_fp4"
+        elif algo == "FP8":
+            method = "modelopt_fp8"
+        elif algo == "MXFP8":
+            method = "mxfp8"
+    checkpoint = str(method if method is not None else (requested or "")).lower()
+    override = None
+    if requested == "modelopt" and _MODELOPT_ALGO.get(algo.upper()) is not None:
+        override = _MODELOPT_ALGO[algo.upper()]
+    elif checkpoint in ("modelopt_fp8", "modelopt_fp4", "modelopt_mixed"):
+        override = checkpoint
+    elif cuda and checkpoint == "awq" and requested in (None, "marlin", "awq_marlin") and _awq_marlin(quant):
+        override = "awq_marlin"
+    elif cuda and checkpoint == "gptq" and requested in (None, "marlin", "gptq_marlin") and _gptq_marlin(quant):
+        override = "gptq_marlin"
+    if override is not None:
+        return override, override
+    return checkpoint or None, requested
+
+
+def _awq_marlin(quant: Mapping[str, Any]) -> bool:
+    """``AWQMarlinConfig.is_awq_marlin_compatible`` on CUDA (sm80+): 4-bit with zero points (Marlin's only
+    zero-point type is ``uint4``) and a Marlin group size."""
+    return quant.get("bits") == 4 and quant.get("zero_point") is True and quant.get("group_size") in _MARLIN_GROUPS
+
+
+def _gptq_marlin(quant: Mapping[str, Any]) -> bool:
+    """``GPTQMarlinConfig`` on CUDA (sm80+): not already Marlin format, 4/8-bit symmetric, a Marlin group size,
+    ``desc_act`` given."""
+    if quant.get("checkpoint_format") == "marlin" or quant.get("is_marlin_format", False):
+        return False
+    if quant.get("desc_act") is None or quant.get("sym") is not True:
+        return False
+    return quant.get("bits") in (4, 8) and quant.get("group_size") in _MARLIN_GROUPS
