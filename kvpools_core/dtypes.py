@@ -66,6 +66,10 @@ _FROM_MODEL = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 KV_DTYPE_CHOICES: tuple[str, ...] = ("auto", *_FIXED)
 """Every accepted ``--kv-cache-dtype`` spelling's canonical name."""
 
+KV_DTYPE_SPELLINGS: tuple[str, ...] = (*KV_DTYPE_CHOICES, *_ALIASES)
+"""What ``--kv-cache-dtype`` accepts: the canonical names and the engines' own spellings of them (vLLM's ``fp8``,
+``bfloat16``, ``float16``), so a user's ``vllm serve`` flags work as they are; plans name the canonical one."""
+
 NVFP4_MHA_REFUSAL = (
     "kvpools does not model {flag} nvfp4 on MHA layers of this architecture yet: SGLang 0.5.23's "
     "NVFP4KVCacheMethod (layers/quantization/fp4_kv_cache_quant_method.py) allocates token-linear and/or "

@@ -15,7 +15,7 @@ import attrs
 import click
 from rich.console import Console
 
-from kvpools_core.dtypes import KV_DTYPE_CHOICES
+from kvpools_core.dtypes import KV_DTYPE_SPELLINGS
 from kvpools_core.engines.vllm.runtime_memory import PROFILE_ALIASES, PROFILE_VERSIONS
 from kvpools_core.errors import ConfigError, KvpoolsError, PluginError, PluginHookError, short_repr
 from kvpools_core.options import cli_surface, env_flag, option
@@ -161,7 +161,7 @@ _HELP = {
     "nnodes": "Nodes the ranks (tp x pp) are spread over: ranks per node share its host memory.",
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "kv_cache_dtype": KV_DTYPE_CHOICES,
+    "kv_cache_dtype": KV_DTYPE_SPELLINGS,
     "dtype": SERVED_DTYPES,
     "quantization": (*QUANTIZATION_METHODS, *UNMODELLED_QUANTIZATION_METHODS),
     "speculative_algorithm": SPECULATIVE_ALGORITHMS,

@@ -12,7 +12,7 @@ from kvpools_core.cli.common import (
     _user_facing,
     main,
 )
-from kvpools_core.dtypes import KV_DTYPE_CHOICES
+from kvpools_core.dtypes import KV_DTYPE_SPELLINGS
 from kvpools_core.values import (
     Serving,
 )
@@ -45,7 +45,7 @@ from kvpools_core.values import (
 @click.option("--tp-size", type=int, default=None, help="Tensor-parallel size (both engines).")
 @click.option(
     "--kv-cache-dtype",
-    type=click.Choice(KV_DTYPE_CHOICES, case_sensitive=False),
+    type=click.Choice(KV_DTYPE_SPELLINGS, case_sensitive=False),
     default=None,
     help="KV element type (both engines; auto follows the model dtype).",
 )

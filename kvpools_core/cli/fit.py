@@ -17,7 +17,7 @@ from kvpools_core.cli.common import (
     _user_facing,
     main,
 )
-from kvpools_core.dtypes import KV_DTYPE_CHOICES
+from kvpools_core.dtypes import KV_DTYPE_SPELLINGS
 from kvpools_core.values import (
     SGLANG_ACCOUNTING_MODES,
     Serving,
@@ -90,7 +90,7 @@ def trtllm_only_given() -> list[str]:
 )
 @click.option(
     "--kv-cache-dtype",
-    type=click.Choice(KV_DTYPE_CHOICES, case_sensitive=False),
+    type=click.Choice(KV_DTYPE_SPELLINGS, case_sensitive=False),
     default=None,
     help="Only this KV dtype [default: try auto and fp8_e4m3].",
 )

@@ -14,7 +14,7 @@ import attrs
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from kvpools_core.config import TOKENS
-from kvpools_core.dtypes import KV_DTYPE_CHOICES, MODEL_DTYPES
+from kvpools_core.dtypes import KV_DTYPE_SPELLINGS, MODEL_DTYPES
 from kvpools_core.values import (
     ACCOUNTING_MODES,
     DECODE_RETRACTION_BACKUPS,
@@ -46,7 +46,7 @@ Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 _STRICT = ConfigDict(strict=True, extra="forbid")
 
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "kv_cache_dtype": KV_DTYPE_CHOICES,
+    "kv_cache_dtype": KV_DTYPE_SPELLINGS,
     "speculative_algorithm": SPECULATIVE_ALGORITHMS,
     "disaggregation_mode": ("null", "prefill", "decode"),
     "accounting": ACCOUNTING_MODES,
@@ -194,7 +194,7 @@ class CompareRequest(ModelChoice):
     weights_memory: Size | None = None
     contexts: list[Context] = Field(default_factory=list, max_length=MAX_CONTEXTS)
     tp_size: Annotated[int, Field(ge=1, le=MAX_PARALLEL)] | None = None
-    kv_cache_dtype: Literal[KV_DTYPE_CHOICES] | None = None  # type: ignore[valid-type]
+    kv_cache_dtype: Literal[KV_DTYPE_SPELLINGS] | None = None  # type: ignore[valid-type]
     context_length: Annotated[int, Field(ge=1, le=MAX_COUNT)] | None = None
     page_size: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
     block_size: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
@@ -211,7 +211,7 @@ class FitRequest(ModelChoice):
     gpu: Name | None = None
     gpu_memory: Size | None = None
     max_gpus: Annotated[int, Field(ge=1)] = 8
-    kv_cache_dtype: Literal[KV_DTYPE_CHOICES] | None = None  # type: ignore[valid-type]
+    kv_cache_dtype: Literal[KV_DTYPE_SPELLINGS] | None = None  # type: ignore[valid-type]
     page_size: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
     mem_fraction_static: Annotated[float, Field(gt=0, le=1)] | None = None
     chunked_prefill_size: Annotated[int, Field(ge=1, le=MAX_COUNT)] | None = None

@@ -108,3 +108,11 @@ def test_plan_on_an_rtx_4090_with_vllm_accounting() -> None:
     utilization = data["gpu_memory_utilization"]
     assert budget["requested_memory"] == -(-25_263_299_625 * round(utilization * 100) // 100)
     assert budget["available_kv_cache_memory"] > 0 and data["num_gpu_blocks"] > 0
+
+
+def test_the_vllm_note_names_a_derived_total_once() -> None:
+    """The plan's note labels the total ("derived: <how>"); the total's own source must not repeat the label."""
+    data = _plan_json("qwen3-8b", "--gpu", "rtx-4090", "--engine-version", "vllm==0.19", "--max-model-len", "8192")
+    notes = " ".join(data["notes"])
+    assert "(derived: catalogue total 23.99 GiB less the 0.46 GiB nvidia-smi-to-torch gap)" in notes
+    assert "derived: derived" not in notes

@@ -208,7 +208,7 @@ def torch_total_memory(gpu: GPU) -> TotalMemory:
     return TotalMemory(
         bytes=gpu.total_bytes - SMI_TO_TORCH_GAP_BYTES,
         measured=False,
-        source=f"derived: catalogue total {gpu.total_bytes / GiB:.2f} GiB less the 0.46 GiB nvidia-smi-to-torch gap",
+        source=f"catalogue total {gpu.total_bytes / GiB:.2f} GiB less the 0.46 GiB nvidia-smi-to-torch gap",
     )
 
 
