@@ -97,7 +97,7 @@ from .low_ratio import (
     pair_ring_size,
     sources_by_ratio,
 )
-from .memo import last_pair
+from .memo import last_pair, per_model
 from .speculative import online_mtp_draft_tokens, ring_size
 from .unified import UnifiedGeometry, unified_geometry, unified_layout
 
@@ -329,6 +329,10 @@ class LowRatioBuffers:
     pair_state: StateGeometry | None
 
 
+NO_LOW_RATIO = LowRatioBuffers((), (), None)
+"""A V4 stage's (frozen, shared by every layout)."""
+
+
 @attrs.frozen
 class DSV4Buffers:
     """Every buffer of one rank's DSV4 pool, from a plan's model, serving and sizes."""
@@ -352,7 +356,7 @@ class DSV4Buffers:
     num_req_slots: int
     c128_mtp_seq_lens: int
     hisparse_ptrs: int
-    low_ratio: LowRatioBuffers = attrs.field(factory=lambda: LowRatioBuffers((), (), None))
+    low_ratio: LowRatioBuffers = attrs.field(factory=lambda: NO_LOW_RATIO)
     """DeepSeek-V4.1's ratio-1/2 kv_source pools (:mod:`.low_ratio`); empty for V4 models."""
     draft_swa_valid_from: int = 0
     """The DSpark draft pool's int64 ``swa_valid_from`` entries (:mod:`.dspark`)."""
@@ -413,30 +417,78 @@ class _Stage:
     num_draft: int
     low_ratio: bool
     """Whether the stage holds DeepSeek-V4.1 ratio-1/2 layers (:func:`low_ratio_buffers`)."""
+    main_geo: tuple[int, str]
+    """The main (SWA) layout's ``(page_align, name)`` (:func:`_geo`)."""
+    c4_row: int
+    c4_geo: tuple[int, str]
+    c128_row: int
+    c128_geo: tuple[int, str]
+    ring4: int
+    ring128: int
+    draft_tokens: int
+    """``max_speculative_num_draft_tokens()`` (adaptive's largest): online c128's MTP banks."""
 
 
 @last_pair
 def _stage(model: ModelSpec, serving: Serving) -> _Stage:
     start, end = rank_layer_range(model, serving)
-    stage = model.layers[start:end]
-    ratios = tuple(_ratio(layer) for layer in stage)
-    first = model.layers[0].params
-    nope, rope = int(first["qk_nope_head_dim"]), int(first["qk_rope_head_dim"])
-    c4_params = next((layer.params for layer in model.layers if _ratio(layer) == 4), {})
-    ids = tuple(range(start, end))
+    layers = _stage_layers(model, start, end)
+    main, c4_layout, c128_layout = main_layout(serving), compressed_layout(serving, 4), compressed_layout(serving, 128)
     return _Stage(
         start=start,
         end=end,
+        ratios=layers.ratios,
+        ids=layers.ids,
+        c4_ids=layers.c4_ids,
+        c128_ids=layers.c128_ids,
+        nope=layers.nope,
+        rope=layers.rope,
+        index_dim=layers.index_dim,
+        window=layers.window,
+        row=layout_row_bytes(main, layers.nope, layers.rope),
+        num_draft=draft_layers(model, serving),
+        low_ratio=layers.low_ratio,
+        main_geo=_geo(main),
+        c4_row=layout_row_bytes(c4_layout, layers.nope, layers.rope),
+        c4_geo=_geo(c4_layout),
+        c128_row=layout_row_bytes(c128_layout, layers.nope, layers.rope),
+        c128_geo=_geo(c128_layout),
+        ring4=ring_size(4, serving),
+        ring128=ring_size(128, serving),
+        draft_tokens=online_mtp_draft_tokens(serving),
+    )
+
+
+@attrs.frozen
+class _StageLayers:
+    """What :class:`_Stage` reads from the model's layers alone (the same for every serving of that stage)."""
+
+    ratios: tuple[int, ...]
+    ids: tuple[int, ...]
+    c4_ids: tuple[int, ...]
+    c128_ids: tuple[int, ...]
+    nope: int
+    rope: int
+    index_dim: int
+    window: int
+    low_ratio: bool
+
+
+@per_model
+def _stage_layers(model: ModelSpec, start: int, end: int) -> _StageLayers:
+    ratios = tuple(_ratio(layer) for layer in model.layers[start:end])
+    first = model.layers[0].params
+    c4_params = next((layer.params for layer in model.layers if _ratio(layer) == 4), {})
+    ids = tuple(range(start, end))
+    return _StageLayers(
         ratios=ratios,
         ids=ids,
         c4_ids=tuple(i for i, r in zip(ids, ratios, strict=True) if r == 4),
         c128_ids=tuple(i for i, r in zip(ids, ratios, strict=True) if r == 128),
-        nope=nope,
-        rope=rope,
+        nope=int(first["qk_nope_head_dim"]),
+        rope=int(first["qk_rope_head_dim"]),
         index_dim=int(c4_params.get("index_head_dim", 0)),
         window=int(first.get("window_size", 0)),
-        row=layout_row_bytes(main_layout(serving), nope, rope),
-        num_draft=draft_layers(model, serving),
         low_ratio=bool(sources_by_ratio(model, range(start, end))),
     )
 
@@ -452,17 +504,16 @@ def _buffers(
     start, end, ratios, ids, c4_ids, c128_ids = st.start, st.end, st.ratios, st.ids, st.c4_ids, st.c128_ids
     nope, rope, index_dim, window, row = st.nope, st.rope, st.index_dim, st.window, st.row
     page = serving.page_size
-    main = main_layout(serving)
 
     rows, padding = req_to_token_rows(max_running_requests, serving)
     num_req_slots = rows + padding
     state_dtype = serving.dsv4_compress_state_dtype
     online = serving.enable_online_compress
-    draft_tokens = online_mtp_draft_tokens(serving)  # max_speculative_num_draft_tokens(): adaptive's largest
+    draft_tokens = st.draft_tokens  # max_speculative_num_draft_tokens(): adaptive's largest
 
-    ring4 = ring_size(4, serving)
+    ring4 = st.ring4
     c4_rows = _ceil_to(sizes.c4_state_size + ring4 + 1, 4)
-    ring128 = ring_size(128, serving)
+    ring128 = st.ring128
     if online:
         c128_size = max(sizes.c128_state_size, num_req_slots)
         c128_rows = (c128_size + ring128 + 1) * (1 + draft_tokens)
@@ -475,11 +526,10 @@ def _buffers(
 
     num_draft = st.num_draft
     draft_swa = (
-        KVRowGeometry(DRAFT_SWA_KV_POOL, sizes.swa_tokens, page, tuple(range(num_draft)), row, *_geo(main))
+        KVRowGeometry(DRAFT_SWA_KV_POOL, sizes.swa_tokens, page, tuple(range(num_draft)), row, *st.main_geo)
         if num_draft
         else None
     )
-    c4_layout, c128_layout = compressed_layout(serving, 4), compressed_layout(serving, 128)
     separate = DSV4Buffers(
         page_size=page,
         start_layer=start,
@@ -489,24 +539,12 @@ def _buffers(
         qk_rope_head_dim=rope,
         index_head_dim=index_dim,
         window_size=window,
-        swa=KVRowGeometry(SWA_KV_POOL, sizes.swa_tokens, page, ids, row, *_geo(main)),
+        swa=KVRowGeometry(SWA_KV_POOL, sizes.swa_tokens, page, ids, row, *st.main_geo),
         c4=KVRowGeometry(
-            C4_KV_POOL,
-            sizes.c4_tokens,
-            max(page // 4, 1),
-            c4_ids,
-            layout_row_bytes(c4_layout, nope, rope),
-            *_geo(c4_layout),
-            global_page=page,
+            C4_KV_POOL, sizes.c4_tokens, max(page // 4, 1), c4_ids, st.c4_row, *st.c4_geo, global_page=page
         ),
         c128=KVRowGeometry(
-            C128_KV_POOL,
-            sizes.c128_tokens,
-            max(page // 128, 1),
-            c128_ids,
-            layout_row_bytes(c128_layout, nope, rope),
-            *_geo(c128_layout),
-            global_page=page,
+            C128_KV_POOL, sizes.c128_tokens, max(page // 128, 1), c128_ids, st.c128_row, *st.c128_geo, global_page=page
         ),
         indexer=IndexerGeometry(
             sizes.c128_tokens * C4_LOGICAL_PER_C128, max(page // 4, 1), c4_ids, index_dim, global_page=page
@@ -525,9 +563,7 @@ def _buffers(
         c128_mtp_seq_lens=mtp_seq_lens if c128_ids else 0,
         hisparse_ptrs=len(c4_ids) if serving.enable_hisparse else 0,
         low_ratio=(
-            low_ratio_buffers(model, serving, sizes.full_tokens, num_req_slots)
-            if st.low_ratio
-            else LowRatioBuffers((), (), None)
+            low_ratio_buffers(model, serving, sizes.full_tokens, num_req_slots) if st.low_ratio else NO_LOW_RATIO
         ),
         draft_swa_valid_from=dspark_swa_valid_from_slots(serving, num_req_slots, has_draft_swa=draft_swa is not None),
     )
@@ -592,12 +628,16 @@ def pool_specs(
     max_running_requests: int,
     context_len: int,
     owner: str = OWNER,
+    buffers: DSV4Buffers | None = None,
 ) -> list[PoolSpec]:
     """Every pool ``build`` allocates for a DSV4 plan of these sizes, with exact bytes and costs.
 
-    Pools of zero bytes (a stage without c128 layers, no draft) are left out.
+    Pools of zero bytes (a stage without c128 layers, no draft) are left out.  ``buffers`` are
+    :func:`dsv4_buffers` of these sizes when the caller has them already (the exact search's probe at its answer).
     """
-    layout = _pool_layout(model, serving, sizes, max_running_requests=max_running_requests, context_len=context_len)
+    layout = _pool_layout(
+        model, serving, sizes, max_running_requests=max_running_requests, context_len=context_len, buffers=buffers
+    )
     return [make(owner) for _, make in layout]
 
 
@@ -640,9 +680,17 @@ class PoolBytesProbe:
         self.model, self.serving, self.context_len = model, serving, context_len
         self.stage = _stage(model, serving)
         self.hisparse = uses_hisparse_allocator(model, serving)
+        self._last: tuple[DSV4Sizes, int, DSV4Buffers] | None = None
 
     def __call__(self, sizes: DSV4Sizes, max_running_requests: int) -> int:
         return self._bytes(self._layout(sizes, max_running_requests), sizes, max_running_requests)
+
+    def buffers(self, sizes: DSV4Sizes, max_running_requests: int) -> DSV4Buffers | None:
+        """The buffers the last probe laid out, if it was for these sizes and requests (else None)."""
+        last = self._last
+        if last is not None and last[0] == sizes and last[1] == max_running_requests:
+            return last[2]
+        return None
 
     def linear(self, sizes: DSV4Sizes, max_running_requests: int, *steps: SizeStep) -> tuple[int, ...] | None:
         """``(bytes, bytes per step...)`` at ``sizes``: the probe's bytes, and by how much they grow at each of
@@ -660,6 +708,7 @@ class PoolBytesProbe:
     def _layout(self, sizes: DSV4Sizes, max_running_requests: int) -> DSV4Buffers | None:
         """The buffers when the pool set is V4's separate-KV one (summed here), else None."""
         b = _buffers(self.stage, self.model, self.serving, sizes, max_running_requests=max_running_requests)
+        self._last = (sizes, max_running_requests, b)
         if (
             self.hisparse
             or b.unified is not None
@@ -733,10 +782,16 @@ _Make = Callable[[str], PoolSpec]
 
 
 def _pool_layout(
-    model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_running_requests: int, context_len: int
+    model: ModelSpec,
+    serving: Serving,
+    sizes: DSV4Sizes,
+    *,
+    max_running_requests: int,
+    context_len: int,
+    buffers: DSV4Buffers | None = None,
 ) -> list[tuple[int, _Make]]:
     """Each pool as ``(bytes, make(owner) -> PoolSpec)``: its bytes now, its value only when asked."""
-    b = dsv4_buffers(model, serving, sizes, max_running_requests=max_running_requests)
+    b = buffers or dsv4_buffers(model, serving, sizes, max_running_requests=max_running_requests)
     page = serving.page_size
     layout: list[tuple[int, _Make]] = []
     for geo, space in ((b.swa, SWA_TOKENS), (b.c4, C4_TOKENS), (b.c128, C128_TOKENS)):
@@ -932,7 +987,7 @@ def low_ratio_buffers(model: ModelSpec, serving: Serving, full_tokens: int, num_
     start, end = rank_layer_range(model, serving)
     found = sources_by_ratio(model, range(start, end))
     if not found:
-        return LowRatioBuffers((), (), None)
+        return NO_LOW_RATIO
     page = serving.page_size
     index_dim = int(model.params.get("index_head_dim", 0))
     nope = int(model.layers[0].params["qk_nope_head_dim"])

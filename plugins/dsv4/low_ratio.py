@@ -36,6 +36,8 @@ from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.values import ModelSpec, Serving
 
+from .memo import per_model
+
 __all__ = [
     "DSV41_INDEX_PAGE_SIZE",
     "LOW_RATIOS",
@@ -65,12 +67,13 @@ def index_pool_name(ratio: int) -> str:
 PAIR_STATE_POOL = "c2_pair_state"
 
 
-def _ratios(model: ModelSpec) -> list[int]:
+@per_model
+def _ratios(model: ModelSpec) -> tuple[int, ...]:
     """``model_config.compress_ratios``: every listed ratio (decoder layers, then MTP layers)."""
     listed = model.params.get("compress_ratios")
     if listed is not None:
-        return [int(r) for r in listed]
-    return [int(layer.params.get("compress_ratio", 0)) for layer in model.layers]
+        return tuple(int(r) for r in listed)
+    return tuple(int(layer.params.get("compress_ratio", 0)) for layer in model.layers)
 
 
 def sources_by_ratio(model: ModelSpec, stage: range) -> dict[int, list[int]]:

@@ -32,3 +32,29 @@ def last_pair(fn: Callable[[ModelSpec, Serving], T]) -> Callable[[ModelSpec, Ser
         return value
 
     return remembered
+
+
+def per_model(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn(model, *args)`` remembered per model object (by identity) and ``args`` (hashable), for a few dozen models.
+
+    What a ``ModelSpec`` says of its layers (their compress ratios, the stage's layers of each) is the same for the
+    spec's life, and a preset's spec is one object for every plan of it (``kvpools_core.models.load_model``), so
+    a 61-layer walk is done once per preset and stage, not once per plan."""
+    seen: dict[tuple[int, tuple[object, ...]], tuple[ModelSpec, T]] = {}
+
+    @functools.wraps(fn)
+    def remembered(model: ModelSpec, *args: object) -> T:
+        key = (id(model), args)
+        hit = seen.get(key)
+        if hit is not None and hit[0] is model:
+            return hit[1]
+        value = fn(model, *args)
+        if len(seen) >= MODELS_REMEMBERED:
+            seen.clear()
+        seen[key] = (model, value)  # the model is kept alive with its entry: its id is not reused meanwhile
+        return value
+
+    return remembered
+
+
+MODELS_REMEMBERED = 64

@@ -67,7 +67,7 @@ from .encoder_replay import encoder_replay_problems, replay_notes, replay_on, re
 from .hisparse import dsv4_hisparse_problems
 from .host import host_problems
 from .layouts import auto_layout_note, uniform_fp8
-from .memo import last_pair
+from .memo import last_pair, per_model
 from .speculative import online_mtp_draft_tokens
 from .swa_req_ring import ring_capacity, ring_notes
 from .trtllm import backend_notes
@@ -291,17 +291,17 @@ class DSV4Shape:
 @last_pair
 def dsv4_shape(model: ModelSpec, serving: Serving) -> DSV4Shape:
     start, end = rank_layer_range(model, serving)
-    layers = model.layers[start:end]
     first = model.layers[0].params
     requested = serving.max_running_requests
+    num_c4, num_c128 = _compressed_layers(model, start, end)
     return DSV4Shape(
         qk_nope_head_dim=int(first["qk_nope_head_dim"]),
         qk_rope_head_dim=int(first["qk_rope_head_dim"]),
         index_head_dim=int(model.params.get("index_head_dim", 0)),
         window=int(first["window_size"]),
-        num_layers=len(layers),
-        num_c4=sum(1 for layer in layers if layer.kind == C4),
-        num_c128=sum(1 for layer in layers if layer.kind == C128),
+        num_layers=len(model.layers[start:end]),
+        num_c4=num_c4,
+        num_c128=num_c128,
         # encoder replay without paged draft layers sets the ratio to 0 (pool_configurator.py lines 1242-1243)
         swa_ratio=0 if replay_on(serving) else v41_swa_ratio(model, serving),
         speculative=serving.speculative,
@@ -319,6 +319,13 @@ def dsv4_shape(model: ModelSpec, serving: Serving) -> DSV4Shape:
         replay=replay_on(serving),
         swa_cap=v41_swa_cap_tokens(model, serving, int(first["window_size"])),
     )
+
+
+@per_model
+def _compressed_layers(model: ModelSpec, start: int, end: int) -> tuple[int, int]:
+    """The c4 and c128 layers of the stage ``[start, end)``."""
+    kinds = [layer.kind for layer in model.layers[start:end]]
+    return kinds.count(C4), kinds.count(C128)
 
 
 def _kv_bytes(params: Any, serving: Serving) -> int:
@@ -533,11 +540,13 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
     window_bytes = request_window_bytes(shape, serving) if replay_on(serving) else 0
     if window_bytes:
         notes.extend(replay_notes(shape, serving))
+    cost = None
     if serving.accounting == "sglang":
         full, fixed, how = _sglang_full_tokens(shape, budget.budget_bytes, page, window_bytes)
         notes.append(how)
     else:
-        full = _exact_full_tokens(model, serving, shape, budget.budget_bytes)
+        cost = ExactCost(model, serving, shape)
+        full = exact_full_tokens(cost, budget.budget_bytes)
         fixed = None
     sizes = shape.sizes(full, page)
     capped, cap_note = apply_token_cap(sizes["full_max_total_num_tokens"], serving.max_total_tokens)
@@ -574,7 +583,7 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
     notes.extend(sub_pool_notes(shape, sizes, requests, serving, fixed, window_bytes))
     notes.extend(unified_notes(serving))
     notes.extend(ring_notes(serving, shape.window, requests, sizes["swa_max_total_num_tokens"]))
-    pools = _pools(model, serving, sizes, requests, context_len)
+    pools = _pools(model, serving, sizes, requests, context_len, cost)
     return PoolSizing(
         max_total_num_tokens=full,
         max_running_requests=requests,
@@ -680,13 +689,17 @@ def _sglang_full_tokens(shape: DSV4Shape, budget_bytes: int, page: int, window_b
 
 
 def _exact_full_tokens(model: ModelSpec, serving: Serving, shape: DSV4Shape, budget_bytes: int) -> int:
-    """The most page-aligned full tokens whose every pool (``buffers.pool_specs``) fits the budget.
+    """The most page-aligned full tokens whose every pool (``buffers.pool_specs``) fits the budget."""
+    return exact_full_tokens(ExactCost(model, serving, shape), budget_bytes)
+
+
+def exact_full_tokens(cost: ExactCost, budget_bytes: int) -> int:
+    """:func:`_exact_full_tokens` on a cost already set up (the stage laid out once, not at every probe).
 
     Solved (:func:`solved_full_tokens`: the pool bytes are linear in the full and SWA pages between request-count
     steps) and checked with a probe at the answer and one page above it; where the solve does not apply or its
     answer fails the check, the probing search (:func:`searched_full_tokens`) decides, so the answer is the
     search's either way."""
-    cost = ExactCost(model, serving, shape)  # the stage laid out once, not at every probe
     solved = solved_full_tokens(cost, budget_bytes)
     return searched_full_tokens(cost, budget_bytes) if solved is None else solved
 
@@ -721,7 +734,8 @@ def solved_full_tokens(cost: ExactCost, budget_bytes: int) -> int | None:
         anchor = max(page, tokens)
     else:
         return None
-    if (tokens == 0 or cost(tokens) <= budget_bytes) and cost(tokens + page) > budget_bytes:
+    # one page more first: the answer's layout is then the probe's last, which its pool values reuse
+    if cost(tokens + page) > budget_bytes and (tokens == 0 or cost(tokens) <= budget_bytes):
         return tokens
     return None
 
@@ -798,6 +812,7 @@ class ExactCost:
         self.context_len = serving.context_length or model.context_len
         self.probe = pool_bytes_probe(model, serving, context_len=self.context_len)
         self.seen: dict[int, int] = {}
+        self._requests: dict[int, int] = {}
 
     def __call__(self, tokens: int) -> int:
         if tokens not in self.seen:
@@ -819,8 +834,11 @@ class ExactCost:
 
     def requests(self, tokens: int) -> int:
         """The request count the plan derives from ``tokens`` full tokens."""
-        limit = resolve_max_num_reqs(tokens // self.page * self.page, self.context_len, self.serving)
-        return max(limit.max_running_requests, 0)
+        full = tokens // self.page * self.page
+        if full not in self._requests:
+            limit = resolve_max_num_reqs(full, self.context_len, self.serving)
+            self._requests[full] = max(limit.max_running_requests, 0)
+        return self._requests[full]
 
     def swa_tokens(self, tokens: int) -> int:
         return self.shape.swa_tokens(tokens // self.page * self.page, self.page)
@@ -830,25 +848,42 @@ class ExactCost:
 
         sizes = self.shape.sizes(tokens, self.page)
         requests = self.requests(tokens)
-        sizes["c128_state_pool_size"] = self.shape.c128_state_pool_size(requests)
-        return DSV4Sizes.from_config(sizes), requests
+        return (
+            DSV4Sizes(
+                full_tokens=sizes["full_max_total_num_tokens"],
+                swa_tokens=sizes["swa_max_total_num_tokens"],
+                c4_tokens=sizes["c4_max_total_num_tokens"],
+                c128_tokens=sizes["c128_max_total_num_tokens"],
+                c4_state_size=sizes["c4_state_pool_size"],
+                c128_state_size=self.shape.c128_state_pool_size(requests),
+            ),
+            requests,
+        )
 
 
 def _pools(
-    model: ModelSpec, serving: Serving, sizes: dict[str, int], requests: int, context_len: int
+    model: ModelSpec,
+    serving: Serving,
+    sizes: dict[str, int],
+    requests: int,
+    context_len: int,
+    cost: ExactCost | None = None,
 ) -> list[PoolSpec]:
-    """Every allocation ``build`` makes for these sizes (the pool side's ``pool_specs``)."""
+    """Every allocation ``build`` makes for these sizes (the pool side's ``pool_specs``); with the exact search's
+    ``cost``, the buffers its last probe laid out when that probe was at these sizes."""
     build_pool_specs = _pool_specs()
     from .buffers import DSV4Sizes
 
+    dsv4_sizes = DSV4Sizes.from_config(sizes)
     return list(
         build_pool_specs(
             model,
             serving,
-            DSV4Sizes.from_config(sizes),
+            dsv4_sizes,
             max_running_requests=requests,
             context_len=context_len,
             owner=OWNER,
+            buffers=None if cost is None else cost.probe.buffers(dsv4_sizes, requests),
         )
     )
 
