@@ -76,6 +76,13 @@ def _ratios(model: ModelSpec) -> tuple[int, ...]:
     return tuple(int(layer.params.get("compress_ratio", 0)) for layer in model.layers)
 
 
+@per_model
+def _low_layers(model: ModelSpec, start: int, end: int) -> tuple[int, ...]:
+    """The stage's layers of compress ratio 1 or 2."""
+    ratios = _ratios(model)
+    return tuple(i for i in range(start, end) if ratios[i] in LOW_RATIOS)
+
+
 def sources_by_ratio(model: ModelSpec, stage: range) -> dict[int, list[int]]:
     """``collect_sources_by_ratio``'s ratio-1/2 entries: the stage's kv_source layers of each low ratio."""
     ratios = _ratios(model)
@@ -121,10 +128,10 @@ def v41_problems(model: ModelSpec, serving: Serving) -> list[str]:
 def low_ratio_problems(model: ModelSpec, serving: Serving) -> list[str]:
     """What SGLang asserts for ratio-1/2 layers (their host mirrors are :mod:`.host`'s)."""
     start, end = rank_layer_range(model, serving)
-    ratios = _ratios(model)
-    low_layers = [i for i in range(start, end) if ratios[i] in LOW_RATIOS]
+    low_layers = _low_layers(model, start, end)
     if not low_layers:
         return []
+    ratios = _ratios(model)
     o = option
     problems: list[str] = []
     found = sources_by_ratio(model, range(start, end))
