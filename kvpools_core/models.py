@@ -110,7 +110,8 @@ def load_model(model: str, registry: Registry, name: str | None = None) -> tuple
     preset = registry_presets(registry).get(model)
     if preset is not None:
         spec, plugin = _parsed_preset(model, Path(preset[1]), registry)
-        return attrs.evolve(spec, name=name or model), plugin
+        # the cached spec is named after its preset: the same frozen value serves every plan of it
+        return (spec if spec.name == (name or model) else attrs.evolve(spec, name=name or model)), plugin
     config, source, default_name = resolve_model_source(model, registry)
     spec, plugin = parse_config(config, source, registry)
     return attrs.evolve(spec, name=name or default_name, source=source), plugin
@@ -126,7 +127,7 @@ def _parsed_preset(model: str, path: Path, registry: Registry) -> tuple[ModelSpe
     if key not in parsed:
         source = f"preset:{model}"
         spec, plugin = parse_config(read_config_file(path), source, registry)
-        parsed[key] = (attrs.evolve(spec, source=source), plugin)
+        parsed[key] = (attrs.evolve(spec, source=source, name=model), plugin)
     return parsed[key]
 
 

@@ -41,6 +41,26 @@ def apply_engine_defaults(
                 chosen[answer.option] = (plugin, answer)
     if not chosen:
         return serving, ()
+    given: dict[str, Any] = {name: _given(answer.value) for name, (_, answer) in chosen.items()}
+    for name in LATE_DEFAULT_OPTIONS:
+        if name in given:  # declared after SGLang's memory settings read it unset (LateDefaultInt)
+            given[name] = LateDefaultInt(given[name])
+    try:
+        resolved = attrs.evolve(serving, **given)  # one validation of the serving for all the answers
+    except KvpoolsError:
+        _blame(serving, chosen, registry)
+        raise
+    if provenance is not None:
+        provenance["engine_defaults"] = tuple(dict.fromkeys(plugin for plugin, _ in chosen.values()))
+    notes = tuple(
+        f"{option(name)} {_shown(answer.value)}: {answer.reason}; {option(name)} overrides it"
+        for name, (_, answer) in chosen.items()
+    )
+    return resolved, notes
+
+
+def _blame(serving: Serving, chosen: dict[str, tuple[str, EngineDefault]], registry: Registry) -> None:
+    """Raise for the first answer (in dispatch order) that ``Serving`` refuses on its own, naming its plugin."""
     for plugin, answer in chosen.values():
         field: dict[str, Any] = {answer.option: answer.value}
         try:
@@ -50,18 +70,6 @@ def apply_engine_defaults(
                 f"Plugin {registry.plugin(plugin).label} answered engine_defaults with {answer.option} "
                 f"{answer.value!r}, which Serving refuses: {exc}"
             ) from exc
-    given: dict[str, Any] = {name: _given(answer.value) for name, (_, answer) in chosen.items()}
-    for name in LATE_DEFAULT_OPTIONS:
-        if name in given:  # declared after SGLang's memory settings read it unset (LateDefaultInt)
-            given[name] = LateDefaultInt(given[name])
-    resolved = attrs.evolve(serving, **given)
-    if provenance is not None:
-        provenance["engine_defaults"] = tuple(dict.fromkeys(plugin for plugin, _ in chosen.values()))
-    notes = tuple(
-        f"{option(name)} {_shown(answer.value)}: {answer.reason}; {option(name)} overrides it"
-        for name, (_, answer) in chosen.items()
-    )
-    return resolved, notes
 
 
 def _given(value: int | float | str) -> int | float | str:

@@ -185,7 +185,10 @@ def resolve_workspaces(
             found[workspace.name] = attrs.evolve(workspace, owner=plugin)
     if provenance is not None and found:
         provenance["workspaces"] = tuple(dict.fromkeys(w.owner for w in found.values()))
-    return attrs.evolve(serving, workspaces=tuple(found.values()))
+    workspaces = tuple(found.values())
+    if workspaces == serving.workspaces:  # most plans declare none: the serving is already what it would become
+        return serving
+    return attrs.evolve(serving, workspaces=workspaces)
 
 
 def _check_workspaces_charged(

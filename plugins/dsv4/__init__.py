@@ -88,35 +88,35 @@ def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault] |
     (``model_type`` ``deepseek_v41``); under SGLang's accountings ``--max-running-requests`` 256
     (``apply_deepseek_v4_defaults``, ``arg_groups/deepseek_v4_hook.py``), which also fixes the c128 state's
     reservation (ref-002 ``requested_max_running_requests_per_worker``) instead of the configurator's estimate."""
-    source = "_deepseek_v4_overrides in arg_groups/model_overrides/deepseek_v4.py"
-    defaults = [
-        EngineDefault(
-            option="page_size",
-            value=DSV4_PAGE_SIZE,
-            reason=f"SGLang 0.5.23's default for DeepSeek-V4's compressed attention ({source})",
-        )
-    ]
+    defaults = [PAGE_SIZE_DEFAULT]
     if model.model_type != V41_MODEL_TYPE:
-        defaults.append(
-            EngineDefault(
-                option="swa_full_tokens_ratio",
-                value=DSV4_SWA_FULL_TOKENS_RATIO,
-                reason=f"SGLang 0.5.23's default for DeepSeek-V4 ({source})",
-            )
-        )
+        defaults.append(SWA_RATIO_DEFAULT)
     if serving.accounting in SGLANG_ACCOUNTINGS:
-        defaults.append(
-            EngineDefault(
-                option="max_running_requests",
-                value=DSV4_MAX_RUNNING_REQUESTS,
-                reason=(
-                    "SGLang 0.5.23's default for DeepSeek-V4 (apply_deepseek_v4_defaults in "
-                    "arg_groups/deepseek_v4_hook.py, which arg_groups/model_hook.py runs: 'Setting "
-                    "max_running_requests to 256')"
-                ),
-            )
-        )
+        defaults.append(MAX_RUNNING_REQUESTS_DEFAULT)
     return defaults
+
+
+_SOURCE = "_deepseek_v4_overrides in arg_groups/model_overrides/deepseek_v4.py"
+# frozen values: built once, answered to every plan
+PAGE_SIZE_DEFAULT = EngineDefault(
+    option="page_size",
+    value=DSV4_PAGE_SIZE,
+    reason=f"SGLang 0.5.23's default for DeepSeek-V4's compressed attention ({_SOURCE})",
+)
+SWA_RATIO_DEFAULT = EngineDefault(
+    option="swa_full_tokens_ratio",
+    value=DSV4_SWA_FULL_TOKENS_RATIO,
+    reason=f"SGLang 0.5.23's default for DeepSeek-V4 ({_SOURCE})",
+)
+MAX_RUNNING_REQUESTS_DEFAULT = EngineDefault(
+    option="max_running_requests",
+    value=DSV4_MAX_RUNNING_REQUESTS,
+    reason=(
+        "SGLang 0.5.23's default for DeepSeek-V4 (apply_deepseek_v4_defaults in "
+        "arg_groups/deepseek_v4_hook.py, which arg_groups/model_hook.py runs: 'Setting "
+        "max_running_requests to 256')"
+    ),
+)
 
 
 @hookimpl

@@ -97,6 +97,7 @@ from .low_ratio import (
     pair_ring_size,
     sources_by_ratio,
 )
+from .memo import last_pair, per_model
 from .speculative import online_mtp_draft_tokens, ring_size
 from .unified import UnifiedGeometry, unified_geometry, unified_layout
 
@@ -122,6 +123,8 @@ __all__ = [
     "KVRowGeometry",
     "LowIndexGeometry",
     "LowRatioBuffers",
+    "PoolBytesProbe",
+    "SizeStep",
     "StateGeometry",
     "dsv4_buffers",
     "low_ratio_buffers",
@@ -326,6 +329,10 @@ class LowRatioBuffers:
     pair_state: StateGeometry | None
 
 
+NO_LOW_RATIO = LowRatioBuffers((), (), None)
+"""A V4 stage's (frozen, shared by every layout)."""
+
+
 @attrs.frozen
 class DSV4Buffers:
     """Every buffer of one rank's DSV4 pool, from a plan's model, serving and sizes."""
@@ -349,7 +356,7 @@ class DSV4Buffers:
     num_req_slots: int
     c128_mtp_seq_lens: int
     hisparse_ptrs: int
-    low_ratio: LowRatioBuffers = attrs.field(factory=lambda: LowRatioBuffers((), (), None))
+    low_ratio: LowRatioBuffers = attrs.field(factory=lambda: NO_LOW_RATIO)
     """DeepSeek-V4.1's ratio-1/2 kv_source pools (:mod:`.low_ratio`); empty for V4 models."""
     draft_swa_valid_from: int = 0
     """The DSpark draft pool's int64 ``swa_valid_from`` entries (:mod:`.dspark`)."""
@@ -410,29 +417,78 @@ class _Stage:
     num_draft: int
     low_ratio: bool
     """Whether the stage holds DeepSeek-V4.1 ratio-1/2 layers (:func:`low_ratio_buffers`)."""
+    main_geo: tuple[int, str]
+    """The main (SWA) layout's ``(page_align, name)`` (:func:`_geo`)."""
+    c4_row: int
+    c4_geo: tuple[int, str]
+    c128_row: int
+    c128_geo: tuple[int, str]
+    ring4: int
+    ring128: int
+    draft_tokens: int
+    """``max_speculative_num_draft_tokens()`` (adaptive's largest): online c128's MTP banks."""
 
 
+@last_pair
 def _stage(model: ModelSpec, serving: Serving) -> _Stage:
     start, end = rank_layer_range(model, serving)
-    stage = model.layers[start:end]
-    ratios = tuple(_ratio(layer) for layer in stage)
-    first = model.layers[0].params
-    nope, rope = int(first["qk_nope_head_dim"]), int(first["qk_rope_head_dim"])
-    c4_params = next((layer.params for layer in model.layers if _ratio(layer) == 4), {})
-    ids = tuple(range(start, end))
+    layers = _stage_layers(model, start, end)
+    main, c4_layout, c128_layout = main_layout(serving), compressed_layout(serving, 4), compressed_layout(serving, 128)
     return _Stage(
         start=start,
         end=end,
+        ratios=layers.ratios,
+        ids=layers.ids,
+        c4_ids=layers.c4_ids,
+        c128_ids=layers.c128_ids,
+        nope=layers.nope,
+        rope=layers.rope,
+        index_dim=layers.index_dim,
+        window=layers.window,
+        row=layout_row_bytes(main, layers.nope, layers.rope),
+        num_draft=draft_layers(model, serving),
+        low_ratio=layers.low_ratio,
+        main_geo=_geo(main),
+        c4_row=layout_row_bytes(c4_layout, layers.nope, layers.rope),
+        c4_geo=_geo(c4_layout),
+        c128_row=layout_row_bytes(c128_layout, layers.nope, layers.rope),
+        c128_geo=_geo(c128_layout),
+        ring4=ring_size(4, serving),
+        ring128=ring_size(128, serving),
+        draft_tokens=online_mtp_draft_tokens(serving),
+    )
+
+
+@attrs.frozen
+class _StageLayers:
+    """What :class:`_Stage` reads from the model's layers alone (the same for every serving of that stage)."""
+
+    ratios: tuple[int, ...]
+    ids: tuple[int, ...]
+    c4_ids: tuple[int, ...]
+    c128_ids: tuple[int, ...]
+    nope: int
+    rope: int
+    index_dim: int
+    window: int
+    low_ratio: bool
+
+
+@per_model
+def _stage_layers(model: ModelSpec, start: int, end: int) -> _StageLayers:
+    ratios = tuple(_ratio(layer) for layer in model.layers[start:end])
+    first = model.layers[0].params
+    c4_params = next((layer.params for layer in model.layers if _ratio(layer) == 4), {})
+    ids = tuple(range(start, end))
+    return _StageLayers(
         ratios=ratios,
         ids=ids,
         c4_ids=tuple(i for i, r in zip(ids, ratios, strict=True) if r == 4),
         c128_ids=tuple(i for i, r in zip(ids, ratios, strict=True) if r == 128),
-        nope=nope,
-        rope=rope,
+        nope=int(first["qk_nope_head_dim"]),
+        rope=int(first["qk_rope_head_dim"]),
         index_dim=int(c4_params.get("index_head_dim", 0)),
         window=int(first.get("window_size", 0)),
-        row=layout_row_bytes(main_layout(serving), nope, rope),
-        num_draft=draft_layers(model, serving),
         low_ratio=bool(sources_by_ratio(model, range(start, end))),
     )
 
@@ -448,17 +504,16 @@ def _buffers(
     start, end, ratios, ids, c4_ids, c128_ids = st.start, st.end, st.ratios, st.ids, st.c4_ids, st.c128_ids
     nope, rope, index_dim, window, row = st.nope, st.rope, st.index_dim, st.window, st.row
     page = serving.page_size
-    main = main_layout(serving)
 
     rows, padding = req_to_token_rows(max_running_requests, serving)
     num_req_slots = rows + padding
     state_dtype = serving.dsv4_compress_state_dtype
     online = serving.enable_online_compress
-    draft_tokens = online_mtp_draft_tokens(serving)  # max_speculative_num_draft_tokens(): adaptive's largest
+    draft_tokens = st.draft_tokens  # max_speculative_num_draft_tokens(): adaptive's largest
 
-    ring4 = ring_size(4, serving)
+    ring4 = st.ring4
     c4_rows = _ceil_to(sizes.c4_state_size + ring4 + 1, 4)
-    ring128 = ring_size(128, serving)
+    ring128 = st.ring128
     if online:
         c128_size = max(sizes.c128_state_size, num_req_slots)
         c128_rows = (c128_size + ring128 + 1) * (1 + draft_tokens)
@@ -471,11 +526,10 @@ def _buffers(
 
     num_draft = st.num_draft
     draft_swa = (
-        KVRowGeometry(DRAFT_SWA_KV_POOL, sizes.swa_tokens, page, tuple(range(num_draft)), row, *_geo(main))
+        KVRowGeometry(DRAFT_SWA_KV_POOL, sizes.swa_tokens, page, tuple(range(num_draft)), row, *st.main_geo)
         if num_draft
         else None
     )
-    c4_layout, c128_layout = compressed_layout(serving, 4), compressed_layout(serving, 128)
     separate = DSV4Buffers(
         page_size=page,
         start_layer=start,
@@ -485,24 +539,12 @@ def _buffers(
         qk_rope_head_dim=rope,
         index_head_dim=index_dim,
         window_size=window,
-        swa=KVRowGeometry(SWA_KV_POOL, sizes.swa_tokens, page, ids, row, *_geo(main)),
+        swa=KVRowGeometry(SWA_KV_POOL, sizes.swa_tokens, page, ids, row, *st.main_geo),
         c4=KVRowGeometry(
-            C4_KV_POOL,
-            sizes.c4_tokens,
-            max(page // 4, 1),
-            c4_ids,
-            layout_row_bytes(c4_layout, nope, rope),
-            *_geo(c4_layout),
-            global_page=page,
+            C4_KV_POOL, sizes.c4_tokens, max(page // 4, 1), c4_ids, st.c4_row, *st.c4_geo, global_page=page
         ),
         c128=KVRowGeometry(
-            C128_KV_POOL,
-            sizes.c128_tokens,
-            max(page // 128, 1),
-            c128_ids,
-            layout_row_bytes(c128_layout, nope, rope),
-            *_geo(c128_layout),
-            global_page=page,
+            C128_KV_POOL, sizes.c128_tokens, max(page // 128, 1), c128_ids, st.c128_row, *st.c128_geo, global_page=page
         ),
         indexer=IndexerGeometry(
             sizes.c128_tokens * C4_LOGICAL_PER_C128, max(page // 4, 1), c4_ids, index_dim, global_page=page
@@ -521,9 +563,7 @@ def _buffers(
         c128_mtp_seq_lens=mtp_seq_lens if c128_ids else 0,
         hisparse_ptrs=len(c4_ids) if serving.enable_hisparse else 0,
         low_ratio=(
-            low_ratio_buffers(model, serving, sizes.full_tokens, num_req_slots)
-            if st.low_ratio
-            else LowRatioBuffers((), (), None)
+            low_ratio_buffers(model, serving, sizes.full_tokens, num_req_slots) if st.low_ratio else NO_LOW_RATIO
         ),
         draft_swa_valid_from=dspark_swa_valid_from_slots(serving, num_req_slots, has_draft_swa=draft_swa is not None),
     )
@@ -588,12 +628,16 @@ def pool_specs(
     max_running_requests: int,
     context_len: int,
     owner: str = OWNER,
+    buffers: DSV4Buffers | None = None,
 ) -> list[PoolSpec]:
     """Every pool ``build`` allocates for a DSV4 plan of these sizes, with exact bytes and costs.
 
-    Pools of zero bytes (a stage without c128 layers, no draft) are left out.
+    Pools of zero bytes (a stage without c128 layers, no draft) are left out.  ``buffers`` are
+    :func:`dsv4_buffers` of these sizes when the caller has them already (the exact search's probe at its answer).
     """
-    layout = _pool_layout(model, serving, sizes, max_running_requests=max_running_requests, context_len=context_len)
+    layout = _pool_layout(
+        model, serving, sizes, max_running_requests=max_running_requests, context_len=context_len, buffers=buffers
+    )
     return [make(owner) for _, make in layout]
 
 
@@ -606,34 +650,87 @@ def pool_bytes(
     return sum(nbytes for nbytes, _ in layout)
 
 
-def pool_bytes_probe(model: ModelSpec, serving: Serving, *, context_len: int) -> Callable[[DSV4Sizes, int], int]:
+def pool_bytes_probe(model: ModelSpec, serving: Serving, *, context_len: int) -> PoolBytesProbe:
     """:func:`pool_bytes` as ``probe(sizes, max_running_requests)``, the model's stage laid out once.
 
     The exact search probes a handful of token counts per plan; what the pool set's layout reads from the model
     (the stage's layers by compress ratio, the row bytes) is the same at each, so it is read here once, and each
     probe sums the buffers' bytes and the engine-wide pools' without building a pool value (issue 37)."""
-    stage = _stage(model, serving)
-    page = serving.page_size
-    has_state = bool(stage.c4_ids)
+    return PoolBytesProbe(model, serving, context_len)
 
-    hisparse = uses_hisparse_allocator(model, serving)
 
-    def probe(sizes: DSV4Sizes, max_running_requests: int) -> int:
-        b = _buffers(stage, model, serving, sizes, max_running_requests=max_running_requests)
+@attrs.frozen
+class SizeStep:
+    """How much each DSV4 size grows in one step (a page of full tokens, or a page of SWA tokens)."""
+
+    full_tokens: int = 0
+    swa_tokens: int = 0
+    c4_tokens: int = 0
+    c128_tokens: int = 0
+    c4_state_size: int = 0
+
+
+class PoolBytesProbe:
+    """``probe(sizes, max_running_requests)``: the bytes of every pool :func:`pool_specs` builds for those sizes.
+
+    :meth:`linear` also says how those bytes grow with the sizes, so a search can solve for the answer instead of
+    probing its way there (:func:`kvpools_plugins.dsv4.sizing.solved_full_tokens`)."""
+
+    def __init__(self, model: ModelSpec, serving: Serving, context_len: int) -> None:
+        self.model, self.serving, self.context_len = model, serving, context_len
+        self.stage = _stage(model, serving)
+        self.hisparse = uses_hisparse_allocator(model, serving)
+        self._last: tuple[DSV4Sizes, int, DSV4Buffers] | None = None
+
+    def __call__(self, sizes: DSV4Sizes, max_running_requests: int) -> int:
+        return self._bytes(self._layout(sizes, max_running_requests), sizes, max_running_requests)
+
+    def buffers(self, sizes: DSV4Sizes, max_running_requests: int) -> DSV4Buffers | None:
+        """The buffers the last probe laid out, if it was for these sizes and requests (else None)."""
+        last = self._last
+        if last is not None and last[0] == sizes and last[1] == max_running_requests:
+            return last[2]
+        return None
+
+    def linear(self, sizes: DSV4Sizes, max_running_requests: int, *steps: SizeStep) -> tuple[int, ...] | None:
+        """``(bytes, bytes per step...)`` at ``sizes``: the probe's bytes, and by how much they grow at each of
+        ``steps`` (the request count held), exactly as long as the SWA pool keeps a page; None where the pool set
+        is not V4's separate-KV one (its bytes are not summed here), or where a step is not a whole number of
+        some pool's pages or state-row rounding (the bytes are then not linear in that step)."""
+        b = self._layout(sizes, max_running_requests)
+        if b is None or sizes.swa_tokens < self.serving.page_size:
+            return None
+        rates = [_step_bytes(b, self.serving.page_size, step) for step in steps]
+        if any(rate is None for rate in rates):
+            return None
+        return (self._bytes(b, sizes, max_running_requests), *(int(rate or 0) for rate in rates))
+
+    def _layout(self, sizes: DSV4Sizes, max_running_requests: int) -> DSV4Buffers | None:
+        """The buffers when the pool set is V4's separate-KV one (summed here), else None."""
+        b = _buffers(self.stage, self.model, self.serving, sizes, max_running_requests=max_running_requests)
+        self._last = (sizes, max_running_requests, b)
         if (
-            hisparse
+            self.hisparse
             or b.unified is not None
             or b.request_window is not None
             or b.draft_swa_valid_from
             or b.low_ratio.kv
             or b.low_ratio.index
         ):
+            return None
+        return b
+
+    def _bytes(self, b: DSV4Buffers | None, sizes: DSV4Sizes, max_running_requests: int) -> int:
+        serving, page = self.serving, self.serving.page_size
+        if b is None:
             # the pool sets beyond V4's separate-KV layout: every pool's bytes from the one layout
-            return pool_bytes(model, serving, sizes, max_running_requests=max_running_requests, context_len=context_len)
+            return pool_bytes(
+                self.model, serving, sizes, max_running_requests=max_running_requests, context_len=self.context_len
+            )
         total = sum(geo.nbytes for geo in (b.swa, b.c4, b.c128) if geo.layers)
         if b.draft_swa is not None:
             total += b.draft_swa.nbytes
-        if has_state:  # the indexer and both c4 states live on the c4 layers
+        if self.stage.c4_ids:  # the indexer and both c4 states live on the c4 layers
             total += b.indexer.nbytes + b.c4_state.nbytes + b.c4_indexer_state.nbytes
         total += b.hisparse_ptrs * PTR_BYTES
         if b.c128_state.layers:
@@ -642,22 +739,59 @@ def pool_bytes_probe(model: ModelSpec, serving: Serving, *, context_len: int) ->
         return (
             total
             + (sizes.full_tokens + page + 1) * SWA_MAPPING_ITEM_BYTES  # swa_mapping_pool
-            + request_pools_bytes(max_running_requests, context_len, serving)
+            + request_pools_bytes(max_running_requests, self.context_len, serving)
             + allocator_planned_nbytes(sizes.full_tokens, page)
             + (allocator_planned_nbytes(swa_pages, page) if swa_pages else 0)
         )
 
-    return probe
+
+def _step_bytes(b: DSV4Buffers, page: int, step: SizeStep) -> int | None:
+    """By how many bytes :meth:`PoolBytesProbe._bytes` of ``b``'s separate-KV pools grows when the sizes grow by
+    ``step`` at a fixed request count (the SWA pool keeping a page), or None when that growth is not one fixed
+    number of bytes: a step not a whole number of a pool's pages (``ceil`` of tokens over the page then depends on
+    where it starts), nor of the state rows' rounding to the compress ratio, nor of the allocators' pages."""
+    grown = 0
+    paged: list[tuple[KVRowGeometry | IndexerGeometry | None, int]] = [
+        (b.swa, step.swa_tokens),
+        (b.c4, step.c4_tokens),
+        (b.c128, step.c128_tokens),
+        (b.draft_swa, step.swa_tokens),
+    ]
+    if b.c4_state.layers:
+        paged.append((b.indexer, step.c128_tokens * C4_LOGICAL_PER_C128))
+    for geo, tokens in paged:
+        if geo is None or not geo.layers or not tokens:
+            continue
+        if tokens % geo.page_size:
+            return None
+        grown += tokens // geo.page_size * geo.page_bytes * len(geo.layers)
+    for state in (b.c4_state, b.c4_indexer_state):
+        if state.layers and step.c4_state_size:
+            if step.c4_state_size % state.ratio:  # rows = ceil_to(size + ring + 1, ratio)
+                return None
+            grown += step.c4_state_size * state.row_bytes * len(state.layers)
+    if step.full_tokens % page or step.swa_tokens % page:
+        return None
+    # the mapping (one int64 per full slot), and the full and SWA allocators' free stacks (per page)
+    per_page = allocator_planned_nbytes(2 * page, page) - allocator_planned_nbytes(page, page)
+    pages = step.full_tokens // page + step.swa_tokens // page
+    return grown + step.full_tokens * SWA_MAPPING_ITEM_BYTES + pages * per_page
 
 
 _Make = Callable[[str], PoolSpec]
 
 
 def _pool_layout(
-    model: ModelSpec, serving: Serving, sizes: DSV4Sizes, *, max_running_requests: int, context_len: int
+    model: ModelSpec,
+    serving: Serving,
+    sizes: DSV4Sizes,
+    *,
+    max_running_requests: int,
+    context_len: int,
+    buffers: DSV4Buffers | None = None,
 ) -> list[tuple[int, _Make]]:
     """Each pool as ``(bytes, make(owner) -> PoolSpec)``: its bytes now, its value only when asked."""
-    b = dsv4_buffers(model, serving, sizes, max_running_requests=max_running_requests)
+    b = buffers or dsv4_buffers(model, serving, sizes, max_running_requests=max_running_requests)
     page = serving.page_size
     layout: list[tuple[int, _Make]] = []
     for geo, space in ((b.swa, SWA_TOKENS), (b.c4, C4_TOKENS), (b.c128, C128_TOKENS)):
@@ -751,8 +885,9 @@ def _pool_layout(
         layout += window_layout(b.request_window, max_running_requests, _request_pool, _fixed_pool)
     else:
         # the engine-wide pools the parts library builds (their bytes come from the values themselves)
-        mapping = swa_mapping_pool(sizes.full_tokens, page, OWNER)
-        layout.append((mapping.bytes, partial(swa_mapping_pool, sizes.full_tokens, page)))
+        # the mapping's bytes as swa_mapping_pool counts them: one int64 per full slot, the padding page and the -1
+        mapping_bytes = (sizes.full_tokens + page + 1) * SWA_MAPPING_ITEM_BYTES
+        layout.append((mapping_bytes, partial(swa_mapping_pool, sizes.full_tokens, page)))
     layout += [
         (pool.bytes, partial(_as_built, pool)) for pool in request_pools(max_running_requests, context_len, serving)
     ]
@@ -760,8 +895,7 @@ def _pool_layout(
     layout.append((full_allocator.bytes, partial(_as_built, full_allocator)))
     swa_pages = page_align(sizes.swa_tokens, page)
     if swa_pages:
-        swa_allocator = allocator_pool(swa_pages, page, token_space=SWA_TOKENS, name=SWA_ALLOCATOR, owner=OWNER)
-        layout.append((swa_allocator.bytes, partial(_swa_allocator, swa_pages, page)))
+        layout.append((allocator_planned_nbytes(swa_pages, page), partial(_swa_allocator, swa_pages, page)))
     return layout
 
 
@@ -795,32 +929,33 @@ def _paged_pool(
     fixed = nbytes - bytes_per_block * (tokens // block)
     per_token = bytes_per_block // block if bytes_per_slot is None else bytes_per_slot
     count = tokens if slots is None else slots
-    pool = PoolSpec(
-        name=name,
-        kind=kind,
-        slots=count,
-        padding_slots=0,
-        bytes_per_slot=per_token,
-        bytes=nbytes,
-        sglang_charged=kind != "mapping",
-        owner=owner,
-        unit=TOKEN,
-        token_space=space,
-    )
+    fields: dict[str, Any] = {
+        "name": name,
+        "kind": kind,
+        "slots": count,
+        "padding_slots": 0,
+        "bytes_per_slot": per_token,
+        "bytes": nbytes,
+        "sglang_charged": kind != "mapping",
+        "owner": owner,
+        "unit": TOKEN,
+        "token_space": space,
+    }
     if fixed < 0:  # cannot happen for the pools above; keep the plan exact anyway
-        return attrs.evolve(pool, unit=FIXED, cost=None)
-    return with_cost(
-        pool,
-        GroupCost(
-            group=name,
-            token_space=space,
-            token_bytes=bytes_per_block,
-            token_block=block,
-            fixed_bytes=fixed,
-            slot_space=None if slot_space is None else slot_space[0],
-            slots_per_token=1 if slot_space is None else slot_space[1],
-        ),
+        return PoolSpec(**{**fields, "unit": FIXED})
+    cost = GroupCost(
+        group=name,
+        token_space=space,
+        token_bytes=bytes_per_block,
+        token_block=block,
+        fixed_bytes=fixed,
+        slot_space=None if slot_space is None else slot_space[0],
+        slots_per_token=1 if slot_space is None else slot_space[1],
     )
+    if block != 1:
+        # a cost per block of tokens, which the fields (per slot) cannot say: with_cost would record it
+        return PoolSpec(**fields, cost=cost)
+    return with_cost(PoolSpec(**fields), cost)
 
 
 def _request_pool(name: str, requests: int, per_request: int, nbytes: int, owner: str) -> PoolSpec:
@@ -852,7 +987,7 @@ def low_ratio_buffers(model: ModelSpec, serving: Serving, full_tokens: int, num_
     start, end = rank_layer_range(model, serving)
     found = sources_by_ratio(model, range(start, end))
     if not found:
-        return LowRatioBuffers((), (), None)
+        return NO_LOW_RATIO
     page = serving.page_size
     index_dim = int(model.params.get("index_head_dim", 0))
     nope = int(model.layers[0].params["qk_nope_head_dim"])

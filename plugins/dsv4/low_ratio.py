@@ -36,6 +36,8 @@ from kvpools_core.options import option
 from kvpools_core.parallel import rank_layer_range
 from kvpools_core.values import ModelSpec, Serving
 
+from .memo import per_model
+
 __all__ = [
     "DSV41_INDEX_PAGE_SIZE",
     "LOW_RATIOS",
@@ -65,12 +67,20 @@ def index_pool_name(ratio: int) -> str:
 PAIR_STATE_POOL = "c2_pair_state"
 
 
-def _ratios(model: ModelSpec) -> list[int]:
+@per_model
+def _ratios(model: ModelSpec) -> tuple[int, ...]:
     """``model_config.compress_ratios``: every listed ratio (decoder layers, then MTP layers)."""
     listed = model.params.get("compress_ratios")
     if listed is not None:
-        return [int(r) for r in listed]
-    return [int(layer.params.get("compress_ratio", 0)) for layer in model.layers]
+        return tuple(int(r) for r in listed)
+    return tuple(int(layer.params.get("compress_ratio", 0)) for layer in model.layers)
+
+
+@per_model
+def _low_layers(model: ModelSpec, start: int, end: int) -> tuple[int, ...]:
+    """The stage's layers of compress ratio 1 or 2."""
+    ratios = _ratios(model)
+    return tuple(i for i in range(start, end) if ratios[i] in LOW_RATIOS)
 
 
 def sources_by_ratio(model: ModelSpec, stage: range) -> dict[int, list[int]]:
@@ -118,10 +128,10 @@ def v41_problems(model: ModelSpec, serving: Serving) -> list[str]:
 def low_ratio_problems(model: ModelSpec, serving: Serving) -> list[str]:
     """What SGLang asserts for ratio-1/2 layers (their host mirrors are :mod:`.host`'s)."""
     start, end = rank_layer_range(model, serving)
-    ratios = _ratios(model)
-    low_layers = [i for i in range(start, end) if ratios[i] in LOW_RATIOS]
+    low_layers = _low_layers(model, start, end)
     if not low_layers:
         return []
+    ratios = _ratios(model)
     o = option
     problems: list[str] = []
     found = sources_by_ratio(model, range(start, end))

@@ -33,7 +33,7 @@ request's out-of-window SWA pages for every tree cache that ``supports_swa()``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -67,6 +67,7 @@ from .encoder_replay import encoder_replay_problems, replay_notes, replay_on, re
 from .hisparse import dsv4_hisparse_problems
 from .host import host_problems
 from .layouts import auto_layout_note, uniform_fp8
+from .memo import last_pair, per_model
 from .speculative import online_mtp_draft_tokens
 from .swa_req_ring import ring_capacity, ring_notes
 from .trtllm import backend_notes
@@ -97,6 +98,9 @@ SGLANG_ONLINE_MTP_MESSAGE = (
     "EAGLE topk=1 path gated by SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=1"
 )
 STATE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+
+if TYPE_CHECKING:
+    from .buffers import SizeStep
 
 
 def ring_size(ratio: int, serving: Serving) -> int:
@@ -248,32 +252,56 @@ class DSV4Shape:
     def sizes(self, full_token: int, page: int) -> dict[str, int]:
         """``_compute_dsv4_sizes`` (``c128_state_pool_size`` is set once requests are known)."""
         full = full_token // page * page
-        swa = int(full * self.swa_ratio) // page * page if self.swa_cap is None else self.swa_cap
-        # 0.5.23 addresses the c4 state ring per SWA page; ref-002 (V4) per window
-        c4_state_divisor = page if self.v41 is not None else self.window
+        swa = self.swa_tokens(full, page)
         return {
             "full_max_total_num_tokens": full,
             "swa_max_total_num_tokens": swa,
             "c4_max_total_num_tokens": full // (4 * self.shrink),
             "c128_max_total_num_tokens": full // 128,
-            "c4_state_pool_size": swa // c4_state_divisor * (self.c4_ring if self.num_c4 or self.v41 is None else 0),
+            "c4_state_pool_size": swa // self._c4_state_divisor(page) * self._c4_state_ring,
             "c128_state_pool_size": 0,
         }
 
+    def swa_tokens(self, full: int, page: int) -> int:
+        """The SWA pool's tokens for ``full`` (page-aligned) full tokens: the ratio's share page aligned, or the cap."""
+        return int(full * self.swa_ratio) // page * page if self.swa_cap is None else self.swa_cap
 
+    def steps(self, page: int) -> tuple[SizeStep, SizeStep] | None:
+        """How :meth:`sizes` grows with one page of full tokens (the SWA tokens held) and with one page of SWA
+        tokens: a fixed step of each size, or None where a size is not linear in those pages (a floor that does
+        not divide the page: HiSparse's shrink, a state divisor that is not a divisor of the page)."""
+        from .buffers import SizeStep
+
+        divisor = self._c4_state_divisor(page)
+        if page % (4 * self.shrink) or page % 128 or page % divisor:
+            return None
+        full = SizeStep(full_tokens=page, c4_tokens=page // (4 * self.shrink), c128_tokens=page // 128)
+        swa = SizeStep(swa_tokens=page, c4_state_size=page // divisor * self._c4_state_ring)
+        return full, swa
+
+    def _c4_state_divisor(self, page: int) -> int:
+        # 0.5.23 addresses the c4 state ring per SWA page; ref-002 (V4) per window
+        return page if self.v41 is not None else self.window
+
+    @property
+    def _c4_state_ring(self) -> int:
+        return self.c4_ring if self.num_c4 or self.v41 is None else 0
+
+
+@last_pair
 def dsv4_shape(model: ModelSpec, serving: Serving) -> DSV4Shape:
     start, end = rank_layer_range(model, serving)
-    layers = model.layers[start:end]
     first = model.layers[0].params
     requested = serving.max_running_requests
+    num_c4, num_c128 = _compressed_layers(model, start, end)
     return DSV4Shape(
         qk_nope_head_dim=int(first["qk_nope_head_dim"]),
         qk_rope_head_dim=int(first["qk_rope_head_dim"]),
         index_head_dim=int(model.params.get("index_head_dim", 0)),
         window=int(first["window_size"]),
-        num_layers=len(layers),
-        num_c4=sum(1 for layer in layers if layer.kind == C4),
-        num_c128=sum(1 for layer in layers if layer.kind == C128),
+        num_layers=len(model.layers[start:end]),
+        num_c4=num_c4,
+        num_c128=num_c128,
         # encoder replay without paged draft layers sets the ratio to 0 (pool_configurator.py lines 1242-1243)
         swa_ratio=0 if replay_on(serving) else v41_swa_ratio(model, serving),
         speculative=serving.speculative,
@@ -291,6 +319,13 @@ def dsv4_shape(model: ModelSpec, serving: Serving) -> DSV4Shape:
         replay=replay_on(serving),
         swa_cap=v41_swa_cap_tokens(model, serving, int(first["window_size"])),
     )
+
+
+@per_model
+def _compressed_layers(model: ModelSpec, start: int, end: int) -> tuple[int, int]:
+    """The c4 and c128 layers of the stage ``[start, end)``."""
+    kinds = [layer.kind for layer in model.layers[start:end]]
+    return kinds.count(C4), kinds.count(C128)
 
 
 def _kv_bytes(params: Any, serving: Serving) -> int:
@@ -505,11 +540,13 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
     window_bytes = request_window_bytes(shape, serving) if replay_on(serving) else 0
     if window_bytes:
         notes.extend(replay_notes(shape, serving))
+    cost = None
     if serving.accounting == "sglang":
         full, fixed, how = _sglang_full_tokens(shape, budget.budget_bytes, page, window_bytes)
         notes.append(how)
     else:
-        full = _exact_full_tokens(model, serving, shape, budget.budget_bytes)
+        cost = ExactCost(model, serving, shape)
+        full = exact_full_tokens(cost, budget.budget_bytes)
         fixed = None
     sizes = shape.sizes(full, page)
     capped, cap_note = apply_token_cap(sizes["full_max_total_num_tokens"], serving.max_total_tokens)
@@ -546,7 +583,7 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
     notes.extend(sub_pool_notes(shape, sizes, requests, serving, fixed, window_bytes))
     notes.extend(unified_notes(serving))
     notes.extend(ring_notes(serving, shape.window, requests, sizes["swa_max_total_num_tokens"]))
-    pools = _pools(model, serving, sizes, requests, context_len)
+    pools = _pools(model, serving, sizes, requests, context_len, cost)
     return PoolSizing(
         max_total_num_tokens=full,
         max_running_requests=requests,
@@ -652,15 +689,92 @@ def _sglang_full_tokens(shape: DSV4Shape, budget_bytes: int, page: int, window_b
 
 
 def _exact_full_tokens(model: ModelSpec, serving: Serving, shape: DSV4Shape, budget_bytes: int) -> int:
-    """The most page-aligned full tokens whose every pool (``buffers.pool_specs``) fits the budget.
+    """The most page-aligned full tokens whose every pool (``buffers.pool_specs``) fits the budget."""
+    return exact_full_tokens(ExactCost(model, serving, shape), budget_bytes)
 
-    Each probe lays the whole pool set out, so the search starts its bracket where SGLang's bytes per full token
-    put the answer (the exact plan charges at least those bytes per token, so a token count past
-    ``budget / bytes_per_full_token`` rarely fits): two probes instead of a doubling from one page (about a
-    dozen). The bracket is still checked, and doubled while it fits, so the answer is the same either way.
-    """
-    page = serving.page_size
-    cost = exact_bytes_probe(model, serving, shape)  # the stage laid out once, not at every probe
+
+def exact_full_tokens(cost: ExactCost, budget_bytes: int) -> int:
+    """:func:`_exact_full_tokens` on a cost already set up (the stage laid out once, not at every probe).
+
+    Solved (:func:`solved_full_tokens`: the pool bytes are linear in the full and SWA pages between request-count
+    steps) and checked with a probe at the answer and one page above it; where the solve does not apply or its
+    answer fails the check, the probing search (:func:`searched_full_tokens`) decides, so the answer is the
+    search's either way."""
+    solved = solved_full_tokens(cost, budget_bytes)
+    return searched_full_tokens(cost, budget_bytes) if solved is None else solved
+
+
+def solved_full_tokens(cost: ExactCost, budget_bytes: int) -> int | None:
+    """The exact answer from one layout and two checking probes, or None where it cannot be had that way.
+
+    At a fixed request count, every pool of V4's separate-KV set grows by a fixed number of bytes per page of full
+    tokens (the c4 / c128 / indexer pages, the mapping, the full allocator) and per page of SWA tokens (every
+    layer's SWA page, the draft's, the c4 state rows, the SWA allocator): ``bytes(p) = bytes(p0) + per_page x (p -
+    p0) + per_swa_page x (swa(p) - swa(p0))`` exactly (:meth:`ExactCost.linear`), where ``swa(p)`` is the
+    configurator's own ``int(p x P x ratio) // P``.  The largest ``p`` within the budget is found on that
+    formula (a bisection of integer sums, no layout), laid out again where its request count differs from the
+    anchor's, and then checked: it fits and one page more does not.  The cost never decreases with the tokens
+    (``largest_fitting_tokens``' premise), so that is the search's answer."""
+    page, shape = cost.page, cost.shape
+    estimate = int(budget_bytes / shape.bytes_per_full_token) if shape.bytes_per_full_token > 0 else 0
+    anchor = max(page, page_align(estimate, page))  # near the answer: SGLang's bytes per token are a lower bound
+    for _ in range(3):  # a request-count step between the anchor and the answer: solve again from the answer
+        linear = cost.linear(anchor)
+        if linear is None:
+            return None
+        spent, per_page, per_swa_page = linear
+        room = budget_bytes - spent + per_page * (anchor // page) + per_swa_page * (cost.swa_tokens(anchor) // page)
+        ratio = shape.swa_ratio if shape.swa_cap is None else 0.0
+        pages = _largest_within(room, per_page, per_swa_page, ratio, lambda p: cost.swa_tokens(p * page) // page)
+        if pages is None:
+            return None
+        tokens = pages * page
+        if cost.requests(tokens) == cost.requests(anchor) or tokens == anchor:
+            break
+        anchor = max(page, tokens)
+    else:
+        return None
+    # one page more first: the answer's layout is then the probe's last, which its pool values reuse
+    if cost(tokens + page) > budget_bytes and (tokens == 0 or cost(tokens) <= budget_bytes):
+        return tokens
+    return None
+
+
+def _largest_within(
+    room: int, per_page: int, per_swa_page: int, ratio: float, swa_pages: Callable[[int], int]
+) -> int | None:
+    """The most pages ``p >= 0`` with ``per_page x p + per_swa_page x swa_pages(p) <= room`` (both terms never
+    decrease), None without a positive ``per_page``.  ``swa_pages(p)`` is about ``p x ratio`` (at most that, at
+    least two pages less), which brackets the answer within a few pages of ``room / (per_page + per_swa_page x
+    ratio)``; a bisection of integer sums settles it (over ``[0, room // per_page]`` if the bracket is off)."""
+    if per_page <= 0:
+        return None
+
+    def fits(pages: int) -> bool:
+        return per_page * pages + per_swa_page * swa_pages(pages) <= room
+
+    bound = max(room // per_page, 0)  # swa_pages >= 0: no p past it fits
+    rate = per_page + per_swa_page * ratio
+    low = min(max(int(room / rate) - 1, 0), bound)
+    high = min(max(int((room + 2 * per_swa_page) / rate) + 1, low), bound)
+    if not fits(low):
+        low = 0
+    if fits(high):
+        high = bound
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def searched_full_tokens(cost: ExactCost, budget_bytes: int) -> int:
+    """The probing search for the most full tokens within the budget (the reference :func:`solved_full_tokens`
+    is checked against): a bracket from SGLang's bytes per full token, doubled while it fits, then
+    ``largest_fitting_tokens``' secant search, laying the pool set out at each probe (about 8 per plan)."""
+    page, shape = cost.page, cost.shape
     estimate = int(budget_bytes / shape.bytes_per_full_token) if shape.bytes_per_full_token > 0 else 0
     upper = max(page, page_align(estimate, page) + page)
     while cost(upper) <= budget_bytes:
@@ -679,45 +793,97 @@ def exact_pools(model: ModelSpec, serving: Serving, shape: DSV4Shape, tokens: in
 
 def exact_bytes(model: ModelSpec, serving: Serving, shape: DSV4Shape, tokens: int) -> int:
     """``sum(p.bytes for p in exact_pools(...))``, without building the pools (the exact search's probe)."""
-    return exact_bytes_probe(model, serving, shape)(tokens)
+    return ExactCost(model, serving, shape)(tokens)
 
 
-def exact_bytes_probe(model: ModelSpec, serving: Serving, shape: DSV4Shape) -> Callable[[int], int]:
+def exact_bytes_probe(model: ModelSpec, serving: Serving, shape: DSV4Shape) -> ExactCost:
     """:func:`exact_bytes` as ``cost(tokens)``: what does not depend on the token count is read once."""
-    from .buffers import DSV4Sizes, pool_bytes_probe
+    return ExactCost(model, serving, shape)
 
-    page = serving.page_size
-    context_len = serving.context_length or model.context_len
-    probe = pool_bytes_probe(model, serving, context_len=context_len)
-    seen: dict[int, int] = {}  # the search probes its bracket's top twice (the bracket's check, its first probe)
 
-    def cost(tokens: int) -> int:
-        if tokens in seen:
-            return seen[tokens]
-        sizes = shape.sizes(tokens, page)
-        requests = resolve_max_num_reqs(sizes["full_max_total_num_tokens"], context_len, serving).max_running_requests
-        sizes["c128_state_pool_size"] = shape.c128_state_pool_size(max(requests, 0))
-        seen[tokens] = nbytes = probe(DSV4Sizes.from_config(sizes), max(requests, 0))
-        return nbytes
+class ExactCost:
+    """``cost(tokens)``: the bytes of every pool ``build`` allocates for ``tokens`` full tokens (:func:`exact_bytes`),
+    with the stage laid out once; each token count is laid out at most once."""
 
-    return cost
+    def __init__(self, model: ModelSpec, serving: Serving, shape: DSV4Shape) -> None:
+        from .buffers import pool_bytes_probe
+
+        self.serving, self.shape, self.page = serving, shape, serving.page_size
+        self.context_len = serving.context_length or model.context_len
+        self.probe = pool_bytes_probe(model, serving, context_len=self.context_len)
+        self.seen: dict[int, int] = {}
+        self._requests: dict[int, int] = {}
+
+    def __call__(self, tokens: int) -> int:
+        if tokens not in self.seen:
+            self.seen[tokens] = self.probe(*self._sizes(tokens))
+        return self.seen[tokens]
+
+    def linear(self, tokens: int) -> tuple[int, int, int] | None:
+        """``(bytes, bytes per page of full tokens, bytes per page of SWA tokens)`` at ``tokens`` (the request count
+        held: :meth:`buffers.PoolBytesProbe.linear`), or None where the pool bytes are not linear in those pages."""
+        steps = self.shape.steps(self.page)
+        if steps is None:
+            return None
+        linear = self.probe.linear(*self._sizes(tokens), *steps)
+        if linear is None:
+            return None
+        spent, per_page, per_swa_page = linear
+        self.seen[tokens] = spent
+        return spent, per_page, per_swa_page
+
+    def requests(self, tokens: int) -> int:
+        """The request count the plan derives from ``tokens`` full tokens."""
+        full = tokens // self.page * self.page
+        if full not in self._requests:
+            limit = resolve_max_num_reqs(full, self.context_len, self.serving)
+            self._requests[full] = max(limit.max_running_requests, 0)
+        return self._requests[full]
+
+    def swa_tokens(self, tokens: int) -> int:
+        return self.shape.swa_tokens(tokens // self.page * self.page, self.page)
+
+    def _sizes(self, tokens: int) -> tuple[Any, int]:
+        from .buffers import DSV4Sizes
+
+        sizes = self.shape.sizes(tokens, self.page)
+        requests = self.requests(tokens)
+        return (
+            DSV4Sizes(
+                full_tokens=sizes["full_max_total_num_tokens"],
+                swa_tokens=sizes["swa_max_total_num_tokens"],
+                c4_tokens=sizes["c4_max_total_num_tokens"],
+                c128_tokens=sizes["c128_max_total_num_tokens"],
+                c4_state_size=sizes["c4_state_pool_size"],
+                c128_state_size=self.shape.c128_state_pool_size(requests),
+            ),
+            requests,
+        )
 
 
 def _pools(
-    model: ModelSpec, serving: Serving, sizes: dict[str, int], requests: int, context_len: int
+    model: ModelSpec,
+    serving: Serving,
+    sizes: dict[str, int],
+    requests: int,
+    context_len: int,
+    cost: ExactCost | None = None,
 ) -> list[PoolSpec]:
-    """Every allocation ``build`` makes for these sizes (the pool side's ``pool_specs``)."""
+    """Every allocation ``build`` makes for these sizes (the pool side's ``pool_specs``); with the exact search's
+    ``cost``, the buffers its last probe laid out when that probe was at these sizes."""
     build_pool_specs = _pool_specs()
     from .buffers import DSV4Sizes
 
+    dsv4_sizes = DSV4Sizes.from_config(sizes)
     return list(
         build_pool_specs(
             model,
             serving,
-            DSV4Sizes.from_config(sizes),
+            dsv4_sizes,
             max_running_requests=requests,
             context_len=context_len,
             owner=OWNER,
+            buffers=None if cost is None else cost.probe.buffers(dsv4_sizes, requests),
         )
     )
 

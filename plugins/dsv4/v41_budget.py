@@ -51,6 +51,7 @@ from .config import C4, C128, V41_ARCHITECTURE, V41_MODEL_TYPE
 from .encoder_replay import local_chunk
 from .layouts import compressed_layout, main_layout, uniform_fp8
 from .low_ratio import DSV41_INDEX_PAGE_SIZE, FP4_SCALE_BLOCK, LOW_RATIOS, _ratios, pair_ring_size, sources_by_ratio
+from .memo import per_model
 from .unified import SEPARATE, dsv4_layout
 
 __all__ = [
@@ -73,6 +74,7 @@ gave none and cap mode is unusable."""
 FLOAT32_BYTES = 4
 
 
+@per_model
 def is_v41_stage(model: ModelSpec) -> bool:
     """Whether the model lists a compress ratio 1 or 2 (a DeepSeek-V4.1 topology): 0.5.23's budget applies."""
     return any(r in LOW_RATIOS for r in _ratios(model))

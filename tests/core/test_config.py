@@ -110,6 +110,20 @@ def test_dense_presets_are_the_shared_configs(registry: Registry, name: str) -> 
     assert plan(name, Serving(), memory="80GiB", registry=registry).max_total_num_tokens > 0
 
 
+def test_a_preset_is_one_spec_for_every_plan(registry: Registry) -> None:
+    """Issue 37: a preset's parsed spec is cached, but each load renamed it with ``attrs.evolve``, validating every
+    layer again (DeepSeek-V4-Flash's 43, on every plan).  The cached spec is named after its preset, so a load
+    returns that frozen value itself; another name still gets a spec of its own, leaving the cached one alone."""
+    first, plugin = load_model("deepseek-v4-flash", registry)
+    again, _ = load_model("deepseek-v4-flash", registry)
+    assert plugin == "dsv4"
+    assert first is again
+    assert (first.name, first.source) == ("deepseek-v4-flash", "preset:deepseek-v4-flash")
+    renamed, _ = load_model("deepseek-v4-flash", registry, name="my-flash")
+    assert renamed.name == "my-flash" and renamed.layers == first.layers
+    assert load_model("deepseek-v4-flash", registry)[0] is first
+
+
 # ---------------------------------------------------------------------------
 # hardening: every finding of the config fuzzer (tests/core/test_config_fuzz.py), one test each
 # ---------------------------------------------------------------------------

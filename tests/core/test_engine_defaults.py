@@ -249,6 +249,42 @@ def test_an_answer_serving_refuses_names_the_plugin() -> None:
         plan("llama-3.1-8b", Serving(), memory=20 * GiB, registry=_registry(engine_defaults))
 
 
+def test_a_refused_answer_beside_good_ones_names_its_plugin() -> None:
+    """The answers are applied in one validation of the serving; when it refuses them, each is tried alone to name
+    the plugin whose answer ``Serving`` refuses (here the page size, beside a good SWA ratio)."""
+
+    @hookimpl(tryfirst=True)
+    def engine_defaults(model: ModelSpec, serving: Serving) -> list[EngineDefault]:
+        return [
+            EngineDefault(option="swa_full_tokens_ratio", value=0.5, reason="fine"),
+            EngineDefault(option="page_size", value=0, reason="nonsense"),
+        ]
+
+    with pytest.raises(PluginResultError, match=r'"baddefaults".*engine_defaults with page_size 0'):
+        plan("deepseek-v4-flash", Serving(), memory=20 * GiB, registry=_registry(engine_defaults))
+
+
+def test_the_answers_are_applied_in_one_validation_of_the_serving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37: each answer was first applied alone (one ``Serving`` validation per answer, to name a refused
+    one's plugin) and then all together; DeepSeek-V4's three defaults cost four validations of a plan's serving,
+    a third of its basis.  Now one, and the per-answer tries only run when that one refuses."""
+    registry = get_registry()
+    spec, _ = load_model("deepseek-v4-flash", registry)
+    serving = Serving(accounting="exact")
+    validations: list[Serving] = []
+    original = Serving.__attrs_post_init__
+
+    def counted(self: Serving) -> None:
+        validations.append(self)
+        original(self)
+
+    monkeypatch.setattr(Serving, "__attrs_post_init__", counted)
+    resolved, notes = apply_engine_defaults(spec, serving, registry)
+    assert len(validations) == 1
+    assert (resolved.page_size, resolved.swa_full_tokens_ratio, resolved.max_running_requests) == (256, 0.1, 256)
+    assert len(notes) == 3
+
+
 def test_an_answer_of_the_wrong_type_names_the_plugin() -> None:
     @hookimpl(tryfirst=True)
     def engine_defaults(model: ModelSpec, serving: Serving) -> Any:

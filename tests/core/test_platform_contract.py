@@ -301,3 +301,29 @@ def test_request_pools_bytes_are_the_built_request_pools_bytes(
     built = request_pools(requests, 4096, serving)
     assert len(built) == 1 + len(WORKSPACES)
     assert request_pools_bytes(requests, 4096, serving) == sum(p.bytes for p in built)
+
+
+def test_a_plan_without_workspaces_keeps_its_serving() -> None:
+    """Issue 37: ``resolve_workspaces`` rebuilt the serving (a full ``Serving`` validation, about a tenth of a
+    llama plan) even when no plugin declares a workspace; now the serving it would become is the one it has, so it
+    is returned as it is.  A declared workspace still gives a serving that carries it."""
+    from kvpools_core.models import load_model
+    from kvpools_core.pipeline.platforms import resolve_workspaces
+    from kvpools_core.registry import get_registry
+
+    registry = get_registry()
+    spec, _ = load_model("llama-3.1-8b", registry)
+    serving = Serving()
+    assert resolve_workspaces(spec, serving, registry) is serving
+
+    @hookimpl
+    def workspaces(model: ModelSpec, serving: Serving) -> list[Workspace]:
+        return [Workspace(name="scratch", purpose="a test kernel's scratch", bytes_per_request=64)]
+
+    import types
+
+    module = types.ModuleType("declares")
+    module.workspaces = workspaces  # type: ignore[attr-defined]
+    declaring = Registry(autoload=True, plugins=None, disabled=(), extra_plugins={"declares": module})
+    resolved = resolve_workspaces(spec, serving, declaring)
+    assert [(w.name, w.owner) for w in resolved.workspaces] == [("scratch", "declares")]
