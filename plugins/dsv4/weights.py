@@ -13,7 +13,7 @@ from kvpools_core.values import Serving
 @hookimpl
 def estimate_weights(config: WeightsConfig, serving: Serving, ep_size: int) -> WeightsEstimate | None:
     """The weights of the ``model_type`` values of :data:`DECODERS`, from the parts library; None for any other."""
-    return estimate_claimed(config, serving, ep_size, DECODERS, DP_ATTENTION)
+    return estimate_claimed(config, serving, ep_size, DECODERS, DP_ATTENTION, VLLM_METHODS)
 
 
 def _deepseek_v4(builder: Builder, model_type: str) -> list[str]:
@@ -120,3 +120,10 @@ DP_ATTENTION: dict[str, str] = {}
 """The model types whose SGLang attention (and input embedding) shards over the attention-TP group under
 ``enable_dp_attention`` (``parallel_group="attn_tp"``, checked against SGLang 0.5.23), with the module that builds
 it; the estimate refuses DP attention for the others."""
+
+VLLM_METHODS: dict[str, dict[str, str]] = {
+    "deepseek_v4": {"fp8": "deepseek_v4_fp8", "deepseek_v4_fp8": "deepseek_v4_fp8"}
+}
+"""vLLM 0.33 ``DeepseekV4Fp8Config.override_quantization_method`` (models/deepseek_v4/quant_config.py L171-188):
+an ``fp8`` checkpoint of DeepSeek-V4 is served as ``deepseek_v4_fp8`` (the core's ``resolve_quantization``
+applies it; the core names no architecture)."""

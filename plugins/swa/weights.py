@@ -24,7 +24,7 @@ from kvpools_core.values import Serving
 @hookimpl
 def estimate_weights(config: WeightsConfig, serving: Serving, ep_size: int) -> WeightsEstimate | None:
     """The weights of the ``model_type`` values of :data:`DECODERS`, from the parts library; None for any other."""
-    return estimate_claimed(config, serving, ep_size, DECODERS, DP_ATTENTION)
+    return estimate_claimed(config, serving, ep_size, DECODERS, DP_ATTENTION, VLLM_METHODS)
 
 
 def _gemma(builder: Builder, model_type: str) -> list[str]:
@@ -265,3 +265,8 @@ DP_ATTENTION: dict[str, str] = {
 """The model types whose SGLang attention (and input embedding) shards over the attention-TP group under
 ``enable_dp_attention`` (``parallel_group="attn_tp"``, checked against SGLang 0.5.23), with the module that builds
 it; the estimate refuses DP attention for the others."""
+
+VLLM_METHODS: dict[str, dict[str, str]] = {"gpt_oss": {"mxfp4": "gpt_oss_mxfp4", "gpt_oss_mxfp4": "gpt_oss_mxfp4"}}
+"""vLLM 0.33 ``GptOssMxfp4Config.override_quantization_method`` (model_executor/layers/quantization/mxfp4.py
+L129-146): an ``mxfp4`` checkpoint of gpt-oss is served as ``gpt_oss_mxfp4`` whatever ``--quantization`` asked
+(the core's ``resolve_quantization`` applies it; the core names no architecture)."""

@@ -122,7 +122,7 @@ def test_h100_total_is_torchs_79_19_gib_not_nvidia_smis() -> None:
 def test_a_gpu_without_a_measured_total_is_derived_and_says_so() -> None:
     h200 = find_gpu("h200")
     total = torch_total_memory(h200)
-    assert not total.measured and total.source.startswith("derived")
+    assert not total.measured and total.source.startswith("catalogue total")
     assert total.bytes == 143771 * (1 << 20) - SMI_TO_TORCH_GAP_BYTES
 
 

@@ -9,10 +9,15 @@ model files) that the ``--no-deps`` peers install cannot import; the expected an
 from __future__ import annotations
 
 import pytest
+from kvpools_plugins.dsv4.weights import VLLM_METHODS as DSV4_METHODS
+from kvpools_plugins.swa.weights import VLLM_METHODS as SWA_METHODS
 
 from kvpools_core import ConfigError, Serving, UnsupportedCombinationError, estimate_weights
 from kvpools_core.parts.weights.methods import resolve_quantization
 from tests.weights.test_hybrids_and_quantisation import LINEARS, UNQUANTISED, tiny_llama
+
+MODEL_METHODS = {**SWA_METHODS, **DSV4_METHODS}
+"""The architecture-specific vLLM methods the plugins declare, by model type (the core names no architecture)."""
 
 MIXED = {
     # the Qwen3.6-35B-A3B NVFP4 checkpoint's shape (plugins/mamba/presets/full/qwen3.6-35b-a3b-nvfp4.json)
@@ -63,7 +68,7 @@ MISMATCH = "does not match the quantization method specified in the `quantizatio
 def test_vllm_accepts_and_resolves_as_its_verify_quantization(
     requested: str | None, quant: dict[str, object] | None, model_type: str, resolved: str | None
 ) -> None:
-    assert resolve_quantization("vllm", requested, quant, model_type) == resolved
+    assert resolve_quantization("vllm", requested, quant, model_methods=MODEL_METHODS.get(model_type)) == resolved
 
 
 @pytest.mark.parametrize(
@@ -81,7 +86,7 @@ def test_vllm_refuses_a_mismatch_with_its_message(
     requested: str, quant: dict[str, object], model_type: str, checkpoint: str
 ) -> None:
     with pytest.raises(UnsupportedCombinationError) as error:
-        resolve_quantization("vllm", requested, quant, model_type)
+        resolve_quantization("vllm", requested, quant, model_methods=MODEL_METHODS.get(model_type))
     message = str(error.value)
     assert f"quantization {requested} on a checkpoint quantised with {quant['quant_method']!r}" in message
     assert f"model config ({checkpoint}) {MISMATCH} ({requested})" in message
@@ -118,42 +123,42 @@ def test_vllm_refuses_a_mismatch_with_its_message(
 def test_sglang_accepts_and_resolves_as_its_verify_quantization(
     requested: str | None, quant: dict[str, object] | None, resolved: str
 ) -> None:
-    assert resolve_quantization("sglang", requested, quant, "llama") == resolved
+    assert resolve_quantization("sglang", requested, quant) == resolved
 
 
 def test_sglang_refuses_a_mismatch_and_what_it_cannot_serve_on_cuda() -> None:
     # model_config.py L2142-2148: no override, not in compatible_quantization_methods
     with pytest.raises(UnsupportedCombinationError, match=rf"model config \(mxfp4\) {MISMATCH} \(fp8\)"):
-        resolve_quantization("sglang", "fp8", MXFP4, "gpt_oss")
+        resolve_quantization("sglang", "fp8", MXFP4)
     # awq_marlin on an AWQ checkpoint without zero points: Marlin's only zero-point type is uint4 (marlin_utils.py
     # L93-95), so no override, and awq_marlin != awq
     with pytest.raises(UnsupportedCombinationError, match=rf"model config \(awq\) {MISMATCH} \(awq_marlin\)"):
-        resolve_quantization("sglang", "awq_marlin", {**AWQ, "zero_point": False}, "llama")
+        resolve_quantization("sglang", "awq_marlin", {**AWQ, "zero_point": False})
     # --quantization modelopt on a MIXED_PRECISION checkpoint of FP8 layers only: w4afp8 (L1863-1865), and
     # modelopt is not compatible with it
     fp8_only = {**MIXED, "quantized_layers": {"a": {"quant_algo": "FP8"}}}
     with pytest.raises(UnsupportedCombinationError, match=rf"model config \(w4afp8\) {MISMATCH} \(modelopt\)"):
-        resolve_quantization("sglang", "modelopt", fp8_only, "llama")
+        resolve_quantization("sglang", "modelopt", fp8_only)
     # modelopt_fp4 is "compatible" with an fp8 checkpoint (L2046) because SGLang requantises its experts online:
     # kvpools does not model that
     with pytest.raises(UnsupportedCombinationError, match="does not model online requantisation"):
-        resolve_quantization("sglang", "modelopt_fp4", FP8_BLOCK, "qwen3")
+        resolve_quantization("sglang", "modelopt_fp4", FP8_BLOCK)
     # CUDA's registry has no gptq (layers/quantization/__init__.py L63-92): a GPTQ checkpoint Marlin cannot take
     # (desc_act unset) fails as "Unknown quantization method: gptq", asked for or not
     for requested in (None, "gptq"):
         with pytest.raises(UnsupportedCombinationError, match="Unknown quantization method: gptq"):
-            resolve_quantization("sglang", requested, {**GPTQ, "desc_act": None}, "llama")
+            resolve_quantization("sglang", requested, {**GPTQ, "desc_act": None})
     # ... and so is gptq on a Marlin-compatible one (gptq.py L431-437 keeps what was asked)
     with pytest.raises(UnsupportedCombinationError, match="Unknown quantization method: gptq"):
-        resolve_quantization("sglang", "gptq", GPTQ, "llama")
+        resolve_quantization("sglang", "gptq", GPTQ)
     # on another platform only the comparison applies
-    assert resolve_quantization("sglang", "gptq", GPTQ, "llama", platform="npu") == "gptq"
+    assert resolve_quantization("sglang", "gptq", GPTQ, platform="npu") == "gptq"
 
 
 def test_a_checkpoint_method_on_an_unquantised_checkpoint_is_refused() -> None:
     for engine in ("vllm", "sglang"):
         with pytest.raises(UnsupportedCombinationError, match=r"no quantization_config.*quantization fp8 to quantise"):
-            resolve_quantization(engine, "modelopt", None, "llama")
+            resolve_quantization(engine, "modelopt", None)
 
 
 def test_engine_names_are_checked_per_accounting() -> None:

@@ -109,13 +109,20 @@ Decoder = Callable[[Builder], Sequence[str]]
 
 
 def estimate(
-    config: WeightsConfig, serving: Serving, decoder: Decoder, *, ep_size: int = 1, dp_attention: bool = False
+    config: WeightsConfig,
+    serving: Serving,
+    decoder: Decoder,
+    *,
+    ep_size: int = 1,
+    dp_attention: bool = False,
+    vllm_methods: Mapping[str, str] | None = None,
 ) -> WeightsEstimate:
     """The weights of ``config``'s model, whole and on one rank of ``serving``, from the tensors ``decoder`` adds.
 
     ``ep_size`` is SGLang's ``--ep-size``; ``dp_attention`` says the architecture's SGLang attention (and input
     embedding) shards over the attention-TP group under ``enable_dp_attention``, which the plugin checked against
-    SGLang's model file; without it DP attention is refused (:func:`sharding`).
+    SGLang's model file; without it DP attention is refused (:func:`sharding`).  ``vllm_methods``: the
+    architecture's own vLLM quantisation methods by checkpoint ``quant_method`` (:func:`resolve_quantization`).
     """
     reader, outer = config.reader, config.outer
     shards = sharding(serving, ep_size, config.model_type, dp_attention=dp_attention)
@@ -130,7 +137,7 @@ def estimate(
         "vllm" if serving.accounting == "vllm" else "sglang",
         serving.quantization,
         quant,
-        str(outer.get("model_type", config.model_type)),
+        model_methods=vllm_methods,
         platform=serving.platform,
     )
     quantisation = runtime_quantisation(resolved, checkpoint)
@@ -208,10 +215,12 @@ def estimate_claimed(
     ep_size: int,
     decoders: Mapping[str, Callable[[Builder, str], Sequence[str]]],
     dp_attention: Collection[str] = (),
+    vllm_methods: Mapping[str, Mapping[str, str]] | None = None,
 ) -> WeightsEstimate | None:
     """An ``estimate_weights`` answer keyed by ``model_type``: :func:`estimate` with ``decoders[config.model_type]``
-    (called with the builder and the model type), DP attention for the model types in ``dp_attention``; ``None``
-    (decline) for a model type ``decoders`` does not claim."""
+    (called with the builder and the model type), DP attention for the model types in ``dp_attention``, vLLM's
+    architecture-specific quantisation methods from ``vllm_methods[model_type]``; ``None`` (decline) for a model
+    type ``decoders`` does not claim."""
     decoder = decoders.get(config.model_type)
     if decoder is None:
         return None
@@ -221,6 +230,7 @@ def estimate_claimed(
         lambda builder: decoder(builder, config.model_type),
         ep_size=ep_size,
         dp_attention=config.model_type in dp_attention,
+        vllm_methods=(vllm_methods or {}).get(config.model_type),
     )
 
 

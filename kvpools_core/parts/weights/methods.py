@@ -15,9 +15,10 @@ the AWQ names (auto_awq.py L263-286, the same for ``awq`` on a GPU -> ``auto_awq
 checkpoints), ``moe_wna16`` (only when asked for), the ModelOpt classes (modelopt.py L288-305, L453-459,
 L776-782, L1236-1242, L1658-1664: a ``quant_method`` starting ``modelopt`` with ``quant_algo`` ``FP8`` ->
 ``modelopt``, containing ``NVFP4`` or ``FP4`` -> ``modelopt_fp4``, containing ``MXFP8`` -> ``modelopt_mxfp8``,
-``MIXED_PRECISION`` -> ``modelopt_mixed``, whatever was asked), ``gpt_oss_mxfp4`` (mxfp4.py L129-146: an
-``mxfp4`` checkpoint of ``model_type`` ``gpt_oss``) and ``deepseek_v4_fp8`` (models/deepseek_v4/quant_config.py
-L171-188: an ``fp8`` checkpoint of DeepSeek-V4, or when asked for).  An override replaces the request; then a
+``MIXED_PRECISION`` -> ``modelopt_mixed``, whatever was asked), then the architecture's own methods, which
+the plugin that claims the architecture declares (``model_methods``: gpt-oss's ``gpt_oss_mxfp4``, mxfp4.py
+L129-146, and DeepSeek-V4's ``deepseek_v4_fp8``, models/deepseek_v4/quant_config.py L171-188, which also answers
+when asked for by name).  An override replaces the request; then a
 request that differs from the checkpoint's method fails: "Quantization method specified in the model config (X)
 does not match the quantization method specified in the `quantization` argument (Y)."
 
@@ -70,13 +71,21 @@ _SGLANG_COMPATIBLE = {
 
 
 def resolve_quantization(
-    engine: str, requested: str | None, quant: Mapping[str, Any] | None, model_type: str, *, platform: str = "cuda"
+    engine: str,
+    requested: str | None,
+    quant: Mapping[str, Any] | None,
+    *,
+    model_methods: Mapping[str, str] | None = None,
+    platform: str = "cuda",
 ) -> str | None:
     """The method ``engine`` serves ``quant`` (a checkpoint's ``quantization_config``, or ``None``) with under
     ``--quantization requested``, as its ``_verify_quantization`` resolves it; a mismatch the engine refuses is an
     :class:`UnsupportedCombinationError` naming the option, the checkpoint's method and the fix.  ``engine`` is
     ``"vllm"`` or ``"sglang"``; ``None`` is an unquantised checkpoint served unquantised.  SGLang's Marlin
-    conversions and its missing ``gptq`` are CUDA's (``platform``); elsewhere only the comparison applies."""
+    conversions and its missing ``gptq`` are CUDA's (``platform``); elsewhere only the comparison applies.
+    ``model_methods`` maps a checkpoint's ``quant_method`` to the vLLM method that overrides it for this
+    architecture only (the claiming plugin's declaration, e.g. gpt-oss's ``{"mxfp4": "gpt_oss_mxfp4"}``): the core
+    names no architecture."""
     name = "vLLM" if engine == "vllm" else "SGLang"
     if requested is not None and requested not in ENGINE_METHODS[engine]:
         raise EngineRefusalError(
@@ -93,7 +102,7 @@ def resolve_quantization(
             f"or pass {option('quantization')} fp8 to quantise the weights at load."
         )
     if engine == "vllm":
-        checkpoint, resolved = _vllm(requested, quant, model_type)
+        checkpoint, resolved = _vllm(requested, quant, model_methods or {})
     else:
         checkpoint, resolved = _sglang(requested, quant, cuda=platform == "cuda")
     if resolved is not None and checkpoint is not None and resolved != checkpoint:
@@ -122,7 +131,9 @@ def resolve_quantization(
     return method
 
 
-def _vllm(requested: str | None, quant: Mapping[str, Any], model_type: str) -> tuple[str | None, str | None]:
+def _vllm(
+    requested: str | None, quant: Mapping[str, Any], model_methods: Mapping[str, str]
+) -> tuple[str | None, str | None]:
     """vLLM 0.33: the checkpoint's method and the request after the first override that answers."""
     method = str(quant.get("quant_method", ""))
     lowered = method.lower()
@@ -142,9 +153,9 @@ def _vllm(requested: str | None, quant: Mapping[str, Any], model_type: str) -> t
             override = "modelopt_mxfp8"
         elif algo == "MIXED_PRECISION":
             override = "modelopt_mixed"
-    elif method in ("mxfp4", "gpt_oss_mxfp4") and model_type == "gpt_oss":
-        override = "gpt_oss_mxfp4"
-    elif method in ("fp8", "deepseek_v4_fp8") and (model_type == "deepseek_v4" or requested == "deepseek_v4_fp8"):
+    elif method in model_methods:
+        override = model_methods[method]
+    elif method in ("fp8", "deepseek_v4_fp8") and requested == "deepseek_v4_fp8":
         override = "deepseek_v4_fp8"
     if override is not None:
         return override, override
