@@ -91,7 +91,10 @@ def test_a_bad_part_of_the_runtime_from_the_source_is_refused(tmp_path, monkeypa
     data["runtime_before_weights_from_source"]["single_rank_gib"] = "1.1"
     (tmp_path / "profiles").mkdir()
     (tmp_path / "profiles" / "sglang-0.5.23.json").write_text(json.dumps(data))
-    monkeypatch.setattr(module.resources, "files", lambda _package: tmp_path)
+    from types import SimpleNamespace
+
+    # the module's own name for importlib.resources, replaced: the profile is read from tmp_path
+    monkeypatch.setattr(module, "resources", SimpleNamespace(files=lambda _package: tmp_path))
     load_sglang_profile.cache_clear()
     try:
         with pytest.raises(ConfigError, match=r"runtime_before_weights_from_source\.single_rank_gib must be"):
