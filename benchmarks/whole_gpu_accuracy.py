@@ -526,6 +526,7 @@ def run(peers_venv: Path | None) -> dict[str, Any]:
     report: dict[str, Any] = {"skipped": skipped, "tools": {}, "terms": runtime_terms(logs, registry)}
     report["terms"]["CUDA graphs"] = cudagraph_terms(logs)
     report["sglang_terms"] = sglang_terms(logs, registry)
+    report["sglang_term_rows"] = sglang_term_rows(logs, registry)
     for name, results in tools.items():
         groups: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         refused: dict[str, str] = {}
@@ -587,15 +588,93 @@ def cudagraph_terms(logs: list[StartupLog]) -> dict[str, str]:
     return {split: summarize(values) for split, values in sorted(errors.items())}
 
 
+SGLANG_TERM_WHY: dict[tuple[str, str], str] = {
+    ("sglang-pr11716-h200-tp8-runtime", "runtime before the weights"): (
+        "SGLang sizes with the group's MIN free memory (bootstrap.py L207-212, utils/common.py L571-572): 137.29 GB "
+        "on six ranks, 3.11 GiB below the total (TP0's 3.06 was read before sgl34); the profile's 3 GiB was rounded "
+        "from two readings; from the source: 1.10 GiB of driver reservation and CUDA context (every rank had 139.30 GB "
+        "free before torch.distributed's init) + 2.01 GB of NCCL and custom all-reduce buffers"
+    ),
+    ("sglang-inferencex-2128-dsv4-pro-h200-tp8", "runtime before the weights"): (
+        "an unnumbered deepseek-v4-hopper image, one rank's 'Load weight end' line (not the group's MIN): 0.61 GiB "
+        "less than the 11716 log's 3.11, a smaller NCCL footprint that SGLang 0.5.23's code does not explain"
+    ),
+    ("sglang-18262-qwen3-30b-a3b-5layers-mi355x-v0.5.7", "runtime before the weights"): (
+        "ROCm, TP 1 (no communicator: parallel_state.py L463-531 builds none for world_size 1): the HIP runtime's "
+        "context and reservation are 0.80 GiB below the record's 288 GiB; kvpools' 1 GiB is an estimate and the "
+        "1.10 GiB read off the H200 log a CUDA figure (nvidia-smi's total includes the driver's reservation): "
+        "neither is a ROCm reading, and the two ROCm runs are held out"
+    ),
+    ("sglang-18263-qwen3-30b-a3b-mi355x-patched", "runtime before the weights"): (
+        "as the 0.5.7 MI355X run: 0.82 GiB of HIP context and reservation at TP 1, against a CUDA figure"
+    ),
+    ("sglang-18262-qwen3-30b-a3b-5layers-mi355x-v0.5.7", "weights"): (
+        "not a kvpools under-count: 5 layers of Qwen3-30B-A3B are 6.96 GiB, and SGLang 0.5.7 held the 5 layers' "
+        "experts twice: its Qwen3MoE load_weights kept dict(self.named_parameters()) on the model "
+        "(_cached_params_dict, sglang PR 8751) and its AITER path on ROCm rebound the shuffled experts as new "
+        "Parameters (layer.w13_weight = Parameter(shuffle_weight(...))), so the loaded ones stayed referenced: 5 x "
+        "128 x 3 x 2048 x 768 x 2 B = 5.625 GiB more, 12.59 GiB (-1.6 %; a RoPE cache of 0.06-0.13 GiB and AITER's "
+        "own buffers are the rest); SGLang 0.5.23 keeps no such dict (models/qwen3_moe.py L1157-1177: a local "
+        "params_dict) and copies the shuffled experts in place (copy_or_rebind_param, layers/utils/common.py L58-71; "
+        "quantization/unquant.py L852-869), so it holds them once, as kvpools counts"
+    ),
+    ("sglang-18263-qwen3-30b-a3b-mi355x-patched", "weights"): (
+        "0.11 GiB below the log: the RoPE cos/sin cache SGLang builds at model init in float32 on CUDA and HIP "
+        "(layers/rotary_embedding/base.py L115-120, L154: max_position x rotary_dim x 4 B, 262144 x 128 x 4 B = "
+        "0.125 GiB for the 2507 checkpoint), counted in 'Load weight end ... mem usage', not in kvpools' weights"
+    ),
+    ("sglang-inferencex-2128-dsv4-pro-h200-tp8", "weights"): (
+        "an unnumbered deepseek-v4-hopper image: kvpools' 101.93 GiB is SGLang 0.5.23's flashinfer_mxfp4 layout on "
+        "sm90 (E8M0 scales kept native); the generic Fp8MoEMethod's float32 FP4 scales would add 16.89 GiB (118.82, "
+        "-5.4 %); the remaining 6.8 GiB is that image's, not 0.5.23's (the record's notes)"
+    ),
+    ("sglang-lmcache-2400-qwen3-14b-weights", "weights"): (
+        "0.18 GiB below the log, with --enable-lmcache: 0.02 GiB is the float32 RoPE cache (40960 x 128 x 4 B); the "
+        "xinference 3481 log of the same checkpoint (no LMCache) states 27.57 GB, 0.06 GiB above kvpools"
+    ),
+}
+"""Why each SGLang record's term differs from kvpools', read from SGLang 0.5.23's source (``--verbose``, ``--json``)."""
+
+
 def sglang_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[str, str]]:
-    """SGLang's whole-GPU terms against the ones its logs state, per split: the default ``mem_fraction_static``
-    (``handle_gpu_memory_settings``, before any attention-backend factor), the runtime before the weights
-    (the GPU's total less ``Load weight begin. avail mem``, or less ``Load weight end`` avail + mem usage) against
-    the 0.5.23 profile, and the weights (``Load weight end ... mem usage``) against kvpools' estimate."""
+    """SGLang's whole-GPU terms against the ones its logs state, per split (:func:`sglang_term_rows` summarised)."""
+    errors: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for row in sglang_term_rows(logs, registry):
+        errors[row["term"]][row["group"]].append(row["error_pct"])
+    return {
+        name: {group: summarize(values) for group, values in sorted(groups.items())} for name, groups in errors.items()
+    }
+
+
+def sglang_term_rows(logs: list[StartupLog], registry: Registry) -> list[dict[str, Any]]:
+    """Each SGLang record's terms against the logged ones: the default ``mem_fraction_static``
+    (``handle_gpu_memory_settings``, before any attention-backend factor); the runtime before the weights (the GPU's
+    total less the group's minimum ``Load weight begin. avail mem`` where the log quotes every rank, else the one
+    quoted, else ``Load weight end`` avail + mem usage) against the 0.5.23 profile; and the weights (``Load weight
+    end ... mem usage``) against kvpools' estimate.  A row: record, term, split group, kvpools', logged, error (%),
+    and why they differ (:data:`SGLANG_TERM_WHY`)."""
     from kvpools_core.pipeline.weights import estimate_weights
 
     profile = load_sglang_profile("0.5.23")
-    errors: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    rows: list[dict[str, Any]] = []
+
+    def add(log: StartupLog, term: str, group: str, predicted: float, logged_value: float, unit: str) -> None:
+        error = _error(predicted, logged_value)
+        if error is None:
+            return
+        rows.append(
+            {
+                "id": log.id,
+                "term": term,
+                "group": group,
+                "kvpools": round(predicted, 4),
+                "logged": round(logged_value, 4),
+                "unit": unit,
+                "error_pct": error,
+                "why": SGLANG_TERM_WHY.get((log.id, term.replace(", from the source", " before the weights")), ""),
+            }
+        )
+
     for log in logs:
         if log.engine != "sglang":
             continue
@@ -612,18 +691,19 @@ def sglang_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[s
                 serving = attrs.evolve(serving, chunked_prefill_size=chunk)
             spec = served_model(load_model(model_ref(log), registry)[0], serving)
             fraction = sglang_memory_defaults(gpu.total_mib, spec, serving, registry=registry).mem_fraction_static
-            error = _error(fraction, logged["default_mem_fraction_static"])
-            if error is not None:
-                errors["default mem_fraction_static"][split].append(error)
-        before = logged.get("avail_before_weights_gb")
+            add(log, "default mem_fraction_static", split, fraction, logged["default_mem_fraction_static"], "")
+        before = logged.get("avail_before_weights_min_gb", logged.get("avail_before_weights_gb"))
         if before is None and logged.get("avail_after_weights_gb") is not None and logged.get("weights_gb") is not None:
             before = logged["avail_after_weights_gb"] + logged["weights_gb"]
         if gpu is not None and before is not None:
             ranks = log.flag("tp", 1) * log.flag("pp", 1)
+            group = f"{split} ({'group' if ranks > 1 else 'one rank'})"
+            logged_runtime = gpu.total_bytes / GiB - before
             predicted = profile.group_runtime_bytes if ranks > 1 else profile.single_rank_runtime_bytes
-            error = _error(predicted / GiB, gpu.total_bytes / GiB - before)
-            if error is not None:
-                errors["runtime before the weights"][f"{split} ({'group' if ranks > 1 else 'one rank'})"].append(error)
+            add(log, "runtime before the weights", group, predicted / GiB, logged_runtime, "GiB")
+            derived = profile.source_group_runtime_bytes if ranks > 1 else profile.source_single_rank_bytes
+            if derived is not None:
+                add(log, "runtime, from the source", group, derived / GiB, logged_runtime, "GiB")
         if log.kvpools_model is not None and logged.get("weights_gb") is not None:
             serving = Serving(
                 tp_size=log.flag("tp", 1),
@@ -633,12 +713,8 @@ def sglang_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[s
                 weights = estimate_weights(model_ref(log), serving).bytes_per_rank / GiB
             except KvpoolsError:
                 continue
-            error = _error(weights, logged["weights_gb"])
-            if error is not None:
-                errors["weights"][split].append(error)
-    return {
-        name: {group: summarize(values) for group, values in sorted(groups.items())} for name, groups in errors.items()
-    }
+            add(log, "weights", split, weights, logged["weights_gb"], "GiB")
+    return rows
 
 
 def runtime_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[str, str]]:
@@ -679,6 +755,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers-venv", type=Path, help="a venv with llm-d-planner==0.3.3 installed")
     parser.add_argument("--json", type=Path, help="write the whole report (every run's prediction) here")
+    parser.add_argument(
+        "--verbose", action="store_true", help="print each SGLang record's terms against the logged ones, and why"
+    )
     args = parser.parse_args(argv)
     report = run(args.peers_venv)
     versions = {log.id: f"{log.engine} {log.engine_version or 'unknown'}" for log in load_startup_logs()}
@@ -691,6 +770,15 @@ def main(argv: list[str] | None = None) -> int:
     for term, groups in report["sglang_terms"].items():
         for group, text in groups.items():
             print(f"  {term:28} {group:22} {text}")
+    if args.verbose:
+        print("\n## per SGLang record: kvpools' term against the logged term")
+        for row in report["sglang_term_rows"]:
+            print(
+                f"  {row['id']:50} {row['term']:28} kvpools {row['kvpools']:g} {row['unit']:3} logged "
+                f"{row['logged']:g} {row['unit']:3} {row['error_pct']:+.2f} % ({row['group']})"
+            )
+            if row["why"]:
+                print(f"      why: {row['why']}")
     print("\n## held out, per tool and engine version (target: mean abs <= 2 %)")
     for name, tool in report["tools"].items():
         for version, metrics in tool["held_out"].items():

@@ -35,6 +35,19 @@ class SglangRuntimeProfile:
     evidence: tuple[dict[str, Any], ...]
     terms: tuple[dict[str, str], ...]
     file: str
+    source_single_rank_bytes: int | None = None
+    """``runtime_before_weights_from_source.single_rank_gib``: one rank's driver reservation and CUDA context read
+    off a cited log (no communicator: SGLang creates none for a single rank); None when the profile has none."""
+    source_distributed_init_bytes: int | None = None
+    """``runtime_before_weights_from_source.torch_distributed_init_gib``: what a TP/PP group's ``torch.distributed``
+    init adds on the rank SGLang sizes with (the group's minimum free memory)."""
+
+    @property
+    def source_group_runtime_bytes(self) -> int | None:
+        """A group rank's runtime before the weights from the source's two parts, None without them."""
+        if self.source_single_rank_bytes is None or self.source_distributed_init_bytes is None:
+            return None
+        return self.source_single_rank_bytes + self.source_distributed_init_bytes
 
 
 @cache
@@ -53,7 +66,16 @@ def load_sglang_profile(version: str = "0.5.23") -> SglangRuntimeProfile:
         value = runtime.get(name)
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise ConfigError(f"{file}: runtime_before_weights_gib.{name} must be a positive number of GiB.")
+    derived = data.get("runtime_before_weights_from_source") or {}
+    parts: dict[str, int | None] = {}
+    for name in ("single_rank_gib", "torch_distributed_init_gib"):
+        value = derived.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
+            raise ConfigError(f"{file}: runtime_before_weights_from_source.{name} must be a number of GiB >= 0.")
+        parts[name] = None if value is None else round(value * GiB)
     return SglangRuntimeProfile(
+        source_single_rank_bytes=parts["single_rank_gib"],
+        source_distributed_init_bytes=parts["torch_distributed_init_gib"],
         version=key,
         single_rank_runtime_bytes=round(runtime["single_rank"] * GiB),
         group_runtime_bytes=round(runtime["tp_or_pp_group"] * GiB),
