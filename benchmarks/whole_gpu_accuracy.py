@@ -57,6 +57,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
     load_profile,
     model_shape_of,
     version_key,
+    vocab_size_of,
 )
 from kvpools_core.errors import ConfigError, KvpoolsError
 from kvpools_core.models import load_model, served_model
@@ -209,6 +210,7 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
     gpu = vllm_gpu(log, registry)
     try:
         serving = Serving(
+            accounting="vllm",
             tp_size=log.flag("tp", 1),
             pp_size=log.flag("pp", 1),
             kv_cache_dtype=log.flag("kv_cache_dtype", "auto"),
@@ -227,12 +229,18 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
         profile = profile_for(log.engine_version)
         if profile is None:
             return Refusal("the log does not name the vLLM version (no profile to apply)")
-        if log.vocab_size is None:
-            return Refusal("the record has no vocab_size")
+        vocab_size = log.vocab_size
+        if vocab_size is None and log.kvpools_model is not None:
+            try:
+                vocab_size = vocab_size_of(model_ref(log))  # what `kvpools plan --accounting vllm` reads
+            except KvpoolsError:
+                vocab_size = None
+        if vocab_size is None:
+            return Refusal("neither the record nor its kvpools model gives a vocab_size")
         try:
             memory = estimate_runtime_memory(
                 gpu=gpu,
-                vocab_size=log.vocab_size,
+                vocab_size=vocab_size,
                 tp_size=serving.tp_size,
                 pp_size=serving.pp_size,
                 max_num_seqs=log.flag("max_num_seqs"),
