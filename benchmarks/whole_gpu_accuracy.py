@@ -57,6 +57,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
     load_profile,
     model_shape_of,
     version_key,
+    vision_shape_of,
     vocab_size_of,
 )
 from kvpools_core.errors import ConfigError, KvpoolsError
@@ -248,6 +249,7 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
                 engine_version=version_key(str(log.engine_version)),
                 profile_version=profile,
                 shape=runtime_shape(log, serving.dtype),
+                **runtime_mm_options(log, serving.dtype),
             )
         except KvpoolsError as error:
             return Refusal(str(error).split(". ")[0])
@@ -394,6 +396,25 @@ def runtime_shape(log: StartupLog, serving_dtype: str = "auto") -> ModelShape | 
             hidden_size=log.hidden_size, dense_intermediate_size=log.intermediate_size or 0, dtype_bytes=dtype_bytes
         )
     return None
+
+
+def runtime_mm_options(log: StartupLog, serving_dtype: str = "auto") -> dict[str, Any]:
+    """The multimodal encoder's part of the profile run: the kvpools model's vision tower (a Qwen3-VL-style one;
+    none for others), the record's ``max_model_len`` and its ``limit_mm_per_prompt`` flag (vLLM's 999 per modality
+    where the log names none)."""
+    if log.kvpools_model is None:
+        return {}
+    try:
+        vision = vision_shape_of(model_ref(log), dtype_bytes=4 if serving_dtype == "float32" else 2)
+    except KvpoolsError:
+        return {}
+    if vision is None:
+        return {}
+    return {
+        "vision": vision,
+        "max_model_len": log.flag("max_model_len"),
+        "mm_limits": dict(log.flag("limit_mm_per_prompt") or {}),
+    }
 
 
 def model_ref(log: StartupLog) -> str:

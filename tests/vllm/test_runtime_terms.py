@@ -29,13 +29,18 @@ from kvpools_core.engines.vllm.runtime_memory import (
     CUBLAS_WORKSPACE_BYTES,
     CUBLAS_WORKSPACE_OLDER_BYTES,
     ModelShape,
+    VisionShape,
     activation_peak,
     cublas_workspace_bytes,
     estimate_runtime_memory,
     load_profile,
+    max_tokens_per_item,
+    mm_encoder_profile,
     model_shape_from_config,
     moe_workspace_bytes,
     sampler_program_buffer_bytes,
+    vision_shape_from_config,
+    vision_shape_of,
 )
 from kvpools_core.errors import ConfigError
 from kvpools_core.pipeline.gpus import find_gpu
@@ -223,3 +228,111 @@ def test_a_shape_is_validated() -> None:
         ModelShape(hidden_size=0)
     with pytest.raises(ConfigError, match=r"ModelShape\.num_experts_per_tok must be an integer >= 0, got -1"):
         ModelShape(hidden_size=8, num_experts_per_tok=-1)
+
+
+# The multimodal encoder's part of profile_run (issue 34): vLLM 0.33 v1/worker/gpu_model_runner.py L6072-6146 (0.19.0
+# L5740-5795 the same), multimodal/encoder_budget.py L43-191, v1/core/encoder_cache_manager.py L333-380,
+# config/scheduler.py L306-307, config/multimodal.py L696-709 (999 for a modality limit_mm_per_prompt does not name),
+# qwen2_vl.py L1079-1139 (the item with the most features), qwen3_vl.py L959-1015 / L1040-1068 (tokens of an image /
+# video), L862-905 (Qwen3_VisionTransformer.forward), qwen2_5_vl.py L406-465 (the vision attention; 0.19.0's is the
+# same), multimodal/processing/context.py L366-367 (pixel values cast to the model dtype).
+
+QWEN36 = "qwen3.6-35b-a3b-nvfp4"
+
+
+def test_qwen3_6s_vision_shape() -> None:
+    """plugins/mamba/presets/full/qwen3.6-35b-a3b-nvfp4.json vision_config: depth 27, hidden 1152, intermediate 4304,
+    16 heads, out_hidden 2048, patch 16, temporal patch 2, merge 2; the processors' caps 16,777,216 (image) and
+    25,165,824 (video) pixels."""
+    vision = vision_shape_of(QWEN36)
+    assert vision == VisionShape(
+        hidden_size=1152,
+        intermediate_size=4304,
+        num_heads=16,
+        out_hidden_size=2048,
+        patch_size=16,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+    )
+    assert (vision.image_max_pixels, vision.video_max_pixels) == (16_777_216, 25_165_824)
+    # a text-only model and a vision tower kvpools does not model have none
+    assert vision_shape_from_config(dict(read_config_file(CONFIGS / "meta-llama--Meta-Llama-3.1-8B.json"))) is None
+    assert vision_shape_from_config({"model_type": "mistral3", "vision_config": {"hidden_size": 1024}}) is None
+
+
+def test_max_tokens_per_item_by_hand() -> None:
+    """unit = 16 x 2 = 32 pixels: an image 16,777,216 / 32^2 = 16,384 = 128 x 128 merged patches; a video
+    25,165,824 / 2 (temporal patch) / 32^2 = 12,288 = 96 x 128; 401 (a prime: 1 x 401, aspect 401 > 200) falls to
+    400 = 20 x 20."""
+    vision = vision_shape_of(QWEN36)
+    assert vision is not None
+    assert max_tokens_per_item(vision, 16_777_216) == 16_384
+    assert max_tokens_per_item(vision, 25_165_824 // 2) == 12_288
+    assert max_tokens_per_item(vision, 401 * 1024) == 400
+    assert max_tokens_per_item(vision, 1023) == 0
+
+
+def test_the_encoder_profile_of_the_club_3090_runs_by_hand() -> None:
+    """limit_mm_per_prompt {'image': 2, 'audio': 0} (video unnamed: 999), max_num_batched_tokens 8192,
+    max_num_seqs 1, max_model_len 131072: the image's 16,384 tokens beat the video's 12,288; budget max(8192, 16384)
+    = 16384 -> 1 item (16384 // 16384), decoder side 1 x min(2, 131072 // 16384); 65,536 patches x (pixels
+    3 x 2 x 16^2 = 1536 + position 1152 + rotary 72 + attention 11 x 1152 = 12,672, above the MLP's 3 x 1152 +
+    2 x 4304 = 12,064) x 2 B = 2,022,703,104 B; held: the pixels 65,536 x 1536 x 2 = 201,326,592 + the encoder cache
+    16,384 x 2048 x 2 = 67,108,864."""
+    vision = vision_shape_of(QWEN36)
+    assert vision is not None
+    options = {"max_num_batched_tokens": 8192, "max_num_seqs": 1, "max_model_len": 131072}
+    profile = mm_encoder_profile(vision, mm_limits={"image": 2, "audio": 0}, **options)
+    assert profile is not None
+    assert (profile.modality, profile.items, profile.tokens_per_item) == ("image", 1, 16_384)
+    assert profile.encoder_peak_bytes == 65_536 * (1536 + 1152 + 72 + 12_672) * 2 == 2_022_703_104
+    assert profile.held_bytes == 201_326_592 + 67_108_864
+    # --language-model-only (every limit 0) profiles no encoder; images off leaves the unnamed video at 999
+    assert mm_encoder_profile(vision, mm_limits={"image": 0, "video": 0}, **options) is None
+    video = mm_encoder_profile(vision, mm_limits={"image": 0}, **options)
+    assert video is not None and (video.modality, video.items, video.tokens_per_item) == ("video", 1, 12_288)
+    # a 32k batch and 4 sequences: 32768 // 16384 = 2 items; without chunked prefill the decoder side is
+    # min(4, 8192 // 16384) = 0 requests, and the item count is floored at 1
+    wide = mm_encoder_profile(vision, max_num_batched_tokens=32768, max_num_seqs=4, max_model_len=131072)
+    assert wide is not None and wide.items == 2
+    single = mm_encoder_profile(
+        vision, chunked_prefill=False, max_num_batched_tokens=8192, max_num_seqs=4, max_model_len=131072
+    )
+    assert single is not None and single.items == 1
+
+
+def test_the_encoder_bounds_the_club_3090_runs_activation_peak() -> None:
+    """The language model's pass: sampler 1 x 248,320 x 14 = 3,476,480 + the kernel buffer 1 x 248,320 x 4 =
+    993,280 + held hidden states (8192 + 2) x 2048 x 2 = 33,562,624, under the forward 8192 x (3 x 2048 + 3 x 512)
+    x 2 = 125,829,120; + the fused-MoE workspace 536,870,912 = 662,700,032, + what the encoder left held 268,435,456
+    = 931,135,488: the encoder's 2,022,703,104 binds; + cuBLAS = 2,056,257,536 B (1.915 GiB; 696,254,464 without the
+    encoder)."""
+    vision = vision_shape_of(QWEN36)
+    common = {
+        "vocab_size": 248_320,
+        "max_num_seqs": 1,
+        "max_num_batched_tokens": 8192,
+        "profile": load_profile("0.33"),
+        "shape": ModelShape(
+            hidden_size=2048, dense_intermediate_size=512, num_experts_per_tok=8, moe_intermediate_size=512
+        ),
+        "sm_count": 170,
+        "compute_capability": (12, 0),
+    }
+    without = activation_peak(**common).bytes  # type: ignore[arg-type]
+    assert without == 125_829_120 + 536_870_912 + CUBLAS == 696_254_464
+    term = activation_peak(**common, vision=vision, max_model_len=131072, mm_limits={"image": 2})  # type: ignore[arg-type]
+    assert term.bytes == 2_022_703_104 + CUBLAS == 2_056_257_536
+    assert "encoder 1.884 GiB" in term.formula and ": encoder)" in term.formula
+    # a 64k-token batch profiles 65536 // 16384 = 4 images at once: the larger phase binds, the held bytes go with
+    # the language model's
+    big = {**common, "max_num_batched_tokens": 65536}
+    language = activation_peak(**big).bytes - CUBLAS  # type: ignore[arg-type]
+    mm = activation_peak(**big, vision=vision, max_model_len=131072)  # type: ignore[arg-type]
+    held = 4 * (201_326_592 + 67_108_864)  # 65536 // 16384 = 4 images
+    assert mm.bytes == max(4 * 2_022_703_104, language + held) + CUBLAS
+    # the encoder needs max_model_len; under pipeline parallelism it is left out
+    with pytest.raises(ConfigError, match="needs max_model_len"):
+        activation_peak(**common, vision=vision)  # type: ignore[arg-type]
+    staged = activation_peak(**common, pp_size=2).bytes  # type: ignore[arg-type]
+    assert activation_peak(**common, vision=vision, pp_size=2).bytes == staged  # type: ignore[arg-type]

@@ -354,13 +354,18 @@ def test_a_log_naming_no_catalogue_gpu_plans_with_the_total_it_prints(registry: 
 
 
 def test_the_rtx_5090_vllm_024_records_are_held_out_and_planned_with_the_checkpoints_modelopt(
-    registry: Registry,
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """club-3090#612 / #652: vLLM 0.24.0 on an RTX 5090 (catalogued since gpus34), utilization vLLM 0.24.0's default
     0.92 (their ``non-default args`` line has none), held out.  ``--quantization modelopt`` names the checkpoint's
     own method (vLLM's ModelOpt override resolves the MIXED_PRECISION checkpoint to ``modelopt_mixed``), so kvpools
     plans them from the GPU with the checkpoint's NVFP4 / FP8 storage (issue 34; they were refused before).  The
-    runtime tool still refuses them: the records carry no vocab_size; the logs state no weights."""
+    runtime tool predicts them with the preset's vocab_size (248,320) and charges the vision encoder's profile
+    pass their ``limit_mm_per_prompt`` flag asks for (one 16,384-token image: ``tests/vllm/test_runtime_terms.py``),
+    2,056,257,536 B of activation peak where the language model alone is 696,254,464: 1,360,003,072 B less KV than
+    without the encoder (6.42 GiB, +6.8 / +7.3 % over the logged 6.01 / 5.98; 7.68 GiB, +28 %, before).  The logs
+    state no weights, so the logged-weights tools refuse them."""
+    import benchmarks.whole_gpu_accuracy as bench
     from benchmarks.whole_gpu_accuracy import Prediction, Refusal, evaluable, kvpools, vllm_gpu
 
     logs = {log.id: log for log in load_startup_logs()}
@@ -372,8 +377,16 @@ def test_the_rtx_5090_vllm_024_records_are_held_out_and_planned_with_the_checkpo
         assert vllm_gpu(log, registry).name == "rtx-5090"
         assert evaluable(log, registry) is None
         assert isinstance(kvpools(log, registry, runtime=False, use_logged_weights=False), Prediction)
-        refused = kvpools(log, registry, runtime=True, use_logged_weights=False)
-        assert isinstance(refused, Refusal) and "vocab_size" in refused.reason
+        assert log.flag("limit_mm_per_prompt") == {"image": 2, "audio": 0}
+        assert "'limit_mm_per_prompt': {'image': 2, 'audio': 0}" in log.lines[0]
+        predicted = kvpools(log, registry, runtime=True, use_logged_weights=False)
+        assert isinstance(predicted, Prediction)
+        monkeypatch.setattr(bench, "runtime_mm_options", lambda *args: {})
+        text_only = kvpools(log, registry, runtime=True, use_logged_weights=False)
+        monkeypatch.undo()
+        assert isinstance(text_only, Prediction)
+        assert text_only.kv_gib - predicted.kv_gib == pytest.approx((2_056_257_536 - 696_254_464) / GiB, abs=1e-12)
+        assert 0.06 < predicted.kv_gib / log.logged["available_kv_gib"] - 1 < 0.074
         for runtime in (False, True):
             refused = kvpools(log, registry, runtime=runtime, use_logged_weights=True)
             assert isinstance(refused, Refusal) and "states no weights" in refused.reason

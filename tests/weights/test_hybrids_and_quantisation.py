@@ -441,3 +441,31 @@ def test_unmodelled_quantisations_are_refused_naming_the_field() -> None:
 def test_families_not_modelled_yet_are_refused(model_type: str) -> None:
     with pytest.raises(ConfigError, match=rf"model_type' is '{model_type}'.*not guessed"):
         estimate_weights({**read("MiniMaxAI--MiniMax-M3"), "model_type": model_type})
+
+
+@pytest.mark.parametrize("accounting", ["vllm", "sglang"])
+def test_qwen3_6_nvfp4_mtp_is_counted_but_not_loaded_and_the_vision_tower_is(accounting: str) -> None:
+    """The qwen3.6-35b-a3b-nvfp4 preset (issue 34): its MTP layer, by hand (text_config hidden 2048, 256 experts of
+    512, one shared expert of 512, 16 heads x 256 with the output gate, 2 KV heads, mtp_use_dedicated_embeddings
+    false): experts 256 x 3 x 2048 x 512 = 805,306,368 + shared expert 3 x 2048 x 512 = 3,145,728 + its gate 2048 +
+    router 256 x 2048 = 524,288 + q_proj 2048 x 8192 = 16,777,216 + k / v 2 x 2048 x 512 = 2,097,152 + o_proj
+    4096 x 2048 = 8,388,608 + q / k norms 512 + fc 4096 x 2048 = 8,388,608 + 5 norms of 2048 = 10,240:
+    844,640,768 bf16 parameters (the ModelOpt config ignores ``mtp*``).  Neither engine loads them without
+    speculative decoding: vLLM's ``Qwen3_5MoeForConditionalGeneration`` inherits the ``hf_to_vllm_mapper`` that
+    drops ``mtp.`` (vLLM 0.33 ``model_executor/models/qwen3_5.py`` L476-479; L327-329 for the text model), SGLang
+    0.5.23's ``Qwen3_5MoeForConditionalGeneration.load_weights`` skips every name holding ``mtp``
+    (``srt/models/qwen3_5.py`` L2659, L2772; the text model's L2006), so they are in ``bytes_total`` and not on the
+    rank.  The vision tower is loaded (``language_model_only`` off): 27
+    blocks of (qkv 1152 x 3456 + 3456, proj 1152^2 + 1152, fc1 1152 x 4304 + 4304, fc2 4304 x 1152 + 1152, two
+    LayerNorms 4 x 1152) = 27 x 15,239,504 + patch embedding 1536 x 1152 + 1152 + position embedding 2304 x 1152 +
+    merger (LayerNorm 2 x 1152, fc1 4608^2 + 4608, fc2 4608 x 2048 + 2048) = 446,571,248."""
+    estimate = estimate_weights("qwen3.6-35b-a3b-nvfp4", Serving(accounting=accounting))  # type: ignore[arg-type]
+    mtp = 805_306_368 + 3_145_728 + 2048 + 524_288 + 16_777_216 + 2_097_152 + 8_388_608 + 512 + 8_388_608 + 10_240
+    assert estimate.parameters_by_family["mtp"] == mtp == 844_640_768
+    assert estimate.dtypes["mtp"] == "bfloat16"
+    assert estimate.bytes_total - estimate.bytes_per_rank == 2 * mtp
+    block = 1152 * 3456 + 3456 + 1152 * 1152 + 1152 + 2 * 1152 * 4304 + 4304 + 1152 + 4 * 1152
+    merger = 2 * 1152 + 4608 * 4608 + 4608 + 4608 * 2048 + 2048
+    assert block == 15_239_504
+    assert estimate.parameters_by_family["vision"] == 27 * block + 1536 * 1152 + 1152 + 2304 * 1152 + merger
+    assert estimate.parameters_by_family["vision"] == 446_571_248

@@ -31,6 +31,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
     TotalMemory,
     estimate_runtime_memory,
     model_shape_of,
+    vision_shape_of,
     vocab_size_of,
 )
 from kvpools_core.errors import ConfigError, NoProviderError, UnsupportedCombinationError, short_repr
@@ -607,6 +608,9 @@ def _runtime_memory(
         "profile_version": version,
         # vLLM serves a float32 checkpoint in 16 bits under --dtype auto (config._get_and_verify_dtype)
         "shape": model_shape_of(model, dtype_bytes=4 if serving.dtype == "float32" else 2),
+        # a Qwen3-VL-style vision tower's profile pass, at vLLM's default limit_mm_per_prompt (999 per modality)
+        "vision": vision_shape_of(model, dtype_bytes=4 if serving.dtype == "float32" else 2),
+        "max_model_len": limits.max_model_len,
     }
     runtime = estimate_runtime_memory(**options)
     if chosen.name == "custom":

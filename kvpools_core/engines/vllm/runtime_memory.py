@@ -25,6 +25,7 @@ kvpools does not copy vLLM code: the formulas below restate what the cited lines
 from __future__ import annotations
 
 import json
+import math
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -232,6 +233,7 @@ SM_COUNTS = {
     "l4": 58,
     "rtx-4090": 128,
     "rtx-3090": 82,
+    "rtx-5090": 170,
 }
 """``torch.cuda.get_device_properties().multi_processor_count`` per catalogue GPU (NVIDIA's product specifications):
 the row count of the top-k/top-p kernel's cached buffer (:func:`sampler_program_buffer_bytes`)."""
@@ -308,6 +310,172 @@ def moe_workspace_bytes(*, shape: ModelShape, tokens: int, tp_size: int = 1) -> 
     return _round_up(common, 256) + _round_up(second, 256)
 
 
+QWEN3_VL_VISION_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+"""The checkpoints (top-level ``model_type``) whose vision tower is vLLM's ``Qwen3_VisionTransformer`` (vLLM 0.33
+``model_executor/models/qwen3_vl.py`` L561-870; ``qwen3_5.py`` L473 / L703 build it for Qwen3.5 / 3.6): the only
+multimodal encoder :func:`mm_encoder_profile` models."""
+
+QWEN_VL_IMAGE_MAX_PIXELS = 16_777_216
+"""``size.longest_edge`` of the Qwen3-VL / Qwen3.5 / Qwen3.6 checkpoints' ``preprocessor_config.json`` (4096 x 4096
+pixels; Qwen2VLImageProcessorFast), which ``get_image_size_with_most_features`` reads (vLLM 0.33 ``qwen2_vl.py``
+L1100-1110)."""
+
+QWEN_VL_VIDEO_MAX_PIXELS = 25_165_824
+"""``size.longest_edge`` of the same checkpoints' ``video_preprocessor_config.json`` (Qwen3VLVideoProcessor), which
+``get_max_video_tokens`` halves for the temporal patch (vLLM 0.33 ``qwen3_vl.py`` L1040-1068)."""
+
+DEFAULT_MM_LIMIT = 999
+"""vLLM's ``limit_mm_per_prompt`` for a modality the option does not name (vLLM 0.33 ``config/multimodal.py``
+``get_limit_per_prompt`` L696-709; 0 for every modality under ``--language-model-only``)."""
+
+
+@attrs.frozen(kw_only=True)
+class VisionShape:
+    """A Qwen3-VL-style vision tower's sizes (``vision_config``) and its processors' pixel caps."""
+
+    hidden_size: int = attrs.field(validator=_size(1))
+    intermediate_size: int = attrs.field(validator=_size(1))
+    num_heads: int = attrs.field(validator=_size(1))
+    out_hidden_size: int = attrs.field(validator=_size(1))
+    patch_size: int = attrs.field(validator=_size(1))
+    temporal_patch_size: int = attrs.field(validator=_size(1))
+    spatial_merge_size: int = attrs.field(validator=_size(1))
+    in_channels: int = attrs.field(default=3, validator=_size(1))
+    image_max_pixels: int = attrs.field(default=QWEN_VL_IMAGE_MAX_PIXELS, validator=_size(1))
+    video_max_pixels: int = attrs.field(default=QWEN_VL_VIDEO_MAX_PIXELS, validator=_size(1))
+    dtype_bytes: int = attrs.field(default=2, validator=attrs.validators.in_((2, 4)))
+
+
+def vision_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> VisionShape | None:
+    """The :class:`VisionShape` of a Qwen3-VL / Qwen3.5 / Qwen3.6 ``config.json`` (:data:`QWEN3_VL_VISION_TYPES`),
+    None for a checkpoint without a ``vision_config`` or with another vision tower (not modelled)."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict) or config.get("model_type") not in QWEN3_VL_VISION_TYPES:
+        return None
+    keys = ("hidden_size", "intermediate_size", "num_heads", "out_hidden_size", "patch_size", "temporal_patch_size")
+    values = {key: vision.get(key) for key in (*keys, "spatial_merge_size", "in_channels")}
+    if any(not isinstance(values[key], int) or isinstance(values[key], bool) for key in keys):
+        return None
+    return VisionShape(
+        hidden_size=vision["hidden_size"],
+        intermediate_size=vision["intermediate_size"],
+        num_heads=vision["num_heads"],
+        out_hidden_size=vision["out_hidden_size"],
+        patch_size=vision["patch_size"],
+        temporal_patch_size=vision["temporal_patch_size"],
+        spatial_merge_size=int(values["spatial_merge_size"] or 2),
+        in_channels=int(values["in_channels"] or 3),
+        dtype_bytes=dtype_bytes,
+    )
+
+
+def vision_shape_of(model: str, *, dtype_bytes: int = 2) -> VisionShape | None:
+    """:func:`vision_shape_from_config` of ``model``'s complete config (as :func:`vocab_size_of` reads it)."""
+    return vision_shape_from_config(_complete_config(model)[0], dtype_bytes=dtype_bytes)
+
+
+def max_tokens_per_item(vision: VisionShape, max_pixels: int) -> int:
+    """The encoder tokens of the item with the most features under ``max_pixels``
+    (``get_image_size_with_most_features``, vLLM 0.33 ``qwen2_vl.py`` L1079-1128): ``n = max_pixels // unit^2``
+    merged patches, ``unit = patch x merge``; the largest ``n' <= n`` whose closest factor pair ``h <= w`` has
+    ``w / h <= 200``; ``h x w`` tokens (``_get_vision_info``, ``qwen3_vl.py`` L959-1015: the resize keeps that size, one
+    temporal patch, ``patches / merge^2`` tokens)."""
+    unit = vision.patch_size * vision.spatial_merge_size
+    for count in range(max_pixels // (unit * unit), 0, -1):
+        height = next(d for d in range(math.isqrt(count), 0, -1) if count % d == 0)
+        if (count // height) / height <= 200:
+            return count
+    return 0
+
+
+@attrs.frozen(kw_only=True)
+class MmEncoderProfile:
+    """What ``profile_run`` runs through the vision encoder before the language model, and what it keeps."""
+
+    modality: str
+    items: int
+    tokens_per_item: int
+    encoder_peak_bytes: int
+    """The torch peak of the encoder pass (above the weights), cuBLAS workspace excluded."""
+    held_bytes: int
+    """Still allocated while the language model's dummy run and the sampler run: the dummy pixel values and the
+    encoder outputs kept in ``encoder_cache``."""
+    formula: str
+
+
+def mm_encoder_profile(
+    vision: VisionShape,
+    *,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    mm_limits: dict[str, int] | None = None,
+    chunked_prefill: bool = True,
+) -> MmEncoderProfile | None:
+    """The multimodal part of ``profile_run`` (vLLM 0.33 ``v1/worker/gpu_model_runner.py`` L6072-6146), or None when
+    every modality's ``limit_mm_per_prompt`` is 0 (no encoder is profiled, ``encoder_budget.py`` L75-94, L352-358).
+
+    The budget (``multimodal/encoder_budget.py`` L43-191, ``v1/core/encoder_cache_manager.py`` L333-380): ``T`` the
+    most tokens of one item per modality (:func:`max_tokens_per_item`; a video's pixel cap is halved for its temporal
+    patch), the modality with the most is profiled (ties to the later name); ``budget = max(max_num_batched_tokens,
+    T)`` (``max_num_encoder_input_tokens`` and ``encoder_cache_size`` are ``max_num_batched_tokens``,
+    ``config/scheduler.py`` L306-307); ``items = max(1, min(budget // T, reqs x max(1, min(limit, max_model_len //
+    T))))`` with ``reqs = max_num_seqs`` (``min(max_num_seqs, max_num_batched_tokens // T)`` without chunked
+    prefill).  ``P = items x T x merge^2`` patches go through the tower at once.
+
+    The encoder's peak, per patch, ``dtype`` bytes each (``Qwen3_VisionTransformer.forward`` L862-905, eager: the
+    encoder is not compiled by default): the dummy pixel values (``in_channels x temporal x patch^2``, cast to the
+    model dtype by ``context.py`` L366-367 and held by ``profile_run``'s ``batched_dummy_mm_inputs``), the position
+    embeddings (``hidden``) and the rotary cos / sin tables (``head_dim``) of ``prepare_encoder_metadata``, and the
+    larger of a block's two peaks (``Qwen3_VisionBlock.forward`` L487-506; an argument stays referenced by the
+    caller until the call returns, so the block's input and the ``norm1`` / ``norm2`` output passed to the attention
+    / MLP are alive through them): attention (``Qwen2_5_VisionAttention.forward``, ``qwen2_5_vl.py`` L406-465) holds
+    the block input, the ``norm1`` output, the ``qkv`` output (3 hidden, the local ``x``), the contiguous ``qk``
+    copy and its rotated copy (2 + 2 hidden, locals to the end), the attention output and the ``proj`` output
+    (1 + 1): 11 hidden; the MLP (``Qwen3_VisionMLP``, eager ``linear_fc2(act_fn(linear_fc1(x)))``) the block input,
+    the residual after the attention, the ``norm2`` output, ``fc1``'s output and its activation:
+    ``3 hidden + 2 intermediate``.  Held afterwards: the pixel values and the encoder outputs
+    (``items x T x out_hidden``) in ``encoder_cache``, until ``profile_run`` clears it after the sampler."""
+    limits = {"image": DEFAULT_MM_LIMIT, "video": DEFAULT_MM_LIMIT, **(mm_limits or {})}
+    tokens = {
+        modality: max_tokens_per_item(vision, pixels)
+        for modality, pixels in (
+            ("image", vision.image_max_pixels),
+            ("video", vision.video_max_pixels // vision.temporal_patch_size),
+        )
+        if limits.get(modality, 0) > 0
+    }
+    tokens = {modality: count for modality, count in tokens.items() if count > 0}
+    if not tokens:
+        return None
+    modality, per_item = max(tokens.items(), key=lambda item: (item[1], item[0]))
+    budget = max(max_num_batched_tokens, per_item)
+    reqs = max_num_seqs if chunked_prefill else min(max_num_seqs, max_num_batched_tokens // per_item)
+    per_prompt = max(1, min(limits[modality], max_model_len // per_item))
+    items = max(1, min(budget // per_item, reqs * per_prompt))
+    patches = items * per_item * vision.spatial_merge_size**2
+    hidden, inner, dtype = vision.hidden_size, vision.intermediate_size, vision.dtype_bytes
+    pixels = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+    head_dim = hidden // vision.num_heads
+    block = max(11 * hidden, 3 * hidden + 2 * inner)
+    peak = patches * (pixels + hidden + head_dim + block) * dtype
+    outputs = items * per_item * vision.out_hidden_size * dtype
+    held = patches * pixels * dtype + outputs
+    return MmEncoderProfile(
+        modality=modality,
+        items=items,
+        tokens_per_item=per_item,
+        encoder_peak_bytes=peak,
+        held_bytes=held,
+        formula=(
+            f"{items} {modality} item(s) x {per_item} tokens = {patches} patches x (pixels {pixels} + position "
+            f"{hidden} + rotary {head_dim} + block max(11 x {hidden}, 3 x {hidden} + 2 x {inner})) x {dtype} B = "
+            f"{peak / GiB:.3f} GiB; held after it: pixels {patches * pixels * dtype / MiB:.1f} MiB + encoder cache "
+            f"{items * per_item} x {vision.out_hidden_size} x {dtype} B = {held / MiB:.1f} MiB"
+        ),
+    )
+
+
 def forward_peak_bytes(*, shape: ModelShape, tokens: int, tp_size: int = 1) -> int:
     """The dense forward pass's transient peak for ``tokens`` tokens, inside an MLP: the two inputs of the compiled
     piece after the attention (its output and the residual, ``hidden`` each), the new residual, the
@@ -331,6 +499,9 @@ def activation_peak(
     pp_stage: str = "last",
     sm_count: int = H100_SMS,
     compute_capability: tuple[int, int] | None = None,
+    vision: VisionShape | None = None,
+    max_model_len: int | None = None,
+    mm_limits: dict[str, int] | None = None,
 ) -> Term:
     """The torch peak of ``profile_run`` above the weights (``torch_peak_increase``), one worker.
 
@@ -350,8 +521,12 @@ def activation_peak(
     workspace (:func:`cublas_workspace_bytes`).  No constant is calibrated.  Without ``shape`` the terms that need
     the hidden size are left out.  MLA's chunked-prefill workspace is not in it: the metadata builder allocates it
     (vLLM 0.19.0 ``model_executor/layers/attention/mla_attention.py`` L1501-1527) when ``initialize_kv_cache`` creates
-    the attention backends (``gpu_model_runner.py`` L6769-6781), after the peak is read.  Not modelled: multimodal
-    encoders (their outputs stay in the encoder cache through the run), MoE backends other than the Triton experts,
+    the attention backends (``gpu_model_runner.py`` L6769-6781), after the peak is read.  A multimodal model with a
+    ``vision`` tower (:func:`mm_encoder_profile`, sized by ``max_model_len`` and ``mm_limits``) runs its encoder first
+    (0.33 L6072-6130): the peak is then the larger of the encoder pass's and the language model's plus what the
+    encoder left held (pixel values, encoder cache), which the MoE workspace is not part of (it is first taken in the
+    language model's pass).  Not modelled: other vision towers than Qwen3-VL's (``vision`` None: the
+    encoder is left out), the encoder under pipeline parallelism (left out), MoE backends other than the Triton experts,
     fewer than 8 sampled rows on vLLM 0.17-0.19 (``max_num_seqs`` < 8: ``apply_top_k_top_p`` sorts them with torch,
     0.19.0 ``topk_topp_sampler.py`` L251-255).
     """
@@ -392,14 +567,42 @@ def activation_peak(
     if receive:
         parts.append(f"pipeline receive buffers 2 x {tokens} x {hidden} x {dtype} B")
     base = cublas_workspace_bytes(compute_capability)
-    total = max(sampler, forward) + workspace + receive + base
+    language = max(sampler, forward) + workspace + receive
     peak = "sampler" if sampler >= forward else "forward"
+    head = (
+        f"max(sampler {sampler / GiB:.3f} GiB, forward {forward / GiB:.3f} GiB: {peak}) + workspace + receive + "
+        f"{base / MiB:.3f} MiB cuBLAS workspace; "
+    )
+    encoder = None
+    if vision is not None and pp_size == 1:
+        if max_model_len is None:
+            raise ConfigError(
+                "The multimodal encoder's profile term needs max_model_len (it caps the items per prompt): pass the "
+                "planned max_model_len with the vision shape."
+            )
+        encoder = mm_encoder_profile(
+            vision,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            mm_limits=mm_limits,
+        )
+    if encoder is not None:
+        bound = "encoder" if encoder.encoder_peak_bytes >= language + encoder.held_bytes else "language model"
+        head = (
+            f"max(encoder {encoder.encoder_peak_bytes / GiB:.3f} GiB, language model {language / GiB:.3f} GiB + held "
+            f"{encoder.held_bytes / MiB:.1f} MiB: {bound}) + {base / MiB:.3f} MiB cuBLAS workspace; language model: "
+            + head.split(" + ")[0]
+            + " + workspace + receive; "
+        )
+        parts.append(f"multimodal encoder: {encoder.formula}")
+        language = max(encoder.encoder_peak_bytes, language + encoder.held_bytes)
+    total = language + base
     return Term(
         name="activation peak",
         bytes=total,
         formula=(
-            f"max(sampler {sampler / GiB:.3f} GiB, forward {forward / GiB:.3f} GiB: {peak}) + workspace + receive + "
-            f"{base / MiB:.3f} MiB cuBLAS workspace; "
+            head
             + "; ".join(parts)
             + ("" if shape is not None else "; model shape not given: hidden-state and forward terms left out")
             + ("" if pp_stage == "last" else f"; pipeline {pp_stage} stage: no sampler")
@@ -619,13 +822,18 @@ def estimate_runtime_memory(
     profile_version: str | None = None,
     shape: ModelShape | None = None,
     pp_stage: str = "last",
+    vision: VisionShape | None = None,
+    max_model_len: int | None = None,
+    mm_limits: dict[str, int] | None = None,
 ) -> RuntimeMemory:
     """vLLM ``engine_version``'s memory outside the KV cache and the weights on ``gpu``.
 
     ``profile_version`` borrows another version's calibration; the result's ``note`` then says the plan was made
     with a profile that is not the engine's.  ``shape`` (:func:`model_shape_of`) gives the activation peak its
     forward, hidden-state and MoE terms; ``pp_stage`` picks the pipeline stage (``last``, the one that samples and
-    whose budget binds, by default).
+    whose budget binds, by default).  ``vision`` (:func:`vision_shape_of`) adds the multimodal encoder's profile pass
+    (:func:`mm_encoder_profile`), sized by ``max_model_len`` and ``mm_limits`` (vLLM's ``limit_mm_per_prompt``: 999
+    per modality it does not name, ``{"image": 0, "video": 0}`` for ``--language-model-only``).
     """
     for name, value in (("vocab_size", vocab_size), ("tp_size", tp_size), ("pp_size", pp_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -656,6 +864,9 @@ def estimate_runtime_memory(
             pp_stage=pp_stage,
             sm_count=SM_COUNTS.get(gpu.name, H100_SMS),
             compute_capability=gpu.compute_capability,
+            vision=vision,
+            max_model_len=max_model_len,
+            mm_limits=mm_limits,
         ),
         non_torch_memory(tp_size=tp_size, pp_size=pp_size, profile=profile),
         cudagraph_memory(profile=profile, max_num_seqs=seqs, max_num_batched_tokens=batched),
