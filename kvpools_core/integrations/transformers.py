@@ -134,6 +134,7 @@ class _Step:
         "_full",
         "_lengths",
         "batch",
+        "block",
         "counts",
         "flat",
         "given_counts",
@@ -179,6 +180,10 @@ class _Step:
         self.rows = rows
         self._lengths = lengths
         self.run = run
+        self.block: int | None = None
+        """The first slot where the step's new slots are consecutive (``block .. block + batch - 1``, request by
+        request, one token each: what a fresh pool's decode steps get): each layer writes them with one ``copy_``
+        into that range of its buffers instead of an ``index_copy_`` (:meth:`KvpoolsCache._through_buffers`)."""
         self.flat: Tensor | None = None
         """``full`` flattened, made once per step: the slots :meth:`KvpoolsCache._through_buffers` selects."""
 
@@ -431,6 +436,13 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         table = self.req_to_token.req_to_token
         self._table_flat: Tensor | None = table.view(-1) if table.is_contiguous() else None
         """The request table as one row (a run's decode step writes its slot by ints: :meth:`_extend_run`)."""
+        host = {table.device.type, torch.device(self.pool.device).type, torch.device(self.allocator.device).type}
+        self._table_slots: memoryview | None = None
+        """The request table's memory as Python ints (``memoryview`` of its ``int32`` entries, row after row) where
+        the table, the pool and the allocator are in host memory: a page-1 decode step writes it by ints
+        (:meth:`_extend_host`, :meth:`_extend_run`)."""
+        if self._table_flat is not None and host == {"cpu"} and table.dtype == torch.int32:
+            self._table_slots = memoryview(self._table_flat.numpy())
         if attention_mask is not None:
             self._start_batch(attention_mask)
 
@@ -779,8 +791,10 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         if min(lengths) == 0 or max(lengths) + 1 > self.req_to_token.max_context_len:
             return None  # a request without a slot to extend, or past the table's row: _begin_step says which
         n = len(batch)
-        if last.run is not None and self.page_size == 1 and self._table_flat is not None:
-            return self._extend_run(last)
+        if self.page_size == 1 and self._table_slots is not None:
+            if last.run is not None:
+                return self._extend_run(last)
+            return self._extend_host(last, lengths)
         previous = last.full
         tail = None  # page 1: every new slot is a page of its own, a rollback frees them all
         device = self.allocator.device
@@ -820,6 +834,44 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             run=run,
         )
 
+    def _extend_host(self, last: _Step, lengths: list[int]) -> _Step:
+        """:meth:`_decode_step` at page size 1 where the allocator, the request table and the pool are in host
+        memory: the new slots as Python ints (one ``tolist``), the table written by ints through its memory
+        (no ``index_put_`` and no ``int32`` copy), the layout grown by one ``cat``.  Where the slots are
+        consecutive (a fresh pool's) the step says so (:attr:`_Step.block`): the layers write them as one range."""
+        n = len(lengths)
+        locs = self.allocator.alloc(n)
+        if locs is None:
+            raise self._no_room(n)
+        if locs.dtype != torch.int64:
+            locs = locs.to(torch.int64)
+        new = locs.tolist()
+        table = self._table_slots
+        assert table is not None
+        context = self.req_to_token.max_context_len
+        for request, length, slot in zip(last.requests, lengths, new, strict=True):
+            table[request.row * context + length] = slot
+        full = torch.cat((last.full, locs.view(n, 1)), 1)
+        self._first_counts = None
+        step = _Step(
+            n,
+            self.width + 1,
+            None,
+            locs,
+            full,
+            full,
+            requests=last.requests,
+            counts=[1] * n,
+            opened=(locs, None),
+            given_counts=None,
+            rows=last.rows,
+            lengths=[length + 1 for length in lengths],
+        )
+        first = new[0]
+        if new[-1] - first == n - 1 and new == list(range(first, first + n)):
+            step.block = first
+        return step
+
     def _extend_run(self, last: _Step) -> _Step:
         """:meth:`_decode_step` of one request on a run of consecutive slots, page size 1: its new slot as a
         Python int, the table written at its length by ints, no layout built (:attr:`_Step.full` makes it when
@@ -832,12 +884,12 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         request, run = last.requests[0], last.run
         assert run is not None
         loc = int(locs.item())  # a host pool (a run is one): no device sync
-        table = self._table_flat
+        table = self._table_slots
         assert table is not None
         table[request.row * self.req_to_token.max_context_len + request.length] = loc
         self._first_counts = None
         width = self.width + 1
-        return _Step(
+        step = _Step(
             1,
             width,
             None,
@@ -852,6 +904,8 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             lengths=[request.length + 1],
             run=run if loc == run + last.width else None,
         )
+        step.block = loc  # one slot: written with copy_ into it, not index_copy_
+        return step
 
     def _evict_out_of_window(self) -> None:
         """Free the SWA slots of the batch's tokens no query will see again (``free_swa``; full slots stay).
@@ -961,19 +1015,26 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
 
         What ``set_kv_buffer`` and ``get_kv`` do for such a pool, in fewer and cheaper operations: a decode step's
         K/V go to their slots in one ``index_copy_`` each (the ``(batch, heads, 1, dim)`` input against the
-        buffer's ``(slots, heads, 1, dim)`` view), and each is read back with one ``index_select`` of whole
-        slots (the ``(slots, heads x dim)`` view: one row copy per token, where ``get_kv``'s advanced indexing
-        costs 7-20x more on CPU, measured in ``benchmarks/README.md``), seen as ``(batch, heads, width, dim)``
-        with one ``as_strided``.  Where the step's one request holds consecutive slots (``_Step.run``) nothing is
-        gathered: the returned K/V are that ``as_strided`` view of the buffers themselves (transformers'
-        ``DynamicCache`` returns its own tensors too; attention only reads them).
+        buffer's ``(slots, heads, 1, dim)`` view), or in one ``copy_`` into a range of it where the step's slots
+        are consecutive (:attr:`_Step.block`: ``copy_`` is an operation the model itself runs all the time, so its
+        code is warm in the CPU's caches, where ``index_copy_`` is the cache's alone), and each is read back with
+        one ``index_select`` of whole slots (the ``(slots, heads x dim)`` view: one row copy per token, where
+        ``get_kv``'s advanced indexing costs 7-20x more on CPU, measured in ``benchmarks/README.md``), seen as
+        ``(batch, heads, width, dim)`` with one ``as_strided``.  Where the step's one request holds consecutive
+        slots (``_Step.run``) nothing is gathered: the returned K/V are that ``as_strided`` view of the buffers
+        themselves (transformers' ``DynamicCache`` returns its own tensors too; attention only reads them).
         """
         (k_rows, v_rows), (k_slots, v_slots), (heads, k_dim, v_heads, v_dim), layer_id = raw
         if keys.requires_grad or values.requires_grad:  # a forward outside no_grad: the pool stores values only
             keys, values = keys.detach(), values.detach()
         if step.write_mask is None and keys.shape[2] == 1:
-            k_slots.index_copy_(0, step.locs, keys)
-            v_slots.index_copy_(0, step.locs, values)
+            block = step.block
+            if block is not None:  # consecutive new slots: one range copy each, the model's own hot copy_
+                k_slots.narrow(0, block, step.batch).copy_(keys)
+                v_slots.narrow(0, block, step.batch).copy_(values)
+            else:
+                k_slots.index_copy_(0, step.locs, keys)
+                v_slots.index_copy_(0, step.locs, values)
         else:  # a prompt (padded or not): the pool's own write, its shape checks included
             if step.write_mask is None:
                 new_k = keys.transpose(1, 2).reshape(-1, heads, keys.shape[-1])
