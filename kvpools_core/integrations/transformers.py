@@ -181,9 +181,10 @@ class _Step:
         self._lengths = lengths
         self.run = run
         self.block: int | None = None
-        """The first slot where the step's new slots are consecutive (``block .. block + batch - 1``, request by
-        request, one token each: what a fresh pool's decode steps get): each layer writes them with one ``copy_``
-        into that range of its buffers instead of an ``index_copy_`` (:meth:`KvpoolsCache._through_buffers`)."""
+        """The first slot where the step's new slots (two or more) are consecutive (``block .. block + batch - 1``,
+        request by request, one token each: what a fresh pool's decode steps get): each layer writes them with one
+        ``copy_`` into that range of its buffers instead of an ``index_copy_`` (:meth:`KvpoolsCache._through_buffers`;
+        one slot stays an ``index_copy_``: a one-row range copy measured no faster)."""
         self.flat: Tensor | None = None
         """``full`` flattened, made once per step: the slots :meth:`KvpoolsCache._through_buffers` selects."""
 
@@ -868,7 +869,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             lengths=[length + 1 for length in lengths],
         )
         first = new[0]
-        if new[-1] - first == n - 1 and new == list(range(first, first + n)):
+        if n > 1 and new[-1] - first == n - 1 and new == list(range(first, first + n)):
             step.block = first
         return step
 
@@ -889,7 +890,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         table[request.row * self.req_to_token.max_context_len + request.length] = loc
         self._first_counts = None
         width = self.width + 1
-        step = _Step(
+        return _Step(
             1,
             width,
             None,
@@ -904,8 +905,6 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             lengths=[request.length + 1],
             run=run if loc == run + last.width else None,
         )
-        step.block = loc  # one slot: written with copy_ into it, not index_copy_
-        return step
 
     def _evict_out_of_window(self) -> None:
         """Free the SWA slots of the batch's tokens no query will see again (``free_swa``; full slots stay).
