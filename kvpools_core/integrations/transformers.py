@@ -134,7 +134,6 @@ class _Step:
         "_full",
         "_lengths",
         "batch",
-        "block",
         "counts",
         "flat",
         "given_counts",
@@ -180,11 +179,6 @@ class _Step:
         self.rows = rows
         self._lengths = lengths
         self.run = run
-        self.block: int | None = None
-        """The first slot where the step's new slots (two or more) are consecutive (``block .. block + batch - 1``,
-        request by request, one token each: what a fresh pool's decode steps get): each layer writes them with one
-        ``copy_`` into that range of its buffers instead of an ``index_copy_`` (:meth:`KvpoolsCache._through_buffers`;
-        one slot stays an ``index_copy_``: a one-row range copy measured no faster)."""
         self.flat: Tensor | None = None
         """``full`` flattened, made once per step: the slots :meth:`KvpoolsCache._through_buffers` selects."""
 
@@ -838,8 +832,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
     def _extend_host(self, last: _Step, lengths: list[int]) -> _Step:
         """:meth:`_decode_step` at page size 1 where the allocator, the request table and the pool are in host
         memory: the new slots as Python ints (one ``tolist``), the table written by ints through its memory
-        (no ``index_put_`` and no ``int32`` copy), the layout grown by one ``cat``.  Where the slots are
-        consecutive (a fresh pool's) the step says so (:attr:`_Step.block`): the layers write them as one range."""
+        (no ``index_put_`` and no ``int32`` copy), the layout grown by one ``cat``."""
         n = len(lengths)
         locs = self.allocator.alloc(n)
         if locs is None:
@@ -854,7 +847,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             table[request.row * context + length] = slot
         full = torch.cat((last.full, locs.view(n, 1)), 1)
         self._first_counts = None
-        step = _Step(
+        return _Step(
             n,
             self.width + 1,
             None,
@@ -868,10 +861,6 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             rows=last.rows,
             lengths=[length + 1 for length in lengths],
         )
-        first = new[0]
-        if n > 1 and new[-1] - first == n - 1 and new == list(range(first, first + n)):
-            step.block = first
-        return step
 
     def _extend_run(self, last: _Step) -> _Step:
         """:meth:`_decode_step` of one request on a run of consecutive slots, page size 1: its new slot as a
@@ -1014,26 +1003,19 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
 
         What ``set_kv_buffer`` and ``get_kv`` do for such a pool, in fewer and cheaper operations: a decode step's
         K/V go to their slots in one ``index_copy_`` each (the ``(batch, heads, 1, dim)`` input against the
-        buffer's ``(slots, heads, 1, dim)`` view), or in one ``copy_`` into a range of it where the step's slots
-        are consecutive (:attr:`_Step.block`: ``copy_`` is an operation the model itself runs all the time, so its
-        code is warm in the CPU's caches, where ``index_copy_`` is the cache's alone), and each is read back with
-        one ``index_select`` of whole slots (the ``(slots, heads x dim)`` view: one row copy per token, where
-        ``get_kv``'s advanced indexing costs 7-20x more on CPU, measured in ``benchmarks/README.md``), seen as
-        ``(batch, heads, width, dim)`` with one ``as_strided``.  Where the step's one request holds consecutive
-        slots (``_Step.run``) nothing is gathered: the returned K/V are that ``as_strided`` view of the buffers
-        themselves (transformers' ``DynamicCache`` returns its own tensors too; attention only reads them).
+        buffer's ``(slots, heads, 1, dim)`` view), and each is read back with one ``index_select`` of whole
+        slots (the ``(slots, heads x dim)`` view: one row copy per token, where ``get_kv``'s advanced indexing
+        costs 7-20x more on CPU, measured in ``benchmarks/README.md``), seen as ``(batch, heads, width, dim)``
+        with one ``as_strided``.  Where the step's one request holds consecutive slots (``_Step.run``) nothing is
+        gathered: the returned K/V are that ``as_strided`` view of the buffers themselves (transformers'
+        ``DynamicCache`` returns its own tensors too; attention only reads them).
         """
         (k_rows, v_rows), (k_slots, v_slots), (heads, k_dim, v_heads, v_dim), layer_id = raw
         if keys.requires_grad or values.requires_grad:  # a forward outside no_grad: the pool stores values only
             keys, values = keys.detach(), values.detach()
         if step.write_mask is None and keys.shape[2] == 1:
-            block = step.block
-            if block is not None:  # consecutive new slots: one range copy each, the model's own hot copy_
-                k_slots.narrow(0, block, step.batch).copy_(keys)
-                v_slots.narrow(0, block, step.batch).copy_(values)
-            else:
-                k_slots.index_copy_(0, step.locs, keys)
-                v_slots.index_copy_(0, step.locs, values)
+            k_slots.index_copy_(0, step.locs, keys)
+            v_slots.index_copy_(0, step.locs, values)
         else:  # a prompt (padded or not): the pool's own write, its shape checks included
             if step.write_mask is None:
                 new_k = keys.transpose(1, 2).reshape(-1, heads, keys.shape[-1])
