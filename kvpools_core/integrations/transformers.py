@@ -431,6 +431,13 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         table = self.req_to_token.req_to_token
         self._table_flat: Tensor | None = table.view(-1) if table.is_contiguous() else None
         """The request table as one row (a run's decode step writes its slot by ints: :meth:`_extend_run`)."""
+        host = {table.device.type, torch.device(self.pool.device).type, torch.device(self.allocator.device).type}
+        self._table_slots: memoryview | None = None
+        """The request table's memory as Python ints (``memoryview`` of its ``int32`` entries, row after row) where
+        the table, the pool and the allocator are in host memory: a page-1 decode step writes it by ints
+        (:meth:`_extend_host`, :meth:`_extend_run`)."""
+        if self._table_flat is not None and host == {"cpu"} and table.dtype == torch.int32:
+            self._table_slots = memoryview(self._table_flat.numpy())
         if attention_mask is not None:
             self._start_batch(attention_mask)
 
@@ -779,8 +786,10 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         if min(lengths) == 0 or max(lengths) + 1 > self.req_to_token.max_context_len:
             return None  # a request without a slot to extend, or past the table's row: _begin_step says which
         n = len(batch)
-        if last.run is not None and self.page_size == 1 and self._table_flat is not None:
-            return self._extend_run(last)
+        if self.page_size == 1 and self._table_slots is not None:
+            if last.run is not None:
+                return self._extend_run(last)
+            return self._extend_host(last, lengths)
         previous = last.full
         tail = None  # page 1: every new slot is a page of its own, a rollback frees them all
         device = self.allocator.device
@@ -820,6 +829,39 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
             run=run,
         )
 
+    def _extend_host(self, last: _Step, lengths: list[int]) -> _Step:
+        """:meth:`_decode_step` at page size 1 where the allocator, the request table and the pool are in host
+        memory: the new slots as Python ints (one ``tolist``), the table written by ints through its memory
+        (no ``index_put_`` and no ``int32`` copy), the layout grown by one ``cat``."""
+        n = len(lengths)
+        locs = self.allocator.alloc(n)
+        if locs is None:
+            raise self._no_room(n)
+        if locs.dtype != torch.int64:
+            locs = locs.to(torch.int64)
+        new = locs.tolist()
+        table = self._table_slots
+        assert table is not None
+        context = self.req_to_token.max_context_len
+        for request, length, slot in zip(last.requests, lengths, new, strict=True):
+            table[request.row * context + length] = slot
+        full = torch.cat((last.full, locs.view(n, 1)), 1)
+        self._first_counts = None
+        return _Step(
+            n,
+            self.width + 1,
+            None,
+            locs,
+            full,
+            full,
+            requests=last.requests,
+            counts=[1] * n,
+            opened=(locs, None),
+            given_counts=None,
+            rows=last.rows,
+            lengths=[length + 1 for length in lengths],
+        )
+
     def _extend_run(self, last: _Step) -> _Step:
         """:meth:`_decode_step` of one request on a run of consecutive slots, page size 1: its new slot as a
         Python int, the table written at its length by ints, no layout built (:attr:`_Step.full` makes it when
@@ -832,7 +874,7 @@ class KvpoolsCache(Cache):  # type: ignore[misc]
         request, run = last.requests[0], last.run
         assert run is not None
         loc = int(locs.item())  # a host pool (a run is one): no device sync
-        table = self._table_flat
+        table = self._table_slots
         assert table is not None
         table[request.row * self.req_to_token.max_context_len + request.length] = loc
         self._first_counts = None

@@ -42,10 +42,12 @@ class _Count(TorchDispatchMode):
 
 
 def _decode_op_counts(
-    page_size: int, steps: int, lengths: tuple[int, ...] = (5, 9, 13, 3)
+    page_size: int, steps: int, lengths: tuple[int, ...] = (5, 9, 13, 3), scatter: bool = False
 ) -> tuple[list[Counter[str]], torch.Tensor, torch.Tensor]:
     """Operations inside the cache's ``update`` calls per forward (prompt first), and the tokens of the
-    KvpoolsCache and DynamicCache runs."""
+    KvpoolsCache and DynamicCache runs.  ``scatter``: after the prompt, 8 slots are taken and every other one
+    given back behind the cache's back, so the first decode step's slots are not consecutive (1, 3, 5, 7 on a
+    page-1 pool: the token allocator hands out the freed slots first)."""
     model = llama()
     ids, mask = left_padded(lengths, model.config.vocab_size)
     plan = plan_for_config(model.config, Serving(platform="cpu", page_size=page_size), memory="4MiB")
@@ -61,7 +63,11 @@ def _decode_op_counts(
 
     def run(reference: Any) -> torch.Tensor:
         tokens, step_ids, step_mask = [], ids, mask
-        for _ in range(steps):
+        for step in range(steps):
+            if scatter and step == 1 and reference is cache:
+                taken = cache.allocator.alloc(8)
+                assert taken is not None
+                cache.allocator.free(taken[::2])
             per_forward.append(Counter())
             with torch.no_grad():
                 logits = model(input_ids=step_ids, attention_mask=step_mask, **cache_kwargs(model, reference)).logits
@@ -85,14 +91,14 @@ def test_a_decode_step_costs_a_fixed_handful_of_operations_per_layer(page_size: 
     assert torch.equal(ours, theirs)
     layers = llama().config.num_hidden_layers  # 2
     decode = [sum(c.values()) for c in counts[1:]]
-    # per step: the table write (index_put_ + its int32 copy), the new slots as a column (view, cat), the lengths
-    # (add), the flat slot list (view) = 6; per layer: K and V each one index_copy_ into the pool, one
-    # index_select out of it and one as_strided to (batch, heads, width, dim) = 6.  Issue 37's second pass:
-    # 23 (a select of each request's last slot, view + transpose per read); before it 40 per step and 16 per
-    # layer (72 for these two layers), with 5 advanced-indexing gathers.
+    # page 1, per step: the new slots as a column (view, cat) and the flat slot list (view) = 3, the table written
+    # by Python ints through its memory (no index_put_, no int32 copy); per layer: K and V each one index_copy_
+    # into the pool, one index_select out of it and one as_strided to (batch, heads, width, dim) = 6.  Issue 37's
+    # fourth pass: 6 per step (index_put_, _to_copy, add for the table and lengths); second pass 23; before it 40
+    # per step and 16 per layer.
     if page_size == 1:  # the same work at every length
         assert decode == [decode[0]] * len(decode), decode
-        assert decode[0] == 6 + 6 * layers, counts[1]
+        assert decode[0] == 3 + 6 * layers, counts[1]
     else:  # alloc_decode's own operations: a few more where a request opens a page
         assert max(decode) <= 16 + 8 * layers, decode
     step = counts[1]
@@ -102,8 +108,52 @@ def test_a_decode_step_costs_a_fixed_handful_of_operations_per_layer(page_size: 
     assert step["aten.as_strided.default"] == 2 * layers  # the gathered rows as (batch, heads, width, dim): one op
     assert step["aten.transpose.int"] == 0
     assert step["aten.cat.default"] == 1  # the layout grows by one column, once per step
-    if page_size == 1:  # a page-1 rollback frees every slot of the step: no last slot to read per step
-        assert step["aten.select.int"] == 0
+    if page_size == 1:
+        assert step["aten.index_put_.default"] == 0  # the table is written by ints
+        assert step["aten.select.int"] == 0  # a page-1 rollback frees every slot of the step: no last slot read
+
+
+def test_decode_slots_that_do_not_follow_each_other_are_recorded_where_they_are() -> None:
+    """A decode step whose slots are 31, 33, 35, 37 (slots freed behind the cache's back), then steps on
+    consecutive slots again: the table, written by ints through its memory, holds each request's own slot of each
+    step in the column after its tokens, the tokens are DynamicCache's, and release frees exactly those slots."""
+    counts, ours, theirs = _decode_op_counts(1, steps=6, scatter=True)
+    assert torch.equal(ours, theirs)
+    layers = llama().config.num_hidden_layers
+    assert [sum(c.values()) for c in counts[1:]] == [3 + 6 * layers] * 5
+
+    model = llama()
+    lengths = (5, 9, 13, 3)
+    ids, mask = left_padded(lengths, model.config.vocab_size)
+    plan = plan_for_config(model.config, Serving(platform="cpu"), memory="4MiB")
+    cache = KvpoolsCache(kvpools_core.build(plan, "cpu"), attention_mask=mask)
+    free_at_start = cache.allocator.available_size()
+    handed: list[list[int]] = []
+    alloc = cache.allocator.alloc
+
+    def recorded(n: int) -> Any:
+        out = alloc(n)
+        handed.append(out.tolist())
+        return out
+
+    step_ids, step_mask = ids, mask
+    for step in range(4):
+        if step == 1:  # after the prompt (slots 1..30): take 31..38, give back 31, 33, 35, 37
+            taken = cache.allocator.alloc(8)
+            assert taken is not None and taken.tolist() == list(range(31, 39))
+            cache.allocator.free(taken[::2])
+            cache.allocator.alloc = recorded  # type: ignore[method-assign]
+        with torch.no_grad():
+            logits = model(input_ids=step_ids, attention_mask=step_mask, **cache_kwargs(model, cache)).logits
+        step_ids = logits[:, -1].argmax(-1, keepdim=True)
+        step_mask = torch.cat([step_mask, torch.ones_like(step_mask[:, :1])], 1)
+    assert handed == [[31, 33, 35, 37], [39, 40, 41, 42], [43, 44, 45, 46]]
+    table = cache.req_to_token.req_to_token
+    for i, row in enumerate(cache.requests):
+        assert cache.length(row) == lengths[i] + 3
+        assert table[row, lengths[i] : lengths[i] + 3].tolist() == [slots[i] for slots in handed]
+    cache.release()
+    assert cache.allocator.available_size() == free_at_start - 4  # only 32, 34, 36, 38 (taken behind its back)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -113,8 +163,9 @@ def test_one_request_on_consecutive_slots_reads_no_copy_of_its_tokens(page_size:
     counts, ours, theirs = _decode_op_counts(page_size, steps=10, lengths=(9,))
     assert torch.equal(ours, theirs)
     layers = llama().config.num_hidden_layers
-    if page_size == 1:  # per step: the slot's value (item), the table store by ints (lift_fresh, select, copy_)
-        assert [sum(c.values()) for c in counts[1:]] == [4 + 4 * layers] * (len(counts) - 1), counts[1]
+    if page_size == 1:  # per step: the slot's value (item), the table store by ints through its memory (no op;
+        # before issue 37's fifth pass a torch store: lift_fresh, select, copy_)
+        assert [sum(c.values()) for c in counts[1:]] == [1 + 4 * layers] * (len(counts) - 1), counts[1]
     for step in counts[1:]:
         assert step["aten.index_select.default"] == 0, step
         assert step["aten.cat.default"] == (0 if page_size == 1 else 1)  # page 1: no layout while the run lasts
