@@ -210,3 +210,16 @@ def test_other_accountings_refuse_them(accounting: str, flag: tuple[str, ...]) -
     result = cli("plan", "llama-3.1-8b", "--memory", "20GiB", "--accounting", accounting, *flag)
     assert result.exit_code == 1
     assert f"{flag[0]} is vLLM's: only with --accounting vllm" in result.output
+
+
+def test_gemma_3s_tower_is_marked_with_images_only() -> None:
+    """``gemma3_mm.py`` L552 marks Gemma-3's tower with image alone: ``{"image": 0}`` drops its 421,290,864 bf16
+    parameters (842,581,728 B), ``{"video": 0}`` drops nothing (and no runtime profile: Gemma-3's encoder pass is not
+    modelled, the weights still are)."""
+    config = "tests/weights/configs/google--gemma-3-12b-it.json"
+    default = plan_vllm(config, gpu="h100")
+    images_off = plan_vllm(config, gpu="h100", limit_mm_per_prompt={"image": 0})
+    videos_off = plan_vllm(config, gpu="h100", limit_mm_per_prompt={"video": 0})
+    assert estimate_weights(config).parameters_by_family["vision"] == 421_290_864
+    assert default.weights_memory[0] - images_off.weights_memory[0] == 421_290_864 * 2 == 842_581_728
+    assert videos_off.weights_memory == default.weights_memory

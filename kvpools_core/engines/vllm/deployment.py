@@ -667,7 +667,7 @@ def _skipped_tower_weights(
 
     config = dict(_complete_config(model)[0])
     modalities = tower_modalities(str(config.get("model_type", "")))
-    if "vision_config" not in config or not multimodal.skips_tower(modalities):
+    if "vision_config" not in config or modalities is None or not multimodal.skips_tower(modalities):
         return zeros, ()
     text_only = {key: value for key, value in config.items() if key != "vision_config"}
     spec = load_model(model, registry or get_registry())[0]

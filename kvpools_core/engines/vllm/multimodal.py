@@ -75,13 +75,15 @@ class MultimodalLimits:
         return {"limit_mm_per_prompt": self.given, "language_model_only": self.language_model_only}
 
 
-def tower_modalities(model_type: str) -> tuple[str, ...]:
-    """The modalities a checkpoint's vision tower is marked with (``_mark_tower_model``): image and video for the
-    Qwen3-VL-style towers (``qwen3_vl.py`` L2010, ``qwen3_5.py`` L513 / L736), image for the others kvpools counts
-    (``gemma3_mm.py`` L552, ``mistral3.py`` L478)."""
+def tower_modalities(model_type: str) -> tuple[str, ...] | None:
+    """The modalities a checkpoint's vision tower is marked with (``_mark_tower_model``), for the towers kvpools'
+    weights count: image and video for the Qwen3-VL-style ones (``qwen3_vl.py`` L2010, ``qwen3_5.py`` L513 / L736),
+    image for Gemma-3's (``gemma3_mm.py`` L552); None for another checkpoint (its tower's weights are kept)."""
     from kvpools_core.engines.vllm.runtime_memory import QWEN3_VL_VISION_TYPES
 
-    return ("image", "video") if model_type in QWEN3_VL_VISION_TYPES else ("image",)
+    if model_type in QWEN3_VL_VISION_TYPES:
+        return ("image", "video")
+    return ("image",) if model_type == "gemma3" else None
 
 
 def parse_multimodal_limits(
