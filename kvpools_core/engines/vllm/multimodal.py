@@ -19,6 +19,8 @@ from typing import Any
 
 import attrs
 
+from kvpools_core.engines.vllm.runtime_memory import DEFAULT_MM_LIMIT as DEFAULT_LIMIT
+from kvpools_core.engines.vllm.runtime_memory import QWEN3_VL_VISION_TYPES
 from kvpools_core.errors import ConfigError, short_repr
 from kvpools_core.options import option
 
@@ -27,9 +29,6 @@ __all__ = ["DUMMY_SIZE_KEYS", "MultimodalLimits", "parse_multimodal_limits", "to
 DUMMY_SIZE_KEYS = {"image": ("width", "height"), "video": ("num_frames", "width", "height"), "audio": ("length",)}
 """The dummy-item options vLLM 0.33 accepts beside ``count`` (``ImageDummyOptions`` / ``VideoDummyOptions`` /
 ``AudioDummyOptions``, ``config/multimodal.py`` L210-235); kvpools does not model them (the profile's item size)."""
-
-DEFAULT_LIMIT = 999
-"""``BaseDummyOptions.count``'s default and ``get_limit_per_prompt``'s for a modality not named."""
 
 _EXAMPLE = """'{"image": 2, "video": 0}'"""
 
@@ -79,8 +78,6 @@ def tower_modalities(model_type: str) -> tuple[str, ...] | None:
     """The modalities a checkpoint's vision tower is marked with (``_mark_tower_model``), for the towers kvpools'
     weights count: image and video for the Qwen3-VL-style ones (``qwen3_vl.py`` L2010, ``qwen3_5.py`` L513 / L736),
     image for Gemma-3's (``gemma3_mm.py`` L552); None for another checkpoint (its tower's weights are kept)."""
-    from kvpools_core.engines.vllm.runtime_memory import QWEN3_VL_VISION_TYPES
-
     if model_type in QWEN3_VL_VISION_TYPES:
         return ("image", "video")
     return ("image",) if model_type == "gemma3" else None
