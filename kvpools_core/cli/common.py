@@ -370,6 +370,8 @@ _VLLM_OPTIONS = (
     "kv_offloading_size",
     "kv_offloading_backend",
     "runtime_profile",
+    "limit_mm_per_prompt",
+    "language_model_only",
 )
 """vLLM's own option names, accepted by ``plan`` and ``capacity`` under ``--accounting vllm`` only."""
 
@@ -387,6 +389,21 @@ def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
         "profile older or newer than the vLLM installed beside kvpools says so (docs/gpus.md).",
     )(command)
     only = " Only with --accounting vllm."
+    command = click.option(
+        "--language-model-only",
+        is_flag=True,
+        default=None,
+        help="vLLM's --language-model-only: every multimodal limit 0, so no encoder profile pass and no vision tower "
+        "weights (vLLM 0.33)." + only,
+    )(command)
+    command = click.option(
+        "--limit-mm-per-prompt",
+        default=None,
+        metavar="JSON",
+        help="vLLM's items per prompt per modality, a JSON object as vLLM 0.33 takes it: '{\"image\": 2, "
+        '"video": 0}\' (999 for a modality not named; 0 for every modality of a vision tower drops its '
+        "weights). With --runtime-profile it sizes the encoder's profile pass (docs/vllm.md)." + only,
+    )(command)
     for flag, kind, help_text in reversed(
         (
             (

@@ -87,6 +87,12 @@ EAGLE = (
     "8",
 )
 VLLM = (*LLAMA, "--accounting", "vllm")
+QWEN36_VLLM = (
+    # the club-3090 runs' launch (tests/vllm/test_multimodal_limits.py)
+    "qwen3.6-35b-a3b-nvfp4", "--accounting", "vllm", "--gpu", "rtx-5090", "--runtime-profile", "0.33",
+    "--kv-cache-dtype", "fp8", "--quantization", "modelopt", "--max-num-seqs", "1", "--max-num-batched-tokens", "8192",
+    "--max-model-len", "131072",
+)  # fmt: skip
 TRTLLM = (*LLAMA, "--accounting", "trtllm")
 GPT_OSS_TRTLLM = ("gpt-oss-20b", "--memory", "20GiB", "--accounting", "trtllm")
 GPT_OSS_VSWA = (*GPT_OSS_TRTLLM, "--max_attention_window", "128,131072")
@@ -436,6 +442,17 @@ EVIDENCE: dict[str, Evidence] = {
     "runtime_profile": Changes(
         ("llama-3.1-8b", "--gpu", "h100", "--accounting", "vllm"),
         ("llama-3.1-8b", "--gpu", "h100", "--accounting", "vllm", "--runtime-profile", "0.19"),
+    ),
+    # vLLM's multimodal limits (issue 34): the encoder's profile pass and, all of a tower's modalities at 0, its weights
+    "limit_mm_per_prompt": Changes(
+        QWEN36_VLLM,
+        (*QWEN36_VLLM, "--limit-mm-per-prompt", '{"image": 0, "video": 0}'),
+        why="no encoder profile pass and no vision tower weights (tests/vllm/test_multimodal_limits.py)",
+    ),
+    "language_model_only": Changes(
+        QWEN36_VLLM,
+        (*QWEN36_VLLM, "--language-model-only"),
+        why="every limit 0: no encoder profile pass and no vision tower weights",
     ),
     "engine_version": Changes(
         ("llama-3.1-8b", "--gpu", "h100", "--accounting", "vllm", "--runtime-profile", "0.19"),

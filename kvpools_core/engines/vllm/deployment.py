@@ -11,12 +11,14 @@ and the ``vllm serve`` flags that realise the plan.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from kvpools_core.engines.vllm.budget import DEFAULT_GPU_MEMORY_UTILIZATION, VllmMemoryBudget, available_kv_cache_memory
 from kvpools_core.engines.vllm.model import DEFAULT_BLOCK_SIZE, worker_kv_cache_specs
+from kvpools_core.engines.vllm.multimodal import MultimodalLimits, parse_multimodal_limits, tower_modalities
 from kvpools_core.engines.vllm.offload import VllmCpuOffload, plan_cpu_offload
 from kvpools_core.engines.vllm.planning import (
     KVCacheGroupSpec,
@@ -124,6 +126,8 @@ class VllmPlanResult:
     stage_activation_peaks: tuple[int, ...] = ()
     """Each pipeline stage's activation peak with a runtime profile (``runtime_memory``'s is the last stage's, the
     one that samples), else empty."""
+    multimodal: MultimodalLimits | None = None
+    """``--limit-mm-per-prompt`` / ``--language-model-only`` as given (None: neither, vLLM's 999 per modality)."""
 
     @property
     def total_memory(self) -> int | None:
@@ -211,6 +215,8 @@ class VllmPlanResult:
             parts.append(f"--quantization {self.serving.quantization}")
         parts.append(f"--max-num-seqs {self.max_num_seqs}")
         parts.append(f"--max-num-batched-tokens {self.limits.max_num_batched_tokens}")
+        if self.multimodal is not None:
+            parts.extend(self.multimodal.flags())
         if self.num_gpu_blocks_override is not None:
             parts.append(f"--num-gpu-blocks-override {self.num_gpu_blocks_override}")
         if self.offload is not None:
@@ -271,6 +277,8 @@ class VllmPlanResult:
             "serve_command": self.serve_command(),
             "notes": list(self.notes),
         }
+        if self.multimodal is not None:  # only when given: the default --json is unchanged
+            data.update(self.multimodal.to_dict())
         if self.runtime_memory is not None:  # only with a runtime profile: the default --json is unchanged
             runtime = self.runtime_memory
             data["runtime_memory"] = {
@@ -420,6 +428,8 @@ def plan_vllm(
     host_memory: int | float | str | None = None,
     host_reserve: int | float | str | None = None,
     runtime_profile: str | None = None,
+    limit_mm_per_prompt: str | Mapping[str, Any] | None = None,
+    language_model_only: bool | None = None,
     registry: Registry | None = None,
 ) -> VllmPlanResult:
     """Plan ``model`` as ``vllm serve`` 0.33 sizes its KV cache (``Worker.determine_available_memory`` +
@@ -440,11 +450,16 @@ def plan_vllm(
     ``runtime_profile`` (a vLLM version with a calibrated profile, e.g. ``"0.19"``; off by default) estimates those
     three terms and the GPU's total as torch reports it (:mod:`kvpools_core.engines.vllm.runtime_memory`) instead of
     taking them as 0 and the catalogue's nvidia-smi total; it applies to a ``gpu`` / ``gpu_memory`` budget only.
+    ``limit_mm_per_prompt`` (vLLM's JSON object, or a mapping: items per modality, 999 for one not named) and
+    ``language_model_only`` (every limit 0) size the multimodal encoder's profile pass under a runtime profile, and a
+    vision tower whose modalities are all limited to 0 leaves the estimated weights, as vLLM 0.33 does not load it
+    (:mod:`kvpools_core.engines.vllm.multimodal`); both are echoed on the ``vllm serve`` line.
     Raises :class:`~kvpools_core.engines.vllm.planning.VllmMemoryError` with vLLM's text where vLLM refuses to start.
     """
     registry = registry or get_registry()
     serving = attrs.evolve(serving or Serving(), accounting="vllm")
     _check_serving(serving)
+    multimodal = parse_multimodal_limits(limit_mm_per_prompt, language_model_only)
     model_len = parse_max_model_len(max_model_len)
     auto = model_len == AUTO_MAX_MODEL_LEN
     for name, value in (
@@ -514,11 +529,18 @@ def plan_vllm(
         else:
             weights = _stage_weights(model, spec, serving, registry)
             weights_source = "kvpools' estimate of each stage's layers from the model config (estimate_weights)"
+            tower, modalities = _skipped_tower_weights(model, serving, multimodal, registry)
+            if any(tower):
+                weights = tuple(stage - skipped for stage, skipped in zip(weights, tower, strict=True))
+                weights_source += (
+                    f"; less the vision tower's {format_gib(max(tower))} GiB, which vLLM does not load with "
+                    f"{' and '.join(modalities)} limited to 0 (--limit-mm-per-prompt / --language-model-only)"
+                )
         runtime = None
         peaks = (0,) * len(weights)
         if runtime_profile is not None:
             runtime, peaks = _runtime_memory(
-                model, chosen, serving, default_seqs, limits, runtime_profile, max_num_seqs
+                model, chosen, serving, default_seqs, limits, runtime_profile, max_num_seqs, multimodal
             )
         total = chosen.total_bytes if runtime is None else runtime.total.bytes
         terms = {} if runtime is None else {term.name: term.bytes for term in runtime.terms}
@@ -573,6 +595,7 @@ def plan_vllm(
         max_model_len_auto=auto,
         runtime_memory=runtime if chosen is not None else None,
         stage_activation_peaks=peaks if chosen is not None and runtime is not None else (),
+        multimodal=multimodal,
     )
 
 
@@ -588,6 +611,7 @@ def _runtime_memory(
     limits: VllmLimits,
     version: str,
     max_num_seqs: int | None,
+    multimodal: MultimodalLimits | None = None,
 ) -> tuple[RuntimeMemory, tuple[int, ...]]:
     """The runtime terms of ``version``'s profile for this plan (the last pipeline stage's: it samples), and each
     stage's activation peak (only the last samples; every stage but the first holds the receive buffers); a
@@ -608,10 +632,12 @@ def _runtime_memory(
         "profile_version": version,
         # vLLM serves a float32 checkpoint in 16 bits under --dtype auto (config._get_and_verify_dtype)
         "shape": model_shape_of(model, dtype_bytes=4 if serving.dtype == "float32" else 2),
-        # a Qwen3-VL-style vision tower's profile pass, at vLLM's default limit_mm_per_prompt (999 per modality)
+        # a Qwen3-VL-style vision tower's profile pass, at --limit-mm-per-prompt (vLLM's 999 per modality unnamed)
         "vision": vision_shape_of(model, dtype_bytes=4 if serving.dtype == "float32" else 2),
         "max_model_len": limits.max_model_len,
     }
+    if multimodal is not None:
+        options["mm_limits"] = multimodal.runtime_limits()
     runtime = estimate_runtime_memory(**options)
     if chosen.name == "custom":
         runtime = attrs.evolve(
@@ -625,6 +651,34 @@ def _runtime_memory(
         for stage in stages
     )
     return runtime, peaks
+
+
+def _skipped_tower_weights(
+    model: str | ModelSpec, serving: Serving, multimodal: MultimodalLimits | None, registry: Registry | None
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Each stage's vision-tower bytes that vLLM 0.33 does not load (``_mark_tower_model``: every modality of the
+    tower limited to 0), and those modalities; zeros without a limit, a ``vision_config`` or an estimate to take
+    them from.  The tower's bytes are kvpools' estimate with the ``vision_config`` less the one without it."""
+    zeros = (0,) * serving.pp_size
+    if multimodal is None or isinstance(model, ModelSpec):
+        return zeros, ()
+    from kvpools_core.engines.vllm.runtime_memory import _complete_config
+    from kvpools_core.pipeline.weights import estimate_weights
+
+    config = dict(_complete_config(model)[0])
+    modalities = tower_modalities(str(config.get("model_type", "")))
+    if "vision_config" not in config or modalities is None or not multimodal.skips_tower(modalities):
+        return zeros, ()
+    text_only = {key: value for key, value in config.items() if key != "vision_config"}
+    spec = load_model(model, registry or get_registry())[0]
+    ranges = pp_layer_ranges(spec.num_layers, serving.pp_size, serving.pp_layer_partition)
+    partition = tuple(len(r) for r in ranges)
+    tower = []
+    for rank in range(serving.pp_size):
+        stage = attrs.evolve(serving, pp_rank=rank, pp_layer_partition=partition if serving.pp_size > 1 else None)
+        with_tower = estimate_weights(config, stage, registry=registry).bytes_per_rank
+        tower.append(with_tower - estimate_weights(text_only, stage, registry=registry).bytes_per_rank)
+    return tuple(tower), modalities
 
 
 def _with_capability(serving: Serving, chosen: GPU | None) -> Serving:
