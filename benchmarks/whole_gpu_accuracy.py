@@ -769,6 +769,8 @@ def runtime_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[
             shape=runtime_shape(log, log.flag("dtype", "auto")),
             # the report's pipeline rows are a stage that does not sample (its activation is below the sampler's)
             pp_stage="first" if log.flag("pp", 1) > 1 else "last",
+            # the multimodal encoder's profile pass (Qwen3-VL, Pixtral and SigLIP towers)
+            **runtime_mm_options(log, log.flag("dtype", "auto")),
         )
         for name, key in (("activation peak", "activation_gib"), ("non-torch", "non_torch_gib")):
             error = _error(memory.term(name).bytes / GiB, log.logged.get(key))
