@@ -399,7 +399,7 @@ def runtime_shape(log: StartupLog, serving_dtype: str = "auto") -> ModelShape | 
 
 
 def runtime_mm_options(log: StartupLog, serving_dtype: str = "auto") -> dict[str, Any]:
-    """The multimodal encoder's part of the profile run: the kvpools model's vision tower (a Qwen3-VL-style one;
+    """The multimodal encoder's part of the profile run: the kvpools model's vision tower (Qwen3-VL, Pixtral or SigLIP;
     none for others), the record's ``max_model_len`` and its ``limit_mm_per_prompt`` flag (vLLM's 999 per modality
     where the log names none)."""
     if log.kvpools_model is None:

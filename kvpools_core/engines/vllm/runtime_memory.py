@@ -330,6 +330,13 @@ QWEN_VL_VIDEO_MAX_PIXELS = 25_165_824
 """``size.longest_edge`` of the same checkpoints' ``video_preprocessor_config.json`` (Qwen3VLVideoProcessor), which
 ``get_max_video_tokens`` halves for the temporal patch (vLLM 0.33 ``qwen3_vl.py`` L1040-1068)."""
 
+PIXTRAL_DENSE_MASK_PROFILES = ("0.16", "0.19")
+"""The runtime profiles whose vLLM builds Pixtral's dense ``[patches, patches]`` block mask: without xformers (which
+vLLM does not install, 0.19.0 ``pixtral.py`` L88-98) ``PixtralHFVisionModel.forward`` takes transformers'
+``generate_block_attention_mask`` (0.19.0 L1285-1294; 0.17.0 and 0.18.0 the same; 0.15 / 0.16 not read, taken as
+0.17's).  vLLM 0.33 packs the images for ``MMEncoderAttention`` with ``cu_seqlens`` instead (0.33 ``pixtral.py``
+L1615-1631, L1345-1378): no mask."""
+
 DEFAULT_MM_LIMIT = 999
 """vLLM's ``limit_mm_per_prompt`` for a modality the option does not name (vLLM 0.33 ``config/multimodal.py``
 ``get_limit_per_prompt`` L696-709; 0 for every modality under ``--language-model-only``)."""
@@ -523,6 +530,7 @@ def mm_encoder_profile(
     max_model_len: int,
     mm_limits: dict[str, int] | None = None,
     chunked_prefill: bool = True,
+    dense_block_mask: bool = False,
 ) -> MmEncoderProfile | None:
     """The multimodal part of ``profile_run`` (vLLM 0.33 ``v1/worker/gpu_model_runner.py`` L6072-6146), or None when
     every modality's ``limit_mm_per_prompt`` is 0 (no encoder is profiled, ``encoder_budget.py`` L75-94, L352-358).
@@ -547,7 +555,28 @@ def mm_encoder_profile(
     (1 + 1): 11 hidden; the MLP (``Qwen3_VisionMLP``, eager ``linear_fc2(act_fn(linear_fc1(x)))``) the block input,
     the residual after the attention, the ``norm2`` output, ``fc1``'s output and its activation:
     ``3 hidden + 2 intermediate``.  Held afterwards: the pixel values and the encoder outputs
-    (``items x T x out_hidden``) in ``encoder_cache``, until ``profile_run`` clears it after the sampler."""
+    (``items x T x out_hidden``) in ``encoder_cache``, until ``profile_run`` clears it after the sampler.
+
+    The Pixtral tower (Mistral-Small-3.1; vLLM 0.19.0 ``pixtral.py`` L1243-1312, eager), per patch: the pixels
+    (``in_channels x patch^2``), the conv outputs ``patch_embeds_list`` keeps and the ``ln_pre`` output the
+    transformer's caller keeps (``hidden`` each), the HF rotary cos / sin (``2 x head_dim``), and the larger of a
+    block's peaks (L1134-1149): the MLP (L1028-1033) holds the block input, the attention's ``r``, ``h``, the
+    ``ffn_norm`` output, ``gate_up`` (``2 intermediate``), its activation and the down output:
+    ``5 hidden + 3 intermediate``; the attention (L1075-1109) the block input, the ``attention_norm`` output,
+    ``qkv`` (3), the rotated ``q`` / ``k`` (2), the attention output and its ``reshape`` copy (or ``o_proj``'s):
+    ``9 hidden`` (vLLM 0.33, L1345-1378: the two ``contiguous`` copies for ``MMEncoderAttention`` instead of the
+    ``reshape``: 10).  Where vLLM builds the dense block mask (``dense_block_mask``,
+    :data:`PIXTRAL_DENSE_MASK_PROFILES`) it adds ``P x P x dtype`` (1.09 GiB for Mistral-Small-3.1's two 12,100-patch
+    images).  The projector (``mistral3.py`` L125-170) runs after the tower returns, on ``P / merge^2`` tokens:
+    under the tower's peak.
+
+    The SigLIP tower with the Gemma-3 projector (0.19.0 ``siglip.py`` L341-571, ``gemma3_mm.py`` L420-460), per
+    patch: the pixels, the embeddings (the conv output, the position added in place; the encoder's
+    ``hidden_states_pool`` keeps it) and the larger block peak (L505-519, residuals added in place): attention
+    (L420-431; flash attention takes the ``qkv`` views) the block input, the ``layer_norm1`` output, ``qkv`` (3), the
+    attention output and ``out_proj``'s: ``7 hidden``; the MLP the block input, the residual, the ``layer_norm2``
+    output, ``fc1`` and its activation: ``3 hidden + 2 intermediate``.  The projector's ``contiguous`` copy and the
+    pooled tokens come after the tower's peak, under it."""
     limits = {"image": DEFAULT_MM_LIMIT, "video": DEFAULT_MM_LIMIT, **(mm_limits or {})}
     sizes = {
         modality: size for modality, size in item_sizes(vision).items() if limits.get(modality, 0) > 0 and size[0] > 0
@@ -562,7 +591,7 @@ def mm_encoder_profile(
     patches = items * item_patches
     dtype = vision.dtype_bytes
     pixels = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
-    peak, what = _encoder_pass_bytes(vision, patches, pixels)
+    peak, what = _encoder_pass_bytes(vision, patches, pixels, dense_block_mask=dense_block_mask)
     outputs = items * per_item * vision.out_hidden_size * dtype
     held = patches * pixels * dtype + outputs
     return MmEncoderProfile(
@@ -602,17 +631,19 @@ def item_sizes(vision: VisionShape) -> dict[str, tuple[int, int]]:
     return {"image": (vision.image_tokens, side * side)}
 
 
-def _encoder_pass_bytes(vision: VisionShape, patches: int, pixels: int) -> tuple[int, str]:
+def _encoder_pass_bytes(vision: VisionShape, patches: int, pixels: int, *, dense_block_mask: bool) -> tuple[int, str]:
     """The encoder pass's torch peak for ``patches`` patches, and its formula (see :func:`mm_encoder_profile`)."""
     hidden, inner, dtype = vision.hidden_size, vision.intermediate_size, vision.dtype_bytes
     head_dim = vision.attention_head_dim
     if vision.tower == VLLM_VISION_PIXTRAL:
-        per_patch = pixels + 2 * hidden + 2 * head_dim + max(9 * hidden, 5 * hidden + 3 * inner)
-        peak = (patches * per_patch + patches * patches) * dtype
+        attention = 9 if dense_block_mask else 10
+        per_patch = pixels + 2 * hidden + 2 * head_dim + max(attention * hidden, 5 * hidden + 3 * inner)
+        mask = patches * patches if dense_block_mask else 0
+        peak = (patches * per_patch + mask) * dtype
         return peak, (
             f"(pixels {pixels} + patch embeddings and ln_pre {hidden} + {hidden} + rotary cos / sin 2 x {head_dim} "
-            f"+ block max(9 x {hidden}, 5 x {hidden} + 3 x {inner})) x {dtype} B + the dense block mask "
-            f"{patches} x {patches} x {dtype} B"
+            f"+ block max({attention} x {hidden}, 5 x {hidden} + 3 x {inner})) x {dtype} B"
+            + (f" + the dense block mask {patches} x {patches} x {dtype} B" if dense_block_mask else "")
         )
     if vision.tower == VLLM_VISION_SIGLIP:
         per_patch = pixels + hidden + max(7 * hidden, 3 * hidden + 2 * inner)
@@ -675,10 +706,10 @@ def activation_peak(
     ``vision`` tower (:func:`mm_encoder_profile`, sized by ``max_model_len`` and ``mm_limits``) runs its encoder first
     (0.33 L6072-6130): the peak is then the larger of the encoder pass's and the language model's plus what the
     encoder left held (pixel values, encoder cache), which the MoE workspace is not part of (it is first taken in the
-    language model's pass).  Not modelled: other vision towers than Qwen3-VL's (``vision`` None: the
-    encoder is left out), the encoder under pipeline parallelism (left out), MoE backends other than the Triton experts,
-    fewer than 8 sampled rows on vLLM 0.17-0.19 (``max_num_seqs`` < 8: ``apply_top_k_top_p`` sorts them with torch,
-    0.19.0 ``topk_topp_sampler.py`` L251-255).
+    language model's pass).  Not modelled: vision towers other than Qwen3-VL's, Pixtral's and Gemma-3's SigLIP
+    (:data:`VISION_TOWERS`; ``vision`` None: the encoder is left out), the encoder under pipeline parallelism (left
+    out), MoE backends other than the Triton experts, fewer than 8 sampled rows on vLLM 0.17-0.19 (``max_num_seqs``
+    < 8: ``apply_top_k_top_p`` sorts them with torch, 0.19.0 ``topk_topp_sampler.py`` L251-255).
     """
     if pp_stage not in PIPELINE_STAGES:
         raise ConfigError(f"pp_stage must be one of {', '.join(PIPELINE_STAGES)}, got {pp_stage!r}.")
@@ -736,6 +767,7 @@ def activation_peak(
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
             mm_limits=mm_limits,
+            dense_block_mask=profile.version in PIXTRAL_DENSE_MASK_PROFILES,
         )
     if encoder is not None:
         bound = "encoder" if encoder.encoder_peak_bytes >= language + encoder.held_bytes else "language model"
