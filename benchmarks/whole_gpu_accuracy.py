@@ -399,7 +399,7 @@ def runtime_shape(log: StartupLog, serving_dtype: str = "auto") -> ModelShape | 
 
 
 def runtime_mm_options(log: StartupLog, serving_dtype: str = "auto") -> dict[str, Any]:
-    """The multimodal encoder's part of the profile run: the kvpools model's vision tower (a Qwen3-VL-style one;
+    """The multimodal encoder's part of the profile run: the kvpools model's vision tower (Qwen3-VL, Pixtral or SigLIP;
     none for others), the record's ``max_model_len`` and its ``limit_mm_per_prompt`` flag (vLLM's 999 per modality
     where the log names none)."""
     if log.kvpools_model is None:
@@ -769,6 +769,8 @@ def runtime_terms(logs: list[StartupLog], registry: Registry) -> dict[str, dict[
             shape=runtime_shape(log, log.flag("dtype", "auto")),
             # the report's pipeline rows are a stage that does not sample (its activation is below the sampler's)
             pp_stage="first" if log.flag("pp", 1) > 1 else "last",
+            # the multimodal encoder's profile pass (Qwen3-VL, Pixtral and SigLIP towers)
+            **runtime_mm_options(log, log.flag("dtype", "auto")),
         )
         for name, key in (("activation peak", "activation_gib"), ("non-torch", "non_torch_gib")):
             error = _error(memory.term(name).bytes / GiB, log.logged.get(key))

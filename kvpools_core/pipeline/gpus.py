@@ -186,7 +186,27 @@ NO_POST_CAPTURE_KV_SIZING = "no_post_capture_kv_sizing"
 """The ``architecture_traits`` trait of a class for which SGLang never plans post-capture KV sizing
 (``post_capture_kv_sizing_planned``: ``is_deepseek_v4`` / ``is_minimax_sparse``, ``overrides.py`` L1859-1860)."""
 
-ARCHITECTURE_TRAITS = (MLA_BACKEND, NO_BREAKABLE_PREFILL_GRAPH, MAMBAISH_STATE, NO_POST_CAPTURE_KV_SIZING)
+VLLM_VISION_QWEN3 = "vllm_vision_qwen3_vit"
+"""The ``architecture_traits`` trait of a class whose vision tower vLLM builds as ``Qwen3_VisionTransformer``: its
+encoder profile pass is :func:`kvpools_core.engines.vllm.runtime_memory.mm_encoder_profile`'s Qwen3-VL term."""
+
+VLLM_VISION_PIXTRAL = "vllm_vision_pixtral_hf"
+"""The ``architecture_traits`` trait of a class whose vision tower vLLM builds as ``PixtralHFVisionModel`` with the
+Mistral-3 projector (its encoder profile pass: the Pixtral term)."""
+
+VLLM_VISION_SIGLIP = "vllm_vision_gemma3_siglip"
+"""The ``architecture_traits`` trait of a class whose vision tower vLLM builds as ``SiglipVisionModel`` with the
+Gemma-3 projector (its encoder profile pass: the SigLIP term)."""
+
+ARCHITECTURE_TRAITS = (
+    MLA_BACKEND,
+    NO_BREAKABLE_PREFILL_GRAPH,
+    MAMBAISH_STATE,
+    NO_POST_CAPTURE_KV_SIZING,
+    VLLM_VISION_QWEN3,
+    VLLM_VISION_PIXTRAL,
+    VLLM_VISION_SIGLIP,
+)
 """The traits an architecture plugin may give a Hugging Face class (``architecture_traits`` hook)."""
 
 

@@ -30,6 +30,7 @@ from kvpools_core.parallel import rank_layer_range
 from kvpools_core.parts.attention import attention_cell_size, host_row_width_problems, scale_block_problems
 from kvpools_core.values import CellSize, EngineDefault, LayerSpec, ModelSpec, Plan, Serving
 
+from .traits import architecture_traits as architecture_traits
 from .weights import estimate_weights as estimate_weights
 
 if TYPE_CHECKING:

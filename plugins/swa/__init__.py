@@ -56,6 +56,7 @@ from .sizing import (
     sglang_shape,
     size_swa_pools,
 )
+from .traits import architecture_traits as architecture_traits
 from .weights import estimate_weights as estimate_weights
 
 if TYPE_CHECKING:

@@ -336,3 +336,118 @@ def test_the_encoder_bounds_the_club_3090_runs_activation_peak() -> None:
         activation_peak(**common, vision=vision)  # type: ignore[arg-type]
     staged = activation_peak(**common, pp_size=2).bytes  # type: ignore[arg-type]
     assert activation_peak(**common, vision=vision, pp_size=2).bytes == staged  # type: ignore[arg-type]
+
+
+# The Pixtral (Mistral-Small-3.1) and SigLIP (Gemma-3) towers (issue 34), vLLM 0.19.0: pixtral.py L945-994 (tokens of
+# an image: ceil(1540 / 28)^2 = 3025), L997-1033 (PixtralHFMLP), L1075-1109 (PixtralHFAttention, HF rotary), L1134-1149
+# (the block), L1243-1312 (PixtralHFVisionModel.forward: conv outputs kept in patch_embeds_list, ln_pre, cos / sin, the
+# dense block mask of transformers' generate_block_attention_mask without xformers, L88-98); mistral3.py L186-201
+# (the 1540 x 1540 dummy image), L125-170 (projector into the text hidden size); siglip.py L341-356 (embeddings, the
+# position added in place), L420-431 (attention: qkv, the flash-attention output, out_proj), L471-476 (MLP), L505-519
+# (the layer, residuals added in place), L554-571 (the pool keeps the embeddings); gemma3_mm.py L194-210 (256 tokens
+# an image, no pan-and-scan), L420-460 (projector); multimodal/encoder_budget.py L15-40 (tokens = embeddings).
+
+MISTRAL_SMALL = str(CONFIGS / "mistralai--Mistral-Small-3.1-24B-Instruct-2503.json")
+GEMMA3 = str(CONFIGS / "google--gemma-3-12b-it.json")
+
+
+def test_pixtral_and_siglip_vision_shapes() -> None:
+    """Mistral-Small-3.1's Pixtral tower: hidden 1024, intermediate 4096, 16 heads of 64, patch 14, 1540-pixel
+    images, merge 2, projected into the text's 5120; gemma-3-12b-it's SigLIP: 1152 / 4304 / 16 heads, patch 14,
+    896-pixel images, 256 tokens an image, projected into 3840.  The tower is the plugin's trait of the class: the
+    same config without ``architectures`` has none."""
+    from kvpools_core.pipeline.gpus import VLLM_VISION_PIXTRAL, VLLM_VISION_SIGLIP
+
+    assert vision_shape_of(MISTRAL_SMALL) == VisionShape(
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_heads=16,
+        head_dim=64,
+        out_hidden_size=5120,
+        patch_size=14,
+        temporal_patch_size=1,
+        spatial_merge_size=2,
+        image_size=1540,
+        tower=VLLM_VISION_PIXTRAL,
+    )
+    gemma = dict(read_config_file(Path(GEMMA3)))
+    assert vision_shape_from_config(gemma) == VisionShape(
+        hidden_size=1152,
+        intermediate_size=4304,
+        num_heads=16,
+        out_hidden_size=3840,
+        patch_size=14,
+        temporal_patch_size=1,
+        spatial_merge_size=1,
+        image_size=896,
+        image_tokens=256,
+        tower=VLLM_VISION_SIGLIP,
+    )
+    assert vision_shape_from_config({key: value for key, value in gemma.items() if key != "architectures"}) is None
+
+
+def test_the_mistral_small_3_1_encoder_profile_by_hand() -> None:
+    """vllm serve defaults (8192 tokens, 1024 sequences, max_model_len 8192): 3025 tokens an image, 8192 // 3025 = 2
+    images, 2 x 110^2 = 24,200 patches.  Per patch: pixels 3 x 14^2 = 588 + the conv outputs and ln_pre output 2 x
+    1024 + cos / sin 2 x 64 + the MLP's 5 x 1024 + 3 x 4096 = 17,408 (x, the attention's r, h, ffn_norm's output,
+    gate_up, its activation, the down output; above the attention's 9 x 1024) = 20,172; on vLLM 0.19 the dense mask
+    24,200^2 on top: (24,200 x 20,172 + 585,640,000) x 2 = 2,147,604,800 B (the mask alone 1.09 GiB); vLLM 0.33 packs
+    the images (attention 10 x 1024, still under the MLP): 976,324,800 B.  Held: pixels 24,200 x 588 x 2 =
+    28,459,200 + the projected outputs 6050 x 5120 x 2 = 61,952,000."""
+    vision = vision_shape_of(MISTRAL_SMALL)
+    assert vision is not None
+    options = {"max_num_batched_tokens": 8192, "max_num_seqs": 1024, "max_model_len": 8192}
+    dense = mm_encoder_profile(vision, dense_block_mask=True, **options)
+    assert dense is not None
+    assert (dense.modality, dense.items, dense.tokens_per_item) == ("image", 2, 3025)
+    assert dense.encoder_peak_bytes == (24_200 * 20_172 + 24_200**2) * 2 == 2_147_604_800
+    assert dense.held_bytes == 28_459_200 + 61_952_000
+    packed = mm_encoder_profile(vision, **options)
+    assert packed is not None and packed.encoder_peak_bytes == 24_200 * 20_172 * 2 == 976_324_800
+    assert "the dense block mask 24200 x 24200 x 2 B" in dense.formula and "mask" not in packed.formula
+
+
+def test_the_gemma3_encoder_profile_by_hand() -> None:
+    """256 tokens an image: 8192 // 256 = 32 images of 64^2 = 4096 patches, 131,072 patches x (pixels 588 + the
+    embeddings 1152 + the MLP's 3 x 1152 + 2 x 4304 = 12,064, above the attention's 7 x 1152) x 2 = 3,618,635,776 B;
+    held: pixels 131,072 x 588 x 2 = 154,140,672 + 32 x 256 x 3840 x 2 = 62,914,560."""
+    vision = vision_shape_of(GEMMA3)
+    assert vision is not None
+    profile = mm_encoder_profile(vision, max_num_batched_tokens=8192, max_num_seqs=1024, max_model_len=8192)
+    assert profile is not None
+    assert (profile.modality, profile.items, profile.tokens_per_item) == ("image", 32, 256)
+    assert profile.encoder_peak_bytes == 131_072 * (588 + 1152 + 12_064) * 2 == 3_618_635_776
+    assert profile.held_bytes == 154_140_672 + 62_914_560
+    # one sequence of 1024 tokens: 1 x min(999, 1024 // 256) = 4 images
+    few = mm_encoder_profile(vision, max_num_batched_tokens=8192, max_num_seqs=1, max_model_len=1024)
+    assert few is not None and few.items == 4
+
+
+MULTIMODAL_LOGGED = {
+    # the language model's 1.912 GiB sampler + 86.2 MiB held is under the encoder's 2.000 GiB (its dense mask 1.09):
+    # 2,181,159,232 B = 2.031 GiB, inside the row's 2.03-2.18 (-3.5 % of its midpoint; the baseline row's 2.030
+    # +0.07 %); without the encoder 1.943 GiB (-7.7 %), without the config 1.846 (-12.3 %)
+    "llmd-v0.19-activation-mistral3": (MISTRAL_SMALL, 2_181_159_232),
+    # the sampler's 3.703 GiB + the held 207.0 MiB binds over the encoder's 3.370 GiB: 4,226,712,576 B = 3.936 GiB
+    # (-0.09 % of gemma-3-12b-it's 3.94; 3.734 GiB, -5.2 %, without the encoder)
+    "llmd-v0.19-activation-gemma3": (GEMMA3, 4_226_712_576),
+}
+
+
+@pytest.mark.parametrize("record", sorted(MULTIMODAL_LOGGED))
+def test_logged_multimodal_activation_peaks(record: str) -> None:
+    log = next(log for log in load_startup_logs() if log.id == record)
+    model, expected = MULTIMODAL_LOGGED[record]
+    term = activation_peak(
+        vocab_size=int(log.vocab_size or 0),
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        profile=load_profile("0.19"),
+        shape=model_shape_from_config(dict(read_config_file(Path(model)))),
+        vision=vision_shape_of(model),
+        max_model_len=log.flag("max_model_len"),
+    )
+    assert term.bytes == expected
+    low, high = log.logged["activation_range_gib"]
+    assert low <= term.bytes / GiB <= high
+    assert abs(term.bytes / GiB - log.logged["activation_gib"]) / log.logged["activation_gib"] < 0.04

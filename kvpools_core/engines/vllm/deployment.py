@@ -662,11 +662,12 @@ def _skipped_tower_weights(
     zeros = (0,) * serving.pp_size
     if multimodal is None or isinstance(model, ModelSpec):
         return zeros, ()
-    from kvpools_core.engines.vllm.runtime_memory import _complete_config
+    from kvpools_core.engines.vllm.runtime_memory import _complete_config, vision_shape_from_config
     from kvpools_core.pipeline.weights import estimate_weights
 
     config = dict(_complete_config(model)[0])
-    modalities = tower_modalities(str(config.get("model_type", "")))
+    vision = vision_shape_from_config(config, registry=registry)
+    modalities = tower_modalities(vision.tower if vision is not None else None)
     if "vision_config" not in config or modalities is None or not multimodal.skips_tower(modalities):
         return zeros, ()
     text_only = {key: value for key, value in config.items() if key != "vision_config"}

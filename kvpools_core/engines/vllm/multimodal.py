@@ -20,9 +20,9 @@ from typing import Any
 import attrs
 
 from kvpools_core.engines.vllm.runtime_memory import DEFAULT_MM_LIMIT as DEFAULT_LIMIT
-from kvpools_core.engines.vllm.runtime_memory import QWEN3_VL_VISION_TYPES
 from kvpools_core.errors import ConfigError, short_repr
 from kvpools_core.options import option
+from kvpools_core.pipeline.gpus import VLLM_VISION_PIXTRAL, VLLM_VISION_QWEN3, VLLM_VISION_SIGLIP
 
 __all__ = ["DUMMY_SIZE_KEYS", "MultimodalLimits", "parse_multimodal_limits", "tower_modalities"]
 
@@ -74,13 +74,21 @@ class MultimodalLimits:
         return {"limit_mm_per_prompt": self.given, "language_model_only": self.language_model_only}
 
 
-def tower_modalities(model_type: str) -> tuple[str, ...] | None:
-    """The modalities a checkpoint's vision tower is marked with (``_mark_tower_model``), for the towers kvpools'
-    weights count: image and video for the Qwen3-VL-style ones (``qwen3_vl.py`` L2010, ``qwen3_5.py`` L513 / L736),
-    image for Gemma-3's (``gemma3_mm.py`` L552); None for another checkpoint (its tower's weights are kept)."""
-    if model_type in QWEN3_VL_VISION_TYPES:
-        return ("image", "video")
-    return ("image",) if model_type == "gemma3" else None
+TOWER_MODALITIES = {
+    VLLM_VISION_QWEN3: ("image", "video"),
+    VLLM_VISION_PIXTRAL: ("image",),
+    VLLM_VISION_SIGLIP: ("image",),
+}
+"""The modalities vLLM 0.33 marks each modelled vision tower with (``_mark_tower_model``): image and video for the
+Qwen3-VL tower (``qwen3_vl.py`` L2010, ``qwen3_5.py`` L513 / L736), image for the Mistral-3 Pixtral tower
+(``mistral3.py`` L478) and Gemma-3's SigLIP tower (``gemma3_mm.py`` L552).  The tower is the one an architecture
+plugin names for the checkpoint's class (``architecture_traits``): the core names no architecture."""
+
+
+def tower_modalities(tower: str | None) -> tuple[str, ...] | None:
+    """The modalities a vision tower (:data:`TOWER_MODALITIES`' keys, a ``VisionShape.tower``) is marked with;
+    None for no tower or one kvpools does not model (its weights are kept)."""
+    return TOWER_MODALITIES.get(tower) if tower is not None else None
 
 
 def parse_multimodal_limits(

@@ -28,12 +28,16 @@ import json
 import math
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from kvpools_core.errors import ConfigError
+from kvpools_core.pipeline.gpus import VLLM_VISION_PIXTRAL, VLLM_VISION_QWEN3, VLLM_VISION_SIGLIP
 from kvpools_core.values import GPU
+
+if TYPE_CHECKING:
+    from kvpools_core.registry import Registry
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -310,10 +314,12 @@ def moe_workspace_bytes(*, shape: ModelShape, tokens: int, tp_size: int = 1) -> 
     return _round_up(common, 256) + _round_up(second, 256)
 
 
-QWEN3_VL_VISION_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
-"""The checkpoints (top-level ``model_type``) whose vision tower is vLLM's ``Qwen3_VisionTransformer`` (vLLM 0.33
-``model_executor/models/qwen3_vl.py`` L561-870; ``qwen3_5.py`` L473 / L703 build it for Qwen3.5 / 3.6): the only
-multimodal encoder :func:`mm_encoder_profile` models."""
+VISION_TOWERS = (VLLM_VISION_QWEN3, VLLM_VISION_PIXTRAL, VLLM_VISION_SIGLIP)
+"""The vision towers :func:`mm_encoder_profile` models, as the ``architecture_traits`` an architecture plugin gives
+a Hugging Face class (the core names no architecture): vLLM 0.33's ``Qwen3_VisionTransformer`` (``qwen3_vl.py``
+L561-870; ``qwen3_5.py`` L473 / L703 build it for Qwen3.5 / 3.6), ``PixtralHFVisionModel`` with the Mistral-3
+projector (vLLM 0.19.0 ``pixtral.py`` L1198-1300, ``mistral3.py`` L75-170) and ``SiglipVisionModel`` with the
+Gemma-3 projector (0.19.0 ``siglip.py`` L285-570, ``gemma3_mm.py`` L420-460)."""
 
 QWEN_VL_IMAGE_MAX_PIXELS = 16_777_216
 """``size.longest_edge`` of the Qwen3-VL / Qwen3.5 / Qwen3.6 checkpoints' ``preprocessor_config.json`` (4096 x 4096
@@ -324,6 +330,13 @@ QWEN_VL_VIDEO_MAX_PIXELS = 25_165_824
 """``size.longest_edge`` of the same checkpoints' ``video_preprocessor_config.json`` (Qwen3VLVideoProcessor), which
 ``get_max_video_tokens`` halves for the temporal patch (vLLM 0.33 ``qwen3_vl.py`` L1040-1068)."""
 
+PIXTRAL_DENSE_MASK_PROFILES = ("0.16", "0.19")
+"""The runtime profiles whose vLLM builds Pixtral's dense ``[patches, patches]`` block mask: without xformers (which
+vLLM does not install, 0.19.0 ``pixtral.py`` L88-98) ``PixtralHFVisionModel.forward`` takes transformers'
+``generate_block_attention_mask`` (0.19.0 L1285-1294; 0.17.0 and 0.18.0 the same; 0.15 / 0.16 not read, taken as
+0.17's).  vLLM 0.33 packs the images for ``MMEncoderAttention`` with ``cu_seqlens`` instead (0.33 ``pixtral.py``
+L1615-1631, L1345-1378): no mask."""
+
 DEFAULT_MM_LIMIT = 999
 """vLLM's ``limit_mm_per_prompt`` for a modality the option does not name (vLLM 0.33 ``config/multimodal.py``
 ``get_limit_per_prompt`` L696-709; 0 for every modality under ``--language-model-only``)."""
@@ -331,7 +344,12 @@ DEFAULT_MM_LIMIT = 999
 
 @attrs.frozen(kw_only=True)
 class VisionShape:
-    """A Qwen3-VL-style vision tower's sizes (``vision_config``) and its processors' pixel caps."""
+    """A vision tower's sizes (``vision_config``), the tower it is (:data:`VISION_TOWERS`) and its processors' caps.
+
+    ``out_hidden_size`` is the width of one encoder output token (the Qwen3-VL merger's ``out_hidden_size``; the
+    text model's ``hidden_size`` for the Pixtral and SigLIP towers, whose projectors map into it).  ``image_size``
+    is the Pixtral / SigLIP native square image side and ``image_tokens`` the Gemma-3 tokens per image
+    (``mm_tokens_per_image``); the Qwen3-VL tower sizes its items from the pixel caps instead."""
 
     hidden_size: int = attrs.field(validator=_size(1))
     intermediate_size: int = attrs.field(validator=_size(1))
@@ -344,29 +362,130 @@ class VisionShape:
     image_max_pixels: int = attrs.field(default=QWEN_VL_IMAGE_MAX_PIXELS, validator=_size(1))
     video_max_pixels: int = attrs.field(default=QWEN_VL_VIDEO_MAX_PIXELS, validator=_size(1))
     dtype_bytes: int = attrs.field(default=2, validator=attrs.validators.in_((2, 4)))
+    tower: str = attrs.field(default=VLLM_VISION_QWEN3, validator=attrs.validators.in_(VISION_TOWERS))
+    image_size: int = attrs.field(default=0, validator=_size(0))
+    image_tokens: int = attrs.field(default=0, validator=_size(0))
+    head_dim: int = attrs.field(default=0, validator=_size(0))
+    """The attention head size where the config states it (Pixtral), else ``hidden_size // num_heads``."""
+
+    @property
+    def attention_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
 
 
-def vision_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> VisionShape | None:
-    """The :class:`VisionShape` of a Qwen3-VL / Qwen3.5 / Qwen3.6 ``config.json`` (:data:`QWEN3_VL_VISION_TYPES`),
-    None for a checkpoint without a ``vision_config`` or with another vision tower (not modelled)."""
-    vision = config.get("vision_config")
-    if not isinstance(vision, dict) or config.get("model_type") not in QWEN3_VL_VISION_TYPES:
+def _ints(section: Any, keys: tuple[str, ...]) -> dict[str, int] | None:
+    if not isinstance(section, dict):
         return None
+    values = {key: section.get(key) for key in keys}
+    if any(not isinstance(value, int) or isinstance(value, bool) or value < 1 for value in values.values()):
+        return None
+    return values  # type: ignore[return-value]
+
+
+def _optional_int(section: dict[str, Any], key: str, default: int) -> int:
+    value = section.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+
+def _text_hidden(config: dict[str, Any]) -> int | None:
+    text = config.get("text_config")
+    found = _ints(text, ("hidden_size",))
+    return found["hidden_size"] if found else None
+
+
+def _qwen3_vision(config: dict[str, Any], vision: dict[str, Any], dtype_bytes: int) -> VisionShape | None:
     keys = ("hidden_size", "intermediate_size", "num_heads", "out_hidden_size", "patch_size", "temporal_patch_size")
-    values = {key: vision.get(key) for key in (*keys, "spatial_merge_size", "in_channels")}
-    if any(not isinstance(values[key], int) or isinstance(values[key], bool) for key in keys):
+    values = _ints(vision, keys)
+    if values is None:
         return None
     return VisionShape(
-        hidden_size=vision["hidden_size"],
-        intermediate_size=vision["intermediate_size"],
-        num_heads=vision["num_heads"],
-        out_hidden_size=vision["out_hidden_size"],
-        patch_size=vision["patch_size"],
-        temporal_patch_size=vision["temporal_patch_size"],
-        spatial_merge_size=int(values["spatial_merge_size"] or 2),
-        in_channels=int(values["in_channels"] or 3),
+        hidden_size=values["hidden_size"],
+        intermediate_size=values["intermediate_size"],
+        num_heads=values["num_heads"],
+        out_hidden_size=values["out_hidden_size"],
+        patch_size=values["patch_size"],
+        temporal_patch_size=values["temporal_patch_size"],
+        spatial_merge_size=_optional_int(vision, "spatial_merge_size", 2),
+        in_channels=_optional_int(vision, "in_channels", 3),
         dtype_bytes=dtype_bytes,
     )
+
+
+def _pixtral_vision(config: dict[str, Any], vision: dict[str, Any], dtype_bytes: int) -> VisionShape | None:
+    """``Mistral3Config``: the Pixtral ``vision_config`` (``num_attention_heads``, ``head_dim``, ``image_size``,
+    ``num_channels``), the top-level ``spatial_merge_size`` (transformers' default 2) and the text ``hidden_size``
+    the projector's ``linear_2`` outputs (vLLM 0.19.0 ``mistral3.py`` L125-170)."""
+    values = _ints(vision, ("hidden_size", "intermediate_size", "num_attention_heads", "patch_size", "image_size"))
+    text_hidden = _text_hidden(config)
+    if values is None or text_hidden is None:
+        return None
+    return VisionShape(
+        hidden_size=values["hidden_size"],
+        intermediate_size=values["intermediate_size"],
+        num_heads=values["num_attention_heads"],
+        head_dim=_optional_int(vision, "head_dim", 0),
+        out_hidden_size=text_hidden,
+        patch_size=values["patch_size"],
+        temporal_patch_size=1,
+        spatial_merge_size=_optional_int(config, "spatial_merge_size", 2),
+        in_channels=_optional_int(vision, "num_channels", 3),
+        image_size=values["image_size"],
+        dtype_bytes=dtype_bytes,
+        tower=VLLM_VISION_PIXTRAL,
+    )
+
+
+def _siglip_vision(config: dict[str, Any], vision: dict[str, Any], dtype_bytes: int) -> VisionShape | None:
+    """``Gemma3Config``: the SigLIP ``vision_config``, the top-level ``mm_tokens_per_image`` (transformers' default
+    256) and the text ``hidden_size`` the projector's ``mm_input_projection_weight`` maps into (vLLM 0.19.0
+    ``gemma3_mm.py`` L420-460)."""
+    values = _ints(vision, ("hidden_size", "intermediate_size", "num_attention_heads", "patch_size", "image_size"))
+    text_hidden = _text_hidden(config)
+    if values is None or text_hidden is None:
+        return None
+    return VisionShape(
+        hidden_size=values["hidden_size"],
+        intermediate_size=values["intermediate_size"],
+        num_heads=values["num_attention_heads"],
+        out_hidden_size=text_hidden,
+        patch_size=values["patch_size"],
+        temporal_patch_size=1,
+        spatial_merge_size=1,
+        in_channels=_optional_int(vision, "num_channels", 3),
+        image_size=values["image_size"],
+        image_tokens=_optional_int(config, "mm_tokens_per_image", 256),
+        dtype_bytes=dtype_bytes,
+        tower=VLLM_VISION_SIGLIP,
+    )
+
+
+_VISION_READERS = {
+    VLLM_VISION_QWEN3: _qwen3_vision,
+    VLLM_VISION_PIXTRAL: _pixtral_vision,
+    VLLM_VISION_SIGLIP: _siglip_vision,
+}
+"""How each modelled tower's :class:`VisionShape` is read from a ``config.json``."""
+
+
+def vision_shape_from_config(
+    config: dict[str, Any], *, dtype_bytes: int = 2, registry: Registry | None = None
+) -> VisionShape | None:
+    """The :class:`VisionShape` of a multimodal ``config.json`` whose class (``architectures``) an architecture
+    plugin gives a vision-tower trait (:data:`VISION_TOWERS`, ``architecture_traits`` hook), None for a checkpoint
+    without a ``vision_config``, with another vision tower (not modelled) or with sizes missing."""
+    from kvpools_core.pipeline.gpus import architecture_traits
+
+    vision = config.get("vision_config")
+    classes = config.get("architectures")
+    if not isinstance(vision, dict) or not isinstance(classes, list):
+        return None
+    traits = architecture_traits(registry)
+    towers = {
+        tower for name in classes if isinstance(name, str) for tower in traits.get(name, ()) if tower in VISION_TOWERS
+    }
+    if len(towers) != 1:
+        return None
+    return _VISION_READERS[towers.pop()](config, vision, dtype_bytes)
 
 
 def vision_shape_of(model: str, *, dtype_bytes: int = 2) -> VisionShape | None:
@@ -411,6 +530,7 @@ def mm_encoder_profile(
     max_model_len: int,
     mm_limits: dict[str, int] | None = None,
     chunked_prefill: bool = True,
+    dense_block_mask: bool = False,
 ) -> MmEncoderProfile | None:
     """The multimodal part of ``profile_run`` (vLLM 0.33 ``v1/worker/gpu_model_runner.py`` L6072-6146), or None when
     every modality's ``limit_mm_per_prompt`` is 0 (no encoder is profiled, ``encoder_budget.py`` L75-94, L352-358).
@@ -435,30 +555,43 @@ def mm_encoder_profile(
     (1 + 1): 11 hidden; the MLP (``Qwen3_VisionMLP``, eager ``linear_fc2(act_fn(linear_fc1(x)))``) the block input,
     the residual after the attention, the ``norm2`` output, ``fc1``'s output and its activation:
     ``3 hidden + 2 intermediate``.  Held afterwards: the pixel values and the encoder outputs
-    (``items x T x out_hidden``) in ``encoder_cache``, until ``profile_run`` clears it after the sampler."""
+    (``items x T x out_hidden``) in ``encoder_cache``, until ``profile_run`` clears it after the sampler.
+
+    The Pixtral tower (Mistral-Small-3.1; vLLM 0.19.0 ``pixtral.py`` L1243-1312, eager), per patch: the pixels
+    (``in_channels x patch^2``), the conv outputs ``patch_embeds_list`` keeps and the ``ln_pre`` output the
+    transformer's caller keeps (``hidden`` each), the HF rotary cos / sin (``2 x head_dim``), and the larger of a
+    block's peaks (L1134-1149): the MLP (L1028-1033) holds the block input, the attention's ``r``, ``h``, the
+    ``ffn_norm`` output, ``gate_up`` (``2 intermediate``), its activation and the down output:
+    ``5 hidden + 3 intermediate``; the attention (L1075-1109) the block input, the ``attention_norm`` output,
+    ``qkv`` (3), the rotated ``q`` / ``k`` (2), the attention output and its ``reshape`` copy (or ``o_proj``'s):
+    ``9 hidden`` (vLLM 0.33, L1345-1378: the two ``contiguous`` copies for ``MMEncoderAttention`` instead of the
+    ``reshape``: 10).  Where vLLM builds the dense block mask (``dense_block_mask``,
+    :data:`PIXTRAL_DENSE_MASK_PROFILES`) it adds ``P x P x dtype`` (1.09 GiB for Mistral-Small-3.1's two 12,100-patch
+    images).  The projector (``mistral3.py`` L125-170) runs after the tower returns, on ``P / merge^2`` tokens:
+    under the tower's peak.
+
+    The SigLIP tower with the Gemma-3 projector (0.19.0 ``siglip.py`` L341-571, ``gemma3_mm.py`` L420-460), per
+    patch: the pixels, the embeddings (the conv output, the position added in place; the encoder's
+    ``hidden_states_pool`` keeps it) and the larger block peak (L505-519, residuals added in place): attention
+    (L420-431; flash attention takes the ``qkv`` views) the block input, the ``layer_norm1`` output, ``qkv`` (3), the
+    attention output and ``out_proj``'s: ``7 hidden``; the MLP the block input, the residual, the ``layer_norm2``
+    output, ``fc1`` and its activation: ``3 hidden + 2 intermediate``.  The projector's ``contiguous`` copy and the
+    pooled tokens come after the tower's peak, under it."""
     limits = {"image": DEFAULT_MM_LIMIT, "video": DEFAULT_MM_LIMIT, **(mm_limits or {})}
-    tokens = {
-        modality: max_tokens_per_item(vision, pixels)
-        for modality, pixels in (
-            ("image", vision.image_max_pixels),
-            ("video", vision.video_max_pixels // vision.temporal_patch_size),
-        )
-        if limits.get(modality, 0) > 0
+    sizes = {
+        modality: size for modality, size in item_sizes(vision).items() if limits.get(modality, 0) > 0 and size[0] > 0
     }
-    tokens = {modality: count for modality, count in tokens.items() if count > 0}
-    if not tokens:
+    if not sizes:
         return None
-    modality, per_item = max(tokens.items(), key=lambda item: (item[1], item[0]))
+    modality, (per_item, item_patches) = max(sizes.items(), key=lambda item: (item[1][0], item[0]))
     budget = max(max_num_batched_tokens, per_item)
     reqs = max_num_seqs if chunked_prefill else min(max_num_seqs, max_num_batched_tokens // per_item)
     per_prompt = max(1, min(limits[modality], max_model_len // per_item))
     items = max(1, min(budget // per_item, reqs * per_prompt))
-    patches = items * per_item * vision.spatial_merge_size**2
-    hidden, inner, dtype = vision.hidden_size, vision.intermediate_size, vision.dtype_bytes
+    patches = items * item_patches
+    dtype = vision.dtype_bytes
     pixels = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
-    head_dim = hidden // vision.num_heads
-    block = max(11 * hidden, 3 * hidden + 2 * inner)
-    peak = patches * (pixels + hidden + head_dim + block) * dtype
+    peak, what = _encoder_pass_bytes(vision, patches, pixels, dense_block_mask=dense_block_mask)
     outputs = items * per_item * vision.out_hidden_size * dtype
     held = patches * pixels * dtype + outputs
     return MmEncoderProfile(
@@ -468,11 +601,59 @@ def mm_encoder_profile(
         encoder_peak_bytes=peak,
         held_bytes=held,
         formula=(
-            f"{items} {modality} item(s) x {per_item} tokens = {patches} patches x (pixels {pixels} + position "
-            f"{hidden} + rotary {head_dim} + block max(11 x {hidden}, 3 x {hidden} + 2 x {inner})) x {dtype} B = "
-            f"{peak / GiB:.3f} GiB; held after it: pixels {patches * pixels * dtype / MiB:.1f} MiB + encoder cache "
-            f"{items * per_item} x {vision.out_hidden_size} x {dtype} B = {held / MiB:.1f} MiB"
+            f"{items} {modality} item(s) x {per_item} tokens = {patches} patches x {what} = {peak / GiB:.3f} GiB; "
+            f"held after it: pixels {patches * pixels * dtype / MiB:.1f} MiB + encoder cache {items * per_item} x "
+            f"{vision.out_hidden_size} x {dtype} B = {held / MiB:.1f} MiB"
         ),
+    )
+
+
+def item_sizes(vision: VisionShape) -> dict[str, tuple[int, int]]:
+    """Per modality the tokens (``get_num_embeds`` of the dummy item, ``encoder_budget.py`` L15-40) and the patches
+    the tower runs for the item with the most features.
+
+    Qwen3-VL: :func:`max_tokens_per_item` of the image and the (temporally halved) video caps, ``merge^2`` patches
+    a token.  Pixtral (vLLM 0.19.0 ``mistral3.py`` L186-201, ``pixtral.py`` L945-994): a square ``image_size``
+    image (1540 on Mistral-Small-3.1), ``ceil(image_size / (patch x merge))^2`` tokens (the image tokens between
+    the ``[IMG_BREAK]`` / ``[IMG_END]`` ones, which are no embeddings), ``merge^2`` patches a token.  SigLIP with
+    the Gemma-3 projector (``gemma3_mm.py`` L194-210; pan-and-scan is off by default, so one crop): the
+    ``image_size`` image (896), ``(image_size / patch)^2`` patches (4096) average-pooled to ``mm_tokens_per_image``
+    tokens (256)."""
+    if vision.tower == VLLM_VISION_QWEN3:
+        merge = vision.spatial_merge_size**2
+        image = max_tokens_per_item(vision, vision.image_max_pixels)
+        video = max_tokens_per_item(vision, vision.video_max_pixels // vision.temporal_patch_size)
+        return {"image": (image, image * merge), "video": (video, video * merge)}
+    if vision.tower == VLLM_VISION_PIXTRAL:
+        grid = -(-vision.image_size // (vision.patch_size * vision.spatial_merge_size))
+        return {"image": (grid * grid, (grid * vision.spatial_merge_size) ** 2)}
+    side = vision.image_size // vision.patch_size
+    return {"image": (vision.image_tokens, side * side)}
+
+
+def _encoder_pass_bytes(vision: VisionShape, patches: int, pixels: int, *, dense_block_mask: bool) -> tuple[int, str]:
+    """The encoder pass's torch peak for ``patches`` patches, and its formula (see :func:`mm_encoder_profile`)."""
+    hidden, inner, dtype = vision.hidden_size, vision.intermediate_size, vision.dtype_bytes
+    head_dim = vision.attention_head_dim
+    if vision.tower == VLLM_VISION_PIXTRAL:
+        attention = 9 if dense_block_mask else 10
+        per_patch = pixels + 2 * hidden + 2 * head_dim + max(attention * hidden, 5 * hidden + 3 * inner)
+        mask = patches * patches if dense_block_mask else 0
+        peak = (patches * per_patch + mask) * dtype
+        return peak, (
+            f"(pixels {pixels} + patch embeddings and ln_pre {hidden} + {hidden} + rotary cos / sin 2 x {head_dim} "
+            f"+ block max({attention} x {hidden}, 5 x {hidden} + 3 x {inner})) x {dtype} B"
+            + (f" + the dense block mask {patches} x {patches} x {dtype} B" if dense_block_mask else "")
+        )
+    if vision.tower == VLLM_VISION_SIGLIP:
+        per_patch = pixels + hidden + max(7 * hidden, 3 * hidden + 2 * inner)
+        return patches * per_patch * dtype, (
+            f"(pixels {pixels} + embeddings {hidden} + block max(7 x {hidden}, 3 x {hidden} + 2 x {inner})) x {dtype} B"
+        )
+    block = max(11 * hidden, 3 * hidden + 2 * inner)
+    return patches * (pixels + hidden + head_dim + block) * dtype, (
+        f"(pixels {pixels} + position {hidden} + rotary {head_dim} + block max(11 x {hidden}, 3 x {hidden} + "
+        f"2 x {inner})) x {dtype} B"
     )
 
 
@@ -525,10 +706,10 @@ def activation_peak(
     ``vision`` tower (:func:`mm_encoder_profile`, sized by ``max_model_len`` and ``mm_limits``) runs its encoder first
     (0.33 L6072-6130): the peak is then the larger of the encoder pass's and the language model's plus what the
     encoder left held (pixel values, encoder cache), which the MoE workspace is not part of (it is first taken in the
-    language model's pass).  Not modelled: other vision towers than Qwen3-VL's (``vision`` None: the
-    encoder is left out), the encoder under pipeline parallelism (left out), MoE backends other than the Triton experts,
-    fewer than 8 sampled rows on vLLM 0.17-0.19 (``max_num_seqs`` < 8: ``apply_top_k_top_p`` sorts them with torch,
-    0.19.0 ``topk_topp_sampler.py`` L251-255).
+    language model's pass).  Not modelled: vision towers other than Qwen3-VL's, Pixtral's and Gemma-3's SigLIP
+    (:data:`VISION_TOWERS`; ``vision`` None: the encoder is left out), the encoder under pipeline parallelism (left
+    out), MoE backends other than the Triton experts, fewer than 8 sampled rows on vLLM 0.17-0.19 (``max_num_seqs``
+    < 8: ``apply_top_k_top_p`` sorts them with torch, 0.19.0 ``topk_topp_sampler.py`` L251-255).
     """
     if pp_stage not in PIPELINE_STAGES:
         raise ConfigError(f"pp_stage must be one of {', '.join(PIPELINE_STAGES)}, got {pp_stage!r}.")
@@ -586,6 +767,7 @@ def activation_peak(
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
             mm_limits=mm_limits,
+            dense_block_mask=profile.version in PIXTRAL_DENSE_MASK_PROFILES,
         )
     if encoder is not None:
         bound = "encoder" if encoder.encoder_peak_bytes >= language + encoder.held_bytes else "language model"
