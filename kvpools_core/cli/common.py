@@ -532,10 +532,10 @@ def _refuse_with_vllm(**given: Any) -> None:
 def _vllm_plan(
     model: str,
     serving: Serving,
-    memory: str | None,
+    memory: int | str | None,
     gpu: str | None,
-    gpu_memory: str | None,
-    weights_memory: str | None,
+    gpu_memory: int | str | None,
+    weights_memory: int | str | None,
     args: dict[str, Any],
 ) -> Any:
     from kvpools_core.engines import engine_for
@@ -544,7 +544,7 @@ def _vllm_plan(
     if args.pop("engine_version_profile", None) is not None and memory is not None:
         # --engine-version vllm==X with --memory: the KV budget is given, so the exact path plans it unchanged
         args["runtime_profile"] = None
-    return engine_for("vllm").plan(
+    return engine_for("vllm", args.get("registry")).plan(  # the service passes its own registry
         model, serving, memory=memory, gpu=gpu, gpu_memory=gpu_memory, weights_memory=weights_memory, **args
     )
 

@@ -38,6 +38,7 @@ from kvpools_core.serve.schemas import (
     FitRequest,
     PlanRequest,
     SweepRequest,
+    problem,
 )
 from kvpools_core.serve.service import LimitExceeded, Limits, Service, engine_versions
 
@@ -140,11 +141,13 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, error: RequestValidationError) -> Response:
         problems = [
-            {"field": ".".join(str(part) for part in item.get("loc", ())[1:]), "problem": item.get("msg", "")}
+            {"field": ".".join(str(part) for part in item.get("loc", ())[1:]), "problem": problem(item)}
             for item in error.errors()
         ]
         text = "; ".join(f"{p['field'] or 'body'}: {p['problem']}" for p in problems[:5])
-        return refuse(422, "invalid_request", f"The request does not match the API's schema: {text}.", fields=problems)
+        return refuse(
+            422, "invalid_request", f"The request does not match the API's schema: {text.rstrip('.')}.", fields=problems
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, error: StarletteHTTPException) -> Response:
@@ -152,8 +155,8 @@ def create_app(
 
     @app.exception_handler(ValidationError)
     async def _invalid_form(_: Request, error: ValidationError) -> Response:
-        text = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in error.errors()[:5])
-        return refuse(422, "invalid_request", f"The form does not make a valid request: {text}.")
+        text = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {problem(e)}" for e in error.errors()[:5])
+        return refuse(422, "invalid_request", f"The form does not make a valid request: {text.rstrip('.')}.")
 
     @app.exception_handler(Exception)
     async def _bug(_: Request, error: Exception) -> Response:

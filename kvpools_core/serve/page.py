@@ -19,7 +19,7 @@ import attrs
 from pydantic import ValidationError
 
 from kvpools_core.errors import ConfigError, KvpoolsError
-from kvpools_core.serve.schemas import CapacityRequest
+from kvpools_core.serve.schemas import CapacityRequest, problem
 from kvpools_core.serve.service import LimitExceeded, Service
 
 T = TypeVar("T")
@@ -49,7 +49,20 @@ VLLM_NAMES = {
     "mem_fraction_static": "gpu_memory_utilization",
 }
 """Under ``accounting=vllm`` the page's fields are vLLM's flags of the same meaning."""
-FORM_FIELDS = ("model", "config", *BUDGET_FIELDS, "contexts", *INT_FIELDS, *FLOAT_FIELDS, *CHOICE_FIELDS, *BOOL_FIELDS)
+VLLM_FIELDS = ("runtime_profile", "max_num_batched_tokens", "limit_mm_per_prompt", "language_model_only")
+"""vLLM's own flags with no SGLang field of the same meaning: sent as ``vllm`` (refused, as the CLI refuses them,
+under another accounting); their values are checked by the schema (the CLI's checks)."""
+FORM_FIELDS = (
+    "model",
+    "config",
+    *BUDGET_FIELDS,
+    "contexts",
+    *INT_FIELDS,
+    *FLOAT_FIELDS,
+    *CHOICE_FIELDS,
+    *BOOL_FIELDS,
+    *VLLM_FIELDS,
+)
 
 
 def form_request(params: Mapping[str, str]) -> dict[str, Any]:
@@ -94,10 +107,23 @@ def form_request(params: Mapping[str, str]) -> dict[str, Any]:
     for name in BOOL_FIELDS:
         if given.get(name) in ("on", "true", "1"):
             serving[name] = True
+    vllm: dict[str, Any] = {}
     if serving.get("accounting") == "vllm":
         vllm = {VLLM_NAMES[name]: serving.pop(name) for name in list(serving) if name in VLLM_NAMES}
-        if vllm:
-            body["vllm"] = vllm
+    for name in ("runtime_profile", "limit_mm_per_prompt"):
+        if name in given:
+            vllm[name] = given[name]
+    if "max_num_batched_tokens" in given:
+        try:
+            vllm["max_num_batched_tokens"] = int(given["max_num_batched_tokens"])
+        except ValueError:
+            raise ConfigError(
+                f"max_num_batched_tokens must be a whole number, got {given['max_num_batched_tokens']!r}."
+            ) from None
+    if given.get("language_model_only") in ("on", "true", "1"):
+        vllm["language_model_only"] = True
+    if vllm:
+        body["vllm"] = vllm
     if serving:
         body["serving"] = serving
     return body
@@ -133,8 +159,8 @@ async def render_page(service: Service, params: dict[str, str], compute: Compute
         except (KvpoolsError, LimitExceeded) as error:
             results, status = _error_html(str(error)), (error.status if isinstance(error, LimitExceeded) else 422)
         except ValidationError as error:
-            text = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:5])
-            results, status = _error_html(f"The form does not make a valid request: {text}."), 422
+            text = "; ".join(f"{'.'.join(map(str, e['loc']))}: {problem(e)}" for e in error.errors()[:5])
+            results, status = _error_html(f"The form does not make a valid request: {text.rstrip('.')}."), 422
     template = string.Template(TEMPLATE.read_text(encoding="utf-8"))
     return template.safe_substitute(_slots(service, params, results)), status
 
@@ -168,6 +194,7 @@ def _slots(service: Service, params: Mapping[str, str], results: str) -> dict[st
             for o in options
         )
 
+    from kvpools_core.cli.common import RUNTIME_PROFILES
     from kvpools_core.dtypes import KV_DTYPE_CHOICES
     from kvpools_core.values import ACCOUNTING_MODES, SPECULATIVE_ALGORITHMS
 
@@ -183,6 +210,8 @@ def _slots(service: Service, params: Mapping[str, str], results: str) -> dict[st
         "spec_algorithms": select("speculative_algorithm", ("", *SPECULATIVE_ALGORITHMS)),
         "config": html.escape(params.get("config", "")),
         "dp_attention": " checked" if params.get("enable_dp_attention") in ("on", "true", "1") else "",
+        "runtime_profiles": select("runtime_profile", ("", *RUNTIME_PROFILES)),
+        "language_model_only": " checked" if params.get("language_model_only") in ("on", "true", "1") else "",
         "results": results,
     }
     for name in ("memory", "gpu_memory", "weights_memory", "page_size", "context_length", "max_running_requests"):
@@ -194,7 +223,10 @@ def _slots(service: Service, params: Mapping[str, str], results: str) -> dict[st
         "speculative_num_steps",
         "speculative_eagle_topk",
         "speculative_num_draft_tokens",
+        "speculative_draft_num_layers",
         "mem_fraction_static",
+        "max_num_batched_tokens",
+        "limit_mm_per_prompt",
     ):
         slots[name] = value(name)
     return slots

@@ -8,13 +8,16 @@ bound: counts a config or a request gives never reach kvpools' arithmetic unboun
 from __future__ import annotations
 
 import typing
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import attrs
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 
+from kvpools_core.cli.common import RUNTIME_PROFILES
 from kvpools_core.config import TOKENS
 from kvpools_core.dtypes import KV_DTYPE_SPELLINGS, MODEL_DTYPES
+from kvpools_core.options import cli_surface
 from kvpools_core.values import (
     ACCOUNTING_MODES,
     DECODE_RETRACTION_BACKUPS,
@@ -118,6 +121,15 @@ def _doc(field: attrs.Attribute[Any]) -> str:
 ServingOptions = _serving_model()
 
 
+def problem(error: Mapping[str, Any]) -> str:
+    """One schema error's text: a kvpools error raised by a field's check (the CLI's or the engine's own, e.g.
+    ``vllm.limit_mm_per_prompt``) as the CLI words it, else pydantic's message."""
+    from kvpools_core.errors import KvpoolsError
+
+    raised = (error.get("ctx") or {}).get("error")
+    return str(raised) if isinstance(raised, KvpoolsError) else str(error.get("msg", ""))
+
+
 class Strict(BaseModel):
     model_config = _STRICT
 
@@ -135,8 +147,14 @@ class ModelChoice(Strict):
         return self
 
 
+_RUNTIME_PROFILE_CHOICES = (*RUNTIME_PROFILES, *(f"vllm=={version}" for version in RUNTIME_PROFILES))
+"""``--runtime-profile``'s choices, as the CLI spells them (a version, or ``vllm==`` and a version)."""
+
+
 class VllmOptions(Strict):
-    """vLLM's own flags (``vllm serve``'s names), with ``serving.accounting`` ``vllm`` only."""
+    """vLLM's own flags (``vllm serve``'s names) and ``engine_version``, with ``serving.accounting`` ``vllm`` only:
+    every vLLM option of the CLI's ``plan`` / ``capacity`` (``_VLLM_OPTIONS``), checked by the CLI's and the
+    engine's own code, so a refusal is the CLI's text with the field named."""
 
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = None
     max_model_len: Annotated[int, Field(ge=-1, le=MAX_COUNT)] | Annotated[str, Field(max_length=16)] | None = None
@@ -146,6 +164,52 @@ class VllmOptions(Strict):
     num_gpu_blocks_override: Annotated[int, Field(ge=1, le=MAX_COUNT)] | None = None
     kv_offloading_size: Annotated[float, Field(gt=0, le=1 << 20, allow_inf_nan=False)] | None = None
     kv_offloading_backend: Literal["native", "lmcache"] | None = None
+    runtime_profile: Literal[_RUNTIME_PROFILE_CHOICES] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="The vLLM version whose calibrated runtime-memory profile estimates the activation peak, "
+        "non-torch memory and CUDA graphs of a gpu / gpu_memory budget (the CLI's --runtime-profile).",
+    )
+    engine_version: Annotated[str, Field(max_length=64)] | None = Field(
+        None,
+        description="vllm==X.Y: --accounting vllm with that version's runtime profile (the CLI's --engine-version).",
+    )
+    limit_mm_per_prompt: (
+        Annotated[str, Field(max_length=1024)]
+        | Annotated[dict[Annotated[str, Field(max_length=64)], Any], Field(max_length=16)]
+        | None
+    ) = Field(
+        None,
+        description='Items per prompt per modality, vLLM\'s JSON object as text or as an object: {"image": 2, '
+        '"video": 0} (the CLI\'s --limit-mm-per-prompt).',
+    )
+    language_model_only: bool | None = Field(
+        None, description="Every multimodal limit 0: no encoder profile pass, no vision tower (--language-model-only)."
+    )
+
+    @field_validator("limit_mm_per_prompt")
+    @classmethod
+    def _limits(cls, value: Any) -> Any:
+        """Checked by the engine's own parser, with the CLI's message (naming --limit-mm-per-prompt)."""
+        from kvpools_core.engines.vllm.multimodal import parse_multimodal_limits
+
+        if value is not None:
+            with cli_surface():
+                parse_multimodal_limits(value, None)  # a ConfigError is a ValueError: this field's 422
+        return value
+
+    @field_validator("engine_version")
+    @classmethod
+    def _engine_version(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """The CLI's check of --engine-version (its form, a version with a profile, the same version as
+        --runtime-profile), under --accounting vllm: this block is vLLM's."""
+        from kvpools_core.cli.common import _engine_version
+
+        if value is not None:
+            with cli_surface():
+                _engine_version(
+                    {"accounting": "vllm", "engine_version": value, "runtime_profile": info.data.get("runtime_profile")}
+                )
+        return value
 
 
 class PlanRequest(ModelChoice):

@@ -287,7 +287,17 @@ class Service:
     # -- vLLM -----------------------------------------------------------------------------------------------
 
     def _is_vllm(self, request: PlanRequest) -> bool:
-        return bool(request.serving.accounting == "vllm")  # type: ignore[attr-defined]
+        """``serving.accounting`` vllm, or ``vllm.engine_version`` (vllm==X.Y, as the CLI's --engine-version sets the
+        accounting); an accounting that names another engine beside it is the CLI's refusal."""
+        accounting = request.serving.accounting  # type: ignore[attr-defined]
+        version = request.vllm.engine_version if request.vllm is not None else None
+        if version is None:
+            return bool(accounting == "vllm")
+        from kvpools_core.cli.common import _engine_version
+
+        options = {"accounting": accounting, "engine_version": version}
+        _engine_version(options)  # the schema checked that it names vllm
+        return bool(options["accounting"] == "vllm")
 
     def _refuse_vllm_options(self, request: PlanRequest) -> None:
         if request.vllm is not None:
@@ -301,7 +311,8 @@ class Service:
 
     def vllm_plan(self, request: PlanRequest) -> Any:
         """The CLI's ``--accounting vllm`` path: vLLM's flags taken, SGLang's budget flags refused."""
-        from kvpools_core.engines.vllm.deployment import VLLM_READ_FIELDS, plan_vllm, sglang_option_refused
+        from kvpools_core.cli.common import _vllm_plan
+        from kvpools_core.engines.vllm.deployment import VLLM_READ_FIELDS, sglang_option_refused
 
         named = [
             f"--{name.replace('_', '-')}"
@@ -325,18 +336,23 @@ class Service:
                 "--kv-offloading-size is checked against the node's host memory, which the service does not measure "
                 'on its own host: state it as "host_memory".'
             )
+        version = args.pop("engine_version", None)
+        if version is not None:  # the CLI's --engine-version: the runtime profile, dropped with a --memory budget
+            from kvpools_core.cli.common import _engine_version
+
+            given = {"accounting": "vllm", "engine_version": version, "runtime_profile": args.get("runtime_profile")}
+            _engine_version(given)
+            args.update(runtime_profile=given["runtime_profile"], engine_version_profile=given["_engine_version"])
         serving = Serving(**{**options, "platform": "cuda"})
-        return plan_vllm(
+        host = {"host_memory": request.host_memory, "host_reserve": request.host_reserve, "registry": self.registry}
+        return _vllm_plan(
             self.model_of(request),
             serving,
-            memory=request.memory,
-            gpu=request.gpu,
-            gpu_memory=request.gpu_memory,
-            weights_memory=request.weights_memory,
-            host_memory=request.host_memory,
-            host_reserve=request.host_reserve,
-            registry=self.registry,
-            **args,
+            request.memory,
+            request.gpu,
+            request.gpu_memory,
+            request.weights_memory,
+            {**args, **host},
         )
 
     def vllm_capacity(self, request: CapacityRequest, asked: list[int]) -> tuple[dict[str, Any], Any]:

@@ -96,6 +96,93 @@ def test_vllm_capacity_is_the_clis(client: Any, kvpools_exe: str, cli_env: dict[
     assert launch == cli["serve_command"]
 
 
+QWEN36 = ("qwen3.6-35b-a3b-nvfp4", "--accounting", "vllm", "--gpu", "rtx-5090")
+QWEN36_VLLM = {"max_num_seqs": 1, "max_num_batched_tokens": 8192, "max_model_len": 131072}
+
+
+def qwen36_body(**vllm: Any) -> dict[str, Any]:
+    serving = {"accounting": "vllm", "kv_cache_dtype": "fp8", "quantization": "modelopt"}
+    return {"model": "qwen3.6-35b-a3b-nvfp4", "gpu": "rtx-5090", "serving": serving, "vllm": {**QWEN36_VLLM, **vllm}}
+
+
+def test_vllm_multimodal_limits_and_runtime_profile_are_the_clis(
+    client: Any, kvpools_exe: str, cli_env: dict[str, str]
+) -> None:
+    """Issue 34: --limit-mm-per-prompt with --runtime-profile reach plan_vllm from the API as from the CLI: the whole
+    answer is the CLI's (the encoder's profile pass and the vision tower's weights are sized from the limits)."""
+    common = (
+        "--kv-cache-dtype", "fp8", "--quantization", "modelopt", "--max-num-seqs", "1",
+        "--max-num-batched-tokens", "8192", "--max-model-len", "131072",
+    )  # fmt: skip
+    limits = '{"image": 0, "video": 0}'
+    cli = cli_json(
+        kvpools_exe, cli_env, "plan", *QWEN36, "--runtime-profile", "0.33", *common,
+        "--limit-mm-per-prompt", limits, "--json",
+    )  # fmt: skip
+    api = ok(client.post("/api/v1/plan", json=qwen36_body(runtime_profile="0.33", limit_mm_per_prompt=limits)))
+    assert api == cli
+    # the same limits as a JSON object, and vLLM's --language-model-only, which limits every modality to 0
+    as_object = ok(
+        client.post("/api/v1/plan", json=qwen36_body(runtime_profile="0.33", limit_mm_per_prompt=json.loads(limits)))
+    )
+    assert as_object == cli
+    lmo = cli_json(
+        kvpools_exe, cli_env, "plan", *QWEN36, "--runtime-profile", "0.33", *common, "--language-model-only", "--json"
+    )
+    assert ok(client.post("/api/v1/plan", json=qwen36_body(runtime_profile="0.33", language_model_only=True))) == lmo
+    # the limits change the answer: without them vLLM profiles the encoder and loads the vision tower
+    unlimited = ok(client.post("/api/v1/plan", json=qwen36_body(runtime_profile="0.33")))
+    assert unlimited["budget"][0]["weights_memory"] > cli["budget"][0]["weights_memory"]
+    # --engine-version vllm==0.33 is --accounting vllm --runtime-profile 0.33 (the serving accounting may be left out)
+    body = qwen36_body(engine_version="vllm==0.33", limit_mm_per_prompt=limits)
+    body["serving"].pop("accounting")
+    assert ok(client.post("/api/v1/plan", json=body)) == cli
+    capacity = cli_json(
+        kvpools_exe, cli_env, "capacity", *QWEN36, "--engine-version", "vllm==0.33", *common,
+        "--limit-mm-per-prompt", limits, "--context", "8k,128k", "--json",
+    )  # fmt: skip
+    api = ok(client.post("/api/v1/capacity", json={**body, "contexts": ["8k", "128k"]}))
+    assert api.pop("launch").endswith('--limit-mm-per-prompt \'{"image": 0, "video": 0}\'')
+    assert api == capacity
+
+
+def test_vllm_option_refusals_name_the_field_with_the_clis_text(
+    client: Any, kvpools_exe: str, cli_env: dict[str, str]
+) -> None:
+    for bad in ("{image: 0}", '{"image": -1}', "[1]", '{"image": {"width": 64}}'):
+        text = cli_error(kvpools_exe, cli_env, "plan", *QWEN36, "--limit-mm-per-prompt", bad)
+        error = refused(client.post("/api/v1/plan", json=qwen36_body(limit_mm_per_prompt=bad)))
+        assert error["kind"] == "invalid_request"
+        assert error["fields"] == [{"field": "vllm.limit_mm_per_prompt", "problem": text}], bad
+        assert error["message"] == f"The request does not match the API's schema: vllm.limit_mm_per_prompt: {text}"
+    text = cli_error(
+        kvpools_exe, cli_env, "plan", *QWEN36, "--engine-version", "vllm==0.19", "--runtime-profile", "0.33"
+    )
+    error = refused(client.post("/api/v1/plan", json=qwen36_body(engine_version="vllm==0.19", runtime_profile="0.33")))
+    assert error["fields"] == [{"field": "vllm.engine_version", "problem": text}]
+    error = refused(client.post("/api/v1/plan", json=qwen36_body(runtime_profile="0.9")))
+    assert error["fields"][0]["field"] == "vllm.runtime_profile" and "'0.33'" in error["fields"][0]["problem"]
+    # under another accounting vLLM's options are refused as the CLI refuses them
+    text = cli_error(
+        kvpools_exe, cli_env, "plan", "llama-3.1-8b", "--memory", "40GiB", "--language-model-only",
+        "--runtime-profile", "0.33",
+    )  # fmt: skip
+    body = {
+        "model": "llama-3.1-8b",
+        "memory": "40GiB",
+        "vllm": {"language_model_only": True, "runtime_profile": "0.33"},
+    }
+    assert refused(client.post("/api/v1/plan", json=body))["message"] == text
+    text = cli_error(
+        kvpools_exe, cli_env, "plan", "llama-3.1-8b", "--memory", "40GiB", "--accounting", "sglang",
+        "--engine-version", "vllm==0.33",
+    )  # fmt: skip
+    body = {"model": "llama-3.1-8b", "memory": "40GiB", "serving": {"accounting": "sglang"}}
+    assert (
+        refused(client.post("/api/v1/plan", json={**body, "vllm": {"engine_version": "vllm==0.33"}}))["message"] == text
+    )
+
+
 def test_capacity_record_and_build_check_are_the_clis(client: Any, kvpools_exe: str, cli_env: dict[str, str]) -> None:
     args = ("llama-3.1-8b", "--memory", "40GiB", "--page-size", "16", "--tp-size", "2", "--platform", "cuda")
     cli = cli_json(kvpools_exe, cli_env, "plan", *args, "--format", "capacity-json", "--context", "32k")

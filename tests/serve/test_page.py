@@ -98,3 +98,52 @@ def test_no_page_of_the_service_loads_a_script_from_elsewhere(client: Any) -> No
     assert client.get("/docs").status_code == 404
     assert client.get("/redoc").status_code == 404
     assert client.get("/api/v1/openapi.json").status_code == 200
+
+
+def test_every_slot_of_the_page_is_filled(client: Any) -> None:
+    """No ``$name`` of the template is left in the page (the draft-layers field showed its slot's name)."""
+    for query in ("", "?" + QUERY):
+        page = client.get("/" + query)
+        assert re.findall(r"\$[a-z_]+", page.text) == [], query
+
+
+def test_vllm_only_fields_reach_vllm_on_the_page(client: Any) -> None:
+    """Issue 34: the runtime profile, the batched tokens, the multimodal limits and --language-model-only are the
+    page's fields too; the answer is the API's for the same options, and a bad JSON is the CLI's text on the page."""
+    query = (
+        "model=qwen3.6-35b-a3b-nvfp4&gpu=rtx-5090&accounting=vllm&kv_cache_dtype=fp8&runtime_profile=0.33"
+        "&max_running_requests=1&max_num_batched_tokens=8192&context_length=131072&contexts=8k"
+        "&limit_mm_per_prompt=%7B%22image%22%3A%200%2C%20%22video%22%3A%200%7D"
+    )
+    answer = client.get("/api/v1/calculator?" + query).json()["result"]
+    vllm = {
+        "runtime_profile": "0.33",
+        "max_num_seqs": 1,
+        "max_num_batched_tokens": 8192,
+        "max_model_len": 131072,
+        "limit_mm_per_prompt": '{"image": 0, "video": 0}',
+    }
+    assert answer["request"]["vllm"] == vllm
+    api = client.post(
+        "/api/v1/capacity",
+        json={
+            "model": "qwen3.6-35b-a3b-nvfp4",
+            "gpu": "rtx-5090",
+            "contexts": ["8k"],
+            "serving": {"accounting": "vllm", "kv_cache_dtype": "fp8"},
+            "vllm": vllm,
+        },
+    ).json()["result"]
+    assert answer["capacity"] == api
+    page = client.get("/?" + query)
+    assert page.status_code == 200 and "--limit-mm-per-prompt" in page.text
+    assert '<option value="0.33" selected>' in page.text
+    lmo = client.get(
+        "/api/v1/calculator?model=qwen3.6-35b-a3b-nvfp4&gpu=rtx-5090&accounting=vllm&language_model_only=on&contexts=8k"
+    ).json()["result"]
+    assert lmo["request"]["vllm"] == {"language_model_only": True}
+    assert lmo["capacity"]["launch"].endswith("--language-model-only")
+    page = client.get("/?model=qwen3.6-35b-a3b-nvfp4&gpu=rtx-5090&accounting=vllm&limit_mm_per_prompt=image%3D0")
+    assert page.status_code == 422
+    assert "vllm.limit_mm_per_prompt: --limit-mm-per-prompt must be a JSON object" in page.text
+    assert "(vLLM 0.33 does not take KEY=VALUE pairs)" in page.text

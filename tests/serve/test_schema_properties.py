@@ -11,6 +11,7 @@ schema's refusals.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -23,6 +24,13 @@ pytest.importorskip("fastapi", reason=EXTRA)
 pytest.importorskip("httpx2", reason=EXTRA)
 
 ENDPOINTS = ("plan", "build-check", "capacity", "capacity-record", "compare", "fit", "sweep")
+LIMITS = st.one_of(
+    st.none(),
+    st.dictionaries(st.sampled_from(["image", "video", "audio"]), st.integers(0, 999), max_size=3),
+    st.dictionaries(st.sampled_from(["image", "video"]), st.integers(0, 4), max_size=2).map(json.dumps),
+)
+"""vLLM's --limit-mm-per-prompt as the CLI takes it (a JSON object's text) or as a JSON object: a steered body's
+limits, so that they reach plan_vllm (the schema's own draws are mostly strings the engine's parser refuses)."""
 PRESETS = ("llama-3.1-8b", "gpt-oss-20b", "qwen3-next-80b-a3b-thinking", "deepseek-v2-lite", "gemma-2-9b")
 
 
@@ -93,7 +101,7 @@ def body_schema(schema: dict[str, Any], endpoint: str) -> dict[str, Any]:
     return {**body, "components": schema["components"]}
 
 
-def steered(body: dict[str, Any], name: str, size: Any, contexts: list[int]) -> dict[str, Any]:
+def steered(body: dict[str, Any], name: str, size: Any, contexts: list[int], limits: Any = None) -> dict[str, Any]:
     """A drawn body aimed at the planners: a preset, a budget that exists, real context lengths; the drawn serving
     options stay (their combinations are what the planners must refuse cleanly or answer)."""
     body = {k: v for k, v in body.items() if k not in ("config", "gpu", "gpu_memory", "free_memory", "draft_model")}
@@ -113,6 +121,8 @@ def steered(body: dict[str, Any], name: str, size: Any, contexts: list[int]) -> 
         body["requests"] = min(body["requests"], 1 << 20)
     if isinstance(body.get("serving"), dict) and body["serving"].get("accounting") != "vllm":
         body.pop("vllm", None)
+    if isinstance(body.get("vllm"), dict):  # vLLM's multimodal limits and engine version as the CLI takes them
+        body["vllm"].update(limit_mm_per_prompt=limits, engine_version=None)
     return body
 
 
@@ -129,10 +139,11 @@ def test_every_schema_valid_body_is_answered_or_refused_cleanly(
         name=st.sampled_from(PRESETS),
         size=st.sampled_from(["4GiB", "40GiB", 80 << 30]),
         contexts=st.lists(st.sampled_from([1024, 8192, 32768, 131072, 1 << 20]), max_size=3),
+        limits=LIMITS,
     )
-    def check(body: dict[str, Any], steer: bool, name: str, size: Any, contexts: list[int]) -> None:
+    def check(body: dict[str, Any], steer: bool, name: str, size: Any, contexts: list[int], limits: Any) -> None:
         if steer:
-            body = steered(body, name, size, contexts)
+            body = steered(body, name, size, contexts, limits)
         response = client.post(f"/api/v1/{endpoint}", json=body)
         assert response.status_code in (200, 413, 422, 429), (body, response.text)
         assert "Traceback" not in response.text
@@ -157,3 +168,15 @@ def test_the_schema_names_every_endpoint_and_the_serving_fields(schema: dict[str
     resolved = {"platform_traits", "workspaces", "speculative_draft"}
     assert set(serving) == {field.name for field in attrs.fields(Serving)} - resolved
     assert schema["components"]["schemas"]["ServingOptions"]["additionalProperties"] is False
+
+
+def test_the_schema_takes_every_vllm_option_of_the_cli(schema: dict[str, Any]) -> None:
+    """Issue 34: the API's ``vllm`` block is the CLI's ``--accounting vllm`` options (``_VLLM_OPTIONS``, plan and
+    capacity) and ``--engine-version``, by the same names; --runtime-profile's choices are the CLI's."""
+    from kvpools_core.cli.common import _VLLM_OPTIONS, RUNTIME_PROFILES
+
+    vllm = schema["components"]["schemas"]["VllmOptions"]
+    assert set(vllm["properties"]) == {*_VLLM_OPTIONS, "engine_version"}
+    assert vllm["additionalProperties"] is False
+    profiles = {v for option in vllm["properties"]["runtime_profile"]["anyOf"] for v in option.get("enum", ())}
+    assert profiles == {*RUNTIME_PROFILES, *(f"vllm=={version}" for version in RUNTIME_PROFILES)}
