@@ -208,6 +208,37 @@ def test_gemma3_12b_matches_the_technical_report_table() -> None:
     assert non_embedding == pytest.approx(10759e6, rel=0.01)
 
 
+def test_gemma3_presets_count_the_siglip_tower_and_projector() -> None:
+    """The gemma-3 presets name the checkpoints' complete configs (``_weights_config``, issue 34): before they held
+    only the KV fields and ``estimate_weights`` refused them (``text_config.intermediate_size`` missing), so a
+    whole-GPU plan from the preset name needed --weights-memory.  gemma-3-12b-it: the same 12,187,325,040
+    parameters as its config (421,290,864 of them the SigLIP tower and projector).  gemma-3-27b-it by hand (62
+    layers of 5376, 32 heads and 16 KV heads of 128, MLP 21504, vocabulary 262208 tied): attention (2 x 32 + 2 x 16)
+    x 128 x 5376 = 66,060,288 a layer, 4,095,737,856; MLP 3 x 21504 x 5376 = 346,816,512 a layer,
+    21,502,623,744; norms (4 x 5376 + 2 x 128) x 62 + 5376 = 1,354,496; embedding 262,208 x 5376 =
+    1,409,630,208; the SigLIP tower as 12B's (416,866,032) and the projector 1152 + 1152 x 5376 = 6,194,304:
+    27,432,406,640 parameters, 54,864,813,280 B in bfloat16 (51.10 GiB).  The technical report (arXiv:2503.19786,
+    table 1, Gemma 3 27B): vision encoder 417M, non-embedding 25,600M (here 25,599,716,096)."""
+    assert (
+        estimate_weights("gemma-3-12b-it").parameters == estimate_weights(config("google--gemma-3-12b-it")).parameters
+    )
+    assert estimate_weights("gemma-3-12b-it").parameters_by_family["vision"] == 421_290_864
+    hidden, layers = 5376, 62
+    siglip = 416_866_032
+    expected = {
+        "attention": 66_060_288 * layers,
+        "mlp": 3 * 21504 * hidden * layers,
+        "norms": (4 * hidden + 2 * 128) * layers + hidden,
+        "embedding": 262_208 * hidden,
+        "vision": siglip + 1152 + 1152 * hidden,
+    }
+    big = estimate_weights("gemma-3-27b-it")
+    assert {family: count for family, count in big.parameters_by_family.items() if count} == expected
+    assert big.parameters == 27_432_406_640 and big.bytes_per_rank == 2 * 27_432_406_640
+    assert expected["vision"] - 1152 - 1152 * hidden == pytest.approx(417e6, rel=0.001)
+    assert expected["attention"] + expected["mlp"] + expected["norms"] == pytest.approx(25_600e6, rel=0.001)
+
+
 def test_siglip_tower_by_hand() -> None:
     """Gemma-3's SigLIP: a 14 x 14 patch Conv2d (biased), 64 x 64 positions, 27 blocks (two LayerNorms, biased
     q/k/v/out, fc1 to 4304, fc2) and the post LayerNorm; at TP 2 the Linears halve on the first stage only."""

@@ -12,7 +12,7 @@ from typing import Any
 from kvpools_core.config import ConfigReader
 from kvpools_core.parts.weights.tensors import Builder, split, vocab_rows_per_rank
 
-__all__ = ["gemma3_vision", "qwen3_vl_vision", "siglip_vision"]
+__all__ = ["gemma3_vision", "llama4_vision", "qwen3_vl_vision", "siglip_vision"]
 
 FIRST: dict[str, Any] = {"stage": "first"}
 
@@ -66,6 +66,57 @@ def gemma3_vision(builder: Builder, vision: ConfigReader) -> None:
     width = vision.integer("hidden_size")
     builder.add("vision", "multi_modal_projector.mm_soft_emb_norm", width, **FIRST)
     builder.add("vision", "multi_modal_projector.mm_input_projection_weight", width, builder.hidden, **FIRST)
+
+
+def llama4_vision(builder: Builder, vision: ConfigReader) -> None:
+    """Llama-4's vision tower and projector (``Llama4VisionModel`` and ``Llama4MultiModalProjector``,
+    sglang/srt/models/mllama4.py), named as the checkpoint names them: the unfold patch embedding (a Linear from
+    ``num_channels · patch_size²`` with no bias, column-parallel), ``class_embedding``, ``positional_embedding_vlm``
+    of ``(image_size / patch_size)² + 1`` rows and the pre / post LayerNorms (whole on every rank);
+    ``num_hidden_layers`` blocks of two LayerNorms, biased q/k/v (column-parallel) and ``o_proj`` (row-parallel) and
+    a biased ``fc1`` / ``fc2`` MLP of ``intermediate_size``; the pixel-shuffle adapter's two Linears (``fc1`` from
+    ``intermediate_size`` to ``projector_input_dim``, ``fc2`` to ``projector_output_dim``, biased only under
+    ``multi_modal_projector_bias``); and the projector ``linear_1`` from ``vision_output_dim`` to the text width
+    (transformers' ``nn.Linear``, whole on every rank)."""
+    hidden, inter = vision.integer("hidden_size"), vision.integer("intermediate_size")
+    patch, tp = vision.integer("patch_size"), builder.sharding.tp
+    prefix = "vision_model"
+    pixels = vision.integer("num_channels", 3) * patch**2
+    builder.add("vision", f"{prefix}.patch_embedding.linear", hidden, pixels, rank_out=split(hidden, tp), **FIRST)
+    builder.add("vision", f"{prefix}.class_embedding", hidden, **FIRST)
+    positions = (vision.integer("image_size") // patch) ** 2 + 1
+    builder.add("vision", f"{prefix}.positional_embedding_vlm", positions, hidden, **FIRST)
+    _layer_norm(builder, f"{prefix}.layernorm_pre", hidden)
+    _layer_norm(builder, f"{prefix}.layernorm_post", hidden)
+    for block in range(vision.integer("num_hidden_layers")):
+        layer = f"{prefix}.model.layers.{block}"
+        _layer_norm(builder, f"{layer}.input_layernorm", hidden)
+        _layer_norm(builder, f"{layer}.post_attention_layernorm", hidden)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            _linear(builder, f"{layer}.self_attn.{name}", hidden, hidden, column=True)
+        _linear(builder, f"{layer}.self_attn.o_proj", hidden, hidden, column=False)
+        _linear(builder, f"{layer}.mlp.fc1", inter, hidden, column=True)
+        _linear(builder, f"{layer}.mlp.fc2", hidden, inter, column=False)
+    adapter_in, adapter_out = vision.integer("projector_input_dim"), vision.integer("projector_output_dim")
+    biased = vision.boolean("multi_modal_projector_bias", False)
+    adapter = f"{prefix}.vision_adapter.mlp"
+    for module, rows, inner, column in (
+        (f"{adapter}.fc1", adapter_in, inter, True),
+        (f"{adapter}.fc2", adapter_out, adapter_in, False),
+    ):
+        if biased:
+            _linear(builder, module, rows, inner, column=column)
+        else:
+            shape = {"rank_out": split(rows, tp)} if column else {"rank_inner": split(inner, tp)}
+            builder.add("vision", module, rows, inner, linear=True, **shape, **FIRST)
+    builder.add(
+        "vision",
+        "multi_modal_projector.linear_1",
+        builder.hidden,
+        vision.integer("vision_output_dim"),
+        linear=True,
+        **FIRST,
+    )
 
 
 def qwen3_vl_vision(builder: Builder, vision: ConfigReader) -> None:
