@@ -14,6 +14,7 @@ from kvpools_core.parts.weights import (
     estimate_claimed,
     expert_intermediate_per_rank,
     gemma3_vision,
+    gemma4_vision,
     llama4_vision,
     llama_decoder,
     split,
@@ -102,10 +103,9 @@ def _gemma4(builder: Builder, model_type: str) -> list[str]:
             builder.norm(f"{prefix}.{norm}", layer)
         builder.norm(f"{prefix}.layer_scalar", layer, 1)
     builder.embeddings(reader.boolean("tie_word_embeddings", builder.outer.boolean("tie_word_embeddings", True)))
-    notes = []
     if builder.outer.has("vision_config"):
-        notes.append("Gemma-4's vision tower (vision_config) is not counted; only the text model is.")
-    return notes
+        gemma4_vision(builder, builder.outer.child("vision_config"))
+    return []
 
 
 def _gpt_oss(builder: Builder, model_type: str) -> list[str]:

@@ -60,7 +60,7 @@ PUBLISHED = [
     ),
     (
         "google--gemma-4-26B-A4B",
-        "all",
+        "text",
         25.2e9,
         "huggingface.co/google/gemma-4-26B-A4B card: 25.2B total parameters (the ~550M vision encoder listed apart)",
     ),
@@ -86,7 +86,11 @@ PUBLISHED = [
 )
 def test_parameters_match_the_published_count(name: str, counted: str, published: float, source: str) -> None:
     estimate = estimate_weights(config(name))
-    parameters = estimate.parameters if counted == "all" else estimate.parameters_without_mtp
+    parameters = {
+        "all": estimate.parameters,
+        "main": estimate.parameters_without_mtp,
+        "text": estimate.parameters - estimate.parameters_by_family.get("vision", 0),  # the encoder listed apart
+    }[counted]
     assert parameters == pytest.approx(published, rel=0.01), source
 
 
@@ -257,6 +261,31 @@ def test_siglip_tower_by_hand() -> None:
         - estimate_weights(text_only, serving).bytes_per_rank
     )
     assert difference == 2 * (tower_rank + hidden + hidden * 3840)
+
+
+def test_gemma4_vision_encoder_by_hand() -> None:
+    """Gemma-4-26B-A4B's vision encoder, now counted (issue 34; it was noted as left out), as SGLang builds it
+    (sglang/srt/models/gemma4_vision.py Gemma4VisionPatchEmbedder, Gemma4VisionAttention, Gemma4VisionMLP,
+    Gemma4VisionEncoderLayer, Gemma4VisionEncoder; gemma4_mm.py Gemma4MultimodalEmbedder): 27 layers of fused q/k/v
+    3 x 1152 x 1152 = 3,981,312 (16 heads and 16 KV heads of 72), o_proj 1,327,104, q/k norms 2 x 72, gate_up
+    2 x 4304 x 1152 = 9,916,416, down 4,958,208, four norms 4 x 1152 and ``layer_scalar``: 20,187,793 a layer,
+    545,070,411; the patch projection 3 x 16² x 1152 = 884,736, the position table 2 x 10240 x 1152 = 23,592,960,
+    ``std_bias`` / ``std_scale`` 2 x 1152 (``standardize``); the embedder's projection 2816 x 1152 = 3,244,032:
+    572,794,443 (569,550,411 the encoder; the card's "~550M" is rounded).  At TP 4 on the first of two stages the
+    q/k/v, o, gate_up and down Linears split four ways; the rest is whole."""
+    layer = 3 * 1152 * 1152 + 1152 * 1152 + 2 * 72 + 2 * 4304 * 1152 + 4304 * 1152 + 4 * 1152 + 1
+    assert layer == 20_187_793
+    encoder = 27 * layer + 3 * 16**2 * 1152 + 2 * 10240 * 1152 + 2 * 1152
+    assert encoder + 2816 * 1152 == 572_794_443
+    assert estimate_weights(config("google--gemma-4-26B-A4B")).parameters_by_family["vision"] == 572_794_443
+    full = read("google--gemma-4-26B-A4B")
+    text_only = {key: value for key, value in full.items() if key != "vision_config"}
+    serving = Serving(tp_size=4, pp_size=2, pp_rank=0)
+    linears = 3 * 1152 * 1152 + 1152 * 1152 + 2 * 4304 * 1152 + 4304 * 1152
+    layer_rank = linears // 4 + 2 * 72 + 4 * 1152 + 1
+    rank = 27 * layer_rank + 3 * 16**2 * 1152 + 2 * 10240 * 1152 + 2 * 1152 + 2816 * 1152
+    difference = estimate_weights(full, serving).bytes_per_rank - estimate_weights(text_only, serving).bytes_per_rank
+    assert difference == 2 * rank
 
 
 def test_gemma4_attention_by_hand() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from kvpools_core.config import ConfigReader
 from kvpools_core.parts.weights.tensors import Builder, split, vocab_rows_per_rank
 
-__all__ = ["gemma3_vision", "llama4_vision", "qwen3_vl_vision", "siglip_vision"]
+__all__ = ["gemma3_vision", "gemma4_vision", "llama4_vision", "qwen3_vl_vision", "siglip_vision"]
 
 FIRST: dict[str, Any] = {"stage": "first"}
 
@@ -66,6 +66,66 @@ def gemma3_vision(builder: Builder, vision: ConfigReader) -> None:
     width = vision.integer("hidden_size")
     builder.add("vision", "multi_modal_projector.mm_soft_emb_norm", width, **FIRST)
     builder.add("vision", "multi_modal_projector.mm_input_projection_weight", width, builder.hidden, **FIRST)
+
+
+def gemma4_vision(builder: Builder, vision: ConfigReader) -> None:
+    """Gemma-4's vision encoder and its embedder (``Gemma4VisionEncoder``, sglang/srt/models/gemma4_vision.py, and
+    ``Gemma4MultimodalEmbedder``, gemma4_mm.py), on the first pipeline stage: the patch embedder (``input_proj``
+    from ``3 · patch_size²`` with no bias and a ``2 x position_embedding_size x hidden_size`` position table, whole
+    on every rank); ``num_hidden_layers`` blocks of fused q/k/v (``num_attention_heads`` and
+    ``num_key_value_heads`` of ``head_dim``, column-parallel) and ``o_proj`` (row-parallel), q/k RMSNorms over one
+    head (the v norm has no scale), a GELU ``gate_up`` / ``down_proj`` MLP of ``intermediate_size``, four RMSNorms
+    and the ``layer_scalar`` buffer; the ``std_bias`` / ``std_scale`` buffers under ``standardize``; and the
+    embedder's ``embedding_projection`` to the text width (``ReplicatedLinear``; its norm has no scale).  Biased
+    or clipped Linears (``attention_bias``, ``use_clipped_linears``) are refused."""
+    for key in ("attention_bias", "use_clipped_linears"):
+        if vision.boolean(key, False):
+            raise vision.error(
+                key, "is true", "Gemma-4's vision encoder with biased or clipped Linears is not modelled."
+            )
+    hidden, inter = vision.integer("hidden_size"), vision.integer("intermediate_size")
+    heads, kv_heads = vision.integer("num_attention_heads"), vision.integer("num_key_value_heads")
+    head_dim = vision.integer("head_dim", hidden // heads)
+    tp = builder.sharding.tp
+    prefix = "model.vision_tower"
+    patch = vision.integer("patch_size")
+    builder.add("vision", f"{prefix}.patch_embedder.input_proj", hidden, 3 * patch**2, linear=True, **FIRST)
+    table = 2 * vision.integer("position_embedding_size")
+    builder.add("vision", f"{prefix}.patch_embedder.position_embedding_table", table, hidden, **FIRST)
+    for block in range(vision.integer("num_hidden_layers")):
+        layer = f"{prefix}.encoder.layers.{block}"
+        qkv = (heads + 2 * kv_heads) * head_dim
+        builder.add("vision", f"{layer}.self_attn.qkv_proj", qkv, hidden, linear=True, rank_out=split(qkv, tp), **FIRST)
+        inner = heads * head_dim
+        builder.add(
+            "vision", f"{layer}.self_attn.o_proj", hidden, inner, linear=True, rank_inner=split(inner, tp), **FIRST
+        )
+        builder.add("vision", f"{layer}.self_attn.q_norm", head_dim, **FIRST)
+        builder.add("vision", f"{layer}.self_attn.k_norm", head_dim, **FIRST)
+        builder.add(
+            "vision",
+            f"{layer}.mlp.gate_up_proj",
+            2 * inter,
+            hidden,
+            linear=True,
+            rank_out=2 * split(inter, tp),
+            **FIRST,
+        )
+        builder.add(
+            "vision", f"{layer}.mlp.down_proj", hidden, inter, linear=True, rank_inner=split(inter, tp), **FIRST
+        )
+        for norm in (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ):
+            builder.add("vision", f"{layer}.{norm}", hidden, **FIRST)
+        builder.add("vision", f"{layer}.layer_scalar", 1, **FIRST)
+    if vision.boolean("standardize", False):
+        builder.add("vision", f"{prefix}.std_bias", hidden, **FIRST)
+        builder.add("vision", f"{prefix}.std_scale", hidden, **FIRST)
+    builder.add("vision", "model.embed_vision.embedding_projection", builder.hidden, hidden, linear=True, **FIRST)
 
 
 def llama4_vision(builder: Builder, vision: ConfigReader) -> None:
