@@ -14,6 +14,8 @@ from kvpools_core.parts.weights import (
     estimate_claimed,
     expert_intermediate_per_rank,
     gemma3_vision,
+    gemma4_vision,
+    llama4_vision,
     llama_decoder,
     split,
     vocab_rows_per_rank,
@@ -101,10 +103,9 @@ def _gemma4(builder: Builder, model_type: str) -> list[str]:
             builder.norm(f"{prefix}.{norm}", layer)
         builder.norm(f"{prefix}.layer_scalar", layer, 1)
     builder.embeddings(reader.boolean("tie_word_embeddings", builder.outer.boolean("tie_word_embeddings", True)))
-    notes = []
     if builder.outer.has("vision_config"):
-        notes.append("Gemma-4's vision tower (vision_config) is not counted; only the text model is.")
-    return notes
+        gemma4_vision(builder, builder.outer.child("vision_config"))
+    return []
 
 
 def _gpt_oss(builder: Builder, model_type: str) -> list[str]:
@@ -198,7 +199,8 @@ def _llama4(builder: Builder, model_type: str) -> list[str]:
     of ``use_qk_norm`` has no weights), two norms and, where ``(layer + 1) % interleave_moe_layer_step == 0``
     (``_is_moe_layer``), a MoE (``feed_forward.router``, ``num_local_experts`` experts of ``intermediate_size``
     stored fused as ``experts.gate_up_proj`` / ``experts.down_proj``, and a ``shared_expert`` of the same size);
-    a dense MLP of ``intermediate_size_mlp`` elsewhere. The vision tower and projector are not counted (noted)."""
+    a dense MLP of ``intermediate_size_mlp`` elsewhere; a checkpoint's ``vision_config`` adds the vision tower, the
+    pixel-shuffle adapter and the projector (:func:`~kvpools_core.parts.weights.llama4_vision`, family ``vision``)."""
     reader = builder.reader
     hidden = builder.hidden
     sharding = builder.sharding
@@ -243,10 +245,9 @@ def _llama4(builder: Builder, model_type: str) -> list[str]:
     )
     builder.norm(f"{root}.norm", None, stage="last")
     builder.add("lm_head", head, vocab, hidden, rank_out=vocab_rows_per_rank(vocab, sharding.tp), stage="last")
-    notes = []
     if builder.outer.has("vision_config"):
-        notes.append("Llama-4's vision tower and multimodal projector are not counted (text model only).")
-    return notes
+        llama4_vision(builder, builder.outer.child("vision_config"))
+    return []
 
 
 DECODERS: dict[str, Callable[[Builder, str], list[str]]] = {

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 
 from benchmarks.startup_logs import load_startup_logs
@@ -41,6 +42,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
     sampler_program_buffer_bytes,
     vision_shape_from_config,
     vision_shape_of,
+    vocab_size_of,
 )
 from kvpools_core.errors import ConfigError
 from kvpools_core.pipeline.gpus import find_gpu
@@ -423,6 +425,17 @@ def test_the_gemma3_encoder_profile_by_hand() -> None:
     assert few is not None and few.items == 4
 
 
+def test_the_gemma3_presets_get_the_siglip_encoder_term() -> None:
+    """The gemma-3 presets name their checkpoints' complete configs (``_weights_config``, issue 34), so a plan from
+    the preset name finds the SigLIP tower (before: no ``vision_config``, no encoder term and no vocabulary).
+    gemma-3-12b-it's is its config's; gemma-3-27b-it's projects into 5376 (its text width), the tower the same."""
+    assert vision_shape_of("gemma-3-12b-it") == vision_shape_of(GEMMA3)
+    assert vocab_size_of("gemma-3-12b-it") == 262_208
+    small, big = vision_shape_of(GEMMA3), vision_shape_of("gemma-3-27b-it")
+    assert small is not None and big == attrs.evolve(small, out_hidden_size=5376)
+    assert vocab_size_of("gemma-3-27b-it") == 262_208
+
+
 MULTIMODAL_LOGGED = {
     # the language model's 1.912 GiB sampler + 86.2 MiB held is under the encoder's 2.000 GiB (its dense mask 1.09):
     # 2,181,159,232 B = 2.031 GiB, inside the row's 2.03-2.18 (-3.5 % of its midpoint; the baseline row's 2.030
@@ -432,6 +445,28 @@ MULTIMODAL_LOGGED = {
     # (-0.09 % of gemma-3-12b-it's 3.94; 3.734 GiB, -5.2 %, without the encoder)
     "llmd-v0.19-activation-gemma3": (GEMMA3, 4_226_712_576),
 }
+
+
+def test_a_whole_gpu_plan_from_the_gemma3_preset_name_charges_the_encoder() -> None:
+    """``plan_vllm("gemma-3-12b-it", gpu="h100", runtime_profile="0.19")`` with the llm-d v0.19 record's flags
+    (max_model_len 8192, 8192 batched tokens, 1024 sequences): the weights are the preset's complete config's
+    24,374,650,080 B (the SigLIP tower and projector 842,581,728 B of them) and the activation peak the record test's
+    4,226,712,576 B (3.936 GiB against the logged 3.94, encoder and held pixels included); before, the preset had no
+    complete config and the plan refused the weights."""
+    from kvpools_core.engines.vllm.deployment import plan_vllm
+
+    result = plan_vllm(
+        "gemma-3-12b-it",
+        gpu="h100",
+        runtime_profile="0.19",
+        max_model_len=8192,
+        max_num_batched_tokens=8192,
+        max_num_seqs=1024,
+    )
+    assert result.weights_memory == (24_374_650_080,)
+    assert result.runtime_memory is not None
+    assert result.runtime_memory.term("activation peak").bytes == MULTIMODAL_LOGGED["llmd-v0.19-activation-gemma3"][1]
+    assert "multimodal encoder: 32 image item(s) x 256 tokens" in result.runtime_memory.term("activation peak").formula
 
 
 @pytest.mark.parametrize("record", sorted(MULTIMODAL_LOGGED))

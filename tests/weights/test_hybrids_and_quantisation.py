@@ -60,7 +60,7 @@ PUBLISHED = [
     ),
     (
         "google--gemma-4-26B-A4B",
-        "all",
+        "text",
         25.2e9,
         "huggingface.co/google/gemma-4-26B-A4B card: 25.2B total parameters (the ~550M vision encoder listed apart)",
     ),
@@ -86,7 +86,11 @@ PUBLISHED = [
 )
 def test_parameters_match_the_published_count(name: str, counted: str, published: float, source: str) -> None:
     estimate = estimate_weights(config(name))
-    parameters = estimate.parameters if counted == "all" else estimate.parameters_without_mtp
+    parameters = {
+        "all": estimate.parameters,
+        "main": estimate.parameters_without_mtp,
+        "text": estimate.parameters - estimate.parameters_by_family.get("vision", 0),  # the encoder listed apart
+    }[counted]
     assert parameters == pytest.approx(published, rel=0.01), source
 
 
@@ -208,6 +212,37 @@ def test_gemma3_12b_matches_the_technical_report_table() -> None:
     assert non_embedding == pytest.approx(10759e6, rel=0.01)
 
 
+def test_gemma3_presets_count_the_siglip_tower_and_projector() -> None:
+    """The gemma-3 presets name the checkpoints' complete configs (``_weights_config``, issue 34): before they held
+    only the KV fields and ``estimate_weights`` refused them (``text_config.intermediate_size`` missing), so a
+    whole-GPU plan from the preset name needed --weights-memory.  gemma-3-12b-it: the same 12,187,325,040
+    parameters as its config (421,290,864 of them the SigLIP tower and projector).  gemma-3-27b-it by hand (62
+    layers of 5376, 32 heads and 16 KV heads of 128, MLP 21504, vocabulary 262208 tied): attention (2 x 32 + 2 x 16)
+    x 128 x 5376 = 66,060,288 a layer, 4,095,737,856; MLP 3 x 21504 x 5376 = 346,816,512 a layer,
+    21,502,623,744; norms (4 x 5376 + 2 x 128) x 62 + 5376 = 1,354,496; embedding 262,208 x 5376 =
+    1,409,630,208; the SigLIP tower as 12B's (416,866,032) and the projector 1152 + 1152 x 5376 = 6,194,304:
+    27,432,406,640 parameters, 54,864,813,280 B in bfloat16 (51.10 GiB).  The technical report (arXiv:2503.19786,
+    table 1, Gemma 3 27B): vision encoder 417M, non-embedding 25,600M (here 25,599,716,096)."""
+    assert (
+        estimate_weights("gemma-3-12b-it").parameters == estimate_weights(config("google--gemma-3-12b-it")).parameters
+    )
+    assert estimate_weights("gemma-3-12b-it").parameters_by_family["vision"] == 421_290_864
+    hidden, layers = 5376, 62
+    siglip = 416_866_032
+    expected = {
+        "attention": 66_060_288 * layers,
+        "mlp": 3 * 21504 * hidden * layers,
+        "norms": (4 * hidden + 2 * 128) * layers + hidden,
+        "embedding": 262_208 * hidden,
+        "vision": siglip + 1152 + 1152 * hidden,
+    }
+    big = estimate_weights("gemma-3-27b-it")
+    assert {family: count for family, count in big.parameters_by_family.items() if count} == expected
+    assert big.parameters == 27_432_406_640 and big.bytes_per_rank == 2 * 27_432_406_640
+    assert expected["vision"] - 1152 - 1152 * hidden == pytest.approx(417e6, rel=0.001)
+    assert expected["attention"] + expected["mlp"] + expected["norms"] == pytest.approx(25_600e6, rel=0.001)
+
+
 def test_siglip_tower_by_hand() -> None:
     """Gemma-3's SigLIP: a 14 x 14 patch Conv2d (biased), 64 x 64 positions, 27 blocks (two LayerNorms, biased
     q/k/v/out, fc1 to 4304, fc2) and the post LayerNorm; at TP 2 the Linears halve on the first stage only."""
@@ -226,6 +261,31 @@ def test_siglip_tower_by_hand() -> None:
         - estimate_weights(text_only, serving).bytes_per_rank
     )
     assert difference == 2 * (tower_rank + hidden + hidden * 3840)
+
+
+def test_gemma4_vision_encoder_by_hand() -> None:
+    """Gemma-4-26B-A4B's vision encoder, now counted (issue 34; it was noted as left out), as SGLang builds it
+    (sglang/srt/models/gemma4_vision.py Gemma4VisionPatchEmbedder, Gemma4VisionAttention, Gemma4VisionMLP,
+    Gemma4VisionEncoderLayer, Gemma4VisionEncoder; gemma4_mm.py Gemma4MultimodalEmbedder): 27 layers of fused q/k/v
+    3 x 1152 x 1152 = 3,981,312 (16 heads and 16 KV heads of 72), o_proj 1,327,104, q/k norms 2 x 72, gate_up
+    2 x 4304 x 1152 = 9,916,416, down 4,958,208, four norms 4 x 1152 and ``layer_scalar``: 20,187,793 a layer,
+    545,070,411; the patch projection 3 x 16² x 1152 = 884,736, the position table 2 x 10240 x 1152 = 23,592,960,
+    ``std_bias`` / ``std_scale`` 2 x 1152 (``standardize``); the embedder's projection 2816 x 1152 = 3,244,032:
+    572,794,443 (569,550,411 the encoder; the card's "~550M" is rounded).  At TP 4 on the first of two stages the
+    q/k/v, o, gate_up and down Linears split four ways; the rest is whole."""
+    layer = 3 * 1152 * 1152 + 1152 * 1152 + 2 * 72 + 2 * 4304 * 1152 + 4304 * 1152 + 4 * 1152 + 1
+    assert layer == 20_187_793
+    encoder = 27 * layer + 3 * 16**2 * 1152 + 2 * 10240 * 1152 + 2 * 1152
+    assert encoder + 2816 * 1152 == 572_794_443
+    assert estimate_weights(config("google--gemma-4-26B-A4B")).parameters_by_family["vision"] == 572_794_443
+    full = read("google--gemma-4-26B-A4B")
+    text_only = {key: value for key, value in full.items() if key != "vision_config"}
+    serving = Serving(tp_size=4, pp_size=2, pp_rank=0)
+    linears = 3 * 1152 * 1152 + 1152 * 1152 + 2 * 4304 * 1152 + 4304 * 1152
+    layer_rank = linears // 4 + 2 * 72 + 4 * 1152 + 1
+    rank = 27 * layer_rank + 3 * 16**2 * 1152 + 2 * 10240 * 1152 + 2 * 1152 + 2816 * 1152
+    difference = estimate_weights(full, serving).bytes_per_rank - estimate_weights(text_only, serving).bytes_per_rank
+    assert difference == 2 * rank
 
 
 def test_gemma4_attention_by_hand() -> None:

@@ -196,15 +196,21 @@ def test_phi_caches_every_head_whatever_num_key_value_heads_says(tmp_path: Path)
     assert plan(str(tmp_path / "config.json"), memory="10GiB").cell.bytes_per_token == 327_680
 
 
-def test_llama_4_maverick_text_weights() -> None:
+def test_llama_4_maverick_weights() -> None:
     """Llama-4 Maverick (``llama-4-maverick`` preset, ``text_config``): 48 layers of attention 2·5120² +
     2·1024·5120 = 62 914 560 and two norms (10 240); the 24 MoE layers (interleave step 2: layers 1, 3, ...) a
     router 128·5120 = 655 360, 128 experts of 3·8192·5120 = 16 106 127 360 and a shared expert 125 829 120; the
     24 dense layers an MLP of 3·16384·5120 = 251 658 240; embedding and head 2·202 048·5120 = 2 068 971 520; the
-    final norm 5120: 400 711 848 960 ("17B active, 400B total", huggingface.co/meta-llama/Llama-4-Maverick-17B-
-    128E-Instruct). Expert parallelism: TP 8 x EP 8 holds the same expert bytes as TP 8."""
+    final norm 5120: 400 711 848 960 for the text model.  The preset now names the checkpoint's complete
+    config.json (``_weights_config``, issue 34), whose ``vision_config`` adds the vision tower, adapter and
+    projector that SGLang and vLLM load for ``Llama4ForConditionalGeneration``: 871 932 416 parameters
+    (:func:`test_llama_4_vision_tower_by_hand`), 401 583 781 376 in all ("17B active, 400B total",
+    huggingface.co/meta-llama/Llama-4-Maverick-17B-128E-Instruct). Expert parallelism: TP 8 x EP 8 holds the
+    same expert bytes as TP 8."""
     estimate = estimate_weights("llama-4-maverick")
-    assert estimate.parameters == 400_711_848_960
+    assert estimate.parameters == 400_711_848_960 + 871_932_416 == 401_583_781_376
+    assert estimate.parameters_by_family["vision"] == 871_932_416
+    assert not estimate.notes  # the vision tower is no longer left out
     assert abs(estimate.parameters - 400e9) / 400e9 < 0.01
     assert estimate.shares["language_model.model.layers.1.feed_forward.experts.gate_up_proj"].total == (
         128 * 2 * 8192 * 5120
@@ -214,3 +220,38 @@ def test_llama_4_maverick_text_weights() -> None:
         estimate_weights("llama-4-maverick", tp8, ep_size=8).bytes_per_rank
         == estimate_weights("llama-4-maverick", tp8).bytes_per_rank
     )
+
+
+def test_llama_4_vision_tower_by_hand() -> None:
+    """Llama-4's vision tower (``vision_config``: hidden 1408, MLP 5632, 34 layers, patch 14, 336-pixel images,
+    pixel-shuffle 0.5, projector dims 4096, ``multi_modal_projector_bias`` false; sglang/srt/models/mllama4.py):
+    the unfold patch Linear 1408·3·14² = 827 904 (no bias), ``class_embedding`` 1408, ``positional_embedding_vlm``
+    (24² + 1)·1408 = 812 416, pre / post LayerNorms 4·1408; a layer q/k/v/o 4·(1408² + 1408) = 7 935 488, fc1
+    5632·1408 + 5632 and fc2 1408·5632 + 1408 (15 866 752), two LayerNorms 5632: 23 807 872 x 34 = 809 467 648;
+    the adapter 4096·5632 + 4096·4096 = 39 845 888; the projector 5120·4096 = 20 971 520: 871 932 416 — each
+    tensor as the per-module listing of Llama-4 Scout (the same vision_config) on GitHub reports it (find_string id
+    41112263523: 1408, 812416, 827904, 1982464, 7929856, 23068672, 16777216, 20971520).  At TP 2 on the first of
+    two pipeline stages: the Linears halve (the row-parallel biases whole), the embeddings, LayerNorms and the
+    projector (transformers' ``nn.Linear``) stay whole; on the last stage no tower."""
+    hidden, inter = 1408, 5632
+    layer = 4 * (hidden * hidden + hidden) + inter * hidden + inter + hidden * inter + hidden + 4 * hidden
+    assert layer == 23_807_872
+    tower = hidden * 588 + hidden + 577 * hidden + 4 * hidden + 34 * layer + 4096 * inter + 4096 * 4096
+    assert tower + 5120 * 4096 == 871_932_416
+    full = json.loads(Path(config("meta-llama--Llama-4-Maverick-17B-128E-Instruct")).read_text())
+    text_only = {key: value for key, value in full.items() if key != "vision_config"}
+    first, last = Serving(tp_size=2, pp_size=2, pp_rank=0), Serving(tp_size=2, pp_size=2, pp_rank=1)
+    layer_rank = (
+        3 * (hidden * hidden // 2 + hidden // 2)  # q/k/v column-parallel, biases split
+        + hidden * hidden // 2
+        + hidden  # o_proj row-parallel, its bias whole
+        + inter // 2 * hidden
+        + inter // 2  # fc1
+        + hidden * inter // 2
+        + hidden  # fc2
+        + 4 * hidden
+    )
+    rank = hidden // 2 * 588 + hidden + 577 * hidden + 4 * hidden + 34 * layer_rank
+    rank += 4096 // 2 * inter + 4096 * 4096 // 2 + 5120 * 4096
+    assert estimate_weights(full, first).bytes_per_rank - estimate_weights(text_only, first).bytes_per_rank == 2 * rank
+    assert estimate_weights(full, last).bytes_per_rank == estimate_weights(text_only, last).bytes_per_rank

@@ -64,7 +64,13 @@ from kvpools_core.parts.weights.tensors import (
     split,
     vocab_rows_per_rank,
 )
-from kvpools_core.parts.weights.vision import gemma3_vision, qwen3_vl_vision, siglip_vision
+from kvpools_core.parts.weights.vision import (
+    gemma3_vision,
+    gemma4_vision,
+    llama4_vision,
+    qwen3_vl_vision,
+    siglip_vision,
+)
 
 __all__ = [
     "DTYPE_BYTES",
@@ -87,6 +93,8 @@ __all__ = [
     "find_safetensors",
     "gated_delta_net",
     "gemma3_vision",
+    "gemma4_vision",
+    "llama4_vision",
     "llama_decoder",
     "mamba1",
     "mamba2",

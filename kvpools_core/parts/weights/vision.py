@@ -12,7 +12,7 @@ from typing import Any
 from kvpools_core.config import ConfigReader
 from kvpools_core.parts.weights.tensors import Builder, split, vocab_rows_per_rank
 
-__all__ = ["gemma3_vision", "qwen3_vl_vision", "siglip_vision"]
+__all__ = ["gemma3_vision", "gemma4_vision", "llama4_vision", "qwen3_vl_vision", "siglip_vision"]
 
 FIRST: dict[str, Any] = {"stage": "first"}
 
@@ -66,6 +66,117 @@ def gemma3_vision(builder: Builder, vision: ConfigReader) -> None:
     width = vision.integer("hidden_size")
     builder.add("vision", "multi_modal_projector.mm_soft_emb_norm", width, **FIRST)
     builder.add("vision", "multi_modal_projector.mm_input_projection_weight", width, builder.hidden, **FIRST)
+
+
+def gemma4_vision(builder: Builder, vision: ConfigReader) -> None:
+    """Gemma-4's vision encoder and its embedder (``Gemma4VisionEncoder``, sglang/srt/models/gemma4_vision.py, and
+    ``Gemma4MultimodalEmbedder``, gemma4_mm.py), on the first pipeline stage: the patch embedder (``input_proj``
+    from ``3 · patch_size²`` with no bias and a ``2 x position_embedding_size x hidden_size`` position table, whole
+    on every rank); ``num_hidden_layers`` blocks of fused q/k/v (``num_attention_heads`` and
+    ``num_key_value_heads`` of ``head_dim``, column-parallel) and ``o_proj`` (row-parallel), q/k RMSNorms over one
+    head (the v norm has no scale), a GELU ``gate_up`` / ``down_proj`` MLP of ``intermediate_size``, four RMSNorms
+    and the ``layer_scalar`` buffer; the ``std_bias`` / ``std_scale`` buffers under ``standardize``; and the
+    embedder's ``embedding_projection`` to the text width (``ReplicatedLinear``; its norm has no scale).  Biased
+    or clipped Linears (``attention_bias``, ``use_clipped_linears``) are refused."""
+    for key in ("attention_bias", "use_clipped_linears"):
+        if vision.boolean(key, False):
+            raise vision.error(
+                key, "is true", "Gemma-4's vision encoder with biased or clipped Linears is not modelled."
+            )
+    hidden, inter = vision.integer("hidden_size"), vision.integer("intermediate_size")
+    heads, kv_heads = vision.integer("num_attention_heads"), vision.integer("num_key_value_heads")
+    head_dim = vision.integer("head_dim", hidden // heads)
+    tp = builder.sharding.tp
+    prefix = "model.vision_tower"
+    patch = vision.integer("patch_size")
+    builder.add("vision", f"{prefix}.patch_embedder.input_proj", hidden, 3 * patch**2, linear=True, **FIRST)
+    table = 2 * vision.integer("position_embedding_size")
+    builder.add("vision", f"{prefix}.patch_embedder.position_embedding_table", table, hidden, **FIRST)
+    for block in range(vision.integer("num_hidden_layers")):
+        layer = f"{prefix}.encoder.layers.{block}"
+        qkv = (heads + 2 * kv_heads) * head_dim
+        builder.add("vision", f"{layer}.self_attn.qkv_proj", qkv, hidden, linear=True, rank_out=split(qkv, tp), **FIRST)
+        inner = heads * head_dim
+        builder.add(
+            "vision", f"{layer}.self_attn.o_proj", hidden, inner, linear=True, rank_inner=split(inner, tp), **FIRST
+        )
+        builder.add("vision", f"{layer}.self_attn.q_norm", head_dim, **FIRST)
+        builder.add("vision", f"{layer}.self_attn.k_norm", head_dim, **FIRST)
+        builder.add(
+            "vision",
+            f"{layer}.mlp.gate_up_proj",
+            2 * inter,
+            hidden,
+            linear=True,
+            rank_out=2 * split(inter, tp),
+            **FIRST,
+        )
+        builder.add(
+            "vision", f"{layer}.mlp.down_proj", hidden, inter, linear=True, rank_inner=split(inter, tp), **FIRST
+        )
+        for norm in (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ):
+            builder.add("vision", f"{layer}.{norm}", hidden, **FIRST)
+        builder.add("vision", f"{layer}.layer_scalar", 1, **FIRST)
+    if vision.boolean("standardize", False):
+        builder.add("vision", f"{prefix}.std_bias", hidden, **FIRST)
+        builder.add("vision", f"{prefix}.std_scale", hidden, **FIRST)
+    builder.add("vision", "model.embed_vision.embedding_projection", builder.hidden, hidden, linear=True, **FIRST)
+
+
+def llama4_vision(builder: Builder, vision: ConfigReader) -> None:
+    """Llama-4's vision tower and projector (``Llama4VisionModel`` and ``Llama4MultiModalProjector``,
+    sglang/srt/models/mllama4.py), named as the checkpoint names them: the unfold patch embedding (a Linear from
+    ``num_channels · patch_size²`` with no bias, column-parallel), ``class_embedding``, ``positional_embedding_vlm``
+    of ``(image_size / patch_size)² + 1`` rows and the pre / post LayerNorms (whole on every rank);
+    ``num_hidden_layers`` blocks of two LayerNorms, biased q/k/v (column-parallel) and ``o_proj`` (row-parallel) and
+    a biased ``fc1`` / ``fc2`` MLP of ``intermediate_size``; the pixel-shuffle adapter's two Linears (``fc1`` from
+    ``intermediate_size`` to ``projector_input_dim``, ``fc2`` to ``projector_output_dim``, biased only under
+    ``multi_modal_projector_bias``); and the projector ``linear_1`` from ``vision_output_dim`` to the text width
+    (transformers' ``nn.Linear``, whole on every rank)."""
+    hidden, inter = vision.integer("hidden_size"), vision.integer("intermediate_size")
+    patch, tp = vision.integer("patch_size"), builder.sharding.tp
+    prefix = "vision_model"
+    pixels = vision.integer("num_channels", 3) * patch**2
+    builder.add("vision", f"{prefix}.patch_embedding.linear", hidden, pixels, rank_out=split(hidden, tp), **FIRST)
+    builder.add("vision", f"{prefix}.class_embedding", hidden, **FIRST)
+    positions = (vision.integer("image_size") // patch) ** 2 + 1
+    builder.add("vision", f"{prefix}.positional_embedding_vlm", positions, hidden, **FIRST)
+    _layer_norm(builder, f"{prefix}.layernorm_pre", hidden)
+    _layer_norm(builder, f"{prefix}.layernorm_post", hidden)
+    for block in range(vision.integer("num_hidden_layers")):
+        layer = f"{prefix}.model.layers.{block}"
+        _layer_norm(builder, f"{layer}.input_layernorm", hidden)
+        _layer_norm(builder, f"{layer}.post_attention_layernorm", hidden)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            _linear(builder, f"{layer}.self_attn.{name}", hidden, hidden, column=True)
+        _linear(builder, f"{layer}.self_attn.o_proj", hidden, hidden, column=False)
+        _linear(builder, f"{layer}.mlp.fc1", inter, hidden, column=True)
+        _linear(builder, f"{layer}.mlp.fc2", hidden, inter, column=False)
+    adapter_in, adapter_out = vision.integer("projector_input_dim"), vision.integer("projector_output_dim")
+    biased = vision.boolean("multi_modal_projector_bias", False)
+    adapter = f"{prefix}.vision_adapter.mlp"
+    for module, rows, inner, column in (
+        (f"{adapter}.fc1", adapter_in, inter, True),
+        (f"{adapter}.fc2", adapter_out, adapter_in, False),
+    ):
+        if biased:
+            _linear(builder, module, rows, inner, column=column)
+        else:
+            shape = {"rank_out": split(rows, tp)} if column else {"rank_inner": split(inner, tp)}
+            builder.add("vision", module, rows, inner, linear=True, **shape, **FIRST)
+    builder.add(
+        "vision",
+        "multi_modal_projector.linear_1",
+        builder.hidden,
+        vision.integer("vision_output_dim"),
+        linear=True,
+        **FIRST,
+    )
 
 
 def qwen3_vl_vision(builder: Builder, vision: ConfigReader) -> None:
