@@ -449,3 +449,11 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 HF_ID_KEY = "_hf_id"
 """The preset key naming the Hugging Face model id its config was taken from: what an engine loads for it."""
+
+WEIGHTS_CONFIG_KEY = "_weights_config"
+"""A preset's pointer to the complete ``config.json`` it was excerpted from (a path beside the preset).
+
+Presets keep only what the KV cache needs; the weights estimate reads the
+complete config this key names, so ``estimate_weights("llama-3.1-8b")`` and
+``kvpools plan llama-3.1-8b --gpu h100`` need no ``--weights-memory``.
+"""

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvpools_core.config import HF_ID_KEY, describe, read_config_file
+from kvpools_core.config import HF_ID_KEY, WEIGHTS_CONFIG_KEY, describe, read_config_file
 from kvpools_core.errors import ConfigError, PluginConflictError, short_repr
 from kvpools_core.readonly import readonly_config
 
@@ -100,7 +100,27 @@ def parse_config(config: Mapping[str, Any], source: str, registry: Registry) -> 
             f"disable one with KVPOOLS_DISABLED_PLUGINS (NAME, or DIST:NAME)."
         )
     plugin, spec = claims[0]
-    return spec, plugin
+    return _with_vision_tower(spec, config), plugin
+
+
+_VISION_DEFAULTS = (("num_hidden_layers", 24), ("hidden_size", 1024))
+"""SGLang 0.5.23's ``getattr`` defaults in ``adjust_mem_fraction_for_vlm`` (``arg_groups/memory_hook.py`` L436-437)."""
+
+
+def _with_vision_tower(spec: ModelSpec, config: Mapping[str, Any]) -> ModelSpec:
+    """``spec`` with its ``vision_tower`` read from ``config``'s ``vision_config`` (a multimodal model's only)."""
+    import attrs
+
+    vision = config.get("vision_config")
+    if not spec.is_multimodal or not isinstance(vision, Mapping):
+        return spec
+    sizes = []
+    for key, default in _VISION_DEFAULTS:
+        value = vision.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            return spec  # unreadable: as if unknown (SGLang's default fraction is then refused by name)
+        sizes.append(value)
+    return attrs.evolve(spec, vision_tower=(sizes[0], sizes[1]))
 
 
 def load_model(model: str, registry: Registry, name: str | None = None) -> tuple[ModelSpec, str]:
@@ -126,7 +146,12 @@ def _parsed_preset(model: str, path: Path, registry: Registry) -> tuple[ModelSpe
     parsed = _PARSED.setdefault(registry, {})
     if key not in parsed:
         source = f"preset:{model}"
-        spec, plugin = parse_config(read_config_file(path), source, registry)
+        config = read_config_file(path)
+        spec, plugin = parse_config(config, source, registry)
+        complete = config.get(WEIGHTS_CONFIG_KEY)
+        if spec.vision_tower is None and isinstance(complete, str):
+            # a preset holds the KV fields; the checkpoint's complete config it names holds the vision tower
+            spec = _with_vision_tower(spec, read_config_file(path.parent / complete))
         parsed[key] = (attrs.evolve(spec, source=source, name=model), plugin)
     return parsed[key]
 

@@ -343,6 +343,24 @@ def prefill_graph_enabled(model: ModelSpec, serving: Serving, *, registry: Regis
     return True, ""
 
 
+VLM_BASE_FACTOR = 0.95
+"""``base_mem_fraction_reduction_ratio`` of SGLang 0.5.23's ``adjust_mem_fraction_for_vlm`` (``memory_hook.py``
+L417-462)."""
+
+
+def vlm_fraction_factor(vit_layers: int, vit_hidden: int) -> tuple[float, str]:
+    """What SGLang 0.5.23 multiplies a multimodal model's default ``mem_fraction_static`` by (``memory_hook.py``
+    L330-337, L417-462): ``0.95 x clamp(1 - 0.1 x (complexity - 1), 0.8, 1.05)``, ``complexity`` the vision tower's
+    ``layers x hidden^2`` over ViT-L/14's ``24 x 1024^2``; with the reason, for the plan's terms."""
+    complexity = vit_layers * vit_hidden**2 / (24 * 1024**2)
+    dynamic = max(0.8, min(1.05, 1.0 - 0.1 * (complexity - 1.0)))
+    factor = VLM_BASE_FACTOR * dynamic
+    return factor, (
+        f"{factor:.6g} (adjust_mem_fraction_for_vlm: 0.95 x clamp(1 - 0.1 x ({vit_layers} x {vit_hidden}^2 / "
+        f"(24 x 1024^2) - 1), 0.8, 1.05) = 0.95 x {dynamic:.6g})"
+    )
+
+
 def sglang_memory_defaults(
     gpu_mib: float, model: ModelSpec, serving: Serving, *, registry: Registry | None = None
 ) -> MemoryDefaults:
@@ -357,14 +375,16 @@ def sglang_memory_defaults(
     (``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING``), DeepEP is not modelled (its 2 GiB
     a2a reserve applies only with ``--moe-a2a-backend deepep``); ``serving.disable_cuda_graph`` drops the decode and
     prefill graph terms (DP attention's padding term stays, lines 369-377).
-    A multimodal model's vision-tower correction needs the ViT's shape, which a
-    kvpools model does not carry: such a model must state ``mem_fraction_static``.
+    A multimodal model's default is then lowered by its vision tower's size (:func:`vlm_fraction_factor`,
+    ``adjust_mem_fraction_for_vlm``), from ``model.vision_tower``; a multimodal model whose ``vision_config`` is
+    not known must state ``mem_fraction_static``.
     """
-    if model.is_multimodal and serving.disaggregation_mode != "decode":
+    vlm = model.is_multimodal and serving.disaggregation_mode != "decode"
+    if vlm and model.vision_tower is None:
         raise ConfigError(
             f"SGLang lowers the default {option('mem_fraction_static')} of a multimodal model by its vision "
-            f"tower's size (adjust_mem_fraction_for_vlm), which kvpools does not model: pass "
-            f"{option('mem_fraction_static')} for {model.name} on a GPU."
+            f"tower's size (adjust_mem_fraction_for_vlm), and {model.name}'s config carries no vision_config: "
+            f"pass {option('mem_fraction_static')} for it on a GPU, or the checkpoint's complete config.json."
         )
     traits = serving.platform_traits or platform_traits_of(serving.platform, registry)
     tp, pp = serving.tp_size, serving.pp_size
@@ -429,6 +449,11 @@ def sglang_memory_defaults(
         terms.append(f"floor: {reserved:g} MiB raised to 10240 MiB (GPUs over 60 GiB)")
         reserved = 10 * 1024.0
     fraction = round((gpu_mib - reserved) / gpu_mib, 3)
+    if vlm:
+        assert model.vision_tower is not None
+        factor, why = vlm_fraction_factor(*model.vision_tower)
+        terms.append(f"multimodal: round(...) x {why}")
+        fraction *= factor
     return MemoryDefaults(
         gpu_mib=gpu_mib,
         chunked_prefill_size=chunk,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
-from kvpools_core.config import ConfigReader, describe, read_config_file
+from kvpools_core.config import WEIGHTS_CONFIG_KEY, ConfigReader, describe, read_config_file
 from kvpools_core.models import registry_presets, resolve_model_source
 from kvpools_core.parts.weights import (
     DTYPE_BYTES,
@@ -41,14 +41,6 @@ __all__ = [
     "estimate_weights",
     "vocab_rows_per_rank",
 ]
-
-WEIGHTS_CONFIG_KEY = "_weights_config"
-"""A preset's pointer to the complete ``config.json`` it was excerpted from (a path beside the preset).
-
-Presets keep only what the KV cache needs; the weights estimate reads the
-complete config this key names, so ``estimate_weights("llama-3.1-8b")`` and
-``kvpools plan llama-3.1-8b --gpu h100`` need no ``--weights-memory``.
-"""
 
 
 def estimate_weights(

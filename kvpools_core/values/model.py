@@ -47,6 +47,13 @@ class LayerSpec:
         return load_value(cls, data)
 
 
+def _optional_int_pair(value: Any) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    first, second = value
+    return int(first), int(second)
+
+
 @attrs.frozen
 class ModelSpec:
     """The KV-relevant description of one model, per layer.
@@ -68,6 +75,11 @@ class ModelSpec:
     num_nextn_predict_layers: int = attrs.field(default=0, validator=non_negative)
     is_multimodal: bool = False
     params: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
+    vision_tower: tuple[int, int] | None = attrs.field(default=None, converter=_optional_int_pair)
+    """``(num_hidden_layers, hidden_size)`` of the checkpoint's ``vision_config`` as SGLang reads them (defaults 24
+    and 1024 where the config omits one), which ``adjust_mem_fraction_for_vlm`` sizes a multimodal model's default
+    ``mem_fraction_static`` by; ``None``: no ``vision_config`` known.  Read by the core from the config (an HF key,
+    no architecture named), not by the plugin."""
 
     @layers.validator
     def _check_layers(self, _attribute: attrs.Attribute[Any], layers: tuple[LayerSpec, ...]) -> None:

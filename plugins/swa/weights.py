@@ -14,7 +14,7 @@ from kvpools_core.parts.weights import (
     estimate_claimed,
     expert_intermediate_per_rank,
     gemma3_vision,
-    gemma4_vision,
+    gemma4_vision_tower,
     llama4_vision,
     llama_decoder,
     split,
@@ -104,7 +104,7 @@ def _gemma4(builder: Builder, model_type: str) -> list[str]:
         builder.norm(f"{prefix}.layer_scalar", layer, 1)
     builder.embeddings(reader.boolean("tie_word_embeddings", builder.outer.boolean("tie_word_embeddings", True)))
     if builder.outer.has("vision_config"):
-        gemma4_vision(builder, builder.outer.child("vision_config"))
+        gemma4_vision_tower(builder, builder.outer.child("vision_config"))
     return []
 
 

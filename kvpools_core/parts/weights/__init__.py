@@ -66,7 +66,7 @@ from kvpools_core.parts.weights.tensors import (
 )
 from kvpools_core.parts.weights.vision import (
     gemma3_vision,
-    gemma4_vision,
+    gemma4_vision_tower,
     llama4_vision,
     qwen3_vl_vision,
     siglip_vision,
@@ -93,7 +93,7 @@ __all__ = [
     "find_safetensors",
     "gated_delta_net",
     "gemma3_vision",
-    "gemma4_vision",
+    "gemma4_vision_tower",
     "llama4_vision",
     "llama_decoder",
     "mamba1",

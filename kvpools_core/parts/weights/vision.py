@@ -12,7 +12,7 @@ from typing import Any
 from kvpools_core.config import ConfigReader
 from kvpools_core.parts.weights.tensors import Builder, split, vocab_rows_per_rank
 
-__all__ = ["gemma3_vision", "gemma4_vision", "llama4_vision", "qwen3_vl_vision", "siglip_vision"]
+__all__ = ["gemma3_vision", "gemma4_vision_tower", "llama4_vision", "qwen3_vl_vision", "siglip_vision"]
 
 FIRST: dict[str, Any] = {"stage": "first"}
 
@@ -68,8 +68,8 @@ def gemma3_vision(builder: Builder, vision: ConfigReader) -> None:
     builder.add("vision", "multi_modal_projector.mm_input_projection_weight", width, builder.hidden, **FIRST)
 
 
-def gemma4_vision(builder: Builder, vision: ConfigReader) -> None:
-    """Gemma-4's vision encoder and its embedder (``Gemma4VisionEncoder``, sglang/srt/models/gemma4_vision.py, and
+def gemma4_vision_tower(builder: Builder, vision: ConfigReader) -> None:
+    """Gemma-4's vision encoder and its embedder (``Gemma4VisionEncoder``, sglang/srt/models/gemma4_vision_tower.py, and
     ``Gemma4MultimodalEmbedder``, gemma4_mm.py), on the first pipeline stage: the patch embedder (``input_proj``
     from ``3 · patch_size²`` with no bias and a ``2 x position_embedding_size x hidden_size`` position table, whole
     on every rank); ``num_hidden_layers`` blocks of fused q/k/v (``num_attention_heads`` and
