@@ -9,6 +9,7 @@ by ``0.95 x clamp(1 - 0.1 x (L x H^2 / (24 x 1024^2) - 1), 0.8, 1.05)``, ``L`` a
 from __future__ import annotations
 
 import ast
+import functools
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +18,7 @@ from typing import Any
 import attrs
 import pytest
 from click.testing import CliRunner
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpools_core import ConfigError, Serving
@@ -84,6 +85,7 @@ def test_plan_from_the_gemma3_preset_on_a_gpu() -> None:
     assert budget["mem_fraction_static"] == pytest.approx(0.835 * 0.909736328125, abs=1e-12)
 
 
+@functools.cache
 def _sglangs_adjust() -> Any:
     """SGLang 0.5.23's own ``adjust_mem_fraction_for_vlm``, compiled from the installed ``memory_hook.py`` (pure
     Python over ``getattr``; the module itself imports SGLang's server stack, which the --no-deps peers venv lacks)."""
@@ -97,6 +99,7 @@ def _sglangs_adjust() -> Any:
     return namespace["adjust_mem_fraction_for_vlm"]
 
 
+@settings(deadline=None)  # the first example compiles SGLang's function
 @given(
     layers=st.integers(1, 80),
     hidden=st.integers(16, 8192),
