@@ -518,7 +518,7 @@ def measure_host_available(proc: Path = Path("/proc"), cgroup: Path = Path("/sys
         current = int((cgroup / "memory.current").read_text().strip())
     except (OSError, ValueError):
         return available, source
-    if limit != "max" and limit.isdigit() and int(limit) - current < available:
+    if limit != "max" and limit.isascii() and limit.isdigit() and int(limit) - current < available:
         return max(int(limit) - current, 0), "measured: cgroup v2 memory.max - memory.current"
     return available, source
 

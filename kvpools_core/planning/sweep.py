@@ -645,7 +645,8 @@ def _optional_int(text: str) -> int | None:
 
 def _bytes_per_token(text: str) -> int | float:
     """``131072`` or ``0.125``, as :attr:`~kvpools_core.values.GroupCost.bytes_per_token` gives them."""
-    return int(text) if text.lstrip("-").isdigit() else float(text)
+    digits = text.lstrip("-")
+    return int(text) if digits.isascii() and digits.isdigit() else float(text)
 
 
 def _number(text: str) -> int | float | str:

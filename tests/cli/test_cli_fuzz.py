@@ -159,6 +159,7 @@ def test_sweep_inputs(memory: str, axis: str) -> None:
 @example(gpu="g" * 3000, length="1" + "0" * 5000, offload="inf")
 @example(gpu="", length="0" * 4300 + "1", offload="0")  # int() counts leading zeros against its digit limit
 @example(gpu="", length="--5", offload="-0")
+@example(gpu="", length="\u00b9", offload="0")  # "¹".isdigit() is True, int("¹") raises
 def test_gpu_name_and_vllm_flags(gpu: str, length: str, offload: str) -> None:
     assert_kvpools_answer(invoke("plan", "qwen3-8b", "--gpu", gpu))
     vllm = ("plan", "qwen3-8b", "--accounting", "vllm")

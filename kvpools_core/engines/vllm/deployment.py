@@ -354,7 +354,7 @@ def parse_max_model_len(value: int | str | None) -> int | None:
         digits = text[1:] if negative else text
         significant = digits.lstrip("0")  # int() counts leading zeros against its 4,300-digit limit
         # beyond 18 digits no model's context, and int() of 4,300+ digits raises
-        if digits.isdigit() and len(significant) <= 18:
+        if digits.isascii() and digits.isdigit() and len(significant) <= 18:  # not "¹": int() refuses it
             parsed = -int(significant or "0") if negative else int(significant or "0")
     if isinstance(parsed, bool) or not isinstance(parsed, int) or (parsed <= 0 and parsed != AUTO_MAX_MODEL_LEN):
         raise ConfigError(

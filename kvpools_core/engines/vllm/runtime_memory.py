@@ -160,7 +160,7 @@ def installed_vllm_version() -> str | None:
 
 def _older_or_newer(profile: str, installed: str) -> str:
     def parts(text: str) -> tuple[int, ...]:
-        return tuple(int(part) for part in version_key(text).split(".") if part.isdigit())
+        return tuple(int(part) for part in version_key(text).split(".") if part.isascii() and part.isdigit())
 
     return "older than" if parts(profile) < parts(installed) else "newer than"
 

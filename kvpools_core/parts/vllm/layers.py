@@ -114,7 +114,7 @@ def align_hybrid_block_size(
 def layer_index(name: str) -> int | None:
     """``vllm.model_executor.models.utils.extract_layer_index``: the one integer dotted part of a layer name
     (``model.layers.7.self_attn.attn`` -> 7), or None when there is not exactly one."""
-    numbers = [int(part) for part in name.split(".") if part.isdigit()]
+    numbers = [int(part) for part in name.split(".") if part.isascii() and part.isdigit()]
     return numbers[0] if len(numbers) == 1 else None
 
 
