@@ -197,7 +197,11 @@ def test_whole_gpu_benchmark_held_out_kv_error_before_and_after() -> None:
 
     report = run(None)
     logs = load_startup_logs()
-    split = {log.id: log.split if log.engine_version == "0.19.0" else None for log in logs}
+    # the report-table rows this test was written for; the full logs of the same sweep (llmd-v0.19-log-*, logs34)
+    # have their own test below
+    split = {
+        log.id: log.split if log.engine_version == "0.19.0" and log.evidence == "report_table" else None for log in logs
+    }
 
     def held_out(tool: str) -> list[float]:
         runs = report["tools"][tool]["runs"]
@@ -223,6 +227,51 @@ def test_whole_gpu_benchmark_held_out_kv_error_before_and_after() -> None:
     assert all(abs(runs[run_id]["errors_pct"]["kv_gib"]) < 1.5 for run_id in other_dtype)
     refused = report["tools"]["kvpools-runtime (logged weights)"]["refused"]
     assert not other_dtype & set(refused)
+
+
+LLMD_LOGS = "https://github.com/llm-d-incubation/llm-d-planner/blob/d3121e059da88662db39a926a3ead964be97359b/"
+
+
+def test_the_llmd_sweep_logs_are_held_out_and_planned_within_target() -> None:
+    """llm-d-planner's full vLLM 0.19.0 H100 logs (commit d3121e0, ``llmd-v0.19-log-*``, logs34): 15 runs of 14
+    checkpoints kvpools has a config for (dense, MoE, MLA, sliding-window, multimodal; TP 1/2/4), held out by the
+    split rule (no profile is fitted on them).  Measured: with the logged weights the KV GiB error is at most 0.59 %
+    (gpt-oss-20b TP 2) and 0.105 % mean absolute; from the GPU alone 0.56 % mean absolute, every run within 2 % but
+    Mistral-Small-3.1 (+3.02 %: the Pixtral tower's weights, see the xfail test below)."""
+    from benchmarks.whole_gpu_accuracy import run
+
+    logs = [log for log in load_startup_logs() if log.id.startswith("llmd-v0.19-log-")]
+    assert len(logs) == 15
+    assert all(log.split == "held_out" and log.source.startswith(LLMD_LOGS) for log in logs)
+    report = run(None)["tools"]
+    logged = report["kvpools-runtime (logged weights)"]["runs"]
+    estimated = report["kvpools-runtime (estimated weights)"]["runs"]
+    for metric in ("kv_gib", "kv_tokens", "max_concurrency"):
+        errors = [logged[log.id]["errors_pct"][metric] for log in logs]
+        assert max(abs(error) for error in errors) < 0.7, metric
+        assert sum(abs(error) for error in errors) / len(errors) < 0.15, metric
+        errors = [estimated[log.id]["errors_pct"][metric] for log in logs]
+        assert sum(abs(error) for error in errors) / len(errors) < 1.0, metric
+        off = {log.id for log, error in zip(logs, errors, strict=True) if abs(error) >= 2}
+        assert off == {"llmd-v0.19-log-mistral-small-3.1-24b-tp1"}, metric
+
+
+@pytest.mark.xfail(strict=True, reason="kvpools' weights estimate leaves out Mistral3's Pixtral tower (logs34 report)")
+def test_mistral_small_3_1_weights_include_the_pixtral_tower() -> None:
+    """vLLM 0.19.0 logs 'Model loading took 44.76 GiB' for Mistral-Small-3.1-24B-Instruct-2503 (record
+    llmd-v0.19-log-mistral-small-3.1-24b-tp1); kvpools' estimate is the text model alone, 23,572,403,200 parameters
+    (43.91 GiB).  vLLM's Mistral3ForConditionalGeneration also loads the Pixtral vision tower and the projector
+    (model_executor/models/mistral3.py: init_vision_tower_for_mistral3 -> PixtralHFVisionModel, Mistral3PatchMerger,
+    Mistral3MultiModalProjector; pixtral.py's PixtralHFTransformerBlock): patch_conv 3 x 14 x 14 x 1024 = 602,112,
+    ln_pre 1,024, 24 layers x (4 x 1024^2 attention + 3 x 1024 x 4096 MLP + 2 x 1024 norms) = 402,702,336, the
+    projector's norm 1,024, merging layer 4 x 1024 x 1024 = 4,194,304, linear_1 1024 x 5120 = 5,242,880 and linear_2
+    5120 x 5120 = 26,214,400: 438,958,080 parameters, 0.818 GiB in bf16, which leaves 0.035 GiB of the logged 0.853
+    GiB gap."""
+    from kvpools_core.pipeline.weights import estimate_weights
+
+    model = "tests/weights/configs/mistralai--Mistral-Small-3.1-24B-Instruct-2503.json"
+    estimate = estimate_weights(model, Serving(accounting="vllm"))
+    assert estimate.parameters == 23_572_403_200 + 438_958_080
 
 
 def test_the_version_sweep_is_held_out_with_the_nearest_profile() -> None:
