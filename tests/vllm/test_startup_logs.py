@@ -490,3 +490,46 @@ def test_the_vllm_024_hybrid_layout_reproduces_the_rtx_5090_logs_exactly(
     # kvpools' vLLM 0.33 layout on the same budget: 298 blocks / (63 + 3 x 3) -> about 5 % under the logs
     v033_plan = plan_kv_cache([v033], budget, limits)
     assert v033_plan.kv_cache_size_tokens < 0.96 * log.logged["kv_tokens"]
+
+
+def test_llmd_planner_runner_reports_one_ranks_tokens(tmp_path: Path) -> None:
+    """``benchmarks/peers/llmd_planner_runner.py`` against a stand-in ``planner.capacity_planner`` with llm-d-planner
+    0.3.3's arithmetic (``total_kv_cache_blocks``: the deployment's allocatable GiB over one rank's bytes per block,
+    ``per_token_memory_bytes / (tp * pp)``, capacity_planner.py L803-820).  At TP 4 with 40 GiB allocatable on the
+    deployment (10 GiB a rank) and 131,072 B a token for the whole model (32,768 B a rank), a rank holds
+    10 GiB / (32,768 B x 16) = 20,480 blocks = 327,680 tokens, vLLM's per-rank 'GPU KV cache size'; the runner
+    reported the deployment's 4 x 20,480 blocks (1,310,720 tokens, concurrency x 4) before logs34."""
+    import subprocess
+    import sys
+
+    planner = tmp_path / "planner"
+    planner.mkdir()
+    (planner / "__init__.py").write_text("", encoding="utf-8")
+    (planner / "capacity_planner.py").write_text(
+        "GiB = 1 << 30\n"
+        "PER_TOKEN = 131072\n"
+        "def model_memory_req(name, cfg, token=None):\n    raise AssertionError('replaced by the runner')\n"
+        "def max_context_len(cfg):\n    return 8192\n"
+        "def allocatable_kv_cache_memory(name, cfg, gpu, util, tp, pp, dp, max_model_len=None):\n"
+        "    return 10.0 * tp * pp\n"
+        "def total_kv_cache_blocks(name, cfg, ctx, gpu, util, batch, block, tp, pp, dp):\n"
+        "    per_block = PER_TOKEN / (tp * pp) * block\n"
+        "    return int(allocatable_kv_cache_memory(name, cfg, gpu, util, tp, pp, dp) * GiB // per_block)\n",
+        encoding="utf-8",
+    )
+    runner = Path(__file__).resolve().parents[2] / "benchmarks" / "peers" / "llmd_planner_runner.py"
+    request = [
+        {"id": "tp4", "config": {}, "tp": 4, "pp": 1, "gpu_util": 0.95, "weights_gib": 3.77, "max_model_len": 8192}
+    ]
+    done = subprocess.run(
+        [sys.executable, str(runner)],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    answer = json.loads(done.stdout)["tp4"]
+    assert answer["kv_gib"] == 10.0
+    assert answer["tokens"] == 327_680
+    assert answer["concurrency"] == 327_680 / 8192
