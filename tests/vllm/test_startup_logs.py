@@ -533,3 +533,27 @@ def test_llmd_planner_runner_reports_one_ranks_tokens(tmp_path: Path) -> None:
     assert answer["kv_gib"] == 10.0
     assert answer["tokens"] == 327_680
     assert answer["concurrency"] == 327_680 / 8192
+
+
+@pytest.mark.xfail(strict=True, reason="the mxfp4 monolithic MoE kernel holds no modular workspace (logs34 report)")
+def test_gpt_oss_20b_activation_has_no_modular_moe_workspace() -> None:
+    """vLLM 0.19.0, gpt-oss-20b at TP 2 on an H100 (record llmd-v0.19-log-gpt-oss-20b-tp2): 'torch peak memory
+    increase: 2.87GiB'.  The log says "Using 'TRITON' Mxfp4 MoE backend" and "Using
+    MoEPrepareAndFinalizeNoDPEPMonolithic": the monolithic OAITritonMxfp4ExpertsMonolithic (oracle/mxfp4.py
+    TRITON -> [OAITritonMxfp4ExpertsMonolithic, OAITritonExperts], monolithic first), which allocates its buffers
+    inside the kernel, not the modular kernel's persistent workspace.  kvpools charges TritonExperts' workspace13 +
+    workspace2 = 2 x 8192 x 4 x 2880 x 2 B = 377,487,360 B (0.352 GiB) on top of the sampler peak (1024 x 201,088
+    x 14 B + 132 x 201,088 x 4 B + (8192 + 2 x 1024) x 2880 x 2 B + 32 MiB = 2.869 GiB): 3.221 GiB, +12.2 %."""
+    from benchmarks.whole_gpu_accuracy import runtime_shape
+
+    (log,) = [log for log in load_startup_logs() if log.id == "llmd-v0.19-log-gpt-oss-20b-tp2"]
+    runtime = estimate_runtime_memory(
+        gpu=find_gpu("h100"),
+        vocab_size=201088,
+        tp_size=2,
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        engine_version="0.19.0",
+        shape=runtime_shape(log),
+    )
+    assert abs(runtime.term("activation peak").bytes / GiB - 2.87) / 2.87 < 0.01
