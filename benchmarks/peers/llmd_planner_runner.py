@@ -2,9 +2,9 @@
 
 Executed by the peer venv's python (``--peers-venv``): reads a JSON list of runs on stdin, writes
 ``{id: {kv_gib, tokens, concurrency} | {refused}}`` on stdout.  The planner's own functions are called
-(``allocatable_kv_cache_memory``, ``total_kv_cache_blocks``); only its weights read, which needs the Hugging Face
-hub, is replaced by the weights the log states.  The GPU is its catalogue's 80 GiB H100 (its report: "Planner uses
-80 GiB (catalog)").
+(``allocatable_kv_cache_memory``, ``total_kv_cache_blocks``, per rank as vLLM logs them); only its weights read,
+which needs the Hugging Face hub, is replaced by the weights the log states.  The GPU is its catalogue's 80 GiB H100
+(its report: "Planner uses 80 GiB (catalog)").
 """
 
 import json
@@ -40,7 +40,11 @@ def main() -> None:
         except Exception as error:  # the peer's own refusal
             answers[run["id"]] = {"refused": f"{type(error).__name__}: {error}"[:160]}
             continue
-        tokens = blocks * 16
+        # ``total_kv_cache_blocks`` divides the whole deployment's allocatable memory (every rank's) by one rank's
+        # bytes per block (``per_token_memory_bytes / (tp * pp)``): the blocks of all tp x pp ranks.  Every rank holds
+        # the same token slots (its share of the heads or layers), so the tokens a vLLM rank logs are those over
+        # tp x pp, as the GiB are.
+        tokens = blocks // (tp * pp) * 16
         answers[run["id"]] = {"kv_gib": total / (tp * pp), "tokens": tokens, "concurrency": tokens / context}
     json.dump(answers, sys.stdout)
 

@@ -197,7 +197,11 @@ def test_whole_gpu_benchmark_held_out_kv_error_before_and_after() -> None:
 
     report = run(None)
     logs = load_startup_logs()
-    split = {log.id: log.split if log.engine_version == "0.19.0" else None for log in logs}
+    # the report-table rows this test was written for; the full logs of the same sweep (llmd-v0.19-log-*, logs34)
+    # have their own test below
+    split = {
+        log.id: log.split if log.engine_version == "0.19.0" and log.evidence == "report_table" else None for log in logs
+    }
 
     def held_out(tool: str) -> list[float]:
         runs = report["tools"][tool]["runs"]
@@ -223,6 +227,51 @@ def test_whole_gpu_benchmark_held_out_kv_error_before_and_after() -> None:
     assert all(abs(runs[run_id]["errors_pct"]["kv_gib"]) < 1.5 for run_id in other_dtype)
     refused = report["tools"]["kvpools-runtime (logged weights)"]["refused"]
     assert not other_dtype & set(refused)
+
+
+LLMD_LOGS = "https://github.com/llm-d-incubation/llm-d-planner/blob/d3121e059da88662db39a926a3ead964be97359b/"
+
+
+def test_the_llmd_sweep_logs_are_held_out_and_planned_within_target() -> None:
+    """llm-d-planner's full vLLM 0.19.0 H100 logs (commit d3121e0, ``llmd-v0.19-log-*``, logs34): 15 runs of 14
+    checkpoints kvpools has a config for (dense, MoE, MLA, sliding-window, multimodal; TP 1/2/4), held out by the
+    split rule (no profile is fitted on them).  Measured: with the logged weights the KV GiB error is at most 0.59 %
+    (gpt-oss-20b TP 2) and 0.105 % mean absolute; from the GPU alone 0.56 % mean absolute, every run within 2 % but
+    Mistral-Small-3.1 (+3.02 %: the Pixtral tower's weights, see the xfail test below)."""
+    from benchmarks.whole_gpu_accuracy import run
+
+    logs = [log for log in load_startup_logs() if log.id.startswith("llmd-v0.19-log-")]
+    assert len(logs) == 15
+    assert all(log.split == "held_out" and log.source.startswith(LLMD_LOGS) for log in logs)
+    report = run(None)["tools"]
+    logged = report["kvpools-runtime (logged weights)"]["runs"]
+    estimated = report["kvpools-runtime (estimated weights)"]["runs"]
+    for metric in ("kv_gib", "kv_tokens", "max_concurrency"):
+        errors = [logged[log.id]["errors_pct"][metric] for log in logs]
+        assert max(abs(error) for error in errors) < 0.7, metric
+        assert sum(abs(error) for error in errors) / len(errors) < 0.15, metric
+        errors = [estimated[log.id]["errors_pct"][metric] for log in logs]
+        assert sum(abs(error) for error in errors) / len(errors) < 1.0, metric
+        off = {log.id for log, error in zip(logs, errors, strict=True) if abs(error) >= 2}
+        assert off == {"llmd-v0.19-log-mistral-small-3.1-24b-tp1"}, metric
+
+
+@pytest.mark.xfail(strict=True, reason="kvpools' weights estimate leaves out Mistral3's Pixtral tower (logs34 report)")
+def test_mistral_small_3_1_weights_include_the_pixtral_tower() -> None:
+    """vLLM 0.19.0 logs 'Model loading took 44.76 GiB' for Mistral-Small-3.1-24B-Instruct-2503 (record
+    llmd-v0.19-log-mistral-small-3.1-24b-tp1); kvpools' estimate is the text model alone, 23,572,403,200 parameters
+    (43.91 GiB).  vLLM's Mistral3ForConditionalGeneration also loads the Pixtral vision tower and the projector
+    (model_executor/models/mistral3.py: init_vision_tower_for_mistral3 -> PixtralHFVisionModel, Mistral3PatchMerger,
+    Mistral3MultiModalProjector; pixtral.py's PixtralHFTransformerBlock): patch_conv 3 x 14 x 14 x 1024 = 602,112,
+    ln_pre 1,024, 24 layers x (4 x 1024^2 attention + 3 x 1024 x 4096 MLP + 2 x 1024 norms) = 402,702,336, the
+    projector's norm 1,024, merging layer 4 x 1024 x 1024 = 4,194,304, linear_1 1024 x 5120 = 5,242,880 and linear_2
+    5120 x 5120 = 26,214,400: 438,958,080 parameters, 0.818 GiB in bf16, which leaves 0.035 GiB of the logged 0.853
+    GiB gap."""
+    from kvpools_core.pipeline.weights import estimate_weights
+
+    model = "tests/weights/configs/mistralai--Mistral-Small-3.1-24B-Instruct-2503.json"
+    estimate = estimate_weights(model, Serving(accounting="vllm"))
+    assert estimate.parameters == 23_572_403_200 + 438_958_080
 
 
 def test_the_version_sweep_is_held_out_with_the_nearest_profile() -> None:
@@ -441,3 +490,70 @@ def test_the_vllm_024_hybrid_layout_reproduces_the_rtx_5090_logs_exactly(
     # kvpools' vLLM 0.33 layout on the same budget: 298 blocks / (63 + 3 x 3) -> about 5 % under the logs
     v033_plan = plan_kv_cache([v033], budget, limits)
     assert v033_plan.kv_cache_size_tokens < 0.96 * log.logged["kv_tokens"]
+
+
+def test_llmd_planner_runner_reports_one_ranks_tokens(tmp_path: Path) -> None:
+    """``benchmarks/peers/llmd_planner_runner.py`` against a stand-in ``planner.capacity_planner`` with llm-d-planner
+    0.3.3's arithmetic (``total_kv_cache_blocks``: the deployment's allocatable GiB over one rank's bytes per block,
+    ``per_token_memory_bytes / (tp * pp)``, capacity_planner.py L803-820).  At TP 4 with 40 GiB allocatable on the
+    deployment (10 GiB a rank) and 131,072 B a token for the whole model (32,768 B a rank), a rank holds
+    10 GiB / (32,768 B x 16) = 20,480 blocks = 327,680 tokens, vLLM's per-rank 'GPU KV cache size'; the runner
+    reported the deployment's 4 x 20,480 blocks (1,310,720 tokens, concurrency x 4) before logs34."""
+    import subprocess
+    import sys
+
+    planner = tmp_path / "planner"
+    planner.mkdir()
+    (planner / "__init__.py").write_text("", encoding="utf-8")
+    (planner / "capacity_planner.py").write_text(
+        "GiB = 1 << 30\n"
+        "PER_TOKEN = 131072\n"
+        "def model_memory_req(name, cfg, token=None):\n    raise AssertionError('replaced by the runner')\n"
+        "def max_context_len(cfg):\n    return 8192\n"
+        "def allocatable_kv_cache_memory(name, cfg, gpu, util, tp, pp, dp, max_model_len=None):\n"
+        "    return 10.0 * tp * pp\n"
+        "def total_kv_cache_blocks(name, cfg, ctx, gpu, util, batch, block, tp, pp, dp):\n"
+        "    per_block = PER_TOKEN / (tp * pp) * block\n"
+        "    return int(allocatable_kv_cache_memory(name, cfg, gpu, util, tp, pp, dp) * GiB // per_block)\n",
+        encoding="utf-8",
+    )
+    runner = Path(__file__).resolve().parents[2] / "benchmarks" / "peers" / "llmd_planner_runner.py"
+    request = [
+        {"id": "tp4", "config": {}, "tp": 4, "pp": 1, "gpu_util": 0.95, "weights_gib": 3.77, "max_model_len": 8192}
+    ]
+    done = subprocess.run(
+        [sys.executable, str(runner)],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    answer = json.loads(done.stdout)["tp4"]
+    assert answer["kv_gib"] == 10.0
+    assert answer["tokens"] == 327_680
+    assert answer["concurrency"] == 327_680 / 8192
+
+
+@pytest.mark.xfail(strict=True, reason="the mxfp4 monolithic MoE kernel holds no modular workspace (logs34 report)")
+def test_gpt_oss_20b_activation_has_no_modular_moe_workspace() -> None:
+    """vLLM 0.19.0, gpt-oss-20b at TP 2 on an H100 (record llmd-v0.19-log-gpt-oss-20b-tp2): 'torch peak memory
+    increase: 2.87GiB'.  The log says "Using 'TRITON' Mxfp4 MoE backend" and "Using
+    MoEPrepareAndFinalizeNoDPEPMonolithic": the monolithic OAITritonMxfp4ExpertsMonolithic (oracle/mxfp4.py
+    TRITON -> [OAITritonMxfp4ExpertsMonolithic, OAITritonExperts], monolithic first), which allocates its buffers
+    inside the kernel, not the modular kernel's persistent workspace.  kvpools charges TritonExperts' workspace13 +
+    workspace2 = 2 x 8192 x 4 x 2880 x 2 B = 377,487,360 B (0.352 GiB) on top of the sampler peak (1024 x 201,088
+    x 14 B + 132 x 201,088 x 4 B + (8192 + 2 x 1024) x 2880 x 2 B + 32 MiB = 2.869 GiB): 3.221 GiB, +12.2 %."""
+    from benchmarks.whole_gpu_accuracy import runtime_shape
+
+    (log,) = [log for log in load_startup_logs() if log.id == "llmd-v0.19-log-gpt-oss-20b-tp2"]
+    runtime = estimate_runtime_memory(
+        gpu=find_gpu("h100"),
+        vocab_size=201088,
+        tp_size=2,
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        engine_version="0.19.0",
+        shape=runtime_shape(log),
+    )
+    assert abs(runtime.term("activation peak").bytes / GiB - 2.87) / 2.87 < 0.01
