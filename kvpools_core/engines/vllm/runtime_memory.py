@@ -393,6 +393,20 @@ def _text_hidden(config: dict[str, Any]) -> int | None:
     return found["hidden_size"] if found else None
 
 
+_PROJECTED_TOWER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "patch_size", "image_size")
+"""The ``vision_config`` sizes a tower with a projector into the text model needs (Pixtral, SigLIP, Llama-4)."""
+
+
+def _projected_tower(config: dict[str, Any], vision: dict[str, Any]) -> tuple[dict[str, int], int] | None:
+    """A projected tower's :data:`_PROJECTED_TOWER_KEYS` and the text ``hidden_size`` its projector maps into; None
+    when one is missing."""
+    values = _ints(vision, _PROJECTED_TOWER_KEYS)
+    text_hidden = _text_hidden(config)
+    if values is None or text_hidden is None:
+        return None
+    return values, text_hidden
+
+
 def _qwen3_vision(config: dict[str, Any], vision: dict[str, Any], dtype_bytes: int) -> VisionShape | None:
     keys = ("hidden_size", "intermediate_size", "num_heads", "out_hidden_size", "patch_size", "temporal_patch_size")
     values = _ints(vision, keys)
@@ -415,10 +429,10 @@ def _pixtral_vision(config: dict[str, Any], vision: dict[str, Any], dtype_bytes:
     """``Mistral3Config``: the Pixtral ``vision_config`` (``num_attention_heads``, ``head_dim``, ``image_size``,
     ``num_channels``), the top-level ``spatial_merge_size`` (transformers' default 2) and the text ``hidden_size``
     the projector's ``linear_2`` outputs (vLLM 0.19.0 ``mistral3.py`` L125-170)."""
-    values = _ints(vision, ("hidden_size", "intermediate_size", "num_attention_heads", "patch_size", "image_size"))
-    text_hidden = _text_hidden(config)
-    if values is None or text_hidden is None:
+    found = _projected_tower(config, vision)
+    if found is None:
         return None
+    values, text_hidden = found
     return VisionShape(
         hidden_size=values["hidden_size"],
         intermediate_size=values["intermediate_size"],
@@ -439,10 +453,10 @@ def _siglip_vision(config: dict[str, Any], vision: dict[str, Any], dtype_bytes: 
     """``Gemma3Config``: the SigLIP ``vision_config``, the top-level ``mm_tokens_per_image`` (transformers' default
     256) and the text ``hidden_size`` the projector's ``mm_input_projection_weight`` maps into (vLLM 0.19.0
     ``gemma3_mm.py`` L420-460)."""
-    values = _ints(vision, ("hidden_size", "intermediate_size", "num_attention_heads", "patch_size", "image_size"))
-    text_hidden = _text_hidden(config)
-    if values is None or text_hidden is None:
+    found = _projected_tower(config, vision)
+    if found is None:
         return None
+    values, text_hidden = found
     return VisionShape(
         hidden_size=values["hidden_size"],
         intermediate_size=values["intermediate_size"],
