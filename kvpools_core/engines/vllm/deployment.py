@@ -638,6 +638,7 @@ def _runtime_memory(
     }
     if multimodal is not None:
         options["mm_limits"] = multimodal.runtime_limits()
+    _refuse_unmodelled_encoder(model, multimodal)
     runtime = estimate_runtime_memory(**options)
     if chosen.name == "custom":
         runtime = attrs.evolve(
@@ -651,6 +652,22 @@ def _runtime_memory(
         for stage in stages
     )
     return runtime, peaks
+
+
+def _refuse_unmodelled_encoder(model: str, multimodal: MultimodalLimits | None) -> None:
+    """A vision tower whose encoder profile pass kvpools does not model (``unmodelled_vision_tower``) is refused
+    unless no modality could reach it (``--language-model-only``, or image, video and audio all limited to 0)."""
+    from kvpools_core.engines.vllm.runtime_memory import _complete_config, unmodelled_vision_tower
+
+    tower = unmodelled_vision_tower(dict(_complete_config(model)[0]))
+    if tower is None or (multimodal is not None and multimodal.skips_tower(("image", "video", "audio"))):
+        return
+    raise UnsupportedCombinationError(
+        f"kvpools does not model the encoder profile pass of {tower} yet: vLLM runs the encoder on its largest "
+        f"dummy items before it sizes the KV cache, so {option('runtime_profile')} cannot estimate the activation "
+        f"peak. Pass {option('language_model_only')} (no encoder pass: every multimodal limit 0), or plan without "
+        f"{option('runtime_profile')} (the activation terms are then 0, an upper bound of the KV budget)."
+    )
 
 
 def _skipped_tower_weights(

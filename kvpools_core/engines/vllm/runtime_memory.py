@@ -33,7 +33,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from kvpools_core.errors import ConfigError
-from kvpools_core.pipeline.gpus import VLLM_VISION_PIXTRAL, VLLM_VISION_QWEN3, VLLM_VISION_SIGLIP
+from kvpools_core.pipeline.gpus import (
+    VLLM_VISION_LLAMA4,
+    VLLM_VISION_PIXTRAL,
+    VLLM_VISION_QWEN3,
+    VLLM_VISION_SIGLIP,
+)
 from kvpools_core.values import GPU
 
 if TYPE_CHECKING:
@@ -314,12 +319,19 @@ def moe_workspace_bytes(*, shape: ModelShape, tokens: int, tp_size: int = 1) -> 
     return _round_up(common, 256) + _round_up(second, 256)
 
 
-VISION_TOWERS = (VLLM_VISION_QWEN3, VLLM_VISION_PIXTRAL, VLLM_VISION_SIGLIP)
+VISION_TOWERS = (VLLM_VISION_QWEN3, VLLM_VISION_PIXTRAL, VLLM_VISION_SIGLIP, VLLM_VISION_LLAMA4)
 """The vision towers :func:`mm_encoder_profile` models, as the ``architecture_traits`` an architecture plugin gives
 a Hugging Face class (the core names no architecture): vLLM 0.33's ``Qwen3_VisionTransformer`` (``qwen3_vl.py``
 L561-870; ``qwen3_5.py`` L473 / L703 build it for Qwen3.5 / 3.6), ``PixtralHFVisionModel`` with the Mistral-3
-projector (vLLM 0.19.0 ``pixtral.py`` L1198-1300, ``mistral3.py`` L75-170) and ``SiglipVisionModel`` with the
-Gemma-3 projector (0.19.0 ``siglip.py`` L285-570, ``gemma3_mm.py`` L420-460)."""
+projector (vLLM 0.19.0 ``pixtral.py`` L1198-1300, ``mistral3.py`` L75-170), ``SiglipVisionModel`` with the
+Gemma-3 projector (0.19.0 ``siglip.py`` L285-570, ``gemma3_mm.py`` L420-460) and vLLM 0.33's ``Llama4VisionModel``
+with its pixel-shuffle adapter and projector (``mllama4.py`` L123-549, L765-777).  A multimodal class with another
+tower is refused where its encoder pass would be profiled (:func:`unmodelled_vision_tower`)."""
+
+LLAMA4_MAX_TILES = 16
+"""``max_patches`` of the Llama-4 Scout / Maverick checkpoints' ``preprocessor_config.json``
+(Llama4ImageProcessorFast; transformers' default too), which ``get_max_num_tiles`` reads (vLLM 0.33 ``mllama4.py``
+L577-579): the dummy image is 16 tiles of ``image_size`` high and one wide (L581-585)."""
 
 QWEN_VL_IMAGE_MAX_PIXELS = 16_777_216
 """``size.longest_edge`` of the Qwen3-VL / Qwen3.5 / Qwen3.6 checkpoints' ``preprocessor_config.json`` (4096 x 4096
@@ -347,9 +359,10 @@ class VisionShape:
     """A vision tower's sizes (``vision_config``), the tower it is (:data:`VISION_TOWERS`) and its processors' caps.
 
     ``out_hidden_size`` is the width of one encoder output token (the Qwen3-VL merger's ``out_hidden_size``; the
-    text model's ``hidden_size`` for the Pixtral and SigLIP towers, whose projectors map into it).  ``image_size``
-    is the Pixtral / SigLIP native square image side and ``image_tokens`` the Gemma-3 tokens per image
-    (``mm_tokens_per_image``); the Qwen3-VL tower sizes its items from the pixel caps instead."""
+    text model's ``hidden_size`` for the Pixtral, SigLIP and Llama-4 towers, whose projectors map into it).
+    ``image_size`` is the Pixtral / SigLIP native square image side (Llama-4's tile side) and ``image_tokens`` the
+    Gemma-3 tokens per image (``mm_tokens_per_image``); the Qwen3-VL tower sizes its items from the pixel caps
+    instead."""
 
     hidden_size: int = attrs.field(validator=_size(1))
     intermediate_size: int = attrs.field(validator=_size(1))
@@ -365,6 +378,8 @@ class VisionShape:
     tower: str = attrs.field(default=VLLM_VISION_QWEN3, validator=attrs.validators.in_(VISION_TOWERS))
     image_size: int = attrs.field(default=0, validator=_size(0))
     image_tokens: int = attrs.field(default=0, validator=_size(0))
+    max_tiles: int = attrs.field(default=0, validator=_size(0))
+    """Llama-4: the image processor's most tiles an image is cut into (:data:`LLAMA4_MAX_TILES`); 0 otherwise."""
     head_dim: int = attrs.field(default=0, validator=_size(0))
     """The attention head size where the config states it (Pixtral), else ``hidden_size // num_heads``."""
 
@@ -473,10 +488,42 @@ def _siglip_vision(config: dict[str, Any], vision: dict[str, Any], dtype_bytes: 
     )
 
 
+def _llama4_vision(config: dict[str, Any], vision: dict[str, Any], dtype_bytes: int) -> VisionShape | None:
+    """``Llama4Config``: the ``vision_config`` (``num_attention_heads``, ``image_size`` the tile side, ``patch_size``,
+    ``num_channels``, ``pixel_shuffle_ratio``) and the text ``hidden_size`` the projector's ``linear_1`` outputs
+    (vLLM 0.33 ``mllama4.py`` L164-183).  The pixel shuffle keeps ``ratio^2`` of a tile's patches
+    (``get_patch_per_chunk``, L564-575: ``ds_ratio = round(1 / ratio^2)``, 4 at 0.5), read as a ``spatial_merge_size``
+    of ``sqrt(ds_ratio)``; a tile side not a multiple of the patch (vLLM asserts it) or a ratio whose ``ds_ratio`` is
+    no square is no shape."""
+    found = _projected_tower(config, vision)
+    ratio = vision.get("pixel_shuffle_ratio", 0.5)
+    if found is None or isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+        return None
+    values, text_hidden = found
+    merge = math.isqrt(ds_ratio := round(1 / ratio**2))
+    if merge * merge != ds_ratio or values["image_size"] % values["patch_size"]:
+        return None
+    return VisionShape(
+        hidden_size=values["hidden_size"],
+        intermediate_size=values["intermediate_size"],
+        num_heads=values["num_attention_heads"],
+        out_hidden_size=text_hidden,
+        patch_size=values["patch_size"],
+        temporal_patch_size=1,
+        spatial_merge_size=merge,
+        in_channels=_optional_int(vision, "num_channels", 3),
+        image_size=values["image_size"],
+        max_tiles=LLAMA4_MAX_TILES,
+        dtype_bytes=dtype_bytes,
+        tower=VLLM_VISION_LLAMA4,
+    )
+
+
 _VISION_READERS = {
     VLLM_VISION_QWEN3: _qwen3_vision,
     VLLM_VISION_PIXTRAL: _pixtral_vision,
     VLLM_VISION_SIGLIP: _siglip_vision,
+    VLLM_VISION_LLAMA4: _llama4_vision,
 }
 """How each modelled tower's :class:`VisionShape` is read from a ``config.json``."""
 
@@ -505,6 +552,27 @@ def vision_shape_from_config(
 def vision_shape_of(model: str, *, dtype_bytes: int = 2) -> VisionShape | None:
     """:func:`vision_shape_from_config` of ``model``'s complete config (as :func:`vocab_size_of` reads it)."""
     return vision_shape_from_config(_complete_config(model)[0], dtype_bytes=dtype_bytes)
+
+
+def unmodelled_vision_tower(config: dict[str, Any], *, registry: Registry | None = None) -> str | None:
+    """What a multimodal ``config.json`` carries that :func:`mm_encoder_profile` does not model: a ``vision_config``
+    no modelled tower reads (:func:`vision_shape_from_config` None: a class no plugin gives a
+    :data:`VISION_TOWERS` trait, such as Gemma-4's, or a modelled one whose sizes are missing), named by its
+    classes and ``model_type``; None for a text-only config or a modelled tower.  vLLM runs such a tower on its
+    largest dummy items in ``profile_run`` all the same (``gpu_model_runner.py`` L6072-6146), so an activation peak
+    without it would be a silent underestimate: the planner refuses it (:func:`~kvpools_core.engines.vllm.
+    deployment.plan_vllm`)."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict) or not vision:
+        return None
+    if vision_shape_from_config(config, registry=registry) is not None:
+        return None
+    classes = config.get("architectures")
+    named = [name for name in classes if isinstance(name, str)] if isinstance(classes, list) else []
+    kind = vision.get("model_type")
+    return f"{' / '.join(named) or 'a config without architectures'}'s vision tower" + (
+        f" ({kind})" if isinstance(kind, str) and kind else ""
+    )
 
 
 def max_tokens_per_item(vision: VisionShape, max_pixels: int) -> int:
@@ -632,7 +700,10 @@ def item_sizes(vision: VisionShape) -> dict[str, tuple[int, int]]:
     the ``[IMG_BREAK]`` / ``[IMG_END]`` ones, which are no embeddings), ``merge^2`` patches a token.  SigLIP with
     the Gemma-3 projector (``gemma3_mm.py`` L194-210; pan-and-scan is off by default, so one crop): the
     ``image_size`` image (896), ``(image_size / patch)^2`` patches (4096) average-pooled to ``mm_tokens_per_image``
-    tokens (256)."""
+    tokens (256).  Llama-4 (vLLM 0.33 ``mllama4.py`` L564-585, L630-636, L679-685): the dummy image is
+    ``max_tiles`` tiles high and one wide, which the processor cuts into its 16 x 1 tiles plus the global one: 17
+    chunks of ``(image_size / patch)^2`` patches (576 at 336 / 14), each pixel-shuffled to ``patches / merge^2``
+    tokens (144; the embeddings are the ``<|patch|>`` tokens, L684-685): 2448 tokens."""
     if vision.tower == VLLM_VISION_QWEN3:
         merge = vision.spatial_merge_size**2
         image = max_tokens_per_item(vision, vision.image_max_pixels)
@@ -642,6 +713,9 @@ def item_sizes(vision: VisionShape) -> dict[str, tuple[int, int]]:
         grid = -(-vision.image_size // (vision.patch_size * vision.spatial_merge_size))
         return {"image": (grid * grid, (grid * vision.spatial_merge_size) ** 2)}
     side = vision.image_size // vision.patch_size
+    if vision.tower == VLLM_VISION_LLAMA4:
+        chunks = vision.max_tiles + 1 if vision.max_tiles > 1 else 1
+        return {"image": (chunks * (side * side // vision.spatial_merge_size**2), chunks * side * side)}
     return {"image": (vision.image_tokens, side * side)}
 
 
@@ -659,6 +733,8 @@ def _encoder_pass_bytes(vision: VisionShape, patches: int, pixels: int, *, dense
             f"+ block max({attention} x {hidden}, 5 x {hidden} + 3 x {inner})) x {dtype} B"
             + (f" + the dense block mask {patches} x {patches} x {dtype} B" if dense_block_mask else "")
         )
+    if vision.tower == VLLM_VISION_LLAMA4:
+        return _llama4_pass_bytes(vision, patches, pixels)
     if vision.tower == VLLM_VISION_SIGLIP:
         per_patch = pixels + hidden + max(7 * hidden, 3 * hidden + 2 * inner)
         return patches * per_patch * dtype, (
@@ -668,6 +744,24 @@ def _encoder_pass_bytes(vision: VisionShape, patches: int, pixels: int, *, dense
     return patches * (pixels + hidden + head_dim + block) * dtype, (
         f"(pixels {pixels} + position {hidden} + rotary {head_dim} + block max(11 x {hidden}, 3 x {hidden} + "
         f"2 x {inner})) x {dtype} B"
+    )
+
+
+def _llama4_pass_bytes(vision: VisionShape, patches: int, pixels: int) -> tuple[int, str]:
+    """``Llama4VisionModel``'s pass over ``patches`` pixel patches (see :func:`mm_encoder_profile`): each tile's
+    ``(image_size / patch)^2`` patches and its class token run as one sequence."""
+    hidden, inner, dtype = vision.hidden_size, vision.intermediate_size, vision.dtype_bytes
+    side = vision.image_size // vision.patch_size
+    chunks, sequence = patches // (side * side), side * side + 1
+    rotary = 0 if dtype >= 4 else 16 * hidden
+    attention = 7 * hidden * dtype + rotary
+    mlp = (3 * hidden + 2 * inner) * dtype
+    tokens = chunks * sequence
+    peak = patches * pixels * dtype + tokens * (hidden * dtype + max(attention, mlp))
+    return peak, (
+        f"(pixels {pixels} x {dtype} B) + {chunks} tiles x {sequence} tokens x (layernorm_pre {hidden} x "
+        f"{dtype} B + block max(attention 7 x {hidden} x {dtype} B + fp32 rotary 16 x {hidden} B, MLP (3 x {hidden} "
+        f"+ 2 x {inner}) x {dtype} B))"
     )
 
 
