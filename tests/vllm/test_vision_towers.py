@@ -19,6 +19,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from kvpools_core.engines.vllm.deployment import plan_vllm
@@ -46,13 +49,21 @@ def _maverick_config() -> dict[str, object]:
     return dict(_complete_config(MAVERICK)[0])
 
 
-def test_the_swa_plugin_gives_llama4_its_vision_trait() -> None:
-    """The tower is the ``swa`` plugin's trait of ``Llama4ForConditionalGeneration`` (the core names no model type),
-    marked with the image modality only (``mllama4.py`` L765); Gemma-4 has none."""
+def test_the_swa_plugin_gives_llama4_and_gemma4_their_vision_traits() -> None:
+    """The towers are the ``swa`` plugin's traits of the classes (the core names no model type): Llama-4's marked
+    with the image modality only (``mllama4.py`` L765), Gemma-4's (not modelled) with image and video (``gemma4_mm.py``
+    L1101)."""
+    from kvpools_core.engines.vllm.runtime_memory import _complete_config, vision_tower_of
+    from kvpools_core.pipeline.gpus import VLLM_VISION_GEMMA4
+
     traits = architecture_traits()
     assert VLLM_VISION_LLAMA4 in traits["Llama4ForConditionalGeneration"]
-    assert not any(trait.startswith("vllm_vision_") for trait in traits.get("Gemma4ForConditionalGeneration", ()))
+    assert VLLM_VISION_GEMMA4 in traits["Gemma4ForConditionalGeneration"]
     assert tower_modalities(VLLM_VISION_LLAMA4) == ("image",)
+    assert tower_modalities(VLLM_VISION_GEMMA4) == ("image", "video")
+    assert vision_tower_of(_maverick_config()) == VLLM_VISION_LLAMA4
+    assert vision_tower_of(dict(_complete_config("gemma-4-26b-a4b")[0])) == VLLM_VISION_GEMMA4
+    assert vision_tower_of({"architectures": ["Gemma4ForConditionalGeneration"]}) is None  # no vision_config
 
 
 def test_llama4_vision_shape() -> None:
@@ -162,29 +173,47 @@ def test_a_tower_kvpools_does_not_model_is_named() -> None:
     )
 
 
-@pytest.mark.parametrize(
-    "limits",
-    [None, {"image": 0}, {"image": 0, "video": 0}],
-    ids=["default", "image-0", "image-video-0"],
-)
+@pytest.mark.parametrize("limits", [None, {"image": 0}, {"video": 0}], ids=["default", "image-0", "video-0"])
 def test_an_unmodelled_tower_is_refused_under_a_runtime_profile(limits: dict[str, int] | None) -> None:
-    """Gemma-4 with ``--runtime-profile``: vLLM profiles its encoder (image and video reach the tower, audio is
-    unnamed: 999), kvpools cannot: refused (before: planned without the encoder pass, silently)."""
-    with pytest.raises(
-        UnsupportedCombinationError,
-        match="kvpools does not model the encoder profile pass of "
-        "Gemma4ForConditionalGeneration's vision tower \\(gemma4_vision\\) yet",
-    ):
+    """Gemma-4 with ``--runtime-profile``: vLLM profiles its encoder (image or video reach the tower: 999 each where
+    unnamed), kvpools cannot: refused, naming the limits that turn it off (before: planned without the encoder pass,
+    silently)."""
+    with pytest.raises(UnsupportedCombinationError) as raised:
         plan_vllm("gemma-4-26b-a4b", gpu="h100", runtime_profile="0.33", limit_mm_per_prompt=limits)
+    assert str(raised.value).startswith(
+        "kvpools does not model the encoder profile pass of Gemma4ForConditionalGeneration's vision tower "
+        "(gemma4_vision) yet"
+    )
+    assert 'language_model_only or limit_mm_per_prompt \'{"image": 0, "video": 0}\'' in str(raised.value)
 
 
 def test_an_unmodelled_tower_plans_where_no_encoder_pass_runs() -> None:
-    """``--language-model-only``, or image, video and audio all 0, runs no encoder: the plan goes on; without a
-    runtime profile the activation terms are 0 (an upper bound) and nothing is refused."""
-    assert plan_vllm("gemma-4-26b-a4b", gpu="h100", runtime_profile="0.33", language_model_only=True).runtime_memory
-    zero = {"image": 0, "video": 0, "audio": 0}
-    assert plan_vllm("gemma-4-26b-a4b", gpu="h100", runtime_profile="0.33", limit_mm_per_prompt=zero).runtime_memory
-    assert plan_vllm("gemma-4-26b-a4b", gpu="h100").runtime_memory is None
+    """``--language-model-only``, or the tower's image and video at 0 (``gemma4_mm.py`` L1101 marks it with both),
+    runs no encoder and loads no tower: the plan goes on without the vision tower and embedder's 1,145,588,886 B
+    (kvpools' estimate of the config less the one without ``vision_config``: 51,611,872,466 -> 50,466,283,580 B);
+    without a runtime profile nothing is refused (the activation terms are 0, an upper bound)."""
+    text = plan_vllm("gemma-4-26b-a4b", gpu="h100", runtime_profile="0.33", language_model_only=True)
+    assert text.runtime_memory is not None and text.weights_memory == (50_466_283_580,)
+    zero = {"image": 0, "video": 0}
+    limited = plan_vllm("gemma-4-26b-a4b", gpu="h100", runtime_profile="0.33", limit_mm_per_prompt=zero)
+    assert limited.weights_memory == (50_466_283_580,)
+    plain = plan_vllm("gemma-4-26b-a4b", gpu="h100")
+    assert plain.runtime_memory is None and plain.weights_memory == (51_611_872_466,)
+
+
+def test_an_audio_config_must_be_limited_too(tmp_path: Path) -> None:
+    """A Gemma-4 config with an ``audio_config`` (vLLM builds the audio tower, ``gemma4_mm.py`` L1116-1123, not
+    modelled either) is refused until audio is limited to 0 as well."""
+    from kvpools_core.engines.vllm.runtime_memory import _complete_config
+
+    config = {**_complete_config("gemma-4-26b-a4b")[0], "audio_config": {"model_type": "gemma4_audio"}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(UnsupportedCombinationError, match='"image": 0, "video": 0, "audio": 0'):
+        plan_vllm(str(path), gpu="h100", runtime_profile="0.33", limit_mm_per_prompt={"image": 0, "video": 0})
+    assert plan_vllm(
+        str(path), gpu="h100", runtime_profile="0.33", limit_mm_per_prompt={"image": 0, "video": 0, "audio": 0}
+    ).runtime_memory
 
 
 def test_the_cli_refuses_an_unmodelled_tower_without_a_traceback() -> None:

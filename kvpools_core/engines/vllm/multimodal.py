@@ -24,6 +24,7 @@ from kvpools_core.engines.vllm.runtime_memory import DEFAULT_MM_LIMIT as DEFAULT
 from kvpools_core.errors import ConfigError, short_repr
 from kvpools_core.options import option
 from kvpools_core.pipeline.gpus import (
+    VLLM_VISION_GEMMA4,
     VLLM_VISION_LLAMA4,
     VLLM_VISION_PIXTRAL,
     VLLM_VISION_QWEN3,
@@ -85,17 +86,20 @@ TOWER_MODALITIES = {
     VLLM_VISION_PIXTRAL: ("image",),
     VLLM_VISION_SIGLIP: ("image",),
     VLLM_VISION_LLAMA4: ("image",),
+    VLLM_VISION_GEMMA4: ("image", "video"),
 }
 """The modalities vLLM 0.33 marks each modelled vision tower with (``_mark_tower_model``): image and video for the
 Qwen3-VL tower (``qwen3_vl.py`` L2010, ``qwen3_5.py`` L513 / L736), image for the Mistral-3 Pixtral tower
-(``mistral3.py`` L478), Gemma-3's SigLIP tower (``gemma3_mm.py`` L552) and Llama-4's (``mllama4.py`` L765).  The
-tower is the one an architecture plugin names for the checkpoint's class (``architecture_traits``): the core names no
+(``mistral3.py`` L478), Gemma-3's SigLIP tower (``gemma3_mm.py`` L552) and Llama-4's (``mllama4.py`` L765); image and
+video for Gemma-4's (``gemma4_mm.py`` L1101), whose encoder pass is not modelled but whose weights vLLM leaves out
+all the same.  The tower is the one an architecture plugin names for the checkpoint's class
+(``architecture_traits``, :func:`~kvpools_core.engines.vllm.runtime_memory.vision_tower_of`): the core names no
 architecture."""
 
 
 def tower_modalities(tower: str | None) -> tuple[str, ...] | None:
     """The modalities a vision tower (:data:`TOWER_MODALITIES`' keys, a ``VisionShape.tower``) is marked with;
-    None for no tower or one kvpools does not model (its weights are kept)."""
+    None for no tower or one without a trait (its weights are kept)."""
     return TOWER_MODALITIES.get(tower) if tower is not None else None
 
 

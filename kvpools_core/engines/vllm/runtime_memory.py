@@ -34,6 +34,7 @@ import attrs
 
 from kvpools_core.errors import ConfigError
 from kvpools_core.pipeline.gpus import (
+    VLLM_VISION_GEMMA4,
     VLLM_VISION_LLAMA4,
     VLLM_VISION_PIXTRAL,
     VLLM_VISION_QWEN3,
@@ -328,6 +329,14 @@ Gemma-3 projector (0.19.0 ``siglip.py`` L285-570, ``gemma3_mm.py`` L420-460) and
 with its pixel-shuffle adapter and projector (``mllama4.py`` L123-549, L765-777).  A multimodal class with another
 tower is refused where its encoder pass would be profiled (:func:`unmodelled_vision_tower`)."""
 
+UNMODELLED_VISION_TOWERS = (VLLM_VISION_GEMMA4,)
+"""Vision-tower traits whose encoder pass kvpools does not model: Gemma-4's (transformers' ``AutoModel``, vLLM 0.33
+``gemma4_mm.py`` L1100-1113).  Its peak depends on the transformers release vLLM runs (0.33 takes 5.16.1 to 5.20:
+vLLM's ``_encoder_chunk``, L1272-1300, sizes the batch for ``Gemma4VisionPatchEmbedder``'s ``F.one_hot`` position
+lookup, which transformers 5.18.0 does with ``F.embedding``, ``modeling_gemma4.py`` L590-610) and on the free memory
+vLLM reads at run time (the batch is ``min(free / 2, total / 10)`` over that cost).  The trait names the tower's
+modalities (vLLM leaves the weights out when they are all 0); :func:`unmodelled_vision_tower` names the tower."""
+
 LLAMA4_MAX_TILES = 16
 """``max_patches`` of the Llama-4 Scout / Maverick checkpoints' ``preprocessor_config.json``
 (Llama4ImageProcessorFast; transformers' default too), which ``get_max_num_tiles`` reads (vLLM 0.33 ``mllama4.py``
@@ -547,6 +556,20 @@ def vision_shape_from_config(
     if len(towers) != 1:
         return None
     return _VISION_READERS[towers.pop()](config, vision, dtype_bytes)
+
+
+def vision_tower_of(config: dict[str, Any], *, registry: Registry | None = None) -> str | None:
+    """The vision-tower trait (:data:`VISION_TOWERS` or :data:`UNMODELLED_VISION_TOWERS`) the plugins give the
+    classes of a ``config.json`` with a ``vision_config``; None without one, or with no or several such traits."""
+    from kvpools_core.pipeline.gpus import architecture_traits
+
+    classes = config.get("architectures")
+    if not isinstance(config.get("vision_config"), dict) or not isinstance(classes, list):
+        return None
+    known = (*VISION_TOWERS, *UNMODELLED_VISION_TOWERS)
+    traits = architecture_traits(registry)
+    towers = {tower for name in classes if isinstance(name, str) for tower in traits.get(name, ()) if tower in known}
+    return towers.pop() if len(towers) == 1 else None
 
 
 def vision_shape_of(model: str, *, dtype_bytes: int = 2) -> VisionShape | None:
