@@ -23,6 +23,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvpools_core.engines.vllm.deployment import plan_vllm
 from kvpools_core.engines.vllm.multimodal import tower_modalities
@@ -137,6 +139,28 @@ def test_the_llama4_encoder_profile_by_hand() -> None:
         )
         is None
     )
+
+
+@given(
+    batched=st.integers(min_value=1, max_value=200_000),
+    seqs=st.integers(min_value=1, max_value=2048),
+    model_len=st.integers(min_value=1, max_value=2_000_000),
+    limit=st.integers(min_value=1, max_value=999),
+)
+def test_the_llama4_pass_is_per_tile(batched: int, seqs: int, model_len: int, limit: int) -> None:
+    """Every tile runs alone (no cross-tile mask, packed attention of 577 tokens): the pass and what it keeps are the
+    item count times one image's (453,469,696 B; pixels 11,515,392 + outputs 25,067,520 B), and the item count is
+    vLLM's (``encoder_budget.py`` L142-182) for 2448-token images."""
+    vision = vision_shape_of(MAVERICK)
+    assert vision is not None
+    profile = mm_encoder_profile(
+        vision, mm_limits={"image": limit}, max_num_batched_tokens=batched, max_num_seqs=seqs, max_model_len=model_len
+    )
+    assert profile is not None
+    items = max(1, min(max(batched, 2448) // 2448, seqs * max(1, min(limit, model_len // 2448))))
+    assert profile.items == items
+    assert profile.encoder_peak_bytes == items * 453_469_696 == items * 17 * (577 * 45_056 + 576 * 588 * 2)
+    assert profile.held_bytes == items * (11_515_392 + 25_067_520)
 
 
 def test_a_maverick_plan_charges_the_llama4_encoder() -> None:

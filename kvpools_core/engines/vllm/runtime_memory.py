@@ -326,7 +326,8 @@ a Hugging Face class (the core names no architecture): vLLM 0.33's ``Qwen3_Visio
 L561-870; ``qwen3_5.py`` L473 / L703 build it for Qwen3.5 / 3.6), ``PixtralHFVisionModel`` with the Mistral-3
 projector (vLLM 0.19.0 ``pixtral.py`` L1198-1300, ``mistral3.py`` L75-170), ``SiglipVisionModel`` with the
 Gemma-3 projector (0.19.0 ``siglip.py`` L285-570, ``gemma3_mm.py`` L420-460) and vLLM 0.33's ``Llama4VisionModel``
-with its pixel-shuffle adapter and projector (``mllama4.py`` L123-549, L765-777).  A multimodal class with another
+with its pixel-shuffle adapter and projector (``mllama4.py`` L123-549, L765-777; the older profiles take 0.33's
+pass, their ``mllama4.py`` not read).  A multimodal class with another
 tower is refused where its encoder pass would be profiled (:func:`unmodelled_vision_tower`)."""
 
 UNMODELLED_VISION_TOWERS = (VLLM_VISION_GEMMA4,)
