@@ -11,8 +11,8 @@
   encoder, ``layernorm_post``, the pixel-shuffle adapter), L370-387 (the layer: residuals not in place), L317-337
   (attention: ``qkv``, rotary, ``MMEncoderAttention``, ``o_proj``), L155-161 (MLP: ``fc1``, GELU, ``fc2``),
   L164-183 (projector into the text hidden size), L765-777 (the tower marked with ``image``);
-  ``layers/rotary_embedding/llama4_vision_rope.py`` L56-78 (``forward_native``: fp32 copies of q and k, their complex
-  products, cast back); ``v1/attention/ops/vit_attn_wrappers.py`` L26-81 (flash attention on views, one output).
+  ``layers/rotary_embedding/llama4_vision_rope.py`` L55-76 (``forward_native``: fp32 copies of q and k, their complex
+  products, cast back); ``v1/attention/ops/vit_attn_wrappers.py`` L26-86 (flash attention on views, one output).
 * ``model_executor/models/gemma4_mm.py`` L1100-1113 (Gemma-4's tower is transformers' ``AutoModel``), L1272-1300 (its
   encoder batch is sized from the free memory at run time): not modelled, refused.
 """

@@ -682,7 +682,20 @@ def mm_encoder_profile(
     (L420-431; flash attention takes the ``qkv`` views) the block input, the ``layer_norm1`` output, ``qkv`` (3), the
     attention output and ``out_proj``'s: ``7 hidden``; the MLP the block input, the residual, the ``layer_norm2``
     output, ``fc1`` and its activation: ``3 hidden + 2 intermediate``.  The projector's ``contiguous`` copy and the
-    pooled tokens come after the tower's peak, under it."""
+    pooled tokens come after the tower's peak, under it.
+
+    The Llama-4 tower (vLLM 0.33 ``mllama4.py``, eager: ``compile_mm_encoder`` is off by default), per tile of
+    ``(image_size / patch)^2 + 1`` tokens (the class token, L518-523), bytes: the pixels (``in_channels x patch^2``
+    per patch, ``dtype``), the ``layernorm_pre`` output (``hidden x dtype``: ``Llama4VisionModel.forward``'s local
+    through the encoder, L536-540) and the larger block peak (L370-387, residuals not in place): the attention
+    (L317-337) holds the block input, the ``input_layernorm`` output, ``qkv`` (3 hidden) and, at the end of the
+    vision rotary (``llama4_vision_rope.py`` L55-76), the fp32 copies of q and k and their complex products (4 x
+    ``4 hidden`` bytes; none for a float32 model, whose ``.float()`` and ``type_as`` copy nothing) and the rotated q
+    and k in the model dtype (2): ``7 hidden x dtype + 16 hidden``; flash attention then reads views of them and
+    writes one output (``vit_attn_wrappers.py`` L26-86), under that.  The MLP (L155-161) holds the block input, the
+    residual, the ``post_attention_layernorm`` output, ``fc1`` and its GELU: ``(3 hidden + 2 intermediate) x
+    dtype``.  The pixel-shuffle adapter and the projector (L186-236, L164-183) run on ``tokens / merge^2`` of each
+    tile after the encoder: under its peak."""
     limits = {"image": DEFAULT_MM_LIMIT, "video": DEFAULT_MM_LIMIT, **(mm_limits or {})}
     sizes = {
         modality: size for modality, size in item_sizes(vision).items() if limits.get(modality, 0) > 0 and size[0] > 0
