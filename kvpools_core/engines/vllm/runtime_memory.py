@@ -691,11 +691,14 @@ def mm_encoder_profile(
     (L317-337) holds the block input, the ``input_layernorm`` output, ``qkv`` (3 hidden) and, at the end of the
     vision rotary (``llama4_vision_rope.py`` L55-76), the fp32 copies of q and k and their complex products (4 x
     ``4 hidden`` bytes; none for a float32 model, whose ``.float()`` and ``type_as`` copy nothing) and the rotated q
-    and k in the model dtype (2): ``7 hidden x dtype + 16 hidden``; flash attention then reads views of them and
-    writes one output (``vit_attn_wrappers.py`` L26-86), under that.  The MLP (L155-161) holds the block input, the
-    residual, the ``post_attention_layernorm`` output, ``fc1`` and its GELU: ``(3 hidden + 2 intermediate) x
-    dtype``.  The pixel-shuffle adapter and the projector (L186-236, L164-183) run on ``tokens / merge^2`` of each
-    tile after the encoder: under its peak."""
+    and k in the model dtype (2): ``7 hidden x dtype + 16 hidden``; flash attention (vLLM's first ViT backend on
+    CUDA for a head size that is a multiple of 8: 88, ``platforms/cuda.py`` L521-568, ``flash_attn.py`` L425-429)
+    then reads views of them and writes one output (``vit_attn_wrappers.py`` L26-86), under that.  The MLP
+    (L155-161) holds the block input, the residual, the ``post_attention_layernorm`` output, ``fc1`` and its GELU:
+    ``(3 hidden + 2 intermediate) x dtype``.  The pixel-shuffle adapter and the projector (L186-236, L164-183) run on
+    ``tokens / merge^2`` of each tile after the encoder: under its peak.  Sized at TP 1: vLLM shards the tower's
+    heads and MLP over TP (``mm_encoder_tp_mode`` "weights"), so at TP > 1 the term is an upper bound (as for the
+    other towers)."""
     limits = {"image": DEFAULT_MM_LIMIT, "video": DEFAULT_MM_LIMIT, **(mm_limits or {})}
     sizes = {
         modality: size for modality, size in item_sizes(vision).items() if limits.get(modality, 0) > 0 and size[0] > 0
