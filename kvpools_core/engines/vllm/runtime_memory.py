@@ -697,8 +697,8 @@ def mm_encoder_profile(
     (L155-161) holds the block input, the residual, the ``post_attention_layernorm`` output, ``fc1`` and its GELU:
     ``(3 hidden + 2 intermediate) x dtype``.  The pixel-shuffle adapter and the projector (L186-236, L164-183) run on
     ``tokens / merge^2`` of each tile after the encoder: under its peak.  Sized at TP 1: vLLM shards the tower's
-    heads and MLP over TP (``mm_encoder_tp_mode`` "weights"), so at TP > 1 the term is an upper bound (as for the
-    other towers)."""
+    heads and MLP over TP (``mm_encoder_tp_mode`` "weights"; the ``o_proj`` / ``fc2`` all-reduces hold two hidden
+    at most), so at TP > 1 the term is an upper bound."""
     limits = {"image": DEFAULT_MM_LIMIT, "video": DEFAULT_MM_LIMIT, **(mm_limits or {})}
     sizes = {
         modality: size for modality, size in item_sizes(vision).items() if limits.get(modality, 0) > 0 and size[0] > 0
