@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -238,6 +239,76 @@ def test_an_audio_config_must_be_limited_too(tmp_path: Path) -> None:
     assert plan_vllm(
         str(path), gpu="h100", runtime_profile="0.33", limit_mm_per_prompt={"image": 0, "video": 0, "audio": 0}
     ).runtime_memory
+
+
+LLAVA_NEXT = {
+    "architectures": ["LlavaNextForConditionalGeneration"],
+    "model_type": "llava_next",
+    "text_config": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+    },
+    "vision_config": {
+        "model_type": "clip_vision_model",
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 24,
+        "patch_size": 14,
+        "image_size": 336,
+    },
+}
+KIMI_VL = {
+    "architectures": ["KimiVLForConditionalGeneration"],
+    "model_type": "kimi_vl",
+    "text_config": {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": 2048,
+        "num_hidden_layers": 27,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "kv_lora_rank": 512,
+        "q_lora_rank": None,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "intermediate_size": 11264,
+        "moe_intermediate_size": 1408,
+        "n_routed_experts": 64,
+        "num_experts_per_tok": 6,
+        "vocab_size": 163840,
+        "max_position_embeddings": 131072,
+    },
+    "vision_config": {"model_type": "moonvit", "hidden_size": 1152, "intermediate_size": 4304, "patch_size": 14},
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        (LLAVA_NEXT, "LlavaNextForConditionalGeneration's vision tower (clip_vision_model)"),
+        (KIMI_VL, "KimiVLForConditionalGeneration's vision tower (moonvit)"),
+    ],
+    ids=["llava-next", "kimi-vl"],
+)
+def test_towers_without_a_trait_are_refused(tmp_path: Path, config: dict[str, object], named: str) -> None:
+    """LLaVA-NeXT (CLIP) and Kimi-VL (MoonViT) shaped configs (no bundled configs: their sizes here are only
+    plausible): the ``text_config`` plans, the tower has no trait.  Before, a whole-GPU plan with a runtime profile
+    charged no encoder pass (activation peak 1.88 / 2.78 GiB, the language model's alone); now refused, and planned
+    under ``--language-model-only``."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(UnsupportedCombinationError, match=re.escape(f"encoder profile pass of {named} yet")):
+        plan_vllm(str(path), gpu="h100", runtime_profile="0.33")
+    assert plan_vllm(str(path), gpu="h100", runtime_profile="0.33", language_model_only=True).runtime_memory
 
 
 def test_the_cli_refuses_an_unmodelled_tower_without_a_traceback() -> None:
