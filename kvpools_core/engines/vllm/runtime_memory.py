@@ -684,7 +684,8 @@ def mm_encoder_profile(
     output, ``fc1`` and its activation: ``3 hidden + 2 intermediate``.  The projector's ``contiguous`` copy and the
     pooled tokens come after the tower's peak, under it.
 
-    The Llama-4 tower (vLLM 0.33 ``mllama4.py``, eager: ``compile_mm_encoder`` is off by default), per tile of
+    The Llama-4 tower (vLLM 0.33 ``mllama4.py``, eager: ``compile_mm_encoder`` and ``cudagraph_mm_encoder`` are off
+    by default, ``config/compilation.py`` L520, L528; ``profile_run`` calls ``embed_multimodal``), per tile of
     ``(image_size / patch)^2 + 1`` tokens (the class token, L518-523), bytes: the pixels (``in_channels x patch^2``
     per patch, ``dtype``), the ``layernorm_pre`` output (``hidden x dtype``: ``Llama4VisionModel.forward``'s local
     through the encoder, L536-540) and the larger block peak (L370-387, residuals not in place): the attention
