@@ -198,6 +198,15 @@ VLLM_VISION_SIGLIP = "vllm_vision_gemma3_siglip"
 """The ``architecture_traits`` trait of a class whose vision tower vLLM builds as ``SiglipVisionModel`` with the
 Gemma-3 projector (its encoder profile pass: the SigLIP term)."""
 
+VLLM_VISION_LLAMA4 = "vllm_vision_llama4_vit"
+"""The ``architecture_traits`` trait of a class whose vision tower vLLM builds as ``Llama4VisionModel`` with the
+pixel-shuffle adapter and the Llama-4 projector (its encoder profile pass: the Llama-4 term)."""
+
+VLLM_VISION_GEMMA4 = "vllm_vision_gemma4_hf"
+"""The ``architecture_traits`` trait of a class whose vision tower vLLM builds as transformers' ``AutoModel`` with
+the Gemma-4 embedder (``gemma4_mm.py`` L1100-1113): its encoder profile pass is not modelled (refused under a runtime
+profile), but its modalities say when vLLM leaves the tower out (:mod:`kvpools_core.engines.vllm.multimodal`)."""
+
 ARCHITECTURE_TRAITS = (
     MLA_BACKEND,
     NO_BREAKABLE_PREFILL_GRAPH,
@@ -206,6 +215,8 @@ ARCHITECTURE_TRAITS = (
     VLLM_VISION_QWEN3,
     VLLM_VISION_PIXTRAL,
     VLLM_VISION_SIGLIP,
+    VLLM_VISION_LLAMA4,
+    VLLM_VISION_GEMMA4,
 )
 """The traits an architecture plugin may give a Hugging Face class (``architecture_traits`` hook)."""
 

@@ -10,6 +10,7 @@ and the ``vllm serve`` flags that realise the plan.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -638,6 +639,7 @@ def _runtime_memory(
     }
     if multimodal is not None:
         options["mm_limits"] = multimodal.runtime_limits()
+    _refuse_unmodelled_encoder(model, multimodal)
     runtime = estimate_runtime_memory(**options)
     if chosen.name == "custom":
         runtime = attrs.evolve(
@@ -653,6 +655,31 @@ def _runtime_memory(
     return runtime, peaks
 
 
+def _refuse_unmodelled_encoder(model: str, multimodal: MultimodalLimits | None) -> None:
+    """A vision tower whose encoder profile pass kvpools does not model (``unmodelled_vision_tower``) is refused
+    unless no modality reaches it: ``--language-model-only``, or its trait's modalities (image, video and audio for a
+    tower without one) and, with an ``audio_config``, audio all limited to 0."""
+    from kvpools_core.engines.vllm.runtime_memory import _complete_config, unmodelled_vision_tower, vision_tower_of
+
+    config = dict(_complete_config(model)[0])
+    tower = unmodelled_vision_tower(config)
+    if tower is None:
+        return
+    reach = tower_modalities(vision_tower_of(config)) or ("image", "video", "audio")
+    if isinstance(config.get("audio_config"), dict) and config["audio_config"] and "audio" not in reach:
+        reach = (*reach, "audio")
+    if multimodal is not None and multimodal.skips_tower(reach):
+        return
+    zeros = json.dumps(dict.fromkeys(reach, 0))
+    raise UnsupportedCombinationError(
+        f"kvpools does not model the encoder profile pass of {tower} yet: vLLM runs the encoder on its largest "
+        f"dummy items before it sizes the KV cache, so {option('runtime_profile')} cannot estimate the activation "
+        f"peak. Pass {option('language_model_only')} or {option('limit_mm_per_prompt')} '{zeros}' (no encoder "
+        f"pass), or plan without {option('runtime_profile')} (the activation terms are then 0, an upper bound of "
+        "the KV budget)."
+    )
+
+
 def _skipped_tower_weights(
     model: str | ModelSpec, serving: Serving, multimodal: MultimodalLimits | None, registry: Registry | None
 ) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -662,12 +689,11 @@ def _skipped_tower_weights(
     zeros = (0,) * serving.pp_size
     if multimodal is None or isinstance(model, ModelSpec):
         return zeros, ()
-    from kvpools_core.engines.vllm.runtime_memory import _complete_config, vision_shape_from_config
+    from kvpools_core.engines.vllm.runtime_memory import _complete_config, vision_tower_of
     from kvpools_core.pipeline.weights import estimate_weights
 
     config = dict(_complete_config(model)[0])
-    vision = vision_shape_from_config(config, registry=registry)
-    modalities = tower_modalities(vision.tower if vision is not None else None)
+    modalities = tower_modalities(vision_tower_of(config, registry=registry))
     if "vision_config" not in config or modalities is None or not multimodal.skips_tower(modalities):
         return zeros, ()
     text_only = {key: value for key, value in config.items() if key != "vision_config"}

@@ -8,7 +8,8 @@ images / videos / audio, the dummy item's ``width`` / ``height`` / ``num_frames`
 ``--language-model-only`` makes every limit 0 (``get_limit_per_prompt``, L696-709).  The limits size the encoder's
 profile pass (:func:`~kvpools_core.engines.vllm.runtime_memory.mm_encoder_profile`), and a vision tower whose
 modalities are all limited to 0 is not built or loaded (``_mark_tower_model``, ``model_executor/models/
-interfaces.py`` L346-392: Qwen3-VL / 3.5 / 3.6 mark theirs with image and video, Gemma-3 and Mistral-3 with image).
+interfaces.py`` L346-392: Qwen3-VL / 3.5 / 3.6 mark theirs with image and video, Gemma-3, Mistral-3 and Llama-4
+with image).
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ import attrs
 from kvpools_core.engines.vllm.runtime_memory import DEFAULT_MM_LIMIT as DEFAULT_LIMIT
 from kvpools_core.errors import ConfigError, short_repr
 from kvpools_core.options import option
-from kvpools_core.pipeline.gpus import VLLM_VISION_PIXTRAL, VLLM_VISION_QWEN3, VLLM_VISION_SIGLIP
+from kvpools_core.pipeline.gpus import (
+    VLLM_VISION_GEMMA4,
+    VLLM_VISION_LLAMA4,
+    VLLM_VISION_PIXTRAL,
+    VLLM_VISION_QWEN3,
+    VLLM_VISION_SIGLIP,
+)
 
 __all__ = ["DUMMY_SIZE_KEYS", "MultimodalLimits", "parse_multimodal_limits", "tower_modalities"]
 
@@ -78,16 +85,21 @@ TOWER_MODALITIES = {
     VLLM_VISION_QWEN3: ("image", "video"),
     VLLM_VISION_PIXTRAL: ("image",),
     VLLM_VISION_SIGLIP: ("image",),
+    VLLM_VISION_LLAMA4: ("image",),
+    VLLM_VISION_GEMMA4: ("image", "video"),
 }
 """The modalities vLLM 0.33 marks each modelled vision tower with (``_mark_tower_model``): image and video for the
 Qwen3-VL tower (``qwen3_vl.py`` L2010, ``qwen3_5.py`` L513 / L736), image for the Mistral-3 Pixtral tower
-(``mistral3.py`` L478) and Gemma-3's SigLIP tower (``gemma3_mm.py`` L552).  The tower is the one an architecture
-plugin names for the checkpoint's class (``architecture_traits``): the core names no architecture."""
+(``mistral3.py`` L478), Gemma-3's SigLIP tower (``gemma3_mm.py`` L552) and Llama-4's (``mllama4.py`` L765); image and
+video for Gemma-4's (``gemma4_mm.py`` L1101), whose encoder pass is not modelled but whose weights vLLM leaves out
+all the same.  The tower is the one an architecture plugin names for the checkpoint's class
+(``architecture_traits``, :func:`~kvpools_core.engines.vllm.runtime_memory.vision_tower_of`): the core names no
+architecture."""
 
 
 def tower_modalities(tower: str | None) -> tuple[str, ...] | None:
     """The modalities a vision tower (:data:`TOWER_MODALITIES`' keys, a ``VisionShape.tower``) is marked with;
-    None for no tower or one kvpools does not model (its weights are kept)."""
+    None for no tower or one without a trait (its weights are kept)."""
     return TOWER_MODALITIES.get(tower) if tower is not None else None
 
 

@@ -33,7 +33,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from kvpools_core.errors import ConfigError
-from kvpools_core.pipeline.gpus import VLLM_VISION_PIXTRAL, VLLM_VISION_QWEN3, VLLM_VISION_SIGLIP
+from kvpools_core.pipeline.gpus import (
+    VLLM_VISION_GEMMA4,
+    VLLM_VISION_LLAMA4,
+    VLLM_VISION_PIXTRAL,
+    VLLM_VISION_QWEN3,
+    VLLM_VISION_SIGLIP,
+)
 from kvpools_core.values import GPU
 
 if TYPE_CHECKING:
@@ -314,12 +320,28 @@ def moe_workspace_bytes(*, shape: ModelShape, tokens: int, tp_size: int = 1) -> 
     return _round_up(common, 256) + _round_up(second, 256)
 
 
-VISION_TOWERS = (VLLM_VISION_QWEN3, VLLM_VISION_PIXTRAL, VLLM_VISION_SIGLIP)
+VISION_TOWERS = (VLLM_VISION_QWEN3, VLLM_VISION_PIXTRAL, VLLM_VISION_SIGLIP, VLLM_VISION_LLAMA4)
 """The vision towers :func:`mm_encoder_profile` models, as the ``architecture_traits`` an architecture plugin gives
 a Hugging Face class (the core names no architecture): vLLM 0.33's ``Qwen3_VisionTransformer`` (``qwen3_vl.py``
 L561-870; ``qwen3_5.py`` L473 / L703 build it for Qwen3.5 / 3.6), ``PixtralHFVisionModel`` with the Mistral-3
-projector (vLLM 0.19.0 ``pixtral.py`` L1198-1300, ``mistral3.py`` L75-170) and ``SiglipVisionModel`` with the
-Gemma-3 projector (0.19.0 ``siglip.py`` L285-570, ``gemma3_mm.py`` L420-460)."""
+projector (vLLM 0.19.0 ``pixtral.py`` L1198-1300, ``mistral3.py`` L75-170), ``SiglipVisionModel`` with the
+Gemma-3 projector (0.19.0 ``siglip.py`` L285-570, ``gemma3_mm.py`` L420-460) and vLLM 0.33's ``Llama4VisionModel``
+with its pixel-shuffle adapter and projector (``mllama4.py`` L123-549, L765-777; the older profiles take 0.33's
+pass, their ``mllama4.py`` not read).  A multimodal class with another
+tower is refused where its encoder pass would be profiled (:func:`unmodelled_vision_tower`)."""
+
+UNMODELLED_VISION_TOWERS = (VLLM_VISION_GEMMA4,)
+"""Vision-tower traits whose encoder pass kvpools does not model: Gemma-4's (transformers' ``AutoModel``, vLLM 0.33
+``gemma4_mm.py`` L1100-1113).  Its peak depends on the transformers release vLLM runs (0.33 takes 5.16.1 to 5.20:
+vLLM's ``_encoder_chunk``, L1272-1300, sizes the batch for ``Gemma4VisionPatchEmbedder``'s ``F.one_hot`` position
+lookup, which transformers 5.18.0 does with ``F.embedding``, ``modeling_gemma4.py`` L590-610) and on the free memory
+vLLM reads at run time (the batch is ``min(free / 2, total / 10)`` over that cost).  The trait names the tower's
+modalities (vLLM leaves the weights out when they are all 0); :func:`unmodelled_vision_tower` names the tower."""
+
+LLAMA4_MAX_TILES = 16
+"""``max_patches`` of the Llama-4 Scout / Maverick checkpoints' ``preprocessor_config.json``
+(Llama4ImageProcessorFast; transformers' default too), which ``get_max_num_tiles`` reads (vLLM 0.33 ``mllama4.py``
+L577-579): the dummy image is 16 tiles of ``image_size`` high and one wide (L581-585)."""
 
 QWEN_VL_IMAGE_MAX_PIXELS = 16_777_216
 """``size.longest_edge`` of the Qwen3-VL / Qwen3.5 / Qwen3.6 checkpoints' ``preprocessor_config.json`` (4096 x 4096
@@ -347,9 +369,10 @@ class VisionShape:
     """A vision tower's sizes (``vision_config``), the tower it is (:data:`VISION_TOWERS`) and its processors' caps.
 
     ``out_hidden_size`` is the width of one encoder output token (the Qwen3-VL merger's ``out_hidden_size``; the
-    text model's ``hidden_size`` for the Pixtral and SigLIP towers, whose projectors map into it).  ``image_size``
-    is the Pixtral / SigLIP native square image side and ``image_tokens`` the Gemma-3 tokens per image
-    (``mm_tokens_per_image``); the Qwen3-VL tower sizes its items from the pixel caps instead."""
+    text model's ``hidden_size`` for the Pixtral, SigLIP and Llama-4 towers, whose projectors map into it).
+    ``image_size`` is the Pixtral / SigLIP native square image side (Llama-4's tile side) and ``image_tokens`` the
+    Gemma-3 tokens per image (``mm_tokens_per_image``); the Qwen3-VL tower sizes its items from the pixel caps
+    instead."""
 
     hidden_size: int = attrs.field(validator=_size(1))
     intermediate_size: int = attrs.field(validator=_size(1))
@@ -365,6 +388,8 @@ class VisionShape:
     tower: str = attrs.field(default=VLLM_VISION_QWEN3, validator=attrs.validators.in_(VISION_TOWERS))
     image_size: int = attrs.field(default=0, validator=_size(0))
     image_tokens: int = attrs.field(default=0, validator=_size(0))
+    max_tiles: int = attrs.field(default=0, validator=_size(0))
+    """Llama-4: the image processor's most tiles an image is cut into (:data:`LLAMA4_MAX_TILES`); 0 otherwise."""
     head_dim: int = attrs.field(default=0, validator=_size(0))
     """The attention head size where the config states it (Pixtral), else ``hidden_size // num_heads``."""
 
@@ -393,6 +418,20 @@ def _text_hidden(config: dict[str, Any]) -> int | None:
     return found["hidden_size"] if found else None
 
 
+_PROJECTED_TOWER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "patch_size", "image_size")
+"""The ``vision_config`` sizes a tower with a projector into the text model needs (Pixtral, SigLIP, Llama-4)."""
+
+
+def _projected_tower(config: dict[str, Any], vision: dict[str, Any]) -> tuple[dict[str, int], int] | None:
+    """A projected tower's :data:`_PROJECTED_TOWER_KEYS` and the text ``hidden_size`` its projector maps into; None
+    when one is missing."""
+    values = _ints(vision, _PROJECTED_TOWER_KEYS)
+    text_hidden = _text_hidden(config)
+    if values is None or text_hidden is None:
+        return None
+    return values, text_hidden
+
+
 def _qwen3_vision(config: dict[str, Any], vision: dict[str, Any], dtype_bytes: int) -> VisionShape | None:
     keys = ("hidden_size", "intermediate_size", "num_heads", "out_hidden_size", "patch_size", "temporal_patch_size")
     values = _ints(vision, keys)
@@ -415,10 +454,10 @@ def _pixtral_vision(config: dict[str, Any], vision: dict[str, Any], dtype_bytes:
     """``Mistral3Config``: the Pixtral ``vision_config`` (``num_attention_heads``, ``head_dim``, ``image_size``,
     ``num_channels``), the top-level ``spatial_merge_size`` (transformers' default 2) and the text ``hidden_size``
     the projector's ``linear_2`` outputs (vLLM 0.19.0 ``mistral3.py`` L125-170)."""
-    values = _ints(vision, ("hidden_size", "intermediate_size", "num_attention_heads", "patch_size", "image_size"))
-    text_hidden = _text_hidden(config)
-    if values is None or text_hidden is None:
+    found = _projected_tower(config, vision)
+    if found is None:
         return None
+    values, text_hidden = found
     return VisionShape(
         hidden_size=values["hidden_size"],
         intermediate_size=values["intermediate_size"],
@@ -439,10 +478,10 @@ def _siglip_vision(config: dict[str, Any], vision: dict[str, Any], dtype_bytes: 
     """``Gemma3Config``: the SigLIP ``vision_config``, the top-level ``mm_tokens_per_image`` (transformers' default
     256) and the text ``hidden_size`` the projector's ``mm_input_projection_weight`` maps into (vLLM 0.19.0
     ``gemma3_mm.py`` L420-460)."""
-    values = _ints(vision, ("hidden_size", "intermediate_size", "num_attention_heads", "patch_size", "image_size"))
-    text_hidden = _text_hidden(config)
-    if values is None or text_hidden is None:
+    found = _projected_tower(config, vision)
+    if found is None:
         return None
+    values, text_hidden = found
     return VisionShape(
         hidden_size=values["hidden_size"],
         intermediate_size=values["intermediate_size"],
@@ -459,10 +498,42 @@ def _siglip_vision(config: dict[str, Any], vision: dict[str, Any], dtype_bytes: 
     )
 
 
+def _llama4_vision(config: dict[str, Any], vision: dict[str, Any], dtype_bytes: int) -> VisionShape | None:
+    """``Llama4Config``: the ``vision_config`` (``num_attention_heads``, ``image_size`` the tile side, ``patch_size``,
+    ``num_channels``, ``pixel_shuffle_ratio``) and the text ``hidden_size`` the projector's ``linear_1`` outputs
+    (vLLM 0.33 ``mllama4.py`` L164-183).  The pixel shuffle keeps ``ratio^2`` of a tile's patches
+    (``get_patch_per_chunk``, L564-575: ``ds_ratio = round(1 / ratio^2)``, 4 at 0.5), read as a ``spatial_merge_size``
+    of ``sqrt(ds_ratio)``; a tile side not a multiple of the patch (vLLM asserts it) or a ratio whose ``ds_ratio`` is
+    no square is no shape."""
+    found = _projected_tower(config, vision)
+    ratio = vision.get("pixel_shuffle_ratio", 0.5)
+    if found is None or isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+        return None
+    values, text_hidden = found
+    merge = math.isqrt(ds_ratio := round(1 / ratio**2))
+    if merge * merge != ds_ratio or values["image_size"] % values["patch_size"]:
+        return None
+    return VisionShape(
+        hidden_size=values["hidden_size"],
+        intermediate_size=values["intermediate_size"],
+        num_heads=values["num_attention_heads"],
+        out_hidden_size=text_hidden,
+        patch_size=values["patch_size"],
+        temporal_patch_size=1,
+        spatial_merge_size=merge,
+        in_channels=_optional_int(vision, "num_channels", 3),
+        image_size=values["image_size"],
+        max_tiles=LLAMA4_MAX_TILES,
+        dtype_bytes=dtype_bytes,
+        tower=VLLM_VISION_LLAMA4,
+    )
+
+
 _VISION_READERS = {
     VLLM_VISION_QWEN3: _qwen3_vision,
     VLLM_VISION_PIXTRAL: _pixtral_vision,
     VLLM_VISION_SIGLIP: _siglip_vision,
+    VLLM_VISION_LLAMA4: _llama4_vision,
 }
 """How each modelled tower's :class:`VisionShape` is read from a ``config.json``."""
 
@@ -488,9 +559,44 @@ def vision_shape_from_config(
     return _VISION_READERS[towers.pop()](config, vision, dtype_bytes)
 
 
+def vision_tower_of(config: dict[str, Any], *, registry: Registry | None = None) -> str | None:
+    """The vision-tower trait (:data:`VISION_TOWERS` or :data:`UNMODELLED_VISION_TOWERS`) the plugins give the
+    classes of a ``config.json`` with a ``vision_config``; None without one, or with no or several such traits."""
+    from kvpools_core.pipeline.gpus import architecture_traits
+
+    classes = config.get("architectures")
+    if not isinstance(config.get("vision_config"), dict) or not isinstance(classes, list):
+        return None
+    known = (*VISION_TOWERS, *UNMODELLED_VISION_TOWERS)
+    traits = architecture_traits(registry)
+    towers = {tower for name in classes if isinstance(name, str) for tower in traits.get(name, ()) if tower in known}
+    return towers.pop() if len(towers) == 1 else None
+
+
 def vision_shape_of(model: str, *, dtype_bytes: int = 2) -> VisionShape | None:
     """:func:`vision_shape_from_config` of ``model``'s complete config (as :func:`vocab_size_of` reads it)."""
     return vision_shape_from_config(_complete_config(model)[0], dtype_bytes=dtype_bytes)
+
+
+def unmodelled_vision_tower(config: dict[str, Any], *, registry: Registry | None = None) -> str | None:
+    """What a multimodal ``config.json`` carries that :func:`mm_encoder_profile` does not model: a ``vision_config``
+    no modelled tower reads (:func:`vision_shape_from_config` None: a class no plugin gives a
+    :data:`VISION_TOWERS` trait, such as Gemma-4's, or a modelled one whose sizes are missing), named by its
+    classes and ``model_type``; None for a text-only config or a modelled tower.  vLLM runs such a tower on its
+    largest dummy items in ``profile_run`` all the same (``gpu_model_runner.py`` L6072-6146), so an activation peak
+    without it would be a silent underestimate: the planner refuses it (:func:`~kvpools_core.engines.vllm.
+    deployment.plan_vllm`)."""
+    vision = config.get("vision_config")
+    if not isinstance(vision, dict) or not vision:
+        return None
+    if vision_shape_from_config(config, registry=registry) is not None:
+        return None
+    classes = config.get("architectures")
+    named = [name for name in classes if isinstance(name, str)] if isinstance(classes, list) else []
+    kind = vision.get("model_type")
+    return f"{' / '.join(named) or 'a config without architectures'}'s vision tower" + (
+        f" ({kind})" if isinstance(kind, str) and kind else ""
+    )
 
 
 def max_tokens_per_item(vision: VisionShape, max_pixels: int) -> int:
@@ -576,7 +682,24 @@ def mm_encoder_profile(
     (L420-431; flash attention takes the ``qkv`` views) the block input, the ``layer_norm1`` output, ``qkv`` (3), the
     attention output and ``out_proj``'s: ``7 hidden``; the MLP the block input, the residual, the ``layer_norm2``
     output, ``fc1`` and its activation: ``3 hidden + 2 intermediate``.  The projector's ``contiguous`` copy and the
-    pooled tokens come after the tower's peak, under it."""
+    pooled tokens come after the tower's peak, under it.
+
+    The Llama-4 tower (vLLM 0.33 ``mllama4.py``, eager: ``compile_mm_encoder`` and ``cudagraph_mm_encoder`` are off
+    by default, ``config/compilation.py`` L520, L528; ``profile_run`` calls ``embed_multimodal``), per tile of
+    ``(image_size / patch)^2 + 1`` tokens (the class token, L518-523), bytes: the pixels (``in_channels x patch^2``
+    per patch, ``dtype``), the ``layernorm_pre`` output (``hidden x dtype``: ``Llama4VisionModel.forward``'s local
+    through the encoder, L536-540) and the larger block peak (L370-387, residuals not in place): the attention
+    (L317-337) holds the block input, the ``input_layernorm`` output, ``qkv`` (3 hidden) and, at the end of the
+    vision rotary (``llama4_vision_rope.py`` L55-76), the fp32 copies of q and k and their complex products (4 x
+    ``4 hidden`` bytes; none for a float32 model, whose ``.float()`` and ``type_as`` copy nothing) and the rotated q
+    and k in the model dtype (2): ``7 hidden x dtype + 16 hidden``; flash attention (vLLM's first ViT backend on
+    CUDA for a head size that is a multiple of 8: 88, ``platforms/cuda.py`` L521-568, ``flash_attn.py`` L425-429)
+    then reads views of them and writes one output (``vit_attn_wrappers.py`` L26-86), under that.  The MLP
+    (L155-161) holds the block input, the residual, the ``post_attention_layernorm`` output, ``fc1`` and its GELU:
+    ``(3 hidden + 2 intermediate) x dtype``.  The pixel-shuffle adapter and the projector (L186-236, L164-183) run on
+    ``tokens / merge^2`` of each tile after the encoder: under its peak.  Sized at TP 1: vLLM shards the tower's
+    heads and MLP over TP (``mm_encoder_tp_mode`` "weights"; the ``o_proj`` / ``fc2`` all-reduces hold two hidden
+    at most), so at TP > 1 the term is an upper bound."""
     limits = {"image": DEFAULT_MM_LIMIT, "video": DEFAULT_MM_LIMIT, **(mm_limits or {})}
     sizes = {
         modality: size for modality, size in item_sizes(vision).items() if limits.get(modality, 0) > 0 and size[0] > 0
@@ -618,7 +741,10 @@ def item_sizes(vision: VisionShape) -> dict[str, tuple[int, int]]:
     the ``[IMG_BREAK]`` / ``[IMG_END]`` ones, which are no embeddings), ``merge^2`` patches a token.  SigLIP with
     the Gemma-3 projector (``gemma3_mm.py`` L194-210; pan-and-scan is off by default, so one crop): the
     ``image_size`` image (896), ``(image_size / patch)^2`` patches (4096) average-pooled to ``mm_tokens_per_image``
-    tokens (256)."""
+    tokens (256).  Llama-4 (vLLM 0.33 ``mllama4.py`` L564-585, L630-636, L679-685): the dummy image is
+    ``max_tiles`` tiles high and one wide, which the processor cuts into its 16 x 1 tiles plus the global one: 17
+    chunks of ``(image_size / patch)^2`` patches (576 at 336 / 14), each pixel-shuffled to ``patches / merge^2``
+    tokens (144; the embeddings are the ``<|patch|>`` tokens, L684-685): 2448 tokens."""
     if vision.tower == VLLM_VISION_QWEN3:
         merge = vision.spatial_merge_size**2
         image = max_tokens_per_item(vision, vision.image_max_pixels)
@@ -628,6 +754,9 @@ def item_sizes(vision: VisionShape) -> dict[str, tuple[int, int]]:
         grid = -(-vision.image_size // (vision.patch_size * vision.spatial_merge_size))
         return {"image": (grid * grid, (grid * vision.spatial_merge_size) ** 2)}
     side = vision.image_size // vision.patch_size
+    if vision.tower == VLLM_VISION_LLAMA4:
+        chunks = vision.max_tiles + 1 if vision.max_tiles > 1 else 1
+        return {"image": (chunks * (side * side // vision.spatial_merge_size**2), chunks * side * side)}
     return {"image": (vision.image_tokens, side * side)}
 
 
@@ -645,6 +774,8 @@ def _encoder_pass_bytes(vision: VisionShape, patches: int, pixels: int, *, dense
             f"+ block max({attention} x {hidden}, 5 x {hidden} + 3 x {inner})) x {dtype} B"
             + (f" + the dense block mask {patches} x {patches} x {dtype} B" if dense_block_mask else "")
         )
+    if vision.tower == VLLM_VISION_LLAMA4:
+        return _llama4_pass_bytes(vision, patches, pixels)
     if vision.tower == VLLM_VISION_SIGLIP:
         per_patch = pixels + hidden + max(7 * hidden, 3 * hidden + 2 * inner)
         return patches * per_patch * dtype, (
@@ -654,6 +785,24 @@ def _encoder_pass_bytes(vision: VisionShape, patches: int, pixels: int, *, dense
     return patches * (pixels + hidden + head_dim + block) * dtype, (
         f"(pixels {pixels} + position {hidden} + rotary {head_dim} + block max(11 x {hidden}, 3 x {hidden} + "
         f"2 x {inner})) x {dtype} B"
+    )
+
+
+def _llama4_pass_bytes(vision: VisionShape, patches: int, pixels: int) -> tuple[int, str]:
+    """``Llama4VisionModel``'s pass over ``patches`` pixel patches (see :func:`mm_encoder_profile`): each tile's
+    ``(image_size / patch)^2`` patches and its class token run as one sequence."""
+    hidden, inner, dtype = vision.hidden_size, vision.intermediate_size, vision.dtype_bytes
+    side = vision.image_size // vision.patch_size
+    chunks, sequence = patches // (side * side), side * side + 1
+    rotary = 0 if dtype >= 4 else 16 * hidden
+    attention = 7 * hidden * dtype + rotary
+    mlp = (3 * hidden + 2 * inner) * dtype
+    tokens = chunks * sequence
+    peak = patches * pixels * dtype + tokens * (hidden * dtype + max(attention, mlp))
+    return peak, (
+        f"(pixels {pixels} x {dtype} B) + {chunks} tiles x {sequence} tokens x (layernorm_pre {hidden} x "
+        f"{dtype} B + block max(attention 7 x {hidden} x {dtype} B + fp32 rotary 16 x {hidden} B, MLP (3 x {hidden} "
+        f"+ 2 x {inner}) x {dtype} B))"
     )
 
 
