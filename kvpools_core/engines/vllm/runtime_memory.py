@@ -866,8 +866,9 @@ def attention_backend(*, compute_capability: tuple[int, int] | None, kv_cache_dt
     """The attention backend vLLM picks on CUDA for a non-MLA model: ``"FLASHINFER"``, ``"FLASH_ATTN"`` or None
     (not known: an MLA model, ``head_dim`` 0, or a GPU without a compute capability).
 
-    ``_get_backend_priorities`` (vLLM 0.24.0 ``platforms/cuda.py`` L143-159, 0.33.0 the same order): FlashInfer
-    first on compute capability 10.x, FlashAttention first elsewhere.  FlashAttention refuses an fp8 cache except
+    ``_get_backend_priorities`` (vLLM 0.24.0 ``platforms/cuda.py`` L143-159; 0.33.0 the same order, but for models
+    with a multimodal prefix or non-causal attention, not modelled): FlashInfer first on compute capability 10.x,
+    FlashAttention first elsewhere.  FlashAttention refuses an fp8 cache except
     with FA3 on Hopper (0.24.0 ``flash_attn.py`` ``supports_kv_cache_dtype`` L183-193) and a head size that is not
     a multiple of 8 or above 256 (L173-180); FlashInfer takes compute capability 8.0-12.1 (L426-434) and fp8 caches
     (L327-335).  Below 8.0 neither is modelled (None)."""
