@@ -36,6 +36,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
     model_shape_of,
 )
 from kvpools_core.pipeline.gpus import find_gpu
+from kvpools_core.registry import Registry
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -196,3 +197,37 @@ def test_cli_engine_version_024_reproduces_the_logged_tokens(monkeypatch: pytest
     assert json.loads(new.output)["runtime_memory"]["terms"]["CUDA graphs"]["bytes"] == (
         round(0.0433 * GiB) + round(0.0211 * GiB) + 520 * MiB
     )
+
+
+@pytest.mark.parametrize("preset", ["qwen3-next-80b-a3b-thinking", "qwen3.5-35b-a3b", "qwen3.5-397b-a17b", QWEN36])
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_pre_0_33_gdn_layout_is_the_smallest_16_token_block_holding_the_state(
+    preset: str, kv: str, tp: int, registry: Registry
+) -> None:
+    """``layouts.without_gdn_prefill_checkpoint`` on every Gated DeltaNet preset: the attention block is the smallest
+    multiple of 16 tokens whose page holds the GDN state (``_align_hybrid_block_size`` with no checkpoint grid), at
+    most 0.33's 64-aligned block, the state page padded to the attention page, no checkpoint block; the non-GDN specs
+    keep their kind."""
+    from kvpools_core.engines.vllm.layouts import without_gdn_prefill_checkpoint
+    from kvpools_core.engines.vllm.model import worker_kv_cache_specs
+    from kvpools_core.models import load_model, served_model
+    from kvpools_core.parts.vllm.specs import MambaSpec
+    from kvpools_core.values import Serving
+
+    serving = Serving(accounting="vllm", kv_cache_dtype=kv, tp_size=tp)
+    model = served_model(load_model(preset, registry)[0], serving)
+    (v033,) = worker_kv_cache_specs(model, serving, registry, block_size=16)
+    old = without_gdn_prefill_checkpoint(v033, 16)
+    assert old.keys() == v033.keys()
+    state = next(spec for spec in v033.values() if isinstance(spec, MambaSpec))
+    attention = next(spec for spec in old.values() if not isinstance(spec, MambaSpec))
+    per_token = attention.page_size_bytes // attention.block_size
+    block = attention.block_size
+    assert block % 16 == 0 and block * per_token >= state.state_bytes > (block - 16) * per_token
+    assert block <= state.block_size and state.block_size % 64 == 0
+    for name, spec in old.items():
+        assert type(spec) is type(v033[name]) and spec.block_size == block
+        if isinstance(spec, MambaSpec):
+            assert spec.num_prefill_checkpoint_blocks == 0 and spec.prefill_checkpoint_alignment is None
+            assert spec.page_size_bytes == block * per_token
