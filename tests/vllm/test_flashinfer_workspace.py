@@ -119,6 +119,10 @@ def test_qwen3_6_on_the_rtx_5090_per_version(monkeypatch: pytest.MonkeyPatch) ->
     assert graphs("rtx-5090", "0.33", "fp8") == first + per_graph + 520 * MiB
     assert graphs("rtx-5090", "0.24", "auto") == first + per_graph
     assert graphs("h100", "0.24", "fp8") == first + per_graph
+    # a Blackwell datacenter GPU picks FlashInfer, but decodes with TRTLLM-gen when its cubins are reachable: not
+    # modelled, no workspace charged
+    assert attention_backend(compute_capability=(10, 0), kv_cache_dtype="auto", head_dim=256) == "FLASHINFER"
+    assert graphs("b200", "0.24", "fp8") == first + per_graph
     # without heads (a hand-made shape) the backend is not known: no workspace
     bare = ModelShape(hidden_size=2048)
     memory = estimate_runtime_memory(

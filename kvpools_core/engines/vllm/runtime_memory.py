@@ -1089,8 +1089,15 @@ def _flashinfer_workspace(
     *, gpu: GPU, shape: ModelShape | None, kv_cache_dtype: str, tp_size: int, profile: RuntimeProfile, batched: int
 ) -> int:
     """:func:`flashinfer_workspace_bytes` where vLLM's attention backend is FlashInfer (:func:`attention_backend`),
-    else 0 (also without a shape's heads, or off CUDA)."""
+    else 0 (also without a shape's heads, or off CUDA).
+
+    Not modelled, left 0: compute capability 10.x, where vLLM decodes with TRTLLM-gen when its cubins can be fetched
+    (``supports_trtllm_attention``, vLLM 0.24.0 ``utils/flashinfer.py`` L374-386: network access at start-up decides),
+    whose global workspace (``_get_trtllm_gen_workspace_buffer``, ``flashinfer.py`` L89-95) replaces the decode
+    wrappers' in the FULL captures."""
     if shape is None or gpu.platform != "cuda" or not shape.num_attention_heads:
+        return 0
+    if gpu.compute_capability is not None and gpu.compute_capability[0] == 10:
         return 0
     backend = attention_backend(
         compute_capability=gpu.compute_capability, kv_cache_dtype=kv_cache_dtype, head_dim=shape.head_dim
