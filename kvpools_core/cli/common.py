@@ -383,10 +383,10 @@ def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
         "--engine-version",
         default=None,
         metavar="ENGINE==X.Y",
-        help="The engine and version to plan for, with its runtime-memory profile: vllm==0.15|0.16|0.19|0.33 "
+        help="The engine and version to plan for, with its runtime-memory profile: vllm==0.15|0.16|0.19|0.24|0.25|0.33 "
         "(--accounting vllm --runtime-profile X.Y: the profile applies to a --gpu / --gpu-memory budget; with "
-        "--memory the plan is the exact one) or sglang==0.5.23 (--accounting sglang). A plan made with a vLLM "
-        "profile older or newer than the vLLM installed beside kvpools says so (docs/gpus.md).",
+        "--memory the plan is the exact one, in that release's KV layout) or sglang==0.5.23 (--accounting sglang). "
+        "A plan made with a vLLM profile older or newer than the vLLM installed beside kvpools says so (docs/gpus.md).",
     )(command)
     only = " Only with --accounting vllm."
     command = click.option(
@@ -437,8 +437,8 @@ def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 click.Choice([*RUNTIME_PROFILES, *(f"vllm=={version}" for version in RUNTIME_PROFILES)]),
                 "With --gpu / --gpu-memory: estimate vLLM's activation peak, non-torch memory and CUDA graphs, and "
                 "take the GPU's total as torch reports it, from this vLLM version's calibrated profile "
-                "(0.15, 0.16, 0.19 or 0.33, also spelt vllm==0.33; docs/vllm.md) [default: off: those terms are 0, "
-                "an upper bound].",
+                "(0.15, 0.16, 0.19, 0.24, 0.25 or 0.33, also spelt vllm==0.33; docs/vllm.md) [default: off: those "
+                "terms are 0, an upper bound].",
             ),
         )
     ):
@@ -541,9 +541,12 @@ def _vllm_plan(
     from kvpools_core.engines import engine_for
 
     args = dict(args)
-    if args.pop("engine_version_profile", None) is not None and memory is not None:
-        # --engine-version vllm==X with --memory: the KV budget is given, so the exact path plans it unchanged
+    version = args.pop("engine_version_profile", None)
+    if version is not None and memory is not None:
+        # --engine-version vllm==X with --memory: the KV budget is given, so no runtime terms; the release's own KV
+        # layout still applies (engines/vllm/layouts.py: vLLM before 0.33 has no Gated DeltaNet checkpoint grid)
         args["runtime_profile"] = None
+        args["layout_version"] = version
     return engine_for("vllm", args.get("registry")).plan(  # the service passes its own registry
         model, serving, memory=memory, gpu=gpu, gpu_memory=gpu_memory, weights_memory=weights_memory, **args
     )

@@ -134,13 +134,22 @@ class RuntimeProfile:
     moe_workspace: bool = True
     """Whether the fused-MoE Triton experts take their buffers from the persistent ``WorkspaceManager``
     (:func:`moe_workspace_bytes`)."""
+    flashinfer_workspace_scales: bool = False
+    """Whether the FlashInfer attention builder sizes its float workspace to the prefill chunk, ``max(394 MiB,
+    max_num_batched_tokens x heads x head_dim x 16)`` (vLLM 0.26.0 on), instead of the fixed 394 MiB (0.24, 0.25):
+    :func:`flashinfer_workspace_bytes`."""
+    gdn_prefill_checkpoint: bool = True
+    """Whether vLLM's Gated DeltaNet layers export a prefill checkpoint on FlashInfer's 64-token grid (vLLM 0.30.0
+    on: blocks a multiple of 64 tokens and ``2 + 1`` Mamba blocks a request), or not (0.24-0.29: blocks on the
+    attention kernel's 16-token grid, 2 Mamba blocks a request): :func:`kvpools_core.engines.vllm.layouts`."""
 
 
-PROFILE_VERSIONS = ("0.16", "0.19", "0.33")
+PROFILE_VERSIONS = ("0.16", "0.19", "0.24", "0.33")
 """The vLLM versions that have a calibrated profile (``profiles/vllm-<version>.json``)."""
 
-PROFILE_ALIASES = {"0.15": "0.16"}
-"""Versions another version's profile stands for: vLLM 0.15 runs the same sort-based dummy sampler as 0.16."""
+PROFILE_ALIASES = {"0.15": "0.16", "0.25": "0.24"}
+"""Versions another version's profile stands for: vLLM 0.15 runs the same sort-based dummy sampler as 0.16; vLLM
+0.25 sizes the FlashInfer workspace and lays out a Gated DeltaNet hybrid as 0.24 does (``vllm-0.24.json``)."""
 
 
 def _gib(value: Any, name: str, file: str) -> int:
@@ -207,6 +216,8 @@ def load_profile(version: str) -> RuntimeProfile:
         covers=tuple(str(version) for version in data.get("covers", [key])),
         sampler_program_buffer=bool(data.get("sampler_program_buffer", True)),
         moe_workspace=bool(data.get("moe_workspace", True)),
+        flashinfer_workspace_scales=bool(data.get("flashinfer_workspace_scales", False)),
+        gdn_prefill_checkpoint=bool(data.get("gdn_prefill_checkpoint", True)),
     )
 
 
@@ -287,6 +298,11 @@ class ModelShape:
     """One routed expert's width (``moe_intermediate_size``, Mixtral's ``intermediate_size``)."""
     dtype_bytes: int = attrs.field(default=2, validator=attrs.validators.in_((2, 4)))
     """The activations' bytes per value: 2 for bfloat16 / float16, 4 for float32 (``--dtype``)."""
+    num_attention_heads: int = attrs.field(default=0, validator=_size(0))
+    """The attention layers' query heads (``num_attention_heads``); 0 when not known."""
+    head_dim: int = attrs.field(default=0, validator=_size(0))
+    """The attention layers' head size (``head_dim``, else ``hidden_size / num_attention_heads``); 0 for an MLA
+    model (``kv_lora_rank``: vLLM's MLA backends, not FlashInfer's paged attention) or when not known."""
 
     @property
     def is_moe(self) -> bool:
@@ -978,6 +994,61 @@ def non_torch_memory(*, tp_size: int, pp_size: int, profile: RuntimeProfile) -> 
     )
 
 
+FLASHINFER_WORKSPACE_BYTES = 394 * MiB
+"""``VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE``'s default, 394 MiB (vLLM 0.24.0 ``envs.py`` L1549-1551, 0.33.0
+L1817-1819): the float workspace ``FlashInferMetadataBuilder._get_workspace_buffer`` allocates with ``torch.zeros``
+(0.24.0 ``v1/attention/backends/flashinfer.py`` L785-793)."""
+
+FLASHINFER_INT_WORKSPACE_BYTES = 8 * MiB
+"""The int workspace each FlashInfer ``BatchDecodeWithPagedKVCacheWrapper`` allocates with ``torch.empty`` in its
+``__init__`` (flashinfer-python 0.6.12, which vLLM 0.24.0 pins, ``decode.py`` L756-758)."""
+
+FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM = 16
+"""vLLM 0.26.0 on: the float workspace is at least ``max_num_batched_tokens x num_qo_heads x head_dim x 16`` bytes
+(0.26.0 ``flashinfer.py`` L85, L936-958; 0.33.0 L104, L1255-1278)."""
+
+FLASH_ATTN_HEAD_DIM_LIMIT = 256
+"""FlashAttention's largest head size without FA4 (vLLM 0.24.0 ``flash_attn.py`` ``supports_head_size`` L173-180)."""
+
+
+def attention_backend(*, compute_capability: tuple[int, int] | None, kv_cache_dtype: str, head_dim: int) -> str | None:
+    """The attention backend vLLM picks on CUDA for a non-MLA model: ``"FLASHINFER"``, ``"FLASH_ATTN"`` or None
+    (not known: an MLA model, ``head_dim`` 0, or a GPU without a compute capability).
+
+    ``_get_backend_priorities`` (vLLM 0.24.0 ``platforms/cuda.py`` L143-159; 0.33.0 the same order, but for models
+    with a multimodal prefix or non-causal attention, not modelled): FlashInfer first on compute capability 10.x,
+    FlashAttention first elsewhere.  FlashAttention refuses an fp8 cache except
+    with FA3 on Hopper (0.24.0 ``flash_attn.py`` ``supports_kv_cache_dtype`` L183-193) and a head size that is not
+    a multiple of 8 or above 256 (L173-180); FlashInfer takes compute capability 8.0-12.1 (L426-434) and fp8 caches
+    (L327-335).  Below 8.0 neither is modelled (None)."""
+    if compute_capability is None or head_dim <= 0 or compute_capability < (8, 0):
+        return None
+    if compute_capability[0] == 10:
+        return "FLASHINFER"
+    fp8 = kv_cache_dtype.lower().startswith("fp8")
+    flash_attn = (
+        head_dim % 8 == 0
+        and head_dim <= FLASH_ATTN_HEAD_DIM_LIMIT
+        and (not fp8 or (compute_capability[0] == 9 and kv_cache_dtype.lower() != "fp8_e5m2"))
+    )
+    if flash_attn:
+        return "FLASH_ATTN"
+    return "FLASHINFER" if compute_capability <= (12, 1) else None
+
+
+def flashinfer_workspace_bytes(
+    *, profile: RuntimeProfile, max_num_batched_tokens: int, num_qo_heads: int, head_dim: int
+) -> int:
+    """The FlashInfer attention builder's float workspace: 394 MiB (:data:`FLASHINFER_WORKSPACE_BYTES`), from vLLM
+    0.26.0 at least ``max_num_batched_tokens x num_qo_heads x head_dim x 16`` (``num_qo_heads`` on one TP rank)."""
+    if not profile.flashinfer_workspace_scales:
+        return FLASHINFER_WORKSPACE_BYTES
+    return max(
+        FLASHINFER_WORKSPACE_BYTES,
+        max_num_batched_tokens * num_qo_heads * head_dim * FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM,
+    )
+
+
 def cudagraph_capture_sizes(*, max_num_seqs: int, max_num_batched_tokens: int, blackwell: bool = False) -> list[int]:
     """vLLM 0.33's default ``cudagraph_capture_sizes`` without speculative decoding (``config/vllm.py``
     ``_set_cudagraph_sizes`` L2452-2605, decode query length 1): the ceiling ``min(max_num_seqs x 2, 512)`` (1024 on
@@ -999,7 +1070,11 @@ def cudagraph_capture_sizes(*, max_num_seqs: int, max_num_batched_tokens: int, b
 
 
 def cudagraph_memory(
-    *, profile: RuntimeProfile, max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None
+    *,
+    profile: RuntimeProfile,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    flashinfer_workspace: int = 0,
 ) -> Term:
     """The CUDA-graph estimate vLLM subtracts before sizing the KV cache.
 
@@ -1011,6 +1086,20 @@ def cudagraph_memory(
     (the capture sizes up to ``max_num_seqs``); the first-capture and per-graph bytes are the profile's calibrated
     constants (``profiles/vllm-<version>.json``).  Not modelled: speculative decoding's widened decode sizes and
     encoder graphs.
+
+    ``flashinfer_workspace`` (:func:`flashinfer_workspace_bytes`; 0 when the attention backend is not FlashInfer,
+    :func:`attention_backend`) is what the FULL mode's first capture allocates besides the graph, which vLLM's
+    free-memory drop counts (vLLM 0.24.0 ``v1/worker/gpu_model_runner.py``): ``profile_cudagraph_memory`` builds the
+    attention backends on a minimal KV cache (L6449, ``_init_minimal_kv_cache_for_profiling`` L6314-6336), whose
+    FlashInfer builder allocates nothing yet (``flashinfer.py`` L566-760: ``_workspace_buffer = None``), empties
+    torch's cache (L6506), then, per mode, reads ``mem_get_info`` around ``_warmup_and_capture`` (L6512-6528).  A FULL
+    capture's warm-up forces attention (L6673), so ``_dummy_run`` builds the metadata (L5846-5879); FlashInfer's
+    ``build`` creates the decode wrapper of that batch size (L1293) on ``_get_workspace_buffer``'s ``torch.zeros``
+    (L785-793), and the wrapper its own 8 MiB int workspace (:data:`FLASHINFER_INT_WORKSPACE_BYTES`).  So the FULL
+    first capture holds the float workspace + 8 MiB, each further FULL graph (a new batch size, a new wrapper) 8 MiB
+    more, and the estimate ``max(first captures) + sum(per-graph)`` (L6582-6584) carries them; the builder is freed
+    after (``_cleanup_profiling_kv_cache``, L6376-6406), so nothing of it stays in the non-torch memory.  vLLM 0.33
+    runs the same steps (``profile_cudagraph_memory`` L6268-6415, the workspace ``flashinfer.py`` L1255-1278).
 
     Why a constant per graph cannot follow vLLM's estimate (the held-out logs' +12 % and +249 %): vLLM measures it
     (``gpu_model_runner.py`` L6330-6356): per mode, the free-memory drop of capturing the largest size
@@ -1035,6 +1124,15 @@ def cudagraph_memory(
     piecewise, full = len(sizes), sum(1 for size in sizes if size <= seqs)
     graphs = (piecewise - 1) + max(full - 1, 0)
     total = profile.cudagraph_first_capture_bytes + graphs * profile.cudagraph_per_graph_bytes
+    flashinfer = ""
+    if flashinfer_workspace and full:
+        held = flashinfer_workspace + full * FLASHINFER_INT_WORKSPACE_BYTES
+        total += held
+        flashinfer = (
+            f" + FlashInfer workspaces of the FULL captures {held / MiB:.0f} MiB (float "
+            f"{flashinfer_workspace / MiB:.0f} MiB + FULL {full} x {FLASHINFER_INT_WORKSPACE_BYTES / MiB:.0f} MiB "
+            f"decode-wrapper int workspace)"
+        )
     return Term(
         name="CUDA graphs",
         bytes=total,
@@ -1042,9 +1140,16 @@ def cudagraph_memory(
             f"{profile.cudagraph_first_capture_bytes / GiB:.4f} GiB first capture + (PIECEWISE {piecewise} - 1 + FULL "
             f"{full} - 1) x {profile.cudagraph_per_graph_bytes / (1 << 20):.1f} MiB per graph (calibrated, "
             f"{profile.file}, low confidence: vLLM measures the model's own captures, docs/vllm.md; largest "
-            f"capture size {sizes[-1] if sizes else 0})"
+            f"capture size {sizes[-1] if sizes else 0})" + flashinfer
         ),
-        source="vLLM 0.33 gpu_model_runner.profile_cudagraph_memory; config/vllm.py _set_cudagraph_sizes",
+        source=(
+            "vLLM 0.33 gpu_model_runner.profile_cudagraph_memory; config/vllm.py _set_cudagraph_sizes"
+            + (
+                "; v1/attention/backends/flashinfer.py _get_workspace_buffer; flashinfer decode.py"
+                if flashinfer
+                else ""
+            )
+        ),
     )
 
 
@@ -1079,11 +1184,16 @@ def model_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> 
     hidden = number(text, "hidden_size")
     if not hidden:
         return None
+    heads = number(text, "num_attention_heads")
+    head_dim = 0 if number(text, "kv_lora_rank") else number(text, "head_dim") or (hidden // heads if heads else 0)
+    attention = {"num_attention_heads": heads, "head_dim": head_dim}
     experts = max(number(text, key) for key in ("num_local_experts", "num_experts", "n_routed_experts"))
     topk = number(text, "num_experts_per_tok") if experts else 0
     intermediate = number(text, "intermediate_size")
     if not topk:
-        return ModelShape(hidden_size=hidden, dense_intermediate_size=intermediate, dtype_bytes=dtype_bytes)
+        return ModelShape(
+            hidden_size=hidden, dense_intermediate_size=intermediate, dtype_bytes=dtype_bytes, **attention
+        )
     expert = number(text, "moe_intermediate_size") or intermediate
     dense_layers = (
         number(text, "first_k_dense_replace") > 0
@@ -1100,6 +1210,7 @@ def model_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> 
         num_experts_per_tok=topk,
         moe_intermediate_size=expert,
         dtype_bytes=dtype_bytes,
+        **attention,
     )
 
 
@@ -1121,6 +1232,33 @@ def _complete_config(model: str) -> tuple[dict[str, Any], str]:
     if source.startswith("preset:") and pointer:
         config = read_config_file(Path(registry_presets(registry)[name][1]).parent / str(pointer))
     return dict(config), source
+
+
+def _flashinfer_workspace(
+    *, gpu: GPU, shape: ModelShape | None, kv_cache_dtype: str, tp_size: int, profile: RuntimeProfile, batched: int
+) -> int:
+    """:func:`flashinfer_workspace_bytes` where vLLM's attention backend is FlashInfer (:func:`attention_backend`),
+    else 0 (also without a shape's heads, or off CUDA).
+
+    Not modelled, left 0: compute capability 10.x, where vLLM decodes with TRTLLM-gen when its cubins can be fetched
+    (``supports_trtllm_attention``, vLLM 0.24.0 ``utils/flashinfer.py`` L374-386: network access at start-up decides),
+    whose global workspace (``_get_trtllm_gen_workspace_buffer``, ``flashinfer.py`` L89-95) replaces the decode
+    wrappers' in the FULL captures."""
+    if shape is None or gpu.platform != "cuda" or not shape.num_attention_heads:
+        return 0
+    if gpu.compute_capability is not None and gpu.compute_capability[0] == 10:
+        return 0
+    backend = attention_backend(
+        compute_capability=gpu.compute_capability, kv_cache_dtype=kv_cache_dtype, head_dim=shape.head_dim
+    )
+    if backend != "FLASHINFER":
+        return 0
+    return flashinfer_workspace_bytes(
+        profile=profile,
+        max_num_batched_tokens=batched,
+        num_qo_heads=max(1, shape.num_attention_heads // tp_size),
+        head_dim=shape.head_dim,
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -1156,6 +1294,7 @@ def estimate_runtime_memory(
     vision: VisionShape | None = None,
     max_model_len: int | None = None,
     mm_limits: dict[str, int] | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> RuntimeMemory:
     """vLLM ``engine_version``'s memory outside the KV cache and the weights on ``gpu``.
 
@@ -1164,7 +1303,9 @@ def estimate_runtime_memory(
     forward, hidden-state and MoE terms; ``pp_stage`` picks the pipeline stage (``last``, the one that samples and
     whose budget binds, by default).  ``vision`` (:func:`vision_shape_of`) adds the multimodal encoder's profile pass
     (:func:`mm_encoder_profile`), sized by ``max_model_len`` and ``mm_limits`` (vLLM's ``limit_mm_per_prompt``: 999
-    per modality it does not name, ``{"image": 0, "video": 0}`` for ``--language-model-only``).
+    per modality it does not name, ``{"image": 0, "video": 0}`` for ``--language-model-only``).  ``kv_cache_dtype``
+    (``--kv-cache-dtype``) with the GPU and ``shape``'s heads picks the attention backend
+    (:func:`attention_backend`): FlashInfer's workspace is in the CUDA-graph estimate (:func:`cudagraph_memory`).
     """
     for name, value in (("vocab_size", vocab_size), ("tp_size", tp_size), ("pp_size", pp_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -1200,6 +1341,13 @@ def estimate_runtime_memory(
             mm_limits=mm_limits,
         ),
         non_torch_memory(tp_size=tp_size, pp_size=pp_size, profile=profile),
-        cudagraph_memory(profile=profile, max_num_seqs=seqs, max_num_batched_tokens=batched),
+        cudagraph_memory(
+            profile=profile,
+            max_num_seqs=seqs,
+            max_num_batched_tokens=batched,
+            flashinfer_workspace=_flashinfer_workspace(
+                gpu=gpu, shape=shape, kv_cache_dtype=kv_cache_dtype, tp_size=tp_size, profile=profile, batched=batched
+            ),
+        ),
     )
     return RuntimeMemory(total=torch_total_memory(gpu), terms=terms, profile=profile, note=note)
