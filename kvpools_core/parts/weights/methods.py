@@ -131,8 +131,8 @@ def resolve_quantization(
             + (f" or pass {option('quantization')} {checkpoint}." if checkpoint in ENGINE_METHODS[engine] else ".")
         )
     method = resolved if resolved is not None else checkpoint
-    refusal = traits.refused_quantization.get(method or "") if engine == "sglang" and traits is not None else None
-    if traits is not None and refusal is not None:
+    if engine == "sglang" and traits is not None and method in traits.refused_quantization:
+        refusal = traits.refused_quantization[str(method)]
         raise EngineRefusalError(
             f"{option('quantization')} {requested or '(unset)'} on a checkpoint quantised with "
             f"{quant.get('quant_method')!r}: SGLang 0.5.23 serves it as {method!r}, which it refuses on platform "
