@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -118,8 +119,9 @@ def capacity(
         raise ConfigError(f"--headroom must be a fraction in [0, 1), e.g. 0.1 for 10%; got {headroom}.")
     trtllm_args = _trtllm_args(options)
     vllm_args = _vllm_args(options)
-    if options["accounting"] == "vllm":
-        _refuse_with_vllm(
+    if options["accounting"] in ("vllm", "trtllm"):
+        engine = options["accounting"]
+        (_refuse_with_vllm if engine == "vllm" else _refuse_with_trtllm)(
             device=device,
             free_memory=free_memory,
             reserved_memory=reserved_memory,
@@ -129,24 +131,8 @@ def capacity(
             workload=workload,
             format_capacity_json=fmt == "capacity-json",
         )
-        _vllm_capacity(
-            model, _make_serving(options, None), memory, gpu, gpu_memory, weights_memory, vllm_args, asked, as_json
-        )
-        return
-    if options["accounting"] == "trtllm":
-        _refuse_with_trtllm(
-            device=device,
-            free_memory=free_memory,
-            reserved_memory=reserved_memory,
-            runtime_memory=runtime_memory,
-            speculative_draft_model_path=draft_model,
-            requests=requests,
-            workload=workload,
-            format_capacity_json=fmt == "capacity-json",
-        )
-        _trtllm_capacity(
-            model, _make_serving(options, None), memory, gpu, gpu_memory, weights_memory, trtllm_args, asked, as_json
-        )
+        budget_args = (memory, gpu, gpu_memory, weights_memory, vllm_args if engine == "vllm" else trtllm_args)
+        _engine_capacity(engine, model, _make_serving(options, None), budget_args, asked, as_json)
         return
     parsed_workload = parse_workload(workload) if workload is not None else None
     _gpu_defaults(options, gpu, gpu_memory)
@@ -199,49 +185,27 @@ def capacity(
         render_capacity(report, _console())
 
 
-def _vllm_capacity(
-    model: str,
-    serving: Serving,
-    memory: str | None,
-    gpu: str | None,
-    gpu_memory: str | None,
-    weights_memory: str | None,
-    args: dict[str, Any],
-    asked: list[int],
-    as_json: bool,
+def _engine_capacity(
+    engine: str, model: str, serving: Serving, budget_args: tuple[Any, ...], asked: list[int], as_json: bool
 ) -> None:
-    """``kvpools capacity --accounting vllm``: vLLM's ``max_concurrency`` at each context length."""
-    from kvpools_core.cli.vllm_report import render_vllm_capacity
-    from kvpools_core.engines.vllm.deployment import capacity_dict
+    """``kvpools capacity --accounting vllm|trtllm``: the requests the engine's own plan holds at each context
+    length (vLLM's ``max_concurrency``; TensorRT-LLM's pools), up to its maximum model / sequence length."""
+    from kvpools_core.cli import trtllm_report, vllm_report
+    from kvpools_core.engines.trtllm import deployment as trtllm
+    from kvpools_core.engines.vllm import deployment as vllm
     from kvpools_core.planning.capacity import CONTEXT_LADDER
 
-    result = plan_vllm(model, serving, memory, gpu, gpu_memory, weights_memory, args)
-    contexts = asked or [length for length in CONTEXT_LADDER if length <= result.max_model_len]
-    if as_json:
-        click.echo(json.dumps(capacity_dict(result, contexts), indent=2))
+    result: Any
+    to_dict: Callable[[Any, list[int]], dict[str, Any]]
+    render: Callable[[Any, list[int], Any], None]
+    if engine == "vllm":
+        result = plan_vllm(model, serving, *budget_args)
+        longest, to_dict, render = result.max_model_len, vllm.capacity_dict, vllm_report.render_vllm_capacity
     else:
-        render_vllm_capacity(result, contexts, _console())
-
-
-def _trtllm_capacity(
-    model: str,
-    serving: Serving,
-    memory: str | None,
-    gpu: str | None,
-    gpu_memory: str | None,
-    weights_memory: str | None,
-    args: dict[str, Any],
-    asked: list[int],
-    as_json: bool,
-) -> None:
-    """``kvpools capacity --accounting trtllm``: the requests TensorRT-LLM's pools hold at each context length."""
-    from kvpools_core.cli.trtllm_report import render_trtllm_capacity
-    from kvpools_core.engines.trtllm.deployment import capacity_dict
-    from kvpools_core.planning.capacity import CONTEXT_LADDER
-
-    result = _trtllm_plan(model, serving, memory, gpu, gpu_memory, weights_memory, args)
-    contexts = asked or [length for length in CONTEXT_LADDER if length <= result.max_seq_len]
+        result = _trtllm_plan(model, serving, *budget_args)
+        longest, to_dict, render = result.max_seq_len, trtllm.capacity_dict, trtllm_report.render_trtllm_capacity
+    contexts = asked or [length for length in CONTEXT_LADDER if length <= longest]
     if as_json:
-        click.echo(json.dumps(capacity_dict(result, contexts), indent=2))
+        click.echo(json.dumps(to_dict(result, contexts), indent=2))
     else:
-        render_trtllm_capacity(result, contexts, _console())
+        render(result, contexts, _console())
