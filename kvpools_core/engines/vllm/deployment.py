@@ -33,6 +33,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
     RuntimeMemory,
     TotalMemory,
     estimate_runtime_memory,
+    graph_shape_of,
     model_shape_of,
     vision_shape_of,
     vocab_size_of,
@@ -635,6 +636,8 @@ def _runtime_memory(
         "shape": model_shape_of(model, dtype_bytes=4 if serving.dtype == "float32" else 2),
         # a Qwen3-VL-style vision tower's profile pass, at --limit-mm-per-prompt (vLLM's 999 per modality unnamed)
         "vision": vision_shape_of(model, dtype_bytes=4 if serving.dtype == "float32" else 2),
+        # vLLM's CUDA-graph estimate (subtracted from 0.21 on): layers, heads, MLP width, attention backend
+        "graph": graph_shape_of(model, dtype_bytes=4 if serving.dtype == "float32" else 2),
         "max_model_len": limits.max_model_len,
     }
     if multimodal is not None:
