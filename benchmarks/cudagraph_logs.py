@@ -196,7 +196,8 @@ def logged_mib(worker: dict[str, Any]) -> float:
     ``max(first captures) + sum((graphs - 1) x per_graph)``."""
     modes = worker["modes"].values()
     first = max(float(mode["first_capture_mib"]) for mode in modes)
-    return first + sum((mode["graphs"] - 1) * float(mode["per_graph_mib"]) for mode in modes)
+    graphs: float = sum((int(mode["graphs"]) - 1) * float(mode["per_graph_mib"]) for mode in modes)
+    return first + graphs
 
 
 def graph_of(record: dict[str, Any]) -> GraphShape | None:
