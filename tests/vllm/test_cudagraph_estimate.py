@@ -153,7 +153,8 @@ PIECEWISE=51 (largest=512), FULL=51 (largest=512)
 130.00 MiB first-capture + (51-1) \u00d7 8.00 MiB per-graph
 (EngineCore pid=243) DEBUG 04-22 01:05:30 [v1/worker/gpu_model_runner.py:5928] Estimated FULL CUDA graph memory: \
 262.00 MiB first-capture + (51-1) \u00d7 4.00 MiB per-graph
-(EngineCore pid=243) INFO 04-22 01:05:30 [v1/worker/gpu_model_runner.py:5955] Estimated CUDA graph memory: 0.84 GiB total
+(EngineCore pid=243) INFO 04-22 01:05:30 [v1/worker/gpu_model_runner.py:5955] Estimated CUDA graph memory: \
+0.84 GiB total
 """
 
 
