@@ -1145,8 +1145,9 @@ def cudagraph_memory(
     of llm-d-planner's vLLM 0.19.0 H100 DEBUG logs (``benchmarks/data/cudagraph_estimates.json``, same procedure
     as 0.33's) and checked on the other half; the per-graph readings are whole 2 MiB pages, so a mode's
     ``(graphs - 1) x per_graph`` carries +-50 MiB of rounding at 51 graphs.  Not modelled: speculative decoding's
-    widened decode sizes, encoder graphs, MLA backends other than FLASH_ATTN_MLA, and an allocator segment that
-    one rank's second capture may open (+20 MiB a graph on some TP 2 logs)."""
+    widened decode sizes, encoder graphs, MLA backends other than FLASH_ATTN_MLA, an allocator segment that one
+    rank's second capture may open (+20 MiB a graph on some TP 2 logs), and hybrid (GDN / Mamba) models, whose
+    layers all count at the dense rate: no log of theirs states the per-mode lines."""
     if not profile.cudagraph_subtracted or profile.cudagraph is None:
         return Term(
             name="CUDA graphs",
