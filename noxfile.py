@@ -148,6 +148,14 @@ def docs(session: nox.Session) -> None:
 
 DEPS_EXTRAS = ("test", "hf", "plot", "dask")
 """What the dependency sessions install beside the core: the suite runs the integration and the plot tests too."""
+DEPS_HEAVY = (
+    "tests/core/test_config_fuzz.py",
+    "tests/core/test_engine_defaults.py",
+    "tests/cli/test_disaggregation.py",
+)
+"""Left out of the dependency sessions (they run in ``tests``): each plans or builds every preset many times over
+(mutated configs, each engine's defaults, every architecture in each disaggregation role), about two minutes of the
+CI's 2 cores across the two sessions, for dependency calls that the rest of :data:`DEPS_TESTS` makes too."""
 DEPS_PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", *PARALLEL)
 DEPS_TESTS = (
     "tests/core",
@@ -167,6 +175,7 @@ DEPS_TESTS = (
 manager, attrs values, click and rich on the command line, psutil, the plots, transformers, the docs). The numeric
 and differential suites (oracle, vLLM, the architectures' sizing) drive torch alone, which every session keeps
 pinned; they run in ``tests``. ``nox -s deps_newest -- tests`` runs the whole suite."""
+DEPS_DEFAULT = (*(f"--ignore={path}" for path in DEPS_HEAVY), *DEPS_TESTS)
 
 
 def torch_pin() -> str:
@@ -217,7 +226,7 @@ def deps_newest(session: nox.Session) -> None:
     extras = ",".join(DEPS_EXTRAS)
     session.install(*NEWEST, "-c", constraints, "-e", f".[{extras}]", EXAMPLE_PLUGIN, TOY_ENGINE, *VENDOR_PLUGINS)
     session.run("python", "-m", "pip", "list", "--format=freeze")
-    session.run(*DEPS_PYTEST, *(session.posargs or DEPS_TESTS))
+    session.run(*DEPS_PYTEST, *(session.posargs or DEPS_DEFAULT))
 
 
 @nox.session(default=False)
@@ -228,7 +237,7 @@ def deps_oldest(session: nox.Session) -> None:
     extras = ",".join(DEPS_EXTRAS)
     session.install("-c", constraints, "-e", f".[{extras}]", EXAMPLE_PLUGIN, TOY_ENGINE, *VENDOR_PLUGINS)
     session.run("python", "-m", "pip", "list", "--format=freeze")
-    session.run(*DEPS_PYTEST, *(session.posargs or DEPS_TESTS))
+    session.run(*DEPS_PYTEST, *(session.posargs or DEPS_DEFAULT))
 
 
 @nox.session(default=False)

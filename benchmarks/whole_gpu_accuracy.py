@@ -48,7 +48,9 @@ import attrs
 from benchmarks.startup_logs import StartupLog, load_startup_logs
 from kvpools_core.engines.vllm import VllmLimits, plan_kv_cache
 from kvpools_core.engines.vllm.budget import available_kv_cache_memory
+from kvpools_core.engines.vllm.layouts import layout_for_version
 from kvpools_core.engines.vllm.model import worker_kv_cache_specs
+from kvpools_core.engines.vllm.planning import mamba_cache_mode_of
 from kvpools_core.engines.vllm.runtime_memory import (
     PROFILE_ALIASES,
     PROFILE_VERSIONS,
@@ -197,15 +199,23 @@ def _weights(log: StartupLog, use_logged: bool, serving: Serving) -> int:
     return estimate_weights(model_ref(log), serving).bytes_per_rank
 
 
-def _plan(log: StartupLog, available: int, registry: Registry, serving: Serving) -> Prediction:
+def _plan(
+    log: StartupLog, available: int, registry: Registry, serving: Serving, profile: str | None = None
+) -> Prediction:
+    """The plan of ``available`` KV bytes; with a runtime ``profile``, in that vLLM version's layout
+    (``engines/vllm/layouts.py``: the Gated DeltaNet checkpoint grid before vLLM 0.33)."""
     assert log.kvpools_model is not None
     model = served_model(load_model(model_ref(log), registry)[0], serving)
     workers = worker_kv_cache_specs(model, serving, registry, block_size=16)
+    if profile is not None:
+        workers = layout_for_version(workers, load_profile(profile), 16)
     model_len = log.flag("max_model_len") or model.context_len
     limits = VllmLimits(
         max_model_len=model_len,
         max_num_batched_tokens=log.flag("max_num_batched_tokens", 8192),
         max_concurrent_batches=1,
+        # vllm serve's prefix caching puts a hybrid in "align" mode (2 Mamba blocks a request), as plan_vllm does
+        mamba_cache_mode=mamba_cache_mode_of(workers),
     )
     plan = plan_kv_cache(workers, [available] * len(workers), limits)
     return Prediction(kv_gib=available / GiB, tokens=plan.kv_cache_size_tokens, concurrency=plan.max_concurrency)
@@ -254,6 +264,7 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
                 profile_version=profile,
                 shape=runtime_shape(log, serving.dtype),
                 graph=runtime_graph(log, serving.dtype),
+                kv_cache_dtype=serving.kv_cache_dtype,
                 **runtime_mm_options(log, serving.dtype),
             )
         except KvpoolsError as error:
@@ -271,7 +282,7 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
     )
     if budget.available_kv_cache_memory <= 0:
         return Refusal("no memory left for the KV cache")
-    return _plan(log, budget.available_kv_cache_memory, registry, serving)
+    return _plan(log, budget.available_kv_cache_memory, registry, serving, profile if runtime else None)
 
 
 def _sglang_evaluable(log: StartupLog, registry: Registry) -> str | None:

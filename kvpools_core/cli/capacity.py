@@ -25,10 +25,10 @@ from kvpools_core.cli.common import (
     _user_facing,
     _vllm_args,
     _vllm_options,
-    _vllm_plan,
     main,
 )
 from kvpools_core.errors import ConfigError, KvpoolsError
+from kvpools_core.planning.engine_version import plan_vllm
 from kvpools_core.values import (
     Serving,
 )
@@ -215,7 +215,7 @@ def _vllm_capacity(
     from kvpools_core.engines.vllm.deployment import capacity_dict
     from kvpools_core.planning.capacity import CONTEXT_LADDER
 
-    result = _vllm_plan(model, serving, memory, gpu, gpu_memory, weights_memory, args)
+    result = plan_vllm(model, serving, memory, gpu, gpu_memory, weights_memory, args)
     contexts = asked or [length for length in CONTEXT_LADDER if length <= result.max_model_len]
     if as_json:
         click.echo(json.dumps(capacity_dict(result, contexts), indent=2))

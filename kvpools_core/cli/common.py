@@ -16,9 +16,9 @@ import click
 from rich.console import Console
 
 from kvpools_core.dtypes import KV_DTYPE_SPELLINGS
-from kvpools_core.engines.vllm.runtime_memory import PROFILE_ALIASES, PROFILE_VERSIONS
 from kvpools_core.errors import ConfigError, KvpoolsError, PluginError, PluginHookError, short_repr
 from kvpools_core.options import cli_surface, env_flag, option
+from kvpools_core.planning.engine_version import RUNTIME_PROFILES, apply_engine_version
 from kvpools_core.values import (
     DECODE_RETRACTION_BACKUPS,
     DSV4_ATTN_BACKENDS,
@@ -35,9 +35,6 @@ from kvpools_core.values import (
     Serving,
     is_unset,
 )
-
-RUNTIME_PROFILES = tuple(sorted({*PROFILE_VERSIONS, *PROFILE_ALIASES}))
-"""The vLLM versions ``--runtime-profile`` names: those with a profile file and those another file covers."""
 
 _HELP = {
     "kv_cache_dtype": "KV element type (auto follows the model dtype).",
@@ -383,10 +380,10 @@ def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
         "--engine-version",
         default=None,
         metavar="ENGINE==X.Y",
-        help="The engine and version to plan for, with its runtime-memory profile: vllm==0.15|0.16|0.19|0.33 "
+        help="The engine and version to plan for, with its runtime-memory profile: vllm==0.15|0.16|0.19|0.24|0.25|0.33 "
         "(--accounting vllm --runtime-profile X.Y: the profile applies to a --gpu / --gpu-memory budget; with "
-        "--memory the plan is the exact one) or sglang==0.5.23 (--accounting sglang). A plan made with a vLLM "
-        "profile older or newer than the vLLM installed beside kvpools says so (docs/gpus.md).",
+        "--memory the plan is the exact one, in that release's KV layout) or sglang==0.5.23 (--accounting sglang). "
+        "A plan made with a vLLM profile older or newer than the vLLM installed beside kvpools says so (docs/gpus.md).",
     )(command)
     only = " Only with --accounting vllm."
     command = click.option(
@@ -437,8 +434,8 @@ def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 click.Choice([*RUNTIME_PROFILES, *(f"vllm=={version}" for version in RUNTIME_PROFILES)]),
                 "With --gpu / --gpu-memory: estimate vLLM's activation peak, non-torch memory and CUDA graphs, and "
                 "take the GPU's total as torch reports it, from this vLLM version's calibrated profile "
-                "(0.15, 0.16, 0.19 or 0.33, also spelt vllm==0.33; docs/vllm.md) [default: off: those terms are 0, "
-                "an upper bound].",
+                "(0.15, 0.16, 0.19, 0.24, 0.25 or 0.33, also spelt vllm==0.33; docs/vllm.md) [default: off: those "
+                "terms are 0, an upper bound].",
             ),
         )
     ):
@@ -446,56 +443,10 @@ def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-def _engine_version(options: dict[str, Any]) -> None:
-    """``--engine-version ENGINE==X.Y``, taken out of ``options``: sets ``--accounting`` to the engine and, for vLLM,
-    ``--runtime-profile`` to the version; refuses a version without a profile, an engine without per-version
-    profiles, and a ``--accounting`` or ``--runtime-profile`` that names something else."""
-    given = options.pop("engine_version", None)
-    if given is None:
-        return
-    engine, sep, version = str(given).strip().lower().partition("==")
-    engine, version = engine.strip(), version.strip()
-    if not sep or not engine or not version:
-        raise ConfigError(
-            f"--engine-version must look like ENGINE==X.Y (vllm==0.19, vllm==0.33, sglang==0.5.23), got "
-            f"{short_repr(given)}."
-        )
-    accounting = (options.get("accounting") or "").strip().lower()
-    if accounting and accounting != engine:
-        raise ConfigError(
-            f"--engine-version {given} plans for {engine} but --accounting is {accounting}: drop one of them, or "
-            f"name the same engine in both."
-        )
-    if engine == "vllm":
-        from kvpools_core.engines.vllm.runtime_memory import load_profile
-
-        profile = load_profile(version)  # a version without a profile: the ConfigError naming the profiles
-        asked = options.get("runtime_profile")
-        if asked is not None and load_profile(asked).version != profile.version:
-            raise ConfigError(
-                f"--engine-version {given} takes vLLM {profile.version}'s runtime profile but --runtime-profile is "
-                f"{asked}: drop --runtime-profile (--engine-version sets it) or name the same version."
-            )
-        options["runtime_profile"] = version
-        options["_engine_version"] = version
-    elif engine == "sglang":
-        from kvpools_core.pipeline.sglang_profile import load_sglang_profile
-
-        load_sglang_profile(version)  # a version without a profile: the ConfigError naming the profiles
-    else:
-        raise ConfigError(
-            f"--engine-version {given}: kvpools has per-version runtime-memory profiles for vllm "
-            f"({', '.join(RUNTIME_PROFILES)}) and sglang (0.5.23) only; kvpools does not model {engine}'s "
-            f"per-version runtime memory yet. Use --accounting {engine} without --engine-version."
-        )
-    options["accounting"] = engine
-
-
 def _vllm_args(options: dict[str, Any]) -> dict[str, Any]:
     """Take vLLM's flags (and ``--engine-version``) out of ``options``: refused unless ``--accounting vllm``,
     which refuses SGLang's."""
-    _engine_version(options)
-    from_engine_version = options.pop("_engine_version", None)
+    from_engine_version = apply_engine_version(options)
     args = {name: options.pop(name, None) for name in _VLLM_OPTIONS}
     if from_engine_version is not None:
         args["engine_version_profile"] = from_engine_version
@@ -527,26 +478,6 @@ def _refuse_with_vllm(**given: Any) -> None:
             "--accounting vllm, whose budget is --memory SIZE (vLLM's --kv-cache-memory-bytes) or --gpu NAME / "
             "--gpu-memory SIZE with --gpu-memory-utilization and --weights-memory (docs/vllm.md)."
         )
-
-
-def _vllm_plan(
-    model: str,
-    serving: Serving,
-    memory: int | str | None,
-    gpu: str | None,
-    gpu_memory: int | str | None,
-    weights_memory: int | str | None,
-    args: dict[str, Any],
-) -> Any:
-    from kvpools_core.engines import engine_for
-
-    args = dict(args)
-    if args.pop("engine_version_profile", None) is not None and memory is not None:
-        # --engine-version vllm==X with --memory: the KV budget is given, so the exact path plans it unchanged
-        args["runtime_profile"] = None
-    return engine_for("vllm", args.get("registry")).plan(  # the service passes its own registry
-        model, serving, memory=memory, gpu=gpu, gpu_memory=gpu_memory, weights_memory=weights_memory, **args
-    )
 
 
 _TRTLLM_OPTIONS = (

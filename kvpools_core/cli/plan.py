@@ -29,11 +29,11 @@ from kvpools_core.cli.common import (
     _user_facing,
     _vllm_args,
     _vllm_options,
-    _vllm_plan,
     main,
     resolve_accounting,
 )
 from kvpools_core.errors import ConfigError, UnsupportedCombinationError
+from kvpools_core.planning.engine_version import plan_vllm
 from kvpools_core.values import (
     Serving,
 )
@@ -100,7 +100,7 @@ def plan(
             all_ranks=all_ranks,
             format_capacity_json=fmt == "capacity-json",
         )
-        result = _vllm_plan(model, _make_serving(options, None), memory, gpu, gpu_memory, weights_memory, vllm_args)
+        result = plan_vllm(model, _make_serving(options, None), memory, gpu, gpu_memory, weights_memory, vllm_args)
         if fmt == "json":
             click.echo(json.dumps(result.to_dict(), indent=2))
         else:

@@ -183,7 +183,9 @@ def platform_traits(serving: Serving) -> PlatformTraits | None:
     core's default (``trylast``) answers neutral traits.  The pipeline stores
     the answer in ``Serving.platform_traits`` before anything else is asked,
     so architectures read the platform's facts (``serving.traits``) instead of
-    its name, and the core checks its rules for every model (page sizes, KV dtypes).
+    its name, and the core checks its rules for every model (page sizes, KV dtypes)
+    and applies the engine rules they state (SGLang's Marlin conversions and the
+    quantisation methods it refuses there, read by the weights estimate).
 
     :param serving: the serving options (``platform`` is the canonical name).
     :returns: a :class:`kvpools_core.values.PlatformTraits` whose ``platform`` is ``serving.platform``.

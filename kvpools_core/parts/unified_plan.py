@@ -321,6 +321,7 @@ def unified_sizing(
         max_total_num_tokens=tokens,
         pools=pools,
         token_counts=counts,
+        token_space_sizing={k: v for k, v in static.token_space_sizing.items() if k in counts},
         state_slots=0,
         arenas=(arena,),
         notes=(*static.notes, *notes),

@@ -59,12 +59,19 @@ def estimate_weights(
     (``_weights_config``); a preset without one is refused naming the first
     missing field.  ``ep_size`` is SGLang's ``--ep-size``.  The architecture plugin
     of ``registry`` (the default registry when None) that claims the config's
-    ``model_type`` answers (``estimate_weights`` hook).
+    ``model_type`` answers (``estimate_weights`` hook), with ``serving``'s platform
+    traits resolved (``platform_traits``) where they are not yet: the engines'
+    quantisation rules read them (SGLang's Marlin conversions, the methods a
+    platform refuses).
     """
+    from kvpools_core.pipeline.platforms import platform_aliases, resolve_platform_traits
     from kvpools_core.registry import get_registry
 
     registry = registry or get_registry()
     serving = serving or Serving()
+    if serving.platform_traits is None:
+        canonical = platform_aliases(registry).get(serving.platform, serving.platform)
+        serving = resolve_platform_traits(attrs.evolve(serving, platform=canonical), registry)
     config, source = _load_config(model, registry)
     outer = ConfigReader(config, source)
     reader = outer.text()

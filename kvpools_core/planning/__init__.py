@@ -9,4 +9,6 @@
 - :mod:`~kvpools_core.planning.distributed` / :mod:`~kvpools_core.planning.rank_exchange`: plans on every rank
   of a job, agreed on one token count, failures named by rank.
 - :mod:`~kvpools_core.planning.capacity_record`: the stable record orchestrators read per rank.
+- :mod:`~kvpools_core.planning.engine_version`: which engine version a plan reproduces (``--engine-version``) and
+  vLLM's plan from its options, shared by the command line and the service.
 """

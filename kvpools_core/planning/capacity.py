@@ -441,8 +441,8 @@ def why_none(
 
 def window_pool_sizing(plan: Plan, space: str) -> str | None:
     """What sized ``plan``'s windowed token space ``space`` where ``swa_full_tokens_ratio`` did not, as the plan
-    records it: the plugin that answered ``size_pools`` (:attr:`Plan.provenance`) and its note on the SWA pool
-    (the first of ``PoolSizing.notes`` that starts with "SWA").  None where the ratio did: the space holds SGLang's
+    records it: the plugin that answered ``size_pools`` (:attr:`Plan.provenance`) and how it says it sized the space
+    (``PoolSizing.token_space_sizing[space]``).  None where the ratio did: the space holds SGLang's
     ratio split of the full tokens, ``int(full x ratio)`` page aligned (``002_50706b73e02ffb67.txt``), so
     ``swa_full_tokens_ratio`` is the option that moves it.
 
@@ -458,7 +458,7 @@ def window_pool_sizing(plan: Plan, space: str) -> str | None:
     plugin = (plan.provenance.get("size_pools") or ("size_pools",))[0]
     if full is None:
         return f"every layer slides: the {plugin} plugin's {space} pool holds every token, no ratio splits it"
-    note = next((note for note in plan.sizing.notes if note.startswith("SWA")), None)
+    note = plan.sizing.token_space_sizing.get(space)
     if note is None:
         return f"the {plugin} plugin sized it, not int(full x {option('swa_full_tokens_ratio')} {ratio:g})"
     return f"the {plugin} plugin sized it: {note.rstrip('.')}"

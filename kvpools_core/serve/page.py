@@ -194,8 +194,8 @@ def _slots(service: Service, params: Mapping[str, str], results: str) -> dict[st
             for o in options
         )
 
-    from kvpools_core.cli.common import RUNTIME_PROFILES
     from kvpools_core.dtypes import KV_DTYPE_CHOICES
+    from kvpools_core.planning.engine_version import RUNTIME_PROFILES
     from kvpools_core.values import ACCOUNTING_MODES, SPECULATIVE_ALGORITHMS
 
     versions = engine_versions()

@@ -14,10 +14,10 @@ from typing import Annotated, Any, Literal
 import attrs
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 
-from kvpools_core.cli.common import RUNTIME_PROFILES
 from kvpools_core.config import TOKENS
 from kvpools_core.dtypes import KV_DTYPE_SPELLINGS, MODEL_DTYPES
 from kvpools_core.options import cli_surface
+from kvpools_core.planning.engine_version import RUNTIME_PROFILES, apply_engine_version
 from kvpools_core.values import (
     ACCOUNTING_MODES,
     DECODE_RETRACTION_BACKUPS,
@@ -202,11 +202,9 @@ class VllmOptions(Strict):
     def _engine_version(cls, value: str | None, info: ValidationInfo) -> str | None:
         """The CLI's check of --engine-version (its form, a version with a profile, the same version as
         --runtime-profile), under --accounting vllm: this block is vLLM's."""
-        from kvpools_core.cli.common import _engine_version
-
         if value is not None:
             with cli_surface():
-                _engine_version(
+                apply_engine_version(
                     {"accounting": "vllm", "engine_version": value, "runtime_profile": info.data.get("runtime_profile")}
                 )
         return value

@@ -293,10 +293,10 @@ class Service:
         version = request.vllm.engine_version if request.vllm is not None else None
         if version is None:
             return bool(accounting == "vllm")
-        from kvpools_core.cli.common import _engine_version
+        from kvpools_core.planning.engine_version import apply_engine_version
 
         options = {"accounting": accounting, "engine_version": version}
-        _engine_version(options)  # the schema checked that it names vllm
+        apply_engine_version(options)  # the schema checked that it names vllm
         return bool(options["accounting"] == "vllm")
 
     def _refuse_vllm_options(self, request: PlanRequest) -> None:
@@ -311,8 +311,8 @@ class Service:
 
     def vllm_plan(self, request: PlanRequest) -> Any:
         """The CLI's ``--accounting vllm`` path: vLLM's flags taken, SGLang's budget flags refused."""
-        from kvpools_core.cli.common import _vllm_plan
         from kvpools_core.engines.vllm.deployment import VLLM_READ_FIELDS, sglang_option_refused
+        from kvpools_core.planning.engine_version import apply_engine_version, plan_vllm
 
         named = [
             f"--{name.replace('_', '-')}"
@@ -338,14 +338,12 @@ class Service:
             )
         version = args.pop("engine_version", None)
         if version is not None:  # the CLI's --engine-version: the runtime profile, dropped with a --memory budget
-            from kvpools_core.cli.common import _engine_version
-
             given = {"accounting": "vllm", "engine_version": version, "runtime_profile": args.get("runtime_profile")}
-            _engine_version(given)
-            args.update(runtime_profile=given["runtime_profile"], engine_version_profile=given["_engine_version"])
+            profile = apply_engine_version(given)
+            args.update(runtime_profile=given["runtime_profile"], engine_version_profile=profile)
         serving = Serving(**{**options, "platform": "cuda"})
         host = {"host_memory": request.host_memory, "host_reserve": request.host_reserve, "registry": self.registry}
-        return _vllm_plan(
+        return plan_vllm(
             self.model_of(request),
             serving,
             request.memory,

@@ -42,6 +42,7 @@ __all__ = [
     "check_architectures_plan_and_build",
     "check_names_its_platforms",
     "check_plans_without_torch",
+    "check_quantization_traits",
     "check_traits_leave_a_page",
     "platform_plugins",
 ]
@@ -172,6 +173,41 @@ def check_traits_leave_a_page(plugin: str, platform: str, registry: Registry) ->
                 )
     if PlatformTraits.from_dict(json.loads(json.dumps(to_dict(traits)))) != traits:
         raise ConformanceFailure(f"plugin {plugin!r}: the traits of {platform!r} do not survive a JSON round trip")
+    return traits
+
+
+def check_quantization_traits(plugin: str, platform: str, registry: Registry) -> PlatformTraits:
+    """The SGLang quantisation methods the platform refuses are methods kvpools models, and each is refused.
+
+    A misspelt method in ``refused_quantization`` would never match a resolved
+    method, so the refusal the platform declares would silently not happen:
+    each key must be one of SGLang's ``--quantization`` names kvpools models,
+    and a checkpoint of that method, served on the platform, must be refused
+    with the platform's reason.
+    """
+    from kvpools_core.parts.weights.methods import resolve_quantization
+    from kvpools_core.values import SGLANG_QUANTIZATION_METHODS
+
+    traits = resolved_traits(platform, registry)
+    for method, reason in traits.refused_quantization.items():
+        if method not in SGLANG_QUANTIZATION_METHODS:
+            raise ConformanceFailure(
+                f"plugin {plugin!r}: platform {platform!r} refuses quantization {method!r}, which is none of the "
+                f"SGLang methods kvpools models ({', '.join(SGLANG_QUANTIZATION_METHODS)}): the refusal never applies"
+            )
+        try:
+            served = resolve_quantization("sglang", None, {"quant_method": method}, traits=traits)
+        except KvpoolsError as exc:
+            if reason.rstrip(".") not in str(exc):
+                raise ConformanceFailure(
+                    f"plugin {plugin!r}: a {method!r} checkpoint on {platform!r} is refused without the platform's "
+                    f"reason: {exc}"
+                ) from exc
+            continue
+        raise ConformanceFailure(
+            f"plugin {plugin!r}: platform {platform!r} refuses quantization {method!r}, yet a {method!r} checkpoint "
+            f"is served there as {served!r}"
+        )
     return traits
 
 

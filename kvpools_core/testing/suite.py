@@ -276,6 +276,13 @@ def test_platform_traits_leave_a_page_for_every_model_and_kernel(
         pc.check_traits_leave_a_page(platform_plugin, name, registry)
 
 
+def test_platform_quantization_traits_name_methods_it_refuses(
+    platform_plugin: str, provided: list[str], registry: Registry
+) -> None:
+    for name in provided:
+        pc.check_quantization_traits(platform_plugin, name, registry)
+
+
 def test_platform_answers_only_for_its_own_platforms(platform_plugin: str, registry: Registry) -> None:
     pc.check_answers_only_for_its_platforms(platform_plugin, registry)
 

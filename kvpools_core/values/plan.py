@@ -387,6 +387,12 @@ class PoolSizing:
     holds ``ceil((L // r) / p)`` pages, ``p`` slots each, of it (the engine
     allocates ``seq_len // r - prefix_len // r`` slots per extend); a space
     not named there is slot-for-slot as above.
+    ``token_space_sizing`` says, per token space, how the sizing plugin sized
+    it, as a sentence a report prints (the swa and dsv4 plugins' ``"swa"``:
+    SGLang's ratio split, the hybrid-SWA chunk cap, DeepSeek-V4.1's cap mode,
+    with their numbers); readers that explain a space
+    (:func:`kvpools_core.planning.capacity.window_pool_sizing`) ask it rather
+    than search ``notes``, which may repeat the sentence for the report.
     """
 
     max_total_num_tokens: int = attrs.field(validator=non_negative)
@@ -406,6 +412,11 @@ class PoolSizing:
     compression_pages: Mapping[str, int] = attrs.field(factory=dict, converter=frozen_mapping)
     arenas: tuple[Arena, ...] = attrs.field(default=(), converter=_arena_tuple)
     """The arenas pools are carved from (:class:`Arena`; ``PoolSpec.arena`` names one); empty without any."""
+    token_space_sizing: Mapping[str, str] = attrs.field(factory=dict, converter=frozen_mapping)
+    """How the sizing plugin sized a token space, by space, in a sentence a report prints (the rule and its numbers),
+    where the plugin states it: the swa and dsv4 plugins' ``"swa"`` (SGLang's ratio split, the hybrid-SWA chunk cap,
+    DeepSeek-V4.1's cap mode).  Readers ask it (:func:`kvpools_core.planning.capacity.window_pool_sizing`) instead
+    of searching ``notes``, which may hold the same sentence for the report.  Each key is a counted token space."""
 
     @compression.validator
     def _check_compression(self, _attribute: attrs.Attribute[Any], compression: Mapping[str, int]) -> None:
@@ -417,6 +428,15 @@ class PoolSizing:
                 raise InvalidValueError(
                     f"PoolSizing.compression: token space {space!r} must be counted (token_counts has "
                     f"{sorted(self.token_counts)}), not {FULL_TOKENS!r} and not windowed."
+                )
+
+    @token_space_sizing.validator
+    def _check_token_space_sizing(self, _attribute: attrs.Attribute[Any], sizing: Mapping[str, str]) -> None:
+        for space, sentence in sizing.items():
+            if space not in self.token_counts or not isinstance(sentence, str) or not sentence.strip():
+                raise InvalidValueError(
+                    f"PoolSizing.token_space_sizing[{space!r}] must be a sentence (a non-empty string) about a "
+                    f"counted token space (token_counts has {sorted(self.token_counts)}), got {sentence!r}."
                 )
 
     @compression_pages.validator

@@ -193,6 +193,28 @@ def _str_values(instance: Any, attribute: attrs.Attribute[Any], value: Mapping[s
         raise InvalidValueError(f"{_flag(instance, attribute)} maps keys to layout names (strings), got {bad!r}.")
 
 
+MARLIN_CHECKPOINTS = ("awq", "gptq")
+"""The checkpoint methods SGLang may convert to its Marlin kernels (``awq_marlin``, ``gptq_marlin``)."""
+
+
+def _marlin_kinds(instance: Any, attribute: attrs.Attribute[Any], value: frozenset[str]) -> None:
+    unknown = sorted(value - set(MARLIN_CHECKPOINTS))
+    if unknown:
+        raise InvalidValueError(
+            f"{_flag(instance, attribute)} names {unknown!r}: SGLang converts only {', '.join(MARLIN_CHECKPOINTS)} "
+            "checkpoints to Marlin. Drop them."
+        )
+
+
+def _refusals(instance: Any, attribute: attrs.Attribute[Any], value: Mapping[str, str]) -> None:
+    bad = {key: item for key, item in value.items() if not isinstance(item, str) or not item}
+    if bad:
+        raise InvalidValueError(
+            f"{_flag(instance, attribute)} maps SGLang --quantization methods to the reason SGLang refuses them on "
+            f"the platform (a non-empty string), got {bad!r}."
+        )
+
+
 def _planned_keys(instance: Any, attribute: attrs.Attribute[Any], value: frozenset[str]) -> None:
     missing = sorted(value - set(instance.pool_layouts))
     if missing:
@@ -266,6 +288,19 @@ class PlatformTraits:
       ``tryfirst``): the architecture plugin then does not refuse the layout name, nor apply the checks that are
       about its own pools, and refuses to size or build the layout itself (the platform plugin must have
       answered).  Ascend's ``{"dsv4"}``: SGLang's NPU DeepSeek-V4 pools, kvpools-ascend's own.
+    * ``marlin_conversions``: the quantised checkpoints (``"awq"``, ``"gptq"``) SGLang converts to its Marlin
+      kernels on this platform's devices when ``--quantization`` is unset, ``marlin`` or the Marlin method
+      (``awq_marlin`` / ``gptq_marlin``), so it serves them as that method.  SGLang 0.5.23 keys the AWQ conversion
+      on ``is_cuda()`` (``srt/layers/quantization/awq/awq.py`` lines 409-410) and both on the device capability
+      ``torch.cuda`` reports being 8.0 or more (``marlin_utils.py`` lines 68-79, 104-117: HIP builds of torch
+      report one too, an MI300X's 9.4; NPUs and CPUs none).  The core also skips them when ``compute_capability``
+      is known and below 8.0.  Empty: no conversion (the comparison of the request with the checkpoint alone).
+    * ``refused_quantization``: SGLang ``--quantization`` methods (as SGLang resolves them, after the Marlin and
+      ModelOpt overrides) that SGLang refuses to start with on this platform, each mapped to why, in the
+      engine's words with its source lines (SGLang 0.5.23's ``_verify_quantization``,
+      ``srt/configs/model_config.py`` lines 2150-2160: a method its quantisation registry lacks here, which
+      ``srt/layers/quantization/__init__.py`` builds per platform, or one outside ROCm's supported list).
+      :func:`kvpools_core.parts.weights.methods.resolve_quantization` refuses them, naming the platform.
     """
 
     platform: str
@@ -282,11 +317,22 @@ class PlatformTraits:
     platform_planned_layouts: frozenset[str] = attrs.field(
         default=frozenset(), converter=_frozen_strs, validator=_planned_keys
     )
+    marlin_conversions: frozenset[str] = attrs.field(
+        default=frozenset(), converter=_frozen_strs, validator=_marlin_kinds
+    )
+    refused_quantization: Mapping[str, str] = attrs.field(factory=dict, converter=frozen_mapping, validator=_refusals)
     compute_capability: tuple[int, int] | None = attrs.field(default=None, converter=_capability)
     """The planned device's compute capability, where the plan knows the device (a catalogue ``--gpu`` with one,
     :attr:`GPU.compute_capability`; the pipeline keeps it across the platform plugin's answer); ``None``: unknown
     (a plain budget, a platform without one).  Plugins read it for what the engine picks by the GPU
     (``torch.cuda.get_device_capability``), e.g. DeepSeek-V4's ``auto`` KV layout."""
+
+    def converts_to_marlin(self, checkpoint: str) -> bool:
+        """Whether SGLang converts a ``checkpoint`` (``"awq"``, ``"gptq"``) checkpoint to Marlin here: the platform
+        declares the conversion and the planned device, where known, has compute capability 8.0 or more
+        (``marlin_utils.py`` line 78 of SGLang 0.5.23: ``if device_capability < 80: return []``)."""
+        capable = self.compute_capability is None or self.compute_capability >= (8, 0)
+        return checkpoint in self.marlin_conversions and capable
 
     def memory_tier(self, gpu_mib: float) -> MemoryTier | None:
         """The platform's own tier for a device of ``gpu_mib`` MiB (the first whose ``max_mib`` covers it)."""

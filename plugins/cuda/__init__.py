@@ -20,11 +20,20 @@ TRAITS = PlatformTraits(
         ),
     ),
     breakable_prefill_graphs=True,
+    marlin_conversions=frozenset({"awq", "gptq"}),
+    refused_quantization={
+        "gptq": "'Unknown quantization method: gptq' (srt/configs/model_config.py lines 2150-2155): SGLang 0.5.23 "
+        "registers gptq on NPU, CPU and XPU only (srt/layers/quantization/__init__.py lines 63-137); on CUDA it "
+        "serves a GPTQ checkpoint as gptq_marlin, which needs 4/8-bit, sym, group_size -1/32/64/128, desc_act given "
+        "and no Marlin format (gptq/gptq.py lines 414-481), with the quantization unset, marlin or gptq_marlin",
+    },
 )
 """What CUDA's kernels decide: SGLang's DSA pool asserts ``page_size == 64`` on CUDA (``DSATokenToKVPool``);
 SGLang captures breakable prefill graphs by default on CUDA only (``default_prefill_backend``,
 ``srt/model_executor/cuda_graph_config.py`` lines 119-123 of SGLang 0.5.23), so its default
-``mem_fraction_static`` reserves memory for them."""
+``mem_fraction_static`` reserves memory for them.  SGLang converts AWQ and GPTQ checkpoints to Marlin on CUDA
+(``awq/awq.py`` lines 402-424 ask ``is_cuda()``, ``marlin_utils.py`` lines 68-79 a capability of 8.0 or more) and
+its CUDA registry has no plain ``gptq``."""
 
 MiB = 1 << 20
 _SMI = "nvidia-smi memory.total"

@@ -605,6 +605,7 @@ def size_dsv4_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: 
         # encoder replay: no SWA token space (the window is per request slot, bounded by the request cap)
         token_counts=token_counts(sizes, swa=not window_bytes),
         windows=() if window_bytes else (sliding_window_terms(SWA_TOKENS, shape.window, serving),),
+        token_space_sizing={} if window_bytes else {SWA_TOKENS: swa_pool_note(shape, sizes)},
         compression=compression(shape),
     )
 
@@ -894,30 +895,34 @@ def _pool_specs() -> Callable[..., Any]:
     return pool_specs
 
 
+def swa_pool_note(shape: DSV4Shape, sizes: dict[str, int], window_bytes: int = 0) -> str:
+    """What sized the SWA pool: the first sub-pool note, and ``PoolSizing.token_space_sizing["swa"]`` where the
+    plan has an SWA token space (not under encoder replay's request window)."""
+    full, swa = sizes["full_max_total_num_tokens"], sizes["swa_max_total_num_tokens"]
+    if shape.swa_cap is not None:
+        return (
+            f"SWA pool: SGLang 0.5.23's cap mode ({option('swa_full_tokens_ratio')} unset on a DeepSeek-V4.1 "
+            f"checkpoint): {swa:,} tokens from the request cap and radix prefix tails (_resolve_swa_cap_tokens), for "
+            f"all {shape.num_layers} layer(s) of this stage, set aside before the full tokens."
+        )
+    if window_bytes:
+        return (
+            f"SWA pool: none (encoder replay's request window holds the SWA rows of all {shape.num_layers} "
+            f"layer(s) of this stage; swa_max_total_num_tokens {swa})."
+        )
+    return (
+        f"SWA pool: int({full:,} full tokens x {option('swa_full_tokens_ratio')} {shape.swa_ratio}) page aligned = "
+        f"{swa:,} tokens, for all {shape.num_layers} layer(s) of this stage."
+    )
+
+
 def sub_pool_notes(
     shape: DSV4Shape, sizes: dict[str, int], requests: int, serving: Serving, fixed: int | None, window_bytes: int = 0
 ) -> list[str]:
     """What decided each sub-pool (the report prints them)."""
     o = option
-    full, swa = sizes["full_max_total_num_tokens"], sizes["swa_max_total_num_tokens"]
-    if shape.swa_cap is not None:
-        notes = [
-            f"SWA pool: SGLang 0.5.23's cap mode ({o('swa_full_tokens_ratio')} unset on a DeepSeek-V4.1 checkpoint): "
-            f"{swa:,} tokens from the request cap and radix prefix tails (_resolve_swa_cap_tokens), for all "
-            f"{shape.num_layers} layer(s) of this stage, set aside before the full tokens."
-        ]
-    else:
-        notes = (
-            [
-                f"SWA pool: none (encoder replay's request window holds the SWA rows of all {shape.num_layers} "
-                f"layer(s) of this stage; swa_max_total_num_tokens {swa})."
-            ]
-            if window_bytes
-            else [
-                f"SWA pool: int({full:,} full tokens x {o('swa_full_tokens_ratio')} {shape.swa_ratio}) page aligned = "
-                f"{swa:,} tokens, for all {shape.num_layers} layer(s) of this stage."
-            ]
-        )
+    swa = sizes["swa_max_total_num_tokens"]
+    notes = [swa_pool_note(shape, sizes, window_bytes)]
     if shape.num_c4:
         divisor = (
             f"(4 x HiSparse host_to_device_ratio {shape.shrink}; {o('enable_hisparse')} keeps the rest on the host)"

@@ -304,7 +304,8 @@ def size_swa_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: B
             f"{total} KV tokens leave room for no request (a request needs at least 2 tokens). "
             f"Raise {option('memory')} or lower {option('page_size')}."
         )
-    notes.append(split_note(shape, cap, pools, full, swa, page))
+    sized_by = split_note(shape, cap, pools, full, swa, page)
+    notes.append(sized_by)
     if serving.accounting == "sglang" and not sglang_serves_hybrid_swa(model)[0]:
         # hybrid MLA-SWA only (the swa plugin sizes the others as SGLang's dense pool under --accounting sglang)
         notes.append(
@@ -325,6 +326,7 @@ def size_swa_pools(model: ModelSpec, serving: Serving, cell: CellSize, budget: B
         notes=notes,
         token_counts={FULL_TOKENS: full, SWA_TOKENS: swa} if shape.hybrid else {SWA_TOKENS: swa},
         windows=(token_window(model, serving),),
+        token_space_sizing={SWA_TOKENS: sized_by},
     )
 
 

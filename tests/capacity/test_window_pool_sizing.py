@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
+import pytest
+
 from kvpools_core import Serving, plan
+from kvpools_core.errors import InvalidValueError
 from kvpools_core.planning.capacity import window_pool_sizing
 
 V41 = str(Path(__file__).parents[1] / "dsv4" / "configs" / "dsv41_synthetic.json")
@@ -60,3 +64,32 @@ def test_the_hybrid_swa_chunk_cap_names_the_cap() -> None:
     p = plan("gpt-oss-20b", Serving(max_running_requests=64, disable_radix_cache=True), memory="20GiB")
     sized = window_pool_sizing(p, "swa")
     assert sized is not None and sized.startswith("the swa plugin sized it: SWA chunk cap")
+
+
+def test_a_synced_pipeline_stage_names_its_own_sizing_not_a_stale_note() -> None:
+    """gpt-oss-20b's chunk cap on two pipeline stages of 10 and 14 layers: a full token costs 5 x 2,048 B on stage 0
+    and 7 x 2,048 = 14,336 B on stage 1 (8 KV heads x 64 x K and V x 2 B a layer), so stage 0 alone holds more full
+    tokens and is synced down to stage 1's (every stage keeps the smallest).  The SWA cap is the same on both:
+    64 x (window 128 + 128 x 1 + page 1 + decode 1) + 2 x 8,192 + 1 = 32,897 tokens.  Stage 0's notes keep the
+    pre-sync sentence first (its own, larger full pool); what sized the space is the synced sizing's own statement
+    (``PoolSizing.token_space_sizing``), which names the full tokens the plan holds."""
+    serving = Serving(max_running_requests=64, disable_radix_cache=True, pp_size=2, pp_layer_partition=(10, 14))
+    stage0, stage1 = (plan("gpt-oss-20b", attrs.evolve(serving, pp_rank=r), memory="20GiB") for r in (0, 1))
+    full = stage1.sizing.token_counts["full"]
+    assert 64 * (128 + 128 + 1 + 1) + 2 * 8192 + 1 == 32_897
+    assert stage0.sizing.token_counts == {"full": full, "swa": 32_897}
+    first_swa_note = next(note for note in stage0.sizing.notes if note.startswith("SWA"))
+    assert f"full pool {full:,} tokens" not in first_swa_note  # the string convention read this stale sentence
+    sized = window_pool_sizing(stage0, "swa")
+    assert sized is not None and sized.startswith("the swa plugin sized it: SWA chunk cap")
+    assert f"full pool {full:,} tokens x 10,240 B" in sized and "32,897 tokens" in sized
+    assert f"full pool {full:,} tokens x 14,336 B" in (window_pool_sizing(stage1, "swa") or "")
+
+
+def test_token_space_sizing_names_counted_spaces_only() -> None:
+    sizing = plan("gpt-oss-20b", Serving(max_running_requests=64, disable_radix_cache=True), memory="20GiB").sizing
+    assert set(sizing.token_space_sizing) == {"swa"}
+    with pytest.raises(InvalidValueError, match=r"token_space_sizing\['c4'\] must be a sentence"):
+        attrs.evolve(sizing, token_space_sizing={"c4": "made up"})
+    with pytest.raises(InvalidValueError, match=r"token_space_sizing\['swa'\] must be a sentence"):
+        attrs.evolve(sizing, token_space_sizing={"swa": " "})

@@ -176,6 +176,38 @@ def test_builtin_plugins_have_no_import_cycles() -> None:
     assert scan(ROOT, "plugins", layered=False) == []
 
 
+APPLICATIONS = dict(LAYERS)["applications"]
+
+
+def sibling_imports(root: Path, package: str = "kvpools_core") -> list[str]:
+    """Where one application (``cli``, ``serve``) imports a private name of the other, or the CLI's option plumbing
+    (``cli.common``): what both need belongs in a public function of a layer below (``planning``)."""
+    problems = []
+    for module, path in modules_of(root, package).items():
+        top = module[len(package) :].lstrip(".").split(".", 1)[0]
+        if top not in APPLICATIONS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom) or node.level or not (node.module or "").startswith(package):
+                continue
+            target = node.module[len(package) :].lstrip(".").split(".", 1)[0] if node.module else ""
+            if target == top or target not in APPLICATIONS:
+                continue
+            private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            where = f"{path.relative_to(root)}:{node.lineno}"
+            if private:
+                problems.append(f"{where}: {module} imports private {', '.join(private)} of {node.module}")
+            elif node.module == f"{package}.cli.common":
+                problems.append(f"{where}: {module} imports the CLI's option plumbing {node.module}")
+    return problems
+
+
+def test_sibling_applications_share_through_a_layer_below() -> None:
+    """The service and the CLI call public functions of ``planning`` for what both need (``--engine-version``,
+    vLLM's plan, the runtime profiles), never the other's helpers."""
+    assert sibling_imports(ROOT) == []
+
+
 def test_every_core_package_has_a_layer() -> None:
     tops = {p.name.removesuffix(".py") for p in (ROOT / "kvpools_core").iterdir() if p.suffix == ".py" or p.is_dir()}
     tops -= {"__pycache__", "__init__"}
@@ -259,3 +291,21 @@ def test_scanner_sees_facade_names_and_relative_imports(tmp_path: Path) -> None:
         },
     )
     assert any("engines/base.py:1" in p for p in scan(root2, "kvpools_core"))
+
+
+def test_scanner_sees_a_private_helper_shared_between_applications(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/cli/__init__.py": "",
+            "pkg/cli/common.py": "def _helper(): ...\nPROFILES = ()\n",
+            "pkg/serve/__init__.py": "",
+            "pkg/serve/service.py": "def f():\n    from pkg.cli.common import _helper\n",
+            "pkg/serve/page.py": "from pkg.cli.common import PROFILES\n",
+        },
+    )
+    found = sibling_imports(root, "pkg")
+    assert len(found) == 2
+    assert "pkg/serve/service.py:2: pkg.serve.service imports private _helper of pkg.cli.common" in found
+    assert "pkg/serve/page.py:1: pkg.serve.page imports the CLI's option plumbing pkg.cli.common" in found

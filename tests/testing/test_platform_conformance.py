@@ -35,6 +35,7 @@ def run_checks(toy: ToyPlatform) -> int:
     built = 0
     for name in names:
         traits = pc.check_traits_leave_a_page("toy", name, registry)
+        assert pc.check_quantization_traits("toy", name, registry) == traits
         built += pc.check_architectures_plan_and_build("toy", name, traits, registry)
     return built
 
@@ -71,6 +72,7 @@ def test_the_toy_platform_traits_and_workspace_reach_the_plan() -> None:
         ("layout_everywhere", "answered buffer_layout"),
         ("pads_buffers", "build(plan, 'meta') failed"),
         ("int64_slots", "int64 slot indices"),
+        ("refuses_an_unknown_method", "refuses quantization 'gptq_v9', which is none of the SGLang methods"),
         ("accelerator_not_a_gpu", r'accelerators are refused: Plugin "toy" .*accelerators.*item\[0\] is str'),
         ("accelerator_without_source", r'Plugin "toy" .*invalid value in hook accelerators: GPU.source'),
         ("accelerator_twice", r"Plugin \"toy\" .*offers the GPU spelling 'toy24' twice"),

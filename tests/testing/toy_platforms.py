@@ -72,8 +72,15 @@ class ToyPlatform:
                 PageSizeRule(reason="toy kernels", sizes=(16, 64)),
                 PageSizeRule(reason="toy sparse kernels", sizes=(64,), kernels=("dsa",)),
             )
+        refused = {"gptq": "toy kernels have no GPTQ"}
+        if self.defect == "refuses_an_unknown_method":
+            refused["gptq_v9"] = "a method SGLang does not have"
         return PlatformTraits(
-            platform=serving.platform, page_size_rules=rules, slot_index_dtype="int32", memory_tiers=(TOY_TIER,)
+            platform=serving.platform,
+            page_size_rules=rules,
+            slot_index_dtype="int32",
+            memory_tiers=(TOY_TIER,),
+            refused_quantization=refused,
         )
 
     @hookimpl

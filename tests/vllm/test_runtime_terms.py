@@ -87,18 +87,37 @@ def test_the_top_k_top_p_buffer(rows: int, sms: int, buffer_rows: int) -> None:
 
 
 def test_shapes_of_the_cited_configs() -> None:
-    assert shape("meta-llama--Meta-Llama-3.1-8B") == ModelShape(hidden_size=4096, dense_intermediate_size=14336)
+    # heads and head size (the attention backend's FlashInfer workspace): 32 x 128, hidden / heads
+    assert shape("meta-llama--Meta-Llama-3.1-8B") == ModelShape(
+        hidden_size=4096, dense_intermediate_size=14336, num_attention_heads=32, head_dim=128
+    )
     # every Qwen3-30B-A3B layer is sparse (mlp_only_layers [], decoder_sparse_step 1), no shared expert
     assert shape("Qwen--Qwen3-30B-A3B") == ModelShape(
-        hidden_size=2048, dense_intermediate_size=0, num_experts_per_tok=8, moe_intermediate_size=768
+        hidden_size=2048,
+        dense_intermediate_size=0,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        num_attention_heads=32,
+        head_dim=128,
     )
-    # DeepSeek-V2-Lite: first_k_dense_replace 1 keeps one dense MLP of intermediate_size
+    # DeepSeek-V2-Lite: first_k_dense_replace 1 keeps one dense MLP of intermediate_size; MLA (kv_lora_rank): no
+    # paged-attention head size
     assert shape("deepseek-ai--DeepSeek-V2-Lite") == ModelShape(
-        hidden_size=2048, dense_intermediate_size=10944, num_experts_per_tok=6, moe_intermediate_size=1408
+        hidden_size=2048,
+        dense_intermediate_size=10944,
+        num_experts_per_tok=6,
+        moe_intermediate_size=1408,
+        num_attention_heads=16,
+        head_dim=0,
     )
     # Mixtral: the experts are intermediate_size wide, no dense MLP
     assert shape("mistralai--Mixtral-8x7B-v0.1") == ModelShape(
-        hidden_size=4096, dense_intermediate_size=0, num_experts_per_tok=2, moe_intermediate_size=14336
+        hidden_size=4096,
+        dense_intermediate_size=0,
+        num_experts_per_tok=2,
+        moe_intermediate_size=14336,
+        num_attention_heads=32,
+        head_dim=128,
     )
     # Qwen1.5-MoE: the shared expert is the widest non-expert MLP
     assert shape("Qwen--Qwen1.5-MoE-A2.7B").dense_intermediate_size == 5632

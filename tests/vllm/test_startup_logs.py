@@ -179,8 +179,8 @@ def test_a_version_without_a_profile_is_refused_or_borrowed_with_a_note(monkeypa
     from kvpools_core.engines.vllm import runtime_memory
 
     monkeypatch.setattr(runtime_memory, "installed_vllm_version", lambda: None)
-    with pytest.raises(ConfigError, match=r"no calibrated runtime-memory profile for vLLM .0\.25."):
-        estimate_runtime_memory(gpu=find_gpu("h100"), vocab_size=1000, engine_version="0.25")
+    with pytest.raises(ConfigError, match=r"no calibrated runtime-memory profile for vLLM .0\.27."):
+        estimate_runtime_memory(gpu=find_gpu("h100"), vocab_size=1000, engine_version="0.27")
     borrowed = estimate_runtime_memory(
         gpu=find_gpu("h100"), vocab_size=1000, engine_version="0.33", profile_version="0.19"
     )
@@ -412,10 +412,18 @@ def test_the_rtx_5090_vllm_024_records_are_held_out_and_planned_with_the_checkpo
     runtime tool predicts them with the preset's vocab_size (248,320) and charges the vision encoder's profile
     pass their ``limit_mm_per_prompt`` flag asks for (one 16,384-token image: ``tests/vllm/test_runtime_terms.py``),
     2,056,257,536 B of activation peak where the language model alone is 696,254,464: 1,360,003,072 B less KV than
-    without the encoder (6.42 GiB, +6.8 / +7.3 % over the logged 6.01 / 5.98; 7.68 GiB, +28 %, before).  The logs
-    state no weights, so the logged-weights tools refuse them."""
+    without the encoder (6.42 GiB, +6.8 / +7.3 % over the logged 6.01 / 5.98; 7.68 GiB, +28 %, before).  On SM120
+    with an fp8 cache vLLM 0.24's attention backend is FlashInfer (FlashAttention takes fp8 only as FA3 on Hopper),
+    whose 394 MiB float workspace and the FULL decode graph's 8 MiB wrapper workspace the CUDA-graph estimate carries
+    in its FULL first capture (``runtime_memory.cudagraph_memory``, graph34's per-model term: 421,527,552 + a FULL
+    graph 7,423,918 = 428,951,470 B, where FlashAttention's would be max(PIECEWISE first 67,503,063 B, FULL first
+    7,950,254 B): 361,448,407 B less); 6.0725 GiB, +1.04 / +1.55 % over the logs (+0.22 / +0.73 % with the former
+    two constants); in vLLM 0.24's layout (``engines/vllm/layouts.py``) floor(6.0725 GiB / 21,463,040 B) = 303
+    blocks / 69 a request x 131,072 = 575,577 tokens (+1.00 / +1.34 % over 569,878 / 567,978).  The logs state no
+    weights, so the logged-weights tools refuse them."""
     import benchmarks.whole_gpu_accuracy as bench
     from benchmarks.whole_gpu_accuracy import Prediction, Refusal, evaluable, kvpools, vllm_gpu
+    from kvpools_core.engines.vllm import runtime_memory
 
     logs = {log.id: log for log in load_startup_logs()}
     for run_id in ("vllm-club3090-652-qwen3.6-35b-a3b-nvfp4-5090", "vllm-club3090-612-qwen3.6-35b-a3b-nvfp4-5090"):
@@ -435,7 +443,17 @@ def test_the_rtx_5090_vllm_024_records_are_held_out_and_planned_with_the_checkpo
         monkeypatch.undo()
         assert isinstance(text_only, Prediction)
         assert text_only.kv_gib - predicted.kv_gib == pytest.approx((2_056_257_536 - 696_254_464) / GiB, abs=1e-12)
-        assert 0.06 < predicted.kv_gib / log.logged["available_kv_gib"] - 1 < 0.074
+        monkeypatch.setattr(runtime_memory, "attention_backend", lambda **kwargs: "FLASH_ATTN")
+        no_flashinfer = kvpools(log, registry, runtime=True, use_logged_weights=False)
+        monkeypatch.undo()
+        assert isinstance(no_flashinfer, Prediction)
+        # 394 MiB float workspace + 8 MiB decode-wrapper int workspace + a FULL graph (one FULL graph: max_num_seqs
+        # 1), against FlashAttention's larger PIECEWISE first capture
+        assert no_flashinfer.kv_gib - predicted.kv_gib == pytest.approx(361_448_407 / GiB, abs=1e-12)
+        assert 0.009 < predicted.kv_gib / log.logged["available_kv_gib"] - 1 < 0.016
+        assert math.floor(predicted.kv_gib * GiB / 21_463_040) == 303
+        assert predicted.tokens == 303 * 131072 // 69 == 575_577
+        assert 0.009 < predicted.tokens / log.logged["kv_tokens"] - 1 < 0.014
         for runtime in (False, True):
             refused = kvpools(log, registry, runtime=runtime, use_logged_weights=True)
             assert isinstance(refused, Refusal) and "states no weights" in refused.reason
@@ -454,11 +472,16 @@ def test_the_vllm_024_hybrid_layout_reproduces_the_rtx_5090_logs_exactly(
     2,146,304 B a block -> floor(6.01 GiB / 21,463,040) = 300 blocks (5.98 GiB: 299); a request needs
     cdiv(131072, 2096) = 63 attention blocks + 3 GDN groups x 2 = 69: 300 / 69 = 4.3478x, x 131072 = 569,878
     tokens (#652 logs 569,878 and 4.35x); 299 / 69 x 131072 = 567,978 (#612 logs 567,978 and 4.33x).  vllm#57329
-    (2026-09) still describes align mode with "a 2096-token block"; which release added the GDN checkpoint alignment
-    is not known here, so kvpools' specs stay 0.33's and this pins the difference."""
+    (2026-09) still describes align mode with "a 2096-token block".  The checkpoint grid is new in vLLM 0.33.0 (the
+    0.24.0-0.32.0 wheels' ``gdn_attn.py`` has no ``FLASHINFER_GDN_CHECKPOINT_ALIGNMENT``; no layer of 0.29 / 0.30
+    sets the ``MambaSpec`` checkpoint fields they added): ``engines/vllm/layouts.py`` gives the 0.24 profile's
+    layout, which equals the layout built here by hand, and ``--engine-version vllm==0.24`` plans it, with or without
+    ``--memory``."""
     import attrs
 
     from benchmarks.whole_gpu_accuracy import model_ref
+    from kvpools_core.engines.vllm import plan_vllm
+    from kvpools_core.engines.vllm.layouts import layout_for_version
     from kvpools_core.models import served_model
     from kvpools_core.parts.vllm.specs import MambaSpec
 
@@ -484,9 +507,27 @@ def test_the_vllm_024_hybrid_layout_reproduces_the_rtx_5090_logs_exactly(
         max_model_len=131072, max_num_batched_tokens=8192, max_concurrent_batches=1, mamba_cache_mode="align"
     )
     budget = [int(budget_gib * GiB)]
-    plan = plan_kv_cache([{name: v024(spec) for name, spec in v033.items()}], budget, limits)
+    by_hand = {name: v024(spec) for name, spec in v033.items()}
+    assert layout_for_version([v033], load_profile("0.24"), 16) == [by_hand]
+    assert layout_for_version([v033], load_profile("0.25"), 16) == [by_hand]
+    assert layout_for_version([v033], load_profile("0.33"), 16) == [v033]
+    plan = plan_kv_cache([by_hand], budget, limits)
     assert plan.kv_cache_size_tokens == log.logged["kv_tokens"]
     assert round(plan.max_concurrency, 2) == log.logged["max_concurrency"]
+    # plan_vllm with the logged budget and vLLM 0.24's layout (what --engine-version vllm==0.24 --memory passes)
+    planned = plan_vllm(
+        model_ref(log),
+        attrs.evolve(serving, dtype="auto"),  # --dtype is not a vLLM option of plan_vllm (bfloat16 is the model's)
+        memory=f"{budget_gib}GiB",
+        max_model_len=131072,
+        max_num_seqs=1,
+        max_num_batched_tokens=8192,
+        layout_version="0.24",
+        registry=registry,
+    )
+    assert planned.plan.kv_cache_size_tokens == log.logged["kv_tokens"]
+    assert planned.effective_block_size == 2096
+    assert "KV layout of vLLM 0.24" in planned.notes[-1]
     # kvpools' vLLM 0.33 layout on the same budget: 298 blocks / (63 + 3 x 3) -> about 5 % under the logs
     v033_plan = plan_kv_cache([v033], budget, limits)
     assert v033_plan.kv_cache_size_tokens < 0.96 * log.logged["kv_tokens"]

@@ -8,12 +8,16 @@ model files) that the ``--no-deps`` peers install cannot import; the expected an
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from kvpools_plugins.dsv4.weights import VLLM_METHODS as DSV4_METHODS
 from kvpools_plugins.swa.weights import VLLM_METHODS as SWA_METHODS
 
-from kvpools_core import ConfigError, Serving, UnsupportedCombinationError, estimate_weights
+from kvpools_core import ConfigError, Serving, UnsupportedCombinationError, estimate_weights, hookimpl
 from kvpools_core.parts.weights.methods import resolve_quantization
+from kvpools_core.pipeline.gpus import platform_traits_of
+from kvpools_core.testing.registries import isolated_registry
+from kvpools_core.values import PlatformTraits
 from tests.weights.test_hybrids_and_quantisation import LINEARS, UNQUANTISED, tiny_llama
 
 MODEL_METHODS = {**SWA_METHODS, **DSV4_METHODS}
@@ -34,6 +38,8 @@ MXFP4 = {"quant_method": "mxfp4"}
 CT = {"quant_method": "compressed-tensors"}
 
 MISMATCH = "does not match the quantization method specified in the `quantization` argument"
+CUDA = platform_traits_of("cuda")
+"""The cuda plugin's traits: SGLang's rules on CUDA come from the platform, never from the core."""
 
 
 @pytest.mark.parametrize(
@@ -123,36 +129,149 @@ def test_vllm_refuses_a_mismatch_with_its_message(
 def test_sglang_accepts_and_resolves_as_its_verify_quantization(
     requested: str | None, quant: dict[str, object] | None, resolved: str
 ) -> None:
-    assert resolve_quantization("sglang", requested, quant) == resolved
+    assert resolve_quantization("sglang", requested, quant, traits=CUDA) == resolved
 
 
 def test_sglang_refuses_a_mismatch_and_what_it_cannot_serve_on_cuda() -> None:
     # model_config.py L2142-2148: no override, not in compatible_quantization_methods
     with pytest.raises(UnsupportedCombinationError, match=rf"model config \(mxfp4\) {MISMATCH} \(fp8\)"):
-        resolve_quantization("sglang", "fp8", MXFP4)
+        resolve_quantization("sglang", "fp8", MXFP4, traits=CUDA)
     # awq_marlin on an AWQ checkpoint without zero points: Marlin's only zero-point type is uint4 (marlin_utils.py
     # L93-95), so no override, and awq_marlin != awq
     with pytest.raises(UnsupportedCombinationError, match=rf"model config \(awq\) {MISMATCH} \(awq_marlin\)"):
-        resolve_quantization("sglang", "awq_marlin", {**AWQ, "zero_point": False})
+        resolve_quantization("sglang", "awq_marlin", {**AWQ, "zero_point": False}, traits=CUDA)
     # --quantization modelopt on a MIXED_PRECISION checkpoint of FP8 layers only: w4afp8 (L1863-1865), and
     # modelopt is not compatible with it
     fp8_only = {**MIXED, "quantized_layers": {"a": {"quant_algo": "FP8"}}}
     with pytest.raises(UnsupportedCombinationError, match=rf"model config \(w4afp8\) {MISMATCH} \(modelopt\)"):
-        resolve_quantization("sglang", "modelopt", fp8_only)
+        resolve_quantization("sglang", "modelopt", fp8_only, traits=CUDA)
     # modelopt_fp4 is "compatible" with an fp8 checkpoint (L2046) because SGLang requantises its experts online:
     # kvpools does not model that
     with pytest.raises(UnsupportedCombinationError, match="does not model online requantisation"):
-        resolve_quantization("sglang", "modelopt_fp4", FP8_BLOCK)
+        resolve_quantization("sglang", "modelopt_fp4", FP8_BLOCK, traits=CUDA)
     # CUDA's registry has no gptq (layers/quantization/__init__.py L63-92): a GPTQ checkpoint Marlin cannot take
     # (desc_act unset) fails as "Unknown quantization method: gptq", asked for or not
     for requested in (None, "gptq"):
         with pytest.raises(UnsupportedCombinationError, match="Unknown quantization method: gptq"):
-            resolve_quantization("sglang", requested, {**GPTQ, "desc_act": None})
+            resolve_quantization("sglang", requested, {**GPTQ, "desc_act": None}, traits=CUDA)
     # ... and so is gptq on a Marlin-compatible one (gptq.py L431-437 keeps what was asked)
     with pytest.raises(UnsupportedCombinationError, match="Unknown quantization method: gptq"):
-        resolve_quantization("sglang", "gptq", GPTQ)
-    # on another platform only the comparison applies
-    assert resolve_quantization("sglang", "gptq", GPTQ, platform="npu") == "gptq"
+        resolve_quantization("sglang", "gptq", GPTQ, traits=CUDA)
+    # on a platform whose traits declare neither conversions nor refusals only the comparison applies
+    assert resolve_quantization("sglang", "gptq", GPTQ, traits=PlatformTraits(platform="cuda")) == "gptq"
+
+
+@pytest.mark.parametrize(
+    ("platform", "requested", "quant", "resolved"),
+    [
+        # CUDA: both Marlin conversions (awq.py L409-424, gptq.py L414-481, marlin_utils.py L68-79 on sm80+)
+        ("cuda", None, AWQ, "awq_marlin"),
+        ("cuda", None, GPTQ, "gptq_marlin"),
+        # ROCm: AWQMarlinConfig.is_awq_marlin_compatible returns False off CUDA (awq.py L409-410), so AWQ stays
+        # awq, which ROCm's list has (model_config.py L2002-2016)
+        ("rocm", None, AWQ, "awq"),
+        ("rocm", "awq", AWQ, "awq"),
+        ("rocm", "fp8", FP8_BLOCK, "fp8"),
+        ("rocm", "compressed-tensors", CT, "compressed-tensors"),
+        # Ascend NPUs register gptq (layers/quantization/__init__.py L107-116); torch.cuda reports no capability
+        # there (utils/common.py L1170-1193: -1 < 80), so no Marlin conversion
+        ("ascend", None, GPTQ, "gptq"),
+        ("ascend", None, AWQ, "awq"),
+        # SGLang's CPU registry has gptq (L119-128) and no capability: the same
+        ("cpu", None, GPTQ, "gptq"),
+    ],
+)
+def test_sglang_quantization_follows_the_platform_traits(
+    platform: str, requested: str | None, quant: dict[str, object], resolved: str
+) -> None:
+    assert resolve_quantization("sglang", requested, quant, traits=platform_traits_of(platform)) == resolved
+
+
+@pytest.mark.parametrize(
+    ("platform", "requested", "quant", "refusal"),
+    [
+        # gptq.py L431-437 keeps an explicit gptq; neither CUDA's nor HIP's registry has it (L63-137, L2150-2155)
+        ("cuda", "gptq", GPTQ, "refuses on platform 'cuda': 'Unknown quantization method: gptq'"),
+        ("rocm", None, {**GPTQ, "desc_act": None}, "refuses on platform 'rocm': 'Unknown quantization method: gptq'"),
+        # HIP converts a Marlin-compatible GPTQ checkpoint (the capability check alone, gptq.py L459-481; torch.cuda
+        # reports an MI300X's 9.4), then refuses gptq_marlin: not in ROCm's list (model_config.py L2156-2160)
+        (
+            "rocm",
+            None,
+            GPTQ,
+            "serves it as 'gptq_marlin'.*'gptq_marlin quantization is currently not supported in ROCm",
+        ),
+        # a ModelOpt checkpoint keeps its own method (base_config.py L249-252), which ROCm's list lacks
+        ("rocm", None, NVFP4, "'modelopt_fp4 quantization is currently not supported in ROCm"),
+        ("rocm", "modelopt", MIXED, "'modelopt_mixed quantization is currently not supported in ROCm"),
+        # no AWQ conversion on HIP, so awq_marlin asked for is the mismatch SGLang raises first (L2142-2148)
+        ("rocm", "awq_marlin", AWQ, rf"model config \(awq\) {MISMATCH} \(awq_marlin\)"),
+    ],
+)
+def test_sglang_refuses_what_the_platform_refuses(
+    platform: str, requested: str | None, quant: dict[str, object], refusal: str
+) -> None:
+    with pytest.raises(UnsupportedCombinationError, match=refusal):
+        resolve_quantization("sglang", requested, quant, traits=platform_traits_of(platform))
+
+
+def test_no_marlin_conversion_below_compute_capability_8() -> None:
+    """marlin_utils.py L78: ``if device_capability < 80: return []``, so on a T4 (7.5) neither conversion runs:
+    AWQ stays awq, and GPTQ is gptq, which CUDA's registry lacks."""
+    t4 = attrs.evolve(CUDA, compute_capability=(7, 5))
+    assert resolve_quantization("sglang", None, AWQ, traits=t4) == "awq"
+    with pytest.raises(UnsupportedCombinationError, match="Unknown quantization method: gptq"):
+        resolve_quantization("sglang", None, GPTQ, traits=t4)
+    assert resolve_quantization("sglang", None, GPTQ, traits=attrs.evolve(CUDA, compute_capability=(8, 0))) == (
+        "gptq_marlin"
+    )
+
+
+class VendorPlatform:
+    """A third party's platform: SGLang converts AWQ to Marlin there and refuses modelopt_fp4 (made up)."""
+
+    @hookimpl
+    def platforms(self) -> dict[str, str]:
+        return {"vendorhw": "a vendor's accelerator (kvpools' tests)"}
+
+    @hookimpl(tryfirst=True)
+    def platform_traits(self, serving: Serving) -> PlatformTraits | None:
+        if serving.platform != "vendorhw":
+            return None
+        return PlatformTraits(
+            platform="vendorhw",
+            marlin_conversions={"awq"},
+            refused_quantization={"modelopt_fp4": "no FP4 kernels on vendorhw"},
+        )
+
+
+def test_a_third_party_platform_declares_its_rules_and_estimate_weights_reads_them() -> None:
+    """``estimate_weights`` resolves the platform's traits itself (the Serving is unresolved), so the vendor's
+    declaration decides; the core names no platform."""
+    registry = isolated_registry(["mha"], objects={"vendor": VendorPlatform()})
+    on_vendor = Serving(platform="vendorhw", accounting="sglang")
+    assert on_vendor.platform_traits is None
+    marlin = estimate_weights(
+        tiny_llama(AWQ, "float16"), attrs.evolve(on_vendor, quantization="awq_marlin"), registry=registry
+    )
+    assert marlin.bytes_total == estimate_weights(tiny_llama(AWQ, "float16"), registry=registry).bytes_total
+    with pytest.raises(UnsupportedCombinationError, match="refuses on platform 'vendorhw': no FP4 kernels"):
+        estimate_weights(tiny_llama(NVFP4), on_vendor, registry=registry)
+    # gptq: the vendor declares no GPTQ conversion, so an explicit gptq_marlin is a mismatch (SGLang's L2142-2148)
+    with pytest.raises(UnsupportedCombinationError, match=rf"model config \(gptq\) {MISMATCH} \(gptq_marlin\)"):
+        estimate_weights(tiny_llama(GPTQ), attrs.evolve(on_vendor, quantization="gptq_marlin"), registry=registry)
+    # the cpu plugin declares neither (SGLang's CPU registry has gptq, L119-128): an explicit gptq is served as is
+    on_cpu = Serving(platform="cpu", accounting="sglang", quantization="gptq")
+    served = estimate_weights(tiny_llama(GPTQ), on_cpu, registry=isolated_registry(["mha"]))
+    assert any("already quantised (gptq)" in note for note in served.notes)
+
+
+def test_estimate_weights_on_rocm_refuses_a_gptq_checkpoint_as_sglang_does() -> None:
+    """The rocm plugin's traits through the default registry: SGLang on HIP serves this GPTQ checkpoint as
+    gptq_marlin and refuses it (model_config.py L2156-2160); on CUDA it plans its storage."""
+    assert estimate_weights(tiny_llama(GPTQ), Serving(accounting="sglang")).bytes_total > 0
+    with pytest.raises(UnsupportedCombinationError, match="gptq_marlin quantization is currently not supported in"):
+        estimate_weights(tiny_llama(GPTQ), Serving(platform="rocm", accounting="sglang"))
 
 
 def test_a_checkpoint_method_on_an_unquantised_checkpoint_is_refused() -> None:

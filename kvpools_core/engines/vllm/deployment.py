@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from kvpools_core.engines.vllm.budget import DEFAULT_GPU_MEMORY_UTILIZATION, VllmMemoryBudget, available_kv_cache_memory
+from kvpools_core.engines.vllm.layouts import layout_for_version
 from kvpools_core.engines.vllm.model import DEFAULT_BLOCK_SIZE, worker_kv_cache_specs
 from kvpools_core.engines.vllm.multimodal import MultimodalLimits, parse_multimodal_limits, tower_modalities
 from kvpools_core.engines.vllm.offload import VllmCpuOffload, plan_cpu_offload
@@ -34,6 +35,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
     TotalMemory,
     estimate_runtime_memory,
     graph_shape_of,
+    load_profile,
     model_shape_of,
     vision_shape_of,
     vocab_size_of,
@@ -130,6 +132,9 @@ class VllmPlanResult:
     one that samples), else empty."""
     multimodal: MultimodalLimits | None = None
     """``--limit-mm-per-prompt`` / ``--language-model-only`` as given (None: neither, vLLM's 999 per modality)."""
+    layout_note: str = ""
+    """What an older vLLM's KV layout changed (``layout_version``, :mod:`kvpools_core.engines.vllm.layouts`), or
+    empty."""
 
     @property
     def total_memory(self) -> int | None:
@@ -173,7 +178,10 @@ class VllmPlanResult:
 
     @property
     def notes(self) -> tuple[str, ...]:
-        """What the numbers assume that vLLM would measure at start-up."""
+        """What the numbers assume that vLLM would measure at start-up (and an older vLLM's layout, if any)."""
+        return self._budget_notes() + ((self.layout_note,) if self.layout_note else ())
+
+    def _budget_notes(self) -> tuple[str, ...]:
         if self.gpu is None:
             return (
                 "--memory is vLLM's --kv-cache-memory-bytes: each worker's KV cache, so "
@@ -433,6 +441,7 @@ def plan_vllm(
     limit_mm_per_prompt: str | Mapping[str, Any] | None = None,
     language_model_only: bool | None = None,
     registry: Registry | None = None,
+    layout_version: str | None = None,
 ) -> VllmPlanResult:
     """Plan ``model`` as ``vllm serve`` 0.33 sizes its KV cache (``Worker.determine_available_memory`` +
     ``get_kv_cache_configs``).
@@ -456,6 +465,9 @@ def plan_vllm(
     ``language_model_only`` (every limit 0) size the multimodal encoder's profile pass under a runtime profile, and a
     vision tower whose modalities are all limited to 0 leaves the estimated weights, as vLLM 0.33 does not load it
     (:mod:`kvpools_core.engines.vllm.multimodal`); both are echoed on the ``vllm serve`` line.
+    ``layout_version`` (a vLLM version with a profile; ``runtime_profile`` when not given, so ``--engine-version``
+    sets it with or without ``--memory``) lays the KV cache out as that release does where it differs from 0.33
+    (:mod:`kvpools_core.engines.vllm.layouts`: the Gated DeltaNet checkpoint grid, new in 0.33).
     Raises :class:`~kvpools_core.engines.vllm.planning.VllmMemoryError` with vLLM's text where vLLM refuses to start.
     """
     registry = registry or get_registry()
@@ -506,6 +518,17 @@ def plan_vllm(
             )
     block = DEFAULT_BLOCK_SIZE if block_size is None else block_size
     workers = _specs(spec, plugin, _with_capability(serving, chosen), registry, block)
+    layout = layout_version or runtime_profile
+    layout_note = ""
+    if layout is not None:
+        # an older vLLM's layout (the Gated DeltaNet checkpoint grid before 0.33, engines/vllm/layouts.py)
+        laid_out = layout_for_version(workers, load_profile(layout), block)
+        if laid_out != workers:
+            layout_note = (
+                f"KV layout of vLLM {load_profile(layout).version}: Gated DeltaNet blocks without 0.33's 64-token "
+                f"prefill-checkpoint grid and 2 Mamba blocks a request (engines/vllm/layouts.py)"
+            )
+        workers = laid_out
     default_batched, default_seqs = server_defaults(
         chosen.total_bytes if chosen else None, chosen.label if chosen else ""
     )
@@ -598,6 +621,7 @@ def plan_vllm(
         runtime_memory=runtime if chosen is not None else None,
         stage_activation_peaks=peaks if chosen is not None and runtime is not None else (),
         multimodal=multimodal,
+        layout_note=layout_note,
     )
 
 
@@ -639,6 +663,8 @@ def _runtime_memory(
         # vLLM's CUDA-graph estimate (subtracted from 0.21 on): layers, heads, MLP width, attention backend
         "graph": graph_shape_of(model, dtype_bytes=4 if serving.dtype == "float32" else 2),
         "max_model_len": limits.max_model_len,
+        # with the GPU and the heads, it picks the attention backend (FlashInfer's workspace, cudagraph_memory)
+        "kv_cache_dtype": serving.kv_cache_dtype,
     }
     if multimodal is not None:
         options["mm_limits"] = multimodal.runtime_limits()

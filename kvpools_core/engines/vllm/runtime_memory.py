@@ -132,15 +132,24 @@ class RuntimeProfile:
     moe_workspace: bool = True
     """Whether the fused-MoE Triton experts take their buffers from the persistent ``WorkspaceManager``
     (:func:`moe_workspace_bytes`)."""
+    flashinfer_workspace_scales: bool = False
+    """Whether the FlashInfer attention builder sizes its float workspace to the prefill chunk, ``max(394 MiB,
+    max_num_batched_tokens x heads x head_dim x 16)`` (vLLM 0.26.0 on), instead of the fixed 394 MiB (0.24, 0.25):
+    :func:`flashinfer_workspace_bytes`."""
+    gdn_prefill_checkpoint: bool = True
+    """Whether vLLM's Gated DeltaNet layers export a prefill checkpoint on FlashInfer's 64-token grid (vLLM 0.30.0
+    on: blocks a multiple of 64 tokens and ``2 + 1`` Mamba blocks a request), or not (0.24-0.29: blocks on the
+    attention kernel's 16-token grid, 2 Mamba blocks a request): :func:`kvpools_core.engines.vllm.layouts`."""
     cudagraph: CudaGraphConstants | None = None
     """The calibrated constants of :func:`cudagraph_memory` (None where ``cudagraph_subtracted`` is false)."""
 
 
-PROFILE_VERSIONS = ("0.16", "0.19", "0.33")
+PROFILE_VERSIONS = ("0.16", "0.19", "0.24", "0.33")
 """The vLLM versions that have a calibrated profile (``profiles/vllm-<version>.json``)."""
 
-PROFILE_ALIASES = {"0.15": "0.16"}
-"""Versions another version's profile stands for: vLLM 0.15 runs the same sort-based dummy sampler as 0.16."""
+PROFILE_ALIASES = {"0.15": "0.16", "0.25": "0.24"}
+"""Versions another version's profile stands for: vLLM 0.15 runs the same sort-based dummy sampler as 0.16; vLLM
+0.25 sizes the FlashInfer workspace and lays out a Gated DeltaNet hybrid as 0.24 does (``vllm-0.24.json``)."""
 
 
 def _gib(value: Any, name: str, file: str) -> int:
@@ -204,6 +213,8 @@ def load_profile(version: str) -> RuntimeProfile:
         covers=tuple(str(version) for version in data.get("covers", [key])),
         sampler_program_buffer=bool(data.get("sampler_program_buffer", True)),
         moe_workspace=bool(data.get("moe_workspace", True)),
+        flashinfer_workspace_scales=bool(data.get("flashinfer_workspace_scales", False)),
+        gdn_prefill_checkpoint=bool(data.get("gdn_prefill_checkpoint", True)),
     )
 
 
@@ -328,6 +339,11 @@ class ModelShape:
     """One routed expert's width (``moe_intermediate_size``, Mixtral's ``intermediate_size``)."""
     dtype_bytes: int = attrs.field(default=2, validator=attrs.validators.in_((2, 4)))
     """The activations' bytes per value: 2 for bfloat16 / float16, 4 for float32 (``--dtype``)."""
+    num_attention_heads: int = attrs.field(default=0, validator=_size(0))
+    """The attention layers' query heads (``num_attention_heads``); 0 when not known."""
+    head_dim: int = attrs.field(default=0, validator=_size(0))
+    """The attention layers' head size (``head_dim``, else ``hidden_size / num_attention_heads``); 0 for an MLA
+    model (``kv_lora_rank``: vLLM's MLA backends, not FlashInfer's paged attention) or when not known."""
 
     @property
     def is_moe(self) -> bool:
@@ -1019,6 +1035,61 @@ def non_torch_memory(*, tp_size: int, pp_size: int, profile: RuntimeProfile) -> 
     )
 
 
+FLASHINFER_WORKSPACE_BYTES = 394 * MiB
+"""``VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE``'s default, 394 MiB (vLLM 0.24.0 ``envs.py`` L1549-1551, 0.33.0
+L1817-1819): the float workspace ``FlashInferMetadataBuilder._get_workspace_buffer`` allocates with ``torch.zeros``
+(0.24.0 ``v1/attention/backends/flashinfer.py`` L785-793)."""
+
+FLASHINFER_INT_WORKSPACE_BYTES = 8 * MiB
+"""The int workspace each FlashInfer ``BatchDecodeWithPagedKVCacheWrapper`` allocates with ``torch.empty`` in its
+``__init__`` (flashinfer-python 0.6.12, which vLLM 0.24.0 pins, ``decode.py`` L756-758)."""
+
+FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM = 16
+"""vLLM 0.26.0 on: the float workspace is at least ``max_num_batched_tokens x num_qo_heads x head_dim x 16`` bytes
+(0.26.0 ``flashinfer.py`` L85, L936-958; 0.33.0 L104, L1255-1278)."""
+
+FLASH_ATTN_HEAD_DIM_LIMIT = 256
+"""FlashAttention's largest head size without FA4 (vLLM 0.24.0 ``flash_attn.py`` ``supports_head_size`` L173-180)."""
+
+
+def attention_backend(*, compute_capability: tuple[int, int] | None, kv_cache_dtype: str, head_dim: int) -> str | None:
+    """The attention backend vLLM picks on CUDA for a non-MLA model: ``"FLASHINFER"``, ``"FLASH_ATTN"`` or None
+    (not known: an MLA model, ``head_dim`` 0, or a GPU without a compute capability).
+
+    ``_get_backend_priorities`` (vLLM 0.24.0 ``platforms/cuda.py`` L143-159; 0.33.0 the same order, but for models
+    with a multimodal prefix or non-causal attention, not modelled): FlashInfer first on compute capability 10.x,
+    FlashAttention first elsewhere.  FlashAttention refuses an fp8 cache except
+    with FA3 on Hopper (0.24.0 ``flash_attn.py`` ``supports_kv_cache_dtype`` L183-193) and a head size that is not
+    a multiple of 8 or above 256 (L173-180); FlashInfer takes compute capability 8.0-12.1 (L426-434) and fp8 caches
+    (L327-335).  Below 8.0 neither is modelled (None)."""
+    if compute_capability is None or head_dim <= 0 or compute_capability < (8, 0):
+        return None
+    if compute_capability[0] == 10:
+        return "FLASHINFER"
+    fp8 = kv_cache_dtype.lower().startswith("fp8")
+    flash_attn = (
+        head_dim % 8 == 0
+        and head_dim <= FLASH_ATTN_HEAD_DIM_LIMIT
+        and (not fp8 or (compute_capability[0] == 9 and kv_cache_dtype.lower() != "fp8_e5m2"))
+    )
+    if flash_attn:
+        return "FLASH_ATTN"
+    return "FLASHINFER" if compute_capability <= (12, 1) else None
+
+
+def flashinfer_workspace_bytes(
+    *, profile: RuntimeProfile, max_num_batched_tokens: int, num_qo_heads: int, head_dim: int
+) -> int:
+    """The FlashInfer attention builder's float workspace: 394 MiB (:data:`FLASHINFER_WORKSPACE_BYTES`), from vLLM
+    0.26.0 at least ``max_num_batched_tokens x num_qo_heads x head_dim x 16`` (``num_qo_heads`` on one TP rank)."""
+    if not profile.flashinfer_workspace_scales:
+        return FLASHINFER_WORKSPACE_BYTES
+    return max(
+        FLASHINFER_WORKSPACE_BYTES,
+        max_num_batched_tokens * num_qo_heads * head_dim * FLASHINFER_PREFILL_WORKSPACE_BYTES_PER_ELEM,
+    )
+
+
 def cudagraph_capture_sizes(
     *, max_num_seqs: int, max_num_batched_tokens: int, blackwell: bool = False, max_capture_size: int | None = None
 ) -> list[int]:
@@ -1116,6 +1187,8 @@ def cudagraph_memory(
     graph: GraphShape | None = None,
     tp_size: int = 1,
     pp_size: int = 1,
+    flashinfer_workspace: int = 0,
+    attention: str | None = None,
 ) -> Term:
     """The CUDA-graph estimate vLLM subtracts before sizing the KV cache, for one worker.
 
@@ -1140,6 +1213,25 @@ def cudagraph_memory(
       ``a + b x (S_P x 2 x mlp_width / tp x dtype bytes)`` (the MLP up-projection's output is the largest of them).
     - Per graph (second capture, same pool): the graph executable's own device memory, which grows with the kernels
       captured, i.e. with the layers: ``max(1 MiB, c_mode x layers)``.
+
+    ``flashinfer_workspace`` (:func:`flashinfer_workspace_bytes`; 0 when the attention backend is not FlashInfer,
+    :func:`attention_backend`) is what the FULL mode's first capture allocates besides the graph where the backend is
+    FlashInfer (it then holds no FlashAttention accumulators), which vLLM's free-memory drop counts (vLLM 0.24.0
+    ``v1/worker/gpu_model_runner.py``): ``profile_cudagraph_memory`` builds the attention backends on a minimal KV
+    cache (L6449, ``_init_minimal_kv_cache_for_profiling`` L6314-6336), whose
+    FlashInfer builder allocates nothing yet (``flashinfer.py`` L566-760: ``_workspace_buffer = None``), empties
+    torch's cache (L6506), then, per mode, reads ``mem_get_info`` around ``_warmup_and_capture`` (L6512-6528).  A FULL
+    capture's warm-up forces attention (L6673), so ``_dummy_run`` builds the metadata (L5846-5879); FlashInfer's
+    ``build`` creates the decode wrapper of that batch size (L1293) on ``_get_workspace_buffer``'s ``torch.zeros``
+    (L785-793), and the wrapper its own 8 MiB int workspace (:data:`FLASHINFER_INT_WORKSPACE_BYTES`).  So the FULL
+    first capture holds the float workspace + 8 MiB, each further FULL graph (a new batch size, a new wrapper) 8 MiB
+    more, and the estimate ``max(first captures) + sum(per-graph)`` (L6582-6584) carries them (the float workspace
+    inside the FULL first capture, so inside the max); the builder is freed after (``_cleanup_profiling_kv_cache``,
+    L6376-6406), so nothing of it stays in the non-torch memory.  vLLM 0.33
+    runs the same steps (``profile_cudagraph_memory`` L6268-6415, the workspace ``flashinfer.py`` L1255-1278).
+
+    ``attention`` is the backend :func:`attention_backend` picks (None: not known, taken as FlashAttention, what the
+    calibration logs ran): the split-KV accumulators are captured under ``"FLASH_ATTN"`` only.
 
     ``a``, ``b``, ``c_PIECEWISE`` and ``c_FULL`` are the profile's (``profiles/vllm-<version>.json``), fitted on half
     of llm-d-planner's vLLM 0.19.0 H100 DEBUG logs (``benchmarks/data/cudagraph_estimates.json``, same procedure
@@ -1176,13 +1268,26 @@ def cudagraph_memory(
     per_full = max(round(constants.full_layer_bytes * layers), MiB)
     mlp_output = sizes[-1] * 2 * (graph.mlp_width // tp_size) * graph.dtype_bytes
     first_piecewise = constants.piecewise_first_bytes + round(constants.piecewise_first_per_mlp_output * mlp_output)
+    flash_attn = attention in (None, "FLASH_ATTN") and not flashinfer_workspace
     accumulators = (
         FA_CUDAGRAPH_MAX_SPLITS * full_sizes[-1] * heads * (graph.value_head_dim + 1) * 4
-        if graph.split_kv and full_sizes
+        if graph.split_kv and flash_attn and full_sizes
         else 0
     )
-    first_full = accumulators + per_full if full_sizes else 0
-    total = max(first_piecewise, first_full) + (len(sizes) - 1) * per_piecewise + max(len(full_sizes) - 1, 0) * per_full
+    # FlashInfer: the float workspace and a decode wrapper's int workspace in the first FULL capture, another int
+    # workspace in each further one
+    wrapper = FLASHINFER_INT_WORKSPACE_BYTES if flashinfer_workspace and full_sizes else 0
+    first_full = accumulators + flashinfer_workspace + wrapper + per_full if full_sizes else 0
+    total = (
+        max(first_piecewise, first_full)
+        + (len(sizes) - 1) * per_piecewise
+        + max(len(full_sizes) - 1, 0) * (per_full + wrapper)
+    )
+    flashinfer = (
+        f" [FlashInfer workspace {flashinfer_workspace / MiB:.0f} MiB + {wrapper / MiB:.0f} MiB a FULL graph]"
+        if wrapper
+        else ""
+    )
     return Term(
         name="CUDA graphs",
         bytes=total,
@@ -1190,9 +1295,16 @@ def cudagraph_memory(
             f"max(PIECEWISE first {first_piecewise / MiB:.1f} MiB, FULL first {first_full / MiB:.1f} MiB "
             f"[split-KV {accumulators / MiB:.1f}]) + (PIECEWISE {len(sizes)} - 1) x {per_piecewise / MiB:.2f} MiB + "
             f"(FULL {len(full_sizes)} - 1) x {per_full / MiB:.2f} MiB ({layers} layers, {heads} heads x "
-            f"{graph.value_head_dim}, largest capture size {sizes[-1]}; {profile.file}, docs/vllm.md)"
+            f"{graph.value_head_dim}, largest capture size {sizes[-1]}; {profile.file}, docs/vllm.md)" + flashinfer
         ),
-        source="vLLM 0.33 gpu_model_runner.profile_cudagraph_memory; config/vllm.py _set_cudagraph_sizes",
+        source=(
+            "vLLM 0.33 gpu_model_runner.profile_cudagraph_memory; config/vllm.py _set_cudagraph_sizes"
+            + (
+                "; v1/attention/backends/flashinfer.py _get_workspace_buffer; flashinfer decode.py"
+                if flashinfer
+                else ""
+            )
+        ),
     )
 
 
@@ -1227,11 +1339,16 @@ def model_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> 
     hidden = number(text, "hidden_size")
     if not hidden:
         return None
+    heads = number(text, "num_attention_heads")
+    head_dim = 0 if number(text, "kv_lora_rank") else number(text, "head_dim") or (hidden // heads if heads else 0)
+    attention = {"num_attention_heads": heads, "head_dim": head_dim}
     experts = max(number(text, key) for key in ("num_local_experts", "num_experts", "n_routed_experts"))
     topk = number(text, "num_experts_per_tok") if experts else 0
     intermediate = number(text, "intermediate_size")
     if not topk:
-        return ModelShape(hidden_size=hidden, dense_intermediate_size=intermediate, dtype_bytes=dtype_bytes)
+        return ModelShape(
+            hidden_size=hidden, dense_intermediate_size=intermediate, dtype_bytes=dtype_bytes, **attention
+        )
     expert = number(text, "moe_intermediate_size") or intermediate
     dense_layers = (
         number(text, "first_k_dense_replace") > 0
@@ -1248,6 +1365,7 @@ def model_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> 
         num_experts_per_tok=topk,
         moe_intermediate_size=expert,
         dtype_bytes=dtype_bytes,
+        **attention,
     )
 
 
@@ -1269,6 +1387,44 @@ def _complete_config(model: str) -> tuple[dict[str, Any], str]:
     if source.startswith("preset:") and pointer:
         config = read_config_file(Path(registry_presets(registry)[name][1]).parent / str(pointer))
     return dict(config), source
+
+
+def _flashinfer_workspace(
+    *, gpu: GPU, shape: ModelShape | None, kv_cache_dtype: str, tp_size: int, profile: RuntimeProfile, batched: int
+) -> int:
+    """:func:`flashinfer_workspace_bytes` where vLLM's attention backend is FlashInfer (:func:`attention_backend`),
+    else 0 (also without a shape's heads, or off CUDA).
+
+    Not modelled, left 0: compute capability 10.x, where vLLM decodes with TRTLLM-gen when its cubins can be fetched
+    (``supports_trtllm_attention``, vLLM 0.24.0 ``utils/flashinfer.py`` L374-386: network access at start-up decides),
+    whose global workspace (``_get_trtllm_gen_workspace_buffer``, ``flashinfer.py`` L89-95) replaces the decode
+    wrappers' in the FULL captures."""
+    if shape is None or gpu.platform != "cuda" or not shape.num_attention_heads:
+        return 0
+    if gpu.compute_capability is not None and gpu.compute_capability[0] == 10:
+        return 0
+    backend = attention_backend(
+        compute_capability=gpu.compute_capability, kv_cache_dtype=kv_cache_dtype, head_dim=shape.head_dim
+    )
+    if backend != "FLASHINFER":
+        return 0
+    return flashinfer_workspace_bytes(
+        profile=profile,
+        max_num_batched_tokens=batched,
+        num_qo_heads=max(1, shape.num_attention_heads // tp_size),
+        head_dim=shape.head_dim,
+    )
+
+
+def _attention(*, gpu: GPU, shape: ModelShape | None, kv_cache_dtype: str) -> str | None:
+    """:func:`attention_backend` for the CUDA-graph estimate, or None where it is not known (no shape's heads, an MLA
+    model, a GPU without a compute capability).  The split-KV accumulators it gates were measured on CUDA H100 logs
+    only; another platform's backend is not modelled (a GPU with a compute capability is taken as CUDA's)."""
+    if shape is None or not shape.num_attention_heads:
+        return None
+    return attention_backend(
+        compute_capability=gpu.compute_capability, kv_cache_dtype=kv_cache_dtype, head_dim=shape.head_dim
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -1305,6 +1461,7 @@ def estimate_runtime_memory(
     max_model_len: int | None = None,
     mm_limits: dict[str, int] | None = None,
     graph: GraphShape | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> RuntimeMemory:
     """vLLM ``engine_version``'s memory outside the KV cache and the weights on ``gpu``.
 
@@ -1315,6 +1472,9 @@ def estimate_runtime_memory(
     (:func:`mm_encoder_profile`), sized by ``max_model_len`` and ``mm_limits`` (vLLM's ``limit_mm_per_prompt``: 999
     per modality it does not name, ``{"image": 0, "video": 0}`` for ``--language-model-only``).  ``graph``
     (:func:`graph_shape_of`) sizes the CUDA-graph estimate of a profile that subtracts it (:func:`cudagraph_memory`).
+    ``kv_cache_dtype`` (``--kv-cache-dtype``) with the GPU and ``shape``'s heads picks the attention backend
+    (:func:`attention_backend`): FlashInfer's workspace, or FlashAttention's split-KV accumulators, are in the
+    CUDA-graph estimate.
     """
     for name, value in (("vocab_size", vocab_size), ("tp_size", tp_size), ("pp_size", pp_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -1357,6 +1517,10 @@ def estimate_runtime_memory(
             graph=graph,
             tp_size=tp_size,
             pp_size=pp_size,
+            flashinfer_workspace=_flashinfer_workspace(
+                gpu=gpu, shape=shape, kv_cache_dtype=kv_cache_dtype, tp_size=tp_size, profile=profile, batched=batched
+            ),
+            attention=_attention(gpu=gpu, shape=shape, kv_cache_dtype=kv_cache_dtype),
         ),
     )
     return RuntimeMemory(total=torch_total_memory(gpu), terms=terms, profile=profile, note=note)

@@ -138,7 +138,7 @@ def estimate(
         serving.quantization,
         quant,
         model_methods=vllm_methods,
-        platform=serving.platform,
+        traits=serving.traits,
     )
     quantisation = runtime_quantisation(resolved, checkpoint)
     if isinstance(quantisation, RuntimeFp8):

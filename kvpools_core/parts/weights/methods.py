@@ -22,7 +22,7 @@ when asked for by name).  An override replaces the request; then a
 request that differs from the checkpoint's method fails: "Quantization method specified in the model config (X)
 does not match the quantization method specified in the `quantization` argument (Y)."
 
-SGLang 0.5.23 (``ModelConfig._verify_quantization``, srt/configs/model_config.py L2000-2160, on CUDA): a ModelOpt
+SGLang 0.5.23 (``ModelConfig._verify_quantization``, srt/configs/model_config.py L2000-2160): a ModelOpt
 checkpoint's ``quant_method`` is first refined from its ``quant_algo`` (``_parse_modelopt_quant_config``, L1838-1890:
 ``MIXED_PRECISION`` with NVFP4 layers -> ``modelopt_mixed``, without -> ``w4afp8``; ``FP4`` / ``NVFP4`` in it ->
 ``modelopt_fp4``; ``FP8`` -> ``modelopt_fp8``; ``MXFP8`` -> ``mxfp8``).  The overrides, in the registry's order
@@ -32,11 +32,18 @@ otherwise a ``modelopt_fp8`` / ``modelopt_fp4`` checkpoint keeps its own method 
 ``modelopt_mixed`` one likewise, modelopt_quant.py L830-835), ``awq_marlin`` (awq/awq.py L333-354 and L402-424:
 a 4-bit AWQ checkpoint with zero points and ``group_size`` -1/32/64/128, asked for nothing or ``awq_marlin`` /
 ``marlin``) and ``gptq_marlin`` (gptq/gptq.py L414-438 and L459-481: 4/8-bit, ``sym``, the same group sizes,
-``desc_act`` given, not already in Marlin format), both on a GPU of compute capability 8.0 or newer
-(marlin_utils.py L68-139).  A differing request is then accepted only where SGLang lists it compatible
-(``modelopt_fp8`` / ``modelopt_fp4`` / ``modelopt_mixed`` on a ``modelopt`` checkpoint, ``modelopt_fp4`` on an
-``fp8`` one, which requantises the experts and kvpools refuses), else the same mismatch error; last, the method
-must be in SGLang's registry, which on CUDA has no ``gptq`` (only ``gptq_marlin``).
+``desc_act`` given, not already in Marlin format), both on a device of compute capability 8.0 or newer
+(marlin_utils.py L68-139), the AWQ one on CUDA only (awq.py L409-410).  A differing request is then accepted only
+where SGLang lists it compatible (``modelopt_fp8`` / ``modelopt_fp4`` / ``modelopt_mixed`` on a ``modelopt``
+checkpoint, ``modelopt_fp4`` on an ``fp8`` one, which requantises the experts and kvpools refuses), else the same
+mismatch error; last, the method must be in SGLang's registry, which it builds per platform (CUDA's and ROCm's
+have no ``gptq``: layers/quantization/__init__.py L63-137, model_config.py L2150-2155), and on ROCm in its
+supported list (L2156-2160).
+
+Which conversions run and which methods are refused is the platform's to say, not this module's: the platform
+plugin declares them in its :class:`~kvpools_core.values.PlatformTraits` (``marlin_conversions``,
+``refused_quantization``), which the pipeline resolves into ``Serving.platform_traits``; the core names no
+platform.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from typing import Any
 
 from kvpools_core.errors import EngineRefusalError, UnsupportedCombinationError
 from kvpools_core.options import option
-from kvpools_core.values import SGLANG_QUANTIZATION_METHODS, VLLM_QUANTIZATION_METHODS
+from kvpools_core.values import SGLANG_QUANTIZATION_METHODS, VLLM_QUANTIZATION_METHODS, PlatformTraits
 
 __all__ = ["ENGINE_METHODS", "resolve_quantization"]
 
@@ -76,13 +83,16 @@ def resolve_quantization(
     quant: Mapping[str, Any] | None,
     *,
     model_methods: Mapping[str, str] | None = None,
-    platform: str = "cuda",
+    traits: PlatformTraits | None = None,
 ) -> str | None:
     """The method ``engine`` serves ``quant`` (a checkpoint's ``quantization_config``, or ``None``) with under
     ``--quantization requested``, as its ``_verify_quantization`` resolves it; a mismatch the engine refuses is an
     :class:`UnsupportedCombinationError` naming the option, the checkpoint's method and the fix.  ``engine`` is
-    ``"vllm"`` or ``"sglang"``; ``None`` is an unquantised checkpoint served unquantised.  SGLang's Marlin
-    conversions and its missing ``gptq`` are CUDA's (``platform``); elsewhere only the comparison applies.
+    ``"vllm"`` or ``"sglang"``; ``None`` is an unquantised checkpoint served unquantised.  ``traits`` are the
+    serving platform's (``serving.traits``): SGLang's Marlin conversions run where they declare them
+    (:meth:`~kvpools_core.values.PlatformTraits.converts_to_marlin`), and a resolved method they list in
+    ``refused_quantization`` is refused with their reason; ``None`` (or traits declaring neither): the comparison
+    of the request with the checkpoint alone.
     ``model_methods`` maps a checkpoint's ``quant_method`` to the vLLM method that overrides it for this
     architecture only (the claiming plugin's declaration, e.g. gpt-oss's ``{"mxfp4": "gpt_oss_mxfp4"}``): the core
     names no architecture."""
@@ -104,7 +114,7 @@ def resolve_quantization(
     if engine == "vllm":
         checkpoint, resolved = _vllm(requested, quant, model_methods or {})
     else:
-        checkpoint, resolved = _sglang(requested, quant, cuda=platform == "cuda")
+        checkpoint, resolved = _sglang(requested, quant, traits)
     if resolved is not None and checkpoint is not None and resolved != checkpoint:
         if engine == "sglang" and checkpoint in _SGLANG_COMPATIBLE.get(resolved, ()):
             if checkpoint == "fp8":
@@ -121,12 +131,13 @@ def resolve_quantization(
             + (f" or pass {option('quantization')} {checkpoint}." if checkpoint in ENGINE_METHODS[engine] else ".")
         )
     method = resolved if resolved is not None else checkpoint
-    if engine == "sglang" and method == "gptq" and platform == "cuda":
+    if engine == "sglang" and traits is not None and method in traits.refused_quantization:
+        refusal = traits.refused_quantization[str(method)]
         raise EngineRefusalError(
-            f"{option('quantization')} {requested or '(unset)'} on a GPTQ checkpoint SGLang cannot convert to "
-            "Marlin (4/8-bit, sym, group_size -1/32/64/128, desc_act given, not Marlin format): SGLang 0.5.23 on "
-            "CUDA has no 'gptq' method ('Unknown quantization method: gptq', model_config.py L2151-2156). Use "
-            f"--accounting vllm, or a Marlin-compatible checkpoint with {option('quantization')} gptq_marlin."
+            f"{option('quantization')} {requested or '(unset)'} on a checkpoint quantised with "
+            f"{quant.get('quant_method')!r}: SGLang 0.5.23 serves it as {method!r}, which it refuses on platform "
+            f"{traits.platform!r}: {refusal.rstrip('.')}. Plan a checkpoint (or {option('quantization')}) SGLang "
+            f"serves there, or plan another engine's accounting ({option('accounting')} vllm)."
         )
     return method
 
@@ -162,8 +173,11 @@ def _vllm(
     return method or None, requested
 
 
-def _sglang(requested: str | None, quant: Mapping[str, Any], *, cuda: bool) -> tuple[str | None, str | None]:
-    """SGLang 0.5.23 on CUDA: the checkpoint's method (refined for ModelOpt) and the request after overrides."""
+def _sglang(
+    requested: str | None, quant: Mapping[str, Any], traits: PlatformTraits | None
+) -> tuple[str | None, str | None]:
+    """SGLang 0.5.23: the checkpoint's method (refined for ModelOpt) and the request after overrides, the Marlin
+    ones where ``traits`` say SGLang converts."""
     method = quant.get("quant_method")
     algo = ""
     if method is None or method == "modelopt":
@@ -190,24 +204,24 @@ def _sglang(requested: str | None, quant: Mapping[str, Any], *, cuda: bool) -> t
         override = _MODELOPT_ALGO[algo.upper()]
     elif checkpoint in ("modelopt_fp8", "modelopt_fp4", "modelopt_mixed"):
         override = checkpoint
-    elif cuda and checkpoint == "awq" and requested in (None, "marlin", "awq_marlin") and _awq_marlin(quant):
-        override = "awq_marlin"
-    elif cuda and checkpoint == "gptq" and requested in (None, "marlin", "gptq_marlin") and _gptq_marlin(quant):
-        override = "gptq_marlin"
+    elif checkpoint in ("awq", "gptq") and traits is not None and traits.converts_to_marlin(checkpoint):
+        marlin = f"{checkpoint}_marlin"
+        if requested in (None, "marlin", marlin) and (_awq_marlin if checkpoint == "awq" else _gptq_marlin)(quant):
+            override = marlin
     if override is not None:
         return override, override
     return checkpoint or None, requested
 
 
 def _awq_marlin(quant: Mapping[str, Any]) -> bool:
-    """``AWQMarlinConfig.is_awq_marlin_compatible`` on CUDA (sm80+): 4-bit with zero points (Marlin's only
+    """``AWQMarlinConfig.is_awq_marlin_compatible`` where SGLang converts AWQ: 4-bit with zero points (Marlin's only
     zero-point type is ``uint4``) and a Marlin group size."""
     return quant.get("bits") == 4 and quant.get("zero_point") is True and quant.get("group_size") in _MARLIN_GROUPS
 
 
 def _gptq_marlin(quant: Mapping[str, Any]) -> bool:
-    """``GPTQMarlinConfig`` on CUDA (sm80+): not already Marlin format, 4/8-bit symmetric, a Marlin group size,
-    ``desc_act`` given."""
+    """``GPTQMarlinConfig`` where SGLang converts GPTQ: not already Marlin format, 4/8-bit symmetric, a Marlin
+    group size, ``desc_act`` given."""
     if quant.get("checkpoint_format") == "marlin" or quant.get("is_marlin_format", False):
         return False
     if quant.get("desc_act") is None or quant.get("sym") is not True:

@@ -246,6 +246,7 @@ def size_npu_dsv4(model: ModelSpec, serving: Serving, cell: CellSize, budget: Bu
         # c4 slots are full // 4 (DSV4NPUTokenToKVPoolAllocator._derive_c4_loc_from_full); c128 slots come from
         # the c128 page allocator: seq // 128 - prefix // 128 per extend, in pages of c128_page_size
         compression_pages={C128_TOKENS: c128_page_size(serving)} if cfg.num_c128 else {},
+        token_space_sizing={SWA_TOKENS: swa_pool_note(cfg, sizes)},
     )
 
 
@@ -289,12 +290,18 @@ def bytes_per_full_token_note(cfg: NPUConfigurator) -> str:
     )
 
 
-def sub_pool_notes(cfg: NPUConfigurator, sizes: dict[str, int], requests: int) -> list[str]:
+def swa_pool_note(cfg: NPUConfigurator, sizes: dict[str, int]) -> str:
+    """How the SWA pool was sized (``PoolSizing.token_space_sizing["swa"]``, and the first sub-pool note)."""
     full, swa = sizes["full_max_total_num_tokens"], sizes["swa_max_total_num_tokens"]
-    notes = [
+    return (
         f"SWA pool: int({full:,} full tokens x {option('swa_full_tokens_ratio')} {cfg.swa_ratio}) page aligned = "
         f"{swa:,} tokens, for all {cfg.num_layers} layer(s) of this stage."
-    ]
+    )
+
+
+def sub_pool_notes(cfg: NPUConfigurator, sizes: dict[str, int], requests: int) -> list[str]:
+    swa = sizes["swa_max_total_num_tokens"]
+    notes = [swa_pool_note(cfg, sizes)]
     if cfg.num_c4:
         notes.append(
             f"c4 pool (KV, {cfg.num_c4} layer(s)): full // 4 = {sizes['c4_max_total_num_tokens']:,} rows; its indexer "

@@ -38,6 +38,14 @@ ALIASES = {"hip": PLATFORM}
 DEVICE_TYPE = "cuda"
 """torch's device type for HIP devices on a ROCm build."""
 
+_NOT_ON_ROCM = ("modelopt", "modelopt_fp8", "modelopt_fp4", "modelopt_mixed", "awq_marlin", "gptq_marlin")
+"""The SGLang methods kvpools models that are not in ``rocm_supported_quantization`` (model_config.py lines
+2002-2016 of SGLang 0.5.23)."""
+_ROCM_UNSUPPORTED = (
+    "'{method} quantization is currently not supported in ROCm.' (srt/configs/model_config.py lines 2156-2160: "
+    "SGLang 0.5.23's ROCm list has awq, fp8, compressed-tensors, mxfp4, quark, ... and no {method})"
+)
+
 TRAITS = PlatformTraits(
     platform=PLATFORM,
     page_size_rules=(
@@ -50,9 +58,21 @@ TRAITS = PlatformTraits(
     ),
     raw_mla_row_backends=frozenset({"tilelang", "triton", "aiter"}),
     decode_retraction_host_pool=False,
+    marlin_conversions=frozenset({"gptq"}),
+    refused_quantization={
+        "gptq": "'Unknown quantization method: gptq' (srt/configs/model_config.py lines 2150-2155): SGLang "
+        "0.5.23 registers gptq on NPU, CPU and XPU only (srt/layers/quantization/__init__.py lines 63-137)",
+        **{method: _ROCM_UNSUPPORTED.format(method=method) for method in _NOT_ON_ROCM},
+    },
 )
 """What ROCm's kernels decide (SGLang's ``DSATokenToKVPool`` HIP branch and ``calculate_mla_kv_cache_dim``):
-DSA pages of 1 or a multiple of 16, and the DSA backends that read raw latent rows (no FlashMLA fp8 packing)."""
+DSA pages of 1 or a multiple of 16, and the DSA backends that read raw latent rows (no FlashMLA fp8 packing).
+SGLang 0.5.23's quantisation on HIP: a GPTQ checkpoint Marlin takes is converted to ``gptq_marlin`` (its check
+asks the device capability alone, ``gptq/gptq.py`` lines 414-481 and ``marlin_utils.py`` lines 68-79, which
+``torch.cuda`` reports on HIP: an MI300X's 9.4), an AWQ one is not (``awq/awq.py`` lines 409-410: CUDA only); no
+plain ``gptq`` is registered, and ``_verify_quantization`` refuses every method outside ROCm's supported list
+(``srt/configs/model_config.py`` lines 2002-2016 and 2156-2160), which of the methods kvpools models keeps fp8,
+awq, compressed-tensors and mxfp4."""
 
 
 ACCELERATORS: tuple[GPU, ...] = (

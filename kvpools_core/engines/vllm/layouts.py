@@ -1,0 +1,91 @@
+"""The KV-cache layouts of older vLLM releases, applied to the vLLM 0.33 specs the plugins build (issue 34).
+
+The architecture plugins build vLLM 0.33's layer specs.  Where an older release lays a model out differently and a
+runtime profile (``--engine-version vllm==X.Y``, ``profiles/vllm-<version>.json``) says so, this module turns the 0.33
+specs into that release's.  One difference is modelled (the profile of vLLM 0.24, which 0.25 borrows, has it off;
+0.26-0.32 have no profile of their own):
+
+* **Gated DeltaNet prefill checkpoints** (``RuntimeProfile.gdn_prefill_checkpoint``).  vLLM 0.33 gives each GDN
+  layer's ``MambaSpec`` one prefill-checkpoint block per request on FlashInfer's 64-token grid
+  (``FLASHINFER_GDN_CHECKPOINT_ALIGNMENT``, ``v1/attention/backends/gdn_attn.py`` L34;
+  ``MambaSpec.prefill_checkpoint_alignment`` / ``num_prefill_checkpoint_blocks``, ``v1/kv_cache_interface.py``
+  L1101-1102, L1135-1141), so ``Platform._align_hybrid_block_size`` keeps blocks a multiple of 64 tokens and a
+  request holds ``2 + 1`` Mamba blocks under prefix caching.  vLLM 0.24.0's ``MambaSpec`` has neither field (0.25 to
+  0.28 the same); 0.29.0 added ``num_prefill_checkpoint_blocks`` (``kv_cache_interface.py`` L858 / L891) and 0.30.0
+  ``prefill_checkpoint_alignment`` (L1000-1001), but no layer under ``model_executor/`` of 0.29.0 or 0.30.0 sets them,
+  and ``gdn_attn.py`` has no ``FLASHINFER_GDN_CHECKPOINT_ALIGNMENT`` up to 0.32.0: the GDN checkpoint is new in
+  0.33.0 (wheels read one by one).  Before it the attention block grows on the attention kernel's 16-token grid
+  until a page holds the state, the state page is padded to it, and a request holds 2 Mamba blocks.  For
+  Qwen3.6-35B-A3B with an fp8 cache: 2096-token blocks (0.33: 2112), which reproduces both vLLM 0.24.0 RTX 5090 logs'
+  token counts from their budget (``tests/vllm/test_startup_logs.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from kvpools_core.parts.vllm.layers import align_hybrid_block_size
+from kvpools_core.parts.vllm.specs import KVCacheSpec, MambaSpec
+
+from .runtime_memory import RuntimeProfile
+
+ATTENTION_KERNEL_BLOCK = 16
+"""The smallest kernel block of CUDA's attention backends the old GDN layout aligns to (FlashAttention's and
+FlashInfer's smallest: vLLM 0.24.0 ``flash_attn.py`` L76-90, ``flashinfer.py`` L338-356, 16, 32, 64 off TRTLLM); the
+grid the plugin uses for 0.33 too."""
+
+
+def _is_gdn_with_checkpoint(spec: KVCacheSpec) -> bool:
+    return (
+        isinstance(spec, MambaSpec) and spec.mamba_type == "gdn_attn" and spec.prefill_checkpoint_alignment is not None
+    )
+
+
+def without_gdn_prefill_checkpoint(specs: Mapping[str, KVCacheSpec], block_size: int) -> dict[str, KVCacheSpec]:
+    """One worker's specs as vLLM 0.24-0.32 lay out a Gated DeltaNet hybrid: the block size re-aligned without the
+    64-token checkpoint grid (:func:`~kvpools_core.parts.vllm.layers.align_hybrid_block_size` with no
+    ``prefill_checkpoint_alignment``), every attention spec at that block size, every GDN ``MambaSpec`` padded to
+    the new attention page with no checkpoint block.  Specs without a GDN checkpoint come back unchanged.
+    ``block_size`` is the ``--block-size`` asked (16 by default)."""
+    gdn = [spec for spec in specs.values() if _is_gdn_with_checkpoint(spec)]
+    if not gdn:
+        return dict(specs)
+    state = gdn[0]
+    assert isinstance(state, MambaSpec)
+    attention = [spec for spec in specs.values() if not isinstance(spec, MambaSpec)]
+    if not attention:
+        return dict(specs)
+    per_token = attrs.evolve(attention[0], block_size=1).page_size_bytes
+    aligned, padded = align_hybrid_block_size(
+        block_size=block_size,
+        attn_page_size_1_token=per_token,
+        mamba_page_size=state.state_bytes,
+        kernel_block_size=ATTENTION_KERNEL_BLOCK,
+        backend_block_alignment=ATTENTION_KERNEL_BLOCK,
+    )
+    result: dict[str, KVCacheSpec] = {}
+    for name, spec in specs.items():
+        if isinstance(spec, MambaSpec) and _is_gdn_with_checkpoint(spec):
+            result[name] = attrs.evolve(
+                spec,
+                block_size=aligned,
+                page_size_padded=padded,
+                num_prefill_checkpoint_blocks=0,
+                prefill_checkpoint_alignment=None,
+            )
+        elif isinstance(spec, MambaSpec):
+            result[name] = spec
+        else:
+            result[name] = attrs.evolve(spec, block_size=aligned)
+    return result
+
+
+def layout_for_version(
+    workers: list[dict[str, KVCacheSpec]], profile: RuntimeProfile, block_size: int
+) -> list[dict[str, KVCacheSpec]]:
+    """Every worker's specs as ``profile``'s vLLM version lays them out (unchanged for vLLM 0.33)."""
+    if profile.gdn_prefill_checkpoint:
+        return workers
+    return [without_gdn_prefill_checkpoint(worker, block_size) for worker in workers]
