@@ -6,6 +6,8 @@ the extraction of llm-d-planner's vLLM 0.19.0 DEBUG logs, and the held-out error
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from benchmarks.cudagraph_logs import COMMIT, load, logged_mib, parse_log, predictions, summary, worst_worker
@@ -19,6 +21,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
     graph_shape_from_config,
     graph_shape_of,
     load_profile,
+    model_shape_of,
 )
 from kvpools_core.errors import ConfigError
 from kvpools_core.pipeline.gpus import find_gpu
@@ -208,3 +211,25 @@ def test_the_held_out_error_does_not_worsen() -> None:
 def test_the_largest_worker_is_the_one_compared() -> None:
     record = {"workers": {"PP0": {"total_gib": 0.5}, "PP1": {"total_gib": 0.54}}}
     assert worst_worker(record)["total_gib"] == 0.54
+
+
+def test_no_split_kv_accumulators_under_flashinfer() -> None:
+    """The accumulators are FlashAttention's: where the backend is FlashInfer the FULL first capture is a FULL graph,
+    5,939,134 B, below the PIECEWISE first 138,768,548 B: 138,768,548 + 50 x 7,314,866 + 50 x 5,939,134 =
+    801,468,548 B for Llama-3.1-8B on the H100 defaults (939,171,742 B under FlashAttention).  A B200 (FlashInfer,
+    its TRTLLM-gen workspace left out; capability family 100, so the capture ceiling is 1024: 83 sizes) adds the
+    larger PIECEWISE first capture round(64.3 MiB) + round(2.43 x 1024 x 2 x 14336 x 2 B) = 67,423,437 +
+    142,690,222 = 210,113,659 B: 210,113,659 + 82 x (7,314,866 + 5,939,134) = 1,296,941,659 B."""
+    graph = GraphShape(layers=32, attention_heads=32, value_head_dim=128, mlp_width=14336)
+    common: dict[str, Any] = {"profile": PROFILE, "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "graph": graph}
+    assert cudagraph_memory(attention="FLASHINFER", **common).bytes == 801_468_548
+    assert cudagraph_memory(attention="FLASH_ATTN", **common).bytes == 939_171_742
+    options: dict[str, Any] = {
+        "vocab_size": 128256,
+        "engine_version": "0.33",
+        "shape": model_shape_of("llama-3.1-8b"),
+        "graph": graph_shape_of("llama-3.1-8b"),
+    }
+    assert estimate_runtime_memory(gpu=find_gpu("h100"), **options).term("CUDA graphs").bytes == 939_171_742
+    b200 = estimate_runtime_memory(gpu=find_gpu("b200"), **options).term("CUDA graphs")
+    assert b200.bytes == 1_296_941_659 and "PIECEWISE 83 - 1" in b200.formula

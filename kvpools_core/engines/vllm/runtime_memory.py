@@ -1189,6 +1189,7 @@ def cudagraph_memory(
     pp_size: int = 1,
     flashinfer_workspace: int = 0,
     attention: str | None = None,
+    blackwell: bool = False,
 ) -> Term:
     """The CUDA-graph estimate vLLM subtracts before sizing the KV cache, for one worker.
 
@@ -1231,7 +1232,8 @@ def cudagraph_memory(
     runs the same steps (``profile_cudagraph_memory`` L6268-6415, the workspace ``flashinfer.py`` L1255-1278).
 
     ``attention`` is the backend :func:`attention_backend` picks (None: not known, taken as FlashAttention, what the
-    calibration logs ran): the split-KV accumulators are captured under ``"FLASH_ATTN"`` only.
+    calibration logs ran): the split-KV accumulators are captured under ``"FLASH_ATTN"`` only.  ``blackwell`` (device
+    capability family 100) raises the default capture ceiling to 1024 (:func:`cudagraph_capture_sizes`).
 
     ``a``, ``b``, ``c_PIECEWISE`` and ``c_FULL`` are the profile's (``profiles/vllm-<version>.json``), fitted on half
     of llm-d-planner's vLLM 0.19.0 H100 DEBUG logs (``benchmarks/data/cudagraph_estimates.json``, same procedure
@@ -1257,7 +1259,7 @@ def cudagraph_memory(
     seqs = profile.default_max_num_seqs if max_num_seqs is None else max_num_seqs
     batched = profile.default_max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
     sizes = cudagraph_capture_sizes(
-        max_num_seqs=seqs, max_num_batched_tokens=batched, max_capture_size=graph.max_capture_size
+        max_num_seqs=seqs, max_num_batched_tokens=batched, blackwell=blackwell, max_capture_size=graph.max_capture_size
     )
     if not sizes:
         return Term(name="CUDA graphs", bytes=0, formula="0: no capture size", source="config/vllm.py")
@@ -1521,6 +1523,7 @@ def estimate_runtime_memory(
                 gpu=gpu, shape=shape, kv_cache_dtype=kv_cache_dtype, tp_size=tp_size, profile=profile, batched=batched
             ),
             attention=_attention(gpu=gpu, shape=shape, kv_cache_dtype=kv_cache_dtype),
+            blackwell=gpu.compute_capability is not None and gpu.compute_capability[0] == 10,
         ),
     )
     return RuntimeMemory(total=torch_total_memory(gpu), terms=terms, profile=profile, note=note)
