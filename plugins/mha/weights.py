@@ -12,6 +12,7 @@ from kvpools_core.parts.weights import (
     WeightsEstimate,
     estimate_claimed,
     llama_decoder,
+    pixtral_vision,
     sparse_moe,
     split,
     vocab_rows_per_rank,
@@ -27,9 +28,22 @@ def estimate_weights(config: WeightsConfig, serving: Serving, ep_size: int) -> W
 
 def _llama(builder: Builder, model_type: str) -> list[str]:
     """Llama, Mistral, Qwen2/Qwen3 dense decoders and Qwen3-MoE (:func:`~kvpools_core.parts.weights.llama_decoder`):
-    Qwen2 biases q/k/v, Qwen3 and Qwen3-MoE norm q and k per head."""
+    Qwen2 biases q/k/v, Qwen3 and Qwen3-MoE norm q and k per head.  A Mistral-3 checkpoint (``model_type``
+    ``mistral3`` around a ``mistral`` text model) adds its Pixtral tower and projector
+    (:func:`~kvpools_core.parts.weights.pixtral_vision`, family ``vision``); another multimodal wrapper's tower is
+    refused rather than left out."""
     moe = model_type == "qwen3_moe"
     llama_decoder(builder, qkv_bias=model_type == "qwen2", qk_norm=model_type == "qwen3" or moe, moe=moe)
+    outer = builder.outer
+    if outer.has("vision_config"):
+        if outer.string("model_type") != "mistral3":
+            raise outer.error(
+                "vision_config",
+                f"is set on a {outer.string('model_type') or 'multimodal'} checkpoint",
+                f"kvpools does not model its vision tower's weights yet (only Mistral-3's Pixtral tower around a "
+                f"{model_type} text model); give the weights' size yourself.",
+            )
+        pixtral_vision(builder, outer)
     return []
 
 

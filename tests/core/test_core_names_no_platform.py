@@ -24,6 +24,9 @@ ALLOWED = {
     "PlatformTraits field.",
     ("kvpools_core/parts/nvfp4.py", "cuda"): "the NVFP4 KV cache's kernels are CUDA's. To go: a KVDtypeRule of "
     "the other platforms, or a PlatformTraits field.",
+    ("kvpools_core/engines/vllm/runtime_memory.py", "cuda"): "the attention backend vLLM picks (FlashInfer's "
+    "workspace) is its CUDA platform's priority list (platforms/cuda.py); a ROCm GPU picks from rocm.py, not "
+    "modelled. To go: the vLLM backend choice as a PlatformTraits field the cuda plugin declares.",
 }
 """``(file, platform)`` → why that file still compares that platform name; every entry must still be needed."""
 

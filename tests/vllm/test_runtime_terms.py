@@ -139,6 +139,37 @@ def test_moe_workspace_by_hand() -> None:
     assert moe_workspace_bytes(shape=single, tokens=1) == 256 + 256
 
 
+@pytest.mark.parametrize(
+    ("capability", "held"),
+    [
+        (None, False),
+        ((9, 0), False),
+        ((10, 0), False),
+        ((10, 3), False),
+        ((8, 0), True),
+        ((8, 9), True),
+        ((12, 0), True),
+    ],
+)
+def test_mxfp4_moe_workspace_only_off_the_monolithic_kernels(capability: tuple[int, int] | None, held: bool) -> None:
+    """gpt-oss-20b (``quant_method`` mxfp4; hidden 2880, experts 2880 wide, top-4) at TP 2, 8192 tokens: on SM 9.0 to
+    10.x vLLM 0.19 / 0.33 pick a monolithic experts kernel (TRITON's ``OAITritonMxfp4ExpertsMonolithic``, SM 10.x
+    with FlashInfer TRT-LLM's; ``oracle/mxfp4.py`` L80-110, L169-183), which takes no ``WorkspaceManager``
+    workspace: 0 (None is the H100's, as the profile's other terms).  On Ampere / Ada / SM 12.x vLLM falls to
+    ``MarlinExperts``, whose workspace_shapes are the Triton experts' with N the expert width (0.19
+    ``fused_marlin_moe.py`` L666-696): (8192, 4, max(1440, 2880)) + (8192, 4, max(2880, 2880)) x 2 B =
+    377,487,360 B.  The unquantised Triton path keeps its workspace on the H100."""
+    gpt_oss = shape("openai--gpt-oss-20b")
+    assert gpt_oss.quant_method == "mxfp4"
+    expected = 8192 * 4 * 2880 * 2 + 8192 * 4 * 2880 * 2 if held else 0
+    assert expected in (0, 377_487_360)
+    workspace = moe_workspace_bytes(shape=gpt_oss, tokens=8192, tp_size=2, compute_capability=capability)
+    assert workspace == expected
+    unquantised = attrs.evolve(gpt_oss, quant_method="")
+    assert moe_workspace_bytes(shape=unquantised, tokens=8192, tp_size=2, compute_capability=capability) == 377_487_360
+    assert shape("Qwen--Qwen3-30B-A3B").quant_method == ""
+
+
 def test_llama_3_1_8b_by_hand() -> None:
     """1024 x 128256 = 131,334,144 logits x 14 B (2 held bf16 + 4 fp32 + 4 softmax + 4 noise) = 1,838,678,016;
     buffer 132 x 128256 x 4 = 67,719,168; held hidden states (8192 + 2 x 1024) x 4096 x 2 = 83,886,080: sampler

@@ -235,9 +235,11 @@ LLMD_LOGS = "https://github.com/llm-d-incubation/llm-d-planner/blob/d3121e059da8
 def test_the_llmd_sweep_logs_are_held_out_and_planned_within_target() -> None:
     """llm-d-planner's full vLLM 0.19.0 H100 logs (commit d3121e0, ``llmd-v0.19-log-*``, logs34): 15 runs of 14
     checkpoints kvpools has a config for (dense, MoE, MLA, sliding-window, multimodal; TP 1/2/4), held out by the
-    split rule (no profile is fitted on them).  Measured: with the logged weights the KV GiB error is at most 0.59 %
-    (gpt-oss-20b TP 2) and 0.105 % mean absolute; from the GPU alone 0.56 % mean absolute, every run within 2 % but
-    Mistral-Small-3.1 (+3.02 %: the Pixtral tower's weights, see the xfail test below)."""
+    split rule (no profile is fitted on them).  Measured (fix34): with the logged weights the KV GiB error is at most
+    0.45 % (granite-3.3-8b) and 0.066 % mean absolute (0.59 % and 0.105 % before gpt-oss's monolithic mxfp4 kernel
+    held no MoE workspace); from the GPU alone 0.41 % mean absolute and every run within 2 % (Gemma-3 27B the worst,
+    +1.87 %: vLLM's rotary caches, see test_gemma_3_weights_gap_is_the_rotary_caches; Mistral-Small-3.1 was +3.02 %
+    before the Pixtral tower was counted, +0.12 % now)."""
     from benchmarks.whole_gpu_accuracy import run
 
     logs = [log for log in load_startup_logs() if log.id.startswith("llmd-v0.19-log-")]
@@ -248,30 +250,74 @@ def test_the_llmd_sweep_logs_are_held_out_and_planned_within_target() -> None:
     estimated = report["kvpools-runtime (estimated weights)"]["runs"]
     for metric in ("kv_gib", "kv_tokens", "max_concurrency"):
         errors = [logged[log.id]["errors_pct"][metric] for log in logs]
-        assert max(abs(error) for error in errors) < 0.7, metric
-        assert sum(abs(error) for error in errors) / len(errors) < 0.15, metric
+        assert max(abs(error) for error in errors) < 0.5, metric
+        assert sum(abs(error) for error in errors) / len(errors) < 0.1, metric
         errors = [estimated[log.id]["errors_pct"][metric] for log in logs]
-        assert sum(abs(error) for error in errors) / len(errors) < 1.0, metric
-        off = {log.id for log, error in zip(logs, errors, strict=True) if abs(error) >= 2}
-        assert off == {"llmd-v0.19-log-mistral-small-3.1-24b-tp1"}, metric
+        assert sum(abs(error) for error in errors) / len(errors) < 0.45, metric
+        assert max(abs(error) for error in errors) < 2, metric
 
 
-@pytest.mark.xfail(strict=True, reason="kvpools' weights estimate leaves out Mistral3's Pixtral tower (logs34 report)")
 def test_mistral_small_3_1_weights_include_the_pixtral_tower() -> None:
     """vLLM 0.19.0 logs 'Model loading took 44.76 GiB' for Mistral-Small-3.1-24B-Instruct-2503 (record
-    llmd-v0.19-log-mistral-small-3.1-24b-tp1); kvpools' estimate is the text model alone, 23,572,403,200 parameters
+    llmd-v0.19-log-mistral-small-3.1-24b-tp1); kvpools' estimate was the text model alone, 23,572,403,200 parameters
     (43.91 GiB).  vLLM's Mistral3ForConditionalGeneration also loads the Pixtral vision tower and the projector
     (model_executor/models/mistral3.py: init_vision_tower_for_mistral3 -> PixtralHFVisionModel, Mistral3PatchMerger,
     Mistral3MultiModalProjector; pixtral.py's PixtralHFTransformerBlock): patch_conv 3 x 14 x 14 x 1024 = 602,112,
     ln_pre 1,024, 24 layers x (4 x 1024^2 attention + 3 x 1024 x 4096 MLP + 2 x 1024 norms) = 402,702,336, the
     projector's norm 1,024, merging layer 4 x 1024 x 1024 = 4,194,304, linear_1 1024 x 5120 = 5,242,880 and linear_2
     5120 x 5120 = 26,214,400: 438,958,080 parameters, 0.818 GiB in bf16, which leaves 0.035 GiB of the logged 0.853
-    GiB gap."""
+    GiB gap (3.1 MB of it the Pixtral rotary table, a buffer, not counted)."""
     from kvpools_core.pipeline.weights import estimate_weights
 
     model = "tests/weights/configs/mistralai--Mistral-Small-3.1-24B-Instruct-2503.json"
     estimate = estimate_weights(model, Serving(accounting="vllm"))
     assert estimate.parameters == 23_572_403_200 + 438_958_080
+    assert estimate.bytes_per_rank == 2 * (23_572_403_200 + 438_958_080)
+    assert 44.76 - 0.005 - estimate.bytes_per_rank / GiB == pytest.approx(0.035, abs=0.006)
+
+
+@pytest.mark.parametrize("limits", [{"language_model_only": True}, {"limit_mm_per_prompt": {"image": 0}}])
+def test_mistral_small_3_1_without_images_drops_the_pixtral_tower(limits: dict[str, object]) -> None:
+    """``--language-model-only`` or ``{"image": 0}``: vLLM 0.33 does not build the tower it marked for the image
+    modality (``mistral3.py`` L478, ``_mark_tower_model``); the plan's weights are the text model's,
+    438,958,080 x 2 = 877,916,160 B less, and the KV budget gains them."""
+    from kvpools_core.engines.vllm.deployment import plan_vllm
+
+    model = "tests/weights/configs/mistralai--Mistral-Small-3.1-24B-Instruct-2503.json"
+    default = plan_vllm(model, Serving(accounting="vllm"), gpu="h100")
+    text = plan_vllm(model, Serving(accounting="vllm"), gpu="h100", **limits)  # type: ignore[arg-type]
+    assert default.weights_memory[0] - text.weights_memory[0] == 877_916_160
+    assert default.weights_memory[0] == 2 * (23_572_403_200 + 438_958_080)
+    gained = text.budgets[0].available_kv_cache_memory - default.budgets[0].available_kv_cache_memory
+    assert gained == 877_916_160
+    assert "less the vision tower's 0.82 GiB" in text.weights_source
+
+
+@pytest.mark.parametrize(
+    ("model", "head_dim", "parameters", "left"),
+    [("gemma-3-12b-it", 256, 12_187_325_040, 0.047), ("gemma-3-27b-it", 128, 27_432_406_640, 0.071)],
+)
+def test_gemma_3_weights_gap_is_the_rotary_caches(model: str, head_dim: int, parameters: int, left: float) -> None:
+    """vLLM 0.19.0 logs 'Model loading took 23.31 GiB' (12B) and '51.45 GiB' (27B) where kvpools counts the
+    parameters, 22.70 / 51.10 GiB in bf16: 0.61 / 0.35 GiB under.  Not a parameter: "Model loading took" is the
+    allocated memory after ``load_model`` less before (``DeviceMemoryProfiler``), buffers included, and each
+    Gemma3Attention builds its rotary embedding with ``get_rope`` (vLLM 0.19.0 ``models/gemma3.py`` L167-186; one
+    instance per distinct parameter set, ``rotary_embedding/__init__.py`` L68-78, so two: the log's
+    'rotary_embedding': 2).  Each registers a ``cos_sin_cache`` buffer in the model dtype (``base.py`` L58-63) of
+    ``[positions, head_dim]``: the sliding layers' default RoPE (``rope_local_base_freq``) over
+    ``max_position_embeddings`` = 131,072 positions, the global layers' linear-scaled RoPE (factor 8) over
+    131,072 x 8 = 1,048,576 (``linear_scaling_rope.py`` L79-92).  12B (head_dim 256): (131,072 + 1,048,576) x 256
+    x 2 B = 603,979,776 B = 0.5625 GiB; 27B (head_dim 128): 301,989,888 B = 0.28125 GiB, leaving 0.047 / 0.071
+    GiB (±0.005, the log's rounding) unexplained.  kvpools' weights estimate counts parameters (and SGLang's weights
+    the same way), so the caches stay out of it: this test pins the explanation, not a fitted term."""
+    (log,) = [log for log in load_startup_logs() if log.id == f"llmd-v0.19-log-{model}-tp1"]
+    from kvpools_core.pipeline.weights import estimate_weights
+
+    assert estimate_weights(model, Serving(accounting="vllm")).bytes_per_rank == 2 * parameters
+    caches = (131_072 + 131_072 * 8) * head_dim * 2
+    assert caches == {256: 603_979_776, 128: 301_989_888}[head_dim]
+    gap = log.logged["weights_gib"] - 2 * parameters / GiB
+    assert gap - caches / GiB == pytest.approx(left, abs=0.006)
 
 
 def test_the_version_sweep_is_held_out_with_the_nearest_profile() -> None:
@@ -576,15 +622,15 @@ def test_llmd_planner_runner_reports_one_ranks_tokens(tmp_path: Path) -> None:
     assert answer["concurrency"] == 327_680 / 8192
 
 
-@pytest.mark.xfail(strict=True, reason="the mxfp4 monolithic MoE kernel holds no modular workspace (logs34 report)")
 def test_gpt_oss_20b_activation_has_no_modular_moe_workspace() -> None:
     """vLLM 0.19.0, gpt-oss-20b at TP 2 on an H100 (record llmd-v0.19-log-gpt-oss-20b-tp2): 'torch peak memory
     increase: 2.87GiB'.  The log says "Using 'TRITON' Mxfp4 MoE backend" and "Using
     MoEPrepareAndFinalizeNoDPEPMonolithic": the monolithic OAITritonMxfp4ExpertsMonolithic (oracle/mxfp4.py
     TRITON -> [OAITritonMxfp4ExpertsMonolithic, OAITritonExperts], monolithic first), which allocates its buffers
-    inside the kernel, not the modular kernel's persistent workspace.  kvpools charges TritonExperts' workspace13 +
+    inside the kernel, not the modular kernel's persistent workspace.  kvpools charged TritonExperts' workspace13 +
     workspace2 = 2 x 8192 x 4 x 2880 x 2 B = 377,487,360 B (0.352 GiB) on top of the sampler peak (1024 x 201,088
-    x 14 B + 132 x 201,088 x 4 B + (8192 + 2 x 1024) x 2880 x 2 B + 32 MiB = 2.869 GiB): 3.221 GiB, +12.2 %."""
+    x 14 B + 132 x 201,088 x 4 B + (8192 + 2 x 1024) x 2880 x 2 B + 32 MiB = 2.869 GiB): 3.221 GiB, +12.2 %; the
+    sampler peak alone is the log's 2.87 GiB (moe_workspace_bytes: mxfp4 on SM 9.0-10.x is monolithic)."""
     from benchmarks.whole_gpu_accuracy import runtime_shape
 
     (log,) = [log for log in load_startup_logs() if log.id == "llmd-v0.19-log-gpt-oss-20b-tp2"]
@@ -597,4 +643,6 @@ def test_gpt_oss_20b_activation_has_no_modular_moe_workspace() -> None:
         engine_version="0.19.0",
         shape=runtime_shape(log),
     )
-    assert abs(runtime.term("activation peak").bytes / GiB - 2.87) / 2.87 < 0.01
+    peak = runtime.term("activation peak")
+    assert abs(peak.bytes / GiB - 2.87) / 2.87 < 0.01
+    assert "fused-MoE workspace" not in peak.formula

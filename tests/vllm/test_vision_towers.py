@@ -37,7 +37,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
     vision_shape_from_config,
     vision_shape_of,
 )
-from kvpools_core.errors import UnsupportedCombinationError
+from kvpools_core.errors import ConfigError, UnsupportedCombinationError
 from kvpools_core.models import registry_presets
 from kvpools_core.pipeline.gpus import VLLM_VISION_LLAMA4, architecture_traits
 from kvpools_core.values import Serving
@@ -306,9 +306,20 @@ def test_towers_without_a_trait_are_refused(tmp_path: Path, config: dict[str, ob
     under ``--language-model-only``."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
+    weights = "16GiB"  # given: kvpools estimates no LLaVA-NeXT weights (test_llava_next_weights_are_refused)
     with pytest.raises(UnsupportedCombinationError, match=re.escape(f"encoder profile pass of {named} yet")):
+        plan_vllm(str(path), gpu="h100", runtime_profile="0.33", weights_memory=weights)
+    planned = plan_vllm(str(path), gpu="h100", runtime_profile="0.33", weights_memory=weights, language_model_only=True)
+    assert planned.runtime_memory
+
+
+def test_llava_next_weights_are_refused_naming_the_field(tmp_path: Path) -> None:
+    """Its CLIP tower's weights are not estimated (only Mistral-3's Pixtral tower is, around a llama text model):
+    a whole-GPU plan asks for the weights instead of planning the text model alone."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAVA_NEXT))
+    with pytest.raises(ConfigError, match="'vision_config' is set on a llava_next checkpoint"):
         plan_vllm(str(path), gpu="h100", runtime_profile="0.33")
-    assert plan_vllm(str(path), gpu="h100", runtime_profile="0.33", language_model_only=True).runtime_memory
 
 
 def test_the_cli_refuses_an_unmodelled_tower_without_a_traceback() -> None:

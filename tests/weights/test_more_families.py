@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvpools_core import Serving, estimate_weights
+from kvpools_core.errors import ConfigError
 from tests.weights.test_safetensors import checkpoint
 
 CONFIGS = Path(__file__).parent / "configs"
@@ -255,3 +256,72 @@ def test_llama_4_vision_tower_by_hand() -> None:
     rank += 4096 // 2 * inter + 4096 * 4096 // 2 + 5120 * 4096
     assert estimate_weights(full, first).bytes_per_rank - estimate_weights(text_only, first).bytes_per_rank == 2 * rank
     assert estimate_weights(full, last).bytes_per_rank == estimate_weights(text_only, last).bytes_per_rank
+
+
+MISTRAL_SMALL = "mistralai--Mistral-Small-3.1-24B-Instruct-2503"
+
+
+def _mistral_small(**outer: object) -> dict[str, object]:
+    full: dict[str, object] = json.loads(Path(config(MISTRAL_SMALL)).read_text())
+    return {**full, **outer}
+
+
+def test_mistral3_pixtral_tower_by_hand() -> None:
+    """Mistral-Small-3.1's Pixtral tower and projector (``vision_config``: hidden 1024, MLP 4096, 16 heads, 24
+    layers, patch 14; ``spatial_merge_size`` 2, no projector bias; vLLM 0.33 ``pixtral.py`` L1262-1560,
+    ``mistral3.py`` L92-175): ``patch_conv`` 1024·3·14² = 602,112, ``ln_pre`` 1,024; a block: ``attention_norm`` /
+    ``ffn_norm`` 2·1024, ``qkv_proj`` 3·1024², ``o_proj`` 1024², ``gate_up_proj`` 2·4096·1024, ``down_proj``
+    1024·4096 = 16,779,264, x 24 = 402,702,336; the projector's ``norm`` 1,024, ``patch_merger.merging_layer``
+    (4·1024)·1024 = 4,194,304, ``linear_1`` 5120·1024 = 5,242,880, ``linear_2`` 5120² = 26,214,400: 438,958,080
+    parameters.  At TP 2 the blocks' Linears halve (8,390,656 a block) and so do vLLM's ``linear_1`` (column) and
+    ``linear_2`` (row): 221,902,848 parameters a rank; SGLang takes the projector from transformers (whole
+    ``nn.Linear``): 237,631,488."""
+    hidden, inter, text = 1024, 4096, 5120
+    block = 2 * hidden + 4 * hidden * hidden + 3 * inter * hidden
+    assert block == 16_779_264
+    projector = hidden + 4 * hidden * hidden + text * hidden + text * text
+    tower = 3 * 14 * 14 * hidden + hidden + 24 * block + projector
+    assert tower == 438_958_080
+    full = _mistral_small()
+    text_only = {key: value for key, value in full.items() if key != "vision_config"}
+    for accounting in ("vllm", "sglang"):
+        estimate = estimate_weights(full, Serving(accounting=accounting))
+        assert estimate.parameters_by_family["vision"] == tower
+        assert estimate.parameters == 23_572_403_200 + tower
+    block_rank = 2 * hidden + 3 * hidden * hidden // 2 + hidden * hidden // 2 + 3 * inter * hidden // 2
+    assert block_rank == 8_390_656
+    shared = 3 * 14 * 14 * hidden + hidden + 24 * block_rank + hidden + 4 * hidden * hidden
+    per_rank = {"vllm": shared + text // 2 * hidden + text * text // 2, "sglang": shared + text * hidden + text * text}
+    assert per_rank == {"vllm": 221_902_848, "sglang": 237_631_488}
+    for accounting, parameters in per_rank.items():
+        serving = Serving(accounting=accounting, tp_size=2)
+        difference = (
+            estimate_weights(full, serving).bytes_per_rank - estimate_weights(text_only, serving).bytes_per_rank
+        )
+        assert difference == 2 * parameters
+
+
+def test_mistral3_projector_bias_and_truncated_towers() -> None:
+    """``multimodal_projector_bias`` adds ``linear_1`` / ``linear_2`` biases of the text width (2 x 5120); a
+    ``vision_feature_layer`` short of the last layer (vLLM builds the tower only that deep, SGLang all of it) or a
+    list of them is refused, naming the field."""
+    plain = estimate_weights(_mistral_small()).parameters
+    assert estimate_weights(_mistral_small(multimodal_projector_bias=True)).parameters == plain + 2 * 5120
+    assert estimate_weights(_mistral_small(vision_feature_layer=24)).parameters == plain
+    for layer in (-2, [-1, -2], 12):
+        with pytest.raises(ConfigError, match=r"vision_feature_layer.*kvpools does not model a Pixtral tower"):
+            estimate_weights(_mistral_small(vision_feature_layer=layer))
+
+
+def test_a_vision_config_on_another_llama_wrapper_is_refused() -> None:
+    """A LLaVA-style checkpoint (``model_type`` ``llava`` around a Llama ``text_config``, a CLIP ``vision_config``)
+    was estimated as its text model alone; kvpools does not model its tower, so it refuses instead."""
+    llama = json.loads(Path(config("meta-llama--Meta-Llama-3.1-8B")).read_text())
+    llava = {
+        "architectures": ["LlavaForConditionalGeneration"],
+        "model_type": "llava",
+        "text_config": llama,
+        "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "num_hidden_layers": 24},
+    }
+    with pytest.raises(ConfigError, match=r"'vision_config' is set on a llava checkpoint.*kvpools does not model"):
+        estimate_weights(llava)

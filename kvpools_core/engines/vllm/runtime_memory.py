@@ -344,6 +344,9 @@ class ModelShape:
     head_dim: int = attrs.field(default=0, validator=_size(0))
     """The attention layers' head size (``head_dim``, else ``hidden_size / num_attention_heads``); 0 for an MLA
     model (``kv_lora_rank``: vLLM's MLA backends, not FlashInfer's paged attention) or when not known."""
+    quant_method: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    """The checkpoint's ``quantization_config.quant_method`` (lower case; "" unquantised), which picks vLLM's MoE
+    kernel (:func:`moe_workspace_bytes`)."""
 
     @property
     def is_moe(self) -> bool:
@@ -358,8 +361,22 @@ def sampler_program_buffer_bytes(*, rows: int, vocab_size: int, sm_count: int) -
     return min(1 << (programs - 1).bit_length(), sm_count) * vocab_size * 4
 
 
-def moe_workspace_bytes(*, shape: ModelShape, tokens: int, tp_size: int = 1) -> int:
-    """The fused-MoE Triton experts' workspace for ``tokens`` tokens, held by vLLM's ``WorkspaceManager``.
+MONOLITHIC_MXFP4_CAPABILITIES = ((9, 0), (11, 0))
+"""The CUDA compute capabilities ``[low, high)`` on which vLLM runs an mxfp4 checkpoint's experts with a monolithic
+kernel.  vLLM 0.19.0 ``fused_moe/oracle/mxfp4.py``: ``_get_priority_backends`` (L169-183) tries
+FLASHINFER_TRTLLM_MXFP4_BF16 (``TrtLlmMxfp4ExpertsMonolithic`` first, L80-91; SM 10.x with FlashInfer,
+``experts/trtllm_mxfp4_moe.py`` L78-81), then TRITON (``[OAITritonMxfp4ExpertsMonolithic, OAITritonExperts]``,
+monolithic first, L103-110; SM 9.0 up to 11.0, ``gpt_oss_triton_kernels_moe.py`` L887-896); a monolithic class
+that fits is taken (L345-352).  vLLM 0.33 (``_get_priority_backends_for_gpt_oss``, L402-436; ``experts/
+gpt_oss_triton_kernels_moe.py`` L41-53, L1525) the same on SM 9.0 and 10.x; SM 12.x and Ampere / Ada fall to
+Marlin (the modular ``MarlinExperts``)."""
+
+
+def moe_workspace_bytes(
+    *, shape: ModelShape, tokens: int, tp_size: int = 1, compute_capability: tuple[int, int] | None = None
+) -> int:
+    """The modular fused-MoE kernel's workspace for ``tokens`` tokens, held by vLLM's ``WorkspaceManager``; 0 where
+    vLLM runs a monolithic experts kernel, which allocates its buffers inside the kernel.
 
     ``TritonExperts.workspace_shapes`` (vLLM 0.19 ``fused_moe/fused_moe.py`` L1976-1991, 0.33
     ``fused_moe/experts/triton_moe.py`` L240-255) with ``N = w13`` rows ``= 2 x moe_intermediate / tp`` and
@@ -367,8 +384,23 @@ def moe_workspace_bytes(*, shape: ModelShape, tokens: int, tp_size: int = 1) -> 
     ``workspace2 = (M, topk, max(N, K))``; ``_allocate_buffers`` (0.19 ``modular_kernel.py`` L1062-1067, 0.33
     L1188-1210) takes both from ``get_simultaneous``, each rounded up to 256 B, and ``_ensure_workspace_size``
     (0.19 ``v1/worker/workspace.py`` L175-176) keeps the ``torch.empty`` for the process: unlike the dense MLP's
-    temporaries it is still allocated when the sampler runs."""
+    temporaries it is still allocated when the sampler runs.
+
+    An ``mxfp4`` checkpoint (gpt-oss) on a GPU of :data:`MONOLITHIC_MXFP4_CAPABILITIES` (``compute_capability``
+    None: the H100's, as the rest of the profile) runs ``OAITritonMxfp4ExpertsMonolithic`` (or FlashInfer's
+    TRT-LLM monolithic kernel on SM 10.x) through ``FusedMoEKernelMonolithicImpl`` (0.19 ``modular_kernel.py``
+    L1393-1500), which never calls ``_allocate_buffers``: no workspace (the vLLM 0.19.0 H100 log of gpt-oss-20b
+    says "Using 'TRITON' Mxfp4 MoE backend" and "Using MoEPrepareAndFinalizeNoDPEPMonolithic").  Elsewhere it runs
+    ``MarlinExperts``, whose ``workspace_shapes`` (0.19 ``fused_marlin_moe.py`` L666-696) are the Triton experts'
+    with ``N`` the expert width: the same bytes but for Marlin's padding of the expert width to 128 and the hidden
+    size to 256 (``mxfp4_round_up_hidden_size_and_intermediate_size``, L376-400), which is not modelled.  The other
+    quantisation methods keep the Triton experts' workspace (the unquantised and fp8 Triton path; their FlashInfer,
+    CUTLASS and DeepGEMM backends are not modelled)."""
     if not shape.is_moe:
+        return 0
+    capability = (9, 0) if compute_capability is None else compute_capability
+    low, high = MONOLITHIC_MXFP4_CAPABILITIES
+    if shape.quant_method == "mxfp4" and low <= capability < high:
         return 0
     inner = shape.moe_intermediate_size // tp_size
     topk, hidden, dtype = shape.num_experts_per_tok, shape.hidden_size, shape.dtype_bytes
@@ -947,7 +979,9 @@ def activation_peak(
         parts.append(f"forward {forward / GiB:.3f} GiB")
     workspace = 0
     if shape is not None and profile.moe_workspace:
-        workspace = moe_workspace_bytes(shape=shape, tokens=tokens, tp_size=tp_size)
+        workspace = moe_workspace_bytes(
+            shape=shape, tokens=tokens, tp_size=tp_size, compute_capability=compute_capability
+        )
     if workspace:
         parts.append(f"fused-MoE workspace {workspace / MiB:.1f} MiB")
     receive = 2 * tokens * hidden * dtype if pp_size > 1 and pp_stage != "first" else 0
@@ -1331,7 +1365,8 @@ def model_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> 
     ``n_routed_experts``, each ``moe_intermediate_size`` wide (Mixtral's ``intermediate_size``).  Non-expert MLPs:
     ``intermediate_size`` where the model has dense layers (a dense model, DeepSeek's ``first_k_dense_replace``,
     Qwen-MoE's ``mlp_only_layers`` / ``decoder_sparse_step`` > 1), else the shared experts
-    (``shared_expert_intermediate_size``, ``n_shared_experts x moe_intermediate_size``)."""
+    (``shared_expert_intermediate_size``, ``n_shared_experts x moe_intermediate_size``).  A MoE model's
+    ``quantization_config.quant_method`` (top level or ``text_config``) is kept as ``quant_method``."""
 
     def number(source: dict[str, Any], key: str) -> int:
         value = source.get(key)
@@ -1351,6 +1386,8 @@ def model_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> 
         return ModelShape(
             hidden_size=hidden, dense_intermediate_size=intermediate, dtype_bytes=dtype_bytes, **attention
         )
+    quantization = config.get("quantization_config") or text.get("quantization_config") or {}
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
     expert = number(text, "moe_intermediate_size") or intermediate
     dense_layers = (
         number(text, "first_k_dense_replace") > 0
@@ -1368,6 +1405,7 @@ def model_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> 
         moe_intermediate_size=expert,
         dtype_bytes=dtype_bytes,
         **attention,
+        quant_method=method.lower() if isinstance(method, str) else "",
     )
 
 

@@ -68,6 +68,7 @@ from kvpools_core.parts.weights.vision import (
     gemma3_vision,
     gemma4_vision_tower,
     llama4_vision,
+    pixtral_vision,
     qwen3_vl_vision,
     siglip_vision,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "mla_attention",
     "mla_decoder",
     "mxfp4",
+    "pixtral_vision",
     "quantisation_of",
     "qwen3_vl_vision",
     "read_headers",

@@ -264,6 +264,7 @@ def sharding(serving: Serving, ep_size: int, model_type: str, *, dp_attention: b
         serving.pp_rank,
         serving.pp_layer_partition,
         attn_dp=serving.attn_dp_size,
+        engine="vllm" if serving.accounting == "vllm" else "sglang",
     )
 
 

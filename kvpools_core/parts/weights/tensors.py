@@ -67,6 +67,7 @@ class Sharding:
     pp_rank: int
     partition: tuple[int, ...] | None
     attn_dp: int = 1
+    engine: str = "sglang"  # whose module layout: "vllm" under --accounting vllm, else SGLang's
 
     @property
     def moe_tp(self) -> int:

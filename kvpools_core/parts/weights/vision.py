@@ -12,7 +12,14 @@ from typing import Any
 from kvpools_core.config import ConfigReader
 from kvpools_core.parts.weights.tensors import Builder, split, vocab_rows_per_rank
 
-__all__ = ["gemma3_vision", "gemma4_vision_tower", "llama4_vision", "qwen3_vl_vision", "siglip_vision"]
+__all__ = [
+    "gemma3_vision",
+    "gemma4_vision_tower",
+    "llama4_vision",
+    "pixtral_vision",
+    "qwen3_vl_vision",
+    "siglip_vision",
+]
 
 FIRST: dict[str, Any] = {"stage": "first"}
 
@@ -211,3 +218,99 @@ def qwen3_vl_vision(builder: Builder, vision: ConfigReader) -> None:
         _layer_norm(builder, f"{merger}.norm", merged if index else hidden)
         _linear(builder, f"{merger}.linear_fc1", merged, merged, column=True)
         _linear(builder, f"{merger}.linear_fc2", out, merged, column=False)
+
+
+def pixtral_vision(builder: Builder, outer: ConfigReader) -> None:
+    """Mistral-3's Pixtral tower and projector (``Mistral3ForConditionalGeneration``), family ``vision``, on the first
+    pipeline stage.  vLLM 0.33 (0.19.0 alike) builds them under ``_mark_tower_model`` (``mistral3.py`` L478-495):
+    ``PixtralHFVisionModel`` (``pixtral.py`` L1534-1560) holds ``patch_conv`` (a Conv2d of ``num_channels ·
+    patch_size²`` inputs, no bias, whole on every rank) and the RMSNorm ``ln_pre``, then ``num_hidden_layers``
+    blocks (L1390-1411): RMSNorms ``attention_norm`` / ``ffn_norm``, an unbiased ``qkv_proj`` over every head
+    (``QKVParallelLinear`` with as many KV heads as heads, L1317) and ``o_proj`` (row-parallel, L1326), a gated
+    ``gate_up_proj`` / ``down_proj`` MLP of ``intermediate_size`` (L1275-1290); ``Mistral3MultiModalProjector``
+    (``mistral3.py`` L140-175) holds the RMSNorm ``norm`` over the vision width, the patch merger's
+    ``merging_layer`` (an ``nn.Linear`` from ``hidden_size · spatial_merge_size²`` to ``hidden_size``, no bias,
+    whole on every rank, L103) and ``linear_1`` (column-parallel, vision width to text width) and ``linear_2``
+    (row-parallel, text width to text width), biased under ``multimodal_projector_bias``.  SGLang 0.5.23 builds
+    the same tensors (``models/pixtral.py`` ``PixtralHFVisionModel``, split over TP alike) but takes the projector
+    from transformers (``models/mistral.py`` L23 / L95): ``linear_1`` / ``linear_2`` whole on every rank.
+
+    vLLM builds the tower only up to ``vision_feature_layer`` (``_get_num_hidden_layers``, L367-385); one that
+    stops short of the last layer, or a list of them (whose projector widens with it in transformers), is refused.
+    The rotary table (``PixtralRotaryEmbedding``'s non-persistent ``inv_freq`` buffer, ``(image_size /
+    patch_size)² x head_dim`` float32, 3.1 MB for Mistral-Small-3.1) is not a parameter and is not counted."""
+    vision = outer.child("vision_config")
+    hidden, inter = vision.integer("hidden_size"), vision.integer("intermediate_size")
+    layers = vision.integer("num_hidden_layers")
+    feature = outer.get("vision_feature_layer", -1)
+    if not isinstance(feature, int) or isinstance(feature, bool) or feature not in (-1, layers):
+        raise outer.error(
+            "vision_feature_layer",
+            f"is {feature!r}",
+            "kvpools does not model a Pixtral tower cut short of its last layer (or several feature layers) yet; "
+            "use -1.",
+        )
+    patch, tp = vision.integer("patch_size"), builder.sharding.tp
+    prefix = "vision_tower"
+    builder.add("vision", f"{prefix}.patch_conv", hidden, vision.integer("num_channels", 3) * patch**2, **FIRST)
+    builder.add("vision", f"{prefix}.ln_pre", hidden, **FIRST)
+    for block in range(layers):
+        layer = f"{prefix}.transformer.layers.{block}"
+        builder.add("vision", f"{layer}.attention_norm", hidden, **FIRST)
+        builder.add("vision", f"{layer}.ffn_norm", hidden, **FIRST)
+        builder.add(
+            "vision",
+            f"{layer}.attention.qkv_proj",
+            3 * hidden,
+            hidden,
+            linear=True,
+            rank_out=3 * split(hidden, tp),
+            **FIRST,
+        )
+        builder.add(
+            "vision", f"{layer}.attention.o_proj", hidden, hidden, linear=True, rank_inner=split(hidden, tp), **FIRST
+        )
+        builder.add(
+            "vision",
+            f"{layer}.feed_forward.gate_up_proj",
+            2 * inter,
+            hidden,
+            linear=True,
+            rank_out=2 * split(inter, tp),
+            **FIRST,
+        )
+        builder.add(
+            "vision",
+            f"{layer}.feed_forward.down_proj",
+            hidden,
+            inter,
+            linear=True,
+            rank_inner=split(inter, tp),
+            **FIRST,
+        )
+    merge = outer.integer("spatial_merge_size", 2)
+    projector = "multi_modal_projector"
+    builder.add("vision", f"{projector}.norm", hidden, **FIRST)
+    builder.add("vision", f"{projector}.patch_merger.merging_layer", hidden, hidden * merge**2, linear=True, **FIRST)
+    text = builder.hidden
+    if builder.sharding.engine == "vllm":
+        _linear_maybe_biased(builder, f"{projector}.linear_1", text, hidden, column=True, outer=outer)
+        _linear_maybe_biased(builder, f"{projector}.linear_2", text, text, column=False, outer=outer)
+    else:
+        biased = outer.boolean("multimodal_projector_bias", False)
+        for module, inner in ((f"{projector}.linear_1", hidden), (f"{projector}.linear_2", text)):
+            builder.add("vision", module, text, inner, linear=True, **FIRST)
+            if biased:
+                builder.add("vision", f"{module}.bias", text, **FIRST)
+
+
+def _linear_maybe_biased(
+    builder: Builder, module: str, rows: int, inner: int, *, column: bool, outer: ConfigReader
+) -> None:
+    """A vision Linear split over TP, biased only under the top-level ``multimodal_projector_bias``."""
+    if outer.boolean("multimodal_projector_bias", False):
+        _linear(builder, module, rows, inner, column=column)
+        return
+    tp = builder.sharding.tp
+    shape: dict[str, Any] = {"rank_out": split(rows, tp)} if column else {"rank_inner": split(inner, tp)}
+    builder.add("vision", module, rows, inner, linear=True, **shape, **FIRST)
