@@ -54,8 +54,12 @@ from kvpools_core.engines.vllm.planning import mamba_cache_mode_of
 from kvpools_core.engines.vllm.runtime_memory import (
     PROFILE_ALIASES,
     PROFILE_VERSIONS,
+    GraphShape,
     ModelShape,
+    cudagraph_capture_sizes,
+    cudagraph_memory,
     estimate_runtime_memory,
+    graph_shape_of,
     load_profile,
     model_shape_of,
     version_key,
@@ -259,6 +263,7 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
                 engine_version=version_key(str(log.engine_version)),
                 profile_version=profile,
                 shape=runtime_shape(log, serving.dtype),
+                graph=runtime_graph(log, serving.dtype),
                 kv_cache_dtype=serving.kv_cache_dtype,
                 **runtime_mm_options(log, serving.dtype),
             )
@@ -407,6 +412,16 @@ def runtime_shape(log: StartupLog, serving_dtype: str = "auto") -> ModelShape | 
             hidden_size=log.hidden_size, dense_intermediate_size=log.intermediate_size or 0, dtype_bytes=dtype_bytes
         )
     return None
+
+
+def runtime_graph(log: StartupLog, serving_dtype: str = "auto") -> GraphShape | None:
+    """The sizes vLLM's CUDA-graph estimate needs (:func:`graph_shape_of` of the kvpools model), or None."""
+    if log.kvpools_model is None:
+        return None
+    try:
+        return graph_shape_of(model_ref(log), dtype_bytes=4 if serving_dtype == "float32" else 2)
+    except KvpoolsError:
+        return None
 
 
 def runtime_mm_options(log: StartupLog, serving_dtype: str = "auto") -> dict[str, Any]:
@@ -612,17 +627,29 @@ def run(peers_venv: Path | None) -> dict[str, Any]:
 
 
 def cudagraph_terms(logs: list[StartupLog]) -> dict[str, str]:
-    """vllm-0.33.json's CUDA-graph estimate against the logged ``Estimated CUDA graph memory`` where the log states
-    the graph counts, per split: first capture + per graph x (PIECEWISE - 1 + FULL - 1)."""
+    """vllm-0.33.json's CUDA-graph estimate (``runtime_memory.cudagraph_memory``, the kvpools model's shape) against
+    the logged ``Estimated CUDA graph memory``, per split, where the record names a kvpools model and states the
+    graph counts.  A record without ``max_num_seqs`` takes the decode ceiling its logged FULL count names (35 FULL
+    graphs: sizes up to 256, the default ``max_num_seqs`` of a < 70 GiB GPU)."""
     profile = load_profile("0.33")
     errors: dict[str, list[float]] = defaultdict(list)
+    ladder = cudagraph_capture_sizes(max_num_seqs=1024, max_num_batched_tokens=8192)
     for log in logs:
         logged, piecewise = log.logged.get("cudagraph_gib"), log.logged.get("cudagraph_piecewise")
-        if logged is None or piecewise is None:
+        graph = runtime_graph(log)
+        if logged is None or piecewise is None or graph is None:
             continue
-        graphs = piecewise - 1 + max(int(log.logged.get("cudagraph_full") or 0) - 1, 0)
-        predicted = (profile.cudagraph_first_capture_bytes + graphs * profile.cudagraph_per_graph_bytes) / GiB
-        error = _error(predicted, logged)
+        full = int(log.logged.get("cudagraph_full") or 0)
+        seqs = log.flag("max_num_seqs") or (ladder[full - 1] if 0 < full <= len(ladder) else None)
+        term = cudagraph_memory(
+            profile=profile,
+            max_num_seqs=seqs,
+            max_num_batched_tokens=log.flag("max_num_batched_tokens"),
+            graph=graph,
+            tp_size=log.flag("tp", 1),
+            pp_size=log.flag("pp", 1),
+        )
+        error = _error(term.bytes / GiB, logged)
         if error is not None:
             errors[log.split or "neither"].append(error)
     return {split: summarize(values) for split, values in sorted(errors.items())}

@@ -18,6 +18,7 @@ peers venv:
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -27,11 +28,13 @@ from kvpools_core.engines.vllm import runtime_memory
 from kvpools_core.engines.vllm.runtime_memory import (
     FLASHINFER_INT_WORKSPACE_BYTES,
     FLASHINFER_WORKSPACE_BYTES,
+    GraphShape,
     ModelShape,
     attention_backend,
     cudagraph_memory,
     estimate_runtime_memory,
     flashinfer_workspace_bytes,
+    graph_shape_of,
     load_profile,
     model_shape_of,
 )
@@ -81,54 +84,71 @@ def test_the_workspace_size_per_version() -> None:
     )
 
 
+QWEN36_GRAPH = GraphShape(layers=40, attention_heads=16, value_head_dim=256, mlp_width=8 * 512)
+"""Qwen3.6-35B-A3B (its preset): 40 layers, 16 heads of 256, 8 experts of 512 a token."""
+PER_PIECEWISE, PER_FULL = 9_143_583, 7_423_918
+"""vllm-0.24.json's (= 0.33's) per-graph terms at 40 layers: round(0.218 MiB x 40), round(0.177 MiB x 40)."""
+FIRST_PIECEWISE = 67_503_063
+"""round(64.3 MiB) + round(2.43 x (2 x 2 x 4096 x 2 B)) = 67,423,437 + 79,626 (largest capture size 2)."""
+
+
 def test_the_cuda_graph_estimate_carries_the_workspace_by_hand() -> None:
     """max_num_seqs 1, 8192 batched tokens: capture sizes [1, 2] (ceiling min(1 x 2, 512) = 2), PIECEWISE 2, FULL 1
-    (size 1): 0.0433 GiB first capture + 1 x 0.0211 GiB + 394 MiB + 1 x 8 MiB.  max_num_seqs 4: sizes [1, 2, 4,
-    8], FULL 3 (1, 2, 4: three decode wrappers): 0.0433 + (4 - 1 + 3 - 1) x 0.0211 GiB + 394 + 3 x 8 MiB."""
+    (size 1).  With FlashAttention the FULL first capture is the split-KV accumulators 32 x 1 x 16 x 257 x 4 B =
+    526,336 B + a FULL graph = 7,950,254 B, below the PIECEWISE first: 67,503,063 + 1 x 9,143,583 = 76,646,646 B.
+    With FlashInfer the FULL first capture holds the 394 MiB float workspace + 8 MiB int workspace + a FULL graph
+    (no accumulators) = 428,951,470 B: + 9,143,583 = 438,095,053 B.  max_num_seqs 4: sizes [1, 2, 4, 8], FULL 3
+    (1, 2, 4: three decode wrappers): 428,951,470 + 3 x 9,143,583 + 2 x (7,423,918 + 8 MiB) = 488,007,271 B."""
     profile = load_profile("0.24")
-    first, per_graph = round(0.0433 * GiB), round(0.0211 * GiB)
-    plain = cudagraph_memory(profile=profile, max_num_seqs=1, max_num_batched_tokens=8192)
-    assert plain.bytes == first + per_graph
-    one = cudagraph_memory(profile=profile, max_num_seqs=1, max_num_batched_tokens=8192, flashinfer_workspace=394 * MiB)
-    assert one.bytes == first + per_graph + 394 * MiB + 8 * MiB
-    assert "FlashInfer workspaces of the FULL captures 402 MiB" in one.formula
-    four = cudagraph_memory(
-        profile=profile, max_num_seqs=4, max_num_batched_tokens=8192, flashinfer_workspace=394 * MiB
-    )
-    assert four.bytes == first + 5 * per_graph + 394 * MiB + 3 * 8 * MiB
+    common: dict[str, Any] = {"profile": profile, "max_num_batched_tokens": 8192, "graph": QWEN36_GRAPH}
+    plain = cudagraph_memory(max_num_seqs=1, attention="FLASH_ATTN", **common)
+    assert plain.bytes == FIRST_PIECEWISE + PER_PIECEWISE == 76_646_646
+    one = cudagraph_memory(max_num_seqs=1, flashinfer_workspace=394 * MiB, attention="FLASHINFER", **common)
+    assert one.bytes == 394 * MiB + 8 * MiB + PER_FULL + PER_PIECEWISE == 438_095_053
+    assert "[FlashInfer workspace 394 MiB + 8 MiB a FULL graph]" in one.formula
+    four = cudagraph_memory(max_num_seqs=4, flashinfer_workspace=394 * MiB, attention="FLASHINFER", **common)
+    assert four.bytes == 402 * MiB + PER_FULL + 3 * PER_PIECEWISE + 2 * (PER_FULL + 8 * MiB) == 488_007_271
     # vLLM 0.19 subtracts no estimate: nothing to carry
     assert cudagraph_memory(profile=load_profile("0.19"), flashinfer_workspace=394 * MiB).bytes == 0
 
 
 def test_qwen3_6_on_the_rtx_5090_per_version(monkeypatch: pytest.MonkeyPatch) -> None:
     """The records' configuration: 16 heads x 256 (the preset's config), fp8 cache, RTX 5090 (12.0): the 0.24
-    profile carries 394 + 8 MiB, the 0.33 profile 512 + 8 MiB; an H100 (FA3 takes the fp8 cache) or a bf16 cache
-    carries none."""
+    profile's FULL first capture holds 394 + 8 MiB, the 0.33 profile's 512 + 8 MiB; an H100 (FA3 takes the fp8
+    cache) or a bf16 cache holds FlashAttention's accumulators instead, which at one token are below the PIECEWISE
+    first capture."""
     monkeypatch.setattr(runtime_memory, "installed_vllm_version", lambda: None)
     shape = model_shape_of(QWEN36)
     assert shape is not None and (shape.num_attention_heads, shape.head_dim) == (16, 256)
-    first, per_graph = round(0.0433 * GiB), round(0.0211 * GiB)
-    common = {"vocab_size": 248320, "max_num_seqs": 1, "max_num_batched_tokens": 8192, "shape": shape}
+    assert graph_shape_of(QWEN36) == QWEN36_GRAPH
+    flash_attn = FIRST_PIECEWISE + PER_PIECEWISE
+    common: dict[str, Any] = {
+        "vocab_size": 248320,
+        "max_num_seqs": 1,
+        "max_num_batched_tokens": 8192,
+        "shape": shape,
+        "graph": QWEN36_GRAPH,
+    }
 
     def graphs(gpu: str, version: str, kv: str) -> int:
         memory = estimate_runtime_memory(gpu=find_gpu(gpu), engine_version=version, kv_cache_dtype=kv, **common)
         return memory.term("CUDA graphs").bytes
 
-    assert graphs("rtx-5090", "0.24", "fp8") == first + per_graph + 402 * MiB
-    assert graphs("rtx-5090", "0.25", "fp8") == first + per_graph + 402 * MiB
-    assert graphs("rtx-5090", "0.33", "fp8") == first + per_graph + 520 * MiB
-    assert graphs("rtx-5090", "0.24", "auto") == first + per_graph
-    assert graphs("h100", "0.24", "fp8") == first + per_graph
+    assert graphs("rtx-5090", "0.24", "fp8") == 402 * MiB + PER_FULL + PER_PIECEWISE
+    assert graphs("rtx-5090", "0.25", "fp8") == 402 * MiB + PER_FULL + PER_PIECEWISE
+    assert graphs("rtx-5090", "0.33", "fp8") == 520 * MiB + PER_FULL + PER_PIECEWISE
+    assert graphs("rtx-5090", "0.24", "auto") == flash_attn
+    assert graphs("h100", "0.24", "fp8") == flash_attn
     # a Blackwell datacenter GPU picks FlashInfer, but decodes with TRTLLM-gen when its cubins are reachable: not
     # modelled, no workspace charged
     assert attention_backend(compute_capability=(10, 0), kv_cache_dtype="auto", head_dim=256) == "FLASHINFER"
-    assert graphs("b200", "0.24", "fp8") == first + per_graph
+    assert graphs("b200", "0.24", "fp8") == flash_attn
     # without heads (a hand-made shape) the backend is not known: no workspace
     bare = ModelShape(hidden_size=2048)
     memory = estimate_runtime_memory(
         gpu=find_gpu("rtx-5090"), engine_version="0.24", kv_cache_dtype="fp8", **{**common, "shape": bare}
     )
-    assert memory.term("CUDA graphs").bytes == first + per_graph
+    assert memory.term("CUDA graphs").bytes == flash_attn
 
 
 def test_the_0_24_profile_is_0_33s_constants_with_its_own_flags() -> None:
@@ -139,8 +159,7 @@ def test_the_0_24_profile_is_0_33s_constants_with_its_own_flags() -> None:
         "non_torch_bytes_by_tp",
         "non_torch_pp_bytes",
         "cudagraph_subtracted",
-        "cudagraph_first_capture_bytes",
-        "cudagraph_per_graph_bytes",
+        "cudagraph",
         "sampler_bytes_per_logit",
     ):
         assert getattr(v024, field) == getattr(v033, field), field
@@ -151,8 +170,8 @@ def test_the_0_24_profile_is_0_33s_constants_with_its_own_flags() -> None:
 def test_cli_engine_version_024_reproduces_the_logged_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     """``kvpools plan qwen3.6-35b-a3b-nvfp4 --engine-version vllm==0.24``: with club-3090#652's logged budget
     (``--memory 6.01GiB``) the 0.24 layout gives its 569,878 tokens (2096-token blocks, 300 blocks / 69 a request);
-    from the GPU (``--gpu rtx-5090``, utilization 0.92) the budget carries the 402 MiB of FlashInfer workspaces and
-    gives 301 blocks, 571,777 tokens (+0.33 %)."""
+    from the GPU (``--gpu rtx-5090``, utilization 0.92) the budget carries the 402 MiB of FlashInfer workspaces in
+    the CUDA-graph estimate and gives 303 blocks, 575,577 tokens (+1.00 %)."""
     monkeypatch.setattr(runtime_memory, "installed_vllm_version", lambda: None)
     base = [
         "plan",
@@ -182,8 +201,8 @@ def test_cli_engine_version_024_reproduces_the_logged_tokens(monkeypatch: pytest
     assert whole.exit_code == 0, whole.output
     data = json.loads(whole.output)
     terms = data["runtime_memory"]["terms"]
-    assert terms["CUDA graphs"]["bytes"] == round(0.0433 * GiB) + round(0.0211 * GiB) + 402 * MiB
-    assert data["kv_cache_size_tokens"] == 571_777
+    assert terms["CUDA graphs"]["bytes"] == 438_095_053
+    assert data["kv_cache_size_tokens"] == 575_577
     # the same plan in vLLM 0.33's layout and workspace: 2112-token blocks, 3 Mamba blocks a request, 512 MiB
     new = runner.invoke(
         main,
@@ -199,7 +218,7 @@ def test_cli_engine_version_024_reproduces_the_logged_tokens(monkeypatch: pytest
     )
     assert new.exit_code == 0, new.output
     assert json.loads(new.output)["runtime_memory"]["terms"]["CUDA graphs"]["bytes"] == (
-        round(0.0433 * GiB) + round(0.0211 * GiB) + 520 * MiB
+        520 * MiB + PER_FULL + PER_PIECEWISE
     )
 
 

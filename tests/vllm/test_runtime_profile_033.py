@@ -7,15 +7,16 @@ profile file's fit against the logs it names, and the note a profile older or ne
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from benchmarks.startup_logs import load_startup_logs
 from kvpools_core.cli import main
 from kvpools_core.engines.vllm import runtime_memory
 from kvpools_core.engines.vllm.runtime_memory import (
     PROFILE_VERSIONS,
+    GraphShape,
     cudagraph_capture_sizes,
     cudagraph_memory,
     estimate_runtime_memory,
@@ -43,30 +44,40 @@ def test_the_capture_sizes_by_hand() -> None:
     assert cudagraph_capture_sizes(max_num_seqs=1024, max_num_batched_tokens=8192, blackwell=True)[-1] == 1024
 
 
+LLAMA_8B = GraphShape(layers=32, attention_heads=32, value_head_dim=128, mlp_width=14336)
+"""Llama-3.1-8B (its preset): 32 layers, 32 heads of 128, MLP 14336, bf16, FlashAttention."""
+LLAMA_8B_H100_BYTES = 939_171_742
+"""vllm-0.33.json's term for Llama-3.1-8B on the H100 defaults (51 PIECEWISE + 51 FULL graphs, largest 512), by
+hand: per graph PIECEWISE round(0.218 MiB x 32) = 7,314,866 B, FULL round(0.177 MiB x 32) = 5,939,134 B; PIECEWISE
+first round(64.3 MiB) + round(2.43 x 512 x 2 x 14336 x 2 B) = 67,423,437 + 71,345,111 = 138,768,548 B; FULL first
+= the split-KV accumulators 32 x 512 x 32 x (128 + 1) x 4 B = 270,532,608 B + 5,939,134 = 276,471,742 B; total
+276,471,742 + 50 x 7,314,866 + 50 x 5,939,134 = 939,171,742 B (895.7 MiB; vLLM 0.19.0 logged 860 MiB for it)."""
+
+
 def test_the_033_cudagraph_term_by_hand() -> None:
-    """FULL_AND_PIECEWISE on the H100 defaults: 51 PIECEWISE + 51 FULL graphs (every size <= 1024), so
-    first capture + (50 + 50) x per graph = 0.0433 + 100 x 0.0211 GiB = 2.1533 GiB (vllm-0.33.json)."""
     profile = load_profile("vllm==0.33")
     assert profile.cudagraph_subtracted
-    term = cudagraph_memory(profile=profile, max_num_seqs=1024, max_num_batched_tokens=8192)
-    assert term.bytes == round(0.0433 * GiB) + 100 * round(0.0211 * GiB)
-    assert "PIECEWISE 51 - 1 + FULL 51 - 1" in term.formula
+    term = cudagraph_memory(profile=profile, max_num_seqs=1024, max_num_batched_tokens=8192, graph=LLAMA_8B)
+    assert term.bytes == LLAMA_8B_H100_BYTES
+    assert "(PIECEWISE 51 - 1) x 6.98 MiB" in term.formula and "(FULL 51 - 1) x 5.66 MiB" in term.formula
     # 0.19 subtracts nothing (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS off in its logs)
     assert cudagraph_memory(profile=load_profile("0.19"), max_num_seqs=1024, max_num_batched_tokens=8192).bytes == 0
 
 
 def test_the_profile_reproduces_the_logs_it_was_fitted_on() -> None:
-    """Each calibration record that logs a CUDA-graph estimate and its PIECEWISE count: first capture + (n - 1) x per
-    graph is the logged GiB to its 0.01 GiB rounding."""
-    profile = load_profile("0.33")
-    fitted = [log for log in load_startup_logs() if log.logged.get("cudagraph_gib") is not None]
-    assert len(fitted) >= 2
-    for log in fitted:
-        if log.split != "calibration":
-            continue
-        graphs = log.logged["cudagraph_piecewise"] - 1
-        predicted = (profile.cudagraph_first_capture_bytes + graphs * profile.cudagraph_per_graph_bytes) / GiB
-        assert abs(predicted - log.logged["cudagraph_gib"]) <= 0.005 + 1e-9, log.id
+    """The profile's four CUDA-graph constants are ``benchmarks.cudagraph_logs.fit`` of the data file's calibration
+    records, to the rounding the profile states them with."""
+    from benchmarks.cudagraph_logs import fit, load
+
+    fitted = fit(load()["records"])
+    data = json.loads((Path(runtime_memory.__file__).parent / "profiles" / "vllm-0.33.json").read_text())
+    for name, digits in (
+        ("cudagraph_piecewise_first_mib", 1),
+        ("cudagraph_piecewise_first_per_mlp_output", 2),
+        ("cudagraph_piecewise_per_graph_mib_per_layer", 3),
+        ("cudagraph_full_per_graph_mib_per_layer", 3),
+    ):
+        assert data[name] == round(fitted[name], digits), name
 
 
 def test_every_profile_exists() -> None:
@@ -88,7 +99,7 @@ def test_a_profile_other_than_the_installed_engine_says_so(
     monkeypatch: pytest.MonkeyPatch, installed: str, profile: str, says: str
 ) -> None:
     monkeypatch.setattr(runtime_memory, "installed_vllm_version", lambda: installed)
-    memory = estimate_runtime_memory(gpu=find_gpu("h100"), vocab_size=1000, engine_version=profile)
+    memory = estimate_runtime_memory(gpu=find_gpu("h100"), vocab_size=1000, engine_version=profile, graph=LLAMA_8B)
     assert memory.note == says
 
 
@@ -103,7 +114,7 @@ def test_cli_runtime_profile_033(monkeypatch: pytest.MonkeyPatch) -> None:
     assert new.exit_code == 0 and old.exit_code == 0, new.output + old.output
     new_data, old_data = json.loads(new.output), json.loads(old.output)
     graphs = new_data["runtime_memory"]["terms"]["CUDA graphs"]["bytes"]
-    assert graphs == round(0.0433 * GiB) + 100 * round(0.0211 * GiB)
+    assert graphs == LLAMA_8B_H100_BYTES
     kv_new = new_data["budget"][0]["available_kv_cache_memory"]
     kv_old = old_data["budget"][0]["available_kv_cache_memory"]
     assert kv_old - kv_new == graphs
@@ -111,11 +122,9 @@ def test_cli_runtime_profile_033(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_whole_gpu_benchmark_reports_held_out_per_version_and_sglangs_refusal() -> None:
     """``benchmarks/whole_gpu_accuracy.py`` (no peers): the held-out rows per engine version, the CUDA-graph term on
-    its two held-out logs (PIECEWISE 51 + FULL 35 at max_num_seqs 256: 0.0433 + 84 x 0.0211 = 1.8157 GiB against the
-    logged 1.62 of a hybrid GGUF model, +12.1 %, and 0.52 of dense Qwen3-8B, +249.2 %: the low-confidence fit, as
-    measured; since logs34 also the 15 full vLLM 0.19.0 H100 logs of llm-d-planner's sweep, which print their
-    estimate at max_num_seqs 1024, PIECEWISE 51 + FULL 51 (gpt-oss: 83 + 83): 2.153 GiB against 0.55-1.82 logged,
-    +18 % (Llama-3.3-70B) to +292 % (phi-2), 5.2-18.2 MiB a graph where the fit has 21.6), and SGLang's own
+    the held-out logs that name a kvpools model (16; the hybrid GGUF one names none): the per-model formula of
+    vllm-0.33.json (runtime_memory.cudagraph_memory) against vLLM 0.19.0's logged estimate, mean +10.27 %, worst
+    +41.99 % (phi-2); the former two constants were +136.18 % on average, +291.51 % at worst), and SGLang's own
     refusal (DeepSeek-V4-Pro on 8 x H200 at --mem-fraction-static 0.88, 125.65 GB of
     weights) refused by kvpools too."""
     from benchmarks.whole_gpu_accuracy import run
@@ -123,7 +132,7 @@ def test_whole_gpu_benchmark_reports_held_out_per_version_and_sglangs_refusal() 
     report = run(None)
     runtime = report["tools"]["kvpools-runtime (logged weights)"]
     assert "vllm 0.19.0" in runtime["held_out"]
-    assert report["terms"]["CUDA graphs"]["held_out"] == "n=17 mean +136.18 %, mean abs 136.18 %, worst +291.51 %"
+    assert report["terms"]["CUDA graphs"]["held_out"] == "n=16 mean +10.27 %, mean abs 21.29 %, worst +41.99 %"
     sglang = report["tools"]["kvpools-sglang (logged weights)"]
     reason = sglang["refused"]["sglang-inferencex-2128-dsv4-pro-h200-tp8"]
     assert "Loaded weights leave no memory for the KV cache under mem_fraction_static=0.88" in reason

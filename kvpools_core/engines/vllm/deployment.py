@@ -34,6 +34,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
     RuntimeMemory,
     TotalMemory,
     estimate_runtime_memory,
+    graph_shape_of,
     load_profile,
     model_shape_of,
     vision_shape_of,
@@ -659,6 +660,8 @@ def _runtime_memory(
         "shape": model_shape_of(model, dtype_bytes=4 if serving.dtype == "float32" else 2),
         # a Qwen3-VL-style vision tower's profile pass, at --limit-mm-per-prompt (vLLM's 999 per modality unnamed)
         "vision": vision_shape_of(model, dtype_bytes=4 if serving.dtype == "float32" else 2),
+        # vLLM's CUDA-graph estimate (subtracted from 0.21 on): layers, heads, MLP width, attention backend
+        "graph": graph_shape_of(model, dtype_bytes=4 if serving.dtype == "float32" else 2),
         "max_model_len": limits.max_model_len,
         # with the GPU and the heads, it picks the attention backend (FlashInfer's workspace, cudagraph_memory)
         "kv_cache_dtype": serving.kv_cache_dtype,

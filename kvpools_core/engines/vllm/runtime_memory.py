@@ -117,8 +117,6 @@ class RuntimeProfile:
     non_torch_bytes_by_tp: tuple[tuple[int, int], ...]
     non_torch_pp_bytes: int
     cudagraph_subtracted: bool
-    cudagraph_first_capture_bytes: int
-    cudagraph_per_graph_bytes: int
     default_max_num_seqs: int
     default_max_num_batched_tokens: int
     fitted_on: str
@@ -142,6 +140,8 @@ class RuntimeProfile:
     """Whether vLLM's Gated DeltaNet layers export a prefill checkpoint on FlashInfer's 64-token grid (vLLM 0.30.0
     on: blocks a multiple of 64 tokens and ``2 + 1`` Mamba blocks a request), or not (0.24-0.29: blocks on the
     attention kernel's 16-token grid, 2 Mamba blocks a request): :func:`kvpools_core.engines.vllm.layouts`."""
+    cudagraph: CudaGraphConstants | None = None
+    """The calibrated constants of :func:`cudagraph_memory` (None where ``cudagraph_subtracted`` is false)."""
 
 
 PROFILE_VERSIONS = ("0.16", "0.19", "0.24", "0.33")
@@ -204,10 +204,7 @@ def load_profile(version: str) -> RuntimeProfile:
         non_torch_bytes_by_tp=by_tp,
         non_torch_pp_bytes=_gib(data["non_torch_pp_gib"], "non_torch_pp_gib", file),
         cudagraph_subtracted=bool(data["cudagraph_subtracted"]),
-        cudagraph_first_capture_bytes=_gib(
-            data.get("cudagraph_first_capture_gib", 0), "cudagraph_first_capture_gib", file
-        ),
-        cudagraph_per_graph_bytes=_gib(data.get("cudagraph_per_graph_gib", 0), "cudagraph_per_graph_gib", file),
+        cudagraph=_cudagraph_constants(data, file),
         default_max_num_seqs=int(data["default_max_num_seqs"]),
         default_max_num_batched_tokens=int(data["default_max_num_batched_tokens"]),
         fitted_on=str(data["fitted_on"]["data"]),
@@ -218,6 +215,50 @@ def load_profile(version: str) -> RuntimeProfile:
         moe_workspace=bool(data.get("moe_workspace", True)),
         flashinfer_workspace_scales=bool(data.get("flashinfer_workspace_scales", False)),
         gdn_prefill_checkpoint=bool(data.get("gdn_prefill_checkpoint", True)),
+    )
+
+
+@attrs.frozen(kw_only=True)
+class CudaGraphConstants:
+    """A profile's calibrated constants of :func:`cudagraph_memory` (``cudagraph_*`` in ``vllm-<version>.json``)."""
+
+    piecewise_first_bytes: int
+    """The PIECEWISE first capture's part that does not scale with the MLP (``cudagraph_piecewise_first_mib``)."""
+    piecewise_first_per_mlp_output: float
+    """The PIECEWISE first capture's bytes per byte of one MLP up-projection output at the largest capture size
+    (``cudagraph_piecewise_first_per_mlp_output``)."""
+    piecewise_layer_bytes: float
+    """A PIECEWISE graph's own memory per decoder layer (``cudagraph_piecewise_per_graph_mib_per_layer``)."""
+    full_layer_bytes: float
+    """A FULL graph's own memory per decoder layer (``cudagraph_full_per_graph_mib_per_layer``)."""
+
+
+_CUDAGRAPH_FIELDS = (
+    "cudagraph_piecewise_first_mib",
+    "cudagraph_piecewise_first_per_mlp_output",
+    "cudagraph_piecewise_per_graph_mib_per_layer",
+    "cudagraph_full_per_graph_mib_per_layer",
+)
+
+
+def _cudagraph_constants(data: dict[str, Any], file: str) -> CudaGraphConstants | None:
+    if not data["cudagraph_subtracted"]:
+        return None
+    values = []
+    for name in _CUDAGRAPH_FIELDS:
+        value = data.get(name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ConfigError(
+                f"{file}: {name} must be a non-negative number (the profile subtracts the CUDA-graph estimate), "
+                f"got {value!r}."
+            )
+        values.append(float(value))
+    first, per_output, piecewise, full = values
+    return CudaGraphConstants(
+        piecewise_first_bytes=round(first * MiB),
+        piecewise_first_per_mlp_output=per_output,
+        piecewise_layer_bytes=piecewise * MiB,
+        full_layer_bytes=full * MiB,
     )
 
 
@@ -1083,14 +1124,21 @@ def flashinfer_workspace_bytes(
     )
 
 
-def cudagraph_capture_sizes(*, max_num_seqs: int, max_num_batched_tokens: int, blackwell: bool = False) -> list[int]:
+def cudagraph_capture_sizes(
+    *, max_num_seqs: int, max_num_batched_tokens: int, blackwell: bool = False, max_capture_size: int | None = None
+) -> list[int]:
     """vLLM 0.33's default ``cudagraph_capture_sizes`` without speculative decoding (``config/vllm.py``
     ``_set_cudagraph_sizes`` L2452-2605, decode query length 1): the ceiling ``min(max_num_seqs x 2, 512)`` (1024 on
     a Blackwell, device capability family 100) then ``min(max_num_batched_tokens, ceiling)``; sizes 1, 2, 4, every 8
     up to 248, every 16 from 256 to the ceiling, plus ``max_num_batched_tokens`` when it is within the ceiling and
-    ``max_num_seqs`` when it is (the uniform-decode size)."""
-    ceiling = min(max_num_seqs * 2, 1024 if blackwell else 512)
-    decode = [max_num_seqs] if max_num_seqs <= ceiling else []
+    ``max_num_seqs`` when it is (the uniform-decode size).  ``max_capture_size`` is a ``max_cudagraph_capture_size``
+    set before (gpt-oss's 1024, :attr:`GraphShape.max_capture_size`): it is the ceiling, and no uniform-decode size
+    is added (L2457-2460: those are "populated only when the default is computed here")."""
+    if max_capture_size is None:
+        ceiling = min(max_num_seqs * 2, 1024 if blackwell else 512)
+        decode = [max_num_seqs] if max_num_seqs <= ceiling else []
+    else:
+        ceiling, decode = max_capture_size, []
     ceiling = min(max_num_batched_tokens, ceiling)
     sizes = [size for size in (1, 2, 4) if size <= ceiling]
     if ceiling >= 8:
@@ -1103,78 +1151,187 @@ def cudagraph_capture_sizes(*, max_num_seqs: int, max_num_batched_tokens: int, b
     return sorted(set(sizes))
 
 
+FA_CUDAGRAPH_MAX_SPLITS = 32
+"""vLLM's ``flash_attn_max_num_splits_for_cuda_graph`` default (0.33 ``config/attention.py`` L61; 0.19 the same):
+the split-KV bound FlashAttention's metadata builder passes while a FULL graph is captured
+(``v1/attention/backends/flash_attn.py`` L767-771, L855-865)."""
+
+MM_PREFIX_LM_MODEL_TYPES = ("bagel", "gemma3", "molmo2", "moondream3", "paligemma")
+"""vLLM 0.33's PrefixLM multimodal models (``transformers_utils/model_arch_config_convertor.py`` L352-366): their
+bidirectional image attention needs FlashAttention 4 (``flash_attn.py`` L498-512), which a Hopper does not run
+(``fa_utils.py`` L94-104), so they take TRITON_ATTN, which captures no split-KV buffers."""
+
+
+@attrs.frozen(kw_only=True)
+class GraphShape:
+    """The model sizes vLLM's CUDA-graph profiling depends on (:func:`graph_shape_from_config`)."""
+
+    layers: int = attrs.field(validator=_size(1))
+    """``num_hidden_layers`` (a pipeline stage captures its own share)."""
+    attention_heads: int = attrs.field(validator=_size(1))
+    value_head_dim: int = attrs.field(validator=_size(1))
+    """The width decode attention writes per head: ``head_dim`` (``hidden / heads``), an MLA model's
+    ``kv_lora_rank`` (its decode attends in the latent space)."""
+    mlp_width: int = attrs.field(validator=_size(0))
+    """The widest MLP a token runs: ``max(dense intermediate, experts per token x expert width)``."""
+    split_kv: bool = True
+    """Whether a FULL graph captures FlashAttention's split-KV accumulators: false for float32 (TRITON_ATTN), a
+    PrefixLM multimodal model (:data:`MM_PREFIX_LM_MODEL_TYPES`) and a model with attention sinks (gpt-oss: its
+    logged FULL first capture is 6-8 MiB, not the accumulators' 256-512 MiB)."""
+    dtype_bytes: int = attrs.field(default=2, validator=attrs.validators.in_((2, 4)))
+    max_capture_size: int | None = None
+    """A ``max_cudagraph_capture_size`` the model's config hook sets: 1024 for ``GptOssForCausalLM`` (vLLM 0.33
+    ``model_executor/models/config.py`` L544-562, "from 67 to 83" graphs), else None (vLLM's default)."""
+
+
+def graph_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> GraphShape | None:
+    """The :class:`GraphShape` of a Hugging Face ``config.json`` (its ``text_config`` for a multimodal one), or None
+    without ``hidden_size`` / ``num_hidden_layers`` / ``num_attention_heads``."""
+    shape = model_shape_from_config(config, dtype_bytes=dtype_bytes)
+    text = config if isinstance(config.get("hidden_size"), int) else (config.get("text_config") or {})
+    layers, heads = text.get("num_hidden_layers"), text.get("num_attention_heads")
+    if shape is None or not isinstance(layers, int) or not isinstance(heads, int) or layers < 1 or heads < 1:
+        return None
+    stated, latent = text.get("head_dim"), text.get("kv_lora_rank")
+    head_dim = stated if isinstance(stated, int) and stated > 0 else shape.hidden_size // heads
+    model_type = str(config.get("model_type") or "")
+    return GraphShape(
+        layers=layers,
+        attention_heads=heads,
+        value_head_dim=latent if isinstance(latent, int) and latent > 0 else max(head_dim, 1),
+        mlp_width=max(shape.dense_intermediate_size, shape.num_experts_per_tok * shape.moe_intermediate_size),
+        split_kv=dtype_bytes == 2
+        and model_type not in MM_PREFIX_LM_MODEL_TYPES
+        and not (model_type == "gpt_oss" or str(text.get("model_type")) == "gpt_oss"),
+        dtype_bytes=dtype_bytes,
+        max_capture_size=1024 if "GptOssForCausalLM" in (config.get("architectures") or ()) else None,
+    )
+
+
+def graph_shape_of(model: str, *, dtype_bytes: int = 2) -> GraphShape | None:
+    """:func:`graph_shape_from_config` of ``model`` (a preset, a ``config.json`` or its directory)."""
+    return graph_shape_from_config(_complete_config(model)[0], dtype_bytes=dtype_bytes)
+
+
 def cudagraph_memory(
     *,
     profile: RuntimeProfile,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
+    graph: GraphShape | None = None,
+    tp_size: int = 1,
+    pp_size: int = 1,
     flashinfer_workspace: int = 0,
+    attention: str | None = None,
+    blackwell: bool = False,
 ) -> Term:
-    """The CUDA-graph estimate vLLM subtracts before sizing the KV cache.
+    """The CUDA-graph estimate vLLM subtracts before sizing the KV cache, for one worker.
 
     Zero for a version that captures the graphs after sizing it (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` off,
     as in vLLM 0.19).  vLLM 0.33 turns it on (``envs.py`` L2219) and ``profile_cudagraph_memory``
-    (``v1/worker/gpu_model_runner.py`` L6268-6415) captures the first two graphs of each mode and estimates
-    ``max over modes(first capture) + sum over modes(second capture x (graphs - 1))``.  The default mode
-    ``FULL_AND_PIECEWISE`` captures a PIECEWISE graph per capture size and a FULL graph per uniform-decode size
-    (the capture sizes up to ``max_num_seqs``); the first-capture and per-graph bytes are the profile's calibrated
-    constants (``profiles/vllm-<version>.json``).  Not modelled: speculative decoding's widened decode sizes and
-    encoder graphs.
+    (``v1/worker/gpu_model_runner.py`` L6268-6415) captures, per mode, the largest and the second-largest size into
+    one temporary graph pool, reads the free-memory drop of each (L6330-6344: ``first_capture``, and ``per_graph``,
+    at least 1 MiB) and estimates ``max over modes(first_capture) + sum over modes(per_graph x (graphs - 1))``
+    (L6395-6407).  The default mode ``FULL_AND_PIECEWISE`` captures a PIECEWISE graph per capture size and a FULL
+    graph per uniform-decode size (the capture sizes up to ``max_num_seqs``).
+
+    What the two readings hold, and kvpools' term for each (``graph``, :func:`graph_shape_of`; a stage holds
+    ``ceil(layers / pp)`` layers, a rank ``heads / tp`` heads and ``mlp_width / tp`` of the MLP):
+
+    - FULL first capture: the whole decode step at the largest FULL size ``S_F``; FlashAttention captures with
+      ``num_splits`` = :data:`FA_CUDAGRAPH_MAX_SPLITS` (``flash_attn.py`` L855-865, whose comment names the cost:
+      ``[num_splits, num_heads, num_tokens, head_size]`` intermediate buffers), so the pool keeps the fp32 split
+      accumulators ``32 x S_F x heads x (value_head_dim + 1) x 4 B`` (output and log-sum-exp), plus the graph's own
+      memory (a FULL graph's per-graph term).  Nothing where :attr:`GraphShape.split_kv` is false.
+    - PIECEWISE first capture: the piece outputs between the attention splits at the largest size ``S_P``, the
+      warm-up run's activations the caching allocator keeps, and the graph's own memory: calibrated as
+      ``a + b x (S_P x 2 x mlp_width / tp x dtype bytes)`` (the MLP up-projection's output is the largest of them).
+    - Per graph (second capture, same pool): the graph executable's own device memory, which grows with the kernels
+      captured, i.e. with the layers: ``max(1 MiB, c_mode x layers)``.
 
     ``flashinfer_workspace`` (:func:`flashinfer_workspace_bytes`; 0 when the attention backend is not FlashInfer,
-    :func:`attention_backend`) is what the FULL mode's first capture allocates besides the graph, which vLLM's
-    free-memory drop counts (vLLM 0.24.0 ``v1/worker/gpu_model_runner.py``): ``profile_cudagraph_memory`` builds the
-    attention backends on a minimal KV cache (L6449, ``_init_minimal_kv_cache_for_profiling`` L6314-6336), whose
+    :func:`attention_backend`) is what the FULL mode's first capture allocates besides the graph where the backend is
+    FlashInfer (it then holds no FlashAttention accumulators), which vLLM's free-memory drop counts (vLLM 0.24.0
+    ``v1/worker/gpu_model_runner.py``): ``profile_cudagraph_memory`` builds the attention backends on a minimal KV
+    cache (L6449, ``_init_minimal_kv_cache_for_profiling`` L6314-6336), whose
     FlashInfer builder allocates nothing yet (``flashinfer.py`` L566-760: ``_workspace_buffer = None``), empties
     torch's cache (L6506), then, per mode, reads ``mem_get_info`` around ``_warmup_and_capture`` (L6512-6528).  A FULL
     capture's warm-up forces attention (L6673), so ``_dummy_run`` builds the metadata (L5846-5879); FlashInfer's
     ``build`` creates the decode wrapper of that batch size (L1293) on ``_get_workspace_buffer``'s ``torch.zeros``
     (L785-793), and the wrapper its own 8 MiB int workspace (:data:`FLASHINFER_INT_WORKSPACE_BYTES`).  So the FULL
     first capture holds the float workspace + 8 MiB, each further FULL graph (a new batch size, a new wrapper) 8 MiB
-    more, and the estimate ``max(first captures) + sum(per-graph)`` (L6582-6584) carries them; the builder is freed
-    after (``_cleanup_profiling_kv_cache``, L6376-6406), so nothing of it stays in the non-torch memory.  vLLM 0.33
+    more, and the estimate ``max(first captures) + sum(per-graph)`` (L6582-6584) carries them (the float workspace
+    inside the FULL first capture, so inside the max); the builder is freed after (``_cleanup_profiling_kv_cache``,
+    L6376-6406), so nothing of it stays in the non-torch memory.  vLLM 0.33
     runs the same steps (``profile_cudagraph_memory`` L6268-6415, the workspace ``flashinfer.py`` L1255-1278).
 
-    Why a constant per graph cannot follow vLLM's estimate (the held-out logs' +12 % and +249 %): vLLM measures it
-    (``gpu_model_runner.py`` L6330-6356): per mode, the free-memory drop of capturing the largest size
-    (``first_capture``) and of the second-largest (``per_graph``, at least 1 MiB), times the number of graphs less
-    one.  The second capture reuses the largest one's pool, so ``per_graph`` is the graph executable's own device
-    memory, which grows with the kernels captured (layers x kernels per layer; PIECEWISE splits each size at every
-    attention layer), plus what the pool did not already cover: a property of the model, not of the graph count.
-    The profile's 21.6 MiB per graph is the difference between two different models' estimates divided by the
-    difference of their graph counts; the held-out dense Qwen3-8B log spends at most 0.52 GiB / 84 = 6.3 MiB per
-    graph.  A per-model term needs logs with vLLM's DEBUG line ``Estimated <mode> CUDA graph memory: <first> MiB
-    first-capture + (<n>-1) x <per-graph> MiB per-graph`` (L6360-6367), which states both for each model."""
-    if not profile.cudagraph_subtracted:
+    ``attention`` is the backend :func:`attention_backend` picks (None: not known, taken as FlashAttention, what the
+    calibration logs ran): the split-KV accumulators are captured under ``"FLASH_ATTN"`` only.  ``blackwell`` (device
+    capability family 100) raises the default capture ceiling to 1024 (:func:`cudagraph_capture_sizes`).
+
+    ``a``, ``b``, ``c_PIECEWISE`` and ``c_FULL`` are the profile's (``profiles/vllm-<version>.json``), fitted on half
+    of llm-d-planner's vLLM 0.19.0 H100 DEBUG logs (``benchmarks/data/cudagraph_estimates.json``, same procedure
+    as 0.33's) and checked on the other half; the per-graph readings are whole 2 MiB pages, so a mode's
+    ``(graphs - 1) x per_graph`` carries +-50 MiB of rounding at 51 graphs.  Not modelled: speculative decoding's
+    widened decode sizes, encoder graphs, MLA backends other than FLASH_ATTN_MLA, an allocator segment that one
+    rank's second capture may open (+20 MiB a graph on some TP 2 logs), and hybrid (GDN / Mamba) models, whose
+    layers all count at the dense rate: no log of theirs states the per-mode lines."""
+    if not profile.cudagraph_subtracted or profile.cudagraph is None:
         return Term(
             name="CUDA graphs",
             bytes=0,
             formula=f"0: vLLM {profile.version} captures the graphs after sizing the KV cache",
             source="VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 in that version's logs",
         )
+    if graph is None:
+        raise ConfigError(
+            f"vLLM {profile.version} subtracts its CUDA-graph estimate, which kvpools derives from the model's "
+            f"layers, attention heads and MLP width: pass the model by name or config path (a config.json with "
+            f"num_hidden_layers and num_attention_heads), or a runtime profile that does not subtract it."
+        )
+    constants = profile.cudagraph
     seqs = profile.default_max_num_seqs if max_num_seqs is None else max_num_seqs
     batched = profile.default_max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
-    sizes = cudagraph_capture_sizes(max_num_seqs=seqs, max_num_batched_tokens=batched)
-    piecewise, full = len(sizes), sum(1 for size in sizes if size <= seqs)
-    graphs = (piecewise - 1) + max(full - 1, 0)
-    total = profile.cudagraph_first_capture_bytes + graphs * profile.cudagraph_per_graph_bytes
-    flashinfer = ""
-    if flashinfer_workspace and full:
-        held = flashinfer_workspace + full * FLASHINFER_INT_WORKSPACE_BYTES
-        total += held
-        flashinfer = (
-            f" + FlashInfer workspaces of the FULL captures {held / MiB:.0f} MiB (float "
-            f"{flashinfer_workspace / MiB:.0f} MiB + FULL {full} x {FLASHINFER_INT_WORKSPACE_BYTES / MiB:.0f} MiB "
-            f"decode-wrapper int workspace)"
-        )
+    sizes = cudagraph_capture_sizes(
+        max_num_seqs=seqs, max_num_batched_tokens=batched, blackwell=blackwell, max_capture_size=graph.max_capture_size
+    )
+    if not sizes:
+        return Term(name="CUDA graphs", bytes=0, formula="0: no capture size", source="config/vllm.py")
+    full_sizes = [size for size in sizes if size <= seqs]
+    layers = -(-graph.layers // pp_size)
+    heads = max(graph.attention_heads // tp_size, 1)
+    per_piecewise = max(round(constants.piecewise_layer_bytes * layers), MiB)
+    per_full = max(round(constants.full_layer_bytes * layers), MiB)
+    mlp_output = sizes[-1] * 2 * (graph.mlp_width // tp_size) * graph.dtype_bytes
+    first_piecewise = constants.piecewise_first_bytes + round(constants.piecewise_first_per_mlp_output * mlp_output)
+    flash_attn = attention in (None, "FLASH_ATTN") and not flashinfer_workspace
+    accumulators = (
+        FA_CUDAGRAPH_MAX_SPLITS * full_sizes[-1] * heads * (graph.value_head_dim + 1) * 4
+        if graph.split_kv and flash_attn and full_sizes
+        else 0
+    )
+    # FlashInfer: the float workspace and a decode wrapper's int workspace in the first FULL capture, another int
+    # workspace in each further one
+    wrapper = FLASHINFER_INT_WORKSPACE_BYTES if flashinfer_workspace and full_sizes else 0
+    first_full = accumulators + flashinfer_workspace + wrapper + per_full if full_sizes else 0
+    total = (
+        max(first_piecewise, first_full)
+        + (len(sizes) - 1) * per_piecewise
+        + max(len(full_sizes) - 1, 0) * (per_full + wrapper)
+    )
+    flashinfer = (
+        f" [FlashInfer workspace {flashinfer_workspace / MiB:.0f} MiB + {wrapper / MiB:.0f} MiB a FULL graph]"
+        if wrapper
+        else ""
+    )
     return Term(
         name="CUDA graphs",
         bytes=total,
         formula=(
-            f"{profile.cudagraph_first_capture_bytes / GiB:.4f} GiB first capture + (PIECEWISE {piecewise} - 1 + FULL "
-            f"{full} - 1) x {profile.cudagraph_per_graph_bytes / (1 << 20):.1f} MiB per graph (calibrated, "
-            f"{profile.file}, low confidence: vLLM measures the model's own captures, docs/vllm.md; largest "
-            f"capture size {sizes[-1] if sizes else 0})" + flashinfer
+            f"max(PIECEWISE first {first_piecewise / MiB:.1f} MiB, FULL first {first_full / MiB:.1f} MiB "
+            f"[split-KV {accumulators / MiB:.1f}]) + (PIECEWISE {len(sizes)} - 1) x {per_piecewise / MiB:.2f} MiB + "
+            f"(FULL {len(full_sizes)} - 1) x {per_full / MiB:.2f} MiB ({layers} layers, {heads} heads x "
+            f"{graph.value_head_dim}, largest capture size {sizes[-1]}; {profile.file}, docs/vllm.md)" + flashinfer
         ),
         source=(
             "vLLM 0.33 gpu_model_runner.profile_cudagraph_memory; config/vllm.py _set_cudagraph_sizes"
@@ -1299,6 +1456,17 @@ def _flashinfer_workspace(
     )
 
 
+def _attention(*, gpu: GPU, shape: ModelShape | None, kv_cache_dtype: str) -> str | None:
+    """:func:`attention_backend` for the CUDA-graph estimate, or None where it is not known (no shape's heads, an MLA
+    model, a GPU without a compute capability).  The split-KV accumulators it gates were measured on CUDA H100 logs
+    only; another platform's backend is not modelled (a GPU with a compute capability is taken as CUDA's)."""
+    if shape is None or not shape.num_attention_heads:
+        return None
+    return attention_backend(
+        compute_capability=gpu.compute_capability, kv_cache_dtype=kv_cache_dtype, head_dim=shape.head_dim
+    )
+
+
 @attrs.frozen(kw_only=True)
 class RuntimeMemory:
     """The whole-GPU budget's terms outside the weights, for one worker."""
@@ -1332,6 +1500,7 @@ def estimate_runtime_memory(
     vision: VisionShape | None = None,
     max_model_len: int | None = None,
     mm_limits: dict[str, int] | None = None,
+    graph: GraphShape | None = None,
     kv_cache_dtype: str = "auto",
 ) -> RuntimeMemory:
     """vLLM ``engine_version``'s memory outside the KV cache and the weights on ``gpu``.
@@ -1341,9 +1510,11 @@ def estimate_runtime_memory(
     forward, hidden-state and MoE terms; ``pp_stage`` picks the pipeline stage (``last``, the one that samples and
     whose budget binds, by default).  ``vision`` (:func:`vision_shape_of`) adds the multimodal encoder's profile pass
     (:func:`mm_encoder_profile`), sized by ``max_model_len`` and ``mm_limits`` (vLLM's ``limit_mm_per_prompt``: 999
-    per modality it does not name, ``{"image": 0, "video": 0}`` for ``--language-model-only``).  ``kv_cache_dtype``
-    (``--kv-cache-dtype``) with the GPU and ``shape``'s heads picks the attention backend
-    (:func:`attention_backend`): FlashInfer's workspace is in the CUDA-graph estimate (:func:`cudagraph_memory`).
+    per modality it does not name, ``{"image": 0, "video": 0}`` for ``--language-model-only``).  ``graph``
+    (:func:`graph_shape_of`) sizes the CUDA-graph estimate of a profile that subtracts it (:func:`cudagraph_memory`).
+    ``kv_cache_dtype`` (``--kv-cache-dtype``) with the GPU and ``shape``'s heads picks the attention backend
+    (:func:`attention_backend`): FlashInfer's workspace, or FlashAttention's split-KV accumulators, are in the
+    CUDA-graph estimate.
     """
     for name, value in (("vocab_size", vocab_size), ("tp_size", tp_size), ("pp_size", pp_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -1383,9 +1554,14 @@ def estimate_runtime_memory(
             profile=profile,
             max_num_seqs=seqs,
             max_num_batched_tokens=batched,
+            graph=graph,
+            tp_size=tp_size,
+            pp_size=pp_size,
             flashinfer_workspace=_flashinfer_workspace(
                 gpu=gpu, shape=shape, kv_cache_dtype=kv_cache_dtype, tp_size=tp_size, profile=profile, batched=batched
             ),
+            attention=_attention(gpu=gpu, shape=shape, kv_cache_dtype=kv_cache_dtype),
+            blackwell=gpu.compute_capability is not None and gpu.compute_capability[0] == 10,
         ),
     )
     return RuntimeMemory(total=torch_total_memory(gpu), terms=terms, profile=profile, note=note)
