@@ -1378,13 +1378,16 @@ def model_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> 
         return None
     heads = number(text, "num_attention_heads")
     head_dim = 0 if number(text, "kv_lora_rank") else number(text, "head_dim") or (hidden // heads if heads else 0)
-    attention = {"num_attention_heads": heads, "head_dim": head_dim}
     experts = max(number(text, key) for key in ("num_local_experts", "num_experts", "n_routed_experts"))
     topk = number(text, "num_experts_per_tok") if experts else 0
     intermediate = number(text, "intermediate_size")
     if not topk:
         return ModelShape(
-            hidden_size=hidden, dense_intermediate_size=intermediate, dtype_bytes=dtype_bytes, **attention
+            hidden_size=hidden,
+            dense_intermediate_size=intermediate,
+            dtype_bytes=dtype_bytes,
+            num_attention_heads=heads,
+            head_dim=head_dim,
         )
     quantization = config.get("quantization_config") or text.get("quantization_config") or {}
     method = quantization.get("quant_method") if isinstance(quantization, dict) else None
@@ -1404,7 +1407,8 @@ def model_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> 
         num_experts_per_tok=topk,
         moe_intermediate_size=expert,
         dtype_bytes=dtype_bytes,
-        **attention,
+        num_attention_heads=heads,
+        head_dim=head_dim,
         quant_method=method.lower() if isinstance(method, str) else "",
     )
 
