@@ -338,6 +338,8 @@ def architecture_traits() -> Mapping[str, Sequence[str]] | None:
     (``"vllm_vision_qwen3_vit"``, ``"vllm_vision_pixtral_hf"``, ``"vllm_vision_gemma3_siglip"``,
     ``"vllm_vision_llama4_vit"``; ``"vllm_vision_gemma4_hf"`` a tower whose pass is not modelled) say which encoder
     profile pass vLLM runs for the class (:func:`kvpools_core.engines.vllm.runtime_memory.mm_encoder_profile`).
+    ``"vllm_prefix_lm"``, ``"vllm_attention_sinks"`` and ``"vllm_cudagraph_capture_1024"`` size vLLM's CUDA-graph
+    estimate for the class (:func:`kvpools_core.engines.vllm.runtime_memory.cudagraph_memory`).
     Another trait name is an error naming the plugin (:data:`kvpools_core.pipeline.gpus.ARCHITECTURE_TRAITS`).
 
     :returns: Hugging Face architecture → its traits.

@@ -207,6 +207,21 @@ VLLM_VISION_GEMMA4 = "vllm_vision_gemma4_hf"
 the Gemma-4 embedder (``gemma4_mm.py`` L1100-1113): its encoder profile pass is not modelled (refused under a runtime
 profile), but its modalities say when vLLM leaves the tower out (:mod:`kvpools_core.engines.vllm.multimodal`)."""
 
+VLLM_PREFIX_LM = "vllm_prefix_lm"
+"""The ``architecture_traits`` trait of a class vLLM runs as a PrefixLM multimodal model (bidirectional attention
+over its image tokens, ``transformers_utils/model_arch_config_convertor.py`` L352-366 in 0.33): it needs
+FlashAttention 4 (``flash_attn.py`` L498-512), which a Hopper does not run (``fa_utils.py`` L94-104), so it takes
+TRITON_ATTN, whose FULL CUDA graphs capture no split-KV buffers (:func:`kvpools_core.engines.vllm.runtime_memory.
+cudagraph_memory`)."""
+
+VLLM_ATTENTION_SINKS = "vllm_attention_sinks"
+"""The ``architecture_traits`` trait of a class whose attention layers carry learned sinks: FlashAttention's FULL
+captures keep no split-KV accumulators for it (gpt-oss's logged FULL first capture is 6-8 MiB, not 256-512)."""
+
+VLLM_CUDAGRAPH_CAPTURE_1024 = "vllm_cudagraph_capture_1024"
+"""The ``architecture_traits`` trait of a class whose vLLM config hook raises ``max_cudagraph_capture_size`` to 1024
+(0.33 ``model_executor/models/config.py`` L544-562, "from 67 to 83" graphs)."""
+
 ARCHITECTURE_TRAITS = (
     MLA_BACKEND,
     NO_BREAKABLE_PREFILL_GRAPH,
@@ -217,6 +232,9 @@ ARCHITECTURE_TRAITS = (
     VLLM_VISION_SIGLIP,
     VLLM_VISION_LLAMA4,
     VLLM_VISION_GEMMA4,
+    VLLM_PREFIX_LM,
+    VLLM_ATTENTION_SINKS,
+    VLLM_CUDAGRAPH_CAPTURE_1024,
 )
 """The traits an architecture plugin may give a Hugging Face class (``architecture_traits`` hook)."""
 

@@ -1,4 +1,5 @@
-"""The vision tower vLLM builds for the multimodal classes this plugin parses (``architecture_traits`` hook)."""
+"""The vision tower vLLM builds for the multimodal classes this plugin parses, and what sizes vLLM's CUDA-graph
+estimate for some of them (``architecture_traits`` hook)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,20 @@ and ``Gemma4MultimodalEmbedder`` (``gemma4_mm.py`` L1100-1113), whose encoder pa
 trait names its image and video modalities, under which vLLM leaves it out)."""
 
 
+CUDAGRAPH_TRAITS = {
+    "Gemma3ForConditionalGeneration": ("vllm_prefix_lm",),
+    "GptOssForCausalLM": ("vllm_attention_sinks", "vllm_cudagraph_capture_1024"),
+}
+"""What sizes vLLM's CUDA-graph estimate for these classes: Gemma-3's multimodal class is one of vLLM 0.33's PrefixLM
+models (``transformers_utils/model_arch_config_convertor.py`` L352-366: TRITON_ATTN on a Hopper, no split-KV buffers
+in its FULL graphs; the text-only ``Gemma3ForCausalLM`` is not); gpt-oss's attention has sinks (no split-KV
+accumulators) and its config hook raises the capture ceiling to 1024 (``model_executor/models/config.py``
+L544-562)."""
+
+
 @hookimpl
 def architecture_traits() -> Mapping[str, Sequence[str]]:
-    return {architecture: (tower,) for architecture, tower in VISION_TOWERS.items()}
+    traits: dict[str, tuple[str, ...]] = {architecture: (tower,) for architecture, tower in VISION_TOWERS.items()}
+    for architecture, names in CUDAGRAPH_TRAITS.items():
+        traits[architecture] = (*traits.get(architecture, ()), *names)
+    return traits

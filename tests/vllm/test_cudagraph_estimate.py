@@ -101,13 +101,20 @@ def test_pipeline_stages_hold_their_share_of_layers_and_a_graph_at_least_1_mib()
         (
             {
                 "model_type": "gemma3",
+                "architectures": ["Gemma3ForConditionalGeneration"],
                 "text_config": {"hidden_size": 3840, "num_hidden_layers": 48, "num_attention_heads": 16},
             },
             2,
             False,
         ),
         (
-            {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64},
+            {
+                "model_type": "gpt_oss",
+                "architectures": ["GptOssForCausalLM"],
+                "hidden_size": 2880,
+                "num_hidden_layers": 24,
+                "num_attention_heads": 64,
+            },
             2,
             False,
         ),

@@ -1156,11 +1156,6 @@ FA_CUDAGRAPH_MAX_SPLITS = 32
 the split-KV bound FlashAttention's metadata builder passes while a FULL graph is captured
 (``v1/attention/backends/flash_attn.py`` L767-771, L855-865)."""
 
-MM_PREFIX_LM_MODEL_TYPES = ("bagel", "gemma3", "molmo2", "moondream3", "paligemma")
-"""vLLM 0.33's PrefixLM multimodal models (``transformers_utils/model_arch_config_convertor.py`` L352-366): their
-bidirectional image attention needs FlashAttention 4 (``flash_attn.py`` L498-512), which a Hopper does not run
-(``fa_utils.py`` L94-104), so they take TRITON_ATTN, which captures no split-KV buffers."""
-
 
 @attrs.frozen(kw_only=True)
 class GraphShape:
@@ -1176,15 +1171,19 @@ class GraphShape:
     """The widest MLP a token runs: ``max(dense intermediate, experts per token x expert width)``."""
     split_kv: bool = True
     """Whether a FULL graph captures FlashAttention's split-KV accumulators: false for float32 (TRITON_ATTN), a
-    PrefixLM multimodal model (:data:`MM_PREFIX_LM_MODEL_TYPES`) and a model with attention sinks (gpt-oss: its
-    logged FULL first capture is 6-8 MiB, not the accumulators' 256-512 MiB)."""
+    PrefixLM multimodal model and a model with attention sinks (gpt-oss: its logged FULL first capture is 6-8 MiB,
+    not the accumulators' 256-512 MiB), which the plugins' ``vllm_prefix_lm`` / ``vllm_attention_sinks`` traits
+    name (:mod:`kvpools_core.pipeline.gpus`)."""
     dtype_bytes: int = attrs.field(default=2, validator=attrs.validators.in_((2, 4)))
     max_capture_size: int | None = None
-    """A ``max_cudagraph_capture_size`` the model's config hook sets: 1024 for ``GptOssForCausalLM`` (vLLM 0.33
-    ``model_executor/models/config.py`` L544-562, "from 67 to 83" graphs), else None (vLLM's default)."""
+    """A ``max_cudagraph_capture_size`` the model's config hook sets: 1024 for a class with the
+    ``vllm_cudagraph_capture_1024`` trait (gpt-oss: vLLM 0.33 ``model_executor/models/config.py`` L544-562, "from 67
+    to 83" graphs), else None (vLLM's default)."""
 
 
-def graph_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> GraphShape | None:
+def graph_shape_from_config(
+    config: dict[str, Any], *, dtype_bytes: int = 2, registry: Registry | None = None
+) -> GraphShape | None:
     """The :class:`GraphShape` of a Hugging Face ``config.json`` (its ``text_config`` for a multimodal one), or None
     without ``hidden_size`` / ``num_hidden_layers`` / ``num_attention_heads``."""
     shape = model_shape_from_config(config, dtype_bytes=dtype_bytes)
@@ -1194,17 +1193,24 @@ def graph_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> 
         return None
     stated, latent = text.get("head_dim"), text.get("kv_lora_rank")
     head_dim = stated if isinstance(stated, int) and stated > 0 else shape.hidden_size // heads
-    model_type = str(config.get("model_type") or "")
+    from kvpools_core.pipeline.gpus import (
+        VLLM_ATTENTION_SINKS,
+        VLLM_CUDAGRAPH_CAPTURE_1024,
+        VLLM_PREFIX_LM,
+        architecture_traits,
+    )
+
+    by_class = architecture_traits(registry)
+    classes = [name for name in (config.get("architectures") or ()) if isinstance(name, str)]
+    traits = frozenset().union(*(by_class.get(name, frozenset()) for name in classes))
     return GraphShape(
         layers=layers,
         attention_heads=heads,
         value_head_dim=latent if isinstance(latent, int) and latent > 0 else max(head_dim, 1),
         mlp_width=max(shape.dense_intermediate_size, shape.num_experts_per_tok * shape.moe_intermediate_size),
-        split_kv=dtype_bytes == 2
-        and model_type not in MM_PREFIX_LM_MODEL_TYPES
-        and not (model_type == "gpt_oss" or str(text.get("model_type")) == "gpt_oss"),
+        split_kv=dtype_bytes == 2 and not traits & {VLLM_PREFIX_LM, VLLM_ATTENTION_SINKS},
         dtype_bytes=dtype_bytes,
-        max_capture_size=1024 if "GptOssForCausalLM" in (config.get("architectures") or ()) else None,
+        max_capture_size=1024 if VLLM_CUDAGRAPH_CAPTURE_1024 in traits else None,
     )
 
 
