@@ -707,8 +707,9 @@ SGLANG_TERM_WHY: dict[tuple[str, str], str] = {
     ),
     ("sglang-rosario-llmd-qwen3-32b-h100-v0.5.19", "runtime before the weights"): (
         "CUDA, TP 1 on an H100 80GB (no communicator: parallel_state.py L463-531): 78.47 GB free before the weights, "
-        "1.18 GiB below nvidia-smi's 81559 MiB; the OTel reranker run on another H100 host reads the same 78.47, so "
-        "it is the card's driver reservation + CUDA context, not this pod's (gVisor) overhead; the profile's one-rank "
+        "1.18 GiB below nvidia-smi's 81559 MiB; the OTel reranker and vllm_hybrid runs on two other H100 hosts read "
+        "78.47 and 78.48, so it is the card's driver reservation + CUDA context, not this pod's (gVisor) overhead; "
+        "the profile's one-rank "
         "1 GiB is an estimate and the 1.10 GiB from the source was read on an H200: an H100 holds 0.08 GiB more. "
         "The KV budget misses by 0.9 x 0.18 = 0.16 GiB of the +0.17 GiB (+1.8 %; SGLang 0.5.23's own formula on the "
         "logged terms, kv_cache_configurator.py L2990-3060: 17.40 - 78.47 x 0.1 = 9.55 GiB, 39,130 tokens, -0.13 %)"
@@ -716,6 +717,14 @@ SGLANG_TERM_WHY: dict[tuple[str, str], str] = {
     ("sglang-otel-qwen3-reranker-0.6b-h100-v0.5.18", "runtime before the weights"): (
         "as the RyanRosario Qwen3-32B run: 78.47 GB free before the weights on an H100 80GB at TP 1, 1.18 GiB below "
         "its total; the budget misses by 0.3 x 0.18 = 0.05 GiB (+0.24 %)"
+    ),
+    ("sglang-vllmhybrid-qwen3-30b-a3b-fp8-h100-v0.5.18", "runtime before the weights"): (
+        "as the two other H100 80GB runs at TP 1: 78.48 GB free before the weights on GPU 0 (GPUs 1-7 idle at 4 MiB), "
+        "1.17 GiB below the total; the budget misses by 0.83 x 0.17 = 0.14 GiB (+0.39 %)"
+    ),
+    ("sglang-vllmhybrid-qwen3-30b-a3b-fp8-h100-v0.5.18", "weights"): (
+        "0.12 GiB below the log: 0.02 GiB is the float32 RoPE cache (40960 x 128 x 4 B, base.py L115-120, L154); "
+        "the other 0.10 GiB of the FP8 block-quantised checkpoint is not traced"
     ),
     ("sglang-rosario-llmd-qwen3-32b-h100-v0.5.19", "weights"): (
         "0.05 GiB below the log: 0.02 GiB is the float32 RoPE cos/sin cache SGLang builds at model init "
