@@ -726,6 +726,14 @@ SGLANG_TERM_WHY: dict[tuple[str, str], str] = {
         "0.12 GiB below the log: 0.02 GiB is the float32 RoPE cache (40960 x 128 x 4 B, base.py L115-120, L154); "
         "the other 0.10 GiB of the FP8 block-quantised checkpoint is not traced"
     ),
+    ("sglang-skill-clean-startup-log-qwen3-8b-b200", "runtime before the weights"): (
+        "CUDA, TP 1 on the inferred B200 (the record's notes): 177.57 GB free before the weights, 1.49 GiB below the "
+        "catalogue's 183359 MiB, where the profile plans 1 GiB (the H200's 1.10 and the H100s' 1.17-1.18 are smaller); "
+        "the budget misses by 0.854 x 0.49 = 0.42 GiB (+0.31 %)"
+    ),
+    ("sglang-skill-clean-startup-log-qwen3-8b-b200", "weights"): (
+        "0.02 GiB below the log: the float32 RoPE cache (40960 x 128 x 4 B, base.py L115-120, L154)"
+    ),
     ("sglang-rosario-llmd-qwen3-32b-h100-v0.5.19", "weights"): (
         "0.05 GiB below the log: 0.02 GiB is the float32 RoPE cos/sin cache SGLang builds at model init "
         "(layers/rotary_embedding/base.py L115-120, L154: max_position_embeddings 40960 x 128 x 4 B), counted in "

@@ -34,7 +34,9 @@ NEW = (
     "sglang-rosario-llmd-qwen3-32b-h100-v0.5.19",
     "sglang-otel-qwen3-reranker-0.6b-h100-v0.5.18",
     "sglang-vllmhybrid-qwen3-30b-a3b-fp8-h100-v0.5.18",
+    "sglang-skill-clean-startup-log-qwen3-8b-b200",
 )
+B200_RUN = "sglang-skill-clean-startup-log-qwen3-8b-b200"
 H100_RUNS = (
     "sglang-rosario-llmd-qwen3-32b-h100-v0.5.19",
     "sglang-otel-qwen3-reranker-0.6b-h100-v0.5.18",
@@ -237,3 +239,21 @@ def test_the_target_families() -> None:
     assert by_id["sglang-inferencex-2128-dsv4-pro-h200-tp8"] is None
     assert by_id["llmd-v0.19-qwen2.5-7b-tp1-len2048"] == "vllm >= 0.19"
     assert by_id["llmd-v0.18.0-qwen3-14b-tp1"] is None
+
+
+def test_the_held_out_b200_run_at_sglangs_default_fraction(registry: Registry) -> None:
+    """SGLang main of 2026-04-27 (its own clean-startup-log skill), Qwen3-8B at every default on the inferred B200:
+    the fraction the lines imply, 1 - (162.30 - 136.36) / 177.57, rounds to SGLang's default for the card, 0.854,
+    which kvpools resolves by itself; with the logged weights 0.854 x (183359 / 1024 - 1) - 15.28 = 136.7845 GiB,
+    996,034 tokens of 147,456 B (logged 136.36 GiB / 992,896: +0.31 % / +0.32 %); from the GPU alone +0.33 %."""
+    log = _log(B200_RUN)
+    assert (log.split, target_family(log), log.flag("mem_fraction_static")) == ("held_out", TARGET_FAMILIES[1], None)
+    assert round(1 - (162.30 - (68.18 + 68.18)) / 177.57, 3) == 0.854
+    assert 992_896 * 36 * 8 * 128 * 2 / GiB == pytest.approx(68.18, abs=0.005) and 992_896 % 64 == 0
+    result = sglang(log, registry, use_logged_weights=True)
+    assert isinstance(result, Prediction)
+    assert result.kv_gib == pytest.approx(0.854 * (183359 / 1024 - 1) - 15.28, abs=1e-4)
+    assert result.tokens == 996_034 == int(result.kv_gib * GiB) // (36 * 8 * 128 * 2 * 2)
+    assert abs(result.kv_gib - 136.36) / 136.36 < 0.0035 and abs(result.tokens - 992_896) / 992_896 < 0.0035
+    alone = sglang(log, registry, use_logged_weights=False)
+    assert isinstance(alone, Prediction) and abs(alone.kv_gib - 136.36) / 136.36 < 0.0035
