@@ -438,6 +438,19 @@ class PoolSizing:
                     f"{sorted(self.token_counts)}) and given one window, got {spaces}."
                 )
 
+    def with_notes(self, notes: Iterable[str]) -> PoolSizing:
+        """This sizing with ``notes`` instead of its own: the value ``attrs.evolve(self, notes=notes)`` makes.
+
+        Only the notes change, and no validator reads them (``tests/core/test_pool_sizing_notes.py`` keeps it
+        so), so the other fields' converters and validators, which held when this sizing was built (where a
+        plugin's answer is checked), are not run again: the pipeline adds its notes to every plan's sizing, and
+        that re-validation was a tenth of a DeepSeek-V4 sizing's cost (issue 37)."""
+        new = object.__new__(type(self))
+        for name in _POOL_SIZING_FIELDS:
+            object.__setattr__(new, name, getattr(self, name))
+        object.__setattr__(new, "notes", _str_tuple(notes))
+        return new
+
     def window(self, token_space: str) -> TokenWindow | None:
         """The worst-case window of ``token_space``, or None when a request holds every token it has there."""
         return next((window for window in self.windows if window.token_space == token_space), None)
@@ -485,6 +498,9 @@ class PoolSizing:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolSizing:
         return load_value(cls, data)
+
+
+_POOL_SIZING_FIELDS = tuple(field.name for field in attrs.fields(PoolSizing))
 
 
 # ---------------------------------------------------------------------------
