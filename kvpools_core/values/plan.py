@@ -140,6 +140,14 @@ class PoolSpec:
             raise InvalidValueError(
                 f"PoolSpec.cost of pool {self.name!r} (arena {self.arena!r}) is in arena {cost.arena!r}."
             )
+        unit = self.unit
+        if (
+            (unit == TOKEN or not cost.token_bytes)
+            and (unit == REQUEST or not cost.bytes_per_request)
+            and (unit == STATE_SLOT or not cost.bytes_per_state_slot)
+            and (unit != TOKEN or cost.token_space == self.token_space)
+        ):
+            return  # the common case, decided without building the message's parts (every plan builds many pools)
         paid = {
             TOKEN: cost.token_bytes,
             REQUEST: cost.bytes_per_request,

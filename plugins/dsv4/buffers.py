@@ -64,7 +64,7 @@ The token spaces the pools scale with are ``full``, ``swa``, ``c4`` and ``c128``
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import attrs
@@ -750,32 +750,44 @@ def _step_bytes(b: DSV4Buffers, page: int, step: SizeStep) -> int | None:
     ``step`` at a fixed request count (the SWA pool keeping a page), or None when that growth is not one fixed
     number of bytes: a step not a whole number of a pool's pages (``ceil`` of tokens over the page then depends on
     where it starts), nor of the state rows' rounding to the compress ratio, nor of the allocators' pages."""
-    grown = 0
-    paged: list[tuple[KVRowGeometry | IndexerGeometry | None, int]] = [
-        (b.swa, step.swa_tokens),
-        (b.c4, step.c4_tokens),
-        (b.c128, step.c128_tokens),
-        (b.draft_swa, step.swa_tokens),
-    ]
-    if b.c4_state.layers:
-        paged.append((b.indexer, step.c128_tokens * C4_LOGICAL_PER_C128))
-    for geo, tokens in paged:
-        if geo is None or not geo.layers or not tokens:
-            continue
-        if tokens % geo.page_size:
-            return None
-        grown += tokens // geo.page_size * geo.page_bytes * len(geo.layers)
-    for state in (b.c4_state, b.c4_indexer_state):
-        if state.layers and step.c4_state_size:
-            if step.c4_state_size % state.ratio:  # rows = ceil_to(size + ring + 1, ratio)
-                return None
-            grown += step.c4_state_size * state.row_bytes * len(state.layers)
-    if step.full_tokens % page or step.swa_tokens % page:
+    full_tokens, swa_tokens = step.full_tokens, step.swa_tokens
+    if full_tokens % page or swa_tokens % page:
         return None
+    grown = 0
+    # the paged pools (plain loops over the few pools: this runs on every plan, issue 37)
+    for geo, tokens in ((b.swa, swa_tokens), (b.c4, step.c4_tokens), (b.c128, step.c128_tokens)):
+        if tokens and geo.layers:
+            if tokens % geo.page_size:
+                return None
+            grown += tokens // geo.page_size * geo.page_bytes * len(geo.layers)
+    draft = b.draft_swa
+    if draft is not None and swa_tokens and draft.layers:
+        if swa_tokens % draft.page_size:
+            return None
+        grown += swa_tokens // draft.page_size * draft.page_bytes * len(draft.layers)
+    c4_state, c4_indexer_state = b.c4_state, b.c4_indexer_state
+    if c4_state.layers and step.c128_tokens:
+        ix, tokens = b.indexer, step.c128_tokens * C4_LOGICAL_PER_C128
+        if ix.layers:
+            if tokens % ix.page_size:
+                return None
+            grown += tokens // ix.page_size * ix.page_bytes * len(ix.layers)
+    size = step.c4_state_size
+    if size:
+        for state in (c4_state, c4_indexer_state):
+            if state.layers:
+                if size % state.ratio:  # rows = ceil_to(size + ring + 1, ratio)
+                    return None
+                grown += size * state.row_bytes * len(state.layers)
     # the mapping (one int64 per full slot), and the full and SWA allocators' free stacks (per page)
-    per_page = allocator_planned_nbytes(2 * page, page) - allocator_planned_nbytes(page, page)
-    pages = step.full_tokens // page + step.swa_tokens // page
-    return grown + step.full_tokens * SWA_MAPPING_ITEM_BYTES + pages * per_page
+    pages = full_tokens // page + swa_tokens // page
+    return grown + full_tokens * SWA_MAPPING_ITEM_BYTES + pages * _allocator_page_step(page)
+
+
+@lru_cache(maxsize=64)
+def _allocator_page_step(page: int) -> int:
+    """The bytes a paged allocator's free stack grows by per page (a function of the page alone)."""
+    return allocator_planned_nbytes(2 * page, page) - allocator_planned_nbytes(page, page)
 
 
 _Make = Callable[[str], PoolSpec]

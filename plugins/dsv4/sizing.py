@@ -153,6 +153,7 @@ class DSV4Shape:
     """``--enable-encoder-swa-bounded-replay`` (0.5.23: no SWA bytes per token, no draft inflation)."""
     swa_cap: int | None = None
     """0.5.23's SWA cap mode on a V4.1 stage (:func:`.v41_budget.v41_swa_cap_tokens`): the SWA pool's slots."""
+    _bytes_per_full_token: float | None = attrs.field(init=False, eq=False, repr=False)
 
     @property
     def kv_bytes(self) -> int:
@@ -203,7 +204,19 @@ class DSV4Shape:
 
     @property
     def bytes_per_full_token(self) -> float:
-        """SGLang's coefficient: the raw figure, times ``(T + 1) / T`` when a draft worker is reserved."""
+        """SGLang's coefficient: the raw figure, times ``(T + 1) / T`` when a draft worker is reserved (read
+        several times per plan: computed once, when the frozen shape is built)."""
+        value = self._bytes_per_full_token
+        return self._coefficient() if value is None else value
+
+    def __attrs_post_init__(self) -> None:
+        try:
+            value: float | None = self._coefficient()
+        except ZeroDivisionError:  # a shape of no layers or window: raised where the figure is read, as ever
+            value = None
+        object.__setattr__(self, "_bytes_per_full_token", value)
+
+    def _coefficient(self) -> float:
         value = self.raw_bytes_per_full_token
         if self.speculative and not (self.v41 is not None and self.replay):
             draft_layers = 1
