@@ -22,8 +22,8 @@ EAGLE = {
 }
 
 
-def _shape(model: str = "deepseek-v4-flash", **options: object) -> DSV4Shape:
-    basis = plan_basis(model, Serving(**options))  # type: ignore[arg-type]
+def _shape(model: str = "deepseek-v4-flash", options: dict[str, object] | None = None) -> DSV4Shape:
+    basis = plan_basis(model, Serving(**(options or {})))  # type: ignore[arg-type]
     return dsv4_shape(basis.spec, basis.serving)
 
 
@@ -35,7 +35,7 @@ def test_the_flash_coefficient_by_hand() -> None:
     plain = _shape()
     assert plain.bytes_per_full_token == pytest.approx(7705.45)
     assert plain.bytes_per_full_token == plain.raw_bytes_per_full_token
-    eagle = _shape(**EAGLE)
+    eagle = _shape(options=EAGLE)
     assert eagle.bytes_per_full_token == pytest.approx(eagle.raw_bytes_per_full_token * 44 / 43)
 
 
@@ -53,7 +53,7 @@ def test_the_flash_coefficient_by_hand() -> None:
 def test_the_stored_coefficient_is_the_computed_one(model: str, options: dict[str, object]) -> None:
     """The coefficient is computed when the frozen shape is built; any shape built from another (an ``evolve``
     of a field it reads) computes its own."""
-    shape = _shape(model, **options)
+    shape = _shape(model, options)
     assert shape.bytes_per_full_token == shape._coefficient()
     for changes in ({"speculative": not shape.speculative}, {"swa_ratio": 0.33}, {"num_c4": 0}, {"shrink": 2}):
         other = attrs.evolve(shape, **changes)
@@ -65,6 +65,6 @@ def test_the_stored_coefficient_is_the_computed_one(model: str, options: dict[st
 def test_a_shape_of_no_layers_still_fails_where_it_is_read() -> None:
     """Dividing by no layers raised when the figure was read, not when the shape was built: still so (a stage of
     no layers is refused by ``dsv4_problems`` before any plan reads it)."""
-    shape = attrs.evolve(_shape(**EAGLE), num_layers=0)
+    shape = attrs.evolve(_shape(options=EAGLE), num_layers=0)
     with pytest.raises(ZeroDivisionError):
         _ = shape.bytes_per_full_token
