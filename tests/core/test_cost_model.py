@@ -533,3 +533,34 @@ def test_a_recorded_cost_is_refused_exactly_when_it_pays_per_another_unit(
             build()
     else:
         assert build().cost is cost
+
+
+@given(
+    name=st.sampled_from(["allocator", "swa_allocator"]),
+    token_space=st.sampled_from(["full", "swa"]),
+    page_size=st.sampled_from([1, 16, 64, 256]),
+    dcp=st.sampled_from([1, 2, 8]),
+    tokens=st.integers(0, 64).map(lambda pages: pages * 256),
+)
+def test_the_allocators_remembered_cost_is_its_own(
+    name: str, token_space: str, page_size: int, dcp: int, tokens: int
+) -> None:
+    """A paged allocator's ``GroupCost`` is built once per (name, token space, page, DCP) and shared by plans
+    (issue 37): the one an allocator pool records is the cost of exactly its arguments (one 8 B free-list entry
+    per page, the one-page allocator's rest fixed), never another allocator's."""
+    from kvpools_core.allocators import allocator_planned_nbytes
+    from kvpools_core.parts.sizing import allocator_pool
+
+    pool = allocator_pool(tokens, page_size, token_space=token_space, name=name, dcp=dcp)
+    widened = page_size * dcp
+    if widened == 1:
+        return  # the token allocator: its fields say its cost
+    one_page = allocator_planned_nbytes(widened, widened)
+    per_page = allocator_planned_nbytes(2 * widened, widened) - one_page
+    assert per_page == 8
+    assert pool.cost == GroupCost(
+        group=name, token_space=token_space, token_bytes=8, token_block=page_size, fixed_bytes=one_page - 8
+    )
+    assert pool.cost is allocator_pool(tokens + page_size, page_size, token_space=token_space, name=name, dcp=dcp).cost
+    if tokens:
+        assert pool.group_cost.bytes_for(tokens=tokens) == pool.bytes
