@@ -453,8 +453,10 @@ class PoolSizing:
         so), so the other fields' converters and validators, which held when this sizing was built (where a
         plugin's answer is checked), are not run again: the pipeline adds its notes to every plan's sizing, and
         that re-validation was a tenth of a DeepSeek-V4 sizing's cost (issue 37)."""
-        new = object.__new__(type(self))
-        for name in _POOL_SIZING_FIELDS:
+        cls = type(self)
+        names = _POOL_SIZING_FIELDS if cls is PoolSizing else tuple(field.name for field in attrs.fields(cls))
+        new = object.__new__(cls)
+        for name in names:
             object.__setattr__(new, name, getattr(self, name))
         object.__setattr__(new, "notes", _str_tuple(notes))
         return new

@@ -66,3 +66,18 @@ def test_the_pipeline_adds_the_engine_default_notes_through_it() -> None:
     sizing = plan("deepseek-v4-flash", Serving(), memory="40GiB").sizing
     assert sizing.notes[0].startswith("page_size 256: SGLang 0.5.23's default for DeepSeek-V4")
     assert sizing.notes[1].startswith("swa_full_tokens_ratio 0.1:")
+
+
+def test_a_subclass_keeps_its_own_fields(sizings: list[PoolSizing]) -> None:
+    """A value built on ``PoolSizing`` with a field of its own keeps it (and its class) through ``with_notes``."""
+
+    @attrs.frozen(kw_only=True)
+    class Tagged(PoolSizing):
+        tag: str = "t"
+
+    sizing = sizings[0]
+    fields = {field.name: getattr(sizing, field.name) for field in attrs.fields(PoolSizing)}
+    tagged = Tagged(**fields, tag="mine")
+    new = tagged.with_notes(["n"])
+    assert type(new) is Tagged and new.tag == "mine" and new.notes == ("n",)
+    assert new == attrs.evolve(tagged, notes=["n"])
