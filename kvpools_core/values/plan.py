@@ -88,6 +88,8 @@ def _unit_of_kind(pool: PoolSpec) -> str:
 
 
 def _group_cost_or_none(value: GroupCost | Mapping[str, Any] | None) -> GroupCost | None:
+    if value is None or type(value) is GroupCost:  # the common cases, without the ABC check of Mapping
+        return value
     return GroupCost.from_dict(value) if isinstance(value, Mapping) else value
 
 
