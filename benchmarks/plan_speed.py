@@ -6,9 +6,9 @@
 Each round plans every model ``--repeat`` times back to back (CPU time of this process, so other processes'
 turns on a shared machine do not count); the report is each model's median per plan, its spread (min-max over
 rounds) and its ratio to llama-3.1-8b's median, the reference a plan of one token space costs. DeepSeek-V4's
-exact plan solves the largest fitting token count from one layout of its pool set and checks it with two more
-(it searched, laying the pools out at each of about 8 probes, before issue 37's fifth pass): this is where that
-shows.
+exact plan solves the largest fitting token count from its pool set's bytes summed from the stage and lays the
+pools out once, for the answer (it searched, laying the pools out at each of about 8 probes, before issue 37's
+fifth pass, and laid them out three times until its sixth): this is where that shows.
 """
 
 from __future__ import annotations

@@ -619,8 +619,10 @@ def _allocator_page_bytes(page_size: int, dcp: int = 1) -> tuple[int, int]:
     return one_page, allocator_planned_nbytes(2 * widened, widened) - one_page
 
 
+@functools.lru_cache(maxsize=256)
 def _allocator_cost(name: str, token_space: str, page_size: int, dcp: int = 1) -> GroupCost:
-    """A paged allocator's cost: one free-list entry per page, the rest fixed (frozen, so shared by plans)."""
+    """A paged allocator's cost: one free-list entry per page, the rest fixed (frozen, so shared by plans: a
+    function of its arguments alone, built and validated once per page size, issue 37)."""
     one_page, per_page = _allocator_page_bytes(page_size, dcp)
     return GroupCost(
         group=name,

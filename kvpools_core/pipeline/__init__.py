@@ -264,10 +264,10 @@ class PlanBasis:
         _check_workspaces_charged(serving, sizing, sizing_by, registry)
         sizing = _note_unreachable_context(spec, serving, sizing)
         if self.notes:
-            sizing = attrs.evolve(sizing, notes=(*self.notes, *sizing.notes))
+            sizing = sizing.with_notes((*self.notes, *sizing.notes))
         draft_note = _draft_weights_note(self.draft_model, serving, budget, registry)
         if draft_note:
-            sizing = attrs.evolve(sizing, notes=(*sizing.notes, draft_note))
+            sizing = sizing.with_notes((*sizing.notes, draft_note))
         result = Plan(model=spec, serving=serving, budget=budget, cell=cell, sizing=sizing, provenance=provenance)
         if serving.disaggregation_mode == "decode":
             result = resolve_retraction_backup(result, registry)
@@ -675,7 +675,7 @@ def _note_unreachable_context(spec: ModelSpec, serving: Serving, sizing: PoolSiz
         f"the KV pool holds {tokens:,} tokens, fewer than one request at the context length {context_len:,}: "
         f"no request can reach its full context. Raise the budget or lower {option('context_length')}."
     )
-    return attrs.evolve(sizing, notes=summarize_notes(sizing.notes, [note]))
+    return sizing.with_notes(summarize_notes(sizing.notes, [note]))
 
 
 def _resolve_model(model: str | ModelSpec, registry: Registry, provenance: dict[str, tuple[str, ...]]) -> ModelSpec:

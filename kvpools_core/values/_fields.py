@@ -87,7 +87,13 @@ def frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType({str(k): _freeze(v) for k, v in (value or {}).items()})
 
 
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+"""JSON scalars: frozen as they are (checked by exact type first: ``isinstance(value, Mapping)`` is an ABC check)."""
+
+
 def _freeze(value: Any) -> Any:
+    if type(value) in _PLAIN:
+        return value
     if isinstance(value, Mapping):
         return frozen_mapping(value)
     if isinstance(value, (list, tuple)):

@@ -88,6 +88,8 @@ def _unit_of_kind(pool: PoolSpec) -> str:
 
 
 def _group_cost_or_none(value: GroupCost | Mapping[str, Any] | None) -> GroupCost | None:
+    if value is None or type(value) is GroupCost:  # the common cases, without the ABC check of Mapping
+        return value
     return GroupCost.from_dict(value) if isinstance(value, Mapping) else value
 
 
@@ -140,6 +142,14 @@ class PoolSpec:
             raise InvalidValueError(
                 f"PoolSpec.cost of pool {self.name!r} (arena {self.arena!r}) is in arena {cost.arena!r}."
             )
+        unit = self.unit
+        if (
+            (unit == TOKEN or not cost.token_bytes)
+            and (unit == REQUEST or not cost.bytes_per_request)
+            and (unit == STATE_SLOT or not cost.bytes_per_state_slot)
+            and (unit != TOKEN or cost.token_space == self.token_space)
+        ):
+            return  # the common case, decided without building the message's parts (every plan builds many pools)
         paid = {
             TOKEN: cost.token_bytes,
             REQUEST: cost.bytes_per_request,
@@ -458,6 +468,21 @@ class PoolSizing:
                     f"{sorted(self.token_counts)}) and given one window, got {spaces}."
                 )
 
+    def with_notes(self, notes: Iterable[str]) -> PoolSizing:
+        """This sizing with ``notes`` instead of its own: the value ``attrs.evolve(self, notes=notes)`` makes.
+
+        Only the notes change, and no validator reads them (``tests/core/test_pool_sizing_notes.py`` keeps it
+        so), so the other fields' converters and validators, which held when this sizing was built (where a
+        plugin's answer is checked), are not run again: the pipeline adds its notes to every plan's sizing, and
+        that re-validation was a tenth of a DeepSeek-V4 sizing's cost (issue 37)."""
+        cls = type(self)
+        names = _POOL_SIZING_FIELDS if cls is PoolSizing else tuple(field.name for field in attrs.fields(cls))
+        new = object.__new__(cls)
+        for name in names:
+            object.__setattr__(new, name, getattr(self, name))
+        object.__setattr__(new, "notes", _str_tuple(notes))
+        return new
+
     def window(self, token_space: str) -> TokenWindow | None:
         """The worst-case window of ``token_space``, or None when a request holds every token it has there."""
         return next((window for window in self.windows if window.token_space == token_space), None)
@@ -505,6 +530,9 @@ class PoolSizing:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolSizing:
         return load_value(cls, data)
+
+
+_POOL_SIZING_FIELDS = tuple(field.name for field in attrs.fields(PoolSizing))
 
 
 # ---------------------------------------------------------------------------

@@ -64,7 +64,7 @@ The token spaces the pools scale with are ``full``, ``swa``, ``c4`` and ``c128``
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import attrs
@@ -85,7 +85,7 @@ from kvpools_core.parts.sizing import (
 from kvpools_core.values import FIXED, FULL_TOKENS, REQUEST, TOKEN, GroupCost, LayerSpec, ModelSpec, PoolSpec, Serving
 
 from .dspark import DRAFT_SWA_VALID_FROM_POOL, VALID_FROM_BYTES, dspark_swa_valid_from_slots
-from .encoder_replay import RequestWindowGeometry, request_window_geometry, window_layout
+from .encoder_replay import RequestWindowGeometry, replay_on, request_window_geometry, window_layout
 from .hisparse import hisparse_allocator_layout, uses_hisparse_allocator
 from .layouts import KVLayout, compressed_layout, main_layout
 from .low_ratio import (
@@ -99,7 +99,7 @@ from .low_ratio import (
 )
 from .memo import last_pair, per_model
 from .speculative import online_mtp_draft_tokens, ring_size
-from .unified import UnifiedGeometry, unified_geometry, unified_layout
+from .unified import SEPARATE, UnifiedGeometry, dsv4_layout, unified_geometry, unified_layout
 
 __all__ = [
     "C4_INDEXER_STATE_POOL",
@@ -195,6 +195,16 @@ def _ceil_to(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def _row_page_bytes(page_size: int, row_bytes: int, page_align: int) -> int:
+    """A packed-row pool's page: ``page_size`` rows, padded to a multiple of ``page_align`` bytes."""
+    return _ceil_to(page_size * row_bytes, page_align)
+
+
+def _index_row_bytes(head_dim: int) -> int:
+    """One c4 indexer key: fp8 values and one fp32 scale per 128 of them."""
+    return head_dim + head_dim // INDEX_QUANT_BLOCK * INDEX_SCALE_BYTES
+
+
 def physical_pages(tokens: int, page_size: int, global_page: int | None = None) -> int:
     """The pages of one DSV4 paged pool of ``tokens`` slots: SGLang 0.5.23's ``_num_dsv4_physical_kv_pages``
     (``deepseek_v4_memory_pool.py``, L166-171), ``ceil((size + logical page) / physical page)`` — the paged
@@ -228,7 +238,7 @@ class KVRowGeometry:
 
     @property
     def page_bytes(self) -> int:
-        return _ceil_to(self.page_size * self.row_bytes, self.page_align)
+        return _row_page_bytes(self.page_size, self.row_bytes, self.page_align)
 
     @property
     def nbytes(self) -> int:
@@ -248,7 +258,7 @@ class IndexerGeometry:
 
     @property
     def row_bytes(self) -> int:
-        return self.head_dim + self.head_dim // INDEX_QUANT_BLOCK * INDEX_SCALE_BYTES
+        return _index_row_bytes(self.head_dim)
 
     @property
     def pages(self) -> int:
@@ -509,20 +519,8 @@ def _buffers(
     num_req_slots = rows + padding
     state_dtype = serving.dsv4_compress_state_dtype
     online = serving.enable_online_compress
-    draft_tokens = st.draft_tokens  # max_speculative_num_draft_tokens(): adaptive's largest
-
-    ring4 = st.ring4
-    c4_rows = _ceil_to(sizes.c4_state_size + ring4 + 1, 4)
-    ring128 = st.ring128
-    if online:
-        c128_size = max(sizes.c128_state_size, num_req_slots)
-        c128_rows = (c128_size + ring128 + 1) * (1 + draft_tokens)
-        c128_last = 3 * (nope + rope)
-    else:
-        c128_size = max(sizes.c128_state_size, num_req_slots * ring128)
-        c128_rows = _ceil_to(c128_size + ring128 + 1, 128)
-        c128_last = 2 * (nope + rope)
-    mtp_seq_lens = c128_size if online and serving.enable_online_c128_mtp else 0
+    ring4, ring128 = st.ring4, st.ring128
+    c4_rows, c128_size, c128_rows, c128_last, mtp_seq_lens = _state_rows(st, serving, sizes, num_req_slots)
 
     num_draft = st.num_draft
     draft_swa = (
@@ -583,6 +581,24 @@ def _buffers(
         return b
     # encoder replay: the request window replaces the SWA pool (.encoder_replay)
     return attrs.evolve(b, swa=attrs.evolve(swa, layers=()), request_window=window_geo)
+
+
+def _state_rows(st: _Stage, serving: Serving, sizes: DSV4Sizes, num_req_slots: int) -> tuple[int, int, int, int, int]:
+    """The compressor states' ``(c4 rows, c128 size, c128 rows, c128 row's last dim, c128 MTP seq_lens)``
+    (``DeepSeekV4TokenToKVPool.__init__``): c4 ``ceil_to(size + ring + 1, 4)`` rows; c128 at least a ring per
+    request slot, ``ceil_to(size + ring + 1, 128)`` rows of ``2 x head_dim`` (online c128: a slot per request,
+    ``(size + ring + 1) x (1 + draft tokens)`` rows of ``3 x head_dim``, and its MTP ``seq_lens`` under
+    ``--enable-online-c128-mtp``)."""
+    ring128, head_dim = st.ring128, st.nope + st.rope
+    c4_rows = _ceil_to(sizes.c4_state_size + st.ring4 + 1, 4)
+    if serving.enable_online_compress:
+        c128_size = max(sizes.c128_state_size, num_req_slots)
+        # draft_tokens: max_speculative_num_draft_tokens(), adaptive's largest
+        c128_rows = (c128_size + ring128 + 1) * (1 + st.draft_tokens)
+        mtp_seq_lens = c128_size if serving.enable_online_c128_mtp else 0
+        return c4_rows, c128_size, c128_rows, 3 * head_dim, mtp_seq_lens
+    c128_size = max(sizes.c128_state_size, num_req_slots * ring128)
+    return c4_rows, c128_size, _ceil_to(c128_size + ring128 + 1, 128), 2 * head_dim, 0
 
 
 def with_unified_pool(b: DSV4Buffers, serving: Serving, sizes: DSV4Sizes, num_draft: int) -> DSV4Buffers:
@@ -674,19 +690,36 @@ class PoolBytesProbe:
     """``probe(sizes, max_running_requests)``: the bytes of every pool :func:`pool_specs` builds for those sizes.
 
     :meth:`linear` also says how those bytes grow with the sizes, so a search can solve for the answer instead of
-    probing its way there (:func:`kvpools_plugins.dsv4.sizing.solved_full_tokens`)."""
+    probing its way there (:func:`kvpools_plugins.dsv4.sizing.solved_full_tokens`).  V4's separate-KV pool set is
+    summed from the stage alone (:class:`_SeparateBytes`: no pool laid out, issue 37's sixth pass); the other pool
+    sets (HiSparse, unified, encoder replay, DSpark, V4.1's low ratios) are laid out at each probe."""
 
     def __init__(self, model: ModelSpec, serving: Serving, context_len: int) -> None:
         self.model, self.serving, self.context_len = model, serving, context_len
         self.stage = _stage(model, serving)
         self.hisparse = uses_hisparse_allocator(model, serving)
+        separate = _is_separate(self.stage, serving, self.hisparse)
+        self.separate = _SeparateBytes(self.stage, serving, context_len) if separate else None
         self._last: tuple[DSV4Sizes, int, DSV4Buffers] | None = None
 
     def __call__(self, sizes: DSV4Sizes, max_running_requests: int) -> int:
-        return self._bytes(self._layout(sizes, max_running_requests), sizes, max_running_requests)
+        if self.separate is not None:
+            return self.separate.nbytes(sizes, max_running_requests)
+        b = _buffers(self.stage, self.model, self.serving, sizes, max_running_requests=max_running_requests)
+        self._last = (sizes, max_running_requests, b)
+        layout = _pool_layout(
+            self.model,
+            self.serving,
+            sizes,
+            max_running_requests=max_running_requests,
+            context_len=self.context_len,
+            buffers=b,
+        )
+        return sum(nbytes for nbytes, _ in layout)
 
     def buffers(self, sizes: DSV4Sizes, max_running_requests: int) -> DSV4Buffers | None:
-        """The buffers the last probe laid out, if it was for these sizes and requests (else None)."""
+        """The buffers the last probe laid out, if it was for these sizes and requests (else None: the separate-KV
+        pool set's probes lay nothing out)."""
         last = self._last
         if last is not None and last[0] == sizes and last[1] == max_running_requests:
             return last[2]
@@ -697,85 +730,105 @@ class PoolBytesProbe:
         ``steps`` (the request count held), exactly as long as the SWA pool keeps a page; None where the pool set
         is not V4's separate-KV one (its bytes are not summed here), or where a step is not a whole number of
         some pool's pages or state-row rounding (the bytes are then not linear in that step)."""
-        b = self._layout(sizes, max_running_requests)
-        if b is None or sizes.swa_tokens < self.serving.page_size:
+        separate = self.separate
+        if separate is None or sizes.swa_tokens < self.serving.page_size:
             return None
-        rates = [_step_bytes(b, self.serving.page_size, step) for step in steps]
+        rates = [separate.step_bytes(step) for step in steps]
         if any(rate is None for rate in rates):
             return None
-        return (self._bytes(b, sizes, max_running_requests), *(int(rate or 0) for rate in rates))
+        return (separate.nbytes(sizes, max_running_requests), *(int(rate or 0) for rate in rates))
 
-    def _layout(self, sizes: DSV4Sizes, max_running_requests: int) -> DSV4Buffers | None:
-        """The buffers when the pool set is V4's separate-KV one (summed here), else None."""
-        b = _buffers(self.stage, self.model, self.serving, sizes, max_running_requests=max_running_requests)
-        self._last = (sizes, max_running_requests, b)
-        if (
-            self.hisparse
-            or b.unified is not None
-            or b.request_window is not None
-            or b.draft_swa_valid_from
-            or b.low_ratio.kv
-            or b.low_ratio.index
-        ):
-            return None
-        return b
 
-    def _bytes(self, b: DSV4Buffers | None, sizes: DSV4Sizes, max_running_requests: int) -> int:
-        serving, page = self.serving, self.serving.page_size
-        if b is None:
-            # the pool sets beyond V4's separate-KV layout: every pool's bytes from the one layout
-            return pool_bytes(
-                self.model, serving, sizes, max_running_requests=max_running_requests, context_len=self.context_len
-            )
-        total = sum(geo.nbytes for geo in (b.swa, b.c4, b.c128) if geo.layers)
-        if b.draft_swa is not None:
-            total += b.draft_swa.nbytes
-        if self.stage.c4_ids:  # the indexer and both c4 states live on the c4 layers
-            total += b.indexer.nbytes + b.c4_state.nbytes + b.c4_indexer_state.nbytes
-        total += b.hisparse_ptrs * PTR_BYTES
-        if b.c128_state.layers:
-            total += b.c128_state.nbytes + b.c128_mtp_seq_lens * 8
+def _is_separate(st: _Stage, serving: Serving, hisparse: bool) -> bool:
+    """Whether :func:`_buffers` lays V4's separate-KV pool set out for this stage and serving, at every size: no
+    HiSparse allocator, the separate layout (:func:`unified_geometry` builds none), no encoder replay (no request
+    window), no DSpark ``swa_valid_from`` (its entries are the request slots, at least one) and no V4.1 ratio-1/2
+    pools (:func:`low_ratio_buffers` builds them for every low ratio the stage holds)."""
+    return (
+        not hisparse
+        and dsv4_layout(serving) == SEPARATE
+        and not replay_on(serving)
+        and not dspark_swa_valid_from_slots(serving, 1, has_draft_swa=st.num_draft > 0)
+        and not st.low_ratio
+    )
+
+
+class _SeparateBytes:
+    """V4's separate-KV pool set summed from the stage (what :func:`_buffers` lays out and :func:`_pool_layout`
+    charges, for any sizes and request count), and how much those bytes grow per :class:`SizeStep`.
+
+    Each paged pool pays its page (:func:`_row_page_bytes`, :func:`_index_row_bytes`) on each of its layers per
+    physical page (:func:`physical_pages`), each compressor state its row per state row (:func:`_state_rows`);
+    the mapping, the request pools and the allocators as :func:`_pool_layout` builds them.  The exact solve
+    probes a few sizes per plan: they are summed without laying the pool set out (``tests/dsv4/
+    test_dsv4_plan_work.py`` checks the sums against the pools themselves)."""
+
+    def __init__(self, st: _Stage, serving: Serving, context_len: int) -> None:
+        page = serving.page_size
+        self.st, self.serving, self.context_len, self.page = st, serving, context_len, page
+        self.page4, self.page128 = max(page // 4, 1), max(page // 128, 1)
+        # the SWA pool and the draft's SWA pool: the same tokens, page, row and page alignment
+        self.swa_page = _row_page_bytes(page, st.row, st.main_geo[0]) * (len(st.ids) + st.num_draft)
+        self.c4_page = _row_page_bytes(self.page4, st.c4_row, st.c4_geo[0]) * len(st.c4_ids)
+        self.c128_page = _row_page_bytes(self.page128, st.c128_row, st.c128_geo[0]) * len(st.c128_ids)
+        self.indexer_page = self.page4 * _index_row_bytes(st.index_dim) * len(st.c4_ids)
+        item = STATE_DTYPE_BYTES[serving.dsv4_compress_state_dtype]
+        self.item = item
+        # the c4 KV and indexer states share their rows (4 x head_dim and 4 x index_dim of them per row)
+        self.c4_state_row = (4 * (st.nope + st.rope) + 4 * st.index_dim) * item * len(st.c4_ids)
+        self.hisparse_ptrs = len(st.c4_ids) * PTR_BYTES if serving.enable_hisparse else 0
+
+    def nbytes(self, sizes: DSV4Sizes, max_running_requests: int) -> int:
+        st, serving, page = self.st, self.serving, self.page
+        rows, padding = req_to_token_rows(max_running_requests, serving)
+        c4_rows, _, c128_rows, c128_last, mtp_seq_lens = _state_rows(st, serving, sizes, rows + padding)
+        total = physical_pages(sizes.swa_tokens, page) * self.swa_page if st.ids or st.num_draft else 0
+        if st.c4_ids:
+            total += physical_pages(sizes.c4_tokens, self.page4, page) * self.c4_page
+            total += physical_pages(sizes.c128_tokens * C4_LOGICAL_PER_C128, self.page4, page) * self.indexer_page
+            total += c4_rows * self.c4_state_row
+        if st.c128_ids:
+            total += physical_pages(sizes.c128_tokens, self.page128, page) * self.c128_page
+            total += c128_rows * c128_last * self.item * len(st.c128_ids) + mtp_seq_lens * 8
         swa_pages = page_align(sizes.swa_tokens, page)
         return (
             total
+            + self.hisparse_ptrs
             + (sizes.full_tokens + page + 1) * SWA_MAPPING_ITEM_BYTES  # swa_mapping_pool
             + request_pools_bytes(max_running_requests, self.context_len, serving)
             + allocator_planned_nbytes(sizes.full_tokens, page)
             + (allocator_planned_nbytes(swa_pages, page) if swa_pages else 0)
         )
 
-
-def _step_bytes(b: DSV4Buffers, page: int, step: SizeStep) -> int | None:
-    """By how many bytes :meth:`PoolBytesProbe._bytes` of ``b``'s separate-KV pools grows when the sizes grow by
-    ``step`` at a fixed request count (the SWA pool keeping a page), or None when that growth is not one fixed
-    number of bytes: a step not a whole number of a pool's pages (``ceil`` of tokens over the page then depends on
-    where it starts), nor of the state rows' rounding to the compress ratio, nor of the allocators' pages."""
-    grown = 0
-    paged: list[tuple[KVRowGeometry | IndexerGeometry | None, int]] = [
-        (b.swa, step.swa_tokens),
-        (b.c4, step.c4_tokens),
-        (b.c128, step.c128_tokens),
-        (b.draft_swa, step.swa_tokens),
-    ]
-    if b.c4_state.layers:
-        paged.append((b.indexer, step.c128_tokens * C4_LOGICAL_PER_C128))
-    for geo, tokens in paged:
-        if geo is None or not geo.layers or not tokens:
-            continue
-        if tokens % geo.page_size:
+    def step_bytes(self, step: SizeStep) -> int | None:
+        """By how many bytes :meth:`nbytes` grows when the sizes grow by ``step`` at a fixed request count (the
+        SWA pool keeping a page), or None when that growth is not one fixed number of bytes: a step not a whole
+        number of a pool's pages (``ceil`` of tokens over the page then depends on where it starts), nor of the
+        state rows' rounding to the compress ratio (4), nor of the allocators' pages."""
+        st, page = self.st, self.page
+        full_tokens, swa_tokens = step.full_tokens, step.swa_tokens
+        if full_tokens % page or swa_tokens % page:
             return None
-        grown += tokens // geo.page_size * geo.page_bytes * len(geo.layers)
-    for state in (b.c4_state, b.c4_indexer_state):
-        if state.layers and step.c4_state_size:
-            if step.c4_state_size % state.ratio:  # rows = ceil_to(size + ring + 1, ratio)
+        grown = swa_tokens // page * self.swa_page
+        if st.c4_ids:
+            c4_tokens, indexer_tokens = step.c4_tokens, step.c128_tokens * C4_LOGICAL_PER_C128
+            if c4_tokens % self.page4 or indexer_tokens % self.page4 or step.c4_state_size % 4:
                 return None
-            grown += step.c4_state_size * state.row_bytes * len(state.layers)
-    if step.full_tokens % page or step.swa_tokens % page:
-        return None
-    # the mapping (one int64 per full slot), and the full and SWA allocators' free stacks (per page)
-    per_page = allocator_planned_nbytes(2 * page, page) - allocator_planned_nbytes(page, page)
-    pages = step.full_tokens // page + step.swa_tokens // page
-    return grown + step.full_tokens * SWA_MAPPING_ITEM_BYTES + pages * per_page
+            grown += c4_tokens // self.page4 * self.c4_page + indexer_tokens // self.page4 * self.indexer_page
+            grown += step.c4_state_size * self.c4_state_row
+        if st.c128_ids:
+            if step.c128_tokens % self.page128:
+                return None
+            grown += step.c128_tokens // self.page128 * self.c128_page
+        # the mapping (one int64 per full slot), and the full and SWA allocators' free stacks (per page)
+        pages = full_tokens // page + swa_tokens // page
+        return grown + full_tokens * SWA_MAPPING_ITEM_BYTES + pages * _allocator_page_step(page)
+
+
+@lru_cache(maxsize=64)
+def _allocator_page_step(page: int) -> int:
+    """The bytes a paged allocator's free stack grows by per page (a function of the page alone)."""
+    return allocator_planned_nbytes(2 * page, page) - allocator_planned_nbytes(page, page)
 
 
 _Make = Callable[[str], PoolSpec]

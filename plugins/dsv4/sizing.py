@@ -33,7 +33,7 @@ request's out-of-window SWA pages for every tree cache that ``supports_swa()``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
@@ -62,6 +62,7 @@ from kvpools_core.values import (
     parse_hisparse_config,
 )
 
+from .buffers import DSV4Sizes, SizeStep, pool_bytes_probe, pool_specs
 from .config import C4, C128
 from .encoder_replay import encoder_replay_problems, replay_notes, replay_on, request_window_bytes
 from .hisparse import dsv4_hisparse_problems
@@ -98,9 +99,6 @@ SGLANG_ONLINE_MTP_MESSAGE = (
     "EAGLE topk=1 path gated by SGLANG_EXPERIMENTAL_ONLINE_C128_MTP=1"
 )
 STATE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-
-if TYPE_CHECKING:
-    from .buffers import SizeStep
 
 
 def ring_size(ratio: int, serving: Serving) -> int:
@@ -153,6 +151,7 @@ class DSV4Shape:
     """``--enable-encoder-swa-bounded-replay`` (0.5.23: no SWA bytes per token, no draft inflation)."""
     swa_cap: int | None = None
     """0.5.23's SWA cap mode on a V4.1 stage (:func:`.v41_budget.v41_swa_cap_tokens`): the SWA pool's slots."""
+    _bytes_per_full_token: float | None = attrs.field(init=False, eq=False, repr=False)
 
     @property
     def kv_bytes(self) -> int:
@@ -203,7 +202,19 @@ class DSV4Shape:
 
     @property
     def bytes_per_full_token(self) -> float:
-        """SGLang's coefficient: the raw figure, times ``(T + 1) / T`` when a draft worker is reserved."""
+        """SGLang's coefficient: the raw figure, times ``(T + 1) / T`` when a draft worker is reserved (read
+        several times per plan: computed once, when the frozen shape is built)."""
+        value = self._bytes_per_full_token
+        return self._coefficient() if value is None else value
+
+    def __attrs_post_init__(self) -> None:
+        try:
+            value: float | None = self._coefficient()
+        except ZeroDivisionError:  # a shape of no layers or window: raised where the figure is read, as ever
+            value = None
+        object.__setattr__(self, "_bytes_per_full_token", value)
+
+    def _coefficient(self) -> float:
         value = self.raw_bytes_per_full_token
         if self.speculative and not (self.v41 is not None and self.replay):
             draft_layers = 1
@@ -270,8 +281,6 @@ class DSV4Shape:
         """How :meth:`sizes` grows with one page of full tokens (the SWA tokens held) and with one page of SWA
         tokens: a fixed step of each size, or None where a size is not linear in those pages (a floor that does
         not divide the page: HiSparse's shrink, a state divisor that is not a divisor of the page)."""
-        from .buffers import SizeStep
-
         divisor = self._c4_state_divisor(page)
         if page % (4 * self.shrink) or page % 128 or page % divisor:
             return None
@@ -807,8 +816,6 @@ class ExactCost:
     with the stage laid out once; each token count is laid out at most once."""
 
     def __init__(self, model: ModelSpec, serving: Serving, shape: DSV4Shape) -> None:
-        from .buffers import pool_bytes_probe
-
         self.serving, self.shape, self.page = serving, shape, serving.page_size
         self.context_len = serving.context_length or model.context_len
         self.probe = pool_bytes_probe(model, serving, context_len=self.context_len)
@@ -845,8 +852,6 @@ class ExactCost:
         return self.shape.swa_tokens(tokens // self.page * self.page, self.page)
 
     def _sizes(self, tokens: int) -> tuple[Any, int]:
-        from .buffers import DSV4Sizes
-
         sizes = self.shape.sizes(tokens, self.page)
         requests = self.requests(tokens)
         return (
@@ -872,12 +877,9 @@ def _pools(
 ) -> list[PoolSpec]:
     """Every allocation ``build`` makes for these sizes (the pool side's ``pool_specs``); with the exact search's
     ``cost``, the buffers its last probe laid out when that probe was at these sizes."""
-    build_pool_specs = _pool_specs()
-    from .buffers import DSV4Sizes
-
     dsv4_sizes = DSV4Sizes.from_config(sizes)
     return list(
-        build_pool_specs(
+        pool_specs(
             model,
             serving,
             dsv4_sizes,
@@ -887,12 +889,6 @@ def _pools(
             buffers=None if cost is None else cost.probe.buffers(dsv4_sizes, requests),
         )
     )
-
-
-def _pool_specs() -> Callable[..., Any]:
-    from .buffers import pool_specs
-
-    return pool_specs
 
 
 def swa_pool_note(shape: DSV4Shape, sizes: dict[str, int], window_bytes: int = 0) -> str:

@@ -495,3 +495,72 @@ def test_an_old_dense_plan_json_loads_into_an_equal_plan() -> None:
             del pool[field]
     del old["sizing"]["token_counts"], old["sizing"]["state_slots"]
     assert Plan.from_dict(old) == result
+
+
+@given(
+    unit=st.sampled_from(["token", "request", "state_slot", "fixed"]),
+    pool_space=st.sampled_from(["full", "swa"]),
+    cost_space=st.sampled_from(["full", "swa"]),
+    token_bytes=st.integers(0, 2),
+    bytes_per_request=st.integers(0, 2),
+    bytes_per_state_slot=st.integers(0, 2),
+)
+def test_a_recorded_cost_is_refused_exactly_when_it_pays_per_another_unit(
+    unit: str, pool_space: str, cost_space: str, token_bytes: int, bytes_per_request: int, bytes_per_state_slot: int
+) -> None:
+    """``PoolSpec._check_cost`` decides the common case without building its message (issue 37): it refuses
+    exactly the costs that pay per a unit other than the pool's, or per token of another space (the rule as the
+    message states it, written out here)."""
+    paid = {"token": token_bytes, "request": bytes_per_request, "state_slot": bytes_per_state_slot}
+    refused = any(value and name != unit for name, value in paid.items()) or (
+        unit == "token" and cost_space != pool_space
+    )
+    cost = GroupCost(
+        group="p",
+        token_space=cost_space,
+        token_bytes=token_bytes,
+        bytes_per_request=bytes_per_request,
+        bytes_per_state_slot=bytes_per_state_slot,
+    )
+
+    def build() -> PoolSpec:
+        return PoolSpec(
+            name="p", kind="kv", slots=1, bytes_per_slot=0, bytes=8, unit=unit, token_space=pool_space, cost=cost
+        )
+
+    if refused:
+        with pytest.raises(InvalidValueError, match=r"PoolSpec.cost of pool 'p' \(unit .*\) pays per"):
+            build()
+    else:
+        assert build().cost is cost
+
+
+@given(
+    name=st.sampled_from(["allocator", "swa_allocator"]),
+    token_space=st.sampled_from(["full", "swa"]),
+    page_size=st.sampled_from([1, 16, 64, 256]),
+    dcp=st.sampled_from([1, 2, 8]),
+    tokens=st.integers(0, 64).map(lambda pages: pages * 256),
+)
+def test_the_allocators_remembered_cost_is_its_own(
+    name: str, token_space: str, page_size: int, dcp: int, tokens: int
+) -> None:
+    """A paged allocator's ``GroupCost`` is built once per (name, token space, page, DCP) and shared by plans
+    (issue 37): the one an allocator pool records is the cost of exactly its arguments (one 8 B free-list entry
+    per page, the one-page allocator's rest fixed), never another allocator's."""
+    from kvpools_core.allocators import allocator_planned_nbytes
+    from kvpools_core.parts.sizing import allocator_pool
+
+    pool = allocator_pool(tokens, page_size, token_space=token_space, name=name, dcp=dcp)
+    widened = page_size * dcp
+    if widened == 1:
+        return  # the token allocator: its fields say its cost
+    one_page = allocator_planned_nbytes(widened, widened)
+    per_page = allocator_planned_nbytes(2 * widened, widened) - one_page
+    assert per_page == 8
+    assert pool.cost == GroupCost(
+        group=name, token_space=token_space, token_bytes=8, token_block=page_size, fixed_bytes=one_page - 8
+    )
+    assert pool.cost is allocator_pool(tokens + page_size, page_size, token_space=token_space, name=name, dcp=dcp).cost
+    if tokens:
+        assert pool.group_cost.bytes_for(tokens=tokens) == pool.bytes

@@ -382,15 +382,14 @@ def test_the_configurators_request_estimate() -> None:
 
 
 @pytest.mark.parametrize("preset", ["deepseek-v4-flash", "deepseek-v4-pro"])
-def test_an_exact_plan_lays_the_stage_out_once_and_the_pools_three_times(
-    preset: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_exact_plan_lays_the_stage_out_once_and_the_pools_once(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 37: the exact search read the model's stage (``rank_layer_range`` and every layer's compress ratio)
     again at each probe, and laid the pool set out at each of its probes (8 for deepseek-v4-flash at 40 GiB, then
-    once more for the pool values of the answer: 9).  Now the stage is read once per plan (the search and the
-    answer's pool values share it), and the pools are laid out three times: where the solve anchors, and at its
-    answer and one page above it (the check), whose layout at the answer the pool values reuse.  The answer is the
-    search's own (``tests/dsv4/test_dsv4_exact_solve.py``)."""
+    once more for the pool values of the answer: 9); the fifth pass laid it out three times (where the solve
+    anchors, and at its answer and one page above it, the check).  Since the sixth pass the solve's probes sum the
+    separate-KV pool set from the stage (``buffers._SeparateBytes``), so the stage is read once per plan and the
+    pools are laid out once, for the pool values of the answer.  The answer is the search's own
+    (``tests/dsv4/test_dsv4_exact_solve.py``)."""
     from kvpools_plugins.dsv4 import buffers
 
     reads: list[object] = []
@@ -409,5 +408,5 @@ def test_an_exact_plan_lays_the_stage_out_once_and_the_pools_three_times(
     monkeypatch.setattr(buffers, "_buffers", laid_out)
     planned = plan(preset, Serving(), memory=40 * GiB)
     assert len(reads) == 1
-    assert len(layouts) == 3
+    assert len(layouts) == 1
     assert planned.max_total_num_tokens > 0
