@@ -1016,7 +1016,8 @@ def activation_peak(
     encoder left held (pixel values, encoder cache), which the MoE workspace is not part of (it is first taken in the
     language model's pass).  Not modelled: vision towers other than Qwen3-VL's, Pixtral's and Gemma-3's SigLIP
     (:data:`VISION_TOWERS`; ``vision`` None: the encoder is left out), the encoder under pipeline parallelism (left
-    out), MoE backends other than the Triton experts, fewer than 8 sampled rows on vLLM 0.17-0.19 (``max_num_seqs``
+    out), the MoE backends :func:`moe_workspace_bytes` charges the Triton experts' workspace for (Humming, vLLM
+    CUTLASS, FP8 off block FP8 on SM 9.0), fewer than 8 sampled rows on vLLM 0.17-0.19 (``max_num_seqs``
     < 8: ``apply_top_k_top_p`` sorts them with torch, 0.19.0 ``topk_topp_sampler.py`` L251-255).
     """
     if pp_stage not in PIPELINE_STAGES:
