@@ -264,6 +264,34 @@ def test_qwen36_nvfp4_experts_run_marlin_on_the_rtx_5090() -> None:
         "sm_count": 170,
         "compute_capability": (12, 0),
     }
-    assert activation_peak(**options, shape=shape).bytes == 125_829_120 + 536_870_912 + CUBLAS == 696_254_464  # type: ignore[arg-type]
-    w4a4 = attrs.evolve(shape, moe_quant="nvfp4")
-    assert activation_peak(**options, shape=w4a4).bytes == 125_829_120 + 33_554_432 + CUBLAS == 192_937_984  # type: ignore[arg-type]
+    marlin = activation_peak(**options, shape=shape)  # type: ignore[arg-type]
+    assert marlin.bytes == 125_829_120 + 536_870_912 + CUBLAS == 696_254_464
+    assert "fused-MoE workspace 512.0 MiB (MARLIN)" in marlin.formula
+    w4a4 = activation_peak(**options, shape=attrs.evolve(shape, moe_quant="nvfp4"))  # type: ignore[arg-type]
+    assert w4a4.bytes == 125_829_120 + 33_554_432 + CUBLAS == 192_937_984
+    assert "fused-MoE workspace 32.0 MiB (FLASHINFER_CUTLASS)" in w4a4.formula
+    # on an H100 Humming runs the W4A16 experts: not modelled, and the formula says the Triton bytes stand in
+    hopper = activation_peak(**{**options, "compute_capability": (9, 0)}, shape=shape)  # type: ignore[arg-type]
+    assert "fused-MoE workspace 512.0 MiB (TRITON's bytes: HUMMING not modelled)" in hopper.formula
+    fp8 = attrs.evolve(shape, moe_quant="fp8")
+    other = activation_peak(**{**options, "compute_capability": (9, 0)}, shape=fp8)  # type: ignore[arg-type]
+    assert "fused-MoE workspace 512.0 MiB (TRITON's bytes: the experts' backend not modelled)" in other.formula
+
+
+def test_plan_vllm_passes_runtime_fp8_to_the_moe_workspace() -> None:
+    """``plan_vllm`` reads the experts' scheme with ``--quantization``: Qwen3-30B-A3B in bf16 on an RTX PRO 6000
+    (SM 12.0) runs FlashInfer CUTLASS (8192 x 2048 x 2 B = 32 MiB); under ``--quantization fp8`` its experts are FP8,
+    whose backend kvpools does not tell apart (the Triton bytes, 512 MiB, and the formula says so)."""
+    from kvpools_core.engines.vllm import plan_vllm
+    from kvpools_core.values import Serving
+
+    def workspace(serving: Serving) -> str:
+        result = plan_vllm("qwen3-30b-a3b", serving, gpu="rtx-pro-6000", runtime_profile="0.33")
+        assert result.runtime_memory is not None
+        formula = result.runtime_memory.term("activation peak").formula
+        return next(part for part in formula.split("; ") if part.startswith("fused-MoE workspace"))
+
+    assert workspace(Serving()) == "fused-MoE workspace 32.0 MiB (FLASHINFER_CUTLASS)"
+    assert workspace(Serving(quantization="fp8")) == (
+        "fused-MoE workspace 512.0 MiB (TRITON's bytes: the experts' backend not modelled)"
+    )

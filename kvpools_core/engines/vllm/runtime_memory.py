@@ -1053,8 +1053,11 @@ def activation_peak(
         workspace = moe_workspace_bytes(
             shape=shape, tokens=tokens, tp_size=tp_size, compute_capability=compute_capability
         )
-    if workspace:
-        parts.append(f"fused-MoE workspace {workspace / MiB:.1f} MiB")
+    if workspace and shape is not None:
+        backend = vllm_moe_backend(shape.experts_scheme, compute_capability or (9, 0))
+        unmodelled = "the experts' backend" if backend == "other" else backend
+        kernel = f"TRITON's bytes: {unmodelled} not modelled" if backend in MOE_BACKEND_NOT_MODELLED else backend
+        parts.append(f"fused-MoE workspace {workspace / MiB:.1f} MiB ({kernel})")
     receive = 2 * tokens * hidden * dtype if pp_size > 1 and pp_stage != "first" else 0
     if receive:
         parts.append(f"pipeline receive buffers 2 x {tokens} x {hidden} x {dtype} B")
