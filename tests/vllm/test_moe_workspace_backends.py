@@ -74,10 +74,25 @@ unquantised (K' = 2048), no workspace2: 8192 x 2048 bf16 values."""
         ("nvfp4-a16", (12, 0), "MARLIN"),
         ("nvfp4-a16", (10, 0), "MARLIN"),
         ("nvfp4-a16", (9, 0), "HUMMING"),
-        # block FP8 under TP on Hopper: Triton moved to the front; elsewhere not told apart
+        # FP8 (oracle/fp8.py L88-132): dynamic per-tensor scales, which no FlashInfer kernel takes: Triton from
+        # SM 8.9 (supports_fp8), Marlin below
+        ("fp8", (9, 0), "TRITON"),
+        ("fp8", (10, 0), "TRITON"),
+        ("fp8", (12, 0), "TRITON"),
+        ("fp8", (8, 9), "TRITON"),
+        ("fp8", (8, 0), "MARLIN"),
+        # static per-tensor scales: TRT-LLM's monolithic kernel on family 100, FlashInfer CUTLASS on 9.0 / 120
+        ("fp8-static", (10, 0), "FLASHINFER_TRTLLM (monolithic)"),
+        ("fp8-static", (9, 0), "FLASHINFER_CUTLASS"),
+        ("fp8-static", (12, 0), "FLASHINFER_CUTLASS"),
+        ("fp8-static", (8, 9), "TRITON"),
+        ("fp8-static", (11, 0), "TRITON"),
+        # block FP8: Triton moved to the front under TP on Hopper; TRT-LLM on family 100; DeepGEMM on family 120
         ("fp8-block", (9, 0), "TRITON"),
-        ("fp8-block", (10, 0), "other"),
-        ("fp8", (9, 0), "other"),
+        ("fp8-block", (10, 0), "FLASHINFER_TRTLLM (monolithic)"),
+        ("fp8-block", (12, 0), "DEEPGEMM"),
+        ("fp8-block", (8, 9), "TRITON"),
+        ("fp8-block", (8, 6), "MARLIN"),
         # mxfp4: monolithic on SM 9.0-10.x, Marlin elsewhere
         ("mxfp4", (9, 0), "monolithic"),
         ("mxfp4", (10, 0), "monolithic"),
@@ -109,6 +124,11 @@ def test_the_backend_vllm_picks(scheme: str, capability: tuple[int, int], backen
         ("nvfp4", (11, 0), TRITON_BYTES),  # vLLM CUTLASS: not modelled
         ("nvfp4-a16", (12, 0), TRITON_BYTES),
         ("fp8-block", (9, 0), TRITON_BYTES),
+        ("fp8-block", (10, 0), 0),
+        ("fp8-block", (12, 0), TRITON_BYTES),  # DeepGEMM: not modelled
+        ("fp8-static", (9, 0), FLASHINFER_CUTLASS_BYTES),
+        ("fp8-static", (10, 0), 0),
+        ("fp8", (12, 0), TRITON_BYTES),
         ("wna16", (8, 6), TRITON_BYTES),
         ("mxfp4", (9, 0), 0),
     ],
@@ -143,6 +163,9 @@ def _group(weights: dict[str, object], inputs: dict[str, object] | None, targets
 FP4 = {"num_bits": 4, "type": "float", "group_size": 16}
 FP8_BLOCK = {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128]}
 FP8_CHANNEL = {"num_bits": 8, "type": "float", "strategy": "channel"}
+FP8_TENSOR = {"num_bits": 8, "type": "float", "strategy": "tensor"}
+FP8_STATIC_INPUT = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}
+FP8_TOKEN_INPUT = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}
 INT4 = {"num_bits": 4, "type": "int", "group_size": 128, "symmetric": True}
 INT8 = {"num_bits": 8, "type": "int", "strategy": "channel"}
 
@@ -154,9 +177,11 @@ INT8 = {"num_bits": 8, "type": "int", "strategy": "channel"}
         ({}, "fp8", "fp8"),  # --quantization fp8 on an unquantised checkpoint: Fp8Config quantises per tensor
         ({}, "bitsandbytes", "other"),
         ({"quant_method": "fp8"}, None, "fp8"),
+        ({"quant_method": "fp8", "activation_scheme": "dynamic"}, None, "fp8"),
+        ({"quant_method": "fp8", "activation_scheme": "static"}, None, "fp8-static"),
         ({"quant_method": "fp8", "weight_block_size": [128, 128]}, None, "fp8-block"),
         ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8", "fp8-block"),  # the checkpoint's
-        (_modelopt("FP8"), None, "fp8"),
+        (_modelopt("FP8"), None, "fp8-static"),
         (_modelopt("FP8_BLOCK_SCALES"), None, "fp8-block"),
         (_modelopt("NVFP4"), None, "nvfp4"),
         ({"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4"}}, None, "nvfp4"),  # hf_quant_config
@@ -192,9 +217,21 @@ INT8 = {"num_bits": 8, "type": "int", "strategy": "channel"}
             "fp8-block",
         ),
         (
-            {"quant_method": "compressed-tensors", "config_groups": {"g": _group(FP8_CHANNEL, {}, ["Linear"])}},
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {"g": _group(FP8_TENSOR, FP8_STATIC_INPUT, ["Linear"])},
+            },
             None,
-            "fp8",
+            "fp8-static",
+        ),
+        (
+            # FP8_DYNAMIC (per-channel weights, dynamic per-token inputs): vLLM's CUTLASS FP8 experts may run it
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {"g": _group(FP8_CHANNEL, FP8_TOKEN_INPUT, ["Linear"])},
+            },
+            None,
+            "other",
         ),
         ({"quant_method": "compressed-tensors", "config_groups": {"g": _group(INT4, None, ["Linear"])}}, None, "wna16"),
         (
@@ -207,7 +244,7 @@ INT8 = {"num_bits": 8, "type": "int", "strategy": "channel"}
             {
                 "quant_method": "compressed-tensors",
                 "config_groups": {
-                    "attention": _group(FP8_CHANNEL, {}, ["re:.*self_attn.*"]),
+                    "attention": _group(FP8_CHANNEL, FP8_TOKEN_INPUT, ["re:.*self_attn.*"]),
                     "experts": _group(FP4, FP4, ["re:.*mlp.experts.*"]),
                 },
             },
@@ -273,15 +310,15 @@ def test_qwen36_nvfp4_experts_run_marlin_on_the_rtx_5090() -> None:
     # on an H100 Humming runs the W4A16 experts: not modelled, and the formula says the Triton bytes stand in
     hopper = activation_peak(**{**options, "compute_capability": (9, 0)}, shape=shape)  # type: ignore[arg-type]
     assert "fused-MoE workspace 512.0 MiB (TRITON's bytes: HUMMING not modelled)" in hopper.formula
-    fp8 = attrs.evolve(shape, moe_quant="fp8")
+    fp8 = attrs.evolve(shape, moe_quant="other")
     other = activation_peak(**{**options, "compute_capability": (9, 0)}, shape=fp8)  # type: ignore[arg-type]
     assert "fused-MoE workspace 512.0 MiB (TRITON's bytes: the experts' backend not modelled)" in other.formula
 
 
 def test_plan_vllm_passes_runtime_fp8_to_the_moe_workspace() -> None:
     """``plan_vllm`` reads the experts' scheme with ``--quantization``: Qwen3-30B-A3B in bf16 on an RTX PRO 6000
-    (SM 12.0) runs FlashInfer CUTLASS (8192 x 2048 x 2 B = 32 MiB); under ``--quantization fp8`` its experts are FP8,
-    whose backend kvpools does not tell apart (the Triton bytes, 512 MiB, and the formula says so)."""
+    (SM 12.0) runs FlashInfer CUTLASS (8192 x 2048 x 2 B = 32 MiB); under ``--quantization fp8`` its experts are FP8
+    with dynamic per-tensor scales, which only the Triton experts take there (512 MiB)."""
     from kvpools_core.engines.vllm import plan_vllm
     from kvpools_core.values import Serving
 
@@ -292,6 +329,4 @@ def test_plan_vllm_passes_runtime_fp8_to_the_moe_workspace() -> None:
         return next(part for part in formula.split("; ") if part.startswith("fused-MoE workspace"))
 
     assert workspace(Serving()) == "fused-MoE workspace 32.0 MiB (FLASHINFER_CUTLASS)"
-    assert workspace(Serving(quantization="fp8")) == (
-        "fused-MoE workspace 512.0 MiB (TRITON's bytes: the experts' backend not modelled)"
-    )
+    assert workspace(Serving(quantization="fp8")) == "fused-MoE workspace 512.0 MiB (TRITON)"

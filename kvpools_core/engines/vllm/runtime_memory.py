@@ -285,9 +285,11 @@ def _size(minimum: int) -> Any:
     return check
 
 
-MOE_QUANT_SCHEMES = ("", "fp8", "fp8-block", "nvfp4", "nvfp4-a16", "mxfp4", "wna16", "other")
+MOE_QUANT_SCHEMES = ("", "fp8", "fp8-static", "fp8-block", "nvfp4", "nvfp4-a16", "mxfp4", "wna16", "other")
 """The routed experts' quantisation schemes :func:`moe_workspace_bytes` tells apart: "" unquantised (bf16 / fp16),
-"fp8" (per-tensor or per-channel FP8), "fp8-block" (128 x 128 block-scaled FP8, DeepSeek-style), "nvfp4" (NVFP4
+"fp8" (per-tensor FP8 weights, dynamic per-tensor activation scales: ``Fp8Config``'s default), "fp8-static"
+(per-tensor FP8 weights and static per-tensor activation scales: ModelOpt FP8, ``activation_scheme: static``),
+"fp8-block" (128 x 128 block-scaled FP8 weights, dynamic per-group activations, DeepSeek-style), "nvfp4" (NVFP4
 weights and activations, W4A4), "nvfp4-a16" (NVFP4 weights, 16-bit activations: ModelOpt ``W4A16_NVFP4``,
 compressed-tensors' weight-only FP4), "mxfp4" (gpt-oss), "wna16" (AWQ / GPTQ / compressed-tensors int4 or int8
 weight-only), "other" (anything else: the Triton experts' workspace is kept)."""
@@ -369,7 +371,7 @@ gpt_oss_triton_kernels_moe.py`` L41-53, L1525) the same on SM 9.0 and 10.x; SM 1
 Marlin (the modular ``MarlinExperts``)."""
 
 
-MOE_BACKEND_NOT_MODELLED = ("HUMMING", "VLLM_CUTLASS", "other")
+MOE_BACKEND_NOT_MODELLED = ("HUMMING", "VLLM_CUTLASS", "DEEPGEMM", "other")
 """Backends :func:`vllm_moe_backend` names whose ``workspace_shapes`` kvpools does not reproduce: the Triton experts'
 workspace is charged for them (``moe_workspace_bytes`` says so in the activation term's formula)."""
 
@@ -388,9 +390,17 @@ def vllm_moe_backend(scheme: str, capability: tuple[int, int]) -> str:
       (``experts/flashinfer_cutlass_moe.py`` L128-138: SM 9.0, families 100 and 120, not SM 11.0; L155-161
       unquantised from 9.0); else TRITON.  A SWIGLUOAI model (gpt-oss in bf16) moves FlashInfer behind TRITON
       (L92-94): not told apart.
-    * "fp8-block" on SM 9.0: TRITON, moved ahead of the FlashInfer and DeepGEMM backends for TP
-      (``oracle/fp8.py`` L122-132).  Other FP8 (per-tensor, and block-scaled off SM 9.0) depends on the activation
-      scales' kind (static or dynamic) and DeepGEMM's presence: "other".
+    * FP8 (``oracle/fp8.py`` L88-104: AITER (ROCm), FLASHINFER_TRTLLM, FLASHINFER_CUTLASS, DEEPGEMM, VLLM_CUTLASS
+      (only where the method allows it: not ``Fp8Config``, ``quantization/fp8.py`` L523-528, nor ModelOpt's),
+      TRITON, MARLIN).  "fp8" (dynamic per-tensor): no FlashInfer kernel takes dynamic per-tensor scales
+      (``experts/trtllm_fp8_moe.py`` L378-390, ``flashinfer_cutlass_moe.py`` L155-170) and DeepGEMM is block-only,
+      so TRITON from SM 8.9 (``experts/triton_moe.py`` L159-166, ``supports_fp8``), MARLIN below (``marlin_moe.py``
+      L601-620).  "fp8-static": SM 10.x FlashInfer TRT-LLM's monolithic kernel (L386, L399-431), SM 9.0 / 12.x
+      FLASHINFER_CUTLASS (L155-161), else TRITON / MARLIN.  "fp8-block": SM 9.0 TRITON, moved ahead of the
+      FlashInfer and DeepGEMM backends for TP (``oracle/fp8.py`` L122-132); SM 10.x FlashInfer TRT-LLM's
+      monolithic kernel; SM 12.x DEEPGEMM where the ``deep_gemm`` package is installed (``TritonOrDeepGemmExperts``,
+      ``utils/deep_gemm.py`` L113-118, ``platforms/cuda.py`` L691-697; its workspace is not modelled), else TRITON /
+      MARLIN.
     * "nvfp4" (``oracle/nvfp4.py`` L203-212, L304-316): FLASHINFER_TRTLLM, FLASHINFER_CUTEDSL(_BATCHED),
       FLASHINFER_CUTLASS, VLLM_CUTLASS, MARLIN (HUMMING ahead of MARLIN on SM 9.0: ``quantization/utils/humming/
       priority.py`` L11-23).  SM 10.x: ``TrtLlmNvFp4ExpertsMonolithic`` (``experts/trtllm_nvfp4_moe.py`` L203-211,
@@ -412,8 +422,14 @@ def vllm_moe_backend(scheme: str, capability: tuple[int, int]) -> str:
         if major == 10:
             return "FLASHINFER_TRTLLM (monolithic)"
         return "FLASHINFER_CUTLASS" if major == 12 else "TRITON"
-    if scheme == "fp8-block":
-        return "TRITON" if capability == (9, 0) else "other"
+    if scheme in ("fp8", "fp8-static", "fp8-block"):
+        if scheme != "fp8" and major == 10:
+            return "FLASHINFER_TRTLLM (monolithic)"
+        if scheme == "fp8-static" and (capability == (9, 0) or major == 12):
+            return "FLASHINFER_CUTLASS"
+        if scheme == "fp8-block" and major == 12:
+            return "DEEPGEMM"
+        return "TRITON" if capability >= (8, 9) else "MARLIN"
     if scheme == "mxfp4":
         low, high = MONOLITHIC_MXFP4_CAPABILITIES
         return "monolithic" if low <= capability < high else "MARLIN"
@@ -458,8 +474,8 @@ def moe_workspace_bytes(
     * monolithic (mxfp4 on SM 9.0-10.x, FLASHINFER_TRTLLM's monolithic kernels): ``FusedMoEKernelMonolithicImpl``
       (0.19 ``modular_kernel.py`` L1393-1500) never calls ``_allocate_buffers``: 0 (the vLLM 0.19.0 H100 log of
       gpt-oss-20b says "Using 'TRITON' Mxfp4 MoE backend" and "Using MoEPrepareAndFinalizeNoDPEPMonolithic").
-    * HUMMING (SM 9.0's quantised-weight path: NVFP4, AWQ / GPTQ), VLLM_CUTLASS (NVFP4 on SM 11.x) and "other":
-      not modelled; the Triton experts' workspace is charged.
+    * HUMMING (SM 9.0's quantised-weight path: NVFP4, AWQ / GPTQ), VLLM_CUTLASS (NVFP4 on SM 11.x), DEEPGEMM
+      (block FP8 on SM 12.x) and "other": not modelled; the Triton experts' workspace is charged.
 
     The routing vLLM's monolithic kernels need (``_supports_routing_method``) and the activation are taken as
     supported; the backend is 0.33's for every profile (vLLM 0.24's nvfp4 oracle was not read)."""
@@ -1017,7 +1033,7 @@ def activation_peak(
     language model's pass).  Not modelled: vision towers other than Qwen3-VL's, Pixtral's and Gemma-3's SigLIP
     (:data:`VISION_TOWERS`; ``vision`` None: the encoder is left out), the encoder under pipeline parallelism (left
     out), the MoE backends :func:`moe_workspace_bytes` charges the Triton experts' workspace for (Humming, vLLM
-    CUTLASS, FP8 off block FP8 on SM 9.0), fewer than 8 sampled rows on vLLM 0.17-0.19 (``max_num_seqs``
+    CUTLASS, DeepGEMM, schemes it does not tell apart), fewer than 8 sampled rows on vLLM 0.17-0.19 (``max_num_seqs``
     < 8: ``apply_top_k_top_p`` sorts them with torch, 0.19.0 ``topk_topp_sampler.py`` L251-255).
     """
     if pp_stage not in PIPELINE_STAGES:
@@ -1382,14 +1398,15 @@ def model_shape_of(model: str, *, dtype_bytes: int = 2, quantization: str | None
 
 
 _MODELOPT_SCHEMES = {
-    "FP8": "fp8",
+    "FP8": "fp8-static",
     "FP8_PB_WO": "fp8-block",
     "FP8_BLOCK_SCALES": "fp8-block",
     "NVFP4": "nvfp4",
     "W4A16_NVFP4": "nvfp4-a16",
 }
 """ModelOpt ``quant_algo`` values and the experts' scheme each gives (vLLM 0.33 ``quantization/modelopt.py``
-L1889-1911: block FP8 (L132) through ``Fp8MoEMethod``, ``FP8``, ``NVFP4`` and ``W4A16_NVFP4`` experts; L857-858:
+L1889-1911: block FP8 (L132) through ``Fp8MoEMethod``, ``FP8`` (static per-tensor activations, L498-504),
+``NVFP4`` and ``W4A16_NVFP4`` experts; L857-858:
 ``W4A16_NVFP4`` runs NVFP4 weights with no activation quantisation); ``MXFP8`` and others are "other"."""
 
 
@@ -1410,8 +1427,10 @@ def _experts_entry(entries: dict[str, Any]) -> Any:
 
 def _compressed_tensors_scheme(group: Any) -> str:
     """A compressed-tensors ``config_groups`` entry's scheme: FP4 weights (``type: float``, 4 bits) with FP4 input
-    activations is NVFP4, without them weight-only FP4; FP8 weights (``strategy: block`` is block-scaled); integer
-    weights without input activations are WNA16 (vLLM 0.33 ``compressed_tensors_moe`` picks the same schemes)."""
+    activations is NVFP4, without them weight-only FP4; FP8 weights with ``strategy: block`` are block-scaled, per
+    tensor with static per-tensor input scales "fp8-static", others "other" (compressed-tensors lets vLLM's CUTLASS
+    FP8 experts run them, ``compressed_tensors_moe_w8a8_fp8.py`` L88-112, which kvpools does not model); integer
+    weights without input activations are WNA16."""
     if not isinstance(group, dict):
         return "other"
     weights, inputs = group.get("weights"), group.get("input_activations")
@@ -1421,7 +1440,11 @@ def _compressed_tensors_scheme(group: Any) -> str:
     if kind == "float" and bits == 4:
         return "nvfp4" if isinstance(inputs, dict) and inputs.get("num_bits") == 4 else "nvfp4-a16"
     if kind == "float" and bits == 8:
-        return "fp8-block" if weights.get("strategy") == "block" else "fp8"
+        if weights.get("strategy") == "block":
+            return "fp8-block"
+        static = isinstance(inputs, dict) and inputs.get("dynamic") is False and inputs.get("strategy") == "tensor"
+        # per-channel weights or dynamic activations may run vLLM CUTLASS, which compressed-tensors allows
+        return "fp8-static" if static and weights.get("strategy") == "tensor" else "other"
     if kind == "int" and bits in (4, 8) and not inputs:
         return "wna16"
     return "other"
@@ -1430,7 +1453,8 @@ def _compressed_tensors_scheme(group: Any) -> str:
 def moe_quant_scheme(quantization_config: dict[str, Any], *, runtime: str | None = None) -> str:
     """The routed experts' scheme (:data:`MOE_QUANT_SCHEMES`) of a checkpoint's ``quantization_config`` and
     ``--quantization`` ``runtime``: an unquantised checkpoint under ``--quantization fp8`` is "fp8" (vLLM's
-    ``Fp8Config`` quantises per tensor at load); ``fp8`` with ``weight_block_size`` is "fp8-block"; ``modelopt`` /
+    ``Fp8Config`` quantises per tensor at load); ``fp8`` with ``weight_block_size`` is "fp8-block", with
+    ``activation_scheme: static`` "fp8-static" (``quantization/fp8.py`` L509-519); ``modelopt`` /
     ``modelopt_fp4`` by ``quant_algo`` (top level or its ``quantization`` section; ``MIXED_PRECISION`` by the
     experts' entry of ``quantized_layers``); ``compressed-tensors`` by the ``config_groups`` entry that covers the
     experts; AWQ / GPTQ are "wna16", mxfp4 "mxfp4"; anything else "other"."""
@@ -1441,7 +1465,9 @@ def moe_quant_scheme(quantization_config: dict[str, Any], *, runtime: str | None
             return ""
         return "fp8" if runtime == "fp8" else "other"
     if method == "fp8":
-        return "fp8-block" if quantization_config.get("weight_block_size") else "fp8"
+        if quantization_config.get("weight_block_size"):
+            return "fp8-block"
+        return "fp8-static" if quantization_config.get("activation_scheme") == "static" else "fp8"
     if method in ("modelopt", "modelopt_fp4"):
         nested = quantization_config.get("quantization")
         section = nested if isinstance(nested, dict) else quantization_config
