@@ -252,6 +252,15 @@ INT8 = {"num_bits": 8, "type": "int", "strategy": "channel"}
             "nvfp4",
         ),
         ({"quant_method": "compressed-tensors"}, None, "other"),
+        (
+            # MXFP4 weights (groups of 32) are not NVFP4
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {"g": _group({**FP4, "group_size": 32}, None, ["Linear"])},
+            },
+            None,
+            "other",
+        ),
     ],
 )
 def test_the_experts_scheme_of_a_quantization_config(

@@ -478,7 +478,9 @@ def moe_workspace_bytes(
       (block FP8 on SM 12.x) and "other": not modelled; the Triton experts' workspace is charged.
 
     The routing vLLM's monolithic kernels need (``_supports_routing_method``) and the activation are taken as
-    supported; the backend is 0.33's for every profile (vLLM 0.24's nvfp4 oracle was not read)."""
+    supported.  The backend is 0.33's for every profile: vLLM 0.24.0's NVFP4 oracle tries the same order
+    (``oracle/nvfp4.py`` L165-173) and its ``MarlinExperts`` take the same shapes (``experts/marlin_moe.py``
+    L711-741); the 0.19 oracles were not read beyond mxfp4's."""
     if not shape.is_moe:
         return 0
     capability = (9, 0) if compute_capability is None else compute_capability
@@ -1426,11 +1428,11 @@ def _experts_entry(entries: dict[str, Any]) -> Any:
 
 
 def _compressed_tensors_scheme(group: Any) -> str:
-    """A compressed-tensors ``config_groups`` entry's scheme: FP4 weights (``type: float``, 4 bits) with FP4 input
-    activations is NVFP4, without them weight-only FP4; FP8 weights with ``strategy: block`` are block-scaled, per
-    tensor with static per-tensor input scales "fp8-static", others "other" (compressed-tensors lets vLLM's CUTLASS
-    FP8 experts run them, ``compressed_tensors_moe_w8a8_fp8.py`` L88-112, which kvpools does not model); integer
-    weights without input activations are WNA16."""
+    """A compressed-tensors ``config_groups`` entry's scheme: FP4 weights (``type: float``, 4 bits, groups of 16)
+    with FP4 input activations is NVFP4, without them weight-only FP4; FP8 weights with ``strategy: block`` are
+    block-scaled, per tensor with static per-tensor input scales "fp8-static", others "other" (compressed-tensors
+    lets vLLM's CUTLASS FP8 experts run them, ``compressed_tensors_moe_w8a8_fp8.py`` L88-112, which kvpools does not
+    model); integer weights without input activations are WNA16."""
     if not isinstance(group, dict):
         return "other"
     weights, inputs = group.get("weights"), group.get("input_activations")
@@ -1438,6 +1440,8 @@ def _compressed_tensors_scheme(group: Any) -> str:
         return "other"
     bits, kind = weights.get("num_bits"), weights.get("type")
     if kind == "float" and bits == 4:
+        if weights.get("group_size") != 16:  # MXFP4 (group 32, E8M0 scales) is another scheme
+            return "other"
         return "nvfp4" if isinstance(inputs, dict) and inputs.get("num_bits") == 4 else "nvfp4-a16"
     if kind == "float" and bits == 8:
         if weights.get("strategy") == "block":
