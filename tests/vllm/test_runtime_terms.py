@@ -160,13 +160,15 @@ def test_mxfp4_moe_workspace_only_off_the_monolithic_kernels(capability: tuple[i
     with FlashInfer TRT-LLM's; ``oracle/mxfp4.py`` L80-110, L169-183), which takes no ``WorkspaceManager``
     workspace: 0 (None is the H100's, as the profile's other terms).  On Ampere / Ada / SM 12.x vLLM falls to
     ``MarlinExperts``, whose workspace_shapes are the Triton experts' with N the expert width (0.19
-    ``fused_marlin_moe.py`` L666-696): (8192, 4, max(1440, 2880)) + (8192, 4, max(2880, 2880)) x 2 B =
-    377,487,360 B.  The unquantised experts keep the Triton path's workspace off SM 10.x / 12.x (vLLM 0.33
-    ``oracle/unquantized.py`` L69-80: FlashInfer behind Triton on SM 9.x, not run on Ampere / Ada)."""
+    ``fused_marlin_moe.py`` L666-696, 0.33 ``experts/marlin_moe.py`` L691-718), both padded for Marlin's mxfp4
+    tiles (0.33 ``oracle/mxfp4.py`` L865-870: the width 1440 to 1536, the hidden size 2880 to 3072):
+    (8192 x 4, max(1536, 3072)) + (8192 x 4 x max(3072, 3072)) x 2 B = 402,653,184 B.  The unquantised experts
+    keep the Triton path's unpadded workspace off SM 10.x / 12.x (vLLM 0.33 ``oracle/unquantized.py`` L69-80:
+    FlashInfer behind Triton on SM 9.x, not run on Ampere / Ada)."""
     gpt_oss = shape("openai--gpt-oss-20b")
     assert gpt_oss.quant_method == "mxfp4"
-    expected = 8192 * 4 * 2880 * 2 + 8192 * 4 * 2880 * 2 if held else 0
-    assert expected in (0, 377_487_360)
+    expected = 8192 * 4 * 3072 * 2 + 8192 * 4 * 3072 * 2 if held else 0
+    assert expected in (0, 402_653_184)
     workspace = moe_workspace_bytes(shape=gpt_oss, tokens=8192, tp_size=2, compute_capability=capability)
     assert workspace == expected
     unquantised = attrs.evolve(gpt_oss, quant_method="", moe_quant="")

@@ -464,8 +464,10 @@ def moe_workspace_bytes(
       K)`` output, ``workspace2 = (M, topk, max(2I, K))``.
     * MARLIN: ``MarlinExperts.workspace_shapes`` (0.33 ``experts/marlin_moe.py`` L691-718, ``N = I`` from
       ``marlin_moe_intermediate_size``, L653-678; 0.19 ``fused_marlin_moe.py`` L666-696): ``(M x topk, max(I, K))``
-      against ``(M, K)`` and ``(M x topk x max(2I, K),)``: the Triton experts' bytes.  Marlin's padding of an mxfp4
-      expert width to 128 and hidden size to 256 is not modelled.
+      against ``(M, K)`` and ``(M x topk x max(2I, K),)``: the Triton experts' bytes.  For mxfp4 experts Marlin
+      pads ``I`` to a multiple of 128 and the hidden size to 256 (0.33 ``oracle/mxfp4.py`` L865-870, through
+      ``maybe_roundup_sizes``, ``quantization/mxfp4.py`` L183-197, ``routed_experts.py`` L171-184), and the runner
+      pads the hidden states to it (``runner/moe_runner.py`` L530-557): ``I`` and ``K`` are the padded sizes.
     * FLASHINFER_CUTLASS: ``FlashInferExperts.workspace_shapes`` (0.33 ``experts/flashinfer_cutlass_moe.py``
       L208-243): ``workspace13 = (M, K')`` with ``K'`` the quantised input's last dimension (``hidden / 2`` packed
       for NVFP4, ``hidden`` unquantised), the output ``(M, 2K')`` for NVFP4, else ``(M, K')``, and no
@@ -492,6 +494,8 @@ def moe_workspace_bytes(
         return _round_up(tokens * hidden * dtype, 256)
     inner = shape.moe_intermediate_size // tp_size
     topk = shape.num_experts_per_tok
+    if backend == "MARLIN" and shape.experts_scheme == "mxfp4":
+        inner, hidden = _round_up(inner, 128), _round_up(hidden, 256)
     common = max(tokens * topk * max(inner, hidden), tokens * hidden) * dtype
     second = tokens * topk * max(2 * inner, hidden) * dtype
     return _round_up(common, 256) + _round_up(second, 256)
