@@ -97,6 +97,7 @@ def test_shapes_of_the_cited_configs() -> None:
         dense_intermediate_size=0,
         num_experts_per_tok=8,
         moe_intermediate_size=768,
+        moe_quant="",
         num_attention_heads=32,
         head_dim=128,
     )
@@ -107,6 +108,7 @@ def test_shapes_of_the_cited_configs() -> None:
         dense_intermediate_size=10944,
         num_experts_per_tok=6,
         moe_intermediate_size=1408,
+        moe_quant="",
         num_attention_heads=16,
         head_dim=0,
     )
@@ -116,6 +118,7 @@ def test_shapes_of_the_cited_configs() -> None:
         dense_intermediate_size=0,
         num_experts_per_tok=2,
         moe_intermediate_size=14336,
+        moe_quant="",
         num_attention_heads=32,
         head_dim=128,
     )
@@ -157,16 +160,22 @@ def test_mxfp4_moe_workspace_only_off_the_monolithic_kernels(capability: tuple[i
     with FlashInfer TRT-LLM's; ``oracle/mxfp4.py`` L80-110, L169-183), which takes no ``WorkspaceManager``
     workspace: 0 (None is the H100's, as the profile's other terms).  On Ampere / Ada / SM 12.x vLLM falls to
     ``MarlinExperts``, whose workspace_shapes are the Triton experts' with N the expert width (0.19
-    ``fused_marlin_moe.py`` L666-696): (8192, 4, max(1440, 2880)) + (8192, 4, max(2880, 2880)) x 2 B =
-    377,487,360 B.  The unquantised Triton path keeps its workspace on the H100."""
+    ``fused_marlin_moe.py`` L666-696, 0.33 ``experts/marlin_moe.py`` L691-718), both padded for Marlin's mxfp4
+    tiles (0.33 ``oracle/mxfp4.py`` L865-870: the width 1440 to 1536, the hidden size 2880 to 3072):
+    (8192 x 4, max(1536, 3072)) + (8192 x 4 x max(3072, 3072)) x 2 B = 402,653,184 B.  The unquantised experts
+    keep the Triton path's unpadded workspace off SM 10.x / 12.x (vLLM 0.33 ``oracle/unquantized.py`` L69-80:
+    FlashInfer behind Triton on SM 9.x, not run on Ampere / Ada)."""
     gpt_oss = shape("openai--gpt-oss-20b")
     assert gpt_oss.quant_method == "mxfp4"
-    expected = 8192 * 4 * 2880 * 2 + 8192 * 4 * 2880 * 2 if held else 0
-    assert expected in (0, 377_487_360)
+    expected = 8192 * 4 * 3072 * 2 + 8192 * 4 * 3072 * 2 if held else 0
+    assert expected in (0, 402_653_184)
     workspace = moe_workspace_bytes(shape=gpt_oss, tokens=8192, tp_size=2, compute_capability=capability)
     assert workspace == expected
-    unquantised = attrs.evolve(gpt_oss, quant_method="")
-    assert moe_workspace_bytes(shape=unquantised, tokens=8192, tp_size=2, compute_capability=capability) == 377_487_360
+    unquantised = attrs.evolve(gpt_oss, quant_method="", moe_quant="")
+    if capability is None or capability[0] in (8, 9):
+        assert moe_workspace_bytes(shape=unquantised, tokens=8192, tp_size=2, compute_capability=capability) == (
+            377_487_360
+        )
     assert shape("Qwen--Qwen3-30B-A3B").quant_method == ""
 
 
@@ -358,7 +367,9 @@ def test_the_encoder_bounds_the_club_3090_runs_activation_peak() -> None:
     993,280 + held hidden states (8192 + 2) x 2048 x 2 = 33,562,624, under the forward 8192 x (3 x 2048 + 3 x 512)
     x 2 = 125,829,120; + the fused-MoE workspace 536,870,912 = 662,700,032, + what the encoder left held 268,435,456
     = 931,135,488: the encoder's 2,022,703,104 binds; + cuBLAS = 2,056,257,536 B (1.915 GiB; 696,254,464 without the
-    encoder)."""
+    encoder).  The checkpoint's experts are ModelOpt ``W4A16_NVFP4``: no activation key, so every FlashInfer / vLLM
+    CUTLASS NVFP4 kernel refuses and Marlin runs them (vLLM 0.24.0 ``quantization/modelopt.py`` L1403-1413, "only
+    Marlin survives"; 0.33 L857-858), with the Triton experts' bytes (0.24.0 ``experts/marlin_moe.py`` L711-741)."""
     vision = vision_shape_of(QWEN36)
     common = {
         "vocab_size": 248_320,
@@ -366,7 +377,11 @@ def test_the_encoder_bounds_the_club_3090_runs_activation_peak() -> None:
         "max_num_batched_tokens": 8192,
         "profile": load_profile("0.33"),
         "shape": ModelShape(
-            hidden_size=2048, dense_intermediate_size=512, num_experts_per_tok=8, moe_intermediate_size=512
+            hidden_size=2048,
+            dense_intermediate_size=512,
+            num_experts_per_tok=8,
+            moe_intermediate_size=512,
+            moe_quant="nvfp4-a16",
         ),
         "sm_count": 170,
         "compute_capability": (12, 0),

@@ -657,7 +657,10 @@ def _runtime_memory(
         "engine_version": PLANNED_VLLM_VERSION,
         "profile_version": version,
         # vLLM serves a float32 checkpoint in 16 bits under --dtype auto (config._get_and_verify_dtype)
-        "shape": model_shape_of(model, dtype_bytes=4 if serving.dtype == "float32" else 2),
+        # --quantization fp8 on an unquantised MoE checkpoint picks vLLM's FP8 experts (moe_workspace_bytes)
+        "shape": model_shape_of(
+            model, dtype_bytes=4 if serving.dtype == "float32" else 2, quantization=serving.quantization
+        ),
         # a Qwen3-VL-style vision tower's profile pass, at --limit-mm-per-prompt (vLLM's 999 per modality unnamed)
         "vision": vision_shape_of(model, dtype_bytes=4 if serving.dtype == "float32" else 2),
         # vLLM's CUDA-graph estimate (subtracted from 0.21 on): layers, heads, MLP width, attention backend

@@ -326,6 +326,35 @@ def _size(minimum: int) -> Any:
     return check
 
 
+MOE_QUANT_SCHEMES = ("", "fp8", "fp8-static", "fp8-block", "nvfp4", "nvfp4-a16", "mxfp4", "wna16", "other")
+"""The routed experts' quantisation schemes :func:`moe_workspace_bytes` tells apart: "" unquantised (bf16 / fp16),
+"fp8" (per-tensor FP8 weights, dynamic per-tensor activation scales: ``Fp8Config``'s default), "fp8-static"
+(per-tensor FP8 weights and static per-tensor activation scales: ModelOpt FP8, ``activation_scheme: static``),
+"fp8-block" (128 x 128 block-scaled FP8 weights, dynamic per-group activations, DeepSeek-style), "nvfp4" (NVFP4
+weights and activations, W4A4), "nvfp4-a16" (NVFP4 weights, 16-bit activations: ModelOpt ``W4A16_NVFP4``,
+compressed-tensors' weight-only FP4), "mxfp4" (gpt-oss), "wna16" (AWQ / GPTQ / compressed-tensors int4 or int8
+weight-only), "other" (anything else: the Triton experts' workspace is kept)."""
+
+_SCHEME_OF_METHOD = {
+    "mxfp4": "mxfp4",
+    "modelopt_fp4": "nvfp4",
+    "awq": "wna16",
+    "awq_marlin": "wna16",
+    "gptq": "wna16",
+    "gptq_marlin": "wna16",
+    "fp8": "fp8",
+}
+"""The schemes a ``quant_method`` names without the rest of its ``quantization_config``."""
+
+
+def _moe_scheme(inst: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and value not in MOE_QUANT_SCHEMES:
+        raise ConfigError(
+            f"ModelShape.{attribute.name} must be None or one of {', '.join(map(repr, MOE_QUANT_SCHEMES))}, got "
+            f"{value!r}."
+        )
+
+
 @attrs.frozen(kw_only=True)
 class ModelShape:
     """The model sizes the profile run's tensors depend on (a ``config.json``'s, :func:`model_shape_of`)."""
@@ -347,6 +376,17 @@ class ModelShape:
     quant_method: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     """The checkpoint's ``quantization_config.quant_method`` (lower case; "" unquantised), which picks vLLM's MoE
     kernel (:func:`moe_workspace_bytes`)."""
+    moe_quant: str | None = attrs.field(default=None, validator=_moe_scheme)
+    """The routed experts' quantisation scheme (:data:`MOE_QUANT_SCHEMES`, :func:`moe_quant_scheme`); None: read
+    off ``quant_method`` alone (:attr:`experts_scheme`)."""
+
+    @property
+    def experts_scheme(self) -> str:
+        """``moe_quant``, else the scheme ``quant_method`` names by itself ("other" where it needs the rest of the
+        ``quantization_config``, or names a method whose MoE kernels kvpools does not tell apart)."""
+        if self.moe_quant is not None:
+            return self.moe_quant
+        return _SCHEME_OF_METHOD.get(self.quant_method, "other" if self.quant_method else "")
 
     @property
     def is_moe(self) -> bool:
@@ -372,38 +412,131 @@ gpt_oss_triton_kernels_moe.py`` L41-53, L1525) the same on SM 9.0 and 10.x; SM 1
 Marlin (the modular ``MarlinExperts``)."""
 
 
+MOE_BACKEND_NOT_MODELLED = ("HUMMING", "VLLM_CUTLASS", "DEEPGEMM", "other")
+"""Backends :func:`vllm_moe_backend` names whose ``workspace_shapes`` kvpools does not reproduce: the Triton experts'
+workspace is charged for them (``moe_workspace_bytes`` says so in the activation term's formula)."""
+
+
+def vllm_moe_backend(scheme: str, capability: tuple[int, int]) -> str:
+    """The fused-MoE backend vLLM 0.33 picks on CUDA for experts of ``scheme`` (:data:`MOE_QUANT_SCHEMES`) on a GPU
+    of ``capability``, with default environment variables, no LoRA, no expert / data parallelism and the packages of
+    vLLM's container (FlashInfer, and ``humming-kernels``, a requirement of the 0.33 wheel).  Each oracle tries its
+    backends in order and takes the first whose ``is_supported_config`` (``modular_kernel.py`` L580-633: device,
+    quantisation scheme, activation, routing) holds; paths are under ``model_executor/layers/fused_moe/``.
+
+    * unquantised (``oracle/unquantized.py`` L69-80, L359-366): FLASHINFER_TRTLLM, FLASHINFER_CUTLASS, TRITON, with
+      both FlashInfer ones moved behind TRITON on SM 9.x.  SM 10.x: FlashInfer TRT-LLM's monolithic kernel
+      (``experts/trtllm_bf16_moe.py`` L98-101 family 100; ``TrtLlmBf16ExpertsMonolithic`` L244-271, L118-121: SiLU, the
+      Renormalize / DeepSeek-V3 / Llama-4 / sigmoid routings); SM 12.x: FLASHINFER_CUTLASS
+      (``experts/flashinfer_cutlass_moe.py`` L128-138: SM 9.0, families 100 and 120, not SM 11.0; L155-161
+      unquantised from 9.0); else TRITON.  A SWIGLUOAI model (gpt-oss in bf16) moves FlashInfer behind TRITON
+      (L92-94): not told apart.
+    * FP8 (``oracle/fp8.py`` L88-104: AITER (ROCm), FLASHINFER_TRTLLM, FLASHINFER_CUTLASS, DEEPGEMM, VLLM_CUTLASS
+      (only where the method allows it: not ``Fp8Config``, ``quantization/fp8.py`` L523-528, nor ModelOpt's),
+      TRITON, MARLIN).  "fp8" (dynamic per-tensor): no FlashInfer kernel takes dynamic per-tensor scales
+      (``experts/trtllm_fp8_moe.py`` L378-390, ``flashinfer_cutlass_moe.py`` L155-170) and DeepGEMM is block-only,
+      so TRITON from SM 8.9 (``experts/triton_moe.py`` L159-166, ``supports_fp8``), MARLIN below (``marlin_moe.py``
+      L601-620).  "fp8-static": SM 10.x FlashInfer TRT-LLM's monolithic kernel (L386, L399-431), SM 9.0 / 12.x
+      FLASHINFER_CUTLASS (L155-161), else TRITON / MARLIN.  "fp8-block": SM 9.0 TRITON, moved ahead of the
+      FlashInfer and DeepGEMM backends for TP (``oracle/fp8.py`` L122-132); SM 10.x FlashInfer TRT-LLM's
+      monolithic kernel; SM 12.x DEEPGEMM where the ``deep_gemm`` package is installed (``TritonOrDeepGemmExperts``,
+      ``utils/deep_gemm.py`` L113-118, ``platforms/cuda.py`` L691-697; its workspace is not modelled), else TRITON /
+      MARLIN.
+    * "nvfp4" (``oracle/nvfp4.py`` L203-212, L304-316): FLASHINFER_TRTLLM, FLASHINFER_CUTEDSL(_BATCHED),
+      FLASHINFER_CUTLASS, VLLM_CUTLASS, MARLIN (HUMMING ahead of MARLIN on SM 9.0: ``quantization/utils/humming/
+      priority.py`` L11-23).  SM 10.x: ``TrtLlmNvFp4ExpertsMonolithic`` (``experts/trtllm_nvfp4_moe.py`` L203-211,
+      L477-508); SM 12.x: FLASHINFER_CUTLASS (the TRT-LLM and CuTe-DSL kernels need family 100,
+      ``experts/flashinfer_cutedsl_moe.py`` L88-94; ``flashinfer_cutlass_moe.py`` L172-180 takes NVFP4 W4A4 from
+      capability 10.0); SM 11.x: VLLM_CUTLASS (``experts/cutlass_moe.py`` L716-733); SM 9.0: HUMMING; below: MARLIN
+      (``experts/marlin_moe.py`` L592-595 from SM 7.5).
+    * "nvfp4-a16": the same oracle with no activation key (``quantization/modelopt.py`` L857-858 for
+      ``W4A16_NVFP4``): every FlashInfer and vLLM CUTLASS kernel wants NVFP4 activations (``flashinfer_cutlass_moe.py``
+      L172-180, ``flashinfer_cutedsl_moe.py`` L104-109, ``cutlass_moe.py`` L729-733); MARLIN takes any activation
+      (``marlin_moe.py`` L601-620): MARLIN, HUMMING on SM 9.0.
+    * "mxfp4": :data:`MONOLITHIC_MXFP4_CAPABILITIES` (monolithic), else MARLIN.
+    * "wna16" (``oracle/int_wna16.py`` L126-143): FLASHINFER_TRTLLM (SM 10.x, only group-32 symmetric int4 without
+      zero points, ``experts/trtllm_mxint4_moe.py``: AWQ / GPTQ checkpoints are group 128), MARLIN; HUMMING on SM
+      9.0.
+    * "other": kvpools does not tell the backend apart."""
+    major = capability[0]
+    if scheme == "":
+        if major == 10:
+            return "FLASHINFER_TRTLLM (monolithic)"
+        return "FLASHINFER_CUTLASS" if major == 12 else "TRITON"
+    if scheme in ("fp8", "fp8-static", "fp8-block"):
+        if scheme != "fp8" and major == 10:
+            return "FLASHINFER_TRTLLM (monolithic)"
+        if scheme == "fp8-static" and (capability == (9, 0) or major == 12):
+            return "FLASHINFER_CUTLASS"
+        if scheme == "fp8-block" and major == 12:
+            return "DEEPGEMM"
+        return "TRITON" if capability >= (8, 9) else "MARLIN"
+    if scheme == "mxfp4":
+        low, high = MONOLITHIC_MXFP4_CAPABILITIES
+        return "monolithic" if low <= capability < high else "MARLIN"
+    if scheme in ("nvfp4", "nvfp4-a16", "wna16"):
+        if scheme == "nvfp4" and major == 10:
+            return "FLASHINFER_TRTLLM (monolithic)"
+        if scheme == "nvfp4" and major == 12:
+            return "FLASHINFER_CUTLASS"
+        if scheme == "nvfp4" and major == 11:
+            return "VLLM_CUTLASS"
+        return "HUMMING" if capability == (9, 0) else "MARLIN"
+    return "other"
+
+
 def moe_workspace_bytes(
     *, shape: ModelShape, tokens: int, tp_size: int = 1, compute_capability: tuple[int, int] | None = None
 ) -> int:
     """The modular fused-MoE kernel's workspace for ``tokens`` tokens, held by vLLM's ``WorkspaceManager``; 0 where
-    vLLM runs a monolithic experts kernel, which allocates its buffers inside the kernel.
+    vLLM runs a monolithic experts kernel, which allocates its buffers inside the kernel.  The backend is
+    :func:`vllm_moe_backend`'s for ``shape``'s :attr:`ModelShape.experts_scheme` on ``compute_capability`` (None:
+    the H100's, as the rest of the profile).
 
-    ``TritonExperts.workspace_shapes`` (vLLM 0.19 ``fused_moe/fused_moe.py`` L1976-1991, 0.33
-    ``fused_moe/experts/triton_moe.py`` L240-255) with ``N = w13`` rows ``= 2 x moe_intermediate / tp`` and
-    ``K = hidden``: ``workspace13 = (M, topk, max(N / 2, K))``, shared with the ``(M, K)`` output, and
-    ``workspace2 = (M, topk, max(N, K))``; ``_allocate_buffers`` (0.19 ``modular_kernel.py`` L1062-1067, 0.33
-    L1188-1210) takes both from ``get_simultaneous``, each rounded up to 256 B, and ``_ensure_workspace_size``
-    (0.19 ``v1/worker/workspace.py`` L175-176) keeps the ``torch.empty`` for the process: unlike the dense MLP's
-    temporaries it is still allocated when the sampler runs.
+    ``_allocate_buffers`` (0.19 ``modular_kernel.py`` L1062-1067, 0.33 L1124-1220) takes ``workspace13`` (shared
+    with the output, the larger of the two) and ``workspace2`` from ``get_simultaneous``, each rounded up to 256 B
+    (0.33 ``v1/worker/workspace.py`` L181-207), in the activations' dtype (``workspace_dtype``, L864-866), and
+    ``_ensure_workspace_size`` keeps the ``torch.empty`` for the process: unlike the dense MLP's temporaries it is
+    still allocated when the sampler runs.  Per backend, with ``M = tokens``, ``K = hidden``, ``I =
+    moe_intermediate / tp``:
 
-    An ``mxfp4`` checkpoint (gpt-oss) on a GPU of :data:`MONOLITHIC_MXFP4_CAPABILITIES` (``compute_capability``
-    None: the H100's, as the rest of the profile) runs ``OAITritonMxfp4ExpertsMonolithic`` (or FlashInfer's
-    TRT-LLM monolithic kernel on SM 10.x) through ``FusedMoEKernelMonolithicImpl`` (0.19 ``modular_kernel.py``
-    L1393-1500), which never calls ``_allocate_buffers``: no workspace (the vLLM 0.19.0 H100 log of gpt-oss-20b
-    says "Using 'TRITON' Mxfp4 MoE backend" and "Using MoEPrepareAndFinalizeNoDPEPMonolithic").  Elsewhere it runs
-    ``MarlinExperts``, whose ``workspace_shapes`` (0.19 ``fused_marlin_moe.py`` L666-696) are the Triton experts'
-    with ``N`` the expert width: the same bytes but for Marlin's padding of the expert width to 128 and the hidden
-    size to 256 (``mxfp4_round_up_hidden_size_and_intermediate_size``, L376-400), which is not modelled.  The other
-    quantisation methods keep the Triton experts' workspace (the unquantised and fp8 Triton path; their FlashInfer,
-    CUTLASS and DeepGEMM backends are not modelled)."""
+    * TRITON: ``TritonExperts.workspace_shapes`` (0.19 ``fused_moe/fused_moe.py`` L1976-1991, 0.33
+      ``experts/triton_moe.py`` L240-255), ``N = 2I``: ``workspace13 = (M, topk, max(I, K))`` against the ``(M,
+      K)`` output, ``workspace2 = (M, topk, max(2I, K))``.
+    * MARLIN: ``MarlinExperts.workspace_shapes`` (0.33 ``experts/marlin_moe.py`` L691-718, ``N = I`` from
+      ``marlin_moe_intermediate_size``, L653-678; 0.19 ``fused_marlin_moe.py`` L666-696): ``(M x topk, max(I, K))``
+      against ``(M, K)`` and ``(M x topk x max(2I, K),)``: the Triton experts' bytes.  For mxfp4 experts Marlin
+      pads ``I`` to a multiple of 128 and the hidden size to 256 (0.33 ``oracle/mxfp4.py`` L865-870, through
+      ``maybe_roundup_sizes``, ``quantization/mxfp4.py`` L183-197, ``routed_experts.py`` L171-184), and the runner
+      pads the hidden states to it (``runner/moe_runner.py`` L530-557): ``I`` and ``K`` are the padded sizes.
+    * FLASHINFER_CUTLASS: ``FlashInferExperts.workspace_shapes`` (0.33 ``experts/flashinfer_cutlass_moe.py``
+      L208-243): ``workspace13 = (M, K')`` with ``K'`` the quantised input's last dimension (``hidden / 2`` packed
+      for NVFP4, ``hidden`` unquantised), the output ``(M, 2K')`` for NVFP4, else ``(M, K')``, and no
+      ``workspace2``: ``M x hidden`` values.  FlashInfer's own CUTLASS scratch is allocated per call inside its
+      runner and freed.
+    * monolithic (mxfp4 on SM 9.0-10.x, FLASHINFER_TRTLLM's monolithic kernels): ``FusedMoEKernelMonolithicImpl``
+      (0.19 ``modular_kernel.py`` L1393-1500) never calls ``_allocate_buffers``: 0 (the vLLM 0.19.0 H100 log of
+      gpt-oss-20b says "Using 'TRITON' Mxfp4 MoE backend" and "Using MoEPrepareAndFinalizeNoDPEPMonolithic").
+    * HUMMING (SM 9.0's quantised-weight path: NVFP4, AWQ / GPTQ), VLLM_CUTLASS (NVFP4 on SM 11.x), DEEPGEMM
+      (block FP8 on SM 12.x) and "other": not modelled; the Triton experts' workspace is charged.
+
+    The routing vLLM's monolithic kernels need (``_supports_routing_method``) and the activation are taken as
+    supported.  The backend is 0.33's for every profile: vLLM 0.24.0's NVFP4 oracle tries the same order
+    (``oracle/nvfp4.py`` L165-173) and its ``MarlinExperts`` take the same shapes (``experts/marlin_moe.py``
+    L711-741); the 0.19 oracles were not read beyond mxfp4's."""
     if not shape.is_moe:
         return 0
     capability = (9, 0) if compute_capability is None else compute_capability
-    low, high = MONOLITHIC_MXFP4_CAPABILITIES
-    if shape.quant_method == "mxfp4" and low <= capability < high:
+    backend = vllm_moe_backend(shape.experts_scheme, capability)
+    hidden, dtype = shape.hidden_size, shape.dtype_bytes
+    if backend in ("monolithic", "FLASHINFER_TRTLLM (monolithic)"):
         return 0
+    if backend == "FLASHINFER_CUTLASS":
+        return _round_up(tokens * hidden * dtype, 256)
     inner = shape.moe_intermediate_size // tp_size
-    topk, hidden, dtype = shape.num_experts_per_tok, shape.hidden_size, shape.dtype_bytes
+    topk = shape.num_experts_per_tok
+    if backend == "MARLIN" and shape.experts_scheme == "mxfp4":
+        inner, hidden = _round_up(inner, 128), _round_up(hidden, 256)
     common = max(tokens * topk * max(inner, hidden), tokens * hidden) * dtype
     second = tokens * topk * max(2 * inner, hidden) * dtype
     return _round_up(common, 256) + _round_up(second, 256)
@@ -946,7 +1079,8 @@ def activation_peak(
     encoder left held (pixel values, encoder cache), which the MoE workspace is not part of (it is first taken in the
     language model's pass).  Not modelled: vision towers other than Qwen3-VL's, Pixtral's and Gemma-3's SigLIP
     (:data:`VISION_TOWERS`; ``vision`` None: the encoder is left out), the encoder under pipeline parallelism (left
-    out), MoE backends other than the Triton experts, fewer than 8 sampled rows on vLLM 0.17-0.19 (``max_num_seqs``
+    out), the MoE backends :func:`moe_workspace_bytes` charges the Triton experts' workspace for (Humming, vLLM
+    CUTLASS, DeepGEMM, schemes it does not tell apart), fewer than 8 sampled rows on vLLM 0.17-0.19 (``max_num_seqs``
     < 8: ``apply_top_k_top_p`` sorts them with torch, 0.19.0 ``topk_topp_sampler.py`` L251-255).
     """
     if pp_stage not in PIPELINE_STAGES:
@@ -982,8 +1116,11 @@ def activation_peak(
         workspace = moe_workspace_bytes(
             shape=shape, tokens=tokens, tp_size=tp_size, compute_capability=compute_capability
         )
-    if workspace:
-        parts.append(f"fused-MoE workspace {workspace / MiB:.1f} MiB")
+    if workspace and shape is not None:
+        backend = vllm_moe_backend(shape.experts_scheme, compute_capability or (9, 0))
+        unmodelled = "the experts' backend" if backend == "other" else backend
+        kernel = f"TRITON's bytes: {unmodelled} not modelled" if backend in MOE_BACKEND_NOT_MODELLED else backend
+        parts.append(f"fused-MoE workspace {workspace / MiB:.1f} MiB ({kernel})")
     receive = 2 * tokens * hidden * dtype if pp_size > 1 and pp_stage != "first" else 0
     if receive:
         parts.append(f"pipeline receive buffers 2 x {tokens} x {hidden} x {dtype} B")
@@ -1365,14 +1502,17 @@ def vocab_size_of(model: str) -> int:
     )
 
 
-def model_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> ModelShape | None:
+def model_shape_from_config(
+    config: dict[str, Any], *, dtype_bytes: int = 2, quantization: str | None = None
+) -> ModelShape | None:
     """The :class:`ModelShape` of a Hugging Face ``config.json`` (its ``text_config`` for a multimodal one), or None
     when it has no ``hidden_size``.  Experts: ``num_experts_per_tok`` of ``num_local_experts`` / ``num_experts`` /
     ``n_routed_experts``, each ``moe_intermediate_size`` wide (Mixtral's ``intermediate_size``).  Non-expert MLPs:
     ``intermediate_size`` where the model has dense layers (a dense model, DeepSeek's ``first_k_dense_replace``,
     Qwen-MoE's ``mlp_only_layers`` / ``decoder_sparse_step`` > 1), else the shared experts
     (``shared_expert_intermediate_size``, ``n_shared_experts x moe_intermediate_size``).  A MoE model's
-    ``quantization_config.quant_method`` (top level or ``text_config``) is kept as ``quant_method``."""
+    ``quantization_config.quant_method`` (top level or ``text_config``) is kept as ``quant_method``, and its experts'
+    scheme, with ``--quantization`` (``quantization``), as ``moe_quant`` (:func:`moe_quant_scheme`)."""
 
     def number(source: dict[str, Any], key: str) -> int:
         value = source.get(key)
@@ -1395,8 +1535,8 @@ def model_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> 
             num_attention_heads=heads,
             head_dim=head_dim,
         )
-    quantization = config.get("quantization_config") or text.get("quantization_config") or {}
-    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    quant_config = config.get("quantization_config") or text.get("quantization_config") or {}
+    method = quant_config.get("quant_method") if isinstance(quant_config, dict) else None
     expert = number(text, "moe_intermediate_size") or intermediate
     dense_layers = (
         number(text, "first_k_dense_replace") > 0
@@ -1416,13 +1556,104 @@ def model_shape_from_config(config: dict[str, Any], *, dtype_bytes: int = 2) -> 
         num_attention_heads=heads,
         head_dim=head_dim,
         quant_method=method.lower() if isinstance(method, str) else "",
+        moe_quant=moe_quant_scheme(quant_config if isinstance(quant_config, dict) else {}, runtime=quantization),
     )
 
 
-def model_shape_of(model: str, *, dtype_bytes: int = 2) -> ModelShape | None:
+def model_shape_of(model: str, *, dtype_bytes: int = 2, quantization: str | None = None) -> ModelShape | None:
     """:func:`model_shape_from_config` of ``model`` (a preset, a ``config.json`` or its directory), read as
-    :func:`vocab_size_of` reads it."""
-    return model_shape_from_config(_complete_config(model)[0], dtype_bytes=dtype_bytes)
+    :func:`vocab_size_of` reads it; ``quantization`` is ``--quantization``."""
+    return model_shape_from_config(_complete_config(model)[0], dtype_bytes=dtype_bytes, quantization=quantization)
+
+
+_MODELOPT_SCHEMES = {
+    "FP8": "fp8-static",
+    "FP8_PB_WO": "fp8-block",
+    "FP8_BLOCK_SCALES": "fp8-block",
+    "NVFP4": "nvfp4",
+    "W4A16_NVFP4": "nvfp4-a16",
+}
+"""ModelOpt ``quant_algo`` values and the experts' scheme each gives (vLLM 0.33 ``quantization/modelopt.py``
+L1889-1911: block FP8 (L132) through ``Fp8MoEMethod``, ``FP8`` (static per-tensor activations, L498-504),
+``NVFP4`` and ``W4A16_NVFP4`` experts; L857-858:
+``W4A16_NVFP4`` runs NVFP4 weights with no activation quantisation); ``MXFP8`` and others are "other"."""
+
+
+def _experts_entry(entries: dict[str, Any]) -> Any:
+    """The entry of a ``{module or target: spec}`` map that covers the routed experts: the first key naming
+    ``experts``, else (compressed-tensors) the one whose ``targets`` name them or the generic ``Linear``."""
+    for key, value in entries.items():
+        if "experts" in key.lower():
+            return value
+    groups = [value for value in entries.values() if isinstance(value, dict)]
+    for wanted in ("experts", "linear"):
+        for group in groups:
+            targets = group.get("targets")
+            if isinstance(targets, list) and any(isinstance(t, str) and wanted in t.lower() for t in targets):
+                return group
+    return groups[0] if len(groups) == 1 else None
+
+
+def _compressed_tensors_scheme(group: Any) -> str:
+    """A compressed-tensors ``config_groups`` entry's scheme: FP4 weights (``type: float``, 4 bits, groups of 16)
+    with FP4 input activations is NVFP4, without them weight-only FP4; FP8 weights with ``strategy: block`` are
+    block-scaled, per tensor with static per-tensor input scales "fp8-static", others "other" (compressed-tensors
+    lets vLLM's CUTLASS FP8 experts run them, ``compressed_tensors_moe_w8a8_fp8.py`` L88-112, which kvpools does not
+    model); integer weights without input activations are WNA16."""
+    if not isinstance(group, dict):
+        return "other"
+    weights, inputs = group.get("weights"), group.get("input_activations")
+    if not isinstance(weights, dict):
+        return "other"
+    bits, kind = weights.get("num_bits"), weights.get("type")
+    if kind == "float" and bits == 4:
+        if weights.get("group_size") != 16:  # MXFP4 (group 32, E8M0 scales) is another scheme
+            return "other"
+        return "nvfp4" if isinstance(inputs, dict) and inputs.get("num_bits") == 4 else "nvfp4-a16"
+    if kind == "float" and bits == 8:
+        if weights.get("strategy") == "block":
+            return "fp8-block"
+        static = isinstance(inputs, dict) and inputs.get("dynamic") is False and inputs.get("strategy") == "tensor"
+        # per-channel weights or dynamic activations may run vLLM CUTLASS, which compressed-tensors allows
+        return "fp8-static" if static and weights.get("strategy") == "tensor" else "other"
+    if kind == "int" and bits in (4, 8) and not inputs:
+        return "wna16"
+    return "other"
+
+
+def moe_quant_scheme(quantization_config: dict[str, Any], *, runtime: str | None = None) -> str:
+    """The routed experts' scheme (:data:`MOE_QUANT_SCHEMES`) of a checkpoint's ``quantization_config`` and
+    ``--quantization`` ``runtime``: an unquantised checkpoint under ``--quantization fp8`` is "fp8" (vLLM's
+    ``Fp8Config`` quantises per tensor at load); ``fp8`` with ``weight_block_size`` is "fp8-block", with
+    ``activation_scheme: static`` "fp8-static" (``quantization/fp8.py`` L509-519); ``modelopt`` /
+    ``modelopt_fp4`` by ``quant_algo`` (top level or its ``quantization`` section; ``MIXED_PRECISION`` by the
+    experts' entry of ``quantized_layers``); ``compressed-tensors`` by the ``config_groups`` entry that covers the
+    experts; AWQ / GPTQ are "wna16", mxfp4 "mxfp4"; anything else "other"."""
+    method = quantization_config.get("quant_method")
+    method = method.lower() if isinstance(method, str) else ""
+    if not method:
+        if runtime is None:
+            return ""
+        return "fp8" if runtime == "fp8" else "other"
+    if method == "fp8":
+        if quantization_config.get("weight_block_size"):
+            return "fp8-block"
+        return "fp8-static" if quantization_config.get("activation_scheme") == "static" else "fp8"
+    if method in ("modelopt", "modelopt_fp4"):
+        nested = quantization_config.get("quantization")
+        section = nested if isinstance(nested, dict) else quantization_config
+        algo = section.get("quant_algo")
+        if algo == "MIXED_PRECISION":
+            layers = section.get("quantized_layers") or quantization_config.get("quantized_layers")
+            entry = _experts_entry(layers) if isinstance(layers, dict) else None
+            algo = entry.get("quant_algo") if isinstance(entry, dict) else None
+        if algo is None and method == "modelopt_fp4":
+            return "nvfp4"
+        return _MODELOPT_SCHEMES.get(algo, "other") if isinstance(algo, str) else "other"
+    if method == "compressed-tensors":
+        groups = quantization_config.get("config_groups")
+        return _compressed_tensors_scheme(_experts_entry(groups)) if isinstance(groups, dict) else "other"
+    return _SCHEME_OF_METHOD.get(method, "other")
 
 
 def _complete_config(model: str) -> tuple[dict[str, Any], str]:
