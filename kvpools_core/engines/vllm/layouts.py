@@ -2,8 +2,7 @@
 
 The architecture plugins build vLLM 0.33's layer specs.  Where an older release lays a model out differently and a
 runtime profile (``--engine-version vllm==X.Y``, ``profiles/vllm-<version>.json``) says so, this module turns the 0.33
-specs into that release's.  One difference is modelled (the profile of vLLM 0.24, which 0.25 borrows, has it off;
-0.26-0.32 have no profile of their own):
+specs into that release's.  Two differences are modelled, each a profile switch (``profiles/vllm-<version>.json``):
 
 * **Gated DeltaNet prefill checkpoints** (``RuntimeProfile.gdn_prefill_checkpoint``).  vLLM 0.33 gives each GDN
   layer's ``MambaSpec`` one prefill-checkpoint block per request on FlashInfer's 64-token grid
@@ -17,7 +16,15 @@ specs into that release's.  One difference is modelled (the profile of vLLM 0.24
   0.33.0 (wheels read one by one).  Before it the attention block grows on the attention kernel's 16-token grid
   until a page holds the state, the state page is padded to it, and a request holds 2 Mamba blocks.  For
   Qwen3.6-35B-A3B with an fp8 cache: 2096-token blocks (0.33: 2112), which reproduces both vLLM 0.24.0 RTX 5090 logs'
-  token counts from their budget (``tests/vllm/test_startup_logs.py``).
+  token counts from their budget (``tests/vllm/test_startup_logs.py``).  The profiles of vLLM 0.15-0.32 have it off.
+* **Mamba2 prefill checkpoints** (``RuntimeProfile.mamba2_prefill_checkpoint``).  From vLLM 0.32.0
+  ``MambaMixer2.get_kv_cache_spec`` declares one prefill-checkpoint block per request at alignment 1
+  (``model_executor/layers/mamba/mamba_mixer2.py`` L1098-1108; 0.33 L1108-1118), which ``align`` mode adds to the 2
+  Mamba blocks a request holds (``MambaSpec.max_memory_usage_bytes``, 0.32.0 ``v1/kv_cache_interface.py``
+  L1076-1082).  Alignment 1 leaves the block size alone.  vLLM 0.31.0's ``mamba_mixer2.py`` has no
+  ``get_kv_cache_spec`` (no layer of 0.31.0 but KDA's ``kda_checkpoint.py`` asks for a checkpoint), and before 0.29
+  ``MambaSpec`` has no checkpoint field: a Nemotron-H / Falcon-H1 / Granite-4.0-H request holds 2 Mamba blocks.  The
+  profiles of vLLM 0.15-0.31 have it off.
 """
 
 from __future__ import annotations
@@ -82,10 +89,45 @@ def without_gdn_prefill_checkpoint(specs: Mapping[str, KVCacheSpec], block_size:
     return result
 
 
+def _is_mamba2_with_checkpoint(spec: KVCacheSpec) -> bool:
+    return isinstance(spec, MambaSpec) and spec.mamba_type == "mamba2" and spec.num_prefill_checkpoint_blocks > 0
+
+
+def without_mamba2_prefill_checkpoint(specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
+    """One worker's specs as vLLM before 0.32 lays out a Mamba2 hybrid: every Mamba2 ``MambaSpec`` without its
+    prefill-checkpoint block (2 Mamba blocks a request in ``align`` mode instead of ``2 + 1``); the block size and
+    every other spec unchanged (the checkpoint's alignment 1 never moved them)."""
+    return {
+        name: (
+            attrs.evolve(spec, num_prefill_checkpoint_blocks=0, prefill_checkpoint_alignment=None)
+            if _is_mamba2_with_checkpoint(spec)
+            else spec
+        )
+        for name, spec in specs.items()
+    }
+
+
 def layout_for_version(
     workers: list[dict[str, KVCacheSpec]], profile: RuntimeProfile, block_size: int
 ) -> list[dict[str, KVCacheSpec]]:
     """Every worker's specs as ``profile``'s vLLM version lays them out (unchanged for vLLM 0.33)."""
-    if profile.gdn_prefill_checkpoint:
-        return workers
-    return [without_gdn_prefill_checkpoint(worker, block_size) for worker in workers]
+    result = workers
+    if not profile.gdn_prefill_checkpoint:
+        result = [without_gdn_prefill_checkpoint(worker, block_size) for worker in result]
+    if not profile.mamba2_prefill_checkpoint:
+        result = [without_mamba2_prefill_checkpoint(worker) for worker in result]
+    return result
+
+
+def layout_change(workers: list[dict[str, KVCacheSpec]], profile: RuntimeProfile) -> str:
+    """What :func:`layout_for_version` changes in ``workers`` (the 0.33 specs) for ``profile``'s release, in words
+    (empty: nothing)."""
+    specs = [spec for worker in workers for spec in worker.values()]
+    changes = []
+    if not profile.gdn_prefill_checkpoint and any(_is_gdn_with_checkpoint(spec) for spec in specs):
+        changes.append(
+            "Gated DeltaNet blocks without 0.33's 64-token prefill-checkpoint grid and 2 Mamba blocks a request"
+        )
+    if not profile.mamba2_prefill_checkpoint and any(_is_mamba2_with_checkpoint(spec) for spec in specs):
+        changes.append("Mamba2 layers without 0.32's prefill-checkpoint block (2 Mamba blocks a request, not 3)")
+    return "; ".join(changes)
