@@ -97,14 +97,13 @@ def without_mamba2_prefill_checkpoint(specs: Mapping[str, KVCacheSpec]) -> dict[
     """One worker's specs as vLLM before 0.32 lays out a Mamba2 hybrid: every Mamba2 ``MambaSpec`` without its
     prefill-checkpoint block (2 Mamba blocks a request in ``align`` mode instead of ``2 + 1``); the block size and
     every other spec unchanged (the checkpoint's alignment 1 never moved them)."""
-    return {
-        name: (
-            attrs.evolve(spec, num_prefill_checkpoint_blocks=0, prefill_checkpoint_alignment=None)
-            if _is_mamba2_with_checkpoint(spec)
-            else spec
-        )
-        for name, spec in specs.items()
-    }
+    result: dict[str, KVCacheSpec] = {}
+    for name, spec in specs.items():
+        if isinstance(spec, MambaSpec) and _is_mamba2_with_checkpoint(spec):
+            result[name] = attrs.evolve(spec, num_prefill_checkpoint_blocks=0, prefill_checkpoint_alignment=None)
+        else:
+            result[name] = spec
+    return result
 
 
 def layout_for_version(
