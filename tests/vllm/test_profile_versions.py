@@ -43,7 +43,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
     model_shape_of,
     vision_shape_of,
 )
-from kvpools_core.errors import ConfigError
+from kvpools_core.errors import ConfigError, UnsupportedCombinationError
 from kvpools_core.pipeline.gpus import find_gpu
 
 GiB = 1 << 30
@@ -124,6 +124,9 @@ def test_each_profile_file_loads_with_its_releases_switches(version: str, flags:
             v033.cudagraph_per_graph_bytes,
         )
     assert profile.sampler_bytes_per_logit == (36 if version == "0.16" else 12)
+    # hybrids: prefix caching on by default from 0.26; Mamba1 / Mamba2 models in cache mode 'all' up to 0.27
+    assert profile.hybrid_prefix_caching_default == (version not in {"0.16", "0.19", "0.24"})
+    assert profile.mamba_cache_mode_all == (version in {"0.16", "0.19", "0.24", "0.26"})
 
 
 def test_every_profile_field_has_a_cited_note() -> None:
@@ -139,6 +142,8 @@ def test_every_profile_field_has_a_cited_note() -> None:
             "batch_defaults_160gib",
             "cudagraph",
             "pixtral",
+            "hybrid_prefix_caching_default",
+            "mamba_cache_mode_all",
         ):
             note = data[f"{field}_note"]
             assert ".py" in note and " L" in note, (version, field)
@@ -289,9 +294,31 @@ def test_0_31_to_0_32_a_mamba2_request_holds_a_checkpoint_block() -> None:
     assert (old.kv_cache_size_tokens, new.kv_cache_size_tokens) == (int(50 / 14 * 8192), int(50 / 20 * 8192))
     assert (old.kv_cache_size_tokens, new.kv_cache_size_tokens) == (29_257, 20_480)
     assert new == plan_vllm("nemotron-h-56b-base-8k", memory="8GiB", layout_version="0.33").plan
-    assert plan_vllm("nemotron-h-56b-base-8k", memory="8GiB", layout_version="0.19").plan == old
+    assert plan_vllm("nemotron-h-56b-base-8k", memory="8GiB", layout_version="0.28").plan == old
     notes = plan_vllm("nemotron-h-56b-base-8k", memory="8GiB", layout_version="0.31").notes
     assert "Mamba2 layers without 0.32's prefill-checkpoint block" in notes[-1]
+
+
+@pytest.mark.parametrize("version", ["0.16", "0.19", "0.20", "0.24", "0.25", "0.26", "0.27"])
+def test_up_to_0_27_a_mamba2_hybrid_is_refused_its_cache_mode_all(version: str) -> None:
+    """vLLM up to 0.27 lays Nemotron-H (``supports_mamba_prefix_caching``) out in ``mamba_cache_mode`` ``"all"``
+    under prefix caching (0.27.1 ``model_executor/models/config.py`` L616) and ``"none"`` without it; 0.28.0 sets
+    ``"align"`` for every model (L604), the one layout kvpools models: refused before, planned from 0.28."""
+    with pytest.raises(UnsupportedCombinationError, match=r"mamba_cache_mode 'all'.*does not model either layout yet"):
+        plan_vllm("nemotron-h-56b-base-8k", memory="8GiB", layout_version=version)
+    assert plan_vllm("nemotron-h-56b-base-8k", memory="8GiB", layout_version="0.28").plan.kv_cache_size_tokens == 29_257
+
+
+def test_0_25_to_0_26_a_gdn_plan_says_it_assumes_prefix_caching() -> None:
+    """Before 0.26 vLLM turns prefix caching on for a hybrid only with ``--enable-prefix-caching`` (0.25.1
+    ``config/model.py`` L1885; 0.26.0 L1896 on by default): the 0.25 plan of a Gated DeltaNet hybrid is the
+    ``align`` layout the flag gives (the club-3090 0.24.0 records pass it) and its note says so; 0.26's does not."""
+    options = {"memory": "6.01GiB", "max_model_len": 131072}
+    old = plan_vllm("qwen3.6-35b-a3b-nvfp4", layout_version="0.25", **options)  # type: ignore[arg-type]
+    new = plan_vllm("qwen3.6-35b-a3b-nvfp4", layout_version="0.26", **options)  # type: ignore[arg-type]
+    assert "runs with --enable-prefix-caching only" in old.notes[-1]
+    assert not any("--enable-prefix-caching" in note for note in new.notes)
+    assert old.plan == new.plan  # the same align layout (no checkpoint grid on either side)
 
 
 def test_0_32_to_0_33_the_gdn_checkpoint_grid() -> None:

@@ -528,10 +528,9 @@ def plan_vllm(
         # an older vLLM's layout (the Gated DeltaNet / Mamba2 prefill checkpoints before 0.33 / 0.32,
         # engines/vllm/layouts.py)
         laid_out = layout_for_version(workers, release, block)
-        if laid_out != workers:
-            layout_note = (
-                f"KV layout of vLLM {release.version}: {layout_change(workers, release)} (engines/vllm/layouts.py)"
-            )
+        change = layout_change(workers, release)
+        if change:
+            layout_note = f"KV layout of vLLM {release.version}: {change} (engines/vllm/layouts.py)"
         workers = laid_out
     default_batched, default_seqs = server_defaults(
         chosen.total_bytes if chosen else None,

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 
 import attrs
 
+from kvpools_core.errors import UnsupportedCombinationError
 from kvpools_core.parts.vllm.layers import align_hybrid_block_size
 from kvpools_core.parts.vllm.specs import KVCacheSpec, MambaSpec
 
@@ -106,10 +107,36 @@ def without_mamba2_prefill_checkpoint(specs: Mapping[str, KVCacheSpec]) -> dict[
     return result
 
 
+MAMBA_PREFIX_CACHING_TYPES = ("mamba1", "mamba2")
+"""The ``mamba_type`` of the layers whose models implement vLLM's ``SupportsMambaPrefixCaching`` (``nemotron_h.py``,
+``jamba.py``, ``falcon_h1.py``, ``granitemoehybrid.py``, ``mamba.py``, ``mamba2.py``, ``zamba2.py`` in the 0.24.0,
+0.29.0 and 0.32.0 wheels): every Mamba1 / Mamba2 family the mamba plugin builds."""
+
+
 def layout_for_version(
     workers: list[dict[str, KVCacheSpec]], profile: RuntimeProfile, block_size: int
 ) -> list[dict[str, KVCacheSpec]]:
-    """Every worker's specs as ``profile``'s vLLM version lays them out (unchanged for vLLM 0.33)."""
+    """Every worker's specs as ``profile``'s vLLM version lays them out (unchanged for vLLM 0.33).
+
+    Refuses a Mamba1 / Mamba2 hybrid under a release that lays it out in ``mamba_cache_mode`` ``"all"``
+    (``RuntimeProfile.mamba_cache_mode_all``, vLLM up to 0.27): ``MambaModelConfig.verify_and_update_config`` sets
+    ``"all"`` for a model with ``supports_mamba_prefix_caching`` under prefix caching (0.19.1
+    ``model_executor/models/config.py`` L439, 0.24.0 L420, 0.27.1 L616; 0.16.0 L333-336), one state page per block of
+    the sequence, and ``"none"`` without prefix caching (the default for hybrids before 0.26); 0.28.0 sets ``"align"``
+    whatever the model (L604)."""
+    modes = {
+        spec.mamba_type
+        for worker in workers
+        for spec in worker.values()
+        if isinstance(spec, MambaSpec) and spec.mamba_type in MAMBA_PREFIX_CACHING_TYPES
+    }
+    if profile.mamba_cache_mode_all and modes:
+        raise UnsupportedCombinationError(
+            f"vLLM {profile.version} ({', '.join(profile.covers)}) lays a {'/'.join(sorted(modes))} hybrid out in "
+            f"mamba_cache_mode 'all' under prefix caching (its model supports Mamba prefix caching) and 'none' "
+            f"without it: kvpools does not model either layout yet (only 0.28+'s 'align'). Plan with "
+            f"--engine-version vllm==0.28 or later, or without --engine-version (vLLM 0.33)."
+        )
     result = workers
     if not profile.gdn_prefill_checkpoint:
         result = [without_gdn_prefill_checkpoint(worker, block_size) for worker in result]
@@ -129,4 +156,10 @@ def layout_change(workers: list[dict[str, KVCacheSpec]], profile: RuntimeProfile
         )
     if not profile.mamba2_prefill_checkpoint and any(_is_mamba2_with_checkpoint(spec) for spec in specs):
         changes.append("Mamba2 layers without 0.32's prefill-checkpoint block (2 Mamba blocks a request, not 3)")
+    if not profile.hybrid_prefix_caching_default and any(isinstance(spec, MambaSpec) for spec in specs):
+        changes.append(
+            f"mamba_cache_mode 'align', which vLLM {profile.version} runs with --enable-prefix-caching only (hybrid "
+            f"models have prefix caching off by default before 0.26: 0.25.1 config/model.py L1885); without the "
+            f"flag it runs 'none', which kvpools does not model yet"
+        )
     return "; ".join(changes)

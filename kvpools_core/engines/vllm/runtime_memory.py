@@ -146,6 +146,15 @@ class RuntimeProfile:
     """Whether vLLM's Mamba2 layers (``MambaMixer2``) declare one prefill checkpoint block a request (vLLM 0.32.0 on:
     ``2 + 1`` Mamba blocks a request in ``align`` mode), or none (before 0.32: 2):
     :func:`kvpools_core.engines.vllm.layouts`."""
+    hybrid_prefix_caching_default: bool = True
+    """Whether ``vllm serve`` turns prefix caching on for a hybrid (Mamba / linear-attention) model by default (vLLM
+    0.26.0 on, ``ModelConfig.is_prefix_caching_supported``); before it only ``--enable-prefix-caching`` does, and
+    without it vLLM runs ``mamba_cache_mode`` ``"none"``, which kvpools does not model: the plan is the ``align``
+    layout the flag gives, and says so."""
+    mamba_cache_mode_all: bool = False
+    """Whether a model whose Mamba layers support prefix caching (vLLM's Mamba1 / Mamba2 families: Nemotron-H, Jamba,
+    Falcon-H1, Granite-4.0-H) takes ``mamba_cache_mode`` ``"all"`` under prefix caching (vLLM up to 0.27; ``align``
+    from 0.28.0): not modelled, such a plan is refused (:func:`kvpools_core.engines.vllm.layouts`)."""
     default_gpu_memory_utilization: float = 0.92
     """``CacheConfig.gpu_memory_utilization``'s default: 0.9 up to vLLM 0.19, 0.92 from 0.20.0."""
     batch_defaults_160gib: bool = True
@@ -243,6 +252,8 @@ def load_profile(version: str) -> RuntimeProfile:
         flashinfer_workspace_scales=bool(data.get("flashinfer_workspace_scales", False)),
         gdn_prefill_checkpoint=bool(data.get("gdn_prefill_checkpoint", True)),
         mamba2_prefill_checkpoint=bool(data.get("mamba2_prefill_checkpoint", True)),
+        hybrid_prefix_caching_default=bool(data.get("hybrid_prefix_caching_default", True)),
+        mamba_cache_mode_all=bool(data.get("mamba_cache_mode_all", False)),
         default_gpu_memory_utilization=_utilization(data.get("default_gpu_memory_utilization", 0.92), file),
         batch_defaults_160gib=bool(data.get("batch_defaults_160gib", True)),
     )
