@@ -2,7 +2,10 @@
 
 The architecture plugins build vLLM 0.33's layer specs.  Where an older release lays a model out differently and a
 runtime profile (``--engine-version vllm==X.Y``, ``profiles/vllm-<version>.json``) says so, this module turns the 0.33
-specs into that release's.  Two differences are modelled, each a profile switch (``profiles/vllm-<version>.json``):
+specs into that release's.  Two differences are modelled, each a profile switch (``profiles/vllm-<version>.json``),
+and one is refused (:func:`layout_for_version`: a Mamba1 / Mamba2 hybrid in ``mamba_cache_mode`` ``"all"`` up to vLLM
+0.27); :func:`layout_change` says what changed, and that a 0.15-0.25 hybrid plan is the ``--enable-prefix-caching``
+layout (``RuntimeProfile.hybrid_prefix_caching_default``):
 
 * **Gated DeltaNet prefill checkpoints** (``RuntimeProfile.gdn_prefill_checkpoint``).  vLLM 0.33 gives each GDN
   layer's ``MambaSpec`` one prefill-checkpoint block per request on FlashInfer's 64-token grid
