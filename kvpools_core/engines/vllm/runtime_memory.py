@@ -136,7 +136,7 @@ class RuntimeProfile:
     (:func:`moe_workspace_bytes`)."""
     flashinfer_workspace_scales: bool = False
     """Whether the FlashInfer attention builder sizes its float workspace to the prefill chunk, ``max(394 MiB,
-    max_num_batched_tokens x heads x head_dim x 16)`` (vLLM 0.26.0 on), instead of the fixed 394 MiB (0.24, 0.25):
+    max_num_batched_tokens x heads x head_dim x 16)`` (vLLM 0.26.0 on), instead of the fixed 394 MiB (0.20-0.25):
     :func:`flashinfer_workspace_bytes`."""
     gdn_prefill_checkpoint: bool = True
     """Whether vLLM's Gated DeltaNet layers export a prefill checkpoint on FlashInfer's 64-token grid (vLLM 0.33.0
