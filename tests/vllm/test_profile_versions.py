@@ -115,14 +115,17 @@ def test_each_profile_file_loads_with_its_releases_switches(version: str, flags:
         profile.batch_defaults_160gib,
         profile.version in PIXTRAL_DENSE_MASK_PROFILES,
     ) == flags
-    # the calibrated constants are carried over (no log of 0.20-0.32 states them): the 0.19 / 0.33 values
+    # the calibrated constants are carried over (no log of 0.20-0.32 states them): the 0.19 / 0.33 values, each
+    # CUDA-graph constant the 0.33 file has the same in every file that subtracts the estimate
     v033 = load_profile("0.33")
     assert profile.non_torch_bytes_by_tp == v033.non_torch_bytes_by_tp
+    folder = Path(runtime_memory.__file__).parent / "profiles"
+    data = json.loads((folder / f"vllm-{version}.json").read_text(encoding="utf-8"))
+    data_033 = json.loads((folder / "vllm-0.33.json").read_text(encoding="utf-8"))
+    constants = [key for key in data_033 if key.startswith("cudagraph_") and not key.endswith("_note")]
+    assert constants != ["cudagraph_subtracted"]
     if profile.cudagraph_subtracted:
-        assert (profile.cudagraph_first_capture_bytes, profile.cudagraph_per_graph_bytes) == (
-            v033.cudagraph_first_capture_bytes,
-            v033.cudagraph_per_graph_bytes,
-        )
+        assert {key: data[key] for key in constants} == {key: data_033[key] for key in constants}
     assert profile.sampler_bytes_per_logit == (36 if version == "0.16" else 12)
     # hybrids: prefix caching on by default from 0.26; Mamba1 / Mamba2 models in cache mode 'all' up to 0.27
     assert profile.hybrid_prefix_caching_default == (version not in {"0.16", "0.19", "0.24"})
