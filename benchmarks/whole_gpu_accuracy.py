@@ -119,8 +119,9 @@ def logged_kv_gib(log: StartupLog) -> float | None:
 
 
 def profile_for(version: str | None) -> str | None:
-    """The runtime profile a vLLM ``version`` is predicted with: its own (0.15 and 0.16: ``vllm-0.16``), else 0.19
-    before 0.21 and 0.33 from 0.21 on; None when the record's version is not a number."""
+    """The runtime profile a vLLM ``version`` is predicted with: the profile file that covers it (``PROFILE_VERSIONS``
+    and ``PROFILE_ALIASES``: every release 0.15, 0.16 and 0.19-0.33), else the nearest calibrated one (0.19 before
+    0.20, 0.33 after: 0.17 / 0.18 and newer releases); None when the record's version is not a number."""
     if version is None:
         return None
     key = version_key(version)
@@ -132,7 +133,7 @@ def profile_for(version: str | None) -> str | None:
         major, minor = (int(part) for part in key.split(".")[:2])
     except ValueError:
         return None
-    return "0.19" if (major, minor) < (0, 21) else "0.33"
+    return "0.19" if (major, minor) < (0, 20) else "0.33"
 
 
 TARGET_FAMILIES = ("vllm >= 0.19", "sglang 0.5.x")

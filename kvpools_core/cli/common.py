@@ -380,9 +380,10 @@ def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
         "--engine-version",
         default=None,
         metavar="ENGINE==X.Y",
-        help="The engine and version to plan for, with its runtime-memory profile: vllm==0.15|0.16|0.19|0.24|0.25|0.33 "
+        help="The engine and version to plan for, with its runtime-memory profile: vllm==0.15|0.16|0.19|0.20 ... 0.33 "
         "(--accounting vllm --runtime-profile X.Y: the profile applies to a --gpu / --gpu-memory budget; with "
-        "--memory the plan is the exact one, in that release's KV layout) or sglang==0.5.23 (--accounting sglang). "
+        "--memory the plan is the exact one, in that release's KV layout and batch defaults) or sglang==0.5.23 "
+        "(--accounting sglang). "
         "A plan made with a vLLM profile older or newer than the vLLM installed beside kvpools says so (docs/gpus.md).",
     )(command)
     only = " Only with --accounting vllm."
@@ -434,7 +435,7 @@ def _vllm_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 click.Choice([*RUNTIME_PROFILES, *(f"vllm=={version}" for version in RUNTIME_PROFILES)]),
                 "With --gpu / --gpu-memory: estimate vLLM's activation peak, non-torch memory and CUDA graphs, and "
                 "take the GPU's total as torch reports it, from this vLLM version's calibrated profile "
-                "(0.15, 0.16, 0.19, 0.24, 0.25 or 0.33, also spelt vllm==0.33; docs/vllm.md) [default: off: those "
+                "(0.15, 0.16, or 0.19 to 0.33, also spelt vllm==0.33; docs/vllm.md) [default: off: those "
                 "terms are 0, an upper bound].",
             ),
         )

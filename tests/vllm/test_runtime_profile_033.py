@@ -81,7 +81,7 @@ def test_the_profile_reproduces_the_logs_it_was_fitted_on() -> None:
 
 
 def test_every_profile_exists() -> None:
-    assert PROFILE_VERSIONS == ("0.16", "0.19", "0.24", "0.33")
+    assert PROFILE_VERSIONS == ("0.16", "0.19", "0.24", "0.26", "0.28", "0.29", "0.32", "0.33")
     for version in PROFILE_VERSIONS:
         profile = load_profile(version)
         assert profile.version == version and profile.fitted_on
@@ -105,9 +105,11 @@ def test_a_profile_other_than_the_installed_engine_says_so(
 
 def test_cli_runtime_profile_033(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--runtime-profile vllm==0.33``: the CUDA-graph term is in the budget; 0.33 leaves less KV than 0.19 on the
-    same GPU by that term (the other terms are the same constants)."""
+    same GPU at the same utilization by that term (the other terms are the same constants; the default utilization
+    differs, 0.9 against 0.92: ``tests/vllm/test_profile_versions.py``)."""
     monkeypatch.setattr(runtime_memory, "installed_vllm_version", lambda: None)
     base = ["plan", "llama-3.1-8b", "--accounting", "vllm", "--gpu", "h100", "--weights-memory", "15GiB", "--json"]
+    base += ["--gpu-memory-utilization", "0.92"]
     runner = CliRunner()
     new = runner.invoke(main, [*base, "--runtime-profile", "vllm==0.33"])
     old = runner.invoke(main, [*base, "--runtime-profile", "0.19"])

@@ -177,10 +177,14 @@ def test_non_torch_grows_with_tensor_parallelism() -> None:
 
 def test_a_version_without_a_profile_is_refused_or_borrowed_with_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
     from kvpools_core.engines.vllm import runtime_memory
+    from kvpools_core.engines.vllm.runtime_memory import graph_shape_of
 
     monkeypatch.setattr(runtime_memory, "installed_vllm_version", lambda: None)
-    with pytest.raises(ConfigError, match=r"no calibrated runtime-memory profile for vLLM .0\.27."):
-        estimate_runtime_memory(gpu=find_gpu("h100"), vocab_size=1000, engine_version="0.27")
+    with pytest.raises(ConfigError, match=r"no calibrated runtime-memory profile for vLLM .0\.34."):
+        estimate_runtime_memory(gpu=find_gpu("h100"), vocab_size=1000, engine_version="0.34")
+    # vLLM 0.27 has a profile since issue 34's vers34 work: vllm-0.26.json covers it, so no note
+    graph = graph_shape_of("llama-3.1-8b")  # the CUDA-graph estimate's shape, which 0.20 on subtract
+    assert estimate_runtime_memory(gpu=find_gpu("h100"), vocab_size=1000, engine_version="0.27", graph=graph).note == ""
     borrowed = estimate_runtime_memory(
         gpu=find_gpu("h100"), vocab_size=1000, engine_version="0.33", profile_version="0.19"
     )

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from kvpools_core.engines.vllm.budget import DEFAULT_GPU_MEMORY_UTILIZATION, VllmMemoryBudget, available_kv_cache_memory
-from kvpools_core.engines.vllm.layouts import layout_for_version
+from kvpools_core.engines.vllm.layouts import layout_change, layout_for_version
 from kvpools_core.engines.vllm.model import DEFAULT_BLOCK_SIZE, worker_kv_cache_specs
 from kvpools_core.engines.vllm.multimodal import MultimodalLimits, parse_multimodal_limits, tower_modalities
 from kvpools_core.engines.vllm.offload import VllmCpuOffload, plan_cpu_offload
@@ -78,12 +78,15 @@ vLLM's ``--quantization`` too: the weights estimate checks it with vLLM's rules 
 _RESOLVED_FIELDS = {"platform_traits", "workspaces", "plugin_options"}
 
 
-def server_defaults(total_bytes: int | None, device_name: str = "") -> tuple[int, int]:
+def server_defaults(total_bytes: int | None, device_name: str = "", *, tier_160gib: bool = True) -> tuple[int, int]:
     """``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`` for ``vllm serve``
     (``UsageContext.OPENAI_API_SERVER``, ``engine/arg_utils.py`` L2973-3006): ``(max_num_batched_tokens,
     max_num_seqs)`` by the device's total memory: >= 160 GiB 16384 / 1024; >= 70 GiB (not an A100) 8192 / 1024;
-    otherwise 2048 / 256 (also vLLM's choice when it cannot read the device, as without a GPU here)."""
-    if total_bytes is not None and total_bytes >= 160 * GiB:
+    otherwise 2048 / 256 (also vLLM's choice when it cannot read the device, as without a GPU here).
+    ``tier_160gib`` False is vLLM before 0.28.0, whose ``get_batch_defaults`` has no 160 GiB tier (0.27.1
+    ``engine/arg_utils.py`` L2544-2545: a >= 160 GiB GPU takes 8192 / 1024; the tier is 0.28.0 L2582-2591,
+    ``RuntimeProfile.batch_defaults_160gib``)."""
+    if tier_160gib and total_bytes is not None and total_bytes >= 160 * GiB:
         return 16384, 1024
     if total_bytes is not None and total_bytes >= 70 * GiB and "a100" not in device_name.lower():
         return 8192, 1024
@@ -448,7 +451,8 @@ def plan_vllm(
 
     The budget is ``memory`` (vLLM's ``--kv-cache-memory-bytes``: each worker's KV cache) or a whole ``gpu``
     (catalogue name) / ``gpu_memory`` (its total): ``ceil(total x gpu_memory_utilization)`` (default 0.92,
-    ``config/cache.py`` L215) minus each stage's weights (``weights_memory``, else kvpools' estimate of the
+    ``config/cache.py`` L215; the release's own default under ``runtime_profile`` / ``layout_version``, 0.9 before
+    vLLM 0.20) minus each stage's weights (``weights_memory``, else kvpools' estimate of the
     stage's layers).  The profile's activation peak, non-torch memory and CUDA-graph estimate are 0: kvpools
     does not run the model, so with a GPU the KV memory is an upper bound (``VllmPlanResult.notes``).
     ``max_model_len`` defaults to the model's context length; ``"auto"`` or -1 is vLLM's ``--max-model-len auto``:
@@ -520,17 +524,19 @@ def plan_vllm(
     workers = _specs(spec, plugin, _with_capability(serving, chosen), registry, block)
     layout = layout_version or runtime_profile
     layout_note = ""
-    if layout is not None:
-        # an older vLLM's layout (the Gated DeltaNet checkpoint grid before 0.33, engines/vllm/layouts.py)
-        laid_out = layout_for_version(workers, load_profile(layout), block)
-        if laid_out != workers:
-            layout_note = (
-                f"KV layout of vLLM {load_profile(layout).version}: Gated DeltaNet blocks without 0.33's 64-token "
-                f"prefill-checkpoint grid and 2 Mamba blocks a request (engines/vllm/layouts.py)"
-            )
+    release = load_profile(layout) if layout is not None else None
+    if release is not None:
+        # an older vLLM's layout (the Gated DeltaNet / Mamba2 prefill checkpoints before 0.33 / 0.32,
+        # engines/vllm/layouts.py)
+        laid_out = layout_for_version(workers, release, block)
+        change = layout_change(workers, release)
+        if change:
+            layout_note = f"KV layout of vLLM {release.version}: {change} (engines/vllm/layouts.py)"
         workers = laid_out
     default_batched, default_seqs = server_defaults(
-        chosen.total_bytes if chosen else None, chosen.label if chosen else ""
+        chosen.total_bytes if chosen else None,
+        chosen.label if chosen else "",
+        tier_160gib=release is None or release.batch_defaults_160gib,
     )
     limits = VllmLimits(
         max_model_len=spec.context_len if auto or model_len is None else model_len,
@@ -547,7 +553,10 @@ def plan_vllm(
         kv_bytes = parse_bytes(memory, option("memory"))
         budgets = tuple(available_kv_cache_memory(kv_cache_memory_bytes=kv_bytes) for _ in workers)
     else:
-        utilization = DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
+        default_utilization = (
+            DEFAULT_GPU_MEMORY_UTILIZATION if release is None else release.default_gpu_memory_utilization
+        )
+        utilization = default_utilization if gpu_memory_utilization is None else gpu_memory_utilization
         if weights_memory is not None:
             weights = (parse_bytes(weights_memory, option("weights_memory")),) * serving.pp_size
             weights_source = "given (--weights-memory)"

@@ -134,22 +134,55 @@ class RuntimeProfile:
     (:func:`moe_workspace_bytes`)."""
     flashinfer_workspace_scales: bool = False
     """Whether the FlashInfer attention builder sizes its float workspace to the prefill chunk, ``max(394 MiB,
-    max_num_batched_tokens x heads x head_dim x 16)`` (vLLM 0.26.0 on), instead of the fixed 394 MiB (0.24, 0.25):
+    max_num_batched_tokens x heads x head_dim x 16)`` (vLLM 0.26.0 on), instead of the fixed 394 MiB (0.20-0.25):
     :func:`flashinfer_workspace_bytes`."""
     gdn_prefill_checkpoint: bool = True
-    """Whether vLLM's Gated DeltaNet layers export a prefill checkpoint on FlashInfer's 64-token grid (vLLM 0.30.0
-    on: blocks a multiple of 64 tokens and ``2 + 1`` Mamba blocks a request), or not (0.24-0.29: blocks on the
+    """Whether vLLM's Gated DeltaNet layers export a prefill checkpoint on FlashInfer's 64-token grid (vLLM 0.33.0
+    on: blocks a multiple of 64 tokens and ``2 + 1`` Mamba blocks a request), or not (before 0.33: blocks on the
     attention kernel's 16-token grid, 2 Mamba blocks a request): :func:`kvpools_core.engines.vllm.layouts`."""
     cudagraph: CudaGraphConstants | None = None
     """The calibrated constants of :func:`cudagraph_memory` (None where ``cudagraph_subtracted`` is false)."""
+    mamba2_prefill_checkpoint: bool = True
+    """Whether vLLM's Mamba2 layers (``MambaMixer2``) declare one prefill checkpoint block a request (vLLM 0.32.0 on:
+    ``2 + 1`` Mamba blocks a request in ``align`` mode), or none (before 0.32: 2):
+    :func:`kvpools_core.engines.vllm.layouts`."""
+    hybrid_prefix_caching_default: bool = True
+    """Whether ``vllm serve`` turns prefix caching on for a hybrid (Mamba / linear-attention) model by default (vLLM
+    0.26.0 on, ``ModelConfig.is_prefix_caching_supported``); before it only ``--enable-prefix-caching`` does, and
+    without it vLLM runs ``mamba_cache_mode`` ``"none"``, which kvpools does not model: the plan is the ``align``
+    layout the flag gives, and says so."""
+    mamba_cache_mode_all: bool = False
+    """Whether a model whose Mamba layers support prefix caching (vLLM's Mamba1 / Mamba2 families: Nemotron-H, Jamba,
+    Falcon-H1, Granite-4.0-H) takes ``mamba_cache_mode`` ``"all"`` under prefix caching (vLLM up to 0.27; ``align``
+    from 0.28.0): not modelled, such a plan is refused (:func:`kvpools_core.engines.vllm.layouts`)."""
+    default_gpu_memory_utilization: float = 0.92
+    """``CacheConfig.gpu_memory_utilization``'s default: 0.9 up to vLLM 0.19, 0.92 from 0.20.0."""
+    batch_defaults_160gib: bool = True
+    """Whether ``vllm serve``'s batch defaults have the ``>= 160 GiB`` tier (16384 tokens / 1024 sequences, vLLM
+    0.28.0 on); before it such a GPU takes the ``>= 70 GiB`` one (8192 / 1024):
+    :func:`kvpools_core.engines.vllm.deployment.server_defaults`."""
 
 
-PROFILE_VERSIONS = ("0.16", "0.19", "0.24", "0.33")
-"""The vLLM versions that have a calibrated profile (``profiles/vllm-<version>.json``)."""
+PROFILE_VERSIONS = ("0.16", "0.19", "0.24", "0.26", "0.28", "0.29", "0.32", "0.33")
+"""The vLLM versions that have a calibrated profile (``profiles/vllm-<version>.json``): one file per range of
+releases whose modelled behaviour is the same (each file's ``covers``)."""
 
-PROFILE_ALIASES = {"0.15": "0.16", "0.25": "0.24"}
-"""Versions another version's profile stands for: vLLM 0.15 runs the same sort-based dummy sampler as 0.16; vLLM
-0.25 sizes the FlashInfer workspace and lays out a Gated DeltaNet hybrid as 0.24 does (``vllm-0.24.json``)."""
+PROFILE_ALIASES = {
+    "0.15": "0.16",
+    "0.20": "0.24",
+    "0.21": "0.24",
+    "0.22": "0.24",
+    "0.23": "0.24",
+    "0.25": "0.24",
+    "0.27": "0.26",
+    "0.30": "0.29",
+    "0.31": "0.29",
+}
+"""Versions another version's profile stands for (that file's ``covers``): vLLM 0.15 runs the same sort-based dummy
+sampler as 0.16; 0.20-0.25 subtract the CUDA-graph estimate, keep the fixed 394 MiB FlashInfer workspace and lay
+hybrids out without prefill checkpoints (``vllm-0.24.json``); 0.27 is 0.26 (``vllm-0.26.json``: the workspace sized
+to the prefill chunk); 0.30 and 0.31 are 0.29 (``vllm-0.29.json``: Pixtral without the dense block mask).  Each
+file's notes cite the lines of every release it covers (wheels read one by one)."""
 
 
 def _gib(value: Any, name: str, file: str) -> int:
@@ -215,6 +248,11 @@ def load_profile(version: str) -> RuntimeProfile:
         moe_workspace=bool(data.get("moe_workspace", True)),
         flashinfer_workspace_scales=bool(data.get("flashinfer_workspace_scales", False)),
         gdn_prefill_checkpoint=bool(data.get("gdn_prefill_checkpoint", True)),
+        mamba2_prefill_checkpoint=bool(data.get("mamba2_prefill_checkpoint", True)),
+        hybrid_prefix_caching_default=bool(data.get("hybrid_prefix_caching_default", True)),
+        mamba_cache_mode_all=bool(data.get("mamba_cache_mode_all", False)),
+        default_gpu_memory_utilization=_utilization(data.get("default_gpu_memory_utilization", 0.92), file),
+        batch_defaults_160gib=bool(data.get("batch_defaults_160gib", True)),
     )
 
 
@@ -260,6 +298,12 @@ def _cudagraph_constants(data: dict[str, Any], file: str) -> CudaGraphConstants 
         piecewise_layer_bytes=piecewise * MiB,
         full_layer_bytes=full * MiB,
     )
+
+
+def _utilization(value: Any, file: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise ConfigError(f"{file}: default_gpu_memory_utilization must be in (0, 1], got {value!r}.")
+    return float(value)
 
 
 def torch_total_memory(gpu: GPU) -> TotalMemory:
@@ -574,11 +618,12 @@ QWEN_VL_VIDEO_MAX_PIXELS = 25_165_824
 """``size.longest_edge`` of the same checkpoints' ``video_preprocessor_config.json`` (Qwen3VLVideoProcessor), which
 ``get_max_video_tokens`` halves for the temporal patch (vLLM 0.33 ``qwen3_vl.py`` L1040-1068)."""
 
-PIXTRAL_DENSE_MASK_PROFILES = ("0.16", "0.19")
+PIXTRAL_DENSE_MASK_PROFILES = ("0.16", "0.19", "0.24", "0.26", "0.28")
 """The runtime profiles whose vLLM builds Pixtral's dense ``[patches, patches]`` block mask: without xformers (which
 vLLM does not install, 0.19.0 ``pixtral.py`` L88-98) ``PixtralHFVisionModel.forward`` takes transformers'
 ``generate_block_attention_mask`` (0.19.0 L1285-1294; 0.17.0 and 0.18.0 the same; 0.15 / 0.16 not read, taken as
-0.17's).  vLLM 0.33 packs the images for ``MMEncoderAttention`` with ``cu_seqlens`` instead (0.33 ``pixtral.py``
+0.17's; 0.20.0 to 0.28.0 L1433-1445, the class L1348-1460 the same text in each wheel).  From vLLM 0.29.0 Pixtral
+packs the images for ``MMEncoderAttention`` with ``cu_seqlens`` instead (0.29.0 ``pixtral.py`` L1511-1527, 0.33
 L1615-1631, L1345-1378): no mask."""
 
 DEFAULT_MM_LIMIT = 999
