@@ -864,7 +864,25 @@ def mm_encoder_profile(
     ``(3 hidden + 2 intermediate) x dtype``.  The pixel-shuffle adapter and the projector (L186-236, L164-183) run on
     ``tokens / merge^2`` of each tile after the encoder: under its peak.  Sized at TP 1: vLLM shards the tower's
     heads and MLP over TP (``mm_encoder_tp_mode`` "weights"; the ``o_proj`` / ``fc2`` all-reduces hold two hidden
-    at most), so at TP > 1 the term is an upper bound."""
+    at most), so at TP > 1 the term is an upper bound.
+
+    Gemma-4's tower (transformers :data:`GEMMA4_TRANSFORMERS`'s ``Gemma4VisionModel`` pieces, which vLLM 0.33 calls
+    itself, ``gemma4_mm.py`` L1319-1589; eager, replicated: sized at any TP) runs the dummy pictures
+    (:func:`item_sizes`; a video's 32 frames each a picture) in calls of :func:`gemma4_encoder_batch` pictures,
+    from ``gpu_total_bytes`` and the free memory, the total less ``gpu_used_bytes`` and the dummy inputs.  Held
+    through the pass: the inputs (pixels ``3 x patch^2 x dtype`` and int64 (x, y) positions, 16 B, a padded patch)
+    and, for video, the padding mask of every frame (1 B a patch).  A call holds the earlier calls' tower outputs
+    (``hidden x dtype`` a patch) and, per patch: an image call's ``torch.cat`` copies (pixels, positions, padding:
+    ``3 patch^2 x dtype + 17`` B; a video call slices), the embeddings ``hidden`` and rotary cos / sin ``2 head_dim``
+    (``dtype``), the bool ``[b, 1, S, S]`` mask and its inverse (``S + 1`` B, ``modeling_gemma4.py`` L1026-1057) and
+    the larger block peak (L972-1013): the MLP (L697-711) ``(3 hidden + 3 intermediate) x dtype`` (the layer input
+    its caller keeps, the residual, the normed input, the gate's activation, up and their product); the attention
+    (L903-969, SDPA) the input, normed input, q, k, v, the SDPA output and its ``contiguous`` copy, plus SDPA's
+    dtype copy of the mask and its copy padded to 16 columns.  After the calls: every picture's output (twice for
+    video: the list and its ``torch.cat``) with the pooled fp32 tokens and the embedder's cast, norm and projection
+    (the larger of ``8 hidden + hidden x dtype`` and ``4 hidden + 2 hidden x dtype + text x dtype`` B a kept
+    token).  Kept: the projected tokens (:func:`gemma4_soft_tokens` a picture x the text ``hidden_size``).  An
+    audio item (an ``audio_config``) that would be profiled is refused: its tower is not modelled."""
     limits = _mm_limits(mm_limits)
     modality = profiled_modality(vision, mm_limits)
     if modality is None:
