@@ -197,7 +197,7 @@ def test_the_cli_plans_gemma4() -> None:
 def test_an_audio_tower_is_refused_only_where_audio_is_profiled(tmp_path: Path) -> None:
     """With an ``audio_config`` (750 tokens an item): video (2496) is still profiled by default and planned; with
     video at 0 audio (750 > 280) would be, and its tower is not modelled: refused, naming the limit; with audio at 0
-    too, the images are."""
+    too, the images are; ``--language-model-only`` profiles nothing."""
     from kvpools_core.engines.vllm.runtime_memory import _complete_config
 
     config = {**_complete_config(GEMMA4)[0], "audio_config": {"model_type": "gemma4_audio"}}
@@ -221,3 +221,6 @@ def test_an_audio_tower_is_refused_only_where_audio_is_profiled(tmp_path: Path) 
     )
     assert images.runtime_memory is not None
     assert "image item(s)" in images.runtime_memory.term("activation peak").formula
+    text = plan_vllm(str(path), gpu="h100", runtime_profile="0.33", weights_memory=weights, language_model_only=True)
+    assert text.runtime_memory is not None  # every modality 0, audio included: no encoder pass, nothing refused
+    assert "multimodal encoder" not in text.runtime_memory.term("activation peak").formula
