@@ -336,7 +336,7 @@ def architecture_traits() -> Mapping[str, Sequence[str]] | None:
     MLA backend's) and ``"no_breakable_prefill_graph"`` (``disable_breakable_cudagraph_if_incompatible``,
     ``cuda_graph_hook.py``, turns prefill graphs off for it).  The vLLM vision-tower traits
     (``"vllm_vision_qwen3_vit"``, ``"vllm_vision_pixtral_hf"``, ``"vllm_vision_gemma3_siglip"``,
-    ``"vllm_vision_llama4_vit"``; ``"vllm_vision_gemma4_hf"`` a tower whose pass is not modelled) say which encoder
+    ``"vllm_vision_llama4_vit"``, ``"vllm_vision_gemma4_hf"``) say which encoder
     profile pass vLLM runs for the class (:func:`kvpools_core.engines.vllm.runtime_memory.mm_encoder_profile`).
     ``"vllm_prefix_lm"``, ``"vllm_attention_sinks"`` and ``"vllm_cudagraph_capture_1024"`` size vLLM's CUDA-graph
     estimate for the class (:func:`kvpools_core.engines.vllm.runtime_memory.cudagraph_memory`).

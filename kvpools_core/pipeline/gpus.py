@@ -204,8 +204,9 @@ pixel-shuffle adapter and the Llama-4 projector (its encoder profile pass: the L
 
 VLLM_VISION_GEMMA4 = "vllm_vision_gemma4_hf"
 """The ``architecture_traits`` trait of a class whose vision tower vLLM builds as transformers' ``AutoModel`` with
-the Gemma-4 embedder (``gemma4_mm.py`` L1100-1113): its encoder profile pass is not modelled (refused under a runtime
-profile), but its modalities say when vLLM leaves the tower out (:mod:`kvpools_core.engines.vllm.multimodal`)."""
+the Gemma-4 embedder (``gemma4_mm.py`` L1100-1113): its encoder profile pass is the Gemma-4 term (transformers 5.20.2's
+tower, vLLM's ``_encoder_chunk`` batch), and its image and video modalities say when vLLM leaves the tower out
+(:mod:`kvpools_core.engines.vllm.multimodal`)."""
 
 VLLM_PREFIX_LM = "vllm_prefix_lm"
 """The ``architecture_traits`` trait of a class vLLM runs as a PrefixLM multimodal model (bidirectional attention

@@ -15,8 +15,8 @@ VISION_TOWERS = {
 """Gemma-3: ``SiglipVisionModel`` and ``Gemma3MultiModalProjector`` (vLLM 0.19.0 ``gemma3_mm.py`` L420-460,
 ``siglip.py`` L285-570); Llama-4 (Scout / Maverick): ``Llama4VisionModel``, its pixel-shuffle adapter and
 ``Llama4MultiModalProjector`` (vLLM 0.33 ``mllama4.py`` L123-549, L765-777); Gemma-4: transformers' ``AutoModel``
-and ``Gemma4MultimodalEmbedder`` (``gemma4_mm.py`` L1100-1113), whose encoder pass kvpools does not model yet (the
-trait names its image and video modalities, under which vLLM leaves it out)."""
+and ``Gemma4MultimodalEmbedder`` (``gemma4_mm.py`` L1100-1113; its encoder pass read from transformers 5.20.2, issue
+34), marked with image and video (under which vLLM leaves it out)."""
 
 
 CUDAGRAPH_TRAITS = {

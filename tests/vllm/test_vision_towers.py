@@ -13,8 +13,8 @@
   L164-183 (projector into the text hidden size), L765-777 (the tower marked with ``image``);
   ``layers/rotary_embedding/llama4_vision_rope.py`` L55-76 (``forward_native``: fp32 copies of q and k, their complex
   products, cast back); ``v1/attention/ops/vit_attn_wrappers.py`` L26-86 (flash attention on views, one output).
-* ``model_executor/models/gemma4_mm.py`` L1100-1113 (Gemma-4's tower is transformers' ``AutoModel``), L1272-1300 (its
-  encoder batch is sized from the free memory at run time): not modelled, refused.
+* ``model_executor/models/gemma4_mm.py`` L1100-1113 (Gemma-4's tower, transformers' ``AutoModel``, marked with image
+  and video): modelled since issue 34 (``test_gemma4_encoder.py``); LLaVA-NeXT / Kimi-VL shaped towers are refused.
 """
 
 from __future__ import annotations
@@ -183,14 +183,15 @@ def test_a_maverick_plan_charges_the_llama4_encoder() -> None:
 
 
 def test_a_tower_kvpools_does_not_model_is_named() -> None:
-    """A text-only config and a modelled tower have nothing unmodelled; Gemma-4's tower (no trait) and a modelled
-    class whose ``vision_config`` lacks sizes are named by class and ``model_type``."""
+    """A text-only config and a modelled tower (Maverick's, Gemma-4's since issue 34: test_gemma4_encoder.py) have
+    nothing unmodelled; a class without a tower trait (LLaVA-NeXT's CLIP) and a modelled class whose
+    ``vision_config`` lacks sizes are named by class and ``model_type``."""
     from kvpools_core.engines.vllm.runtime_memory import _complete_config
 
     assert unmodelled_vision_tower({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096}) is None
     assert unmodelled_vision_tower(_maverick_config()) is None
-    gemma4 = dict(_complete_config("gemma-4-26b-a4b")[0])
-    assert unmodelled_vision_tower(gemma4) == "Gemma4ForConditionalGeneration's vision tower (gemma4_vision)"
+    assert unmodelled_vision_tower(dict(_complete_config("gemma-4-26b-a4b")[0])) is None
+    assert unmodelled_vision_tower(LLAVA_NEXT) == "LlavaNextForConditionalGeneration's vision tower (clip_vision_model)"
     sizeless = {**_maverick_config(), "vision_config": {"model_type": "llama4_vision_model"}}
     assert unmodelled_vision_tower(sizeless) == "Llama4ForConditionalGeneration's vision tower (llama4_vision_model)"
     assert unmodelled_vision_tower({"vision_config": {"hidden_size": 1}}) == (
@@ -199,46 +200,19 @@ def test_a_tower_kvpools_does_not_model_is_named() -> None:
 
 
 @pytest.mark.parametrize("limits", [None, {"image": 0}, {"video": 0}], ids=["default", "image-0", "video-0"])
-def test_an_unmodelled_tower_is_refused_under_a_runtime_profile(limits: dict[str, int] | None) -> None:
-    """Gemma-4 with ``--runtime-profile``: vLLM profiles its encoder (image or video reach the tower: 999 each where
-    unnamed), kvpools cannot: refused, naming the limits that turn it off (before: planned without the encoder pass,
-    silently)."""
-    with pytest.raises(UnsupportedCombinationError) as raised:
-        plan_vllm("gemma-4-26b-a4b", gpu="h100", runtime_profile="0.33", limit_mm_per_prompt=limits)
-    assert str(raised.value).startswith(
-        "kvpools does not model the encoder profile pass of Gemma4ForConditionalGeneration's vision tower "
-        "(gemma4_vision) yet"
-    )
-    assert 'language_model_only or limit_mm_per_prompt \'{"image": 0, "video": 0}\'' in str(raised.value)
-
-
-def test_an_unmodelled_tower_plans_where_no_encoder_pass_runs() -> None:
-    """``--language-model-only``, or the tower's image and video at 0 (``gemma4_mm.py`` L1101 marks it with both),
-    runs no encoder and loads no tower: the plan goes on without the vision tower and embedder's 1,145,588,886 B
-    (kvpools' estimate of the config less the one without ``vision_config``: 51,611,872,466 -> 50,466,283,580 B);
-    without a runtime profile nothing is refused (the activation terms are 0, an upper bound)."""
-    text = plan_vllm("gemma-4-26b-a4b", gpu="h100", runtime_profile="0.33", language_model_only=True)
-    assert text.runtime_memory is not None and text.weights_memory == (50_466_283_580,)
-    zero = {"image": 0, "video": 0}
-    limited = plan_vllm("gemma-4-26b-a4b", gpu="h100", runtime_profile="0.33", limit_mm_per_prompt=zero)
-    assert limited.weights_memory == (50_466_283_580,)
-    plain = plan_vllm("gemma-4-26b-a4b", gpu="h100")
-    assert plain.runtime_memory is None and plain.weights_memory == (51_611_872_466,)
-
-
-def test_an_audio_config_must_be_limited_too(tmp_path: Path) -> None:
-    """A Gemma-4 config with an ``audio_config`` (vLLM builds the audio tower, ``gemma4_mm.py`` L1116-1123, not
-    modelled either) is refused until audio is limited to 0 as well."""
-    from kvpools_core.engines.vllm.runtime_memory import _complete_config
-
-    config = {**_complete_config("gemma-4-26b-a4b")[0], "audio_config": {"model_type": "gemma4_audio"}}
+def test_an_unmodelled_tower_is_refused_under_a_runtime_profile(tmp_path: Path, limits: dict[str, int] | None) -> None:
+    """LLaVA-NeXT with ``--runtime-profile``: vLLM profiles its encoder (image or video reach a tower without a
+    trait: 999 each where unnamed), kvpools cannot: refused, naming the limits that turn it off (image, video and
+    audio: a tower without a trait names no modalities)."""
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(config))
-    with pytest.raises(UnsupportedCombinationError, match='"image": 0, "video": 0, "audio": 0'):
-        plan_vllm(str(path), gpu="h100", runtime_profile="0.33", limit_mm_per_prompt={"image": 0, "video": 0})
-    assert plan_vllm(
-        str(path), gpu="h100", runtime_profile="0.33", limit_mm_per_prompt={"image": 0, "video": 0, "audio": 0}
-    ).runtime_memory
+    path.write_text(json.dumps(LLAVA_NEXT))
+    with pytest.raises(UnsupportedCombinationError) as raised:
+        plan_vllm(str(path), gpu="h100", runtime_profile="0.33", weights_memory="16GiB", limit_mm_per_prompt=limits)
+    assert str(raised.value).startswith(
+        "kvpools does not model the encoder profile pass of LlavaNextForConditionalGeneration's vision tower "
+        "(clip_vision_model) yet"
+    )
+    assert 'language_model_only or limit_mm_per_prompt \'{"image": 0, "video": 0, "audio": 0}\'' in str(raised.value)
 
 
 LLAVA_NEXT = {
@@ -322,15 +296,17 @@ def test_llava_next_weights_are_refused_naming_the_field(tmp_path: Path) -> None
         plan_vllm(str(path), gpu="h100", runtime_profile="0.33")
 
 
-def test_the_cli_refuses_an_unmodelled_tower_without_a_traceback() -> None:
+def test_the_cli_refuses_an_unmodelled_tower_without_a_traceback(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
     from kvpools_core.cli import main
 
-    args = ["plan", "gemma-4-26b-a4b", "--gpu", "h100", "--accounting", "vllm", "--runtime-profile", "0.33"]
-    result = CliRunner().invoke(main, args)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(KIMI_VL))
+    args = ["plan", str(path), "--gpu", "h100", "--accounting", "vllm", "--runtime-profile", "0.33"]
+    result = CliRunner().invoke(main, [*args, "--weights-memory", "16GiB"])
     assert result.exit_code != 0 and "Traceback" not in result.output
-    assert "kvpools does not model the encoder profile pass of Gemma4ForConditionalGeneration" in result.output
+    assert "kvpools does not model the encoder profile pass of KimiVLForConditionalGeneration" in result.output
     assert "--language-model-only" in result.output and "--runtime-profile" in result.output
 
 
@@ -348,3 +324,17 @@ def test_every_preset_with_a_vision_config_is_modelled_or_named() -> None:
             seen += 1
             assert (vision_shape_from_config(config) is None) == (unmodelled_vision_tower(config) is not None), name
     assert seen >= 4
+
+
+def test_gemma4_plans_without_its_tower_where_no_encoder_pass_runs() -> None:
+    """``--language-model-only``, or the tower's image and video at 0 (``gemma4_mm.py`` L1101 marks it with both),
+    runs no encoder and loads no tower: the plan goes on without the vision tower and embedder's 1,145,588,886 B
+    (kvpools' estimate of the config less the one without ``vision_config``: 51,611,872,466 -> 50,466,283,580 B);
+    without a runtime profile nothing is refused (the activation terms are 0, an upper bound)."""
+    text = plan_vllm("gemma-4-26b-a4b", gpu="h100", runtime_profile="0.33", language_model_only=True)
+    assert text.runtime_memory is not None and text.weights_memory == (50_466_283_580,)
+    zero = {"image": 0, "video": 0}
+    limited = plan_vllm("gemma-4-26b-a4b", gpu="h100", runtime_profile="0.33", limit_mm_per_prompt=zero)
+    assert limited.weights_memory == (50_466_283_580,)
+    plain = plan_vllm("gemma-4-26b-a4b", gpu="h100")
+    assert plain.runtime_memory is None and plain.weights_memory == (51_611_872_466,)

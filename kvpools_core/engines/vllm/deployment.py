@@ -574,7 +574,7 @@ def plan_vllm(
         peaks = (0,) * len(weights)
         if runtime_profile is not None:
             runtime, peaks = _runtime_memory(
-                model, chosen, serving, default_seqs, limits, runtime_profile, max_num_seqs, multimodal
+                model, chosen, serving, default_seqs, limits, runtime_profile, max_num_seqs, multimodal, weights[0]
             )
         total = chosen.total_bytes if runtime is None else runtime.total.bytes
         terms = {} if runtime is None else {term.name: term.bytes for term in runtime.terms}
@@ -647,6 +647,7 @@ def _runtime_memory(
     version: str,
     max_num_seqs: int | None,
     multimodal: MultimodalLimits | None = None,
+    weights: int | None = None,
 ) -> tuple[RuntimeMemory, tuple[int, ...]]:
     """The runtime terms of ``version``'s profile for this plan (the last pipeline stage's: it samples), and each
     stage's activation peak (only the last samples; every stage but the first holds the receive buffers); a
@@ -677,6 +678,8 @@ def _runtime_memory(
         "max_model_len": limits.max_model_len,
         # with the GPU and the heads, it picks the attention backend (FlashInfer's workspace, cudagraph_memory)
         "kv_cache_dtype": serving.kv_cache_dtype,
+        # allocated when Gemma-4's encoder reads the free memory that sizes its batch (with the non-torch term)
+        "weights_bytes": weights,
     }
     if multimodal is not None:
         options["mm_limits"] = multimodal.runtime_limits()
@@ -705,6 +708,7 @@ def _refuse_unmodelled_encoder(model: str, multimodal: MultimodalLimits | None) 
     config = dict(_complete_config(model)[0])
     tower = unmodelled_vision_tower(config)
     if tower is None:
+        _refuse_unmodelled_audio(config, multimodal)
         return
     reach = tower_modalities(vision_tower_of(config)) or ("image", "video", "audio")
     if isinstance(config.get("audio_config"), dict) and config["audio_config"] and "audio" not in reach:
@@ -718,6 +722,26 @@ def _refuse_unmodelled_encoder(model: str, multimodal: MultimodalLimits | None) 
         f"peak. Pass {option('language_model_only')} or {option('limit_mm_per_prompt')} '{zeros}' (no encoder "
         f"pass), or plan without {option('runtime_profile')} (the activation terms are then 0, an upper bound of "
         "the KV budget)."
+    )
+
+
+def _refuse_unmodelled_audio(config: dict[str, Any], multimodal: MultimodalLimits | None) -> None:
+    """A modelled vision tower whose checkpoint has an audio tower (Gemma-4's ``audio_config``) is refused where vLLM
+    would profile audio, its modality with the most tokens an item at these limits (``profiled_modality``): the audio
+    tower's pass is not modelled."""
+    from kvpools_core.engines.vllm.runtime_memory import profiled_modality, vision_shape_from_config
+
+    vision = vision_shape_from_config(config)
+    limits = multimodal.runtime_limits() if multimodal is not None else None
+    if vision is None or not vision.audio_tokens or profiled_modality(vision, limits) != "audio":
+        return
+    classes = " / ".join(name for name in config.get("architectures") or () if isinstance(name, str))
+    raise UnsupportedCombinationError(
+        f"kvpools does not model the encoder profile pass of {classes or 'the model'}'s audio tower yet: vLLM profiles "
+        f"audio ({vision.audio_tokens} tokens an item, more than the vision modalities left at these limits), so "
+        f"{option('runtime_profile')} cannot estimate the activation peak. Pass {option('limit_mm_per_prompt')} "
+        "'{\"audio\": 0}' (the vision tower's pass is modelled), or plan without "
+        f"{option('runtime_profile')}."
     )
 
 

@@ -91,10 +91,9 @@ TOWER_MODALITIES = {
 """The modalities vLLM 0.33 marks each modelled vision tower with (``_mark_tower_model``): image and video for the
 Qwen3-VL tower (``qwen3_vl.py`` L2010, ``qwen3_5.py`` L513 / L736), image for the Mistral-3 Pixtral tower
 (``mistral3.py`` L478), Gemma-3's SigLIP tower (``gemma3_mm.py`` L552) and Llama-4's (``mllama4.py`` L765); image and
-video for Gemma-4's (``gemma4_mm.py`` L1101), whose encoder pass is not modelled but whose weights vLLM leaves out
-all the same.  The tower is the one an architecture plugin names for the checkpoint's class
-(``architecture_traits``, :func:`~kvpools_core.engines.vllm.runtime_memory.vision_tower_of`): the core names no
-architecture."""
+video for Gemma-4's (``gemma4_mm.py`` L1101).  The tower is the one an architecture plugin names for the
+checkpoint's class (``architecture_traits``, :func:`~kvpools_core.engines.vllm.runtime_memory.vision_tower_of`): the
+core names no architecture."""
 
 
 def tower_modalities(tower: str | None) -> tuple[str, ...] | None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from kvpools_core.errors import ConfigError
+from kvpools_core.errors import ConfigError, UnsupportedCombinationError
 from kvpools_core.pipeline.gpus import (
     VLLM_VISION_GEMMA4,
     VLLM_VISION_LLAMA4,
@@ -586,23 +586,49 @@ def moe_workspace_bytes(
     return _round_up(common, 256) + _round_up(second, 256)
 
 
-VISION_TOWERS = (VLLM_VISION_QWEN3, VLLM_VISION_PIXTRAL, VLLM_VISION_SIGLIP, VLLM_VISION_LLAMA4)
+VISION_TOWERS = (VLLM_VISION_QWEN3, VLLM_VISION_PIXTRAL, VLLM_VISION_SIGLIP, VLLM_VISION_LLAMA4, VLLM_VISION_GEMMA4)
 """The vision towers :func:`mm_encoder_profile` models, as the ``architecture_traits`` an architecture plugin gives
 a Hugging Face class (the core names no architecture): vLLM 0.33's ``Qwen3_VisionTransformer`` (``qwen3_vl.py``
 L561-870; ``qwen3_5.py`` L473 / L703 build it for Qwen3.5 / 3.6), ``PixtralHFVisionModel`` with the Mistral-3
 projector (vLLM 0.19.0 ``pixtral.py`` L1198-1300, ``mistral3.py`` L75-170), ``SiglipVisionModel`` with the
-Gemma-3 projector (0.19.0 ``siglip.py`` L285-570, ``gemma3_mm.py`` L420-460) and vLLM 0.33's ``Llama4VisionModel``
+Gemma-3 projector (0.19.0 ``siglip.py`` L285-570, ``gemma3_mm.py`` L420-460), vLLM 0.33's ``Llama4VisionModel``
 with its pixel-shuffle adapter and projector (``mllama4.py`` L123-549, L765-777; the older profiles take 0.33's
-pass, their ``mllama4.py`` not read).  A multimodal class with another
-tower is refused where its encoder pass would be profiled (:func:`unmodelled_vision_tower`)."""
+pass, their ``mllama4.py`` not read) and Gemma-4's transformers ``AutoModel`` tower with ``Gemma4MultimodalEmbedder``
+(0.33 ``gemma4_mm.py`` L1100-1113, L1272-1589; transformers :data:`GEMMA4_TRANSFORMERS`).  A multimodal class with
+another tower is refused where its encoder pass would be profiled (:func:`unmodelled_vision_tower`)."""
 
-UNMODELLED_VISION_TOWERS = (VLLM_VISION_GEMMA4,)
-"""Vision-tower traits whose encoder pass kvpools does not model: Gemma-4's (transformers' ``AutoModel``, vLLM 0.33
-``gemma4_mm.py`` L1100-1113).  Its peak depends on the transformers release vLLM runs (0.33 takes 5.16.1 to 5.20:
-vLLM's ``_encoder_chunk``, L1272-1300, sizes the batch for ``Gemma4VisionPatchEmbedder``'s ``F.one_hot`` position
-lookup, which transformers 5.18.0 does with ``F.embedding``, ``modeling_gemma4.py`` L590-610) and on the free memory
-vLLM reads at run time (the batch is ``min(free / 2, total / 10)`` over that cost).  The trait names the tower's
-modalities (vLLM leaves the weights out when they are all 0); :func:`unmodelled_vision_tower` names the tower."""
+UNMODELLED_VISION_TOWERS: tuple[str, ...] = ()
+"""Vision-tower traits whose encoder pass kvpools does not model (none since Gemma-4's is, issue 34): such a trait
+would name the tower's modalities (vLLM leaves its weights out when they are all 0) while
+:func:`unmodelled_vision_tower` names the tower and the planner refuses its profile pass."""
+
+GEMMA4_TRANSFORMERS = "5.20.2"
+"""The transformers release whose Gemma-4 vision tower (``models/gemma4/modeling_gemma4.py``) the Gemma-4 encoder term
+reads: the newest vLLM 0.33 accepts (its wheel's ``Requires-Dist: transformers<5.21.0,>=5.16.1``).  The releases it
+accepts do not differ in what the term counts: 5.16.1, 5.17.0, 5.18.0 and 5.20.0 / 5.20.2 (one file) differ in the
+tower only in how the rotary table is computed (``Gemma4VisionRotaryEmbedding``, small fp32 temporaries per position
+before the layers), and all look the patch positions up with ``F.embedding`` (5.20.2 L596-616, 5.16.1 L590-610): the
+``F.one_hot`` transient vLLM's ``_encoder_chunk`` prices (``gemma4_mm.py`` L1272-1303) is in none of them, so it only
+sets the batch, not the peak."""
+
+GEMMA4_DUMMY_IMAGE_SIDE = 224
+"""The side of vLLM 0.33's dummy Gemma-4 image and video frame: ``Gemma4ImageProcessor.size`` is None (transformers
+5.20.2 ``image_processing_gemma4.py`` L140), so ``get_dummy_mm_data`` falls back to 224 x 224 (``gemma4_mm.py``
+L526-531); the processor then resizes it to its soft-token budget (:func:`gemma4_soft_tokens`).  A checkpoint whose
+``preprocessor_config.json`` sets a ``size`` is not read (stated assumption)."""
+
+GEMMA4_VIDEO_FRAMES = 32
+"""``_VIDEO_MAX_FRAMES`` (vLLM 0.33 ``gemma4_mm.py`` L126): the dummy video's frames (L550-554) and the frames
+``get_mm_max_tokens_per_item`` counts (L290-295; a ``num_frames`` video option below it is not modelled)."""
+
+GEMMA4_VIDEO_SOFT_TOKENS = 70
+"""``_VIDEO_MAX_SOFT_TOKENS`` (``gemma4_mm.py`` L125): each frame is processed as an image of this soft-token budget
+(L662-673); a video item counts ``frames x (70 + 2 + 6)`` tokens (boi, eoi and the timestamp, L289-295): 2496."""
+
+GEMMA4_AUDIO_SEQ_LENGTH = 750
+"""``Gemma4Processor.audio_seq_length``'s default (transformers 5.20.2 ``processing_gemma4.py`` L62), an audio item's
+tokens (``gemma4_mm.py`` L285-288) where the config has an ``audio_config``: the audio tower is not modelled, so a
+plan whose profiled modality is audio is refused (a checkpoint's ``processor_config.json`` is not read)."""
 
 LLAMA4_MAX_TILES = 16
 """``max_patches`` of the Llama-4 Scout / Maverick checkpoints' ``preprocessor_config.json``
@@ -658,7 +684,13 @@ class VisionShape:
     max_tiles: int = attrs.field(default=0, validator=_size(0))
     """Llama-4: the image processor's most tiles an image is cut into (:data:`LLAMA4_MAX_TILES`); 0 otherwise."""
     head_dim: int = attrs.field(default=0, validator=_size(0))
-    """The attention head size where the config states it (Pixtral), else ``hidden_size // num_heads``."""
+    """The attention head size where the config states it (Pixtral, Gemma-4), else ``hidden_size // num_heads``."""
+    num_kv_heads: int = attrs.field(default=0, validator=_size(0))
+    """Gemma-4: the key / value heads (``num_key_value_heads``); 0 for ``num_heads``."""
+    position_embedding_size: int = attrs.field(default=0, validator=_size(0))
+    """Gemma-4: the patch position table's length (``position_embedding_size``), which vLLM's batch bound reads."""
+    audio_tokens: int = attrs.field(default=0, validator=_size(0))
+    """Gemma-4 with an ``audio_config``: an audio item's tokens (:data:`GEMMA4_AUDIO_SEQ_LENGTH`); 0 without one."""
 
     @property
     def attention_head_dim(self) -> int:
@@ -796,11 +828,52 @@ def _llama4_vision(config: dict[str, Any], vision: dict[str, Any], dtype_bytes: 
     )
 
 
+def _gemma4_vision(config: dict[str, Any], vision: dict[str, Any], dtype_bytes: int) -> VisionShape | None:
+    """``Gemma4Config``: the ``vision_config`` (``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
+    ``patch_size``, ``pooling_kernel_size`` read as the ``spatial_merge_size``, ``position_embedding_size``,
+    ``default_output_length`` the soft tokens of an image) and the text ``hidden_size`` the embedder's
+    ``embedding_projection`` maps into (vLLM 0.33 ``gemma4_mm.py`` L984-1022); an ``audio_config`` adds the audio
+    modality (:data:`GEMMA4_AUDIO_SEQ_LENGTH` tokens).  The patch embedder's ``input_proj`` takes ``3 x patch^2``
+    pixels (transformers 5.20.2 ``modeling_gemma4.py`` L593)."""
+    keys = (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "patch_size",
+        "pooling_kernel_size",
+        "position_embedding_size",
+        "default_output_length",
+    )
+    values = _ints(vision, keys)
+    text_hidden = _text_hidden(config)
+    if values is None or text_hidden is None:
+        return None
+    audio = config.get("audio_config")
+    return VisionShape(
+        hidden_size=values["hidden_size"],
+        intermediate_size=values["intermediate_size"],
+        num_heads=values["num_attention_heads"],
+        num_kv_heads=_optional_int(vision, "num_key_value_heads", values["num_attention_heads"]),
+        head_dim=_optional_int(vision, "head_dim", 0),
+        out_hidden_size=text_hidden,
+        patch_size=values["patch_size"],
+        temporal_patch_size=1,
+        spatial_merge_size=values["pooling_kernel_size"],
+        in_channels=3,
+        image_tokens=values["default_output_length"],
+        position_embedding_size=values["position_embedding_size"],
+        audio_tokens=GEMMA4_AUDIO_SEQ_LENGTH if isinstance(audio, dict) and audio else 0,
+        dtype_bytes=dtype_bytes,
+        tower=VLLM_VISION_GEMMA4,
+    )
+
+
 _VISION_READERS = {
     VLLM_VISION_QWEN3: _qwen3_vision,
     VLLM_VISION_PIXTRAL: _pixtral_vision,
     VLLM_VISION_SIGLIP: _siglip_vision,
     VLLM_VISION_LLAMA4: _llama4_vision,
+    VLLM_VISION_GEMMA4: _gemma4_vision,
 }
 """How each modelled tower's :class:`VisionShape` is read from a ``config.json``."""
 
@@ -848,7 +921,8 @@ def vision_shape_of(model: str, *, dtype_bytes: int = 2) -> VisionShape | None:
 def unmodelled_vision_tower(config: dict[str, Any], *, registry: Registry | None = None) -> str | None:
     """What a multimodal ``config.json`` carries that :func:`mm_encoder_profile` does not model: a ``vision_config``
     no modelled tower reads (:func:`vision_shape_from_config` None: a class no plugin gives a
-    :data:`VISION_TOWERS` trait, such as Gemma-4's, or a modelled one whose sizes are missing), named by its
+    :data:`VISION_TOWERS` trait, such as LLaVA-NeXT's CLIP or Kimi-VL's MoonViT, or a modelled one whose sizes are
+    missing), named by its
     classes and ``model_type``; None for a text-only config or a modelled tower.  vLLM runs such a tower on its
     largest dummy items in ``profile_run`` all the same (``gpu_model_runner.py`` L6072-6146), so an activation peak
     without it would be a silent underestimate: the planner refuses it (:func:`~kvpools_core.engines.vllm.
@@ -904,6 +978,8 @@ def mm_encoder_profile(
     mm_limits: dict[str, int] | None = None,
     chunked_prefill: bool = True,
     dense_block_mask: bool = False,
+    gpu_total_bytes: int | None = None,
+    gpu_used_bytes: int = 0,
 ) -> MmEncoderProfile | None:
     """The multimodal part of ``profile_run`` (vLLM 0.33 ``v1/worker/gpu_model_runner.py`` L6072-6146), or None when
     every modality's ``limit_mm_per_prompt`` is 0 (no encoder is profiled, ``encoder_budget.py`` L75-94, L352-358).
@@ -966,18 +1042,54 @@ def mm_encoder_profile(
     ``(3 hidden + 2 intermediate) x dtype``.  The pixel-shuffle adapter and the projector (L186-236, L164-183) run on
     ``tokens / merge^2`` of each tile after the encoder: under its peak.  Sized at TP 1: vLLM shards the tower's
     heads and MLP over TP (``mm_encoder_tp_mode`` "weights"; the ``o_proj`` / ``fc2`` all-reduces hold two hidden
-    at most), so at TP > 1 the term is an upper bound."""
-    limits = {"image": DEFAULT_MM_LIMIT, "video": DEFAULT_MM_LIMIT, **(mm_limits or {})}
-    sizes = {
-        modality: size for modality, size in item_sizes(vision).items() if limits.get(modality, 0) > 0 and size[0] > 0
-    }
-    if not sizes:
+    at most), so at TP > 1 the term is an upper bound.
+
+    Gemma-4's tower (transformers :data:`GEMMA4_TRANSFORMERS`'s ``Gemma4VisionModel`` pieces, which vLLM 0.33 calls
+    itself, ``gemma4_mm.py`` L1319-1589; eager, replicated: sized at any TP) runs the dummy pictures
+    (:func:`item_sizes`; a video's 32 frames each a picture) in calls of :func:`gemma4_encoder_batch` pictures,
+    from ``gpu_total_bytes`` and the free memory, the total less ``gpu_used_bytes`` and the dummy inputs.  Held
+    through the pass: the inputs (pixels ``3 x patch^2 x dtype`` and int64 (x, y) positions, 16 B, a padded patch)
+    and, for video, the padding mask of every frame (1 B a patch).  A call holds the earlier calls' tower outputs
+    (``hidden x dtype`` a patch) and, per patch: an image call's ``torch.cat`` copies (pixels, positions, padding:
+    ``3 patch^2 x dtype + 17`` B; a video call slices), the embeddings ``hidden`` and rotary cos / sin ``2 head_dim``
+    (``dtype``), the bool ``[b, 1, S, S]`` mask and its inverse (``S + 1`` B, ``modeling_gemma4.py`` L1026-1057) and
+    the larger block peak (L972-1013): the MLP (L697-711) ``(3 hidden + 3 intermediate) x dtype`` (the layer input
+    its caller keeps, the residual, the normed input, the gate's activation, up and their product); the attention
+    (L903-969, SDPA) the input, normed input, q, k, v, the SDPA output and its ``contiguous`` copy, plus SDPA's
+    dtype copy of the mask and its copy padded to 16 columns.  After the calls: every picture's output (twice for
+    video: the list and its ``torch.cat``) with the pooled fp32 tokens and the embedder's cast, norm and projection
+    (the larger of ``8 hidden + hidden x dtype`` and ``4 hidden + 2 hidden x dtype + text x dtype`` B a kept
+    token).  Kept: the projected tokens (:func:`gemma4_soft_tokens` a picture x the text ``hidden_size``).  An
+    audio item (an ``audio_config``) that would be profiled is refused: its tower is not modelled."""
+    limits = _mm_limits(mm_limits)
+    modality = profiled_modality(vision, mm_limits)
+    if modality is None:
         return None
-    modality, (per_item, item_patches) = max(sizes.items(), key=lambda item: (item[1][0], item[0]))
+    per_item, item_patches = item_sizes(vision)[modality]
     budget = max(max_num_batched_tokens, per_item)
     reqs = max_num_seqs if chunked_prefill else min(max_num_seqs, max_num_batched_tokens // per_item)
     per_prompt = max(1, min(limits[modality], max_model_len // per_item))
     items = max(1, min(budget // per_item, reqs * per_prompt))
+    if vision.tower == VLLM_VISION_GEMMA4:
+        if modality == "audio":
+            raise UnsupportedCombinationError(
+                f"kvpools does not model Gemma-4's audio tower's encoder pass yet: vLLM profiles audio, its modality "
+                f"with the most tokens ({per_item}) at these limits ({limits}). Limit audio to 0 "
+                "(limit_mm_per_prompt {'audio': 0}) to profile the vision tower."
+            )
+        if gpu_total_bytes is None:
+            raise ConfigError(
+                "Gemma-4's encoder profile term needs gpu_total_bytes (vLLM sizes its encoder batch from the GPU's "
+                "total and free memory): pass the planned GPU's total."
+            )
+        return _gemma4_profile(
+            vision,
+            modality=modality,
+            items=items,
+            tokens_per_item=per_item,
+            total_bytes=gpu_total_bytes,
+            used_bytes=gpu_used_bytes,
+        )
     patches = items * item_patches
     dtype = vision.dtype_bytes
     pixels = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
@@ -998,6 +1110,21 @@ def mm_encoder_profile(
     )
 
 
+def _mm_limits(mm_limits: dict[str, int] | None) -> dict[str, int]:
+    return {"image": DEFAULT_MM_LIMIT, "video": DEFAULT_MM_LIMIT, "audio": DEFAULT_MM_LIMIT, **(mm_limits or {})}
+
+
+def profiled_modality(vision: VisionShape, mm_limits: dict[str, int] | None = None) -> str | None:
+    """The modality ``profile_run`` runs through the encoder (``get_modality_with_max_tokens``): of those
+    :func:`item_sizes` gives and ``mm_limits`` leaves above 0 (:data:`DEFAULT_MM_LIMIT` where unnamed), the one with
+    the most tokens an item (ties to the later name); None when none is left."""
+    limits = _mm_limits(mm_limits)
+    sizes = {modality: size for modality, size in item_sizes(vision).items() if limits[modality] > 0 and size[0] > 0}
+    if not sizes:
+        return None
+    return max(sizes.items(), key=lambda item: (item[1][0], item[0]))[0]
+
+
 def item_sizes(vision: VisionShape) -> dict[str, tuple[int, int]]:
     """Per modality the tokens (``get_num_embeds`` of the dummy item, ``encoder_budget.py`` L15-40) and the patches
     the tower runs for the item with the most features.
@@ -1011,7 +1138,12 @@ def item_sizes(vision: VisionShape) -> dict[str, tuple[int, int]]:
     tokens (256).  Llama-4 (vLLM 0.33 ``mllama4.py`` L564-585, L630-636, L679-685): the dummy image is
     ``max_tiles`` tiles high and one wide, which the processor cuts into its 16 x 1 tiles plus the global one: 17
     chunks of ``(image_size / patch)^2`` patches (576 at 336 / 14), each pixel-shuffled to ``patches / merge^2``
-    tokens (144; the embeddings are the ``<|patch|>`` tokens, L684-685): 2448 tokens."""
+    tokens (144; the embeddings are the ``<|patch|>`` tokens, L684-685): 2448 tokens.  Gemma-4 (vLLM 0.33
+    ``gemma4_mm.py`` L272-296): an image counts ``default_output_length`` tokens (280) and a video ``32 x (70 + 2 +
+    6)`` (2496, so vLLM profiles video by default); the tower runs the processor's padded patches, ``max_soft_tokens x
+    pooling^2`` a picture (transformers 5.20.2 ``image_processing_gemma4.py`` L216-268: 2520 an image, 630 a frame;
+    the embeddings kept are fewer, :func:`gemma4_soft_tokens`); audio (``audio_config``) counts its
+    ``audio_seq_length`` and runs no vision patches (its tower is not modelled)."""
     if vision.tower == VLLM_VISION_QWEN3:
         merge = vision.spatial_merge_size**2
         image = max_tokens_per_item(vision, vision.image_max_pixels)
@@ -1020,11 +1152,123 @@ def item_sizes(vision: VisionShape) -> dict[str, tuple[int, int]]:
     if vision.tower == VLLM_VISION_PIXTRAL:
         grid = -(-vision.image_size // (vision.patch_size * vision.spatial_merge_size))
         return {"image": (grid * grid, (grid * vision.spatial_merge_size) ** 2)}
+    if vision.tower == VLLM_VISION_GEMMA4:
+        pooled = vision.spatial_merge_size**2
+        sizes = {
+            "image": (vision.image_tokens, vision.image_tokens * pooled),
+            "video": (
+                GEMMA4_VIDEO_FRAMES * (GEMMA4_VIDEO_SOFT_TOKENS + 8),
+                GEMMA4_VIDEO_FRAMES * GEMMA4_VIDEO_SOFT_TOKENS * pooled,
+            ),
+        }
+        if vision.audio_tokens:
+            sizes["audio"] = (vision.audio_tokens, 0)
+        return sizes
     side = vision.image_size // vision.patch_size
     if vision.tower == VLLM_VISION_LLAMA4:
         chunks = vision.max_tiles + 1 if vision.max_tiles > 1 else 1
         return {"image": (chunks * (side * side // vision.spatial_merge_size**2), chunks * side * side)}
     return {"image": (vision.image_tokens, side * side)}
+
+
+def gemma4_soft_tokens(vision: VisionShape, max_soft_tokens: int) -> int:
+    """The embeddings of the dummy ``GEMMA4_DUMMY_IMAGE_SIDE``-square picture at a ``max_soft_tokens`` budget
+    (``_compute_num_soft_tokens``, vLLM 0.33 ``gemma4_mm.py`` L305-343, the processor's resize, transformers 5.20.2
+    ``image_processing_gemma4.py`` L33-85): ``unit = patch x pooling``, the side scaled by ``sqrt(max_soft_tokens x
+    pooling^2 / (224 / patch)^2)`` and floored to a multiple of ``unit`` (at least one), ``(side / patch)^2 /
+    pooling^2`` tokens, at most ``max_soft_tokens``.  At patch 16, pooling 3: a 768-pixel image, 256 tokens of 280
+    (2304 real patches of the 2520 padded); a 384-pixel frame, 64 of 70 (576 of 630)."""
+    side, patch, pooling = GEMMA4_DUMMY_IMAGE_SIDE, vision.patch_size, vision.spatial_merge_size
+    unit = patch * pooling
+    scale = math.sqrt(max_soft_tokens * pooling**2 / ((side / patch) * (side / patch)))
+    target = max(unit, math.floor(side * scale / unit) * unit)
+    return min((target // patch) ** 2 // pooling**2, max_soft_tokens)
+
+
+def gemma4_encoder_batch(
+    *, patches_per_item: int, position_embedding_size: int, free_bytes: int, total_bytes: int
+) -> int:
+    """vLLM 0.33's ``_encoder_chunk`` (``gemma4_mm.py`` L1272-1303): the pictures one tower call takes,
+    ``max(1, min(free // 2, total // 10) // (patches x 4 x position_embedding_size x 8))`` (1 for a budget <= 0),
+    priced for an ``F.one_hot`` position lookup none of the transformers releases 0.33 accepts makes
+    (:data:`GEMMA4_TRANSFORMERS`): it bounds the batch, the peak is the tower's own.  The caller takes the smaller of
+    it and the pictures (L1364-1372, L1505-1514)."""
+    budget = min(free_bytes // 2, total_bytes // 10)
+    cost = patches_per_item * 4 * position_embedding_size * 8
+    if budget <= 0 or cost <= 0:
+        return 1
+    return max(1, budget // cost)
+
+
+def _gemma4_profile(
+    vision: VisionShape, *, modality: str, items: int, tokens_per_item: int, total_bytes: int, used_bytes: int
+) -> MmEncoderProfile:
+    """Gemma-4's encoder pass (see :func:`mm_encoder_profile`) over ``items`` dummy images or videos."""
+    hidden, inner, dtype, text = (
+        vision.hidden_size,
+        vision.intermediate_size,
+        vision.dtype_bytes,
+        vision.out_hidden_size,
+    )
+    head_dim = vision.attention_head_dim
+    width = vision.num_heads * head_dim
+    kv_width = (vision.num_kv_heads or vision.num_heads) * head_dim
+    pooled = vision.spatial_merge_size**2
+    video = modality == "video"
+    budget_tokens = GEMMA4_VIDEO_SOFT_TOKENS if video else vision.image_tokens
+    pictures = items * (GEMMA4_VIDEO_FRAMES if video else 1)
+    seq = budget_tokens * pooled
+    kept = pictures * gemma4_soft_tokens(vision, budget_tokens)
+    pixels = vision.in_channels * vision.patch_size**2
+    inputs = pictures * seq * (pixels * dtype + 16)
+    free = total_bytes - used_bytes - inputs
+    batch = min(
+        pictures,
+        gemma4_encoder_batch(
+            patches_per_item=seq,
+            position_embedding_size=vision.position_embedding_size,
+            free_bytes=free,
+            total_bytes=total_bytes,
+        ),
+    )
+    copies = 0 if video else pixels * dtype + 16 + 1
+    mlp = (3 * hidden + 3 * inner) * dtype
+    attention = (2 * hidden + width + 2 * kv_width + max(2 * width, width + hidden)) * dtype
+    attention += seq * dtype + _round_up(seq, 16) * dtype
+    per_patch = copies + (hidden + 2 * head_dim) * dtype + seq + 1 + max(mlp, attention)
+    chunks = max(
+        start * seq * hidden * dtype + min(batch, pictures - start) * seq * per_patch
+        for start in range(0, pictures, batch)
+    )
+    outputs = (2 if video else 1) * pictures * seq * hidden * dtype
+    project = kept * max(8 * hidden + hidden * dtype, 4 * hidden + 2 * hidden * dtype + text * dtype)
+    base = inputs + (pictures * seq if video else 0)
+    peak = base + max(chunks, outputs + project)
+    held = inputs + kept * text * dtype
+    bound = "the GPU's total / 10" if total_bytes // 10 <= free // 2 else "free / 2"
+    what = "video frames" if video else "images"
+    return MmEncoderProfile(
+        modality=modality,
+        items=items,
+        tokens_per_item=tokens_per_item,
+        encoder_peak_bytes=peak,
+        held_bytes=held,
+        formula=(
+            f"{items} {modality} item(s) x {tokens_per_item} tokens = {pictures} {what} x {seq} padded patches "
+            f"(transformers {GEMMA4_TRANSFORMERS}'s tower), {batch} a tower call (vLLM's _encoder_chunk: "
+            f"min(free {max(free, 0) / GiB:.2f} GiB / 2, total {total_bytes / GiB:.2f} GiB / 10: {bound}) / "
+            f"({seq} x 4 x {vision.position_embedding_size} x 8 B)); peak {peak / GiB:.3f} GiB = inputs "
+            f"{inputs / MiB:.1f} MiB (pixels {pixels} x {dtype} B + int64 positions a patch"
+            + (", the padding mask" if video else "")
+            + f") + max(last call {chunks / GiB:.3f} GiB (earlier calls' outputs {hidden} x {dtype} B a patch + "
+            f"{batch} x {seq} patches x {per_patch} B: "
+            + ("" if video else f"the call's copies {copies} + ")
+            + f"embeddings {hidden} + rotary 2 x {head_dim} ({dtype} B) + mask {seq} + 1 B + block max(MLP (3 x "
+            f"{hidden} + 3 x {inner}) x {dtype}, attention {attention} B)), outputs {outputs / MiB:.1f} MiB + pooled "
+            f"and projected {kept} tokens {project / MiB:.1f} MiB); held after it: inputs + encoder cache {kept} x "
+            f"{text} x {dtype} B = {held / MiB:.1f} MiB"
+        ),
+    )
 
 
 def _encoder_pass_bytes(vision: VisionShape, patches: int, pixels: int, *, dense_block_mask: bool) -> tuple[int, str]:
@@ -1099,6 +1343,8 @@ def activation_peak(
     vision: VisionShape | None = None,
     max_model_len: int | None = None,
     mm_limits: dict[str, int] | None = None,
+    gpu_total_bytes: int | None = None,
+    gpu_used_bytes: int = 0,
 ) -> Term:
     """The torch peak of ``profile_run`` above the weights (``torch_peak_increase``), one worker.
 
@@ -1122,10 +1368,11 @@ def activation_peak(
     ``vision`` tower (:func:`mm_encoder_profile`, sized by ``max_model_len`` and ``mm_limits``) runs its encoder first
     (0.33 L6072-6130): the peak is then the larger of the encoder pass's and the language model's plus what the
     encoder left held (pixel values, encoder cache), which the MoE workspace is not part of (it is first taken in the
-    language model's pass).  Not modelled: vision towers other than Qwen3-VL's, Pixtral's and Gemma-3's SigLIP
-    (:data:`VISION_TOWERS`; ``vision`` None: the encoder is left out), the encoder under pipeline parallelism (left
-    out), the MoE backends :func:`moe_workspace_bytes` charges the Triton experts' workspace for (Humming, vLLM
-    CUTLASS, DeepGEMM, schemes it does not tell apart), fewer than 8 sampled rows on vLLM 0.17-0.19 (``max_num_seqs``
+    language model's pass); Gemma-4's batches its tower calls from ``gpu_total_bytes`` and the free memory, the total
+    less ``gpu_used_bytes``.  Not modelled: vision towers other than :data:`VISION_TOWERS` (``vision`` None: the
+    encoder is left out), the encoder under pipeline parallelism (left out), the MoE backends
+    :func:`moe_workspace_bytes` charges the Triton experts' workspace for (Humming, vLLM CUTLASS, DeepGEMM, schemes it
+    does not tell apart), fewer than 8 sampled rows on vLLM 0.17-0.19 (``max_num_seqs``
     < 8: ``apply_top_k_top_p`` sorts them with torch, 0.19.0 ``topk_topp_sampler.py`` L251-255).
     """
     if pp_stage not in PIPELINE_STAGES:
@@ -1190,6 +1437,8 @@ def activation_peak(
             max_model_len=max_model_len,
             mm_limits=mm_limits,
             dense_block_mask=profile.version in PIXTRAL_DENSE_MASK_PROFILES,
+            gpu_total_bytes=gpu_total_bytes,
+            gpu_used_bytes=gpu_used_bytes,
         )
     if encoder is not None:
         bound = "encoder" if encoder.encoder_peak_bytes >= language + encoder.held_bytes else "language model"
@@ -1788,6 +2037,7 @@ def estimate_runtime_memory(
     mm_limits: dict[str, int] | None = None,
     graph: GraphShape | None = None,
     kv_cache_dtype: str = "auto",
+    weights_bytes: int | None = None,
 ) -> RuntimeMemory:
     """vLLM ``engine_version``'s memory outside the KV cache and the weights on ``gpu``.
 
@@ -1800,7 +2050,9 @@ def estimate_runtime_memory(
     (:func:`graph_shape_of`) sizes the CUDA-graph estimate of a profile that subtracts it (:func:`cudagraph_memory`).
     ``kv_cache_dtype`` (``--kv-cache-dtype``) with the GPU and ``shape``'s heads picks the attention backend
     (:func:`attention_backend`): FlashInfer's workspace, or FlashAttention's split-KV accumulators, are in the
-    CUDA-graph estimate.
+    CUDA-graph estimate.  ``weights_bytes`` (one worker's) is in the memory allocated when Gemma-4's encoder reads
+    the free memory (:func:`mm_encoder_profile`): the weights and the non-torch term (the CUDA context is in no term),
+    0 where not given.
     """
     for name, value in (("vocab_size", vocab_size), ("tp_size", tp_size), ("pp_size", pp_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -1819,6 +2071,8 @@ def estimate_runtime_memory(
     note = "; ".join(notes)
     seqs = profile.default_max_num_seqs if max_num_seqs is None else max_num_seqs
     batched = profile.default_max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
+    non_torch = non_torch_memory(tp_size=tp_size, pp_size=pp_size, profile=profile)
+    total = torch_total_memory(gpu)
     terms = (
         activation_peak(
             vocab_size=vocab_size,
@@ -1834,8 +2088,10 @@ def estimate_runtime_memory(
             vision=vision,
             max_model_len=max_model_len,
             mm_limits=mm_limits,
+            gpu_total_bytes=total.bytes,
+            gpu_used_bytes=(weights_bytes or 0) + non_torch.bytes,
         ),
-        non_torch_memory(tp_size=tp_size, pp_size=pp_size, profile=profile),
+        non_torch,
         cudagraph_memory(
             profile=profile,
             max_num_seqs=seqs,
@@ -1850,4 +2106,4 @@ def estimate_runtime_memory(
             blackwell=gpu.compute_capability is not None and gpu.compute_capability[0] == 10,
         ),
     )
-    return RuntimeMemory(total=torch_total_memory(gpu), terms=terms, profile=profile, note=note)
+    return RuntimeMemory(total=total, terms=terms, profile=profile, note=note)
