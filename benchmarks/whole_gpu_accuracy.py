@@ -92,10 +92,13 @@ class Refusal:
 
 
 def logged_concurrency(log: StartupLog) -> float | None:
-    """The logged max concurrency, or (vLLM 0.19's one-group token line being ``int(concurrency x max_model_len)``)
-    the logged tokens over ``max_model_len``."""
+    """The logged max concurrency, SGLang's logged ``max_running_requests``, or (vLLM 0.19's one-group token line being
+    ``int(concurrency x max_model_len)``) the logged tokens over ``max_model_len``."""
     if log.logged.get("max_concurrency") is not None:
         return float(log.logged["max_concurrency"])
+    if log.engine == "sglang":
+        running = log.logged.get("max_running_requests")
+        return None if running is None else float(running)
     tokens, model_len = log.logged.get("kv_tokens"), log.flag("max_model_len")
     if tokens is not None and model_len:
         return float(tokens) / float(model_len)
@@ -375,7 +378,12 @@ def sglang(log: StartupLog, registry: Registry, *, use_logged_weights: bool) -> 
         )
     except KvpoolsError as error:
         return Refusal(f"kvpools refuses: {str(error).splitlines()[0][:160]}")
-    return Prediction(kv_gib=result.budget.budget_bytes / GiB, tokens=result.max_total_num_tokens, concurrency=None)
+    # SGLang's concurrency is its max_running_requests (the scheduler's cap the log prints), not tokens over a length
+    return Prediction(
+        kv_gib=result.budget.budget_bytes / GiB,
+        tokens=result.max_total_num_tokens,
+        concurrency=float(result.max_running_requests),
+    )
 
 
 def llmd_planner(logs: list[StartupLog], peers_venv: Path | None) -> dict[str, Prediction | Refusal]:

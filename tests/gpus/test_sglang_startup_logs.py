@@ -10,6 +10,7 @@ from benchmarks.startup_logs import load_startup_logs
 from benchmarks.whole_gpu_accuracy import (
     TARGET_FAMILIES,
     Prediction,
+    logged_concurrency,
     logged_kv_gib,
     model_ref,
     sglang,
@@ -201,6 +202,19 @@ def test_the_held_out_reranker_and_fp8_moe_runs_from_the_gpu_alone(registry: Reg
     hybrid = sglang(_log(H100_RUNS[2]), registry, use_logged_weights=False)
     assert isinstance(hybrid, Prediction) and hybrid.kv_gib == pytest.approx(36.2493, abs=1e-4)
     assert abs(hybrid.kv_gib - 35.98) / 35.98 < 0.008
+
+
+def test_sglangs_concurrency_is_its_max_running_requests(registry: Registry) -> None:
+    """SGLang's concurrency is the scheduler's ``max_running_requests``, which the reranker's log prints (2,608):
+    without ``--max-running-requests`` SGLang 0.5.23 takes ``int(max_total_num_tokens / context_len x 512)`` (within
+    2,048-4,096; 208,651 / 40,960 x 512 = 2,608.1), so kvpools' 209,848 tokens give 2,623 (+0.58 %), the tokens' error;
+    a record without the line scores no concurrency."""
+    otel = _log(H100_RUNS[1])
+    assert logged_concurrency(otel) == 2608 == int(208_651 / 40_960 * 512)
+    result = sglang(otel, registry, use_logged_weights=True)
+    assert isinstance(result, Prediction)
+    assert result.concurrency == 2623 == int(209_848 / 40_960 * 512)
+    assert logged_concurrency(_log(H100_RUNS[0])) is None
 
 
 @pytest.mark.xfail(
