@@ -364,3 +364,28 @@ def test_a_profile_other_than_the_installed_engine_still_says_so(
         gpu=find_gpu("h100"), vocab_size=1000, engine_version=engine, graph=graph_shape_of("llama-3.1-8b")
     )
     assert memory.note == says
+
+
+def test_0_27_to_0_28_a_blackwell_captures_up_to_1024() -> None:
+    """vLLM 0.28.0 raises the default capture ceiling to 1024 on a data-center Blackwell (``config/vllm.py`` L1936-1940;
+    0.27.1 L1831-1835 caps every GPU at ``min(max_num_seqs x 2, 512)``): at 1024 sequences and 8192 batched tokens a
+    B200 captures 3 + 31 + 17 = 51 sizes under 0.27 (1, 2, 4, every 8 to 248, every 16 from 256 to 512) and
+    3 + 31 + 49 = 83 under 0.28 (every 16 to 1024), each a PIECEWISE and a FULL graph; an H100 captures 51 under
+    both."""
+
+    def graphs(version: str, gpu: str) -> str:
+        memory = estimate_runtime_memory(
+            gpu=find_gpu(gpu),
+            vocab_size=128_256,
+            engine_version=version,
+            shape=model_shape_of("llama-3.1-8b"),
+            graph=graph_shape_of("llama-3.1-8b"),
+            max_num_seqs=1024,
+            max_num_batched_tokens=8192,
+        )
+        return memory.term("CUDA graphs").formula
+
+    assert "(PIECEWISE 51 - 1)" in graphs("0.27", "b200") and "largest capture size 512" in graphs("0.27", "b200")
+    assert "(PIECEWISE 83 - 1)" in graphs("0.28", "b200") and "(FULL 83 - 1)" in graphs("0.28", "b200")
+    assert "(PIECEWISE 51 - 1)" in graphs("0.28", "h100")
+    assert not load_profile("0.27").blackwell_capture_1024 and load_profile("0.28").blackwell_capture_1024

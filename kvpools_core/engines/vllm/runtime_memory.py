@@ -161,6 +161,10 @@ class RuntimeProfile:
     """Whether ``vllm serve``'s batch defaults have the ``>= 160 GiB`` tier (16384 tokens / 1024 sequences, vLLM
     0.28.0 on); before it such a GPU takes the ``>= 70 GiB`` one (8192 / 1024):
     :func:`kvpools_core.engines.vllm.deployment.server_defaults`."""
+    blackwell_capture_1024: bool = True
+    """Whether the default CUDA-graph capture ceiling is 1024 on a data-center Blackwell (device capability family 100;
+    vLLM 0.28.0 on, ``config/vllm.py`` L1936-1940), where earlier releases cap every GPU at ``min(max_num_seqs x 2,
+    512)`` (0.27.1 L1831-1835): :func:`cudagraph_capture_sizes`."""
 
 
 PROFILE_VERSIONS = ("0.16", "0.19", "0.24", "0.26", "0.28", "0.29", "0.32", "0.33")
@@ -253,6 +257,7 @@ def load_profile(version: str) -> RuntimeProfile:
         mamba_cache_mode_all=bool(data.get("mamba_cache_mode_all", False)),
         default_gpu_memory_utilization=_utilization(data.get("default_gpu_memory_utilization", 0.92), file),
         batch_defaults_160gib=bool(data.get("batch_defaults_160gib", True)),
+        blackwell_capture_1024=bool(data.get("blackwell_capture_1024", True)),
     )
 
 
@@ -2103,7 +2108,9 @@ def estimate_runtime_memory(
                 gpu=gpu, shape=shape, kv_cache_dtype=kv_cache_dtype, tp_size=tp_size, profile=profile, batched=batched
             ),
             attention=_attention(gpu=gpu, shape=shape, kv_cache_dtype=kv_cache_dtype),
-            blackwell=gpu.compute_capability is not None and gpu.compute_capability[0] == 10,
+            blackwell=profile.blackwell_capture_1024
+            and gpu.compute_capability is not None
+            and gpu.compute_capability[0] == 10,
         ),
     )
     return RuntimeMemory(total=total, terms=terms, profile=profile, note=note)
