@@ -45,6 +45,7 @@ from kvpools_core.models import launch_model_path, load_model, served_model
 from kvpools_core.options import on_cli, option
 from kvpools_core.parts.vllm.layers import pp_layer_ranges
 from kvpools_core.parts.vllm.specs import CircularBufferSpec, MambaSpec, SlidingWindowMLASpec, UniformTypeKVCacheSpecs
+from kvpools_core.parts.weights.methods import vllm_release
 from kvpools_core.pipeline.gpus import GPU, GiB, custom_gpu, find_gpu
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.units import parse_bytes
@@ -419,6 +420,24 @@ def _stage_weights(
     return tuple(weights)
 
 
+def _check_quantization(model_ref: str | ModelSpec, serving: Serving, registry: Registry | None) -> None:
+    """vLLM's check of ``--quantization`` against the checkpoint where no weights are estimated (a ``--memory``
+    budget): the weights estimate applies its rules (:func:`~kvpools_core.parts.weights.methods.resolve_quantization`,
+    the release :func:`~kvpools_core.parts.weights.methods.vllm_release` sets), and what it refuses vLLM refuses at
+    start-up whatever the budget; a model whose weights kvpools cannot estimate is not checked."""
+    if serving.quantization is None or isinstance(model_ref, ModelSpec):
+        return
+    from kvpools_core.errors import EngineRefusalError, KvpoolsError
+    from kvpools_core.pipeline.weights import estimate_weights
+
+    try:
+        estimate_weights(model_ref, serving, registry=registry)
+    except EngineRefusalError:
+        raise
+    except KvpoolsError:
+        return
+
+
 def plan_vllm(
     model: str | ModelSpec,
     serving: Serving | None = None,
@@ -519,6 +538,8 @@ def plan_vllm(
     block = DEFAULT_BLOCK_SIZE if block_size is None else block_size
     workers = _specs(spec, plugin, _with_capability(serving, chosen), registry, block)
     layout = layout_version or runtime_profile
+    # the release whose --quantization rules the weights estimate applies (0.33 unless a profile names another)
+    release = load_profile(layout).version if layout is not None else None
     layout_note = ""
     if layout is not None:
         # an older vLLM's layout (the Gated DeltaNet checkpoint grid before 0.33, engines/vllm/layouts.py)
@@ -545,6 +566,8 @@ def plan_vllm(
     if chosen is None:
         assert memory is not None  # _resolve_device: exactly one budget source
         kv_bytes = parse_bytes(memory, option("memory"))
+        with vllm_release(release):
+            _check_quantization(model, serving, registry)
         budgets = tuple(available_kv_cache_memory(kv_cache_memory_bytes=kv_bytes) for _ in workers)
     else:
         utilization = DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
@@ -552,9 +575,10 @@ def plan_vllm(
             weights = (parse_bytes(weights_memory, option("weights_memory")),) * serving.pp_size
             weights_source = "given (--weights-memory)"
         else:
-            weights = _stage_weights(model, spec, serving, registry)
+            with vllm_release(release):
+                weights = _stage_weights(model, spec, serving, registry)
+                tower, modalities = _skipped_tower_weights(model, serving, multimodal, registry)
             weights_source = "kvpools' estimate of each stage's layers from the model config (estimate_weights)"
-            tower, modalities = _skipped_tower_weights(model, serving, multimodal, registry)
             if any(tower):
                 weights = tuple(stage - skipped for stage, skipped in zip(weights, tower, strict=True))
                 weights_source += (
