@@ -218,10 +218,20 @@ def _weights(log: StartupLog, use_logged: bool, serving: Serving) -> int:
         if log.logged.get("weights_gib") is None:
             raise KvpoolsError("the log states no weights")
         return round(float(log.logged["weights_gib"]) * GiB)
+    from kvpools_core.parts.weights.methods import vllm_release
     from kvpools_core.pipeline.weights import estimate_weights
 
     assert log.kvpools_model is not None
-    return estimate_weights(model_ref(log), serving).bytes_per_rank
+    # a --quantization the log ran is checked with its release's rules (vLLM's fp8 quantises at load up to 0.30)
+    release = log.engine_version if log.flag("quantization") is not None else None
+    with vllm_release(release):
+        return estimate_weights(model_ref(log), serving).bytes_per_rank
+
+
+VLLM_CHECKPOINT_STAND_IN = {"fp8": "fp8_per_tensor"}
+"""vLLM's stand-in for a record's fp8 checkpoint (``checkpoint_quantization``, whose config kvpools has unquantised):
+the unquantised config quantised at load per tensor, one byte a Linear weight and one float32 scale a layer and an
+expert (vLLM 0.31+ refuses ``fp8`` on an unquantised checkpoint: issue 34, fp8q34)."""
 
 
 def _plan(
@@ -248,6 +258,7 @@ def _plan(
 
 def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_weights: bool) -> Prediction | Refusal:
     gpu = vllm_gpu(log, registry)
+    checkpoint = VLLM_CHECKPOINT_STAND_IN.get(str(log.checkpoint_quantization), log.checkpoint_quantization)
     try:
         serving = Serving(
             accounting="vllm",
@@ -255,7 +266,7 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
             pp_size=log.flag("pp", 1),
             kv_cache_dtype=log.flag("kv_cache_dtype", "auto"),
             dtype=log.flag("dtype", "auto"),
-            quantization=log.flag("quantization") or log.checkpoint_quantization,
+            quantization=log.flag("quantization") or checkpoint,
         )
     except KvpoolsError as error:
         return Refusal(f"kvpools does not model these flags: {error}")
