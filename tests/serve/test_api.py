@@ -440,3 +440,22 @@ def test_the_workload_split_is_the_clis(client: Any, kvpools_exe: str, cli_env: 
     body = {"model": "gpt-oss-20b", "memory": "40GiB", "workload": workload, "contexts": ["8k"]}
     api = ok(client.post("/api/v1/capacity", json=body))
     assert api["split"] == cli["split"]
+
+
+def test_vllm_online_fp8_names_reach_the_service(client: Any) -> None:
+    """Issue 34 (fp8q34): the service takes vLLM's online shorthands under ``accounting`` vllm and echoes them on
+    the ``vllm serve`` line; ``fp8`` on the unquantised Llama is refused in vLLM 0.33's words (quantization/fp8.py
+    L105-112), and kept with ``engine_version`` vllm==0.24."""
+
+    def body(quantization: str, **vllm: Any) -> dict[str, Any]:
+        serving = {"accounting": "vllm", "quantization": quantization}
+        return {"model": "llama-3.1-8b", "gpu": "h100", "serving": serving, **({"vllm": vllm} if vllm else {})}
+
+    error = refused(client.post("/api/v1/plan", json=body("fp8")))
+    assert "no longer supports online quantization" in json.dumps(error)
+    assert "fp8_per_tensor" in json.dumps(error)
+    for method in ("fp8_per_tensor", "fp8_per_channel", "fp8_per_block"):
+        result = ok(client.post("/api/v1/plan", json=body(method)))
+        assert f"--quantization {method} " in json.dumps(result)
+    old = ok(client.post("/api/v1/plan", json=body("fp8", engine_version="vllm==0.24")))
+    assert "--quantization fp8 " in json.dumps(old)
