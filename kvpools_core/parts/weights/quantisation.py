@@ -125,7 +125,9 @@ class RuntimeFp8:
       vLLM 0.33 utils/deep_gemm.py L1027-1046: ``ceil(out/128) × ceil(in/128)`` scales, the weight unpadded;
       ``Fp8PerBlockOnlineLinearMethod``, L337-350); the experts' hidden size and per-rank intermediate size are
       first rounded up to 128 (``Fp8PerBlockOnlineMoEMethod.maybe_roundup_sizes``, L680-695), the padded weight
-      stored, with ``(E, ceil(rows/128), ceil(cols/128))`` scales (L718-742).
+      stored, with ``(E, ceil(rows/128), ceil(cols/128))`` scales (L718-742).  The blocks are counted per Hugging
+      Face tensor: where a fused layer's parts (q/k/v, gate/up) are not multiples of 128 rows vLLM blocks the fused
+      rows and keeps a few row blocks fewer (an upper bound by under one row of blocks a part).
 
     Embeddings, the LM head (``ParallelLMHead`` is no ``LinearBase``: ``OnlineQuantizationConfig.
     resolve_quant_method_cls``, vLLM 0.33 ``quantization/online/base.py`` L289-299), norms and routers (kept
