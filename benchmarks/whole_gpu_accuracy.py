@@ -92,10 +92,13 @@ class Refusal:
 
 
 def logged_concurrency(log: StartupLog) -> float | None:
-    """The logged max concurrency, or (vLLM 0.19's one-group token line being ``int(concurrency x max_model_len)``)
-    the logged tokens over ``max_model_len``."""
+    """The logged max concurrency, SGLang's logged ``max_running_requests``, or (vLLM 0.19's one-group token line being
+    ``int(concurrency x max_model_len)``) the logged tokens over ``max_model_len``."""
     if log.logged.get("max_concurrency") is not None:
         return float(log.logged["max_concurrency"])
+    if log.engine == "sglang":
+        running = log.logged.get("max_running_requests")
+        return None if running is None else float(running)
     tokens, model_len = log.logged.get("kv_tokens"), log.flag("max_model_len")
     if tokens is not None and model_len:
         return float(tokens) / float(model_len)
@@ -119,8 +122,9 @@ def logged_kv_gib(log: StartupLog) -> float | None:
 
 
 def profile_for(version: str | None) -> str | None:
-    """The runtime profile a vLLM ``version`` is predicted with: its own (0.15 and 0.16: ``vllm-0.16``), else 0.19
-    before 0.21 and 0.33 from 0.21 on; None when the record's version is not a number."""
+    """The runtime profile a vLLM ``version`` is predicted with: the profile file that covers it (``PROFILE_VERSIONS``
+    and ``PROFILE_ALIASES``: every release 0.15, 0.16 and 0.19-0.33), else the nearest calibrated one (0.19 before
+    0.20, 0.33 after: 0.17 / 0.18 and newer releases); None when the record's version is not a number."""
     if version is None:
         return None
     key = version_key(version)
@@ -132,7 +136,7 @@ def profile_for(version: str | None) -> str | None:
         major, minor = (int(part) for part in key.split(".")[:2])
     except ValueError:
         return None
-    return "0.19" if (major, minor) < (0, 21) else "0.33"
+    return "0.19" if (major, minor) < (0, 20) else "0.33"
 
 
 TARGET_FAMILIES = ("vllm >= 0.19", "sglang 0.5.x")
@@ -218,20 +222,10 @@ def _weights(log: StartupLog, use_logged: bool, serving: Serving) -> int:
         if log.logged.get("weights_gib") is None:
             raise KvpoolsError("the log states no weights")
         return round(float(log.logged["weights_gib"]) * GiB)
-    from kvpools_core.parts.weights.methods import vllm_release
     from kvpools_core.pipeline.weights import estimate_weights
 
     assert log.kvpools_model is not None
-    # a --quantization the log ran is checked with its release's rules (vLLM's fp8 quantises at load up to 0.30)
-    release = log.engine_version if log.flag("quantization") is not None else None
-    with vllm_release(release):
-        return estimate_weights(model_ref(log), serving).bytes_per_rank
-
-
-VLLM_CHECKPOINT_STAND_IN = {"fp8": "fp8_per_tensor"}
-"""vLLM's stand-in for a record's fp8 checkpoint (``checkpoint_quantization``, whose config kvpools has unquantised):
-the unquantised config quantised at load per tensor, one byte a Linear weight and one float32 scale a layer and an
-expert (vLLM 0.31+ refuses ``fp8`` on an unquantised checkpoint: issue 34, fp8q34)."""
+    return estimate_weights(model_ref(log), serving).bytes_per_rank
 
 
 def _plan(
@@ -258,7 +252,6 @@ def _plan(
 
 def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_weights: bool) -> Prediction | Refusal:
     gpu = vllm_gpu(log, registry)
-    checkpoint = VLLM_CHECKPOINT_STAND_IN.get(str(log.checkpoint_quantization), log.checkpoint_quantization)
     try:
         serving = Serving(
             accounting="vllm",
@@ -266,7 +259,7 @@ def kvpools(log: StartupLog, registry: Registry, *, runtime: bool, use_logged_we
             pp_size=log.flag("pp", 1),
             kv_cache_dtype=log.flag("kv_cache_dtype", "auto"),
             dtype=log.flag("dtype", "auto"),
-            quantization=log.flag("quantization") or checkpoint,
+            quantization=log.flag("quantization") or log.checkpoint_quantization,
         )
     except KvpoolsError as error:
         return Refusal(f"kvpools does not model these flags: {error}")
@@ -385,7 +378,12 @@ def sglang(log: StartupLog, registry: Registry, *, use_logged_weights: bool) -> 
         )
     except KvpoolsError as error:
         return Refusal(f"kvpools refuses: {str(error).splitlines()[0][:160]}")
-    return Prediction(kv_gib=result.budget.budget_bytes / GiB, tokens=result.max_total_num_tokens, concurrency=None)
+    # SGLang's concurrency is its max_running_requests (the scheduler's cap the log prints), not tokens over a length
+    return Prediction(
+        kv_gib=result.budget.budget_bytes / GiB,
+        tokens=result.max_total_num_tokens,
+        concurrency=float(result.max_running_requests),
+    )
 
 
 def llmd_planner(logs: list[StartupLog], peers_venv: Path | None) -> dict[str, Prediction | Refusal]:

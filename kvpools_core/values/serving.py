@@ -468,8 +468,8 @@ class Serving:
     """``--quantization``: on an unquantised checkpoint, quantise the Linear weights and experts to fp8 when they
     load, as the ``accounting`` engine and release do: SGLang's ``fp8`` (``Fp8LinearMethod`` / ``Fp8MoEMethod``, a
     scale per output row and per expert); vLLM's ``fp8_per_tensor`` / ``fp8_per_channel`` / ``fp8_per_block``
-    (from 0.20, ``fp8_per_channel`` from 0.24), and its ``fp8`` up to 0.30 only (per tensor; 0.31 and later refuse
-    it on an unquantised checkpoint, which the plan refuses in vLLM's words); the weights estimate counts them so.
+    (from 0.20, ``fp8_per_channel`` from 0.24), and its ``fp8`` (per tensor; from 0.31 deprecated and served as
+    ``fp8_per_tensor``, which the plan notes); the weights estimate counts them so.
     A checkpoint's own method (``modelopt``, ``modelopt_fp4``, ``compressed-tensors``, ``awq``, ``gptq_marlin``,
     ``mxfp4``, ``fp8`` on an fp8 checkpoint, ...) is checked against its ``quantization_config`` with the rules of
     the engine ``accounting`` names (vLLM's for ``vllm``, SGLang's otherwise) and the checkpoint's storage is

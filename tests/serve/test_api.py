@@ -444,18 +444,19 @@ def test_the_workload_split_is_the_clis(client: Any, kvpools_exe: str, cli_env: 
 
 def test_vllm_online_fp8_names_reach_the_service(client: Any) -> None:
     """Issue 34 (fp8q34): the service takes vLLM's online shorthands under ``accounting`` vllm and echoes them on
-    the ``vllm serve`` line; ``fp8`` on the unquantised Llama is refused in vLLM 0.33's words (quantization/fp8.py
-    L105-112), and kept with ``engine_version`` vllm==0.24."""
+    the ``vllm serve`` line; ``fp8`` on the unquantised Llama is planned as vLLM 0.33 serves it (``fp8_per_tensor``,
+    the same weights) with its deprecation warning (model_loader/weight_utils.py L351-361); ``fp8_per_channel`` is
+    refused with ``engine_version`` vllm==0.19, which predates it."""
 
     def body(quantization: str, **vllm: Any) -> dict[str, Any]:
         serving = {"accounting": "vllm", "quantization": quantization}
         return {"model": "llama-3.1-8b", "gpu": "h100", "serving": serving, **({"vllm": vllm} if vllm else {})}
 
-    error = refused(client.post("/api/v1/plan", json=body("fp8")))
-    assert "no longer supports online quantization" in json.dumps(error)
-    assert "fp8_per_tensor" in json.dumps(error)
-    for method in ("fp8_per_tensor", "fp8_per_channel", "fp8_per_block"):
-        result = ok(client.post("/api/v1/plan", json=body(method)))
-        assert f"--quantization {method} " in json.dumps(result)
-    old = ok(client.post("/api/v1/plan", json=body("fp8", engine_version="vllm==0.24")))
-    assert "--quantization fp8 " in json.dumps(old)
+    answers = {}
+    for method in ("fp8", "fp8_per_tensor", "fp8_per_channel", "fp8_per_block"):
+        answers[method] = ok(client.post("/api/v1/plan", json=body(method)))
+        assert f"--quantization {method} " in json.dumps(answers[method])
+    assert "is deprecated for online quantization" in json.dumps(answers["fp8"])
+    assert answers["fp8"]["budget"] == answers["fp8_per_tensor"]["budget"]
+    error = refused(client.post("/api/v1/plan", json=body("fp8_per_channel", engine_version="vllm==0.19")))
+    assert "vLLM 0.19 has no such method (vLLM added it in 0.24)" in json.dumps(error)

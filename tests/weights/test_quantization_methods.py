@@ -66,8 +66,9 @@ CUDA = platform_traits_of("cuda")
         # no override (model.py L1452-1461): equal names pass
         ("fp8", FP8_BLOCK, "qwen3", "fp8"),
         ("compressed-tensors", CT, "llama", "compressed-tensors"),
-        # an unquantised checkpoint: vLLM 0.33's online shorthands quantise at load (config/quantization.py
-        # L195-209); its fp8 no longer does (fp8.py L105-112: tests/weights/test_vllm_online_quantisation.py)
+        # an unquantised checkpoint: fp8 (deprecated, served as fp8_per_tensor: model_loader/weight_utils.py
+        # L351-361) and the online shorthands (config/quantization.py L195-209) quantise at load, nothing else
+        ("fp8", None, "llama", "fp8"),
         ("fp8_per_tensor", None, "llama", "fp8_per_tensor"),
         (None, None, "llama", None),
     ],
@@ -276,8 +277,8 @@ def test_estimate_weights_on_rocm_refuses_a_gptq_checkpoint_as_sglang_does() -> 
 
 
 def test_a_checkpoint_method_on_an_unquantised_checkpoint_is_refused() -> None:
-    # the fix names the engine's online method: SGLang's fp8, vLLM 0.33's fp8_per_tensor (its fp8 refuses online
-    # quantisation from 0.31: vllm/model_executor/layers/quantization/fp8.py L105-112)
+    # the fix names the engine's online method: SGLang's fp8, vLLM 0.33's fp8_per_tensor (its fp8 is deprecated for
+    # online quantisation from 0.31: vllm/model_executor/model_loader/weight_utils.py L351-361)
     for engine, online in (("vllm", "fp8_per_tensor"), ("sglang", "fp8")):
         with pytest.raises(UnsupportedCombinationError, match=rf"no quantization_config.*quantization {online} to "):
             resolve_quantization(engine, "modelopt", None)

@@ -1,10 +1,13 @@
 """vLLM's runtime quantisation of an unquantised checkpoint, by release (issue 34).
 
 Read from the releases' own files (``pip download vllm==X --no-deps``): ``--quantization fp8`` quantises at load up
-to 0.30 (``Fp8Config(is_checkpoint_fp8_serialized=False)``: 0.19 ``quantization/fp8.py`` L500-547 per tensor and
-L1008-1027 per expert, 0.30 L188-223 handing it to the per-tensor online methods); 0.31 and 0.33 refuse it
-(``quantization/fp8.py`` L105-112: "The `fp8` quantization method no longer supports online quantization. Please use
-`--quantization fp8_per_tensor` instead."). The shorthands ``fp8_per_tensor`` / ``fp8_per_block`` exist from 0.20
+to 0.30 through ``Fp8Config(is_checkpoint_fp8_serialized=False)`` (0.19 ``quantization/fp8.py`` L500-547 per tensor
+and L1008-1027 per expert, 0.30 L188-223 handing it to the per-tensor online methods). From 0.31 ``Fp8Config``
+refuses to be built for an unquantised checkpoint (0.33 ``quantization/fp8.py`` L105-112: "The `fp8` quantization
+method no longer supports online quantization"), but the loader never builds it there: ``get_quant_config`` warns
+"--quantization fp8 is deprecated for online quantization; use --quantization fp8_per_tensor instead." and serves
+``fp8_per_tensor`` (0.31 ``model_loader/weight_utils.py`` L341-349, 0.33 L351-361, 0.34 L380-390), so every release
+takes ``fp8`` and stores it per tensor. The shorthands ``fp8_per_tensor`` / ``fp8_per_block`` exist from 0.20
 (``quantization/__init__.py`` L40-43), ``fp8_per_channel`` from 0.24 (``config/quantization.py`` L125). What each
 stores is vLLM 0.33's ``quantization/online/fp8.py`` (lines in the tests); every byte count below is worked by hand.
 """
@@ -25,10 +28,7 @@ from kvpools_core.parts.weights.methods import current_vllm_release, resolve_qua
 from tests.weights.test_dtype_and_runtime_quantisation import CONFIGS, LLAMA_8B
 
 VLLM = Serving(accounting="vllm")
-REFUSAL = (
-    "The `fp8` quantization method no longer supports online quantization. Please use `--quantization "
-    "fp8_per_tensor` instead."
-)
+DEPRECATION = "--quantization fp8 is deprecated for online quantization; use --quantization fp8_per_tensor instead."
 FP8_BLOCK = {"quant_method": "fp8", "weight_block_size": [128, 128]}
 
 # Llama-3.1-8B per decoder layer: q 4096 x 4096, k and v 1024 x 4096, o 4096 x 4096, gate and up 14 336 x 4096,
@@ -45,28 +45,11 @@ def _vllm(quantization: str | None, **kw: object) -> Serving:
 # -- the rules per release
 
 
-def test_vllm_0_33_refuses_fp8_on_an_unquantised_checkpoint_in_its_words() -> None:
-    assert current_vllm_release() == (0, 33)
-    with pytest.raises(EngineRefusalError) as error:
-        resolve_quantization("vllm", "fp8", None)
-    message = str(error.value)
-    assert REFUSAL in message and "vLLM 0.33 refuses it" in message
-    assert "Pass quantization fp8_per_tensor" in message  # the fix, as an API caller spells it
-    with pytest.raises(EngineRefusalError, match=r"vLLM 0\.33 refuses it"):
-        estimate_weights(LLAMA_8B, _vllm("fp8"))
-
-
-@pytest.mark.parametrize(
-    ("release", "accepted"),
-    [("0.16", True), ("0.19", True), ("0.24", True), ("0.30", True), ("0.31", False), ("0.32", False)],
-)
-def test_fp8_quantises_at_load_up_to_0_30(release: str, accepted: bool) -> None:
+@pytest.mark.parametrize("release", [None, "0.16", "0.19", "0.24", "0.30", "0.31", "0.32", "0.34"])
+def test_every_release_takes_fp8_on_an_unquantised_checkpoint(release: str | None) -> None:
+    """Up to 0.30 ``Fp8Config`` quantises itself; from 0.31 the loader serves ``fp8_per_tensor`` in its place."""
     with vllm_release(release):
-        if accepted:
-            assert resolve_quantization("vllm", "fp8", None) == "fp8"
-        else:
-            with pytest.raises(EngineRefusalError, match=f"vLLM {release} refuses it"):
-                resolve_quantization("vllm", "fp8", None)
+        assert resolve_quantization("vllm", "fp8", None) == "fp8"
     assert current_vllm_release() == (0, 33)  # the block restores 0.33's rules
 
 
@@ -199,16 +182,20 @@ def test_the_experts_scheme_of_each_online_method() -> None:
 # -- the plan and the command line
 
 
-def test_plan_vllm_applies_the_profiles_release() -> None:
-    """``plan_vllm`` takes the rules of the release its profile names: 0.33 by default refuses ``fp8``, 0.24
-    keeps it and plans its per-tensor bytes; a ``--memory`` budget (no weights estimated) is refused alike."""
-    with pytest.raises(EngineRefusalError, match=r"vLLM 0\.33 refuses it"):
-        plan_vllm("llama-3.1-8b", _vllm("fp8"), gpu="h100")
-    with pytest.raises(EngineRefusalError, match=r"vLLM 0\.33 refuses it"):
-        plan_vllm("llama-3.1-8b", _vllm("fp8"), memory="20GiB")
+def test_plan_vllm_plans_fp8_per_tensor_and_notes_the_deprecation() -> None:
+    """``plan_vllm`` plans ``fp8`` as vLLM stores it (per tensor: 9 081 201 152 B for Llama-3.1-8B, as
+    ``fp8_per_tensor``) in every release, and from 0.31 (0.33 by default) repeats vLLM's deprecation warning; a
+    release up to 0.30 (here 0.24's layout) has none. Under ``--memory`` (no weights estimated) a shorthand older
+    than the release is refused alike."""
+    new = plan_vllm("llama-3.1-8b", _vllm("fp8"), gpu="h100")
+    shorthand = plan_vllm("llama-3.1-8b", _vllm("fp8_per_tensor"), gpu="h100")
     old = plan_vllm("llama-3.1-8b", _vllm("fp8"), gpu="h100", layout_version="0.24")
-    new = plan_vllm("llama-3.1-8b", _vllm("fp8_per_tensor"), gpu="h100")
-    assert old.weights_memory == new.weights_memory == (9_081_201_152,)
+    assert new.weights_memory == shorthand.weights_memory == old.weights_memory == (9_081_201_152,)
+    assert any(DEPRECATION in note and "vLLM 0.33 warns" in note for note in new.notes)
+    assert not any(DEPRECATION in note for note in (*shorthand.notes, *old.notes))
+    assert "--quantization fp8 " in new.serve_command()
+    with pytest.raises(EngineRefusalError, match=r"vLLM 0\.19 has no such method \(vLLM added it in 0\.20\)"):
+        plan_vllm("llama-3.1-8b", _vllm("fp8_per_tensor"), memory="20GiB", layout_version="0.19")
 
 
 @pytest.fixture
@@ -219,11 +206,11 @@ def _no_installed_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
 PLAN = ("plan", "llama-3.1-8b", "--accounting", "vllm", "--gpu", "h100")
 
 
-def test_cli_refuses_fp8_on_vllm_0_33_without_a_traceback() -> None:
+def test_cli_plans_fp8_on_vllm_0_33_with_its_deprecation() -> None:
     result = CliRunner().invoke(main, [*PLAN, "--quantization", "fp8"])
-    assert result.exit_code == 1, result.output
-    assert "Traceback" not in result.output
-    assert REFUSAL in result.output and "Pass --quantization fp8_per_tensor" in result.output
+    assert result.exit_code == 0, result.output
+    assert DEPRECATION in " ".join(result.output.split())
+    assert "--quantization fp8 " in result.output
 
 
 @pytest.mark.parametrize("method", ["fp8_per_tensor", "fp8_per_channel", "fp8_per_block"])
@@ -234,7 +221,7 @@ def test_cli_plans_and_echoes_each_shorthand(method: str) -> None:
 
 
 @pytest.mark.usefixtures("_no_installed_vllm")
-def test_cli_older_release_keeps_fp8() -> None:
+def test_cli_older_release_keeps_fp8_and_lacks_the_newer_shorthands() -> None:
     result = CliRunner().invoke(
         main, [*PLAN[:2], "--gpu", "h100", "--engine-version", "vllm==0.24", "--quantization", "fp8"]
     )

@@ -41,15 +41,18 @@ have no ``gptq``: layers/quantization/__init__.py L63-137, model_config.py L2150
 supported list (L2156-2160).
 
 vLLM's runtime quantisation of an unquantised checkpoint depends on the release (issue 34): up to 0.30 ``fp8``
-quantises it at load, one float32 scale per layer and per expert (``Fp8Config`` with
-``is_checkpoint_fp8_serialized`` False: vLLM 0.19 ``quantization/fp8.py`` L500-547 and L1008-1027, 0.24 L188-196,
-0.30 L188-223, which hand it to the per-tensor online methods).  0.20 added the online shorthands ``fp8_per_tensor``
-and ``fp8_per_block`` (``quantization/__init__.py`` L40-43), 0.24 ``fp8_per_channel`` (``config/quantization.py``
-L125).  From 0.31 ``Fp8Config`` reads only fp8 checkpoints and refuses the rest (vLLM 0.33 ``quantization/fp8.py``
-L105-112: "The `fp8` quantization method no longer supports online quantization. Please use `--quantization
-fp8_per_tensor` instead.").  The shorthands are online methods only: on a quantised checkpoint they differ from its
-method and fail as any other mismatch (``_verify_quantization``; ``OnlineQuantizationConfig`` overrides nothing).
-Which release's rules apply is :func:`vllm_release`'s (0.33 unless a plan names an older one).
+builds ``Fp8Config(is_checkpoint_fp8_serialized=False)``, which quantises at load with one float32 scale per layer
+and per expert (vLLM 0.19 ``quantization/fp8.py`` L500-547 and L1008-1027; 0.24 L188-196 and 0.30 L188-223 hand it
+to the per-tensor online methods).  0.20 added the online shorthands ``fp8_per_tensor`` and ``fp8_per_block``
+(``quantization/__init__.py`` L40-43), 0.24 ``fp8_per_channel`` (``config/quantization.py`` L125).  From 0.31
+``Fp8Config`` reads fp8 checkpoints only (0.33 ``quantization/fp8.py`` L105-112 raises "The `fp8` quantization
+method no longer supports online quantization" when built for another), but the loader never builds it for an
+unquantised checkpoint: ``get_quant_config`` finds no config file for ``fp8``, warns "--quantization fp8 is
+deprecated for online quantization; use --quantization fp8_per_tensor instead." and serves ``fp8_per_tensor``
+(0.31 ``model_loader/weight_utils.py`` L341-349, 0.33 L351-361, 0.34 L380-390): the same storage, accepted by every
+release.  The shorthands are online methods only: on a quantised checkpoint they differ from its method and fail
+as any other mismatch (``_verify_quantization``; ``OnlineQuantizationConfig`` overrides nothing).  Which release's
+rules apply is :func:`vllm_release`'s (0.33 unless a plan names an older one).
 
 Which conversions run and which methods are refused is the platform's to say, not this module's: the platform
 plugin declares them in its :class:`~kvpools_core.values.PlatformTraits` (``marlin_conversions``,
@@ -70,6 +73,7 @@ from kvpools_core.values import SGLANG_QUANTIZATION_METHODS, VLLM_QUANTIZATION_M
 
 __all__ = [
     "ENGINE_METHODS",
+    "VLLM_FP8_DEPRECATION",
     "VLLM_FP8_ONLINE_UNTIL",
     "VLLM_ONLINE_FP8_SINCE",
     "current_vllm_release",
@@ -99,15 +103,15 @@ _SGLANG_COMPATIBLE = {
 VLLM_DEFAULT_RELEASE = (0, 33)
 """The vLLM release whose rules apply when a plan names none."""
 VLLM_FP8_ONLINE_UNTIL = (0, 30)
-"""The last vLLM release whose ``--quantization fp8`` quantises an unquantised checkpoint at load (0.31 refuses it:
-``Fp8Config.__init__``, vLLM 0.31 ``quantization/fp8.py`` L105-112, 0.33 L105-112)."""
+"""The last vLLM release whose ``Fp8Config`` itself quantises an unquantised checkpoint; from 0.31 the loader serves
+``--quantization fp8`` there as ``fp8_per_tensor`` after a deprecation warning (:data:`VLLM_FP8_DEPRECATION`)."""
+VLLM_FP8_DEPRECATION = (
+    "--quantization fp8 is deprecated for online quantization; use --quantization fp8_per_tensor instead."
+)
+"""vLLM 0.31+'s warning (``get_quant_config``, 0.33 ``model_loader/weight_utils.py`` L351-361)."""
 VLLM_ONLINE_FP8_SINCE = {"fp8_per_tensor": (0, 20), "fp8_per_block": (0, 20), "fp8_per_channel": (0, 24)}
 """vLLM's online fp8 shorthands and the release that added each (``QuantizationMethods``, vLLM 0.20
 ``quantization/__init__.py`` L40-43; ``fp8_per_channel`` in 0.24's ``config/quantization.py`` L125-128)."""
-_FP8_REFUSAL = (
-    "The `fp8` quantization method no longer supports online quantization. Please use `--quantization "
-    "fp8_per_tensor` instead."
-)
 _RELEASE: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("kvpools_vllm_release", default=None)
 
 
@@ -142,32 +146,17 @@ def _shown(release: tuple[int, int]) -> str:
 
 
 def _vllm_online(requested: str | None) -> str | None:
-    """vLLM's answer to ``--quantization requested`` on an unquantised checkpoint, by release; a refusal in
-    vLLM's words naming the fix."""
+    """vLLM's answer to ``--quantization requested`` on an unquantised checkpoint, by release: ``fp8`` everywhere
+    (per tensor; deprecated from 0.31), a shorthand from the release that added it."""
     release = current_vllm_release()
-    if requested is None:
-        return None
-    if requested == "fp8":
-        if release <= VLLM_FP8_ONLINE_UNTIL:
-            return requested
-        raise EngineRefusalError(
-            f"{option('quantization')} fp8 on a checkpoint with no quantization_config: vLLM {_shown(release)} "
-            f"refuses it ('{_FP8_REFUSAL}': Fp8Config reads fp8 checkpoints only from vLLM 0.31, "
-            f"quantization/fp8.py L105-112). Pass {option('quantization')} fp8_per_tensor (one float32 scale per "
-            "layer and per expert, what fp8 quantised up to vLLM 0.30), fp8_per_channel or fp8_per_block; or plan "
-            f"a release up to 0.30 ({option('engine_version')} vllm==0.24) to keep fp8."
-        )
-    since = VLLM_ONLINE_FP8_SINCE.get(requested)
-    if since is None:
-        return None  # a checkpoint's method: the caller refuses it on an unquantised checkpoint
-    if release < since:
-        older = "fp8" if release <= VLLM_FP8_ONLINE_UNTIL else "fp8_per_tensor"
-        raise EngineRefusalError(
-            f"{option('quantization')} {requested}: vLLM {_shown(release)} has no such method (vLLM added it in "
-            f"{_shown(since)}). Pass {option('quantization')} {older}, which that release quantises per tensor at "
-            f"load, or plan a release from {_shown(since)} on."
-        )
-    return requested
+    since = VLLM_ONLINE_FP8_SINCE.get(str(requested))
+    if since is None or release >= since:
+        return requested
+    raise EngineRefusalError(
+        f"{option('quantization')} {requested}: vLLM {_shown(release)} has no such method (vLLM added it in "
+        f"{_shown(since)}). Pass {option('quantization')} fp8, which that release quantises per tensor at load, or "
+        f"plan a release from {_shown(since)} on."
+    )
 
 
 def resolve_quantization(
@@ -201,6 +190,7 @@ def resolve_quantization(
         if engine == "vllm":
             if requested is None or requested == "fp8" or requested in VLLM_ONLINE_FP8_SINCE:
                 return _vllm_online(requested)
+            # fp8 still works from 0.31 but is deprecated there: name the method vLLM asks for
             online = "fp8" if current_vllm_release() <= VLLM_FP8_ONLINE_UNTIL else "fp8_per_tensor"
         elif requested is None or requested == "fp8":
             return requested

@@ -112,7 +112,8 @@ class RuntimeFp8:
       ``input_to_float8``'s one scale a tensor only without cutlass fp8): ``out·in + 4·out``. The experts
       (``Fp8MoEMethod.process_weights_after_loading``) become fp8 with one float32 scale per expert for the merged
       ``w13`` (gate and up) and one for ``w2`` (down): the scale of ``w13`` is counted on ``up_proj``.
-    * ``"per_tensor"`` (vLLM's ``fp8_per_tensor``, and its ``fp8`` up to 0.30): one float32 scale per vLLM layer
+    * ``"per_tensor"`` (vLLM's ``fp8_per_tensor``, and its ``fp8``: up to 0.30 ``Fp8Config``'s
+      own per-tensor methods, from 0.31 ``fp8_per_tensor`` itself): one float32 scale per vLLM layer
       (``Fp8PerTensorOnlineLinearMethod.process_weights_after_loading``, vLLM 0.33
       ``quantization/online/fp8.py`` L237-250: ``amax.reshape(1)``), so ``q``/``k``/``v`` and ``gate``/``up``,
       fused into one layer, share theirs (counted on ``v_proj`` / ``up_proj`` where the model has them); the
@@ -184,7 +185,7 @@ def runtime_quantisation(
     (:func:`~kvpools_core.parts.weights.methods.resolve_quantization`, which refuses what the engine's release
     refuses). A quantised checkpoint keeps its own storage (the engine reads its scales; nothing is quantised
     twice); on an unquantised one (:class:`RuntimeFp8`) ``fp8`` is quantised at load as ``engine`` does it (SGLang
-    per output row; vLLM, up to 0.30, per tensor), vLLM's ``fp8_per_tensor`` / ``fp8_per_channel`` /
+    per output row; vLLM per tensor), vLLM's ``fp8_per_tensor`` / ``fp8_per_channel`` /
     ``fp8_per_block`` as they say. ``modules`` are the model's tensors' module names (:class:`RuntimeFp8`)."""
     if checkpoint is not None:
         return checkpoint
