@@ -92,13 +92,10 @@ class Refusal:
 
 
 def logged_concurrency(log: StartupLog) -> float | None:
-    """The logged max concurrency, SGLang's logged ``max_running_requests``, or (vLLM 0.19's one-group token line being
-    ``int(concurrency x max_model_len)``) the logged tokens over ``max_model_len``."""
+    """The logged max concurrency, or (vLLM 0.19's one-group token line being ``int(concurrency x max_model_len)``)
+    the logged tokens over ``max_model_len``."""
     if log.logged.get("max_concurrency") is not None:
         return float(log.logged["max_concurrency"])
-    if log.engine == "sglang":
-        running = log.logged.get("max_running_requests")
-        return None if running is None else float(running)
     tokens, model_len = log.logged.get("kv_tokens"), log.flag("max_model_len")
     if tokens is not None and model_len:
         return float(tokens) / float(model_len)
@@ -122,9 +119,8 @@ def logged_kv_gib(log: StartupLog) -> float | None:
 
 
 def profile_for(version: str | None) -> str | None:
-    """The runtime profile a vLLM ``version`` is predicted with: the profile file that covers it (``PROFILE_VERSIONS``
-    and ``PROFILE_ALIASES``: every release 0.15, 0.16 and 0.19-0.33), else the nearest calibrated one (0.19 before
-    0.20, 0.33 after: 0.17 / 0.18 and newer releases); None when the record's version is not a number."""
+    """The runtime profile a vLLM ``version`` is predicted with: its own (0.15 and 0.16: ``vllm-0.16``), else 0.19
+    before 0.21 and 0.33 from 0.21 on; None when the record's version is not a number."""
     if version is None:
         return None
     key = version_key(version)
@@ -136,7 +132,7 @@ def profile_for(version: str | None) -> str | None:
         major, minor = (int(part) for part in key.split(".")[:2])
     except ValueError:
         return None
-    return "0.19" if (major, minor) < (0, 20) else "0.33"
+    return "0.19" if (major, minor) < (0, 21) else "0.33"
 
 
 TARGET_FAMILIES = ("vllm >= 0.19", "sglang 0.5.x")
@@ -378,12 +374,7 @@ def sglang(log: StartupLog, registry: Registry, *, use_logged_weights: bool) -> 
         )
     except KvpoolsError as error:
         return Refusal(f"kvpools refuses: {str(error).splitlines()[0][:160]}")
-    # SGLang's concurrency is its max_running_requests (the scheduler's cap the log prints), not tokens over a length
-    return Prediction(
-        kv_gib=result.budget.budget_bytes / GiB,
-        tokens=result.max_total_num_tokens,
-        concurrency=float(result.max_running_requests),
-    )
+    return Prediction(kv_gib=result.budget.budget_bytes / GiB, tokens=result.max_total_num_tokens, concurrency=None)
 
 
 def llmd_planner(logs: list[StartupLog], peers_venv: Path | None) -> dict[str, Prediction | Refusal]:
