@@ -566,7 +566,7 @@ def plan_vllm(
     workers = _specs(spec, plugin, _with_capability(serving, chosen), registry, block)
     layout = layout_version or runtime_profile
     # the release whose --quantization rules the weights estimate applies (0.33 unless a profile names another)
-    release = load_profile(layout).version if layout is not None else None
+    quantization_release = load_profile(layout).version if layout is not None else None
     layout_note = ""
     if layout is not None:
         # an older vLLM's layout (the Gated DeltaNet checkpoint grid before 0.33, engines/vllm/layouts.py)
@@ -593,7 +593,7 @@ def plan_vllm(
     if chosen is None:
         assert memory is not None  # _resolve_device: exactly one budget source
         kv_bytes = parse_bytes(memory, option("memory"))
-        with vllm_release(release):
+        with vllm_release(quantization_release):
             _check_quantization(model, serving, registry)
         budgets = tuple(available_kv_cache_memory(kv_cache_memory_bytes=kv_bytes) for _ in workers)
     else:
@@ -602,7 +602,7 @@ def plan_vllm(
             weights = (parse_bytes(weights_memory, option("weights_memory")),) * serving.pp_size
             weights_source = "given (--weights-memory)"
         else:
-            with vllm_release(release):
+            with vllm_release(quantization_release):
                 weights = _stage_weights(model, spec, serving, registry)
                 tower, modalities = _skipped_tower_weights(model, serving, multimodal, registry)
             weights_source = "kvpools' estimate of each stage's layers from the model config (estimate_weights)"
@@ -673,7 +673,7 @@ def plan_vllm(
         stage_activation_peaks=peaks if chosen is not None and runtime is not None else (),
         multimodal=multimodal,
         layout_note=layout_note,
-        quantization_note=_quantization_note(serving, release),
+        quantization_note=_quantization_note(serving, quantization_release),
     )
 
 
