@@ -78,6 +78,17 @@ def test_a_shorthand_on_a_quantised_checkpoint_is_vllms_mismatch() -> None:
     assert "(fp8_per_tensor)" in str(error.value) and "or pass quantization fp8." in str(error.value)
 
 
+def test_online_mxfp4_is_not_modelled() -> None:
+    """vLLM 0.33 takes ``--quantization mxfp4`` on an unquantised checkpoint as its online shorthand
+    (config/quantization.py L214-217; ``Mxfp4Config.get_config_filenames()`` is empty, so ``get_quant_config`` serves
+    ``OnlineQuantizationConfig``, model_loader/weight_utils.py L362-366): kvpools refuses it as not modelled rather
+    than as a method reading absent scales."""
+    with pytest.raises(UnsupportedCombinationError, match="kvpools does not model online MXFP4 yet") as error:
+        resolve_quantization("vllm", "mxfp4", None)
+    assert not isinstance(error.value, EngineRefusalError)
+    assert resolve_quantization("vllm", "mxfp4", {"quant_method": "mxfp4"}) == "mxfp4"  # a checkpoint's own
+
+
 def test_sglang_keeps_fp8_and_has_no_shorthand() -> None:
     """SGLang 0.5.23's ``QUANTIZATION_CHOICES`` (srt/arg_groups/choices.py L34: ``fp8``, "MOE + linear online
     quantization") has no ``fp8_per_*``; its ``fp8`` still quantises an unquantised checkpoint."""

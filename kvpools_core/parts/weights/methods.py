@@ -190,6 +190,14 @@ def resolve_quantization(
         if engine == "vllm":
             if requested is None or requested == "fp8" or requested in VLLM_ONLINE_FP8_SINCE:
                 return _vllm_online(requested)
+            if requested == "mxfp4":  # a checkpoint method and, from 0.28, an online shorthand too
+                raise UnsupportedCombinationError(
+                    f"{option('quantization')} mxfp4 on a checkpoint with no quantization_config: vLLM quantises it "
+                    "to MXFP4 at load (the online shorthand, vllm/config/quantization.py L214-217, served by "
+                    "get_quant_config, model_loader/weight_utils.py L362-366); kvpools does not model online MXFP4 "
+                    f"yet. Plan an MXFP4 checkpoint, or {option('quantization')} fp8_per_tensor / fp8_per_channel / "
+                    "fp8_per_block."
+                )
             # fp8 still works from 0.31 but is deprecated there: name the method vLLM asks for
             online = "fp8" if current_vllm_release() <= VLLM_FP8_ONLINE_UNTIL else "fp8_per_tensor"
         elif requested is None or requested == "fp8":
