@@ -15,9 +15,12 @@ stores is vLLM 0.33's ``quantization/online/fp8.py`` (lines in the tests); every
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvpools_core import Serving, estimate_weights
 from kvpools_core.cli import main
@@ -243,3 +246,39 @@ def test_cli_older_release_keeps_fp8_and_lacks_the_newer_shorthands() -> None:
     )
     assert refused.exit_code == 1 and "Traceback" not in refused.output
     assert "vLLM 0.19 has no such method (vLLM added it in 0.24)" in refused.output
+
+
+# -- invariants of the storage rules
+
+
+@given(
+    count=st.integers(1, 8),
+    out=st.integers(1, 2048),
+    inner=st.integers(1, 2048),
+    parts=st.sampled_from([1, 2, 4, 8]),
+)
+def test_scales_split_over_column_parallel_ranks(count: int, out: int, inner: int, parts: int) -> None:
+    """Splitting the output rows over ``parts`` ranks (column parallel, rows divisible): per-channel scales follow
+    the rows, so the ranks' bytes add up to the whole; a per-tensor scale is kept once per rank (``amax`` all-reduced,
+    ``amax_for_tp_weight_quant``); block scales add up when the rows split in whole 128-blocks, and cover at least
+    the fp8 values otherwise."""
+    from kvpools_core.parts.weights.quantisation import RuntimeFp8
+
+    rows = out * parts
+
+    class Linear:
+        family, module, linear = "mlp", "model.layers.0.mlp.down_proj", True
+
+    def storage(scheme: str) -> Any:
+        quantisation = RuntimeFp8(scheme).for_tensor(Linear())
+        assert quantisation is not None
+        return quantisation.bytes_of
+
+    assert storage("per_channel")(count, rows, inner) == parts * storage("per_channel")(count, out, inner)
+    assert storage("per_tensor")(count, rows, inner) + (parts - 1) * 4 * count == parts * storage("per_tensor")(
+        count, out, inner
+    )
+    block = storage("per_block")
+    assert block(count, out, inner) >= count * out * inner
+    if out % 128 == 0:
+        assert block(count, rows, inner) == parts * block(count, out, inner)
