@@ -41,7 +41,9 @@ _HELP = {
     "dtype": "Dtype the weights are served in (SGLang's/vLLM's --dtype; auto: the checkpoint's, a float32 one as "
     "float16, Gemma's as bfloat16); --kv-cache-dtype auto follows it.",
     "quantization": "fp8 on an unquantised checkpoint: quantise its Linear weights when they load (SGLang's "
-    "per-channel fp8 Linears and per-expert fp8 MoE). A quantised checkpoint's own method (modelopt, modelopt_fp4, "
+    "per-channel fp8 Linears and per-expert fp8 MoE; vLLM's per tensor, deprecated from 0.31). vLLM's "
+    "fp8_per_tensor / fp8_per_channel / fp8_per_block (--accounting vllm): its online fp8 from 0.20 (per_channel "
+    "0.24). A quantised checkpoint's own method (modelopt, modelopt_fp4, "
     "compressed-tensors, awq, gptq_marlin, mxfp4, fp8, ...): checked against its quantization_config with the "
     "--accounting engine's rules; its storage is planned. Other engine methods are refused by name.",
     "page_size": "Tokens per page [default: SGLang's own for the model and platform (a plan note says which), else 1].",

@@ -97,9 +97,14 @@ VLLM_QUANTIZATION_METHODS = (
     "gptq_marlin",
     "mxfp4",
     "gpt_oss_mxfp4",
+    "fp8_per_tensor",
+    "fp8_per_channel",
+    "fp8_per_block",
 )
 """vLLM's ``--quantization`` names kvpools models (vLLM 0.33 ``QuantizationMethods``,
-vllm/model_executor/layers/quantization/__init__.py L15-48, whose checkpoints the weights estimate reads)."""
+vllm/model_executor/layers/quantization/__init__.py L15-48, whose checkpoints the weights estimate reads), and its
+online fp8 shorthands, which quantise an unquantised checkpoint at load (vllm/config/quantization.py L195-209;
+:mod:`kvpools_core.parts.weights.methods` says from which release each exists)."""
 SGLANG_QUANTIZATION_METHODS = (
     "fp8",
     "modelopt",
@@ -148,9 +153,6 @@ UNMODELLED_QUANTIZATION_METHODS = (
     "inc",
     "deepseek_v4_fp8",
     "online",
-    "fp8_per_tensor",
-    "fp8_per_block",
-    "fp8_per_channel",
     "int8_per_channel_weight_only",
     "nvfp4_per_token",
 )
@@ -463,12 +465,15 @@ class Serving:
     """``--dtype``: the dtype the weights are served in; ``auto`` is the checkpoint's (SGLang serves a float32
     checkpoint as float16, Gemma's as bfloat16). ``--kv-cache-dtype auto`` follows it."""
     quantization: str | None = attrs.field(default=None, validator=_quantization_method)
-    """``--quantization``: ``fp8`` quantises an unquantised checkpoint's Linear weights when they load (SGLang's
-    ``Fp8LinearMethod`` / ``Fp8MoEMethod``); the weights estimate counts them so.  A checkpoint's own method
-    (``modelopt``, ``modelopt_fp4``, ``compressed-tensors``, ``awq``, ``gptq_marlin``, ``mxfp4``, ``fp8`` on an
-    fp8 checkpoint, ...) is checked against its ``quantization_config`` with the rules of the engine
-    ``accounting`` names (vLLM's for ``vllm``, SGLang's otherwise) and the checkpoint's storage is planned;
-    methods kvpools does not model are refused by name."""
+    """``--quantization``: on an unquantised checkpoint, quantise the Linear weights and experts to fp8 when they
+    load, as the ``accounting`` engine and release do: SGLang's ``fp8`` (``Fp8LinearMethod`` / ``Fp8MoEMethod``, a
+    scale per output row and per expert); vLLM's ``fp8_per_tensor`` / ``fp8_per_channel`` / ``fp8_per_block``
+    (from 0.20, ``fp8_per_channel`` from 0.24), and its ``fp8`` (per tensor; from 0.31 deprecated and served as
+    ``fp8_per_tensor``, which the plan notes); the weights estimate counts them so.
+    A checkpoint's own method (``modelopt``, ``modelopt_fp4``, ``compressed-tensors``, ``awq``, ``gptq_marlin``,
+    ``mxfp4``, ``fp8`` on an fp8 checkpoint, ...) is checked against its ``quantization_config`` with the rules of
+    the engine ``accounting`` names (vLLM's for ``vllm``, SGLang's otherwise) and the checkpoint's storage is
+    planned; methods kvpools does not model are refused by name."""
     page_size: int = attrs.field(default=UnsetInt(1), validator=positive)
     """Unset (``Serving()``, no ``--page-size``), it reads as SGLang's generic default 1 until the pipeline
     applies the model's or platform's own (``engine_defaults``: DeepSeek sparse attention 64, DeepSeek-V4 256,

@@ -440,3 +440,23 @@ def test_the_workload_split_is_the_clis(client: Any, kvpools_exe: str, cli_env: 
     body = {"model": "gpt-oss-20b", "memory": "40GiB", "workload": workload, "contexts": ["8k"]}
     api = ok(client.post("/api/v1/capacity", json=body))
     assert api["split"] == cli["split"]
+
+
+def test_vllm_online_fp8_names_reach_the_service(client: Any) -> None:
+    """Issue 34 (fp8q34): the service takes vLLM's online shorthands under ``accounting`` vllm and echoes them on
+    the ``vllm serve`` line; ``fp8`` on the unquantised Llama is planned as vLLM 0.33 serves it (``fp8_per_tensor``,
+    the same weights) with its deprecation warning (model_loader/weight_utils.py L351-361); ``fp8_per_channel`` is
+    refused with ``engine_version`` vllm==0.19, which predates it."""
+
+    def body(quantization: str, **vllm: Any) -> dict[str, Any]:
+        serving = {"accounting": "vllm", "quantization": quantization}
+        return {"model": "llama-3.1-8b", "gpu": "h100", "serving": serving, **({"vllm": vllm} if vllm else {})}
+
+    answers = {}
+    for method in ("fp8", "fp8_per_tensor", "fp8_per_channel", "fp8_per_block"):
+        answers[method] = ok(client.post("/api/v1/plan", json=body(method)))
+        assert f"--quantization {method} " in json.dumps(answers[method])
+    assert "is deprecated for online quantization" in json.dumps(answers["fp8"])
+    assert answers["fp8"]["budget"] == answers["fp8_per_tensor"]["budget"]
+    error = refused(client.post("/api/v1/plan", json=body("fp8_per_channel", engine_version="vllm==0.19")))
+    assert "vLLM 0.19 has no such method (vLLM added it in 0.24)" in json.dumps(error)

@@ -326,8 +326,10 @@ def test_qwen36_nvfp4_experts_run_marlin_on_the_rtx_5090() -> None:
 
 def test_plan_vllm_passes_runtime_fp8_to_the_moe_workspace() -> None:
     """``plan_vllm`` reads the experts' scheme with ``--quantization``: Qwen3-30B-A3B in bf16 on an RTX PRO 6000
-    (SM 12.0) runs FlashInfer CUTLASS (8192 x 2048 x 2 B = 32 MiB); under ``--quantization fp8`` its experts are FP8
-    with dynamic per-tensor scales, which only the Triton experts take there (512 MiB)."""
+    (SM 12.0) runs FlashInfer CUTLASS (8192 x 2048 x 2 B = 32 MiB); under ``--quantization fp8_per_tensor`` (and
+    ``fp8``, which vLLM 0.33's loader serves as it) its experts are FP8 with dynamic per-tensor scales
+    (``Fp8PerTensorOnlineMoEMethod``, quantization/online/fp8.py L594-615), which only the Triton experts take there
+    (512 MiB)."""
     from kvpools_core.engines.vllm import plan_vllm
     from kvpools_core.values import Serving
 
@@ -338,4 +340,7 @@ def test_plan_vllm_passes_runtime_fp8_to_the_moe_workspace() -> None:
         return next(part for part in formula.split("; ") if part.startswith("fused-MoE workspace"))
 
     assert workspace(Serving()) == "fused-MoE workspace 32.0 MiB (FLASHINFER_CUTLASS)"
+    assert (
+        workspace(Serving(quantization="fp8_per_tensor", accounting="vllm")) == "fused-MoE workspace 512.0 MiB (TRITON)"
+    )
     assert workspace(Serving(quantization="fp8")) == "fused-MoE workspace 512.0 MiB (TRITON)"

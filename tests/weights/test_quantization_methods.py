@@ -66,8 +66,10 @@ CUDA = platform_traits_of("cuda")
         # no override (model.py L1452-1461): equal names pass
         ("fp8", FP8_BLOCK, "qwen3", "fp8"),
         ("compressed-tensors", CT, "llama", "compressed-tensors"),
-        # an unquantised checkpoint: fp8 quantises at load, nothing else
+        # an unquantised checkpoint: fp8 (deprecated, served as fp8_per_tensor: model_loader/weight_utils.py
+        # L351-361) and the online shorthands (config/quantization.py L195-209) quantise at load, nothing else
         ("fp8", None, "llama", "fp8"),
+        ("fp8_per_tensor", None, "llama", "fp8_per_tensor"),
         (None, None, "llama", None),
     ],
 )
@@ -275,8 +277,10 @@ def test_estimate_weights_on_rocm_refuses_a_gptq_checkpoint_as_sglang_does() -> 
 
 
 def test_a_checkpoint_method_on_an_unquantised_checkpoint_is_refused() -> None:
-    for engine in ("vllm", "sglang"):
-        with pytest.raises(UnsupportedCombinationError, match=r"no quantization_config.*quantization fp8 to quantise"):
+    # the fix names the engine's online method: SGLang's fp8, vLLM 0.33's fp8_per_tensor (its fp8 is deprecated for
+    # online quantisation from 0.31: vllm/model_executor/model_loader/weight_utils.py L351-361)
+    for engine, online in (("vllm", "fp8_per_tensor"), ("sglang", "fp8")):
+        with pytest.raises(UnsupportedCombinationError, match=rf"no quantization_config.*quantization {online} to "):
             resolve_quantization(engine, "modelopt", None)
 
 

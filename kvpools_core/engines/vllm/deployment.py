@@ -45,6 +45,12 @@ from kvpools_core.models import launch_model_path, load_model, served_model
 from kvpools_core.options import on_cli, option
 from kvpools_core.parts.vllm.layers import pp_layer_ranges
 from kvpools_core.parts.vllm.specs import CircularBufferSpec, MambaSpec, SlidingWindowMLASpec, UniformTypeKVCacheSpecs
+from kvpools_core.parts.weights.methods import (
+    VLLM_FP8_DEPRECATION,
+    VLLM_FP8_ONLINE_UNTIL,
+    current_vllm_release,
+    vllm_release,
+)
 from kvpools_core.pipeline.gpus import GPU, GiB, custom_gpu, find_gpu
 from kvpools_core.registry import Registry, get_registry
 from kvpools_core.units import parse_bytes
@@ -138,6 +144,9 @@ class VllmPlanResult:
     layout_note: str = ""
     """What an older vLLM's KV layout changed (``layout_version``, :mod:`kvpools_core.engines.vllm.layouts`), or
     empty."""
+    quantization_note: str = ""
+    """What vLLM's release does with ``--quantization`` (vLLM 0.31+'s deprecation of ``fp8`` for online
+    quantisation, :func:`_quantization_note`), or empty."""
 
     @property
     def total_memory(self) -> int | None:
@@ -182,7 +191,8 @@ class VllmPlanResult:
     @property
     def notes(self) -> tuple[str, ...]:
         """What the numbers assume that vLLM would measure at start-up (and an older vLLM's layout, if any)."""
-        return self._budget_notes() + ((self.layout_note,) if self.layout_note else ())
+        extra = (self.layout_note, self.quantization_note)
+        return self._budget_notes() + tuple(note for note in extra if note)
 
     def _budget_notes(self) -> tuple[str, ...]:
         if self.gpu is None:
@@ -422,6 +432,42 @@ def _stage_weights(
     return tuple(weights)
 
 
+def _quantization_note(serving: Serving, release: str | None) -> str:
+    """vLLM 0.31+ keeps ``--quantization fp8`` on an unquantised checkpoint working but deprecated: the loader
+    warns and serves ``fp8_per_tensor`` (``get_quant_config``, 0.33 ``model_loader/weight_utils.py`` L351-361),
+    the storage kvpools plans; empty for another method or an older release (where ``Fp8Config`` itself quantises
+    per tensor)."""
+    if serving.quantization != "fp8":
+        return ""
+    with vllm_release(release):
+        planned = current_vllm_release()
+    if planned <= VLLM_FP8_ONLINE_UNTIL:
+        return ""
+    return (
+        f"--quantization fp8: on an unquantised checkpoint vLLM {'.'.join(map(str, planned))} warns "
+        f"'{VLLM_FP8_DEPRECATION}' and serves fp8_per_tensor (one float32 scale a layer and an expert), as the "
+        "weights are planned; an fp8 checkpoint is read as stored."
+    )
+
+
+def _check_quantization(model_ref: str | ModelSpec, serving: Serving, registry: Registry | None) -> None:
+    """vLLM's check of ``--quantization`` against the checkpoint where no weights are estimated (a ``--memory``
+    budget): the weights estimate applies its rules (:func:`~kvpools_core.parts.weights.methods.resolve_quantization`,
+    the release :func:`~kvpools_core.parts.weights.methods.vllm_release` sets), and what it refuses vLLM refuses at
+    start-up whatever the budget; a model whose weights kvpools cannot estimate is not checked."""
+    if serving.quantization is None or isinstance(model_ref, ModelSpec):
+        return
+    from kvpools_core.errors import EngineRefusalError, KvpoolsError
+    from kvpools_core.pipeline.weights import estimate_weights
+
+    try:
+        estimate_weights(model_ref, serving, registry=registry)
+    except EngineRefusalError:
+        raise
+    except KvpoolsError:
+        return
+
+
 def plan_vllm(
     model: str | ModelSpec,
     serving: Serving | None = None,
@@ -523,6 +569,8 @@ def plan_vllm(
     block = DEFAULT_BLOCK_SIZE if block_size is None else block_size
     workers = _specs(spec, plugin, _with_capability(serving, chosen), registry, block)
     layout = layout_version or runtime_profile
+    # the release whose --quantization rules the weights estimate applies (0.33 unless a profile names another)
+    quantization_release = load_profile(layout).version if layout is not None else None
     layout_note = ""
     release = load_profile(layout) if layout is not None else None
     if release is not None:
@@ -551,6 +599,8 @@ def plan_vllm(
     if chosen is None:
         assert memory is not None  # _resolve_device: exactly one budget source
         kv_bytes = parse_bytes(memory, option("memory"))
+        with vllm_release(quantization_release):
+            _check_quantization(model, serving, registry)
         budgets = tuple(available_kv_cache_memory(kv_cache_memory_bytes=kv_bytes) for _ in workers)
     else:
         default_utilization = (
@@ -561,9 +611,10 @@ def plan_vllm(
             weights = (parse_bytes(weights_memory, option("weights_memory")),) * serving.pp_size
             weights_source = "given (--weights-memory)"
         else:
-            weights = _stage_weights(model, spec, serving, registry)
+            with vllm_release(quantization_release):
+                weights = _stage_weights(model, spec, serving, registry)
+                tower, modalities = _skipped_tower_weights(model, serving, multimodal, registry)
             weights_source = "kvpools' estimate of each stage's layers from the model config (estimate_weights)"
-            tower, modalities = _skipped_tower_weights(model, serving, multimodal, registry)
             if any(tower):
                 weights = tuple(stage - skipped for stage, skipped in zip(weights, tower, strict=True))
                 weights_source += (
@@ -631,6 +682,7 @@ def plan_vllm(
         stage_activation_peaks=peaks if chosen is not None and runtime is not None else (),
         multimodal=multimodal,
         layout_note=layout_note,
+        quantization_note=_quantization_note(serving, quantization_release),
     )
 
 

@@ -1920,10 +1920,20 @@ def _compressed_tensors_scheme(group: Any) -> str:
     return "other"
 
 
+_ONLINE_MOE_SCHEMES = {"fp8": "fp8", "fp8_per_tensor": "fp8", "fp8_per_block": "fp8-block"}
+"""The experts' scheme of an unquantised checkpoint quantised at load, by ``--quantization``: per-tensor fp8 weights
+with dynamic per-tensor activations (``Fp8PerTensorOnlineMoEMethod``, vLLM 0.33 ``quantization/online/fp8.py``
+L594-615, which ``fp8`` gets too), 128 x 128 block weights with dynamic per-group activations
+(``_Fp8OnlineMoEBase`` with a block size, L495-506).  ``fp8_per_channel``'s per-channel weights and per-token
+activations (``Fp8PtpcOnlineMoEMethod``, L767-806, which refuses the Marlin and FlashInfer backends) are none of
+:data:`MOE_QUANT_SCHEMES` and read "other"."""
+
+
 def moe_quant_scheme(quantization_config: dict[str, Any], *, runtime: str | None = None) -> str:
     """The routed experts' scheme (:data:`MOE_QUANT_SCHEMES`) of a checkpoint's ``quantization_config`` and
-    ``--quantization`` ``runtime``: an unquantised checkpoint under ``--quantization fp8`` is "fp8" (vLLM's
-    ``Fp8Config`` quantises per tensor at load); ``fp8`` with ``weight_block_size`` is "fp8-block", with
+    ``--quantization`` ``runtime``: an unquantised checkpoint under ``--quantization fp8`` (served as
+    ``fp8_per_tensor`` from vLLM 0.31) or ``fp8_per_tensor`` is "fp8", under ``fp8_per_block`` "fp8-block", under
+    ``fp8_per_channel`` "other" (:data:`_ONLINE_MOE_SCHEMES`); ``fp8`` with ``weight_block_size`` is "fp8-block", with
     ``activation_scheme: static`` "fp8-static" (``quantization/fp8.py`` L509-519); ``modelopt`` /
     ``modelopt_fp4`` by ``quant_algo`` (top level or its ``quantization`` section; ``MIXED_PRECISION`` by the
     experts' entry of ``quantized_layers``); ``compressed-tensors`` by the ``config_groups`` entry that covers the
@@ -1933,7 +1943,7 @@ def moe_quant_scheme(quantization_config: dict[str, Any], *, runtime: str | None
     if not method:
         if runtime is None:
             return ""
-        return "fp8" if runtime == "fp8" else "other"
+        return _ONLINE_MOE_SCHEMES.get(runtime, "other")
     if method == "fp8":
         if quantization_config.get("weight_block_size"):
             return "fp8-block"

@@ -38,6 +38,16 @@ __all__ = [
 ]
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+_RUNTIME_NOTES = {
+    "sglang": "--quantization {method}: the Linear weights are quantised to fp8 at load with a float32 scale per "
+    "output row (per expert in MoE), as SGLang does on CUDA.",
+    "per_tensor": "--quantization {method}: the Linear weights are quantised to fp8 at load with one float32 scale "
+    "per vLLM layer (q/k/v and gate/up fused share one) and one per expert for w13 and w2 in MoE.",
+    "per_channel": "--quantization {method}: the Linear weights and experts are quantised to fp8 at load with a "
+    "float32 scale per output row.",
+    "per_block": "--quantization {method}: the Linear weights and experts are quantised to fp8 at load with a "
+    "float32 scale per 128x128 block (the experts' hidden and per-rank intermediate sizes padded to 128).",
+}
 FAMILIES = (
     "embedding",
     "lm_head",
@@ -133,20 +143,18 @@ def estimate(
     quant_reader = outer if outer.has("quantization_config") else reader
     checkpoint = quantisation_of(quant_reader)
     quant = quant_reader.child("quantization_config").config if quant_reader.has("quantization_config") else None
+    engine = "vllm" if serving.accounting == "vllm" else "sglang"
     resolved = resolve_quantization(
-        "vllm" if serving.accounting == "vllm" else "sglang",
+        engine,
         serving.quantization,
         quant,
         model_methods=vllm_methods,
         traits=serving.traits,
     )
-    quantisation = runtime_quantisation(resolved, checkpoint)
+    modules = frozenset(tensor.module for tensor in builder.tensors)
+    quantisation = runtime_quantisation(resolved, checkpoint, engine, modules)
     if isinstance(quantisation, RuntimeFp8):
-        notes.append(
-            f"--quantization {serving.quantization}: the Linear weights are quantised to fp8 at load with a "
-            "float32 scale per output row (per expert in MoE), as SGLang does on CUDA; vLLM keeps one scale "
-            "a tensor (4 B a row less)."
-        )
+        notes.append(_RUNTIME_NOTES[quantisation.scheme].format(method=serving.quantization))
     elif serving.quantization is not None and checkpoint is not None:
         notes.append(
             f"--quantization {serving.quantization}: the checkpoint is already quantised "

@@ -40,6 +40,20 @@ mismatch error; last, the method must be in SGLang's registry, which it builds p
 have no ``gptq``: layers/quantization/__init__.py L63-137, model_config.py L2150-2155), and on ROCm in its
 supported list (L2156-2160).
 
+vLLM's runtime quantisation of an unquantised checkpoint depends on the release (issue 34): up to 0.30 ``fp8``
+builds ``Fp8Config(is_checkpoint_fp8_serialized=False)``, which quantises at load with one float32 scale per layer
+and per expert (vLLM 0.19 ``quantization/fp8.py`` L500-547 and L1008-1027; 0.24 L188-196 and 0.30 L188-223 hand it
+to the per-tensor online methods).  0.20 added the online shorthands ``fp8_per_tensor`` and ``fp8_per_block``
+(``quantization/__init__.py`` L40-43), 0.24 ``fp8_per_channel`` (``config/quantization.py`` L125).  From 0.31
+``Fp8Config`` reads fp8 checkpoints only (0.33 ``quantization/fp8.py`` L105-112 raises "The `fp8` quantization
+method no longer supports online quantization" when built for another), but the loader never builds it for an
+unquantised checkpoint: ``get_quant_config`` finds no config file for ``fp8``, warns "--quantization fp8 is
+deprecated for online quantization; use --quantization fp8_per_tensor instead." and serves ``fp8_per_tensor``
+(0.31 ``model_loader/weight_utils.py`` L341-349, 0.33 L351-361, 0.34 L380-390): the same storage, accepted by every
+release.  The shorthands are online methods only: on a quantised checkpoint they differ from its method and fail
+as any other mismatch (``_verify_quantization``; ``OnlineQuantizationConfig`` overrides nothing).  Which release's
+rules apply is :func:`vllm_release`'s (0.33 unless a plan names an older one).
+
 Which conversions run and which methods are refused is the platform's to say, not this module's: the platform
 plugin declares them in its :class:`~kvpools_core.values.PlatformTraits` (``marlin_conversions``,
 ``refused_quantization``), which the pipeline resolves into ``Serving.platform_traits``; the core names no
@@ -48,14 +62,24 @@ platform.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextvars
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
-from kvpools_core.errors import EngineRefusalError, UnsupportedCombinationError
+from kvpools_core.errors import ConfigError, EngineRefusalError, UnsupportedCombinationError
 from kvpools_core.options import option
 from kvpools_core.values import SGLANG_QUANTIZATION_METHODS, VLLM_QUANTIZATION_METHODS, PlatformTraits
 
-__all__ = ["ENGINE_METHODS", "resolve_quantization"]
+__all__ = [
+    "ENGINE_METHODS",
+    "VLLM_FP8_DEPRECATION",
+    "VLLM_FP8_ONLINE_UNTIL",
+    "VLLM_ONLINE_FP8_SINCE",
+    "current_vllm_release",
+    "resolve_quantization",
+    "vllm_release",
+]
 
 ENGINE_METHODS = {"vllm": VLLM_QUANTIZATION_METHODS, "sglang": SGLANG_QUANTIZATION_METHODS}
 """The ``--quantization`` names kvpools models, per engine: those in the engine's own choices whose checkpoints
@@ -75,6 +99,64 @@ _SGLANG_COMPATIBLE = {
     "modelopt_mixed": ("modelopt",),
 }
 """SGLang's ``compatible_quantization_methods`` (model_config.py L2042-2055), the entries kvpools models."""
+
+VLLM_DEFAULT_RELEASE = (0, 33)
+"""The vLLM release whose rules apply when a plan names none."""
+VLLM_FP8_ONLINE_UNTIL = (0, 30)
+"""The last vLLM release whose ``Fp8Config`` itself quantises an unquantised checkpoint; from 0.31 the loader serves
+``--quantization fp8`` there as ``fp8_per_tensor`` after a deprecation warning (:data:`VLLM_FP8_DEPRECATION`)."""
+VLLM_FP8_DEPRECATION = (
+    "--quantization fp8 is deprecated for online quantization; use --quantization fp8_per_tensor instead."
+)
+"""vLLM 0.31+'s warning (``get_quant_config``, 0.33 ``model_loader/weight_utils.py`` L351-361)."""
+VLLM_ONLINE_FP8_SINCE = {"fp8_per_tensor": (0, 20), "fp8_per_block": (0, 20), "fp8_per_channel": (0, 24)}
+"""vLLM's online fp8 shorthands and the release that added each (``QuantizationMethods``, vLLM 0.20
+``quantization/__init__.py`` L40-43; ``fp8_per_channel`` in 0.24's ``config/quantization.py`` L125-128)."""
+_RELEASE: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("kvpools_vllm_release", default=None)
+
+
+def _release(version: str) -> tuple[int, int]:
+    """``(0, 19)`` of ``"0.19"``, ``"0.19.1"`` or ``"vllm==0.19"``."""
+    parts = str(version).strip().lower().removeprefix("vllm==").split(".")
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        raise ConfigError(f"vLLM release {version!r} is not X.Y (0.19, 0.33).") from None
+
+
+@contextmanager
+def vllm_release(version: str | None) -> Iterator[None]:
+    """Within the block, vLLM's quantisation rules are those of release ``version`` (a runtime profile's
+    ``RuntimeProfile.version``: ``"0.19"``, ``"0.24"``); ``None`` keeps 0.33's.  vLLM's plan sets it around the
+    weights estimate, which reaches :func:`resolve_quantization` through the architecture plugins' hook."""
+    token = _RELEASE.set(None if version is None else _release(version))
+    try:
+        yield
+    finally:
+        _RELEASE.reset(token)
+
+
+def current_vllm_release() -> tuple[int, int]:
+    """The vLLM release whose rules apply here (:func:`vllm_release`; 0.33 outside one)."""
+    return _RELEASE.get() or VLLM_DEFAULT_RELEASE
+
+
+def _shown(release: tuple[int, int]) -> str:
+    return ".".join(map(str, release))
+
+
+def _vllm_online(requested: str | None) -> str | None:
+    """vLLM's answer to ``--quantization requested`` on an unquantised checkpoint, by release: ``fp8`` everywhere
+    (per tensor; deprecated from 0.31), a shorthand from the release that added it."""
+    release = current_vllm_release()
+    since = VLLM_ONLINE_FP8_SINCE.get(str(requested))
+    if since is None or release >= since:
+        return requested
+    raise EngineRefusalError(
+        f"{option('quantization')} {requested}: vLLM {_shown(release)} has no such method (vLLM added it in "
+        f"{_shown(since)}). Pass {option('quantization')} fp8, which that release quantises per tensor at load, or "
+        f"plan a release from {_shown(since)} on."
+    )
 
 
 def resolve_quantization(
@@ -104,12 +186,26 @@ def resolve_quantization(
             + (" Use modelopt (vLLM resolves the checkpoint's algorithm)." if requested == "modelopt_fp8" else "")
         )
     if quant is None:
-        if requested is None or requested == "fp8":
+        online = "fp8"
+        if engine == "vllm":
+            if requested is None or requested == "fp8" or requested in VLLM_ONLINE_FP8_SINCE:
+                return _vllm_online(requested)
+            if requested == "mxfp4":  # a checkpoint method and, from 0.28, an online shorthand too
+                raise UnsupportedCombinationError(
+                    f"{option('quantization')} mxfp4 on a checkpoint with no quantization_config: vLLM quantises it "
+                    "to MXFP4 at load (the online shorthand, vllm/config/quantization.py L214-217, served by "
+                    "get_quant_config, model_loader/weight_utils.py L362-366); kvpools does not model online MXFP4 "
+                    f"yet. Plan an MXFP4 checkpoint, or {option('quantization')} fp8_per_tensor / fp8_per_channel / "
+                    "fp8_per_block."
+                )
+            # fp8 still works from 0.31 but is deprecated there: name the method vLLM asks for
+            online = "fp8" if current_vllm_release() <= VLLM_FP8_ONLINE_UNTIL else "fp8_per_tensor"
+        elif requested is None or requested == "fp8":
             return requested
         raise EngineRefusalError(
             f"{option('quantization')} {requested} on a checkpoint with no quantization_config: {requested} reads "
             f"the scales of a checkpoint quantised with it, which this one is not. Drop {option('quantization')}, "
-            f"or pass {option('quantization')} fp8 to quantise the weights at load."
+            f"or pass {option('quantization')} {online} to quantise the weights at load."
         )
     if engine == "vllm":
         checkpoint, resolved = _vllm(requested, quant, model_methods or {})

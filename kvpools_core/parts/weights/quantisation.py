@@ -15,7 +15,17 @@ import attrs
 
 from kvpools_core.config import ConfigReader, describe
 
-__all__ = ["KNOWN", "ByModule", "Quantisation", "RuntimeFp8", "mxfp4", "quantisation_of", "runtime_quantisation"]
+__all__ = [
+    "KNOWN",
+    "RUNTIME_METHODS",
+    "RUNTIME_SCHEMES",
+    "ByModule",
+    "Quantisation",
+    "RuntimeFp8",
+    "mxfp4",
+    "quantisation_of",
+    "runtime_quantisation",
+]
 
 
 class Weight(Protocol):
@@ -73,39 +83,117 @@ class ByModule:
         return None
 
 
+_RUNTIME_LABELS = {
+    "sglang": "float8_e4m3 (quantised at load) + float32 scale per output row (per expert in MoE)",
+    "per_tensor": "float8_e4m3 (quantised at load) + float32 scale per layer (per expert in MoE)",
+    "per_channel": "float8_e4m3 (quantised at load) + float32 scale per output row",
+    "per_block": "float8_e4m3 (quantised at load) + float32 scale per 128x128 block",
+}
+RUNTIME_SCHEMES = tuple(_RUNTIME_LABELS)
+_BLOCK = 128
+_SHARED_SCALE = {"q_proj": "v_proj", "k_proj": "v_proj", "gate_proj": "up_proj"}
+"""vLLM's fused Linears: Hugging Face's ``q_proj`` / ``k_proj`` / ``v_proj`` load into one ``qkv_proj``
+(``QKVParallelLinear``), ``gate_proj`` / ``up_proj`` into one ``gate_up_proj`` (``MergedColumnParallelLinear``); a
+per-layer scale is one for the fused layer, counted on ``v_proj`` / ``up_proj``."""
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
 @attrs.frozen
 class RuntimeFp8:
-    """``--quantization fp8`` on an unquantised checkpoint: SGLang quantises the weights when they load.
+    """An unquantised checkpoint quantised to fp8 when it loads (``--quantization fp8`` and vLLM's online
+    shorthands); ``scheme`` says how its scales are kept.
 
-    A Linear (``Fp8LinearMethod.process_weights_after_loading``, sglang/srt/layers/quantization/fp8.py, the
-    not-``is_checkpoint_fp8_serialized`` branch) becomes fp8 with one float32 scale per output row on CUDA (the
-    cutlass path, ``per_token_group_quant_fp8`` over the whole row; ``input_to_float8``'s one scale a tensor only
-    without cutlass fp8): ``out·in + 4·out``. The experts (``Fp8MoEMethod.process_weights_after_loading``) become
-    fp8 with one float32 scale per expert for the merged ``w13`` (gate and up) and one for ``w2`` (down): the
-    scale of ``w13`` is counted on ``up_proj``. Embeddings, the LM head, norms and routers stay in the dtype.
+    * ``"sglang"`` (SGLang's ``fp8``): a Linear (``Fp8LinearMethod.process_weights_after_loading``,
+      sglang/srt/layers/quantization/fp8.py, the not-``is_checkpoint_fp8_serialized`` branch) becomes fp8 with one
+      float32 scale per output row on CUDA (the cutlass path, ``per_token_group_quant_fp8`` over the whole row;
+      ``input_to_float8``'s one scale a tensor only without cutlass fp8): ``out·in + 4·out``. The experts
+      (``Fp8MoEMethod.process_weights_after_loading``) become fp8 with one float32 scale per expert for the merged
+      ``w13`` (gate and up) and one for ``w2`` (down): the scale of ``w13`` is counted on ``up_proj``.
+    * ``"per_tensor"`` (vLLM's ``fp8_per_tensor``, and its ``fp8``: up to 0.30 ``Fp8Config``'s
+      own per-tensor methods, from 0.31 ``fp8_per_tensor`` itself): one float32 scale per vLLM layer
+      (``Fp8PerTensorOnlineLinearMethod.process_weights_after_loading``, vLLM 0.33
+      ``quantization/online/fp8.py`` L237-250: ``amax.reshape(1)``), so ``q``/``k``/``v`` and ``gate``/``up``,
+      fused into one layer, share theirs (counted on ``v_proj`` / ``up_proj`` where the model has them); the
+      experts one per expert for ``w13`` and one for ``w2`` (``Fp8PerTensorOnlineMoEMethod``, L617-647).
+    * ``"per_channel"`` (``fp8_per_channel``): one float32 scale per output row of every Linear
+      (``Fp8PtpcOnlineLinearMethod``, L426-440, ``amax`` over the input dimension) and of every expert's ``w13``
+      and ``w2`` (``Fp8PtpcOnlineMoEMethod``, L809-838: ``w13_scale`` ``(E, 2·I, 1)``, ``w2_scale`` per row of
+      ``w2``): ``out·in + 4·out``.
+    * ``"per_block"`` (``fp8_per_block``): one float32 scale per 128 × 128 block (``per_block_cast_to_fp8``,
+      vLLM 0.33 utils/deep_gemm.py L1027-1046: ``ceil(out/128) × ceil(in/128)`` scales, the weight unpadded;
+      ``Fp8PerBlockOnlineLinearMethod``, L337-350); the experts' hidden size and per-rank intermediate size are
+      first rounded up to 128 (``Fp8PerBlockOnlineMoEMethod.maybe_roundup_sizes``, L680-695), the padded weight
+      stored, with ``(E, ceil(rows/128), ceil(cols/128))`` scales (L718-742).  The blocks are counted per Hugging
+      Face tensor: where a fused layer's parts (q/k/v, gate/up) are not multiples of 128 rows vLLM blocks the fused
+      rows and keeps a few row blocks fewer (an upper bound by under one row of blocks a part).
+
+    Embeddings, the LM head (``ParallelLMHead`` is no ``LinearBase``: ``OnlineQuantizationConfig.
+    resolve_quant_method_cls``, vLLM 0.33 ``quantization/online/base.py`` L289-299), norms and routers (kept
+    unquantised by the checkpoints' model code) stay in the dtype.  ``modules`` are the model's tensors' module
+    names, which say which Linears vLLM fuses (the per-layer scale of ``"per_tensor"``).
     """
 
-    label: str = "float8_e4m3 (quantised at load) + float32 scale per output row (per expert in MoE)"
+    scheme: str = attrs.field(default="sglang", validator=attrs.validators.in_(RUNTIME_SCHEMES))
+    modules: frozenset[str] = frozenset()
+
+    @property
+    def label(self) -> str:
+        return _RUNTIME_LABELS[self.scheme]
 
     def for_tensor(self, tensor: Weight) -> Quantisation | None:
         if not tensor.linear:
             return None
-        if tensor.family == "moe_experts":
-            scales = 0 if tensor.module.endswith((".gate_proj", ".w1")) else 1
-            return Quantisation(self.label, lambda count, out, inner: count * (out * inner + scales * FLOAT32), ())
-        return Quantisation(self.label, lambda count, out, inner: count * out * (inner + FLOAT32), ())
+        experts = tensor.family == "moe_experts"
+        return Quantisation(self.label, self._bytes_of(tensor.module, experts), ())
+
+    def _bytes_of(self, module: str, experts: bool) -> Callable[[int, int, int], int]:
+        if self.scheme == "per_channel" or (self.scheme == "sglang" and not experts):
+            return lambda count, out, inner: count * out * (inner + FLOAT32)
+        if self.scheme == "per_block":
+            return _per_block(experts)
+        if experts:  # one scale per expert for w13 (counted on up) and one for w2
+            scales = 0 if module.endswith((".gate_proj", ".w1")) else 1
+            return lambda count, out, inner: count * (out * inner + scales * FLOAT32)
+        parent, _, name = module.rpartition(".")
+        shares = name in _SHARED_SCALE and f"{parent}.{_SHARED_SCALE[name]}" in self.modules
+        return lambda count, out, inner: count * (out * inner + (0 if shares else FLOAT32))
+
+
+def _per_block(experts: bool) -> Callable[[int, int, int], int]:
+    def bytes_of(count: int, out: int, inner: int) -> int:
+        if experts:
+            out, inner = _round_up(out, _BLOCK), _round_up(inner, _BLOCK)
+        return count * (out * inner + FLOAT32 * math.ceil(out / _BLOCK) * math.ceil(inner / _BLOCK))
+
+    return bytes_of
+
+
+RUNTIME_METHODS = {"fp8_per_tensor": "per_tensor", "fp8_per_channel": "per_channel", "fp8_per_block": "per_block"}
+"""vLLM's online fp8 shorthands and the :class:`RuntimeFp8` scheme of each."""
 
 
 def runtime_quantisation(
-    resolved: str | None, checkpoint: Quantisation | ByModule | None
+    resolved: str | None,
+    checkpoint: Quantisation | ByModule | None,
+    engine: str = "sglang",
+    modules: frozenset[str] = frozenset(),
 ) -> Quantisation | ByModule | RuntimeFp8 | None:
     """The storage the engine serves: ``resolved`` is the method its rules accepted against the checkpoint
-    (:func:`~kvpools_core.parts.weights.methods.resolve_quantization`). A quantised checkpoint keeps its own
-    storage (the engine reads its scales; nothing is quantised twice); ``fp8`` on an unquantised one is quantised
-    at load (:class:`RuntimeFp8`)."""
-    if checkpoint is None and resolved == "fp8":
-        return RuntimeFp8()
-    return checkpoint
+    (:func:`~kvpools_core.parts.weights.methods.resolve_quantization`, which refuses what the engine's release
+    refuses). A quantised checkpoint keeps its own storage (the engine reads its scales; nothing is quantised
+    twice); on an unquantised one (:class:`RuntimeFp8`) ``fp8`` is quantised at load as ``engine`` does it (SGLang
+    per output row; vLLM per tensor), vLLM's ``fp8_per_tensor`` / ``fp8_per_channel`` /
+    ``fp8_per_block`` as they say. ``modules`` are the model's tensors' module names (:class:`RuntimeFp8`)."""
+    if checkpoint is not None:
+        return checkpoint
+    if resolved == "fp8":
+        return RuntimeFp8("per_tensor" if engine == "vllm" else "sglang", modules)
+    if resolved in RUNTIME_METHODS:
+        return RuntimeFp8(RUNTIME_METHODS[resolved], modules)
+    return None
 
 
 def _module_matches(module: str, pattern: str) -> bool:
