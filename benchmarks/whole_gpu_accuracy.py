@@ -123,8 +123,9 @@ def logged_kv_gib(log: StartupLog) -> float | None:
 
 def profile_for(version: str | None) -> str | None:
     """The runtime profile a vLLM ``version`` is predicted with: the profile file that covers it (``PROFILE_VERSIONS``
-    and ``PROFILE_ALIASES``: every release 0.15, 0.16 and 0.19-0.33), else the nearest calibrated one (0.19 before
-    0.20, 0.33 after: 0.17 / 0.18 and newer releases); None when the record's version is not a number."""
+    and ``PROFILE_ALIASES``: every release 0.15-0.33; 0.17 ``vllm-0.17.json``, 0.18 ``vllm-0.19.json``), else the
+    nearest calibrated one (0.19 before 0.20, 0.33 after: releases outside 0.15-0.33); None when the record's version
+    is not a number."""
     if version is None:
         return None
     key = version_key(version)

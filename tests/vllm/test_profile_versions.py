@@ -1,8 +1,16 @@
-"""vLLM's runtime profiles per release range, 0.15 to 0.33 (issue 34, vers34).
+"""vLLM's runtime profiles per release range, 0.15 to 0.33 (issue 34, vers34; 0.17 / 0.18 v17x34).
 
 Every boundary below was read in the wheels one by one (``pip download vllm==X --no-deps``; 0.33.0 in the peers
 venv); each test plans one model on both sides and checks the term that changes by its hand-computed amount.
 
+* 0.16 -> 0.17: ``apply_top_k_top_p`` masks >= 8 rows in place with a Triton kernel (0.17.0
+  ``v1/sample/ops/topk_topp_sampler.py`` L245-255; 0.16.0 sorts, L262): 12 B per sampled logit and the kernel's cached
+  program buffer (0.17.0 ``topk_topp_triton.py`` L992-1003) instead of the sort's 36 B.
+* 0.17 -> 0.18: a Gated DeltaNet hybrid of head size 256 on a data-center Blackwell lays its attention blocks on the
+  16-token grid, not 32 (0.17.0 ``model_executor/models/config.py`` L469-480; 0.18.0 L149).  0.18.0 also profiles the
+  CUDA graphs inside the memory window (``v1/worker/gpu_worker.py`` L384-399), which moves the non-torch memory
+  (0.13 -> 0.25 GiB in llm-d-planner's held-out sweep); not fitted: both profiles carry 0.19's constant.
+* 0.18 -> 0.19: nothing modelled changes (``vllm-0.19.json`` covers both; each note cites the 0.18.0 lines).
 * 0.19 -> 0.20: ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to 1 (0.19.1 ``envs.py`` L1655 "0", 0.20.0
   L1725 "1") and ``CacheConfig.gpu_memory_utilization`` to 0.92 (0.19.1 ``config/cache.py`` L41 0.9, 0.20.0 L66).
 * 0.25 -> 0.26: FlashInfer's float workspace ``max(394 MiB, max_num_batched_tokens x heads x head_dim x 16)``
@@ -49,8 +57,8 @@ from kvpools_core.pipeline.gpus import find_gpu
 
 GiB = 1 << 30
 MiB = 1 << 20
-RELEASES = [f"0.{minor}" for minor in (15, 16, *range(19, 34))]
-"""The releases with a profile: 0.17 and 0.18 have none (refused; 0.17 logs a different non-torch memory)."""
+RELEASES = [f"0.{minor}" for minor in range(15, 34)]
+"""The releases with a profile: every one from 0.15 to 0.33."""
 CONFIGS = Path(__file__).parents[1] / "weights" / "configs"
 MISTRAL_SMALL = str(CONFIGS / "mistralai--Mistral-Small-3.1-24B-Instruct-2503.json")
 
@@ -77,6 +85,7 @@ def test_the_files_cover_disjoint_ranges_and_the_aliases_are_their_covers() -> N
         if release != version
     } == PROFILE_ALIASES
     assert [version for version in PROFILE_VERSIONS if version not in {"0.16", "0.19", "0.24", "0.33"}] == [
+        "0.17",
         "0.26",
         "0.28",
         "0.29",
@@ -84,7 +93,7 @@ def test_the_files_cover_disjoint_ranges_and_the_aliases_are_their_covers() -> N
     ]
 
 
-@pytest.mark.parametrize("version", ["0.14", "0.17", "0.18", "0.34", "vllm==0.34.0"])
+@pytest.mark.parametrize("version", ["0.14", "0.14.1", "0.34", "vllm==0.34.0"])
 def test_a_release_outside_the_profiles_is_refused(version: str) -> None:
     with pytest.raises(ConfigError, match="no calibrated runtime-memory profile"):
         load_profile(version)
@@ -95,6 +104,7 @@ def test_a_release_outside_the_profiles_is_refused(version: str) -> None:
     [
         # (cudagraph_subtracted, flashinfer scales, GDN ckpt, Mamba2 ckpt, utilization, 160 GiB tier, Pixtral mask)
         ("0.16", (False, False, False, False, 0.9, False, True)),
+        ("0.17", (False, False, False, False, 0.9, False, True)),
         ("0.19", (False, False, False, False, 0.9, False, True)),
         ("0.24", (True, False, False, False, 0.92, False, True)),
         ("0.26", (True, True, False, False, 0.92, False, True)),
@@ -129,14 +139,16 @@ def test_each_profile_file_loads_with_its_releases_switches(version: str, flags:
         assert {key: data[key] for key in constants} == {key: data_033[key] for key in constants}
     assert profile.sampler_bytes_per_logit == (36 if version == "0.16" else 12)
     # hybrids: prefix caching on by default from 0.26; Mamba1 / Mamba2 models in cache mode 'all' up to 0.27
-    assert profile.hybrid_prefix_caching_default == (version not in {"0.16", "0.19", "0.24"})
-    assert profile.mamba_cache_mode_all == (version in {"0.16", "0.19", "0.24", "0.26"})
+    assert profile.hybrid_prefix_caching_default == (version not in {"0.16", "0.17", "0.19", "0.24"})
+    assert profile.mamba_cache_mode_all == (version in {"0.16", "0.17", "0.19", "0.24", "0.26"})
+    # 0.15-0.17 align a head-256 hybrid to 32 tokens on a data-center Blackwell
+    assert profile.blackwell_head256_block_32 == (version in {"0.16", "0.17"})
 
 
 def test_every_profile_field_has_a_cited_note() -> None:
     """Each switch the profiles carry names its source in the file (a note with a ``.py`` file and ``L`` lines)."""
     folder = Path(runtime_memory.__file__).parent / "profiles"
-    for version in ("0.24", "0.26", "0.28", "0.29", "0.32"):
+    for version in ("0.17", "0.19", "0.24", "0.26", "0.28", "0.29", "0.32"):
         data = json.loads((folder / f"vllm-{version}.json").read_text(encoding="utf-8"))
         for field in (
             "flashinfer_workspace",
@@ -389,3 +401,177 @@ def test_0_27_to_0_28_a_blackwell_captures_up_to_1024() -> None:
     assert "(PIECEWISE 83 - 1)" in graphs("0.28", "b200") and "(FULL 83 - 1)" in graphs("0.28", "b200")
     assert "(PIECEWISE 51 - 1)" in graphs("0.28", "h100")
     assert not load_profile("0.27").blackwell_capture_1024 and load_profile("0.28").blackwell_capture_1024
+
+
+def test_the_0_17_and_0_18_switches_cite_their_wheels() -> None:
+    """vllm-0.17.json and the 0.18 lines in vllm-0.19.json: every field's note names the file and lines read, and
+    the two files (and 0.16's) say where the Blackwell head-256 alignment comes from and where it went."""
+    folder = Path(runtime_memory.__file__).parent / "profiles"
+    files = {
+        version: json.loads((folder / f"vllm-{version}.json").read_text(encoding="utf-8"))
+        for version in ("0.16", "0.17", "0.19")
+    }
+    for field in (
+        "sampler_bytes_per_logit",
+        "sampler_program_buffer",
+        "moe_workspace",
+        "non_torch",
+        "defaults",
+        "blackwell_capture_1024",
+        "blackwell_head256_block_32",
+    ):
+        for version in ("0.17", "0.19"):
+            note = files[version][f"{field}_note"]
+            assert ".py" in note and " L" in note, (version, field)
+    assert "0.17.0 model_executor/models/config.py L469-480" in files["0.17"]["blackwell_head256_block_32_note"]
+    assert "0.18.0 model_executor/models/config.py L149" in files["0.19"]["blackwell_head256_block_32_note"]
+    assert "L429-440" in files["0.16"]["blackwell_head256_block_32_note"]
+    assert files["0.19"]["covers"] == ["0.18", "0.19"] and "0.18.0" in files["0.19"]["non_torch_note"]
+    # the held-out rule: no constant of vllm-0.17.json is fitted, every calibrated one is vllm-0.19.json's
+    assert files["0.17"]["non_torch_gib_by_tp"] == files["0.19"]["non_torch_gib_by_tp"]
+    assert files["0.17"]["non_torch_pp_gib"] == files["0.19"]["non_torch_pp_gib"]
+    assert "never fitted" in files["0.17"]["fitted_on"]["held_out"]
+
+
+@pytest.mark.parametrize(
+    ("release", "profile"), [("0.17", "vllm-0.17"), ("0.18", "vllm-0.19"), ("0.18.0", "vllm-0.19")]
+)
+def test_cli_engine_version_plans_0_17_and_0_18(release: str, profile: str) -> None:
+    """``--engine-version vllm==0.17`` / ``vllm==0.18`` were refused before (no profile); both plan now."""
+    result = CliRunner().invoke(
+        main,
+        [
+            "plan",
+            "llama-3.1-8b",
+            "--engine-version",
+            f"vllm=={release}",
+            "--gpu",
+            "h100",
+            "--weights-memory",
+            "15GiB",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["runtime_memory"]["profile"] == profile
+    assert data["gpu_memory_utilization"] == 0.9
+
+
+def test_0_16_to_0_17_the_sampler_stops_sorting() -> None:
+    """llama-3.1-8b on an H100 at vllm serve's 8192 / 1024 defaults, 15 GiB of weights.  The dummy sampler run's
+    1024 rows x 128,256 vocab = 131,334,144 logits hold, with the 2 B bf16 logits, 36 B each under 0.16's sort
+    (4,990,697,472 B) and 12 B under 0.17's Triton kernel (1,838,678,016 B) plus its cached program buffer
+    132 SMs x 128,256 x 4 B = 67,719,168 B.  Both peaks are the sampler's (the forward pass is 0.844 GiB), the held
+    hidden states, cuBLAS workspace, non-torch memory and requested memory are the same: the 0.17 KV budget is
+    4,990,697,472 - 1,838,678,016 - 67,719,168 = 3,084,300,288 B larger."""
+    old, new = _llama("0.16"), _llama("0.17")
+    assert old.runtime_memory is not None and new.runtime_memory is not None
+    logits = 1024 * 128_256
+    assert logits == 131_334_144
+    assert old.runtime_memory.term("activation peak").bytes - new.runtime_memory.term("activation peak").bytes == (
+        logits * 38 - logits * 14 - 132 * 128_256 * 4
+    )
+    assert logits * 38 == 4_990_697_472 and logits * 14 == 1_838_678_016 and 132 * 128_256 * 4 == 67_719_168
+    for term in ("non-torch", "CUDA graphs"):
+        assert old.runtime_memory.term(term).bytes == new.runtime_memory.term(term).bytes
+    assert old.budgets[0].requested_memory == new.budgets[0].requested_memory
+    assert new.budgets[0].available_kv_cache_memory - old.budgets[0].available_kv_cache_memory == 3_084_300_288
+
+
+def test_0_17_to_0_19_a_dense_model_plans_the_same() -> None:
+    """For a dense model on an H100 nothing kvpools models moves at 0.17 -> 0.18 -> 0.19: the same sampler, defaults
+    and utilization, and the same non-torch constant (0.25 GiB at TP 1, vllm-0.19.json's, which vllm-0.17.json
+    carries: the 0.13 GiB 0.17.0 logged is a held-out record, not fitted)."""
+    plans = {version: _llama(version) for version in ("0.17", "0.18", "0.19")}
+    assert plans["0.17"].runtime_memory is not None
+    non_torch = plans["0.17"].runtime_memory.term("non-torch")
+    assert non_torch.bytes == round(0.25 * GiB) and "vllm-0.17.json" in non_torch.formula
+    budgets = {version: plan.budgets[0].available_kv_cache_memory for version, plan in plans.items()}
+    assert budgets["0.17"] == budgets["0.18"] == budgets["0.19"] == 58_128_253_027
+    assert plans["0.17"].plan == plans["0.18"].plan == plans["0.19"].plan
+
+
+def _qwen36(version: str, gpu: str) -> dict[str, Any]:
+    result = CliRunner().invoke(
+        main,
+        [
+            "plan",
+            "qwen3.6-35b-a3b-nvfp4",
+            "--engine-version",
+            f"vllm=={version}",
+            "--gpu",
+            gpu,
+            "--kv-cache-dtype",
+            "fp8",
+            "--quantization",
+            "modelopt",
+            "--max-model-len",
+            "131072",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    data: dict[str, Any] = json.loads(result.output)
+    return data
+
+
+def test_0_17_to_0_18_a_head_256_hybrid_on_a_b200_leaves_the_32_token_grid() -> None:
+    """Qwen3.6-35B-A3B (NVFP4, fp8 cache, max_model_len 131,072) on a B200 (capability 10.0).  Its 10 full-attention
+    layers have 2 KV heads of head_dim 256: 2 x 2 x 256 x 1 B = 1,024 B a token.  A GDN layer's state is the conv
+    state (2 x 16 x 128 + 32 x 128) x (4 - 1) x 2 B = 49,152 B and the fp32 SSM state 32 x 128 x 128 x 4 B =
+    2,097,152 B: 2,146,304 B = 2,096 tokens of attention page.  vLLM 0.18 aligns the block to 16 tokens
+    (16 x cdiv(2,146,304, 16 x 1,024) = 2,096, no padding); 0.17 to 32 on a Blackwell at head size 256 (0.17.0
+    ``models/config.py`` L469-480): 32 x cdiv(2,146,304, 32,768) = 32 x 66 = 2,112.  A block is 10 tensors (one layer
+    of each group) of block x 1,024 B: 21,463,040 / 21,626,880 B.  The KV budget is the same on both sides
+    (146,036,287,339 B): 6,804 / 6,752 blocks, and a request of 131,072 tokens holds cdiv(131,072, block) = 63
+    attention blocks + 3 GDN groups x 2 = 69 (6,804 / 69 x 131,072 = 12,924,838 tokens; 6,752 / 69 x 131,072 =
+    12,826,060).  On an H100 (9.0) the two releases agree."""
+    conv = (2 * 16 * 128 + 32 * 128) * (4 - 1) * 2
+    ssm = 32 * 128 * 128 * 4
+    assert conv + ssm == 2_146_304 == 2_096 * 1_024
+    assert 32 * math.ceil(2_146_304 / (32 * 1_024)) == 2_112
+    old, new = _qwen36("0.17", "b200"), _qwen36("0.18", "b200")
+    budget = 146_036_287_339
+    assert old["budget"][0]["available_kv_cache_memory"] == new["budget"][0]["available_kv_cache_memory"] == budget
+    assert (old["block_size"], new["block_size"]) == (2_112, 2_096)
+    assert (old["bytes_per_block"], new["bytes_per_block"]) == ([2_112 * 1_024 * 10], [2_096 * 1_024 * 10])
+    assert (old["num_gpu_blocks"], new["num_gpu_blocks"]) == (budget // 21_626_880, budget // 21_463_040)
+    assert (old["num_gpu_blocks"], new["num_gpu_blocks"]) == (6_752, 6_804)
+    assert old["blocks_per_request"] == new["blocks_per_request"] == 63 + 3 * 2
+    assert (old["kv_cache_size_tokens"], new["kv_cache_size_tokens"]) == (12_826_060, 12_924_838)
+    assert any("32-token grid" in note for note in old["notes"])
+    assert not any("32-token grid" in note for note in new["notes"])
+    # the 0.16 file carries the same alignment (0.16.0 L429-440); a Hopper keeps 16 tokens on every release
+    assert _qwen36("0.16", "b200")["block_size"] == 2_112
+    assert _qwen36("0.17", "h100")["block_size"] == _qwen36("0.18", "h100")["block_size"] == 2_096
+
+
+def test_0_17_hybrid_layout_without_a_gpu_says_it_cannot_tell_the_grid() -> None:
+    """With ``--memory`` (no device) the 0.17 layout is the 16-token grid, and the plan says a data-center Blackwell
+    would align to 32; 0.18's says nothing of it."""
+    old = plan_vllm("qwen3.6-35b-a3b-nvfp4", memory="6.01GiB", layout_version="0.17", max_model_len=131_072)
+    new = plan_vllm("qwen3.6-35b-a3b-nvfp4", memory="6.01GiB", layout_version="0.18", max_model_len=131_072)
+    assert old.plan == new.plan
+    assert "a plan without --gpu cannot tell" in old.notes[-1]
+    assert "cannot tell" not in new.notes[-1]
+
+
+@pytest.mark.parametrize(
+    ("installed", "engine", "says"),
+    [
+        ("0.17.1", "0.17", ""),
+        ("0.18.0", "0.18", ""),  # vllm-0.19.json covers 0.18
+        ("0.18.0", "0.17", "the profile (vLLM 0.17) is older than the installed vLLM 0.18.0"),
+        ("0.17.0", "0.18", "the profile (vLLM 0.19) is newer than the installed vLLM 0.17.0"),
+        ("0.16.0", "0.17", "the profile (vLLM 0.17) is newer than the installed vLLM 0.16.0"),
+    ],
+)
+def test_a_0_17_or_0_18_plan_says_when_the_installed_vllm_differs(
+    monkeypatch: pytest.MonkeyPatch, installed: str, engine: str, says: str
+) -> None:
+    monkeypatch.setattr(runtime_memory, "installed_vllm_version", lambda: installed)
+    memory = estimate_runtime_memory(
+        gpu=find_gpu("h100"), vocab_size=1000, engine_version=engine, graph=graph_shape_of("llama-3.1-8b")
+    )
+    assert memory.note == says

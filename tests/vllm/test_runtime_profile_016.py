@@ -122,5 +122,7 @@ def test_installed_engine_against_the_016_profile(monkeypatch: pytest.MonkeyPatc
 
 
 def test_014_has_no_profile() -> None:
-    with pytest.raises(ConfigError, match=r"no calibrated runtime-memory profile for vLLM '0.14'.*0.15, 0.16, 0.19"):
+    with pytest.raises(
+        ConfigError, match=r"no calibrated runtime-memory profile for vLLM '0.14'.*0.15, 0.16, 0.17, 0.18, 0.19"
+    ):
         load_profile("0.14")

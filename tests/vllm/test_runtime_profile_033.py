@@ -81,7 +81,7 @@ def test_the_profile_reproduces_the_logs_it_was_fitted_on() -> None:
 
 
 def test_every_profile_exists() -> None:
-    assert PROFILE_VERSIONS == ("0.16", "0.19", "0.24", "0.26", "0.28", "0.29", "0.32", "0.33")
+    assert PROFILE_VERSIONS == ("0.16", "0.17", "0.19", "0.24", "0.26", "0.28", "0.29", "0.32", "0.33")
     for version in PROFILE_VERSIONS:
         profile = load_profile(version)
         assert profile.version == version and profile.fitted_on

@@ -576,8 +576,9 @@ def plan_vllm(
     if release is not None:
         # an older vLLM's layout (the Gated DeltaNet / Mamba2 prefill checkpoints before 0.33 / 0.32,
         # engines/vllm/layouts.py)
-        laid_out = layout_for_version(workers, release, block)
-        change = layout_change(workers, release)
+        capability = chosen.compute_capability if chosen is not None else None
+        laid_out = layout_for_version(workers, release, block, capability)
+        change = layout_change(workers, release, capability)
         if change:
             layout_note = f"KV layout of vLLM {release.version}: {change} (engines/vllm/layouts.py)"
         workers = laid_out

@@ -54,12 +54,15 @@ def _is_gdn_with_checkpoint(spec: KVCacheSpec) -> bool:
     )
 
 
-def without_gdn_prefill_checkpoint(specs: Mapping[str, KVCacheSpec], block_size: int) -> dict[str, KVCacheSpec]:
-    """One worker's specs as vLLM 0.24-0.32 lay out a Gated DeltaNet hybrid: the block size re-aligned without the
+def without_gdn_prefill_checkpoint(
+    specs: Mapping[str, KVCacheSpec], block_size: int, kernel_block: int = ATTENTION_KERNEL_BLOCK
+) -> dict[str, KVCacheSpec]:
+    """One worker's specs as vLLM 0.15-0.32 lay out a Gated DeltaNet hybrid: the block size re-aligned without the
     64-token checkpoint grid (:func:`~kvpools_core.parts.vllm.layers.align_hybrid_block_size` with no
-    ``prefill_checkpoint_alignment``), every attention spec at that block size, every GDN ``MambaSpec`` padded to
-    the new attention page with no checkpoint block.  Specs without a GDN checkpoint come back unchanged.
-    ``block_size`` is the ``--block-size`` asked (16 by default)."""
+    ``prefill_checkpoint_alignment``) on ``kernel_block`` (16; 32 where :func:`blackwell_head256_grid` says so),
+    every attention spec at that block size, every GDN ``MambaSpec`` padded to the new attention page with no
+    checkpoint block.  Specs without a GDN checkpoint come back unchanged.  ``block_size`` is the ``--block-size``
+    asked (16 by default)."""
     gdn = [spec for spec in specs.values() if _is_gdn_with_checkpoint(spec)]
     if not gdn:
         return dict(specs)
@@ -73,8 +76,8 @@ def without_gdn_prefill_checkpoint(specs: Mapping[str, KVCacheSpec], block_size:
         block_size=block_size,
         attn_page_size_1_token=per_token,
         mamba_page_size=state.state_bytes,
-        kernel_block_size=ATTENTION_KERNEL_BLOCK,
-        backend_block_alignment=ATTENTION_KERNEL_BLOCK,
+        kernel_block_size=kernel_block,
+        backend_block_alignment=kernel_block,
     )
     result: dict[str, KVCacheSpec] = {}
     for name, spec in specs.items():
@@ -116,8 +119,36 @@ MAMBA_PREFIX_CACHING_TYPES = ("mamba1", "mamba2")
 0.29.0 and 0.32.0 wheels): every Mamba1 / Mamba2 family the mamba plugin builds."""
 
 
+BLACKWELL_HEAD256_KERNEL_BLOCK = 32
+"""vLLM 0.15-0.17's hybrid attention alignment on a data-center Blackwell at head size 256 (0.17.0
+``model_executor/models/config.py`` L469-480: FlashInfer does not run head size 256 with 16-token blocks there,
+flashinfer-ai/flashinfer#1993; 0.16.0 L429-440 the same; 0.18.0 L149 sets 16 whatever the GPU)."""
+
+
+def blackwell_head256_grid(
+    workers: list[dict[str, KVCacheSpec]], profile: RuntimeProfile, compute_capability: tuple[int, int] | None
+) -> bool:
+    """Whether ``profile``'s release aligns these Gated DeltaNet hybrid specs to 32 tokens
+    (:data:`BLACKWELL_HEAD256_KERNEL_BLOCK`): ``RuntimeProfile.blackwell_head256_block_32``, a GPU of device
+    capability family 100 (``is_device_capability_family(100)``: major 10, 0.17.0 ``platforms/interface.py``
+    L334-346) and attention of head size 256 (``model_config.get_head_size()``)."""
+    if not profile.blackwell_head256_block_32 or compute_capability is None or compute_capability[0] != 10:
+        return False
+    return _gdn_head256(workers)
+
+
+def _gdn_head256(workers: list[dict[str, KVCacheSpec]]) -> bool:
+    specs = [spec for worker in workers for spec in worker.values()]
+    return any(_is_gdn_with_checkpoint(spec) for spec in specs) and any(
+        not isinstance(spec, MambaSpec) and getattr(spec, "head_size", None) == 256 for spec in specs
+    )
+
+
 def layout_for_version(
-    workers: list[dict[str, KVCacheSpec]], profile: RuntimeProfile, block_size: int
+    workers: list[dict[str, KVCacheSpec]],
+    profile: RuntimeProfile,
+    block_size: int,
+    compute_capability: tuple[int, int] | None = None,
 ) -> list[dict[str, KVCacheSpec]]:
     """Every worker's specs as ``profile``'s vLLM version lays them out (unchanged for vLLM 0.33).
 
@@ -142,13 +173,22 @@ def layout_for_version(
         )
     result = workers
     if not profile.gdn_prefill_checkpoint:
-        result = [without_gdn_prefill_checkpoint(worker, block_size) for worker in result]
+        grid = (
+            BLACKWELL_HEAD256_KERNEL_BLOCK
+            if blackwell_head256_grid(workers, profile, compute_capability)
+            else ATTENTION_KERNEL_BLOCK
+        )
+        result = [without_gdn_prefill_checkpoint(worker, block_size, grid) for worker in result]
     if not profile.mamba2_prefill_checkpoint:
         result = [without_mamba2_prefill_checkpoint(worker) for worker in result]
     return result
 
 
-def layout_change(workers: list[dict[str, KVCacheSpec]], profile: RuntimeProfile) -> str:
+def layout_change(
+    workers: list[dict[str, KVCacheSpec]],
+    profile: RuntimeProfile,
+    compute_capability: tuple[int, int] | None = None,
+) -> str:
     """What :func:`layout_for_version` changes in ``workers`` (the 0.33 specs) for ``profile``'s release, in words
     (empty: nothing)."""
     specs = [spec for worker in workers for spec in worker.values()]
@@ -157,6 +197,16 @@ def layout_change(workers: list[dict[str, KVCacheSpec]], profile: RuntimeProfile
         changes.append(
             "Gated DeltaNet blocks without 0.33's 64-token prefill-checkpoint grid and 2 Mamba blocks a request"
         )
+        if blackwell_head256_grid(workers, profile, compute_capability):
+            changes.append(
+                f"the attention block on a {BLACKWELL_HEAD256_KERNEL_BLOCK}-token grid (head size 256 on a data-center "
+                f"Blackwell: vLLM 0.15-0.17, 0.17.0 model_executor/models/config.py L469-480)"
+            )
+        elif profile.blackwell_head256_block_32 and compute_capability is None and _gdn_head256(workers):
+            changes.append(
+                f"the attention block on the 16-token grid: on a data-center Blackwell vLLM {profile.version} aligns a "
+                f"head-size-256 hybrid to 32 tokens, which a plan without --gpu cannot tell"
+            )
     if not profile.mamba2_prefill_checkpoint and any(_is_mamba2_with_checkpoint(spec) for spec in specs):
         changes.append("Mamba2 layers without 0.32's prefill-checkpoint block (2 Mamba blocks a request, not 3)")
     if not profile.hybrid_prefix_caching_default and any(isinstance(spec, MambaSpec) for spec in specs):

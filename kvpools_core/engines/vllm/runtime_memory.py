@@ -165,14 +165,20 @@ class RuntimeProfile:
     """Whether the default CUDA-graph capture ceiling is 1024 on a data-center Blackwell (device capability family 100;
     vLLM 0.28.0 on, ``config/vllm.py`` L1936-1940), where earlier releases cap every GPU at ``min(max_num_seqs x 2,
     512)`` (0.27.1 L1831-1835): :func:`cudagraph_capture_sizes`."""
+    blackwell_head256_block_32: bool = False
+    """Whether a hybrid's attention block aligns to 32 tokens, not 16, on a data-center Blackwell (device capability
+    family 100) when the attention head size is 256 (vLLM 0.15-0.17: ``HybridAttentionMambaModelConfig`` with no
+    ``--attention-backend`` or FlashInfer, 0.17.0 ``model_executor/models/config.py`` L469-480, flashinfer-ai/flashinfer
+    #1993; 0.18.0 L149 aligns to 16 on every GPU): :func:`kvpools_core.engines.vllm.layouts`."""
 
 
-PROFILE_VERSIONS = ("0.16", "0.19", "0.24", "0.26", "0.28", "0.29", "0.32", "0.33")
+PROFILE_VERSIONS = ("0.16", "0.17", "0.19", "0.24", "0.26", "0.28", "0.29", "0.32", "0.33")
 """The vLLM versions that have a calibrated profile (``profiles/vllm-<version>.json``): one file per range of
 releases whose modelled behaviour is the same (each file's ``covers``)."""
 
 PROFILE_ALIASES = {
     "0.15": "0.16",
+    "0.18": "0.19",
     "0.20": "0.24",
     "0.21": "0.24",
     "0.22": "0.24",
@@ -183,10 +189,12 @@ PROFILE_ALIASES = {
     "0.31": "0.29",
 }
 """Versions another version's profile stands for (that file's ``covers``): vLLM 0.15 runs the same sort-based dummy
-sampler as 0.16; 0.20-0.25 subtract the CUDA-graph estimate, keep the fixed 394 MiB FlashInfer workspace and lay
-hybrids out without prefill checkpoints (``vllm-0.24.json``); 0.27 is 0.26 (``vllm-0.26.json``: the workspace sized
-to the prefill chunk); 0.30 and 0.31 are 0.29 (``vllm-0.29.json``: Pixtral without the dense block mask).  Each
-file's notes cite the lines of every release it covers (wheels read one by one)."""
+sampler as 0.16; 0.18 is 0.19 (``vllm-0.19.json``: every switch read in the 0.18.0 wheel; 0.17 has its own file,
+``vllm-0.17.json``, for what 0.18.0 changed: the CUDA-graph profiling inside the memory window and the hybrid block
+alignment on a Blackwell); 0.20-0.25 subtract the CUDA-graph estimate, keep the fixed 394 MiB FlashInfer workspace
+and lay hybrids out without prefill checkpoints (``vllm-0.24.json``); 0.27 is 0.26 (``vllm-0.26.json``: the
+workspace sized to the prefill chunk); 0.30 and 0.31 are 0.29 (``vllm-0.29.json``: Pixtral without the dense block
+mask).  Each file's notes cite the lines of every release it covers (wheels read one by one)."""
 
 
 def _gib(value: Any, name: str, file: str) -> int:
@@ -258,6 +266,7 @@ def load_profile(version: str) -> RuntimeProfile:
         default_gpu_memory_utilization=_utilization(data.get("default_gpu_memory_utilization", 0.92), file),
         batch_defaults_160gib=bool(data.get("batch_defaults_160gib", True)),
         blackwell_capture_1024=bool(data.get("blackwell_capture_1024", True)),
+        blackwell_head256_block_32=bool(data.get("blackwell_head256_block_32", False)),
     )
 
 
@@ -649,13 +658,13 @@ QWEN_VL_VIDEO_MAX_PIXELS = 25_165_824
 """``size.longest_edge`` of the same checkpoints' ``video_preprocessor_config.json`` (Qwen3VLVideoProcessor), which
 ``get_max_video_tokens`` halves for the temporal patch (vLLM 0.33 ``qwen3_vl.py`` L1040-1068)."""
 
-PIXTRAL_DENSE_MASK_PROFILES = ("0.16", "0.19", "0.24", "0.26", "0.28")
+PIXTRAL_DENSE_MASK_PROFILES = ("0.16", "0.17", "0.19", "0.24", "0.26", "0.28")
 """The runtime profiles whose vLLM builds Pixtral's dense ``[patches, patches]`` block mask: without xformers (which
 vLLM does not install, 0.19.0 ``pixtral.py`` L88-98) ``PixtralHFVisionModel.forward`` takes transformers'
-``generate_block_attention_mask`` (0.19.0 L1285-1294; 0.17.0 and 0.18.0 the same; 0.15 / 0.16 not read, taken as
-0.17's; 0.20.0 to 0.28.0 L1433-1445, the class L1348-1460 the same text in each wheel).  From vLLM 0.29.0 Pixtral
-packs the images for ``MMEncoderAttention`` with ``cu_seqlens`` instead (0.29.0 ``pixtral.py`` L1511-1527, 0.33
-L1615-1631, L1345-1378): no mask."""
+``generate_block_attention_mask`` (0.19.0 L1285-1294; 0.17.0 L1332-1344 and 0.18.0 L1239-1251 the same; 0.15 /
+0.16 not read, taken as 0.17's; 0.20.0 to 0.28.0 L1433-1445, the class L1348-1460 the same text in each wheel).
+From vLLM 0.29.0 Pixtral packs the images for ``MMEncoderAttention`` with ``cu_seqlens`` instead (0.29.0
+``pixtral.py`` L1511-1527, 0.33 L1615-1631, L1345-1378): no mask."""
 
 DEFAULT_MM_LIMIT = 999
 """vLLM's ``limit_mm_per_prompt`` for a modality the option does not name (vLLM 0.33 ``config/multimodal.py``
