@@ -248,6 +248,15 @@ def test_cli_older_release_keeps_fp8_and_lacks_the_newer_shorthands() -> None:
     assert "vLLM 0.19 has no such method (vLLM added it in 0.24)" in refused.output
 
 
+def test_the_release_asked_for_decides_not_its_profile_file() -> None:
+    """vLLM 0.21 plans with ``vllm-0.24.json`` (0.20-0.25 behave the same for memory), but ``fp8_per_channel`` came in
+    0.24 (``config/quantization.py`` L125): the rules are 0.21's, and its error names 0.21, not the file's 0.24."""
+    args = [*PLAN[:2], "--gpu", "h100", "--quantization", "fp8_per_channel", "--engine-version"]
+    refused = CliRunner().invoke(main, [*args, "vllm==0.21"])
+    assert refused.exit_code == 1 and "vLLM 0.21 has no such method (vLLM added it in 0.24)" in refused.output
+    assert CliRunner().invoke(main, [*args, "vllm==0.24"]).exit_code == 0
+
+
 # -- invariants of the storage rules
 
 

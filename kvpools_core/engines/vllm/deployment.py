@@ -37,6 +37,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
     graph_shape_of,
     load_profile,
     model_shape_of,
+    version_key,
     vision_shape_of,
     vocab_size_of,
 )
@@ -569,10 +570,11 @@ def plan_vllm(
     block = DEFAULT_BLOCK_SIZE if block_size is None else block_size
     workers = _specs(spec, plugin, _with_capability(serving, chosen), registry, block)
     layout = layout_version or runtime_profile
-    # the release whose --quantization rules the weights estimate applies (0.33 unless a profile names another)
-    quantization_release = load_profile(layout).version if layout is not None else None
     layout_note = ""
     release = load_profile(layout) if layout is not None else None
+    # the release whose --quantization rules the weights estimate applies: the one asked for (vLLM 0.21, not its
+    # profile file's 0.24: fp8_per_channel came in 0.24), 0.33's without a profile
+    quantization_release = version_key(layout) if layout is not None else None
     if release is not None:
         # an older vLLM's layout (the Gated DeltaNet / Mamba2 prefill checkpoints before 0.33 / 0.32,
         # engines/vllm/layouts.py)
