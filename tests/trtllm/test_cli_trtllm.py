@@ -121,8 +121,8 @@ def test_capacity_vswa_table() -> None:
 
 def test_compare_shows_the_third_engine() -> None:
     """Issue 35's check: `kvpools compare llama-3.1-70b --gpu h100 --tp-size 4` prints three engines.
-    TensorRT-LLM: (H100 torch total - weights - MLP activation) x 0.9 // 81,920 B // 32 -- the same 16,867 blocks `kvpools plan
-    --accounting trtllm` gives; 131,072-token requests need 4,096 blocks: 4 of them."""
+    TensorRT-LLM: (H100 torch total - weights - MLP activation) x 0.9 // 81,920 B // 32 -- the same 16,867 blocks
+    `kvpools plan --accounting trtllm` gives; 131,072-token requests need 4,096 blocks: 4 of them."""
     result = cli("compare", "llama-3.1-70b", "--gpu", "h100", "--tp-size", "4", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)

@@ -29,7 +29,6 @@ from kvpools_core.engines.trtllm.manager import (
     window_vector,
 )
 from kvpools_core.errors import ConfigError, KvpoolsError, UnsupportedCombinationError
-from kvpools_core.pipeline.gpus import find_gpu
 from kvpools_core.values import Serving
 
 GiB = 1 << 30
@@ -124,7 +123,8 @@ def test_gpu_budget_takes_the_fraction_of_free_not_total() -> None:
     memory outside torch not derived, 0); the fraction multiplies that, not the total as vLLM's
     --gpu-memory-utilization does (runtime_memory.py; _util.py configure_kv_cache_capacity / _cal_max_memory)."""
     total = 85_029_615_043  # torch's H100 total, round(79.19 GiB): 'total_memory=79.19GiB' (parts/device_memory.py)
-    # Llama-3.1-70B, TP 4, max_num_tokens 8192: 8192 x (3 x 28672 / 4 + 2 x 8192) x 2 B (gated_mlp.py h1, h2, x, residual)
+    # Llama-3.1-70B, TP 4, max_num_tokens 8192: 8192 x (3 x 28672 / 4 + 2 x 8192) x 2 B
+    # (gated_mlp.py: h1 and h2, the layer input and the residual)
     activation = 8192 * (3 * 28672 // 4 + 2 * 8192) * 2
     assert activation == 620_756_992
     result = plan_trtllm("llama-3.1-70b", Serving(tp_size=4), gpu="h100", weights_memory="30GiB")

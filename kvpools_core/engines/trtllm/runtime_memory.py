@@ -119,8 +119,8 @@ def mlp_shape_from_config(config: dict[str, Any], dtype: str) -> MlpShape | None
         if _positive(hidden) and _positive(intermediate):
             is_moe = any(_positive(candidate.get(key)) for key in _EXPERT_KEYS)
             return MlpShape(
-                hidden_size=hidden,
-                intermediate_size=intermediate,
+                hidden_size=int(hidden),
+                intermediate_size=int(intermediate),
                 dtype_bytes=_DTYPE_BYTES.get(dtype, 2),
                 is_moe=is_moe,
             )

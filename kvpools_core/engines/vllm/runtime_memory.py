@@ -77,6 +77,7 @@ alternate key and value buffers (4 + 8 B, ``dispatch_radix_sort.cuh``: ``is_over
 fewer bytes are alive.  The rest of the peak is the same ``sampler_base`` as vLLM 0.19 (same ``_dummy_sampler_run``,
 0.16.0 ``gpu_model_runner.py`` L4944-4986)."""
 
+
 @attrs.frozen(kw_only=True)
 class Term:
     """One term of the non-KV memory: its bytes, the formula that gave them, and where the formula comes from."""
