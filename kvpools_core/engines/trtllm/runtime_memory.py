@@ -116,11 +116,11 @@ def mlp_shape_from_config(config: dict[str, Any], dtype: str) -> MlpShape | None
     for candidate in (config, config.get("text_config") or {}):
         hidden = candidate.get("hidden_size")
         intermediate = candidate.get("intermediate_size")
-        if _positive(hidden) and _positive(intermediate):
+        if isinstance(hidden, int) and isinstance(intermediate, int) and _positive(hidden) and _positive(intermediate):
             is_moe = any(_positive(candidate.get(key)) for key in _EXPERT_KEYS)
             return MlpShape(
-                hidden_size=int(hidden),
-                intermediate_size=int(intermediate),
+                hidden_size=hidden,
+                intermediate_size=intermediate,
                 dtype_bytes=_DTYPE_BYTES.get(dtype, 2),
                 is_moe=is_moe,
             )
