@@ -14,6 +14,12 @@ TensorRT-LLM 1.2's PyTorch backend sizes the KV cache from what is left after a 
   ``(total_gpu_memory - peak_memory + allocated_bytes) x free_gpu_memory_fraction``, ``allocated_bytes`` being the
   temporary KV cache, added back.
 
+The order (``_torch/pyexecutor/py_executor_creator.py`` ``create_py_executor``, stored copies): the model is loaded,
+``build_managers`` makes the temporary KV cache, ``create_py_executor_instance`` builds (and warms up) the
+estimation executor, ``configure_kv_cache_capacity(py_executor)`` profiles, ``teardown_managers`` frees the
+temporary cache, ``build_managers(resources, False)`` makes the final one, and the engines ``_release_cuda_graphs()``
+to capture them again on top of it.
+
 So the memory "free after warm-up" the fraction applies to is ``total - (weights + buffers) - activation peak -
 memory outside torch``.  The estimation executor is a full ``PyExecutor`` whose warm-up (autotuner and the CUDA-graph
 capture of the generation batch sizes) runs **before** the profiling (a TensorRT-LLM 1.1.0rc3 log prints "Creating
