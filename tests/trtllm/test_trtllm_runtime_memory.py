@@ -78,6 +78,9 @@ def test_llama_8b_on_an_h100_by_hand() -> None:
     assert rank.available_kv_memory == int(free * 0.9) == 61_317_208_572
     assert result.pools[0].primary_blocks == 61_317_208_572 // 131_072 // 32 == 14_619
     assert terms.upper_bound and any("upper bound" in note for note in result.notes)
+    # docs/trtllm.md's "before": the catalogue's 81559 MiB less the weights, nothing else: 14,904 blocks
+    catalogue = find_gpu("h100").total_bytes
+    assert int((catalogue - rank.weights_memory) * 0.9) // 131_072 // 32 == 14_904  # type: ignore[operator]
 
 
 def test_max_num_tokens_moves_the_gpu_budget_not_the_memory_one() -> None:
