@@ -95,6 +95,15 @@ def test_max_num_tokens_moves_the_gpu_budget_not_the_memory_one() -> None:
     assert given[0] == given[1] and plan_trtllm("llama-3.1-8b", memory="40GiB").runtime == ()
 
 
+def test_a_short_max_seq_len_and_batch_cap_the_estimation_step() -> None:
+    """The dummy requests are at most max_seq_len - 1 tokens and a step takes at most max_batch_size of them:
+    --max_seq_len 4096 --max_batch_size 1 runs 4,095 tokens, 8192 x ... becomes 4095 x (3 x 14336 + 2 x 4096) x 2."""
+    capped = plan_trtllm("llama-3.1-8b", gpu="h100", max_seq_len=4096, max_batch_size=1)
+    assert capped.runtime[0].activation.bytes == 4095 * (3 * 14336 + 2 * 4096) * 2
+    two = plan_trtllm("llama-3.1-8b", gpu="h100", max_seq_len=4096, max_batch_size=2)
+    assert two.runtime[0].activation.bytes == min(8192, 2 * 4095) * (3 * 14336 + 2 * 4096) * 2
+
+
 def test_gpu_memory_is_torch_total_as_given() -> None:
     """``--gpu-memory 80GiB`` is taken as torch's total: 80 GiB - weights - 838,860,800 B."""
     result = plan_trtllm("llama-3.1-8b", gpu_memory="80GiB")

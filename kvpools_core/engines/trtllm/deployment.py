@@ -40,7 +40,7 @@ from kvpools_core.engines.trtllm.manager import (
     window_upper_bound,
     window_vector,
 )
-from kvpools_core.engines.trtllm.runtime_memory import TrtllmRuntimeMemory, runtime_memory
+from kvpools_core.engines.trtllm.runtime_memory import TrtllmRuntimeMemory, estimation_step_tokens, runtime_memory
 from kvpools_core.errors import ConfigError, KvpoolsError, UnsupportedCombinationError, short_repr
 from kvpools_core.models import launch_model_path, load_model, served_model
 from kvpools_core.options import option
@@ -781,7 +781,11 @@ def plan_trtllm(
                 weights_source,
                 model,
                 spec,
-                max_num_tokens=inputs.max_num_tokens,
+                max_num_tokens=estimation_step_tokens(
+                    max_num_tokens=inputs.max_num_tokens,
+                    max_batch_size=inputs.max_batch_size,
+                    max_seq_len=inputs.max_seq_len_requested,
+                ),
                 tp_size=serving.tp_size,
                 given_total=gpu is None,
             )

@@ -186,6 +186,13 @@ OUTSIDE_TORCH = BudgetTerm(
 )
 
 
+def estimation_step_tokens(*, max_num_tokens: int, max_batch_size: int, max_seq_len: int) -> int:
+    """The tokens of the estimation forward's context step: the dummy requests hold ``max_num_tokens`` tokens, each at
+    most ``max_seq_len - 1`` (``_create_dummy_context_requests(max(1, net_max_seq_len - 1))``), and one step takes at
+    most ``max_batch_size`` requests and ``max_num_tokens`` tokens."""
+    return min(max_num_tokens, max_batch_size * max(1, max_seq_len - 1))
+
+
 def runtime_memory(
     gpu: GPU,
     weights: int,
@@ -197,8 +204,8 @@ def runtime_memory(
     tp_size: int,
     given_total: bool,
 ) -> TrtllmRuntimeMemory:
-    """One stage's terms on ``gpu``.  ``given_total``: ``gpu`` is ``--gpu-memory``'s, whose size is taken as torch's
-    total as given."""
+    """One stage's terms on ``gpu``; ``max_num_tokens`` the estimation step's tokens (:func:`estimation_step_tokens`).
+    ``given_total``: ``gpu`` is ``--gpu-memory``'s, whose size is taken as torch's total as given."""
     if given_total:
         total = TotalMemory(bytes=gpu.total_bytes, measured=True, source="given (--gpu-memory)")
     else:
