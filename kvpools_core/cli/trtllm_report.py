@@ -42,6 +42,13 @@ def _budget_lines(result: TrtllmPlanResult) -> list[str]:
         stage = f"stage {rank.pp_rank}: " if len(result.ranks) > 1 else ""
         if result.gpu is None:
             free = f"--memory {format_bytes(rank.free_after_warmup)} ({when})"
+        elif rank.pp_rank < len(result.runtime):
+            terms = result.runtime[rank.pp_rank]
+            free = (
+                f"{result.gpu.label} {format_bytes(terms.total.bytes)} (torch's total) - weights "
+                f"{format_bytes(terms.weights)} - activation {format_bytes(terms.activation.bytes)} - outside torch "
+                f"{format_bytes(terms.outside_torch.bytes)} = {format_bytes(rank.free_after_warmup)} {when}"
+            )
         else:
             free = (
                 f"{result.gpu.label} {format_bytes(result.gpu.total_bytes)} - weights "

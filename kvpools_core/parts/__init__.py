@@ -20,6 +20,8 @@ another plugin: a third party composes exactly what the built-ins compose.
   and int64 mapping (DSA, MiniMax-M3); store: :class:`~kvpools_core.pools.hisparse.HiSparseAllocator`.
 * :mod:`~kvpools_core.parts.names` — the pool names shared by sizing and building,
   and the draft model's share.
+* :mod:`~kvpools_core.parts.device_memory` — ``torch.cuda.mem_get_info()``'s total per catalogue GPU, the device
+  total the vLLM and TensorRT-LLM engines' whole-GPU budgets start from.
 * :mod:`~kvpools_core.parts.weights` — a model's weights from its config: tensors
   sharded as SGLang shards them and the blocks decoders are made of, for the
   ``estimate_weights`` hook (not imported here: import it by name).

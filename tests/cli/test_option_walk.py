@@ -94,6 +94,7 @@ QWEN36_VLLM = (
     "--max-model-len", "131072",
 )  # fmt: skip
 TRTLLM = (*LLAMA, "--accounting", "trtllm")
+TRTLLM_GPU = ("llama-3.1-8b", "--gpu", "h100", "--accounting", "trtllm")
 GPT_OSS_TRTLLM = ("gpt-oss-20b", "--memory", "20GiB", "--accounting", "trtllm")
 GPT_OSS_VSWA = (*GPT_OSS_TRTLLM, "--max_attention_window", "128,131072")
 DSV3_TRTLLM = ("deepseek-v3", "--memory", "60GiB", "--accounting", "trtllm")
@@ -518,13 +519,12 @@ EVIDENCE: dict[str, Evidence] = {
     "max_batch_size": NoMemory(
         "TensorRT-LLM sizes its KV cache from the memory left free after its warm-up run (`--memory` under "
         "`--accounting trtllm`), so the warm-up's batch does not change it; it caps the requests scheduled at once "
-        "and is carried into the `trtllm-serve` line. (kvpools does not model the warm-up's peak: a `--gpu` plan "
-        "says it is an upper bound.)"
+        "and is carried into the `trtllm-serve` line. (Under `--gpu` kvpools subtracts the warm-up's MLP "
+        "activation, which `--max_num_tokens` sizes, not `--max_batch_size`; the memory outside torch, CUDA graphs "
+        "included, is not derived, so a `--gpu` plan says it is an upper bound: docs/trtllm.md, Whole-GPU terms.)"
     ),
-    "max_num_tokens": NoMemory(
-        "As `--max_batch_size`: the warm-up's token budget, not the KV cache's size once the free memory after it "
-        "is given; carried into the `trtllm-serve` line."
-    ),
+    # the estimation forward's MLP activation (engines/trtllm/runtime_memory.py) under a --gpu budget
+    "max_num_tokens": Changes(TRTLLM_GPU, (*TRTLLM_GPU, "--max_num_tokens", "4096")),
     # -- the capacity question
     "contexts": Changes(("llama-3.1-8b", "--memory", "20GiB"), (*LLAMA, "--context", "1024"), command="capacity"),
     "requests": Changes(("llama-3.1-8b", "--memory", "20GiB"), (*LLAMA, "--requests", "64"), command="capacity"),

@@ -121,18 +121,18 @@ def test_capacity_vswa_table() -> None:
 
 def test_compare_shows_the_third_engine() -> None:
     """Issue 35's check: `kvpools compare llama-3.1-70b --gpu h100 --tp-size 4` prints three engines.
-    TensorRT-LLM: (H100 total - weights) x 0.9 // 81,920 B // 32 -- the same 17,249 blocks `kvpools plan
-    --accounting trtllm` gives; 131,072-token requests need 4,096 blocks: 4 of them."""
+    TensorRT-LLM: (H100 torch total - weights - MLP activation) x 0.9 // 81,920 B // 32 -- the same 16,867 blocks
+    `kvpools plan --accounting trtllm` gives; 131,072-token requests need 4,096 blocks: 4 of them."""
     result = cli("compare", "llama-3.1-70b", "--gpu", "h100", "--tp-size", "4", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["sglang"] is not None and data["vllm"] is not None
     assert data["trtllm"]["kv_cache_capacity"] == {
-        "maxNumBlocks": 17249,
+        "maxNumBlocks": 16867,
         "tokensPerBlock": 32,
-        "maxNumTokens": 551968,
+        "maxNumTokens": 539744,
     }
-    assert data["contexts"][0]["trtllm_requests"] == 17249 // 4096
+    assert data["contexts"][0]["trtllm_requests"] == 16867 // 4096
     table = cli("compare", "llama-3.1-70b", "--gpu", "h100", "--tp-size", "4")
     assert table.exit_code == 0, table.output
     assert "TensorRT-LLM flags" in table.stdout and "trtllm-serve meta-llama/Meta-Llama-3.1-70B" in table.stdout

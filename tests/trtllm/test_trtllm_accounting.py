@@ -29,7 +29,6 @@ from kvpools_core.engines.trtllm.manager import (
     window_vector,
 )
 from kvpools_core.errors import ConfigError, KvpoolsError, UnsupportedCombinationError
-from kvpools_core.pipeline.gpus import find_gpu
 from kvpools_core.values import Serving
 
 GiB = 1 << 30
@@ -120,16 +119,24 @@ def test_budget_is_fraction_of_memory_free_after_warmup() -> None:
 
 
 def test_gpu_budget_takes_the_fraction_of_free_not_total() -> None:
-    """A whole H100: free after warm-up = total - weights (the peak not profiled); the fraction multiplies that,
-    not the total as vLLM's --gpu-memory-utilization does."""
-    total = find_gpu("h100").total_bytes
+    """A whole H100: free after warm-up = torch's total - weights - the estimation forward's MLP activation (the
+    memory outside torch not derived, 0); the fraction multiplies that, not the total as vLLM's
+    --gpu-memory-utilization does (runtime_memory.py; _util.py configure_kv_cache_capacity / _cal_max_memory)."""
+    total = 85_029_615_043  # torch's H100 total, round(79.19 GiB): 'total_memory=79.19GiB' (parts/device_memory.py)
+    # Llama-3.1-70B, TP 4, max_num_tokens 8192: 8192 x (3 x 28672 / 4 + 2 x 8192) x 2 B
+    # (gated_mlp.py: h1 and h2, the layer input and the residual)
+    activation = 8192 * (3 * 28672 // 4 + 2 * 8192) * 2
+    assert activation == 620_756_992
     result = plan_trtllm("llama-3.1-70b", Serving(tp_size=4), gpu="h100", weights_memory="30GiB")
-    free = total - 30 * GiB
+    free = total - 30 * GiB - activation
     assert result.ranks[0].free_after_warmup == free
     assert result.ranks[0].available_kv_memory == int(free * 0.9)
     assert result.pools[0].primary_blocks == int(free * 0.9) // LLAMA70_TP4 // 32
     # vLLM's reading (fraction of the total, less the weights) would leave less: 0.9 x 30 GiB < 30 GiB
     assert result.pools[0].primary_blocks > int(total * 0.9 - 30 * GiB) // LLAMA70_TP4 // 32
+    terms = result.runtime[0]
+    assert terms.total.bytes == total and terms.activation.bytes == activation and terms.outside_torch.bytes == 0
+    assert terms.upper_bound
 
 
 def test_max_tokens_clamps_the_budget() -> None:

@@ -27,9 +27,9 @@ def _cli(*args: str) -> Any:
 
 
 def test_llama_70b_tp4_record() -> None:
-    """docs/trtllm.md's worked example (h100, TP 4): get_kv_cache_capacity() = {maxNumBlocks: 17249,
-    tokensPerBlock: 32, maxNumTokens: 551968}; an 8,192-token request holds 8192 / 32 = 256 blocks, so
-    17249 // 256 = 67 requests, below max_batch_size 2048: the full pool binds."""
+    """docs/trtllm.md's worked example (h100, TP 4): get_kv_cache_capacity() = {maxNumBlocks: 16867,
+    tokensPerBlock: 32, maxNumTokens: 539744}; an 8,192-token request holds 8192 / 32 = 256 blocks, so
+    16867 // 256 = 65 requests, below max_batch_size 2048: the full pool binds."""
     result = plan_trtllm("llama-3.1-70b", Serving(tp_size=4), gpu="h100")
     document = trtllm_capacity_document(result, context_len=8192)
     assert validate(document, SCHEMA) == []
@@ -37,14 +37,14 @@ def test_llama_70b_tp4_record() -> None:
     assert [(r["tp_rank"], r["attn_tp_rank"], r["dp_rank"]) for r in records] == [(t, t, 0) for t in range(4)]
     record = records[0]
     assert (record["engine"], record["accounting"], record["block_size"]) == ("trtllm", "trtllm", 32)
-    assert (record["total_kv_blocks"], record["max_total_num_tokens"]) == (17249, 551968)
-    assert (record["max_concurrency"], record["binding"], record["binding_group"]) == (67, "full tokens", "full")
-    assert record["gpu_kv_bytes"] == 17249 * 32 * LLAMA70_TP4
+    assert (record["total_kv_blocks"], record["max_total_num_tokens"]) == (16867, 539744)
+    assert (record["max_concurrency"], record["binding"], record["binding_group"]) == (65, "full tokens", "full")
+    assert record["gpu_kv_bytes"] == 16867 * 32 * LLAMA70_TP4
     assert record["budget"]["budget_bytes"] == result.ranks[0].available_kv_memory >= record["gpu_kv_bytes"]
     assert record["trtllm"]["kv_cache_capacity"] == {
-        "maxNumBlocks": 17249,
+        "maxNumBlocks": 16867,
         "tokensPerBlock": 32,
-        "maxNumTokens": 551968,
+        "maxNumTokens": 539744,
     }
     assert record["trtllm"]["bytes_per_token"] == LLAMA70_TP4
 
@@ -79,4 +79,4 @@ def test_plan_format_capacity_json_under_trtllm() -> None:
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     document = json.loads(result.output)
-    assert document["context_len"] == 8192 and document["records"][0]["max_concurrency"] == 67
+    assert document["context_len"] == 8192 and document["records"][0]["max_concurrency"] == 16867 // 256 == 65

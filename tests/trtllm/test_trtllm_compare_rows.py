@@ -14,12 +14,12 @@ from kvpools_core.values import Serving
 def test_llama_70b_tp4_three_engines_per_row() -> None:
     """The issue's check: ``kvpools compare llama-3.1-70b --gpu h100 --tp-size 4`` prints three engines.  The full
     row carries TensorRT-LLM's pool: 2 x 80 x 2 x 128 x 2 B = 81,920 B per token (the same as SGLang's and vLLM's
-    row), 17,249 blocks of 32 tokens = 551,968 tokens (docs/trtllm.md's worked example)."""
+    row), 16,867 blocks of 32 tokens = 539,744 tokens (docs/trtllm.md's worked example)."""
     comparison = compare_engines("llama-3.1-70b", Serving(tp_size=4), gpu="h100")
     (row,) = comparison.groups
     assert row.sglang_bytes_per_unit == row.vllm_bytes_per_token == row.trtllm_bytes_per_token == 81_920
-    assert (row.trtllm_windows, row.trtllm_blocks, row.trtllm_layers) == ((131_072,), (17_249,), 80)
-    assert row.trtllm_tokens == 17_249 * 32 == 551_968
+    assert (row.trtllm_windows, row.trtllm_blocks, row.trtllm_layers) == ((131_072,), (16_867,), 80)
+    assert row.trtllm_tokens == 16_867 * 32 == 539_744
     assert any(line.startswith("TensorRT-LLM: one pool of its own") for line in row.why)
     shown = CliRunner().invoke(
         main, ["compare", "llama-3.1-70b", "--gpu", "h100", "--tp-size", "4"], terminal_width=250
@@ -27,7 +27,7 @@ def test_llama_70b_tp4_three_engines_per_row() -> None:
     assert shown.exit_code == 0, shown.output
     header = shown.stdout.splitlines()[0]
     assert "SGLang" in header and "vLLM" in header and "TensorRT-LLM" in header
-    assert "full attention: TensorRT-LLM: one pool of its own" in shown.stdout and "551,968 tokens" in shown.stdout
+    assert "full attention: TensorRT-LLM: one pool of its own" in shown.stdout and "539,744 tokens" in shown.stdout
 
 
 def test_gpt_oss_rows_say_where_trtllm_puts_the_sliding_layers() -> None:

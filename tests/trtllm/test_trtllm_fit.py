@@ -16,15 +16,15 @@ from kvpools_core.values import Serving
 
 
 def test_llama_70b_on_four_h100() -> None:
-    """TP 4 on h100 keeps 17,249 blocks of 32 tokens per rank (docs/trtllm.md, get_kv_cache_capacity); an
-    8,192-token request holds 256 of them: 17249 // 256 = 67 requests, one engine of 4 GPUs holds 64 (headroom
-    67/64). No configuration of fewer GPUs plans (TP 1 and TP 2 x PP 1 do not fit the weights or hold too little);
+    """TP 4 on h100 keeps 16,867 blocks of 32 tokens per rank (docs/trtllm.md, get_kv_cache_capacity); an
+    8,192-token request holds 256 of them: 16867 // 256 = 65 requests, one engine of 4 GPUs holds 64 (headroom
+    65/64). No configuration of fewer GPUs plans (TP 1 and TP 2 x PP 1 do not fit the weights or hold too little);
     fp8 KV holds about twice as many, so it ranks first."""
     result = fit_trtllm("llama-3.1-70b", 64, 8192, gpu="h100", max_gpus=4, kv_cache_dtype="auto")
     assert {f.gpus for f in result.fits} == {4}
     tp4 = next(f for f in result.fits if f.describe() == "TP 4 · kv auto")
-    assert (tp4.replicas, tp4.requests_held, tp4.headroom) == (1, 67, 67 / 64)
-    assert tp4.result.max_num_blocks == 17249
+    assert (tp4.replicas, tp4.requests_held, tp4.headroom) == (1, 65, 65 / 64)
+    assert tp4.result.max_num_blocks == 16867
     both = fit_trtllm("llama-3.1-70b", 64, 8192, gpu="h100", max_gpus=4)
     fp8 = plan_trtllm("llama-3.1-70b", Serving(tp_size=4, kv_cache_dtype="fp8_e4m3"), gpu="h100", max_seq_len=8192)
     assert both.fits[0].describe() == "TP 4 · kv fp8" and both.fits[0].requests_held == fp8.concurrency_at(8192)
@@ -64,7 +64,7 @@ def test_cli_fit_trtllm() -> None:
     data = json.loads(shown.output)
     assert data["engine"] == "trtllm" and {f["gpus"] for f in data["fits"]} == {4}
     first = next(f for f in data["fits"] if (f["tp_size"], f["pp_size"], f["enable_attention_dp"]) == (4, 1, False))
-    assert first["kv_cache_capacity"] == {"maxNumBlocks": 17249, "tokensPerBlock": 32, "maxNumTokens": 551968}
+    assert first["kv_cache_capacity"] == {"maxNumBlocks": 16867, "tokensPerBlock": 32, "maxNumTokens": 539744}
     assert "--max_seq_len 8192" in first["launch"]
     refused = runner.invoke(main, ["fit", "llama-3.1-70b", "--requests", "64", "--context", "8k", "--gpu", "h100",
                                    "--accounting", "trtllm", "--page-size", "32"])  # fmt: skip

@@ -40,6 +40,7 @@ from kvpools_core.engines.trtllm.manager import (
     window_upper_bound,
     window_vector,
 )
+from kvpools_core.engines.trtllm.runtime_memory import TrtllmRuntimeMemory, estimation_step_tokens, runtime_memory
 from kvpools_core.errors import ConfigError, KvpoolsError, UnsupportedCombinationError, short_repr
 from kvpools_core.models import launch_model_path, load_model, served_model
 from kvpools_core.options import option
@@ -203,6 +204,9 @@ class TrtllmDeployment:
     window_size_shares: tuple[float, ...] | None
     host_cache_size: int | None
     enable_attention_dp: bool
+    runtime: tuple[TrtllmRuntimeMemory, ...] = ()
+    """Each pipeline stage's whole-GPU terms (a ``gpu`` budget; empty on a ``memory`` one):
+    :mod:`kvpools_core.engines.trtllm.runtime_memory`."""
 
 
 @attrs.frozen(kw_only=True)
@@ -300,6 +304,21 @@ class TrtllmPlanResult(TrtllmDeployment):
                 "--memory is the memory left free after TensorRT-LLM's warm-up (total - peak + its temporary KV "
                 "cache): --kv_cache_free_gpu_memory_fraction applies to it, not to the GPU's total."
             )
+        elif self.runtime:
+            stage = self.runtime[0]
+            notes.append(
+                "free after warm-up = total - weights - activation - outside torch (KvCacheCreator."
+                "configure_kv_cache_capacity / _cal_max_memory: total_gpu_memory - peak_memory + the temporary KV "
+                f"cache); total {stage.total.bytes:,} B is torch.cuda.mem_get_info()'s ({stage.total.source}); "
+                f"weights: {self.weights_source}."
+            )
+            notes.append(f"activation: {stage.activation.formula} ({stage.activation.source}).")
+            notes.append(f"outside torch: {stage.outside_torch.formula}.")
+            if stage.upper_bound:
+                notes.append(
+                    "so the KV cache is an upper bound of what TensorRT-LLM's profile leaves: subtract the rest of "
+                    "the 'Peak memory during memory usage profiling' it logs, or pass --memory (free after warm-up)."
+                )
         else:
             notes.append(
                 f"free after warm-up = total - weights ({self.weights_source}); the warm-up's activation peak, "
@@ -439,6 +458,7 @@ class TrtllmPlanResult(TrtllmDeployment):
             "warnings": list(self.warnings),
             "serve_command": self.serve_command(),
             "extra_llm_api_options": self.extra_llm_api_options(),
+            "runtime_memory": [stage.to_dict() for stage in self.runtime],
             "notes": list(self.notes),
         }
 
@@ -743,6 +763,7 @@ def plan_trtllm(
         frees = (free,) * serving.pp_size
         weights: tuple[int | None, ...] = (None,) * serving.pp_size
         weights_source = ""
+        runtime: tuple[TrtllmRuntimeMemory, ...] = ()
     else:
         if weights_memory is not None:
             weights = (parse_bytes(weights_memory, "--weights-memory"),) * serving.pp_size
@@ -753,14 +774,33 @@ def plan_trtllm(
             if draft_weights is not None:
                 weights = tuple((w or 0) + draft_weights for w in weights)
                 weights_source += f", plus the draft's {draft_weights:,} B given (--draft_weights_memory)"
-        frees = tuple(chosen.total_bytes - (w or 0) for w in weights)
+        runtime = tuple(
+            runtime_memory(
+                chosen,
+                w or 0,
+                weights_source,
+                model,
+                spec,
+                max_num_tokens=estimation_step_tokens(
+                    max_num_tokens=inputs.max_num_tokens,
+                    max_batch_size=inputs.max_batch_size,
+                    max_seq_len=inputs.max_seq_len_requested,
+                ),
+                tp_size=serving.tp_size,
+                given_total=gpu is None,
+            )
+            for w in weights
+        )
+        frees = tuple(term.free_after_warmup for term in runtime)
         short = [r for r, f in enumerate(frees) if f <= 0]
         if short:
             raise UnsupportedCombinationError(
                 f"The weights of pipeline stage {short[0]} ({weights[short[0]]} bytes) do not fit "
                 f"{chosen.label}'s {chosen.total_bytes} bytes: raise --tp-size or --pp-size."
             )
-    inputs = attrs.evolve(inputs, gpu=chosen, weights_source=weights_source, frees=frees, weights=weights)
+    inputs = attrs.evolve(
+        inputs, gpu=chosen, weights_source=weights_source, frees=frees, weights=weights, runtime=runtime
+    )
     if any(layer.v2 is not None for layer in layers):
         # kvpools_core.engines.trtllm.deployment_v2 (imported by the package) registers the KVCacheManagerV2 planner.
         return MANAGER_V2_PLANNER[0](inputs, layers, num_nextn_predict_layers=num_nextn_predict_layers)
