@@ -165,26 +165,19 @@ def test_every_profile_field_has_a_cited_note() -> None:
             assert ".py" in note and " L" in note, (version, field)
 
 
+def _cli_plan(release: str) -> dict[str, Any]:
+    """``kvpools plan llama-3.1-8b --engine-version vllm==RELEASE --gpu h100 --weights-memory 15GiB --json``."""
+    args = ["plan", "llama-3.1-8b", "--engine-version", f"vllm=={release}", "--gpu", "h100"]
+    result = CliRunner().invoke(main, [*args, "--weights-memory", "15GiB", "--json"])
+    assert result.exit_code == 0, result.output
+    data: dict[str, Any] = json.loads(result.output)
+    assert data["kv_cache_size_tokens"] > 0
+    return data
+
+
 @pytest.mark.parametrize("release", [f"0.{minor}" for minor in range(20, 33)])
 def test_cli_engine_version_plans_every_0_2x_and_0_3x_release(release: str) -> None:
-    result = CliRunner().invoke(
-        main,
-        [
-            "plan",
-            "llama-3.1-8b",
-            "--engine-version",
-            f"vllm=={release}",
-            "--gpu",
-            "h100",
-            "--weights-memory",
-            "15GiB",
-            "--json",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
-    assert data["kv_cache_size_tokens"] > 0
-    assert data["runtime_memory"]["profile"] == f"vllm-{load_profile(release).version}"
+    assert _cli_plan(release)["runtime_memory"]["profile"] == f"vllm-{load_profile(release).version}"
 
 
 def _llama(version: str, **options: Any) -> VllmPlanResult:
@@ -438,22 +431,7 @@ def test_the_0_17_and_0_18_switches_cite_their_wheels() -> None:
 )
 def test_cli_engine_version_plans_0_17_and_0_18(release: str, profile: str) -> None:
     """``--engine-version vllm==0.17`` / ``vllm==0.18`` were refused before (no profile); both plan now."""
-    result = CliRunner().invoke(
-        main,
-        [
-            "plan",
-            "llama-3.1-8b",
-            "--engine-version",
-            f"vllm=={release}",
-            "--gpu",
-            "h100",
-            "--weights-memory",
-            "15GiB",
-            "--json",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = _cli_plan(release)
     assert data["runtime_memory"]["profile"] == profile
     assert data["gpu_memory_utilization"] == 0.9
 
