@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from kvpools_core import find_gpu
 from kvpools_core.cli import main
 from kvpools_core.engines.vllm import runtime_memory
-from kvpools_core.engines.vllm.runtime_memory import SMI_TO_TORCH_GAP_BYTES, torch_total_memory
+from kvpools_core.parts.device_memory import SMI_TO_TORCH_GAP_BYTES, torch_total_memory
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -32,7 +32,6 @@ from kvpools_core.engines.vllm.planning import (
 )
 from kvpools_core.engines.vllm.runtime_memory import (
     RuntimeMemory,
-    TotalMemory,
     estimate_runtime_memory,
     graph_shape_of,
     load_profile,
@@ -44,6 +43,7 @@ from kvpools_core.engines.vllm.runtime_memory import (
 from kvpools_core.errors import ConfigError, NoProviderError, UnsupportedCombinationError, short_repr
 from kvpools_core.models import launch_model_path, load_model, served_model
 from kvpools_core.options import on_cli, option
+from kvpools_core.parts.device_memory import TotalMemory
 from kvpools_core.parts.vllm.layers import pp_layer_ranges
 from kvpools_core.parts.vllm.specs import CircularBufferSpec, MambaSpec, SlidingWindowMLASpec, UniformTypeKVCacheSpecs
 from kvpools_core.parts.weights.methods import (

@@ -33,12 +33,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from kvpools_core.errors import ConfigError, UnsupportedCombinationError
-from kvpools_core.parts.device_memory import (  # noqa: F401  (re-exported: vLLM's names since issue 34)
-    _MEASURED_TOTALS,
-    SMI_TO_TORCH_GAP_BYTES,
-    TotalMemory,
-    torch_total_memory,
-)
+from kvpools_core.parts.device_memory import TotalMemory, torch_total_memory
 from kvpools_core.pipeline.gpus import (
     VLLM_VISION_GEMMA4,
     VLLM_VISION_LLAMA4,
