@@ -20,15 +20,10 @@ from benchmarks.startup_logs import DATA, load_startup_logs
 from kvpools_core.engines.vllm import VllmLimits, plan_kv_cache
 from kvpools_core.engines.vllm.budget import available_kv_cache_memory
 from kvpools_core.engines.vllm.model import worker_kv_cache_specs
-from kvpools_core.engines.vllm.runtime_memory import (
-    SMI_TO_TORCH_GAP_BYTES,
-    estimate_runtime_memory,
-    load_profile,
-    model_shape_of,
-    torch_total_memory,
-)
+from kvpools_core.engines.vllm.runtime_memory import estimate_runtime_memory, load_profile, model_shape_of
 from kvpools_core.errors import ConfigError
 from kvpools_core.models import load_model
+from kvpools_core.parts.device_memory import SMI_TO_TORCH_GAP_BYTES, torch_total_memory
 from kvpools_core.pipeline.gpus import find_gpu
 from kvpools_core.pipeline.sglang_profile import load_sglang_profile
 from kvpools_core.registry import Registry
