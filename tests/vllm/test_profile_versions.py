@@ -41,7 +41,6 @@ from kvpools_core.engines.vllm import runtime_memory
 from kvpools_core.engines.vllm.deployment import VllmPlanResult, plan_vllm, server_defaults
 from kvpools_core.engines.vllm.runtime_memory import (
     FLASHINFER_WORKSPACE_BYTES,
-    PIXTRAL_DENSE_MASK_PROFILES,
     PROFILE_ALIASES,
     PROFILE_VERSIONS,
     activation_peak,
@@ -124,7 +123,7 @@ def test_each_profile_file_loads_with_its_releases_switches(version: str, flags:
         profile.mamba2_prefill_checkpoint,
         profile.default_gpu_memory_utilization,
         profile.batch_defaults_160gib,
-        profile.version in PIXTRAL_DENSE_MASK_PROFILES,
+        profile.pixtral_dense_block_mask,
     ) == flags
     # the calibrated constants are carried over (no log of 0.20-0.32 states them): the 0.19 / 0.33 values, each
     # CUDA-graph constant the 0.33 file has the same in every file that subtracts the estimate

@@ -139,6 +139,12 @@ class RuntimeProfile:
     """Whether the default CUDA-graph capture ceiling is 1024 on a data-center Blackwell (device capability family 100;
     vLLM 0.28.0 on, ``config/vllm.py`` L1936-1940), where earlier releases cap every GPU at ``min(max_num_seqs x 2,
     512)`` (0.27.1 L1831-1835): :func:`cudagraph_capture_sizes`."""
+    pixtral_dense_block_mask: bool = False
+    """Whether Pixtral's vision tower builds the dense ``[patches, patches]`` block mask: without xformers (which vLLM
+    does not install, 0.19.0 ``pixtral.py`` L88-98) ``PixtralHFVisionModel.forward`` takes transformers'
+    ``generate_block_attention_mask`` (0.17.0 L1332-1344, 0.18.0 L1239-1251, 0.19.0 L1285-1294, 0.20.0 to 0.28.0
+    L1433-1445; 0.15 / 0.16 taken as 0.17's); from vLLM 0.29.0 it packs the images for ``MMEncoderAttention`` with
+    ``cu_seqlens`` instead (0.29.0 ``pixtral.py`` L1511-1527, 0.33 L1615-1631): no mask."""
     blackwell_head256_block_32: bool = False
     """Whether a hybrid's attention block aligns to 32 tokens, not 16, on a data-center Blackwell (device capability
     family 100) when the attention head size is 256 (vLLM 0.15-0.17: ``HybridAttentionMambaModelConfig`` with no
@@ -240,6 +246,7 @@ def load_profile(version: str) -> RuntimeProfile:
         default_gpu_memory_utilization=_utilization(data.get("default_gpu_memory_utilization", 0.92), file),
         batch_defaults_160gib=bool(data.get("batch_defaults_160gib", True)),
         blackwell_capture_1024=bool(data.get("blackwell_capture_1024", True)),
+        pixtral_dense_block_mask=bool(data.get("pixtral_dense_block_mask", False)),
         blackwell_head256_block_32=bool(data.get("blackwell_head256_block_32", False)),
     )
 
@@ -619,14 +626,6 @@ QWEN_VL_VIDEO_MAX_PIXELS = 25_165_824
 """``size.longest_edge`` of the same checkpoints' ``video_preprocessor_config.json`` (Qwen3VLVideoProcessor), which
 ``get_max_video_tokens`` halves for the temporal patch (vLLM 0.33 ``qwen3_vl.py`` L1040-1068)."""
 
-PIXTRAL_DENSE_MASK_PROFILES = ("0.16", "0.17", "0.19", "0.24", "0.26", "0.28")
-"""The runtime profiles whose vLLM builds Pixtral's dense ``[patches, patches]`` block mask: without xformers (which
-vLLM does not install, 0.19.0 ``pixtral.py`` L88-98) ``PixtralHFVisionModel.forward`` takes transformers'
-``generate_block_attention_mask`` (0.19.0 L1285-1294; 0.17.0 L1332-1344 and 0.18.0 L1239-1251 the same; 0.15 /
-0.16 not read, taken as 0.17's; 0.20.0 to 0.28.0 L1433-1445, the class L1348-1460 the same text in each wheel).
-From vLLM 0.29.0 Pixtral packs the images for ``MMEncoderAttention`` with ``cu_seqlens`` instead (0.29.0
-``pixtral.py`` L1511-1527, 0.33 L1615-1631, L1345-1378): no mask."""
-
 DEFAULT_MM_LIMIT = 999
 """vLLM's ``limit_mm_per_prompt`` for a modality the option does not name (vLLM 0.33 ``config/multimodal.py``
 ``get_limit_per_prompt`` L696-709; 0 for every modality under ``--language-model-only``)."""
@@ -990,9 +989,9 @@ def mm_encoder_profile(
     ``qkv`` (3), the rotated ``q`` / ``k`` (2), the attention output and its ``reshape`` copy (or ``o_proj``'s):
     ``9 hidden`` (vLLM 0.33, L1345-1378: the two ``contiguous`` copies for ``MMEncoderAttention`` instead of the
     ``reshape``: 10).  Where vLLM builds the dense block mask (``dense_block_mask``,
-    :data:`PIXTRAL_DENSE_MASK_PROFILES`) it adds ``P x P x dtype`` (1.09 GiB for Mistral-Small-3.1's two 12,100-patch
-    images).  The projector (``mistral3.py`` L125-170) runs after the tower returns, on ``P / merge^2`` tokens:
-    under the tower's peak.
+    :attr:`RuntimeProfile.pixtral_dense_block_mask`) it adds ``P x P x dtype`` (1.09 GiB for Mistral-Small-3.1's two
+    12,100-patch images).  The projector (``mistral3.py`` L125-170) runs after the tower returns, on ``P / merge^2``
+    tokens: under the tower's peak.
 
     The SigLIP tower with the Gemma-3 projector (0.19.0 ``siglip.py`` L341-571, ``gemma3_mm.py`` L420-460), per
     patch: the pixels, the embeddings (the conv output, the position added in place; the encoder's
@@ -1411,7 +1410,7 @@ def activation_peak(
             max_num_seqs=max_num_seqs,
             max_model_len=max_model_len,
             mm_limits=mm_limits,
-            dense_block_mask=profile.version in PIXTRAL_DENSE_MASK_PROFILES,
+            dense_block_mask=profile.pixtral_dense_block_mask,
             gpu_total_bytes=gpu_total_bytes,
             gpu_used_bytes=gpu_used_bytes,
         )
